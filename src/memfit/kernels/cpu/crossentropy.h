@@ -1,0 +1,20 @@
+// Softmax cross-entropy over the vocabulary, one block of rows at a time. The caller (the
+// model's chunked LM head) computes a block of logits, calls this, and uses the block's
+// gradient at once, so the full (B*T, V) logits and their gradient never exist.
+// See docs/notes/fused-lm-head.md.
+#pragma once
+
+#include "memfit/core/tensor.h"
+
+namespace memfit::kernels {
+
+// logits (R, Vp) f32 with only the first V columns real (the rest is padding); targets (R) i32
+// in [0, V); losses (R) receives -log softmax(logits)[target] per row.
+void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V);
+
+// As forward, then overwrites logits in place with their gradient:
+// dlogits = (softmax(logits) - onehot(target)) * dloss, and 0 in the padded columns.
+void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor& targets,
+                                   int64_t V, float dloss);
+
+}  // namespace memfit::kernels

@@ -1,0 +1,15 @@
+// Token plus position embedding, the first layer of GPT-2.
+#pragma once
+
+#include "memfit/core/tensor.h"
+
+namespace memfit::kernels {
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
+// out (B,T,C) f32; tokens (B,T) i32 with every id < wte rows; wte (V,C); wpe (maxT,C), T <= maxT.
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
+
+// Accumulates (+=) into dwte and dwpe from dout (B,T,C).
+void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens);
+
+}  // namespace memfit::kernels

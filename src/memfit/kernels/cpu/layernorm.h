@@ -1,0 +1,21 @@
+// LayerNorm over the last dimension (eps 1e-5, as GPT-2), saving mean and 1/std for backward.
+#pragma once
+
+#include "memfit/core/tensor.h"
+
+namespace memfit::kernels {
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+// inp (N..., C) with R = numel/C rows; out like inp; mean, rstd (R) of f32; weight, bias (C).
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
+                       const Tensor& weight, const Tensor& bias);
+
+// dweight, dbias: accumulate (+=). dinp: ACCUMULATES (+=) too, unlike other activation
+// gradients: a LayerNorm input is always a residual stream whose gradient already holds the
+// skip path, so adding in place saves a pass over (R, C).
+void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd);
+
+}  // namespace memfit::kernels

@@ -1,0 +1,123 @@
+#include "memfit/memory/pool.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace memfit {
+namespace {
+
+TEST(MemoryPool, CountsCurrentAndPeakPerCategory) {
+  MemoryPool pool;
+  {
+    Allocation a = pool.allocate(1000, Category::params, "a");
+    Allocation b = pool.allocate(64, Category::grads, "b");
+    EXPECT_EQ(a.bytes(), 1024u);  // rounded to the 64-byte alignment
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kPoolAlignment, 0u);
+    EXPECT_EQ(pool.bytes_current(Category::params), 1024u);
+    EXPECT_EQ(pool.bytes_current(), 1088u);
+    Allocation c = pool.allocate(4096, Category::activations, "c");
+    EXPECT_EQ(pool.bytes_peak(), 1088u + 4096u);
+  }
+  EXPECT_EQ(pool.bytes_current(), 0u);
+  EXPECT_EQ(pool.bytes_peak(), 1088u + 4096u);
+  EXPECT_EQ(pool.bytes_peak(Category::activations), 4096u);
+  EXPECT_EQ(pool.allocation_count(), 3u);
+  EXPECT_EQ(pool.allocation_count(Category::grads), 1u);
+  CategoryBytes at_peak = pool.peak_breakdown();
+  EXPECT_EQ(at_peak[static_cast<size_t>(Category::params)], 1024u);
+  EXPECT_EQ(at_peak[static_cast<size_t>(Category::activations)], 4096u);
+  pool.reset_peak();
+  EXPECT_EQ(pool.bytes_peak(), 0u);
+}
+
+TEST(MemoryPool, PeakBreakdownIsTakenAtTheTotalPeak) {
+  MemoryPool pool;
+  Allocation big = pool.allocate(1 << 20, Category::workspace, "w");
+  big.release();
+  Allocation p = pool.allocate(1 << 10, Category::params, "p");
+  CategoryBytes at_peak = pool.peak_breakdown();
+  EXPECT_EQ(at_peak[static_cast<size_t>(Category::workspace)], 1u << 20);
+  EXPECT_EQ(at_peak[static_cast<size_t>(Category::params)], 0u);
+}
+
+TEST(MemoryPool, BudgetThrowsOutOfMemoryWithTheLiveBreakdown) {
+  MemoryPool pool(3 << 20);
+  Allocation a = pool.allocate(1 << 20, Category::params, "wte");
+  Allocation b = pool.allocate(1 << 20, Category::optimizer, "adam.m");
+  try {
+    Allocation c = pool.allocate(2 << 20, Category::activations, "h.3.attn.qkv");
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.requested(), 2u << 20);
+    EXPECT_EQ(e.category(), Category::activations);
+    EXPECT_EQ(e.budget(), 3u << 20);
+    EXPECT_EQ(e.live_total(), 2u << 20);
+    EXPECT_EQ(e.would_fit(), 1u << 20);
+    EXPECT_EQ(e.live()[static_cast<size_t>(Category::params)], 1u << 20);
+    std::string msg = e.what();
+    for (const char* part : {"[memory]", "2.0 MiB requested for activations", "h.3.attn.qkv",
+                             "3.0 MiB budget", "params 1.0 MiB", "optimizer 1.0 MiB",
+                             "at most 1.0 MiB more would fit"})
+      EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
+  }
+  EXPECT_EQ(pool.bytes_current(), 2u << 20);  // the failed allocation left nothing behind
+}
+
+TEST(MemoryPool, RecordsEventsWithPhase) {
+  MemoryPool pool;
+  pool.set_recording(true);
+  pool.set_phase("step 1/forward");
+  {
+    Allocation a = pool.allocate(128, Category::activations, "h.0.ln_1");
+    pool.set_phase("step 1/backward");
+  }
+  auto events = pool.events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, MemoryEvent::Kind::alloc);
+  EXPECT_EQ(events[0].tag, "h.0.ln_1");
+  EXPECT_EQ(events[0].phase, "step 1/forward");
+  EXPECT_EQ(events[0].total_after, 128u);
+  EXPECT_EQ(events[1].kind, MemoryEvent::Kind::free);
+  EXPECT_EQ(events[1].phase, "step 1/backward");
+  EXPECT_EQ(events[1].total_after, 0u);
+  EXPECT_LT(events[0].seq, events[1].seq);
+}
+
+TEST(MemoryPool, ParsesSizes) {
+  EXPECT_EQ(parse_bytes("2GiB"), 2ull << 30);
+  EXPECT_EQ(parse_bytes("512MiB"), 512ull << 20);
+  EXPECT_EQ(parse_bytes("1.5G"), 3ull << 29);
+  EXPECT_EQ(parse_bytes("4096"), 4096u);
+  EXPECT_THROW(parse_bytes("lots"), ConfigError);
+  EXPECT_THROW(parse_bytes("2 parsecs"), ConfigError);
+}
+
+size_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  size_t pages_total = 0, pages_resident = 0;
+  f >> pages_total >> pages_resident;
+  return pages_resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// The pool's account must be honest: memory allocated and touched through it shows up in the
+// process's resident set, within 5%.
+TEST(MemoryPool, AccountMatchesResidentSet) {
+  MemoryPool pool;
+  size_t before = resident_bytes();
+  std::vector<Allocation> blocks;
+  for (Category c : {Category::params, Category::grads, Category::optimizer, Category::activations})
+    for (int i = 0; i < 4; ++i) {
+      blocks.push_back(pool.allocate((16u << 20) + 4096u * i, c, "block"));
+      std::memset(blocks.back().data(), 1, blocks.back().bytes());
+    }
+  size_t grown = resident_bytes() - before;
+  double ratio = static_cast<double>(grown) / static_cast<double>(pool.bytes_peak());
+  EXPECT_NEAR(ratio, 1.0, 0.05) << "RSS grew " << grown << ", pool peak " << pool.bytes_peak();
+}
+
+}  // namespace
+}  // namespace memfit
