@@ -1,0 +1,32 @@
+#include "memfit/optim/adamw.h"
+
+#include "memfit/kernels/cpu/adamw.h"
+
+namespace memfit {
+
+AdamW::AdamW(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
+    : config_(config), layout_(layout) {
+  m_ = Tensor::empty(pool, {layout.total()}, DType::f32, Category::optimizer, "adamw.m");
+  v_ = Tensor::empty(pool, {layout.total()}, DType::f32, Category::optimizer, "adamw.v");
+}
+
+void AdamW::step(Tensor& params, const Tensor& grads, float lr, float grad_scale) {
+  ++t_;
+  for (const ParamInfo& p : layout_.params()) {
+    kernels::AdamWHyper h{lr, config_.beta1, config_.beta2, config_.eps,
+                          p.decay ? config_.weight_decay : 0.0f};
+    Tensor pv = params.view(p.offset, {p.numel});
+    Tensor mv = m_.view(p.offset, {p.numel}), vv = v_.view(p.offset, {p.numel});
+    kernels::adamw_update(pv, grads.view(p.offset, {p.numel}), mv, vv, h, t_, grad_scale);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state() { return {{"m", m_}, {"v", v_}}; }
+
+size_t AdamW::state_bytes() const { return m_.nbytes() + v_.nbytes(); }
+
+size_t AdamW::state_bytes_for(const ParamLayout& layout) {
+  return 2 * MemoryPool::round_up(static_cast<size_t>(layout.total()) * sizeof(float));
+}
+
+}  // namespace memfit

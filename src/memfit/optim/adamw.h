@@ -1,0 +1,24 @@
+// AdamW with FP32 moments, as torch.optim.AdamW; decay only on ParamInfo::decay tensors.
+#pragma once
+
+#include "memfit/optim/optimizer.h"
+
+namespace memfit {
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool);
+  void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) override;
+  std::string name() const override { return "adamw"; }
+  std::vector<std::pair<std::string, Tensor>> state() override;
+  size_t state_bytes() const override;
+  // Bytes AdamW allocates for a layout, without allocating: 2 FP32 slabs.
+  static size_t state_bytes_for(const ParamLayout& layout);
+
+ private:
+  OptimConfig config_;
+  const ParamLayout& layout_;
+  Tensor m_, v_;
+};
+
+}  // namespace memfit
