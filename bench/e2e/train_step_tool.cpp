@@ -1,0 +1,105 @@
+// Times full training steps (forward, backward, AdamW) of a GPT-2 shape on random tokens and
+// prints one JSON object: per-step milliseconds, median, tokens/s, achieved FLOP/s and the
+// pool's peak by category. Driven by bench/e2e/step_vs_pytorch.py, which runs the PyTorch
+// baseline beside it; kept out of the test suite because it measures time.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "memfit/model/gpt2.h"
+#include "memfit/optim/adamw.h"
+
+using namespace memfit;
+
+int main(int argc, char** argv) {
+  std::string model = "gpt2-small-test";
+  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") model = v;
+    else if (k == "--batch") B = std::stoi(v);
+    else if (k == "--seq") T = std::stoi(v);
+    else if (k == "--steps") steps = std::stoi(v);
+    else if (k == "--warmup") warmup = std::stoi(v);
+    else if (k == "--lm-head-chunk") chunk = std::stoi(v);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    MemoryPool pool;
+    GPT2Config config = GPT2Config::preset(model);
+    GPT2 gpt(config, pool);
+    gpt.init_weights(1337);
+    ActivationOptions opts;
+    opts.lm_head_chunk = chunk;
+    gpt.reserve(B, T, opts);
+    OptimConfig oc;
+    AdamW opt(oc, gpt.layout(), pool);
+
+    Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "bench.tokens");
+    Tensor targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "bench.targets");
+    std::mt19937 rng(42);
+    for (int64_t i = 0; i < tokens.numel(); ++i) {
+      tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % config.vocab_size);
+      targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % config.vocab_size);
+    }
+    std::vector<double> ms;
+    std::vector<float> losses;
+    for (int s = 0; s < warmup + steps; ++s) {
+      auto t0 = std::chrono::steady_clock::now();
+      gpt.zero_grad();
+      float loss = gpt.forward(tokens, targets, /*training=*/true);
+      gpt.backward();
+      opt.step(gpt.params(), gpt.grads(), 3e-4f, 1.0f);
+      auto t1 = std::chrono::steady_clock::now();
+      if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      losses.push_back(loss);
+    }
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    double median = sorted[sorted.size() / 2];
+    if (sorted.size() % 2 == 0) median = 0.5 * (sorted[sorted.size() / 2 - 1] + median);
+    // FLOPs: 6 x (parameters without wpe, the LM head counted through wte) x tokens for the
+    // matmuls, plus the attention scores and mixing: 12 x layers x width x T per token.
+    const double tokens_per_step = double(B) * T;
+    const double n = double(config.num_params()) - double(config.max_seq_len) * config.d_model;
+    const double flops = 6.0 * n * tokens_per_step +
+                         12.0 * config.n_layer * config.d_model * double(T) * tokens_per_step;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    nlohmann::json j;
+    j["impl"] = "memfit";
+    j["model"] = model;
+    j["batch"] = B;
+    j["seq"] = T;
+    j["params"] = config.num_params();
+    j["step_ms"] = ms;
+    j["median_ms"] = median;
+    j["tokens_per_s"] = tokens_per_step / (median / 1e3);
+    j["flops_per_step"] = flops;
+    j["tflops"] = flops / (median / 1e3) / 1e12;
+    j["losses"] = losses;
+    j["peak_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
+    j["pool_peak_bytes"] = pool.bytes_peak();
+    nlohmann::json cats;
+    CategoryBytes at_peak = pool.peak_breakdown();
+    for (Category c : kAllCategories)
+      if (at_peak[static_cast<size_t>(c)]) cats[std::string(category_name(c))] = at_peak[static_cast<size_t>(c)];
+    j["pool_peak_by_category"] = cats;
+    std::printf("%s\n", j.dump().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_step_tool: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,35 @@
+// The buffers one micro-batch of GPT-2 needs besides parameters and gradients: what forward
+// saves for backward (Category::activations) and the scratch that backward and the chunked LM
+// head reuse from layer to layer (Category::workspace). The model allocates exactly this list,
+// and the planner sums exactly this list, so prediction and reality share one source of truth.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memfit/core/dtype.h"
+#include "memfit/core/shape.h"
+#include "memfit/memory/category.h"
+#include "memfit/model/gpt2_config.h"
+
+namespace memfit {
+
+struct BufferSpec {
+  std::string tag;  // "h.3.qkv", "ws.logits"
+  Shape shape;
+  DType dtype;
+  Category category;
+  size_t bytes() const;  // as the pool accounts it (rounded to its alignment)
+};
+
+struct ActivationOptions {
+  int lm_head_chunk = 256;  // rows of logits computed at a time (see Note [Fused LM head])
+};
+
+std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& config, int B, int T,
+                                             const ActivationOptions& options = {});
+
+// Sum of the plan's bytes in one category.
+size_t plan_bytes(const std::vector<BufferSpec>& plan, Category category);
+
+}  // namespace memfit

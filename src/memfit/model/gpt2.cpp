@@ -1,0 +1,221 @@
+#include "memfit/model/gpt2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "memfit/kernels/cpu/attention.h"
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/crossentropy.h"
+#include "memfit/kernels/cpu/embedding.h"
+#include "memfit/kernels/cpu/gelu.h"
+#include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/cpu/residual.h"
+
+namespace memfit {
+
+using namespace kernels;
+
+GPT2::GPT2(const GPT2Config& config, MemoryPool& pool)
+    : config_(config), pool_(pool), layout_((config_.finalize(), config_)) {
+  params_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::params, "params");
+  grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
+}
+
+void GPT2::init_weights(uint64_t seed) {
+  // Box-Muller over mt19937_64 rather than std::normal_distribution, whose algorithm differs
+  // between standard libraries: the same seed gives the same weights everywhere.
+  std::mt19937_64 rng(seed);
+  auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53; };
+  auto normal = [&] {
+    return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform());
+  };
+  params_.zero();
+  const double residual_scale = 1.0 / std::sqrt(2.0 * config_.n_layer);
+  for (const ParamInfo& p : layout_.params()) {
+    float* w = params_.data<float>() + p.offset;
+    switch (p.role) {
+      case ParamRole::norm_weight: std::fill(w, w + p.numel, 1.0f); break;
+      case ParamRole::norm_bias:
+      case ParamRole::linear_bias: break;
+      default: {
+        double std = 0.02;
+        if (p.role == ParamRole::attn_proj_weight || p.role == ParamRole::mlp_proj_weight)
+          std *= residual_scale;
+        int64_t n = p.numel;
+        if (p.role == ParamRole::token_embedding) n = int64_t{config_.vocab_size} * p.shape[1];
+        for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(std * normal());
+      }
+    }
+  }
+}
+
+void GPT2::reserve(int B, int T, const ActivationOptions& options) {
+  MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "gpt2",
+                     "batch {} x {} tokens does not fit a context of {}", B, T,
+                     config_.max_seq_len);
+  if (B == B_ && T == T_) return;
+  buffers_.clear();
+  for (const BufferSpec& b : gpt2_activation_plan(config_, B, T, options))
+    buffers_.emplace(b.tag, Tensor::empty(pool_, b.shape, b.dtype, b.category, b.tag));
+  B_ = B;
+  T_ = T;
+  backward_ready_ = false;
+}
+
+const Tensor& GPT2::buffer(const std::string& tag) const {
+  auto it = buffers_.find(tag);
+  MEMFIT_CHECK(it != buffers_.end(), "gpt2", "no buffer '{}' (reserve() first)", tag);
+  return it->second;
+}
+
+void GPT2::forward_blocks(const Tensor& tokens) {
+  expect_tensor(tokens, "gpt2", "tokens", {B_, T_}, DType::i32);
+  auto buf = [this](const std::string& tag) { return buffer(tag); };
+  auto p = [this](int l, const char* what) { return param(fmt::format("h.{}.{}", l, what)); };
+
+  Tensor x = buf("encoded");
+  embedding_forward(x, tokens, param("wte.weight"), param("wpe.weight"));
+  for (int l = 0; l < config_.n_layer; ++l) {
+    auto a = [&](const char* what) { return buf(fmt::format("h.{}.{}", l, what)); };
+    Tensor ln1 = a("ln_1"), ln1m = a("ln_1.mean"), ln1r = a("ln_1.rstd");
+    Tensor qkv = a("qkv"), att = a("att"), atty = a("atty"), r2 = a("residual_2");
+    Tensor ln2 = a("ln_2"), ln2m = a("ln_2.mean"), ln2r = a("ln_2.rstd");
+    Tensor fch = a("fch"), r3 = a("residual_3");
+    // Forward scratch: the workspace buffers are free until the LM head and backward.
+    Tensor proj = buf("ws.dC"), gelu = buf("ws.gelu");
+
+    layernorm_forward(ln1, ln1m, ln1r, x, p(l, "ln_1.weight"), p(l, "ln_1.bias"));
+    matmul_forward(qkv, ln1, p(l, "attn.c_attn.weight"), p(l, "attn.c_attn.bias"));
+    attention_forward(atty, att, qkv, config_.n_head);
+    matmul_forward(proj, atty, p(l, "attn.c_proj.weight"), p(l, "attn.c_proj.bias"));
+    residual_forward(r2, x, proj);
+    layernorm_forward(ln2, ln2m, ln2r, r2, p(l, "ln_2.weight"), p(l, "ln_2.bias"));
+    matmul_forward(fch, ln2, p(l, "mlp.c_fc.weight"), p(l, "mlp.c_fc.bias"));
+    gelu_forward(gelu, fch);
+    matmul_forward(proj, gelu, p(l, "mlp.c_proj.weight"), p(l, "mlp.c_proj.bias"));
+    residual_forward(r3, r2, proj);
+    x = r3;
+  }
+  Tensor lnf = buf("ln_f"), lnfm = buf("ln_f.mean"), lnfr = buf("ln_f.rstd");
+  layernorm_forward(lnf, lnfm, lnfr, x, param("ln_f.weight"), param("ln_f.bias"));
+}
+
+// Note [Fused LM head]: the logits of a GPT-2 batch are (B*T, V) floats, 412 MB for 8 x 256
+// tokens, and their gradient as much again. Instead, rows are taken `lm_head_chunk` at a time:
+// logits = ln_f @ wte^T for the chunk, softmax cross-entropy, and (in training) the chunk's
+// gradient at once: d(ln_f) rows = dlogits @ wte, d(wte) += dlogits^T @ ln_f. Only one chunk of
+// logits ever exists, and the LM head costs no extra matmul.
+void GPT2::lm_head(const Tensor& targets, bool training, float* loss_sum) {
+  const int64_t N = int64_t{B_} * T_, C = config_.d_model;
+  Tensor lnf = buffer("ln_f").reshape({N, C});
+  Tensor logits_ws = buffer("ws.logits"), losses = buffer("ws.losses");
+  Tensor dlnf = buffer("ws.dC").reshape({N, C});
+  Tensor flat_targets = targets.reshape({N});
+  Tensor wte = param("wte.weight"), dwte = grad("wte.weight");
+  const int64_t R = logits_ws.size(0);
+  const float dloss = 1.0f / static_cast<float>(N);
+  Tensor no_bias;
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t r1 = std::min(N, r0 + R), rows = r1 - r0;
+    Tensor x = lnf.slice(r0, r1);
+    Tensor logits = logits_ws.slice(0, rows);
+    Tensor tgt = flat_targets.slice(r0, r1), loss = losses.slice(r0, r1);
+    matmul_forward(logits, x, wte, no_bias);
+    if (!training) {
+      crossentropy_forward(loss, logits, tgt, config_.vocab_size);
+      continue;
+    }
+    crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
+    Tensor dx = dlnf.slice(r0, r1);
+    matmul_backward(dx, dwte, no_bias, logits, x, wte);
+  }
+  double sum = 0;
+  const float* l = losses.data<float>();
+  for (int64_t i = 0; i < N; ++i) sum += l[i];
+  *loss_sum = static_cast<float>(sum);
+}
+
+float GPT2::forward(const Tensor& tokens, const Tensor& targets, bool training) {
+  MEMFIT_CHECK(B_ > 0, "gpt2", "forward before reserve()");
+  expect_tensor(targets, "gpt2", "targets", {B_, T_}, DType::i32);
+  forward_blocks(tokens);
+  float loss_sum = 0;
+  lm_head(targets, training, &loss_sum);
+  backward_ready_ = training;
+  if (training) {
+    // backward() needs the tokens for the embedding's gradient; keep a copy in the plan's
+    // buffer rather than trusting the caller's tensor to stay unchanged.
+    Tensor saved = buffer("tokens");
+    std::copy_n(tokens.data<int32_t>(), tokens.numel(), saved.data<int32_t>());
+  }
+  return loss_sum / static_cast<float>(int64_t{B_} * T_);
+}
+
+void GPT2::backward() {
+  MEMFIT_CHECK(backward_ready_, "gpt2", "backward() without a training forward() before it");
+  backward_ready_ = false;
+  auto buf = [this](const std::string& tag) { return buffer(tag); };
+  auto p = [this](int l, const char* what) { return param(fmt::format("h.{}.{}", l, what)); };
+  auto g = [this](int l, const char* what) { return grad(fmt::format("h.{}.{}", l, what)); };
+
+  Tensor dres = buf("ws.dresidual"), dC = buf("ws.dC"), gelu = buf("ws.gelu"),
+         d4C = buf("ws.d4C"), dqkv = buf("ws.dqkv"), att_ws = buf("ws.attention");
+  // dC holds d(ln_f) from the fused LM head.
+  Tensor last = config_.n_layer > 0 ? buf(fmt::format("h.{}.residual_3", config_.n_layer - 1))
+                                    : buf("encoded");
+  dres.zero();
+  Tensor dlnf_w = grad("ln_f.weight"), dlnf_b = grad("ln_f.bias");
+  layernorm_backward(dres, dlnf_w, dlnf_b, dC, last, param("ln_f.weight"), buf("ln_f.mean"),
+                     buf("ln_f.rstd"));
+  for (int l = config_.n_layer - 1; l >= 0; --l) {
+    auto a = [&](const char* what) { return buf(fmt::format("h.{}.{}", l, what)); };
+    Tensor x = l > 0 ? buf(fmt::format("h.{}.residual_3", l - 1)) : buf("encoded");
+    Tensor fch = a("fch"), ln2 = a("ln_2"), ln1 = a("ln_1"), atty = a("atty"), r2 = a("residual_2");
+
+    // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
+    gelu_forward(gelu, fch);  // recomputed, not saved (see activation_plan.cpp)
+    Tensor dwproj = g(l, "mlp.c_proj.weight"), dbproj = g(l, "mlp.c_proj.bias");
+    matmul_backward(d4C, dwproj, dbproj, dres, gelu, p(l, "mlp.c_proj.weight"));
+    gelu_backward(d4C, fch, d4C);
+    Tensor dwfc = g(l, "mlp.c_fc.weight"), dbfc = g(l, "mlp.c_fc.bias");
+    matmul_backward(dC, dwfc, dbfc, d4C, ln2, p(l, "mlp.c_fc.weight"));
+    Tensor dln2w = g(l, "ln_2.weight"), dln2b = g(l, "ln_2.bias");
+    layernorm_backward(dres, dln2w, dln2b, dC, r2, p(l, "ln_2.weight"), a("ln_2.mean"),
+                       a("ln_2.rstd"));
+    // Attention: dres is now d(residual_2) and flows on to x.
+    Tensor dwap = g(l, "attn.c_proj.weight"), dbap = g(l, "attn.c_proj.bias");
+    matmul_backward(dC, dwap, dbap, dres, atty, p(l, "attn.c_proj.weight"));
+    attention_backward(dqkv, dC, a("qkv"), a("att"), att_ws, config_.n_head);
+    Tensor dwqkv = g(l, "attn.c_attn.weight"), dbqkv = g(l, "attn.c_attn.bias");
+    matmul_backward(dC, dwqkv, dbqkv, dqkv, ln1, p(l, "attn.c_attn.weight"));
+    Tensor dln1w = g(l, "ln_1.weight"), dln1b = g(l, "ln_1.bias");
+    layernorm_backward(dres, dln1w, dln1b, dC, x, p(l, "ln_1.weight"), a("ln_1.mean"),
+                       a("ln_1.rstd"));
+  }
+  Tensor dwte = grad("wte.weight"), dwpe = grad("wpe.weight");
+  embedding_backward(dwte, dwpe, dres, buf("tokens"));
+}
+
+void GPT2::logits(const Tensor& tokens, Tensor& out) {
+  MEMFIT_CHECK(B_ > 0, "gpt2", "logits before reserve()");
+  const int64_t N = int64_t{B_} * T_, C = config_.d_model, V = config_.vocab_size;
+  expect_tensor(out, "gpt2.logits", "logits", {B_, T_, V});
+  forward_blocks(tokens);
+  backward_ready_ = false;
+  Tensor lnf = buffer("ln_f").reshape({N, C}), logits_ws = buffer("ws.logits");
+  Tensor wte = param("wte.weight"), no_bias;
+  const int64_t R = logits_ws.size(0), Vp = config_.padded_vocab;
+  float* dst = out.data<float>();
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t r1 = std::min(N, r0 + R);
+    Tensor block = logits_ws.slice(0, r1 - r0);
+    matmul_forward(block, lnf.slice(r0, r1), wte, no_bias);
+    const float* src = block.data<float>();
+    for (int64_t r = 0; r < r1 - r0; ++r)
+      std::copy_n(src + r * Vp, V, dst + (r0 + r) * V);
+  }
+}
+
+}  // namespace memfit
