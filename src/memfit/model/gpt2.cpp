@@ -72,6 +72,12 @@ const Tensor& GPT2::buffer(const std::string& tag) const {
 
 void GPT2::forward_blocks(const Tensor& tokens) {
   expect_tensor(tokens, "gpt2", "tokens", {B_, T_}, DType::i32);
+  // wte has padded rows, so the embedding alone would accept ids up to padded_vocab.
+  const int32_t* ids = tokens.data<int32_t>();
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    MEMFIT_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size, "gpt2",
+                 "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
+                 config_.vocab_size);
   auto buf = [this](const std::string& tag) { return buffer(tag); };
   auto p = [this](int l, const char* what) { return param(fmt::format("h.{}.{}", l, what)); };
 

@@ -1,0 +1,186 @@
+// GPT-2 model behaviour: memory accounting against the activation plan, gradient accumulation
+// across micro-batches, the padded vocabulary, and the typed errors of bad use.
+#include "memfit/model/gpt2.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "memfit/optim/adamw.h"
+
+namespace memfit {
+namespace {
+
+void fill_tokens(Tensor& t, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+}
+
+struct Batch {
+  Tensor tokens, targets;
+  Batch(MemoryPool& pool, int B, int T, int vocab, uint32_t seed) {
+    tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "tokens");
+    targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "targets");
+    fill_tokens(tokens, vocab, seed);
+    fill_tokens(targets, vocab, seed + 1);
+  }
+};
+
+GPT2Config odd_config() {
+  GPT2Config c;  // odd sizes on purpose: vocab not a multiple of 64, T below the context
+  c.n_layer = 2;
+  c.n_head = 3;
+  c.d_model = 24;
+  c.max_seq_len = 16;
+  c.vocab_size = 70;
+  c.finalize();
+  return c;
+}
+
+TEST(GPT2, PoolHoldsExactlyParamsGradsAndThePlan) {
+  MemoryPool pool;
+  GPT2Config c = odd_config();
+  EXPECT_EQ(c.padded_vocab, 128);
+  GPT2 gpt(c, pool);
+  gpt.reserve(2, 11);
+  auto plan = gpt2_activation_plan(c, 2, 11);
+  size_t slab = MemoryPool::round_up(c.num_params() * sizeof(float));
+  EXPECT_EQ(pool.bytes_current(Category::params), slab);
+  EXPECT_EQ(pool.bytes_current(Category::grads), slab);
+  EXPECT_EQ(pool.bytes_current(Category::activations), plan_bytes(plan, Category::activations));
+  EXPECT_EQ(pool.bytes_current(Category::workspace), plan_bytes(plan, Category::workspace));
+  Batch b(pool, 2, 11, c.vocab_size, 1);
+  size_t before = pool.bytes_current();
+  gpt.forward(b.tokens, b.targets, true);
+  gpt.backward();
+  EXPECT_EQ(pool.bytes_peak(), before) << "a training step allocated outside the plan";
+}
+
+TEST(GPT2, InitialLossIsNearLogVocab) {
+  MemoryPool pool;
+  GPT2Config c = odd_config();
+  GPT2 gpt(c, pool);
+  gpt.init_weights(7);
+  gpt.reserve(3, 16);
+  Batch b(pool, 3, 16, c.vocab_size, 3);
+  float loss = gpt.forward(b.tokens, b.targets, false);
+  EXPECT_NEAR(loss, std::log(static_cast<float>(c.vocab_size)), 0.1);
+}
+
+TEST(GPT2, BackwardAccumulatesAcrossMicroBatches) {
+  MemoryPool pool;
+  GPT2Config c = odd_config();
+  GPT2 gpt(c, pool);
+  gpt.init_weights(11);
+  gpt.reserve(2, 8);
+  Batch b(pool, 2, 8, c.vocab_size, 5);
+  gpt.forward(b.tokens, b.targets, true);
+  gpt.backward();
+  std::vector<float> once(gpt.grads().data<float>(), gpt.grads().data<float>() + gpt.grads().numel());
+  gpt.forward(b.tokens, b.targets, true);
+  gpt.backward();
+  const float* twice = gpt.grads().data<float>();
+  double max_rel = 0;
+  for (size_t i = 0; i < once.size(); ++i)
+    if (once[i] != 0) max_rel = std::max(max_rel, std::abs(twice[i] / (2.0 * once[i]) - 1.0));
+  EXPECT_LT(max_rel, 1e-5);
+}
+
+TEST(GPT2, PaddedVocabRowsGetNoGradientAndAreNeverPredicted) {
+  MemoryPool pool;
+  GPT2Config c = odd_config();
+  GPT2 gpt(c, pool);
+  gpt.init_weights(13);
+  gpt.reserve(2, 8);
+  Batch b(pool, 2, 8, c.vocab_size, 9);
+  gpt.forward(b.tokens, b.targets, true);
+  gpt.backward();
+  Tensor dwte = gpt.grad("wte.weight");
+  const float* g = dwte.data<float>();
+  double real = 0, padded = 0;
+  for (int64_t r = 0; r < c.padded_vocab; ++r)
+    for (int64_t j = 0; j < c.d_model; ++j)
+      (r < c.vocab_size ? real : padded) += std::abs(g[r * c.d_model + j]);
+  EXPECT_GT(real, 0.0);
+  EXPECT_EQ(padded, 0.0);
+  // Logits exist for real tokens only, and their softmax sums to one over them.
+  Tensor logits = Tensor::empty(pool, {2, 8, c.vocab_size}, DType::f32, Category::workspace, "l");
+  gpt.logits(b.tokens, logits);
+  const float* l = logits.data<float>();
+  double m = *std::max_element(l, l + c.vocab_size), z = 0;
+  for (int v = 0; v < c.vocab_size; ++v) z += std::exp(l[v] - m);
+  EXPECT_TRUE(std::isfinite(z) && z >= 1.0);
+}
+
+TEST(GPT2, LogitsMatchTheTrainingLoss) {
+  MemoryPool pool;
+  GPT2Config c = odd_config();
+  GPT2 gpt(c, pool);
+  gpt.init_weights(17);
+  gpt.reserve(2, 9);
+  Batch b(pool, 2, 9, c.vocab_size, 21);
+  Tensor logits = Tensor::empty(pool, {2, 9, c.vocab_size}, DType::f32, Category::workspace, "l");
+  gpt.logits(b.tokens, logits);
+  double sum = 0;
+  for (int64_t n = 0; n < 18; ++n) {
+    const float* row = logits.data<float>() + n * c.vocab_size;
+    double m = *std::max_element(row, row + c.vocab_size), z = 0;
+    for (int v = 0; v < c.vocab_size; ++v) z += std::exp(row[v] - m);
+    sum += std::log(z) + m - row[b.targets.data<int32_t>()[n]];
+  }
+  EXPECT_NEAR(gpt.forward(b.tokens, b.targets, false), sum / 18, 1e-5);
+}
+
+TEST(GPT2, ABadBatchIsATypedError) {
+  MemoryPool pool;
+  GPT2Config c = odd_config();
+  GPT2 gpt(c, pool);
+  EXPECT_THROW(gpt.reserve(1, 17), ShapeError);  // longer than the context
+  gpt.reserve(2, 8);
+  Batch wrong(pool, 2, 7, c.vocab_size, 1);
+  try {
+    gpt.forward(wrong.tokens, wrong.targets, true);
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("(2, 8)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(2, 7)"), std::string::npos) << msg;
+  }
+  Tensor floats = Tensor::empty(pool, {2, 8}, DType::f32, Category::staging, "f");
+  Batch ok(pool, 2, 8, c.vocab_size, 1);
+  EXPECT_THROW(gpt.forward(floats, ok.targets, true), DTypeError);
+  ok.tokens.data<int32_t>()[3] = c.vocab_size;  // an id past the real vocabulary
+  EXPECT_THROW(gpt.forward(ok.tokens, ok.targets, true), Error);
+  EXPECT_THROW(gpt.backward(), Error);  // no training forward succeeded before it
+}
+
+TEST(GPT2, BudgetTooSmallForTheModelThrowsOutOfMemory) {
+  GPT2Config c = GPT2Config::preset("gpt2");
+  MemoryPool pool(parse_bytes("256MiB"));
+  try {
+    GPT2 gpt(c, pool);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.category(), Category::params);
+    EXPECT_GT(e.requested(), 256u << 20);
+  }
+}
+
+TEST(GPT2, ConfigErrorsNameTheField) {
+  GPT2Config c;
+  c.d_model = 100;
+  c.n_head = 3;
+  try {
+    c.finalize();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_head"), std::string::npos);
+  }
+  EXPECT_THROW(GPT2Config::preset("gpt5"), ConfigError);
+  EXPECT_NEAR(GPT2Config::preset("gpt2").num_params() / 1e6, 124.5, 0.5);
+  EXPECT_NEAR(GPT2Config::preset("gpt2-tiny").num_params() / 1e6, 0.28, 0.1);
+}
+
+}  // namespace
+}  // namespace memfit
