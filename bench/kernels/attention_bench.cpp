@@ -3,7 +3,9 @@
 // (T, T) product; saved_bytes is the (B, NH, T, T) probabilities kept for backward, the memory
 // that flash attention removes. BM_Attention_ForwardOneDnn is the alternative that was measured
 // against the micro-kernel: per-head oneDNN GEMMs (full T x T, strided q/k/v) around the same
-// softmax.
+// softmax. At B=8, T=256, NH=6, hs=64 on one core it took 6.5 ms against the micro-kernel's
+// 4.8 ms (each 256x256x64 oneDNN call runs at ~90 GFLOP/s but cannot skip the upper half), and
+// on two busy cores its many small parallel regions made it several times slower still.
 #include <benchmark/benchmark.h>
 
 #include <omp.h>
