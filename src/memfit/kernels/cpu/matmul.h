@@ -6,18 +6,27 @@
 
 namespace memfit::kernels {
 
-// inp (N..., IC) with R = numel/IC rows; weight (OC, IC); bias (OC) or undefined; out (R..., OC).
+// inp (N..., IC) with R = numel/IC rows; weight (OC, IC); bias (OC) or undefined; out (N..., OC).
+// inp and weight are both f32, or both bf16 (accumulated in f32); bias and out are f32.
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 
 // dinp (=, skipped if undefined) = dout @ weight; dweight += dout^T @ inp; dbias += sum of dout
-// rows (skipped if undefined).
+// rows (skipped if undefined). All f32 for now.
 void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight);
 
 // General C = alpha * op(A) @ op(B) + beta * C on row-major f32 matrices: op(A) is (M, K),
 // op(B) is (K, N); `trans_a` / `trans_b` read A as (K, M) / B as (N, K). Used by the kernels
-// above and by fused layers (the chunked LM head). beta is 0 or 1.
+// above and by fused layers (the chunked LM head). beta 0 overwrites C (it is not read);
+// beta 1 accumulates into it. Operands are dense: each row as stored is followed by the next.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, const float* B, float beta, float* C);
+
+// The same with explicit leading dimensions (row strides, in elements, of A, B and C as
+// stored), for strided operands such as one head's q, k or v inside a (B, T, 3C) buffer
+// (lda = 3C). Each must be at least the stored row length. No copies are made.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
 
 }  // namespace memfit::kernels

@@ -1,0 +1,164 @@
+// oneDNN matmul primitives (2.x API) built once per GEMM shape and cached. Transposes and
+// leading dimensions are expressed as memory-descriptor strides, so no operand is copied;
+// beta = 1 is the `sum` post-op, alpha an output scale, bias the matmul bias argument.
+#include "memfit/kernels/cpu/dnnl_gemm.h"
+
+#include <dnnl.hpp>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "memfit/core/error.h"
+
+// Evaluates a oneDNN call; a dnnl::error becomes a memfit::Error that quotes the call.
+#define MEMFIT_DNNL(...)                                                                       \
+  [&]() -> decltype(auto) {                                                                    \
+    try {                                                                                      \
+      return __VA_ARGS__;                                                                      \
+    } catch (const dnnl::error& e) {                                                           \
+      MEMFIT_THROW(Error, "matmul", "oneDNN call `{}` failed: {} (status {})", #__VA_ARGS__,   \
+                   e.what(), static_cast<int>(e.status));                                      \
+    }                                                                                          \
+  }()
+
+namespace memfit::kernels::dnnl_gemm {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+struct SpecHash {
+  size_t operator()(const GemmSpec& s) const {
+    size_t h = 0;
+    auto mix = [&h](uint64_t v) {
+      h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    };
+    for (int64_t v : {s.M, s.N, s.K, s.lda, s.ldb, s.ldc}) mix(static_cast<uint64_t>(v));
+    uint32_t alpha, beta;
+    std::memcpy(&alpha, &s.alpha, 4);
+    std::memcpy(&beta, &s.beta, 4);
+    mix((uint64_t{alpha} << 32) | beta);
+    mix(uint64_t{s.trans_a} | uint64_t{s.trans_b} << 1 | uint64_t{s.bias} << 2 |
+        uint64_t(s.a_type) << 8 | uint64_t(s.b_type) << 16 | uint64_t(s.c_type) << 24);
+    return h;
+  }
+};
+
+struct Entry {
+  dnnl::memory::desc a_md, b_md, c_md, bias_md;
+  dnnl::matmul prim;
+  std::string impl;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine = MEMFIT_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));
+  return engine;
+}
+
+// Streams are not thread-safe; primitives are, so each thread runs them on its own stream.
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream = MEMFIT_DNNL(dnnl::stream(cpu_engine()));
+  return stream;
+}
+
+dt to_dnnl(DType t) {
+  switch (t) {
+    case DType::f32: return dt::f32;
+    case DType::bf16: return dt::bf16;
+    case DType::f16: return dt::f16;
+    default: MEMFIT_THROW(DTypeError, "matmul", "no GEMM for {} operands", dtype_name(t));
+  }
+}
+
+std::shared_ptr<const Entry> build(const GemmSpec& s) {
+  auto e = std::make_shared<Entry>();
+  // Row-major (rows, cols) with row stride ld; a transposed operand swaps the strides.
+  e->a_md = MEMFIT_DNNL(dnnl::memory::desc(dims{s.M, s.K}, to_dnnl(s.a_type),
+                                           s.trans_a ? dims{1, s.lda} : dims{s.lda, 1}));
+  e->b_md = MEMFIT_DNNL(dnnl::memory::desc(dims{s.K, s.N}, to_dnnl(s.b_type),
+                                           s.trans_b ? dims{1, s.ldb} : dims{s.ldb, 1}));
+  e->c_md = MEMFIT_DNNL(dnnl::memory::desc(dims{s.M, s.N}, to_dnnl(s.c_type), dims{s.ldc, 1}));
+  if (s.bias) e->bias_md = MEMFIT_DNNL(dnnl::memory::desc(dims{1, s.N}, dt::f32, dims{s.N, 1}));
+
+  dnnl::primitive_attr attr;
+  if (s.alpha != 1.0f) MEMFIT_DNNL(attr.set_output_scales(0, {s.alpha}));
+  if (s.beta != 0.0f) {
+    dnnl::post_ops ops;
+    MEMFIT_DNNL(ops.append_sum(s.beta));
+    MEMFIT_DNNL(attr.set_post_ops(ops));
+  }
+  auto desc = s.bias ? MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md))
+                     : MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md));
+  auto pd = MEMFIT_DNNL(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  e->impl = MEMFIT_DNNL(pd.impl_info_str());
+  e->prim = MEMFIT_DNNL(dnnl::matmul(pd));
+  return e;
+}
+
+class Cache {
+ public:
+  std::shared_ptr<const Entry> get(const GemmSpec& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(s);
+    if (it != map_.end()) return it->second;
+    auto e = build(s);  // under the lock: a shape is built once, by one thread
+    map_.emplace(s, e);
+    return e;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<GemmSpec, std::shared_ptr<const Entry>, SpecHash> map_;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+// K = 0: the product is empty, so C = beta * C (+ bias). oneDNN is not asked about it.
+void execute_empty_k(const GemmSpec& s, void* C, const float* bias) {
+  MEMFIT_CHECK_DTYPE(s.c_type == DType::f32, "matmul", "K = 0 needs an f32 output, got {}",
+                     dtype_name(s.c_type));
+  for (int64_t i = 0; i < s.M; ++i) {
+    float* c = static_cast<float*>(C) + i * s.ldc;
+    for (int64_t j = 0; j < s.N; ++j)
+      c[j] = (s.beta != 0.0f ? s.beta * c[j] : 0.0f) + (bias ? bias[j] : 0.0f);
+  }
+}
+
+}  // namespace
+
+void execute(const GemmSpec& s, const void* A, const void* B, void* C, const float* bias) {
+  if (s.M == 0 || s.N == 0) return;
+  if (s.K == 0) return execute_empty_k(s, C, bias);
+  std::shared_ptr<const Entry> e = cache().get(s);
+  dnnl::engine& eng = cpu_engine();
+  // oneDNN takes non-const handles; it only reads A, B and bias.
+  dnnl::memory a = MEMFIT_DNNL(dnnl::memory(e->a_md, eng, const_cast<void*>(A)));
+  dnnl::memory b = MEMFIT_DNNL(dnnl::memory(e->b_md, eng, const_cast<void*>(B)));
+  dnnl::memory c = MEMFIT_DNNL(dnnl::memory(e->c_md, eng, C));
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  if (s.bias) {
+    MEMFIT_CHECK(bias != nullptr, "matmul", "GEMM built with a bias was given none");
+    args.emplace(DNNL_ARG_BIAS,
+                 MEMFIT_DNNL(dnnl::memory(e->bias_md, eng, const_cast<float*>(bias))));
+  }
+  dnnl::stream& stream = thread_stream();
+  MEMFIT_DNNL(e->prim.execute(stream, args));
+  MEMFIT_DNNL(stream.wait());
+}
+
+size_t cache_size() { return cache().size(); }
+
+const char* implementation(const GemmSpec& spec) { return cache().get(spec)->impl.c_str(); }
+
+}  // namespace memfit::kernels::dnnl_gemm

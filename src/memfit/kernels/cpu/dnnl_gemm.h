@@ -1,0 +1,39 @@
+// The one place memfit talks to oneDNN's matmul primitive (2.x API): a GEMM described by its
+// sizes, strides and element types, executed through a thread-safe cache of primitives. The
+// public entry points (gemm, matmul_forward/backward in matmul.h) are thin layers over it;
+// lower precisions (bf16 inputs with f32 accumulation and output) go through the same path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "memfit/core/dtype.h"
+
+namespace memfit::kernels::dnnl_gemm {
+
+// C (M, N) = alpha * op(A) @ op(B) [+ bias] + beta * C, all row-major. A is stored (M, K), or
+// (K, M) if trans_a, with row stride lda; B is stored (K, N), or (N, K) if trans_b, with row
+// stride ldb; C has row stride ldc. beta = 0 does not read C. Every field is part of the
+// primitive cache key.
+struct GemmSpec {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  bool bias = false;  // add a (N) f32 row vector to every row
+  DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32;
+
+  bool operator==(const GemmSpec&) const = default;
+};
+
+// Runs the GEMM. Sizes and strides must already be valid (callers check and name their op);
+// a oneDNN failure becomes a memfit::Error that quotes the failing call.
+void execute(const GemmSpec& spec, const void* A, const void* B, void* C,
+             const float* bias = nullptr);
+
+// Number of primitives in the cache, and the oneDNN implementation chosen for `spec` (e.g.
+// "brg:avx512_core"), for tests and benchmarks.
+size_t cache_size();
+const char* implementation(const GemmSpec& spec);
+
+}  // namespace memfit::kernels::dnnl_gemm

@@ -1,0 +1,133 @@
+// Linear layers and the general GEMM: argument checks that name the op and the shapes at
+// fault, then oneDNN (dnnl_gemm.h) for the products and an OpenMP column sum for dbias.
+#include "memfit/kernels/cpu/matmul.h"
+
+#include <algorithm>
+
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/dnnl_gemm.h"
+
+namespace memfit::kernels {
+namespace {
+
+constexpr std::string_view kOp = "matmul";
+
+// Shape of `inp` with its last dimension replaced by n.
+Shape with_last(const Shape& s, int64_t n) {
+  Shape r = s;
+  r[-1] = n;
+  return r;
+}
+
+// A row length as a leading dimension: oneDNN wants strides >= 1 even for empty matrices.
+int64_t ld(int64_t n) { return std::max<int64_t>(n, 1); }
+
+// dbias (N) += column sums of dout (R, N). Threads take blocks of 64 columns; each keeps its
+// block's sums in four vector registers' worth of locals, so dbias is read and written once.
+void column_sum_accumulate(float* dbias, const float* dout, int64_t R, int64_t N) {
+  constexpr int64_t kBlock = 64;
+  const int64_t n_blocks = (N + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (R * N > 32768)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, w = std::min(kBlock, N - j0);
+    alignas(64) float acc[kBlock] = {};
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row = dout + r * N + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) acc[j] += row[j];
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < w; ++j) dbias[j0 + j] += acc[j];
+  }
+}
+
+void check_gemm_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
+                     int64_t ldb, int64_t ldc, float beta) {
+  MEMFIT_CHECK_SHAPE(M >= 0 && N >= 0 && K >= 0, "gemm", "negative size M={} N={} K={}", M, N, K);
+  const int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+  MEMFIT_CHECK_SHAPE(lda >= ld(a_cols), "gemm",
+                     "lda {} is less than A's row length {} (M={} K={} trans_a={})", lda, a_cols,
+                     M, K, trans_a);
+  MEMFIT_CHECK_SHAPE(ldb >= ld(b_cols), "gemm",
+                     "ldb {} is less than B's row length {} (K={} N={} trans_b={})", ldb, b_cols,
+                     K, N, trans_b);
+  MEMFIT_CHECK_SHAPE(ldc >= ld(N), "gemm",
+                     "ldc {} is less than C's row length {}", ldc, N);
+  MEMFIT_CHECK(beta == 0.0f || beta == 1.0f, "gemm", "beta must be 0 or 1, got {}", beta);
+}
+
+struct LinearDims {
+  int64_t R, IC, OC;
+};
+
+// inp (N..., IC) of `dtype` and weight (OC, IC) of the same: the sizes, or a typed error.
+LinearDims check_linear(const Tensor& inp, const Tensor& weight, DType dtype) {
+  const Shape& is = expect_any_shape(inp, kOp, "inp", dtype);
+  const Shape& ws = expect_any_shape(weight, kOp, "weight", dtype);
+  MEMFIT_CHECK_SHAPE(is.rank() >= 1 && ws.rank() == 2, kOp,
+                     "inp {} must have rank >= 1 and weight {} rank 2 (OC, IC)", is, ws);
+  MEMFIT_CHECK_SHAPE(is[-1] == ws[1], kOp,
+                     "inner dims differ: {} x {} (inp x weight, weight is (OC, IC))", is, ws);
+  const int64_t IC = ws[1];
+  return {IC ? is.numel() / IC : 0, IC, ws[0]};
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+  check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc, beta);
+  dnnl_gemm::GemmSpec s;
+  s.M = M, s.N = N, s.K = K;
+  s.trans_a = trans_a, s.trans_b = trans_b;
+  s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  s.alpha = alpha, s.beta = beta;
+  dnnl_gemm::execute(s, A, B, C);
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, const float* B, float beta, float* C) {
+  gemm(trans_a, trans_b, M, N, K, alpha, A, ld(trans_a ? M : K), B, ld(trans_b ? K : N), beta, C,
+       ld(N));
+}
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  MEMFIT_CHECK(inp.defined(), kOp, "inp is undefined");
+  const DType in_type = inp.dtype();
+  MEMFIT_CHECK_DTYPE(in_type == DType::f32 || in_type == DType::bf16, kOp,
+                     "inp must be f32 or bf16, got {} {}", dtype_name(in_type), inp.shape());
+  const auto [R, IC, OC] = check_linear(inp, weight, in_type);
+  expect_tensor(out, kOp, "out", with_last(inp.shape(), OC));
+  if (bias.defined()) expect_tensor(bias, kOp, "bias", Shape{OC});
+
+  dnnl_gemm::GemmSpec s;  // out (R, OC) = inp (R, IC) @ weight^T (IC, OC) + bias
+  s.M = R, s.N = OC, s.K = IC;
+  s.trans_b = true;
+  s.lda = ld(IC), s.ldb = ld(IC), s.ldc = ld(OC);
+  s.bias = bias.defined();
+  s.a_type = s.b_type = in_type;
+  dnnl_gemm::execute(s, inp.raw_data(), weight.raw_data(), out.raw_data(),
+                     bias.defined() ? bias.data<float>() : nullptr);
+}
+
+void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight) {
+  const auto [R, IC, OC] = check_linear(inp, weight, DType::f32);
+  expect_tensor(dout, kOp, "dout", with_last(inp.shape(), OC));
+  expect_tensor(dweight, kOp, "dweight", weight.shape());
+  if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape());
+  if (dbias.defined()) expect_tensor(dbias, kOp, "dbias", Shape{OC});
+  const float* dout_p = dout.data<float>();
+
+  if (dinp.defined()) {  // dinp (R, IC) = dout (R, OC) @ weight (OC, IC)
+    gemm(false, false, R, IC, OC, 1.0f, dout_p, ld(OC), weight.data<float>(), ld(IC), 0.0f,
+         dinp.data<float>(), ld(IC));
+  }
+  // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC)
+  gemm(true, false, OC, IC, R, 1.0f, dout_p, ld(OC), inp.data<float>(), ld(IC), 1.0f,
+       dweight.data<float>(), ld(IC));
+  if (dbias.defined()) column_sum_accumulate(dbias.data<float>(), dout_p, R, OC);
+}
+
+}  // namespace memfit::kernels
