@@ -1,0 +1,155 @@
+// Hugging Face's safetensors format, read and written exactly as documented, so memfit's
+// checkpoints load in transformers and Hugging Face checkpoints load in memfit:
+//   [u64 little-endian N][N bytes of UTF-8 JSON header, space-padded][data section]
+//   header: {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//            "__metadata__": {"key": "value"}}   (optional; string values only)
+// Offsets are relative to the data section, which tensors cover with no holes or overlaps.
+// The reader checks all of that before anyone touches a byte, and says which file, which tensor
+// and what was expected when a file is wrong. See docs/notes/checkpoints.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memfit/core/dtype.h"
+#include "memfit/core/tensor.h"
+
+namespace memfit::io {
+
+// The element types the format names. Sub-byte types (F4, F6_*) are not supported.
+enum class SafetensorsDType : uint8_t {
+  BOOL,
+  U8,
+  I8,
+  F8_E5M2,
+  F8_E4M3,
+  F8_E8M0,
+  I16,
+  U16,
+  F16,
+  BF16,
+  I32,
+  U32,
+  F32,
+  F64,
+  I64,
+  U64,
+  C64
+};
+
+size_t safetensors_dtype_size(SafetensorsDType dtype);
+std::string_view safetensors_dtype_name(SafetensorsDType dtype);  // "F32"
+std::optional<SafetensorsDType> safetensors_dtype_parse(std::string_view name);
+// memfit's element type stored as: f32 -> F32, bf16 -> BF16, f16 -> F16, i8 -> I8, i32 -> I32,
+// u16 -> U16.
+SafetensorsDType safetensors_dtype_of(DType dtype);
+// The memfit element type of a stored one, if memfit has it.
+std::optional<DType> memfit_dtype_of(SafetensorsDType dtype);
+
+// "(2, 3)" for error messages, as Shape prints.
+std::string format_shape(const std::vector<int64_t>& shape);
+
+// One tensor of a safetensors file, as its header describes it.
+struct SafetensorsEntry {
+  std::string name;
+  SafetensorsDType dtype;
+  std::vector<int64_t> shape;   // any rank; [] is a scalar (one element)
+  uint64_t begin = 0, end = 0;  // byte offsets into the data section
+  int64_t numel() const;
+  uint64_t nbytes() const { return end - begin; }
+};
+
+// Collects tensors and metadata, then writes one file atomically (io/atomic_file.h).
+// Tensors are laid out by element size, largest first, then by name: the order Hugging Face's
+// writer uses, which keeps every tensor aligned to its element size (the header is padded to a
+// multiple of 8), and an order that does not depend on the order of add() calls.
+class SafetensorsWriter {
+ public:
+  // Stores `tensor` (contiguous; its storage is kept alive until write()) under `name`.
+  // `store_as` converts on the way out (f32 <-> bf16, or the same type); `transpose` stores a
+  // 2-D (rows, cols) tensor as (cols, rows), as Hugging Face's Conv1D weights are.
+  void add(std::string name, const Tensor& tensor, std::optional<DType> store_as = std::nullopt,
+           bool transpose = false);
+  // Stores raw bytes (any format dtype); `data` must stay valid until write().
+  void add_raw(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
+               const void* data);
+  void set_metadata(const std::string& key, const std::string& value);
+
+  // The header JSON as it will be written (unpadded), and the bytes of the whole file.
+  std::string header_json() const;
+  uint64_t file_size() const;
+  void write(const std::filesystem::path& path) const;
+
+ private:
+  struct Item {
+    std::string name;
+    SafetensorsDType dtype;
+    std::vector<int64_t> shape;
+    const void* raw = nullptr;  // add_raw
+    Tensor tensor;              // add
+    bool transpose = false;
+  };
+  std::vector<const Item*> ordered() const;
+  void check_new_name(const std::string& name) const;
+
+  std::vector<Item> items_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A validated, memory-mapped safetensors file. Only the header is parsed up front; tensor bytes
+// are read from the mapping on demand, so a 6 GB checkpoint costs no 6 GB buffer.
+class SafetensorsReader {
+ public:
+  // Opens, maps and validates `path`; throws IoError naming the file (and tensor) at fault.
+  explicit SafetensorsReader(std::filesystem::path path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&& other) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&& other) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // Every tensor, in data-section order.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const SafetensorsEntry* find(std::string_view name) const;  // nullptr if absent
+  const SafetensorsEntry& at(std::string_view name) const;    // IoError if absent
+  uint64_t header_size() const { return header_size_; }       // N
+  uint64_t data_offset() const { return 8 + header_size_; }
+  uint64_t file_size() const { return file_size_; }
+
+  // The stored bytes of a tensor, straight from the mapping.
+  const std::byte* bytes(const SafetensorsEntry& entry) const;
+
+  // Copies a tensor into `dst` (contiguous). Its shape must equal the stored shape, or with
+  // `transpose` the stored 2-D (rows, cols) must be dst's (cols, rows). Same element type: a
+  // bit-exact copy; otherwise F32/BF16/F16 stored convert to f32 or bf16 (round to nearest
+  // even). Anything else throws IoError naming the file, the tensor and both sides.
+  void read(const SafetensorsEntry& entry, const Tensor& dst, bool transpose = false) const;
+  void read(std::string_view name, const Tensor& dst, bool transpose = false) const {
+    read(at(name), dst, transpose);
+  }
+
+ private:
+  void parse_and_validate();
+  void unmap();
+
+  std::filesystem::path path_;
+  const std::byte* map_ = nullptr;
+  uint64_t file_size_ = 0;
+  uint64_t header_size_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Largest header the reader accepts (Hugging Face's limit): a larger N is a corrupt file.
+inline constexpr uint64_t kSafetensorsMaxHeader = 100'000'000;
+
+}  // namespace memfit::io
