@@ -1,0 +1,16 @@
+#include "memfit/train/train_config.h"
+
+namespace memfit {
+
+GPT2Config TrainConfig::model_config() const {
+  GPT2Config c = GPT2Config::preset(model);
+  if (n_layer) c.n_layer = n_layer;
+  if (n_head) c.n_head = n_head;
+  if (d_model) c.d_model = d_model;
+  if (seq_len) c.max_seq_len = seq_len;
+  if (vocab) c.vocab_size = vocab;
+  c.finalize();
+  return c;
+}
+
+}  // namespace memfit

@@ -1,0 +1,43 @@
+// Everything `memfit train` can be told, with its defaults. The CLI and TOML config files fill
+// it; the trainer reads it; checkpoints record the parts a resume must agree with.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "memfit/model/gpt2_config.h"
+#include "memfit/optim/optimizer.h"
+#include "memfit/train/lr_schedule.h"
+
+namespace memfit {
+
+struct TrainConfig {
+  // Model: a preset, optionally overridden field by field (0 = keep the preset's).
+  std::string model = "gpt2-small-test";
+  int n_layer = 0, n_head = 0, d_model = 0, seq_len = 0, vocab = 0;
+
+  std::string data_dir = "data/brown";
+  int batch = 8;        // micro-batch rows
+  int grad_accum = 1;   // micro-batches per optimizer step
+  int64_t steps = 100;
+  LrSchedule schedule;  // --lr, --lr-schedule, --warmup, --min-lr
+  OptimConfig optim;    // --optim, --beta1, --beta2, --eps, --weight-decay
+  float clip = 1.0f;    // global gradient norm; 0 turns clipping off
+  uint64_t seed = 1337;
+  int threads = 0;      // 0: all cores
+  std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
+
+  int64_t eval_every = 0;  // 0: only at the end
+  int eval_batches = 8;
+  std::string save_dir;
+  int64_t save_every = 0;  // 0: only at the end
+  std::string resume_dir;
+  std::string init_from;
+  std::string log_file;  // JSON lines
+  bool shuffle = true;
+
+  // The model shape after applying the overrides to the preset; T is seq_len.
+  GPT2Config model_config() const;
+};
+
+}  // namespace memfit
