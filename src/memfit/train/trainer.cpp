@@ -1,0 +1,281 @@
+#include "memfit/train/trainer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "memfit/io/atomic_file.h"
+#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/data_loader.h"
+#include "memfit/io/gpt2_checkpoint.h"
+#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/model/gpt2.h"
+#include "memfit/train/grad_clip.h"
+#include "memfit/train/progress.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+void validate(const TrainConfig& c) {
+  auto require = [](bool ok, const char* field, auto value, const char* expectation) {
+    if (!ok)
+      MEMFIT_THROW(ConfigError, "config", "--{} must be {}, got {}", field, expectation, value);
+  };
+  require(c.batch > 0, "batch", c.batch, "positive");
+  require(c.grad_accum > 0, "grad-accum", c.grad_accum, "positive");
+  require(c.steps >= 0, "steps", c.steps, ">= 0");
+  require(c.eval_batches > 0, "eval-batches", c.eval_batches, "positive");
+  require(c.eval_every >= 0, "eval-every", c.eval_every, ">= 0");
+  require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
+  require(c.clip >= 0, "clip", c.clip, ">= 0");
+  require(c.threads >= 0, "threads", c.threads, ">= 0");
+  require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
+  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "beta1", c.optim.beta1, "in [0, 1)");
+  require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "beta2", c.optim.beta2, "in [0, 1)");
+  require(c.optim.eps > 0, "eps", c.optim.eps, "positive");
+  require(c.optim.weight_decay >= 0, "weight-decay", c.optim.weight_decay, ">= 0");
+  require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
+          "unset when --resume is given (resume restores the weights)");
+  c.schedule.validate();
+}
+
+// What a resumed run must agree with, and where it stands. No random numbers are drawn during
+// training other than through the data order, which is a function of (seed, epoch), so the
+// seed and the loader's position are the whole RNG state.
+json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, int T) {
+  return {{"step", step},
+          {"data_position", data_position},
+          {"seed", c.seed},
+          {"rng", {{"kind", "data order: mt19937_64 Fisher-Yates per epoch"}, {"seed", c.seed}}},
+          {"batch", c.batch},
+          {"grad_accum", c.grad_accum},
+          {"seq_len", T},
+          {"steps", c.steps},
+          {"shuffle", c.shuffle},
+          {"optim", c.optim.name},
+          {"schedule",
+           {{"kind", c.schedule.kind},
+            {"lr", c.schedule.lr},
+            {"min_lr", c.schedule.min_lr},
+            {"warmup", c.schedule.warmup},
+            {"total", c.schedule.total}}}};
+}
+
+// Checks that a resumed run is configured like the run that saved the checkpoint.
+void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& file) {
+  auto same = [&](const char* key, const json& now) {
+    if (!s.contains(key))
+      MEMFIT_THROW(IoError, "resume", "{}: missing field '{}'", file.string(), key);
+    if (s[key] != now)
+      MEMFIT_THROW(ConfigError, "resume",
+                   "{}: the checkpoint was trained with {} = {}, this run has {}; resume with "
+                   "the same setting for a bit-identical continuation",
+                   file.string(), key, s[key].dump(), now.dump());
+  };
+  same("batch", c.batch);
+  same("grad_accum", c.grad_accum);
+  same("seq_len", T);
+  same("seed", c.seed);
+  same("shuffle", c.shuffle);
+  same("optim", c.optim.name);
+  same("steps", c.steps);
+}
+
+double unigram_entropy(const io::DataLoader& loader, int vocab) {
+  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
+  const uint16_t* t = loader.tokens().data<uint16_t>();
+  const int64_t n = loader.num_tokens();
+  for (int64_t i = 0; i < n; ++i) ++counts[t[i]];
+  double h = 0;
+  for (int64_t k : counts)
+    if (k) h -= double(k) / n * std::log(double(k) / n);
+  return h;
+}
+
+json memory_json(const CategoryBytes& bytes) {
+  json j = json::object();
+  for (Category c : kAllCategories)
+    if (bytes[static_cast<size_t>(c)]) j[std::string(category_name(c))] = bytes[static_cast<size_t>(c)];
+  return j;
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& cfg_in) {
+  TrainConfig cfg = cfg_in;
+  cfg.schedule.total = cfg.steps;
+  validate(cfg);
+  if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
+  const auto wall_start = std::chrono::steady_clock::now();
+  MemoryPool pool(cfg.mem_limit.empty() ? kUnlimited : parse_bytes(cfg.mem_limit, "--mem-limit"));
+
+  // The model's shape comes from the checkpoint when resuming or initialising from one.
+  const bool resume = !cfg.resume_dir.empty();
+  const fs::path source = resume ? cfg.resume_dir : cfg.init_from;
+  io::CheckpointLocation location;
+  GPT2Config mc;
+  if (!source.empty()) {
+    location = io::locate_checkpoint(source);
+    if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
+    mc = io::read_gpt2_config(location.dir / "config.json");
+  } else {
+    mc = cfg.model_config();
+  }
+  const int T = cfg.seq_len ? cfg.seq_len : mc.max_seq_len;
+  if (T > mc.max_seq_len)
+    MEMFIT_THROW(ConfigError, "config", "--seq-len {} exceeds the model's context of {}", T,
+                 mc.max_seq_len);
+  const int B = cfg.batch;
+
+  GPT2 gpt(mc, pool);
+  cfg.optim.n_head = mc.n_head;
+  std::unique_ptr<Optimizer> opt = make_optimizer(cfg.optim, gpt.layout(), pool);
+  int64_t start_step = 0, data_position = 0;
+  if (!source.empty()) {
+    io::load_gpt2_checkpoint(location.dir, mc, gpt.layout(), gpt.params(),
+                             resume ? opt.get() : nullptr);
+    if (resume) {
+      const fs::path file = location.dir / "trainer_state.json";
+      json s;
+      try {
+        s = json::parse(io::read_file_to_string(file));
+      } catch (const json::exception& e) {
+        MEMFIT_THROW(IoError, "resume", "{}: not valid JSON: {}", file.string(), e.what());
+      }
+      check_resume(s, cfg, T, file);
+      start_step = s.at("step").get<int64_t>();
+      data_position = s.at("data_position").get<int64_t>();
+    }
+  } else {
+    gpt.init_weights(cfg.seed);
+  }
+  gpt.reserve(B, T);
+
+  io::DataLoaderOptions dopt;
+  dopt.batch_size = B;
+  dopt.seq_len = T;
+  dopt.shuffle = cfg.shuffle;
+  dopt.seed = cfg.seed;
+  dopt.vocab_size = mc.vocab_size;
+  std::unique_ptr<io::DataLoader> train_data, val_data;
+  const int64_t last_step = cfg.stop_after ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+  if (start_step < last_step) {
+    train_data = std::make_unique<io::DataLoader>(io::DataLoader::train(pool, cfg.data_dir, dopt));
+    train_data->set_position(data_position);
+    if (!io::find_token_shards(cfg.data_dir, "val").empty())
+      val_data = std::make_unique<io::DataLoader>(io::DataLoader::val(pool, cfg.data_dir, dopt));
+  }
+
+  TrainSummary summary;
+  if (train_data) summary.unigram_entropy = unigram_entropy(*train_data, mc.vocab_size);
+
+  std::ofstream log;
+  if (!cfg.log_file.empty()) {
+    if (auto parent = fs::path(cfg.log_file).parent_path(); !parent.empty())
+      fs::create_directories(parent);
+    log.open(cfg.log_file, resume ? std::ios::app : std::ios::trunc);
+    if (!log) MEMFIT_THROW(IoError, "train", "cannot open log file {}", cfg.log_file);
+  }
+  auto log_line = [&](const json& j) {
+    if (log.is_open()) log << j.dump() << '\n' << std::flush;
+  };
+
+  auto save = [&](int64_t step) {
+    io::CheckpointSaveOptions so;
+    so.optimizer = opt.get();
+    so.extra_files["trainer_state.json"] =
+        trainer_state(cfg, step, train_data ? train_data->position() : data_position, T).dump(2);
+    io::save_gpt2_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.params(), so);
+  };
+  auto evaluate = [&]() -> float {
+    if (!val_data) return -1;
+    val_data->set_position(0);
+    const int64_t n = std::min<int64_t>(cfg.eval_batches, val_data->batches_per_epoch());
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      val_data->next_batch();
+      sum += gpt.forward(val_data->inputs(), val_data->targets(), /*training=*/false);
+    }
+    return static_cast<float>(sum / n);
+  };
+
+  Progress progress(last_step, stderr, std::max<int64_t>(1, last_step / 20));
+  std::vector<double> rates;
+  const double tokens_per_step = double(B) * T * cfg.grad_accum;
+  int64_t saved_at = -1;
+  for (int64_t step = start_step; step < last_step; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.set_phase(fmt::format("step {}", step + 1));
+    gpt.zero_grad();
+    double loss_sum = 0;
+    for (int m = 0; m < cfg.grad_accum; ++m) {
+      train_data->next_batch();
+      loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true);
+      gpt.backward();
+    }
+    const float loss = static_cast<float>(loss_sum / cfg.grad_accum);
+    if (!std::isfinite(loss))
+      MEMFIT_THROW(Error, "train", "loss became {} at step {}; stopping without saving over the "
+                   "last checkpoint", loss, step + 1);
+    // Gradients hold the sum over micro-batches; the mean's norm decides the clipping.
+    const double norm = grad_norm(gpt.grads()) / cfg.grad_accum;
+    const float scale = clip_factor(norm, cfg.clip) / static_cast<float>(cfg.grad_accum);
+    const float lr = cfg.schedule.at(step);
+    opt->step(gpt.params(), gpt.grads(), lr, scale);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double rate = tokens_per_step / seconds;
+    rates.push_back(rate);
+    summary.losses.push_back(loss);
+    summary.last_loss = loss;
+    summary.last_step = step + 1;
+    ++summary.steps_run;
+
+    log_line({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
+              {"tokens_per_s", rate}, {"step_seconds", seconds}, {"peak_bytes", pool.bytes_peak()},
+              {"mem", memory_json(pool.current_breakdown())}});
+    std::string text = fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | mem {} (peak {})",
+                                   loss, lr, rate, format_mib(pool.bytes_current()),
+                                   format_mib(pool.bytes_peak()));
+    const bool last = step + 1 == last_step;
+    if (val_data && ((cfg.eval_every && (step + 1) % cfg.eval_every == 0) || last)) {
+      summary.last_val_loss = evaluate();
+      log_line({{"step", step + 1}, {"val_loss", summary.last_val_loss}});
+      text += fmt::format(" | val {:.4f}", summary.last_val_loss);
+    }
+    progress.update(step + 1, text);
+    if (!cfg.save_dir.empty() && cfg.save_every && (step + 1) % cfg.save_every == 0) {
+      save(step + 1);
+      saved_at = step + 1;
+    }
+  }
+  progress.finish();
+  const int64_t final_step = std::max(start_step, summary.last_step);
+  if (!cfg.save_dir.empty() && saved_at != final_step) save(final_step);
+
+  if (!rates.empty()) {
+    std::vector<double> sorted = rates;
+    std::sort(sorted.begin(), sorted.end());
+    summary.median_tokens_per_s = sorted[sorted.size() / 2];
+  }
+  summary.last_step = final_step;
+  summary.peak_bytes = pool.bytes_peak();
+  summary.peak_by_category = pool.peak_breakdown();
+  summary.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return summary;
+}
+
+}  // namespace memfit

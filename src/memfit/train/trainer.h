@@ -1,0 +1,33 @@
+// The training loop of `memfit train`: micro-batches with gradient accumulation, global-norm
+// clipping, the learning-rate schedule, evaluation, a JSON-lines log, the progress line, and
+// atomic checkpoints that resume bit-identically.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memfit/memory/category.h"
+#include "memfit/train/train_config.h"
+
+namespace memfit {
+
+struct TrainSummary {
+  int64_t steps_run = 0;      // optimizer steps taken in this run
+  int64_t last_step = 0;      // 1-based number of the last step taken (resume included)
+  float last_loss = 0;
+  float last_val_loss = -1;   // -1 if never evaluated
+  double unigram_entropy = 0; // nats per token of the training data's unigram distribution
+  double median_tokens_per_s = 0;
+  double wall_seconds = 0;
+  size_t peak_bytes = 0;
+  CategoryBytes peak_by_category{};
+  std::vector<float> losses;  // per step of this run
+};
+
+// Runs training as configured. Throws ConfigError/IoError for bad input, OutOfMemoryError when
+// the budget is too small, Error when the loss becomes non-finite; none of them leaves a
+// partial checkpoint behind.
+TrainSummary train(const TrainConfig& config);
+
+}  // namespace memfit
