@@ -1,0 +1,87 @@
+// The data loader: turns token shards into (B, T) input and target batches in an order that is a
+// documented function of the micro-batch number, so runs are reproducible and resumable from a
+// single integer. The contract is in docs/data.md; tests/io/data_loader_test.cpp checks it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "memfit/core/tensor.h"
+#include "memfit/memory/pool.h"
+
+namespace memfit::io {
+
+struct DataLoaderOptions {
+  int64_t batch_size = 0;  // B: rows per micro-batch
+  int64_t seq_len = 0;     // T: tokens per row
+  bool shuffle = false;    // visit windows in a seeded random order per epoch
+  uint64_t seed = 0;
+  std::optional<int32_t> vocab_size;  // when set, every token must be below it
+};
+
+// The shards of one split in `dir`: files named <split>_*.bin ("train", "val"), sorted by name.
+// Empty if there are none.
+std::vector<std::filesystem::path> find_token_shards(const std::filesystem::path& dir,
+                                                     std::string_view split);
+
+class DataLoader {
+ public:
+  // Loads all of `shards` (concatenated in the given order) into pool memory. Throws ConfigError
+  // for a bad B or T, IoError for a bad shard or when the tokens do not make one window.
+  DataLoader(MemoryPool& pool, std::vector<std::filesystem::path> shards,
+             const DataLoaderOptions& options);
+  // train_*.bin in `dir`, sorted by name. Throws IoError if there are none.
+  static DataLoader train(MemoryPool& pool, const std::filesystem::path& dir,
+                          const DataLoaderOptions& options);
+  // val_*.bin in `dir`, windows in order (shuffle is ignored). Throws IoError if there are none.
+  static DataLoader val(MemoryPool& pool, const std::filesystem::path& dir,
+                        DataLoaderOptions options);
+
+  // Fills inputs() and targets() with micro-batch position() and moves to the next one.
+  void next_batch();
+  // int32 (B, T), allocated once (Category::staging) and refilled by next_batch().
+  const Tensor& inputs() const { return inputs_; }
+  const Tensor& targets() const { return targets_; }
+
+  // The number of the micro-batch next_batch() loads next (k, counting from 0 across gradient
+  // accumulation steps). Save it with a checkpoint; set it to resume.
+  int64_t position() const { return position_; }
+  void set_position(int64_t k);
+
+  // Window (index into the dataset's T-token windows) that row b of micro-batch k reads:
+  // tokens [w * T, w * T + T], inputs the first T, targets the last T.
+  int64_t window_index(int64_t k, int64_t b) const;
+
+  int64_t batch_size() const { return options_.batch_size; }
+  int64_t seq_len() const { return options_.seq_len; }
+  int64_t num_tokens() const { return tokens_.numel(); }
+  // Whole windows in the data: floor((N - 1) / T).
+  int64_t num_windows() const { return num_windows_; }
+  // Micro-batches that visit every window once: ceil(num_windows / B).
+  int64_t batches_per_epoch() const { return (num_windows_ + batch_size() - 1) / batch_size(); }
+  const std::vector<std::filesystem::path>& shards() const { return shards_; }
+
+ private:
+  // The permutation of epoch `epoch` (shuffle only), computed when first asked for.
+  const int32_t* permutation(int64_t epoch) const;
+
+  DataLoaderOptions options_;
+  std::vector<std::filesystem::path> shards_;
+  Tensor tokens_;  // u16 (N): all shards, concatenated
+  Tensor inputs_, targets_;
+  int64_t num_windows_ = 0;
+  int64_t position_ = 0;
+  mutable Tensor permutation_;  // i32 (num_windows), shuffle only
+  mutable int64_t permutation_epoch_ = -1;
+};
+
+// Fisher-Yates permutation of [0, n) from std::mt19937_64 seeded with `seed`, drawing indices
+// by rejection (no std::uniform_int_distribution), so it is the same on every platform.
+void shuffled_indices(uint64_t seed, int32_t* out, int64_t n);
+// The seed of epoch `epoch`'s permutation: splitmix64 of the loader's seed and the epoch.
+uint64_t epoch_seed(uint64_t seed, int64_t epoch);
+
+}  // namespace memfit::io

@@ -1,0 +1,194 @@
+// `memfit prepare` as a library function: check, tokenize, split, write. See prepare.h.
+#include "memfit/io/prepare.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "memfit/core/error.h"
+#include "memfit/io/brown_corpus.h"
+#include "memfit/io/data_loader.h"
+#include "memfit/io/token_shard.h"
+#include "memfit/io/tokenizer.h"
+
+namespace memfit::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// One document to read: a text file, or a Brown corpus file id.
+struct Source {
+  fs::path path;
+  std::string brown_id;  // empty for a text file
+};
+
+std::string read_text_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) MEMFIT_THROW(IoError, "prepare", "cannot open input {}", path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) MEMFIT_THROW(IoError, "prepare", "cannot read input {}", path.string());
+  return std::move(text).str();
+}
+
+std::vector<Source> resolve_inputs(const PrepareOptions& o) {
+  std::vector<Source> sources;
+  for (const auto& input : o.inputs) {
+    if (input == "brown") {
+      fs::path dir = o.brown_dir.empty() ? find_brown_corpus_dir() : o.brown_dir;
+      for (auto& id : brown_file_ids(dir)) sources.push_back({dir, id});
+      continue;
+    }
+    std::error_code ec;
+    fs::path path(input);
+    if (!fs::exists(path, ec))
+      MEMFIT_THROW(IoError, "prepare", "input {} not found", input);
+    if (!fs::is_regular_file(path, ec))
+      MEMFIT_THROW(IoError, "prepare", "input {} is not a regular file; pass text files", input);
+    sources.push_back({path, ""});
+  }
+  return sources;
+}
+
+// Files written so far; removed again unless commit() is called.
+class WrittenFiles {
+ public:
+  explicit WrittenFiles(fs::path created_dir) : created_dir_(std::move(created_dir)) {}
+  ~WrittenFiles() {
+    if (committed_) return;
+    std::error_code ec;
+    for (const auto& f : files_) fs::remove(f, ec);
+    if (!created_dir_.empty()) fs::remove(created_dir_, ec);  // only if empty
+  }
+  void add(const fs::path& f) { files_.push_back(f); }
+  void commit() { committed_ = true; }
+
+ private:
+  fs::path created_dir_;
+  std::vector<fs::path> files_;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+ValSplit choose_val_split(std::span<const int64_t> doc_starts, int64_t num_tokens,
+                          double fraction) {
+  if (fraction == 0) return {num_tokens, true};
+  if (num_tokens < 2)
+    MEMFIT_THROW(ConfigError, "prepare", "{} token(s) are too few to split off a validation "
+                 "fraction of {}; use --val-fraction 0 or more text", num_tokens, fraction);
+  const double want = fraction * static_cast<double>(num_tokens);
+  const double target = static_cast<double>(num_tokens) - want;
+  int64_t best = -1;
+  for (int64_t s : doc_starts) {
+    if (s <= 0 || s >= num_tokens) continue;
+    if (best < 0 || std::abs(static_cast<double>(s) - target) <
+                        std::abs(static_cast<double>(best) - target))
+      best = s;
+  }
+  if (best > 0) {
+    const double val = static_cast<double>(num_tokens - best);
+    if (val >= want / 2 && val <= want * 2) return {best, true};
+  }
+  const int64_t val = std::min(num_tokens - 1, std::max<int64_t>(1, std::llround(want)));
+  return {num_tokens - val, false};
+}
+
+PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& progress) {
+  // Check everything that can be checked before reading or writing anything.
+  if (o.inputs.empty())
+    MEMFIT_THROW(ConfigError, "prepare", "no input: pass --input FILE... (or --input brown)");
+  if (o.out_dir.empty()) MEMFIT_THROW(ConfigError, "prepare", "no output folder: pass --out DIR");
+  if (!(o.val_fraction >= 0 && o.val_fraction < 1))
+    MEMFIT_THROW(ConfigError, "prepare", "validation fraction must be in [0, 1), got {}",
+                 o.val_fraction);
+  if (o.shard_tokens <= 0)
+    MEMFIT_THROW(ConfigError, "prepare", "tokens per shard must be positive, got {}",
+                 o.shard_tokens);
+  std::vector<Source> sources = resolve_inputs(o);
+  std::error_code ec;
+  const bool out_exists = fs::exists(o.out_dir, ec);
+  if (out_exists && !fs::is_directory(o.out_dir, ec))
+    MEMFIT_THROW(IoError, "prepare", "output {} exists and is not a folder", o.out_dir.string());
+  std::vector<fs::path> stale;
+  if (out_exists) {
+    stale = find_token_shards(o.out_dir, "train");
+    for (auto& f : find_token_shards(o.out_dir, "val")) stale.push_back(f);
+  }
+  if (!stale.empty() && !o.overwrite)
+    MEMFIT_THROW(ConfigError, "prepare",
+                 "{} already holds {} shard file(s) ({} ...); pass --overwrite to replace them",
+                 o.out_dir.string(), stale.size(), stale.front().filename().string());
+  auto tokenizer = make_tokenizer(o.tokenizer, o.vocab_dir);
+  if (tokenizer->vocab_size() > 65536)
+    MEMFIT_THROW(ConfigError, "prepare", "tokenizer {} has {} tokens; shards hold uint16 ids "
+                 "(at most 65536)", tokenizer->name(), tokenizer->vocab_size());
+
+  // Tokenize: [eot] + tokens for every non-empty document.
+  PrepareSummary summary;
+  summary.tokenizer = std::string(tokenizer->name());
+  summary.vocab_size = tokenizer->vocab_size();
+  std::vector<uint16_t> tokens;
+  std::vector<int64_t> doc_starts;
+  std::vector<int32_t> ids;
+  int64_t text_bytes = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Source& src = sources[i];
+    std::string text = src.brown_id.empty() ? read_text_file(src.path)
+                                            : read_brown_document(src.path, src.brown_id).text;
+    text_bytes += static_cast<int64_t>(text.size());
+    if (!text.empty()) {
+      doc_starts.push_back(static_cast<int64_t>(tokens.size()));
+      ids.assign(1, tokenizer->eot_token());
+      tokenizer->encode_append(text, ids);
+      tokens.insert(tokens.end(), ids.begin(), ids.end());  // ids < vocab <= 65536
+    }
+    if (progress) progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(sources.size()),
+                           static_cast<int64_t>(tokens.size()));
+  }
+  if (text_bytes == 0)
+    MEMFIT_THROW(IoError, "prepare", "the input is empty: {} file(s), no text (first: {})",
+                 sources.size(), o.inputs.front());
+  summary.documents = static_cast<int64_t>(doc_starts.size());
+
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  ValSplit split = choose_val_split(doc_starts, n, o.val_fraction);
+  summary.train_tokens = split.begin;
+  summary.val_tokens = n - split.begin;
+  summary.val_at_document_boundary = split.at_document_boundary;
+
+  // Write; on any failure the destructor of `written` removes what this run wrote.
+  fs::path created;
+  if (!out_exists) {
+    fs::create_directories(o.out_dir, ec);
+    if (ec)
+      MEMFIT_THROW(IoError, "prepare", "cannot create {}: {}", o.out_dir.string(), ec.message());
+    created = o.out_dir;
+  }
+  WrittenFiles written(created);
+  auto write_split = [&](std::string_view name, int64_t begin, int64_t end,
+                         std::vector<fs::path>& files) {
+    for (int64_t at = begin, index = 0; at < end; at += o.shard_tokens, ++index) {
+      fs::path path = o.out_dir / fmt::format("{}_{:06d}.bin", name, index);
+      const int64_t count = std::min(o.shard_tokens, end - at);
+      write_token_shard(path, {tokens.data() + at, static_cast<size_t>(count)});
+      written.add(path);
+      files.push_back(path);
+    }
+  };
+  write_split("train", 0, split.begin, summary.train_files);
+  write_split("val", split.begin, n, summary.val_files);
+  written.commit();
+
+  // Shards of an earlier run that this one did not rewrite would otherwise join the dataset.
+  for (const auto& f : stale) {
+    bool rewritten = false;
+    for (const auto& w : summary.train_files) rewritten |= w.filename() == f.filename();
+    for (const auto& w : summary.val_files) rewritten |= w.filename() == f.filename();
+    if (!rewritten) fs::remove(f, ec);
+  }
+  return summary;
+}
+
+}  // namespace memfit::io
