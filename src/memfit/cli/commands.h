@@ -7,5 +7,7 @@
 namespace memfit::cli {
 
 void add_prepare_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_sample_command(CLI::App& app);
 
 }  // namespace memfit::cli

@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show every subcommand's options");
   memfit::cli::add_prepare_command(app);
+  memfit::cli::add_train_command(app);
+  memfit::cli::add_sample_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

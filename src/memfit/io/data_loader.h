@@ -58,6 +58,8 @@ class DataLoader {
   int64_t batch_size() const { return options_.batch_size; }
   int64_t seq_len() const { return options_.seq_len; }
   int64_t num_tokens() const { return tokens_.numel(); }
+  // All tokens of the split, u16 (N), in file order.
+  const Tensor& tokens() const { return tokens_; }
   // Whole windows in the data: floor((N - 1) / T).
   int64_t num_windows() const { return num_windows_; }
   // Micro-batches that visit every window once: ceil(num_windows / B).

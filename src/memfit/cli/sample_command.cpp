@@ -1,0 +1,101 @@
+// memfit sample: text from a checkpoint, one token at a time, with temperature and top-k.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "memfit/cli/commands.h"
+#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/gpt2_checkpoint.h"
+#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/io/tokenizer.h"
+#include "memfit/model/gpt2.h"
+
+namespace memfit::cli {
+
+namespace {
+
+struct SampleOptions {
+  std::string checkpoint, prompt = "\n", tokenizer = "auto";
+  int tokens = 100, top_k = 40;
+  float temperature = 0.8f;
+  uint64_t seed = 1337;
+};
+
+void run_sample(const SampleOptions& o) {
+  if (o.tokens < 0) MEMFIT_THROW(ConfigError, "sample", "--tokens must be >= 0, got {}", o.tokens);
+  if (o.temperature < 0)
+    MEMFIT_THROW(ConfigError, "sample", "--temperature must be >= 0, got {}", o.temperature);
+  io::CheckpointLocation loc = io::locate_checkpoint(o.checkpoint);
+  GPT2Config mc = io::read_gpt2_config(loc.dir / "config.json");
+  const std::string tok_name =
+      o.tokenizer != "auto" ? o.tokenizer : (mc.vocab_size <= 256 ? "byte" : "gpt2");
+  auto tok = io::make_tokenizer(tok_name);
+  if (tok->vocab_size() > mc.vocab_size)
+    MEMFIT_THROW(ConfigError, "sample", "the {} tokenizer has {} tokens, the model only {}",
+                 tok_name, tok->vocab_size(), mc.vocab_size);
+
+  MemoryPool pool;
+  GPT2 gpt(mc, pool);
+  io::load_gpt2_checkpoint(loc.dir, mc, gpt.layout(), gpt.params());
+  std::vector<int32_t> ids = tok->encode(o.prompt);
+  if (ids.empty()) ids.push_back(tok->eot_token());
+
+  // One window of the model's context: positions past the text are padding, which causal
+  // attention keeps from affecting the positions before them.
+  const int T = mc.max_seq_len, V = mc.vocab_size;
+  gpt.reserve(1, T);
+  Tensor window = Tensor::empty(pool, {1, T}, DType::i32, Category::staging, "sample.tokens");
+  Tensor logits = Tensor::empty(pool, {1, T, V}, DType::f32, Category::workspace, "sample.logits");
+  std::mt19937_64 rng(o.seed);
+  std::vector<double> p(V);
+  std::vector<int32_t> order(V);
+  fmt::print("{}", o.prompt);
+  for (int n = 0; n < o.tokens; ++n) {
+    const size_t len = std::min<size_t>(ids.size(), T);
+    window.zero();
+    std::copy(ids.end() - len, ids.end(), window.data<int32_t>());
+    gpt.logits(window, logits);
+    const float* row = logits.data<float>() + (len - 1) * V;
+    int32_t next;
+    if (o.temperature == 0) {
+      next = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+      double z = 0;
+      for (int i = 0; i < k; ++i) z += p[i] = std::exp((row[order[i]] - row[order[0]]) / o.temperature);
+      double u = std::uniform_real_distribution<double>(0, z)(rng);
+      int i = 0;
+      while (i < k - 1 && (u -= p[i]) > 0) ++i;
+      next = order[i];
+    }
+    ids.push_back(next);
+    fmt::print("{}", tok->decode(std::span<const int32_t>(&next, 1)));
+    std::fflush(stdout);
+  }
+  fmt::print("\n");
+}
+
+}  // namespace
+
+void add_sample_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
+  auto o = std::make_shared<SampleOptions>();
+  cmd->add_option("--checkpoint", o->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--tokens", o->tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "Sample among the k likeliest (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed)->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer, "auto | gpt2 | byte")->capture_default_str();
+  cmd->callback([o] { run_sample(*o); });
+}
+
+}  // namespace memfit::cli

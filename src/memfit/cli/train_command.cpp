@@ -1,0 +1,85 @@
+// memfit train: every option of TrainConfig on the command line or in a TOML --config file,
+// then the training loop, then a table of peak memory by category and the throughput.
+#include <fmt/format.h>
+
+#include "memfit/cli/commands.h"
+#include "memfit/cli/config_file.h"
+#include "memfit/memory/pool.h"
+#include "memfit/train/trainer.h"
+
+namespace memfit::cli {
+
+namespace {
+
+void print_summary(const TrainSummary& s) {
+  fmt::print("\nmemfit train: {} steps in {:.1f} s, median {:.0f} tokens/s; last loss {:.4f}",
+             s.steps_run, s.wall_seconds, s.median_tokens_per_s, s.last_loss);
+  if (s.last_val_loss >= 0) fmt::print(", val loss {:.4f}", s.last_val_loss);
+  if (s.unigram_entropy > 0)
+    fmt::print(" (unigram entropy of the training tokens: {:.4f})", s.unigram_entropy);
+  fmt::print("\n\n{:<12} {:>12}\n", "peak memory", "MiB");
+  for (Category c : kAllCategories) {
+    size_t b = s.peak_by_category[static_cast<size_t>(c)];
+    if (b) fmt::print("{:<12} {:>12.1f}\n", category_name(c), b / 1048576.0);
+  }
+  fmt::print("{:<12} {:>12.1f}\n", "total", s.peak_bytes / 1048576.0);
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a GPT-2 model on token shards");
+  auto cfg = std::make_shared<TrainConfig>();
+  auto config_file = std::make_shared<std::string>();
+  TrainConfig& c = *cfg;
+  cmd->add_option("--config", *config_file, "TOML file of options (keys are option names)");
+  cmd->add_option("--model", c.model, "Preset: gpt2-tiny, gpt2-small-test, gpt2, gpt2-medium, "
+                                      "gpt2-large, gpt2-xl")->capture_default_str();
+  cmd->add_option("--n-layer", c.n_layer, "Override the preset's layers");
+  cmd->add_option("--n-head", c.n_head, "Override the preset's heads");
+  cmd->add_option("--d-model", c.d_model, "Override the preset's width");
+  cmd->add_option("--seq-len", c.seq_len, "Tokens per row (the context, from scratch)");
+  cmd->add_option("--vocab", c.vocab, "Override the preset's vocabulary size");
+  cmd->add_option("--data", c.data_dir, "Directory of train_*.bin / val_*.bin shards")
+      ->capture_default_str();
+  cmd->add_option("--batch", c.batch, "Micro-batch rows")->capture_default_str();
+  cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--lr", c.schedule.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--lr-schedule", c.schedule.kind, "cosine | constant")->capture_default_str();
+  cmd->add_option("--warmup", c.schedule.warmup, "Linear warmup steps")->capture_default_str();
+  cmd->add_option("--min-lr", c.schedule.min_lr, "Cosine floor")->capture_default_str();
+  cmd->add_option("--optim", c.optim.name, "adamw")->capture_default_str();
+  cmd->add_option("--weight-decay", c.optim.weight_decay,
+                  "Decoupled weight decay on 2-D weights (not biases or LayerNorm)")
+      ->capture_default_str();
+  cmd->add_option("--beta1", c.optim.beta1)->capture_default_str();
+  cmd->add_option("--beta2", c.optim.beta2)->capture_default_str();
+  cmd->add_option("--eps", c.optim.eps)->capture_default_str();
+  cmd->add_option("--clip", c.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
+  cmd->add_option("--seed", c.seed)->capture_default_str();
+  cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
+  cmd->add_option("--eval-every", c.eval_every, "Steps between evaluations (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batches", c.eval_batches, "Validation micro-batches per evaluation")
+      ->capture_default_str();
+  cmd->add_option("--save", c.save_dir, "Checkpoint directory (written atomically)");
+  cmd->add_option("--save-every", c.save_every, "Steps between checkpoints (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--resume", c.resume_dir, "Continue a run from its checkpoint");
+  cmd->add_option("--init-from", c.init_from,
+                  "Start from these weights (memfit or Hugging Face GPT-2 directory)");
+  cmd->add_option("--log", c.log_file, "JSON-lines log, one line per step");
+  cmd->add_option("--shuffle", c.shuffle, "Visit windows in a seeded random order")
+      ->capture_default_str();
+  cmd->add_option("--stop-after", c.stop_after,
+                  "Stop after this step as if interrupted (the schedule still spans --steps)");
+  cmd->callback([cmd, cfg, config_file] {
+    if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
+    print_summary(train(*cfg));
+  });
+}
+
+}  // namespace memfit::cli
