@@ -26,7 +26,7 @@ std::vector<std::string> known_keys(CLI::App& cmd) {
   std::vector<std::string> keys;
   for (const CLI::Option* opt : cmd.get_options()) {
     for (const std::string& name : opt->get_lnames())
-      if (name != "help" && name != "config") keys.push_back(name);
+      if (name != "help" && name != "help-all" && name != "config") keys.push_back(name);
   }
   std::sort(keys.begin(), keys.end());
   return keys;
