@@ -1,0 +1,62 @@
+// Tile-level building blocks of flash attention (flash_attention.cpp): small matrix products
+// on L1/L2-resident tiles, the online-softmax step, the probability/gradient step of backward
+// and the bf16 packings. Kept apart so the drivers stay portable code and every intrinsic
+// lives here, each with an AVX-512 path and a plain C++ path for builds without it.
+// See "Note [Flash attention]" in docs/notes/flash-attention.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace memfit::kernels::flash {
+
+// Vector width in f32 lanes; tile leading dimensions are padded to a multiple of it.
+inline constexpr int kLanes = 16;
+inline int64_t round_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// C (M x N, row stride ldc) = (or += if accumulate) A (M x K) * B (K x N), f32, where
+// A(m, k) = A[m * a_rs + k * a_cs] (any strides: it is broadcast one element at a time) and
+// B's rows are contiguous: B(k, n) = B[k * ldb + n].
+void gemm_f32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+              int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
+// The same product over bf16 operands packed in pairs along k (one uint32 holds elements k
+// and k+1, k even; the low half is the even one), accumulating in f32: K2 = ceil(K / 2) pairs,
+// A(m, k2) = A[m * a_rs + k2 * a_cs], B(k2, n) = B[k2 * ldb + n]. Uses _mm512_dpbf16_ps when
+// the build has AVX512_BF16.
+void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs,
+               const uint32_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
+// One key tile of the forward online softmax. St (nk x ld) holds raw scores q.k, key-major:
+// St[j * ld + i] for key k0 + j and query q0 + i, i < nqp (a multiple of kLanes). Scores are
+// scaled by c (= log2(e) / sqrt(hs)), keys after their query are masked, m (running max, base
+// 2) and l (running sum) are updated, St is overwritten with the probabilities exp2(s - m) and
+// alpha[i] = exp2(m_old - m_new) is the factor the output rows accumulated so far must take.
+void online_softmax_step(float* St, int64_t ld, int nk, int nqp, int64_t k0, int64_t q0, float c,
+                         float* m, float* l, float* alpha);
+
+// Backward for one (query tile, key tile) pair. S and dP (nq x ld, query-major) hold raw
+// scores q.k and dO.v for query q0 + i and key k0 + j, j < nkp (a multiple of kLanes). On
+// return S holds P = exp2(c * s - lse2[i]) (zero for masked keys and keys j >= nk) and dP holds
+// dS = P * (dP - D[i]) (without the 1/sqrt(hs) that the caller applies to dq and dk).
+void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, int64_t q0,
+                     int64_t k0, float c, const float* lse2, const float* D);
+
+// bf16 packings. bf16 values are uint16_t (memfit's DType::bf16).
+// dst(k2, n) = pair (src(2 k2, n), src(2 k2 + 1, n)) for n < cols, k2 < ceil(rows / 2); an odd
+// last row pairs with zero. src rows are contiguous with stride src_rs. The f32 overload rounds
+// to nearest even.
+void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,
+                           int rows, int cols);
+void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const float* src, int64_t src_rs,
+                           int rows, int cols);
+// dst(k2, r) = src pair k2 of row r = (src(r, 2 k2), src(r, 2 k2 + 1)) for r < rows, k2 < pairs:
+// a transpose of the (rows x pairs) uint32 matrix that src is when read in pairs. src_rs in
+// bf16 elements, even.
+void pack_pairs_transpose(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,
+                          int rows, int pairs);
+// f32 (rows x cols) to bf16, round to nearest even.
+void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
+                     int cols);
+
+}  // namespace memfit::kernels::flash
