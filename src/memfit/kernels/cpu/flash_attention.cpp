@@ -109,7 +109,7 @@ ForwardLayout forward_layout(const Dims& d) {
   L.q = c.take(d.bf16 ? d.hs / 2 * ldq : d.hs * ldq);  // Q^T (f32) or Q^T in pairs (bf16)
   L.s = c.take(int64_t{d.Bc} * ldq);                   // S^T, then P^T
   L.p = c.take(d.bf16 ? (d.Bc + 1) / 2 * ldq : 0);     // P^T in key pairs (bf16)
-  L.v = c.take(d.bf16 ? (d.Bc + 1) / 2 * d.hs : 0);    // V in key pairs (bf16)
+  L.v = c.take(d.bf16 ? (d.Bc + 1) / 2 * d.hs : d.Bc * d.hs);  // V rows, packed (f32) or in key pairs
   L.o = c.take(d.Br * d.hs);                           // unnormalised output rows
   L.m = c.take(ldq);
   L.l = c.take(ldq);
@@ -120,7 +120,7 @@ ForwardLayout forward_layout(const Dims& d) {
 
 // Backward scratch of one thread.
 struct BackwardLayout {
-  int64_t kt, vt, ki, s, dp, pi, dsi, dsb, qi, doi, dk, dv, dq, lse2, words;
+  int64_t kt, vt, ki, s, dp, pi, dsi, dsb, qi, doi, dk, dv, lse2, words;
 };
 BackwardLayout backward_layout(const Dims& d) {
   Carver c;
@@ -129,17 +129,16 @@ BackwardLayout backward_layout(const Dims& d) {
   const int64_t br2 = (Br + 1) / 2, bc2 = (Bc + 1) / 2;
   L.kt = c.take(d.bf16 ? hs / 2 * ldk : hs * ldk);  // K^T of the key tile (pairs along d)
   L.vt = c.take(d.bf16 ? hs / 2 * ldk : hs * ldk);  // V^T of the key tile
-  L.ki = c.take(d.bf16 ? bc2 * hs : 0);             // K in key pairs, for dQ (bf16)
+  L.ki = c.take(d.bf16 ? bc2 * hs : Bc * hs);       // K rows packed (f32) or in key pairs, for dQ
   L.s = c.take(Br * ldk);                           // S, then P
   L.dp = c.take(Br * ldk);                          // dP, then dS
   L.pi = c.take(d.bf16 ? br2 * ldk : 0);            // P in query pairs, for dV (bf16)
   L.dsi = c.take(d.bf16 ? br2 * ldk : 0);           // dS in query pairs, for dK (bf16)
   L.dsb = c.take(d.bf16 ? Br * ldk / 2 : 0);        // dS as bf16 rows, for dQ (bf16)
-  L.qi = c.take(d.bf16 ? br2 * hs : 0);             // Q in query pairs (bf16)
-  L.doi = c.take(d.bf16 ? br2 * hs : 0);            // dO in query pairs (bf16)
+  L.qi = c.take(d.bf16 ? br2 * hs : Br * hs);       // Q rows packed (f32) or in query pairs
+  L.doi = c.take(d.bf16 ? br2 * hs : Br * hs);      // dO rows packed (f32) or in query pairs
   L.dk = c.take(Bc * hs);
   L.dv = c.take(Bc * hs);
-  L.dq = c.take(Br * hs);
   L.lse2 = c.take(Br);
   L.words = c.words;
   return L;
@@ -162,19 +161,22 @@ struct AlignedFloats {
 };
 
 template <typename Elem>
-float to_f32(Elem x) {
-  if constexpr (std::is_same_v<Elem, float>) {
-    return x;
-  } else {
-    return f32_from_bf16(x);
-  }
-}
-template <typename Elem>
 Elem from_f32(float x) {
   if constexpr (std::is_same_v<Elem, float>) {
     return x;
   } else {
     return bf16_from_f32(x);
+  }
+}
+// rows x cols floats from rows of stride src_rs to rows of stride ld_dst, times `scale`. An
+// inline loop: rows are a few hundred bytes, where a memcpy call per row costs more than the
+// copy.
+void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int64_t rows,
+               int64_t cols, float scale = 1.0f) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * ld_dst;
+    const float* s = src + r * src_rs;
+    for (int64_t e = 0; e < cols; ++e) d[e] = s[e] * scale;
   }
 }
 const uint32_t* as_pairs(const uint16_t* p) { return reinterpret_cast<const uint32_t*>(p); }
@@ -219,11 +221,7 @@ void forward_impl(const Dims& d, Elem* out, float* lse, const Elem* qkv) {
         if (nq < nqp) std::fill(Qp, Qp + hs / 2 * ldq, 0u);
         flash::pack_pairs_transpose(Qp, ldq, Qh + q0 * C3, C3, nq, static_cast<int>(hs / 2));
       } else {
-        float* Qt = base + L.q;
-        for (int64_t e = 0; e < hs; ++e) {
-          for (int r = 0; r < nq; ++r) Qt[e * ldq + r] = Qh[(q0 + r) * C3 + e];
-          for (int r = nq; r < nqp; ++r) Qt[e * ldq + r] = 0.0f;
-        }
+        flash::transpose_padded(base + L.q, ldq, Qh + q0 * C3, C3, nq, static_cast<int>(hs));
       }
       // Key tiles up to the diagonal; keys past the tile's last query are never visited.
       for (int64_t k0 = 0; k0 < q0 + nq; k0 += d.Bc) {
@@ -252,7 +250,11 @@ void forward_impl(const Dims& d, Elem* out, float* lse, const Elem* qkv) {
           flash::gemm_bf16(nq, static_cast<int>(hs), (nk + 1) / 2, Pp, 1, ldq, Vp, hs, O, hs,
                            true);
         } else {
-          flash::gemm_f32(nq, static_cast<int>(hs), nk, St, 1, ldq, Vh + k0 * C3, C3, O, hs, true);
+          // Packed so the rows of B are contiguous: at their natural stride of 3C floats they
+          // fall into few L1 sets and the product loses about a fifth of its speed.
+          float* Vc = base + L.v;
+          copy_rows(Vc, hs, Vh + k0 * C3, C3, nk, hs);
+          flash::gemm_f32(nq, static_cast<int>(hs), nk, St, 1, ldq, Vc, hs, O, hs, true);
         }
       }
       for (int r = 0; r < nq; ++r) {
@@ -304,9 +306,7 @@ void backward_impl(const Dims& d, Elem* dqkv, const Elem* dout, const Elem* qkv,
     for (int64_t h = 0; h < NH; ++h) {
       const Elem* go = dout + bt * C + h * hs;
       const Elem* o = out + bt * C + h * hs;
-      float sum = 0.0f;
-      for (int64_t e = 0; e < hs; ++e) sum += to_f32(go[e]) * to_f32(o[e]);
-      D[(b * NH + h) * T + t] = sum;
+      D[(b * NH + h) * T + t] = flash::dot(go, o, hs);
     }
     if constexpr (kBf16) {
       std::fill(dq_acc + bt * C, dq_acc + (bt + 1) * C, 0.0f);
@@ -323,7 +323,6 @@ void backward_impl(const Dims& d, Elem* dqkv, const Elem* dout, const Elem* qkv,
     float* dP = base + L.dp;
     float* dK = base + L.dk;
     float* dV = base + L.dv;
-    float* dQ = base + L.dq;
     float* lse2 = base + L.lse2;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < nTk * BH; ++task) {
@@ -350,15 +349,9 @@ void backward_impl(const Dims& d, Elem* dqkv, const Elem* dout, const Elem* qkv,
         flash::pack_pairs_transpose(Vp, ldk, Vh + k0 * C3, C3, nk, hsi / 2);
         flash::pack_pairs_interleave(words_at(base, L.ki), hs, Kh + k0 * C3, C3, nk, hsi);
       } else {
-        float* Kt = base + L.kt;
-        float* Vt = base + L.vt;
-        for (int64_t e = 0; e < hs; ++e) {
-          for (int r = 0; r < nk; ++r) {
-            Kt[e * ldk + r] = Kh[(k0 + r) * C3 + e];
-            Vt[e * ldk + r] = Vh[(k0 + r) * C3 + e];
-          }
-          for (int r = nk; r < nkp; ++r) Kt[e * ldk + r] = Vt[e * ldk + r] = 0.0f;
-        }
+        flash::transpose_padded(base + L.kt, ldk, Kh + k0 * C3, C3, nk, hsi);
+        flash::transpose_padded(base + L.vt, ldk, Vh + k0 * C3, C3, nk, hsi);
+        copy_rows(base + L.ki, hs, Kh + k0 * C3, C3, nk, hs, scale);  // for dq, so scaled
       }
       std::fill(dK, dK + nk * hs, 0.0f);
       std::fill(dV, dV + nk * hs, 0.0f);
@@ -377,7 +370,8 @@ void backward_impl(const Dims& d, Elem* dqkv, const Elem* dout, const Elem* qkv,
           flash::gemm_f32(nq, nkp, hsi, dOh + q0 * C, C, 1, base + L.vt, ldk, dP, ldk, false);
         }
         flash::probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
-        // dV += P^T dO, dK += dS^T Q, dQ = dS K (the 1/sqrt(hs) of dK, dQ applied below).
+        // dV += P^T dO and dK += dS^T Q (the 1/sqrt(hs) of dK is applied at the end).
+        const int64_t lock_id = bh * nTq + q0 / d.Br;
         if constexpr (kBf16) {
           uint32_t* Pi = words_at(base, L.pi);
           uint32_t* dSi = words_at(base, L.dsi);
@@ -391,29 +385,27 @@ void backward_impl(const Dims& d, Elem* dqkv, const Elem* dout, const Elem* qkv,
           flash::pack_pairs_interleave(dSi, ldk, dP, ldk, nq, nkp);
           flash::pack_pairs_interleave(Qi, hs, Qh + q0 * C3, C3, nq, hsi);
           flash::gemm_bf16(nk, hsi, nq2, dSi, 1, ldk, Qi, hs, dK, hs, true);
+          // dq += dS K in the f32 accumulator (1/sqrt(hs) applied when it is converted), under
+          // the query tile's lock.
           flash::convert_to_bf16(dSb, ldk, dP, ldk, nq, nkp);
+          locks.lock(lock_id);
           flash::gemm_bf16(nq, hsi, (nk + 1) / 2, as_pairs(dSb), ldk / 2, 1,
-                           words_at(base, L.ki), hs, dQ, hs, false);
+                           words_at(base, L.ki), hs, dq_acc + (b * T + q0) * C + h * hs, C, true);
+          locks.unlock(lock_id);
         } else {
-          flash::gemm_f32(nk, hsi, nq, S, 1, ldk, dOh + q0 * C, C, dV, hs, true);
-          flash::gemm_f32(nk, hsi, nq, dP, 1, ldk, Qh + q0 * C3, C3, dK, hs, true);
-          flash::gemm_f32(nq, hsi, nk, dP, ldk, 1, Kh + k0 * C3, C3, dQ, hs, false);
+          // B operands packed contiguous, as in forward.
+          float* Qc = base + L.qi;
+          float* dOc = base + L.doi;
+          copy_rows(dOc, hs, dOh + q0 * C, C, nq, hs);
+          copy_rows(Qc, hs, Qh + q0 * C3, C3, nq, hs);
+          flash::gemm_f32(nk, hsi, nq, S, 1, ldk, dOc, hs, dV, hs, true);
+          flash::gemm_f32(nk, hsi, nq, dP, 1, ldk, Qc, hs, dK, hs, true);
+          // dq += dS (K / sqrt(hs)) straight into dqkv, under the query tile's lock.
+          locks.lock(lock_id);
+          flash::gemm_f32(nq, hsi, nk, dP, ldk, 1, base + L.ki, hs,
+                          dqkv + (b * T + q0) * C3 + h * hs, C3, true);
+          locks.unlock(lock_id);
         }
-        float* dq_rows;
-        int64_t dq_rs;
-        if constexpr (kBf16) {
-          dq_rows = dq_acc + (b * T + q0) * C + h * hs;
-          dq_rs = C;
-        } else {
-          dq_rows = dqkv + (b * T + q0) * C3 + h * hs;
-          dq_rs = C3;
-        }
-        const int64_t lock_id = bh * nTq + q0 / d.Br;
-        locks.lock(lock_id);
-        for (int r = 0; r < nq; ++r) {
-          for (int64_t e = 0; e < hs; ++e) dq_rows[r * dq_rs + e] += scale * dQ[r * hs + e];
-        }
-        locks.unlock(lock_id);
       }
       for (int r = 0; r < nk; ++r) {
         Elem* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
@@ -429,7 +421,7 @@ void backward_impl(const Dims& d, Elem* dqkv, const Elem* dout, const Elem* qkv,
   if constexpr (kBf16) {
 #pragma omp parallel for num_threads(nthreads)
     for (int64_t bt = 0; bt < d.B * T; ++bt) {
-      for (int64_t e = 0; e < C; ++e) dqkv[bt * C3 + e] = bf16_from_f32(dq_acc[bt * C + e]);
+      for (int64_t e = 0; e < C; ++e) dqkv[bt * C3 + e] = bf16_from_f32(scale * dq_acc[bt * C + e]);
     }
   }
 }

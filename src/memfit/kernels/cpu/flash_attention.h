@@ -16,7 +16,7 @@ namespace memfit::kernels {
 // other values exist for tests and tuning. Both must be multiples of 16 in [16, 512].
 struct FlashAttentionTiles {
   int q_rows = 64;
-  int kv_rows = 64;
+  int kv_rows = 128;
 };
 
 // qkv (B, T, 3C): q, k, v concatenated along the last dimension, head h at [h*hs, (h+1)*hs)

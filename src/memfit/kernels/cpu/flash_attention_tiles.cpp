@@ -16,6 +16,7 @@
 // silenced for the header alone.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
@@ -83,6 +84,34 @@ inline __m512 dot_pairs(__m512 c, __m512i a, __m512i b) {
   return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)),
                          _mm512_castsi512_ps(_mm512_and_si512(b, hi)), c);
 #endif
+}
+
+// 16 x 16 transpose in registers: r[i] holds row i on entry and column i on return.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // r[4g + c] now holds, per 128-bit lane L, rows 4g..4g+3 of column 4L + c.
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+    t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xDD);
+    r[4 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD);
+  }
 }
 
 // The register-blocked kernels: an MR x (NV * 16) block of C stays in registers for the
@@ -294,6 +323,48 @@ void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, i
   }
 }
 
+void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
+                      int cols) {
+  __m512 r[16];
+  for (int r0 = 0; r0 < rows; r0 += kLanes) {
+    const int nr = std::min(kLanes, rows - r0);
+    for (int c0 = 0; c0 < cols; c0 += kLanes) {
+      const int nc = std::min(kLanes, cols - c0);
+      const __mmask16 mk = lanes_below(nc);
+      for (int i = 0; i < kLanes; ++i) {
+        r[i] = i < nr ? _mm512_maskz_loadu_ps(mk, src + (r0 + i) * src_rs + c0)
+                      : _mm512_setzero_ps();
+      }
+      transpose16(r);
+      for (int c = 0; c < nc; ++c) _mm512_storeu_ps(dst + (c0 + c) * ld_dst + r0, r[c]);
+    }
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mk = lanes_below(n - i);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), _mm512_maskz_loadu_ps(mk, b + i), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+float dot(const uint16_t* a, const uint16_t* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i))), 16));
+    const __m512 y = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))), 16));
+    acc = _mm512_fmadd_ps(x, y, acc);
+  }
+  float sum = _mm512_reduce_add_ps(acc);
+  for (; i < n; ++i) sum += f32_from_bf16(a[i]) * f32_from_bf16(b[i]);
+  return sum;
+}
+
 void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,
                            int rows, int cols) {
   for (int k2 = 0; k2 < (rows + 1) / 2; ++k2) {
@@ -414,6 +485,27 @@ void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, i
       dp[j] = visible ? p * (dp[j] - D[i]) : 0.0f;
     }
   }
+}
+
+void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
+                      int cols) {
+  const int64_t padded = round_lanes(rows);
+  for (int c = 0; c < cols; ++c) {
+    for (int r = 0; r < rows; ++r) dst[c * ld_dst + r] = src[r * src_rs + c];
+    for (int64_t r = rows; r < padded; ++r) dst[c * ld_dst + r] = 0.0f;
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+float dot(const uint16_t* a, const uint16_t* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += f32_from_bf16(a[i]) * f32_from_bf16(b[i]);
+  return sum;
 }
 
 void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,

@@ -42,6 +42,15 @@ void online_softmax_step(float* St, int64_t ld, int nk, int nqp, int64_t k0, int
 void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, int64_t q0,
                      int64_t k0, float c, const float* lse2, const float* D);
 
+// dst (cols x round_lanes(rows), row stride ld_dst) = src (rows x cols, row stride src_rs)
+// transposed, zero in the padding columns [rows, round_lanes(rows)).
+void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
+                      int cols);
+
+// sum_i a[i] * b[i] in f32 (bf16 inputs widened).
+float dot(const float* a, const float* b, int64_t n);
+float dot(const uint16_t* a, const uint16_t* b, int64_t n);
+
 // bf16 packings. bf16 values are uint16_t (memfit's DType::bf16).
 // dst(k2, n) = pair (src(2 k2, n), src(2 k2 + 1, n)) for n < cols, k2 < ceil(rows / 2); an odd
 // last row pairs with zero. src rows are contiguous with stride src_rs. The f32 overload rounds
