@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "memfit/kernels/cpu/flash_attention_tiles.h"
 #include "memfit/kernels/ref/flash_attention_ref.h"
 
 namespace memfit::kernels {
@@ -162,6 +163,18 @@ constexpr double kBf16Tolerance = 1e-2;
 
 TEST(FlashAttention, Bf16WithinStatedTolerance) {
   uint32_t seed = 100;
+  for (const Case& c : kCases) expect_close(run_case(c, DType::bf16, seed += 2), c, kBf16Tolerance);
+}
+
+// The bf16 products run on AMX where the machine has it; this covers the other path
+// (AVX512_BF16, its emulation, or plain loops, whichever the build has) on the same cases.
+TEST(FlashAttention, Bf16WithoutAmxWithinStatedTolerance) {
+  struct AmxOff {
+    AmxOff() { flash::set_amx_allowed(false); }
+    ~AmxOff() { flash::set_amx_allowed(true); }
+  } off;
+  RecordProperty("amx_supported", flash::amx_supported() ? "yes" : "no");
+  uint32_t seed = 200;
   for (const Case& c : kCases) expect_close(run_case(c, DType::bf16, seed += 2), c, kBf16Tolerance);
 }
 

@@ -1,6 +1,7 @@
-// Flash attention tile operations (see flash_attention_tiles.h): AVX-512 where the build
-// targets it (-DMEMFIT_NATIVE=ON on this machine), plain loops that the compiler may vectorise
-// otherwise. Both paths compute the same thing; tests run whichever the build has.
+// Flash attention tile operations (see flash_attention_tiles.h): AVX-512 (and AVX512_BF16)
+// where the build targets it (-DMEMFIT_NATIVE=ON on this machine), plain loops that the
+// compiler may vectorise otherwise. Both paths compute the same thing; tests run whichever the
+// build has. The AMX products are in flash_attention_amx.cpp.
 #include "memfit/kernels/cpu/flash_attention_tiles.h"
 
 #include <algorithm>
@@ -30,6 +31,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // exp2 arguments are clamped here: 2^-100 is still a normal float (no denormal slow paths in
 // the products that follow) and far too small to change a sum that holds a 1.
 constexpr float kExp2Floor = -100.0f;
+
+// bf16 pairs are read as 32-bit words from memory written as 16-bit elements.
+using PairWord = uint32_t __attribute__((__may_alias__));
 
 inline uint32_t pair_of(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
@@ -171,7 +175,7 @@ void micro_bf16(int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs, const uin
   }
   for (int k = 0; k < K2; ++k) {
     const uint32_t* b = B + k * ldb;
-    const uint32_t* a = A + k * a_cs;
+    const PairWord* a = reinterpret_cast<const PairWord*>(A + k * a_cs);
     __m512i bv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
@@ -261,9 +265,15 @@ void gemm_f32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, c
   gemm_any<float>(M, N, K, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
 }
 
-void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs,
-               const uint32_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  gemm_any<uint32_t>(M, N, K2, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
+
+void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
+               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if (amx_active()) {
+    gemm_amx(static_cast<int>(round_tile(M)), static_cast<int>(round_tile(N)),
+             static_cast<int>(round_tile(K2)), A, lda, B, ldb, C, ldc, accumulate);
+    return;
+  }
+  gemm_any<uint32_t>(M, N, K2, A, lda, 1, B, ldb, C, ldc, accumulate);
 }
 
 void online_softmax_step(float* St, int64_t ld, int nk, int nqp, int64_t k0, int64_t q0, float c,
@@ -339,6 +349,13 @@ void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_
       for (int c = 0; c < nc; ++c) _mm512_storeu_ps(dst + (c0 + c) * ld_dst + r0, r[c]);
     }
   }
+}
+
+void transpose_padded(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t src_rs,
+                      int rows, int cols) {
+  // Only loads, shuffles and stores: the bits pass through unchanged.
+  transpose_padded(reinterpret_cast<float*>(dst), ld_dst, reinterpret_cast<const float*>(src),
+                   src_rs, rows, cols);
 }
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -417,13 +434,22 @@ void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld
 namespace {
 
 template <typename T>
+T load_a(const T* A, int64_t i) {
+  if constexpr (std::is_same_v<T, float>) {
+    return A[i];
+  } else {
+    return reinterpret_cast<const PairWord*>(A)[i];
+  }
+}
+
+template <typename T>
 void gemm_plain(int M, int N, int K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
                 int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   for (int m = 0; m < M; ++m) {
     float* c = C + m * ldc;
     if (!accumulate) std::fill(c, c + N, 0.0f);
     for (int k = 0; k < K; ++k) {
-      const T a = A[m * a_rs + k * a_cs];
+      const T a = load_a(A, m * a_rs + k * a_cs);
       const T* b = B + k * ldb;
       if constexpr (std::is_same_v<T, float>) {
         for (int n = 0; n < N; ++n) c[n] += a * b[n];
@@ -446,9 +472,9 @@ void gemm_f32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, c
   gemm_plain<float>(M, N, K, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
 }
 
-void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs,
-               const uint32_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  gemm_plain<uint32_t>(M, N, K2, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
+void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
+               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm_plain<uint32_t>(M, N, K2, A, lda, 1, B, ldb, C, ldc, accumulate);
 }
 
 void online_softmax_step(float* St, int64_t ld, int nk, int nqp, int64_t k0, int64_t q0, float c,
@@ -487,13 +513,24 @@ void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, i
   }
 }
 
-void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
-                      int cols) {
+template <typename T, typename Read>
+void transpose_plain(T* dst, int64_t ld_dst, const Read* src, int64_t src_rs, int rows,
+                     int cols) {
   const int64_t padded = round_lanes(rows);
   for (int c = 0; c < cols; ++c) {
     for (int r = 0; r < rows; ++r) dst[c * ld_dst + r] = src[r * src_rs + c];
-    for (int64_t r = rows; r < padded; ++r) dst[c * ld_dst + r] = 0.0f;
+    for (int64_t r = rows; r < padded; ++r) dst[c * ld_dst + r] = T{0};
   }
+}
+
+void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
+                      int cols) {
+  transpose_plain(dst, ld_dst, src, src_rs, rows, cols);
+}
+
+void transpose_padded(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t src_rs,
+                      int rows, int cols) {
+  transpose_plain(dst, ld_dst, reinterpret_cast<const PairWord*>(src), src_rs, rows, cols);
 }
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -536,13 +573,5 @@ void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld
 }
 
 #endif  // __AVX512F__
-
-void pack_pairs_transpose(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,
-                          int rows, int pairs) {
-  for (int r = 0; r < rows; ++r) {
-    const uint16_t* s = src + r * src_rs;
-    for (int k2 = 0; k2 < pairs; ++k2) dst[k2 * ld_dst + r] = pair_of(s[2 * k2], s[2 * k2 + 1]);
-  }
-}
 
 }  // namespace memfit::kernels::flash

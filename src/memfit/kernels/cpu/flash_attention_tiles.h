@@ -20,12 +20,38 @@ inline int64_t round_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLane
 void gemm_f32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
               int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
-// The same product over bf16 operands packed in pairs along k (one uint32 holds elements k
-// and k+1, k even; the low half is the even one), accumulating in f32: K2 = ceil(K / 2) pairs,
-// A(m, k2) = A[m * a_rs + k2 * a_cs], B(k2, n) = B[k2 * ldb + n]. Uses _mm512_dpbf16_ps when
-// the build has AVX512_BF16.
-void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs,
-               const uint32_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+// The same product over bf16 operands in pairs along k (one uint32 holds elements k and k+1,
+// k even, the even one in the low half), accumulating in f32. K2 = ceil(K / 2) pairs. A's rows
+// hold pairs along k: A(m, k2) = A[m * lda + k2]; B(k2, n) = B[k2 * ldb + n] (the "VNNI"
+// layout). Runs on AMX tiles inside an AmxScope where the machine has them, else on
+// _mm512_dpbf16_ps (or its emulation, or plain loops). On AMX the product covers whole
+// 16 x 16 tiles: A, B must be readable and C writable up to M, N and K2 rounded up to 16, the
+// K2 padding of A and B must be zero, and C's rows and columns past M and N get garbage.
+void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
+               int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
+// Rounds up to whole AMX tiles (16 rows, 16 pairs): the padding gemm_bf16 may touch.
+inline int64_t round_tile(int64_t n) { return (n + 15) / 16 * 16; }
+
+// While alive, gemm_bf16 on this thread uses AMX (tile registers configured, released at the
+// end) if the CPU and OS support it and it is allowed. Construct one per thread per parallel
+// region, around the tasks.
+class AmxScope {
+ public:
+  AmxScope();
+  ~AmxScope();
+  AmxScope(const AmxScope&) = delete;
+  AmxScope& operator=(const AmxScope&) = delete;
+};
+// Whether AMX can be used here (built with AMX, CPU has it, the OS granted the tile state).
+bool amx_supported();
+// Process-wide switch, on by default; tests turn it off to cover the AVX512_BF16 path.
+void set_amx_allowed(bool allowed);
+// Whether this thread is inside an AmxScope that configured the tiles.
+bool amx_active();
+// gemm_bf16's AMX body (flash_attention_amx.cpp): M, N, K2 multiples of 16. Needs amx_active().
+void gemm_amx(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
+              int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
 // One key tile of the forward online softmax. St (nk x ld) holds raw scores q.k, key-major:
 // St[j * ld + i] for key k0 + j and query q0 + i, i < nqp (a multiple of kLanes). Scores are
@@ -46,6 +72,9 @@ void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, i
 // transposed, zero in the padding columns [rows, round_lanes(rows)).
 void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
                       int cols);
+// The same on 32-bit words (bf16 pairs).
+void transpose_padded(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t src_rs,
+                      int rows, int cols);
 
 // sum_i a[i] * b[i] in f32 (bf16 inputs widened).
 float dot(const float* a, const float* b, int64_t n);
@@ -59,11 +88,6 @@ void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const uint16_t* src, i
                            int rows, int cols);
 void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const float* src, int64_t src_rs,
                            int rows, int cols);
-// dst(k2, r) = src pair k2 of row r = (src(r, 2 k2), src(r, 2 k2 + 1)) for r < rows, k2 < pairs:
-// a transpose of the (rows x pairs) uint32 matrix that src is when read in pairs. src_rs in
-// bf16 elements, even.
-void pack_pairs_transpose(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,
-                          int rows, int pairs);
 // f32 (rows x cols) to bf16, round to nearest even.
 void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
                      int cols);
