@@ -157,7 +157,7 @@ TEST(FlashAttention, F32MatchesReference) {
 }
 
 // bf16 qkv and dout, bf16 products with f32 accumulation, bf16 out and dqkv. Observed errors are
-// 1.4e-3 to 2.9e-3 relative (storing out and dqkv in bf16 alone costs about 1.1e-3; P and dS are
+// 1.4e-3 to 3.3e-3 relative (storing out and dqkv in bf16 alone costs about 1.1e-3; P and dS are
 // rounded to bf16 before their products); lse stays within 2e-7. The stated tolerance is 1e-2.
 constexpr double kBf16Tolerance = 1e-2;
 
