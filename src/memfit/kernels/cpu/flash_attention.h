@@ -24,8 +24,9 @@ struct FlashAttentionTiles {
 // positions <= t.
 //   out (B, T, C): same dtype as qkv (f32 or bf16).
 //   lse (B, NH, T) f32: log sum_{s<=t} exp(score(t, s)), all that backward needs besides out.
-// With bf16 qkv the tile products run in bf16 with f32 accumulation (AVX512_BF16 where the
-// build has it) and the head size must be even.
+// With bf16 qkv (even head size) the tile products take bf16 operands and accumulate in f32, on
+// AMX tiles where the machine has them, else AVX512_BF16; out is bf16, within 1e-2 relative of
+// exact attention on the same inputs (f32: 1e-5).
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
                              const FlashAttentionTiles& tiles = {});
 
@@ -39,7 +40,8 @@ size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C,
 // dqkv (=, same shape and dtype as qkv) from dout (B, T, C, dtype of qkv), the saved qkv, out
 // and lse. workspace: any contiguous tensor of at least
 // flash_attention_backward_workspace_bytes bytes; if it holds tile buffers for fewer threads
-// than omp_get_max_threads(), fewer threads run.
+// than omp_get_max_threads(), fewer threads run. With more than one thread the dq part may
+// differ in its last bits from run to run (tiles add into it in whichever order they finish).
 void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, Tensor& workspace,
                               int n_head, const FlashAttentionTiles& tiles = {});
