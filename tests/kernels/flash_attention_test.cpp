@@ -137,13 +137,14 @@ Result run_case(const Case& c, DType dtype, uint32_t seed, size_t workspace_byte
   return r;
 }
 
+// lse never passes through bf16, so it is held to 1e-5 (relative, or absolute near 0) always.
 void expect_close(const Result& r, const Case& c, double tol) {
   EXPECT_LT(rel_err(r.out, r.ref_out), tol) << name_of(c) << ": out";
   double lse_err = 0;
   for (size_t i = 0; i < r.lse.size(); ++i) {
     lse_err = std::max(lse_err, std::abs(r.lse[i] - r.ref_lse[i]) / (1.0 + std::abs(r.ref_lse[i])));
   }
-  EXPECT_LT(lse_err, tol) << name_of(c) << ": lse";
+  EXPECT_LT(lse_err, 1e-5) << name_of(c) << ": lse";
   const char* names[] = {"dq", "dk", "dv"};
   for (int p = 0; p < 3; ++p) {
     EXPECT_LT(rel_err(part(r.dqkv, c.C, p), part(r.ref_dqkv, c.C, p)), tol)

@@ -1,4 +1,5 @@
-// Double-precision causal attention: see flash_attention_ref.h.
+// Double-precision causal attention, the reference the flash kernels are tested against: see
+// flash_attention_ref.h.
 #include "memfit/kernels/ref/flash_attention_ref.h"
 
 #include <algorithm>
