@@ -1,0 +1,141 @@
+// Flash attention's API: argument checks (typed errors naming the op and the shapes), the
+// workspace size, and dispatch to the f32 and bf16 drivers (flash_attention_f32.cpp,
+// flash_attention_bf16.cpp). See "Note [Flash attention]" in docs/notes/flash-attention.md.
+#include "memfit/kernels/cpu/flash_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <string_view>
+
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/flash_attention_detail.h"
+
+namespace memfit::kernels {
+namespace {
+
+using flash::Dims;
+using flash::kLanes;
+
+constexpr std::string_view kForward = "flash_attention_forward";
+constexpr std::string_view kBackward = "flash_attention_backward";
+
+bool tile_ok(int n) { return n >= kLanes && n <= 512 && n % kLanes == 0; }
+
+Dims make_dims(int64_t B, int64_t T, int64_t C, int n_head, DType dtype,
+               const FlashAttentionTiles& tiles, std::string_view op) {
+  MEMFIT_CHECK_SHAPE(n_head > 0 && C % n_head == 0, op,
+                     "C = {} is not a positive multiple of n_head = {}", C, n_head);
+  MEMFIT_CHECK_DTYPE(dtype == DType::f32 || dtype == DType::bf16, op,
+                     "qkv must be f32 or bf16, got {}", dtype_name(dtype));
+  MEMFIT_CHECK(tile_ok(tiles.q_rows) && tile_ok(tiles.kv_rows), op,
+               "tile rows must be multiples of {} in [{}, 512], got q_rows {} kv_rows {}", kLanes,
+               kLanes, tiles.q_rows, tiles.kv_rows);
+  Dims d;
+  d.B = B;
+  d.T = T;
+  d.C = C;
+  d.NH = n_head;
+  d.hs = C / n_head;
+  d.Br = tiles.q_rows;
+  d.Bc = tiles.kv_rows;
+  d.bf16 = dtype == DType::bf16;
+  MEMFIT_CHECK_SHAPE(!d.bf16 || d.hs % 2 == 0, op,
+                     "bf16 needs an even head size, got C = {}, n_head = {} (head size {})", C,
+                     n_head, d.hs);
+  return d;
+}
+
+Dims check_qkv(const Tensor& qkv, int n_head, const FlashAttentionTiles& tiles,
+               std::string_view op) {
+  MEMFIT_CHECK(qkv.defined(), op, "qkv is undefined");
+  const DType dt = qkv.dtype();
+  MEMFIT_CHECK_DTYPE(dt == DType::f32 || dt == DType::bf16, op,
+                     "qkv must be f32 or bf16, got {} {}", dtype_name(dt), qkv.shape());
+  const Shape& s = expect_any_shape(qkv, op, "qkv", dt);
+  MEMFIT_CHECK_SHAPE(s.rank() == 3 && s[0] > 0 && s[1] > 0 && s[2] > 0 && s[2] % 3 == 0, op,
+                     "qkv must be (B, T, 3C) with B, T, C > 0, got {}", s);
+  return make_dims(s[0], s[1], s[2] / 3, n_head, dt, tiles, op);
+}
+
+// bf16 rows are read in pairs as uint32 by the tile products.
+void check_pair_aligned(const Tensor& t, std::string_view op, std::string_view name) {
+  MEMFIT_CHECK_SHAPE(reinterpret_cast<uintptr_t>(t.raw_data()) % 4 == 0, op,
+                     "bf16 {} {} must start at an even element", name, t.shape());
+}
+
+uint16_t* bf16_data(const Tensor& t) { return static_cast<uint16_t*>(t.raw_data()); }
+
+}  // namespace
+
+namespace flash {
+
+int64_t backward_shared_words(const Dims& d) {
+  return round_lanes(d.heads() * d.T) + (d.bf16 ? round_lanes(d.B * d.T * d.C) : 0);
+}
+
+int64_t backward_thread_words(const Dims& d) {
+  return d.bf16 ? backward_thread_words_bf16(d) : backward_thread_words_f32(d);
+}
+
+}  // namespace flash
+
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
+                             const FlashAttentionTiles& tiles) {
+  const Dims d = check_qkv(qkv, n_head, tiles, kForward);
+  const DType dt = qkv.dtype();
+  expect_tensor(out, kForward, "out", {d.B, d.T, d.C}, dt);
+  expect_tensor(lse, kForward, "lse", {d.B, d.NH, d.T}, DType::f32);
+  if (d.bf16) {
+    check_pair_aligned(qkv, kForward, "qkv");
+    flash::forward_bf16(d, bf16_data(out), lse.data<float>(), bf16_data(qkv));
+  } else {
+    flash::forward_f32(d, out.data<float>(), lse.data<float>(), qkv.data<float>());
+  }
+}
+
+size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
+                                                DType dtype, const FlashAttentionTiles& tiles) {
+  const Dims d = make_dims(B, T, C, n_head, dtype, tiles, "flash_attention_backward_workspace");
+  const int64_t words =
+      flash::backward_shared_words(d) + flash::backward_thread_words(d) * omp_get_max_threads();
+  return static_cast<size_t>(words) * sizeof(float);
+}
+
+void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                              const Tensor& out, const Tensor& lse, Tensor& workspace, int n_head,
+                              const FlashAttentionTiles& tiles) {
+  const Dims d = check_qkv(qkv, n_head, tiles, kBackward);
+  const DType dt = qkv.dtype();
+  expect_tensor(dqkv, kBackward, "dqkv", qkv.shape(), dt);
+  expect_tensor(dout, kBackward, "dout", {d.B, d.T, d.C}, dt);
+  expect_tensor(out, kBackward, "out", {d.B, d.T, d.C}, dt);
+  expect_tensor(lse, kBackward, "lse", {d.B, d.NH, d.T}, DType::f32);
+  MEMFIT_CHECK(workspace.defined(), kBackward, "workspace is undefined");
+  expect_any_shape(workspace, kBackward, "workspace", workspace.dtype());
+
+  // As many threads as the workspace holds tile buffers for, up to omp_get_max_threads().
+  const int64_t shared = flash::backward_shared_words(d);
+  const int64_t per_thread = flash::backward_thread_words(d);
+  const int64_t have = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
+  const int64_t fit = have >= shared ? (have - shared) / per_thread : 0;
+  MEMFIT_CHECK_SHAPE(fit >= 1, kBackward,
+                     "workspace {} ({} bytes) is too small: one thread needs {} bytes, "
+                     "flash_attention_backward_workspace_bytes gives {}",
+                     workspace.shape(), workspace.nbytes(), (shared + per_thread) * 4,
+                     flash_attention_backward_workspace_bytes(d.B, d.T, d.C, d.NH, dt, tiles));
+  const int nthreads = static_cast<int>(std::min<int64_t>(fit, omp_get_max_threads()));
+  float* ws = static_cast<float*>(workspace.raw_data());
+
+  if (d.bf16) {
+    check_pair_aligned(qkv, kBackward, "qkv");
+    check_pair_aligned(dout, kBackward, "dout");
+    flash::backward_bf16(d, bf16_data(dqkv), bf16_data(dout), bf16_data(qkv), bf16_data(out),
+                         lse.data<float>(), ws, nthreads);
+  } else {
+    flash::backward_f32(d, dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
+                        out.data<float>(), lse.data<float>(), ws, nthreads);
+  }
+}
+
+}  // namespace memfit::kernels

@@ -1,0 +1,49 @@
+// Causal multi-head self-attention, memory-efficient (FlashAttention-2) form: scores are made
+// and consumed one (query tile, key tile) block at a time with an online softmax, so forward
+// saves only `out` and one log-sum-exp per query row instead of the (B, NH, T, T)
+// probabilities that attention.h keeps; backward recomputes the probabilities tile by tile.
+// Design, tile sizes and tolerances: docs/notes/flash-attention.md, "Note [Flash attention]".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "memfit/core/tensor.h"
+
+namespace memfit::kernels {
+
+// Query rows and key rows per tile. The defaults are tuned for Sapphire Rapids (see the note);
+// other values exist for tests and tuning. Both must be multiples of 16 in [16, 512].
+struct FlashAttentionTiles {
+  int q_rows = 64;
+  int kv_rows = 128;
+};
+
+// qkv (B, T, 3C): q, k, v concatenated along the last dimension, head h at [h*hs, (h+1)*hs)
+// of each (the layout of attention.h). Scores are scaled by 1/sqrt(hs), position t attends to
+// positions <= t.
+//   out (B, T, C): same dtype as qkv (f32 or bf16).
+//   lse (B, NH, T) f32: log sum_{s<=t} exp(score(t, s)), all that backward needs besides out.
+// With bf16 qkv (even head size) the tile products take bf16 operands and accumulate in f32, on
+// AMX tiles where the machine has them, else AVX512_BF16; out is bf16, within 1e-2 relative of
+// exact attention on the same inputs (f32: 1e-5).
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
+                             const FlashAttentionTiles& tiles = {});
+
+// Scratch bytes flash_attention_backward needs for these sizes: rowsum(dout * out) per query
+// row, tile buffers for each of omp_get_max_threads() threads, and, for bf16, an f32
+// accumulator for dq. The caller allocates it from the pool as Category::workspace.
+size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
+                                                DType dtype = DType::f32,
+                                                const FlashAttentionTiles& tiles = {});
+
+// dqkv (=, same shape and dtype as qkv) from dout (B, T, C, dtype of qkv), the saved qkv, out
+// and lse. workspace: any contiguous tensor of at least
+// flash_attention_backward_workspace_bytes bytes; if it holds tile buffers for fewer threads
+// than omp_get_max_threads(), fewer threads run. With more than one thread the dq part may
+// differ in its last bits from run to run (tiles add into it in whichever order they finish).
+void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                              const Tensor& out, const Tensor& lse, Tensor& workspace,
+                              int n_head, const FlashAttentionTiles& tiles = {});
+
+}  // namespace memfit::kernels

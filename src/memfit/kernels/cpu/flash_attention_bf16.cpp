@@ -1,0 +1,294 @@
+// Flash attention on bf16 inputs: the f32 driver's task structure with bf16 tile products and
+// f32 accumulation. Every product's operands are packed in pairs along k, padded to whole
+// 16 x 16 tiles, so that the same calls run on AMX (TDPBF16PS) where the machine has it and on
+// AVX512_BF16 (_mm512_dpbf16_ps) otherwise. Softmax statistics, lse, D and the dq accumulator
+// stay f32; P and dS are rounded to bf16 for their products. See "Note [Flash attention]".
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "memfit/core/dtype.h"
+#include "memfit/kernels/cpu/flash_attention_detail.h"
+
+namespace memfit::kernels::flash {
+namespace {
+
+// Padded sizes, in 32-bit words (bf16 pairs) unless named otherwise.
+struct Pads {
+  int64_t hs2, hs2p;  // pairs along the head dimension, and rounded up to tiles
+  int64_t hsp;        // head dimension rounded up to tiles (columns of dk, dv, dq; rows of O^T)
+  int64_t br2p, bc2p; // pairs along a query tile / key tile, rounded up to tiles
+  explicit Pads(const Dims& d)
+      : hs2(d.hs / 2),
+        hs2p(round_tile(d.hs / 2)),
+        hsp(round_tile(d.hs)),
+        br2p(round_tile((d.Br + 1) / 2)),
+        bc2p(round_tile((d.Bc + 1) / 2)) {}
+};
+
+// Forward scratch of one thread, in words. Padding that is never written stays zero.
+struct ForwardLayout {
+  int64_t qp, kr, s, pv, vi, vt, o, m, l, alpha, words;
+};
+ForwardLayout forward_layout(const Dims& d) {
+  const Pads p(d);
+  Carver c;
+  ForwardLayout L{};
+  const int64_t ldq = d.Br;
+  L.qp = c.take(p.hs2p * ldq);               // Q^T in d pairs [d2][q]: B of S^T
+  L.kr = c.take(d.Bc * p.hs2p);              // K rows [key][d2]: A of S^T
+  L.s = c.take(d.Bc * ldq);                  // S^T, then P^T (f32)
+  L.pv = c.take(p.bc2p * ldq);               // P^T in key pairs [key2][q]: B of O^T
+  L.vi = c.take((d.Bc + 1) / 2 * d.hs);      // V in key pairs [key2][d]
+  L.vt = c.take(p.hsp * p.bc2p);             // its transpose [d][key2]: A of O^T
+  L.o = c.take(p.hsp * ldq);                 // O^T, unnormalised (f32)
+  L.m = c.take(ldq);
+  L.l = c.take(ldq);
+  L.alpha = c.take(ldq);
+  L.words = c.words;
+  return L;
+}
+
+// Backward scratch of one thread, in words.
+struct BackwardLayout {
+  int64_t kp, vp, ki, qr, dor, s, dp, tmp, pt, dst, qi, doi, dsb, dk, dv, dq, lse2, words;
+};
+BackwardLayout backward_layout(const Dims& d) {
+  const Pads p(d);
+  Carver c;
+  BackwardLayout L{};
+  const int64_t ldk = d.Bc;
+  L.kp = c.take(p.hs2p * ldk);            // K^T in d pairs [d2][key]: B of S
+  L.vp = c.take(p.hs2p * ldk);            // V^T in d pairs: B of dP
+  L.ki = c.take(p.bc2p * p.hsp);          // K in key pairs [key2][d]: B of dQ
+  L.qr = c.take(d.Br * p.hs2p);           // Q rows [q][d2]: A of S
+  L.dor = c.take(d.Br * p.hs2p);          // dO rows: A of dP
+  L.s = c.take(d.Br * ldk);               // S, then P (f32)
+  L.dp = c.take(d.Br * ldk);              // dP, then dS (f32)
+  L.tmp = c.take((d.Br + 1) / 2 * ldk);   // P or dS in query pairs [q2][key]
+  L.pt = c.take(d.Bc * p.br2p);           // its transpose [key][q2]: A of dV
+  L.dst = c.take(d.Bc * p.br2p);          // the same for dS: A of dK
+  L.qi = c.take(p.br2p * p.hsp);          // Q in query pairs [q2][d]: B of dK
+  L.doi = c.take(p.br2p * p.hsp);         // dO in query pairs: B of dV
+  L.dsb = c.take(d.Br * p.bc2p);          // dS rows in bf16 [q][key2]: A of dQ
+  L.dk = c.take(d.Bc * p.hsp);            // f32 accumulators
+  L.dv = c.take(d.Bc * p.hsp);
+  L.dq = c.take(d.Br * p.hsp);
+  L.lse2 = c.take(d.Br);
+  L.words = c.words;
+  return L;
+}
+
+uint32_t* words_at(float* base, int64_t at) { return reinterpret_cast<uint32_t*>(base + at); }
+const uint32_t* as_pairs(const uint16_t* p) { return reinterpret_cast<const uint32_t*>(p); }
+
+// rows x cols bf16 from rows of stride src_rs to rows of stride ld_dst (in elements).
+void copy_rows(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs, int64_t rows,
+               int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* d = dst + r * ld_dst;
+    const uint16_t* s = src + r * src_rs;
+    for (int64_t e = 0; e < cols; ++e) d[e] = s[e];
+  }
+}
+
+// Zeroes rows [from, to) of a buffer of row stride ld: the k padding of a pair-packed operand.
+void zero_rows(uint32_t* buf, int64_t ld, int64_t from, int64_t to, int64_t cols) {
+  for (int64_t r = from; r < to; ++r) std::fill(buf + r * ld, buf + r * ld + cols, 0u);
+}
+
+}  // namespace
+
+int64_t backward_thread_words_bf16(const Dims& d) { return backward_layout(d).words; }
+
+void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv) {
+  const Pads p(d);
+  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
+  const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
+  const int64_t BH = d.heads(), nTq = d.q_tiles();
+  const float c = d.c();
+  const ForwardLayout L = forward_layout(d);
+  const int nthreads = omp_get_max_threads();
+  ScratchWords scratch(L.words * nthreads);
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    AmxScope amx;
+    float* base = scratch.get() + L.words * omp_get_thread_num();
+    uint32_t* Qp = words_at(base, L.qp);
+    uint32_t* Kr = words_at(base, L.kr);
+    float* St = base + L.s;
+    uint32_t* Pv = words_at(base, L.pv);
+    uint32_t* Vi = words_at(base, L.vi);
+    uint32_t* Vt = words_at(base, L.vt);
+    float* Ot = base + L.o;
+    float* m = base + L.m;
+    float* l = base + L.l;
+    float* alpha = base + L.alpha;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < nTq * BH; ++task) {
+      const int64_t i = nTq - 1 - task / BH, bh = task % BH;
+      const int64_t b = bh / d.NH, h = bh % d.NH;
+      const int64_t q0 = i * d.Br;
+      const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+      const int nqp = static_cast<int>(round_lanes(nq));
+      const uint16_t* Qh = qkv + b * T * C3 + h * hs;
+      const uint16_t* Kh = Qh + C;
+      const uint16_t* Vh = Qh + 2 * C;
+
+      std::fill(m, m + ldq, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + ldq, 0.0f);
+      for (int64_t e = 0; e < hs; ++e) std::fill(Ot + e * ldq, Ot + e * ldq + nqp, 0.0f);
+      transpose_padded(Qp, ldq, as_pairs(Qh + q0 * C3), C3 / 2, nq, hs2);
+      for (int64_t k0 = 0; k0 < q0 + nq; k0 += d.Bc) {
+        const int nk = static_cast<int>(std::min<int64_t>(d.Bc, q0 + nq - k0));
+        const int nk2 = (nk + 1) / 2;
+        // S^T = K Q^T
+        copy_rows(reinterpret_cast<uint16_t*>(Kr), 2 * p.hs2p, Kh + k0 * C3, C3, nk, hs);
+        gemm_bf16(nk, nqp, hs2, Kr, p.hs2p, Qp, ldq, St, ldq, false);
+        online_softmax_step(St, ldq, nk, nqp, k0, q0, c, m, l, alpha);
+        if (k0 > 0) {
+          for (int64_t e = 0; e < hs; ++e) {
+            float* o = Ot + e * ldq;
+            for (int q = 0; q < nqp; ++q) o[q] *= alpha[q];
+          }
+        }
+        // O^T += V^T P^T, both in key pairs.
+        pack_pairs_interleave(Pv, ldq, St, ldq, nk, nqp);
+        zero_rows(Pv, ldq, nk2, round_tile(nk2), nqp);
+        pack_pairs_interleave(Vi, hs, Vh + k0 * C3, C3, nk, hsi);
+        transpose_padded(Vt, p.bc2p, Vi, hs, nk2, hsi);
+        gemm_bf16(hsi, nqp, nk2, Vt, p.bc2p, Pv, ldq, Ot, ldq, true);
+      }
+      for (int r = 0; r < nq; ++r) {
+        const float inv = 1.0f / l[r];
+        uint16_t* o = out + (b * T + q0 + r) * C + h * hs;
+        for (int64_t e = 0; e < hs; ++e) o[e] = bf16_from_f32(Ot[e * ldq + r] * inv);
+        lse[bh * T + q0 + r] = (m[r] + std::log2(l[r])) * kLn2;
+      }
+    }
+  }
+}
+
+void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+                   const uint16_t* out, const float* lse, float* ws, int nthreads) {
+  const Pads p(d);
+  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldk = d.Bc, NH = d.NH;
+  const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
+  const int64_t BH = d.heads(), nTq = d.q_tiles(), nTk = d.kv_tiles();
+  const float c = d.c(), scale = d.scale();
+  const BackwardLayout L = backward_layout(d);
+  float* D = ws;
+  float* dq_acc = ws + round_lanes(BH * T);
+  float* scratch = ws + backward_shared_words(d);
+
+  // D = rowsum(dO * O) per (b, h, t), and the f32 dq accumulator zeroed.
+#pragma omp parallel for num_threads(nthreads)
+  for (int64_t bt = 0; bt < d.B * T; ++bt) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t h = 0; h < NH; ++h) {
+      D[(b * NH + h) * T + t] = dot(dout + bt * C + h * hs, out + bt * C + h * hs, hs);
+    }
+    std::fill(dq_acc + bt * C, dq_acc + (bt + 1) * C, 0.0f);
+  }
+
+  TileLocks locks(static_cast<size_t>(BH * nTq));
+#pragma omp parallel num_threads(nthreads)
+  {
+    AmxScope amx;
+    float* base = scratch + L.words * omp_get_thread_num();
+    std::fill(base, base + L.words, 0.0f);  // the padding must read as zero
+    uint32_t* Kp = words_at(base, L.kp);
+    uint32_t* Vp = words_at(base, L.vp);
+    uint32_t* Ki = words_at(base, L.ki);
+    uint32_t* Qr = words_at(base, L.qr);
+    uint32_t* dOr = words_at(base, L.dor);
+    float* S = base + L.s;
+    float* dP = base + L.dp;
+    uint32_t* tmp = words_at(base, L.tmp);
+    uint32_t* Pt = words_at(base, L.pt);
+    uint32_t* dSt = words_at(base, L.dst);
+    uint32_t* Qi = words_at(base, L.qi);
+    uint32_t* dOi = words_at(base, L.doi);
+    uint32_t* dSb = words_at(base, L.dsb);
+    float* dK = base + L.dk;
+    float* dV = base + L.dv;
+    float* dQ = base + L.dq;
+    float* lse2 = base + L.lse2;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < nTk * BH; ++task) {
+      const int64_t j = task / BH, bh = task % BH;
+      const int64_t b = bh / NH, h = bh % NH;
+      const int64_t k0 = j * d.Bc;
+      const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
+      const int nkp = static_cast<int>(round_lanes(nk));
+      const int nk2 = (nk + 1) / 2;
+      const uint16_t* Qh = qkv + b * T * C3 + h * hs;
+      const uint16_t* Kh = Qh + C;
+      const uint16_t* Vh = Qh + 2 * C;
+      const uint16_t* dOh = dout + b * T * C + h * hs;
+
+      transpose_padded(Kp, ldk, as_pairs(Kh + k0 * C3), C3 / 2, nk, hs2);
+      transpose_padded(Vp, ldk, as_pairs(Vh + k0 * C3), C3 / 2, nk, hs2);
+      pack_pairs_interleave(Ki, p.hsp, Kh + k0 * C3, C3, nk, hsi);
+      zero_rows(Ki, p.hsp, nk2, round_tile(nk2), hs);
+      std::fill(dK, dK + d.Bc * p.hsp, 0.0f);
+      std::fill(dV, dV + d.Bc * p.hsp, 0.0f);
+
+      for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
+        const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+        const int nq2 = (nq + 1) / 2;
+        for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
+        // S = Q K^T, dP = dO V^T.
+        copy_rows(reinterpret_cast<uint16_t*>(Qr), 2 * p.hs2p, Qh + q0 * C3, C3, nq, hs);
+        copy_rows(reinterpret_cast<uint16_t*>(dOr), 2 * p.hs2p, dOh + q0 * C, C, nq, hs);
+        gemm_bf16(nq, nkp, hs2, Qr, p.hs2p, Kp, ldk, S, ldk, false);
+        gemm_bf16(nq, nkp, hs2, dOr, p.hs2p, Vp, ldk, dP, ldk, false);
+        probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
+        // dV += P^T dO: P^T in query pairs (pack, then transpose), dO in query pairs.
+        pack_pairs_interleave(tmp, ldk, S, ldk, nq, nkp);
+        transpose_padded(Pt, p.br2p, tmp, ldk, nq2, nkp);
+        pack_pairs_interleave(dOi, p.hsp, dOh + q0 * C, C, nq, hsi);
+        zero_rows(dOi, p.hsp, nq2, round_tile(nq2), hs);
+        gemm_bf16(nk, hsi, nq2, Pt, p.br2p, dOi, p.hsp, dV, p.hsp, true);
+        // dK += dS^T Q, the same way.
+        pack_pairs_interleave(tmp, ldk, dP, ldk, nq, nkp);
+        transpose_padded(dSt, p.br2p, tmp, ldk, nq2, nkp);
+        pack_pairs_interleave(Qi, p.hsp, Qh + q0 * C3, C3, nq, hsi);
+        zero_rows(Qi, p.hsp, nq2, round_tile(nq2), hs);
+        gemm_bf16(nk, hsi, nq2, dSt, p.br2p, Qi, p.hsp, dK, p.hsp, true);
+        // dQ = dS K: dS rows in bf16, their key padding zero.
+        uint16_t* dS16 = reinterpret_cast<uint16_t*>(dSb);
+        convert_to_bf16(dS16, 2 * p.bc2p, dP, ldk, nq, nkp);
+        for (int r = 0; r < nq; ++r) {
+          std::fill(dS16 + r * 2 * p.bc2p + nkp, dS16 + r * 2 * p.bc2p + 2 * round_tile(nk2),
+                    uint16_t{0});
+        }
+        gemm_bf16(nq, hsi, nk2, dSb, p.bc2p, Ki, p.hsp, dQ, p.hsp, false);
+        const int64_t lock_id = bh * nTq + q0 / d.Br;
+        float* acc = dq_acc + (b * T + q0) * C + h * hs;
+        locks.lock(lock_id);
+        for (int r = 0; r < nq; ++r) {
+          for (int64_t e = 0; e < hs; ++e) acc[r * C + e] += dQ[r * p.hsp + e];
+        }
+        locks.unlock(lock_id);
+      }
+      for (int r = 0; r < nk; ++r) {
+        uint16_t* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
+        uint16_t* dv = dk + C;
+        for (int64_t e = 0; e < hs; ++e) {
+          dk[e] = bf16_from_f32(scale * dK[r * p.hsp + e]);
+          dv[e] = bf16_from_f32(dV[r * p.hsp + e]);
+        }
+      }
+    }
+  }
+
+#pragma omp parallel for num_threads(nthreads)
+  for (int64_t bt = 0; bt < d.B * T; ++bt) {
+    for (int64_t e = 0; e < C; ++e) dqkv[bt * C3 + e] = bf16_from_f32(scale * dq_acc[bt * C + e]);
+  }
+}
+
+}  // namespace memfit::kernels::flash

@@ -1,0 +1,99 @@
+// Internals shared by the flash attention drivers: the checked sizes of a call, scratch
+// carving, the dq locks, and the per-dtype drivers that flash_attention.cpp dispatches to
+// (flash_attention_f32.cpp, flash_attention_bf16.cpp). Not part of memfit's API.
+// See "Note [Flash attention]" in docs/notes/flash-attention.md.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <vector>
+
+#include "memfit/kernels/cpu/flash_attention_tiles.h"
+
+namespace memfit::kernels::flash {
+
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2 = 0.693147180559945309f;
+
+// The sizes of one call, checked by flash_attention.cpp.
+struct Dims {
+  int64_t B = 0, T = 0, C = 0, hs = 0;
+  int NH = 0;
+  int Br = 0, Bc = 0;  // query rows and key rows per tile, multiples of kLanes
+  bool bf16 = false;
+  int64_t heads() const { return B * NH; }
+  int64_t q_tiles() const { return (T + Br - 1) / Br; }
+  int64_t kv_tiles() const { return (T + Bc - 1) / Bc; }
+  // Scores in base 2: exp(q.k / sqrt(hs)) = exp2(c * q.k).
+  float c() const { return kLog2e / std::sqrt(static_cast<float>(hs)); }
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(hs)); }
+};
+
+// Carves scratch into named buffers, in 4-byte words, each 64-byte aligned.
+struct Carver {
+  int64_t words = 0;
+  int64_t take(int64_t n) {
+    const int64_t at = words;
+    words += round_lanes(n);
+    return at;
+  }
+};
+
+// Zeroed, 64-byte aligned scratch words (forward's tile buffers; backward's live in the
+// caller's workspace).
+class ScratchWords {
+ public:
+  explicit ScratchWords(int64_t n)
+      : p_(static_cast<float*>(::operator new[](static_cast<size_t>(n) * sizeof(float),
+                                                std::align_val_t(64)))) {
+    std::fill(p_, p_ + n, 0.0f);
+  }
+  ~ScratchWords() { ::operator delete[](p_, std::align_val_t(64)); }
+  ScratchWords(const ScratchWords&) = delete;
+  ScratchWords& operator=(const ScratchWords&) = delete;
+  float* get() const { return p_; }
+
+ private:
+  float* p_;
+};
+
+// One lock per (b, h, query tile) guards the dq rows that tasks of different key tiles add to.
+class TileLocks {
+ public:
+  explicit TileLocks(size_t n) : locks_(n) {
+    for (auto& l : locks_) omp_init_lock(&l);
+  }
+  ~TileLocks() {
+    for (auto& l : locks_) omp_destroy_lock(&l);
+  }
+  TileLocks(const TileLocks&) = delete;
+  TileLocks& operator=(const TileLocks&) = delete;
+  void lock(int64_t i) { omp_set_lock(&locks_[static_cast<size_t>(i)]); }
+  void unlock(int64_t i) { omp_unset_lock(&locks_[static_cast<size_t>(i)]); }
+
+ private:
+  std::vector<omp_lock_t> locks_;
+};
+
+// Backward workspace, in words: what all threads share (D = rowsum(dO * O) and, for bf16, the
+// f32 dq accumulator), then one block of tile buffers per thread.
+int64_t backward_shared_words(const Dims& d);
+int64_t backward_thread_words(const Dims& d);
+
+// The drivers. out, dqkv, dout, qkv are (B, T, 3C) or (B, T, C) in the call's dtype; lse is
+// (B, NH, T); ws holds backward_shared_words + nthreads * backward_thread_words.
+void forward_f32(const Dims& d, float* out, float* lse, const float* qkv);
+void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qkv,
+                  const float* out, const float* lse, float* ws, int nthreads);
+void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv);
+void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+                   const uint16_t* out, const float* lse, float* ws, int nthreads);
+int64_t backward_thread_words_f32(const Dims& d);
+int64_t backward_thread_words_bf16(const Dims& d);
+
+}  // namespace memfit::kernels::flash

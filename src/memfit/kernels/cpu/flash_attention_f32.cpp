@@ -1,0 +1,213 @@
+// Flash attention in f32: FlashAttention-2's forward (tasks of one query tile, online softmax
+// over its key tiles) and backward (tasks of one key tile, dq added under per-tile locks), on
+// hand-vectorised tile products. See "Note [Flash attention]" in docs/notes/flash-attention.md.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "memfit/kernels/cpu/flash_attention_detail.h"
+
+namespace memfit::kernels::flash {
+namespace {
+
+// Forward scratch of one thread, in words.
+struct ForwardLayout {
+  int64_t qt, s, v, o, m, l, alpha, words;
+};
+ForwardLayout forward_layout(const Dims& d) {
+  Carver c;
+  ForwardLayout L{};
+  const int64_t ldq = d.Br;
+  L.qt = c.take(d.hs * ldq);     // Q^T of the query tile, zero past the last query
+  L.s = c.take(d.Bc * ldq);      // S^T, then P^T: key-major so the softmax runs across lanes
+  L.v = c.take(d.Bc * d.hs);     // V rows of the key tile, contiguous
+  L.o = c.take(d.Br * d.hs);     // unnormalised output rows
+  L.m = c.take(ldq);             // running max (base 2)
+  L.l = c.take(ldq);             // running sum
+  L.alpha = c.take(ldq);         // rescale of O for this key tile
+  L.words = c.words;
+  return L;
+}
+
+// Backward scratch of one thread, in words.
+struct BackwardLayout {
+  int64_t kt, vt, kc, qc, doc, s, dp, dk, dv, lse2, words;
+};
+BackwardLayout backward_layout(const Dims& d) {
+  Carver c;
+  BackwardLayout L{};
+  const int64_t ldk = d.Bc, hs = d.hs;
+  L.kt = c.take(hs * ldk);    // K^T of the key tile, zero past the last key
+  L.vt = c.take(hs * ldk);    // V^T of the key tile
+  L.kc = c.take(d.Bc * hs);   // K rows / sqrt(hs), contiguous, for dq
+  L.qc = c.take(d.Br * hs);   // Q rows of the query tile, contiguous, for dk
+  L.doc = c.take(d.Br * hs);  // dO rows of the query tile, contiguous, for dv
+  L.s = c.take(d.Br * ldk);   // S, then P
+  L.dp = c.take(d.Br * ldk);  // dP, then dS
+  L.dk = c.take(d.Bc * hs);
+  L.dv = c.take(d.Bc * hs);
+  L.lse2 = c.take(d.Br);      // lse in base 2
+  L.words = c.words;
+  return L;
+}
+
+// rows x cols floats from rows of stride src_rs to rows of stride ld_dst, times `scale`. An
+// inline loop: a row is a few hundred bytes, where a memcpy call per row costs more than the
+// copy. Packing matters: B operands at their natural stride of 3C (or C) floats fall into few
+// L1 sets, and the products lose about a fifth of their speed.
+void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int64_t rows,
+               int64_t cols, float scale = 1.0f) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * ld_dst;
+    const float* s = src + r * src_rs;
+    for (int64_t e = 0; e < cols; ++e) d[e] = s[e] * scale;
+  }
+}
+
+}  // namespace
+
+int64_t backward_thread_words_f32(const Dims& d) { return backward_layout(d).words; }
+
+void forward_f32(const Dims& d, float* out, float* lse, const float* qkv) {
+  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
+  const int hsi = static_cast<int>(hs);
+  const int64_t BH = d.heads(), nTq = d.q_tiles();
+  const float c = d.c();
+  const ForwardLayout L = forward_layout(d);
+  const int nthreads = omp_get_max_threads();
+  ScratchWords scratch(L.words * nthreads);
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    float* base = scratch.get() + L.words * omp_get_thread_num();
+    float* Qt = base + L.qt;
+    float* St = base + L.s;
+    float* Vc = base + L.v;
+    float* O = base + L.o;
+    float* m = base + L.m;
+    float* l = base + L.l;
+    float* alpha = base + L.alpha;
+    // Tasks (b, h, query tile), longest (last) query tiles first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < nTq * BH; ++task) {
+      const int64_t i = nTq - 1 - task / BH, bh = task % BH;
+      const int64_t b = bh / d.NH, h = bh % d.NH;
+      const int64_t q0 = i * d.Br;
+      const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+      const int nqp = static_cast<int>(round_lanes(nq));
+      const float* Qh = qkv + b * T * C3 + h * hs;
+      const float* Kh = Qh + C;
+      const float* Vh = Qh + 2 * C;
+
+      std::fill(m, m + ldq, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + ldq, 0.0f);
+      std::fill(O, O + nq * hs, 0.0f);
+      transpose_padded(Qt, ldq, Qh + q0 * C3, C3, nq, hsi);
+      // Key tiles up to the diagonal; keys past the tile's last query are never visited.
+      for (int64_t k0 = 0; k0 < q0 + nq; k0 += d.Bc) {
+        const int nk = static_cast<int>(std::min<int64_t>(d.Bc, q0 + nq - k0));
+        gemm_f32(nk, nqp, hsi, Kh + k0 * C3, C3, 1, Qt, ldq, St, ldq, false);  // S^T = K Q^T
+        online_softmax_step(St, ldq, nk, nqp, k0, q0, c, m, l, alpha);
+        if (k0 > 0) {
+          for (int r = 0; r < nq; ++r) {
+            float* o = O + r * hs;
+            const float a = alpha[r];
+            for (int64_t e = 0; e < hs; ++e) o[e] *= a;
+          }
+        }
+        copy_rows(Vc, hs, Vh + k0 * C3, C3, nk, hs);
+        gemm_f32(nq, hsi, nk, St, 1, ldq, Vc, hs, O, hs, true);  // O += P V, P read from P^T
+      }
+      for (int r = 0; r < nq; ++r) {
+        const float inv = 1.0f / l[r];
+        float* o = out + (b * T + q0 + r) * C + h * hs;
+        for (int64_t e = 0; e < hs; ++e) o[e] = O[r * hs + e] * inv;
+        lse[bh * T + q0 + r] = (m[r] + std::log2(l[r])) * kLn2;
+      }
+    }
+  }
+}
+
+void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qkv,
+                  const float* out, const float* lse, float* ws, int nthreads) {
+  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldk = d.Bc, NH = d.NH;
+  const int hsi = static_cast<int>(hs);
+  const int64_t BH = d.heads(), nTq = d.q_tiles(), nTk = d.kv_tiles();
+  const float c = d.c(), scale = d.scale();
+  const BackwardLayout L = backward_layout(d);
+  float* D = ws;
+  float* scratch = ws + backward_shared_words(d);
+
+  // D = rowsum(dO * O) per (b, h, t), and dq zeroed: tasks add to it.
+#pragma omp parallel for num_threads(nthreads)
+  for (int64_t bt = 0; bt < d.B * T; ++bt) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t h = 0; h < NH; ++h) {
+      D[(b * NH + h) * T + t] = dot(dout + bt * C + h * hs, out + bt * C + h * hs, hs);
+    }
+    std::fill(dqkv + bt * C3, dqkv + bt * C3 + C, 0.0f);
+  }
+
+  TileLocks locks(static_cast<size_t>(BH * nTq));
+#pragma omp parallel num_threads(nthreads)
+  {
+    float* base = scratch + L.words * omp_get_thread_num();
+    float* Kt = base + L.kt;
+    float* Vt = base + L.vt;
+    float* Kc = base + L.kc;
+    float* Qc = base + L.qc;
+    float* dOc = base + L.doc;
+    float* S = base + L.s;
+    float* dP = base + L.dp;
+    float* dK = base + L.dk;
+    float* dV = base + L.dv;
+    float* lse2 = base + L.lse2;
+    // Tasks (b, h, key tile), longest (first) key tiles first; each owns its dk, dv rows.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < nTk * BH; ++task) {
+      const int64_t j = task / BH, bh = task % BH;
+      const int64_t b = bh / NH, h = bh % NH;
+      const int64_t k0 = j * d.Bc;
+      const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
+      const int nkp = static_cast<int>(round_lanes(nk));
+      const float* Qh = qkv + b * T * C3 + h * hs;
+      const float* Kh = Qh + C;
+      const float* Vh = Qh + 2 * C;
+      const float* dOh = dout + b * T * C + h * hs;
+
+      transpose_padded(Kt, ldk, Kh + k0 * C3, C3, nk, hsi);
+      transpose_padded(Vt, ldk, Vh + k0 * C3, C3, nk, hsi);
+      copy_rows(Kc, hs, Kh + k0 * C3, C3, nk, hs, scale);
+      std::fill(dK, dK + nk * hs, 0.0f);
+      std::fill(dV, dV + nk * hs, 0.0f);
+
+      // Query tiles from the one holding the tile's first key to the end.
+      for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
+        const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+        for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
+        gemm_f32(nq, nkp, hsi, Qh + q0 * C3, C3, 1, Kt, ldk, S, ldk, false);   // S = Q K^T
+        gemm_f32(nq, nkp, hsi, dOh + q0 * C, C, 1, Vt, ldk, dP, ldk, false);   // dP = dO V^T
+        probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
+        copy_rows(dOc, hs, dOh + q0 * C, C, nq, hs);
+        copy_rows(Qc, hs, Qh + q0 * C3, C3, nq, hs);
+        gemm_f32(nk, hsi, nq, S, 1, ldk, dOc, hs, dV, hs, true);   // dV += P^T dO
+        gemm_f32(nk, hsi, nq, dP, 1, ldk, Qc, hs, dK, hs, true);   // dK += dS^T Q
+        // dq += dS (K / sqrt(hs)) straight into dqkv, under the query tile's lock.
+        const int64_t lock_id = bh * nTq + q0 / d.Br;
+        locks.lock(lock_id);
+        gemm_f32(nq, hsi, nk, dP, ldk, 1, Kc, hs, dqkv + (b * T + q0) * C3 + h * hs, C3, true);
+        locks.unlock(lock_id);
+      }
+      for (int r = 0; r < nk; ++r) {
+        float* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
+        float* dv = dk + C;
+        for (int64_t e = 0; e < hs; ++e) {
+          dk[e] = scale * dK[r * hs + e];
+          dv[e] = dV[r * hs + e];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace memfit::kernels::flash
