@@ -8,13 +8,6 @@
 #include "memfit/kernels/cpu/attention.h"
 #include "memfit/kernels/cpu/flash_attention.h"
 
-// The plain kernel (attention.cpp) is written on another branch; until it is merged only the
-// flash benchmarks are built, so this executable links either way. (A build directory that
-// predates the merge must recompile this file to pick the plain ones up.)
-#if __has_include("memfit/kernels/cpu/attention.cpp")
-#define MEMFIT_BENCH_PLAIN_ATTENTION 1
-#endif
-
 namespace memfit::kernels {
 namespace {
 
@@ -41,11 +34,7 @@ void fill_random(Tensor& t, uint32_t seed) {
 }
 
 size_t plain_workspace_bytes(int64_t T) {
-#if defined(MEMFIT_BENCH_PLAIN_ATTENTION)
   return attention_backward_workspace_bytes(kB, T, kC, kHeads);
-#else
-  return 0;
-#endif
 }
 
 struct Buffers {
@@ -107,7 +96,6 @@ void BM_FlashAttention_ForwardBackwardBf16(benchmark::State& state) {
   flash_forward_backward(state, DType::bf16);
 }
 
-#if defined(MEMFIT_BENCH_PLAIN_ATTENTION)
 void BM_PlainAttention_Forward(benchmark::State& state) {
   const int64_t T = state.range(0);
   Buffers b(T, DType::f32, false);
@@ -128,30 +116,16 @@ void BM_PlainAttention_ForwardBackward(benchmark::State& state) {
   }
   set_counters(state, b, forward_backward_flops(T));
 }
-#endif
 
 void sequence_lengths(benchmark::internal::Benchmark* b) {
   b->RangeMultiplier(2)->Range(256, 4096)->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-#if !defined(MEMFIT_BENCH_PLAIN_ATTENTION)
-// Say so in the output's header, so a run without the plain side is not mistaken for one.
-const bool kNoPlainNote = [] {
-  benchmark::AddCustomContext("plain_attention",
-                              "not built (attention.cpp was missing when this file compiled)");
-  return true;
-}();
-#endif
-
 // Side by side: flash, then plain, for each of forward and forward + backward.
 BENCHMARK(BM_FlashAttention_Forward)->Apply(sequence_lengths);
-#if defined(MEMFIT_BENCH_PLAIN_ATTENTION)
 BENCHMARK(BM_PlainAttention_Forward)->Apply(sequence_lengths);
-#endif
 BENCHMARK(BM_FlashAttention_ForwardBackward)->Apply(sequence_lengths);
-#if defined(MEMFIT_BENCH_PLAIN_ATTENTION)
 BENCHMARK(BM_PlainAttention_ForwardBackward)->Apply(sequence_lengths);
-#endif
 BENCHMARK(BM_FlashAttention_ForwardBf16)->Apply(sequence_lengths);
 BENCHMARK(BM_FlashAttention_ForwardBackwardBf16)->Apply(sequence_lengths);
 
