@@ -12,17 +12,9 @@
 #include "memfit/core/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/optim/optim_config.h"
 
 namespace memfit {
-
-struct OptimConfig {
-  std::string name = "adamw";  // adamw | adamw8bit | lion | lion8bit | adam-mini | sgd
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.1f;  // applied to ParamInfo::decay tensors only
-  int n_head = 1;             // for partitions that follow attention heads (Adam-mini)
-};
 
 class Optimizer {
  public:
@@ -43,7 +35,11 @@ class Optimizer {
   int64_t t_ = 0;
 };
 
+// The optimizer `config.name` names (optimizer_names() lists them), after check_optim_config.
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const ParamLayout& layout,
                                           MemoryPool& pool);
+// The bytes make_optimizer(config, layout, ...) would allocate, without allocating: each
+// optimizer's state_bytes_for. This is what the planner predicts.
+size_t optimizer_state_bytes(const OptimConfig& config, const ParamLayout& layout);
 
 }  // namespace memfit

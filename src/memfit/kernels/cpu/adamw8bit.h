@@ -1,0 +1,26 @@
+// AdamW with both moments held as block-wise 8-bit state (bitsandbytes' 8-bit Adam): per block
+// of 256 values, dequantise m (signed map) and v (unsigned map), update in FP32, move the
+// parameters with the FP32 moments, requantise with the block's new absmax. The arithmetic is
+// torch.optim.AdamW's. See Note [8-bit optimizers].
+#pragma once
+
+#include <cstdint>
+
+#include "memfit/core/tensor.h"
+#include "memfit/kernels/cpu/adamw.h"
+
+namespace memfit::kernels {
+
+// One step (t counts from 1) on a flat f32 parameter of n values with its gradient; m_codes
+// and v_codes are i8 (n), m_absmax and v_absmax f32 (quant_blocks(n)). OpenMP over blocks.
+// grad_scale multiplies g first.
+void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor& m_absmax,
+                      Tensor& v_codes, Tensor& v_absmax, const AdamWHyper& h, int64_t t,
+                      float grad_scale = 1.0f);
+
+// The same update on FP32 moments, for the tensors too small to quantise; shares the per-element
+// arithmetic with adamw8bit_update.
+void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                          const AdamWHyper& h, int64_t t, float grad_scale = 1.0f);
+
+}  // namespace memfit::kernels

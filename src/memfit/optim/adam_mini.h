@@ -1,0 +1,48 @@
+// Adam-mini (Zhang et al. 2024): AdamW's per-parameter first moment, but one second-moment value
+// per block of parameters, so about 4 bytes of state per parameter against AdamW's 8. The blocks
+// follow the transformer's structure (Note [Adam-mini partition], docs/notes/adam-mini.md):
+// query and key per head, value and the other linear weights per output neuron (row),
+// embeddings per token (row), LayerNorm per tensor, linear biases per element.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "memfit/optim/optimizer.h"
+
+namespace memfit {
+
+// A run of equal consecutive blocks inside one parameter, each sharing one v value.
+struct AdamMiniSegment {
+  int param_index;    // into ParamLayout::params()
+  int64_t offset;     // first element, from the parameter slab's start
+  int64_t numel;      // a multiple of block_len
+  int64_t block_len;  // elements per v value
+  int64_t v_offset;   // first v value, from the v slab's start
+};
+
+class AdamMini : public Optimizer {
+ public:
+  // config.n_head must be the model's head count and divide the width; ConfigError otherwise.
+  AdamMini(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool);
+  void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) override;
+  std::string name() const override { return "adam-mini"; }
+  // "m" (f32, layout.total()) and "v" (f32, one value per block, rounded up to 16).
+  std::vector<std::pair<std::string, Tensor>> state() override;
+  size_t state_bytes() const override;
+  static size_t state_bytes_for(const ParamLayout& layout, int n_head);
+
+  // The partition, in layout order; the qkv weight gives three segments (query, key, value).
+  static std::vector<AdamMiniSegment> partition(const ParamLayout& layout, int n_head);
+  // v values the partition needs (before rounding to whole 64-byte lines).
+  static int64_t num_blocks(const ParamLayout& layout, int n_head);
+  const std::vector<AdamMiniSegment>& segments() const { return segments_; }
+
+ private:
+  OptimConfig config_;
+  const ParamLayout& layout_;
+  std::vector<AdamMiniSegment> segments_;
+  Tensor m_, v_;
+};
+
+}  // namespace memfit

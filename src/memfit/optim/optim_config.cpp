@@ -1,0 +1,50 @@
+// Validation of OptimConfig, independent of the optimizer implementations (see optim_config.h).
+#include "memfit/optim/optim_config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = {"adamw",    "adamw8bit", "lion",
+                                                 "lion8bit", "adam-mini", "sgd"};
+  return names;
+}
+
+void check_optim_config(const OptimConfig& c) {
+  const auto& names = optimizer_names();
+  if (std::find(names.begin(), names.end(), c.name) == names.end())
+    MEMFIT_THROW(ConfigError, "optim", "unknown optimizer '{}'; known: {}", c.name,
+                 fmt::join(names, ", "));
+  auto unit = [&](float b, const char* field) {
+    // Written so that NaN fails too.
+    if (!(b >= 0.0f && b < 1.0f))
+      MEMFIT_THROW(ConfigError, "optim", "{}: {} must be in [0, 1), got {}", c.name, field, b);
+  };
+  if (c.name != "sgd") {
+    unit(c.beta1, "beta1");
+    unit(c.beta2, "beta2");
+  }
+  bool adam_family = c.name == "adamw" || c.name == "adamw8bit" || c.name == "adam-mini";
+  if (adam_family && !(c.eps > 0.0f))
+    MEMFIT_THROW(ConfigError, "optim", "{}: eps must be positive, got {}", c.name, c.eps);
+  if (!(c.weight_decay >= 0.0f))
+    MEMFIT_THROW(ConfigError, "optim", "{}: weight_decay must be >= 0, got {}", c.name,
+                 c.weight_decay);
+  if (c.n_head < 1)
+    MEMFIT_THROW(ConfigError, "optim", "{}: n_head must be positive, got {}", c.name, c.n_head);
+}
+
+OptimConfig checked_optim_config(const OptimConfig& config, std::string_view name) {
+  OptimConfig c = config;
+  c.name = std::string(name);
+  check_optim_config(c);
+  return c;
+}
+
+}  // namespace memfit

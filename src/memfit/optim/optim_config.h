@@ -1,0 +1,32 @@
+// Optimizer settings and their validation. Kept apart from the optimizer classes so that a
+// caller (the CLI, the planner) can check a configuration and list the known optimizers without
+// linking any optimizer's kernels.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memfit {
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | adamw8bit | lion | lion8bit | adam-mini | sgd
+  float beta1 = 0.9f;          // Lion: interpolation for the update sign; sgd: unused
+  float beta2 = 0.95f;         // Lion: momentum decay (the paper uses 0.99); sgd: unused
+  float eps = 1e-8f;           // Adam family only
+  float weight_decay = 0.1f;   // applied to ParamInfo::decay tensors only
+  int n_head = 1;              // for partitions that follow attention heads (Adam-mini)
+};
+
+// The names make_optimizer accepts, in a stable order.
+const std::vector<std::string>& optimizer_names();
+
+// Throws ConfigError naming the field at fault: an unknown name (the message lists the known
+// ones), a beta outside [0, 1), eps <= 0 for the Adam family, a negative weight decay or
+// n_head < 1. make_optimizer calls this first.
+void check_optim_config(const OptimConfig& config);
+// A copy of `config` named `name`, checked: what an optimizer class constructed directly (not
+// through make_optimizer) holds, so that its own rules (e.g. eps for the Adam family) apply.
+OptimConfig checked_optim_config(const OptimConfig& config, std::string_view name);
+
+}  // namespace memfit

@@ -1,0 +1,92 @@
+// Shared fixtures for the optimizer tests: small GPT-2 layouts (one with odd sizes so blocks are
+// partial), filled parameter and gradient slabs, and a constructor for this branch's optimizers
+// that does not go through make_optimizer (which also links AdamW's kernel).
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../kernels/optimizer_reference.h"
+#include "memfit/model/gpt2_config.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/optim/adam_mini.h"
+#include "memfit/optim/adamw8bit.h"
+#include "memfit/optim/lion.h"
+#include "memfit/optim/lion8bit.h"
+#include "memfit/optim/sgd.h"
+
+namespace memfit::testing {
+
+// Width 100 with 4 heads of 25, 50 positions, vocabulary 100 (padded to 128): wpe, c_attn,
+// c_proj and c_fc end in partial 256-value blocks; LayerNorms and biases stay under 4096.
+inline GPT2Config odd_config() {
+  GPT2Config c;
+  c.n_layer = 1;
+  c.n_head = 4;
+  c.d_model = 100;
+  c.max_seq_len = 50;
+  c.vocab_size = 100;
+  c.finalize();
+  return c;
+}
+
+// A layout with parameter and gradient slabs: parameters N(0, 1), gradients N(0, 0.1); the
+// alignment padding between tensors stays zero.
+struct Slabs {
+  GPT2Config config;
+  ParamLayout layout;
+  MemoryPool pool;
+  Tensor params, grads;
+
+  explicit Slabs(const GPT2Config& c) : config(c), layout(c) {
+    params = Tensor::empty(pool, {layout.total()}, DType::f32, Category::params, "params");
+    grads = Tensor::empty(pool, {layout.total()}, DType::f32, Category::grads, "grads");
+    fill_params(1);
+  }
+  void fill_params(uint32_t seed) { fill(params, seed, 1.0f); }
+  void fill_grads(uint32_t seed) { fill(grads, seed, 0.1f); }
+  std::vector<double> params_copy() const {
+    return {params.data<float>(), params.data<float>() + layout.total()};
+  }
+
+ private:
+  void fill(Tensor& slab, uint32_t seed, float stddev) {
+    float* d = slab.data<float>();
+    for (const ParamInfo& p : layout.params()) {
+      auto v = normal_vector(p.numel, seed + static_cast<uint32_t>(p.offset), stddev);
+      std::copy(v.begin(), v.end(), d + p.offset);
+    }
+  }
+};
+
+// This branch's optimizers by name, constructed directly.
+inline std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLayout& layout,
+                                            MemoryPool& pool) {
+  if (c.name == "adamw8bit") return std::make_unique<AdamW8bit>(c, layout, pool);
+  if (c.name == "lion") return std::make_unique<Lion>(c, layout, pool);
+  if (c.name == "lion8bit") return std::make_unique<Lion8bit>(c, layout, pool);
+  if (c.name == "adam-mini") return std::make_unique<AdamMini>(c, layout, pool);
+  if (c.name == "sgd") return std::make_unique<Sgd>(c, layout, pool);
+  ADD_FAILURE() << "no optimizer " << c.name;
+  return nullptr;
+}
+
+inline size_t predicted_state_bytes(const OptimConfig& c, const ParamLayout& layout) {
+  if (c.name == "adamw8bit") return AdamW8bit::state_bytes_for(layout);
+  if (c.name == "lion") return Lion::state_bytes_for(layout);
+  if (c.name == "lion8bit") return Lion8bit::state_bytes_for(layout);
+  if (c.name == "adam-mini") return AdamMini::state_bytes_for(layout, c.n_head);
+  if (c.name == "sgd") return Sgd::state_bytes_for(layout);
+  ADD_FAILURE() << "no optimizer " << c.name;
+  return 0;
+}
+
+inline const std::vector<std::string>& branch_optimizers() {
+  static const std::vector<std::string> names = {"adamw8bit", "lion", "lion8bit", "adam-mini",
+                                                 "sgd"};
+  return names;
+}
+
+}  // namespace memfit::testing

@@ -1,0 +1,88 @@
+// Which tensors get 8-bit state and where: tensors of 4096 values or more get whole blocks of
+// codes and one absmax each, smaller ones FP32; slabs are whole 64-byte lines.
+#include "memfit/optim/quantized_state.h"
+
+#include <gtest/gtest.h>
+
+#include "memfit/kernels/cpu/blockwise_quant.h"
+#include "optim_test_util.h"
+
+namespace memfit {
+namespace {
+
+TEST(QuantizedStateLayout, SmallTensorsKeepFp32) {
+  GPT2Config gc = testing::odd_config();
+  ParamLayout layout(gc);
+  QuantizedStateLayout q(layout);
+  int64_t blocks = 0, f32 = 0;
+  for (size_t i = 0; i < layout.params().size(); ++i) {
+    const ParamInfo& p = layout.params()[i];
+    const auto& s = q.slot(i);
+    EXPECT_EQ(s.quantized, p.numel >= 4096) << p.name;
+    if (s.quantized) {
+      EXPECT_EQ(s.offset, blocks) << p.name;
+      blocks += (p.numel + 255) / 256;
+    } else {
+      EXPECT_EQ(s.offset, f32) << p.name;
+      f32 += (p.numel + 15) / 16 * 16;
+    }
+  }
+  EXPECT_EQ(q.blocks(), blocks);
+  EXPECT_EQ(q.f32_elements(), f32);
+  EXPECT_EQ(q.code_bytes(), blocks * 256);
+  EXPECT_EQ(q.absmax_elements() % 16, 0);
+  EXPECT_EQ(q.bytes(), static_cast<size_t>(blocks * 256 + q.absmax_elements() * 4 + f32 * 4));
+  // Odd config: wte, wpe, c_attn, c_proj, c_fc, mlp c_proj are quantised; 4 LayerNorm tensors,
+  // 4 biases and ln_f's two are not.
+  EXPECT_TRUE(q.slot(0).quantized);
+  EXPECT_FALSE(q.slot(2).quantized);  // h.0.ln_1.weight
+}
+
+TEST(QuantizedStateLayout, ThresholdIs4096Values) {
+  // wpe is (max_seq_len, 64): 4096 values are quantised, 4032 are not.
+  for (int seq : {64, 63}) {
+    GPT2Config gc;
+    gc.n_layer = 1;
+    gc.n_head = 2;
+    gc.d_model = 64;
+    gc.max_seq_len = seq;
+    gc.vocab_size = 64;
+    gc.finalize();
+    ParamLayout layout(gc);
+    ASSERT_EQ(layout.params()[1].name, "wpe.weight");
+    EXPECT_EQ(QuantizedStateLayout(layout).slot(1).quantized, seq * 64 >= 4096) << seq;
+  }
+}
+
+TEST(QuantizedState, EmptyPartsAreLeftOut) {
+  MemoryPool pool;
+  std::vector<std::pair<std::string, Tensor>> out;
+  ParamLayout mixed(testing::odd_config());
+  QuantizedState st(QuantizedStateLayout(mixed), pool, "t");
+  st.append_state("m", out);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].first, "m.codes");
+  EXPECT_EQ(out[1].first, "m.absmax");
+  EXPECT_EQ(out[2].first, "m.f32");
+  EXPECT_EQ(st.bytes(), pool.bytes_current());
+
+  GPT2Config small;  // every tensor under 4096 values: FP32 state only
+  small.n_layer = 1;
+  small.n_head = 2;
+  small.d_model = 8;
+  small.max_seq_len = 8;
+  small.vocab_size = 8;
+  small.finalize();
+  ParamLayout all_small(small);
+  MemoryPool pool2;
+  QuantizedState st2(QuantizedStateLayout(all_small), pool2, "t");
+  out.clear();
+  st2.append_state("v", out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].first, "v.f32");
+  EXPECT_FALSE(st2.codes.defined());
+  EXPECT_EQ(st2.bytes(), pool2.bytes_current());
+}
+
+}  // namespace
+}  // namespace memfit
