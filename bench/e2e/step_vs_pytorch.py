@@ -8,7 +8,8 @@ ratios. Results go to a JSON file too.
 
     /usr/bin/python3 bench/e2e/step_vs_pytorch.py [--steps 5] [--out docs/bench/step.json]
 
-Needs Debian's python3-torch. OPENBLAS_CORETYPE is unset for PyTorch so it runs at its best.
+Needs scripts/setup_bench.sh (Debian python3-torch with OpenBLAS). OPENBLAS_CORETYPE is unset
+for PyTorch so it runs at its best.
 """
 import argparse
 import json
@@ -35,6 +36,7 @@ def torch_worker(model, B, T, steps, warmup):
     import torch.nn.functional as F
 
     torch.set_num_threads(os.cpu_count())
+    torch.set_flush_denormal(True)  # denormal gradients and moments are slow on x86
     torch.manual_seed(1337)
     L, NH, C, ctx, V = PRESETS[model]
     Vp = (V + 63) // 64 * 64  # padded like nanoGPT, PyTorch's fastest form

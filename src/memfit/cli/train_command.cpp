@@ -1,10 +1,12 @@
 // memfit train: every option of TrainConfig on the command line or in a TOML --config file,
 // then the training loop, then a table of peak memory by category and the throughput.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/config_file.h"
 #include "memfit/memory/pool.h"
+#include "memfit/optim/optim_config.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit::cli {
@@ -50,7 +52,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lr-schedule", c.schedule.kind, "cosine | constant")->capture_default_str();
   cmd->add_option("--warmup", c.schedule.warmup, "Linear warmup steps")->capture_default_str();
   cmd->add_option("--min-lr", c.schedule.min_lr, "Cosine floor")->capture_default_str();
-  cmd->add_option("--optim", c.optim.name, "adamw")->capture_default_str();
+  cmd->add_option("--optim", c.optim.name,
+                  fmt::format("Optimizer: {}", fmt::join(optimizer_names(), " | ")))
+      ->capture_default_str();
   cmd->add_option("--weight-decay", c.optim.weight_decay,
                   "Decoupled weight decay on 2-D weights (not biases or LayerNorm)")
       ->capture_default_str();

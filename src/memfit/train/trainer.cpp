@@ -42,13 +42,10 @@ void validate(const TrainConfig& c) {
   require(c.clip >= 0, "clip", c.clip, ">= 0");
   require(c.threads >= 0, "threads", c.threads, ">= 0");
   require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
-  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "beta1", c.optim.beta1, "in [0, 1)");
-  require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "beta2", c.optim.beta2, "in [0, 1)");
-  require(c.optim.eps > 0, "eps", c.optim.eps, "positive");
-  require(c.optim.weight_decay >= 0, "weight-decay", c.optim.weight_decay, ">= 0");
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
   c.schedule.validate();
+  check_optim_config(c.optim);
 }
 
 // What a resumed run must agree with, and where it stands. No random numbers are drawn during
