@@ -87,13 +87,30 @@ void flash_forward_backward(benchmark::State& state, DType dtype) {
   set_counters(state, b, forward_backward_flops(T));
 }
 
+// Backward alone, on the saved out and lse of one forward: what the dq scheme changes.
+void flash_backward(benchmark::State& state, DType dtype) {
+  const int64_t T = state.range(0);
+  Buffers b(T, dtype, true);
+  flash_attention_forward(b.out, b.saved, b.qkv, kHeads);
+  for (auto _ : state) {
+    flash_attention_backward(b.dqkv, b.dout, b.qkv, b.out, b.saved, b.workspace, kHeads);
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, b, forward_backward_flops(T) - forward_flops(T));
+}
+
 void BM_FlashAttention_Forward(benchmark::State& state) { flash_forward(state, DType::f32); }
 void BM_FlashAttention_ForwardBackward(benchmark::State& state) {
   flash_forward_backward(state, DType::f32);
 }
+void BM_FlashAttention_Backward(benchmark::State& state) { flash_backward(state, DType::f32); }
 void BM_FlashAttention_ForwardBf16(benchmark::State& state) { flash_forward(state, DType::bf16); }
 void BM_FlashAttention_ForwardBackwardBf16(benchmark::State& state) {
   flash_forward_backward(state, DType::bf16);
+}
+
+void BM_FlashAttention_BackwardBf16(benchmark::State& state) {
+  flash_backward(state, DType::bf16);
 }
 
 void BM_PlainAttention_Forward(benchmark::State& state) {
@@ -128,6 +145,8 @@ BENCHMARK(BM_FlashAttention_ForwardBackward)->Apply(sequence_lengths);
 BENCHMARK(BM_PlainAttention_ForwardBackward)->Apply(sequence_lengths);
 BENCHMARK(BM_FlashAttention_ForwardBf16)->Apply(sequence_lengths);
 BENCHMARK(BM_FlashAttention_ForwardBackwardBf16)->Apply(sequence_lengths);
+BENCHMARK(BM_FlashAttention_Backward)->Apply(sequence_lengths);
+BENCHMARK(BM_FlashAttention_BackwardBf16)->Apply(sequence_lengths);
 
 }  // namespace
 }  // namespace memfit::kernels
