@@ -40,6 +40,7 @@ size_t plain_workspace_bytes(int64_t T) {
 struct Buffers {
   MemoryPool pool;
   Tensor qkv, out, dout, dqkv, saved, workspace;  // saved: lse (flash) or att (plain)
+  Tensor forward_workspace;                       // flash only
   Buffers(int64_t T, DType dtype, bool flash) {
     auto make = [&](Shape s, DType dt, Category cat, const char* tag) {
       return Tensor::empty(pool, s, dt, cat, tag);
@@ -53,6 +54,11 @@ struct Buffers {
     const size_t ws = flash ? flash_attention_backward_workspace_bytes(kB, T, kC, kHeads, dtype)
                             : plain_workspace_bytes(T);
     workspace = make({static_cast<int64_t>((ws + 3) / 4)}, DType::f32, Category::workspace, "ws");
+    if (flash) {
+      const size_t fws = flash_attention_forward_workspace_bytes(kB, T, kC, kHeads, dtype);
+      forward_workspace = make({static_cast<int64_t>((fws + 3) / 4)}, DType::f32,
+                               Category::workspace, "forward ws");
+    }
     fill_random(qkv, 1);
     fill_random(dout, 2);
   }
@@ -64,13 +70,16 @@ void set_counters(benchmark::State& state, const Buffers& b, double flops) {
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["saved_bytes"] = static_cast<double>(b.saved_bytes());
   state.counters["workspace_bytes"] = static_cast<double>(b.workspace.nbytes());
+  if (b.forward_workspace.defined()) {
+    state.counters["forward_workspace_bytes"] = static_cast<double>(b.forward_workspace.nbytes());
+  }
 }
 
 void flash_forward(benchmark::State& state, DType dtype) {
   const int64_t T = state.range(0);
   Buffers b(T, dtype, true);
   for (auto _ : state) {
-    flash_attention_forward(b.out, b.saved, b.qkv, kHeads);
+    flash_attention_forward(b.out, b.saved, b.qkv, b.forward_workspace, kHeads);
     benchmark::ClobberMemory();
   }
   set_counters(state, b, forward_flops(T));
@@ -80,7 +89,7 @@ void flash_forward_backward(benchmark::State& state, DType dtype) {
   const int64_t T = state.range(0);
   Buffers b(T, dtype, true);
   for (auto _ : state) {
-    flash_attention_forward(b.out, b.saved, b.qkv, kHeads);
+    flash_attention_forward(b.out, b.saved, b.qkv, b.forward_workspace, kHeads);
     flash_attention_backward(b.dqkv, b.dout, b.qkv, b.out, b.saved, b.workspace, kHeads);
     benchmark::ClobberMemory();
   }
@@ -91,7 +100,7 @@ void flash_forward_backward(benchmark::State& state, DType dtype) {
 void flash_backward(benchmark::State& state, DType dtype) {
   const int64_t T = state.range(0);
   Buffers b(T, dtype, true);
-  flash_attention_forward(b.out, b.saved, b.qkv, kHeads);
+  flash_attention_forward(b.out, b.saved, b.qkv, b.forward_workspace, kHeads);
   for (auto _ : state) {
     flash_attention_backward(b.dqkv, b.dout, b.qkv, b.out, b.saved, b.workspace, kHeads);
     benchmark::ClobberMemory();

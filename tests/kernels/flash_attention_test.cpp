@@ -103,9 +103,17 @@ struct Result {
   std::vector<double> ref_out, ref_lse, ref_dqkv;
 };
 
+// A workspace of `bytes` (rounded up to whole floats) from the pool.
+Tensor workspace_of(MemoryPool& pool, size_t bytes) {
+  return Tensor::empty(pool, {static_cast<int64_t>((bytes + 3) / 4)}, DType::f32,
+                       Category::workspace, "ws");
+}
+
 // Runs flash forward and backward on random inputs of `dtype` and the reference on the same
-// (rounded) inputs; `workspace_bytes` replaces the workspace size when not zero.
-Result run_case(const Case& c, DType dtype, uint32_t seed, size_t workspace_bytes = 0) {
+// (rounded) inputs; `forward_ws_bytes`, `backward_ws_bytes` replace the workspace sizes when not
+// zero.
+Result run_case(const Case& c, DType dtype, uint32_t seed, size_t forward_ws_bytes = 0,
+                size_t backward_ws_bytes = 0) {
   MemoryPool pool;
   const AttentionDims d{c.B, c.T, c.C, c.n_head};
   std::vector<double> qkv = randn(static_cast<size_t>(c.B * c.T * 3 * c.C), seed);
@@ -116,7 +124,11 @@ Result run_case(const Case& c, DType dtype, uint32_t seed, size_t workspace_byte
   Tensor tqkv = tensor_from(pool, qkv, {c.B, c.T, 3 * c.C}, dtype);
   Tensor tout = Tensor::empty(pool, {c.B, c.T, c.C}, dtype, Category::activations, "out");
   Tensor tlse = Tensor::empty(pool, {c.B, c.n_head, c.T}, DType::f32, Category::activations, "lse");
-  flash_attention_forward(tout, tlse, tqkv, c.n_head, c.tiles);
+  Tensor fws = workspace_of(
+      pool, forward_ws_bytes ? forward_ws_bytes
+                             : flash_attention_forward_workspace_bytes(c.B, c.T, c.C, c.n_head,
+                                                                       dtype, c.tiles));
+  flash_attention_forward(tout, tlse, tqkv, fws, c.n_head, c.tiles);
 
   Result r;
   r.out = values_of(tout);
@@ -125,12 +137,10 @@ Result run_case(const Case& c, DType dtype, uint32_t seed, size_t workspace_byte
 
   Tensor tdout = tensor_from(pool, dout, {c.B, c.T, c.C}, dtype);
   Tensor tdqkv = Tensor::empty(pool, {c.B, c.T, 3 * c.C}, dtype, Category::activations, "dqkv");
-  const size_t ws_bytes =
-      workspace_bytes ? workspace_bytes
-                      : flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head, dtype,
-                                                                 c.tiles);
-  Tensor ws = Tensor::empty(pool, {static_cast<int64_t>(ws_bytes / 4)}, DType::f32,
-                            Category::workspace, "ws");
+  Tensor ws = workspace_of(
+      pool, backward_ws_bytes ? backward_ws_bytes
+                              : flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head,
+                                                                         dtype, c.tiles));
   flash_attention_backward(tdqkv, tdout, tqkv, tout, tlse, ws, c.n_head, c.tiles);
   r.dqkv = values_of(tdqkv);
   ref::attention_backward_ref(r.ref_dqkv, dout, qkv, d);
@@ -179,16 +189,18 @@ TEST(FlashAttention, Bf16WithoutAmxWithinStatedTolerance) {
   for (const Case& c : kCases) expect_close(run_case(c, DType::bf16, seed += 2), c, kBf16Tolerance);
 }
 
-// With a workspace that holds tile buffers for one thread only, backward runs on one thread and
-// gives the same answer.
+// With workspaces that hold one thread's share only, forward and backward run on one thread
+// and give the same answer.
 TEST(FlashAttention, WorkspaceForOneThreadRunsOneThread) {
   const Case c{2, 75, 128, 2, {}};
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  const size_t one = flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head);
+  const size_t fwd = flash_attention_forward_workspace_bytes(c.B, c.T, c.C, c.n_head);
+  const size_t bwd = flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head);
   omp_set_num_threads(threads);
-  EXPECT_LE(one, flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head));
-  expect_close(run_case(c, DType::f32, 7, one), c, 1e-5);
+  EXPECT_LE(fwd, flash_attention_forward_workspace_bytes(c.B, c.T, c.C, c.n_head));
+  EXPECT_LE(bwd, flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head));
+  expect_close(run_case(c, DType::f32, 7, fwd, bwd), c, 1e-5);
 }
 
 // The reference backward against central differences of L = sum(out * w) in double precision.
@@ -246,6 +258,7 @@ class FlashAttentionErrors : public ::testing::Test {
   Tensor qkv = make({B, T, 3 * C}), out = make({B, T, C}), lse = make({B, NH, T});
   Tensor dqkv = make({B, T, 3 * C}), dout = make({B, T, C});
   Tensor ws = make({static_cast<int64_t>(flash_attention_backward_workspace_bytes(B, T, C, NH) / 4)});
+  Tensor fws = make({static_cast<int64_t>(flash_attention_forward_workspace_bytes(B, T, C, NH) / 4)});
 };
 
 template <typename E, typename F>
@@ -264,30 +277,38 @@ void expect_error(F&& f, std::string_view op, std::vector<std::string> fragments
 TEST_F(FlashAttentionErrors, ShapesAndDtypes) {
   const std::string fwd = "flash_attention_forward", bwd = "flash_attention_backward";
   Tensor bad_out = make({B, T + 1, C});
-  expect_error<ShapeError>([&] { flash_attention_forward(bad_out, lse, qkv, NH); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(bad_out, lse, qkv, fws, NH); }, fwd,
                            {"out", "(2, 8, 16)", "(2, 9, 16)"});
   Tensor bf_lse = make({B, NH, T}, DType::bf16);
-  expect_error<DTypeError>([&] { flash_attention_forward(out, bf_lse, qkv, NH); }, fwd,
+  expect_error<DTypeError>([&] { flash_attention_forward(out, bf_lse, qkv, fws, NH); }, fwd,
                            {"lse", "bf16"});
   Tensor int_qkv = make({B, T, 3 * C}, DType::i32);
-  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, int_qkv, NH); }, fwd,
+  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, int_qkv, fws, NH); }, fwd,
                            {"qkv", "i32"});
   Tensor flat_qkv = make({B * T, 3 * C});
-  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, flat_qkv, NH); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, flat_qkv, fws, NH); }, fwd,
                            {"(B, T, 3C)", "(16, 48)"});
-  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, qkv, 3); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, qkv, fws, 3); }, fwd,
                            {"n_head = 3"});
-  expect_error<Error>([&] { flash_attention_forward(out, lse, qkv, NH, {24, 64}); }, fwd,
+  expect_error<Error>([&] { flash_attention_forward(out, lse, qkv, fws, NH, {24, 64}); }, fwd,
                       {"q_rows 24"});
   // bf16 needs an even head size: C = 15, 5 heads of 3.
   Tensor bf_qkv = make({1, 4, 45}, DType::bf16), bf_out = make({1, 4, 15}, DType::bf16);
   Tensor lse5 = make({1, 5, 4});
-  expect_error<ShapeError>([&] { flash_attention_forward(bf_out, lse5, bf_qkv, 5); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(bf_out, lse5, bf_qkv, fws, 5); }, fwd,
                            {"even head size", "head size 3"});
   // out must have qkv's dtype.
   Tensor bf16_qkv = make({B, T, 3 * C}, DType::bf16);
-  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, bf16_qkv, NH); }, fwd,
+  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, bf16_qkv, fws, NH); }, fwd,
                            {"out", "bf16", "f32"});
+
+  Tensor small_fws = make({16});
+  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, qkv, small_fws, NH); }, fwd,
+                           {"workspace", "too small", "64 bytes",
+                            "flash_attention_forward_workspace_bytes gives"});
+  Tensor no_fws;
+  expect_error<Error>([&] { flash_attention_forward(out, lse, qkv, no_fws, NH); }, fwd,
+                      {"workspace is undefined"});
 
   Tensor bad_dout = make({B, T, 2 * C});
   expect_error<ShapeError>(

@@ -3,6 +3,8 @@
 // 16 x 16 tiles, so that the same calls run on AMX (TDPBF16PS) where the machine has it and on
 // AVX512_BF16 (_mm512_dpbf16_ps) otherwise. Softmax statistics, lse, D and the dq accumulator
 // stay f32; P and dS are rounded to bf16 for their products. See "Note [Flash attention]".
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -100,22 +102,23 @@ void zero_rows(uint32_t* buf, int64_t ld, int64_t from, int64_t to, int64_t cols
 
 }  // namespace
 
+int64_t forward_thread_words_bf16(const Dims& d) { return forward_layout(d).words; }
 int64_t backward_thread_words_bf16(const Dims& d) { return backward_layout(d).words; }
 
-void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv) {
+void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv, float* ws,
+                  int nthreads) {
   const Pads p(d);
   const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
   const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
   const int64_t BH = d.heads(), nTq = d.q_tiles();
   const float c = d.c();
   const ForwardLayout L = forward_layout(d);
-  const int nthreads = omp_get_max_threads();
-  ScratchWords scratch(L.words * nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
     AmxScope amx;
-    float* base = scratch.get() + L.words * omp_get_thread_num();
+    float* base = ws + L.words * omp_get_thread_num();
+    std::fill(base, base + L.words, 0.0f);  // the padding must read as zero
     uint32_t* Qp = words_at(base, L.qp);
     uint32_t* Kr = words_at(base, L.kr);
     float* St = base + L.s;

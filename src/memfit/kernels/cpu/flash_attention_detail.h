@@ -6,11 +6,9 @@
 
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <new>
 #include <vector>
 
 #include "memfit/kernels/cpu/flash_attention_tiles.h"
@@ -44,24 +42,6 @@ struct Carver {
   }
 };
 
-// Zeroed, 64-byte aligned scratch words (forward's tile buffers; backward's live in the
-// caller's workspace).
-class ScratchWords {
- public:
-  explicit ScratchWords(int64_t n)
-      : p_(static_cast<float*>(::operator new[](static_cast<size_t>(n) * sizeof(float),
-                                                std::align_val_t(64)))) {
-    std::fill(p_, p_ + n, 0.0f);
-  }
-  ~ScratchWords() { ::operator delete[](p_, std::align_val_t(64)); }
-  ScratchWords(const ScratchWords&) = delete;
-  ScratchWords& operator=(const ScratchWords&) = delete;
-  float* get() const { return p_; }
-
- private:
-  float* p_;
-};
-
 // One lock per (b, h, query tile) guards the dq rows that tasks of different key tiles add to.
 class TileLocks {
  public:
@@ -81,18 +61,25 @@ class TileLocks {
 };
 
 // Backward workspace, in words: what all threads share (D = rowsum(dO * O) and, for bf16, the
-// f32 dq accumulator), then one block of tile buffers per thread.
+// f32 dq accumulator), then one block of tile buffers per thread. Forward's: tile buffers per
+// thread only.
 int64_t backward_shared_words(const Dims& d);
 int64_t backward_thread_words(const Dims& d);
+int64_t forward_thread_words(const Dims& d);
 
 // The drivers. out, dqkv, dout, qkv are (B, T, 3C) or (B, T, C) in the call's dtype; lse is
-// (B, NH, T); ws holds backward_shared_words + nthreads * backward_thread_words.
-void forward_f32(const Dims& d, float* out, float* lse, const float* qkv);
+// (B, NH, T). Forward's ws holds nthreads * forward_thread_words; backward's
+// backward_shared_words + nthreads * backward_thread_words.
+void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float* ws,
+                 int nthreads);
 void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qkv,
                   const float* out, const float* lse, float* ws, int nthreads);
-void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv);
+void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv, float* ws,
+                  int nthreads);
 void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
                    const uint16_t* out, const float* lse, float* ws, int nthreads);
+int64_t forward_thread_words_f32(const Dims& d);
+int64_t forward_thread_words_bf16(const Dims& d);
 int64_t backward_thread_words_f32(const Dims& d);
 int64_t backward_thread_words_bf16(const Dims& d);
 

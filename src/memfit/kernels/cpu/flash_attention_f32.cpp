@@ -1,6 +1,8 @@
 // Flash attention in f32: FlashAttention-2's forward (tasks of one query tile, online softmax
 // over its key tiles) and backward (tasks of one key tile, dq added under per-tile locks), on
 // hand-vectorised tile products. See "Note [Flash attention]" in docs/notes/flash-attention.md.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -66,20 +68,20 @@ void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int
 
 }  // namespace
 
+int64_t forward_thread_words_f32(const Dims& d) { return forward_layout(d).words; }
 int64_t backward_thread_words_f32(const Dims& d) { return backward_layout(d).words; }
 
-void forward_f32(const Dims& d, float* out, float* lse, const float* qkv) {
+void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float* ws,
+                 int nthreads) {
   const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
   const int hsi = static_cast<int>(hs);
   const int64_t BH = d.heads(), nTq = d.q_tiles();
   const float c = d.c();
   const ForwardLayout L = forward_layout(d);
-  const int nthreads = omp_get_max_threads();
-  ScratchWords scratch(L.words * nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
-    float* base = scratch.get() + L.words * omp_get_thread_num();
+    float* base = ws + L.words * omp_get_thread_num();
     float* Qt = base + L.qt;
     float* St = base + L.s;
     float* Vc = base + L.v;
