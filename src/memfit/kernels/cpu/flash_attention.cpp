@@ -1,6 +1,7 @@
 // Flash attention's API: argument checks (typed errors naming the op and the shapes), the
-// workspace sizes and thread counts, and dispatch to the f32 and bf16 drivers (flash_attention_f32.cpp,
-// flash_attention_bf16.cpp). See "Note [Flash attention]" in docs/notes/flash-attention.md.
+// workspace sizes and thread counts, and dispatch to the f32 and bf16 drivers
+// (flash_attention_f32.cpp, flash_attention_bf16.cpp). See "Note [Flash attention]" in
+// docs/notes/flash-attention.md.
 #include "memfit/kernels/cpu/flash_attention.h"
 
 #include <omp.h>
@@ -89,8 +90,18 @@ int threads_that_fit(const Tensor& workspace, std::string_view op, size_t full_b
 
 namespace flash {
 
-int64_t backward_shared_words(const Dims& d) {
-  return round_lanes(d.heads() * d.T) + (d.bf16 ? round_lanes(d.B * d.T * d.C) : 0);
+// Enough (b, h, group) tasks that dynamic scheduling keeps every thread busy to the end.
+constexpr int64_t kTasksPerThread = 4;
+
+int backward_groups(const Dims& d, int nthreads) {
+  if (nthreads <= 1) return 1;
+  const int64_t want = (kTasksPerThread * nthreads + d.heads() - 1) / d.heads();
+  return static_cast<int>(std::clamp<int64_t>(want, 1, d.kv_tiles()));
+}
+
+int64_t backward_shared_words(const Dims& d, int groups) {
+  // f32 adds group 0 straight into dqkv; bf16 needs an f32 buffer for it too.
+  return round_lanes(d.heads() * d.T) + (d.bf16 ? groups : groups - 1) * dq_words(d);
 }
 
 int64_t backward_thread_words(const Dims& d) {
@@ -110,7 +121,8 @@ int64_t forward_words(const Dims& d, int nthreads) {
 }
 
 int64_t backward_words(const Dims& d, int nthreads) {
-  return flash::backward_shared_words(d) + flash::backward_thread_words(d) * nthreads;
+  return flash::backward_shared_words(d, flash::backward_groups(d, nthreads)) +
+         flash::backward_thread_words(d) * nthreads;
 }
 
 }  // namespace
@@ -154,21 +166,23 @@ void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qk
   expect_tensor(dout, kBackward, "dout", {d.B, d.T, d.C}, dt);
   expect_tensor(out, kBackward, "out", {d.B, d.T, d.C}, dt);
   expect_tensor(lse, kBackward, "lse", {d.B, d.NH, d.T}, DType::f32);
-  // As many threads as the workspace holds tile buffers for, up to omp_get_max_threads().
+  // As many threads as the workspace holds, up to omp_get_max_threads(); the key-tile groups,
+  // and so dq's summation order, follow from that number alone.
   const int nthreads = threads_that_fit(
       workspace, kBackward,
       flash_attention_backward_workspace_bytes(d.B, d.T, d.C, d.NH, dt, tiles),
       [&](int n) { return backward_words(d, n); });
+  const int groups = flash::backward_groups(d, nthreads);
   float* ws = static_cast<float*>(workspace.raw_data());
 
   if (d.bf16) {
     check_pair_aligned(qkv, kBackward, "qkv");
     check_pair_aligned(dout, kBackward, "dout");
     flash::backward_bf16(d, bf16_data(dqkv), bf16_data(dout), bf16_data(qkv), bf16_data(out),
-                         lse.data<float>(), ws, nthreads);
+                         lse.data<float>(), ws, nthreads, groups);
   } else {
     flash::backward_f32(d, dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
-                        out.data<float>(), lse.data<float>(), ws, nthreads);
+                        out.data<float>(), lse.data<float>(), ws, nthreads, groups);
   }
 }
 

@@ -42,8 +42,9 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, Tensor
                              int n_head, const FlashAttentionTiles& tiles = {});
 
 // Scratch bytes flash_attention_backward needs for these sizes: rowsum(dout * out) per query
-// row, tile buffers for each of omp_get_max_threads() threads, and, for bf16, an f32
-// accumulator for dq. The caller allocates it from the pool as Category::workspace.
+// row, tile buffers for each of omp_get_max_threads() threads, and f32 dq buffers for the
+// key-tile groups after the first (and, for bf16, the first too): none for f32 when
+// B * n_head >= 4 * threads. The caller allocates it from the pool as Category::workspace.
 size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
                                                 DType dtype = DType::f32,
                                                 const FlashAttentionTiles& tiles = {});
@@ -52,8 +53,10 @@ size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C,
 // and lse. workspace: any contiguous tensor of at least
 // flash_attention_backward_workspace_bytes bytes (a ShapeError if it holds less than one
 // thread's share); with room for fewer threads than omp_get_max_threads(), fewer threads run.
-// With more than one thread the dq part may differ in its last bits from run to run (tiles add
-// into it in whichever order they finish).
+// Deterministic: dqkv is bit-identical from run to run for the same inputs and thread count
+// (the number the workspace allows, up to omp_get_max_threads()). dk and dv do not depend on
+// the thread count at all; dq does only through the number of key-tile groups, which is one
+// whenever B * n_head >= 4 * threads. See "Determinism" in the note.
 void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, Tensor& workspace,
                               int n_head, const FlashAttentionTiles& tiles = {});
