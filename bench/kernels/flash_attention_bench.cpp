@@ -40,6 +40,7 @@ size_t plain_workspace_bytes(int64_t T) {
 struct Buffers {
   MemoryPool pool;
   Tensor qkv, out, dout, dqkv, saved, workspace;  // saved: lse (flash) or att (plain)
+  Tensor forward_workspace;                       // flash only
   Buffers(int64_t T, DType dtype, bool flash) {
     auto make = [&](Shape s, DType dt, Category cat, const char* tag) {
       return Tensor::empty(pool, s, dt, cat, tag);
@@ -53,6 +54,11 @@ struct Buffers {
     const size_t ws = flash ? flash_attention_backward_workspace_bytes(kB, T, kC, kHeads, dtype)
                             : plain_workspace_bytes(T);
     workspace = make({static_cast<int64_t>((ws + 3) / 4)}, DType::f32, Category::workspace, "ws");
+    if (flash) {
+      const size_t fws = flash_attention_forward_workspace_bytes(kB, T, kC, kHeads, dtype);
+      forward_workspace = make({static_cast<int64_t>((fws + 3) / 4)}, DType::f32,
+                               Category::workspace, "forward ws");
+    }
     fill_random(qkv, 1);
     fill_random(dout, 2);
   }
@@ -64,13 +70,16 @@ void set_counters(benchmark::State& state, const Buffers& b, double flops) {
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["saved_bytes"] = static_cast<double>(b.saved_bytes());
   state.counters["workspace_bytes"] = static_cast<double>(b.workspace.nbytes());
+  if (b.forward_workspace.defined()) {
+    state.counters["forward_workspace_bytes"] = static_cast<double>(b.forward_workspace.nbytes());
+  }
 }
 
 void flash_forward(benchmark::State& state, DType dtype) {
   const int64_t T = state.range(0);
   Buffers b(T, dtype, true);
   for (auto _ : state) {
-    flash_attention_forward(b.out, b.saved, b.qkv, kHeads);
+    flash_attention_forward(b.out, b.saved, b.qkv, b.forward_workspace, kHeads);
     benchmark::ClobberMemory();
   }
   set_counters(state, b, forward_flops(T));
@@ -80,20 +89,37 @@ void flash_forward_backward(benchmark::State& state, DType dtype) {
   const int64_t T = state.range(0);
   Buffers b(T, dtype, true);
   for (auto _ : state) {
-    flash_attention_forward(b.out, b.saved, b.qkv, kHeads);
+    flash_attention_forward(b.out, b.saved, b.qkv, b.forward_workspace, kHeads);
     flash_attention_backward(b.dqkv, b.dout, b.qkv, b.out, b.saved, b.workspace, kHeads);
     benchmark::ClobberMemory();
   }
   set_counters(state, b, forward_backward_flops(T));
 }
 
+// Backward alone, on the saved out and lse of one forward: what the dq scheme changes.
+void flash_backward(benchmark::State& state, DType dtype) {
+  const int64_t T = state.range(0);
+  Buffers b(T, dtype, true);
+  flash_attention_forward(b.out, b.saved, b.qkv, b.forward_workspace, kHeads);
+  for (auto _ : state) {
+    flash_attention_backward(b.dqkv, b.dout, b.qkv, b.out, b.saved, b.workspace, kHeads);
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, b, forward_backward_flops(T) - forward_flops(T));
+}
+
 void BM_FlashAttention_Forward(benchmark::State& state) { flash_forward(state, DType::f32); }
 void BM_FlashAttention_ForwardBackward(benchmark::State& state) {
   flash_forward_backward(state, DType::f32);
 }
+void BM_FlashAttention_Backward(benchmark::State& state) { flash_backward(state, DType::f32); }
 void BM_FlashAttention_ForwardBf16(benchmark::State& state) { flash_forward(state, DType::bf16); }
 void BM_FlashAttention_ForwardBackwardBf16(benchmark::State& state) {
   flash_forward_backward(state, DType::bf16);
+}
+
+void BM_FlashAttention_BackwardBf16(benchmark::State& state) {
+  flash_backward(state, DType::bf16);
 }
 
 void BM_PlainAttention_Forward(benchmark::State& state) {
@@ -128,6 +154,8 @@ BENCHMARK(BM_FlashAttention_ForwardBackward)->Apply(sequence_lengths);
 BENCHMARK(BM_PlainAttention_ForwardBackward)->Apply(sequence_lengths);
 BENCHMARK(BM_FlashAttention_ForwardBf16)->Apply(sequence_lengths);
 BENCHMARK(BM_FlashAttention_ForwardBackwardBf16)->Apply(sequence_lengths);
+BENCHMARK(BM_FlashAttention_Backward)->Apply(sequence_lengths);
+BENCHMARK(BM_FlashAttention_BackwardBf16)->Apply(sequence_lengths);
 
 }  // namespace
 }  // namespace memfit::kernels

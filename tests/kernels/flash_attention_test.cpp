@@ -1,14 +1,17 @@
 // Flash attention against the double-precision reference (kernels/ref/flash_attention_ref):
 // forward output, log-sum-exp and all three input gradients over odd shapes and tile sizes,
-// in f32 (1e-5 relative) and bf16 (stated tolerance); the reference backward itself against
-// finite differences; and the typed errors for bad arguments.
+// in f32 (1e-5 relative) and bf16 (stated tolerance); bit-identical results run to run at
+// several thread counts; the reference backward itself against finite differences; and the
+// typed errors for bad arguments.
 #include "memfit/kernels/cpu/flash_attention.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,9 +106,17 @@ struct Result {
   std::vector<double> ref_out, ref_lse, ref_dqkv;
 };
 
+// A workspace of `bytes` (rounded up to whole floats) from the pool.
+Tensor workspace_of(MemoryPool& pool, size_t bytes) {
+  return Tensor::empty(pool, {static_cast<int64_t>((bytes + 3) / 4)}, DType::f32,
+                       Category::workspace, "ws");
+}
+
 // Runs flash forward and backward on random inputs of `dtype` and the reference on the same
-// (rounded) inputs; `workspace_bytes` replaces the workspace size when not zero.
-Result run_case(const Case& c, DType dtype, uint32_t seed, size_t workspace_bytes = 0) {
+// (rounded) inputs; `forward_ws_bytes`, `backward_ws_bytes` replace the workspace sizes when not
+// zero.
+Result run_case(const Case& c, DType dtype, uint32_t seed, size_t forward_ws_bytes = 0,
+                size_t backward_ws_bytes = 0) {
   MemoryPool pool;
   const AttentionDims d{c.B, c.T, c.C, c.n_head};
   std::vector<double> qkv = randn(static_cast<size_t>(c.B * c.T * 3 * c.C), seed);
@@ -116,7 +127,11 @@ Result run_case(const Case& c, DType dtype, uint32_t seed, size_t workspace_byte
   Tensor tqkv = tensor_from(pool, qkv, {c.B, c.T, 3 * c.C}, dtype);
   Tensor tout = Tensor::empty(pool, {c.B, c.T, c.C}, dtype, Category::activations, "out");
   Tensor tlse = Tensor::empty(pool, {c.B, c.n_head, c.T}, DType::f32, Category::activations, "lse");
-  flash_attention_forward(tout, tlse, tqkv, c.n_head, c.tiles);
+  Tensor fws = workspace_of(
+      pool, forward_ws_bytes ? forward_ws_bytes
+                             : flash_attention_forward_workspace_bytes(c.B, c.T, c.C, c.n_head,
+                                                                       dtype, c.tiles));
+  flash_attention_forward(tout, tlse, tqkv, fws, c.n_head, c.tiles);
 
   Result r;
   r.out = values_of(tout);
@@ -125,12 +140,10 @@ Result run_case(const Case& c, DType dtype, uint32_t seed, size_t workspace_byte
 
   Tensor tdout = tensor_from(pool, dout, {c.B, c.T, c.C}, dtype);
   Tensor tdqkv = Tensor::empty(pool, {c.B, c.T, 3 * c.C}, dtype, Category::activations, "dqkv");
-  const size_t ws_bytes =
-      workspace_bytes ? workspace_bytes
-                      : flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head, dtype,
-                                                                 c.tiles);
-  Tensor ws = Tensor::empty(pool, {static_cast<int64_t>(ws_bytes / 4)}, DType::f32,
-                            Category::workspace, "ws");
+  Tensor ws = workspace_of(
+      pool, backward_ws_bytes ? backward_ws_bytes
+                              : flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head,
+                                                                         dtype, c.tiles));
   flash_attention_backward(tdqkv, tdout, tqkv, tout, tlse, ws, c.n_head, c.tiles);
   r.dqkv = values_of(tdqkv);
   ref::attention_backward_ref(r.ref_dqkv, dout, qkv, d);
@@ -179,16 +192,160 @@ TEST(FlashAttention, Bf16WithoutAmxWithinStatedTolerance) {
   for (const Case& c : kCases) expect_close(run_case(c, DType::bf16, seed += 2), c, kBf16Tolerance);
 }
 
-// With a workspace that holds tile buffers for one thread only, backward runs on one thread and
-// gives the same answer.
+// With workspaces that hold one thread's share only, forward and backward run on one thread
+// and give the same answer.
 TEST(FlashAttention, WorkspaceForOneThreadRunsOneThread) {
   const Case c{2, 75, 128, 2, {}};
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  const size_t one = flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head);
+  const size_t fwd = flash_attention_forward_workspace_bytes(c.B, c.T, c.C, c.n_head);
+  const size_t bwd = flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head);
   omp_set_num_threads(threads);
-  EXPECT_LE(one, flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head));
-  expect_close(run_case(c, DType::f32, 7, one), c, 1e-5);
+  EXPECT_LE(fwd, flash_attention_forward_workspace_bytes(c.B, c.T, c.C, c.n_head));
+  EXPECT_LE(bwd, flash_attention_backward_workspace_bytes(c.B, c.T, c.C, c.n_head));
+  expect_close(run_case(c, DType::f32, 7, fwd, bwd), c, 1e-5);
+}
+
+// Sets the OpenMP thread count for a scope.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ThreadCount() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.raw_data());
+  return {p, p + t.nbytes()};
+}
+
+// Fills a workspace with a different pattern for each run (zeros, NaN, huge, garbage bits), so
+// that a result that read a word the call had not written would differ or turn NaN.
+void poison(Tensor& ws, int run) {
+  const uint32_t patterns[] = {0x00000000u, 0x7FC00000u, 0x7E967699u, 0xA5A5A5A5u};
+  auto* p = static_cast<uint32_t*>(ws.raw_data());
+  std::fill(p, p + ws.nbytes() / 4, patterns[run % 4]);
+}
+
+// Forward and backward of one case, with freshly sized workspaces for the current thread count
+// and their contents poisoned per run.
+struct Determinism {
+  MemoryPool pool;
+  Case c;
+  DType dtype;
+  std::vector<double> qkv, dout;
+  Tensor tqkv, tdout, out, lse, dqkv;
+  Determinism(const Case& c_, DType dt, uint32_t seed) : c(c_), dtype(dt) {
+    qkv = randn(static_cast<size_t>(c.B * c.T * 3 * c.C), seed);
+    dout = randn(static_cast<size_t>(c.B * c.T * c.C), seed + 1);
+    round_to(qkv, dtype);
+    round_to(dout, dtype);
+    tqkv = tensor_from(pool, qkv, {c.B, c.T, 3 * c.C}, dtype);
+    tdout = tensor_from(pool, dout, {c.B, c.T, c.C}, dtype);
+    out = Tensor::empty(pool, {c.B, c.T, c.C}, dtype, Category::activations, "out");
+    lse = Tensor::empty(pool, {c.B, c.n_head, c.T}, DType::f32, Category::activations, "lse");
+    dqkv = Tensor::empty(pool, {c.B, c.T, 3 * c.C}, dtype, Category::activations, "dqkv");
+  }
+  void forward(int run) {
+    Tensor ws = workspace_of(pool, flash_attention_forward_workspace_bytes(
+                                       c.B, c.T, c.C, c.n_head, dtype, c.tiles));
+    poison(ws, run);
+    flash_attention_forward(out, lse, tqkv, ws, c.n_head, c.tiles);
+  }
+  void backward(int run) {
+    Tensor ws = workspace_of(pool, flash_attention_backward_workspace_bytes(
+                                       c.B, c.T, c.C, c.n_head, dtype, c.tiles));
+    poison(ws, run);
+    flash_attention_backward(dqkv, tdout, tqkv, out, lse, ws, c.n_head, c.tiles);
+  }
+  // Part p (0 q, 1 k, 2 v) of dqkv, as bytes.
+  std::vector<uint8_t> grad_bytes(int p) const {
+    const size_t es = dtype == DType::bf16 ? 2 : 4;
+    const auto* base = static_cast<const uint8_t*>(dqkv.raw_data());
+    std::vector<uint8_t> v;
+    for (int64_t row = 0; row < c.B * c.T; ++row) {
+      const uint8_t* at = base + (row * 3 * c.C + p * c.C) * es;
+      v.insert(v.end(), at, at + c.C * es);
+    }
+    return v;
+  }
+};
+
+// Two heads, and one head with small odd tiles (key tiles split into groups at any thread
+// count above one), and twelve heads (one group per head up to three threads).
+const std::vector<Case> kDeterminismCases = {
+    {1, 300, 128, 2, {}}, {1, 301, 64, 1, {16, 32}}, {2, 200, 384, 6, {}}};
+constexpr int kRuns = 6;
+
+// out and lse are bit-identical from run to run and for any thread count: each row is one
+// task's, in a fixed order.
+TEST(FlashAttention, ForwardIsBitIdentical) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const Case& c : kDeterminismCases) {
+      Determinism run(c, dtype, 31);
+      std::vector<uint8_t> out0, lse0;
+      for (int threads : {1, 2, 3, 4}) {
+        ThreadCount tc(threads);
+        for (int r = 0; r < kRuns; ++r) {
+          run.forward(r);
+          if (out0.empty()) {
+            out0 = bytes_of(run.out);
+            lse0 = bytes_of(run.lse);
+          }
+          EXPECT_EQ(bytes_of(run.out), out0) << name_of(c) << " " << dtype_name(dtype)
+                                             << ": out, threads " << threads << " run " << r;
+          EXPECT_EQ(bytes_of(run.lse), lse0) << name_of(c) << " " << dtype_name(dtype)
+                                             << ": lse, threads " << threads << " run " << r;
+        }
+      }
+    }
+  }
+}
+
+// dqkv is bit-identical from run to run for a given thread count, and right at each. dk and dv
+// do not depend on the thread count; dq neither while B * n_head >= 4 * threads (one key-tile
+// group per head).
+TEST(FlashAttention, BackwardIsBitIdentical) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
+    for (const Case& c : kDeterminismCases) {
+      const std::string what = name_of(c) + " " + std::string(dtype_name(dtype));
+      Determinism run(c, dtype, 41);
+      run.forward(0);
+      const AttentionDims d{c.B, c.T, c.C, c.n_head};
+      std::vector<double> ref_dqkv;
+      ref::attention_backward_ref(ref_dqkv, run.dout, run.qkv, d);
+      std::vector<uint8_t> dq1, dk1, dv1;
+      for (int threads : {1, 2, 3, 4}) {
+        ThreadCount tc(threads);
+        std::vector<uint8_t> first;
+        for (int r = 0; r < kRuns; ++r) {
+          run.backward(r);
+          if (r == 0) {
+            first = bytes_of(run.dqkv);
+            const std::vector<double> got = values_of(run.dqkv);
+            for (int p = 0; p < 3; ++p) {
+              EXPECT_LT(rel_err(part(got, c.C, p), part(ref_dqkv, c.C, p)), tol)
+                  << what << ": part " << p << ", threads " << threads;
+            }
+          }
+          EXPECT_EQ(bytes_of(run.dqkv), first) << what << ": threads " << threads << " run " << r;
+        }
+        if (threads == 1) {
+          dq1 = run.grad_bytes(0);
+          dk1 = run.grad_bytes(1);
+          dv1 = run.grad_bytes(2);
+        }
+        EXPECT_EQ(run.grad_bytes(1), dk1) << what << ": dk, threads " << threads;
+        EXPECT_EQ(run.grad_bytes(2), dv1) << what << ": dv, threads " << threads;
+        if (c.B * c.n_head >= 4 * threads) {
+          EXPECT_EQ(run.grad_bytes(0), dq1) << what << ": dq, threads " << threads;
+        }
+      }
+    }
+  }
 }
 
 // The reference backward against central differences of L = sum(out * w) in double precision.
@@ -245,7 +402,8 @@ class FlashAttentionErrors : public ::testing::Test {
   }
   Tensor qkv = make({B, T, 3 * C}), out = make({B, T, C}), lse = make({B, NH, T});
   Tensor dqkv = make({B, T, 3 * C}), dout = make({B, T, C});
-  Tensor ws = make({static_cast<int64_t>(flash_attention_backward_workspace_bytes(B, T, C, NH) / 4)});
+  Tensor ws = workspace_of(pool, flash_attention_backward_workspace_bytes(B, T, C, NH));
+  Tensor fws = workspace_of(pool, flash_attention_forward_workspace_bytes(B, T, C, NH));
 };
 
 template <typename E, typename F>
@@ -264,30 +422,38 @@ void expect_error(F&& f, std::string_view op, std::vector<std::string> fragments
 TEST_F(FlashAttentionErrors, ShapesAndDtypes) {
   const std::string fwd = "flash_attention_forward", bwd = "flash_attention_backward";
   Tensor bad_out = make({B, T + 1, C});
-  expect_error<ShapeError>([&] { flash_attention_forward(bad_out, lse, qkv, NH); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(bad_out, lse, qkv, fws, NH); }, fwd,
                            {"out", "(2, 8, 16)", "(2, 9, 16)"});
   Tensor bf_lse = make({B, NH, T}, DType::bf16);
-  expect_error<DTypeError>([&] { flash_attention_forward(out, bf_lse, qkv, NH); }, fwd,
+  expect_error<DTypeError>([&] { flash_attention_forward(out, bf_lse, qkv, fws, NH); }, fwd,
                            {"lse", "bf16"});
   Tensor int_qkv = make({B, T, 3 * C}, DType::i32);
-  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, int_qkv, NH); }, fwd,
+  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, int_qkv, fws, NH); }, fwd,
                            {"qkv", "i32"});
   Tensor flat_qkv = make({B * T, 3 * C});
-  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, flat_qkv, NH); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, flat_qkv, fws, NH); }, fwd,
                            {"(B, T, 3C)", "(16, 48)"});
-  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, qkv, 3); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, qkv, fws, 3); }, fwd,
                            {"n_head = 3"});
-  expect_error<Error>([&] { flash_attention_forward(out, lse, qkv, NH, {24, 64}); }, fwd,
+  expect_error<Error>([&] { flash_attention_forward(out, lse, qkv, fws, NH, {24, 64}); }, fwd,
                       {"q_rows 24"});
   // bf16 needs an even head size: C = 15, 5 heads of 3.
   Tensor bf_qkv = make({1, 4, 45}, DType::bf16), bf_out = make({1, 4, 15}, DType::bf16);
   Tensor lse5 = make({1, 5, 4});
-  expect_error<ShapeError>([&] { flash_attention_forward(bf_out, lse5, bf_qkv, 5); }, fwd,
+  expect_error<ShapeError>([&] { flash_attention_forward(bf_out, lse5, bf_qkv, fws, 5); }, fwd,
                            {"even head size", "head size 3"});
   // out must have qkv's dtype.
   Tensor bf16_qkv = make({B, T, 3 * C}, DType::bf16);
-  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, bf16_qkv, NH); }, fwd,
+  expect_error<DTypeError>([&] { flash_attention_forward(out, lse, bf16_qkv, fws, NH); }, fwd,
                            {"out", "bf16", "f32"});
+
+  Tensor small_fws = make({16});
+  expect_error<ShapeError>([&] { flash_attention_forward(out, lse, qkv, small_fws, NH); }, fwd,
+                           {"workspace", "too small", "64 bytes",
+                            "flash_attention_forward_workspace_bytes gives"});
+  Tensor no_fws;
+  expect_error<Error>([&] { flash_attention_forward(out, lse, qkv, no_fws, NH); }, fwd,
+                      {"workspace is undefined"});
 
   Tensor bad_dout = make({B, T, 2 * C});
   expect_error<ShapeError>(

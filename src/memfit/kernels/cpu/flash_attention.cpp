@@ -1,6 +1,7 @@
 // Flash attention's API: argument checks (typed errors naming the op and the shapes), the
-// workspace size, and dispatch to the f32 and bf16 drivers (flash_attention_f32.cpp,
-// flash_attention_bf16.cpp). See "Note [Flash attention]" in docs/notes/flash-attention.md.
+// workspace sizes and thread counts, and dispatch to the f32 and bf16 drivers
+// (flash_attention_f32.cpp, flash_attention_bf16.cpp). See "Note [Flash attention]" in
+// docs/notes/flash-attention.md.
 #include "memfit/kernels/cpu/flash_attention.h"
 
 #include <omp.h>
@@ -66,40 +67,94 @@ void check_pair_aligned(const Tensor& t, std::string_view op, std::string_view n
 
 uint16_t* bf16_data(const Tensor& t) { return static_cast<uint16_t*>(t.raw_data()); }
 
+// The most threads, up to omp_get_max_threads(), whose workspace (need(n) words for n
+// threads) fits in `workspace`; throws if not even one thread's does.
+template <typename Need>
+int threads_that_fit(const Tensor& workspace, std::string_view op, size_t full_bytes,
+                     Need&& need) {
+  MEMFIT_CHECK(workspace.defined(), op, "workspace is undefined");
+  expect_any_shape(workspace, op, "workspace", workspace.dtype());
+  const int64_t have = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
+  for (int n = omp_get_max_threads(); n >= 1; --n) {
+    if (need(n) <= have) return n;
+  }
+  MEMFIT_CHECK_SHAPE(false, op,
+                     "workspace {} ({} bytes) is too small: one thread needs {} bytes, "
+                     "{}_workspace_bytes gives {}",
+                     workspace.shape(), workspace.nbytes(), need(1) * sizeof(float), op,
+                     full_bytes);
+  return 0;
+}
+
 }  // namespace
 
 namespace flash {
 
-int64_t backward_shared_words(const Dims& d) {
-  return round_lanes(d.heads() * d.T) + (d.bf16 ? round_lanes(d.B * d.T * d.C) : 0);
+// Enough (b, h, group) tasks that dynamic scheduling keeps every thread busy to the end.
+constexpr int64_t kTasksPerThread = 4;
+
+int backward_groups(const Dims& d, int nthreads) {
+  if (nthreads <= 1) return 1;
+  const int64_t want = (kTasksPerThread * nthreads + d.heads() - 1) / d.heads();
+  return static_cast<int>(std::clamp<int64_t>(want, 1, d.kv_tiles()));
+}
+
+int64_t backward_shared_words(const Dims& d, int groups) {
+  // f32 adds group 0 straight into dqkv; bf16 needs an f32 buffer for it too.
+  return round_lanes(d.heads() * d.T) + (d.bf16 ? groups : groups - 1) * dq_words(d);
 }
 
 int64_t backward_thread_words(const Dims& d) {
   return d.bf16 ? backward_thread_words_bf16(d) : backward_thread_words_f32(d);
 }
 
+int64_t forward_thread_words(const Dims& d) {
+  return d.bf16 ? forward_thread_words_bf16(d) : forward_thread_words_f32(d);
+}
+
 }  // namespace flash
 
-void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
-                             const FlashAttentionTiles& tiles) {
+namespace {
+
+int64_t forward_words(const Dims& d, int nthreads) {
+  return flash::forward_thread_words(d) * nthreads;
+}
+
+int64_t backward_words(const Dims& d, int nthreads) {
+  return flash::backward_shared_words(d, flash::backward_groups(d, nthreads)) +
+         flash::backward_thread_words(d) * nthreads;
+}
+
+}  // namespace
+
+size_t flash_attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
+                                               DType dtype, const FlashAttentionTiles& tiles) {
+  const Dims d = make_dims(B, T, C, n_head, dtype, tiles, "flash_attention_forward_workspace");
+  return static_cast<size_t>(forward_words(d, omp_get_max_threads())) * sizeof(float);
+}
+
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, Tensor& workspace,
+                             int n_head, const FlashAttentionTiles& tiles) {
   const Dims d = check_qkv(qkv, n_head, tiles, kForward);
   const DType dt = qkv.dtype();
   expect_tensor(out, kForward, "out", {d.B, d.T, d.C}, dt);
   expect_tensor(lse, kForward, "lse", {d.B, d.NH, d.T}, DType::f32);
+  const int nthreads = threads_that_fit(
+      workspace, kForward, flash_attention_forward_workspace_bytes(d.B, d.T, d.C, d.NH, dt, tiles),
+      [&](int n) { return forward_words(d, n); });
+  float* ws = static_cast<float*>(workspace.raw_data());
   if (d.bf16) {
     check_pair_aligned(qkv, kForward, "qkv");
-    flash::forward_bf16(d, bf16_data(out), lse.data<float>(), bf16_data(qkv));
+    flash::forward_bf16(d, bf16_data(out), lse.data<float>(), bf16_data(qkv), ws, nthreads);
   } else {
-    flash::forward_f32(d, out.data<float>(), lse.data<float>(), qkv.data<float>());
+    flash::forward_f32(d, out.data<float>(), lse.data<float>(), qkv.data<float>(), ws, nthreads);
   }
 }
 
 size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
                                                 DType dtype, const FlashAttentionTiles& tiles) {
   const Dims d = make_dims(B, T, C, n_head, dtype, tiles, "flash_attention_backward_workspace");
-  const int64_t words =
-      flash::backward_shared_words(d) + flash::backward_thread_words(d) * omp_get_max_threads();
-  return static_cast<size_t>(words) * sizeof(float);
+  return static_cast<size_t>(backward_words(d, omp_get_max_threads())) * sizeof(float);
 }
 
 void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
@@ -111,30 +166,23 @@ void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qk
   expect_tensor(dout, kBackward, "dout", {d.B, d.T, d.C}, dt);
   expect_tensor(out, kBackward, "out", {d.B, d.T, d.C}, dt);
   expect_tensor(lse, kBackward, "lse", {d.B, d.NH, d.T}, DType::f32);
-  MEMFIT_CHECK(workspace.defined(), kBackward, "workspace is undefined");
-  expect_any_shape(workspace, kBackward, "workspace", workspace.dtype());
-
-  // As many threads as the workspace holds tile buffers for, up to omp_get_max_threads().
-  const int64_t shared = flash::backward_shared_words(d);
-  const int64_t per_thread = flash::backward_thread_words(d);
-  const int64_t have = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
-  const int64_t fit = have >= shared ? (have - shared) / per_thread : 0;
-  MEMFIT_CHECK_SHAPE(fit >= 1, kBackward,
-                     "workspace {} ({} bytes) is too small: one thread needs {} bytes, "
-                     "flash_attention_backward_workspace_bytes gives {}",
-                     workspace.shape(), workspace.nbytes(), (shared + per_thread) * 4,
-                     flash_attention_backward_workspace_bytes(d.B, d.T, d.C, d.NH, dt, tiles));
-  const int nthreads = static_cast<int>(std::min<int64_t>(fit, omp_get_max_threads()));
+  // As many threads as the workspace holds, up to omp_get_max_threads(); the key-tile groups,
+  // and so dq's summation order, follow from that number alone.
+  const int nthreads = threads_that_fit(
+      workspace, kBackward,
+      flash_attention_backward_workspace_bytes(d.B, d.T, d.C, d.NH, dt, tiles),
+      [&](int n) { return backward_words(d, n); });
+  const int groups = flash::backward_groups(d, nthreads);
   float* ws = static_cast<float*>(workspace.raw_data());
 
   if (d.bf16) {
     check_pair_aligned(qkv, kBackward, "qkv");
     check_pair_aligned(dout, kBackward, "dout");
     flash::backward_bf16(d, bf16_data(dqkv), bf16_data(dout), bf16_data(qkv), bf16_data(out),
-                         lse.data<float>(), ws, nthreads);
+                         lse.data<float>(), ws, nthreads, groups);
   } else {
     flash::backward_f32(d, dqkv.data<float>(), dout.data<float>(), qkv.data<float>(),
-                        out.data<float>(), lse.data<float>(), ws, nthreads);
+                        out.data<float>(), lse.data<float>(), ws, nthreads, groups);
   }
 }
 

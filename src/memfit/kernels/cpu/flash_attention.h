@@ -19,29 +19,44 @@ struct FlashAttentionTiles {
   int kv_rows = 128;
 };
 
+// Scratch bytes flash_attention_forward needs for these sizes: tile buffers (about 0.1 MB at
+// head size 64) for each of omp_get_max_threads() threads. The caller allocates it from the
+// pool as Category::workspace.
+size_t flash_attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
+                                               DType dtype = DType::f32,
+                                               const FlashAttentionTiles& tiles = {});
+
 // qkv (B, T, 3C): q, k, v concatenated along the last dimension, head h at [h*hs, (h+1)*hs)
 // of each (the layout of attention.h). Scores are scaled by 1/sqrt(hs), position t attends to
 // positions <= t.
 //   out (B, T, C): same dtype as qkv (f32 or bf16).
 //   lse (B, NH, T) f32: log sum_{s<=t} exp(score(t, s)), all that backward needs besides out.
+//   workspace: any contiguous tensor of at least flash_attention_forward_workspace_bytes bytes
+//   (a ShapeError if it holds less than one thread's tile buffers; with fewer threads' than
+//   omp_get_max_threads(), fewer threads run).
 // With bf16 qkv (even head size) the tile products take bf16 operands and accumulate in f32, on
 // AMX tiles where the machine has them, else AVX512_BF16; out is bf16, within 1e-2 relative of
-// exact attention on the same inputs (f32: 1e-5).
-void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int n_head,
-                             const FlashAttentionTiles& tiles = {});
+// exact attention on the same inputs (f32: 1e-5). Each output row is computed by one task in a
+// fixed order, so out and lse are bit-identical from run to run and for any thread count.
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, Tensor& workspace,
+                             int n_head, const FlashAttentionTiles& tiles = {});
 
 // Scratch bytes flash_attention_backward needs for these sizes: rowsum(dout * out) per query
-// row, tile buffers for each of omp_get_max_threads() threads, and, for bf16, an f32
-// accumulator for dq. The caller allocates it from the pool as Category::workspace.
+// row, tile buffers for each of omp_get_max_threads() threads, and f32 dq buffers for the
+// key-tile groups after the first (and, for bf16, the first too): none for f32 when
+// B * n_head >= 4 * threads. The caller allocates it from the pool as Category::workspace.
 size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
                                                 DType dtype = DType::f32,
                                                 const FlashAttentionTiles& tiles = {});
 
 // dqkv (=, same shape and dtype as qkv) from dout (B, T, C, dtype of qkv), the saved qkv, out
 // and lse. workspace: any contiguous tensor of at least
-// flash_attention_backward_workspace_bytes bytes; if it holds tile buffers for fewer threads
-// than omp_get_max_threads(), fewer threads run. With more than one thread the dq part may
-// differ in its last bits from run to run (tiles add into it in whichever order they finish).
+// flash_attention_backward_workspace_bytes bytes (a ShapeError if it holds less than one
+// thread's share); with room for fewer threads than omp_get_max_threads(), fewer threads run.
+// Deterministic: dqkv is bit-identical from run to run for the same inputs and thread count
+// (the number the workspace allows, up to omp_get_max_threads()). dk and dv do not depend on
+// the thread count at all; dq does only through the number of key-tile groups, which is one
+// whenever B * n_head >= 4 * threads. See "Determinism" in the note.
 void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, Tensor& workspace,
                               int n_head, const FlashAttentionTiles& tiles = {});

@@ -1,8 +1,10 @@
 // Flash attention on bf16 inputs: the f32 driver's task structure with bf16 tile products and
 // f32 accumulation. Every product's operands are packed in pairs along k, padded to whole
 // 16 x 16 tiles, so that the same calls run on AMX (TDPBF16PS) where the machine has it and on
-// AVX512_BF16 (_mm512_dpbf16_ps) otherwise. Softmax statistics, lse, D and the dq accumulator
+// AVX512_BF16 (_mm512_dpbf16_ps) otherwise. Softmax statistics, lse, D and the dq accumulators
 // stay f32; P and dS are rounded to bf16 for their products. See "Note [Flash attention]".
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -100,22 +102,23 @@ void zero_rows(uint32_t* buf, int64_t ld, int64_t from, int64_t to, int64_t cols
 
 }  // namespace
 
+int64_t forward_thread_words_bf16(const Dims& d) { return forward_layout(d).words; }
 int64_t backward_thread_words_bf16(const Dims& d) { return backward_layout(d).words; }
 
-void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv) {
+void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv, float* ws,
+                  int nthreads) {
   const Pads p(d);
   const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
   const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
   const int64_t BH = d.heads(), nTq = d.q_tiles();
   const float c = d.c();
   const ForwardLayout L = forward_layout(d);
-  const int nthreads = omp_get_max_threads();
-  ScratchWords scratch(L.words * nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
     AmxScope amx;
-    float* base = scratch.get() + L.words * omp_get_thread_num();
+    float* base = ws + L.words * omp_get_thread_num();
+    std::fill(base, base + L.words, 0.0f);  // the padding must read as zero
     uint32_t* Qp = words_at(base, L.qp);
     uint32_t* Kr = words_at(base, L.kr);
     float* St = base + L.s;
@@ -172,28 +175,29 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv)
 }
 
 void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
-                   const uint16_t* out, const float* lse, float* ws, int nthreads) {
+                   const uint16_t* out, const float* lse, float* ws, int nthreads, int groups) {
   const Pads p(d);
   const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldk = d.Bc, NH = d.NH;
   const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
-  const int64_t BH = d.heads(), nTq = d.q_tiles(), nTk = d.kv_tiles();
+  const int64_t BH = d.heads(), nTk = d.kv_tiles();
   const float c = d.c(), scale = d.scale();
   const BackwardLayout L = backward_layout(d);
   float* D = ws;
-  float* dq_acc = ws + round_lanes(BH * T);
-  float* scratch = ws + backward_shared_words(d);
+  // Group g adds its dq into the f32 buffer dq_acc(g), (B, T, C).
+  float* dq_bufs = ws + round_lanes(BH * T);
+  auto dq_acc = [&](int g) { return dq_bufs + g * dq_words(d); };
+  float* scratch = ws + backward_shared_words(d, groups);
 
-  // D = rowsum(dO * O) per (b, h, t), and the f32 dq accumulator zeroed.
+  // D = rowsum(dO * O) per (b, h, t), and the f32 dq buffers zeroed.
 #pragma omp parallel for num_threads(nthreads)
   for (int64_t bt = 0; bt < d.B * T; ++bt) {
     const int64_t b = bt / T, t = bt % T;
     for (int64_t h = 0; h < NH; ++h) {
       D[(b * NH + h) * T + t] = dot(dout + bt * C + h * hs, out + bt * C + h * hs, hs);
     }
-    std::fill(dq_acc + bt * C, dq_acc + (bt + 1) * C, 0.0f);
+    for (int g = 0; g < groups; ++g) std::fill(dq_acc(g) + bt * C, dq_acc(g) + (bt + 1) * C, 0.0f);
   }
 
-  TileLocks locks(static_cast<size_t>(BH * nTq));
 #pragma omp parallel num_threads(nthreads)
   {
     AmxScope amx;
@@ -216,78 +220,87 @@ void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const ui
     float* dV = base + L.dv;
     float* dQ = base + L.dq;
     float* lse2 = base + L.lse2;
+    // Tasks (group, b, h) as in backward_f32: each owns its tiles' dk, dv rows and its group's
+    // dq rows of its head.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < nTk * BH; ++task) {
-      const int64_t j = task / BH, bh = task % BH;
-      const int64_t b = bh / NH, h = bh % NH;
-      const int64_t k0 = j * d.Bc;
-      const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
-      const int nkp = static_cast<int>(round_lanes(nk));
-      const int nk2 = (nk + 1) / 2;
+    for (int64_t task = 0; task < groups * BH; ++task) {
+      const int g = static_cast<int>(task / BH);
+      const int64_t bh = task % BH, b = bh / NH, h = bh % NH;
       const uint16_t* Qh = qkv + b * T * C3 + h * hs;
       const uint16_t* Kh = Qh + C;
       const uint16_t* Vh = Qh + 2 * C;
       const uint16_t* dOh = dout + b * T * C + h * hs;
+      float* acc = dq_acc(g) + b * T * C + h * hs;
 
-      transpose_padded(Kp, ldk, as_pairs(Kh + k0 * C3), C3 / 2, nk, hs2);
-      transpose_padded(Vp, ldk, as_pairs(Vh + k0 * C3), C3 / 2, nk, hs2);
-      pack_pairs_interleave(Ki, p.hsp, Kh + k0 * C3, C3, nk, hsi);
-      zero_rows(Ki, p.hsp, nk2, round_tile(nk2), hs);
-      std::fill(dK, dK + d.Bc * p.hsp, 0.0f);
-      std::fill(dV, dV + d.Bc * p.hsp, 0.0f);
+      for (int64_t j = 0; j < nTk; ++j) {
+        if (group_of_tile(j, groups) != g) continue;
+        const int64_t k0 = j * d.Bc;
+        const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
+        const int nkp = static_cast<int>(round_lanes(nk));
+        const int nk2 = (nk + 1) / 2;
+        transpose_padded(Kp, ldk, as_pairs(Kh + k0 * C3), C3 / 2, nk, hs2);
+        transpose_padded(Vp, ldk, as_pairs(Vh + k0 * C3), C3 / 2, nk, hs2);
+        pack_pairs_interleave(Ki, p.hsp, Kh + k0 * C3, C3, nk, hsi);
+        zero_rows(Ki, p.hsp, nk2, round_tile(nk2), hs);
+        std::fill(dK, dK + d.Bc * p.hsp, 0.0f);
+        std::fill(dV, dV + d.Bc * p.hsp, 0.0f);
 
-      for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
-        const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
-        const int nq2 = (nq + 1) / 2;
-        for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
-        // S = Q K^T, dP = dO V^T.
-        copy_rows(reinterpret_cast<uint16_t*>(Qr), 2 * p.hs2p, Qh + q0 * C3, C3, nq, hs);
-        copy_rows(reinterpret_cast<uint16_t*>(dOr), 2 * p.hs2p, dOh + q0 * C, C, nq, hs);
-        gemm_bf16(nq, nkp, hs2, Qr, p.hs2p, Kp, ldk, S, ldk, false);
-        gemm_bf16(nq, nkp, hs2, dOr, p.hs2p, Vp, ldk, dP, ldk, false);
-        probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
-        // dV += P^T dO: P^T in query pairs (pack, then transpose), dO in query pairs.
-        pack_pairs_interleave(tmp, ldk, S, ldk, nq, nkp);
-        transpose_padded(Pt, p.br2p, tmp, ldk, nq2, nkp);
-        pack_pairs_interleave(dOi, p.hsp, dOh + q0 * C, C, nq, hsi);
-        zero_rows(dOi, p.hsp, nq2, round_tile(nq2), hs);
-        gemm_bf16(nk, hsi, nq2, Pt, p.br2p, dOi, p.hsp, dV, p.hsp, true);
-        // dK += dS^T Q, the same way.
-        pack_pairs_interleave(tmp, ldk, dP, ldk, nq, nkp);
-        transpose_padded(dSt, p.br2p, tmp, ldk, nq2, nkp);
-        pack_pairs_interleave(Qi, p.hsp, Qh + q0 * C3, C3, nq, hsi);
-        zero_rows(Qi, p.hsp, nq2, round_tile(nq2), hs);
-        gemm_bf16(nk, hsi, nq2, dSt, p.br2p, Qi, p.hsp, dK, p.hsp, true);
-        // dQ = dS K: dS rows in bf16, their key padding zero.
-        uint16_t* dS16 = reinterpret_cast<uint16_t*>(dSb);
-        convert_to_bf16(dS16, 2 * p.bc2p, dP, ldk, nq, nkp);
-        for (int r = 0; r < nq; ++r) {
-          std::fill(dS16 + r * 2 * p.bc2p + nkp, dS16 + r * 2 * p.bc2p + 2 * round_tile(nk2),
-                    uint16_t{0});
+        for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
+          const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+          const int nq2 = (nq + 1) / 2;
+          for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
+          // S = Q K^T, dP = dO V^T.
+          copy_rows(reinterpret_cast<uint16_t*>(Qr), 2 * p.hs2p, Qh + q0 * C3, C3, nq, hs);
+          copy_rows(reinterpret_cast<uint16_t*>(dOr), 2 * p.hs2p, dOh + q0 * C, C, nq, hs);
+          gemm_bf16(nq, nkp, hs2, Qr, p.hs2p, Kp, ldk, S, ldk, false);
+          gemm_bf16(nq, nkp, hs2, dOr, p.hs2p, Vp, ldk, dP, ldk, false);
+          probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
+          // dV += P^T dO: P^T in query pairs (pack, then transpose), dO in query pairs.
+          pack_pairs_interleave(tmp, ldk, S, ldk, nq, nkp);
+          transpose_padded(Pt, p.br2p, tmp, ldk, nq2, nkp);
+          pack_pairs_interleave(dOi, p.hsp, dOh + q0 * C, C, nq, hsi);
+          zero_rows(dOi, p.hsp, nq2, round_tile(nq2), hs);
+          gemm_bf16(nk, hsi, nq2, Pt, p.br2p, dOi, p.hsp, dV, p.hsp, true);
+          // dK += dS^T Q, the same way.
+          pack_pairs_interleave(tmp, ldk, dP, ldk, nq, nkp);
+          transpose_padded(dSt, p.br2p, tmp, ldk, nq2, nkp);
+          pack_pairs_interleave(Qi, p.hsp, Qh + q0 * C3, C3, nq, hsi);
+          zero_rows(Qi, p.hsp, nq2, round_tile(nq2), hs);
+          gemm_bf16(nk, hsi, nq2, dSt, p.br2p, Qi, p.hsp, dK, p.hsp, true);
+          // dQ = dS K: dS rows in bf16, their key padding zero; then added to the group's rows.
+          uint16_t* dS16 = reinterpret_cast<uint16_t*>(dSb);
+          convert_to_bf16(dS16, 2 * p.bc2p, dP, ldk, nq, nkp);
+          for (int r = 0; r < nq; ++r) {
+            std::fill(dS16 + r * 2 * p.bc2p + nkp, dS16 + r * 2 * p.bc2p + 2 * round_tile(nk2),
+                      uint16_t{0});
+          }
+          gemm_bf16(nq, hsi, nk2, dSb, p.bc2p, Ki, p.hsp, dQ, p.hsp, false);
+          for (int r = 0; r < nq; ++r) {
+            float* a = acc + (q0 + r) * C;
+            for (int64_t e = 0; e < hs; ++e) a[e] += dQ[r * p.hsp + e];
+          }
         }
-        gemm_bf16(nq, hsi, nk2, dSb, p.bc2p, Ki, p.hsp, dQ, p.hsp, false);
-        const int64_t lock_id = bh * nTq + q0 / d.Br;
-        float* acc = dq_acc + (b * T + q0) * C + h * hs;
-        locks.lock(lock_id);
-        for (int r = 0; r < nq; ++r) {
-          for (int64_t e = 0; e < hs; ++e) acc[r * C + e] += dQ[r * p.hsp + e];
-        }
-        locks.unlock(lock_id);
-      }
-      for (int r = 0; r < nk; ++r) {
-        uint16_t* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
-        uint16_t* dv = dk + C;
-        for (int64_t e = 0; e < hs; ++e) {
-          dk[e] = bf16_from_f32(scale * dK[r * p.hsp + e]);
-          dv[e] = bf16_from_f32(dV[r * p.hsp + e]);
+        for (int r = 0; r < nk; ++r) {
+          uint16_t* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
+          uint16_t* dv = dk + C;
+          for (int64_t e = 0; e < hs; ++e) {
+            dk[e] = bf16_from_f32(scale * dK[r * p.hsp + e]);
+            dv[e] = bf16_from_f32(dV[r * p.hsp + e]);
+          }
         }
       }
     }
   }
 
+  // dq = group 0 + group 1 + ..., in group order, scaled and rounded to bf16.
 #pragma omp parallel for num_threads(nthreads)
   for (int64_t bt = 0; bt < d.B * T; ++bt) {
-    for (int64_t e = 0; e < C; ++e) dqkv[bt * C3 + e] = bf16_from_f32(scale * dq_acc[bt * C + e]);
+    float* acc = dq_acc(0) + bt * C;
+    for (int g = 1; g < groups; ++g) {
+      const float* src = dq_acc(g) + bt * C;
+      for (int64_t e = 0; e < C; ++e) acc[e] += src[e];
+    }
+    for (int64_t e = 0; e < C; ++e) dqkv[bt * C3 + e] = bf16_from_f32(scale * acc[e]);
   }
 }
 

@@ -1,17 +1,12 @@
-// Internals shared by the flash attention drivers: the checked sizes of a call, scratch
-// carving, the dq locks, and the per-dtype drivers that flash_attention.cpp dispatches to
-// (flash_attention_f32.cpp, flash_attention_bf16.cpp). Not part of memfit's API.
+// Internals shared by the flash attention drivers: the checked sizes of a call, workspace
+// carving, backward's key-tile groups, and the per-dtype drivers that flash_attention.cpp
+// dispatches to (flash_attention_f32.cpp, flash_attention_bf16.cpp). Not part of memfit's API.
 // See "Note [Flash attention]" in docs/notes/flash-attention.md.
 #pragma once
 
-#include <omp.h>
-
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <new>
-#include <vector>
 
 #include "memfit/kernels/cpu/flash_attention_tiles.h"
 
@@ -44,55 +39,41 @@ struct Carver {
   }
 };
 
-// Zeroed, 64-byte aligned scratch words (forward's tile buffers; backward's live in the
-// caller's workspace).
-class ScratchWords {
- public:
-  explicit ScratchWords(int64_t n)
-      : p_(static_cast<float*>(::operator new[](static_cast<size_t>(n) * sizeof(float),
-                                                std::align_val_t(64)))) {
-    std::fill(p_, p_ + n, 0.0f);
-  }
-  ~ScratchWords() { ::operator delete[](p_, std::align_val_t(64)); }
-  ScratchWords(const ScratchWords&) = delete;
-  ScratchWords& operator=(const ScratchWords&) = delete;
-  float* get() const { return p_; }
+// Backward runs one task per (b, h, group of key tiles): a task walks its head's key tiles of
+// its group in ascending order and adds their dq contributions into the group's own f32 dq
+// buffer, so every dq element is summed in a fixed order by one task; the groups' buffers are
+// then added in group order. One group per head when there are enough heads to keep the
+// threads busy, more when there are few. See "Determinism" in the note.
+int backward_groups(const Dims& d, int nthreads);
+// The group of key tile j among `groups`: dealt in snake order (0 1 2 2 1 0 0 1 2 ...), so the
+// long first tiles spread over the groups.
+inline int group_of_tile(int64_t j, int groups) {
+  const int64_t round = j / groups, pos = j % groups;
+  return static_cast<int>(round % 2 == 0 ? pos : groups - 1 - pos);
+}
 
- private:
-  float* p_;
-};
-
-// One lock per (b, h, query tile) guards the dq rows that tasks of different key tiles add to.
-class TileLocks {
- public:
-  explicit TileLocks(size_t n) : locks_(n) {
-    for (auto& l : locks_) omp_init_lock(&l);
-  }
-  ~TileLocks() {
-    for (auto& l : locks_) omp_destroy_lock(&l);
-  }
-  TileLocks(const TileLocks&) = delete;
-  TileLocks& operator=(const TileLocks&) = delete;
-  void lock(int64_t i) { omp_set_lock(&locks_[static_cast<size_t>(i)]); }
-  void unlock(int64_t i) { omp_unset_lock(&locks_[static_cast<size_t>(i)]); }
-
- private:
-  std::vector<omp_lock_t> locks_;
-};
-
-// Backward workspace, in words: what all threads share (D = rowsum(dO * O) and, for bf16, the
-// f32 dq accumulator), then one block of tile buffers per thread.
-int64_t backward_shared_words(const Dims& d);
+// Workspaces, in words. Backward: what all threads share (D = rowsum(dO * O), the extra f32 dq
+// buffers of groups 1.. and, for bf16, group 0's too), then one block of tile buffers per
+// thread. Forward: tile buffers per thread only.
+int64_t backward_shared_words(const Dims& d, int groups);
 int64_t backward_thread_words(const Dims& d);
+int64_t forward_thread_words(const Dims& d);
+// Words of one f32 dq buffer (B, T, C), 64-byte aligned.
+inline int64_t dq_words(const Dims& d) { return round_lanes(d.B * d.T * d.C); }
 
 // The drivers. out, dqkv, dout, qkv are (B, T, 3C) or (B, T, C) in the call's dtype; lse is
-// (B, NH, T); ws holds backward_shared_words + nthreads * backward_thread_words.
-void forward_f32(const Dims& d, float* out, float* lse, const float* qkv);
+// (B, NH, T). Forward's ws holds nthreads * forward_thread_words; backward's
+// backward_shared_words(d, groups) + nthreads * backward_thread_words.
+void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float* ws,
+                 int nthreads);
 void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qkv,
-                  const float* out, const float* lse, float* ws, int nthreads);
-void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv);
+                  const float* out, const float* lse, float* ws, int nthreads, int groups);
+void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv, float* ws,
+                  int nthreads);
 void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
-                   const uint16_t* out, const float* lse, float* ws, int nthreads);
+                   const uint16_t* out, const float* lse, float* ws, int nthreads, int groups);
+int64_t forward_thread_words_f32(const Dims& d);
+int64_t forward_thread_words_bf16(const Dims& d);
 int64_t backward_thread_words_f32(const Dims& d);
 int64_t backward_thread_words_bf16(const Dims& d);
 

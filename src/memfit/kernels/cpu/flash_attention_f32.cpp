@@ -1,6 +1,9 @@
 // Flash attention in f32: FlashAttention-2's forward (tasks of one query tile, online softmax
-// over its key tiles) and backward (tasks of one key tile, dq added under per-tile locks), on
-// hand-vectorised tile products. See "Note [Flash attention]" in docs/notes/flash-attention.md.
+// over its key tiles) and backward (tasks of one head's key tiles, or a group of them, each
+// owning its dq rows), on hand-vectorised tile products. See "Note [Flash attention]" in
+// docs/notes/flash-attention.md.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -66,20 +69,20 @@ void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int
 
 }  // namespace
 
+int64_t forward_thread_words_f32(const Dims& d) { return forward_layout(d).words; }
 int64_t backward_thread_words_f32(const Dims& d) { return backward_layout(d).words; }
 
-void forward_f32(const Dims& d, float* out, float* lse, const float* qkv) {
+void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float* ws,
+                 int nthreads) {
   const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
   const int hsi = static_cast<int>(hs);
   const int64_t BH = d.heads(), nTq = d.q_tiles();
   const float c = d.c();
   const ForwardLayout L = forward_layout(d);
-  const int nthreads = omp_get_max_threads();
-  ScratchWords scratch(L.words * nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
-    float* base = scratch.get() + L.words * omp_get_thread_num();
+    float* base = ws + L.words * omp_get_thread_num();
     float* Qt = base + L.qt;
     float* St = base + L.s;
     float* Vc = base + L.v;
@@ -129,16 +132,19 @@ void forward_f32(const Dims& d, float* out, float* lse, const float* qkv) {
 }
 
 void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qkv,
-                  const float* out, const float* lse, float* ws, int nthreads) {
+                  const float* out, const float* lse, float* ws, int nthreads, int groups) {
   const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldk = d.Bc, NH = d.NH;
   const int hsi = static_cast<int>(hs);
-  const int64_t BH = d.heads(), nTq = d.q_tiles(), nTk = d.kv_tiles();
+  const int64_t BH = d.heads(), nTk = d.kv_tiles();
   const float c = d.c(), scale = d.scale();
   const BackwardLayout L = backward_layout(d);
   float* D = ws;
-  float* scratch = ws + backward_shared_words(d);
+  // Group 0 adds into dqkv's dq part (row stride 3C); group g > 0 into dq_buf(g), (B, T, C).
+  float* dq_bufs = ws + round_lanes(BH * T);
+  auto dq_buf = [&](int g) { return dq_bufs + (g - 1) * dq_words(d); };
+  float* scratch = ws + backward_shared_words(d, groups);
 
-  // D = rowsum(dO * O) per (b, h, t), and dq zeroed: tasks add to it.
+  // D = rowsum(dO * O) per (b, h, t), and every dq buffer zeroed: tasks add to them.
 #pragma omp parallel for num_threads(nthreads)
   for (int64_t bt = 0; bt < d.B * T; ++bt) {
     const int64_t b = bt / T, t = bt % T;
@@ -146,9 +152,9 @@ void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qk
       D[(b * NH + h) * T + t] = dot(dout + bt * C + h * hs, out + bt * C + h * hs, hs);
     }
     std::fill(dqkv + bt * C3, dqkv + bt * C3 + C, 0.0f);
+    for (int g = 1; g < groups; ++g) std::fill(dq_buf(g) + bt * C, dq_buf(g) + (bt + 1) * C, 0.0f);
   }
 
-  TileLocks locks(static_cast<size_t>(BH * nTq));
 #pragma omp parallel num_threads(nthreads)
   {
     float* base = scratch + L.words * omp_get_thread_num();
@@ -162,49 +168,64 @@ void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qk
     float* dK = base + L.dk;
     float* dV = base + L.dv;
     float* lse2 = base + L.lse2;
-    // Tasks (b, h, key tile), longest (first) key tiles first; each owns its dk, dv rows.
+    // Tasks (group, b, h): the head's key tiles of one group, in ascending order. A task owns
+    // the dk, dv rows of its tiles and its group's dq rows of its head, so nothing is shared
+    // and every sum runs in a fixed order whichever thread takes the task.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < nTk * BH; ++task) {
-      const int64_t j = task / BH, bh = task % BH;
-      const int64_t b = bh / NH, h = bh % NH;
-      const int64_t k0 = j * d.Bc;
-      const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
-      const int nkp = static_cast<int>(round_lanes(nk));
+    for (int64_t task = 0; task < groups * BH; ++task) {
+      const int g = static_cast<int>(task / BH);
+      const int64_t bh = task % BH, b = bh / NH, h = bh % NH;
       const float* Qh = qkv + b * T * C3 + h * hs;
       const float* Kh = Qh + C;
       const float* Vh = Qh + 2 * C;
       const float* dOh = dout + b * T * C + h * hs;
+      float* dq = g == 0 ? dqkv + b * T * C3 + h * hs : dq_buf(g) + b * T * C + h * hs;
+      const int64_t ldd = g == 0 ? C3 : C;
 
-      transpose_padded(Kt, ldk, Kh + k0 * C3, C3, nk, hsi);
-      transpose_padded(Vt, ldk, Vh + k0 * C3, C3, nk, hsi);
-      copy_rows(Kc, hs, Kh + k0 * C3, C3, nk, hs, scale);
-      std::fill(dK, dK + nk * hs, 0.0f);
-      std::fill(dV, dV + nk * hs, 0.0f);
+      for (int64_t j = 0; j < nTk; ++j) {
+        if (group_of_tile(j, groups) != g) continue;
+        const int64_t k0 = j * d.Bc;
+        const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
+        const int nkp = static_cast<int>(round_lanes(nk));
+        transpose_padded(Kt, ldk, Kh + k0 * C3, C3, nk, hsi);
+        transpose_padded(Vt, ldk, Vh + k0 * C3, C3, nk, hsi);
+        copy_rows(Kc, hs, Kh + k0 * C3, C3, nk, hs, scale);
+        std::fill(dK, dK + nk * hs, 0.0f);
+        std::fill(dV, dV + nk * hs, 0.0f);
 
-      // Query tiles from the one holding the tile's first key to the end.
-      for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
-        const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
-        for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
-        gemm_f32(nq, nkp, hsi, Qh + q0 * C3, C3, 1, Kt, ldk, S, ldk, false);   // S = Q K^T
-        gemm_f32(nq, nkp, hsi, dOh + q0 * C, C, 1, Vt, ldk, dP, ldk, false);   // dP = dO V^T
-        probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
-        copy_rows(dOc, hs, dOh + q0 * C, C, nq, hs);
-        copy_rows(Qc, hs, Qh + q0 * C3, C3, nq, hs);
-        gemm_f32(nk, hsi, nq, S, 1, ldk, dOc, hs, dV, hs, true);   // dV += P^T dO
-        gemm_f32(nk, hsi, nq, dP, 1, ldk, Qc, hs, dK, hs, true);   // dK += dS^T Q
-        // dq += dS (K / sqrt(hs)) straight into dqkv, under the query tile's lock.
-        const int64_t lock_id = bh * nTq + q0 / d.Br;
-        locks.lock(lock_id);
-        gemm_f32(nq, hsi, nk, dP, ldk, 1, Kc, hs, dqkv + (b * T + q0) * C3 + h * hs, C3, true);
-        locks.unlock(lock_id);
-      }
-      for (int r = 0; r < nk; ++r) {
-        float* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
-        float* dv = dk + C;
-        for (int64_t e = 0; e < hs; ++e) {
-          dk[e] = scale * dK[r * hs + e];
-          dv[e] = dV[r * hs + e];
+        // Query tiles from the one holding the tile's first key to the end.
+        for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
+          const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+          for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
+          gemm_f32(nq, nkp, hsi, Qh + q0 * C3, C3, 1, Kt, ldk, S, ldk, false);   // S = Q K^T
+          gemm_f32(nq, nkp, hsi, dOh + q0 * C, C, 1, Vt, ldk, dP, ldk, false);   // dP = dO V^T
+          probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
+          copy_rows(dOc, hs, dOh + q0 * C, C, nq, hs);
+          copy_rows(Qc, hs, Qh + q0 * C3, C3, nq, hs);
+          gemm_f32(nk, hsi, nq, S, 1, ldk, dOc, hs, dV, hs, true);   // dV += P^T dO
+          gemm_f32(nk, hsi, nq, dP, 1, ldk, Qc, hs, dK, hs, true);   // dK += dS^T Q
+          gemm_f32(nq, hsi, nk, dP, ldk, 1, Kc, hs, dq + q0 * ldd, ldd, true);  // dq += dS K
         }
+        for (int r = 0; r < nk; ++r) {
+          float* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
+          float* dv = dk + C;
+          for (int64_t e = 0; e < hs; ++e) {
+            dk[e] = scale * dK[r * hs + e];
+            dv[e] = dV[r * hs + e];
+          }
+        }
+      }
+    }
+  }
+
+  // dq = group 0 + group 1 + ..., in group order.
+  if (groups > 1) {
+#pragma omp parallel for num_threads(nthreads)
+    for (int64_t bt = 0; bt < d.B * T; ++bt) {
+      float* dq = dqkv + bt * C3;
+      for (int g = 1; g < groups; ++g) {
+        const float* src = dq_buf(g) + bt * C;
+        for (int64_t e = 0; e < C; ++e) dq[e] += src[e];
       }
     }
   }
