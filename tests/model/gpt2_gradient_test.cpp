@@ -61,7 +61,9 @@ double reference_loss(const GPT2Config& c, const ParamLayout& layout, const std:
   return sum / N;
 }
 
-TEST(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
+class GPT2Gradient : public ::testing::TestWithParam<AttentionKind> {};
+
+TEST_P(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
   GPT2Config c = GPT2Config::preset("gpt2-tiny");
   c.vocab_size = 300;  // not a multiple of 64: padded rows must stay out of it
   c.finalize();
@@ -77,7 +79,9 @@ TEST(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
     int64_t n = p.role == ParamRole::token_embedding ? int64_t{c.vocab_size} * c.d_model : p.numel;
     for (int64_t i = 0; i < n; ++i) v[i] += noise(rng);
   }
-  gpt.reserve(B, T);
+  ActivationOptions options;
+  options.attention = GetParam();
+  gpt.reserve(B, T, options);
   Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "tokens");
   Tensor targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "targets");
   std::vector<int32_t> tok(B * T), tgt(B * T);
@@ -118,6 +122,10 @@ TEST(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
   }
   std::printf("worst relative gradient error against finite differences: %.2e\n", worst);
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, GPT2Gradient,
+                         ::testing::Values(AttentionKind::flash, AttentionKind::plain),
+                         [](const auto& info) { return std::string(attention_kind_name(info.param)); });
 
 }  // namespace
 }  // namespace memfit

@@ -29,7 +29,7 @@ double rel_error(const Tensor& got, const Tensor& want) {
   return ref == 0 ? std::sqrt(diff) : std::sqrt(diff / ref);
 }
 
-class GPT2Reference : public ::testing::Test {
+class GPT2Reference : public ::testing::TestWithParam<AttentionKind> {
  protected:
   void SetUp() override {
     const auto& meta = file.metadata();
@@ -63,10 +63,12 @@ class GPT2Reference : public ::testing::Test {
   float lr = 0;
 };
 
-TEST_F(GPT2Reference, LossLogitsGradientsAndThreeAdamWStepsMatchPyTorch) {
+TEST_P(GPT2Reference, LossLogitsGradientsAndThreeAdamWStepsMatchPyTorch) {
   GPT2 gpt(config, pool);
   for (const ParamInfo& p : gpt.layout().params()) file.read("param." + p.name, gpt.param(p.name));
-  gpt.reserve(B, T);
+  ActivationOptions options;
+  options.attention = GetParam();
+  gpt.reserve(B, T, options);
   Tensor tokens = load("tokens", {B, T}, DType::i32), targets = load("targets", {B, T}, DType::i32);
   Tensor losses = load("losses", {steps});
 
@@ -98,6 +100,10 @@ TEST_F(GPT2Reference, LossLogitsGradientsAndThreeAdamWStepsMatchPyTorch) {
   std::printf("worst relative error: gradient %.2e, parameter after %d steps %.2e\n", worst_grad,
               steps, worst_param);
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, GPT2Reference,
+                         ::testing::Values(AttentionKind::flash, AttentionKind::plain),
+                         [](const auto& info) { return std::string(attention_kind_name(info.param)); });
 
 }  // namespace
 }  // namespace memfit

@@ -57,6 +57,20 @@ TEST(GPT2, PoolHoldsExactlyParamsGradsAndThePlan) {
   EXPECT_EQ(pool.bytes_peak(), before) << "a training step allocated outside the plan";
 }
 
+TEST(GPT2, FlashAttentionSavesOneValuePerQueryRowInsteadOfTheScores) {
+  GPT2Config c = GPT2Config::preset("gpt2");
+  ActivationOptions flash, plain;
+  plain.attention = AttentionKind::plain;
+  const int B = 1, T = 1024;
+  size_t f = plan_bytes(gpt2_activation_plan(c, B, T, flash), Category::activations);
+  size_t p = plan_bytes(gpt2_activation_plan(c, B, T, plain), Category::activations);
+  // plain keeps (B, NH, T, T) floats per layer, flash (B, NH, T)
+  const size_t scores = size_t{4} * c.n_layer * c.n_head * B * T * T;
+  const size_t lse = size_t{4} * c.n_layer * c.n_head * B * T;
+  EXPECT_NEAR(double(p - f), double(scores - lse), 64.0 * c.n_layer);
+  EXPECT_THROW(attention_kind_from_name("fast"), ConfigError);
+}
+
 TEST(GPT2, InitialLossIsNearLogVocab) {
   MemoryPool pool;
   GPT2Config c = odd_config();

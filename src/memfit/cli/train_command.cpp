@@ -78,6 +78,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--log", c.log_file, "JSON-lines log, one line per step");
   cmd->add_option("--shuffle", c.shuffle, "Visit windows in a seeded random order")
       ->capture_default_str();
+  cmd->add_option("--attention", c.attention,
+                  "flash (tiled, O(T) saved per head) | plain (saves the T x T probabilities)")
+      ->capture_default_str();
   cmd->add_option("--stop-after", c.stop_after,
                   "Stop after this step as if interrupted (the schedule still spans --steps)");
   cmd->callback([cmd, cfg, config_file] {

@@ -4,10 +4,22 @@
 
 #include <algorithm>
 
+#include "memfit/core/error.h"
 #include "memfit/kernels/cpu/attention.h"
+#include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit {
+
+AttentionKind attention_kind_from_name(std::string_view name) {
+  if (name == "flash") return AttentionKind::flash;
+  if (name == "plain") return AttentionKind::plain;
+  MEMFIT_THROW(ConfigError, "config", "--attention must be flash or plain, got '{}'", name);
+}
+
+std::string_view attention_kind_name(AttentionKind kind) {
+  return kind == AttentionKind::flash ? "flash" : "plain";
+}
 
 size_t BufferSpec::bytes() const {
   return MemoryPool::round_up(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
@@ -34,7 +46,10 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
     add(t("ln_1.mean"), {N}, act);
     add(t("ln_1.rstd"), {N}, act);
     add(t("qkv"), {B, T, 3 * C}, act);
-    add(t("att"), {B, NH, T, T}, act);
+    if (options.attention == AttentionKind::flash)
+      add(t("lse"), {B, NH, T}, act);
+    else
+      add(t("att"), {B, NH, T, T}, act);
     add(t("atty"), {B, T, C}, act);
     add(t("residual_2"), {B, T, C}, act);
     add(t("ln_2"), {B, T, C}, act);
@@ -55,8 +70,16 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
   add("ws.gelu", {B, T, 4 * C}, ws);
   add("ws.d4C", {B, T, 4 * C}, ws);
   add("ws.dqkv", {B, T, 3 * C}, ws);
-  size_t att_ws = kernels::attention_backward_workspace_bytes(B, T, C, c.n_head);
-  add("ws.attention", {static_cast<int64_t>((att_ws + 3) / 4)}, ws);
+  auto floats = [](size_t bytes) { return static_cast<int64_t>((bytes + 3) / 4); };
+  if (options.attention == AttentionKind::flash) {
+    add("ws.attention", {floats(kernels::flash_attention_backward_workspace_bytes(B, T, C, c.n_head))},
+        ws);
+    add("ws.attention_fwd",
+        {floats(kernels::flash_attention_forward_workspace_bytes(B, T, C, c.n_head))}, ws);
+  } else {
+    add("ws.attention", {floats(kernels::attention_backward_workspace_bytes(B, T, C, c.n_head))},
+        ws);
+  }
   return plan;
 }
 

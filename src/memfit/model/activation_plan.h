@@ -4,7 +4,9 @@
 // and the planner sums exactly this list, so prediction and reality share one source of truth.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "memfit/core/dtype.h"
@@ -22,8 +24,16 @@ struct BufferSpec {
   size_t bytes() const;  // as the pool accounts it (rounded to its alignment)
 };
 
+enum class AttentionKind : uint8_t {
+  flash,  // tiled, saves one log-sum-exp per query row (Note [Flash attention])
+  plain,  // saves the (T, T) probabilities of every head
+};
+AttentionKind attention_kind_from_name(std::string_view name);  // ConfigError if unknown
+std::string_view attention_kind_name(AttentionKind kind);
+
 struct ActivationOptions {
   int lm_head_chunk = 256;  // rows of logits computed at a time (see Note [Fused LM head])
+  AttentionKind attention = AttentionKind::flash;
 };
 
 std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& config, int B, int T,

@@ -8,6 +8,7 @@
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
+#include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
 #include "memfit/kernels/cpu/matmul.h"
@@ -55,12 +56,15 @@ void GPT2::reserve(int B, int T, const ActivationOptions& options) {
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "gpt2",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
-  if (B == B_ && T == T_) return;
+  if (B == B_ && T == T_ && options.lm_head_chunk == options_.lm_head_chunk &&
+      options.attention == options_.attention)
+    return;
   buffers_.clear();
   for (const BufferSpec& b : gpt2_activation_plan(config_, B, T, options))
     buffers_.emplace(b.tag, Tensor::empty(pool_, b.shape, b.dtype, b.category, b.tag));
   B_ = B;
   T_ = T;
+  options_ = options;
   backward_ready_ = false;
 }
 
@@ -86,7 +90,7 @@ void GPT2::forward_blocks(const Tensor& tokens) {
   for (int l = 0; l < config_.n_layer; ++l) {
     auto a = [&](const char* what) { return buf(fmt::format("h.{}.{}", l, what)); };
     Tensor ln1 = a("ln_1"), ln1m = a("ln_1.mean"), ln1r = a("ln_1.rstd");
-    Tensor qkv = a("qkv"), att = a("att"), atty = a("atty"), r2 = a("residual_2");
+    Tensor qkv = a("qkv"), atty = a("atty"), r2 = a("residual_2");
     Tensor ln2 = a("ln_2"), ln2m = a("ln_2.mean"), ln2r = a("ln_2.rstd");
     Tensor fch = a("fch"), r3 = a("residual_3");
     // Forward scratch: the workspace buffers are free until the LM head and backward.
@@ -94,7 +98,13 @@ void GPT2::forward_blocks(const Tensor& tokens) {
 
     layernorm_forward(ln1, ln1m, ln1r, x, p(l, "ln_1.weight"), p(l, "ln_1.bias"));
     matmul_forward(qkv, ln1, p(l, "attn.c_attn.weight"), p(l, "attn.c_attn.bias"));
-    attention_forward(atty, att, qkv, config_.n_head);
+    if (options_.attention == AttentionKind::flash) {
+      Tensor lse = a("lse"), ws = buf("ws.attention_fwd");
+      flash_attention_forward(atty, lse, qkv, ws, config_.n_head);
+    } else {
+      Tensor att = a("att");
+      attention_forward(atty, att, qkv, config_.n_head);
+    }
     matmul_forward(proj, atty, p(l, "attn.c_proj.weight"), p(l, "attn.c_proj.bias"));
     residual_forward(r2, x, proj);
     layernorm_forward(ln2, ln2m, ln2r, r2, p(l, "ln_2.weight"), p(l, "ln_2.bias"));
@@ -193,7 +203,10 @@ void GPT2::backward() {
     // Attention: dres is now d(residual_2) and flows on to x.
     Tensor dwap = g(l, "attn.c_proj.weight"), dbap = g(l, "attn.c_proj.bias");
     matmul_backward(dC, dwap, dbap, dres, atty, p(l, "attn.c_proj.weight"));
-    attention_backward(dqkv, dC, a("qkv"), a("att"), att_ws, config_.n_head);
+    if (options_.attention == AttentionKind::flash)
+      flash_attention_backward(dqkv, dC, a("qkv"), atty, a("lse"), att_ws, config_.n_head);
+    else
+      attention_backward(dqkv, dC, a("qkv"), a("att"), att_ws, config_.n_head);
     Tensor dwqkv = g(l, "attn.c_attn.weight"), dbqkv = g(l, "attn.c_attn.bias");
     matmul_backward(dC, dwqkv, dbqkv, dqkv, ln1, p(l, "attn.c_attn.weight"));
     Tensor dln1w = g(l, "ln_1.weight"), dln1b = g(l, "ln_1.bias");

@@ -36,6 +36,7 @@ class GPT2 {
   void reserve(int B, int T, const ActivationOptions& options = {});
   int batch() const { return B_; }
   int seq_len() const { return T_; }
+  AttentionKind attention() const { return options_.attention; }
 
   // Mean cross-entropy of predicting targets (B,T) from tokens (B,T), both i32 in [0, vocab).
   // With `training`, also runs the LM head's backward as it goes (Note [Fused LM head]): the
@@ -62,6 +63,7 @@ class GPT2 {
   ParamLayout layout_;
   Tensor params_, grads_;
   int B_ = 0, T_ = 0;
+  ActivationOptions options_;
   std::map<std::string, Tensor> buffers_;
   bool backward_ready_ = false;
 };

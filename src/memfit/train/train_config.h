@@ -35,6 +35,7 @@ struct TrainConfig {
   std::string init_from;
   std::string log_file;  // JSON lines
   bool shuffle = true;
+  std::string attention = "flash";  // flash | plain
   // Stop after this step as if interrupted (0: run all `steps`); the schedule still spans
   // `steps`. Lets a run be split into sessions with --save and --resume.
   int64_t stop_after = 0;

@@ -17,6 +17,7 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/io/gpt2_checkpoint.h"
 #include "memfit/io/gpt2_hf_config.h"
+#include "memfit/model/activation_plan.h"
 #include "memfit/model/gpt2.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/progress.h"
@@ -46,6 +47,7 @@ void validate(const TrainConfig& c) {
           "unset when --resume is given (resume restores the weights)");
   c.schedule.validate();
   check_optim_config(c.optim);
+  attention_kind_from_name(c.attention);
 }
 
 // What a resumed run must agree with, and where it stands. No random numbers are drawn during
@@ -62,6 +64,7 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
           {"steps", c.steps},
           {"shuffle", c.shuffle},
           {"optim", c.optim.name},
+          {"attention", c.attention},
           {"schedule",
            {{"kind", c.schedule.kind},
             {"lr", c.schedule.lr},
@@ -88,6 +91,7 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
   same("shuffle", c.shuffle);
   same("optim", c.optim.name);
   same("steps", c.steps);
+  same("attention", c.attention);
 }
 
 double unigram_entropy(const io::DataLoader& loader, int vocab) {
@@ -158,7 +162,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
   } else {
     gpt.init_weights(cfg.seed);
   }
-  gpt.reserve(B, T);
+  ActivationOptions act;
+  act.attention = attention_kind_from_name(cfg.attention);
+  gpt.reserve(B, T, act);
 
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;
