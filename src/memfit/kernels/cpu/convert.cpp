@@ -23,7 +23,7 @@ void expect_float(const Tensor& t, std::string_view op, std::string_view name) {
   MEMFIT_CHECK_SHAPE(t.is_contiguous(), op, "{} {} must be contiguous", name, t.shape());
 }
 
-#if defined(MEMFIT_HALF_VEC)
+#if defined(__AVX512F__)
 // The vector form of sr_bits for 16 consecutive indices lo, lo + 1, ... under one key.
 inline __m512i sr_bits16(__m512i key, uint32_t lo) {
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -47,7 +47,7 @@ inline __m512i bf16_stochastic_bits(__m512 v, __m512i random) {
 void stochastic_range(uint16_t* dst, const float* src, int64_t begin, int64_t end, uint64_t seed,
                       uint64_t index0) {
   int64_t i = begin;
-#if defined(MEMFIT_HALF_VEC)
+#if defined(__AVX512F__)
   for (; i < end; i += 16) {
     const int64_t n = end - i < 16 ? end - i : 16;
     const uint64_t first = index0 + static_cast<uint64_t>(i), last = first + n - 1;
@@ -72,7 +72,7 @@ bool finite_range(const Storage<D>* x, int64_t begin, int64_t end) {
   int64_t i = begin;
   if constexpr (D == DType::f32) {
     const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
-#if defined(MEMFIT_HALF_VEC)
+#if defined(__AVX512F__)
     const __m512i e = _mm512_set1_epi32(0x7f800000);
     __mmask16 bad = 0;
     for (; i + 16 <= end; i += 16)
@@ -88,7 +88,7 @@ bool finite_range(const Storage<D>* x, int64_t begin, int64_t end) {
       if ((u[i] & 0x7f800000u) == 0x7f800000u) return false;
   } else {
     const uint16_t e = D == DType::bf16 ? 0x7f80 : 0x7c00;
-#if defined(MEMFIT_HALF_VEC)
+#if defined(__AVX512F__)
     const __m512i ev = _mm512_set1_epi16(static_cast<short>(e));
     __mmask32 bad = 0;
     for (; i + 32 <= end; i += 32)

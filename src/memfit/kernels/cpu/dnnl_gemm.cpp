@@ -69,6 +69,7 @@ dt to_dnnl(DType t) {
   switch (t) {
     case DType::f32: return dt::f32;
     case DType::bf16: return dt::bf16;
+    case DType::f16: return dt::f16;  // oneDNN 2.6 builds no CPU f16 matmul; it says so
     default: MEMFIT_THROW(DTypeError, "matmul", "no GEMM for {} operands", dtype_name(t));
   }
 }

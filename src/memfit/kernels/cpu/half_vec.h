@@ -13,10 +13,10 @@
 #include "memfit/core/dtype.h"
 #include "memfit/kernels/cpu/vec_math.h"  // <immintrin.h> behind GCC 12's warning workaround
 
-// The vector half paths need AVX-512 BW and VL for 16-bit masked loads and stores (every
-// AVX-512 server core has them); without them the kernels use the scalar paths.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define MEMFIT_HALF_VEC 1
+// The 16-lane half loads and stores need AVX-512 BW and VL (16-bit masked moves) beside F;
+// every AVX-512 core since Skylake-SP has all three, so the kernels' AVX-512 paths assume them.
+#if defined(__AVX512F__) && !(defined(__AVX512BW__) && defined(__AVX512VL__))
+#error "memfit's AVX-512 kernels need AVX512BW and AVX512VL as well as AVX512F"
 #endif
 
 namespace memfit::kernels::half {
@@ -55,7 +55,7 @@ inline bool is_float_type(DType t) {
 }
 inline bool is_half_type(DType t) { return t == DType::bf16 || t == DType::f16; }
 
-#if defined(MEMFIT_HALF_VEC)
+#if defined(__AVX512F__)
 
 // bf16 bits (in the low half of each 32-bit lane) of 16 floats, rounded to nearest even; NaN
 // becomes a quiet NaN as in bf16_from_f32.
@@ -104,13 +104,13 @@ inline void mask_store16(Storage<D>* p, __mmask16 m, __m512 v) {
   else _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-#endif  // MEMFIT_HALF_VEC
+#endif  // __AVX512F__
 
 // dst[i] = src[i] for i < n, widening or rounding as the types say. One thread.
 template <DType S, DType D>
 inline void convert_n(Storage<D>* dst, const Storage<S>* src, int64_t n) {
   int64_t i = 0;
-#if defined(MEMFIT_HALF_VEC)
+#if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) store16<D>(dst + i, load16<S>(src + i));
   if (i < n) {
     const __mmask16 m = vec::tail_mask(n - i);

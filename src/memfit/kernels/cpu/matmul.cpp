@@ -53,7 +53,7 @@ void column_sum_accumulate_bf16(float* dbias, const uint16_t* dout, int64_t R, i
     alignas(64) float acc[kBlock] = {};
     for (int64_t r = 0; r < R; ++r) {
       const uint16_t* row = dout + r * N + j0;
-#if defined(MEMFIT_HALF_VEC)
+#if defined(__AVX512F__)
       for (int64_t j = 0; j < w; j += 16) {
         const __mmask16 m = vec::tail_mask(w - j);
         _mm512_store_ps(acc + j, _mm512_add_ps(_mm512_load_ps(acc + j),
