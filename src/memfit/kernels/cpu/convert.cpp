@@ -23,26 +23,6 @@ void expect_float(const Tensor& t, std::string_view op, std::string_view name) {
   MEMFIT_CHECK_SHAPE(t.is_contiguous(), op, "{} {} must be contiguous", name, t.shape());
 }
 
-#if defined(__AVX512F__)
-// The vector form of sr_bits for 16 consecutive indices lo, lo + 1, ... under one key.
-inline __m512i sr_bits16(__m512i key, uint32_t lo) {
-  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512i x = _mm512_xor_si512(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo)), iota), key);
-  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
-  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
-  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
-  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-}
-
-inline __m512i bf16_stochastic_bits(__m512 v, __m512i random) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_srli_epi32(random, 16)), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-}
-#endif
-
 // Elements [begin, end) of a stochastic conversion; global index of element i is index0 + i.
 void stochastic_range(uint16_t* dst, const float* src, int64_t begin, int64_t end, uint64_t seed,
                       uint64_t index0) {
@@ -54,8 +34,8 @@ void stochastic_range(uint16_t* dst, const float* src, int64_t begin, int64_t en
     if ((first >> 32) != (last >> 32)) break;  // 16 lanes across a 2^32 boundary: scalar
     const __mmask16 m = vec::tail_mask(n);
     const __m512i key = _mm512_set1_epi32(static_cast<int>(sr_key(seed, first >> 32)));
-    const __m512i bits = bf16_stochastic_bits(_mm512_maskz_loadu_ps(m, src + i),
-                                              sr_bits16(key, static_cast<uint32_t>(first)));
+    const __m512i bits = half::bf16_stochastic_bits(
+        _mm512_maskz_loadu_ps(m, src + i), half::sr_bits16(key, static_cast<uint32_t>(first)));
     _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, bits);
   }
 #endif

@@ -104,6 +104,27 @@ inline void mask_store16(Storage<D>* p, __mmask16 m, __m512 v) {
   else _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+// Stochastic rounding (convert.h defines it element by element): sr_bits for the 16
+// consecutive indices lo, lo + 1, ... under one key (the caller keeps them below 2^32 apart
+// from the key's high part), and the bf16 bits of v rounded with those random bits.
+inline __m512i sr_bits16(__m512i key, uint32_t lo) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i x =
+      _mm512_xor_si512(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo)), iota), key);
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+inline __m512i bf16_stochastic_bits(__m512 v, __m512i random) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_srli_epi32(random, 16)), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
 #endif  // __AVX512F__
 
 // dst[i] = src[i] for i < n, widening or rounding as the types say. One thread.
