@@ -40,8 +40,8 @@ void BM_Matmul_Bf16Forward(benchmark::State& state) {
     matmul_forward(out, inp, w, bias);
     benchmark::DoNotOptimize(out.raw_data());
   }
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * R * IC * OC * state.iterations(),
-                                                benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
 }
 
 // dinp (f32) = dout @ w, dweight (f32) += dout^T @ inp, dbias (f32) += column sums.
@@ -54,14 +54,14 @@ void BM_Matmul_Bf16Backward(benchmark::State& state) {
   Tensor dout = filled(pool, {R, OC}, t, Category::activations, "dout");
   Tensor dinp = Tensor::empty(pool, {R, IC}, DType::f32, Category::activations, "dinp");
   Tensor dw = Tensor::empty(pool, {OC, IC}, DType::f32, Category::grads, "dw");
-  Tensor db = state.range(3) ? Tensor::empty(pool, {OC}, DType::f32, Category::grads, "db")
-                             : Tensor();
+  Tensor db =
+      state.range(3) ? Tensor::empty(pool, {OC}, DType::f32, Category::grads, "db") : Tensor();
   for (auto _ : state) {
     matmul_backward(dinp, dw, db, dout, inp, w);
     benchmark::DoNotOptimize(dw.raw_data());
   }
-  state.counters["FLOP/s"] = benchmark::Counter(4.0 * R * IC * OC * state.iterations(),
-                                                benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(4.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
 }
 
 // The bare oneDNN rate on a square product (out = a @ b^T through matmul_forward, no bias).
@@ -84,11 +84,11 @@ void BM_Matmul_Bf16Gemm(benchmark::State& state) {
 void gpt2_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"R", "IC", "OC", "bias", "bf16"});
   for (int64_t bf16 : {0, 1}) {
-    b->Args({2048, 768, 2304, 1, bf16});   // attention qkv
-    b->Args({2048, 768, 768, 1, bf16});    // attention projection
-    b->Args({2048, 768, 3072, 1, bf16});   // MLP up
-    b->Args({2048, 3072, 768, 1, bf16});   // MLP down
-    b->Args({256, 768, 50304, 0, bf16});   // LM head, one chunk of rows
+    b->Args({2048, 768, 2304, 1, bf16});  // attention qkv
+    b->Args({2048, 768, 768, 1, bf16});   // attention projection
+    b->Args({2048, 768, 3072, 1, bf16});  // MLP up
+    b->Args({2048, 3072, 768, 1, bf16});  // MLP down
+    b->Args({256, 768, 50304, 0, bf16});  // LM head, one chunk of rows
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

@@ -86,7 +86,8 @@ TEST(AdamWStochastic, ReproducibleBySeedAndSplit) {
   // split: update elements [0, 1000) and [1000, n) in two calls, each given its offset.
   auto run = [&](uint64_t seed, int64_t t, bool split, int64_t cut = 1000) {
     Tensor param = random_any(pool, {n}, DType::bf16, 2);
-    Tensor grad = random_tensor(pool, {n}, 3), m = make_tensor(pool, {n}), v = make_tensor(pool, {n});
+    Tensor grad = random_tensor(pool, {n}, 3), m = make_tensor(pool, {n}),
+           v = make_tensor(pool, {n});
     if (!split) {
       adamw_update_stochastic(param, grad, m, v, kHyper, t, 1.0f, seed);
       return param;
@@ -137,12 +138,12 @@ TEST(AdamWMixedErrors, DTypesAndCounts) {
   Tensor p = make_tensor(pool, {16}), g = make_tensor(pool, {16}), m = make_tensor(pool, {16}),
          v = make_tensor(pool, {16});
   Tensor w32 = make_tensor(pool, {16}), w_bf = make_tensor(pool, {15}, DType::bf16);
-  EXPECT_TRUE(throws_with<DTypeError>(
-      [&] { adamw_update_master(p, w32, g, m, v, AdamWHyper{}, 1); },
-      {"[adamw_update_master]", "working", "bf16 or f16", "f32"}));
-  EXPECT_TRUE(throws_with<ShapeError>(
-      [&] { adamw_update_master(p, w_bf, g, m, v, AdamWHyper{}, 1); },
-      {"[adamw_update_master]", "working", "(15,)", "(16,)"}));
+  EXPECT_TRUE(
+      throws_with<DTypeError>([&] { adamw_update_master(p, w32, g, m, v, AdamWHyper{}, 1); },
+                              {"[adamw_update_master]", "working", "bf16 or f16", "f32"}));
+  EXPECT_TRUE(
+      throws_with<ShapeError>([&] { adamw_update_master(p, w_bf, g, m, v, AdamWHyper{}, 1); },
+                              {"[adamw_update_master]", "working", "(15,)", "(16,)"}));
   EXPECT_TRUE(throws_with<DTypeError>(
       [&] { adamw_update_stochastic(p, g, m, v, AdamWHyper{}, 1, 1.0f, 0); },
       {"[adamw_update_stochastic]", "param", "bf16", "f32"}));

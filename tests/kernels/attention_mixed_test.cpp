@@ -105,8 +105,8 @@ TEST(AttentionMixed, BackwardMixesDoutAndDqkvTypes) {
     attention_forward(out, att, qkv, fws, NH);
     Tensor dout = random_any(pool, {B, T, C}, gt, 2);
     Tensor dqkv = make_tensor(pool, {B, T, 3 * C}, dt);
-    Tensor ws = workspace(pool, attention_backward_workspace_bytes(B, T, C, NH, DType::bf16,
-                                                                   DType::bf16, gt, dt));
+    Tensor ws = workspace(
+        pool, attention_backward_workspace_bytes(B, T, C, NH, DType::bf16, DType::bf16, gt, dt));
     attention_backward(dqkv, dout, qkv, att, ws, NH);
     Tensor d32 = make_tensor(pool, {B, T, 3 * C});
     Tensor ws32 = workspace(pool, attention_backward_workspace_bytes(B, T, C, NH));

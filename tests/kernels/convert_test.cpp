@@ -26,8 +26,8 @@ float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
 
 TEST(Bf16, RoundsToNearestTiesToEven) {
   EXPECT_EQ(bf16_from_f32(1.0f), 0x3f80);
-  EXPECT_EQ(bf16_from_f32(1.0f + 0x1p-8f), 0x3f80);          // tie, down to even
-  EXPECT_EQ(bf16_from_f32(1.0f + 3 * 0x1p-8f), 0x3f82);      // tie, up to even
+  EXPECT_EQ(bf16_from_f32(1.0f + 0x1p-8f), 0x3f80);             // tie, down to even
+  EXPECT_EQ(bf16_from_f32(1.0f + 3 * 0x1p-8f), 0x3f82);         // tie, up to even
   EXPECT_EQ(bf16_from_f32(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // just above the tie
   EXPECT_EQ(bf16_from_f32(-1.0f - 0x1p-8f), 0xbf80);
   // Subnormals round like everything else (vcvtneps2bf16 would flush them to zero).
@@ -43,11 +43,11 @@ TEST(Bf16, RoundsToNearestTiesToEven) {
 
 TEST(F16, RoundsToNearestTiesToEven) {
   EXPECT_EQ(f16_from_f32(1.0f), 0x3c00);
-  EXPECT_EQ(f16_from_f32(1.0f + 0x1p-11f), 0x3c00);       // tie, down to even
-  EXPECT_EQ(f16_from_f32(1.0f + 3 * 0x1p-11f), 0x3c02);   // tie, up to even
-  EXPECT_EQ(f16_from_f32(65504.0f), 0x7bff);               // largest finite
+  EXPECT_EQ(f16_from_f32(1.0f + 0x1p-11f), 0x3c00);      // tie, down to even
+  EXPECT_EQ(f16_from_f32(1.0f + 3 * 0x1p-11f), 0x3c02);  // tie, up to even
+  EXPECT_EQ(f16_from_f32(65504.0f), 0x7bff);             // largest finite
   EXPECT_EQ(f16_from_f32(65519.99f), 0x7bff);
-  EXPECT_EQ(f16_from_f32(65520.0f), 0x7c00);               // the midpoint overflows to inf
+  EXPECT_EQ(f16_from_f32(65520.0f), 0x7c00);  // the midpoint overflows to inf
   EXPECT_EQ(f16_from_f32(1e5f), 0x7c00);
   EXPECT_EQ(f16_from_f32(-1e30f), 0xfc00);
   EXPECT_EQ(f16_from_f32(std::numeric_limits<float>::infinity()), 0x7c00);
@@ -218,8 +218,8 @@ TEST(StochasticRounding, IsDeterministicBySeedAndIndex) {
   const auto* got = static_cast<const uint16_t*>(d.raw_data());
   for (int64_t i = 0; i < 64; ++i) {
     const uint64_t idx = base + static_cast<uint64_t>(i);
-    const uint32_t r = sr_bits(sr_key(99, static_cast<uint32_t>(idx >> 32)),
-                               static_cast<uint32_t>(idx));
+    const uint32_t r =
+        sr_bits(sr_key(99, static_cast<uint32_t>(idx >> 32)), static_cast<uint32_t>(idx));
     ASSERT_EQ(got[i], bf16_from_f32_stochastic(static_cast<float>(v[i]), r)) << i;
   }
 }

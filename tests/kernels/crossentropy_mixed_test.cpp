@@ -24,8 +24,8 @@ struct CeCase {
 
 TEST(CrossEntropyMixed, HalfGradientIsTheF32GradientRounded) {
   MemoryPool pool;
-  for (const auto& [R, Vp, V] : {CeCase{1, 1, 1}, CeCase{3, 40, 37}, CeCase{4, 1024, 1000},
-                                 CeCase{2, 50304, 50257}}) {
+  for (const auto& [R, Vp, V] :
+       {CeCase{1, 1, 1}, CeCase{3, 40, 37}, CeCase{4, 1024, 1000}, CeCase{2, 50304, 50257}}) {
     std::vector<double> x = random_values(R * Vp, 21, -8, 8);
     for (int64_t r = 0; r < R; ++r)  // padding must neither win the max nor reach the sum
       for (int64_t i = V; i < Vp; ++i) x[r * Vp + i] = std::numeric_limits<double>::quiet_NaN();
@@ -63,7 +63,8 @@ TEST(CrossEntropyMixed, DTypeErrors) {
   EXPECT_TRUE(throws_with<DTypeError>(
       [&] { crossentropy_forward_backward(losses, d_i, logits, targets, 16, 1.0f); },
       {"[crossentropy_forward_backward]", "dlogits", "i32"}));
-  Tensor logits_bf = make_tensor(pool, {4, 16}, DType::bf16), d = make_tensor(pool, {4, 16}, DType::bf16);
+  Tensor logits_bf = make_tensor(pool, {4, 16}, DType::bf16),
+         d = make_tensor(pool, {4, 16}, DType::bf16);
   EXPECT_TRUE(throws_with<DTypeError>(
       [&] { crossentropy_forward_backward(losses, d, logits_bf, targets, 16, 1.0f); },
       {"[crossentropy_forward_backward]", "logits", "f32", "bf16"}));
@@ -83,7 +84,8 @@ TEST(EmbeddingMixed, HalfTablesActAsTheirF32Values) {
     for (DType pt : {DType::f32, DType::bf16, DType::f16}) {
       SCOPED_TRACE(fmt::format("wte {} wpe {}", dtype_name(et), dtype_name(pt)));
       std::vector<double> e, p;
-      Tensor wte = random_any(pool, {V, C}, et, 51, &e), wpe = random_any(pool, {maxT, C}, pt, 52, &p);
+      Tensor wte = random_any(pool, {V, C}, et, 51, &e),
+             wpe = random_any(pool, {maxT, C}, pt, 52, &p);
       Tensor wte32 = make_tensor(pool, {V, C}), wpe32 = make_tensor(pool, {maxT, C});
       copy_in(wte32, e);
       copy_in(wpe32, p);
@@ -96,7 +98,8 @@ TEST(EmbeddingMixed, HalfTablesActAsTheirF32Values) {
       EXPECT_TRUE(all_close(to_doubles(out), want, 6e-8, 0));
     }
   }
-  Tensor wte = make_tensor(pool, {V, C}, DType::bf16), wpe = make_tensor(pool, {maxT, C}, DType::i8);
+  Tensor wte = make_tensor(pool, {V, C}, DType::bf16),
+         wpe = make_tensor(pool, {maxT, C}, DType::i8);
   Tensor out_bf = make_tensor(pool, {B, T, C}, DType::bf16), out = make_tensor(pool, {B, T, C});
   EXPECT_TRUE(throws_with<DTypeError>([&] { embedding_forward(out, tokens, wte, wpe); },
                                       {"[embedding_forward]", "wpe", "i8"}));

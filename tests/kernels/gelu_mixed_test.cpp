@@ -79,8 +79,8 @@ TEST(GeluMixed, IntegerTensorsAreDTypeErrors) {
   Tensor i32 = make_tensor(pool, {64}, DType::i32);
   EXPECT_TRUE(throws_with<DTypeError>([&] { gelu_backward(g32, inp, i32); },
                                       {"[gelu_backward]", "dout", "i32"}));
-  EXPECT_TRUE(throws_with<DTypeError>([&] { gelu_forward(i32, inp); },
-                                      {"[gelu_forward]", "out", "i32"}));
+  EXPECT_TRUE(
+      throws_with<DTypeError>([&] { gelu_forward(i32, inp); }, {"[gelu_forward]", "out", "i32"}));
 }
 
 }  // namespace

@@ -59,14 +59,16 @@ TEST(LayerNormMixed, HalfWeightsActAsTheirF32Values) {
       Tensor weight32 = make_tensor(pool, {C}), bias32 = make_tensor(pool, {C});
       copy_in(weight32, w);
       copy_in(bias32, b);
-      Tensor out = make_tensor(pool, shape, DType::bf16), out32 = make_tensor(pool, shape, DType::bf16);
+      Tensor out = make_tensor(pool, shape, DType::bf16),
+             out32 = make_tensor(pool, shape, DType::bf16);
       Tensor mean = make_tensor(pool, {R}), rstd = make_tensor(pool, {R});
       layernorm_forward(out, mean, rstd, inp, weight, bias);
       layernorm_forward(out32, mean, rstd, inp, weight32, bias32);
       EXPECT_EQ(std::memcmp(out.raw_data(), out32.raw_data(), out.nbytes()), 0);
 
       Tensor dout = random_tensor(pool, shape, 14, &dy);
-      Tensor dinp = make_tensor(pool, shape), dw = make_tensor(pool, {C}), db = make_tensor(pool, {C});
+      Tensor dinp = make_tensor(pool, shape), dw = make_tensor(pool, {C}),
+             db = make_tensor(pool, {C});
       Tensor dinp32 = make_tensor(pool, shape), dw32 = make_tensor(pool, {C}),
              db32 = make_tensor(pool, {C});
       layernorm_backward(dinp, dw, db, dout, inp, weight, mean, rstd);

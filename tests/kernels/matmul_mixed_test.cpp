@@ -22,8 +22,8 @@ constexpr double kBf16Tol = 1e-2;
 struct LinearShape {
   int64_t R, IC, OC;
 };
-const LinearShape kShapes[] = {{1, 1, 1}, {7, 3, 5}, {5, 17, 33}, {31, 24, 65}, {64, 96, 130},
-                               {33, 384, 77}};
+const LinearShape kShapes[] = {{1, 1, 1},    {7, 3, 5},     {5, 17, 33},
+                               {31, 24, 65}, {64, 96, 130}, {33, 384, 77}};
 
 // A bf16 tensor from uniform values; `exact` gets the rounded values, `raw` the unrounded.
 Tensor bf16_tensor(MemoryPool& pool, Shape shape, uint32_t seed, std::vector<double>* exact,
@@ -40,8 +40,8 @@ TEST(MatmulBf16, ForwardMatchesReference) {
   for (const auto& [R, IC, OC] : kShapes) {
     for (DType out_type : {DType::f32, DType::bf16}) {
       for (DType bias_type : {DType::f32, DType::bf16}) {
-        SCOPED_TRACE(fmt::format("R={} IC={} OC={} out {} bias {}", R, IC, OC,
-                                 dtype_name(out_type), dtype_name(bias_type)));
+        SCOPED_TRACE(fmt::format("R={} IC={} OC={} out {} bias {}", R, IC, OC, dtype_name(out_type),
+                                 dtype_name(bias_type)));
         std::vector<double> x, x_raw, w, w_raw, b;
         Tensor inp = bf16_tensor(pool, {R, IC}, 1, &x, &x_raw);
         Tensor weight = bf16_tensor(pool, {OC, IC}, 2, &w, &w_raw);
@@ -101,8 +101,8 @@ TEST(MatmulBf16, BackwardMatchesReference) {
         if (dinp_type == DType::f32) {
           EXPECT_LT(rel_error(got, want_dinp), kAccumTol) << "dinp";
         } else {
-          EXPECT_TRUE(all_close(got, want_dinp, unit_roundoff(DType::bf16),
-                                kAccumTol * max_abs(want_dinp)))
+          EXPECT_TRUE(
+              all_close(got, want_dinp, unit_roundoff(DType::bf16), kAccumTol * max_abs(want_dinp)))
               << "dinp";
         }
         EXPECT_LT(rel_error(got, raw_dinp), kBf16Tol) << "dinp";
@@ -154,7 +154,8 @@ TEST(MatmulBf16, DTypeErrors) {
   Tensor dw = make_tensor(pool, {6, 8}), dout32 = make_tensor(pool, {4, 6});
   EXPECT_TRUE(throws_with<DTypeError>([&] { matmul_backward(none, dw, none, dout32, x, w); },
                                       {"[matmul]", "dout", "bf16", "f32", "convert"}));
-  Tensor dout = make_tensor(pool, {4, 6}, DType::bf16), dw_bf = make_tensor(pool, {6, 8}, DType::bf16);
+  Tensor dout = make_tensor(pool, {4, 6}, DType::bf16),
+         dw_bf = make_tensor(pool, {6, 8}, DType::bf16);
   EXPECT_TRUE(throws_with<DTypeError>([&] { matmul_backward(none, dw_bf, none, dout, x, w); },
                                       {"[matmul]", "dweight", "f32", "bf16"}));
   Tensor dinp16 = make_tensor(pool, {4, 8}, DType::f16);

@@ -15,9 +15,12 @@ namespace memfit::kernels::test {
 inline double round_to(DType t, double x) {
   const float f = static_cast<float>(x);
   switch (t) {
-    case DType::bf16: return f32_from_bf16(bf16_from_f32(f));
-    case DType::f16: return f32_from_f16(f16_from_f32(f));
-    default: return f;
+    case DType::bf16:
+      return f32_from_bf16(bf16_from_f32(f));
+    case DType::f16:
+      return f32_from_f16(f16_from_f32(f));
+    default:
+      return f;
   }
 }
 
@@ -49,8 +52,7 @@ inline std::vector<double> to_doubles_any(const Tensor& t) {
 // A new tensor of dtype t holding uniform values from [lo, hi) rounded to t; `values`
 // receives what the tensor holds, exactly.
 inline Tensor random_any(MemoryPool& pool, Shape shape, DType t, uint32_t seed,
-                         std::vector<double>* values = nullptr, double lo = -1.0,
-                         double hi = 1.0) {
+                         std::vector<double>* values = nullptr, double lo = -1.0, double hi = 1.0) {
   Tensor x = make_tensor(pool, shape, t);
   std::vector<double> v =
       rounded(t, random_values(static_cast<size_t>(shape.numel()), seed, lo, hi));

@@ -87,7 +87,8 @@ struct StochasticBf16Weights {
     }
     const __m512i key = _mm512_set1_epi32(static_cast<int>(sr_key(seed, first >> 32)));
     _mm512_mask_cvtepi32_storeu_epi16(
-        p + i, m, half::bf16_stochastic_bits(x, half::sr_bits16(key, static_cast<uint32_t>(first))));
+        p + i, m,
+        half::bf16_stochastic_bits(x, half::sr_bits16(key, static_cast<uint32_t>(first))));
   }
 #endif
   float load1(int64_t i) const { return f32_from_bf16(p[i]); }

@@ -114,8 +114,8 @@ struct Dims {
 // qkv (B, T, 3C) of `dtype` (any float type if none is given).
 Dims check_qkv(const Tensor& qkv, int n_head, const DType* dtype = nullptr) {
   const Shape& s = expect_any_shape(qkv, kOp, "qkv", dtype ? *dtype : qkv.dtype());
-  MEMFIT_CHECK_DTYPE(half::is_float_type(qkv.dtype()), kOp, "qkv must be f32, bf16 or f16, got {} {}",
-                     dtype_name(qkv.dtype()), s);
+  MEMFIT_CHECK_DTYPE(half::is_float_type(qkv.dtype()), kOp,
+                     "qkv must be f32, bf16 or f16, got {} {}", dtype_name(qkv.dtype()), s);
   MEMFIT_CHECK_SHAPE(s.rank() == 3 && s[2] % 3 == 0, kOp, "qkv must be (B, T, 3C), got {}", s);
   const int64_t C = s[2] / 3;
   MEMFIT_CHECK_SHAPE(n_head > 0 && C % n_head == 0, kOp,
@@ -157,7 +157,8 @@ void widen_rows(float* dst, int64_t ldd, const void* src, DType t, int64_t lds, 
   half::dispatch(t, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     const auto* p = static_cast<const half::Storage<D>*>(src);
-    for (int64_t r = 0; r < rows; ++r) half::convert_n<D, DType::f32>(dst + r * ldd, p + r * lds, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      half::convert_n<D, DType::f32>(dst + r * ldd, p + r * lds, cols);
   });
 }
 
@@ -167,7 +168,8 @@ void narrow_rows(void* dst, DType t, int64_t ldd, const float* src, int64_t lds,
   half::dispatch(t, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     auto* p = static_cast<half::Storage<D>*>(dst);
-    for (int64_t r = 0; r < rows; ++r) half::convert_n<DType::f32, D>(p + r * ldd, src + r * lds, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      half::convert_n<DType::f32, D>(p + r * ldd, src + r * lds, cols);
   });
 }
 
@@ -258,8 +260,8 @@ void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, Tensor& work
       float* qs = scratch;
       scratch += 3 * T * hs;
       for (int part = 0; part < 3; ++part)
-        widen_rows(qs + part * T * hs, hs, elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)), qt,
-                   C3, T, hs);
+        widen_rows(qs + part * T * hs, hs, elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)),
+                   qt, C3, T, hs);
       q = qs, k = qs + T * hs, v = qs + 2 * T * hs, ld = hs;
     }
     float* S;
@@ -333,8 +335,8 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
       k = q + C, v = q + 2 * C, lq = C3;
     } else {
       for (int part = 0; part < 3; ++part)
-        widen_rows(scratch + part * T * hs, hs, elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)),
-                   qt, C3, T, hs);
+        widen_rows(scratch + part * T * hs, hs,
+                   elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)), qt, C3, T, hs);
       q = scratch, k = scratch + T * hs, v = scratch + 2 * T * hs, lq = hs;
       scratch += 3 * T * hs;
     }

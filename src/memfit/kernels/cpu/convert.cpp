@@ -59,7 +59,8 @@ bool finite_range(const Storage<D>* x, int64_t begin, int64_t end) {
       bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(u + i), e), e);
     if (i < end) {
       const __mmask16 m = vec::tail_mask(end - i);
-      bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(m, u + i), e), e);
+      bad |= _mm512_mask_cmpeq_epi32_mask(
+          m, _mm512_and_si512(_mm512_maskz_loadu_epi32(m, u + i), e), e);
       i = end;
     }
     if (bad) return false;
@@ -75,7 +76,8 @@ bool finite_range(const Storage<D>* x, int64_t begin, int64_t end) {
       bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(x + i), ev), ev);
     if (i < end) {
       const __mmask32 m = static_cast<__mmask32>(end - i >= 32 ? ~0u : (1u << (end - i)) - 1u);
-      bad |= _mm512_mask_cmpeq_epi16_mask(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(m, x + i), ev), ev);
+      bad |= _mm512_mask_cmpeq_epi16_mask(
+          m, _mm512_and_si512(_mm512_maskz_loadu_epi16(m, x + i), ev), ev);
       i = end;
     }
     if (bad) return false;
@@ -145,8 +147,8 @@ UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
       const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(g + i), s);
       _mm512_storeu_ps(g + i, x);
       const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-      const __m512d hi = _mm512_cvtps_pd(
-          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+      const __m512d hi =
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
       acc0 = _mm512_fmadd_pd(lo, lo, acc0);
       acc1 = _mm512_fmadd_pd(hi, hi, acc1);
     }

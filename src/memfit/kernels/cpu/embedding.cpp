@@ -46,8 +46,9 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, con
   constexpr std::string_view op = "embedding_forward";
   for (const auto& [t, name] : {std::pair{&wte, "wte"}, std::pair{&wpe, "wpe"}}) {
     MEMFIT_CHECK(t->defined(), op, "{} is undefined", name);
-    MEMFIT_CHECK_DTYPE(half::is_float_type(t->dtype()), op, "{} must be f32, bf16 or f16, got {} {}",
-                       name, dtype_name(t->dtype()), t->shape());
+    MEMFIT_CHECK_DTYPE(half::is_float_type(t->dtype()), op,
+                       "{} must be f32, bf16 or f16, got {} {}", name, dtype_name(t->dtype()),
+                       t->shape());
   }
   const auto [B, T, C] = check_dims(op, tokens, wte, wpe, "wte", "wpe", true);
   expect_tensor(out, op, "out", Shape{B, T, C});

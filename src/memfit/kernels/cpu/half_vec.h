@@ -27,16 +27,22 @@ using Storage = std::conditional_t<D == DType::f32, float, uint16_t>;
 
 template <DType D>
 inline float load1(const Storage<D>* p) {
-  if constexpr (D == DType::f32) return *p;
-  else if constexpr (D == DType::bf16) return f32_from_bf16(*p);
-  else return f32_from_f16(*p);
+  if constexpr (D == DType::f32)
+    return *p;
+  else if constexpr (D == DType::bf16)
+    return f32_from_bf16(*p);
+  else
+    return f32_from_f16(*p);
 }
 
 template <DType D>
 inline void store1(Storage<D>* p, float x) {
-  if constexpr (D == DType::f32) *p = x;
-  else if constexpr (D == DType::bf16) *p = bf16_from_f32(x);
-  else *p = f16_from_f32(x);
+  if constexpr (D == DType::f32)
+    *p = x;
+  else if constexpr (D == DType::bf16)
+    *p = bf16_from_f32(x);
+  else
+    *p = f16_from_f32(x);
 }
 
 // Calls fn(std::integral_constant<DType, D>) for the run-time dtype t (f32, bf16 or f16); the
@@ -44,9 +50,12 @@ inline void store1(Storage<D>* p, float x) {
 template <typename Fn>
 inline decltype(auto) dispatch(DType t, Fn&& fn) {
   switch (t) {
-    case DType::bf16: return fn(std::integral_constant<DType, DType::bf16>{});
-    case DType::f16: return fn(std::integral_constant<DType, DType::f16>{});
-    default: return fn(std::integral_constant<DType, DType::f32>{});
+    case DType::bf16:
+      return fn(std::integral_constant<DType, DType::bf16>{});
+    case DType::f16:
+      return fn(std::integral_constant<DType, DType::f16>{});
+    default:
+      return fn(std::integral_constant<DType, DType::f32>{});
   }
 }
 
@@ -62,7 +71,8 @@ inline bool is_half_type(DType t) { return t == DType::bf16 || t == DType::f16; 
 inline __m512i bf16_bits(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
 }
@@ -73,23 +83,29 @@ inline __m512 from_bf16_bits(__m256i h) {
 
 template <DType D>
 inline __m512 load16(const Storage<D>* p) {
-  if constexpr (D == DType::f32) return _mm512_loadu_ps(p);
+  if constexpr (D == DType::f32)
+    return _mm512_loadu_ps(p);
   else if constexpr (D == DType::bf16)
     return from_bf16_bits(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  else return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  else
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // Lanes outside m read as 0 (and memory there is not touched).
 template <DType D>
 inline __m512 maskz_load16(__mmask16 m, const Storage<D>* p) {
-  if constexpr (D == DType::f32) return _mm512_maskz_loadu_ps(m, p);
-  else if constexpr (D == DType::bf16) return from_bf16_bits(_mm256_maskz_loadu_epi16(m, p));
-  else return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  if constexpr (D == DType::f32)
+    return _mm512_maskz_loadu_ps(m, p);
+  else if constexpr (D == DType::bf16)
+    return from_bf16_bits(_mm256_maskz_loadu_epi16(m, p));
+  else
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
 template <DType D>
 inline void store16(Storage<D>* p, __m512 v) {
-  if constexpr (D == DType::f32) _mm512_storeu_ps(p, v);
+  if constexpr (D == DType::f32)
+    _mm512_storeu_ps(p, v);
   else if constexpr (D == DType::bf16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
   else
@@ -99,9 +115,13 @@ inline void store16(Storage<D>* p, __m512 v) {
 
 template <DType D>
 inline void mask_store16(Storage<D>* p, __mmask16 m, __m512 v) {
-  if constexpr (D == DType::f32) _mm512_mask_storeu_ps(p, m, v);
-  else if constexpr (D == DType::bf16) _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_bits(v));
-  else _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  if constexpr (D == DType::f32)
+    _mm512_mask_storeu_ps(p, m, v);
+  else if constexpr (D == DType::bf16)
+    _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_bits(v));
+  else
+    _mm256_mask_storeu_epi16(p, m,
+                             _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
 // Stochastic rounding (convert.h defines it element by element): sr_bits for the 16

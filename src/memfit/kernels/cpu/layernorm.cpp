@@ -188,8 +188,9 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
   expect_param(bias, op, "bias", C);
   MEMFIT_CHECK(out.defined(), op, "out is undefined");
-  MEMFIT_CHECK_DTYPE(half::is_float_type(out.dtype()), op, "out must be f32, bf16 or f16, got {} {}",
-                     dtype_name(out.dtype()), out.shape());
+  MEMFIT_CHECK_DTYPE(half::is_float_type(out.dtype()), op,
+                     "out must be f32, bf16 or f16, got {} {}", dtype_name(out.dtype()),
+                     out.shape());
   expect_tensor(out, op, "out", inp.shape(), out.dtype());
   float *pm = mean.data<float>(), *pr = rstd.data<float>();
   std::vector<float> wbuf, bbuf;
