@@ -32,8 +32,8 @@ void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Te
 
 // Pure BF16 weights (no master copy): `param` is bf16, grad, m and v f32. The update runs in
 // f32 on the widened weight and is stored with stochastic rounding, so that updates smaller
-// than half a bf16 ulp (|p| 2^-9: 0.002 at p = 1, larger than most lr * step) still move the
-// weight in expectation instead of being rounded away. The random bits of element i come from
+// than half a bf16 ulp (2^-9 to 2^-8 of |p|, larger than most lr * step) still move the weight
+// in expectation instead of being rounded away. The random bits of element i come from
 // (seed, t, index0 + i): give each parameter tensor its offset in the slab as index0 so that
 // no two elements share a stream, whatever the thread count. m and v are bit-identical to
 // adamw_update's. Trade-offs: docs/notes/mixed-precision.md.
