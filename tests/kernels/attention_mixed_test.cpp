@@ -141,7 +141,7 @@ TEST(AttentionMixed, WorkspaceContract) {
                                       {"[attention]", "workspace", "attention_*_workspace_bytes"}));
   // The f32-only forward names the overload's reason: it takes no half types.
   EXPECT_TRUE(throws_with<DTypeError>([&] { attention_forward(out, att, qkv, NH); },
-                                      {"[attention]", "qkv must be f32, got bf16"}));
+                                      {"[attention]", "qkv must be f32, got bf16", "overload"}));
   // Backward: one slice = (T, T) dS + (T, T) att + q, k, v + dout + dq, dk, dv.
   Tensor dout = random_any(pool, {B, T, C}, bf, 2), dqkv = make_tensor(pool, {B, T, 3 * C}, bf);
   const int64_t bslice = 2 * T * T + 7 * T * hs;

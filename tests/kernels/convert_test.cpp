@@ -146,8 +146,9 @@ TEST(Convert, TensorMatchesScalarBitForBit) {
   convert(c, a);
   EXPECT_EQ(to_doubles_any(c), rounded(DType::f16, rounded(DType::bf16, v)));
   Tensor copy = make_tensor(pool, {35}, DType::bf16);
+  static_cast<uint16_t*>(a.raw_data())[3] = 0x7f81;  // a signalling NaN is copied as it is
   convert(copy, a);
-  EXPECT_EQ(to_doubles_any(copy), to_doubles_any(a));
+  EXPECT_EQ(std::memcmp(copy.raw_data(), a.raw_data(), a.nbytes()), 0);
 }
 
 TEST(Convert, Errors) {
@@ -227,7 +228,7 @@ TEST(StochasticRounding, IsDeterministicBySeedAndIndex) {
 TEST(AllFinite, FindsInfAndNaNAnywhere) {
   MemoryPool pool;
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
-    for (int64_t n : {1, 31, 33, 200001}) {
+    for (int64_t n : {1, 31, 33, 50001}) {
       SCOPED_TRACE(fmt::format("{} n={}", dtype_name(t), n));
       std::vector<double> v = random_values(static_cast<size_t>(n), 3, -60000, 60000);
       Tensor x = make_tensor(pool, {n}, t);

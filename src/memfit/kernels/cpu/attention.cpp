@@ -198,6 +198,9 @@ int threads_for(const Tensor& workspace, int64_t slot, size_t want_bytes, int64_
 
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) {
   const DType f32 = DType::f32;
+  MEMFIT_CHECK_DTYPE(!qkv.defined() || qkv.dtype() == f32, kOp,
+                     "qkv must be f32, got {} {}; bf16 and f16 take the overload with a workspace",
+                     dtype_name(qkv.dtype()), qkv.shape());
   const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head, &f32);
   expect_tensor(out, kOp, "out", Shape{B, T, C});
   expect_tensor(att, kOp, "att", Shape{B, NH, T, T});

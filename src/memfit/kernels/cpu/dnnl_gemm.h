@@ -2,8 +2,8 @@
 // sizes, strides and element types, executed through a thread-safe cache of primitives. The
 // public entry points (gemm, matmul_forward/backward in matmul.h) are thin layers over it;
 // lower precisions (bf16 inputs with f32 accumulation, f32 or bf16 output) go the same path.
-// oneDNN 2.6 has no f16 matmul on the CPU at all (not even a reference one), so f16 operands
-// fail here with a DTypeError.
+// oneDNN 2.6 has no f16 matmul on the CPU at all (not even a reference one): f16 operands fail
+// here as a oneDNN error; matmul_forward/backward reject them first with a DTypeError.
 #pragma once
 
 #include <cstddef>
