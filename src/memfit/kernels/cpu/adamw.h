@@ -1,4 +1,5 @@
-// AdamW update as torch.optim.AdamW: m, v moments, bias correction, decoupled weight decay.
+// AdamW update as torch.optim.AdamW: m, v moments, bias correction, decoupled weight decay;
+// in FP32, with FP32 master weights and a bf16 / f16 working copy, or on pure BF16 weights.
 #pragma once
 
 #include <cstdint>
@@ -21,5 +22,23 @@ struct AdamWHyper {
 // grad_scale multiplies g first (1/accum, clip factor).
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
                   int64_t t, float grad_scale = 1.0f);
+
+// Mixed precision with FP32 master weights: the update above on `master` (f32), and in the
+// same pass `working` (bf16 or f16, same element count) = the new master rounded to nearest
+// even, the copy the next forward and backward read. master, m and v end bit-identical to
+// adamw_update's.
+void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Tensor& m, Tensor& v,
+                         const AdamWHyper& h, int64_t t, float grad_scale = 1.0f);
+
+// Pure BF16 weights (no master copy): `param` is bf16, grad, m and v f32. The update runs in
+// f32 on the widened weight and is stored with stochastic rounding, so that updates smaller
+// than half a bf16 ulp (2^-9 to 2^-8 of |p|, larger than most lr * step) still move the weight
+// in expectation instead of being rounded away. The random bits of element i come from
+// (seed, t, index0 + i): give each parameter tensor its offset in the slab as index0 so that
+// no two elements share a stream, whatever the thread count. m and v are bit-identical to
+// adamw_update's. Trade-offs: docs/notes/mixed-precision.md.
+void adamw_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                             const AdamWHyper& h, int64_t t, float grad_scale, uint64_t seed,
+                             uint64_t index0 = 0);
 
 }  // namespace memfit::kernels

@@ -2,15 +2,21 @@
 // products done by one register-tiled micro-kernel (AVX-512 where the compiler targets it, plain
 // loops otherwise) that skips the blocks above the causal diagonal. Per-head products are too
 // small for a oneDNN call each to pay off; see the note in attention_bench.cpp for the numbers.
+// Mixed precision widens a head's bf16 / f16 operands into per-thread f32 scratch and runs the
+// same f32 arithmetic: converting is O(T hs) next to the O(T^2 hs) products, and on Sapphire
+// Rapids vdpbf16ps retires at half the FLOP rate of vfmadd231ps (docs/notes/mixed-precision.md),
+// so bf16 dot products would not be faster than widening.
 #include "memfit/kernels/cpu/attention.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "memfit/kernels/cpu/attention_tile.h"
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/half_vec.h"
 
 namespace memfit::kernels {
 namespace {
@@ -105,8 +111,11 @@ struct Dims {
   int64_t B, T, C, NH, hs;
 };
 
-Dims check_qkv(const Tensor& qkv, int n_head) {
-  const Shape& s = expect_any_shape(qkv, kOp, "qkv");
+// qkv (B, T, 3C) of `dtype` (any float type if none is given).
+Dims check_qkv(const Tensor& qkv, int n_head, const DType* dtype = nullptr) {
+  const Shape& s = expect_any_shape(qkv, kOp, "qkv", dtype ? *dtype : qkv.dtype());
+  MEMFIT_CHECK_DTYPE(half::is_float_type(qkv.dtype()), kOp,
+                     "qkv must be f32, bf16 or f16, got {} {}", dtype_name(qkv.dtype()), s);
   MEMFIT_CHECK_SHAPE(s.rank() == 3 && s[2] % 3 == 0, kOp, "qkv must be (B, T, 3C), got {}", s);
   const int64_t C = s[2] / 3;
   MEMFIT_CHECK_SHAPE(n_head > 0 && C % n_head == 0, kOp,
@@ -114,12 +123,85 @@ Dims check_qkv(const Tensor& qkv, int n_head) {
   return {s[0], s[1], C, n_head, C / n_head};
 }
 
+// t: contiguous, of `shape`, f32, bf16 or f16.
+void expect_float(const Tensor& t, std::string_view name, const Shape& shape) {
+  MEMFIT_CHECK(t.defined(), kOp, "{} is undefined", name);
+  MEMFIT_CHECK_DTYPE(half::is_float_type(t.dtype()), kOp, "{} must be f32, bf16 or f16, got {} {}",
+                     name, dtype_name(t.dtype()), t.shape());
+  expect_tensor(t, kOp, name, shape, t.dtype());
+}
+
 int64_t scratch_floats(int64_t T) { return T * T; }
+
+bool is_half(DType t) { return t != DType::f32; }
+
+// Floats of one thread's slice of the mixed forward's workspace.
+int64_t forward_slot_floats(int64_t T, int64_t hs, DType qkv, DType att, DType out) {
+  return (is_half(qkv) ? 3 * T * hs : 0) + (is_half(att) ? T * T : 0) + (is_half(out) ? T * hs : 0);
+}
+
+// And of the backward's: the (T, T) dP / dS scratch, plus f32 copies of the half operands.
+int64_t backward_slot_floats(int64_t T, int64_t hs, DType qkv, DType att, DType dout,
+                             DType dqkv) {
+  return T * T + (is_half(att) ? T * T : 0) + (is_half(qkv) ? 3 * T * hs : 0) +
+         (is_half(dout) ? T * hs : 0) + (is_half(dqkv) ? 3 * T * hs : 0);
+}
+
+int64_t slots_for(int64_t B, int n_head) {
+  return std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), B * n_head));
+}
+
+// rows x cols of `src` (dtype t, row stride lds) widened into dst (row stride ldd).
+void widen_rows(float* dst, int64_t ldd, const void* src, DType t, int64_t lds, int64_t rows,
+                int64_t cols) {
+  half::dispatch(t, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    const auto* p = static_cast<const half::Storage<D>*>(src);
+    for (int64_t r = 0; r < rows; ++r)
+      half::convert_n<D, DType::f32>(dst + r * ldd, p + r * lds, cols);
+  });
+}
+
+// rows x cols of src (row stride lds) rounded into dst (dtype t, row stride ldd).
+void narrow_rows(void* dst, DType t, int64_t ldd, const float* src, int64_t lds, int64_t rows,
+                 int64_t cols) {
+  half::dispatch(t, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* p = static_cast<half::Storage<D>*>(dst);
+    for (int64_t r = 0; r < rows; ++r)
+      half::convert_n<DType::f32, D>(p + r * ldd, src + r * lds, cols);
+  });
+}
+
+// Element offset of (b, t = 0, channel c) in a (B, T, width) tensor.
+int64_t offset_of(int64_t b, int64_t T, int64_t width, int64_t c) { return b * T * width + c; }
+
+// Byte pointer to element `offset` of a tensor's data.
+template <typename P>
+P* elem(P* base, DType t, int64_t offset) {
+  using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
+  return static_cast<Byte*>(base) + offset * static_cast<int64_t>(dtype_size(t));
+}
+
+// The threads a workspace supports at `slot` floats per thread (all of them if slot is 0), or
+// a ShapeError that says how much to allocate.
+int threads_for(const Tensor& workspace, int64_t slot, size_t want_bytes, int64_t T) {
+  const int64_t slots = slot ? workspace.numel() / slot : omp_get_max_threads();
+  MEMFIT_CHECK_SHAPE(slots >= 1, kOp,
+                     "workspace {} holds {} floats, less than one thread's {} for T = {}; "
+                     "allocate attention_*_workspace_bytes() = {} bytes",
+                     workspace.shape(), workspace.numel(), slot, T, want_bytes);
+  return static_cast<int>(std::min<int64_t>(slots, omp_get_max_threads()));
+}
 
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) {
-  const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head);
+  const DType f32 = DType::f32;
+  MEMFIT_CHECK_DTYPE(!qkv.defined() || qkv.dtype() == f32, kOp,
+                     "qkv must be f32, got {} {}; bf16 and f16 take the overload with a workspace",
+                     dtype_name(qkv.dtype()), qkv.shape());
+  const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head, &f32);
   expect_tensor(out, kOp, "out", Shape{B, T, C});
   expect_tensor(att, kOp, "att", Shape{B, NH, T, T});
   const float* qkv_p = qkv.data<float>();
@@ -139,32 +221,30 @@ void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) 
   }
 }
 
-size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head) {
-  const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), B * n_head));
-  return static_cast<size_t>(slots * scratch_floats(T)) * sizeof(float);
+size_t attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head, DType qkv,
+                                         DType att, DType out) {
+  const int64_t hs = n_head > 0 ? C / n_head : 0;
+  return static_cast<size_t>(slots_for(B, n_head) * forward_slot_floats(T, hs, qkv, att, out)) *
+         sizeof(float);
 }
 
-void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                        Tensor& workspace, int n_head) {
+void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, Tensor& workspace,
+                       int n_head) {
   const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head);
-  expect_tensor(dqkv, kOp, "dqkv", qkv.shape());
-  expect_tensor(dout, kOp, "dout", Shape{B, T, C});
-  expect_tensor(att, kOp, "att", Shape{B, NH, T, T});
+  expect_float(out, "out", Shape{B, T, C});
+  expect_float(att, "att", Shape{B, NH, T, T});
+  const DType qt = qkv.dtype(), pt = att.dtype(), ot = out.dtype();
+  if (qt == DType::f32 && pt == DType::f32 && ot == DType::f32)
+    return attention_forward(out, att, qkv, n_head);
   expect_any_shape(workspace, kOp, "workspace");
   if (B * NH * T == 0) return;
-  // One (T, T) slice per thread; a smaller workspace runs on fewer threads.
-  const int64_t slots = workspace.numel() / scratch_floats(T);
-  MEMFIT_CHECK_SHAPE(slots >= 1, kOp,
-                     "workspace {} holds {} floats, less than one (T, T) = ({}, {}) scratch; "
-                     "allocate attention_backward_workspace_bytes() = {} bytes",
-                     workspace.shape(), workspace.numel(), T, T,
-                     attention_backward_workspace_bytes(B, T, C, n_head));
-  const int threads = static_cast<int>(std::min<int64_t>(slots, omp_get_max_threads()));
+  const int64_t slot = forward_slot_floats(T, hs, qt, pt, ot);
+  const int threads = threads_for(
+      workspace, slot, attention_forward_workspace_bytes(B, T, C, n_head, qt, pt, ot), T);
 
-  const float* qkv_p = qkv.data<float>();
-  const float* dout_p = dout.data<float>();
-  const float* att_p = att.data<float>();
-  float* dqkv_p = dqkv.data<float>();
+  const void* qkv_p = qkv.raw_data();
+  void* out_p = out.raw_data();
+  void* att_p = att.raw_data();
   float* ws = workspace.data<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t C3 = 3 * C;
@@ -172,18 +252,132 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
     const int64_t b = bh / NH, h = bh % NH;
-    const float* q = qkv_p + b * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    const float* dout_bh = dout_p + b * T * C + h * hs;
-    const float* P = att_p + bh * T * T;
-    float* dq = dqkv_p + b * T * C3 + h * hs;
-    float* D = ws + omp_get_thread_num() * scratch_floats(T);
-    causal_scores(dout_bh, C, v, C3, T, hs, 1.0f, D);          // dP = dout @ v^T
-    causal_softmax_backward(D, P, T, scale);                     // dS, scaled
-    lower_times(D, k, C3, T, hs, dq, C3);                        // dq = dS @ k
-    lower_transposed_times(D, q, C3, T, hs, dq + C, C3);         // dk = dS^T @ q
-    lower_transposed_times(P, dout_bh, C, T, hs, dq + 2 * C, C3);  // dv = P^T @ dout
+    float* scratch = ws + omp_get_thread_num() * slot;
+    // q, k, v of this head in f32: in place if qkv is f32, else widened into the scratch.
+    const float *q, *k, *v;
+    int64_t ld;
+    if (qt == DType::f32) {
+      q = static_cast<const float*>(qkv_p) + offset_of(b, T, C3, h * hs);
+      k = q + C, v = q + 2 * C, ld = C3;
+    } else {
+      float* qs = scratch;
+      scratch += 3 * T * hs;
+      for (int part = 0; part < 3; ++part)
+        widen_rows(qs + part * T * hs, hs, elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)),
+                   qt, C3, T, hs);
+      q = qs, k = qs + T * hs, v = qs + 2 * T * hs, ld = hs;
+    }
+    float* S;
+    if (pt == DType::f32) {
+      S = static_cast<float*>(att_p) + bh * T * T;
+    } else {
+      S = scratch;
+      scratch += T * T;
+    }
+    causal_scores(q, ld, k, ld, T, hs, scale, S);
+    causal_softmax(S, T);
+    if (pt != DType::f32) narrow_rows(elem(att_p, pt, bh * T * T), pt, T * T, S, T * T, 1, T * T);
+    if (ot == DType::f32) {
+      lower_times(S, v, ld, T, hs, static_cast<float*>(out_p) + offset_of(b, T, C, h * hs), C);
+    } else {
+      lower_times(S, v, ld, T, hs, scratch, hs);
+      narrow_rows(elem(out_p, ot, offset_of(b, T, C, h * hs)), ot, C, scratch, hs, T, hs);
+    }
+  }
+}
+
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head) {
+  return static_cast<size_t>(slots_for(B, n_head) * scratch_floats(T)) * sizeof(float);
+}
+
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head, DType qkv,
+                                          DType att, DType dout, DType dqkv) {
+  const int64_t hs = n_head > 0 ? C / n_head : 0;
+  return static_cast<size_t>(slots_for(B, n_head) *
+                             backward_slot_floats(T, hs, qkv, att, dout, dqkv)) *
+         sizeof(float);
+}
+
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                        Tensor& workspace, int n_head) {
+  const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head);
+  expect_float(dqkv, "dqkv", qkv.shape());
+  expect_float(dout, "dout", Shape{B, T, C});
+  expect_float(att, "att", Shape{B, NH, T, T});
+  expect_any_shape(workspace, kOp, "workspace");
+  if (B * NH * T == 0) return;
+  const DType qt = qkv.dtype(), pt = att.dtype(), gt = dout.dtype(), dt = dqkv.dtype();
+  const bool all_f32 =
+      qt == DType::f32 && pt == DType::f32 && gt == DType::f32 && dt == DType::f32;
+  // One slice per thread; a smaller workspace runs on fewer threads.
+  const int64_t slot = backward_slot_floats(T, hs, qt, pt, gt, dt);
+  const int threads = threads_for(
+      workspace, slot,
+      all_f32 ? attention_backward_workspace_bytes(B, T, C, n_head)
+              : attention_backward_workspace_bytes(B, T, C, n_head, qt, pt, gt, dt),
+      T);
+
+  const void* qkv_p = qkv.raw_data();
+  const void* dout_p = dout.raw_data();
+  const void* att_p = att.raw_data();
+  void* dqkv_p = dqkv.raw_data();
+  float* ws = workspace.data<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t C3 = 3 * C;
+
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    float* D = ws + omp_get_thread_num() * slot;
+    float* scratch = D + T * T;
+    // Each operand in f32: in place if it is f32, else widened into the scratch.
+    const float *q, *k, *v;
+    int64_t lq;
+    if (qt == DType::f32) {
+      q = static_cast<const float*>(qkv_p) + offset_of(b, T, C3, h * hs);
+      k = q + C, v = q + 2 * C, lq = C3;
+    } else {
+      for (int part = 0; part < 3; ++part)
+        widen_rows(scratch + part * T * hs, hs,
+                   elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)), qt, C3, T, hs);
+      q = scratch, k = scratch + T * hs, v = scratch + 2 * T * hs, lq = hs;
+      scratch += 3 * T * hs;
+    }
+    const float* dout_bh;
+    int64_t lo;
+    if (gt == DType::f32) {
+      dout_bh = static_cast<const float*>(dout_p) + offset_of(b, T, C, h * hs), lo = C;
+    } else {
+      widen_rows(scratch, hs, elem(dout_p, gt, offset_of(b, T, C, h * hs)), gt, C, T, hs);
+      dout_bh = scratch, lo = hs;
+      scratch += T * hs;
+    }
+    const float* P;
+    if (pt == DType::f32) {
+      P = static_cast<const float*>(att_p) + bh * T * T;
+    } else {
+      widen_rows(scratch, T * T, elem(att_p, pt, bh * T * T), pt, T * T, 1, T * T);
+      P = scratch;
+      scratch += T * T;
+    }
+    float *dq, *dk, *dv;
+    int64_t ld;
+    if (dt == DType::f32) {
+      dq = static_cast<float*>(dqkv_p) + offset_of(b, T, C3, h * hs);
+      dk = dq + C, dv = dq + 2 * C, ld = C3;
+    } else {
+      dq = scratch, dk = scratch + T * hs, dv = scratch + 2 * T * hs, ld = hs;
+    }
+    causal_scores(dout_bh, lo, v, lq, T, hs, 1.0f, D);   // dP = dout @ v^T
+    causal_softmax_backward(D, P, T, scale);              // dS, scaled
+    lower_times(D, k, lq, T, hs, dq, ld);                 // dq = dS @ k
+    lower_transposed_times(D, q, lq, T, hs, dk, ld);      // dk = dS^T @ q
+    lower_transposed_times(P, dout_bh, lo, T, hs, dv, ld);  // dv = P^T @ dout
+    if (dt != DType::f32) {
+      for (int part = 0; part < 3; ++part)
+        narrow_rows(elem(dqkv_p, dt, offset_of(b, T, C3, part * C + h * hs)), dt, C3,
+                    dq + part * T * hs, hs, T, hs);
+    }
   }
 }
 

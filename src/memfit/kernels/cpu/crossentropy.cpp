@@ -4,13 +4,15 @@
 // row stays in L2 between passes, so memory sees one read and one write. Sums of exp are kept
 // in float vectors for 2048 columns at a time and then added in double, which keeps the loss
 // within a few 1e-7 of a double-precision reference at V = 50257.
-// f32 only for now: a bf16 path needs row functions that widen on load and round on store.
+// Logits are f32 in every precision (the softmax over 50k values needs it); mixed precision
+// writes their gradient into a separate bf16 / f16 tensor in the last pass.
 #include "memfit/kernels/cpu/crossentropy.h"
 
 #include <cmath>
 #include <limits>
 
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/half_vec.h"
 #include "memfit/kernels/cpu/vec_math.h"
 
 namespace memfit::kernels {
@@ -88,6 +90,18 @@ void row_scale_pad(float* x, int64_t V, int64_t Vp, float s) {
   for (i = V; i < Vp; ++i) x[i] = 0.0f;
 }
 
+// out[0, V) = round(x[0, V) * s); out[V, Vp) = 0: row_scale_pad into another storage type.
+template <DType D>
+void row_scale_pad_into(half::Storage<D>* out, const float* x, int64_t V, int64_t Vp, float s) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 vs = _mm512_set1_ps(s);
+  for (; i + 16 <= V; i += 16) half::store16<D>(out + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), vs));
+#endif
+  for (; i < V; ++i) half::store1<D>(out + i, x[i] * s);
+  for (i = V; i < Vp; ++i) out[i] = 0;
+}
+
 struct Dims {
   int64_t R, Vp;
 };
@@ -146,6 +160,39 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
     row_scale_pad(row, V, Vp, static_cast<float>(dloss / sum));
     row[t] = static_cast<float>((et / sum - 1.0) * dloss);
   }
+}
+
+void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logits,
+                                   const Tensor& targets, int64_t V, float dloss) {
+  constexpr std::string_view op = "crossentropy_forward_backward";
+  const auto [R, Vp] = check_args(op, losses, logits, targets, V);
+  MEMFIT_CHECK(dlogits.defined(), op, "dlogits is undefined");
+  MEMFIT_CHECK_DTYPE(half::is_float_type(dlogits.dtype()), op,
+                     "dlogits must be f32, bf16 or f16, got {} {}", dtype_name(dlogits.dtype()),
+                     dlogits.shape());
+  expect_tensor(dlogits, op, "dlogits", logits.shape(), dlogits.dtype());
+  MEMFIT_CHECK(dlogits.raw_data() != logits.raw_data(), op,
+               "dlogits must not alias logits (use the in-place overload)");
+  float* loss = losses.data<float>();
+  float* x = logits.data<float>();
+  const int32_t* tg = targets.data<int32_t>();
+  half::dispatch(dlogits.dtype(), [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* dx = static_cast<half::Storage<D>*>(dlogits.raw_data());
+    // The in-place overload's arithmetic, step for step; only the last pass stores elsewhere.
+#pragma omp parallel for schedule(static) if (R * V > kParallelLogits)
+    for (int64_t r = 0; r < R; ++r) {
+      float* row = x + r * Vp;
+      const int64_t t = tg[r];
+      const float mx = row_max(row, V);
+      const float xt = row[t];
+      const double sum = row_sum_exp<true>(row, V, mx);
+      loss[r] = static_cast<float>(std::log(sum) + mx - xt);
+      const float et = row[t];
+      row_scale_pad_into<D>(dx + r * Vp, row, V, Vp, static_cast<float>(dloss / sum));
+      half::store1<D>(dx + r * Vp + t, static_cast<float>((et / sum - 1.0) * dloss));
+    }
+  });
 }
 
 }  // namespace memfit::kernels

@@ -17,4 +17,12 @@ void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& ta
 void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor& targets,
                                    int64_t V, float dloss);
 
+// Mixed precision: the same loss and gradient, the gradient written into dlogits (R, Vp) of
+// f32, bf16 or f16, each element the f32 gradient above rounded once to nearest even (padding
+// 0). logits stay f32 and serve as scratch: on return they hold exp(logit - row max). With
+// loss scaling, dloss carries the scale (scale / (B*T)); an f16 dlogits then overflows to inf
+// only if dloss exceeds 65504.
+void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logits,
+                                   const Tensor& targets, int64_t V, float dloss);
+
 }  // namespace memfit::kernels

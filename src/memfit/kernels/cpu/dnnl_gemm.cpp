@@ -42,7 +42,8 @@ struct SpecHash {
     std::memcpy(&beta, &s.beta, 4);
     mix((uint64_t{alpha} << 32) | beta);
     mix(uint64_t{s.trans_a} | uint64_t{s.trans_b} << 1 | uint64_t{s.bias} << 2 |
-        uint64_t(s.a_type) << 8 | uint64_t(s.b_type) << 16 | uint64_t(s.c_type) << 24);
+        uint64_t(s.a_type) << 8 | uint64_t(s.b_type) << 16 | uint64_t(s.c_type) << 24 |
+        uint64_t(s.bias_type) << 32);
     return h;
   }
 };
@@ -68,7 +69,7 @@ dt to_dnnl(DType t) {
   switch (t) {
     case DType::f32: return dt::f32;
     case DType::bf16: return dt::bf16;
-    case DType::f16: return dt::f16;
+    case DType::f16: return dt::f16;  // oneDNN 2.6 builds no CPU f16 matmul; it says so
     default: MEMFIT_THROW(DTypeError, "matmul", "no GEMM for {} operands", dtype_name(t));
   }
 }
@@ -81,7 +82,8 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
   e->b_md = MEMFIT_DNNL(dnnl::memory::desc(dims{s.K, s.N}, to_dnnl(s.b_type),
                                            s.trans_b ? dims{1, s.ldb} : dims{s.ldb, 1}));
   e->c_md = MEMFIT_DNNL(dnnl::memory::desc(dims{s.M, s.N}, to_dnnl(s.c_type), dims{s.ldc, 1}));
-  if (s.bias) e->bias_md = MEMFIT_DNNL(dnnl::memory::desc(dims{1, s.N}, dt::f32, dims{s.N, 1}));
+  if (s.bias)
+    e->bias_md = MEMFIT_DNNL(dnnl::memory::desc(dims{1, s.N}, to_dnnl(s.bias_type), dims{s.N, 1}));
 
   dnnl::primitive_attr attr;
   if (s.alpha != 1.0f) MEMFIT_DNNL(attr.set_output_scales(0, {s.alpha}));
@@ -124,19 +126,29 @@ Cache& cache() {
 }
 
 // K = 0: the product is empty, so C = beta * C (+ bias). oneDNN is not asked about it.
-void execute_empty_k(const GemmSpec& s, void* C, const float* bias) {
-  MEMFIT_CHECK_DTYPE(s.c_type == DType::f32, "matmul", "K = 0 needs an f32 output, got {}",
-                     dtype_name(s.c_type));
+void execute_empty_k(const GemmSpec& s, void* C, const void* bias) {
+  MEMFIT_CHECK_DTYPE(s.c_type == DType::f32 || s.c_type == DType::bf16, "matmul",
+                     "K = 0 needs an f32 or bf16 output, got {}", dtype_name(s.c_type));
+  auto bias_at = [&](int64_t j) -> float {
+    if (!bias) return 0.0f;
+    return s.bias_type == DType::f32 ? static_cast<const float*>(bias)[j]
+                                     : f32_from_bf16(static_cast<const uint16_t*>(bias)[j]);
+  };
   for (int64_t i = 0; i < s.M; ++i) {
-    float* c = static_cast<float*>(C) + i * s.ldc;
-    for (int64_t j = 0; j < s.N; ++j)
-      c[j] = (s.beta != 0.0f ? s.beta * c[j] : 0.0f) + (bias ? bias[j] : 0.0f);
+    if (s.c_type == DType::f32) {
+      float* c = static_cast<float*>(C) + i * s.ldc;
+      for (int64_t j = 0; j < s.N; ++j) c[j] = (s.beta != 0.0f ? s.beta * c[j] : 0.0f) + bias_at(j);
+    } else {
+      uint16_t* c = static_cast<uint16_t*>(C) + i * s.ldc;
+      for (int64_t j = 0; j < s.N; ++j)
+        c[j] = bf16_from_f32((s.beta != 0.0f ? s.beta * f32_from_bf16(c[j]) : 0.0f) + bias_at(j));
+    }
   }
 }
 
 }  // namespace
 
-void execute(const GemmSpec& s, const void* A, const void* B, void* C, const float* bias) {
+void execute(const GemmSpec& s, const void* A, const void* B, void* C, const void* bias) {
   if (s.M == 0 || s.N == 0) return;
   if (s.K == 0) return execute_empty_k(s, C, bias);
   std::shared_ptr<const Entry> e = cache().get(s);
@@ -150,7 +162,7 @@ void execute(const GemmSpec& s, const void* A, const void* B, void* C, const flo
   if (s.bias) {
     MEMFIT_CHECK(bias != nullptr, "matmul", "GEMM built with a bias was given none");
     args.emplace(DNNL_ARG_BIAS,
-                 MEMFIT_DNNL(dnnl::memory(e->bias_md, eng, const_cast<float*>(bias))));
+                 MEMFIT_DNNL(dnnl::memory(e->bias_md, eng, const_cast<void*>(bias))));
   }
   dnnl::stream& stream = thread_stream();
   MEMFIT_DNNL(e->prim.execute(stream, args));

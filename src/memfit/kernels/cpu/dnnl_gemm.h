@@ -1,7 +1,9 @@
 // The one place memfit talks to oneDNN's matmul primitive (2.x API): a GEMM described by its
 // sizes, strides and element types, executed through a thread-safe cache of primitives. The
 // public entry points (gemm, matmul_forward/backward in matmul.h) are thin layers over it;
-// lower precisions (bf16 inputs with f32 accumulation and output) go through the same path.
+// lower precisions (bf16 inputs with f32 accumulation, f32 or bf16 output) go the same path.
+// oneDNN 2.6 has no f16 matmul on the CPU at all (not even a reference one): f16 operands fail
+// here as a oneDNN error; matmul_forward/backward reject them first with a DTypeError.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +22,8 @@ struct GemmSpec {
   bool trans_a = false, trans_b = false;
   int64_t lda = 0, ldb = 0, ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
-  bool bias = false;  // add a (N) f32 row vector to every row
-  DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32;
+  bool bias = false;  // add a (N) row vector to every row
+  DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32, bias_type = DType::f32;
 
   bool operator==(const GemmSpec&) const = default;
 };
@@ -29,7 +31,7 @@ struct GemmSpec {
 // Runs the GEMM. Sizes and strides must already be valid (callers check and name their op);
 // a oneDNN failure becomes a memfit::Error that quotes the failing call.
 void execute(const GemmSpec& spec, const void* A, const void* B, void* C,
-             const float* bias = nullptr);
+             const void* bias = nullptr);
 
 // Number of primitives in the cache, and the oneDNN implementation chosen for `spec` (e.g.
 // "brg:avx512_core"), for tests and benchmarks.

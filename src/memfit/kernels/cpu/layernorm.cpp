@@ -3,7 +3,9 @@
 // centred sum of squares, each kept in float vectors and finished in double. Backward splits
 // rows over threads; dweight and dbias go through per-thread partials that are added in
 // thread order, so results do not depend on scheduling.
-// f32 only for now: a bf16 path adds row functions that widen on load and a dtype branch.
+// Mixed precision: the output may be bf16 or f16 (rounded once, from the f32 result), and the
+// weight and bias may be a bf16 / f16 working copy, widened once per call; the input, the
+// statistics and the whole backward stay f32 (see docs/notes/mixed-precision.md).
 #include "memfit/kernels/cpu/layernorm.h"
 
 #include <omp.h>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/half_vec.h"
 #include "memfit/kernels/cpu/vec_math.h"
 
 namespace memfit::kernels {
@@ -61,7 +64,8 @@ RowStats row_stats(const float* x, int64_t C) {
   return {mean, static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(kLayerNormEps)))};
 }
 
-void row_forward(float* out, const float* x, const float* w, const float* b, RowStats s,
+template <DType D>
+void row_forward(half::Storage<D>* out, const float* x, const float* w, const float* b, RowStats s,
                  int64_t C) {
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -69,12 +73,12 @@ void row_forward(float* out, const float* x, const float* w, const float* b, Row
   for (; i < C; i += 16) {
     const __mmask16 m = vec::tail_mask(C - i);
     const __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm), vr);
-    _mm512_mask_storeu_ps(
+    half::mask_store16<D>(
         out + i, m,
         _mm512_fmadd_ps(n, _mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, b + i)));
   }
 #else
-  for (; i < C; ++i) out[i] = (x[i] - s.mean) * s.rstd * w[i] + b[i];
+  for (; i < C; ++i) half::store1<D>(out + i, (x[i] - s.mean) * s.rstd * w[i] + b[i]);
 #endif
 }
 
@@ -134,6 +138,27 @@ void row_backward(float* dx, float* dw_part, float* db_part, const float* dy, co
 #endif
 }
 
+// A weight or bias (C) of f32, bf16 or f16.
+void expect_param(const Tensor& t, std::string_view op, std::string_view name, int64_t C) {
+  MEMFIT_CHECK(t.defined(), op, "{} is undefined", name);
+  MEMFIT_CHECK_DTYPE(half::is_float_type(t.dtype()), op, "{} must be f32, bf16 or f16, got {} {}",
+                     name, dtype_name(t.dtype()), t.shape());
+  expect_tensor(t, op, name, Shape{C}, t.dtype());
+}
+
+// A weight or bias as f32: its own data if it is f32, else a widened copy kept in `buf` (C
+// floats, a few KiB: below the pool's notice, like the backward's partials).
+const float* as_f32(const Tensor& t, std::vector<float>& buf) {
+  if (t.dtype() == DType::f32) return t.data<float>();
+  buf.resize(static_cast<size_t>(t.numel()));
+  half::dispatch(t.dtype(), [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    half::convert_n<D, DType::f32>(buf.data(), static_cast<const half::Storage<D>*>(t.raw_data()),
+                                   t.numel());
+  });
+  return buf.data();
+}
+
 // Shapes shared by forward and backward: R rows of C, mean and rstd of R elements (any shape,
 // so (B, T) works as well as (R)).
 struct Dims {
@@ -146,7 +171,7 @@ Dims check_dims(std::string_view op, const Tensor& inp, const Tensor& weight, co
   MEMFIT_CHECK_SHAPE(shape.rank() >= 1 && shape[-1] > 0, op, "inp {} needs a last dimension > 0",
                      shape);
   const int64_t C = shape[-1], R = shape.numel() / C;
-  expect_tensor(weight, op, "weight", Shape{C});
+  expect_param(weight, op, "weight", C);
   expect_any_shape(mean, op, "mean");
   expect_any_shape(rstd, op, "rstd");
   MEMFIT_CHECK_SHAPE(mean.numel() == R && rstd.numel() == R, op,
@@ -161,17 +186,26 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
                        const Tensor& weight, const Tensor& bias) {
   constexpr std::string_view op = "layernorm_forward";
   const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
-  expect_tensor(bias, op, "bias", Shape{C});
-  expect_tensor(out, op, "out", inp.shape());
-  float *o = out.data<float>(), *pm = mean.data<float>(), *pr = rstd.data<float>();
-  const float *x = inp.data<float>(), *w = weight.data<float>(), *b = bias.data<float>();
+  expect_param(bias, op, "bias", C);
+  MEMFIT_CHECK(out.defined(), op, "out is undefined");
+  MEMFIT_CHECK_DTYPE(half::is_float_type(out.dtype()), op,
+                     "out must be f32, bf16 or f16, got {} {}", dtype_name(out.dtype()),
+                     out.shape());
+  expect_tensor(out, op, "out", inp.shape(), out.dtype());
+  float *pm = mean.data<float>(), *pr = rstd.data<float>();
+  std::vector<float> wbuf, bbuf;
+  const float *x = inp.data<float>(), *w = as_f32(weight, wbuf), *b = as_f32(bias, bbuf);
+  half::dispatch(out.dtype(), [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* o = static_cast<half::Storage<D>*>(out.raw_data());
 #pragma omp parallel for schedule(static) if (R * C > 8192)
-  for (int64_t r = 0; r < R; ++r) {
-    const RowStats s = row_stats(x + r * C, C);
-    row_forward(o + r * C, x + r * C, w, b, s, C);
-    pm[r] = s.mean;
-    pr[r] = s.rstd;
-  }
+    for (int64_t r = 0; r < R; ++r) {
+      const RowStats s = row_stats(x + r * C, C);
+      row_forward<D>(o + r * C, x + r * C, w, b, s, C);
+      pm[r] = s.mean;
+      pr[r] = s.rstd;
+    }
+  });
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
@@ -184,7 +218,8 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   expect_tensor(dweight, op, "dweight", Shape{C});
   expect_tensor(dbias, op, "dbias", Shape{C});
   float *dx = dinp.data<float>(), *dw = dweight.data<float>(), *db = dbias.data<float>();
-  const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = weight.data<float>();
+  std::vector<float> wbuf;
+  const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = as_f32(weight, wbuf);
   const float *pm = mean.data<float>(), *pr = rstd.data<float>();
 
   // Per-thread partials of dweight and dbias: 2 C floats a thread, a few KiB, below the

@@ -1,11 +1,13 @@
-// Linear layers and the general GEMM: argument checks that name the op and the shapes at
-// fault, then oneDNN (dnnl_gemm.h) for the products and an OpenMP column sum for dbias.
+// Linear layers and the general GEMM: argument checks that name the op and the shapes or dtypes
+// at fault, then oneDNN (dnnl_gemm.h) for the products and an OpenMP column sum for dbias. The
+// bf16 variants differ only in the element types handed to oneDNN and in a widening column sum.
 #include "memfit/kernels/cpu/matmul.h"
 
 #include <algorithm>
 
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/dnnl_gemm.h"
+#include "memfit/kernels/cpu/half_vec.h"
 
 namespace memfit::kernels {
 namespace {
@@ -41,6 +43,48 @@ void column_sum_accumulate(float* dbias, const float* dout, int64_t R, int64_t N
   }
 }
 
+// The same for a bf16 dout: each element widened to f32 (exact), summed in f32 in row order.
+void column_sum_accumulate_bf16(float* dbias, const uint16_t* dout, int64_t R, int64_t N) {
+  constexpr int64_t kBlock = 64;
+  const int64_t n_blocks = (N + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (R * N > 32768)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, w = std::min(kBlock, N - j0);
+    alignas(64) float acc[kBlock] = {};
+    for (int64_t r = 0; r < R; ++r) {
+      const uint16_t* row = dout + r * N + j0;
+#if defined(__AVX512F__)
+      for (int64_t j = 0; j < w; j += 16) {
+        const __mmask16 m = vec::tail_mask(w - j);
+        _mm512_store_ps(acc + j, _mm512_add_ps(_mm512_load_ps(acc + j),
+                                               half::maskz_load16<DType::bf16>(m, row + j)));
+      }
+#else
+      for (int64_t j = 0; j < w; ++j) acc[j] += f32_from_bf16(row[j]);
+#endif
+    }
+    for (int64_t j = 0; j < w; ++j) dbias[j0 + j] += acc[j];
+  }
+}
+
+// f16 operands: oneDNN 2.6 has no f16 matmul on the CPU (measured: no primitive descriptor
+// for any f16 source/weights/destination combination), so say so rather than fail inside it.
+void reject_f16(DType t, std::string_view name, const Shape& shape) {
+  MEMFIT_CHECK_DTYPE(t != DType::f16, kOp,
+                     "{} is f16 {}: oneDNN 2.6 has no f16 matmul on the CPU; use bf16 (or f32) "
+                     "operands", name, shape);
+}
+
+// With bf16 operands an output or bias may be f32 or bf16: the dtype of `t` if it is one of
+// those (f32 if t is undefined), else a DTypeError that names it.
+DType f32_or_bf16(const Tensor& t, std::string_view name) {
+  if (!t.defined()) return DType::f32;
+  MEMFIT_CHECK_DTYPE(t.dtype() == DType::f32 || t.dtype() == DType::bf16, kOp,
+                     "{} must be f32 or bf16 with bf16 operands, got {} {}", name,
+                     dtype_name(t.dtype()), t.shape());
+  return t.dtype();
+}
+
 void check_gemm_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
                      int64_t ldb, int64_t ldc, float beta) {
   MEMFIT_CHECK_SHAPE(M >= 0 && N >= 0 && K >= 0, "gemm", "negative size M={} N={} K={}", M, N, K);
@@ -68,8 +112,9 @@ LinearDims check_linear(const Tensor& inp, const Tensor& weight, DType dtype) {
                      "inp {} must have rank >= 1 and weight {} rank 2 (OC, IC)", is, ws);
   MEMFIT_CHECK_SHAPE(is[-1] == ws[1], kOp,
                      "inner dims differ: {} x {} (inp x weight, weight is (OC, IC))", is, ws);
-  const int64_t IC = ws[1];
-  return {IC ? is.numel() / IC : 0, IC, ws[0]};
+  int64_t R = 1;  // the leading dims' product (numel / IC fails when IC = 0)
+  for (int d = 0; d + 1 < is.rank(); ++d) R *= is[d];
+  return {R, ws[1], ws[0]};
 }
 
 }  // namespace
@@ -95,11 +140,16 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   MEMFIT_CHECK(inp.defined(), kOp, "inp is undefined");
   const DType in_type = inp.dtype();
+  reject_f16(in_type, "inp", inp.shape());
   MEMFIT_CHECK_DTYPE(in_type == DType::f32 || in_type == DType::bf16, kOp,
                      "inp must be f32 or bf16, got {} {}", dtype_name(in_type), inp.shape());
   const auto [R, IC, OC] = check_linear(inp, weight, in_type);
-  expect_tensor(out, kOp, "out", with_last(inp.shape(), OC));
-  if (bias.defined()) expect_tensor(bias, kOp, "bias", Shape{OC});
+  // bf16 inputs may write bf16 and take a bf16 bias; f32 inputs keep everything f32.
+  const bool low = in_type == DType::bf16;
+  const DType out_type = low ? f32_or_bf16(out, "out") : DType::f32;
+  const DType bias_type = low ? f32_or_bf16(bias, "bias") : DType::f32;
+  expect_tensor(out, kOp, "out", with_last(inp.shape(), OC), out_type);
+  if (bias.defined()) expect_tensor(bias, kOp, "bias", Shape{OC}, bias_type);
 
   dnnl_gemm::GemmSpec s;  // out (R, OC) = inp (R, IC) @ weight^T (IC, OC) + bias
   s.M = R, s.N = OC, s.K = IC;
@@ -107,27 +157,70 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
   s.lda = ld(IC), s.ldb = ld(IC), s.ldc = ld(OC);
   s.bias = bias.defined();
   s.a_type = s.b_type = in_type;
+  s.c_type = out_type;
+  s.bias_type = bias_type;
   dnnl_gemm::execute(s, inp.raw_data(), weight.raw_data(), out.raw_data(),
-                     bias.defined() ? bias.data<float>() : nullptr);
+                     bias.defined() ? bias.raw_data() : nullptr);
 }
 
 void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
-  const auto [R, IC, OC] = check_linear(inp, weight, DType::f32);
-  expect_tensor(dout, kOp, "dout", with_last(inp.shape(), OC));
-  expect_tensor(dweight, kOp, "dweight", weight.shape());
-  if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape());
-  if (dbias.defined()) expect_tensor(dbias, kOp, "dbias", Shape{OC});
-  const float* dout_p = dout.data<float>();
+  MEMFIT_CHECK(inp.defined(), kOp, "inp is undefined");
+  const DType in_type = inp.dtype();
+  reject_f16(in_type, "inp", inp.shape());
+  if (in_type == DType::f32) {  // the FP32 path, as it always was
+    const auto [R, IC, OC] = check_linear(inp, weight, DType::f32);
+    expect_tensor(dout, kOp, "dout", with_last(inp.shape(), OC));
+    expect_tensor(dweight, kOp, "dweight", weight.shape());
+    if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape());
+    if (dbias.defined()) expect_tensor(dbias, kOp, "dbias", Shape{OC});
+    const float* dout_p = dout.data<float>();
+
+    if (dinp.defined()) {  // dinp (R, IC) = dout (R, OC) @ weight (OC, IC)
+      gemm(false, false, R, IC, OC, 1.0f, dout_p, ld(OC), weight.data<float>(), ld(IC), 0.0f,
+           dinp.data<float>(), ld(IC));
+    }
+    // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC)
+    gemm(true, false, OC, IC, R, 1.0f, dout_p, ld(OC), inp.data<float>(), ld(IC), 1.0f,
+         dweight.data<float>(), ld(IC));
+    if (dbias.defined()) column_sum_accumulate(dbias.data<float>(), dout_p, R, OC);
+    return;
+  }
+
+  MEMFIT_CHECK_DTYPE(in_type == DType::bf16, kOp, "inp must be f32 or bf16, got {} {}",
+                     dtype_name(in_type), inp.shape());
+  const auto [R, IC, OC] = check_linear(inp, weight, DType::bf16);
+  MEMFIT_CHECK_DTYPE(!dout.defined() || dout.dtype() == DType::bf16, kOp,
+                     "dout must be bf16 like inp and weight, got {} {} (convert an f32 gradient "
+                     "to bf16 first)",
+                     dtype_name(dout.dtype()), dout.shape());
+  expect_tensor(dout, kOp, "dout", with_last(inp.shape(), OC), DType::bf16);
+  expect_tensor(dweight, kOp, "dweight", weight.shape(), DType::f32);
+  const DType dinp_type = f32_or_bf16(dinp, "dinp");
+  if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape(), dinp_type);
+  if (dbias.defined()) expect_tensor(dbias, kOp, "dbias", Shape{OC}, DType::f32);
 
   if (dinp.defined()) {  // dinp (R, IC) = dout (R, OC) @ weight (OC, IC)
-    gemm(false, false, R, IC, OC, 1.0f, dout_p, ld(OC), weight.data<float>(), ld(IC), 0.0f,
-         dinp.data<float>(), ld(IC));
+    dnnl_gemm::GemmSpec s;
+    s.M = R, s.N = IC, s.K = OC;
+    s.lda = ld(OC), s.ldb = ld(IC), s.ldc = ld(IC);
+    s.a_type = s.b_type = DType::bf16;
+    s.c_type = dinp_type;
+    dnnl_gemm::execute(s, dout.raw_data(), weight.raw_data(), dinp.raw_data());
   }
-  // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC)
-  gemm(true, false, OC, IC, R, 1.0f, dout_p, ld(OC), inp.data<float>(), ld(IC), 1.0f,
-       dweight.data<float>(), ld(IC));
-  if (dbias.defined()) column_sum_accumulate(dbias.data<float>(), dout_p, R, OC);
+  {  // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC), accumulated in f32
+    dnnl_gemm::GemmSpec s;
+    s.M = OC, s.N = IC, s.K = R;
+    s.trans_a = true;
+    s.lda = ld(OC), s.ldb = ld(IC), s.ldc = ld(IC);
+    s.beta = 1.0f;
+    s.a_type = s.b_type = DType::bf16;
+    dnnl_gemm::execute(s, dout.raw_data(), inp.raw_data(), dweight.raw_data());
+  }
+  if (dbias.defined()) {
+    column_sum_accumulate_bf16(dbias.data<float>(), static_cast<const uint16_t*>(dout.raw_data()),
+                               R, OC);
+  }
 }
 
 }  // namespace memfit::kernels

@@ -7,11 +7,19 @@
 namespace memfit::kernels {
 
 // inp (N..., IC) with R = numel/IC rows; weight (OC, IC); bias (OC) or undefined; out (N..., OC).
-// inp and weight are both f32, or both bf16 (accumulated in f32); bias and out are f32.
+// dtypes (see docs/notes/mixed-precision.md):
+//   inp, weight f32  -> out f32, bias f32: the FP32 path;
+//   inp, weight bf16 -> out f32 or bf16 (the out tensor's dtype), bias f32 or bf16; products
+//                       accumulate in f32 (AMX on Sapphire Rapids) and out rounds once at the end.
+// f16 operands are a DTypeError: oneDNN 2.6 has no f16 matmul on the CPU.
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 
 // dinp (=, skipped if undefined) = dout @ weight; dweight += dout^T @ inp; dbias += sum of dout
-// rows (skipped if undefined). All f32 for now.
+// rows (skipped if undefined). dtypes:
+//   dout, inp, weight f32  -> dinp f32, dweight f32, dbias f32: the FP32 path;
+//   dout, inp, weight bf16 -> dinp f32 or bf16 (its tensor's dtype), dweight f32 (accumulated
+//                             in f32 by oneDNN's sum post-op), dbias f32 (f32 column sums).
+// A gradient held in f32 (the residual stream's) is converted to bf16 first (convert.h).
 void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight);
 

@@ -1,0 +1,106 @@
+// BF16 against FP32 for the linear layer at GPT-2 124M shapes (B*T = 2048 rows, C = 768: qkv,
+// attention projection, MLP up and down; the LM head at 256 rows of a 50304 vocabulary),
+// forward and backward, in FLOP/s; and oneDNN's bare BF16 and FP32 GEMM rate at 2048^3 for
+// reference. Each benchmark takes a last argument bf16 = 0 (f32 operands) or 1 (bf16 operands,
+// f32 accumulation) so that the two sit side by side. Backward writes dinp in f32, as the
+// model does where dinp feeds a LayerNorm backward.
+#include <benchmark/benchmark.h>
+
+#include "memfit/kernels/cpu/convert.h"
+#include "memfit/kernels/cpu/matmul.h"
+
+namespace memfit::kernels {
+namespace {
+
+// A tensor of `dtype` with small deterministic values (generated in f32, then converted).
+Tensor filled(MemoryPool& pool, Shape shape, DType dtype, Category category, const char* tag) {
+  Tensor f = Tensor::empty(pool, shape, DType::f32, category, tag);
+  float* p = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i) p[i] = 0.001f * static_cast<float>(i % 1000) - 0.5f;
+  if (dtype == DType::f32) return f;
+  Tensor t = Tensor::empty(pool, shape, dtype, category, tag);
+  convert(t, f);
+  return t;
+}
+
+DType operand_type(const benchmark::State& state, int arg) {
+  return state.range(arg) ? DType::bf16 : DType::f32;
+}
+
+// Args: rows R, in features IC, out features OC, bias (0/1), bf16 (0/1). out is f32.
+void BM_Matmul_Bf16Forward(benchmark::State& state) {
+  const int64_t R = state.range(0), IC = state.range(1), OC = state.range(2);
+  const DType t = operand_type(state, 4);
+  MemoryPool pool;
+  Tensor inp = filled(pool, {R, IC}, t, Category::activations, "inp");
+  Tensor w = filled(pool, {OC, IC}, t, Category::params, "w");
+  Tensor bias = state.range(3) ? filled(pool, {OC}, DType::f32, Category::params, "b") : Tensor();
+  Tensor out = Tensor::empty(pool, {R, OC}, DType::f32, Category::activations, "out");
+  for (auto _ : state) {
+    matmul_forward(out, inp, w, bias);
+    benchmark::DoNotOptimize(out.raw_data());
+  }
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+// dinp (f32) = dout @ w, dweight (f32) += dout^T @ inp, dbias (f32) += column sums.
+void BM_Matmul_Bf16Backward(benchmark::State& state) {
+  const int64_t R = state.range(0), IC = state.range(1), OC = state.range(2);
+  const DType t = operand_type(state, 4);
+  MemoryPool pool;
+  Tensor inp = filled(pool, {R, IC}, t, Category::activations, "inp");
+  Tensor w = filled(pool, {OC, IC}, t, Category::params, "w");
+  Tensor dout = filled(pool, {R, OC}, t, Category::activations, "dout");
+  Tensor dinp = Tensor::empty(pool, {R, IC}, DType::f32, Category::activations, "dinp");
+  Tensor dw = Tensor::empty(pool, {OC, IC}, DType::f32, Category::grads, "dw");
+  Tensor db =
+      state.range(3) ? Tensor::empty(pool, {OC}, DType::f32, Category::grads, "db") : Tensor();
+  for (auto _ : state) {
+    matmul_backward(dinp, dw, db, dout, inp, w);
+    benchmark::DoNotOptimize(dw.raw_data());
+  }
+  state.counters["FLOP/s"] =
+      benchmark::Counter(4.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+// The bare oneDNN rate on a square product (out = a @ b^T through matmul_forward, no bias).
+void BM_Matmul_Bf16Gemm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const DType t = operand_type(state, 1);
+  MemoryPool pool;
+  Tensor a = filled(pool, {n, n}, t, Category::workspace, "a");
+  Tensor b = filled(pool, {n, n}, t, Category::workspace, "b");
+  Tensor c = Tensor::empty(pool, {n, n}, DType::f32, Category::workspace, "c");
+  Tensor none;
+  for (auto _ : state) {
+    matmul_forward(c, a, b, none);
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * n * n * n * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+void gpt2_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"R", "IC", "OC", "bias", "bf16"});
+  for (int64_t bf16 : {0, 1}) {
+    b->Args({2048, 768, 2304, 1, bf16});  // attention qkv
+    b->Args({2048, 768, 768, 1, bf16});   // attention projection
+    b->Args({2048, 768, 3072, 1, bf16});  // MLP up
+    b->Args({2048, 3072, 768, 1, bf16});  // MLP down
+    b->Args({256, 768, 50304, 0, bf16});  // LM head, one chunk of rows
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+BENCHMARK(BM_Matmul_Bf16Forward)->Apply(gpt2_shapes);
+BENCHMARK(BM_Matmul_Bf16Backward)->Apply(gpt2_shapes);
+BENCHMARK(BM_Matmul_Bf16Gemm)
+    ->ArgNames({"n", "bf16"})
+    ->Args({2048, 0})
+    ->Args({2048, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace memfit::kernels
