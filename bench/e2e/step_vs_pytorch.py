@@ -102,9 +102,10 @@ def torch_worker(model, B, T, steps, warmup):
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def run_memfit(model, B, T, steps, warmup):
+def run_memfit(model, B, T, steps, warmup, attention):
     out = subprocess.run([TOOL, "--model", model, "--batch", str(B), "--seq", str(T),
-                          "--steps", str(steps), "--warmup", str(warmup)],
+                          "--steps", str(steps), "--warmup", str(warmup),
+                          "--attention", attention],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -128,6 +129,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--shapes", default=",".join(f"{m}:{b}x{t}" for m, b, t in SHAPES),
                     help="comma-separated model:BxT")
+    ap.add_argument("--attention", default="flash", choices=["flash", "plain"],
+                    help="memfit's attention kernel")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "step_vs_pytorch.json"))
     ap.add_argument("--torch-worker", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -139,7 +142,7 @@ def main():
     for spec in args.shapes.split(","):
         model, bt = spec.split(":")
         B, T = (int(x) for x in bt.split("x"))
-        mf = run_memfit(model, B, T, args.steps, args.warmup)
+        mf = run_memfit(model, B, T, args.steps, args.warmup, args.attention)
         pt = run_torch(model, B, T, args.steps, args.warmup)
         rows.append({"shape": spec, "memfit": mf, "pytorch": pt,
                      "speedup": pt["median_ms"] / mf["median_ms"],

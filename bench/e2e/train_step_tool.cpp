@@ -22,6 +22,7 @@ using namespace memfit;
 int main(int argc, char** argv) {
   std::string model = "gpt2-small-test";
   int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
+  std::string attention = "flash";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model = v;
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--lm-head-chunk") chunk = std::stoi(v);
+    else if (k == "--attention") attention = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
     gpt.init_weights(1337);
     ActivationOptions opts;
     opts.lm_head_chunk = chunk;
+    opts.attention = attention_kind_from_name(attention);
     gpt.reserve(B, T, opts);
     OptimConfig oc;
     AdamW opt(oc, gpt.layout(), pool);
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     j["impl"] = "memfit";
     j["model"] = model;
+    j["attention"] = attention;
     j["batch"] = B;
     j["seq"] = T;
     j["params"] = config.num_params();
