@@ -243,7 +243,6 @@ TrainSummary train(const TrainConfig& cfg_in) {
     rates.push_back(rate);
     summary.losses.push_back(loss);
     summary.last_loss = loss;
-    summary.last_step = step + 1;
     ++summary.steps_run;
 
     log_line({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
@@ -265,13 +264,12 @@ TrainSummary train(const TrainConfig& cfg_in) {
     }
   }
   progress.finish();
-  const int64_t final_step = std::max(start_step, summary.last_step);
+  const int64_t final_step = start_step + summary.steps_run;
   if (!cfg.save_dir.empty() && saved_at != final_step) save(final_step);
 
   if (!rates.empty()) {
-    std::vector<double> sorted = rates;
-    std::sort(sorted.begin(), sorted.end());
-    summary.median_tokens_per_s = sorted[sorted.size() / 2];
+    std::sort(rates.begin(), rates.end());
+    summary.median_tokens_per_s = rates[rates.size() / 2];
   }
   summary.last_step = final_step;
   summary.peak_bytes = pool.bytes_peak();
