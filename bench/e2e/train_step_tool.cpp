@@ -1,4 +1,5 @@
-// Times full training steps (forward, backward, AdamW) of a GPT-2 shape on random tokens and
+// Times full training steps (forward, backward, optimizer update through the trainer's own
+// apply_update) of a GPT-2 shape on random tokens and
 // prints one JSON object: per-step milliseconds, median, tokens/s, achieved FLOP/s and the
 // pool's peak by category. Driven by bench/e2e/step_vs_pytorch.py, which runs the PyTorch
 // baseline beside it; kept out of the test suite because it measures time.
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,14 +17,15 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/model/gpt2.h"
-#include "memfit/optim/adamw.h"
+#include "memfit/optim/optimizer.h"
+#include "memfit/train/update.h"
 
 using namespace memfit;
 
 int main(int argc, char** argv) {
   std::string model = "gpt2-small-test";
   int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
-  std::string attention = "flash";
+  std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model = v;
@@ -32,6 +35,9 @@ int main(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--lm-head-chunk") chunk = std::stoi(v);
     else if (k == "--attention") attention = v;
+    else if (k == "--precision") precision = v;
+    else if (k == "--master-weights") master = v;
+    else if (k == "--optim") optim = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -40,14 +46,21 @@ int main(int argc, char** argv) {
   try {
     MemoryPool pool;
     GPT2Config config = GPT2Config::preset(model);
-    GPT2 gpt(config, pool);
+    PrecisionOptions po{precision_from_name(precision), master != "none"};
+    GPT2 gpt(config, pool, po);
     gpt.init_weights(1337);
     ActivationOptions opts;
     opts.lm_head_chunk = chunk;
     opts.attention = attention_kind_from_name(attention);
     gpt.reserve(B, T, opts);
     OptimConfig oc;
-    AdamW opt(oc, gpt.layout(), pool);
+    oc.name = optim;
+    oc.n_head = config.n_head;
+    oc.seed = 1337;
+    std::unique_ptr<Optimizer> opt = make_optimizer(oc, gpt.layout(), pool);
+    std::unique_ptr<DynamicLossScaler> scaler;
+    if (po.precision == Precision::fp16) scaler = std::make_unique<DynamicLossScaler>();
+    int skipped = 0;
 
     Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "bench.tokens");
     Tensor targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "bench.targets");
@@ -61,9 +74,11 @@ int main(int argc, char** argv) {
     for (int s = 0; s < warmup + steps; ++s) {
       auto t0 = std::chrono::steady_clock::now();
       gpt.zero_grad();
-      float loss = gpt.forward(tokens, targets, /*training=*/true);
+      float loss = gpt.forward(tokens, targets, /*training=*/true,
+                               scaler ? scaler->scale() : 1.0f);
       gpt.backward();
-      opt.step(gpt.params(), gpt.grads(), 3e-4f, 1.0f);
+      UpdateOutcome u = apply_update(gpt, *opt, scaler.get(), 3e-4f, 1.0f, 1);
+      skipped += u.skipped;
       auto t1 = std::chrono::steady_clock::now();
       if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       losses.push_back(loss);
@@ -84,6 +99,10 @@ int main(int argc, char** argv) {
     j["impl"] = "memfit";
     j["model"] = model;
     j["attention"] = attention;
+    j["precision"] = precision;
+    j["master_weights"] = master;
+    j["optim"] = optim;
+    j["skipped"] = skipped;
     j["batch"] = B;
     j["seq"] = T;
     j["params"] = config.num_params();

@@ -19,7 +19,7 @@ namespace memfit::cli {
 namespace {
 
 struct SampleOptions {
-  std::string checkpoint, prompt = "\n", tokenizer = "auto";
+  std::string checkpoint, prompt = "\n", tokenizer = "auto", precision = "fp32";
   int tokens = 100, top_k = 40;
   float temperature = 0.8f;
   uint64_t seed = 1337;
@@ -38,16 +38,23 @@ void run_sample(const SampleOptions& o) {
     MEMFIT_THROW(ConfigError, "sample", "the {} tokenizer has {} tokens, the model only {}",
                  tok_name, tok->vocab_size(), mc.vocab_size);
 
+  // bf16 loads straight into bf16 weights; fp16 keeps f32 weights of record to round from.
+  PrecisionOptions po;
+  po.precision = precision_from_name(o.precision);
+  po.master_weights = po.precision != Precision::bf16;
   MemoryPool pool;
-  GPT2 gpt(mc, pool);
-  io::load_gpt2_checkpoint(loc.dir, mc, gpt.layout(), gpt.params());
+  GPT2 gpt(mc, pool, po);
+  io::load_gpt2_checkpoint(loc.dir, mc, gpt.layout(), gpt.weights());
+  gpt.refresh_working();
   std::vector<int32_t> ids = tok->encode(o.prompt);
   if (ids.empty()) ids.push_back(tok->eot_token());
 
   // One window of the model's context: positions past the text are padding, which causal
   // attention keeps from affecting the positions before them.
   const int T = mc.max_seq_len, V = mc.vocab_size;
-  gpt.reserve(1, T);
+  ActivationOptions act;
+  if (po.precision == Precision::fp16) act.attention = AttentionKind::plain;  // flash: fp32, bf16
+  gpt.reserve(1, T, act);
   Tensor window = Tensor::empty(pool, {1, T}, DType::i32, Category::staging, "sample.tokens");
   Tensor logits = Tensor::empty(pool, {1, T, V}, DType::f32, Category::workspace, "sample.logits");
   std::mt19937_64 rng(o.seed);
@@ -95,6 +102,7 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed)->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer, "auto | gpt2 | byte")->capture_default_str();
+  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16")->capture_default_str();
   cmd->callback([o] { run_sample(*o); });
 }
 

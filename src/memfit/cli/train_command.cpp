@@ -19,6 +19,7 @@ void print_summary(const TrainSummary& s) {
   if (s.last_val_loss >= 0) fmt::print(", val loss {:.4f}", s.last_val_loss);
   if (s.unigram_entropy > 0)
     fmt::print(" (unigram entropy of the training tokens: {:.4f})", s.unigram_entropy);
+  if (s.skipped_steps) fmt::print("; {} steps skipped for overflow", s.skipped_steps);
   fmt::print("\n\n{:<12} {:>12}\n", "peak memory", "MiB");
   for (Category c : kAllCategories) {
     size_t b = s.peak_by_category[static_cast<size_t>(c)];
@@ -80,6 +81,23 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--attention", c.attention,
                   "flash (tiled, O(T) saved per head) | plain (saves the T x T probabilities)")
+      ->capture_default_str();
+  cmd->add_option("--precision", c.precision,
+                  "fp32 | bf16 (AMX matmuls, FP32 master weights) | fp16 (loss scaling)")
+      ->capture_default_str();
+  cmd->add_option("--master-weights", c.master_weights,
+                  "fp32 | none (bf16 only: pure bf16 weights, stochastic rounding)")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale-window", c.loss_scaler.window,
+                  "fp16: clean steps before the loss scale doubles")
+      ->capture_default_str();
+  cmd->add_option("--hysteresis", c.loss_scaler.hysteresis,
+                  "fp16: overflowing steps before the loss scale halves")
+      ->capture_default_str();
+  cmd->add_option("--min-loss-scale", c.loss_scaler.min_scale, "fp16: floor of the loss scale")
+      ->capture_default_str();
+  cmd->add_option("--initial-loss-scale", c.loss_scaler.initial_scale,
+                  "fp16: the loss scale at the start")
       ->capture_default_str();
   cmd->add_option("--stop-after", c.stop_after,
                   "Stop after this step as if interrupted (the schedule still spans --steps)");

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 
 #include "memfit/core/error.h"
 #include "memfit/kernels/cpu/attention.h"
 #include "memfit/kernels/cpu/flash_attention.h"
+#include "memfit/kernels/cpu/matmul_f16.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit {
@@ -30,8 +32,16 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
   const int64_t N = static_cast<int64_t>(B) * T, C = c.d_model, NH = c.n_head;
   const auto act = Category::activations;
   const auto ws = Category::workspace;
+  // Matmul operands and what is saved for them are in h (f32, bf16 or f16); the residual
+  // stream, LayerNorm statistics, log-sum-exps, logits and losses stay f32.
+  const DType f32 = DType::f32, h = half_dtype(options.precision);
+  const bool mixed = h != f32;
+  if (options.precision == Precision::fp16 && options.attention == AttentionKind::flash)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--attention flash runs in fp32 and bf16; with --precision fp16 use --attention "
+                 "plain");
   std::vector<BufferSpec> plan;
-  auto add = [&](std::string tag, Shape shape, Category cat, DType dt = DType::f32) {
+  auto add = [&](std::string tag, Shape shape, Category cat, DType dt) {
     plan.push_back({std::move(tag), shape, dt, cat});
   };
   // Saved in forward, read in backward. The GELU output is not kept: backward recomputes it
@@ -39,46 +49,68 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
   // 4C floats per token per layer, a quarter of the block's activations).
   add("tokens", {B, T}, act, DType::i32);
   add("targets", {B, T}, act, DType::i32);
-  add("encoded", {B, T, C}, act);
+  add("encoded", {B, T, C}, act, f32);
   for (int l = 0; l < c.n_layer; ++l) {
     auto t = [l](const char* what) { return fmt::format("h.{}.{}", l, what); };
-    add(t("ln_1"), {B, T, C}, act);
-    add(t("ln_1.mean"), {N}, act);
-    add(t("ln_1.rstd"), {N}, act);
-    add(t("qkv"), {B, T, 3 * C}, act);
+    add(t("ln_1"), {B, T, C}, act, h);
+    add(t("ln_1.mean"), {N}, act, f32);
+    add(t("ln_1.rstd"), {N}, act, f32);
+    add(t("qkv"), {B, T, 3 * C}, act, h);
     if (options.attention == AttentionKind::flash)
-      add(t("lse"), {B, NH, T}, act);
+      add(t("lse"), {B, NH, T}, act, f32);
     else
-      add(t("att"), {B, NH, T, T}, act);
-    add(t("atty"), {B, T, C}, act);
-    add(t("residual_2"), {B, T, C}, act);
-    add(t("ln_2"), {B, T, C}, act);
-    add(t("ln_2.mean"), {N}, act);
-    add(t("ln_2.rstd"), {N}, act);
-    add(t("fch"), {B, T, 4 * C}, act);
-    add(t("residual_3"), {B, T, C}, act);
+      add(t("att"), {B, NH, T, T}, act, h);
+    add(t("atty"), {B, T, C}, act, h);
+    add(t("residual_2"), {B, T, C}, act, f32);
+    add(t("ln_2"), {B, T, C}, act, h);
+    add(t("ln_2.mean"), {N}, act, f32);
+    add(t("ln_2.rstd"), {N}, act, f32);
+    add(t("fch"), {B, T, 4 * C}, act, h);
+    add(t("residual_3"), {B, T, C}, act, f32);
   }
-  add("ln_f", {B, T, C}, act);
-  add("ln_f.mean", {N}, act);
-  add("ln_f.rstd", {N}, act);
+  add("ln_f", {B, T, C}, act, h);
+  add("ln_f.mean", {N}, act, f32);
+  add("ln_f.rstd", {N}, act, f32);
   // Scratch shared by every layer's backward and by the LM head.
   const int64_t R = std::min<int64_t>(options.lm_head_chunk, N);
-  add("ws.logits", {R, c.padded_vocab}, ws);
-  add("ws.losses", {N}, ws);
-  add("ws.dresidual", {B, T, C}, ws);
-  add("ws.dC", {B, T, C}, ws);  // d(ln_f) from the LM head, then d(ln_2), d(atty), d(ln_1)
-  add("ws.gelu", {B, T, 4 * C}, ws);
-  add("ws.d4C", {B, T, 4 * C}, ws);
-  add("ws.dqkv", {B, T, 3 * C}, ws);
+  add("ws.logits", {R, c.padded_vocab}, ws, f32);
+  if (mixed) add("ws.dlogits", {R, c.padded_vocab}, ws, h);  // the LM head's matmul operand
+  add("ws.losses", {N}, ws, f32);
+  add("ws.dresidual", {B, T, C}, ws, f32);
+  // d(ln_f) from the LM head, then d(ln_2), d(atty), d(ln_1); the projections' f32 outputs in
+  // forward.
+  add("ws.dC", {B, T, C}, ws, f32);
+  if (mixed) {
+    add("ws.dresidual.half", {B, T, C}, ws, h);  // d(residual) as the projections' dout
+    add("ws.dC.half", {B, T, C}, ws, h);         // d(atty): the attention backward's dout
+  }
+  add("ws.gelu", {B, T, 4 * C}, ws, h);
+  add("ws.d4C", {B, T, 4 * C}, ws, h);
+  add("ws.dqkv", {B, T, 3 * C}, ws, h);
   auto floats = [](size_t bytes) { return static_cast<int64_t>((bytes + 3) / 4); };
   if (options.attention == AttentionKind::flash) {
-    add("ws.attention", {floats(kernels::flash_attention_backward_workspace_bytes(B, T, C, c.n_head))},
-        ws);
+    add("ws.attention",
+        {floats(kernels::flash_attention_backward_workspace_bytes(B, T, C, c.n_head, h))}, ws,
+        f32);
     add("ws.attention_fwd",
-        {floats(kernels::flash_attention_forward_workspace_bytes(B, T, C, c.n_head))}, ws);
+        {floats(kernels::flash_attention_forward_workspace_bytes(B, T, C, c.n_head, h))}, ws,
+        f32);
   } else {
-    add("ws.attention", {floats(kernels::attention_backward_workspace_bytes(B, T, C, c.n_head))},
-        ws);
+    add("ws.attention",
+        {floats(kernels::attention_backward_workspace_bytes(B, T, C, c.n_head, h, h, h, h))}, ws,
+        f32);
+    if (mixed)
+      add("ws.attention_fwd",
+          {floats(kernels::attention_forward_workspace_bytes(B, T, C, c.n_head, h, h, h))}, ws,
+          f32);
+  }
+  if (options.precision == Precision::fp16) {
+    // oneDNN 2.6 has no f16 matmul: operands are widened into this (kernels/cpu/matmul_f16.h).
+    size_t widen = 0;
+    for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, 3 * C}, {N, C, C}, {N, C, 4 * C},
+                                 {N, 4 * C, C}, {R, C, c.padded_vocab}})
+      widen = std::max(widen, kernels::matmul_f16_scratch_bytes(rows, in, out));
+    add("ws.widen", {floats(widen)}, ws, f32);
   }
   return plan;
 }

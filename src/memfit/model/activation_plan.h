@@ -13,6 +13,7 @@
 #include "memfit/core/shape.h"
 #include "memfit/memory/category.h"
 #include "memfit/model/gpt2_config.h"
+#include "memfit/model/precision.h"
 
 namespace memfit {
 
@@ -34,6 +35,9 @@ std::string_view attention_kind_name(AttentionKind kind);
 struct ActivationOptions {
   int lm_head_chunk = 256;  // rows of logits computed at a time (see Note [Fused LM head])
   AttentionKind attention = AttentionKind::flash;
+  // Set by the model from its own precision: matmul operands and saved activations are in
+  // half_dtype(precision) (docs/notes/mixed-precision.md has the table).
+  Precision precision = Precision::fp32;
 };
 
 std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& config, int B, int T,

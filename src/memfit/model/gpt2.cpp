@@ -6,25 +6,42 @@
 
 #include "memfit/kernels/cpu/attention.h"
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
 #include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
 #include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/cpu/matmul_f16.h"
 #include "memfit/kernels/cpu/residual.h"
 
 namespace memfit {
 
 using namespace kernels;
 
-GPT2::GPT2(const GPT2Config& config, MemoryPool& pool)
-    : config_(config), pool_(pool), layout_((config_.finalize(), config_)) {
-  params_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::params, "params");
+GPT2::GPT2(const GPT2Config& config, MemoryPool& pool, const PrecisionOptions& precision)
+    : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
+  const Precision p = precision.precision;
+  if (!precision.master_weights && p != Precision::bf16)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--master-weights none is pure bf16 training and needs --precision bf16, got {}",
+                 precision_name(p));
+  params_ = Tensor::empty(pool, {layout_.total()}, half_dtype(p), Category::params, "params");
+  if (p != Precision::fp32 && precision.master_weights)
+    master_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::master, "master");
   grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
 }
 
-void GPT2::init_weights(uint64_t seed) {
+void GPT2::refresh_working() {
+  if (master_.defined()) convert(params_, master_);
+}
+
+namespace {
+
+// Writes GPT-2's initial weights (see init_weights) into an f32 slab.
+void init_gpt2_weights(const GPT2Config& config, const ParamLayout& layout, Tensor& slab,
+                       uint64_t seed) {
   // Box-Muller over mt19937_64 rather than std::normal_distribution, whose algorithm differs
   // between standard libraries: the same seed gives the same weights everywhere.
   std::mt19937_64 rng(seed);
@@ -32,10 +49,10 @@ void GPT2::init_weights(uint64_t seed) {
   auto normal = [&] {
     return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform());
   };
-  params_.zero();
-  const double residual_scale = 1.0 / std::sqrt(2.0 * config_.n_layer);
-  for (const ParamInfo& p : layout_.params()) {
-    float* w = params_.data<float>() + p.offset;
+  slab.zero();
+  const double residual_scale = 1.0 / std::sqrt(2.0 * config.n_layer);
+  for (const ParamInfo& p : layout.params()) {
+    float* w = slab.data<float>() + p.offset;
     switch (p.role) {
       case ParamRole::norm_weight: std::fill(w, w + p.numel, 1.0f); break;
       case ParamRole::norm_bias:
@@ -45,14 +62,52 @@ void GPT2::init_weights(uint64_t seed) {
         if (p.role == ParamRole::attn_proj_weight || p.role == ParamRole::mlp_proj_weight)
           std *= residual_scale;
         int64_t n = p.numel;
-        if (p.role == ParamRole::token_embedding) n = int64_t{config_.vocab_size} * p.shape[1];
+        if (p.role == ParamRole::token_embedding) n = int64_t{config.vocab_size} * p.shape[1];
         for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(std * normal());
       }
     }
   }
 }
 
-void GPT2::reserve(int B, int T, const ActivationOptions& options) {
+}  // namespace
+
+void GPT2::init_weights(uint64_t seed) {
+  Tensor& w = weights();
+  if (w.dtype() == DType::f32) {
+    init_gpt2_weights(config_, layout_, w, seed);
+  } else {
+    // Pure bf16: draw in f32 in a staging slab that lives only for this call.
+    Tensor staging =
+        Tensor::empty(pool_, {layout_.total()}, DType::f32, Category::staging, "init.staging");
+    init_gpt2_weights(config_, layout_, staging, seed);
+    convert(w, staging);
+  }
+  refresh_working();
+}
+
+
+void GPT2::mm_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  if (precision_.precision == Precision::fp16) {
+    Tensor scratch = buffer("ws.widen");
+    matmul_forward_f16(out, inp, weight, bias, scratch);
+  } else {
+    matmul_forward(out, inp, weight, bias);
+  }
+}
+
+void GPT2::mm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight) {
+  if (precision_.precision == Precision::fp16) {
+    Tensor scratch = buffer("ws.widen");
+    matmul_backward_f16(dinp, dweight, dbias, dout, inp, weight, scratch);
+  } else {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+  }
+}
+
+void GPT2::reserve(int B, int T, const ActivationOptions& options_in) {
+  ActivationOptions options = options_in;
+  options.precision = precision_.precision;
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "gpt2",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
@@ -60,8 +115,11 @@ void GPT2::reserve(int B, int T, const ActivationOptions& options) {
       options.attention == options_.attention)
     return;
   buffers_.clear();
-  for (const BufferSpec& b : gpt2_activation_plan(config_, B, T, options))
+  buffer_order_.clear();
+  for (const BufferSpec& b : gpt2_activation_plan(config_, B, T, options)) {
     buffers_.emplace(b.tag, Tensor::empty(pool_, b.shape, b.dtype, b.category, b.tag));
+    buffer_order_.push_back(b.tag);
+  }
   B_ = B;
   T_ = T;
   options_ = options;
@@ -97,20 +155,23 @@ void GPT2::forward_blocks(const Tensor& tokens) {
     Tensor proj = buf("ws.dC"), gelu = buf("ws.gelu");
 
     layernorm_forward(ln1, ln1m, ln1r, x, p(l, "ln_1.weight"), p(l, "ln_1.bias"));
-    matmul_forward(qkv, ln1, p(l, "attn.c_attn.weight"), p(l, "attn.c_attn.bias"));
+    mm_forward(qkv, ln1, p(l, "attn.c_attn.weight"), p(l, "attn.c_attn.bias"));
     if (options_.attention == AttentionKind::flash) {
       Tensor lse = a("lse"), ws = buf("ws.attention_fwd");
       flash_attention_forward(atty, lse, qkv, ws, config_.n_head);
-    } else {
+    } else if (qkv.dtype() == DType::f32) {
       Tensor att = a("att");
       attention_forward(atty, att, qkv, config_.n_head);
+    } else {
+      Tensor att = a("att"), ws = buf("ws.attention_fwd");
+      attention_forward(atty, att, qkv, ws, config_.n_head);
     }
-    matmul_forward(proj, atty, p(l, "attn.c_proj.weight"), p(l, "attn.c_proj.bias"));
+    mm_forward(proj, atty, p(l, "attn.c_proj.weight"), p(l, "attn.c_proj.bias"));
     residual_forward(r2, x, proj);
     layernorm_forward(ln2, ln2m, ln2r, r2, p(l, "ln_2.weight"), p(l, "ln_2.bias"));
-    matmul_forward(fch, ln2, p(l, "mlp.c_fc.weight"), p(l, "mlp.c_fc.bias"));
+    mm_forward(fch, ln2, p(l, "mlp.c_fc.weight"), p(l, "mlp.c_fc.bias"));
     gelu_forward(gelu, fch);
-    matmul_forward(proj, gelu, p(l, "mlp.c_proj.weight"), p(l, "mlp.c_proj.bias"));
+    mm_forward(proj, gelu, p(l, "mlp.c_proj.weight"), p(l, "mlp.c_proj.bias"));
     residual_forward(r3, r2, proj);
     x = r3;
   }
@@ -123,7 +184,9 @@ void GPT2::forward_blocks(const Tensor& tokens) {
 // logits = ln_f @ wte^T for the chunk, softmax cross-entropy, and (in training) the chunk's
 // gradient at once: d(ln_f) rows = dlogits @ wte, d(wte) += dlogits^T @ ln_f. Only one chunk of
 // logits ever exists, and the LM head costs no extra matmul.
-void GPT2::lm_head(const Tensor& targets, bool training, float* loss_sum) {
+// In bf16/fp16 the chunk's gradient is rounded into ws.dlogits, the head's matmul operand, while
+// the logits, softmax and loss stay f32 (see crossentropy.h).
+void GPT2::lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum) {
   const int64_t N = int64_t{B_} * T_, C = config_.d_model;
   Tensor lnf = buffer("ln_f").reshape({N, C});
   Tensor logits_ws = buffer("ws.logits"), losses = buffer("ws.losses");
@@ -131,21 +194,25 @@ void GPT2::lm_head(const Tensor& targets, bool training, float* loss_sum) {
   Tensor flat_targets = targets.reshape({N});
   Tensor wte = param("wte.weight"), dwte = grad("wte.weight");
   const int64_t R = logits_ws.size(0);
-  const float dloss = 1.0f / static_cast<float>(N);
+  const bool mixed = params_.dtype() != DType::f32;
+  Tensor dlogits_ws = mixed ? buffer("ws.dlogits") : logits_ws;
   Tensor no_bias;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r1 = std::min(N, r0 + R), rows = r1 - r0;
     Tensor x = lnf.slice(r0, r1);
     Tensor logits = logits_ws.slice(0, rows);
     Tensor tgt = flat_targets.slice(r0, r1), loss = losses.slice(r0, r1);
-    matmul_forward(logits, x, wte, no_bias);
+    mm_forward(logits, x, wte, no_bias);
     if (!training) {
       crossentropy_forward(loss, logits, tgt, config_.vocab_size);
       continue;
     }
-    crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
-    Tensor dx = dlnf.slice(r0, r1);
-    matmul_backward(dx, dwte, no_bias, logits, x, wte);
+    Tensor dlogits = dlogits_ws.slice(0, rows);
+    if (mixed)
+      crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss);
+    else
+      crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
+    mm_backward(dlnf.slice(r0, r1), dwte, no_bias, dlogits, x, wte);
   }
   double sum = 0;
   const float* l = losses.data<float>();
@@ -153,12 +220,13 @@ void GPT2::lm_head(const Tensor& targets, bool training, float* loss_sum) {
   *loss_sum = static_cast<float>(sum);
 }
 
-float GPT2::forward(const Tensor& tokens, const Tensor& targets, bool training) {
+float GPT2::forward(const Tensor& tokens, const Tensor& targets, bool training,
+                    float loss_scale) {
   MEMFIT_CHECK(B_ > 0, "gpt2", "forward before reserve()");
   expect_tensor(targets, "gpt2", "targets", {B_, T_}, DType::i32);
   forward_blocks(tokens);
   float loss_sum = 0;
-  lm_head(targets, training, &loss_sum);
+  lm_head(targets, training, loss_scale / static_cast<float>(int64_t{B_} * T_), &loss_sum);
   backward_ready_ = training;
   if (training) {
     // backward() needs the tokens for the embedding's gradient; keep a copy in the plan's
@@ -178,6 +246,14 @@ void GPT2::backward() {
 
   Tensor dres = buf("ws.dresidual"), dC = buf("ws.dC"), gelu = buf("ws.gelu"),
          d4C = buf("ws.d4C"), dqkv = buf("ws.dqkv"), att_ws = buf("ws.attention");
+  // In bf16/fp16 the residual gradient stays f32 and a rounded copy is the projections' dout;
+  // d(atty) is computed straight into the attention backward's dtype.
+  const bool mixed = params_.dtype() != DType::f32;
+  Tensor dres_h = mixed ? buf("ws.dresidual.half") : dres;
+  Tensor datty = mixed ? buf("ws.dC.half") : dC;
+  auto round_dres = [&] {
+    if (mixed) convert(dres_h, dres);
+  };
   // dC holds d(ln_f) from the fused LM head.
   Tensor last = config_.n_layer > 0 ? buf(fmt::format("h.{}.residual_3", config_.n_layer - 1))
                                     : buf("encoded");
@@ -192,23 +268,25 @@ void GPT2::backward() {
 
     // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
     gelu_forward(gelu, fch);  // recomputed, not saved (see activation_plan.cpp)
-    Tensor dwproj = g(l, "mlp.c_proj.weight"), dbproj = g(l, "mlp.c_proj.bias");
-    matmul_backward(d4C, dwproj, dbproj, dres, gelu, p(l, "mlp.c_proj.weight"));
+    round_dres();
+    mm_backward(d4C, g(l, "mlp.c_proj.weight"), g(l, "mlp.c_proj.bias"), dres_h, gelu,
+                p(l, "mlp.c_proj.weight"));
     gelu_backward(d4C, fch, d4C);
-    Tensor dwfc = g(l, "mlp.c_fc.weight"), dbfc = g(l, "mlp.c_fc.bias");
-    matmul_backward(dC, dwfc, dbfc, d4C, ln2, p(l, "mlp.c_fc.weight"));
+    mm_backward(dC, g(l, "mlp.c_fc.weight"), g(l, "mlp.c_fc.bias"), d4C, ln2,
+                p(l, "mlp.c_fc.weight"));
     Tensor dln2w = g(l, "ln_2.weight"), dln2b = g(l, "ln_2.bias");
     layernorm_backward(dres, dln2w, dln2b, dC, r2, p(l, "ln_2.weight"), a("ln_2.mean"),
                        a("ln_2.rstd"));
     // Attention: dres is now d(residual_2) and flows on to x.
-    Tensor dwap = g(l, "attn.c_proj.weight"), dbap = g(l, "attn.c_proj.bias");
-    matmul_backward(dC, dwap, dbap, dres, atty, p(l, "attn.c_proj.weight"));
+    round_dres();
+    mm_backward(datty, g(l, "attn.c_proj.weight"), g(l, "attn.c_proj.bias"), dres_h, atty,
+                p(l, "attn.c_proj.weight"));
     if (options_.attention == AttentionKind::flash)
-      flash_attention_backward(dqkv, dC, a("qkv"), atty, a("lse"), att_ws, config_.n_head);
+      flash_attention_backward(dqkv, datty, a("qkv"), atty, a("lse"), att_ws, config_.n_head);
     else
-      attention_backward(dqkv, dC, a("qkv"), a("att"), att_ws, config_.n_head);
-    Tensor dwqkv = g(l, "attn.c_attn.weight"), dbqkv = g(l, "attn.c_attn.bias");
-    matmul_backward(dC, dwqkv, dbqkv, dqkv, ln1, p(l, "attn.c_attn.weight"));
+      attention_backward(dqkv, datty, a("qkv"), a("att"), att_ws, config_.n_head);
+    mm_backward(dC, g(l, "attn.c_attn.weight"), g(l, "attn.c_attn.bias"), dqkv, ln1,
+                p(l, "attn.c_attn.weight"));
     Tensor dln1w = g(l, "ln_1.weight"), dln1b = g(l, "ln_1.bias");
     layernorm_backward(dres, dln1w, dln1b, dC, x, p(l, "ln_1.weight"), a("ln_1.mean"),
                        a("ln_1.rstd"));
@@ -230,11 +308,33 @@ void GPT2::logits(const Tensor& tokens, Tensor& out) {
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r1 = std::min(N, r0 + R);
     Tensor block = logits_ws.slice(0, r1 - r0);
-    matmul_forward(block, lnf.slice(r0, r1), wte, no_bias);
+    mm_forward(block, lnf.slice(r0, r1), wte, no_bias);
     const float* src = block.data<float>();
     for (int64_t r = 0; r < r1 - r0; ++r)
       std::copy_n(src + r * Vp, V, dst + (r0 + r) * V);
   }
+}
+
+std::string GPT2::first_non_finite() {
+  auto scan = [&](const Tensor& slab, const char* what) -> std::string {
+    if (!slab.defined()) return {};
+    for (const ParamInfo& p : layout_.params())
+      if (!all_finite(slab.view(p.offset, {p.numel}))) return fmt::format("{} ({})", p.name, what);
+    return {};
+  };
+  if (std::string s = scan(master_, "master weight"); !s.empty()) return s;
+  if (std::string s = scan(params_, "weight"); !s.empty()) return s;
+  for (const std::string& tag : buffer_order_) {
+    const Tensor& t = buffers_.at(tag);
+    if (t.dtype() == DType::i32 || tag.starts_with("ws.")) continue;  // scratch holds stale data
+    if (!all_finite(t)) return fmt::format("{} (activation)", tag);
+  }
+  // The backward writes the gradients from the last layer to the embeddings.
+  const auto& ps = layout_.params();
+  for (auto it = ps.rbegin(); it != ps.rend(); ++it)
+    if (!all_finite(grads_.view(it->offset, {it->numel})))
+      return fmt::format("{} (gradient)", it->name);
+  return {};
 }
 
 }  // namespace memfit

@@ -12,23 +12,36 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/gpt2_config.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/precision.h"
 
 namespace memfit {
 
 class GPT2 {
  public:
-  // Allocates the parameter slab (Category::params) and the gradient slab (Category::grads).
-  GPT2(const GPT2Config& config, MemoryPool& pool);
+  // Allocates the parameter slab (Category::params: the working weights the kernels read, in
+  // half_dtype(precision)), the FP32 master weights (Category::master) when the precision is
+  // not fp32 and master weights are kept, and the f32 gradient slab (Category::grads).
+  GPT2(const GPT2Config& config, MemoryPool& pool, const PrecisionOptions& precision = {});
 
   const GPT2Config& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
+  const PrecisionOptions& precision() const { return precision_; }
+  // The working weights: what forward and backward read (f32, bf16 or f16).
   Tensor& params() { return params_; }
+  // The weights of record: what the optimizer updates and checkpoints save and load. The FP32
+  // master weights when there are any, else the working weights (fp32, or pure bf16).
+  Tensor& weights() { return master_.defined() ? master_ : params_; }
+  // After the weights of record changed (optimizer step, load): the working copy = master
+  // rounded to nearest even. Nothing to do without master weights.
+  void refresh_working();
   Tensor& grads() { return grads_; }
   Tensor param(const std::string& name) const { return layout_.view(params_, name); }
   Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
 
   // GPT-2's initialisation: weights normal(0, 0.02), residual projections (attn.c_proj,
   // mlp.c_proj) scaled by 1/sqrt(2 n_layer), biases 0, LayerNorm gains 1, padded vocab rows 0.
+  // Drawn in f32 and rounded to nearest even where the weights of record are bf16, so every
+  // precision starts from the same values.
   void init_weights(uint64_t seed);
 
   // Allocates the activation plan for micro-batches of B x T (T <= max_seq_len) once; calling
@@ -41,8 +54,10 @@ class GPT2 {
   // Mean cross-entropy of predicting targets (B,T) from tokens (B,T), both i32 in [0, vocab).
   // With `training`, also runs the LM head's backward as it goes (Note [Fused LM head]): the
   // gradient of wte from the head is accumulated and d(ln_f) is kept for backward(), which must
-  // follow before the next forward. The loss gradient is 1/(B*T) per position.
-  float forward(const Tensor& tokens, const Tensor& targets, bool training);
+  // follow before the next forward. The loss gradient is loss_scale/(B*T) per position
+  // (loss_scale: fp16's dynamic loss scale, which the gradients then carry too).
+  float forward(const Tensor& tokens, const Tensor& targets, bool training,
+                float loss_scale = 1.0f);
   // Accumulates (+=) every parameter's gradient of the last training forward into grads().
   void backward();
   void zero_grad() { grads_.zero(); }
@@ -54,17 +69,29 @@ class GPT2 {
   // The activation and workspace buffers by tag, as allocated by reserve().
   const Tensor& buffer(const std::string& tag) const;
 
+  // The first tensor holding an inf or NaN, for a run that went non-finite: the weights of
+  // record, then the working weights, then the activation plan's buffers in the order the
+  // forward writes them, then the gradients in the order the backward writes them
+  // ("h.3.mlp.c_fc.weight (gradient)"). Empty if everything is finite.
+  std::string first_non_finite();
+
  private:
   void forward_blocks(const Tensor& tokens);
-  void lm_head(const Tensor& targets, bool training, float* loss_sum);
+  void lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum);
+  // The matmuls, routed through kernels/cpu/matmul_f16.h in fp16.
+  void mm_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+  void mm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                   const Tensor& inp, const Tensor& weight);
 
   GPT2Config config_;
   MemoryPool& pool_;
   ParamLayout layout_;
-  Tensor params_, grads_;
+  PrecisionOptions precision_;
+  Tensor params_, master_, grads_;
   int B_ = 0, T_ = 0;
   ActivationOptions options_;
   std::map<std::string, Tensor> buffers_;
+  std::vector<std::string> buffer_order_;  // the plan's order
   bool backward_ready_ = false;
 };
 

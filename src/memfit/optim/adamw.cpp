@@ -17,7 +17,12 @@ void AdamW::step(Tensor& params, const Tensor& grads, float lr, float grad_scale
                           p.decay ? config_.weight_decay : 0.0f};
     Tensor pv = params.view(p.offset, {p.numel});
     Tensor mv = m_.view(p.offset, {p.numel}), vv = v_.view(p.offset, {p.numel});
-    kernels::adamw_update(pv, grads.view(p.offset, {p.numel}), mv, vv, h, t_, grad_scale);
+    Tensor gv = grads.view(p.offset, {p.numel});
+    if (params.dtype() == DType::bf16)  // pure bf16: no master copy to round from
+      kernels::adamw_update_stochastic(pv, gv, mv, vv, h, t_, grad_scale, config_.seed,
+                                       static_cast<uint64_t>(p.offset));
+    else
+      kernels::adamw_update(pv, gv, mv, vv, h, t_, grad_scale);
   }
 }
 

@@ -1,4 +1,6 @@
 // AdamW with FP32 moments, as torch.optim.AdamW; decay only on ParamInfo::decay tensors.
+// f32 parameters are updated exactly; bf16 ones (pure bf16 training, no master weights) with
+// stochastic rounding seeded by OptimConfig::seed (kernels/cpu/adamw.h).
 #pragma once
 
 #include "memfit/optim/optimizer.h"

@@ -3,6 +3,7 @@
 // linking any optimizer's kernels.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@ struct OptimConfig {
   float eps = 1e-8f;           // Adam family only
   float weight_decay = 0.1f;   // applied to ParamInfo::decay tensors only
   int n_head = 1;              // for partitions that follow attention heads (Adam-mini)
+  uint64_t seed = 0;           // stochastic rounding of pure bf16 weights (AdamW on bf16 params)
 };
 
 // The names make_optimizer accepts, in a stable order.

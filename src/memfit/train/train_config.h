@@ -7,6 +7,7 @@
 
 #include "memfit/model/gpt2_config.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/train/loss_scaler.h"
 #include "memfit/train/lr_schedule.h"
 
 namespace memfit {
@@ -36,6 +37,9 @@ struct TrainConfig {
   std::string log_file;  // JSON lines
   bool shuffle = true;
   std::string attention = "flash";  // flash | plain
+  std::string precision = "fp32";   // fp32 | bf16 | fp16 (docs/notes/mixed-precision.md)
+  std::string master_weights = "fp32";  // fp32 | none (pure bf16, stochastic rounding)
+  LossScalerConfig loss_scaler;     // fp16: --loss-scale-window, --hysteresis, --min-loss-scale
   // Stop after this step as if interrupted (0: run all `steps`); the schedule still spans
   // `steps`. Lets a run be split into sessions with --save and --resume.
   int64_t stop_after = 0;

@@ -21,6 +21,7 @@
 #include "memfit/model/gpt2.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/progress.h"
+#include "memfit/train/update.h"
 
 namespace memfit {
 
@@ -48,13 +49,35 @@ void validate(const TrainConfig& c) {
   c.schedule.validate();
   check_optim_config(c.optim);
   attention_kind_from_name(c.attention);
+  const Precision p = precision_from_name(c.precision);
+  if (c.master_weights != "fp32" && c.master_weights != "none")
+    MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
+                 c.master_weights);
+  if (c.master_weights == "none" && p != Precision::bf16)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--master-weights none (pure bf16) needs --precision bf16, got {}", c.precision);
+  if (c.master_weights == "none" && c.optim.name != "adamw")
+    MEMFIT_THROW(ConfigError, "config",
+                 "--master-weights none updates bf16 weights with stochastic rounding, which "
+                 "only --optim adamw implements; got {}",
+                 c.optim.name);
+  if (p == Precision::fp16 && c.attention == "flash")
+    MEMFIT_THROW(ConfigError, "config",
+                 "--attention flash runs in fp32 and bf16; with --precision fp16 use --attention "
+                 "plain");
+  if (p == Precision::fp16) c.loss_scaler.validate();
+}
+
+PrecisionOptions precision_options(const TrainConfig& c) {
+  return {precision_from_name(c.precision), c.master_weights != "none"};
 }
 
 // What a resumed run must agree with, and where it stands. No random numbers are drawn during
 // training other than through the data order, which is a function of (seed, epoch), so the
 // seed and the loader's position are the whole RNG state.
-json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, int T) {
-  return {{"step", step},
+json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, int T,
+                   const DynamicLossScaler* scaler) {
+  json s = {{"step", step},
           {"data_position", data_position},
           {"seed", c.seed},
           {"rng", {{"kind", "data order: mt19937_64 Fisher-Yates per epoch"}, {"seed", c.seed}}},
@@ -65,12 +88,16 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
           {"shuffle", c.shuffle},
           {"optim", c.optim.name},
           {"attention", c.attention},
+          {"precision", c.precision},
+          {"master_weights", c.master_weights},
           {"schedule",
            {{"kind", c.schedule.kind},
             {"lr", c.schedule.lr},
             {"min_lr", c.schedule.min_lr},
             {"warmup", c.schedule.warmup},
             {"total", c.schedule.total}}}};
+  if (scaler) s["loss_scaler"] = scaler->to_json();
+  return s;
 }
 
 // Checks that a resumed run is configured like the run that saved the checkpoint.
@@ -92,6 +119,18 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
   same("optim", c.optim.name);
   same("steps", c.steps);
   same("attention", c.attention);
+  // Older checkpoints predate mixed precision and were fp32 with FP32 weights.
+  const json precision = s.value("precision", json("fp32"));
+  if (precision != c.precision)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with precision = {}, this run has {}; resume "
+                 "in the same precision (or start a new run with --init-from, which converts)",
+                 file.string(), precision.dump(), c.precision);
+  const json master = s.value("master_weights", json("fp32"));
+  if (master != c.master_weights)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with master_weights = {}, this run has {}",
+                 file.string(), master.dump(), c.master_weights);
 }
 
 double unigram_entropy(const io::DataLoader& loader, int vocab) {
@@ -140,13 +179,20 @@ TrainSummary train(const TrainConfig& cfg_in) {
                  mc.max_seq_len);
   const int B = cfg.batch;
 
-  GPT2 gpt(mc, pool);
+  GPT2 gpt(mc, pool, precision_options(cfg));
   cfg.optim.n_head = mc.n_head;
+  cfg.optim.seed = cfg.seed;
+  std::unique_ptr<DynamicLossScaler> scaler;
+  if (gpt.precision().precision == Precision::fp16)
+    scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
   std::unique_ptr<Optimizer> opt = make_optimizer(cfg.optim, gpt.layout(), pool);
   int64_t start_step = 0, data_position = 0;
   if (!source.empty()) {
-    io::load_gpt2_checkpoint(location.dir, mc, gpt.layout(), gpt.params(),
+    // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
+    // copy from them: any precision loads any precision's checkpoint.
+    io::load_gpt2_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
                              resume ? opt.get() : nullptr);
+    gpt.refresh_working();
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
       json s;
@@ -158,6 +204,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
       check_resume(s, cfg, T, file);
       start_step = s.at("step").get<int64_t>();
       data_position = s.at("data_position").get<int64_t>();
+      if (scaler && s.contains("loss_scaler")) scaler->load_json(s["loss_scaler"]);
     }
   } else {
     gpt.init_weights(cfg.seed);
@@ -199,8 +246,12 @@ TrainSummary train(const TrainConfig& cfg_in) {
     io::CheckpointSaveOptions so;
     so.optimizer = opt.get();
     so.extra_files["trainer_state.json"] =
-        trainer_state(cfg, step, train_data ? train_data->position() : data_position, T).dump(2);
-    io::save_gpt2_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.params(), so);
+        trainer_state(cfg, step, train_data ? train_data->position() : data_position, T,
+                      scaler.get())
+            .dump(2);
+    // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
+    // pure-bf16 run (saved as BF16) or the fp32 ones.
+    io::save_gpt2_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.weights(), so);
   };
   auto evaluate = [&]() -> float {
     if (!val_data) return -1;
@@ -223,20 +274,32 @@ TrainSummary train(const TrainConfig& cfg_in) {
     pool.set_phase(fmt::format("step {}", step + 1));
     gpt.zero_grad();
     double loss_sum = 0;
+    const float loss_scale = scaler ? scaler->scale() : 1.0f;
     for (int m = 0; m < cfg.grad_accum; ++m) {
       train_data->next_batch();
-      loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true);
+      loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true,
+                              loss_scale);
       gpt.backward();
     }
     const float loss = static_cast<float>(loss_sum / cfg.grad_accum);
-    if (!std::isfinite(loss))
-      MEMFIT_THROW(Error, "train", "loss became {} at step {}; stopping without saving over the "
-                   "last checkpoint", loss, step + 1);
-    // Gradients hold the sum over micro-batches; the mean's norm decides the clipping.
-    const double norm = grad_norm(gpt.grads()) / cfg.grad_accum;
-    const float scale = clip_factor(norm, cfg.clip) / static_cast<float>(cfg.grad_accum);
     const float lr = cfg.schedule.at(step);
-    opt->step(gpt.params(), gpt.grads(), lr, scale);
+    // fp16's scaler absorbs a non-finite loss as an overflow (the step is skipped); in fp32 and
+    // bf16 nothing can, so the run stops before anything is saved over the last checkpoint.
+    UpdateOutcome update;
+    if (!scaler && !std::isfinite(loss))
+      update.non_finite = true;
+    else
+      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, cfg.grad_accum);
+    if (update.non_finite) {
+      const std::string culprit = gpt.first_non_finite();
+      MEMFIT_THROW(Error, "train",
+                   "step {}: the {} became non-finite (loss {}); the first non-finite tensor is "
+                   "{}. Stopping without saving over the last checkpoint{}",
+                   step + 1, std::isfinite(loss) ? "gradient" : "loss", loss,
+                   culprit.empty() ? "not found (the loss itself)" : culprit,
+                   saved_at > 0 ? fmt::format(" (step {})", saved_at) : "");
+    }
+    const double norm = update.grad_norm;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double rate = tokens_per_step / seconds;
@@ -245,12 +308,22 @@ TrainSummary train(const TrainConfig& cfg_in) {
     summary.last_loss = loss;
     ++summary.steps_run;
 
-    log_line({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-              {"tokens_per_s", rate}, {"step_seconds", seconds}, {"peak_bytes", pool.bytes_peak()},
-              {"mem", memory_json(pool.current_breakdown())}});
+    json line = {{"step", step + 1},          {"loss", loss},
+                 {"lr", lr},                  {"grad_norm", norm},
+                 {"tokens_per_s", rate},      {"step_seconds", seconds},
+                 {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())}};
+    if (scaler) {
+      line["loss_scale"] = loss_scale;
+      line["skipped"] = update.skipped;
+      if (update.skipped) line["grad_norm"] = nullptr;
+      summary.skipped_steps += update.skipped;
+    }
+    log_line(line);
     std::string text = fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | mem {} (peak {})",
                                    loss, lr, rate, format_mib(pool.bytes_current()),
                                    format_mib(pool.bytes_peak()));
+    if (scaler)
+      text += fmt::format(" | scale {:g}{}", loss_scale, update.skipped ? " (skipped)" : "");
     const bool last = step + 1 == last_step;
     if (val_data && ((cfg.eval_every && (step + 1) % cfg.eval_every == 0) || last)) {
       summary.last_val_loss = evaluate();

@@ -23,6 +23,7 @@ struct TrainSummary {
   size_t peak_bytes = 0;
   CategoryBytes peak_by_category{};
   std::vector<float> losses;  // per step of this run
+  int64_t skipped_steps = 0;  // fp16: steps skipped for overflowing gradients
 };
 
 // Runs training as configured. Throws ConfigError/IoError for bad input, OutOfMemoryError when

@@ -1,0 +1,31 @@
+#include "memfit/model/precision.h"
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+
+Precision precision_from_name(std::string_view name) {
+  if (name == "fp32") return Precision::fp32;
+  if (name == "bf16") return Precision::bf16;
+  if (name == "fp16") return Precision::fp16;
+  MEMFIT_THROW(ConfigError, "config", "--precision must be fp32, bf16 or fp16, got '{}'", name);
+}
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+DType half_dtype(Precision p) {
+  switch (p) {
+    case Precision::bf16: return DType::bf16;
+    case Precision::fp16: return DType::f16;
+    default: return DType::f32;
+  }
+}
+
+}  // namespace memfit

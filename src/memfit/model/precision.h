@@ -1,0 +1,33 @@
+// Training precision: which element type the working weights and the saved activations have,
+// and whether FP32 master weights stand behind them. The table of which tensor is in which
+// type, and why, is in docs/notes/mixed-precision.md.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "memfit/core/dtype.h"
+
+namespace memfit {
+
+enum class Precision : uint8_t {
+  fp32,  // everything f32: the reference
+  bf16,  // bf16 matmul operands and saved activations (AMX), f32 residual stream and statistics
+  fp16,  // as bf16 in IEEE half, with dynamic loss scaling
+};
+
+Precision precision_from_name(std::string_view name);  // ConfigError if unknown
+std::string_view precision_name(Precision p);
+
+// The type of matmul operands and saved activations: f32, bf16 or f16.
+DType half_dtype(Precision p);
+
+struct PrecisionOptions {
+  Precision precision = Precision::fp32;
+  // With bf16/fp16: keep FP32 master weights (Category::master) that the optimizer updates and
+  // the working copy is rounded from. false (--master-weights none) is pure bf16: the bf16
+  // weights are updated directly with stochastic rounding.
+  bool master_weights = true;
+};
+
+}  // namespace memfit
