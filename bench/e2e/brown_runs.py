@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Training runs on the Brown corpus that compare settings from the same initial weights and
+the same data order (same seed): precisions (issue 4's fidelity check) or optimizers (issue 7's
+convergence check). Each run is `memfit train --config configs/brown-6x384.toml` plus its own
+options; the script reads the JSON-lines logs and prints a Markdown table of the final
+validation loss, its gap to the first run, the loss curve at a few steps, tokens/s and peak
+memory, and writes everything to docs/bench/brown_<suite>.json.
+
+  python3 bench/e2e/brown_runs.py precision     # 300 steps: fp32, bf16, fp16, pure bf16
+  python3 bench/e2e/brown_runs.py optimizers    # 600 steps in bf16: adamw, adamw8bit, lion, ...
+
+Long (minutes per run): a benchmark, not a test. Expects build/memfit and data/brown
+(scripts/train_brown.sh prepares it). --steps N shortens the runs for a smoke test.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SUITES = {
+    # fp16 runs plain attention (flash has no f16 path); fp32 and flash agree to 1e-5.
+    "precision": (300, [
+        ("fp32", ["--precision", "fp32"]),
+        ("bf16", ["--precision", "bf16"]),
+        ("fp16", ["--precision", "fp16", "--attention", "plain"]),
+        ("pure-bf16", ["--precision", "bf16", "--master-weights", "none"]),
+    ]),
+    # Lion: the usual 10x smaller learning rate and 10x larger weight decay (lr * wd unchanged).
+    "optimizers": (600, [
+        ("adamw", ["--optim", "adamw"]),
+        ("adamw8bit", ["--optim", "adamw8bit"]),
+        ("lion", ["--optim", "lion", "--lr", "1e-4", "--min-lr", "1e-5", "--weight-decay", "1.0"]),
+        ("lion8bit", ["--optim", "lion8bit", "--lr", "1e-4", "--min-lr", "1e-5",
+                      "--weight-decay", "1.0"]),
+        ("adam-mini", ["--optim", "adam-mini"]),
+    ]),
+}
+SUITE_COMMON = {"precision": [], "optimizers": ["--precision", "bf16"]}
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run(suite, name, extra, steps, out_dir, memfit):
+    log = os.path.join(out_dir, name + ".jsonl")
+    cmd = [memfit, "train", "--config",
+           os.path.join(ROOT, "configs", "brown-6x384.toml"), "--steps", str(steps),
+           "--eval-every", str(max(1, steps // 6)), "--log", log,
+           "--save", os.path.join(out_dir, name)] + SUITE_COMMON[suite] + extra
+    print("$", " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    lines = read_log(log)
+    train = [l for l in lines if "loss" in l]
+    val = [l for l in lines if "val_loss" in l]
+    rates = sorted(l["tokens_per_s"] for l in train)
+    return {
+        "name": name, "args": extra, "steps": steps,
+        "train_loss": [l["loss"] for l in train],
+        "val": [[l["step"], l["val_loss"]] for l in val],
+        "final_val_loss": val[-1]["val_loss"],
+        "median_tokens_per_s": rates[len(rates) // 2],
+        "peak_bytes": max(l["peak_bytes"] for l in train),
+        "skipped": sum(1 for l in train if l.get("skipped")),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("suite", choices=sorted(SUITES))
+    ap.add_argument("--steps", type=int, default=0, help="override the suite's steps")
+    ap.add_argument("--only", default="", help="comma-separated run names")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--memfit", default=os.path.join(ROOT, "build", "memfit"),
+                    help="the binary (a copy keeps a rebuild from changing it mid-suite)")
+    args = ap.parse_args()
+    steps, runs = SUITES[args.suite]
+    steps = args.steps or steps
+    if args.only:
+        keep = args.only.split(",")
+        runs = [r for r in runs if r[0] in keep]
+    out_dir = os.path.join(ROOT, "out", "brown_" + args.suite)
+    os.makedirs(out_dir, exist_ok=True)
+    results = [run(args.suite, n, e, steps, out_dir, args.memfit) for n, e in runs]
+
+    ref = results[0]["final_val_loss"]
+    marks = sorted({s for r in results for s, _ in r["val"]})
+    print(f"\n{args.suite}: {steps} steps, 6x384 GPT-2, 8 x 256 tokens, Brown corpus\n")
+    print("| run | final val loss | gap to " + results[0]["name"] + " | " +
+          " | ".join(f"val @{m}" for m in marks) + " | tokens/s | peak MiB | skipped |")
+    print("|---" * (6 + len(marks)) + "|")
+    for r in results:
+        v = dict((s, x) for s, x in r["val"])
+        gap = (r["final_val_loss"] - ref) / ref * 100
+        print(f"| {r['name']} | {r['final_val_loss']:.4f} | {gap:+.2f}% | " +
+              " | ".join(f"{v[m]:.3f}" if m in v else "" for m in marks) +
+              f" | {r['median_tokens_per_s']:.0f} | {r['peak_bytes'] / 2**20:.0f} | {r['skipped']} |")
+    out = args.out or os.path.join(ROOT, "docs", "bench", f"brown_{args.suite}.json")
+    if not args.steps:
+        with open(out, "w") as f:
+            json.dump({"suite": args.suite, "steps": steps, "runs": results}, f, indent=1)
+        print(f"\nwrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
