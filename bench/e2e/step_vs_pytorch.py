@@ -30,7 +30,7 @@ PRESETS = {  # name: (layers, heads, width, context, vocab)
 SHAPES = [("gpt2-small-test", 8, 256), ("gpt2", 4, 64), ("gpt2", 4, 256), ("gpt2", 8, 256)]
 
 
-def torch_worker(model, B, T, steps, warmup):
+def torch_worker(model, B, T, steps, warmup, autocast=False):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -87,7 +87,11 @@ def torch_worker(model, B, T, steps, warmup):
     for s in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model_(idx, tgt)
+        if autocast:  # bf16 matmuls, fp32 weights and optimizer: PyTorch's mixed precision
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model_(idx, tgt)
+        else:
+            loss = model_(idx, tgt)
         loss.backward()
         opt.step()
         t1 = time.perf_counter()
@@ -97,6 +101,7 @@ def torch_worker(model, B, T, steps, warmup):
     flops = 6.0 * n * B * T + 12.0 * L * C * T * B * T
     med = statistics.median(ms)
     return {"impl": "pytorch", "torch": torch.__version__, "model": model, "batch": B, "seq": T,
+            "autocast": autocast,
             "step_ms": ms, "median_ms": med, "tokens_per_s": B * T / (med / 1e3),
             "flops_per_step": flops, "tflops": flops / (med / 1e3) / 1e12,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
@@ -110,12 +115,12 @@ def run_memfit(model, B, T, steps, warmup, attention):
     return json.loads(out.stdout)
 
 
-def run_torch(model, B, T, steps, warmup):
+def run_torch(model, B, T, steps, warmup, autocast=False):
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
-    out = subprocess.run([sys.executable, __file__, "--torch-worker", model, str(B), str(T),
-                          str(steps), str(warmup)], check=True, capture_output=True, text=True,
-                         env=env)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", model,
+                          str(B), str(T), str(steps), str(warmup), str(int(autocast))],
+                         check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -132,11 +137,11 @@ def main():
     ap.add_argument("--attention", default="flash", choices=["flash", "plain"],
                     help="memfit's attention kernel")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "step_vs_pytorch.json"))
-    ap.add_argument("--torch-worker", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--torch-worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_worker:
-        m, b, t, s, w = args.torch_worker
-        print(json.dumps(torch_worker(m, int(b), int(t), int(s), int(w))))
+        m, b, t, s, w, a = args.torch_worker
+        print(json.dumps(torch_worker(m, int(b), int(t), int(s), int(w), bool(int(a)))))
         return
     rows = []
     for spec in args.shapes.split(","):
