@@ -25,7 +25,8 @@ using namespace memfit;
 int main(int argc, char** argv) {
   std::string model = "gpt2-small-test";
   int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
-  std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw";
+  std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
+              ckpt = "none";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model = v;
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     else if (k == "--precision") precision = v;
     else if (k == "--master-weights") master = v;
     else if (k == "--optim") optim = v;
+    else if (k == "--ckpt") ckpt = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
     ActivationOptions opts;
     opts.lm_head_chunk = chunk;
     opts.attention = attention_kind_from_name(attention);
+    opts.ckpt = CheckpointPolicy::parse(ckpt);
     gpt.reserve(B, T, opts);
     OptimConfig oc;
     oc.name = optim;
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
     j["precision"] = precision;
     j["master_weights"] = master;
     j["optim"] = optim;
+    j["ckpt"] = ckpt;
     j["skipped"] = skipped;
     j["batch"] = B;
     j["seq"] = T;

@@ -82,6 +82,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--attention", c.attention,
                   "flash (tiled, O(T) saved per head) | plain (saves the T x T probabilities)")
       ->capture_default_str();
+  cmd->add_option("--ckpt", c.ckpt,
+                  "Activation checkpointing: none | full | selective | every:K | layers:LIST")
+      ->capture_default_str();
   cmd->add_option("--precision", c.precision,
                   "fp32 | bf16 (AMX matmuls, FP32 master weights) | fp16 (loss scaling)")
       ->capture_default_str();

@@ -50,15 +50,18 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
   add("tokens", {B, T}, act, DType::i32);
   add("targets", {B, T}, act, DType::i32);
   add("encoded", {B, T, C}, act, f32);
-  for (int l = 0; l < c.n_layer; ++l) {
-    auto t = [l](const char* what) { return fmt::format("h.{}.{}", l, what); };
+  // A block's buffers, under `prefix` ("h.3." for block 3's own, "rc.0." for the first slot of
+  // the recomputation buffers). Selective checkpointing keeps no probabilities per block.
+  const bool flash = options.attention == AttentionKind::flash;
+  auto add_block = [&](const std::string& prefix, bool with_output) {
+    auto t = [&](const char* what) { return prefix + what; };
     add(t("ln_1"), {B, T, C}, act, h);
     add(t("ln_1.mean"), {N}, act, f32);
     add(t("ln_1.rstd"), {N}, act, f32);
     add(t("qkv"), {B, T, 3 * C}, act, h);
-    if (options.attention == AttentionKind::flash)
+    if (flash)
       add(t("lse"), {B, NH, T}, act, f32);
-    else
+    else if (!options.ckpt.selective())
       add(t("att"), {B, NH, T, T}, act, h);
     add(t("atty"), {B, T, C}, act, h);
     add(t("residual_2"), {B, T, C}, act, f32);
@@ -66,8 +69,21 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
     add(t("ln_2.mean"), {N}, act, f32);
     add(t("ln_2.rstd"), {N}, act, f32);
     add(t("fch"), {B, T, 4 * C}, act, h);
-    add(t("residual_3"), {B, T, C}, act, f32);
+    if (with_output) add(t("residual_3"), {B, T, C}, act, f32);
+  };
+  // Checkpointed blocks keep only the output of each recomputed segment (the next block's
+  // input); the segment's other buffers are shared slots, one block's worth per position in
+  // the longest segment, refilled by the recomputation in backward.
+  const BlockSlots slots = block_slots(options.ckpt, c.n_layer);
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (slots.slot[l] < 0)
+      add_block(fmt::format("h.{}.", l), true);
+    else if (slots.segment_last[l])
+      add(fmt::format("h.{}.residual_3", l), {B, T, C}, act, f32);
   }
+  for (int j = 0; j < slots.slots; ++j) add_block(fmt::format("rc.{}.", j), j + 1 < slots.slots);
+  if (options.ckpt.selective() && !flash)
+    add("rc.att", {B, NH, T, T}, act, h);  // one block's probabilities, recomputed in backward
   add("ln_f", {B, T, C}, act, h);
   add("ln_f.mean", {N}, act, f32);
   add("ln_f.rstd", {N}, act, f32);
@@ -113,6 +129,19 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
     add("ws.widen", {floats(widen)}, ws, f32);
   }
   return plan;
+}
+
+BlockSlots block_slots(const CheckpointPolicy& ckpt, int n_layer) {
+  BlockSlots s;
+  s.slot.assign(n_layer, -1);
+  s.segment_last.assign(n_layer, false);
+  s.segments = ckpt.segments(n_layer);
+  for (auto [first, last] : s.segments) {
+    for (int l = first; l <= last; ++l) s.slot[l] = l - first;
+    s.segment_last[last] = true;
+    s.slots = std::max(s.slots, last - first + 1);
+  }
+  return s;
 }
 
 size_t plan_bytes(const std::vector<BufferSpec>& plan, Category category) {

@@ -12,6 +12,7 @@
 #include "memfit/core/dtype.h"
 #include "memfit/core/shape.h"
 #include "memfit/memory/category.h"
+#include "memfit/model/checkpoint_policy.h"
 #include "memfit/model/gpt2_config.h"
 #include "memfit/model/precision.h"
 
@@ -38,10 +39,22 @@ struct ActivationOptions {
   // Set by the model from its own precision: matmul operands and saved activations are in
   // half_dtype(precision) (docs/notes/mixed-precision.md has the table).
   Precision precision = Precision::fp32;
+  CheckpointPolicy ckpt;  // which blocks are recomputed in backward (checkpoint_policy.h)
 };
 
 std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& config, int B, int T,
                                              const ActivationOptions& options = {});
+
+// Where each block's buffers live under a checkpoint policy: slot[l] is -1 for a block that
+// keeps its own ("h.l.*"), else its position in its recomputed segment, whose buffers are the
+// shared "rc.<slot>.*" (except the segment's output, "h.<last>.residual_3", which is kept).
+struct BlockSlots {
+  std::vector<int> slot;
+  std::vector<bool> segment_last;
+  std::vector<std::pair<int, int>> segments;
+  int slots = 0;  // length of the longest segment
+};
+BlockSlots block_slots(const CheckpointPolicy& ckpt, int n_layer);
 
 // Sum of the plan's bytes in one category.
 size_t plan_bytes(const std::vector<BufferSpec>& plan, Category category);

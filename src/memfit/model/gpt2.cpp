@@ -112,8 +112,9 @@ void GPT2::reserve(int B, int T, const ActivationOptions& options_in) {
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
   if (B == B_ && T == T_ && options.lm_head_chunk == options_.lm_head_chunk &&
-      options.attention == options_.attention)
+      options.attention == options_.attention && options.ckpt == options_.ckpt)
     return;
+  slots_ = block_slots(options.ckpt, config_.n_layer);
   buffers_.clear();
   buffer_order_.clear();
   for (const BufferSpec& b : gpt2_activation_plan(config_, B, T, options)) {
@@ -132,6 +133,54 @@ const Tensor& GPT2::buffer(const std::string& tag) const {
   return it->second;
 }
 
+GPT2::BlockActs GPT2::block_acts(int l) const {
+  const int slot = slots_.slot[l];
+  const std::string prefix = slot < 0 ? fmt::format("h.{}.", l) : fmt::format("rc.{}.", slot);
+  auto a = [&](const char* what) { return buffer(prefix + what); };
+  BlockActs b;
+  b.ln1 = a("ln_1"), b.ln1_mean = a("ln_1.mean"), b.ln1_rstd = a("ln_1.rstd");
+  b.qkv = a("qkv"), b.atty = a("atty"), b.r2 = a("residual_2");
+  b.ln2 = a("ln_2"), b.ln2_mean = a("ln_2.mean"), b.ln2_rstd = a("ln_2.rstd");
+  b.fch = a("fch");
+  if (options_.attention == AttentionKind::flash)
+    b.lse = a("lse");
+  else
+    b.att = options_.ckpt.selective() ? buffer("rc.att") : a("att");
+  b.r3 = slot < 0 || slots_.segment_last[l] ? buffer(fmt::format("h.{}.residual_3", l))
+                                              : a("residual_3");
+  return b;
+}
+
+Tensor GPT2::block_input(int l) const {
+  return l > 0 ? block_acts(l - 1).r3 : buffer("encoded");
+}
+
+// One block's forward from its input x into its buffers. ws.dC and ws.gelu serve as scratch for
+// the projections' outputs and the GELU: free during forward, and at the start of each block's
+// backward, where recomputation calls this again.
+void GPT2::forward_block(int l, const Tensor& x, BlockActs& b) {
+  auto p = [this, l](const char* what) { return param(fmt::format("h.{}.{}", l, what)); };
+  Tensor proj = buffer("ws.dC"), gelu = buffer("ws.gelu");
+  layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, x, p("ln_1.weight"), p("ln_1.bias"));
+  mm_forward(b.qkv, b.ln1, p("attn.c_attn.weight"), p("attn.c_attn.bias"));
+  if (options_.attention == AttentionKind::flash) {
+    Tensor ws = buffer("ws.attention_fwd");
+    flash_attention_forward(b.atty, b.lse, b.qkv, ws, config_.n_head);
+  } else if (b.qkv.dtype() == DType::f32) {
+    attention_forward(b.atty, b.att, b.qkv, config_.n_head);
+  } else {
+    Tensor ws = buffer("ws.attention_fwd");
+    attention_forward(b.atty, b.att, b.qkv, ws, config_.n_head);
+  }
+  mm_forward(proj, b.atty, p("attn.c_proj.weight"), p("attn.c_proj.bias"));
+  residual_forward(b.r2, x, proj);
+  layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.r2, p("ln_2.weight"), p("ln_2.bias"));
+  mm_forward(b.fch, b.ln2, p("mlp.c_fc.weight"), p("mlp.c_fc.bias"));
+  gelu_forward(gelu, b.fch);
+  mm_forward(proj, gelu, p("mlp.c_proj.weight"), p("mlp.c_proj.bias"));
+  residual_forward(b.r3, b.r2, proj);
+}
+
 void GPT2::forward_blocks(const Tensor& tokens) {
   expect_tensor(tokens, "gpt2", "tokens", {B_, T_}, DType::i32);
   // wte has padded rows, so the embedding alone would accept ids up to padded_vocab.
@@ -140,42 +189,14 @@ void GPT2::forward_blocks(const Tensor& tokens) {
     MEMFIT_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size, "gpt2",
                  "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
                  config_.vocab_size);
-  auto buf = [this](const std::string& tag) { return buffer(tag); };
-  auto p = [this](int l, const char* what) { return param(fmt::format("h.{}.{}", l, what)); };
-
-  Tensor x = buf("encoded");
-  embedding_forward(x, tokens, param("wte.weight"), param("wpe.weight"));
+  Tensor encoded = buffer("encoded");
+  embedding_forward(encoded, tokens, param("wte.weight"), param("wpe.weight"));
   for (int l = 0; l < config_.n_layer; ++l) {
-    auto a = [&](const char* what) { return buf(fmt::format("h.{}.{}", l, what)); };
-    Tensor ln1 = a("ln_1"), ln1m = a("ln_1.mean"), ln1r = a("ln_1.rstd");
-    Tensor qkv = a("qkv"), atty = a("atty"), r2 = a("residual_2");
-    Tensor ln2 = a("ln_2"), ln2m = a("ln_2.mean"), ln2r = a("ln_2.rstd");
-    Tensor fch = a("fch"), r3 = a("residual_3");
-    // Forward scratch: the workspace buffers are free until the LM head and backward.
-    Tensor proj = buf("ws.dC"), gelu = buf("ws.gelu");
-
-    layernorm_forward(ln1, ln1m, ln1r, x, p(l, "ln_1.weight"), p(l, "ln_1.bias"));
-    mm_forward(qkv, ln1, p(l, "attn.c_attn.weight"), p(l, "attn.c_attn.bias"));
-    if (options_.attention == AttentionKind::flash) {
-      Tensor lse = a("lse"), ws = buf("ws.attention_fwd");
-      flash_attention_forward(atty, lse, qkv, ws, config_.n_head);
-    } else if (qkv.dtype() == DType::f32) {
-      Tensor att = a("att");
-      attention_forward(atty, att, qkv, config_.n_head);
-    } else {
-      Tensor att = a("att"), ws = buf("ws.attention_fwd");
-      attention_forward(atty, att, qkv, ws, config_.n_head);
-    }
-    mm_forward(proj, atty, p(l, "attn.c_proj.weight"), p(l, "attn.c_proj.bias"));
-    residual_forward(r2, x, proj);
-    layernorm_forward(ln2, ln2m, ln2r, r2, p(l, "ln_2.weight"), p(l, "ln_2.bias"));
-    mm_forward(fch, ln2, p(l, "mlp.c_fc.weight"), p(l, "mlp.c_fc.bias"));
-    gelu_forward(gelu, fch);
-    mm_forward(proj, gelu, p(l, "mlp.c_proj.weight"), p(l, "mlp.c_proj.bias"));
-    residual_forward(r3, r2, proj);
-    x = r3;
+    BlockActs b = block_acts(l);
+    forward_block(l, block_input(l), b);
   }
-  Tensor lnf = buf("ln_f"), lnfm = buf("ln_f.mean"), lnfr = buf("ln_f.rstd");
+  Tensor x = block_input(config_.n_layer);
+  Tensor lnf = buffer("ln_f"), lnfm = buffer("ln_f.mean"), lnfr = buffer("ln_f.rstd");
   layernorm_forward(lnf, lnfm, lnfr, x, param("ln_f.weight"), param("ln_f.bias"));
 }
 
@@ -255,41 +276,57 @@ void GPT2::backward() {
     if (mixed) convert(dres_h, dres);
   };
   // dC holds d(ln_f) from the fused LM head.
-  Tensor last = config_.n_layer > 0 ? buf(fmt::format("h.{}.residual_3", config_.n_layer - 1))
-                                    : buf("encoded");
   dres.zero();
   Tensor dlnf_w = grad("ln_f.weight"), dlnf_b = grad("ln_f.bias");
-  layernorm_backward(dres, dlnf_w, dlnf_b, dC, last, param("ln_f.weight"), buf("ln_f.mean"),
-                     buf("ln_f.rstd"));
+  layernorm_backward(dres, dlnf_w, dlnf_b, dC, block_input(config_.n_layer),
+                     param("ln_f.weight"), buf("ln_f.mean"), buf("ln_f.rstd"));
+  int segment = static_cast<int>(slots_.segments.size()) - 1;
   for (int l = config_.n_layer - 1; l >= 0; --l) {
-    auto a = [&](const char* what) { return buf(fmt::format("h.{}.{}", l, what)); };
-    Tensor x = l > 0 ? buf(fmt::format("h.{}.residual_3", l - 1)) : buf("encoded");
-    Tensor fch = a("fch"), ln2 = a("ln_2"), ln1 = a("ln_1"), atty = a("atty"), r2 = a("residual_2");
+    // Checkpointing: entering a recomputed segment from its last block, rerun its forward from
+    // the kept input of its first block. Selective: recompute this block's probabilities.
+    if (segment >= 0 && slots_.segments[segment].second == l) {
+      const auto [first, last] = slots_.segments[segment--];
+      for (int k = first; k <= last; ++k) {
+        BlockActs bk = block_acts(k);
+        forward_block(k, block_input(k), bk);
+      }
+    }
+    BlockActs b = block_acts(l);
+    if (options_.ckpt.selective() && options_.attention == AttentionKind::plain) {
+      // The output is the same as the saved atty; it goes to free scratch instead.
+      Tensor out = mixed ? buf("ws.dC.half") : dC;
+      if (b.qkv.dtype() == DType::f32) {
+        attention_forward(out, b.att, b.qkv, config_.n_head);
+      } else {
+        Tensor ws = buf("ws.attention_fwd");
+        attention_forward(out, b.att, b.qkv, ws, config_.n_head);
+      }
+    }
+    Tensor x = block_input(l);
 
     // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
-    gelu_forward(gelu, fch);  // recomputed, not saved (see activation_plan.cpp)
+    gelu_forward(gelu, b.fch);  // recomputed, not saved (see activation_plan.cpp)
     round_dres();
     mm_backward(d4C, g(l, "mlp.c_proj.weight"), g(l, "mlp.c_proj.bias"), dres_h, gelu,
                 p(l, "mlp.c_proj.weight"));
-    gelu_backward(d4C, fch, d4C);
-    mm_backward(dC, g(l, "mlp.c_fc.weight"), g(l, "mlp.c_fc.bias"), d4C, ln2,
+    gelu_backward(d4C, b.fch, d4C);
+    mm_backward(dC, g(l, "mlp.c_fc.weight"), g(l, "mlp.c_fc.bias"), d4C, b.ln2,
                 p(l, "mlp.c_fc.weight"));
     Tensor dln2w = g(l, "ln_2.weight"), dln2b = g(l, "ln_2.bias");
-    layernorm_backward(dres, dln2w, dln2b, dC, r2, p(l, "ln_2.weight"), a("ln_2.mean"),
-                       a("ln_2.rstd"));
+    layernorm_backward(dres, dln2w, dln2b, dC, b.r2, p(l, "ln_2.weight"), b.ln2_mean,
+                       b.ln2_rstd);
     // Attention: dres is now d(residual_2) and flows on to x.
     round_dres();
-    mm_backward(datty, g(l, "attn.c_proj.weight"), g(l, "attn.c_proj.bias"), dres_h, atty,
+    mm_backward(datty, g(l, "attn.c_proj.weight"), g(l, "attn.c_proj.bias"), dres_h, b.atty,
                 p(l, "attn.c_proj.weight"));
     if (options_.attention == AttentionKind::flash)
-      flash_attention_backward(dqkv, datty, a("qkv"), atty, a("lse"), att_ws, config_.n_head);
+      flash_attention_backward(dqkv, datty, b.qkv, b.atty, b.lse, att_ws, config_.n_head);
     else
-      attention_backward(dqkv, datty, a("qkv"), a("att"), att_ws, config_.n_head);
-    mm_backward(dC, g(l, "attn.c_attn.weight"), g(l, "attn.c_attn.bias"), dqkv, ln1,
+      attention_backward(dqkv, datty, b.qkv, b.att, att_ws, config_.n_head);
+    mm_backward(dC, g(l, "attn.c_attn.weight"), g(l, "attn.c_attn.bias"), dqkv, b.ln1,
                 p(l, "attn.c_attn.weight"));
     Tensor dln1w = g(l, "ln_1.weight"), dln1b = g(l, "ln_1.bias");
-    layernorm_backward(dres, dln1w, dln1b, dC, x, p(l, "ln_1.weight"), a("ln_1.mean"),
-                       a("ln_1.rstd"));
+    layernorm_backward(dres, dln1w, dln1b, dC, x, p(l, "ln_1.weight"), b.ln1_mean, b.ln1_rstd);
   }
   Tensor dwte = grad("wte.weight"), dwpe = grad("wpe.weight");
   embedding_backward(dwte, dwpe, dres, buf("tokens"));
@@ -326,7 +363,8 @@ std::string GPT2::first_non_finite() {
   if (std::string s = scan(params_, "weight"); !s.empty()) return s;
   for (const std::string& tag : buffer_order_) {
     const Tensor& t = buffers_.at(tag);
-    if (t.dtype() == DType::i32 || tag.starts_with("ws.")) continue;  // scratch holds stale data
+    // Scratch and recomputation slots may hold stale data from another block.
+    if (t.dtype() == DType::i32 || tag.starts_with("ws.") || tag.starts_with("rc.")) continue;
     if (!all_finite(t)) return fmt::format("{} (activation)", tag);
   }
   // The backward writes the gradients from the last layer to the embeddings.

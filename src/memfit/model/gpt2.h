@@ -50,6 +50,7 @@ class GPT2 {
   int batch() const { return B_; }
   int seq_len() const { return T_; }
   AttentionKind attention() const { return options_.attention; }
+  const CheckpointPolicy& ckpt() const { return options_.ckpt; }
 
   // Mean cross-entropy of predicting targets (B,T) from tokens (B,T), both i32 in [0, vocab).
   // With `training`, also runs the LM head's backward as it goes (Note [Fused LM head]): the
@@ -76,6 +77,13 @@ class GPT2 {
   std::string first_non_finite();
 
  private:
+  // One block's activation buffers: its own, or the recomputation slot it shares.
+  struct BlockActs {
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, lse, att, atty, r2, ln2, ln2_mean, ln2_rstd, fch, r3;
+  };
+  BlockActs block_acts(int l) const;
+  Tensor block_input(int l) const;  // block l's input: the embedding or block l-1's output
+  void forward_block(int l, const Tensor& x, BlockActs& b);
   void forward_blocks(const Tensor& tokens);
   void lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum);
   // The matmuls, routed through kernels/cpu/matmul_f16.h in fp16.
@@ -92,6 +100,7 @@ class GPT2 {
   ActivationOptions options_;
   std::map<std::string, Tensor> buffers_;
   std::vector<std::string> buffer_order_;  // the plan's order
+  BlockSlots slots_;
   bool backward_ready_ = false;
 };
 

@@ -37,6 +37,7 @@ struct TrainConfig {
   std::string log_file;  // JSON lines
   bool shuffle = true;
   std::string attention = "flash";  // flash | plain
+  std::string ckpt = "none";        // none | full | selective | every:K | layers:LIST
   std::string precision = "fp32";   // fp32 | bf16 | fp16 (docs/notes/mixed-precision.md)
   std::string master_weights = "fp32";  // fp32 | none (pure bf16, stochastic rounding)
   LossScalerConfig loss_scaler;     // fp16: --loss-scale-window, --hysteresis, --min-loss-scale

@@ -49,6 +49,7 @@ void validate(const TrainConfig& c) {
   c.schedule.validate();
   check_optim_config(c.optim);
   attention_kind_from_name(c.attention);
+  CheckpointPolicy::parse(c.ckpt);
   const Precision p = precision_from_name(c.precision);
   if (c.master_weights != "fp32" && c.master_weights != "none")
     MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
@@ -211,6 +212,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
   }
   ActivationOptions act;
   act.attention = attention_kind_from_name(cfg.attention);
+  act.ckpt = CheckpointPolicy::parse(cfg.ckpt);
   gpt.reserve(B, T, act);
 
   io::DataLoaderOptions dopt;
