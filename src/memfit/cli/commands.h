@@ -4,10 +4,17 @@
 
 #include <CLI/CLI.hpp>
 
+#include "memfit/train/train_config.h"
+
 namespace memfit::cli {
 
 void add_prepare_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+
+// The options of `memfit train` (and of `memfit plan`, which takes the same), into `config`;
+// --config names a TOML file of them.
+void add_train_options(CLI::App* cmd, TrainConfig& config, std::string& config_file);
 
 }  // namespace memfit::cli

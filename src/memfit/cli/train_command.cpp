@@ -30,12 +30,8 @@ void print_summary(const TrainSummary& s) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "Train a GPT-2 model on token shards");
-  auto cfg = std::make_shared<TrainConfig>();
-  auto config_file = std::make_shared<std::string>();
-  TrainConfig& c = *cfg;
-  cmd->add_option("--config", *config_file, "TOML file of options (keys are option names)");
+void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) {
+  cmd->add_option("--config", config_file, "TOML file of options (keys are option names)");
   cmd->add_option("--model", c.model, "Preset: gpt2-tiny, gpt2-small-test, gpt2, gpt2-medium, "
                                       "gpt2-large, gpt2-xl")->capture_default_str();
   cmd->add_option("--n-layer", c.n_layer, "Override the preset's layers");
@@ -104,6 +100,13 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--stop-after", c.stop_after,
                   "Stop after this step as if interrupted (the schedule still spans --steps)");
+}
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a GPT-2 model on token shards");
+  auto cfg = std::make_shared<TrainConfig>();
+  auto config_file = std::make_shared<std::string>();
+  add_train_options(cmd, *cfg, *config_file);
   cmd->callback([cmd, cfg, config_file] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     print_summary(train(*cfg));

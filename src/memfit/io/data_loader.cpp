@@ -85,6 +85,17 @@ DataLoader::DataLoader(MemoryPool& pool, std::vector<fs::path> shards,
                                  "data.permutation");
 }
 
+size_t DataLoader::staging_bytes(const std::vector<fs::path>& shards,
+                                 const DataLoaderOptions& options) {
+  int64_t total = 0;
+  for (const auto& shard : shards) total += read_token_shard_header(shard);
+  const int64_t T = options.seq_len, B = options.batch_size;
+  const int64_t windows = T > 0 ? std::max<int64_t>(0, (total - 1) / T) : 0;
+  auto block = [](int64_t bytes) { return MemoryPool::round_up(static_cast<size_t>(bytes)); };
+  // The same allocations as the constructor: tokens, inputs, targets, permutation.
+  return block(total * 2) + 2 * block(B * T * 4) + (options.shuffle ? block(windows * 4) : 0);
+}
+
 DataLoader DataLoader::train(MemoryPool& pool, const fs::path& dir,
                              const DataLoaderOptions& options) {
   auto shards = find_token_shards(dir, "train");

@@ -29,6 +29,11 @@ std::vector<std::filesystem::path> find_token_shards(const std::filesystem::path
 
 class DataLoader {
  public:
+  // The pool bytes a loader over `shards` with these options allocates (Category::staging),
+  // from the shard headers alone: what the planner predicts.
+  static size_t staging_bytes(const std::vector<std::filesystem::path>& shards,
+                              const DataLoaderOptions& options);
+
   // Loads all of `shards` (concatenated in the given order) into pool memory. Throws ConfigError
   // for a bad B or T, IoError for a bad shard or when the tokens do not make one window.
   DataLoader(MemoryPool& pool, std::vector<std::filesystem::path> shards,

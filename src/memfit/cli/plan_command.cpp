@@ -1,0 +1,85 @@
+// memfit plan: the predicted peak memory of a training run by category, when in the step it
+// happens, and the step's FLOPs and estimated time, without allocating or computing anything.
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "memfit/cli/commands.h"
+#include "memfit/cli/config_file.h"
+#include "memfit/memory/pool.h"
+#include "memfit/plan/memory_plan.h"
+
+namespace memfit::cli {
+
+namespace {
+
+void print_plan(const TrainConfig& cfg, const PlanReport& r, bool json) {
+  if (json) {
+    nlohmann::json j;
+    j["peak_bytes"] = r.peak_bytes;
+    j["by_category"] = nlohmann::json::object();
+    for (Category c : kAllCategories)
+      j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
+    j["peak_phase"] = r.peak_phase;
+    j["flops"] = r.flops;
+    j["recompute_flops"] = r.recompute_flops;
+    j["est_step_seconds"] = r.est_step_seconds;
+    j["model"] = {{"n_layer", r.model.n_layer}, {"n_head", r.model.n_head},
+                  {"d_model", r.model.d_model}, {"vocab_size", r.model.vocab_size},
+                  {"params", r.model.num_params()}};
+    j["batch"] = r.B;
+    j["seq_len"] = r.T;
+    j["precision"] = cfg.precision;
+    j["ckpt"] = cfg.ckpt;
+    j["attention"] = cfg.attention;
+    j["optim"] = cfg.optim.name;
+    j["data_included"] = r.data_included;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters), {} x {} tokens, {}, "
+             "--ckpt {}, --attention {}, --optim {}\n\n",
+             r.model.n_layer, r.model.d_model, r.model.num_params() / 1e6, r.B, r.T,
+             cfg.precision, cfg.ckpt, cfg.attention, cfg.optim.name);
+  fmt::print("{:<12} {:>12}\n", "category", "MiB");
+  for (Category c : kAllCategories) {
+    const size_t b = r.by_category[static_cast<size_t>(c)];
+    if (b) fmt::print("{:<12} {:>12.1f}\n", category_name(c), b / 1048576.0);
+  }
+  fmt::print("{:<12} {:>12.1f}  ({} bytes)\n\n", "total", r.peak_bytes / 1048576.0,
+             r.peak_bytes);
+  fmt::print("peak: {}\n", r.peak_phase);
+  fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "
+             "machine\n",
+             r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds);
+  if (!r.data_included)
+    fmt::print("(no training data found in {}: the data loaders' staging is not counted)\n",
+               cfg.data_dir);
+  if (!cfg.mem_limit.empty()) {
+    const size_t limit = parse_bytes(cfg.mem_limit, "--mem-limit");
+    fmt::print("--mem-limit {}: {}\n", format_mib(limit),
+               r.peak_bytes <= limit
+                   ? fmt::format("fits, {} to spare", format_mib(limit - r.peak_bytes))
+                   : fmt::format("does NOT fit, {} short", format_mib(r.peak_bytes - limit)));
+  }
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "plan", "Predict a training run's peak memory by category and its step time, without "
+              "running it (takes the options of train)");
+  auto cfg = std::make_shared<TrainConfig>();
+  auto config_file = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  add_train_options(cmd, *cfg, *config_file);
+  cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->callback([cmd, cfg, config_file, json] {
+    if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
+    print_plan(*cfg, plan_training(*cfg), *json);
+  });
+}
+
+}  // namespace memfit::cli

@@ -1,0 +1,107 @@
+#include "memfit/plan/memory_plan.h"
+
+#include <filesystem>
+
+#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/data_loader.h"
+#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/memory/pool.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/optim/optimizer.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+
+StepFlops step_flops(const GPT2Config& c, int B, int T, const ActivationOptions& options) {
+  const double N = double(B) * T, C = c.d_model;
+  const double block_matmul = 2.0 * N * 12.0 * C * C;  // qkv 3C^2, proj C^2, fc 4C^2, proj 4C^2
+  const double scores = 2.0 * double(B) * T * T * C;   // QK^T and PV, causal half, per block
+  const double head = 2.0 * N * C * c.padded_vocab;
+  // Backward costs twice the forward; flash attention's backward also recomputes the scores.
+  const bool flash = options.attention == AttentionKind::flash;
+  const double block = 3.0 * block_matmul + (flash ? 4.0 : 3.0) * scores;
+  StepFlops f;
+  f.total = c.n_layer * block + 3.0 * head;
+  const BlockSlots slots = block_slots(options.ckpt, c.n_layer);
+  for (int s : slots.slot)
+    if (s >= 0) f.recompute += block_matmul + scores;  // the block's forward again
+  if (options.ckpt.selective() && !flash) f.recompute += c.n_layer * scores;
+  f.total += f.recompute;
+  return f;
+}
+
+namespace {
+
+// Whole-step rates measured on this machine (2 Sapphire Rapids cores) by
+// bench/e2e/precision_vs_pytorch.py, docs/benchmarks.md: an estimate to rank configurations,
+// not a promise.
+double step_rate(Precision p) {
+  switch (p) {
+    case Precision::bf16: return 0.55e12;
+    case Precision::fp16: return 0.18e12;  // f16 matmuls widened through the f32 GEMM
+    default: return 0.22e12;
+  }
+}
+
+}  // namespace
+
+PlanReport plan_training(const TrainConfig& cfg) {
+  PlanReport r;
+  const fs::path source = !cfg.resume_dir.empty() ? fs::path(cfg.resume_dir) : fs::path(cfg.init_from);
+  r.model = source.empty() ? cfg.model_config()
+                           : io::read_gpt2_config(io::locate_checkpoint(source).dir / "config.json");
+  r.model.finalize();
+  r.T = cfg.seq_len ? cfg.seq_len : r.model.max_seq_len;
+  if (r.T > r.model.max_seq_len)
+    MEMFIT_THROW(ConfigError, "config", "--seq-len {} exceeds the model's context of {}", r.T,
+                 r.model.max_seq_len);
+  r.B = cfg.batch;
+  const PrecisionOptions precision{precision_from_name(cfg.precision),
+                                   cfg.master_weights != "none"};
+  ActivationOptions act;
+  act.attention = attention_kind_from_name(cfg.attention);
+  act.ckpt = CheckpointPolicy::parse(cfg.ckpt);
+  act.precision = precision.precision;
+
+  const ParamLayout layout(r.model);
+  auto slab = [&](DType dt) {
+    return MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(dt));
+  };
+  auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
+  at(Category::params) = slab(half_dtype(precision.precision));
+  if (precision.precision != Precision::fp32 && precision.master_weights)
+    at(Category::master) = slab(DType::f32);
+  at(Category::grads) = slab(DType::f32);
+  OptimConfig oc = cfg.optim;
+  oc.n_head = r.model.n_head;
+  at(Category::optimizer) = optimizer_state_bytes(oc, layout);
+  r.buffers = gpt2_activation_plan(r.model, r.B, r.T, act);
+  at(Category::activations) = plan_bytes(r.buffers, Category::activations);
+  at(Category::workspace) = plan_bytes(r.buffers, Category::workspace);
+
+  if (cfg.steps > 0 && !io::find_token_shards(cfg.data_dir, "train").empty()) {
+    io::DataLoaderOptions d;
+    d.batch_size = r.B;
+    d.seq_len = r.T;
+    d.shuffle = cfg.shuffle;
+    at(Category::staging) =
+        io::DataLoader::staging_bytes(io::find_token_shards(cfg.data_dir, "train"), d);
+    if (auto val = io::find_token_shards(cfg.data_dir, "val"); !val.empty()) {
+      d.shuffle = false;
+      at(Category::staging) += io::DataLoader::staging_bytes(val, d);
+    }
+    r.data_included = true;
+  }
+  for (size_t b : r.by_category) r.peak_bytes += b;
+  r.peak_phase =
+      "the whole step: every buffer is allocated before the first step and lives through it";
+
+  const StepFlops f = step_flops(r.model, r.B, r.T, act);
+  r.flops = f.total * cfg.grad_accum;
+  r.recompute_flops = f.recompute * cfg.grad_accum;
+  r.est_step_seconds = r.flops / step_rate(precision.precision);
+  return r;
+}
+
+}  // namespace memfit

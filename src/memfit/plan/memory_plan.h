@@ -1,0 +1,41 @@
+// The planner: what a `memfit train` run will allocate, by category, before anything is
+// allocated. It sums the same lists the engine allocates from: the parameter layout (params,
+// master, grads), the optimizer's state_bytes_for (optimizer), the activation plan (activations,
+// workspace: model/activation_plan.h) and the data loaders' staging_bytes (staging). The engine
+// allocates all of these before the first step and a step allocates nothing more, so the
+// prediction is the measured peak (tests/plan/memory_plan_test.cpp checks it byte for byte).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memfit/memory/category.h"
+#include "memfit/model/activation_plan.h"
+#include "memfit/train/train_config.h"
+
+namespace memfit {
+
+struct PlanReport {
+  GPT2Config model;
+  int B = 0, T = 0;
+  CategoryBytes by_category{};  // at the peak
+  size_t peak_bytes = 0;
+  std::string peak_phase;
+  double flops = 0;             // per optimizer step, recomputation included
+  double recompute_flops = 0;   // of which recomputation
+  double est_step_seconds = 0;  // flops at this machine's measured step rate (see the .cpp)
+  std::vector<BufferSpec> buffers;  // the activation plan
+  bool data_included = false;       // staging counts the data loaders (the data dir exists)
+};
+
+// Plans a run as `train(config)` would make it. Throws what train would for a bad config.
+PlanReport plan_training(const TrainConfig& config);
+
+// The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
+// elementwise work is not counted), with the recomputation the checkpoint policy adds.
+struct StepFlops {
+  double total = 0, recompute = 0;
+};
+StepFlops step_flops(const GPT2Config& c, int B, int T, const ActivationOptions& options);
+
+}  // namespace memfit

@@ -1,0 +1,90 @@
+// The planner's prediction against what training measures: over models, checkpoint policies,
+// precisions, attention kinds and batch sizes, the predicted peak equals the pool's measured
+// peak byte for byte, category by category (a reduced grid; bench/ runs the full one).
+#include "memfit/plan/memory_plan.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "memfit/io/token_shard.h"
+#include "memfit/train/trainer.h"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Planner : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir = fs::temp_directory_path() / fmt::format("memfit_plan_{}", ::getpid());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::vector<uint16_t> train(20000), val(3000);
+    uint32_t x = 7;
+    for (auto& t : train) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
+    for (auto& t : val) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
+    io::write_token_shard(dir / "train_000000.bin", train);
+    io::write_token_shard(dir / "val_000000.bin", val);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir); }
+  static inline fs::path dir;
+};
+
+TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
+  int runs = 0;
+  for (int layers : {2, 3})
+    for (const char* ckpt : {"none", "full", "selective", "every:2", "layers:1"})
+      for (const char* precision : {"fp32", "bf16"})
+        for (const char* attention : {"flash", "plain"})
+          for (int batch : {1, 3}) {
+            TrainConfig c;
+            c.model = "gpt2-tiny";
+            c.n_layer = layers;
+            c.seq_len = 48;
+            c.data_dir = dir.string();
+            c.batch = batch;
+            c.steps = 1;
+            c.eval_batches = 1;
+            c.ckpt = ckpt;
+            c.precision = precision;
+            c.attention = attention;
+            const PlanReport plan = plan_training(c);
+            const TrainSummary s = train(c);
+            SCOPED_TRACE(fmt::format("{} layers, --ckpt {}, {}, {}, batch {}", layers, ckpt,
+                                     precision, attention, batch));
+            EXPECT_TRUE(plan.data_included);
+            EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+            for (Category cat : kAllCategories)
+              EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                        s.peak_by_category[static_cast<size_t>(cat)])
+                  << category_name(cat);
+            ++runs;
+          }
+  EXPECT_EQ(runs, 80);
+}
+
+TEST(StepFlops, RecomputationAddsOneForwardPerRecomputedBlock) {
+  GPT2Config c = GPT2Config::preset("gpt2");
+  ActivationOptions none, full, sel, plain_sel;
+  full.ckpt = CheckpointPolicy::parse("full");
+  sel.ckpt = CheckpointPolicy::parse("selective");
+  plain_sel.ckpt = sel.ckpt;
+  plain_sel.attention = AttentionKind::plain;
+  const StepFlops n = step_flops(c, 8, 256, none), f = step_flops(c, 8, 256, full);
+  EXPECT_EQ(n.recompute, 0);
+  const double block_fwd = 2.0 * 8 * 256 * 12.0 * c.d_model * c.d_model +
+                           2.0 * 8 * 256.0 * 256 * c.d_model;
+  EXPECT_DOUBLE_EQ(f.recompute, c.n_layer * block_fwd);
+  EXPECT_DOUBLE_EQ(f.total, n.total + f.recompute);
+  EXPECT_EQ(step_flops(c, 8, 256, sel).recompute, 0);  // flash recomputes scores anyway
+  EXPECT_GT(step_flops(c, 8, 256, plain_sel).recompute, 0);
+  // about 6 flops per parameter per token for the matmuls
+  EXPECT_NEAR(n.total / (8 * 256) / (6.0 * c.num_params()), 1.0, 0.15);
+}
+
+}  // namespace
+}  // namespace memfit
