@@ -216,7 +216,8 @@ TEST(GPT2Mixed, RefreshWorkingRoundsTheMasterToNearestEven) {
     const auto* working = static_cast<const uint16_t*>(gpt.params().raw_data());
     int64_t bad = 0, first_bad = -1;
     for (int64_t i = 0; i < n; ++i) {
-      const uint16_t want = p == Precision::bf16 ? bf16_from_f32(master[i]) : f16_from_f32(master[i]);
+      const uint16_t want =
+          p == Precision::bf16 ? bf16_from_f32(master[i]) : f16_from_f32(master[i]);
       if (working[i] != want && bad++ == 0) first_bad = i;
     }
     EXPECT_EQ(bad, 0) << "first at " << first_bad << ": master " << master[first_bad];

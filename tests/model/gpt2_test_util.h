@@ -11,7 +11,8 @@ namespace memfit::gpt2_test {
 
 inline void fill_tokens(Tensor& t, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+  int32_t* ids = t.data<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) ids[i] = static_cast<int32_t>(rng() % vocab);
 }
 
 struct Batch {

@@ -217,7 +217,8 @@ TEST(ApplyUpdate, GradNormIsTheUnscaledMeanGradientsNormAndClippingUsesIt) {
     for (int64_t i = 0; i < n; ++i) {
       const double want = w0[i] - kLr * mean[i] * factor;
       // The step's own rounding, and one rounding of the weight it lands on.
-      const double tol = 1e-5 * std::abs(kLr * mean[i] * factor) + 0x1p-23 * std::abs(w0[i]) + 1e-12;
+      const double tol =
+          1e-5 * std::abs(kLr * mean[i] * factor) + 0x1p-23 * std::abs(w0[i]) + 1e-12;
       if (!(std::abs(w[i] - want) <= tol) && bad++ == 0) first_bad = i;
       const double step = (double(w[i]) - w0[i]) / kLr;
       moved_sq += step * step;
