@@ -8,35 +8,12 @@
 #include <random>
 
 #include "memfit/optim/adamw.h"
+#include "gpt2_test_util.h"
 
 namespace memfit {
 namespace {
 
-void fill_tokens(Tensor& t, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
-}
-
-struct Batch {
-  Tensor tokens, targets;
-  Batch(MemoryPool& pool, int B, int T, int vocab, uint32_t seed) {
-    tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "tokens");
-    targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "targets");
-    fill_tokens(tokens, vocab, seed);
-    fill_tokens(targets, vocab, seed + 1);
-  }
-};
-
-GPT2Config odd_config() {
-  GPT2Config c;  // odd sizes on purpose: vocab not a multiple of 64, T below the context
-  c.n_layer = 2;
-  c.n_head = 3;
-  c.d_model = 24;
-  c.max_seq_len = 16;
-  c.vocab_size = 70;
-  c.finalize();
-  return c;
-}
+using namespace gpt2_test;
 
 TEST(GPT2, PoolHoldsExactlyParamsGradsAndThePlan) {
   MemoryPool pool;

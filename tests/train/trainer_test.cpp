@@ -3,67 +3,22 @@
 #include "memfit/train/trainer.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/token_shard.h"
 #include "memfit/memory/pool.h"
+#include "trainer_fixture.h"
 
 namespace memfit {
 namespace {
 
 namespace fs = std::filesystem;
 
-class Trainer : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir = fs::temp_directory_path() /
-          fmt::format("memfit_trainer_{}_{}", ::getpid(),
-                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir / "data");
-    // A learnable stream: a fixed random sequence of 97 tokens repeated.
-    std::vector<uint16_t> base(97);
-    uint32_t x = 12345;
-    for (auto& t : base) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
-    std::vector<uint16_t> train, val;
-    for (int i = 0; i < 80; ++i) train.insert(train.end(), base.begin(), base.end());
-    for (int i = 0; i < 8; ++i) val.insert(val.end(), base.begin(), base.end());
-    io::write_token_shard(dir / "data" / "train_000000.bin", train);
-    io::write_token_shard(dir / "data" / "val_000000.bin", val);
-  }
-  void TearDown() override { fs::remove_all(dir); }
-
-  TrainConfig config() const {
-    TrainConfig c;
-    c.model = "gpt2-tiny";
-    c.seq_len = 32;
-    c.data_dir = (dir / "data").string();
-    c.batch = 4;
-    c.grad_accum = 2;
-    c.steps = 6;
-    c.schedule.lr = 3e-3f;
-    c.schedule.min_lr = 3e-4f;
-    c.schedule.warmup = 2;
-    c.eval_every = 3;
-    c.eval_batches = 2;
-    return c;
-  }
-  static std::vector<nlohmann::json> read_log(const fs::path& file) {
-    std::vector<nlohmann::json> lines;
-    std::ifstream in(file);
-    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-    return lines;
-  }
-
-  fs::path dir;
-};
+class Trainer : public test::TrainerFixture {};
 
 TEST_F(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
   TrainConfig whole = config();

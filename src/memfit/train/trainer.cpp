@@ -284,7 +284,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
       gpt.backward();
     }
     const float loss = static_cast<float>(loss_sum / cfg.grad_accum);
-    const float lr = cfg.schedule.at(step);
+    // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
+    // position is the number of steps that updated, which the scaler's state keeps over resumes.
+    const float lr = cfg.schedule.at(step - (scaler ? scaler->skipped() : 0));
     // fp16's scaler absorbs a non-finite loss as an overflow (the step is skipped); in fp32 and
     // bf16 nothing can, so the run stops before anything is saved over the last checkpoint.
     UpdateOutcome update;

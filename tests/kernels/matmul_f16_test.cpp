@@ -1,0 +1,199 @@
+// fp16's matmuls (kernels/cpu/matmul_f16.h) against the FP32 kernels run on the widened
+// operands: the route is "widen exactly, run the f32 GEMM, round once", so f32 results must be
+// the f32 kernel's bit for bit and f16 results its round-to-nearest-even, for every mix of f16
+// and f32 operands, odd shapes, optional dinp and dbias, and a scratch of exactly the size
+// matmul_f16_scratch_bytes promises. Then the typed errors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <optional>
+
+#include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/cpu/matmul_f16.h"
+#include "mixed_test_util.h"
+
+namespace memfit::kernels {
+namespace {
+
+using namespace test;
+
+struct LinearShape {
+  int64_t R, IC, OC;
+};
+const LinearShape kShapes[] = {{1, 1, 1}, {7, 3, 5}, {5, 17, 33}, {31, 24, 65}, {33, 96, 77}};
+
+// The f32 scratch the kernels are given: exactly what matmul_f16_scratch_bytes asks for.
+Tensor scratch_for(MemoryPool& pool, int64_t R, int64_t IC, int64_t OC) {
+  const size_t bytes = matmul_f16_scratch_bytes(R, IC, OC);
+  return make_tensor(pool, {static_cast<int64_t>((bytes + 3) / 4)});
+}
+
+// An f32 copy of t's values (exact: every f16 is a float).
+Tensor widened(MemoryPool& pool, const Tensor& t) {
+  if (!t.defined()) return t;
+  Tensor w = make_tensor(pool, t.shape());
+  copy_in(w, to_doubles_any(t));
+  return w;
+}
+
+// got (f32 or f16) must be want (f32) bit for bit, or its RNE to f16. Names the first
+// difference.
+::testing::AssertionResult is_exactly(const Tensor& got, const Tensor& want) {
+  const float* w = want.data<float>();
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    bool same;
+    double value;
+    if (got.dtype() == DType::f32) {
+      const float g = got.data<float>()[i];
+      same = std::memcmp(&g, &w[i], 4) == 0;
+      value = g;
+    } else {
+      const uint16_t g = static_cast<const uint16_t*>(got.raw_data())[i];
+      same = g == f16_from_f32(w[i]);
+      value = f32_from_f16(g);
+    }
+    if (!same)
+      return ::testing::AssertionFailure()
+             << "element " << i << " of " << want.numel() << ": got " << value << ", want "
+             << w[i] << (got.dtype() == DType::f16 ? " rounded to f16" : " (f32, bit for bit)");
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const DType kOperandTypes[] = {DType::f16, DType::f32};
+
+TEST(MatmulF16, ForwardIsTheF32KernelOnWidenedOperands) {
+  MemoryPool pool;
+  for (const auto& [R, IC, OC] : kShapes) {
+    for (DType xt : kOperandTypes) {
+      for (DType wt : kOperandTypes) {
+        for (std::optional<DType> bt : {std::optional<DType>{}, std::optional{DType::f16},
+                                        std::optional{DType::f32}}) {
+          for (DType ot : kOperandTypes) {
+            SCOPED_TRACE(fmt::format("R={} IC={} OC={} inp {} weight {} bias {} out {}", R, IC, OC,
+                                     dtype_name(xt), dtype_name(wt),
+                                     bt ? dtype_name(*bt) : "none", dtype_name(ot)));
+            Tensor inp = random_any(pool, {R, IC}, xt, 1);
+            Tensor weight = random_any(pool, {OC, IC}, wt, 2);
+            Tensor bias = bt ? random_any(pool, {OC}, *bt, 3) : Tensor();
+            Tensor out = random_any(pool, {R, OC}, ot, 4);  // overwritten
+            Tensor scratch = scratch_for(pool, R, IC, OC);
+            matmul_forward_f16(out, inp, weight, bias, scratch);
+
+            Tensor x = widened(pool, inp), w = widened(pool, weight), b = widened(pool, bias);
+            Tensor want = make_tensor(pool, {R, OC});
+            matmul_forward(want, x, w, b);
+            EXPECT_TRUE(is_exactly(out, want));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulF16, BackwardIsTheF32KernelOnWidenedOperands) {
+  MemoryPool pool;
+  for (const auto& [R, IC, OC] : kShapes) {
+    for (DType gt : kOperandTypes) {
+      for (DType xt : kOperandTypes) {
+        for (DType wt : kOperandTypes) {
+          for (std::optional<DType> dxt : {std::optional<DType>{}, std::optional{DType::f16},
+                                           std::optional{DType::f32}}) {
+            for (bool with_dbias : {false, true}) {
+              SCOPED_TRACE(fmt::format("R={} IC={} OC={} dout {} inp {} weight {} dinp {} dbias {}",
+                                       R, IC, OC, dtype_name(gt), dtype_name(xt), dtype_name(wt),
+                                       dxt ? dtype_name(*dxt) : "none", with_dbias));
+              Tensor dout = random_any(pool, {R, OC}, gt, 1);
+              Tensor inp = random_any(pool, {R, IC}, xt, 2);
+              Tensor weight = random_any(pool, {OC, IC}, wt, 3);
+              // dweight and dbias accumulate onto what they hold; dinp is overwritten.
+              Tensor dweight = random_any(pool, {OC, IC}, DType::f32, 4);
+              Tensor dbias = with_dbias ? random_any(pool, {OC}, DType::f32, 5) : Tensor();
+              Tensor dinp = dxt ? random_any(pool, {R, IC}, *dxt, 6) : Tensor();
+              Tensor want_dw = widened(pool, dweight), want_db = widened(pool, dbias);
+              Tensor want_dx = dxt ? make_tensor(pool, {R, IC}) : Tensor();
+              Tensor scratch = scratch_for(pool, R, IC, OC);
+              matmul_backward_f16(dinp, dweight, dbias, dout, inp, weight, scratch);
+
+              Tensor g = widened(pool, dout), x = widened(pool, inp), w = widened(pool, weight);
+              matmul_backward(want_dx, want_dw, want_db, g, x, w);
+              EXPECT_TRUE(is_exactly(dweight, want_dw)) << "dweight";
+              if (with_dbias) {
+                EXPECT_TRUE(is_exactly(dbias, want_db)) << "dbias";
+              }
+              if (dxt) {
+                EXPECT_TRUE(is_exactly(dinp, want_dx)) << "dinp";
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulF16, AnF16ResultOverflowsToInfinityAsRoundingSays) {
+  // Sums of 8 products of 100..200 by 100..200 (80000 and up) lie past f16's range: the f32
+  // result is finite, the f16 one infinite (65520 and up round to it).
+  MemoryPool pool;
+  Tensor inp = random_any(pool, {3, 8}, DType::f16, 1, nullptr, 100.0, 200.0);
+  Tensor weight = random_any(pool, {2, 8}, DType::f16, 2, nullptr, 100.0, 200.0);
+  Tensor out = make_tensor(pool, {3, 2}, DType::f16), scratch = scratch_for(pool, 3, 8, 2);
+  Tensor no_bias;
+  matmul_forward_f16(out, inp, weight, no_bias, scratch);
+  for (double v : to_doubles_any(out)) EXPECT_TRUE(std::isinf(v) && v > 0) << v;
+}
+
+TEST(MatmulF16, TooSmallAScratchIsAShapeErrorAndOtherTypesAreDTypeErrors) {
+  MemoryPool pool;
+  const int64_t R = 5, IC = 17, OC = 33;
+  Tensor inp = random_any(pool, {R, IC}, DType::f16, 1);
+  Tensor weight = random_any(pool, {OC, IC}, DType::f16, 2);
+  Tensor bias = random_any(pool, {OC}, DType::f16, 3);
+  Tensor out = make_tensor(pool, {R, OC}, DType::f16);
+  Tensor dout = random_any(pool, {R, OC}, DType::f16, 4);
+  Tensor dinp = make_tensor(pool, {R, IC}, DType::f16);
+  Tensor dweight = make_tensor(pool, {OC, IC}), dbias = make_tensor(pool, {OC});
+  const int64_t enough = scratch_for(pool, R, IC, OC).numel();
+  // A scratch that holds the widened input but not the weight.
+  Tensor small = make_tensor(pool, {R * IC + 8});
+  EXPECT_TRUE(throws_with<ShapeError>(
+      [&] { matmul_forward_f16(out, inp, weight, bias, small); }, {"[matmul_f16]", "weight"}));
+  EXPECT_TRUE(throws_with<ShapeError>(
+      [&] { matmul_backward_f16(dinp, dweight, dbias, dout, inp, weight, small); },
+      {"[matmul_f16]", "scratch"}));
+
+  Tensor scratch = make_tensor(pool, {enough});
+  Tensor bf16_inp = random_any(pool, {R, IC}, DType::bf16, 5);
+  Tensor bf16_weight = random_any(pool, {OC, IC}, DType::bf16, 6);
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { matmul_forward_f16(out, bf16_inp, weight, bias, scratch); }, {"inp", "bf16"}));
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { matmul_forward_f16(out, inp, bf16_weight, bias, scratch); }, {"weight", "bf16"}));
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { matmul_backward_f16(dinp, dweight, dbias, dout, bf16_inp, weight, scratch); },
+      {"inp", "bf16"}));
+  Tensor bf16_out = make_tensor(pool, {R, OC}, DType::bf16);
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { matmul_forward_f16(bf16_out, inp, weight, bias, scratch); }, {"out", "bf16"}));
+  Tensor bf16_scratch = make_tensor(pool, {2 * enough}, DType::bf16);
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { matmul_forward_f16(out, inp, weight, bias, bf16_scratch); }, {"scratch"}));
+}
+
+TEST(MatmulF16, F32OperandsNeedNoScratch) {
+  // Everything f32: the operands are used in place, so a one-float scratch is enough and the
+  // result is the f32 kernel's.
+  MemoryPool pool;
+  Tensor inp = random_any(pool, {7, 3}, DType::f32, 1);
+  Tensor weight = random_any(pool, {5, 3}, DType::f32, 2);
+  Tensor bias = random_any(pool, {5}, DType::f32, 3);
+  Tensor out = make_tensor(pool, {7, 5}), want = make_tensor(pool, {7, 5});
+  Tensor tiny = make_tensor(pool, {1});
+  matmul_forward_f16(out, inp, weight, bias, tiny);
+  matmul_forward(want, inp, weight, bias);
+  EXPECT_TRUE(is_exactly(out, want));
+}
+
+}  // namespace
+}  // namespace memfit::kernels

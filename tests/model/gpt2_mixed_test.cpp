@@ -1,0 +1,332 @@
+// GPT-2 in bf16, fp16 and pure bf16: the pool holds exactly the slabs and the plan of each
+// precision, loss and gradients stay within measured tolerances of FP32's from the same start,
+// the working copy is the master rounded to nearest even, every precision starts from the same
+// weights, first_non_finite() names the culprit, and the combinations that cannot run are
+// ConfigErrors. docs/notes/mixed-precision.md has the table of which tensor is in which type.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "memfit/model/gpt2.h"
+#include "gpt2_test_util.h"
+
+namespace memfit {
+namespace {
+
+using namespace gpt2_test;
+
+struct Mode {
+  const char* name;
+  PrecisionOptions precision;
+  AttentionKind attention;
+};
+const Mode kModes[] = {
+    {"fp32 flash", {Precision::fp32, true}, AttentionKind::flash},
+    {"bf16 flash", {Precision::bf16, true}, AttentionKind::flash},
+    {"bf16 plain", {Precision::bf16, true}, AttentionKind::plain},
+    {"fp16 plain", {Precision::fp16, true}, AttentionKind::plain},
+    {"pure bf16 flash", {Precision::bf16, false}, AttentionKind::flash},
+    {"pure bf16 plain", {Precision::bf16, false}, AttentionKind::plain},
+};
+
+ActivationOptions options_for(AttentionKind attention) {
+  ActivationOptions o;
+  o.attention = attention;
+  return o;
+}
+
+TEST(GPT2Mixed, PoolHoldsExactlyParamsMasterGradsAndThePlan) {
+  for (const Mode& m : kModes) {
+    SCOPED_TRACE(m.name);
+    MemoryPool pool;
+    GPT2Config c = odd_config();
+    GPT2 gpt(c, pool, m.precision);
+    gpt.init_weights(3);
+    gpt.reserve(2, 11, options_for(m.attention));
+    ActivationOptions o = options_for(m.attention);
+    o.precision = m.precision.precision;
+    auto plan = gpt2_activation_plan(c, 2, 11, o);
+
+    const DType h = half_dtype(m.precision.precision);
+    const bool has_master = m.precision.precision != Precision::fp32 && m.precision.master_weights;
+    const size_t n = static_cast<size_t>(gpt.layout().total());
+    const size_t working = MemoryPool::round_up(n * dtype_size(h));
+    const size_t f32_slab = MemoryPool::round_up(n * sizeof(float));
+    EXPECT_EQ(gpt.params().dtype(), h);
+    EXPECT_EQ(gpt.weights().dtype(), has_master ? DType::f32 : h);
+    EXPECT_EQ(pool.bytes_current(Category::params), working);
+    EXPECT_EQ(pool.bytes_current(Category::master), has_master ? f32_slab : 0u);
+    EXPECT_EQ(pool.bytes_current(Category::grads), f32_slab);
+    EXPECT_EQ(pool.bytes_current(Category::activations), plan_bytes(plan, Category::activations));
+    EXPECT_EQ(pool.bytes_current(Category::workspace), plan_bytes(plan, Category::workspace));
+    EXPECT_EQ(pool.bytes_current(Category::staging), 0u) << "init_weights' staging outlived it";
+    EXPECT_EQ(pool.bytes_current(), working + (has_master ? f32_slab : 0) + f32_slab +
+                                        plan_bytes(plan, Category::activations) +
+                                        plan_bytes(plan, Category::workspace));
+    EXPECT_EQ(gpt.buffer("h.1.qkv").dtype(), h);
+    EXPECT_EQ(gpt.buffer("h.1.residual_3").dtype(), DType::f32);
+
+    Batch b(pool, 2, 11, c.vocab_size, 1);
+    pool.reset_peak();
+    const size_t before = pool.bytes_current();
+    const float scale = m.precision.precision == Precision::fp16 ? 1024.0f : 1.0f;
+    EXPECT_TRUE(std::isfinite(gpt.forward(b.tokens, b.targets, true, scale)));
+    gpt.backward();
+    gpt.forward(b.tokens, b.targets, false);
+    EXPECT_EQ(pool.bytes_peak(), before) << "a step allocated outside the plan";
+  }
+}
+
+// init_weights(21) plus normal(0, 0.05) noise on every real element: larger weights than
+// GPT-2's init, so that the logits are far from uniform and the loss depends on the precision.
+std::vector<float> perturbed_start(const GPT2Config& c) {
+  MemoryPool pool;
+  GPT2 gpt(c, pool);
+  gpt.init_weights(21);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> noise(0.0f, 0.05f);
+  float* w = gpt.weights().data<float>();
+  for (const ParamInfo& p : gpt.layout().params()) {
+    const int64_t n =
+        p.role == ParamRole::token_embedding ? int64_t{c.vocab_size} * c.d_model : p.numel;
+    for (int64_t i = 0; i < n; ++i) w[p.offset + i] += noise(rng);
+  }
+  return std::vector<float>(w, w + gpt.weights().numel());
+}
+
+// One training forward and backward of a fresh model from perturbed_start on a fixed batch.
+struct StepResult {
+  float loss;
+  std::vector<float> grads;
+};
+StepResult one_step(const Mode& m, float loss_scale = 1.0f) {
+  MemoryPool pool;
+  GPT2Config c = odd_config();
+  GPT2 gpt(c, pool, m.precision);
+  // Into the weights of record as a checkpoint load would: pure bf16 rounds to nearest even.
+  const std::vector<float> start = perturbed_start(c);
+  Tensor w = gpt.weights();
+  if (w.dtype() == DType::f32) {
+    std::copy(start.begin(), start.end(), w.data<float>());
+  } else {
+    auto* bits = static_cast<uint16_t*>(w.raw_data());
+    for (size_t i = 0; i < start.size(); ++i) bits[i] = bf16_from_f32(start[i]);
+  }
+  gpt.refresh_working();
+  gpt.reserve(3, 13, options_for(m.attention));
+  Batch b(pool, 3, 13, c.vocab_size, 8);
+  StepResult r;
+  r.loss = gpt.forward(b.tokens, b.targets, true, loss_scale);
+  gpt.backward();
+  const float* g = gpt.grads().data<float>();
+  r.grads.assign(g, g + gpt.grads().numel());
+  return r;
+}
+
+// The largest over parameter tensors of ||g - want|| / ||want|| (g divided by `unscale`), and
+// the tensor it is at.
+std::pair<double, std::string> worst_grad_error(const StepResult& got, const StepResult& want,
+                                                double unscale = 1.0) {
+  const ParamLayout layout(odd_config());
+  std::pair<double, std::string> worst{0.0, ""};
+  for (const ParamInfo& p : layout.params()) {
+    double diff = 0, norm = 0;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      const double d = got.grads[i] / unscale - want.grads[i];
+      diff += d * d;
+      norm += double(want.grads[i]) * want.grads[i];
+    }
+    const double rel = std::sqrt(diff) / std::sqrt(norm);
+    if (!(rel <= worst.first)) worst = {rel, p.name};  // NaN becomes the worst
+  }
+  return worst;
+}
+
+// Tolerances, measured on this model (odd_config, B 3, T 13, perturbed_start) over 9 seeds of
+// the noise and the batch, then given 3-6x margin. The worst seen:
+//   loss, |l - l32| / l32:                 bf16 8.6e-5 (flash and plain alike), fp16 1.0e-5
+//   gradient, worst tensor's ||g - g32|| / ||g32||:  bf16 1.3e-2, fp16 1.3e-3 (with a loss
+//   scale of 1024, divided by it: 1.3e-3 too)
+// fp16's bounds are below what bf16 measures, so fp16 silently computing in bf16 would fail.
+constexpr double kBf16LossTol = 5e-4, kFp16LossTol = 5e-5;
+constexpr double kBf16GradTol = 4e-2, kFp16GradTol = 4e-3;
+
+TEST(GPT2Mixed, LossAndGradientsStayCloseToFp32FromTheSameStart) {
+  for (AttentionKind attention : {AttentionKind::flash, AttentionKind::plain}) {
+    SCOPED_TRACE(attention_kind_name(attention));
+    const StepResult f32 = one_step({"fp32", {Precision::fp32, true}, attention});
+    const StepResult b16 = one_step({"bf16", {Precision::bf16, true}, attention});
+    EXPECT_NEAR(b16.loss, f32.loss, kBf16LossTol * f32.loss);
+    const auto [err, where] = worst_grad_error(b16, f32);
+    EXPECT_LT(err, kBf16GradTol) << where;
+    EXPECT_GT(err, 0.0) << "bf16 gave fp32's gradients exactly: is it running in bf16?";
+
+    // Pure bf16 computes with the same bf16 weights as bf16 with master weights (both round
+    // the same f32 start to nearest even), so its step is the same bit for bit.
+    const StepResult pure = one_step({"pure bf16", {Precision::bf16, false}, attention});
+    EXPECT_EQ(pure.loss, b16.loss);
+    EXPECT_TRUE(pure.grads == b16.grads);
+  }
+  const Mode fp32_plain{"fp32", {Precision::fp32, true}, AttentionKind::plain};
+  const Mode fp16{"fp16", {Precision::fp16, true}, AttentionKind::plain};
+  const StepResult f32 = one_step(fp32_plain);
+  for (float scale : {1.0f, 1024.0f}) {
+    SCOPED_TRACE(fmt::format("fp16, loss scale {}", scale));
+    const StepResult f16 = one_step(fp16, scale);
+    EXPECT_NEAR(f16.loss, f32.loss, kFp16LossTol * f32.loss);
+    const auto [err, where] = worst_grad_error(f16, f32, scale);
+    EXPECT_LT(err, kFp16GradTol) << where;
+    EXPECT_GT(err, 0.0);
+  }
+}
+
+// Random floats over 2^-30 .. 2^20 (f16's subnormals and overflow included), every seventh
+// an exact tie (the bits under tie_mask, those the narrow type drops, set to tie_half), and a
+// few infinities.
+void fill_awkward(float* v, int64_t n, uint32_t tie_mask, uint32_t tie_half) {
+  std::mt19937 rng(77);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = (rng() & 0x80000000u) | ((127u - 30u + rng() % 51u) << 23) | (rng() & 0x7fffffu);
+    if (i % 7 == 0) u = (u & ~tie_mask) | tie_half;
+    if (i % 1001 == 500) u = (u & 0x80000000u) | 0x7f800000u;
+    std::memcpy(&v[i], &u, 4);
+  }
+}
+
+TEST(GPT2Mixed, RefreshWorkingRoundsTheMasterToNearestEven) {
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(precision_name(p));
+    MemoryPool pool;
+    GPT2 gpt(odd_config(), pool, {p, true});
+    gpt.init_weights(5);
+    float* master = gpt.weights().data<float>();
+    const int64_t n = gpt.weights().numel();
+    // Ties sit exactly half-way between two neighbours of the narrow type.
+    if (p == Precision::bf16)
+      fill_awkward(master, n, 0xffffu, 0x8000u);
+    else
+      fill_awkward(master, n, 0x1fffu, 0x1000u);
+    gpt.refresh_working();
+    const auto* working = static_cast<const uint16_t*>(gpt.params().raw_data());
+    int64_t bad = 0, first_bad = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want =
+          p == Precision::bf16 ? bf16_from_f32(master[i]) : f16_from_f32(master[i]);
+      if (working[i] != want && bad++ == 0) first_bad = i;
+    }
+    EXPECT_EQ(bad, 0) << "first at " << first_bad << ": master " << master[first_bad];
+  }
+}
+
+TEST(GPT2Mixed, InitWeightsGivesTheSameValuesInEveryPrecision) {
+  const GPT2Config c = odd_config();
+  MemoryPool pool;
+  GPT2 ref(c, pool);
+  ref.init_weights(42);
+  const float* w = ref.weights().data<float>();
+  const int64_t n = ref.weights().numel();
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(precision_name(p));
+    GPT2 gpt(c, pool, {p, true});
+    gpt.init_weights(42);
+    EXPECT_EQ(std::memcmp(gpt.weights().data<float>(), w, n * sizeof(float)), 0)
+        << "the master weights differ from fp32's";
+    const auto* working = static_cast<const uint16_t*>(gpt.params().raw_data());
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i)
+      bad += working[i] != (p == Precision::bf16 ? bf16_from_f32(w[i]) : f16_from_f32(w[i]));
+    EXPECT_EQ(bad, 0) << "working copy elements that are not fp32's init rounded";
+  }
+  GPT2 pure(c, pool, {Precision::bf16, false});
+  pure.init_weights(42);
+  ASSERT_EQ(pure.weights().dtype(), DType::bf16);
+  const auto* bits = static_cast<const uint16_t*>(pure.weights().raw_data());
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += bits[i] != bf16_from_f32(w[i]);
+  EXPECT_EQ(bad, 0) << "pure bf16 weights that are not fp32's init rounded";
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+TEST(GPT2Mixed, FirstNonFiniteNamesThePoisonedTensor) {
+  const GPT2Config c = odd_config();
+  MemoryPool pool;
+  GPT2 gpt(c, pool, {Precision::bf16, true});
+  gpt.init_weights(9);
+  gpt.reserve(2, 8, options_for(AttentionKind::plain));
+  Batch b(pool, 2, 8, c.vocab_size, 4);
+  EXPECT_EQ(gpt.first_non_finite(), "");
+  ASSERT_TRUE(std::isfinite(gpt.forward(b.tokens, b.targets, true)));
+  gpt.backward();
+  EXPECT_EQ(gpt.first_non_finite(), "") << "a healthy step";
+
+  const ParamInfo& fc = gpt.layout().find("h.1.mlp.c_fc.weight");
+  float* master = gpt.weights().data<float>() + fc.offset + 5;
+  const float saved_master = *master;
+  *master = kInf;
+  EXPECT_EQ(gpt.first_non_finite(), "h.1.mlp.c_fc.weight (master weight)");
+  *master = saved_master;
+
+  const ParamInfo& proj = gpt.layout().find("h.0.attn.c_proj.weight");
+  auto* working = static_cast<uint16_t*>(gpt.params().raw_data()) + proj.offset + 3;
+  const uint16_t saved = *working;
+  *working = bf16_from_f32(-kInf);
+  EXPECT_EQ(gpt.first_non_finite(), "h.0.attn.c_proj.weight (weight)");
+  *working = saved;
+
+  // Two poisoned gradients: the one the backward writes first (the later layer) is named.
+  gpt.grad("h.0.ln_1.weight").data<float>()[2] = kNaN;
+  gpt.grad("h.1.mlp.c_proj.bias").data<float>()[1] = kInf;
+  EXPECT_EQ(gpt.first_non_finite(), "h.1.mlp.c_proj.bias (gradient)");
+  gpt.zero_grad();
+  EXPECT_EQ(gpt.first_non_finite(), "");
+
+  // In fp32 the weights of record are the working weights.
+  GPT2 f32(c, pool);
+  f32.init_weights(9);
+  f32.grad("wpe.weight").data<float>()[0] = kNaN;
+  f32.param("ln_f.bias").data<float>()[0] = kNaN;
+  EXPECT_EQ(f32.first_non_finite(), "ln_f.bias (weight)");
+}
+
+TEST(GPT2Mixed, AWeightThatOverflowsF16IsNamedAfterTheForwardItPoisoned) {
+  // A finite master weight past f16's range makes the working copy infinite; the forward then
+  // spreads it through the activations, the loss and the gradients, and the weight is still
+  // what first_non_finite names.
+  const GPT2Config c = odd_config();
+  MemoryPool pool;
+  GPT2 gpt(c, pool, {Precision::fp16, true});
+  gpt.init_weights(9);
+  gpt.reserve(2, 8, options_for(AttentionKind::plain));
+  Batch b(pool, 2, 8, c.vocab_size, 4);
+  gpt.weights().data<float>()[gpt.layout().find("h.1.attn.c_attn.weight").offset + 5] = 1e5f;
+  gpt.refresh_working();
+  EXPECT_EQ(gpt.first_non_finite(), "h.1.attn.c_attn.weight (weight)");
+  EXPECT_FALSE(std::isfinite(gpt.forward(b.tokens, b.targets, true, 1024.0f)));
+  gpt.backward();
+  EXPECT_EQ(gpt.first_non_finite(), "h.1.attn.c_attn.weight (weight)");
+}
+
+TEST(GPT2Mixed, CombinationsThatCannotRunAreConfigErrors) {
+  const GPT2Config c = odd_config();
+  MemoryPool pool;
+  EXPECT_THROW(GPT2(c, pool, {Precision::fp32, false}), ConfigError);
+  EXPECT_THROW(GPT2(c, pool, {Precision::fp16, false}), ConfigError);
+  EXPECT_EQ(pool.bytes_current(), 0u) << "a refused model left memory behind";
+  GPT2 gpt(c, pool, {Precision::fp16, true});
+  EXPECT_THROW(gpt.reserve(2, 8), ConfigError);  // flash attention is the default
+  EXPECT_THROW(gpt.reserve(2, 8, options_for(AttentionKind::flash)), ConfigError);
+  gpt.reserve(2, 8, options_for(AttentionKind::plain));
+  EXPECT_EQ(gpt.attention(), AttentionKind::plain);
+  EXPECT_THROW(precision_from_name("fp8"), ConfigError);
+}
+
+}  // namespace
+}  // namespace memfit

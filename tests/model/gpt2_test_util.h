@@ -1,0 +1,39 @@
+// Shared by the GPT-2 model tests: a small model with odd sizes and seeded batches of tokens.
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+#include "memfit/core/tensor.h"
+#include "memfit/model/gpt2_config.h"
+
+namespace memfit::gpt2_test {
+
+inline void fill_tokens(Tensor& t, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  int32_t* ids = t.data<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) ids[i] = static_cast<int32_t>(rng() % vocab);
+}
+
+struct Batch {
+  Tensor tokens, targets;
+  Batch(MemoryPool& pool, int B, int T, int vocab, uint32_t seed) {
+    tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "tokens");
+    targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "targets");
+    fill_tokens(tokens, vocab, seed);
+    fill_tokens(targets, vocab, seed + 1);
+  }
+};
+
+inline GPT2Config odd_config() {
+  GPT2Config c;  // odd sizes on purpose: vocab not a multiple of 64, T below the context
+  c.n_layer = 2;
+  c.n_head = 3;
+  c.d_model = 24;
+  c.max_seq_len = 16;
+  c.vocab_size = 70;
+  c.finalize();
+  return c;
+}
+
+}  // namespace memfit::gpt2_test
