@@ -294,6 +294,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
       update.non_finite = true;
     else
       update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, cfg.grad_accum);
+    // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
+    // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
+    if (update.skipped && loss_scale <= cfg.loss_scaler.min_scale) update.non_finite = true;
     if (update.non_finite) {
       const std::string culprit = gpt.first_non_finite();
       MEMFIT_THROW(Error, "train",
