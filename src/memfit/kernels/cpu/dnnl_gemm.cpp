@@ -5,6 +5,7 @@
 
 #include <dnnl.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -49,7 +50,7 @@ struct SpecHash {
 };
 
 struct Entry {
-  dnnl::memory::desc a_md, b_md, c_md, bias_md;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md, scratch_md;
   dnnl::matmul prim;
   std::string impl;
 };
@@ -63,6 +64,23 @@ dnnl::engine& cpu_engine() {
 dnnl::stream& thread_stream() {
   thread_local dnnl::stream stream = MEMFIT_DNNL(dnnl::stream(cpu_engine()));
   return stream;
+}
+
+// The calling thread's oneDNN scratch, grown to the largest primitive it has run (about 1 MB for
+// the model's shapes). Outside the tracking pool: kernels have no pool; see the notes.
+void* thread_scratch(size_t bytes) {
+  struct Aligned {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Aligned> buffer;
+  thread_local size_t capacity = 0;
+  if (bytes > capacity) {
+    capacity = (bytes + 4095) / 4096 * 4096;
+    buffer.reset(std::aligned_alloc(4096, capacity));
+    MEMFIT_CHECK(buffer != nullptr, "matmul", "cannot allocate {} bytes of oneDNN scratch",
+                 capacity);
+  }
+  return buffer.get();
 }
 
 dt to_dnnl(DType t) {
@@ -86,6 +104,11 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
     e->bias_md = MEMFIT_DNNL(dnnl::memory::desc(dims{1, s.N}, to_dnnl(s.bias_type), dims{s.N, 1}));
 
   dnnl::primitive_attr attr;
+  // The library-managed scratchpad is shared by primitives running on different threads (unless
+  // oneDNN is built with DNNL_ENABLE_CONCURRENT_EXEC), which corrupted concurrent GEMMs
+  // (Gemm.ConcurrentCallersAgree failed about one run in three). Each call passes its thread's
+  // own scratch instead: see thread_scratch().
+  MEMFIT_DNNL(attr.set_scratchpad_mode(dnnl::scratchpad_mode::user));
   if (s.alpha != 1.0f) MEMFIT_DNNL(attr.set_output_scales(0, {s.alpha}));
   if (s.beta != 0.0f) {
     dnnl::post_ops ops;
@@ -96,6 +119,7 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
                      : MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md));
   auto pd = MEMFIT_DNNL(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
   e->impl = MEMFIT_DNNL(pd.impl_info_str());
+  e->scratch_md = MEMFIT_DNNL(pd.scratchpad_desc());
   e->prim = MEMFIT_DNNL(dnnl::matmul(pd));
   return e;
 }
@@ -164,6 +188,9 @@ void execute(const GemmSpec& s, const void* A, const void* B, void* C, const voi
     args.emplace(DNNL_ARG_BIAS,
                  MEMFIT_DNNL(dnnl::memory(e->bias_md, eng, const_cast<void*>(bias))));
   }
+  if (const size_t bytes = e->scratch_md.get_size(); bytes > 0)
+    args.emplace(DNNL_ARG_SCRATCHPAD,
+                 MEMFIT_DNNL(dnnl::memory(e->scratch_md, eng, thread_scratch(bytes))));
   dnnl::stream& stream = thread_stream();
   MEMFIT_DNNL(e->prim.execute(stream, args));
   MEMFIT_DNNL(stream.wait());
