@@ -67,6 +67,20 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
   EXPECT_EQ(runs, 80);
 }
 
+TEST(PlanConfig, RefusesWhatTrainRefuses) {
+  TrainConfig pure_lion;
+  pure_lion.precision = "bf16";
+  pure_lion.master_weights = "none";
+  pure_lion.optim.name = "lion";
+  EXPECT_THROW(plan_training(pure_lion), ConfigError);
+  TrainConfig fp16_flash;
+  fp16_flash.precision = "fp16";  // flash is the default attention
+  EXPECT_THROW(plan_training(fp16_flash), ConfigError);
+  TrainConfig no_batch;
+  no_batch.batch = 0;
+  EXPECT_THROW(plan_training(no_batch), ConfigError);
+}
+
 TEST(StepFlops, RecomputationAddsOneForwardPerRecomputedBlock) {
   GPT2Config c = GPT2Config::preset("gpt2");
   ActivationOptions none, full, sel, plain_sel;

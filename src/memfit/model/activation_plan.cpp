@@ -23,6 +23,13 @@ std::string_view attention_kind_name(AttentionKind kind) {
   return kind == AttentionKind::flash ? "flash" : "plain";
 }
 
+void check_activation_options(const ActivationOptions& options) {
+  if (options.precision == Precision::fp16 && options.attention == AttentionKind::flash)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--attention flash runs in fp32 and bf16; with --precision fp16 use --attention "
+                 "plain");
+}
+
 size_t BufferSpec::bytes() const {
   return MemoryPool::round_up(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
 }
@@ -36,10 +43,7 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
   // stream, LayerNorm statistics, log-sum-exps, logits and losses stay f32.
   const DType f32 = DType::f32, h = half_dtype(options.precision);
   const bool mixed = h != f32;
-  if (options.precision == Precision::fp16 && options.attention == AttentionKind::flash)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--attention flash runs in fp32 and bf16; with --precision fp16 use --attention "
-                 "plain");
+  check_activation_options(options);
   std::vector<BufferSpec> plan;
   auto add = [&](std::string tag, Shape shape, Category cat, DType dt) {
     plan.push_back({std::move(tag), shape, dt, cat});

@@ -42,6 +42,9 @@ struct ActivationOptions {
   CheckpointPolicy ckpt;  // which blocks are recomputed in backward (checkpoint_policy.h)
 };
 
+// ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).
+void check_activation_options(const ActivationOptions& options);
+
 std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& config, int B, int T,
                                              const ActivationOptions& options = {});
 

@@ -22,11 +22,8 @@ using namespace kernels;
 
 GPT2::GPT2(const GPT2Config& config, MemoryPool& pool, const PrecisionOptions& precision)
     : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
+  check_precision_options(precision);
   const Precision p = precision.precision;
-  if (!precision.master_weights && p != Precision::bf16)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--master-weights none is pure bf16 training and needs --precision bf16, got {}",
-                 precision_name(p));
   params_ = Tensor::empty(pool, {layout_.total()}, half_dtype(p), Category::params, "params");
   if (p != Precision::fp32 && precision.master_weights)
     master_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::master, "master");
@@ -155,6 +152,16 @@ Tensor GPT2::block_input(int l) const {
   return l > 0 ? block_acts(l - 1).r3 : buffer("encoded");
 }
 
+// Plain attention's forward; half-precision operands take the widening workspace.
+void GPT2::plain_attention_forward(Tensor out, Tensor att, const Tensor& qkv) {
+  if (qkv.dtype() == DType::f32) {
+    attention_forward(out, att, qkv, config_.n_head);
+  } else {
+    Tensor ws = buffer("ws.attention_fwd");
+    attention_forward(out, att, qkv, ws, config_.n_head);
+  }
+}
+
 // One block's forward from its input x into its buffers. ws.dC and ws.gelu serve as scratch for
 // the projections' outputs and the GELU: free during forward, and at the start of each block's
 // backward, where recomputation calls this again.
@@ -166,11 +173,8 @@ void GPT2::forward_block(int l, const Tensor& x, BlockActs& b) {
   if (options_.attention == AttentionKind::flash) {
     Tensor ws = buffer("ws.attention_fwd");
     flash_attention_forward(b.atty, b.lse, b.qkv, ws, config_.n_head);
-  } else if (b.qkv.dtype() == DType::f32) {
-    attention_forward(b.atty, b.att, b.qkv, config_.n_head);
   } else {
-    Tensor ws = buffer("ws.attention_fwd");
-    attention_forward(b.atty, b.att, b.qkv, ws, config_.n_head);
+    plain_attention_forward(b.atty, b.att, b.qkv);
   }
   mm_forward(proj, b.atty, p("attn.c_proj.weight"), p("attn.c_proj.bias"));
   residual_forward(b.r2, x, proj);
@@ -294,13 +298,7 @@ void GPT2::backward() {
     BlockActs b = block_acts(l);
     if (options_.ckpt.selective() && options_.attention == AttentionKind::plain) {
       // The output is the same as the saved atty; it goes to free scratch instead.
-      Tensor out = mixed ? buf("ws.dC.half") : dC;
-      if (b.qkv.dtype() == DType::f32) {
-        attention_forward(out, b.att, b.qkv, config_.n_head);
-      } else {
-        Tensor ws = buf("ws.attention_fwd");
-        attention_forward(out, b.att, b.qkv, ws, config_.n_head);
-      }
+      plain_attention_forward(mixed ? buf("ws.dC.half") : dC, b.att, b.qkv);
     }
     Tensor x = block_input(l);
 

@@ -84,6 +84,7 @@ class GPT2 {
   BlockActs block_acts(int l) const;
   Tensor block_input(int l) const;  // block l's input: the embedding or block l-1's output
   void forward_block(int l, const Tensor& x, BlockActs& b);
+  void plain_attention_forward(Tensor out, Tensor att, const Tensor& qkv);
   void forward_blocks(const Tensor& tokens);
   void lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum);
   // The matmuls, routed through kernels/cpu/matmul_f16.h in fp16.

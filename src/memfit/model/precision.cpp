@@ -20,6 +20,13 @@ std::string_view precision_name(Precision p) {
   return "?";
 }
 
+void check_precision_options(const PrecisionOptions& o) {
+  if (!o.master_weights && o.precision != Precision::bf16)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--master-weights none is pure bf16 training and needs --precision bf16, got {}",
+                 precision_name(o.precision));
+}
+
 DType half_dtype(Precision p) {
   switch (p) {
     case Precision::bf16: return DType::bf16;

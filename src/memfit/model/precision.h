@@ -30,4 +30,8 @@ struct PrecisionOptions {
   bool master_weights = true;
 };
 
+// ConfigError unless the options make sense: no master weights means pure bf16, so it needs
+// bf16.
+void check_precision_options(const PrecisionOptions& options);
+
 }  // namespace memfit

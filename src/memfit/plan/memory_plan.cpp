@@ -1,17 +1,12 @@
 #include "memfit/plan/memory_plan.h"
 
-#include <filesystem>
-
-#include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
-#include "memfit/io/gpt2_hf_config.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/train/trainer.h"
 
 namespace memfit {
-
-namespace fs = std::filesystem;
 
 StepFlops step_flops(const GPT2Config& c, int B, int T, const ActivationOptions& options) {
   const double N = double(B) * T, C = c.d_model;
@@ -47,22 +42,15 @@ double step_rate(Precision p) {
 }  // namespace
 
 PlanReport plan_training(const TrainConfig& cfg) {
+  validate_train_config(cfg);
   PlanReport r;
-  const fs::path source = !cfg.resume_dir.empty() ? fs::path(cfg.resume_dir) : fs::path(cfg.init_from);
-  r.model = source.empty() ? cfg.model_config()
-                           : io::read_gpt2_config(io::locate_checkpoint(source).dir / "config.json");
+  const RunModel run = resolve_run_model(cfg);
+  r.model = run.config;
   r.model.finalize();
-  r.T = cfg.seq_len ? cfg.seq_len : r.model.max_seq_len;
-  if (r.T > r.model.max_seq_len)
-    MEMFIT_THROW(ConfigError, "config", "--seq-len {} exceeds the model's context of {}", r.T,
-                 r.model.max_seq_len);
+  r.T = run.T;
   r.B = cfg.batch;
-  const PrecisionOptions precision{precision_from_name(cfg.precision),
-                                   cfg.master_weights != "none"};
-  ActivationOptions act;
-  act.attention = attention_kind_from_name(cfg.attention);
-  act.ckpt = CheckpointPolicy::parse(cfg.ckpt);
-  act.precision = precision.precision;
+  const PrecisionOptions precision = cfg.precision_options();
+  const ActivationOptions act = cfg.activation_options();
 
   const ParamLayout layout(r.model);
   auto slab = [&](DType dt) {
@@ -80,13 +68,14 @@ PlanReport plan_training(const TrainConfig& cfg) {
   at(Category::activations) = plan_bytes(r.buffers, Category::activations);
   at(Category::workspace) = plan_bytes(r.buffers, Category::workspace);
 
-  if (cfg.steps > 0 && !io::find_token_shards(cfg.data_dir, "train").empty()) {
+  const auto train_shards = io::find_token_shards(cfg.data_dir, "train");
+  if (cfg.steps > 0 && !train_shards.empty()) {
     io::DataLoaderOptions d;
     d.batch_size = r.B;
     d.seq_len = r.T;
     d.shuffle = cfg.shuffle;
     at(Category::staging) =
-        io::DataLoader::staging_bytes(io::find_token_shards(cfg.data_dir, "train"), d);
+        io::DataLoader::staging_bytes(train_shards, d);
     if (auto val = io::find_token_shards(cfg.data_dir, "val"); !val.empty()) {
       d.shuffle = false;
       at(Category::staging) += io::DataLoader::staging_bytes(val, d);

@@ -13,4 +13,16 @@ GPT2Config TrainConfig::model_config() const {
   return c;
 }
 
+PrecisionOptions TrainConfig::precision_options() const {
+  return {precision_from_name(precision), master_weights != "none"};
+}
+
+ActivationOptions TrainConfig::activation_options() const {
+  ActivationOptions o;
+  o.attention = attention_kind_from_name(attention);
+  o.ckpt = CheckpointPolicy::parse(ckpt);
+  o.precision = precision_from_name(precision);
+  return o;
+}
+
 }  // namespace memfit

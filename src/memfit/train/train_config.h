@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <string>
 
+#include "memfit/model/activation_plan.h"
 #include "memfit/model/gpt2_config.h"
+#include "memfit/model/precision.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/train/loss_scaler.h"
 #include "memfit/train/lr_schedule.h"
@@ -47,6 +49,10 @@ struct TrainConfig {
 
   // The model shape after applying the overrides to the preset; T is seq_len.
   GPT2Config model_config() const;
+  // The model's options these settings name (ConfigError for an unknown name). The activation
+  // options carry the attention, the checkpoint policy and the precision.
+  PrecisionOptions precision_options() const;
+  ActivationOptions activation_options() const;
 };
 
 }  // namespace memfit

@@ -30,49 +30,6 @@ using nlohmann::json;
 
 namespace {
 
-void validate(const TrainConfig& c) {
-  auto require = [](bool ok, const char* field, auto value, const char* expectation) {
-    if (!ok)
-      MEMFIT_THROW(ConfigError, "config", "--{} must be {}, got {}", field, expectation, value);
-  };
-  require(c.batch > 0, "batch", c.batch, "positive");
-  require(c.grad_accum > 0, "grad-accum", c.grad_accum, "positive");
-  require(c.steps >= 0, "steps", c.steps, ">= 0");
-  require(c.eval_batches > 0, "eval-batches", c.eval_batches, "positive");
-  require(c.eval_every >= 0, "eval-every", c.eval_every, ">= 0");
-  require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
-  require(c.clip >= 0, "clip", c.clip, ">= 0");
-  require(c.threads >= 0, "threads", c.threads, ">= 0");
-  require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
-  require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
-          "unset when --resume is given (resume restores the weights)");
-  c.schedule.validate();
-  check_optim_config(c.optim);
-  attention_kind_from_name(c.attention);
-  CheckpointPolicy::parse(c.ckpt);
-  const Precision p = precision_from_name(c.precision);
-  if (c.master_weights != "fp32" && c.master_weights != "none")
-    MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
-                 c.master_weights);
-  if (c.master_weights == "none" && p != Precision::bf16)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--master-weights none (pure bf16) needs --precision bf16, got {}", c.precision);
-  if (c.master_weights == "none" && c.optim.name != "adamw")
-    MEMFIT_THROW(ConfigError, "config",
-                 "--master-weights none updates bf16 weights with stochastic rounding, which "
-                 "only --optim adamw implements; got {}",
-                 c.optim.name);
-  if (p == Precision::fp16 && c.attention == "flash")
-    MEMFIT_THROW(ConfigError, "config",
-                 "--attention flash runs in fp32 and bf16; with --precision fp16 use --attention "
-                 "plain");
-  if (p == Precision::fp16) c.loss_scaler.validate();
-}
-
-PrecisionOptions precision_options(const TrainConfig& c) {
-  return {precision_from_name(c.precision), c.master_weights != "none"};
-}
-
 // What a resumed run must agree with, and where it stands. No random numbers are drawn during
 // training other than through the data order, which is a function of (seed, epoch), so the
 // seed and the loader's position are the whole RNG state.
@@ -154,33 +111,70 @@ json memory_json(const CategoryBytes& bytes) {
 
 }  // namespace
 
+void validate_train_config(const TrainConfig& c) {
+  auto require = [](bool ok, const char* field, auto value, const char* expectation) {
+    if (!ok)
+      MEMFIT_THROW(ConfigError, "config", "--{} must be {}, got {}", field, expectation, value);
+  };
+  require(c.batch > 0, "batch", c.batch, "positive");
+  require(c.grad_accum > 0, "grad-accum", c.grad_accum, "positive");
+  require(c.steps >= 0, "steps", c.steps, ">= 0");
+  require(c.eval_batches > 0, "eval-batches", c.eval_batches, "positive");
+  require(c.eval_every >= 0, "eval-every", c.eval_every, ">= 0");
+  require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
+  require(c.clip >= 0, "clip", c.clip, ">= 0");
+  require(c.threads >= 0, "threads", c.threads, ">= 0");
+  require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
+  require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
+          "unset when --resume is given (resume restores the weights)");
+  c.schedule.validate();
+  check_optim_config(c.optim);
+  if (c.master_weights != "fp32" && c.master_weights != "none")
+    MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
+                 c.master_weights);
+  // The model's own rules, checked before anything is allocated.
+  check_precision_options(c.precision_options());
+  check_activation_options(c.activation_options());
+  if (c.master_weights == "none" && c.optim.name != "adamw")
+    MEMFIT_THROW(ConfigError, "config",
+                 "--master-weights none updates bf16 weights with stochastic rounding, which "
+                 "only --optim adamw implements; got {}",
+                 c.optim.name);
+  if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
+}
+
+RunModel resolve_run_model(const TrainConfig& cfg) {
+  RunModel r;
+  const fs::path source = !cfg.resume_dir.empty() ? cfg.resume_dir : cfg.init_from;
+  if (!source.empty()) {
+    r.location = io::locate_checkpoint(source);
+    r.config = io::read_gpt2_config(r.location.dir / "config.json");
+  } else {
+    r.config = cfg.model_config();
+  }
+  r.T = cfg.seq_len ? cfg.seq_len : r.config.max_seq_len;
+  if (r.T > r.config.max_seq_len)
+    MEMFIT_THROW(ConfigError, "config", "--seq-len {} exceeds the model's context of {}", r.T,
+                 r.config.max_seq_len);
+  return r;
+}
+
 TrainSummary train(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   cfg.schedule.total = cfg.steps;
-  validate(cfg);
+  validate_train_config(cfg);
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const auto wall_start = std::chrono::steady_clock::now();
   MemoryPool pool(cfg.mem_limit.empty() ? kUnlimited : parse_bytes(cfg.mem_limit, "--mem-limit"));
 
-  // The model's shape comes from the checkpoint when resuming or initialising from one.
   const bool resume = !cfg.resume_dir.empty();
-  const fs::path source = resume ? cfg.resume_dir : cfg.init_from;
-  io::CheckpointLocation location;
-  GPT2Config mc;
-  if (!source.empty()) {
-    location = io::locate_checkpoint(source);
-    if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
-    mc = io::read_gpt2_config(location.dir / "config.json");
-  } else {
-    mc = cfg.model_config();
-  }
-  const int T = cfg.seq_len ? cfg.seq_len : mc.max_seq_len;
-  if (T > mc.max_seq_len)
-    MEMFIT_THROW(ConfigError, "config", "--seq-len {} exceeds the model's context of {}", T,
-                 mc.max_seq_len);
-  const int B = cfg.batch;
+  const RunModel run = resolve_run_model(cfg);
+  const io::CheckpointLocation& location = run.location;
+  if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
+  const GPT2Config& mc = run.config;
+  const int T = run.T, B = cfg.batch;
 
-  GPT2 gpt(mc, pool, precision_options(cfg));
+  GPT2 gpt(mc, pool, cfg.precision_options());
   cfg.optim.n_head = mc.n_head;
   cfg.optim.seed = cfg.seed;
   std::unique_ptr<DynamicLossScaler> scaler;
@@ -188,7 +182,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
   std::unique_ptr<Optimizer> opt = make_optimizer(cfg.optim, gpt.layout(), pool);
   int64_t start_step = 0, data_position = 0;
-  if (!source.empty()) {
+  if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
     // copy from them: any precision loads any precision's checkpoint.
     io::load_gpt2_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
@@ -210,10 +204,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
   } else {
     gpt.init_weights(cfg.seed);
   }
-  ActivationOptions act;
-  act.attention = attention_kind_from_name(cfg.attention);
-  act.ckpt = CheckpointPolicy::parse(cfg.ckpt);
-  gpt.reserve(B, T, act);
+  gpt.reserve(B, T, cfg.activation_options());
 
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "memfit/io/checkpoint_dir.h"
 #include "memfit/memory/category.h"
 #include "memfit/train/train_config.h"
 
@@ -25,6 +26,20 @@ struct TrainSummary {
   std::vector<float> losses;  // per step of this run
   int64_t skipped_steps = 0;  // fp16: steps skipped for overflowing gradients
 };
+
+// Throws ConfigError naming the first setting `train` would refuse, before anything is
+// allocated or read.
+void validate_train_config(const TrainConfig& config);
+
+// The model a run trains and its sequence length: from the checkpoint's config.json when
+// resuming or initialising from one (location says where it was found), else the preset with
+// the config's overrides. ConfigError if the sequence is longer than the model's context.
+struct RunModel {
+  GPT2Config config;
+  int T = 0;
+  io::CheckpointLocation location;  // dir empty without a checkpoint
+};
+RunModel resolve_run_model(const TrainConfig& config);
 
 // Runs training as configured. Throws ConfigError/IoError for bad input, OutOfMemoryError when
 // the budget is too small, Error when the loss becomes non-finite; none of them leaves a
