@@ -78,8 +78,9 @@ TEST_P(Checkpointing, GradientsAreBitIdenticalToKeepingEverything) {
   // What each policy saves, against none: full keeps one block's worth plus each block's output;
   // every:2 two blocks' worth; layers:0,2 drops two blocks and adds one slot; selective drops
   // plain attention's probabilities but for one block.
-  if (k.ckpt == "full" || k.ckpt == "every:2" || k.ckpt == "layers:0,2")
+  if (k.ckpt == "full" || k.ckpt == "every:2" || k.ckpt == "layers:0,2") {
     EXPECT_LT(ck.activations, none.activations);
+  }
   if (k.ckpt == "selective") {
     if (k.attention == AttentionKind::plain)
       EXPECT_LT(ck.activations, none.activations);

@@ -165,8 +165,9 @@ TEST_F(MixedPrecisionTrainer, ANonFiniteLossStopsNamingTheStepAndTensorAndSavesN
       // The weights are scanned in layout order: h.0's NaN comes before h.1's inf.
       const std::string culprit = std::string("h.0.attn.c_proj.weight (") +
                                   (c.precision == "fp32" ? "weight)" : "master weight)");
-      if (c.precision == "fp16")
+      if (c.precision == "fp16") {
         EXPECT_NE(what.find("step 1:"), std::string::npos) << "stopped late: " << what;
+      }
       EXPECT_NE(what.find(culprit), std::string::npos) << what;
     }
     EXPECT_TRUE(tree(dir) == before) << "the run left files behind or changed the checkpoint";
