@@ -16,6 +16,20 @@ TEST(Tensor, ViewsShareTheSlab) {
   EXPECT_EQ(v.category(), Category::params);
 }
 
+TEST(Tensor, ByteViewsGiveASlabOtherDtypes) {
+  MemoryPool pool;
+  Tensor slab = Tensor::empty(pool, {256}, DType::i8, Category::workspace, "arena");
+  Tensor f = slab.view_bytes(64, {4, 4}, DType::f32);
+  Tensor h = slab.view_bytes(64, {32}, DType::bf16);
+  f.data<float>()[0] = 1.0f;  // 0x3f800000: the bf16 pair (0x0000, 0x3f80)
+  EXPECT_EQ(static_cast<uint16_t*>(h.raw_data())[1], 0x3f80);
+  EXPECT_EQ(f.dtype(), DType::f32);
+  EXPECT_EQ(f.category(), Category::workspace);
+  EXPECT_EQ(pool.live_allocations(), 1u);
+  EXPECT_THROW(slab.view_bytes(200, {16}, DType::f32), ShapeError);  // past the end
+  EXPECT_THROW(slab.view_bytes(2, {4}, DType::f32), ShapeError);     // misaligned
+}
+
 TEST(Tensor, StorageOutlivesTheFirstHandle) {
   MemoryPool pool;
   Tensor v;

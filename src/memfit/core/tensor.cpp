@@ -47,6 +47,22 @@ Tensor Tensor::view(int64_t element_offset, Shape shape) const {
   return t;
 }
 
+Tensor Tensor::view_bytes(size_t byte_offset, Shape shape, DType dtype) const {
+  MEMFIT_CHECK(storage_, "tensor.view_bytes", "view of an undefined tensor");
+  MEMFIT_CHECK_SHAPE(is_contiguous(), "tensor.view_bytes", "view of a non-contiguous tensor {}",
+                     shape_);
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  MEMFIT_CHECK_SHAPE(byte_offset % dtype_size(dtype) == 0 && byte_offset + bytes <= nbytes(),
+                     "tensor.view_bytes", "{} view {} at byte {} exceeds tensor {} ({} bytes)",
+                     dtype_name(dtype), shape, byte_offset, shape_, nbytes());
+  Tensor t = *this;
+  t.byte_offset_ += byte_offset;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::reshape(Shape shape) const {
   MEMFIT_CHECK_SHAPE(shape.numel() == numel(), "tensor.reshape", "cannot reshape {} to {}", shape_,
                      shape);

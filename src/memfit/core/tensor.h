@@ -48,6 +48,10 @@ class Tensor {
   // A contiguous view of `shape` starting `element_offset` elements into this (contiguous)
   // tensor's storage; it must lie within it.
   Tensor view(int64_t element_offset, Shape shape) const;
+  // A contiguous view of `shape` in `dtype` starting `byte_offset` bytes into this (contiguous)
+  // tensor's storage: how a buffer lives in an arena slab. It must lie within the tensor, at an
+  // offset aligned to the dtype's size.
+  Tensor view_bytes(size_t byte_offset, Shape shape, DType dtype) const;
   // Same storage, new shape with the same element count.
   Tensor reshape(Shape shape) const;
   // Rows [begin, end) of the first dimension.
