@@ -1,0 +1,67 @@
+#include "memfit/memory/arena.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+
+bool Lifetime::live_at(int phase) const {
+  for (const LiveSpan& s : spans)
+    if (s.first <= phase && phase <= s.last) return true;
+  return false;
+}
+
+bool Lifetime::overlaps(const Lifetime& other) const {
+  size_t i = 0, j = 0;
+  while (i < spans.size() && j < other.spans.size()) {
+    const LiveSpan &a = spans[i], &b = other.spans[j];
+    if (a.last < b.first)
+      ++i;
+    else if (b.last < a.first)
+      ++j;
+    else
+      return true;
+  }
+  return false;
+}
+
+ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
+                           const std::vector<Lifetime>& lifetimes) {
+  MEMFIT_CHECK(bytes.size() == lifetimes.size(), "arena", "{} sizes for {} lifetimes",
+               bytes.size(), lifetimes.size());
+  const size_t n = bytes.size();
+  for (size_t i = 0; i < n; ++i)
+    MEMFIT_CHECK(!lifetimes[i].spans.empty(), "arena", "buffer {} of {} is never live", i, n);
+  auto first_phase = [&](size_t i) { return lifetimes[i].spans.front().first; };
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (bytes[a] != bytes[b]) return bytes[a] > bytes[b];
+    return first_phase(a) < first_phase(b);
+  });
+  ArenaLayout layout;
+  layout.offsets.assign(n, 0);
+  std::vector<size_t> placed;
+  std::vector<std::pair<size_t, size_t>> taken;  // [begin, end) of conflicting placed buffers
+  for (size_t i : order) {
+    taken.clear();
+    for (size_t j : placed)
+      if (lifetimes[i].overlaps(lifetimes[j]))
+        taken.emplace_back(layout.offsets[j], layout.offsets[j] + bytes[j]);
+    std::sort(taken.begin(), taken.end());
+    size_t offset = 0;
+    for (auto [begin, end] : taken) {
+      if (begin >= offset + bytes[i]) break;  // the gap before this one fits
+      offset = std::max(offset, end);
+    }
+    layout.offsets[i] = offset;
+    layout.bytes = std::max(layout.bytes, offset + bytes[i]);
+    placed.push_back(i);
+  }
+  return layout;
+}
+
+}  // namespace memfit
