@@ -46,13 +46,12 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
   check_activation_options(options);
   std::vector<BufferSpec> plan;
   auto add = [&](std::string tag, Shape shape, Category cat, DType dt) {
-    plan.push_back({std::move(tag), shape, dt, cat});
+    plan.push_back({std::move(tag), shape, dt, cat, {}, 0});
   };
   // Saved in forward, read in backward. The GELU output is not kept: backward recomputes it
   // from the saved pre-activation into a workspace buffer (one cheap pass per layer that saves
   // 4C floats per token per layer, a quarter of the block's activations).
-  add("tokens", {B, T}, act, DType::i32);
-  add("targets", {B, T}, act, DType::i32);
+  add("tokens", {B, T}, act, DType::i32);  // for the embedding's backward
   add("encoded", {B, T, C}, act, f32);
   // A block's buffers, under `prefix` ("h.3." for block 3's own, "rc.0." for the first slot of
   // the recomputation buffers). Selective checkpointing keeps no probabilities per block.
@@ -146,6 +145,24 @@ BlockSlots block_slots(const CheckpointPolicy& ckpt, int n_layer) {
     s.slots = std::max(s.slots, last - first + 1);
   }
   return s;
+}
+
+BlockTags block_tags(const BlockSlots& slots, int l, const ActivationOptions& options) {
+  const int slot = slots.slot[l];
+  const std::string prefix = slot < 0 ? fmt::format("h.{}.", l) : fmt::format("rc.{}.", slot);
+  auto t = [&](const char* what) { return prefix + what; };
+  BlockTags b{t("ln_1"), t("ln_1.mean"), t("ln_1.rstd"), t("qkv"), "", "", t("atty"),
+              t("residual_2"), t("ln_2"), t("ln_2.mean"), t("ln_2.rstd"), t("fch"), ""};
+  if (options.attention == AttentionKind::flash)
+    b.lse = t("lse");
+  else
+    b.att = options.ckpt.selective() ? "rc.att" : t("att");
+  b.r3 = slot < 0 || slots.segment_last[l] ? fmt::format("h.{}.residual_3", l) : t("residual_3");
+  return b;
+}
+
+std::string block_input_tag(const BlockSlots& slots, int l, const ActivationOptions& options) {
+  return l > 0 ? block_tags(slots, l - 1, options).r3 : "encoded";
 }
 
 size_t plan_bytes(const std::vector<BufferSpec>& plan, Category category) {

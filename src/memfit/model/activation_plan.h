@@ -1,7 +1,8 @@
 // The buffers one micro-batch of GPT-2 needs besides parameters and gradients: what forward
 // saves for backward (Category::activations) and the scratch that backward and the chunked LM
-// head reuse from layer to layer (Category::workspace). The model allocates exactly this list,
-// and the planner sums exactly this list, so prediction and reality share one source of truth.
+// head reuse from layer to layer (Category::workspace). step_plan.h gives each its lifetime and
+// its offset in its category's arena; the model allocates that plan and the planner evaluates
+// it, so prediction and reality share one source of truth.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "memfit/core/dtype.h"
 #include "memfit/core/shape.h"
+#include "memfit/memory/arena.h"
 #include "memfit/memory/category.h"
 #include "memfit/model/checkpoint_policy.h"
 #include "memfit/model/gpt2_config.h"
@@ -23,7 +25,11 @@ struct BufferSpec {
   Shape shape;
   DType dtype;
   Category category;
-  size_t bytes() const;  // as the pool accounts it (rounded to its alignment)
+  // Set by gpt2_step_plan (step_plan.h): the phases in which it is live, and where it lies in
+  // its category's arena.
+  Lifetime lifetime;
+  size_t offset = 0;
+  size_t bytes() const;  // its room in the arena: rounded up to the pool's alignment
 };
 
 enum class AttentionKind : uint8_t {
@@ -59,7 +65,17 @@ struct BlockSlots {
 };
 BlockSlots block_slots(const CheckpointPolicy& ckpt, int n_layer);
 
-// Sum of the plan's bytes in one category.
+// The tags of block l's buffers, as gpt2.cpp reads and writes them: its own ("h.l.ln_1") or
+// its slot's ("rc.0.ln_1"); lse (flash) or att (plain; "rc.att" under selective), the other
+// empty; r3 is the block's output.
+struct BlockTags {
+  std::string ln1, ln1_mean, ln1_rstd, qkv, lse, att, atty, r2, ln2, ln2_mean, ln2_rstd, fch, r3;
+};
+BlockTags block_tags(const BlockSlots& slots, int l, const ActivationOptions& options);
+// Block l's input: "encoded" for block 0, else block l-1's output (l == n_layer: ln_f's input).
+std::string block_input_tag(const BlockSlots& slots, int l, const ActivationOptions& options);
+
+// Sum of the plan's buffer bytes in one category (what the buffers would take unshared).
 size_t plan_bytes(const std::vector<BufferSpec>& plan, Category category);
 
 }  // namespace memfit

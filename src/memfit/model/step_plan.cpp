@@ -1,0 +1,95 @@
+#include "memfit/model/step_plan.h"
+
+#include <map>
+
+#include "memfit/core/error.h"
+#include "memfit/memory/arena.h"
+
+namespace memfit {
+
+namespace {
+
+// Each buffer's lifetime from the schedule: a write opens a span (the buffer's old value is
+// dead), each later read extends the current span to itself.
+void derive_lifetimes(StepPlan& plan, const std::vector<PhaseUses>& schedule) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < plan.buffers.size(); ++i) index.emplace(plan.buffers[i].tag, i);
+  for (int p = 0; p < static_cast<int>(schedule.size()); ++p) {
+    const PhaseUses& phase = schedule[p];
+    plan.phases.push_back(phase.phase);
+    for (const auto& [tag, access] : phase.uses) {
+      auto it = index.find(tag);
+      MEMFIT_CHECK(it != index.end(), "step plan", "'{}' uses '{}', which is not in the plan",
+                   phase.phase.name(), tag);
+      std::vector<LiveSpan>& spans = plan.buffers[it->second].lifetime.spans;
+      if (access == Access::write) {
+        spans.push_back({p, p});
+      } else {
+        MEMFIT_CHECK(!spans.empty(), "step plan", "'{}' reads '{}' before any phase writes it",
+                     phase.phase.name(), tag);
+        spans.back().last = p;
+      }
+    }
+  }
+  for (const BufferSpec& b : plan.buffers)
+    MEMFIT_CHECK(!b.lifetime.spans.empty(), "step plan", "no phase uses '{}'", b.tag);
+}
+
+}  // namespace
+
+StepPlan gpt2_step_plan(const GPT2Config& config, int B, int T, const ActivationOptions& options) {
+  StepPlan plan;
+  plan.B = B;
+  plan.T = T;
+  plan.options = options;
+  plan.buffers = gpt2_activation_plan(config, B, T, options);
+  derive_lifetimes(plan, gpt2_step_schedule(config, options));
+  layout_arenas(plan);
+  return plan;
+}
+
+void layout_arenas(StepPlan& plan) {
+  plan.arena = {};
+  for (Category c : {Category::activations, Category::workspace}) {
+    std::vector<size_t> which, bytes;
+    std::vector<Lifetime> lifetimes;
+    for (size_t i = 0; i < plan.buffers.size(); ++i) {
+      if (plan.buffers[i].category != c) continue;
+      which.push_back(i);
+      bytes.push_back(plan.buffers[i].bytes());
+      lifetimes.push_back(plan.buffers[i].lifetime);
+    }
+    const ArenaLayout layout = assign_offsets(bytes, lifetimes);
+    for (size_t k = 0; k < which.size(); ++k) plan.buffers[which[k]].offset = layout.offsets[k];
+    plan.arena[static_cast<size_t>(c)] = layout.bytes;
+  }
+  plan.live.assign(plan.phases.size(), {});
+  for (const BufferSpec& b : plan.buffers) {
+    MEMFIT_CHECK(b.category == Category::activations || b.category == Category::workspace,
+                 "step plan", "'{}' is neither activations nor workspace", b.tag);
+    for (const LiveSpan& s : b.lifetime.spans)
+      for (int p = s.first; p <= s.last; ++p)
+        (b.category == Category::activations ? plan.live[p].activations
+                                             : plan.live[p].workspace) += b.bytes();
+  }
+}
+
+int StepPlan::peak_phase() const {
+  int peak = 0;
+  for (int p = 1; p < static_cast<int>(live.size()); ++p)
+    if (live[p].total() > live[peak].total()) peak = p;
+  return peak;
+}
+
+bool StepPlan::shares_bytes(size_t i) const {
+  const BufferSpec& a = buffers[i];
+  for (size_t j = 0; j < buffers.size(); ++j) {
+    const BufferSpec& b = buffers[j];
+    if (j != i && b.category == a.category && b.offset < a.offset + a.bytes() &&
+        a.offset < b.offset + b.bytes())
+      return true;
+  }
+  return false;
+}
+
+}  // namespace memfit

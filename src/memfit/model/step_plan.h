@@ -1,0 +1,46 @@
+// The step plan: the activation plan's buffers (activation_plan.h) with the lifetimes the step
+// schedule (step_schedule.h) gives them, their offsets in one arena per category (arena.h), and
+// the bytes live in each phase. GPT2::reserve allocates the arenas and makes every buffer a view
+// at its offset; the planner (plan/memory_plan.h) reads the same plan without allocating. See
+// docs/notes/planner.md, Note [Step arena].
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memfit/memory/category.h"
+#include "memfit/model/activation_plan.h"
+#include "memfit/model/step_schedule.h"
+
+namespace memfit {
+
+// Bytes of the buffers live in one phase.
+struct PhaseBytes {
+  size_t activations = 0, workspace = 0;
+  size_t total() const { return activations + workspace; }
+};
+
+struct StepPlan {
+  int B = 0, T = 0;
+  ActivationOptions options;
+  std::vector<Phase> phases;        // the schedule, in order
+  std::vector<BufferSpec> buffers;  // in the activation plan's order, with lifetime and offset
+  CategoryBytes arena{};            // each category's slab (activations, workspace; else 0)
+  std::vector<PhaseBytes> live;     // one per phase
+
+  // The phase where live activations and workspace together peak (the first, if tied).
+  int peak_phase() const;
+  // Whether buffer i shares a byte of its arena with another buffer.
+  bool shares_bytes(size_t i) const;
+};
+
+// Throws ConfigError for options with no plan (check_activation_options); an Error if the
+// schedule and the activation plan disagree (a tag one has and the other has not, a read before
+// any write): a bug, caught by every test that reserves.
+StepPlan gpt2_step_plan(const GPT2Config& config, int B, int T, const ActivationOptions& options);
+
+// Assigns each category's offsets from the buffers' lifetimes and recounts `arena` and `live`.
+// gpt2_step_plan calls it; call it again after changing a lifetime (as tests do).
+void layout_arenas(StepPlan& plan);
+
+}  // namespace memfit

@@ -1,0 +1,116 @@
+// The step plan: the schedule's phases in the engine's order, the lifetimes derived from it
+// (spot checks against what gpt2.cpp does), and the live bytes per phase and the peak phase.
+// Whether the lifetimes are true of the engine is tests/model/gpt2_arena_test.cpp's job.
+#include "memfit/model/step_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "gpt2_test_util.h"
+
+namespace memfit {
+namespace {
+
+using namespace gpt2_test;
+
+GPT2Config three_layers() {
+  GPT2Config c = odd_config();
+  c.n_layer = 3;
+  c.finalize();
+  return c;
+}
+
+ActivationOptions options(const char* ckpt, AttentionKind attention = AttentionKind::flash,
+                          Precision precision = Precision::fp32) {
+  ActivationOptions o;
+  o.ckpt = CheckpointPolicy::parse(ckpt);
+  o.attention = attention;
+  o.precision = precision;
+  o.lm_head_chunk = 5;  // several chunks, the last one short
+  return o;
+}
+
+// "first..last" for each span of the buffer's lifetime, by phase name.
+std::string spans(const StepPlan& plan, const std::string& tag) {
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.tag != tag) continue;
+    std::string out;
+    for (const LiveSpan& s : b.lifetime.spans)
+      out += fmt::format("{}{}..{}", out.empty() ? "" : ", ", plan.phases[s.first].name(),
+                         plan.phases[s.last].name());
+    return out;
+  }
+  return "(no such buffer)";
+}
+
+constexpr int kB = 2, kT = 13;
+
+TEST(StepPlan, PhasesFollowTheEngine) {
+  const GPT2Config c = three_layers();
+  const StepPlan full = gpt2_step_plan(c, kB, kT, options("full"));
+  std::vector<std::string> names;
+  for (const Phase& p : full.phases) names.push_back(p.name());
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "embedding", "forward of block 0", "forward of block 1",
+                       "forward of block 2", "ln_f", "LM head", "backward of ln_f",
+                       "recomputation of block 2", "backward of block 2",
+                       "recomputation of block 1", "backward of block 1",
+                       "recomputation of block 0", "backward of block 0", "embedding backward"}));
+  const StepPlan every = gpt2_step_plan(c, kB, kT, options("every:2"));
+  EXPECT_EQ(every.phases[7].name(), "recomputation of block 2");
+  EXPECT_EQ(every.phases[9].name(), "recomputation of block 0");
+  EXPECT_EQ(every.phases[10].name(), "recomputation of block 1");
+  EXPECT_EQ(every.phases[11].name(), "backward of block 1");
+}
+
+TEST(StepPlan, LifetimesFollowTheCode) {
+  const GPT2Config c = three_layers();
+  const StepPlan none = gpt2_step_plan(c, kB, kT, options("none"));
+  EXPECT_EQ(spans(none, "ws.logits"), "LM head..LM head");
+  EXPECT_EQ(spans(none, "tokens"), "LM head..embedding backward");
+  EXPECT_EQ(spans(none, "encoded"), "embedding..backward of block 0");
+  EXPECT_EQ(spans(none, "h.1.qkv"), "forward of block 1..backward of block 1");
+  EXPECT_EQ(spans(none, "h.1.residual_3"), "forward of block 1..backward of block 2");
+  EXPECT_EQ(spans(none, "ln_f"), "ln_f..LM head");
+  EXPECT_EQ(spans(none, "ln_f.rstd"), "ln_f..backward of ln_f");
+  EXPECT_EQ(spans(none, "ws.dresidual"), "backward of ln_f..embedding backward");
+  // ws.dC: the projections' scratch in each forward and backward, and d(ln_f) from the head.
+  EXPECT_EQ(spans(none, "ws.dC"),
+            "forward of block 0..forward of block 0, forward of block 1..forward of block 1, "
+            "forward of block 2..forward of block 2, LM head..backward of ln_f, "
+            "backward of block 2..backward of block 2, backward of block 1..backward of block 1, "
+            "backward of block 0..backward of block 0");
+
+  // A recomputation slot holds a block in forward and again from its recomputation to its
+  // backward; between those, and through the LM head, its bytes are free.
+  const StepPlan full = gpt2_step_plan(c, kB, kT, options("full"));
+  EXPECT_EQ(spans(full, "rc.0.fch"),
+            "forward of block 0..forward of block 0, forward of block 1..forward of block 1, "
+            "forward of block 2..forward of block 2, "
+            "recomputation of block 2..backward of block 2, "
+            "recomputation of block 1..backward of block 1, "
+            "recomputation of block 0..backward of block 0");
+  // A segment's output is kept to the backward of the next block, then rewritten (unread) by
+  // the recomputation.
+  EXPECT_EQ(spans(full, "h.1.residual_3"),
+            "forward of block 1..backward of block 2, "
+            "recomputation of block 1..recomputation of block 1");
+  EXPECT_LT(full.live[5].activations, full.live[8].activations)
+      << "the LM head holds no recomputation slot, the backward of block 2 does";
+}
+
+TEST(StepPlan, PeakIsInAPhaseAndLiveBytesNeverPassTheArenas) {
+  const GPT2Config c = GPT2Config::preset("gpt2");
+  for (const char* ckpt : {"none", "full", "every:3"}) {
+    const StepPlan plan = gpt2_step_plan(c, 8, 256, options(ckpt));
+    for (const PhaseBytes& live : plan.live) {
+      EXPECT_LE(live.activations, plan.arena[static_cast<size_t>(Category::activations)]);
+      EXPECT_LE(live.workspace, plan.arena[static_cast<size_t>(Category::workspace)]);
+    }
+    const int peak = plan.peak_phase();
+    for (const PhaseBytes& live : plan.live) EXPECT_LE(live.total(), plan.live[peak].total());
+    EXPECT_NE(plan.phases[peak].kind, PhaseKind::embedding) << ckpt;
+  }
+}
+
+}  // namespace
+}  // namespace memfit
