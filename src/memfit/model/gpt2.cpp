@@ -1,7 +1,9 @@
 #include "memfit/model/gpt2.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "memfit/kernels/cpu/attention.h"
@@ -108,48 +110,92 @@ void GPT2::reserve(int B, int T, const ActivationOptions& options_in) {
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "gpt2",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
-  if (B == B_ && T == T_ && options.lm_head_chunk == options_.lm_head_chunk &&
-      options.attention == options_.attention && options.ckpt == options_.ckpt)
+  const ActivationOptions& now = plan_.options;
+  if (B == B_ && T == T_ && options.lm_head_chunk == now.lm_head_chunk &&
+      options.attention == now.attention && options.ckpt == now.ckpt)
     return;
-  slots_ = block_slots(options.ckpt, config_.n_layer);
+  reserve(gpt2_step_plan(config_, B, T, options));
+}
+
+void GPT2::reserve(StepPlan plan) {
+  MEMFIT_CHECK(plan.options.precision == precision_.precision && plan.B > 0 && plan.T > 0 &&
+                   plan.T <= config_.max_seq_len,
+               "gpt2", "a step plan for {} x {} tokens in {} does not fit this {} model", plan.B,
+               plan.T, precision_name(plan.options.precision),
+               precision_name(precision_.precision));
+  // The old arenas go first, so reserving again never holds two plans at once.
   buffers_.clear();
-  buffer_order_.clear();
-  for (const BufferSpec& b : gpt2_activation_plan(config_, B, T, options)) {
-    buffers_.emplace(b.tag, Tensor::empty(pool_, b.shape, b.dtype, b.category, b.tag));
-    buffer_order_.push_back(b.tag);
+  index_.clear();
+  B_ = T_ = 0;
+  std::array<Tensor, kNumCategories> arenas;
+  for (Category c : {Category::activations, Category::workspace}) {
+    const size_t bytes = plan.arena[static_cast<size_t>(c)];
+    if (bytes == 0) continue;
+    arenas[static_cast<size_t>(c)] =
+        Tensor::empty(pool_, {static_cast<int64_t>(bytes)}, DType::i8, c,
+                      fmt::format("{} arena", category_name(c)));
   }
-  B_ = B;
-  T_ = T;
-  options_ = options;
+  for (const BufferSpec& b : plan.buffers) {
+    index_.emplace(b.tag, buffers_.size());
+    buffers_.push_back(
+        arenas[static_cast<size_t>(b.category)].view_bytes(b.offset, b.shape, b.dtype));
+  }
+  slots_ = block_slots(plan.options.ckpt, config_.n_layer);
+  B_ = plan.B;
+  T_ = plan.T;
+  plan_ = std::move(plan);
+  phase_ = -1;
   backward_ready_ = false;
 }
 
 const Tensor& GPT2::buffer(const std::string& tag) const {
-  auto it = buffers_.find(tag);
-  MEMFIT_CHECK(it != buffers_.end(), "gpt2", "no buffer '{}' (reserve() first)", tag);
-  return it->second;
+  auto it = index_.find(tag);
+  MEMFIT_CHECK(it != index_.end(), "gpt2", "no buffer '{}' (reserve() first)", tag);
+  return buffers_[it->second];
 }
 
 GPT2::BlockActs GPT2::block_acts(int l) const {
-  const int slot = slots_.slot[l];
-  const std::string prefix = slot < 0 ? fmt::format("h.{}.", l) : fmt::format("rc.{}.", slot);
-  auto a = [&](const char* what) { return buffer(prefix + what); };
+  const BlockTags t = block_tags(slots_, l, plan_.options);
   BlockActs b;
-  b.ln1 = a("ln_1"), b.ln1_mean = a("ln_1.mean"), b.ln1_rstd = a("ln_1.rstd");
-  b.qkv = a("qkv"), b.atty = a("atty"), b.r2 = a("residual_2");
-  b.ln2 = a("ln_2"), b.ln2_mean = a("ln_2.mean"), b.ln2_rstd = a("ln_2.rstd");
-  b.fch = a("fch");
-  if (options_.attention == AttentionKind::flash)
-    b.lse = a("lse");
-  else
-    b.att = options_.ckpt.selective() ? buffer("rc.att") : a("att");
-  b.r3 = slot < 0 || slots_.segment_last[l] ? buffer(fmt::format("h.{}.residual_3", l))
-                                              : a("residual_3");
+  b.ln1 = buffer(t.ln1), b.ln1_mean = buffer(t.ln1_mean), b.ln1_rstd = buffer(t.ln1_rstd);
+  b.qkv = buffer(t.qkv), b.atty = buffer(t.atty), b.r2 = buffer(t.r2);
+  b.ln2 = buffer(t.ln2), b.ln2_mean = buffer(t.ln2_mean), b.ln2_rstd = buffer(t.ln2_rstd);
+  b.fch = buffer(t.fch), b.r3 = buffer(t.r3);
+  if (!t.lse.empty()) b.lse = buffer(t.lse);
+  if (!t.att.empty()) b.att = buffer(t.att);
   return b;
 }
 
 Tensor GPT2::block_input(int l) const {
-  return l > 0 ? block_acts(l - 1).r3 : buffer("encoded");
+  return buffer(block_input_tag(slots_, l, plan_.options));
+}
+
+void GPT2::enter(PhaseKind kind, int layer) {
+  const Phase phase{kind, layer};
+  const auto& phases = plan_.phases;
+  int next = 0;
+  if (phase_ + 1 < static_cast<int>(phases.size()) && phases[phase_ + 1] == phase)
+    next = phase_ + 1;
+  else
+    MEMFIT_CHECK(phases.front() == phase, "gpt2",
+                 "entered '{}' after '{}': the engine left its step schedule (step_schedule.cpp)",
+                 phase.name(), phase_ < 0 ? "nothing" : phases[phase_].name());
+  if (poison_) poison_edges(next == 0 ? -1 : phase_, next);
+  phase_ = next;
+}
+
+// Note [Step arena]: the bytes of a buffer between its spans may hold another buffer, and its
+// old value is dead when a span opens, so the check makes both visibly garbage: all bits set is
+// a NaN in f32, bf16 and f16; token ids become 0 (a valid token, but the wrong one).
+void GPT2::poison_edges(int ended, int begins) {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    bool hit = begins == 0;  // a new micro-batch: nothing from before is live
+    for (const LiveSpan& s : plan_.buffers[i].lifetime.spans)
+      hit = hit || s.last == ended || s.first == begins;
+    if (!hit) continue;
+    Tensor& t = buffers_[i];
+    std::memset(t.raw_data(), t.dtype() == DType::i32 ? 0 : 0xff, t.nbytes());
+  }
 }
 
 // Plain attention's forward; half-precision operands take the widening workspace.
@@ -170,7 +216,7 @@ void GPT2::forward_block(int l, const Tensor& x, BlockActs& b) {
   Tensor proj = buffer("ws.dC"), gelu = buffer("ws.gelu");
   layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, x, p("ln_1.weight"), p("ln_1.bias"));
   mm_forward(b.qkv, b.ln1, p("attn.c_attn.weight"), p("attn.c_attn.bias"));
-  if (options_.attention == AttentionKind::flash) {
+  if (plan_.options.attention == AttentionKind::flash) {
     Tensor ws = buffer("ws.attention_fwd");
     flash_attention_forward(b.atty, b.lse, b.qkv, ws, config_.n_head);
   } else {
@@ -193,12 +239,15 @@ void GPT2::forward_blocks(const Tensor& tokens) {
     MEMFIT_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size, "gpt2",
                  "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
                  config_.vocab_size);
+  enter(PhaseKind::embedding);
   Tensor encoded = buffer("encoded");
   embedding_forward(encoded, tokens, param("wte.weight"), param("wpe.weight"));
   for (int l = 0; l < config_.n_layer; ++l) {
+    enter(PhaseKind::forward, l);
     BlockActs b = block_acts(l);
     forward_block(l, block_input(l), b);
   }
+  enter(PhaseKind::ln_f);
   Tensor x = block_input(config_.n_layer);
   Tensor lnf = buffer("ln_f"), lnfm = buffer("ln_f.mean"), lnfr = buffer("ln_f.rstd");
   layernorm_forward(lnf, lnfm, lnfr, x, param("ln_f.weight"), param("ln_f.bias"));
@@ -212,6 +261,7 @@ void GPT2::forward_blocks(const Tensor& tokens) {
 // In bf16/fp16 the chunk's gradient is rounded into ws.dlogits, the head's matmul operand, while
 // the logits, softmax and loss stay f32 (see crossentropy.h).
 void GPT2::lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum) {
+  enter(PhaseKind::lm_head);
   const int64_t N = int64_t{B_} * T_, C = config_.d_model;
   Tensor lnf = buffer("ln_f").reshape({N, C});
   Tensor logits_ws = buffer("ws.logits"), losses = buffer("ws.losses");
@@ -280,6 +330,7 @@ void GPT2::backward() {
     if (mixed) convert(dres_h, dres);
   };
   // dC holds d(ln_f) from the fused LM head.
+  enter(PhaseKind::ln_f_backward);
   dres.zero();
   Tensor dlnf_w = grad("ln_f.weight"), dlnf_b = grad("ln_f.bias");
   layernorm_backward(dres, dlnf_w, dlnf_b, dC, block_input(config_.n_layer),
@@ -291,12 +342,14 @@ void GPT2::backward() {
     if (segment >= 0 && slots_.segments[segment].second == l) {
       const auto [first, last] = slots_.segments[segment--];
       for (int k = first; k <= last; ++k) {
+        enter(PhaseKind::recompute, k);
         BlockActs bk = block_acts(k);
         forward_block(k, block_input(k), bk);
       }
     }
+    enter(PhaseKind::backward, l);
     BlockActs b = block_acts(l);
-    if (options_.ckpt.selective() && options_.attention == AttentionKind::plain) {
+    if (plan_.options.ckpt.selective() && plan_.options.attention == AttentionKind::plain) {
       // The output is the same as the saved atty; it goes to free scratch instead.
       plain_attention_forward(mixed ? buf("ws.dC.half") : dC, b.att, b.qkv);
     }
@@ -317,7 +370,7 @@ void GPT2::backward() {
     round_dres();
     mm_backward(datty, g(l, "attn.c_proj.weight"), g(l, "attn.c_proj.bias"), dres_h, b.atty,
                 p(l, "attn.c_proj.weight"));
-    if (options_.attention == AttentionKind::flash)
+    if (plan_.options.attention == AttentionKind::flash)
       flash_attention_backward(dqkv, datty, b.qkv, b.atty, b.lse, att_ws, config_.n_head);
     else
       attention_backward(dqkv, datty, b.qkv, b.att, att_ws, config_.n_head);
@@ -326,8 +379,10 @@ void GPT2::backward() {
     Tensor dln1w = g(l, "ln_1.weight"), dln1b = g(l, "ln_1.bias");
     layernorm_backward(dres, dln1w, dln1b, dC, x, p(l, "ln_1.weight"), b.ln1_mean, b.ln1_rstd);
   }
+  enter(PhaseKind::embedding_backward);
   Tensor dwte = grad("wte.weight"), dwpe = grad("wpe.weight");
   embedding_backward(dwte, dwpe, dres, buf("tokens"));
+  if (poison_) poison_edges(phase_, -1);
 }
 
 void GPT2::logits(const Tensor& tokens, Tensor& out) {
@@ -336,6 +391,7 @@ void GPT2::logits(const Tensor& tokens, Tensor& out) {
   expect_tensor(out, "gpt2.logits", "logits", {B_, T_, V});
   forward_blocks(tokens);
   backward_ready_ = false;
+  enter(PhaseKind::lm_head);
   Tensor lnf = buffer("ln_f").reshape({N, C}), logits_ws = buffer("ws.logits");
   Tensor wte = param("wte.weight"), no_bias;
   const int64_t R = logits_ws.size(0), Vp = config_.padded_vocab;
@@ -359,10 +415,14 @@ std::string GPT2::first_non_finite() {
   };
   if (std::string s = scan(master_, "master weight"); !s.empty()) return s;
   if (std::string s = scan(params_, "weight"); !s.empty()) return s;
-  for (const std::string& tag : buffer_order_) {
-    const Tensor& t = buffers_.at(tag);
-    // Scratch and recomputation slots may hold stale data from another block.
-    if (t.dtype() == DType::i32 || tag.starts_with("ws.") || tag.starts_with("rc.")) continue;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const std::string& tag = plan_.buffers[i].tag;
+    const Tensor& t = buffers_[i];
+    // Scratch, recomputation slots and buffers whose bytes another buffer reuses may hold
+    // stale data from another block or buffer.
+    if (t.dtype() == DType::i32 || tag.starts_with("ws.") || tag.starts_with("rc.") ||
+        plan_.shares_bytes(i))
+      continue;
     if (!all_finite(t)) return fmt::format("{} (activation)", tag);
   }
   // The backward writes the gradients from the last layer to the embeddings.

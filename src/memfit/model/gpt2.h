@@ -13,6 +13,7 @@
 #include "memfit/model/gpt2_config.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
+#include "memfit/model/step_plan.h"
 
 namespace memfit {
 
@@ -44,13 +45,23 @@ class GPT2 {
   // precision starts from the same values.
   void init_weights(uint64_t seed);
 
-  // Allocates the activation plan for micro-batches of B x T (T <= max_seq_len) once; calling
-  // it again with the same sizes does nothing, with other sizes reallocates.
+  // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
+  // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again
+  // with the same sizes does nothing, with other sizes reallocates.
   void reserve(int B, int T, const ActivationOptions& options = {});
+  // Allocates and from now on executes this plan: gpt2_step_plan's for this model's config and
+  // precision, possibly with lifetimes changed and layout_arenas run again (tests do this).
+  void reserve(StepPlan plan);
+  const StepPlan& step_plan() const { return plan_; }
   int batch() const { return B_; }
   int seq_len() const { return T_; }
-  AttentionKind attention() const { return options_.attention; }
-  const CheckpointPolicy& ckpt() const { return options_.ckpt; }
+  AttentionKind attention() const { return plan_.options.attention; }
+  const CheckpointPolicy& ckpt() const { return plan_.options.ckpt; }
+
+  // A check for tests: with it on, each buffer's bytes are overwritten with NaN (token ids with
+  // 0) at the start of each micro-batch and just before and after each span of its lifetime, so
+  // a read outside the lifetime the plan declares changes the results (Note [Step arena]).
+  void set_poison_dead_buffers(bool on) { poison_ = on; }
 
   // Mean cross-entropy of predicting targets (B,T) from tokens (B,T), both i32 in [0, vocab).
   // With `training`, also runs the LM head's backward as it goes (Note [Fused LM head]): the
@@ -67,13 +78,14 @@ class GPT2 {
   // and for sampling. `logits` is f32 (B, T, vocab_size).
   void logits(const Tensor& tokens, Tensor& logits);
 
-  // The activation and workspace buffers by tag, as allocated by reserve().
+  // The activation and workspace buffers by tag, as allocated by reserve(). A buffer's bytes
+  // may belong to another buffer outside its lifetime (step_plan().buffers).
   const Tensor& buffer(const std::string& tag) const;
 
   // The first tensor holding an inf or NaN, for a run that went non-finite: the weights of
-  // record, then the working weights, then the activation plan's buffers in the order the
-  // forward writes them, then the gradients in the order the backward writes them
-  // ("h.3.mlp.c_fc.weight (gradient)"). Empty if everything is finite.
+  // record, then the working weights, then the activation plan's buffers that own their bytes
+  // in the order the forward writes them, then the gradients in the order the backward writes
+  // them ("h.3.mlp.c_fc.weight (gradient)"). Empty if everything is finite.
   std::string first_non_finite();
 
  private:
@@ -86,6 +98,10 @@ class GPT2 {
   void forward_block(int l, const Tensor& x, BlockActs& b);
   void plain_attention_forward(Tensor out, Tensor att, const Tensor& qkv);
   void forward_blocks(const Tensor& tokens);
+  // Marks the start of the next phase of the step schedule; throws if it is not the next one
+  // (or the first: a new micro-batch). Poisons dead buffers when asked to.
+  void enter(PhaseKind kind, int layer = -1);
+  void poison_edges(int ended, int begins);
   void lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum);
   // The matmuls, routed through kernels/cpu/matmul_f16.h in fp16.
   void mm_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
@@ -98,10 +114,12 @@ class GPT2 {
   PrecisionOptions precision_;
   Tensor params_, master_, grads_;
   int B_ = 0, T_ = 0;
-  ActivationOptions options_;
-  std::map<std::string, Tensor> buffers_;
-  std::vector<std::string> buffer_order_;  // the plan's order
+  StepPlan plan_;
+  std::vector<Tensor> buffers_;          // plan_.buffers' views, in the same order
+  std::map<std::string, size_t> index_;  // tag -> position in buffers_
   BlockSlots slots_;
+  int phase_ = -1;  // the phase of plan_.phases running or last run
+  bool poison_ = false;
   bool backward_ready_ = false;
 };
 

@@ -64,9 +64,9 @@ PlanReport plan_training(const TrainConfig& cfg) {
   OptimConfig oc = cfg.optim;
   oc.n_head = r.model.n_head;
   at(Category::optimizer) = optimizer_state_bytes(oc, layout);
-  r.buffers = gpt2_activation_plan(r.model, r.B, r.T, act);
-  at(Category::activations) = plan_bytes(r.buffers, Category::activations);
-  at(Category::workspace) = plan_bytes(r.buffers, Category::workspace);
+  r.step = gpt2_step_plan(r.model, r.B, r.T, act);
+  for (Category c : {Category::activations, Category::workspace})
+    at(c) = r.step.arena[static_cast<size_t>(c)];
 
   const auto train_shards = io::find_token_shards(cfg.data_dir, "train");
   if (cfg.steps > 0 && !train_shards.empty()) {
@@ -83,8 +83,10 @@ PlanReport plan_training(const TrainConfig& cfg) {
     r.data_included = true;
   }
   for (size_t b : r.by_category) r.peak_bytes += b;
-  r.peak_phase =
-      "the whole step: every buffer is allocated before the first step and lives through it";
+  const int peak = r.step.peak_phase();
+  r.peak_phase = r.step.phases[peak].name();
+  r.peak_live_bytes = r.peak_bytes - at(Category::activations) - at(Category::workspace) +
+                      r.step.live[peak].total();
 
   const StepFlops f = step_flops(r.model, r.B, r.T, act);
   r.flops = f.total * cfg.grad_accum;

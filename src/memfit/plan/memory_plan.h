@@ -1,16 +1,18 @@
 // The planner: what a `memfit train` run will allocate, by category, before anything is
-// allocated. It sums the same lists the engine allocates from: the parameter layout (params,
-// master, grads), the optimizer's state_bytes_for (optimizer), the activation plan (activations,
-// workspace: model/activation_plan.h) and the data loaders' staging_bytes (staging). The engine
-// allocates all of these before the first step and a step allocates nothing more, so the
+// allocated. It reads the same lists the engine allocates from: the parameter layout (params,
+// master, grads), the optimizer's state_bytes_for (optimizer), the step plan (activations and
+// workspace: their arenas, model/step_plan.h) and the data loaders' staging_bytes (staging). The
+// engine allocates all of these before the first step and a step allocates nothing more, so the
 // prediction is the measured peak (tests/plan/memory_plan_test.cpp checks it byte for byte).
+// Within the step, buffers live in phases; the phase where the most bytes are live is the one
+// reported as the peak's moment (docs/notes/planner.md, Note [Step arena]).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "memfit/memory/category.h"
-#include "memfit/model/activation_plan.h"
+#include "memfit/model/step_plan.h"
 #include "memfit/train/train_config.h"
 
 namespace memfit {
@@ -18,13 +20,14 @@ namespace memfit {
 struct PlanReport {
   GPT2Config model;
   int B = 0, T = 0;
-  CategoryBytes by_category{};  // at the peak
+  CategoryBytes by_category{};  // at the peak: what the pool holds (activations, workspace: arenas)
   size_t peak_bytes = 0;
-  std::string peak_phase;
+  std::string peak_phase;       // where the most bytes are live: "backward of block 11"
+  size_t peak_live_bytes = 0;   // live then: the other categories and that phase's buffers
+  StepPlan step;                // buffers, lifetimes, arenas and live bytes per phase
   double flops = 0;             // per optimizer step, recomputation included
   double recompute_flops = 0;   // of which recomputation
   double est_step_seconds = 0;  // flops at this machine's measured step rate (see the .cpp)
-  std::vector<BufferSpec> buffers;  // the activation plan
   bool data_included = false;       // staging counts the data loaders (the data dir exists)
 };
 

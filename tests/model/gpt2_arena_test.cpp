@@ -1,0 +1,167 @@
+// GPT2 on its step arena (Note [Step arena]): with dead buffers poisoned (NaN outside each
+// lifetime), a step on the arena gives bit for bit the loss, logits and gradients of the same
+// step with every buffer in bytes of its own, under every checkpoint policy, attention kind and
+// precision; shortening any buffer's lifetime by one phase breaks that, which shows the check
+// catches a wrong lifetime; and the engine refuses to run phases out of the schedule's order.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "gpt2_test_util.h"
+#include "memfit/model/gpt2.h"
+
+namespace memfit {
+namespace {
+
+using namespace gpt2_test;
+
+GPT2Config three_layers() {
+  GPT2Config c = odd_config();
+  c.n_layer = 3;
+  c.finalize();
+  return c;
+}
+
+ActivationOptions options(const char* ckpt, AttentionKind attention, Precision precision) {
+  ActivationOptions o;
+  o.ckpt = CheckpointPolicy::parse(ckpt);
+  o.attention = attention;
+  o.precision = precision;
+  o.lm_head_chunk = 5;  // several chunks, the last one short
+  return o;
+}
+
+// The plan with every buffer live for the whole step: nothing shares bytes.
+StepPlan unshared(StepPlan plan) {
+  for (BufferSpec& b : plan.buffers)
+    b.lifetime = {{{0, static_cast<int>(plan.phases.size()) - 1}}};
+  layout_arenas(plan);
+  return plan;
+}
+
+struct Outcome {
+  std::vector<float> losses, logits, grads;
+  bool operator==(const Outcome& o) const {
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    };
+    return same(losses, o.losses) && same(logits, o.logits) && same(grads, o.grads);
+  }
+};
+
+constexpr int kB = 2, kT = 13;
+
+// Two micro-batches into one gradient, with an evaluation forward and the logits between them:
+// every way the engine walks the schedule (a whole step, a prefix, a new micro-batch).
+Outcome run(GPT2& gpt, StepPlan plan, bool poison, MemoryPool& pool) {
+  const GPT2Config& c = gpt.config();
+  gpt.reserve(std::move(plan));
+  gpt.set_poison_dead_buffers(poison);
+  Batch one(pool, kB, kT, c.vocab_size, 1), two(pool, kB, kT, c.vocab_size, 7);
+  Tensor logits = Tensor::empty(pool, {kB, kT, c.vocab_size}, DType::f32, Category::staging, "l");
+  Outcome r;
+  gpt.zero_grad();
+  r.losses.push_back(gpt.forward(one.tokens, one.targets, true, 1024.0f));
+  gpt.backward();
+  r.losses.push_back(gpt.forward(two.tokens, two.targets, false));
+  gpt.logits(two.tokens, logits);
+  r.losses.push_back(gpt.forward(two.tokens, two.targets, true, 1024.0f));
+  gpt.backward();
+  r.logits.assign(logits.data<float>(), logits.data<float>() + logits.numel());
+  r.grads.assign(gpt.grads().data<float>(), gpt.grads().data<float>() + gpt.grads().numel());
+  return r;
+}
+
+struct Case {
+  const char* ckpt;
+  AttentionKind attention;
+  Precision precision;
+};
+
+std::string case_name(const Case& k) {
+  std::string n = fmt::format("{}_{}_{}", k.ckpt, attention_kind_name(k.attention),
+                              precision_name(k.precision));
+  for (char& ch : n)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+void PrintTo(const Case& k, std::ostream* os) { *os << case_name(k); }
+
+class GPT2Arena : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GPT2Arena, StepWithDeadBuffersPoisonedEqualsUnsharedStep) {
+  const Case& k = GetParam();
+  const GPT2Config c = three_layers();
+  MemoryPool pool;
+  GPT2 gpt(c, pool, {k.precision, true});
+  gpt.init_weights(5);
+  const StepPlan plan = gpt2_step_plan(c, kB, kT, options(k.ckpt, k.attention, k.precision));
+  const StepPlan reference = unshared(plan);
+  for (Category cat : {Category::activations, Category::workspace})
+    EXPECT_EQ(reference.arena[static_cast<size_t>(cat)], plan_bytes(plan.buffers, cat));
+  const Outcome want = run(gpt, reference, false, pool);
+  for (float loss : want.losses) EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_TRUE(run(gpt, plan, true, pool) == want)
+      << "a buffer is used outside the lifetime the step schedule gives it";
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const char* ck : {"none", "full", "selective", "every:2", "layers:1"})
+    for (AttentionKind a : {AttentionKind::flash, AttentionKind::plain})
+      for (Precision p : {Precision::fp32, Precision::bf16}) out.push_back({ck, a, p});
+  for (const char* ck : {"none", "selective", "every:2"})
+    out.push_back({ck, AttentionKind::plain, Precision::fp16});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, GPT2Arena, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+// The check can fail: for every buffer that carries a value from one phase to a later one,
+// ending that span one phase early (so the buffer is poisoned before its last read, and its
+// bytes are free for others there) changes the results.
+TEST(GPT2ArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
+  const GPT2Config c = three_layers();
+  for (const Case& k : {Case{"none", AttentionKind::flash, Precision::fp32},
+                        Case{"every:2", AttentionKind::plain, Precision::bf16},
+                        Case{"selective", AttentionKind::plain, Precision::fp16}}) {
+    SCOPED_TRACE(case_name(k));
+    MemoryPool pool;
+    GPT2 gpt(c, pool, {k.precision, true});
+    gpt.init_weights(5);
+    const StepPlan plan = gpt2_step_plan(c, kB, kT, options(k.ckpt, k.attention, k.precision));
+    const Outcome want = run(gpt, plan, true, pool);
+    int mutants = 0;
+    for (size_t i = 0; i < plan.buffers.size(); ++i)
+      for (size_t s = 0; s < plan.buffers[i].lifetime.spans.size(); ++s) {
+        if (plan.buffers[i].lifetime.spans[s].first == plan.buffers[i].lifetime.spans[s].last)
+          continue;
+        StepPlan wrong = plan;
+        LiveSpan& span = wrong.buffers[i].lifetime.spans[s];
+        --span.last;
+        layout_arenas(wrong);
+        EXPECT_FALSE(run(gpt, wrong, true, pool) == want)
+            << plan.buffers[i].tag << " ending at " << plan.phases[span.last].name()
+            << " instead of " << plan.phases[span.last + 1].name() << " went unnoticed";
+        ++mutants;
+      }
+    EXPECT_GT(mutants, 30);
+  }
+}
+
+TEST(GPT2ArenaCheck, EngineRefusesToLeaveTheSchedule) {
+  const GPT2Config c = three_layers();
+  MemoryPool pool;
+  GPT2 gpt(c, pool);
+  gpt.init_weights(5);
+  StepPlan plan = gpt2_step_plan(c, kB, kT, options("none", AttentionKind::flash, Precision::fp32));
+  std::swap(plan.phases[1], plan.phases[2]);  // forward of block 1 before block 0
+  gpt.reserve(std::move(plan));
+  Batch b(pool, kB, kT, c.vocab_size, 1);
+  EXPECT_THROW(gpt.forward(b.tokens, b.targets, true), Error);
+}
+
+}  // namespace
+}  // namespace memfit
