@@ -1,11 +1,13 @@
 // The planner's prediction against what training measures: over models, checkpoint policies,
 // precisions, attention kinds and batch sizes, the predicted peak equals the pool's measured
-// peak byte for byte, category by category (a reduced grid; bench/ runs the full one).
+// peak byte for byte, category by category (a reduced grid; bench/ runs the full one); and the
+// moment of the peak is the phase of the step where the most bytes are live.
 #include "memfit/plan/memory_plan.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -65,6 +67,35 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
             ++runs;
           }
   EXPECT_EQ(runs, 80);
+}
+
+TEST_F(Planner, PeakPhaseIsWhereTheMostBytesAreLive) {
+  auto plan = [&](const char* precision, const char* ckpt) {
+    TrainConfig c;
+    c.model = "gpt2";
+    c.seq_len = 256;
+    c.batch = 8;
+    c.data_dir = dir.string();
+    c.precision = precision;
+    c.ckpt = ckpt;
+    return plan_training(c);
+  };
+  for (const PlanReport& r : {plan("fp32", "full"), plan("bf16", "none")}) {
+    ASSERT_EQ(r.step.live.size(), r.step.phases.size());
+    size_t most = 0;
+    for (const PhaseBytes& live : r.step.live) most = std::max(most, live.total());
+    const size_t arenas = r.by_category[static_cast<size_t>(Category::activations)] +
+                          r.by_category[static_cast<size_t>(Category::workspace)];
+    EXPECT_EQ(r.peak_live_bytes, r.peak_bytes - arenas + most);
+    EXPECT_LE(r.peak_live_bytes, r.peak_bytes);
+    EXPECT_LT(arenas, plan_bytes(r.step.buffers, Category::activations) +
+                          plan_bytes(r.step.buffers, Category::workspace));
+  }
+  // Under full checkpointing, the top block's backward: every block's output, the recomputed
+  // block and the backward's scratch. Without it in bf16, the LM head: every activation is
+  // still live, and the head's f32 logits chunk is the largest scratch of the step.
+  EXPECT_EQ(plan("fp32", "full").peak_phase, "backward of block 11");
+  EXPECT_EQ(plan("bf16", "none").peak_phase, "LM head");
 }
 
 TEST(PlanConfig, RefusesWhatTrainRefuses) {

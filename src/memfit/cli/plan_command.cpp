@@ -22,6 +22,13 @@ void print_plan(const TrainConfig& cfg, const PlanReport& r, bool json) {
     for (Category c : kAllCategories)
       j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
     j["peak_phase"] = r.peak_phase;
+    j["peak_live_bytes"] = r.peak_live_bytes;
+    // The step's memory timeline: bytes of activations and workspace live in each phase.
+    j["timeline"] = nlohmann::json::array();
+    for (size_t p = 0; p < r.step.phases.size(); ++p)
+      j["timeline"].push_back({{"phase", r.step.phases[p].name()},
+                               {"activations", r.step.live[p].activations},
+                               {"workspace", r.step.live[p].workspace}});
     j["flops"] = r.flops;
     j["recompute_flops"] = r.recompute_flops;
     j["est_step_seconds"] = r.est_step_seconds;
@@ -49,7 +56,13 @@ void print_plan(const TrainConfig& cfg, const PlanReport& r, bool json) {
   }
   fmt::print("{:<12} {:>12.1f}  ({} bytes)\n\n", "total", r.peak_bytes / 1048576.0,
              r.peak_bytes);
-  fmt::print("peak: {}\n", r.peak_phase);
+  const PhaseBytes& live = r.step.live[r.step.peak_phase()];
+  auto mib = [](size_t b) { return b / 1048576.0; };
+  fmt::print("peak: {} ({:.1f} MiB of activations and {:.1f} MiB of workspace live then, in "
+             "arenas of {:.1f} and {:.1f} MiB)\n",
+             r.peak_phase, mib(live.activations), mib(live.workspace),
+             mib(r.by_category[static_cast<size_t>(Category::activations)]),
+             mib(r.by_category[static_cast<size_t>(Category::workspace)]));
   fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "
              "machine\n",
              r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds);
