@@ -2,8 +2,8 @@
 """The longest sequence at which gpt2 (124M), batch 1, trains under a memory budget (8 GiB by
 default), for plain and flash attention, with and without full checkpointing (issue 6).
 
-Every buffer a step uses is allocated from the budgeted pool before the first step (the
-activation plan), and a step allocates nothing more (tests/model/gpt2_test.cpp,
+Every buffer a step uses is allocated from the budgeted pool before the first step (the step
+plan's arenas), and a step allocates nothing more (tests/model/gpt2_test.cpp,
 PoolHoldsExactlyParamsGradsAndThePlan; checkpoint_test.cpp for every policy), so whether a
 length fits is decided exactly by `memfit train --steps 0`, which builds the model, the
 optimizer and the plan under --mem-limit and exits 3 if they do not fit. The script bisects

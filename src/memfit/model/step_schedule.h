@@ -3,7 +3,7 @@
 // before the backward of its last block, down to the embedding's) and, for each phase, the
 // activation plan's buffers it touches and how. Lifetimes are derived from this list
 // (step_plan.h), never written by hand; GPT2 announces each phase as it enters it and refuses
-// to leave this order, and tests/model/step_plan_test.cpp poisons every buffer outside its
+// to leave this order, and tests/model/gpt2_arena_test.cpp poisons every buffer outside its
 // lifetime to check that the list says what gpt2.cpp does (Note [Step arena]).
 #pragma once
 
