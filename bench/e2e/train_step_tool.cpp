@@ -95,8 +95,13 @@ int main(int argc, char** argv) {
     }
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
-    double median = sorted[sorted.size() / 2];
-    if (sorted.size() % 2 == 0) median = 0.5 * (sorted[sorted.size() / 2 - 1] + median);
+    // --steps 0 --warmup 0 builds the model, the optimizer and the activation plan and runs
+    // nothing: the pool then holds everything a step would use (a step allocates nothing).
+    double median = 0;
+    if (!sorted.empty()) {
+      median = sorted[sorted.size() / 2];
+      if (sorted.size() % 2 == 0) median = 0.5 * (sorted[sorted.size() / 2 - 1] + median);
+    }
     // FLOPs: 6 x (parameters without wpe, the LM head counted through wte) x tokens for the
     // matmuls, plus the attention scores and mixing: 12 x layers x width x T per token.
     const double tokens_per_step = double(B) * T;
@@ -118,10 +123,12 @@ int main(int argc, char** argv) {
     j["seq"] = T;
     j["params"] = config.num_params();
     j["step_ms"] = ms;
-    j["median_ms"] = median;
-    j["tokens_per_s"] = tokens_per_step / (median / 1e3);
+    j["steps_timed"] = ms.size();
+    auto if_timed = [&](double v) { return ms.empty() ? nlohmann::json() : nlohmann::json(v); };
+    j["median_ms"] = if_timed(median);
+    j["tokens_per_s"] = if_timed(tokens_per_step / (median / 1e3));
     j["flops_per_step"] = flops;
-    j["tflops"] = flops / (median / 1e3) / 1e12;
+    j["tflops"] = if_timed(flops / (median / 1e3) / 1e12);
     j["losses"] = losses;
     j["peak_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
     j["pool_peak_bytes"] = pool.bytes_peak();
