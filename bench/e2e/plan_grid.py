@@ -68,8 +68,8 @@ def plan(args, model, B, T, precision, attention, ckpt):
 
 def measure(args, model, B, T, precision, attention, ckpt, steps):
     return run_json([args.tool, "--model", model, "--batch", str(B), "--seq", str(T),
-                     "--context", str(T), "--steps", str(steps), "--warmup", "0", "--precision", precision,
-                     "--attention", attention, "--ckpt", ckpt, "--optim", args.optim])
+                     "--context", str(T), "--steps", str(steps), "--warmup", "0",
+                     "--precision", precision, "--attention", attention, "--ckpt", ckpt, "--optim", args.optim])
 
 
 def rel(pred, meas):
