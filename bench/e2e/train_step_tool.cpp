@@ -2,7 +2,9 @@
 // apply_update) of a GPT-2 shape on random tokens and
 // prints one JSON object: per-step milliseconds, median, tokens/s, achieved FLOP/s and the
 // pool's peak by category. Driven by bench/e2e/step_vs_pytorch.py, which runs the PyTorch
-// baseline beside it; kept out of the test suite because it measures time.
+// baseline beside it; kept out of the test suite because it measures time. --context sets the
+// model's context (wpe rows; default the preset's): `memfit train --seq-len T` trains a model
+// whose context is T, so bench/e2e/plan_grid.py passes --context T to compare with its plan.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -24,7 +26,7 @@ using namespace memfit;
 
 int main(int argc, char** argv) {
   std::string model = "gpt2-small-test";
-  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
+  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256, context = 0;
   std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
               ckpt = "none";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
     if (k == "--model") model = v;
     else if (k == "--batch") B = std::stoi(v);
     else if (k == "--seq") T = std::stoi(v);
+    else if (k == "--context") context = std::stoi(v);
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--lm-head-chunk") chunk = std::stoi(v);
@@ -48,6 +51,10 @@ int main(int argc, char** argv) {
   try {
     MemoryPool pool;
     GPT2Config config = GPT2Config::preset(model);
+    if (context) {
+      config.max_seq_len = context;
+      config.finalize();
+    }
     PrecisionOptions po{precision_from_name(precision), master != "none"};
     GPT2 gpt(config, pool, po);
     gpt.init_weights(1337);
@@ -88,8 +95,13 @@ int main(int argc, char** argv) {
     }
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
-    double median = sorted[sorted.size() / 2];
-    if (sorted.size() % 2 == 0) median = 0.5 * (sorted[sorted.size() / 2 - 1] + median);
+    // --steps 0 --warmup 0 builds the model, the optimizer and the activation plan and runs
+    // nothing: the pool then holds everything a step would use (a step allocates nothing).
+    double median = 0;
+    if (!sorted.empty()) {
+      median = sorted[sorted.size() / 2];
+      if (sorted.size() % 2 == 0) median = 0.5 * (sorted[sorted.size() / 2 - 1] + median);
+    }
     // FLOPs: 6 x (parameters without wpe, the LM head counted through wte) x tokens for the
     // matmuls, plus the attention scores and mixing: 12 x layers x width x T per token.
     const double tokens_per_step = double(B) * T;
@@ -111,10 +123,12 @@ int main(int argc, char** argv) {
     j["seq"] = T;
     j["params"] = config.num_params();
     j["step_ms"] = ms;
-    j["median_ms"] = median;
-    j["tokens_per_s"] = tokens_per_step / (median / 1e3);
+    j["steps_timed"] = ms.size();
+    auto if_timed = [&](double v) { return ms.empty() ? nlohmann::json() : nlohmann::json(v); };
+    j["median_ms"] = if_timed(median);
+    j["tokens_per_s"] = if_timed(tokens_per_step / (median / 1e3));
     j["flops_per_step"] = flops;
-    j["tflops"] = flops / (median / 1e3) / 1e12;
+    j["tflops"] = if_timed(flops / (median / 1e3) / 1e12);
     j["losses"] = losses;
     j["peak_rss_bytes"] = static_cast<int64_t>(ru.ru_maxrss) * 1024;
     j["pool_peak_bytes"] = pool.bytes_peak();
