@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "memfit/memory/pool.h"
+#include "memfit/plan/auto_config.h"
 #include "memfit/plan/memory_plan.h"
 
 namespace memfit {
@@ -174,6 +175,40 @@ TEST(Search, NothingFitsReportsTheTrueMinimumAndWhatDominatesIt) {
       << r.message;
   ASSERT_FALSE(r.over.empty());
   EXPECT_EQ(r.over.front().peak_bytes, least);  // nearest first
+
+  // Training with --ckpt auto under that budget stops before anything is built, with the same
+  // minimum in an out-of-memory error (exit 3 from the command).
+  c.ckpt = "auto";
+  c.auto_batch = true;
+  c.mem_limit = std::to_string(limit);
+  try {
+    resolve_auto(c);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.requested(), least);
+    EXPECT_EQ(e.budget(), limit);
+    EXPECT_NE(std::string(e.what()).find("smallest footprint"), std::string::npos) << e.what();
+    EXPECT_FALSE(e.advice().empty());  // what else would fit (an 8-bit optimizer, bf16)
+  }
+}
+
+TEST(Search, AutoWithoutMemLimitIsAConfigErrorNamingIt) {
+  for (bool auto_batch : {false, true}) {
+    TrainConfig c = tiny("flash");
+    if (auto_batch)
+      c.auto_batch = true;
+    else
+      c.ckpt = "auto";
+    try {
+      resolve_auto(c);
+      ADD_FAILURE() << "expected ConfigError";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--mem-limit"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(auto_batch ? "--auto-batch" : "--ckpt auto"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace
