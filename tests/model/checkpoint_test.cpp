@@ -116,7 +116,13 @@ TEST(CheckpointPolicy, ParsesNamesAndSegments) {
   EXPECT_EQ(CheckpointPolicy::parse("layers:").segments(5), Segs{});
   for (const char* n : {"none", "full", "selective", "every:3", "layers:1,4"})
     EXPECT_EQ(CheckpointPolicy::parse(n).name(), n);
-  for (const char* bad : {"", "ful", "every:0", "every:", "every:x", "layers:1,,2", "layers:-1"})
+  // Ranges: runs of three or more print as ranges, and parse back to the same blocks.
+  EXPECT_EQ(CheckpointPolicy::parse("layers:0-3,6").layers, (std::vector<int>{0, 1, 2, 3, 6}));
+  EXPECT_EQ(CheckpointPolicy::parse("layers:5,0,1,2,3").name(), "layers:0-3,5");
+  EXPECT_EQ(CheckpointPolicy::parse("layers:0,1,4,5,6,9").name(), "layers:0,1,4-6,9");
+  EXPECT_EQ(CheckpointPolicy::parse("layers:2-2").name(), "layers:2");
+  for (const char* bad : {"", "ful", "every:0", "every:", "every:x", "layers:1,,2", "layers:-1",
+                          "layers:3-1", "layers:1-", "layers:-", "auto"})
     EXPECT_THROW(CheckpointPolicy::parse(bad), ConfigError) << bad;
   EXPECT_THROW(CheckpointPolicy::parse("layers:7").segments(4), ConfigError);
 }

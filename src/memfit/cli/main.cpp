@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const memfit::OutOfMemoryError& e) {
     std::fprintf(stderr, "memfit: %s\n", e.what());
+    if (!e.advice().empty()) std::fprintf(stderr, "%s\n", e.advice().c_str());
     return 3;
   } catch (const memfit::Error& e) {
     std::fprintf(stderr, "memfit: %s\n", e.what());

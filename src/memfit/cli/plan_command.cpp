@@ -1,5 +1,7 @@
 // memfit plan: the predicted peak memory of a training run by category, when in the step it
 // happens, and the step's FLOPs and estimated time, without allocating or computing anything.
+// --auto (--ckpt auto) and --auto-batch plan the configuration that fits --mem-limit fastest;
+// --max-model the largest GPT-2-family model that fits it.
 #include <memory>
 
 #include <fmt/format.h>
@@ -7,44 +9,53 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/config_file.h"
+#include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
+#include "memfit/plan/auto_config.h"
+#include "memfit/plan/fit_advice.h"
+#include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
 
 namespace memfit::cli {
 
 namespace {
 
-void print_plan(const TrainConfig& cfg, const PlanReport& r, bool json) {
-  if (json) {
-    nlohmann::json j;
-    j["peak_bytes"] = r.peak_bytes;
-    j["by_category"] = nlohmann::json::object();
-    for (Category c : kAllCategories)
-      j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
-    j["peak_phase"] = r.peak_phase;
-    j["peak_live_bytes"] = r.peak_live_bytes;
-    // The step's memory timeline: bytes of activations and workspace live in each phase.
-    j["timeline"] = nlohmann::json::array();
-    for (size_t p = 0; p < r.step.phases.size(); ++p)
-      j["timeline"].push_back({{"phase", r.step.phases[p].name()},
-                               {"activations", r.step.live[p].activations},
-                               {"workspace", r.step.live[p].workspace}});
-    j["flops"] = r.flops;
-    j["recompute_flops"] = r.recompute_flops;
-    j["est_step_seconds"] = r.est_step_seconds;
-    j["model"] = {{"n_layer", r.model.n_layer}, {"n_head", r.model.n_head},
-                  {"d_model", r.model.d_model}, {"vocab_size", r.model.vocab_size},
-                  {"params", r.model.num_params()}};
-    j["batch"] = r.B;
-    j["seq_len"] = r.T;
-    j["precision"] = cfg.precision;
-    j["ckpt"] = cfg.ckpt;
-    j["attention"] = cfg.attention;
-    j["optim"] = cfg.optim.name;
-    j["data_included"] = r.data_included;
-    fmt::print("{}\n", j.dump(2));
-    return;
+nlohmann::json plan_json(const TrainConfig& cfg, const PlanReport& r) {
+  nlohmann::json j;
+  j["peak_bytes"] = r.peak_bytes;
+  j["by_category"] = nlohmann::json::object();
+  for (Category c : kAllCategories)
+    j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
+  j["peak_phase"] = r.peak_phase;
+  j["peak_live_bytes"] = r.peak_live_bytes;
+  // The step's memory timeline: bytes of activations and workspace live in each phase.
+  j["timeline"] = nlohmann::json::array();
+  for (size_t p = 0; p < r.step.phases.size(); ++p)
+    j["timeline"].push_back({{"phase", r.step.phases[p].name()},
+                             {"activations", r.step.live[p].activations},
+                             {"workspace", r.step.live[p].workspace}});
+  j["flops"] = r.flops;
+  j["recompute_flops"] = r.recompute_flops;
+  j["est_step_seconds"] = r.est_step_seconds;
+  j["model"] = {{"n_layer", r.model.n_layer}, {"n_head", r.model.n_head},
+                {"d_model", r.model.d_model}, {"vocab_size", r.model.vocab_size},
+                {"params", r.model.num_params()}};
+  j["batch"] = r.B;
+  j["seq_len"] = r.T;
+  j["precision"] = cfg.precision;
+  j["ckpt"] = cfg.ckpt;
+  j["attention"] = cfg.attention;
+  j["optim"] = cfg.optim.name;
+  j["data_included"] = r.data_included;
+  if (!cfg.mem_limit.empty()) {
+    const size_t limit = parse_bytes(cfg.mem_limit, "--mem-limit");
+    j["mem_limit_bytes"] = limit;
+    j["fits"] = r.peak_bytes <= limit;
   }
+  return j;
+}
+
+void print_plan(const TrainConfig& cfg, const PlanReport& r) {
   fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters), {} x {} tokens, {}, "
              "--ckpt {}, --attention {}, --optim {}\n\n",
              r.model.n_layer, r.model.d_model, r.model.num_params() / 1e6, r.B, r.T,
@@ -78,6 +89,38 @@ void print_plan(const TrainConfig& cfg, const PlanReport& r, bool json) {
   }
 }
 
+// --auto and --auto-batch: the search's choice and runner-ups, then the plan of the choice (of
+// the smallest footprint when nothing fits, with the advice on other options).
+void plan_with_search(const TrainConfig& cfg, bool json) {
+  std::string note;
+  const SearchResult s = plan_auto(cfg, &note);
+  const TrainConfig run = apply_candidate(cfg, s.choice);
+  const PlanReport r = plan_training(run);
+  if (json) {
+    nlohmann::json j = plan_json(run, r);
+    j["search"] = search_json(s);
+    if (!note.empty()) j["search"]["note"] = note;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  print_search(s, note);
+  if (!s.fits) fmt::print("{}\n\n", advise_fit(cfg, s.limit).text());
+  fmt::print("{}", s.fits ? "the chosen run:\n" : "the smallest footprint:\n");
+  print_plan(run, r);
+}
+
+void plan_max_model(const TrainConfig& cfg, bool json) {
+  if (cfg.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--max-model finds the largest model that fits --mem-limit, so it needs "
+                 "--mem-limit (e.g. --mem-limit 8GiB)");
+  const MaxModelResult r = find_max_model(cfg, parse_bytes(cfg.mem_limit, "--mem-limit"));
+  if (json)
+    fmt::print("{}\n", nlohmann::json({{"max_model", max_model_json(r)}}).dump(2));
+  else
+    print_max_model(r);
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
@@ -87,11 +130,32 @@ void add_plan_command(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
   auto config_file = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
+  auto auto_ckpt = std::make_shared<bool>(false);
+  auto max_model = std::make_shared<bool>(false);
   add_train_options(cmd, *cfg, *config_file);
   cmd->add_flag("--json", *json, "Print one JSON object");
-  cmd->callback([cmd, cfg, config_file, json] {
+  cmd->add_flag("--auto", *auto_ckpt,
+                "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto)");
+  cmd->add_flag("--max-model", *max_model,
+                "The largest GPT-2-family model (layers x width) that trains under --mem-limit");
+  cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
-    print_plan(*cfg, plan_training(*cfg), *json);
+    if (*auto_ckpt) {
+      if (cmd->get_option("--ckpt")->count() > 0 && cfg->ckpt != "auto")
+        MEMFIT_THROW(ConfigError, "config",
+                     "--auto chooses the checkpoint policy, so it takes no --ckpt (got --ckpt "
+                     "{})",
+                     cfg->ckpt);
+      cfg->ckpt = "auto";
+    }
+    if (*max_model)
+      plan_max_model(*cfg, *json);
+    else if (cfg->needs_planner())
+      plan_with_search(*cfg, *json);
+    else if (*json)
+      fmt::print("{}\n", plan_json(*cfg, plan_training(*cfg)).dump(2));
+    else
+      print_plan(*cfg, plan_training(*cfg));
   });
 }
 

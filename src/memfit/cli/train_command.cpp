@@ -1,12 +1,17 @@
 // memfit train: every option of TrainConfig on the command line or in a TOML --config file,
-// then the training loop, then a table of peak memory by category and the throughput.
+// then the planner's choice under --ckpt auto / --auto-batch, the training loop, and a table of
+// peak memory by category and the throughput. An out-of-memory error carries the planner's
+// advice.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/config_file.h"
+#include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
+#include "memfit/plan/auto_config.h"
+#include "memfit/plan/fit_advice.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit::cli {
@@ -62,6 +67,9 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
+  cmd->add_flag("--auto-batch", c.auto_batch,
+                "With --mem-limit: choose the micro-batch (a divisor of --batch x --grad-accum, "
+                "which stays) that fits fastest");
   cmd->add_option("--eval-every", c.eval_every, "Steps between evaluations (0: at the end)")
       ->capture_default_str();
   cmd->add_option("--eval-batches", c.eval_batches, "Validation micro-batches per evaluation")
@@ -79,7 +87,8 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "flash (tiled, O(T) saved per head) | plain (saves the T x T probabilities)")
       ->capture_default_str();
   cmd->add_option("--ckpt", c.ckpt,
-                  "Activation checkpointing: none | full | selective | every:K | layers:LIST")
+                  "Activation checkpointing: none | full | selective | every:K | layers:LIST | "
+                  "auto (the fastest that fits --mem-limit)")
       ->capture_default_str();
   cmd->add_option("--precision", c.precision,
                   "fp32 | bf16 (AMX matmuls, FP32 master weights) | fp16 (loss scaling)")
@@ -109,7 +118,16 @@ void add_train_command(CLI::App& app) {
   add_train_options(cmd, *cfg, *config_file);
   cmd->callback([cmd, cfg, config_file] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
-    print_summary(train(*cfg));
+    // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
+    const AutoResolution run = resolve_auto(*cfg);
+    if (run.planned) print_search(run.search, run.note);
+    TrainSummary summary;
+    try {
+      summary = train(run.config);
+    } catch (const OutOfMemoryError& e) {
+      throw with_fit_advice(e, run.config);
+    }
+    print_summary(summary);
   });
 }
 

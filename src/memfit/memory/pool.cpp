@@ -59,6 +59,12 @@ OutOfMemoryError::OutOfMemoryError(std::string_view where, size_t requested, Cat
                         format_mib(budget > sum(live) ? budget - sum(live) : 0))),
       requested_(requested), category_(category), budget_(budget), live_(live) {}
 
+OutOfMemoryError::OutOfMemoryError(std::string_view where, std::string_view detail,
+                                   size_t requested, Category category, size_t budget,
+                                   const CategoryBytes& live)
+    : Error(where, "memory", detail),
+      requested_(requested), category_(category), budget_(budget), live_(live) {}
+
 size_t OutOfMemoryError::live_total() const { return sum(live_); }
 size_t OutOfMemoryError::would_fit() const {
   return budget_ > live_total() ? budget_ - live_total() : 0;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "memfit/core/error.h"
@@ -26,6 +27,10 @@ class OutOfMemoryError : public Error {
  public:
   OutOfMemoryError(std::string_view where, size_t requested, Category category,
                    std::string_view tag, size_t budget, const CategoryBytes& live);
+  // The planner's out-of-memory, before anything is allocated: no configuration it may choose
+  // fits (`detail` says why); `requested` is the least footprint, `live` empty.
+  OutOfMemoryError(std::string_view where, std::string_view detail, size_t requested,
+                   Category category, size_t budget, const CategoryBytes& live);
   size_t requested() const { return requested_; }
   Category category() const { return category_; }
   size_t budget() const { return budget_; }
@@ -33,12 +38,17 @@ class OutOfMemoryError : public Error {
   size_t live_total() const;
   // Largest allocation that would still fit under the budget.
   size_t would_fit() const;
+  // What would make the run fit, from the planner (plan/fit_advice.h): lines that the command
+  // prints after the message. Empty unless a caller added it.
+  const std::string& advice() const { return advice_; }
+  void set_advice(std::string advice) { advice_ = std::move(advice); }
 
  private:
   size_t requested_;
   Category category_;
   size_t budget_;
   CategoryBytes live_;
+  std::string advice_;
 };
 
 struct MemoryEvent {

@@ -14,8 +14,8 @@ namespace {
 
 [[noreturn]] void bad(std::string_view text) {
   MEMFIT_THROW(ConfigError, "config",
-               "--ckpt must be none, full, selective, every:K (K >= 1) or layers:LIST (block "
-               "numbers separated by commas), got '{}'",
+               "--ckpt must be none, full, selective, every:K (K >= 1), layers:LIST (block "
+               "numbers or ranges A-B separated by commas) or auto (with --mem-limit), got '{}'",
                text);
 }
 
@@ -26,10 +26,32 @@ int parse_int(std::string_view s, std::string_view whole) {
   return v;
 }
 
+// "0-3,5,7,8": runs of three or more consecutive blocks as ranges, so that the planner's
+// layers:0-46 reads as what it is.
+std::string layer_list_text(const std::vector<int>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    if (j - i >= 2) {
+      out += fmt::format("{}-{}", layers[i], layers[j]);
+    } else {
+      for (size_t k = i; k <= j; ++k) out += fmt::format("{}{}", k > i ? "," : "", layers[k]);
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 CheckpointPolicy CheckpointPolicy::parse(std::string_view text) {
   CheckpointPolicy p;
+  if (text == "auto")
+    MEMFIT_THROW(ConfigError, "config",
+                 "--ckpt auto is not a policy but a request to the planner, which replaces it "
+                 "with one before the run is built (plan/auto_config.h: resolve_auto)");
   if (text == "none") return p;
   if (text == "full") {
     p.kind = Kind::full;
@@ -50,7 +72,13 @@ CheckpointPolicy CheckpointPolicy::parse(std::string_view text) {
     std::string_view rest = text.substr(7);
     while (!rest.empty()) {
       const size_t comma = rest.find(',');
-      p.layers.push_back(parse_int(rest.substr(0, comma), text));
+      const std::string_view item = rest.substr(0, comma);
+      const size_t dash = item.find('-');
+      const int first = parse_int(item.substr(0, dash), text);
+      const int last =
+          dash == std::string_view::npos ? first : parse_int(item.substr(dash + 1), text);
+      if (last < first || last - first > 65535) bad(text);
+      for (int l = first; l <= last; ++l) p.layers.push_back(l);
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     }
     std::sort(p.layers.begin(), p.layers.end());
@@ -66,7 +94,7 @@ std::string CheckpointPolicy::name() const {
     case Kind::full: return "full";
     case Kind::selective: return "selective";
     case Kind::every: return fmt::format("every:{}", every);
-    case Kind::layers: return fmt::format("layers:{}", fmt::join(layers, ","));
+    case Kind::layers: return "layers:" + layer_list_text(layers);
   }
   return "?";
 }

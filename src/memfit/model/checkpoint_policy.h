@@ -24,10 +24,11 @@ struct CheckpointPolicy {
   int every = 0;            // every:K
   std::vector<int> layers;  // layers:LIST, sorted, unique
 
-  // "none", "full", "selective", "every:K" (K >= 1), "layers:0,3,5" (may be empty: "layers:").
-  // ConfigError naming --ckpt and the expectation otherwise.
+  // "none", "full", "selective", "every:K" (K >= 1), "layers:0,3,5" or with ranges
+  // "layers:0-4,7" (may be empty: "layers:"). ConfigError naming --ckpt and the expectation
+  // otherwise. "auto" is not a policy: the planner resolves it to one (plan/auto_config.h).
   static CheckpointPolicy parse(std::string_view text);
-  std::string name() const;  // parse(name()) == *this
+  std::string name() const;  // parse(name()) == *this; runs of 3+ blocks as ranges "0-4"
   bool operator==(const CheckpointPolicy&) const = default;
 
   // The recomputed segments [first, last] for a model of n_layer blocks, in order. ConfigError

@@ -39,13 +39,21 @@ struct TrainConfig {
   std::string log_file;  // JSON lines
   bool shuffle = true;
   std::string attention = "flash";  // flash | plain
-  std::string ckpt = "none";        // none | full | selective | every:K | layers:LIST
+  // none | full | selective | every:K | layers:LIST, or auto: the planner picks the fastest
+  // policy that fits mem_limit (plan/auto_config.h) before anything is built.
+  std::string ckpt = "none";
+  // With mem_limit: the planner also picks the micro-batch, every divisor b of
+  // batch * grad_accum with grad_accum = global / b, keeping the global batch.
+  bool auto_batch = false;
   std::string precision = "fp32";   // fp32 | bf16 | fp16 (docs/notes/mixed-precision.md)
   std::string master_weights = "fp32";  // fp32 | none (pure bf16, stochastic rounding)
   LossScalerConfig loss_scaler;     // fp16: --loss-scale-window, --hysteresis, --min-loss-scale
   // Stop after this step as if interrupted (0: run all `steps`); the schedule still spans
   // `steps`. Lets a run be split into sessions with --save and --resume.
   int64_t stop_after = 0;
+
+  // Whether the planner has something to choose (--ckpt auto or --auto-batch).
+  bool needs_planner() const { return ckpt == "auto" || auto_batch; }
 
   // The model shape after applying the overrides to the preset; T is seq_len.
   GPT2Config model_config() const;

@@ -19,6 +19,7 @@
 #include "memfit/io/gpt2_hf_config.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/gpt2.h"
+#include "memfit/plan/auto_config.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/progress.h"
 #include "memfit/train/update.h"
@@ -46,6 +47,7 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
           {"shuffle", c.shuffle},
           {"optim", c.optim.name},
           {"attention", c.attention},
+          {"ckpt", c.ckpt},
           {"precision", c.precision},
           {"master_weights", c.master_weights},
           {"schedule",
@@ -116,6 +118,17 @@ void validate_train_config(const TrainConfig& c) {
     if (!ok)
       MEMFIT_THROW(ConfigError, "config", "--{} must be {}, got {}", field, expectation, value);
   };
+  // --ckpt auto and --auto-batch ask the planner to fit the budget (plan/auto_config.h), so
+  // they need one; the planner replaces them before anything is built.
+  if (c.ckpt == "auto" && c.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--ckpt auto picks the fastest checkpoint policy whose predicted peak fits "
+                 "--mem-limit, so it needs --mem-limit (e.g. --mem-limit 4GiB); or name a "
+                 "policy: none, full, selective, every:K, layers:LIST");
+  if (c.auto_batch && c.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--auto-batch picks the micro-batch (and --grad-accum) that fits --mem-limit, "
+                 "so it needs --mem-limit (e.g. --mem-limit 4GiB)");
   require(c.batch > 0, "batch", c.batch, "positive");
   require(c.grad_accum > 0, "grad-accum", c.grad_accum, "positive");
   require(c.steps >= 0, "steps", c.steps, ">= 0");
@@ -134,7 +147,9 @@ void validate_train_config(const TrainConfig& c) {
                  c.master_weights);
   // The model's own rules, checked before anything is allocated.
   check_precision_options(c.precision_options());
-  check_activation_options(c.activation_options());
+  TrainConfig policy = c;  // the attention and precision rules hold whatever auto picks
+  if (policy.ckpt == "auto") policy.ckpt = "none";
+  check_activation_options(policy.activation_options());
   if (c.master_weights == "none" && c.optim.name != "adamw")
     MEMFIT_THROW(ConfigError, "config",
                  "--master-weights none updates bf16 weights with stochastic rounding, which "
@@ -160,7 +175,9 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
 }
 
 TrainSummary train(const TrainConfig& cfg_in) {
-  TrainConfig cfg = cfg_in;
+  // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
+  // trainer_state.json have a policy and a micro-batch, never "auto".
+  TrainConfig cfg = resolve_auto(cfg_in).config;
   cfg.schedule.total = cfg.steps;
   validate_train_config(cfg);
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
@@ -343,6 +360,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
     summary.median_tokens_per_s = rates[rates.size() / 2];
   }
   summary.last_step = final_step;
+  summary.ckpt = cfg.ckpt;
+  summary.batch = cfg.batch;
+  summary.grad_accum = cfg.grad_accum;
   summary.peak_bytes = pool.bytes_peak();
   summary.peak_by_category = pool.peak_breakdown();
   summary.wall_seconds =

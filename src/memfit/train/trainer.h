@@ -25,6 +25,10 @@ struct TrainSummary {
   CategoryBytes peak_by_category{};
   std::vector<float> losses;  // per step of this run
   int64_t skipped_steps = 0;  // fp16: steps skipped for overflowing gradients
+  // The run's checkpoint policy and micro-batch: the planner's choice under --ckpt auto and
+  // --auto-batch.
+  std::string ckpt;
+  int batch = 0, grad_accum = 0;
 };
 
 // Throws ConfigError naming the first setting `train` would refuse, before anything is
@@ -41,9 +45,10 @@ struct RunModel {
 };
 RunModel resolve_run_model(const TrainConfig& config);
 
-// Runs training as configured. Throws ConfigError/IoError for bad input, OutOfMemoryError when
-// the budget is too small, Error when the loss becomes non-finite; none of them leaves a
-// partial checkpoint behind.
+// Runs training as configured, with --ckpt auto and --auto-batch resolved by the planner first
+// (plan/auto_config.h). Throws ConfigError/IoError for bad input, OutOfMemoryError when the
+// budget is too small (the pool's, or the planner's when no choice fits), Error when the loss
+// becomes non-finite; none of them leaves a partial checkpoint behind.
 TrainSummary train(const TrainConfig& config);
 
 }  // namespace memfit

@@ -1,0 +1,119 @@
+#include "memfit/cli/search_output.h"
+
+#include <fmt/format.h>
+
+#include "memfit/memory/pool.h"
+
+namespace memfit::cli {
+
+namespace {
+
+double mib(size_t bytes) { return bytes / 1048576.0; }
+
+void print_row(const std::string& status, const Candidate& c) {
+  fmt::print("  {:<22} {:<18} {:>5} x {:<5} {:>12.1f} {:>10}\n", status, c.ckpt, c.batch,
+             c.grad_accum, mib(c.peak_bytes), format_seconds(c.est_step_seconds));
+}
+
+nlohmann::json candidate_json(const Candidate& c, size_t limit) {
+  nlohmann::json j = {{"ckpt", c.ckpt},
+                      {"batch", c.batch},
+                      {"grad_accum", c.grad_accum},
+                      {"peak_bytes", c.peak_bytes},
+                      {"est_step_seconds", c.est_step_seconds},
+                      {"fits", c.fits}};
+  if (!c.fits) j["over_bytes"] = c.over(limit);
+  return j;
+}
+
+nlohmann::json shape_json(const ShapeFit& f) {
+  const Candidate& c = f.search.choice;
+  return {{"n_layer", f.shape.n_layer},
+          {"d_model", f.shape.d_model},
+          {"n_head", f.shape.n_head},
+          {"params", f.params},
+          {"fits", f.search.fits},
+          {"ckpt", c.ckpt},
+          {"batch", c.batch},
+          {"grad_accum", c.grad_accum},
+          {"peak_bytes", c.peak_bytes},
+          {"est_step_seconds", c.est_step_seconds}};
+}
+
+}  // namespace
+
+void print_search(const SearchResult& s, const std::string& note) {
+  fmt::print("planner: {}\n", s.message);
+  if (!note.empty()) fmt::print("planner: {}\n", note);
+  fmt::print("\n  {:<22} {:<18} {:>5}   {:<5} {:>12} {:>10}\n", "", "--ckpt", "batch", "accum",
+             "peak MiB", "est s/step");
+  if (s.fits) print_row("chosen", s.choice);
+  for (const Candidate& c : s.slower)
+    print_row(faster(s.choice, c) ? "fits, slower" : "fits, as fast, larger", c);
+  for (const Candidate& c : s.over)
+    print_row(fmt::format("{:.1f} MiB over", mib(c.over(s.limit))), c);
+  fmt::print("\n");
+}
+
+nlohmann::json search_json(const SearchResult& s) {
+  nlohmann::json j = {{"limit_bytes", s.limit},
+                      {"fits", s.fits},
+                      {"message", s.message},
+                      {"candidates_planned", s.candidates.size()},
+                      {"searched_micro_batch", s.with_batch}};
+  j["choice"] = s.fits ? candidate_json(s.choice, s.limit) : nlohmann::json(nullptr);
+  j["rejected_slower"] = nlohmann::json::array();
+  for (const Candidate& c : s.slower) j["rejected_slower"].push_back(candidate_json(c, s.limit));
+  j["rejected_over_limit"] = nlohmann::json::array();
+  for (const Candidate& c : s.over) j["rejected_over_limit"].push_back(candidate_json(c, s.limit));
+  j["smallest"] = candidate_json(s.smallest, s.limit);
+  j["smallest"]["dominant_category"] = std::string(category_name(s.smallest.dominant()));
+  j["smallest"]["dominant_bytes"] = s.smallest.dominant_bytes();
+  return j;
+}
+
+void print_max_model(const MaxModelResult& r) {
+  const ShapeFit& b = r.best;
+  const Candidate& c = b.search.choice;
+  if (r.found)
+    fmt::print("memfit plan --max-model: the largest GPT-2-family model that trains in {} is "
+               "{} layers x {} wide ({} heads), {:.1f}M parameters, with --ckpt {} --batch {} "
+               "--grad-accum {}: predicted peak {}, about {} s a step{}\n",
+               format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.shape.n_head,
+               b.params / 1e6, c.ckpt, c.batch, c.grad_accum, format_mib(c.peak_bytes),
+               format_seconds(c.est_step_seconds),
+               r.capped ? fmt::format(" (the search stops at {} layers)", kMaxFamilyLayers) : "");
+  else
+    fmt::print("memfit plan --max-model: no GPT-2-family model trains in {}; the smallest, {} "
+               "layer x {} wide ({:.1f}M parameters), needs at least {} ({}); its largest part "
+               "is {}, {}\n",
+               format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.params / 1e6,
+               format_mib(c.peak_bytes), candidate_options(c, true),
+               category_name(c.dominant()), format_mib(c.dominant_bytes()));
+  fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:>5}   {:<5} {:>12} {:>10}  {}\n", "layers",
+             "width", "heads", "params M", "--ckpt", "batch", "accum", "peak MiB", "est s/step",
+             "fits");
+  for (const ShapeFit& f : r.neighbours) {
+    const Candidate& n = f.search.choice;
+    fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:>5} x {:<5} {:>12.1f} {:>10}  {}\n",
+               f.shape.n_layer, f.shape.d_model, f.shape.n_head, f.params / 1e6, n.ckpt, n.batch,
+               n.grad_accum, mib(n.peak_bytes), format_seconds(n.est_step_seconds),
+               f.search.fits ? "yes" : fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit))));
+  }
+  fmt::print("\n({} shapes planned; width = GPT-2's depth-to-width line rounded to 64, heads of "
+             "64: docs/notes/planner.md)\n",
+             r.shapes_planned);
+}
+
+nlohmann::json max_model_json(const MaxModelResult& r) {
+  nlohmann::json j = {{"limit_bytes", r.limit},
+                      {"found", r.found},
+                      {"capped", r.capped},
+                      {"shapes_planned", r.shapes_planned},
+                      {"best", shape_json(r.best)}};
+  j["neighbours"] = nlohmann::json::array();
+  for (const ShapeFit& f : r.neighbours) j["neighbours"].push_back(shape_json(f));
+  return j;
+}
+
+}  // namespace memfit::cli

@@ -1,0 +1,152 @@
+#include "memfit/plan/fit_advice.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace memfit {
+
+namespace {
+
+// The levers, as bits of a set of changes.
+enum Lever : unsigned { kPolicy = 1, kMicroBatch = 2, kBf16 = 4, kOptim8bit = 8 };
+constexpr unsigned kAllLevers = 15;
+
+// The 8-bit optimizer with the same update rule, or "" when there is none.
+std::string eight_bit(const std::string& optim) {
+  if (optim == "adamw") return "adamw8bit";
+  if (optim == "lion") return "lion8bit";
+  return "";
+}
+
+// The options that turn `base` into `c`.
+std::string change_text(const TrainConfig& base, const TrainConfig& c) {
+  std::vector<std::string> parts;
+  if (c.ckpt != base.ckpt) parts.push_back("--ckpt " + c.ckpt);
+  if (c.batch != base.batch || c.grad_accum != base.grad_accum)
+    parts.push_back(fmt::format("--batch {} --grad-accum {}", c.batch, c.grad_accum));
+  if (c.precision != base.precision) parts.push_back("--precision " + c.precision);
+  if (c.optim.name != base.optim.name) parts.push_back("--optim " + c.optim.name);
+  return parts.empty() ? "(as configured)" : fmt::format("{}", fmt::join(parts, " "));
+}
+
+struct Tried {
+  unsigned levers = 0;
+  bool fits = false;
+  FitOption fastest;   // the fastest that fits, when one does
+  FitOption smallest;  // the least footprint
+};
+
+FitOption option(const TrainConfig& user, const TrainConfig& changed, const Candidate& c) {
+  FitOption o;
+  o.config = apply_candidate(changed, c);
+  o.change = change_text(user, o.config);
+  o.plan = c;
+  return o;
+}
+
+}  // namespace
+
+FitAdvice advise_fit(const TrainConfig& config, size_t limit) {
+  FitAdvice a;
+  a.limit = limit;
+  const bool resume = !config.resume_dir.empty();
+  TrainConfig base = config;
+  if (resume) base.auto_batch = false;  // the trainer keeps the checkpoint's micro-batch
+  unsigned mandatory = 0, allowed = kPolicy;
+  if (base.ckpt == "auto") mandatory |= kPolicy;
+  if (base.auto_batch) mandatory |= kMicroBatch;
+  if (!resume) {
+    if (base.batch * base.grad_accum > 1) allowed |= kMicroBatch;
+    if (base.precision == "fp32") allowed |= kBf16;
+    if (!eight_bit(base.optim.name).empty()) allowed |= kOptim8bit;
+  }
+  allowed |= mandatory;
+  std::vector<std::string> names = {"checkpoint policy"};
+  if (allowed & kMicroBatch) names.push_back("micro-batch");
+  if (allowed & kBf16) names.push_back("bf16");
+  if (allowed & kOptim8bit) names.push_back("8-bit optimizer");
+  a.levers = fmt::format("{}", fmt::join(names, ", "));
+
+  std::vector<Tried> tried;
+  for (unsigned set = 0; set <= kAllLevers; ++set) {
+    if ((set & allowed) != set || (set & mandatory) != mandatory) continue;
+    TrainConfig c = base;
+    c.auto_batch = false;
+    if (set & kBf16) c.precision = "bf16";
+    if (set & kOptim8bit) c.optim.name = eight_bit(c.optim.name);
+    SearchResult r;
+    try {
+      r = search_training(c, limit, {(set & kPolicy) != 0, (set & kMicroBatch) != 0});
+    } catch (const ConfigError&) {
+      if (set == mandatory) throw;  // the run's own error
+      continue;                     // a combination the engine refuses
+    }
+    Tried t;
+    t.levers = set;
+    t.fits = r.fits;
+    t.fastest = option(config, c, r.choice);
+    t.smallest = option(config, c, r.smallest);
+    if (set == 0) {
+      a.planned = r.choice.peak_bytes;
+      a.fits_as_is = r.fits;
+    }
+    tried.push_back(std::move(t));
+  }
+  a.smallest = tried.front().smallest;
+  for (const Tried& t : tried)
+    if (t.smallest.plan.peak_bytes < a.smallest.plan.peak_bytes) a.smallest = t.smallest;
+  if (a.fits_as_is) return a;
+  for (const Tried& t : tried) {
+    if (!t.fits) continue;
+    // Worth naming: every fitting set of fewer changes is slower (more changes must buy time).
+    const bool minimal = std::none_of(tried.begin(), tried.end(), [&](const Tried& u) {
+      return u.fits && u.levers != t.levers && (u.levers & t.levers) == u.levers &&
+             !faster(t.fastest.plan, u.fastest.plan);
+    });
+    const bool seen = std::any_of(a.options.begin(), a.options.end(),
+                                  [&](const FitOption& o) { return o.change == t.fastest.change; });
+    if (minimal && !seen) a.options.push_back(t.fastest);
+  }
+  std::stable_sort(a.options.begin(), a.options.end(), [](const FitOption& x, const FitOption& y) {
+    return preferred(x.plan, y.plan);
+  });
+  return a;
+}
+
+std::string FitAdvice::text() const {
+  if (fits_as_is)
+    return fmt::format("the planner: the run as configured is planned at {}, which fits {}; "
+                       "what ran out is not in its plan",
+                       format_mib(planned), format_mib(limit));
+  if (options.empty()) {
+    const Candidate& s = smallest.plan;
+    return fmt::format("the planner's advice: nothing fits {} whatever it changes ({}): the "
+                       "smallest footprint is {} with {}, {} over; its largest part is {}, {}",
+                       format_mib(limit), levers, format_mib(s.peak_bytes), smallest.change,
+                       format_mib(s.over(limit)), category_name(s.dominant()),
+                       format_mib(s.dominant_bytes()));
+  }
+  std::string out = fmt::format("the planner's advice: these fit {}{}:", format_mib(limit),
+                                planned ? fmt::format(" (as configured: {})", format_mib(planned))
+                                        : std::string());
+  for (const FitOption& o : options)
+    out += fmt::format("\n  peak {:>11}, about {:>6} s a step: {}", format_mib(o.plan.peak_bytes),
+                       format_seconds(o.plan.est_step_seconds), o.change);
+  return out;
+}
+
+OutOfMemoryError with_fit_advice(const OutOfMemoryError& e, const TrainConfig& config) {
+  std::string advice;
+  try {
+    advice = advise_fit(config, e.budget()).text();
+  } catch (const Error& planner) {
+    advice = fmt::format("(the planner could not advise: {})", planner.what());
+  }
+  OutOfMemoryError advised = e;
+  advised.set_advice(std::move(advice));
+  return advised;
+}
+
+}  // namespace memfit

@@ -1,0 +1,100 @@
+#include "memfit/plan/max_model.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+
+namespace {
+
+// GPT-2's published (depth, width) points: gpt2, gpt2-medium, gpt2-large, gpt2-xl.
+constexpr std::array<std::array<double, 2>, 4> kGpt2Shapes = {
+    {{12, 768}, {24, 1024}, {36, 1280}, {48, 1600}}};
+
+double family_width(int n_layer) {
+  // The segment that holds n_layer, or the nearest end segment outside them.
+  size_t i = 0;
+  while (i + 2 < kGpt2Shapes.size() && n_layer > kGpt2Shapes[i + 1][0]) ++i;
+  const auto [l0, w0] = kGpt2Shapes[i];
+  const auto [l1, w1] = kGpt2Shapes[i + 1];
+  return w0 + (n_layer - l0) * (w1 - w0) / (l1 - l0);
+}
+
+void refuse(bool fixed, const char* option, const char* why) {
+  if (fixed)
+    MEMFIT_THROW(ConfigError, "config", "--max-model varies {}; leave {} unset", why, option);
+}
+
+}  // namespace
+
+FamilyShape gpt2_family_shape(int n_layer) {
+  if (n_layer < 1)
+    MEMFIT_THROW(ConfigError, "config", "the GPT-2 family has members of 1 layer or more, got {}",
+                 n_layer);
+  const long units = std::lround(family_width(n_layer) / kFamilyHeadSize);
+  const int heads = static_cast<int>(std::max(1L, units));
+  return {n_layer, heads * kFamilyHeadSize, heads};
+}
+
+TrainConfig with_family_shape(const TrainConfig& base, FamilyShape shape) {
+  TrainConfig c = base;
+  c.n_layer = shape.n_layer;
+  c.d_model = shape.d_model;
+  c.n_head = shape.n_head;
+  c.ckpt = "auto";
+  return c;
+}
+
+MaxModelResult find_max_model(const TrainConfig& base, size_t limit) {
+  refuse(base.n_layer != 0, "--n-layer", "the depth");
+  refuse(base.d_model != 0, "--d-model", "the width");
+  refuse(base.n_head != 0, "--n-head", "the heads (64 dimensions each)");
+  refuse(!base.resume_dir.empty(), "--resume", "the model (a checkpoint fixes it)");
+  refuse(!base.init_from.empty(), "--init-from", "the model (a checkpoint fixes it)");
+  refuse(base.ckpt != "none" && base.ckpt != "auto", "--ckpt",
+         "the checkpoint policy, choosing the fastest for each shape (as --ckpt auto)");
+
+  MaxModelResult r;
+  r.limit = limit;
+  std::map<int, ShapeFit> planned;
+  auto fit = [&](int n_layer) -> const ShapeFit& {
+    auto it = planned.find(n_layer);
+    if (it != planned.end()) return it->second;
+    ShapeFit f;
+    f.shape = gpt2_family_shape(n_layer);
+    const TrainConfig c = with_family_shape(base, f.shape);
+    f.params = c.model_config().num_params();
+    f.search = search_training(c, limit, {true, base.auto_batch});
+    return planned.emplace(n_layer, std::move(f)).first->second;
+  };
+
+  // The smallest footprint grows with the depth (every category does, Note [Max model]), so
+  // double until a member does not fit, then bisect.
+  int lo = 0, hi = 0;  // lo fits (0: none known), hi does not (0: none known)
+  for (int n = 1; n <= kMaxFamilyLayers; n = std::min(2 * n, kMaxFamilyLayers)) {
+    if (!fit(n).search.fits) {
+      hi = n;
+      break;
+    }
+    lo = n;
+    if (n == kMaxFamilyLayers) break;
+  }
+  if (hi == 0) r.capped = true;
+  while (lo > 0 && hi > 0 && hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (fit(mid).search.fits ? lo : hi) = mid;
+  }
+  r.found = lo > 0;
+  const int best = r.found ? lo : 1;
+  r.best = fit(best);
+  for (int n = std::max(1, best - 2); n <= std::min(kMaxFamilyLayers, best + 2); ++n)
+    r.neighbours.push_back(fit(n));
+  r.shapes_planned = static_cast<int>(planned.size());
+  return r;
+}
+
+}  // namespace memfit

@@ -1,0 +1,166 @@
+#include "memfit/plan/search.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "memfit/core/error.h"
+#include "memfit/memory/pool.h"
+#include "memfit/plan/memory_plan.h"
+#include "memfit/train/trainer.h"
+
+namespace memfit {
+
+namespace {
+
+constexpr double kTimeTie = 1e-9;
+
+// The order of the tables: exact estimate, then peak (preferred() picks the choice).
+bool by_time(const Candidate& a, const Candidate& b) {
+  return std::pair(a.est_step_seconds, a.peak_bytes) <
+         std::pair(b.est_step_seconds, b.peak_bytes);
+}
+bool by_peak(const Candidate& a, const Candidate& b) {
+  return std::pair(a.peak_bytes, a.est_step_seconds) <
+         std::pair(b.peak_bytes, b.est_step_seconds);
+}
+
+std::string message(const SearchResult& r) {
+  const size_t planned = r.candidates.size();
+  if (r.fits) {
+    const Candidate& c = r.choice;
+    return fmt::format("{} fits {}: predicted peak {} ({} to spare), about {} s a step; "
+                       "the fastest of {} configuration{} planned",
+                       candidate_options(c, r.with_batch), format_mib(r.limit),
+                       format_mib(c.peak_bytes), format_mib(r.limit - c.peak_bytes),
+                       format_seconds(c.est_step_seconds), planned, planned == 1 ? "" : "s");
+  }
+  const Candidate& s = r.smallest;
+  return fmt::format("nothing fits {}: the smallest footprint of the {} configuration{} planned "
+                     "is {} ({}), {} over; its largest part is {}, {}",
+                     format_mib(r.limit), planned, planned == 1 ? "" : "s",
+                     format_mib(s.peak_bytes), candidate_options(s, r.with_batch),
+                     format_mib(s.over(r.limit)), category_name(s.dominant()),
+                     format_mib(s.dominant_bytes()));
+}
+
+}  // namespace
+
+Category Candidate::dominant() const {
+  size_t best = 0;
+  for (size_t i = 1; i < by_category.size(); ++i)
+    if (by_category[i] > by_category[best]) best = i;
+  return kAllCategories[best];
+}
+
+std::string candidate_options(const Candidate& c, bool with_batch) {
+  std::string s = "--ckpt " + c.ckpt;
+  if (with_batch) s += fmt::format(" --batch {} --grad-accum {}", c.batch, c.grad_accum);
+  return s;
+}
+
+std::string format_seconds(double seconds) {
+  return seconds >= 0.01 ? fmt::format("{:.2f}", seconds) : fmt::format("{:.3g}", seconds);
+}
+
+bool faster(const Candidate& a, const Candidate& b) {
+  return a.est_step_seconds < b.est_step_seconds * (1 - kTimeTie);
+}
+
+bool preferred(const Candidate& a, const Candidate& b) {
+  if (faster(a, b)) return true;
+  if (faster(b, a)) return false;
+  return a.peak_bytes < b.peak_bytes;
+}
+
+std::vector<std::string> checkpoint_candidates(int n_layer, AttentionKind attention) {
+  std::vector<std::string> out = {"none"};
+  if (attention == AttentionKind::plain) out.push_back("selective");
+  CheckpointPolicy first_k;
+  first_k.kind = CheckpointPolicy::Kind::layers;
+  for (int k = 1; k < n_layer; ++k) {
+    first_k.layers.push_back(k - 1);
+    out.push_back(first_k.name());
+  }
+  auto segments = [n_layer](int K) { return (n_layer + K - 1) / K; };
+  for (int K = 2; K < n_layer; ++K)
+    if (segments(K) < segments(K - 1)) out.push_back(fmt::format("every:{}", K));
+  out.push_back("full");
+  return out;
+}
+
+std::vector<int> micro_batch_candidates(int global_batch) {
+  std::vector<int> out;
+  for (int b = 1; b <= global_batch; ++b)
+    if (global_batch % b == 0) out.push_back(b);
+  return out;
+}
+
+TrainConfig apply_candidate(const TrainConfig& base, const Candidate& c) {
+  TrainConfig t = base;
+  t.ckpt = c.ckpt;
+  t.batch = c.batch;
+  t.grad_accum = c.grad_accum;
+  t.auto_batch = false;
+  return t;
+}
+
+SearchResult search_training(const TrainConfig& base, size_t limit, SearchSpace space) {
+  if (!space.policies && base.ckpt == "auto")
+    MEMFIT_THROW(ConfigError, "plan", "--ckpt auto: the search must vary the policy");
+  // The run's other settings, checked once (so a bad batch is named before it is divided).
+  TrainConfig probe = base;
+  if (space.policies) probe.ckpt = "none";
+  probe.auto_batch = false;
+  validate_train_config(probe);
+  // The model the run trains: a resumed run's shape comes from its checkpoint.
+  const int n_layer = resolve_run_model(base).config.n_layer;
+  const std::vector<std::string> policies =
+      space.policies ? checkpoint_candidates(n_layer, attention_kind_from_name(base.attention))
+                     : std::vector<std::string>{base.ckpt};
+  const int global = base.batch * base.grad_accum;
+  const std::vector<int> batches =
+      space.micro_batches ? micro_batch_candidates(global) : std::vector<int>{base.batch};
+
+  SearchResult r;
+  r.limit = limit;
+  r.with_batch = space.micro_batches;
+  for (const std::string& policy : policies)
+    for (int b : batches) {
+      Candidate c;
+      c.ckpt = policy;
+      c.batch = b;
+      c.grad_accum = global / b;
+      const PlanReport p = plan_training(apply_candidate(base, c));
+      c.peak_bytes = p.peak_bytes;
+      c.est_step_seconds = p.est_step_seconds;
+      c.by_category = p.by_category;
+      c.fits = p.peak_bytes <= limit;
+      r.candidates.push_back(std::move(c));
+    }
+
+  r.smallest = r.candidates.front();
+  for (const Candidate& c : r.candidates) {
+    if (by_peak(c, r.smallest)) r.smallest = c;
+    if (c.fits && (!r.fits || preferred(c, r.choice))) {
+      r.choice = c;
+      r.fits = true;
+    }
+  }
+  if (!r.fits) r.choice = r.smallest;
+  // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
+  for (const Candidate& c : r.candidates) {
+    const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch;
+    if (r.fits && c.fits && !chosen) r.slower.push_back(c);
+    if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
+  }
+  std::stable_sort(r.slower.begin(), r.slower.end(), by_time);
+  std::stable_sort(r.over.begin(), r.over.end(), by_peak);
+  if (r.slower.size() > kRunnerUps) r.slower.resize(kRunnerUps);
+  if (r.over.size() > kRunnerUps) r.over.resize(kRunnerUps);
+  r.message = message(r);
+  return r;
+}
+
+}  // namespace memfit

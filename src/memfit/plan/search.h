@@ -1,0 +1,87 @@
+// The search behind --ckpt auto and --auto-batch: plan every checkpoint policy worth trying
+// (and, with --auto-batch, every micro-batch that keeps the global batch) with plan_training,
+// and take the fastest whose predicted peak fits the budget. Nothing is allocated or run.
+// Note [Fit a budget] in docs/notes/planner.md: the candidates, the cost model, the ties.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "memfit/memory/category.h"
+#include "memfit/model/activation_plan.h"
+#include "memfit/train/train_config.h"
+
+namespace memfit {
+
+// One configuration the search planned.
+struct Candidate {
+  std::string ckpt;  // a policy's name, never "auto"
+  int batch = 0, grad_accum = 0;
+  size_t peak_bytes = 0;
+  double est_step_seconds = 0;
+  CategoryBytes by_category{};
+  bool fits = false;  // peak_bytes <= the search's limit
+
+  size_t over(size_t limit) const { return peak_bytes > limit ? peak_bytes - limit : 0; }
+  Category dominant() const;  // the largest category (the first of equals)
+  size_t dominant_bytes() const { return by_category[static_cast<size_t>(dominant())]; }
+};
+
+// "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch.
+std::string candidate_options(const Candidate& c, bool with_batch);
+
+// An estimated step time for tables and messages: "8.57", or "0.000412" when small.
+std::string format_seconds(double seconds);
+
+// a is faster than b by more than rounding: estimates within a relative 1e-9 are the same time
+// (the micro-batches of one policy have the same FLOPs, up to rounding).
+bool faster(const Candidate& a, const Candidate& b);
+// a is preferred to b: faster, or the same time and less memory.
+bool preferred(const Candidate& a, const Candidate& b);
+
+// What the search varies: the checkpoint policy (--ckpt auto), the micro-batch (--auto-batch).
+struct SearchSpace {
+  bool policies = true;
+  bool micro_batches = false;
+  static SearchSpace of(const TrainConfig& config) {
+    return {config.ckpt == "auto", config.auto_batch};
+  }
+};
+
+// The policies worth trying for n_layer blocks, least recomputation first: none; selective
+// with plain attention only (with flash it is none); layers:0..k-1 for k in 1..n_layer-1 (the
+// blocks are alike, so the first k: Note [Fit a budget] says why the first); every:K for each
+// K in 2..n_layer-1 that keeps fewer segment inputs than K-1 (a larger K keeping as many only
+// lengthens the longest segment); full.
+std::vector<std::string> checkpoint_candidates(int n_layer, AttentionKind attention);
+
+// The micro-batch sizes b that divide the global batch, ascending (grad_accum = global / b).
+std::vector<int> micro_batch_candidates(int global_batch);
+
+inline constexpr size_t kRunnerUps = 5;  // SearchResult::slower and ::over keep this many
+
+struct SearchResult {
+  size_t limit = 0;
+  bool fits = false;  // some candidate fits
+  // The fastest candidate that fits, ties to less memory; when nothing fits, the smallest.
+  Candidate choice;
+  std::vector<Candidate> slower;  // fitting runner-ups, fastest first
+  // Over the limit and not slower than the choice, nearest first (when nothing fits: the
+  // smallest footprints).
+  std::vector<Candidate> over;
+  Candidate smallest;  // the least peak of every candidate (ties: faster)
+  std::string message;  // one line: the choice, or that nothing fits and its largest part
+  bool with_batch = false;  // the micro-batch was searched (options name it)
+  std::vector<Candidate> candidates;  // every candidate planned, in enumeration order
+};
+
+// Plans every candidate of `space` for `base`, whose policy and micro-batch they replace (the
+// policy stays base.ckpt unless space.policies; the micro-batch base's unless
+// space.micro_batches). Throws what plan_training throws for a bad base config.
+SearchResult search_training(const TrainConfig& base, size_t limit, SearchSpace space);
+
+// base with the candidate's policy and micro-batch: the run the planner chose.
+TrainConfig apply_candidate(const TrainConfig& base, const Candidate& c);
+
+}  // namespace memfit

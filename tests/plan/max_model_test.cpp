@@ -1,0 +1,138 @@
+// memfit plan --max-model: the family holds GPT-2's published shapes and grows with depth; the
+// model it finds fits the budget, the next member does not under any policy (planned here, not
+// taken from the search), and a larger budget finds a larger model.
+#include "memfit/plan/max_model.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <string>
+
+#include <fmt/format.h>
+
+#include "memfit/plan/memory_plan.h"
+
+namespace memfit {
+namespace {
+
+// A directory without shards, for plans that count no data staging; removed at exit.
+std::string empty_dir() {
+  struct Dir {
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 fmt::format("memfit_max_model_{}", ::getpid());
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() { std::filesystem::remove_all(path); }
+  };
+  static const Dir dir;
+  return dir.path.string();
+}
+
+TrainConfig tiny_vocab() {
+  TrainConfig c;
+  c.model = "gpt2-tiny";  // vocabulary 512, context 64: small members
+  c.seq_len = 32;
+  c.batch = 2;
+  c.data_dir = empty_dir();  // no shards: staging is not counted
+  return c;
+}
+
+constexpr size_t kMiB = 1 << 20;
+
+TEST(Gpt2Family, HoldsGpt2sShapesAndGrowsWithDepth) {
+  for (const char* name : {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}) {
+    const GPT2Config p = GPT2Config::preset(name);
+    const FamilyShape s = gpt2_family_shape(p.n_layer);
+    EXPECT_EQ(s.d_model, p.d_model) << name;
+    EXPECT_EQ(s.n_head, p.n_head) << name;
+  }
+  int64_t last = 0;
+  for (int n = 1; n <= kMaxFamilyLayers; ++n) {
+    const FamilyShape s = gpt2_family_shape(n);
+    EXPECT_EQ(s.d_model % 64, 0);
+    EXPECT_EQ(s.d_model, 64 * s.n_head);
+    const int64_t params = with_family_shape(tiny_vocab(), s).model_config().num_params();
+    EXPECT_GT(params, last) << n << " layers";
+    last = params;
+  }
+  EXPECT_EQ(gpt2_family_shape(1).d_model, 512);  // 533 by the line, rounded to 64
+  EXPECT_THROW(gpt2_family_shape(0), ConfigError);
+}
+
+// The least peak of any policy --max-model could use for this member, over every micro-batch:
+// none, full and every every:K (layers:LIST lies between none and full).
+size_t least_peak(const TrainConfig& base, FamilyShape shape) {
+  size_t least = SIZE_MAX;
+  TrainConfig c = with_family_shape(base, shape);
+  std::vector<std::string> policies = {"none", "full"};
+  for (int K = 2; K <= shape.n_layer; ++K) policies.push_back(fmt::format("every:{}", K));
+  for (const std::string& p : policies) {
+    c.ckpt = p;
+    least = std::min(least, plan_training(c).peak_bytes);
+  }
+  return least;
+}
+
+TEST(MaxModel, FitsAndTheNextMemberDoesNotAndItGrowsWithTheBudget) {
+  const TrainConfig base = tiny_vocab();
+  const MaxModelResult small = find_max_model(base, 200 * kMiB);
+  ASSERT_TRUE(small.found);
+  EXPECT_GE(small.best.shape.n_layer, 2);  // the test means something: a few members fit
+  // Its plan fits, as training would plan it.
+  const TrainConfig run = apply_candidate(with_family_shape(base, small.best.shape),
+                                          small.best.search.choice);
+  EXPECT_EQ(run.ckpt, small.best.search.choice.ckpt);
+  const PlanReport p = plan_training(run);
+  EXPECT_LE(p.peak_bytes, 200 * kMiB);
+  EXPECT_EQ(p.model.num_params(), small.best.params);
+  // The next member fits under no policy.
+  const FamilyShape next = gpt2_family_shape(small.best.shape.n_layer + 1);
+  EXPECT_GT(least_peak(base, next), 200 * kMiB);
+  // One byte short of the next member's least peak, the answer stays; exactly at it, it moves.
+  EXPECT_EQ(find_max_model(base, least_peak(base, next) - 1).best.shape.n_layer,
+            small.best.shape.n_layer);
+  EXPECT_EQ(find_max_model(base, least_peak(base, next)).best.shape.n_layer, next.n_layer);
+
+  const MaxModelResult large = find_max_model(base, 800 * kMiB);
+  ASSERT_TRUE(large.found);
+  EXPECT_GT(large.best.params, small.best.params);
+  EXPECT_GT(large.best.shape.n_layer, small.best.shape.n_layer);
+  // Neighbours: around the best, by depth, the deeper ones not fitting.
+  for (const ShapeFit& f : large.neighbours)
+    EXPECT_EQ(f.search.fits, f.shape.n_layer <= large.best.shape.n_layer) << f.shape.n_layer;
+}
+
+TEST(MaxModel, NothingFitsNamesTheSmallestMember) {
+  const MaxModelResult r = find_max_model(tiny_vocab(), 4 * kMiB);
+  EXPECT_FALSE(r.found);
+  EXPECT_EQ(r.best.shape.n_layer, 1);
+  EXPECT_FALSE(r.best.search.fits);
+  EXPECT_EQ(r.best.search.choice.peak_bytes, least_peak(tiny_vocab(), gpt2_family_shape(1)));
+}
+
+TEST(MaxModel, RefusesWhatItVaries) {
+  auto expect_refused = [](TrainConfig c, const char* option) {
+    try {
+      find_max_model(c, 200 * kMiB);
+      ADD_FAILURE() << "expected ConfigError for " << option;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
+    }
+  };
+  TrainConfig c = tiny_vocab();
+  c.n_layer = 4;
+  expect_refused(c, "--n-layer");
+  c = tiny_vocab();
+  c.d_model = 128;
+  expect_refused(c, "--d-model");
+  c = tiny_vocab();
+  c.ckpt = "full";
+  expect_refused(c, "--ckpt");
+  c = tiny_vocab();
+  c.init_from = "somewhere";
+  expect_refused(c, "--init-from");
+}
+
+}  // namespace
+}  // namespace memfit

@@ -1,0 +1,215 @@
+// The search behind --ckpt auto and --auto-batch: it picks the fastest configuration that fits,
+// every faster one it rejected does not fit (checked against an enumeration of every policy the
+// grammar can name, not the search's own list), the micro-batches keep the global batch, and
+// when nothing fits the smallest footprint it reports is the true minimum.
+#include "memfit/plan/search.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "memfit/memory/pool.h"
+#include "memfit/plan/auto_config.h"
+#include "memfit/plan/memory_plan.h"
+
+namespace memfit {
+namespace {
+
+// A directory without shards, for plans that count no data staging; removed at exit.
+std::string empty_dir() {
+  struct Dir {
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 fmt::format("memfit_search_{}", ::getpid());
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() { std::filesystem::remove_all(path); }
+  };
+  static const Dir dir;
+  return dir.path.string();
+}
+
+constexpr int kLayers = 4;
+
+TrainConfig tiny(const char* attention) {
+  TrainConfig c;
+  c.model = "gpt2-tiny";
+  c.n_layer = kLayers;
+  c.seq_len = 48;
+  c.batch = 4;
+  c.grad_accum = 2;
+  c.attention = attention;
+  c.data_dir = empty_dir();  // no shards, so staging is not counted: a pure planning test
+  return c;
+}
+
+// Every policy --ckpt can name for kLayers blocks: none, selective, full, every:K for every K,
+// and layers: with every subset of the blocks.
+std::vector<std::string> every_policy() {
+  std::vector<std::string> out = {"none", "selective", "full"};
+  for (int K = 1; K <= kLayers; ++K) out.push_back(fmt::format("every:{}", K));
+  for (unsigned set = 1; set < (1u << kLayers); ++set) {
+    std::string p = "layers:";
+    for (int l = 0; l < kLayers; ++l)
+      if (set & (1u << l)) p += fmt::format("{}{}", p.size() > 7 ? "," : "", l);
+    out.push_back(p);
+  }
+  return out;
+}
+
+PlanReport plan(TrainConfig c, const std::string& ckpt, int batch, int accum) {
+  c.ckpt = ckpt;
+  c.batch = batch;
+  c.grad_accum = accum;
+  c.auto_batch = false;
+  return plan_training(c);
+}
+
+TEST(CheckpointCandidates, OneOfEachUsefulPolicy) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(checkpoint_candidates(1, AttentionKind::flash), (V{"none", "full"}));
+  EXPECT_EQ(checkpoint_candidates(3, AttentionKind::plain),
+            (V{"none", "selective", "layers:0", "layers:0,1", "every:2", "full"}));
+  // 10 blocks: every:2 keeps 5 segment inputs, every:3 4, every:4 3, every:5 2 (every:6..9 also
+  // keep 2, with longer segments), so they are left out.
+  EXPECT_EQ(checkpoint_candidates(10, AttentionKind::flash),
+            (V{"none", "layers:0", "layers:0,1", "layers:0-2", "layers:0-3", "layers:0-4",
+               "layers:0-5", "layers:0-6", "layers:0-7", "layers:0-8", "every:2", "every:3",
+               "every:4", "every:5", "full"}));
+  EXPECT_EQ(micro_batch_candidates(12), (std::vector<int>{1, 2, 3, 4, 6, 12}));
+}
+
+TEST(Search, PicksTheFastestThatFitsAndEveryFasterOneDoesNot) {
+  for (const char* attention : {"plain", "flash"}) {
+    SCOPED_TRACE(attention);
+    const TrainConfig c = tiny(attention);
+    const size_t none = plan(c, "none", 4, 2).peak_bytes, full = plan(c, "full", 4, 2).peak_bytes;
+    ASSERT_GT(none, full);
+    const size_t limit = full + (none - full) / 2;
+    const SearchResult r = search_training(c, limit, {true, false});
+    ASSERT_TRUE(r.fits) << r.message;
+    EXPECT_LE(r.choice.peak_bytes, limit);
+    EXPECT_NE(r.choice.ckpt, "none");
+    EXPECT_NE(r.choice.ckpt, "full");  // the budget leaves room to keep some blocks
+    // The choice as trainng would plan it.
+    EXPECT_EQ(plan(c, r.choice.ckpt, 4, 2).peak_bytes, r.choice.peak_bytes);
+    // Whatever the policy, anything faster than the choice does not fit, and anything as fast
+    // that fits takes no less memory.
+    for (const std::string& p : every_policy()) {
+      const PlanReport q = plan(c, p, 4, 2);
+      Candidate x;
+      x.est_step_seconds = q.est_step_seconds;
+      if (faster(x, r.choice)) {
+        EXPECT_GT(q.peak_bytes, limit) << p << " is faster and fits";
+      } else if (!faster(r.choice, x) && q.peak_bytes <= limit) {
+        EXPECT_GE(q.peak_bytes, r.choice.peak_bytes) << p;
+      }
+    }
+    // The runner-ups: fitting ones slower (or as fast and larger), the others over the limit.
+    for (const Candidate& s : r.slower) EXPECT_TRUE(s.fits && !preferred(s, r.choice)) << s.ckpt;
+    for (const Candidate& o : r.over) {
+      EXPECT_GT(o.peak_bytes, limit) << o.ckpt;
+      EXPECT_FALSE(faster(r.choice, o)) << o.ckpt;  // only the ones that would have won
+    }
+    EXPECT_FALSE(r.over.empty());  // none, at least, is faster and does not fit
+    EXPECT_NE(r.message.find(r.choice.ckpt), std::string::npos) << r.message;
+  }
+}
+
+TEST(Search, AutoBatchKeepsTheGlobalBatchAndPrefersTheSmallerFootprintAtEqualCost) {
+  TrainConfig c = tiny("plain");
+  c.batch = 8;
+  c.grad_accum = 1;
+  // A budget that --ckpt none fits at micro-batch 2 but not at 8, and --ckpt full fits at 8.
+  const size_t limit = std::max(plan(c, "none", 2, 4).peak_bytes, plan(c, "full", 8, 1).peak_bytes);
+  ASSERT_GT(plan(c, "none", 8, 1).peak_bytes, limit);
+  const SearchResult r = search_training(c, limit, {true, true});
+  ASSERT_TRUE(r.fits);
+  for (const Candidate& x : r.candidates) EXPECT_EQ(x.batch * x.grad_accum, 8);
+  EXPECT_EQ(r.candidates.size(), checkpoint_candidates(kLayers, AttentionKind::plain).size() * 4);
+  // The micro-batches cost the same FLOPs: recomputing is slower than splitting the batch.
+  EXPECT_EQ(r.choice.ckpt, "none");
+  EXPECT_EQ(r.choice.batch, 1);  // as fast as 2, and smaller
+  EXPECT_EQ(r.choice.grad_accum, 8);
+  EXPECT_EQ(r.choice.peak_bytes, plan(c, "none", 1, 8).peak_bytes);
+  EXPECT_LT(r.choice.peak_bytes, plan(c, "none", 2, 4).peak_bytes);
+  for (const Candidate& x : r.slower)  // the other micro-batches of none: as fast, larger
+    if (x.ckpt == "none") EXPECT_FALSE(faster(r.choice, x)) << x.batch;
+  // Without --auto-batch the micro-batch stays 8 and a policy has to recompute.
+  const SearchResult fixed = search_training(c, limit, {true, false});
+  ASSERT_TRUE(fixed.fits);
+  EXPECT_EQ(fixed.choice.batch, 8);
+  EXPECT_NE(fixed.choice.ckpt, "none");
+  EXPECT_TRUE(faster(r.choice, fixed.choice));
+}
+
+TEST(Search, NothingFitsReportsTheTrueMinimumAndWhatDominatesIt) {
+  TrainConfig c = tiny("plain");
+  // The true minimum over every policy and micro-batch, planned here independently.
+  size_t least = SIZE_MAX;
+  PlanReport least_plan;
+  for (const std::string& p : every_policy())
+    for (int b : {1, 2, 4, 8}) {
+      const PlanReport q = plan(c, p, b, 8 / b);
+      if (q.peak_bytes < least) {
+        least = q.peak_bytes;
+        least_plan = q;
+      }
+    }
+  const size_t limit = least - 1;
+  const SearchResult r = search_training(c, limit, {true, true});
+  EXPECT_FALSE(r.fits);
+  EXPECT_EQ(r.smallest.peak_bytes, least);
+  EXPECT_EQ(r.smallest.over(limit), 1u);
+  size_t top = 0;
+  for (Category k : kAllCategories) top = std::max(top, least_plan.by_category[size_t(k)]);
+  EXPECT_EQ(r.smallest.dominant_bytes(), top);
+  EXPECT_EQ(least_plan.by_category[size_t(r.smallest.dominant())], top);
+  EXPECT_NE(r.message.find("nothing fits"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find(std::string(category_name(r.smallest.dominant()))), std::string::npos)
+      << r.message;
+  ASSERT_FALSE(r.over.empty());
+  EXPECT_EQ(r.over.front().peak_bytes, least);  // nearest first
+
+  // Training with --ckpt auto under that budget stops before anything is built, with the same
+  // minimum in an out-of-memory error (exit 3 from the command).
+  c.ckpt = "auto";
+  c.auto_batch = true;
+  c.mem_limit = std::to_string(limit);
+  try {
+    resolve_auto(c);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.requested(), least);
+    EXPECT_EQ(e.budget(), limit);
+    EXPECT_NE(std::string(e.what()).find("smallest footprint"), std::string::npos) << e.what();
+    EXPECT_FALSE(e.advice().empty());  // what else would fit (an 8-bit optimizer, bf16)
+  }
+}
+
+TEST(Search, AutoWithoutMemLimitIsAConfigErrorNamingIt) {
+  for (bool auto_batch : {false, true}) {
+    TrainConfig c = tiny("flash");
+    if (auto_batch)
+      c.auto_batch = true;
+    else
+      c.ckpt = "auto";
+    try {
+      resolve_auto(c);
+      ADD_FAILURE() << "expected ConfigError";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--mem-limit"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(auto_batch ? "--auto-batch" : "--ckpt auto"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memfit
