@@ -139,7 +139,9 @@ TEST(Search, AutoBatchKeepsTheGlobalBatchAndPrefersTheSmallerFootprintAtEqualCos
   EXPECT_EQ(r.choice.peak_bytes, plan(c, "none", 1, 8).peak_bytes);
   EXPECT_LT(r.choice.peak_bytes, plan(c, "none", 2, 4).peak_bytes);
   for (const Candidate& x : r.slower)  // the other micro-batches of none: as fast, larger
-    if (x.ckpt == "none") EXPECT_FALSE(faster(r.choice, x)) << x.batch;
+    if (x.ckpt == "none") {
+      EXPECT_FALSE(faster(r.choice, x)) << x.batch;
+    }
   // Without --auto-batch the micro-batch stays 8 and a policy has to recompute.
   const SearchResult fixed = search_training(c, limit, {true, false});
   ASSERT_TRUE(fixed.fits);
