@@ -220,10 +220,11 @@ def write_doc(path, data):
          "The measured peak is the memory pool's peak over the whole run (`memfit train`'s "
          "`--log`), data loaders included; the prediction is `memfit plan --json` with the "
          "same options. A stage over the budget stops while allocating, before its first "
-         "step, with exit status 3 and the pool's report:", ""]
+         "step, with exit status 3, the pool's report and the planner's advice (what would "
+         "fit, fastest first; Note [Out-of-memory advice] in docs/notes/planner.md):", ""]
     for s in data["stages"]:
         if "oom" in s["run"]:
-            L += [f"> {s['name']}: `{s['run']['oom']['message']}`", ""]
+            L += [f"{s['name']}:", "", "```", s["run"]["oom"]["stderr"].rstrip(), "```", ""]
     L += ["## Where the memory goes (predicted, MiB)", "", breakdown(data), ""]
     for prev, s in zip(data["stages"], data["stages"][1:]):
         a, b = prev["plan"]["by_category"], s["plan"]["by_category"]

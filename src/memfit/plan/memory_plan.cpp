@@ -29,13 +29,14 @@ StepFlops step_flops(const GPT2Config& c, int B, int T, const ActivationOptions&
 namespace {
 
 // Whole-step rates measured on this machine (2 Sapphire Rapids cores) by
-// bench/e2e/precision_vs_pytorch.py, docs/benchmarks.md: an estimate to rank configurations,
-// not a promise.
+// bench/e2e/precision_vs_pytorch.py on 2026-11-22 (docs/benchmarks.md, "Mixed precision"):
+// bf16 0.79-0.86, fp32 0.21-0.27, fp16 0.22-0.25 TFLOP/s at 6x384 and gpt2, 8 x 256. The
+// lower ends: an estimate to rank configurations, not a promise.
 double step_rate(Precision p) {
   switch (p) {
-    case Precision::bf16: return 0.55e12;
-    case Precision::fp16: return 0.18e12;  // f16 matmuls widened through the f32 GEMM
-    default: return 0.22e12;
+    case Precision::bf16: return 0.79e12;
+    case Precision::fp16: return 0.22e12;  // f16 matmuls widened through the f32 GEMM
+    default: return 0.21e12;
   }
 }
 
