@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import ROOT, cpu_model, run_json  # noqa: E402
 MIB = 1024.0 * 1024.0
 STEP = 256 * 1024 * 1024  # budgets are picked in multiples of this
 
@@ -75,10 +76,7 @@ def flat(opts):
 
 def plan(args, opts):
     cmd = [args.memfit, "plan", "--json", "--steps", str(args.steps)] + common(args) + flat(opts)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"exit {r.returncode}: {' '.join(cmd)}\n{r.stderr}")
-    return json.loads(r.stdout)
+    return run_json(cmd)
 
 
 def train(args, opts, budget):
@@ -149,13 +147,7 @@ def mib_text(b):
 
 
 def machine():
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def table(data):

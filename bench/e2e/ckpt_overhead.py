@@ -26,21 +26,14 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import ROOT, run_json  # noqa: E402
 MIB = 1024.0 * 1024.0
 TARGETS = {"full": 1.35, "selective": 1.10}
 BEGIN, END = "<!-- ckpt_overhead:begin -->", "<!-- ckpt_overhead:end -->"
-
-
-def run_json(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"exit {r.returncode}: {' '.join(cmd)}\n{r.stderr}")
-    return json.loads(r.stdout)
 
 
 def plan(args, precision, attention, ckpt):

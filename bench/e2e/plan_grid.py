@@ -24,12 +24,12 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import ROOT, cpu_model, run_json  # noqa: E402
 MIB = 1024.0 * 1024.0
 POOL_ALIGN = 64  # MemoryPool::round_up (src/memfit/memory/pool.h)
 PLANNED = ("params", "master", "grads", "optimizer", "activations", "workspace")
@@ -51,13 +51,6 @@ def policies(n_layer):
         out.append(f"every:{k}")
     out.append("layers:" + ",".join(str(i) for i in range(max(1, n_layer // 2))))
     return out
-
-
-def run_json(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"exit {r.returncode}: {' '.join(cmd)}\n{r.stderr}")
-    return json.loads(r.stdout)
 
 
 def plan(args, model, B, T, precision, attention, ckpt):
@@ -121,16 +114,7 @@ def step_ms(r):
 
 
 def machine():
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "host": platform.node()}
+    return {"cpu": cpu_model(platform.processor() or ""), "cores": os.cpu_count(), "host": platform.node()}
 
 
 def write_doc(path, data):
