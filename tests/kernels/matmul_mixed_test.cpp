@@ -1,7 +1,9 @@
 // The linear layer with bf16 operands: forward (f32 or bf16 out, f32 or bf16 bias) and backward
 // (f32 or bf16 dinp, f32 dweight and dbias accumulated) against the double reference twice:
 // tightly on the bf16-rounded inputs (only f32 accumulation and the final rounding differ) and
-// loosely on the unrounded ones (what bf16 costs end to end); then the typed errors.
+// loosely on the unrounded ones (what bf16 costs end to end); then the typed errors. The products
+// run as the model runs them on this CPU (routed_forward/backward): oneDNN's bf16 kernels from
+// AVX-512 up, the widened f32 route below it, both within the same tolerances.
 #include <gtest/gtest.h>
 
 #include "memfit/kernels/cpu/dnnl_gemm.h"
@@ -47,7 +49,7 @@ TEST(MatmulBf16, ForwardMatchesReference) {
         Tensor weight = bf16_tensor(pool, {OC, IC}, 2, &w, &w_raw);
         Tensor bias = random_any(pool, {OC}, bias_type, 3, &b);
         Tensor out = random_any(pool, {R, OC}, out_type, 4);  // overwritten
-        matmul_forward(out, inp, weight, bias);
+        routed_forward(pool, out, inp, weight, bias);
         std::vector<double> want(R * OC), want_raw(R * OC);
         ref::matmul_forward(want.data(), x.data(), w.data(), b.data(), R, IC, OC);
         ref::matmul_forward(want_raw.data(), x_raw.data(), w_raw.data(), b.data(), R, IC, OC);
@@ -78,7 +80,7 @@ TEST(MatmulBf16, BackwardMatchesReference) {
         Tensor dweight = random_tensor(pool, {OC, IC}, 4, &dw0);
         Tensor dbias = optional ? random_tensor(pool, {OC}, 5, &db0) : Tensor();
         Tensor dinp = optional ? random_any(pool, {R, IC}, dinp_type, 6) : Tensor();
-        matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+        routed_backward(pool, dinp, dweight, dbias, dout, inp, weight);
 
         std::vector<double> want_dinp(R * IC), want_dw = dw0, want_db = db0;
         ref::matmul_backward(want_dinp.data(), want_dw.data(), optional ? want_db.data() : nullptr,
@@ -118,13 +120,16 @@ TEST(MatmulBf16, EmptyInnerDimensionGivesTheBias) {
   std::vector<double> b;
   Tensor bias = random_any(pool, {5}, DType::bf16, 1, &b);
   Tensor out = random_any(pool, {3, 5}, DType::bf16, 2);
-  matmul_forward(out, inp, w, bias);
+  routed_forward(pool, out, inp, w, bias);
   const std::vector<double> got = to_doubles_any(out);
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t c = 0; c < 5; ++c) EXPECT_EQ(got[r * 5 + c], b[c]);
 }
 
 TEST(MatmulBf16, RunsOnOneDnnsBf16Kernels) {
+  if (!dnnl_gemm::bf16_available())
+    GTEST_SKIP() << "oneDNN has no bf16 matmul below AVX-512 (its ISA here: " << dnnl_gemm::isa()
+                 << "); bf16 takes the widened route, tested in matmul_widened_test";
   dnnl_gemm::GemmSpec s;
   s.M = s.N = s.K = 64;
   s.lda = s.ldb = s.ldc = 64;
@@ -164,6 +169,22 @@ TEST(MatmulBf16, DTypeErrors) {
   Tensor db_bf = make_tensor(pool, {6}, DType::bf16);
   EXPECT_TRUE(throws_with<DTypeError>([&] { matmul_backward(none, dw, db_bf, dout, x, w); },
                                       {"[matmul]", "dbias", "f32", "bf16"}));
+}
+
+// Where oneDNN cannot multiply bf16, matmul_forward/backward say so and name the route to take,
+// instead of failing inside oneDNN.
+TEST(MatmulBf16, WithoutOneDnnBf16TheErrorNamesTheWidenedRoute) {
+  if (dnnl_gemm::bf16_available())
+    GTEST_SKIP() << "oneDNN multiplies bf16 here (" << dnnl_gemm::isa()
+                 << "); CI's MEMFIT_MAX_ISA=avx2 run covers this";
+  MemoryPool pool;
+  Tensor x = make_tensor(pool, {4, 8}, DType::bf16), w = make_tensor(pool, {6, 8}, DType::bf16);
+  Tensor out = make_tensor(pool, {4, 6}), none;
+  EXPECT_TRUE(throws_with<DTypeError>([&] { matmul_forward(out, x, w, none); },
+                                      {"[matmul]", "bf16", "AVX-512", "matmul_widened"}));
+  Tensor dw = make_tensor(pool, {6, 8}), dout = make_tensor(pool, {4, 6}, DType::bf16);
+  EXPECT_TRUE(throws_with<DTypeError>([&] { matmul_backward(none, dw, none, dout, x, w); },
+                                      {"[matmul]", "bf16", "matmul_widened"}));
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "memfit/core/tensor.h"
+#include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "test_util.h"
 
 namespace memfit::kernels::test {
@@ -64,6 +66,28 @@ inline Tensor random_any(MemoryPool& pool, Shape shape, DType t, uint32_t seed,
 // Relative unit roundoff of a storage type: half the distance from 1 to the next value.
 inline double unit_roundoff(DType t) {
   return t == DType::bf16 ? 0x1p-8 : t == DType::f16 ? 0x1p-11 : 0x1p-24;
+}
+
+// The linear layer as the model runs it on this CPU: oneDNN's own kernels, or widened through
+// the f32 GEMM into a pool scratch where matmul_widens(inp's type) (f16; bf16 below AVX-512).
+inline Tensor route_scratch(MemoryPool& pool, const Tensor& inp, const Tensor& weight) {
+  const int64_t IC = weight.shape()[1], OC = weight.shape()[0];
+  int64_t R = 1;  // the leading dims' product (numel / IC fails when IC = 0)
+  for (int d = 0; d + 1 < inp.shape().rank(); ++d) R *= inp.shape()[d];
+  const size_t bytes = matmul_widened_scratch_bytes(R, IC, OC);
+  return make_tensor(pool, {static_cast<int64_t>((bytes + 3) / 4)});
+}
+inline void routed_forward(MemoryPool& pool, Tensor& out, const Tensor& inp, const Tensor& weight,
+                           const Tensor& bias) {
+  if (!matmul_widens(inp.dtype())) return matmul_forward(out, inp, weight, bias);
+  Tensor scratch = route_scratch(pool, inp, weight);
+  matmul_forward_widened(out, inp, weight, bias, scratch);
+}
+inline void routed_backward(MemoryPool& pool, Tensor& dinp, Tensor& dweight, Tensor& dbias,
+                            const Tensor& dout, const Tensor& inp, const Tensor& weight) {
+  if (!matmul_widens(inp.dtype())) return matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+  Tensor scratch = route_scratch(pool, inp, weight);
+  matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, scratch);
 }
 
 }  // namespace memfit::kernels::test

@@ -15,10 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/core/cpu.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/gpt2_checkpoint.h"
 #include "memfit/io/safetensors.h"
 #include "memfit/model/gpt2.h"
+#include "memfit/plan/auto_config.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 
@@ -331,6 +333,42 @@ TEST_F(MixedPrecisionTrainer, ResumingInAnotherPrecisionIsAConfigError) {
   same.stop_after = 0;
   same.resume_dir = saved.save_dir;
   EXPECT_EQ(train(same).last_step, 2);
+}
+
+// --precision auto resolves by the CPU (bf16 with native bf16 matmuls, else fp32), is recorded
+// resolved in trainer_state.json, and a resume with auto keeps the checkpoint's precision even
+// where the CPU would pick the other (MEMFIT_MAX_ISA=avx2 in CI's second run picks fp32).
+TEST_F(MixedPrecisionTrainer, PrecisionAutoPicksByTheCpuRecordsItAndResumesInIt) {
+  std::string why;
+  const Precision picked = auto_precision(&why);
+  EXPECT_EQ(picked, cpu::has(cpu::Isa::avx512_bf16) ? Precision::bf16 : Precision::fp32);
+  EXPECT_NE(why.find(cpu::isa_name(cpu::max_isa())), std::string::npos) << why;
+
+  TrainConfig c = in("auto");
+  c.steps = 2;
+  c.stop_after = 1;
+  c.save_dir = (dir / "ckpt").string();
+  train(c);
+  const auto state = nlohmann::json::parse(io::read_file_to_string(dir / "ckpt" / "trainer_state.json"));
+  EXPECT_EQ(state["precision"], precision_name(picked));
+
+  // A checkpoint in the precision auto would not pick here: auto resumes in it.
+  const std::string other = picked == Precision::bf16 ? "fp32" : "bf16";
+  TrainConfig saved = in(other);
+  saved.steps = 2;
+  saved.stop_after = 1;
+  saved.save_dir = (dir / "other").string();
+  train(saved);
+  TrainConfig resume = in("auto");
+  resume.steps = 2;
+  resume.resume_dir = resume.save_dir = saved.save_dir;
+  TrainConfig resolved = resume;
+  const std::string note = resolve_precision(resolved);
+  EXPECT_EQ(resolved.precision, other);
+  EXPECT_NE(note.find("checkpoint"), std::string::npos) << note;
+  EXPECT_EQ(train(resume).last_step, 2);
+  const auto after = nlohmann::json::parse(io::read_file_to_string(dir / "other" / "trainer_state.json"));
+  EXPECT_EQ(after["precision"], other);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/config_file.h"
+#include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
 #include "memfit/plan/auto_config.h"
@@ -148,6 +149,8 @@ void add_plan_command(CLI::App& app) {
                      cfg->ckpt);
       cfg->ckpt = "auto";
     }
+    const std::string precision_note = resolve_precision(*cfg);
+    if (!*json) print_precision_route(*cfg, precision_note);
     if (*max_model)
       plan_max_model(*cfg, *json);
     else if (cfg->needs_planner())

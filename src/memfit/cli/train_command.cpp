@@ -7,6 +7,7 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/config_file.h"
+#include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
@@ -91,7 +92,8 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "auto (the fastest that fits --mem-limit)")
       ->capture_default_str();
   cmd->add_option("--precision", c.precision,
-                  "fp32 | bf16 (AMX matmuls, FP32 master weights) | fp16 (loss scaling)")
+                  "fp32 | bf16 (bf16 matmuls, FP32 master weights) | fp16 (loss scaling) | auto (bf16 "
+                  "where the CPU multiplies bf16 natively, else fp32)")
       ->capture_default_str();
   cmd->add_option("--master-weights", c.master_weights,
                   "fp32 | none (bf16 only: pure bf16 weights, stochastic rounding)")
@@ -120,6 +122,7 @@ void add_train_command(CLI::App& app) {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
     const AutoResolution run = resolve_auto(*cfg);
+    print_precision_route(run.config, run.precision_note);
     if (run.planned) print_search(run.search, run.note);
     TrainSummary summary;
     try {

@@ -8,7 +8,7 @@
 #include "memfit/core/error.h"
 #include "memfit/kernels/cpu/attention.h"
 #include "memfit/kernels/cpu/flash_attention.h"
-#include "memfit/kernels/cpu/matmul_f16.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit {
@@ -123,12 +123,13 @@ std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& c, int B, int T,
           {floats(kernels::attention_forward_workspace_bytes(B, T, C, c.n_head, h, h, h))}, ws,
           f32);
   }
-  if (options.precision == Precision::fp16) {
-    // oneDNN 2.6 has no f16 matmul: operands are widened into this (kernels/cpu/matmul_f16.h).
+  if (kernels::matmul_widens(h)) {
+    // No f16 matmul in oneDNN 2.6, no bf16 one below AVX-512: operands are widened into this
+    // (kernels/cpu/matmul_widened.h). On such a CPU the plan differs; the planner reads it too.
     size_t widen = 0;
     for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, 3 * C}, {N, C, C}, {N, C, 4 * C},
                                  {N, 4 * C, C}, {R, C, c.padded_vocab}})
-      widen = std::max(widen, kernels::matmul_f16_scratch_bytes(rows, in, out));
+      widen = std::max(widen, kernels::matmul_widened_scratch_bytes(rows, in, out));
     add("ws.widen", {floats(widen)}, ws, f32);
   }
   return plan;

@@ -15,7 +15,7 @@
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
 #include "memfit/kernels/cpu/matmul.h"
-#include "memfit/kernels/cpu/matmul_f16.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/residual.h"
 
 namespace memfit {
@@ -86,9 +86,9 @@ void GPT2::init_weights(uint64_t seed) {
 
 
 void GPT2::mm_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
-  if (precision_.precision == Precision::fp16) {
+  if (matmul_widens(inp.dtype())) {
     Tensor scratch = buffer("ws.widen");
-    matmul_forward_f16(out, inp, weight, bias, scratch);
+    matmul_forward_widened(out, inp, weight, bias, scratch);
   } else {
     matmul_forward(out, inp, weight, bias);
   }
@@ -96,9 +96,9 @@ void GPT2::mm_forward(Tensor out, const Tensor& inp, const Tensor& weight, const
 
 void GPT2::mm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight) {
-  if (precision_.precision == Precision::fp16) {
+  if (matmul_widens(inp.dtype())) {
     Tensor scratch = buffer("ws.widen");
-    matmul_backward_f16(dinp, dweight, dbias, dout, inp, weight, scratch);
+    matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, scratch);
   } else {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight);
   }

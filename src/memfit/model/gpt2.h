@@ -103,7 +103,7 @@ class GPT2 {
   void enter(PhaseKind kind, int layer = -1);
   void poison_edges(int ended, int begins);
   void lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum);
-  // The matmuls, routed through kernels/cpu/matmul_f16.h in fp16.
+  // The matmuls, widened into ws.widen where kernels::matmul_widens says (matmul_widened.h).
   void mm_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
   void mm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                    const Tensor& inp, const Tensor& weight);

@@ -1,5 +1,6 @@
 #include "memfit/model/precision.h"
 
+#include "memfit/core/cpu.h"
 #include "memfit/core/error.h"
 
 namespace memfit {
@@ -8,7 +9,23 @@ Precision precision_from_name(std::string_view name) {
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
   if (name == "fp16") return Precision::fp16;
-  MEMFIT_THROW(ConfigError, "config", "--precision must be fp32, bf16 or fp16, got '{}'", name);
+  if (name == "auto") return auto_precision();
+  MEMFIT_THROW(ConfigError, "config", "--precision must be fp32, bf16, fp16 or auto, got '{}'",
+               name);
+}
+
+Precision auto_precision(std::string* why) {
+  const bool native = cpu::has(cpu::Isa::avx512_bf16);
+  if (why) {
+    *why = native ? fmt::format("bf16: this CPU multiplies bf16 natively ({})",
+                                cpu::isa_name(cpu::max_isa()))
+                  : fmt::format("fp32: this CPU has no native bf16 matmul (it runs {}{}), so "
+                                "bf16 would save memory but not time; ask for --precision bf16 "
+                                "to have the memory",
+                                cpu::isa_name(cpu::max_isa()),
+                                cpu::capped() ? ", capped by MEMFIT_MAX_ISA" : "");
+  }
+  return native ? Precision::bf16 : Precision::fp32;
 }
 
 std::string_view precision_name(Precision p) {

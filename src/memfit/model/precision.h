@@ -16,8 +16,14 @@ enum class Precision : uint8_t {
   fp16,  // as bf16 in IEEE half, with dynamic loss scaling
 };
 
-Precision precision_from_name(std::string_view name);  // ConfigError if unknown
+// "fp32", "bf16", "fp16", or "auto" (auto_precision()); ConfigError for anything else.
+Precision precision_from_name(std::string_view name);
 std::string_view precision_name(Precision p);
+
+// --precision auto: bf16 where the CPU multiplies bf16 natively (AVX512_BF16 dot products or
+// AMX tiles, under MEMFIT_MAX_ISA), else fp32: without them bf16's matmuls are widened through
+// the f32 GEMM, so bf16 saves memory but not time. `why` gets the reason, for the start-up line.
+Precision auto_precision(std::string* why = nullptr);
 
 // The type of matmul operands and saved activations: f32, bf16 or f16.
 DType half_dtype(Precision p);

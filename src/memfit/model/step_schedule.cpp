@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "memfit/kernels/cpu/matmul_widened.h"
+
 namespace memfit {
 
 std::string Phase::name() const {
@@ -31,7 +33,8 @@ void PhaseUses::use(const std::string& tag, Access access) {
 std::vector<PhaseUses> gpt2_step_schedule(const GPT2Config& c, const ActivationOptions& o) {
   const BlockSlots slots = block_slots(o.ckpt, c.n_layer);
   const bool flash = o.attention == AttentionKind::flash;
-  const bool mixed = o.precision != Precision::fp32, fp16 = o.precision == Precision::fp16;
+  const bool mixed = o.precision != Precision::fp32;
+  const bool widen = kernels::matmul_widens(half_dtype(o.precision));
   const bool selective_plain = o.ckpt.selective() && !flash;
   constexpr Access W = Access::write, R = Access::read;
   std::vector<PhaseUses> s;
@@ -40,7 +43,7 @@ std::vector<PhaseUses> gpt2_step_schedule(const GPT2Config& c, const ActivationO
     return s.back();
   };
   auto matmuls = [&](PhaseUses& p) {
-    if (fp16) p.use("ws.widen", W);  // operands widened for oneDNN (matmul_f16.h)
+    if (widen) p.use("ws.widen", W);  // operands widened for oneDNN (matmul_widened.h)
   };
   // GPT2::forward_block: the projections' outputs go to ws.dC, the GELU's to ws.gelu.
   auto block_forward = [&](PhaseUses& p, int l) {

@@ -44,6 +44,27 @@ bool pin_resumed_batch(TrainConfig& config, std::string* note) {
 
 }  // namespace
 
+std::string resolve_precision(TrainConfig& config) {
+  if (config.precision != "auto") return "";
+  if (!config.resume_dir.empty()) {
+    const RunModel run = resolve_run_model(config);
+    nlohmann::json s;
+    try {
+      s = nlohmann::json::parse(io::read_file_to_string(run.location.dir / "trainer_state.json"));
+    } catch (const std::exception&) {
+      s = nlohmann::json::object();  // the trainer's resume checks report what is wrong
+    }
+    if (s.contains("precision") && s["precision"].is_string()) {
+      config.precision = s["precision"].get<std::string>();
+      return fmt::format("--precision auto: {}, the checkpoint's (a resume keeps its precision)",
+                         config.precision);
+    }
+  }
+  std::string why;
+  config.precision = std::string(precision_name(auto_precision(&why)));
+  return "--precision auto: " + why;
+}
+
 SearchResult plan_auto(const TrainConfig& config, std::string* note) {
   validate_train_config(config);  // --ckpt auto and --auto-batch without --mem-limit
   if (config.mem_limit.empty())
@@ -60,9 +81,10 @@ SearchResult plan_auto(const TrainConfig& config, std::string* note) {
 AutoResolution resolve_auto(const TrainConfig& config) {
   AutoResolution r;
   r.config = config;
-  if (!config.needs_planner()) return r;
+  r.precision_note = resolve_precision(r.config);
+  if (!r.config.needs_planner()) return r;
   r.planned = true;
-  r.search = plan_auto(config, &r.note);
+  r.search = plan_auto(r.config, &r.note);
   if (!r.search.fits) {
     const Candidate& s = r.search.smallest;
     OutOfMemoryError e(detail::where(__FILE__, __LINE__), r.search.message, s.peak_bytes,
@@ -70,7 +92,7 @@ AutoResolution resolve_auto(const TrainConfig& config) {
     e.set_advice(advise_fit(config, r.search.limit).text());
     throw e;
   }
-  r.config = apply_candidate(config, r.search.choice);
+  r.config = apply_candidate(r.config, r.search.choice);
   return r;
 }
 

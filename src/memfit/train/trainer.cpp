@@ -177,7 +177,7 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
 TrainSummary train(const TrainConfig& cfg_in) {
   // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
   // trainer_state.json have a policy and a micro-batch, never "auto".
-  TrainConfig cfg = resolve_auto(cfg_in).config;
+  TrainConfig cfg = resolve_auto(cfg_in).config;  // and --precision auto, resolved
   cfg.schedule.total = cfg.steps;
   validate_train_config(cfg);
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "memfit/core/cpu.h"
 #include "memfit/core/error.h"
 
 // Evaluates a oneDNN call; a dnnl::error becomes a memfit::Error that quotes the call.
@@ -55,8 +56,38 @@ struct Entry {
   std::string impl;
 };
 
+// oneDNN's ceiling for memfit's: MEMFIT_MAX_ISA=avx2 must make oneDNN run as on an AVX2 CPU
+// too (no bf16 matmul, AVX2 kernels), or the cap would test nothing of the GEMMs.
+dnnl::cpu_isa dnnl_cap(cpu::Isa isa) {
+  switch (isa) {
+    case cpu::Isa::scalar: return dnnl::cpu_isa::sse41;
+    case cpu::Isa::avx2: return dnnl::cpu_isa::avx2;
+    case cpu::Isa::avx512: return dnnl::cpu_isa::avx512_core;
+    case cpu::Isa::avx512_bf16: return dnnl::cpu_isa::avx512_core_bf16;
+    case cpu::Isa::amx: break;
+  }
+  return dnnl::cpu_isa::all;
+}
+
+// Applies the cap before oneDNN first looks at the CPU (it may be set only once, then). oneDNN's
+// ISA values are bit sets of features, so "at most the cap" is "no feature outside it".
+void apply_isa_cap() {
+  if (!cpu::capped()) return;
+  const auto want = static_cast<unsigned>(dnnl_cap(cpu::max_isa()));
+  if (dnnl::set_max_cpu_isa(static_cast<dnnl::cpu_isa>(want)) == dnnl::status::success) return;
+  // Refused: ONEDNN_MAX_CPU_ISA or an earlier query fixed it first. Fine if it is no higher.
+  const auto now = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  MEMFIT_CHECK((now & ~want) == 0, "matmul",
+               "cannot cap oneDNN at MEMFIT_MAX_ISA={}: its ISA was fixed at {:#x} already "
+               "(ONEDNN_MAX_CPU_ISA?)",
+               cpu::isa_name(cpu::max_isa()), now);
+}
+
 dnnl::engine& cpu_engine() {
-  static dnnl::engine engine = MEMFIT_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));
+  static dnnl::engine engine = [] {
+    apply_isa_cap();
+    return MEMFIT_DNNL(dnnl::engine(dnnl::engine::kind::cpu, 0));
+  }();
   return engine;
 }
 
@@ -194,6 +225,35 @@ void execute(const GemmSpec& s, const void* A, const void* B, void* C, const voi
   dnnl::stream& stream = thread_stream();
   MEMFIT_DNNL(e->prim.execute(stream, args));
   MEMFIT_DNNL(stream.wait());
+}
+
+bool bf16_available() {
+  static const bool available = [] {
+    cpu_engine();  // the cap first
+    const dnnl::memory::desc md(dims{16, 16}, dt::bf16, dims{16, 1});
+    try {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;  // "could not create a primitive descriptor iterator": no bf16 matmul here
+    }
+  }();
+  return available;
+}
+
+const char* isa() {
+  cpu_engine();
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
 }
 
 size_t cache_size() { return cache().size(); }

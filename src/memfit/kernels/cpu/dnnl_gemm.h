@@ -33,6 +33,15 @@ struct GemmSpec {
 void execute(const GemmSpec& spec, const void* A, const void* B, void* C,
              const void* bias = nullptr);
 
+// Whether oneDNN builds bf16 matmuls on this CPU under the MEMFIT_MAX_ISA cap: from avx512_core
+// up (AVX512_BF16 and AMX natively, plain AVX-512 emulated); not on AVX2-only CPUs. Asked once,
+// by building a small bf16 primitive. Where it is false, bf16 matmuls take the widened route
+// (matmul_widened.h).
+bool bf16_available();
+
+// oneDNN's effective ISA, e.g. "avx2" or "avx512_core_amx", after memfit's cap is applied.
+const char* isa();
+
 // Number of primitives in the cache, and the oneDNN implementation chosen for `spec` (e.g.
 // "brg:avx512_core"), for tests and benchmarks.
 size_t cache_size();

@@ -100,6 +100,14 @@ void check_gemm_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
   MEMFIT_CHECK(beta == 0.0f || beta == 1.0f, "gemm", "beta must be 0 or 1, got {}", beta);
 }
 
+// bf16 operands where oneDNN builds no bf16 matmul (below avx512_core): say which route works.
+void require_bf16_gemm(const Shape& inp) {
+  MEMFIT_CHECK_DTYPE(dnnl_gemm::bf16_available(), kOp,
+                     "inp is bf16 {} but oneDNN has no bf16 matmul on this CPU (ISA {}; it needs "
+                     "AVX-512): widen the operands through matmul_widened.h, as the model does",
+                     inp, dnnl_gemm::isa());
+}
+
 struct LinearDims {
   int64_t R, IC, OC;
 };
@@ -150,6 +158,7 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
   const DType bias_type = low ? f32_or_bf16(bias, "bias") : DType::f32;
   expect_tensor(out, kOp, "out", with_last(inp.shape(), OC), out_type);
   if (bias.defined()) expect_tensor(bias, kOp, "bias", Shape{OC}, bias_type);
+  if (low && IC > 0) require_bf16_gemm(inp.shape());
 
   dnnl_gemm::GemmSpec s;  // out (R, OC) = inp (R, IC) @ weight^T (IC, OC) + bias
   s.M = R, s.N = OC, s.K = IC;
@@ -199,6 +208,7 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
   const DType dinp_type = f32_or_bf16(dinp, "dinp");
   if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape(), dinp_type);
   if (dbias.defined()) expect_tensor(dbias, kOp, "dbias", Shape{OC}, DType::f32);
+  require_bf16_gemm(inp.shape());
 
   if (dinp.defined()) {  // dinp (R, IC) = dout (R, OC) @ weight (OC, IC)
     dnnl_gemm::GemmSpec s;

@@ -1,15 +1,18 @@
-// fp16's matmuls (kernels/cpu/matmul_f16.h) against the FP32 kernels run on the widened
-// operands: the route is "widen exactly, run the f32 GEMM, round once", so f32 results must be
-// the f32 kernel's bit for bit and f16 results its round-to-nearest-even, for every mix of f16
-// and f32 operands, odd shapes, optional dinp and dbias, and a scratch of exactly the size
-// matmul_f16_scratch_bytes promises. Then the typed errors.
+// Widened half-precision matmuls (kernels/cpu/matmul_widened.h: fp16 everywhere, bf16 where
+// oneDNN has no bf16 matmul) against the FP32 kernels run on the widened operands: the route is
+// "widen exactly, run the f32 GEMM, round once", so f32 results must be the f32 kernel's bit for
+// bit and half results its round-to-nearest-even, for f16 and for bf16, every mix of half and
+// f32 operands, odd shapes, optional dinp and dbias, and a scratch of exactly the size
+// matmul_widened_scratch_bytes promises. Then the typed errors, and which types take the route.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <optional>
 
 #include "memfit/kernels/cpu/matmul.h"
-#include "memfit/kernels/cpu/matmul_f16.h"
+#include "memfit/core/cpu.h"
+#include "memfit/kernels/cpu/dnnl_gemm.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "mixed_test_util.h"
 
 namespace memfit::kernels {
@@ -22,9 +25,9 @@ struct LinearShape {
 };
 const LinearShape kShapes[] = {{1, 1, 1}, {7, 3, 5}, {5, 17, 33}, {31, 24, 65}, {33, 96, 77}};
 
-// The f32 scratch the kernels are given: exactly what matmul_f16_scratch_bytes asks for.
+// The f32 scratch the kernels are given: exactly what matmul_widened_scratch_bytes asks for.
 Tensor scratch_for(MemoryPool& pool, int64_t R, int64_t IC, int64_t OC) {
-  const size_t bytes = matmul_f16_scratch_bytes(R, IC, OC);
+  const size_t bytes = matmul_widened_scratch_bytes(R, IC, OC);
   return make_tensor(pool, {static_cast<int64_t>((bytes + 3) / 4)});
 }
 
@@ -36,8 +39,8 @@ Tensor widened(MemoryPool& pool, const Tensor& t) {
   return w;
 }
 
-// got (f32 or f16) must be want (f32) bit for bit, or its RNE to f16. Names the first
-// difference.
+// got (f32, f16 or bf16) must be want (f32) bit for bit, or its RNE to the half type. Names
+// the first difference.
 ::testing::AssertionResult is_exactly(const Tensor& got, const Tensor& want) {
   const float* w = want.data<float>();
   for (int64_t i = 0; i < want.numel(); ++i) {
@@ -49,25 +52,29 @@ Tensor widened(MemoryPool& pool, const Tensor& t) {
       value = g;
     } else {
       const uint16_t g = static_cast<const uint16_t*>(got.raw_data())[i];
-      same = g == f16_from_f32(w[i]);
-      value = f32_from_f16(g);
+      const bool bf = got.dtype() == DType::bf16;
+      same = g == (bf ? bf16_from_f32(w[i]) : f16_from_f32(w[i]));
+      value = bf ? f32_from_bf16(g) : f32_from_f16(g);
     }
     if (!same)
       return ::testing::AssertionFailure()
              << "element " << i << " of " << want.numel() << ": got " << value << ", want "
-             << w[i] << (got.dtype() == DType::f16 ? " rounded to f16" : " (f32, bit for bit)");
+             << w[i]
+             << (got.dtype() == DType::f32 ? " (f32, bit for bit)" : " rounded to half");
   }
   return ::testing::AssertionSuccess();
 }
 
-const DType kOperandTypes[] = {DType::f16, DType::f32};
+const DType kHalfTypes[] = {DType::f16, DType::bf16};
 
-TEST(MatmulF16, ForwardIsTheF32KernelOnWidenedOperands) {
+TEST(MatmulWidened, ForwardIsTheF32KernelOnWidenedOperands) {
   MemoryPool pool;
+  for (DType half : kHalfTypes) {
+  const DType kOperandTypes[] = {half, DType::f32};
   for (const auto& [R, IC, OC] : kShapes) {
     for (DType xt : kOperandTypes) {
       for (DType wt : kOperandTypes) {
-        for (std::optional<DType> bt : {std::optional<DType>{}, std::optional{DType::f16},
+        for (std::optional<DType> bt : {std::optional<DType>{}, std::optional{half},
                                         std::optional{DType::f32}}) {
           for (DType ot : kOperandTypes) {
             SCOPED_TRACE(fmt::format("R={} IC={} OC={} inp {} weight {} bias {} out {}", R, IC, OC,
@@ -78,7 +85,7 @@ TEST(MatmulF16, ForwardIsTheF32KernelOnWidenedOperands) {
             Tensor bias = bt ? random_any(pool, {OC}, *bt, 3) : Tensor();
             Tensor out = random_any(pool, {R, OC}, ot, 4);  // overwritten
             Tensor scratch = scratch_for(pool, R, IC, OC);
-            matmul_forward_f16(out, inp, weight, bias, scratch);
+            matmul_forward_widened(out, inp, weight, bias, scratch);
 
             Tensor x = widened(pool, inp), w = widened(pool, weight), b = widened(pool, bias);
             Tensor want = make_tensor(pool, {R, OC});
@@ -89,15 +96,18 @@ TEST(MatmulF16, ForwardIsTheF32KernelOnWidenedOperands) {
       }
     }
   }
+  }
 }
 
-TEST(MatmulF16, BackwardIsTheF32KernelOnWidenedOperands) {
+TEST(MatmulWidened, BackwardIsTheF32KernelOnWidenedOperands) {
   MemoryPool pool;
+  for (DType half : kHalfTypes) {
+  const DType kOperandTypes[] = {half, DType::f32};
   for (const auto& [R, IC, OC] : kShapes) {
     for (DType gt : kOperandTypes) {
       for (DType xt : kOperandTypes) {
         for (DType wt : kOperandTypes) {
-          for (std::optional<DType> dxt : {std::optional<DType>{}, std::optional{DType::f16},
+          for (std::optional<DType> dxt : {std::optional<DType>{}, std::optional{half},
                                            std::optional{DType::f32}}) {
             for (bool with_dbias : {false, true}) {
               SCOPED_TRACE(fmt::format("R={} IC={} OC={} dout {} inp {} weight {} dinp {} dbias {}",
@@ -113,7 +123,7 @@ TEST(MatmulF16, BackwardIsTheF32KernelOnWidenedOperands) {
               Tensor want_dw = widened(pool, dweight), want_db = widened(pool, dbias);
               Tensor want_dx = dxt ? make_tensor(pool, {R, IC}) : Tensor();
               Tensor scratch = scratch_for(pool, R, IC, OC);
-              matmul_backward_f16(dinp, dweight, dbias, dout, inp, weight, scratch);
+              matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, scratch);
 
               Tensor g = widened(pool, dout), x = widened(pool, inp), w = widened(pool, weight);
               matmul_backward(want_dx, want_dw, want_db, g, x, w);
@@ -130,9 +140,10 @@ TEST(MatmulF16, BackwardIsTheF32KernelOnWidenedOperands) {
       }
     }
   }
+  }
 }
 
-TEST(MatmulF16, AnF16ResultOverflowsToInfinityAsRoundingSays) {
+TEST(MatmulWidened, AnF16ResultOverflowsToInfinityAsRoundingSays) {
   // Sums of 8 products of 100..200 by 100..200 (80000 and up) lie past f16's range: the f32
   // result is finite, the f16 one infinite (65520 and up round to it).
   MemoryPool pool;
@@ -140,11 +151,11 @@ TEST(MatmulF16, AnF16ResultOverflowsToInfinityAsRoundingSays) {
   Tensor weight = random_any(pool, {2, 8}, DType::f16, 2, nullptr, 100.0, 200.0);
   Tensor out = make_tensor(pool, {3, 2}, DType::f16), scratch = scratch_for(pool, 3, 8, 2);
   Tensor no_bias;
-  matmul_forward_f16(out, inp, weight, no_bias, scratch);
+  matmul_forward_widened(out, inp, weight, no_bias, scratch);
   for (double v : to_doubles_any(out)) EXPECT_TRUE(std::isinf(v) && v > 0) << v;
 }
 
-TEST(MatmulF16, TooSmallAScratchIsAShapeErrorAndOtherTypesAreDTypeErrors) {
+TEST(MatmulWidened, TooSmallAScratchIsAShapeErrorAndMixedHalvesAreDTypeErrors) {
   MemoryPool pool;
   const int64_t R = 5, IC = 17, OC = 33;
   Tensor inp = random_any(pool, {R, IC}, DType::f16, 1);
@@ -158,30 +169,33 @@ TEST(MatmulF16, TooSmallAScratchIsAShapeErrorAndOtherTypesAreDTypeErrors) {
   // A scratch that holds the widened input but not the weight.
   Tensor small = make_tensor(pool, {R * IC + 8});
   EXPECT_TRUE(throws_with<ShapeError>(
-      [&] { matmul_forward_f16(out, inp, weight, bias, small); }, {"[matmul_f16]", "weight"}));
+      [&] { matmul_forward_widened(out, inp, weight, bias, small); }, {"[matmul_widened]", "weight"}));
   EXPECT_TRUE(throws_with<ShapeError>(
-      [&] { matmul_backward_f16(dinp, dweight, dbias, dout, inp, weight, small); },
-      {"[matmul_f16]", "scratch"}));
+      [&] { matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, small); },
+      {"[matmul_widened]", "scratch"}));
 
   Tensor scratch = make_tensor(pool, {enough});
   Tensor bf16_inp = random_any(pool, {R, IC}, DType::bf16, 5);
   Tensor bf16_weight = random_any(pool, {OC, IC}, DType::bf16, 6);
   EXPECT_TRUE(throws_with<DTypeError>(
-      [&] { matmul_forward_f16(out, bf16_inp, weight, bias, scratch); }, {"inp", "bf16"}));
+      [&] { matmul_forward_widened(out, bf16_inp, weight, bias, scratch); }, {"inp", "bf16"}));
   EXPECT_TRUE(throws_with<DTypeError>(
-      [&] { matmul_forward_f16(out, inp, bf16_weight, bias, scratch); }, {"weight", "bf16"}));
+      [&] { matmul_forward_widened(out, inp, bf16_weight, bias, scratch); }, {"weight", "bf16"}));
   EXPECT_TRUE(throws_with<DTypeError>(
-      [&] { matmul_backward_f16(dinp, dweight, dbias, dout, bf16_inp, weight, scratch); },
+      [&] { matmul_backward_widened(dinp, dweight, dbias, dout, bf16_inp, weight, scratch); },
       {"inp", "bf16"}));
   Tensor bf16_out = make_tensor(pool, {R, OC}, DType::bf16);
   EXPECT_TRUE(throws_with<DTypeError>(
-      [&] { matmul_forward_f16(bf16_out, inp, weight, bias, scratch); }, {"out", "bf16"}));
+      [&] { matmul_forward_widened(bf16_out, inp, weight, bias, scratch); }, {"out", "bf16"}));
+  Tensor i8_inp = make_tensor(pool, {R, IC}, DType::i8);
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { matmul_forward_widened(out, i8_inp, weight, bias, scratch); }, {"inp", "f32, bf16 or f16"}));
   Tensor bf16_scratch = make_tensor(pool, {2 * enough}, DType::bf16);
   EXPECT_TRUE(throws_with<DTypeError>(
-      [&] { matmul_forward_f16(out, inp, weight, bias, bf16_scratch); }, {"scratch"}));
+      [&] { matmul_forward_widened(out, inp, weight, bias, bf16_scratch); }, {"scratch"}));
 }
 
-TEST(MatmulF16, F32OperandsNeedNoScratch) {
+TEST(MatmulWidened, F32OperandsNeedNoScratch) {
   // Everything f32: the operands are used in place, so a one-float scratch is enough and the
   // result is the f32 kernel's.
   MemoryPool pool;
@@ -190,9 +204,19 @@ TEST(MatmulF16, F32OperandsNeedNoScratch) {
   Tensor bias = random_any(pool, {5}, DType::f32, 3);
   Tensor out = make_tensor(pool, {7, 5}), want = make_tensor(pool, {7, 5});
   Tensor tiny = make_tensor(pool, {1});
-  matmul_forward_f16(out, inp, weight, bias, tiny);
+  matmul_forward_widened(out, inp, weight, bias, tiny);
   matmul_forward(want, inp, weight, bias);
   EXPECT_TRUE(is_exactly(out, want));
+}
+
+// f16 always widens, f32 never, bf16 exactly where oneDNN cannot build a bf16 matmul: AVX2-only
+// CPUs, or MEMFIT_MAX_ISA=avx2 (CI's second run); on AVX-512 and up oneDNN multiplies bf16.
+TEST(MatmulWidened, WhichTypesTakeTheRoute) {
+  EXPECT_TRUE(matmul_widens(DType::f16));
+  EXPECT_FALSE(matmul_widens(DType::f32));
+  EXPECT_EQ(matmul_widens(DType::bf16), !dnnl_gemm::bf16_available());
+  EXPECT_EQ(dnnl_gemm::bf16_available(), cpu::has(cpu::Isa::avx512))
+      << "oneDNN ISA " << dnnl_gemm::isa() << ", memfit max ISA " << cpu::isa_name(cpu::max_isa());
 }
 
 }  // namespace
