@@ -26,3 +26,24 @@ def cpu_model(default=""):
     except OSError:
         pass
     return default
+
+
+def isa_env(isa, torch=False):
+    """The environment that makes this machine run as a lesser one (isa "" leaves it as it is):
+    MEMFIT_MAX_ISA for memfit, which caps its Highway kernels and oneDNN; for PyTorch, ATen's
+    CPU capability, its bundled oneDNN's ISA and OpenBLAS's core type (Haswell: AVX2), so an
+    AVX-512 machine can stand in for an AVX2-only one on both sides of a comparison. Without a
+    cap OPENBLAS_CORETYPE is unset for PyTorch, so that it runs at its best."""
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("OPENBLAS_L2_SIZE", None)
+    if not isa:
+        return env
+    if not torch:
+        env["MEMFIT_MAX_ISA"] = isa
+        return env
+    if isa != "avx2":
+        sys.exit(f"--isa {isa}: only avx2 has a PyTorch equivalent here")
+    env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2",
+               OPENBLAS_CORETYPE="Haswell")
+    return env

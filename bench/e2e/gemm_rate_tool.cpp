@@ -1,6 +1,7 @@
 // The bare oneDNN matmul rate on this machine, for the FLOP-rate target of the mixed-precision
 // benchmark (bench/e2e/precision_vs_pytorch.py): a square N^3 GEMM in bf16 (AMX) and f32, the
-// best of `reps` runs after a warmup. Prints one JSON object.
+// best of `reps` runs after a warmup. Prints one JSON object. Where oneDNN has no bf16 matmul
+// (AVX2-only CPUs, MEMFIT_MAX_ISA=avx2), bf16_tflops is null: bf16 runs at the f32 rate there.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,7 +38,10 @@ int main(int argc, char** argv) {
   MemoryPool pool;
   nlohmann::json j;
   j["n"] = n;
+  j["onednn_isa"] = kernels::dnnl_gemm::isa();
+  j["bf16_tflops"] = nullptr;
   for (DType dt : {DType::bf16, DType::f32}) {
+    if (dt == DType::bf16 && !kernels::dnnl_gemm::bf16_available()) continue;
     Tensor a = Tensor::empty(pool, {n, n}, dt, Category::workspace, "a");
     Tensor b = Tensor::empty(pool, {n, n}, dt, Category::workspace, "b");
     Tensor c = Tensor::empty(pool, {n, n}, DType::f32, Category::workspace, "c");

@@ -9,7 +9,8 @@ ratios. Results go to a JSON file too.
     /usr/bin/python3 bench/e2e/step_vs_pytorch.py [--steps 5] [--out docs/bench/step.json]
 
 Needs scripts/setup_bench.sh (Debian python3-torch with OpenBLAS). OPENBLAS_CORETYPE is unset
-for PyTorch so it runs at its best.
+for PyTorch so it runs at its best. --isa avx2 makes an AVX-512 machine stand in for an AVX2-only
+one on both sides (bench_common.isa_env).
 """
 import argparse
 import json
@@ -20,6 +21,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import cpu_model, isa_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "build", "train_step_tool")
@@ -107,17 +111,16 @@ def torch_worker(model, B, T, steps, warmup, autocast=False):
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def run_memfit(model, B, T, steps, warmup, attention):
+def run_memfit(model, B, T, steps, warmup, attention, isa=""):
     out = subprocess.run([TOOL, "--model", model, "--batch", str(B), "--seq", str(T),
                           "--steps", str(steps), "--warmup", str(warmup),
                           "--attention", attention],
-                         check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True, env=isa_env(isa))
     return json.loads(out.stdout)
 
 
-def run_torch(model, B, T, steps, warmup, autocast=False):
-    env = dict(os.environ)
-    env.pop("OPENBLAS_CORETYPE", None)
+def run_torch(model, B, T, steps, warmup, autocast=False, isa=""):
+    env = isa_env(isa, torch=True)
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", model,
                           str(B), str(T), str(steps), str(warmup), str(int(autocast))],
                          check=True, capture_output=True, text=True, env=env)
@@ -136,6 +139,9 @@ def main():
                     help="comma-separated model:BxT")
     ap.add_argument("--attention", default="flash", choices=["flash", "plain"],
                     help="memfit's attention kernel")
+    ap.add_argument("--isa", default="", help="run both sides capped, e.g. avx2 (bench_common)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="interleaved memfit/PyTorch runs per shape; the median of their medians")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "step_vs_pytorch.json"))
     ap.add_argument("--torch-worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -147,12 +153,22 @@ def main():
     for spec in args.shapes.split(","):
         model, bt = spec.split(":")
         B, T = (int(x) for x in bt.split("x"))
-        mf = run_memfit(model, B, T, args.steps, args.warmup, args.attention)
-        pt = run_torch(model, B, T, args.steps, args.warmup)
-        rows.append({"shape": spec, "memfit": mf, "pytorch": pt,
+        mfs, pts = [], []
+        for _ in range(args.repeats):
+            mfs.append(run_memfit(model, B, T, args.steps, args.warmup, args.attention, args.isa))
+            pts.append(run_torch(model, B, T, args.steps, args.warmup, isa=args.isa))
+        mf, pt = mfs[-1], pts[-1]
+        for d, runs in ((mf, mfs), (pt, pts)):
+            d["runs_median_ms"] = [r["median_ms"] for r in runs]
+            d["median_ms"] = statistics.median(d["runs_median_ms"])
+            d["tokens_per_s"] = B * T / (d["median_ms"] / 1e3)
+            d["tflops"] = d["flops_per_step"] / (d["median_ms"] / 1e3) / 1e12
+        rows.append({"shape": spec, "cpu": cpu_model(), "isa_cap": args.isa or None,
+                     "memfit": mf, "pytorch": pt,
                      "speedup": pt["median_ms"] / mf["median_ms"],
                      "memory_ratio": mf["peak_rss_bytes"] / pt["peak_rss_bytes"]})
         print(f"{spec}: done", file=sys.stderr)
+    print(f"CPU: {cpu_model()}" + (f", capped to {args.isa} on both sides" if args.isa else ""))
     hdr = (f"| shape | impl | median ms/step | tokens/s | TFLOP/s | peak RSS MiB | "
            f"pool peak MiB (params/grads/optimizer/activations/workspace) |")
     print(hdr)

@@ -3,11 +3,14 @@
 // forward and backward, in FLOP/s; and oneDNN's bare BF16 and FP32 GEMM rate at 2048^3 for
 // reference. Each benchmark takes a last argument bf16 = 0 (f32 operands) or 1 (bf16 operands,
 // f32 accumulation) so that the two sit side by side. Backward writes dinp in f32, as the
-// model does where dinp feeds a LayerNorm backward.
+// model does where dinp feeds a LayerNorm backward. bf16 runs the route the model takes on this
+// CPU: oneDNN's bf16 kernels from AVX-512 up, else widened through the f32 GEMM
+// (matmul_widened.h; AVX2-only CPUs and MEMFIT_MAX_ISA=avx2), the label says which.
 #include <benchmark/benchmark.h>
 
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 
 namespace memfit::kernels {
 namespace {
@@ -23,8 +26,24 @@ Tensor filled(MemoryPool& pool, Shape shape, DType dtype, Category category, con
   return t;
 }
 
-DType operand_type(const benchmark::State& state, int arg) {
-  return state.range(arg) ? DType::bf16 : DType::f32;
+DType operand_type(benchmark::State& state, int arg) {
+  const DType t = state.range(arg) ? DType::bf16 : DType::f32;
+  if (matmul_widens(t)) state.SetLabel("widened to f32");
+  return t;
+}
+
+// The widening scratch where the route needs one (an empty tensor otherwise).
+Tensor route_scratch(MemoryPool& pool, DType t, int64_t R, int64_t IC, int64_t OC) {
+  if (!matmul_widens(t)) return Tensor();
+  const auto floats = static_cast<int64_t>((matmul_widened_scratch_bytes(R, IC, OC) + 3) / 4);
+  return Tensor::empty(pool, {floats}, DType::f32, Category::workspace, "ws.widen");
+}
+
+void forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& bias, Tensor& ws) {
+  if (ws.defined())
+    matmul_forward_widened(out, inp, w, bias, ws);
+  else
+    matmul_forward(out, inp, w, bias);
 }
 
 // Args: rows R, in features IC, out features OC, bias (0/1), bf16 (0/1). out is f32.
@@ -36,8 +55,9 @@ void BM_Matmul_Bf16Forward(benchmark::State& state) {
   Tensor w = filled(pool, {OC, IC}, t, Category::params, "w");
   Tensor bias = state.range(3) ? filled(pool, {OC}, DType::f32, Category::params, "b") : Tensor();
   Tensor out = Tensor::empty(pool, {R, OC}, DType::f32, Category::activations, "out");
+  Tensor ws = route_scratch(pool, t, R, IC, OC);
   for (auto _ : state) {
-    matmul_forward(out, inp, w, bias);
+    forward(out, inp, w, bias, ws);
     benchmark::DoNotOptimize(out.raw_data());
   }
   state.counters["FLOP/s"] =
@@ -56,8 +76,12 @@ void BM_Matmul_Bf16Backward(benchmark::State& state) {
   Tensor dw = Tensor::empty(pool, {OC, IC}, DType::f32, Category::grads, "dw");
   Tensor db =
       state.range(3) ? Tensor::empty(pool, {OC}, DType::f32, Category::grads, "db") : Tensor();
+  Tensor ws = route_scratch(pool, t, R, IC, OC);
   for (auto _ : state) {
-    matmul_backward(dinp, dw, db, dout, inp, w);
+    if (ws.defined())
+      matmul_backward_widened(dinp, dw, db, dout, inp, w, ws);
+    else
+      matmul_backward(dinp, dw, db, dout, inp, w);
     benchmark::DoNotOptimize(dw.raw_data());
   }
   state.counters["FLOP/s"] =
@@ -72,9 +96,9 @@ void BM_Matmul_Bf16Gemm(benchmark::State& state) {
   Tensor a = filled(pool, {n, n}, t, Category::workspace, "a");
   Tensor b = filled(pool, {n, n}, t, Category::workspace, "b");
   Tensor c = Tensor::empty(pool, {n, n}, DType::f32, Category::workspace, "c");
-  Tensor none;
+  Tensor none, ws = route_scratch(pool, t, n, n, n);
   for (auto _ : state) {
-    matmul_forward(c, a, b, none);
+    forward(c, a, b, none, ws);
     benchmark::DoNotOptimize(c.raw_data());
   }
   state.counters["FLOP/s"] =
