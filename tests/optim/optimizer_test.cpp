@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 
+#include "memfit/kernels/cpu/convert.h"
 #include "optim_test_util.h"
 
 // make_optimizer also constructs AdamW, whose kernel (kernels/cpu/adamw.cpp) is written on
@@ -212,3 +213,46 @@ TEST(MakeOptimizer, BuildsEachNameWithPredictedState) {
 
 }  // namespace
 }  // namespace memfit
+
+#if defined(MEMFIT_TEST_MAKE_OPTIMIZER)
+namespace memfit {
+namespace {
+
+// step_master (what apply_update runs with FP32 master weights) is step() followed by rounding
+// the master into the working copy, bit for bit, for every optimizer and both half types: AdamW
+// fuses the two passes, the others round each tensor after its update.
+TEST(OptimizerStepMaster, IsStepThenRoundingBitForBit) {
+  for (const std::string& name : optimizer_names()) {
+    for (DType half : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(name + " " + std::string(dtype_name(half)));
+      OptimConfig c;
+      c.name = name;
+      c.n_head = 4;
+      Slabs a(testing::odd_config()), b(testing::odd_config());
+      auto opt_a = make_optimizer(c, a.layout, a.pool), opt_b = make_optimizer(c, b.layout, b.pool);
+      Tensor work_a = Tensor::empty(a.pool, {a.layout.total()}, half, Category::params, "w");
+      Tensor work_b = Tensor::empty(b.pool, {b.layout.total()}, half, Category::params, "w");
+      kernels::convert(work_a, a.params);
+      kernels::convert(work_b, b.params);
+      for (int t = 1; t <= 3; ++t) {
+        a.fill_grads(20 + t);
+        b.fill_grads(20 + t);
+        opt_a->step_master(a.params, work_a, a.grads, 1e-3f, 0.8f);
+        opt_b->step(b.params, b.grads, 1e-3f, 0.8f);
+        kernels::convert(work_b, b.params);
+      }
+      EXPECT_EQ(std::memcmp(a.params.raw_data(), b.params.raw_data(), a.params.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(work_a.raw_data(), work_b.raw_data(), work_a.nbytes()), 0);
+      auto sa = opt_a->state(), sb = opt_b->state();
+      for (size_t i = 0; i < sa.size(); ++i)
+        EXPECT_EQ(std::memcmp(sa[i].second.raw_data(), sb[i].second.raw_data(),
+                              sa[i].second.nbytes()),
+                  0)
+            << sa[i].first;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memfit
+#endif

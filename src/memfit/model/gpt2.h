@@ -32,6 +32,7 @@ class GPT2 {
   // The weights of record: what the optimizer updates and checkpoints save and load. The FP32
   // master weights when there are any, else the working weights (fp32, or pure bf16).
   Tensor& weights() { return master_.defined() ? master_ : params_; }
+  bool has_master() const { return master_.defined(); }
   // After the weights of record changed (optimizer step, load): the working copy = master
   // rounded to nearest even. Nothing to do without master weights.
   void refresh_working();

@@ -13,8 +13,7 @@ AdamW::AdamW(const OptimConfig& config, const ParamLayout& layout, MemoryPool& p
 void AdamW::step(Tensor& params, const Tensor& grads, float lr, float grad_scale) {
   ++t_;
   for (const ParamInfo& p : layout_.params()) {
-    kernels::AdamWHyper h{lr, config_.beta1, config_.beta2, config_.eps,
-                          p.decay ? config_.weight_decay : 0.0f};
+    const kernels::AdamWHyper h = hyper(p, lr);
     Tensor pv = params.view(p.offset, {p.numel});
     Tensor mv = m_.view(p.offset, {p.numel}), vv = v_.view(p.offset, {p.numel});
     Tensor gv = grads.view(p.offset, {p.numel});
@@ -24,6 +23,21 @@ void AdamW::step(Tensor& params, const Tensor& grads, float lr, float grad_scale
     else
       kernels::adamw_update(pv, gv, mv, vv, h, t_, grad_scale);
   }
+}
+
+void AdamW::step_master(Tensor& master, Tensor& working, const Tensor& grads, float lr,
+                        float grad_scale) {
+  ++t_;
+  for (const ParamInfo& p : layout_.params()) {
+    Tensor pv = master.view(p.offset, {p.numel}), wv = working.view(p.offset, {p.numel});
+    Tensor mv = m_.view(p.offset, {p.numel}), vv = v_.view(p.offset, {p.numel});
+    kernels::adamw_update_master(pv, wv, grads.view(p.offset, {p.numel}), mv, vv, hyper(p, lr),
+                                 t_, grad_scale);
+  }
+}
+
+kernels::AdamWHyper AdamW::hyper(const ParamInfo& p, float lr) const {
+  return {lr, config_.beta1, config_.beta2, config_.eps, p.decay ? config_.weight_decay : 0.0f};
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() { return {{"m", m_}, {"v", v_}}; }

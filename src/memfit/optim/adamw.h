@@ -3,6 +3,7 @@
 // stochastic rounding seeded by OptimConfig::seed (kernels/cpu/adamw.h).
 #pragma once
 
+#include "memfit/kernels/cpu/adamw.h"
 #include "memfit/optim/optimizer.h"
 
 namespace memfit {
@@ -11,6 +12,9 @@ class AdamW : public Optimizer {
  public:
   AdamW(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool);
   void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) override;
+  // kernels::adamw_update_master: the update and the rounding into `working` in one pass.
+  void step_master(Tensor& master, Tensor& working, const Tensor& grads, float lr,
+                   float grad_scale) override;
   std::string name() const override { return "adamw"; }
   std::vector<std::pair<std::string, Tensor>> state() override;
   size_t state_bytes() const override;
@@ -18,6 +22,7 @@ class AdamW : public Optimizer {
   static size_t state_bytes_for(const ParamLayout& layout);
 
  private:
+  kernels::AdamWHyper hyper(const ParamInfo& p, float lr) const;  // decay on decay tensors only
   OptimConfig config_;
   const ParamLayout& layout_;
   Tensor m_, v_;

@@ -3,6 +3,7 @@
 #include "memfit/optim/optimizer.h"
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/optim/adam_mini.h"
 #include "memfit/optim/adamw.h"
 #include "memfit/optim/adamw8bit.h"
@@ -11,6 +12,12 @@
 #include "memfit/optim/sgd.h"
 
 namespace memfit {
+
+void Optimizer::step_master(Tensor& master, Tensor& working, const Tensor& grads, float lr,
+                            float grad_scale) {
+  step(master, grads, lr, grad_scale);
+  kernels::convert(working, master);
+}
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const ParamLayout& layout,
                                           MemoryPool& pool) {

@@ -22,6 +22,12 @@ class Optimizer {
 
   // One update. grad_scale multiplies every gradient before use (1/accumulation, clipping).
   virtual void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) = 0;
+  // The same on FP32 master weights, and `working` (bf16 or f16, the copy forward and backward
+  // read) = the updated master rounded to nearest even. Bit-identical to step() followed by a
+  // conversion; AdamW does both in one pass over the weights (one read of the master instead of
+  // two), the others convert each tensor right after updating it, while it is in cache.
+  virtual void step_master(Tensor& master, Tensor& working, const Tensor& grads, float lr,
+                           float grad_scale);
   virtual std::string name() const = 0;
   // The state tensors by name, for checkpoints; loading writes into these same tensors.
   virtual std::vector<std::pair<std::string, Tensor>> state() = 0;

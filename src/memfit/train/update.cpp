@@ -31,8 +31,10 @@ UpdateOutcome apply_update(GPT2& gpt, Optimizer& optimizer, DynamicLossScaler* s
   }
   out.grad_norm = std::sqrt(sum_squares) / grad_accum;
   const float scale = clip_factor(out.grad_norm, clip) / static_cast<float>(grad_accum);
-  optimizer.step(gpt.weights(), gpt.grads(), lr, scale);
-  gpt.refresh_working();
+  if (gpt.has_master())  // the working copy rounded in the same pass (Optimizer::step_master)
+    optimizer.step_master(gpt.weights(), gpt.params(), gpt.grads(), lr, scale);
+  else
+    optimizer.step(gpt.weights(), gpt.grads(), lr, scale);
   return out;
 }
 
