@@ -8,6 +8,12 @@
 
 namespace memfit::cli {
 
+// A command that finished its work but must exit non-zero (train stopped by a signal: 128 + its
+// number, as a shell reports it). Thrown to main(), which returns `code`.
+struct ExitCode {
+  int code;
+};
+
 void add_prepare_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);

@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const memfit::cli::ExitCode& e) {
+    return e.code;
   } catch (const memfit::OutOfMemoryError& e) {
     std::fprintf(stderr, "memfit: %s\n", e.what());
     if (!e.advice().empty()) std::fprintf(stderr, "%s\n", e.advice().c_str());

@@ -13,6 +13,7 @@
 #include "memfit/optim/optim_config.h"
 #include "memfit/plan/auto_config.h"
 #include "memfit/plan/fit_advice.h"
+#include "memfit/train/interrupt.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit::cli {
@@ -78,6 +79,9 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--save", c.save_dir, "Checkpoint directory (written atomically)");
   cmd->add_option("--save-every", c.save_every, "Steps between checkpoints (0: at the end)")
       ->capture_default_str();
+  cmd->add_option("--save-every-minutes", c.save_every_minutes,
+                  "Also save when this many minutes have passed since the last save (0: off)")
+      ->capture_default_str();
   cmd->add_option("--resume", c.resume_dir, "Continue a run from its checkpoint");
   cmd->add_option("--init-from", c.init_from,
                   "Start from these weights (memfit or Hugging Face GPT-2 directory)");
@@ -131,6 +135,19 @@ void add_train_command(CLI::App& app) {
       throw with_fit_advice(e, run.config);
     }
     print_summary(summary);
+    if (summary.interrupted_by) {
+      fmt::print(stderr, "memfit: stopped by {} after step {}; ", signal_name(summary.interrupted_by),
+                 summary.last_step);
+      if (summary.saved)
+        fmt::print(stderr,
+                   "saved to {}. To continue: the same command with --resume {} (and no "
+                   "--init-from)\n",
+                   run.config.save_dir, run.config.save_dir);
+      else
+        fmt::print(stderr, "nothing saved (no --save given)\n");
+      std::fflush(stdout);
+      throw ExitCode{128 + summary.interrupted_by};
+    }
   });
 }
 

@@ -21,6 +21,7 @@
 #include "memfit/model/gpt2.h"
 #include "memfit/plan/auto_config.h"
 #include "memfit/train/grad_clip.h"
+#include "memfit/train/interrupt.h"
 #include "memfit/train/progress.h"
 #include "memfit/train/update.h"
 
@@ -111,6 +112,21 @@ json memory_json(const CategoryBytes& bytes) {
   return j;
 }
 
+// Keeps the JSON lines of `file` whose "step" is at most `step` (and drops a torn last line),
+// rewriting it atomically; a missing file stays missing.
+void truncate_log_after(const std::string& file, int64_t step) {
+  if (!fs::exists(file)) return;
+  std::ifstream in(file);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= step)
+      kept += line + '\n';
+  }
+  io::write_file_atomic(file, kept);
+}
+
 }  // namespace
 
 void validate_train_config(const TrainConfig& c) {
@@ -135,6 +151,7 @@ void validate_train_config(const TrainConfig& c) {
   require(c.eval_batches > 0, "eval-batches", c.eval_batches, "positive");
   require(c.eval_every >= 0, "eval-every", c.eval_every, ">= 0");
   require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
+  require(c.save_every_minutes >= 0, "save-every-minutes", c.save_every_minutes, ">= 0");
   require(c.clip >= 0, "clip", c.clip, ">= 0");
   require(c.threads >= 0, "threads", c.threads, ">= 0");
   require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
@@ -245,6 +262,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
   if (!cfg.log_file.empty()) {
     if (auto parent = fs::path(cfg.log_file).parent_path(); !parent.empty())
       fs::create_directories(parent);
+    // A resume continues the log from the checkpoint's step: the lines of steps after it (run
+    // before a kill, and to be run again now) are cut first, so each step appears once.
+    if (resume) truncate_log_after(cfg.log_file, start_step);
     log.open(cfg.log_file, resume ? std::ios::app : std::ios::trunc);
     if (!log) MEMFIT_THROW(IoError, "train", "cannot open log file {}", cfg.log_file);
   }
@@ -276,6 +296,8 @@ TrainSummary train(const TrainConfig& cfg_in) {
   };
 
   Progress progress(last_step, stderr, std::max<int64_t>(1, last_step / 20));
+  const InterruptScope interrupts;  // SIGINT/SIGTERM: stop after this step, then save as below
+  auto last_save = std::chrono::steady_clock::now();
   std::vector<double> rates;
   const double tokens_per_step = double(B) * T * cfg.grad_accum;
   int64_t saved_at = -1;
@@ -346,14 +368,21 @@ TrainSummary train(const TrainConfig& cfg_in) {
       text += fmt::format(" | val {:.4f}", summary.last_val_loss);
     }
     progress.update(step + 1, text);
-    if (!cfg.save_dir.empty() && cfg.save_every && (step + 1) % cfg.save_every == 0) {
+    const double minutes_since_save =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() / 60;
+    const bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
+                     (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
+    if (!cfg.save_dir.empty() && due && !last) {
       save(step + 1);
       saved_at = step + 1;
+      last_save = std::chrono::steady_clock::now();
     }
+    if ((summary.interrupted_by = interrupt_signal())) break;
   }
   progress.finish();
   const int64_t final_step = start_step + summary.steps_run;
   if (!cfg.save_dir.empty() && saved_at != final_step) save(final_step);
+  summary.saved = !cfg.save_dir.empty();
 
   if (!rates.empty()) {
     std::sort(rates.begin(), rates.end());

@@ -29,6 +29,9 @@ struct TrainSummary {
   // --auto-batch.
   std::string ckpt;
   int batch = 0, grad_accum = 0;
+  // SIGINT or SIGTERM stopped the run after last_step (train/interrupt.h); 0 if it ran out.
+  int interrupted_by = 0;
+  bool saved = false;  // a checkpoint of last_step is in --save's directory
 };
 
 // Throws ConfigError naming the first setting `train` would refuse, before anything is
@@ -45,7 +48,8 @@ struct RunModel {
 };
 RunModel resolve_run_model(const TrainConfig& config);
 
-// Runs training as configured, with --ckpt auto and --auto-batch resolved by the planner first
+// Runs training as configured (a SIGINT or SIGTERM stops it after the step in progress, saved
+// as at the end: TrainSummary::interrupted_by), with --ckpt auto and --auto-batch resolved by the planner first
 // (plan/auto_config.h). Throws ConfigError/IoError for bad input, OutOfMemoryError when the
 // budget is too small (the pool's, or the planner's when no choice fits), Error when the loss
 // becomes non-finite; none of them leaves a partial checkpoint behind.

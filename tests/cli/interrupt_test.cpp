@@ -1,0 +1,190 @@
+// Preemption through the built binary, with real signals to a real process: SIGTERM and SIGINT
+// stop `memfit train` after the step in progress, save it and exit 143 / 130 with a line on how
+// to resume; a second signal exits at once and leaves the last checkpoint loadable; a resume cuts
+// the JSON-lines log back to the checkpoint's step so that every step appears once, even after
+// a kill -9.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "memfit/io/token_shard.h"
+
+extern char** environ;
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Interrupt : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(MEMFIT_BINARY_DIR) / "memfit")) GTEST_SKIP() << "memfit not built";
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir = fs::temp_directory_path() / fmt::format("memfit_sig_{}_{}", ::getpid(), info->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir / "data");
+    std::vector<uint16_t> train(4000), val(800);
+    uint32_t x = 7;
+    for (auto& t : train) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
+    for (auto& t : val) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
+    io::write_token_shard(dir / "data" / "train_000000.bin", train);
+    io::write_token_shard(dir / "data" / "val_000000.bin", val);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  // `memfit train` on gpt2-tiny, long enough to be interrupted; extra options appended.
+  std::vector<std::string> train_args(int steps, const std::vector<std::string>& extra) const {
+    std::vector<std::string> a = {(fs::path(MEMFIT_BINARY_DIR) / "memfit").string(),
+                                  "train", "--model", "gpt2-tiny", "--seq-len", "32",
+                                  "--batch", "4", "--threads", "1", "--steps",
+                                  std::to_string(steps), "--data", (dir / "data").string(),
+                                  "--save", (dir / "ck").string(), "--log",
+                                  (dir / "log.jsonl").string(), "--eval-every", "0"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  // Starts a process with stdout and stderr to files in dir; returns its pid.
+  pid_t spawn(const std::vector<std::string>& args) const {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const std::string out = (dir / "out.txt").string(), err = (dir / "err.txt").string();
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char*> argv;
+    for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+  }
+  // The exit code, or 128 + the signal that killed it.
+  static int wait_exit(pid_t pid) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  // Lines of the log; waits until it has at least `n` training lines (60 s at most).
+  std::vector<nlohmann::json> log_lines() const {
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(dir / "log.jsonl");
+    for (std::string l; std::getline(in, l);) {
+      auto j = nlohmann::json::parse(l, nullptr, false);
+      if (!j.is_discarded()) lines.push_back(j);
+    }
+    return lines;
+  }
+  bool wait_for(const std::function<bool()>& ready) const {
+    for (auto until = std::chrono::steady_clock::now() + 60s;
+         std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(20ms))
+      if (ready()) return true;
+    return false;
+  }
+  int64_t saved_step() const {
+    const fs::path state = dir / "ck" / "trainer_state.json";
+    if (!fs::exists(state)) return -1;
+    auto j = nlohmann::json::parse(slurp(state), nullptr, false);
+    return j.is_discarded() ? -1 : j["step"].get<int64_t>();
+  }
+  // Every training line's step, in order.
+  std::vector<int64_t> logged_steps() const {
+    std::vector<int64_t> steps;
+    for (const auto& j : log_lines())
+      if (j.contains("loss")) steps.push_back(j["step"].get<int64_t>());
+    return steps;
+  }
+
+  fs::path dir;
+};
+
+// SIGTERM and SIGINT: the step in progress finishes, is saved, and the exit code is the shell's.
+TEST_F(Interrupt, ASignalSavesTheStepAndExitsWithItsCode) {
+  for (auto [sig, code] : {std::pair{SIGTERM, 143}, std::pair{SIGINT, 130}}) {
+    SCOPED_TRACE(code);
+    fs::remove_all(dir / "ck");
+    fs::remove(dir / "log.jsonl");
+    const pid_t pid = spawn(train_args(100000, {}));
+    ASSERT_TRUE(wait_for([&] { return logged_steps().size() >= 3; })) << slurp(dir / "err.txt");
+    kill(pid, sig);
+    EXPECT_EQ(wait_exit(pid), code) << slurp(dir / "err.txt");
+    const std::string err = slurp(dir / "err.txt");
+    EXPECT_NE(err.find(sig == SIGTERM ? "stopped by SIGTERM" : "stopped by SIGINT"),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("--resume"), std::string::npos) << err;
+    // The checkpoint holds the last logged step, and the summary was printed.
+    const std::vector<int64_t> steps = logged_steps();
+    ASSERT_FALSE(steps.empty());
+    EXPECT_EQ(saved_step(), steps.back());
+    EXPECT_NE(slurp(dir / "out.txt").find("peak memory"), std::string::npos);
+  }
+}
+
+// A second signal exits at once: the checkpoint of --save-every (or the one being written, if
+// its swap completed) is intact, and a resume from it runs.
+TEST_F(Interrupt, ASecondSignalExitsAtOnceAndTheLastCheckpointLoads) {
+  const pid_t pid = spawn(train_args(100000, {"--save-every", "1"}));
+  ASSERT_TRUE(wait_for([&] { return saved_step() >= 2; })) << slurp(dir / "err.txt");
+  // Two different signals (two of one kind may merge while pending), delivered in either order:
+  // the exit code is 128 + whichever came second, and the graceful path's "stopped by" line
+  // (printed after its save) never appears.
+  kill(pid, SIGINT);
+  kill(pid, SIGTERM);
+  const int code = wait_exit(pid);
+  EXPECT_TRUE(code == 130 || code == 143) << code;
+  EXPECT_EQ(slurp(dir / "err.txt").find("stopped by"), std::string::npos) << slurp(dir / "err.txt");
+  const pid_t resumed =
+      spawn(train_args(100000, {"--save-every", "1", "--resume", (dir / "ck").string()}));
+  ASSERT_TRUE(wait_for([&] { return logged_steps().size() >= 2 && saved_step() > 0; }));
+  kill(resumed, SIGINT);
+  EXPECT_EQ(wait_exit(resumed), 130) << slurp(dir / "err.txt");
+}
+
+// kill -9 after a checkpoint and a few more steps, then resume: the log's lines after the
+// checkpoint are cut before it appends, so steps 1..N each appear exactly once.
+TEST_F(Interrupt, AResumeCutsTheLogBackSoEveryStepAppearsOnce) {
+  const pid_t pid = spawn(train_args(100000, {"--save-every", "5"}));
+  ASSERT_TRUE(wait_for([&] { return saved_step() >= 5 && logged_steps().size() >= 8; }));
+  kill(pid, SIGKILL);
+  EXPECT_EQ(wait_exit(pid), 128 + SIGKILL);
+  const int64_t resumed_from = saved_step();
+  const int64_t before = static_cast<int64_t>(logged_steps().size());
+  ASSERT_GT(before, resumed_from);  // steps past the checkpoint are in the log
+  const int64_t total = before + 4;
+  const pid_t resumed = spawn(train_args(100000, {"--save-every", "5", "--resume",
+                                                  (dir / "ck").string(), "--stop-after",
+                                                  std::to_string(total)}));
+  EXPECT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
+  std::vector<int64_t> want(total);
+  for (int64_t i = 0; i < total; ++i) want[i] = i + 1;
+  EXPECT_EQ(logged_steps(), want);
+}
+
+}  // namespace
+}  // namespace memfit
