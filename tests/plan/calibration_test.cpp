@@ -53,6 +53,8 @@ Calibration made_up(int threads) {
   c.isa = std::string(cpu::isa_name(cpu::max_isa()));
   c.threads = threads;
   c.gemm = {{384, 1e11, 2e11, 3e11, 4e11}, {1536, 3e11, 4e11, 5e11, 6e11}};
+  c.attention_f32 = 5e10;
+  c.attention_bf16 = 6e10;
   c.elementwise_bytes_per_s = 1e10;
   c.stream_bytes_per_s = 2e10;
   return c;
@@ -129,6 +131,8 @@ TEST(CalibrationCache, ADamagedFileIsMeasuredAgainWithAMessage) {
   EXPECT_EQ(c.threads, threads);
   EXPECT_GT(c.elementwise_bytes_per_s, 0);
   EXPECT_GT(c.stream_bytes_per_s, 0);
+  EXPECT_GT(c.attention_f32, 0);
+  EXPECT_GT(c.attention_bf16, 0);
   ASSERT_EQ(c.gemm.size(), 3u);
   for (const GemmRates& g : c.gemm) {
     EXPECT_GT(g.f32_block, 0);

@@ -33,6 +33,8 @@ void print_calibration(const Calibration& c, const std::string& path) {
   fmt::print("  bf16 matmuls {}\n",
              c.bf16_native ? "run natively (oneDNN bf16 GEMM)"
                            : "have no native GEMM here: widened to f32, at the f32 rate");
+  fmt::print("flash attention TFLOP/s: f32 {:.3f}, bf16 {:.3f}\n", c.attention_f32 / 1e12,
+             c.attention_bf16 / 1e12);
   fmt::print("element-wise kernels: {:.1f} GB/s; optimizer streaming: {:.1f} GB/s\n\n",
              c.elementwise_bytes_per_s / 1e9, c.stream_bytes_per_s / 1e9);
   fmt::print("saved to {}\n", path);

@@ -38,6 +38,7 @@ nlohmann::json plan_json(const TrainConfig& cfg, const PlanReport& r) {
   j["recompute_flops"] = r.recompute_flops;
   j["est_step_seconds"] = r.est_step_seconds;
   j["step_time"] = {{"block_gemm", r.step_time.block_gemm},
+                    {"attention", r.step_time.attention},
                     {"head_gemm", r.step_time.head_gemm},
                     {"elementwise", r.step_time.elementwise},
                     {"optimizer", r.step_time.optimizer}};
@@ -79,10 +80,12 @@ void print_plan(const TrainConfig& cfg, const PlanReport& r) {
              mib(r.by_category[static_cast<size_t>(Category::activations)]),
              mib(r.by_category[static_cast<size_t>(Category::workspace)]));
   fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "
-             "machine (GEMMs {:.2f} s, element-wise {:.2f} s, optimizer {:.2f} s; from the "
+             "machine (GEMMs {:.2f} s, attention {:.2f} s, element-wise {:.2f} s, optimizer {:.2f} s; "
+             "from the "
              "calibration of this CPU, see `memfit calibrate`)\n",
              r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds,
-             r.step_time.block_gemm + r.step_time.head_gemm, r.step_time.elementwise,
+             r.step_time.block_gemm + r.step_time.head_gemm, r.step_time.attention,
+             r.step_time.elementwise,
              r.step_time.optimizer);
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "

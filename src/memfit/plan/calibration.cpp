@@ -22,6 +22,7 @@
 #include "memfit/io/atomic_file.h"
 #include "memfit/kernels/cpu/adamw.h"
 #include "memfit/kernels/cpu/dnnl_gemm.h"
+#include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
 #include "memfit/kernels/cpu/residual.h"
@@ -99,6 +100,27 @@ std::vector<Shape3> block_shapes(int64_t C) {
 std::vector<Shape3> head_shapes(int64_t C) {
   const int64_t R = kHeadRows, V = kHeadVocab;
   return {{R, V, C, false, true}, {R, C, V, false, false}, {V, C, R, true, false}};
+}
+
+// FLOP/s of flash attention forward and backward at 8 x 256 tokens, 12 heads of 64, counted as
+// step_flops counts them: 4 x 2 B T^2 C. Throws what the kernel throws for a dtype it lacks.
+double attention_rate(MemoryPool& pool, DType dt) {
+  const int64_t B = 8, T = 256, NH = 12, C = 64 * NH;
+  auto t = [&](Shape shape, DType type) {
+    Tensor x = Tensor::empty(pool, shape, type, Category::workspace, "calibrate.attn");
+    std::memset(x.raw_data(), 0, x.nbytes());
+    return x;
+  };
+  Tensor qkv = t({B, T, 3 * C}, dt), out = t({B, T, C}, dt), dout = t({B, T, C}, dt);
+  Tensor dqkv = t({B, T, 3 * C}, dt), lse = t({B, NH, T}, DType::f32);
+  const size_t fw = kernels::flash_attention_forward_workspace_bytes(B, T, C, NH, dt);
+  const size_t bw = kernels::flash_attention_backward_workspace_bytes(B, T, C, NH, dt);
+  Tensor ws = t({static_cast<int64_t>((std::max(fw, bw) + 3) / 4)}, DType::f32);
+  const double seconds = best_seconds([&] {
+    kernels::flash_attention_forward(out, lse, qkv, ws, NH);
+    kernels::flash_attention_backward(dqkv, dout, qkv, out, lse, ws, NH);
+  });
+  return 4.0 * 2.0 * B * T * T * C / seconds;
 }
 
 // Bytes per second of the element-wise kernels a block runs, on one block's tensors at width
@@ -201,6 +223,7 @@ nlohmann::json Calibration::to_json() const {
                                      {"f32_head", g.f32_head},
                                      {"bf16_block", g.bf16_block},
                                      {"bf16_head", g.bf16_head}});
+  j["attention_flops_per_s"] = {{"f32", attention_f32}, {"bf16", attention_bf16}};
   j["elementwise_bytes_per_s"] = elementwise_bytes_per_s;
   j["stream_bytes_per_s"] = stream_bytes_per_s;
   j["seconds"] = seconds;
@@ -222,6 +245,8 @@ Calibration Calibration::from_json(const nlohmann::json& j, const std::string& s
       c.gemm.push_back({g.at("width").get<int>(), g.at("f32_block").get<double>(),
                         g.at("f32_head").get<double>(), g.at("bf16_block").get<double>(),
                         g.at("bf16_head").get<double>()});
+    c.attention_f32 = j.at("attention_flops_per_s").at("f32").get<double>();
+    c.attention_bf16 = j.at("attention_flops_per_s").at("bf16").get<double>();
     c.elementwise_bytes_per_s = j.at("elementwise_bytes_per_s").get<double>();
     c.stream_bytes_per_s = j.at("stream_bytes_per_s").get<double>();
     c.seconds = j.value("seconds", 0.0);
@@ -229,7 +254,8 @@ Calibration Calibration::from_json(const nlohmann::json& j, const std::string& s
   } catch (const nlohmann::json::exception& e) {
     MEMFIT_THROW(IoError, "calibration", "{}: not a calibration: {}", source, e.what());
   }
-  bool positive = c.elementwise_bytes_per_s > 0 && c.stream_bytes_per_s > 0 && !c.gemm.empty();
+  bool positive = c.elementwise_bytes_per_s > 0 && c.stream_bytes_per_s > 0 && !c.gemm.empty() &&
+                  c.attention_f32 > 0 && c.attention_bf16 > 0;
   for (const GemmRates& g : c.gemm)
     positive = positive && g.width > 0 && g.f32_block > 0 && g.f32_head > 0 &&
                g.bf16_block > 0 && g.bf16_head > 0;
@@ -272,6 +298,12 @@ Calibration calibrate() {
       g.bf16_block = g.f32_block;
       g.bf16_head = g.f32_head;
     }
+  c.attention_f32 = attention_rate(pool, DType::f32);
+  try {
+    c.attention_bf16 = attention_rate(pool, DType::bf16);
+  } catch (const Error&) {
+    c.attention_bf16 = c.attention_f32;
+  }
   c.elementwise_bytes_per_s = elementwise_rate(pool);
   c.stream_bytes_per_s = stream_rate(pool);
   c.seconds = seconds_since(t0);

@@ -1,7 +1,8 @@
 // The rates the planner's step-time model (plan/step_time.h) divides by, measured on the CPU at
 // hand instead of constants from one machine: oneDNN GEMM rates at the shapes of a GPT-2 block's
-// and LM head's matmuls (f32, and bf16 through the route bf16 matmuls take here), the effective
-// rate of memfit's element-wise kernels, and the streaming rate of the optimizer update. A few
+// and LM head's matmuls (f32, and bf16 through the route bf16 matmuls take here), flash
+// attention's rate, the effective rate of memfit's element-wise kernels, and the streaming rate
+// of the optimizer update. A few
 // seconds; cached as JSON per CPU model, ISA cap and thread count under the user's cache
 // directory, so `memfit plan`, `--ckpt auto` and `--auto-batch` measure once per machine and
 // `memfit calibrate` measures again. See docs/notes/planner.md, Note [Step-time model].
@@ -26,12 +27,16 @@ struct GemmRates {
 };
 
 struct Calibration {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;
   std::string cpu;     // cpu::model_name()
   std::string isa;     // cpu::isa_name(cpu::max_isa()): the cap it ran under
   int threads = 0;     // OpenMP threads it ran with
   bool bf16_native = false;  // bf16 GEMMs ran in bf16; else widened, at the f32 rate
   std::vector<GemmRates> gemm;     // by increasing width
+  // Flash attention forward and backward (8 x 256 tokens, 12 heads of 64), in the FLOPs
+  // step_flops counts for it (4 x the causal scores' 2 B T^2 C); bf16 at the f32 rate where
+  // the kernel has no bf16 path.
+  double attention_f32 = 0, attention_bf16 = 0;
   double elementwise_bytes_per_s = 0;  // LayerNorm, residual, GELU forward and backward
   double stream_bytes_per_s = 0;       // the AdamW update over buffers past the caches
   double seconds = 0;                  // how long the measurement took

@@ -34,9 +34,18 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   const double head_flops = 3.0 * 2.0 * N * C * V;
   int recomputed = 0;
   for (int s : block_slots(in.options.ckpt, c.n_layer).slot) recomputed += s >= 0;
+  // Attention's share of step_flops: the causal scores, 4x per block with flash (backward
+  // recomputes them), 3x plain, once more per recomputed block (or per block, selective plain).
+  const bool flash = in.options.attention == AttentionKind::flash;
+  const double scores = 2.0 * double(in.B) * in.T * in.T * C;
+  const double attention_flops =
+      scores * (c.n_layer * (flash ? 4 : 3) + recomputed +
+                (in.options.ckpt.selective() && !flash ? c.n_layer : 0));
 
   StepTime t;
-  t.block_gemm = (f.total - head_flops) / rates.block_rate(half_gemm, c.d_model);
+  t.block_gemm = (f.total - head_flops - attention_flops) / rates.block_rate(half_gemm, c.d_model);
+  t.attention = attention_flops / (p == Precision::bf16 ? rates.attention_bf16
+                                                         : rates.attention_f32);
   t.head_gemm = head_flops / rates.head_rate(half_gemm, c.d_model);
 
   const double forward = (kBlockForward + (half ? kHalfForward : 0)) * C;
@@ -55,6 +64,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   t.optimizer = bytes / rates.stream_bytes_per_s;
 
   t.block_gemm *= in.grad_accum;
+  t.attention *= in.grad_accum;
   t.head_gemm *= in.grad_accum;
   t.elementwise *= in.grad_accum;
   return t;

@@ -13,11 +13,12 @@ namespace memfit {
 
 // Per optimizer step (grad_accum micro-batches and one update), in seconds by part.
 struct StepTime {
-  double block_gemm = 0;   // the blocks' matmuls and attention scores, recomputation included
+  double block_gemm = 0;   // the blocks' matmuls, recomputation included
+  double attention = 0;    // attention (scores and mixing), recomputation included
   double head_gemm = 0;    // the LM head's matmuls
   double elementwise = 0;  // LayerNorm, residual, GELU, bias sums, conversions, softmax
   double optimizer = 0;    // the update, zeroing and clipping the gradients
-  double total() const { return block_gemm + head_gemm + elementwise + optimizer; }
+  double total() const { return block_gemm + attention + head_gemm + elementwise + optimizer; }
 };
 
 struct StepTimeInputs {
