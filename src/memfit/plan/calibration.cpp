@@ -38,28 +38,32 @@ constexpr int kWidths[] = {384, 768, 1536};
 constexpr int64_t kBlockRows = 2048;  // 8 x 256 tokens
 constexpr int64_t kHeadRows = 256;    // the LM head's chunk (ActivationOptions::lm_head_chunk)
 constexpr int64_t kHeadVocab = 8192;  // a slice of the vocabulary: the rate, not the whole head
-constexpr int kReps = 2;              // timed runs after one warm-up; the fastest counts
+constexpr int kReps = 1;              // timed runs after one warm-up; their mean counts
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The fastest of kReps runs of `run` after a warm-up run.
-double best_seconds(const std::function<void()>& run) {
+// The mean of kReps runs of `run` after a warm-up run. The mean, not the fastest: a step's
+// median on a machine with other work includes its share of interruptions, and so should the
+// rates it is estimated from (on a quiet machine the two agree).
+double mean_seconds(const std::function<void()>& run) {
   run();
-  double best = 1e300;
+  double total = 0;
   for (int i = 0; i < kReps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
-    best = std::min(best, seconds_since(t0));
+    total += seconds_since(t0);
   }
-  return best;
+  return total / kReps;
 }
 
-// One GEMM shape: C (M, N) = op(A) @ op(B), B stored as the layer stores it.
+// One GEMM shape: C (M, N) = op(A) @ op(B), B stored as the layer stores it; `accumulate`
+// (beta 1) for a weight gradient, `bias` for a forward.
 struct Shape3 {
   int64_t M, N, K;
   bool trans_a, trans_b;
+  bool accumulate = false, bias = false;
 };
 
 // FLOP/s over `shapes`, all in `dt` operands with f32 output. Throws what dnnl_gemm throws
@@ -70,8 +74,9 @@ double gemm_rate(MemoryPool& pool, const std::vector<Shape3>& shapes, DType dt) 
     Tensor a = Tensor::empty(pool, {s.M * s.K}, dt, Category::workspace, "calibrate.a");
     Tensor b = Tensor::empty(pool, {s.K * s.N}, dt, Category::workspace, "calibrate.b");
     Tensor c = Tensor::empty(pool, {s.M * s.N}, DType::f32, Category::workspace, "calibrate.c");
-    std::memset(a.raw_data(), 0, a.nbytes());  // zeros: no denormals, pages touched
-    std::memset(b.raw_data(), 0, b.nbytes());
+    Tensor bias = Tensor::empty(pool, {s.N}, DType::f32, Category::workspace, "calibrate.bias");
+    for (Tensor* t : {&a, &b, &c, &bias})  // zeros: no denormals, pages touched
+      std::memset(t->raw_data(), 0, t->nbytes());
     kernels::dnnl_gemm::GemmSpec g;
     g.M = s.M;
     g.N = s.N;
@@ -82,24 +87,36 @@ double gemm_rate(MemoryPool& pool, const std::vector<Shape3>& shapes, DType dt) 
     g.ldb = s.trans_b ? s.K : s.N;
     g.ldc = s.N;
     g.a_type = g.b_type = dt;
-    seconds += best_seconds(
-        [&] { kernels::dnnl_gemm::execute(g, a.raw_data(), b.raw_data(), c.raw_data()); });
+    g.beta = s.accumulate ? 1.0f : 0.0f;
+    g.bias = s.bias;
+    seconds += mean_seconds([&] {
+      kernels::dnnl_gemm::execute(g, a.raw_data(), b.raw_data(), c.raw_data(),
+                                  s.bias ? bias.raw_data() : nullptr);
+    });
     flops += 2.0 * s.M * s.N * s.K;
   }
   return flops / seconds;
 }
 
+// A block's four linear layers (qkv C -> 3C, attention projection C -> C, fc C -> 4C, its
+// projection 4C -> C), each forward (x W^T + b), d(input) = dout W and d(weight) += dout^T x.
 std::vector<Shape3> block_shapes(int64_t C) {
-  // Fewer rows past width 768, to keep calibration a few seconds (the rate changes little).
-  const int64_t R = kBlockRows * 768 / std::max<int64_t>(768, C);
-  return {{R, 4 * C, C, false, true},    // out = x @ W^T, W (4C, C)
-          {R, C, 4 * C, false, false},   // dx = dout @ W
-          {4 * C, C, R, true, false}};   // dW = dout^T @ x
+  // Past width 768, rows fall as 1/C^2 (512 at 1536), so each width costs the same: calibration
+  // stays a few seconds.
+  const int64_t W = std::max<int64_t>(768, C);
+  const int64_t R = kBlockRows * 768 * 768 / (W * W);
+  std::vector<Shape3> shapes;
+  for (auto [in, out] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
+    shapes.push_back({R, out, in, false, true, false, true});
+    shapes.push_back({R, in, out, false, false});
+    shapes.push_back({out, in, R, true, false, true});
+  }
+  return shapes;
 }
 
 std::vector<Shape3> head_shapes(int64_t C) {
   const int64_t R = kHeadRows, V = kHeadVocab;
-  return {{R, V, C, false, true}, {R, C, V, false, false}, {V, C, R, true, false}};
+  return {{R, V, C, false, true}, {R, C, V, false, false}, {V, C, R, true, false, true}};
 }
 
 // FLOP/s of flash attention forward and backward at 8 x 256 tokens, 12 heads of 64, counted as
@@ -116,7 +133,7 @@ double attention_rate(MemoryPool& pool, DType dt) {
   const size_t fw = kernels::flash_attention_forward_workspace_bytes(B, T, C, NH, dt);
   const size_t bw = kernels::flash_attention_backward_workspace_bytes(B, T, C, NH, dt);
   Tensor ws = t({static_cast<int64_t>((std::max(fw, bw) + 3) / 4)}, DType::f32);
-  const double seconds = best_seconds([&] {
+  const double seconds = mean_seconds([&] {
     kernels::flash_attention_forward(out, lse, qkv, ws, NH);
     kernels::flash_attention_backward(dqkv, dout, qkv, out, lse, ws, NH);
   });
@@ -137,7 +154,7 @@ double elementwise_rate(MemoryPool& pool) {
   Tensor w = t({C}, 1.f), b = t({C}, 0.f), dw = t({C}, 0.f), db = t({C}, 0.f);
   Tensor mean = t({R}, 0.f), rstd = t({R}, 1.f);
   Tensor h = t({R, 4 * C}, 0.25f), g = t({R, 4 * C}, 0.f), dg = t({R, 4 * C}, 0.f);
-  const double seconds = best_seconds([&] {
+  const double seconds = mean_seconds([&] {
     kernels::layernorm_forward(y, mean, rstd, x, w, b);
     kernels::residual_forward(r, x, y);
     kernels::gelu_forward(g, h);
@@ -158,7 +175,7 @@ double stream_rate(MemoryPool& pool) {
   Tensor p = t(0.1f), grad = t(0.01f), m = t(0.f), v = t(0.f);
   kernels::AdamWHyper h;
   int64_t step = 0;
-  const double seconds = best_seconds([&] { kernels::adamw_update(p, grad, m, v, h, ++step); });
+  const double seconds = mean_seconds([&] { kernels::adamw_update(p, grad, m, v, h, ++step); });
   return 28.0 * n / seconds;
 }
 

@@ -17,17 +17,17 @@
 
 namespace memfit {
 
-// GEMM rates (FLOP/s) at one model width C: `block` over a block's three matmul shapes with
-// 2048 rows (8 x 256 tokens; 1024 at width 1536) (forward x W^T, d(input), d(weight) of the
-// C -> 4C layer), `head` over the LM head's three with a 256-row chunk and 8192 vocabulary
-// rows.
+// GEMM rates (FLOP/s) at one model width C: `block` over a block's four linear layers (qkv,
+// attention projection, fc, fc projection) with 2048 rows (8 x 256 tokens; 512 at width 1536),
+// each forward with its bias, d(input) and d(weight) accumulated as the model runs them;
+// `head` over the LM head's three matmuls with a 256-row chunk and 8192 vocabulary rows.
 struct GemmRates {
   int width = 0;
   double f32_block = 0, f32_head = 0, bf16_block = 0, bf16_head = 0;
 };
 
 struct Calibration {
-  static constexpr int kVersion = 2;
+  static constexpr int kVersion = 3;
   std::string cpu;     // cpu::model_name()
   std::string isa;     // cpu::isa_name(cpu::max_isa()): the cap it ran under
   int threads = 0;     // OpenMP threads it ran with
