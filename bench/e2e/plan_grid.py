@@ -7,7 +7,7 @@ For each point it runs `memfit plan --json` (the prediction) and `train_step_too
 step with no warm-up (the measurement: every buffer is allocated before the first step, and the
 tool reports the pool's peak by category after the step). The tool feeds random tokens from
 its own two (B, T) int32 buffers, which it allocates as `staging`; `memfit train`'s data
-loaders stage differently, so the plan is asked for with no data directory (staging 0) and the
+loaders stage differently, so the plan is asked for with --steps 0 (no loaders: staging 0) and the
 tool's input buffers are taken out of the measured total. Everything the planner plans
 (parameters, master weights, gradients, optimizer state, activations, workspace) is compared
 as is. bench/e2e/build_along.py compares whole `memfit train` runs, data loaders included.
@@ -56,7 +56,8 @@ def policies(n_layer):
 def plan(args, model, B, T, precision, attention, ckpt):
     return run_json([args.memfit, "plan", "--json", "--model", model, "--batch", str(B),
                      "--seq-len", str(T), "--precision", precision, "--attention", attention,
-                     "--ckpt", ckpt, "--optim", args.optim, "--data", args.empty_dir])
+                     "--ckpt", ckpt, "--optim", args.optim, "--steps", "0",
+                     "--data", args.empty_dir])
 
 
 def measure(args, model, B, T, precision, attention, ckpt, steps):

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/io/token_shard.h"
+#include "memfit/memory/pool.h"
 
 namespace memfit {
 namespace {
@@ -52,9 +53,11 @@ class PlannerCommands : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir); }
 
-  Output memfit(const std::string& args) const {
+  Output memfit(const std::string& args) const { return memfit_env("", args); }
+  // The same with environment assignments ("NAME=value ...") before the command.
+  Output memfit_env(const std::string& env, const std::string& args) const {
     const std::string command =
-        fmt::format("{}/memfit {} > '{}' 2> '{}'", MEMFIT_BINARY_DIR, args,
+        fmt::format("{} {}/memfit {} > '{}' 2> '{}'", env, MEMFIT_BINARY_DIR, args,
                     (dir / "out.txt").string(), (dir / "err.txt").string());
     const int status = std::system(command.c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out.txt"),
@@ -155,6 +158,87 @@ TEST_F(PlannerCommands, TrainAutoRunsTheChoiceAndOutOfMemoryAdvises) {
   const nlohmann::json state = nlohmann::json::parse(slurp(save / "trainer_state.json"));
   EXPECT_NE(state["ckpt"], "auto");
   EXPECT_NE(state["ckpt"], "none");
+}
+
+TEST_F(PlannerCommands, PlanNeedsNoDataDirectory) {
+  // From an empty folder (the default --data, data/brown, does not exist there): the plan counts
+  // the train and val loaders' fixed staging, (B, T + 1) u16 and two (B, T) int32 each.
+  fs::create_directories(dir / "empty");
+  const Output here = [&] {
+    const std::string command = fmt::format(
+        "cd '{}' && {}/memfit plan --model gpt2 --batch 8 --seq-len 256 --json > '{}' 2> '{}'",
+        (dir / "empty").string(), MEMFIT_BINARY_DIR, (dir / "out.txt").string(),
+        (dir / "err.txt").string());
+    const int status = std::system(command.c_str());
+    return Output{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out.txt"),
+                  slurp(dir / "err.txt")};
+  }();
+  ASSERT_EQ(here.exit_code, 0) << here.err;
+  const nlohmann::json j = nlohmann::json::parse(here.out);
+  EXPECT_FALSE(j["data_included"].get<bool>());
+  const size_t staging = 2 * (MemoryPool::round_up(8 * 257 * 2) + 2 * MemoryPool::round_up(8 * 256 * 4));
+  EXPECT_EQ(j["by_category"]["staging"].get<size_t>(), staging);
+  EXPECT_GT(j["est_step_seconds"].get<double>(), 0);
+  const Output text = memfit("plan --model gpt2 --batch 8 --seq-len 256 --data /nonexistent");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("no training data found"), std::string::npos) << text.out;
+}
+
+TEST_F(PlannerCommands, PlanHonoursThreads) {
+  // Flash attention's workspace is per thread: --threads changes the plan (on a machine with
+  // more than one core) and the plan then equals what `train --threads` measures.
+  for (int threads : {1, 2}) {
+    const std::string run = fmt::format(
+        "--model gpt2-tiny --n-layer 4 --seq-len 32 --batch 4 --eval-batches 1 --data '{}' "
+        "--attention flash --threads {}",
+        (dir / "data").string(), threads);
+    const Output plan = memfit(fmt::format("plan {} --json", run));
+    ASSERT_EQ(plan.exit_code, 0) << plan.err;
+    const fs::path log = dir / fmt::format("log{}.jsonl", threads);
+    const Output train = memfit(fmt::format("train {} --steps 1 --log '{}'", run, log.string()));
+    ASSERT_EQ(train.exit_code, 0) << train.err;
+    const std::string first = slurp(log).substr(0, slurp(log).find('\n'));
+    EXPECT_EQ(nlohmann::json::parse(plan.out)["peak_bytes"].get<size_t>(),
+              nlohmann::json::parse(first)["peak_bytes"].get<size_t>())
+        << "--threads " << threads;
+  }
+}
+
+TEST_F(PlannerCommands, CalibrateSavesItsRatesWhereThePlannerReadsThem) {
+  // Each command gets this test's own cache folder; the ISA cap and the thread count key it.
+  const std::string env = fmt::format("MEMFIT_CACHE_DIR='{}'", (dir / "cache").string());
+  const Output r = memfit_env(env, "calibrate --threads 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json c = nlohmann::json::parse(r.out);
+  const fs::path path = c["path"].get<std::string>();
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_EQ(path.parent_path(), dir / "cache");
+  EXPECT_NE(path.filename().string().find("-1t.json"), std::string::npos) << path;
+  EXPECT_EQ(c["threads"], 1);
+  for (const auto& g : c["gemm_flops_per_s"]) EXPECT_GT(g["f32_block"].get<double>(), 0);
+
+  // memfit plan reads it (no calibration message) and prints an estimate.
+  const Output plan = memfit_env(env, "plan --model gpt2-tiny --threads 1 --json");
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_EQ(plan.err.find("calibrating"), std::string::npos) << plan.err;
+  EXPECT_GT(nlohmann::json::parse(plan.out)["est_step_seconds"].get<double>(), 0);
+
+  // Text form.
+  const Output text = memfit_env(env, "calibrate --threads 1");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("saved to " + path.string()), std::string::npos) << text.out;
+
+  // Under the AVX2 cap (on a CPU with more) the file is another one, and bf16 matmuls there
+  // have no native GEMM: their rate is the f32 one.
+  const Output capped = memfit_env(env + " MEMFIT_MAX_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2",
+                                   "calibrate --threads 1 --json");
+  ASSERT_EQ(capped.exit_code, 0) << capped.err;
+  const nlohmann::json a = nlohmann::json::parse(capped.out);
+  EXPECT_EQ(a["isa"], "avx2");
+  if (c["isa"] != "avx2") EXPECT_NE(a["path"], c["path"]);
+  EXPECT_FALSE(a["bf16_native"].get<bool>());
+  for (const auto& g : a["gemm_flops_per_s"])
+    EXPECT_EQ(g["bf16_block"].get<double>(), g["f32_block"].get<double>());
 }
 
 }  // namespace

@@ -95,6 +95,43 @@ TEST_F(DataLoaderTest, BatchTensorsAreAllocatedOnceFromThePool) {
   EXPECT_EQ(pool_.bytes_current(), pool_.bytes_current(Category::staging));
 }
 
+TEST_F(DataLoaderTest, StagingDoesNotGrowWithTheData) {
+  // The shards stay on disk: a 40,000-token split stages what the 103-token one does, but for
+  // the shuffle's permutation (4 bytes a window); staging_bytes predicts it from headers.
+  TempDir big;
+  write_counting_shards(big.path(), "train", {20000, 20000});
+  for (bool shuffle : {false, true}) {
+    size_t staged[2];
+    int i = 0;
+    for (const auto& dir : {dir_.path(), big.path()}) {
+      MemoryPool pool;
+      DataLoader loader = DataLoader::train(pool, dir, options(shuffle));
+      loader.next_batch();
+      staged[i++] = pool.bytes_peak(Category::staging);
+      EXPECT_EQ(pool.bytes_peak(Category::staging),
+                DataLoader::staging_bytes(find_token_shards(dir, "train"), options(shuffle)));
+      EXPECT_EQ(pool.bytes_peak(Category::staging),
+                DataLoader::buffer_bytes(options(shuffle)) +
+                    DataLoader::permutation_bytes(options(shuffle), loader.num_windows()));
+    }
+    if (!shuffle) EXPECT_EQ(staged[0], staged[1]);
+    if (shuffle) EXPECT_EQ(staged[1] - staged[0], MemoryPool::round_up(4999 * 4) -
+                                                      MemoryPool::round_up(12 * 4));
+  }
+}
+
+TEST_F(DataLoaderTest, ScanReadsEveryTokenInFileOrder) {
+  DataLoader loader = DataLoader::train(pool_, dir_.path(), options());
+  loader.next_batch();
+  std::vector<int32_t> before(loader.inputs().data<int32_t>(),
+                              loader.inputs().data<int32_t>() + 16);
+  std::vector<uint16_t> all;
+  loader.scan([&](std::span<const uint16_t> t) { all.insert(all.end(), t.begin(), t.end()); });
+  ASSERT_EQ(all.size(), 103u);
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], i);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), loader.inputs().data<int32_t>()));
+}
+
 TEST_F(DataLoaderTest, ShuffleVisitsEachWindowOncePerEpoch) {
   DataLoader loader = DataLoader::train(pool_, dir_.path(), options(true, 1234));
   std::vector<int64_t> visits;

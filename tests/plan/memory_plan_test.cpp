@@ -5,6 +5,7 @@
 #include "memfit/plan/memory_plan.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +68,37 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
             ++runs;
           }
   EXPECT_EQ(runs, 80);
+}
+
+TEST_F(Planner, PredictedPeakEqualsMeasuredPeakAtTheRunsThreadCount) {
+  // The attention workspaces hold one slice per thread, so the plan must use --threads as the
+  // run does: with --threads 1 and with the default (all cores), in both attention kinds.
+  const int all = omp_get_max_threads();
+  for (int threads : {0, 1})
+    for (const char* attention : {"flash", "plain"}) {
+      TrainConfig c;
+      c.model = "gpt2-tiny";
+      c.n_layer = 4;
+      c.d_model = 256;
+      c.n_head = 4;
+      c.seq_len = 64;
+      c.batch = 4;
+      c.data_dir = dir.string();
+      c.steps = 1;
+      c.eval_batches = 1;
+      c.threads = threads;
+      c.attention = attention;
+      const PlanReport plan = plan_training(c);
+      EXPECT_EQ(omp_get_max_threads(), all) << "plan_training leaked its thread count";
+      const TrainSummary s = train(c);
+      omp_set_num_threads(all);  // train() sets --threads for the process
+      SCOPED_TRACE(fmt::format("--threads {} (of {}), {}", threads, all, attention));
+      EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+      for (Category cat : kAllCategories)
+        EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                  s.peak_by_category[static_cast<size_t>(cat)])
+            << category_name(cat);
+    }
 }
 
 TEST_F(Planner, PeakPhaseIsWhereTheMostBytesAreLive) {

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_train_command(app);
   memfit::cli::add_sample_command(app);
   memfit::cli::add_plan_command(app);
+  memfit::cli::add_calibrate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

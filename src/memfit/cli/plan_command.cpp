@@ -38,6 +38,11 @@ nlohmann::json plan_json(const TrainConfig& cfg, const PlanReport& r) {
   j["flops"] = r.flops;
   j["recompute_flops"] = r.recompute_flops;
   j["est_step_seconds"] = r.est_step_seconds;
+  j["step_time"] = {{"block_gemm", r.step_time.block_gemm},
+                    {"attention", r.step_time.attention},
+                    {"head_gemm", r.step_time.head_gemm},
+                    {"elementwise", r.step_time.elementwise},
+                    {"optimizer", r.step_time.optimizer}};
   j["model"] = {{"n_layer", r.model.n_layer}, {"n_head", r.model.n_head},
                 {"d_model", r.model.d_model}, {"vocab_size", r.model.vocab_size},
                 {"params", r.model.num_params()}};
@@ -76,11 +81,18 @@ void print_plan(const TrainConfig& cfg, const PlanReport& r) {
              mib(r.by_category[static_cast<size_t>(Category::activations)]),
              mib(r.by_category[static_cast<size_t>(Category::workspace)]));
   fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "
-             "machine\n",
-             r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds);
+             "machine (GEMMs {:.2f} s, attention {:.2f} s, element-wise {:.2f} s, optimizer {:.2f} s; "
+             "from the "
+             "calibration of this CPU, see `memfit calibrate`)\n",
+             r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds,
+             r.step_time.block_gemm + r.step_time.head_gemm, r.step_time.attention,
+             r.step_time.elementwise,
+             r.step_time.optimizer);
   if (!r.data_included)
-    fmt::print("(no training data found in {}: the data loaders' staging is not counted)\n",
-               cfg.data_dir);
+    fmt::print("(no training data found in {}: staging counts the train and val loaders' "
+               "buffers, not the permutation a shuffled run adds, 4 bytes per {}-token window "
+               "of the training data)\n",
+               cfg.data_dir, r.T);
   if (!cfg.mem_limit.empty()) {
     const size_t limit = parse_bytes(cfg.mem_limit, "--mem-limit");
     fmt::print("--mem-limit {}: {}\n", format_mib(limit),

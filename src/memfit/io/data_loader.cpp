@@ -1,8 +1,13 @@
 // The data loader's window order and batch filling; see data_loader.h and docs/data.md.
 #include "memfit/io/data_loader.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <random>
 #include <utility>
 
@@ -48,6 +53,73 @@ void shuffled_indices(uint64_t seed, int32_t* out, int64_t n) {
   }
 }
 
+// The shard files of one split, open for the loader's lifetime, and where each starts in the
+// concatenated token sequence.
+class ShardSet {
+ public:
+  ShardSet(const std::vector<fs::path>& paths) : paths_(paths) {
+    starts_.push_back(0);
+    try {
+      for (const auto& path : paths_) {
+        const int64_t count = read_token_shard_header(path);  // checks magic, version, size
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+          MEMFIT_THROW(IoError, "data", "cannot open {}: {}", path.string(),
+                       std::strerror(errno));
+        fds_.push_back(fd);
+        starts_.push_back(starts_.back() + count);
+      }
+    } catch (...) {
+      for (int fd : fds_) ::close(fd);
+      throw;
+    }
+  }
+  ~ShardSet() {
+    for (int fd : fds_) ::close(fd);
+  }
+  ShardSet(const ShardSet&) = delete;
+  ShardSet& operator=(const ShardSet&) = delete;
+
+  int64_t total() const { return starts_.back(); }
+  const fs::path& path(size_t s) const { return paths_[s]; }
+
+  // Tokens [start, start + n) into dst, crossing shard boundaries as needed. Calls
+  // `check(shard, position in shard, tokens)` on each piece read.
+  template <class Check>
+  void read(int64_t start, uint16_t* dst, int64_t n, Check&& check) const {
+    size_t s = static_cast<size_t>(
+        std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin() - 1);
+    while (n > 0) {
+      const int64_t at = start - starts_[s];
+      const int64_t take = std::min(n, starts_[s + 1] - at - starts_[s]);
+      char* out = reinterpret_cast<char*>(dst);
+      size_t left = static_cast<size_t>(take) * 2;
+      off_t offset = kShardHeaderBytes + at * 2;
+      while (left > 0) {
+        const ssize_t got = ::pread(fds_[s], out, left, offset);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0)
+          MEMFIT_THROW(IoError, "data", "{}: cannot read {} tokens at position {}: {}",
+                       paths_[s].string(), take, at,
+                       got < 0 ? std::strerror(errno) : "the file was truncated");
+        out += got;
+        left -= static_cast<size_t>(got);
+        offset += got;
+      }
+      check(s, at, std::span<const uint16_t>(dst, static_cast<size_t>(take)));
+      start += take;
+      dst += take;
+      n -= take;
+      ++s;
+    }
+  }
+
+ private:
+  std::vector<fs::path> paths_;
+  std::vector<int> fds_;
+  std::vector<int64_t> starts_;  // token offset of each shard, and the total at the end
+};
+
 DataLoader::DataLoader(MemoryPool& pool, std::vector<fs::path> shards,
                        const DataLoaderOptions& options)
     : options_(options), shards_(std::move(shards)) {
@@ -57,43 +129,77 @@ DataLoader::DataLoader(MemoryPool& pool, std::vector<fs::path> shards,
                  "T={}", B, T);
   if (shards_.empty()) MEMFIT_THROW(IoError, "data", "no token shards given");
 
-  std::vector<int64_t> counts;
-  int64_t total = 0;
-  for (const auto& shard : shards_) {
-    counts.push_back(read_token_shard_header(shard));
-    total += counts.back();
-  }
-  if (total < T + 1)
+  files_ = std::make_unique<ShardSet>(shards_);
+  num_tokens_ = files_->total();
+  if (num_tokens_ < T + 1)
     MEMFIT_THROW(IoError, "data",
                  "{} shard(s) starting with {} hold {} tokens; one window of T={} needs {}",
-                 shards_.size(), shards_.front().string(), total, T, T + 1);
-  num_windows_ = (total - 1) / T;
+                 shards_.size(), shards_.front().string(), num_tokens_, T, T + 1);
+  num_windows_ = (num_tokens_ - 1) / T;
   if (options.shuffle && num_windows_ > INT32_MAX)
     MEMFIT_THROW(ConfigError, "data", "{} windows are too many to shuffle (at most {})",
                  num_windows_, INT32_MAX);
 
-  tokens_ = Tensor::empty(pool, Shape{total}, DType::u16, Category::staging, "data.tokens");
-  uint16_t* dst = tokens_.data<uint16_t>();
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    read_token_shard_into(shards_[i], {dst, static_cast<size_t>(counts[i])}, options.vocab_size);
-    dst += counts[i];
-  }
+  // The same allocations, in the same order, as buffer_bytes and permutation_bytes count.
+  window_ = Tensor::empty(pool, Shape{B, T + 1}, DType::u16, Category::staging, "data.window");
   inputs_ = Tensor::empty(pool, Shape{B, T}, DType::i32, Category::staging, "data.inputs");
   targets_ = Tensor::empty(pool, Shape{B, T}, DType::i32, Category::staging, "data.targets");
   if (options.shuffle)
     permutation_ = Tensor::empty(pool, Shape{num_windows_}, DType::i32, Category::staging,
                                  "data.permutation");
+  // Every token is checked against the vocabulary once, here, rather than hours into a run.
+  if (options.vocab_size) scan([](std::span<const uint16_t>) {});
+}
+
+DataLoader::~DataLoader() = default;
+DataLoader::DataLoader(DataLoader&&) noexcept = default;
+DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
+
+size_t DataLoader::buffer_bytes(const DataLoaderOptions& options) {
+  const int64_t T = options.seq_len, B = options.batch_size;
+  auto block = [](int64_t bytes) { return MemoryPool::round_up(static_cast<size_t>(bytes)); };
+  return block(B * (T + 1) * 2) + 2 * block(B * T * 4);
+}
+
+size_t DataLoader::permutation_bytes(const DataLoaderOptions& options, int64_t num_windows) {
+  return options.shuffle ? MemoryPool::round_up(static_cast<size_t>(num_windows) * 4) : 0;
 }
 
 size_t DataLoader::staging_bytes(const std::vector<fs::path>& shards,
                                  const DataLoaderOptions& options) {
-  int64_t total = 0;
-  for (const auto& shard : shards) total += read_token_shard_header(shard);
-  const int64_t T = options.seq_len, B = options.batch_size;
-  const int64_t windows = T > 0 ? std::max<int64_t>(0, (total - 1) / T) : 0;
-  auto block = [](int64_t bytes) { return MemoryPool::round_up(static_cast<size_t>(bytes)); };
-  // The same allocations as the constructor: tokens, inputs, targets, permutation.
-  return block(total * 2) + 2 * block(B * T * 4) + (options.shuffle ? block(windows * 4) : 0);
+  size_t bytes = buffer_bytes(options);
+  if (options.shuffle) {  // only the permutation depends on the data: its window count
+    int64_t total = 0;
+    for (const auto& shard : shards) total += read_token_shard_header(shard);
+    const int64_t T = options.seq_len;
+    bytes += permutation_bytes(options, T > 0 ? std::max<int64_t>(0, (total - 1) / T) : 0);
+  }
+  return bytes;
+}
+
+void DataLoader::read_tokens(int64_t start, std::span<uint16_t> dst) const {
+  files_->read(start, dst.data(), static_cast<int64_t>(dst.size()),
+               [&](size_t shard, int64_t at, std::span<const uint16_t> got) {
+                 if (!options_.vocab_size) return;
+                 for (size_t i = 0; i < got.size(); ++i)
+                   if (got[i] >= *options_.vocab_size)
+                     MEMFIT_THROW(IoError, "shard",
+                                  "{}: token {} at position {} is outside the vocabulary: "
+                                  "expected < {} (was the shard prepared with another "
+                                  "tokenizer?)",
+                                  files_->path(shard).string(), got[i], at + int64_t(i),
+                                  *options_.vocab_size);
+               });
+}
+
+void DataLoader::scan(const std::function<void(std::span<const uint16_t>)>& chunk) {
+  uint16_t* buf = window_.data<uint16_t>();
+  const int64_t room = window_.numel();
+  for (int64_t start = 0; start < num_tokens_; start += room) {
+    const int64_t n = std::min(room, num_tokens_ - start);
+    read_tokens(start, {buf, static_cast<size_t>(n)});
+    chunk({buf, static_cast<size_t>(n)});
+  }
 }
 
 DataLoader DataLoader::train(MemoryPool& pool, const fs::path& dir,
@@ -136,11 +242,12 @@ int64_t DataLoader::window_index(int64_t k, int64_t b) const {
 
 void DataLoader::next_batch() {
   const int64_t B = options_.batch_size, T = options_.seq_len;
-  const uint16_t* tokens = tokens_.data<uint16_t>();
+  uint16_t* staged = window_.data<uint16_t>();
   int32_t* x = inputs_.data<int32_t>();
   int32_t* y = targets_.data<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    const uint16_t* window = tokens + window_index(position_, b) * T;
+    uint16_t* window = staged + b * (T + 1);
+    read_tokens(window_index(position_, b) * T, {window, static_cast<size_t>(T + 1)});
     for (int64_t t = 0; t < T; ++t) {
       x[b * T + t] = window[t];
       y[b * T + t] = window[t + 1];

@@ -1,11 +1,19 @@
 // The data loader: turns token shards into (B, T) input and target batches in an order that is a
 // documented function of the micro-batch number, so runs are reproducible and resumable from a
 // single integer. The contract is in docs/data.md; tests/io/data_loader_test.cpp checks it.
+//
+// The shards stay on disk: each batch reads its B windows (T + 1 tokens each) with pread into a
+// fixed (B, T + 1) staging tensor, so the pool bytes do not grow with the dataset (a run on
+// billions of tokens holds what a run on Brown does, but for the shuffle's permutation, 4 bytes
+// per window). staging_bytes() gives them without opening a shard when there is no shuffle.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -27,17 +35,30 @@ struct DataLoaderOptions {
 std::vector<std::filesystem::path> find_token_shards(const std::filesystem::path& dir,
                                                      std::string_view split);
 
+class ShardSet;  // the open shard files (data_loader.cpp)
+
 class DataLoader {
  public:
   // The pool bytes a loader over `shards` with these options allocates (Category::staging),
-  // from the shard headers alone: what the planner predicts.
+  // from the shard headers alone: what the planner predicts. The same as
+  // buffer_bytes(options) + permutation_bytes(windows) for the shards' window count.
   static size_t staging_bytes(const std::vector<std::filesystem::path>& shards,
                               const DataLoaderOptions& options);
+  // What does not depend on the data: the (B, T + 1) u16 window staging and the (B, T) int32
+  // inputs and targets, each rounded to the pool's alignment.
+  static size_t buffer_bytes(const DataLoaderOptions& options);
+  // With shuffle, the epoch's permutation: 4 bytes per window (0 without shuffle).
+  static size_t permutation_bytes(const DataLoaderOptions& options, int64_t num_windows);
 
-  // Loads all of `shards` (concatenated in the given order) into pool memory. Throws ConfigError
-  // for a bad B or T, IoError for a bad shard or when the tokens do not make one window.
+  // Opens `shards` (concatenated in the given order; their headers are checked) and allocates
+  // the staging. With a vocabulary size it reads every token once, through the staging, to
+  // check it. Throws ConfigError for a bad B or T, IoError for a bad shard, a token outside the
+  // vocabulary, or when the tokens do not make one window.
   DataLoader(MemoryPool& pool, std::vector<std::filesystem::path> shards,
              const DataLoaderOptions& options);
+  ~DataLoader();
+  DataLoader(DataLoader&&) noexcept;
+  DataLoader& operator=(DataLoader&&) noexcept;
   // train_*.bin in `dir`, sorted by name. Throws IoError if there are none.
   static DataLoader train(MemoryPool& pool, const std::filesystem::path& dir,
                           const DataLoaderOptions& options);
@@ -62,9 +83,11 @@ class DataLoader {
 
   int64_t batch_size() const { return options_.batch_size; }
   int64_t seq_len() const { return options_.seq_len; }
-  int64_t num_tokens() const { return tokens_.numel(); }
-  // All tokens of the split, u16 (N), in file order.
-  const Tensor& tokens() const { return tokens_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  // Calls `chunk` on every token of the split in file order, a staging-sized piece at a time
+  // (read through the window staging, so it allocates nothing). Clobbers the window staging,
+  // not inputs() or targets().
+  void scan(const std::function<void(std::span<const uint16_t>)>& chunk);
   // Whole windows in the data: floor((N - 1) / T).
   int64_t num_windows() const { return num_windows_; }
   // Micro-batches that visit every window once: ceil(num_windows / B).
@@ -74,10 +97,14 @@ class DataLoader {
  private:
   // The permutation of epoch `epoch` (shuffle only), computed when first asked for.
   const int32_t* permutation(int64_t epoch) const;
+  // Reads tokens [start, start + dst.size()) of the split into dst, checking the vocabulary.
+  void read_tokens(int64_t start, std::span<uint16_t> dst) const;
 
   DataLoaderOptions options_;
   std::vector<std::filesystem::path> shards_;
-  Tensor tokens_;  // u16 (N): all shards, concatenated
+  std::unique_ptr<ShardSet> files_;
+  int64_t num_tokens_ = 0;
+  Tensor window_;  // u16 (B, T + 1): the tokens of one batch's windows
   Tensor inputs_, targets_;
   int64_t num_windows_ = 0;
   int64_t position_ = 0;

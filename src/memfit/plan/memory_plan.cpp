@@ -1,9 +1,14 @@
 #include "memfit/plan/memory_plan.h"
 
+#include <omp.h>
+
+#include <filesystem>
+
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/plan/calibration.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit {
@@ -28,22 +33,29 @@ StepFlops step_flops(const GPT2Config& c, int B, int T, const ActivationOptions&
 
 namespace {
 
-// Whole-step rates measured on this machine (2 Sapphire Rapids cores) by
-// bench/e2e/precision_vs_pytorch.py on 2026-11-22 (docs/benchmarks.md, "Mixed precision"):
-// bf16 0.79-0.86, fp32 0.21-0.27, fp16 0.22-0.25 TFLOP/s at 6x384 and gpt2, 8 x 256. The
-// lower ends: an estimate to rank configurations, not a promise.
-double step_rate(Precision p) {
-  switch (p) {
-    case Precision::bf16: return 0.79e12;
-    case Precision::fp16: return 0.22e12;  // f16 matmuls widened through the f32 GEMM
-    default: return 0.21e12;
+namespace fs = std::filesystem;
+
+// Sets OpenMP's thread count for the scope (0: leave it), restoring the previous one after.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads) : before_(omp_get_max_threads()) {
+    if (threads > 0) omp_set_num_threads(threads);
   }
-}
+  ~ScopedThreads() { omp_set_num_threads(before_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int before_;
+};
 
 }  // namespace
 
 PlanReport plan_training(const TrainConfig& cfg) {
   validate_train_config(cfg);
+  // Workspace sizes depend on the thread count (the kernels size per-thread scratch by
+  // omp_get_max_threads()), so plan with the run's, as train() sets it.
+  const ScopedThreads threads(cfg.threads);
   PlanReport r;
   const RunModel run = resolve_run_model(cfg);
   r.model = run.config;
@@ -69,19 +81,25 @@ PlanReport plan_training(const TrainConfig& cfg) {
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
 
-  const auto train_shards = io::find_token_shards(cfg.data_dir, "train");
-  if (cfg.steps > 0 && !train_shards.empty()) {
+  // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
+  // the training data's window count (from the shard headers). With no data to read, the plan
+  // counts what a run with a train and a val split allocates but the permutation.
+  if (cfg.steps > 0) {
     io::DataLoaderOptions d;
     d.batch_size = r.B;
     d.seq_len = r.T;
     d.shuffle = cfg.shuffle;
-    at(Category::staging) =
-        io::DataLoader::staging_bytes(train_shards, d);
-    if (auto val = io::find_token_shards(cfg.data_dir, "val"); !val.empty()) {
-      d.shuffle = false;
-      at(Category::staging) += io::DataLoader::staging_bytes(val, d);
-    }
-    r.data_included = true;
+    std::error_code ec;
+    const auto shards = [&](const char* split) {
+      return fs::is_directory(cfg.data_dir, ec) ? io::find_token_shards(cfg.data_dir, split)
+                                                : std::vector<fs::path>{};
+    };
+    const auto train_shards = shards("train");
+    r.data_included = !train_shards.empty();
+    at(Category::staging) = r.data_included ? io::DataLoader::staging_bytes(train_shards, d)
+                                            : io::DataLoader::buffer_bytes(d);
+    if (!r.data_included || !shards("val").empty())
+      at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
   }
   for (size_t b : r.by_category) r.peak_bytes += b;
   const int peak = r.step.peak_phase();
@@ -92,7 +110,20 @@ PlanReport plan_training(const TrainConfig& cfg) {
   const StepFlops f = step_flops(r.model, r.B, r.T, act);
   r.flops = f.total * cfg.grad_accum;
   r.recompute_flops = f.recompute * cfg.grad_accum;
-  r.est_step_seconds = r.flops / step_rate(precision.precision);
+  // Seconds from this CPU's calibrated rates (measured once, then cached): Note [Step-time
+  // model] in docs/notes/planner.md.
+  StepTimeInputs in;
+  in.model = r.model;
+  in.B = r.B;
+  in.T = r.T;
+  in.grad_accum = cfg.grad_accum;
+  in.options = act;
+  in.options.precision = precision.precision;
+  in.param_count = static_cast<size_t>(layout.total());
+  in.optimizer_bytes = at(Category::optimizer);
+  in.master_weights = precision.master_weights;
+  r.step_time = estimate_step_time(in, machine_calibration());
+  r.est_step_seconds = r.step_time.total();
   return r;
 }
 

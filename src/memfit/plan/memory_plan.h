@@ -13,6 +13,7 @@
 
 #include "memfit/memory/category.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/plan/step_time.h"
 #include "memfit/train/train_config.h"
 
 namespace memfit {
@@ -27,8 +28,11 @@ struct PlanReport {
   StepPlan step;                // buffers, lifetimes, arenas and live bytes per phase
   double flops = 0;             // per optimizer step, recomputation included
   double recompute_flops = 0;   // of which recomputation
-  double est_step_seconds = 0;  // flops at this machine's measured step rate (see the .cpp)
-  bool data_included = false;       // staging counts the data loaders (the data dir exists)
+  double est_step_seconds = 0;  // step_time.total()
+  StepTime step_time;           // the estimate by part, from this CPU's calibration
+  // Whether training shards were found: staging is then exact. Without them it counts the
+  // train and val loaders' fixed buffers, not the shuffle's permutation (4 bytes a window).
+  bool data_included = false;
 };
 
 // Plans a run as `train(config)` would make it. Throws what train would for a bad config.

@@ -94,11 +94,12 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
                  file.string(), master.dump(), c.master_weights);
 }
 
-double unigram_entropy(const io::DataLoader& loader, int vocab) {
+double unigram_entropy(io::DataLoader& loader, int vocab) {
   std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
-  const uint16_t* t = loader.tokens().data<uint16_t>();
   const int64_t n = loader.num_tokens();
-  for (int64_t i = 0; i < n; ++i) ++counts[t[i]];
+  loader.scan([&](std::span<const uint16_t> tokens) {
+    for (uint16_t t : tokens) ++counts[t];
+  });
   double h = 0;
   for (int64_t k : counts)
     if (k) h -= double(k) / n * std::log(double(k) / n);

@@ -1,0 +1,400 @@
+// Measuring the planner's rates and caching them; see calibration.h.
+#include "memfit/plan/calibration.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "memfit/core/cpu.h"
+#include "memfit/core/error.h"
+#include "memfit/core/tensor.h"
+#include "memfit/io/atomic_file.h"
+#include "memfit/kernels/cpu/adamw.h"
+#include "memfit/kernels/cpu/dnnl_gemm.h"
+#include "memfit/kernels/cpu/flash_attention.h"
+#include "memfit/kernels/cpu/gelu.h"
+#include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/cpu/residual.h"
+#include "memfit/memory/pool.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kWidths[] = {384, 768, 1536};
+constexpr int64_t kBlockRows = 2048;  // 8 x 256 tokens
+constexpr int64_t kHeadRows = 256;    // the LM head's chunk (ActivationOptions::lm_head_chunk)
+constexpr int64_t kHeadVocab = 8192;  // a slice of the vocabulary: the rate, not the whole head
+constexpr int kReps = 1;              // timed runs after one warm-up; their mean counts
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The mean of kReps runs of `run` after a warm-up run. The mean, not the fastest: a step's
+// median on a machine with other work includes its share of interruptions, and so should the
+// rates it is estimated from (on a quiet machine the two agree).
+double mean_seconds(const std::function<void()>& run) {
+  run();
+  double total = 0;
+  for (int i = 0; i < kReps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    total += seconds_since(t0);
+  }
+  return total / kReps;
+}
+
+// One GEMM shape: C (M, N) = op(A) @ op(B), B stored as the layer stores it; `accumulate`
+// (beta 1) for a weight gradient, `bias` for a forward.
+struct Shape3 {
+  int64_t M, N, K;
+  bool trans_a, trans_b;
+  bool accumulate = false, bias = false;
+};
+
+// FLOP/s over `shapes`, all in `dt` operands with f32 output. Throws what dnnl_gemm throws
+// (a bf16 primitive this CPU or cap cannot create).
+double gemm_rate(MemoryPool& pool, const std::vector<Shape3>& shapes, DType dt) {
+  double flops = 0, seconds = 0;
+  for (const Shape3& s : shapes) {
+    Tensor a = Tensor::empty(pool, {s.M * s.K}, dt, Category::workspace, "calibrate.a");
+    Tensor b = Tensor::empty(pool, {s.K * s.N}, dt, Category::workspace, "calibrate.b");
+    Tensor c = Tensor::empty(pool, {s.M * s.N}, DType::f32, Category::workspace, "calibrate.c");
+    Tensor bias = Tensor::empty(pool, {s.N}, DType::f32, Category::workspace, "calibrate.bias");
+    for (Tensor* t : {&a, &b, &c, &bias})  // zeros: no denormals, pages touched
+      std::memset(t->raw_data(), 0, t->nbytes());
+    kernels::dnnl_gemm::GemmSpec g;
+    g.M = s.M;
+    g.N = s.N;
+    g.K = s.K;
+    g.trans_a = s.trans_a;
+    g.trans_b = s.trans_b;
+    g.lda = s.trans_a ? s.M : s.K;
+    g.ldb = s.trans_b ? s.K : s.N;
+    g.ldc = s.N;
+    g.a_type = g.b_type = dt;
+    g.beta = s.accumulate ? 1.0f : 0.0f;
+    g.bias = s.bias;
+    seconds += mean_seconds([&] {
+      kernels::dnnl_gemm::execute(g, a.raw_data(), b.raw_data(), c.raw_data(),
+                                  s.bias ? bias.raw_data() : nullptr);
+    });
+    flops += 2.0 * s.M * s.N * s.K;
+  }
+  return flops / seconds;
+}
+
+// A block's four linear layers (qkv C -> 3C, attention projection C -> C, fc C -> 4C, its
+// projection 4C -> C), each forward (x W^T + b), d(input) = dout W and d(weight) += dout^T x.
+std::vector<Shape3> block_shapes(int64_t C) {
+  // Past width 768, rows fall as 1/C^2 (512 at 1536), so each width costs the same: calibration
+  // stays a few seconds.
+  const int64_t W = std::max<int64_t>(768, C);
+  const int64_t R = kBlockRows * 768 * 768 / (W * W);
+  std::vector<Shape3> shapes;
+  for (auto [in, out] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
+    shapes.push_back({R, out, in, false, true, false, true});
+    shapes.push_back({R, in, out, false, false});
+    shapes.push_back({out, in, R, true, false, true});
+  }
+  return shapes;
+}
+
+std::vector<Shape3> head_shapes(int64_t C) {
+  const int64_t R = kHeadRows, V = kHeadVocab;
+  return {{R, V, C, false, true}, {R, C, V, false, false}, {V, C, R, true, false, true}};
+}
+
+// FLOP/s of flash attention forward and backward at 8 x 256 tokens, 12 heads of 64, counted as
+// step_flops counts them: 4 x 2 B T^2 C. Throws what the kernel throws for a dtype it lacks.
+double attention_rate(MemoryPool& pool, DType dt) {
+  const int64_t B = 8, T = 256, NH = 12, C = 64 * NH;
+  auto t = [&](Shape shape, DType type) {
+    Tensor x = Tensor::empty(pool, shape, type, Category::workspace, "calibrate.attn");
+    std::memset(x.raw_data(), 0, x.nbytes());
+    return x;
+  };
+  Tensor qkv = t({B, T, 3 * C}, dt), out = t({B, T, C}, dt), dout = t({B, T, C}, dt);
+  Tensor dqkv = t({B, T, 3 * C}, dt), lse = t({B, NH, T}, DType::f32);
+  const size_t fw = kernels::flash_attention_forward_workspace_bytes(B, T, C, NH, dt);
+  const size_t bw = kernels::flash_attention_backward_workspace_bytes(B, T, C, NH, dt);
+  Tensor ws = t({static_cast<int64_t>((std::max(fw, bw) + 3) / 4)}, DType::f32);
+  const double seconds = mean_seconds([&] {
+    kernels::flash_attention_forward(out, lse, qkv, ws, NH);
+    kernels::flash_attention_backward(dqkv, dout, qkv, out, lse, ws, NH);
+  });
+  return 4.0 * 2.0 * B * T * T * C / seconds;
+}
+
+// Bytes per second of the element-wise kernels a block runs, on one block's tensors at width
+// 768 and 2048 rows (the traffic each moves, in f32 elements per row: LayerNorm forward 2C,
+// residual 3C, GELU forward 8C and backward 12C, LayerNorm backward 4C: 29C).
+double elementwise_rate(MemoryPool& pool) {
+  const int64_t R = kBlockRows, C = 768;
+  auto t = [&](Shape shape, float fill) {
+    Tensor x = Tensor::empty(pool, shape, DType::f32, Category::workspace, "calibrate.x");
+    std::fill_n(x.data<float>(), x.numel(), fill);
+    return x;
+  };
+  Tensor x = t({R, C}, 0.5f), y = t({R, C}, 0.f), r = t({R, C}, 0.f), dx = t({R, C}, 0.f);
+  Tensor w = t({C}, 1.f), b = t({C}, 0.f), dw = t({C}, 0.f), db = t({C}, 0.f);
+  Tensor mean = t({R}, 0.f), rstd = t({R}, 1.f);
+  Tensor h = t({R, 4 * C}, 0.25f), g = t({R, 4 * C}, 0.f), dg = t({R, 4 * C}, 0.f);
+  const double seconds = mean_seconds([&] {
+    kernels::layernorm_forward(y, mean, rstd, x, w, b);
+    kernels::residual_forward(r, x, y);
+    kernels::gelu_forward(g, h);
+    kernels::gelu_backward(dg, h, g);
+    kernels::layernorm_backward(dx, dw, db, y, x, w, mean, rstd);
+  });
+  return 29.0 * C * R * 4 / seconds;
+}
+
+// Bytes per second of AdamW over 8M parameters (7 f32 accesses each), past any cache.
+double stream_rate(MemoryPool& pool) {
+  const int64_t n = int64_t(8) << 20;
+  auto t = [&](float fill) {
+    Tensor x = Tensor::empty(pool, {n}, DType::f32, Category::workspace, "calibrate.p");
+    std::fill_n(x.data<float>(), n, fill);
+    return x;
+  };
+  Tensor p = t(0.1f), grad = t(0.01f), m = t(0.f), v = t(0.f);
+  kernels::AdamWHyper h;
+  int64_t step = 0;
+  const double seconds = mean_seconds([&] { kernels::adamw_update(p, grad, m, v, h, ++step); });
+  return 28.0 * n / seconds;
+}
+
+// log2-linear interpolation of rate(width) over the measured widths.
+double interpolate(const std::vector<GemmRates>& g, int width,
+                   double (*rate)(const GemmRates&)) {
+  MEMFIT_CHECK(!g.empty(), "calibration", "no GEMM rates");
+  if (width <= g.front().width) return rate(g.front());
+  if (width >= g.back().width) return rate(g.back());
+  size_t i = 1;
+  while (g[i].width < width) ++i;
+  const double f = (std::log2(width) - std::log2(g[i - 1].width)) /
+                   (std::log2(g[i].width) - std::log2(g[i - 1].width));
+  return rate(g[i - 1]) + f * (rate(g[i]) - rate(g[i - 1]));
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// "AMD EPYC 9R14" -> "amd-epyc-9r14": safe in a file name.
+std::string slug(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    else if (!out.empty() && out.back() != '-')
+      out += '-';
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out.empty() ? "unknown-cpu" : out;
+}
+
+}  // namespace
+
+double Calibration::block_rate(bool bf16, int width) const {
+  return bf16 ? interpolate(gemm, width, [](const GemmRates& r) { return r.bf16_block; })
+              : interpolate(gemm, width, [](const GemmRates& r) { return r.f32_block; });
+}
+
+double Calibration::head_rate(bool bf16, int width) const {
+  return bf16 ? interpolate(gemm, width, [](const GemmRates& r) { return r.bf16_head; })
+              : interpolate(gemm, width, [](const GemmRates& r) { return r.f32_head; });
+}
+
+nlohmann::json Calibration::to_json() const {
+  nlohmann::json j;
+  j["version"] = kVersion;
+  j["cpu"] = cpu;
+  j["isa"] = isa;
+  j["threads"] = threads;
+  j["bf16_native"] = bf16_native;
+  j["gemm_flops_per_s"] = nlohmann::json::array();
+  for (const GemmRates& g : gemm)
+    j["gemm_flops_per_s"].push_back({{"width", g.width},
+                                     {"f32_block", g.f32_block},
+                                     {"f32_head", g.f32_head},
+                                     {"bf16_block", g.bf16_block},
+                                     {"bf16_head", g.bf16_head}});
+  j["attention_flops_per_s"] = {{"f32", attention_f32}, {"bf16", attention_bf16}};
+  j["elementwise_bytes_per_s"] = elementwise_bytes_per_s;
+  j["stream_bytes_per_s"] = stream_bytes_per_s;
+  j["seconds"] = seconds;
+  j["measured_at"] = measured_at;
+  return j;
+}
+
+Calibration Calibration::from_json(const nlohmann::json& j, const std::string& source) {
+  Calibration c;
+  try {
+    if (j.at("version").get<int>() != kVersion)
+      MEMFIT_THROW(IoError, "calibration", "{}: version {}, expected {}", source,
+                   j.at("version").dump(), kVersion);
+    c.cpu = j.at("cpu").get<std::string>();
+    c.isa = j.at("isa").get<std::string>();
+    c.threads = j.at("threads").get<int>();
+    c.bf16_native = j.at("bf16_native").get<bool>();
+    for (const auto& g : j.at("gemm_flops_per_s"))
+      c.gemm.push_back({g.at("width").get<int>(), g.at("f32_block").get<double>(),
+                        g.at("f32_head").get<double>(), g.at("bf16_block").get<double>(),
+                        g.at("bf16_head").get<double>()});
+    c.attention_f32 = j.at("attention_flops_per_s").at("f32").get<double>();
+    c.attention_bf16 = j.at("attention_flops_per_s").at("bf16").get<double>();
+    c.elementwise_bytes_per_s = j.at("elementwise_bytes_per_s").get<double>();
+    c.stream_bytes_per_s = j.at("stream_bytes_per_s").get<double>();
+    c.seconds = j.value("seconds", 0.0);
+    c.measured_at = j.value("measured_at", std::string());
+  } catch (const nlohmann::json::exception& e) {
+    MEMFIT_THROW(IoError, "calibration", "{}: not a calibration: {}", source, e.what());
+  }
+  bool positive = c.elementwise_bytes_per_s > 0 && c.stream_bytes_per_s > 0 && !c.gemm.empty() &&
+                  c.attention_f32 > 0 && c.attention_bf16 > 0;
+  for (const GemmRates& g : c.gemm)
+    positive = positive && g.width > 0 && g.f32_block > 0 && g.f32_head > 0 &&
+               g.bf16_block > 0 && g.bf16_head > 0;
+  if (!positive)
+    MEMFIT_THROW(IoError, "calibration", "{}: a rate is missing or not positive", source);
+  return c;
+}
+
+Calibration calibrate() {
+  const auto t0 = std::chrono::steady_clock::now();
+  Calibration c;
+  c.cpu = cpu::model_name();
+  c.isa = std::string(cpu::isa_name(cpu::max_isa()));
+  c.threads = omp_get_max_threads();
+  MemoryPool pool;
+  // bf16 through the route the model's bf16 matmuls take: oneDNN's bf16 GEMM where it can make
+  // one (AVX512_BF16, AMX); else the operands are widened and the f32 GEMM runs.
+  c.bf16_native = true;
+  for (int width : kWidths) {
+    GemmRates g;
+    g.width = width;
+    g.f32_block = gemm_rate(pool, block_shapes(width), DType::f32);
+    g.f32_head = gemm_rate(pool, head_shapes(width), DType::f32);
+    if (c.bf16_native) {
+      try {
+        g.bf16_block = gemm_rate(pool, block_shapes(width), DType::bf16);
+        g.bf16_head = gemm_rate(pool, head_shapes(width), DType::bf16);
+      } catch (const Error&) {
+        c.bf16_native = false;
+      }
+    }
+    if (!c.bf16_native) {
+      g.bf16_block = g.f32_block;
+      g.bf16_head = g.f32_head;
+    }
+    c.gemm.push_back(g);
+  }
+  if (!c.bf16_native)  // a failure at a later width: use the f32 rates everywhere
+    for (GemmRates& g : c.gemm) {
+      g.bf16_block = g.f32_block;
+      g.bf16_head = g.f32_head;
+    }
+  c.attention_f32 = attention_rate(pool, DType::f32);
+  try {
+    c.attention_bf16 = attention_rate(pool, DType::bf16);
+  } catch (const Error&) {
+    c.attention_bf16 = c.attention_f32;
+  }
+  c.elementwise_bytes_per_s = elementwise_rate(pool);
+  c.stream_bytes_per_s = stream_rate(pool);
+  c.seconds = seconds_since(t0);
+  c.measured_at = utc_now();
+  return c;
+}
+
+fs::path calibration_cache_dir() {
+  auto env = [](const char* name) -> const char* {
+    const char* v = std::getenv(name);
+    return v && *v ? v : nullptr;
+  };
+  if (const char* d = env("MEMFIT_CACHE_DIR")) return d;
+  if (const char* d = env("XDG_CACHE_HOME")) return fs::path(d) / "memfit";
+  if (const char* h = env("HOME")) return fs::path(h) / ".cache" / "memfit";
+  return fs::temp_directory_path() / "memfit-cache";
+}
+
+fs::path calibration_cache_path(int threads) {
+  return calibration_cache_dir() / fmt::format("calibration-{}-{}-{}t.json",
+                                               slug(cpu::model_name()),
+                                               cpu::isa_name(cpu::max_isa()), threads);
+}
+
+Calibration load_calibration(const fs::path& path, int threads) {
+  const std::string text = io::read_file_to_string(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    MEMFIT_THROW(IoError, "calibration", "{}: not valid JSON: {}", path.string(), e.what());
+  }
+  Calibration c = Calibration::from_json(j, path.string());
+  const std::string isa(cpu::isa_name(cpu::max_isa()));
+  if (c.cpu != cpu::model_name() || c.isa != isa || c.threads != threads)
+    MEMFIT_THROW(IoError, "calibration",
+                 "{}: measured on '{}' ({}, {} threads), this run is '{}' ({}, {} threads)",
+                 path.string(), c.cpu, c.isa, c.threads, cpu::model_name(), isa, threads);
+  return c;
+}
+
+void save_calibration(const fs::path& path, const Calibration& c) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec)
+    MEMFIT_THROW(IoError, "calibration", "cannot create {}: {}", path.parent_path().string(),
+                 ec.message());
+  io::write_file_atomic(path, c.to_json().dump(2) + "\n");
+}
+
+const Calibration& machine_calibration(std::FILE* note) {
+  static std::mutex mutex;
+  static std::map<fs::path, Calibration> known;  // by cache file: CPU, cap, threads
+  const int threads = omp_get_max_threads();
+  const fs::path path = calibration_cache_path(threads);
+  std::lock_guard lock(mutex);
+  if (auto it = known.find(path); it != known.end()) return it->second;
+  std::string why;
+  if (fs::exists(path)) {
+    try {
+      return known[path] = load_calibration(path, threads);
+    } catch (const IoError& e) {
+      // The cache is derived data: a damaged file is replaced, not something to fix by hand.
+      why = fmt::format(" ({} is unusable: {})", path.string(), e.what());
+    }
+  }
+  if (note)
+    std::fprintf(note,
+                 "memfit: calibrating this CPU for step-time estimates, once (`memfit "
+                 "calibrate` reruns it)%s\n",
+                 why.c_str());
+  Calibration c = calibrate();
+  save_calibration(path, c);
+  return known[path] = std::move(c);
+}
+
+}  // namespace memfit

@@ -1,0 +1,77 @@
+// The rates the planner's step-time model (plan/step_time.h) divides by, measured on the CPU at
+// hand instead of constants from one machine: oneDNN GEMM rates at the shapes of a GPT-2 block's
+// and LM head's matmuls (f32, and bf16 through the route bf16 matmuls take here), flash
+// attention's rate, the effective rate of memfit's element-wise kernels, and the streaming rate
+// of the optimizer update. A few
+// seconds; cached as JSON per CPU model, ISA cap and thread count under the user's cache
+// directory, so `memfit plan`, `--ckpt auto` and `--auto-batch` measure once per machine and
+// `memfit calibrate` measures again. See docs/notes/planner.md, Note [Step-time model].
+#pragma once
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace memfit {
+
+// GEMM rates (FLOP/s) at one model width C: `block` over a block's four linear layers (qkv,
+// attention projection, fc, fc projection) with 2048 rows (8 x 256 tokens; 512 at width 1536),
+// each forward with its bias, d(input) and d(weight) accumulated as the model runs them;
+// `head` over the LM head's three matmuls with a 256-row chunk and 8192 vocabulary rows.
+struct GemmRates {
+  int width = 0;
+  double f32_block = 0, f32_head = 0, bf16_block = 0, bf16_head = 0;
+};
+
+struct Calibration {
+  static constexpr int kVersion = 3;
+  std::string cpu;     // cpu::model_name()
+  std::string isa;     // cpu::isa_name(cpu::max_isa()): the cap it ran under
+  int threads = 0;     // OpenMP threads it ran with
+  bool bf16_native = false;  // bf16 GEMMs ran in bf16; else widened, at the f32 rate
+  std::vector<GemmRates> gemm;     // by increasing width
+  // Flash attention forward and backward (8 x 256 tokens, 12 heads of 64), in the FLOPs
+  // step_flops counts for it (4 x the causal scores' 2 B T^2 C); bf16 at the f32 rate where
+  // the kernel has no bf16 path.
+  double attention_f32 = 0, attention_bf16 = 0;
+  double elementwise_bytes_per_s = 0;  // LayerNorm, residual, GELU forward and backward
+  double stream_bytes_per_s = 0;       // the AdamW update over buffers past the caches
+  double seconds = 0;                  // how long the measurement took
+  std::string measured_at;             // UTC, ISO 8601
+
+  // GEMM rate for a layer of width C (interpolated in log2 C between measured widths, the end
+  // rates outside them).
+  double block_rate(bool bf16, int width) const;
+  double head_rate(bool bf16, int width) const;
+
+  nlohmann::json to_json() const;
+  // Throws IoError naming `source` and the field when the JSON is not a calibration of this
+  // version.
+  static Calibration from_json(const nlohmann::json& j, const std::string& source);
+};
+
+// Runs the measurements with the current OpenMP thread count and ISA cap.
+Calibration calibrate();
+
+// Where calibrations are cached: $MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else
+// $HOME/.cache/memfit.
+std::filesystem::path calibration_cache_dir();
+// The cache file for this CPU model, the current ISA cap and `threads`:
+// calibration-<cpu>-<isa>-<threads>t.json.
+std::filesystem::path calibration_cache_path(int threads);
+
+// Reads a cached calibration; IoError (naming the file and what is wrong) if it is missing,
+// not JSON, or not a calibration for this CPU, cap and thread count.
+Calibration load_calibration(const std::filesystem::path& path, int threads);
+// Writes it atomically, creating the folder.
+void save_calibration(const std::filesystem::path& path, const Calibration& c);
+
+// The calibration for the current OpenMP thread count: remembered in the process, else read
+// from the cache, else measured and saved (saying so in one line on `note`, also when a cache
+// file was unreadable and is replaced).
+const Calibration& machine_calibration(std::FILE* note = stderr);
+
+}  // namespace memfit

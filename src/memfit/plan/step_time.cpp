@@ -1,0 +1,73 @@
+// The step-time model; see step_time.h and Note [Step-time model] in docs/notes/planner.md.
+#include "memfit/plan/step_time.h"
+
+#include "memfit/plan/memory_plan.h"
+
+namespace memfit {
+
+namespace {
+
+// Element-wise traffic in f32-sized elements (4 bytes) per token, outside the GEMMs, counted
+// from what gpt2.cpp runs (C the width, V the padded vocabulary):
+// - a block's forward: LayerNorm 2C twice, residual add 3C twice, GELU 8C: 18C;
+// - its backward: LayerNorm 4C twice, GELU 12C, the two residual gradients 2C each, the bias
+//   sums over the four matmuls' output gradients 9C: 33C;
+// - in bf16 (and fp16) the matmul operands are converted: 7C values in a forward (ln_1, the
+//   attention output, ln_2, the GELU output) and 9C gradients in a backward, each a 4-byte read
+//   and a 2-byte write: 1.5 elements per value;
+// - the LM head: the logits read twice (max, then exp and the loss) and d(logits) written: 3V,
+//   plus half as much again in bf16 for d(logits)' conversion; ln_f 2C + 4C; the embedding
+//   3C + 2C.
+constexpr double kBlockForward = 18, kBlockBackward = 33;
+constexpr double kHalfForward = 7 * 1.5, kHalfBackward = 9 * 1.5;
+
+}  // namespace
+
+StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) {
+  const GPT2Config& c = in.model;
+  const double N = double(in.B) * in.T, C = c.d_model, V = c.padded_vocab;
+  const Precision p = in.options.precision;
+  const bool half = p != Precision::fp32;
+  const bool half_gemm = p == Precision::bf16;  // fp16's matmuls run widened, at the f32 rate
+
+  const StepFlops f = step_flops(c, in.B, in.T, in.options);
+  const double head_flops = 3.0 * 2.0 * N * C * V;
+  int recomputed = 0;
+  for (int s : block_slots(in.options.ckpt, c.n_layer).slot) recomputed += s >= 0;
+  // Attention's share of step_flops: the causal scores, 4x per block with flash (backward
+  // recomputes them), 3x plain, once more per recomputed block (or per block, selective plain).
+  const bool flash = in.options.attention == AttentionKind::flash;
+  const double scores = 2.0 * double(in.B) * in.T * in.T * C;
+  const double attention_flops =
+      scores * (c.n_layer * (flash ? 4 : 3) + recomputed +
+                (in.options.ckpt.selective() && !flash ? c.n_layer : 0));
+
+  StepTime t;
+  t.block_gemm = (f.total - head_flops - attention_flops) / rates.block_rate(half_gemm, c.d_model);
+  t.attention = attention_flops / (p == Precision::bf16 ? rates.attention_bf16
+                                                         : rates.attention_f32);
+  t.head_gemm = head_flops / rates.head_rate(half_gemm, c.d_model);
+
+  const double forward = (kBlockForward + (half ? kHalfForward : 0)) * C;
+  const double backward = (kBlockBackward + (half ? kHalfBackward : 0)) * C;
+  const double per_token = c.n_layer * (forward + backward) + recomputed * forward +
+                           (half ? 4.5 : 3.0) * V + 6 * C + 5 * C;
+  t.elementwise = per_token * N * 4 / rates.elementwise_bytes_per_s;
+
+  // The update reads the gradient and reads and writes the weights of record and the state;
+  // zero_grad writes the gradient and clipping reads it; a mixed-precision run also writes its
+  // half working copy.
+  const double P = double(in.param_count);
+  const double weights = half && in.master_weights ? 4 : double(dtype_size(half_dtype(p)));
+  double bytes = 2.0 * in.optimizer_bytes + 2.0 * weights * P + 3.0 * 4 * P;
+  if (half && in.master_weights) bytes += 2.0 * P;
+  t.optimizer = bytes / rates.stream_bytes_per_s;
+
+  t.block_gemm *= in.grad_accum;
+  t.attention *= in.grad_accum;
+  t.head_gemm *= in.grad_accum;
+  t.elementwise *= in.grad_accum;
+  return t;
+}
+
+}  // namespace memfit

@@ -1,0 +1,35 @@
+// The planner's model of a training step's time on this CPU: the step's GEMM FLOPs at the GEMM
+// rates calibration measured (plan/calibration.h), plus its element-wise traffic at the measured
+// rate of memfit's element-wise kernels, plus the optimizer's traffic at the streaming rate.
+// What it counts and how well it predicts: docs/notes/planner.md, Note [Step-time model], and
+// bench/e2e/plan_time_accuracy.py.
+#pragma once
+
+#include "memfit/model/activation_plan.h"
+#include "memfit/model/gpt2_config.h"
+#include "memfit/plan/calibration.h"
+
+namespace memfit {
+
+// Per optimizer step (grad_accum micro-batches and one update), in seconds by part.
+struct StepTime {
+  double block_gemm = 0;   // the blocks' matmuls, recomputation included
+  double attention = 0;    // attention (scores and mixing), recomputation included
+  double head_gemm = 0;    // the LM head's matmuls
+  double elementwise = 0;  // LayerNorm, residual, GELU, bias sums, conversions, softmax
+  double optimizer = 0;    // the update, zeroing and clipping the gradients
+  double total() const { return block_gemm + attention + head_gemm + elementwise + optimizer; }
+};
+
+struct StepTimeInputs {
+  GPT2Config model;  // finalized
+  int B = 0, T = 0, grad_accum = 1;
+  ActivationOptions options;     // precision, attention, checkpoint policy
+  size_t param_count = 0;        // the parameter slab's elements
+  size_t optimizer_bytes = 0;    // the optimizer's state
+  bool master_weights = false;   // bf16/fp16 with an FP32 master copy
+};
+
+StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates);
+
+}  // namespace memfit

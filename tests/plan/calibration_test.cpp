@@ -1,0 +1,169 @@
+// The calibration cache (plan/calibration.h): where it lives and what keys it, that a cached
+// calibration is reused without measuring, that a damaged one is measured again with a message,
+// and the log2 interpolation of GEMM rates between widths. No timed assertions: rates are only
+// required to be positive.
+#include "memfit/plan/calibration.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "memfit/core/cpu.h"
+#include "memfit/core/error.h"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+// MEMFIT_CACHE_DIR pointed at a fresh folder for the scope, then restored.
+class CacheDir {
+ public:
+  explicit CacheDir(const std::string& name) {
+    if (const char* v = std::getenv("MEMFIT_CACHE_DIR")) before_ = v, had_ = true;
+    path_ = fs::temp_directory_path() / fmt::format("memfit_calib_{}_{}", ::getpid(), name);
+    fs::remove_all(path_);
+    ::setenv("MEMFIT_CACHE_DIR", path_.c_str(), 1);
+  }
+  ~CacheDir() {
+    if (had_) ::setenv("MEMFIT_CACHE_DIR", before_.c_str(), 1);
+    else ::unsetenv("MEMFIT_CACHE_DIR");
+    fs::remove_all(path_);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+  std::string before_;
+  bool had_ = false;
+};
+
+// A calibration with made-up rates for this CPU, cap and thread count.
+Calibration made_up(int threads) {
+  Calibration c;
+  c.cpu = cpu::model_name();
+  c.isa = std::string(cpu::isa_name(cpu::max_isa()));
+  c.threads = threads;
+  c.gemm = {{384, 1e11, 2e11, 3e11, 4e11}, {1536, 3e11, 4e11, 5e11, 6e11}};
+  c.attention_f32 = 5e10;
+  c.attention_bf16 = 6e10;
+  c.elementwise_bytes_per_s = 1e10;
+  c.stream_bytes_per_s = 2e10;
+  return c;
+}
+
+std::string read_all(std::FILE* f) {
+  std::rewind(f);
+  std::string s;
+  for (int ch; (ch = std::fgetc(f)) != EOF;) s += static_cast<char>(ch);
+  return s;
+}
+
+TEST(CalibrationCache, LivesUnderMemfitCacheDirThenXdgThenHome) {
+  CacheDir dir("where");
+  EXPECT_EQ(calibration_cache_dir(), dir.path());
+  ::unsetenv("MEMFIT_CACHE_DIR");
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string xdg_before = xdg ? xdg : "";
+  ::setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+  EXPECT_EQ(calibration_cache_dir(), fs::path("/tmp/xdg/memfit"));
+  ::unsetenv("XDG_CACHE_HOME");
+  if (const char* home = std::getenv("HOME"))
+    EXPECT_EQ(calibration_cache_dir(), fs::path(home) / ".cache" / "memfit");
+  if (xdg) ::setenv("XDG_CACHE_HOME", xdg_before.c_str(), 1);
+}
+
+TEST(CalibrationCache, KeyedByCpuCapAndThreads) {
+  CacheDir dir("key");
+  const fs::path one = calibration_cache_path(1), two = calibration_cache_path(2);
+  EXPECT_NE(one, two);
+  EXPECT_EQ(one.parent_path(), dir.path());
+  const std::string name = one.filename().string();
+  EXPECT_NE(name.find(fmt::format("-{}-1t.json", cpu::isa_name(cpu::max_isa()))),
+            std::string::npos)
+      << name;  // another cap, another file (the binary's test runs one under the AVX2 cap)
+  // A file measured elsewhere is refused by name.
+  Calibration other = made_up(1);
+  other.isa = "scalar-elsewhere";
+  save_calibration(one, other);
+  EXPECT_THROW(load_calibration(one, 1), IoError);
+  save_calibration(one, made_up(2));
+  EXPECT_THROW(load_calibration(one, 1), IoError);  // another thread count
+}
+
+TEST(CalibrationCache, ACachedCalibrationIsReusedWithoutMeasuring) {
+  CacheDir dir("reuse");
+  const int threads = omp_get_max_threads();
+  save_calibration(calibration_cache_path(threads), made_up(threads));
+  std::FILE* note = std::tmpfile();
+  const Calibration& c = machine_calibration(note);
+  EXPECT_EQ(read_all(note), "");  // nothing measured, nothing said
+  std::fclose(note);
+  EXPECT_EQ(c.elementwise_bytes_per_s, 1e10);
+  EXPECT_EQ(&machine_calibration(nullptr), &c);  // remembered in the process
+  const Calibration back = load_calibration(calibration_cache_path(threads), threads);
+  EXPECT_EQ(back.to_json(), made_up(threads).to_json());
+}
+
+TEST(CalibrationCache, ADamagedFileIsMeasuredAgainWithAMessage) {
+  // The cache is derived data: a damaged file is replaced (saying why), not an error to fix.
+  CacheDir dir("corrupt");
+  const int threads = omp_get_max_threads();
+  const fs::path path = calibration_cache_path(threads);
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << "{\"version\": 1, \"cpu\": ";  // cut short
+  EXPECT_THROW(load_calibration(path, threads), IoError);
+  std::FILE* note = std::tmpfile();
+  const Calibration& c = machine_calibration(note);
+  const std::string said = read_all(note);
+  std::fclose(note);
+  EXPECT_NE(said.find("calibrating"), std::string::npos) << said;
+  EXPECT_NE(said.find("unusable"), std::string::npos) << said;
+  EXPECT_NE(said.find(path.string()), std::string::npos) << said;
+  EXPECT_EQ(c.threads, threads);
+  EXPECT_GT(c.elementwise_bytes_per_s, 0);
+  EXPECT_GT(c.stream_bytes_per_s, 0);
+  EXPECT_GT(c.attention_f32, 0);
+  EXPECT_GT(c.attention_bf16, 0);
+  ASSERT_EQ(c.gemm.size(), 3u);
+  for (const GemmRates& g : c.gemm) {
+    EXPECT_GT(g.f32_block, 0);
+    EXPECT_GT(g.bf16_head, 0);
+  }
+  // The file now holds the new measurement.
+  EXPECT_EQ(load_calibration(path, threads).to_json(), c.to_json());
+}
+
+TEST(CalibrationCache, MissingFieldsAndNonPositiveRatesAreRefused) {
+  nlohmann::json j = made_up(1).to_json();
+  EXPECT_NO_THROW(Calibration::from_json(j, "x"));
+  nlohmann::json missing = j;
+  missing.erase("stream_bytes_per_s");
+  EXPECT_THROW(Calibration::from_json(missing, "x"), IoError);
+  nlohmann::json zero = j;
+  zero["gemm_flops_per_s"][0]["f32_block"] = 0.0;
+  EXPECT_THROW(Calibration::from_json(zero, "x"), IoError);
+  nlohmann::json old = j;
+  old["version"] = 0;
+  EXPECT_THROW(Calibration::from_json(old, "x"), IoError);
+}
+
+TEST(Calibration, RatesInterpolateInLog2OfTheWidth) {
+  const Calibration c = made_up(1);
+  EXPECT_DOUBLE_EQ(c.block_rate(false, 384), 1e11);
+  EXPECT_DOUBLE_EQ(c.block_rate(false, 100), 1e11);    // below: the first
+  EXPECT_DOUBLE_EQ(c.block_rate(false, 6400), 3e11);   // above: the last
+  EXPECT_DOUBLE_EQ(c.block_rate(false, 768), 2e11);    // halfway in log2 between 384 and 1536
+  EXPECT_DOUBLE_EQ(c.head_rate(true, 768), 5e11);
+}
+
+}  // namespace
+}  // namespace memfit
