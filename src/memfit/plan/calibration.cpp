@@ -22,6 +22,7 @@
 #include "memfit/io/atomic_file.h"
 #include "memfit/kernels/cpu/adamw.h"
 #include "memfit/kernels/cpu/dnnl_gemm.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
@@ -288,33 +289,19 @@ Calibration calibrate() {
   c.isa = std::string(cpu::isa_name(cpu::max_isa()));
   c.threads = omp_get_max_threads();
   MemoryPool pool;
-  // bf16 through the route the model's bf16 matmuls take: oneDNN's bf16 GEMM where it can make
-  // one (AVX512_BF16, AMX); else the operands are widened and the f32 GEMM runs.
-  c.bf16_native = true;
+  // bf16 through the route the model's bf16 matmuls take: oneDNN's bf16 GEMM where it has one
+  // (AVX-512 and up); else the operands are widened and the f32 GEMM runs (matmul_widened.h),
+  // whose rate stands for bf16's (the widening passes are counted as element-wise work).
+  c.bf16_native = !kernels::matmul_widens(DType::bf16);
   for (int width : kWidths) {
     GemmRates g;
     g.width = width;
     g.f32_block = gemm_rate(pool, block_shapes(width), DType::f32);
     g.f32_head = gemm_rate(pool, head_shapes(width), DType::f32);
-    if (c.bf16_native) {
-      try {
-        g.bf16_block = gemm_rate(pool, block_shapes(width), DType::bf16);
-        g.bf16_head = gemm_rate(pool, head_shapes(width), DType::bf16);
-      } catch (const Error&) {
-        c.bf16_native = false;
-      }
-    }
-    if (!c.bf16_native) {
-      g.bf16_block = g.f32_block;
-      g.bf16_head = g.f32_head;
-    }
+    g.bf16_block = c.bf16_native ? gemm_rate(pool, block_shapes(width), DType::bf16) : g.f32_block;
+    g.bf16_head = c.bf16_native ? gemm_rate(pool, head_shapes(width), DType::bf16) : g.f32_head;
     c.gemm.push_back(g);
   }
-  if (!c.bf16_native)  // a failure at a later width: use the f32 rates everywhere
-    for (GemmRates& g : c.gemm) {
-      g.bf16_block = g.f32_block;
-      g.bf16_head = g.f32_head;
-    }
   c.attention_f32 = attention_rate(pool, DType::f32);
   try {
     c.attention_bf16 = attention_rate(pool, DType::bf16);

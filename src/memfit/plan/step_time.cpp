@@ -1,6 +1,7 @@
 // The step-time model; see step_time.h and Note [Step-time model] in docs/notes/planner.md.
 #include "memfit/plan/step_time.h"
 
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/plan/memory_plan.h"
 
 namespace memfit {
@@ -18,6 +19,10 @@ namespace {
 // - the LM head: the logits read twice (max, then exp and the loss) and d(logits) written: 3V,
 //   plus half as much again in bf16 for d(logits)' conversion; ln_f 2C + 4C; the embedding
 //   3C + 2C.
+// - where the matmuls widen their half operands into f32 (fp16; bf16 without oneDNN bf16,
+//   matmul_widened.h), each matmul's activations are widened and its half output rounded once
+//   more: about the conversions above again; and each call widens its weight (12C^2 per block
+//   forward, again in backward and in a recomputation; 3 V C for the LM head), 1.5 each.
 constexpr double kBlockForward = 18, kBlockBackward = 33;
 constexpr double kHalfForward = 7 * 1.5, kHalfBackward = 9 * 1.5;
 
@@ -28,7 +33,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   const double N = double(in.B) * in.T, C = c.d_model, V = c.padded_vocab;
   const Precision p = in.options.precision;
   const bool half = p != Precision::fp32;
-  const bool half_gemm = p == Precision::bf16;  // fp16's matmuls run widened, at the f32 rate
+  // Widened matmuls (fp16's always, bf16's without oneDNN bf16) run at the f32 rate.
+  const bool widened = half && kernels::matmul_widens(half_dtype(p));
+  const bool half_gemm = half && !widened;
 
   const StepFlops f = step_flops(c, in.B, in.T, in.options);
   const double head_flops = 3.0 * 2.0 * N * C * V;
@@ -50,9 +57,14 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
 
   const double forward = (kBlockForward + (half ? kHalfForward : 0)) * C;
   const double backward = (kBlockBackward + (half ? kHalfBackward : 0)) * C;
-  const double per_token = c.n_layer * (forward + backward) + recomputed * forward +
-                           (half ? 4.5 : 3.0) * V + 6 * C + 5 * C;
-  t.elementwise = per_token * N * 4 / rates.elementwise_bytes_per_s;
+  double per_token = c.n_layer * (forward + backward) + recomputed * forward +
+                     (half ? 4.5 : 3.0) * V + 6 * C + 5 * C;
+  double per_micro_batch = 0;  // elements converted once per micro-batch, not per token
+  if (widened) {
+    per_token += (c.n_layer + recomputed) * kHalfForward * C + c.n_layer * kHalfBackward * C;
+    per_micro_batch = 1.5 * (12 * C * C * (2 * c.n_layer + recomputed) + 3 * V * C);
+  }
+  t.elementwise = (per_token * N + per_micro_batch) * 4 / rates.elementwise_bytes_per_s;
 
   // The update reads the gradient and reads and writes the weights of record and the state;
   // zero_grad writes the gradient and clipping reads it; a mixed-precision run also writes its
