@@ -12,7 +12,7 @@
 
 #include "memfit/kernels/cpu/simd-inl.h"
 
-#if HWY_TARGET == HWY_AVX3 && !defined(MEMFIT_BLOCKWISE_QUANT_IMMINTRIN_)
+#if HWY_TARGET <= HWY_AVX3 && !defined(MEMFIT_BLOCKWISE_QUANT_IMMINTRIN_)
 #define MEMFIT_BLOCKWISE_QUANT_IMMINTRIN_
 // GCC 12.2's AVX-512 headers trip -Wuninitialized on their own "undefined" operands (GCC
 // PR105593, fixed in 12.3); the warning is reported at the header's lines, so silence it there.
@@ -27,8 +27,8 @@ HWY_BEFORE_NAMESPACE();
 namespace memfit::kernels::HWY_NAMESPACE {
 namespace {
 
-#if HWY_TARGET == HWY_AVX3
-// AVX3 keeps the 256 thresholds in 16 registers and looks them up with two-table permutes,
+#if HWY_TARGET <= HWY_AVX3
+// AVX3 (and any later AVX-512 target) keeps the 256 thresholds in 16 registers and looks them up with two-table permutes,
 // which Highway 1.0.3 has no portable form of; the other targets gather from memory. Both make
 // exactly QuantMap::nearest's comparisons, so every target gives the same codes.
 // map.search_tree in 16 registers.
@@ -98,12 +98,12 @@ float QuantizeBlock(const float* x, int64_t n, const QuantMap& map, uint8_t* q) 
   for (; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
   const float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
   const VF vinv = hn::Set(d, inv);
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
   const SearchRegs regs(map);
 #endif
   for (i = 0; i + N <= n; i += N) {
     const VF xs = hn::Mul(hn::LoadU(d, x + i), vinv);
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
     const auto idx = hn::Vec<hn::RebindToSigned<DF>>{nearest16(xs.raw, regs)};
 #else
     const auto idx = nearest_gather(d, xs, map.thresholds.data());

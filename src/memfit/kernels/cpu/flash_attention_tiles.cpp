@@ -21,7 +21,7 @@
 #include "memfit/core/dtype.h"
 #include "memfit/kernels/cpu/simd-inl.h"
 
-#if HWY_TARGET == HWY_AVX3 && !defined(MEMFIT_FLASH_TILES_IMMINTRIN_)
+#if HWY_TARGET <= HWY_AVX3 && !defined(MEMFIT_FLASH_TILES_IMMINTRIN_)
 #define MEMFIT_FLASH_TILES_IMMINTRIN_
 // GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined" operands (GCC
 // PR105593); the warning is reported at the header's lines, so silence it there.
@@ -164,7 +164,7 @@ void micro_bf16(int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs, const uin
   }
 }
 
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
 // AVX512_BF16's dot product of pairs, in a function compiled for that extension only: it runs
 // only where cpu::has(Isa::avx512_bf16), chosen in gemm_any below.
 #define MEMFIT_DPBF16_TARGET \
@@ -221,7 +221,7 @@ template <typename T, int kKind, int MR, int NV>
 constexpr Micro<T> micro_for() {
   if constexpr (kKind == 0) {
     return &micro_f32<MR, NV>;
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
   } else if constexpr (kKind == 2) {
     return &micro_dpbf16<MR, NV>;
 #endif
@@ -276,7 +276,7 @@ void gemm_any(int M, int N, int K, const T* A, int64_t a_rs, int64_t a_cs, const
   }
 }
 
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
 // 16 x 16 transpose in registers: r[i] holds row i on entry and column i on return.
 inline void transpose16(__m512 r[16]) {
   __m512 t[16];
@@ -315,7 +315,7 @@ void GemmF32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, co
 
 void GemmBf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
   static const bool dp = cpu::has(cpu::Isa::avx512_bf16);
   if (dp) return gemm_any<uint32_t, 2>(M, N, K2, A, lda, 1, B, ldb, C, ldc, accumulate);
 #endif
@@ -390,7 +390,7 @@ void ProbsAndGrads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, int
 // blocks in registers; the other targets copy element by element (bits unchanged either way).
 void TransposePadded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
                      int cols) {
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET <= HWY_AVX3
   __m512 r[16];
   for (int r0 = 0; r0 < rows; r0 += kLanes) {
     const int nr = std::min(kLanes, rows - r0);
