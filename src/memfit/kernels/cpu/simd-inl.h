@@ -60,7 +60,16 @@ HWY_INLINE V exp(D d, V x) {
   p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
   p = hn::MulAdd(p, hn::Mul(r, r), r);
   p = hn::Add(p, hn::Set(d, 1.0f));
-  // 2^n = 2^n1 * 2^n2 with n1 = n >> 1: both halves are normal floats, p * 2^n1 is exact.
+#if HWY_TARGET <= HWY_AVX3
+  if constexpr (sizeof(p.raw) == 64) {  // AVX-512 has the scaling in one instruction
+    const V y = V{_mm512_scalef_ps(p.raw, n.raw)};
+    (void)x_in;
+    (void)di;
+    return y;
+  }
+#endif
+  // 2^n = 2^n1 * 2^n2 with n1 = n >> 1: both halves are normal floats, p * 2^n1 is exact, so
+  // the result rounds once, as vscalefps does.
   const auto ni = hn::ConvertTo(di, n);
   const auto n1 = hn::ShiftRight<1>(ni);
   const auto n2 = hn::Sub(ni, n1);
@@ -94,6 +103,12 @@ HWY_INLINE V exp2(D d, V x) {
   p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-1f));
   p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-1f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+#if HWY_TARGET <= HWY_AVX3
+  if constexpr (sizeof(p.raw) == 64) {
+    (void)di;
+    return V{_mm512_scalef_ps(p.raw, n.raw)};
+  }
+#endif
   const auto ni = hn::ConvertTo(di, n);
   const auto n1 = hn::ShiftRight<1>(ni);
   const auto bias = hn::Set(di, 127);
