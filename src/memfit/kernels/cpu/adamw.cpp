@@ -93,7 +93,8 @@ struct Policy {
       }
       const hn::RebindToUnsigned<DF> du;
       const auto key = hn::Set(du, sr_key(w.seed, static_cast<uint32_t>(first >> 32)));
-      auto r = hn::Xor(hn::Iota(du, static_cast<uint32_t>(first)), key);
+      // Iota(du, 0) is a constant the compiler hoists out of the caller's loop.
+      auto r = hn::Xor(hn::Add(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(first))), key);
       r = hn::Xor(r, hn::ShiftRight<16>(r));
       r = hn::Mul(r, hn::Set(du, 0x7feb352du));
       r = hn::Xor(r, hn::ShiftRight<15>(r));

@@ -42,12 +42,13 @@ void StochasticRange(uint16_t* dst, const float* src, int64_t begin, int64_t end
   const DF d;
   const hn::RebindToUnsigned<DF> du;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto iota = hn::Iota(du, 0);  // Highway 1.0.3 builds Iota in memory: once, not per vector
   int64_t i = begin;
   for (; i + N <= end; i += N) {
     const uint64_t first = index0 + static_cast<uint64_t>(i), last = first + N - 1;
     if ((first >> 32) != (last >> 32)) break;  // lanes across a 2^32 boundary: scalar
     const auto key = hn::Set(du, sr_key(seed, static_cast<uint32_t>(first >> 32)));
-    auto x = hn::Xor(hn::Iota(du, static_cast<uint32_t>(first)), key);
+    auto x = hn::Xor(hn::Add(iota, hn::Set(du, static_cast<uint32_t>(first))), key);
     x = hn::Xor(x, hn::ShiftRight<16>(x));
     x = hn::Mul(x, hn::Set(du, 0x7feb352du));
     x = hn::Xor(x, hn::ShiftRight<15>(x));
