@@ -4,13 +4,22 @@
 #include <benchmark/benchmark.h>
 
 #include <random>
+#include <string>
 
 #include "memfit/kernels/cpu/adamw.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/residual.h"
+#include "memfit/kernels/cpu/simd.h"
 
 namespace memfit::kernels {
 namespace {
+
+// The SIMD target every kernel benchmark in this binary runs on, in the JSON's context (it
+// follows MEMFIT_MAX_ISA; docs/notes/simd-dispatch.md).
+const bool kContextAdded = [] {
+  benchmark::AddCustomContext("simd_target", std::string(simd_target()));
+  return true;
+}();
 
 Tensor filled(MemoryPool& pool, int64_t n, uint32_t seed, float lo = -3.0f, float hi = 3.0f) {
   Tensor t = Tensor::empty(pool, {n}, DType::f32, Category::activations, "bench");

@@ -1,6 +1,6 @@
 // 8-bit AdamW kernel against a double-precision AdamW: the parameter update is tight (it uses the
 // FP32 moments before requantisation), the stored moments are within the maps' rounding bound,
-// over sizes with partial blocks and AVX-512 tails.
+// over sizes with partial blocks and partial vectors.
 #include "memfit/kernels/cpu/adamw8bit.h"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Block-wise 8-bit quantisation: the dynamic maps' shape, nearest-entry search against brute
-// force, the AVX-512 path against the scalar reference, and round-trip error bounds on normal
-// and heavy-tailed data.
+// force, the SIMD path (whichever target the dispatch chose) against the scalar reference, and
+// round-trip error bounds on normal and heavy-tailed data.
 #include "memfit/kernels/cpu/blockwise_quant.h"
 
 #include <gtest/gtest.h>

@@ -1,43 +1,73 @@
 // Adam-mini over equal consecutive blocks: a mean-of-squares pass, then an AdamW-shaped update
 // with one step size per block.
+// One source for every SIMD target (simd.h); the public function is at the end.
 #include "memfit/kernels/cpu/adam_mini.h"
 
-#include <cmath>
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/adam_mini.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
-#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/simd-inl.h"
 
-namespace memfit::kernels {
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
 
-namespace {
-
-// Tensors below this many values run on the calling thread: a parallel region costs more than
-// it saves on them (and much more when the cores are shared).
-constexpr int64_t kParallelMinElements = 65536;
-
-// Sum of (scale g)^2 in double; `omp simd` lets the compiler vectorise the reduction.
-double sum_squares(const float* g, int64_t n, float scale) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) {
-    double gi = static_cast<double>(g[i] * scale);
+// Sum of (scale g)^2 in double: each product rounded to float, squared exactly in double.
+double AdamMiniSumSquares(const float* g, int64_t n, float scale) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(dd));
+  const auto vs = hn::Set(dh, scale);
+  auto acc = hn::Zero(dd);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto x = hn::PromoteTo(dd, hn::Mul(hn::LoadU(dh, g + i), vs));
+    acc = hn::MulAdd(x, x, acc);
+  }
+  double s = hn::GetLane(hn::SumOfLanes(dd, acc));
+  for (; i < n; ++i) {
+    const double gi = static_cast<double>(g[i] * scale);
     s += gi * gi;
   }
   return s;
 }
 
 // m = beta1 m + (1 - beta1) g; p = p decay - step m, for one block (step already holds
-// lr / bc1 / denom). Plain loops that vectorise without any division or square root.
-void update_block(float* p, const float* g, float* m, int64_t n, float beta1, float omb1,
-                  float scale, float decay, float step) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float mi = beta1 * m[i] + omb1 * (g[i] * scale);
+// lr / bc1 / denom). Products and sums rounded separately, as the scalar tail does.
+void AdamMiniUpdateBlock(float* p, const float* g, float* m, int64_t n, float beta1, float omb1,
+                 float scale, float decay, float step) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF b1 = hn::Set(d, beta1), o1 = hn::Set(d, omb1), sc = hn::Set(d, scale);
+  const VF dc = hn::Set(d, decay), st = hn::Set(d, step);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF mi = hn::Add(hn::Mul(b1, hn::LoadU(d, m + i)),
+                          hn::Mul(o1, hn::Mul(hn::LoadU(d, g + i), sc)));
+    hn::StoreU(mi, d, m + i);
+    hn::StoreU(hn::Sub(hn::Mul(hn::LoadU(d, p + i), dc), hn::Mul(st, mi)), d, p + i);
+  }
+  for (; i < n; ++i) {
+    const float mi = beta1 * m[i] + omb1 * (g[i] * scale);
     m[i] = mi;
     p[i] = p[i] * decay - step * mi;
   }
 }
 
-}  // namespace
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <cmath>
+
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(AdamMiniSumSquares);
+HWY_EXPORT(AdamMiniUpdateBlock);
 
 void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, int64_t block_len,
                       const AdamWHyper& h, int64_t t, float grad_scale) {
@@ -61,17 +91,19 @@ void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, i
   const float* g = grad.data<float>();
   float* mp = m.data<float>();
   float* vp = v.data<float>();
-#pragma omp parallel for schedule(static) if (blocks > 1 && n >= kParallelMinElements)
+#pragma omp parallel for schedule(static) if (blocks > 1 && n >= kParallelGrain)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t off = b * block_len;
-    const double mean_sq =
-        sum_squares(g + off, block_len, grad_scale) / static_cast<double>(block_len);
+    const double mean_sq = MEMFIT_SIMD_DISPATCH(AdamMiniSumSquares)(g + off, block_len, grad_scale) /
+                           static_cast<double>(block_len);
     const float vb = h.beta2 * vp[b] + (1.0f - h.beta2) * static_cast<float>(mean_sq);
     vp[b] = vb;
     const double denom = std::sqrt(static_cast<double>(vb)) / sqrt_bc2 + h.eps;
     const float step = static_cast<float>(h.lr / bc1 / denom);
-    update_block(p + off, g + off, mp + off, block_len, h.beta1, omb1, grad_scale, decay, step);
+    MEMFIT_SIMD_DISPATCH(AdamMiniUpdateBlock)(p + off, g + off, mp + off, block_len, h.beta1, omb1,
+                                      grad_scale, decay, step);
   }
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

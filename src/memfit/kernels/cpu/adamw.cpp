@@ -7,19 +7,22 @@
 // four arrays in and three out, so it is memory-bound; divisions stay divisions (as in torch)
 // because they are free next to the memory traffic. The mixed-precision variants share the
 // arithmetic and differ only in how the weight is loaded and stored (a policy type below).
+// One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/adamw.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/adamw.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
 #include <cmath>
 
-#include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/convert.h"
-#include "memfit/kernels/cpu/half_vec.h"
-#include "memfit/kernels/cpu/parallel.h"
-#include "memfit/kernels/cpu/vec_math.h"
+#include "memfit/kernels/cpu/simd-inl.h"
 
-namespace memfit::kernels {
-namespace {
-
+#ifndef MEMFIT_KERNELS_CPU_ADAMW_COEFFS_
+#define MEMFIT_KERNELS_CPU_ADAMW_COEFFS_
+namespace memfit::kernels::adamw_detail {
 // The per-step scalars, rounded to float once.
 struct Coeffs {
   float grad_scale, decay, w1, b2, c2, bc2_sqrt, eps, neg_step;
@@ -39,101 +42,145 @@ Coeffs make_coeffs(const AdamWHyper& h, int64_t t, float grad_scale) {
           static_cast<float>(-lr / bc1)};
 }
 
-// Where the weights live, as a policy of update_range: load 16 lanes (or one element) of the
-// old weight, store the new one. The arithmetic in between is shared by every mode.
-struct F32Weights {
-  float* p;
-#if defined(__AVX512F__)
-  __m512 load(int64_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, p + i); }
-  void store(int64_t i, __mmask16 m, __m512 x) const { _mm512_mask_storeu_ps(p + i, m, x); }
-#endif
-  float load1(int64_t i) const { return p[i]; }
-  void store1(int64_t i, float x) const { p[i] = x; }
-};
-
-// f32 master and its bf16 / f16 working copy, written in the same pass.
-template <DType D>
-struct MasterWeights {
-  float* p;
-  half::Storage<D>* w;
-#if defined(__AVX512F__)
-  __m512 load(int64_t i, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, p + i); }
-  void store(int64_t i, __mmask16 m, __m512 x) const {
-    _mm512_mask_storeu_ps(p + i, m, x);
-    half::mask_store16<D>(w + i, m, x);
-  }
-#endif
-  float load1(int64_t i) const { return p[i]; }
-  void store1(int64_t i, float x) const {
-    p[i] = x;
-    half::store1<D>(w + i, x);
-  }
-};
-
-// bf16 weights stored with stochastic rounding; element i draws from (seed, index0 + i).
-struct StochasticBf16Weights {
-  uint16_t* p;
+// Where the weights live: f32; an f32 master and its bf16 / f16 working copy written in the
+// same pass; or bf16 stored with stochastic rounding (element i draws from (seed, index0 + i)).
+enum class Mode { f32, master, stochastic };
+struct Weights {
+  Mode mode;
+  DType working;  // master: bf16 or f16
+  float* p;       // f32, master
+  void* w;        // master: the working copy; stochastic: the bf16 weights
   uint64_t seed, index0;
-#if defined(__AVX512F__)
-  __m512 load(int64_t i, __mmask16 m) const { return half::maskz_load16<DType::bf16>(m, p + i); }
-  void store(int64_t i, __mmask16 m, __m512 x) const {
-    const uint64_t first = index0 + static_cast<uint64_t>(i);
-    if ((first >> 32) != ((first + 15) >> 32)) {  // lanes across 2^32: element by element
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, x);
-      for (int j = 0; j < 16; ++j)
-        if (m >> j & 1) store1(i + j, lanes[j]);
-      return;
-    }
-    const __m512i key = _mm512_set1_epi32(static_cast<int>(sr_key(seed, first >> 32)));
-    _mm512_mask_cvtepi32_storeu_epi16(
-        p + i, m,
-        half::bf16_stochastic_bits(x, half::sr_bits16(key, static_cast<uint32_t>(first))));
-  }
+};
+}  // namespace memfit::kernels::adamw_detail
 #endif
-  float load1(int64_t i) const { return f32_from_bf16(p[i]); }
+
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+namespace {
+using adamw_detail::Coeffs;
+using adamw_detail::Mode;
+using adamw_detail::Weights;
+
+// The weight as a policy of update_range: load the old weight of lanes [i, i + n) (n <= Lanes,
+// other lanes 0), store the new one. The arithmetic in between is shared by every mode.
+template <Mode kMode, DType kWorking>
+struct Policy {
+  const Weights& w;
+  VF load(DF d, int64_t i, int64_t n) const {
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    if constexpr (kMode == Mode::stochastic) {
+      const auto* p = static_cast<const uint16_t*>(w.w) + i;
+      return n == N ? HWY_NAMESPACE::load<DType::bf16>(d, p) : load_n<DType::bf16>(d, p, n);
+    } else {
+      return n == N ? hn::LoadU(d, w.p + i) : load_n<DType::f32>(d, w.p + i, n);
+    }
+  }
   void store1(int64_t i, float x) const {
-    const uint64_t idx = index0 + static_cast<uint64_t>(i);
-    p[i] = bf16_from_f32_stochastic(
-        x, sr_bits(sr_key(seed, static_cast<uint32_t>(idx >> 32)), static_cast<uint32_t>(idx)));
+    const uint64_t idx = w.index0 + static_cast<uint64_t>(i);
+    static_cast<uint16_t*>(w.w)[i] = bf16_from_f32_stochastic(
+        x, sr_bits(sr_key(w.seed, static_cast<uint32_t>(idx >> 32)), static_cast<uint32_t>(idx)));
+  }
+  void store(DF d, int64_t i, int64_t n, VF x) const {
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    if constexpr (kMode == Mode::stochastic) {
+      const uint64_t first = w.index0 + static_cast<uint64_t>(i);
+      if (n < N || (first >> 32) != ((first + N - 1) >> 32)) {  // tail, or lanes across 2^32
+        HWY_ALIGN float lanes[kMaxLanes];
+        hn::Store(x, d, lanes);
+        for (int64_t j = 0; j < n; ++j) store1(i + j, lanes[j]);
+        return;
+      }
+      const hn::RebindToUnsigned<DF> du;
+      const auto key = hn::Set(du, sr_key(w.seed, static_cast<uint32_t>(first >> 32)));
+      // Iota(du, 0) is a constant the compiler hoists out of the caller's loop.
+      auto r = hn::Xor(hn::Add(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(first))), key);
+      r = hn::Xor(r, hn::ShiftRight<16>(r));
+      r = hn::Mul(r, hn::Set(du, 0x7feb352du));
+      r = hn::Xor(r, hn::ShiftRight<15>(r));
+      r = hn::Mul(r, hn::Set(du, 0x846ca68bu));
+      r = hn::Xor(r, hn::ShiftRight<16>(r));
+      store_u16(d, bf16_stochastic_bits(d, x, r), static_cast<uint16_t*>(w.w) + i);
+    } else {
+      if (n == N) hn::StoreU(x, d, w.p + i);
+      else store_n<DType::f32>(d, x, w.p + i, n);
+      if constexpr (kMode == Mode::master) {
+        auto* h = static_cast<half::Storage<kWorking>*>(w.w) + i;
+        if (n == N) HWY_NAMESPACE::store<kWorking>(d, x, h);
+        else store_n<kWorking>(d, x, h, n);
+      }
+    }
   }
 };
 
-template <typename Weights>
-void update_range(const Weights& w, const float* g, float* m, float* v, const Coeffs& k,
-                  int64_t begin, int64_t end) {
-  int64_t i = begin;
-#if defined(__AVX512F__)
-  const __m512 gs = _mm512_set1_ps(k.grad_scale), decay = _mm512_set1_ps(k.decay);
-  const __m512 w1 = _mm512_set1_ps(k.w1), b2 = _mm512_set1_ps(k.b2), c2 = _mm512_set1_ps(k.c2);
-  const __m512 bc2s = _mm512_set1_ps(k.bc2_sqrt), eps = _mm512_set1_ps(k.eps);
-  const __m512 ns = _mm512_set1_ps(k.neg_step);
-  for (; i < end; i += 16) {
-    const __mmask16 msk = vec::tail_mask(end - i);
-    const __m512 gv = _mm512_mul_ps(_mm512_maskz_loadu_ps(msk, g + i), gs);
-    const __m512 pv = _mm512_mul_ps(w.load(i, msk), decay);
-    __m512 mv = _mm512_maskz_loadu_ps(msk, m + i);
-    mv = _mm512_fmadd_ps(w1, _mm512_sub_ps(gv, mv), mv);
-    __m512 vv = _mm512_mul_ps(_mm512_maskz_loadu_ps(msk, v + i), b2);
-    vv = _mm512_add_ps(vv, _mm512_mul_ps(_mm512_mul_ps(c2, gv), gv));
-    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
-    const __m512 pn = _mm512_add_ps(pv, _mm512_div_ps(_mm512_mul_ps(ns, mv), denom));
-    _mm512_mask_storeu_ps(m + i, msk, mv);
-    _mm512_mask_storeu_ps(v + i, msk, vv);
-    w.store(i, msk, pn);
+template <typename P>
+void update_range(const P& w, const float* g, float* m, float* v, const Coeffs& k, int64_t begin,
+                  int64_t end) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF gs = hn::Set(d, k.grad_scale), decay = hn::Set(d, k.decay);
+  const VF w1 = hn::Set(d, k.w1), b2 = hn::Set(d, k.b2), c2 = hn::Set(d, k.c2);
+  const VF bc2s = hn::Set(d, k.bc2_sqrt), eps = hn::Set(d, k.eps);
+  const VF ns = hn::Set(d, k.neg_step);
+  for (int64_t i = begin; i < end; i += N) {
+    const int64_t n = end - i < N ? end - i : N;
+    const bool full = n == N;
+    const VF gv = hn::Mul(full ? hn::LoadU(d, g + i) : load_n<DType::f32>(d, g + i, n), gs);
+    const VF pv = hn::Mul(w.load(d, i, n), decay);
+    VF mv = full ? hn::LoadU(d, m + i) : load_n<DType::f32>(d, m + i, n);
+    mv = hn::MulAdd(w1, hn::Sub(gv, mv), mv);
+    VF vv = hn::Mul(full ? hn::LoadU(d, v + i) : load_n<DType::f32>(d, v + i, n), b2);
+    vv = hn::Add(vv, hn::Mul(hn::Mul(c2, gv), gv));
+    const VF denom = hn::Add(hn::Div(hn::Sqrt(vv), bc2s), eps);
+    const VF pn = hn::Add(pv, hn::Div(hn::Mul(ns, mv), denom));
+    if (full) {
+      hn::StoreU(mv, d, m + i);
+      hn::StoreU(vv, d, v + i);
+    } else {
+      store_n<DType::f32>(d, mv, m + i, n);
+      store_n<DType::f32>(d, vv, v + i, n);
+    }
+    w.store(d, i, n, pn);
   }
-#else
-  for (; i < end; ++i) {
-    const float gi = g[i] * k.grad_scale;
-    const float pi = w.load1(i) * k.decay;
-    const float mi = m[i] + k.w1 * (gi - m[i]);
-    const float vi = v[i] * k.b2 + (k.c2 * gi) * gi;
-    const float denom = std::sqrt(vi) / k.bc2_sqrt + k.eps;
-    m[i] = mi;
-    v[i] = vi;
-    w.store1(i, pi + (k.neg_step * mi) / denom);
+}
+
+}  // namespace
+
+void AdamwUpdateRange(const Weights& w, const float* g, float* m, float* v, const Coeffs& k,
+                 int64_t begin, int64_t end) {
+  switch (w.mode) {
+    case Mode::f32:
+      return update_range(Policy<Mode::f32, DType::f32>{w}, g, m, v, k, begin, end);
+    case Mode::stochastic:
+      return update_range(Policy<Mode::stochastic, DType::bf16>{w}, g, m, v, k, begin, end);
+    case Mode::master:
+      if (w.working == DType::bf16)
+        return update_range(Policy<Mode::master, DType::bf16>{w}, g, m, v, k, begin, end);
+      return update_range(Policy<Mode::master, DType::f16>{w}, g, m, v, k, begin, end);
   }
-#endif
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(AdamwUpdateRange);
+
+namespace {
+using adamw_detail::Coeffs;
+using adamw_detail::make_coeffs;
+using adamw_detail::Mode;
+using adamw_detail::Weights;
+
+void run(const Weights& w, const float* pg, float* pm, float* pv, const Coeffs& k, int64_t n) {
+  parallel_ranges(n, [&](int64_t begin, int64_t end) {
+    MEMFIT_SIMD_DISPATCH(AdamwUpdateRange)(w, pg, pm, pv, k, begin, end);
+  });
 }
 
 // grad, m and v: f32, as many elements as param; t from 1. param's dtype is checked by the
@@ -159,11 +206,8 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   expect_any_shape(param, op, "param");
   check_state(op, param, grad, m, v, t);
   const Coeffs k = make_coeffs(h, t, grad_scale);
-  const F32Weights w{param.data<float>()};
-  float *pm = m.data<float>(), *pv = v.data<float>();
-  const float* pg = grad.data<float>();
-  parallel_ranges(param.numel(),
-                  [&](int64_t begin, int64_t end) { update_range(w, pg, pm, pv, k, begin, end); });
+  const Weights w{Mode::f32, DType::f32, param.data<float>(), nullptr, 0, 0};
+  run(w, grad.data<float>(), m.data<float>(), v.data<float>(), k, param.numel());
 }
 
 void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Tensor& m, Tensor& v,
@@ -180,18 +224,8 @@ void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Te
                      "working {} and master {} must have the same element count", working.shape(),
                      master.shape());
   const Coeffs k = make_coeffs(h, t, grad_scale);
-  float *pm = m.data<float>(), *pv = v.data<float>();
-  const float* pg = grad.data<float>();
-  half::dispatch(working.dtype(), [&](auto tag) {
-    constexpr DType D = decltype(tag)::value;
-    if constexpr (D != DType::f32) {
-      const MasterWeights<D> w{master.data<float>(),
-                               static_cast<half::Storage<D>*>(working.raw_data())};
-      parallel_ranges(master.numel(), [&](int64_t begin, int64_t end) {
-        update_range(w, pg, pm, pv, k, begin, end);
-      });
-    }
-  });
+  const Weights w{Mode::master, working.dtype(), master.data<float>(), working.raw_data(), 0, 0};
+  run(w, grad.data<float>(), m.data<float>(), v.data<float>(), k, master.numel());
 }
 
 void adamw_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
@@ -203,11 +237,9 @@ void adamw_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tenso
   const Coeffs k = make_coeffs(h, t, grad_scale);
   // A fresh stream every step: the same bits each step would round each element the same way.
   const uint64_t step_seed = seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(t));
-  const StochasticBf16Weights w{static_cast<uint16_t*>(param.raw_data()), step_seed, index0};
-  float *pm = m.data<float>(), *pv = v.data<float>();
-  const float* pg = grad.data<float>();
-  parallel_ranges(param.numel(),
-                  [&](int64_t begin, int64_t end) { update_range(w, pg, pm, pv, k, begin, end); });
+  const Weights w{Mode::stochastic, DType::bf16, nullptr, param.raw_data(), step_seed, index0};
+  run(w, grad.data<float>(), m.data<float>(), v.data<float>(), k, param.numel());
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

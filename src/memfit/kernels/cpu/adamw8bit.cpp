@@ -1,31 +1,19 @@
-// 8-bit AdamW: the per-element AdamW arithmetic (AVX-512 and portable) and the block loop that
+// 8-bit AdamW: the per-element AdamW arithmetic (one source for every SIMD target, simd.h) and the block loop that
 // dequantises, updates and requantises. See Note [8-bit optimizers].
 #include "memfit/kernels/cpu/adamw8bit.h"
 
-#include <algorithm>
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/adamw8bit.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
 #include <cmath>
 
-#if defined(__AVX512F__)
-// GCC 12.2's AVX-512 headers trip -Wuninitialized on their own "undefined" operands (GCC
-// PR105593, fixed in 12.3); the warning is reported at the header's lines, so silence it there.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
+#include "memfit/kernels/cpu/simd-inl.h"
 
-#include "memfit/kernels/cpu/blockwise_quant.h"
-#include "memfit/kernels/cpu/checks.h"
-
-namespace memfit::kernels {
-
-namespace {
-
-// Tensors below this many values run on the calling thread: a parallel region costs more than
-// it saves on them (and much more when the cores are shared).
-constexpr int64_t kParallelMinElements = 65536;
-
+#ifndef MEMFIT_KERNELS_CPU_ADAMW8BIT_COEFFS_
+#define MEMFIT_KERNELS_CPU_ADAMW8BIT_COEFFS_
+namespace memfit::kernels::adamw8bit_detail {
 // Step constants, as torch.optim.AdamW computes them:
 // p = p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
 struct AdamCoeffs {
@@ -34,6 +22,60 @@ struct AdamCoeffs {
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps, decay, grad_scale;
 };
+}  // namespace memfit::kernels::adamw8bit_detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+
+// AdamW on n elements with FP32 moments, in place.
+void AdamwApply(float* p, const float* g, float* m, float* v, int64_t n,
+                const adamw8bit_detail::AdamCoeffs& c) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF b1 = hn::Set(d, c.beta1), b2 = hn::Set(d, c.beta2);
+  const VF omb1 = hn::Set(d, c.one_minus_beta1), omb2 = hn::Set(d, c.one_minus_beta2);
+  const VF step = hn::Set(d, c.step_size), isb2 = hn::Set(d, c.inv_sqrt_bc2);
+  const VF eps = hn::Set(d, c.eps), decay = hn::Set(d, c.decay);
+  const VF scale = hn::Set(d, c.grad_scale);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF gi = hn::Mul(hn::LoadU(d, g + i), scale);
+    const VF mi = hn::MulAdd(b1, hn::LoadU(d, m + i), hn::Mul(omb1, gi));
+    const VF vi = hn::MulAdd(b2, hn::LoadU(d, v + i), hn::Mul(omb2, hn::Mul(gi, gi)));
+    const VF denom = hn::MulAdd(hn::Sqrt(vi), isb2, eps);
+    const VF pi = hn::NegMulAdd(step, hn::Div(mi, denom), hn::Mul(hn::LoadU(d, p + i), decay));
+    hn::StoreU(mi, d, m + i);
+    hn::StoreU(vi, d, v + i);
+    hn::StoreU(pi, d, p + i);
+  }
+  for (; i < n; ++i) {
+    float gi = g[i] * c.grad_scale;
+    float mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
+    float vi = c.beta2 * v[i] + c.one_minus_beta2 * (gi * gi);
+    float denom = std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * c.decay - c.step_size * (mi / denom);
+  }
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+
+#include "memfit/kernels/cpu/blockwise_quant.h"
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(AdamwApply);
+
+namespace {
+using adamw8bit_detail::AdamCoeffs;
 
 AdamCoeffs make_coeffs(const AdamWHyper& h, int64_t t, float grad_scale, const char* op) {
   MEMFIT_CHECK(t >= 1, op, "step count t must start at 1, got {}", t);
@@ -50,37 +92,8 @@ AdamCoeffs make_coeffs(const AdamWHyper& h, int64_t t, float grad_scale, const c
           grad_scale};
 }
 
-// AdamW on n elements with FP32 moments, in place.
 void adamw_apply(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 b1 = _mm512_set1_ps(c.beta1), b2 = _mm512_set1_ps(c.beta2);
-  const __m512 omb1 = _mm512_set1_ps(c.one_minus_beta1), omb2 = _mm512_set1_ps(c.one_minus_beta2);
-  const __m512 step = _mm512_set1_ps(c.step_size), isb2 = _mm512_set1_ps(c.inv_sqrt_bc2);
-  const __m512 eps = _mm512_set1_ps(c.eps), decay = _mm512_set1_ps(c.decay);
-  const __m512 scale = _mm512_set1_ps(c.grad_scale);
-  for (; i + 16 <= n; i += 16) {
-    __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), scale);
-    __m512 mi = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + i), _mm512_mul_ps(omb1, gi));
-    __m512 vi =
-        _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + i), _mm512_mul_ps(omb2, _mm512_mul_ps(gi, gi)));
-    __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), isb2, eps);
-    __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
-    pi = _mm512_fnmadd_ps(step, _mm512_div_ps(mi, denom), pi);
-    _mm512_storeu_ps(m + i, mi);
-    _mm512_storeu_ps(v + i, vi);
-    _mm512_storeu_ps(p + i, pi);
-  }
-#endif
-  for (; i < n; ++i) {
-    float gi = g[i] * c.grad_scale;
-    float mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
-    float vi = c.beta2 * v[i] + c.one_minus_beta2 * (gi * gi);
-    float denom = std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * c.decay - c.step_size * (mi / denom);
-  }
+  MEMFIT_SIMD_DISPATCH(AdamwApply)(p, g, m, v, n, c);
 }
 
 void check_param_grad(const Tensor& param, const Tensor& grad, const char* op) {
@@ -110,7 +123,7 @@ void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor
   float* va = v_absmax.data<float>();
   const QuantMap& smap = signed_dynamic_map();
   const QuantMap& umap = unsigned_dynamic_map();
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t off = b * kQuantBlock, nb = std::min(kQuantBlock, n - off);
     alignas(64) float m[kQuantBlock], v[kQuantBlock];
@@ -136,7 +149,7 @@ void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& 
   float* vp = v.data<float>();
   constexpr int64_t kChunk = 4096;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t off = k * kChunk;
     adamw_apply(p + off, g + off, mp + off, vp + off, std::min(kChunk, n - off), c);
@@ -144,3 +157,4 @@ void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& 
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

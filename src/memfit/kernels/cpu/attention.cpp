@@ -16,6 +16,7 @@
 
 #include "memfit/kernels/cpu/attention_tile.h"
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/half_vec.h"
 
 namespace memfit::kernels {
@@ -157,8 +158,7 @@ void widen_rows(float* dst, int64_t ldd, const void* src, DType t, int64_t lds, 
   half::dispatch(t, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     const auto* p = static_cast<const half::Storage<D>*>(src);
-    for (int64_t r = 0; r < rows; ++r)
-      half::convert_n<D, DType::f32>(dst + r * ldd, p + r * lds, cols);
+    for (int64_t r = 0; r < rows; ++r) convert_n(D, DType::f32, dst + r * ldd, p + r * lds, cols);
   });
 }
 
@@ -168,8 +168,7 @@ void narrow_rows(void* dst, DType t, int64_t ldd, const float* src, int64_t lds,
   half::dispatch(t, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     auto* p = static_cast<half::Storage<D>*>(dst);
-    for (int64_t r = 0; r < rows; ++r)
-      half::convert_n<DType::f32, D>(p + r * ldd, src + r * lds, cols);
+    for (int64_t r = 0; r < rows; ++r) convert_n(DType::f32, D, p + r * ldd, src + r * lds, cols);
   });
 }
 

@@ -1,6 +1,6 @@
 // The inner pieces of CPU attention: a register-tiled micro-kernel for the small per-head
 // products (with strided A, so it also reads a matrix down its columns) and the vectorised
-// row max and exp that softmax needs. AVX-512 when compiled for it, plain loops otherwise.
+// row max and exp that softmax needs, dispatched at run time to the SIMD target (simd.h).
 #pragma once
 
 #include <cstdint>

@@ -1,13 +1,19 @@
-// Block-wise 8-bit quantisation: the dynamic maps, nearest-entry search (AVX-512 and portable)
+// Block-wise 8-bit quantisation: the dynamic maps, nearest-entry search (one source for every SIMD target, simd.h)
 // and the block and tensor loops. See Note [8-bit optimizers].
 #include "memfit/kernels/cpu/blockwise_quant.h"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/blockwise_quant.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <vector>
 
-#if defined(__AVX512F__)
+#include "memfit/kernels/cpu/simd-inl.h"
+
+#if HWY_TARGET <= HWY_AVX3 && !defined(MEMFIT_BLOCKWISE_QUANT_IMMINTRIN_)
+#define MEMFIT_BLOCKWISE_QUANT_IMMINTRIN_
 // GCC 12.2's AVX-512 headers trip -Wuninitialized on their own "undefined" operands (GCC
 // PR105593, fixed in 12.3); the warning is reported at the header's lines, so silence it there.
 #pragma GCC diagnostic push
@@ -17,13 +23,129 @@
 #pragma GCC diagnostic pop
 #endif
 
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+namespace {
+
+#if HWY_TARGET <= HWY_AVX3
+// AVX3 (and any later AVX-512 target) keeps the 256 thresholds in 16 registers and looks them up with two-table permutes,
+// which Highway 1.0.3 has no portable form of; the other targets gather from memory. Both make
+// exactly QuantMap::nearest's comparisons, so every target gives the same codes.
+// map.search_tree in 16 registers.
+struct SearchRegs {
+  __m512 t[16];
+  explicit SearchRegs(const QuantMap& map) {
+    for (int r = 0; r < 16; ++r) t[r] = _mm512_load_ps(map.search_tree.data() + 16 * r);
+  }
+};
+
+// Entry idx (0..63) of a 64-float table held in registers t[0..3].
+inline __m512 lookup64(const __m512* t, __m512i idx) {
+  __m512 lo = _mm512_permutex2var_ps(t[0], idx, t[1]);
+  __m512 hi = _mm512_permutex2var_ps(t[2], idx, t[3]);
+  return _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, _mm512_set1_epi32(32)), lo, hi);
+}
+
+// map.nearest for 16 lanes: the same eight comparisons, thresholds looked up by permutes.
+inline __m512i nearest16(__m512 x, const SearchRegs& s) {
+  const __m512i one = _mm512_set1_epi32(1);
+  // Levels 1-5 pick j (0..31) among thresholds[8j + 7].
+  __m512i j = _mm512_setzero_si512();
+  for (int step = 16; step >= 1; step >>= 1) {
+    __m512i probe = _mm512_add_epi32(j, _mm512_set1_epi32(step - 1));
+    __m512 t = _mm512_permutex2var_ps(s.t[0], probe, s.t[1]);
+    j = _mm512_mask_add_epi32(j, _mm512_cmp_ps_mask(x, t, _CMP_GT_OQ), j, _mm512_set1_epi32(step));
+  }
+  // Level 6: thresholds[8j + 3].
+  __m512 t6 = _mm512_permutex2var_ps(s.t[2], j, s.t[3]);
+  __m512i k = _mm512_mask_add_epi32(_mm512_slli_epi32(j, 1), _mm512_cmp_ps_mask(x, t6, _CMP_GT_OQ),
+                                    _mm512_slli_epi32(j, 1), one);  // 2j + b6
+  // Level 7: thresholds[8j + 4 b6 + 1], a 64-entry table.
+  __m512 t7 = lookup64(s.t + 4, k);
+  k = _mm512_slli_epi32(k, 1);
+  k = _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(x, t7, _CMP_GT_OQ), k, one);  // 4j + 2 b6 + b7
+  // Level 8: thresholds[8j + 4 b6 + 2 b7], a 128-entry table.
+  __m512 t8 = _mm512_mask_blend_ps(_mm512_test_epi32_mask(k, _mm512_set1_epi32(64)),
+                                   lookup64(s.t + 8, k), lookup64(s.t + 12, k));
+  k = _mm512_slli_epi32(k, 1);
+  return _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(x, t8, _CMP_GT_OQ), k, one);
+}
+
+#endif
+
+// map.nearest for every lane: eight halving steps over the thresholds, each a gather.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> nearest_gather(D d, hn::Vec<D> x, const float* th) {
+  const hn::RebindToSigned<D> di;
+  auto idx = hn::Zero(di);
+  for (int step = 128; step >= 1; step >>= 1) {
+    const auto t = hn::GatherIndex(d, th + step - 1, idx);
+    idx = hn::Add(idx, hn::IfThenElseZero(hn::RebindMask(di, hn::Gt(x, t)), hn::Set(di, step)));
+  }
+  return idx;
+}
+
+}  // namespace
+
+float QuantizeBlock(const float* x, int64_t n, const QuantMap& map, uint8_t* q) {
+  const DF d;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  VF vmax = hn::Zero(d);
+  for (; i + N <= n; i += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(d, x + i)));
+  float absmax = max_lanes(d, vmax);
+  for (; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  const float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
+  const VF vinv = hn::Set(d, inv);
+#if HWY_TARGET <= HWY_AVX3
+  const SearchRegs regs(map);
+#endif
+  for (i = 0; i + N <= n; i += N) {
+    const VF xs = hn::Mul(hn::LoadU(d, x + i), vinv);
+#if HWY_TARGET <= HWY_AVX3
+    const auto idx = hn::Vec<hn::RebindToSigned<DF>>{nearest16(xs.raw, regs)};
+#else
+    const auto idx = nearest_gather(d, xs, map.thresholds.data());
+#endif
+    hn::StoreU(hn::DemoteTo(d8, idx), d8, q + i);
+  }
+  for (; i < n; ++i) q[i] = map.nearest(x[i] * inv);
+  return absmax;
+}
+
+void DequantizeBlock(const uint8_t* q, int64_t n, float absmax, const QuantMap& map, float* x) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF va = hn::Set(d, absmax);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto idx = hn::PromoteTo(di, hn::LoadU(d8, q + i));
+    hn::StoreU(hn::Mul(hn::GatherIndex(d, map.values.data(), idx), va), d, x + i);
+  }
+  for (; i < n; ++i) x[i] = map.values[q[i]] * absmax;
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <limits>
+#include <vector>
+
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
 
 namespace memfit::kernels {
+HWY_EXPORT(QuantizeBlock);
+HWY_EXPORT(DequantizeBlock);
 
 uint8_t QuantMap::nearest(float x) const {
   // Count the thresholds below x: eight halving steps over the 255 thresholds (the 256th, +inf,
-  // is never passed). The AVX-512 path makes exactly the same comparisons.
+  // is never passed). Every SIMD target makes exactly the same comparisons.
   // Branch-free: the comparisons are data-dependent coin flips, which a branch mispredicts.
   int idx = 0;
   for (int step = 128; step >= 1; step >>= 1)
@@ -92,90 +214,15 @@ float quantize_block_reference(const float* x, int64_t n, const QuantMap& map, u
   return absmax;
 }
 
-#if defined(__AVX512F__)
-namespace {
-// map.search_tree in 16 registers.
-struct SearchRegs {
-  __m512 t[16];
-  explicit SearchRegs(const QuantMap& map) {
-    for (int r = 0; r < 16; ++r) t[r] = _mm512_load_ps(map.search_tree.data() + 16 * r);
-  }
-};
-
-// Entry idx (0..63) of a 64-float table held in registers t[0..3].
-inline __m512 lookup64(const __m512* t, __m512i idx) {
-  __m512 lo = _mm512_permutex2var_ps(t[0], idx, t[1]);
-  __m512 hi = _mm512_permutex2var_ps(t[2], idx, t[3]);
-  return _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, _mm512_set1_epi32(32)), lo, hi);
-}
-
-// map.nearest for 16 lanes: the same eight comparisons, thresholds looked up by permutes.
-inline __m512i nearest16(__m512 x, const SearchRegs& s) {
-  const __m512i one = _mm512_set1_epi32(1);
-  // Levels 1-5 pick j (0..31) among thresholds[8j + 7].
-  __m512i j = _mm512_setzero_si512();
-  for (int step = 16; step >= 1; step >>= 1) {
-    __m512i probe = _mm512_add_epi32(j, _mm512_set1_epi32(step - 1));
-    __m512 t = _mm512_permutex2var_ps(s.t[0], probe, s.t[1]);
-    j = _mm512_mask_add_epi32(j, _mm512_cmp_ps_mask(x, t, _CMP_GT_OQ), j, _mm512_set1_epi32(step));
-  }
-  // Level 6: thresholds[8j + 3].
-  __m512 t6 = _mm512_permutex2var_ps(s.t[2], j, s.t[3]);
-  __m512i k = _mm512_mask_add_epi32(_mm512_slli_epi32(j, 1), _mm512_cmp_ps_mask(x, t6, _CMP_GT_OQ),
-                                    _mm512_slli_epi32(j, 1), one);  // 2j + b6
-  // Level 7: thresholds[8j + 4 b6 + 1], a 64-entry table.
-  __m512 t7 = lookup64(s.t + 4, k);
-  k = _mm512_slli_epi32(k, 1);
-  k = _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(x, t7, _CMP_GT_OQ), k, one);  // 4j + 2 b6 + b7
-  // Level 8: thresholds[8j + 4 b6 + 2 b7], a 128-entry table.
-  __m512 t8 = _mm512_mask_blend_ps(_mm512_test_epi32_mask(k, _mm512_set1_epi32(64)),
-                                   lookup64(s.t + 8, k), lookup64(s.t + 12, k));
-  k = _mm512_slli_epi32(k, 1);
-  return _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(x, t8, _CMP_GT_OQ), k, one);
-}
-}  // namespace
-
 float quantize_block(const float* x, int64_t n, const QuantMap& map, uint8_t* q) {
-  int64_t i = 0;
-  __m512 vmax = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-  float absmax = _mm512_reduce_max_ps(vmax);
-  for (; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
-
-  float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
-  const __m512 vinv = _mm512_set1_ps(inv);
-  const SearchRegs regs(map);
-  for (i = 0; i + 16 <= n; i += 16) {
-    __m512i idx = nearest16(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv), regs);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(idx));
-  }
-  for (; i < n; ++i) q[i] = map.nearest(x[i] * inv);
-  return absmax;
+  return MEMFIT_SIMD_DISPATCH(QuantizeBlock)(x, n, map, q);
 }
 
 void dequantize_block(const uint8_t* q, int64_t n, float absmax, const QuantMap& map, float* x) {
-  int64_t i = 0;
-  const __m512 va = _mm512_set1_ps(absmax);
-  for (; i + 16 <= n; i += 16) {
-    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
-    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_i32gather_ps(idx, map.values.data(), 4), va));
-  }
-  for (; i < n; ++i) x[i] = map.values[q[i]] * absmax;
+  MEMFIT_SIMD_DISPATCH(DequantizeBlock)(q, n, absmax, map, x);
 }
-#else
-float quantize_block(const float* x, int64_t n, const QuantMap& map, uint8_t* q) {
-  return quantize_block_reference(x, n, map, q);
-}
-
-void dequantize_block(const uint8_t* q, int64_t n, float absmax, const QuantMap& map, float* x) {
-  for (int64_t i = 0; i < n; ++i) x[i] = map.values[q[i]] * absmax;
-}
-#endif
 
 namespace {
-// Tensors below this many values run on the calling thread: a parallel region costs more than
-// it saves on them (and much more when the cores are shared).
-constexpr int64_t kParallelMinElements = 65536;
 
 void check_quant_args(const Tensor& x, const Tensor& q, const Tensor& absmax, const char* op) {
   expect_any_shape(x, op, "x", DType::f32);
@@ -193,7 +240,7 @@ void quantize_blockwise(const Tensor& x, Tensor& q, Tensor& absmax, const QuantM
   const float* xp = x.data<float>();
   uint8_t* qp = reinterpret_cast<uint8_t*>(q.data<int8_t>());
   float* ap = absmax.data<float>();
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t b = 0; b < blocks; ++b) {
     int64_t off = b * kQuantBlock;
     ap[b] = quantize_block(xp + off, std::min(kQuantBlock, n - off), map, qp + off);
@@ -206,7 +253,7 @@ void dequantize_blockwise(const Tensor& q, const Tensor& absmax, const QuantMap&
   float* xp = x.data<float>();
   const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data<int8_t>());
   const float* ap = absmax.data<float>();
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t b = 0; b < blocks; ++b) {
     int64_t off = b * kQuantBlock;
     dequantize_block(qp + off, std::min(kQuantBlock, n - off), ap[b], map, xp + off);
@@ -214,3 +261,4 @@ void dequantize_blockwise(const Tensor& q, const Tensor& absmax, const QuantMap&
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

@@ -37,6 +37,10 @@ struct UnscaleResult {
 };
 UnscaleResult unscale_and_check(Tensor& grads, float inv_scale);
 
+// For the kernels: dst[i] = src[i] for i < n over raw storage of f32, bf16 or f16, on the
+// calling thread, with convert()'s rounding (bit-identical on every SIMD target).
+void convert_n(DType src_type, DType dst_type, void* dst, const void* src, int64_t n);
+
 // --- Stochastic rounding, element by element (the definition the vector path follows) ---
 
 // 32 random bits for element `index` under `seed`: lowbias32 (a bijective integer mix) of the

@@ -6,100 +6,123 @@
 // within a few 1e-7 of a double-precision reference at V = 50257.
 // Logits are f32 in every precision (the softmax over 50k values needs it); mixed precision
 // writes their gradient into a separate bf16 / f16 tensor in the last pass.
+// One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/crossentropy.h"
 
-#include <cmath>
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/crossentropy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
 #include <limits>
 
-#include "memfit/kernels/cpu/checks.h"
-#include "memfit/kernels/cpu/half_vec.h"
-#include "memfit/kernels/cpu/vec_math.h"
+#include "memfit/kernels/cpu/simd-inl.h"
 
-namespace memfit::kernels {
-namespace {
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
 
-float row_max(const float* x, int64_t V) {
-#if defined(__AVX512F__)
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+float CeRowMax(const float* x, int64_t V) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  VF m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
   int64_t i = 0;
-  for (; i + 64 <= V; i += 64) {
-    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
-    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
-    m2 = _mm512_max_ps(m2, _mm512_loadu_ps(x + i + 32));
-    m3 = _mm512_max_ps(m3, _mm512_loadu_ps(x + i + 48));
+  for (; i + 4 * N <= V; i += 4 * N) {
+    m0 = hn::Max(m0, hn::LoadU(d, x + i));
+    m1 = hn::Max(m1, hn::LoadU(d, x + i + N));
+    m2 = hn::Max(m2, hn::LoadU(d, x + i + 2 * N));
+    m3 = hn::Max(m3, hn::LoadU(d, x + i + 3 * N));
   }
-  for (; i < V; i += 16)
-    m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(ninf, vec::tail_mask(V - i), x + i));
-  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
-#else
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < V; ++i) m = x[i] > m ? x[i] : m;
+  for (; i + N <= V; i += N) m0 = hn::Max(m0, hn::LoadU(d, x + i));
+  float m = max_lanes(d, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3)));
+  for (; i < V; ++i) m = x[i] > m ? x[i] : m;
   return m;
-#endif
 }
 
-// Sum of exp(x - mx) over the row; with kStore, x is overwritten by exp(x - mx).
-template <bool kStore>
-double row_sum_exp(float* x, int64_t V, float mx) {
-  double sum = 0.0;
-#if defined(__AVX512F__)
-  // Float partial sums over blocks of 2048 columns (64 terms a lane), then double.
+// Sum of exp(x - mx) over the row; with store, x is overwritten by exp(x - mx). Float partial
+// sums over blocks of 2048 columns (64 terms a lane on AVX3), then double.
+double CeRowSumExp(float* x, int64_t V, float mx, bool store) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   constexpr int64_t kBlock = 2048;
-  const __m512 vmx = _mm512_set1_ps(mx);
+  const VF vmx = hn::Set(d, mx);
+  double sum = 0.0;
   for (int64_t b = 0; b < V; b += kBlock) {
     const int64_t end = b + kBlock < V ? b + kBlock : V;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    VF a0 = hn::Zero(d), a1 = hn::Zero(d);
     int64_t i = b;
-    for (; i + 32 <= end; i += 32) {
-      const __m512 e0 = vec::exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmx));
-      const __m512 e1 = vec::exp(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vmx));
-      if constexpr (kStore) {
-        _mm512_storeu_ps(x + i, e0);
-        _mm512_storeu_ps(x + i + 16, e1);
+    for (; i + 2 * N <= end; i += 2 * N) {
+      const VF e0 = exp(d, hn::Sub(hn::LoadU(d, x + i), vmx));
+      const VF e1 = exp(d, hn::Sub(hn::LoadU(d, x + i + N), vmx));
+      if (store) {
+        hn::StoreU(e0, d, x + i);
+        hn::StoreU(e1, d, x + i + N);
       }
-      a0 = _mm512_add_ps(a0, e0);
-      a1 = _mm512_add_ps(a1, e1);
+      a0 = hn::Add(a0, e0);
+      a1 = hn::Add(a1, e1);
     }
-    for (; i < end; i += 16) {
-      const __mmask16 m = vec::tail_mask(end - i);
-      const __m512 e = vec::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmx));
-      if constexpr (kStore) _mm512_mask_storeu_ps(x + i, m, e);
-      a0 = _mm512_mask_add_ps(a0, m, a0, e);
+    for (; i < end; i += N) {
+      const int64_t n = end - i < N ? end - i : N;
+      const VF e = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(n)),
+                                      exp(d, hn::Sub(load_n<DType::f32>(d, x + i, n), vmx)));
+      if (store) store_n<DType::f32>(d, e, x + i, n);
+      a0 = hn::Add(a0, e);
     }
-    sum += vec::reduce_add_pd(_mm512_add_ps(a0, a1));
+    sum += sum_lanes_pd(d, hn::Add(a0, a1));
   }
-#else
-  for (int64_t i = 0; i < V; ++i) {
-    const float e = std::exp(x[i] - mx);
-    if constexpr (kStore) x[i] = e;
-    sum += e;
-  }
-#endif
   return sum;
 }
 
-// x[0, V) *= s; x[V, Vp) = 0.
-void row_scale_pad(float* x, int64_t V, int64_t Vp, float s) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 vs = _mm512_set1_ps(s);
-  for (; i + 16 <= V; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), vs));
-#endif
-  for (; i < V; ++i) x[i] *= s;
-  for (i = V; i < Vp; ++i) x[i] = 0.0f;
-}
-
-// out[0, V) = round(x[0, V) * s); out[V, Vp) = 0: row_scale_pad into another storage type.
+// out[0, V) = round(x[0, V) * s); out[V, Vp) = 0. out may be x (f32).
 template <DType D>
-void row_scale_pad_into(half::Storage<D>* out, const float* x, int64_t V, int64_t Vp, float s) {
+void row_scale_pad(half::Storage<D>* out, const float* x, int64_t V, int64_t Vp, float s) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vs = hn::Set(d, s);
   int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 vs = _mm512_set1_ps(s);
-  for (; i + 16 <= V; i += 16) half::store16<D>(out + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), vs));
-#endif
+  for (; i + N <= V; i += N) store<D>(d, hn::Mul(hn::LoadU(d, x + i), vs), out + i);
   for (; i < V; ++i) half::store1<D>(out + i, x[i] * s);
   for (i = V; i < Vp; ++i) out[i] = 0;
+}
+
+void CeRowScalePad(DType t, void* out, const float* x, int64_t V, int64_t Vp, float s) {
+  half::dispatch(t, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    row_scale_pad<D>(static_cast<half::Storage<D>*>(out), x, V, Vp, s);
+  });
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <cmath>
+
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(CeRowMax);
+HWY_EXPORT(CeRowSumExp);
+HWY_EXPORT(CeRowScalePad);
+
+namespace {
+
+float row_max(const float* x, int64_t V) { return MEMFIT_SIMD_DISPATCH(CeRowMax)(x, V); }
+
+template <bool kStore>
+double row_sum_exp(float* x, int64_t V, float mx) {
+  return MEMFIT_SIMD_DISPATCH(CeRowSumExp)(x, V, mx, kStore);
+}
+
+void row_scale_pad(float* x, int64_t V, int64_t Vp, float s) {
+  MEMFIT_SIMD_DISPATCH(CeRowScalePad)(DType::f32, x, x, V, Vp, s);
+}
+
+template <DType D>
+void row_scale_pad_into(half::Storage<D>* out, const float* x, int64_t V, int64_t Vp, float s) {
+  MEMFIT_SIMD_DISPATCH(CeRowScalePad)(D, out, x, V, Vp, s);
 }
 
 struct Dims {
@@ -122,9 +145,6 @@ Dims check_args(std::string_view op, const Tensor& losses, const Tensor& logits,
   return {R, Vp};
 }
 
-// Rows are independent; below this many logits one thread does them all.
-constexpr int64_t kParallelLogits = 65536;
-
 }  // namespace
 
 void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V) {
@@ -133,7 +153,7 @@ void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& ta
   // Forward reads only; row_sum_exp<false> never writes through this pointer.
   float* x = logits.data<float>();
   const int32_t* tg = targets.data<int32_t>();
-#pragma omp parallel for schedule(static) if (R * V > kParallelLogits)
+#pragma omp parallel for schedule(static) if (R * V > kParallelGrain)
   for (int64_t r = 0; r < R; ++r) {
     float* row = x + r * Vp;
     const float mx = row_max(row, V);
@@ -148,7 +168,7 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
   float* loss = losses.data<float>();
   float* x = logits.data<float>();
   const int32_t* tg = targets.data<int32_t>();
-#pragma omp parallel for schedule(static) if (R * V > kParallelLogits)
+#pragma omp parallel for schedule(static) if (R * V > kParallelGrain)
   for (int64_t r = 0; r < R; ++r) {
     float* row = x + r * Vp;
     const int64_t t = tg[r];
@@ -180,7 +200,7 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logi
     constexpr DType D = decltype(tag)::value;
     auto* dx = static_cast<half::Storage<D>*>(dlogits.raw_data());
     // The in-place overload's arithmetic, step for step; only the last pass stores elsewhere.
-#pragma omp parallel for schedule(static) if (R * V > kParallelLogits)
+#pragma omp parallel for schedule(static) if (R * V > kParallelGrain)
     for (int64_t r = 0; r < R; ++r) {
       float* row = x + r * Vp;
       const int64_t t = tg[r];
@@ -196,3 +216,4 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logi
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

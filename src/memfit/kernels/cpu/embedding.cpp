@@ -4,14 +4,61 @@
 // dwpe and walks every token in order: no races, and the same sums whatever the thread count.
 // Mixed precision: wte and wpe may be the bf16 / f16 working copies, widened as they are read;
 // the output (the residual stream) and the whole backward stay f32.
+// One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/embedding.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/embedding.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "memfit/kernels/cpu/simd-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+
+template <DType E, DType P>
+void forward_rows(float* o, const int32_t* tok, const half::Storage<E>* e,
+                  const half::Storage<P>* p, int64_t bt0, int64_t bt1, int64_t T, int64_t C) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t bt = bt0; bt < bt1; ++bt) {
+    float* orow = o + bt * C;
+    const auto* erow = e + static_cast<int64_t>(tok[bt]) * C;
+    const auto* prow = p + (bt % T) * C;
+    int64_t c = 0;
+    for (; c + N <= C; c += N) hn::StoreU(hn::Add(load<E>(d, erow + c), load<P>(d, prow + c)), d, orow + c);
+    for (; c < C; ++c) orow[c] = half::load1<E>(erow + c) + half::load1<P>(prow + c);
+  }
+}
+
+// Rows [bt0, bt1) of out = wte[token] + wpe[position], the tables widened as they are read.
+void EmbeddingForwardRows(DType et, DType pt, float* o, const int32_t* tok, const void* e, const void* p,
+                 int64_t bt0, int64_t bt1, int64_t T, int64_t C) {
+  half::dispatch(et, [&](auto etag) {
+    half::dispatch(pt, [&](auto ptag) {
+      constexpr DType E = decltype(etag)::value, P = decltype(ptag)::value;
+      forward_rows<E, P>(o, tok, static_cast<const half::Storage<E>*>(e),
+                         static_cast<const half::Storage<P>*>(p), bt0, bt1, T, C);
+    });
+  });
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <omp.h>
 
 #include <algorithm>
 
 #include "memfit/kernels/cpu/checks.h"
-#include "memfit/kernels/cpu/half_vec.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
 
 namespace memfit::kernels {
+HWY_EXPORT(EmbeddingForwardRows);
+
 namespace {
 
 struct Dims {
@@ -54,34 +101,14 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, con
   expect_tensor(out, op, "out", Shape{B, T, C});
   float* o = out.data<float>();
   const int32_t* tok = tokens.data<int32_t>();
-  half::dispatch(wte.dtype(), [&](auto et) {
-    half::dispatch(wpe.dtype(), [&](auto pt) {
-      constexpr DType E = decltype(et)::value, P = decltype(pt)::value;
-      const auto* e = static_cast<const half::Storage<E>*>(wte.raw_data());
-      const auto* p = static_cast<const half::Storage<P>*>(wpe.raw_data());
-#pragma omp parallel for schedule(static) if (B * T * C > 16384)
-      for (int64_t bt = 0; bt < B * T; ++bt) {
-        float* orow = o + bt * C;
-        const auto* erow = e + static_cast<int64_t>(tok[bt]) * C;
-        const auto* prow = p + (bt % T) * C;
-        if constexpr (E == DType::f32 && P == DType::f32) {
-#pragma omp simd
-          for (int64_t c = 0; c < C; ++c) orow[c] = erow[c] + prow[c];
-        } else {
-          int64_t c = 0;
-#if defined(__AVX512F__)
-          for (; c < C; c += 16) {
-            const __mmask16 m = vec::tail_mask(C - c);
-            _mm512_mask_storeu_ps(orow + c, m,
-                                  _mm512_add_ps(half::maskz_load16<E>(m, erow + c),
-                                                half::maskz_load16<P>(m, prow + c)));
-          }
-#endif
-          for (; c < C; ++c) orow[c] = half::load1<E>(erow + c) + half::load1<P>(prow + c);
-        }
-      }
-    });
-  });
+  const DType et = wte.dtype(), pt = wpe.dtype();
+  const void *e = wte.raw_data(), *p = wpe.raw_data();
+#pragma omp parallel if (B * T * C > kParallelGrain)
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    MEMFIT_SIMD_DISPATCH(EmbeddingForwardRows)(et, pt, o, tok, e, p, B * T * tid / nth,
+                                      B * T * (tid + 1) / nth, T, C);
+  }
 }
 
 void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
@@ -94,7 +121,7 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
   // Column bands of 64 floats (four cache lines): enough bands to share out, long enough runs.
   constexpr int64_t kBand = 64;
   const int64_t bands = (C + kBand - 1) / kBand;
-#pragma omp parallel for schedule(static) if (B * T * C > 16384)
+#pragma omp parallel for schedule(static) if (B * T * C > kParallelGrain)
   for (int64_t band = 0; band < bands; ++band) {
     const int64_t c0 = band * kBand, c1 = std::min(C, c0 + kBand);
     for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -111,3 +138,4 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

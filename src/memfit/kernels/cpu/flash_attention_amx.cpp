@@ -1,20 +1,32 @@
 // AMX (Sapphire Rapids' tile unit) for flash attention's bf16 products: TDPBF16PS multiplies
 // a 16 x 32 bf16 tile by a 32 x 16 one into 16 x 16 f32 in one instruction, about ten times
 // the f32 FMA rate of the AVX-512 kernels. Linux grants the tile state per process on request;
-// each thread configures its tiles inside an AmxScope. Builds without AMX get stubs, and
-// gemm_bf16 then runs on AVX512_BF16 or plain loops. See "Note [Flash attention]".
+// each thread configures its tiles inside an AmxScope. The AMX code is compiled into every
+// x86-64 build through target attributes and runs only where cpu::has(Isa::amx) (the CPU has
+// it and MEMFIT_MAX_ISA allows it) and the OS granted the tile state; elsewhere gemm_bf16 runs
+// on AVX512_BF16 or the Highway kernels. See "Note [Flash attention]" and "Note [SIMD
+// dispatch]" (docs/notes/simd-dispatch.md).
 #include <atomic>
 #include <cstdint>
 
+#include "memfit/core/cpu.h"
 #include "memfit/kernels/cpu/flash_attention_tiles.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MEMFIT_FLASH_AMX 1
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined" operands (GCC
+// PR105593); the warning is reported at the header's lines, so silence it there.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+// The functions that execute tile instructions; nothing else in the build assumes AMX.
+#define MEMFIT_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 #endif
 
 namespace memfit::kernels::flash {
@@ -54,8 +66,9 @@ TileConfig full_tiles() {
 
 // C (+)= A B on whole tiles: blocks of 2 x 2 C tiles (tmm0-3) fed by two A tiles (tmm4-5) and
 // two B tiles (tmm6-7) per 16 pairs of k.
-void gemm_amx(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
-              int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+MEMFIT_AMX_TARGET void gemm_amx(int M, int N, int K2, const uint32_t* A, int64_t lda,
+                                const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
+                                bool accumulate) {
   const int64_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;
   for (int m0 = 0; m0 < M; m0 += 32) {
     const bool m2 = m0 + 16 < M;
@@ -100,9 +113,10 @@ void gemm_amx(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32
 namespace {
 
 // Linux hands out the AMX register state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA), once per process.
+// XFEATURE_XTILEDATA), once per process; only where the CPU has AMX and the cap allows it.
 bool request_amx() {
   static const bool granted = [] {
+    if (!cpu::has(cpu::Isa::amx)) return false;
 #if defined(__linux__) && defined(SYS_arch_prctl)
     constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -117,17 +131,22 @@ bool request_amx() {
 
 bool amx_supported() { return request_amx(); }
 
+namespace {
+MEMFIT_AMX_TARGET void tiles_configure(const TileConfig* cfg) { _tile_loadconfig(cfg); }
+MEMFIT_AMX_TARGET void tiles_release() { _tile_release(); }
+}  // namespace
+
 AmxScope::AmxScope() {
   if (g_amx_allowed.load(std::memory_order_relaxed) && request_amx()) {
     static const TileConfig cfg = full_tiles();
-    _tile_loadconfig(&cfg);
+    tiles_configure(&cfg);
     t_amx_active = true;
   }
 }
 
 AmxScope::~AmxScope() {
   if (t_amx_active) {
-    _tile_release();
+    tiles_release();
     t_amx_active = false;
   }
 }

@@ -1,95 +1,282 @@
-// Flash attention tile operations (see flash_attention_tiles.h): AVX-512 (and AVX512_BF16)
-// where the build targets it (-DMEMFIT_NATIVE=ON on this machine), plain loops that the
-// compiler may vectorise otherwise. Both paths compute the same thing; tests run whichever the
-// build has. The AMX products are in flash_attention_amx.cpp.
+// Flash attention tile operations (see flash_attention_tiles.h), written once with Highway and
+// compiled for every SIMD target (simd.h): AVX3 and AVX2 register-blocked micro-GEMMs, the
+// online-softmax and gradient steps on whole vectors, and the bf16 packings. Where the CPU has
+// AVX512_BF16 (cpu::has, so MEMFIT_MAX_ISA can turn it off), the AVX3 target's bf16 product
+// runs on _mm512_dpbf16_ps in a function compiled for that extension alone; the AMX products
+// are in flash_attention_amx.cpp. See "Note [Flash attention]" in docs/notes/flash-attention.md.
 #include "memfit/kernels/cpu/flash_attention_tiles.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/flash_attention_tiles.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <limits>
 #include <type_traits>
 #include <utility>
 
-#if defined(__AVX512F__)
-// GCC 12 reports the _mm512_undefined_* placeholders inside unmasked intrinsics as "may be
-// used uninitialized" (GCC bug 105593); the warning sits on the header's lines, so it is
-// silenced for the header alone.
+#include "memfit/core/cpu.h"
+#include "memfit/core/dtype.h"
+#include "memfit/kernels/cpu/simd-inl.h"
+
+#if HWY_TARGET <= HWY_AVX3 && !defined(MEMFIT_FLASH_TILES_IMMINTRIN_)
+#define MEMFIT_FLASH_TILES_IMMINTRIN_
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined" operands (GCC
+// PR105593); the warning is reported at the header's lines, so silence it there.
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
 
-#include "memfit/core/dtype.h"
-
-namespace memfit::kernels::flash {
-namespace {
-
+#ifndef MEMFIT_FLASH_TILES_SHARED_
+#define MEMFIT_FLASH_TILES_SHARED_
+namespace memfit::kernels::flash::detail {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// exp2 arguments are clamped here: 2^-100 is still a normal float (no denormal slow paths in
-// the products that follow) and far too small to change a sum that holds a 1.
-constexpr float kExp2Floor = -100.0f;
-
 // bf16 pairs are read as 32-bit words from memory written as 16-bit elements.
 using PairWord = uint32_t __attribute__((__may_alias__));
-
 inline uint32_t pair_of(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
-
-}  // namespace
-
-#if defined(__AVX512F__)
-
-namespace {
-
-// 2^x for x <= 0 (larger x work too), relative error about 1.3e-7.
-inline __m512 exp2_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExp2Floor));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);  // in [-0.5, 0.5]
-  // 2^f = e^(f ln 2): Taylor series to degree 6; the first omitted term is below 1.3e-7.
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Lanes [0, n), n clamped to [0, 16].
-inline __mmask16 lanes_below(int64_t n) {
-  if (n >= kLanes) return 0xFFFF;
-  if (n <= 0) return 0;
-  return static_cast<__mmask16>((1u << n) - 1);
-}
-
-// f32 lanes rounded to bf16 (nearest even), the 16 bits in the low half of each 32-bit lane.
-// Inputs are finite here (probabilities and their gradients).
-inline __m512i bf16_bits(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))),
-                           16);
-}
-
-// c += a . b over the bf16 pairs of each 32-bit lane.
-inline __m512 dot_pairs(__m512 c, __m512i a, __m512i b) {
-#if defined(__AVX512BF16__)
-  return _mm512_dpbf16_ps(c, (__m512bh)a, (__m512bh)b);
-#else
-  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  c = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
-                      _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), c);
-  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)),
-                         _mm512_castsi512_ps(_mm512_and_si512(b, hi)), c);
+}  // namespace memfit::kernels::flash::detail
 #endif
+
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+namespace {
+using flash::kLanes;
+using flash::detail::kNegInf;
+using flash::detail::pair_of;
+using flash::detail::PairWord;
+
+// Column vectors per panel and rows per register block. AVX3 has 32 vector registers: panels
+// of 4 vectors (64 floats; up to 5 for the last, so hs = 80 is one panel) and 12/8/6/5 rows.
+// AVX2 has 16: panels of 2 vectors (16 floats; up to 3), 6 rows, so accumulators, the B
+// vectors and a broadcast fit.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kPanelVecs = 4;
+template <int NV>
+constexpr int kRows = NV <= 2 ? 12 : NV == 3 ? 8 : NV == 4 ? 6 : 5;
+#else
+constexpr int kPanelVecs = 2;
+template <int NV>
+constexpr int kRows = NV == 1 ? 8 : NV == 2 ? 6 : 4;
+#endif
+
+// The register-blocked kernels: an MR x (NV lanes) block of C stays in registers for the whole
+// k loop; each step loads NV vectors of B and broadcasts MR elements of A. The last vector's
+// columns are the first `tail` lanes.
+template <int MR, int NV>
+void micro_f32(int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+               float* C, int64_t ldc, bool accumulate, size_t tail) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto mk = hn::FirstN(d, tail);
+  VF c[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const float* p = C + r * ldc + v * N;
+      c[r][v] = !accumulate     ? hn::Zero(d)
+                : v == NV - 1   ? hn::MaskedLoad(mk, d, p)
+                                : hn::LoadU(d, p);
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    const float* a = A + k * a_cs;
+    VF bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v == NV - 1 ? hn::MaskedLoad(mk, d, b + v * N) : hn::LoadU(d, b + v * N);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const VF ar = hn::Set(d, a[r * a_rs]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) c[r][v] = hn::MulAdd(ar, bv[v], c[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      float* p = C + r * ldc + v * N;
+      if (v == NV - 1) hn::BlendedStore(c[r][v], mk, d, p);
+      else hn::StoreU(c[r][v], d, p);
+    }
+  }
 }
 
+// The same over bf16 pairs: c += a_lo b_lo, then += a_hi b_hi, each an exact widening and one
+// fused multiply-add (what _mm512_dpbf16_ps computes, up to its rounding).
+template <int MR, int NV>
+void micro_bf16(int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs, const uint32_t* B,
+                int64_t ldb, float* C, int64_t ldc, bool accumulate, size_t tail) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto mk = hn::FirstN(d, tail);
+  const auto mku = hn::FirstN(du, tail);
+  const auto hi_mask = hn::Set(du, 0xFFFF0000u);
+  VF c[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const float* p = C + r * ldc + v * N;
+      c[r][v] = !accumulate     ? hn::Zero(d)
+                : v == NV - 1   ? hn::MaskedLoad(mk, d, p)
+                                : hn::LoadU(d, p);
+    }
+  }
+  for (int k = 0; k < K2; ++k) {
+    const uint32_t* b = B + k * ldb;
+    const PairWord* a = reinterpret_cast<const PairWord*>(A + k * a_cs);
+    VF blo[NV], bhi[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const auto bv = v == NV - 1 ? hn::MaskedLoad(mku, du, b + v * N) : hn::LoadU(du, b + v * N);
+      blo[v] = hn::BitCast(d, hn::ShiftLeft<16>(bv));
+      bhi[v] = hn::BitCast(d, hn::And(bv, hi_mask));
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const uint32_t w = a[r * a_rs];
+      const VF alo = hn::Set(d, f32_from_bf16(static_cast<uint16_t>(w & 0xFFFF)));
+      const VF ahi = hn::Set(d, f32_from_bf16(static_cast<uint16_t>(w >> 16)));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        c[r][v] = hn::MulAdd(ahi, bhi[v], hn::MulAdd(alo, blo[v], c[r][v]));
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      float* p = C + r * ldc + v * N;
+      if (v == NV - 1) hn::BlendedStore(c[r][v], mk, d, p);
+      else hn::StoreU(c[r][v], d, p);
+    }
+  }
+}
+
+#if HWY_TARGET <= HWY_AVX3
+// AVX512_BF16's dot product of pairs, in a function compiled for that extension only: it runs
+// only where cpu::has(Isa::avx512_bf16), chosen in gemm_any below.
+#define MEMFIT_DPBF16_TARGET \
+  __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+template <int MR, int NV>
+MEMFIT_DPBF16_TARGET void micro_dpbf16(int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs,
+                                       const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
+                                       bool accumulate, size_t tail) {
+  const __mmask16 tm = static_cast<__mmask16>(tail >= 16 ? 0xFFFFu : (1u << tail) - 1u);
+  __m512 c[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 mk = v == NV - 1 ? tm : __mmask16(0xFFFF);
+      c[r][v] = accumulate ? _mm512_maskz_loadu_ps(mk, C + r * ldc + v * kLanes)
+                           : _mm512_setzero_ps();
+    }
+  }
+  for (int k = 0; k < K2; ++k) {
+    const uint32_t* b = B + k * ldb;
+    const PairWord* a = reinterpret_cast<const PairWord*>(A + k * a_cs);
+    __m512i bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tm, b + v * kLanes)
+                          : _mm512_loadu_si512(b + v * kLanes);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512i ar = _mm512_set1_epi32(static_cast<int>(a[r * a_rs]));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)ar, (__m512bh)bv[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 mk = v == NV - 1 ? tm : __mmask16(0xFFFF);
+      _mm512_mask_storeu_ps(C + r * ldc + v * kLanes, mk, c[r][v]);
+    }
+  }
+}
+#endif
+
+template <typename T>
+using Micro = void (*)(int, const T*, int64_t, int64_t, const T*, int64_t, float*, int64_t,
+                       bool, size_t);
+
+// kind: 0 f32, 1 bf16 emulated, 2 bf16 on AVX512_BF16 (AVX3 only).
+template <typename T, int kKind, int MR, int NV>
+constexpr Micro<T> micro_for() {
+  if constexpr (kKind == 0) {
+    return &micro_f32<MR, NV>;
+#if HWY_TARGET <= HWY_AVX3
+  } else if constexpr (kKind == 2) {
+    return &micro_dpbf16<MR, NV>;
+#endif
+  } else {
+    return &micro_bf16<MR, NV>;
+  }
+}
+
+template <typename T, int kKind, int NV, int... R>
+constexpr std::array<Micro<T>, sizeof...(R)> row_table(std::integer_sequence<int, R...>) {
+  return {micro_for<T, kKind, R + 1, NV>()...};
+}
+
+// All rows of one column panel of NV vectors.
+template <typename T, int kKind, int NV>
+void panel(int M, int K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t ldb,
+           float* C, int64_t ldc, bool accumulate, size_t tail) {
+  constexpr int MR = kRows<NV>;
+  static constexpr auto table = row_table<T, kKind, NV>(std::make_integer_sequence<int, MR>{});
+  for (int m0 = 0; m0 < M; m0 += MR) {
+    const int mr = std::min(MR, M - m0);
+    table[mr - 1](K, A + m0 * a_rs, a_rs, a_cs, B, ldb, C + m0 * ldc, ldc, accumulate, tail);
+  }
+}
+
+// Column panels of kPanelVecs vectors (one more for the last), rows within. The panel of B
+// stays in L1 while the row blocks pass over it.
+template <typename T, int kKind>
+void gemm_any(int M, int N, int K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
+              int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  const int lanes = static_cast<int>(hn::Lanes(DF()));
+  const int nvec = (N + lanes - 1) / lanes;
+  for (int v0 = 0; v0 < nvec;) {
+    const int nv = nvec - v0 <= kPanelVecs + 1 ? nvec - v0 : kPanelVecs;
+    const bool last = v0 + nv == nvec;
+    const size_t tail = last ? static_cast<size_t>(N - (nvec - 1) * lanes) : lanes;
+    const T* b = B + v0 * lanes;
+    float* c = C + v0 * lanes;
+    switch (nv) {
+      case 1: panel<T, kKind, 1>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
+      case 2: panel<T, kKind, 2>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
+      case 3: panel<T, kKind, 3>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
+#if HWY_TARGET <= HWY_AVX3
+      case 4: panel<T, kKind, 4>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
+      default: panel<T, kKind, 5>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
+#else
+      default: break;
+#endif
+    }
+    v0 += nv;
+  }
+}
+
+#if HWY_TARGET <= HWY_AVX3
 // 16 x 16 transpose in registers: r[i] holds row i on entry and column i on return.
 inline void transpose16(__m512 r[16]) {
   __m512 t[16];
@@ -117,230 +304,99 @@ inline void transpose16(__m512 r[16]) {
     r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD);
   }
 }
-
-// The register-blocked kernels: an MR x (NV * 16) block of C stays in registers for the
-// whole k loop; each step loads NV vectors of B and broadcasts MR elements of A. `tail` masks
-// the last vector's columns.
-template <int MR, int NV>
-void micro_f32(int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
-               float* C, int64_t ldc, bool accumulate, __mmask16 tail) {
-  __m512 c[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 mk = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      c[r][v] = accumulate ? _mm512_maskz_loadu_ps(mk, C + r * ldc + v * kLanes)
-                           : _mm512_setzero_ps();
-    }
-  }
-  for (int k = 0; k < K; ++k) {
-    const float* b = B + k * ldb;
-    const float* a = A + k * a_cs;
-    __m512 bv[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(tail, b + v * kLanes)
-                          : _mm512_loadu_ps(b + v * kLanes);
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * a_rs]);
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 mk = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      _mm512_mask_storeu_ps(C + r * ldc + v * kLanes, mk, c[r][v]);
-    }
-  }
-}
-
-template <int MR, int NV>
-void micro_bf16(int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs, const uint32_t* B,
-                int64_t ldb, float* C, int64_t ldc, bool accumulate, __mmask16 tail) {
-  __m512 c[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 mk = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      c[r][v] = accumulate ? _mm512_maskz_loadu_ps(mk, C + r * ldc + v * kLanes)
-                           : _mm512_setzero_ps();
-    }
-  }
-  for (int k = 0; k < K2; ++k) {
-    const uint32_t* b = B + k * ldb;
-    const PairWord* a = reinterpret_cast<const PairWord*>(A + k * a_cs);
-    __m512i bv[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, b + v * kLanes)
-                          : _mm512_loadu_si512(b + v * kLanes);
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512i ar = _mm512_set1_epi32(static_cast<int>(a[r * a_rs]));
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) c[r][v] = dot_pairs(c[r][v], ar, bv[v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 mk = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      _mm512_mask_storeu_ps(C + r * ldc + v * kLanes, mk, c[r][v]);
-    }
-  }
-}
-
-// Rows per block for NV vectors of columns: as many accumulators as fit in the 32 zmm
-// registers next to the NV vectors of B.
-template <int NV>
-constexpr int kRows = NV <= 2 ? 12 : NV == 3 ? 8 : NV == 4 ? 6 : 5;
-
-template <typename T>
-using Micro = void (*)(int, const T*, int64_t, int64_t, const T*, int64_t, float*, int64_t,
-                       bool, __mmask16);
-
-template <typename T, int MR, int NV>
-constexpr Micro<T> micro_for() {
-  if constexpr (std::is_same_v<T, float>) {
-    return &micro_f32<MR, NV>;
-  } else {
-    return &micro_bf16<MR, NV>;
-  }
-}
-
-template <typename T, int NV, int... R>
-constexpr std::array<Micro<T>, sizeof...(R)> row_table(std::integer_sequence<int, R...>) {
-  return {micro_for<T, R + 1, NV>()...};
-}
-
-// All rows of one column panel of NV vectors.
-template <typename T, int NV>
-void panel(int M, int K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t ldb,
-           float* C, int64_t ldc, bool accumulate, __mmask16 tail) {
-  constexpr int MR = kRows<NV>;
-  static constexpr auto table = row_table<T, NV>(std::make_integer_sequence<int, MR>{});
-  for (int m0 = 0; m0 < M; m0 += MR) {
-    const int mr = std::min(MR, M - m0);
-    table[mr - 1](K, A + m0 * a_rs, a_rs, a_cs, B, ldb, C + m0 * ldc, ldc, accumulate, tail);
-  }
-}
-
-// Column panels of 4 vectors (up to 5 for the last, so hs = 80 is one panel), rows within.
-// The panel of B (K x 64 floats) stays in L1 while the row blocks pass over it.
-template <typename T>
-void gemm_any(int M, int N, int K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
-              int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  if (M <= 0 || N <= 0) return;
-  const int nvec = (N + kLanes - 1) / kLanes;
-  for (int v0 = 0; v0 < nvec;) {
-    const int nv = nvec - v0 <= 5 ? nvec - v0 : 4;
-    const bool last = v0 + nv == nvec;
-    const __mmask16 tail = last ? lanes_below(N - (nvec - 1) * kLanes) : __mmask16(0xFFFF);
-    const T* b = B + v0 * kLanes;
-    float* c = C + v0 * kLanes;
-    switch (nv) {
-      case 1: panel<T, 1>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
-      case 2: panel<T, 2>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
-      case 3: panel<T, 3>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
-      case 4: panel<T, 4>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
-      default: panel<T, 5>(M, K, A, a_rs, a_cs, b, ldb, c, ldc, accumulate, tail); break;
-    }
-    v0 += nv;
-  }
-}
+#endif
 
 }  // namespace
 
-void gemm_f32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+void GemmF32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm_any<float, 0>(M, N, K, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
+}
+
+void GemmBf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  gemm_any<float>(M, N, K, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
+#if HWY_TARGET <= HWY_AVX3
+  static const bool dp = cpu::has(cpu::Isa::avx512_bf16);
+  if (dp) return gemm_any<uint32_t, 2>(M, N, K2, A, lda, 1, B, ldb, C, ldc, accumulate);
+#endif
+  gemm_any<uint32_t, 1>(M, N, K2, A, lda, 1, B, ldb, C, ldc, accumulate);
 }
 
-
-void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
-               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  if (amx_active()) {
-    gemm_amx(static_cast<int>(round_tile(M)), static_cast<int>(round_tile(N)),
-             static_cast<int>(round_tile(K2)), A, lda, B, ldb, C, ldc, accumulate);
-    return;
-  }
-  gemm_any<uint32_t>(M, N, K2, A, lda, 1, B, ldb, C, ldc, accumulate);
-}
-
-void online_softmax_step(float* St, int64_t ld, int nk, int nqp, int64_t k0, int64_t q0, float c,
-                         float* m, float* l, float* alpha) {
-  const __m512 vc = _mm512_set1_ps(c);
-  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  for (int i0 = 0; i0 < nqp; i0 += kLanes) {
+void OnlineSoftmaxStep(float* St, int64_t ld, int nk, int nqp, int64_t k0, int64_t q0, float c,
+                       float* m, float* l, float* alpha) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vc = hn::Set(d, c);
+  const VF neg_inf = hn::Set(d, kNegInf);
+  for (int i0 = 0; i0 < nqp; i0 += static_cast<int>(N)) {
     const int64_t qb = q0 + i0;
-    // Key k0 + j is visible to lane i when k0 + j <= qb + i: lanes [k0 + j - qb, 16).
+    // Key k0 + j is visible to lane i when k0 + j <= qb + i: lanes [k0 + j - qb, N).
     const bool diagonal = k0 + nk - 1 > qb;
-    auto visible = [&](int j) { return static_cast<__mmask16>(~lanes_below(k0 + j - qb)); };
-    const __m512 m_old = _mm512_loadu_ps(m + i0);
-    __m512 mx = m_old;
+    auto visible = [&](int j) {
+      return hn::Not(hn::FirstN(d, static_cast<size_t>(std::clamp<int64_t>(k0 + j - qb, 0, N))));
+    };
+    const VF m_old = hn::LoadU(d, m + i0);
+    VF mx = m_old;
     for (int j = 0; j < nk; ++j) {
       float* s = St + j * ld + i0;
-      __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s), vc);
-      if (diagonal) x = _mm512_mask_blend_ps(visible(j), neg_inf, x);
-      _mm512_storeu_ps(s, x);
-      mx = _mm512_max_ps(mx, x);
+      VF x = hn::Mul(hn::LoadU(d, s), vc);
+      if (diagonal) x = hn::IfThenElse(visible(j), x, neg_inf);
+      hn::StoreU(x, d, s);
+      mx = hn::Max(mx, x);
     }
-    __m512 sum = _mm512_setzero_ps();
+    VF sum = hn::Zero(d);
     for (int j = 0; j < nk; ++j) {
       float* s = St + j * ld + i0;
-      __m512 p = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s), mx));
-      if (diagonal) p = _mm512_maskz_mov_ps(visible(j), p);
-      _mm512_storeu_ps(s, p);
-      sum = _mm512_add_ps(sum, p);
+      VF p = exp2(d, hn::Sub(hn::LoadU(d, s), mx));
+      if (diagonal) p = hn::IfThenElseZero(visible(j), p);
+      hn::StoreU(p, d, s);
+      sum = hn::Add(sum, p);
     }
-    const __m512 a = exp2_ps(_mm512_sub_ps(m_old, mx));
-    _mm512_storeu_ps(l + i0, _mm512_fmadd_ps(_mm512_loadu_ps(l + i0), a, sum));
-    _mm512_storeu_ps(m + i0, mx);
-    _mm512_storeu_ps(alpha + i0, a);
+    const VF a = exp2(d, hn::Sub(m_old, mx));
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, l + i0), a, sum), d, l + i0);
+    hn::StoreU(mx, d, m + i0);
+    hn::StoreU(a, d, alpha + i0);
   }
 }
 
-void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, int64_t q0,
-                     int64_t k0, float c, const float* lse2, const float* D) {
-  const __m512 vc = _mm512_set1_ps(c);
+void ProbsAndGrads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, int64_t q0,
+                   int64_t k0, float c, const float* lse2, const float* D) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vc = hn::Set(d, c);
   for (int i = 0; i < nq; ++i) {
-    const __m512 l2 = _mm512_set1_ps(lse2[i]);
-    const __m512 d = _mm512_set1_ps(D[i]);
+    const VF l2 = hn::Set(d, lse2[i]);
+    const VF dd = hn::Set(d, D[i]);
     float* s = S + i * ld;
     float* dp = dP + i * ld;
-    for (int j0 = 0; j0 < nkp; j0 += kLanes) {
+    for (int j0 = 0; j0 < nkp; j0 += static_cast<int>(N)) {
       // Keys j < nk with k0 + j <= q0 + i.
-      const __mmask16 mk = lanes_below(std::min<int64_t>(nk - j0, q0 + i - k0 - j0 + 1));
-      if (mk == 0) {
-        _mm512_storeu_ps(s + j0, _mm512_setzero_ps());
-        _mm512_storeu_ps(dp + j0, _mm512_setzero_ps());
+      const int64_t valid = std::clamp<int64_t>(std::min<int64_t>(nk - j0, q0 + i - k0 - j0 + 1),
+                                                0, N);
+      if (valid == 0) {
+        hn::StoreU(hn::Zero(d), d, s + j0);
+        hn::StoreU(hn::Zero(d), d, dp + j0);
         continue;
       }
-      const __m512 p =
-          _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(_mm512_loadu_ps(s + j0), vc, l2)));
-      _mm512_storeu_ps(s + j0, p);
-      _mm512_storeu_ps(dp + j0, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j0), d)));
+      const VF p = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(valid)),
+                                      exp2(d, hn::MulSub(hn::LoadU(d, s + j0), vc, l2)));
+      hn::StoreU(p, d, s + j0);
+      hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(d, dp + j0), dd)), d, dp + j0);
     }
   }
 }
 
-void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
-                      int cols) {
+// dst (cols x round_lanes(rows)) = src^T, zero in the padding columns. AVX3 transposes 16 x 16
+// blocks in registers; the other targets copy element by element (bits unchanged either way).
+void TransposePadded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
+                     int cols) {
+#if HWY_TARGET <= HWY_AVX3
   __m512 r[16];
   for (int r0 = 0; r0 < rows; r0 += kLanes) {
     const int nr = std::min(kLanes, rows - r0);
     for (int c0 = 0; c0 < cols; c0 += kLanes) {
       const int nc = std::min(kLanes, cols - c0);
-      const __mmask16 mk = lanes_below(nc);
+      const __mmask16 mk = static_cast<__mmask16>(nc >= 16 ? 0xFFFFu : (1u << nc) - 1u);
       for (int i = 0; i < kLanes; ++i) {
         r[i] = i < nr ? _mm512_maskz_loadu_ps(mk, src + (r0 + i) * src_rs + c0)
                       : _mm512_setzero_ps();
@@ -349,229 +405,171 @@ void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_
       for (int c = 0; c < nc; ++c) _mm512_storeu_ps(dst + (c0 + c) * ld_dst + r0, r[c]);
     }
   }
+#else
+  const int64_t padded = flash::round_lanes(rows);
+  const PairWord* s = reinterpret_cast<const PairWord*>(src);
+  PairWord* o = reinterpret_cast<PairWord*>(dst);
+  for (int c = 0; c < cols; ++c) {
+    for (int r = 0; r < rows; ++r) o[c * ld_dst + r] = s[r * src_rs + c];
+    for (int64_t r = rows; r < padded; ++r) o[c * ld_dst + r] = 0;
+  }
+#endif
+}
+
+float DotF32(const float* a, const float* b, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
+  if (i < n)
+    acc = hn::MulAdd(load_n<DType::f32>(d, a + i, n - i), load_n<DType::f32>(d, b + i, n - i),
+                     acc);
+  return sum_lanes(d, acc);
+}
+
+float DotBf16(const uint16_t* a, const uint16_t* b, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    acc = hn::MulAdd(load<DType::bf16>(d, a + i), load<DType::bf16>(d, b + i), acc);
+  float sum = sum_lanes(d, acc);
+  for (; i < n; ++i) sum += f32_from_bf16(a[i]) * f32_from_bf16(b[i]);
+  return sum;
+}
+
+void PackPairsBf16(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs, int rows,
+                   int cols) {
+  const hn::ScalableTag<uint32_t> du;
+  const hn::Rebind<uint16_t, decltype(du)> d16;
+  const int N = static_cast<int>(hn::Lanes(du));
+  for (int k2 = 0; k2 < (rows + 1) / 2; ++k2) {
+    const uint16_t* r0 = src + 2 * k2 * src_rs;
+    const uint16_t* r1 = 2 * k2 + 1 < rows ? r0 + src_rs : nullptr;
+    uint32_t* o = dst + k2 * ld_dst;
+    int n = 0;
+    for (; n + N <= cols; n += N) {
+      const auto lo = hn::PromoteTo(du, hn::LoadU(d16, r0 + n));
+      const auto hi = r1 ? hn::PromoteTo(du, hn::LoadU(d16, r1 + n)) : hn::Zero(du);
+      hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du, o + n);
+    }
+    for (; n < cols; ++n) o[n] = pair_of(r0[n], r1 ? r1[n] : uint16_t{0});
+  }
+}
+
+void PackPairsF32(uint32_t* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
+                  int cols) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int k2 = 0; k2 < (rows + 1) / 2; ++k2) {
+    const float* r0 = src + 2 * k2 * src_rs;
+    const float* r1 = 2 * k2 + 1 < rows ? r0 + src_rs : nullptr;
+    uint32_t* o = dst + k2 * ld_dst;
+    int n = 0;
+    for (; n + N <= cols; n += N) {
+      const auto lo = bf16_bits(d, hn::LoadU(d, r0 + n));
+      const auto hi = r1 ? bf16_bits(d, hn::LoadU(d, r1 + n)) : hn::Zero(hn::RebindToUnsigned<DF>());
+      hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), hn::RebindToUnsigned<DF>(), o + n);
+    }
+    for (; n < cols; ++n)
+      o[n] = pair_of(bf16_from_f32(r0[n]), r1 ? bf16_from_f32(r1[n]) : uint16_t{0});
+  }
+}
+
+void ConvertToBf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
+                   int cols) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int r = 0; r < rows; ++r) {
+    int n = 0;
+    for (; n + N <= cols; n += N)
+      store<DType::bf16>(d, hn::LoadU(d, src + r * ld_src + n), dst + r * ld_dst + n);
+    for (; n < cols; ++n) dst[r * ld_dst + n] = bf16_from_f32(src[r * ld_src + n]);
+  }
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(GemmF32);
+HWY_EXPORT(GemmBf16);
+HWY_EXPORT(OnlineSoftmaxStep);
+HWY_EXPORT(ProbsAndGrads);
+HWY_EXPORT(TransposePadded);
+HWY_EXPORT(DotF32);
+HWY_EXPORT(DotBf16);
+HWY_EXPORT(PackPairsBf16);
+HWY_EXPORT(PackPairsF32);
+HWY_EXPORT(ConvertToBf16);
+}  // namespace memfit::kernels
+
+namespace memfit::kernels::flash {
+
+void gemm_f32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+              int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  MEMFIT_SIMD_DISPATCH(GemmF32)(M, N, K, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
+}
+
+void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
+               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if (amx_active()) {
+    gemm_amx(static_cast<int>(round_tile(M)), static_cast<int>(round_tile(N)),
+             static_cast<int>(round_tile(K2)), A, lda, B, ldb, C, ldc, accumulate);
+    return;
+  }
+  MEMFIT_SIMD_DISPATCH(GemmBf16)(M, N, K2, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+void online_softmax_step(float* St, int64_t ld, int nk, int nqp, int64_t k0, int64_t q0, float c,
+                         float* m, float* l, float* alpha) {
+  MEMFIT_SIMD_DISPATCH(OnlineSoftmaxStep)(St, ld, nk, nqp, k0, q0, c, m, l, alpha);
+}
+
+void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, int64_t q0,
+                     int64_t k0, float c, const float* lse2, const float* D) {
+  MEMFIT_SIMD_DISPATCH(ProbsAndGrads)(S, dP, ld, nq, nk, nkp, q0, k0, c, lse2, D);
+}
+
+void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
+                      int cols) {
+  MEMFIT_SIMD_DISPATCH(TransposePadded)(dst, ld_dst, src, src_rs, rows, cols);
 }
 
 void transpose_padded(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t src_rs,
                       int rows, int cols) {
   // Only loads, shuffles and stores: the bits pass through unchanged.
-  transpose_padded(reinterpret_cast<float*>(dst), ld_dst, reinterpret_cast<const float*>(src),
-                   src_rs, rows, cols);
+  MEMFIT_SIMD_DISPATCH(TransposePadded)(reinterpret_cast<float*>(dst), ld_dst,
+                                        reinterpret_cast<const float*>(src), src_rs, rows, cols);
 }
 
 float dot(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 mk = lanes_below(n - i);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), _mm512_maskz_loadu_ps(mk, b + i), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
+  return MEMFIT_SIMD_DISPATCH(DotF32)(a, b, n);
 }
 
 float dot(const uint16_t* a, const uint16_t* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i))), 16));
-    const __m512 y = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))), 16));
-    acc = _mm512_fmadd_ps(x, y, acc);
-  }
-  float sum = _mm512_reduce_add_ps(acc);
-  for (; i < n; ++i) sum += f32_from_bf16(a[i]) * f32_from_bf16(b[i]);
-  return sum;
+  return MEMFIT_SIMD_DISPATCH(DotBf16)(a, b, n);
 }
 
 void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,
                            int rows, int cols) {
-  for (int k2 = 0; k2 < (rows + 1) / 2; ++k2) {
-    const uint16_t* r0 = src + 2 * k2 * src_rs;
-    const uint16_t* r1 = 2 * k2 + 1 < rows ? r0 + src_rs : nullptr;
-    uint32_t* d = dst + k2 * ld_dst;
-    int n = 0;
-    for (; n + kLanes <= cols; n += kLanes) {
-      const __m512i lo = _mm512_cvtepu16_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + n)));
-      const __m512i hi = r1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                                  reinterpret_cast<const __m256i*>(r1 + n)))
-                            : _mm512_setzero_si512();
-      _mm512_storeu_si512(d + n, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-    }
-    for (; n < cols; ++n) d[n] = pair_of(r0[n], r1 ? r1[n] : uint16_t{0});
-  }
+  MEMFIT_SIMD_DISPATCH(PackPairsBf16)(dst, ld_dst, src, src_rs, rows, cols);
 }
 
 void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const float* src, int64_t src_rs,
                            int rows, int cols) {
-  for (int k2 = 0; k2 < (rows + 1) / 2; ++k2) {
-    const float* r0 = src + 2 * k2 * src_rs;
-    const float* r1 = 2 * k2 + 1 < rows ? r0 + src_rs : nullptr;
-    uint32_t* d = dst + k2 * ld_dst;
-    for (int n = 0; n < cols; n += kLanes) {
-      const __mmask16 mk = lanes_below(cols - n);
-      const __m512i lo = bf16_bits(_mm512_maskz_loadu_ps(mk, r0 + n));
-      const __m512i hi = r1 ? bf16_bits(_mm512_maskz_loadu_ps(mk, r1 + n)) : _mm512_setzero_si512();
-      _mm512_mask_storeu_epi32(d + n, mk, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-    }
-  }
+  MEMFIT_SIMD_DISPATCH(PackPairsF32)(dst, ld_dst, src, src_rs, rows, cols);
 }
 
 void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
                      int cols) {
-  for (int r = 0; r < rows; ++r) {
-    int n = 0;
-    for (; n + kLanes <= cols; n += kLanes) {
-      const __m512i b = bf16_bits(_mm512_loadu_ps(src + r * ld_src + n));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * ld_dst + n),
-                          _mm512_cvtepi32_epi16(b));
-    }
-    for (; n < cols; ++n) dst[r * ld_dst + n] = bf16_from_f32(src[r * ld_src + n]);
-  }
+  MEMFIT_SIMD_DISPATCH(ConvertToBf16)(dst, ld_dst, src, ld_src, rows, cols);
 }
-
-#else  // portable path
-
-namespace {
-
-template <typename T>
-T load_a(const T* A, int64_t i) {
-  if constexpr (std::is_same_v<T, float>) {
-    return A[i];
-  } else {
-    return reinterpret_cast<const PairWord*>(A)[i];
-  }
-}
-
-template <typename T>
-void gemm_plain(int M, int N, int K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
-                int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  for (int m = 0; m < M; ++m) {
-    float* c = C + m * ldc;
-    if (!accumulate) std::fill(c, c + N, 0.0f);
-    for (int k = 0; k < K; ++k) {
-      const T a = load_a(A, m * a_rs + k * a_cs);
-      const T* b = B + k * ldb;
-      if constexpr (std::is_same_v<T, float>) {
-        for (int n = 0; n < N; ++n) c[n] += a * b[n];
-      } else {
-        const float a0 = f32_from_bf16(static_cast<uint16_t>(a & 0xFFFF));
-        const float a1 = f32_from_bf16(static_cast<uint16_t>(a >> 16));
-        for (int n = 0; n < N; ++n) {
-          c[n] += a0 * f32_from_bf16(static_cast<uint16_t>(b[n] & 0xFFFF)) +
-                  a1 * f32_from_bf16(static_cast<uint16_t>(b[n] >> 16));
-        }
-      }
-    }
-  }
-}
-
-}  // namespace
-
-void gemm_f32(int M, int N, int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
-              int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  gemm_plain<float>(M, N, K, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
-}
-
-void gemm_bf16(int M, int N, int K2, const uint32_t* A, int64_t lda, const uint32_t* B,
-               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  gemm_plain<uint32_t>(M, N, K2, A, lda, 1, B, ldb, C, ldc, accumulate);
-}
-
-void online_softmax_step(float* St, int64_t ld, int nk, int nqp, int64_t k0, int64_t q0, float c,
-                         float* m, float* l, float* alpha) {
-  for (int i = 0; i < nqp; ++i) {
-    const int64_t q = q0 + i;
-    float mx = m[i];
-    for (int j = 0; j < nk; ++j) {
-      float& s = St[j * ld + i];
-      s = k0 + j <= q ? s * c : kNegInf;
-      mx = std::max(mx, s);
-    }
-    float sum = 0;
-    for (int j = 0; j < nk; ++j) {
-      float& s = St[j * ld + i];
-      s = k0 + j <= q ? std::exp2(std::max(s - mx, kExp2Floor)) : 0.0f;
-      sum += s;
-    }
-    alpha[i] = std::exp2(std::max(m[i] - mx, kExp2Floor));
-    l[i] = l[i] * alpha[i] + sum;
-    m[i] = mx;
-  }
-}
-
-void probs_and_grads(float* S, float* dP, int64_t ld, int nq, int nk, int nkp, int64_t q0,
-                     int64_t k0, float c, const float* lse2, const float* D) {
-  for (int i = 0; i < nq; ++i) {
-    float* s = S + i * ld;
-    float* dp = dP + i * ld;
-    for (int j = 0; j < nkp; ++j) {
-      const bool visible = j < nk && k0 + j <= q0 + i;
-      const float p = visible ? std::exp2(std::max(s[j] * c - lse2[i], kExp2Floor)) : 0.0f;
-      s[j] = p;
-      dp[j] = visible ? p * (dp[j] - D[i]) : 0.0f;
-    }
-  }
-}
-
-template <typename T, typename Read>
-void transpose_plain(T* dst, int64_t ld_dst, const Read* src, int64_t src_rs, int rows,
-                     int cols) {
-  const int64_t padded = round_lanes(rows);
-  for (int c = 0; c < cols; ++c) {
-    for (int r = 0; r < rows; ++r) dst[c * ld_dst + r] = src[r * src_rs + c];
-    for (int64_t r = rows; r < padded; ++r) dst[c * ld_dst + r] = T{0};
-  }
-}
-
-void transpose_padded(float* dst, int64_t ld_dst, const float* src, int64_t src_rs, int rows,
-                      int cols) {
-  transpose_plain(dst, ld_dst, src, src_rs, rows, cols);
-}
-
-void transpose_padded(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t src_rs,
-                      int rows, int cols) {
-  transpose_plain(dst, ld_dst, reinterpret_cast<const PairWord*>(src), src_rs, rows, cols);
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-float dot(const uint16_t* a, const uint16_t* b, int64_t n) {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += f32_from_bf16(a[i]) * f32_from_bf16(b[i]);
-  return sum;
-}
-
-void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs,
-                           int rows, int cols) {
-  for (int k2 = 0; k2 < (rows + 1) / 2; ++k2) {
-    const uint16_t* r0 = src + 2 * k2 * src_rs;
-    const uint16_t* r1 = 2 * k2 + 1 < rows ? r0 + src_rs : nullptr;
-    for (int n = 0; n < cols; ++n) dst[k2 * ld_dst + n] = pair_of(r0[n], r1 ? r1[n] : uint16_t{0});
-  }
-}
-
-void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const float* src, int64_t src_rs,
-                           int rows, int cols) {
-  for (int k2 = 0; k2 < (rows + 1) / 2; ++k2) {
-    const float* r0 = src + 2 * k2 * src_rs;
-    const float* r1 = 2 * k2 + 1 < rows ? r0 + src_rs : nullptr;
-    for (int n = 0; n < cols; ++n) {
-      dst[k2 * ld_dst + n] = pair_of(bf16_from_f32(r0[n]), r1 ? bf16_from_f32(r1[n]) : uint16_t{0});
-    }
-  }
-}
-
-void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
-                     int cols) {
-  for (int r = 0; r < rows; ++r) {
-    for (int n = 0; n < cols; ++n) dst[r * ld_dst + n] = bf16_from_f32(src[r * ld_src + n]);
-  }
-}
-
-#endif  // __AVX512F__
 
 }  // namespace memfit::kernels::flash
+#endif  // HWY_ONCE

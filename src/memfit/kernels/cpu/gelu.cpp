@@ -1,98 +1,111 @@
 // GELU (tanh form) forward and backward over the MLP's (B*T, 4C) activation, the largest
 // element-wise op of a GPT-2 step. The formulas and their order of operations follow PyTorch's
 // CPU kernel (0.5 x (1 + tanh(inner)), and its derivative written out the same way), so the
-// two agree to a few ulp; the tanh is vec::tanh under AVX-512 and std::tanh otherwise.
+// two agree to a few ulp; the tanh is simd-inl.h's vector tanh on every target.
 // Every tensor may be f32, bf16 or f16 (mixed precision keeps the MLP's pre-activation in
 // bf16): values are widened on load, computed in f32 and rounded once on store.
+// One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/gelu.h"
 
-#include <cmath>
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/gelu.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
-#include "memfit/kernels/cpu/checks.h"
-#include "memfit/kernels/cpu/half_vec.h"
-#include "memfit/kernels/cpu/parallel.h"
-#include "memfit/kernels/cpu/vec_math.h"
+#include "memfit/kernels/cpu/simd-inl.h"
 
-namespace memfit::kernels {
-namespace {
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
 
 constexpr float kBeta = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kKappa = 0.044715f;
 
-inline float gelu_scalar(float x) {
-  const float inner = kBeta * (x + kKappa * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(inner));
+HWY_INLINE VF gelu_vec(DF d, VF x) {
+  const VF x_sq = hn::Mul(x, x);
+  const VF inner =
+      hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Mul(hn::Set(d, kKappa), x_sq), x, x));
+  const VF t = tanh(d, inner);
+  return hn::Mul(hn::Mul(hn::Set(d, 0.5f), x), hn::Add(hn::Set(d, 1.0f), t));
 }
 
-inline float gelu_grad_scalar(float x) {
-  const float x_sq = x * x;
-  const float t = std::tanh(kBeta * (x + kKappa * x_sq * x));
-  const float left = 0.5f * x;
-  const float left_derivative = 0.5f * (1.0f + t);
-  const float right_derivative = left * (1.0f - t * t) * (kBeta * (1.0f + 3.0f * kKappa * x_sq));
-  return left_derivative + right_derivative;
+HWY_INLINE VF gelu_grad_vec(DF d, VF x) {
+  const VF one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f);
+  const VF x_sq = hn::Mul(x, x);
+  const VF inner =
+      hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Mul(hn::Set(d, kKappa), x_sq), x, x));
+  const VF t = tanh(d, inner);
+  const VF left = hn::Mul(half, x);
+  const VF left_derivative = hn::Mul(half, hn::Add(one, t));
+  const VF inner_derivative =
+      hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Set(d, 3.0f * kKappa), x_sq, one));
+  const VF tanh_derivative = hn::NegMulAdd(t, t, one);
+  return hn::MulAdd(hn::Mul(left, tanh_derivative), inner_derivative, left_derivative);
 }
-
-#if defined(__AVX512F__)
-inline __m512 gelu_vec(__m512 x) {
-  const __m512 x_sq = _mm512_mul_ps(x, x);
-  const __m512 inner = _mm512_mul_ps(
-      _mm512_set1_ps(kBeta), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kKappa), x_sq), x, x));
-  const __m512 t = vec::tanh(inner);
-  return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x),
-                       _mm512_add_ps(_mm512_set1_ps(1.0f), t));
-}
-
-inline __m512 gelu_grad_vec(__m512 x) {
-  const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
-  const __m512 x_sq = _mm512_mul_ps(x, x);
-  const __m512 inner = _mm512_mul_ps(
-      _mm512_set1_ps(kBeta), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kKappa), x_sq), x, x));
-  const __m512 t = vec::tanh(inner);
-  const __m512 left = _mm512_mul_ps(half, x);
-  const __m512 left_derivative = _mm512_mul_ps(half, _mm512_add_ps(one, t));
-  const __m512 inner_derivative = _mm512_mul_ps(
-      _mm512_set1_ps(kBeta), _mm512_fmadd_ps(_mm512_set1_ps(3.0f * kKappa), x_sq, one));
-  const __m512 tanh_derivative = _mm512_fnmadd_ps(t, t, one);
-  return _mm512_fmadd_ps(_mm512_mul_ps(left, tanh_derivative), inner_derivative, left_derivative);
-}
-#endif
 
 // out = gelu(x) over [begin, end): loads widen and stores round as the storage types say;
 // the f32 instance is the FP32 kernel.
 template <DType X, DType O>
 void forward_range(half::Storage<O>* o, const half::Storage<X>* x, int64_t begin, int64_t end) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = begin;
-#if defined(__AVX512F__)
-  for (; i + 16 <= end; i += 16) half::store16<O>(o + i, gelu_vec(half::load16<X>(x + i)));
-  if (i < end) {
-    const __mmask16 m = vec::tail_mask(end - i);
-    half::mask_store16<O>(o + i, m, gelu_vec(half::maskz_load16<X>(m, x + i)));
-    return;
-  }
-#endif
-  for (; i < end; ++i) half::store1<O>(o + i, gelu_scalar(half::load1<X>(x + i)));
+  for (; i + N <= end; i += N) store<O>(d, gelu_vec(d, load<X>(d, x + i)), o + i);
+  if (i < end) store_n<O>(d, gelu_vec(d, load_n<X>(d, x + i, end - i)), o + i, end - i);
 }
 
 template <DType X, DType G, DType D>
 void backward_range(half::Storage<D>* dx, const half::Storage<X>* x, const half::Storage<G>* dy,
                     int64_t begin, int64_t end) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = begin;
-#if defined(__AVX512F__)
-  for (; i + 16 <= end; i += 16) {
-    const __m512 g = gelu_grad_vec(half::load16<X>(x + i));
-    half::store16<D>(dx + i, _mm512_mul_ps(g, half::load16<G>(dy + i)));
-  }
+  for (; i + N <= end; i += N)
+    store<D>(d, hn::Mul(gelu_grad_vec(d, load<X>(d, x + i)), load<G>(d, dy + i)), dx + i);
   if (i < end) {
-    const __mmask16 m = vec::tail_mask(end - i);
-    const __m512 g = gelu_grad_vec(half::maskz_load16<X>(m, x + i));
-    half::mask_store16<D>(dx + i, m, _mm512_mul_ps(g, half::maskz_load16<G>(m, dy + i)));
-    return;
+    const int64_t n = end - i;
+    const VF g = gelu_grad_vec(d, load_n<X>(d, x + i, n));
+    store_n<D>(d, hn::Mul(g, load_n<G>(d, dy + i, n)), dx + i, n);
   }
-#endif
-  for (; i < end; ++i)
-    half::store1<D>(dx + i, gelu_grad_scalar(half::load1<X>(x + i)) * half::load1<G>(dy + i));
 }
+
+void GeluForwardRange(DType xt, DType ot, void* out, const void* inp, int64_t begin, int64_t end) {
+  half::dispatch(xt, [&](auto xtag) {
+    half::dispatch(ot, [&](auto otag) {
+      constexpr DType X = decltype(xtag)::value, O = decltype(otag)::value;
+      forward_range<X, O>(static_cast<half::Storage<O>*>(out),
+                          static_cast<const half::Storage<X>*>(inp), begin, end);
+    });
+  });
+}
+
+void GeluBackwardRange(DType xt, DType gt, DType dt, void* dinp, const void* inp, const void* dout,
+                   int64_t begin, int64_t end) {
+  half::dispatch(xt, [&](auto xtag) {
+    half::dispatch(gt, [&](auto gtag) {
+      half::dispatch(dt, [&](auto dtag) {
+        constexpr DType X = decltype(xtag)::value, G = decltype(gtag)::value,
+                        D = decltype(dtag)::value;
+        backward_range<X, G, D>(static_cast<half::Storage<D>*>(dinp),
+                                static_cast<const half::Storage<X>*>(inp),
+                                static_cast<const half::Storage<G>*>(dout), begin, end);
+      });
+    });
+  });
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(GeluForwardRange);
+HWY_EXPORT(GeluBackwardRange);
+
+namespace {
 
 // t must be defined, contiguous, of f32, bf16 or f16, and of `shape` when given.
 void expect_float(const Tensor& t, std::string_view op, std::string_view name,
@@ -110,14 +123,11 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
   constexpr std::string_view op = "gelu_forward";
   expect_float(inp, op, "inp");
   expect_float(out, op, "out", &inp.shape());
-  half::dispatch(inp.dtype(), [&](auto xt) {
-    half::dispatch(out.dtype(), [&](auto ot) {
-      constexpr DType X = decltype(xt)::value, O = decltype(ot)::value;
-      auto* o = static_cast<half::Storage<O>*>(out.raw_data());
-      const auto* x = static_cast<const half::Storage<X>*>(inp.raw_data());
-      parallel_ranges(inp.numel(),
-                      [&](int64_t begin, int64_t end) { forward_range<X, O>(o, x, begin, end); });
-    });
+  const DType xt = inp.dtype(), ot = out.dtype();
+  void* o = out.raw_data();
+  const void* x = inp.raw_data();
+  parallel_ranges(inp.numel(), [&](int64_t begin, int64_t end) {
+    MEMFIT_SIMD_DISPATCH(GeluForwardRange)(xt, ot, o, x, begin, end);
   });
 }
 
@@ -131,20 +141,14 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   MEMFIT_CHECK_DTYPE(dinp.raw_data() != dout.raw_data() || dinp.dtype() == dout.dtype(), op,
                      "dinp ({}) may alias dout ({}) only when their dtypes match",
                      dtype_name(dinp.dtype()), dtype_name(dout.dtype()));
-  half::dispatch(inp.dtype(), [&](auto xt) {
-    half::dispatch(dout.dtype(), [&](auto gt) {
-      half::dispatch(dinp.dtype(), [&](auto dt) {
-        constexpr DType X = decltype(xt)::value, G = decltype(gt)::value, D = decltype(dt)::value;
-        auto* dx = static_cast<half::Storage<D>*>(dinp.raw_data());
-        const auto* x = static_cast<const half::Storage<X>*>(inp.raw_data());
-        const auto* dy = static_cast<const half::Storage<G>*>(dout.raw_data());
-        // dinp may alias dout: each element is read before it is written, by the same thread.
-        parallel_ranges(inp.numel(), [&](int64_t begin, int64_t end) {
-          backward_range<X, G, D>(dx, x, dy, begin, end);
-        });
-      });
-    });
+  const DType xt = inp.dtype(), gt = dout.dtype(), dt = dinp.dtype();
+  void* dx = dinp.raw_data();
+  const void *x = inp.raw_data(), *dy = dout.raw_data();
+  // dinp may alias dout: each element is read before it is written, by the same thread.
+  parallel_ranges(inp.numel(), [&](int64_t begin, int64_t end) {
+    MEMFIT_SIMD_DISPATCH(GeluBackwardRange)(xt, gt, dt, dx, x, dy, begin, end);
   });
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

@@ -6,137 +6,199 @@
 // Mixed precision: the output may be bf16 or f16 (rounded once, from the f32 result), and the
 // weight and bias may be a bf16 / f16 working copy, widened once per call; the input, the
 // statistics and the whole backward stay f32 (see docs/notes/mixed-precision.md).
+// One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/layernorm.h"
 
-#include <omp.h>
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/layernorm.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
 #include <cmath>
-#include <vector>
 
-#include "memfit/kernels/cpu/checks.h"
-#include "memfit/kernels/cpu/half_vec.h"
-#include "memfit/kernels/cpu/vec_math.h"
+#include "memfit/kernels/cpu/simd-inl.h"
 
-namespace memfit::kernels {
-namespace {
-
+#ifndef MEMFIT_KERNELS_CPU_LAYERNORM_ROWSTATS_
+#define MEMFIT_KERNELS_CPU_LAYERNORM_ROWSTATS_
+namespace memfit::kernels::layernorm_detail {
 struct RowStats {
   float mean;
   float rstd;
 };
-
-RowStats row_stats(const float* x, int64_t C) {
-  double sum = 0.0, sq = 0.0;
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  for (; i + 32 <= C; i += 32) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + i));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + i + 16));
-  }
-  for (; i < C; i += 16)
-    a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(vec::tail_mask(C - i), x + i));
-  sum = vec::reduce_add_pd(_mm512_add_ps(a0, a1));
-  const float mean = static_cast<float>(sum / static_cast<double>(C));
-  const __m512 vm = _mm512_set1_ps(mean);
-  a0 = a1 = _mm512_setzero_ps();
-  for (i = 0; i + 32 <= C; i += 32) {
-    const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
-    const __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vm);
-    a0 = _mm512_fmadd_ps(d0, d0, a0);
-    a1 = _mm512_fmadd_ps(d1, d1, a1);
-  }
-  for (; i < C; i += 16) {
-    const __mmask16 m = vec::tail_mask(C - i);
-    const __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, x + i), vm);
-    a0 = _mm512_fmadd_ps(d, d, a0);
-  }
-  sq = vec::reduce_add_pd(_mm512_add_ps(a0, a1));
-#else
-  for (; i < C; ++i) sum += x[i];
-  const float mean = static_cast<float>(sum / static_cast<double>(C));
-  for (i = 0; i < C; ++i) {
-    const double d = static_cast<double>(x[i]) - mean;
-    sq += d * d;
-  }
+}  // namespace memfit::kernels::layernorm_detail
 #endif
+
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+using layernorm_detail::RowStats;
+
+// Two-pass statistics of one row: float vectors, finished in double. A 1-lane target would
+// keep a whole row in two float partial sums, so it adds in double throughout instead.
+RowStats row_stats(const float* x, int64_t C) {
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  double sum = 0.0, sq = 0.0;
+  for (int64_t i = 0; i < C; ++i) sum += x[i];
+  const float mean = static_cast<float>(sum / static_cast<double>(C));
+  for (int64_t i = 0; i < C; ++i) {
+    const double dv = static_cast<double>(x[i]) - mean;
+    sq += dv * dv;
+  }
   const double var = sq / static_cast<double>(C);
   return {mean, static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(kLayerNormEps)))};
+#else
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * N <= C; i += 2 * N) {
+    a0 = hn::Add(a0, hn::LoadU(d, x + i));
+    a1 = hn::Add(a1, hn::LoadU(d, x + i + N));
+  }
+  for (; i + N <= C; i += N) a0 = hn::Add(a0, hn::LoadU(d, x + i));
+  if (i < C) a0 = hn::Add(a0, load_n<DType::f32>(d, x + i, C - i));
+  const double sum = sum_lanes_pd(d, hn::Add(a0, a1));
+  const float mean = static_cast<float>(sum / static_cast<double>(C));
+  const VF vm = hn::Set(d, mean);
+  a0 = a1 = hn::Zero(d);
+  for (i = 0; i + 2 * N <= C; i += 2 * N) {
+    const VF d0 = hn::Sub(hn::LoadU(d, x + i), vm);
+    const VF d1 = hn::Sub(hn::LoadU(d, x + i + N), vm);
+    a0 = hn::MulAdd(d0, d0, a0);
+    a1 = hn::MulAdd(d1, d1, a1);
+  }
+  for (; i + N <= C; i += N) {
+    const VF d0 = hn::Sub(hn::LoadU(d, x + i), vm);
+    a0 = hn::MulAdd(d0, d0, a0);
+  }
+  if (i < C) {
+    const VF d0 = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(C - i)),
+                                     hn::Sub(load_n<DType::f32>(d, x + i, C - i), vm));
+    a0 = hn::MulAdd(d0, d0, a0);
+  }
+  const double var = sum_lanes_pd(d, hn::Add(a0, a1)) / static_cast<double>(C);
+  return {mean, static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(kLayerNormEps)))};
+#endif
 }
 
 template <DType D>
 void row_forward(half::Storage<D>* out, const float* x, const float* w, const float* b, RowStats s,
                  int64_t C) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vm = hn::Set(d, s.mean), vr = hn::Set(d, s.rstd);
   int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 vm = _mm512_set1_ps(s.mean), vr = _mm512_set1_ps(s.rstd);
-  for (; i < C; i += 16) {
-    const __mmask16 m = vec::tail_mask(C - i);
-    const __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm), vr);
-    half::mask_store16<D>(
-        out + i, m,
-        _mm512_fmadd_ps(n, _mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, b + i)));
+  for (; i + N <= C; i += N) {
+    const VF n = hn::Mul(hn::Sub(hn::LoadU(d, x + i), vm), vr);
+    store<D>(d, hn::MulAdd(n, hn::LoadU(d, w + i), hn::LoadU(d, b + i)), out + i);
   }
-#else
-  for (; i < C; ++i) half::store1<D>(out + i, (x[i] - s.mean) * s.rstd * w[i] + b[i]);
-#endif
+  if (i < C) {
+    const int64_t k = C - i;
+    const VF n = hn::Mul(hn::Sub(load_n<DType::f32>(d, x + i, k), vm), vr);
+    store_n<D>(d, hn::MulAdd(n, load_n<DType::f32>(d, w + i, k), load_n<DType::f32>(d, b + i, k)),
+               out + i, k);
+  }
+}
+
+// Rows [r0, r1) of the forward: out (of dtype od), mean and rstd.
+void LayerNormForwardRows(DType od, void* out, float* pm, float* pr, const float* x, const float* w,
+                 const float* b, int64_t r0, int64_t r1, int64_t C) {
+  half::dispatch(od, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* o = static_cast<half::Storage<D>*>(out);
+    for (int64_t r = r0; r < r1; ++r) {
+      const RowStats s = row_stats(x + r * C, C);
+      row_forward<D>(o + r * C, x + r * C, w, b, s, C);
+      pm[r] = s.mean;
+      pr[r] = s.rstd;
+    }
+  });
 }
 
 // One row of the backward (see layernorm.h for the conventions): dw_part and db_part are this
 // thread's partial sums of dweight and dbias.
 void row_backward(float* dx, float* dw_part, float* db_part, const float* dy, const float* x,
                   const float* w, RowStats s, int64_t C) {
-  // Pass 1: the two row means the input gradient needs, and the parameter partials.
-  double dnorm_sum = 0.0, dnorm_norm_sum = 0.0;
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vm = hn::Set(d, s.mean), vr = hn::Set(d, s.rstd);
+  // Pass 1: the two row means the input gradient needs, and the parameter partials. The tail's
+  // padding lanes read g = 0, so they add nothing.
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d);
+  double s0 = 0.0, s1 = 0.0;
+  auto pass1 = [&](int64_t i, int64_t k) {
+    const bool full = k == N;
+    const VF g = full ? hn::LoadU(d, dy + i) : load_n<DType::f32>(d, dy + i, k);
+    const VF xv = full ? hn::LoadU(d, x + i) : load_n<DType::f32>(d, x + i, k);
+    const VF wv = full ? hn::LoadU(d, w + i) : load_n<DType::f32>(d, w + i, k);
+    const VF n = hn::Mul(hn::Sub(xv, vm), vr);
+    const VF dn = hn::Mul(wv, g);
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+    // One lane: the row means in double, as row_stats does.
+    s0 += static_cast<double>(hn::GetLane(dn));
+    s1 += static_cast<double>(hn::GetLane(dn)) * hn::GetLane(n);
+#else
+    a0 = hn::Add(a0, dn);
+    a1 = hn::MulAdd(dn, n, a1);
+#endif
+    if (full) {
+      hn::StoreU(hn::Add(hn::LoadU(d, db_part + i), g), d, db_part + i);
+      hn::StoreU(hn::MulAdd(n, g, hn::LoadU(d, dw_part + i)), d, dw_part + i);
+    } else {
+      store_n<DType::f32>(d, hn::Add(load_n<DType::f32>(d, db_part + i, k), g), db_part + i, k);
+      store_n<DType::f32>(d, hn::MulAdd(n, g, load_n<DType::f32>(d, dw_part + i, k)),
+                          dw_part + i, k);
+    }
+  };
   int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 vm = _mm512_set1_ps(s.mean), vr = _mm512_set1_ps(s.rstd);
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  for (; i < C; i += 16) {
-    const __mmask16 m = vec::tail_mask(C - i);
-    const __m512 g = _mm512_maskz_loadu_ps(m, dy + i);
-    const __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm), vr);
-    const __m512 dn = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), g);
-    a0 = _mm512_add_ps(a0, dn);
-    a1 = _mm512_fmadd_ps(dn, n, a1);
-    _mm512_mask_storeu_ps(db_part + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, db_part + i), g));
-    _mm512_mask_storeu_ps(dw_part + i, m,
-                          _mm512_fmadd_ps(n, g, _mm512_maskz_loadu_ps(m, dw_part + i)));
-  }
-  dnorm_sum = vec::reduce_add_pd(a0);
-  dnorm_norm_sum = vec::reduce_add_pd(a1);
-#else
-  for (; i < C; ++i) {
-    const float n = (x[i] - s.mean) * s.rstd;
-    const float dn = w[i] * dy[i];
-    dnorm_sum += dn;
-    dnorm_norm_sum += static_cast<double>(dn) * n;
-    db_part[i] += dy[i];
-    dw_part[i] += n * dy[i];
-  }
-#endif
-  const float dnorm_mean = static_cast<float>(dnorm_sum / static_cast<double>(C));
-  const float dnorm_norm_mean = static_cast<float>(dnorm_norm_sum / static_cast<double>(C));
+  for (; i + N <= C; i += N) pass1(i, N);
+  if (i < C) pass1(i, C - i);
+  s0 += sum_lanes_pd(d, a0);
+  s1 += sum_lanes_pd(d, a1);
+  const float dnorm_mean = static_cast<float>(s0 / static_cast<double>(C));
+  const float dnorm_norm_mean = static_cast<float>(s1 / static_cast<double>(C));
   // Pass 2: dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd.
-  i = 0;
-#if defined(__AVX512F__)
-  const __m512 vdm = _mm512_set1_ps(dnorm_mean), vdnm = _mm512_set1_ps(dnorm_norm_mean);
-  for (; i < C; i += 16) {
-    const __mmask16 m = vec::tail_mask(C - i);
-    const __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm), vr);
-    const __m512 dn =
-        _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, dy + i));
-    const __m512 t = _mm512_fnmadd_ps(n, vdnm, _mm512_sub_ps(dn, vdm));
-    _mm512_mask_storeu_ps(dx + i, m, _mm512_fmadd_ps(t, vr, _mm512_maskz_loadu_ps(m, dx + i)));
-  }
-#else
-  for (; i < C; ++i) {
-    const float n = (x[i] - s.mean) * s.rstd;
-    const float dn = w[i] * dy[i];
-    dx[i] += (dn - dnorm_mean - n * dnorm_norm_mean) * s.rstd;
-  }
-#endif
+  const VF vdm = hn::Set(d, dnorm_mean), vdnm = hn::Set(d, dnorm_norm_mean);
+  auto pass2 = [&](int64_t i, int64_t k) {
+    const bool full = k == N;
+    const VF g = full ? hn::LoadU(d, dy + i) : load_n<DType::f32>(d, dy + i, k);
+    const VF xv = full ? hn::LoadU(d, x + i) : load_n<DType::f32>(d, x + i, k);
+    const VF wv = full ? hn::LoadU(d, w + i) : load_n<DType::f32>(d, w + i, k);
+    const VF n = hn::Mul(hn::Sub(xv, vm), vr);
+    const VF t = hn::NegMulAdd(n, vdnm, hn::Sub(hn::Mul(wv, g), vdm));
+    if (full)
+      hn::StoreU(hn::MulAdd(t, vr, hn::LoadU(d, dx + i)), d, dx + i);
+    else
+      store_n<DType::f32>(d, hn::MulAdd(t, vr, load_n<DType::f32>(d, dx + i, k)), dx + i, k);
+  };
+  for (i = 0; i + N <= C; i += N) pass2(i, N);
+  if (i < C) pass2(i, C - i);
 }
+
+// Rows [r0, r1) of the backward into this thread's partials.
+void LayerNormBackwardRows(float* dx, float* dw_part, float* db_part, const float* dy, const float* x,
+                  const float* w, const float* pm, const float* pr, int64_t r0, int64_t r1,
+                  int64_t C) {
+  for (int64_t r = r0; r < r1; ++r)
+    row_backward(dx + r * C, dw_part, db_part, dy + r * C, x + r * C, w, {pm[r], pr[r]}, C);
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <omp.h>
+
+#include <vector>
+
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(LayerNormForwardRows);
+HWY_EXPORT(LayerNormBackwardRows);
+
+namespace {
 
 // A weight or bias (C) of f32, bf16 or f16.
 void expect_param(const Tensor& t, std::string_view op, std::string_view name, int64_t C) {
@@ -153,8 +215,8 @@ const float* as_f32(const Tensor& t, std::vector<float>& buf) {
   buf.resize(static_cast<size_t>(t.numel()));
   half::dispatch(t.dtype(), [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
-    half::convert_n<D, DType::f32>(buf.data(), static_cast<const half::Storage<D>*>(t.raw_data()),
-                                   t.numel());
+    const auto* src = static_cast<const half::Storage<D>*>(t.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) buf[i] = half::load1<D>(src + i);
   });
   return buf.data();
 }
@@ -195,17 +257,13 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   float *pm = mean.data<float>(), *pr = rstd.data<float>();
   std::vector<float> wbuf, bbuf;
   const float *x = inp.data<float>(), *w = as_f32(weight, wbuf), *b = as_f32(bias, bbuf);
-  half::dispatch(out.dtype(), [&](auto tag) {
-    constexpr DType D = decltype(tag)::value;
-    auto* o = static_cast<half::Storage<D>*>(out.raw_data());
-#pragma omp parallel for schedule(static) if (R * C > 8192)
-    for (int64_t r = 0; r < R; ++r) {
-      const RowStats s = row_stats(x + r * C, C);
-      row_forward<D>(o + r * C, x + r * C, w, b, s, C);
-      pm[r] = s.mean;
-      pr[r] = s.rstd;
-    }
-  });
+  void* o = out.raw_data();
+  const DType od = out.dtype();
+#pragma omp parallel if (R * C > kParallelGrain)
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    MEMFIT_SIMD_DISPATCH(LayerNormForwardRows)(od, o, pm, pr, x, w, b, R * tid / nth, R * (tid + 1) / nth, C);
+  }
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
@@ -225,14 +283,13 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   // Per-thread partials of dweight and dbias: 2 C floats a thread, a few KiB, below the
   // pool's notice.
   std::vector<float> partial(static_cast<size_t>(omp_get_max_threads()) * 2 * C, 0.0f);
-#pragma omp parallel if (R * C > 8192)
+#pragma omp parallel if (R * C > kParallelGrain)
   {
     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
     float* dw_part = partial.data() + tid * 2 * C;
     float* db_part = dw_part + C;
-    for (int64_t r = R * tid / nth; r < R * (tid + 1) / nth; ++r) {
-      row_backward(dx + r * C, dw_part, db_part, dy + r * C, x + r * C, w, {pm[r], pr[r]}, C);
-    }
+    MEMFIT_SIMD_DISPATCH(LayerNormBackwardRows)(dx, dw_part, db_part, dy, x, w, pm, pr, R * tid / nth,
+                                       R * (tid + 1) / nth, C);
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < C; ++c) {
@@ -248,3 +305,4 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

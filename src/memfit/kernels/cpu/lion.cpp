@@ -1,59 +1,50 @@
-// Lion and 8-bit Lion: the per-element update (AVX-512 and portable) and the loops over chunks
+// Lion and 8-bit Lion: the per-element update (one source for every SIMD target, simd.h) and the loops over chunks
 // (FP32 momentum) or quantisation blocks (8-bit momentum).
 #include "memfit/kernels/cpu/lion.h"
 
-#include <algorithm>
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/lion.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
-#if defined(__AVX512F__)
-// GCC 12.2's AVX-512 headers trip -Wuninitialized on their own "undefined" operands (GCC
-// PR105593, fixed in 12.3); the warning is reported at the header's lines, so silence it there.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
+#include "memfit/kernels/cpu/simd-inl.h"
 
-#include "memfit/kernels/cpu/blockwise_quant.h"
-#include "memfit/kernels/cpu/checks.h"
-
-namespace memfit::kernels {
-
-namespace {
-
-// Tensors below this many values run on the calling thread: a parallel region costs more than
-// it saves on them (and much more when the cores are shared).
-constexpr int64_t kParallelMinElements = 65536;
-
+#ifndef MEMFIT_KERNELS_CPU_LION_COEFFS_
+#define MEMFIT_KERNELS_CPU_LION_COEFFS_
+namespace memfit::kernels::lion_detail {
 struct LionCoeffs {
   float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, decay, grad_scale;
 };
 
-LionCoeffs make_coeffs(const LionHyper& h, float grad_scale) {
+inline LionCoeffs make_coeffs(const LionHyper& h, float grad_scale) {
   return {h.lr,      h.beta1, h.beta2, 1.0f - h.beta1, 1.0f - h.beta2, 1.0f - h.lr * h.weight_decay,
           grad_scale};
 }
 
-void lion_apply(float* p, const float* g, float* m, int64_t n, const LionCoeffs& c) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 b1 = _mm512_set1_ps(c.beta1), b2 = _mm512_set1_ps(c.beta2);
-  const __m512 omb1 = _mm512_set1_ps(c.one_minus_beta1), omb2 = _mm512_set1_ps(c.one_minus_beta2);
-  const __m512 decay = _mm512_set1_ps(c.decay), scale = _mm512_set1_ps(c.grad_scale);
-  const __m512 lr = _mm512_set1_ps(c.lr), neg_lr = _mm512_set1_ps(-c.lr);
-  const __m512 zero = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), scale);
-    __m512 mi = _mm512_loadu_ps(m + i);
-    __m512 ci = _mm512_fmadd_ps(b1, mi, _mm512_mul_ps(omb1, gi));
-    // -lr * sign(c): -lr where c > 0, +lr where c < 0, 0 elsewhere (0 and NaN).
-    __m512 upd = _mm512_mask_blend_ps(
-        _mm512_cmp_ps_mask(ci, zero, _CMP_GT_OQ),
-        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(ci, zero, _CMP_LT_OQ), lr), neg_lr);
-    _mm512_storeu_ps(p + i, _mm512_fmadd_ps(_mm512_loadu_ps(p + i), decay, upd));
-    _mm512_storeu_ps(m + i, _mm512_fmadd_ps(b2, mi, _mm512_mul_ps(omb2, gi)));
-  }
+}  // namespace memfit::kernels::lion_detail
 #endif
+
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+
+void LionApply(float* p, const float* g, float* m, int64_t n, const lion_detail::LionCoeffs& c) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF b1 = hn::Set(d, c.beta1), b2 = hn::Set(d, c.beta2);
+  const VF omb1 = hn::Set(d, c.one_minus_beta1), omb2 = hn::Set(d, c.one_minus_beta2);
+  const VF decay = hn::Set(d, c.decay), scale = hn::Set(d, c.grad_scale);
+  const VF lr = hn::Set(d, c.lr), neg_lr = hn::Set(d, -c.lr);
+  const VF zero = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF gi = hn::Mul(hn::LoadU(d, g + i), scale);
+    const VF mi = hn::LoadU(d, m + i);
+    const VF ci = hn::MulAdd(b1, mi, hn::Mul(omb1, gi));
+    // -lr * sign(c): -lr where c > 0, +lr where c < 0, 0 elsewhere (0 and NaN).
+    const VF upd = hn::IfThenElse(hn::Gt(ci, zero), neg_lr, hn::IfThenElseZero(hn::Lt(ci, zero), lr));
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, p + i), decay, upd), d, p + i);
+    hn::StoreU(hn::MulAdd(b2, mi, hn::Mul(omb2, gi)), d, m + i);
+  }
   for (; i < n; ++i) {
     float gi = g[i] * c.grad_scale;
     float ci = c.beta1 * m[i] + c.one_minus_beta1 * gi;
@@ -61,6 +52,28 @@ void lion_apply(float* p, const float* g, float* m, int64_t n, const LionCoeffs&
     p[i] = p[i] * c.decay - c.lr * sign;
     m[i] = c.beta2 * m[i] + c.one_minus_beta2 * gi;
   }
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+
+#include "memfit/kernels/cpu/blockwise_quant.h"
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
+
+namespace memfit::kernels {
+HWY_EXPORT(LionApply);
+
+namespace {
+using lion_detail::LionCoeffs;
+using lion_detail::make_coeffs;
+
+void lion_apply(float* p, const float* g, float* m, int64_t n, const LionCoeffs& c) {
+  MEMFIT_SIMD_DISPATCH(LionApply)(p, g, m, n, c);
 }
 
 void check_param_grad(const Tensor& param, const Tensor& grad, const char* op) {
@@ -82,7 +95,7 @@ void lion_update(Tensor& param, const Tensor& grad, Tensor& m, const LionHyper& 
   float* mp = m.data<float>();
   constexpr int64_t kChunk = 4096;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t off = k * kChunk;
     lion_apply(p + off, g + off, mp + off, std::min(kChunk, n - off), c);
@@ -102,7 +115,7 @@ void lion8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor&
   uint8_t* mq = reinterpret_cast<uint8_t*>(m_codes.data<int8_t>());
   float* ma = m_absmax.data<float>();
   const QuantMap& smap = signed_dynamic_map();
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t off = b * kQuantBlock, nb = std::min(kQuantBlock, n - off);
     alignas(64) float m[kQuantBlock];
@@ -113,3 +126,4 @@ void lion8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor&
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

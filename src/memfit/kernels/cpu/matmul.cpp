@@ -1,15 +1,60 @@
 // Linear layers and the general GEMM: argument checks that name the op and the shapes or dtypes
-// at fault, then oneDNN (dnnl_gemm.h) for the products and an OpenMP column sum for dbias. The
+// at fault, then oneDNN (dnnl_gemm.h) for the products and an OpenMP column sum for dbias (one source
+// for every SIMD target, simd.h). The
 // bf16 variants differ only in the element types handed to oneDNN and in a widening column sum.
 #include "memfit/kernels/cpu/matmul.h"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "memfit/kernels/cpu/matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "memfit/kernels/cpu/simd-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace memfit::kernels::HWY_NAMESPACE {
+
+template <DType D>
+void column_block(float* dbias, const half::Storage<D>* dout, int64_t R, int64_t N, int64_t j0,
+                  int64_t w) {
+  constexpr int64_t kBlock = 64;
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t wv = w / L * L;  // whole vectors; the rest column by column, same order
+  HWY_ALIGN float acc[kBlock] = {};
+  for (int64_t r = 0; r < R; ++r) {
+    const half::Storage<D>* row = dout + r * N + j0;
+    for (int64_t j = 0; j < wv; j += L)
+      hn::Store(hn::Add(hn::Load(d, acc + j), load<D>(d, row + j)), d, acc + j);
+    for (int64_t j = wv; j < w; ++j) acc[j] += half::load1<D>(row + j);
+  }
+  for (int64_t j = 0; j < w; ++j) dbias[j0 + j] += acc[j];
+}
+
+// dbias[j0, j0 + w) += column sums of dout (R, N) over that band of w <= 64 columns, each
+// element widened to f32 (exact) and summed in f32 in row order.
+void ColumnBlock(DType t, float* dbias, const void* dout, int64_t R, int64_t N, int64_t j0,
+                 int64_t w) {
+  if (t == DType::bf16)
+    column_block<DType::bf16>(dbias, static_cast<const uint16_t*>(dout), R, N, j0, w);
+  else
+    column_block<DType::f32>(dbias, static_cast<const float*>(dout), R, N, j0, w);
+}
+
+}  // namespace memfit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 #include <algorithm>
 
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/dnnl_gemm.h"
-#include "memfit/kernels/cpu/half_vec.h"
+#include "memfit/kernels/cpu/parallel.h"
+#include "memfit/kernels/cpu/simd.h"
 
 namespace memfit::kernels {
+HWY_EXPORT(ColumnBlock);
+
 namespace {
 
 constexpr std::string_view kOp = "matmul";
@@ -24,47 +69,25 @@ Shape with_last(const Shape& s, int64_t n) {
 // A row length as a leading dimension: oneDNN wants strides >= 1 even for empty matrices.
 int64_t ld(int64_t n) { return std::max<int64_t>(n, 1); }
 
-// dbias (N) += column sums of dout (R, N). Threads take blocks of 64 columns; each keeps its
-// block's sums in four vector registers' worth of locals, so dbias is read and written once.
-void column_sum_accumulate(float* dbias, const float* dout, int64_t R, int64_t N) {
+// dbias (N) += column sums of dout (R, N) of f32 or bf16. Threads take blocks of 64 columns;
+// each keeps its block's sums in a few vector registers' worth of locals, so dbias is read and
+// written once.
+void column_sum_accumulate_any(DType t, float* dbias, const void* dout, int64_t R, int64_t N) {
   constexpr int64_t kBlock = 64;
   const int64_t n_blocks = (N + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (R * N > 32768)
+#pragma omp parallel for schedule(static) if (R * N > kParallelGrain)
   for (int64_t blk = 0; blk < n_blocks; ++blk) {
     const int64_t j0 = blk * kBlock, w = std::min(kBlock, N - j0);
-    alignas(64) float acc[kBlock] = {};
-    for (int64_t r = 0; r < R; ++r) {
-      const float* row = dout + r * N + j0;
-#pragma omp simd
-      for (int64_t j = 0; j < w; ++j) acc[j] += row[j];
-    }
-#pragma omp simd
-    for (int64_t j = 0; j < w; ++j) dbias[j0 + j] += acc[j];
+    MEMFIT_SIMD_DISPATCH(ColumnBlock)(t, dbias, dout, R, N, j0, w);
   }
 }
 
-// The same for a bf16 dout: each element widened to f32 (exact), summed in f32 in row order.
+void column_sum_accumulate(float* dbias, const float* dout, int64_t R, int64_t N) {
+  column_sum_accumulate_any(DType::f32, dbias, dout, R, N);
+}
+
 void column_sum_accumulate_bf16(float* dbias, const uint16_t* dout, int64_t R, int64_t N) {
-  constexpr int64_t kBlock = 64;
-  const int64_t n_blocks = (N + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (R * N > 32768)
-  for (int64_t blk = 0; blk < n_blocks; ++blk) {
-    const int64_t j0 = blk * kBlock, w = std::min(kBlock, N - j0);
-    alignas(64) float acc[kBlock] = {};
-    for (int64_t r = 0; r < R; ++r) {
-      const uint16_t* row = dout + r * N + j0;
-#if defined(__AVX512F__)
-      for (int64_t j = 0; j < w; j += 16) {
-        const __mmask16 m = vec::tail_mask(w - j);
-        _mm512_store_ps(acc + j, _mm512_add_ps(_mm512_load_ps(acc + j),
-                                               half::maskz_load16<DType::bf16>(m, row + j)));
-      }
-#else
-      for (int64_t j = 0; j < w; ++j) acc[j] += f32_from_bf16(row[j]);
-#endif
-    }
-    for (int64_t j = 0; j < w; ++j) dbias[j0 + j] += acc[j];
-  }
+  column_sum_accumulate_any(DType::bf16, dbias, dout, R, N);
 }
 
 // f16 operands: oneDNN 2.6 has no f16 matmul on the CPU (measured: no primitive descriptor
@@ -234,3 +257,4 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
 }
 
 }  // namespace memfit::kernels
+#endif  // HWY_ONCE

@@ -13,7 +13,11 @@
 
 namespace memfit::kernels {
 
-// Below this many elements an element-wise kernel runs on the calling thread.
+// Below this many elements a kernel runs on the calling thread: waking the team costs more than
+// it saves (and much more when the cores are shared). The one threshold of kernels/cpu: the
+// element-wise kernels, the row kernels (LayerNorm, cross-entropy, embedding, column sums;
+// counted in elements of the whole tensor) and the optimizer and 8-bit quantisation loops,
+// which had 8192, 32768 and 65536 of their own before.
 inline constexpr int64_t kParallelGrain = 16384;
 
 // Calls fn(begin, end) on disjoint ranges covering [0, n): one contiguous range per thread,
