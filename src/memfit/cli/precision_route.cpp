@@ -2,12 +2,21 @@
 
 #include <fmt/format.h>
 
+#include "memfit/core/cpu.h"
 #include "memfit/kernels/cpu/dnnl_gemm.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
+#include "memfit/kernels/cpu/simd.h"
 
 namespace memfit::cli {
 
+std::string machine_line() {
+  return fmt::format("{}: {}{}; kernels {}, oneDNN {}", cpu::model_name(),
+                     cpu::isa_name(cpu::max_isa()), cpu::capped() ? " (MEMFIT_MAX_ISA)" : "",
+                     kernels::simd_target(), kernels::dnnl_gemm::isa());
+}
+
 void print_precision_route(const TrainConfig& config, const std::string& auto_note) {
+  fmt::print(stderr, "memfit: {}\n", machine_line());
   if (!auto_note.empty()) fmt::print(stderr, "memfit: {}\n", auto_note);
   if (config.precision == "bf16" && kernels::matmul_widens(DType::bf16))
     fmt::print(stderr,

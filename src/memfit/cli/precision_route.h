@@ -1,6 +1,8 @@
-// The start-up line of memfit train and memfit plan about precision: what --precision auto chose
-// and why, and, where bf16 has no native matmul on this CPU, that its matmuls are widened through
-// the f32 GEMM (kernels/cpu/matmul_widened.h). Said once, on stderr, before anything runs.
+// The start-up lines of memfit train and memfit plan about the machine and precision: the CPU,
+// the ISA level (under MEMFIT_MAX_ISA), the kernels' SIMD target and oneDNN's ISA; what
+// --precision auto chose and why; and, where bf16 has no native matmul on this CPU, that its
+// matmuls are widened through the f32 GEMM (kernels/cpu/matmul_widened.h). Said once, on
+// stderr, before anything runs.
 #pragma once
 
 #include <string>
@@ -10,5 +12,7 @@
 namespace memfit::cli {
 
 void print_precision_route(const TrainConfig& config, const std::string& auto_note);
+// "AMD EPYC 9R14: avx512_bf16; kernels AVX3_DL, oneDNN avx512_core_bf16".
+std::string machine_line();
 
 }  // namespace memfit::cli
