@@ -17,7 +17,7 @@
 namespace memfit {
 namespace {
 
-// A directory without shards, for plans that count no data staging; removed at exit.
+// A directory without shards (plans count the data loaders' fixed buffers only); removed at exit.
 std::string empty_dir() {
   struct Dir {
     std::filesystem::path path = std::filesystem::temp_directory_path() /
@@ -34,7 +34,7 @@ TrainConfig tiny_vocab() {
   c.model = "gpt2-tiny";  // vocabulary 512, context 64: small members
   c.seq_len = 32;
   c.batch = 2;
-  c.data_dir = empty_dir();  // no shards: staging is not counted
+  c.data_dir = empty_dir();  // no shards: staging is the loaders' fixed buffers
   return c;
 }
 

@@ -22,7 +22,7 @@
 namespace memfit {
 namespace {
 
-// A directory without shards, for plans that count no data staging; removed at exit.
+// A directory without shards (plans count the data loaders' fixed buffers only); removed at exit.
 std::string empty_dir() {
   struct Dir {
     std::filesystem::path path = std::filesystem::temp_directory_path() /
@@ -44,7 +44,7 @@ TrainConfig tiny(const char* attention) {
   c.batch = 4;
   c.grad_accum = 2;
   c.attention = attention;
-  c.data_dir = empty_dir();  // no shards, so staging is not counted: a pure planning test
+  c.data_dir = empty_dir();  // no shards: staging is the loaders' fixed buffers, no data read
   return c;
 }
 
