@@ -181,7 +181,8 @@ TEST(FlashAttention, Bf16WithinStatedTolerance) {
 }
 
 // The bf16 products run on AMX where the machine has it; this covers the other path
-// (AVX512_BF16, its emulation, or plain loops, whichever the build has) on the same cases.
+// (AVX512_BF16, or two FMAs per pair, whichever the dispatch and cpu::has choose) on the same
+// cases; CTest runs it again under MEMFIT_MAX_ISA=avx2 and scalar.
 TEST(FlashAttention, Bf16WithoutAmxWithinStatedTolerance) {
   struct AmxOff {
     AmxOff() { flash::set_amx_allowed(false); }

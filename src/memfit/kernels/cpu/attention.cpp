@@ -1,6 +1,6 @@
 // Plain causal attention on the CPU: OpenMP over (batch, head), and within a head a few small
-// products done by one register-tiled micro-kernel (AVX-512 where the compiler targets it, plain
-// loops otherwise) that skips the blocks above the causal diagonal. Per-head products are too
+// products done by one register-tiled micro-kernel (attention_tile.h, dispatched at run time to
+// AVX3, AVX2 or scalar) that skips the blocks above the causal diagonal. Per-head products are too
 // small for a oneDNN call each to pay off; see the note in attention_bench.cpp for the numbers.
 // Mixed precision widens a head's bf16 / f16 operands into per-thread f32 scratch and runs the
 // same f32 arithmetic: converting is O(T hs) next to the O(T^2 hs) products, and on Sapphire

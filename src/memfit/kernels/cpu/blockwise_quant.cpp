@@ -28,9 +28,10 @@ namespace memfit::kernels::HWY_NAMESPACE {
 namespace {
 
 #if HWY_TARGET <= HWY_AVX3
-// AVX3 (and any later AVX-512 target) keeps the 256 thresholds in 16 registers and looks them up with two-table permutes,
-// which Highway 1.0.3 has no portable form of; the other targets gather from memory. Both make
-// exactly QuantMap::nearest's comparisons, so every target gives the same codes.
+// AVX3 (and any later AVX-512 target) keeps the 256 thresholds in 16 registers and looks them
+// up with two-table permutes, which Highway 1.0.3 has no portable form of; the other targets
+// gather from memory. Both make exactly QuantMap::nearest's comparisons, so every target gives
+// the same codes.
 // map.search_tree in 16 registers.
 struct SearchRegs {
   __m512 t[16];

@@ -48,7 +48,7 @@ const QuantMap& unsigned_dynamic_map();
 
 // One block of n (1..256) values: returns absmax = max |x[i]| and writes
 // q[i] = map.nearest(x[i] / absmax) (with absmax 0, every q[i] is the index of 0).
-// AVX-512 where compiled for it, else portable; both give the same codes.
+// Vectorised for the SIMD target chosen at run time; every target gives the same codes.
 float quantize_block(const float* x, int64_t n, const QuantMap& map, uint8_t* q);
 // The portable scalar path of quantize_block, always compiled: the reference for tests.
 float quantize_block_reference(const float* x, int64_t n, const QuantMap& map, uint8_t* q);

@@ -14,7 +14,7 @@ namespace memfit::kernels {
 
 // dst = src element by element; each of f32, bf16 or f16, the same element count (shapes may
 // differ). Narrowing rounds to nearest, ties to even (subnormals kept, f16 overflow to inf,
-// NaN stays NaN, quiet); widening is exact. Bit-identical with or without AVX-512. Same dtype:
+// NaN stays NaN, quiet); widening is exact. Bit-identical on every SIMD target. Same dtype:
 // a copy of the bits.
 void convert(Tensor& dst, const Tensor& src);
 

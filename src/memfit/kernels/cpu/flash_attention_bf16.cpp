@@ -1,7 +1,7 @@
 // Flash attention on bf16 inputs: the f32 driver's task structure with bf16 tile products and
 // f32 accumulation. Every product's operands are packed in pairs along k, padded to whole
 // 16 x 16 tiles, so that the same calls run on AMX (TDPBF16PS) where the machine has it and on
-// AVX512_BF16 (_mm512_dpbf16_ps) otherwise. Softmax statistics, lse, D and the dq accumulators
+// AVX512_BF16 (_mm512_dpbf16_ps) or two FMAs per pair otherwise. Softmax statistics, lse, D and the dq accumulators
 // stay f32; P and dS are rounded to bf16 for their products. See "Note [Flash attention]".
 #include <omp.h>
 

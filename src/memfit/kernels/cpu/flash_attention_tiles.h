@@ -1,7 +1,8 @@
 // Tile-level building blocks of flash attention (flash_attention.cpp): small matrix products
 // on L1/L2-resident tiles, the online-softmax step, the probability/gradient step of backward
-// and the bf16 packings. Kept apart so the drivers stay portable code and every intrinsic
-// lives here, each with an AVX-512 path and a plain C++ path for builds without it.
+// and the bf16 packings. Kept apart so the drivers stay portable code and every vector
+// instruction lives here: one Highway source dispatched at run time to AVX3, AVX2 or scalar
+// (see "Note [SIMD dispatch]"), plus AVX512_BF16 and AMX behind run-time checks.
 // See "Note [Flash attention]" in docs/notes/flash-attention.md.
 #pragma once
 
