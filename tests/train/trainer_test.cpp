@@ -11,6 +11,7 @@
 
 #include "memfit/io/atomic_file.h"
 #include "memfit/memory/pool.h"
+#include "memfit/io/token_shard.h"
 #include "trainer_fixture.h"
 
 namespace memfit {
@@ -151,6 +152,26 @@ TEST_F(Trainer, MissingDataIsAnIoErrorNamingTheDirectory) {
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos) << e.what();
   }
+}
+
+// GPT-2 tokens (up to 50256) under gpt2-tiny's 512-token vocabulary: the error names the preset,
+// its vocabulary and the --vocab that holds the token, and with that --vocab the run trains.
+TEST_F(Trainer, ATokenPastThePresetsVocabularyNamesThePresetAndTheFix) {
+  std::vector<uint16_t> tokens(4000, 7);
+  tokens[100] = 50256;
+  io::write_token_shard(dir / "data" / "train_000000.bin", tokens);
+  TrainConfig c = config();
+  c.steps = 1;
+  try {
+    train(c);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    for (const char* part : {"50256", "expected < 512", "preset gpt2-tiny", "--vocab 50257"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+  }
+  c.vocab = 50257;
+  EXPECT_EQ(train(c).last_step, 1);
 }
 
 }  // namespace

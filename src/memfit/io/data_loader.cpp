@@ -185,10 +185,15 @@ void DataLoader::read_tokens(int64_t start, std::span<uint16_t> dst) const {
                    if (got[i] >= *options_.vocab_size)
                      MEMFIT_THROW(IoError, "shard",
                                   "{}: token {} at position {} is outside the vocabulary: "
-                                  "expected < {} (was the shard prepared with another "
+                                  "expected < {}{} (was the shard prepared with another "
                                   "tokenizer?)",
                                   files_->path(shard).string(), got[i], at + int64_t(i),
-                                  *options_.vocab_size);
+                                  *options_.vocab_size,
+                                  options_.vocab_source.empty()
+                                      ? ""
+                                      : fmt::format(", the vocabulary of {}; --vocab {} or "
+                                                    "more holds this token",
+                                                    options_.vocab_source, got[i] + 1));
                });
 }
 

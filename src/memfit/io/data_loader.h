@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,9 @@ struct DataLoaderOptions {
   bool shuffle = false;    // visit windows in a seeded random order per epoch
   uint64_t seed = 0;
   std::optional<int32_t> vocab_size;  // when set, every token must be below it
+  // Where vocab_size came from, for the error about a token outside it: e.g. "preset gpt2-tiny"
+  // makes it say so and name the option that fixes it (--vocab). Empty: a plain message.
+  std::string vocab_source;
 };
 
 // The shards of one split in `dir`: files named <split>_*.bin ("train", "val"), sorted by name.

@@ -247,6 +247,10 @@ TrainSummary train(const TrainConfig& cfg_in) {
   dopt.shuffle = cfg.shuffle;
   dopt.seed = cfg.seed;
   dopt.vocab_size = mc.vocab_size;
+  // A preset's vocabulary is the usual mismatch (gpt2-tiny's 512 on GPT-2 tokens): the error
+  // names it and the --vocab that fits. A checkpoint's model has its own, which --vocab cannot
+  // change.
+  if (location.dir.empty()) dopt.vocab_source = cfg.vocab ? "--vocab" : "preset " + cfg.model;
   std::unique_ptr<io::DataLoader> train_data, val_data;
   const int64_t last_step = cfg.stop_after ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   if (start_step < last_step) {
