@@ -24,7 +24,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "memfit/io/token_shard.h"
+#include "cli_test_util.h"
 
 extern char** environ;
 
@@ -34,29 +34,11 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::slurp;
 
-class Interrupt : public ::testing::Test {
+class Interrupt : public test::BinaryTest {
  protected:
-  void SetUp() override {
-    if (!fs::exists(fs::path(MEMFIT_BINARY_DIR) / "memfit")) GTEST_SKIP() << "memfit not built";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir = fs::temp_directory_path() / fmt::format("memfit_sig_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir / "data");
-    std::vector<uint16_t> train(4000), val(800);
-    uint32_t x = 7;
-    for (auto& t : train) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
-    for (auto& t : val) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
-    io::write_token_shard(dir / "data" / "train_000000.bin", train);
-    io::write_token_shard(dir / "data" / "val_000000.bin", val);
-  }
-  void TearDown() override { fs::remove_all(dir); }
+  Interrupt() : BinaryTest(7) {}
 
   // `memfit train` on gpt2-tiny, long enough to be interrupted; extra options appended.
   std::vector<std::string> train_args(int steps, const std::vector<std::string>& extra) const {
@@ -120,7 +102,6 @@ class Interrupt : public ::testing::Test {
     return steps;
   }
 
-  fs::path dir;
 };
 
 // SIGTERM and SIGINT: the step in progress finishes, is saved, and the exit code is the shell's.

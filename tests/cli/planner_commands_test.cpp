@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "memfit/io/token_shard.h"
+#include "cli_test_util.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit {
@@ -29,29 +29,11 @@ struct Output {
   std::string out, err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::slurp;
 
-class PlannerCommands : public ::testing::Test {
+class PlannerCommands : public test::BinaryTest {
  protected:
-  void SetUp() override {
-    if (!fs::exists(fs::path(MEMFIT_BINARY_DIR) / "memfit")) GTEST_SKIP() << "memfit not built";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir = fs::temp_directory_path() / fmt::format("memfit_cli_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir / "data");
-    std::vector<uint16_t> train(4000), val(800);
-    uint32_t x = 99;
-    for (auto& t : train) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
-    for (auto& t : val) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
-    io::write_token_shard(dir / "data" / "train_000000.bin", train);
-    io::write_token_shard(dir / "data" / "val_000000.bin", val);
-  }
-  void TearDown() override { fs::remove_all(dir); }
+  PlannerCommands() : BinaryTest(99) {}
 
   Output memfit(const std::string& args) const { return memfit_env("", args); }
   // The same with environment assignments ("NAME=value ...") before the command.
@@ -76,7 +58,6 @@ class PlannerCommands : public ::testing::Test {
     return nlohmann::json::parse(r.out)["peak_bytes"].get<size_t>();
   }
 
-  fs::path dir;
 };
 
 TEST_F(PlannerCommands, PlanAutoJsonHasTheChoiceAndTheRejected) {

@@ -1,0 +1,55 @@
+// What the tests of the memfit binary share: a scratch directory per test holding small random
+// train and val shards (tokens below 500, for gpt2-tiny), and reading a whole output file.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "memfit/io/token_shard.h"
+
+namespace memfit::test {
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// SetUp skips when the binary is not built, else makes `dir` with data/ shards from `seed`.
+class BinaryTest : public ::testing::Test {
+ protected:
+  explicit BinaryTest(uint32_t seed) : seed_(seed) {}
+  void SetUp() override {
+    namespace fs = std::filesystem;
+    if (!fs::exists(fs::path(MEMFIT_BINARY_DIR) / "memfit")) GTEST_SKIP() << "memfit not built";
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir = fs::temp_directory_path() /
+          fmt::format("memfit_cli_{}_{}_{}", ::getpid(), info->test_suite_name(), info->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir / "data");
+    std::vector<uint16_t> train(4000), val(800);
+    uint32_t x = seed_;
+    for (auto& t : train) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
+    for (auto& t : val) t = static_cast<uint16_t>((x = x * 1103515245u + 12345u) >> 16) % 500;
+    io::write_token_shard(dir / "data" / "train_000000.bin", train);
+    io::write_token_shard(dir / "data" / "val_000000.bin", val);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+
+  std::filesystem::path dir;
+
+ private:
+  uint32_t seed_;
+};
+
+}  // namespace memfit::test
