@@ -66,16 +66,15 @@ template <int NV>
 constexpr int kRows = NV == 1 ? 8 : NV == 2 ? 6 : 4;
 #endif
 
-// The register-blocked kernels: an MR x (NV lanes) block of C stays in registers for the whole
-// k loop; each step loads NV vectors of B and broadcasts MR elements of A. The last vector's
-// columns are the first `tail` lanes.
+// The MR x NV accumulator block of C: loaded (or zeroed) before the k loop and stored after
+// it, the last vector of each row masked to its first `tail` lanes. Shared by the f32 and bf16
+// micro-kernels.
 template <int MR, int NV>
-void micro_f32(int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
-               float* C, int64_t ldc, bool accumulate, size_t tail) {
+HWY_INLINE void load_block(VF (&c)[MR][NV], const float* C, int64_t ldc, bool accumulate,
+                           size_t tail) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const auto mk = hn::FirstN(d, tail);
-  VF c[MR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
@@ -86,6 +85,35 @@ void micro_f32(int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B
                                 : hn::LoadU(d, p);
     }
   }
+}
+
+template <int MR, int NV>
+HWY_INLINE void store_block(const VF (&c)[MR][NV], float* C, int64_t ldc, size_t tail) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto mk = hn::FirstN(d, tail);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      float* p = C + r * ldc + v * N;
+      if (v == NV - 1) hn::BlendedStore(c[r][v], mk, d, p);
+      else hn::StoreU(c[r][v], d, p);
+    }
+  }
+}
+
+// The register-blocked kernels: an MR x (NV lanes) block of C stays in registers for the whole
+// k loop; each step loads NV vectors of B and broadcasts MR elements of A. The last vector's
+// columns are the first `tail` lanes.
+template <int MR, int NV>
+void micro_f32(int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+               float* C, int64_t ldc, bool accumulate, size_t tail) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto mk = hn::FirstN(d, tail);
+  VF c[MR][NV];
+  load_block<MR, NV>(c, C, ldc, accumulate, tail);
   for (int k = 0; k < K; ++k) {
     const float* b = B + k * ldb;
     const float* a = A + k * a_cs;
@@ -100,15 +128,7 @@ void micro_f32(int K, const float* A, int64_t a_rs, int64_t a_cs, const float* B
       for (int v = 0; v < NV; ++v) c[r][v] = hn::MulAdd(ar, bv[v], c[r][v]);
     }
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      float* p = C + r * ldc + v * N;
-      if (v == NV - 1) hn::BlendedStore(c[r][v], mk, d, p);
-      else hn::StoreU(c[r][v], d, p);
-    }
-  }
+  store_block<MR, NV>(c, C, ldc, tail);
 }
 
 // The same over bf16 pairs: c += a_lo b_lo, then += a_hi b_hi, each an exact widening and one
@@ -119,20 +139,10 @@ void micro_bf16(int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs, const uin
   const DF d;
   const hn::RebindToUnsigned<DF> du;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const auto mk = hn::FirstN(d, tail);
   const auto mku = hn::FirstN(du, tail);
   const auto hi_mask = hn::Set(du, 0xFFFF0000u);
   VF c[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      const float* p = C + r * ldc + v * N;
-      c[r][v] = !accumulate     ? hn::Zero(d)
-                : v == NV - 1   ? hn::MaskedLoad(mk, d, p)
-                                : hn::LoadU(d, p);
-    }
-  }
+  load_block<MR, NV>(c, C, ldc, accumulate, tail);
   for (int k = 0; k < K2; ++k) {
     const uint32_t* b = B + k * ldb;
     const PairWord* a = reinterpret_cast<const PairWord*>(A + k * a_cs);
@@ -153,15 +163,7 @@ void micro_bf16(int K2, const uint32_t* A, int64_t a_rs, int64_t a_cs, const uin
         c[r][v] = hn::MulAdd(ahi, bhi[v], hn::MulAdd(alo, blo[v], c[r][v]));
     }
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      float* p = C + r * ldc + v * N;
-      if (v == NV - 1) hn::BlendedStore(c[r][v], mk, d, p);
-      else hn::StoreU(c[r][v], d, p);
-    }
-  }
+  store_block<MR, NV>(c, C, ldc, tail);
 }
 
 #if HWY_TARGET <= HWY_AVX3
