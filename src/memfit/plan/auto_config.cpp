@@ -13,17 +13,23 @@ namespace memfit {
 
 namespace {
 
+// The resumed checkpoint's trainer_state.json, or an empty object where it cannot be read (the
+// trainer's own resume checks then report what is wrong).
+nlohmann::json resumed_state(const TrainConfig& config) {
+  const RunModel run = resolve_run_model(config);
+  try {
+    return nlohmann::json::parse(
+        io::read_file_to_string(run.location.dir / "trainer_state.json"));
+  } catch (const std::exception&) {
+    return nlohmann::json::object();
+  }
+}
+
 // A resumed run must keep the micro-batch it was saved with (the trainer refuses another), so
 // --auto-batch keeps the checkpoint's. Without a readable trainer_state.json the search goes
 // ahead and the trainer's own resume checks report what is wrong.
 bool pin_resumed_batch(TrainConfig& config, std::string* note) {
-  const RunModel run = resolve_run_model(config);
-  nlohmann::json s;
-  try {
-    s = nlohmann::json::parse(io::read_file_to_string(run.location.dir / "trainer_state.json"));
-  } catch (const std::exception&) {
-    return false;
-  }
+  const nlohmann::json s = resumed_state(config);
   if (!s.contains("batch") || !s.contains("grad_accum")) return false;
   const int batch = s["batch"].get<int>(), accum = s["grad_accum"].get<int>();
   if (batch * accum != config.batch * config.grad_accum)
@@ -47,13 +53,7 @@ bool pin_resumed_batch(TrainConfig& config, std::string* note) {
 std::string resolve_precision(TrainConfig& config) {
   if (config.precision != "auto") return "";
   if (!config.resume_dir.empty()) {
-    const RunModel run = resolve_run_model(config);
-    nlohmann::json s;
-    try {
-      s = nlohmann::json::parse(io::read_file_to_string(run.location.dir / "trainer_state.json"));
-    } catch (const std::exception&) {
-      s = nlohmann::json::object();  // the trainer's resume checks report what is wrong
-    }
+    const nlohmann::json s = resumed_state(config);
     if (s.contains("precision") && s["precision"].is_string()) {
       config.precision = s["precision"].get<std::string>();
       return fmt::format("--precision auto: {}, the checkpoint's (a resume keeps its precision)",
