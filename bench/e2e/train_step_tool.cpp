@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/train/update.h"
 
@@ -50,13 +50,13 @@ int main(int argc, char** argv) {
   }
   try {
     MemoryPool pool;
-    GPT2Config config = GPT2Config::preset(model);
+    ModelConfig config = ModelConfig::preset(model);
     if (context) {
       config.max_seq_len = context;
       config.finalize();
     }
     PrecisionOptions po{precision_from_name(precision), master != "none"};
-    GPT2 gpt(config, pool, po);
+    Transformer gpt(config, pool, po);
     gpt.init_weights(1337);
     ActivationOptions opts;
     opts.lm_head_chunk = chunk;

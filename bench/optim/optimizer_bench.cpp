@@ -9,7 +9,7 @@
 #include <random>
 #include <string>
 
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/adam_mini.h"
 #include "memfit/optim/adamw8bit.h"
@@ -27,8 +27,8 @@
 namespace memfit {
 namespace {
 
-GPT2Config bench_config() {
-  GPT2Config c;
+ModelConfig bench_config() {
+  ModelConfig c;
   c.n_layer = 4;
   c.n_head = 6;
   c.d_model = 384;
@@ -58,7 +58,7 @@ void fill(Tensor& t, uint32_t seed, float stddev) {
 }
 
 void BM_OptimizerStep(benchmark::State& state, std::string name) {
-  const GPT2Config gc = bench_config();
+  const ModelConfig gc = bench_config();
   const ParamLayout layout(gc);
   MemoryPool pool;
   Tensor params = Tensor::empty(pool, {layout.total()}, DType::f32, Category::params, "params");

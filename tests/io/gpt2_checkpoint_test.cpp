@@ -27,8 +27,8 @@ namespace fs = std::filesystem;
 using testing::list_dir;
 using testing::ScratchDir;
 
-GPT2Config tiny(int n_layer = 2, int d_model = 8, int n_head = 2) {
-  GPT2Config c;
+ModelConfig tiny(int n_layer = 2, int d_model = 8, int n_head = 2) {
+  ModelConfig c;
   c.n_layer = n_layer;
   c.n_head = n_head;
   c.d_model = d_model;
@@ -74,7 +74,7 @@ void expect_contains(const std::string& msg, const std::vector<std::string>& nee
 }
 
 // Parameters equal bit for bit, except wte's padding rows, which a load zeroes.
-void expect_loaded(const GPT2Config& c, const ParamLayout& layout, const Tensor& saved,
+void expect_loaded(const ModelConfig& c, const ParamLayout& layout, const Tensor& saved,
                    const Tensor& loaded) {
   for (const ParamInfo& p : layout.params()) {
     Tensor a = layout.view(saved, p), b = layout.view(loaded, p);
@@ -123,7 +123,7 @@ void fill_state(Optimizer& opt, uint32_t seed) {
 TEST(Gpt2Checkpoint, RoundTripIsBitExact) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout), back = make_slab(pool, layout);
   fill(slab, 1);
@@ -139,7 +139,7 @@ TEST(Gpt2Checkpoint, RoundTripIsBitExact) {
 TEST(Gpt2Checkpoint, StoresHuggingFaceNamesShapesAndConv1DLayouts) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout);
   fill(slab, 3);
@@ -180,7 +180,7 @@ TEST(Gpt2Checkpoint, StoresHuggingFaceNamesShapesAndConv1DLayouts) {
   Tensor wte = layout.view(slab, "wte.weight");
   EXPECT_EQ(std::memcmp(r.bytes(r.at("transformer.wte.weight")), wte.raw_data(), 50 * C * 4), 0);
 
-  GPT2Config saved = read_gpt2_config(root / "ckpt" / "config.json");
+  ModelConfig saved = read_gpt2_config(root / "ckpt" / "config.json");
   EXPECT_EQ(saved.n_layer, 2);
   EXPECT_EQ(saved.vocab_size, 50);
 }
@@ -188,7 +188,7 @@ TEST(Gpt2Checkpoint, StoresHuggingFaceNamesShapesAndConv1DLayouts) {
 TEST(Gpt2Checkpoint, ConvertsBetweenF32AndBf16) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor f = make_slab(pool, layout), b = make_slab(pool, layout, DType::bf16);
   fill(f, 4);
@@ -215,7 +215,7 @@ TEST(Gpt2Checkpoint, ConvertsBetweenF32AndBf16) {
 }
 
 // A Hugging Face style file: no "transformer." prefix, attention-mask buffers, a tied lm_head.
-void write_hf_style(const fs::path& file, const GPT2Config& c, const ParamLayout& layout,
+void write_hf_style(const fs::path& file, const ModelConfig& c, const ParamLayout& layout,
                     const Tensor& slab, const Tensor* lm_head_override, const Tensor& mask) {
   SafetensorsWriter w;
   for (const ParamInfo& p : layout.params()) {
@@ -237,7 +237,7 @@ void write_hf_style(const fs::path& file, const GPT2Config& c, const ParamLayout
 TEST(Gpt2Checkpoint, LoadsHuggingFaceNameVariants) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout), back = make_slab(pool, layout);
   fill(slab, 6);
@@ -259,7 +259,7 @@ TEST(Gpt2Checkpoint, LoadsHuggingFaceNameVariants) {
 TEST(Gpt2Checkpoint, RefusesAMismatchListingTheFirstMismatchesAndChangesNothing) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c2 = tiny(2), c3 = tiny(3), c1 = tiny(1), wide = tiny(2, 16);
+  ModelConfig c2 = tiny(2), c3 = tiny(3), c1 = tiny(1), wide = tiny(2, 16);
   ParamLayout l2(c2), l3(c3), l1(c1), lw(wide);
   Tensor s2 = make_slab(pool, l2);
   fill(s2, 7);
@@ -303,7 +303,7 @@ TEST(Gpt2Checkpoint, RefusesAMismatchListingTheFirstMismatchesAndChangesNothing)
 TEST(Gpt2Checkpoint, RefusesACheckpointOfAnotherShape) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config a = tiny(2, 8, 2), b = tiny(2, 8, 4);  // same tensors, different heads
+  ModelConfig a = tiny(2, 8, 2), b = tiny(2, 8, 4);  // same tensors, different heads
   ParamLayout la(a), lb(b);
   Tensor sa = make_slab(pool, la), sb = make_slab(pool, lb);
   save_gpt2_checkpoint(root / "ckpt", a, la, sa);
@@ -314,7 +314,7 @@ TEST(Gpt2Checkpoint, RefusesACheckpointOfAnotherShape) {
 TEST(Gpt2Checkpoint, OptimizerStateRoundTripsBitExactly) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout), back = make_slab(pool, layout);
   fill(slab, 9);
@@ -343,7 +343,7 @@ TEST(Gpt2Checkpoint, OptimizerStateRoundTripsBitExactly) {
 TEST(Gpt2Checkpoint, RefusesMismatchedOptimizerStateWithoutLoadingAnything) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout);
   fill(slab, 10);
@@ -364,7 +364,7 @@ TEST(Gpt2Checkpoint, RefusesMismatchedOptimizerStateWithoutLoadingAnything) {
   expect_contains(msg, {"1 mismatch:", "missing 'adamw.q' I8 (3, 5)"});
   EXPECT_EQ(bytes(back), std::string(back.nbytes(), '\0'));
 
-  GPT2Config bigger = tiny(2, 8);
+  ModelConfig bigger = tiny(2, 8);
   bigger.max_seq_len = 32;
   bigger.finalize();
   ParamLayout lb(bigger);
@@ -384,7 +384,7 @@ TEST(Gpt2Checkpoint, RefusesMismatchedOptimizerStateWithoutLoadingAnything) {
 TEST(Gpt2Checkpoint, SavesExtraFilesInTheSameAtomicUnit) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout);
   CheckpointSaveOptions options;
@@ -406,7 +406,7 @@ TEST(Gpt2Checkpoint, SavesExtraFilesInTheSameAtomicUnit) {
 TEST(Gpt2Checkpoint, AnInterruptedSaveKeepsTheOldCheckpoint) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor old_w = make_slab(pool, layout), new_w = make_slab(pool, layout);
   Tensor back = make_slab(pool, layout);
@@ -468,7 +468,7 @@ TEST(Gpt2Checkpoint, AnInterruptedSaveKeepsTheOldCheckpoint) {
 TEST(Gpt2Checkpoint, ExplainsADirectoryWithoutSafetensors) {
   ScratchDir root;
   MemoryPool pool;
-  GPT2Config c = tiny();
+  ModelConfig c = tiny();
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout);
   fs::create_directories(root / "hf");

@@ -1,4 +1,4 @@
-// config.json: the field names and values transformers' GPT2Config expects, read back the same,
+// config.json: the field names and values transformers' ModelConfig expects, read back the same,
 // and clear errors (file and field) for what memfit cannot load.
 #include "memfit/io/gpt2_hf_config.h"
 
@@ -55,7 +55,7 @@ void expect_config_error(const json& j, const std::vector<std::string>& needles)
 }
 
 TEST(Gpt2HfConfig, WritesTheFieldsTransformersExpects) {
-  GPT2Config c = GPT2Config::preset("gpt2");
+  ModelConfig c = ModelConfig::preset("gpt2");
   json j = gpt2_config_to_hf_json(c);
   EXPECT_EQ(j["model_type"], "gpt2");
   EXPECT_EQ(j["architectures"], json::array({"GPT2LMHeadModel"}));
@@ -78,7 +78,7 @@ TEST(Gpt2HfConfig, WritesTheFieldsTransformersExpects) {
   EXPECT_TRUE(j["n_inner"].is_null());
   EXPECT_EQ(j["scale_attn_weights"], true);
 
-  GPT2Config tiny = GPT2Config::preset("gpt2-tiny");
+  ModelConfig tiny = ModelConfig::preset("gpt2-tiny");
   json t = gpt2_config_to_hf_json(tiny, DType::bf16);
   EXPECT_TRUE(t["bos_token_id"].is_null());  // no <|endoftext|> in a 512-token vocabulary
   EXPECT_TRUE(t["eos_token_id"].is_null());
@@ -87,7 +87,7 @@ TEST(Gpt2HfConfig, WritesTheFieldsTransformersExpects) {
 
 TEST(Gpt2HfConfig, RoundTripsThroughAFile) {
   ScratchDir dir;
-  GPT2Config c;
+  ModelConfig c;
   c.n_layer = 3;
   c.n_head = 2;
   c.d_model = 16;
@@ -95,7 +95,7 @@ TEST(Gpt2HfConfig, RoundTripsThroughAFile) {
   c.vocab_size = 100;
   c.finalize();
   write_file_atomic(dir / "config.json", gpt2_config_to_hf_json(c).dump(2));
-  GPT2Config back = read_gpt2_config(dir / "config.json");
+  ModelConfig back = read_gpt2_config(dir / "config.json");
   EXPECT_EQ(back.n_layer, 3);
   EXPECT_EQ(back.n_head, 2);
   EXPECT_EQ(back.d_model, 16);
@@ -105,8 +105,8 @@ TEST(Gpt2HfConfig, RoundTripsThroughAFile) {
 }
 
 TEST(Gpt2HfConfig, ReadsThePublishedGpt2Config) {
-  GPT2Config c = gpt2_config_from_hf_json(json::parse(kPublishedGpt2), "gpt2/config.json");
-  GPT2Config want = GPT2Config::preset("gpt2");
+  ModelConfig c = gpt2_config_from_hf_json(json::parse(kPublishedGpt2), "gpt2/config.json");
+  ModelConfig want = ModelConfig::preset("gpt2");
   EXPECT_EQ(c.n_layer, want.n_layer);
   EXPECT_EQ(c.n_head, want.n_head);
   EXPECT_EQ(c.d_model, want.d_model);

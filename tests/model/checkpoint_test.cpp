@@ -7,13 +7,13 @@
 #include <random>
 
 #include "memfit/model/checkpoint_policy.h"
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 
 namespace memfit {
 namespace {
 
-GPT2Config four_layers() {
-  GPT2Config c;  // odd sizes: T below the context, vocab not a multiple of 64
+ModelConfig four_layers() {
+  ModelConfig c;  // odd sizes: T below the context, vocab not a multiple of 64
   c.n_layer = 4;
   c.n_head = 2;
   c.d_model = 32;
@@ -32,8 +32,8 @@ struct StepResult {
 
 StepResult run(const std::string& ckpt, AttentionKind attention, Precision precision) {
   MemoryPool pool;
-  GPT2Config c = four_layers();
-  GPT2 gpt(c, pool, {precision, true});
+  ModelConfig c = four_layers();
+  Transformer gpt(c, pool, {precision, true});
   gpt.init_weights(11);
   ActivationOptions o;
   o.attention = attention;
@@ -128,16 +128,16 @@ TEST(CheckpointPolicy, ParsesNamesAndSegments) {
 }
 
 TEST(CheckpointPolicy, FullKeepsOneBlockAndEveryBlockOutput) {
-  GPT2Config c = GPT2Config::preset("gpt2");
+  ModelConfig c = ModelConfig::preset("gpt2");
   const int B = 1, T = 1024;
   ActivationOptions none, full;
   full.ckpt = CheckpointPolicy::parse("full");
   auto bytes = [&](const ActivationOptions& o) {
-    return plan_bytes(gpt2_activation_plan(c, B, T, o), Category::activations);
+    return plan_bytes(plan_step(c, B, T, o).buffers, Category::activations);
   };
   // A block's own bytes, its output (residual_3) among them.
   size_t block = 0, out = 0;
-  for (const BufferSpec& b : gpt2_activation_plan(c, B, T, none)) {
+  for (const BufferSpec& b : plan_step(c, B, T, none).buffers) {
     if (b.tag.starts_with("h.0.")) block += b.bytes();
     if (b.tag == "h.0.residual_3") out = b.bytes();
   }

@@ -1,4 +1,4 @@
-// GPT2 on its step arena (Note [Step arena]): with dead buffers poisoned (NaN outside each
+// Transformer on its step arena (Note [Step arena]): with dead buffers poisoned (NaN outside each
 // lifetime), a step on the arena gives bit for bit the loss, logits and gradients of the same
 // step with every buffer in bytes of its own, under every checkpoint policy, attention kind and
 // precision; shortening any buffer's lifetime by one phase breaks that, which shows the check
@@ -8,15 +8,15 @@
 #include <cstring>
 
 #include "gpt2_test_util.h"
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 
 namespace memfit {
 namespace {
 
 using namespace gpt2_test;
 
-GPT2Config three_layers() {
-  GPT2Config c = odd_config();
+ModelConfig three_layers() {
+  ModelConfig c = odd_config();
   c.n_layer = 3;
   c.finalize();
   return c;
@@ -53,8 +53,8 @@ constexpr int kB = 2, kT = 13;
 
 // Two micro-batches into one gradient, with an evaluation forward and the logits between them:
 // every way the engine walks the schedule (a whole step, a prefix, a new micro-batch).
-Outcome run(GPT2& gpt, StepPlan plan, bool poison, MemoryPool& pool) {
-  const GPT2Config& c = gpt.config();
+Outcome run(Transformer& gpt, StepPlan plan, bool poison, MemoryPool& pool) {
+  const ModelConfig& c = gpt.config();
   gpt.reserve(std::move(plan));
   gpt.set_poison_dead_buffers(poison);
   Batch one(pool, kB, kT, c.vocab_size, 1), two(pool, kB, kT, c.vocab_size, 7);
@@ -92,11 +92,11 @@ class GPT2Arena : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GPT2Arena, StepWithDeadBuffersPoisonedEqualsUnsharedStep) {
   const Case& k = GetParam();
-  const GPT2Config c = three_layers();
+  const ModelConfig c = three_layers();
   MemoryPool pool;
-  GPT2 gpt(c, pool, {k.precision, true});
+  Transformer gpt(c, pool, {k.precision, true});
   gpt.init_weights(5);
-  const StepPlan plan = gpt2_step_plan(c, kB, kT, options(k.ckpt, k.attention, k.precision));
+  const StepPlan plan = plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision));
   const StepPlan reference = unshared(plan);
   for (Category cat : {Category::activations, Category::workspace})
     EXPECT_EQ(reference.arena[static_cast<size_t>(cat)], plan_bytes(plan.buffers, cat));
@@ -123,15 +123,15 @@ INSTANTIATE_TEST_SUITE_P(Policies, GPT2Arena, ::testing::ValuesIn(cases()),
 // ending that span one phase early (so the buffer is poisoned before its last read, and its
 // bytes are free for others there) changes the results.
 TEST(GPT2ArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
-  const GPT2Config c = three_layers();
+  const ModelConfig c = three_layers();
   for (const Case& k : {Case{"none", AttentionKind::flash, Precision::fp32},
                         Case{"every:2", AttentionKind::plain, Precision::bf16},
                         Case{"selective", AttentionKind::plain, Precision::fp16}}) {
     SCOPED_TRACE(case_name(k));
     MemoryPool pool;
-    GPT2 gpt(c, pool, {k.precision, true});
+    Transformer gpt(c, pool, {k.precision, true});
     gpt.init_weights(5);
-    const StepPlan plan = gpt2_step_plan(c, kB, kT, options(k.ckpt, k.attention, k.precision));
+    const StepPlan plan = plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision));
     const Outcome want = run(gpt, plan, true, pool);
     int mutants = 0;
     for (size_t i = 0; i < plan.buffers.size(); ++i)
@@ -152,11 +152,11 @@ TEST(GPT2ArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
 }
 
 TEST(GPT2ArenaCheck, EngineRefusesToLeaveTheSchedule) {
-  const GPT2Config c = three_layers();
+  const ModelConfig c = three_layers();
   MemoryPool pool;
-  GPT2 gpt(c, pool);
+  Transformer gpt(c, pool);
   gpt.init_weights(5);
-  StepPlan plan = gpt2_step_plan(c, kB, kT, options("none", AttentionKind::flash, Precision::fp32));
+  StepPlan plan = plan_step(c, kB, kT, options("none", AttentionKind::flash, Precision::fp32));
   std::swap(plan.phases[1], plan.phases[2]);  // forward of block 1 before block 0
   gpt.reserve(std::move(plan));
   Batch b(pool, kB, kT, c.vocab_size, 1);

@@ -16,7 +16,7 @@
 #include "memfit/kernels/ref/layernorm_ref.h"
 #include "memfit/kernels/ref/matmul_ref.h"
 #include "memfit/kernels/ref/residual_ref.h"
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 
 namespace memfit {
 namespace {
@@ -24,7 +24,7 @@ namespace {
 using namespace kernels::ref;
 
 // Mean cross-entropy of GPT-2 in double precision, parameters laid out by `layout`.
-double reference_loss(const GPT2Config& c, const ParamLayout& layout, const std::vector<double>& w,
+double reference_loss(const ModelConfig& c, const ParamLayout& layout, const std::vector<double>& w,
                       const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
                       int B, int T) {
   const int64_t N = int64_t{B} * T, C = c.d_model, Vp = c.padded_vocab;
@@ -64,12 +64,12 @@ double reference_loss(const GPT2Config& c, const ParamLayout& layout, const std:
 class GPT2Gradient : public ::testing::TestWithParam<AttentionKind> {};
 
 TEST_P(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
-  GPT2Config c = GPT2Config::preset("gpt2-tiny");
+  ModelConfig c = ModelConfig::preset("gpt2-tiny");
   c.vocab_size = 300;  // not a multiple of 64: padded rows must stay out of it
   c.finalize();
   const int B = 2, T = 7;
   MemoryPool pool;
-  GPT2 gpt(c, pool);
+  Transformer gpt(c, pool);
   gpt.init_weights(99);
   // Larger than GPT-2's init, so that every path carries a gradient well above rounding.
   std::mt19937 rng(5);

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 #include "gpt2_test_util.h"
 
 namespace memfit {
@@ -45,13 +45,13 @@ TEST(GPT2Mixed, PoolHoldsExactlyParamsMasterGradsAndThePlan) {
   for (const Mode& m : kModes) {
     SCOPED_TRACE(m.name);
     MemoryPool pool;
-    GPT2Config c = odd_config();
-    GPT2 gpt(c, pool, m.precision);
+    ModelConfig c = odd_config();
+    Transformer gpt(c, pool, m.precision);
     gpt.init_weights(3);
     gpt.reserve(2, 11, options_for(m.attention));
     ActivationOptions o = options_for(m.attention);
     o.precision = m.precision.precision;
-    const CategoryBytes arena = gpt2_step_plan(c, 2, 11, o).arena;
+    const CategoryBytes arena = plan_step(c, 2, 11, o).arena;
     const size_t activations = arena[static_cast<size_t>(Category::activations)];
     const size_t workspace = arena[static_cast<size_t>(Category::workspace)];
 
@@ -86,9 +86,9 @@ TEST(GPT2Mixed, PoolHoldsExactlyParamsMasterGradsAndThePlan) {
 
 // init_weights(21) plus normal(0, 0.05) noise on every real element: larger weights than
 // GPT-2's init, so that the logits are far from uniform and the loss depends on the precision.
-std::vector<float> perturbed_start(const GPT2Config& c) {
+std::vector<float> perturbed_start(const ModelConfig& c) {
   MemoryPool pool;
-  GPT2 gpt(c, pool);
+  Transformer gpt(c, pool);
   gpt.init_weights(21);
   std::mt19937 rng(5);
   std::normal_distribution<float> noise(0.0f, 0.05f);
@@ -108,8 +108,8 @@ struct StepResult {
 };
 StepResult one_step(const Mode& m, float loss_scale = 1.0f) {
   MemoryPool pool;
-  GPT2Config c = odd_config();
-  GPT2 gpt(c, pool, m.precision);
+  ModelConfig c = odd_config();
+  Transformer gpt(c, pool, m.precision);
   // Into the weights of record as a checkpoint load would: pure bf16 rounds to nearest even.
   const std::vector<float> start = perturbed_start(c);
   Tensor w = gpt.weights();
@@ -204,7 +204,7 @@ TEST(GPT2Mixed, RefreshWorkingRoundsTheMasterToNearestEven) {
   for (Precision p : {Precision::bf16, Precision::fp16}) {
     SCOPED_TRACE(precision_name(p));
     MemoryPool pool;
-    GPT2 gpt(odd_config(), pool, {p, true});
+    Transformer gpt(odd_config(), pool, {p, true});
     gpt.init_weights(5);
     float* master = gpt.weights().data<float>();
     const int64_t n = gpt.weights().numel();
@@ -226,15 +226,15 @@ TEST(GPT2Mixed, RefreshWorkingRoundsTheMasterToNearestEven) {
 }
 
 TEST(GPT2Mixed, InitWeightsGivesTheSameValuesInEveryPrecision) {
-  const GPT2Config c = odd_config();
+  const ModelConfig c = odd_config();
   MemoryPool pool;
-  GPT2 ref(c, pool);
+  Transformer ref(c, pool);
   ref.init_weights(42);
   const float* w = ref.weights().data<float>();
   const int64_t n = ref.weights().numel();
   for (Precision p : {Precision::bf16, Precision::fp16}) {
     SCOPED_TRACE(precision_name(p));
-    GPT2 gpt(c, pool, {p, true});
+    Transformer gpt(c, pool, {p, true});
     gpt.init_weights(42);
     EXPECT_EQ(std::memcmp(gpt.weights().data<float>(), w, n * sizeof(float)), 0)
         << "the master weights differ from fp32's";
@@ -244,7 +244,7 @@ TEST(GPT2Mixed, InitWeightsGivesTheSameValuesInEveryPrecision) {
       bad += working[i] != (p == Precision::bf16 ? bf16_from_f32(w[i]) : f16_from_f32(w[i]));
     EXPECT_EQ(bad, 0) << "working copy elements that are not fp32's init rounded";
   }
-  GPT2 pure(c, pool, {Precision::bf16, false});
+  Transformer pure(c, pool, {Precision::bf16, false});
   pure.init_weights(42);
   ASSERT_EQ(pure.weights().dtype(), DType::bf16);
   const auto* bits = static_cast<const uint16_t*>(pure.weights().raw_data());
@@ -257,9 +257,9 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 TEST(GPT2Mixed, FirstNonFiniteNamesThePoisonedTensor) {
-  const GPT2Config c = odd_config();
+  const ModelConfig c = odd_config();
   MemoryPool pool;
-  GPT2 gpt(c, pool, {Precision::bf16, true});
+  Transformer gpt(c, pool, {Precision::bf16, true});
   gpt.init_weights(9);
   gpt.reserve(2, 8, options_for(AttentionKind::plain));
   Batch b(pool, 2, 8, c.vocab_size, 4);
@@ -290,7 +290,7 @@ TEST(GPT2Mixed, FirstNonFiniteNamesThePoisonedTensor) {
   EXPECT_EQ(gpt.first_non_finite(), "");
 
   // In fp32 the weights of record are the working weights.
-  GPT2 f32(c, pool);
+  Transformer f32(c, pool);
   f32.init_weights(9);
   f32.grad("wpe.weight").data<float>()[0] = kNaN;
   f32.param("ln_f.bias").data<float>()[0] = kNaN;
@@ -301,9 +301,9 @@ TEST(GPT2Mixed, AWeightThatOverflowsF16IsNamedAfterTheForwardItPoisoned) {
   // A finite master weight past f16's range makes the working copy infinite; the forward then
   // spreads it through the activations, the loss and the gradients, and the weight is still
   // what first_non_finite names.
-  const GPT2Config c = odd_config();
+  const ModelConfig c = odd_config();
   MemoryPool pool;
-  GPT2 gpt(c, pool, {Precision::fp16, true});
+  Transformer gpt(c, pool, {Precision::fp16, true});
   gpt.init_weights(9);
   gpt.reserve(2, 8, options_for(AttentionKind::plain));
   Batch b(pool, 2, 8, c.vocab_size, 4);
@@ -316,12 +316,12 @@ TEST(GPT2Mixed, AWeightThatOverflowsF16IsNamedAfterTheForwardItPoisoned) {
 }
 
 TEST(GPT2Mixed, CombinationsThatCannotRunAreConfigErrors) {
-  const GPT2Config c = odd_config();
+  const ModelConfig c = odd_config();
   MemoryPool pool;
-  EXPECT_THROW(GPT2(c, pool, {Precision::fp32, false}), ConfigError);
-  EXPECT_THROW(GPT2(c, pool, {Precision::fp16, false}), ConfigError);
+  EXPECT_THROW(Transformer(c, pool, {Precision::fp32, false}), ConfigError);
+  EXPECT_THROW(Transformer(c, pool, {Precision::fp16, false}), ConfigError);
   EXPECT_EQ(pool.bytes_current(), 0u) << "a refused model left memory behind";
-  GPT2 gpt(c, pool, {Precision::fp16, true});
+  Transformer gpt(c, pool, {Precision::fp16, true});
   EXPECT_THROW(gpt.reserve(2, 8), ConfigError);  // flash attention is the default
   EXPECT_THROW(gpt.reserve(2, 8, options_for(AttentionKind::flash)), ConfigError);
   gpt.reserve(2, 8, options_for(AttentionKind::plain));

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "memfit/io/safetensors.h"
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 #include "memfit/optim/adamw.h"
 
 namespace memfit {
@@ -61,14 +61,14 @@ class GPT2Reference : public ::testing::TestWithParam<AttentionKind> {
 
   io::SafetensorsReader file{kFixture};
   MemoryPool pool;
-  GPT2Config config;
+  ModelConfig config;
   OptimConfig optim;
   int B = 0, T = 0, steps = 0;
   float lr = 0;
 };
 
 TEST_P(GPT2Reference, LossLogitsGradientsAndThreeAdamWStepsMatchPyTorch) {
-  GPT2 gpt(config, pool);
+  Transformer gpt(config, pool);
   for (const ParamInfo& p : gpt.layout().params()) file.read("param." + p.name, gpt.param(p.name));
   ActivationOptions options;
   options.attention = GetParam();

@@ -1,6 +1,6 @@
 // GPT-2 model behaviour: memory accounting against the step plan, gradient accumulation
 // across micro-batches, the padded vocabulary, and the typed errors of bad use.
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 
 #include <gtest/gtest.h>
 
@@ -15,13 +15,13 @@ namespace {
 
 using namespace gpt2_test;
 
-TEST(GPT2, PoolHoldsExactlyParamsGradsAndThePlan) {
+TEST(Transformer, PoolHoldsExactlyParamsGradsAndThePlan) {
   MemoryPool pool;
-  GPT2Config c = odd_config();
+  ModelConfig c = odd_config();
   EXPECT_EQ(c.padded_vocab, 128);
-  GPT2 gpt(c, pool);
+  Transformer gpt(c, pool);
   gpt.reserve(2, 11);
-  const StepPlan plan = gpt2_step_plan(c, 2, 11, {});
+  const StepPlan plan = plan_step(c, 2, 11, {});
   size_t slab = MemoryPool::round_up(c.num_params() * sizeof(float));
   EXPECT_EQ(pool.bytes_current(Category::params), slab);
   EXPECT_EQ(pool.bytes_current(Category::grads), slab);
@@ -40,13 +40,13 @@ TEST(GPT2, PoolHoldsExactlyParamsGradsAndThePlan) {
   EXPECT_EQ(pool.bytes_peak(), before) << "a training step allocated outside the plan";
 }
 
-TEST(GPT2, FlashAttentionSavesOneValuePerQueryRowInsteadOfTheScores) {
-  GPT2Config c = GPT2Config::preset("gpt2");
+TEST(Transformer, FlashAttentionSavesOneValuePerQueryRowInsteadOfTheScores) {
+  ModelConfig c = ModelConfig::preset("gpt2");
   ActivationOptions flash, plain;
   plain.attention = AttentionKind::plain;
   const int B = 1, T = 1024;
-  size_t f = plan_bytes(gpt2_activation_plan(c, B, T, flash), Category::activations);
-  size_t p = plan_bytes(gpt2_activation_plan(c, B, T, plain), Category::activations);
+  size_t f = plan_bytes(plan_step(c, B, T, flash).buffers, Category::activations);
+  size_t p = plan_bytes(plan_step(c, B, T, plain).buffers, Category::activations);
   // plain keeps (B, NH, T, T) floats per layer, flash (B, NH, T)
   const size_t scores = size_t{4} * c.n_layer * c.n_head * B * T * T;
   const size_t lse = size_t{4} * c.n_layer * c.n_head * B * T;
@@ -54,10 +54,10 @@ TEST(GPT2, FlashAttentionSavesOneValuePerQueryRowInsteadOfTheScores) {
   EXPECT_THROW(attention_kind_from_name("fast"), ConfigError);
 }
 
-TEST(GPT2, InitialLossIsNearLogVocab) {
+TEST(Transformer, InitialLossIsNearLogVocab) {
   MemoryPool pool;
-  GPT2Config c = odd_config();
-  GPT2 gpt(c, pool);
+  ModelConfig c = odd_config();
+  Transformer gpt(c, pool);
   gpt.init_weights(7);
   gpt.reserve(3, 16);
   Batch b(pool, 3, 16, c.vocab_size, 3);
@@ -65,10 +65,10 @@ TEST(GPT2, InitialLossIsNearLogVocab) {
   EXPECT_NEAR(loss, std::log(static_cast<float>(c.vocab_size)), 0.1);
 }
 
-TEST(GPT2, BackwardAccumulatesAcrossMicroBatches) {
+TEST(Transformer, BackwardAccumulatesAcrossMicroBatches) {
   MemoryPool pool;
-  GPT2Config c = odd_config();
-  GPT2 gpt(c, pool);
+  ModelConfig c = odd_config();
+  Transformer gpt(c, pool);
   gpt.init_weights(11);
   gpt.reserve(2, 8);
   Batch b(pool, 2, 8, c.vocab_size, 5);
@@ -84,10 +84,10 @@ TEST(GPT2, BackwardAccumulatesAcrossMicroBatches) {
   EXPECT_LT(max_rel, 1e-5);
 }
 
-TEST(GPT2, PaddedVocabRowsGetNoGradientAndAreNeverPredicted) {
+TEST(Transformer, PaddedVocabRowsGetNoGradientAndAreNeverPredicted) {
   MemoryPool pool;
-  GPT2Config c = odd_config();
-  GPT2 gpt(c, pool);
+  ModelConfig c = odd_config();
+  Transformer gpt(c, pool);
   gpt.init_weights(13);
   gpt.reserve(2, 8);
   Batch b(pool, 2, 8, c.vocab_size, 9);
@@ -110,10 +110,10 @@ TEST(GPT2, PaddedVocabRowsGetNoGradientAndAreNeverPredicted) {
   EXPECT_TRUE(std::isfinite(z) && z >= 1.0);
 }
 
-TEST(GPT2, LogitsMatchTheTrainingLoss) {
+TEST(Transformer, LogitsMatchTheTrainingLoss) {
   MemoryPool pool;
-  GPT2Config c = odd_config();
-  GPT2 gpt(c, pool);
+  ModelConfig c = odd_config();
+  Transformer gpt(c, pool);
   gpt.init_weights(17);
   gpt.reserve(2, 9);
   Batch b(pool, 2, 9, c.vocab_size, 21);
@@ -129,10 +129,10 @@ TEST(GPT2, LogitsMatchTheTrainingLoss) {
   EXPECT_NEAR(gpt.forward(b.tokens, b.targets, false), sum / 18, 1e-5);
 }
 
-TEST(GPT2, ABadBatchIsATypedError) {
+TEST(Transformer, ABadBatchIsATypedError) {
   MemoryPool pool;
-  GPT2Config c = odd_config();
-  GPT2 gpt(c, pool);
+  ModelConfig c = odd_config();
+  Transformer gpt(c, pool);
   EXPECT_THROW(gpt.reserve(1, 17), ShapeError);  // longer than the context
   gpt.reserve(2, 8);
   Batch wrong(pool, 2, 7, c.vocab_size, 1);
@@ -152,11 +152,11 @@ TEST(GPT2, ABadBatchIsATypedError) {
   EXPECT_THROW(gpt.backward(), Error);  // no training forward succeeded before it
 }
 
-TEST(GPT2, BudgetTooSmallForTheModelThrowsOutOfMemory) {
-  GPT2Config c = GPT2Config::preset("gpt2");
+TEST(Transformer, BudgetTooSmallForTheModelThrowsOutOfMemory) {
+  ModelConfig c = ModelConfig::preset("gpt2");
   MemoryPool pool(parse_bytes("256MiB"));
   try {
-    GPT2 gpt(c, pool);
+    Transformer gpt(c, pool);
     FAIL() << "expected OutOfMemoryError";
   } catch (const OutOfMemoryError& e) {
     EXPECT_EQ(e.category(), Category::params);
@@ -164,8 +164,8 @@ TEST(GPT2, BudgetTooSmallForTheModelThrowsOutOfMemory) {
   }
 }
 
-TEST(GPT2, ConfigErrorsNameTheField) {
-  GPT2Config c;
+TEST(Transformer, ConfigErrorsNameTheField) {
+  ModelConfig c;
   c.d_model = 100;
   c.n_head = 3;
   try {
@@ -174,9 +174,9 @@ TEST(GPT2, ConfigErrorsNameTheField) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("n_head"), std::string::npos);
   }
-  EXPECT_THROW(GPT2Config::preset("gpt5"), ConfigError);
-  EXPECT_NEAR(GPT2Config::preset("gpt2").num_params() / 1e6, 124.5, 0.5);
-  EXPECT_NEAR(GPT2Config::preset("gpt2-tiny").num_params() / 1e6, 0.28, 0.1);
+  EXPECT_THROW(ModelConfig::preset("gpt5"), ConfigError);
+  EXPECT_NEAR(ModelConfig::preset("gpt2").num_params() / 1e6, 124.5, 0.5);
+  EXPECT_NEAR(ModelConfig::preset("gpt2-tiny").num_params() / 1e6, 0.28, 0.1);
 }
 
 }  // namespace

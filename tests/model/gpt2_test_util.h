@@ -5,7 +5,7 @@
 #include <random>
 
 #include "memfit/core/tensor.h"
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
 
 namespace memfit::gpt2_test {
 
@@ -25,8 +25,8 @@ struct Batch {
   }
 };
 
-inline GPT2Config odd_config() {
-  GPT2Config c;  // odd sizes on purpose: vocab not a multiple of 64, T below the context
+inline ModelConfig odd_config() {
+  ModelConfig c;  // odd sizes on purpose: vocab not a multiple of 64, T below the context
   c.n_layer = 2;
   c.n_head = 3;
   c.d_model = 24;

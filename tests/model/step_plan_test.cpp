@@ -12,8 +12,8 @@ namespace {
 
 using namespace gpt2_test;
 
-GPT2Config three_layers() {
-  GPT2Config c = odd_config();
+ModelConfig three_layers() {
+  ModelConfig c = odd_config();
   c.n_layer = 3;
   c.finalize();
   return c;
@@ -45,17 +45,17 @@ std::string spans(const StepPlan& plan, const std::string& tag) {
 constexpr int kB = 2, kT = 13;
 
 TEST(StepPlan, PhasesFollowTheEngine) {
-  const GPT2Config c = three_layers();
-  const StepPlan full = gpt2_step_plan(c, kB, kT, options("full"));
+  const ModelConfig c = three_layers();
+  const StepPlan full = plan_step(c, kB, kT, options("full"));
   std::vector<std::string> names;
   for (const Phase& p : full.phases) names.push_back(p.name());
   EXPECT_EQ(names, (std::vector<std::string>{
                        "embedding", "forward of block 0", "forward of block 1",
-                       "forward of block 2", "ln_f", "LM head", "backward of ln_f",
+                       "forward of block 2", "final norm", "LM head", "backward of the final norm",
                        "recomputation of block 2", "backward of block 2",
                        "recomputation of block 1", "backward of block 1",
                        "recomputation of block 0", "backward of block 0", "embedding backward"}));
-  const StepPlan every = gpt2_step_plan(c, kB, kT, options("every:2"));
+  const StepPlan every = plan_step(c, kB, kT, options("every:2"));
   EXPECT_EQ(every.phases[7].name(), "recomputation of block 2");
   EXPECT_EQ(every.phases[9].name(), "recomputation of block 0");
   EXPECT_EQ(every.phases[10].name(), "recomputation of block 1");
@@ -63,26 +63,26 @@ TEST(StepPlan, PhasesFollowTheEngine) {
 }
 
 TEST(StepPlan, LifetimesFollowTheCode) {
-  const GPT2Config c = three_layers();
-  const StepPlan none = gpt2_step_plan(c, kB, kT, options("none"));
+  const ModelConfig c = three_layers();
+  const StepPlan none = plan_step(c, kB, kT, options("none"));
   EXPECT_EQ(spans(none, "ws.logits"), "LM head..LM head");
   EXPECT_EQ(spans(none, "tokens"), "LM head..embedding backward");
   EXPECT_EQ(spans(none, "encoded"), "embedding..backward of block 0");
   EXPECT_EQ(spans(none, "h.1.qkv"), "forward of block 1..backward of block 1");
   EXPECT_EQ(spans(none, "h.1.residual_3"), "forward of block 1..backward of block 2");
-  EXPECT_EQ(spans(none, "ln_f"), "ln_f..LM head");
-  EXPECT_EQ(spans(none, "ln_f.rstd"), "ln_f..backward of ln_f");
-  EXPECT_EQ(spans(none, "ws.dresidual"), "backward of ln_f..embedding backward");
+  EXPECT_EQ(spans(none, "ln_f"), "final norm..LM head");
+  EXPECT_EQ(spans(none, "ln_f.rstd"), "final norm..backward of the final norm");
+  EXPECT_EQ(spans(none, "ws.dresidual"), "backward of the final norm..embedding backward");
   // ws.dC: the projections' scratch in each forward and backward, and d(ln_f) from the head.
   EXPECT_EQ(spans(none, "ws.dC"),
             "forward of block 0..forward of block 0, forward of block 1..forward of block 1, "
-            "forward of block 2..forward of block 2, LM head..backward of ln_f, "
+            "forward of block 2..forward of block 2, LM head..backward of the final norm, "
             "backward of block 2..backward of block 2, backward of block 1..backward of block 1, "
             "backward of block 0..backward of block 0");
 
   // A recomputation slot holds a block in forward and again from its recomputation to its
   // backward; between those, and through the LM head, its bytes are free.
-  const StepPlan full = gpt2_step_plan(c, kB, kT, options("full"));
+  const StepPlan full = plan_step(c, kB, kT, options("full"));
   EXPECT_EQ(spans(full, "rc.0.fch"),
             "forward of block 0..forward of block 0, forward of block 1..forward of block 1, "
             "forward of block 2..forward of block 2, "
@@ -99,9 +99,9 @@ TEST(StepPlan, LifetimesFollowTheCode) {
 }
 
 TEST(StepPlan, PeakIsInAPhaseAndLiveBytesNeverPassTheArenas) {
-  const GPT2Config c = GPT2Config::preset("gpt2");
+  const ModelConfig c = ModelConfig::preset("gpt2");
   for (const char* ckpt : {"none", "full", "every:3"}) {
-    const StepPlan plan = gpt2_step_plan(c, 8, 256, options(ckpt));
+    const StepPlan plan = plan_step(c, 8, 256, options(ckpt));
     for (const PhaseBytes& live : plan.live) {
       EXPECT_LE(live.activations, plan.arena[static_cast<size_t>(Category::activations)]);
       EXPECT_LE(live.workspace, plan.arena[static_cast<size_t>(Category::workspace)]);

@@ -37,7 +37,7 @@ int64_t block_of(const ParamInfo& p, int64_t k, int n_head) {
 }
 
 TEST(AdamMini, PartitionFollowsHeadsRowsAndTensors) {
-  GPT2Config gc = GPT2Config::preset("gpt2-tiny");  // C 96, 4 heads of 24, 2 layers
+  ModelConfig gc = ModelConfig::preset("gpt2-tiny");  // C 96, 4 heads of 24, 2 layers
   ParamLayout layout(gc);
   const int64_t C = gc.d_model, H = gc.n_head, L = gc.n_layer;
   // wte rows + wpe rows + per layer (ln 2 + q,k heads 2H + v rows C + qkv bias 3C + proj rows C
@@ -69,7 +69,7 @@ TEST(AdamMini, PartitionFollowsHeadsRowsAndTensors) {
 }
 
 TEST(AdamMini, HeadCountMustDivideTheWidth) {
-  testing::Slabs s(GPT2Config::preset("gpt2-tiny"));
+  testing::Slabs s(ModelConfig::preset("gpt2-tiny"));
   OptimConfig c;
   c.n_head = 7;
   try {
@@ -132,7 +132,7 @@ TEST(AdamMini, StepsMatchDoubleReference) {
 }
 
 TEST(AdamMini, StateIsAboutFourBytesPerParameter) {
-  GPT2Config gc = GPT2Config::preset("gpt2-tiny");
+  ModelConfig gc = ModelConfig::preset("gpt2-tiny");
   ParamLayout layout(gc);
   const int64_t blocks = AdamMini::num_blocks(layout, gc.n_head);
   EXPECT_EQ(AdamMini::state_bytes_for(layout, gc.n_head),

@@ -80,7 +80,7 @@ TEST(AdamW8bit, TwoStepsMatchDoubleReference) {
 }
 
 TEST(AdamW8bit, StateIsAboutTwoBytesPerParameter) {
-  GPT2Config gc = GPT2Config::preset("gpt2-small-test");
+  ModelConfig gc = ModelConfig::preset("gpt2-small-test");
   ParamLayout layout(gc);
   QuantizedStateLayout q(layout);
   int64_t quantised = 0, small = 0;

@@ -34,7 +34,7 @@ TEST(Lion, StepsMatchDoubleReference) {
 }
 
 TEST(Lion, StateIsFourBytesPerParameter) {
-  ParamLayout layout(GPT2Config::preset("gpt2-tiny"));
+  ParamLayout layout(ModelConfig::preset("gpt2-tiny"));
   EXPECT_EQ(Lion::state_bytes_for(layout), static_cast<size_t>(layout.total()) * 4);
 }
 

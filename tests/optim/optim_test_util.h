@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../kernels/optimizer_reference.h"
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/adam_mini.h"
 #include "memfit/optim/adamw8bit.h"
@@ -21,8 +21,8 @@ namespace memfit::testing {
 
 // Width 100 with 4 heads of 25, 50 positions, vocabulary 100 (padded to 128): wpe, c_attn,
 // c_proj and c_fc end in partial 256-value blocks; LayerNorms and biases stay under 4096.
-inline GPT2Config odd_config() {
-  GPT2Config c;
+inline ModelConfig odd_config() {
+  ModelConfig c;
   c.n_layer = 1;
   c.n_head = 4;
   c.d_model = 100;
@@ -35,12 +35,12 @@ inline GPT2Config odd_config() {
 // A layout with parameter and gradient slabs: parameters N(0, 1), gradients N(0, 0.1); the
 // alignment padding between tensors stays zero.
 struct Slabs {
-  GPT2Config config;
+  ModelConfig config;
   ParamLayout layout;
   MemoryPool pool;
   Tensor params, grads;
 
-  explicit Slabs(const GPT2Config& c) : config(c), layout(c) {
+  explicit Slabs(const ModelConfig& c) : config(c), layout(c) {
     params = Tensor::empty(pool, {layout.total()}, DType::f32, Category::params, "params");
     grads = Tensor::empty(pool, {layout.total()}, DType::f32, Category::grads, "grads");
     fill_params(1);

@@ -35,7 +35,7 @@ class EachOptimizer : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(EachOptimizer, StateBytesAreExactAndPredicted) {
-  for (const GPT2Config& gc : {GPT2Config::preset("gpt2-tiny"), testing::odd_config()}) {
+  for (const ModelConfig& gc : {ModelConfig::preset("gpt2-tiny"), testing::odd_config()}) {
     Slabs s(gc);
     const size_t before = s.pool.bytes_current();
     auto opt = testing::construct(config(), s.layout, s.pool);
@@ -105,7 +105,7 @@ TEST_P(EachOptimizer, CheckpointThroughStateIsBitExact) {
 }
 
 TEST_P(EachOptimizer, StepArgumentsAreChecked) {
-  Slabs s(GPT2Config::preset("gpt2-tiny"));
+  Slabs s(ModelConfig::preset("gpt2-tiny"));
   auto opt = testing::construct(config(), s.layout, s.pool);
   Tensor short_grads = s.grads.view(0, {s.layout.total() - 16});
   EXPECT_THROW(opt->step(s.params, short_grads, 1e-3f, 1.0f), ShapeError);
@@ -123,7 +123,7 @@ INSTANTIATE_TEST_SUITE_P(Optim, EachOptimizer, ::testing::ValuesIn(testing::bran
 
 TEST(OptimizerStateCost, BytesPerParameterOnGpt2Small) {
   // Planner-side numbers for the 124M model, from state_bytes_for alone (nothing allocated).
-  GPT2Config gc = GPT2Config::preset("gpt2");
+  ModelConfig gc = ModelConfig::preset("gpt2");
   ParamLayout layout(gc);
   const double n = static_cast<double>(layout.total());
   auto per_param = [&](const char* name) {
@@ -176,7 +176,7 @@ TEST(OptimConfig, BadHyperparametersAreConfigErrors) {
 }
 
 TEST(OptimConfig, ClassesCheckTheirOwnRules) {
-  Slabs s(GPT2Config::preset("gpt2-tiny"));
+  Slabs s(ModelConfig::preset("gpt2-tiny"));
   OptimConfig c;  // named "adamw", but constructed as AdamW8bit: AdamW8bit's rules apply
   c.eps = -1.0f;
   EXPECT_THROW(AdamW8bit(c, s.layout, s.pool), ConfigError);
@@ -186,7 +186,7 @@ TEST(OptimConfig, ClassesCheckTheirOwnRules) {
 
 #ifdef MEMFIT_TEST_MAKE_OPTIMIZER
 TEST(MakeOptimizer, BuildsEachNameWithPredictedState) {
-  Slabs s(GPT2Config::preset("gpt2-tiny"));
+  Slabs s(ModelConfig::preset("gpt2-tiny"));
   for (const std::string& n : optimizer_names()) {
     OptimConfig c;
     c.name = n;
@@ -198,7 +198,7 @@ TEST(MakeOptimizer, BuildsEachNameWithPredictedState) {
 }
 
 TEST(MakeOptimizer, UnknownNameIsAConfigError) {
-  Slabs s(GPT2Config::preset("gpt2-tiny"));
+  Slabs s(ModelConfig::preset("gpt2-tiny"));
   OptimConfig c;
   c.name = "adam";
   EXPECT_THROW(make_optimizer(c, s.layout, s.pool), ConfigError);

@@ -11,7 +11,7 @@ namespace memfit {
 namespace {
 
 TEST(QuantizedStateLayout, SmallTensorsKeepFp32) {
-  GPT2Config gc = testing::odd_config();
+  ModelConfig gc = testing::odd_config();
   ParamLayout layout(gc);
   QuantizedStateLayout q(layout);
   int64_t blocks = 0, f32 = 0;
@@ -41,7 +41,7 @@ TEST(QuantizedStateLayout, SmallTensorsKeepFp32) {
 TEST(QuantizedStateLayout, ThresholdIs4096Values) {
   // wpe is (max_seq_len, 64): 4096 values are quantised, 4032 are not.
   for (int seq : {64, 63}) {
-    GPT2Config gc;
+    ModelConfig gc;
     gc.n_layer = 1;
     gc.n_head = 2;
     gc.d_model = 64;
@@ -66,7 +66,7 @@ TEST(QuantizedState, EmptyPartsAreLeftOut) {
   EXPECT_EQ(out[2].first, "m.f32");
   EXPECT_EQ(st.bytes(), pool.bytes_current());
 
-  GPT2Config small;  // every tensor under 4096 values: FP32 state only
+  ModelConfig small;  // every tensor under 4096 values: FP32 state only
   small.n_layer = 1;
   small.n_head = 2;
   small.d_model = 8;

@@ -42,7 +42,7 @@ constexpr size_t kMiB = 1 << 20;
 
 TEST(Gpt2Family, HoldsGpt2sShapesAndGrowsWithDepth) {
   for (const char* name : {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}) {
-    const GPT2Config p = GPT2Config::preset(name);
+    const ModelConfig p = ModelConfig::preset(name);
     const FamilyShape s = gpt2_family_shape(p.n_layer);
     EXPECT_EQ(s.d_model, p.d_model) << name;
     EXPECT_EQ(s.n_head, p.n_head) << name;

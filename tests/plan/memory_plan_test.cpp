@@ -145,7 +145,7 @@ TEST(PlanConfig, RefusesWhatTrainRefuses) {
 }
 
 TEST(StepFlops, RecomputationAddsOneForwardPerRecomputedBlock) {
-  GPT2Config c = GPT2Config::preset("gpt2");
+  ModelConfig c = ModelConfig::preset("gpt2");
   ActivationOptions none, full, sel, plain_sel;
   full.ckpt = CheckpointPolicy::parse("full");
   sel.ckpt = CheckpointPolicy::parse("selective");

@@ -19,7 +19,7 @@
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/gpt2_checkpoint.h"
 #include "memfit/io/safetensors.h"
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 #include "memfit/plan/auto_config.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
@@ -138,8 +138,8 @@ TEST_F(MixedPrecisionTrainer, ANonFiniteLossStopsNamingTheStepAndTensorAndSavesN
   const fs::path poisoned = dir / "poisoned";
   {
     MemoryPool pool;
-    const GPT2Config mc = io::read_gpt2_config(dir / "good" / io::kConfigFile);
-    GPT2 gpt(mc, pool);
+    const ModelConfig mc = io::read_gpt2_config(dir / "good" / io::kConfigFile);
+    Transformer gpt(mc, pool);
     io::load_gpt2_checkpoint(good.save_dir, mc, gpt.layout(), gpt.weights());
     gpt.param("h.1.mlp.c_fc.weight").data<float>()[3] = std::numeric_limits<float>::infinity();
     gpt.param("h.0.attn.c_proj.weight").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();

@@ -21,8 +21,8 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-GPT2Config small_config() {
-  GPT2Config c;
+ModelConfig small_config() {
+  ModelConfig c;
   c.n_layer = 2;
   c.n_head = 3;
   c.d_model = 24;
@@ -43,7 +43,7 @@ struct Snapshot {
   std::vector<std::vector<unsigned char>> state;
   int64_t steps_taken;
 };
-Snapshot snapshot(GPT2& gpt, Optimizer& opt) {
+Snapshot snapshot(Transformer& gpt, Optimizer& opt) {
   Snapshot s{bytes_of(gpt.weights()), bytes_of(gpt.params()), {}, opt.steps_taken()};
   for (auto& [name, t] : opt.state()) s.state.push_back(bytes_of(t));
   return s;
@@ -62,7 +62,7 @@ Snapshot snapshot(GPT2& gpt, Optimizer& opt) {
 }
 
 // Gradients of a plausible size (normal(0, 1e-2)) times `scale`, seeded.
-void fill_grads(GPT2& gpt, float scale, uint32_t seed) {
+void fill_grads(Transformer& gpt, float scale, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1e-2f);
   float* g = gpt.grads().data<float>();
@@ -70,7 +70,7 @@ void fill_grads(GPT2& gpt, float scale, uint32_t seed) {
 }
 
 // Elements of the working copy that are not the weights of record rounded to nearest even.
-int64_t working_mismatches(GPT2& gpt) {
+int64_t working_mismatches(Transformer& gpt) {
   const float* m = gpt.weights().data<float>();
   const auto* w = static_cast<const uint16_t*>(gpt.params().raw_data());
   const bool f16 = gpt.params().dtype() == DType::f16;
@@ -82,7 +82,7 @@ int64_t working_mismatches(GPT2& gpt) {
 
 TEST(ApplyUpdate, AnFp16OverflowSkipsTheStepAndTouchesNothing) {
   MemoryPool pool;
-  GPT2 gpt(small_config(), pool, {Precision::fp16, true});
+  Transformer gpt(small_config(), pool, {Precision::fp16, true});
   gpt.init_weights(1);
   std::unique_ptr<Optimizer> opt = make_optimizer(OptimConfig{}, gpt.layout(), pool);
   LossScalerConfig sc;
@@ -140,7 +140,7 @@ TEST(ApplyUpdate, WithoutAScalerANonFiniteGradientChangesNothing) {
     SCOPED_TRACE(fmt::format("{}, master weights {}", precision_name(mode.precision),
                              mode.master_weights));
     MemoryPool pool;
-    GPT2 gpt(small_config(), pool, mode);
+    Transformer gpt(small_config(), pool, mode);
     gpt.init_weights(2);
     std::unique_ptr<Optimizer> opt = make_optimizer(OptimConfig{}, gpt.layout(), pool);
     fill_grads(gpt, 1.0f, 3);
@@ -174,7 +174,7 @@ TEST(ApplyUpdate, GradNormIsTheUnscaledMeanGradientsNormAndClippingUsesIt) {
   for (bool with_scaler : {true, false}) {
     SCOPED_TRACE(with_scaler ? "fp16 with a loss scale of 2^12" : "fp32 without a scaler");
     MemoryPool pool;
-    GPT2 gpt(small_config(), pool,
+    Transformer gpt(small_config(), pool,
              {with_scaler ? Precision::fp16 : Precision::fp32, true});
     gpt.init_weights(6);
     OptimConfig oc;

@@ -54,7 +54,7 @@ struct Copy {
 
 // Matches the file's tensors to the layout; throws listing mismatches, else returns the copies.
 // The shape Hugging Face stores a parameter in.
-std::vector<int64_t> hf_shape(const ParamInfo& p, const GPT2Config& config) {
+std::vector<int64_t> hf_shape(const ParamInfo& p, const ModelConfig& config) {
   std::vector<int64_t> want = dims(p.shape);
   if (p.role == ParamRole::token_embedding) want[0] = config.vocab_size;  // no padding rows
   if (gpt2_is_conv1d(p)) std::swap(want[0], want[1]);
@@ -63,7 +63,7 @@ std::vector<int64_t> hf_shape(const ParamInfo& p, const GPT2Config& config) {
 
 // Matches the file's tensors to the layout; throws listing mismatches (in layout order, then
 // unexpected tensors), else returns the copies to make.
-std::vector<Copy> plan_weights(const SafetensorsReader& reader, const GPT2Config& config,
+std::vector<Copy> plan_weights(const SafetensorsReader& reader, const ModelConfig& config,
                                const ParamLayout& layout, const Tensor& slab) {
   std::map<std::string, const ParamInfo*> expected;
   for (const ParamInfo& p : layout.params()) expected[p.name] = &p;
@@ -132,7 +132,7 @@ void copy_all(const SafetensorsReader& reader, const std::vector<Copy>& copies) 
   for (const Copy& c : copies) reader.read(*c.entry, c.dst, c.transpose);
 }
 
-void zero_wte_padding(const GPT2Config& config, const ParamLayout& layout, const Tensor& slab) {
+void zero_wte_padding(const ModelConfig& config, const ParamLayout& layout, const Tensor& slab) {
   Tensor wte = layout.view(slab, "wte.weight");
   if (config.padded_vocab > config.vocab_size)
     wte.slice(config.vocab_size, config.padded_vocab).zero();
@@ -220,7 +220,7 @@ bool gpt2_is_conv1d(const ParamInfo& p) {
          p.role == ParamRole::mlp_fc_weight || p.role == ParamRole::mlp_proj_weight;
 }
 
-void save_gpt2_weights(const fs::path& file, const GPT2Config& config, const ParamLayout& layout,
+void save_gpt2_weights(const fs::path& file, const ModelConfig& config, const ParamLayout& layout,
                        const Tensor& slab) {
   SafetensorsWriter writer;
   for (const ParamInfo& p : layout.params()) {
@@ -232,7 +232,7 @@ void save_gpt2_weights(const fs::path& file, const GPT2Config& config, const Par
   writer.write(file);
 }
 
-void load_gpt2_weights(const fs::path& file, const GPT2Config& config, const ParamLayout& layout,
+void load_gpt2_weights(const fs::path& file, const ModelConfig& config, const ParamLayout& layout,
                        Tensor& slab) {
   SafetensorsReader reader(file);
   std::vector<Copy> copies = plan_weights(reader, config, layout, slab);
@@ -256,7 +256,7 @@ void load_optimizer_state(const fs::path& file, Optimizer& optimizer) {
   optimizer.set_steps_taken(plan.steps);
 }
 
-void save_gpt2_checkpoint(const fs::path& dir, const GPT2Config& config, const ParamLayout& layout,
+void save_gpt2_checkpoint(const fs::path& dir, const ModelConfig& config, const ParamLayout& layout,
                           const Tensor& slab, const CheckpointSaveOptions& options) {
   for (const auto& [name, contents] : options.extra_files) {
     MEMFIT_CHECK(!name.empty() && name != "." && name != ".." &&
@@ -279,12 +279,12 @@ void save_gpt2_checkpoint(const fs::path& dir, const GPT2Config& config, const P
       options.on_stage, kModelFile);
 }
 
-CheckpointLocation load_gpt2_checkpoint(const fs::path& dir, const GPT2Config& config,
+CheckpointLocation load_gpt2_checkpoint(const fs::path& dir, const ModelConfig& config,
                                         const ParamLayout& layout, Tensor& slab,
                                         Optimizer* optimizer) {
   CheckpointLocation where = locate_checkpoint(dir);
   const fs::path config_path = where.dir / kConfigFile;
-  GPT2Config saved = read_gpt2_config(config_path);
+  ModelConfig saved = read_gpt2_config(config_path);
   std::vector<std::string> diffs;
   auto same = [&](const char* field, int a, int b) {
     if (a != b) diffs.push_back(fmt::format("{} is {} there, {} here", field, a, b));

@@ -1,5 +1,5 @@
 // GPT-2 checkpoints: a directory that transformers.GPT2LMHeadModel.from_pretrained(DIR) loads
-// (model.safetensors with Hugging Face names and Conv1D layouts, config.json as GPT2Config), plus
+// (model.safetensors with Hugging Face names and Conv1D layouts, config.json as ModelConfig), plus
 // memfit's optimizer state and whatever files the trainer adds, all saved as one atomic unit.
 // Loading takes memfit's own saves and Hugging Face GPT-2 directories alike, and refuses a
 // checkpoint that does not fit the model before it touches a byte of it.
@@ -15,7 +15,7 @@
 #include "memfit/core/tensor.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/gpt2_hf_config.h"
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
 
@@ -36,7 +36,7 @@ bool gpt2_is_conv1d(const ParamInfo& p);
 // Writes the slab's parameters as model.safetensors (atomically), in the slab's element type:
 // wte without its padding rows, Conv1D weights transposed, no lm_head.weight (tied),
 // metadata {"format": "pt"}.
-void save_gpt2_weights(const std::filesystem::path& file, const GPT2Config& config,
+void save_gpt2_weights(const std::filesystem::path& file, const ModelConfig& config,
                        const ParamLayout& layout, const Tensor& slab);
 // Reads model.safetensors into the slab (f32 or bf16; stored F32, BF16 or F16 convert).
 // Names may carry "transformer." or not; attn.bias / attn.masked_bias buffers are skipped;
@@ -44,7 +44,7 @@ void save_gpt2_weights(const std::filesystem::path& file, const GPT2Config& conf
 // wte's padding rows are zeroed. Any missing, unexpected, wrongly shaped or unconvertible tensor
 // refuses the whole file with an IoError listing the first mismatches; the slab is then
 // untouched.
-void load_gpt2_weights(const std::filesystem::path& file, const GPT2Config& config,
+void load_gpt2_weights(const std::filesystem::path& file, const ModelConfig& config,
                        const ParamLayout& layout, Tensor& slab);
 
 // ---- optimizer.safetensors -------------------------------------------------------------------
@@ -76,7 +76,7 @@ struct CheckpointSaveOptions {
 // Saves a checkpoint directory with write_directory_atomic: DIR afterwards holds either the
 // previous checkpoint or the whole new one, whatever fails or crashes. Files: model.safetensors,
 // config.json, and optimizer.safetensors and extra files as asked.
-void save_gpt2_checkpoint(const std::filesystem::path& dir, const GPT2Config& config,
+void save_gpt2_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                           const ParamLayout& layout, const Tensor& slab,
                           const CheckpointSaveOptions& options = {});
 
@@ -84,7 +84,7 @@ void save_gpt2_checkpoint(const std::filesystem::path& dir, const GPT2Config& co
 // config.json against `config`, then model.safetensors, and optimizer.safetensors when an
 // optimizer is given; nothing is written into the slab or the optimizer unless all of them fit.
 // Extra files (trainer_state.json) are the caller's to read from the returned location's dir.
-CheckpointLocation load_gpt2_checkpoint(const std::filesystem::path& dir, const GPT2Config& config,
+CheckpointLocation load_gpt2_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                                         const ParamLayout& layout, Tensor& slab,
                                         Optimizer* optimizer = nullptr);
 

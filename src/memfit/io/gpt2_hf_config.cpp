@@ -1,4 +1,4 @@
-// GPT2Config <-> config.json. Field names and defaults follow transformers' GPT2Config.
+// ModelConfig <-> config.json. Field names and defaults follow transformers' ModelConfig.
 #include "memfit/io/gpt2_hf_config.h"
 
 #include <cmath>
@@ -29,7 +29,7 @@ std::string_view torch_dtype_name(DType dtype) {
 
 }  // namespace
 
-json gpt2_config_to_hf_json(const GPT2Config& c, DType dtype) {
+json gpt2_config_to_hf_json(const ModelConfig& c, DType dtype) {
   const bool gpt2_vocab = c.vocab_size > kGpt2EndOfText;
   return json{
       {"activation_function", "gelu_new"},
@@ -63,7 +63,7 @@ json gpt2_config_to_hf_json(const GPT2Config& c, DType dtype) {
   };
 }
 
-GPT2Config gpt2_config_from_hf_json(const json& j, std::string_view source) {
+ModelConfig gpt2_config_from_hf_json(const json& j, std::string_view source) {
   if (!j.is_object())
     MEMFIT_THROW(ConfigError, "config", "{}: expected a JSON object, got {}", source,
                  j.type_name());
@@ -86,7 +86,7 @@ GPT2Config gpt2_config_from_hf_json(const json& j, std::string_view source) {
   };
 
   require("model_type", {"gpt2"}, "a GPT-2 checkpoint");
-  GPT2Config c;
+  ModelConfig c;
   c.n_layer = positive("n_layer");
   c.n_head = positive("n_head");
   c.d_model = positive("n_embd");
@@ -112,7 +112,7 @@ GPT2Config gpt2_config_from_hf_json(const json& j, std::string_view source) {
   return c;
 }
 
-GPT2Config read_gpt2_config(const fs::path& path) {
+ModelConfig read_gpt2_config(const fs::path& path) {
   std::string text = read_file_to_string(path);
   json j;
   try {

@@ -1,8 +1,9 @@
-// The buffers one micro-batch of GPT-2 needs besides parameters and gradients: what forward
-// saves for backward (Category::activations) and the scratch that backward and the chunked LM
-// head reuse from layer to layer (Category::workspace). step_plan.h gives each its lifetime and
-// its offset in its category's arena; the model allocates that plan and the planner evaluates
-// it, so prediction and reality share one source of truth.
+// The buffers one micro-batch needs besides parameters and gradients: what forward saves for
+// backward (Category::activations) and the scratch that backward and the chunked LM head reuse
+// from layer to layer (Category::workspace), as the step's code declares them (step_context.h),
+// and the options that shape them. step_plan.h gives each its lifetime and its offset in its
+// category's arena; the model allocates that plan and the planner evaluates it, so prediction
+// and reality share one source of truth.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,6 @@
 #include "memfit/memory/arena.h"
 #include "memfit/memory/category.h"
 #include "memfit/model/checkpoint_policy.h"
-#include "memfit/model/gpt2_config.h"
 #include "memfit/model/precision.h"
 
 namespace memfit {
@@ -25,7 +25,7 @@ struct BufferSpec {
   Shape shape;
   DType dtype;
   Category category;
-  // Set by gpt2_step_plan (step_plan.h): the phases in which it is live, and where it lies in
+  // Set by plan_step (step_plan.h): the phases in which it is live, and where it lies in
   // its category's arena.
   Lifetime lifetime;
   size_t offset = 0;
@@ -51,9 +51,6 @@ struct ActivationOptions {
 // ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).
 void check_activation_options(const ActivationOptions& options);
 
-std::vector<BufferSpec> gpt2_activation_plan(const GPT2Config& config, int B, int T,
-                                             const ActivationOptions& options = {});
-
 // Where each block's buffers live under a checkpoint policy: slot[l] is -1 for a block that
 // keeps its own ("h.l.*"), else its position in its recomputed segment, whose buffers are the
 // shared "rc.<slot>.*" (except the segment's output, "h.<last>.residual_3", which is kept).
@@ -64,16 +61,6 @@ struct BlockSlots {
   int slots = 0;  // length of the longest segment
 };
 BlockSlots block_slots(const CheckpointPolicy& ckpt, int n_layer);
-
-// The tags of block l's buffers, as gpt2.cpp reads and writes them: its own ("h.l.ln_1") or
-// its slot's ("rc.0.ln_1"); lse (flash) or att (plain; "rc.att" under selective), the other
-// empty; r3 is the block's output.
-struct BlockTags {
-  std::string ln1, ln1_mean, ln1_rstd, qkv, lse, att, atty, r2, ln2, ln2_mean, ln2_rstd, fch, r3;
-};
-BlockTags block_tags(const BlockSlots& slots, int l, const ActivationOptions& options);
-// Block l's input: "encoded" for block 0, else block l-1's output (l == n_layer: ln_f's input).
-std::string block_input_tag(const BlockSlots& slots, int l, const ActivationOptions& options);
 
 // Sum of the plan's buffer bytes in one category (what the buffers would take unshared).
 size_t plan_bytes(const std::vector<BufferSpec>& plan, Category category);

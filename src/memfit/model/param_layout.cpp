@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
 
 namespace memfit {
 
@@ -10,13 +10,27 @@ namespace {
 constexpr int64_t kAlignElements = 16;
 }
 
-ParamLayout::ParamLayout(const GPT2Config& c) {
+ParamLayout::ParamLayout(const ModelConfig& c)
+    : d_model_(c.d_model), n_layer_(c.n_layer) {
+  qkv_width_ = c.qkv_width();
+  fc_width_ = c.gpt2() ? c.ffn_dim : 2 * int64_t{c.ffn_dim};
+  if (c.gpt2())
+    add_gpt2(c);
+  else
+    add_llama(c);
+}
+
+// `align`: round the next parameter's offset up to 16 elements. Off inside a fused group, whose
+// members must be adjacent so the group is one matrix.
+void ParamLayout::add(std::string name, Shape shape, int layer, ParamRole role, bool decay,
+                      bool align) {
+  const int64_t numel = shape.numel();
+  params_.push_back({std::move(name), shape, total_, numel, layer, role, decay});
+  total_ += align ? (numel + kAlignElements - 1) / kAlignElements * kAlignElements : numel;
+}
+
+void ParamLayout::add_gpt2(const ModelConfig& c) {
   const int64_t C = c.d_model;
-  auto add = [&](std::string name, Shape shape, int layer, ParamRole role, bool decay) {
-    int64_t numel = shape.numel();
-    params_.push_back({std::move(name), shape, total_, numel, layer, role, decay});
-    total_ += (numel + kAlignElements - 1) / kAlignElements * kAlignElements;
-  };
   add("wte.weight", {c.padded_vocab, C}, -1, ParamRole::token_embedding, true);
   add("wpe.weight", {c.max_seq_len, C}, -1, ParamRole::position_embedding, true);
   for (int l = 0; l < c.n_layer; ++l) {
@@ -38,6 +52,28 @@ ParamLayout::ParamLayout(const GPT2Config& c) {
   add("ln_f.bias", {C}, -1, ParamRole::norm_bias, false);
 }
 
+// Hugging Face LlamaForCausalLM's names, so checkpoints map one to one.
+void ParamLayout::add_llama(const ModelConfig& c) {
+  const int64_t C = c.d_model, hs = c.head_size(), F = c.ffn_dim;
+  add("model.embed_tokens.weight", {c.padded_vocab, C}, -1, ParamRole::token_embedding, true);
+  for (int l = 0; l < c.n_layer; ++l) {
+    auto n = [l](const char* rest) { return fmt::format("model.layers.{}.{}", l, rest); };
+    add(n("input_layernorm.weight"), {C}, l, ParamRole::norm_weight, false);
+    add(n("self_attn.q_proj.weight"), {c.n_head * hs, C}, l, ParamRole::attn_q_weight, true,
+        false);
+    add(n("self_attn.k_proj.weight"), {c.n_kv_head * hs, C}, l, ParamRole::attn_k_weight, true,
+        false);
+    add(n("self_attn.v_proj.weight"), {c.n_kv_head * hs, C}, l, ParamRole::attn_v_weight, true);
+    add(n("self_attn.o_proj.weight"), {C, c.n_head * hs}, l, ParamRole::attn_proj_weight, true);
+    add(n("post_attention_layernorm.weight"), {C}, l, ParamRole::norm_weight, false);
+    add(n("mlp.gate_proj.weight"), {F, C}, l, ParamRole::mlp_gate_weight, true, false);
+    add(n("mlp.up_proj.weight"), {F, C}, l, ParamRole::mlp_up_weight, true);
+    add(n("mlp.down_proj.weight"), {C, F}, l, ParamRole::mlp_proj_weight, true);
+  }
+  add("model.norm.weight", {C}, -1, ParamRole::norm_weight, false);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.padded_vocab, C}, -1, ParamRole::lm_head, true);
+}
+
 const ParamInfo& ParamLayout::find(const std::string& name) const {
   for (const ParamInfo& p : params_)
     if (p.name == name) return p;
@@ -48,6 +84,47 @@ Tensor ParamLayout::view(const Tensor& slab, const ParamInfo& p) const {
   MEMFIT_CHECK_SHAPE(slab.numel() == total_, "params", "slab of {} elements for a layout of {}",
                      slab.numel(), total_);
   return slab.view(p.offset, p.shape);
+}
+
+ModelWeights ParamLayout::views(const Tensor& slab) const {
+  ModelWeights w;
+  w.blocks.resize(n_layer_);
+  if (!slab.defined()) return w;
+  for (const ParamInfo& p : params_) {
+    Tensor v = view(slab, p);
+    BlockWeights* b = p.layer >= 0 ? &w.blocks[p.layer] : nullptr;
+    const bool second_norm = b && b->norm1_w.defined();
+    switch (p.role) {
+      case ParamRole::token_embedding: w.tok_emb = v; break;
+      case ParamRole::position_embedding: w.pos_emb = v; break;
+      case ParamRole::lm_head: w.head = v; break;
+      case ParamRole::norm_weight:
+        (b == nullptr ? w.norm_w : second_norm ? b->norm2_w : b->norm1_w) = v;
+        break;
+      case ParamRole::norm_bias:
+        (b == nullptr ? w.norm_b : b->norm2_w.defined() ? b->norm2_b : b->norm1_b) = v;
+        break;
+      // The fused groups start at their first member and span the group.
+      case ParamRole::attn_qkv_weight:
+      case ParamRole::attn_q_weight: b->qkv_w = slab.view(p.offset, {qkv_width_, d_model_}); break;
+      case ParamRole::mlp_fc_weight:
+      case ParamRole::mlp_gate_weight: b->fc_w = slab.view(p.offset, {fc_width_, d_model_}); break;
+      case ParamRole::attn_k_weight:
+      case ParamRole::attn_v_weight:
+      case ParamRole::mlp_up_weight: break;
+      case ParamRole::attn_proj_weight: b->attn_out_w = v; break;
+      case ParamRole::mlp_proj_weight: b->mlp_out_w = v; break;
+      case ParamRole::linear_bias:
+        // GPT-2's biases follow their weights: c_attn, attn.c_proj, c_fc, mlp.c_proj.
+        (!b->attn_out_w.defined() ? b->qkv_b
+         : !b->norm2_w.defined()  ? b->attn_out_b
+         : !b->mlp_out_w.defined() ? b->fc_b
+                                   : b->mlp_out_b) = v;
+        break;
+    }
+  }
+  if (!w.head.defined()) w.head = w.tok_emb;
+  return w;
 }
 
 }  // namespace memfit

@@ -1,7 +1,9 @@
 // Where each named parameter lives in the one parameter slab. The same layout indexes the
 // gradient slab and every optimizer state slab, and names tensors in checkpoints.
-// Layer-major order (wte, wpe, h.0.*, h.1.*, ..., ln_f) keeps each block's parameters
-// contiguous, so a later ZeRO-3 or offload can gather or move one block as one range.
+// Layer-major order (embeddings, block 0, block 1, ..., final norm, head) keeps each block's
+// parameters contiguous, so ZeRO-3 or offload can gather or move one block as one range
+// (docs/notes/model-state.md). Each family lays out its own names; the skeleton reads every
+// family's through the same typed views (BlockWeights), never by name.
 #pragma once
 
 #include <cstdint>
@@ -13,44 +15,79 @@
 
 namespace memfit {
 
-struct GPT2Config;
+struct ModelConfig;
 
-// What a parameter is for; optimizers that partition by structure (Adam-mini) read this.
+// What a parameter is for; initialisation, checkpoints and optimizers that partition by
+// structure (Adam-mini) read this.
 enum class ParamRole : uint8_t {
-  token_embedding,     // wte (Vp, C), tied with the LM head
-  position_embedding,  // wpe (maxT, C)
-  norm_weight,         // LayerNorm gain (C)
+  token_embedding,     // wte / embed_tokens (Vp, C); the LM head too when tied
+  position_embedding,  // wpe (maxT, C), GPT-2
+  norm_weight,         // LayerNorm or RMSNorm gain (C)
   norm_bias,           // LayerNorm bias (C)
-  attn_qkv_weight,     // (3C, C): rows [0,C) query, [C,2C) key, [2C,3C) value; heads of hs rows
-  attn_proj_weight,    // (C, C)
-  mlp_fc_weight,       // (4C, C)
-  mlp_proj_weight,     // (C, 4C)
+  attn_qkv_weight,     // GPT-2 (3C, C): rows [0,C) query, [C,2C) key, [2C,3C) value
+  attn_q_weight,       // LLaMA q_proj (NH hs, C)
+  attn_k_weight,       // LLaMA k_proj (KV hs, C)
+  attn_v_weight,       // LLaMA v_proj (KV hs, C)
+  attn_proj_weight,    // c_proj / o_proj (C, NH hs)
+  mlp_fc_weight,       // GPT-2 c_fc (4C, C)
+  mlp_gate_weight,     // LLaMA gate_proj (F, C)
+  mlp_up_weight,       // LLaMA up_proj (F, C)
+  mlp_proj_weight,     // GPT-2 mlp.c_proj (C, 4C) / LLaMA down_proj (C, F)
   linear_bias,         // any linear layer's bias
+  lm_head,             // an untied LM head (Vp, C)
 };
 
 struct ParamInfo {
-  std::string name;  // Hugging Face GPT-2 name without "transformer.": "h.0.attn.c_attn.weight"
+  // GPT-2: Hugging Face's name without "transformer." ("h.0.attn.c_attn.weight"); LLaMA:
+  // Hugging Face's name ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight").
+  std::string name;
   Shape shape;       // memfit's layout; linear weights are (out, in) as torch.nn.Linear
-  int64_t offset;    // elements from the slab's start, a multiple of 16 (64-byte aligned)
+  int64_t offset;    // elements from the slab's start; a multiple of 16 (64-byte aligned)
+                     // except inside a fused group (q|k|v, gate|up), which is contiguous
   int64_t numel;
-  int layer;         // block index, or -1 for embeddings and ln_f
+  int layer;         // block index, or -1 for embeddings, the final norm and the head
   ParamRole role;
-  bool decay;        // weight decay applies: 2-D weights yes, biases and LayerNorm no
+  bool decay;        // weight decay applies: 2-D weights yes, biases and norm gains no
+};
+
+// One block's parameters (or gradients: any slab laid out alike) as views. Both families fill
+// the same slots: norm1 is ln_1 / input_layernorm; qkv is c_attn / q|k|v_proj (adjacent in
+// the slab, so one (qkv_width, C) matrix); attn_out is attn.c_proj / o_proj; norm2 is ln_2 /
+// post_attention_layernorm; fc is c_fc / gate|up_proj (one (2F, C) matrix); mlp_out is
+// mlp.c_proj / down_proj. A bias the family lacks is an undefined tensor.
+struct BlockWeights {
+  Tensor norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
+  Tensor norm2_w, norm2_b, fc_w, fc_b, mlp_out_w, mlp_out_b;
+};
+struct ModelWeights {
+  Tensor tok_emb, pos_emb;  // pos_emb: GPT-2 only
+  std::vector<BlockWeights> blocks;
+  Tensor norm_w, norm_b;    // the final norm (norm_b: GPT-2 only)
+  Tensor head;              // the LM head's (Vp, C) weight: tok_emb when tied
 };
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const GPT2Config& config);
+  explicit ParamLayout(const ModelConfig& config);
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total() const { return total_; }  // slab elements, alignment padding included
   const ParamInfo& find(const std::string& name) const;  // throws if absent
   // The named parameter as a view into a slab laid out by this layout.
   Tensor view(const Tensor& slab, const ParamInfo& p) const;
   Tensor view(const Tensor& slab, const std::string& name) const { return view(slab, find(name)); }
+  // Every parameter of a slab laid out by this layout, as typed views. An undefined slab gives
+  // undefined views (the planner runs the step without weights).
+  ModelWeights views(const Tensor& slab) const;
 
  private:
+  void add(std::string name, Shape shape, int layer, ParamRole role, bool decay,
+           bool align = true);
+  void add_gpt2(const ModelConfig& c);
+  void add_llama(const ModelConfig& c);
+
   std::vector<ParamInfo> params_;
   int64_t total_ = 0;
+  int64_t qkv_width_ = 0, fc_width_ = 0, d_model_ = 0, n_layer_ = 0;
 };
 
 }  // namespace memfit

@@ -4,6 +4,8 @@
 
 #include "memfit/core/error.h"
 #include "memfit/memory/arena.h"
+#include "memfit/model/step_context.h"
+#include "memfit/model/transformer_step.h"
 
 namespace memfit {
 
@@ -37,13 +39,18 @@ void derive_lifetimes(StepPlan& plan, const std::vector<PhaseUses>& schedule) {
 
 }  // namespace
 
-StepPlan gpt2_step_plan(const GPT2Config& config, int B, int T, const ActivationOptions& options) {
+StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOptions& options) {
   StepPlan plan;
   plan.B = B;
   plan.T = T;
   plan.options = options;
-  plan.buffers = gpt2_activation_plan(config, B, T, options);
-  derive_lifetimes(plan, gpt2_step_schedule(config, options));
+  StepContext ctx;
+  TransformerStep step(config, options, B, T);
+  const ModelWeights none = ParamLayout(config).views(Tensor{});
+  step.forward(ctx, none, none, nullptr, nullptr, /*training=*/true, 0);
+  step.backward(ctx, none, none);
+  plan.buffers = ctx.buffers();
+  derive_lifetimes(plan, ctx.schedule());
   layout_arenas(plan);
   return plan;
 }

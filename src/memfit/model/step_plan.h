@@ -1,8 +1,8 @@
-// The step plan: the activation plan's buffers (activation_plan.h) with the lifetimes the step
-// schedule (step_schedule.h) gives them, their offsets in one arena per category (arena.h), and
-// the bytes live in each phase. GPT2::reserve allocates the arenas and makes every buffer a view
-// at its offset; the planner (plan/memory_plan.h) reads the same plan without allocating. See
-// docs/notes/planner.md, Note [Step arena].
+// The step plan: the buffers the step's code declares (Note [One step description],
+// step_context.h) with the lifetimes its phases give them, their offsets in one arena per
+// category (arena.h), and the bytes live in each phase. Transformer::reserve allocates the
+// arenas and makes every buffer a view at its offset; the planner (plan/memory_plan.h) reads
+// the same plan without allocating. See docs/notes/planner.md, Note [Step arena].
 #pragma once
 
 #include <string>
@@ -10,6 +10,7 @@
 
 #include "memfit/memory/category.h"
 #include "memfit/model/activation_plan.h"
+#include "memfit/model/model_config.h"
 #include "memfit/model/step_schedule.h"
 
 namespace memfit {
@@ -24,7 +25,7 @@ struct StepPlan {
   int B = 0, T = 0;
   ActivationOptions options;
   std::vector<Phase> phases;        // the schedule, in order
-  std::vector<BufferSpec> buffers;  // in the activation plan's order, with lifetime and offset
+  std::vector<BufferSpec> buffers;  // in the order of their first write, with lifetime and offset
   CategoryBytes arena{};            // each category's slab (activations, workspace; else 0)
   std::vector<PhaseBytes> live;     // one per phase
 
@@ -34,13 +35,14 @@ struct StepPlan {
   bool shares_bytes(size_t i) const;
 };
 
-// Throws ConfigError for options with no plan (check_activation_options); an Error if the
-// schedule and the activation plan disagree (a tag one has and the other has not, a read before
-// any write): a bug, caught by every test that reserves.
-StepPlan gpt2_step_plan(const GPT2Config& config, int B, int T, const ActivationOptions& options);
+// Runs the step's code in planning mode (no weights, no kernels) for micro-batches of B x T and
+// lays out what it recorded. Throws ConfigError for options with no plan
+// (check_activation_options); an Error if the code reads a buffer before any phase writes it
+// or declares one tag two ways: a bug, caught by every test that reserves.
+StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOptions& options);
 
 // Assigns each category's offsets from the buffers' lifetimes and recounts `arena` and `live`.
-// gpt2_step_plan calls it; call it again after changing a lifetime (as tests do).
+// plan_step calls it; call it again after changing a lifetime (as tests do).
 void layout_arenas(StepPlan& plan);
 
 }  // namespace memfit

@@ -1,10 +1,6 @@
-// One micro-batch's step as GPT2 runs it: the ordered phases (the embedding, each block's
-// forward, ln_f, the fused LM head, then backward from the top, each recomputed segment just
-// before the backward of its last block, down to the embedding's) and, for each phase, the
-// activation plan's buffers it touches and how. Lifetimes are derived from this list
-// (step_plan.h), never written by hand; GPT2 announces each phase as it enters it and refuses
-// to leave this order, and tests/model/gpt2_arena_test.cpp poisons every buffer outside its
-// lifetime to check that the list says what gpt2.cpp does (Note [Step arena]).
+// The phases of one micro-batch's step and how a phase uses a buffer: the vocabulary in which the
+// step's code (transformer_step.h) describes itself to the step context (Note [One step
+// description]); step_plan.h derives the lifetimes from it.
 #pragma once
 
 #include <cstdint>
@@ -12,22 +8,18 @@
 #include <utility>
 #include <vector>
 
-#include "memfit/model/activation_plan.h"
-#include "memfit/model/gpt2_config.h"
-
 namespace memfit {
 
 enum class PhaseKind : uint8_t {
-  embedding,           // tokens -> encoded
-  forward,             // block `layer`'s forward
-  ln_f,                // the final LayerNorm
-  lm_head,             // logits, loss and d(ln_f), chunk by chunk (Note [Fused LM head])
-  ln_f_backward,       // d(ln_f) -> d(residual)
-  recompute,           // block `layer`'s forward again, in backward (checkpointing)
-  backward,            // block `layer`'s backward
-  embedding_backward,  // d(residual) -> d(wte), d(wpe)
+  embedding,            // tokens -> encoded
+  forward,              // block `layer`'s forward
+  final_norm,           // the final norm (GPT-2's ln_f, LLaMA's norm)
+  lm_head,              // logits, loss and d(norm), chunk by chunk (Note [Fused LM head])
+  final_norm_backward,  // d(norm) -> d(residual)
+  recompute,            // block `layer`'s forward again, in backward (checkpointing)
+  backward,             // block `layer`'s backward
+  embedding_backward,   // d(residual) -> d(embedding tables)
 };
-
 struct Phase {
   PhaseKind kind = PhaseKind::embedding;
   int layer = -1;  // forward, recompute and backward; -1 otherwise
@@ -47,8 +39,5 @@ struct PhaseUses {
   // Records a use; a tag already used in this phase keeps its first access.
   void use(const std::string& tag, Access access);
 };
-
-std::vector<PhaseUses> gpt2_step_schedule(const GPT2Config& config,
-                                          const ActivationOptions& options);
 
 }  // namespace memfit

@@ -13,7 +13,7 @@
 
 namespace memfit {
 
-StepFlops step_flops(const GPT2Config& c, int B, int T, const ActivationOptions& options) {
+StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions& options) {
   const double N = double(B) * T, C = c.d_model;
   const double block_matmul = 2.0 * N * 12.0 * C * C;  // qkv 3C^2, proj C^2, fc 4C^2, proj 4C^2
   const double scores = 2.0 * double(B) * T * T * C;   // QK^T and PV, causal half, per block
@@ -77,7 +77,7 @@ PlanReport plan_training(const TrainConfig& cfg) {
   OptimConfig oc = cfg.optim;
   oc.n_head = r.model.n_head;
   at(Category::optimizer) = optimizer_state_bytes(oc, layout);
-  r.step = gpt2_step_plan(r.model, r.B, r.T, act);
+  r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
 

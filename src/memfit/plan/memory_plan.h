@@ -19,7 +19,7 @@
 namespace memfit {
 
 struct PlanReport {
-  GPT2Config model;
+  ModelConfig model;
   int B = 0, T = 0;
   CategoryBytes by_category{};  // at the peak: what the pool holds (activations, workspace: arenas)
   size_t peak_bytes = 0;
@@ -43,6 +43,6 @@ PlanReport plan_training(const TrainConfig& config);
 struct StepFlops {
   double total = 0, recompute = 0;
 };
-StepFlops step_flops(const GPT2Config& c, int B, int T, const ActivationOptions& options);
+StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions& options);
 
 }  // namespace memfit

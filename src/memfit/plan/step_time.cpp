@@ -29,7 +29,7 @@ constexpr double kHalfForward = 7 * 1.5, kHalfBackward = 9 * 1.5;
 }  // namespace
 
 StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) {
-  const GPT2Config& c = in.model;
+  const ModelConfig& c = in.model;
   const double N = double(in.B) * in.T, C = c.d_model, V = c.padded_vocab;
   const Precision p = in.options.precision;
   const bool half = p != Precision::fp32;

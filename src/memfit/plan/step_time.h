@@ -6,7 +6,7 @@
 #pragma once
 
 #include "memfit/model/activation_plan.h"
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
 #include "memfit/plan/calibration.h"
 
 namespace memfit {
@@ -22,7 +22,7 @@ struct StepTime {
 };
 
 struct StepTimeInputs {
-  GPT2Config model;  // finalized
+  ModelConfig model;  // finalized
   int B = 0, T = 0, grad_accum = 1;
   ActivationOptions options;     // precision, attention, checkpoint policy
   size_t param_count = 0;        // the parameter slab's elements

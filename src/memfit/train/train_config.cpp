@@ -2,8 +2,8 @@
 
 namespace memfit {
 
-GPT2Config TrainConfig::model_config() const {
-  GPT2Config c = GPT2Config::preset(model);
+ModelConfig TrainConfig::model_config() const {
+  ModelConfig c = ModelConfig::preset(model);
   if (n_layer) c.n_layer = n_layer;
   if (n_head) c.n_head = n_head;
   if (d_model) c.d_model = d_model;

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "memfit/model/activation_plan.h"
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
 #include "memfit/model/precision.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/train/loss_scaler.h"
@@ -57,7 +57,7 @@ struct TrainConfig {
   bool needs_planner() const { return ckpt == "auto" || auto_batch; }
 
   // The model shape after applying the overrides to the preset; T is seq_len.
-  GPT2Config model_config() const;
+  ModelConfig model_config() const;
   // The model's options these settings name (ConfigError for an unknown name). The activation
   // options carry the attention, the checkpoint policy and the precision.
   PrecisionOptions precision_options() const;

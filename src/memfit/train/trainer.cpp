@@ -18,7 +18,7 @@
 #include "memfit/io/gpt2_checkpoint.h"
 #include "memfit/io/gpt2_hf_config.h"
 #include "memfit/model/activation_plan.h"
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 #include "memfit/plan/auto_config.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
@@ -206,10 +206,10 @@ TrainSummary train(const TrainConfig& cfg_in) {
   const RunModel run = resolve_run_model(cfg);
   const io::CheckpointLocation& location = run.location;
   if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
-  const GPT2Config& mc = run.config;
+  const ModelConfig& mc = run.config;
   const int T = run.T, B = cfg.batch;
 
-  GPT2 gpt(mc, pool, cfg.precision_options());
+  Transformer gpt(mc, pool, cfg.precision_options());
   cfg.optim.n_head = mc.n_head;
   cfg.optim.seed = cfg.seed;
   std::unique_ptr<DynamicLossScaler> scaler;

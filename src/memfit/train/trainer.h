@@ -42,7 +42,7 @@ void validate_train_config(const TrainConfig& config);
 // resuming or initialising from one (location says where it was found), else the preset with
 // the config's overrides. ConfigError if the sequence is longer than the model's context.
 struct RunModel {
-  GPT2Config config;
+  ModelConfig config;
   int T = 0;
   io::CheckpointLocation location;  // dir empty without a checkpoint
 };

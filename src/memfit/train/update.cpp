@@ -8,7 +8,7 @@
 
 namespace memfit {
 
-UpdateOutcome apply_update(GPT2& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
+UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
                            float clip, int grad_accum) {
   UpdateOutcome out;
   double sum_squares;

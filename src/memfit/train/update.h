@@ -4,7 +4,7 @@
 // what trains.
 #pragma once
 
-#include "memfit/model/gpt2.h"
+#include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/train/loss_scaler.h"
 
@@ -21,7 +21,7 @@ struct UpdateOutcome {
 
 // Gradients hold the sum over `grad_accum` micro-batches (times the loss scale, with a scaler);
 // their mean's norm decides the clipping factor (clip <= 0: off).
-UpdateOutcome apply_update(GPT2& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
+UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
                            float clip, int grad_accum);
 
 }  // namespace memfit

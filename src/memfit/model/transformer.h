@@ -1,30 +1,32 @@
-// GPT-2: the parameter and gradient slabs, the activation buffers of one micro-batch, and the
-// layer-by-layer forward and backward over them (llm.c's structure on memfit's kernels).
+// A decoder-only transformer of any family (GPT-2, LLaMA): the parameter and gradient slabs,
+// the activation buffers of one micro-batch, and the step (transformer_step.h) run over them.
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "memfit/core/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/activation_plan.h"
-#include "memfit/model/gpt2_config.h"
+#include "memfit/model/model_config.h"
+#include "memfit/model/step_context.h"
+#include "memfit/model/transformer_step.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
 
 namespace memfit {
 
-class GPT2 {
+class Transformer {
  public:
   // Allocates the parameter slab (Category::params: the working weights the kernels read, in
   // half_dtype(precision)), the FP32 master weights (Category::master) when the precision is
   // not fp32 and master weights are kept, and the f32 gradient slab (Category::grads).
-  GPT2(const GPT2Config& config, MemoryPool& pool, const PrecisionOptions& precision = {});
+  Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {});
 
-  const GPT2Config& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   const PrecisionOptions& precision() const { return precision_; }
   // The working weights: what forward and backward read (f32, bf16 or f16).
@@ -40,8 +42,9 @@ class GPT2 {
   Tensor param(const std::string& name) const { return layout_.view(params_, name); }
   Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
 
-  // GPT-2's initialisation: weights normal(0, 0.02), residual projections (attn.c_proj,
-  // mlp.c_proj) scaled by 1/sqrt(2 n_layer), biases 0, LayerNorm gains 1, padded vocab rows 0.
+  // The family's initialisation: weights normal(0, 0.02), norm gains 1, biases 0, padded vocab
+  // rows 0; GPT-2 also scales its residual projections (attn.c_proj, mlp.c_proj) by
+  // 1/sqrt(2 n_layer), as its paper does (Hugging Face's LLaMA does not).
   // Drawn in f32 and rounded to nearest even where the weights of record are bf16, so every
   // precision starts from the same values.
   void init_weights(uint64_t seed);
@@ -50,23 +53,26 @@ class GPT2 {
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again
   // with the same sizes does nothing, with other sizes reallocates.
   void reserve(int B, int T, const ActivationOptions& options = {});
-  // Allocates and from now on executes this plan: gpt2_step_plan's for this model's config and
+  // Allocates and from now on executes this plan: plan_step's for this model's config and
   // precision, possibly with lifetimes changed and layout_arenas run again (tests do this).
   void reserve(StepPlan plan);
-  const StepPlan& step_plan() const { return plan_; }
+  const StepPlan& step_plan() const { return ctx_.plan(); }
   int batch() const { return B_; }
   int seq_len() const { return T_; }
-  AttentionKind attention() const { return plan_.options.attention; }
-  const CheckpointPolicy& ckpt() const { return plan_.options.ckpt; }
+  AttentionKind attention() const { return step_plan().options.attention; }
+  const CheckpointPolicy& ckpt() const { return step_plan().options.ckpt; }
 
   // A check for tests: with it on, each buffer's bytes are overwritten with NaN (token ids with
   // 0) at the start of each micro-batch and just before and after each span of its lifetime, so
   // a read outside the lifetime the plan declares changes the results (Note [Step arena]).
-  void set_poison_dead_buffers(bool on) { poison_ = on; }
+  void set_poison_dead_buffers(bool on) {
+    poison_ = on;
+    ctx_.set_poison(on);
+  }
 
   // Mean cross-entropy of predicting targets (B,T) from tokens (B,T), both i32 in [0, vocab).
   // With `training`, also runs the LM head's backward as it goes (Note [Fused LM head]): the
-  // gradient of wte from the head is accumulated and d(ln_f) is kept for backward(), which must
+  // gradient of the head is accumulated and d(norm) is kept for backward(), which must
   // follow before the next forward. The loss gradient is loss_scale/(B*T) per position
   // (loss_scale: fp16's dynamic loss scale, which the gradients then carry too).
   float forward(const Tensor& tokens, const Tensor& targets, bool training,
@@ -90,36 +96,15 @@ class GPT2 {
   std::string first_non_finite();
 
  private:
-  // One block's activation buffers: its own, or the recomputation slot it shares.
-  struct BlockActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, lse, att, atty, r2, ln2, ln2_mean, ln2_rstd, fch, r3;
-  };
-  BlockActs block_acts(int l) const;
-  Tensor block_input(int l) const;  // block l's input: the embedding or block l-1's output
-  void forward_block(int l, const Tensor& x, BlockActs& b);
-  void plain_attention_forward(Tensor out, Tensor att, const Tensor& qkv);
-  void forward_blocks(const Tensor& tokens);
-  // Marks the start of the next phase of the step schedule; throws if it is not the next one
-  // (or the first: a new micro-batch). Poisons dead buffers when asked to.
-  void enter(PhaseKind kind, int layer = -1);
-  void poison_edges(int ended, int begins);
-  void lm_head(const Tensor& targets, bool training, float dloss, float* loss_sum);
-  // The matmuls, widened into ws.widen where kernels::matmul_widens says (matmul_widened.h).
-  void mm_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
-  void mm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
-                   const Tensor& inp, const Tensor& weight);
-
-  GPT2Config config_;
+  ModelConfig config_;
   MemoryPool& pool_;
   ParamLayout layout_;
   PrecisionOptions precision_;
   Tensor params_, master_, grads_;
+  ModelWeights weights_, grad_views_;  // typed views of params_ and grads_
   int B_ = 0, T_ = 0;
-  StepPlan plan_;
-  std::vector<Tensor> buffers_;          // plan_.buffers' views, in the same order
-  std::map<std::string, size_t> index_;  // tag -> position in buffers_
-  BlockSlots slots_;
-  int phase_ = -1;  // the phase of plan_.phases running or last run
+  StepContext ctx_;  // running the step plan
+  std::unique_ptr<TransformerStep> step_;
   bool poison_ = false;
   bool backward_ready_ = false;
 };

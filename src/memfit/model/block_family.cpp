@@ -1,0 +1,17 @@
+#include "memfit/model/block_family.h"
+
+#include "memfit/core/error.h"
+#include "memfit/model/gpt2/gpt2_block.h"
+
+namespace memfit {
+
+const BlockFamily& block_family(Family family) {
+  static const BlockFamily kGpt2{gpt2_block_forward, gpt2_block_backward};
+  switch (family) {
+    case Family::gpt2: return kGpt2;
+    case Family::llama: break;
+  }
+  MEMFIT_THROW(ConfigError, "model", "no block for the {} family", family_name(family));
+}
+
+}  // namespace memfit

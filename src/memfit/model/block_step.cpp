@@ -1,0 +1,151 @@
+#include "memfit/model/block_step.h"
+
+#include <algorithm>
+#include <array>
+
+#include "memfit/kernels/cpu/attention.h"
+#include "memfit/kernels/cpu/flash_attention.h"
+#include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
+
+namespace memfit {
+
+using namespace kernels;
+
+std::string block_output_tag(const BlockSlots& slots, int l) {
+  if (l < 0) return "encoded";
+  const int slot = slots.slot[l];
+  return slot < 0 || slots.segment_last[l] ? fmt::format("h.{}.residual_3", l)
+                                            : fmt::format("rc.{}.residual_3", slot);
+}
+
+BlockStep::BlockStep(StepContext& ctx_, const ModelConfig& config_,
+                     const ActivationOptions& options_, int B_, int T_, int layer_,
+                     const BlockSlots& slots, const BlockWeights& w_, const BlockWeights& g_)
+    : ctx(ctx_), config(config_), options(options_), B(B_), T(T_), layer(layer_), w(w_), g(g_),
+      h(half_dtype(options_.precision)) {
+  const int slot = slots.slot[layer];
+  prefix_ = slot < 0 ? fmt::format("h.{}.", layer) : fmt::format("rc.{}.", slot);
+  input_tag_ = block_output_tag(slots, layer - 1);
+  output_tag_ = block_output_tag(slots, layer);
+}
+
+Tensor BlockStep::save(const char* name, const Shape& shape, DType dtype) {
+  return ctx.write(prefix_ + name, shape, dtype, Category::activations);
+}
+Tensor BlockStep::saved(const char* name) { return ctx.read(prefix_ + name); }
+Tensor BlockStep::input() { return ctx.read(input_tag_); }
+Tensor BlockStep::output() {
+  return ctx.write(output_tag_, {B, T, config.d_model}, DType::f32, Category::activations);
+}
+Tensor BlockStep::output_saved() { return ctx.read(output_tag_); }
+
+size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, int64_t head_rows, DType h) {
+  if (!matmul_widens(h)) return 0;
+  const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.n_head * c.head_size();
+  const int64_t fc = c.gpt2() ? F : 2 * F;
+  size_t bytes = 0;
+  for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
+                               {N, F, C}, {head_rows, C, c.padded_vocab}})
+    bytes = std::max(bytes, matmul_widened_scratch_bytes(rows, in, out));
+  return bytes;
+}
+
+// The scratch is sized for the largest matmul of the step (the LM head's chunk included), so
+// that every phase's matmuls share one buffer.
+void declare_matmuls(StepContext& ctx, const ModelConfig& config,
+                     const ActivationOptions& options, int64_t rows) {
+  const int64_t head_rows = std::min<int64_t>(options.lm_head_chunk, rows);
+  if (const size_t bytes =
+          widen_scratch_bytes(config, rows, head_rows, half_dtype(options.precision)))
+    ctx.scratch("ws.widen", bytes);
+}
+
+void linear_forward(StepContext& ctx, Tensor out, const Tensor& inp, const Tensor& weight,
+                    const Tensor& bias) {
+  if (matmul_widens(inp.dtype())) {
+    Tensor scratch = ctx.view("ws.widen");
+    matmul_forward_widened(out, inp, weight, bias, scratch);
+  } else {
+    matmul_forward(out, inp, weight, bias);
+  }
+}
+
+void linear_backward(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight) {
+  if (matmul_widens(inp.dtype())) {
+    Tensor scratch = ctx.view("ws.widen");
+    matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, scratch);
+  } else {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+  }
+}
+
+namespace {
+int64_t floats(size_t bytes) { return static_cast<int64_t>((bytes + 3) / 4); }
+}  // namespace
+
+BlockStep::Attention BlockStep::attention_save() {
+  const int64_t C = int64_t{config.n_head} * config.head_size(), NH = config.n_head;
+  Attention a;
+  if (options.attention == AttentionKind::flash) {
+    a.lse = save("lse", {B, NH, T}, DType::f32);
+    a.ws_fwd = ctx.scratch("ws.attention_fwd",
+                           flash_attention_forward_workspace_bytes(B, T, C, heads().q, h));
+  } else {
+    // Selective checkpointing keeps no probabilities per block: one block's worth, recomputed
+    // in its backward.
+    const Shape shape{B, NH, T, T};
+    a.att = options.ckpt.selective()
+                ? ctx.write("rc.att", shape, h, Category::activations)
+                : save("att", shape, h);
+    if (mixed())
+      a.ws_fwd = ctx.scratch("ws.attention_fwd",
+                             attention_forward_workspace_bytes(B, T, C, heads().q, h, h, h));
+  }
+  return a;
+}
+
+void BlockStep::attention_forward(Tensor out, Attention& a, const Tensor& qkv) {
+  if (options.attention == AttentionKind::flash)
+    flash_attention_forward(out, a.lse, qkv, a.ws_fwd, heads().q);
+  else if (!mixed())
+    kernels::attention_forward(out, a.att, qkv, heads().q);
+  else
+    kernels::attention_forward(out, a.att, qkv, a.ws_fwd, heads().q);
+}
+
+BlockStep::Attention BlockStep::attention_grad_buffers() {
+  const int64_t C = int64_t{config.n_head} * config.head_size(), NH = config.n_head;
+  Attention a;
+  if (options.attention == AttentionKind::flash) {
+    a.lse = saved("lse");
+    a.ws_bwd = ctx.scratch("ws.attention",
+                           flash_attention_backward_workspace_bytes(B, T, C, heads().q, h));
+  } else {
+    if (options.ckpt.selective()) {  // this block's probabilities again
+      a.att = ctx.write("rc.att", {B, NH, T, T}, h, Category::activations);
+      if (mixed())
+        a.ws_fwd = ctx.scratch("ws.attention_fwd",
+                               attention_forward_workspace_bytes(B, T, C, heads().q, h, h, h));
+    } else {
+      a.att = saved("att");
+    }
+    a.ws_bwd = ctx.scratch("ws.attention",
+                           attention_backward_workspace_bytes(B, T, C, heads().q, h, h, h, h));
+  }
+  return a;
+}
+
+void BlockStep::attention_backward(Tensor dqkv, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& out, Attention& a, Tensor recompute_out) {
+  if (options.attention == AttentionKind::flash) {
+    flash_attention_backward(dqkv, dout, qkv, out, a.lse, a.ws_bwd, heads().q);
+    return;
+  }
+  // The recomputed output equals the saved one; it goes to free scratch instead.
+  if (options.ckpt.selective()) attention_forward(recompute_out, a, qkv);
+  kernels::attention_backward(dqkv, dout, qkv, a.att, a.ws_bwd, heads().q);
+}
+
+}  // namespace memfit

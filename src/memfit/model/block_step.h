@@ -1,0 +1,97 @@
+// What a family's block code sees while it runs one phase of one block (Note [One step
+// description]): the block's layer, its weights and gradients as typed views, its buffers under
+// the names the checkpoint policy gives them (its own "h.<l>.*" or a recomputation slot's
+// "rc.<s>.*"), and the pieces every family shares: the linear layers (widened where
+// kernels::matmul_widens says) and the attention core (flash or plain, selective
+// recomputation, grouped-query heads).
+#pragma once
+
+#include <string>
+
+#include "memfit/kernels/cpu/attention_heads.h"
+#include "memfit/model/model_config.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/model/step_context.h"
+
+namespace memfit {
+
+// Declares a phase's matmuls: the widening scratch "ws.widen", sized for the largest matmul of
+// the step, where kernels::matmul_widens(half_dtype(precision)) (nothing otherwise). Then the
+// linear layers run through linear_forward / linear_backward, which use it.
+void declare_matmuls(StepContext& ctx, const ModelConfig& config,
+                     const ActivationOptions& options, int64_t rows);
+void linear_forward(StepContext& ctx, Tensor out, const Tensor& inp, const Tensor& weight,
+                    const Tensor& bias);
+void linear_backward(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                     const Tensor& dout, const Tensor& inp, const Tensor& weight);
+
+class BlockStep {
+ public:
+  BlockStep(StepContext& ctx, const ModelConfig& config, const ActivationOptions& options, int B,
+            int T, int layer, const BlockSlots& slots, const BlockWeights& w,
+            const BlockWeights& g);
+
+  StepContext& ctx;
+  const ModelConfig& config;
+  const ActivationOptions& options;
+  const int B, T, layer;
+  const BlockWeights& w;  // the working weights (undefined when planning)
+  const BlockWeights& g;  // their gradients, accumulated into (+=)
+  const DType h;          // matmul operands and saved activations: half_dtype(precision)
+
+  int64_t rows() const { return int64_t{B} * T; }
+  bool running() const { return ctx.running(); }
+  bool mixed() const { return h != DType::f32; }
+  kernels::AttentionHeads heads() const { return {config.n_head, config.n_kv_head}; }
+
+  // This block's saved activations (Category::activations): written in its forward (and
+  // recomputation), read in its backward.
+  Tensor save(const char* name, const Shape& shape, DType dtype);
+  Tensor saved(const char* name);
+  Tensor input();   // the block's input: the embedding or the previous block's output
+  Tensor output();  // the block's output, (B, T, C) f32, written
+  Tensor output_saved();  // read
+  // Scratch shared by every block (Category::workspace): "ws.<name>".
+  Tensor scratch(const std::string& tag, const Shape& shape, DType dtype) {
+    return ctx.write(tag, shape, dtype, Category::workspace);
+  }
+  Tensor scratch_read(const std::string& tag) { return ctx.read(tag); }
+
+  // Declares the phase's matmuls (the widening scratch, where there is one); then the linears.
+  void matmuls() { declare_matmuls(ctx, config, options, rows()); }
+  void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+    memfit::linear_forward(ctx, out, inp, weight, bias);
+  }
+  void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight) {
+    memfit::linear_backward(ctx, dinp, dweight, dbias, dout, inp, weight);
+  }
+
+  // The attention core. Forward: declare with attention_save() (what the backward needs besides
+  // qkv and out: flash's log-sum-exps or plain's probabilities), then attention_forward().
+  // Backward: declare with attention_grad_buffers(), then attention_backward(), which first
+  // recomputes plain attention's probabilities under selective checkpointing (into
+  // `recompute_out`, any free (B, T, q*hs) scratch of type h).
+  struct Attention {
+    Tensor lse, att, ws_fwd, ws_bwd;
+  };
+  Attention attention_save();
+  void attention_forward(Tensor out, Attention& a, const Tensor& qkv);
+  Attention attention_grad_buffers();
+  void attention_backward(Tensor dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          Attention& a, Tensor recompute_out);
+
+ private:
+  std::string prefix_, input_tag_, output_tag_;
+};
+
+// The tag of block l's output under these slots: "h.<l>.residual_3" where it is kept (a block
+// that keeps its buffers, or the last of a recomputed segment), else its slot's. "encoded" for
+// l == -1 (the embedding's).
+std::string block_output_tag(const BlockSlots& slots, int l);
+
+// The widening scratch the step's matmuls need, in bytes: the largest of the family's linear
+// layers and the LM head's chunk (0 where nothing widens).
+size_t widen_scratch_bytes(const ModelConfig& config, int64_t rows, int64_t head_rows, DType h);
+
+}  // namespace memfit

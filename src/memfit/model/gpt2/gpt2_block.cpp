@@ -1,0 +1,96 @@
+#include "memfit/model/gpt2/gpt2_block.h"
+
+#include "memfit/kernels/cpu/convert.h"
+#include "memfit/kernels/cpu/gelu.h"
+#include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/cpu/residual.h"
+
+namespace memfit {
+
+using namespace kernels;
+
+// The buffers come first, each with how the phase first uses it: that half is the block's
+// description, which planning records (Note [One step description]). Matmul operands and what
+// is saved for them are in h (f32, bf16 or f16); the residual stream and LayerNorm statistics
+// stay f32. The GELU output is not kept: backward recomputes it from the saved pre-activation
+// (one cheap pass per layer that saves 4C values per token, a quarter of the block's
+// activations). ws.dC and ws.gelu are free during the forward, so they hold the projections'
+// outputs and the GELU.
+void gpt2_block_forward(BlockStep& s) {
+  const int B = s.B, T = s.T;
+  const int64_t C = s.config.d_model, N = s.rows();
+  const DType h = s.h, f32 = DType::f32;
+  Tensor x = s.input();
+  Tensor ln1 = s.save("ln_1", {B, T, C}, h), ln1_mean = s.save("ln_1.mean", {N}, f32),
+         ln1_rstd = s.save("ln_1.rstd", {N}, f32);
+  Tensor qkv = s.save("qkv", {B, T, 3 * C}, h);
+  BlockStep::Attention att = s.attention_save();
+  Tensor atty = s.save("atty", {B, T, C}, h);
+  Tensor r2 = s.save("residual_2", {B, T, C}, f32);
+  Tensor ln2 = s.save("ln_2", {B, T, C}, h), ln2_mean = s.save("ln_2.mean", {N}, f32),
+         ln2_rstd = s.save("ln_2.rstd", {N}, f32);
+  Tensor fch = s.save("fch", {B, T, 4 * C}, h);
+  Tensor r3 = s.output();
+  Tensor proj = s.scratch("ws.dC", {B, T, C}, f32), gelu = s.scratch("ws.gelu", {B, T, 4 * C}, h);
+  s.matmuls();
+  if (!s.running()) return;
+
+  const BlockWeights& w = s.w;
+  layernorm_forward(ln1, ln1_mean, ln1_rstd, x, w.norm1_w, w.norm1_b);
+  s.linear_forward(qkv, ln1, w.qkv_w, w.qkv_b);
+  s.attention_forward(atty, att, qkv);
+  s.linear_forward(proj, atty, w.attn_out_w, w.attn_out_b);
+  residual_forward(r2, x, proj);
+  layernorm_forward(ln2, ln2_mean, ln2_rstd, r2, w.norm2_w, w.norm2_b);
+  s.linear_forward(fch, ln2, w.fc_w, w.fc_b);
+  gelu_forward(gelu, fch);
+  s.linear_forward(proj, gelu, w.mlp_out_w, w.mlp_out_b);
+  residual_forward(r3, r2, proj);
+}
+
+// ws.dresidual holds d(output) and becomes d(input): the skip paths pass it on unchanged and
+// each LayerNorm's backward adds its branch into it. In bf16/fp16 a rounded copy of it is the
+// projections' dout, and d(atty) is computed straight into the attention backward's type.
+void gpt2_block_backward(BlockStep& s) {
+  const int B = s.B, T = s.T;
+  const int64_t C = s.config.d_model;
+  const DType h = s.h, f32 = DType::f32;
+  const bool mixed = s.mixed();
+  Tensor gelu = s.scratch("ws.gelu", {B, T, 4 * C}, h);  // recomputed from fch
+  Tensor fch = s.saved("fch");
+  Tensor dres = s.scratch_read("ws.dresidual");
+  Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", {B, T, C}, h) : dres;
+  Tensor d4C = s.scratch("ws.d4C", {B, T, 4 * C}, h);
+  Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
+  Tensor ln2 = s.saved("ln_2"), r2 = s.saved("residual_2"), ln2_mean = s.saved("ln_2.mean"),
+         ln2_rstd = s.saved("ln_2.rstd"), atty = s.saved("atty"), qkv = s.saved("qkv");
+  Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
+  BlockStep::Attention att = s.attention_grad_buffers();
+  Tensor dqkv = s.scratch("ws.dqkv", {B, T, 3 * C}, h);
+  Tensor ln1 = s.saved("ln_1"), ln1_mean = s.saved("ln_1.mean"), ln1_rstd = s.saved("ln_1.rstd");
+  Tensor x = s.input();
+  s.matmuls();
+  if (!s.running()) return;
+
+  const BlockWeights &w = s.w, &g = s.g;
+  Tensor dn2w = g.norm2_w, dn2b = g.norm2_b, dn1w = g.norm1_w, dn1b = g.norm1_b;
+  auto round_dres = [&] {
+    if (mixed) convert(dres_h, dres);
+  };
+  // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
+  gelu_forward(gelu, fch);
+  round_dres();
+  s.linear_backward(d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w);
+  gelu_backward(d4C, fch, d4C);
+  s.linear_backward(dC, g.fc_w, g.fc_b, d4C, ln2, w.fc_w);
+  layernorm_backward(dres, dn2w, dn2b, dC, r2, w.norm2_w, ln2_mean, ln2_rstd);
+  // Attention: dres is now d(residual_2) and flows on to x. d4C is free again: it takes
+  // selective checkpointing's recomputed attention output.
+  round_dres();
+  s.linear_backward(datty, g.attn_out_w, g.attn_out_b, dres_h, atty, w.attn_out_w);
+  s.attention_backward(dqkv, datty, qkv, atty, att, d4C.view(0, {B, T, C}));
+  s.linear_backward(dC, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w);
+  layernorm_backward(dres, dn1w, dn1b, dC, x, w.norm1_w, ln1_mean, ln1_rstd);
+}
+
+}  // namespace memfit

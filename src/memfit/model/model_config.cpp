@@ -1,0 +1,129 @@
+#include "memfit/model/model_config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "memfit/core/error.h"
+#include "memfit/model/param_layout.h"
+
+namespace memfit {
+
+std::string_view family_name(Family family) {
+  return family == Family::gpt2 ? "gpt2" : "llama";
+}
+
+namespace {
+
+ModelConfig gpt2_preset(int n_layer, int n_head, int d_model, int max_seq_len, int vocab) {
+  ModelConfig c;
+  c.n_layer = n_layer, c.n_head = n_head, c.d_model = d_model;
+  c.max_seq_len = max_seq_len, c.vocab_size = vocab;
+  return c;
+}
+
+ModelConfig llama_preset(int n_layer, int n_head, int n_kv_head, int d_model, int ffn_dim,
+                         int max_seq_len, int vocab, double rope_theta, bool tied) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.n_layer = n_layer, c.n_head = n_head, c.n_kv_head = n_kv_head, c.d_model = d_model;
+  c.ffn_dim = ffn_dim, c.max_seq_len = max_seq_len, c.vocab_size = vocab;
+  c.rope_theta = rope_theta, c.tie_embeddings = tied;
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  ModelConfig config;
+};
+
+// gpt2-tiny and llama-tiny are for tests (~0.3M parameters); gpt2-small-test is the 6-layer,
+// 384-wide shape the benchmarks compare with PyTorch; the rest are the published shapes
+// (Hugging Face config.json of openai-community/gpt2*, TinyLlama/TinyLlama-1.1B-*,
+// meta-llama/Llama-3.2-1B, meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B).
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> kPresets = [] {
+    ModelConfig llama32 = llama_preset(16, 32, 8, 2048, 8192, 131072, 128256, 500000, true);
+    llama32.rope_scaling = {32, 1, 4, 8192};
+    return std::vector<Preset>{
+        {"gpt2-tiny", gpt2_preset(2, 4, 96, 64, 512)},
+        {"gpt2-small-test", gpt2_preset(6, 6, 384, 256, 50257)},
+        {"gpt2", gpt2_preset(12, 12, 768, 1024, 50257)},
+        {"gpt2-medium", gpt2_preset(24, 16, 1024, 1024, 50257)},
+        {"gpt2-large", gpt2_preset(36, 20, 1280, 1024, 50257)},
+        {"gpt2-xl", gpt2_preset(48, 25, 1600, 1024, 50257)},
+        {"llama-tiny", llama_preset(2, 4, 2, 96, 256, 64, 512, 10000, false)},
+        {"tinyllama-1.1b", llama_preset(22, 32, 4, 2048, 5632, 2048, 32000, 10000, false)},
+        {"llama3.2-1b", llama32},
+        {"llama2-7b", llama_preset(32, 32, 32, 4096, 11008, 4096, 32000, 10000, false)},
+        {"llama3-8b", llama_preset(32, 32, 8, 4096, 14336, 8192, 128256, 500000, false)},
+    };
+  }();
+  return kPresets;
+}
+
+}  // namespace
+
+void ModelConfig::finalize() {
+  auto positive = [](int v, const char* field) {
+    if (v <= 0) MEMFIT_THROW(ConfigError, "config", "{} must be positive, got {}", field, v);
+  };
+  positive(n_layer, "n_layer");
+  positive(n_head, "n_head");
+  positive(d_model, "d_model");
+  positive(max_seq_len, "seq_len");
+  positive(vocab_size, "vocab");
+  if (d_model % n_head != 0)
+    MEMFIT_THROW(ConfigError, "config", "d_model {} is not a multiple of n_head {}", d_model,
+                 n_head);
+  if (gpt2()) {
+    // GPT-2's shape has no such knobs: its MLP is 4 d_model wide, every head has its own keys
+    // and values, and the head is the token embedding (the options refuse to set them).
+    n_kv_head = n_head;
+    ffn_dim = 4 * d_model;
+    tie_embeddings = true;
+  }
+  if (n_kv_head == 0) n_kv_head = n_head;
+  positive(ffn_dim, "ffn_dim");
+  if (n_kv_head < 0 || n_head % n_kv_head != 0)
+    MEMFIT_THROW(ConfigError, "config", "n_kv_head {} must divide n_head {}", n_kv_head, n_head);
+  if (llama() && head_size() % 2 != 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "rotary embeddings need an even head size; d_model {} / n_head {} = {}", d_model,
+                 n_head, head_size());
+  if (!(norm_eps > 0)) MEMFIT_THROW(ConfigError, "config", "norm_eps must be positive");
+  if (!(rope_theta > 0)) MEMFIT_THROW(ConfigError, "config", "rope_theta must be positive");
+  padded_vocab = (vocab_size + kVocabPadMultiple - 1) / kVocabPadMultiple * kVocabPadMultiple;
+}
+
+int64_t ModelConfig::num_params() const { return ParamLayout(*this).total(); }
+
+std::string ModelConfig::describe() const {
+  if (gpt2())
+    return fmt::format("{} layers, {} heads, width {}, context {}, vocab {} (padded {})",
+                       n_layer, n_head, d_model, max_seq_len, vocab_size, padded_vocab);
+  return fmt::format(
+      "LLaMA: {} layers, {} heads ({} key/value), width {}, MLP {}, context {}, vocab {} "
+      "(padded {}), {} head",
+      n_layer, n_head, n_kv_head, d_model, ffn_dim, max_seq_len, vocab_size, padded_vocab,
+      tie_embeddings ? "tied" : "untied");
+}
+
+ModelConfig ModelConfig::preset(std::string_view name) {
+  for (const Preset& p : presets()) {
+    if (name == p.name) {
+      ModelConfig c = p.config;
+      c.finalize();
+      return c;
+    }
+  }
+  MEMFIT_THROW(ConfigError, "config", "unknown model preset '{}'; known: {}", name,
+               fmt::join(preset_names(), ", "));
+}
+
+std::vector<std::string> ModelConfig::preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : presets()) names.emplace_back(p.name);
+  return names;
+}
+
+}  // namespace memfit

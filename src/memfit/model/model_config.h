@@ -1,0 +1,64 @@
+// A model's shape: its family (GPT-2 or LLaMA), layers, heads, width, context and vocabulary,
+// and the family's constants (norm epsilon, rotary frequencies), with the named presets. One
+// struct for every family, so the skeleton, the planner and the search read one type; a field a
+// family does not use keeps its default and is checked to (finalize()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memfit {
+
+enum class Family : uint8_t {
+  gpt2,   // LayerNorm with biases, learned positions, GELU MLP, biased linears, tied head
+  llama,  // RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no biases
+};
+std::string_view family_name(Family family);
+
+// Llama 3's rotary frequency scaling ("rope_scaling": {"rope_type": "llama3", ...} in
+// config.json); factor 0 means none.
+struct RopeScalingConfig {
+  float factor = 0;
+  float low_freq_factor = 1;
+  float high_freq_factor = 4;
+  int original_max_position = 8192;
+  bool enabled() const { return factor > 0; }
+  bool operator==(const RopeScalingConfig&) const = default;
+};
+
+struct ModelConfig {
+  Family family = Family::gpt2;
+  int n_layer = 2;
+  int n_head = 4;
+  int n_kv_head = 0;        // key/value heads (LLaMA's grouped-query attention); 0: n_head
+  int d_model = 96;
+  int ffn_dim = 0;          // the MLP's hidden width; 0: the family's default (GPT-2: 4 d_model)
+  int max_seq_len = 64;     // n_positions / max_position_embeddings
+  int vocab_size = 512;     // real tokens
+  int padded_vocab = 512;   // rows of the embedding and head: vocab_size rounded up to 64
+  bool tie_embeddings = true;  // the LM head is the token embedding (GPT-2 always)
+  float norm_eps = 1e-5f;
+  double rope_theta = 10000;   // LLaMA only
+  RopeScalingConfig rope_scaling;
+
+  int head_size() const { return d_model / n_head; }
+  bool gpt2() const { return family == Family::gpt2; }
+  bool llama() const { return family == Family::llama; }
+  // Width of the fused q|k|v projection output: (n_head + 2 n_kv_head) head_size.
+  int64_t qkv_width() const { return int64_t{n_head + 2 * n_kv_head} * head_size(); }
+  // Checks the fields, resolves the defaults (n_kv_head, ffn_dim) and sets padded_vocab; throws
+  // ConfigError naming the field at fault.
+  void finalize();
+  int64_t num_params() const;  // elements in the parameter slab (padding rows included)
+  std::string describe() const;
+  bool operator==(const ModelConfig&) const = default;
+
+  static ModelConfig preset(std::string_view name);
+  static std::vector<std::string> preset_names();
+};
+
+inline constexpr int kVocabPadMultiple = 64;
+
+}  // namespace memfit

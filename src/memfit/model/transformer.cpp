@@ -1,0 +1,183 @@
+#include "memfit/model/transformer.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <random>
+
+#include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/convert.h"
+
+namespace memfit {
+
+using namespace kernels;
+
+Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
+                         const PrecisionOptions& precision)
+    : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
+  check_precision_options(precision);
+  const Precision p = precision.precision;
+  params_ = Tensor::empty(pool, {layout_.total()}, half_dtype(p), Category::params, "params");
+  if (p != Precision::fp32 && precision.master_weights)
+    master_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::master, "master");
+  grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
+  weights_ = layout_.views(params_);
+  grad_views_ = layout_.views(grads_);
+}
+
+void Transformer::refresh_working() {
+  if (master_.defined()) convert(params_, master_);
+}
+
+namespace {
+
+// Writes the family's initial weights (see init_weights) into an f32 slab.
+void init_slab(const ModelConfig& config, const ParamLayout& layout, Tensor& slab,
+               uint64_t seed) {
+  // Box-Muller over mt19937_64 rather than std::normal_distribution, whose algorithm differs
+  // between standard libraries: the same seed gives the same weights everywhere.
+  std::mt19937_64 rng(seed);
+  auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53; };
+  auto normal = [&] {
+    return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform());
+  };
+  slab.zero();
+  const double residual_scale = config.gpt2() ? 1.0 / std::sqrt(2.0 * config.n_layer) : 1.0;
+  for (const ParamInfo& p : layout.params()) {
+    float* w = slab.data<float>() + p.offset;
+    switch (p.role) {
+      case ParamRole::norm_weight: std::fill(w, w + p.numel, 1.0f); break;
+      case ParamRole::norm_bias:
+      case ParamRole::linear_bias: break;
+      default: {
+        double std = 0.02;
+        if (p.role == ParamRole::attn_proj_weight || p.role == ParamRole::mlp_proj_weight)
+          std *= residual_scale;
+        int64_t n = p.numel;
+        if (p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head)
+          n = int64_t{config.vocab_size} * p.shape[1];
+        for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(std * normal());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Transformer::init_weights(uint64_t seed) {
+  Tensor& w = weights();
+  if (w.dtype() == DType::f32) {
+    init_slab(config_, layout_, w, seed);
+  } else {
+    // Pure bf16: draw in f32 in a staging slab that lives only for this call.
+    Tensor staging =
+        Tensor::empty(pool_, {layout_.total()}, DType::f32, Category::staging, "init.staging");
+    init_slab(config_, layout_, staging, seed);
+    convert(w, staging);
+  }
+  refresh_working();
+}
+
+void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
+  ActivationOptions options = options_in;
+  options.precision = precision_.precision;
+  MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "model",
+                     "batch {} x {} tokens does not fit a context of {}", B, T,
+                     config_.max_seq_len);
+  if (B == B_ && T == T_ && ctx_.running()) {
+    const ActivationOptions& now = ctx_.plan().options;
+    if (options.lm_head_chunk == now.lm_head_chunk &&
+        options.attention == now.attention && options.ckpt == now.ckpt)
+      return;
+  }
+  reserve(plan_step(config_, B, T, options));
+}
+
+void Transformer::reserve(StepPlan plan) {
+  MEMFIT_CHECK(plan.options.precision == precision_.precision && plan.B > 0 && plan.T > 0 &&
+                   plan.T <= config_.max_seq_len,
+               "model", "a step plan for {} x {} tokens in {} does not fit this {} model", plan.B,
+               plan.T, precision_name(plan.options.precision),
+               precision_name(precision_.precision));
+  // The old arenas go first, so reserving again never holds two plans at once.
+  ctx_ = StepContext();
+  step_.reset();
+  B_ = T_ = 0;
+  std::array<Tensor, kNumCategories> arenas;
+  for (Category c : {Category::activations, Category::workspace}) {
+    const size_t bytes = plan.arena[static_cast<size_t>(c)];
+    if (bytes == 0) continue;
+    arenas[static_cast<size_t>(c)] =
+        Tensor::empty(pool_, {static_cast<int64_t>(bytes)}, DType::i8, c,
+                      fmt::format("{} arena", category_name(c)));
+  }
+  std::vector<Tensor> views;
+  for (const BufferSpec& b : plan.buffers)
+    views.push_back(
+        arenas[static_cast<size_t>(b.category)].view_bytes(b.offset, b.shape, b.dtype));
+  B_ = plan.B;
+  T_ = plan.T;
+  step_ = std::make_unique<TransformerStep>(config_, plan.options, plan.B, plan.T);
+  ctx_ = StepContext(std::move(plan), std::move(views));
+  ctx_.set_poison(poison_);
+  backward_ready_ = false;
+}
+
+const Tensor& Transformer::buffer(const std::string& tag) const { return ctx_.view(tag); }
+
+float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool training,
+                           float loss_scale) {
+  MEMFIT_CHECK(B_ > 0, "model", "forward before reserve()");
+  expect_tensor(tokens, "model", "tokens", {B_, T_}, DType::i32);
+  expect_tensor(targets, "model", "targets", {B_, T_}, DType::i32);
+  const float N = static_cast<float>(int64_t{B_} * T_);
+  backward_ready_ = false;
+  const float loss_sum =
+      step_->forward(ctx_, weights_, grad_views_, &tokens, &targets, training, loss_scale / N);
+  backward_ready_ = training;
+  return loss_sum / N;
+}
+
+void Transformer::backward() {
+  MEMFIT_CHECK(backward_ready_, "model", "backward() without a training forward() before it");
+  backward_ready_ = false;
+  step_->backward(ctx_, weights_, grad_views_);
+}
+
+void Transformer::logits(const Tensor& tokens, Tensor& out) {
+  MEMFIT_CHECK(B_ > 0, "model", "logits before reserve()");
+  expect_tensor(tokens, "model", "tokens", {B_, T_}, DType::i32);
+  expect_tensor(out, "model.logits", "logits", {B_, T_, config_.vocab_size});
+  backward_ready_ = false;
+  step_->logits(ctx_, weights_, tokens, out);
+}
+
+std::string Transformer::first_non_finite() {
+  auto scan = [&](const Tensor& slab, const char* what) -> std::string {
+    if (!slab.defined()) return {};
+    for (const ParamInfo& p : layout_.params())
+      if (!all_finite(slab.view(p.offset, {p.numel}))) return fmt::format("{} ({})", p.name, what);
+    return {};
+  };
+  if (std::string s = scan(master_, "master weight"); !s.empty()) return s;
+  if (std::string s = scan(params_, "weight"); !s.empty()) return s;
+  const std::vector<Tensor>& views = ctx_.views();
+  for (size_t i = 0; i < views.size(); ++i) {
+    const std::string& tag = ctx_.plan().buffers[i].tag;
+    const Tensor& t = views[i];
+    // Scratch, recomputation slots and buffers whose bytes another buffer reuses may hold
+    // stale data from another block or buffer.
+    if (t.dtype() == DType::i32 || tag.starts_with("ws.") || tag.starts_with("rc.") ||
+        ctx_.plan().shares_bytes(i))
+      continue;
+    if (!all_finite(t)) return fmt::format("{} (activation)", tag);
+  }
+  // The backward writes the gradients from the last layer to the embeddings.
+  const auto& ps = layout_.params();
+  for (auto it = ps.rbegin(); it != ps.rend(); ++it)
+    if (!all_finite(grads_.view(it->offset, {it->numel})))
+      return fmt::format("{} (gradient)", it->name);
+  return {};
+}
+
+}  // namespace memfit

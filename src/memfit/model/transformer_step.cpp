@@ -1,0 +1,176 @@
+#include "memfit/model/transformer_step.h"
+
+#include <algorithm>
+
+#include "memfit/kernels/cpu/crossentropy.h"
+#include "memfit/kernels/cpu/embedding.h"
+#include "memfit/kernels/cpu/layernorm.h"
+
+namespace memfit {
+
+using namespace kernels;
+
+TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOptions& options,
+                                 int B, int T)
+    : config_(config), options_(options), B_(B), T_(T), family_(block_family(config.family)),
+      slots_(block_slots(options.ckpt, config.n_layer)) {
+  check_activation_options(options);
+}
+
+void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
+                                    const ModelWeights& w, const ModelWeights& g) {
+  ctx.enter(kind, l);
+  BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
+  family_.forward(s);
+}
+
+void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
+                                     const ModelWeights& g, const Tensor* tokens) {
+  const int64_t C = config_.d_model, N = int64_t{B_} * T_;
+  const DType h = half_dtype(options_.precision), f32 = DType::f32;
+  ctx.enter(PhaseKind::embedding);
+  Tensor encoded = ctx.write("encoded", {B_, T_, C}, f32, Category::activations);
+  if (ctx.running()) {
+    // The tables have padded rows, so the embedding alone would accept ids up to padded_vocab.
+    const int32_t* ids = tokens->data<int32_t>();
+    for (int64_t i = 0; i < tokens->numel(); ++i)
+      MEMFIT_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size, "model",
+                   "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
+                   config_.vocab_size);
+    embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);
+  }
+  for (int l = 0; l < config_.n_layer; ++l) block_forward(ctx, PhaseKind::forward, l, w, g);
+
+  ctx.enter(PhaseKind::final_norm);
+  const std::string tag = final_norm_tag();
+  Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
+  Tensor out = ctx.write(tag, {B_, T_, C}, h, Category::activations);
+  Tensor mean = ctx.write(tag + ".mean", {N}, f32, Category::activations);
+  Tensor rstd = ctx.write(tag + ".rstd", {N}, f32, Category::activations);
+  if (ctx.running()) layernorm_forward(out, mean, rstd, x, w.norm_w, w.norm_b);
+}
+
+// Note [Fused LM head]: the logits of a GPT-2 batch are (B*T, V) floats, 412 MB for 8 x 256
+// tokens, and their gradient as much again. Instead, rows are taken `lm_head_chunk` at a time:
+// logits = norm @ head^T for the chunk, softmax cross-entropy, and (in training) the chunk's
+// gradient at once: d(norm) rows = dlogits @ head, d(head) += dlogits^T @ norm. Only one chunk
+// of logits ever exists, and the LM head costs no extra matmul.
+// In bf16/fp16 the chunk's gradient is rounded into ws.dlogits, the head's matmul operand, while
+// the logits, softmax and loss stay f32 (see crossentropy.h).
+void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
+                              const Tensor* targets, bool training, float dloss,
+                              float* loss_sum) {
+  const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.padded_vocab;
+  const int64_t R = std::min<int64_t>(options_.lm_head_chunk, N);
+  const DType h = half_dtype(options_.precision), f32 = DType::f32;
+  const bool mixed = h != f32;
+  ctx.enter(PhaseKind::lm_head);
+  Tensor norm = ctx.read(final_norm_tag());
+  Tensor logits_ws = ctx.write("ws.logits", {R, Vp}, f32, Category::workspace);
+  Tensor losses = ctx.write("ws.losses", {N}, f32, Category::workspace);
+  Tensor dnorm = ctx.write("ws.dC", {B_, T_, C}, f32, Category::workspace);
+  Tensor dlogits_ws = mixed ? ctx.write("ws.dlogits", {R, Vp}, h, Category::workspace) : logits_ws;
+  declare_matmuls(ctx, config_, options_, N);
+  // The tokens, kept for the embedding's backward (written by forward()).
+  ctx.write("tokens", {B_, T_}, DType::i32, Category::activations);
+  if (!ctx.running()) return;
+
+  norm = norm.reshape({N, C});
+  dnorm = dnorm.reshape({N, C});
+  Tensor flat_targets = targets->reshape({N});
+  Tensor dhead = g.head, no_bias;
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t r1 = std::min(N, r0 + R), rows = r1 - r0;
+    Tensor x = norm.slice(r0, r1);
+    Tensor logits = logits_ws.slice(0, rows);
+    Tensor tgt = flat_targets.slice(r0, r1), loss = losses.slice(r0, r1);
+    linear_forward(ctx, logits, x, w.head, no_bias);
+    if (!training) {
+      crossentropy_forward(loss, logits, tgt, config_.vocab_size);
+      continue;
+    }
+    Tensor dlogits = dlogits_ws.slice(0, rows);
+    if (mixed)
+      crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss);
+    else
+      crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
+    linear_backward(ctx, dnorm.slice(r0, r1), dhead, no_bias, dlogits, x, w.head);
+  }
+  double sum = 0;
+  const float* l = losses.data<float>();
+  for (int64_t i = 0; i < N; ++i) sum += l[i];
+  *loss_sum = static_cast<float>(sum);
+}
+
+float TransformerStep::forward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
+                               const Tensor* tokens, const Tensor* targets, bool training,
+                               float dloss) {
+  forward_blocks(ctx, w, g, tokens);
+  float loss_sum = 0;
+  lm_head(ctx, w, g, targets, training, dloss, &loss_sum);
+  if (ctx.running() && training) {
+    // backward() needs the tokens for the embedding's gradient; keep a copy in the plan's
+    // buffer rather than trusting the caller's tensor to stay unchanged.
+    Tensor saved = ctx.view("tokens");
+    std::copy_n(tokens->data<int32_t>(), tokens->numel(), saved.data<int32_t>());
+  }
+  return loss_sum;
+}
+
+void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g) {
+  const int64_t C = config_.d_model;
+  {
+    // ws.dC holds d(norm) from the fused LM head; ws.dresidual becomes d(top block's output).
+    ctx.enter(PhaseKind::final_norm_backward);
+    const std::string tag = final_norm_tag();
+    Tensor dres = ctx.write("ws.dresidual", {B_, T_, C}, DType::f32, Category::workspace);
+    Tensor dnorm = ctx.read("ws.dC");
+    Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
+    Tensor mean = ctx.read(tag + ".mean"), rstd = ctx.read(tag + ".rstd");
+    if (ctx.running()) {
+      dres.zero();
+      Tensor dw = g.norm_w, db = g.norm_b;
+      layernorm_backward(dres, dw, db, dnorm, x, w.norm_w, mean, rstd);
+    }
+  }
+  // Checkpointing: entering a recomputed segment from its last block, rerun its forward from
+  // the kept input of its first block.
+  int segment = static_cast<int>(slots_.segments.size()) - 1;
+  for (int l = config_.n_layer - 1; l >= 0; --l) {
+    if (segment >= 0 && slots_.segments[segment].second == l) {
+      const auto [first, last] = slots_.segments[segment--];
+      for (int k = first; k <= last; ++k) block_forward(ctx, PhaseKind::recompute, k, w, g);
+    }
+    ctx.enter(PhaseKind::backward, l);
+    BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
+    family_.backward(s);
+  }
+  ctx.enter(PhaseKind::embedding_backward);
+  Tensor dres = ctx.read("ws.dresidual"), tokens = ctx.read("tokens");
+  if (ctx.running()) {
+    Tensor dwte = g.tok_emb, dwpe = g.pos_emb;
+    embedding_backward(dwte, dwpe, dres, tokens);
+  }
+  ctx.finish();
+}
+
+void TransformerStep::logits(StepContext& ctx, const ModelWeights& w, const Tensor& tokens,
+                             Tensor& out) {
+  const int64_t N = int64_t{B_} * T_, C = config_.d_model, V = config_.vocab_size,
+                Vp = config_.padded_vocab;
+  forward_blocks(ctx, w, w, &tokens);
+  ctx.enter(PhaseKind::lm_head);
+  Tensor norm = ctx.view(final_norm_tag()).reshape({N, C}), logits_ws = ctx.view("ws.logits");
+  Tensor no_bias;
+  const int64_t R = logits_ws.size(0);
+  float* dst = out.data<float>();
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t r1 = std::min(N, r0 + R);
+    Tensor block = logits_ws.slice(0, r1 - r0);
+    linear_forward(ctx, block, norm.slice(r0, r1), w.head, no_bias);
+    const float* src = block.data<float>();
+    for (int64_t r = 0; r < r1 - r0; ++r) std::copy_n(src + r * Vp, V, dst + (r0 + r) * V);
+  }
+}
+
+}  // namespace memfit

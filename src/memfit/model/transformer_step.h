@@ -1,0 +1,47 @@
+// The step of every family, described once (Note [One step description]): the embedding, each
+// block's forward, the final norm, the fused chunked LM head (Note [Fused LM head]), then the
+// backward from the top, each recomputed segment just before the backward of its last block,
+// down to the embedding's. The family's block code (block_family.h) runs inside it. Transformer
+// runs it on its weights; plan_step (step_plan.h) runs it without weights to record the plan.
+#pragma once
+
+#include "memfit/model/block_family.h"
+#include "memfit/model/model_config.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/model/step_context.h"
+
+namespace memfit {
+
+class TransformerStep {
+ public:
+  TransformerStep(const ModelConfig& config, const ActivationOptions& options, int B, int T);
+
+  // Mean cross-entropy of predicting targets from tokens ((B, T) i32 each; null when planning),
+  // the LM head's backward fused in when `training` (dloss: the loss gradient per position).
+  // Returns the summed loss.
+  float forward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
+                const Tensor* tokens, const Tensor* targets, bool training, float dloss);
+  // Accumulates every parameter's gradient of the last training forward into g.
+  void backward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g);
+  // f32 logits (B, T, vocab_size) of every position.
+  void logits(StepContext& ctx, const ModelWeights& w, const Tensor& tokens, Tensor& out);
+
+  // The final norm's output tag: "ln_f" (GPT-2) or "norm" (LLaMA).
+  const char* final_norm_tag() const { return config_.gpt2() ? "ln_f" : "norm"; }
+
+ private:
+  void forward_blocks(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
+                      const Tensor* tokens);
+  void block_forward(StepContext& ctx, PhaseKind kind, int l, const ModelWeights& w,
+                     const ModelWeights& g);
+  void lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
+               const Tensor* targets, bool training, float dloss, float* loss_sum);
+
+  const ModelConfig config_;
+  const ActivationOptions options_;
+  const int B_, T_;
+  const BlockFamily& family_;
+  const BlockSlots slots_;
+};
+
+}  // namespace memfit
