@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "memfit/kernels/cpu/rope.h"
+
 namespace memfit {
 
 enum class Family : uint8_t {
@@ -16,17 +18,6 @@ enum class Family : uint8_t {
   llama,  // RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no biases
 };
 std::string_view family_name(Family family);
-
-// Llama 3's rotary frequency scaling ("rope_scaling": {"rope_type": "llama3", ...} in
-// config.json); factor 0 means none.
-struct RopeScalingConfig {
-  float factor = 0;
-  float low_freq_factor = 1;
-  float high_freq_factor = 4;
-  int original_max_position = 8192;
-  bool enabled() const { return factor > 0; }
-  bool operator==(const RopeScalingConfig&) const = default;
-};
 
 struct ModelConfig {
   Family family = Family::gpt2;
@@ -41,7 +32,7 @@ struct ModelConfig {
   bool tie_embeddings = true;  // the LM head is the token embedding (GPT-2 always)
   float norm_eps = 1e-5f;
   double rope_theta = 10000;   // LLaMA only
-  RopeScalingConfig rope_scaling;
+  kernels::RopeScaling rope_scaling;  // Llama 3's frequency scaling (rope_scaling in config.json)
 
   int head_size() const { return d_model / n_head; }
   bool gpt2() const { return family == Family::gpt2; }

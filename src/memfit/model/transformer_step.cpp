@@ -5,6 +5,8 @@
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
 #include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/cpu/rmsnorm.h"
+#include "memfit/kernels/cpu/rope.h"
 
 namespace memfit {
 
@@ -30,6 +32,10 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   ctx.enter(PhaseKind::embedding);
   Tensor encoded = ctx.write("encoded", {B_, T_, C}, f32, Category::activations);
+  // LLaMA: the rotary table of this micro-batch's positions, read by every block.
+  Tensor rope;
+  if (config_.llama())
+    rope = ctx.write("rope", {T_, config_.head_size()}, f32, Category::activations);
   if (ctx.running()) {
     // The tables have padded rows, so the embedding alone would accept ids up to padded_vocab.
     const int32_t* ids = tokens->data<int32_t>();
@@ -37,7 +43,10 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
       MEMFIT_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size, "model",
                    "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
                    config_.vocab_size);
-    embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);
+    embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
+    if (config_.llama())
+      rope_table(rope, rope_inv_freq(config_.head_size(), config_.rope_theta,
+                                     config_.rope_scaling));
   }
   for (int l = 0; l < config_.n_layer; ++l) block_forward(ctx, PhaseKind::forward, l, w, g);
 
@@ -45,9 +54,14 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   const std::string tag = final_norm_tag();
   Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
   Tensor out = ctx.write(tag, {B_, T_, C}, h, Category::activations);
-  Tensor mean = ctx.write(tag + ".mean", {N}, f32, Category::activations);
+  Tensor mean = config_.gpt2() ? ctx.write(tag + ".mean", {N}, f32, Category::activations)
+                               : Tensor{};
   Tensor rstd = ctx.write(tag + ".rstd", {N}, f32, Category::activations);
-  if (ctx.running()) layernorm_forward(out, mean, rstd, x, w.norm_w, w.norm_b);
+  if (!ctx.running()) return;
+  if (config_.gpt2())
+    layernorm_forward(out, mean, rstd, x, w.norm_w, w.norm_b);
+  else
+    rmsnorm_forward(out, rstd, x, w.norm_w, config_.norm_eps);
 }
 
 // Note [Fused LM head]: the logits of a GPT-2 batch are (B*T, V) floats, 412 MB for 8 x 256
@@ -126,11 +140,15 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     Tensor dres = ctx.write("ws.dresidual", {B_, T_, C}, DType::f32, Category::workspace);
     Tensor dnorm = ctx.read("ws.dC");
     Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
-    Tensor mean = ctx.read(tag + ".mean"), rstd = ctx.read(tag + ".rstd");
+    Tensor mean = config_.gpt2() ? ctx.read(tag + ".mean") : Tensor{};
+    Tensor rstd = ctx.read(tag + ".rstd");
     if (ctx.running()) {
       dres.zero();
       Tensor dw = g.norm_w, db = g.norm_b;
-      layernorm_backward(dres, dw, db, dnorm, x, w.norm_w, mean, rstd);
+      if (config_.gpt2())
+        layernorm_backward(dres, dw, db, dnorm, x, w.norm_w, mean, rstd);
+      else
+        rmsnorm_backward(dres, dw, dnorm, x, w.norm_w, rstd);
     }
   }
   // Checkpointing: entering a recomputed segment from its last block, rerun its forward from

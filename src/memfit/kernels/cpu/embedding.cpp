@@ -25,8 +25,13 @@ void forward_rows(float* o, const int32_t* tok, const half::Storage<E>* e,
   for (int64_t bt = bt0; bt < bt1; ++bt) {
     float* orow = o + bt * C;
     const auto* erow = e + static_cast<int64_t>(tok[bt]) * C;
-    const auto* prow = p + (bt % T) * C;
     int64_t c = 0;
+    if (p == nullptr) {  // no position table (LLaMA: rotary positions)
+      for (; c + N <= C; c += N) hn::StoreU(load<E>(d, erow + c), d, orow + c);
+      for (; c < C; ++c) orow[c] = half::load1<E>(erow + c);
+      continue;
+    }
+    const auto* prow = p + (bt % T) * C;
     for (; c + N <= C; c += N) hn::StoreU(hn::Add(load<E>(d, erow + c), load<P>(d, prow + c)), d, orow + c);
     for (; c < C; ++c) orow[c] = half::load1<E>(erow + c) + half::load1<P>(prow + c);
   }
@@ -74,10 +79,12 @@ Dims check_dims(std::string_view op, const Tensor& tokens, const Tensor& wte, co
   MEMFIT_CHECK_SHAPE(ts.rank() == 2, op, "tokens must be (B, T), got {}", ts);
   const Shape& es = expect_any_shape(wte, op, e, mixed ? wte.dtype() : DType::f32);
   MEMFIT_CHECK_SHAPE(es.rank() == 2, op, "{} must be (V, C), got {}", e, es);
-  const Shape& ps = expect_any_shape(wpe, op, p, mixed ? wpe.dtype() : DType::f32);
-  MEMFIT_CHECK_SHAPE(ps.rank() == 2 && ps[1] == es[1] && ps[0] >= ts[1], op,
-                     "{} must be (maxT, C) with maxT >= T: {} {}, {} {}, tokens {}", p, p, ps, e,
-                     es, ts);
+  if (wpe.defined()) {
+    const Shape& ps = expect_any_shape(wpe, op, p, mixed ? wpe.dtype() : DType::f32);
+    MEMFIT_CHECK_SHAPE(ps.rank() == 2 && ps[1] == es[1] && ps[0] >= ts[1], op,
+                       "{} must be (maxT, C) with maxT >= T: {} {}, {} {}, tokens {}", p, p, ps, e,
+                       es, ts);
+  }
   const int32_t* tok = tokens.data<int32_t>();
   const int64_t V = es[0];
   for (int64_t i = 0; i < ts.numel(); ++i) {
@@ -92,6 +99,7 @@ Dims check_dims(std::string_view op, const Tensor& tokens, const Tensor& wte, co
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
   constexpr std::string_view op = "embedding_forward";
   for (const auto& [t, name] : {std::pair{&wte, "wte"}, std::pair{&wpe, "wpe"}}) {
+    if (t == &wpe && !wpe.defined()) continue;  // token embedding only
     MEMFIT_CHECK(t->defined(), op, "{} is undefined", name);
     MEMFIT_CHECK_DTYPE(half::is_float_type(t->dtype()), op,
                        "{} must be f32, bf16 or f16, got {} {}", name, dtype_name(t->dtype()),
@@ -101,8 +109,8 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, con
   expect_tensor(out, op, "out", Shape{B, T, C});
   float* o = out.data<float>();
   const int32_t* tok = tokens.data<int32_t>();
-  const DType et = wte.dtype(), pt = wpe.dtype();
-  const void *e = wte.raw_data(), *p = wpe.raw_data();
+  const DType et = wte.dtype(), pt = wpe.defined() ? wpe.dtype() : et;
+  const void *e = wte.raw_data(), *p = wpe.defined() ? wpe.raw_data() : nullptr;
 #pragma omp parallel if (B * T * C > kParallelGrain)
   {
     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -115,7 +123,7 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
   constexpr std::string_view op = "embedding_backward";
   const auto [B, T, C] = check_dims(op, tokens, dwte, dwpe, "dwte", "dwpe");
   expect_tensor(dout, op, "dout", Shape{B, T, C});
-  float *de = dwte.data<float>(), *dp = dwpe.data<float>();
+  float *de = dwte.data<float>(), *dp = dwpe.defined() ? dwpe.data<float>() : nullptr;
   const float* dy = dout.data<float>();
   const int32_t* tok = tokens.data<int32_t>();
   // Column bands of 64 floats (four cache lines): enough bands to share out, long enough runs.
@@ -127,6 +135,11 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
     for (int64_t bt = 0; bt < B * T; ++bt) {
       const float* g = dy + bt * C;
       float* erow = de + static_cast<int64_t>(tok[bt]) * C;
+      if (dp == nullptr) {
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) erow[c] += g[c];
+        continue;
+      }
       float* prow = dp + (bt % T) * C;
 #pragma omp simd
       for (int64_t c = c0; c < c1; ++c) {

@@ -25,6 +25,7 @@ struct RopeScaling {
   float high_freq_factor = 4;
   int original_max_position = 8192;
   bool enabled() const { return factor > 0; }
+  bool operator==(const RopeScaling&) const = default;
 };
 
 // hs/2 inverse frequencies, as transformers' _compute_default_rope_parameters:

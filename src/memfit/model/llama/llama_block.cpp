@@ -1,0 +1,100 @@
+#include "memfit/model/llama/llama_block.h"
+
+#include "memfit/kernels/cpu/convert.h"
+#include "memfit/kernels/cpu/residual.h"
+#include "memfit/kernels/cpu/rmsnorm.h"
+#include "memfit/kernels/cpu/rope.h"
+#include "memfit/kernels/cpu/swiglu.h"
+
+namespace memfit {
+
+using namespace kernels;
+
+// As gpt2_block.cpp: the buffers first (the block's description), then the kernels. The saved
+// qkv holds q and k after the rotation, which is what the attention backward reads; the
+// rotation's backward is the inverse rotation of dq and dk, in place, so it needs nothing
+// saved. The SwiGLU output is recomputed in backward from the saved gate|up, as GPT-2's GELU.
+// The rotary table ("rope", (T, head size) f32) is written once per micro-batch by the
+// embedding phase (transformer_step.cpp).
+void llama_block_forward(BlockStep& s) {
+  const int B = s.B, T = s.T;
+  const int64_t C = s.config.d_model, N = s.rows(), F = s.config.ffn_dim;
+  const int64_t A = int64_t{s.config.n_head} * s.config.head_size();
+  const DType h = s.h, f32 = DType::f32;
+  Tensor x = s.input();
+  Tensor n1 = s.save("attn_norm", {B, T, C}, h), n1_rstd = s.save("attn_norm.rstd", {N}, f32);
+  Tensor qkv = s.save("qkv", {B, T, s.config.qkv_width()}, h);
+  Tensor rope = s.ctx.read("rope");
+  BlockStep::Attention att = s.attention_save();
+  Tensor atty = s.save("atty", {B, T, A}, h);
+  Tensor r2 = s.save("residual_2", {B, T, C}, f32);
+  Tensor n2 = s.save("mlp_norm", {B, T, C}, h), n2_rstd = s.save("mlp_norm.rstd", {N}, f32);
+  Tensor gate_up = s.save("gate_up", {B, T, 2 * F}, h);
+  Tensor r3 = s.output();
+  Tensor proj = s.scratch("ws.dC", {B, T, C}, f32), act = s.scratch("ws.swiglu", {B, T, F}, h);
+  s.matmuls();
+  if (!s.running()) return;
+
+  const BlockWeights& w = s.w;
+  const float eps = s.config.norm_eps;
+  Tensor none;
+  rmsnorm_forward(n1, n1_rstd, x, w.norm1_w, eps);
+  s.linear_forward(qkv, n1, w.qkv_w, none);
+  rope_forward(qkv, rope, s.heads());
+  s.attention_forward(atty, att, qkv);
+  s.linear_forward(proj, atty, w.attn_out_w, none);
+  residual_forward(r2, x, proj);
+  rmsnorm_forward(n2, n2_rstd, r2, w.norm2_w, eps);
+  s.linear_forward(gate_up, n2, w.fc_w, none);
+  swiglu_forward(act, gate_up);
+  s.linear_forward(proj, act, w.mlp_out_w, none);
+  residual_forward(r3, r2, proj);
+}
+
+// ws.dresidual holds d(output) and becomes d(input), as in gpt2_block_backward.
+void llama_block_backward(BlockStep& s) {
+  const int B = s.B, T = s.T;
+  const int64_t C = s.config.d_model, F = s.config.ffn_dim;
+  const DType h = s.h, f32 = DType::f32;
+  const bool mixed = s.mixed();
+  Tensor act = s.scratch("ws.swiglu", {B, T, F}, h);  // recomputed from gate_up
+  Tensor gate_up = s.saved("gate_up");
+  Tensor dres = s.scratch_read("ws.dresidual");
+  Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", {B, T, C}, h) : dres;
+  Tensor dact = s.scratch("ws.dswiglu", {B, T, F}, h);
+  Tensor dgate_up = s.scratch("ws.dgate_up", {B, T, 2 * F}, h);
+  Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
+  Tensor n2 = s.saved("mlp_norm"), r2 = s.saved("residual_2"),
+         n2_rstd = s.saved("mlp_norm.rstd"), atty = s.saved("atty"), qkv = s.saved("qkv");
+  Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
+  BlockStep::Attention att = s.attention_grad_buffers();
+  Tensor dqkv = s.scratch("ws.dqkv", {B, T, s.config.qkv_width()}, h);
+  Tensor rope = s.ctx.read("rope");
+  Tensor n1 = s.saved("attn_norm"), n1_rstd = s.saved("attn_norm.rstd");
+  Tensor x = s.input();
+  s.matmuls();
+  if (!s.running()) return;
+
+  const BlockWeights &w = s.w, &g = s.g;
+  Tensor dn2 = g.norm2_w, dn1 = g.norm1_w, none;
+  auto round_dres = [&] {
+    if (mixed) convert(dres_h, dres);
+  };
+  // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
+  swiglu_forward(act, gate_up);
+  round_dres();
+  s.linear_backward(dact, g.mlp_out_w, none, dres_h, act, w.mlp_out_w);
+  swiglu_backward(dgate_up, dact, gate_up);
+  s.linear_backward(dC, g.fc_w, none, dgate_up, n2, w.fc_w);
+  rmsnorm_backward(dres, dn2, dC, r2, w.norm2_w, n2_rstd);
+  // Attention: dres is now d(residual_2) and flows on to x. dgate_up is free again: it takes
+  // selective checkpointing's recomputed attention output.
+  round_dres();
+  s.linear_backward(datty, g.attn_out_w, none, dres_h, atty, w.attn_out_w);
+  s.attention_backward(dqkv, datty, qkv, atty, att, dgate_up.view(0, atty.shape()));
+  rope_backward(dqkv, rope, s.heads());
+  s.linear_backward(dC, g.qkv_w, none, dqkv, n1, w.qkv_w);
+  rmsnorm_backward(dres, dn1, dC, x, w.norm1_w, n1_rstd);
+}
+
+}  // namespace memfit
