@@ -675,7 +675,10 @@ TEST_F(FlashAttentionErrors, GqaShapes) {
   flash_attention_backward(gdqkv, dout, gqkv, out, glse, gws, heads);
   expect_error<ShapeError>(
       [&] { flash_attention_forward(out, glse, gqkv, gfws, AttentionHeads{4, 3}); }, fwd,
-      {"3 key/value heads must divide 4 query heads"});
+      {"3 key/value heads must divide 4 query heads (qkv (2, 8, 32))"});
+  expect_error<ShapeError>(
+      [&] { flash_attention_forward_workspace_bytes(B, T, C, AttentionHeads{4, 0}); },
+      "flash_attention_forward_workspace", {"0 key/value heads must divide 4 query heads"});
   Tensor odd_qkv = make({B, T, 44});
   expect_error<ShapeError>(
       [&] { flash_attention_forward(out, glse, odd_qkv, gfws, heads); }, fwd,

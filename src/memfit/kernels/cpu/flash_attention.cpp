@@ -73,7 +73,9 @@ Dims check_qkv(const Tensor& qkv, AttentionHeads heads, const FlashAttentionTile
   MEMFIT_CHECK_DTYPE(dt == DType::f32 || dt == DType::bf16, op,
                      "qkv must be f32 or bf16, got {} {}", dtype_name(dt), qkv.shape());
   const Shape& s = expect_any_shape(qkv, op, "qkv", dt);
-  check_heads(heads, op);
+  MEMFIT_CHECK_SHAPE(heads.q > 0 && heads.kv > 0 && heads.q % heads.kv == 0, op,
+                     "{} key/value heads must divide {} query heads (qkv {})", heads.kv, heads.q,
+                     s);
   const bool mha = heads.q == heads.kv;
   const int64_t parts = heads.q + 2L * heads.kv;  // head-size columns per token
   MEMFIT_CHECK_SHAPE(
