@@ -1,7 +1,8 @@
 // Attention in mixed precision: with qkv, att, out, dout and dqkv in any of f32, bf16 and f16,
 // the results are exactly the f32 kernel's on the widened inputs, rounded once to each output's
 // type (the same f32 arithmetic runs on copies); against the double reference on unrounded
-// inputs within bf16's error; the workspace contract; and the dtype errors.
+// inputs within bf16's error; the workspace contract; and the dtype errors. Grouped-query heads
+// the same way.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -150,6 +151,77 @@ TEST(AttentionMixed, WorkspaceContract) {
   Tensor bsmall = make_tensor(pool, {bslice - 1}), bone = make_tensor(pool, {bslice});
   EXPECT_THROW(attention_backward(dqkv, dout, qkv, att, bsmall, NH), ShapeError);
   EXPECT_NO_THROW(attention_backward(dqkv, dout, qkv, att, bone, NH));
+}
+
+// Grouped-query heads: mixed precision is still the f32 kernel on the widened values, rounded
+// once, with dk, dv summed over a group in f32 before they round.
+TEST(AttentionMixed, GqaIsTheF32KernelRounded) {
+  MemoryPool pool;
+  struct GqaShape {
+    int64_t B, T, hs;
+    int q, kv;
+  };
+  for (const auto& [B, T, hs, q, kv] : {GqaShape{2, 17, 8, 6, 2}, GqaShape{1, 21, 160, 4, 1}}) {
+    const AttentionHeads heads{q, kv};
+    const int64_t C = heads.out_width(hs), W = heads.qkv_width(hs);
+    for (const auto& [qt, pt, ot] : kTypes) {
+      SCOPED_TRACE(fmt::format("B={} T={} hs={} q={} kv={} qkv {} att {} out {}", B, T, hs, q, kv,
+                               dtype_name(qt), dtype_name(pt), dtype_name(ot)));
+      std::vector<double> x_raw = random_values(B * T * W, 1, -2, 2);
+      Tensor qkv = make_tensor(pool, {B, T, W}, qt);
+      copy_in_any(qkv, x_raw);
+      Tensor qkv32 = as(pool, qkv, DType::f32);
+      Tensor out = random_any(pool, {B, T, C}, ot, 2), att = random_any(pool, {B, q, T, T}, pt, 3);
+      Tensor ws = workspace(pool, attention_forward_workspace_bytes(B, T, C, heads, qt, pt, ot));
+      attention_forward(out, att, qkv, ws, heads);
+      Tensor out32 = make_tensor(pool, {B, T, C}), att32 = make_tensor(pool, {B, q, T, T});
+      attention_forward(out32, att32, qkv32, heads);
+      EXPECT_TRUE(same_bits(out, as(pool, out32, ot))) << "out";
+      EXPECT_TRUE(same_bits(att, as(pool, att32, pt))) << "att";
+
+      Tensor dout = random_any(pool, {B, T, C}, ot, 4);
+      Tensor dqkv = random_any(pool, {B, T, W}, ot, 5);
+      Tensor bws =
+          workspace(pool, attention_backward_workspace_bytes(B, T, C, heads, qt, pt, ot, ot));
+      attention_backward(dqkv, dout, qkv, att, bws, heads);
+      Tensor dqkv32 = make_tensor(pool, {B, T, W});
+      Tensor ws32 = workspace(pool, attention_backward_workspace_bytes(B, T, C, heads));
+      attention_backward(dqkv32, as(pool, dout, DType::f32), qkv32, as(pool, att, DType::f32),
+                         ws32, heads);
+      EXPECT_TRUE(same_bits(dqkv, as(pool, dqkv32, ot))) << "dqkv";
+      std::vector<double> want_out(out.numel()), want_att(att.numel()), want_d(dqkv.numel());
+      ref::attention_forward(want_out.data(), want_att.data(), x_raw.data(), B, T, C, heads);
+      ref::attention_backward(want_d.data(), to_doubles_any(dout).data(), x_raw.data(),
+                              want_att.data(), B, T, C, heads);
+      EXPECT_LT(rel_error(to_doubles_any(out), want_out), 2e-2) << "out";
+      EXPECT_LT(rel_error(to_doubles_any(dqkv), want_d), 3e-2) << "dqkv";
+    }
+  }
+}
+
+// Backward runs a task per (b, key/value head): its workspace has that many slices at most.
+TEST(AttentionMixed, GqaWorkspaceContract) {
+  MemoryPool pool;
+  const int64_t B = 2, T = 13, hs = 8;
+  const AttentionHeads heads{4, 2};
+  const int64_t C = heads.out_width(hs), W = heads.qkv_width(hs);
+  const DType bf = DType::bf16;
+  const int64_t bslice = 2 * T * T + 7 * T * hs;
+  EXPECT_EQ(attention_backward_workspace_bytes(B, T, C, heads, bf, bf, bf, bf),
+            static_cast<size_t>(std::min<int64_t>(omp_get_max_threads(), B * 2) * bslice * 4));
+  EXPECT_EQ(attention_backward_workspace_bytes(B, T, C, heads),
+            static_cast<size_t>(std::min<int64_t>(omp_get_max_threads(), B * 2) * T * T * 4));
+  const int64_t fslice = 3 * T * hs + T * T + T * hs;
+  EXPECT_EQ(attention_forward_workspace_bytes(B, T, C, heads, bf, bf, bf),
+            static_cast<size_t>(std::min<int64_t>(omp_get_max_threads(), B * 4) * fslice * 4));
+  Tensor qkv = random_any(pool, {B, T, W}, bf, 1);
+  Tensor out = make_tensor(pool, {B, T, C}, bf), att = make_tensor(pool, {B, 4, T, T}, bf);
+  Tensor one = make_tensor(pool, {fslice});
+  attention_forward(out, att, qkv, one, heads);
+  Tensor dout = random_any(pool, {B, T, C}, bf, 2), dqkv = make_tensor(pool, {B, T, W}, bf);
+  Tensor bsmall = make_tensor(pool, {bslice - 1}), bone = make_tensor(pool, {bslice});
+  EXPECT_THROW(attention_backward(dqkv, dout, qkv, att, bsmall, heads), ShapeError);
+  EXPECT_NO_THROW(attention_backward(dqkv, dout, qkv, att, bone, heads));
 }
 
 TEST(AttentionMixed, DTypeErrors) {

@@ -5,14 +5,19 @@
 // Mixed precision widens a head's bf16 / f16 operands into per-thread f32 scratch and runs the
 // same f32 arithmetic: converting is O(T hs) next to the O(T^2 hs) products, and on Sapphire
 // Rapids vdpbf16ps retires at half the FLOP rate of vfmadd231ps (docs/notes/mixed-precision.md),
-// so bf16 dot products would not be faster than widening.
+// so bf16 dot products would not be faster than widening. Grouped-query attention runs forward
+// over (batch, query head); backward over (batch, key/value head), each task walking its group's
+// query heads in order and summing their dk, dv into the rows it alone owns.
 #include "memfit/kernels/cpu/attention.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <type_traits>
+
+#include <fmt/format.h>
 
 #include "memfit/kernels/cpu/attention_tile.h"
 #include "memfit/kernels/cpu/checks.h"
@@ -64,9 +69,10 @@ void lower_times(const float* P, const float* X, int64_t ldx, int64_t T, int64_t
   }
 }
 
-// out (T, hs) (=) P^T @ X for a lower-triangular P: row j of the result sums rows t >= j.
+// out (T, hs) (=, or += if accumulate) P^T @ X for a lower-triangular P: row j of the result
+// sums rows t >= j.
 void lower_transposed_times(const float* P, const float* X, int64_t ldx, int64_t T, int64_t hs,
-                            float* out, int64_t ldo) {
+                            float* out, int64_t ldo, bool accumulate) {
   for (int64_t n0 = 0; n0 < hs; n0 += tile::kMaxWidth) {
     const int n = static_cast<int>(std::min<int64_t>(tile::kMaxWidth, hs - n0));
     const int64_t rows_per_tile = tile::max_rows(n);
@@ -74,7 +80,7 @@ void lower_transposed_times(const float* P, const float* X, int64_t ldx, int64_t
       const int rows = static_cast<int>(std::min(rows_per_tile, T - j0));
       // A(i, k) = P[j0 + k, j0 + i]: the micro-kernel walks P down its columns.
       tile::run(rows, n, T - j0, P + j0 * T + j0, 1, T, X + j0 * ldx + n0, ldx,
-                out + j0 * ldo + n0, ldo, 1.0f, false);
+                out + j0 * ldo + n0, ldo, 1.0f, accumulate);
     }
   }
 }
@@ -108,20 +114,45 @@ void causal_softmax_backward(float* D, const float* P, int64_t T, float scale) {
   }
 }
 
+// The sizes of one call. C = NH * hs is the output width, W = (NH + 2 KV) * hs qkv's.
 struct Dims {
   int64_t B, T, C, NH, hs;
+  AttentionHeads heads;
+  int64_t W() const { return heads.qkv_width(hs); }
+  int64_t KV() const { return heads.kv; }
+  // Columns in a qkv row of query head h's q and of key/value head g's k and v.
+  int64_t q_col(int64_t h) const { return h * hs; }
+  int64_t k_col(int64_t g) const { return C + g * hs; }
+  int64_t v_col(int64_t g) const { return C + (heads.kv + g) * hs; }
 };
 
-// qkv (B, T, 3C) of `dtype` (any float type if none is given).
-Dims check_qkv(const Tensor& qkv, int n_head, const DType* dtype = nullptr) {
+// "n_head = 12", or "8 query heads and 2 key/value heads", for error messages.
+std::string heads_text(const AttentionHeads& heads) {
+  return heads.q == heads.kv
+             ? fmt::format("n_head = {}", heads.q)
+             : fmt::format("{} query heads and {} key/value heads", heads.q, heads.kv);
+}
+
+// qkv (B, T, heads.qkv_width(hs)) of `dtype` (any float type if none is given).
+Dims check_qkv(const Tensor& qkv, AttentionHeads heads, const DType* dtype = nullptr) {
   const Shape& s = expect_any_shape(qkv, kOp, "qkv", dtype ? *dtype : qkv.dtype());
   MEMFIT_CHECK_DTYPE(half::is_float_type(qkv.dtype()), kOp,
                      "qkv must be f32, bf16 or f16, got {} {}", dtype_name(qkv.dtype()), s);
-  MEMFIT_CHECK_SHAPE(s.rank() == 3 && s[2] % 3 == 0, kOp, "qkv must be (B, T, 3C), got {}", s);
-  const int64_t C = s[2] / 3;
-  MEMFIT_CHECK_SHAPE(n_head > 0 && C % n_head == 0, kOp,
-                     "C = {} (qkv {}) is not divisible by n_head = {}", C, s, n_head);
-  return {s[0], s[1], C, n_head, C / n_head};
+  MEMFIT_CHECK_SHAPE(heads.q > 0 && heads.kv > 0 && heads.q % heads.kv == 0, kOp,
+                     "{} key/value heads must divide {} query heads (qkv {})", heads.kv, heads.q,
+                     s);
+  const bool mha = heads.q == heads.kv;
+  const int64_t parts = heads.q + 2L * heads.kv;  // head-size columns per token
+  MEMFIT_CHECK_SHAPE(s.rank() == 3 && s[2] % (mha ? 3 : parts) == 0, kOp,
+                     "qkv must be {}, got {}",
+                     mha ? std::string("(B, T, 3C)")
+                         : fmt::format("(B, T, (q + 2 kv) * hs) = (B, T, {} hs) for {}", parts,
+                                       heads_text(heads)),
+                     s);
+  const int64_t C = mha ? s[2] / 3 : s[2] / parts * heads.q;
+  MEMFIT_CHECK_SHAPE(C % heads.q == 0, kOp, "C = {} (qkv {}) is not divisible by {}", C, s,
+                     heads_text(heads));
+  return {s[0], s[1], C, heads.q, C / heads.q, heads};
 }
 
 // t: contiguous, of `shape`, f32, bf16 or f16.
@@ -148,9 +179,13 @@ int64_t backward_slot_floats(int64_t T, int64_t hs, DType qkv, DType att, DType 
          (is_half(dout) ? T * hs : 0) + (is_half(dqkv) ? 3 * T * hs : 0);
 }
 
-int64_t slots_for(int64_t B, int n_head) {
-  return std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), B * n_head));
+// Thread slices for `tasks` parallel tasks.
+int64_t slots_for(int64_t tasks) {
+  return std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), tasks));
 }
+
+// Head size for output width C, 0 if the heads are no use (the call's checks then throw).
+int64_t head_size(int64_t C, const AttentionHeads& heads) { return heads.q > 0 ? C / heads.q : 0; }
 
 // rows x cols of `src` (dtype t, row stride lds) widened into dst (row stride ldd).
 void widen_rows(float* dst, int64_t ldd, const void* src, DType t, int64_t lds, int64_t rows,
@@ -195,75 +230,78 @@ int threads_for(const Tensor& workspace, int64_t slot, size_t want_bytes, int64_
 
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, int n_head) {
+void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, AttentionHeads heads) {
   const DType f32 = DType::f32;
   MEMFIT_CHECK_DTYPE(!qkv.defined() || qkv.dtype() == f32, kOp,
                      "qkv must be f32, got {} {}; bf16 and f16 take the overload with a workspace",
                      dtype_name(qkv.dtype()), qkv.shape());
-  const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head, &f32);
+  const Dims d = check_qkv(qkv, heads, &f32);
+  const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, hs = d.hs;
   expect_tensor(out, kOp, "out", Shape{B, T, C});
   expect_tensor(att, kOp, "att", Shape{B, NH, T, T});
   const float* qkv_p = qkv.data<float>();
   float* out_p = out.data<float>();
   float* att_p = att.data<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t C3 = 3 * C;
+  const int64_t W = d.W();
 
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const float* q = qkv_p + b * T * C3 + h * hs;
+    const int64_t b = bh / NH, h = bh % NH, g = heads.kv_of(static_cast<int>(h));
+    const float* row0 = qkv_p + b * T * W;
     float* S = att_p + bh * T * T;
-    causal_scores(q, C3, q + C, C3, T, hs, scale, S);
+    causal_scores(row0 + d.q_col(h), W, row0 + d.k_col(g), W, T, hs, scale, S);
     causal_softmax(S, T);
-    lower_times(S, q + 2 * C, C3, T, hs, out_p + b * T * C + h * hs, C);
+    lower_times(S, row0 + d.v_col(g), W, T, hs, out_p + b * T * C + h * hs, C);
   }
 }
 
-size_t attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head, DType qkv,
-                                         DType att, DType out) {
-  const int64_t hs = n_head > 0 ? C / n_head : 0;
-  return static_cast<size_t>(slots_for(B, n_head) * forward_slot_floats(T, hs, qkv, att, out)) *
+size_t attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C, AttentionHeads heads,
+                                         DType qkv, DType att, DType out) {
+  const int64_t hs = head_size(C, heads);
+  return static_cast<size_t>(slots_for(B * heads.q) * forward_slot_floats(T, hs, qkv, att, out)) *
          sizeof(float);
 }
 
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, Tensor& workspace,
-                       int n_head) {
-  const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head);
+                       AttentionHeads heads) {
+  const Dims d = check_qkv(qkv, heads);
+  const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, hs = d.hs;
   expect_float(out, "out", Shape{B, T, C});
   expect_float(att, "att", Shape{B, NH, T, T});
   const DType qt = qkv.dtype(), pt = att.dtype(), ot = out.dtype();
   if (qt == DType::f32 && pt == DType::f32 && ot == DType::f32)
-    return attention_forward(out, att, qkv, n_head);
+    return attention_forward(out, att, qkv, heads);
   expect_any_shape(workspace, kOp, "workspace");
   if (B * NH * T == 0) return;
   const int64_t slot = forward_slot_floats(T, hs, qt, pt, ot);
   const int threads = threads_for(
-      workspace, slot, attention_forward_workspace_bytes(B, T, C, n_head, qt, pt, ot), T);
+      workspace, slot, attention_forward_workspace_bytes(B, T, C, heads, qt, pt, ot), T);
 
   const void* qkv_p = qkv.raw_data();
   void* out_p = out.raw_data();
   void* att_p = att.raw_data();
   float* ws = workspace.data<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t C3 = 3 * C;
+  const int64_t W = d.W();
 
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
+    const int64_t b = bh / NH, h = bh % NH, g = heads.kv_of(static_cast<int>(h));
+    const int64_t cols[3] = {d.q_col(h), d.k_col(g), d.v_col(g)};
     float* scratch = ws + omp_get_thread_num() * slot;
     // q, k, v of this head in f32: in place if qkv is f32, else widened into the scratch.
     const float *q, *k, *v;
     int64_t ld;
     if (qt == DType::f32) {
-      q = static_cast<const float*>(qkv_p) + offset_of(b, T, C3, h * hs);
-      k = q + C, v = q + 2 * C, ld = C3;
+      const float* row0 = static_cast<const float*>(qkv_p) + b * T * W;
+      q = row0 + cols[0], k = row0 + cols[1], v = row0 + cols[2], ld = W;
     } else {
       float* qs = scratch;
       scratch += 3 * T * hs;
       for (int part = 0; part < 3; ++part)
-        widen_rows(qs + part * T * hs, hs, elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)),
-                   qt, C3, T, hs);
+        widen_rows(qs + part * T * hs, hs, elem(qkv_p, qt, offset_of(b, T, W, cols[part])), qt, W,
+                   T, hs);
       q = qs, k = qs + T * hs, v = qs + 2 * T * hs, ld = hs;
     }
     float* S;
@@ -285,21 +323,23 @@ void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, Tensor& work
   }
 }
 
-size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head) {
-  return static_cast<size_t>(slots_for(B, n_head) * scratch_floats(T)) * sizeof(float);
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C,
+                                          AttentionHeads heads) {
+  return static_cast<size_t>(slots_for(B * heads.kv) * scratch_floats(T)) * sizeof(float);
 }
 
-size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head, DType qkv,
-                                          DType att, DType dout, DType dqkv) {
-  const int64_t hs = n_head > 0 ? C / n_head : 0;
-  return static_cast<size_t>(slots_for(B, n_head) *
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, AttentionHeads heads,
+                                          DType qkv, DType att, DType dout, DType dqkv) {
+  const int64_t hs = head_size(C, heads);
+  return static_cast<size_t>(slots_for(B * heads.kv) *
                              backward_slot_floats(T, hs, qkv, att, dout, dqkv)) *
          sizeof(float);
 }
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                        Tensor& workspace, int n_head) {
-  const auto [B, T, C, NH, hs] = check_qkv(qkv, n_head);
+                        Tensor& workspace, AttentionHeads heads) {
+  const Dims d = check_qkv(qkv, heads);
+  const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, hs = d.hs;
   expect_float(dqkv, "dqkv", qkv.shape());
   expect_float(dout, "dout", Shape{B, T, C});
   expect_float(att, "att", Shape{B, NH, T, T});
@@ -312,8 +352,8 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   const int64_t slot = backward_slot_floats(T, hs, qt, pt, gt, dt);
   const int threads = threads_for(
       workspace, slot,
-      all_f32 ? attention_backward_workspace_bytes(B, T, C, n_head)
-              : attention_backward_workspace_bytes(B, T, C, n_head, qt, pt, gt, dt),
+      all_f32 ? attention_backward_workspace_bytes(B, T, C, heads)
+              : attention_backward_workspace_bytes(B, T, C, heads, qt, pt, gt, dt),
       T);
 
   const void* qkv_p = qkv.raw_data();
@@ -322,60 +362,87 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   void* dqkv_p = dqkv.raw_data();
   float* ws = workspace.data<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t C3 = 3 * C;
+  const int64_t W = d.W(), KV = d.KV(), group = heads.group();
 
+  // One task per (b, key/value head g): it alone writes dk, dv of g, the sums over the group's
+  // query heads in head order, and dq of those heads. With KV == NH that is one head a task.
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
+  for (int64_t bg = 0; bg < B * KV; ++bg) {
+    const int64_t b = bg / KV, g = bg % KV;
     float* D = ws + omp_get_thread_num() * slot;
     float* scratch = D + T * T;
-    // Each operand in f32: in place if it is f32, else widened into the scratch.
-    const float *q, *k, *v;
+    // Each operand in f32: in place if it is f32, else widened into the scratch. k and v are
+    // the group's; q, dout and att are widened per query head.
+    const float *k, *v;
+    float* qs = nullptr;
     int64_t lq;
     if (qt == DType::f32) {
-      q = static_cast<const float*>(qkv_p) + offset_of(b, T, C3, h * hs);
-      k = q + C, v = q + 2 * C, lq = C3;
+      const float* row0 = static_cast<const float*>(qkv_p) + b * T * W;
+      k = row0 + d.k_col(g), v = row0 + d.v_col(g), lq = W;
     } else {
-      for (int part = 0; part < 3; ++part)
-        widen_rows(scratch + part * T * hs, hs,
-                   elem(qkv_p, qt, offset_of(b, T, C3, part * C + h * hs)), qt, C3, T, hs);
-      q = scratch, k = scratch + T * hs, v = scratch + 2 * T * hs, lq = hs;
+      qs = scratch;
+      widen_rows(qs + T * hs, hs, elem(qkv_p, qt, offset_of(b, T, W, d.k_col(g))), qt, W, T, hs);
+      widen_rows(qs + 2 * T * hs, hs, elem(qkv_p, qt, offset_of(b, T, W, d.v_col(g))), qt, W, T,
+                 hs);
+      k = qs + T * hs, v = qs + 2 * T * hs, lq = hs;
       scratch += 3 * T * hs;
     }
-    const float* dout_bh;
-    int64_t lo;
-    if (gt == DType::f32) {
-      dout_bh = static_cast<const float*>(dout_p) + offset_of(b, T, C, h * hs), lo = C;
-    } else {
-      widen_rows(scratch, hs, elem(dout_p, gt, offset_of(b, T, C, h * hs)), gt, C, T, hs);
-      dout_bh = scratch, lo = hs;
+    float* gs = nullptr;  // f32 copy of dout's head
+    if (gt != DType::f32) {
+      gs = scratch;
       scratch += T * hs;
     }
-    const float* P;
-    if (pt == DType::f32) {
-      P = static_cast<const float*>(att_p) + bh * T * T;
-    } else {
-      widen_rows(scratch, T * T, elem(att_p, pt, bh * T * T), pt, T * T, 1, T * T);
-      P = scratch;
+    float* ps = nullptr;  // and of att's
+    if (pt != DType::f32) {
+      ps = scratch;
       scratch += T * T;
     }
-    float *dq, *dk, *dv;
+    float *dq = nullptr, *dk, *dv;
     int64_t ld;
     if (dt == DType::f32) {
-      dq = static_cast<float*>(dqkv_p) + offset_of(b, T, C3, h * hs);
-      dk = dq + C, dv = dq + 2 * C, ld = C3;
+      float* row0 = static_cast<float*>(dqkv_p) + b * T * W;
+      dk = row0 + d.k_col(g), dv = row0 + d.v_col(g), ld = W;
     } else {
       dq = scratch, dk = scratch + T * hs, dv = scratch + 2 * T * hs, ld = hs;
     }
-    causal_scores(dout_bh, lo, v, lq, T, hs, 1.0f, D);   // dP = dout @ v^T
-    causal_softmax_backward(D, P, T, scale);              // dS, scaled
-    lower_times(D, k, lq, T, hs, dq, ld);                 // dq = dS @ k
-    lower_transposed_times(D, q, lq, T, hs, dk, ld);      // dk = dS^T @ q
-    lower_transposed_times(P, dout_bh, lo, T, hs, dv, ld);  // dv = P^T @ dout
+
+    for (int64_t i = 0; i < group; ++i) {
+      const int64_t h = g * group + i, bh = b * NH + h;
+      const float* q;
+      if (qt == DType::f32) {
+        q = static_cast<const float*>(qkv_p) + offset_of(b, T, W, d.q_col(h));
+      } else {
+        widen_rows(qs, hs, elem(qkv_p, qt, offset_of(b, T, W, d.q_col(h))), qt, W, T, hs);
+        q = qs;
+      }
+      const float* dout_bh;
+      int64_t lo;
+      if (gt == DType::f32) {
+        dout_bh = static_cast<const float*>(dout_p) + offset_of(b, T, C, h * hs), lo = C;
+      } else {
+        widen_rows(gs, hs, elem(dout_p, gt, offset_of(b, T, C, h * hs)), gt, C, T, hs);
+        dout_bh = gs, lo = hs;
+      }
+      const float* P;
+      if (pt == DType::f32) {
+        P = static_cast<const float*>(att_p) + bh * T * T;
+      } else {
+        widen_rows(ps, T * T, elem(att_p, pt, bh * T * T), pt, T * T, 1, T * T);
+        P = ps;
+      }
+      if (dt == DType::f32) dq = static_cast<float*>(dqkv_p) + offset_of(b, T, W, d.q_col(h));
+      const bool acc = i > 0;  // dk, dv: the first query head sets them, the rest add
+      causal_scores(dout_bh, lo, v, lq, T, hs, 1.0f, D);         // dP = dout @ v^T
+      causal_softmax_backward(D, P, T, scale);                    // dS, scaled
+      lower_times(D, k, lq, T, hs, dq, ld);                       // dq = dS @ k
+      lower_transposed_times(D, q, lq, T, hs, dk, ld, acc);       // dk (+)= dS^T @ q
+      lower_transposed_times(P, dout_bh, lo, T, hs, dv, ld, acc);  // dv (+)= P^T @ dout
+      if (dt != DType::f32)
+        narrow_rows(elem(dqkv_p, dt, offset_of(b, T, W, d.q_col(h))), dt, W, dq, hs, T, hs);
+    }
     if (dt != DType::f32) {
-      for (int part = 0; part < 3; ++part)
-        narrow_rows(elem(dqkv_p, dt, offset_of(b, T, C3, part * C + h * hs)), dt, C3,
-                    dq + part * T * hs, hs, T, hs);
+      narrow_rows(elem(dqkv_p, dt, offset_of(b, T, W, d.k_col(g))), dt, W, dk, hs, T, hs);
+      narrow_rows(elem(dqkv_p, dt, offset_of(b, T, W, d.v_col(g))), dt, W, dv, hs, T, hs);
     }
   }
 }

@@ -1,5 +1,5 @@
-// Flash attention's API: argument checks (typed errors naming the op and the shapes), the
-// workspace sizes and thread counts, and dispatch to the f32 and bf16 drivers
+// Flash attention's API: argument checks (typed errors naming the op, the shapes and the heads),
+// the workspace sizes and thread counts, and dispatch to the f32 and bf16 drivers
 // (flash_attention_f32.cpp, flash_attention_bf16.cpp). See "Note [Flash attention]" in
 // docs/notes/flash-attention.md.
 #include "memfit/kernels/cpu/flash_attention.h"
@@ -7,7 +7,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <string>
 #include <string_view>
+
+#include <fmt/format.h>
 
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/flash_attention_detail.h"
@@ -23,10 +26,24 @@ constexpr std::string_view kBackward = "flash_attention_backward";
 
 bool tile_ok(int n) { return n >= kLanes && n <= 512 && n % kLanes == 0; }
 
-Dims make_dims(int64_t B, int64_t T, int64_t C, int n_head, DType dtype,
+// "n_head = 12", or "8 query heads and 2 key/value heads", for error messages.
+std::string heads_text(const AttentionHeads& heads) {
+  return heads.q == heads.kv
+             ? fmt::format("n_head = {}", heads.q)
+             : fmt::format("{} query heads and {} key/value heads", heads.q, heads.kv);
+}
+
+void check_heads(const AttentionHeads& heads, std::string_view op) {
+  MEMFIT_CHECK_SHAPE(heads.q > 0 && heads.kv > 0 && heads.q % heads.kv == 0, op,
+                     "{} key/value heads must divide {} query heads", heads.kv, heads.q);
+}
+
+// C is the output width, heads.q * hs.
+Dims make_dims(int64_t B, int64_t T, int64_t C, AttentionHeads heads, DType dtype,
                const FlashAttentionTiles& tiles, std::string_view op) {
-  MEMFIT_CHECK_SHAPE(n_head > 0 && C % n_head == 0, op,
-                     "C = {} is not a positive multiple of n_head = {}", C, n_head);
+  check_heads(heads, op);
+  MEMFIT_CHECK_SHAPE(C % heads.q == 0, op, "C = {} is not a positive multiple of {}", C,
+                     heads_text(heads));
   MEMFIT_CHECK_DTYPE(dtype == DType::f32 || dtype == DType::bf16, op,
                      "qkv must be f32 or bf16, got {}", dtype_name(dtype));
   MEMFIT_CHECK(tile_ok(tiles.q_rows) && tile_ok(tiles.kv_rows), op,
@@ -36,27 +53,39 @@ Dims make_dims(int64_t B, int64_t T, int64_t C, int n_head, DType dtype,
   d.B = B;
   d.T = T;
   d.C = C;
-  d.NH = n_head;
-  d.hs = C / n_head;
+  d.NH = heads.q;
+  d.KV = heads.kv;
+  d.hs = C / heads.q;
   d.Br = tiles.q_rows;
   d.Bc = tiles.kv_rows;
   d.bf16 = dtype == DType::bf16;
   MEMFIT_CHECK_SHAPE(!d.bf16 || d.hs % 2 == 0, op,
-                     "bf16 needs an even head size, got C = {}, n_head = {} (head size {})", C,
-                     n_head, d.hs);
+                     "bf16 needs an even head size, got C = {}, {} (head size {})", C,
+                     heads_text(heads), d.hs);
   return d;
 }
 
-Dims check_qkv(const Tensor& qkv, int n_head, const FlashAttentionTiles& tiles,
+// qkv (B, T, heads.qkv_width(hs)): (B, T, 3C) for multi-head attention.
+Dims check_qkv(const Tensor& qkv, AttentionHeads heads, const FlashAttentionTiles& tiles,
                std::string_view op) {
   MEMFIT_CHECK(qkv.defined(), op, "qkv is undefined");
   const DType dt = qkv.dtype();
   MEMFIT_CHECK_DTYPE(dt == DType::f32 || dt == DType::bf16, op,
                      "qkv must be f32 or bf16, got {} {}", dtype_name(dt), qkv.shape());
   const Shape& s = expect_any_shape(qkv, op, "qkv", dt);
-  MEMFIT_CHECK_SHAPE(s.rank() == 3 && s[0] > 0 && s[1] > 0 && s[2] > 0 && s[2] % 3 == 0, op,
-                     "qkv must be (B, T, 3C) with B, T, C > 0, got {}", s);
-  return make_dims(s[0], s[1], s[2] / 3, n_head, dt, tiles, op);
+  MEMFIT_CHECK_SHAPE(heads.q > 0 && heads.kv > 0 && heads.q % heads.kv == 0, op,
+                     "{} key/value heads must divide {} query heads (qkv {})", heads.kv, heads.q,
+                     s);
+  const bool mha = heads.q == heads.kv;
+  const int64_t parts = heads.q + 2L * heads.kv;  // head-size columns per token
+  MEMFIT_CHECK_SHAPE(
+      s.rank() == 3 && s[0] > 0 && s[1] > 0 && s[2] > 0 && s[2] % (mha ? 3 : parts) == 0, op,
+      "qkv must be {}, got {}",
+      mha ? std::string("(B, T, 3C) with B, T, C > 0")
+          : fmt::format("(B, T, (q + 2 kv) * hs) = (B, T, {} hs) with B, T, hs > 0 for {}", parts,
+                        heads_text(heads)),
+      s);
+  return make_dims(s[0], s[1], mha ? s[2] / 3 : s[2] / parts * heads.q, heads, dt, tiles, op);
 }
 
 // bf16 rows are read in pairs as uint32 by the tile products.
@@ -90,12 +119,13 @@ int threads_that_fit(const Tensor& workspace, std::string_view op, size_t full_b
 
 namespace flash {
 
-// Enough (b, h, group) tasks that dynamic scheduling keeps every thread busy to the end.
+// Enough (group, b, key/value head) tasks that dynamic scheduling keeps every thread busy to
+// the end.
 constexpr int64_t kTasksPerThread = 4;
 
 int backward_groups(const Dims& d, int nthreads) {
   if (nthreads <= 1) return 1;
-  const int64_t want = (kTasksPerThread * nthreads + d.heads() - 1) / d.heads();
+  const int64_t want = (kTasksPerThread * nthreads + d.kv_heads() - 1) / d.kv_heads();
   return static_cast<int>(std::clamp<int64_t>(want, 1, d.kv_tiles()));
 }
 
@@ -127,20 +157,22 @@ int64_t backward_words(const Dims& d, int nthreads) {
 
 }  // namespace
 
-size_t flash_attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
-                                               DType dtype, const FlashAttentionTiles& tiles) {
-  const Dims d = make_dims(B, T, C, n_head, dtype, tiles, "flash_attention_forward_workspace");
+size_t flash_attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C,
+                                               AttentionHeads heads, DType dtype,
+                                               const FlashAttentionTiles& tiles) {
+  const Dims d = make_dims(B, T, C, heads, dtype, tiles, "flash_attention_forward_workspace");
   return static_cast<size_t>(forward_words(d, omp_get_max_threads())) * sizeof(float);
 }
 
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, Tensor& workspace,
-                             int n_head, const FlashAttentionTiles& tiles) {
-  const Dims d = check_qkv(qkv, n_head, tiles, kForward);
+                             AttentionHeads heads, const FlashAttentionTiles& tiles) {
+  const Dims d = check_qkv(qkv, heads, tiles, kForward);
   const DType dt = qkv.dtype();
   expect_tensor(out, kForward, "out", {d.B, d.T, d.C}, dt);
   expect_tensor(lse, kForward, "lse", {d.B, d.NH, d.T}, DType::f32);
   const int nthreads = threads_that_fit(
-      workspace, kForward, flash_attention_forward_workspace_bytes(d.B, d.T, d.C, d.NH, dt, tiles),
+      workspace, kForward,
+      flash_attention_forward_workspace_bytes(d.B, d.T, d.C, heads, dt, tiles),
       [&](int n) { return forward_words(d, n); });
   float* ws = static_cast<float*>(workspace.raw_data());
   if (d.bf16) {
@@ -151,16 +183,17 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, Tensor
   }
 }
 
-size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, int n_head,
-                                                DType dtype, const FlashAttentionTiles& tiles) {
-  const Dims d = make_dims(B, T, C, n_head, dtype, tiles, "flash_attention_backward_workspace");
+size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C,
+                                                AttentionHeads heads, DType dtype,
+                                                const FlashAttentionTiles& tiles) {
+  const Dims d = make_dims(B, T, C, heads, dtype, tiles, "flash_attention_backward_workspace");
   return static_cast<size_t>(backward_words(d, omp_get_max_threads())) * sizeof(float);
 }
 
 void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                              const Tensor& out, const Tensor& lse, Tensor& workspace, int n_head,
-                              const FlashAttentionTiles& tiles) {
-  const Dims d = check_qkv(qkv, n_head, tiles, kBackward);
+                              const Tensor& out, const Tensor& lse, Tensor& workspace,
+                              AttentionHeads heads, const FlashAttentionTiles& tiles) {
+  const Dims d = check_qkv(qkv, heads, tiles, kBackward);
   const DType dt = qkv.dtype();
   expect_tensor(dqkv, kBackward, "dqkv", qkv.shape(), dt);
   expect_tensor(dout, kBackward, "dout", {d.B, d.T, d.C}, dt);
@@ -170,7 +203,7 @@ void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qk
   // and so dq's summation order, follow from that number alone.
   const int nthreads = threads_that_fit(
       workspace, kBackward,
-      flash_attention_backward_workspace_bytes(d.B, d.T, d.C, d.NH, dt, tiles),
+      flash_attention_backward_workspace_bytes(d.B, d.T, d.C, heads, dt, tiles),
       [&](int n) { return backward_words(d, n); });
   const int groups = flash::backward_groups(d, nthreads);
   float* ws = static_cast<float*>(workspace.raw_data());

@@ -5,7 +5,9 @@
 // x86-64 build through target attributes and runs only where cpu::has(Isa::amx) (the CPU has
 // it and MEMFIT_MAX_ISA allows it) and the OS granted the tile state; elsewhere gemm_bf16 runs
 // on AVX512_BF16 or the Highway kernels. See "Note [Flash attention]" and "Note [SIMD
-// dispatch]" (docs/notes/simd-dispatch.md).
+// dispatch]" (docs/notes/simd-dispatch.md). The products see packed tiles only: which head a
+// tile came from (grouped-query attention included) is decided once, in the bf16 driver through
+// Dims' helpers (flash_attention_detail.h), so the AMX and AVX512_BF16 runs index heads alike.
 #include <atomic>
 #include <cstdint>
 

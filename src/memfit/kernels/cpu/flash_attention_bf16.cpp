@@ -2,7 +2,9 @@
 // f32 accumulation. Every product's operands are packed in pairs along k, padded to whole
 // 16 x 16 tiles, so that the same calls run on AMX (TDPBF16PS) where the machine has it and on
 // AVX512_BF16 (_mm512_dpbf16_ps) or two FMAs per pair otherwise. Softmax statistics, lse, D and the dq accumulators
-// stay f32; P and dS are rounded to bf16 for their products. See "Note [Flash attention]".
+// stay f32; P and dS are rounded to bf16 for their products. Heads are found through Dims'
+// helpers (flash_attention_detail.h), as in the f32 driver, grouped-query attention included.
+// See "Note [Flash attention]".
 #include <omp.h>
 
 #include <algorithm>
@@ -108,7 +110,7 @@ int64_t backward_thread_words_bf16(const Dims& d) { return backward_layout(d).wo
 void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv, float* ws,
                   int nthreads) {
   const Pads p(d);
-  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
+  const int64_t T = d.T, C = d.C, W = d.qkv_width(), hs = d.hs, ldq = d.Br;
   const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
   const int64_t BH = d.heads(), nTq = d.q_tiles();
   const float c = d.c();
@@ -132,23 +134,23 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < nTq * BH; ++task) {
       const int64_t i = nTq - 1 - task / BH, bh = task % BH;
-      const int64_t b = bh / d.NH, h = bh % d.NH;
+      const int64_t b = bh / d.NH, h = bh % d.NH, g = d.kv_of(h);
       const int64_t q0 = i * d.Br;
       const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
       const int nqp = static_cast<int>(round_lanes(nq));
-      const uint16_t* Qh = qkv + b * T * C3 + h * hs;
-      const uint16_t* Kh = Qh + C;
-      const uint16_t* Vh = Qh + 2 * C;
+      const uint16_t* Qh = qkv + b * T * W + d.q_col(h);
+      const uint16_t* Kh = qkv + b * T * W + d.k_col(g);
+      const uint16_t* Vh = qkv + b * T * W + d.v_col(g);
 
       std::fill(m, m + ldq, -std::numeric_limits<float>::infinity());
       std::fill(l, l + ldq, 0.0f);
       for (int64_t e = 0; e < hs; ++e) std::fill(Ot + e * ldq, Ot + e * ldq + nqp, 0.0f);
-      transpose_padded(Qp, ldq, as_pairs(Qh + q0 * C3), C3 / 2, nq, hs2);
+      transpose_padded(Qp, ldq, as_pairs(Qh + q0 * W), W / 2, nq, hs2);
       for (int64_t k0 = 0; k0 < q0 + nq; k0 += d.Bc) {
         const int nk = static_cast<int>(std::min<int64_t>(d.Bc, q0 + nq - k0));
         const int nk2 = (nk + 1) / 2;
         // S^T = K Q^T
-        copy_rows(reinterpret_cast<uint16_t*>(Kr), 2 * p.hs2p, Kh + k0 * C3, C3, nk, hs);
+        copy_rows(reinterpret_cast<uint16_t*>(Kr), 2 * p.hs2p, Kh + k0 * W, W, nk, hs);
         gemm_bf16(nk, nqp, hs2, Kr, p.hs2p, Qp, ldq, St, ldq, false);
         online_softmax_step(St, ldq, nk, nqp, k0, q0, c, m, l, alpha);
         if (k0 > 0) {
@@ -160,7 +162,7 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv,
         // O^T += V^T P^T, both in key pairs.
         pack_pairs_interleave(Pv, ldq, St, ldq, nk, nqp);
         zero_rows(Pv, ldq, nk2, round_tile(nk2), nqp);
-        pack_pairs_interleave(Vi, hs, Vh + k0 * C3, C3, nk, hsi);
+        pack_pairs_interleave(Vi, hs, Vh + k0 * W, W, nk, hsi);
         transpose_padded(Vt, p.bc2p, Vi, hs, nk2, hsi);
         gemm_bf16(hsi, nqp, nk2, Vt, p.bc2p, Pv, ldq, Ot, ldq, true);
       }
@@ -177,9 +179,9 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv,
 void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
                    const uint16_t* out, const float* lse, float* ws, int nthreads, int groups) {
   const Pads p(d);
-  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldk = d.Bc, NH = d.NH;
+  const int64_t T = d.T, C = d.C, W = d.qkv_width(), hs = d.hs, ldk = d.Bc, NH = d.NH;
   const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
-  const int64_t BH = d.heads(), nTk = d.kv_tiles();
+  const int64_t BH = d.heads(), BKV = d.kv_heads(), KV = d.KV, G = d.group(), nTk = d.kv_tiles();
   const float c = d.c(), scale = d.scale();
   const BackwardLayout L = backward_layout(d);
   float* D = ws;
@@ -220,17 +222,14 @@ void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const ui
     float* dV = base + L.dv;
     float* dQ = base + L.dq;
     float* lse2 = base + L.lse2;
-    // Tasks (group, b, h) as in backward_f32: each owns its tiles' dk, dv rows and its group's
-    // dq rows of its head.
+    // Tasks (group, b, key/value head kh) as in backward_f32: each owns its tiles' dk, dv rows
+    // of kh and its group's dq rows of the query heads that share kh, walked in head order.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < groups * BH; ++task) {
-      const int g = static_cast<int>(task / BH);
-      const int64_t bh = task % BH, b = bh / NH, h = bh % NH;
-      const uint16_t* Qh = qkv + b * T * C3 + h * hs;
-      const uint16_t* Kh = Qh + C;
-      const uint16_t* Vh = Qh + 2 * C;
-      const uint16_t* dOh = dout + b * T * C + h * hs;
-      float* acc = dq_acc(g) + b * T * C + h * hs;
+    for (int64_t task = 0; task < groups * BKV; ++task) {
+      const int g = static_cast<int>(task / BKV);
+      const int64_t bkv = task % BKV, b = bkv / KV, kh = bkv % KV;
+      const uint16_t* Kh = qkv + b * T * W + d.k_col(kh);
+      const uint16_t* Vh = qkv + b * T * W + d.v_col(kh);
 
       for (int64_t j = 0; j < nTk; ++j) {
         if (group_of_tile(j, groups) != g) continue;
@@ -238,51 +237,57 @@ void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const ui
         const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
         const int nkp = static_cast<int>(round_lanes(nk));
         const int nk2 = (nk + 1) / 2;
-        transpose_padded(Kp, ldk, as_pairs(Kh + k0 * C3), C3 / 2, nk, hs2);
-        transpose_padded(Vp, ldk, as_pairs(Vh + k0 * C3), C3 / 2, nk, hs2);
-        pack_pairs_interleave(Ki, p.hsp, Kh + k0 * C3, C3, nk, hsi);
+        transpose_padded(Kp, ldk, as_pairs(Kh + k0 * W), W / 2, nk, hs2);
+        transpose_padded(Vp, ldk, as_pairs(Vh + k0 * W), W / 2, nk, hs2);
+        pack_pairs_interleave(Ki, p.hsp, Kh + k0 * W, W, nk, hsi);
         zero_rows(Ki, p.hsp, nk2, round_tile(nk2), hs);
         std::fill(dK, dK + d.Bc * p.hsp, 0.0f);
         std::fill(dV, dV + d.Bc * p.hsp, 0.0f);
 
-        for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
-          const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
-          const int nq2 = (nq + 1) / 2;
-          for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
-          // S = Q K^T, dP = dO V^T.
-          copy_rows(reinterpret_cast<uint16_t*>(Qr), 2 * p.hs2p, Qh + q0 * C3, C3, nq, hs);
-          copy_rows(reinterpret_cast<uint16_t*>(dOr), 2 * p.hs2p, dOh + q0 * C, C, nq, hs);
-          gemm_bf16(nq, nkp, hs2, Qr, p.hs2p, Kp, ldk, S, ldk, false);
-          gemm_bf16(nq, nkp, hs2, dOr, p.hs2p, Vp, ldk, dP, ldk, false);
-          probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
-          // dV += P^T dO: P^T in query pairs (pack, then transpose), dO in query pairs.
-          pack_pairs_interleave(tmp, ldk, S, ldk, nq, nkp);
-          transpose_padded(Pt, p.br2p, tmp, ldk, nq2, nkp);
-          pack_pairs_interleave(dOi, p.hsp, dOh + q0 * C, C, nq, hsi);
-          zero_rows(dOi, p.hsp, nq2, round_tile(nq2), hs);
-          gemm_bf16(nk, hsi, nq2, Pt, p.br2p, dOi, p.hsp, dV, p.hsp, true);
-          // dK += dS^T Q, the same way.
-          pack_pairs_interleave(tmp, ldk, dP, ldk, nq, nkp);
-          transpose_padded(dSt, p.br2p, tmp, ldk, nq2, nkp);
-          pack_pairs_interleave(Qi, p.hsp, Qh + q0 * C3, C3, nq, hsi);
-          zero_rows(Qi, p.hsp, nq2, round_tile(nq2), hs);
-          gemm_bf16(nk, hsi, nq2, dSt, p.br2p, Qi, p.hsp, dK, p.hsp, true);
-          // dQ = dS K: dS rows in bf16, their key padding zero; then added to the group's rows.
-          uint16_t* dS16 = reinterpret_cast<uint16_t*>(dSb);
-          convert_to_bf16(dS16, 2 * p.bc2p, dP, ldk, nq, nkp);
-          for (int r = 0; r < nq; ++r) {
-            std::fill(dS16 + r * 2 * p.bc2p + nkp, dS16 + r * 2 * p.bc2p + 2 * round_tile(nk2),
-                      uint16_t{0});
-          }
-          gemm_bf16(nq, hsi, nk2, dSb, p.bc2p, Ki, p.hsp, dQ, p.hsp, false);
-          for (int r = 0; r < nq; ++r) {
-            float* a = acc + (q0 + r) * C;
-            for (int64_t e = 0; e < hs; ++e) a[e] += dQ[r * p.hsp + e];
+        for (int64_t h = kh * G; h < (kh + 1) * G; ++h) {
+          const int64_t bh = b * NH + h;
+          const uint16_t* Qh = qkv + b * T * W + d.q_col(h);
+          const uint16_t* dOh = dout + b * T * C + h * hs;
+          float* acc = dq_acc(g) + b * T * C + h * hs;
+          for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
+            const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+            const int nq2 = (nq + 1) / 2;
+            for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
+            // S = Q K^T, dP = dO V^T.
+            copy_rows(reinterpret_cast<uint16_t*>(Qr), 2 * p.hs2p, Qh + q0 * W, W, nq, hs);
+            copy_rows(reinterpret_cast<uint16_t*>(dOr), 2 * p.hs2p, dOh + q0 * C, C, nq, hs);
+            gemm_bf16(nq, nkp, hs2, Qr, p.hs2p, Kp, ldk, S, ldk, false);
+            gemm_bf16(nq, nkp, hs2, dOr, p.hs2p, Vp, ldk, dP, ldk, false);
+            probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
+            // dV += P^T dO: P^T in query pairs (pack, then transpose), dO in query pairs.
+            pack_pairs_interleave(tmp, ldk, S, ldk, nq, nkp);
+            transpose_padded(Pt, p.br2p, tmp, ldk, nq2, nkp);
+            pack_pairs_interleave(dOi, p.hsp, dOh + q0 * C, C, nq, hsi);
+            zero_rows(dOi, p.hsp, nq2, round_tile(nq2), hs);
+            gemm_bf16(nk, hsi, nq2, Pt, p.br2p, dOi, p.hsp, dV, p.hsp, true);
+            // dK += dS^T Q, the same way.
+            pack_pairs_interleave(tmp, ldk, dP, ldk, nq, nkp);
+            transpose_padded(dSt, p.br2p, tmp, ldk, nq2, nkp);
+            pack_pairs_interleave(Qi, p.hsp, Qh + q0 * W, W, nq, hsi);
+            zero_rows(Qi, p.hsp, nq2, round_tile(nq2), hs);
+            gemm_bf16(nk, hsi, nq2, dSt, p.br2p, Qi, p.hsp, dK, p.hsp, true);
+            // dQ = dS K: dS rows in bf16, their key padding zero; then added to the group's rows.
+            uint16_t* dS16 = reinterpret_cast<uint16_t*>(dSb);
+            convert_to_bf16(dS16, 2 * p.bc2p, dP, ldk, nq, nkp);
+            for (int r = 0; r < nq; ++r) {
+              std::fill(dS16 + r * 2 * p.bc2p + nkp, dS16 + r * 2 * p.bc2p + 2 * round_tile(nk2),
+                        uint16_t{0});
+            }
+            gemm_bf16(nq, hsi, nk2, dSb, p.bc2p, Ki, p.hsp, dQ, p.hsp, false);
+            for (int r = 0; r < nq; ++r) {
+              float* a = acc + (q0 + r) * C;
+              for (int64_t e = 0; e < hs; ++e) a[e] += dQ[r * p.hsp + e];
+            }
           }
         }
         for (int r = 0; r < nk; ++r) {
-          uint16_t* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
-          uint16_t* dv = dk + C;
+          uint16_t* dk = dqkv + (b * T + k0 + r) * W + d.k_col(kh);
+          uint16_t* dv = dqkv + (b * T + k0 + r) * W + d.v_col(kh);
           for (int64_t e = 0; e < hs; ++e) {
             dk[e] = bf16_from_f32(scale * dK[r * p.hsp + e]);
             dv[e] = bf16_from_f32(dV[r * p.hsp + e]);
@@ -300,7 +305,7 @@ void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const ui
       const float* src = dq_acc(g) + bt * C;
       for (int64_t e = 0; e < C; ++e) acc[e] += src[e];
     }
-    for (int64_t e = 0; e < C; ++e) dqkv[bt * C3 + e] = bf16_from_f32(scale * acc[e]);
+    for (int64_t e = 0; e < C; ++e) dqkv[bt * W + e] = bf16_from_f32(scale * acc[e]);
   }
 }
 

@@ -15,13 +15,24 @@ namespace memfit::kernels::flash {
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2 = 0.693147180559945309f;
 
-// The sizes of one call, checked by flash_attention.cpp.
+// The sizes of one call, checked by flash_attention.cpp, and where each head lives in qkv. Both
+// drivers (and so the AMX products, which see only packed tiles) index through these helpers.
 struct Dims {
-  int64_t B = 0, T = 0, C = 0, hs = 0;
-  int NH = 0;
+  int64_t B = 0, T = 0, C = 0, hs = 0;  // C = NH * hs, the width of out and dout
+  int NH = 0;          // query heads
+  int KV = 0;          // key/value heads, dividing NH (grouped-query attention; NH for GPT-2)
   int Br = 0, Bc = 0;  // query rows and key rows per tile, multiples of kLanes
   bool bf16 = false;
-  int64_t heads() const { return B * NH; }
+  int64_t heads() const { return B * NH; }     // (b, query head) pairs: rows of lse and D
+  int64_t kv_heads() const { return B * KV; }  // (b, key/value head) pairs: backward's tasks
+  int group() const { return NH / KV; }        // query heads per key/value head
+  int64_t kv_of(int64_t h) const { return h / group(); }
+  // qkv's row: [q heads | k heads | v heads], (NH + 2 KV) * hs wide (3C for GPT-2), and the
+  // columns of query head h's q and of key/value head g's k and v in it (attention_heads.h).
+  int64_t qkv_width() const { return C + 2 * KV * hs; }
+  int64_t q_col(int64_t h) const { return h * hs; }
+  int64_t k_col(int64_t g) const { return C + g * hs; }
+  int64_t v_col(int64_t g) const { return C + (KV + g) * hs; }
   int64_t q_tiles() const { return (T + Br - 1) / Br; }
   int64_t kv_tiles() const { return (T + Bc - 1) / Bc; }
   // Scores in base 2: exp(q.k / sqrt(hs)) = exp2(c * q.k).
@@ -39,11 +50,13 @@ struct Carver {
   }
 };
 
-// Backward runs one task per (b, h, group of key tiles): a task walks its head's key tiles of
-// its group in ascending order and adds their dq contributions into the group's own f32 dq
-// buffer, so every dq element is summed in a fixed order by one task; the groups' buffers are
-// then added in group order. One group per head when there are enough heads to keep the
-// threads busy, more when there are few. See "Determinism" in the note.
+// Backward runs one task per (group of key tiles, b, key/value head g): a task walks g's key
+// tiles of its group in ascending order and, for each, the query heads that share g in head
+// order; it sums their dk, dv into the tile's rows, which it alone owns, and adds their dq
+// contributions into the group's own f32 dq buffer, so every element is summed in a fixed order
+// by one task; the groups' dq buffers are then added in group order. One group when there are
+// enough key/value heads to keep the threads busy, more when there are few. See "Determinism"
+// and "Grouped-query attention" in the note.
 int backward_groups(const Dims& d, int nthreads);
 // The group of key tile j among `groups`: dealt in snake order (0 1 2 2 1 0 0 1 2 ...), so the
 // long first tiles spread over the groups.
@@ -61,8 +74,8 @@ int64_t forward_thread_words(const Dims& d);
 // Words of one f32 dq buffer (B, T, C), 64-byte aligned.
 inline int64_t dq_words(const Dims& d) { return round_lanes(d.B * d.T * d.C); }
 
-// The drivers. out, dqkv, dout, qkv are (B, T, 3C) or (B, T, C) in the call's dtype; lse is
-// (B, NH, T). Forward's ws holds nthreads * forward_thread_words; backward's
+// The drivers. qkv, dqkv are (B, T, qkv_width()), out, dout (B, T, C), in the call's dtype;
+// lse is (B, NH, T). Forward's ws holds nthreads * forward_thread_words; backward's
 // backward_shared_words(d, groups) + nthreads * backward_thread_words.
 void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float* ws,
                  int nthreads);

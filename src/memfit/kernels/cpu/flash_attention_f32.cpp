@@ -1,6 +1,7 @@
 // Flash attention in f32: FlashAttention-2's forward (tasks of one query tile, online softmax
-// over its key tiles) and backward (tasks of one head's key tiles, or a group of them, each
-// owning its dq rows), on hand-vectorised tile products. See "Note [Flash attention]" in
+// over its key tiles) and backward (tasks of one key/value head's key tiles, or a group of them,
+// each owning its dk, dv rows and its dq rows of the query heads that share the key/value head),
+// on hand-vectorised tile products. See "Note [Flash attention]" in
 // docs/notes/flash-attention.md.
 #include <omp.h>
 
@@ -74,7 +75,7 @@ int64_t backward_thread_words_f32(const Dims& d) { return backward_layout(d).wor
 
 void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float* ws,
                  int nthreads) {
-  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldq = d.Br;
+  const int64_t T = d.T, C = d.C, W = d.qkv_width(), hs = d.hs, ldq = d.Br;
   const int hsi = static_cast<int>(hs);
   const int64_t BH = d.heads(), nTq = d.q_tiles();
   const float c = d.c();
@@ -94,22 +95,22 @@ void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float*
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < nTq * BH; ++task) {
       const int64_t i = nTq - 1 - task / BH, bh = task % BH;
-      const int64_t b = bh / d.NH, h = bh % d.NH;
+      const int64_t b = bh / d.NH, h = bh % d.NH, g = d.kv_of(h);
       const int64_t q0 = i * d.Br;
       const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
       const int nqp = static_cast<int>(round_lanes(nq));
-      const float* Qh = qkv + b * T * C3 + h * hs;
-      const float* Kh = Qh + C;
-      const float* Vh = Qh + 2 * C;
+      const float* Qh = qkv + b * T * W + d.q_col(h);
+      const float* Kh = qkv + b * T * W + d.k_col(g);
+      const float* Vh = qkv + b * T * W + d.v_col(g);
 
       std::fill(m, m + ldq, -std::numeric_limits<float>::infinity());
       std::fill(l, l + ldq, 0.0f);
       std::fill(O, O + nq * hs, 0.0f);
-      transpose_padded(Qt, ldq, Qh + q0 * C3, C3, nq, hsi);
+      transpose_padded(Qt, ldq, Qh + q0 * W, W, nq, hsi);
       // Key tiles up to the diagonal; keys past the tile's last query are never visited.
       for (int64_t k0 = 0; k0 < q0 + nq; k0 += d.Bc) {
         const int nk = static_cast<int>(std::min<int64_t>(d.Bc, q0 + nq - k0));
-        gemm_f32(nk, nqp, hsi, Kh + k0 * C3, C3, 1, Qt, ldq, St, ldq, false);  // S^T = K Q^T
+        gemm_f32(nk, nqp, hsi, Kh + k0 * W, W, 1, Qt, ldq, St, ldq, false);  // S^T = K Q^T
         online_softmax_step(St, ldq, nk, nqp, k0, q0, c, m, l, alpha);
         if (k0 > 0) {
           for (int r = 0; r < nq; ++r) {
@@ -118,7 +119,7 @@ void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float*
             for (int64_t e = 0; e < hs; ++e) o[e] *= a;
           }
         }
-        copy_rows(Vc, hs, Vh + k0 * C3, C3, nk, hs);
+        copy_rows(Vc, hs, Vh + k0 * W, W, nk, hs);
         gemm_f32(nq, hsi, nk, St, 1, ldq, Vc, hs, O, hs, true);  // O += P V, P read from P^T
       }
       for (int r = 0; r < nq; ++r) {
@@ -133,13 +134,13 @@ void forward_f32(const Dims& d, float* out, float* lse, const float* qkv, float*
 
 void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qkv,
                   const float* out, const float* lse, float* ws, int nthreads, int groups) {
-  const int64_t T = d.T, C = d.C, C3 = 3 * d.C, hs = d.hs, ldk = d.Bc, NH = d.NH;
+  const int64_t T = d.T, C = d.C, W = d.qkv_width(), hs = d.hs, ldk = d.Bc, NH = d.NH;
   const int hsi = static_cast<int>(hs);
-  const int64_t BH = d.heads(), nTk = d.kv_tiles();
+  const int64_t BH = d.heads(), BKV = d.kv_heads(), KV = d.KV, G = d.group(), nTk = d.kv_tiles();
   const float c = d.c(), scale = d.scale();
   const BackwardLayout L = backward_layout(d);
   float* D = ws;
-  // Group 0 adds into dqkv's dq part (row stride 3C); group g > 0 into dq_buf(g), (B, T, C).
+  // Group 0 adds into dqkv's dq part (row stride W); group g > 0 into dq_buf(g), (B, T, C).
   float* dq_bufs = ws + round_lanes(BH * T);
   auto dq_buf = [&](int g) { return dq_bufs + (g - 1) * dq_words(d); };
   float* scratch = ws + backward_shared_words(d, groups);
@@ -151,7 +152,7 @@ void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qk
     for (int64_t h = 0; h < NH; ++h) {
       D[(b * NH + h) * T + t] = dot(dout + bt * C + h * hs, out + bt * C + h * hs, hs);
     }
-    std::fill(dqkv + bt * C3, dqkv + bt * C3 + C, 0.0f);
+    std::fill(dqkv + bt * W, dqkv + bt * W + C, 0.0f);
     for (int g = 1; g < groups; ++g) std::fill(dq_buf(g) + bt * C, dq_buf(g) + (bt + 1) * C, 0.0f);
   }
 
@@ -168,47 +169,51 @@ void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qk
     float* dK = base + L.dk;
     float* dV = base + L.dv;
     float* lse2 = base + L.lse2;
-    // Tasks (group, b, h): the head's key tiles of one group, in ascending order. A task owns
-    // the dk, dv rows of its tiles and its group's dq rows of its head, so nothing is shared
-    // and every sum runs in a fixed order whichever thread takes the task.
+    // Tasks (group, b, key/value head kh): kh's key tiles of one group, in ascending order, and
+    // for each the query heads that share kh, in head order. A task owns the dk, dv rows of its
+    // tiles and its group's dq rows of those query heads, so nothing is shared and every sum
+    // runs in a fixed order whichever thread takes the task.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < groups * BH; ++task) {
-      const int g = static_cast<int>(task / BH);
-      const int64_t bh = task % BH, b = bh / NH, h = bh % NH;
-      const float* Qh = qkv + b * T * C3 + h * hs;
-      const float* Kh = Qh + C;
-      const float* Vh = Qh + 2 * C;
-      const float* dOh = dout + b * T * C + h * hs;
-      float* dq = g == 0 ? dqkv + b * T * C3 + h * hs : dq_buf(g) + b * T * C + h * hs;
-      const int64_t ldd = g == 0 ? C3 : C;
+    for (int64_t task = 0; task < groups * BKV; ++task) {
+      const int g = static_cast<int>(task / BKV);
+      const int64_t bkv = task % BKV, b = bkv / KV, kh = bkv % KV;
+      const float* Kh = qkv + b * T * W + d.k_col(kh);
+      const float* Vh = qkv + b * T * W + d.v_col(kh);
+      const int64_t ldd = g == 0 ? W : C;
 
       for (int64_t j = 0; j < nTk; ++j) {
         if (group_of_tile(j, groups) != g) continue;
         const int64_t k0 = j * d.Bc;
         const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
         const int nkp = static_cast<int>(round_lanes(nk));
-        transpose_padded(Kt, ldk, Kh + k0 * C3, C3, nk, hsi);
-        transpose_padded(Vt, ldk, Vh + k0 * C3, C3, nk, hsi);
-        copy_rows(Kc, hs, Kh + k0 * C3, C3, nk, hs, scale);
+        transpose_padded(Kt, ldk, Kh + k0 * W, W, nk, hsi);
+        transpose_padded(Vt, ldk, Vh + k0 * W, W, nk, hsi);
+        copy_rows(Kc, hs, Kh + k0 * W, W, nk, hs, scale);
         std::fill(dK, dK + nk * hs, 0.0f);
         std::fill(dV, dV + nk * hs, 0.0f);
 
-        // Query tiles from the one holding the tile's first key to the end.
-        for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
-          const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
-          for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
-          gemm_f32(nq, nkp, hsi, Qh + q0 * C3, C3, 1, Kt, ldk, S, ldk, false);   // S = Q K^T
-          gemm_f32(nq, nkp, hsi, dOh + q0 * C, C, 1, Vt, ldk, dP, ldk, false);   // dP = dO V^T
-          probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
-          copy_rows(dOc, hs, dOh + q0 * C, C, nq, hs);
-          copy_rows(Qc, hs, Qh + q0 * C3, C3, nq, hs);
-          gemm_f32(nk, hsi, nq, S, 1, ldk, dOc, hs, dV, hs, true);   // dV += P^T dO
-          gemm_f32(nk, hsi, nq, dP, 1, ldk, Qc, hs, dK, hs, true);   // dK += dS^T Q
-          gemm_f32(nq, hsi, nk, dP, ldk, 1, Kc, hs, dq + q0 * ldd, ldd, true);  // dq += dS K
+        for (int64_t h = kh * G; h < (kh + 1) * G; ++h) {
+          const int64_t bh = b * NH + h;
+          const float* Qh = qkv + b * T * W + d.q_col(h);
+          const float* dOh = dout + b * T * C + h * hs;
+          float* dq = g == 0 ? dqkv + b * T * W + d.q_col(h) : dq_buf(g) + b * T * C + h * hs;
+          // Query tiles from the one holding the tile's first key to the end.
+          for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
+            const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
+            for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
+            gemm_f32(nq, nkp, hsi, Qh + q0 * W, W, 1, Kt, ldk, S, ldk, false);    // S = Q K^T
+            gemm_f32(nq, nkp, hsi, dOh + q0 * C, C, 1, Vt, ldk, dP, ldk, false);  // dP = dO V^T
+            probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
+            copy_rows(dOc, hs, dOh + q0 * C, C, nq, hs);
+            copy_rows(Qc, hs, Qh + q0 * W, W, nq, hs);
+            gemm_f32(nk, hsi, nq, S, 1, ldk, dOc, hs, dV, hs, true);  // dV += P^T dO
+            gemm_f32(nk, hsi, nq, dP, 1, ldk, Qc, hs, dK, hs, true);  // dK += dS^T Q
+            gemm_f32(nq, hsi, nk, dP, ldk, 1, Kc, hs, dq + q0 * ldd, ldd, true);  // dq += dS K
+          }
         }
         for (int r = 0; r < nk; ++r) {
-          float* dk = dqkv + (b * T + k0 + r) * C3 + C + h * hs;
-          float* dv = dk + C;
+          float* dk = dqkv + (b * T + k0 + r) * W + d.k_col(kh);
+          float* dv = dqkv + (b * T + k0 + r) * W + d.v_col(kh);
           for (int64_t e = 0; e < hs; ++e) {
             dk[e] = scale * dK[r * hs + e];
             dv[e] = dV[r * hs + e];
@@ -222,7 +227,7 @@ void backward_f32(const Dims& d, float* dqkv, const float* dout, const float* qk
   if (groups > 1) {
 #pragma omp parallel for num_threads(nthreads)
     for (int64_t bt = 0; bt < d.B * T; ++bt) {
-      float* dq = dqkv + bt * C3;
+      float* dq = dqkv + bt * W;
       for (int g = 1; g < groups; ++g) {
         const float* src = dq_buf(g) + bt * C;
         for (int64_t e = 0; e < C; ++e) dq[e] += src[e];
