@@ -12,8 +12,10 @@
 namespace memfit {
 namespace {
 
-ModelConfig four_layers() {
+ModelConfig four_layers(Family family) {
   ModelConfig c;  // odd sizes: T below the context, vocab not a multiple of 64
+  c.family = family;
+  if (family == Family::llama) c.n_kv_head = 1, c.ffn_dim = 48, c.tie_embeddings = false;
   c.n_layer = 4;
   c.n_head = 2;
   c.d_model = 32;
@@ -30,9 +32,10 @@ struct StepResult {
   bool allocated_in_step;
 };
 
-StepResult run(const std::string& ckpt, AttentionKind attention, Precision precision) {
+StepResult run(const std::string& ckpt, AttentionKind attention, Precision precision,
+               Family family = Family::gpt2) {
   MemoryPool pool;
-  ModelConfig c = four_layers();
+  ModelConfig c = four_layers(family);
   Transformer gpt(c, pool, {precision, true});
   gpt.init_weights(11);
   ActivationOptions o;
@@ -62,14 +65,15 @@ struct Case {
   std::string ckpt;
   AttentionKind attention;
   Precision precision;
+  Family family = Family::gpt2;
 };
 
 class Checkpointing : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Checkpointing, GradientsAreBitIdenticalToKeepingEverything) {
   const Case& k = GetParam();
-  StepResult none = run("none", k.attention, k.precision);
-  StepResult ck = run(k.ckpt, k.attention, k.precision);
+  StepResult none = run("none", k.attention, k.precision, k.family);
+  StepResult ck = run(k.ckpt, k.attention, k.precision, k.family);
   EXPECT_FALSE(ck.allocated_in_step) << "a step allocated outside the plan";
   EXPECT_EQ(none.loss, ck.loss);
   ASSERT_EQ(none.grads.size(), ck.grads.size());
@@ -91,15 +95,17 @@ TEST_P(Checkpointing, GradientsAreBitIdenticalToKeepingEverything) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const char* ck : {"full", "selective", "every:2", "every:3", "layers:0,2", "layers:3"})
-    for (AttentionKind a : {AttentionKind::flash, AttentionKind::plain})
-      for (Precision p : {Precision::fp32, Precision::bf16}) out.push_back({ck, a, p});
+  for (Family f : {Family::gpt2, Family::llama})
+    for (const char* ck : {"full", "selective", "every:2", "every:3", "layers:0,2", "layers:3"})
+      for (AttentionKind a : {AttentionKind::flash, AttentionKind::plain})
+        for (Precision p : {Precision::fp32, Precision::bf16}) out.push_back({ck, a, p, f});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, Checkpointing, ::testing::ValuesIn(cases()),
                          [](const auto& info) {
-                           std::string n = info.param.ckpt + "_" +
+                           std::string n = std::string(family_name(info.param.family)) + "_" +
+                                           info.param.ckpt + "_" +
                                            std::string(attention_kind_name(info.param.attention)) +
                                            "_" + std::string(precision_name(info.param.precision));
                            for (char& ch : n)

@@ -15,8 +15,8 @@ namespace {
 
 using namespace gpt2_test;
 
-ModelConfig three_layers() {
-  ModelConfig c = odd_config();
+ModelConfig three_layers(Family family = Family::gpt2) {
+  ModelConfig c = odd_config(family);
   c.n_layer = 3;
   c.finalize();
   return c;
@@ -76,11 +76,12 @@ struct Case {
   const char* ckpt;
   AttentionKind attention;
   Precision precision;
+  Family family = Family::gpt2;
 };
 
 std::string case_name(const Case& k) {
-  std::string n = fmt::format("{}_{}_{}", k.ckpt, attention_kind_name(k.attention),
-                              precision_name(k.precision));
+  std::string n = fmt::format("{}_{}_{}_{}", family_name(k.family), k.ckpt,
+                              attention_kind_name(k.attention), precision_name(k.precision));
   for (char& ch : n)
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -88,11 +89,11 @@ std::string case_name(const Case& k) {
 
 void PrintTo(const Case& k, std::ostream* os) { *os << case_name(k); }
 
-class GPT2Arena : public ::testing::TestWithParam<Case> {};
+class StepArena : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GPT2Arena, StepWithDeadBuffersPoisonedEqualsUnsharedStep) {
+TEST_P(StepArena, StepWithDeadBuffersPoisonedEqualsUnsharedStep) {
   const Case& k = GetParam();
-  const ModelConfig c = three_layers();
+  const ModelConfig c = three_layers(k.family);
   MemoryPool pool;
   Transformer gpt(c, pool, {k.precision, true});
   gpt.init_weights(5);
@@ -108,26 +109,30 @@ TEST_P(GPT2Arena, StepWithDeadBuffersPoisonedEqualsUnsharedStep) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const char* ck : {"none", "full", "selective", "every:2", "layers:1"})
-    for (AttentionKind a : {AttentionKind::flash, AttentionKind::plain})
-      for (Precision p : {Precision::fp32, Precision::bf16}) out.push_back({ck, a, p});
-  for (const char* ck : {"none", "selective", "every:2"})
-    out.push_back({ck, AttentionKind::plain, Precision::fp16});
+  for (Family f : {Family::gpt2, Family::llama}) {
+    for (const char* ck : {"none", "full", "selective", "every:2", "layers:1"})
+      for (AttentionKind a : {AttentionKind::flash, AttentionKind::plain})
+        for (Precision p : {Precision::fp32, Precision::bf16}) out.push_back({ck, a, p, f});
+    for (const char* ck : {"none", "selective", "every:2"})
+      out.push_back({ck, AttentionKind::plain, Precision::fp16, f});
+  }
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, GPT2Arena, ::testing::ValuesIn(cases()),
+INSTANTIATE_TEST_SUITE_P(Policies, StepArena, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return case_name(info.param); });
 
 // The check can fail: for every buffer that carries a value from one phase to a later one,
 // ending that span one phase early (so the buffer is poisoned before its last read, and its
 // bytes are free for others there) changes the results.
-TEST(GPT2ArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
-  const ModelConfig c = three_layers();
+TEST(StepArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
   for (const Case& k : {Case{"none", AttentionKind::flash, Precision::fp32},
                         Case{"every:2", AttentionKind::plain, Precision::bf16},
-                        Case{"selective", AttentionKind::plain, Precision::fp16}}) {
+                        Case{"selective", AttentionKind::plain, Precision::fp16},
+                        Case{"none", AttentionKind::flash, Precision::fp32, Family::llama},
+                        Case{"every:2", AttentionKind::flash, Precision::bf16, Family::llama}}) {
     SCOPED_TRACE(case_name(k));
+    const ModelConfig c = three_layers(k.family);
     MemoryPool pool;
     Transformer gpt(c, pool, {k.precision, true});
     gpt.init_weights(5);
@@ -151,7 +156,7 @@ TEST(GPT2ArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
   }
 }
 
-TEST(GPT2ArenaCheck, EngineRefusesToLeaveTheSchedule) {
+TEST(StepArenaCheck, EngineRefusesToLeaveTheSchedule) {
   const ModelConfig c = three_layers();
   MemoryPool pool;
   Transformer gpt(c, pool);

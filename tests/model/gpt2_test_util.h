@@ -1,4 +1,4 @@
-// Shared by the GPT-2 model tests: a small model with odd sizes and seeded batches of tokens.
+// Shared by the model tests: a small model with odd sizes and seeded batches of tokens.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +25,20 @@ struct Batch {
   }
 };
 
-inline ModelConfig odd_config() {
+inline ModelConfig odd_config(Family family = Family::gpt2) {
   ModelConfig c;  // odd sizes on purpose: vocab not a multiple of 64, T below the context
+  c.family = family;
   c.n_layer = 2;
   c.n_head = 3;
   c.d_model = 24;
   c.max_seq_len = 16;
   c.vocab_size = 70;
+  if (family == Family::llama) {  // grouped-query heads (4 of head size 6 over 2), untied head
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.ffn_dim = 40;
+    c.tie_embeddings = false;
+  }
   c.finalize();
   return c;
 }

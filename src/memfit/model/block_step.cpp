@@ -91,7 +91,7 @@ BlockStep::Attention BlockStep::attention_save() {
   if (options.attention == AttentionKind::flash) {
     a.lse = save("lse", {B, NH, T}, DType::f32);
     a.ws_fwd = ctx.scratch("ws.attention_fwd",
-                           flash_attention_forward_workspace_bytes(B, T, C, heads().q, h));
+                           flash_attention_forward_workspace_bytes(B, T, C, heads(), h));
   } else {
     // Selective checkpointing keeps no probabilities per block: one block's worth, recomputed
     // in its backward.
@@ -101,18 +101,18 @@ BlockStep::Attention BlockStep::attention_save() {
                 : save("att", shape, h);
     if (mixed())
       a.ws_fwd = ctx.scratch("ws.attention_fwd",
-                             attention_forward_workspace_bytes(B, T, C, heads().q, h, h, h));
+                             attention_forward_workspace_bytes(B, T, C, heads(), h, h, h));
   }
   return a;
 }
 
 void BlockStep::attention_forward(Tensor out, Attention& a, const Tensor& qkv) {
   if (options.attention == AttentionKind::flash)
-    flash_attention_forward(out, a.lse, qkv, a.ws_fwd, heads().q);
+    flash_attention_forward(out, a.lse, qkv, a.ws_fwd, heads());
   else if (!mixed())
-    kernels::attention_forward(out, a.att, qkv, heads().q);
+    kernels::attention_forward(out, a.att, qkv, heads());
   else
-    kernels::attention_forward(out, a.att, qkv, a.ws_fwd, heads().q);
+    kernels::attention_forward(out, a.att, qkv, a.ws_fwd, heads());
 }
 
 BlockStep::Attention BlockStep::attention_grad_buffers() {
@@ -121,18 +121,18 @@ BlockStep::Attention BlockStep::attention_grad_buffers() {
   if (options.attention == AttentionKind::flash) {
     a.lse = saved("lse");
     a.ws_bwd = ctx.scratch("ws.attention",
-                           flash_attention_backward_workspace_bytes(B, T, C, heads().q, h));
+                           flash_attention_backward_workspace_bytes(B, T, C, heads(), h));
   } else {
     if (options.ckpt.selective()) {  // this block's probabilities again
       a.att = ctx.write("rc.att", {B, NH, T, T}, h, Category::activations);
       if (mixed())
         a.ws_fwd = ctx.scratch("ws.attention_fwd",
-                               attention_forward_workspace_bytes(B, T, C, heads().q, h, h, h));
+                               attention_forward_workspace_bytes(B, T, C, heads(), h, h, h));
     } else {
       a.att = saved("att");
     }
     a.ws_bwd = ctx.scratch("ws.attention",
-                           attention_backward_workspace_bytes(B, T, C, heads().q, h, h, h, h));
+                           attention_backward_workspace_bytes(B, T, C, heads(), h, h, h, h));
   }
   return a;
 }
@@ -140,12 +140,12 @@ BlockStep::Attention BlockStep::attention_grad_buffers() {
 void BlockStep::attention_backward(Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                                    const Tensor& out, Attention& a, Tensor recompute_out) {
   if (options.attention == AttentionKind::flash) {
-    flash_attention_backward(dqkv, dout, qkv, out, a.lse, a.ws_bwd, heads().q);
+    flash_attention_backward(dqkv, dout, qkv, out, a.lse, a.ws_bwd, heads());
     return;
   }
   // The recomputed output equals the saved one; it goes to free scratch instead.
   if (options.ckpt.selective()) attention_forward(recompute_out, a, qkv);
-  kernels::attention_backward(dqkv, dout, qkv, a.att, a.ws_bwd, heads().q);
+  kernels::attention_backward(dqkv, dout, qkv, a.att, a.ws_bwd, heads());
 }
 
 }  // namespace memfit
