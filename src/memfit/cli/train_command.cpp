@@ -39,13 +39,20 @@ void print_summary(const TrainSummary& s) {
 
 void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) {
   cmd->add_option("--config", config_file, "TOML file of options (keys are option names)");
-  cmd->add_option("--model", c.model, "Preset: gpt2-tiny, gpt2-small-test, gpt2, gpt2-medium, "
-                                      "gpt2-large, gpt2-xl")->capture_default_str();
+  cmd->add_option("--model", c.model,
+                  fmt::format("Preset: {}", fmt::join(ModelConfig::preset_names(), ", ")))
+      ->capture_default_str();
   cmd->add_option("--n-layer", c.n_layer, "Override the preset's layers");
   cmd->add_option("--n-head", c.n_head, "Override the preset's heads");
   cmd->add_option("--d-model", c.d_model, "Override the preset's width");
   cmd->add_option("--seq-len", c.seq_len, "Tokens per row (the context, from scratch)");
   cmd->add_option("--vocab", c.vocab, "Override the preset's vocabulary size");
+  cmd->add_option("--n-kv-head", c.n_kv_head,
+                  "LLaMA: key/value heads (grouped-query attention; divides --n-head)");
+  cmd->add_option("--ffn-dim", c.ffn_dim, "LLaMA: the SwiGLU MLP's hidden width");
+  cmd->add_option("--rope-theta", c.rope_theta, "LLaMA: the rotary embedding's base");
+  cmd->add_option("--tie-embeddings", c.tie_embeddings,
+                  "LLaMA: true | false, the LM head is the token embedding (preset's default)");
   cmd->add_option("--data", c.data_dir, "Directory of train_*.bin / val_*.bin shards")
       ->capture_default_str();
   cmd->add_option("--batch", c.batch, "Micro-batch rows")->capture_default_str();

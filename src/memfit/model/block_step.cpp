@@ -42,8 +42,8 @@ Tensor BlockStep::output_saved() { return ctx.read(output_tag_); }
 
 size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, int64_t head_rows, DType h) {
   if (!matmul_widens(h)) return 0;
-  const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.n_head * c.head_size();
-  const int64_t fc = c.gpt2() ? F : 2 * F;
+  const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
+  const int64_t fc = c.fc_width();
   size_t bytes = 0;
   for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
                                {N, F, C}, {head_rows, C, c.padded_vocab}})
@@ -86,7 +86,7 @@ int64_t floats(size_t bytes) { return static_cast<int64_t>((bytes + 3) / 4); }
 }  // namespace
 
 BlockStep::Attention BlockStep::attention_save() {
-  const int64_t C = int64_t{config.n_head} * config.head_size(), NH = config.n_head;
+  const int64_t C = config.attn_width(), NH = config.n_head;
   Attention a;
   if (options.attention == AttentionKind::flash) {
     a.lse = save("lse", {B, NH, T}, DType::f32);
@@ -116,7 +116,7 @@ void BlockStep::attention_forward(Tensor out, Attention& a, const Tensor& qkv) {
 }
 
 BlockStep::Attention BlockStep::attention_grad_buffers() {
-  const int64_t C = int64_t{config.n_head} * config.head_size(), NH = config.n_head;
+  const int64_t C = config.attn_width(), NH = config.n_head;
   Attention a;
   if (options.attention == AttentionKind::flash) {
     a.lse = saved("lse");

@@ -39,6 +39,14 @@ struct ModelConfig {
   bool llama() const { return family == Family::llama; }
   // Width of the fused q|k|v projection output: (n_head + 2 n_kv_head) head_size.
   int64_t qkv_width() const { return int64_t{n_head + 2 * n_kv_head} * head_size(); }
+  // Width of the attention output: n_head head_size (d_model in every preset).
+  int64_t attn_width() const { return int64_t{n_head} * head_size(); }
+  // Width of the MLP's first matmul output: GPT-2's c_fc (ffn_dim), LLaMA's gate|up (2 ffn_dim).
+  int64_t fc_width() const { return gpt2() ? ffn_dim : 2 * int64_t{ffn_dim}; }
+  // Weights of one block's four matmuls (qkv, attention out, fc, MLP out): 12 C^2 for GPT-2.
+  int64_t block_matmul_params() const {
+    return int64_t{d_model} * (qkv_width() + attn_width() + fc_width() + ffn_dim);
+  }
   // Checks the fields, resolves the defaults (n_kv_head, ffn_dim) and sets padded_vocab; throws
   // ConfigError naming the field at fault.
   void finalize();

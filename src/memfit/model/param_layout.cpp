@@ -13,7 +13,7 @@ constexpr int64_t kAlignElements = 16;
 ParamLayout::ParamLayout(const ModelConfig& c)
     : d_model_(c.d_model), n_layer_(c.n_layer) {
   qkv_width_ = c.qkv_width();
-  fc_width_ = c.gpt2() ? c.ffn_dim : 2 * int64_t{c.ffn_dim};
+  fc_width_ = c.fc_width();
   if (c.gpt2())
     add_gpt2(c);
   else

@@ -39,10 +39,27 @@ std::vector<AdamMiniSegment> AdamMini::partition(const ParamLayout& layout, int 
         add(i, p.offset + 2 * C * C, C * C, C);  // value, per output neuron
         break;
       }
+      case ParamRole::attn_q_weight:
+      case ParamRole::attn_k_weight: {
+        // LLaMA's separate projections: query and key per head (grouped-query attention's key
+        // has fewer heads, of the same size), as the fused GPT-2 matrix's thirds.
+        const int64_t C = p.shape[1];
+        if (C % n_head != 0)
+          MEMFIT_THROW(ConfigError, "adam-mini",
+                       "n_head {} does not divide the width {} of {}; set OptimConfig::n_head to "
+                       "the model's head count",
+                       n_head, C, p.name);
+        add(i, p.offset, p.numel, C / n_head * C);
+        break;
+      }
       case ParamRole::token_embedding:
       case ParamRole::position_embedding:
+      case ParamRole::lm_head:
+      case ParamRole::attn_v_weight:
       case ParamRole::attn_proj_weight:
       case ParamRole::mlp_fc_weight:
+      case ParamRole::mlp_gate_weight:
+      case ParamRole::mlp_up_weight:
       case ParamRole::mlp_proj_weight:
         // Embeddings per token, linear weights per output neuron: one row each.
         add(i, p.offset, p.numel, p.shape.rank() == 2 ? p.shape[1] : p.numel);

@@ -15,8 +15,11 @@ namespace memfit {
 
 StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions& options) {
   const double N = double(B) * T, C = c.d_model;
-  const double block_matmul = 2.0 * N * 12.0 * C * C;  // qkv 3C^2, proj C^2, fc 4C^2, proj 4C^2
-  const double scores = 2.0 * double(B) * T * T * C;   // QK^T and PV, causal half, per block
+  // qkv, attention out, fc, MLP out (GPT-2: 3C^2 + C^2 + 4C^2 + 4C^2 = 12C^2).
+  const double block_matmul = 2.0 * N * double(c.block_matmul_params());
+  // QK^T and PV, causal half, per block (query heads: grouped-query attention shares keys and
+  // values, not work).
+  const double scores = 2.0 * double(B) * T * T * double(c.attn_width());
   const double head = 2.0 * N * C * c.padded_vocab;
   // Backward costs twice the forward; flash attention's backward also recomputes the scores.
   const bool flash = options.attention == AttentionKind::flash;

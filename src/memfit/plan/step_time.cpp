@@ -9,7 +9,8 @@ namespace memfit {
 namespace {
 
 // Element-wise traffic in f32-sized elements (4 bytes) per token, outside the GEMMs, counted
-// from what gpt2.cpp runs (C the width, V the padded vocabulary):
+// from what the GPT-2 block (model/gpt2/gpt2_block.cpp) runs (C the width, V the padded
+// vocabulary):
 // - a block's forward: LayerNorm 2C twice, residual add 3C twice, GELU 8C: 18C;
 // - its backward: LayerNorm 4C twice, GELU 12C, the two residual gradients 2C each, the bias
 //   sums over the four matmuls' output gradients 9C: 33C;
@@ -23,8 +24,20 @@ namespace {
 //   matmul_widened.h), each matmul's activations are widened and its half output rounded once
 //   more: about the conversions above again; and each call widens its weight (12C^2 per block
 //   forward, again in backward and in a recomputation; 3 V C for the LM head), 1.5 each.
-constexpr double kBlockForward = 18, kBlockBackward = 33;
-constexpr double kHalfForward = 7 * 1.5, kHalfBackward = 9 * 1.5;
+// The LLaMA family's block, counted the same way (F the MLP width, QK the q and k widths):
+// RMSNorm 2C twice, residual adds 3C twice, SwiGLU 3F, rotary 2 QK forward; RMSNorm 4C twice,
+// residual gradients 2C twice, SwiGLU recomputed and differentiated 8F, rotary 2 QK backward;
+// conversions of 3C + F values forward and 5C + F backward (GPT-2's 7C and 9C with F = 4C).
+struct BlockTraffic {
+  double forward, backward, half_forward, half_backward;  // elements per token
+};
+BlockTraffic block_traffic(const ModelConfig& c) {
+  const double C = c.d_model, F = c.ffn_dim;
+  if (c.gpt2()) return {18 * C, 33 * C, 7 * 1.5 * C, 9 * 1.5 * C};
+  const double QK = double(c.n_head + c.n_kv_head) * c.head_size();
+  return {10 * C + 3 * F + 2 * QK, 12 * C + 8 * F + 2 * QK, (3 * C + F) * 1.5,
+          (5 * C + F) * 1.5};
+}
 
 }  // namespace
 
@@ -44,7 +57,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   // Attention's share of step_flops: the causal scores, 4x per block with flash (backward
   // recomputes them), 3x plain, once more per recomputed block (or per block, selective plain).
   const bool flash = in.options.attention == AttentionKind::flash;
-  const double scores = 2.0 * double(in.B) * in.T * in.T * C;
+  const double scores = 2.0 * double(in.B) * in.T * in.T * double(c.attn_width());
   const double attention_flops =
       scores * (c.n_layer * (flash ? 4 : 3) + recomputed +
                 (in.options.ckpt.selective() && !flash ? c.n_layer : 0));
@@ -55,14 +68,16 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
                                                          : rates.attention_f32);
   t.head_gemm = head_flops / rates.head_rate(half_gemm, c.d_model);
 
-  const double forward = (kBlockForward + (half ? kHalfForward : 0)) * C;
-  const double backward = (kBlockBackward + (half ? kHalfBackward : 0)) * C;
+  const BlockTraffic b = block_traffic(c);
+  const double forward = b.forward + (half ? b.half_forward : 0);
+  const double backward = b.backward + (half ? b.half_backward : 0);
   double per_token = c.n_layer * (forward + backward) + recomputed * forward +
                      (half ? 4.5 : 3.0) * V + 6 * C + 5 * C;
   double per_micro_batch = 0;  // elements converted once per micro-batch, not per token
   if (widened) {
-    per_token += (c.n_layer + recomputed) * kHalfForward * C + c.n_layer * kHalfBackward * C;
-    per_micro_batch = 1.5 * (12 * C * C * (2 * c.n_layer + recomputed) + 3 * V * C);
+    per_token += (c.n_layer + recomputed) * b.half_forward + c.n_layer * b.half_backward;
+    per_micro_batch =
+        1.5 * (double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) + 3 * V * C);
   }
   t.elementwise = (per_token * N + per_micro_batch) * 4 / rates.elementwise_bytes_per_s;
 

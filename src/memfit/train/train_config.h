@@ -18,6 +18,10 @@ struct TrainConfig {
   // Model: a preset, optionally overridden field by field (0 = keep the preset's).
   std::string model = "gpt2-small-test";
   int n_layer = 0, n_head = 0, d_model = 0, seq_len = 0, vocab = 0;
+  // LLaMA family only (ConfigError on a GPT-2 preset): 0 / empty keep the preset's.
+  int n_kv_head = 0, ffn_dim = 0;
+  double rope_theta = 0;
+  std::string tie_embeddings;  // "true" | "false"
 
   std::string data_dir = "data/brown";
   int batch = 8;        // micro-batch rows
