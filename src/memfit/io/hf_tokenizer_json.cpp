@@ -71,7 +71,11 @@ class Reader {
 
   void read_model(const json& root, HfTokenizerJson& t) const {
     const json& m = member(root, "model", "tokenizer");
-    const std::string type = m.is_object() && m.contains("type") ? type_of(m, "model") : "";
+    if (!m.is_object()) malformed("model", "must be an object");
+    // Older files have no type; transformers.js takes one with merges for BPE.
+    const std::string type = m.contains("type")      ? type_of(m, "model")
+                             : m.contains("merges") ? "BPE"
+                                                    : "";
     if (type != "BPE") unsupported("model.type", type.empty() ? "missing" : "'" + type + "'", "BPE");
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       if (m.contains(key) && !m[key].is_null() && m[key] != "")
