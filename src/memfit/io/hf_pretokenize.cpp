@@ -5,6 +5,10 @@
 #include <unicode/utext.h>
 #include <unicode/utf8.h>
 
+#include <cctype>
+#include <string_view>
+#include <utility>
+
 #include "memfit/core/error.h"
 
 namespace memfit::io {
@@ -95,6 +99,116 @@ void TextSplitter::split(std::string_view text, std::vector<std::string_view>& o
                    u_errorName(status));
   }
   if (!invert_ && prev < text.size()) out.push_back(text.substr(prev));
+}
+
+// ---- JavaScript regular expressions in ICU ----
+
+namespace {
+
+// JavaScript's \s (ECMA-262 WhiteSpace and LineTerminator), as the inside of a set.
+constexpr std::string_view kJsSpace =
+    "\\t\\n\\x0B\\f\\r\\x20\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000"
+    "\\uFEFF";
+constexpr std::string_view kJsDigit = "0-9";
+constexpr std::string_view kJsWord = "A-Za-z0-9_";
+
+// transformers.js rewrites these before compiling (its PROBLEMATIC_REGEX_MAP): Python's inline
+// case-insensitive group, which JavaScript lacks, becomes explicit letter pairs. memfit does the
+// same so that it matches what transformers.js matches (with Unicode case folding, ICU's (?i)
+// would also take U+017F LATIN SMALL LETTER LONG S for 's').
+constexpr std::pair<std::string_view, std::string_view> kJsRewrites[] = {
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)", "(?:'([sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))"},
+};
+
+}  // namespace
+
+std::string js_regex_to_icu(const std::string& input, const std::string& where) {
+  std::string pattern = input;
+  for (auto [from, to] : kJsRewrites) {
+    for (size_t at = pattern.find(from); at != std::string::npos;
+         at = pattern.find(from, at + to.size()))
+      pattern.replace(at, from.size(), to);
+  }
+  auto fail = [&](const std::string& what) {
+    MEMFIT_THROW(ConfigError, "tokenizer",
+                 "{}: the regular expression '{}' has {}, which memfit cannot match as "
+                 "JavaScript does", where, input, what);
+  };
+  std::string out;
+  bool in_class = false, class_start = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    const bool at_class_start = class_start;
+    class_start = false;
+    if (c == '\\') {
+      if (i + 1 >= pattern.size()) fail("a trailing backslash");
+      const char e = pattern[++i];
+      auto set = [&](std::string_view inside, bool negated) {
+        if (negated || !in_class) out += negated ? "[^" : "[";  // ICU nests sets in sets
+        out += inside;
+        if (negated || !in_class) out += ']';
+      };
+      switch (e) {
+        case 's': set(kJsSpace, false); break;
+        case 'S': set(kJsSpace, true); break;
+        case 'd': set(kJsDigit, false); break;
+        case 'D': set(kJsDigit, true); break;
+        case 'w': set(kJsWord, false); break;
+        case 'W': set(kJsWord, true); break;
+        case 'b': case 'B':
+          if (!in_class) fail(std::string("\\") + e + " (JavaScript's ASCII word boundary)");
+          out += "\\x08";  // [\b] is backspace
+          break;
+        case 'u':
+          if (i + 1 < pattern.size() && pattern[i + 1] == '{') {
+            out += "\\x";  // \u{1F600} is ICU's \x{1F600}
+          } else {
+            out += "\\u";
+          }
+          break;
+        case '#': case '&': case '~': out += "\\"; out += e; break;  // escaped either way
+        default:
+          out += '\\';
+          out += e;
+          if ((e == 'p' || e == 'P') && i + 1 < pattern.size() && pattern[i + 1] == '{') {
+            const size_t close = pattern.find('}', i);
+            if (close == std::string::npos) fail("an unterminated \\p{...}");
+            out.append(pattern, i + 1, close - i);
+            i = close;
+          }
+      }
+      continue;
+    }
+    if (in_class) {
+      if (c == ']') {
+        in_class = false;
+        out += c;
+      } else if (c == '^' && at_class_start) {
+        out += c;
+      } else if (c == '-' || std::isalnum(static_cast<unsigned char>(c)) ||
+                 static_cast<unsigned char>(c) >= 0x80) {
+        out += c;
+      } else if (c == ' ') {
+        out += "\\x20";
+      } else {
+        out += '\\';  // '[', '&', '$', '{', ':' ... are literal in a JavaScript class
+        out += c;
+      }
+      continue;
+    }
+    if (c == '[') {
+      in_class = true;
+      class_start = true;
+      out += c;
+      continue;
+    }
+    if (c == '(' && i + 2 < pattern.size() && pattern[i + 1] == '?' &&
+        std::isalpha(static_cast<unsigned char>(pattern[i + 2])))
+      fail("an inline flag group (?" + std::string(1, pattern[i + 2]) + "...)");
+    out += c;
+  }
+  if (in_class) fail("an unterminated character class");
+  return out;
 }
 
 }  // namespace memfit::io

@@ -19,6 +19,13 @@ bool js_is_space(int32_t c);
 std::string_view js_trim_start(std::string_view s);
 std::string_view js_trim_end(std::string_view s);
 
+// A JavaScript regular expression (as transformers.js compiles a tokenizer.json "Regex" pattern,
+// with its rewrites of Python-only syntax) as an ICU regular expression that matches the same
+// strings: \s, \S, \d, \w and their negations spelled out as JavaScript defines them, a literal
+// '[' and set operators inside classes escaped. Throws ConfigError naming `where` for syntax with
+// no faithful translation (\b, \B, inline flags).
+std::string js_regex_to_icu(const std::string& pattern, const std::string& where);
+
 // One Split pre-tokenizer: cuts pieces of text at the matches of a pattern.
 class TextSplitter {
  public:

@@ -32,7 +32,7 @@ struct HfNormalizerStep {
 struct HfPreTokenizerStep {
   enum class Kind { split, byte_level };
   Kind kind = Kind::split;
-  // split: an ICU regular expression with JavaScript's meaning (hf_pretokenize.h), or a literal
+  // split: an ICU regular expression with JavaScript's meaning (js_regex_to_icu), or a literal
   // string; `invert` keeps only the matches; `removed` drops them (else they are kept as pieces
   // of their own: "Isolated").
   std::string pattern;
@@ -71,12 +71,5 @@ struct HfTokenizerJson {
 // (naming the file and the field), ConfigError for what it says that memfit does not support
 // (naming the file, the field and the supported values).
 HfTokenizerJson read_hf_tokenizer_json(const std::filesystem::path& file);
-
-// A JavaScript regular expression (as transformers.js compiles a tokenizer.json "Regex" pattern,
-// with its rewrites of Python-only syntax) as an ICU regular expression that matches the same
-// strings: \s, \S, \d, \w and their negations spelled out as JavaScript defines them, a literal
-// '[' and set operators inside classes escaped. Throws ConfigError naming `where` for syntax with
-// no faithful translation (\b, \B, inline flags).
-std::string js_regex_to_icu(const std::string& pattern, const std::string& where);
 
 }  // namespace memfit::io
