@@ -311,6 +311,13 @@ TEST_P(LlamaTokenizerTest, KnownIds) {
     EXPECT_EQ(tok().encode("Hello world"), (Ids{9906, 1917}));
     EXPECT_EQ(tok().encode("<|begin_of_text|>x"), (Ids{128000, 87}));
     EXPECT_EQ(tok().decode(tok().encode("I'LL don't 12345 😀")), "I'LL don't 12345 😀");
+    // Bytes that are not UTF-8 pass ICU's matcher (as U+FFFD) and round trip as bytes.
+    std::mt19937_64 rng(11);
+    for (int i = 0; i < 200; ++i) {
+      std::string s(rng() % 48, '\0');
+      for (auto& c : s) c = static_cast<char>(rng());
+      ASSERT_EQ(tok().decode(tok().encode(s)), s) << i;
+    }
   } else {
     // The package's vocabulary: 32000 SentencePiece tokens with byte fallback.
     EXPECT_FALSE(tok().byte_level());
@@ -319,6 +326,13 @@ TEST_P(LlamaTokenizerTest, KnownIds) {
     EXPECT_EQ(tok().encode("Hello world"), (Ids{22557, 1526}));
     EXPECT_EQ(tok().encode(" a  b<s>c"), (Ids{28705, 264, 28705, 287, 1, 277}));
     EXPECT_EQ(tok().decode_text(tok().encode(" a  b<s>c")), " a  b<s> c");
+    // Bytes that are not UTF-8 fall back to their <0xXX> tokens and come back as they were.
+    std::mt19937_64 rng(11);
+    for (int i = 0; i < 200; ++i) {
+      std::string s(rng() % 48, '\0');
+      for (auto& c : s) c = static_cast<char>(rng());
+      ASSERT_EQ(tok().decode(tok().encode(s)), s.empty() ? s : " " + s) << i;  // "▁" prepended
+    }
   }
   EXPECT_THROW(tok().decode(std::vector<int32_t>{tok().vocab_size()}), Error);
 }
