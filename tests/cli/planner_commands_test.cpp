@@ -143,7 +143,7 @@ TEST_F(PlannerCommands, TrainAutoRunsTheChoiceAndOutOfMemoryAdvises) {
 
 TEST_F(PlannerCommands, PlanNeedsNoDataDirectory) {
   // From an empty folder (the default --data, data/brown, does not exist there): the plan counts
-  // the train and val loaders' fixed staging, (B, T + 1) u16 and two (B, T) int32 each.
+  // the train and val loaders' fixed staging, (B, T + 1) int32 and two (B, T) int32 each.
   fs::create_directories(dir / "empty");
   const Output here = [&] {
     const std::string command = fmt::format(
@@ -157,7 +157,7 @@ TEST_F(PlannerCommands, PlanNeedsNoDataDirectory) {
   ASSERT_EQ(here.exit_code, 0) << here.err;
   const nlohmann::json j = nlohmann::json::parse(here.out);
   EXPECT_FALSE(j["data_included"].get<bool>());
-  const size_t staging = 2 * (MemoryPool::round_up(8 * 257 * 2) + 2 * MemoryPool::round_up(8 * 256 * 4));
+  const size_t staging = 2 * (MemoryPool::round_up(8 * 257 * 4) + 2 * MemoryPool::round_up(8 * 256 * 4));
   EXPECT_EQ(j["by_category"]["staging"].get<size_t>(), staging);
   EXPECT_GT(j["est_step_seconds"].get<double>(), 0);
   const Output text = memfit("plan --model gpt2 --batch 8 --seq-len 256 --data /nonexistent");

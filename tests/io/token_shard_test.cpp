@@ -152,5 +152,115 @@ TEST_F(TokenShardRejects, TokenBeyondVocabulary) {
                   {"train_000001.bin", "token 300", "position 7", "< 256"});
 }
 
+TEST_F(TokenShardRejects, WrongVersionForTheU32Magic) {
+  set_header(0, 20240801);
+  set_header(1, 2);
+  expect_contains(read_error(path_),
+                  {"train_000001.bin", "version", "is 2", "expected 7", "20240801", "uint32"});
+}
+
+// ---- version 2: uint32 tokens, llm.c's Llama 3 header ----
+
+TEST(TokenShardU32, LayoutIsLlmcsLlama3Header) {
+  TempDir dir;
+  write_token_shard(dir / "s.bin", std::vector<uint32_t>{1, 128000, 4000000000u});
+  std::string bytes = read_file(dir / "s.bin");
+  ASSERT_EQ(bytes.size(), 1024u + 12u);
+  int32_t header[256];
+  std::memcpy(header, bytes.data(), 1024);
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 3);
+  for (int i = 3; i < 256; ++i) EXPECT_EQ(header[i], 0);
+  uint32_t t[3];
+  std::memcpy(t, bytes.data() + 1024, 12);
+  EXPECT_EQ(t[1], 128000u);
+  EXPECT_EQ(t[2], 4000000000u);
+  ShardInfo info = read_token_shard_info(dir / "s.bin");
+  EXPECT_EQ(info.count, 3);
+  EXPECT_EQ(info.token_bytes, 4);
+}
+
+TEST(TokenShardU32, RoundTripIntoPoolMemoryAsInt32) {
+  TempDir dir;
+  std::vector<int32_t> ids(1000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % 128256);
+  write_token_shard(dir / "train_000000.bin", ids, 4);
+  MemoryPool pool;
+  Tensor t = read_token_shard(dir / "train_000000.bin", pool, 128256);
+  EXPECT_EQ(t.dtype(), DType::i32);
+  EXPECT_EQ(t.shape(), Shape({1000}));
+  EXPECT_EQ(std::memcmp(t.data<int32_t>(), ids.data(), 4000), 0);
+  EXPECT_EQ(read_token_shard_header(dir / "train_000000.bin"), 1000);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1);
+}
+
+TEST(TokenShardU32, IntIdsPickTheirWidth) {
+  TempDir dir;
+  std::vector<int32_t> small = {0, 5, 65535};
+  write_token_shard(dir / "a.bin", small, 2);
+  EXPECT_EQ(read_token_shard_info(dir / "a.bin").token_bytes, 2);
+  std::vector<int32_t> back(3);
+  read_token_shard_into(dir / "a.bin", std::span<int32_t>(back));
+  EXPECT_EQ(back, small);
+  write_token_shard(dir / "b.bin", small, 4);
+  std::vector<uint16_t> narrow(3);
+  EXPECT_THROW(read_token_shard_into(dir / "b.bin", std::span<uint16_t>(narrow)), IoError);
+  read_token_shard_into(dir / "b.bin", std::span<int32_t>(back));
+  EXPECT_EQ(back, small);
+  EXPECT_EQ(shard_token_bytes_for_vocab(50257), 2);
+  EXPECT_EQ(shard_token_bytes_for_vocab(65536), 2);
+  EXPECT_EQ(shard_token_bytes_for_vocab(65537), 4);
+  EXPECT_EQ(shard_token_bytes_for_vocab(128256), 4);
+}
+
+TEST(TokenShardU32, VersionOneCannotHoldAWideIdAndSaysSo) {
+  TempDir dir;
+  std::vector<int32_t> ids = {1, 2, 128000, 4};
+  try {
+    write_token_shard(dir / "v1.bin", ids, 2);
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    expect_contains(e.what(), {"v1.bin", "token 128000", "position 2", "version-1", "65535",
+                               "version-2", "uint32"});
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "v1.bin"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 0);
+  std::vector<int32_t> negative = {1, -3};
+  EXPECT_THROW(write_token_shard(dir / "n.bin", negative, 4), IoError);
+  EXPECT_THROW(write_token_shard(dir / "n.bin", negative, 3), Error);
+}
+
+TEST(TokenShardU32, CorruptHeadersAndSizesAreRejected) {
+  TempDir dir;
+  auto path = dir / "train_000002.bin";
+  write_token_shard(path, std::vector<uint32_t>(100, 7));
+  std::string bytes = read_file(path);
+  // 100 uint32 tokens: 1424 bytes; cut to 1224 (what 100 uint16 would take) it is truncated.
+  std::string cut = bytes.substr(0, 1224);
+  write_file(path, cut);
+  expect_contains(read_error(path), {"train_000002.bin", "token count", "100", "1024 + 4 * 100",
+                                     "1424 bytes", "1224 bytes", "truncated"});
+  // The uint16 magic on uint32 data: the size no longer fits the count.
+  std::string relabeled = bytes;
+  int32_t v1[2] = {20240520, 1};
+  std::memcpy(relabeled.data(), v1, 8);
+  write_file(path, relabeled);
+  expect_contains(read_error(path), {"train_000002.bin", "1224 bytes", "1424 bytes", "trailing"});
+  // Version 1 under the uint32 magic.
+  std::string mixed = bytes;
+  int32_t v2[2] = {20240801, 1};
+  std::memcpy(mixed.data(), v2, 8);
+  write_file(path, mixed);
+  expect_contains(read_error(path), {"train_000002.bin", "version", "is 1", "expected 7"});
+  // A uint32 token above INT32_MAX is not an id memfit can hold.
+  write_token_shard(path, std::vector<uint32_t>{1, 3000000000u});
+  expect_contains(read_error(path), {"train_000002.bin", "3000000000", "position 1"});
+  write_token_shard(path, std::vector<uint32_t>{1, 70000, 2});
+  EXPECT_EQ(read_error(path, 70001), "");
+  expect_contains(read_error(path, 70000), {"train_000002.bin", "token 70000", "position 1",
+                                            "< 70000"});
+}
+
 }  // namespace
 }  // namespace memfit::io

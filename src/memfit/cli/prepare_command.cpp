@@ -38,9 +38,10 @@ void run_prepare(const io::PrepareOptions& options) {
     };
   }
   io::PrepareSummary s = io::prepare_dataset(options, progress);
-  std::printf("prepare: %lld documents, %lld tokens (%s tokenizer, vocabulary %d)\n",
+  std::printf("prepare: %lld documents, %lld tokens (%s tokenizer, vocabulary %d, %s shards)\n",
               (long long)s.documents, (long long)(s.train_tokens + s.val_tokens),
-              s.tokenizer.c_str(), s.vocab_size);
+              s.tokenizer.c_str(), s.vocab_size,
+              s.token_bytes == 2 ? "uint16" : "uint32");
   std::printf("  train: %lld tokens in %s\n", (long long)s.train_tokens,
               files_text(s.train_files).c_str());
   std::printf("  val:   %lld tokens in %s%s\n", (long long)s.val_tokens,
@@ -58,7 +59,9 @@ void add_prepare_command(CLI::App& app) {
                   "Text files, one document each; `brown` for the Brown corpus")
       ->required();
   cmd->add_option("--out", options->out_dir, "Folder for train_*.bin and val_*.bin")->required();
-  cmd->add_option("--tokenizer", options->tokenizer, "gpt2 or byte")
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "gpt2, llama2, llama3, byte, or the path of a Hugging Face tokenizer.json "
+                  "(vocabularies over 65,536 tokens get uint32 shards)")
       ->capture_default_str();
   cmd->add_option("--val-fraction", options->val_fraction,
                   "Fraction of tokens (the last ones) for validation, in [0, 1)")

@@ -61,13 +61,14 @@ class ShardSet {
     starts_.push_back(0);
     try {
       for (const auto& path : paths_) {
-        const int64_t count = read_token_shard_header(path);  // checks magic, version, size
+        const ShardInfo info = read_token_shard_info(path);  // checks magic, version, size
         const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0)
           MEMFIT_THROW(IoError, "data", "cannot open {}: {}", path.string(),
                        std::strerror(errno));
         fds_.push_back(fd);
-        starts_.push_back(starts_.back() + count);
+        token_bytes_.push_back(info.token_bytes);
+        starts_.push_back(starts_.back() + info.count);
       }
     } catch (...) {
       for (int fd : fds_) ::close(fd);
@@ -83,18 +84,19 @@ class ShardSet {
   int64_t total() const { return starts_.back(); }
   const fs::path& path(size_t s) const { return paths_[s]; }
 
-  // Tokens [start, start + n) into dst, crossing shard boundaries as needed. Calls
-  // `check(shard, position in shard, tokens)` on each piece read.
+  // Tokens [start, start + n) into dst as int32, crossing shard boundaries (and token widths)
+  // as needed. Calls `check(shard, position in shard, tokens)` on each piece read.
   template <class Check>
-  void read(int64_t start, uint16_t* dst, int64_t n, Check&& check) const {
+  void read(int64_t start, int32_t* dst, int64_t n, Check&& check) const {
     size_t s = static_cast<size_t>(
         std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin() - 1);
     while (n > 0) {
       const int64_t at = start - starts_[s];
       const int64_t take = std::min(n, starts_[s + 1] - at - starts_[s]);
+      const int64_t width = token_bytes_[s];
       char* out = reinterpret_cast<char*>(dst);
-      size_t left = static_cast<size_t>(take) * 2;
-      off_t offset = kShardHeaderBytes + at * 2;
+      size_t left = static_cast<size_t>(take * width);
+      off_t offset = kShardHeaderBytes + at * width;
       while (left > 0) {
         const ssize_t got = ::pread(fds_[s], out, left, offset);
         if (got < 0 && errno == EINTR) continue;
@@ -106,7 +108,18 @@ class ShardSet {
         left -= static_cast<size_t>(got);
         offset += got;
       }
-      check(s, at, std::span<const uint16_t>(dst, static_cast<size_t>(take)));
+      if (width == 2) {
+        // Widen in place from the back: token i's two bytes sit at or before its four.
+        const auto* narrow = reinterpret_cast<const uint16_t*>(dst);
+        for (int64_t i = take - 1; i >= 0; --i) dst[i] = narrow[i];
+      } else {
+        for (int64_t i = 0; i < take; ++i)
+          if (dst[i] < 0)
+            MEMFIT_THROW(IoError, "shard", "{}: token {} at position {} is above {}, the "
+                         "largest id memfit handles", paths_[s].string(),
+                         static_cast<uint32_t>(dst[i]), at + i, INT32_MAX);
+      }
+      check(s, at, std::span<const int32_t>(dst, static_cast<size_t>(take)));
       start += take;
       dst += take;
       n -= take;
@@ -117,6 +130,7 @@ class ShardSet {
  private:
   std::vector<fs::path> paths_;
   std::vector<int> fds_;
+  std::vector<int32_t> token_bytes_;  // 2 (version 1) or 4 (version 2) per shard
   std::vector<int64_t> starts_;  // token offset of each shard, and the total at the end
 };
 
@@ -141,14 +155,14 @@ DataLoader::DataLoader(MemoryPool& pool, std::vector<fs::path> shards,
                  num_windows_, INT32_MAX);
 
   // The same allocations, in the same order, as buffer_bytes and permutation_bytes count.
-  window_ = Tensor::empty(pool, Shape{B, T + 1}, DType::u16, Category::staging, "data.window");
+  window_ = Tensor::empty(pool, Shape{B, T + 1}, DType::i32, Category::staging, "data.window");
   inputs_ = Tensor::empty(pool, Shape{B, T}, DType::i32, Category::staging, "data.inputs");
   targets_ = Tensor::empty(pool, Shape{B, T}, DType::i32, Category::staging, "data.targets");
   if (options.shuffle)
     permutation_ = Tensor::empty(pool, Shape{num_windows_}, DType::i32, Category::staging,
                                  "data.permutation");
   // Every token is checked against the vocabulary once, here, rather than hours into a run.
-  if (options.vocab_size) scan([](std::span<const uint16_t>) {});
+  if (options.vocab_size) scan([](std::span<const int32_t>) {});
 }
 
 DataLoader::~DataLoader() = default;
@@ -158,7 +172,7 @@ DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
 size_t DataLoader::buffer_bytes(const DataLoaderOptions& options) {
   const int64_t T = options.seq_len, B = options.batch_size;
   auto block = [](int64_t bytes) { return MemoryPool::round_up(static_cast<size_t>(bytes)); };
-  return block(B * (T + 1) * 2) + 2 * block(B * T * 4);
+  return block(B * (T + 1) * 4) + 2 * block(B * T * 4);
 }
 
 size_t DataLoader::permutation_bytes(const DataLoaderOptions& options, int64_t num_windows) {
@@ -177,9 +191,9 @@ size_t DataLoader::staging_bytes(const std::vector<fs::path>& shards,
   return bytes;
 }
 
-void DataLoader::read_tokens(int64_t start, std::span<uint16_t> dst) const {
+void DataLoader::read_tokens(int64_t start, std::span<int32_t> dst) const {
   files_->read(start, dst.data(), static_cast<int64_t>(dst.size()),
-               [&](size_t shard, int64_t at, std::span<const uint16_t> got) {
+               [&](size_t shard, int64_t at, std::span<const int32_t> got) {
                  if (!options_.vocab_size) return;
                  for (size_t i = 0; i < got.size(); ++i)
                    if (got[i] >= *options_.vocab_size)
@@ -197,8 +211,8 @@ void DataLoader::read_tokens(int64_t start, std::span<uint16_t> dst) const {
                });
 }
 
-void DataLoader::scan(const std::function<void(std::span<const uint16_t>)>& chunk) {
-  uint16_t* buf = window_.data<uint16_t>();
+void DataLoader::scan(const std::function<void(std::span<const int32_t>)>& chunk) {
+  int32_t* buf = window_.data<int32_t>();
   const int64_t room = window_.numel();
   for (int64_t start = 0; start < num_tokens_; start += room) {
     const int64_t n = std::min(room, num_tokens_ - start);
@@ -247,11 +261,11 @@ int64_t DataLoader::window_index(int64_t k, int64_t b) const {
 
 void DataLoader::next_batch() {
   const int64_t B = options_.batch_size, T = options_.seq_len;
-  uint16_t* staged = window_.data<uint16_t>();
+  int32_t* staged = window_.data<int32_t>();
   int32_t* x = inputs_.data<int32_t>();
   int32_t* y = targets_.data<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    uint16_t* window = staged + b * (T + 1);
+    int32_t* window = staged + b * (T + 1);
     read_tokens(window_index(position_, b) * T, {window, static_cast<size_t>(T + 1)});
     for (int64_t t = 0; t < T; ++t) {
       x[b * T + t] = window[t];

@@ -48,8 +48,9 @@ class DataLoader {
   // buffer_bytes(options) + permutation_bytes(windows) for the shards' window count.
   static size_t staging_bytes(const std::vector<std::filesystem::path>& shards,
                               const DataLoaderOptions& options);
-  // What does not depend on the data: the (B, T + 1) u16 window staging and the (B, T) int32
-  // inputs and targets, each rounded to the pool's alignment.
+  // What does not depend on the data: the (B, T + 1) int32 window staging (int32 whatever the
+  // shards' token width, so it does not depend on them) and the (B, T) int32 inputs and
+  // targets, each rounded to the pool's alignment.
   static size_t buffer_bytes(const DataLoaderOptions& options);
   // With shuffle, the epoch's permutation: 4 bytes per window (0 without shuffle).
   static size_t permutation_bytes(const DataLoaderOptions& options, int64_t num_windows);
@@ -91,7 +92,8 @@ class DataLoader {
   // Calls `chunk` on every token of the split in file order, a staging-sized piece at a time
   // (read through the window staging, so it allocates nothing). Clobbers the window staging,
   // not inputs() or targets().
-  void scan(const std::function<void(std::span<const uint16_t>)>& chunk);
+  // Shards of both versions (uint16 and uint32 tokens, token_shard.h) mix freely.
+  void scan(const std::function<void(std::span<const int32_t>)>& chunk);
   // Whole windows in the data: floor((N - 1) / T).
   int64_t num_windows() const { return num_windows_; }
   // Micro-batches that visit every window once: ceil(num_windows / B).
@@ -102,13 +104,13 @@ class DataLoader {
   // The permutation of epoch `epoch` (shuffle only), computed when first asked for.
   const int32_t* permutation(int64_t epoch) const;
   // Reads tokens [start, start + dst.size()) of the split into dst, checking the vocabulary.
-  void read_tokens(int64_t start, std::span<uint16_t> dst) const;
+  void read_tokens(int64_t start, std::span<int32_t> dst) const;
 
   DataLoaderOptions options_;
   std::vector<std::filesystem::path> shards_;
   std::unique_ptr<ShardSet> files_;
   int64_t num_tokens_ = 0;
-  Tensor window_;  // u16 (B, T + 1): the tokens of one batch's windows
+  Tensor window_;  // i32 (B, T + 1): the tokens of one batch's windows
   Tensor inputs_, targets_;
   int64_t num_windows_ = 0;
   int64_t position_ = 0;

@@ -5,7 +5,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "memfit/core/error.h"
+#include "memfit/io/atomic_file.h"
 #include "memfit/io/brown_corpus.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/token_shard.h"
@@ -14,6 +17,7 @@
 namespace memfit::io {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 
 namespace {
 
@@ -95,6 +99,29 @@ ValSplit choose_val_split(std::span<const int64_t> doc_starts, int64_t num_token
   return {num_tokens - val, false};
 }
 
+std::optional<DatasetInfo> read_dataset_info(const fs::path& dir) {
+  const fs::path file = dir / kDatasetInfoFile;
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return std::nullopt;
+  DatasetInfo info;
+  try {
+    const json j = json::parse(read_file_to_string(file));
+    info.tokenizer = j.at("tokenizer").get<std::string>();
+    info.vocab_size = j.at("vocab_size").get<int32_t>();
+    info.eot_token = j.at("eot_token").get<int32_t>();
+    info.token_bytes = j.at("token_bytes").get<int32_t>();
+    info.documents = j.value("documents", int64_t{0});
+    info.train_tokens = j.value("train_tokens", int64_t{0});
+    info.val_tokens = j.value("val_tokens", int64_t{0});
+  } catch (const json::exception& e) {
+    MEMFIT_THROW(IoError, "prepare", "{} is malformed: {}", file.string(), e.what());
+  }
+  if (info.token_bytes != 2 && info.token_bytes != 4)
+    MEMFIT_THROW(IoError, "prepare", "{}: token_bytes is {}, expected 2 or 4", file.string(),
+                 info.token_bytes);
+  return info;
+}
+
 PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& progress) {
   // Check everything that can be checked before reading or writing anything.
   if (o.inputs.empty())
@@ -121,15 +148,14 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
                  "{} already holds {} shard file(s) ({} ...); pass --overwrite to replace them",
                  o.out_dir.string(), stale.size(), stale.front().filename().string());
   auto tokenizer = make_tokenizer(o.tokenizer, o.vocab_dir);
-  if (tokenizer->vocab_size() > 65536)
-    MEMFIT_THROW(ConfigError, "prepare", "tokenizer {} has {} tokens; shards hold uint16 ids "
-                 "(at most 65536)", tokenizer->name(), tokenizer->vocab_size());
 
   // Tokenize: [eot] + tokens for every non-empty document.
   PrepareSummary summary;
   summary.tokenizer = std::string(tokenizer->name());
   summary.vocab_size = tokenizer->vocab_size();
-  std::vector<uint16_t> tokens;
+  summary.eot_token = tokenizer->eot_token();
+  summary.token_bytes = shard_token_bytes_for_vocab(summary.vocab_size);
+  std::vector<int32_t> tokens;
   std::vector<int64_t> doc_starts;
   std::vector<int32_t> ids;
   int64_t text_bytes = 0;
@@ -142,7 +168,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
       doc_starts.push_back(static_cast<int64_t>(tokens.size()));
       ids.assign(1, tokenizer->eot_token());
       tokenizer->encode_append(text, ids);
-      tokens.insert(tokens.end(), ids.begin(), ids.end());  // ids < vocab <= 65536
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
     }
     if (progress) progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(sources.size()),
                            static_cast<int64_t>(tokens.size()));
@@ -172,13 +198,20 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
     for (int64_t at = begin, index = 0; at < end; at += o.shard_tokens, ++index) {
       fs::path path = o.out_dir / fmt::format("{}_{:06d}.bin", name, index);
       const int64_t count = std::min(o.shard_tokens, end - at);
-      write_token_shard(path, {tokens.data() + at, static_cast<size_t>(count)});
+      write_token_shard(path, {tokens.data() + at, static_cast<size_t>(count)},
+                        summary.token_bytes);
       written.add(path);
       files.push_back(path);
     }
   };
   write_split("train", 0, split.begin, summary.train_files);
   write_split("val", split.begin, n, summary.val_files);
+  const json info = {{"tokenizer", summary.tokenizer},     {"vocab_size", summary.vocab_size},
+                     {"eot_token", summary.eot_token},     {"token_bytes", summary.token_bytes},
+                     {"documents", summary.documents},     {"train_tokens", summary.train_tokens},
+                     {"val_tokens", summary.val_tokens}};
+  write_file_atomic(o.out_dir / kDatasetInfoFile, info.dump(2) + "\n");
+  written.add(o.out_dir / kDatasetInfoFile);
   written.commit();
 
   // Shards of an earlier run that this one did not rewrite would otherwise join the dataset.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,7 +16,8 @@ struct PrepareOptions {
   // Text files, each one document; the word "brown" stands for the Brown corpus (500 documents).
   std::vector<std::string> inputs;
   std::filesystem::path out_dir;
-  std::string tokenizer = "gpt2";       // "gpt2" or "byte"
+  // "gpt2", "llama2", "llama3", "byte" or the path of a tokenizer.json (make_tokenizer).
+  std::string tokenizer = "gpt2";
   std::filesystem::path vocab_dir;      // GPT-2 vocabulary folder; empty: find_gpt2_vocab_dir()
   std::filesystem::path brown_dir;      // Brown corpus folder; empty: find_brown_corpus_dir()
   double val_fraction = 0.05;           // in [0, 1): the last fraction of tokens becomes val
@@ -26,6 +28,8 @@ struct PrepareOptions {
 struct PrepareSummary {
   std::string tokenizer;
   int32_t vocab_size = 0;
+  int32_t eot_token = 0;
+  int32_t token_bytes = 2;  // the shards' token width: 2 (version 1, uint16) or 4 (version 2)
   int64_t documents = 0;
   int64_t train_tokens = 0, val_tokens = 0;
   bool val_at_document_boundary = true;
@@ -47,11 +51,28 @@ ValSplit choose_val_split(std::span<const int64_t> doc_starts, int64_t num_token
 // Called after each document: documents done, documents in all, tokens so far.
 using PrepareProgress = std::function<void(int64_t, int64_t, int64_t)>;
 
-// Tokenizes every document as [eot] + tokens (the end-of-text token before each document, as in
-// llm.c, so documents are separated by it and each shard starts with it), splits off the last
+// What `memfit prepare` records about a dataset in out_dir/dataset.json, so that whoever trains
+// on the shards can tell which tokenizer (and vocabulary) made them.
+struct DatasetInfo {
+  std::string tokenizer;    // the name make_tokenizer took: "gpt2", "llama3", a path ...
+  int32_t vocab_size = 0;
+  int32_t eot_token = 0;    // the token before each document
+  int32_t token_bytes = 2;  // 2: version-1 shards (uint16); 4: version-2 shards (uint32)
+  int64_t documents = 0, train_tokens = 0, val_tokens = 0;
+};
+inline constexpr const char* kDatasetInfoFile = "dataset.json";
+
+// out_dir/dataset.json of a dataset, or nullopt if there is none (shards from llm.c's scripts or
+// an older memfit). Throws IoError naming the file when it is malformed.
+std::optional<DatasetInfo> read_dataset_info(const std::filesystem::path& dir);
+
+// Tokenizes every document as [eot] + tokens (the tokenizer's document token before each
+// document, as in llm.c: GPT-2's <|endoftext|>, Llama 2's <s>, Llama 3's <|begin_of_text|>; so
+// documents are separated by it and each shard starts with it), splits off the last
 // `val_fraction` of the tokens as validation data (at the nearest document start when that gives
 // between half and twice the asked-for share, else at the exact token), and writes
-// out_dir/train_000000.bin ... and val_000000.bin ... (see token_shard.h).
+// out_dir/train_000000.bin ... and val_000000.bin ... (see token_shard.h: version 1, uint16, when
+// the vocabulary has at most 65,536 tokens, else version 2, uint32) and out_dir/dataset.json.
 // Everything is checked before anything is written: inputs that are missing or empty, a bad
 // fraction, shards already in out_dir (unless overwrite) throw ConfigError or IoError. If writing
 // fails, the files written so far are removed.

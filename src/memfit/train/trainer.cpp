@@ -97,8 +97,8 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
 double unigram_entropy(io::DataLoader& loader, int vocab) {
   std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
   const int64_t n = loader.num_tokens();
-  loader.scan([&](std::span<const uint16_t> tokens) {
-    for (uint16_t t : tokens) ++counts[t];
+  loader.scan([&](std::span<const int32_t> tokens) {
+    for (int32_t t : tokens) ++counts[t];
   });
   double h = 0;
   for (int64_t k : counts)
