@@ -1,14 +1,18 @@
 // The whole LLaMA's gradient by finite differences: a double-precision LLaMA built from the
-// reference kernels (RMSNorm, rotary embedding, grouped-query attention, SwiGLU, an untied head)
-// gives the loss; central differences of it, at sampled entries of every parameter tensor, must
-// match the gradient memfit's FP32 backward computes. As gpt2_gradient_test.cpp for GPT-2.
+// reference kernels (RMSNorm, rotary embedding, grouped-query attention, SwiGLU, the head untied
+// or tied) gives the loss; central differences of it, at sampled entries of every parameter
+// tensor, must match the gradient memfit's FP32 backward computes, with flash and plain
+// attention. As gpt2_gradient_test.cpp for GPT-2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <tuple>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "memfit/kernels/ref/attention_ref.h"
 #include "memfit/kernels/ref/crossentropy_ref.h"
@@ -89,14 +93,16 @@ int64_t real_numel(const ModelConfig& c, const ParamInfo& p) {
   return padded ? int64_t{c.vocab_size} * c.d_model : p.numel;
 }
 
-class LlamaGradient : public ::testing::TestWithParam<AttentionKind> {};
+// (attention, tied head)
+class LlamaGradient : public ::testing::TestWithParam<std::tuple<AttentionKind, bool>> {};
 
 TEST_P(LlamaGradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
+  const auto [attention, tied] = GetParam();
   ModelConfig c = ModelConfig::preset("llama-tiny");  // 4 query heads over 2 key/value heads
-  c.vocab_size = 300;  // not a multiple of 64: padded rows must stay out of it
-  c.finalize();
   ASSERT_LT(c.n_kv_head, c.n_head);
-  ASSERT_FALSE(c.tie_embeddings);
+  c.vocab_size = 300;  // not a multiple of 64: padded rows must stay out of it
+  c.tie_embeddings = tied;  // tied: the embedding's gradient sums the head's and the lookup's
+  c.finalize();
   const int B = 2, T = 7;
   MemoryPool pool;
   Transformer llama(c, pool);
@@ -110,7 +116,7 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
     for (int64_t i = 0, n = real_numel(c, p); i < n; ++i) v[i] += noise(rng);
   }
   ActivationOptions options;
-  options.attention = GetParam();
+  options.attention = attention;
   llama.reserve(B, T, options);
   Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "tokens");
   Tensor targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "targets");
@@ -156,9 +162,14 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
               "differences: %.2e\n", loss, ref_loss, worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(Attention, LlamaGradient,
-                         ::testing::Values(AttentionKind::flash, AttentionKind::plain),
-                         [](const auto& info) { return std::string(attention_kind_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    AttentionAndHead, LlamaGradient,
+    ::testing::Combine(::testing::Values(AttentionKind::flash, AttentionKind::plain),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return fmt::format("{}_{}", attention_kind_name(std::get<0>(info.param)),
+                         std::get<1>(info.param) ? "tied" : "untied");
+    });
 
 }  // namespace
 }  // namespace memfit
