@@ -1,8 +1,9 @@
-// GPT-2 in bf16, fp16 and pure bf16: the pool holds exactly the slabs and the plan of each
-// precision, loss and gradients stay within measured tolerances of FP32's from the same start,
-// the working copy is the master rounded to nearest even, every precision starts from the same
-// weights, first_non_finite() names the culprit, and the combinations that cannot run are
-// ConfigErrors. docs/notes/mixed-precision.md has the table of which tensor is in which type.
+// Both families (GPT-2, and LLaMA with grouped-query attention and an untied head) in bf16,
+// fp16 and pure bf16: the pool holds exactly the slabs and the plan of each precision, loss and
+// gradients stay within measured tolerances of FP32's from the same start, the working copy is
+// the master rounded to nearest even, every precision starts from the same weights,
+// first_non_finite() names the culprit, and the combinations that cannot run are ConfigErrors.
+// docs/notes/mixed-precision.md has the table of which tensor is in which type.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,11 +42,22 @@ ActivationOptions options_for(AttentionKind attention) {
   return o;
 }
 
-TEST(GPT2Mixed, PoolHoldsExactlyParamsMasterGradsAndThePlan) {
+// Every test runs on odd_config(family) of both families.
+class Mixed : public ::testing::TestWithParam<Family> {
+ protected:
+  Family family() const { return GetParam(); }
+  bool gpt2() const { return family() == Family::gpt2; }
+  // The parameter named as GPT-2 calls it, or as LLaMA calls the one in the same place.
+  std::string name(const char* gpt2_name, const char* llama_name) const {
+    return gpt2() ? gpt2_name : llama_name;
+  }
+};
+
+TEST_P(Mixed, PoolHoldsExactlyParamsMasterGradsAndThePlan) {
   for (const Mode& m : kModes) {
     SCOPED_TRACE(m.name);
     MemoryPool pool;
-    ModelConfig c = odd_config();
+    ModelConfig c = odd_config(family());
     Transformer gpt(c, pool, m.precision);
     gpt.init_weights(3);
     gpt.reserve(2, 11, options_for(m.attention));
@@ -84,18 +96,19 @@ TEST(GPT2Mixed, PoolHoldsExactlyParamsMasterGradsAndThePlan) {
   }
 }
 
-// init_weights(21) plus normal(0, 0.05) noise on every real element: larger weights than
-// GPT-2's init, so that the logits are far from uniform and the loss depends on the precision.
-std::vector<float> perturbed_start(const ModelConfig& c) {
+// init_weights(21) plus normal(0, 0.05) noise on every real element (the embedding and an
+// untied head without their padding rows): larger weights than the init, so that the logits are
+// far from uniform and the loss depends on the precision.
+std::vector<float> perturbed_start(const ModelConfig& c, uint32_t seed = 5) {
   MemoryPool pool;
   Transformer gpt(c, pool);
   gpt.init_weights(21);
-  std::mt19937 rng(5);
+  std::mt19937 rng(seed);
   std::normal_distribution<float> noise(0.0f, 0.05f);
   float* w = gpt.weights().data<float>();
   for (const ParamInfo& p : gpt.layout().params()) {
-    const int64_t n =
-        p.role == ParamRole::token_embedding ? int64_t{c.vocab_size} * c.d_model : p.numel;
+    const bool padded = p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head;
+    const int64_t n = padded ? int64_t{c.vocab_size} * c.d_model : p.numel;
     for (int64_t i = 0; i < n; ++i) w[p.offset + i] += noise(rng);
   }
   return std::vector<float>(w, w + gpt.weights().numel());
@@ -106,12 +119,12 @@ struct StepResult {
   float loss;
   std::vector<float> grads;
 };
-StepResult one_step(const Mode& m, float loss_scale = 1.0f) {
+StepResult one_step(Family family, const Mode& m, float loss_scale = 1.0f, uint32_t seed = 5) {
   MemoryPool pool;
-  ModelConfig c = odd_config();
+  ModelConfig c = odd_config(family);
   Transformer gpt(c, pool, m.precision);
   // Into the weights of record as a checkpoint load would: pure bf16 rounds to nearest even.
-  const std::vector<float> start = perturbed_start(c);
+  const std::vector<float> start = perturbed_start(c, seed);
   Tensor w = gpt.weights();
   if (w.dtype() == DType::f32) {
     std::copy(start.begin(), start.end(), w.data<float>());
@@ -121,7 +134,7 @@ StepResult one_step(const Mode& m, float loss_scale = 1.0f) {
   }
   gpt.refresh_working();
   gpt.reserve(3, 13, options_for(m.attention));
-  Batch b(pool, 3, 13, c.vocab_size, 8);
+  Batch b(pool, 3, 13, c.vocab_size, seed + 3);
   StepResult r;
   r.loss = gpt.forward(b.tokens, b.targets, true, loss_scale);
   gpt.backward();
@@ -132,9 +145,9 @@ StepResult one_step(const Mode& m, float loss_scale = 1.0f) {
 
 // The largest over parameter tensors of ||g - want|| / ||want|| (g divided by `unscale`), and
 // the tensor it is at.
-std::pair<double, std::string> worst_grad_error(const StepResult& got, const StepResult& want,
-                                                double unscale = 1.0) {
-  const ParamLayout layout(odd_config());
+std::pair<double, std::string> worst_grad_error(Family family, const StepResult& got,
+                                                const StepResult& want, double unscale = 1.0) {
+  const ParamLayout layout(odd_config(family));
   std::pair<double, std::string> worst{0.0, ""};
   for (const ParamInfo& p : layout.params()) {
     double diff = 0, norm = 0;
@@ -154,34 +167,38 @@ std::pair<double, std::string> worst_grad_error(const StepResult& got, const Ste
 //   loss, |l - l32| / l32:                 bf16 8.6e-5 (flash and plain alike), fp16 1.0e-5
 //   gradient, worst tensor's ||g - g32|| / ||g32||:  bf16 1.3e-2, fp16 1.3e-3 (with a loss
 //   scale of 1024, divided by it: 1.3e-3 too)
+// LLaMA (odd_config(llama): GQA, untied head; noise seeds 5-13, batch seeds 8-16) stays inside
+// the same bounds with 2-4x margin: loss bf16 1.3e-4, fp16 1.4e-5; gradient bf16 1.6e-2, fp16
+// 1.6e-3 (1.9e-3 with the loss scale), the worst tensor an input_layernorm gain.
 // fp16's bounds are below what bf16 measures, so fp16 silently computing in bf16 would fail.
 constexpr double kBf16LossTol = 5e-4, kFp16LossTol = 5e-5;
 constexpr double kBf16GradTol = 4e-2, kFp16GradTol = 4e-3;
 
-TEST(GPT2Mixed, LossAndGradientsStayCloseToFp32FromTheSameStart) {
+TEST_P(Mixed, LossAndGradientsStayCloseToFp32FromTheSameStart) {
+  const Family f = family();
   for (AttentionKind attention : {AttentionKind::flash, AttentionKind::plain}) {
     SCOPED_TRACE(attention_kind_name(attention));
-    const StepResult f32 = one_step({"fp32", {Precision::fp32, true}, attention});
-    const StepResult b16 = one_step({"bf16", {Precision::bf16, true}, attention});
+    const StepResult f32 = one_step(f, {"fp32", {Precision::fp32, true}, attention});
+    const StepResult b16 = one_step(f, {"bf16", {Precision::bf16, true}, attention});
     EXPECT_NEAR(b16.loss, f32.loss, kBf16LossTol * f32.loss);
-    const auto [err, where] = worst_grad_error(b16, f32);
+    const auto [err, where] = worst_grad_error(f, b16, f32);
     EXPECT_LT(err, kBf16GradTol) << where;
     EXPECT_GT(err, 0.0) << "bf16 gave fp32's gradients exactly: is it running in bf16?";
 
     // Pure bf16 computes with the same bf16 weights as bf16 with master weights (both round
     // the same f32 start to nearest even), so its step is the same bit for bit.
-    const StepResult pure = one_step({"pure bf16", {Precision::bf16, false}, attention});
+    const StepResult pure = one_step(f, {"pure bf16", {Precision::bf16, false}, attention});
     EXPECT_EQ(pure.loss, b16.loss);
     EXPECT_TRUE(pure.grads == b16.grads);
   }
   const Mode fp32_plain{"fp32", {Precision::fp32, true}, AttentionKind::plain};
   const Mode fp16{"fp16", {Precision::fp16, true}, AttentionKind::plain};
-  const StepResult f32 = one_step(fp32_plain);
+  const StepResult f32 = one_step(f, fp32_plain);
   for (float scale : {1.0f, 1024.0f}) {
     SCOPED_TRACE(fmt::format("fp16, loss scale {}", scale));
-    const StepResult f16 = one_step(fp16, scale);
+    const StepResult f16 = one_step(f, fp16, scale);
     EXPECT_NEAR(f16.loss, f32.loss, kFp16LossTol * f32.loss);
-    const auto [err, where] = worst_grad_error(f16, f32, scale);
+    const auto [err, where] = worst_grad_error(f, f16, f32, scale);
     EXPECT_LT(err, kFp16GradTol) << where;
     EXPECT_GT(err, 0.0);
   }
@@ -200,11 +217,11 @@ void fill_awkward(float* v, int64_t n, uint32_t tie_mask, uint32_t tie_half) {
   }
 }
 
-TEST(GPT2Mixed, RefreshWorkingRoundsTheMasterToNearestEven) {
+TEST_P(Mixed, RefreshWorkingRoundsTheMasterToNearestEven) {
   for (Precision p : {Precision::bf16, Precision::fp16}) {
     SCOPED_TRACE(precision_name(p));
     MemoryPool pool;
-    Transformer gpt(odd_config(), pool, {p, true});
+    Transformer gpt(odd_config(family()), pool, {p, true});
     gpt.init_weights(5);
     float* master = gpt.weights().data<float>();
     const int64_t n = gpt.weights().numel();
@@ -225,8 +242,8 @@ TEST(GPT2Mixed, RefreshWorkingRoundsTheMasterToNearestEven) {
   }
 }
 
-TEST(GPT2Mixed, InitWeightsGivesTheSameValuesInEveryPrecision) {
-  const ModelConfig c = odd_config();
+TEST_P(Mixed, InitWeightsGivesTheSameValuesInEveryPrecision) {
+  const ModelConfig c = odd_config(family());
   MemoryPool pool;
   Transformer ref(c, pool);
   ref.init_weights(42);
@@ -256,8 +273,8 @@ TEST(GPT2Mixed, InitWeightsGivesTheSameValuesInEveryPrecision) {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-TEST(GPT2Mixed, FirstNonFiniteNamesThePoisonedTensor) {
-  const ModelConfig c = odd_config();
+TEST_P(Mixed, FirstNonFiniteNamesThePoisonedTensor) {
+  const ModelConfig c = odd_config(family());
   MemoryPool pool;
   Transformer gpt(c, pool, {Precision::bf16, true});
   gpt.init_weights(9);
@@ -268,55 +285,61 @@ TEST(GPT2Mixed, FirstNonFiniteNamesThePoisonedTensor) {
   gpt.backward();
   EXPECT_EQ(gpt.first_non_finite(), "") << "a healthy step";
 
-  const ParamInfo& fc = gpt.layout().find("h.1.mlp.c_fc.weight");
-  float* master = gpt.weights().data<float>() + fc.offset + 5;
+  const std::string fc_name = name("h.1.mlp.c_fc.weight", "model.layers.1.mlp.gate_proj.weight");
+  float* master = gpt.weights().data<float>() + gpt.layout().find(fc_name).offset + 5;
   const float saved_master = *master;
   *master = kInf;
-  EXPECT_EQ(gpt.first_non_finite(), "h.1.mlp.c_fc.weight (master weight)");
+  EXPECT_EQ(gpt.first_non_finite(), fc_name + " (master weight)");
   *master = saved_master;
 
-  const ParamInfo& proj = gpt.layout().find("h.0.attn.c_proj.weight");
-  auto* working = static_cast<uint16_t*>(gpt.params().raw_data()) + proj.offset + 3;
+  const std::string proj_name =
+      name("h.0.attn.c_proj.weight", "model.layers.0.self_attn.o_proj.weight");
+  auto* working =
+      static_cast<uint16_t*>(gpt.params().raw_data()) + gpt.layout().find(proj_name).offset + 3;
   const uint16_t saved = *working;
   *working = bf16_from_f32(-kInf);
-  EXPECT_EQ(gpt.first_non_finite(), "h.0.attn.c_proj.weight (weight)");
+  EXPECT_EQ(gpt.first_non_finite(), proj_name + " (weight)");
   *working = saved;
 
   // Two poisoned gradients: the one the backward writes first (the later layer) is named.
-  gpt.grad("h.0.ln_1.weight").data<float>()[2] = kNaN;
-  gpt.grad("h.1.mlp.c_proj.bias").data<float>()[1] = kInf;
-  EXPECT_EQ(gpt.first_non_finite(), "h.1.mlp.c_proj.bias (gradient)");
+  const std::string late = name("h.1.mlp.c_proj.bias", "model.layers.1.mlp.down_proj.weight");
+  gpt.grad(name("h.0.ln_1.weight", "model.layers.0.input_layernorm.weight")).data<float>()[2] =
+      kNaN;
+  gpt.grad(late).data<float>()[1] = kInf;
+  EXPECT_EQ(gpt.first_non_finite(), late + " (gradient)");
   gpt.zero_grad();
   EXPECT_EQ(gpt.first_non_finite(), "");
 
   // In fp32 the weights of record are the working weights.
   Transformer f32(c, pool);
   f32.init_weights(9);
-  f32.grad("wpe.weight").data<float>()[0] = kNaN;
-  f32.param("ln_f.bias").data<float>()[0] = kNaN;
-  EXPECT_EQ(f32.first_non_finite(), "ln_f.bias (weight)");
+  f32.grad(name("wpe.weight", "model.embed_tokens.weight")).data<float>()[0] = kNaN;
+  const std::string final_norm = name("ln_f.bias", "model.norm.weight");
+  f32.param(final_norm).data<float>()[0] = kNaN;
+  EXPECT_EQ(f32.first_non_finite(), final_norm + " (weight)");
 }
 
-TEST(GPT2Mixed, AWeightThatOverflowsF16IsNamedAfterTheForwardItPoisoned) {
+TEST_P(Mixed, AWeightThatOverflowsF16IsNamedAfterTheForwardItPoisoned) {
   // A finite master weight past f16's range makes the working copy infinite; the forward then
   // spreads it through the activations, the loss and the gradients, and the weight is still
   // what first_non_finite names.
-  const ModelConfig c = odd_config();
+  const ModelConfig c = odd_config(family());
+  const std::string qkv = name("h.1.attn.c_attn.weight", "model.layers.1.self_attn.q_proj.weight");
   MemoryPool pool;
   Transformer gpt(c, pool, {Precision::fp16, true});
   gpt.init_weights(9);
   gpt.reserve(2, 8, options_for(AttentionKind::plain));
   Batch b(pool, 2, 8, c.vocab_size, 4);
-  gpt.weights().data<float>()[gpt.layout().find("h.1.attn.c_attn.weight").offset + 5] = 1e5f;
+  gpt.weights().data<float>()[gpt.layout().find(qkv).offset + 5] = 1e5f;
   gpt.refresh_working();
-  EXPECT_EQ(gpt.first_non_finite(), "h.1.attn.c_attn.weight (weight)");
+  EXPECT_EQ(gpt.first_non_finite(), qkv + " (weight)");
   EXPECT_FALSE(std::isfinite(gpt.forward(b.tokens, b.targets, true, 1024.0f)));
   gpt.backward();
-  EXPECT_EQ(gpt.first_non_finite(), "h.1.attn.c_attn.weight (weight)");
+  EXPECT_EQ(gpt.first_non_finite(), qkv + " (weight)");
 }
 
-TEST(GPT2Mixed, CombinationsThatCannotRunAreConfigErrors) {
-  const ModelConfig c = odd_config();
+TEST_P(Mixed, CombinationsThatCannotRunAreConfigErrors) {
+  const ModelConfig c = odd_config(family());
   MemoryPool pool;
   EXPECT_THROW(Transformer(c, pool, {Precision::fp32, false}), ConfigError);
   EXPECT_THROW(Transformer(c, pool, {Precision::fp16, false}), ConfigError);
@@ -328,6 +351,9 @@ TEST(GPT2Mixed, CombinationsThatCannotRunAreConfigErrors) {
   EXPECT_EQ(gpt.attention(), AttentionKind::plain);
   EXPECT_THROW(precision_from_name("fp8"), ConfigError);
 }
+
+INSTANTIATE_TEST_SUITE_P(Family, Mixed, ::testing::Values(Family::gpt2, Family::llama),
+                         [](const auto& info) { return std::string(family_name(info.param)); });
 
 }  // namespace
 }  // namespace memfit
