@@ -28,7 +28,7 @@ nlohmann::json candidate_json(const Candidate& c, size_t limit) {
 
 nlohmann::json shape_json(const ShapeFit& f) {
   const Candidate& c = f.search.choice;
-  return {{"n_layer", f.shape.n_layer},
+  nlohmann::json j = {{"n_layer", f.shape.n_layer},
           {"d_model", f.shape.d_model},
           {"n_head", f.shape.n_head},
           {"params", f.params},
@@ -38,6 +38,11 @@ nlohmann::json shape_json(const ShapeFit& f) {
           {"grad_accum", c.grad_accum},
           {"peak_bytes", c.peak_bytes},
           {"est_step_seconds", c.est_step_seconds}};
+  if (f.shape.ffn_dim) {
+    j["n_kv_head"] = f.shape.n_kv_head;
+    j["ffn_dim"] = f.shape.ffn_dim;
+  }
+  return j;
 }
 
 }  // namespace
@@ -75,19 +80,20 @@ nlohmann::json search_json(const SearchResult& s) {
 void print_max_model(const MaxModelResult& r) {
   const ShapeFit& b = r.best;
   const Candidate& c = b.search.choice;
+  const char* family = r.family == Family::gpt2 ? "GPT-2" : "LLaMA";
   if (r.found)
-    fmt::print("memfit plan --max-model: the largest GPT-2-family model that trains in {} is "
+    fmt::print("memfit plan --max-model: the largest {}-family model that trains in {} is "
                "{} layers x {} wide ({} heads), {:.1f}M parameters, with --ckpt {} --batch {} "
                "--grad-accum {}: predicted peak {}, about {} s a step{}\n",
-               format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.shape.n_head,
+               family, format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.shape.n_head,
                b.params / 1e6, c.ckpt, c.batch, c.grad_accum, format_mib(c.peak_bytes),
                format_seconds(c.est_step_seconds),
                r.capped ? fmt::format(" (the search stops at {} layers)", kMaxFamilyLayers) : "");
   else
-    fmt::print("memfit plan --max-model: no GPT-2-family model trains in {}; the smallest, {} "
+    fmt::print("memfit plan --max-model: no {}-family model trains in {}; the smallest, {} "
                "layer x {} wide ({:.1f}M parameters), needs at least {} ({}); its largest part "
                "is {}, {}\n",
-               format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.params / 1e6,
+               family, format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.params / 1e6,
                format_mib(c.peak_bytes), candidate_options(c, true),
                category_name(c.dominant()), format_mib(c.dominant_bytes()));
   fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:>5}   {:<5} {:>12} {:>10}  {}\n", "layers",
@@ -100,9 +106,11 @@ void print_max_model(const MaxModelResult& r) {
                n.grad_accum, mib(n.peak_bytes), format_seconds(n.est_step_seconds),
                f.search.fits ? "yes" : fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit))));
   }
-  fmt::print("\n({} shapes planned; width = GPT-2's depth-to-width line rounded to 64, heads of "
-             "64: docs/notes/planner.md)\n",
-             r.shapes_planned);
+  fmt::print("\n({} shapes planned; {}: docs/notes/planner.md)\n", r.shapes_planned,
+             r.family == Family::gpt2
+                 ? "width = GPT-2's depth-to-width line rounded to 64, heads of 64"
+                 : "width = Meta's LLaMA depth-to-width line, heads of 128, the preset's "
+                   "key/value grouping and MLP ratio");
 }
 
 nlohmann::json max_model_json(const MaxModelResult& r) {

@@ -14,13 +14,16 @@ namespace {
 // GPT-2's published (depth, width) points: gpt2, gpt2-medium, gpt2-large, gpt2-xl.
 constexpr std::array<std::array<double, 2>, 4> kGpt2Shapes = {
     {{12, 768}, {24, 1024}, {36, 1280}, {48, 1600}}};
+// Meta's: Llama 3.2 1B, Llama 2 7B, 13B, 70B.
+constexpr std::array<std::array<double, 2>, 4> kLlamaShapes = {
+    {{16, 2048}, {32, 4096}, {40, 5120}, {80, 8192}}};
 
-double family_width(int n_layer) {
+double family_width(const std::array<std::array<double, 2>, 4>& shapes, int n_layer) {
   // The segment that holds n_layer, or the nearest end segment outside them.
   size_t i = 0;
-  while (i + 2 < kGpt2Shapes.size() && n_layer > kGpt2Shapes[i + 1][0]) ++i;
-  const auto [l0, w0] = kGpt2Shapes[i];
-  const auto [l1, w1] = kGpt2Shapes[i + 1];
+  while (i + 2 < shapes.size() && n_layer > shapes[i + 1][0]) ++i;
+  const auto [l0, w0] = shapes[i];
+  const auto [l1, w1] = shapes[i + 1];
   return w0 + (n_layer - l0) * (w1 - w0) / (l1 - l0);
 }
 
@@ -35,9 +38,27 @@ FamilyShape gpt2_family_shape(int n_layer) {
   if (n_layer < 1)
     MEMFIT_THROW(ConfigError, "config", "the GPT-2 family has members of 1 layer or more, got {}",
                  n_layer);
-  const long units = std::lround(family_width(n_layer) / kFamilyHeadSize);
+  const long units = std::lround(family_width(kGpt2Shapes, n_layer) / kFamilyHeadSize);
   const int heads = static_cast<int>(std::max(1L, units));
   return {n_layer, heads * kFamilyHeadSize, heads};
+}
+
+FamilyShape llama_family_shape(const ModelConfig& base, int n_layer) {
+  if (n_layer < 1)
+    MEMFIT_THROW(ConfigError, "config", "the LLaMA family has members of 1 layer or more, got {}",
+                 n_layer);
+  const int group = std::max(1, base.n_head / std::max(1, base.n_kv_head));
+  // Heads of 128, a multiple of the group so the key/value heads divide them.
+  const long units = std::lround(family_width(kLlamaShapes, n_layer) / kLlamaFamilyHeadSize / group);
+  const int heads = static_cast<int>(std::max(1L, units)) * group;
+  const int width = heads * kLlamaFamilyHeadSize;
+  const double ratio = double(base.ffn_dim) / base.d_model;
+  const int ffn = static_cast<int>(std::ceil(width * ratio / 256.0 - 1e-9)) * 256;
+  return {n_layer, width, heads, heads / group, ffn};
+}
+
+FamilyShape family_shape(const ModelConfig& base, int n_layer) {
+  return base.gpt2() ? gpt2_family_shape(n_layer) : llama_family_shape(base, n_layer);
 }
 
 TrainConfig with_family_shape(const TrainConfig& base, FamilyShape shape) {
@@ -45,6 +66,8 @@ TrainConfig with_family_shape(const TrainConfig& base, FamilyShape shape) {
   c.n_layer = shape.n_layer;
   c.d_model = shape.d_model;
   c.n_head = shape.n_head;
+  c.n_kv_head = shape.n_kv_head;
+  c.ffn_dim = shape.ffn_dim;
   c.ckpt = "auto";
   return c;
 }
@@ -53,19 +76,23 @@ MaxModelResult find_max_model(const TrainConfig& base, size_t limit) {
   refuse(base.n_layer != 0, "--n-layer", "the depth");
   refuse(base.d_model != 0, "--d-model", "the width");
   refuse(base.n_head != 0, "--n-head", "the heads (64 dimensions each)");
+  refuse(base.n_kv_head != 0, "--n-kv-head", "the key/value heads (the preset's grouping)");
+  refuse(base.ffn_dim != 0, "--ffn-dim", "the MLP width (the preset's ratio)");
   refuse(!base.resume_dir.empty(), "--resume", "the model (a checkpoint fixes it)");
   refuse(!base.init_from.empty(), "--init-from", "the model (a checkpoint fixes it)");
   refuse(base.ckpt != "none" && base.ckpt != "auto", "--ckpt",
          "the checkpoint policy, choosing the fastest for each shape (as --ckpt auto)");
 
+  const ModelConfig preset = base.model_config();
   MaxModelResult r;
+  r.family = preset.family;
   r.limit = limit;
   std::map<int, ShapeFit> planned;
   auto fit = [&](int n_layer) -> const ShapeFit& {
     auto it = planned.find(n_layer);
     if (it != planned.end()) return it->second;
     ShapeFit f;
-    f.shape = gpt2_family_shape(n_layer);
+    f.shape = family_shape(preset, n_layer);
     const TrainConfig c = with_family_shape(base, f.shape);
     f.params = c.model_config().num_params();
     f.search = search_training(c, limit, {true, base.auto_batch});

@@ -1,5 +1,5 @@
-// memfit plan --max-model: the largest model of the GPT-2 family, by parameter count, that
-// trains under a budget, with the checkpoint policy (and, with --auto-batch, the micro-batch)
+// memfit plan --max-model: the largest model of the preset's family (GPT-2 or LLaMA), by
+// parameter count, that trains under a budget, with the checkpoint policy (and, with --auto-batch, the micro-batch)
 // the search (plan/search.h) picks for it. Nothing is allocated or run.
 // Note [Max model] in docs/notes/planner.md: the family rule and why the search may bisect.
 #pragma once
@@ -12,12 +12,15 @@
 
 namespace memfit {
 
-// One member of the family: n_layer blocks, d_model wide, heads of 64 dimensions.
+// One member of a family: n_layer blocks, d_model wide, heads of 64 (GPT-2) or 128 (LLaMA)
+// dimensions; LLaMA's key/value heads and MLP width too (0 for GPT-2).
 struct FamilyShape {
   int n_layer = 0, d_model = 0, n_head = 0;
+  int n_kv_head = 0, ffn_dim = 0;
 };
 
 inline constexpr int kFamilyHeadSize = 64;
+inline constexpr int kLlamaFamilyHeadSize = 128;
 inline constexpr int kMaxFamilyLayers = 256;  // where --max-model stops looking
 
 // The family's member with n_layer blocks: the width interpolates GPT-2's published shapes
@@ -26,7 +29,17 @@ inline constexpr int kMaxFamilyLayers = 256;  // where --max-model stops looking
 // gpt2-large and gpt2-xl are members; parameters grow with n_layer. ConfigError if n_layer < 1.
 FamilyShape gpt2_family_shape(int n_layer);
 
-// base with the shape's n_layer, d_model and n_head (its vocabulary and context stay).
+// The LLaMA family's member with n_layer blocks: the width interpolates Meta's published shapes
+// (Llama 3.2 1B 16 x 2048, Llama 2 7B 32 x 4096, 13B 40 x 5120, 70B 80 x 8192) as GPT-2's does,
+// rounded to heads of 128; the base's query heads per key/value head (1 for Llama 2 7B, 4 for
+// Llama 3 8B) and MLP ratio (ffn_dim / d_model, rounded up to a multiple of 256, as Meta's
+// multiple_of) carry over, so llama2-7b and llama2-13b are members.
+FamilyShape llama_family_shape(const ModelConfig& base, int n_layer);
+// The member of base's family.
+FamilyShape family_shape(const ModelConfig& base, int n_layer);
+
+// base with the shape's n_layer, d_model and n_head, and LLaMA's n_kv_head and ffn_dim (its
+// vocabulary and context stay).
 TrainConfig with_family_shape(const TrainConfig& base, FamilyShape shape);
 
 struct ShapeFit {
@@ -36,6 +49,7 @@ struct ShapeFit {
 };
 
 struct MaxModelResult {
+  Family family = Family::gpt2;  // the preset's, whose members were searched
   size_t limit = 0;
   bool found = false;  // some member fits
   ShapeFit best;       // the largest member that fits (the 1-layer member when none does)
