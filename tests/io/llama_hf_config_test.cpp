@@ -169,7 +169,8 @@ TEST(ModelHfConfig, DispatchesOnArchitecturesAndModelType) {
   EXPECT_EQ(model_config_from_hf_json(g, "x"), gpt2);
   EXPECT_EQ(model_config_to_hf_json(gpt2), g);
   ModelConfig llama = ModelConfig::preset("llama-tiny");
-  EXPECT_EQ(model_config_to_hf_json(llama, DType::bf16), llama_config_to_hf_json(llama, DType::bf16));
+  EXPECT_EQ(model_config_to_hf_json(llama, DType::bf16),
+            llama_config_to_hf_json(llama, DType::bf16));
   json l = json::parse(kTinyLlama);
   l.erase("architectures");
   EXPECT_EQ(hf_config_family(l, "x"), Family::llama);  // model_type alone

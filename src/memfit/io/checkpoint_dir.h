@@ -34,8 +34,8 @@ std::string_view save_stage_name(SaveStage stage);
 // the process from on_stage instead.
 // DIR's parent is created if missing. A DIR that exists but is not a directory, or is not empty
 // and holds none of `marker_files` (so is not a checkpoint this code wrote), is refused with an
-// IoError rather than replaced. Unfinished DIR.tmp-<pid> directories of processes no longer alive are
-// removed first. One saver per DIR at a time.
+// IoError rather than replaced. Unfinished DIR.tmp-<pid> directories of processes no longer
+// alive are removed first. One saver per DIR at a time.
 void write_directory_atomic(const std::filesystem::path& dir,
                             const std::function<void(const std::filesystem::path& temp_dir)>& fill,
                             const std::function<void(SaveStage)>& on_stage = {},

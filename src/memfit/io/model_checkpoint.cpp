@@ -4,7 +4,6 @@
 #include "memfit/io/model_checkpoint.h"
 
 #include <charconv>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <vector>
@@ -109,7 +108,8 @@ OptimizerPlan plan_optimizer(const SafetensorsReader& reader, Optimizer& opt) {
 // Pointers for a model directory that has no safetensors weights.
 std::string why_no_model(const fs::path& dir) {
   std::error_code ec;
-  if (fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec))
+  if (fs::exists(dir / "pytorch_model.bin", ec) ||
+      fs::exists(dir / "pytorch_model.bin.index.json", ec))
     return " (pytorch_model.bin is a pickle, which memfit does not read; convert it to "
            "safetensors)";
   return "";

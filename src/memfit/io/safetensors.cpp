@@ -572,7 +572,8 @@ void SafetensorsReader::read(const SafetensorsEntry& e, const Tensor& dst, bool 
 void SafetensorsReader::release(const SafetensorsEntry& e) const {
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<uintptr_t>(bytes(e));
-  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + e.nbytes()) / page * page;
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + e.nbytes()) / page * page;
   if (last > first)  // advice only: a failure changes nothing the caller can see
     (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
