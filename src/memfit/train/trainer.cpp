@@ -281,7 +281,8 @@ TrainSummary train(const TrainConfig& cfg_in) {
     io::CheckpointSaveOptions so;
     so.optimizer = opt.get();
     so.max_shard_bytes = max_shard_bytes;
-    so.staging_pool = &pool;
+    // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
+    // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
     so.extra_files["trainer_state.json"] =
         trainer_state(cfg, step, train_data ? train_data->position() : data_position, T,
                       scaler.get())
