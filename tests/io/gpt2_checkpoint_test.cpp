@@ -1,7 +1,7 @@
 // GPT-2 checkpoints: bit-exact round trips, Hugging Face names, shapes and Conv1D transposes,
 // Hugging Face name variants, refusals that list the mismatches and change nothing, optimizer
 // state, extra files, and interrupted saves that keep the old checkpoint.
-#include "memfit/io/gpt2_checkpoint.h"
+#include "memfit/io/model_checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -17,6 +17,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
+#include "memfit/io/gpt2_hf_config.h"
 #include "memfit/io/safetensors.h"
 #include "scratch_dir.h"
 
@@ -128,10 +129,10 @@ TEST(Gpt2Checkpoint, RoundTripIsBitExact) {
   Tensor slab = make_slab(pool, layout), back = make_slab(pool, layout);
   fill(slab, 1);
   fill(back, 2);
-  save_gpt2_checkpoint(root / "ckpt", c, layout, slab);
+  save_checkpoint(root / "ckpt", c, layout, slab);
   EXPECT_EQ(list_dir(root / "ckpt"),
             (std::vector<std::string>{"config.json", "model.safetensors"}));
-  CheckpointLocation at = load_gpt2_checkpoint(root / "ckpt", c, layout, back);
+  CheckpointLocation at = load_checkpoint(root / "ckpt", c, layout, back);
   EXPECT_FALSE(at.recovered);
   expect_loaded(c, layout, slab, back);
 }
@@ -143,7 +144,7 @@ TEST(Gpt2Checkpoint, StoresHuggingFaceNamesShapesAndConv1DLayouts) {
   ParamLayout layout(c);
   Tensor slab = make_slab(pool, layout);
   fill(slab, 3);
-  save_gpt2_checkpoint(root / "ckpt", c, layout, slab);
+  save_checkpoint(root / "ckpt", c, layout, slab);
   SafetensorsReader r(root / "ckpt" / "model.safetensors");
   EXPECT_EQ(r.metadata().at("format"), "pt");
   EXPECT_EQ(r.entries().size(), layout.params().size());
@@ -193,7 +194,7 @@ TEST(Gpt2Checkpoint, ConvertsBetweenF32AndBf16) {
   Tensor f = make_slab(pool, layout), b = make_slab(pool, layout, DType::bf16);
   fill(f, 4);
   fill(b, 5);
-  save_gpt2_checkpoint(root / "bf16", c, layout, b);
+  save_checkpoint(root / "bf16", c, layout, b);
   SafetensorsReader r(root / "bf16" / "model.safetensors");
   EXPECT_EQ(r.at("transformer.h.0.ln_2.bias").dtype, SafetensorsDType::BF16);
   EXPECT_EQ(
@@ -201,14 +202,14 @@ TEST(Gpt2Checkpoint, ConvertsBetweenF32AndBf16) {
       true);
 
   Tensor f2 = make_slab(pool, layout);
-  load_gpt2_checkpoint(root / "bf16", c, layout, f2);  // BF16 stored -> f32 model: exact
+  load_checkpoint(root / "bf16", c, layout, f2);  // BF16 stored -> f32 model: exact
   Tensor wte_b = layout.view(b, "wte.weight"), wte_f = layout.view(f2, "wte.weight");
   for (int64_t i = 0; i < c.vocab_size * c.d_model; ++i)
     ASSERT_EQ(wte_f.data<float>()[i], f32_from_bf16(static_cast<uint16_t*>(wte_b.raw_data())[i]));
 
-  save_gpt2_checkpoint(root / "f32", c, layout, f);
+  save_checkpoint(root / "f32", c, layout, f);
   Tensor b2 = make_slab(pool, layout, DType::bf16);
-  load_gpt2_checkpoint(root / "f32", c, layout, b2);  // F32 stored -> bf16 model: rounded
+  load_checkpoint(root / "f32", c, layout, b2);  // F32 stored -> bf16 model: rounded
   Tensor q_f = layout.view(f, "h.1.mlp.c_fc.weight"), q_b = layout.view(b2, "h.1.mlp.c_fc.weight");
   for (int64_t i = 0; i < q_f.numel(); ++i)
     ASSERT_EQ(static_cast<uint16_t*>(q_b.raw_data())[i], bf16_from_f32(q_f.data<float>()[i]));
@@ -245,14 +246,14 @@ TEST(Gpt2Checkpoint, LoadsHuggingFaceNameVariants) {
   fs::create_directories(root / "hf");
   write_hf_style(root / "hf" / "model.safetensors", c, layout, slab, nullptr, mask);
   write_file_atomic(root / "hf" / "config.json", gpt2_config_to_hf_json(c).dump());
-  load_gpt2_checkpoint(root / "hf", c, layout, back);
+  load_checkpoint(root / "hf", c, layout, back);
   expect_loaded(c, layout, slab, back);
 
   // An lm_head that differs from wte is a different model: refused.
   Tensor other = Tensor::empty(pool, {c.vocab_size, c.d_model}, DType::f32, Category::params, "o");
   write_hf_style(root / "untied.safetensors", c, layout, slab, &other, mask);
   std::string msg =
-      error_of([&] { load_gpt2_weights(root / "untied.safetensors", c, layout, back); });
+      error_of([&] { load_weights(root / "untied.safetensors", c, layout, back); });
   expect_contains(msg, {"untied.safetensors", "'lm_head.weight' differs from 'wte.weight'"});
 }
 
@@ -264,23 +265,23 @@ TEST(Gpt2Checkpoint, RefusesAMismatchListingTheFirstMismatchesAndChangesNothing)
   Tensor s2 = make_slab(pool, l2);
   fill(s2, 7);
   const fs::path file = root / "two_layers.safetensors";
-  save_gpt2_weights(file, c2, l2, s2);
+  save_weights_file(file, c2, l2, s2);
 
   Tensor s3 = make_slab(pool, l3);
   fill(s3, 8);
   std::string before = bytes(s3);
-  std::string msg = error_of([&] { load_gpt2_weights(file, c3, l3, s3); });
+  std::string msg = error_of([&] { load_weights(file, c3, l3, s3); });
   expect_contains(msg, {file.string(), "does not match the model", "12 mismatches",
                         "missing 'transformer.h.2.ln_1.weight' (8,)",
                         "missing 'transformer.h.2.attn.c_attn.weight' (8, 24)", "and 4 more"});
   EXPECT_EQ(bytes(s3), before);  // nothing was loaded
 
   Tensor s1 = make_slab(pool, l1);
-  msg = error_of([&] { load_gpt2_weights(file, c1, l1, s1); });
+  msg = error_of([&] { load_weights(file, c1, l1, s1); });
   expect_contains(msg, {"unexpected 'transformer.h.1.ln_1.weight' (8,)"});
 
   Tensor sw = make_slab(pool, lw);
-  msg = error_of([&] { load_gpt2_weights(file, wide, lw, sw); });
+  msg = error_of([&] { load_weights(file, wide, lw, sw); });
   expect_contains(msg,
                   {"'transformer.wte.weight' has shape (50, 8), expected (50, 16)",
                    "'transformer.h.0.attn.c_attn.weight' has shape (8, 24), expected (16, 48)"});
@@ -296,7 +297,7 @@ TEST(Gpt2Checkpoint, RefusesAMismatchListingTheFirstMismatchesAndChangesNothing)
       w.add(gpt2_hf_name(p), t, std::nullopt, gpt2_is_conv1d(p));
   }
   w.write(root / "ints.safetensors");
-  msg = error_of([&] { load_gpt2_weights(root / "ints.safetensors", c2, l2, s2); });
+  msg = error_of([&] { load_weights(root / "ints.safetensors", c2, l2, s2); });
   expect_contains(msg, {"1 mismatch:", "'transformer.ln_f.bias' is stored as I32"});
 }
 
@@ -306,8 +307,8 @@ TEST(Gpt2Checkpoint, RefusesACheckpointOfAnotherShape) {
   ModelConfig a = tiny(2, 8, 2), b = tiny(2, 8, 4);  // same tensors, different heads
   ParamLayout la(a), lb(b);
   Tensor sa = make_slab(pool, la), sb = make_slab(pool, lb);
-  save_gpt2_checkpoint(root / "ckpt", a, la, sa);
-  std::string msg = error_of([&] { load_gpt2_checkpoint(root / "ckpt", b, lb, sb); });
+  save_checkpoint(root / "ckpt", a, la, sa);
+  std::string msg = error_of([&] { load_checkpoint(root / "ckpt", b, lb, sb); });
   expect_contains(msg, {"config.json", "n_head is 2 there, 4 here"});
 }
 
@@ -324,7 +325,7 @@ TEST(Gpt2Checkpoint, OptimizerStateRoundTripsBitExactly) {
   opt.set_steps_taken(123);
   CheckpointSaveOptions options;
   options.optimizer = &opt;
-  save_gpt2_checkpoint(root / "ckpt", c, layout, slab, options);
+  save_checkpoint(root / "ckpt", c, layout, slab, options);
 
   SafetensorsReader r(root / "ckpt" / "optimizer.safetensors");
   EXPECT_EQ(r.metadata().at("optimizer"), "adamw");
@@ -333,7 +334,7 @@ TEST(Gpt2Checkpoint, OptimizerStateRoundTripsBitExactly) {
   EXPECT_NE(r.find("adamw.v"), nullptr);
   EXPECT_EQ(r.at("adamw.q").dtype, SafetensorsDType::I8);
 
-  load_gpt2_checkpoint(root / "ckpt", c, layout, back, &opt2);
+  load_checkpoint(root / "ckpt", c, layout, back, &opt2);
   expect_loaded(c, layout, slab, back);
   EXPECT_EQ(opt2.steps_taken(), 123);
   for (size_t i = 0; i < opt.state().size(); ++i)
@@ -351,16 +352,16 @@ TEST(Gpt2Checkpoint, RefusesMismatchedOptimizerStateWithoutLoadingAnything) {
   fill_state(opt, 2);
   CheckpointSaveOptions options;
   options.optimizer = &opt;
-  save_gpt2_checkpoint(root / "ckpt", c, layout, slab, options);
+  save_checkpoint(root / "ckpt", c, layout, slab, options);
 
   Tensor back = make_slab(pool, layout);
   FakeOptimizer lion(layout, pool, "lion");
-  std::string msg = error_of([&] { load_gpt2_checkpoint(root / "ckpt", c, layout, back, &lion); });
+  std::string msg = error_of([&] { load_checkpoint(root / "ckpt", c, layout, back, &lion); });
   expect_contains(msg, {"optimizer.safetensors", "holds 'adamw' optimizer state", "uses 'lion'"});
   EXPECT_EQ(bytes(back), std::string(back.nbytes(), '\0'));  // weights not loaded either
 
   FakeOptimizer more(layout, pool, "adamw", true);
-  msg = error_of([&] { load_gpt2_checkpoint(root / "ckpt", c, layout, back, &more); });
+  msg = error_of([&] { load_checkpoint(root / "ckpt", c, layout, back, &more); });
   expect_contains(msg, {"1 mismatch:", "missing 'adamw.q' I8 (3, 5)"});
   EXPECT_EQ(bytes(back), std::string(back.nbytes(), '\0'));
 
@@ -377,7 +378,7 @@ TEST(Gpt2Checkpoint, RefusesMismatchedOptimizerStateWithoutLoadingAnything) {
 
   fs::remove(root / "ckpt" / "optimizer.safetensors");
   FakeOptimizer fresh(layout, pool);
-  msg = error_of([&] { load_gpt2_checkpoint(root / "ckpt", c, layout, back, &fresh); });
+  msg = error_of([&] { load_checkpoint(root / "ckpt", c, layout, back, &fresh); });
   expect_contains(msg, {"no optimizer.safetensors"});
 }
 
@@ -392,13 +393,13 @@ TEST(Gpt2Checkpoint, SavesExtraFilesInTheSameAtomicUnit) {
   options.write_extra = [](const fs::path& tmp) {
     std::ofstream(tmp / "rng.bin", std::ios::binary) << std::string("\x01\x00\x02", 3);
   };
-  save_gpt2_checkpoint(root / "ckpt", c, layout, slab, options);
+  save_checkpoint(root / "ckpt", c, layout, slab, options);
   EXPECT_EQ(read_file_to_string(root / "ckpt" / "trainer_state.json"), "{\"step\": 42}\n");
   EXPECT_EQ(read_file_to_string(root / "ckpt" / "rng.bin"), std::string("\x01\x00\x02", 3));
   for (const char* bad : {"../escape.json", "config.json", "", "a/b"}) {
     CheckpointSaveOptions o;
     o.extra_files[bad] = "{}";
-    EXPECT_THROW(save_gpt2_checkpoint(root / "ckpt", c, layout, slab, o), Error) << bad;
+    EXPECT_THROW(save_checkpoint(root / "ckpt", c, layout, slab, o), Error) << bad;
   }
   EXPECT_EQ(read_file_to_string(root / "ckpt" / "trainer_state.json"), "{\"step\": 42}\n");
 }
@@ -415,7 +416,7 @@ TEST(Gpt2Checkpoint, AnInterruptedSaveKeepsTheOldCheckpoint) {
   const fs::path dir = root / "ckpt";
   CheckpointSaveOptions with_state;
   with_state.extra_files["trainer_state.json"] = "{\"step\": 1}";
-  save_gpt2_checkpoint(dir, c, layout, old_w, with_state);
+  save_checkpoint(dir, c, layout, old_w, with_state);
 
   // A failure (here injected after the model file is written) rolls back.
   for (SaveStage stage :
@@ -425,8 +426,8 @@ TEST(Gpt2Checkpoint, AnInterruptedSaveKeepsTheOldCheckpoint) {
     failing.on_stage = [&](SaveStage s) {
       if (s == stage) throw std::runtime_error("injected");
     };
-    EXPECT_THROW(save_gpt2_checkpoint(dir, c, layout, new_w, failing), std::runtime_error);
-    load_gpt2_checkpoint(dir, c, layout, back);
+    EXPECT_THROW(save_checkpoint(dir, c, layout, new_w, failing), std::runtime_error);
+    load_checkpoint(dir, c, layout, back);
     expect_loaded(c, layout, old_w, back);
     EXPECT_EQ(read_file_to_string(dir / "trainer_state.json"), "{\"step\": 1}");
     EXPECT_EQ(list_dir(root.path()), std::vector<std::string>{"ckpt"});
@@ -441,7 +442,7 @@ TEST(Gpt2Checkpoint, AnInterruptedSaveKeepsTheOldCheckpoint) {
         if (s == stage) ::_exit(0);
       };
       try {
-        save_gpt2_checkpoint(dir, c, layout, new_w, crashing);
+        save_checkpoint(dir, c, layout, new_w, crashing);
       } catch (...) {
       }
       ::_exit(2);
@@ -450,7 +451,7 @@ TEST(Gpt2Checkpoint, AnInterruptedSaveKeepsTheOldCheckpoint) {
     ::waitpid(pid, &status, 0);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     fill(back, 99);
-    CheckpointLocation at = load_gpt2_checkpoint(dir, c, layout, back);
+    CheckpointLocation at = load_checkpoint(dir, c, layout, back);
     EXPECT_EQ(at.recovered, stage == SaveStage::old_moved_aside);
     if (at.recovered) {
       EXPECT_NE(at.note.find("ckpt.old"), std::string::npos) << at.note;
@@ -459,9 +460,9 @@ TEST(Gpt2Checkpoint, AnInterruptedSaveKeepsTheOldCheckpoint) {
     EXPECT_EQ(read_file_to_string(at.dir / "trainer_state.json"), "{\"step\": 1}");
   }
   // The next save completes and tidies up.
-  save_gpt2_checkpoint(dir, c, layout, new_w);
+  save_checkpoint(dir, c, layout, new_w);
   EXPECT_EQ(list_dir(root.path()), std::vector<std::string>{"ckpt"});
-  load_gpt2_checkpoint(dir, c, layout, back);
+  load_checkpoint(dir, c, layout, back);
   expect_loaded(c, layout, new_w, back);
 }
 
@@ -474,7 +475,7 @@ TEST(Gpt2Checkpoint, ExplainsADirectoryWithoutSafetensors) {
   fs::create_directories(root / "hf");
   write_file_atomic(root / "hf" / "config.json", gpt2_config_to_hf_json(c).dump());
   write_file_atomic(root / "hf" / "pytorch_model.bin", std::string_view("PK"));
-  std::string msg = error_of([&] { load_gpt2_checkpoint(root / "hf", c, layout, slab); });
+  std::string msg = error_of([&] { load_checkpoint(root / "hf", c, layout, slab); });
   expect_contains(msg, {"no model.safetensors", "pytorch_model.bin"});
 }
 

@@ -17,7 +17,7 @@
 
 #include "memfit/core/cpu.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/gpt2_checkpoint.h"
+#include "memfit/io/model_checkpoint.h"
 #include "memfit/io/safetensors.h"
 #include "memfit/model/transformer.h"
 #include "memfit/plan/auto_config.h"
@@ -138,12 +138,12 @@ TEST_F(MixedPrecisionTrainer, ANonFiniteLossStopsNamingTheStepAndTensorAndSavesN
   const fs::path poisoned = dir / "poisoned";
   {
     MemoryPool pool;
-    const ModelConfig mc = io::read_gpt2_config(dir / "good" / io::kConfigFile);
+    const ModelConfig mc = io::read_model_config(dir / "good" / io::kConfigFile);
     Transformer gpt(mc, pool);
-    io::load_gpt2_checkpoint(good.save_dir, mc, gpt.layout(), gpt.weights());
+    io::load_checkpoint(good.save_dir, mc, gpt.layout(), gpt.weights());
     gpt.param("h.1.mlp.c_fc.weight").data<float>()[3] = std::numeric_limits<float>::infinity();
     gpt.param("h.0.attn.c_proj.weight").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-    io::save_gpt2_checkpoint(poisoned, mc, gpt.layout(), gpt.weights());
+    io::save_checkpoint(poisoned, mc, gpt.layout(), gpt.weights());
   }
   const auto before = tree(dir);
 

@@ -82,6 +82,30 @@ TEST_F(Trainer, LossFallsAndTheLogHasEveryField) {
             2 * s.peak_by_category[static_cast<size_t>(Category::params)]);
 }
 
+TEST_F(Trainer, ASaveAboveMaxShardSizeIsShardedAndResumesBitIdentically) {
+  TrainConfig whole = config();
+  TrainSummary a = train(whole);
+  TrainConfig first = config();
+  first.save_dir = (dir / "sharded").string();
+  first.max_shard_size = "300KB";
+  first.stop_after = 3;
+  train(first);
+  EXPECT_TRUE(fs::exists(dir / "sharded" / "model.safetensors.index.json"));
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(dir / "sharded"))
+    shards += e.path().filename().string().rfind("model-0000", 0) == 0;
+  EXPECT_GE(shards, 3);
+  EXPECT_FALSE(fs::exists(dir / "sharded" / "model.safetensors"));
+  TrainConfig second = config();
+  second.resume_dir = first.save_dir;
+  TrainSummary c = train(second);
+  ASSERT_EQ(c.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(a.losses[3 + i], c.losses[i]) << "step " << i + 4;
+  TrainConfig bad = config();
+  bad.max_shard_size = "lots";
+  EXPECT_THROW(train(bad), ConfigError);
+}
+
 TEST_F(Trainer, ZeroStepsSavesTheInitialWeightsWithoutData) {
   TrainConfig c = config();
   c.steps = 0;

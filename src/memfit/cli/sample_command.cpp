@@ -9,8 +9,7 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/io/checkpoint_dir.h"
-#include "memfit/io/gpt2_checkpoint.h"
-#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/io/model_checkpoint.h"
 #include "memfit/io/tokenizer.h"
 #include "memfit/model/transformer.h"
 
@@ -30,7 +29,7 @@ void run_sample(const SampleOptions& o) {
   if (o.temperature < 0)
     MEMFIT_THROW(ConfigError, "sample", "--temperature must be >= 0, got {}", o.temperature);
   io::CheckpointLocation loc = io::locate_checkpoint(o.checkpoint);
-  ModelConfig mc = io::read_gpt2_config(loc.dir / "config.json");
+  ModelConfig mc = io::read_model_config(loc.dir / "config.json");
   const std::string tok_name =
       o.tokenizer != "auto" ? o.tokenizer : (mc.vocab_size <= 256 ? "byte" : "gpt2");
   auto tok = io::make_tokenizer(tok_name);
@@ -44,7 +43,7 @@ void run_sample(const SampleOptions& o) {
   po.master_weights = po.precision != Precision::bf16;
   MemoryPool pool;
   Transformer gpt(mc, pool, po);
-  io::load_gpt2_checkpoint(loc.dir, mc, gpt.layout(), gpt.weights());
+  io::load_checkpoint(loc.dir, mc, gpt.layout(), gpt.weights());
   gpt.refresh_working();
   std::vector<int32_t> ids = tok->encode(o.prompt);
   if (ids.empty()) ids.push_back(tok->eot_token());

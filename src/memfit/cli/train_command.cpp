@@ -89,9 +89,13 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--save-every-minutes", c.save_every_minutes,
                   "Also save when this many minutes have passed since the last save (0: off)")
       ->capture_default_str();
+  cmd->add_option("--max-shard-size", c.max_shard_size,
+                  "Checkpoint weights above this are sharded, as Hugging Face does (5GB = 5e9 "
+                  "bytes, 2GiB = 2^31)")
+      ->capture_default_str();
   cmd->add_option("--resume", c.resume_dir, "Continue a run from its checkpoint");
   cmd->add_option("--init-from", c.init_from,
-                  "Start from these weights (memfit or Hugging Face GPT-2 directory)");
+                  "Start from these weights (a memfit or Hugging Face GPT-2 / LLaMA directory)");
   cmd->add_option("--log", c.log_file, "JSON-lines log, one line per step");
   cmd->add_option("--shuffle", c.shuffle, "Visit windows in a seeded random order")
       ->capture_default_str();

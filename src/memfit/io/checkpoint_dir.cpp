@@ -133,7 +133,7 @@ fs::path checkpoint_temp_path(const fs::path& dir, int64_t pid) {
 void write_directory_atomic(const fs::path& dir_in,
                             const std::function<void(const fs::path& temp_dir)>& fill,
                             const std::function<void(SaveStage)>& on_stage,
-                            std::string_view marker_file) {
+                            std::initializer_list<std::string_view> marker_files) {
   const fs::path dir = normalize(dir_in);
   const fs::path parent = dir.parent_path();
   const fs::path old = sibling(dir, ".old");
@@ -149,11 +149,17 @@ void write_directory_atomic(const fs::path& dir_in,
     if (!fs::is_directory(dir, ec))
       MEMFIT_THROW(IoError, kOp, "{} exists and is not a directory; not replacing it",
                    dir.string());
-    if (!fs::is_empty(dir, ec) && !path_exists(dir / marker_file))
+    bool marked = false;
+    std::string names;
+    for (std::string_view m : marker_files) {
+      marked |= path_exists(dir / m);
+      names += (names.empty() ? "" : " or ") + std::string(m);
+    }
+    if (!fs::is_empty(dir, ec) && !marked)
       MEMFIT_THROW(IoError, kOp,
                    "{} is not empty and holds no {}, so it is not a checkpoint; not replacing it "
                    "(choose another directory or empty this one)",
-                   dir.string(), marker_file);
+                   dir.string(), names);
   }
   remove_stale_temps(dir);
 

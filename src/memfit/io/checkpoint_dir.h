@@ -2,13 +2,14 @@
 // crash at any point leaves a complete one (old or new) that the loader finds. Files are written
 // into a fresh sibling DIR.tmp-<pid>, fsynced, then swapped in with two renames
 // (DIR -> DIR.old, DIR.tmp-<pid> -> DIR) and DIR.old removed. Model-agnostic: the GPT-2
-// checkpoint (gpt2_checkpoint.h) and later ones fill the directory through a callback.
+// checkpoints (model_checkpoint.h) fill the directory through a callback.
 // The design and its crash analysis: docs/notes/checkpoints.md, "Atomic checkpoint directories".
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -32,13 +33,14 @@ std::string_view save_stage_name(SaveStage stage);
 // DIR is as before; then the error propagates. A test that wants a crash, not a failure, exits
 // the process from on_stage instead.
 // DIR's parent is created if missing. A DIR that exists but is not a directory, or is not empty
-// and lacks `marker_file` (so is not a checkpoint this code wrote), is refused with an IoError
-// rather than replaced. Unfinished DIR.tmp-<pid> directories of processes no longer alive are
-// removed first. One saver per DIR at a time.
+// and holds none of `marker_files` (so is not a checkpoint this code wrote), is refused with an
+// IoError rather than replaced. Unfinished DIR.tmp-<pid> directories of processes no longer
+// alive are removed first. One saver per DIR at a time.
 void write_directory_atomic(const std::filesystem::path& dir,
                             const std::function<void(const std::filesystem::path& temp_dir)>& fill,
                             const std::function<void(SaveStage)>& on_stage = {},
-                            std::string_view marker_file = "model.safetensors");
+                            std::initializer_list<std::string_view> marker_files = {
+                                "model.safetensors"});
 
 // Where a checkpoint's files are.
 struct CheckpointLocation {

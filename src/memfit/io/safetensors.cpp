@@ -296,9 +296,22 @@ void SafetensorsWriter::write(const fs::path& path) const {
       len[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
     w.write(len, 8);
     w.write(header);
-    // Conversions and transposes go through a bounded staging buffer, a few rows at a time.
+    // Conversions and transposes go through a bounded staging buffer, a few rows at a time:
+    // at most the tensor, and at most kChunkBytes unless one transposed row band is larger;
+    // from the staging pool when there is one.
     constexpr size_t kChunkBytes = size_t{4} << 20;
-    std::vector<std::byte> chunk;
+    std::vector<std::byte> heap;
+    Allocation pooled;
+    auto staging = [&](size_t n) -> std::byte* {
+      if (!staging_pool_) {
+        heap.resize(n);
+        return heap.data();
+      }
+      pooled = Allocation();  // the last tensor's, freed before the next is taken
+      pooled = staging_pool_->allocate(std::max<size_t>(n, 1), Category::staging,
+                                       "safetensors.staging");
+      return static_cast<std::byte*>(pooled.data());
+    };
     for (const Item* it : ordered()) {
       if (it->raw) {
         w.write(it->raw, item_bytes(it->dtype, it->shape));
@@ -314,12 +327,12 @@ void SafetensorsWriter::write(const fs::path& path) const {
       if (!it->transpose) {
         int64_t n = it->tensor.numel();
         int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / out_size));
-        chunk.resize(static_cast<size_t>(std::min(n, step)) * out_size);
+        std::byte* chunk = staging(static_cast<size_t>(std::min(n, step)) * out_size);
         for (int64_t i = 0; i < n; i += step) {
           int64_t k = std::min(step, n - i);
-          convert_matrix(src + static_cast<size_t>(i) * info(from).size, from, k, chunk.data(),
+          convert_matrix(src + static_cast<size_t>(i) * info(from).size, from, k, chunk,
                          it->dtype, 1, k, false);
-          w.write(chunk.data(), static_cast<size_t>(k) * out_size);
+          w.write(chunk, static_cast<size_t>(k) * out_size);
         }
         continue;
       }
@@ -328,12 +341,12 @@ void SafetensorsWriter::write(const fs::path& path) const {
       int64_t band = std::max<int64_t>(
           1, static_cast<int64_t>(kChunkBytes /
                                   (out_size * static_cast<size_t>(std::max<int64_t>(rows, 1)))));
-      chunk.resize(static_cast<size_t>(std::min(band, cols) * rows) * out_size);
+      std::byte* chunk = staging(static_cast<size_t>(std::min(band, cols) * rows) * out_size);
       for (int64_t j = 0; j < cols; j += band) {
         int64_t k = std::min(band, cols - j);
-        convert_matrix(src + static_cast<size_t>(j) * info(from).size, from, cols, chunk.data(),
+        convert_matrix(src + static_cast<size_t>(j) * info(from).size, from, cols, chunk,
                        it->dtype, rows, k, true);
-        w.write(chunk.data(), static_cast<size_t>(k * rows) * out_size);
+        w.write(chunk, static_cast<size_t>(k * rows) * out_size);
       }
     }
   });
@@ -554,6 +567,15 @@ void SafetensorsReader::read(const SafetensorsEntry& e, const Tensor& dst, bool 
     convert_matrix(bytes(e), e.dtype, e.shape[1], out, to, e.shape[0], e.shape[1], true);
   else
     convert_matrix(bytes(e), e.dtype, e.numel(), out, to, 1, e.numel(), false);
+}
+
+void SafetensorsReader::release(const SafetensorsEntry& e) const {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(bytes(e));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + e.nbytes()) / page * page;
+  if (last > first)  // advice only: a failure changes nothing the caller can see
+    (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 #undef MEMFIT_ST_FAIL

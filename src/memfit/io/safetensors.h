@@ -19,6 +19,7 @@
 
 #include "memfit/core/dtype.h"
 #include "memfit/core/tensor.h"
+#include "memfit/memory/pool.h"
 
 namespace memfit::io {
 
@@ -80,6 +81,10 @@ class SafetensorsWriter {
   void add_raw(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
                const void* data);
   void set_metadata(const std::string& key, const std::string& value);
+  // Where conversions and transposes stage their bytes: one buffer at a time, of at most one
+  // tensor's stored size (and 4 MiB, unless one transposed row is longer), allocated from
+  // `pool` as Category::staging, so a budgeted save accounts for it. Unset: a heap buffer.
+  void set_staging_pool(MemoryPool* pool) { staging_pool_ = pool; }
 
   // The header JSON as it will be written (unpadded), and the bytes of the whole file.
   std::string header_json() const;
@@ -100,6 +105,7 @@ class SafetensorsWriter {
 
   std::vector<Item> items_;
   std::map<std::string, std::string> metadata_;
+  MemoryPool* staging_pool_ = nullptr;
 };
 
 // A validated, memory-mapped safetensors file. Only the header is parsed up front; tensor bytes
@@ -135,6 +141,10 @@ class SafetensorsReader {
   void read(std::string_view name, const Tensor& dst, bool transpose = false) const {
     read(at(name), dst, transpose);
   }
+  // Tells the kernel this process is done with a tensor's bytes (madvise MADV_DONTNEED on the
+  // whole pages inside it), so a load that streams tensor by tensor never holds the file's
+  // pages beyond the one being read. The bytes stay readable (they are read again from disk).
+  void release(const SafetensorsEntry& entry) const;
 
  private:
   void parse_and_validate();

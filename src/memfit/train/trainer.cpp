@@ -15,8 +15,7 @@
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
-#include "memfit/io/gpt2_checkpoint.h"
-#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/io/model_checkpoint.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/plan/auto_config.h"
@@ -181,7 +180,7 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
   const fs::path source = !cfg.resume_dir.empty() ? cfg.resume_dir : cfg.init_from;
   if (!source.empty()) {
     r.location = io::locate_checkpoint(source);
-    r.config = io::read_gpt2_config(r.location.dir / "config.json");
+    r.config = io::read_model_config(r.location.dir / "config.json");
   } else {
     r.config = cfg.model_config();
   }
@@ -201,6 +200,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const auto wall_start = std::chrono::steady_clock::now();
   MemoryPool pool(cfg.mem_limit.empty() ? kUnlimited : parse_bytes(cfg.mem_limit, "--mem-limit"));
+  const uint64_t max_shard_bytes = io::parse_max_shard_size(cfg.max_shard_size);
 
   const bool resume = !cfg.resume_dir.empty();
   const RunModel run = resolve_run_model(cfg);
@@ -220,8 +220,8 @@ TrainSummary train(const TrainConfig& cfg_in) {
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
     // copy from them: any precision loads any precision's checkpoint.
-    io::load_gpt2_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
-                             resume ? opt.get() : nullptr);
+    io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
+                        resume ? opt.get() : nullptr);
     gpt.refresh_working();
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
@@ -280,13 +280,16 @@ TrainSummary train(const TrainConfig& cfg_in) {
   auto save = [&](int64_t step) {
     io::CheckpointSaveOptions so;
     so.optimizer = opt.get();
+    so.max_shard_bytes = max_shard_bytes;
+    // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
+    // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
     so.extra_files["trainer_state.json"] =
         trainer_state(cfg, step, train_data ? train_data->position() : data_position, T,
                       scaler.get())
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
-    io::save_gpt2_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.weights(), so);
+    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.weights(), so);
   };
   auto evaluate = [&]() -> float {
     if (!val_data) return -1;

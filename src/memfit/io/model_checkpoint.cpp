@@ -1,0 +1,243 @@
+// Optimizer state and the checkpoint directory that holds it with the weights and config.json.
+// Loading checks everything first and copies second, so a refused checkpoint leaves the model
+// and optimizer as they were. See docs/notes/checkpoints.md.
+#include "memfit/io/model_checkpoint.h"
+
+#include <charconv>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "memfit/core/error.h"
+#include "memfit/io/atomic_file.h"
+#include "memfit/io/safetensors.h"
+
+namespace memfit::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kMismatchesShown = 8;
+
+std::string join_mismatches(const std::vector<std::string>& m) {
+  std::string s;
+  for (size_t i = 0; i < m.size() && i < kMismatchesShown; ++i) s += (i ? "; " : "") + m[i];
+  if (m.size() > kMismatchesShown) s += fmt::format("; and {} more", m.size() - kMismatchesShown);
+  return s;
+}
+
+std::vector<int64_t> dims(const Shape& s) { return {s.begin(), s.end()}; }
+
+// A tensor to copy: validated, not yet copied.
+struct Copy {
+  const SafetensorsEntry* entry;
+  Tensor dst;
+};
+
+void copy_all(const SafetensorsReader& reader, const std::vector<Copy>& copies) {
+  for (const Copy& c : copies) {
+    reader.read(*c.entry, c.dst);
+    reader.release(*c.entry);
+  }
+}
+
+std::string state_name(Optimizer& opt, const std::string& name) {
+  std::string prefix = opt.name() + ".";
+  return name.rfind(prefix, 0) == 0 ? name : prefix + name;
+}
+
+struct OptimizerPlan {
+  std::vector<Copy> copies;
+  int64_t steps = 0;
+};
+
+OptimizerPlan plan_optimizer(const SafetensorsReader& reader, Optimizer& opt) {
+  const std::string file = reader.path().string();
+  auto meta = [&](const char* key) -> const std::string& {
+    auto it = reader.metadata().find(key);
+    if (it == reader.metadata().end())
+      MEMFIT_THROW(IoError, "checkpoint", "{}: metadata has no \"{}\"", file, key);
+    return it->second;
+  };
+  const std::string& name = meta("optimizer");
+  if (name != opt.name())
+    MEMFIT_THROW(IoError, "checkpoint", "{}: holds '{}' optimizer state; this run uses '{}'", file,
+                 name, opt.name());
+  OptimizerPlan plan;
+  const std::string& steps = meta("steps_taken");
+  auto [end, ec] = std::from_chars(steps.data(), steps.data() + steps.size(), plan.steps);
+  if (ec != std::errc() || end != steps.data() + steps.size() || plan.steps < 0)
+    MEMFIT_THROW(IoError, "checkpoint", "{}: steps_taken '{}' is not a non-negative integer", file,
+                 steps);
+
+  std::vector<std::string> mismatches;
+  std::map<std::string, bool> used;
+  for (const SafetensorsEntry& e : reader.entries()) used[e.name] = false;
+  for (auto& [n, t] : opt.state()) {
+    std::string key = state_name(opt, n);
+    const SafetensorsEntry* e = reader.find(key);
+    if (!e) {
+      mismatches.push_back(fmt::format("missing '{}' {} {}", key,
+                                       safetensors_dtype_name(safetensors_dtype_of(t.dtype())),
+                                       t.shape()));
+      continue;
+    }
+    used[key] = true;
+    std::vector<int64_t> want = dims(t.shape());
+    SafetensorsDType type = safetensors_dtype_of(t.dtype());
+    if (e->shape != want || e->dtype != type) {
+      mismatches.push_back(fmt::format("'{}' is {} {}, expected {} {}", key,
+                                       safetensors_dtype_name(e->dtype), format_shape(e->shape),
+                                       safetensors_dtype_name(type), format_shape(want)));
+      continue;
+    }
+    plan.copies.push_back({e, t});
+  }
+  for (auto& [n, u] : used)
+    if (!u) mismatches.push_back(fmt::format("unexpected '{}'", n));
+  if (!mismatches.empty())
+    MEMFIT_THROW(IoError, "checkpoint",
+                 "{}: the optimizer state does not match this '{}' optimizer: {} mismatch{}: {}",
+                 file, opt.name(), mismatches.size(), mismatches.size() == 1 ? "" : "es",
+                 join_mismatches(mismatches));
+  return plan;
+}
+
+// Pointers for a model directory that has no safetensors weights.
+std::string why_no_model(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / "pytorch_model.bin", ec) ||
+      fs::exists(dir / "pytorch_model.bin.index.json", ec))
+    return " (pytorch_model.bin is a pickle, which memfit does not read; convert it to "
+           "safetensors)";
+  return "";
+}
+
+bool is_shard_name(const std::string& name) {
+  return name.rfind("model-", 0) == 0 && name.size() > 12 &&
+         name.compare(name.size() - 12, 12, ".safetensors") == 0;
+}
+
+// What differs between the saved model and this one, in the family's config.json field names.
+std::vector<std::string> config_differences(const ModelConfig& saved, const ModelConfig& c) {
+  std::vector<std::string> diffs;
+  if (saved.family != c.family) {
+    diffs.push_back(fmt::format("the model is {} there, {} here", family_name(saved.family),
+                                family_name(c.family)));
+    return diffs;
+  }
+  auto same = [&](const char* field, const auto& a, const auto& b) {
+    if (a != b) diffs.push_back(fmt::format("{} is {} there, {} here", field, a, b));
+  };
+  if (c.gpt2()) {
+    same("n_layer", saved.n_layer, c.n_layer);
+    same("n_head", saved.n_head, c.n_head);
+    same("n_embd", saved.d_model, c.d_model);
+    same("n_positions", saved.max_seq_len, c.max_seq_len);
+    same("vocab_size", saved.vocab_size, c.vocab_size);
+    return diffs;
+  }
+  same("num_hidden_layers", saved.n_layer, c.n_layer);
+  same("num_attention_heads", saved.n_head, c.n_head);
+  same("num_key_value_heads", saved.n_kv_head, c.n_kv_head);
+  same("hidden_size", saved.d_model, c.d_model);
+  same("intermediate_size", saved.ffn_dim, c.ffn_dim);
+  same("max_position_embeddings", saved.max_seq_len, c.max_seq_len);
+  same("vocab_size", saved.vocab_size, c.vocab_size);
+  same("tie_word_embeddings", saved.tie_embeddings, c.tie_embeddings);
+  same("rms_norm_eps", saved.norm_eps, c.norm_eps);
+  same("rope_theta", saved.rope_theta, c.rope_theta);
+  if (saved.rope_scaling != c.rope_scaling)
+    diffs.push_back(fmt::format("rope_scaling differs (factor {} there, {} here)",
+                                saved.rope_scaling.factor, c.rope_scaling.factor));
+  return diffs;
+}
+
+}  // namespace
+
+void save_optimizer_state(const fs::path& file, Optimizer& optimizer) {
+  SafetensorsWriter writer;
+  for (auto& [n, t] : optimizer.state()) writer.add(state_name(optimizer, n), t);
+  writer.set_metadata("format", "pt");
+  writer.set_metadata("optimizer", optimizer.name());
+  writer.set_metadata("steps_taken", std::to_string(optimizer.steps_taken()));
+  writer.write(file);
+}
+
+void load_optimizer_state(const fs::path& file, Optimizer& optimizer) {
+  SafetensorsReader reader(file);
+  OptimizerPlan plan = plan_optimizer(reader, optimizer);
+  copy_all(reader, plan.copies);
+  optimizer.set_steps_taken(plan.steps);
+}
+
+void save_checkpoint(const fs::path& dir, const ModelConfig& config, const ParamLayout& layout,
+                     const Tensor& slab, const CheckpointSaveOptions& options) {
+  for (const auto& [name, contents] : options.extra_files) {
+    MEMFIT_CHECK(!name.empty() && name != "." && name != ".." &&
+                     name.find('/') == std::string::npos && name != kModelFile &&
+                     name != kModelIndexFile && !is_shard_name(name) && name != kConfigFile &&
+                     name != kOptimizerFile,
+                 "checkpoint", "'{}' cannot name an extra checkpoint file", name);
+  }
+  WeightsSaveOptions weights;
+  weights.max_shard_bytes = options.max_shard_bytes;
+  weights.staging_pool = options.staging_pool;
+  write_directory_atomic(
+      dir,
+      [&](const fs::path& tmp) {
+        save_weights(tmp, config, layout, slab, weights);
+        if (options.on_stage) options.on_stage(SaveStage::model_written);
+        write_file_atomic(tmp / kConfigFile,
+                          model_config_to_hf_json(config, slab.dtype()).dump(2) + "\n");
+        if (options.optimizer) save_optimizer_state(tmp / kOptimizerFile, *options.optimizer);
+        for (const auto& [name, contents] : options.extra_files)
+          write_file_atomic(tmp / name, contents);
+        if (options.write_extra) options.write_extra(tmp);
+      },
+      options.on_stage, {kModelFile, kModelIndexFile});
+}
+
+ModelConfig read_checkpoint_config(const fs::path& dir) {
+  return read_model_config(locate_checkpoint(dir).dir / kConfigFile);
+}
+
+CheckpointLocation load_checkpoint(const fs::path& dir, const ModelConfig& config,
+                                   const ParamLayout& layout, Tensor& slab, Optimizer* optimizer) {
+  CheckpointLocation where = locate_checkpoint(dir);
+  const fs::path config_path = where.dir / kConfigFile;
+  std::vector<std::string> diffs = config_differences(read_model_config(config_path), config);
+  if (!diffs.empty())
+    MEMFIT_THROW(IoError, "checkpoint", "{}: the checkpoint is for another model: {}",
+                 config_path.string(), join_mismatches(diffs));
+
+  std::error_code ec;
+  if (!fs::exists(where.dir / kModelFile, ec) && !fs::exists(where.dir / kModelIndexFile, ec))
+    MEMFIT_THROW(IoError, "checkpoint", "{}: no {} (nor {}){}", where.dir.string(), kModelFile,
+                 kModelIndexFile, why_no_model(where.dir));
+  // Check everything (every weights file's header, names, shapes; the optimizer's state)...
+  WeightsLoad weights(where.dir, config, layout, slab);
+  std::optional<SafetensorsReader> opt_reader;
+  OptimizerPlan opt_plan;
+  if (optimizer) {
+    const fs::path opt_path = where.dir / kOptimizerFile;
+    if (!fs::exists(opt_path, ec))
+      MEMFIT_THROW(IoError, "checkpoint",
+                   "{}: no {}, so the optimizer cannot resume (load the "
+                   "weights alone to start a fresh optimizer)",
+                   where.dir.string(), kOptimizerFile);
+    opt_reader.emplace(opt_path);
+    opt_plan = plan_optimizer(*opt_reader, *optimizer);
+  }
+  // ...then stream it in, one tensor at a time.
+  weights.apply();
+  if (optimizer) {
+    copy_all(*opt_reader, opt_plan.copies);
+    optimizer->set_steps_taken(opt_plan.steps);
+  }
+  return where;
+}
+
+}  // namespace memfit::io

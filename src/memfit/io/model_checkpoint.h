@@ -1,0 +1,82 @@
+// Checkpoints of any family memfit builds: a directory that transformers' from_pretrained(DIR)
+// loads (GPT2LMHeadModel or LlamaForCausalLM: weights as model.safetensors or shards with an
+// index, config.json as the family's config), plus memfit's optimizer state and whatever files
+// the trainer adds, all saved as one atomic unit. Loading takes memfit's own saves and Hugging
+// Face directories alike, and refuses a checkpoint that does not fit the model before it
+// touches a byte of the slab or the optimizer. Names and layouts: io/model_weights.h.
+// Design, file layout and the crash analysis: docs/notes/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "memfit/core/tensor.h"
+#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/model_hf_config.h"
+#include "memfit/io/model_weights.h"
+#include "memfit/io/sharded_safetensors.h"
+#include "memfit/memory/pool.h"
+#include "memfit/model/model_config.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/optim/optimizer.h"
+
+namespace memfit::io {
+
+inline constexpr std::string_view kConfigFile = "config.json";
+inline constexpr std::string_view kOptimizerFile = "optimizer.safetensors";
+
+// ---- optimizer.safetensors -------------------------------------------------------------------
+
+// Optimizer::state() tensors as "<optimizer>.<state>" ("adamw.m"), bit for bit, with metadata
+// {"optimizer": name, "steps_taken": N}, each written straight from its tensor.
+void save_optimizer_state(const std::filesystem::path& file, Optimizer& optimizer);
+// Checks the optimizer name, the tensor names, shapes and dtypes (no conversion: state resumes
+// bit-exactly), then copies into the state tensors and restores steps_taken. On any mismatch,
+// an IoError listing them, and the optimizer is untouched.
+void load_optimizer_state(const std::filesystem::path& file, Optimizer& optimizer);
+
+// ---- checkpoint directories ------------------------------------------------------------------
+
+struct CheckpointSaveOptions {
+  // Also write optimizer.safetensors from this optimizer's state.
+  Optimizer* optimizer = nullptr;
+  // More files in the same atomic save: file name (no '/') -> contents, e.g.
+  // {"trainer_state.json", json.dump(2)}.
+  std::map<std::string, std::string> extra_files;
+  // Called with the temporary directory to write any further files into it (binary ones, say).
+  // Everything in it is fsynced afterwards, however it was written.
+  std::function<void(const std::filesystem::path& temp_dir)> write_extra;
+  // Fault injection for tests: see write_directory_atomic (io/checkpoint_dir.h). Also called
+  // with SaveStage::model_written once the weights (every shard and the index) are written.
+  std::function<void(SaveStage stage)> on_stage;
+  // Weights larger than this are sharded (transformers' max_shard_size; "5GB" by default).
+  uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+  // Staging for GPT-2's Conv1D transposes comes from here (Category::staging); null: the heap.
+  MemoryPool* staging_pool = nullptr;
+};
+
+// Saves a checkpoint directory with write_directory_atomic: DIR afterwards holds either the
+// previous checkpoint or the whole new one, whatever fails or crashes. Files: model.safetensors
+// (or model-0000K-of-0000N.safetensors and model.safetensors.index.json), config.json (the
+// family's, torch_dtype the slab's type), and optimizer.safetensors and extra files as asked.
+void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
+                     const ParamLayout& layout, const Tensor& slab,
+                     const CheckpointSaveOptions& options = {});
+
+// The config.json of the checkpoint at DIR (found by locate_checkpoint), any family.
+ModelConfig read_checkpoint_config(const std::filesystem::path& dir);
+
+// Loads a checkpoint directory (memfit's or Hugging Face's) found by locate_checkpoint: checks
+// config.json against `config` (family and every field that shapes the model), then the weights
+// (one file or sharded), and optimizer.safetensors when an optimizer is given; nothing is written
+// into the slab or the optimizer unless all of them fit. Extra files (trainer_state.json) are
+// the caller's to read from the returned location's dir.
+CheckpointLocation load_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
+                                   const ParamLayout& layout, Tensor& slab,
+                                   Optimizer* optimizer = nullptr);
+
+}  // namespace memfit::io

@@ -1,0 +1,204 @@
+// Weights in Hugging Face's names and layouts: the per-family naming rules, the streaming save,
+// and the load that checks everything before it copies anything. See model_weights.h.
+#include "memfit/io/model_weights.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <map>
+
+#include "memfit/core/error.h"
+
+namespace memfit::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kGpt2Prefix = "transformer.";
+constexpr std::string_view kLmHead = "lm_head.weight";
+constexpr size_t kMismatchesShown = 8;
+
+std::string join_mismatches(const std::vector<std::string>& m) {
+  std::string s;
+  for (size_t i = 0; i < m.size() && i < kMismatchesShown; ++i) s += (i ? "; " : "") + m[i];
+  if (m.size() > kMismatchesShown) s += fmt::format("; and {} more", m.size() - kMismatchesShown);
+  return s;
+}
+
+bool ends_with(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+
+bool is_float_stored(SafetensorsDType d) {
+  return d == SafetensorsDType::F32 || d == SafetensorsDType::BF16 || d == SafetensorsDType::F16;
+}
+
+bool has_vocab_rows(const ParamInfo& p) {
+  return p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head;
+}
+
+// Buffers, not parameters, that Hugging Face saves have included: GPT-2's causal mask
+// ("h.N.attn.bias", "h.N.attn.masked_bias") and older LLaMA saves' rotary inverse frequencies.
+bool is_buffer(const ModelConfig& c, std::string_view key) {
+  if (c.gpt2())
+    return key.rfind("h.", 0) == 0 &&
+           (ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias"));
+  return ends_with(key, ".self_attn.rotary_emb.inv_freq");
+}
+
+// The layout name a stored name stands for (GPT-2's prefix is optional).
+std::string layout_key(const ModelConfig& c, const std::string& name) {
+  if (c.gpt2() && name.rfind(kGpt2Prefix, 0) == 0) return name.substr(kGpt2Prefix.size());
+  return name;
+}
+
+}  // namespace
+
+std::string gpt2_hf_name(const ParamInfo& p) { return std::string(kGpt2Prefix) + p.name; }
+
+bool gpt2_is_conv1d(const ParamInfo& p) {
+  return p.role == ParamRole::attn_qkv_weight || p.role == ParamRole::attn_proj_weight ||
+         p.role == ParamRole::mlp_fc_weight || p.role == ParamRole::mlp_proj_weight;
+}
+
+std::string hf_param_name(const ModelConfig& c, const ParamInfo& p) {
+  return c.gpt2() ? gpt2_hf_name(p) : p.name;
+}
+
+bool hf_param_transposed(const ModelConfig& c, const ParamInfo& p) {
+  return c.gpt2() && gpt2_is_conv1d(p);
+}
+
+std::vector<int64_t> hf_param_shape(const ModelConfig& c, const ParamInfo& p) {
+  std::vector<int64_t> s(p.shape.begin(), p.shape.end());
+  if (has_vocab_rows(p)) s[0] = c.vocab_size;
+  if (hf_param_transposed(c, p)) std::swap(s[0], s[1]);
+  return s;
+}
+
+Tensor hf_param_view(const ModelConfig& c, const ParamLayout& layout, const Tensor& slab,
+                     const ParamInfo& p) {
+  Tensor t = layout.view(slab, p);
+  return has_vocab_rows(p) ? t.slice(0, c.vocab_size) : t;
+}
+
+namespace {
+
+std::vector<ShardTensor> stored_tensors(const ModelConfig& c, const ParamLayout& layout,
+                                        const Tensor& slab) {
+  std::vector<ShardTensor> out;
+  for (const ParamInfo& p : layout.params())
+    out.push_back({hf_param_name(c, p), hf_param_view(c, layout, slab, p),
+                   hf_param_transposed(c, p)});
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> save_weights(const fs::path& dir, const ModelConfig& config,
+                                      const ParamLayout& layout, const Tensor& slab,
+                                      const WeightsSaveOptions& options) {
+  ShardedWriteOptions w;
+  w.max_shard_bytes = options.max_shard_bytes;
+  w.staging_pool = options.staging_pool;
+  w.metadata["format"] = "pt";  // transformers refuses safetensors files without it
+  return write_model_safetensors(dir, stored_tensors(config, layout, slab), w);
+}
+
+void save_weights_file(const fs::path& file, const ModelConfig& config, const ParamLayout& layout,
+                       const Tensor& slab, MemoryPool* staging_pool) {
+  SafetensorsWriter w;
+  w.set_staging_pool(staging_pool);
+  for (const ShardTensor& t : stored_tensors(config, layout, slab))
+    w.add(t.name, t.tensor, std::nullopt, t.transpose);
+  w.set_metadata("format", "pt");
+  w.write(file);
+}
+
+WeightsLoad::WeightsLoad(const fs::path& path, const ModelConfig& config,
+                         const ParamLayout& layout, const Tensor& slab)
+    : files_(path) {
+  std::map<std::string, const ParamInfo*> expected;
+  for (const ParamInfo& p : layout.params()) expected[p.name] = &p;
+  std::map<std::string, const StoredTensor*> found;  // layout name -> stored tensor
+  std::vector<std::string> mismatches, unexpected;
+  const StoredTensor* tied_head = nullptr;  // an lm_head.weight the model does not have
+  const SafetensorsDType slab_type = safetensors_dtype_of(slab.dtype());
+  const bool converts = slab_type == SafetensorsDType::F32 || slab_type == SafetensorsDType::BF16;
+
+  for (const StoredTensor& t : files_.tensors()) {
+    const std::string& name = t.entry->name;
+    const std::string key = layout_key(config, name);
+    if (name == kLmHead && !expected.count(key)) {
+      tied_head = &t;
+    } else if (is_buffer(config, key)) {
+      continue;
+    } else if (!expected.count(key)) {
+      unexpected.push_back(fmt::format("unexpected '{}' {}{}", name, format_shape(t.entry->shape),
+                                       files_.where(t)));
+    } else if (!found.emplace(key, &t).second) {
+      unexpected.push_back(
+          fmt::format("'{}' appears both with and without the '{}' prefix", key, kGpt2Prefix));
+    }
+  }
+  for (const ParamInfo& p : layout.params()) {
+    const std::vector<int64_t> want = hf_param_shape(config, p);
+    auto it = found.find(p.name);
+    if (it == found.end()) {
+      mismatches.push_back(
+          fmt::format("missing '{}' {}", hf_param_name(config, p), format_shape(want)));
+      continue;
+    }
+    const StoredTensor& t = *it->second;
+    const SafetensorsEntry& e = *t.entry;
+    if (e.shape != want)
+      mismatches.push_back(fmt::format("'{}'{} has shape {}, expected {}", e.name,
+                                       files_.where(t), format_shape(e.shape),
+                                       format_shape(want)));
+    if (!is_float_stored(e.dtype) || (!converts && e.dtype != slab_type))
+      mismatches.push_back(fmt::format("'{}'{} is stored as {}, which cannot load into a {} model",
+                                       e.name, files_.where(t), safetensors_dtype_name(e.dtype),
+                                       dtype_name(slab.dtype())));
+  }
+  mismatches.insert(mismatches.end(), unexpected.begin(), unexpected.end());
+  // The model ties its head to the embedding; an untied checkpoint would load as another model.
+  const std::string embedding = layout.params().front().name;
+  if (tied_head && found.count(embedding)) {
+    const StoredTensor& emb = *found[embedding];
+    const SafetensorsEntry &h = *tied_head->entry, &w = *emb.entry;
+    if (h.shape != w.shape || h.dtype != w.dtype ||
+        std::memcmp(tied_head->file->bytes(h), emb.file->bytes(w), w.nbytes()) != 0)
+      mismatches.push_back(fmt::format(
+          "'{}' differs from '{}': {} ties the two, so an untied checkpoint cannot be loaded",
+          kLmHead, w.name,
+          config.gpt2() ? "memfit" : "this model (tie_word_embeddings true)"));
+  }
+  if (!mismatches.empty())
+    MEMFIT_THROW(IoError, "checkpoint",
+                 "{}: the checkpoint does not match the model ({}): {} mismatch{}: {}",
+                 files_.source().string(), config.describe(), mismatches.size(),
+                 mismatches.size() == 1 ? "" : "es", join_mismatches(mismatches));
+
+  for (const ParamInfo& p : layout.params()) {
+    copies_.push_back(
+        {found.at(p.name), hf_param_view(config, layout, slab, p), hf_param_transposed(config, p)});
+    if (has_vocab_rows(p) && config.padded_vocab > config.vocab_size)
+      padding_.push_back(layout.view(slab, p).slice(config.vocab_size, config.padded_vocab));
+  }
+}
+
+void WeightsLoad::apply() {
+  for (const Copy& c : copies_) {
+    c.from->file->read(*c.from->entry, c.to, c.transpose);
+    c.from->file->release(*c.from->entry);
+  }
+  for (Tensor& t : padding_) t.zero();
+}
+
+void load_weights(const fs::path& path, const ModelConfig& config, const ParamLayout& layout,
+                  Tensor& slab) {
+  WeightsLoad(path, config, layout, slab).apply();
+}
+
+}  // namespace memfit::io
