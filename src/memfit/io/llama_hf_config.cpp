@@ -32,7 +32,7 @@ std::string_view torch_dtype_name(DType dtype) {
 // config.json reads as people write it and reads back to the same float.
 double as_written(float x) { return std::stod(fmt::format("{}", x)); }
 
-json rope_scaling_json(const RopeScalingConfig& r) {
+json rope_scaling_json(const kernels::RopeScaling& r) {
   if (!r.enabled()) return nullptr;
   return json{{"factor", as_written(r.factor)},
               {"high_freq_factor", as_written(r.high_freq_factor)},
