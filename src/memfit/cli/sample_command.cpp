@@ -30,8 +30,15 @@ void run_sample(const SampleOptions& o) {
     MEMFIT_THROW(ConfigError, "sample", "--temperature must be >= 0, got {}", o.temperature);
   io::CheckpointLocation loc = io::locate_checkpoint(o.checkpoint);
   ModelConfig mc = io::read_model_config(loc.dir / "config.json");
-  const std::string tok_name =
-      o.tokenizer != "auto" ? o.tokenizer : (mc.vocab_size <= 256 ? "byte" : "gpt2");
+  // auto: the tokenizer whose vocabulary the model's is (byte up to 256 ids, Llama 3's 128,256,
+  // the Mistral-style llama2 package's 32,000, else GPT-2's); --tokenizer names any other.
+  auto by_vocab = [](int v) -> std::string {
+    if (v <= 256) return "byte";
+    if (v == 128256) return "llama3";
+    if (v == 32000) return "llama2";
+    return "gpt2";
+  };
+  const std::string tok_name = o.tokenizer != "auto" ? o.tokenizer : by_vocab(mc.vocab_size);
   auto tok = io::make_tokenizer(tok_name);
   if (tok->vocab_size() > mc.vocab_size)
     MEMFIT_THROW(ConfigError, "sample", "the {} tokenizer has {} tokens, the model only {}",
@@ -100,7 +107,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Sample among the k likeliest (0: all)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed)->capture_default_str();
-  cmd->add_option("--tokenizer", o->tokenizer, "auto | gpt2 | byte")->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer, "auto | gpt2 | llama2 | llama3 | byte | PATH/tokenizer.json")->capture_default_str();
   cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16")->capture_default_str();
   cmd->callback([o] { run_sample(*o); });
 }
