@@ -59,6 +59,29 @@ TEST_P(EmbeddingFast, MatchesReference) {
   EXPECT_TRUE(all_close(to_doubles(dwpe), dp, 1e-6, 1e-6 * max_abs(dp))) << "dwpe";
 }
 
+// LLaMA: no position table. The forward is the token rows, the backward the same dwte as with
+// one (the position gradient is a separate sum), bit for bit.
+TEST_P(EmbeddingFast, WithoutPositionsIsTheTokenRows) {
+  const auto [B, T, C, V, maxT] = GetParam();
+  MemoryPool pool;
+  std::vector<double> e, p, dy, de0, dp0;
+  Tensor wte = random_tensor(pool, {V, C}, 61, &e), wpe = random_tensor(pool, {maxT, C}, 62, &p);
+  Tensor zeros = make_tensor(pool, {maxT, C}), none;
+  const std::vector<int32_t> tok = random_ids(B * T, 63, static_cast<int32_t>(V));
+  Tensor tokens = make_tensor(pool, {B, T}, DType::i32);
+  copy_in(tokens, tok);
+  Tensor out = make_tensor(pool, {B, T, C}), with_zeros = make_tensor(pool, {B, T, C});
+  embedding_forward(out, tokens, wte, none);
+  embedding_forward(with_zeros, tokens, wte, zeros);
+  EXPECT_EQ(to_doubles(out), to_doubles(with_zeros));
+  Tensor dout = random_tensor(pool, {B, T, C}, 64, &dy);
+  Tensor da = random_tensor(pool, {V, C}, 65, &de0), db = random_tensor(pool, {V, C}, 65, &de0);
+  Tensor dwpe = random_tensor(pool, {maxT, C}, 66, &dp0);
+  embedding_backward(da, none, dout, tokens);
+  embedding_backward(db, dwpe, dout, tokens);
+  EXPECT_EQ(to_doubles(da), to_doubles(db));
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingFast,
                          ::testing::Values(EmbCase{1, 1, 1, 1, 1}, EmbCase{2, 3, 5, 7, 4},
                                            EmbCase{3, 17, 33, 11, 20}, EmbCase{4, 64, 768, 50, 64},

@@ -39,9 +39,10 @@ class TrainerFixture : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir); }
 
-  TrainConfig config() const {
+  // gpt2-tiny or llama-tiny (both 512 tokens).
+  TrainConfig config(const char* model = "gpt2-tiny") const {
     TrainConfig c;
-    c.model = "gpt2-tiny";
+    c.model = model;
     c.seq_len = 32;
     c.data_dir = (dir / "data").string();
     c.batch = 4;

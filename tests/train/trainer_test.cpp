@@ -21,7 +21,12 @@ namespace fs = std::filesystem;
 
 class Trainer : public test::TrainerFixture {};
 
-TEST_F(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
+// Both families: a run split by a save and a resume equals the whole run bit for bit.
+class TrainerFamilies : public test::TrainerFixture,
+                        public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(TrainerFamilies, ResumeIsBitIdenticalToAnUninterruptedRun) {
+  auto config = [&] { return TrainerFixture::config(GetParam()); };
   TrainConfig whole = config();
   whole.save_dir = (dir / "whole").string();
   TrainSummary a = train(whole);
@@ -58,8 +63,8 @@ TEST_F(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
 }
 
-TEST_F(Trainer, LossFallsAndTheLogHasEveryField) {
-  TrainConfig c = config();
+TEST_P(TrainerFamilies, LossFallsAndTheLogHasEveryField) {
+  TrainConfig c = config(GetParam());
   c.steps = 30;
   c.eval_every = 10;
   c.log_file = (dir / "log.jsonl").string();
@@ -81,6 +86,11 @@ TEST_F(Trainer, LossFallsAndTheLogHasEveryField) {
   EXPECT_EQ(s.peak_by_category[static_cast<size_t>(Category::optimizer)],
             2 * s.peak_by_category[static_cast<size_t>(Category::params)]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, TrainerFamilies, ::testing::Values("gpt2-tiny", "llama-tiny"),
+                         [](const auto& info) {
+                           return std::string(info.param).substr(0, std::string(info.param).find('-'));
+                         });
 
 TEST_F(Trainer, ASaveAboveMaxShardSizeIsShardedAndResumesBitIdentically) {
   TrainConfig whole = config();
