@@ -43,9 +43,10 @@ nlohmann::json plan_json(const TrainConfig& cfg, const PlanReport& r) {
                     {"head_gemm", r.step_time.head_gemm},
                     {"elementwise", r.step_time.elementwise},
                     {"optimizer", r.step_time.optimizer}};
-  j["model"] = {{"n_layer", r.model.n_layer}, {"n_head", r.model.n_head},
-                {"d_model", r.model.d_model}, {"vocab_size", r.model.vocab_size},
-                {"params", r.model.num_params()}};
+  j["model"] = {{"family", family_name(r.model.family)}, {"n_layer", r.model.n_layer},
+                {"n_head", r.model.n_head},       {"n_kv_head", r.model.n_kv_head},
+                {"d_model", r.model.d_model},     {"ffn_dim", r.model.ffn_dim},
+                {"vocab_size", r.model.vocab_size}, {"params", r.model.num_params()}};
   j["batch"] = r.B;
   j["seq_len"] = r.T;
   j["precision"] = cfg.precision;
@@ -150,7 +151,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--auto", *auto_ckpt,
                 "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto)");
   cmd->add_flag("--max-model", *max_model,
-                "The largest GPT-2-family model (layers x width) that trains under --mem-limit");
+                "The largest model of the preset's family (layers x width) that trains under --mem-limit");
   cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     if (*auto_ckpt) {
