@@ -1,15 +1,15 @@
 # libFuzzer harnesses (MEMFIT_FUZZ=ON, clang, a build directory of their own: scripts/fuzz.sh).
 # They link a library of only the sources that parse outside bytes and what those need, so a
 # fuzz build compiles a small part of memfit (no kernels, no model). Adding a harness for a new
-# parser (docs/testing.md, "Adding a fuzzer"):
+# parser (docs/testing.md, "Adding a harness"):
 #   1. fuzz/<name>_fuzz.cpp defining LLVMFuzzerTestOneInput (fuzz/safetensors_fuzz.cpp is the
 #      pattern: write the bytes where the parser reads them, call it, catch memfit::Error only);
 #   2. seed inputs in fuzz/corpus/<name>/ (a few small valid files and near misses);
 #   3. memfit_add_fuzzer(<name>) below, adding the parser's .cpp to MEMFIT_FUZZ_SOURCES if it is
-#      not there yet. scripts/fuzz.sh finds every harness by its *_fuzz target name.
+#      not there yet. scripts/fuzz.sh runs every fuzz/*_fuzz.cpp.
 if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   message(FATAL_ERROR "MEMFIT_FUZZ needs clang (libFuzzer): configure with "
-                      "-DCMAKE_CXX_COMPILER=clang++ (scripts/fuzz.sh does)")
+                      "-DCMAKE_CXX_COMPILER=clang++-19 (scripts/fuzz.sh does)")
 endif()
 
 set(MEMFIT_FUZZ_SOURCES
