@@ -8,6 +8,11 @@
 # then run a second time under MEMFIT_MAX_ISA=avx2 (which caps oneDNN too), as an AVX2-only
 # machine runs them: no bf16 matmul in oneDNN, the AVX2 kernels. A change that breaks the other
 # kind of machine fails here as well. MEMFIT_SKIP_AVX2_RERUN=1 skips that second run.
+#
+# Then the checked builds (docs/testing.md): the suite again in build-asan/, compiled with
+# AddressSanitizer + UndefinedBehaviorSanitizer (MEMFIT_SKIP_SANITIZE=1 skips), and each libFuzzer
+# harness for 20 s from its committed corpus (scripts/fuzz.sh; MEMFIT_SKIP_FUZZ=1 skips), with
+# the clang they need installed here, not by setup.sh: the main job does not need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
@@ -18,4 +23,42 @@ if grep -qw avx512f /proc/cpuinfo && [ -z "${MEMFIT_MAX_ISA:-}" ] &&
   echo "test: model and train again under MEMFIT_MAX_ISA=avx2, as on an AVX2-only CPU"
   MEMFIT_MAX_ISA=avx2 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600 \
     -L '^(model|train)$'
+fi
+
+if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
+  # Cheaper than the normal build where it changes nothing the sanitizers check: -O1 (half the
+  # compile time of -O3), -g1 (line tables: all ASan's stacks need), one Highway target per
+  # kernel instead of three (AVX2, which every machine this project runs on has; the capped
+  # reruns above check AVX-512 and scalar), no benchmarks. Measured on the shared 2-core machine:
+  # 30 CPU-minutes to build (with -g), 12 to run the tests (the skipped ones below not counted).
+  echo "test: the suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
+    -DCMAKE_CXX_FLAGS="-march=x86-64-v3 -DHWY_COMPILE_ONLY_STATIC=1" -DMEMFIT_SANITIZE=ON \
+    -DMEMFIT_BENCH=OFF >/dev/null
+  cmake --build build-asan -j"$(nproc)"
+  # LeakSanitizer stays on (the default): a test that leaks fails. Not run here: the capped
+  # kernel reruns (one target compiled, the cap changes nothing), Simd.TargetFollowsTheCap
+  # (it expects AVX-512 code on an AVX-512 machine), and, by name, the tests that take minutes
+  # under the sanitizers and check nothing the others do not: two calibration tests time GEMMs
+  # and kernels (7 and 2 minutes here), and flash attention's bit-identity over thread counts
+  # (3.5 minutes; the same kernels run in FlashAttention.*MatchesReference).
+  asan_skip='^(Simd\.TargetFollowsTheCap|PlannerCommands\.CalibrateSavesItsRatesWhereThePlannerReadsThem|CalibrationCache\.ADamagedFileIsMeasuredAgainWithAMessage|FlashAttention\.(Forward|Backward)IsBitIdentical)$'
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" \
+  UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+    ctest --test-dir build-asan --output-on-failure -j"$(nproc)" --timeout 900 \
+      -LE '^kernels-(avx2|scalar)$' -E "$asan_skip"
+fi
+
+if [ "${MEMFIT_SKIP_FUZZ:-0}" != 1 ]; then
+  missing=()
+  for p in clang-19 libclang-rt-19-dev libomp-19-dev; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "test: installing ${missing[*]} for the fuzzers"
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  bash scripts/fuzz.sh "${MEMFIT_FUZZ_SECONDS:-20}"
 fi

@@ -105,6 +105,20 @@ size_t resident_bytes() {
 
 // The pool's account must be honest: memory allocated and touched through it shows up in the
 // process's resident set, within 5%.
+// AddressSanitizer keeps one shadow byte per 8 bytes of memory, resident as the memory is
+// touched: RSS grows by 9/8 of what the pool hands out in the sanitizer build (docs/testing.md).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr double kResidentPerPoolByte = 1.125;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr double kResidentPerPoolByte = 1.125;
+#else
+constexpr double kResidentPerPoolByte = 1.0;
+#endif
+#else
+constexpr double kResidentPerPoolByte = 1.0;
+#endif
+
 TEST(MemoryPool, AccountMatchesResidentSet) {
   MemoryPool pool;
   size_t before = resident_bytes();
@@ -116,7 +130,7 @@ TEST(MemoryPool, AccountMatchesResidentSet) {
     }
   size_t grown = resident_bytes() - before;
   double ratio = static_cast<double>(grown) / static_cast<double>(pool.bytes_peak());
-  EXPECT_NEAR(ratio, 1.0, 0.05) << "RSS grew " << grown << ", pool peak " << pool.bytes_peak();
+  EXPECT_NEAR(ratio, kResidentPerPoolByte, 0.05) << "RSS grew " << grown << ", pool peak " << pool.bytes_peak();
 }
 
 }  // namespace

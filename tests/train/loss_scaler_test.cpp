@@ -125,6 +125,12 @@ TEST(LossScaler, BadStateAndConfigAreConfigErrors) {
   j["scale"] = -1.0;
   EXPECT_THROW(s.load_json(j), ConfigError);
   EXPECT_THROW(s.load_json(nlohmann::json::array()), ConfigError);
+  j = s.to_json();
+  j["clean_steps"] = 1e30;  // no int64_t holds it (fuzz/corpus/trainer_state/scaler_huge)
+  EXPECT_THROW(s.load_json(j), ConfigError);
+  j = s.to_json();
+  j["steps"] = 2.5;
+  EXPECT_THROW(s.load_json(j), ConfigError);
   for (auto tweak : std::initializer_list<void (*)(LossScalerConfig&)>{
            [](LossScalerConfig& c) { c.window = 0; }, [](LossScalerConfig& c) { c.hysteresis = 0; },
            [](LossScalerConfig& c) { c.min_scale = 0.0f; },

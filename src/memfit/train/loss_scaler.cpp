@@ -76,10 +76,16 @@ void DynamicLossScaler::load_json(const nlohmann::json& j) {
       MEMFIT_THROW(ConfigError, "loss_scaler", "state lacks a number '{}': {}", key, j.dump());
     return j.at(key);
   };
+  // Counts must be integers: a float such as 1e30 has no int64_t (found by fuzz/).
+  auto count = [&](const char* key) -> int64_t {
+    if (!field(key).is_number_integer())
+      MEMFIT_THROW(ConfigError, "loss_scaler", "state's '{}' must be an integer: {}", key, j.dump());
+    return j.at(key).get<int64_t>();
+  };
   const float scale = field("scale").get<float>();
-  const int64_t clean = field("clean_steps").get<int64_t>();
-  const int64_t left = field("hysteresis_left").get<int64_t>();
-  const int64_t steps = field("steps").get<int64_t>(), skipped = field("skipped").get<int64_t>();
+  const int64_t clean = count("clean_steps");
+  const int64_t left = count("hysteresis_left");
+  const int64_t steps = count("steps"), skipped = count("skipped");
   if (!(std::isfinite(scale) && scale > 0) || clean < 0 || left < 0 || steps < 0 || skipped < 0 ||
       skipped > steps)
     MEMFIT_THROW(ConfigError, "loss_scaler", "state is not valid: {}", j.dump());

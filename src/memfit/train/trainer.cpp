@@ -16,12 +16,14 @@
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/model_checkpoint.h"
+#include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/plan/auto_config.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
 #include "memfit/train/progress.h"
+#include "memfit/train/resume_state.h"
 #include "memfit/train/update.h"
 
 namespace memfit {
@@ -58,39 +60,6 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
             {"total", c.schedule.total}}}};
   if (scaler) s["loss_scaler"] = scaler->to_json();
   return s;
-}
-
-// Checks that a resumed run is configured like the run that saved the checkpoint.
-void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& file) {
-  auto same = [&](const char* key, const json& now) {
-    if (!s.contains(key))
-      MEMFIT_THROW(IoError, "resume", "{}: missing field '{}'", file.string(), key);
-    if (s[key] != now)
-      MEMFIT_THROW(ConfigError, "resume",
-                   "{}: the checkpoint was trained with {} = {}, this run has {}; resume with "
-                   "the same setting for a bit-identical continuation",
-                   file.string(), key, s[key].dump(), now.dump());
-  };
-  same("batch", c.batch);
-  same("grad_accum", c.grad_accum);
-  same("seq_len", T);
-  same("seed", c.seed);
-  same("shuffle", c.shuffle);
-  same("optim", c.optim.name);
-  same("steps", c.steps);
-  same("attention", c.attention);
-  // Older checkpoints predate mixed precision and were fp32 with FP32 weights.
-  const json precision = s.value("precision", json("fp32"));
-  if (precision != c.precision)
-    MEMFIT_THROW(ConfigError, "resume",
-                 "{}: the checkpoint was trained with precision = {}, this run has {}; resume "
-                 "in the same precision (or start a new run with --init-from, which converts)",
-                 file.string(), precision.dump(), c.precision);
-  const json master = s.value("master_weights", json("fp32"));
-  if (master != c.master_weights)
-    MEMFIT_THROW(ConfigError, "resume",
-                 "{}: the checkpoint was trained with master_weights = {}, this run has {}",
-                 file.string(), master.dump(), c.master_weights);
 }
 
 double unigram_entropy(io::DataLoader& loader, int vocab) {
@@ -225,16 +194,10 @@ TrainSummary train(const TrainConfig& cfg_in) {
     gpt.refresh_working();
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
-      json s;
-      try {
-        s = json::parse(io::read_file_to_string(file));
-      } catch (const json::exception& e) {
-        MEMFIT_THROW(IoError, "resume", "{}: not valid JSON: {}", file.string(), e.what());
-      }
-      check_resume(s, cfg, T, file);
-      start_step = s.at("step").get<int64_t>();
-      data_position = s.at("data_position").get<int64_t>();
-      if (scaler && s.contains("loss_scaler")) scaler->load_json(s["loss_scaler"]);
+      const ResumeState s = parse_trainer_state(io::read_file_to_string(file), cfg, T, file);
+      start_step = s.step;
+      data_position = s.data_position;
+      if (scaler && s.state.contains("loss_scaler")) scaler->load_json(s.state["loss_scaler"]);
     }
   } else {
     gpt.init_weights(cfg.seed);
@@ -290,6 +253,10 @@ TrainSummary train(const TrainConfig& cfg_in) {
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
     io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.weights(), so);
+    // Memory once the save has let go of what it used: the soak benchmark's samples.
+    log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
+              {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
+              {"mem", memory_json(pool.current_breakdown())}});
   };
   auto evaluate = [&]() -> float {
     if (!val_data) return -1;
@@ -356,7 +323,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
     json line = {{"step", step + 1},          {"loss", loss},
                  {"lr", lr},                  {"grad_norm", norm},
                  {"tokens_per_s", rate},      {"step_seconds", seconds},
-                 {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())}};
+                 {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())},
+                 {"live_bytes", pool.bytes_current()}, {"live_allocations", pool.live_allocations()},
+                 {"rss_bytes", process_rss_bytes()}};
     if (scaler) {
       line["loss_scale"] = loss_scale;
       line["skipped"] = update.skipped;

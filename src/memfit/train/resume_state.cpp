@@ -1,0 +1,75 @@
+#include "memfit/train/resume_state.h"
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Checks that a resumed run is configured like the run that saved the checkpoint.
+void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& file) {
+  auto same = [&](const char* key, const json& now) {
+    if (!s.contains(key))
+      MEMFIT_THROW(IoError, "resume", "{}: missing field '{}'", file.string(), key);
+    if (s[key] != now)
+      MEMFIT_THROW(ConfigError, "resume",
+                   "{}: the checkpoint was trained with {} = {}, this run has {}; resume with "
+                   "the same setting for a bit-identical continuation",
+                   file.string(), key, s[key].dump(), now.dump());
+  };
+  same("batch", c.batch);
+  same("grad_accum", c.grad_accum);
+  same("seq_len", T);
+  same("seed", c.seed);
+  same("shuffle", c.shuffle);
+  same("optim", c.optim.name);
+  same("steps", c.steps);
+  same("attention", c.attention);
+  // Older checkpoints predate mixed precision and were fp32 with FP32 weights.
+  const json precision = s.value("precision", json("fp32"));
+  if (precision != c.precision)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with precision = {}, this run has {}; resume "
+                 "in the same precision (or start a new run with --init-from, which converts)",
+                 file.string(), precision.dump(), c.precision);
+  const json master = s.value("master_weights", json("fp32"));
+  if (master != c.master_weights)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with master_weights = {}, this run has {}",
+                 file.string(), master.dump(), c.master_weights);
+}
+
+int64_t count_field(const json& s, const char* key, const fs::path& file) {
+  if (!s.contains(key))
+    MEMFIT_THROW(IoError, "resume", "{}: missing field '{}'", file.string(), key);
+  const json& v = s[key];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
+      v.get<int64_t>() < 0)
+    MEMFIT_THROW(IoError, "resume", "{}: field '{}' must be a count (an integer >= 0), got {}",
+                 file.string(), key, v.dump());
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config, int T,
+                                const fs::path& file) {
+  ResumeState r;
+  try {
+    r.state = json::parse(text);
+  } catch (const json::exception& e) {
+    MEMFIT_THROW(IoError, "resume", "{}: not valid JSON: {}", file.string(), e.what());
+  }
+  if (!r.state.is_object())
+    MEMFIT_THROW(IoError, "resume", "{}: expected a JSON object, got {}", file.string(),
+                 r.state.type_name());
+  check_resume(r.state, config, T, file);
+  r.step = count_field(r.state, "step", file);
+  r.data_position = count_field(r.state, "data_position", file);
+  return r;
+}
+
+}  // namespace memfit

@@ -1,0 +1,80 @@
+// trainer_state.json as a resume reads it: where the run stands, the settings it must share, and
+// an IoError or ConfigError (never another exception) for anything else. fuzz/trainer_state_fuzz
+// feeds it arbitrary bytes; these are the cases by name.
+#include "memfit/train/resume_state.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+namespace {
+
+using nlohmann::json;
+
+TrainConfig saved_config() {
+  TrainConfig c;
+  c.batch = 4;
+  c.steps = 30;
+  return c;
+}
+
+json saved_state() {
+  const TrainConfig c = saved_config();
+  return {{"step", 10},          {"data_position", 40},        {"seed", c.seed},
+          {"batch", c.batch},    {"grad_accum", c.grad_accum}, {"seq_len", 64},
+          {"steps", c.steps},    {"shuffle", c.shuffle},       {"optim", c.optim.name},
+          {"attention", c.attention}, {"precision", "fp32"},   {"master_weights", "fp32"}};
+}
+
+ResumeState parse(const json& j) {
+  return parse_trainer_state(j.dump(), saved_config(), 64, "ck/trainer_state.json");
+}
+
+TEST(ResumeState, AValidStateGivesTheStepAndDataPosition) {
+  const ResumeState r = parse(saved_state());
+  EXPECT_EQ(r.step, 10);
+  EXPECT_EQ(r.data_position, 40);
+  EXPECT_EQ(r.state["optim"], "adamw");
+}
+
+TEST(ResumeState, OlderStatesWithoutPrecisionAreFp32) {
+  json j = saved_state();
+  j.erase("precision");
+  j.erase("master_weights");
+  EXPECT_EQ(parse(j).step, 10);
+}
+
+TEST(ResumeState, AnotherSettingIsAConfigErrorNamingIt) {
+  json j = saved_state();
+  j["batch"] = 8;
+  try {
+    parse(j);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch = 8"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ResumeState, BadFilesAreIoErrors) {
+  EXPECT_THROW(parse_trainer_state("{\"step\": ", saved_config(), 64, "f"), IoError);
+  EXPECT_THROW(parse(json::array()), IoError);
+  for (const char* key : {"step", "data_position", "batch"}) {
+    json j = saved_state();
+    j.erase(key);
+    EXPECT_THROW(parse(j), IoError) << key;
+  }
+  // Counts of the wrong type or sign: nlohmann would throw its own type_error, or wrap.
+  for (const json& bad : {json("10"), json(-1), json(2.5), json(18446744073709551615ull)}) {
+    json j = saved_state();
+    j["step"] = bad;
+    EXPECT_THROW(parse(j), IoError) << bad.dump();
+  }
+}
+
+}  // namespace
+}  // namespace memfit
