@@ -36,20 +36,6 @@ ModelConfig config_of(const char* preset, bool tied = false) {
   return c;
 }
 
-// Bit for bit, padding rows zeroed.
-void expect_loaded(const ModelConfig& c, const ParamLayout& layout, const Tensor& saved,
-                   const Tensor& loaded) {
-  for (const ParamInfo& p : layout.params()) {
-    Tensor a = hf_param_view(c, layout, saved, p), b = hf_param_view(c, layout, loaded, p);
-    EXPECT_EQ(bytes(a), bytes(b)) << p.name;
-    Tensor whole = layout.view(loaded, p);
-    if (whole.numel() != b.numel()) {
-      Tensor pad = whole.slice(c.vocab_size, c.padded_vocab);
-      EXPECT_EQ(bytes(pad), std::string(pad.nbytes(), '\0')) << p.name;
-    }
-  }
-}
-
 uint64_t largest_stored_tensor(const ModelConfig& c, const ParamLayout& layout, DType dtype) {
   uint64_t n = 0;
   for (const ParamInfo& p : layout.params()) {

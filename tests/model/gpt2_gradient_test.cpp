@@ -72,14 +72,8 @@ TEST_P(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
   MemoryPool pool;
   Transformer gpt(c, pool);
   gpt.init_weights(99);
-  // Larger than GPT-2's init, so that every path carries a gradient well above rounding.
   std::mt19937 rng(5);
-  std::normal_distribution<float> noise(0.0f, 0.05f);
-  for (const ParamInfo& p : gpt.layout().params()) {
-    float* v = gpt.params().data<float>() + p.offset;
-    int64_t n = p.role == ParamRole::token_embedding ? int64_t{c.vocab_size} * c.d_model : p.numel;
-    for (int64_t i = 0; i < n; ++i) v[i] += noise(rng);
-  }
+  gradient_test::add_noise(c, gpt.layout(), gpt.params(), rng);
   ActivationOptions options;
   options.attention = GetParam();
   gpt.reserve(B, T, options);
@@ -95,9 +89,8 @@ TEST_P(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
 
   double worst = 0;
   for (const ParamInfo& p : gpt.layout().params()) {
-    int64_t n = p.role == ParamRole::token_embedding ? int64_t{c.vocab_size} * c.d_model : p.numel;
     const auto [diff, norm] = gradient_test::finite_difference_error(
-        p, n, c.d_model, tok, w, gpt.grads().data<float>(), rng,
+        p, gradient_test::real_numel(c, p), c.d_model, tok, w, gpt.grads().data<float>(), rng,
         [&] { return reference_loss(c, gpt.layout(), w, tok, tgt, B, T); });
     worst = std::max(worst, diff / (norm + 1e-12));
     EXPECT_LT(diff, 1e-4 * norm + 1e-8) << p.name;

@@ -1,5 +1,5 @@
 // Shared by the finite-difference gradient tests (gpt2_gradient_test.cpp,
-// llama_gradient_test.cpp): a random batch held both as tensors for the model and as vectors for
+// llama_gradient_test.cpp): noise on the weights, a random batch held both as tensors for the model and as vectors for
 // the double-precision reference, and central differences at sampled entries of one parameter.
 #pragma once
 
@@ -11,9 +11,27 @@
 
 #include "memfit/core/tensor.h"
 #include "memfit/memory/pool.h"
+#include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
 
 namespace memfit::gradient_test {
+
+// The entries of `p` that are real: all but the token embedding's and head's padding rows.
+inline int64_t real_numel(const ModelConfig& c, const ParamInfo& p) {
+  const bool padded = p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head;
+  return padded ? int64_t{c.vocab_size} * c.d_model : p.numel;
+}
+
+// Adds normal(0, 0.05) noise from `rng` to the real entries of every parameter in `params`:
+// larger than the inits, so that every path carries a gradient well above rounding.
+inline void add_noise(const ModelConfig& c, const ParamLayout& layout, Tensor& params,
+                      std::mt19937& rng) {
+  std::normal_distribution<float> noise(0.0f, 0.05f);
+  for (const ParamInfo& p : layout.params()) {
+    float* v = params.data<float>() + p.offset;
+    for (int64_t i = 0, n = real_numel(c, p); i < n; ++i) v[i] += noise(rng);
+  }
+}
 
 // B x T tokens and targets below `vocab`, drawn from `rng` (a token, then its target).
 struct RandomBatch {

@@ -88,12 +88,6 @@ double reference_loss(const ModelConfig& c, const ParamLayout& layout, const std
   return sum / N;
 }
 
-// Real elements of a parameter: the embedding and an untied head without their padding rows.
-int64_t real_numel(const ModelConfig& c, const ParamInfo& p) {
-  const bool padded = p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head;
-  return padded ? int64_t{c.vocab_size} * c.d_model : p.numel;
-}
-
 // (attention, tied head)
 class LlamaGradient : public ::testing::TestWithParam<std::tuple<AttentionKind, bool>> {};
 
@@ -108,14 +102,8 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
   MemoryPool pool;
   Transformer llama(c, pool);
   llama.init_weights(99);
-  // Larger than LLaMA's init, so that every path carries a gradient well above rounding and
-  // the norm gains differ from 1.
   std::mt19937 rng(5);
-  std::normal_distribution<float> noise(0.0f, 0.05f);
-  for (const ParamInfo& p : llama.layout().params()) {
-    float* v = llama.params().data<float>() + p.offset;
-    for (int64_t i = 0, n = real_numel(c, p); i < n; ++i) v[i] += noise(rng);
-  }
+  gradient_test::add_noise(c, llama.layout(), llama.params(), rng);  // norm gains differ from 1
   ActivationOptions options;
   options.attention = attention;
   llama.reserve(B, T, options);
@@ -132,9 +120,8 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
 
   double worst = 0;
   for (const ParamInfo& p : llama.layout().params()) {
-    const int64_t n = real_numel(c, p);
     const auto [diff, norm] = gradient_test::finite_difference_error(
-        p, n, c.d_model, tok, w, llama.grads().data<float>(), rng,
+        p, gradient_test::real_numel(c, p), c.d_model, tok, w, llama.grads().data<float>(), rng,
         [&] { return reference_loss(c, llama.layout(), w, tok, tgt, B, T); });
     worst = std::max(worst, diff / (norm + 1e-12));
     EXPECT_LT(diff, 1e-4 * norm + 1e-8) << p.name;
