@@ -19,14 +19,14 @@
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/gpt2_hf_config.h"
 #include "memfit/io/safetensors.h"
+#include "checkpoint_test_util.h"
 #include "scratch_dir.h"
 
 namespace memfit::io {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::list_dir;
-using testing::ScratchDir;
+using namespace testing;  // ScratchDir, list_dir; checkpoint_test_util.h
 
 ModelConfig tiny(int n_layer = 2, int d_model = 8, int n_head = 2) {
   ModelConfig c;
@@ -37,56 +37,6 @@ ModelConfig tiny(int n_layer = 2, int d_model = 8, int n_head = 2) {
   c.vocab_size = 50;  // padded to 64: 14 padding rows
   c.finalize();
   return c;
-}
-
-Tensor make_slab(MemoryPool& pool, const ParamLayout& layout, DType dtype = DType::f32) {
-  return Tensor::empty(pool, {layout.total()}, dtype, Category::params, "params");
-}
-
-// Distinct, deterministic values everywhere, padding rows included.
-void fill(const Tensor& slab, uint32_t seed) {
-  for (int64_t i = 0; i < slab.numel(); ++i) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u + seed * 40503u;
-    float v = static_cast<float>(h % 100003u) * 1e-3f - 50.0f;
-    if (slab.dtype() == DType::f32)
-      slab.data<float>()[i] = v;
-    else
-      static_cast<uint16_t*>(slab.raw_data())[i] = bf16_from_f32(v);
-  }
-}
-
-std::string bytes(const Tensor& t) {
-  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected IoError";
-  return "";
-}
-
-void expect_contains(const std::string& msg, const std::vector<std::string>& needles) {
-  for (const std::string& n : needles)
-    EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-}
-
-// Parameters equal bit for bit, except wte's padding rows, which a load zeroes.
-void expect_loaded(const ModelConfig& c, const ParamLayout& layout, const Tensor& saved,
-                   const Tensor& loaded) {
-  for (const ParamInfo& p : layout.params()) {
-    Tensor a = layout.view(saved, p), b = layout.view(loaded, p);
-    if (p.role == ParamRole::token_embedding) {
-      EXPECT_EQ(bytes(a.slice(0, c.vocab_size)), bytes(b.slice(0, c.vocab_size)));
-      Tensor pad = b.slice(c.vocab_size, c.padded_vocab);
-      EXPECT_EQ(bytes(pad), std::string(pad.nbytes(), '\0'));
-    } else {
-      EXPECT_EQ(bytes(a), bytes(b)) << p.name;
-    }
-  }
 }
 
 // AdamW's state interface without its kernel: two FP32 slabs named "m" and "v".

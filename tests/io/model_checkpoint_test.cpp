@@ -18,6 +18,7 @@
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/safetensors.h"
+#include "checkpoint_test_util.h"
 #include "scratch_dir.h"
 
 namespace memfit::io {
@@ -25,8 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using testing::list_dir;
-using testing::ScratchDir;
+using namespace testing;  // ScratchDir, list_dir; checkpoint_test_util.h
 
 ModelConfig config_of(const char* preset, bool tied = false) {
   ModelConfig c = ModelConfig::preset(preset);
@@ -34,54 +34,6 @@ ModelConfig config_of(const char* preset, bool tied = false) {
   if (c.llama()) c.tie_embeddings = tied;
   c.finalize();
   return c;
-}
-
-Tensor make_slab(MemoryPool& pool, const ParamLayout& layout, DType dtype = DType::f32) {
-  return Tensor::empty(pool, {layout.total()}, dtype, Category::params, "params");
-}
-
-void fill(const Tensor& slab, uint32_t seed) {
-  for (int64_t i = 0; i < slab.numel(); ++i) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u + seed * 40503u;
-    float v = static_cast<float>(h % 100003u) * 1e-3f - 50.0f;
-    if (slab.dtype() == DType::f32)
-      slab.data<float>()[i] = v;
-    else
-      static_cast<uint16_t*>(slab.raw_data())[i] = bf16_from_f32(v);
-  }
-}
-
-std::string bytes(const Tensor& t) {
-  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected IoError";
-  return "";
-}
-
-void expect_contains(const std::string& msg, const std::vector<std::string>& needles) {
-  for (const std::string& n : needles)
-    EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-}
-
-// Bit for bit, padding rows zeroed.
-void expect_loaded(const ModelConfig& c, const ParamLayout& layout, const Tensor& saved,
-                   const Tensor& loaded) {
-  for (const ParamInfo& p : layout.params()) {
-    Tensor a = hf_param_view(c, layout, saved, p), b = hf_param_view(c, layout, loaded, p);
-    EXPECT_EQ(bytes(a), bytes(b)) << p.name;
-    Tensor whole = layout.view(loaded, p);
-    if (whole.numel() != b.numel()) {
-      Tensor pad = whole.slice(c.vocab_size, c.padded_vocab);
-      EXPECT_EQ(bytes(pad), std::string(pad.nbytes(), '\0')) << p.name;
-    }
-  }
 }
 
 uint64_t largest_stored_tensor(const ModelConfig& c, const ParamLayout& layout, DType dtype) {

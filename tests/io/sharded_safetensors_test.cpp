@@ -11,6 +11,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
+#include "checkpoint_test_util.h"
 #include "scratch_dir.h"
 
 namespace memfit::io {
@@ -18,8 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using testing::list_dir;
 using testing::ScratchDir;
+using testing::expect_contains;
+using testing::list_dir;
 
 std::string error_of(const fs::path& path) {
   try {
@@ -29,11 +31,6 @@ std::string error_of(const fs::path& path) {
   }
   ADD_FAILURE() << "accepted " << path;
   return "";
-}
-
-void expect_contains(const std::string& msg, const std::vector<std::string>& needles) {
-  for (const std::string& n : needles)
-    EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
 }
 
 TEST(ShardedSafetensors, PlansShardsInOrderNeverSplittingATensor) {

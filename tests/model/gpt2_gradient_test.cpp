@@ -17,6 +17,7 @@
 #include "memfit/kernels/ref/matmul_ref.h"
 #include "memfit/kernels/ref/residual_ref.h"
 #include "memfit/model/transformer.h"
+#include "gradient_test_util.h"
 
 namespace memfit {
 namespace {
@@ -71,54 +72,28 @@ TEST_P(GPT2Gradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
   MemoryPool pool;
   Transformer gpt(c, pool);
   gpt.init_weights(99);
-  // Larger than GPT-2's init, so that every path carries a gradient well above rounding.
   std::mt19937 rng(5);
-  std::normal_distribution<float> noise(0.0f, 0.05f);
-  for (const ParamInfo& p : gpt.layout().params()) {
-    float* v = gpt.params().data<float>() + p.offset;
-    int64_t n = p.role == ParamRole::token_embedding ? int64_t{c.vocab_size} * c.d_model : p.numel;
-    for (int64_t i = 0; i < n; ++i) v[i] += noise(rng);
-  }
+  gradient_test::add_noise(c, gpt.layout(), gpt.params(), rng);
   ActivationOptions options;
   options.attention = GetParam();
   gpt.reserve(B, T, options);
-  Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "tokens");
-  Tensor targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "targets");
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  for (int i = 0; i < B * T; ++i) {
-    tokens.data<int32_t>()[i] = tok[i] = static_cast<int32_t>(rng() % c.vocab_size);
-    targets.data<int32_t>()[i] = tgt[i] = static_cast<int32_t>(rng() % c.vocab_size);
-  }
-  float loss = gpt.forward(tokens, targets, true);
+  gradient_test::RandomBatch batch(pool, B, T, c.vocab_size, rng);
+  const std::vector<int32_t>& tok = batch.tok;
+  const std::vector<int32_t>& tgt = batch.tgt;
+  float loss = gpt.forward(batch.tokens, batch.targets, true);
   gpt.backward();
 
   std::vector<double> w(gpt.params().data<float>(), gpt.params().data<float>() + gpt.params().numel());
   const double ref_loss = reference_loss(c, gpt.layout(), w, tok, tgt, B, T);
   EXPECT_NEAR(loss, ref_loss, 1e-5);
 
-  const double eps = 1e-5;
   double worst = 0;
   for (const ParamInfo& p : gpt.layout().params()) {
-    int64_t n = p.role == ParamRole::token_embedding ? int64_t{c.vocab_size} * c.d_model : p.numel;
-    double diff = 0, norm = 0;
-    for (int s = 0; s < 6; ++s) {
-      // For wte, sample the rows of the batch's tokens too, where the embedding path adds in.
-      int64_t i = (s < 3 && p.role == ParamRole::token_embedding)
-                      ? int64_t{tok[s]} * c.d_model + int64_t(rng() % c.d_model)
-                      : int64_t(rng() % n);
-      double saved = w[p.offset + i];
-      w[p.offset + i] = saved + eps;
-      double up = reference_loss(c, gpt.layout(), w, tok, tgt, B, T);
-      w[p.offset + i] = saved - eps;
-      double down = reference_loss(c, gpt.layout(), w, tok, tgt, B, T);
-      w[p.offset + i] = saved;
-      double fd = (up - down) / (2 * eps);
-      double analytic = gpt.grads().data<float>()[p.offset + i];
-      diff += (fd - analytic) * (fd - analytic);
-      norm += fd * fd;
-    }
-    worst = std::max(worst, std::sqrt(diff) / (std::sqrt(norm) + 1e-12));
-    EXPECT_LT(std::sqrt(diff), 1e-4 * std::sqrt(norm) + 1e-8) << p.name;
+    const auto [diff, norm] = gradient_test::finite_difference_error(
+        p, gradient_test::real_numel(c, p), c.d_model, tok, w, gpt.grads().data<float>(), rng,
+        [&] { return reference_loss(c, gpt.layout(), w, tok, tgt, B, T); });
+    worst = std::max(worst, diff / (norm + 1e-12));
+    EXPECT_LT(diff, 1e-4 * norm + 1e-8) << p.name;
   }
   std::printf("worst relative gradient error against finite differences: %.2e\n", worst);
 }

@@ -22,6 +22,7 @@
 #include "memfit/kernels/ref/rope_ref.h"
 #include "memfit/kernels/ref/swiglu_ref.h"
 #include "memfit/model/transformer.h"
+#include "gradient_test_util.h"
 
 namespace memfit {
 namespace {
@@ -87,12 +88,6 @@ double reference_loss(const ModelConfig& c, const ParamLayout& layout, const std
   return sum / N;
 }
 
-// Real elements of a parameter: the embedding and an untied head without their padding rows.
-int64_t real_numel(const ModelConfig& c, const ParamInfo& p) {
-  const bool padded = p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head;
-  return padded ? int64_t{c.vocab_size} * c.d_model : p.numel;
-}
-
 // (attention, tied head)
 class LlamaGradient : public ::testing::TestWithParam<std::tuple<AttentionKind, bool>> {};
 
@@ -107,25 +102,15 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
   MemoryPool pool;
   Transformer llama(c, pool);
   llama.init_weights(99);
-  // Larger than LLaMA's init, so that every path carries a gradient well above rounding and
-  // the norm gains differ from 1.
   std::mt19937 rng(5);
-  std::normal_distribution<float> noise(0.0f, 0.05f);
-  for (const ParamInfo& p : llama.layout().params()) {
-    float* v = llama.params().data<float>() + p.offset;
-    for (int64_t i = 0, n = real_numel(c, p); i < n; ++i) v[i] += noise(rng);
-  }
+  gradient_test::add_noise(c, llama.layout(), llama.params(), rng);  // norm gains differ from 1
   ActivationOptions options;
   options.attention = attention;
   llama.reserve(B, T, options);
-  Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "tokens");
-  Tensor targets = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "targets");
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  for (int i = 0; i < B * T; ++i) {
-    tokens.data<int32_t>()[i] = tok[i] = static_cast<int32_t>(rng() % c.vocab_size);
-    targets.data<int32_t>()[i] = tgt[i] = static_cast<int32_t>(rng() % c.vocab_size);
-  }
-  float loss = llama.forward(tokens, targets, true);
+  gradient_test::RandomBatch batch(pool, B, T, c.vocab_size, rng);
+  const std::vector<int32_t>& tok = batch.tok;
+  const std::vector<int32_t>& tgt = batch.tgt;
+  float loss = llama.forward(batch.tokens, batch.targets, true);
   llama.backward();
 
   std::vector<double> w(llama.params().data<float>(),
@@ -133,29 +118,13 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesOfADoublePrecisionReference) {
   const double ref_loss = reference_loss(c, llama.layout(), w, tok, tgt, B, T);
   EXPECT_NEAR(loss, ref_loss, 1e-5);
 
-  const double eps = 1e-5;
   double worst = 0;
   for (const ParamInfo& p : llama.layout().params()) {
-    const int64_t n = real_numel(c, p);
-    double diff = 0, norm = 0;
-    for (int s = 0; s < 6; ++s) {
-      // For the embedding, sample the rows of the batch's tokens too, where its gradient lives.
-      int64_t i = (s < 3 && p.role == ParamRole::token_embedding)
-                      ? int64_t{tok[s]} * c.d_model + int64_t(rng() % c.d_model)
-                      : int64_t(rng() % n);
-      double saved = w[p.offset + i];
-      w[p.offset + i] = saved + eps;
-      double up = reference_loss(c, llama.layout(), w, tok, tgt, B, T);
-      w[p.offset + i] = saved - eps;
-      double down = reference_loss(c, llama.layout(), w, tok, tgt, B, T);
-      w[p.offset + i] = saved;
-      double fd = (up - down) / (2 * eps);
-      double analytic = llama.grads().data<float>()[p.offset + i];
-      diff += (fd - analytic) * (fd - analytic);
-      norm += fd * fd;
-    }
-    worst = std::max(worst, std::sqrt(diff) / (std::sqrt(norm) + 1e-12));
-    EXPECT_LT(std::sqrt(diff), 1e-4 * std::sqrt(norm) + 1e-8) << p.name;
+    const auto [diff, norm] = gradient_test::finite_difference_error(
+        p, gradient_test::real_numel(c, p), c.d_model, tok, w, llama.grads().data<float>(), rng,
+        [&] { return reference_loss(c, llama.layout(), w, tok, tgt, B, T); });
+    worst = std::max(worst, diff / (norm + 1e-12));
+    EXPECT_LT(diff, 1e-4 * norm + 1e-8) << p.name;
     EXPECT_GT(norm, 0.0) << p.name << ": no sampled entry has a gradient";
   }
   std::printf("loss %.8f (reference %.8f); worst relative gradient error against finite "

@@ -16,62 +16,34 @@
 #include "memfit/io/safetensors.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/adamw.h"
+#include "reference_test_util.h"
 
 namespace memfit {
 namespace {
 
 const char* kFixture = MEMFIT_SOURCE_DIR "/tests/reference/llama_fixture.safetensors";
 
-double rel_error(const Tensor& got, const Tensor& want) {
-  const float* a = got.data<float>();
-  const float* b = want.data<float>();
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    ref += double(b[i]) * b[i];
-  }
-  return ref == 0 ? std::sqrt(diff) : std::sqrt(diff / ref);
-}
+using reference_test::rel_error;
 
-class LlamaReference : public ::testing::TestWithParam<AttentionKind> {
+class LlamaReference : public reference_test::ReferenceFixture {
  protected:
+  LlamaReference() : ReferenceFixture(kFixture) {}
   void SetUp() override {
-    const auto& meta = file.metadata();
-    auto get = [&](const char* k) { return std::stod(meta.at(k)); };
-    ASSERT_EQ(meta.at("family"), "llama");
+    ASSERT_EQ(file.metadata().at("family"), "llama");
     config.family = Family::llama;
-    config.n_layer = int(get("n_layer"));
-    config.n_head = int(get("n_head"));
-    config.n_kv_head = int(get("n_kv_head"));
-    config.d_model = int(get("d_model"));
-    config.ffn_dim = int(get("ffn_dim"));
-    config.max_seq_len = int(get("max_seq_len"));
-    config.vocab_size = int(get("vocab_size"));
-    config.rope_theta = get("rope_theta");
-    config.norm_eps = float(get("norm_eps"));
-    config.tie_embeddings = get("tie_embeddings") != 0;
+    config.n_layer = int(meta("n_layer"));
+    config.n_head = int(meta("n_head"));
+    config.n_kv_head = int(meta("n_kv_head"));
+    config.d_model = int(meta("d_model"));
+    config.ffn_dim = int(meta("ffn_dim"));
+    config.max_seq_len = int(meta("max_seq_len"));
+    config.vocab_size = int(meta("vocab_size"));
+    config.rope_theta = meta("rope_theta");
+    config.norm_eps = float(meta("norm_eps"));
+    config.tie_embeddings = meta("tie_embeddings") != 0;
     config.finalize();
-    B = int(get("B"));
-    T = int(get("T"));
-    lr = float(get("lr"));
-    optim.beta1 = float(get("beta1"));
-    optim.beta2 = float(get("beta2"));
-    optim.eps = float(get("eps"));
-    optim.weight_decay = float(get("weight_decay"));
-    steps = int(get("steps"));
+    read_step();
   }
-  Tensor load(const std::string& name, Shape shape, DType dtype = DType::f32) {
-    Tensor t = Tensor::empty(pool, shape, dtype, Category::staging, name);
-    file.read(name, t);
-    return t;
-  }
-
-  io::SafetensorsReader file{kFixture};
-  MemoryPool pool;
-  ModelConfig config;
-  OptimConfig optim;
-  int B = 0, T = 0, steps = 0;
-  float lr = 0;
 };
 
 TEST_P(LlamaReference, LossLogitsGradientsAndThreeAdamWStepsMatchPyTorch) {

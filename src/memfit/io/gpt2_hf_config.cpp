@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "memfit/core/error.h"
-#include "memfit/io/atomic_file.h"
+#include "memfit/io/hf_config_common.h"
 
 namespace memfit::io {
 
@@ -15,17 +15,6 @@ namespace {
 
 constexpr int kGpt2EndOfText = 50256;  // <|endoftext|>, GPT-2's bos and eos
 constexpr double kLayerNormEps = 1e-5;
-
-std::string_view torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
 
 }  // namespace
 
@@ -57,32 +46,17 @@ json gpt2_config_to_hf_json(const ModelConfig& c, DType dtype) {
       {"summary_type", "cls_index"},
       {"summary_use_proj", true},
       {"tie_word_embeddings", true},
-      {"torch_dtype", std::string(torch_dtype_name(dtype))},
+      {"torch_dtype", std::string(hf_torch_dtype_name(dtype))},
       {"use_cache", true},
       {"vocab_size", c.vocab_size},
   };
 }
 
 ModelConfig gpt2_config_from_hf_json(const json& j, std::string_view source) {
-  if (!j.is_object())
-    MEMFIT_THROW(ConfigError, "config", "{}: expected a JSON object, got {}", source,
-                 j.type_name());
-  auto positive = [&](const char* field) {
-    if (!j.contains(field))
-      MEMFIT_THROW(ConfigError, "config", "{}: missing field '{}'", source, field);
-    const json& v = j[field];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 30))
-      MEMFIT_THROW(ConfigError, "config", "{}: field '{}' must be a positive integer, got {}",
-                   source, field, v.dump());
-    return v.get<int>();
-  };
-  // A field that, if present, must hold one of the values memfit computes with.
+  hf_config_check_object(j, source);
+  auto positive = [&](const char* field) { return hf_config_positive(j, field, source); };
   auto require = [&](const char* field, std::initializer_list<json> allowed, const char* why) {
-    if (!j.contains(field)) return;
-    for (const json& a : allowed)
-      if (j[field] == a) return;
-    MEMFIT_THROW(ConfigError, "config", "{}: field '{}' is {}; memfit supports only {} ({})",
-                 source, field, j[field].dump(), json(allowed).dump(), why);
+    hf_config_require(j, field, allowed, why, source);
   };
 
   require("model_type", {"gpt2"}, "a GPT-2 checkpoint");
@@ -104,23 +78,12 @@ ModelConfig gpt2_config_from_hf_json(const json& j, std::string_view source) {
                    "{}: field 'layer_norm_epsilon' is {}; memfit's LayerNorm uses 1e-05", source,
                    v.dump());
   }
-  try {
-    c.finalize();
-  } catch (const ConfigError& e) {
-    MEMFIT_THROW(ConfigError, "config", "{}: {}", source, e.detail());
-  }
+  hf_config_finalize(c, source);
   return c;
 }
 
 ModelConfig read_gpt2_config(const fs::path& path) {
-  std::string text = read_file_to_string(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    MEMFIT_THROW(IoError, "config", "{}: not valid JSON: {}", path.string(), e.what());
-  }
-  return gpt2_config_from_hf_json(j, path.string());
+  return gpt2_config_from_hf_json(hf_config_read_json(path), path.string());
 }
 
 }  // namespace memfit::io

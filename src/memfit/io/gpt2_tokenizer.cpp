@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <queue>
 #include <sstream>
 
 #include "memfit/core/error.h"
@@ -34,6 +33,25 @@ std::array<char32_t, 256> gpt2_bytes_to_unicode() {
   return map;
 }
 
+Gpt2ByteDecoder::Gpt2ByteDecoder() {
+  table_.fill(-1);
+  auto map = gpt2_bytes_to_unicode();
+  for (int b = 0; b < 256; ++b) table_[map[b]] = static_cast<int16_t>(b);
+}
+
+bool Gpt2ByteDecoder::decode(std::string_view s, std::string& out) const {
+  out.clear();
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  const int32_t n = static_cast<int32_t>(s.size());
+  for (int32_t i = 0; i < n;) {
+    UChar32 c;
+    U8_NEXT(p, i, n, c);
+    if (c < 0 || c >= static_cast<UChar32>(table_.size()) || table_[c] < 0) return false;
+    out.push_back(static_cast<char>(table_[c]));
+  }
+  return true;
+}
+
 namespace {
 
 std::string read_vocab_file(const fs::path& file) {
@@ -50,32 +68,6 @@ std::string read_vocab_file(const fs::path& file) {
   if (!in.good() && !in.eof()) MEMFIT_THROW(IoError, "gpt2", "cannot read {}", file.string());
   return std::move(text).str();
 }
-
-// Maps encoder.json / vocab.bpe spellings (bytes_to_unicode characters, UTF-8) back to bytes.
-class ByteDecoder {
- public:
-  ByteDecoder() {
-    table_.fill(-1);
-    auto map = gpt2_bytes_to_unicode();
-    for (int b = 0; b < 256; ++b) table_[map[b]] = static_cast<int16_t>(b);
-  }
-  // False if `s` has a character that no byte maps to.
-  bool decode(std::string_view s, std::string& out) const {
-    out.clear();
-    const auto* p = reinterpret_cast<const uint8_t*>(s.data());
-    const int32_t n = static_cast<int32_t>(s.size());
-    for (int32_t i = 0; i < n;) {
-      UChar32 c;
-      U8_NEXT(p, i, n, c);
-      if (c < 0 || c >= static_cast<UChar32>(table_.size()) || table_[c] < 0) return false;
-      out.push_back(static_cast<char>(table_[c]));
-    }
-    return true;
-  }
-
- private:
-  std::array<int16_t, 512> table_{};
-};
 
 }  // namespace
 
@@ -94,7 +86,7 @@ void Gpt2Tokenizer::read_encoder(const fs::path& file) {
   }
   if (!json.is_object() || json.empty())
     MEMFIT_THROW(IoError, "gpt2", "{}: expected a JSON object of token -> id", file.string());
-  ByteDecoder decoder;
+  Gpt2ByteDecoder decoder;
   id_bytes_.assign(json.size(), std::string());
   std::vector<bool> seen(json.size(), false);
   std::string bytes;
@@ -125,7 +117,7 @@ void Gpt2Tokenizer::read_encoder(const fs::path& file) {
 
 void Gpt2Tokenizer::read_merges(const fs::path& file) {
   std::string text = read_vocab_file(file);
-  ByteDecoder decoder;
+  Gpt2ByteDecoder decoder;
   std::string left_bytes, right_bytes;
   std::istringstream lines(text);
   std::string line;
@@ -149,7 +141,7 @@ void Gpt2Tokenizer::read_merges(const fs::path& file) {
       MEMFIT_THROW(IoError, "gpt2", "{} line {}: merge '{}' uses or makes a token that "
                    "encoder.json lacks", file.string(), line_number, line);
     // As in encoder.py's dict(zip(merges, range(...))), a repeated pair keeps its last rank.
-    merges_[pair_key(l->second, r->second)] = Merge{rank++, m->second};
+    merges_[bpe_pair_key(l->second, r->second)] = Merge{rank++, m->second};
   }
   if (merges_.empty())
     MEMFIT_THROW(IoError, "gpt2", "{}: no merges found", file.string());
@@ -185,13 +177,7 @@ void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const
     return;
   }
   std::string key(piece);
-  {
-    std::lock_guard lock(cache_mu_);
-    if (auto it = cache_.find(key); it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
+  if (cache_.append(key, out)) return;
 
   const int32_t n = static_cast<int32_t>(piece.size());
   std::vector<int32_t> id(n), next(n), prev(n);
@@ -200,18 +186,12 @@ void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const
     next[i] = i + 1 < n ? i + 1 : -1;
     prev[i] = i - 1;
   }
-  struct Entry {
-    int32_t rank, left, right, left_id, right_id;
-    bool operator>(const Entry& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-  };
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  BpeQueue heap;
   auto push = [&](int32_t left) {
     if (left < 0 || next[left] < 0) return;
     int32_t right = next[left];
-    if (auto it = merges_.find(pair_key(id[left], id[right])); it != merges_.end())
-      heap.push(Entry{it->second.rank, left, right, id[left], id[right]});
+    if (auto it = merges_.find(bpe_pair_key(id[left], id[right])); it != merges_.end())
+      heap.push(BpeCandidate{it->second.rank, left, right, id[left], id[right]});
   };
   for (int32_t i = 0; i + 1 < n; ++i) push(i);
 
@@ -220,11 +200,11 @@ void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const
     const int32_t rank = heap.top().rank;
     merged.clear();
     while (!heap.empty() && heap.top().rank == rank) {
-      Entry e = heap.top();
+      BpeCandidate e = heap.top();
       heap.pop();
       bool valid = next[e.left] == e.right && id[e.left] == e.left_id && id[e.right] == e.right_id;
       if (!valid) continue;
-      id[e.left] = merges_.at(pair_key(e.left_id, e.right_id)).result;
+      id[e.left] = merges_.at(bpe_pair_key(e.left_id, e.right_id)).result;
       id[e.right] = -1;  // gone: no entry can match it again
       next[e.left] = next[e.right];
       if (next[e.left] >= 0) prev[next[e.left]] = e.left;
@@ -239,9 +219,7 @@ void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const
   std::vector<int32_t> ids;
   for (int32_t i = 0; i >= 0; i = next[i]) ids.push_back(id[i]);
   out.insert(out.end(), ids.begin(), ids.end());
-  std::lock_guard lock(cache_mu_);
-  if (cache_.size() >= kCacheLimit) cache_.clear();
-  cache_.emplace(std::move(key), std::move(ids));
+  cache_.put(std::move(key), std::move(ids));
 }
 
 }  // namespace memfit::io

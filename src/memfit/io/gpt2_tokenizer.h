@@ -5,11 +5,12 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "memfit/io/hf_bpe.h"
 #include "memfit/io/tokenizer.h"
 
 namespace memfit::io {
@@ -21,6 +22,18 @@ std::filesystem::path find_gpt2_vocab_dir();
 // GPT-2's bytes_to_unicode(): the printable character each byte stands for in encoder.json and
 // vocab.bpe (printable Latin-1 bytes map to themselves, the rest to U+0100 upward).
 std::array<char32_t, 256> gpt2_bytes_to_unicode();
+
+// The inverse map: a spelling in encoder.json, vocab.bpe or a byte-level tokenizer.json
+// (bytes_to_unicode characters, UTF-8) back to the bytes it stands for.
+class Gpt2ByteDecoder {
+ public:
+  Gpt2ByteDecoder();
+  // False if `s` has a character that no byte maps to.
+  bool decode(std::string_view s, std::string& out) const;
+
+ private:
+  std::array<int16_t, 512> table_{};
+};
 
 class Gpt2Tokenizer final : public Tokenizer {
  public:
@@ -47,9 +60,6 @@ class Gpt2Tokenizer final : public Tokenizer {
     int32_t rank;
     int32_t result;  // the id of the merged token
   };
-  static uint64_t pair_key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-  }
   void read_encoder(const std::filesystem::path& file);
   void read_merges(const std::filesystem::path& file);
   // BPE of one pre-token's bytes, appended to `out`.
@@ -60,11 +70,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_id_{};                    // single byte -> id
   std::unordered_map<uint64_t, Merge> merges_;            // (left id, right id) -> merge
 
-  // Pre-token -> ids. Text repeats words, so this saves most BPE work. Bounded: it is cleared
-  // when it passes kCacheLimit entries.
-  static constexpr size_t kCacheLimit = 1 << 18;
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable BpeCache cache_;  // pre-token -> ids
 };
 
 }  // namespace memfit::io

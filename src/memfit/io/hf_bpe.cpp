@@ -1,12 +1,24 @@
 // BPE merging by rank; see hf_bpe.h.
 #include "memfit/io/hf_bpe.h"
 
-#include <queue>
-
 namespace memfit::io {
 
+bool BpeCache::append(const std::string& key, std::vector<int32_t>& out) {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return false;
+  out.insert(out.end(), it->second.begin(), it->second.end());
+  return true;
+}
+
+void BpeCache::put(std::string key, std::vector<int32_t> ids) {
+  std::lock_guard lock(mu_);
+  if (map_.size() >= kLimit) map_.clear();
+  map_.emplace(std::move(key), std::move(ids));
+}
+
 void BpeMerges::add(int32_t left, int32_t right, int32_t result, int32_t rank) {
-  merges_[key(left, right)] = Merge{rank, result};
+  merges_[bpe_pair_key(left, right)] = Merge{rank, result};
 }
 
 // transformers.js keeps the candidate pairs in a priority queue scored rank + position / length
@@ -22,30 +34,24 @@ void BpeMerges::merge(std::vector<BpeSymbol>& symbols) const {
     next[i] = i + 1 < n ? i + 1 : -1;
     prev[i] = i - 1;
   }
-  struct Entry {
-    int32_t rank, left, right, left_id, right_id;
-    bool operator>(const Entry& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-  };
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  BpeQueue heap;
   auto push = [&](int32_t left) {
     if (left < 0 || next[left] < 0) return;
     const int32_t right = next[left];
     const int32_t a = symbols[left].id, b = symbols[right].id;
     if (a < 0 || b < 0) return;
-    if (auto it = merges_.find(key(a, b)); it != merges_.end())
-      heap.push(Entry{it->second.rank, left, right, a, b});
+    if (auto it = merges_.find(bpe_pair_key(a, b)); it != merges_.end())
+      heap.push(BpeCandidate{it->second.rank, left, right, a, b});
   };
   for (int32_t i = 0; i + 1 < n; ++i) push(i);
 
   while (!heap.empty()) {
-    const Entry e = heap.top();
+    const BpeCandidate e = heap.top();
     heap.pop();
     if (next[e.left] != e.right || symbols[e.left].id != e.left_id ||
         symbols[e.right].id != e.right_id)
       continue;
-    symbols[e.left].id = merges_.at(key(e.left_id, e.right_id)).result;
+    symbols[e.left].id = merges_.at(bpe_pair_key(e.left_id, e.right_id)).result;
     symbols[e.left].end = symbols[e.right].end;
     symbols[e.right].id = -2;  // gone
     next[e.left] = next[e.right];

@@ -35,32 +35,6 @@ fs::path find_hf_tokenizer_json(std::string_view name) {
 
 namespace {
 
-// GPT-2's printable characters (in byte-level files) back to bytes.
-class ByteLevelDecoder {
- public:
-  ByteLevelDecoder() {
-    table_.fill(-1);
-    auto map = gpt2_bytes_to_unicode();
-    for (int b = 0; b < 256; ++b) table_[map[b]] = static_cast<int16_t>(b);
-  }
-  // False if `s` has a character that no byte maps to.
-  bool decode(std::string_view s, std::string& out) const {
-    out.clear();
-    const auto* p = reinterpret_cast<const uint8_t*>(s.data());
-    const int32_t n = static_cast<int32_t>(s.size());
-    for (int32_t i = 0; i < n;) {
-      UChar32 c;
-      U8_NEXT(p, i, n, c);
-      if (c < 0 || c >= static_cast<UChar32>(table_.size()) || table_[c] < 0) return false;
-      out.push_back(static_cast<char>(table_[c]));
-    }
-    return true;
-  }
-
- private:
-  std::array<int16_t, 512> table_{};
-};
-
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
   if (from.empty() || s.find(from) == std::string::npos) return;
   std::string out;
@@ -144,7 +118,7 @@ void HfTokenizer::build(HfTokenizerJson&& j) {
   byte_fallback_ = j.byte_fallback;
   fuse_unk_ = j.fuse_unk;
   ignore_merges_ = j.ignore_merges;
-  ByteLevelDecoder bytes_of;
+  Gpt2ByteDecoder bytes_of;
 
   // Ids: the vocabulary, then added tokens over it (transformers.js adds them to the model's
   // token -> id map, so BPE output that spells one is that token).
@@ -403,13 +377,7 @@ void HfTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out
       return;
     }
   }
-  if (cacheable) {
-    std::lock_guard lock(cache_mu_);
-    if (auto it = cache_.find(key); it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
+  if (cacheable && cache_.append(key, out)) return;
 
   std::vector<BpeSymbol> symbols;
   symbols.reserve(piece.size());
@@ -436,10 +404,7 @@ void HfTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out
     else emit_unknown(piece.substr(s.begin, s.end - s.begin), ids);
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  if (!cacheable) return;
-  std::lock_guard lock(cache_mu_);
-  if (cache_.size() >= kCacheLimit) cache_.clear();
-  cache_.emplace(std::move(key), std::move(ids));
+  if (cacheable) cache_.put(std::move(key), std::move(ids));
 }
 
 }  // namespace memfit::io

@@ -103,11 +103,9 @@ class HfTokenizer final : public Tokenizer {
   std::vector<HfAddedToken> added_;
   std::array<std::vector<int32_t>, 256> added_by_first_byte_;  // indices into added_, longest first
 
-  // Pre-token -> ids, for pre-tokens up to kCacheMaxBytes. Bounded: cleared at kCacheLimit.
-  static constexpr size_t kCacheLimit = 1 << 18;
+  // Pre-token -> ids, for pre-tokens up to kCacheMaxBytes.
   static constexpr size_t kCacheMaxBytes = 256;
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable BpeCache cache_;
 };
 
 }  // namespace memfit::io

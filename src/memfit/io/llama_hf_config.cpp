@@ -8,7 +8,7 @@
 #include <string>
 
 #include "memfit/core/error.h"
-#include "memfit/io/atomic_file.h"
+#include "memfit/io/hf_config_common.h"
 
 namespace memfit::io {
 
@@ -16,17 +16,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string_view torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
 
 // A float as the double its shortest decimal spells (1e-5f -> 1e-05, not 9.99999974738e-06), so
 // config.json reads as people write it and reads back to the same float.
@@ -68,43 +57,29 @@ json llama_config_to_hf_json(const ModelConfig& c, DType dtype) {
       {"rope_scaling", rope_scaling_json(c.rope_scaling)},
       {"rope_theta", c.rope_theta},
       {"tie_word_embeddings", c.tie_embeddings},
-      {"torch_dtype", std::string(torch_dtype_name(dtype))},
+      {"torch_dtype", std::string(hf_torch_dtype_name(dtype))},
       {"use_cache", true},
       {"vocab_size", c.vocab_size},
   };
 }
 
 ModelConfig llama_config_from_hf_json(const json& j, std::string_view source) {
-  if (!j.is_object())
-    MEMFIT_THROW(ConfigError, "config", "{}: expected a JSON object, got {}", source,
-                 j.type_name());
+  hf_config_check_object(j, source);
   auto fail = [&](const std::string& field, const std::string& what) {
     MEMFIT_THROW(ConfigError, "config", "{}: field '{}' {}", source, field, what);
   };
-  auto integer = [&](const json& obj, const std::string& field, const std::string& shown) {
-    const json& v = obj[field];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 30))
-      fail(shown, fmt::format("must be a positive integer, got {}", v.dump()));
-    return v.get<int>();
+  auto integer = [&](const json& obj, const char* field, const std::string& shown) {
+    return hf_config_int(obj, field, shown, source);
   };
-  auto positive = [&](const char* field) {
-    if (!j.contains(field))
-      MEMFIT_THROW(ConfigError, "config", "{}: missing field '{}'", source, field);
-    return integer(j, field, field);
-  };
+  auto positive = [&](const char* field) { return hf_config_positive(j, field, source); };
   auto number = [&](const json& obj, const std::string& field, const std::string& shown) {
     const json& v = obj[field];
     if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
       fail(shown, fmt::format("must be a positive number, got {}", v.dump()));
     return v.get<double>();
   };
-  // A field that, if present, must hold one of the values memfit computes with.
   auto require = [&](const char* field, std::initializer_list<json> allowed, const char* why) {
-    if (!j.contains(field)) return;
-    for (const json& a : allowed)
-      if (j[field] == a) return;
-    fail(field, fmt::format("is {}; memfit supports only {} ({})", j[field].dump(),
-                            json(allowed).dump(), why));
+    hf_config_require(j, field, allowed, why, source);
   };
 
   require("model_type", {"llama"}, "a LLaMA checkpoint");
@@ -190,23 +165,12 @@ ModelConfig llama_config_from_hf_json(const json& j, std::string_view source) {
                        scaling.dump()));
     }
   }
-  try {
-    c.finalize();
-  } catch (const ConfigError& e) {
-    MEMFIT_THROW(ConfigError, "config", "{}: {}", source, e.detail());
-  }
+  hf_config_finalize(c, source);
   return c;
 }
 
 ModelConfig read_llama_config(const fs::path& path) {
-  std::string text = read_file_to_string(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    MEMFIT_THROW(IoError, "config", "{}: not valid JSON: {}", path.string(), e.what());
-  }
-  return llama_config_from_hf_json(j, path.string());
+  return llama_config_from_hf_json(hf_config_read_json(path), path.string());
 }
 
 }  // namespace memfit::io

@@ -19,15 +19,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr size_t kMismatchesShown = 8;
-
-std::string join_mismatches(const std::vector<std::string>& m) {
-  std::string s;
-  for (size_t i = 0; i < m.size() && i < kMismatchesShown; ++i) s += (i ? "; " : "") + m[i];
-  if (m.size() > kMismatchesShown) s += fmt::format("; and {} more", m.size() - kMismatchesShown);
-  return s;
-}
-
 std::vector<int64_t> dims(const Shape& s) { return {s.begin(), s.end()}; }
 
 // A tensor to copy: validated, not yet copied.

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "memfit/core/error.h"
-#include "memfit/io/atomic_file.h"
 #include "memfit/io/gpt2_hf_config.h"
+#include "memfit/io/hf_config_common.h"
 #include "memfit/io/llama_hf_config.h"
 
 namespace memfit::io {
@@ -24,9 +24,7 @@ constexpr const char* kKnown =
 }  // namespace
 
 Family hf_config_family(const json& j, std::string_view source) {
-  if (!j.is_object())
-    MEMFIT_THROW(ConfigError, "config", "{}: expected a JSON object, got {}", source,
-                 j.type_name());
+  hf_config_check_object(j, source);
   std::optional<Family> by_arch, by_type;
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
@@ -65,14 +63,7 @@ ModelConfig model_config_from_hf_json(const json& j, std::string_view source) {
 }
 
 ModelConfig read_model_config(const fs::path& path) {
-  std::string text = read_file_to_string(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    MEMFIT_THROW(IoError, "config", "{}: not valid JSON: {}", path.string(), e.what());
-  }
-  return model_config_from_hf_json(j, path.string());
+  return model_config_from_hf_json(hf_config_read_json(path), path.string());
 }
 
 json model_config_to_hf_json(const ModelConfig& config, DType dtype) {

@@ -17,15 +17,6 @@ namespace {
 
 constexpr std::string_view kGpt2Prefix = "transformer.";
 constexpr std::string_view kLmHead = "lm_head.weight";
-constexpr size_t kMismatchesShown = 8;
-
-std::string join_mismatches(const std::vector<std::string>& m) {
-  std::string s;
-  for (size_t i = 0; i < m.size() && i < kMismatchesShown; ++i) s += (i ? "; " : "") + m[i];
-  if (m.size() > kMismatchesShown) s += fmt::format("; and {} more", m.size() - kMismatchesShown);
-  return s;
-}
-
 bool ends_with(std::string_view s, std::string_view tail) {
   return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
 }

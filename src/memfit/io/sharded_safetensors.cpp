@@ -19,16 +19,19 @@ namespace memfit::io {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-constexpr size_t kMismatchesShown = 8;
-
-[[noreturn]] void refuse(const fs::path& index, const std::vector<std::string>& m) {
+std::string join_mismatches(const std::vector<std::string>& m) {
+  constexpr size_t kMismatchesShown = 8;
   std::string s;
   for (size_t i = 0; i < m.size() && i < kMismatchesShown; ++i) s += (i ? "; " : "") + m[i];
   if (m.size() > kMismatchesShown) s += fmt::format("; and {} more", m.size() - kMismatchesShown);
+  return s;
+}
+
+namespace {
+
+[[noreturn]] void refuse(const fs::path& index, const std::vector<std::string>& m) {
   MEMFIT_THROW(IoError, "safetensors", "{}: the index does not match its files: {} problem{}: {}",
-               index.string(), m.size(), m.size() == 1 ? "" : "s", s);
+               index.string(), m.size(), m.size() == 1 ? "" : "s", join_mismatches(m));
 }
 
 uint64_t stored_bytes(const ShardTensor& t) { return t.tensor.nbytes(); }

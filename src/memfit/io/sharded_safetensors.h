@@ -37,6 +37,10 @@ std::string shard_file_name(int k, int n);
 // never split.
 std::vector<int> plan_shards(const std::vector<uint64_t>& tensor_bytes, uint64_t max_shard_bytes);
 
+// The first few of `mismatches` joined by "; ", then "; and N more": how a load that checks
+// everything before it copies lists what it refuses (here, model_weights, model_checkpoint).
+std::string join_mismatches(const std::vector<std::string>& mismatches);
+
 struct ShardTensor {
   std::string name;
   Tensor tensor;           // contiguous; stored in its own element type

@@ -105,24 +105,10 @@ namespace memfit::kernels {
 HWY_EXPORT(GeluForwardRange);
 HWY_EXPORT(GeluBackwardRange);
 
-namespace {
-
-// t must be defined, contiguous, of f32, bf16 or f16, and of `shape` when given.
-void expect_float(const Tensor& t, std::string_view op, std::string_view name,
-                  const Shape* shape = nullptr) {
-  MEMFIT_CHECK(t.defined(), op, "{} is undefined", name);
-  MEMFIT_CHECK_DTYPE(half::is_float_type(t.dtype()), op, "{} must be f32, bf16 or f16, got {} {}",
-                     name, dtype_name(t.dtype()), t.shape());
-  if (shape) expect_tensor(t, op, name, *shape, t.dtype());
-  else expect_any_shape(t, op, name, t.dtype());
-}
-
-}  // namespace
-
 void gelu_forward(Tensor& out, const Tensor& inp) {
   constexpr std::string_view op = "gelu_forward";
-  expect_float(inp, op, "inp");
-  expect_float(out, op, "out", &inp.shape());
+  expect_float_any_shape(inp, op, "inp");
+  expect_float_tensor(out, op, "out", inp.shape());
   const DType xt = inp.dtype(), ot = out.dtype();
   void* o = out.raw_data();
   const void* x = inp.raw_data();
@@ -133,9 +119,9 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   constexpr std::string_view op = "gelu_backward";
-  expect_float(inp, op, "inp");
-  expect_float(dout, op, "dout", &inp.shape());
-  expect_float(dinp, op, "dinp", &inp.shape());
+  expect_float_any_shape(inp, op, "inp");
+  expect_float_tensor(dout, op, "dout", inp.shape());
+  expect_float_tensor(dinp, op, "dinp", inp.shape());
   // In place needs equal element sizes: a narrower dinp over a wider dout would overwrite
   // elements that another thread has yet to read.
   MEMFIT_CHECK_DTYPE(dinp.raw_data() != dout.raw_data() || dinp.dtype() == dout.dtype(), op,

@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "memfit/core/dtype.h"
+#include "memfit/core/tensor.h"
 
 namespace memfit::kernels::half {
 
@@ -54,5 +56,18 @@ inline bool is_float_type(DType t) {
   return t == DType::f32 || t == DType::bf16 || t == DType::f16;
 }
 inline bool is_half_type(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// A small tensor of f32, bf16 or f16 (a norm's weight or bias) as f32: its own data if it is
+// f32, else a widened copy kept in `buf` (C floats, a few KiB: below the pool's notice).
+inline const float* as_f32(const Tensor& t, std::vector<float>& buf) {
+  if (t.dtype() == DType::f32) return t.data<float>();
+  buf.resize(static_cast<size_t>(t.numel()));
+  dispatch(t.dtype(), [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    const auto* src = static_cast<const Storage<D>*>(t.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) buf[i] = load1<D>(src + i);
+  });
+  return buf.data();
+}
 
 }  // namespace memfit::kernels::half

@@ -200,27 +200,6 @@ HWY_EXPORT(LayerNormBackwardRows);
 
 namespace {
 
-// A weight or bias (C) of f32, bf16 or f16.
-void expect_param(const Tensor& t, std::string_view op, std::string_view name, int64_t C) {
-  MEMFIT_CHECK(t.defined(), op, "{} is undefined", name);
-  MEMFIT_CHECK_DTYPE(half::is_float_type(t.dtype()), op, "{} must be f32, bf16 or f16, got {} {}",
-                     name, dtype_name(t.dtype()), t.shape());
-  expect_tensor(t, op, name, Shape{C}, t.dtype());
-}
-
-// A weight or bias as f32: its own data if it is f32, else a widened copy kept in `buf` (C
-// floats, a few KiB: below the pool's notice, like the backward's partials).
-const float* as_f32(const Tensor& t, std::vector<float>& buf) {
-  if (t.dtype() == DType::f32) return t.data<float>();
-  buf.resize(static_cast<size_t>(t.numel()));
-  half::dispatch(t.dtype(), [&](auto tag) {
-    constexpr DType D = decltype(tag)::value;
-    const auto* src = static_cast<const half::Storage<D>*>(t.raw_data());
-    for (int64_t i = 0; i < t.numel(); ++i) buf[i] = half::load1<D>(src + i);
-  });
-  return buf.data();
-}
-
 // Shapes shared by forward and backward: R rows of C, mean and rstd of R elements (any shape,
 // so (B, T) works as well as (R)).
 struct Dims {
@@ -233,7 +212,7 @@ Dims check_dims(std::string_view op, const Tensor& inp, const Tensor& weight, co
   MEMFIT_CHECK_SHAPE(shape.rank() >= 1 && shape[-1] > 0, op, "inp {} needs a last dimension > 0",
                      shape);
   const int64_t C = shape[-1], R = shape.numel() / C;
-  expect_param(weight, op, "weight", C);
+  expect_float_tensor(weight, op, "weight", Shape{C});
   expect_any_shape(mean, op, "mean");
   expect_any_shape(rstd, op, "rstd");
   MEMFIT_CHECK_SHAPE(mean.numel() == R && rstd.numel() == R, op,
@@ -248,15 +227,11 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
                        const Tensor& weight, const Tensor& bias) {
   constexpr std::string_view op = "layernorm_forward";
   const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
-  expect_param(bias, op, "bias", C);
-  MEMFIT_CHECK(out.defined(), op, "out is undefined");
-  MEMFIT_CHECK_DTYPE(half::is_float_type(out.dtype()), op,
-                     "out must be f32, bf16 or f16, got {} {}", dtype_name(out.dtype()),
-                     out.shape());
-  expect_tensor(out, op, "out", inp.shape(), out.dtype());
+  expect_float_tensor(bias, op, "bias", Shape{C});
+  expect_float_tensor(out, op, "out", inp.shape());
   float *pm = mean.data<float>(), *pr = rstd.data<float>();
   std::vector<float> wbuf, bbuf;
-  const float *x = inp.data<float>(), *w = as_f32(weight, wbuf), *b = as_f32(bias, bbuf);
+  const float *x = inp.data<float>(), *w = half::as_f32(weight, wbuf), *b = half::as_f32(bias, bbuf);
   void* o = out.raw_data();
   const DType od = out.dtype();
 #pragma omp parallel if (R * C > kParallelGrain)
@@ -277,7 +252,7 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   expect_tensor(dbias, op, "dbias", Shape{C});
   float *dx = dinp.data<float>(), *dw = dweight.data<float>(), *db = dbias.data<float>();
   std::vector<float> wbuf;
-  const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = as_f32(weight, wbuf);
+  const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = half::as_f32(weight, wbuf);
   const float *pm = mean.data<float>(), *pr = rstd.data<float>();
 
   // Per-thread partials of dweight and dbias: 2 C floats a thread, a few KiB, below the

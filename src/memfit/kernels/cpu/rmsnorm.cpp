@@ -154,19 +154,6 @@ HWY_EXPORT(RmsNormBackwardRows);
 
 namespace {
 
-// The weight as f32: its own data if it is f32, else a widened copy kept in `buf` (C floats, a
-// few KiB: below the pool's notice, like the backward's partials).
-const float* weight_f32(const Tensor& t, std::vector<float>& buf) {
-  if (t.dtype() == DType::f32) return t.data<float>();
-  buf.resize(static_cast<size_t>(t.numel()));
-  half::dispatch(t.dtype(), [&](auto tag) {
-    constexpr DType D = decltype(tag)::value;
-    const auto* src = static_cast<const half::Storage<D>*>(t.raw_data());
-    for (int64_t i = 0; i < t.numel(); ++i) buf[i] = half::load1<D>(src + i);
-  });
-  return buf.data();
-}
-
 struct Dims {
   int64_t R, C;
 };
@@ -178,11 +165,7 @@ Dims check_dims(std::string_view op, const Tensor& inp, const Tensor& weight, co
   MEMFIT_CHECK_SHAPE(shape.rank() >= 1 && shape[-1] > 0, op, "inp {} needs a last dimension > 0",
                      shape);
   const int64_t C = shape[-1], R = shape.numel() / C;
-  MEMFIT_CHECK(weight.defined(), op, "weight is undefined");
-  MEMFIT_CHECK_DTYPE(half::is_float_type(weight.dtype()), op,
-                     "weight must be f32, bf16 or f16, got {} {}", dtype_name(weight.dtype()),
-                     weight.shape());
-  expect_tensor(weight, op, "weight", Shape{C}, weight.dtype());
+  expect_float_tensor(weight, op, "weight", Shape{C});
   expect_any_shape(rstd, op, "rstd");
   MEMFIT_CHECK_SHAPE(rstd.numel() == R, op,
                      "rstd {} must hold one value per row of inp {} ({} rows)", rstd.shape(),
@@ -197,14 +180,10 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
   constexpr std::string_view op = "rmsnorm_forward";
   const auto [R, C] = check_dims(op, inp, weight, rstd);
   MEMFIT_CHECK(eps >= 0.0f && std::isfinite(eps), op, "eps must be finite and >= 0, got {}", eps);
-  MEMFIT_CHECK(out.defined(), op, "out is undefined");
-  MEMFIT_CHECK_DTYPE(half::is_float_type(out.dtype()), op,
-                     "out must be f32, bf16 or f16, got {} {}", dtype_name(out.dtype()),
-                     out.shape());
-  expect_tensor(out, op, "out", inp.shape(), out.dtype());
+  expect_float_tensor(out, op, "out", inp.shape());
   float* pr = rstd.data<float>();
   std::vector<float> wbuf;
-  const float *x = inp.data<float>(), *w = weight_f32(weight, wbuf);
+  const float *x = inp.data<float>(), *w = half::as_f32(weight, wbuf);
   void* o = out.raw_data();
   const DType od = out.dtype();
 #pragma omp parallel if (R * C > kParallelGrain)
@@ -224,7 +203,7 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const T
   expect_tensor(dweight, op, "dweight", Shape{C});
   float *dx = dinp.data<float>(), *dw = dweight.data<float>();
   std::vector<float> wbuf;
-  const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = weight_f32(weight, wbuf);
+  const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = half::as_f32(weight, wbuf);
   const float* pr = rstd.data<float>();
 
   // Per-thread partials of dweight: C floats a thread, a few KiB, below the pool's notice.

@@ -145,23 +145,15 @@ HWY_EXPORT(SwigluBackwardRange);
 
 namespace {
 
-// t must be defined, contiguous and of f32, bf16 or f16; returns its shape.
-const Shape& expect_float(const Tensor& t, std::string_view op, std::string_view name) {
-  MEMFIT_CHECK(t.defined(), op, "{} is undefined", name);
-  MEMFIT_CHECK_DTYPE(half::is_float_type(t.dtype()), op, "{} must be f32, bf16 or f16, got {} {}",
-                     name, dtype_name(t.dtype()), t.shape());
-  return expect_any_shape(t, op, name, t.dtype());
-}
-
 // gate_up (N..., 2F) with 2F > 0 and even; returns F. `half` (out or dout) must be (N..., F).
 int64_t check_halves(std::string_view op, const Tensor& gate_up, const Tensor& half_t,
                      std::string_view half_name) {
-  const Shape& s = expect_float(gate_up, op, "gate_up");
+  const Shape& s = expect_float_any_shape(gate_up, op, "gate_up");
   MEMFIT_CHECK_SHAPE(s.rank() >= 1 && s[-1] > 0 && s[-1] % 2 == 0, op,
                      "gate_up {} needs an even last dimension > 0 ([gate | up])", s);
   Shape want = s;
   want[-1] = s[-1] / 2;
-  const Shape& h = expect_float(half_t, op, half_name);
+  const Shape& h = expect_float_any_shape(half_t, op, half_name);
   MEMFIT_CHECK_SHAPE(h == want, op, "{} must be {} for gate_up {}, got {}", half_name, want, s, h);
   return want[-1];
 }
@@ -182,7 +174,7 @@ void swiglu_forward(Tensor& out, const Tensor& gate_up) {
 void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) {
   constexpr std::string_view op = "swiglu_backward";
   const int64_t F = check_halves(op, gate_up, dout, "dout");
-  expect_float(dgate_up, op, "dgate_up");
+  expect_float_any_shape(dgate_up, op, "dgate_up");
   MEMFIT_CHECK_SHAPE(dgate_up.shape() == gate_up.shape(), op, "dgate_up must be {}, got {}",
                      gate_up.shape(), dgate_up.shape());
   // In place needs equal element sizes: a narrower dgate_up over a wider gate_up would
