@@ -19,6 +19,9 @@ set(MEMFIT_FUZZ_SOURCES
   src/memfit/io/atomic_file.cpp src/memfit/io/safetensors.cpp src/memfit/io/token_shard.cpp
   src/memfit/io/gpt2_hf_config.cpp src/memfit/io/gpt2_tokenizer.cpp
   src/memfit/io/gpt2_pretokenize.cpp src/memfit/io/npm_package.cpp
+  src/memfit/io/llama_hf_config.cpp src/memfit/io/model_hf_config.cpp src/memfit/io/hf_config_common.cpp
+  src/memfit/io/hf_tokenizer.cpp src/memfit/io/hf_tokenizer_json.cpp src/memfit/io/hf_bpe.cpp
+  src/memfit/io/hf_pretokenize.cpp src/memfit/io/sharded_safetensors.cpp
   src/memfit/model/model_config.cpp src/memfit/model/param_layout.cpp
   src/memfit/cli/config_file.cpp
   src/memfit/train/resume_state.cpp src/memfit/train/loss_scaler.cpp)
@@ -26,7 +29,7 @@ add_library(memfit_fuzz_lib STATIC ${MEMFIT_FUZZ_SOURCES})
 target_include_directories(memfit_fuzz_lib PUBLIC src ${CMAKE_SOURCE_DIR})
 target_link_libraries(memfit_fuzz_lib PUBLIC OpenMP::OpenMP_CXX fmt::fmt
                       nlohmann_json::nlohmann_json tomlplusplus::tomlplusplus CLI11::CLI11
-                      ICU::uc PkgConfig::HWY DNNL::dnnl)
+                      ICU::uc ICU::i18n PkgConfig::HWY DNNL::dnnl)
 
 # memfit_add_fuzzer(name): the harness fuzz/<name>_fuzz.cpp as the executable <name>_fuzz.
 function(memfit_add_fuzzer name)
@@ -42,3 +45,6 @@ memfit_add_fuzzer(toml_config)
 memfit_add_fuzzer(gpt2_hf_config)
 memfit_add_fuzzer(gpt2_tokenizer)
 memfit_add_fuzzer(trainer_state)
+memfit_add_fuzzer(model_hf_config)
+memfit_add_fuzzer(hf_tokenizer)
+memfit_add_fuzzer(safetensors_index)
