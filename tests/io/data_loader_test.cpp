@@ -114,9 +114,12 @@ TEST_F(DataLoaderTest, StagingDoesNotGrowWithTheData) {
                 DataLoader::buffer_bytes(options(shuffle)) +
                     DataLoader::permutation_bytes(options(shuffle), loader.num_windows()));
     }
-    if (!shuffle) EXPECT_EQ(staged[0], staged[1]);
-    if (shuffle) EXPECT_EQ(staged[1] - staged[0], MemoryPool::round_up(4999 * 4) -
-                                                      MemoryPool::round_up(12 * 4));
+    if (!shuffle) {
+      EXPECT_EQ(staged[0], staged[1]);
+    } else {
+      EXPECT_EQ(staged[1] - staged[0],
+                MemoryPool::round_up(4999 * 4) - MemoryPool::round_up(12 * 4));
+    }
   }
 }
 

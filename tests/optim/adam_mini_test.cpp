@@ -21,10 +21,17 @@ int64_t block_of(const ParamInfo& p, int64_t k, int n_head) {
       const int64_t C = p.shape[1], row = k / C, hs = C / n_head;
       return row < 2 * C ? row / hs : 2 * n_head + (row - 2 * C);
     }
+    case ParamRole::attn_q_weight:
+    case ParamRole::attn_k_weight:  // LLaMA: per head of hs rows (GQA's k has fewer heads)
+      return k / p.shape[1] / (p.shape[1] / n_head);
     case ParamRole::token_embedding:
     case ParamRole::position_embedding:
+    case ParamRole::lm_head:
+    case ParamRole::attn_v_weight:
     case ParamRole::attn_proj_weight:
     case ParamRole::mlp_fc_weight:
+    case ParamRole::mlp_gate_weight:
+    case ParamRole::mlp_up_weight:
     case ParamRole::mlp_proj_weight:
       return k / p.shape[1];
     case ParamRole::norm_weight:
@@ -68,6 +75,23 @@ TEST(AdamMini, PartitionFollowsHeadsRowsAndTensors) {
   EXPECT_EQ(per_param["wte.weight"], 1);
 }
 
+TEST(AdamMini, LlamaPartitionFollowsQueryAndKeyValueHeads) {
+  ModelConfig lc = ModelConfig::preset("llama-tiny");  // C 96, 4 heads of 24 over 2, F 256
+  ParamLayout layout(lc);
+  const int64_t C = lc.d_model, H = lc.n_head, KV = lc.n_kv_head, F = lc.ffn_dim,
+                hs = lc.head_size(), L = lc.n_layer;
+  // embed rows + per layer (norm 1 + q heads H + k heads KV + v rows KV hs + o rows C + norm 1
+  // + gate rows F + up rows F + down rows C) + norm 1 + the untied head's rows.
+  const int64_t per_layer = 1 + H + KV + KV * hs + C + 1 + F + F + C;
+  EXPECT_EQ(AdamMini::num_blocks(layout, H), lc.padded_vocab + L * per_layer + 1 + lc.padded_vocab);
+  for (const AdamMiniSegment& s : AdamMini::partition(layout, H)) {
+    const ParamInfo& p = layout.params()[s.param_index];
+    if (p.role == ParamRole::attn_q_weight || p.role == ParamRole::attn_k_weight) {
+      EXPECT_EQ(s.block_len, hs * C) << p.name;
+    }
+  }
+}
+
 TEST(AdamMini, HeadCountMustDivideTheWidth) {
   testing::Slabs s(ModelConfig::preset("gpt2-tiny"));
   OptimConfig c;
@@ -83,8 +107,19 @@ TEST(AdamMini, HeadCountMustDivideTheWidth) {
   EXPECT_EQ(s.pool.bytes_current(Category::optimizer), 0u);
 }
 
-TEST(AdamMini, StepsMatchDoubleReference) {
-  testing::Slabs s(testing::odd_config());  // width 100, 4 heads of 25
+class AdamMiniFamilies : public ::testing::TestWithParam<Family> {};
+
+TEST_P(AdamMiniFamilies, StepsMatchDoubleReference) {
+  ModelConfig config = testing::odd_config();  // GPT-2: width 100, 4 heads of 25
+  if (GetParam() == Family::llama) {
+    config.family = Family::llama;  // GQA: 4 query heads of 26 over 2 key/value heads
+    config.d_model = 104;
+    config.n_kv_head = 2;
+    config.ffn_dim = 150;
+    config.tie_embeddings = false;
+    config.finalize();
+  }
+  testing::Slabs s(config);
   OptimConfig c;
   c.n_head = s.config.n_head;
   c.weight_decay = 0.1f;
@@ -130,6 +165,10 @@ TEST(AdamMini, StepsMatchDoubleReference) {
   testing::expect_all_close(opt.state()[1].second.data<float>(), vflat.data(),
                             static_cast<int64_t>(vflat.size()), 1e-12, 1e-5, "v");
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, AdamMiniFamilies,
+                         ::testing::Values(Family::gpt2, Family::llama),
+                         [](const auto& info) { return std::string(family_name(info.param)); });
 
 TEST(AdamMini, StateIsAboutFourBytesPerParameter) {
   ModelConfig gc = ModelConfig::preset("gpt2-tiny");

@@ -76,8 +76,9 @@ TEST(CalibrationCache, LivesUnderMemfitCacheDirThenXdgThenHome) {
   ::setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
   EXPECT_EQ(calibration_cache_dir(), fs::path("/tmp/xdg/memfit"));
   ::unsetenv("XDG_CACHE_HOME");
-  if (const char* home = std::getenv("HOME"))
+  if (const char* home = std::getenv("HOME")) {
     EXPECT_EQ(calibration_cache_dir(), fs::path(home) / ".cache" / "memfit");
+  }
   if (xdg) ::setenv("XDG_CACHE_HOME", xdg_before.c_str(), 1);
 }
 

@@ -81,10 +81,6 @@ void linear_backward(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias
   }
 }
 
-namespace {
-int64_t floats(size_t bytes) { return static_cast<int64_t>((bytes + 3) / 4); }
-}  // namespace
-
 BlockStep::Attention BlockStep::attention_save() {
   const int64_t C = config.attn_width(), NH = config.n_head;
   Attention a;
