@@ -28,6 +28,24 @@ def cpu_model(default=""):
     return default
 
 
+def cpu_flags():
+    """/proc/cpuinfo's feature flags of the first CPU (an empty set where there are none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bf16():
+    """Whether this CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16): where the bf16
+    targets apply."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
 def isa_env(isa, torch=False):
     """The environment that makes this machine run as a lesser one (isa "" leaves it as it is):
     MEMFIT_MAX_ISA for memfit, which caps its Highway kernels and oneDNN; for PyTorch, ATen's

@@ -1,10 +1,12 @@
 // Times full training steps (forward, backward, optimizer update through the trainer's own
-// apply_update) of a GPT-2 shape on random tokens and
+// apply_update) of a GPT-2 or LLaMA shape on random tokens and
 // prints one JSON object: per-step milliseconds, median, tokens/s, achieved FLOP/s and the
 // pool's peak by category. Driven by bench/e2e/step_vs_pytorch.py, which runs the PyTorch
 // baseline beside it; kept out of the test suite because it measures time. --context sets the
 // model's context (wpe rows; default the preset's): `memfit train --seq-len T` trains a model
 // whose context is T, so bench/e2e/plan_grid.py passes --context T to compare with its plan.
+// The shape overrides are memfit train's (--n-layer, --n-head, --n-kv-head, --d-model,
+// --ffn-dim, --vocab, --tie-embeddings), applied to the preset by TrainConfig::model_config.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -20,13 +22,15 @@
 
 #include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/train/train_config.h"
 #include "memfit/train/update.h"
 
 using namespace memfit;
 
 int main(int argc, char** argv) {
   std::string model = "gpt2-small-test";
-  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256, context = 0;
+  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
+  TrainConfig shape;  // the preset and memfit train's overrides of it (0 / empty: keep)
   std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
               ckpt = "none";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -34,7 +38,14 @@ int main(int argc, char** argv) {
     if (k == "--model") model = v;
     else if (k == "--batch") B = std::stoi(v);
     else if (k == "--seq") T = std::stoi(v);
-    else if (k == "--context") context = std::stoi(v);
+    else if (k == "--context") shape.seq_len = std::stoi(v);
+    else if (k == "--n-layer") shape.n_layer = std::stoi(v);
+    else if (k == "--n-head") shape.n_head = std::stoi(v);
+    else if (k == "--n-kv-head") shape.n_kv_head = std::stoi(v);
+    else if (k == "--d-model") shape.d_model = std::stoi(v);
+    else if (k == "--ffn-dim") shape.ffn_dim = std::stoi(v);
+    else if (k == "--vocab") shape.vocab = std::stoi(v);
+    else if (k == "--tie-embeddings") shape.tie_embeddings = v;
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--lm-head-chunk") chunk = std::stoi(v);
@@ -50,11 +61,8 @@ int main(int argc, char** argv) {
   }
   try {
     MemoryPool pool;
-    ModelConfig config = ModelConfig::preset(model);
-    if (context) {
-      config.max_seq_len = context;
-      config.finalize();
-    }
+    shape.model = model;
+    const ModelConfig config = shape.model_config();
     PrecisionOptions po{precision_from_name(precision), master != "none"};
     Transformer gpt(config, pool, po);
     gpt.init_weights(1337);
@@ -102,17 +110,22 @@ int main(int argc, char** argv) {
       median = sorted[sorted.size() / 2];
       if (sorted.size() % 2 == 0) median = 0.5 * (sorted[sorted.size() / 2 - 1] + median);
     }
-    // FLOPs: 6 x (parameters without wpe, the LM head counted through wte) x tokens for the
-    // matmuls, plus the attention scores and mixing: 12 x layers x width x T per token.
+    // FLOPs: 6 x (parameters that multiply: without GPT-2's wpe or an untied LLaMA's token
+    // embedding, both looked up; a tied head counted through wte) x tokens for the matmuls, plus
+    // the attention scores and mixing: 12 x layers x (query heads x head size) x T per token.
     const double tokens_per_step = double(B) * T;
-    const double n = double(config.num_params()) - double(config.max_seq_len) * config.d_model;
-    const double flops = 6.0 * n * tokens_per_step +
-                         12.0 * config.n_layer * config.d_model * double(T) * tokens_per_step;
+    const double lookup_rows = config.gpt2() ? config.max_seq_len
+                               : config.tie_embeddings ? 0 : config.padded_vocab;
+    const double n = double(config.num_params()) - lookup_rows * config.d_model;
+    const double attention = 12.0 * config.n_layer * double(config.attn_width()) * T;
+    const double flops = (6.0 * n + attention) * tokens_per_step;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     nlohmann::json j;
     j["impl"] = "memfit";
     j["model"] = model;
+    j["family"] = std::string(family_name(config.family));
+    j["shape"] = config.describe();
     j["attention"] = attention;
     j["precision"] = precision;
     j["master_weights"] = master;
