@@ -38,7 +38,6 @@ Tensor BlockStep::input() { return ctx.read(input_tag_); }
 Tensor BlockStep::output() {
   return ctx.write(output_tag_, {B, T, config.d_model}, DType::f32, Category::activations);
 }
-Tensor BlockStep::output_saved() { return ctx.read(output_tag_); }
 
 size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, int64_t head_rows, DType h) {
   if (!matmul_widens(h)) return 0;

@@ -50,7 +50,6 @@ class BlockStep {
   Tensor saved(const char* name);
   Tensor input();   // the block's input: the embedding or the previous block's output
   Tensor output();  // the block's output, (B, T, C) f32, written
-  Tensor output_saved();  // read
   // Scratch shared by every block (Category::workspace): "ws.<name>".
   Tensor scratch(const std::string& tag, const Shape& shape, DType dtype) {
     return ctx.write(tag, shape, dtype, Category::workspace);

@@ -90,12 +90,9 @@ Tensor StepContext::write(const std::string& tag, const Shape& shape, DType dtyp
   return t;
 }
 
-Tensor StepContext::read(const std::string& tag) {
-  MEMFIT_CHECK(running() || index_.contains(tag), "step",
-               "'{}' in '{}' reads '{}' before any phase writes it", "step",
-               schedule_.empty() ? "nothing" : schedule_.back().phase.name(), tag);
-  return use(tag, Access::read);
-}
+// Planning, a read of a tag no earlier phase wrote is caught where the record becomes lifetimes
+// (step_plan.cpp's derive_lifetimes), which names the phase and the tag.
+Tensor StepContext::read(const std::string& tag) { return use(tag, Access::read); }
 
 Tensor StepContext::scratch(const std::string& tag, size_t bytes) {
   const int64_t floats = static_cast<int64_t>((bytes + 3) / 4);
