@@ -17,6 +17,8 @@ TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOpti
     : config_(config), options_(options), B_(B), T_(T), family_(block_family(config.family)),
       slots_(block_slots(options.ckpt, config.n_layer)) {
   check_activation_options(options);
+  if (config.llama())
+    rope_inv_freq_ = rope_inv_freq(config.head_size(), config.rope_theta, config.rope_scaling);
 }
 
 void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
@@ -44,9 +46,7 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
                    "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
                    config_.vocab_size);
     embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
-    if (config_.llama())
-      rope_table(rope, rope_inv_freq(config_.head_size(), config_.rope_theta,
-                                     config_.rope_scaling));
+    if (config_.llama()) rope_table(rope, rope_inv_freq_);
   }
   for (int l = 0; l < config_.n_layer; ++l) block_forward(ctx, PhaseKind::forward, l, w, g);
 

@@ -5,6 +5,8 @@
 // runs it on its weights; plan_step (step_plan.h) runs it without weights to record the plan.
 #pragma once
 
+#include <vector>
+
 #include "memfit/model/block_family.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
@@ -42,6 +44,7 @@ class TransformerStep {
   const int B_, T_;
   const BlockFamily& family_;
   const BlockSlots slots_;
+  std::vector<float> rope_inv_freq_;  // LLaMA: the rotary frequencies, from the config once
 };
 
 }  // namespace memfit
