@@ -20,11 +20,6 @@ using namespace test;
 
 const AdamWHyper kHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
 class AdamWMixed : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(AdamWMixed, MasterWeightsWriteTheRoundedWorkingCopy) {

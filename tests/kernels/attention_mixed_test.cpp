@@ -32,17 +32,6 @@ const Types kTypes[] = {{DType::bf16, DType::bf16, DType::bf16},
                         {DType::f16, DType::f16, DType::f16},
                         {DType::f16, DType::bf16, DType::f32}};
 
-Tensor as(MemoryPool& pool, const Tensor& t, DType d) {
-  Tensor r = make_tensor(pool, t.shape(), d);
-  convert(r, t);
-  return r;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
 Tensor workspace(MemoryPool& pool, size_t bytes) {
   return make_tensor(pool, {std::max<int64_t>(1, static_cast<int64_t>(bytes / sizeof(float)))});
 }

@@ -17,17 +17,6 @@ using namespace test;
 
 constexpr DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
 
-// A copy of t converted to dtype d.
-Tensor as(MemoryPool& pool, const Tensor& t, DType d) {
-  Tensor r = make_tensor(pool, t.shape(), d);
-  convert(r, t);
-  return r;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
 class GeluMixed : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(GeluMixed, EqualsTheF32KernelRoundedOnce) {

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "memfit/core/tensor.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "test_util.h"
@@ -88,6 +90,19 @@ inline void routed_backward(MemoryPool& pool, Tensor& dinp, Tensor& dweight, Ten
   if (!matmul_widens(inp.dtype())) return matmul_backward(dinp, dweight, dbias, dout, inp, weight);
   Tensor scratch = route_scratch(pool, inp, weight);
   matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, scratch);
+}
+
+// A copy of t converted to dtype d (rounded to nearest even).
+inline Tensor as(MemoryPool& pool, const Tensor& t, DType d) {
+  Tensor r = make_tensor(pool, t.shape(), d);
+  convert(r, t);
+  return r;
+}
+
+// The same dtype and the same bytes.
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
 }  // namespace memfit::kernels::test

@@ -17,16 +17,6 @@ using NF = std::pair<int64_t, int64_t>;  // (N, F) of the output
 
 constexpr DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
 
-Tensor as(MemoryPool& pool, const Tensor& t, DType d) {
-  Tensor r = make_tensor(pool, t.shape(), d);
-  convert(r, t);
-  return r;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
 class SwigluMixed : public ::testing::TestWithParam<NF> {};
 
 TEST_P(SwigluMixed, EqualsTheF32KernelRoundedOnce) {
