@@ -4,7 +4,8 @@
 // dwpe and walks every token in order: no races, and the same sums whatever the thread count.
 // Mixed precision: wte and wpe may be the bf16 / f16 working copies, widened as they are read;
 // the output (the residual stream) and the whole backward stay f32.
-// One source for every SIMD target (simd.h); the public functions are at the end.
+// Forward and backward are one source for every SIMD target (simd.h), dispatched at run time;
+// the public functions are at the end.
 #include "memfit/kernels/cpu/embedding.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -49,6 +50,29 @@ void EmbeddingForwardRows(DType et, DType pt, float* o, const int32_t* tok, cons
   });
 }
 
+// Columns [c0, c1) of dwte[token] += dout and dwpe[position] += dout (dp null: no position
+// table), tokens in order: one add per element, so every target gives the same bits.
+void EmbeddingBackwardBand(float* de, float* dp, const float* dy, const int32_t* tok, int64_t BT,
+                           int64_t T, int64_t C, int64_t c0, int64_t c1) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t bt = 0; bt < BT; ++bt) {
+    const float* g = dy + bt * C;
+    float* erow = de + static_cast<int64_t>(tok[bt]) * C;
+    float* prow = dp == nullptr ? nullptr : dp + (bt % T) * C;
+    int64_t c = c0;
+    for (; c + N <= c1; c += N) {
+      const auto gv = hn::LoadU(d, g + c);
+      hn::StoreU(hn::Add(hn::LoadU(d, erow + c), gv), d, erow + c);
+      if (prow != nullptr) hn::StoreU(hn::Add(hn::LoadU(d, prow + c), gv), d, prow + c);
+    }
+    for (; c < c1; ++c) {
+      erow[c] += g[c];
+      if (prow != nullptr) prow[c] += g[c];
+    }
+  }
+}
+
 }  // namespace memfit::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -63,6 +87,7 @@ HWY_AFTER_NAMESPACE();
 
 namespace memfit::kernels {
 HWY_EXPORT(EmbeddingForwardRows);
+HWY_EXPORT(EmbeddingBackwardBand);
 
 namespace {
 
@@ -132,21 +157,7 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
 #pragma omp parallel for schedule(static) if (B * T * C > kParallelGrain)
   for (int64_t band = 0; band < bands; ++band) {
     const int64_t c0 = band * kBand, c1 = std::min(C, c0 + kBand);
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      const float* g = dy + bt * C;
-      float* erow = de + static_cast<int64_t>(tok[bt]) * C;
-      if (dp == nullptr) {
-#pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) erow[c] += g[c];
-        continue;
-      }
-      float* prow = dp + (bt % T) * C;
-#pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) {
-        erow[c] += g[c];
-        prow[c] += g[c];
-      }
-    }
+    MEMFIT_SIMD_DISPATCH(EmbeddingBackwardBand)(de, dp, dy, tok, B * T, T, C, c0, c1);
   }
 }
 
