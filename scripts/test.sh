@@ -15,12 +15,14 @@
 # the clang they need installed here, not by setup.sh: the main job does not need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
+stage() { echo "test: [$(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s] $*"; }
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600
 
 if grep -qw avx512f /proc/cpuinfo && [ -z "${MEMFIT_MAX_ISA:-}" ] &&
    [ "${MEMFIT_SKIP_AVX2_RERUN:-0}" != 1 ]; then
-  echo "test: model and train again under MEMFIT_MAX_ISA=avx2, as on an AVX2-only CPU"
+  stage "model and train again under MEMFIT_MAX_ISA=avx2, as on an AVX2-only CPU"
   MEMFIT_MAX_ISA=avx2 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600 \
     -L '^(model|train)$'
 fi
@@ -31,11 +33,16 @@ if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
   # kernel instead of three (AVX2, which every machine this project runs on has; the capped
   # reruns above check AVX-512 and scalar), no benchmarks. Measured on the shared 2-core machine:
   # 30 CPU-minutes to build (with -g), 12 to run the tests (the skipped ones below not counted).
-  echo "test: the suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
+  stage "the suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DCMAKE_CXX_FLAGS="-march=x86-64-v3 -DHWY_COMPILE_ONLY_STATIC=1" -DMEMFIT_SANITIZE=ON \
     -DMEMFIT_BENCH=OFF >/dev/null
   cmake --build build-asan -j"$(nproc)"
+  # The tests' calibration cache (MEMFIT_CACHE_DIR, per build directory): the normal build's
+  # rates, measured above on this CPU under the same key (CPU, ISA, threads), so the sanitizer
+  # build does not time its -O1 GEMMs (42 s a calibration, four times over, under ASan).
+  mkdir -p build-asan/test-cache
+  cp -n build/test-cache/calibration-*.json build-asan/test-cache/ 2>/dev/null || true
   # LeakSanitizer stays on (the default): a test that leaks fails. Not run here: the capped
   # kernel reruns (one target compiled, the cap changes nothing), Simd.TargetFollowsTheCap
   # (it expects AVX-512 code on an AVX-512 machine), and, by name, the tests that take minutes
@@ -61,5 +68,7 @@ if [ "${MEMFIT_SKIP_FUZZ:-0}" != 1 ]; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  stage "the fuzzers"
   bash scripts/fuzz.sh "${MEMFIT_FUZZ_SECONDS:-15}"
 fi
+stage "done"

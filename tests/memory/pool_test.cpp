@@ -105,18 +105,21 @@ size_t resident_bytes() {
 
 // The pool's account must be honest: memory allocated and touched through it shows up in the
 // process's resident set, within 5%.
-// AddressSanitizer keeps one shadow byte per 8 bytes of memory, resident as the memory is
-// touched: RSS grows by 9/8 of what the pool hands out in the sanitizer build (docs/testing.md).
+// AddressSanitizer keeps one shadow byte per 8 bytes of memory. Whether those shadow pages
+// become resident depends on the sanitizer's allocator (fresh mappings have an untouched, all-zero
+// shadow; recycled ones have theirs written when unpoisoned): measured 1.0 and 1.125 times the
+// pool's bytes on the same machine. So the sanitizer build allows that band (docs/testing.md).
 #if defined(__SANITIZE_ADDRESS__)
-constexpr double kResidentPerPoolByte = 1.125;
+#define MEMFIT_TEST_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-constexpr double kResidentPerPoolByte = 1.125;
-#else
-constexpr double kResidentPerPoolByte = 1.0;
+#define MEMFIT_TEST_ASAN 1
 #endif
+#endif
+#ifdef MEMFIT_TEST_ASAN
+constexpr double kResidentPerPoolByteMin = 1.0, kResidentPerPoolByteMax = 1.125;
 #else
-constexpr double kResidentPerPoolByte = 1.0;
+constexpr double kResidentPerPoolByteMin = 1.0, kResidentPerPoolByteMax = 1.0;
 #endif
 
 TEST(MemoryPool, AccountMatchesResidentSet) {
@@ -130,7 +133,10 @@ TEST(MemoryPool, AccountMatchesResidentSet) {
     }
   size_t grown = resident_bytes() - before;
   double ratio = static_cast<double>(grown) / static_cast<double>(pool.bytes_peak());
-  EXPECT_NEAR(ratio, kResidentPerPoolByte, 0.05) << "RSS grew " << grown << ", pool peak " << pool.bytes_peak();
+  EXPECT_GE(ratio, kResidentPerPoolByteMin - 0.05) << "RSS grew " << grown << ", pool peak "
+                                                    << pool.bytes_peak();
+  EXPECT_LE(ratio, kResidentPerPoolByteMax + 0.05) << "RSS grew " << grown << ", pool peak "
+                                                    << pool.bytes_peak();
 }
 
 }  // namespace
