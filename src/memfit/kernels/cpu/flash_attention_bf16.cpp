@@ -5,15 +5,13 @@
 // stay f32; P and dS are rounded to bf16 for their products. Heads are found through Dims'
 // helpers (flash_attention_detail.h), as in the f32 driver, grouped-query attention included.
 // See "Note [Flash attention]".
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "memfit/core/dtype.h"
-#include "memfit/kernels/cpu/flash_attention_detail.h"
+#include "memfit/kernels/cpu/flash_attention_tasks.h"
 
 namespace memfit::kernels::flash {
 namespace {
@@ -112,76 +110,67 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv,
   const Pads p(d);
   const int64_t T = d.T, C = d.C, W = d.qkv_width(), hs = d.hs, ldq = d.Br;
   const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
-  const int64_t BH = d.heads(), nTq = d.q_tiles();
   const float c = d.c();
   const ForwardLayout L = forward_layout(d);
-
-#pragma omp parallel num_threads(nthreads)
-  {
-    AmxScope amx;
-    float* base = ws + L.words * omp_get_thread_num();
+  struct Scratch {
+    AmxScope amx;  // the tile registers, configured for this thread's tasks
+    uint32_t *Qp, *Kr;
+    float* St;
+    uint32_t *Pv, *Vi, *Vt;
+    float *Ot, *m, *l, *alpha;
+  };
+  auto setup = [&](int thread) {
+    float* base = ws + L.words * thread;
     std::fill(base, base + L.words, 0.0f);  // the padding must read as zero
-    uint32_t* Qp = words_at(base, L.qp);
-    uint32_t* Kr = words_at(base, L.kr);
-    float* St = base + L.s;
-    uint32_t* Pv = words_at(base, L.pv);
-    uint32_t* Vi = words_at(base, L.vi);
-    uint32_t* Vt = words_at(base, L.vt);
-    float* Ot = base + L.o;
-    float* m = base + L.m;
-    float* l = base + L.l;
-    float* alpha = base + L.alpha;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < nTq * BH; ++task) {
-      const int64_t i = nTq - 1 - task / BH, bh = task % BH;
-      const int64_t b = bh / d.NH, h = bh % d.NH, g = d.kv_of(h);
-      const int64_t q0 = i * d.Br;
-      const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
-      const int nqp = static_cast<int>(round_lanes(nq));
-      const uint16_t* Qh = qkv + b * T * W + d.q_col(h);
-      const uint16_t* Kh = qkv + b * T * W + d.k_col(g);
-      const uint16_t* Vh = qkv + b * T * W + d.v_col(g);
-
-      std::fill(m, m + ldq, -std::numeric_limits<float>::infinity());
-      std::fill(l, l + ldq, 0.0f);
-      for (int64_t e = 0; e < hs; ++e) std::fill(Ot + e * ldq, Ot + e * ldq + nqp, 0.0f);
-      transpose_padded(Qp, ldq, as_pairs(Qh + q0 * W), W / 2, nq, hs2);
-      for (int64_t k0 = 0; k0 < q0 + nq; k0 += d.Bc) {
-        const int nk = static_cast<int>(std::min<int64_t>(d.Bc, q0 + nq - k0));
-        const int nk2 = (nk + 1) / 2;
-        // S^T = K Q^T
-        copy_rows(reinterpret_cast<uint16_t*>(Kr), 2 * p.hs2p, Kh + k0 * W, W, nk, hs);
-        gemm_bf16(nk, nqp, hs2, Kr, p.hs2p, Qp, ldq, St, ldq, false);
-        online_softmax_step(St, ldq, nk, nqp, k0, q0, c, m, l, alpha);
-        if (k0 > 0) {
-          for (int64_t e = 0; e < hs; ++e) {
-            float* o = Ot + e * ldq;
-            for (int q = 0; q < nqp; ++q) o[q] *= alpha[q];
-          }
+    return Scratch{{},
+                   words_at(base, L.qp), words_at(base, L.kr), base + L.s,
+                   words_at(base, L.pv), words_at(base, L.vi), words_at(base, L.vt),
+                   base + L.o,           base + L.m,           base + L.l,
+                   base + L.alpha};
+  };
+  forward_tasks(d, nthreads, setup, [&](Scratch& s, const ForwardTask& t) {
+    const int nq = t.nq, nqp = t.nqp;
+    const uint16_t* Qh = qkv + t.b * T * W + d.q_col(t.h);
+    const uint16_t* Kh = qkv + t.b * T * W + d.k_col(t.g);
+    const uint16_t* Vh = qkv + t.b * T * W + d.v_col(t.g);
+    std::fill(s.m, s.m + ldq, -std::numeric_limits<float>::infinity());
+    std::fill(s.l, s.l + ldq, 0.0f);
+    for (int64_t e = 0; e < hs; ++e) std::fill(s.Ot + e * ldq, s.Ot + e * ldq + nqp, 0.0f);
+    transpose_padded(s.Qp, ldq, as_pairs(Qh + t.q0 * W), W / 2, nq, hs2);
+    forward_key_tiles(d, t, [&](int64_t k0, int nk) {
+      const int nk2 = (nk + 1) / 2;
+      // S^T = K Q^T
+      copy_rows(reinterpret_cast<uint16_t*>(s.Kr), 2 * p.hs2p, Kh + k0 * W, W, nk, hs);
+      gemm_bf16(nk, nqp, hs2, s.Kr, p.hs2p, s.Qp, ldq, s.St, ldq, false);
+      online_softmax_step(s.St, ldq, nk, nqp, k0, t.q0, c, s.m, s.l, s.alpha);
+      if (k0 > 0) {
+        for (int64_t e = 0; e < hs; ++e) {
+          float* o = s.Ot + e * ldq;
+          for (int q = 0; q < nqp; ++q) o[q] *= s.alpha[q];
         }
-        // O^T += V^T P^T, both in key pairs.
-        pack_pairs_interleave(Pv, ldq, St, ldq, nk, nqp);
-        zero_rows(Pv, ldq, nk2, round_tile(nk2), nqp);
-        pack_pairs_interleave(Vi, hs, Vh + k0 * W, W, nk, hsi);
-        transpose_padded(Vt, p.bc2p, Vi, hs, nk2, hsi);
-        gemm_bf16(hsi, nqp, nk2, Vt, p.bc2p, Pv, ldq, Ot, ldq, true);
       }
-      for (int r = 0; r < nq; ++r) {
-        const float inv = 1.0f / l[r];
-        uint16_t* o = out + (b * T + q0 + r) * C + h * hs;
-        for (int64_t e = 0; e < hs; ++e) o[e] = bf16_from_f32(Ot[e * ldq + r] * inv);
-        lse[bh * T + q0 + r] = (m[r] + std::log2(l[r])) * kLn2;
-      }
+      // O^T += V^T P^T, both in key pairs.
+      pack_pairs_interleave(s.Pv, ldq, s.St, ldq, nk, nqp);
+      zero_rows(s.Pv, ldq, nk2, round_tile(nk2), nqp);
+      pack_pairs_interleave(s.Vi, hs, Vh + k0 * W, W, nk, hsi);
+      transpose_padded(s.Vt, p.bc2p, s.Vi, hs, nk2, hsi);
+      gemm_bf16(hsi, nqp, nk2, s.Vt, p.bc2p, s.Pv, ldq, s.Ot, ldq, true);
+    });
+    for (int r = 0; r < nq; ++r) {
+      const float inv = 1.0f / s.l[r];
+      uint16_t* o = out + (t.b * T + t.q0 + r) * C + t.h * hs;
+      for (int64_t e = 0; e < hs; ++e) o[e] = bf16_from_f32(s.Ot[e * ldq + r] * inv);
+      lse[t.bh * T + t.q0 + r] = (s.m[r] + std::log2(s.l[r])) * kLn2;
     }
-  }
+  });
 }
 
 void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
                    const uint16_t* out, const float* lse, float* ws, int nthreads, int groups) {
   const Pads p(d);
-  const int64_t T = d.T, C = d.C, W = d.qkv_width(), hs = d.hs, ldk = d.Bc, NH = d.NH;
+  const int64_t T = d.T, C = d.C, W = d.qkv_width(), hs = d.hs, ldk = d.Bc;
   const int hsi = static_cast<int>(hs), hs2 = static_cast<int>(p.hs2);
-  const int64_t BH = d.heads(), BKV = d.kv_heads(), KV = d.KV, G = d.group(), nTk = d.kv_tiles();
+  const int64_t BH = d.heads();
   const float c = d.c(), scale = d.scale();
   const BackwardLayout L = backward_layout(d);
   float* D = ws;
@@ -190,112 +179,86 @@ void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const ui
   auto dq_acc = [&](int g) { return dq_bufs + g * dq_words(d); };
   float* scratch = ws + backward_shared_words(d, groups);
 
-  // D = rowsum(dO * O) per (b, h, t), and the f32 dq buffers zeroed.
-#pragma omp parallel for num_threads(nthreads)
-  for (int64_t bt = 0; bt < d.B * T; ++bt) {
-    const int64_t b = bt / T, t = bt % T;
-    for (int64_t h = 0; h < NH; ++h) {
-      D[(b * NH + h) * T + t] = dot(dout + bt * C + h * hs, out + bt * C + h * hs, hs);
-    }
+  // D, and the f32 dq buffers zeroed.
+  backward_prologue(d, D, dout, out, nthreads, [&](int64_t bt) {
     for (int g = 0; g < groups; ++g) std::fill(dq_acc(g) + bt * C, dq_acc(g) + (bt + 1) * C, 0.0f);
-  }
+  });
 
-#pragma omp parallel num_threads(nthreads)
-  {
-    AmxScope amx;
-    float* base = scratch + L.words * omp_get_thread_num();
+  struct Scratch {
+    AmxScope amx;  // the tile registers, configured for this thread's tasks
+    uint32_t *Kp, *Vp, *Ki, *Qr, *dOr;
+    float *S, *dP;
+    uint32_t *tmp, *Pt, *dSt, *Qi, *dOi, *dSb;
+    float *dK, *dV, *dQ, *lse2;
+  };
+  auto setup = [&](int thread) {
+    float* base = scratch + L.words * thread;
     std::fill(base, base + L.words, 0.0f);  // the padding must read as zero
-    uint32_t* Kp = words_at(base, L.kp);
-    uint32_t* Vp = words_at(base, L.vp);
-    uint32_t* Ki = words_at(base, L.ki);
-    uint32_t* Qr = words_at(base, L.qr);
-    uint32_t* dOr = words_at(base, L.dor);
-    float* S = base + L.s;
-    float* dP = base + L.dp;
-    uint32_t* tmp = words_at(base, L.tmp);
-    uint32_t* Pt = words_at(base, L.pt);
-    uint32_t* dSt = words_at(base, L.dst);
-    uint32_t* Qi = words_at(base, L.qi);
-    uint32_t* dOi = words_at(base, L.doi);
-    uint32_t* dSb = words_at(base, L.dsb);
-    float* dK = base + L.dk;
-    float* dV = base + L.dv;
-    float* dQ = base + L.dq;
-    float* lse2 = base + L.lse2;
-    // Tasks (group, b, key/value head kh) as in backward_f32: each owns its tiles' dk, dv rows
-    // of kh and its group's dq rows of the query heads that share kh, walked in head order.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < groups * BKV; ++task) {
-      const int g = static_cast<int>(task / BKV);
-      const int64_t bkv = task % BKV, b = bkv / KV, kh = bkv % KV;
-      const uint16_t* Kh = qkv + b * T * W + d.k_col(kh);
-      const uint16_t* Vh = qkv + b * T * W + d.v_col(kh);
-
-      for (int64_t j = 0; j < nTk; ++j) {
-        if (group_of_tile(j, groups) != g) continue;
-        const int64_t k0 = j * d.Bc;
-        const int nk = static_cast<int>(std::min<int64_t>(d.Bc, T - k0));
-        const int nkp = static_cast<int>(round_lanes(nk));
-        const int nk2 = (nk + 1) / 2;
-        transpose_padded(Kp, ldk, as_pairs(Kh + k0 * W), W / 2, nk, hs2);
-        transpose_padded(Vp, ldk, as_pairs(Vh + k0 * W), W / 2, nk, hs2);
-        pack_pairs_interleave(Ki, p.hsp, Kh + k0 * W, W, nk, hsi);
-        zero_rows(Ki, p.hsp, nk2, round_tile(nk2), hs);
-        std::fill(dK, dK + d.Bc * p.hsp, 0.0f);
-        std::fill(dV, dV + d.Bc * p.hsp, 0.0f);
-
-        for (int64_t h = kh * G; h < (kh + 1) * G; ++h) {
-          const int64_t bh = b * NH + h;
-          const uint16_t* Qh = qkv + b * T * W + d.q_col(h);
-          const uint16_t* dOh = dout + b * T * C + h * hs;
-          float* acc = dq_acc(g) + b * T * C + h * hs;
-          for (int64_t q0 = k0 / d.Br * d.Br; q0 < T; q0 += d.Br) {
-            const int nq = static_cast<int>(std::min<int64_t>(d.Br, T - q0));
-            const int nq2 = (nq + 1) / 2;
-            for (int r = 0; r < nq; ++r) lse2[r] = lse[bh * T + q0 + r] * kLog2e;
-            // S = Q K^T, dP = dO V^T.
-            copy_rows(reinterpret_cast<uint16_t*>(Qr), 2 * p.hs2p, Qh + q0 * W, W, nq, hs);
-            copy_rows(reinterpret_cast<uint16_t*>(dOr), 2 * p.hs2p, dOh + q0 * C, C, nq, hs);
-            gemm_bf16(nq, nkp, hs2, Qr, p.hs2p, Kp, ldk, S, ldk, false);
-            gemm_bf16(nq, nkp, hs2, dOr, p.hs2p, Vp, ldk, dP, ldk, false);
-            probs_and_grads(S, dP, ldk, nq, nk, nkp, q0, k0, c, lse2, D + bh * T + q0);
-            // dV += P^T dO: P^T in query pairs (pack, then transpose), dO in query pairs.
-            pack_pairs_interleave(tmp, ldk, S, ldk, nq, nkp);
-            transpose_padded(Pt, p.br2p, tmp, ldk, nq2, nkp);
-            pack_pairs_interleave(dOi, p.hsp, dOh + q0 * C, C, nq, hsi);
-            zero_rows(dOi, p.hsp, nq2, round_tile(nq2), hs);
-            gemm_bf16(nk, hsi, nq2, Pt, p.br2p, dOi, p.hsp, dV, p.hsp, true);
-            // dK += dS^T Q, the same way.
-            pack_pairs_interleave(tmp, ldk, dP, ldk, nq, nkp);
-            transpose_padded(dSt, p.br2p, tmp, ldk, nq2, nkp);
-            pack_pairs_interleave(Qi, p.hsp, Qh + q0 * W, W, nq, hsi);
-            zero_rows(Qi, p.hsp, nq2, round_tile(nq2), hs);
-            gemm_bf16(nk, hsi, nq2, dSt, p.br2p, Qi, p.hsp, dK, p.hsp, true);
-            // dQ = dS K: dS rows in bf16, their key padding zero; then added to the group's rows.
-            uint16_t* dS16 = reinterpret_cast<uint16_t*>(dSb);
-            convert_to_bf16(dS16, 2 * p.bc2p, dP, ldk, nq, nkp);
-            for (int r = 0; r < nq; ++r) {
-              std::fill(dS16 + r * 2 * p.bc2p + nkp, dS16 + r * 2 * p.bc2p + 2 * round_tile(nk2),
-                        uint16_t{0});
-            }
-            gemm_bf16(nq, hsi, nk2, dSb, p.bc2p, Ki, p.hsp, dQ, p.hsp, false);
-            for (int r = 0; r < nq; ++r) {
-              float* a = acc + (q0 + r) * C;
-              for (int64_t e = 0; e < hs; ++e) a[e] += dQ[r * p.hsp + e];
-            }
-          }
-        }
-        for (int r = 0; r < nk; ++r) {
-          uint16_t* dk = dqkv + (b * T + k0 + r) * W + d.k_col(kh);
-          uint16_t* dv = dqkv + (b * T + k0 + r) * W + d.v_col(kh);
-          for (int64_t e = 0; e < hs; ++e) {
-            dk[e] = bf16_from_f32(scale * dK[r * p.hsp + e]);
-            dv[e] = bf16_from_f32(dV[r * p.hsp + e]);
-          }
-        }
+    return Scratch{{},
+                   words_at(base, L.kp),  words_at(base, L.vp),  words_at(base, L.ki),
+                   words_at(base, L.qr),  words_at(base, L.dor), base + L.s,
+                   base + L.dp,           words_at(base, L.tmp), words_at(base, L.pt),
+                   words_at(base, L.dst), words_at(base, L.qi),  words_at(base, L.doi),
+                   words_at(base, L.dsb), base + L.dk,           base + L.dv,
+                   base + L.dq,           base + L.lse2};
+  };
+  backward_tiles(d, nthreads, groups, setup, [&](Scratch& s, const BackwardTile& t) {
+    const int64_t k0 = t.k0;
+    const int nk = t.nk, nkp = t.nkp, nk2 = (nk + 1) / 2;
+    const uint16_t* Kh = qkv + t.b * T * W + d.k_col(t.kh);
+    const uint16_t* Vh = qkv + t.b * T * W + d.v_col(t.kh);
+    transpose_padded(s.Kp, ldk, as_pairs(Kh + k0 * W), W / 2, nk, hs2);
+    transpose_padded(s.Vp, ldk, as_pairs(Vh + k0 * W), W / 2, nk, hs2);
+    pack_pairs_interleave(s.Ki, p.hsp, Kh + k0 * W, W, nk, hsi);
+    zero_rows(s.Ki, p.hsp, nk2, round_tile(nk2), hs);
+    std::fill(s.dK, s.dK + d.Bc * p.hsp, 0.0f);
+    std::fill(s.dV, s.dV + d.Bc * p.hsp, 0.0f);
+    backward_query_tiles(d, t, [&](int64_t h, int64_t bh, int64_t q0, int nq) {
+      const uint16_t* Qh = qkv + t.b * T * W + d.q_col(h);
+      const uint16_t* dOh = dout + t.b * T * C + h * hs;
+      float* acc = dq_acc(t.g) + t.b * T * C + h * hs;
+      const int nq2 = (nq + 1) / 2;
+      for (int r = 0; r < nq; ++r) s.lse2[r] = lse[bh * T + q0 + r] * kLog2e;
+      // S = Q K^T, dP = dO V^T.
+      copy_rows(reinterpret_cast<uint16_t*>(s.Qr), 2 * p.hs2p, Qh + q0 * W, W, nq, hs);
+      copy_rows(reinterpret_cast<uint16_t*>(s.dOr), 2 * p.hs2p, dOh + q0 * C, C, nq, hs);
+      gemm_bf16(nq, nkp, hs2, s.Qr, p.hs2p, s.Kp, ldk, s.S, ldk, false);
+      gemm_bf16(nq, nkp, hs2, s.dOr, p.hs2p, s.Vp, ldk, s.dP, ldk, false);
+      probs_and_grads(s.S, s.dP, ldk, nq, nk, nkp, q0, k0, c, s.lse2, D + bh * T + q0);
+      // dV += P^T dO: P^T in query pairs (pack, then transpose), dO in query pairs.
+      pack_pairs_interleave(s.tmp, ldk, s.S, ldk, nq, nkp);
+      transpose_padded(s.Pt, p.br2p, s.tmp, ldk, nq2, nkp);
+      pack_pairs_interleave(s.dOi, p.hsp, dOh + q0 * C, C, nq, hsi);
+      zero_rows(s.dOi, p.hsp, nq2, round_tile(nq2), hs);
+      gemm_bf16(nk, hsi, nq2, s.Pt, p.br2p, s.dOi, p.hsp, s.dV, p.hsp, true);
+      // dK += dS^T Q, the same way.
+      pack_pairs_interleave(s.tmp, ldk, s.dP, ldk, nq, nkp);
+      transpose_padded(s.dSt, p.br2p, s.tmp, ldk, nq2, nkp);
+      pack_pairs_interleave(s.Qi, p.hsp, Qh + q0 * W, W, nq, hsi);
+      zero_rows(s.Qi, p.hsp, nq2, round_tile(nq2), hs);
+      gemm_bf16(nk, hsi, nq2, s.dSt, p.br2p, s.Qi, p.hsp, s.dK, p.hsp, true);
+      // dQ = dS K: dS rows in bf16, their key padding zero; then added to the group's rows.
+      uint16_t* dS16 = reinterpret_cast<uint16_t*>(s.dSb);
+      convert_to_bf16(dS16, 2 * p.bc2p, s.dP, ldk, nq, nkp);
+      for (int r = 0; r < nq; ++r) {
+        std::fill(dS16 + r * 2 * p.bc2p + nkp, dS16 + r * 2 * p.bc2p + 2 * round_tile(nk2),
+                  uint16_t{0});
+      }
+      gemm_bf16(nq, hsi, nk2, s.dSb, p.bc2p, s.Ki, p.hsp, s.dQ, p.hsp, false);
+      for (int r = 0; r < nq; ++r) {
+        float* a = acc + (q0 + r) * C;
+        for (int64_t e = 0; e < hs; ++e) a[e] += s.dQ[r * p.hsp + e];
+      }
+    });
+    for (int r = 0; r < nk; ++r) {
+      uint16_t* dk = dqkv + (t.b * T + k0 + r) * W + d.k_col(t.kh);
+      uint16_t* dv = dqkv + (t.b * T + k0 + r) * W + d.v_col(t.kh);
+      for (int64_t e = 0; e < hs; ++e) {
+        dk[e] = bf16_from_f32(scale * s.dK[r * p.hsp + e]);
+        dv[e] = bf16_from_f32(s.dV[r * p.hsp + e]);
       }
     }
-  }
+  });
 
   // dq = group 0 + group 1 + ..., in group order, scaled and rounded to bf16.
 #pragma omp parallel for num_threads(nthreads)
