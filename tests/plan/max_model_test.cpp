@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "memfit/plan/memory_plan.h"
+#include "memfit/train/run_setup.h"
 
 namespace memfit {
 namespace {
@@ -29,7 +30,7 @@ std::string empty_dir() {
   return dir.path.string();
 }
 
-TrainConfig tiny_vocab() {
+TrainConfig tiny_vocab_config() {
   TrainConfig c;
   c.model = "gpt2-tiny";  // vocabulary 512, context 64: small members
   c.seq_len = 32;
@@ -37,6 +38,7 @@ TrainConfig tiny_vocab() {
   c.data_dir = empty_dir();  // no shards: staging is the loaders' fixed buffers
   return c;
 }
+RunSpec tiny_vocab() { return resolve_run(tiny_vocab_config()); }
 
 constexpr size_t kMiB = 1 << 20;
 
@@ -52,7 +54,7 @@ TEST(Gpt2Family, HoldsGpt2sShapesAndGrowsWithDepth) {
     const FamilyShape s = gpt2_family_shape(n);
     EXPECT_EQ(s.d_model % 64, 0);
     EXPECT_EQ(s.d_model, 64 * s.n_head);
-    const int64_t params = with_family_shape(tiny_vocab(), s).model_config().num_params();
+    const int64_t params = with_family_shape(tiny_vocab(), s).model.num_params();
     EXPECT_GT(params, last) << n << " layers";
     last = params;
   }
@@ -62,27 +64,28 @@ TEST(Gpt2Family, HoldsGpt2sShapesAndGrowsWithDepth) {
 
 // The least peak of any policy --max-model could use for this member, over every micro-batch:
 // none, full and every every:K (layers:LIST lies between none and full).
-size_t least_peak(const TrainConfig& base, FamilyShape shape) {
+size_t least_peak(const RunSpec& base, FamilyShape shape) {
   size_t least = SIZE_MAX;
-  TrainConfig c = with_family_shape(base, shape);
+  RunSpec c = with_family_shape(base, shape);
+  c.ckpt_auto = false;
   std::vector<std::string> policies = {"none", "full"};
   for (int K = 2; K <= shape.n_layer; ++K) policies.push_back(fmt::format("every:{}", K));
   for (const std::string& p : policies) {
-    c.ckpt = p;
+    c.ckpt = CheckpointPolicy::parse(p);
     least = std::min(least, plan_training(c).peak_bytes);
   }
   return least;
 }
 
 TEST(MaxModel, FitsAndTheNextMemberDoesNotAndItGrowsWithTheBudget) {
-  const TrainConfig base = tiny_vocab();
+  const RunSpec base = tiny_vocab();
   const MaxModelResult small = find_max_model(base, 200 * kMiB);
   ASSERT_TRUE(small.found);
   EXPECT_GE(small.best.shape.n_layer, 2);  // the test means something: a few members fit
   // Its plan fits, as training would plan it.
-  const TrainConfig run = apply_candidate(with_family_shape(base, small.best.shape),
-                                          small.best.search.choice);
-  EXPECT_EQ(run.ckpt, small.best.search.choice.ckpt);
+  const RunSpec run = apply_candidate(with_family_shape(base, small.best.shape),
+                                      small.best.search.choice);
+  EXPECT_EQ(run.ckpt.name(), small.best.search.choice.ckpt);
   const PlanReport p = plan_training(run);
   EXPECT_LE(p.peak_bytes, 200 * kMiB);
   EXPECT_EQ(p.model.num_params(), small.best.params);
@@ -113,23 +116,24 @@ TEST(MaxModel, NothingFitsNamesTheSmallestMember) {
 
 TEST(MaxModel, RefusesWhatItVaries) {
   auto expect_refused = [](TrainConfig c, const char* option) {
+    c.mem_limit = "200MiB";
     try {
-      find_max_model(c, 200 * kMiB);
+      check_max_model_config(c);
       ADD_FAILURE() << "expected ConfigError for " << option;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
     }
   };
-  TrainConfig c = tiny_vocab();
+  TrainConfig c = tiny_vocab_config();
   c.n_layer = 4;
   expect_refused(c, "--n-layer");
-  c = tiny_vocab();
+  c = tiny_vocab_config();
   c.d_model = 128;
   expect_refused(c, "--d-model");
-  c = tiny_vocab();
+  c = tiny_vocab_config();
   c.ckpt = "full";
   expect_refused(c, "--ckpt");
-  c = tiny_vocab();
+  c = tiny_vocab_config();
   c.init_from = "somewhere";
   expect_refused(c, "--init-from");
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "memfit/io/token_shard.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit {
@@ -55,7 +56,7 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
             c.ckpt = ckpt;
             c.precision = precision;
             c.attention = attention;
-            const PlanReport plan = plan_training(c);
+            const PlanReport plan = plan_training(resolve_run(c));
             const TrainSummary s = train(c);
             SCOPED_TRACE(fmt::format("{} layers, --ckpt {}, {}, {}, batch {}", layers, ckpt,
                                      precision, attention, batch));
@@ -88,7 +89,7 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakAtTheRunsThreadCount) {
       c.eval_batches = 1;
       c.threads = threads;
       c.attention = attention;
-      const PlanReport plan = plan_training(c);
+      const PlanReport plan = plan_training(resolve_run(c));
       EXPECT_EQ(omp_get_max_threads(), all) << "plan_training leaked its thread count";
       const TrainSummary s = train(c);
       omp_set_num_threads(all);  // train() sets --threads for the process
@@ -110,7 +111,7 @@ TEST_F(Planner, PeakPhaseIsWhereTheMostBytesAreLive) {
     c.data_dir = dir.string();
     c.precision = precision;
     c.ckpt = ckpt;
-    return plan_training(c);
+    return plan_training(resolve_run(c));
   };
   for (const PlanReport& r : {plan("fp32", "full"), plan("bf16", "none")}) {
     ASSERT_EQ(r.step.live.size(), r.step.phases.size());
@@ -135,13 +136,13 @@ TEST(PlanConfig, RefusesWhatTrainRefuses) {
   pure_lion.precision = "bf16";
   pure_lion.master_weights = "none";
   pure_lion.optim.name = "lion";
-  EXPECT_THROW(plan_training(pure_lion), ConfigError);
+  EXPECT_THROW(plan_training(resolve_run(pure_lion)), ConfigError);
   TrainConfig fp16_flash;
   fp16_flash.precision = "fp16";  // flash is the default attention
-  EXPECT_THROW(plan_training(fp16_flash), ConfigError);
+  EXPECT_THROW(plan_training(resolve_run(fp16_flash)), ConfigError);
   TrainConfig no_batch;
   no_batch.batch = 0;
-  EXPECT_THROW(plan_training(no_batch), ConfigError);
+  EXPECT_THROW(plan_training(resolve_run(no_batch)), ConfigError);
 }
 
 TEST(StepFlops, RecomputationAddsOneForwardPerRecomputedBlock) {

@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "memfit/memory/pool.h"
-#include "memfit/plan/auto_config.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/plan/memory_plan.h"
 
 namespace memfit {
@@ -67,7 +67,7 @@ PlanReport plan(TrainConfig c, const std::string& ckpt, int batch, int accum) {
   c.batch = batch;
   c.grad_accum = accum;
   c.auto_batch = false;
-  return plan_training(c);
+  return plan_training(resolve_run(c));
 }
 
 TEST(CheckpointCandidates, OneOfEachUsefulPolicy) {
@@ -91,7 +91,7 @@ TEST(Search, PicksTheFastestThatFitsAndEveryFasterOneDoesNot) {
     const size_t none = plan(c, "none", 4, 2).peak_bytes, full = plan(c, "full", 4, 2).peak_bytes;
     ASSERT_GT(none, full);
     const size_t limit = full + (none - full) / 2;
-    const SearchResult r = search_training(c, limit, {true, false});
+    const SearchResult r = search_training(resolve_run(c), limit, {true, false});
     ASSERT_TRUE(r.fits) << r.message;
     EXPECT_LE(r.choice.peak_bytes, limit);
     EXPECT_NE(r.choice.ckpt, "none");
@@ -128,7 +128,7 @@ TEST(Search, AutoBatchKeepsTheGlobalBatchAndPrefersTheSmallerFootprintAtEqualCos
   // A budget that --ckpt none fits at micro-batch 2 but not at 8, and --ckpt full fits at 8.
   const size_t limit = std::max(plan(c, "none", 2, 4).peak_bytes, plan(c, "full", 8, 1).peak_bytes);
   ASSERT_GT(plan(c, "none", 8, 1).peak_bytes, limit);
-  const SearchResult r = search_training(c, limit, {true, true});
+  const SearchResult r = search_training(resolve_run(c), limit, {true, true});
   ASSERT_TRUE(r.fits);
   for (const Candidate& x : r.candidates) EXPECT_EQ(x.batch * x.grad_accum, 8);
   EXPECT_EQ(r.candidates.size(), checkpoint_candidates(kLayers, AttentionKind::plain).size() * 4);
@@ -143,7 +143,7 @@ TEST(Search, AutoBatchKeepsTheGlobalBatchAndPrefersTheSmallerFootprintAtEqualCos
       EXPECT_FALSE(faster(r.choice, x)) << x.batch;
     }
   // Without --auto-batch the micro-batch stays 8 and a policy has to recompute.
-  const SearchResult fixed = search_training(c, limit, {true, false});
+  const SearchResult fixed = search_training(resolve_run(c), limit, {true, false});
   ASSERT_TRUE(fixed.fits);
   EXPECT_EQ(fixed.choice.batch, 8);
   EXPECT_NE(fixed.choice.ckpt, "none");
@@ -164,7 +164,7 @@ TEST(Search, NothingFitsReportsTheTrueMinimumAndWhatDominatesIt) {
       }
     }
   const size_t limit = least - 1;
-  const SearchResult r = search_training(c, limit, {true, true});
+  const SearchResult r = search_training(resolve_run(c), limit, {true, true});
   EXPECT_FALSE(r.fits);
   EXPECT_EQ(r.smallest.peak_bytes, least);
   EXPECT_EQ(r.smallest.over(limit), 1u);

@@ -11,7 +11,7 @@
 
 #include "memfit/io/atomic_file.h"
 #include "memfit/memory/pool.h"
-#include "memfit/plan/auto_config.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/trainer.h"
@@ -33,9 +33,9 @@ class AutoTrain : public test::TrainerFixture {
     c.steps = 2;
     TrainConfig p = c;
     p.ckpt = "none";
-    const size_t none = plan_training(p).peak_bytes;
+    const size_t none = plan_training(resolve_run(p)).peak_bytes;
     p.ckpt = "full";
-    const size_t full = plan_training(p).peak_bytes;
+    const size_t full = plan_training(resolve_run(p)).peak_bytes;
     c.mem_limit = std::to_string(full + (none - full) / 2);
     return c;
   }
@@ -49,7 +49,7 @@ TEST_F(AutoTrain, RunsTheChoiceWithinTheBudgetAndRecordsItsPolicy) {
   c.ckpt = "auto";
   c.save_dir = (dir / "auto").string();
   c.stop_after = 1;
-  const SearchResult choice = plan_auto(c);
+  const SearchResult choice = plan_auto(c, resolve_run(c));
   ASSERT_TRUE(choice.fits);
   ASSERT_NE(choice.choice.ckpt, "none");
   const TrainSummary s = train(c);
@@ -100,10 +100,10 @@ TEST_F(AutoTrain, AResumeUnderAutoBatchKeepsTheCheckpointsMicroBatch) {
   // A fresh run would take one row at a time (as fast, and smaller) ...
   TrainConfig fresh = more;
   fresh.resume_dir.clear();
-  ASSERT_EQ(plan_auto(fresh).choice.batch, 1);
+  ASSERT_EQ(plan_auto(fresh, resolve_run(fresh)).choice.batch, 1);
   // ... but the resumed one keeps 2 x 4, or the trainer would refuse it.
   std::string note;
-  EXPECT_EQ(plan_auto(more, &note).choice.batch, 2);
+  EXPECT_EQ(plan_auto(more, resolve_run(more), &note).choice.batch, 2);
   EXPECT_NE(note.find("checkpoint"), std::string::npos) << note;
   const TrainSummary r = train(more);
   EXPECT_EQ(r.batch, 2);
@@ -111,7 +111,7 @@ TEST_F(AutoTrain, AResumeUnderAutoBatchKeepsTheCheckpointsMicroBatch) {
   EXPECT_EQ(r.last_step, 2);
   // Another global batch cannot be the same run.
   more.batch = 4;
-  EXPECT_THROW(plan_auto(more), ConfigError);
+  EXPECT_THROW(plan_auto(more, resolve_run(more)), ConfigError);
 }
 
 TEST_F(AutoTrain, AutoWithoutMemLimitIsAConfigError) {
@@ -136,17 +136,23 @@ TEST_F(AutoTrain, OutOfMemoryWritesNoCheckpointAndTheAdviceFits) {
     FAIL() << "expected OutOfMemoryError";
   } catch (const OutOfMemoryError& e) {
     EXPECT_FALSE(fs::exists(dir / "oom"));
-    const OutOfMemoryError advised = with_fit_advice(e, c);
+    const OutOfMemoryError advised = with_fit_advice(e, resolve_run(c));
     EXPECT_STREQ(advised.what(), e.what());  // the pool's message and live breakdown stay
     const std::string text = advised.advice();
-    const FitAdvice advice = advise_fit(c, limit);
+    const FitAdvice advice = advise_fit(resolve_run(c), limit);
     ASSERT_FALSE(advice.options.empty()) << advice.text();
     EXPECT_GT(advice.planned, limit);
     for (const FitOption& o : advice.options) {
       SCOPED_TRACE(o.change);
       EXPECT_NE(text.find(o.change), std::string::npos) << text;
       // Trained as advised, the run fits, at the predicted peak.
-      TrainConfig fixed = o.config;
+      // The options the advice names, given to the config.
+      TrainConfig fixed = c;
+      fixed.ckpt = o.run.ckpt.name();
+      fixed.batch = o.run.batch;
+      fixed.grad_accum = o.run.grad_accum;
+      fixed.precision = std::string(precision_name(o.run.precision.precision));
+      fixed.optim.name = o.run.optim.name;
       fixed.steps = 1;
       fixed.save_dir = (dir / "fixed").string();
       const TrainSummary s = train(fixed);
@@ -170,13 +176,13 @@ TEST_F(AutoTrain, NothingFitsAdviceGivesTheSmallestFootprint) {
   c.mem_limit = "1MiB";
   EXPECT_THROW(train(c), OutOfMemoryError);
   EXPECT_FALSE(fs::exists(dir / "never"));
-  const FitAdvice advice = advise_fit(c, 1 << 20);
+  const FitAdvice advice = advise_fit(resolve_run(c), 1 << 20);
   EXPECT_TRUE(advice.options.empty());
   EXPECT_NE(advice.text().find("nothing fits"), std::string::npos) << advice.text();
   // No lever goes lower than every lever at once with the 8-bit optimizer's least footprint.
   TrainConfig all = c;
   all.optim.name = "adamw8bit";
-  const SearchResult r = search_training(all, 1 << 20, {true, true});
+  const SearchResult r = search_training(resolve_run(all), 1 << 20, {true, true});
   EXPECT_LE(advice.smallest.plan.peak_bytes, r.smallest.peak_bytes);
   EXPECT_GT(advice.smallest.plan.peak_bytes, size_t(1) << 20);
 }

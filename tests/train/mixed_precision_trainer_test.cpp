@@ -20,7 +20,7 @@
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/io/safetensors.h"
 #include "memfit/model/transformer.h"
-#include "memfit/plan/auto_config.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 

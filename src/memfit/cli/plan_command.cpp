@@ -12,16 +12,16 @@
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
-#include "memfit/plan/auto_config.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
+#include "memfit/train/run_setup.h"
 
 namespace memfit::cli {
 
 namespace {
 
-nlohmann::json plan_json(const TrainConfig& cfg, const PlanReport& r) {
+nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   nlohmann::json j;
   j["peak_bytes"] = r.peak_bytes;
   j["by_category"] = nlohmann::json::object();
@@ -49,24 +49,24 @@ nlohmann::json plan_json(const TrainConfig& cfg, const PlanReport& r) {
                 {"vocab_size", r.model.vocab_size}, {"params", r.model.num_params()}};
   j["batch"] = r.B;
   j["seq_len"] = r.T;
-  j["precision"] = cfg.precision;
-  j["ckpt"] = cfg.ckpt;
-  j["attention"] = cfg.attention;
-  j["optim"] = cfg.optim.name;
+  j["precision"] = precision_name(run.precision.precision);
+  j["ckpt"] = run.ckpt.name();
+  j["attention"] = attention_kind_name(run.attention);
+  j["optim"] = run.optim.name;
   j["data_included"] = r.data_included;
-  if (!cfg.mem_limit.empty()) {
-    const size_t limit = parse_bytes(cfg.mem_limit, "--mem-limit");
-    j["mem_limit_bytes"] = limit;
-    j["fits"] = r.peak_bytes <= limit;
+  if (run.mem_limit) {
+    j["mem_limit_bytes"] = run.mem_limit;
+    j["fits"] = r.peak_bytes <= run.mem_limit;
   }
   return j;
 }
 
-void print_plan(const TrainConfig& cfg, const PlanReport& r) {
+void print_plan(const RunSpec& run, const PlanReport& r) {
   fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters), {} x {} tokens, {}, "
              "--ckpt {}, --attention {}, --optim {}\n\n",
              r.model.n_layer, r.model.d_model, r.model.num_params() / 1e6, r.B, r.T,
-             cfg.precision, cfg.ckpt, cfg.attention, cfg.optim.name);
+             precision_name(run.precision.precision), run.ckpt.name(),
+             attention_kind_name(run.attention), run.optim.name);
   fmt::print("{:<12} {:>12}\n", "category", "MiB");
   for (Category c : kAllCategories) {
     const size_t b = r.by_category[static_cast<size_t>(c)];
@@ -93,9 +93,9 @@ void print_plan(const TrainConfig& cfg, const PlanReport& r) {
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "
                "buffers, not the permutation a shuffled run adds, 4 bytes per {}-token window "
                "of the training data)\n",
-               cfg.data_dir, r.T);
-  if (!cfg.mem_limit.empty()) {
-    const size_t limit = parse_bytes(cfg.mem_limit, "--mem-limit");
+               run.data_dir, r.T);
+  if (run.mem_limit) {
+    const size_t limit = run.mem_limit;
     fmt::print("--mem-limit {}: {}\n", format_mib(limit),
                r.peak_bytes <= limit
                    ? fmt::format("fits, {} to spare", format_mib(limit - r.peak_bytes))
@@ -105,10 +105,10 @@ void print_plan(const TrainConfig& cfg, const PlanReport& r) {
 
 // --auto and --auto-batch: the search's choice and runner-ups, then the plan of the choice (of
 // the smallest footprint when nothing fits, with the advice on other options).
-void plan_with_search(const TrainConfig& cfg, bool json) {
+void plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
   std::string note;
-  const SearchResult s = plan_auto(cfg, &note);
-  const TrainConfig run = apply_candidate(cfg, s.choice);
+  const SearchResult s = plan_auto(cfg, spec, &note);
+  const RunSpec run = apply_candidate(spec, s.choice);
   const PlanReport r = plan_training(run);
   if (json) {
     nlohmann::json j = plan_json(run, r);
@@ -118,17 +118,13 @@ void plan_with_search(const TrainConfig& cfg, bool json) {
     return;
   }
   print_search(s, note);
-  if (!s.fits) fmt::print("{}\n\n", advise_fit(cfg, s.limit).text());
+  if (!s.fits) fmt::print("{}\n\n", advise_fit(spec, s.limit).text());
   fmt::print("{}", s.fits ? "the chosen run:\n" : "the smallest footprint:\n");
   print_plan(run, r);
 }
 
-void plan_max_model(const TrainConfig& cfg, bool json) {
-  if (cfg.mem_limit.empty())
-    MEMFIT_THROW(ConfigError, "config",
-                 "--max-model finds the largest model that fits --mem-limit, so it needs "
-                 "--mem-limit (e.g. --mem-limit 8GiB)");
-  const MaxModelResult r = find_max_model(cfg, parse_bytes(cfg.mem_limit, "--mem-limit"));
+void plan_max_model(const RunSpec& spec, bool json) {
+  const MaxModelResult r = find_max_model(spec, spec.mem_limit);
   if (json)
     fmt::print("{}\n", nlohmann::json({{"max_model", max_model_json(r)}}).dump(2));
   else
@@ -164,14 +160,17 @@ void add_plan_command(CLI::App& app) {
     }
     const std::string precision_note = resolve_precision(*cfg);
     if (!*json) print_precision_route(*cfg, precision_note);
+    if (*max_model) check_max_model_config(*cfg);
+    // The options, checked and parsed once: everything below reads the RunSpec.
+    const RunSpec spec = resolve_run(*cfg);
     if (*max_model)
-      plan_max_model(*cfg, *json);
+      plan_max_model(spec, *json);
     else if (cfg->needs_planner())
-      plan_with_search(*cfg, *json);
+      plan_with_search(*cfg, spec, *json);
     else if (*json)
-      fmt::print("{}\n", plan_json(*cfg, plan_training(*cfg)).dump(2));
+      fmt::print("{}\n", plan_json(spec, plan_training(spec)).dump(2));
     else
-      print_plan(*cfg, plan_training(*cfg));
+      print_plan(spec, plan_training(spec));
   });
 }
 

@@ -11,7 +11,7 @@
 #include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
-#include "memfit/plan/auto_config.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/train/interrupt.h"
 #include "memfit/train/trainer.h"
@@ -143,7 +143,7 @@ void add_train_command(CLI::App& app) {
     try {
       summary = train(run.config);
     } catch (const OutOfMemoryError& e) {
-      throw with_fit_advice(e, run.config);
+      throw with_fit_advice(e, run.spec);
     }
     print_summary(summary);
     if (summary.interrupted_by) {

@@ -21,12 +21,13 @@ std::string eight_bit(const std::string& optim) {
 }
 
 // The options that turn `base` into `c`.
-std::string change_text(const TrainConfig& base, const TrainConfig& c) {
+std::string change_text(const RunSpec& base, const RunSpec& c) {
   std::vector<std::string> parts;
-  if (c.ckpt != base.ckpt) parts.push_back("--ckpt " + c.ckpt);
+  if (c.ckpt != base.ckpt || base.ckpt_auto) parts.push_back("--ckpt " + c.ckpt.name());
   if (c.batch != base.batch || c.grad_accum != base.grad_accum)
     parts.push_back(fmt::format("--batch {} --grad-accum {}", c.batch, c.grad_accum));
-  if (c.precision != base.precision) parts.push_back("--precision " + c.precision);
+  if (c.precision.precision != base.precision.precision)
+    parts.push_back(fmt::format("--precision {}", precision_name(c.precision.precision)));
   if (c.optim.name != base.optim.name) parts.push_back("--optim " + c.optim.name);
   return parts.empty() ? "(as configured)" : fmt::format("{}", fmt::join(parts, " "));
 }
@@ -38,28 +39,28 @@ struct Tried {
   FitOption smallest;  // the least footprint
 };
 
-FitOption option(const TrainConfig& user, const TrainConfig& changed, const Candidate& c) {
+FitOption option(const RunSpec& user, const RunSpec& changed, const Candidate& c) {
   FitOption o;
-  o.config = apply_candidate(changed, c);
-  o.change = change_text(user, o.config);
+  o.run = apply_candidate(changed, c);
+  o.change = change_text(user, o.run);
   o.plan = c;
   return o;
 }
 
 }  // namespace
 
-FitAdvice advise_fit(const TrainConfig& config, size_t limit) {
+FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
   FitAdvice a;
   a.limit = limit;
-  const bool resume = !config.resume_dir.empty();
-  TrainConfig base = config;
+  const bool resume = spec.resumed;
+  RunSpec base = spec;
   if (resume) base.auto_batch = false;  // the trainer keeps the checkpoint's micro-batch
   unsigned mandatory = 0, allowed = kPolicy;
-  if (base.ckpt == "auto") mandatory |= kPolicy;
+  if (base.ckpt_auto) mandatory |= kPolicy;
   if (base.auto_batch) mandatory |= kMicroBatch;
   if (!resume) {
     if (base.batch * base.grad_accum > 1) allowed |= kMicroBatch;
-    if (base.precision == "fp32") allowed |= kBf16;
+    if (base.precision.precision == Precision::fp32) allowed |= kBf16;
     if (!eight_bit(base.optim.name).empty()) allowed |= kOptim8bit;
   }
   allowed |= mandatory;
@@ -72,9 +73,9 @@ FitAdvice advise_fit(const TrainConfig& config, size_t limit) {
   std::vector<Tried> tried;
   for (unsigned set = 0; set <= kAllLevers; ++set) {
     if ((set & allowed) != set || (set & mandatory) != mandatory) continue;
-    TrainConfig c = base;
+    RunSpec c = base;
     c.auto_batch = false;
-    if (set & kBf16) c.precision = "bf16";
+    if (set & kBf16) c.precision.precision = Precision::bf16;
     if (set & kOptim8bit) c.optim.name = eight_bit(c.optim.name);
     SearchResult r;
     try {
@@ -86,8 +87,8 @@ FitAdvice advise_fit(const TrainConfig& config, size_t limit) {
     Tried t;
     t.levers = set;
     t.fits = r.fits;
-    t.fastest = option(config, c, r.choice);
-    t.smallest = option(config, c, r.smallest);
+    t.fastest = option(spec, c, r.choice);
+    t.smallest = option(spec, c, r.smallest);
     if (set == 0) {
       a.planned = r.choice.peak_bytes;
       a.fits_as_is = r.fits;
@@ -137,10 +138,10 @@ std::string FitAdvice::text() const {
   return out;
 }
 
-OutOfMemoryError with_fit_advice(const OutOfMemoryError& e, const TrainConfig& config) {
+OutOfMemoryError with_fit_advice(const OutOfMemoryError& e, const RunSpec& spec) {
   std::string advice;
   try {
-    advice = advise_fit(config, e.budget()).text();
+    advice = advise_fit(spec, e.budget()).text();
   } catch (const Error& planner) {
     advice = fmt::format("(the planner could not advise: {})", planner.what());
   }

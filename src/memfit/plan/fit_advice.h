@@ -12,13 +12,13 @@
 
 #include "memfit/memory/pool.h"
 #include "memfit/plan/search.h"
-#include "memfit/train/train_config.h"
+#include "memfit/plan/run_spec.h"
 
 namespace memfit {
 
 struct FitOption {
   std::string change;  // the options to give: "--ckpt full", "--precision bf16 --optim adamw8bit"
-  TrainConfig config;  // the run with the change made
+  RunSpec run;         // the run with the change made
   Candidate plan;      // its predicted peak and step time
 };
 
@@ -36,9 +36,9 @@ struct FitAdvice {
 
 // Resuming restricts the advice to the checkpoint policy: a resumed run must keep its
 // micro-batch, precision and optimizer. Throws what plan_training throws for a bad config.
-FitAdvice advise_fit(const TrainConfig& config, size_t limit);
+FitAdvice advise_fit(const RunSpec& spec, size_t limit);
 
-// e with the advice for `config` as its advice(); message and numbers stay e's.
-OutOfMemoryError with_fit_advice(const OutOfMemoryError& e, const TrainConfig& config);
+// e with the advice for `spec` as its advice(); message and numbers stay e's.
+OutOfMemoryError with_fit_advice(const OutOfMemoryError& e, const RunSpec& spec);
 
 }  // namespace memfit

@@ -27,11 +27,6 @@ double family_width(const std::array<std::array<double, 2>, 4>& shapes, int n_la
   return w0 + (n_layer - l0) * (w1 - w0) / (l1 - l0);
 }
 
-void refuse(bool fixed, const char* option, const char* why) {
-  if (fixed)
-    MEMFIT_THROW(ConfigError, "config", "--max-model varies {}; leave {} unset", why, option);
-}
-
 }  // namespace
 
 FamilyShape gpt2_family_shape(int n_layer) {
@@ -61,29 +56,22 @@ FamilyShape family_shape(const ModelConfig& base, int n_layer) {
   return base.gpt2() ? gpt2_family_shape(n_layer) : llama_family_shape(base, n_layer);
 }
 
-TrainConfig with_family_shape(const TrainConfig& base, FamilyShape shape) {
-  TrainConfig c = base;
-  c.n_layer = shape.n_layer;
-  c.d_model = shape.d_model;
-  c.n_head = shape.n_head;
-  c.n_kv_head = shape.n_kv_head;
-  c.ffn_dim = shape.ffn_dim;
-  c.ckpt = "auto";
+RunSpec with_family_shape(const RunSpec& base, FamilyShape shape) {
+  RunSpec c = base;
+  c.model.n_layer = shape.n_layer;
+  c.model.d_model = shape.d_model;
+  c.model.n_head = shape.n_head;
+  c.model.n_kv_head = shape.n_kv_head;  // GPT-2's: 0 and 0, which finalize() resolves
+  c.model.ffn_dim = shape.ffn_dim;
+  c.model.finalize();
+  c.optim.n_head = c.model.n_head;
+  c.ckpt = CheckpointPolicy{};
+  c.ckpt_auto = true;
   return c;
 }
 
-MaxModelResult find_max_model(const TrainConfig& base, size_t limit) {
-  refuse(base.n_layer != 0, "--n-layer", "the depth");
-  refuse(base.d_model != 0, "--d-model", "the width");
-  refuse(base.n_head != 0, "--n-head", "the heads (64 dimensions each)");
-  refuse(base.n_kv_head != 0, "--n-kv-head", "the key/value heads (the preset's grouping)");
-  refuse(base.ffn_dim != 0, "--ffn-dim", "the MLP width (the preset's ratio)");
-  refuse(!base.resume_dir.empty(), "--resume", "the model (a checkpoint fixes it)");
-  refuse(!base.init_from.empty(), "--init-from", "the model (a checkpoint fixes it)");
-  refuse(base.ckpt != "none" && base.ckpt != "auto", "--ckpt",
-         "the checkpoint policy, choosing the fastest for each shape (as --ckpt auto)");
-
-  const ModelConfig preset = base.model_config();
+MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
+  const ModelConfig& preset = base.model;
   MaxModelResult r;
   r.family = preset.family;
   r.limit = limit;
@@ -93,8 +81,8 @@ MaxModelResult find_max_model(const TrainConfig& base, size_t limit) {
     if (it != planned.end()) return it->second;
     ShapeFit f;
     f.shape = family_shape(preset, n_layer);
-    const TrainConfig c = with_family_shape(base, f.shape);
-    f.params = c.model_config().num_params();
+    const RunSpec c = with_family_shape(base, f.shape);
+    f.params = c.model.num_params();
     f.search = search_training(c, limit, {true, base.auto_batch});
     return planned.emplace(n_layer, std::move(f)).first->second;
   };

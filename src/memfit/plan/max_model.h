@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "memfit/plan/search.h"
-#include "memfit/train/train_config.h"
+#include "memfit/plan/run_spec.h"
 
 namespace memfit {
 
@@ -39,8 +39,8 @@ FamilyShape llama_family_shape(const ModelConfig& base, int n_layer);
 FamilyShape family_shape(const ModelConfig& base, int n_layer);
 
 // base with the shape's n_layer, d_model and n_head, and LLaMA's n_kv_head and ffn_dim (its
-// vocabulary and context stay).
-TrainConfig with_family_shape(const TrainConfig& base, FamilyShape shape);
+// vocabulary and context stay), and the policy left to the search (--ckpt auto).
+RunSpec with_family_shape(const RunSpec& base, FamilyShape shape);
 
 struct ShapeFit {
   FamilyShape shape;
@@ -58,10 +58,10 @@ struct MaxModelResult {
   int shapes_planned = 0;
 };
 
-// The largest member of the family whose search fits `limit`, with base's other settings
-// (vocabulary, context, batch, precision, optimizer, attention, --auto-batch). ConfigError if
-// base fixes what the search varies: --n-layer, --d-model, --n-head, a --ckpt policy (auto or
-// the default none are fine), --resume or --init-from.
-MaxModelResult find_max_model(const TrainConfig& base, size_t limit);
+// The largest member of base.model's family whose search fits `limit`, with base's other
+// settings (vocabulary, context, batch, precision, optimizer, attention, --auto-batch). What
+// the search varies must be left to it: the run setup refuses --n-layer, --d-model, --n-head,
+// a --ckpt policy, --resume and --init-from with --max-model (train/run_setup.h).
+MaxModelResult find_max_model(const RunSpec& base, size_t limit);
 
 }  // namespace memfit

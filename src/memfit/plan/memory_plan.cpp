@@ -9,7 +9,6 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
-#include "memfit/train/trainer.h"
 
 namespace memfit {
 
@@ -54,19 +53,18 @@ class ScopedThreads {
 
 }  // namespace
 
-PlanReport plan_training(const TrainConfig& cfg) {
-  validate_train_config(cfg);
+PlanReport plan_training(const RunSpec& spec) {
+  spec.check();
   // Workspace sizes depend on the thread count (the kernels size per-thread scratch by
   // omp_get_max_threads()), so plan with the run's, as train() sets it.
-  const ScopedThreads threads(cfg.threads);
+  const ScopedThreads threads(spec.threads);
   PlanReport r;
-  const RunModel run = resolve_run_model(cfg);
-  r.model = run.config;
+  r.model = spec.model;
   r.model.finalize();
-  r.T = run.T;
-  r.B = cfg.batch;
-  const PrecisionOptions precision = cfg.precision_options();
-  const ActivationOptions act = cfg.activation_options();
+  r.T = spec.T;
+  r.B = spec.batch;
+  const PrecisionOptions precision = spec.precision;
+  const ActivationOptions act = spec.activation_options();
 
   const ParamLayout layout(r.model);
   auto slab = [&](DType dt) {
@@ -77,7 +75,7 @@ PlanReport plan_training(const TrainConfig& cfg) {
   if (precision.precision != Precision::fp32 && precision.master_weights)
     at(Category::master) = slab(DType::f32);
   at(Category::grads) = slab(DType::f32);
-  OptimConfig oc = cfg.optim;
+  OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
   at(Category::optimizer) = optimizer_state_bytes(oc, layout);
   r.step = plan_step(r.model, r.B, r.T, act);
@@ -87,14 +85,14 @@ PlanReport plan_training(const TrainConfig& cfg) {
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
   // the training data's window count (from the shard headers). With no data to read, the plan
   // counts what a run with a train and a val split allocates but the permutation.
-  if (cfg.steps > 0) {
+  if (spec.steps > 0) {
     io::DataLoaderOptions d;
     d.batch_size = r.B;
     d.seq_len = r.T;
-    d.shuffle = cfg.shuffle;
+    d.shuffle = spec.shuffle;
     std::error_code ec;
     const auto shards = [&](const char* split) {
-      return fs::is_directory(cfg.data_dir, ec) ? io::find_token_shards(cfg.data_dir, split)
+      return fs::is_directory(spec.data_dir, ec) ? io::find_token_shards(spec.data_dir, split)
                                                 : std::vector<fs::path>{};
     };
     const auto train_shards = shards("train");
@@ -111,15 +109,15 @@ PlanReport plan_training(const TrainConfig& cfg) {
                       r.step.live[peak].total();
 
   const StepFlops f = step_flops(r.model, r.B, r.T, act);
-  r.flops = f.total * cfg.grad_accum;
-  r.recompute_flops = f.recompute * cfg.grad_accum;
+  r.flops = f.total * spec.grad_accum;
+  r.recompute_flops = f.recompute * spec.grad_accum;
   // Seconds from this CPU's calibrated rates (measured once, then cached): Note [Step-time
   // model] in docs/notes/planner.md.
   StepTimeInputs in;
   in.model = r.model;
   in.B = r.B;
   in.T = r.T;
-  in.grad_accum = cfg.grad_accum;
+  in.grad_accum = spec.grad_accum;
   in.options = act;
   in.options.precision = precision.precision;
   in.param_count = static_cast<size_t>(layout.total());

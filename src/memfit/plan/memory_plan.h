@@ -14,7 +14,7 @@
 #include "memfit/memory/category.h"
 #include "memfit/model/step_plan.h"
 #include "memfit/plan/step_time.h"
-#include "memfit/train/train_config.h"
+#include "memfit/plan/run_spec.h"
 
 namespace memfit {
 
@@ -35,8 +35,8 @@ struct PlanReport {
   bool data_included = false;
 };
 
-// Plans a run as `train(config)` would make it. Throws what train would for a bad config.
-PlanReport plan_training(const TrainConfig& config);
+// Plans a run as `train` makes it. Throws ConfigError as spec.check() does.
+PlanReport plan_training(const RunSpec& spec);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.

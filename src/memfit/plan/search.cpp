@@ -8,7 +8,6 @@
 #include "memfit/core/error.h"
 #include "memfit/memory/pool.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/trainer.h"
 
 namespace memfit {
 
@@ -97,28 +96,26 @@ std::vector<int> micro_batch_candidates(int global_batch) {
   return out;
 }
 
-TrainConfig apply_candidate(const TrainConfig& base, const Candidate& c) {
-  TrainConfig t = base;
-  t.ckpt = c.ckpt;
+RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
+  RunSpec t = base;
+  t.ckpt = CheckpointPolicy::parse(c.ckpt);
+  t.ckpt_auto = false;
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
   return t;
 }
 
-SearchResult search_training(const TrainConfig& base, size_t limit, SearchSpace space) {
-  if (!space.policies && base.ckpt == "auto")
+SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace space) {
+  if (!space.policies && base.ckpt_auto)
     MEMFIT_THROW(ConfigError, "plan", "--ckpt auto: the search must vary the policy");
-  // The run's other settings, checked once (so a bad batch is named before it is divided).
-  TrainConfig probe = base;
-  if (space.policies) probe.ckpt = "none";
-  probe.auto_batch = false;
-  validate_train_config(probe);
-  // The model the run trains: a resumed run's shape comes from its checkpoint.
-  const int n_layer = resolve_run_model(base).config.n_layer;
+  // The run's other settings, checked once, before any candidate is planned.
+  RunSpec probe = base;
+  if (space.policies) probe.ckpt = CheckpointPolicy{};
+  probe.check();
   const std::vector<std::string> policies =
-      space.policies ? checkpoint_candidates(n_layer, attention_kind_from_name(base.attention))
-                     : std::vector<std::string>{base.ckpt};
+      space.policies ? checkpoint_candidates(base.model.n_layer, base.attention)
+                     : std::vector<std::string>{base.ckpt.name()};
   const int global = base.batch * base.grad_accum;
   const std::vector<int> batches =
       space.micro_batches ? micro_batch_candidates(global) : std::vector<int>{base.batch};

@@ -10,7 +10,7 @@
 
 #include "memfit/memory/category.h"
 #include "memfit/model/activation_plan.h"
-#include "memfit/train/train_config.h"
+#include "memfit/plan/run_spec.h"
 
 namespace memfit {
 
@@ -44,9 +44,7 @@ bool preferred(const Candidate& a, const Candidate& b);
 struct SearchSpace {
   bool policies = true;
   bool micro_batches = false;
-  static SearchSpace of(const TrainConfig& config) {
-    return {config.ckpt == "auto", config.auto_batch};
-  }
+  static SearchSpace of(const RunSpec& spec) { return {spec.ckpt_auto, spec.auto_batch}; }
 };
 
 // The policies worth trying for n_layer blocks, least recomputation first: none; selective
@@ -78,10 +76,11 @@ struct SearchResult {
 
 // Plans every candidate of `space` for `base`, whose policy and micro-batch they replace (the
 // policy stays base.ckpt unless space.policies; the micro-batch base's unless
-// space.micro_batches). Throws what plan_training throws for a bad base config.
-SearchResult search_training(const TrainConfig& base, size_t limit, SearchSpace space);
+// space.micro_batches). Throws what plan_training throws for a bad base.
+SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace space);
 
-// base with the candidate's policy and micro-batch: the run the planner chose.
-TrainConfig apply_candidate(const TrainConfig& base, const Candidate& c);
+// base with the candidate's policy and micro-batch, nothing left to choose: the run the planner
+// chose.
+RunSpec apply_candidate(const RunSpec& base, const Candidate& c);
 
 }  // namespace memfit

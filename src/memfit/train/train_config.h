@@ -46,7 +46,7 @@ struct TrainConfig {
   bool shuffle = true;
   std::string attention = "flash";  // flash | plain
   // none | full | selective | every:K | layers:LIST, or auto: the planner picks the fastest
-  // policy that fits mem_limit (plan/auto_config.h) before anything is built.
+  // policy that fits mem_limit (train/run_setup.h) before anything is built.
   std::string ckpt = "none";
   // With mem_limit: the planner also picks the micro-batch, every divisor b of
   // batch * grad_accum with grad_accum = global / b, keeping the global batch.

@@ -19,7 +19,7 @@
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
-#include "memfit/plan/auto_config.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
 #include "memfit/train/progress.h"
@@ -98,93 +98,30 @@ void truncate_log_after(const std::string& file, int64_t step) {
 
 }  // namespace
 
-void validate_train_config(const TrainConfig& c) {
-  auto require = [](bool ok, const char* field, auto value, const char* expectation) {
-    if (!ok)
-      MEMFIT_THROW(ConfigError, "config", "--{} must be {}, got {}", field, expectation, value);
-  };
-  // --ckpt auto and --auto-batch ask the planner to fit the budget (plan/auto_config.h), so
-  // they need one; the planner replaces them before anything is built.
-  if (c.ckpt == "auto" && c.mem_limit.empty())
-    MEMFIT_THROW(ConfigError, "config",
-                 "--ckpt auto picks the fastest checkpoint policy whose predicted peak fits "
-                 "--mem-limit, so it needs --mem-limit (e.g. --mem-limit 4GiB); or name a "
-                 "policy: none, full, selective, every:K, layers:LIST");
-  if (c.auto_batch && c.mem_limit.empty())
-    MEMFIT_THROW(ConfigError, "config",
-                 "--auto-batch picks the micro-batch (and --grad-accum) that fits --mem-limit, "
-                 "so it needs --mem-limit (e.g. --mem-limit 4GiB)");
-  require(c.batch > 0, "batch", c.batch, "positive");
-  require(c.grad_accum > 0, "grad-accum", c.grad_accum, "positive");
-  require(c.steps >= 0, "steps", c.steps, ">= 0");
-  require(c.eval_batches > 0, "eval-batches", c.eval_batches, "positive");
-  require(c.eval_every >= 0, "eval-every", c.eval_every, ">= 0");
-  require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
-  require(c.save_every_minutes >= 0, "save-every-minutes", c.save_every_minutes, ">= 0");
-  require(c.clip >= 0, "clip", c.clip, ">= 0");
-  require(c.threads >= 0, "threads", c.threads, ">= 0");
-  require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
-  require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
-          "unset when --resume is given (resume restores the weights)");
-  c.schedule.validate();
-  check_optim_config(c.optim);
-  if (c.master_weights != "fp32" && c.master_weights != "none")
-    MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
-                 c.master_weights);
-  // The model's own rules, checked before anything is allocated.
-  check_precision_options(c.precision_options());
-  TrainConfig policy = c;  // the attention and precision rules hold whatever auto picks
-  if (policy.ckpt == "auto") policy.ckpt = "none";
-  check_activation_options(policy.activation_options());
-  if (c.master_weights == "none" && c.optim.name != "adamw")
-    MEMFIT_THROW(ConfigError, "config",
-                 "--master-weights none updates bf16 weights with stochastic rounding, which "
-                 "only --optim adamw implements; got {}",
-                 c.optim.name);
-  if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
-}
-
-RunModel resolve_run_model(const TrainConfig& cfg) {
-  RunModel r;
-  const fs::path source = !cfg.resume_dir.empty() ? cfg.resume_dir : cfg.init_from;
-  if (!source.empty()) {
-    r.location = io::locate_checkpoint(source);
-    r.config = io::read_model_config(r.location.dir / "config.json");
-  } else {
-    r.config = cfg.model_config();
-  }
-  r.T = cfg.seq_len ? cfg.seq_len : r.config.max_seq_len;
-  if (r.T > r.config.max_seq_len)
-    MEMFIT_THROW(ConfigError, "config", "--seq-len {} exceeds the model's context of {}", r.T,
-                 r.config.max_seq_len);
-  return r;
-}
-
 TrainSummary train(const TrainConfig& cfg_in) {
   // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
-  // trainer_state.json have a policy and a micro-batch, never "auto".
-  TrainConfig cfg = resolve_auto(cfg_in).config;  // and --precision auto, resolved
+  // trainer_state.json have a policy and a micro-batch, never "auto". `spec` is the run as the
+  // planner planned it (the model, shapes, precision, policy, budget), `cfg` the rest.
+  const AutoResolution resolved = resolve_auto(cfg_in);  // and --precision auto, resolved
+  TrainConfig cfg = resolved.config;
+  const RunSpec& spec = resolved.spec;
   cfg.schedule.total = cfg.steps;
-  validate_train_config(cfg);
-  if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
+  if (spec.threads > 0) omp_set_num_threads(spec.threads);
   const auto wall_start = std::chrono::steady_clock::now();
-  MemoryPool pool(cfg.mem_limit.empty() ? kUnlimited : parse_bytes(cfg.mem_limit, "--mem-limit"));
+  MemoryPool pool(spec.mem_limit ? spec.mem_limit : kUnlimited);
   const uint64_t max_shard_bytes = io::parse_max_shard_size(cfg.max_shard_size);
 
-  const bool resume = !cfg.resume_dir.empty();
-  const RunModel run = resolve_run_model(cfg);
-  const io::CheckpointLocation& location = run.location;
+  const bool resume = spec.resumed;
+  const io::CheckpointLocation& location = resolved.location;
   if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
-  const ModelConfig& mc = run.config;
-  const int T = run.T, B = cfg.batch;
+  const ModelConfig& mc = spec.model;
+  const int T = spec.T, B = spec.batch;
 
-  Transformer gpt(mc, pool, cfg.precision_options());
-  cfg.optim.n_head = mc.n_head;
-  cfg.optim.seed = cfg.seed;
+  Transformer gpt(mc, pool, spec.precision);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
-  std::unique_ptr<Optimizer> opt = make_optimizer(cfg.optim, gpt.layout(), pool);
+  std::unique_ptr<Optimizer> opt = make_optimizer(spec.optim, gpt.layout(), pool);
   int64_t start_step = 0, data_position = 0;
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
@@ -202,7 +139,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
   } else {
     gpt.init_weights(cfg.seed);
   }
-  gpt.reserve(B, T, cfg.activation_options());
+  gpt.reserve(B, T, spec.activation_options());
 
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;
@@ -274,7 +211,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
   const InterruptScope interrupts;  // SIGINT/SIGTERM: stop after this step, then save as below
   auto last_save = std::chrono::steady_clock::now();
   std::vector<double> rates;
-  const double tokens_per_step = double(B) * T * cfg.grad_accum;
+  const double tokens_per_step = double(B) * T * spec.grad_accum;
   int64_t saved_at = -1;
   for (int64_t step = start_step; step < last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -282,13 +219,13 @@ TrainSummary train(const TrainConfig& cfg_in) {
     gpt.zero_grad();
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
-    for (int m = 0; m < cfg.grad_accum; ++m) {
+    for (int m = 0; m < spec.grad_accum; ++m) {
       train_data->next_batch();
       loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true,
                               loss_scale);
       gpt.backward();
     }
-    const float loss = static_cast<float>(loss_sum / cfg.grad_accum);
+    const float loss = static_cast<float>(loss_sum / spec.grad_accum);
     // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
     // position is the number of steps that updated, which the scaler's state keeps over resumes.
     const float lr = cfg.schedule.at(step - (scaler ? scaler->skipped() : 0));
@@ -298,7 +235,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
     if (!scaler && !std::isfinite(loss))
       update.non_finite = true;
     else
-      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, cfg.grad_accum);
+      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum);
     // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
     // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
     if (update.skipped && loss_scale <= cfg.loss_scaler.min_scale) update.non_finite = true;
@@ -366,9 +303,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
     summary.median_tokens_per_s = rates[rates.size() / 2];
   }
   summary.last_step = final_step;
-  summary.ckpt = cfg.ckpt;
-  summary.batch = cfg.batch;
-  summary.grad_accum = cfg.grad_accum;
+  summary.ckpt = spec.ckpt.name();
+  summary.batch = spec.batch;
+  summary.grad_accum = spec.grad_accum;
   summary.peak_bytes = pool.bytes_peak();
   summary.peak_by_category = pool.peak_breakdown();
   summary.wall_seconds =

@@ -34,23 +34,9 @@ struct TrainSummary {
   bool saved = false;  // a checkpoint of last_step is in --save's directory
 };
 
-// Throws ConfigError naming the first setting `train` would refuse, before anything is
-// allocated or read.
-void validate_train_config(const TrainConfig& config);
-
-// The model a run trains and its sequence length: from the checkpoint's config.json when
-// resuming or initialising from one (location says where it was found), else the preset with
-// the config's overrides. ConfigError if the sequence is longer than the model's context.
-struct RunModel {
-  ModelConfig config;
-  int T = 0;
-  io::CheckpointLocation location;  // dir empty without a checkpoint
-};
-RunModel resolve_run_model(const TrainConfig& config);
-
 // Runs training as configured (a SIGINT or SIGTERM stops it after the step in progress, saved
 // as at the end: TrainSummary::interrupted_by), with --ckpt auto and --auto-batch resolved by the planner first
-// (plan/auto_config.h). Throws ConfigError/IoError for bad input, OutOfMemoryError when the
+// (train/run_setup.h). Throws ConfigError/IoError for bad input, OutOfMemoryError when the
 // budget is too small (the pool's, or the planner's when no choice fits), Error when the loss
 // becomes non-finite; none of them leaves a partial checkpoint behind.
 TrainSummary train(const TrainConfig& config);

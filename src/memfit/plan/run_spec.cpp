@@ -1,0 +1,26 @@
+#include "memfit/plan/run_spec.h"
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+
+ActivationOptions RunSpec::activation_options() const {
+  ActivationOptions o;
+  o.attention = attention;
+  o.ckpt = ckpt;
+  o.precision = precision.precision;
+  return o;
+}
+
+void RunSpec::check() const {
+  check_optim_config(optim);
+  check_precision_options(precision);
+  check_activation_options(activation_options());
+  if (!precision.master_weights && optim.name != "adamw")
+    MEMFIT_THROW(ConfigError, "config",
+                 "--master-weights none updates bf16 weights with stochastic rounding, which "
+                 "only --optim adamw implements; got {}",
+                 optim.name);
+}
+
+}  // namespace memfit

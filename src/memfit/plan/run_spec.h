@@ -1,0 +1,45 @@
+// A run as the planner sees it: the options of `memfit train` / `memfit plan`, parsed and
+// validated once (train/run_setup.h: resolve_run) into types. plan_training, the search
+// (--ckpt auto, --auto-batch), --max-model and the out-of-memory advice all read it, and vary
+// its typed fields (the policy, the micro-batch, the precision, the optimizer, the shape);
+// none of them parses an option again. plan/ knows nothing of train/: this is its whole input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "memfit/model/activation_plan.h"
+#include "memfit/model/checkpoint_policy.h"
+#include "memfit/model/model_config.h"
+#include "memfit/model/precision.h"
+#include "memfit/optim/optim_config.h"
+
+namespace memfit {
+
+struct RunSpec {
+  ModelConfig model;  // resolved: the checkpoint's when resuming or initialising, else the preset
+  int T = 0;          // sequence length
+  int batch = 1, grad_accum = 1;  // micro-batch rows, micro-batches per optimizer step
+  int64_t steps = 0;
+  PrecisionOptions precision;
+  AttentionKind attention = AttentionKind::flash;
+  CheckpointPolicy ckpt;       // the policy to plan (none while ckpt_auto: the search sets it)
+  OptimConfig optim;           // n_head is the model's
+  int threads = 0;             // 0: all cores
+  size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
+  std::string data_dir;        // the token shards whose staging the plan counts
+  bool shuffle = true;
+  bool resumed = false;        // from a checkpoint: its micro-batch, precision and optimizer stay
+  bool ckpt_auto = false;      // --ckpt auto: the planner picks the policy
+  bool auto_batch = false;     // --auto-batch: the planner picks the micro-batch
+
+  // What the model's step is planned and built with.
+  ActivationOptions activation_options() const;
+  // The rules between the typed fields (the model's precision and attention rules, the
+  // optimizer's, pure bf16's need of AdamW): ConfigError naming the option at fault. The search
+  // calls it for every combination it tries; resolve_run for the run as given.
+  void check() const;
+};
+
+}  // namespace memfit

@@ -1,0 +1,218 @@
+#include "memfit/train/run_setup.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "memfit/core/error.h"
+#include "memfit/io/atomic_file.h"
+#include "memfit/io/model_checkpoint.h"
+#include "memfit/memory/pool.h"
+#include "memfit/plan/fit_advice.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+
+void validate_train_config(const TrainConfig& c) {
+  auto require = [](bool ok, const char* field, auto value, const char* expectation) {
+    if (!ok)
+      MEMFIT_THROW(ConfigError, "config", "--{} must be {}, got {}", field, expectation, value);
+  };
+  // --ckpt auto and --auto-batch ask the planner to fit the budget (train/run_setup.h), so
+  // they need one; the planner replaces them before anything is built.
+  if (c.ckpt == "auto" && c.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--ckpt auto picks the fastest checkpoint policy whose predicted peak fits "
+                 "--mem-limit, so it needs --mem-limit (e.g. --mem-limit 4GiB); or name a "
+                 "policy: none, full, selective, every:K, layers:LIST");
+  if (c.auto_batch && c.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--auto-batch picks the micro-batch (and --grad-accum) that fits --mem-limit, "
+                 "so it needs --mem-limit (e.g. --mem-limit 4GiB)");
+  require(c.batch > 0, "batch", c.batch, "positive");
+  require(c.grad_accum > 0, "grad-accum", c.grad_accum, "positive");
+  require(c.steps >= 0, "steps", c.steps, ">= 0");
+  require(c.eval_batches > 0, "eval-batches", c.eval_batches, "positive");
+  require(c.eval_every >= 0, "eval-every", c.eval_every, ">= 0");
+  require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
+  require(c.save_every_minutes >= 0, "save-every-minutes", c.save_every_minutes, ">= 0");
+  require(c.clip >= 0, "clip", c.clip, ">= 0");
+  require(c.threads >= 0, "threads", c.threads, ">= 0");
+  require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
+  require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
+          "unset when --resume is given (resume restores the weights)");
+  c.schedule.validate();
+  if (c.master_weights != "fp32" && c.master_weights != "none")
+    MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
+                 c.master_weights);
+  // The rules between the options (precision, attention, policy, optimizer) are the RunSpec's
+  // (RunSpec::check), checked by resolve_run once these are parsed.
+  if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
+}
+
+RunModel resolve_run_model(const TrainConfig& cfg) {
+  RunModel r;
+  const fs::path source = !cfg.resume_dir.empty() ? cfg.resume_dir : cfg.init_from;
+  if (!source.empty()) {
+    r.location = io::locate_checkpoint(source);
+    r.config = io::read_model_config(r.location.dir / "config.json");
+  } else {
+    r.config = cfg.model_config();
+  }
+  r.T = cfg.seq_len ? cfg.seq_len : r.config.max_seq_len;
+  if (r.T > r.config.max_seq_len)
+    MEMFIT_THROW(ConfigError, "config", "--seq-len {} exceeds the model's context of {}", r.T,
+                 r.config.max_seq_len);
+  return r;
+}
+
+RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
+  validate_train_config(c);
+  const RunModel run = resolve_run_model(c);
+  if (location) *location = run.location;
+  RunSpec s;
+  s.model = run.config;
+  s.T = run.T;
+  s.batch = c.batch;
+  s.grad_accum = c.grad_accum;
+  s.steps = c.steps;
+  s.precision = c.precision_options();
+  s.attention = attention_kind_from_name(c.attention);
+  s.ckpt_auto = c.ckpt == "auto";
+  if (!s.ckpt_auto) s.ckpt = CheckpointPolicy::parse(c.ckpt);
+  s.auto_batch = c.auto_batch;
+  s.optim = c.optim;
+  s.optim.n_head = run.config.n_head;
+  s.optim.seed = c.seed;
+  s.threads = c.threads;
+  s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
+  s.data_dir = c.data_dir;
+  s.shuffle = c.shuffle;
+  s.resumed = !c.resume_dir.empty();
+  s.check();
+  return s;
+}
+
+namespace {
+
+// The resumed checkpoint's trainer_state.json, or an empty object where it cannot be read (the
+// trainer's own resume checks then report what is wrong).
+nlohmann::json resumed_state(const TrainConfig& config) {
+  const RunModel run = resolve_run_model(config);
+  try {
+    return nlohmann::json::parse(
+        io::read_file_to_string(run.location.dir / "trainer_state.json"));
+  } catch (const std::exception&) {
+    return nlohmann::json::object();
+  }
+}
+
+// A resumed run must keep the micro-batch it was saved with (the trainer refuses another), so
+// --auto-batch keeps the checkpoint's. Without a readable trainer_state.json the search goes
+// ahead and the trainer's own resume checks report what is wrong.
+bool pin_resumed_batch(const TrainConfig& config, RunSpec& spec, std::string* note) {
+  const nlohmann::json s = resumed_state(config);
+  if (!s.contains("batch") || !s.contains("grad_accum")) return false;
+  const int batch = s["batch"].get<int>(), accum = s["grad_accum"].get<int>();
+  if (batch * accum != spec.batch * spec.grad_accum)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--auto-batch keeps the global batch, but the checkpoint in {} was trained "
+                 "with {} x {} = {} rows a step and this run asks for --batch {} x --grad-accum "
+                 "{} = {}",
+                 config.resume_dir, batch, accum, batch * accum, spec.batch, spec.grad_accum,
+                 spec.batch * spec.grad_accum);
+  spec.batch = batch;
+  spec.grad_accum = accum;
+  if (note)
+    *note = fmt::format("resuming: the micro-batch stays the checkpoint's, --batch {} "
+                        "--grad-accum {}",
+                        batch, accum);
+  return true;
+}
+
+// The search for a resolved run (spec = resolve_run(config)).
+SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::string* note) {
+  if (spec.mem_limit == 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "the planner's search needs a budget: give --mem-limit (e.g. 4GiB)");
+  RunSpec base = spec;
+  SearchSpace space = SearchSpace::of(spec);
+  if (space.micro_batches && spec.resumed && pin_resumed_batch(config, base, note))
+    space.micro_batches = false;
+  return search_training(base, spec.mem_limit, space);
+}
+
+// The TrainConfig side of the choice: what trainer_state.json and the logs name.
+TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
+  TrainConfig t = base;
+  t.ckpt = c.ckpt;
+  t.batch = c.batch;
+  t.grad_accum = c.grad_accum;
+  t.auto_batch = false;
+  return t;
+}
+
+}  // namespace
+
+std::string resolve_precision(TrainConfig& config) {
+  if (config.precision != "auto") return "";
+  if (!config.resume_dir.empty()) {
+    const nlohmann::json s = resumed_state(config);
+    if (s.contains("precision") && s["precision"].is_string()) {
+      config.precision = s["precision"].get<std::string>();
+      return fmt::format("--precision auto: {}, the checkpoint's (a resume keeps its precision)",
+                         config.precision);
+    }
+  }
+  std::string why;
+  config.precision = std::string(precision_name(auto_precision(&why)));
+  return "--precision auto: " + why;
+}
+
+SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::string* note) {
+  return search_run(config, spec, note);
+}
+
+AutoResolution resolve_auto(const TrainConfig& config) {
+  AutoResolution r;
+  r.config = config;
+  r.precision_note = resolve_precision(r.config);
+  r.spec = resolve_run(r.config, &r.location);
+  if (!r.config.needs_planner()) return r;
+  r.planned = true;
+  r.search = search_run(r.config, r.spec, &r.note);
+  if (!r.search.fits) {
+    const Candidate& s = r.search.smallest;
+    OutOfMemoryError e(detail::where(__FILE__, __LINE__), r.search.message, s.peak_bytes,
+                       s.dominant(), r.search.limit, CategoryBytes{});
+    e.set_advice(advise_fit(r.spec, r.search.limit).text());
+    throw e;
+  }
+  r.config = with_choice(r.config, r.search.choice);
+  r.spec = apply_candidate(r.spec, r.search.choice);
+  return r;
+}
+
+void check_max_model_config(const TrainConfig& c) {
+  auto refuse = [](bool fixed, const char* option, const char* why) {
+    if (fixed)
+      MEMFIT_THROW(ConfigError, "config", "--max-model varies {}; leave {} unset", why, option);
+  };
+  if (c.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--max-model finds the largest model that fits --mem-limit, so it needs "
+                 "--mem-limit (e.g. --mem-limit 8GiB)");
+  refuse(c.n_layer != 0, "--n-layer", "the depth");
+  refuse(c.d_model != 0, "--d-model", "the width");
+  refuse(c.n_head != 0, "--n-head", "the heads (64 dimensions each)");
+  refuse(c.n_kv_head != 0, "--n-kv-head", "the key/value heads (the preset's grouping)");
+  refuse(c.ffn_dim != 0, "--ffn-dim", "the MLP width (the preset's ratio)");
+  refuse(!c.resume_dir.empty(), "--resume", "the model (a checkpoint fixes it)");
+  refuse(!c.init_from.empty(), "--init-from", "the model (a checkpoint fixes it)");
+  refuse(c.ckpt != "none" && c.ckpt != "auto", "--ckpt",
+         "the checkpoint policy, choosing the fastest for each shape (as --ckpt auto)");
+}
+
+}  // namespace memfit
