@@ -1,0 +1,92 @@
+#include "memfit/dist/communicator.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "memfit/core/error.h"
+
+#ifdef MEMFIT_HAVE_MPI
+#include "memfit/dist/mpi/mpi_communicator.h"
+#endif
+
+namespace memfit::dist {
+
+namespace {
+
+class DoneRequest final : public Request {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
+void check_counts(std::span<const int64_t> counts, int size, const char* op) {
+  if (static_cast<int>(counts.size()) != size)
+    MEMFIT_THROW(DistError, op, "{} counts for {} ranks", counts.size(), size);
+  for (int64_t c : counts)
+    if (c < 0) MEMFIT_THROW(DistError, op, "negative count {}", c);
+}
+
+class SingleCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string describe() const override { return "single process"; }
+
+  std::unique_ptr<Request> reduce_scatter_async(std::span<const float> in, std::span<float> out,
+                                                std::span<const int64_t> counts) override {
+    check_counts(counts, 1, "reduce_scatter");
+    if (in.size() != static_cast<size_t>(counts[0]) || out.size() != in.size())
+      MEMFIT_THROW(DistError, "reduce_scatter", "in {} and out {} floats for a count of {}",
+                   in.size(), out.size(), counts[0]);
+    if (out.data() != in.data()) std::memmove(out.data(), in.data(), in.size_bytes());
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<Request> all_gather_async(const void* in, void* out,
+                                            std::span<const int64_t> counts,
+                                            int elem_bytes) override {
+    check_counts(counts, 1, "all_gather");
+    if (out != in) std::memmove(out, in, static_cast<size_t>(counts[0]) * elem_bytes);
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<Request> all_reduce_async(std::span<float>) override {
+    return std::make_unique<DoneRequest>();
+  }
+  void broadcast(void*, int64_t, int root) override {
+    if (root != 0) MEMFIT_THROW(DistError, "broadcast", "root {} of 1 rank", root);
+  }
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::vector<int64_t> even_counts(int64_t n, int ranks) {
+  std::vector<int64_t> c(static_cast<size_t>(ranks), n / ranks);
+  for (int64_t r = 0; r < n % ranks; ++r) ++c[static_cast<size_t>(r)];
+  return c;
+}
+
+bool launched_as_ranks() {
+  // OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; srun and other launchers the PMI/PMIx ones.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"}) {
+    const char* s = std::getenv(v);
+    if (s && *s) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<Communicator> make_single_communicator() {
+  return std::make_unique<SingleCommunicator>();
+}
+
+std::unique_ptr<Communicator> make_world_communicator() {
+  if (!launched_as_ranks()) return make_single_communicator();
+#ifdef MEMFIT_HAVE_MPI
+  return mpi::make_mpi_communicator();
+#else
+  MEMFIT_THROW(DistError, "dist",
+               "started by a launcher (mpirun or srun) but this memfit was built without MPI: "
+               "install libopenmpi-dev and rebuild (scripts/setup.sh does)");
+#endif
+}
+
+}  // namespace memfit::dist

@@ -1,0 +1,82 @@
+// The collectives data parallelism and ZeRO need, behind one narrow interface (as MLX's
+// distributed group, or ggml's backends): a single-process implementation (this file's
+// make_single_communicator) and an MPI one (dist/mpi/), so NCCL can slot in later.
+//
+// Sums are deterministic: every implementation adds the ranks' contributions element by element
+// in rank order, ((x0 + x1) + x2) + ..., whatever the transport's own algorithm, so data
+// parallelism and every ZeRO stage at the same world size give the same bits (Note [Deterministic
+// reduction] in docs/notes/zero.md). Collectives take `counts`, the elements each rank owns (a
+// ZeRO shard, a reduce-scatter's output); they may differ between ranks, and every rank passes
+// the same counts. Every rank must issue the same collectives in the same order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace memfit::dist {
+
+// An operation in flight. wait() finishes it (the reduction's sum included) and may be called
+// once; test() makes progress and says whether wait() would return at once. Destroying a
+// pending request waits for it.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual bool test() = 0;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "single process" or "MPI (OpenMPI 4.1.4), 2 ranks": what the run prints once.
+  virtual std::string describe() const = 0;
+
+  // out (counts[rank()] floats) = the sum over ranks of their `in` range of rank() (in holds
+  // sum(counts) floats, rank r's range after ranks 0..r-1's).
+  virtual std::unique_ptr<Request> reduce_scatter_async(std::span<const float> in,
+                                                        std::span<float> out,
+                                                        std::span<const int64_t> counts) = 0;
+  // out (sum(counts) elements of elem_bytes each) = every rank's `in` (counts[r]
+  // elements) in rank order. Any element type: nothing is added.
+  virtual std::unique_ptr<Request> all_gather_async(const void* in, void* out,
+                                                    std::span<const int64_t> counts,
+                                                    int elem_bytes) = 0;
+  // data (n floats) = the sum over ranks, on every rank: reduce_scatter then all_gather over
+  // an even split, so its sums are the reduce-scatter's, bit for bit.
+  virtual std::unique_ptr<Request> all_reduce_async(std::span<float> data) = 0;
+  // data (bytes) = root's, on every rank.
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+
+  // The blocking forms.
+  void reduce_scatter(std::span<const float> in, std::span<float> out,
+                      std::span<const int64_t> counts) {
+    reduce_scatter_async(in, out, counts)->wait();
+  }
+  void all_gather(const void* in, void* out, std::span<const int64_t> counts, int elem_bytes) {
+    all_gather_async(in, out, counts, elem_bytes)->wait();
+  }
+  void all_reduce(std::span<float> data) { all_reduce_async(data)->wait(); }
+};
+
+// One process: size 1, every collective a copy.
+std::unique_ptr<Communicator> make_single_communicator();
+
+// The world this process runs in: MPI's when it was started by a launcher (mpirun, srun: their
+// environment says so) and memfit was built with MPI, else the single process. DistError when a
+// launcher started it but the build has no MPI.
+std::unique_ptr<Communicator> make_world_communicator();
+
+// Whether a launcher (OpenMPI's mpirun, Slurm's srun, any PMIx launcher) started this process
+// as one of several ranks.
+bool launched_as_ranks();
+
+// An even split of n elements over `ranks`: the first n % ranks get one more.
+std::vector<int64_t> even_counts(int64_t n, int ranks);
+
+}  // namespace memfit::dist

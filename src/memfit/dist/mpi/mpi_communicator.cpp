@@ -1,0 +1,240 @@
+#include "memfit/dist/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "memfit/core/error.h"
+
+namespace memfit::dist::mpi {
+
+namespace {
+
+// A DistError quoting the call, unless rc is MPI_SUCCESS.
+void check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+  MEMFIT_THROW(DistError, "mpi", "{} failed: {} (error {})", call,
+               len ? std::string(text, static_cast<size_t>(len)) : std::string("unknown"), rc);
+}
+#define MEMFIT_MPI(call) check(call, #call)
+
+// MPI takes int counts: a collective above 2^31 - 1 elements is refused, not truncated (the
+// callers' buckets are far smaller).
+int as_count(int64_t n, const char* what) {
+  if (n < 0 || n > INT_MAX)
+    MEMFIT_THROW(DistError, "mpi", "{} of {} elements is outside MPI's int counts", what, n);
+  return static_cast<int>(n);
+}
+
+std::vector<int> displacements(const std::vector<int>& counts) {
+  std::vector<int> d(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  return d;
+}
+
+// Initialises MPI once per process and finalises it at exit.
+void ensure_initialized() {
+  static const bool done = [] {
+    int initialized = 0;
+    MEMFIT_MPI(MPI_Initialized(&initialized));
+    if (!initialized) {
+      int provided = 0;
+      MEMFIT_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      if (provided < MPI_THREAD_FUNNELED)
+        MEMFIT_THROW(DistError, "mpi", "MPI_Init_thread gave thread level {}, need FUNNELED",
+                     provided);
+      std::atexit([] {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+      });
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+// One MPI request; `after` runs once it completes (a reduce-scatter's sum).
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MPI_Request r, std::function<void()> after) : req_(r), after_(std::move(after)) {}
+  ~MpiRequest() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {  // a destructor must not throw; wait() is where a caller sees errors
+      }
+    }
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MEMFIT_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    if (flag) finish();
+    return flag != 0;
+  }
+  void wait() override {
+    if (done_) return;
+    MEMFIT_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    finish();
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    if (after_) after_();
+  }
+  MPI_Request req_;
+  std::function<void()> after_;
+  bool done_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    ensure_initialized();
+    MEMFIT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    MEMFIT_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MEMFIT_MPI(MPI_Comm_rank(comm_, &rank_));
+    MEMFIT_MPI(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string describe() const override {
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(version, &len);
+    std::string v(version, static_cast<size_t>(len));
+    if (auto nl = v.find_first_of(",\n"); nl != std::string::npos) v.resize(nl);
+    return fmt::format("MPI ({}), {} ranks", v, size_);
+  }
+
+  // Each rank sends rank q its range q of `in` and receives every rank's range of its own
+  // (MPI_Ialltoallv), then adds them in rank order: the transport only moves bytes, so the sum
+  // does not depend on its algorithm.
+  std::unique_ptr<Request> reduce_scatter_async(std::span<const float> in, std::span<float> out,
+                                                std::span<const int64_t> counts) override {
+    const std::vector<int> c = checked_counts(counts, "reduce_scatter");
+    const int mine = c[static_cast<size_t>(rank_)];
+    const int64_t total = std::accumulate(c.begin(), c.end(), int64_t{0});
+    if (static_cast<int64_t>(in.size()) != total || static_cast<int>(out.size()) != mine)
+      MEMFIT_THROW(DistError, "reduce_scatter", "in {} floats (want {}), out {} (want {})",
+                   in.size(), total, out.size(), mine);
+    auto staging = std::make_shared<std::vector<float>>(static_cast<size_t>(mine) * size_);
+    const std::vector<int> sdispl = displacements(c);
+    const std::vector<int> rcounts(static_cast<size_t>(size_), mine);
+    const std::vector<int> rdispl = displacements(rcounts);
+    MPI_Request r;
+    MEMFIT_MPI(MPI_Ialltoallv(in.data(), c.data(), sdispl.data(), MPI_FLOAT, staging->data(),
+                              rcounts.data(), rdispl.data(), MPI_FLOAT, comm_, &r));
+    const int ranks = size_;
+    auto sum = [staging, out, mine, ranks] {
+      const float* s = staging->data();
+      float* o = out.data();
+      for (int i = 0; i < mine; ++i) o[i] = s[i];
+      for (int q = 1; q < ranks; ++q) {
+        const float* part = s + static_cast<size_t>(q) * mine;
+        for (int i = 0; i < mine; ++i) o[i] += part[i];
+      }
+    };
+    return std::make_unique<MpiRequest>(r, sum);
+  }
+
+  std::unique_ptr<Request> all_gather_async(const void* in, void* out,
+                                            std::span<const int64_t> counts,
+                                            int elem_bytes) override {
+    std::vector<int64_t> bytes(counts.begin(), counts.end());
+    for (int64_t& b : bytes) b *= elem_bytes;
+    const std::vector<int> c = checked_counts(bytes, "all_gather");
+    const std::vector<int> displ = displacements(c);
+    // In place when `in` is already this rank's range of `out`.
+    const bool in_place =
+        static_cast<const char*>(in) == static_cast<const char*>(out) + displ[static_cast<size_t>(rank_)];
+    MPI_Request r;
+    MEMFIT_MPI(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : in, c[static_cast<size_t>(rank_)],
+                               MPI_BYTE, out, c.data(), displ.data(), MPI_BYTE, comm_, &r));
+    return std::make_unique<MpiRequest>(r, nullptr);
+  }
+
+  std::unique_ptr<Request> all_reduce_async(std::span<float> data) override {
+    auto counts = std::make_shared<std::vector<int64_t>>(
+        even_counts(static_cast<int64_t>(data.size()), size_));
+    int64_t offset = 0;
+    for (int q = 0; q < rank_; ++q) offset += (*counts)[static_cast<size_t>(q)];
+    std::span<float> mine = data.subspan(static_cast<size_t>(offset),
+                                         static_cast<size_t>((*counts)[static_cast<size_t>(rank_)]));
+    // The sum lands in a buffer of its own: `data` is the exchange's send buffer until it ends.
+    auto sum = std::make_shared<std::vector<float>>(mine.size());
+    std::unique_ptr<Request> scatter = reduce_scatter_async(data, *sum, *counts);
+    return std::make_unique<ChainedRequest>(std::move(scatter), [this, data, mine, sum, counts] {
+      std::copy(sum->begin(), sum->end(), mine.begin());
+      return all_gather_async(mine.data(), data.data(), *counts, sizeof(float));
+    });
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    MEMFIT_MPI(MPI_Bcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_));
+  }
+  void barrier() override { MEMFIT_MPI(MPI_Barrier(comm_)); }
+
+ private:
+  // A first request, then the one `next` starts once it is done.
+  class ChainedRequest final : public Request {
+   public:
+    ChainedRequest(std::unique_ptr<Request> first, std::function<std::unique_ptr<Request>()> next)
+        : first_(std::move(first)), next_(std::move(next)) {}
+    bool test() override {
+      if (!second_) {
+        if (!first_->test()) return false;
+        second_ = next_();
+      }
+      return second_->test();
+    }
+    void wait() override {
+      if (!second_) {
+        first_->wait();
+        second_ = next_();
+      }
+      second_->wait();
+    }
+
+   private:
+    std::unique_ptr<Request> first_, second_;
+    std::function<std::unique_ptr<Request>()> next_;
+  };
+
+  std::vector<int> checked_counts(std::span<const int64_t> counts, const char* op) const {
+    if (static_cast<int>(counts.size()) != size_)
+      MEMFIT_THROW(DistError, op, "{} counts for {} ranks", counts.size(), size_);
+    std::vector<int> c;
+    for (int64_t n : counts) c.push_back(as_count(n, op));
+    return c;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return std::make_unique<MpiCommunicator>();
+}
+
+}  // namespace memfit::dist::mpi

@@ -1,0 +1,16 @@
+// The Communicator over MPI (OpenMPI here; any MPI-3 library): nonblocking collectives
+// (MPI_Ialltoallv, MPI_Iallgatherv) on a duplicate of MPI_COMM_WORLD, with errors returned, not
+// fatal, and every return code turned into a DistError that quotes the call and MPI's message.
+// MPI is initialised on first use (MPI_THREAD_FUNNELED: only the thread that runs the step calls
+// MPI; OpenMP's workers never do) and finalised at exit.
+#pragma once
+
+#include <memory>
+
+#include "memfit/dist/communicator.h"
+
+namespace memfit::dist::mpi {
+
+std::unique_ptr<Communicator> make_mpi_communicator();
+
+}  // namespace memfit::dist::mpi
