@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "memfit/core/error.h"
+#include "memfit/memory/pool.h"
 
 namespace memfit::dist {
 namespace {
@@ -100,6 +101,25 @@ TEST(Communicator, BroadcastCopiesTheRootsBytes) {
     EXPECT_EQ(data[256], 7);
   }
   w.barrier();
+}
+
+// Every byte has an owner: a reduce-scatter's receive buffer (W pieces of the rank's range) is
+// the pool's comm category while the exchange runs, and is given back when it is done.
+TEST(Communicator, TheReceiveBufferIsCommMemoryInThePool) {
+  Communicator& w = world();
+  MemoryPool pool;
+  w.set_pool(&pool);
+  const std::vector<int64_t> counts = even_counts(1000, w.size());
+  std::vector<float> data(1000, 1.0f);
+  w.all_reduce(data);
+  w.set_pool(nullptr);
+  // One process copies (nothing to receive); W ranks receive W pieces of their range.
+  const size_t want = w.size() == 1 ? 0
+                                    : MemoryPool::round_up(size_t(w.size()) * counts[w.rank()] *
+                                                           sizeof(float));
+  EXPECT_EQ(pool.bytes_peak(Category::comm), want);
+  EXPECT_EQ(pool.bytes_current(), 0u);
+  for (float x : data) EXPECT_EQ(x, float(w.size()));
 }
 
 TEST(Communicator, CountsForAnotherWorldAreADistError) {

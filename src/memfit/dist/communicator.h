@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+namespace memfit {
+class MemoryPool;
+}
+
 namespace memfit::dist {
 
 // An operation in flight. wait() finishes it (the reduction's sum included) and may be called
@@ -37,7 +41,8 @@ class Communicator {
   virtual std::string describe() const = 0;
 
   // out (counts[rank()] floats) = the sum over ranks of their `in` range of rank() (in holds
-  // sum(counts) floats, rank r's range after ranks 0..r-1's).
+  // sum(counts) floats, rank r's range after ranks 0..r-1's). `out` may be this rank's range of
+  // `in`: the sum is written once the exchange is done.
   virtual std::unique_ptr<Request> reduce_scatter_async(std::span<const float> in,
                                                         std::span<float> out,
                                                         std::span<const int64_t> counts) = 0;
@@ -62,6 +67,14 @@ class Communicator {
     all_gather_async(in, out, counts, elem_bytes)->wait();
   }
   void all_reduce(std::span<float> data) { all_reduce_async(data)->wait(); }
+
+  // Where the collectives' own buffers come from (Category::comm, tag "comm.receive"): a
+  // reduce-scatter receives W pieces of the rank's range before it adds them. Without a pool
+  // (tests of the transport alone) they come from the heap.
+  void set_pool(MemoryPool* pool) { pool_ = pool; }
+
+ protected:
+  MemoryPool* pool_ = nullptr;
 };
 
 // One process: size 1, every collective a copy.

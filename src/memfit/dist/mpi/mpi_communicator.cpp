@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "memfit/core/error.h"
+#include "memfit/memory/pool.h"
 
 namespace memfit::dist::mpi {
 
@@ -64,6 +65,23 @@ void ensure_initialized() {
   }();
   (void)done;
 }
+
+// A reduce-scatter's receive buffer: from the pool (Category::comm) when there is one.
+class Receive {
+ public:
+  Receive(MemoryPool* pool, size_t floats) {
+    if (pool)
+      alloc_ = pool->allocate(std::max<size_t>(floats, 1) * sizeof(float), Category::comm,
+                              "comm.receive");
+    else
+      heap_.resize(floats);
+  }
+  float* data() { return alloc_ ? static_cast<float*>(alloc_.data()) : heap_.data(); }
+
+ private:
+  Allocation alloc_;
+  std::vector<float> heap_;
+};
 
 // One MPI request; `after` runs once it completes (a reduce-scatter's sum).
 class MpiRequest final : public Request {
@@ -136,7 +154,7 @@ class MpiCommunicator final : public Communicator {
     if (static_cast<int64_t>(in.size()) != total || static_cast<int>(out.size()) != mine)
       MEMFIT_THROW(DistError, "reduce_scatter", "in {} floats (want {}), out {} (want {})",
                    in.size(), total, out.size(), mine);
-    auto staging = std::make_shared<std::vector<float>>(static_cast<size_t>(mine) * size_);
+    auto staging = std::make_shared<Receive>(pool_, static_cast<size_t>(mine) * size_);
     const std::vector<int> sdispl = displacements(c);
     const std::vector<int> rcounts(static_cast<size_t>(size_), mine);
     const std::vector<int> rdispl = displacements(rcounts);
@@ -179,11 +197,10 @@ class MpiCommunicator final : public Communicator {
     for (int q = 0; q < rank_; ++q) offset += (*counts)[static_cast<size_t>(q)];
     std::span<float> mine = data.subspan(static_cast<size_t>(offset),
                                          static_cast<size_t>((*counts)[static_cast<size_t>(rank_)]));
-    // The sum lands in a buffer of its own: `data` is the exchange's send buffer until it ends.
-    auto sum = std::make_shared<std::vector<float>>(mine.size());
-    std::unique_ptr<Request> scatter = reduce_scatter_async(data, *sum, *counts);
-    return std::make_unique<ChainedRequest>(std::move(scatter), [this, data, mine, sum, counts] {
-      std::copy(sum->begin(), sum->end(), mine.begin());
+    // The rank's sums land in its own range of `data` (written once the exchange is done), and
+    // the gather fills the rest in place.
+    std::unique_ptr<Request> scatter = reduce_scatter_async(data, mine, *counts);
+    return std::make_unique<ChainedRequest>(std::move(scatter), [this, data, mine, counts] {
       return all_gather_async(mine.data(), data.data(), *counts, sizeof(float));
     });
   }
