@@ -48,6 +48,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                 {"d_model", r.model.d_model},     {"ffn_dim", r.model.ffn_dim},
                 {"vocab_size", r.model.vocab_size}, {"params", r.model.num_params()}};
   j["batch"] = r.B;
+  j["ranks"] = run.world;
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
   j["ckpt"] = run.ckpt.name();
@@ -63,10 +64,12 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
 
 void print_plan(const RunSpec& run, const PlanReport& r) {
   fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters), {} x {} tokens, {}, "
-             "--ckpt {}, --attention {}, --optim {}\n\n",
+             "--ckpt {}, --attention {}, --optim {}{}\n\n",
              r.model.n_layer, r.model.d_model, r.model.num_params() / 1e6, r.B, r.T,
              precision_name(run.precision.precision), run.ckpt.name(),
-             attention_kind_name(run.attention), run.optim.name);
+             attention_kind_name(run.attention), run.optim.name,
+             run.world > 1 ? fmt::format("; each of {} data-parallel ranks holds", run.world)
+                           : std::string());
   fmt::print("{:<12} {:>12}\n", "category", "MiB");
   for (Category c : kAllCategories) {
     const size_t b = r.by_category[static_cast<size_t>(c)];
@@ -144,6 +147,9 @@ void add_plan_command(CLI::App& app) {
   auto max_model = std::make_shared<bool>(false);
   add_train_options(cmd, *cfg, *config_file);
   cmd->add_flag("--json", *json, "Print one JSON object");
+  cmd->add_option("--ranks", cfg->ranks,
+                  "Plan for this many data-parallel ranks (mpirun -n): the bytes of each")
+      ->capture_default_str();
   cmd->add_flag("--auto", *auto_ckpt,
                 "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto)");
   cmd->add_flag("--max-model", *max_model,

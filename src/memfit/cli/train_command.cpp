@@ -9,6 +9,7 @@
 #include "memfit/cli/config_file.h"
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
+#include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/train/run_setup.h"
@@ -75,6 +76,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--clip", c.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--bucket-mb", c.bucket_mb,
+                  "Data parallelism (under mpirun or srun): gradients are summed over the ranks "
+                  "this many MiB at a time")
+      ->capture_default_str();
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
   cmd->add_flag("--auto-batch", c.auto_batch,
                 "With --mem-limit: choose the micro-batch (a divisor of --batch x --grad-accum, "
@@ -135,16 +140,26 @@ void add_train_command(CLI::App& app) {
   add_train_options(cmd, *cfg, *config_file);
   cmd->callback([cmd, cfg, config_file] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
+    // One process, or one of the ranks mpirun or srun started (data parallelism); rank 0 speaks.
+    const std::unique_ptr<dist::Communicator> comm = dist::make_world_communicator();
+    const bool lead = comm->rank() == 0;
+    cfg->ranks = comm->size();
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
     const AutoResolution run = resolve_auto(*cfg);
-    print_precision_route(run.config, run.precision_note);
-    if (run.planned) print_search(run.search, run.note);
+    if (lead) {
+      if (comm->size() > 1)
+        fmt::print("memfit: data parallel over {} ({} rows a micro-batch on each)\n",
+                   comm->describe(), run.spec.batch);
+      print_precision_route(run.config, run.precision_note);
+      if (run.planned) print_search(run.search, run.note);
+    }
     TrainSummary summary;
     try {
-      summary = train(run.config);
+      summary = train(run.config, *comm);
     } catch (const OutOfMemoryError& e) {
       throw with_fit_advice(e, run.spec);
     }
+    if (!lead) return;
     print_summary(summary);
     if (summary.interrupted_by) {
       fmt::print(stderr, "memfit: stopped by {} after step {}; ", signal_name(summary.interrupted_by),

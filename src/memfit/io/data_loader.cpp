@@ -254,7 +254,9 @@ const int32_t* DataLoader::permutation(int64_t epoch) const {
 }
 
 int64_t DataLoader::window_index(int64_t k, int64_t b) const {
-  const int64_t visit = k * options_.batch_size + b;  // windows visited before this one
+  // Windows visited before this one, counting every rank's rows of the global micro-batch.
+  const int64_t B = options_.batch_size;
+  const int64_t visit = (k * options_.world + options_.rank) * B + b;
   if (!options_.shuffle) return visit % num_windows_;
   return permutation(visit / num_windows_)[visit % num_windows_];
 }

@@ -32,6 +32,9 @@ struct DataLoaderOptions {
   // Where vocab_size came from, for the error about a token outside it: e.g. "preset gpt2-tiny"
   // makes it say so and name the option that fixes it (--vocab). Empty: a plain message.
   std::string vocab_source;
+  // Data parallelism (docs/data.md, "Ranks"): with `world` ranks, micro-batch k of rank `rank`
+  // is rows [rank B, (rank + 1) B) of micro-batch k of one process with batch world x B.
+  int world = 1, rank = 0;
 };
 
 // The shards of one split in `dir`: files named <split>_*.bin ("train", "val"), sorted by name.
@@ -96,8 +99,11 @@ class DataLoader {
   void scan(const std::function<void(std::span<const int32_t>)>& chunk);
   // Whole windows in the data: floor((N - 1) / T).
   int64_t num_windows() const { return num_windows_; }
-  // Micro-batches that visit every window once: ceil(num_windows / B).
-  int64_t batches_per_epoch() const { return (num_windows_ + batch_size() - 1) / batch_size(); }
+  // Micro-batches that visit every window once: ceil(num_windows / (world B)).
+  int64_t batches_per_epoch() const {
+    const int64_t global = batch_size() * options_.world;
+    return (num_windows_ + global - 1) / global;
+  }
   const std::vector<std::filesystem::path>& shards() const { return shards_; }
 
  private:

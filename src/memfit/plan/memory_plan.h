@@ -35,7 +35,8 @@ struct PlanReport {
   bool data_included = false;
 };
 
-// Plans a run as `train` makes it. Throws ConfigError as spec.check() does.
+// Plans a run as `train` makes it: with spec.world data-parallel ranks, what each rank holds.
+// Throws ConfigError as spec.check() does.
 PlanReport plan_training(const RunSpec& spec);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the

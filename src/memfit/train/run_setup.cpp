@@ -40,6 +40,8 @@ void validate_train_config(const TrainConfig& c) {
   require(c.save_every_minutes >= 0, "save-every-minutes", c.save_every_minutes, ">= 0");
   require(c.clip >= 0, "clip", c.clip, ">= 0");
   require(c.threads >= 0, "threads", c.threads, ">= 0");
+  require(c.ranks >= 1, "ranks", c.ranks, ">= 1");
+  require(c.bucket_mb > 0, "bucket-mb", c.bucket_mb, "positive");
   require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
@@ -87,6 +89,8 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.optim.n_head = run.config.n_head;
   s.optim.seed = c.seed;
   s.threads = c.threads;
+  s.world = c.ranks;
+  s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
   s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
   s.data_dir = c.data_dir;
   s.shuffle = c.shuffle;

@@ -32,6 +32,11 @@ struct TrainConfig {
   float clip = 1.0f;    // global gradient norm; 0 turns clipping off
   uint64_t seed = 1337;
   int threads = 0;      // 0: all cores
+  // Data parallelism (under mpirun or srun: every rank a copy of the model, gradients
+  // all-reduced in buckets of this many MiB; docs/notes/zero.md).
+  double bucket_mb = 25;
+  // The data-parallel ranks to plan for (memfit plan --ranks); train() sets it to its world's.
+  int ranks = 1;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
 
   int64_t eval_every = 0;  // 0: only at the end

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
+#include "memfit/dist/grad_sync.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
@@ -99,16 +101,33 @@ void truncate_log_after(const std::string& file, int64_t step) {
 }  // namespace
 
 TrainSummary train(const TrainConfig& cfg_in) {
+  return train(cfg_in, *dist::make_single_communicator());
+}
+
+TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
+  // Data parallelism: every rank runs this with its own rows of each global micro-batch
+  // (docs/data.md, "Ranks"); gradients, the loss and the evaluation are summed over the ranks;
+  // rank 0 alone logs, shows progress and saves (the weights are the same on every rank).
+  const int W = comm.size();
+  const bool lead = comm.rank() == 0;
+  TrainConfig planned = cfg_in;
+  planned.ranks = W;
   // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
   // trainer_state.json have a policy and a micro-batch, never "auto". `spec` is the run as the
   // planner planned it (the model, shapes, precision, policy, budget), `cfg` the rest.
-  const AutoResolution resolved = resolve_auto(cfg_in);  // and --precision auto, resolved
+  const AutoResolution resolved = resolve_auto(planned);  // and --precision auto, resolved
   TrainConfig cfg = resolved.config;
   const RunSpec& spec = resolved.spec;
   cfg.schedule.total = cfg.steps;
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
   const auto wall_start = std::chrono::steady_clock::now();
   MemoryPool pool(spec.mem_limit ? spec.mem_limit : kUnlimited);
+  // The collectives' buffers are this run's pool's (Category::comm), until it ends.
+  comm.set_pool(&pool);
+  struct PoolRelease {
+    dist::Communicator& comm;
+    ~PoolRelease() { comm.set_pool(nullptr); }
+  } pool_release{comm};
   const uint64_t max_shard_bytes = io::parse_max_shard_size(cfg.max_shard_size);
 
   const bool resume = spec.resumed;
@@ -147,6 +166,8 @@ TrainSummary train(const TrainConfig& cfg_in) {
   dopt.shuffle = cfg.shuffle;
   dopt.seed = cfg.seed;
   dopt.vocab_size = mc.vocab_size;
+  dopt.world = W;
+  dopt.rank = comm.rank();
   // A preset's vocabulary is the usual mismatch (gpt2-tiny's 512 on GPT-2 tokens): the error
   // names it and the --vocab that fits. A checkpoint's model has its own, which --vocab cannot
   // change.
@@ -164,7 +185,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
   if (train_data) summary.unigram_entropy = unigram_entropy(*train_data, mc.vocab_size);
 
   std::ofstream log;
-  if (!cfg.log_file.empty()) {
+  if (lead && !cfg.log_file.empty()) {
     if (auto parent = fs::path(cfg.log_file).parent_path(); !parent.empty())
       fs::create_directories(parent);
     // A resume continues the log from the checkpoint's step: the lines of steps after it (run
@@ -174,7 +195,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
     if (!log) MEMFIT_THROW(IoError, "train", "cannot open log file {}", cfg.log_file);
   }
   auto log_line = [&](const json& j) {
-    if (log.is_open()) log << j.dump() << '\n' << std::flush;
+    if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
   };
 
   auto save = [&](int64_t step) {
@@ -195,6 +216,9 @@ TrainSummary train(const TrainConfig& cfg_in) {
               {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
               {"mem", memory_json(pool.current_breakdown())}});
   };
+  // The first eval_batches micro-batches of the validation split, in order. With W ranks a
+  // micro-batch is W x B rows and each rank evaluates its B of them (its loader's rows), so the
+  // work is split and the mean is over every row, as one process with batch W x B.
   auto evaluate = [&]() -> float {
     if (!val_data) return -1;
     val_data->set_position(0);
@@ -204,14 +228,17 @@ TrainSummary train(const TrainConfig& cfg_in) {
       val_data->next_batch();
       sum += gpt.forward(val_data->inputs(), val_data->targets(), /*training=*/false);
     }
-    return static_cast<float>(sum / n);
+    if (W == 1) return static_cast<float>(sum / n);
+    float total = static_cast<float>(sum);
+    comm.all_reduce({&total, 1});
+    return total / static_cast<float>(n * W);
   };
 
   Progress progress(last_step, stderr, std::max<int64_t>(1, last_step / 20));
   const InterruptScope interrupts;  // SIGINT/SIGTERM: stop after this step, then save as below
   auto last_save = std::chrono::steady_clock::now();
   std::vector<double> rates;
-  const double tokens_per_step = double(B) * T * spec.grad_accum;
+  const double tokens_per_step = double(B) * T * spec.grad_accum * W;  // every rank's
   int64_t saved_at = -1;
   for (int64_t step = start_step; step < last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -225,7 +252,15 @@ TrainSummary train(const TrainConfig& cfg_in) {
                               loss_scale);
       gpt.backward();
     }
-    const float loss = static_cast<float>(loss_sum / spec.grad_accum);
+    if (W > 1) {
+      // Every rank's gradient sums and loss sum, summed in rank order on every rank.
+      dist::all_reduce_buckets(comm, {gpt.grads().data<float>(), size_t(gpt.grads().numel())},
+                               spec.bucket_bytes);
+      float total = static_cast<float>(loss_sum);
+      comm.all_reduce({&total, 1});
+      loss_sum = total;
+    }
+    const float loss = static_cast<float>(loss_sum / (spec.grad_accum * W));
     // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
     // position is the number of steps that updated, which the scaler's state keeps over resumes.
     const float lr = cfg.schedule.at(step - (scaler ? scaler->skipped() : 0));
@@ -235,7 +270,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
     if (!scaler && !std::isfinite(loss))
       update.non_finite = true;
     else
-      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum);
+      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W);
     // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
     // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
     if (update.skipped && loss_scale <= cfg.loss_scaler.min_scale) update.non_finite = true;
@@ -281,21 +316,29 @@ TrainSummary train(const TrainConfig& cfg_in) {
       log_line({{"step", step + 1}, {"val_loss", summary.last_val_loss}});
       text += fmt::format(" | val {:.4f}", summary.last_val_loss);
     }
-    progress.update(step + 1, text);
+    if (lead) progress.update(step + 1, text);
     const double minutes_since_save =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() / 60;
     const bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
                      (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
-    if (!cfg.save_dir.empty() && due && !last) {
+    if (lead && !cfg.save_dir.empty() && due && !last) {
       save(step + 1);
       saved_at = step + 1;
       last_save = std::chrono::steady_clock::now();
     }
-    if ((summary.interrupted_by = interrupt_signal())) break;
+    summary.interrupted_by = interrupt_signal();
+    if (W > 1) {
+      // Every rank stops after the same step: at the first where any rank was signalled.
+      float any = summary.interrupted_by ? 1.0f : 0.0f;
+      comm.all_reduce({&any, 1});
+      if (any > 0 && !summary.interrupted_by) summary.interrupted_by = SIGTERM;
+    }
+    if (summary.interrupted_by) break;
   }
-  progress.finish();
+  if (lead) progress.finish();
   const int64_t final_step = start_step + summary.steps_run;
-  if (!cfg.save_dir.empty() && saved_at != final_step) save(final_step);
+  if (lead && !cfg.save_dir.empty() && saved_at != final_step) save(final_step);
+  comm.barrier();  // the save is complete before any rank reports the run done
   summary.saved = !cfg.save_dir.empty();
 
   if (!rates.empty()) {
@@ -303,6 +346,7 @@ TrainSummary train(const TrainConfig& cfg_in) {
     summary.median_tokens_per_s = rates[rates.size() / 2];
   }
   summary.last_step = final_step;
+  summary.rank = comm.rank();
   summary.ckpt = spec.ckpt.name();
   summary.batch = spec.batch;
   summary.grad_accum = spec.grad_accum;

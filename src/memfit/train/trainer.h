@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "memfit/dist/communicator.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/memory/category.h"
 #include "memfit/train/train_config.h"
@@ -32,6 +33,7 @@ struct TrainSummary {
   // SIGINT or SIGTERM stopped the run after last_step (train/interrupt.h); 0 if it ran out.
   int interrupted_by = 0;
   bool saved = false;  // a checkpoint of last_step is in --save's directory
+  int rank = 0;        // this process's rank (data parallelism): rank 0 reports the run
 };
 
 // Runs training as configured (a SIGINT or SIGTERM stops it after the step in progress, saved
@@ -40,5 +42,9 @@ struct TrainSummary {
 // budget is too small (the pool's, or the planner's when no choice fits), Error when the loss
 // becomes non-finite; none of them leaves a partial checkpoint behind.
 TrainSummary train(const TrainConfig& config);
+// The same as one of comm.size() data-parallel ranks (under mpirun or srun): each reads its rows
+// of every global micro-batch, gradients and losses are summed over the ranks, rank 0 logs and
+// saves. Every rank must call it with the same config.
+TrainSummary train(const TrainConfig& config, dist::Communicator& comm);
 
 }  // namespace memfit
