@@ -33,7 +33,8 @@ class SingleCommunicator final : public Communicator {
   std::string describe() const override { return "single process"; }
 
   std::unique_ptr<Request> reduce_scatter_async(std::span<const float> in, std::span<float> out,
-                                                std::span<const int64_t> counts) override {
+                                                std::span<const int64_t> counts,
+                                                std::span<float>) override {
     check_counts(counts, 1, "reduce_scatter");
     if (in.size() != static_cast<size_t>(counts[0]) || out.size() != in.size())
       MEMFIT_THROW(DistError, "reduce_scatter", "in {} and out {} floats for a count of {}",
@@ -48,7 +49,7 @@ class SingleCommunicator final : public Communicator {
     if (out != in) std::memmove(out, in, static_cast<size_t>(counts[0]) * elem_bytes);
     return std::make_unique<DoneRequest>();
   }
-  std::unique_ptr<Request> all_reduce_async(std::span<float>) override {
+  std::unique_ptr<Request> all_reduce_async(std::span<float>, std::span<float>) override {
     return std::make_unique<DoneRequest>();
   }
   void broadcast(void*, int64_t, int root) override {

@@ -22,9 +22,11 @@ class MemoryPool;
 
 namespace memfit::dist {
 
-// An operation in flight. wait() finishes it (the reduction's sum included) and may be called
-// once; test() makes progress and says whether wait() would return at once. Destroying a
-// pending request waits for it.
+// An operation in flight. wait() finishes it (the reduction's sum included); test() makes
+// progress and says whether it is done. A collective in two phases (all-reduce: reduce-scatter,
+// then all-gather) starts its second in wait() only, so its test() stays false until then:
+// every rank must start collectives in the same order, and only the points where ranks wait are
+// the same on every rank. Destroying a pending request waits for it.
 class Request {
  public:
   virtual ~Request() = default;
@@ -43,9 +45,12 @@ class Communicator {
   // out (counts[rank()] floats) = the sum over ranks of their `in` range of rank() (in holds
   // sum(counts) floats, rank r's range after ranks 0..r-1's). `out` may be this rank's range of
   // `in`: the sum is written once the exchange is done.
+  // `receive`, if given, is where the W pieces arrive (at least receive_floats(counts) floats,
+  // the caller's to keep alive until wait()); else the pool (set_pool) or the heap lends it.
   virtual std::unique_ptr<Request> reduce_scatter_async(std::span<const float> in,
                                                         std::span<float> out,
-                                                        std::span<const int64_t> counts) = 0;
+                                                        std::span<const int64_t> counts,
+                                                        std::span<float> receive = {}) = 0;
   // out (sum(counts) elements of elem_bytes each) = every rank's `in` (counts[r]
   // elements) in rank order. Any element type: nothing is added.
   virtual std::unique_ptr<Request> all_gather_async(const void* in, void* out,
@@ -53,7 +58,14 @@ class Communicator {
                                                     int elem_bytes) = 0;
   // data (n floats) = the sum over ranks, on every rank: reduce_scatter then all_gather over
   // an even split, so its sums are the reduce-scatter's, bit for bit.
-  virtual std::unique_ptr<Request> all_reduce_async(std::span<float> data) = 0;
+  virtual std::unique_ptr<Request> all_reduce_async(std::span<float> data,
+                                                    std::span<float> receive = {}) = 0;
+  // The receive buffer a reduce-scatter with these counts needs on this rank: W pieces of its
+  // range (0 for one process, which copies); an all-reduce of n floats needs
+  // receive_floats(even_counts(n, size())).
+  int64_t receive_floats(std::span<const int64_t> counts) const {
+    return size() == 1 ? 0 : int64_t{size()} * counts[static_cast<size_t>(rank())];
+  }
   // data (bytes) = root's, on every rank.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
@@ -66,7 +78,9 @@ class Communicator {
   void all_gather(const void* in, void* out, std::span<const int64_t> counts, int elem_bytes) {
     all_gather_async(in, out, counts, elem_bytes)->wait();
   }
-  void all_reduce(std::span<float> data) { all_reduce_async(data)->wait(); }
+  void all_reduce(std::span<float> data, std::span<float> receive = {}) {
+    all_reduce_async(data, receive)->wait();
+  }
 
   // Where the collectives' own buffers come from (Category::comm, tag "comm.receive"): a
   // reduce-scatter receives W pieces of the rank's range before it adds them. Without a pool

@@ -2,29 +2,80 @@
 
 #include <algorithm>
 
-#include "memfit/memory/pool.h"
+#include "memfit/core/error.h"
 
 namespace memfit::dist {
+
+namespace {
+
+// Floats of one ring slot on rank `rank`: the largest bucket's receive buffer, at least `world`.
+int64_t slot_floats(int64_t n, size_t bucket_bytes, int world, int rank) {
+  const int64_t per = bucket_floats(n, bucket_bytes);
+  return std::max<int64_t>(int64_t{world} * even_counts(per, world)[static_cast<size_t>(rank)],
+                           world);
+}
+
+}  // namespace
 
 int64_t bucket_floats(int64_t n, size_t bucket_bytes) {
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
   return std::min(std::max<int64_t>(n, 1), per);
 }
 
-size_t all_reduce_comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank) {
-  if (world <= 1 || n == 0) return 0;
-  const int64_t first = bucket_floats(n, bucket_bytes);
-  const int64_t mine = even_counts(first, world)[static_cast<size_t>(rank)];
-  return MemoryPool::round_up(
-      std::max<size_t>(static_cast<size_t>(world * mine) * sizeof(float), 1));
+size_t GradientSync::comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank) {
+  if (world <= 1) return 0;
+  const size_t slot = static_cast<size_t>(slot_floats(n, bucket_bytes, world, rank));
+  return MemoryPool::round_up(kInFlight * slot * sizeof(float));
 }
 
-void all_reduce_buckets(Communicator& comm, std::span<float> data, size_t bucket_bytes) {
-  if (comm.size() == 1) return;
-  const int64_t n = static_cast<int64_t>(data.size());
-  const int64_t per = bucket_floats(n, bucket_bytes);
-  for (int64_t at = 0; at < n; at += per)
-    comm.all_reduce(data.subspan(static_cast<size_t>(at), static_cast<size_t>(std::min(per, n - at))));
+GradientSync::GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads,
+                           size_t bucket_bytes)
+    : comm_(comm), grads_(grads) {
+  const int64_t n = static_cast<int64_t>(grads.size());
+  per_ = bucket_floats(n, bucket_bytes);
+  buckets_ = (n + per_ - 1) / per_;
+  slot_floats_ = slot_floats(n, bucket_bytes, comm.size(), comm.rank());
+  ring_ = pool.allocate(comm_bytes(n, bucket_bytes, comm.size(), comm.rank()), Category::comm,
+                        "comm.grad_ring");
+}
+
+GradientSync::~GradientSync() = default;  // pending requests wait as they are destroyed
+
+// Bucket j covers [n - (j+1) per, n - j per), clipped at 0: the slab's end first, as the
+// backward finishes it.
+void GradientSync::start(int64_t j) {
+  if (static_cast<int>(in_flight_.size()) == kInFlight) wait_oldest();
+  const int64_t n = static_cast<int64_t>(grads_.size());
+  const int64_t end = n - j * per_, begin = std::max<int64_t>(0, end - per_);
+  float* slot = static_cast<float*>(ring_.data()) + (j % kInFlight) * slot_floats_;
+  in_flight_.push_back(comm_.all_reduce_async(
+      grads_.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)),
+      {slot, static_cast<size_t>(slot_floats_)}));
+}
+
+void GradientSync::wait_oldest() {
+  in_flight_.front()->wait();
+  in_flight_.erase(in_flight_.begin());
+}
+
+void GradientSync::final_from(int64_t from) {
+  const int64_t n = static_cast<int64_t>(grads_.size());
+  while (next_ < buckets_ && std::max<int64_t>(0, n - (next_ + 1) * per_) >= from) start(next_++);
+  // OpenMPI moves a nonblocking collective only inside MPI calls: give the ones in flight a turn.
+  for (auto& r : in_flight_) r->test();
+}
+
+void GradientSync::finish() {
+  while (next_ < buckets_) start(next_++);
+  while (!in_flight_.empty()) wait_oldest();
+  next_ = 0;  // the next step's exchange starts from the slab's end again
+}
+
+float GradientSync::sum(float x) {
+  MEMFIT_CHECK(in_flight_.empty(), "dist", "a scalar sum while {} buckets are in flight",
+               in_flight_.size());
+  comm_.all_reduce({&x, 1}, {static_cast<float*>(ring_.data()), static_cast<size_t>(slot_floats_)});
+  return x;
 }
 
 }  // namespace memfit::dist

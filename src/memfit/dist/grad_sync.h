@@ -1,15 +1,19 @@
 // Data parallelism's gradient exchange: every rank's gradients summed into every rank's, a
-// bucket at a time, so the collectives' receive buffer (Category::comm) is one bucket's, not the
-// model's. The sums are the communicator's, in rank order (Note [Deterministic reduction]), so
-// they do not depend on the bucket size. The planner counts the buffer with
-// all_reduce_comm_bytes, the same arithmetic the exchange allocates by.
+// bucket at a time, started while the backward is still running (the backward finishes the
+// gradient slab from its end: Transformer::backward(final_from)), at most kInFlight buckets in
+// flight. The receive buffers are a ring of kInFlight allocated once (Category::comm), so the
+// plan (comm_bytes) is exact whatever the timing. The sums are the communicator's, in rank
+// order (Note [Deterministic reduction]): the same bits whatever the bucket size or the overlap.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "memfit/dist/communicator.h"
+#include "memfit/memory/pool.h"
 
 namespace memfit::dist {
 
@@ -17,11 +21,37 @@ namespace memfit::dist {
 // them when the bucket is larger).
 int64_t bucket_floats(int64_t n, size_t bucket_bytes);
 
-// The comm bytes rank `rank` of `world` holds while a bucket is in flight: the receive buffer of
-// the largest (the first) bucket, as the pool rounds it; 0 for one rank.
-size_t all_reduce_comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank);
+class GradientSync {
+ public:
+  static constexpr int kInFlight = 2;
 
-// data = the sum over ranks of data, bucket after bucket.
-void all_reduce_buckets(Communicator& comm, std::span<float> data, size_t bucket_bytes);
+  // The comm bytes a rank holds for the exchange: kInFlight receive buffers of the largest
+  // bucket (at least `world` floats each, for the scalar sums); 0 for one rank. What the
+  // constructor allocates.
+  static size_t comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank);
+
+  // Over `grads` (n floats), for the run's lifetime.
+  GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads, size_t bucket_bytes);
+  ~GradientSync();
+
+  // The gradients [from, n) are final: start every bucket inside them not started yet.
+  void final_from(int64_t from);
+  // Every gradient is final: start the rest, wait for all; the slab then holds the sums.
+  void finish();
+  // The sum over ranks of x (the loss, the stop flag), through the ring: nothing allocated.
+  // Not while buckets are in flight.
+  float sum(float x);
+
+ private:
+  void start(int64_t bucket);
+  void wait_oldest();
+
+  Communicator& comm_;
+  std::span<float> grads_;
+  int64_t per_ = 0, buckets_ = 0, next_ = 0;
+  int64_t slot_floats_ = 0;
+  Allocation ring_;
+  std::vector<std::unique_ptr<Request>> in_flight_;  // oldest first
+};
 
 }  // namespace memfit::dist

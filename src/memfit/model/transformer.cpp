@@ -138,10 +138,26 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
   return loss_sum / N;
 }
 
-void Transformer::backward() {
+void Transformer::backward() { backward(nullptr); }
+
+void Transformer::backward(const std::function<void(int64_t final_from)>& final_from) {
   MEMFIT_CHECK(backward_ready_, "model", "backward() without a training forward() before it");
   backward_ready_ = false;
-  step_->backward(ctx_, weights_, grad_views_);
+  if (!final_from) {
+    step_->backward(ctx_, weights_, grad_views_);
+    return;
+  }
+  // The first element of each block and of the final norm (the parts after it, an untied head,
+  // were finished by the forward's fused head).
+  std::vector<int64_t> first(static_cast<size_t>(config_.n_layer) + 1, layout_.total());
+  for (const ParamInfo& p : layout_.params()) {
+    const size_t part = p.layer >= 0 ? static_cast<size_t>(p.layer)
+                                      : (p.role == ParamRole::norm_weight ? first.size() - 1
+                                                                           : first.size());
+    if (part < first.size()) first[part] = std::min(first[part], p.offset);
+  }
+  step_->backward(ctx_, weights_, grad_views_,
+                  [&](int part) { final_from(part < 0 ? 0 : first[static_cast<size_t>(part)]); });
 }
 
 void Transformer::logits(const Tensor& tokens, Tensor& out) {

@@ -2,6 +2,8 @@
 // the activation buffers of one micro-batch, and the step (transformer_step.h) run over them.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -79,6 +81,11 @@ class Transformer {
                 float loss_scale = 1.0f);
   // Accumulates (+=) every parameter's gradient of the last training forward into grads().
   void backward();
+  // The same, calling final_from(e) whenever the gradient slab's elements [e, end) are final for
+  // this micro-batch: the layout puts the blocks in order between the embeddings and the final
+  // norm (and an untied head), and the backward finishes them from the last, so what is final
+  // is always a suffix; e = 0 at the end. Data parallelism starts summing them meanwhile.
+  void backward(const std::function<void(int64_t final_from)>& final_from);
   void zero_grad() { grads_.zero(); }
 
   // Logits (B, T, vocab_size) of every position, for evaluation against other implementations

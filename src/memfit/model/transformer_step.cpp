@@ -131,7 +131,11 @@ float TransformerStep::forward(StepContext& ctx, const ModelWeights& w, const Mo
   return loss_sum;
 }
 
-void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g) {
+void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
+                               const std::function<void(int)>& done) {
+  auto report = [&](int part) {
+    if (done && ctx.running()) done(part);
+  };
   const int64_t C = config_.d_model;
   {
     // ws.dC holds d(norm) from the fused LM head; ws.dresidual becomes d(top block's output).
@@ -151,6 +155,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
         rmsnorm_backward(dres, dw, dnorm, x, w.norm_w, rstd);
     }
   }
+  report(config_.n_layer);
   // Checkpointing: entering a recomputed segment from its last block, rerun its forward from
   // the kept input of its first block.
   int segment = static_cast<int>(slots_.segments.size()) - 1;
@@ -162,6 +167,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     ctx.enter(PhaseKind::backward, l);
     BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
     family_.backward(s);
+    report(l);
   }
   ctx.enter(PhaseKind::embedding_backward);
   Tensor dres = ctx.read("ws.dresidual"), tokens = ctx.read("tokens");
@@ -169,6 +175,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     Tensor dwte = g.tok_emb, dwpe = g.pos_emb;
     embedding_backward(dwte, dwpe, dres, tokens);
   }
+  report(-1);
   ctx.finish();
 }
 

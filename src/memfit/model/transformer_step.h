@@ -5,6 +5,8 @@
 // runs it on its weights; plan_step (step_plan.h) runs it without weights to record the plan.
 #pragma once
 
+#include <functional>
+
 #include <vector>
 
 #include "memfit/model/block_family.h"
@@ -24,7 +26,11 @@ class TransformerStep {
   float forward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                 const Tensor* tokens, const Tensor* targets, bool training, float dloss);
   // Accumulates every parameter's gradient of the last training forward into g.
-  void backward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g);
+  // `done`, if set, is called (running only) after the final norm's backward with n_layer, after
+  // block l's with l, and after the embedding's with -1: the gradients that part writes last
+  // are then final (data parallelism starts summing them, dist/grad_sync.h).
+  void backward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
+                const std::function<void(int)>& done = {});
   // f32 logits (B, T, vocab_size) of every position.
   void logits(StepContext& ctx, const ModelWeights& w, const Tensor& tokens, Tensor& out);
 

@@ -79,9 +79,10 @@ PlanReport plan_training(const RunSpec& spec) {
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
   at(Category::optimizer) = optimizer_state_bytes(oc, layout);
-  // Data parallelism: every rank holds all of the above, plus the receive buffer of one
-  // gradient bucket while it is summed (rank 0's, the largest: dist/grad_sync.h).
-  at(Category::comm) = dist::all_reduce_comm_bytes(layout.total(), spec.bucket_bytes, spec.world, 0);
+  // Data parallelism: every rank holds all of the above, plus the ring of receive buffers the
+  // gradient buckets are summed through (rank 0's, the largest: dist/grad_sync.h).
+  at(Category::comm) =
+      dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, 0);
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];

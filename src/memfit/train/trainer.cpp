@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -159,6 +160,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     gpt.init_weights(cfg.seed);
   }
   gpt.reserve(B, T, spec.activation_options());
+  // Data parallelism: the gradient exchange and its receive ring (Category::comm), for the run.
+  std::optional<dist::GradientSync> sync;
+  if (W > 1)
+    sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
+                 spec.bucket_bytes);
 
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;
@@ -228,10 +234,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       val_data->next_batch();
       sum += gpt.forward(val_data->inputs(), val_data->targets(), /*training=*/false);
     }
-    if (W == 1) return static_cast<float>(sum / n);
-    float total = static_cast<float>(sum);
-    comm.all_reduce({&total, 1});
-    return total / static_cast<float>(n * W);
+    if (!sync) return static_cast<float>(sum / n);
+    return sync->sum(static_cast<float>(sum)) / static_cast<float>(n * W);
   };
 
   Progress progress(last_step, stderr, std::max<int64_t>(1, last_step / 20));
@@ -250,15 +254,17 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       train_data->next_batch();
       loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true,
                               loss_scale);
-      gpt.backward();
+      // The last micro-batch's backward finishes the gradients: data parallelism sums each
+      // bucket over the ranks as soon as the backward has finished it.
+      if (sync && m + 1 == spec.grad_accum)
+        gpt.backward([&](int64_t from) { sync->final_from(from); });
+      else
+        gpt.backward();
     }
-    if (W > 1) {
-      // Every rank's gradient sums and loss sum, summed in rank order on every rank.
-      dist::all_reduce_buckets(comm, {gpt.grads().data<float>(), size_t(gpt.grads().numel())},
-                               spec.bucket_bytes);
-      float total = static_cast<float>(loss_sum);
-      comm.all_reduce({&total, 1});
-      loss_sum = total;
+    if (sync) {
+      // The buckets the backward did not finish in time, then the loss over every rank.
+      sync->finish();
+      loss_sum = sync->sum(static_cast<float>(loss_sum));
     }
     const float loss = static_cast<float>(loss_sum / (spec.grad_accum * W));
     // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
@@ -327,10 +333,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       last_save = std::chrono::steady_clock::now();
     }
     summary.interrupted_by = interrupt_signal();
-    if (W > 1) {
+    if (sync) {
       // Every rank stops after the same step: at the first where any rank was signalled.
-      float any = summary.interrupted_by ? 1.0f : 0.0f;
-      comm.all_reduce({&any, 1});
+      const float any = sync->sum(summary.interrupted_by ? 1.0f : 0.0f);
       if (any > 0 && !summary.interrupted_by) summary.interrupted_by = SIGTERM;
     }
     if (summary.interrupted_by) break;

@@ -67,18 +67,24 @@ void ensure_initialized() {
 }
 
 // A reduce-scatter's receive buffer: from the pool (Category::comm) when there is one.
+// The caller's buffer when it lends one; else one lent for the exchange's duration.
 class Receive {
  public:
-  Receive(MemoryPool* pool, size_t floats) {
+  Receive(MemoryPool* pool, size_t floats, std::span<float> lent) : lent_(lent) {
+    if (!lent.empty()) return;
     if (pool)
       alloc_ = pool->allocate(std::max<size_t>(floats, 1) * sizeof(float), Category::comm,
                               "comm.receive");
     else
       heap_.resize(floats);
   }
-  float* data() { return alloc_ ? static_cast<float*>(alloc_.data()) : heap_.data(); }
+  float* data() {
+    if (!lent_.empty()) return lent_.data();
+    return alloc_ ? static_cast<float*>(alloc_.data()) : heap_.data();
+  }
 
  private:
+  std::span<float> lent_;
   Allocation alloc_;
   std::vector<float> heap_;
 };
@@ -147,14 +153,19 @@ class MpiCommunicator final : public Communicator {
   // (MPI_Ialltoallv), then adds them in rank order: the transport only moves bytes, so the sum
   // does not depend on its algorithm.
   std::unique_ptr<Request> reduce_scatter_async(std::span<const float> in, std::span<float> out,
-                                                std::span<const int64_t> counts) override {
+                                                std::span<const int64_t> counts,
+                                                std::span<float> receive) override {
     const std::vector<int> c = checked_counts(counts, "reduce_scatter");
     const int mine = c[static_cast<size_t>(rank_)];
     const int64_t total = std::accumulate(c.begin(), c.end(), int64_t{0});
     if (static_cast<int64_t>(in.size()) != total || static_cast<int>(out.size()) != mine)
       MEMFIT_THROW(DistError, "reduce_scatter", "in {} floats (want {}), out {} (want {})",
                    in.size(), total, out.size(), mine);
-    auto staging = std::make_shared<Receive>(pool_, static_cast<size_t>(mine) * size_);
+    const size_t need = static_cast<size_t>(mine) * size_;
+    if (!receive.empty() && receive.size() < need)
+      MEMFIT_THROW(DistError, "reduce_scatter", "a receive buffer of {} floats, need {}",
+                   receive.size(), need);
+    auto staging = std::make_shared<Receive>(pool_, receive.empty() ? need : 0, receive);
     const std::vector<int> sdispl = displacements(c);
     const std::vector<int> rcounts(static_cast<size_t>(size_), mine);
     const std::vector<int> rdispl = displacements(rcounts);
@@ -190,7 +201,8 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiRequest>(r, nullptr);
   }
 
-  std::unique_ptr<Request> all_reduce_async(std::span<float> data) override {
+  std::unique_ptr<Request> all_reduce_async(std::span<float> data,
+                                            std::span<float> receive) override {
     auto counts = std::make_shared<std::vector<int64_t>>(
         even_counts(static_cast<int64_t>(data.size()), size_));
     int64_t offset = 0;
@@ -199,7 +211,7 @@ class MpiCommunicator final : public Communicator {
                                          static_cast<size_t>((*counts)[static_cast<size_t>(rank_)]));
     // The rank's sums land in its own range of `data` (written once the exchange is done), and
     // the gather fills the rest in place.
-    std::unique_ptr<Request> scatter = reduce_scatter_async(data, mine, *counts);
+    std::unique_ptr<Request> scatter = reduce_scatter_async(data, mine, *counts, receive);
     return std::make_unique<ChainedRequest>(std::move(scatter), [this, data, mine, counts] {
       return all_gather_async(mine.data(), data.data(), *counts, sizeof(float));
     });
@@ -211,15 +223,17 @@ class MpiCommunicator final : public Communicator {
   void barrier() override { MEMFIT_MPI(MPI_Barrier(comm_)); }
 
  private:
-  // A first request, then the one `next` starts once it is done.
+  // A first request, then the one `next` starts. The second collective starts in wait(), never
+  // in test(): ranks must start collectives in the same order, and whether a test() finds the
+  // first one done differs between ranks, while the points where they wait do not.
   class ChainedRequest final : public Request {
    public:
     ChainedRequest(std::unique_ptr<Request> first, std::function<std::unique_ptr<Request>()> next)
         : first_(std::move(first)), next_(std::move(next)) {}
     bool test() override {
       if (!second_) {
-        if (!first_->test()) return false;
-        second_ = next_();
+        first_->test();  // progress only
+        return false;
       }
       return second_->test();
     }
