@@ -114,29 +114,5 @@ TEST(MaxModel, NothingFitsNamesTheSmallestMember) {
   EXPECT_EQ(r.best.search.choice.peak_bytes, least_peak(tiny_vocab(), gpt2_family_shape(1)));
 }
 
-TEST(MaxModel, RefusesWhatItVaries) {
-  auto expect_refused = [](TrainConfig c, const char* option) {
-    c.mem_limit = "200MiB";
-    try {
-      check_max_model_config(c);
-      ADD_FAILURE() << "expected ConfigError for " << option;
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
-    }
-  };
-  TrainConfig c = tiny_vocab_config();
-  c.n_layer = 4;
-  expect_refused(c, "--n-layer");
-  c = tiny_vocab_config();
-  c.d_model = 128;
-  expect_refused(c, "--d-model");
-  c = tiny_vocab_config();
-  c.ckpt = "full";
-  expect_refused(c, "--ckpt");
-  c = tiny_vocab_config();
-  c.init_from = "somewhere";
-  expect_refused(c, "--init-from");
-}
-
 }  // namespace
 }  // namespace memfit

@@ -53,52 +53,56 @@ TEST(RunSetup, ResolvesTheOptionsIntoTypes) {
   EXPECT_EQ(a.ckpt, CheckpointPolicy{});  // the search sets it
 }
 
-// Each bad option is a ConfigError whose message names it.
-TEST(RunSetup, EachBadOptionIsRefusedByName) {
-  auto refused = [](TrainConfig c, const std::string& option) {
-    try {
-      resolve_run(c);
-      ADD_FAILURE() << "accepted; expected an error naming " << option;
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
-    }
-  };
-  TrainConfig c = tiny();
-  c.mem_limit = "lots";
-  refused(c, "--mem-limit");
-  c = tiny();
-  c.batch = 0;
-  refused(c, "--batch");
-  c = tiny();
-  c.ckpt = "auto";  // the planner needs a budget
-  refused(c, "--mem-limit");
-  c = tiny();
-  c.master_weights = "maybe";
-  refused(c, "--master-weights");
-  c = tiny();
-  c.precision = "bf16";
-  c.master_weights = "none";
-  c.optim.name = "lion";  // pure bf16 is AdamW's stochastic rounding: a rule between options
-  refused(c, "--master-weights none");
-  c = tiny();
-  c.attention = "sparse";
-  refused(c, "sparse");
-  c = tiny();
-  c.ckpt = "every:0";
-  refused(c, "every:0");
-  c = tiny();
-  c.precision = "fp8";
-  refused(c, "fp8");
+// `check` refuses c with a ConfigError whose message names `option`.
+template <class Check>
+void expect_refused(Check check, const TrainConfig& c, const std::string& option) {
+  try {
+    check(c);
+    ADD_FAILURE() << "accepted; expected an error naming " << option;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
+  }
 }
 
-// --max-model's own rules: what it varies is left to it, and it needs a budget.
+// Each bad option is a ConfigError whose message names it.
+TEST(RunSetup, EachBadOptionIsRefusedByName) {
+  auto refused = [](auto change, const std::string& option) {
+    TrainConfig c = tiny();
+    change(c);
+    expect_refused([](const TrainConfig& x) { resolve_run(x); }, c, option);
+  };
+  refused([](TrainConfig& c) { c.mem_limit = "lots"; }, "--mem-limit");
+  refused([](TrainConfig& c) { c.batch = 0; }, "--batch");
+  refused([](TrainConfig& c) { c.ckpt = "auto"; }, "--mem-limit");  // the search needs a budget
+  refused([](TrainConfig& c) { c.master_weights = "maybe"; }, "--master-weights");
+  // Pure bf16 is AdamW's stochastic rounding: a rule between options (RunSpec::check).
+  refused([](TrainConfig& c) { c.precision = "bf16", c.master_weights = "none", c.optim.name = "lion"; },
+          "--master-weights none");
+  refused([](TrainConfig& c) { c.attention = "sparse"; }, "sparse");
+  refused([](TrainConfig& c) { c.ckpt = "every:0"; }, "every:0");
+  refused([](TrainConfig& c) { c.precision = "fp8"; }, "fp8");
+}
+
+// --max-model varies the shape and the policy: it needs a budget and refuses options that fix
+// what it varies.
 TEST(RunSetup, MaxModelNeedsABudgetAndLeavesTheShapeToTheSearch) {
   TrainConfig c = tiny();
   EXPECT_THROW(check_max_model_config(c), ConfigError);  // no --mem-limit
   c.mem_limit = "64MiB";
   EXPECT_NO_THROW(check_max_model_config(c));
-  c.n_layer = 2;
-  EXPECT_THROW(check_max_model_config(c), ConfigError);
+  c.ckpt = "auto";
+  EXPECT_NO_THROW(check_max_model_config(c));
+  auto refused = [&](auto change, const std::string& option) {
+    TrainConfig x = c;
+    change(x);
+    expect_refused([](const TrainConfig& y) { check_max_model_config(y); }, x, option);
+  };
+  refused([](TrainConfig& x) { x.n_layer = 4; }, "--n-layer");
+  refused([](TrainConfig& x) { x.d_model = 128; }, "--d-model");
+  refused([](TrainConfig& x) { x.n_head = 2; }, "--n-head");
+  refused([](TrainConfig& x) { x.ckpt = "full"; }, "--ckpt");
+  refused([](TrainConfig& x) { x.resume_dir = "somewhere"; }, "--resume");
+  refused([](TrainConfig& x) { x.init_from = "somewhere"; }, "--init-from");
 }
 
 }  // namespace
