@@ -10,6 +10,7 @@ size_t dtype_size(DType dtype) {
     case DType::i8: return 1;
     case DType::i32: return 4;
     case DType::u16: return 2;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -22,6 +23,7 @@ std::string_view dtype_name(DType dtype) {
     case DType::i8: return "i8";
     case DType::i32: return "i32";
     case DType::u16: return "u16";
+    case DType::u8: return "u8";
   }
   return "?";
 }

@@ -1,6 +1,7 @@
 // Element types. f32 is the master precision; bf16 and f16 (IEEE half) are the mixed-precision
 // storage types (see docs/notes/mixed-precision.md); block-quantized int8 has its place so later
-// optimizers slot in; i32 holds token ids, u16 token shards. The scalar conversions below are the
+// optimizers slot in (and holds int8 activation codes); u8 holds FP8 E4M3 activation codes (Note
+// [Activation compression]); i32 holds token ids, u16 token shards. The scalar conversions below are the
 // bit-exact definitions the vectorised kernels (kernels/cpu/convert.h) are tested against.
 #pragma once
 
@@ -11,7 +12,7 @@
 
 namespace memfit {
 
-enum class DType : uint8_t { f32, bf16, f16, i8, i32, u16 };
+enum class DType : uint8_t { f32, bf16, f16, i8, i32, u16, u8 };
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);
@@ -21,6 +22,7 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
 template <> constexpr DType dtype_of<int8_t>() { return DType::i8; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
 
 // bf16 is the top half of an IEEE float. Conversion rounds to nearest, ties to even; NaN stays
 // NaN (quiet), infinities stay infinite.

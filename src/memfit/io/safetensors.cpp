@@ -181,12 +181,15 @@ SafetensorsDType safetensors_dtype_of(DType dtype) {
       return SafetensorsDType::I32;
     case DType::u16:
       return SafetensorsDType::U16;
+    case DType::u8:
+      return SafetensorsDType::U8;
   }
   MEMFIT_THROW(Error, "safetensors", "no safetensors type for dtype {}", static_cast<int>(dtype));
 }
 
 std::optional<DType> memfit_dtype_of(SafetensorsDType dtype) {
-  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i8, DType::i32, DType::u16})
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i8, DType::i32, DType::u16,
+                  DType::u8})
     if (safetensors_dtype_of(d) == dtype) return d;
   return std::nullopt;
 }
