@@ -1,8 +1,9 @@
 // Transformer on its step arena (Note [Step arena]): with dead buffers poisoned (NaN outside each
 // lifetime), a step on the arena gives bit for bit the loss, logits and gradients of the same
 // step with every buffer in bytes of its own, under every checkpoint policy, attention kind and
-// precision; shortening any buffer's lifetime by one phase breaks that, which shows the check
-// catches a wrong lifetime; and the engine refuses to run phases out of the schedule's order.
+// precision, with and without --act-compress; shortening any buffer's lifetime by one phase
+// breaks that, which shows the check catches a wrong lifetime; and the engine refuses to run
+// phases out of the schedule's order.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -22,11 +23,13 @@ ModelConfig three_layers(Family family = Family::gpt2) {
   return c;
 }
 
-ActivationOptions options(const char* ckpt, AttentionKind attention, Precision precision) {
+ActivationOptions options(const char* ckpt, AttentionKind attention, Precision precision,
+                          ActCompress compress = ActCompress::none) {
   ActivationOptions o;
   o.ckpt = CheckpointPolicy::parse(ckpt);
   o.attention = attention;
   o.precision = precision;
+  o.act_compress = compress;
   o.lm_head_chunk = 5;  // several chunks, the last one short
   return o;
 }
@@ -77,11 +80,13 @@ struct Case {
   AttentionKind attention;
   Precision precision;
   Family family = Family::gpt2;
+  ActCompress compress = ActCompress::none;
 };
 
 std::string case_name(const Case& k) {
   std::string n = fmt::format("{}_{}_{}_{}", family_name(k.family), k.ckpt,
                               attention_kind_name(k.attention), precision_name(k.precision));
+  if (k.compress != ActCompress::none) n += fmt::format("_{}", act_compress_name(k.compress));
   for (char& ch : n)
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -97,7 +102,8 @@ TEST_P(StepArena, StepWithDeadBuffersPoisonedEqualsUnsharedStep) {
   MemoryPool pool;
   Transformer gpt(c, pool, {k.precision, true});
   gpt.init_weights(5);
-  const StepPlan plan = plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision));
+  const StepPlan plan =
+      plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision, k.compress));
   const StepPlan reference = unshared(plan);
   for (Category cat : {Category::activations, Category::workspace})
     EXPECT_EQ(reference.arena[static_cast<size_t>(cat)], plan_bytes(plan.buffers, cat));
@@ -115,6 +121,12 @@ std::vector<Case> cases() {
         for (Precision p : {Precision::fp32, Precision::bf16}) out.push_back({ck, a, p, f});
     for (const char* ck : {"none", "selective", "every:2"})
       out.push_back({ck, AttentionKind::plain, Precision::fp16, f});
+    // --act-compress: the codes and scales, and the exact values' scratch shared by the blocks.
+    for (ActCompress z : {ActCompress::int8, ActCompress::fp8}) {
+      out.push_back({"none", AttentionKind::flash, Precision::bf16, f, z});
+      out.push_back({"layers:1", AttentionKind::plain, Precision::fp32, f, z});
+      out.push_back({"selective", AttentionKind::plain, Precision::fp16, f, z});
+    }
   }
   return out;
 }
@@ -130,13 +142,16 @@ TEST(StepArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
                         Case{"every:2", AttentionKind::plain, Precision::bf16},
                         Case{"selective", AttentionKind::plain, Precision::fp16},
                         Case{"none", AttentionKind::flash, Precision::fp32, Family::llama},
-                        Case{"every:2", AttentionKind::flash, Precision::bf16, Family::llama}}) {
+                        Case{"every:2", AttentionKind::flash, Precision::bf16, Family::llama},
+                        Case{"layers:1", AttentionKind::plain, Precision::bf16, Family::gpt2,
+                             ActCompress::int8}}) {
     SCOPED_TRACE(case_name(k));
     const ModelConfig c = three_layers(k.family);
     MemoryPool pool;
     Transformer gpt(c, pool, {k.precision, true});
     gpt.init_weights(5);
-    const StepPlan plan = plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision));
+    const StepPlan plan =
+        plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision, k.compress));
     const Outcome want = run(gpt, plan, true, pool);
     int mutants = 0;
     for (size_t i = 0; i < plan.buffers.size(); ++i)

@@ -19,6 +19,27 @@ std::string_view attention_kind_name(AttentionKind kind) {
   return kind == AttentionKind::flash ? "flash" : "plain";
 }
 
+ActCompress act_compress_from_name(std::string_view name) {
+  if (name == "none") return ActCompress::none;
+  if (name == "int8") return ActCompress::int8;
+  if (name == "fp8") return ActCompress::fp8;
+  MEMFIT_THROW(ConfigError, "config", "--act-compress must be none, int8 or fp8, got '{}'", name);
+}
+
+std::string_view act_compress_name(ActCompress c) {
+  switch (c) {
+    case ActCompress::none: return "none";
+    case ActCompress::int8: return "int8";
+    case ActCompress::fp8: return "fp8";
+  }
+  return "?";
+}
+
+DType act_codes_dtype(ActCompress c) {
+  MEMFIT_CHECK(c != ActCompress::none, "config", "--act-compress none has no codes");
+  return c == ActCompress::int8 ? DType::i8 : DType::u8;
+}
+
 void check_activation_options(const ActivationOptions& options) {
   if (options.precision == Precision::fp16 && options.attention == AttentionKind::flash)
     MEMFIT_THROW(ConfigError, "config",

@@ -39,6 +39,20 @@ enum class AttentionKind : uint8_t {
 AttentionKind attention_kind_from_name(std::string_view name);  // ConfigError if unknown
 std::string_view attention_kind_name(AttentionKind kind);
 
+// How the blocks that keep their activations store the compressible ones (the matmul, GELU /
+// SwiGLU and attention inputs, the attention output, the saved residual; Note [Activation
+// compression] in docs/notes/activation-compression.md): as they are, or as 8-bit codes with one
+// f32 scale per 64 values (kernels/cpu/act_quant.h), restored just before the backward reads
+// them. What is recomputed is never compressed.
+enum class ActCompress : uint8_t {
+  none,
+  int8,  // absmax int8 (codes i8)
+  fp8,   // FP8 E4M3 with a per-block scale (codes u8)
+};
+ActCompress act_compress_from_name(std::string_view name);  // ConfigError if unknown
+std::string_view act_compress_name(ActCompress c);
+DType act_codes_dtype(ActCompress c);  // i8 or u8 (not for none)
+
 struct ActivationOptions {
   int lm_head_chunk = 256;  // rows of logits computed at a time (see Note [Fused LM head])
   AttentionKind attention = AttentionKind::flash;
@@ -46,6 +60,7 @@ struct ActivationOptions {
   // half_dtype(precision) (docs/notes/mixed-precision.md has the table).
   Precision precision = Precision::fp32;
   CheckpointPolicy ckpt;  // which blocks are recomputed in backward (checkpoint_policy.h)
+  ActCompress act_compress = ActCompress::none;  // how kept blocks store their activations
 };
 
 // ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).

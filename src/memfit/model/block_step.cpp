@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "memfit/kernels/cpu/act_quant.h"
 #include "memfit/kernels/cpu/attention.h"
 #include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/matmul.h"
@@ -26,14 +27,46 @@ BlockStep::BlockStep(StepContext& ctx_, const ModelConfig& config_,
       h(half_dtype(options_.precision)) {
   const int slot = slots.slot[layer];
   prefix_ = slot < 0 ? fmt::format("h.{}.", layer) : fmt::format("rc.{}.", slot);
+  kept_ = slot < 0;
   input_tag_ = block_output_tag(slots, layer - 1);
   output_tag_ = block_output_tag(slots, layer);
 }
 
-Tensor BlockStep::save(const char* name, const Shape& shape, DType dtype) {
-  return ctx.write(prefix_ + name, shape, dtype, Category::activations);
+bool BlockStep::compresses() const {
+  return kept_ && options.act_compress != ActCompress::none;
 }
-Tensor BlockStep::saved(const char* name) { return ctx.read(prefix_ + name); }
+
+// Note [Activation compression]: the codes and scales are the block's saved activations; the
+// exact values live in one block's worth of workspace, "ws.act.<name>", shared by every block:
+// written by the forward, quantised at its end, and written again by the backward's restore.
+Tensor BlockStep::save(const char* name, const Shape& shape, DType dtype, Keep keep) {
+  if (keep == Keep::exact || !compresses())
+    return ctx.write(prefix_ + name, shape, dtype, Category::activations);
+  const int64_t n = shape.numel();
+  Compressed c;
+  c.codes = ctx.write(prefix_ + name + ".codes", {n}, act_codes_dtype(options.act_compress),
+                      Category::activations);
+  c.scales = ctx.write(prefix_ + name + ".scales", {act_blocks(n)}, DType::f32,
+                       Category::activations);
+  c.value = ctx.write(std::string("ws.act.") + name, shape, dtype, Category::workspace);
+  pending_.push_back(c);
+  return c.value;
+}
+
+Tensor BlockStep::saved(const char* name, Keep keep) {
+  if (keep == Keep::exact || !compresses()) return ctx.read(prefix_ + name);
+  const Tensor codes = ctx.read(prefix_ + name + ".codes");
+  const Tensor scales = ctx.read(prefix_ + name + ".scales");
+  Tensor value = ctx.write_again(std::string("ws.act.") + name);
+  if (running()) act_dequantize(codes, scales, value);
+  return value;
+}
+
+void BlockStep::compress_saved() {
+  if (running())
+    for (Compressed& c : pending_) act_quantize(c.value, c.codes, c.scales);
+  pending_.clear();
+}
 Tensor BlockStep::input() { return ctx.read(input_tag_); }
 Tensor BlockStep::output() {
   return ctx.write(output_tag_, {B, T, config.d_model}, DType::f32, Category::activations);
@@ -93,7 +126,7 @@ BlockStep::Attention BlockStep::attention_save() {
     const Shape shape{B, NH, T, T};
     a.att = options.ckpt.selective()
                 ? ctx.write("rc.att", shape, h, Category::activations)
-                : save("att", shape, h);
+                : save("att", shape, h, Keep::compressible);
     if (mixed())
       a.ws_fwd = ctx.scratch("ws.attention_fwd",
                              attention_forward_workspace_bytes(B, T, C, heads(), h, h, h));
@@ -124,7 +157,7 @@ BlockStep::Attention BlockStep::attention_grad_buffers() {
         a.ws_fwd = ctx.scratch("ws.attention_fwd",
                                attention_forward_workspace_bytes(B, T, C, heads(), h, h, h));
     } else {
-      a.att = saved("att");
+      a.att = saved("att", Keep::compressible);
     }
     a.ws_bwd = ctx.scratch("ws.attention",
                            attention_backward_workspace_bytes(B, T, C, heads(), h, h, h, h));

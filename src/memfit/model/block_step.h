@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "memfit/kernels/cpu/attention_heads.h"
 #include "memfit/model/model_config.h"
@@ -24,6 +25,11 @@ void linear_forward(StepContext& ctx, Tensor out, const Tensor& inp, const Tenso
                     const Tensor& bias);
 void linear_backward(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
                      const Tensor& dout, const Tensor& inp, const Tensor& weight);
+
+// Whether a saved activation may be stored compressed under --act-compress (Note [Activation
+// compression]): the matmul, GELU / SwiGLU and attention inputs, the attention output and the
+// saved residual may; norm statistics and log-sum-exps stay exact.
+enum class Keep : uint8_t { exact, compressible };
 
 class BlockStep {
  public:
@@ -45,9 +51,21 @@ class BlockStep {
   kernels::AttentionHeads heads() const { return {config.n_head, config.n_kv_head}; }
 
   // This block's saved activations (Category::activations): written in its forward (and
-  // recomputation), read in its backward.
-  Tensor save(const char* name, const Shape& shape, DType dtype);
-  Tensor saved(const char* name);
+  // recomputation), read in its backward. A compressible one, in a block that keeps its
+  // activations, under --act-compress int8 / fp8, is two buffers, "<name>.codes" (one byte a
+  // value) and "<name>.scales" (f32, one per 64 values): save() then hands out the exact values
+  // in the workspace scratch "ws.act.<name>", which compress_saved() quantises once the forward's
+  // kernels have run, and saved() declares the same scratch again and, running, restores the
+  // values into it before returning it. The block code reads and writes the returned tensor
+  // either way.
+  Tensor save(const char* name, const Shape& shape, DType dtype, Keep keep = Keep::exact);
+  Tensor saved(const char* name, Keep keep = Keep::exact);
+  // Whether this block's compressible activations are stored compressed: --act-compress is not
+  // none and the block keeps its activations (one that is recomputed never compresses).
+  bool compresses() const;
+  // After a training forward's kernels (TransformerStep calls it): quantises what save()
+  // handed out for compression. Nothing when planning.
+  void compress_saved();
   Tensor input();   // the block's input: the embedding or the previous block's output
   Tensor output();  // the block's output, (B, T, C) f32, written
   // Scratch shared by every block (Category::workspace): "ws.<name>".
@@ -81,7 +99,12 @@ class BlockStep {
                           Attention& a, Tensor recompute_out);
 
  private:
+  struct Compressed {
+    Tensor value, codes, scales;
+  };
   std::string prefix_, input_tag_, output_tag_;
+  bool kept_ = true;                 // this block keeps its activations (not recomputed)
+  std::vector<Compressed> pending_;  // saved in this forward, to quantise
 };
 
 // The tag of block l's output under these slots: "h.<l>.residual_3" where it is kept (a block

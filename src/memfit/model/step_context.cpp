@@ -90,6 +90,14 @@ Tensor StepContext::write(const std::string& tag, const Shape& shape, DType dtyp
   return t;
 }
 
+Tensor StepContext::write_again(const std::string& tag) {
+  if (running()) return use(tag, Access::write);
+  auto it = index_.find(tag);
+  MEMFIT_CHECK(it != index_.end(), "step", "'{}' written again before any phase wrote it", tag);
+  const BufferSpec b = buffers_[it->second];
+  return write(tag, b.shape, b.dtype, b.category);
+}
+
 // Planning, a read of a tag no earlier phase wrote is caught where the record becomes lifetimes
 // (step_plan.cpp's derive_lifetimes), which names the phase and the tag.
 Tensor StepContext::read(const std::string& tag) { return use(tag, Access::read); }

@@ -47,6 +47,9 @@ class StepContext {
   // A buffer the current phase overwrites before reading it (its old value is dead). Every
   // write of a tag must give the same shape, type and category.
   Tensor write(const std::string& tag, const Shape& shape, DType dtype, Category category);
+  // A write of a buffer an earlier phase declared with write(): the same shape, type and
+  // category (a restored copy of a compressed activation, whose shape the forward gave).
+  Tensor write_again(const std::string& tag);
   // A buffer whose value from an earlier phase the current phase needs (read-modify-write too).
   Tensor read(const std::string& tag);
   // A 1-D f32 workspace buffer of at least `bytes`: planned at the largest size any phase asks

@@ -87,7 +87,8 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
   if (B == B_ && T == T_ && ctx_.running()) {
     const ActivationOptions& now = ctx_.plan().options;
     if (options.lm_head_chunk == now.lm_head_chunk &&
-        options.attention == now.attention && options.ckpt == now.ckpt)
+        options.attention == now.attention && options.ckpt == now.ckpt &&
+        options.act_compress == now.act_compress)
       return;
   }
   reserve(plan_step(config_, B, T, options));
@@ -182,8 +183,10 @@ std::string Transformer::first_non_finite() {
     const std::string& tag = ctx_.plan().buffers[i].tag;
     const Tensor& t = views[i];
     // Scratch, recomputation slots and buffers whose bytes another buffer reuses may hold
-    // stale data from another block or buffer.
-    if (t.dtype() == DType::i32 || tag.starts_with("ws.") || tag.starts_with("rc.") ||
+    // stale data from another block or buffer; token ids and compressed activations' codes are
+    // not floats (their scales are, and a non-finite block has a NaN scale).
+    if (t.dtype() == DType::i32 || t.dtype() == DType::i8 || t.dtype() == DType::u8 ||
+        tag.starts_with("ws.") || tag.starts_with("rc.") ||
         ctx_.plan().shares_bytes(i))
       continue;
     if (!all_finite(t)) return fmt::format("{} (activation)", tag);

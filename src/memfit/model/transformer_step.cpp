@@ -22,14 +22,19 @@ TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOpti
 }
 
 void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
-                                    const ModelWeights& w, const ModelWeights& g) {
+                                    const ModelWeights& w, const ModelWeights& g,
+                                    bool training) {
   ctx.enter(kind, l);
   BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
   family_.forward(s);
+  // --act-compress: what this block keeps, once its kernels have run (Note [Activation
+  // compression]).
+  if (training) s.compress_saved();
 }
 
 void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
-                                     const ModelWeights& g, const Tensor* tokens) {
+                                     const ModelWeights& g, const Tensor* tokens,
+                                     bool training) {
   const int64_t C = config_.d_model, N = int64_t{B_} * T_;
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   ctx.enter(PhaseKind::embedding);
@@ -48,7 +53,8 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
     embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
     if (config_.llama()) rope_table(rope, rope_inv_freq_);
   }
-  for (int l = 0; l < config_.n_layer; ++l) block_forward(ctx, PhaseKind::forward, l, w, g);
+  for (int l = 0; l < config_.n_layer; ++l)
+    block_forward(ctx, PhaseKind::forward, l, w, g, training);
 
   ctx.enter(PhaseKind::final_norm);
   const std::string tag = final_norm_tag();
@@ -119,7 +125,7 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
 float TransformerStep::forward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                                const Tensor* tokens, const Tensor* targets, bool training,
                                float dloss) {
-  forward_blocks(ctx, w, g, tokens);
+  forward_blocks(ctx, w, g, tokens, training);
   float loss_sum = 0;
   lm_head(ctx, w, g, targets, training, dloss, &loss_sum);
   if (ctx.running() && training) {
@@ -183,7 +189,7 @@ void TransformerStep::logits(StepContext& ctx, const ModelWeights& w, const Tens
                              Tensor& out) {
   const int64_t N = int64_t{B_} * T_, C = config_.d_model, V = config_.vocab_size,
                 Vp = config_.padded_vocab;
-  forward_blocks(ctx, w, w, &tokens);
+  forward_blocks(ctx, w, w, &tokens, /*training=*/false);
   ctx.enter(PhaseKind::lm_head);
   Tensor norm = ctx.view(final_norm_tag()).reshape({N, C}), logits_ws = ctx.view("ws.logits");
   Tensor no_bias;

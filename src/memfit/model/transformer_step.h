@@ -38,10 +38,12 @@ class TransformerStep {
   const char* final_norm_tag() const { return config_.gpt2() ? "ln_f" : "norm"; }
 
  private:
+  // `training`: a backward follows, so the kept blocks compress what they save
+  // (--act-compress); an evaluation forward leaves the codes alone (nothing will read them).
   void forward_blocks(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
-                      const Tensor* tokens);
+                      const Tensor* tokens, bool training);
   void block_forward(StepContext& ctx, PhaseKind kind, int l, const ModelWeights& w,
-                     const ModelWeights& g);
+                     const ModelWeights& g, bool training = true);
   void lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                const Tensor* targets, bool training, float dloss, float* loss_sum);
 

@@ -15,21 +15,24 @@ using namespace kernels;
 // stay f32. The GELU output is not kept: backward recomputes it from the saved pre-activation
 // (one cheap pass per layer that saves 4C values per token, a quarter of the block's
 // activations). ws.dC and ws.gelu are free during the forward, so they hold the projections'
-// outputs and the GELU.
+// outputs and the GELU. Keep::compressible marks what --act-compress may store in 8 bits in a
+// block that keeps its activations (Note [Activation compression]); the code reads and writes
+// the same tensors either way.
 void gpt2_block_forward(BlockStep& s) {
   const int B = s.B, T = s.T;
   const int64_t C = s.config.d_model, N = s.rows();
   const DType h = s.h, f32 = DType::f32;
   Tensor x = s.input();
-  Tensor ln1 = s.save("ln_1", {B, T, C}, h), ln1_mean = s.save("ln_1.mean", {N}, f32),
+  const Keep z = Keep::compressible;  // under --act-compress (Note [Activation compression])
+  Tensor ln1 = s.save("ln_1", {B, T, C}, h, z), ln1_mean = s.save("ln_1.mean", {N}, f32),
          ln1_rstd = s.save("ln_1.rstd", {N}, f32);
-  Tensor qkv = s.save("qkv", {B, T, 3 * C}, h);
+  Tensor qkv = s.save("qkv", {B, T, 3 * C}, h, z);
   BlockStep::Attention att = s.attention_save();
-  Tensor atty = s.save("atty", {B, T, C}, h);
-  Tensor r2 = s.save("residual_2", {B, T, C}, f32);
-  Tensor ln2 = s.save("ln_2", {B, T, C}, h), ln2_mean = s.save("ln_2.mean", {N}, f32),
+  Tensor atty = s.save("atty", {B, T, C}, h, z);
+  Tensor r2 = s.save("residual_2", {B, T, C}, f32, z);
+  Tensor ln2 = s.save("ln_2", {B, T, C}, h, z), ln2_mean = s.save("ln_2.mean", {N}, f32),
          ln2_rstd = s.save("ln_2.rstd", {N}, f32);
-  Tensor fch = s.save("fch", {B, T, 4 * C}, h);
+  Tensor fch = s.save("fch", {B, T, 4 * C}, h, z);
   Tensor r3 = s.output();
   Tensor proj = s.scratch("ws.dC", {B, T, C}, f32), gelu = s.scratch("ws.gelu", {B, T, 4 * C}, h);
   s.matmuls();
@@ -56,18 +59,21 @@ void gpt2_block_backward(BlockStep& s) {
   const int64_t C = s.config.d_model;
   const DType h = s.h, f32 = DType::f32;
   const bool mixed = s.mixed();
+  const Keep z = Keep::compressible;
   Tensor gelu = s.scratch("ws.gelu", {B, T, 4 * C}, h);  // recomputed from fch
-  Tensor fch = s.saved("fch");
+  Tensor fch = s.saved("fch", z);
   Tensor dres = s.scratch_read("ws.dresidual");
   Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", {B, T, C}, h) : dres;
   Tensor d4C = s.scratch("ws.d4C", {B, T, 4 * C}, h);
   Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
-  Tensor ln2 = s.saved("ln_2"), r2 = s.saved("residual_2"), ln2_mean = s.saved("ln_2.mean"),
-         ln2_rstd = s.saved("ln_2.rstd"), atty = s.saved("atty"), qkv = s.saved("qkv");
+  Tensor ln2 = s.saved("ln_2", z), r2 = s.saved("residual_2", z),
+         ln2_mean = s.saved("ln_2.mean"), ln2_rstd = s.saved("ln_2.rstd"),
+         atty = s.saved("atty", z), qkv = s.saved("qkv", z);
   Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
   BlockStep::Attention att = s.attention_grad_buffers();
   Tensor dqkv = s.scratch("ws.dqkv", {B, T, 3 * C}, h);
-  Tensor ln1 = s.saved("ln_1"), ln1_mean = s.saved("ln_1.mean"), ln1_rstd = s.saved("ln_1.rstd");
+  Tensor ln1 = s.saved("ln_1", z), ln1_mean = s.saved("ln_1.mean"),
+         ln1_rstd = s.saved("ln_1.rstd");
   Tensor x = s.input();
   s.matmuls();
   if (!s.running()) return;

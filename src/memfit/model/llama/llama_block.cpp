@@ -15,21 +15,23 @@ using namespace kernels;
 // rotation's backward is the inverse rotation of dq and dk, in place, so it needs nothing
 // saved. The SwiGLU output is recomputed in backward from the saved gate|up, as GPT-2's GELU.
 // The rotary table ("rope", (T, head size) f32) is written once per micro-batch by the
-// embedding phase (transformer_step.cpp).
+// embedding phase (transformer_step.cpp). Keep::compressible as in gpt2_block.cpp.
 void llama_block_forward(BlockStep& s) {
   const int B = s.B, T = s.T;
   const int64_t C = s.config.d_model, N = s.rows(), F = s.config.ffn_dim;
   const int64_t A = int64_t{s.config.n_head} * s.config.head_size();
   const DType h = s.h, f32 = DType::f32;
   Tensor x = s.input();
-  Tensor n1 = s.save("attn_norm", {B, T, C}, h), n1_rstd = s.save("attn_norm.rstd", {N}, f32);
-  Tensor qkv = s.save("qkv", {B, T, s.config.qkv_width()}, h);
+  const Keep z = Keep::compressible;  // under --act-compress (Note [Activation compression])
+  Tensor n1 = s.save("attn_norm", {B, T, C}, h, z),
+         n1_rstd = s.save("attn_norm.rstd", {N}, f32);
+  Tensor qkv = s.save("qkv", {B, T, s.config.qkv_width()}, h, z);
   Tensor rope = s.ctx.read("rope");
   BlockStep::Attention att = s.attention_save();
-  Tensor atty = s.save("atty", {B, T, A}, h);
-  Tensor r2 = s.save("residual_2", {B, T, C}, f32);
-  Tensor n2 = s.save("mlp_norm", {B, T, C}, h), n2_rstd = s.save("mlp_norm.rstd", {N}, f32);
-  Tensor gate_up = s.save("gate_up", {B, T, 2 * F}, h);
+  Tensor atty = s.save("atty", {B, T, A}, h, z);
+  Tensor r2 = s.save("residual_2", {B, T, C}, f32, z);
+  Tensor n2 = s.save("mlp_norm", {B, T, C}, h, z), n2_rstd = s.save("mlp_norm.rstd", {N}, f32);
+  Tensor gate_up = s.save("gate_up", {B, T, 2 * F}, h, z);
   Tensor r3 = s.output();
   Tensor proj = s.scratch("ws.dC", {B, T, C}, f32), act = s.scratch("ws.swiglu", {B, T, F}, h);
   s.matmuls();
@@ -57,20 +59,21 @@ void llama_block_backward(BlockStep& s) {
   const int64_t C = s.config.d_model, F = s.config.ffn_dim;
   const DType h = s.h, f32 = DType::f32;
   const bool mixed = s.mixed();
+  const Keep z = Keep::compressible;
   Tensor act = s.scratch("ws.swiglu", {B, T, F}, h);  // recomputed from gate_up
-  Tensor gate_up = s.saved("gate_up");
+  Tensor gate_up = s.saved("gate_up", z);
   Tensor dres = s.scratch_read("ws.dresidual");
   Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", {B, T, C}, h) : dres;
   Tensor dact = s.scratch("ws.dswiglu", {B, T, F}, h);
   Tensor dgate_up = s.scratch("ws.dgate_up", {B, T, 2 * F}, h);
   Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
-  Tensor n2 = s.saved("mlp_norm"), r2 = s.saved("residual_2"),
-         n2_rstd = s.saved("mlp_norm.rstd"), atty = s.saved("atty"), qkv = s.saved("qkv");
+  Tensor n2 = s.saved("mlp_norm", z), r2 = s.saved("residual_2", z),
+         n2_rstd = s.saved("mlp_norm.rstd"), atty = s.saved("atty", z), qkv = s.saved("qkv", z);
   Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
   BlockStep::Attention att = s.attention_grad_buffers();
   Tensor dqkv = s.scratch("ws.dqkv", {B, T, s.config.qkv_width()}, h);
   Tensor rope = s.ctx.read("rope");
-  Tensor n1 = s.saved("attn_norm"), n1_rstd = s.saved("attn_norm.rstd");
+  Tensor n1 = s.saved("attn_norm", z), n1_rstd = s.saved("attn_norm.rstd");
   Tensor x = s.input();
   s.matmuls();
   if (!s.running()) return;
