@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
   TrainConfig shape;  // the preset and memfit train's overrides of it (0 / empty: keep)
   std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
-              ckpt = "none";
+              ckpt = "none", act_compress = "none";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model = v;
@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
     else if (k == "--master-weights") master = v;
     else if (k == "--optim") optim = v;
     else if (k == "--ckpt") ckpt = v;
+    else if (k == "--act-compress") act_compress = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
     opts.lm_head_chunk = chunk;
     opts.attention = attention_kind_from_name(attention);
     opts.ckpt = CheckpointPolicy::parse(ckpt);
+    opts.act_compress = act_compress_from_name(act_compress);
     gpt.reserve(B, T, opts);
     OptimConfig oc;
     oc.name = optim;
@@ -131,6 +133,7 @@ int main(int argc, char** argv) {
     j["master_weights"] = master;
     j["optim"] = optim;
     j["ckpt"] = ckpt;
+    j["act_compress"] = act_compress;
     j["skipped"] = skipped;
     j["batch"] = B;
     j["seq"] = T;

@@ -70,6 +70,10 @@ TEST_F(PlannerCommands, PlanAutoJsonHasTheChoiceAndTheRejected) {
   EXPECT_TRUE(s["fits"].get<bool>());
   const std::string chosen = s["choice"]["ckpt"];
   EXPECT_EQ(j["ckpt"], chosen);  // the plan printed is the choice's
+  const std::string compress = s["choice"]["act_compress"];  // --act-compress not given
+  EXPECT_EQ(j["act_compress"], compress);
+  const std::string options =
+      "--ckpt " + chosen + (compress == "none" ? "" : " --act-compress " + compress);
   EXPECT_EQ(j["peak_bytes"], s["choice"]["peak_bytes"]);
   EXPECT_LE(j["peak_bytes"].get<size_t>(), limit);
   EXPECT_TRUE(j["fits"].get<bool>());
@@ -85,9 +89,24 @@ TEST_F(PlannerCommands, PlanAutoJsonHasTheChoiceAndTheRejected) {
   // The text form names the choice and tabulates the runner-ups.
   const Output text = memfit(fmt::format("plan {} --auto --mem-limit {}", model(), limit));
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_NE(text.out.find("--ckpt " + chosen + " fits"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(options + " fits"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("MiB over"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("chosen"), std::string::npos) << text.out;
+}
+
+TEST_F(PlannerCommands, ActCompressIsPlannedAndABadValueIsRefused) {
+  const Output r = memfit(fmt::format("plan {} --act-compress fp8 --json", model()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["act_compress"], "fp8");
+  EXPECT_GT(j["step_time"]["compression"].get<double>(), 0);
+  EXPECT_LT(j["peak_bytes"].get<size_t>(), peak("none"));
+  const Output text = memfit(fmt::format("plan {} --act-compress int8", model()));
+  EXPECT_NE(text.out.find("--act-compress int8"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("compression "), std::string::npos) << text.out;
+  const Output bad = memfit(fmt::format("plan {} --act-compress int4", model()));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--act-compress"), std::string::npos) << bad.err;
 }
 
 TEST_F(PlannerCommands, AutoNeedsAMemLimit) {

@@ -1,7 +1,8 @@
 // The search behind --ckpt auto and --auto-batch: it picks the fastest configuration that fits,
 // every faster one it rejected does not fit (checked against an enumeration of every policy the
-// grammar can name, not the search's own list), the micro-batches keep the global batch, and
-// when nothing fits the smallest footprint it reports is the true minimum.
+// grammar can name, not the search's own list), the micro-batches keep the global batch,
+// compression is tried beside the policies unless --act-compress is given, and when nothing fits
+// the smallest footprint it reports is the true minimum.
 #include "memfit/plan/search.h"
 
 #include <gtest/gtest.h>
@@ -179,7 +180,9 @@ TEST(Search, NothingFitsReportsTheTrueMinimumAndWhatDominatesIt) {
   EXPECT_EQ(r.over.front().peak_bytes, least);  // nearest first
 
   // Training with --ckpt auto under that budget stops before anything is built, with the same
-  // minimum in an out-of-memory error (exit 3 from the command).
+  // minimum in an out-of-memory error (exit 3 from the command). (--act-compress none: the
+  // minimum above is over uncompressed runs.)
+  c.act_compress = "none";
   c.ckpt = "auto";
   c.auto_batch = true;
   c.mem_limit = std::to_string(limit);
@@ -191,6 +194,73 @@ TEST(Search, NothingFitsReportsTheTrueMinimumAndWhatDominatesIt) {
     EXPECT_EQ(e.budget(), limit);
     EXPECT_NE(std::string(e.what()).find("smallest footprint"), std::string::npos) << e.what();
     EXPECT_FALSE(e.advice().empty());  // what else would fit (an 8-bit optimizer, bf16)
+  }
+}
+
+TEST(Search, CompressionIsACandidateBesideThePoliciesUnlessGiven) {
+  for (const char* attention : {"plain", "flash"}) {
+    SCOPED_TRACE(attention);
+    TrainConfig c = tiny(attention);
+    c.ckpt = "auto";
+    c.mem_limit = "1GiB";
+    const RunSpec open = resolve_run(c);
+    ASSERT_TRUE(SearchSpace::of(open).compression);
+    auto peak = [&](const char* ckpt, const char* compress) {
+      TrainConfig t = c;
+      t.ckpt = ckpt;
+      t.act_compress = compress;
+      return plan_training(resolve_run(t));
+    };
+    const PlanReport none = peak("none", "none"), int8 = peak("none", "int8");
+    ASSERT_LT(int8.peak_bytes, none.peak_bytes);
+    EXPECT_GT(int8.est_step_seconds, none.est_step_seconds);  // the passes cost time
+    // A budget that keeping every block fits compressed, not as it is.
+    const size_t limit = int8.peak_bytes + (none.peak_bytes - int8.peak_bytes) / 2;
+    const SearchResult r = search_training(open, limit, SearchSpace::of(open));
+    ASSERT_TRUE(r.fits) << r.message;
+    // Every policy uncompressed, and compressed where it keeps some block's activations.
+    size_t keeping = 0;
+    for (const std::string& p : checkpoint_candidates(kLayers, open.attention)) {
+      const BlockSlots slots = block_slots(CheckpointPolicy::parse(p), kLayers);
+      keeping += std::count(slots.slot.begin(), slots.slot.end(), -1) > 0;
+    }
+    EXPECT_EQ(r.candidates.size(), checkpoint_candidates(kLayers, open.attention).size() + keeping);
+    for (const Candidate& x : r.candidates) {
+      if (x.act_compress == ActCompress::none) continue;
+      EXPECT_EQ(x.act_compress, kSearchCompress);
+      EXPECT_NE(x.ckpt, "full");
+      EXPECT_FALSE(x.ckpt.starts_with("every:")) << "every block recomputed: nothing to compress";
+      // As training would plan it.
+      EXPECT_EQ(x.peak_bytes, peak(x.ckpt.c_str(), "int8").peak_bytes) << x.ckpt;
+    }
+    // The fastest that fits, over policies and compression alike.
+    for (const Candidate& x : r.candidates)
+      if (faster(x, r.choice)) {
+        EXPECT_FALSE(x.fits) << candidate_options(x, false);
+      }
+    const Candidate* compressed_none = nullptr;
+    for (const Candidate& x : r.candidates)
+      if (x.ckpt == "none" && x.act_compress != ActCompress::none) compressed_none = &x;
+    ASSERT_NE(compressed_none, nullptr);
+    EXPECT_TRUE(compressed_none->fits);
+    if (r.choice.act_compress != ActCompress::none) {
+      EXPECT_NE(r.message.find("--act-compress int8"), std::string::npos) << r.message;
+    }
+    // The choice, applied, is a run with nothing left to choose.
+    const RunSpec chosen = apply_candidate(open, r.choice);
+    EXPECT_EQ(chosen.act_compress, r.choice.act_compress);
+    EXPECT_FALSE(chosen.act_compress_open);
+
+    // --act-compress given: the search keeps it under every policy.
+    for (const char* given : {"none", "fp8"}) {
+      TrainConfig g = c;
+      g.act_compress = given;
+      const RunSpec fixed = resolve_run(g);
+      const SearchResult f = search_training(fixed, limit, SearchSpace::of(fixed));
+      EXPECT_EQ(f.candidates.size(), checkpoint_candidates(kLayers, open.attention).size());
+      for (const Candidate& x : f.candidates)
+        EXPECT_EQ(act_compress_name(x.act_compress), given) << x.ckpt;
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // Training under --ckpt auto and --auto-batch: the run uses the planner's choice and its measured
-// peak fits the budget (and equals the prediction), the checkpoint records the policy it ran
-// with rather than "auto", a resume continues; and an out-of-memory run writes no checkpoint
-// while the planner's advice names options that, trained, do fit.
+// peak fits the budget (and equals the prediction), the checkpoint records the policy and the
+// compression it ran with rather than "auto", a resume continues (keeping the compression, and
+// refusing another); and an out-of-memory run writes no checkpoint while the planner's advice
+// names options (compression among them) that, trained, do fit.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -51,13 +52,17 @@ TEST_F(AutoTrain, RunsTheChoiceWithinTheBudgetAndRecordsItsPolicy) {
   c.stop_after = 1;
   const SearchResult choice = plan_auto(c, resolve_run(c));
   ASSERT_TRUE(choice.fits);
-  ASSERT_NE(choice.choice.ckpt, "none");
+  // Something must give: recomputation, or (--act-compress not given) compression.
+  ASSERT_FALSE(choice.choice.ckpt == "none" && choice.choice.act_compress == ActCompress::none);
+  const std::string compress(act_compress_name(choice.choice.act_compress));
   const TrainSummary s = train(c);
   const size_t limit = parse_bytes(c.mem_limit);
   EXPECT_LE(s.peak_bytes, limit);
   EXPECT_EQ(s.peak_bytes, choice.choice.peak_bytes);  // the planner's prediction, measured
   EXPECT_EQ(s.ckpt, choice.choice.ckpt);
+  EXPECT_EQ(s.act_compress, compress);
   EXPECT_EQ(state(c.save_dir)["ckpt"], choice.choice.ckpt);  // not "auto"
+  EXPECT_EQ(state(c.save_dir)["act_compress"], compress);
 
   // The same command resumes: the search is a function of the config, and the trainer does not
   // need the policy to match anyway (every policy gives the same gradients).
@@ -69,6 +74,7 @@ TEST_F(AutoTrain, RunsTheChoiceWithinTheBudgetAndRecordsItsPolicy) {
   EXPECT_EQ(r.last_step, 2);
   EXPECT_EQ(state(c.save_dir)["step"], 2);
   EXPECT_EQ(state(c.save_dir)["ckpt"], choice.choice.ckpt);
+  EXPECT_EQ(r.act_compress, compress) << "a resume keeps the checkpoint's compression";
 }
 
 TEST_F(AutoTrain, AutoBatchKeepsTheGlobalBatch) {
@@ -153,6 +159,7 @@ TEST_F(AutoTrain, OutOfMemoryWritesNoCheckpointAndTheAdviceFits) {
       fixed.grad_accum = o.run.grad_accum;
       fixed.precision = std::string(precision_name(o.run.precision.precision));
       fixed.optim.name = o.run.optim.name;
+      fixed.act_compress = act_compress_name(o.run.act_compress);
       fixed.steps = 1;
       fixed.save_dir = (dir / "fixed").string();
       const TrainSummary s = train(fixed);
@@ -168,6 +175,69 @@ TEST_F(AutoTrain, OutOfMemoryWritesNoCheckpointAndTheAdviceFits) {
     EXPECT_TRUE(has("--ckpt ", "--batch")) << advice.text();
     EXPECT_TRUE(has("--batch ", "--ckpt")) << advice.text();
   }
+}
+
+TEST_F(AutoTrain, AdviceNamesCompressionWhereItMakesTheRunFit) {
+  TrainConfig c = config();
+  c.n_layer = 4;
+  c.steps = 1;
+  TrainConfig p = c;
+  p.act_compress = "int8";
+  const size_t int8 = plan_training(resolve_run(p)).peak_bytes;
+  const size_t none = plan_training(resolve_run(c)).peak_bytes;
+  ASSERT_LT(int8, none);
+  const size_t limit = int8 + (none - int8) / 2;
+  c.mem_limit = std::to_string(limit);
+  c.save_dir = (dir / "oom").string();
+  EXPECT_THROW(train(c), OutOfMemoryError);
+  const FitAdvice advice = advise_fit(resolve_run(c), limit);
+  EXPECT_NE(advice.levers.find("activation compression"), std::string::npos) << advice.levers;
+  // Compression alone fits (and nothing smaller does), so it is named alone.
+  const FitOption* alone = nullptr;
+  for (const FitOption& o : advice.options)
+    if (o.change == "--act-compress int8") alone = &o;
+  ASSERT_NE(alone, nullptr) << advice.text();
+  EXPECT_EQ(alone->plan.peak_bytes, int8);
+  // Trained as advised, it fits at the predicted peak.
+  c.act_compress = "int8";
+  const TrainSummary s = train(c);
+  EXPECT_EQ(s.peak_bytes, int8);
+  EXPECT_EQ(s.act_compress, "int8");
+  // A resumed run keeps its compression, so the advice does not offer it.
+  TrainConfig resumed = config();
+  resumed.n_layer = 4;
+  resumed.resume_dir = c.save_dir;
+  resumed.steps = 2;
+  EXPECT_EQ(advise_fit(resolve_run(resumed), limit).levers.find("compression"), std::string::npos);
+}
+
+TEST_F(AutoTrain, AResumeKeepsTheCheckpointsCompressionAndRefusesAnother) {
+  TrainConfig c = config();
+  c.act_compress = "fp8";
+  c.steps = 2;
+  c.stop_after = 1;
+  c.save_dir = (dir / "saved").string();
+  EXPECT_EQ(train(c).act_compress, "fp8");
+  EXPECT_EQ(state(c.save_dir)["act_compress"], "fp8");
+  TrainConfig more = c;
+  more.stop_after = 0;
+  more.resume_dir = c.save_dir;
+  more.act_compress = "int8";
+  try {
+    train(more);
+    FAIL() << "a resume with another compression ran";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("act_compress"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(state(c.save_dir)["step"], 1) << "the checkpoint is intact";
+  more.act_compress.clear();  // not given: the checkpoint's
+  const RunSpec spec = resolve_run(more);
+  EXPECT_EQ(spec.act_compress, ActCompress::fp8);
+  EXPECT_FALSE(spec.act_compress_open);
+  const TrainSummary r = train(more);
+  EXPECT_EQ(r.act_compress, "fp8");
+  EXPECT_EQ(r.last_step, 2);
+  EXPECT_EQ(state(c.save_dir)["act_compress"], "fp8");
 }
 
 TEST_F(AutoTrain, NothingFitsAdviceGivesTheSmallestFootprint) {

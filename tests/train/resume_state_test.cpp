@@ -49,6 +49,31 @@ TEST(ResumeState, OlderStatesWithoutPrecisionAreFp32) {
   EXPECT_EQ(parse(j).step, 10);
 }
 
+TEST(ResumeState, ActivationCompressionMustMatchAndOlderStatesHadNone) {
+  json j = saved_state();  // no "act_compress": saved before it existed
+  TrainConfig c = saved_config();
+  for (const char* same : {"", "none"}) {
+    c.act_compress = same;
+    EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10) << same;
+  }
+  c.act_compress = "int8";
+  EXPECT_THROW(parse_trainer_state(j.dump(), c, 64, "f"), ConfigError);
+  j["act_compress"] = "int8";
+  EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10);
+  c.act_compress = "fp8";
+  try {
+    parse_trainer_state(j.dump(), c, 64, "ck/trainer_state.json");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("act_compress = \"int8\""), std::string::npos) << what;
+    EXPECT_NE(what.find("fp8"), std::string::npos) << what;
+    EXPECT_NE(what.find("ck/trainer_state.json"), std::string::npos) << what;
+  }
+  j["act_compress"] = 3;  // not a name: still the setting that differs, by name
+  EXPECT_THROW(parse_trainer_state(j.dump(), c, 64, "f"), ConfigError);
+}
+
 TEST(ResumeState, AnotherSettingIsAConfigErrorNamingIt) {
   json j = saved_state();
   j["batch"] = 8;

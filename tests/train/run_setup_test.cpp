@@ -44,6 +44,15 @@ TEST(RunSetup, ResolvesTheOptionsIntoTypes) {
   EXPECT_EQ(s.grad_accum, 2);
   EXPECT_EQ(s.model.n_layer, ModelConfig::preset("gpt2-tiny").n_layer);
   EXPECT_FALSE(s.resumed);
+  // --act-compress not given: none, open to a search; given: fixed.
+  EXPECT_EQ(s.act_compress, ActCompress::none);
+  EXPECT_TRUE(s.act_compress_open);
+  EXPECT_FALSE(SearchSpace::of(s).compression) << "only --ckpt auto searches";
+  c.act_compress = "fp8";
+  EXPECT_EQ(resolve_run(c).act_compress, ActCompress::fp8);
+  EXPECT_FALSE(resolve_run(c).act_compress_open);
+  EXPECT_EQ(resolve_run(c).activation_options().act_compress, ActCompress::fp8);
+  c.act_compress.clear();
 
   c.ckpt = "auto";
   c.auto_batch = true;
@@ -51,6 +60,9 @@ TEST(RunSetup, ResolvesTheOptionsIntoTypes) {
   EXPECT_TRUE(a.ckpt_auto);
   EXPECT_TRUE(a.auto_batch);
   EXPECT_EQ(a.ckpt, CheckpointPolicy{});  // the search sets it
+  EXPECT_TRUE(SearchSpace::of(a).compression);
+  c.act_compress = "none";
+  EXPECT_FALSE(SearchSpace::of(resolve_run(c)).compression) << "--act-compress none was given";
 }
 
 // `check` refuses c with a ConfigError whose message names `option`.
@@ -81,6 +93,7 @@ TEST(RunSetup, EachBadOptionIsRefusedByName) {
   refused([](TrainConfig& c) { c.attention = "sparse"; }, "sparse");
   refused([](TrainConfig& c) { c.ckpt = "every:0"; }, "every:0");
   refused([](TrainConfig& c) { c.precision = "fp8"; }, "fp8");
+  refused([](TrainConfig& c) { c.act_compress = "int4"; }, "--act-compress");
 }
 
 // --max-model varies the shape and the policy: it needs a budget and refuses options that fix

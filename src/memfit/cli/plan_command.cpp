@@ -42,6 +42,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                     {"attention", r.step_time.attention},
                     {"head_gemm", r.step_time.head_gemm},
                     {"elementwise", r.step_time.elementwise},
+                    {"compression", r.step_time.compression},
                     {"optimizer", r.step_time.optimizer}};
   j["model"] = {{"family", family_name(r.model.family)}, {"n_layer", r.model.n_layer},
                 {"n_head", r.model.n_head},       {"n_kv_head", r.model.n_kv_head},
@@ -52,6 +53,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
   j["ckpt"] = run.ckpt.name();
+  j["act_compress"] = act_compress_name(run.act_compress);
   j["attention"] = attention_kind_name(run.attention);
   j["optim"] = run.optim.name;
   j["data_included"] = r.data_included;
@@ -64,9 +66,12 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
 
 void print_plan(const RunSpec& run, const PlanReport& r) {
   fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters), {} x {} tokens, {}, "
-             "--ckpt {}, --attention {}, --optim {}{}\n\n",
+             "--ckpt {}{}, --attention {}, --optim {}{}\n\n",
              r.model.n_layer, r.model.d_model, r.model.num_params() / 1e6, r.B, r.T,
              precision_name(run.precision.precision), run.ckpt.name(),
+             run.act_compress == ActCompress::none
+                 ? std::string()
+                 : fmt::format(", --act-compress {}", act_compress_name(run.act_compress)),
              attention_kind_name(run.attention), run.optim.name,
              run.world > 1 ? fmt::format("; each of {} data-parallel ranks holds", run.world)
                            : std::string());
@@ -85,12 +90,14 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              mib(r.by_category[static_cast<size_t>(Category::activations)]),
              mib(r.by_category[static_cast<size_t>(Category::workspace)]));
   fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "
-             "machine (GEMMs {:.2f} s, attention {:.2f} s, element-wise {:.2f} s, optimizer {:.2f} s; "
-             "from the "
-             "calibration of this CPU, see `memfit calibrate`)\n",
+             "machine (GEMMs {:.2f} s, attention {:.2f} s, element-wise {:.2f} s, {}optimizer "
+             "{:.2f} s; from the calibration of this CPU, see `memfit calibrate`)\n",
              r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds,
              r.step_time.block_gemm + r.step_time.head_gemm, r.step_time.attention,
              r.step_time.elementwise,
+             r.step_time.compression > 0
+                 ? fmt::format("compression {:.2f} s, ", r.step_time.compression)
+                 : std::string(),
              r.step_time.optimizer);
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "

@@ -11,12 +11,14 @@ namespace {
 double mib(size_t bytes) { return bytes / 1048576.0; }
 
 void print_row(const std::string& status, const Candidate& c) {
-  fmt::print("  {:<22} {:<18} {:>5} x {:<5} {:>12.1f} {:>10}\n", status, c.ckpt, c.batch,
-             c.grad_accum, mib(c.peak_bytes), format_seconds(c.est_step_seconds));
+  fmt::print("  {:<22} {:<18} {:<14} {:>5} x {:<5} {:>12.1f} {:>10}\n", status, c.ckpt,
+             act_compress_name(c.act_compress), c.batch, c.grad_accum, mib(c.peak_bytes),
+             format_seconds(c.est_step_seconds));
 }
 
 nlohmann::json candidate_json(const Candidate& c, size_t limit) {
   nlohmann::json j = {{"ckpt", c.ckpt},
+                      {"act_compress", act_compress_name(c.act_compress)},
                       {"batch", c.batch},
                       {"grad_accum", c.grad_accum},
                       {"peak_bytes", c.peak_bytes},
@@ -34,6 +36,7 @@ nlohmann::json shape_json(const ShapeFit& f) {
           {"params", f.params},
           {"fits", f.search.fits},
           {"ckpt", c.ckpt},
+          {"act_compress", act_compress_name(c.act_compress)},
           {"batch", c.batch},
           {"grad_accum", c.grad_accum},
           {"peak_bytes", c.peak_bytes},
@@ -50,8 +53,8 @@ nlohmann::json shape_json(const ShapeFit& f) {
 void print_search(const SearchResult& s, const std::string& note) {
   fmt::print("planner: {}\n", s.message);
   if (!note.empty()) fmt::print("planner: {}\n", note);
-  fmt::print("\n  {:<22} {:<18} {:>5}   {:<5} {:>12} {:>10}\n", "", "--ckpt", "batch", "accum",
-             "peak MiB", "est s/step");
+  fmt::print("\n  {:<22} {:<18} {:<14} {:>5}   {:<5} {:>12} {:>10}\n", "", "--ckpt",
+             "--act-compress", "batch", "accum", "peak MiB", "est s/step");
   if (s.fits) print_row("chosen", s.choice);
   for (const Candidate& c : s.slower)
     print_row(faster(s.choice, c) ? "fits, slower" : "fits, as fast, larger", c);
@@ -83,10 +86,10 @@ void print_max_model(const MaxModelResult& r) {
   const char* family = r.family == Family::gpt2 ? "GPT-2" : "LLaMA";
   if (r.found)
     fmt::print("memfit plan --max-model: the largest {}-family model that trains in {} is "
-               "{} layers x {} wide ({} heads), {:.1f}M parameters, with --ckpt {} --batch {} "
-               "--grad-accum {}: predicted peak {}, about {} s a step{}\n",
+               "{} layers x {} wide ({} heads), {:.1f}M parameters, with {}: predicted peak {}, "
+               "about {} s a step{}\n",
                family, format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.shape.n_head,
-               b.params / 1e6, c.ckpt, c.batch, c.grad_accum, format_mib(c.peak_bytes),
+               b.params / 1e6, candidate_options(c, true), format_mib(c.peak_bytes),
                format_seconds(c.est_step_seconds),
                r.capped ? fmt::format(" (the search stops at {} layers)", kMaxFamilyLayers) : "");
   else
@@ -96,13 +99,14 @@ void print_max_model(const MaxModelResult& r) {
                family, format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.params / 1e6,
                format_mib(c.peak_bytes), candidate_options(c, true),
                category_name(c.dominant()), format_mib(c.dominant_bytes()));
-  fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:>5}   {:<5} {:>12} {:>10}  {}\n", "layers",
-             "width", "heads", "params M", "--ckpt", "batch", "accum", "peak MiB", "est s/step",
-             "fits");
+  fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:<14} {:>5}   {:<5} {:>12} {:>10}  {}\n",
+             "layers", "width", "heads", "params M", "--ckpt", "--act-compress", "batch", "accum",
+             "peak MiB", "est s/step", "fits");
   for (const ShapeFit& f : r.neighbours) {
     const Candidate& n = f.search.choice;
-    fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:>5} x {:<5} {:>12.1f} {:>10}  {}\n",
-               f.shape.n_layer, f.shape.d_model, f.shape.n_head, f.params / 1e6, n.ckpt, n.batch,
+    fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:<14} {:>5} x {:<5} {:>12.1f} {:>10}  {}\n",
+               f.shape.n_layer, f.shape.d_model, f.shape.n_head, f.params / 1e6, n.ckpt,
+               act_compress_name(n.act_compress), n.batch,
                n.grad_accum, mib(n.peak_bytes), format_seconds(n.est_step_seconds),
                f.search.fits ? "yes" : fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit))));
   }

@@ -111,6 +111,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "Activation checkpointing: none | full | selective | every:K | layers:LIST | "
                   "auto (the fastest that fits --mem-limit)")
       ->capture_default_str();
+  cmd->add_option("--act-compress", c.act_compress,
+                  "Saved activations of the blocks that keep theirs: none | int8 | fp8 (one byte "
+                  "a value, an f32 scale per 64; default none, which --ckpt auto may change to "
+                  "int8; a resumed run keeps its checkpoint's)");
   cmd->add_option("--precision", c.precision,
                   "fp32 | bf16 (bf16 matmuls, FP32 master weights) | fp16 (loss scaling) | auto (bf16 "
                   "where the CPU multiplies bf16 natively, else fp32)")

@@ -10,8 +10,8 @@ namespace memfit {
 namespace {
 
 // The levers, as bits of a set of changes.
-enum Lever : unsigned { kPolicy = 1, kMicroBatch = 2, kBf16 = 4, kOptim8bit = 8 };
-constexpr unsigned kAllLevers = 15;
+enum Lever : unsigned { kPolicy = 1, kMicroBatch = 2, kBf16 = 4, kOptim8bit = 8, kCompress = 16 };
+constexpr unsigned kAllLevers = 31;
 
 // The 8-bit optimizer with the same update rule, or "" when there is none.
 std::string eight_bit(const std::string& optim) {
@@ -29,6 +29,8 @@ std::string change_text(const RunSpec& base, const RunSpec& c) {
   if (c.precision.precision != base.precision.precision)
     parts.push_back(fmt::format("--precision {}", precision_name(c.precision.precision)));
   if (c.optim.name != base.optim.name) parts.push_back("--optim " + c.optim.name);
+  if (c.act_compress != base.act_compress)
+    parts.push_back(fmt::format("--act-compress {}", act_compress_name(c.act_compress)));
   return parts.empty() ? "(as configured)" : fmt::format("{}", fmt::join(parts, " "));
 }
 
@@ -62,12 +64,14 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
     if (base.batch * base.grad_accum > 1) allowed |= kMicroBatch;
     if (base.precision.precision == Precision::fp32) allowed |= kBf16;
     if (!eight_bit(base.optim.name).empty()) allowed |= kOptim8bit;
+    if (base.act_compress == ActCompress::none) allowed |= kCompress;
   }
   allowed |= mandatory;
   std::vector<std::string> names = {"checkpoint policy"};
   if (allowed & kMicroBatch) names.push_back("micro-batch");
   if (allowed & kBf16) names.push_back("bf16");
   if (allowed & kOptim8bit) names.push_back("8-bit optimizer");
+  if (allowed & kCompress) names.push_back("activation compression");
   a.levers = fmt::format("{}", fmt::join(names, ", "));
 
   std::vector<Tried> tried;
@@ -77,6 +81,8 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
     c.auto_batch = false;
     if (set & kBf16) c.precision.precision = Precision::bf16;
     if (set & kOptim8bit) c.optim.name = eight_bit(c.optim.name);
+    if (set & kCompress) c.act_compress = kSearchCompress;
+    c.act_compress_open = false;  // the lever decides it
     SearchResult r;
     try {
       r = search_training(c, limit, {(set & kPolicy) != 0, (set & kMicroBatch) != 0});

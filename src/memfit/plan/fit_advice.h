@@ -1,7 +1,7 @@
 // The planner's advice for a run that does not fit its budget: the sets of changes that make
 // it fit, each faster than any of its subsets that fits, among the checkpoint policy, the
-// micro-batch (same global batch), bf16 and an 8-bit optimizer, each searched as --ckpt auto
-// and --auto-batch search (plan/search.h); or, when none does, the smallest footprint of them
+// micro-batch (same global batch), bf16, an 8-bit optimizer and compressed activations
+// (--act-compress int8), each searched as --ckpt auto and --auto-batch search (plan/search.h); or, when none does, the smallest footprint of them
 // all and its largest part. memfit train attaches it to an out-of-memory error (the pool's, or
 // --ckpt auto's own when nothing fits) and prints it after the message.
 #pragma once
@@ -35,7 +35,7 @@ struct FitAdvice {
 };
 
 // Resuming restricts the advice to the checkpoint policy: a resumed run must keep its
-// micro-batch, precision and optimizer. Throws what plan_training throws for a bad config.
+// micro-batch, precision, optimizer and activation compression. Throws what plan_training throws for a bad config.
 FitAdvice advise_fit(const RunSpec& spec, size_t limit);
 
 // e with the advice for `spec` as its advice(); message and numbers stay e's.

@@ -83,7 +83,7 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
     f.shape = family_shape(preset, n_layer);
     const RunSpec c = with_family_shape(base, f.shape);
     f.params = c.model.num_params();
-    f.search = search_training(c, limit, {true, base.auto_batch});
+    f.search = search_training(c, limit, {true, base.auto_batch, base.act_compress_open});
     return planned.emplace(n_layer, std::move(f)).first->second;
   };
 

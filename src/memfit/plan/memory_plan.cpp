@@ -128,6 +128,7 @@ PlanReport plan_training(const RunSpec& spec) {
   in.param_count = static_cast<size_t>(layout.total());
   in.optimizer_bytes = at(Category::optimizer);
   in.master_weights = precision.master_weights;
+  in.compression_bytes = compression_traffic_bytes(r.step);
   r.step_time = estimate_step_time(in, machine_calibration());
   r.est_step_seconds = r.step_time.total();
   return r;

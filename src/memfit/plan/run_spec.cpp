@@ -8,6 +8,7 @@ ActivationOptions RunSpec::activation_options() const {
   ActivationOptions o;
   o.attention = attention;
   o.ckpt = ckpt;
+  o.act_compress = act_compress;
   o.precision = precision.precision;
   return o;
 }

@@ -25,6 +25,8 @@ struct RunSpec {
   PrecisionOptions precision;
   AttentionKind attention = AttentionKind::flash;
   CheckpointPolicy ckpt;       // the policy to plan (none while ckpt_auto: the search sets it)
+  // How kept activations are stored; a search may change it while act_compress_open.
+  ActCompress act_compress = ActCompress::none;
   OptimConfig optim;           // n_head is the model's
   int threads = 0;             // 0: all cores
   int world = 1;               // data-parallel ranks; each holds the whole model (ZeRO stage 0)
@@ -34,6 +36,10 @@ struct RunSpec {
   bool shuffle = true;
   bool resumed = false;        // from a checkpoint: its micro-batch, precision and optimizer stay
   bool ckpt_auto = false;      // --ckpt auto: the planner picks the policy
+  // --act-compress not given (and not resuming, which keeps the checkpoint's): a search may
+  // choose it; --ckpt auto and --max-model then try compressing the kept activations beside
+  // the policies (Note [Activation compression]).
+  bool act_compress_open = false;
   bool auto_batch = false;     // --auto-batch: the planner picks the micro-batch
 
   // What the model's step is planned and built with.

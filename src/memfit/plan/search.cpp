@@ -44,6 +44,11 @@ std::string message(const SearchResult& r) {
                      format_mib(s.dominant_bytes()));
 }
 
+bool keeps_some_block(const CheckpointPolicy& policy, int n_layer) {
+  const BlockSlots slots = block_slots(policy, n_layer);
+  return std::any_of(slots.slot.begin(), slots.slot.end(), [](int s) { return s < 0; });
+}
+
 }  // namespace
 
 Category Candidate::dominant() const {
@@ -56,6 +61,8 @@ Category Candidate::dominant() const {
 std::string candidate_options(const Candidate& c, bool with_batch) {
   std::string s = "--ckpt " + c.ckpt;
   if (with_batch) s += fmt::format(" --batch {} --grad-accum {}", c.batch, c.grad_accum);
+  if (c.act_compress != ActCompress::none)
+    s += fmt::format(" --act-compress {}", act_compress_name(c.act_compress));
   return s;
 }
 
@@ -100,6 +107,8 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   RunSpec t = base;
   t.ckpt = CheckpointPolicy::parse(c.ckpt);
   t.ckpt_auto = false;
+  t.act_compress = c.act_compress;
+  t.act_compress_open = false;
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
@@ -119,22 +128,32 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   const int global = base.batch * base.grad_accum;
   const std::vector<int> batches =
       space.micro_batches ? micro_batch_candidates(global) : std::vector<int>{base.batch};
+  const std::vector<ActCompress> compressions =
+      space.compression ? std::vector<ActCompress>{ActCompress::none, kSearchCompress}
+                        : std::vector<ActCompress>{base.act_compress};
 
   SearchResult r;
   r.limit = limit;
   r.with_batch = space.micro_batches;
   for (const std::string& policy : policies)
-    for (int b : batches) {
-      Candidate c;
-      c.ckpt = policy;
-      c.batch = b;
-      c.grad_accum = global / b;
-      const PlanReport p = plan_training(apply_candidate(base, c));
-      c.peak_bytes = p.peak_bytes;
-      c.est_step_seconds = p.est_step_seconds;
-      c.by_category = p.by_category;
-      c.fits = p.peak_bytes <= limit;
-      r.candidates.push_back(std::move(c));
+    for (ActCompress compress : compressions) {
+      // A policy that recomputes every block keeps nothing to compress: the same run as none.
+      if (space.compression && compress != ActCompress::none &&
+          !keeps_some_block(CheckpointPolicy::parse(policy), base.model.n_layer))
+        continue;
+      for (int b : batches) {
+        Candidate c;
+        c.ckpt = policy;
+        c.act_compress = compress;
+        c.batch = b;
+        c.grad_accum = global / b;
+        const PlanReport p = plan_training(apply_candidate(base, c));
+        c.peak_bytes = p.peak_bytes;
+        c.est_step_seconds = p.est_step_seconds;
+        c.by_category = p.by_category;
+        c.fits = p.peak_bytes <= limit;
+        r.candidates.push_back(std::move(c));
+      }
     }
 
   r.smallest = r.candidates.front();
@@ -148,7 +167,8 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   if (!r.fits) r.choice = r.smallest;
   // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
   for (const Candidate& c : r.candidates) {
-    const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch;
+    const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
+                        c.act_compress == r.choice.act_compress;
     if (r.fits && c.fits && !chosen) r.slower.push_back(c);
     if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
   }

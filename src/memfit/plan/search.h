@@ -17,6 +17,7 @@ namespace memfit {
 // One configuration the search planned.
 struct Candidate {
   std::string ckpt;  // a policy's name, never "auto"
+  ActCompress act_compress = ActCompress::none;
   int batch = 0, grad_accum = 0;
   size_t peak_bytes = 0;
   double est_step_seconds = 0;
@@ -28,7 +29,8 @@ struct Candidate {
   size_t dominant_bytes() const { return by_category[static_cast<size_t>(dominant())]; }
 };
 
-// "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch.
+// "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch; then
+// " --act-compress int8" where the candidate compresses.
 std::string candidate_options(const Candidate& c, bool with_batch);
 
 // An estimated step time for tables and messages: "8.57", or "0.000412" when small.
@@ -40,12 +42,22 @@ bool faster(const Candidate& a, const Candidate& b);
 // a is preferred to b: faster, or the same time and less memory.
 bool preferred(const Candidate& a, const Candidate& b);
 
-// What the search varies: the checkpoint policy (--ckpt auto), the micro-batch (--auto-batch).
+// What the search varies: the checkpoint policy (--ckpt auto), the micro-batch (--auto-batch),
+// and with the policy, unless --act-compress was given, whether the kept activations are
+// compressed (kSearchCompress).
 struct SearchSpace {
   bool policies = true;
   bool micro_batches = false;
-  static SearchSpace of(const RunSpec& spec) { return {spec.ckpt_auto, spec.auto_batch}; }
+  bool compression = false;
+  static SearchSpace of(const RunSpec& spec) {
+    return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open};
+  }
 };
+
+// The compression the search and the out-of-memory advice try beside none: int8, whose
+// convergence on Brown matched none's (Note [Activation compression] has the runs). fp8 saves
+// the same bytes at the same estimated cost, so trying it too would only tie.
+inline constexpr ActCompress kSearchCompress = ActCompress::int8;
 
 // The policies worth trying for n_layer blocks, least recomputation first: none; selective
 // with plain attention only (with flash it is none); layers:0..k-1 for k in 1..n_layer-1 (the
@@ -74,13 +86,15 @@ struct SearchResult {
   std::vector<Candidate> candidates;  // every candidate planned, in enumeration order
 };
 
-// Plans every candidate of `space` for `base`, whose policy and micro-batch they replace (the
-// policy stays base.ckpt unless space.policies; the micro-batch base's unless
-// space.micro_batches). Throws what plan_training throws for a bad base.
+// Plans every candidate of `space` for `base`, whose policy, compression and micro-batch they
+// replace (the policy stays base.ckpt unless space.policies; the compression base's unless
+// space.compression, which tries none and kSearchCompress under every policy that keeps some
+// block's activations; the micro-batch base's unless space.micro_batches). Throws what
+// plan_training throws for a bad base.
 SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace space);
 
-// base with the candidate's policy and micro-batch, nothing left to choose: the run the planner
-// chose.
+// base with the candidate's policy, compression and micro-batch, nothing left to choose: the
+// run the planner chose.
 RunSpec apply_candidate(const RunSpec& base, const Candidate& c);
 
 }  // namespace memfit

@@ -1,6 +1,12 @@
 // The step-time model; see step_time.h and Note [Step-time model] in docs/notes/planner.md.
 #include "memfit/plan/step_time.h"
 
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "memfit/core/error.h"
+
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/plan/memory_plan.h"
 
@@ -41,6 +47,29 @@ BlockTraffic block_traffic(const ModelConfig& c) {
 
 }  // namespace
 
+double compression_traffic_bytes(const StepPlan& plan) {
+  std::map<std::string, const BufferSpec*> by_tag;
+  for (const BufferSpec& b : plan.buffers) by_tag.emplace(b.tag, &b);
+  constexpr std::string_view kCodes = ".codes";
+  double bytes = 0;
+  for (const BufferSpec& b : plan.buffers) {
+    if (b.category != Category::activations || !b.tag.ends_with(kCodes)) continue;
+    // "h.<l>.<name>.codes": its scales and its exact values' scratch "ws.act.<name>".
+    const std::string stem = b.tag.substr(0, b.tag.size() - kCodes.size());
+    const size_t dot = stem.find('.', 2);
+    const auto scales = by_tag.find(stem + ".scales");
+    const auto value = by_tag.find("ws.act." + stem.substr(dot + 1));
+    MEMFIT_CHECK(dot != std::string::npos && scales != by_tag.end() && value != by_tag.end(),
+                 "plan", "compressed buffer '{}' has no scales or no scratch in the step plan",
+                 b.tag);
+    const double n = static_cast<double>(b.shape.numel());
+    const double moved = n * (1.0 + dtype_size(value->second->dtype)) +
+                         4.0 * static_cast<double>(scales->second->shape.numel());
+    bytes += 2 * moved;  // quantised in the forward, restored in the backward
+  }
+  return bytes;
+}
+
 StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) {
   const ModelConfig& c = in.model;
   const double N = double(in.B) * in.T, C = c.d_model, V = c.padded_vocab;
@@ -80,6 +109,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
         1.5 * (double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) + 3 * V * C);
   }
   t.elementwise = (per_token * N + per_micro_batch) * 4 / rates.elementwise_bytes_per_s;
+  // --act-compress: its passes stream their bytes as the element-wise kernels do (each block of
+  // 64 values is read twice, the second time from L1).
+  t.compression = in.compression_bytes / rates.elementwise_bytes_per_s;
 
   // The update reads the gradient and reads and writes the weights of record and the state;
   // zero_grad writes the gradient and clipping reads it; a mixed-precision run also writes its
@@ -94,6 +126,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   t.attention *= in.grad_accum;
   t.head_gemm *= in.grad_accum;
   t.elementwise *= in.grad_accum;
+  t.compression *= in.grad_accum;
   return t;
 }
 

@@ -7,6 +7,7 @@
 
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/model_config.h"
+#include "memfit/model/step_plan.h"
 #include "memfit/plan/calibration.h"
 
 namespace memfit {
@@ -17,8 +18,11 @@ struct StepTime {
   double attention = 0;    // attention (scores and mixing), recomputation included
   double head_gemm = 0;    // the LM head's matmuls
   double elementwise = 0;  // LayerNorm, residual, GELU, bias sums, conversions, softmax
+  double compression = 0;  // --act-compress: quantising saved activations, restoring them
   double optimizer = 0;    // the update, zeroing and clipping the gradients
-  double total() const { return block_gemm + attention + head_gemm + elementwise + optimizer; }
+  double total() const {
+    return block_gemm + attention + head_gemm + elementwise + compression + optimizer;
+  }
 };
 
 struct StepTimeInputs {
@@ -28,7 +32,17 @@ struct StepTimeInputs {
   size_t param_count = 0;        // the parameter slab's elements
   size_t optimizer_bytes = 0;    // the optimizer's state
   bool master_weights = false;   // bf16/fp16 with an FP32 master copy
+  // --act-compress: the bytes a micro-batch's (de)quantisation passes move
+  // (compression_traffic_bytes of its step plan).
+  double compression_bytes = 0;
 };
+
+// The bytes the (de)quantisation passes of --act-compress move in one micro-batch, read from
+// the step plan (Note [Activation compression]): every compressed buffer ("<tag>.codes" with
+// its "<tag>.scales") is quantised once, reading its exact values (in the type of their
+// "ws.act.<name>" scratch) and writing codes and scales, and restored once, the reverse. 0
+// without compression.
+double compression_traffic_bytes(const StepPlan& plan);
 
 StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates);
 

@@ -35,6 +35,16 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
                  "{}: the checkpoint was trained with precision = {}, this run has {}; resume "
                  "in the same precision (or start a new run with --init-from, which converts)",
                  file.string(), precision.dump(), c.precision);
+  // Older checkpoints predate activation compression and stored none. Compression changes the
+  // gradients (within its bound), so a resume keeps it, as it keeps the attention kind.
+  const json compress = s.value("act_compress", json("none"));
+  const std::string now = c.act_compress.empty() ? "none" : c.act_compress;
+  if (compress != now)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with act_compress = {}, this run has {}; resume "
+                 "with the same --act-compress (or leave it out to keep the checkpoint's) for a "
+                 "bit-identical continuation",
+                 file.string(), compress.dump(), now);
   const json master = s.value("master_weights", json("fp32"));
   if (master != c.master_weights)
     MEMFIT_THROW(ConfigError, "resume",

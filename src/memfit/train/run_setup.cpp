@@ -70,6 +70,34 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
   return r;
 }
 
+namespace {
+
+// The resumed checkpoint's trainer_state.json, or an empty object where it cannot be read (the
+// trainer's own resume checks then report what is wrong).
+nlohmann::json resumed_state(const TrainConfig& config) {
+  const RunModel run = resolve_run_model(config);
+  try {
+    return nlohmann::json::parse(
+        io::read_file_to_string(run.location.dir / "trainer_state.json"));
+  } catch (const std::exception&) {
+    return nlohmann::json::object();
+  }
+}
+
+// --act-compress: as given; else, resuming, the checkpoint's (none before the field existed, or
+// where it cannot be read: the trainer's resume check then names what is wrong); else none.
+ActCompress run_act_compress(const TrainConfig& c) {
+  if (!c.act_compress.empty()) return act_compress_from_name(c.act_compress);
+  if (c.resume_dir.empty()) return ActCompress::none;
+  const nlohmann::json s = resumed_state(c);
+  const auto it = s.find("act_compress");
+  if (it == s.end() || !it->is_string()) return ActCompress::none;
+  const std::string name = it->get<std::string>();
+  return name == "int8" ? ActCompress::int8 : name == "fp8" ? ActCompress::fp8 : ActCompress::none;
+}
+
+}  // namespace
+
 RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   validate_train_config(c);
   const RunModel run = resolve_run_model(c);
@@ -84,6 +112,8 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.attention = attention_kind_from_name(c.attention);
   s.ckpt_auto = c.ckpt == "auto";
   if (!s.ckpt_auto) s.ckpt = CheckpointPolicy::parse(c.ckpt);
+  s.act_compress = run_act_compress(c);
+  s.act_compress_open = c.act_compress.empty() && c.resume_dir.empty();
   s.auto_batch = c.auto_batch;
   s.optim = c.optim;
   s.optim.n_head = run.config.n_head;
@@ -100,18 +130,6 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
 }
 
 namespace {
-
-// The resumed checkpoint's trainer_state.json, or an empty object where it cannot be read (the
-// trainer's own resume checks then report what is wrong).
-nlohmann::json resumed_state(const TrainConfig& config) {
-  const RunModel run = resolve_run_model(config);
-  try {
-    return nlohmann::json::parse(
-        io::read_file_to_string(run.location.dir / "trainer_state.json"));
-  } catch (const std::exception&) {
-    return nlohmann::json::object();
-  }
-}
 
 // A resumed run must keep the micro-batch it was saved with (the trainer refuses another), so
 // --auto-batch keeps the checkpoint's. Without a readable trainer_state.json the search goes
@@ -152,6 +170,7 @@ SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::str
 TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   TrainConfig t = base;
   t.ckpt = c.ckpt;
+  t.act_compress = act_compress_name(c.act_compress);
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
@@ -184,6 +203,9 @@ AutoResolution resolve_auto(const TrainConfig& config) {
   r.config = config;
   r.precision_note = resolve_precision(r.config);
   r.spec = resolve_run(r.config, &r.location);
+  // What trainer_state.json records: as given, the checkpoint's, or none (the search may still
+  // change it below).
+  r.config.act_compress = act_compress_name(r.spec.act_compress);
   if (!r.config.needs_planner()) return r;
   r.planned = true;
   r.search = search_run(r.config, r.spec, &r.note);

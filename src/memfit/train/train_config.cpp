@@ -43,6 +43,7 @@ ActivationOptions TrainConfig::activation_options() const {
   ActivationOptions o;
   o.attention = attention_kind_from_name(attention);
   o.ckpt = CheckpointPolicy::parse(ckpt);
+  o.act_compress = act_compress.empty() ? ActCompress::none : act_compress_from_name(act_compress);
   o.precision = precision_from_name(precision);
   return o;
 }

@@ -53,6 +53,10 @@ struct TrainConfig {
   // none | full | selective | every:K | layers:LIST, or auto: the planner picks the fastest
   // policy that fits mem_limit (train/run_setup.h) before anything is built.
   std::string ckpt = "none";
+  // How the blocks that keep their activations store them: none | int8 | fp8 (Note [Activation
+  // compression]). Empty (not given): none, except that --ckpt auto may choose int8 and a
+  // resumed run keeps its checkpoint's (train/run_setup.h).
+  std::string act_compress;
   // With mem_limit: the planner also picks the micro-batch, every divisor b of
   // batch * grad_accum with grad_accum = global / b, keeping the global batch.
   bool auto_batch = false;
@@ -69,7 +73,7 @@ struct TrainConfig {
   // The model shape after applying the overrides to the preset; T is seq_len.
   ModelConfig model_config() const;
   // The model's options these settings name (ConfigError for an unknown name). The activation
-  // options carry the attention, the checkpoint policy and the precision.
+  // options carry the attention, the checkpoint policy, the compression and the precision.
   PrecisionOptions precision_options() const;
   ActivationOptions activation_options() const;
 };

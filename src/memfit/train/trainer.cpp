@@ -53,6 +53,7 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
           {"optim", c.optim.name},
           {"attention", c.attention},
           {"ckpt", c.ckpt},
+          {"act_compress", c.act_compress.empty() ? "none" : c.act_compress},
           {"precision", c.precision},
           {"master_weights", c.master_weights},
           {"schedule",
@@ -353,6 +354,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   summary.last_step = final_step;
   summary.rank = comm.rank();
   summary.ckpt = spec.ckpt.name();
+  summary.act_compress = act_compress_name(spec.act_compress);
   summary.batch = spec.batch;
   summary.grad_accum = spec.grad_accum;
   summary.peak_bytes = pool.bytes_peak();

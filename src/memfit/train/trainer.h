@@ -26,9 +26,10 @@ struct TrainSummary {
   CategoryBytes peak_by_category{};
   std::vector<float> losses;  // per step of this run
   int64_t skipped_steps = 0;  // fp16: steps skipped for overflowing gradients
-  // The run's checkpoint policy and micro-batch: the planner's choice under --ckpt auto and
-  // --auto-batch.
+  // The run's checkpoint policy, compression and micro-batch: the planner's choice under
+  // --ckpt auto and --auto-batch.
   std::string ckpt;
+  std::string act_compress;  // none, int8 or fp8: given, the checkpoint's, or the planner's
   int batch = 0, grad_accum = 0;
   // SIGINT or SIGTERM stopped the run after last_step (train/interrupt.h); 0 if it ran out.
   int interrupted_by = 0;

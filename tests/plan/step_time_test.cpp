@@ -1,0 +1,72 @@
+// The step-time model's term for --act-compress (Note [Step-time model], Note [Activation
+// compression]): the bytes the (de)quantisation passes move, read from the step plan, against a
+// count made here from the block's description; the term is those bytes at the element-wise
+// rate, once per micro-batch, and nothing without compression.
+#include "memfit/plan/step_time.h"
+
+#include <gtest/gtest.h>
+
+#include "memfit/kernels/cpu/act_quant.h"
+#include "memfit/model/step_plan.h"
+
+namespace memfit {
+namespace {
+
+Calibration some_rates() {
+  Calibration r;
+  r.gemm = {{384, 1e11, 1e11, 2e11, 2e11}, {768, 1.2e11, 1.2e11, 2.4e11, 2.4e11}};
+  r.attention_f32 = 5e10;
+  r.attention_bf16 = 8e10;
+  r.elementwise_bytes_per_s = 1e10;
+  r.stream_bytes_per_s = 2e10;
+  return r;
+}
+
+// Quantised once and restored once: n values of `value_bytes` each, one byte of code each, and
+// a 4-byte scale per 64.
+double passes(double n, double value_bytes) {
+  return 2 * (n * (1 + value_bytes) + 4.0 * double(kernels::act_blocks(int64_t(n))));
+}
+
+TEST(StepTime, CompressionTrafficIsCountedFromThePlan) {
+  const ModelConfig c = ModelConfig::preset("gpt2");
+  const int B = 2, T = 64;
+  const double N = double(B) * T, C = c.d_model;
+  ActivationOptions o;
+  o.precision = Precision::bf16;
+  EXPECT_EQ(compression_traffic_bytes(plan_step(c, B, T, o)), 0.0);
+  for (ActCompress z : {ActCompress::int8, ActCompress::fp8}) {
+    o.act_compress = z;
+    // Each kept block: ln_1 (C), qkv (3C), the attention output (C), ln_2 (C) and the GELU
+    // input (4C) in bf16; the saved residual (C) in f32.
+    const double block = passes(N * C, 2) * 3 + passes(N * 3 * C, 2) + passes(N * 4 * C, 2) +
+                         passes(N * C, 4);
+    o.ckpt = CheckpointPolicy::parse("none");
+    EXPECT_DOUBLE_EQ(compression_traffic_bytes(plan_step(c, B, T, o)), c.n_layer * block);
+    o.ckpt = CheckpointPolicy::parse("layers:0-9");  // 10 recomputed, 2 kept
+    EXPECT_DOUBLE_EQ(compression_traffic_bytes(plan_step(c, B, T, o)), 2 * block);
+    o.ckpt = CheckpointPolicy::parse("full");
+    EXPECT_EQ(compression_traffic_bytes(plan_step(c, B, T, o)), 0.0);
+  }
+}
+
+TEST(StepTime, CompressionTermIsItsBytesAtTheElementwiseRate) {
+  ModelConfig c = ModelConfig::preset("gpt2-tiny");
+  c.finalize();
+  StepTimeInputs in;
+  in.model = c;
+  in.B = 4;
+  in.T = 32;
+  in.grad_accum = 3;
+  in.param_count = 1000;
+  const Calibration rates = some_rates();
+  const StepTime plain = estimate_step_time(in, rates);
+  EXPECT_EQ(plain.compression, 0.0);
+  in.compression_bytes = 5e8;
+  const StepTime comp = estimate_step_time(in, rates);
+  EXPECT_DOUBLE_EQ(comp.compression, 3 * 5e8 / rates.elementwise_bytes_per_s);
+  EXPECT_DOUBLE_EQ(comp.total(), plain.total() + comp.compression);
+}
+
+}  // namespace
+}  // namespace memfit
