@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Training runs on the Brown corpus that compare settings from the same initial weights and
-the same data order (same seed): precisions (issue 4's fidelity check) or optimizers (issue 7's
-convergence check). Each run is `memfit train --config configs/brown-6x384.toml` plus its own
+the same data order (same seed): precisions (issue 4's fidelity check), optimizers (issue 7's
+convergence check) or activation compression (issue 17's). Each run is `memfit train --config configs/brown-6x384.toml` plus its own
 options; the script reads the JSON-lines logs and prints a Markdown table of the final
 validation loss, its gap to the first run, the loss curve at a few steps, tokens/s and peak
 memory, and writes everything to docs/bench/brown_<suite>.json.
 
   python3 bench/e2e/brown_runs.py precision     # 300 steps: fp32, bf16, fp16, pure bf16
   python3 bench/e2e/brown_runs.py optimizers    # 600 steps in bf16: adamw, adamw8bit, lion, ...
+  python3 bench/e2e/brown_runs.py act_compress  # 600 steps in bf16: --act-compress none, int8, fp8
 
 Long (minutes per run): a benchmark, not a test. Expects build/memfit and data/brown
 (scripts/train_brown.sh prepares it). --steps N shortens the runs for a smoke test.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -37,10 +39,17 @@ SUITES = {
                       "--weight-decay", "1.0"]),
         ("adam-mini", ["--optim", "adam-mini"]),
     ]),
+    # The saved activations in 8 bits (Note [Activation compression]), from the same start.
+    "act_compress": (600, [
+        ("none", ["--act-compress", "none"]),
+        ("int8", ["--act-compress", "int8"]),
+        ("fp8", ["--act-compress", "fp8"]),
+    ]),
 }
-# The optimizer runs take micro-batches of 4 x 256 to keep five 600-step runs within an hour on
-# two cores.
-SUITE_COMMON = {"precision": [], "optimizers": ["--precision", "bf16", "--batch", "4"]}
+# The optimizer and compression runs take micro-batches of 4 x 256 to keep 600-step runs within
+# minutes each on two cores.
+SUITE_COMMON = {"precision": [], "optimizers": ["--precision", "bf16", "--batch", "4"],
+                "act_compress": ["--precision", "bf16", "--batch", "4"]}
 
 
 def read_log(path):
@@ -48,12 +57,12 @@ def read_log(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run(suite, name, extra, steps, out_dir, memfit):
+def run(suite, name, extra, steps, out_dir, memfit, common=()):
     log = os.path.join(out_dir, name + ".jsonl")
     cmd = [memfit, "train", "--config",
            os.path.join(ROOT, "configs", "brown-6x384.toml"), "--steps", str(steps),
            "--eval-every", str(max(1, steps // 6)), "--log", log,
-           "--save", os.path.join(out_dir, name)] + SUITE_COMMON[suite] + extra
+           "--save", os.path.join(out_dir, name)] + SUITE_COMMON[suite] + list(common) + extra
     print("$", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     lines = read_log(log)
@@ -79,6 +88,11 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--memfit", default=os.path.join(ROOT, "build", "memfit"),
                     help="the binary (a copy keeps a rebuild from changing it mid-suite)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once (on a shared machine under nice, give each --threads 1)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="--threads for every run (0: memfit's default, all cores); the same "
+                         "for all, so the runs stay comparable")
     args = ap.parse_args()
     steps, runs = SUITES[args.suite]
     steps = args.steps or steps
@@ -87,7 +101,10 @@ def main():
         runs = [r for r in runs if r[0] in keep]
     out_dir = os.path.join(ROOT, "out", "brown_" + args.suite)
     os.makedirs(out_dir, exist_ok=True)
-    results = [run(args.suite, n, e, steps, out_dir, args.memfit) for n, e in runs]
+    common = ["--threads", str(args.threads)] if args.threads else []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(
+            lambda r: run(args.suite, r[0], r[1], steps, out_dir, args.memfit, common), runs))
 
     ref = results[0]["final_val_loss"]
     marks = sorted({s for r in results for s, _ in r["val"]})
@@ -106,7 +123,8 @@ def main():
     out = args.out or os.path.join(ROOT, "docs", "bench", f"brown_{args.suite}.json")
     if not args.steps:
         with open(out, "w") as f:
-            json.dump({"suite": args.suite, "steps": steps, "runs": results}, f, indent=1)
+            json.dump({"suite": args.suite, "steps": steps, "common": SUITE_COMMON[args.suite] +
+                       common, "runs": results}, f, indent=1)
         print(f"\nwrote {out}", file=sys.stderr)
 
 
