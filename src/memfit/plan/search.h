@@ -1,6 +1,7 @@
 // The search behind --ckpt auto and --auto-batch: plan every checkpoint policy worth trying
-// (and, with --auto-batch, every micro-batch that keeps the global batch) with plan_training,
-// and take the fastest whose predicted peak fits the budget. Nothing is allocated or run.
+// (each also with compressed activations unless --act-compress was given; and, with
+// --auto-batch, every micro-batch that keeps the global batch) with plan_training, and take the
+// fastest whose predicted peak fits the budget. Nothing is allocated or run.
 // Note [Fit a budget] in docs/notes/planner.md: the candidates, the cost model, the ties.
 #pragma once
 
