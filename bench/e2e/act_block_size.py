@@ -41,7 +41,8 @@ def read_safetensors(path):
         raw = np.frombuffer(data[lo:hi], dtype={"F32": np.float32, "BF16": np.uint16}[e["dtype"]])
         if e["dtype"] == "BF16":
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        out[name] = torch.from_numpy(raw.reshape(e["shape"]).copy())
+        # Hugging Face's GPT2LMHeadModel names: "transformer.h.0...." -> "h.0...."
+        out[name.removeprefix("transformer.")] = torch.from_numpy(raw.reshape(e["shape"]).copy())
     return out
 
 
