@@ -116,6 +116,7 @@ json page_data(const StepRecorder& rec, const Timeline& tl, const json& summary,
                              ? summary["live_peak"]["where"]
                              : summary["live_peak"]["phase"]},
                {"buffers", std::move(buffers)}};
+  d["shares"] = summary["shares"]["at_live_peak"];
   d["pool_peak"] = tl.pool_peak;
   d["measured"] = summary["measured"]["by_category"];
   const json& planned = summary["planned"];
@@ -146,6 +147,7 @@ window.addEventListener("error", function (e) {{
 <body>
 <h1 id="title"></h1>
 <p class="sub" id="sub"></p>
+<p class="sub" id="shares"></p>
 <pre id="errors"></pre>
 <div id="legend"></div>
 <div id="plot"></div>

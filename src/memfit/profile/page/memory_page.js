@@ -35,6 +35,12 @@
     "Peak " + fmtMiB(D.pool_peak) + " measured by the pool" +
     (D.planned ? ", " + fmtMiB(D.planned.peak) + " planned" : "") +
     "; the most bytes holding live values: " + fmtMiB(peak.bytes) + " in " + peak.where + ".";
+  const sh = D.shares;
+  document.getElementById("shares").textContent =
+    "Then: activations " + sh.activations_pct.toFixed(1) + "% (" +
+    sh.activations_over_params.toFixed(2) + " x the parameters), parameters " +
+    sh.params_pct.toFixed(1) + "%, gradients " + sh.grads_pct.toFixed(1) + "%, optimizer " +
+    sh.optimizer_pct.toFixed(1) + "%, workspace " + sh.workspace_pct.toFixed(1) + "%.";
 
   // The stack, bottom to top: what lives all step first, the arenas' live buffers on top, and
   // above them the arenas' bytes that hold no live value then.
