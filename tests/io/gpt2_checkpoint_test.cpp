@@ -39,29 +39,34 @@ ModelConfig tiny(int n_layer = 2, int d_model = 8, int n_head = 2) {
   return c;
 }
 
-// AdamW's state interface without its kernel: two FP32 slabs named "m" and "v".
+// AdamW's state without its kernel: two FP32 tensors named "m" and "v" over the layout, and
+// optionally a small "q" (i8) that no real optimizer has.
 class FakeOptimizer : public Optimizer {
  public:
   FakeOptimizer(const ParamLayout& layout, MemoryPool& pool, std::string name = "adamw",
                 bool extra = false)
-      : name_(std::move(name)) {
-    state_.emplace_back(
-        "m", Tensor::empty(pool, {layout.total()}, DType::f32, Category::optimizer, "m"));
-    state_.emplace_back(
-        "v", Tensor::empty(pool, {layout.total()}, DType::f32, Category::optimizer, "v"));
-    if (extra)
-      state_.emplace_back("q", Tensor::empty(pool, {3, 5}, DType::i8, Category::optimizer, "q"));
-  }
-  void step(Tensor&, const Tensor&, float, float) override {
-    MEMFIT_THROW(Error, "test", "not stepped here");
+      : Optimizer(OptimConfig{}, layout, std::nullopt), name_(std::move(name)), extra_(extra) {
+    init_state(&pool, name_);
   }
   std::string name() const override { return name_; }
-  std::vector<std::pair<std::string, Tensor>> state() override { return state_; }
-  size_t state_bytes() const override { return 0; }
+
+ protected:
+  std::vector<StateSpec> whole_state() const override {
+    std::vector<StateSpec> s = {{"m", DType::f32, layout_.total()},
+                                {"v", DType::f32, layout_.total()}};
+    if (extra_) s.push_back({"q", DType::i8, 15});
+    return s;
+  }
+  int64_t state_position(size_t i, int64_t x) const override {
+    return i < 2 ? x : (x == layout_.total() ? 15 : 0);
+  }
+  void update(const Piece&, Tensor&, const Tensor&, float, float) override {
+    MEMFIT_THROW(Error, "test", "not stepped here");
+  }
 
  private:
   std::string name_;
-  std::vector<std::pair<std::string, Tensor>> state_;
+  bool extra_;
 };
 
 void fill_state(Optimizer& opt, uint32_t seed) {
@@ -312,7 +317,7 @@ TEST(Gpt2Checkpoint, RefusesMismatchedOptimizerStateWithoutLoadingAnything) {
 
   FakeOptimizer more(layout, pool, "adamw", true);
   msg = error_of([&] { load_checkpoint(root / "ckpt", c, layout, back, &more); });
-  expect_contains(msg, {"1 mismatch:", "missing 'adamw.q' I8 (3, 5)"});
+  expect_contains(msg, {"1 mismatch:", "missing 'adamw.q' I8 (15,)"});
   EXPECT_EQ(bytes(back), std::string(back.nbytes(), '\0'));
 
   ModelConfig bigger = tiny(2, 8);

@@ -56,15 +56,15 @@ TEST(QuantizedStateLayout, ThresholdIs4096Values) {
 
 TEST(QuantizedState, EmptyPartsAreLeftOut) {
   MemoryPool pool;
-  std::vector<std::pair<std::string, Tensor>> out;
   ParamLayout mixed(testing::odd_config());
-  QuantizedState st(QuantizedStateLayout(mixed), pool, "t");
-  st.append_state("m", out);
-  ASSERT_EQ(out.size(), 3u);
-  EXPECT_EQ(out[0].first, "m.codes");
-  EXPECT_EQ(out[1].first, "m.absmax");
-  EXPECT_EQ(out[2].first, "m.f32");
-  EXPECT_EQ(st.bytes(), pool.bytes_current());
+  Lion8bit opt(OptimConfig{.name = "lion8bit"}, mixed, pool);
+  const auto st = opt.state();
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[0].first, "m.codes");
+  EXPECT_EQ(st[1].first, "m.absmax");
+  EXPECT_EQ(st[2].first, "m.f32");
+  EXPECT_EQ(opt.state_bytes(), pool.bytes_current());
+  EXPECT_EQ(opt.state_bytes(), QuantizedStateLayout(mixed).bytes());
 
   ModelConfig small;  // every tensor under 4096 values: FP32 state only
   small.n_layer = 1;
@@ -75,13 +75,12 @@ TEST(QuantizedState, EmptyPartsAreLeftOut) {
   small.finalize();
   ParamLayout all_small(small);
   MemoryPool pool2;
-  QuantizedState st2(QuantizedStateLayout(all_small), pool2, "t");
-  out.clear();
-  st2.append_state("v", out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].first, "v.f32");
-  EXPECT_FALSE(st2.codes.defined());
-  EXPECT_EQ(st2.bytes(), pool2.bytes_current());
+  AdamW8bit opt2(OptimConfig{.name = "adamw8bit"}, all_small, pool2);
+  const auto st2 = opt2.state();
+  ASSERT_EQ(st2.size(), 2u);
+  EXPECT_EQ(st2[0].first, "m.f32");
+  EXPECT_EQ(st2[1].first, "v.f32");
+  EXPECT_EQ(opt2.state_bytes(), pool2.bytes_current());
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Adam-mini: the transformer partition (Note [Adam-mini partition]) and the step over it.
 #include "memfit/optim/adam_mini.h"
 
+#include <algorithm>
+
 #include "memfit/kernels/cpu/adam_mini.h"
-#include "memfit/optim/step_checks.h"
 
 namespace memfit {
 
@@ -82,35 +83,56 @@ int64_t AdamMini::num_blocks(const ParamLayout& layout, int n_head) {
   return v;
 }
 
-AdamMini::AdamMini(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
-    : config_(checked_optim_config(config, "adam-mini")),
-      layout_(layout),
-      segments_(partition(layout, config.n_head)) {
-  const int64_t blocks = num_blocks(layout, config.n_head);
-  m_ = Tensor::empty(pool, {layout.total()}, DType::f32, Category::optimizer, "adam-mini.m");
-  v_ = Tensor::empty(pool, {round_up(blocks, kF32Align)}, DType::f32, Category::optimizer,
-                     "adam-mini.v");
+AdamMini::AdamMini(const OptimConfig& config, const ParamLayout& layout, MemoryPool* pool,
+                   std::optional<ElementRange> range)
+    : Optimizer(checked_optim_config(config, "adam-mini"), layout, range),
+      segments_(partition(layout, config.n_head)),
+      v_elements_(round_up(num_blocks(layout, config.n_head), kF32Align)) {
+  init_state(pool, "adam-mini");
 }
 
-void AdamMini::step(Tensor& params, const Tensor& grads, float lr, float grad_scale) {
-  check_step_args("adam-mini", layout_, params, grads, lr, grad_scale);
-  ++t_;
-  const auto& infos = layout_.params();
-  for (const AdamMiniSegment& s : segments_) {
-    const ParamInfo& p = infos[s.param_index];
-    kernels::AdamWHyper h{lr, config_.beta1, config_.beta2, config_.eps,
-                          p.decay ? config_.weight_decay : 0.0f};
-    Tensor pv = params.view(s.offset, {s.numel});
-    Tensor mv = m_.view(s.offset, {s.numel});
-    Tensor vv = v_.view(s.v_offset, {s.numel / s.block_len});
-    kernels::adam_mini_update(pv, grads.view(s.offset, {s.numel}), mv, vv, s.block_len, h, t_,
-                              grad_scale);
+std::vector<StateSpec> AdamMini::whole_state() const {
+  return {{"m", DType::f32, layout_.total()}, {"v", DType::f32, v_elements_}};
+}
+
+size_t AdamMini::segment_at(int64_t x) const {
+  auto it = std::partition_point(segments_.begin(), segments_.end(), [&](const AdamMiniSegment& s) {
+    return s.offset + s.numel <= x;
+  });
+  return static_cast<size_t>(it - segments_.begin());
+}
+
+int64_t AdamMini::state_position(size_t i, int64_t x) const {
+  if (i == 0) return x;  // m: per element
+  const size_t k = segment_at(x);
+  if (k == segments_.size()) return v_elements_;
+  const AdamMiniSegment& s = segments_[k];
+  return s.v_offset + (std::max(x, s.offset) - s.offset + s.block_len - 1) / s.block_len;
+}
+
+int64_t AdamMini::next_cut(int64_t x) const {
+  const size_t k = segment_at(x);
+  if (k == segments_.size()) return layout_.total();
+  const AdamMiniSegment& s = segments_[k];
+  if (x <= s.offset) return s.offset;
+  return std::min(s.offset + s.numel, s.offset + round_up(x - s.offset, s.block_len));
+}
+
+void AdamMini::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, float grad_scale) {
+  const kernels::AdamWHyper h{lr, config_.beta1, config_.beta2, config_.eps,
+                              pc.param.decay ? config_.weight_decay : 0.0f};
+  // The piece's parts of the parameter's segments; cuts fall on block boundaries (next_cut).
+  for (size_t k = segment_at(pc.begin); k < segments_.size() && segments_[k].offset < pc.end;
+       ++k) {
+    const AdamMiniSegment& s = segments_[k];
+    const int64_t b = std::max(pc.begin, s.offset), e = std::min(pc.end, s.offset + s.numel);
+    if (b >= e) continue;
+    Tensor pv = w.view(b - pc.begin, {e - b}), gv = g.view(b - pc.begin, {e - b});
+    Tensor mv = state_view(0, b, e - b);
+    Tensor vv = state_view(1, state_position(1, b), (e - b) / s.block_len);
+    kernels::adam_mini_update(pv, gv, mv, vv, s.block_len, h, t_, grad_scale);
   }
 }
-
-std::vector<std::pair<std::string, Tensor>> AdamMini::state() { return {{"m", m_}, {"v", v_}}; }
-
-size_t AdamMini::state_bytes() const { return m_.nbytes() + v_.nbytes(); }
 
 size_t AdamMini::state_bytes_for(const ParamLayout& layout, int n_head) {
   return MemoryPool::round_up(static_cast<size_t>(layout.total()) * sizeof(float)) +

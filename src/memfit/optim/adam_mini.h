@@ -24,12 +24,14 @@ struct AdamMiniSegment {
 class AdamMini : public Optimizer {
  public:
   // config.n_head must be the model's head count and divide the width; ConfigError otherwise.
-  AdamMini(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool);
-  void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) override;
+  // State "m" (f32, one per element) and "v" (f32, one value per block, rounded up to 16).
+  AdamMini(const OptimConfig& config, const ParamLayout& layout, MemoryPool* pool,
+           std::optional<ElementRange> range = std::nullopt);
+  AdamMini(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
+      : AdamMini(config, layout, &pool) {}
   std::string name() const override { return "adam-mini"; }
-  // "m" (f32, layout.total()) and "v" (f32, one value per block, rounded up to 16).
-  std::vector<std::pair<std::string, Tensor>> state() override;
-  size_t state_bytes() const override;
+  // A cut inside a segment falls on one of its block boundaries.
+  int64_t next_cut(int64_t x) const override;
   static size_t state_bytes_for(const ParamLayout& layout, int n_head);
 
   // The partition, in layout order; the qkv weight gives three segments (query, key, value).
@@ -38,11 +40,18 @@ class AdamMini : public Optimizer {
   static int64_t num_blocks(const ParamLayout& layout, int n_head);
   const std::vector<AdamMiniSegment>& segments() const { return segments_; }
 
+ protected:
+  std::vector<StateSpec> whole_state() const override;
+  int64_t state_position(size_t i, int64_t x) const override;
+  void update(const Piece& piece, Tensor& w, const Tensor& g, float lr,
+              float grad_scale) override;
+
  private:
-  OptimConfig config_;
-  const ParamLayout& layout_;
+  // The first segment that ends after x (x is inside it or before it); segments_.size() if none.
+  size_t segment_at(int64_t x) const;
+
   std::vector<AdamMiniSegment> segments_;
-  Tensor m_, v_;
+  int64_t v_elements_ = 0;  // num_blocks rounded up to 16
 };
 
 }  // namespace memfit

@@ -1,49 +1,39 @@
-// 8-bit AdamW over the parameter layout: quantised tensors through the block kernel, small ones
-// through the same arithmetic on FP32 state.
+// 8-bit AdamW over pieces of the parameter layout: quantised tensors through the block kernel,
+// small ones through the same arithmetic on FP32 state.
 #include "memfit/optim/adamw8bit.h"
 
 #include "memfit/kernels/cpu/adamw8bit.h"
-#include "memfit/optim/step_checks.h"
+#include "memfit/kernels/cpu/blockwise_quant.h"
 
 namespace memfit {
 
-AdamW8bit::AdamW8bit(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
-    : config_(checked_optim_config(config, "adamw8bit")),
-      layout_(layout),
-      state_layout_(layout),
-      m_(state_layout_, pool, "adamw8bit.m"),
-      v_(state_layout_, pool, "adamw8bit.v") {}
+using Part = QuantizedStateLayout::Part;
 
-void AdamW8bit::step(Tensor& params, const Tensor& grads, float lr, float grad_scale) {
-  check_step_args("adamw8bit", layout_, params, grads, lr, grad_scale);
-  ++t_;
-  const auto& infos = layout_.params();
-  for (size_t i = 0; i < infos.size(); ++i) {
-    const ParamInfo& p = infos[i];
-    const QuantizedStateLayout::Slot& s = state_layout_.slot(i);
-    kernels::AdamWHyper h{lr, config_.beta1, config_.beta2, config_.eps,
-                          p.decay ? config_.weight_decay : 0.0f};
-    Tensor pv = params.view(p.offset, {p.numel});
-    Tensor gv = grads.view(p.offset, {p.numel});
-    if (s.quantized) {
-      Tensor mq = m_.codes_for(p, s), ma = m_.absmax_for(p, s);
-      Tensor vq = v_.codes_for(p, s), va = v_.absmax_for(p, s);
-      kernels::adamw8bit_update(pv, gv, mq, ma, vq, va, h, t_, grad_scale);
-    } else {
-      Tensor mv = m_.f32_for(p, s), vv = v_.f32_for(p, s);
-      kernels::adamw8bit_update_f32(pv, gv, mv, vv, h, t_, grad_scale);
-    }
+AdamW8bit::AdamW8bit(const OptimConfig& config, const ParamLayout& layout, MemoryPool* pool,
+                     std::optional<ElementRange> range)
+    : Optimizer(checked_optim_config(config, "adamw8bit"), layout, range), state_layout_(layout) {
+  m_ = state_layout_.append_specs("m", specs_, parts_);
+  v_ = state_layout_.append_specs("v", specs_, parts_);
+  init_state(pool, "adamw8bit");
+}
+
+void AdamW8bit::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, float grad_scale) {
+  const kernels::AdamWHyper h{lr, config_.beta1, config_.beta2, config_.eps,
+                              pc.param.decay ? config_.weight_decay : 0.0f};
+  const int64_t n = pc.numel();
+  auto part = [&](int index, Part p, int64_t count) {
+    return state_view(static_cast<size_t>(index), state_layout_.position(p, pc.begin), count);
+  };
+  if (state_layout_.slot(pc.index).quantized) {
+    const int64_t blocks = kernels::quant_blocks(n);
+    Tensor mq = part(m_.codes, Part::codes, n), ma = part(m_.absmax, Part::absmax, blocks);
+    Tensor vq = part(v_.codes, Part::codes, n), va = part(v_.absmax, Part::absmax, blocks);
+    kernels::adamw8bit_update(w, g, mq, ma, vq, va, h, t_, grad_scale);
+  } else {
+    Tensor m = part(m_.f32, Part::f32, n), v = part(v_.f32, Part::f32, n);
+    kernels::adamw8bit_update_f32(w, g, m, v, h, t_, grad_scale);
   }
 }
-
-std::vector<std::pair<std::string, Tensor>> AdamW8bit::state() {
-  std::vector<std::pair<std::string, Tensor>> out;
-  m_.append_state("m", out);
-  v_.append_state("v", out);
-  return out;
-}
-
-size_t AdamW8bit::state_bytes() const { return m_.bytes() + v_.bytes(); }
 
 size_t AdamW8bit::state_bytes_for(const ParamLayout& layout) {
   return 2 * QuantizedStateLayout(layout).bytes();

@@ -10,17 +10,19 @@ namespace memfit {
 
 class Lion : public Optimizer {
  public:
-  Lion(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool);
-  void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) override;
+  // State "m": f32, one per element of the layout.
+  Lion(const OptimConfig& config, const ParamLayout& layout, MemoryPool* pool,
+       std::optional<ElementRange> range = std::nullopt);
+  Lion(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
+      : Lion(config, layout, &pool) {}
   std::string name() const override { return "lion"; }
-  std::vector<std::pair<std::string, Tensor>> state() override;  // "m" (f32, layout.total())
-  size_t state_bytes() const override;
   static size_t state_bytes_for(const ParamLayout& layout);
 
- private:
-  OptimConfig config_;
-  const ParamLayout& layout_;
-  Tensor m_;
+ protected:
+  std::vector<StateSpec> whole_state() const override;
+  int64_t state_position(size_t, int64_t x) const override { return x; }
+  void update(const Piece& piece, Tensor& w, const Tensor& g, float lr,
+              float grad_scale) override;
 };
 
 }  // namespace memfit

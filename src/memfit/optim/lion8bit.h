@@ -10,19 +10,28 @@ namespace memfit {
 
 class Lion8bit : public Optimizer {
  public:
-  Lion8bit(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool);
-  void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) override;
+  // State m.codes (i8), m.absmax (f32), m.f32 (small tensors); empty parts are absent.
+  Lion8bit(const OptimConfig& config, const ParamLayout& layout, MemoryPool* pool,
+           std::optional<ElementRange> range = std::nullopt);
+  Lion8bit(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
+      : Lion8bit(config, layout, &pool) {}
   std::string name() const override { return "lion8bit"; }
-  // m.codes (i8), m.absmax (f32), m.f32 (small tensors); empty parts are absent.
-  std::vector<std::pair<std::string, Tensor>> state() override;
-  size_t state_bytes() const override;
+  int64_t next_cut(int64_t x) const override { return state_layout_.next_cut(x); }
   static size_t state_bytes_for(const ParamLayout& layout);
 
+ protected:
+  std::vector<StateSpec> whole_state() const override { return specs_; }
+  int64_t state_position(size_t i, int64_t x) const override {
+    return state_layout_.position(parts_[i], x);
+  }
+  void update(const Piece& piece, Tensor& w, const Tensor& g, float lr,
+              float grad_scale) override;
+
  private:
-  OptimConfig config_;
-  const ParamLayout& layout_;
   QuantizedStateLayout state_layout_;
-  QuantizedState m_;
+  std::vector<StateSpec> specs_;
+  std::vector<QuantizedStateLayout::Part> parts_;
+  QuantizedStateLayout::Moment m_;
 };
 
 }  // namespace memfit

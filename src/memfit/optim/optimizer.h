@@ -1,10 +1,17 @@
-// The optimizer interface. An optimizer owns its state slabs (Category::optimizer), walks the
-// parameter layout (so it knows names, shapes, roles and which tensors take weight decay) and
-// updates the parameter slab from the gradient slab in place.
+// The optimizer interface, and the one loop every optimizer runs. An optimizer updates a range
+// of the parameter layout (the whole layout, a ZeRO shard, one block streamed from disk) from
+// the gradients of the same range. Its state is a few tensors, each laid out over the whole
+// layout (per element, per 256-value block, per Adam-mini block, ...); an optimizer over a range
+// holds exactly the slice of each that its range maps to (state_extents), either allocated from
+// the pool (Category::optimizer) or bound by the caller (a staging buffer read from disk). The
+// loop walks the range's pieces (the parts of parameters inside it) and hands each to the
+// optimizer's update, so a range's result is, element for element, the whole layout's.
+// See Note [Model state] (docs/notes/model-state.md).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,39 +20,137 @@
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optim_config.h"
+#include "memfit/state/element_range.h"
 
 namespace memfit {
+
+// One state tensor: its name in checkpoints ("m", "v.codes"), element type and elements.
+struct StateSpec {
+  std::string name;
+  DType dtype;
+  int64_t numel;
+};
 
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update. grad_scale multiplies every gradient before use (1/accumulation, clipping).
-  virtual void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) = 0;
-  // The same on FP32 master weights, and `working` (bf16 or f16, the copy forward and backward
-  // read) = the updated master rounded to nearest even. Bit-identical to step() followed by a
-  // conversion; AdamW does both in one pass over the weights (one read of the master instead of
-  // two), the others convert each tensor right after updating it, while it is in cache.
-  virtual void step_master(Tensor& master, Tensor& working, const Tensor& grads, float lr,
-                           float grad_scale);
   virtual std::string name() const = 0;
-  // The state tensors by name, for checkpoints; loading writes into these same tensors.
-  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
-  // Exact bytes of state this optimizer allocated (what the planner predicts).
-  virtual size_t state_bytes() const = 0;
+  // Whether step() takes bf16 weights of record (pure bf16 training, no master copy).
+  virtual bool updates_bf16_weights() const { return false; }
+  const ParamLayout& layout() const { return layout_; }
+  // The elements this optimizer updates.
+  const ElementRange& range() const { return range_; }
+
+  // One update. `params` and `grads` cover range() exactly (element 0 is range().begin);
+  // grad_scale multiplies every gradient before use (1/accumulation, clipping).
+  void step(Tensor& params, const Tensor& grads, float lr, float grad_scale);
+  // The same on FP32 master weights, and `working` (bf16 or f16, the copy forward and backward
+  // read) = the updated master rounded to nearest even, piece by piece while it is in cache.
+  // Bit-identical to step() followed by a conversion; AdamW does both in one pass.
+  void step_master(Tensor& master, Tensor& working, const Tensor& grads, float lr,
+                   float grad_scale);
+
+  // The state tensors of range() by name, for checkpoints; loading writes into these same
+  // tensors. A tensor whose slice is empty (a range with none of that state) is left out.
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  // The state tensors of range(), in state() order, empty ones included: what bind_state takes.
+  const std::vector<StateSpec>& state_specs() const { return specs_; }
+  // The state tensors of the whole layout (the ones range()'s are slices of).
+  const std::vector<StateSpec>& whole_state_specs() const { return whole_; }
+  // Where the state of `r` (a sub-range of range(), cut where next_cut allows) lies in each
+  // whole-layout state tensor, in that tensor's elements: one range per state tensor. The
+  // extents of adjacent ranges tile each tensor, so a shard's state is saved as slices and
+  // resharded on load, and an offload file laid out as the whole tensor holds a block's state
+  // in one extent.
+  std::vector<ElementRange> state_extents(const ElementRange& r) const;
+  // Points the state at caller-owned tensors, one per state_specs() entry with its dtype and
+  // numel (undefined where numel is 0). For an optimizer made without a pool.
+  void bind_state(std::vector<Tensor> tensors);
+  // Bytes of state for range() as the pool counts them (each tensor rounded to 64 bytes),
+  // allocated or not: what the planner predicts.
+  size_t state_bytes() const;
+
+  // The first cut at or after element x (<= layout total) that this optimizer's state allows:
+  // inside a parameter, a multiple of 16 elements for element-wise state; an optimizer whose
+  // state has blocks moves it to its block boundaries. In padding between parameters, the next
+  // parameter's start. shard_ranges cuts here.
+  virtual int64_t next_cut(int64_t x) const;
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
  protected:
+  // Over `range`, the whole layout when it is absent.
+  Optimizer(const OptimConfig& config, const ParamLayout& layout,
+            std::optional<ElementRange> range);
+
+  // A part of one parameter inside range(): its elements [begin, end) of the slab.
+  struct Piece {
+    const ParamInfo& param;
+    size_t index;  // into layout().params()
+    int64_t begin, end;
+    int64_t numel() const { return end - begin; }
+    // This piece of a tensor that covers range() starting at `range_begin`.
+    Tensor of(const Tensor& t, int64_t range_begin) const {
+      return t.view(begin - range_begin, {end - begin});
+    }
+  };
+  // The whole layout's state tensors; the subclass's constructor calls init_state after it
+  // knows them.
+  virtual std::vector<StateSpec> whole_state() const = 0;
+  // Where element boundary x of the layout falls in whole state tensor i: monotone, 0 at 0 and
+  // whole_state()[i].numel at layout total. The state of elements [a, b) is [pos(a), pos(b)).
+  virtual int64_t state_position(size_t i, int64_t x) const = 0;
+  // Updates one piece: `w` and `g` are its weights (f32, or bf16 for pure bf16 AdamW) and
+  // gradients; state through state_view.
+  virtual void update(const Piece& piece, Tensor& w, const Tensor& g, float lr,
+                      float grad_scale) = 0;
+  // The same, and `working` = the updated w rounded (step_master). Default: update, convert.
+  virtual void update_master(const Piece& piece, Tensor& w, Tensor& working, const Tensor& g,
+                             float lr, float grad_scale);
+
+  // Allocates range()'s slices of whole_state() from `pool`, or leaves them to bind_state when
+  // pool is null.
+  void init_state(MemoryPool* pool, const std::string& tag_prefix);
+  // State tensor i at whole-tensor position [at, at + n): a view of this range's slice.
+  Tensor state_view(size_t i, int64_t at, int64_t n) const;
+  // The parameter containing element x, or the first starting after it; params().size() if none.
+  size_t param_at(int64_t x) const;
+
+  OptimConfig config_;
+  const ParamLayout& layout_;
+  ElementRange range_;
   int64_t t_ = 0;
+
+ private:
+  template <class F>
+  void for_each_piece(F&& f) const;
+
+  std::vector<StateSpec> whole_, specs_;
+  std::vector<ElementRange> extents_;  // range()'s, per state tensor
+  std::vector<Tensor> state_;
 };
 
-// The optimizer `config.name` names (optimizer_names() lists them), after check_optim_config.
+// The whole layout as a range.
+inline ElementRange whole_range(const ParamLayout& layout) { return {0, layout.total()}; }
+
+// The optimizer `config.name` names (optimizer_names() lists them), after check_optim_config,
+// over `range` (the whole layout when absent) with its state from `pool`, or unallocated (for
+// bind_state) when pool is null. ConfigError if the range is not inside the layout or not cut
+// where the optimizer's state allows.
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const ParamLayout& layout,
-                                          MemoryPool& pool);
-// The bytes make_optimizer(config, layout, ...) would allocate, without allocating: each
-// optimizer's state_bytes_for. This is what the planner predicts.
-size_t optimizer_state_bytes(const OptimConfig& config, const ParamLayout& layout);
+                                          MemoryPool* pool,
+                                          std::optional<ElementRange> range = std::nullopt);
+inline std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config,
+                                                 const ParamLayout& layout, MemoryPool& pool) {
+  return make_optimizer(config, layout, &pool);
+}
+// The bytes make_optimizer(config, layout, pool, range) would allocate, without allocating.
+// This is what the planner predicts.
+size_t optimizer_state_bytes(const OptimConfig& config, const ParamLayout& layout,
+                             std::optional<ElementRange> range = std::nullopt);
 
 }  // namespace memfit

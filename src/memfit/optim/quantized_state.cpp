@@ -1,5 +1,7 @@
-// Layout and slabs of block-wise 8-bit optimizer state. See Note [8-bit optimizers].
+// Layout of block-wise 8-bit optimizer state. See Note [8-bit optimizers].
 #include "memfit/optim/quantized_state.h"
+
+#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -12,7 +14,7 @@ constexpr int64_t kF32Align = 16;  // floats per 64 bytes
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 }  // namespace
 
-QuantizedStateLayout::QuantizedStateLayout(const ParamLayout& layout) {
+QuantizedStateLayout::QuantizedStateLayout(const ParamLayout& layout) : layout_(layout) {
   for (const ParamInfo& p : layout.params()) {
     if (p.numel >= kMinQuantizedNumel) {
       slots_.push_back({true, blocks_});
@@ -32,41 +34,56 @@ size_t QuantizedStateLayout::bytes() const {
          static_cast<size_t>(f32_elements_) * 4;
 }
 
-QuantizedState::QuantizedState(const QuantizedStateLayout& layout, MemoryPool& pool,
-                               std::string_view tag) {
-  if (layout.blocks() > 0) {
-    codes = Tensor::empty(pool, {layout.code_bytes()}, DType::i8, Category::optimizer,
-                          fmt::format("{}.codes", tag));
-    absmax = Tensor::empty(pool, {layout.absmax_elements()}, DType::f32, Category::optimizer,
-                           fmt::format("{}.absmax", tag));
+QuantizedStateLayout::Moment QuantizedStateLayout::append_specs(std::string_view prefix,
+                                                                std::vector<StateSpec>& specs,
+                                                                std::vector<Part>& parts) const {
+  Moment m;
+  auto add = [&](int& index, Part part, const char* name, DType dtype, int64_t numel) {
+    if (numel == 0) return;
+    index = static_cast<int>(specs.size());
+    specs.push_back({fmt::format("{}.{}", prefix, name), dtype, numel});
+    parts.push_back(part);
+  };
+  add(m.codes, Part::codes, "codes", DType::i8, code_bytes());
+  add(m.absmax, Part::absmax, "absmax", DType::f32, blocks_ > 0 ? absmax_elements() : 0);
+  add(m.f32, Part::f32, "f32", DType::f32, f32_elements_);
+  return m;
+}
+
+int64_t QuantizedStateLayout::position(Part part, int64_t x) const {
+  const auto& ps = layout_.params();
+  const bool want_quantized = part != Part::f32;
+  // The first tensor of the part that ends after x: x is inside it or before it.
+  auto it = std::partition_point(ps.begin(), ps.end(),
+                                 [&](const ParamInfo& p) { return p.offset + p.numel <= x; });
+  for (size_t i = static_cast<size_t>(it - ps.begin()); i < ps.size(); ++i) {
+    if (slots_[i].quantized != want_quantized) continue;
+    const int64_t inside = std::max<int64_t>(0, x - ps[i].offset);
+    switch (part) {
+      case Part::codes: return slots_[i].offset * kernels::kQuantBlock + inside;
+      case Part::absmax: return slots_[i].offset + kernels::quant_blocks(inside);
+      case Part::f32: return slots_[i].offset + inside;
+    }
   }
-  if (layout.f32_elements() > 0)
-    f32 = Tensor::empty(pool, {layout.f32_elements()}, DType::f32, Category::optimizer,
-                        fmt::format("{}.f32", tag));
+  switch (part) {
+    case Part::codes: return code_bytes();
+    case Part::absmax: return absmax_elements();
+    case Part::f32: return f32_elements_;
+  }
+  return 0;
 }
 
-Tensor QuantizedState::codes_for(const ParamInfo& p, const QuantizedStateLayout::Slot& s) const {
-  return codes.view(s.offset * kernels::kQuantBlock, {p.numel});
-}
-Tensor QuantizedState::absmax_for(const ParamInfo& p, const QuantizedStateLayout::Slot& s) const {
-  return absmax.view(s.offset, {kernels::quant_blocks(p.numel)});
-}
-Tensor QuantizedState::f32_for(const ParamInfo& p, const QuantizedStateLayout::Slot& s) const {
-  return f32.view(s.offset, {p.numel});
-}
-
-void QuantizedState::append_state(std::string_view prefix,
-                                  std::vector<std::pair<std::string, Tensor>>& out) const {
-  if (codes.defined()) out.emplace_back(fmt::format("{}.codes", prefix), codes);
-  if (absmax.defined()) out.emplace_back(fmt::format("{}.absmax", prefix), absmax);
-  if (f32.defined()) out.emplace_back(fmt::format("{}.f32", prefix), f32);
-}
-
-size_t QuantizedState::bytes() const {
-  size_t b = 0;
-  for (const Tensor* t : {&codes, &absmax, &f32})
-    if (t->defined()) b += t->nbytes();
-  return b;
+int64_t QuantizedStateLayout::next_cut(int64_t x) const {
+  const auto& ps = layout_.params();
+  auto it = std::partition_point(ps.begin(), ps.end(),
+                                 [&](const ParamInfo& p) { return p.offset + p.numel <= x; });
+  if (it == ps.end()) return layout_.total();
+  const ParamInfo& p = *it;
+  if (x <= p.offset) return p.offset;
+  const int64_t step = slots_[static_cast<size_t>(it - ps.begin())].quantized
+                           ? kernels::kQuantBlock
+                           : kF32Align;
+  return std::min(p.offset + p.numel, p.offset + round_up(x - p.offset, step));
 }
 
 }  // namespace memfit

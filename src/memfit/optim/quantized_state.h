@@ -1,25 +1,23 @@
-// One optimizer moment held as block-wise 8-bit state over a parameter layout, shared by the
-// 8-bit optimizers (AdamW8bit: m and v; Lion8bit: m). Tensors of at least kMinQuantizedNumel
-// values get 8-bit codes and one absmax per 256-value block; smaller ones keep FP32 state, as
-// bitsandbytes' min_8bit_size. See Note [8-bit optimizers].
+// Where block-wise 8-bit optimizer state lives over a parameter layout, shared by the 8-bit
+// optimizers (AdamW8bit: m and v; Lion8bit: m). Tensors of at least kMinQuantizedNumel values get
+// 8-bit codes and one absmax per 256-value block; smaller ones keep FP32 state, as bitsandbytes'
+// min_8bit_size. One moment is up to three state tensors: "<m>.codes" (i8, 256 per block),
+// "<m>.absmax" (f32, one per block) and "<m>.f32" (the small tensors). See Note [8-bit
+// optimizers] and, for ranges and extents, Note [Model state].
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
-#include "memfit/core/tensor.h"
-#include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/optim/optimizer.h"
 
 namespace memfit {
 
 inline constexpr int64_t kMinQuantizedNumel = 4096;
 
-// Where each parameter's state lives: computed from the layout alone, so the planner can size
-// the state without allocating it.
+// Computed from the layout alone, so the planner can size the state without allocating it.
 class QuantizedStateLayout {
  public:
   struct Slot {
@@ -27,6 +25,7 @@ class QuantizedStateLayout {
     // quantized: first block (codes start at block * 256); else first element of the f32 slab.
     int64_t offset;
   };
+  enum class Part : uint8_t { codes, absmax, f32 };
 
   explicit QuantizedStateLayout(const ParamLayout& layout);
 
@@ -42,26 +41,27 @@ class QuantizedStateLayout {
   // Bytes of one moment: codes + absmax + f32 (each a multiple of 64, so also the pool's count).
   size_t bytes() const;
 
+  // Indices into an optimizer's state tensors of one moment's parts (-1: absent).
+  struct Moment {
+    int codes = -1, absmax = -1, f32 = -1;
+  };
+  // Appends one moment's state tensors, named "<prefix>.codes|absmax|f32", the empty ones left
+  // out, with the part of each to `parts`; returns where they went.
+  Moment append_specs(std::string_view prefix, std::vector<StateSpec>& specs,
+                      std::vector<Part>& parts) const;
+  // Where element boundary x of the layout falls in a part's tensor (Optimizer::state_position):
+  // inside a tensor of that part, its slot plus the elements (codes, f32) or blocks (absmax)
+  // before x; elsewhere, the slot of the next tensor of that part, or the part's end.
+  int64_t position(Part part, int64_t x) const;
+  // The first cut at or after x the state allows (Optimizer::next_cut): inside a quantised
+  // tensor a multiple of 256 from its start, inside a small one a multiple of 16; never past
+  // the tensor's end.
+  int64_t next_cut(int64_t x) const;
+
  private:
+  const ParamLayout& layout_;
   std::vector<Slot> slots_;
   int64_t blocks_ = 0, f32_elements_ = 0;
-};
-
-// One moment's slabs (Category::optimizer); an empty part is left undefined.
-struct QuantizedState {
-  Tensor codes;   // i8, code_bytes()
-  Tensor absmax;  // f32, absmax_elements()
-  Tensor f32;     // f32, f32_elements()
-
-  QuantizedState(const QuantizedStateLayout& layout, MemoryPool& pool, std::string_view tag);
-  // Views for parameter p at slot s.
-  Tensor codes_for(const ParamInfo& p, const QuantizedStateLayout::Slot& s) const;
-  Tensor absmax_for(const ParamInfo& p, const QuantizedStateLayout::Slot& s) const;
-  Tensor f32_for(const ParamInfo& p, const QuantizedStateLayout::Slot& s) const;
-  // Appends the defined slabs as "<prefix>.codes", "<prefix>.absmax", "<prefix>.f32".
-  void append_state(std::string_view prefix,
-                    std::vector<std::pair<std::string, Tensor>>& out) const;
-  size_t bytes() const;
 };
 
 }  // namespace memfit

@@ -9,16 +9,18 @@ namespace memfit {
 
 class Sgd : public Optimizer {
  public:
-  Sgd(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool);
-  void step(Tensor& params, const Tensor& grads, float lr, float grad_scale) override;
+  Sgd(const OptimConfig& config, const ParamLayout& layout, MemoryPool* pool,
+      std::optional<ElementRange> range = std::nullopt);
+  Sgd(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
+      : Sgd(config, layout, &pool) {}
   std::string name() const override { return "sgd"; }
-  std::vector<std::pair<std::string, Tensor>> state() override { return {}; }
-  size_t state_bytes() const override { return 0; }
   static size_t state_bytes_for(const ParamLayout&) { return 0; }
 
- private:
-  OptimConfig config_;
-  const ParamLayout& layout_;
+ protected:
+  std::vector<StateSpec> whole_state() const override { return {}; }
+  int64_t state_position(size_t, int64_t) const override { return 0; }
+  void update(const Piece& piece, Tensor& w, const Tensor& g, float lr,
+              float grad_scale) override;
 };
 
 }  // namespace memfit
