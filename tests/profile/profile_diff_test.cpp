@@ -17,14 +17,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-TEST(ProfileDiff, GroupsTagsAcrossBlocks) {
-  EXPECT_EQ(profile::tag_group("h.11.fch"), "h.*.fch");
-  EXPECT_EQ(profile::tag_group("rc.0.attn.lse"), "rc.*.attn.lse");
-  EXPECT_EQ(profile::tag_group("ws.logits"), "ws.logits");
-  EXPECT_EQ(profile::tag_group("encoded"), "encoded");
-  EXPECT_EQ(profile::tag_group("h.2.residual_3"), "h.*.residual_3");
-}
-
 json summary(double activations, const std::vector<std::pair<std::string, double>>& buffers) {
   json b = json::array();
   for (const auto& [tag, bytes] : buffers)

@@ -58,6 +58,11 @@ TEST(ProfileSummary, ReportsPeaksBuffersAndPhases) {
     EXPECT_EQ(p["live_bytes"], p["planned_live_bytes"]) << p["name"];
   }
   EXPECT_EQ(j["slices"]["evaluation"]["count"], 1);
+  // The groups add up to the live peak while there are at most kTopGroups of them.
+  size_t grouped = 0;
+  for (const json& g : j["top_groups"]) grouped += g["bytes"].get<size_t>();
+  if (j["top_groups"].size() < profile::kTopGroups) EXPECT_EQ(grouped, live);
+  EXPECT_LE(j["top_groups"].size(), profile::kTopGroups);
   const json& sh = j["shares"]["at_live_peak"];
   double total = 0;
   for (const char* k : {"activations_pct", "workspace_pct", "params_pct", "grads_pct",
@@ -66,11 +71,19 @@ TEST(ProfileSummary, ReportsPeaksBuffersAndPhases) {
   EXPECT_NEAR(total, 100.0, 1e-9);
 }
 
+TEST(ProfileSummary, GroupsTagsAcrossBlocks) {
+  EXPECT_EQ(profile::tag_group("h.11.fch"), "h.*.fch");
+  EXPECT_EQ(profile::tag_group("rc.0.attn.lse"), "rc.*.attn.lse");
+  EXPECT_EQ(profile::tag_group("ws.logits"), "ws.logits");
+  EXPECT_EQ(profile::tag_group("encoded"), "encoded");
+  EXPECT_EQ(profile::tag_group("h.2.residual_3"), "h.*.residual_3");
+}
+
 TEST(ProfileSummary, TextNamesThePeakTheTopBuffersAndThePhases) {
   Summarised s;
   const std::string text = profile::summary_text(s.summary, "DIR");
   for (const char* part : {"memfit profile: DIR", "measured by the pool", "planned", "top ",
-                           "buffers live then", "live bytes per phase", "recompute (2 blocks)",
+                           "buffers live then", "the same by group", "live bytes per phase", "recompute (2 blocks)",
                            "activations", "x the parameters", "resident outside the pool"})
     EXPECT_NE(text.find(part), std::string::npos) << part << " not in:\n" << text;
   EXPECT_NE(text.find(s.summary["top_buffers"][0]["tag"].get<std::string>()), std::string::npos);

@@ -117,6 +117,10 @@ json page_data(const StepRecorder& rec, const Timeline& tl, const json& summary,
                              : summary["live_peak"]["phase"]},
                {"buffers", std::move(buffers)}};
   d["shares"] = summary["shares"]["at_live_peak"];
+  json groups = json::array();
+  for (const json& g : summary["top_groups"])
+    groups.push_back({g["group"], g["category"], g["bytes"], g["count"]});
+  d["groups"] = std::move(groups);
   d["pool_peak"] = tl.pool_peak;
   d["measured"] = summary["measured"]["by_category"];
   const json& planned = summary["planned"];
@@ -152,9 +156,14 @@ window.addEventListener("error", function (e) {{
 <div id="legend"></div>
 <div id="plot"></div>
 <div id="tip"></div>
-<h2 style="font-size:14px;margin:10px 0 0">Buffers live at the peak (largest first)</h2>
+<div style="display:flex;gap:40px;align-items:flex-start">
+<div><h2 style="font-size:14px;margin:10px 0 0">Buffers live at the peak (largest first)</h2>
 <table><thead><tr><th class="n">bytes</th><th>category</th><th>tag</th><th>lifetime</th></tr></thead>
-<tbody id="buffers"></tbody></table>
+<tbody id="buffers"></tbody></table></div>
+<div><h2 style="font-size:14px;margin:10px 0 0">The same by group (* is a block number)</h2>
+<table><thead><tr><th class="n">bytes</th><th>category</th><th>group</th><th class="n">buffers</th></tr></thead>
+<tbody id="groups"></tbody></table></div>
+</div>
 <p class="sub">memfit train --profile: trace.json (open it in Perfetto or chrome://tracing) and
 summary.json lie beside this page.</p>
 <script id="data" type="application/json">{2}</script>

@@ -42,22 +42,6 @@ json load_summary(const fs::path& path, int rank) {
   return j;
 }
 
-std::string tag_group(const std::string& tag) {
-  std::string out;
-  size_t start = 0;
-  while (start <= tag.size()) {
-    size_t dot = tag.find('.', start);
-    if (dot == std::string::npos) dot = tag.size();
-    const std::string part = tag.substr(start, dot - start);
-    const bool number = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    // A number between dots is a block (or a recomputation slot); a last part stays.
-    out += (number && dot < tag.size()) ? "*" : part;
-    if (dot < tag.size()) out += '.';
-    start = dot + 1;
-  }
-  return out;
-}
-
 namespace {
 
 double num(const json& obj, const std::string& key) {

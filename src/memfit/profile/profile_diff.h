@@ -11,16 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/profile/profile_summary.h"  // tag_group
+
 namespace memfit::profile {
 
 // A profile's summary.json: `path` is the file, a --profile directory holding it, or one whose
 // rank<rank>/ holds it (a run under MPI). IoError if absent or unreadable, ConfigError naming
 // the file if it is not a summary of this version.
 nlohmann::json load_summary(const std::filesystem::path& path, int rank = 0);
-
-// "h.*.fch" for "h.11.fch", "rc.*.qkv" for "rc.0.qkv": block numbers out, so a block's buffers
-// group across blocks.
-std::string tag_group(const std::string& tag);
 
 nlohmann::json profile_diff_json(const nlohmann::json& a, const nlohmann::json& b);
 // The printed comparison; `top`: how many changed buffer groups to list.

@@ -1,6 +1,7 @@
 #include "memfit/profile/profile_summary.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 
 #include <fmt/format.h>
@@ -63,6 +64,22 @@ json shares(const CategoryBytes& b) {
 }
 
 }  // namespace
+
+std::string tag_group(const std::string& tag) {
+  std::string out;
+  size_t start = 0;
+  while (start <= tag.size()) {
+    size_t dot = tag.find('.', start);
+    if (dot == std::string::npos) dot = tag.size();
+    const std::string part = tag.substr(start, dot - start);
+    const bool number = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
+    // A number between dots is a block (or a recomputation slot); a last part stays.
+    out += (number && dot < tag.size()) ? "*" : part;
+    if (dot < tag.size()) out += '.';
+    start = dot + 1;
+  }
+  return out;
+}
 
 std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024.0)); }
 
@@ -129,6 +146,22 @@ json summary_json(const StepRecorder& rec, const Timeline& tl, const SummaryInpu
                                first == last ? first : first + " -> " + last},
                               false));
   }
+  // The same by group, block numbers out: which operation's buffers take the most.
+  std::map<std::pair<std::string, Category>, std::pair<size_t, int>> groups;
+  for (const PeakBuffer& b : tl.peak_buffers) {
+    auto& g = groups[{tag_group(b.tag), b.category}];
+    g.first += b.bytes;
+    ++g.second;
+  }
+  std::vector<json> by_group;
+  for (const auto& [key, g] : groups)
+    by_group.push_back({{"group", key.first}, {"category", std::string(category_name(key.second))},
+                        {"bytes", g.first}, {"count", g.second}});
+  std::stable_sort(by_group.begin(), by_group.end(), [](const json& a, const json& b) {
+    return a["bytes"].get<size_t>() > b["bytes"].get<size_t>();
+  });
+  if (by_group.size() > kTopGroups) by_group.resize(kTopGroups);
+  j["top_groups"] = by_group;
   j["top_buffers"] = std::move(top);
   j["buffers"] = std::move(all);
 
@@ -227,6 +260,14 @@ std::string summary_text(const json& s, const std::string& files) {
     out += fmt::format("  {:>9}  {:<11}  {:<28}  {}\n", mib(b["bytes"].get<double>()),
                        b["category"].get<std::string>(), b["tag"].get<std::string>(),
                        b["lifetime"].get<std::string>());
+
+  if (s.contains("top_groups")) {
+    out += "\nthe same by group (* is a block number), largest first:\n";
+    for (const json& g : s["top_groups"])
+      out += fmt::format("  {:>9}  {:<11}  {:<28}  x{}\n", mib(g["bytes"].get<double>()),
+                         g["category"].get<std::string>(), g["group"].get<std::string>(),
+                         g["count"].get<int>());
+  }
 
   // Phases grouped by kind, in the order they first run.
   out += "\nlive bytes per phase (the most over the profiled training micro-batches, MiB):\n";

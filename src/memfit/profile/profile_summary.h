@@ -17,6 +17,7 @@ namespace memfit::profile {
 
 inline constexpr int kSummaryVersion = 1;
 inline constexpr size_t kTopBuffers = 20;
+inline constexpr size_t kTopGroups = 10;
 
 // What the summary reports besides the record and the timeline.
 struct SummaryInputs {
@@ -32,6 +33,10 @@ nlohmann::json summary_json(const StepRecorder& recorder, const Timeline& timeli
 
 // The printed summary, from summary.json alone (`files`: where the three files are).
 std::string summary_text(const nlohmann::json& summary, const std::string& files);
+
+// "h.*.fch" for "h.11.fch", "rc.*.qkv" for "rc.0.qkv": block numbers out, so a block's buffers
+// group across blocks (the summary's top_groups, profile-diff).
+std::string tag_group(const std::string& tag);
 
 // "12.5" (MiB, one decimal), for the tables here and in profile-diff.
 std::string mib(double bytes);

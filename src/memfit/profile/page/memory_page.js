@@ -193,17 +193,21 @@
   });
   svg.addEventListener("mouseleave", () => { tip.style.display = "none"; });
 
-  // The buffers live at the peak.
-  const tbody = document.getElementById("buffers");
-  for (const b of peak.buffers) {
-    const tr = document.createElement("tr");
-    for (const [v, cls] of [[fmtMiB(b[2]), "n"], [b[1], ""], [b[0], ""], [b[3], ""]]) {
-      const td = document.createElement("td");
-      td.textContent = v;
-      if (cls) td.className = cls;
-      tr.appendChild(td);
+  // The buffers live at the peak, one by one and by group.
+  function rows(id, list, cells) {
+    const tbody = document.getElementById(id);
+    for (const item of list) {
+      const tr = document.createElement("tr");
+      for (const [v, cls] of cells(item)) {
+        const td = document.createElement("td");
+        td.textContent = v;
+        if (cls) td.className = cls;
+        tr.appendChild(td);
+      }
+      tbody.appendChild(tr);
     }
-    tbody.appendChild(tr);
   }
+  rows("buffers", peak.buffers, (b) => [[fmtMiB(b[2]), "n"], [b[1]], [b[0]], [b[3]]]);
+  rows("groups", D.groups, (g) => [[fmtMiB(g[2]), "n"], [g[1]], [g[0]], [String(g[3]), "n"]]);
   document.body.setAttribute("data-ready", "1");
 })();
