@@ -74,7 +74,8 @@ json LeakReport::to_json() const {
 std::string LeakReport::text() const {
   std::string out;
   if (boundaries < 2) {
-    out = fmt::format("leak check: {} step boundary, nothing to compare\n", boundaries);
+    out = fmt::format("leak check: {} step {}, nothing to compare\n", boundaries,
+                      boundaries == 1 ? "boundary" : "boundaries");
   } else if (!leaked()) {
     out = fmt::format(
         "leak check: the pool's live bytes at the {} step boundaries after step {} never "
