@@ -66,11 +66,14 @@ std::map<std::string, Group> groups(const json& s) {
   return g;
 }
 
-std::map<std::string, double> kind_max(const json& s) {
-  std::map<std::string, double> m;
+// The most live bytes per kind of phase, the kinds in the order the step runs them.
+std::vector<std::pair<std::string, double>> kind_max(const json& s) {
+  std::vector<std::pair<std::string, double>> m;
   for (const json& p : s["phases"]) {
-    double& x = m[p["kind"].get<std::string>()];
-    x = std::max(x, p["live_bytes"].get<double>());
+    const std::string k = p["kind"];
+    auto it = std::find_if(m.begin(), m.end(), [&](const auto& e) { return e.first == k; });
+    if (it == m.end()) it = m.insert(m.end(), {k, 0.0});
+    it->second = std::max(it->second, p["live_bytes"].get<double>());
   }
   return m;
 }
@@ -105,13 +108,18 @@ json profile_diff_json(const json& a, const json& b) {
   d["shares"] = {{"a", a["shares"]["at_live_peak"]}, {"b", b["shares"]["at_live_peak"]}};
   json phases = json::array();
   const auto pa = kind_max(a), pb = kind_max(b);
+  auto at = [](const auto& m, const std::string& k) {
+    for (const auto& [kind, v] : m)
+      if (kind == k) return v;
+    return 0.0;
+  };
+  // B's order (it may add recomputation), then any kind only A has.
   std::vector<std::string> kinds;
-  for (const auto* m : {&pa, &pb})
+  for (const auto* m : {&pb, &pa})
     for (const auto& [k, v] : *m)
       if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
   for (const std::string& k : kinds)
-    phases.push_back({{"kind", k}, {"a", pa.count(k) ? pa.at(k) : 0.0},
-                      {"b", pb.count(k) ? pb.at(k) : 0.0}});
+    phases.push_back({{"kind", k}, {"a", at(pa, k)}, {"b", at(pb, k)}});
   d["phases"] = std::move(phases);
   json changed = json::array();
   const auto ga = groups(a), gb = groups(b);
