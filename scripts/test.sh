@@ -18,6 +18,15 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 stage() { echo "test: [$(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s] $*"; }
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+# The memory page's browser test (tests/profile/memory_page_test.cpp) opens memory.html in
+# Debian's headless Chromium, installed here rather than by setup.sh (training does not need it).
+# Where it cannot be installed the test skips and says why.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "test: installing chromium for the memory page's browser test"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+      chromium >/dev/null; } || echo "test: could not install chromium; the browser test will skip"
+fi
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600
 
 if grep -qw avx512f /proc/cpuinfo && [ -z "${MEMFIT_MAX_ISA:-}" ] &&

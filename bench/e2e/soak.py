@@ -54,9 +54,15 @@ def main():
                "--lr", "1e-3", "--warmup", "20", "--min-lr", "1e-4",
                "--eval-every", str(args.save_every), "--eval-batches", "4",
                "--save", os.path.join(tmp, "ck"), "--save-every", str(args.save_every),
-               "--threads", str(args.threads), "--log", log]
+               "--threads", str(args.threads), "--log", log, "--fail-on-leak"]
         print("$", " ".join(cmd), file=sys.stderr, flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        # memfit's own leak check (--fail-on-leak) exits with 4 and names what grew by tag.
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode not in (0, 4):
+            sys.exit(f"exit {r.returncode}: {' '.join(cmd)}\n{r.stderr}")
+        leak_check_failed = r.returncode == 4
+        if leak_check_failed:
+            print(r.stderr, file=sys.stderr)
         lines = read_log(log)
 
     saves = [l for l in lines if "saved" in l]
@@ -96,7 +102,8 @@ def main():
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
         print(f"\nwrote {out}", file=sys.stderr)
-    failed = pool_growth != 0 or len(step_live) > 1 or rss_growth > args.rss_slack
+    failed = (pool_growth != 0 or len(step_live) > 1 or rss_growth > args.rss_slack or
+              leak_check_failed)
     sys.exit(1 if failed else 0)
 
 

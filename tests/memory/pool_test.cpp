@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace memfit {
 namespace {
@@ -85,6 +86,39 @@ TEST(MemoryPool, RecordsEventsWithPhase) {
   EXPECT_EQ(events[1].phase, "step 1/backward");
   EXPECT_EQ(events[1].total_after, 0u);
   EXPECT_LT(events[0].seq, events[1].seq);
+  EXPECT_LE(events[0].ns, events[1].ns);
+}
+
+TEST(MemoryPool, EventLogKeepsAtMostItsLimitAndCountsTheRest) {
+  MemoryPool pool;
+  pool.set_recording(true, /*max_events=*/3);
+  for (int i = 0; i < 4; ++i) Allocation a = pool.allocate(64, Category::workspace, "w");
+  EXPECT_EQ(pool.events().size(), 3u);
+  EXPECT_EQ(pool.events_dropped(), 5u);
+  pool.clear_events();
+  EXPECT_EQ(pool.events_dropped(), 0u);
+}
+
+TEST(MemoryPool, LiveBytesByTagFollowAllocationsAndFrees) {
+  MemoryPool pool;
+  Allocation a = pool.allocate(100, Category::params, "params");
+  Allocation b = pool.allocate(64, Category::workspace, "x");
+  {
+    Allocation c = pool.allocate(64, Category::workspace, "x");
+    Allocation d = pool.allocate(64, Category::staging, "x");
+    const std::vector<TagBytes> live = pool.live_by_tag();
+    ASSERT_EQ(live.size(), 3u);
+    EXPECT_EQ(live[0].tag, "params");
+    EXPECT_EQ(live[0].bytes, 128u);  // rounded to the alignment, as the pool counts
+    EXPECT_EQ(live[1].category, Category::workspace);
+    EXPECT_EQ(live[1].bytes, 128u);
+    EXPECT_EQ(live[1].count, 2u);
+    EXPECT_EQ(live[2].category, Category::staging);
+  }
+  const std::vector<TagBytes> live = pool.live_by_tag();
+  ASSERT_EQ(live.size(), 2u);  // staging "x" is gone, workspace "x" has one left
+  EXPECT_EQ(live[1].bytes, 64u);
+  EXPECT_EQ(live[1].count, 1u);
 }
 
 TEST(MemoryPool, ParsesSizes) {

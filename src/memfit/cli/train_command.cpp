@@ -135,6 +135,17 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
       ->capture_default_str();
   cmd->add_option("--stop-after", c.stop_after,
                   "Stop after this step as if interrupted (the schedule still spans --steps)");
+  cmd->add_option("--profile", c.profile_dir,
+                  "Write a memory profile of the first --profile-steps steps to this directory: "
+                  "trace.json (Perfetto, chrome://tracing), memory.html, summary.json "
+                  "(DIR/rank<r>/ under MPI)");
+  cmd->add_option("--profile-steps", c.profile_steps, "Steps the profile covers")
+      ->capture_default_str();
+  cmd->add_flag("--fail-on-leak", c.fail_on_leak,
+                "Exit with 4 when the pool's live bytes grew between step boundaries after the "
+                "first step");
+  // The tests' deliberate leak (train_config.h); hidden from --help.
+  cmd->add_option("--test-leak-bytes", c.test_leak_bytes)->group("");
 }
 
 void add_train_command(CLI::App& app) {
@@ -163,8 +174,18 @@ void add_train_command(CLI::App& app) {
     } catch (const OutOfMemoryError& e) {
       throw with_fit_advice(e, run.spec);
     }
-    if (!lead) return;
+    // Each rank checks its own step boundaries; the lead prints, another rank only a leak.
+    const bool leaked = summary.leak.leaked();
+    if (!lead) {
+      if (leaked) fmt::print(stderr, "memfit: rank {}: {}", summary.rank, summary.leak.text());
+      if (leaked && run.config.fail_on_leak && !summary.interrupted_by) throw ExitCode{4};
+      return;
+    }
     print_summary(summary);
+    if (!summary.profile_text.empty()) fmt::print("\n{}", summary.profile_text);
+    std::fflush(stdout);
+    if (leaked || !run.config.profile_dir.empty() || run.config.fail_on_leak)
+      fmt::print(leaked ? stderr : stdout, "\n{}{}", leaked ? "memfit: " : "", summary.leak.text());
     if (summary.interrupted_by) {
       fmt::print(stderr, "memfit: stopped by {} after step {}; ", signal_name(summary.interrupted_by),
                  summary.last_step);
@@ -177,6 +198,10 @@ void add_train_command(CLI::App& app) {
         fmt::print(stderr, "nothing saved (no --save given)\n");
       std::fflush(stdout);
       throw ExitCode{128 + summary.interrupted_by};
+    }
+    if (leaked && run.config.fail_on_leak) {
+      std::fflush(stdout);
+      throw ExitCode{4};
     }
   });
 }

@@ -1,6 +1,7 @@
 #include "memfit/memory/pool.h"
 
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -129,6 +130,9 @@ Allocation MemoryPool::allocate(size_t bytes, Category category, std::string_vie
     total_peak_ = total_current_;
     at_total_peak_ = current_;
   }
+  auto& live = by_tag_[{a.tag_, category}];
+  live.first += rounded;
+  ++live.second;
   record(MemoryEvent::Kind::alloc, category, rounded, a.tag_);
   return a;
 }
@@ -140,12 +144,24 @@ void MemoryPool::free_block(void* data, size_t bytes, Category category, const s
   current_[i] -= bytes;
   total_current_ -= bytes;
   --live_;
+  if (auto it = by_tag_.find({tag, category}); it != by_tag_.end()) {
+    it->second.first -= bytes;
+    if (--it->second.second == 0) by_tag_.erase(it);
+  }
   record(MemoryEvent::Kind::free, category, bytes, tag);
 }
 
 void MemoryPool::record(MemoryEvent::Kind kind, Category c, size_t bytes, const std::string& tag) {
   if (!recording_) return;
-  events_.push_back({kind, c, bytes, total_current_, seq_++, tag, phase_});
+  if (events_.size() >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
+  events_.push_back(
+      {kind, c, bytes, total_current_, seq_++, static_cast<uint64_t>(ns), tag, phase_});
 }
 
 void MemoryPool::set_budget(size_t budget) {
@@ -200,9 +216,21 @@ void MemoryPool::reset_peak() {
   peak_ = current_;
   at_total_peak_ = current_;
 }
-void MemoryPool::set_recording(bool on) {
+std::vector<TagBytes> MemoryPool::live_by_tag() const {
+  std::lock_guard lock(mu_);
+  std::vector<TagBytes> out;
+  out.reserve(by_tag_.size());
+  for (const auto& [key, live] : by_tag_) out.push_back({key.first, key.second, live.first, live.second});
+  return out;
+}
+void MemoryPool::set_recording(bool on, size_t max_events) {
   std::lock_guard lock(mu_);
   recording_ = on;
+  max_events_ = max_events;
+}
+uint64_t MemoryPool::events_dropped() const {
+  std::lock_guard lock(mu_);
+  return dropped_;
 }
 void MemoryPool::set_phase(std::string phase) {
   std::lock_guard lock(mu_);
@@ -215,6 +243,7 @@ std::vector<MemoryEvent> MemoryPool::events() const {
 void MemoryPool::clear_events() {
   std::lock_guard lock(mu_);
   events_.clear();
+  dropped_ = 0;
 }
 
 }  // namespace memfit

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -58,8 +59,18 @@ struct MemoryEvent {
   size_t bytes;
   size_t total_after;  // live bytes in all categories after this event
   uint64_t seq;        // event number, in order
+  uint64_t ns;         // when: std::chrono::steady_clock, nanoseconds since its epoch
   std::string tag;     // e.g. "h.3.attn.qkv"
   std::string phase;   // e.g. "step 12/forward"
+};
+
+// What is live under one tag: the leak check (profile/leak_check.h) compares these between step
+// boundaries.
+struct TagBytes {
+  std::string tag;
+  Category category;
+  size_t bytes = 0;    // accounted bytes live under (tag, category)
+  size_t count = 0;    // live allocations
 };
 
 class MemoryPool;
@@ -116,11 +127,19 @@ class MemoryPool {
   // Forget the peaks: the peak becomes what is live now.
   void reset_peak();
 
-  // Event log. Off by default (it grows with every allocation); phase labels every event.
-  void set_recording(bool on);
+  // Live bytes by (tag, category), sorted by tag then category: always kept (one map update
+  // per allocation and free; memfit allocates slabs, a few dozen a run).
+  std::vector<TagBytes> live_by_tag() const;
+
+  // Event log. Off by default (it grows with every allocation); phase labels every event. At
+  // most `max_events` are kept (the first ones: a run allocates its slabs up front); the rest
+  // are counted in events_dropped(), so the log's memory is bounded (about 100 bytes an event).
+  void set_recording(bool on, size_t max_events = kDefaultMaxEvents);
   void set_phase(std::string phase);
   std::vector<MemoryEvent> events() const;
+  uint64_t events_dropped() const;
   void clear_events();
+  static constexpr size_t kDefaultMaxEvents = 100000;
 
   static size_t round_up(size_t bytes) {
     return (bytes + kPoolAlignment - 1) / kPoolAlignment * kPoolAlignment;
@@ -138,9 +157,12 @@ class MemoryPool {
   std::array<uint64_t, kNumCategories> count_{};
   size_t live_ = 0;
   bool recording_ = false;
+  size_t max_events_ = kDefaultMaxEvents;
+  uint64_t dropped_ = 0;
   std::string phase_;
   uint64_t seq_ = 0;
   std::vector<MemoryEvent> events_;
+  std::map<std::pair<std::string, Category>, std::pair<size_t, size_t>> by_tag_;  // bytes, count
 };
 
 // Formats a byte count as MiB with one decimal: "12.5 MiB".

@@ -39,10 +39,12 @@ void StepContext::enter(PhaseKind kind, int layer) {
                  phase.name(), phase_ < 0 ? "nothing" : phases[phase_].name());
   if (poison_) poison_edges(next == 0 ? -1 : phase_, next);
   phase_ = next;
+  if (observer_) observer_->step_phase(next);
 }
 
 void StepContext::finish() {
   if (running() && poison_) poison_edges(phase_, -1);
+  if (running() && observer_) observer_->step_finish();
 }
 
 // Note [Step arena]: the bytes of a buffer between its spans may hold another buffer, and its
@@ -63,6 +65,7 @@ Tensor StepContext::use(const std::string& tag, Access access) {
   if (running()) {
     auto it = index_.find(tag);
     MEMFIT_CHECK(it != index_.end(), "step", "no buffer '{}' in the step plan", tag);
+    if (observer_) observer_->step_use(it->second, access);
     return views_[it->second];
   }
   MEMFIT_CHECK(!schedule_.empty(), "step", "'{}' used outside any phase", tag);

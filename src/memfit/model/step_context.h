@@ -19,6 +19,7 @@
 
 #include "memfit/core/tensor.h"
 #include "memfit/model/activation_plan.h"
+#include "memfit/model/step_observer.h"
 #include "memfit/model/step_schedule.h"
 
 namespace memfit {
@@ -37,6 +38,9 @@ class StepContext {
 
   bool running() const { return plan_ != nullptr; }
   void set_poison(bool on) { poison_ = on; }
+  // Running: tell `observer` (null: nobody) each phase entered, each buffer used and each
+  // micro-batch finished (step_observer.h). It changes nothing the step computes.
+  void set_observer(StepObserver* observer) { observer_ = observer; }
 
   // Marks the start of the next phase. Running, it throws if that is not the next phase of the
   // plan (or the first: a new micro-batch), and poisons dead buffers when asked to.
@@ -78,6 +82,7 @@ class StepContext {
   std::vector<Tensor> views_;
   int phase_ = -1;
   bool poison_ = false;
+  StepObserver* observer_ = nullptr;
   // Both: tag -> position in buffers_ (planning) or views_ (running).
   std::unordered_map<std::string, size_t> index_;
 };

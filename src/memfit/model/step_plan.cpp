@@ -81,6 +81,10 @@ void layout_arenas(StepPlan& plan) {
   }
 }
 
+std::string arena_tag(Category category) {
+  return std::string(category_name(category)) + " arena";
+}
+
 int StepPlan::peak_phase() const {
   int peak = 0;
   for (int p = 1; p < static_cast<int>(live.size()); ++p)

@@ -41,6 +41,10 @@ struct StepPlan {
 // or declares one tag two ways: a bug, caught by every test that reserves.
 StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOptions& options);
 
+// The tag of a category's arena, the one pool allocation that holds its buffers: "activations
+// arena", "workspace arena" (the profiler finds the arenas among the pool's events by it).
+std::string arena_tag(Category category);
+
 // Assigns each category's offsets from the buffers' lifetimes and recounts `arena` and `live`.
 // plan_step calls it; call it again after changing a lifetime (as tests do).
 void layout_arenas(StepPlan& plan);

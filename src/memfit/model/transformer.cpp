@@ -109,8 +109,7 @@ void Transformer::reserve(StepPlan plan) {
     const size_t bytes = plan.arena[static_cast<size_t>(c)];
     if (bytes == 0) continue;
     arenas[static_cast<size_t>(c)] =
-        Tensor::empty(pool_, {static_cast<int64_t>(bytes)}, DType::i8, c,
-                      fmt::format("{} arena", category_name(c)));
+        Tensor::empty(pool_, {static_cast<int64_t>(bytes)}, DType::i8, c, arena_tag(c));
   }
   std::vector<Tensor> views;
   for (const BufferSpec& b : plan.buffers)
@@ -121,6 +120,7 @@ void Transformer::reserve(StepPlan plan) {
   step_ = std::make_unique<TransformerStep>(config_, plan.options, plan.B, plan.T);
   ctx_ = StepContext(std::move(plan), std::move(views));
   ctx_.set_poison(poison_);
+  ctx_.set_observer(observer_);
   backward_ready_ = false;
 }
 

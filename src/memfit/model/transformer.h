@@ -72,6 +72,13 @@ class Transformer {
     ctx_.set_poison(on);
   }
 
+  // Tells `observer` (null: nobody) what the running step does, phase by phase and buffer by
+  // buffer (model/step_observer.h: the profiler's source); kept over reserve().
+  void set_step_observer(StepObserver* observer) {
+    observer_ = observer;
+    ctx_.set_observer(observer);
+  }
+
   // Mean cross-entropy of predicting targets (B,T) from tokens (B,T), both i32 in [0, vocab).
   // With `training`, also runs the LM head's backward as it goes (Note [Fused LM head]): the
   // gradient of the head is accumulated and d(norm) is kept for backward(), which must
@@ -113,6 +120,7 @@ class Transformer {
   StepContext ctx_;  // running the step plan
   std::unique_ptr<TransformerStep> step_;
   bool poison_ = false;
+  StepObserver* observer_ = nullptr;
   bool backward_ready_ = false;
 };
 

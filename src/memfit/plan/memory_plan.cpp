@@ -54,7 +54,7 @@ class ScopedThreads {
 
 }  // namespace
 
-PlanReport plan_training(const RunSpec& spec) {
+PlanReport plan_memory(const RunSpec& spec) {
   spec.check();
   // Workspace sizes depend on the thread count (the kernels size per-thread scratch by
   // omp_get_max_threads()), so plan with the run's, as train() sets it.
@@ -112,6 +112,15 @@ PlanReport plan_training(const RunSpec& spec) {
   r.peak_phase = r.step.phases[peak].name();
   r.peak_live_bytes = r.peak_bytes - at(Category::activations) - at(Category::workspace) +
                       r.step.live[peak].total();
+  return r;
+}
+
+PlanReport plan_training(const RunSpec& spec) {
+  PlanReport r = plan_memory(spec);
+  const ScopedThreads threads(spec.threads);
+  const ActivationOptions act = spec.activation_options();
+  const PrecisionOptions precision = spec.precision;
+  const ParamLayout layout(r.model);
 
   const StepFlops f = step_flops(r.model, r.B, r.T, act);
   r.flops = f.total * spec.grad_accum;
@@ -126,7 +135,7 @@ PlanReport plan_training(const RunSpec& spec) {
   in.options = act;
   in.options.precision = precision.precision;
   in.param_count = static_cast<size_t>(layout.total());
-  in.optimizer_bytes = at(Category::optimizer);
+  in.optimizer_bytes = r.by_category[static_cast<size_t>(Category::optimizer)];
   in.master_weights = precision.master_weights;
   in.compression_bytes = compression_traffic_bytes(r.step);
   r.step_time = estimate_step_time(in, machine_calibration());

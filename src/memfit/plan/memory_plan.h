@@ -38,6 +38,9 @@ struct PlanReport {
 // Plans a run as `train` makes it: with spec.world data-parallel ranks, what each rank holds.
 // Throws ConfigError as spec.check() does.
 PlanReport plan_training(const RunSpec& spec);
+// The memory half of plan_training alone (flops and step time left 0): no calibration is read
+// or measured. The profiler draws it beside what it measures.
+PlanReport plan_memory(const RunSpec& spec);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.

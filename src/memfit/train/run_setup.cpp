@@ -43,6 +43,8 @@ void validate_train_config(const TrainConfig& c) {
   require(c.ranks >= 1, "ranks", c.ranks, ">= 1");
   require(c.bucket_mb > 0, "bucket-mb", c.bucket_mb, "positive");
   require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
+  require(c.profile_steps >= 1, "profile-steps", c.profile_steps, ">= 1");
+  require(c.test_leak_bytes >= 0, "test-leak-bytes", c.test_leak_bytes, ">= 0");
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
   c.schedule.validate();

@@ -66,6 +66,16 @@ struct TrainConfig {
   // Stop after this step as if interrupted (0: run all `steps`); the schedule still spans
   // `steps`. Lets a run be split into sessions with --save and --resume.
   int64_t stop_after = 0;
+  // Memory profile (docs/profiling.md): trace.json, memory.html and summary.json of the first
+  // profile_steps steps, in profile_dir (profile_dir/rank<r> under MPI); empty: off.
+  std::string profile_dir;
+  int64_t profile_steps = 3;
+  // The leak check runs in every run (profile/leak_check.h); with this a growth of the pool's
+  // live bytes between step boundaries after the first makes `memfit train` exit with 4.
+  bool fail_on_leak = false;
+  // A test hook, not for users: every step after the first allocates this many bytes (tag
+  // "test.leak", workspace) and keeps them, so the tests see the leak check catch a leak.
+  int64_t test_leak_bytes = 0;
 
   // Whether the planner has something to choose (--ckpt auto or --auto-batch).
   bool needs_planner() const { return ckpt == "auto" || auto_batch; }

@@ -22,6 +22,9 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/plan/memory_plan.h"
+#include "memfit/profile/leak_check.h"
+#include "memfit/profile/profiler.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
@@ -85,6 +88,43 @@ json memory_json(const CategoryBytes& bytes) {
   return j;
 }
 
+// The run as the profile's summary and page describe it.
+json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
+  const ModelConfig& m = spec.model;
+  const std::string shape = fmt::format("{} x {}", m.n_layer, m.d_model);
+  return {{"title", fmt::format("{} ({}), {} x {} tokens{}, {}, --ckpt {}{}", c.model, shape,
+                                spec.batch, spec.T,
+                                spec.grad_accum > 1 ? fmt::format(" x {}", spec.grad_accum) : "",
+                                precision_name(spec.precision.precision), spec.ckpt.name(),
+                                ranks > 1 ? fmt::format(", rank {} of {}", rank, ranks) : "")},
+          {"model", c.model},
+          {"family", m.gpt2() ? "gpt2" : "llama"},
+          {"n_layer", m.n_layer},
+          {"d_model", m.d_model},
+          {"n_head", m.n_head},
+          {"batch", spec.batch},
+          {"seq_len", spec.T},
+          {"grad_accum", spec.grad_accum},
+          {"precision", std::string(precision_name(spec.precision.precision))},
+          {"ckpt", spec.ckpt.name()},
+          {"attention", std::string(attention_kind_name(spec.attention))},
+          {"optim", c.optim.name},
+          {"rank", rank},
+          {"ranks", ranks}};
+}
+
+// The planner's prediction for this rank (plan_training's is rank 0's: the largest receive ring).
+PlanReport rank_plan(const RunSpec& spec, int rank) {
+  PlanReport p = plan_memory(spec);
+  size_t& comm = p.by_category[static_cast<size_t>(Category::comm)];
+  const size_t rank0 = comm;
+  comm = dist::GradientSync::comm_bytes(ParamLayout(p.model).total(), spec.bucket_bytes,
+                                        spec.world, rank);
+  p.peak_bytes = p.peak_bytes - rank0 + comm;
+  p.peak_live_bytes = p.peak_live_bytes - rank0 + comm;
+  return p;
+}
+
 // Keeps the JSON lines of `file` whose "step" is at most `step` (and drops a torn last line),
 // rewriting it atomically; a missing file stays missing.
 void truncate_log_after(const std::string& file, int64_t step) {
@@ -130,6 +170,16 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     dist::Communicator& comm;
     ~PoolRelease() { comm.set_pool(nullptr); }
   } pool_release{comm};
+  // --profile: the pool's event log from here on, the step's phases and buffers over the first
+  // --profile-steps steps (profile/profiler.h).
+  std::unique_ptr<profile::Profiler> profiler;
+  if (!cfg.profile_dir.empty())
+    profiler = std::make_unique<profile::Profiler>(
+        profile::ProfileOptions{cfg.profile_dir, cfg.profile_steps, comm.rank(), W}, pool,
+        wall_start);
+  // The leak check: the pool's live bytes by tag at every step boundary (profile/leak_check.h).
+  profile::LeakCheck leaks;
+  std::vector<Allocation> test_leaks;  // cfg.test_leak_bytes: the tests' deliberate leak
   const uint64_t max_shard_bytes = io::parse_max_shard_size(cfg.max_shard_size);
 
   const bool resume = spec.resumed;
@@ -161,6 +211,12 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     gpt.init_weights(cfg.seed);
   }
   gpt.reserve(B, T, spec.activation_options());
+  if (profiler) {
+    profiler->set_run(run_json(spec, cfg, comm.rank(), W), rank_plan(spec, comm.rank()));
+    profiler->recorder()->set_plan(gpt.step_plan());
+    gpt.set_step_observer(profiler->recorder());
+  }
+  auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
   // Data parallelism: the gradient exchange and its receive ring (Category::comm), for the run.
   std::optional<dist::GradientSync> sync;
   if (W > 1)
@@ -228,14 +284,21 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // work is split and the mean is over every row, as one process with batch W x B.
   auto evaluate = [&]() -> float {
     if (!val_data) return -1;
+    const profile::Scope slice(recorder(), "evaluation", profile::SliceKind::evaluation);
     val_data->set_position(0);
     const int64_t n = std::min<int64_t>(cfg.eval_batches, val_data->batches_per_epoch());
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) {
-      val_data->next_batch();
+      const profile::Scope batch(recorder(), fmt::format("evaluation batch {}", i + 1),
+                                 profile::SliceKind::micro_batch);
+      {
+        const profile::Scope data(recorder(), "data", profile::SliceKind::data);
+        val_data->next_batch();
+      }
       sum += gpt.forward(val_data->inputs(), val_data->targets(), /*training=*/false);
     }
     if (!sync) return static_cast<float>(sum / n);
+    const profile::Scope all(recorder(), "loss all-reduce", profile::SliceKind::collective);
     return sync->sum(static_cast<float>(sum)) / static_cast<float>(n * W);
   };
 
@@ -248,11 +311,20 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   for (int64_t step = start_step; step < last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.set_phase(fmt::format("step {}", step + 1));
+    if (profiler) profiler->step_begin(step + 1);
+    if (recorder()) recorder()->set_step(step + 1);
+    std::optional<profile::Scope> step_slice;
+    step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
     for (int m = 0; m < spec.grad_accum; ++m) {
-      train_data->next_batch();
+      const profile::Scope batch(recorder(), fmt::format("micro-batch {}", m + 1),
+                                 profile::SliceKind::micro_batch);
+      {
+        const profile::Scope data(recorder(), "data", profile::SliceKind::data);
+        train_data->next_batch();
+      }
       loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true,
                               loss_scale);
       // The last micro-batch's backward finishes the gradients: data parallelism sums each
@@ -264,6 +336,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
     if (sync) {
       // The buckets the backward did not finish in time, then the loss over every rank.
+      const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
       sync->finish();
       loss_sum = sync->sum(static_cast<float>(loss_sum));
     }
@@ -276,8 +349,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     UpdateOutcome update;
     if (!scaler && !std::isfinite(loss))
       update.non_finite = true;
-    else
+    else {
+      const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
       update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W);
+    }
     // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
     // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
     if (update.skipped && loss_scale <= cfg.loss_scaler.min_scale) update.non_finite = true;
@@ -299,12 +374,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     summary.last_loss = loss;
     ++summary.steps_run;
 
+    const size_t rss = process_rss_bytes();
     json line = {{"step", step + 1},          {"loss", loss},
                  {"lr", lr},                  {"grad_norm", norm},
                  {"tokens_per_s", rate},      {"step_seconds", seconds},
                  {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())},
                  {"live_bytes", pool.bytes_current()}, {"live_allocations", pool.live_allocations()},
-                 {"rss_bytes", process_rss_bytes()}};
+                 {"rss_bytes", rss}, {"outside_pool_bytes", int64_t(rss) - int64_t(pool.bytes_current())}};
     if (scaler) {
       line["loss_scale"] = loss_scale;
       line["skipped"] = update.skipped;
@@ -329,10 +405,18 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     const bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
                      (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
     if (lead && !cfg.save_dir.empty() && due && !last) {
+      const profile::Scope slice(recorder(), "save", profile::SliceKind::save);
       save(step + 1);
       saved_at = step + 1;
       last_save = std::chrono::steady_clock::now();
     }
+    // The tests' deliberate leak, from the second step on.
+    if (cfg.test_leak_bytes > 0 && step > start_step)
+      test_leaks.push_back(
+          pool.allocate(static_cast<size_t>(cfg.test_leak_bytes), Category::workspace, "test.leak"));
+    step_slice.reset();
+    if (profiler && profiler->step_end(step + 1)) gpt.set_step_observer(nullptr);
+    leaks.boundary(step + 1, pool, process_rss_bytes());
     summary.interrupted_by = interrupt_signal();
     if (sync) {
       // Every rank stops after the same step: at the first where any rank was signalled.
@@ -359,6 +443,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   summary.grad_accum = spec.grad_accum;
   summary.peak_bytes = pool.bytes_peak();
   summary.peak_by_category = pool.peak_breakdown();
+  if (profiler) {
+    gpt.set_step_observer(nullptr);
+    profiler->finish();  // a run shorter than the window
+    summary.profile_dir = profiler->dir().string();
+    summary.profile_text = profiler->text();
+  }
+  summary.leak = leaks.report();
+  if (profiler)
+    io::write_file_atomic(profiler->dir() / "leak.json", summary.leak.to_json().dump(1));
   summary.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return summary;

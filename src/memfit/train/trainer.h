@@ -10,6 +10,7 @@
 #include "memfit/dist/communicator.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/memory/category.h"
+#include "memfit/profile/leak_check.h"
 #include "memfit/train/train_config.h"
 
 namespace memfit {
@@ -35,6 +36,10 @@ struct TrainSummary {
   int interrupted_by = 0;
   bool saved = false;  // a checkpoint of last_step is in --save's directory
   int rank = 0;        // this process's rank (data parallelism): rank 0 reports the run
+  // The leak check over the run's step boundaries (profile/leak_check.h).
+  profile::LeakReport leak;
+  // --profile: where this rank's files are and the summary to print.
+  std::string profile_dir, profile_text;
 };
 
 // Runs training as configured (a SIGINT or SIGTERM stops it after the step in progress, saved
