@@ -21,9 +21,38 @@ namespace memfit::cli {
 
 namespace {
 
+// Weights, master weights, gradients and optimizer state: what ZeRO shards (the paper's "model
+// states").
+size_t model_state_bytes(const PlanReport& r) {
+  size_t b = 0;
+  for (Category c : {Category::params, Category::master, Category::grads, Category::optimizer})
+    b += r.by_category[static_cast<size_t>(c)];
+  return b;
+}
+
+// Every rank's peak and model state (ZeRO shards differ by a cut granule, and the receive
+// buffers by rank): what `mpirun -n N memfit train` measures on each.
+nlohmann::json ranks_json(const RunSpec& run) {
+  nlohmann::json a = nlohmann::json::array();
+  for (int q = 0; q < run.world; ++q) {
+    const PlanReport p = plan_memory(run, q);
+    nlohmann::json cats = nlohmann::json::object();
+    for (Category c : kAllCategories)
+      if (p.by_category[static_cast<size_t>(c)])
+        cats[std::string(category_name(c))] = p.by_category[static_cast<size_t>(c)];
+    a.push_back({{"rank", q},
+                 {"peak_bytes", p.peak_bytes},
+                 {"model_state_bytes", model_state_bytes(p)},
+                 {"by_category", cats}});
+  }
+  return a;
+}
+
 nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   nlohmann::json j;
   j["peak_bytes"] = r.peak_bytes;
+  j["model_state_bytes"] = model_state_bytes(r);
+  if (run.world > 1) j["per_rank"] = ranks_json(run);
   j["by_category"] = nlohmann::json::object();
   for (Category c : kAllCategories)
     j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
@@ -50,6 +79,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                 {"vocab_size", r.model.vocab_size}, {"params", r.model.num_params()}};
   j["batch"] = r.B;
   j["ranks"] = run.world;
+  j["zero"] = run.zero;
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
   j["ckpt"] = run.ckpt.name();
@@ -73,15 +103,19 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  ? std::string()
                  : fmt::format(", --act-compress {}", act_compress_name(run.act_compress)),
              attention_kind_name(run.attention), run.optim.name,
-             run.world > 1 ? fmt::format("; each of {} data-parallel ranks holds", run.world)
+             run.world > 1 ? fmt::format("; rank 0 of {} data-parallel ranks at ZeRO stage {} "
+                                         "holds",
+                                         run.world, run.zero)
                            : std::string());
   fmt::print("{:<12} {:>12}\n", "category", "MiB");
   for (Category c : kAllCategories) {
     const size_t b = r.by_category[static_cast<size_t>(c)];
     if (b) fmt::print("{:<12} {:>12.1f}\n", category_name(c), b / 1048576.0);
   }
-  fmt::print("{:<12} {:>12.1f}  ({} bytes)\n\n", "total", r.peak_bytes / 1048576.0,
+  fmt::print("{:<12} {:>12.1f}  ({} bytes)\n", "total", r.peak_bytes / 1048576.0,
              r.peak_bytes);
+  fmt::print("model state (params, master, grads, optimizer): {:.1f} MiB ({:.3g} GB)\n\n",
+             model_state_bytes(r) / 1048576.0, model_state_bytes(r) / 1e9);
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];
   auto mib = [](size_t b) { return b / 1048576.0; };
   fmt::print("peak: {} ({:.1f} MiB of activations and {:.1f} MiB of workspace live then, in "
@@ -154,7 +188,7 @@ void add_plan_command(CLI::App& app) {
   auto max_model = std::make_shared<bool>(false);
   add_train_options(cmd, *cfg, *config_file);
   cmd->add_flag("--json", *json, "Print one JSON object");
-  cmd->add_option("--ranks", cfg->ranks,
+  cmd->add_option("--world-size,--ranks", cfg->ranks,
                   "Plan for this many data-parallel ranks (mpirun -n): the bytes of each")
       ->capture_default_str();
   cmd->add_flag("--auto", *auto_ckpt,

@@ -80,6 +80,11 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "Data parallelism (under mpirun or srun): gradients are summed over the ranks "
                   "this many MiB at a time")
       ->capture_default_str();
+  cmd->add_option("--zero", c.zero,
+                  "ZeRO stage under mpirun or srun: 0 every rank holds everything; 1 optimizer "
+                  "state and FP32 master weights sharded; 2 gradients reduce-scattered too "
+                  "(with one rank, every stage is 0)")
+      ->capture_default_str();
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
   cmd->add_flag("--auto-batch", c.auto_batch,
                 "With --mem-limit: choose the micro-batch (a divisor of --batch x --grad-accum, "

@@ -4,6 +4,9 @@
 // flight. The receive buffers are a ring of kInFlight allocated once (Category::comm), so the
 // plan (comm_bytes) is exact whatever the timing. The sums are the communicator's, in rank
 // order (Note [Deterministic reduction]): the same bits whatever the bucket size or the overlap.
+// ZeRO stage 2 gives the shards: each bucket is then reduce-scattered into its owners (rank r
+// gets the sums of its shard's part of the bucket, written in place; the rest of the slab keeps
+// this rank's own gradients), the same sums in the same order as the all-reduce.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +17,7 @@
 
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
+#include "memfit/state/element_range.h"
 
 namespace memfit::dist {
 
@@ -27,11 +31,15 @@ class GradientSync {
 
   // The comm bytes a rank holds for the exchange: kInFlight receive buffers of the largest
   // bucket (at least `world` floats each, for the scalar sums); 0 for one rank. What the
-  // constructor allocates.
-  static size_t comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank);
+  // constructor allocates. With `shards` (stage 2), a reduce-scatter's receive buffer: `world`
+  // times the largest part of this rank's shard in one bucket.
+  static size_t comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank,
+                           std::span<const ElementRange> shards = {});
 
-  // Over `grads` (n floats), for the run's lifetime.
-  GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads, size_t bucket_bytes);
+  // Over `grads` (n floats), for the run's lifetime. `shards` (one per rank, tiling the slab):
+  // reduce-scatter into their owners instead of all-reducing.
+  GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads, size_t bucket_bytes,
+               std::vector<ElementRange> shards = {});
   ~GradientSync();
 
   // The gradients [from, n) are final: start every bucket inside them not started yet.
@@ -48,6 +56,7 @@ class GradientSync {
 
   Communicator& comm_;
   std::span<float> grads_;
+  std::vector<ElementRange> shards_;  // stage 2: reduce-scatter into these owners
   int64_t per_ = 0, buckets_ = 0, next_ = 0;
   int64_t slot_floats_ = 0;
   Allocation ring_;

@@ -10,6 +10,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
+#include "memfit/state/shard.h"
 
 namespace memfit {
 
@@ -54,7 +55,7 @@ class ScopedThreads {
 
 }  // namespace
 
-PlanReport plan_memory(const RunSpec& spec) {
+PlanReport plan_memory(const RunSpec& spec, int rank) {
   spec.check();
   // Workspace sizes depend on the thread count (the kernels size per-thread scratch by
   // omp_get_max_threads()), so plan with the run's, as train() sets it.
@@ -72,17 +73,27 @@ PlanReport plan_memory(const RunSpec& spec) {
     return MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(dt));
   };
   auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
-  at(Category::params) = slab(half_dtype(precision.precision));
-  if (precision.precision != Precision::fp32 && precision.master_weights)
-    at(Category::master) = slab(DType::f32);
-  at(Category::grads) = slab(DType::f32);
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  at(Category::optimizer) = optimizer_state_bytes(oc, layout);
-  // Data parallelism: every rank holds all of the above, plus the ring of receive buffers the
-  // gradient buckets are summed through (rank 0's, the largest: dist/grad_sync.h).
-  at(Category::comm) =
-      dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, 0);
+  // ZeRO (Note [ZeRO]): from stage 1 on, the optimizer state and master weights of this rank's
+  // shard alone (shard_ranges, as train() cuts); every rank holds whole working weights and a
+  // whole gradient slab (stage 2 reduce-scatters into it, in place).
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  std::vector<ElementRange> shards;
+  if (spec.world > 1) shards = shard_ranges(layout, oc, spec.world);
+  std::optional<ElementRange> mine;
+  if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
+  at(Category::params) = slab(half_dtype(precision.precision));
+  if (precision.precision != Precision::fp32 && precision.master_weights)
+    at(Category::master) = MemoryPool::round_up(
+        static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32));
+  at(Category::grads) = slab(DType::f32);
+  at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
+  // Data parallelism: plus the ring of receive buffers the gradient buckets are summed through
+  // (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized by this rank's part of a bucket).
+  at(Category::comm) = dist::GradientSync::comm_bytes(
+      layout.total(), spec.bucket_bytes, spec.world, rank,
+      stage == 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
@@ -115,8 +126,8 @@ PlanReport plan_memory(const RunSpec& spec) {
   return r;
 }
 
-PlanReport plan_training(const RunSpec& spec) {
-  PlanReport r = plan_memory(spec);
+PlanReport plan_training(const RunSpec& spec, int rank) {
+  PlanReport r = plan_memory(spec, rank);
   const ScopedThreads threads(spec.threads);
   const ActivationOptions act = spec.activation_options();
   const PrecisionOptions precision = spec.precision;

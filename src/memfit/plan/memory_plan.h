@@ -35,12 +35,13 @@ struct PlanReport {
   bool data_included = false;
 };
 
-// Plans a run as `train` makes it: with spec.world data-parallel ranks, what each rank holds.
-// Throws ConfigError as spec.check() does.
-PlanReport plan_training(const RunSpec& spec);
+// Plans a run as `train` makes it: with spec.world data-parallel ranks at ZeRO stage spec.zero,
+// what rank `rank` holds (ranks differ by their shard's and receive buffer's bytes). Throws
+// ConfigError as spec.check() does.
+PlanReport plan_training(const RunSpec& spec, int rank = 0);
 // The memory half of plan_training alone (flops and step time left 0): no calibration is read
 // or measured. The profiler draws it beside what it measures.
-PlanReport plan_memory(const RunSpec& spec);
+PlanReport plan_memory(const RunSpec& spec, int rank = 0);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.

@@ -15,6 +15,13 @@ ActivationOptions RunSpec::activation_options() const {
 
 void RunSpec::check() const {
   check_optim_config(optim);
+  if (zero < 0 || zero > 3)
+    MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2 or 3, got {}", zero);
+  if (zero == 3 && world > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--zero 3 (sharded working weights) is not built yet: use --zero 0, 1 or 2 "
+                 "with {} ranks",
+                 world);
   check_precision_options(precision);
   check_activation_options(activation_options());
   if (!precision.master_weights && optim.name != "adamw")

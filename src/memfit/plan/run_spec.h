@@ -29,7 +29,9 @@ struct RunSpec {
   ActCompress act_compress = ActCompress::none;
   OptimConfig optim;           // n_head is the model's
   int threads = 0;             // 0: all cores
-  int world = 1;               // data-parallel ranks; each holds the whole model (ZeRO stage 0)
+  int world = 1;               // data-parallel ranks
+  // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
+  int zero = 0;
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts

@@ -37,6 +37,10 @@ struct TrainConfig {
   double bucket_mb = 25;
   // The data-parallel ranks to plan for (memfit plan --ranks); train() sets it to its world's.
   int ranks = 1;
+  // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
+  // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
+  // With one rank every stage is stage 0.
+  int zero = 0;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
 
   int64_t eval_every = 0;  // 0: only at the end

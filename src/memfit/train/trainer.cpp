@@ -25,6 +25,7 @@
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
+#include "memfit/state/shard.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
@@ -58,6 +59,7 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
           {"ckpt", c.ckpt},
           {"act_compress", c.act_compress.empty() ? "none" : c.act_compress},
           {"precision", c.precision},
+          {"zero", c.zero},
           {"master_weights", c.master_weights},
           {"schedule",
            {{"kind", c.schedule.kind},
@@ -113,17 +115,8 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
           {"ranks", ranks}};
 }
 
-// The planner's prediction for this rank (plan_training's is rank 0's: the largest receive ring).
-PlanReport rank_plan(const RunSpec& spec, int rank) {
-  PlanReport p = plan_memory(spec);
-  size_t& comm = p.by_category[static_cast<size_t>(Category::comm)];
-  const size_t rank0 = comm;
-  comm = dist::GradientSync::comm_bytes(ParamLayout(p.model).total(), spec.bucket_bytes,
-                                        spec.world, rank);
-  p.peak_bytes = p.peak_bytes - rank0 + comm;
-  p.peak_live_bytes = p.peak_live_bytes - rank0 + comm;
-  return p;
-}
+// The planner's prediction for this rank.
+PlanReport rank_plan(const RunSpec& spec, int rank) { return plan_memory(spec, rank); }
 
 // Keeps the JSON lines of `file` whose "step" is at most `step` (and drops a torn last line),
 // rewriting it atomically; a missing file stays missing.
@@ -188,18 +181,35 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const ModelConfig& mc = spec.model;
   const int T = spec.T, B = spec.batch;
 
-  Transformer gpt(mc, pool, spec.precision);
+  // ZeRO (Note [ZeRO]): with several ranks, the layout cut into one shard per rank where every
+  // optimizer state allows (state/shard.h). From stage 1 on this rank's optimizer state and
+  // master weights are its shard's alone; at stage 2 its gradients' sums are too. With one
+  // rank every stage is stage 0.
+  const int stage = W > 1 ? spec.zero : 0;
+  std::vector<ElementRange> shards;
+  if (W > 1) shards = shard_ranges(ParamLayout(spec.model), spec.optim, W);
+  std::optional<ElementRange> my_shard;
+  if (stage >= 1) my_shard = shards[static_cast<size_t>(comm.rank())];
+  Transformer gpt(mc, pool, spec.precision, my_shard);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
-  std::unique_ptr<Optimizer> opt = make_optimizer(spec.optim, gpt.layout(), pool);
+  std::unique_ptr<Optimizer> opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
   int64_t start_step = 0, data_position = 0;
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
-    // copy from them: any precision loads any precision's checkpoint.
-    io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
-                        resume ? opt.get() : nullptr);
-    gpt.refresh_working();
+    // copy from them: any precision loads any precision's checkpoint. Master weights that are
+    // a shard (resuming is refused then: run_setup.cpp) load through a staging slab.
+    if (gpt.whole_weights()) {
+      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
+                          resume ? opt.get() : nullptr);
+      gpt.refresh_working();
+    } else {
+      Tensor staging = Tensor::empty(pool, {gpt.layout().total()}, DType::f32, Category::staging,
+                                     "load.staging");
+      io::load_checkpoint(location.dir, mc, gpt.layout(), staging);
+      gpt.set_weights_from(staging);
+    }
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
       const ResumeState s = parse_trainer_state(io::read_file_to_string(file), cfg, T, file);
@@ -218,10 +228,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   }
   auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
   // Data parallelism: the gradient exchange and its receive ring (Category::comm), for the run.
+  // Stage 2 reduce-scatters each bucket into the shard owners instead.
   std::optional<dist::GradientSync> sync;
   if (W > 1)
     sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
-                 spec.bucket_bytes);
+                 spec.bucket_bytes, stage == 2 ? shards : std::vector<ElementRange>{});
+  // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
+  std::optional<RankShards> rank_shards;
+  if (W > 1) rank_shards = RankShards{&comm, shards, /*grads_whole=*/stage < 2};
 
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;
@@ -263,7 +277,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
 
   auto save = [&](int64_t step) {
     io::CheckpointSaveOptions so;
-    so.optimizer = opt.get();
+    // A shard's optimizer state is not the checkpoint's (sharded checkpoints are not built
+    // yet): from stage 1 on rank 0 saves the weights, whole on every rank (run_setup.cpp
+    // refuses --save where they are a shard), and no optimizer state.
+    so.optimizer = stage >= 1 ? nullptr : opt.get();
     so.max_shard_bytes = max_shard_bytes;
     // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
     // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
@@ -351,7 +368,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       update.non_finite = true;
     else {
       const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
-      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W);
+      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
+                            rank_shards ? &*rank_shards : nullptr);
     }
     // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
     // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
@@ -429,6 +447,25 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const int64_t final_step = start_step + summary.steps_run;
   if (lead && !cfg.save_dir.empty() && saved_at != final_step) save(final_step);
   comm.barrier();  // the save is complete before any rank reports the run done
+  if (W > 1) {
+    // Every rank's peak by category, in rank 0's log: what `memfit plan --world-size W` predicts
+    // per rank (ZeRO shards and receive buffers differ between ranks).
+    struct RankPeak {
+      size_t peak;
+      CategoryBytes by_category;
+    };
+    std::vector<RankPeak> peaks(static_cast<size_t>(W));
+    RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
+    mine = {pool.bytes_peak(), pool.peak_breakdown()};
+    comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
+                    sizeof(RankPeak));
+    json ranks = json::array();
+    for (int q = 0; q < W; ++q)
+      ranks.push_back({{"rank", q},
+                       {"peak_bytes", peaks[static_cast<size_t>(q)].peak},
+                       {"mem", memory_json(peaks[static_cast<size_t>(q)].by_category)}});
+    log_line({{"zero", stage}, {"ranks", ranks}});
+  }
   summary.saved = !cfg.save_dir.empty();
 
   if (!rates.empty()) {
