@@ -43,9 +43,9 @@ class Zero : public test::BinaryTest {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
   std::string args(const std::string& more) const {
-    return fmt::format("--model gpt2-tiny --n-layer 2 --seq-len 32 --batch 2 --threads 1 "
-                       "--data '{}' {}",
-                       (dir / "data").string(), more);
+    const bool batch = more.find("--batch") != std::string::npos;
+    return fmt::format("--model gpt2-tiny --n-layer 2 --seq-len 32 {}--threads 1 --data '{}' {}",
+                       batch ? "" : "--batch 2 ", (dir / "data").string(), more);
   }
   std::vector<json> lines(const fs::path& log) const {
     std::vector<json> out;
@@ -55,14 +55,14 @@ class Zero : public test::BinaryTest {
   }
   // Trains at each stage with `more`, and expects every stage's log (loss, gradient norm, loss
   // scale, validation) equal to stage 0's; returns the logs.
-  std::vector<std::vector<json>> stages_agree(const std::string& more, bool save) {
+  std::vector<std::vector<json>> stages_agree(const std::string& more, bool save, int ranks = 2) {
     std::vector<std::vector<json>> logs;
     std::string weights0;
     for (int zero = 0; zero <= 2; ++zero) {
       const fs::path log = dir / fmt::format("z{}.jsonl", zero), ck = dir / fmt::format("ck{}", zero);
       std::string a = args(more) + fmt::format(" --zero {} --log '{}'", zero, log.string());
       if (save) a += fmt::format(" --save '{}'", ck.string());
-      EXPECT_EQ(run(2, "train " + a), 0) << test::slurp(dir / "err.txt");
+      EXPECT_EQ(run(ranks, "train " + a), 0) << test::slurp(dir / "err.txt");
       logs.push_back(lines(log));
       if (save) {
         const std::string w = test::slurp(ck / "model.safetensors");
@@ -86,6 +86,32 @@ class Zero : public test::BinaryTest {
     }
     EXPECT_GT(compared, 10);
     return logs;
+  }
+  // The plan of each rank, at each stage, is that rank's measured peak, byte for byte (under
+  // `mpirun -n ranks`), and the model state shrinks from stage 0 to 1 (sharded optimizer state).
+  void expect_plan_per_rank(int ranks, const std::string& more, size_t state[3]) {
+    for (int zero = 0; zero <= 2; ++zero) {
+      const std::string a = args(fmt::format("--steps 2 --bucket-mb 0.25 {} --zero {}", more, zero));
+      ASSERT_EQ(run(0, fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
+          << test::slurp(dir / "err.txt");
+      const json plan = json::parse(test::slurp(dir / "out.txt"));
+      ASSERT_EQ(plan["per_rank"].size(), size_t(ranks));
+      state[zero] = plan["model_state_bytes"];
+      const fs::path log = dir / fmt::format("p{}.jsonl", zero);
+      ASSERT_EQ(run(ranks, "train " + a + fmt::format(" --log '{}'", log.string())), 0)
+          << test::slurp(dir / "err.txt");
+      json measured;
+      for (const json& j : lines(log))
+        if (j.contains("ranks")) measured = j["ranks"];
+      ASSERT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
+      for (int r = 0; r < ranks; ++r) {
+        const json& p = plan["per_rank"][r];
+        EXPECT_EQ(measured[r]["peak_bytes"], p["peak_bytes"]) << "stage " << zero << " rank " << r;
+        for (const char* c : {"params", "master", "grads", "optimizer", "comm"})
+          EXPECT_EQ(measured[r]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
+              << c << ", stage " << zero << " rank " << r;
+      }
+    }
   }
 };
 
@@ -119,34 +145,22 @@ TEST_F(Zero, StagesAgreeOnFp16Overflows) {
   EXPECT_GT(updated, 0);
 }
 
-// The plan of each rank, at each stage, is that rank's measured peak, byte for byte, and the
-// model state shrinks from stage 0 to 1 (sharded optimizer state).
+// Four ranks (uneven shards, 8-bit blocks): stages 0 and 2 give the same bits.
+TEST_F(Zero, FourRanksStagesAreBitIdentical) {
+  stages_agree("--steps 3 --batch 1 --optim adamw8bit --clip 0.05 --eval-batches 1", true, 4);
+}
+
 TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeak) {
   size_t state[3] = {};
-  for (int zero = 0; zero <= 2; ++zero) {
-    const std::string a = args(fmt::format("--steps 2 --bucket-mb 0.25 --precision bf16 --zero {}",
-                                           zero));
-    ASSERT_EQ(run(0, "plan " + a + " --world-size 2 --json"), 0) << test::slurp(dir / "err.txt");
-    const json plan = json::parse(test::slurp(dir / "out.txt"));
-    ASSERT_EQ(plan["per_rank"].size(), 2u);
-    state[zero] = plan["model_state_bytes"];
-    const fs::path log = dir / fmt::format("p{}.jsonl", zero);
-    ASSERT_EQ(run(2, "train " + a + fmt::format(" --log '{}'", log.string())), 0)
-        << test::slurp(dir / "err.txt");
-    json measured;
-    for (const json& j : lines(log))
-      if (j.contains("ranks")) measured = j["ranks"];
-    ASSERT_EQ(measured.size(), 2u) << "no per-rank peaks in the log";
-    for (int r = 0; r < 2; ++r) {
-      const json& p = plan["per_rank"][r];
-      EXPECT_EQ(measured[r]["peak_bytes"], p["peak_bytes"]) << "stage " << zero << " rank " << r;
-      for (const char* c : {"params", "master", "grads", "optimizer", "comm"})
-        EXPECT_EQ(measured[r]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
-            << c << ", stage " << zero << " rank " << r;
-    }
-  }
+  expect_plan_per_rank(2, "--precision bf16", state);
   EXPECT_LT(state[1], state[0]);
   EXPECT_EQ(state[2], state[1]);  // the gradient slab is still whole at stage 2 (Note [ZeRO])
+}
+
+TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakOverFourRanks) {
+  size_t state[3] = {};
+  expect_plan_per_rank(4, "--batch 1 --optim adam-mini --precision bf16", state);
+  EXPECT_LT(state[1], state[0]);
 }
 
 // Stage 1 keeps working with one process (equal to stage 0), and over ranks it refuses what

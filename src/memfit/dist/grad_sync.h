@@ -4,9 +4,9 @@
 // flight. The receive buffers are a ring of kInFlight allocated once (Category::comm), so the
 // plan (comm_bytes) is exact whatever the timing. The sums are the communicator's, in rank
 // order (Note [Deterministic reduction]): the same bits whatever the bucket size or the overlap.
-// ZeRO stage 2 gives the shards: each bucket is then reduce-scattered into its owners (rank r
-// gets the sums of its shard's part of the bucket, written in place; the rest of the slab keeps
-// this rank's own gradients), the same sums in the same order as the all-reduce.
+// ZeRO stage 2 gives the shards: each bucket (inside one shard: gradient_buckets) is then
+// reduce-scattered into its owner (the sums written in place; the rest of the slab keeps this
+// rank's own gradients), the same sums in the same order as the all-reduce.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +24,13 @@ namespace memfit::dist {
 // Floats per bucket for `n` gradients in buckets of `bucket_bytes` (at least one float; all of
 // them when the bucket is larger).
 int64_t bucket_floats(int64_t n, size_t bucket_bytes);
+
+// The buckets of an exchange over `n` gradients, in the order they are started (the slab's end
+// first, as the backward finishes it). All-reduce (no shards): bucket_floats each. Stage 2's
+// reduce-scatter (`shards`, one per rank): each inside one shard, bucket_floats / world each,
+// so the owner's receive buffer (world copies) is the all-reduce's.
+std::vector<ElementRange> gradient_buckets(int64_t n, size_t bucket_bytes, int world,
+                                           std::span<const ElementRange> shards = {});
 
 class GradientSync {
  public:
@@ -57,7 +64,8 @@ class GradientSync {
   Communicator& comm_;
   std::span<float> grads_;
   std::vector<ElementRange> shards_;  // stage 2: reduce-scatter into these owners
-  int64_t per_ = 0, buckets_ = 0, next_ = 0;
+  std::vector<ElementRange> buckets_;
+  int64_t next_ = 0;
   int64_t slot_floats_ = 0;
   Allocation ring_;
   std::vector<std::unique_ptr<Request>> in_flight_;  // oldest first

@@ -95,14 +95,20 @@ void Transformer::init_weights(uint64_t seed) {
   Tensor& w = weights();
   if (w.dtype() == DType::f32 && whole_weights()) {
     init_slab(config_, layout_, w, seed);
+  } else if (!whole_weights()) {
+    // A shard of master weights (ZeRO): draw the whole layout in f32 into the gradient slab,
+    // unused until the first backward, so no byte is added; the shard and the working copy
+    // from it.
+    init_slab(config_, layout_, grads_, seed);
+    set_weights_from(grads_);
+    grads_.zero();
+    return;
   } else {
-    // Pure bf16, or a shard of master weights: draw in f32 in a staging slab that lives only
-    // for this call.
+    // Pure bf16: draw in f32 in a staging slab that lives only for this call.
     Tensor staging =
         Tensor::empty(pool_, {layout_.total()}, DType::f32, Category::staging, "init.staging");
     init_slab(config_, layout_, staging, seed);
-    set_weights_from(staging);
-    return;
+    convert(w, staging);
   }
   refresh_working();
 }

@@ -199,16 +199,16 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
     // copy from them: any precision loads any precision's checkpoint. Master weights that are
-    // a shard (resuming is refused then: run_setup.cpp) load through a staging slab.
+    // a shard (resuming is refused then: run_setup.cpp) load the whole f32 layout into the
+    // gradient slab, unused until the first backward (no byte added), and take their shard.
     if (gpt.whole_weights()) {
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
                           resume ? opt.get() : nullptr);
       gpt.refresh_working();
     } else {
-      Tensor staging = Tensor::empty(pool, {gpt.layout().total()}, DType::f32, Category::staging,
-                                     "load.staging");
-      io::load_checkpoint(location.dir, mc, gpt.layout(), staging);
-      gpt.set_weights_from(staging);
+      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
+      gpt.set_weights_from(gpt.grads());
+      gpt.zero_grad();
     }
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
