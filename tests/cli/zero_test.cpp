@@ -101,8 +101,16 @@ class Zero : public test::BinaryTest {
       ASSERT_EQ(run(ranks, "train " + a + fmt::format(" --log '{}'", log.string())), 0)
           << test::slurp(dir / "err.txt");
       json measured;
-      for (const json& j : lines(log))
+      int steps = 0;
+      for (const json& j : lines(log)) {
         if (j.contains("ranks")) measured = j["ranks"];
+        if (!j.contains("loss")) continue;
+        ++steps;  // each step's collectives covered the bytes the plan says
+        for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"})
+          EXPECT_EQ(j["comm_bytes"][c], plan["comm_per_step"][c]) << c << ", stage " << zero;
+      }
+      EXPECT_EQ(steps, 2);
+      EXPECT_EQ(plan["comm_per_step"]["psi_multiple"].get<double>(), zero == 1 ? 3.0 : 2.0);
       ASSERT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
       for (int r = 0; r < ranks; ++r) {
         const json& p = plan["per_rank"][r];

@@ -12,6 +12,8 @@
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
+#include "memfit/dist/comm_volume.h"
+#include "memfit/model/param_layout.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
@@ -67,6 +69,15 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["flops"] = r.flops;
   j["recompute_flops"] = r.recompute_flops;
   j["est_step_seconds"] = r.est_step_seconds;
+  if (run.world > 1) {
+    const int64_t n = ParamLayout(r.model).total();
+    const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
+    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    j["comm_per_step"] = {{"all_reduce", v.all_reduce},
+                          {"reduce_scatter", v.reduce_scatter},
+                          {"all_gather", v.all_gather},
+                          {"psi_multiple", v.psi_multiple(n, 4, param_bytes)}};
+  }
   j["step_time"] = {{"block_gemm", r.step_time.block_gemm},
                     {"attention", r.step_time.attention},
                     {"head_gemm", r.step_time.head_gemm},
@@ -114,8 +125,18 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
   }
   fmt::print("{:<12} {:>12.1f}  ({} bytes)\n", "total", r.peak_bytes / 1048576.0,
              r.peak_bytes);
-  fmt::print("model state (params, master, grads, optimizer): {:.1f} MiB ({:.3g} GB)\n\n",
+  fmt::print("model state (params, master, grads, optimizer): {:.1f} MiB ({:.3g} GB)\n",
              model_state_bytes(r) / 1048576.0, model_state_bytes(r) / 1e9);
+  if (run.world > 1) {
+    const int64_t n = ParamLayout(r.model).total();
+    const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
+    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
+               "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
+               v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
+               v.psi_multiple(n, 4, param_bytes));
+  }
+  fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];
   auto mib = [](size_t b) { return b / 1048576.0; };
   fmt::print("peak: {} ({:.1f} MiB of activations and {:.1f} MiB of workspace live then, in "

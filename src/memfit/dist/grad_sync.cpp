@@ -83,6 +83,7 @@ void GradientSync::start(int64_t j) {
   float* slot = static_cast<float*>(ring_.data()) + (j % kInFlight) * slot_floats_;
   const std::span<float> bucket = grads_.subspan(static_cast<size_t>(b.begin),
                                                  static_cast<size_t>(b.size()));
+  (shards_.empty() ? volume_.all_reduce : volume_.reduce_scatter) += b.size() * 4;
   if (shards_.empty()) {
     in_flight_.push_back(comm_.all_reduce_async(bucket, {slot, static_cast<size_t>(slot_floats_)}));
     return;

@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "memfit/dist/comm_volume.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
 #include "memfit/state/element_range.h"
@@ -56,6 +58,8 @@ class GradientSync {
   // The sum over ranks of x (the loss, the stop flag), through the ring: nothing allocated.
   // Not while buckets are in flight.
   float sum(float x);
+  // The gradient bytes all-reduced or reduce-scattered since the last take_volume().
+  CommVolume take_volume() { return std::exchange(volume_, CommVolume{}); }
 
  private:
   void start(int64_t bucket);
@@ -66,6 +70,7 @@ class GradientSync {
   std::vector<ElementRange> shards_;  // stage 2: reduce-scatter into these owners
   std::vector<ElementRange> buckets_;
   int64_t next_ = 0;
+  CommVolume volume_;
   int64_t slot_floats_ = 0;
   Allocation ring_;
   std::vector<std::unique_ptr<Request>> in_flight_;  // oldest first

@@ -399,6 +399,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
                  {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())},
                  {"live_bytes", pool.bytes_current()}, {"live_allocations", pool.live_allocations()},
                  {"rss_bytes", rss}, {"outside_pool_bytes", int64_t(rss) - int64_t(pool.bytes_current())}};
+    if (sync) {
+      // The bytes this step's collectives covered, by kind (plan: comm_per_step).
+      dist::CommVolume v = sync->take_volume();
+      v.all_gather = update.gathered_bytes;
+      line["comm_bytes"] = {{"all_reduce", v.all_reduce},
+                            {"reduce_scatter", v.reduce_scatter},
+                            {"all_gather", v.all_gather}};
+    }
     if (scaler) {
       line["loss_scale"] = loss_scale;
       line["skipped"] = update.skipped;

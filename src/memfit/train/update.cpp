@@ -95,6 +95,7 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
     char* data = static_cast<char*>(params.raw_data());
     shards->comm->all_gather(data + static_cast<size_t>(r.begin) * elem, data, counts,
                              static_cast<int>(elem));
+    out.gathered_bytes = params.numel() * static_cast<int64_t>(elem);
   }
   return out;
 }

@@ -22,6 +22,7 @@ struct UpdateOutcome {
   // Without a scaler: a gradient was inf or NaN, and nothing was updated. The caller stops.
   bool non_finite = false;
   double grad_norm = 0;  // of the mean gradient over micro-batches, unscaled, before clipping
+  int64_t gathered_bytes = 0;  // of working weights all-gathered from their owners (ZeRO >= 1)
 };
 
 // Several ranks (any ZeRO stage): how the summed gradients and the update are spread.
