@@ -135,6 +135,18 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
                v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
                v.psi_multiple(n, 4, param_bytes));
+    // Shards differ by a cut granule and receive buffers by rank: the extremes over ranks.
+    size_t lo = r.peak_bytes, hi = r.peak_bytes;
+    int lo_rank = 0, hi_rank = 0;
+    for (int q = 1; q < run.world; ++q) {
+      const size_t b = plan_memory(run, q).peak_bytes;
+      if (b < lo) lo = b, lo_rank = q;
+      if (b > hi) hi = b, hi_rank = q;
+    }
+    if (lo != hi)
+      fmt::print("ranks' peaks: from {} bytes (rank {}) to {} bytes (rank {}); --json lists "
+                 "each\n",
+                 lo, lo_rank, hi, hi_rank);
   }
   fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];
