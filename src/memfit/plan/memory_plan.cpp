@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "memfit/dist/grad_sync.h"
@@ -84,9 +85,10 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   std::optional<ElementRange> mine;
   if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
   at(Category::params) = slab(half_dtype(precision.precision));
+  // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
   if (precision.precision != Precision::fp32 && precision.master_weights)
-    at(Category::master) = MemoryPool::round_up(
-        static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32));
+    at(Category::master) = MemoryPool::round_up(std::max<size_t>(
+        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32)));
   at(Category::grads) = slab(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
   // Data parallelism: plus the ring of receive buffers the gradient buckets are summed through
