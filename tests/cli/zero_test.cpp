@@ -133,10 +133,11 @@ TEST_F(Zero, StagesAreBitIdenticalInFp32) {
     if (j.contains("grad_norm")) EXPECT_GT(j["grad_norm"].get<double>(), 0.05);  // clipped
 }
 
-// bf16 with FP32 master weights (sharded from stage 1 on) and Adam-mini, whose cuts fall on its
-// blocks: the same losses and norms at every stage.
+// bf16 with FP32 master weights (sharded from stage 1 on, gathered for the save) and Adam-mini,
+// whose cuts fall on its blocks: the same losses, norms and saved master weights at every stage.
 TEST_F(Zero, StagesAreBitIdenticalInBf16WithShardedMasterWeights) {
-  stages_agree("--steps 4 --precision bf16 --optim adam-mini --eval-batches 2", false);
+  stages_agree("--steps 4 --precision bf16 --optim adam-mini --eval-batches 2 --save-every 2",
+               true);
 }
 
 // --init-from into sharded master weights (through the gradient slab): every stage starts from
@@ -194,9 +195,9 @@ TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakOverFourRanks) {
   EXPECT_LT(state[1], state[0]);
 }
 
-// Stage 1 keeps working with one process (equal to stage 0), and over ranks it refuses what
-// needs sharded checkpoints, naming the option.
-TEST_F(Zero, OneRankIsStageZeroAndShardedSavesAreRefused) {
+// Stage 2 keeps working with one process (equal to stage 0), and over ranks a resume, which
+// needs sharded optimizer state, is refused naming the option.
+TEST_F(Zero, OneRankIsStageZeroAndShardedResumesAreRefused) {
   const fs::path a = dir / "a.jsonl", b = dir / "b.jsonl";
   ASSERT_EQ(run(0, "train " + args("--steps 3 --zero 0 --log '" + a.string() + "'")), 0)
       << test::slurp(dir / "err.txt");
@@ -205,10 +206,16 @@ TEST_F(Zero, OneRankIsStageZeroAndShardedSavesAreRefused) {
   const auto la = lines(a), lb = lines(b);
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i].value("loss", 0.0), lb[i].value("loss", 0.0));
-  EXPECT_EQ(run(2, "train " + args("--steps 1 --zero 1 --precision bf16 --save '" +
-                                   (dir / "s").string() + "'")),
+  const fs::path ck = dir / "s";
+  ASSERT_EQ(run(2, "train " + args("--steps 1 --zero 1 --precision bf16 --save '" + ck.string() +
+                                   "'")),
+            0)
+      << test::slurp(dir / "err.txt");
+  EXPECT_FALSE(fs::exists(ck / "optimizer.safetensors"));  // the weights alone
+  EXPECT_EQ(run(2, "train " + args("--steps 2 --zero 1 --precision bf16 --resume '" +
+                                   ck.string() + "'")),
             2);
-  EXPECT_NE(test::slurp(dir / "err.txt").find("--save with --zero 1"), std::string::npos)
+  EXPECT_NE(test::slurp(dir / "err.txt").find("--resume with --zero 1"), std::string::npos)
       << test::slurp(dir / "err.txt");
   EXPECT_EQ(run(0, "train " + args("--steps 1 --zero 4")), 2);
   EXPECT_NE(test::slurp(dir / "err.txt").find("--zero must be 0, 1, 2 or 3"), std::string::npos);

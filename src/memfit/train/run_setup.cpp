@@ -48,25 +48,14 @@ void validate_train_config(const TrainConfig& c) {
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
   require(c.zero >= 0 && c.zero <= 3, "zero", c.zero, "0, 1, 2 or 3");
-  // ZeRO stages >= 1 over several ranks shard the optimizer state (and the master weights),
-  // and sharded checkpoints are not built yet (Note [ZeRO], "Checkpoints"): rank 0 saves the
-  // weights when they are whole on every rank, not a gathered copy of sharded state.
-  if (c.ranks > 1 && c.zero >= 1) {
-    if (!c.resume_dir.empty())
-      MEMFIT_THROW(ConfigError, "config",
-                   "--resume with --zero {} over {} ranks needs sharded optimizer state, which "
-                   "checkpoints do not hold yet: resume with --zero 0 (or use --init-from, "
-                   "which loads the weights and starts a fresh optimizer)",
-                   c.zero, c.ranks);
-    const PrecisionOptions p = c.precision_options();
-    if (!c.save_dir.empty() && p.precision != Precision::fp32 && p.master_weights)
-      MEMFIT_THROW(ConfigError, "config",
-                   "--save with --zero {} over {} ranks and FP32 master weights: the master "
-                   "weights are sharded and sharded checkpoints are not built yet; use --zero 0, "
-                   "--precision fp32 or --master-weights none (whose weights every rank holds "
-                   "whole)",
-                   c.zero, c.ranks);
-  }
+  // ZeRO stages >= 1 over several ranks shard the optimizer state, and sharded checkpoints
+  // are not built yet (Note [ZeRO], "Checkpoints"): their saves hold the weights alone.
+  if (c.ranks > 1 && c.zero >= 1 && !c.resume_dir.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--resume with --zero {} over {} ranks needs sharded optimizer state, which "
+                 "checkpoints do not hold yet: resume with --zero 0 (or use --init-from, which "
+                 "loads the weights and starts a fresh optimizer)",
+                 c.zero, c.ranks);
   c.schedule.validate();
   if (c.master_weights != "fp32" && c.master_weights != "none")
     MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",

@@ -275,11 +275,21 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
   };
 
-  auto save = [&](int64_t step) {
+  // The weights of record, whole, for a save. Master weights that are a shard (ZeRO >= 1) are
+  // all-gathered into the gradient slab, unused between the update and the next step's
+  // zero_grad: no byte added, so rank 0 saves a gathered copy in bounded memory. Every rank
+  // calls this (a collective); rank 0 saves.
+  auto record_for_save = [&]() -> Tensor& {
+    if (gpt.whole_weights()) return gpt.weights();
+    std::vector<int64_t> counts;
+    for (const ElementRange& s : shards) counts.push_back(s.size());
+    comm.all_gather(gpt.weights().raw_data(), gpt.grads().raw_data(), counts, sizeof(float));
+    return gpt.grads();
+  };
+  auto save = [&](int64_t step, const Tensor& record) {
     io::CheckpointSaveOptions so;
     // A shard's optimizer state is not the checkpoint's (sharded checkpoints are not built
-    // yet): from stage 1 on rank 0 saves the weights, whole on every rank (run_setup.cpp
-    // refuses --save where they are a shard), and no optimizer state.
+    // yet): from stage 1 on rank 0 saves the weights (record_for_save) and no optimizer state.
     so.optimizer = stage >= 1 ? nullptr : opt.get();
     so.max_shard_bytes = max_shard_bytes;
     // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
@@ -290,7 +300,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
-    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.weights(), so);
+    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), record, so);
     // Memory once the save has let go of what it used: the soak benchmark's samples.
     log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
               {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
@@ -428,11 +438,19 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (lead) progress.update(step + 1, text);
     const double minutes_since_save =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() / 60;
-    const bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
-                     (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
-    if (lead && !cfg.save_dir.empty() && due && !last) {
+    bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
+               (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
+    // Sharded master weights are gathered by every rank for a save: the ranks' clocks must not
+    // decide apart, so rank 0's decision is everyone's.
+    if (!gpt.whole_weights() && !cfg.save_dir.empty() && cfg.save_every_minutes > 0) {
+      char d = due;
+      comm.broadcast(&d, 1, 0);
+      due = d != 0;
+    }
+    if (!cfg.save_dir.empty() && due && !last) {
       const profile::Scope slice(recorder(), "save", profile::SliceKind::save);
-      save(step + 1);
+      const Tensor& record = record_for_save();
+      if (lead) save(step + 1, record);
       saved_at = step + 1;
       last_save = std::chrono::steady_clock::now();
     }
@@ -453,7 +471,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   }
   if (lead) progress.finish();
   const int64_t final_step = start_step + summary.steps_run;
-  if (lead && !cfg.save_dir.empty() && saved_at != final_step) save(final_step);
+  if (!cfg.save_dir.empty() && saved_at != final_step) {
+    const Tensor& record = record_for_save();
+    if (lead) save(final_step, record);
+  }
   comm.barrier();  // the save is complete before any rank reports the run done
   if (W > 1) {
     // Every rank's peak by category, in rank 0's log: what `memfit plan --world-size W` predicts
