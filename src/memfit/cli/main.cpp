@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_sample_command(app);
   memfit::cli::add_plan_command(app);
   memfit::cli::add_calibrate_command(app);
+  memfit::cli::add_export_command(app);
   memfit::cli::add_profile_diff_command(app);
   try {
     app.parse(argc, argv);
