@@ -73,7 +73,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--clip", f(c.clip)},
       {"--seed", f(c.seed)},
       {"--shuffle", f(c.shuffle)},
-      {"--bucket-mb", f(s.bucket_bytes)},
+      {"--bucket-mb", f(c.bucket_mb)},
       {"--eval-every", f(c.eval_every)},
       {"--eval-batches", f(c.eval_batches)},
       {"--initial-loss-scale", f(c.loss_scaler.initial_scale)},

@@ -3,7 +3,9 @@
 // policy, optimizer and schedule, seed, data order, stopping), the training and validation
 // shards by name and size, and the checkpoint the run starts from by its files' names and sizes.
 // Not compared, because they may differ per rank or host: paths (--data, --save, --log,
-// --profile), --threads and --mem-limit (only the policy and micro-batch it resolves to count).
+// --profile), --threads and --mem-limit (only the policy and micro-batch it resolves to count),
+// --collective-timeout. A new option that changes what a rank computes or exchanges belongs
+// in run_agreement_fields.
 #pragma once
 
 #include <vector>
