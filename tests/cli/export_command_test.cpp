@@ -1,6 +1,7 @@
 // memfit export --hf through the built binary: a trained checkpoint (GPT-2 and LLaMA) exported
 // in shards, then loaded with --init-from and saved again, gives the same weights bit for bit;
-// the export holds config.json and the weights only; a missing checkpoint exits with 2.
+// the export holds config.json and the weights only; exporting over the checkpoint itself or
+// from a missing one exits with 2.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -52,6 +53,11 @@ TEST_F(ExportCommand, AnExportLoadsWithInitFromAsTheSameWeights) {
     const std::string before = slurp(dir / "ck" / "model.safetensors");
     ASSERT_FALSE(before.empty());
     EXPECT_TRUE(before == slurp(dir / "again" / "model.safetensors")) << "the weights differ";
+    // Not over the checkpoint itself.
+    EXPECT_EQ(run(fmt::format("export --hf '{}' '{}'", (dir / "ck").string(), (dir / "ck").string())),
+              2);
+    EXPECT_NE(slurp(dir / "err.txt").find("is the checkpoint itself"), std::string::npos);
+    EXPECT_TRUE(fs::exists(dir / "ck" / "optimizer.safetensors"));
     fs::remove_all(dir / "ck");
     fs::remove_all(dir / "hf");
     fs::remove_all(dir / "again");

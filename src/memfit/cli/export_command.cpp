@@ -1,5 +1,8 @@
 // memfit export --hf OUT CHECKPOINT: a checkpoint consolidated into a Hugging Face directory
 // (io/checkpoint_export.h), one tensor at a time.
+#include <filesystem>
+#include <system_error>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -34,6 +37,12 @@ void add_export_command(CLI::App& app) {
         MEMFIT_THROW(ConfigError, "config", "--dtype must be fp32 or bf16, got '{}'", o->dtype);
       options.dtype = o->dtype == "fp32" ? DType::f32 : DType::bf16;
     }
+    std::error_code ec;
+    if (std::filesystem::equivalent(o->hf, o->checkpoint, ec))
+      MEMFIT_THROW(ConfigError, "config",
+                   "--hf {} is the checkpoint itself: the export writes a new directory (without "
+                   "the optimizer state), so name another",
+                   o->hf);
     MemoryPool pool;
     options.pool = &pool;
     const std::unique_ptr<io::ParamSource> source = io::open_param_source(o->checkpoint);
