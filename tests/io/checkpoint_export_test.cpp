@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -18,6 +19,7 @@
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/io/model_hf_config.h"
 #include "memfit/io/model_weights.h"
+#include "memfit/io/safetensors.h"
 #include "memfit/optim/optimizer.h"
 #include "checkpoint_test_util.h"
 #include "scratch_dir.h"
@@ -127,6 +129,47 @@ TEST(CheckpointExport, ACheckpointThatDoesNotFitItsConfigIsRefusedBeforeWriting)
   write_file_atomic(root / "ck" / "config.json", model_config_to_hf_json(other).dump());
   expect_contains(error_of([&] { open_param_source(root / "ck"); }), {fmt::format("missing 'transformer.h.{}.", c.n_layer)});
   EXPECT_FALSE(fs::exists(root / "hf"));
+}
+
+// A checkpoint in pieces of the flat slab, one per "rank" (how ZeRO's sharded saves store it),
+// cut at points that split parameters: the export assembles each parameter from the pieces it
+// spans and loads back bit for bit; pieces that do not tile the slab are refused.
+TEST(CheckpointExport, AssemblesParametersFromPiecesOfTheSlab) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    ScratchDir root;
+    const ModelConfig c = config_of(preset);
+    const ParamLayout layout(c);
+    MemoryPool pool;
+    Tensor slab = make_slab(pool, layout), back = make_slab(pool, layout);
+    fill(slab, 11);
+    const int64_t n = layout.total();
+    const std::vector<int64_t> cuts = {0, n / 3 + 7, n / 3 + 8, 2 * n / 3 - 5, n};  // one of 1
+    std::vector<std::unique_ptr<SafetensorsReader>> files;
+    std::vector<SlabPiece> pieces;
+    for (size_t r = 0; r + 1 < cuts.size(); ++r) {
+      const fs::path file = root / fmt::format("rank{}.safetensors", r);
+      SafetensorsWriter w;
+      w.add("slab", slab.view(cuts[r], {cuts[r + 1] - cuts[r]}));
+      w.write(file);
+      files.push_back(std::make_unique<SafetensorsReader>(file));
+      const SafetensorsReader* f = files.back().get();
+      const int64_t begin = cuts[r];
+      pieces.push_back({cuts[r], cuts[r + 1], [f, begin](int64_t from, int64_t to, void* dst) {
+                          std::memcpy(dst, f->bytes(f->at("slab")) + (from - begin) * 4,
+                                      static_cast<size_t>(to - from) * 4);
+                        }});
+    }
+    auto source = make_slab_pieces_source(c, DType::f32, pieces, "4 pieces");
+    ExportOptions eo;
+    eo.max_shard_bytes = 60'000;
+    export_hf(root / "hf", *source, eo);
+    load_checkpoint(root / "hf", c, layout, back);
+    expect_loaded(c, layout, slab, back);
+
+    pieces.pop_back();
+    EXPECT_THROW(make_slab_pieces_source(c, DType::f32, pieces, "3 pieces"), ConfigError);
+  }
 }
 
 // PyTorch reads the export: every tensor, its shape and dtype, and its values (float64 sums).

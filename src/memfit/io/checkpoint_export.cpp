@@ -1,5 +1,8 @@
 #include "memfit/io/checkpoint_export.h"
 
+#include <algorithm>
+#include <cstddef>
+
 #include <fmt/format.h>
 
 #include "memfit/core/error.h"
@@ -50,7 +53,60 @@ class SafetensorsSource final : public ParamSource {
   WeightsLoad load_;
 };
 
+// Pieces of the slab, one per rank (make_slab_pieces_source).
+class SlabPiecesSource final : public ParamSource {
+ public:
+  SlabPiecesSource(const ModelConfig& config, DType dtype, std::vector<SlabPiece> pieces,
+                   std::string description)
+      : config_(config), layout_(config_), dtype_(dtype), pieces_(std::move(pieces)),
+        description_(std::move(description)) {
+    int64_t at = 0;
+    for (const SlabPiece& p : pieces_) {
+      if (p.begin != at || p.end < p.begin || !p.read)
+        MEMFIT_THROW(ConfigError, "export",
+                     "{}: the pieces do not tile the slab: one covers [{}, {}) where [{}, ...) "
+                     "comes next",
+                     description_, p.begin, p.end, at);
+      at = p.end;
+    }
+    if (at != layout_.total())
+      MEMFIT_THROW(ConfigError, "export", "{}: the pieces cover {} of the slab's {} elements",
+                   description_, at, layout_.total());
+  }
+  const ModelConfig& config() const override { return config_; }
+  const ParamLayout& layout() const override { return layout_; }
+  DType dtype() const override { return dtype_; }
+  void read(const ParamInfo& p, const Tensor& dst) override {
+    const int64_t lo = p.offset, hi = p.offset + p.numel;
+    auto* out = static_cast<std::byte*>(dst.raw_data());
+    const size_t elem = dtype_size(dtype_);
+    for (const SlabPiece& piece : pieces_) {
+      const int64_t from = std::max(lo, piece.begin), to = std::min(hi, piece.end);
+      if (from < to) piece.read(from, to, out + static_cast<size_t>(from - lo) * elem);
+    }
+    // Padding rows are zero whatever the pieces hold, as a load leaves them.
+    if ((p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head) &&
+        config_.padded_vocab > config_.vocab_size)
+      dst.slice(config_.vocab_size, config_.padded_vocab).zero();
+  }
+  std::string describe() const override { return description_; }
+
+ private:
+  ModelConfig config_;
+  ParamLayout layout_;
+  DType dtype_;
+  std::vector<SlabPiece> pieces_;
+  std::string description_;
+};
+
 }  // namespace
+
+std::unique_ptr<ParamSource> make_slab_pieces_source(const ModelConfig& config, DType dtype,
+                                                     std::vector<SlabPiece> pieces,
+                                                     std::string description) {
+  return std::make_unique<SlabPiecesSource>(config, dtype, std::move(pieces),
+                                            std::move(description));
+}
 
 std::unique_ptr<ParamSource> open_param_source(const fs::path& dir) {
   // A sharded (per-rank) checkpoint will be recognised here by its files.

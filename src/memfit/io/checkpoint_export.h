@@ -4,14 +4,18 @@
 // export holds one parameter (and the writer's bounded staging) whatever the model's size.
 //
 // What it reads is a ParamSource: a checkpoint's parameters one at a time, whatever its form on
-// disk. Today that is a directory of Hugging Face safetensors (memfit's own saves, which
-// already are, and Hugging Face's); a ZeRO-sharded checkpoint, whose ranks each wrote a range of
-// the parameter slab, becomes one more source that assembles a parameter from the ranks' files,
-// and open_param_source picks it by its files. Note [Export] in docs/notes/checkpoints.md.
+// disk: a directory of Hugging Face safetensors (memfit's own saves, which already are, and
+// Hugging Face's), or pieces of the flat parameter slab, one per rank (make_slab_pieces_source:
+// what a ZeRO-sharded save, whose ranks each write their range, needs; open_param_source will
+// recognise such a directory by its files once the sharded save exists). Note [Export] in
+// docs/notes/checkpoints.md.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
 #include <memory>
 #include <optional>
 
@@ -35,6 +39,20 @@ class ParamSource {
   // What it reads, for messages: "checkpoint ck (model.safetensors)".
   virtual std::string describe() const = 0;
 };
+
+// A checkpoint whose ranks each wrote a range of the flat parameter slab (ZeRO's sharded saves):
+// piece r holds elements [begin, end) of the slab in memfit's layout (alignment gaps and padding
+// rows included), and the pieces, in order, tile [0, layout.total()). `read(from, to, dst)`
+// copies the piece's elements [from, to) (slab indices) into dst; how the piece is stored (a
+// rank's safetensors file, say) is its own. A parameter is assembled from the pieces it spans.
+struct SlabPiece {
+  int64_t begin = 0, end = 0;
+  std::function<void(int64_t from, int64_t to, void* dst)> read;
+};
+// ConfigError unless the pieces tile the slab.
+std::unique_ptr<ParamSource> make_slab_pieces_source(const ModelConfig& config, DType dtype,
+                                                     std::vector<SlabPiece> pieces,
+                                                     std::string description);
 
 // The checkpoint directory at `dir` (found by locate_checkpoint) as a source: its config.json,
 // and its weights checked against the model before anything is read (IoError naming what does
