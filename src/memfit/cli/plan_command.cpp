@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/cli/commands.h"
+#include "memfit/dist/communicator.h"
 #include "memfit/cli/config_file.h"
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
@@ -240,6 +241,10 @@ void add_plan_command(CLI::App& app) {
     }
     const std::string precision_note = resolve_precision(*cfg);
     if (!*json) print_precision_route(*cfg, precision_note);
+    if (!*json && cfg->ranks > 1 && !dist::built_with_mpi())
+      fmt::print("note: this memfit was built without MPI, so it cannot run the {} ranks planned "
+                 "here: install libopenmpi-dev and rebuild (scripts/setup.sh does)\n",
+                 cfg->ranks);
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
     const RunSpec spec = resolve_run(*cfg);
