@@ -99,7 +99,11 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
                                 spec.batch, spec.T,
                                 spec.grad_accum > 1 ? fmt::format(" x {}", spec.grad_accum) : "",
                                 precision_name(spec.precision.precision), spec.ckpt.name(),
-                                ranks > 1 ? fmt::format(", rank {} of {}", rank, ranks) : "")},
+                                ranks > 1 ? fmt::format(", rank {} of {}{}", rank, ranks,
+                                                        spec.zero > 0 ? fmt::format(
+                                                                            ", --zero {}", spec.zero)
+                                                                      : "")
+                                          : "")},
           {"model", c.model},
           {"family", m.gpt2() ? "gpt2" : "llama"},
           {"n_layer", m.n_layer},
@@ -113,7 +117,8 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
           {"attention", std::string(attention_kind_name(spec.attention))},
           {"optim", c.optim.name},
           {"rank", rank},
-          {"ranks", ranks}};
+          {"ranks", ranks},
+          {"zero", ranks > 1 ? spec.zero : 0}};
 }
 
 // The planner's prediction for this rank.
