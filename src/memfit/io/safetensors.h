@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -80,6 +81,12 @@ class SafetensorsWriter {
   // Stores raw bytes (any format dtype); `data` must stay valid until write().
   void add_raw(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
                const void* data);
+  // Stores bytes that `source` produces when the file is written, in order, by calling its
+  // argument with each piece (in all exactly the tensor's bytes): a tensor streamed from
+  // somewhere that is not in memory (an offload file, a unit at a time).
+  using ByteSink = std::function<void(const void* data, size_t bytes)>;
+  void add_source(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
+                  std::function<void(const ByteSink& sink)> source);
   void set_metadata(const std::string& key, const std::string& value);
   // Where conversions and transposes stage their bytes: one buffer at a time, of at most one
   // tensor's stored size (and 4 MiB, unless one transposed row is longer), allocated from
@@ -99,6 +106,7 @@ class SafetensorsWriter {
     const void* raw = nullptr;  // add_raw
     Tensor tensor;              // add
     bool transpose = false;
+    std::function<void(const ByteSink&)> source;  // add_source
   };
   std::vector<const Item*> ordered() const;
   void check_new_name(const std::string& name) const;
