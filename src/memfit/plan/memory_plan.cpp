@@ -8,6 +8,7 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/offload/offload_layout.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
 
@@ -79,6 +80,18 @@ PlanReport plan_memory(const RunSpec& spec) {
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
   at(Category::optimizer) = optimizer_state_bytes(oc, layout);
+  if (spec.offload.optimizer) {
+    // The state and the master weights go to files; RAM holds the ring that streams them
+    // (offload/offload_layout.h, the engine's own computation).
+    const offload::OffloadLayout files =
+        offload::make_offload_layout(layout, oc, at(Category::master) > 0);
+    r.disk_by_category = files.disk_bytes();
+    r.disk_bytes = files.disk_total();
+    r.io_bytes_per_step = files.io_bytes_per_step();
+    r.offload_staging_bytes = files.staging_bytes();
+    at(Category::master) = 0;
+    at(Category::optimizer) = 0;
+  }
   // Data parallelism: every rank holds all of the above, plus the ring of receive buffers the
   // gradient buckets are summed through (rank 0's, the largest: dist/grad_sync.h).
   at(Category::comm) =
@@ -107,6 +120,7 @@ PlanReport plan_memory(const RunSpec& spec) {
     if (!r.data_included || !shards("val").empty())
       at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
   }
+  at(Category::staging) += r.offload_staging_bytes;
   for (size_t b : r.by_category) r.peak_bytes += b;
   const int peak = r.step.peak_phase();
   r.peak_phase = r.step.phases[peak].name();

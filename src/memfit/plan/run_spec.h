@@ -17,6 +17,14 @@
 
 namespace memfit {
 
+// Where the model state lives beyond RAM (Note [NVMe offload], docs/notes/offload.md).
+struct OffloadOptions {
+  // --offload-optimizer nvme: the optimizer state and the FP32 master weights (where the
+  // precision keeps them) in scratch files in `dir`, streamed through a staging ring per update.
+  bool optimizer = false;
+  std::string dir;  // --offload-dir
+};
+
 struct RunSpec {
   ModelConfig model;  // resolved: the checkpoint's when resuming or initialising, else the preset
   int T = 0;          // sequence length
@@ -41,6 +49,7 @@ struct RunSpec {
   // the policies (Note [Activation compression]).
   bool act_compress_open = false;
   bool auto_batch = false;     // --auto-batch: the planner picks the micro-batch
+  OffloadOptions offload;
 
   // What the model's step is planned and built with.
   ActivationOptions activation_options() const;

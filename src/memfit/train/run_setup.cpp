@@ -51,6 +51,9 @@ void validate_train_config(const TrainConfig& c) {
   if (c.master_weights != "fp32" && c.master_weights != "none")
     MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
                  c.master_weights);
+  if (c.offload_optimizer != "none" && c.offload_optimizer != "nvme")
+    MEMFIT_THROW(ConfigError, "config", "--offload-optimizer must be none or nvme, got '{}'",
+                 c.offload_optimizer);
   // The rules between the options (precision, attention, policy, optimizer) are the RunSpec's
   // (RunSpec::check), checked by resolve_run once these are parsed.
   if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
@@ -127,6 +130,8 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.data_dir = c.data_dir;
   s.shuffle = c.shuffle;
   s.resumed = !c.resume_dir.empty();
+  s.offload.optimizer = c.offload_optimizer == "nvme";
+  s.offload.dir = c.offload_dir;
   s.check();
   return s;
 }

@@ -38,6 +38,9 @@ struct TrainConfig {
   // The data-parallel ranks to plan for (memfit plan --ranks); train() sets it to its world's.
   int ranks = 1;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
+  // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
+  std::string offload_optimizer = "none";
+  std::string offload_dir;
 
   int64_t eval_every = 0;  // 0: only at the end
   int eval_batches = 8;

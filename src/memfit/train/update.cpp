@@ -10,6 +10,19 @@ namespace memfit {
 
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
                            float clip, int grad_accum) {
+  return apply_update(
+      gpt,
+      [&](float rate, float scale) {
+        if (gpt.has_master())  // the working copy rounded in the same pass (Optimizer::step_master)
+          optimizer.step_master(gpt.weights(), gpt.params(), gpt.grads(), rate, scale);
+        else
+          optimizer.step(gpt.weights(), gpt.grads(), rate, scale);
+      },
+      scaler, lr, clip, grad_accum);
+}
+
+UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, float)>& step,
+                           DynamicLossScaler* scaler, float lr, float clip, int grad_accum) {
   UpdateOutcome out;
   double sum_squares;
   if (scaler) {
@@ -31,10 +44,7 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
   }
   out.grad_norm = std::sqrt(sum_squares) / grad_accum;
   const float scale = clip_factor(out.grad_norm, clip) / static_cast<float>(grad_accum);
-  if (gpt.has_master())  // the working copy rounded in the same pass (Optimizer::step_master)
-    optimizer.step_master(gpt.weights(), gpt.params(), gpt.grads(), lr, scale);
-  else
-    optimizer.step(gpt.weights(), gpt.grads(), lr, scale);
+  step(lr, scale);
   return out;
 }
 

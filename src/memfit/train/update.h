@@ -4,6 +4,8 @@
 // what trains.
 #pragma once
 
+#include <functional>
+
 #include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/train/loss_scaler.h"
@@ -23,5 +25,9 @@ struct UpdateOutcome {
 // their mean's norm decides the clipping factor (clip <= 0: off).
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
                            float clip, int grad_accum);
+// The same with the optimizer step as `step(lr, grad_scale)`: for an optimizer that is not one
+// Optimizer over the model's slabs (one streamed from offload files, offload/).
+UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, float scale)>& step,
+                           DynamicLossScaler* scaler, float lr, float clip, int grad_accum);
 
 }  // namespace memfit
