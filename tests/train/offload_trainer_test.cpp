@@ -46,7 +46,10 @@ class OffloadTrainer : public test::TrainerFixture {
   void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
     for (const char* f : {"model.safetensors", "config.json", "optimizer.safetensors",
                           "trainer_state.json"})
+    {
+      EXPECT_TRUE(fs::exists(a / f) && fs::exists(b / f)) << f;
       EXPECT_EQ(first_difference(a / f, b / f), "");
+    }
   }
   void expect_same_run(TrainConfig c, const std::string& what) {
     SCOPED_TRACE(what);
@@ -58,6 +61,7 @@ class OffloadTrainer : public test::TrainerFixture {
     TrainConfig o = offloaded(c);
     o.save_dir = (dir / "off").string();
     const TrainSummary off = train(o);
+    ASSERT_EQ(ram.losses.size(), 3u);
     ASSERT_EQ(ram.losses.size(), off.losses.size());
     for (size_t i = 0; i < ram.losses.size(); ++i)
       EXPECT_EQ(ram.losses[i], off.losses[i]) << "step " << i + 1;

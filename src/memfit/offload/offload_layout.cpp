@@ -6,27 +6,37 @@
 
 namespace memfit::offload {
 
-OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& whole, bool master) {
+OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& whole, bool master,
+                                  int64_t max_piece) {
   OffloadLayout L;
-  L.units = unit_ranges(layout);
+  for (const ElementRange& u : unit_ranges(layout)) {
+    int64_t at = u.begin;
+    while (u.end - at > max_piece) {
+      const int64_t cut = whole.next_cut(at + max_piece);
+      if (cut >= u.end) break;
+      L.pieces.push_back({at, cut});
+      at = cut;
+    }
+    L.pieces.push_back({at, u.end});
+  }
   if (master) {
     OffloadTensor t{"master", DType::f32, layout.total(), Category::master, {}, {}, 0, 0};
-    t.extents = L.units;
+    t.extents = L.pieces;
     L.tensors.push_back(std::move(t));
   }
   const std::vector<StateSpec>& specs = whole.whole_state_specs();
   const size_t first_state = L.tensors.size();
   for (const StateSpec& s : specs)
     L.tensors.push_back({s.name, s.dtype, s.numel, Category::optimizer, {}, {}, 0, 0});
-  for (const ElementRange& u : L.units) {
+  for (const ElementRange& u : L.pieces) {
     const std::vector<ElementRange> ex = whole.state_extents(u);
     for (size_t i = 0; i < specs.size(); ++i) L.tensors[first_state + i].extents.push_back(ex[i]);
   }
   for (OffloadTensor& t : L.tensors) {
-    // Each unit's extent at its own aligned offset, so a unit's rounded-out write never touches
-    // its neighbours' bytes (no read-modify-write, no ordering between units' writes).
+    // Each piece's extent at its own aligned offset, so a piece's rounded-out write never
+    // touches its neighbours' bytes (no read-modify-write, no ordering between writes).
     uint64_t at = kHeaderBytes;
-    for (size_t u = 0; u < L.units.size(); ++u) {
+    for (size_t u = 0; u < L.pieces.size(); ++u) {
       t.file_offsets.push_back(at);
       const size_t b = align_up(t.extent_bytes(u));
       at += b;
@@ -39,8 +49,8 @@ OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& wh
 }
 
 OffloadLayout make_offload_layout(const ParamLayout& layout, const OptimConfig& optim,
-                                  bool master) {
-  return make_offload_layout(layout, *make_optimizer(optim, layout, nullptr), master);
+                                  bool master, int64_t max_piece) {
+  return make_offload_layout(layout, *make_optimizer(optim, layout, nullptr), master, max_piece);
 }
 
 size_t OffloadLayout::staging_bytes() const {

@@ -25,46 +25,54 @@ inline constexpr size_t kIoAlign = 4096;
 inline size_t align_up(size_t b) { return (b + kIoAlign - 1) / kIoAlign * kIoAlign; }
 // Each file starts with one page of header (scratch_file.h).
 inline constexpr uint64_t kHeaderBytes = kIoAlign;
-// Staging slots: unit k+1 being read, unit k being updated, unit k-1 being written.
+// Staging slots: piece k+1 being read, piece k being updated, piece k-1 being written.
 inline constexpr int kRingSlots = 3;
+// The update streams each unit (embeddings, a block, the tail) in pieces of at most this many
+// elements, cut where the optimizer's state allows (Optimizer::next_cut), so the ring holds
+// three pieces rather than three of the largest block: 8 M elements (32 MiB of master weights,
+// one request large enough to run a disk at full speed), so for llama2-7b with 8-bit AdamW and
+// master weights a ring of about 150 MiB instead of 3.5 GiB for three blocks.
+inline constexpr int64_t kMaxPieceElements = int64_t{1} << 23;
 
 struct OffloadTensor {
   std::string name;   // "master", or the optimizer's state name ("m", "v.codes")
   DType dtype;
   int64_t numel = 0;  // of the whole tensor
   Category category;  // master or optimizer: what it would be in RAM
-  // Per unit: the unit's elements of this tensor, and where they start in the file (aligned).
+  // Per piece: the piece's elements of this tensor, and where they start in the file (aligned).
   std::vector<ElementRange> extents;
   std::vector<uint64_t> file_offsets;
-  uint64_t file_bytes = 0;  // header and every unit's aligned extent
-  size_t slot_bytes = 0;    // the largest unit's extent, aligned: its share of a ring slot
+  uint64_t file_bytes = 0;  // header and every piece's aligned extent
+  size_t slot_bytes = 0;    // the largest piece's extent, aligned: its share of a ring slot
 
-  size_t extent_bytes(size_t unit) const {
-    return static_cast<size_t>(extents[unit].size()) * dtype_size(dtype);
+  size_t extent_bytes(size_t piece) const {
+    return static_cast<size_t>(extents[piece].size()) * dtype_size(dtype);
   }
 };
 
 struct OffloadLayout {
-  std::vector<ElementRange> units;    // unit_ranges(layout)
+  // unit_ranges(layout), each cut into pieces of at most max_piece elements, in order.
+  std::vector<ElementRange> pieces;
   std::vector<OffloadTensor> tensors;  // master (if offloaded), then the state in state_specs order
-  size_t slot_bytes = 0;              // one unit of every tensor, each part aligned
+  size_t slot_bytes = 0;              // one piece of every tensor, each part aligned
 
   // The ring as the pool counts it: kRingSlots slots and one page to align the start.
   size_t staging_bytes() const;
   // The files' bytes by category (master, optimizer).
   CategoryBytes disk_bytes() const;
   uint64_t disk_total() const;
-  // Bytes read and written by one optimizer step (every unit of every file, aligned, both ways).
+  // Bytes read and written by one optimizer step (every piece of every file, aligned, both ways).
   uint64_t io_bytes_per_step() const;
   // Tensor i's part of ring slot s, as a byte offset into the ring's aligned start.
   size_t slot_offset(int slot, size_t tensor) const;
 };
 
-// The layout for an optimizer over the whole `layout` (its state specs and extents per unit),
+// The layout for an optimizer over the whole `layout` (its state specs and extents per piece),
 // with the FP32 master weights first when `master`.
-OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& whole, bool master);
+OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& whole, bool master,
+                                  int64_t max_piece = kMaxPieceElements);
 // The same from the config (the planner's entry: no optimizer to hand).
 OffloadLayout make_offload_layout(const ParamLayout& layout, const OptimConfig& optim,
-                                  bool master);
+                                  bool master, int64_t max_piece = kMaxPieceElements);
 
 }  // namespace memfit::offload

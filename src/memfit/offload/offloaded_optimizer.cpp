@@ -18,10 +18,10 @@ namespace fs = std::filesystem;
 
 OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLayout& layout,
                                        bool master, MemoryPool& pool, const fs::path& dir,
-                                       const std::string& run)
+                                       const std::string& run, int64_t max_piece)
     : params_(layout), master_(master) {
   const std::unique_ptr<Optimizer> whole = make_optimizer(config, layout, nullptr);
-  layout_ = make_offload_layout(layout, *whole, master);
+  layout_ = make_offload_layout(layout, *whole, master, max_piece);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))
@@ -35,11 +35,11 @@ OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLay
                  "filesystem has {} bytes ({:.2f} GiB) free",
                  dir.string(), master ? "master weights and optimizer state" : "optimizer state",
                  need, need / 1073741824.0, free, free / 1073741824.0);
-  for (size_t u = 0; u < layout_.units.size(); ++u)
-    units_.push_back(make_optimizer(config, layout, nullptr, layout_.units[u]));
+  for (size_t u = 0; u < layout_.pieces.size(); ++u)
+    units_.push_back(make_optimizer(config, layout, nullptr, layout_.pieces[u]));
   io_ = make_io_engine();
-  nlohmann::json units = nlohmann::json::array();
-  for (const ElementRange& u : layout_.units) units.push_back(u.begin);
+  nlohmann::json starts = nlohmann::json::array();
+  for (const ElementRange& u : layout_.pieces) starts.push_back(u.begin);
   for (const OffloadTensor& t : layout_.tensors) {
     nlohmann::json header = {{"memfit_offload", 1},
                              {"run", run},
@@ -47,7 +47,7 @@ OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLay
                              {"dtype", std::string(dtype_name(t.dtype))},
                              {"numel", t.numel},
                              {"optimizer", whole->name()},
-                             {"layout", {{"elements", layout.total()}, {"unit_starts", units}}},
+                             {"layout", {{"elements", layout.total()}, {"piece_starts", starts}}},
                              {"step", 0}};
     files_.push_back(std::make_unique<ScratchFile>(
         dir / fmt::format("{}.{}.offload", run, t.name), t.file_bytes, std::move(header)));
@@ -104,7 +104,8 @@ void OffloadedOptimizer::wait(std::vector<uint64_t>& tickets) {
 }
 
 void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, float grad_scale) {
-  const size_t n = layout_.units.size();
+  const auto start = std::chrono::steady_clock::now();
+  const size_t n = layout_.pieces.size();
   const size_t first_state = master_ ? 1 : 0;
   // reads[s], writes[s]: the requests in flight for ring slot s.
   std::vector<uint64_t> reads[kRingSlots], writes[kRingSlots];
@@ -113,7 +114,7 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
   for (size_t k = 0; k < n; ++k) {
     const int s = static_cast<int>(k % kRingSlots);
     wait(reads[s]);
-    const ElementRange& u = layout_.units[k];
+    const ElementRange& u = layout_.pieces[k];
     Optimizer& opt = *units_[k];
     std::vector<Tensor> state;
     for (size_t i = first_state; i < layout_.tensors.size(); ++i)
@@ -139,6 +140,8 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
   }
   for (auto& w : writes) wait(w);
   for (auto& f : files_) f->set_step(steps_taken());
+  stats_.update_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void OffloadedOptimizer::set_steps_taken(int64_t t) {
@@ -149,7 +152,7 @@ void OffloadedOptimizer::set_steps_taken(int64_t t) {
 template <class F>
 void OffloadedOptimizer::stream(size_t tensor, IoRequest::Op op, F&& f) {
   std::vector<uint64_t> tickets;
-  for (size_t u = 0; u < layout_.units.size(); ++u) {
+  for (size_t u = 0; u < layout_.pieces.size(); ++u) {
     const OffloadTensor& t = layout_.tensors[tensor];
     const size_t bytes = t.extent_bytes(u);
     if (bytes == 0) continue;

@@ -1,8 +1,9 @@
 // An optimizer whose state (and the FP32 master weights, where the precision keeps them) lives
 // in scratch files on disk (--offload-optimizer nvme). The update streams the layout's units
-// (embeddings, each block, the tail) through a ring of three staging buffers: unit k+1 is read
-// and unit k-1 written while unit k is updated by an optimizer over unit k's range whose state
-// is bound to its staging slot (Optimizer::bind_state). Per element it is the in-RAM update,
+// (embeddings, each block, the tail; large ones in pieces of kMaxPieceElements) through a ring
+// of three staging buffers: piece k+1 is read and piece k-1 written while piece k is updated by
+// an optimizer over piece k's range whose state is bound to its staging slot
+// (Optimizer::bind_state). Per element it is the in-RAM update,
 // so the results are bit-identical. Checkpoints stream the state out of the files and back in
 // a unit at a time. Note [NVMe offload] (docs/notes/offload.md).
 #pragma once
@@ -23,10 +24,12 @@
 
 namespace memfit::offload {
 
-// What the I/O cost: bytes moved and the time the update waited for the disk.
+// What the I/O cost: bytes moved, the time the update waited for the disk, and the updates'
+// whole time (so bytes / update_seconds is the throughput while the optimizer runs).
 struct IoStats {
   uint64_t bytes_read = 0, bytes_written = 0;
   double wait_seconds = 0;
+  double update_seconds = 0;
 };
 
 class OffloadedOptimizer {
@@ -35,8 +38,10 @@ class OffloadedOptimizer {
   // `pool`, Category::staging). Refuses a disk too small before creating anything: IoError
   // with the bytes needed and the bytes free. The state starts as a fresh optimizer's (zeros);
   // the master weights must be written (write_master) before the first step.
+  // `max_piece`: the longest range streamed at once (tests make it small).
   OffloadedOptimizer(const OptimConfig& config, const ParamLayout& layout, bool master,
-                     MemoryPool& pool, const std::filesystem::path& dir, const std::string& run);
+                     MemoryPool& pool, const std::filesystem::path& dir, const std::string& run,
+                     int64_t max_piece = kMaxPieceElements);
   ~OffloadedOptimizer();
 
   std::string name() const { return units_.front()->name(); }
@@ -81,7 +86,7 @@ class OffloadedOptimizer {
   OffloadLayout layout_;
   std::unique_ptr<IoEngine> io_;
   std::vector<std::unique_ptr<ScratchFile>> files_;  // one per layout_.tensors entry
-  std::vector<std::unique_ptr<Optimizer>> units_;    // one per unit, state bound per step
+  std::vector<std::unique_ptr<Optimizer>> units_;    // one per piece, state bound per step
   Tensor ring_;
   size_t ring_base_ = 0;  // bytes from ring_'s start to its first aligned byte
   IoStats stats_;

@@ -442,6 +442,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       line["offload"] = {{"read_bytes", io.bytes_read - io_before.bytes_read},
                          {"written_bytes", io.bytes_written - io_before.bytes_written},
                          {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
+                         {"update_seconds", io.update_seconds - io_before.update_seconds},
                          {"engine", off->engine().name()}};
     }
     if (scaler) {
