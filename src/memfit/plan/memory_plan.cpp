@@ -8,6 +8,7 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
@@ -149,7 +150,15 @@ PlanReport plan_training(const RunSpec& spec) {
   in.options = act;
   in.options.precision = precision.precision;
   in.param_count = static_cast<size_t>(layout.total());
-  in.optimizer_bytes = r.by_category[static_cast<size_t>(Category::optimizer)];
+  // The state's bytes stream through the update wherever they live (RAM or the offload files).
+  OptimConfig oc = spec.optim;
+  oc.n_head = r.model.n_head;
+  in.optimizer_bytes = optimizer_state_bytes(oc, layout);
+  if (spec.offload.optimizer) {
+    // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
+    const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);
+    in.offload_io_seconds = disk.seconds(r.io_bytes_per_step / 2.0, r.io_bytes_per_step / 2.0);
+  }
   in.master_weights = precision.master_weights;
   in.compression_bytes = compression_traffic_bytes(r.step);
   r.step_time = estimate_step_time(in, machine_calibration());
