@@ -18,6 +18,7 @@
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/optim/optim_config.h"
+#include "memfit/state/shard.h"
 
 namespace memfit::offload {
 namespace {
@@ -168,6 +169,51 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"sgd", true}),
                        ::testing::Values(std::string("uring"), std::string("threads"))),
     case_name);
+
+// A ZeRO rank's shard offloaded (Note [Model state]): three ranks' ranges, each its own
+// OffloadedOptimizer over its slices, update exactly as the whole layout does in RAM.
+TEST(OffloadedOptimizer, ShardsStepAsTheWholeLayoutInRam) {
+  TempDir tmp;
+  const ModelConfig mc = llama();
+  const ParamLayout layout(mc);
+  const int64_t n = layout.total();
+  for (const char* name : {"adamw8bit", "adam-mini"}) {
+    SCOPED_TRACE(name);
+    OptimConfig oc;
+    oc.name = name;
+    oc.n_head = mc.n_head;
+    MemoryPool pool;
+    Tensor w = Tensor::empty(pool, {n}, DType::f32, Category::master, "w");
+    Tensor h_ram = Tensor::empty(pool, {n}, DType::bf16, Category::params, "h");
+    Tensor h_off = Tensor::empty(pool, {n}, DType::bf16, Category::params, "h");
+    Tensor grads = Tensor::empty(pool, {n}, DType::f32, Category::grads, "g");
+    fill(w, 3, 1.0f);
+    auto ram = make_optimizer(oc, layout, pool);
+    std::vector<std::unique_ptr<OffloadedOptimizer>> shards;
+    for (const ElementRange& r : shard_ranges(layout, oc, 3)) {
+      shards.push_back(std::make_unique<OffloadedOptimizer>(
+          oc, layout, true, pool, tmp.path, fmt::format("rank{}", shards.size()), 5000, r));
+      shards.back()->write_master(w.view(r.begin, {r.size()}));
+    }
+    for (int t = 0; t < 3; ++t) {
+      fill(grads, 200 + t, 0.2f);
+      ram->step_master(w, h_ram, grads, 1e-2f, 0.9f);
+      for (auto& s : shards) {
+        const ElementRange r = s->range();
+        Tensor h = h_off.view(r.begin, {r.size()});
+        s->step(h, grads.view(r.begin, {r.size()}), 1e-2f, 0.9f);
+      }
+    }
+    EXPECT_TRUE(same_bytes(h_ram, h_off));
+    Tensor back = Tensor::empty(pool, {n}, DType::f32, Category::workspace, "back");
+    for (auto& s : shards) {
+      Tensor part = back.view(s->range().begin, {s->range().size()});
+      s->read_master(part);
+    }
+    EXPECT_TRUE(same_bytes(w, back));
+    EXPECT_THROW(shards[1]->save_state(tmp.path / "x.safetensors"), Error);
+  }
+}
 
 TEST(OffloadedOptimizer, FilesHaveHeadersAndGoAway) {
   TempDir tmp;

@@ -190,6 +190,23 @@ TEST_F(OffloadTrainer, NeedsADirectory) {
   }
   c.offload_optimizer = "disk";
   EXPECT_THROW(resolve_run(c), ConfigError);
+  TrainConfig d = config();
+  d.disk_limit = "1GiB";  // without offload
+  EXPECT_THROW(resolve_run(d), ConfigError);
+}
+
+TEST_F(OffloadTrainer, RefusesFilesLargerThanTheDiskLimit) {
+  TrainConfig c = offloaded(config());
+  c.disk_limit = "100KiB";
+  try {
+    train(c);
+    FAIL() << "files larger than --disk-limit were accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--disk-limit 102400 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("need"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(dir / "offload") && !fs::is_empty(dir / "offload"));
 }
 
 TEST_F(OffloadTrainer, IoErrorMidRunNamesFileOffsetErrnoAndKeepsLastCheckpoint) {

@@ -87,6 +87,9 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
       ->capture_default_str();
   cmd->add_option("--offload-dir", c.offload_dir,
                   "Directory for the offload files (scratch, removed when the run ends)");
+  cmd->add_option("--disk-limit", c.disk_limit,
+                  "With --offload-optimizer nvme: the most disk the offload files may take, e.g. "
+                  "100GiB (default: the free space of --offload-dir)");
   cmd->add_flag("--auto-batch", c.auto_batch,
                 "With --mem-limit: choose the micro-batch (a divisor of --batch x --grad-accum, "
                 "which stays) that fits fastest");

@@ -7,9 +7,12 @@
 namespace memfit::offload {
 
 OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& whole, bool master,
-                                  int64_t max_piece) {
+                                  int64_t max_piece, std::optional<ElementRange> range) {
   OffloadLayout L;
-  for (const ElementRange& u : unit_ranges(layout)) {
+  L.range = range.value_or(whole_range(layout));
+  for (const ElementRange& unit : unit_ranges(layout)) {
+    const ElementRange u = unit.intersect(L.range);
+    if (u.empty()) continue;
     int64_t at = u.begin;
     while (u.end - at > max_piece) {
       const int64_t cut = whole.next_cut(at + max_piece);
@@ -49,8 +52,10 @@ OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& wh
 }
 
 OffloadLayout make_offload_layout(const ParamLayout& layout, const OptimConfig& optim,
-                                  bool master, int64_t max_piece) {
-  return make_offload_layout(layout, *make_optimizer(optim, layout, nullptr), master, max_piece);
+                                  bool master, int64_t max_piece,
+                                  std::optional<ElementRange> range) {
+  return make_offload_layout(layout, *make_optimizer(optim, layout, nullptr), master, max_piece,
+                             range);
 }
 
 size_t OffloadLayout::staging_bytes() const {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,9 @@ struct OffloadTensor {
 };
 
 struct OffloadLayout {
-  // unit_ranges(layout), each cut into pieces of at most max_piece elements, in order.
+  ElementRange range;  // what is offloaded: the whole layout, or a ZeRO rank's shard
+  // unit_ranges(layout) inside `range`, each cut into pieces of at most max_piece elements, in
+  // order.
   std::vector<ElementRange> pieces;
   std::vector<OffloadTensor> tensors;  // master (if offloaded), then the state in state_specs order
   size_t slot_bytes = 0;              // one piece of every tensor, each part aligned
@@ -67,12 +70,16 @@ struct OffloadLayout {
   size_t slot_offset(int slot, size_t tensor) const;
 };
 
-// The layout for an optimizer over the whole `layout` (its state specs and extents per piece),
-// with the FP32 master weights first when `master`.
+// The layout for the state of `range` of `layout` (the whole layout when absent; a range must
+// start and end where the state can be cut, as shard_ranges' do) of the optimizer `whole` over
+// the whole layout (its state specs and extents per piece), with the FP32 master weights first
+// when `master`. The files hold only the range's pieces.
 OffloadLayout make_offload_layout(const ParamLayout& layout, const Optimizer& whole, bool master,
-                                  int64_t max_piece = kMaxPieceElements);
+                                  int64_t max_piece = kMaxPieceElements,
+                                  std::optional<ElementRange> range = std::nullopt);
 // The same from the config (the planner's entry: no optimizer to hand).
 OffloadLayout make_offload_layout(const ParamLayout& layout, const OptimConfig& optim,
-                                  bool master, int64_t max_piece = kMaxPieceElements);
+                                  bool master, int64_t max_piece = kMaxPieceElements,
+                                  std::optional<ElementRange> range = std::nullopt);
 
 }  // namespace memfit::offload

@@ -18,10 +18,15 @@ namespace fs = std::filesystem;
 
 OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLayout& layout,
                                        bool master, MemoryPool& pool, const fs::path& dir,
-                                       const std::string& run, int64_t max_piece)
+                                       const std::string& run, int64_t max_piece,
+                                       std::optional<ElementRange> range)
     : params_(layout), master_(master) {
   const std::unique_ptr<Optimizer> whole = make_optimizer(config, layout, nullptr);
-  layout_ = make_offload_layout(layout, *whole, master, max_piece);
+  // An optimizer over the range checks that it starts and ends where the state can be cut.
+  if (range) make_optimizer(config, layout, nullptr, range);
+  layout_ = make_offload_layout(layout, *whole, master, max_piece, range);
+  MEMFIT_CHECK(!layout_.pieces.empty(), "offload", "nothing to offload in the range [{}, {})",
+               layout_.range.begin, layout_.range.end);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))
@@ -48,6 +53,7 @@ OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLay
                              {"numel", t.numel},
                              {"optimizer", whole->name()},
                              {"layout", {{"elements", layout.total()}, {"piece_starts", starts}}},
+                             {"range", {layout_.range.begin, layout_.range.end}},
                              {"step", 0}};
     files_.push_back(std::make_unique<ScratchFile>(
         dir / fmt::format("{}.{}.offload", run, t.name), t.file_bytes, std::move(header)));
@@ -105,6 +111,10 @@ void OffloadedOptimizer::wait(std::vector<uint64_t>& tickets) {
 
 void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, float grad_scale) {
   const auto start = std::chrono::steady_clock::now();
+  const ElementRange& R = layout_.range;
+  MEMFIT_CHECK(working.numel() == R.size() && grads.numel() == R.size(), "offload",
+               "the weights ({}) and gradients ({}) must cover the range's {} elements",
+               working.numel(), grads.numel(), R.size());
   const size_t n = layout_.pieces.size();
   const size_t first_state = master_ ? 1 : 0;
   // reads[s], writes[s]: the requests in flight for ring slot s.
@@ -122,8 +132,8 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
                           ? slot_view(s, i, k)
                           : Tensor{});
     opt.bind_state(std::move(state));
-    Tensor w = working.view(u.begin, {u.size()});
-    const Tensor g = grads.view(u.begin, {u.size()});
+    Tensor w = working.view(u.begin - R.begin, {u.size()});
+    const Tensor g = grads.view(u.begin - R.begin, {u.size()});
     if (master_) {
       Tensor m = slot_view(s, 0, k);
       opt.step_master(m, w, g, lr, grad_scale);
@@ -172,24 +182,29 @@ void OffloadedOptimizer::stream(size_t tensor, IoRequest::Op op, F&& f) {
 }
 
 void OffloadedOptimizer::write_master(const Tensor& slab) {
-  MEMFIT_CHECK(master_ && slab.dtype() == DType::f32 && slab.numel() == params_.total(),
-               "offload", "write_master takes an f32 slab of {} elements", params_.total());
+  const ElementRange& R = layout_.range;
+  MEMFIT_CHECK(master_ && slab.dtype() == DType::f32 && slab.numel() == R.size(), "offload",
+               "write_master takes an f32 slab of {} elements", R.size());
   const char* src = static_cast<const char*>(slab.raw_data());
   stream(0, IoRequest::Op::write, [&](size_t u, char* buf, size_t bytes) {
-    std::memcpy(buf, src + layout_.tensors[0].extents[u].begin * sizeof(float), bytes);
+    std::memcpy(buf, src + (layout_.tensors[0].extents[u].begin - R.begin) * sizeof(float), bytes);
   });
 }
 
 void OffloadedOptimizer::read_master(Tensor& slab) {
-  MEMFIT_CHECK(master_ && slab.dtype() == DType::f32 && slab.numel() == params_.total(),
-               "offload", "read_master takes an f32 slab of {} elements", params_.total());
+  const ElementRange& R = layout_.range;
+  MEMFIT_CHECK(master_ && slab.dtype() == DType::f32 && slab.numel() == R.size(), "offload",
+               "read_master takes an f32 slab of {} elements", R.size());
   char* dst = static_cast<char*>(slab.raw_data());
   stream(0, IoRequest::Op::read, [&](size_t u, const char* buf, size_t bytes) {
-    std::memcpy(dst + layout_.tensors[0].extents[u].begin * sizeof(float), buf, bytes);
+    std::memcpy(dst + (layout_.tensors[0].extents[u].begin - R.begin) * sizeof(float), buf, bytes);
   });
 }
 
 void OffloadedOptimizer::save_state(const fs::path& file) {
+  MEMFIT_CHECK(layout_.range == whole_range(params_), "offload",
+               "save_state saves the whole layout's state; this optimizer has [{}, {})",
+               layout_.range.begin, layout_.range.end);
   io::SafetensorsWriter writer;
   for (size_t i = master_ ? 1 : 0; i < layout_.tensors.size(); ++i) {
     const OffloadTensor& t = layout_.tensors[i];
@@ -207,6 +222,9 @@ void OffloadedOptimizer::save_state(const fs::path& file) {
 }
 
 void OffloadedOptimizer::load_state(const fs::path& file) {
+  MEMFIT_CHECK(layout_.range == whole_range(params_), "offload",
+               "load_state loads the whole layout's state; this optimizer has [{}, {})",
+               layout_.range.begin, layout_.range.end);
   io::SafetensorsReader reader(file);
   const std::string where = file.string();
   auto meta = [&](const char* key) -> const std::string& {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,10 +39,13 @@ class OffloadedOptimizer {
   // `pool`, Category::staging). Refuses a disk too small before creating anything: IoError
   // with the bytes needed and the bytes free. The state starts as a fresh optimizer's (zeros);
   // the master weights must be written (write_master) before the first step.
-  // `max_piece`: the longest range streamed at once (tests make it small).
+  // `max_piece`: the longest range streamed at once (tests make it small). `range`: the part of
+  // the layout to update (a ZeRO rank's shard, cut where the state allows: shard_ranges), the
+  // whole layout when absent.
   OffloadedOptimizer(const OptimConfig& config, const ParamLayout& layout, bool master,
                      MemoryPool& pool, const std::filesystem::path& dir, const std::string& run,
-                     int64_t max_piece = kMaxPieceElements);
+                     int64_t max_piece = kMaxPieceElements,
+                     std::optional<ElementRange> range = std::nullopt);
   ~OffloadedOptimizer();
 
   std::string name() const { return units_.front()->name(); }
@@ -50,19 +54,23 @@ class OffloadedOptimizer {
   const IoEngine& engine() const { return *io_; }
   const std::vector<std::unique_ptr<ScratchFile>>& files() const { return files_; }
 
-  // The master weights to and from an f32 slab of the whole layout (init, load, save).
+  const ElementRange& range() const { return layout_.range; }
+
+  // The master weights to and from an f32 slab covering range() (init, load, save).
   void write_master(const Tensor& f32_slab);
   void read_master(Tensor& f32_slab);
 
   // One update, as Optimizer::step_master (with master weights: `working` is the bf16 or f16
   // copy, rounded from the updated master) or Optimizer::step (without: `working` is the
-  // weights of record, in RAM). `grads` covers the whole layout.
+  // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
+  // range().begin), as Optimizer::step's tensors do.
   void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
   int64_t steps_taken() const { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
 
   // optimizer.safetensors as io::save_optimizer_state writes it for the same optimizer in RAM
-  // (the same bytes), streamed from the files through the ring.
+  // (the same bytes), streamed from the files through the ring. The whole layout only (a
+  // shard's state is saved as the sharded checkpoint lays it out).
   void save_state(const std::filesystem::path& file);
   // The reverse: checks the file as io::load_optimizer_state does (IoError listing what does
   // not match), then streams each tensor into its file and restores steps_taken.

@@ -26,6 +26,9 @@ void RunSpec::check() const {
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme keeps the optimizer state in files, so it needs "
                  "--offload-dir DIR (a directory on the disk to use)");
+  if (offload.disk_limit && !offload.optimizer)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme");
   if (offload.optimizer && world > 1)
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme runs in one process for now; under {} ranks every "

@@ -23,6 +23,10 @@ struct OffloadOptions {
   // precision keeps them) in scratch files in `dir`, streamed through a staging ring per update.
   bool optimizer = false;
   std::string dir;  // --offload-dir
+  // --disk-limit in bytes: the most the offload files may take (0: the free space of `dir`,
+  // which the trainer checks anyway). --max-model counts a member as fitting only if its files
+  // fit too.
+  uint64_t disk_limit = 0;
 };
 
 struct RunSpec {

@@ -132,6 +132,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.resumed = !c.resume_dir.empty();
   s.offload.optimizer = c.offload_optimizer == "nvme";
   s.offload.dir = c.offload_dir;
+  s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();
   return s;
 }

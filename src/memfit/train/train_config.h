@@ -41,6 +41,7 @@ struct TrainConfig {
   // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
   std::string offload_optimizer = "none";
   std::string offload_dir;
+  std::string disk_limit;  // e.g. "100GiB"; empty: the free space of offload_dir
 
   int64_t eval_every = 0;  // 0: only at the end
   int eval_batches = 8;

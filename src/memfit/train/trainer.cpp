@@ -201,6 +201,16 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<offload::OffloadedOptimizer> off;
+  if (offload && spec.offload.disk_limit) {
+    const uint64_t need =
+        offload::make_offload_layout(gpt.layout(), spec.optim, master).disk_total();
+    if (need > spec.offload.disk_limit)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--disk-limit {} bytes ({:.2f} GiB): the offload files need {} bytes ({:.2f} "
+                   "GiB)",
+                   spec.offload.disk_limit, spec.offload.disk_limit / 1073741824.0, need,
+                   need / 1073741824.0);
+  }
   if (offload)
     off = std::make_unique<offload::OffloadedOptimizer>(
         spec.optim, gpt.layout(), master, pool, spec.offload.dir,
