@@ -195,6 +195,36 @@ TEST_F(OffloadTrainer, NeedsADirectory) {
   EXPECT_THROW(resolve_run(d), ConfigError);
 }
 
+// --offload-dir without --offload-optimizer: --ckpt auto offloads only when nothing fits in RAM.
+TEST_F(OffloadTrainer, AutoOffloadsOnlyWhenNothingFitsInRam) {
+  TrainConfig c = config();
+  c.n_layer = 8;  // deep enough that the state offloaded outweighs the ring of one block's
+  c.precision = "bf16";
+  c.steps = 2;
+  c.ckpt = "auto";
+  c.mem_limit = "10GiB";
+  const SearchResult in_ram = plan_auto(c, resolve_run(c));  // no --offload-dir: RAM only
+  ASSERT_TRUE(in_ram.fits);
+  EXPECT_FALSE(in_ram.choice.offload);
+  c.offload_dir = (dir / "offload").string();
+  const AutoResolution roomy = resolve_auto(c);
+  EXPECT_FALSE(roomy.search.choice.offload);  // as fast or faster in RAM
+  EXPECT_EQ(roomy.config.offload_optimizer, "none");
+  // One byte less than the smallest run in RAM: only an offloaded one fits.
+  c.mem_limit = std::to_string(in_ram.smallest.peak_bytes - 1);
+  const AutoResolution tight = resolve_auto(c);
+  ASSERT_TRUE(tight.search.fits);
+  EXPECT_TRUE(tight.search.choice.offload);
+  EXPECT_EQ(tight.config.offload_optimizer, "nvme");
+  EXPECT_TRUE(tight.spec.offload.optimizer);
+  EXPECT_NE(candidate_options(tight.search.choice, false).find("--offload-optimizer nvme"),
+            std::string::npos);
+  const TrainSummary s = train(c);
+  EXPECT_LE(s.peak_bytes, in_ram.smallest.peak_bytes - 1);
+  EXPECT_EQ(s.peak_by_category[static_cast<size_t>(Category::optimizer)], 0u);
+  EXPECT_EQ(s.steps_run, 2);
+}
+
 TEST_F(OffloadTrainer, RefusesFilesLargerThanTheDiskLimit) {
   TrainConfig c = offloaded(config());
   c.disk_limit = "100KiB";

@@ -54,6 +54,9 @@ struct RunSpec {
   bool act_compress_open = false;
   bool auto_batch = false;     // --auto-batch: the planner picks the micro-batch
   OffloadOptions offload;
+  // --offload-dir given without --offload-optimizer: a search may choose to offload (when
+  // nothing fits in RAM, or it is faster than what does).
+  bool offload_open = false;
 
   // What the model's step is planned and built with.
   ActivationOptions activation_options() const;

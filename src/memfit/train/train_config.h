@@ -39,7 +39,8 @@ struct TrainConfig {
   int ranks = 1;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
   // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
-  std::string offload_optimizer = "none";
+  // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.
+  std::string offload_optimizer;
   std::string offload_dir;
   std::string disk_limit;  // e.g. "100GiB"; empty: the free space of offload_dir
 
