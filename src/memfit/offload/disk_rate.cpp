@@ -51,25 +51,40 @@ DiskRate measure_disk_rate(const fs::path& dir, uint64_t bytes) {
   return r;
 }
 
-const DiskRate& disk_rate(const fs::path& dir) {
-  static std::mutex mu;
-  static std::map<dev_t, DiskRate> known;
+namespace {
+
+dev_t device_of(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0)
     MEMFIT_THROW(IoError, "offload", "--offload-dir {}: {}", dir.string(), std::strerror(errno));
+  return st.st_dev;
+}
+
+}  // namespace
+
+fs::path disk_rate_cache_path(const fs::path& dir) {
+  return calibration_cache_dir() /
+         fmt::format("disk-{}.json", static_cast<uint64_t>(device_of(dir)));
+}
+
+const DiskRate& disk_rate(const fs::path& dir, bool remeasure) {
+  static std::mutex mu;
+  static std::map<dev_t, DiskRate> known;
+  const dev_t dev = device_of(dir);
   const std::lock_guard lock(mu);
-  if (auto it = known.find(st.st_dev); it != known.end()) return it->second;
-  const fs::path cache =
-      calibration_cache_dir() / fmt::format("disk-{}.json", static_cast<uint64_t>(st.st_dev));
-  try {
-    const auto j = nlohmann::json::parse(io::read_file_to_string(cache));
-    DiskRate r{j.at("read_bytes_per_s").get<double>(), j.at("write_bytes_per_s").get<double>(),
-               j.at("bytes").get<uint64_t>()};
-    if (r.read_bytes_per_s > 0 && r.write_bytes_per_s > 0) return known[st.st_dev] = r;
-  } catch (const std::exception&) {
-    // Missing or unreadable: measured again below.
+  if (auto it = known.find(dev); it != known.end() && !remeasure) return it->second;
+  const fs::path cache = disk_rate_cache_path(dir);
+  if (!remeasure) {
+    try {
+      const auto j = nlohmann::json::parse(io::read_file_to_string(cache));
+      DiskRate r{j.at("read_bytes_per_s").get<double>(), j.at("write_bytes_per_s").get<double>(),
+                 j.at("bytes").get<uint64_t>()};
+      if (r.read_bytes_per_s > 0 && r.write_bytes_per_s > 0) return known[dev] = r;
+    } catch (const std::exception&) {
+      // Missing or unreadable: measured again below.
+    }
   }
   const DiskRate r = measure_disk_rate(dir);
   fmt::print(stderr,
@@ -86,7 +101,7 @@ const DiskRate& disk_rate(const fs::path& dir) {
   } catch (const std::exception&) {
     // A read-only cache still plans, measuring again next time.
   }
-  return known[st.st_dev] = r;
+  return known[dev] = r;
 }
 
 }  // namespace memfit::offload

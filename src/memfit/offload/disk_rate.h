@@ -26,7 +26,10 @@ DiskRate measure_disk_rate(const std::filesystem::path& dir, uint64_t bytes = ui
 
 // The rate of the filesystem holding `dir`: remembered in the process, else read from
 // <calibration cache>/disk-<device>.json, else measured (saying so in one line on stderr) and
-// saved there. `dir` is created if missing.
-const DiskRate& disk_rate(const std::filesystem::path& dir);
+// saved there. `dir` is created if missing. `remeasure`: measure and save even if known
+// (`memfit calibrate --offload-dir`).
+const DiskRate& disk_rate(const std::filesystem::path& dir, bool remeasure = false);
+// Where disk_rate caches the rate of the filesystem holding `dir`.
+std::filesystem::path disk_rate_cache_path(const std::filesystem::path& dir);
 
 }  // namespace memfit::offload
