@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,25 @@ inline std::string slurp(const std::filesystem::path& p) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// The pid of the memfit process whose command line names `dir` and whose environment OpenMPI gave
+// OMPI_COMM_WORLD_RANK=`rank`; -1 when there is none.
+inline pid_t find_rank_pid(const std::filesystem::path& dir, int rank) {
+  namespace fs = std::filesystem;
+  const std::string nul(1, '\0');
+  const std::string binary = (fs::path(MEMFIT_BINARY_DIR) / "memfit").string();
+  const std::string want = nul + "OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + nul;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = slurp(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.rfind(binary, 0) == 0 && cmdline.find(dir.string()) != std::string::npos &&
+        (nul + slurp(entry.path() / "environ")).find(want) != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
 }
 
 // SetUp skips when the binary is not built, else makes `dir` with data/ shards from `seed`.

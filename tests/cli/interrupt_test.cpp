@@ -240,23 +240,8 @@ TEST_F(Interrupt, UnderMpiASignalToOneRankStopsEveryRankAtTheSameStep) {
     wait_exit(mpirun);
     FAIL() << "no progress: " << slurp(dir / "err.txt") << slurp(dir / "out.txt");
   }
-  // Rank 1: the memfit process whose command line names this test's directory and whose
-  // environment OpenMPI gave OMPI_COMM_WORLD_RANK=1.
-  pid_t rank = -1;
-  const std::string nul(1, '\0');
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmdline = slurp(entry.path() / "cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.rfind((fs::path(MEMFIT_BINARY_DIR) / "memfit").string(), 0) == 0 &&
-        cmdline.find(dir.string()) != std::string::npos &&
-        (nul + slurp(entry.path() / "environ")).find(nul + "OMPI_COMM_WORLD_RANK=1" + nul) !=
-            std::string::npos) {
-      rank = std::stoi(name);
-      break;
-    }
-  }
+  // Rank 1: the memfit process of this test that OpenMPI made rank 1.
+  const pid_t rank = test::find_rank_pid(dir, 1);
   ASSERT_GT(rank, 0) << "rank 1 not found";
   kill(rank, SIGTERM);
   bool exited = wait_for([&] {

@@ -60,7 +60,11 @@ std::vector<ShardTensor> six(MemoryPool& pool) {
   for (int i = 0; i < 6; ++i) {
     Tensor t = Tensor::empty(pool, {4, 4}, DType::f32, Category::params, "t");
     for (int j = 0; j < 16; ++j) t.data<float>()[j] = static_cast<float>(i * 100 + j);
-    out.push_back({fmt::format("w{}", 5 - i), t, i == 1});  // names not in order
+    ShardTensor s;
+    s.name = fmt::format("w{}", 5 - i);  // names not in order
+    s.tensor = t;
+    s.transpose = i == 1;
+    out.push_back(std::move(s));
   }
   return out;
 }

@@ -20,6 +20,7 @@ void add_sample_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_calibrate_command(CLI::App& app);
 void add_profile_diff_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 
 // The options of `memfit train` (and of `memfit plan`, which takes the same), into `config`;
 // --config names a TOML file of them.

@@ -1,9 +1,32 @@
 // memfit: train transformer language models larger than the memory they run on.
 #include <cstdio>
+#include <string>
 
 #include "memfit/cli/commands.h"
 #include "memfit/core/error.h"
+#include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
+
+namespace {
+
+// "rank 1: " when this process is one of several ranks (errors say which rank failed).
+std::string rank_prefix() {
+  return memfit::dist::launched_as_ranks()
+             ? "rank " + std::to_string(memfit::dist::launched_rank()) + ": "
+             : std::string();
+}
+
+// An error on one rank ends every rank (Note [Failures] in docs/notes/zero.md): the others would
+// wait for it in their next collective, and this one in MPI_Finalize at exit. Nothing happens
+// in one process.
+int fail(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  memfit::dist::abort_world(code);
+  return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"memfit: train GPT-2 style language models within a memory budget"};
@@ -14,6 +37,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_sample_command(app);
   memfit::cli::add_plan_command(app);
   memfit::cli::add_calibrate_command(app);
+  memfit::cli::add_export_command(app);
   memfit::cli::add_profile_diff_command(app);
   try {
     app.parse(argc, argv);
@@ -21,16 +45,20 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const memfit::cli::ExitCode& e) {
     return e.code;
-  } catch (const memfit::OutOfMemoryError& e) {
-    std::fprintf(stderr, "memfit: %s\n", e.what());
-    if (!e.advice().empty()) std::fprintf(stderr, "%s\n", e.advice().c_str());
-    return 3;
-  } catch (const memfit::Error& e) {
-    std::fprintf(stderr, "memfit: %s\n", e.what());
+  } catch (const memfit::dist::DisagreementError& e) {
+    // Every rank found it together and throws it: rank 0 says it once, and all end normally.
+    if (memfit::dist::launched_rank() == 0) std::fprintf(stderr, "memfit: %s\n", e.what());
     return 2;
+  } catch (const memfit::OutOfMemoryError& e) {
+    std::fprintf(stderr, "memfit: %s%s\n", rank_prefix().c_str(), e.what());
+    if (!e.advice().empty()) std::fprintf(stderr, "%s\n", e.advice().c_str());
+    return fail(3);
+  } catch (const memfit::Error& e) {
+    std::fprintf(stderr, "memfit: %s%s\n", rank_prefix().c_str(), e.what());
+    return fail(2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "memfit: %s\n", e.what());
-    return 1;
+    std::fprintf(stderr, "memfit: %s%s\n", rank_prefix().c_str(), e.what());
+    return fail(1);
   }
   return 0;
 }

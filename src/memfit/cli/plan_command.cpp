@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/cli/commands.h"
+#include "memfit/dist/communicator.h"
 #include "memfit/cli/config_file.h"
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
@@ -182,7 +183,7 @@ void add_plan_command(CLI::App& app) {
   auto max_model = std::make_shared<bool>(false);
   add_train_options(cmd, *cfg, *config_file);
   cmd->add_flag("--json", *json, "Print one JSON object");
-  cmd->add_option("--ranks", cfg->ranks,
+  cmd->add_option("--ranks,--world-size", cfg->ranks,
                   "Plan for this many data-parallel ranks (mpirun -n): the bytes of each")
       ->capture_default_str();
   cmd->add_flag("--auto", *auto_ckpt,
@@ -201,6 +202,10 @@ void add_plan_command(CLI::App& app) {
     }
     const std::string precision_note = resolve_precision(*cfg);
     if (!*json) print_precision_route(*cfg, precision_note);
+    if (!*json && cfg->ranks > 1 && !dist::built_with_mpi())
+      fmt::print("note: this memfit was built without MPI, so it cannot run the {} ranks planned "
+                 "here: install libopenmpi-dev and rebuild (scripts/setup.sh does)\n",
+                 cfg->ranks);
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
     const RunSpec spec = resolve_run(*cfg);

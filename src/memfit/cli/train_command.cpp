@@ -80,6 +80,11 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "Data parallelism (under mpirun or srun): gradients are summed over the ranks "
                   "this many MiB at a time")
       ->capture_default_str();
+  cmd->add_option("--collective-timeout", c.collective_timeout,
+                  "Under mpirun or srun: seconds a rank waits for one collective before the job "
+                  "fails, naming it (a rank stopped or hung); 0: forever. Keep it above the "
+                  "longest save, which the other ranks wait for")
+      ->capture_default_str();
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
   cmd->add_option("--offload-optimizer", c.offload_optimizer,
                   "none | nvme: optimizer state and FP32 master weights in files in "
@@ -162,12 +167,28 @@ void add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
   auto config_file = std::make_shared<std::string>();
   add_train_options(cmd, *cfg, *config_file);
-  cmd->callback([cmd, cfg, config_file] {
+  // train runs as the ranks its launcher starts; --ranks and --world-size are plan's. Taken here
+  // (hidden) only to say how to start ranks instead of "not expected".
+  auto ranks = std::make_shared<int>(0);
+  cmd->add_option("--ranks,--world-size", *ranks)->group("");
+  cmd->callback([cmd, cfg, config_file, ranks] {
+    if (cmd->get_option("--ranks")->count() > 0)
+      MEMFIT_THROW(ConfigError, "config",
+                   "memfit train starts no ranks itself: launch {} ranks with `mpirun -n {} "
+                   "memfit train ...` (or `srun -n {}`), each taking its rank and the world size "
+                   "from the launcher; --ranks and --world-size are memfit plan's, to plan such a "
+                   "run{}",
+                   *ranks, *ranks, *ranks,
+                   dist::built_with_mpi()
+                       ? ""
+                       : ". This memfit was built without MPI: install libopenmpi-dev and rebuild "
+                         "(scripts/setup.sh does)");
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     // One process, or one of the ranks mpirun or srun started (data parallelism); rank 0 speaks.
     const std::unique_ptr<dist::Communicator> comm = dist::make_world_communicator();
     const bool lead = comm->rank() == 0;
     cfg->ranks = comm->size();
+    comm->set_timeout(cfg->collective_timeout);
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
     const AutoResolution run = resolve_auto(*cfg);
     if (lead) {
@@ -183,6 +204,7 @@ void add_train_command(CLI::App& app) {
     } catch (const OutOfMemoryError& e) {
       throw with_fit_advice(e, run.spec);
     }
+    comm->end();  // MEMFIT_CHECK_COLLECTIVES: no rank issues collectives past this point
     // Each rank checks its own step boundaries; the lead prints, another rank only a leak.
     const bool leaked = summary.leak.leaked();
     if (!lead) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "memfit/core/error.h"
+#include "memfit/dist/checked_communicator.h"
 
 #ifdef MEMFIT_HAVE_MPI
 #include "memfit/dist/mpi/mpi_communicator.h"
@@ -75,6 +76,30 @@ bool launched_as_ranks() {
   return false;
 }
 
+bool built_with_mpi() {
+#ifdef MEMFIT_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+int launched_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    const char* s = std::getenv(v);
+    if (s && *s) return std::atoi(s);
+  }
+  return 0;
+}
+
+void abort_world(int code) {
+#ifdef MEMFIT_HAVE_MPI
+  if (launched_as_ranks()) mpi::abort_world(code);
+#else
+  (void)code;
+#endif
+}
+
 std::unique_ptr<Communicator> make_single_communicator() {
   return std::make_unique<SingleCommunicator>();
 }
@@ -82,7 +107,9 @@ std::unique_ptr<Communicator> make_single_communicator() {
 std::unique_ptr<Communicator> make_world_communicator() {
   if (!launched_as_ranks()) return make_single_communicator();
 #ifdef MEMFIT_HAVE_MPI
-  return mpi::make_mpi_communicator();
+  std::unique_ptr<Communicator> world = mpi::make_mpi_communicator();
+  if (check_collectives_requested()) return make_checked_communicator(std::move(world));
+  return world;
 #else
   MEMFIT_THROW(DistError, "dist",
                "started by a launcher (mpirun or srun) but this memfit was built without MPI: "

@@ -16,11 +16,20 @@
 #include <string>
 #include <vector>
 
+#include "memfit/core/error.h"
+
 namespace memfit {
 class MemoryPool;
 }
 
 namespace memfit::dist {
+
+// A failure every rank raises at the same point, having found it together (ranks that disagree
+// about the run, dist/agreement.h; collective sequences that diverge, dist/checked_communicator.h):
+// every rank can end normally. Any other error on one rank must end them all (abort_world).
+class DisagreementError : public DistError {
+  using DistError::DistError;
+};
 
 // An operation in flight. wait() finishes it (the reduction's sum included); test() makes
 // progress and says whether it is done. A collective in two phases (all-reduce: reduce-scatter,
@@ -85,10 +94,21 @@ class Communicator {
   // Where the collectives' own buffers come from (Category::comm, tag "comm.receive"): a
   // reduce-scatter receives W pieces of the rank's range before it adds them. Without a pool
   // (tests of the transport alone) they come from the heap.
-  void set_pool(MemoryPool* pool) { pool_ = pool; }
+  virtual void set_pool(MemoryPool* pool) { pool_ = pool; }
+
+  // The longest a wait for one collective may take (seconds; 0: forever) before it fails with a
+  // DistError naming the collective: another rank has stopped, hung or issued other
+  // collectives. Note [Failures] in docs/notes/zero.md.
+  virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
+  // After the run's last collective. With MEMFIT_CHECK_COLLECTIVES=1 the ranks agree here that
+  // none issues more (dist/checked_communicator.h); otherwise nothing.
+  virtual void end() {}
 
  protected:
   MemoryPool* pool_ = nullptr;
+  double timeout_s_ = 0;
 };
 
 // One process: size 1, every collective a copy.
@@ -98,6 +118,19 @@ std::unique_ptr<Communicator> make_single_communicator();
 // environment says so) and memfit was built with MPI, else the single process. DistError when a
 // launcher started it but the build has no MPI.
 std::unique_ptr<Communicator> make_world_communicator();
+
+// Ends every process of the job at once after an error on this one (MPI_Abort with `code`):
+// without it, the other ranks would wait forever in their next collective and this one in
+// MPI_Finalize. Returns (doing nothing) where MPI was never started or is already finalised.
+// The CLI's main() calls it; library code throws.
+void abort_world(int code);
+
+// This process's rank as its launcher says (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK), before
+// any communicator exists; 0 when not launched as ranks.
+int launched_rank();
+
+// Whether this memfit was built with MPI (else it runs as one process only).
+bool built_with_mpi();
 
 // Whether a launcher (OpenMPI's mpirun, Slurm's srun, any PMIx launcher) started this process
 // as one of several ranks.

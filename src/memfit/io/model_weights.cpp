@@ -80,8 +80,13 @@ std::vector<ShardTensor> stored_tensors(const ModelConfig& c, const ParamLayout&
                                         const Tensor& slab) {
   std::vector<ShardTensor> out;
   for (const ParamInfo& p : layout.params())
-    out.push_back({hf_param_name(c, p), hf_param_view(c, layout, slab, p),
-                   hf_param_transposed(c, p)});
+  {
+    ShardTensor t;
+    t.name = hf_param_name(c, p);
+    t.tensor = hf_param_view(c, layout, slab, p);
+    t.transpose = hf_param_transposed(c, p);
+    out.push_back(std::move(t));
+  }
   return out;
 }
 
@@ -108,14 +113,30 @@ void save_weights_file(const fs::path& file, const ModelConfig& config, const Pa
 }
 
 WeightsLoad::WeightsLoad(const fs::path& path, const ModelConfig& config,
+                         const ParamLayout& layout, DType dtype)
+    : config_(config), files_(path) {
+  check(config, layout, dtype);
+}
+
+WeightsLoad::WeightsLoad(const fs::path& path, const ModelConfig& config,
                          const ParamLayout& layout, const Tensor& slab)
-    : files_(path) {
+    : config_(config), files_(path) {
+  check(config, layout, slab.dtype());
+  for (const ParamInfo& p : layout.params()) {
+    copies_.push_back({found_.at(p.name), hf_param_view(config, layout, slab, p),
+                       hf_param_transposed(config, p)});
+    if (has_vocab_rows(p) && config.padded_vocab > config.vocab_size)
+      padding_.push_back(layout.view(slab, p).slice(config.vocab_size, config.padded_vocab));
+  }
+}
+
+void WeightsLoad::check(const ModelConfig& config, const ParamLayout& layout, DType dtype) {
   std::map<std::string, const ParamInfo*> expected;
   for (const ParamInfo& p : layout.params()) expected[p.name] = &p;
-  std::map<std::string, const StoredTensor*> found;  // layout name -> stored tensor
+  std::map<std::string, const StoredTensor*>& found = found_;
   std::vector<std::string> mismatches, unexpected;
   const StoredTensor* tied_head = nullptr;  // an lm_head.weight the model does not have
-  const SafetensorsDType slab_type = safetensors_dtype_of(slab.dtype());
+  const SafetensorsDType slab_type = safetensors_dtype_of(dtype);
   const bool converts = slab_type == SafetensorsDType::F32 || slab_type == SafetensorsDType::BF16;
 
   for (const StoredTensor& t : files_.tensors()) {
@@ -150,7 +171,7 @@ WeightsLoad::WeightsLoad(const fs::path& path, const ModelConfig& config,
     if (!is_float_stored(e.dtype) || (!converts && e.dtype != slab_type))
       mismatches.push_back(fmt::format("'{}'{} is stored as {}, which cannot load into a {} model",
                                        e.name, files_.where(t), safetensors_dtype_name(e.dtype),
-                                       dtype_name(slab.dtype())));
+                                       dtype_name(dtype)));
   }
   mismatches.insert(mismatches.end(), unexpected.begin(), unexpected.end());
   // The model ties its head to the embedding; an untied checkpoint would load as another model.
@@ -170,13 +191,19 @@ WeightsLoad::WeightsLoad(const fs::path& path, const ModelConfig& config,
                  "{}: the checkpoint does not match the model ({}): {} mismatch{}: {}",
                  files_.source().string(), config.describe(), mismatches.size(),
                  mismatches.size() == 1 ? "" : "es", join_mismatches(mismatches));
+}
 
-  for (const ParamInfo& p : layout.params()) {
-    copies_.push_back(
-        {found.at(p.name), hf_param_view(config, layout, slab, p), hf_param_transposed(config, p)});
-    if (has_vocab_rows(p) && config.padded_vocab > config.vocab_size)
-      padding_.push_back(layout.view(slab, p).slice(config.vocab_size, config.padded_vocab));
-  }
+void WeightsLoad::read(const ParamInfo& p, const Tensor& dst) const {
+  const StoredTensor& from = *found_.at(p.name);
+  const bool padded = has_vocab_rows(p) && config_.padded_vocab > config_.vocab_size;
+  from.file->read(*from.entry, padded ? dst.slice(0, config_.vocab_size) : dst,
+                  hf_param_transposed(config_, p));
+  from.file->release(*from.entry);
+  if (padded) dst.slice(config_.vocab_size, config_.padded_vocab).zero();
+}
+
+SafetensorsDType WeightsLoad::stored_dtype(const ParamInfo& p) const {
+  return found_.at(p.name)->entry->dtype;
 }
 
 void WeightsLoad::apply() {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,8 +69,17 @@ class WeightsLoad {
  public:
   WeightsLoad(const std::filesystem::path& path, const ModelConfig& config,
               const ParamLayout& layout, const Tensor& slab);
+  // The checks alone, for a slab of `dtype` that is not there: read() then streams one parameter
+  // at a time (memfit export).
+  WeightsLoad(const std::filesystem::path& path, const ModelConfig& config,
+              const ParamLayout& layout, DType dtype);
   void apply();
+  // Parameter `p` into `dst` (p's shape in the layout, the checked dtype): the stored tensor,
+  // transposed back where Hugging Face stores it transposed, padding rows zeroed.
+  void read(const ParamInfo& p, const Tensor& dst) const;
   const ModelSafetensors& files() const { return files_; }
+  // The stored element type of parameter `p`.
+  SafetensorsDType stored_dtype(const ParamInfo& p) const;
 
  private:
   struct Copy {
@@ -77,7 +87,11 @@ class WeightsLoad {
     Tensor to;
     bool transpose;
   };
+  void check(const ModelConfig& config, const ParamLayout& layout, DType dtype);
+
+  ModelConfig config_;
   ModelSafetensors files_;
+  std::map<std::string, const StoredTensor*> found_;  // layout name -> stored tensor
   std::vector<Copy> copies_;
   std::vector<Tensor> padding_;  // rows to zero after the copies
 };

@@ -231,7 +231,8 @@ void SafetensorsWriter::add(std::string name, const Tensor& tensor, std::optiona
                        "tensor '{}': transposing needs 2-D, got {}", name, tensor.shape());
     std::swap(shape[0], shape[1]);
   }
-  items_.push_back({std::move(name), to, std::move(shape), nullptr, tensor, transpose});
+  items_.push_back({std::move(name), to, std::move(shape), nullptr, tensor, transpose, {}, {},
+                    DType::f32});
 }
 
 void SafetensorsWriter::add_raw(std::string name, SafetensorsDType dtype,
@@ -240,7 +241,26 @@ void SafetensorsWriter::add_raw(std::string name, SafetensorsDType dtype,
   for (int64_t d : shape)
     MEMFIT_CHECK_SHAPE(d >= 0, "safetensors", "tensor '{}': negative dimension in {}", name,
                        format_shape(shape));
-  items_.push_back({std::move(name), dtype, std::move(shape), data, Tensor(), false});
+  items_.push_back({std::move(name), dtype, std::move(shape), data, Tensor(), false, {}, {},
+                    DType::f32});
+}
+
+void SafetensorsWriter::add_deferred(std::string name, std::vector<int64_t> shape, DType dtype,
+                                     std::function<Tensor()> produce,
+                                     std::optional<DType> store_as, bool transpose) {
+  check_new_name(name);
+  SafetensorsDType from = safetensors_dtype_of(dtype);
+  SafetensorsDType to = safetensors_dtype_of(store_as.value_or(dtype));
+  MEMFIT_CHECK_DTYPE(can_convert(from, to), "safetensors", "tensor '{}': cannot store {} as {}",
+                     name, info(from).name, info(to).name);
+  std::vector<int64_t> stored = shape;
+  if (transpose) {
+    MEMFIT_CHECK_SHAPE(stored.size() == 2, "safetensors",
+                       "tensor '{}': transposing needs 2-D, got {}", name, format_shape(shape));
+    std::swap(stored[0], stored[1]);
+  }
+  items_.push_back({std::move(name), to, std::move(stored), nullptr, Tensor(), transpose,
+                    std::move(produce), std::move(shape), dtype});
 }
 
 void SafetensorsWriter::add_source(std::string name, SafetensorsDType dtype,
@@ -340,15 +360,28 @@ void SafetensorsWriter::write(const fs::path& path) const {
         w.write(it->raw, item_bytes(it->dtype, it->shape));
         continue;
       }
-      SafetensorsDType from = safetensors_dtype_of(it->tensor.dtype());
-      const auto* src = static_cast<const std::byte*>(it->tensor.raw_data());
+      // A deferred tensor lives from here to the end of this iteration.
+      Tensor made;
+      if (it->produce) {
+        made = it->produce();
+        MEMFIT_CHECK(made.defined() && made.is_contiguous() &&
+                         made.dtype() == it->source_dtype &&
+                         std::vector<int64_t>(made.shape().begin(), made.shape().end()) ==
+                             it->source_shape,
+                     "safetensors", "tensor '{}' was produced as {} {}, declared {} {}", it->name,
+                     dtype_name(made.dtype()), made.shape(), dtype_name(it->source_dtype),
+                     format_shape(it->source_shape));
+      }
+      const Tensor& tensor = it->produce ? made : it->tensor;
+      SafetensorsDType from = safetensors_dtype_of(tensor.dtype());
+      const auto* src = static_cast<const std::byte*>(tensor.raw_data());
       if (from == it->dtype && !it->transpose) {
-        w.write(src, it->tensor.nbytes());
+        w.write(src, tensor.nbytes());
         continue;
       }
       size_t out_size = info(it->dtype).size;
       if (!it->transpose) {
-        int64_t n = it->tensor.numel();
+        int64_t n = tensor.numel();
         int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / out_size));
         std::byte* chunk = staging(static_cast<size_t>(std::min(n, step)) * out_size);
         for (int64_t i = 0; i < n; i += step) {
@@ -360,7 +393,7 @@ void SafetensorsWriter::write(const fs::path& path) const {
         continue;
       }
       // Stored (cols, rows): each stored row is a source column; a chunk is a band of them.
-      int64_t rows = it->tensor.size(0), cols = it->tensor.size(1);
+      int64_t rows = tensor.size(0), cols = tensor.size(1);
       int64_t band = std::max<int64_t>(
           1, static_cast<int64_t>(kChunkBytes /
                                   (out_size * static_cast<size_t>(std::max<int64_t>(rows, 1)))));

@@ -87,6 +87,13 @@ class SafetensorsWriter {
   using ByteSink = std::function<void(const void* data, size_t bytes)>;
   void add_source(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
                   std::function<void(const ByteSink& sink)> source);
+  // Stores a tensor that does not exist yet: write() calls `produce`, which returns it
+  // (contiguous, of `shape` and `dtype` as declared, before any transpose), writes it and lets go
+  // of it before producing the next, so a file of many tensors costs one tensor's memory at a
+  // time (memfit export reads each from a checkpoint this way).
+  void add_deferred(std::string name, std::vector<int64_t> shape, DType dtype,
+                    std::function<Tensor()> produce, std::optional<DType> store_as = std::nullopt,
+                    bool transpose = false);
   void set_metadata(const std::string& key, const std::string& value);
   // Where conversions and transposes stage their bytes: one buffer at a time, of at most one
   // tensor's stored size (and 4 MiB, unless one transposed row is longer), allocated from
@@ -106,7 +113,10 @@ class SafetensorsWriter {
     const void* raw = nullptr;  // add_raw
     Tensor tensor;              // add
     bool transpose = false;
-    std::function<void(const ByteSink&)> source;  // add_source
+    std::function<Tensor()> produce;  // add_deferred: the tensor, made at write()
+    std::vector<int64_t> source_shape;
+    DType source_dtype = DType::f32;
+    std::function<void(const ByteSink&)> source = {};  // add_source
   };
   std::vector<const Item*> ordered() const;
   void check_new_name(const std::string& name) const;

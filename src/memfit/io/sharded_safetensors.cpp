@@ -34,7 +34,12 @@ namespace {
                index.string(), m.size(), m.size() == 1 ? "" : "s", join_mismatches(m));
 }
 
-uint64_t stored_bytes(const ShardTensor& t) { return t.tensor.nbytes(); }
+uint64_t stored_bytes(const ShardTensor& t) {
+  if (!t.produce) return t.tensor.nbytes();
+  uint64_t n = dtype_size(t.store_as.value_or(t.dtype));
+  for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
 
 bool ends_with(const std::string& s, std::string_view tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -99,8 +104,13 @@ std::vector<std::string> write_model_safetensors(const fs::path& dir,
     SafetensorsWriter w;
     w.set_staging_pool(options.staging_pool);
     for (size_t i = 0; i < tensors.size(); ++i)
-      if (k < 0 || shard[i] == k)
-        w.add(tensors[i].name, tensors[i].tensor, std::nullopt, tensors[i].transpose);
+      if (k < 0 || shard[i] == k) {
+        const ShardTensor& t = tensors[i];
+        if (t.produce)
+          w.add_deferred(t.name, t.shape, t.dtype, t.produce, t.store_as, t.transpose);
+        else
+          w.add(t.name, t.tensor, std::nullopt, t.transpose);
+      }
     for (const auto& [key, value] : options.metadata) w.set_metadata(key, value);
     w.write(dir / name);
   };

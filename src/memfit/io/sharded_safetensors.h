@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,6 +47,12 @@ struct ShardTensor {
   std::string name;
   Tensor tensor;           // contiguous; stored in its own element type
   bool transpose = false;  // stored as (cols, rows), as SafetensorsWriter::add
+  // Instead of `tensor`: one made when its file is written (SafetensorsWriter::add_deferred),
+  // of `shape` and `dtype`, stored as `store_as` (its own type when unset).
+  std::function<Tensor()> produce;
+  std::vector<int64_t> shape;
+  DType dtype = DType::f32;
+  std::optional<DType> store_as;
 };
 
 struct ShardedWriteOptions {

@@ -42,6 +42,7 @@ void validate_train_config(const TrainConfig& c) {
   require(c.threads >= 0, "threads", c.threads, ">= 0");
   require(c.ranks >= 1, "ranks", c.ranks, ">= 1");
   require(c.bucket_mb > 0, "bucket-mb", c.bucket_mb, "positive");
+  require(c.collective_timeout >= 0, "collective-timeout", c.collective_timeout, ">= 0");
   require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
   require(c.profile_steps >= 1, "profile-steps", c.profile_steps, ">= 1");
   require(c.test_leak_bytes >= 0, "test-leak-bytes", c.test_leak_bytes, ">= 0");

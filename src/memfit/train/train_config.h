@@ -35,6 +35,10 @@ struct TrainConfig {
   // Data parallelism (under mpirun or srun: every rank a copy of the model, gradients
   // all-reduced in buckets of this many MiB; docs/notes/zero.md).
   double bucket_mb = 25;
+  // The longest a rank waits for one collective before the job fails (a rank that stopped or
+  // hung; Note [Failures] in docs/notes/zero.md); 0: forever. Longer than the longest save, which
+  // the other ranks wait for.
+  double collective_timeout = 1800;
   // The data-parallel ranks to plan for (memfit plan --ranks); train() sets it to its world's.
   int ranks = 1;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited

@@ -33,6 +33,7 @@
 #include "memfit/train/interrupt.h"
 #include "memfit/train/progress.h"
 #include "memfit/train/resume_state.h"
+#include "memfit/train/run_agreement.h"
 #include "memfit/train/update.h"
 
 namespace memfit {
@@ -164,6 +165,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   TrainConfig cfg = resolved.config;
   const RunSpec& spec = resolved.spec;
   cfg.schedule.total = cfg.steps;
+  // Ranks that disagree about the run fail here, every rank alike, before anything is built
+  // (Note [Failures] in docs/notes/zero.md).
+  if (W > 1) dist::check_ranks_agree(comm, run_agreement_fields(cfg, spec, resolved.location));
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
   const auto wall_start = std::chrono::steady_clock::now();
   MemoryPool pool(spec.mem_limit ? spec.mem_limit : kUnlimited);

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <algorithm>
 #include <cstdlib>
@@ -42,6 +43,28 @@ std::vector<int> displacements(const std::vector<int>& counts) {
   std::vector<int> d(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
   return d;
+}
+
+// Waits for `r`; past `timeout` seconds (0: never) a DistError naming the collective. A loop of
+// MPI_Test is what MPI_Wait does inside OpenMPI (each test runs the progress engine once, and
+// yields the core when oversubscribed); the clock is read every 1024 tests. Note [Failures].
+void wait_request(MPI_Request& r, const std::string& what, double timeout) {
+  if (timeout <= 0) {
+    check(MPI_Wait(&r, MPI_STATUS_IGNORE), what.c_str());
+    return;
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  for (uint64_t i = 0;; ++i) {
+    int flag = 0;
+    check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), what.c_str());
+    if (flag) return;
+    if ((i & 1023) == 1023 && std::chrono::steady_clock::now() > until)
+      MEMFIT_THROW(DistError, "mpi",
+                   "{} did not complete within {:g} s: another rank has stopped, hung or issued "
+                   "a different collective (MEMFIT_CHECK_COLLECTIVES=1 reports which); "
+                   "--collective-timeout sets this limit (0: wait forever)",
+                   what, timeout);
+  }
 }
 
 // Initialises MPI once per process and finalises it at exit.
@@ -89,10 +112,13 @@ class Receive {
   std::vector<float> heap_;
 };
 
-// One MPI request; `after` runs once it completes (a reduce-scatter's sum).
+// One MPI request; `after` runs once it completes (a reduce-scatter's sum). `what` names the
+// collective in errors ("MPI_Ialltoallv (collective 12, reduce-scatter of 1024 floats)"), and a
+// wait fails after `timeout` seconds (0: never).
 class MpiRequest final : public Request {
  public:
-  MpiRequest(MPI_Request r, std::function<void()> after) : req_(r), after_(std::move(after)) {}
+  MpiRequest(MPI_Request r, std::function<void()> after, std::string what, double timeout)
+      : req_(r), after_(std::move(after)), what_(std::move(what)), timeout_(timeout) {}
   ~MpiRequest() override {
     if (!done_) {
       try {
@@ -104,13 +130,13 @@ class MpiRequest final : public Request {
   bool test() override {
     if (done_) return true;
     int flag = 0;
-    MEMFIT_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    check(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), what_.c_str());
     if (flag) finish();
     return flag != 0;
   }
   void wait() override {
     if (done_) return;
-    MEMFIT_MPI(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    wait_request(req_, what_, timeout_);
     finish();
   }
 
@@ -121,6 +147,8 @@ class MpiRequest final : public Request {
   }
   MPI_Request req_;
   std::function<void()> after_;
+  std::string what_;
+  double timeout_;
   bool done_ = false;
 };
 
@@ -182,7 +210,9 @@ class MpiCommunicator final : public Communicator {
         for (int i = 0; i < mine; ++i) o[i] += part[i];
       }
     };
-    return std::make_unique<MpiRequest>(r, sum);
+    return std::make_unique<MpiRequest>(
+        r, sum, name("MPI_Ialltoallv", fmt::format("reduce-scatter of {} floats", total)),
+        timeout_s_);
   }
 
   std::unique_ptr<Request> all_gather_async(const void* in, void* out,
@@ -198,7 +228,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Request r;
     MEMFIT_MPI(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : in, c[static_cast<size_t>(rank_)],
                                MPI_BYTE, out, c.data(), displ.data(), MPI_BYTE, comm_, &r));
-    return std::make_unique<MpiRequest>(r, nullptr);
+    return std::make_unique<MpiRequest>(
+        r, nullptr,
+        name("MPI_Iallgatherv", fmt::format("all-gather of {} bytes",
+                                            std::accumulate(c.begin(), c.end(), int64_t{0}))),
+        timeout_s_);
   }
 
   std::unique_ptr<Request> all_reduce_async(std::span<float> data,
@@ -217,10 +251,18 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  // Nonblocking underneath, so that the wait has the timeout too.
   void broadcast(void* data, int64_t bytes, int root) override {
-    MEMFIT_MPI(MPI_Bcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_));
+    MPI_Request r;
+    MEMFIT_MPI(MPI_Ibcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &r));
+    wait_request(r, name("MPI_Ibcast", fmt::format("broadcast of {} bytes from rank {}", bytes, root)),
+                 timeout_s_);
   }
-  void barrier() override { MEMFIT_MPI(MPI_Barrier(comm_)); }
+  void barrier() override {
+    MPI_Request r;
+    MEMFIT_MPI(MPI_Ibarrier(comm_, &r));
+    wait_request(r, name("MPI_Ibarrier", "barrier"), timeout_s_);
+  }
 
  private:
   // A first request, then the one `next` starts. The second collective starts in wait(), never
@@ -258,14 +300,28 @@ class MpiCommunicator final : public Communicator {
     return c;
   }
 
+  // "MPI_Iallgatherv (collective 7 of rank 1: all-gather of 64 bytes)": the call as errors
+  // name it, numbered in the order this rank started them.
+  std::string name(const char* call, const std::string& what) {
+    return fmt::format("{} (collective {} of rank {}: {})", call, ++started_, rank_, what);
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  int64_t started_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
   return std::make_unique<MpiCommunicator>();
+}
+
+void abort_world(int code) {
+  int initialized = 0, finalized = 0;
+  if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 }  // namespace memfit::dist::mpi

@@ -13,4 +13,7 @@ namespace memfit::dist::mpi {
 
 std::unique_ptr<Communicator> make_mpi_communicator();
 
+// MPI_Abort(MPI_COMM_WORLD, code) when MPI is initialised and not finalised; else nothing.
+void abort_world(int code);
+
 }  // namespace memfit::dist::mpi

@@ -1,0 +1,162 @@
+#include "memfit/io/checkpoint_export.h"
+
+#include <algorithm>
+#include <cstddef>
+
+#include <fmt/format.h>
+
+#include "memfit/core/error.h"
+#include "memfit/io/atomic_file.h"
+#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/model_checkpoint.h"
+#include "memfit/io/model_weights.h"
+
+namespace memfit::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A directory of Hugging Face safetensors (one file or shards with an index): memfit's saves and
+// Hugging Face's. Each parameter is read from its memory-mapped file when asked for.
+class SafetensorsSource final : public ParamSource {
+ public:
+  explicit SafetensorsSource(const fs::path& dir)
+      : dir_(locate_checkpoint(dir).dir),
+        config_(read_model_config(dir_ / kConfigFile)),
+        layout_(config_),
+        dtype_(stored_type(dir_, config_, layout_)),
+        load_(dir_, config_, layout_, dtype_) {}
+
+  const ModelConfig& config() const override { return config_; }
+  const ParamLayout& layout() const override { return layout_; }
+  DType dtype() const override { return dtype_; }
+  void read(const ParamInfo& p, const Tensor& dst) override { load_.read(p, dst); }
+  std::string describe() const override {
+    return fmt::format("{} ({})", dir_.string(), load_.files().source().filename().string());
+  }
+
+ private:
+  // The weights' stored type: bf16 when every parameter is stored as BF16, else f32 (F16 and
+  // mixed files convert into f32).
+  static DType stored_type(const fs::path& dir, const ModelConfig& c, const ParamLayout& layout) {
+    const WeightsLoad probe(dir, c, layout, DType::f32);
+    for (const ParamInfo& p : layout.params())
+      if (probe.stored_dtype(p) != SafetensorsDType::BF16) return DType::f32;
+    return DType::bf16;
+  }
+
+  fs::path dir_;
+  ModelConfig config_;
+  ParamLayout layout_;
+  DType dtype_;
+  WeightsLoad load_;
+};
+
+// Pieces of the slab, one per rank (make_slab_pieces_source).
+class SlabPiecesSource final : public ParamSource {
+ public:
+  SlabPiecesSource(const ModelConfig& config, DType dtype, std::vector<SlabPiece> pieces,
+                   std::string description)
+      : config_(config), layout_(config_), dtype_(dtype), pieces_(std::move(pieces)),
+        description_(std::move(description)) {
+    int64_t at = 0;
+    for (const SlabPiece& p : pieces_) {
+      if (p.begin != at || p.end < p.begin || !p.read)
+        MEMFIT_THROW(ConfigError, "export",
+                     "{}: the pieces do not tile the slab: one covers [{}, {}) where [{}, ...) "
+                     "comes next",
+                     description_, p.begin, p.end, at);
+      at = p.end;
+    }
+    if (at != layout_.total())
+      MEMFIT_THROW(ConfigError, "export", "{}: the pieces cover {} of the slab's {} elements",
+                   description_, at, layout_.total());
+  }
+  const ModelConfig& config() const override { return config_; }
+  const ParamLayout& layout() const override { return layout_; }
+  DType dtype() const override { return dtype_; }
+  void read(const ParamInfo& p, const Tensor& dst) override {
+    const int64_t lo = p.offset, hi = p.offset + p.numel;
+    auto* out = static_cast<std::byte*>(dst.raw_data());
+    const size_t elem = dtype_size(dtype_);
+    for (const SlabPiece& piece : pieces_) {
+      const int64_t from = std::max(lo, piece.begin), to = std::min(hi, piece.end);
+      if (from < to) piece.read(from, to, out + static_cast<size_t>(from - lo) * elem);
+    }
+    // Padding rows are zero whatever the pieces hold, as a load leaves them.
+    if ((p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head) &&
+        config_.padded_vocab > config_.vocab_size)
+      dst.slice(config_.vocab_size, config_.padded_vocab).zero();
+  }
+  std::string describe() const override { return description_; }
+
+ private:
+  ModelConfig config_;
+  ParamLayout layout_;
+  DType dtype_;
+  std::vector<SlabPiece> pieces_;
+  std::string description_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamSource> make_slab_pieces_source(const ModelConfig& config, DType dtype,
+                                                     std::vector<SlabPiece> pieces,
+                                                     std::string description) {
+  return std::make_unique<SlabPiecesSource>(config, dtype, std::move(pieces),
+                                            std::move(description));
+}
+
+std::unique_ptr<ParamSource> open_param_source(const fs::path& dir) {
+  // A sharded (per-rank) checkpoint will be recognised here by its files.
+  return std::make_unique<SafetensorsSource>(dir);
+}
+
+std::vector<std::string> export_hf(const fs::path& out, ParamSource& source,
+                                   const ExportOptions& options) {
+  const ModelConfig& c = source.config();
+  const ParamLayout& layout = source.layout();
+  const DType stored = options.dtype.value_or(source.dtype());
+  MEMFIT_CHECK_DTYPE(stored == DType::f32 || stored == DType::bf16, "export",
+                     "--dtype must be fp32 or bf16, got {}", dtype_name(stored));
+  // One parameter at a time: read into a buffer of its size (from the pool: Category::staging),
+  // written (transposed and converted through the writer's bounded staging), let go.
+  MemoryPool heap;
+  MemoryPool& pool = options.pool ? *options.pool : heap;
+  std::vector<ShardTensor> tensors;
+  for (const ParamInfo& p : layout.params()) {
+    ShardTensor t;
+    t.name = hf_param_name(c, p);
+    t.transpose = hf_param_transposed(c, p);
+    t.dtype = source.dtype();
+    t.store_as = stored;
+    t.shape.assign(p.shape.begin(), p.shape.end());
+    if (p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head)
+      t.shape[0] = c.vocab_size;
+    t.produce = [&source, &p, &pool, padded = p.shape, vocab = c.vocab_size,
+                 rows = t.shape[0]]() {
+      Tensor whole =
+          Tensor::empty(pool, padded, source.dtype(), Category::staging, "export.param");
+      source.read(p, whole);
+      return padded[0] == rows ? whole : whole.slice(0, vocab);
+    };
+    tensors.push_back(std::move(t));
+  }
+  std::vector<std::string> files;
+  write_directory_atomic(
+      out,
+      [&](const fs::path& tmp) {
+        ShardedWriteOptions w;
+        w.max_shard_bytes = options.max_shard_bytes;
+        w.staging_pool = &pool;
+        w.metadata["format"] = "pt";  // transformers refuses safetensors files without it
+        files = write_model_safetensors(tmp, tensors, w);
+        write_file_atomic(tmp / kConfigFile, model_config_to_hf_json(c, stored).dump(2) + "\n");
+        files.emplace_back(kConfigFile);
+      },
+      {}, {kModelFile, kModelIndexFile});
+  return files;
+}
+
+}  // namespace memfit::io

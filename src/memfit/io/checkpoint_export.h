@@ -1,0 +1,73 @@
+// memfit export --hf: a checkpoint consolidated into a Hugging Face directory (model.safetensors,
+// or shards above --max-shard-size with model.safetensors.index.json, and config.json; no
+// optimizer state or trainer files), GPT-2 or LLaMA names, written one tensor at a time: the
+// export holds one parameter (and the writer's bounded staging) whatever the model's size.
+//
+// What it reads is a ParamSource: a checkpoint's parameters one at a time, whatever its form on
+// disk: a directory of Hugging Face safetensors (memfit's own saves, which already are, and
+// Hugging Face's), or pieces of the flat parameter slab, one per rank (make_slab_pieces_source:
+// what a ZeRO-sharded save, whose ranks each write their range, needs; open_param_source will
+// recognise such a directory by its files once the sharded save exists). Note [Export] in
+// docs/notes/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+#include <memory>
+#include <optional>
+
+#include "memfit/core/tensor.h"
+#include "memfit/io/sharded_safetensors.h"
+#include "memfit/memory/pool.h"
+#include "memfit/model/model_config.h"
+#include "memfit/model/param_layout.h"
+
+namespace memfit::io {
+
+class ParamSource {
+ public:
+  virtual ~ParamSource() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+  // The element type the weights are stored in (f32, or bf16 for a pure-bf16 run's).
+  virtual DType dtype() const = 0;
+  // Parameter `p` of layout() into `dst` (p's shape, dtype()), vocabulary padding rows zero.
+  virtual void read(const ParamInfo& p, const Tensor& dst) = 0;
+  // What it reads, for messages: "checkpoint ck (model.safetensors)".
+  virtual std::string describe() const = 0;
+};
+
+// A checkpoint whose ranks each wrote a range of the flat parameter slab (ZeRO's sharded saves):
+// piece r holds elements [begin, end) of the slab in memfit's layout (alignment gaps and padding
+// rows included), and the pieces, in order, tile [0, layout.total()). `read(from, to, dst)`
+// copies the piece's elements [from, to) (slab indices) into dst; how the piece is stored (a
+// rank's safetensors file, say) is its own. A parameter is assembled from the pieces it spans.
+struct SlabPiece {
+  int64_t begin = 0, end = 0;
+  std::function<void(int64_t from, int64_t to, void* dst)> read;
+};
+// ConfigError unless the pieces tile the slab.
+std::unique_ptr<ParamSource> make_slab_pieces_source(const ModelConfig& config, DType dtype,
+                                                     std::vector<SlabPiece> pieces,
+                                                     std::string description);
+
+// The checkpoint directory at `dir` (found by locate_checkpoint) as a source: its config.json,
+// and its weights checked against the model before anything is read (IoError naming what does
+// not fit).
+std::unique_ptr<ParamSource> open_param_source(const std::filesystem::path& dir);
+
+struct ExportOptions {
+  uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+  std::optional<DType> dtype;   // store as (f32 or bf16); unset: as the checkpoint stores them
+  MemoryPool* pool = nullptr;   // where the one parameter and the staging come from; null: heap
+};
+
+// Writes `source` to `out` as a Hugging Face directory, atomically (write_directory_atomic: OUT
+// afterwards holds a whole export or what it held before). Returns the files written.
+std::vector<std::string> export_hf(const std::filesystem::path& out, ParamSource& source,
+                                   const ExportOptions& options = {});
+
+}  // namespace memfit::io
