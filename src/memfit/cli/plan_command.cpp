@@ -84,7 +84,8 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                     {"head_gemm", r.step_time.head_gemm},
                     {"elementwise", r.step_time.elementwise},
                     {"compression", r.step_time.compression},
-                    {"optimizer", r.step_time.optimizer}};
+                    {"optimizer", r.step_time.optimizer},
+                    {"offload_io", r.step_time.offload_io}};
   j["model"] = {{"family", family_name(r.model.family)}, {"n_layer", r.model.n_layer},
                 {"n_head", r.model.n_head},       {"n_kv_head", r.model.n_kv_head},
                 {"d_model", r.model.d_model},     {"ffn_dim", r.model.ffn_dim},
@@ -99,6 +100,18 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["attention"] = attention_kind_name(run.attention);
   j["optim"] = run.optim.name;
   j["data_included"] = r.data_included;
+  if (run.offload.optimizer) {
+    // NVMe offload: what lives on disk instead, and what one step moves.
+    nlohmann::json disk = nlohmann::json::object();
+    for (Category c : kAllCategories)
+      if (r.disk_by_category[static_cast<size_t>(c)])
+        disk[std::string(category_name(c))] = r.disk_by_category[static_cast<size_t>(c)];
+    j["offload"] = {{"dir", run.offload.dir},
+                    {"disk_bytes", r.disk_bytes},
+                    {"disk_by_category", disk},
+                    {"io_bytes_per_step", r.io_bytes_per_step},
+                    {"staging_ring_bytes", r.offload_staging_bytes}};
+  }
   if (run.mem_limit) {
     j["mem_limit_bytes"] = run.mem_limit;
     j["fits"] = r.peak_bytes <= run.mem_limit;
@@ -167,6 +180,21 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  ? fmt::format("compression {:.2f} s, ", r.step_time.compression)
                  : std::string(),
              r.step_time.optimizer);
+  if (run.offload.optimizer) {
+    std::string disk;
+    for (Category c : kAllCategories)
+      if (const size_t b = r.disk_by_category[static_cast<size_t>(c)])
+        disk += fmt::format("{}{} {:.1f} MiB", disk.empty() ? "" : ", ", category_name(c),
+                            b / 1048576.0);
+    fmt::print("offload: {} on disk in {} ({:.1f} MiB: {}); {:.1f} MiB read and written per "
+               "step through a staging ring of {:.1f} MiB (in staging above); the disk adds "
+               "about {:.2f} s a step beyond the update's compute\n",
+               r.disk_by_category[static_cast<size_t>(Category::master)]
+                   ? "master weights and optimizer state"
+                   : "optimizer state",
+               run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
+               r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
+  }
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "
                "buffers, not the permutation a shuffled run adds, 4 bytes per {}-token window "

@@ -91,6 +91,15 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "longest save, which the other ranks wait for")
       ->capture_default_str();
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
+  cmd->add_option("--offload-optimizer", c.offload_optimizer,
+                  "none | nvme: optimizer state and FP32 master weights in files in "
+                  "--offload-dir, streamed a block at a time through the update")
+      ->capture_default_str();
+  cmd->add_option("--offload-dir", c.offload_dir,
+                  "Directory for the offload files (scratch, removed when the run ends)");
+  cmd->add_option("--disk-limit", c.disk_limit,
+                  "With --offload-optimizer nvme: the most disk the offload files may take, e.g. "
+                  "100GiB (default: the free space of --offload-dir)");
   cmd->add_flag("--auto-batch", c.auto_batch,
                 "With --mem-limit: choose the micro-batch (a divisor of --batch x --grad-accum, "
                 "which stays) that fits fastest");

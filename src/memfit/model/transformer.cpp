@@ -14,7 +14,7 @@ using namespace kernels;
 
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          const PrecisionOptions& precision,
-                         std::optional<ElementRange> master_range)
+                         std::optional<ElementRange> master_range, bool master_in_ram)
     : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
   check_precision_options(precision);
   const Precision p = precision.precision;
@@ -24,7 +24,7 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                "master range [{}, {}) outside the layout of {} elements", master_range_.begin,
                master_range_.end, layout_.total());
   params_ = Tensor::empty(pool, {layout_.total()}, half_dtype(p), Category::params, "params");
-  if (p != Precision::fp32 && precision.master_weights)
+  if (p != Precision::fp32 && precision.master_weights && master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   weights_ = layout_.views(params_);
@@ -90,6 +90,12 @@ void init_slab(const ModelConfig& config, const ParamLayout& layout, Tensor& sla
 }
 
 }  // namespace
+
+void Transformer::draw_initial_weights(uint64_t seed, Tensor& f32_slab) const {
+  MEMFIT_CHECK(f32_slab.dtype() == DType::f32 && f32_slab.numel() == layout_.total(), "model",
+               "initial weights go into an f32 slab of {} elements", layout_.total());
+  init_slab(config_, layout_, f32_slab, seed);
+}
 
 void Transformer::init_weights(uint64_t seed) {
   Tensor& w = weights();

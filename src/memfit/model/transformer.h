@@ -29,9 +29,11 @@ class Transformer {
   // half_dtype(precision)), the FP32 master weights (Category::master) when the precision is
   // not fp32 and master weights are kept, and the f32 gradient slab (Category::grads).
   // `master_range`: the master weights of these elements only (a ZeRO shard from stage 1 on,
-  // Note [ZeRO]); the whole layout when absent.
+  // Note [ZeRO]); the whole layout when absent. `master_in_ram` false: the master weights live
+  // elsewhere (an offload file, Note [NVMe offload]); the model then has only its working
+  // weights, and the caller keeps the master.
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
-              std::optional<ElementRange> master_range = std::nullopt);
+              std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -64,6 +66,9 @@ class Transformer {
   // Drawn in f32 and rounded to nearest even where the weights of record are bf16, so every
   // precision starts from the same values.
   void init_weights(uint64_t seed);
+  // The same initial weights written into `f32_slab` (the whole layout in f32), for a caller
+  // that keeps the weights of record itself (offloaded master weights).
+  void draw_initial_weights(uint64_t seed, Tensor& f32_slab) const;
 
   // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again

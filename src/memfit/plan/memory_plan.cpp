@@ -9,6 +9,8 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/offload/disk_rate.h"
+#include "memfit/offload/offload_layout.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
 #include "memfit/state/shard.h"
@@ -91,6 +93,18 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
         1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32)));
   at(Category::grads) = slab(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
+  if (spec.offload.optimizer) {
+    // The state and the master weights go to files; RAM holds the ring that streams them
+    // (offload/offload_layout.h, the engine's own computation).
+    const offload::OffloadLayout files =
+        offload::make_offload_layout(layout, oc, at(Category::master) > 0);
+    r.disk_by_category = files.disk_bytes();
+    r.disk_bytes = files.disk_total();
+    r.io_bytes_per_step = files.io_bytes_per_step();
+    r.offload_staging_bytes = files.staging_bytes();
+    at(Category::master) = 0;
+    at(Category::optimizer) = 0;
+  }
   // Data parallelism: plus the ring of receive buffers the gradient buckets are summed through
   // (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized by this rank's part of a bucket).
   at(Category::comm) = dist::GradientSync::comm_bytes(
@@ -120,6 +134,7 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
     if (!r.data_included || !shards("val").empty())
       at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
   }
+  at(Category::staging) += r.offload_staging_bytes;
   for (size_t b : r.by_category) r.peak_bytes += b;
   const int peak = r.step.peak_phase();
   r.peak_phase = r.step.phases[peak].name();
@@ -148,7 +163,15 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   in.options = act;
   in.options.precision = precision.precision;
   in.param_count = static_cast<size_t>(layout.total());
-  in.optimizer_bytes = r.by_category[static_cast<size_t>(Category::optimizer)];
+  // The state's bytes stream through the update wherever they live (RAM or the offload files).
+  OptimConfig oc = spec.optim;
+  oc.n_head = r.model.n_head;
+  in.optimizer_bytes = optimizer_state_bytes(oc, layout);
+  if (spec.offload.optimizer) {
+    // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
+    const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);
+    in.offload_io_seconds = disk.seconds(r.io_bytes_per_step / 2.0, r.io_bytes_per_step / 2.0);
+  }
   in.master_weights = precision.master_weights;
   in.compression_bytes = compression_traffic_bytes(r.step);
   r.step_time = estimate_step_time(in, machine_calibration());

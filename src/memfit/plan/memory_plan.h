@@ -33,6 +33,13 @@ struct PlanReport {
   // Whether training shards were found: staging is then exact. Without them it counts the
   // train and val loaders' fixed buffers, not the shuffle's permutation (4 bytes a window).
   bool data_included = false;
+  // --offload-optimizer nvme: the offload files' bytes by category (master, optimizer), which
+  // are then not in by_category, and the bytes read plus written by one optimizer step. The
+  // staging ring the update streams through is in by_category (staging).
+  CategoryBytes disk_by_category{};
+  uint64_t disk_bytes = 0;
+  uint64_t io_bytes_per_step = 0;
+  size_t offload_staging_bytes = 0;  // the ring's part of staging
 };
 
 // Plans a run as `train` makes it: with spec.world data-parallel ranks at ZeRO stage spec.zero,

@@ -29,6 +29,18 @@ void RunSpec::check() const {
                  "--master-weights none updates bf16 weights with stochastic rounding, which "
                  "only --optim adamw implements; got {}",
                  optim.name);
+  if (offload.optimizer && offload.dir.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-optimizer nvme keeps the optimizer state in files, so it needs "
+                 "--offload-dir DIR (a directory on the disk to use)");
+  if (offload.disk_limit && !offload.optimizer)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme");
+  if (offload.optimizer && world > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-optimizer nvme runs in one process for now; under {} ranks every "
+                 "rank would write the whole state",
+                 world);
 }
 
 }  // namespace memfit

@@ -61,6 +61,10 @@ void validate_train_config(const TrainConfig& c) {
   if (c.master_weights != "fp32" && c.master_weights != "none")
     MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
                  c.master_weights);
+  if (!c.offload_optimizer.empty() && c.offload_optimizer != "none" &&
+      c.offload_optimizer != "nvme")
+    MEMFIT_THROW(ConfigError, "config", "--offload-optimizer must be none or nvme, got '{}'",
+                 c.offload_optimizer);
   // The rules between the options (precision, attention, policy, optimizer) are the RunSpec's
   // (RunSpec::check), checked by resolve_run once these are parsed.
   if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
@@ -138,6 +142,10 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.data_dir = c.data_dir;
   s.shuffle = c.shuffle;
   s.resumed = !c.resume_dir.empty();
+  s.offload.optimizer = c.offload_optimizer == "nvme";
+  s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty();
+  s.offload.dir = c.offload_dir;
+  s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();
   return s;
 }
@@ -184,6 +192,7 @@ TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   TrainConfig t = base;
   t.ckpt = c.ckpt;
   t.act_compress = act_compress_name(c.act_compress);
+  t.offload_optimizer = c.offload ? "nvme" : "none";
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;

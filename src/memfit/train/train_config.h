@@ -46,6 +46,11 @@ struct TrainConfig {
   // With one rank every stage is stage 0.
   int zero = 0;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
+  // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
+  // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.
+  std::string offload_optimizer;
+  std::string offload_dir;
+  std::string disk_limit;  // e.g. "100GiB"; empty: the free space of offload_dir
 
   int64_t eval_every = 0;  // 0: only at the end
   int eval_batches = 8;

@@ -1,6 +1,7 @@
 #include "memfit/train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -18,10 +19,12 @@
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/model_checkpoint.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
@@ -199,25 +202,67 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (W > 1) shards = shard_ranges(ParamLayout(spec.model), spec.optim, W);
   std::optional<ElementRange> my_shard;
   if (stage >= 1) my_shard = shards[static_cast<size_t>(comm.rank())];
-  Transformer gpt(mc, pool, spec.precision, my_shard);
+  // --offload-optimizer nvme: the optimizer state and the FP32 master weights live in files and
+  // the update streams them (offload/offloaded_optimizer.h); the model keeps its working weights.
+  // (Refused under MPI for now: run_setup.cpp.)
+  const bool offload = spec.offload.optimizer;
+  const bool master = spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
+  Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
-  std::unique_ptr<Optimizer> opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<offload::OffloadedOptimizer> off;
+  if (offload && spec.offload.disk_limit) {
+    const uint64_t need =
+        offload::make_offload_layout(gpt.layout(), spec.optim, master).disk_total();
+    if (need > spec.offload.disk_limit)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--disk-limit {} bytes ({:.2f} GiB): the offload files need {} bytes ({:.2f} "
+                   "GiB)",
+                   spec.offload.disk_limit, spec.offload.disk_limit / 1073741824.0, need,
+                   need / 1073741824.0);
+  }
+  if (offload)
+    off = std::make_unique<offload::OffloadedOptimizer>(
+        spec.optim, gpt.layout(), master, pool, spec.offload.dir,
+        fmt::format("memfit-{}-{}", ::getpid(),
+                    std::chrono::system_clock::now().time_since_epoch().count()));
+  else
+    opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+  // Offloaded master weights pass through the gradient slab, which holds nothing between
+  // steps (every step starts with zero_grad): the FP32 weights of record are drawn or loaded
+  // there, written to the master file and rounded into the working copy.
+  auto master_from_grads = [&] {
+    off->write_master(gpt.grads());
+    kernels::convert(gpt.params(), gpt.grads());
+  };
   int64_t start_step = 0, data_position = 0;
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
     // copy from them: any precision loads any precision's checkpoint. Master weights that are
     // a shard (resuming is refused then: run_setup.cpp) load the whole f32 layout into the
     // gradient slab, unused until the first backward (no byte added), and take their shard.
-    if (gpt.whole_weights()) {
+    if (off && master) {
+      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
+      master_from_grads();
+    } else if (gpt.whole_weights()) {
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
-                          resume ? opt.get() : nullptr);
+                          resume && opt ? opt.get() : nullptr);
       gpt.refresh_working();
     } else {
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
       gpt.set_weights_from(gpt.grads());
       gpt.zero_grad();
+    }
+    if (resume && off) {
+      const fs::path file = location.dir / io::kOptimizerFile;
+      if (!fs::exists(file))
+        MEMFIT_THROW(IoError, "checkpoint",
+                     "{}: no {}, so the optimizer cannot resume (load the weights alone with "
+                     "--init-from to start a fresh optimizer)",
+                     location.dir.string(), io::kOptimizerFile);
+      off->load_state(file);
     }
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
@@ -226,6 +271,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       data_position = s.data_position;
       if (scaler && s.state.contains("loss_scaler")) scaler->load_json(s.state["loss_scaler"]);
     }
+  } else if (off && master) {
+    gpt.draw_initial_weights(cfg.seed, gpt.grads());
+    master_from_grads();
   } else {
     gpt.init_weights(cfg.seed);
   }
@@ -300,6 +348,16 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     // A shard's optimizer state is not the checkpoint's (sharded checkpoints are not built
     // yet): from stage 1 on rank 0 saves the weights (record_for_save) and no optimizer state.
     so.optimizer = stage >= 1 ? nullptr : opt.get();
+    // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
+    // bytes as from RAM), and the master weights read back into the idle gradient slab.
+    const Tensor* weights = &record;
+    if (off) {
+      so.write_extra = [&](const fs::path& tmp) { off->save_state(tmp / io::kOptimizerFile); };
+      if (master) {
+        off->read_master(gpt.grads());
+        weights = &gpt.grads();
+      }
+    }
     so.max_shard_bytes = max_shard_bytes;
     // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
     // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
@@ -309,7 +367,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
-    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), record, so);
+    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), *weights, so);
     // Memory once the save has let go of what it used: the soak benchmark's samples.
     log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
               {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
@@ -352,6 +410,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     std::optional<profile::Scope> step_slice;
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
+    const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
     for (int m = 0; m < spec.grad_accum; ++m) {
@@ -387,8 +446,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       update.non_finite = true;
     else {
       const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
-      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
-                            rank_shards ? &*rank_shards : nullptr);
+      if (off)
+        update = apply_update(
+            gpt, [&](float rate, float scale) { off->step(gpt.params(), gpt.grads(), rate, scale); },
+            scaler.get(), lr, cfg.clip, spec.grad_accum * W);
+      else
+        update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
+                              rank_shards ? &*rank_shards : nullptr);
     }
     // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
     // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
@@ -425,6 +489,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       line["comm_bytes"] = {{"all_reduce", v.all_reduce},
                             {"reduce_scatter", v.reduce_scatter},
                             {"all_gather", v.all_gather}};
+    }
+    if (off) {
+      // This step's offload I/O: bytes moved, and the time the update waited for the disk.
+      const offload::IoStats& io = off->stats();
+      line["offload"] = {{"read_bytes", io.bytes_read - io_before.bytes_read},
+                         {"written_bytes", io.bytes_written - io_before.bytes_written},
+                         {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
+                         {"update_seconds", io.update_seconds - io_before.update_seconds},
+                         {"engine", off->engine().name()}};
     }
     if (scaler) {
       line["loss_scale"] = loss_scale;

@@ -53,8 +53,9 @@ GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShar
 
 }  // namespace
 
-UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
-                           float lr, float clip, int grad_accum, const RankShards* shards) {
+UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, float)>& step,
+                           DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
+                           const RankShards* shards) {
   UpdateOutcome out;
   // Unscale before clipping, in one pass that also finds any overflow; every rank reaches the
   // same decision from the same sums.
@@ -72,31 +73,41 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
   }
   out.grad_norm = std::sqrt(check.sum_squares) / grad_accum;
   const float scale = clip_factor(out.grad_norm, clip) / static_cast<float>(grad_accum);
+  step(lr, scale);
+  return out;
+}
 
-  // The optimizer's range of every slab: the whole layout, or this rank's shard (the master
-  // weights are then that shard alone).
-  const ElementRange r = optimizer.range();
-  const bool whole = r == ElementRange{0, gpt.layout().total()};
-  Tensor grads = whole ? gpt.grads() : gpt.grads().view(r.begin, {r.size()});
-  Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
-                                                 : gpt.weights();
-  if (gpt.has_master()) {  // the working copy rounded in the same pass (Optimizer::step_master)
-    Tensor working = whole ? gpt.params() : gpt.params().view(r.begin, {r.size()});
-    optimizer.step_master(weights, working, grads, lr, scale);
-  } else {
-    optimizer.step(weights, grads, lr, scale);
-  }
-  if (!whole && shards) {
-    // Every rank's updated working weights, from their owners: moves bytes, adds nothing.
-    std::vector<int64_t> counts;
-    for (const ElementRange& s : shards->ranges) counts.push_back(s.size());
-    Tensor& params = gpt.params();
-    const size_t elem = dtype_size(params.dtype());
-    char* data = static_cast<char*>(params.raw_data());
-    shards->comm->all_gather(data + static_cast<size_t>(r.begin) * elem, data, counts,
-                             static_cast<int>(elem));
-    out.gathered_bytes = params.numel() * static_cast<int64_t>(elem);
-  }
+UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
+                           float lr, float clip, int grad_accum, const RankShards* shards) {
+  int64_t gathered = 0;
+  auto step = [&](float rate, float scale) {
+    // The optimizer's range of every slab: the whole layout, or this rank's shard (the master
+    // weights are then that shard alone).
+    const ElementRange r = optimizer.range();
+    const bool whole = r == ElementRange{0, gpt.layout().total()};
+    Tensor grads = whole ? gpt.grads() : gpt.grads().view(r.begin, {r.size()});
+    Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
+                                                   : gpt.weights();
+    if (gpt.has_master()) {  // the working copy rounded in the same pass (Optimizer::step_master)
+      Tensor working = whole ? gpt.params() : gpt.params().view(r.begin, {r.size()});
+      optimizer.step_master(weights, working, grads, rate, scale);
+    } else {
+      optimizer.step(weights, grads, rate, scale);
+    }
+    if (!whole && shards) {
+      // Every rank's updated working weights, from their owners: moves bytes, adds nothing.
+      std::vector<int64_t> counts;
+      for (const ElementRange& s : shards->ranges) counts.push_back(s.size());
+      Tensor& params = gpt.params();
+      const size_t elem = dtype_size(params.dtype());
+      char* data = static_cast<char*>(params.raw_data());
+      shards->comm->all_gather(data + static_cast<size_t>(r.begin) * elem, data, counts,
+                               static_cast<int>(elem));
+      gathered = params.numel() * static_cast<int64_t>(elem);
+    }
+  };
+  UpdateOutcome out = apply_update(gpt, step, scaler, lr, clip, grad_accum, shards);
+  out.gathered_bytes = gathered;
   return out;
 }
 

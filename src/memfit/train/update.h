@@ -5,6 +5,7 @@
 // shard and the updated working weights are all-gathered.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "memfit/dist/communicator.h"
@@ -44,6 +45,12 @@ struct RankShards {
 // which the working weights are all-gathered from their owners.
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
                            float lr, float clip, int grad_accum,
+                           const RankShards* shards = nullptr);
+// The same with the optimizer step as `step(lr, grad_scale)`: for an optimizer that is not one
+// Optimizer over the model's slabs (one streamed from offload files, offload/). The gradient
+// check and clipping are the same (over `shards` when given).
+UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, float scale)>& step,
+                           DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
                            const RankShards* shards = nullptr);
 
 }  // namespace memfit
