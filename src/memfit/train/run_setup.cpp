@@ -49,14 +49,6 @@ void validate_train_config(const TrainConfig& c) {
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
   require(c.zero >= 0 && c.zero <= 3, "zero", c.zero, "0, 1, 2 or 3");
-  // ZeRO stages >= 1 over several ranks shard the optimizer state, and sharded checkpoints
-  // are not built yet (Note [ZeRO], "Checkpoints"): their saves hold the weights alone.
-  if (c.ranks > 1 && c.zero >= 1 && !c.resume_dir.empty())
-    MEMFIT_THROW(ConfigError, "config",
-                 "--resume with --zero {} over {} ranks needs sharded optimizer state, which "
-                 "checkpoints do not hold yet: resume with --zero 0 (or use --init-from, which "
-                 "loads the weights and starts a fresh optimizer)",
-                 c.zero, c.ranks);
   c.schedule.validate();
   if (c.master_weights != "fp32" && c.master_weights != "none")
     MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",

@@ -19,6 +19,7 @@
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/model_checkpoint.h"
+#include "memfit/io/zero_checkpoint.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
@@ -247,19 +248,27 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
     // copy from them: any precision loads any precision's checkpoint. Master weights that are
-    // a shard (resuming is refused then: run_setup.cpp) load the whole f32 layout into the
+    // a shard load the whole f32 layout into the
     // gradient slab, unused until the first backward (no byte added), and take their shard.
     if (off && master) {
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
       master_from_grads();
     } else if (gpt.whole_weights()) {
+      // A stage-0 save's optimizer.safetensors is checked with the weights, all before a byte
+      // is copied; sharded state (any other range, or a ZeRO save) is loaded below.
+      const bool with_opt = resume && opt && opt->range() == whole_range(gpt.layout()) &&
+                            !io::has_zero_shards(location.dir);
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
-                          resume && opt ? opt.get() : nullptr);
+                          with_opt ? opt.get() : nullptr);
+      if (resume && opt && !with_opt) io::load_optimizer_state_any(location.dir, *opt);
       gpt.refresh_working();
     } else {
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
       gpt.set_weights_from(gpt.grads());
       gpt.zero_grad();
+      // ZeRO's shards of any world size and stage, or a whole optimizer.safetensors, cut to
+      // this rank's range (io/zero_checkpoint.h).
+      if (resume && opt) io::load_optimizer_state_any(location.dir, *opt);
     }
     if (resume && off) {
       const fs::path file = location.dir / io::kOptimizerFile;
@@ -349,11 +358,40 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     comm.all_gather(gpt.weights().raw_data(), gpt.grads().raw_data(), counts, sizeof(float));
     return gpt.grads();
   };
+  // ZeRO's sharded optimizer state (stage >= 1): every rank writes its own shard file (its
+  // range of the weights of record and its extents of every state tensor, straight from its
+  // tensors: no byte gathered or added) into a staging directory beside the save, a sibling
+  // of DIR on the same file system. A barrier, then rank 0's atomic save renames the shard files
+  // into its temporary directory and adds the index, so they change with the rest of the
+  // checkpoint (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state"). Every rank calls
+  // this (collective); rank 0 saves.
+  const bool sharded_state = stage >= 1 && opt;
+  const fs::path staging =
+      cfg.save_dir.empty() ? fs::path() : fs::path(cfg.save_dir).concat(".zero-staging");
+  auto stage_shards = [&] {
+    if (!sharded_state) return;
+    if (lead) {
+      fs::remove_all(staging);  // a crashed save's leftovers
+      fs::create_directories(staging);
+    }
+    comm.barrier();
+    const Tensor weights = gpt.whole_weights()
+                               ? gpt.weights().view(my_shard->begin, {my_shard->size()})
+                               : gpt.weights();
+    io::save_zero_shard(staging / io::zero_shard_file(comm.rank(), W), *opt, weights);
+    comm.barrier();  // every shard is on disk before rank 0 moves them into the save
+  };
   auto save = [&](int64_t step, const Tensor& record) {
     io::CheckpointSaveOptions so;
-    // A shard's optimizer state is not the checkpoint's (sharded checkpoints are not built
-    // yet): from stage 1 on rank 0 saves the weights (record_for_save) and no optimizer state.
-    so.optimizer = stage >= 1 ? nullptr : opt.get();
+    // A shard's optimizer state goes into the shard files (stage_shards); stage 0 saves the
+    // whole state as optimizer.safetensors (every rank holds the same).
+    so.optimizer = sharded_state ? nullptr : opt.get();
+    if (sharded_state)
+      so.write_extra = [&](const fs::path& tmp) {
+        for (int r = 0; r < W; ++r)
+          fs::rename(staging / io::zero_shard_file(r, W), tmp / io::zero_shard_file(r, W));
+        io::write_file_atomic(tmp / io::kZeroIndexFile, io::zero_index_json(*opt, shards, stage));
+      };
     // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
     // bytes as from RAM), and the master weights read back into the idle gradient slab.
     const Tensor* weights = &record;
@@ -374,6 +412,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
     io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), *weights, so);
+    if (sharded_state) fs::remove(staging);  // emptied by the renames
     // Memory once the save has let go of what it used: the soak benchmark's samples.
     log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
               {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
@@ -538,6 +577,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (!cfg.save_dir.empty() && due && !last) {
       const profile::Scope slice(recorder(), "save", profile::SliceKind::save);
       const Tensor& record = record_for_save();
+      stage_shards();
       if (lead) save(step + 1, record);
       saved_at = step + 1;
       last_save = std::chrono::steady_clock::now();
@@ -561,6 +601,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const int64_t final_step = start_step + summary.steps_run;
   if (!cfg.save_dir.empty() && saved_at != final_step) {
     const Tensor& record = record_for_save();
+    stage_shards();
     if (lead) save(final_step, record);
   }
   comm.barrier();  // the save is complete before any rank reports the run done

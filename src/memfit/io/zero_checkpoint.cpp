@@ -1,0 +1,259 @@
+// ZeRO's sharded checkpoint state: the shard files, their index, and resharding on load.
+// See "ZeRO's sharded optimizer state" in docs/notes/checkpoints.md.
+#include "memfit/io/zero_checkpoint.h"
+
+#include <charconv>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "memfit/core/error.h"
+#include "memfit/io/atomic_file.h"
+#include "memfit/io/model_checkpoint.h"
+#include "memfit/io/safetensors.h"
+
+namespace memfit::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string zero_shard_file(int rank, int world) {
+  return fmt::format("zero-rank-{:05d}-of-{:05d}.safetensors", rank, world);
+}
+
+void save_zero_shard(const fs::path& file, const Optimizer& optimizer, const Tensor& weights) {
+  MEMFIT_CHECK(weights.numel() == optimizer.range().size(), "checkpoint",
+               "a shard's weights ({} elements) must cover its optimizer's range ({})",
+               weights.numel(), optimizer.range().size());
+  SafetensorsWriter writer;
+  if (weights.numel() > 0) writer.add(std::string(kZeroWeightsKey), weights);
+  for (auto& [n, t] : optimizer.state()) writer.add(optimizer_state_key(optimizer.name(), n), t);
+  writer.set_metadata("format", "pt");
+  writer.set_metadata("optimizer", optimizer.name());
+  writer.set_metadata("steps_taken", std::to_string(optimizer.steps_taken()));
+  writer.set_metadata("begin", std::to_string(optimizer.range().begin));
+  writer.set_metadata("end", std::to_string(optimizer.range().end));
+  writer.write(file);
+}
+
+std::string zero_index_json(const Optimizer& optimizer, const std::vector<ElementRange>& shards,
+                            int stage) {
+  json state = json::array();
+  for (const StateSpec& s : optimizer.whole_state_specs())
+    state.push_back({{"name", s.name}, {"dtype", dtype_name(s.dtype)}, {"numel", s.numel}});
+  json ranks = json::array();
+  const int world = static_cast<int>(shards.size());
+  for (int r = 0; r < world; ++r) {
+    const ElementRange& range = shards[static_cast<size_t>(r)];
+    json extents = json::array();
+    for (const ElementRange& e : optimizer.state_extents(range))
+      extents.push_back({e.begin, e.end});
+    ranks.push_back({{"file", zero_shard_file(r, world)},
+                     {"begin", range.begin},
+                     {"end", range.end},
+                     {"state_extents", extents}});
+  }
+  const json j = {{"format", "memfit-zero-shards"},
+                  {"world_size", world},
+                  {"zero", stage},
+                  {"optimizer", optimizer.name()},
+                  {"steps_taken", optimizer.steps_taken()},
+                  {"layout_total", optimizer.layout().total()},
+                  {"state", state},
+                  {"shards", ranks}};
+  return j.dump(2) + "\n";
+}
+
+bool has_zero_shards(const fs::path& dir) { return fs::exists(dir / kZeroIndexFile); }
+
+namespace {
+
+// One saved shard: its file and where its state lies in each whole state tensor.
+struct OldShard {
+  fs::path file;
+  std::vector<ElementRange> extents;  // per whole state spec
+};
+
+struct SavedState {
+  std::string optimizer;
+  int64_t steps = 0;
+  std::vector<OldShard> shards;
+};
+
+SavedState read_index(const fs::path& path, const Optimizer& opt) {
+  const std::string where = path.string();
+  json j;
+  try {
+    j = json::parse(read_file_to_string(path));
+  } catch (const json::exception& e) {
+    MEMFIT_THROW(IoError, "checkpoint", "{}: not valid JSON: {}", where, e.what());
+  }
+  SavedState s;
+  try {
+    s.optimizer = j.at("optimizer").get<std::string>();
+    s.steps = j.at("steps_taken").get<int64_t>();
+    if (s.optimizer != opt.name())
+      MEMFIT_THROW(IoError, "checkpoint", "{}: holds '{}' optimizer state; this run uses '{}'",
+                   where, s.optimizer, opt.name());
+    const int64_t total = j.at("layout_total").get<int64_t>();
+    if (total != opt.layout().total())
+      MEMFIT_THROW(IoError, "checkpoint",
+                   "{}: layout_total {} elements, this model's layout has {}", where, total,
+                   opt.layout().total());
+    const auto& want = opt.whole_state_specs();
+    const json& state = j.at("state");
+    std::vector<std::string> diffs;
+    for (size_t i = 0; i < std::max(want.size(), state.size()); ++i) {
+      const std::string saved =
+          i < state.size() ? fmt::format("{} {} {}", state[i].at("name").get<std::string>(),
+                                         state[i].at("dtype").get<std::string>(),
+                                         state[i].at("numel").get<int64_t>())
+                           : "(none)";
+      const std::string mine = i < want.size() ? fmt::format("{} {} {}", want[i].name,
+                                                             dtype_name(want[i].dtype),
+                                                             want[i].numel)
+                                               : "(none)";
+      if (saved != mine) diffs.push_back(fmt::format("state {}: saved {}, expected {}", i, saved, mine));
+    }
+    if (!diffs.empty())
+      MEMFIT_THROW(IoError, "checkpoint", "{}: the optimizer state does not match this '{}': {}",
+                   where, opt.name(), fmt::join(diffs, "; "));
+    for (const json& r : j.at("shards")) {
+      OldShard o;
+      const std::string file = r.at("file").get<std::string>();
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        MEMFIT_THROW(IoError, "checkpoint", "{}: shard file '{}' is not a plain file name", where,
+                     file);
+      o.file = path.parent_path() / file;
+      for (const json& e : r.at("state_extents"))
+        o.extents.push_back({e.at(0).get<int64_t>(), e.at(1).get<int64_t>()});
+      if (o.extents.size() != want.size())
+        MEMFIT_THROW(IoError, "checkpoint", "{}: shard {} has {} state extents, expected {}",
+                     where, file, o.extents.size(), want.size());
+      s.shards.push_back(std::move(o));
+    }
+  } catch (const json::exception& e) {
+    MEMFIT_THROW(IoError, "checkpoint", "{}: {}", where, e.what());
+  }
+  return s;
+}
+
+int64_t parse_steps(const SafetensorsReader& reader) {
+  auto it = reader.metadata().find("steps_taken");
+  int64_t steps = -1;
+  if (it != reader.metadata().end()) {
+    const std::string& v = it->second;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), steps);
+    if (ec != std::errc() || end != v.data() + v.size()) steps = -1;
+  }
+  if (steps < 0)
+    MEMFIT_THROW(IoError, "checkpoint", "{}: metadata \"steps_taken\" missing or not a "
+                 "non-negative integer", reader.path().string());
+  return steps;
+}
+
+struct PieceCopy {
+  const SafetensorsReader* reader;
+  const SafetensorsEntry* entry;
+  int64_t src, dst, n;  // elements
+  Tensor into;
+};
+
+}  // namespace
+
+void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
+  const fs::path whole = dir / kOptimizerFile;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  SavedState saved;
+  if (has_zero_shards(dir)) {
+    saved = read_index(dir / kZeroIndexFile, opt);
+  } else {
+    if (!fs::exists(whole))
+      MEMFIT_THROW(IoError, "checkpoint",
+                   "{}: neither {} nor {}, so the optimizer cannot resume (load the weights alone "
+                   "with --init-from to start a fresh optimizer)",
+                   dir.string(), kOptimizerFile, kZeroIndexFile);
+    if (opt.range() == whole_range(opt.layout())) {  // the exact, whole-file check
+      load_optimizer_state(whole, opt);
+      return;
+    }
+    // A whole-layout state: one shard whose extents are every whole tensor.
+    OldShard o{whole, {}};
+    for (const StateSpec& s : opt.whole_state_specs()) o.extents.push_back({0, s.numel});
+    saved.shards.push_back(std::move(o));
+  }
+
+  const auto& specs = opt.whole_state_specs();
+  const std::vector<ElementRange> mine = opt.state_extents(opt.range());
+  std::map<std::string, Tensor> tensors;
+  for (auto& [n, t] : opt.state()) tensors.emplace(n, t);
+  std::vector<PieceCopy> copies;
+  std::vector<std::string> problems;
+  int64_t steps = saved.steps;
+  bool steps_known = has_zero_shards(dir);
+  for (const OldShard& o : saved.shards) {
+    bool overlaps = false;
+    for (size_t i = 0; i < specs.size(); ++i)
+      overlaps = overlaps || !mine[i].intersect(o.extents[i]).empty();
+    if (!overlaps && steps_known) continue;
+    if (!fs::exists(o.file)) {
+      problems.push_back(fmt::format("{} is missing", o.file.string()));
+      continue;
+    }
+    readers.push_back(std::make_unique<SafetensorsReader>(o.file));
+    const SafetensorsReader& reader = *readers.back();
+    auto name = reader.metadata().find("optimizer");
+    if (name == reader.metadata().end() || name->second != opt.name())
+      problems.push_back(fmt::format("{} holds '{}' optimizer state; this run uses '{}'",
+                                     o.file.string(),
+                                     name == reader.metadata().end() ? "" : name->second,
+                                     opt.name()));
+    const int64_t file_steps = parse_steps(reader);
+    if (!steps_known) {
+      steps = file_steps;
+      steps_known = true;
+    } else if (file_steps != steps) {
+      problems.push_back(fmt::format("{}: steps_taken {}, the index says {}", o.file.string(),
+                                     file_steps, steps));
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const ElementRange part = mine[i].intersect(o.extents[i]);
+      if (part.empty()) continue;
+      const std::string key = optimizer_state_key(opt.name(), specs[i].name);
+      const SafetensorsEntry* e = reader.find(key);
+      const SafetensorsDType type = safetensors_dtype_of(specs[i].dtype);
+      if (!e || e->dtype != type || e->numel() != o.extents[i].size()) {
+        problems.push_back(fmt::format(
+            "{}: '{}' is {}, expected {} of {} elements", o.file.string(), key,
+            e ? fmt::format("{} {}", safetensors_dtype_name(e->dtype), format_shape(e->shape))
+              : "missing",
+            safetensors_dtype_name(type), o.extents[i].size()));
+        continue;
+      }
+      copies.push_back({&reader, e, part.begin - o.extents[i].begin, part.begin - mine[i].begin,
+                        part.size(), tensors.at(specs[i].name)});
+    }
+  }
+  // The saved shards' extents tile each whole tensor, so the parts of this range's extents
+  // they hold must add up to it exactly.
+  for (size_t i = 0; i < specs.size(); ++i) {
+    int64_t covered = 0;
+    for (const OldShard& o : saved.shards) covered += mine[i].intersect(o.extents[i]).size();
+    if (covered != mine[i].size())
+      problems.push_back(fmt::format("state '{}': the shards hold {} of this range's {} elements",
+                                     specs[i].name, covered, mine[i].size()));
+  }
+  if (!problems.empty())
+    MEMFIT_THROW(IoError, "checkpoint", "{}: the optimizer state cannot be loaded: {}",
+                 dir.string(), fmt::join(problems, "; "));
+  for (const PieceCopy& c : copies) {
+    const size_t es = dtype_size(c.into.dtype());
+    std::memcpy(static_cast<std::byte*>(c.into.raw_data()) + c.dst * es,
+                c.reader->bytes(*c.entry) + c.src * es, static_cast<size_t>(c.n) * es);
+  }
+  for (const auto& r : readers)
+    for (const SafetensorsEntry& e : r->entries()) r->release(e);
+  opt.set_steps_taken(steps);
+}
+
+}  // namespace memfit::io

@@ -1,0 +1,52 @@
+// ZeRO's sharded checkpoint state: each rank writes its own range of the weights of record and
+// its extents of every optimizer state tensor (Optimizer::state_extents) into one file, and rank
+// 0 an index naming the world size, every rank's range and extents and the optimizer's state
+// specs. Loading reads, for any range (any world size, any stage, the whole layout), the parts of
+// the old shards that overlap it, so a checkpoint reshards on load. A stage-0 or one-process
+// optimizer.safetensors reads the same way, as one shard over the whole layout.
+// See "ZeRO's sharded optimizer state" in docs/notes/checkpoints.md.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memfit/core/tensor.h"
+#include "memfit/optim/optimizer.h"
+#include "memfit/state/element_range.h"
+
+namespace memfit::io {
+
+inline constexpr std::string_view kZeroIndexFile = "zero_shards.json";
+// The key of a shard's range of the weights of record.
+inline constexpr std::string_view kZeroWeightsKey = "weights";
+
+// "zero-rank-00001-of-00004.safetensors" (rank 1 of 4).
+std::string zero_shard_file(int rank, int world);
+
+// Rank `rank`'s shard file: `weights` (its range of the weights of record, range() of the
+// optimizer's elements) under kZeroWeightsKey and each non-empty state slice under
+// optimizer_state_key, each written straight from its tensor (no copy).
+void save_zero_shard(const std::filesystem::path& file, const Optimizer& optimizer,
+                     const Tensor& weights);
+
+// The index's JSON: world size, stage, the optimizer, its steps_taken, the layout's total, the
+// whole state specs and, per rank, its file, element range and state extents. Every rank's
+// extents are computed here from `shards` (the optimizer's state_extents), so rank 0 writes it
+// alone.
+std::string zero_index_json(const Optimizer& optimizer, const std::vector<ElementRange>& shards,
+                            int stage);
+
+// Whether the checkpoint directory `dir` holds sharded optimizer state (its index).
+bool has_zero_shards(const std::filesystem::path& dir);
+
+// Fills `optimizer`'s state (its range, whatever it is) and steps_taken from the checkpoint at
+// `dir` (a directory load_checkpoint located): from the shards that overlap its range when the
+// index is there, else from optimizer.safetensors (a whole-layout state, cut to the range).
+// Everything is checked before a byte is copied (optimizer name, state specs, the layout's size,
+// every file and tensor, that the pieces tile the range's extents); an IoError names the file
+// and what differs, and the optimizer is then untouched.
+void load_optimizer_state_any(const std::filesystem::path& dir, Optimizer& optimizer);
+
+}  // namespace memfit::io
