@@ -225,38 +225,66 @@ TEST_F(Interrupt, KillDuringAnOffloadedRunResumesBitIdentically) {
 
 // Under mpirun, a signal to one rank stops every rank after the same step (they agree on it each
 // step), and rank 0 saves that step. Rank 1 alone is signalled: without the agreement it would
-// exit alone, mpirun would then kill rank 0 before any save, and no checkpoint would exist.
+// exit alone, mpirun would then kill rank 0 before any save, and no checkpoint would exist. At
+// ZeRO stage 2 (bf16, sharded master weights) the save is the sharded one: every rank's shard
+// file and the index, of the same step, and a resume from it runs.
 TEST_F(Interrupt, UnderMpiASignalToOneRankStopsEveryRankAtTheSameStep) {
   if (std::string(MEMFIT_MPIEXEC).empty()) GTEST_SKIP() << "memfit was built without MPI";
-  std::vector<std::string> args = {MEMFIT_MPIEXEC, "-n", "2", "--allow-run-as-root",
-                                   "--oversubscribe"};
-  for (const std::string& a : train_args(100000, {})) args.push_back(a);
-  // OpenMPI's own allocations at exit are not memfit's: no leak report in the sanitizer build.
-  ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
-  const pid_t mpirun = spawn(args);
-  ::unsetenv("ASAN_OPTIONS");
-  if (!wait_for([&] { return logged_steps().size() >= 3; })) {
-    kill(mpirun, SIGKILL);
-    wait_exit(mpirun);
-    FAIL() << "no progress: " << slurp(dir / "err.txt") << slurp(dir / "out.txt");
+  for (const bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "--zero 2" : "--zero 0");
+    fs::remove_all(dir / "ck");
+    fs::remove(dir / "log.jsonl");
+    const std::vector<std::string> extra =
+        zero ? std::vector<std::string>{"--zero", "2", "--precision", "bf16"}
+             : std::vector<std::string>{};
+    std::vector<std::string> args = {MEMFIT_MPIEXEC, "-n", "2", "--allow-run-as-root",
+                                     "--oversubscribe"};
+    for (const std::string& a : train_args(100000, extra)) args.push_back(a);
+    // OpenMPI's own allocations at exit are not memfit's: no leak report in the sanitizer build.
+    ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    const pid_t mpirun = spawn(args);
+    ::unsetenv("ASAN_OPTIONS");
+    if (!wait_for([&] { return logged_steps().size() >= 3; })) {
+      kill(mpirun, SIGKILL);
+      wait_exit(mpirun);
+      FAIL() << "no progress: " << slurp(dir / "err.txt") << slurp(dir / "out.txt");
+    }
+    // Rank 1: the memfit process of this test that OpenMPI made rank 1.
+    const pid_t rank = test::find_rank_pid(dir, 1);
+    ASSERT_GT(rank, 0) << "rank 1 not found";
+    kill(rank, SIGTERM);
+    bool exited = wait_for([&] {
+      int status = 0;
+      return waitpid(mpirun, &status, WNOHANG) == mpirun;
+    });
+    if (!exited) {
+      kill(mpirun, SIGKILL);
+      wait_exit(mpirun);
+    }
+    ASSERT_TRUE(exited) << "the ranks did not stop together";
+    const std::vector<int64_t> steps = logged_steps();
+    ASSERT_FALSE(steps.empty());
+    for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], int64_t(i + 1));
+    EXPECT_EQ(saved_step(), steps.back()) << slurp(dir / "err.txt");
+    if (!zero) continue;
+    for (const char* f : {"zero-rank-00000-of-00002.safetensors",
+                          "zero-rank-00001-of-00002.safetensors", "zero_shards.json"})
+      EXPECT_TRUE(fs::exists(dir / "ck" / f)) << f;
+    const auto index = nlohmann::json::parse(slurp(dir / "ck" / "zero_shards.json"));
+    EXPECT_EQ(index["steps_taken"].get<int64_t>(), steps.back());
+    // It resumes (two more steps) under mpirun at the same stage.
+    std::vector<std::string> more = extra;
+    for (const std::string& a : {std::string("--resume"), (dir / "ck").string(),
+                                 std::string("--stop-after"), std::to_string(steps.back() + 2)})
+      more.push_back(a);
+    args.resize(5);
+    for (const std::string& a : train_args(100000, more)) args.push_back(a);
+    ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    const pid_t resumed = spawn(args);
+    ::unsetenv("ASAN_OPTIONS");
+    EXPECT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
+    EXPECT_EQ(saved_step(), steps.back() + 2);
   }
-  // Rank 1: the memfit process of this test that OpenMPI made rank 1.
-  const pid_t rank = test::find_rank_pid(dir, 1);
-  ASSERT_GT(rank, 0) << "rank 1 not found";
-  kill(rank, SIGTERM);
-  bool exited = wait_for([&] {
-    int status = 0;
-    return waitpid(mpirun, &status, WNOHANG) == mpirun;
-  });
-  if (!exited) {
-    kill(mpirun, SIGKILL);
-    wait_exit(mpirun);
-  }
-  ASSERT_TRUE(exited) << "the ranks did not stop together";
-  const std::vector<int64_t> steps = logged_steps();
-  ASSERT_FALSE(steps.empty());
-  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], int64_t(i + 1));
-  EXPECT_EQ(saved_step(), steps.back()) << slurp(dir / "err.txt");
 }
 
 }  // namespace
