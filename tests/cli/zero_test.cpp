@@ -256,6 +256,21 @@ TEST_F(Zero, ShardedResumeIsBitIdentical) {
     ASSERT_TRUE(got.count(name)) << name;
     EXPECT_TRUE(got.at(name) == bytes) << name << " differs from the uninterrupted run's";
   }
+  // The shard files alone are the checkpoint's weights too: without model.safetensors, export
+  // assembles them from the shards' ranges (make_slab_pieces_source), to the same file.
+  const fs::path shards_only = dir / "shards-only";
+  fs::create_directories(shards_only);
+  for (const auto& [name, bytes] : got)
+    if (name != "model.safetensors") fs::copy_file(part / name, shards_only / name);
+  ASSERT_EQ(run(0, fmt::format("export --hf '{}' '{}'", (dir / "hf-a").string(), part.string())), 0)
+      << test::slurp(dir / "err.txt");
+  ASSERT_EQ(run(0, fmt::format("export --hf '{}' '{}'", (dir / "hf-b").string(),
+                               shards_only.string())),
+            0)
+      << test::slurp(dir / "err.txt");
+  const std::string a_model = test::slurp(dir / "hf-a" / "model.safetensors");
+  EXPECT_FALSE(a_model.empty());
+  EXPECT_TRUE(a_model == test::slurp(dir / "hf-b" / "model.safetensors"));
 }
 
 // Resharding on load: a checkpoint saved at one world size and stage loads at any other, and the

@@ -10,6 +10,7 @@
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/io/model_weights.h"
+#include "memfit/io/zero_checkpoint.h"
 
 namespace memfit::io {
 
@@ -109,7 +110,12 @@ std::unique_ptr<ParamSource> make_slab_pieces_source(const ModelConfig& config, 
 }
 
 std::unique_ptr<ParamSource> open_param_source(const fs::path& dir) {
-  // A sharded (per-rank) checkpoint will be recognised here by its files.
+  // A ZeRO-sharded save's weights are in model.safetensors (rank 0 writes it) and, by range, in
+  // the shard files; a directory with only the latter is read from them.
+  const fs::path found = locate_checkpoint(dir).dir;
+  if (!fs::exists(found / kModelFile) && !fs::exists(found / kModelIndexFile) &&
+      has_zero_shards(found))
+    return open_zero_weights_source(found);
   return std::make_unique<SafetensorsSource>(dir);
 }
 

@@ -5,11 +5,13 @@
 #include <charconv>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/model_checkpoint.h"
+#include "memfit/io/model_hf_config.h"
 #include "memfit/io/safetensors.h"
 
 namespace memfit::io {
@@ -254,6 +256,49 @@ void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
   for (const auto& r : readers)
     for (const SafetensorsEntry& e : r->entries()) r->release(e);
   opt.set_steps_taken(steps);
+}
+
+std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {
+  const fs::path index = dir / kZeroIndexFile;
+  json j;
+  try {
+    j = json::parse(read_file_to_string(index));
+  } catch (const json::exception& e) {
+    MEMFIT_THROW(IoError, "checkpoint", "{}: not valid JSON: {}", index.string(), e.what());
+  }
+  const ModelConfig config = read_model_config(dir / kConfigFile);
+  std::vector<SlabPiece> pieces;
+  std::optional<DType> dtype;
+  try {
+    for (const json& r : j.at("shards")) {
+      const int64_t begin = r.at("begin").get<int64_t>(), end = r.at("end").get<int64_t>();
+      if (end == begin) continue;  // a rank with nothing
+      const std::string file = r.at("file").get<std::string>();
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        MEMFIT_THROW(IoError, "checkpoint", "{}: shard file '{}' is not a plain file name",
+                     index.string(), file);
+      auto reader = std::make_shared<SafetensorsReader>(dir / file);
+      const SafetensorsEntry& e = reader->at(kZeroWeightsKey);
+      const std::optional<DType> t = memfit_dtype_of(e.dtype);
+      if (!t || e.numel() != end - begin || (dtype && *t != *dtype))
+        MEMFIT_THROW(IoError, "checkpoint",
+                     "{}: '{}' is {} {}, expected {} elements of the weights' type",
+                     (dir / file).string(), kZeroWeightsKey, safetensors_dtype_name(e.dtype),
+                     format_shape(e.shape), end - begin);
+      dtype = t;
+      const size_t es = dtype_size(*t);
+      pieces.push_back({begin, end, [reader, &e, begin, es](int64_t from, int64_t to, void* dst) {
+                          std::memcpy(dst, reader->bytes(e) + (from - begin) * es,
+                                      static_cast<size_t>(to - from) * es);
+                        }});
+    }
+  } catch (const json::exception& e) {
+    MEMFIT_THROW(IoError, "checkpoint", "{}: {}", index.string(), e.what());
+  }
+  if (!dtype) MEMFIT_THROW(IoError, "checkpoint", "{}: no shard holds weights", index.string());
+  return make_slab_pieces_source(config, *dtype, std::move(pieces),
+                                 fmt::format("checkpoint {} ({} shard files)", dir.string(),
+                                             pieces.size()));
 }
 
 }  // namespace memfit::io

@@ -8,11 +8,13 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "memfit/core/tensor.h"
+#include "memfit/io/checkpoint_export.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/element_range.h"
 
@@ -48,5 +50,10 @@ bool has_zero_shards(const std::filesystem::path& dir);
 // every file and tensor, that the pieces tile the range's extents); an IoError names the file
 // and what differs, and the optimizer is then untouched.
 void load_optimizer_state_any(const std::filesystem::path& dir, Optimizer& optimizer);
+
+// The weights of record from the shard files alone (each one's kZeroWeightsKey range), as a
+// ParamSource over make_slab_pieces_source: what export and loads read when a sharded save has
+// no model.safetensors. IoError when the index, a file or a range does not fit.
+std::unique_ptr<ParamSource> open_zero_weights_source(const std::filesystem::path& dir);
 
 }  // namespace memfit::io
