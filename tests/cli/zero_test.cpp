@@ -309,6 +309,13 @@ TEST_F(Zero, ShardedCheckpointsReshardAtAnyWorldSizeAndStage) {
   train(2, fmt::format("--zero 2 --resume '{}' --save '{}'", path("c2"), path("c22")));
   same("c2", "c22", "zero-rank-00000-of-00002.safetensors");
   same("c2", "c22", "zero-rank-00001-of-00002.safetensors");
+  // A shard file missing: the resume is refused naming it, before any step.
+  fs::copy(dir / "c2", dir / "c2-broken");
+  fs::remove(dir / "c2-broken" / "zero-rank-00001-of-00002.safetensors");
+  EXPECT_NE(run(0, "train " + args(common + fmt::format(" --resume '{}'", path("c2-broken")))), 0);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("zero-rank-00001-of-00002.safetensors is missing"),
+            std::string::npos)
+      << test::slurp(dir / "err.txt");
   // And 2 -> 3 ranks trains on from the checkpoint.
   const fs::path log = dir / "on.jsonl";
   ASSERT_EQ(run(3, "train " + args(fmt::format("--steps 4 --precision bf16 --optim adamw8bit "
