@@ -6,8 +6,8 @@
 // What it reads is a ParamSource: a checkpoint's parameters one at a time, whatever its form on
 // disk: a directory of Hugging Face safetensors (memfit's own saves, which already are, and
 // Hugging Face's), or pieces of the flat parameter slab, one per rank (make_slab_pieces_source:
-// what a ZeRO-sharded save, whose ranks each write their range, needs; open_param_source will
-// recognise such a directory by its files once the sharded save exists). Note [Export] in
+// a ZeRO-sharded save's shard files, each a rank's range: open_param_source reads a directory
+// from them when it has zero_shards.json and no model.safetensors). Note [Export] in
 // docs/notes/checkpoints.md.
 #pragma once
 
