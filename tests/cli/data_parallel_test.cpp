@@ -31,17 +31,7 @@ class DataParallel : public test::BinaryTest {
   }
   // Runs `memfit args`, alone (ranks 0) or under mpirun; returns the exit code.
   int run(int ranks, const std::string& args) const {
-    // OpenMPI's own allocations at exit are not memfit's: no leak report in the sanitizer build.
-    const std::string launcher =
-        ranks ? fmt::format("ASAN_OPTIONS=detect_leaks=0 {} -n {} --allow-run-as-root "
-                            "--oversubscribe ",
-                            MEMFIT_MPIEXEC, ranks)
-              : std::string();
-    const std::string command =
-        fmt::format("{}{}/memfit {} > '{}' 2> '{}'", launcher, MEMFIT_BINARY_DIR, args,
-                    (dir / "out.txt").string(), (dir / "err.txt").string());
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_memfit(args, ranks);
   }
   std::string args(int batch, int steps = 20) const {
     return fmt::format("--model gpt2-tiny --n-layer 2 --seq-len 32 --batch {} --steps {} "
