@@ -249,7 +249,8 @@ TEST_F(Zero, ShardedResumeIsBitIdentical) {
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);
   for (size_t i = 0; i < a.size(); ++i)
-    for (const char* key : {"step", "loss", "grad_norm"}) EXPECT_EQ(a[i][key], b[i][key]) << key << " " << i;
+    for (const char* key : {"step", "loss", "grad_norm"})
+      EXPECT_EQ(a[i][key], b[i][key]) << key << " " << i;
   const auto want = files_of(full), got = files_of(part);
   ASSERT_EQ(want.size(), got.size());
   for (const auto& [name, bytes] : want) {

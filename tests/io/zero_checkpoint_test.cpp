@@ -3,6 +3,8 @@
 // world size (and into the whole layout) as exactly the whole state's slices, for optimizers
 // whose state is per element, per 256-value block (8-bit) and per Adam-mini block; what does not
 // fit is refused naming the file, with the optimizer untouched.
+#include "memfit/io/zero_checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,7 +16,6 @@
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/model_checkpoint.h"
-#include "memfit/io/zero_checkpoint.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/shard.h"
 #include "scratch_dir.h"
@@ -78,15 +79,15 @@ void save_shards(const fs::path& dir, const OptimConfig& oc, const ParamLayout& 
     for (auto& [n, t] : o->state()) {
       while (ext[k].empty()) ++k;
       const size_t es = dtype_size(t.dtype());
-      std::memcpy(t.raw_data(), static_cast<const std::byte*>(w[k].second.raw_data()) +
-                                    ext[k].begin * es,
+      std::memcpy(t.raw_data(),
+                  static_cast<const std::byte*>(w[k].second.raw_data()) + ext[k].begin * es,
                   t.nbytes());
       ++k;
     }
     o->set_steps_taken(whole.steps_taken());
     ASSERT_TRUE(is_slice_of(*o, whole));
-    const Tensor weights = Tensor::empty(pool, {o->range().size()}, DType::f32, Category::master,
-                                         "weights");
+    const Tensor weights =
+        Tensor::empty(pool, {o->range().size()}, DType::f32, Category::master, "weights");
     save_zero_shard(dir / zero_shard_file(r, world), *o, weights);
     last = std::move(o);
   }

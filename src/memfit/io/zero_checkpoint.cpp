@@ -4,8 +4,11 @@
 
 #include <charconv>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/error.h"
@@ -111,11 +114,12 @@ SavedState read_index(const fs::path& path, const Optimizer& opt) {
                                          state[i].at("dtype").get<std::string>(),
                                          state[i].at("numel").get<int64_t>())
                            : "(none)";
-      const std::string mine = i < want.size() ? fmt::format("{} {} {}", want[i].name,
-                                                             dtype_name(want[i].dtype),
-                                                             want[i].numel)
-                                               : "(none)";
-      if (saved != mine) diffs.push_back(fmt::format("state {}: saved {}, expected {}", i, saved, mine));
+      const std::string mine =
+          i < want.size()
+              ? fmt::format("{} {} {}", want[i].name, dtype_name(want[i].dtype), want[i].numel)
+              : "(none)";
+      if (saved != mine)
+        diffs.push_back(fmt::format("state {}: saved {}, expected {}", i, saved, mine));
     }
     if (!diffs.empty())
       MEMFIT_THROW(IoError, "checkpoint", "{}: the optimizer state does not match this '{}': {}",
@@ -130,8 +134,8 @@ SavedState read_index(const fs::path& path, const Optimizer& opt) {
       for (const json& e : r.at("state_extents"))
         o.extents.push_back({e.at(0).get<int64_t>(), e.at(1).get<int64_t>()});
       if (o.extents.size() != want.size())
-        MEMFIT_THROW(IoError, "checkpoint", "{}: shard {} has {} state extents, expected {}",
-                     where, file, o.extents.size(), want.size());
+        MEMFIT_THROW(IoError, "checkpoint", "{}: shard {} has {} state extents, expected {}", where,
+                     file, o.extents.size(), want.size());
       s.shards.push_back(std::move(o));
     }
   } catch (const json::exception& e) {
@@ -149,8 +153,10 @@ int64_t parse_steps(const SafetensorsReader& reader) {
     if (ec != std::errc() || end != v.data() + v.size()) steps = -1;
   }
   if (steps < 0)
-    MEMFIT_THROW(IoError, "checkpoint", "{}: metadata \"steps_taken\" missing or not a "
-                 "non-negative integer", reader.path().string());
+    MEMFIT_THROW(IoError, "checkpoint",
+                 "{}: metadata \"steps_taken\" missing or not a "
+                 "non-negative integer",
+                 reader.path().string());
   return steps;
 }
 
@@ -206,17 +212,16 @@ void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
     const SafetensorsReader& reader = *readers.back();
     auto name = reader.metadata().find("optimizer");
     if (name == reader.metadata().end() || name->second != opt.name())
-      problems.push_back(fmt::format("{} holds '{}' optimizer state; this run uses '{}'",
-                                     o.file.string(),
-                                     name == reader.metadata().end() ? "" : name->second,
-                                     opt.name()));
+      problems.push_back(
+          fmt::format("{} holds '{}' optimizer state; this run uses '{}'", o.file.string(),
+                      name == reader.metadata().end() ? "" : name->second, opt.name()));
     const int64_t file_steps = parse_steps(reader);
     if (!steps_known) {
       steps = file_steps;
       steps_known = true;
     } else if (file_steps != steps) {
-      problems.push_back(fmt::format("{}: steps_taken {}, the index says {}", o.file.string(),
-                                     file_steps, steps));
+      problems.push_back(
+          fmt::format("{}: steps_taken {}, the index says {}", o.file.string(), file_steps, steps));
     }
     for (size_t i = 0; i < specs.size(); ++i) {
       const ElementRange part = mine[i].intersect(o.extents[i]);
@@ -296,9 +301,9 @@ std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {
     MEMFIT_THROW(IoError, "checkpoint", "{}: {}", index.string(), e.what());
   }
   if (!dtype) MEMFIT_THROW(IoError, "checkpoint", "{}: no shard holds weights", index.string());
-  return make_slab_pieces_source(config, *dtype, std::move(pieces),
-                                 fmt::format("checkpoint {} ({} shard files)", dir.string(),
-                                             pieces.size()));
+  return make_slab_pieces_source(
+      config, *dtype, std::move(pieces),
+      fmt::format("checkpoint {} ({} shard files)", dir.string(), pieces.size()));
 }
 
 }  // namespace memfit::io
