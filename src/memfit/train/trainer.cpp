@@ -567,9 +567,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() / 60;
     bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
                (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
-    // Sharded master weights are gathered by every rank for a save: the ranks' clocks must not
-    // decide apart, so rank 0's decision is everyone's.
-    if (!gpt.whole_weights() && !cfg.save_dir.empty() && cfg.save_every_minutes > 0) {
+    // Sharded master weights are gathered, and sharded state written, by every rank for a save
+    // (collectives): the ranks' clocks must not decide apart, so rank 0's decision is everyone's.
+    if ((!gpt.whole_weights() || sharded_state) && !cfg.save_dir.empty() &&
+        cfg.save_every_minutes > 0) {
       char d = due;
       comm.broadcast(&d, 1, 0);
       due = d != 0;
