@@ -40,6 +40,13 @@ DType act_codes_dtype(ActCompress c) {
   return c == ActCompress::int8 ? DType::i8 : DType::u8;
 }
 
+int64_t lm_head_rows(const ActivationOptions& options, int64_t rows) {
+  const int64_t chunk = options.lm_head_chunk > 0 ? options.lm_head_chunk
+                        : options.precision == Precision::fp32 ? 128
+                                                               : 256;
+  return std::min(chunk, rows);
+}
+
 void check_activation_options(const ActivationOptions& options) {
   if (options.precision == Precision::fp16 && options.attention == AttentionKind::flash)
     MEMFIT_THROW(ConfigError, "config",

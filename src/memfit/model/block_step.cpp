@@ -87,7 +87,7 @@ size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, int64_t head_rows, D
 // that every phase's matmuls share one buffer.
 void declare_matmuls(StepContext& ctx, const ModelConfig& config,
                      const ActivationOptions& options, int64_t rows) {
-  const int64_t head_rows = std::min<int64_t>(options.lm_head_chunk, rows);
+  const int64_t head_rows = lm_head_rows(options, rows);
   if (const size_t bytes =
           widen_scratch_bytes(config, rows, head_rows, half_dtype(options.precision)))
     ctx.scratch("ws.widen", bytes);

@@ -81,7 +81,7 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
                               const Tensor* targets, bool training, float dloss,
                               float* loss_sum) {
   const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.padded_vocab;
-  const int64_t R = std::min<int64_t>(options_.lm_head_chunk, N);
+  const int64_t R = lm_head_rows(options_, N);
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   const bool mixed = h != f32;
   ctx.enter(PhaseKind::lm_head);
