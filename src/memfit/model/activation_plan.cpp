@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit {
@@ -41,9 +42,9 @@ DType act_codes_dtype(ActCompress c) {
 }
 
 int64_t lm_head_rows(const ActivationOptions& options, int64_t rows) {
-  const int64_t chunk = options.lm_head_chunk > 0 ? options.lm_head_chunk
-                        : options.precision == Precision::fp32 ? 128
-                                                               : 256;
+  const bool f32_gemm = options.precision == Precision::fp32 ||
+                        kernels::matmul_widens(half_dtype(options.precision));
+  const int64_t chunk = options.lm_head_chunk > 0 ? options.lm_head_chunk : f32_gemm ? 128 : 256;
   return std::min(chunk, rows);
 }
 

@@ -65,9 +65,10 @@ struct ActivationOptions {
 };
 
 // The LM head's chunk for `rows` rows of tokens: options.lm_head_chunk where set, else 128 rows
-// in fp32 and 256 in bf16 / fp16 (Note [Fused LM head]: in fp32 the chunk's f32 logits are the
-// largest workspace of the step, and at 128 rows no larger than a block's backward scratch at
-// gpt2 4 x 256, so the pool's peak drops by the difference). At most `rows`.
+// where the head's GEMM is f32 (fp32, and bf16 / fp16 widened, kernels/cpu/matmul_widened.h)
+// and 256 on oneDNN's bf16 GEMM (Note [Fused LM head]: the chunk's f32 logits are the largest
+// workspace of the step; at 128 rows no larger than a block's backward scratch at gpt2 4 x 256,
+// so the pool's peak drops by the difference). At most `rows`.
 int64_t lm_head_rows(const ActivationOptions& options, int64_t rows);
 
 // ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).
