@@ -74,14 +74,15 @@ void gpt2_block_backward(BlockStep& s) {
          atty = s.saved("atty", z), qkv = s.saved("qkv", z);
   Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
   BlockStep::Attention att = s.attention_grad_buffers();
-  Tensor dqkv = s.scratch("ws.dqkv", {B, T, 3 * C}, h);
   Tensor ln1_mean = s.saved("ln_1.mean"), ln1_rstd = s.saved("ln_1.rstd");
   Tensor x = s.input();
   s.matmuls();
   if (!s.running()) return;
   // The LayerNorm outputs, recomputed where they are read: ws.gelu is free once the MLP's
-  // output projection has read the GELU.
+  // output projection has read the GELU. Its other 3C columns take d(qkv) (no scratch of its
+  // own: 3C values a token less workspace in the backward, where the fp32 arena peaks).
   Tensor ln1 = gelu.view(0, {B, T, C}), ln2 = ln1;
+  Tensor dqkv = gelu.view(int64_t{B} * T * C, {B, T, 3 * C});
 
   const BlockWeights &w = s.w, &g = s.g;
   Tensor dn2w = g.norm2_w, dn2b = g.norm2_b, dn1w = g.norm1_w, dn1b = g.norm1_b;
