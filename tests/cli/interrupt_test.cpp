@@ -181,6 +181,48 @@ TEST_F(Interrupt, AResumeCutsTheLogBackSoEveryStepAppearsOnce) {
   EXPECT_EQ(logged_steps(), want);
 }
 
+// kill -9 in the middle of a run whose optimizer state and master weights are on disk (Note
+// [NVMe offload]): the last checkpoint is whole (the offload files are scratch, never part of
+// it), the files left behind name their run in their header, and a resume from the checkpoint
+// ends with exactly the checkpoint of the run that was never killed.
+TEST_F(Interrupt, KillDuringAnOffloadedRunResumesBitIdentically) {
+  const std::vector<std::string> offload = {"--offload-optimizer", "nvme", "--offload-dir",
+                                            (dir / "off").string(), "--precision", "bf16",
+                                            "--optim", "adamw8bit"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), offload.begin(), offload.end());
+    return extra;
+  };
+  const int steps = 40;
+  ASSERT_EQ(wait_exit(spawn(train_args(steps, with({})))), 0) << slurp(dir / "err.txt");
+  fs::rename(dir / "ck", dir / "reference");
+  fs::remove(dir / "log.jsonl");
+  const pid_t pid = spawn(train_args(steps, with({"--save-every", "3"})));
+  ASSERT_TRUE(wait_for([&] { return saved_step() >= 6; })) << slurp(dir / "err.txt");
+  kill(pid, SIGKILL);
+  const int code = wait_exit(pid);
+  if (code != 128 + SIGKILL) GTEST_SKIP() << "the run ended before the kill (exit " << code << ")";
+  const int64_t saved = saved_step();
+  ASSERT_GE(saved, 6);
+  // Its scratch files are still there (nothing ran its destructors), headers naming the run.
+  int leftovers = 0;
+  for (const auto& e : fs::directory_iterator(dir / "off")) {
+    std::ifstream in(e.path());
+    std::string header;
+    std::getline(in, header);
+    const auto j = nlohmann::json::parse(header, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << e.path();
+    EXPECT_EQ(j["run"].get<std::string>().rfind(fmt::format("memfit-{}-", pid), 0), 0u) << header;
+    ++leftovers;
+  }
+  EXPECT_GE(leftovers, 5);  // master, and each 8-bit moment's codes and absmax
+  const pid_t resumed = spawn(train_args(steps, with({"--save-every", "3", "--resume",
+                                                      (dir / "ck").string()})));
+  ASSERT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(slurp(dir / "ck" / f) == slurp(dir / "reference" / f)) << f;
+}
+
 // Under mpirun, a signal to one rank stops every rank after the same step (they agree on it each
 // step), and rank 0 saves that step. Rank 1 alone is signalled: without the agreement it would
 // exit alone, mpirun would then kill rank 0 before any save, and no checkpoint would exist.

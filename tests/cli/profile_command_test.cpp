@@ -24,16 +24,7 @@ class ProfileCommand : public test::BinaryTest {
   ProfileCommand() : BinaryTest(777) {}
   // Runs `memfit args` (under mpirun with `ranks` > 0); returns the exit code.
   int run(const std::string& args, int ranks = 0) const {
-    const std::string launcher =
-        ranks ? fmt::format("ASAN_OPTIONS=detect_leaks=0 {} -n {} --allow-run-as-root "
-                            "--oversubscribe ",
-                            MEMFIT_MPIEXEC, ranks)
-              : std::string();
-    const std::string command =
-        fmt::format("{}{}/memfit {} > '{}' 2> '{}'", launcher, MEMFIT_BINARY_DIR, args,
-                    (dir / "out.txt").string(), (dir / "err.txt").string());
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_memfit(args, ranks);
   }
   std::string train(int steps, const std::string& more) const {
     return fmt::format("train --model gpt2-tiny --seq-len 32 --batch 2 --steps {} --eval-batches 1 "

@@ -106,6 +106,33 @@ TEST(MaxModel, FitsAndTheNextMemberDoesNotAndItGrowsWithTheBudget) {
     EXPECT_EQ(f.search.fits, f.shape.n_layer <= large.best.shape.n_layer) << f.shape.n_layer;
 }
 
+// --offload-optimizer nvme: a member fits only if its offload files fit the disk too.
+TEST(MaxModel, WithOffloadTheFilesMustFitTheDisk) {
+  TrainConfig c = tiny_vocab_config();
+  c.offload_optimizer = "nvme";
+  c.offload_dir = empty_dir() + "/offload";
+  RunSpec base = resolve_run(c);
+  const MaxModelResult free_disk = find_max_model(base, 300 * kMiB);
+  ASSERT_TRUE(free_disk.found);
+  ASSERT_FALSE(free_disk.capped);
+  EXPECT_GT(free_disk.best.disk_bytes, 0u);
+  EXPECT_GT(free_disk.disk_limit, free_disk.best.disk_bytes);  // the free space
+  base.offload.disk_limit = free_disk.best.disk_bytes - 1;
+  const MaxModelResult r = find_max_model(base, 300 * kMiB);
+  ASSERT_TRUE(r.found);
+  EXPECT_LT(r.best.shape.n_layer, free_disk.best.shape.n_layer);
+  EXPECT_LE(r.best.disk_bytes, base.offload.disk_limit);
+  EXPECT_TRUE(r.best.fits());
+  bool next_seen = false;
+  for (const ShapeFit& f : r.neighbours)
+    if (f.shape.n_layer == r.best.shape.n_layer + 1) {
+      next_seen = true;
+      EXPECT_FALSE(f.fits());
+      EXPECT_TRUE(f.search.fits || !f.disk_fits);
+    }
+  EXPECT_TRUE(next_seen);
+}
+
 TEST(MaxModel, NothingFitsNamesTheSmallestMember) {
   const MaxModelResult r = find_max_model(tiny_vocab(), 4 * kMiB);
   EXPECT_FALSE(r.found);

@@ -9,6 +9,7 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/core/error.h"
+#include "memfit/offload/disk_rate.h"
 #include "memfit/plan/calibration.h"
 
 namespace memfit::cli {
@@ -51,19 +52,34 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("--threads", *threads, "OpenMP threads (as the runs to plan; 0: all cores)")
       ->capture_default_str();
   cmd->add_flag("--json", *json, "Print the calibration as one JSON object");
-  cmd->callback([threads, json] {
+  auto offload_dir = std::make_shared<std::string>();
+  cmd->add_option("--offload-dir", *offload_dir,
+                  "Also measure the read and write rates of this directory's disk for "
+                  "--offload-optimizer (a 64 MiB test, cached per filesystem)");
+  cmd->callback([threads, json, offload_dir] {
     if (*threads < 0)
       MEMFIT_THROW(ConfigError, "config", "--threads must be >= 0, got {}", *threads);
     if (*threads > 0) omp_set_num_threads(*threads);
     const Calibration c = calibrate();
     const auto path = calibration_cache_path(c.threads);
     save_calibration(path, c);
+    const offload::DiskRate* disk =
+        offload_dir->empty() ? nullptr : &offload::disk_rate(*offload_dir, /*remeasure=*/true);
     if (*json) {
       nlohmann::json j = c.to_json();
       j["path"] = path.string();
+      if (disk)
+        j["offload_disk"] = {{"dir", *offload_dir},
+                             {"read_bytes_per_s", disk->read_bytes_per_s},
+                             {"write_bytes_per_s", disk->write_bytes_per_s},
+                             {"path", offload::disk_rate_cache_path(*offload_dir).string()}};
       fmt::print("{}\n", j.dump(2));
     } else {
       print_calibration(c, path.string());
+      if (disk)
+        fmt::print("offload disk ({}): write {:.2f} GB/s, read {:.2f} GB/s; saved to {}\n",
+                   *offload_dir, disk->write_bytes_per_s / 1e9, disk->read_bytes_per_s / 1e9,
+                   offload::disk_rate_cache_path(*offload_dir).string());
     }
   });
 }

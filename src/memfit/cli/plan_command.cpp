@@ -13,6 +13,8 @@
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/memory/pool.h"
+#include "memfit/dist/comm_volume.h"
+#include "memfit/model/param_layout.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
@@ -22,9 +24,38 @@ namespace memfit::cli {
 
 namespace {
 
+// Weights, master weights, gradients and optimizer state: what ZeRO shards (the paper's "model
+// states").
+size_t model_state_bytes(const PlanReport& r) {
+  size_t b = 0;
+  for (Category c : {Category::params, Category::master, Category::grads, Category::optimizer})
+    b += r.by_category[static_cast<size_t>(c)];
+  return b;
+}
+
+// Every rank's peak and model state (ZeRO shards differ by a cut granule, and the receive
+// buffers by rank): what `mpirun -n N memfit train` measures on each.
+nlohmann::json ranks_json(const RunSpec& run) {
+  nlohmann::json a = nlohmann::json::array();
+  for (int q = 0; q < run.world; ++q) {
+    const PlanReport p = plan_memory(run, q);
+    nlohmann::json cats = nlohmann::json::object();
+    for (Category c : kAllCategories)
+      if (p.by_category[static_cast<size_t>(c)])
+        cats[std::string(category_name(c))] = p.by_category[static_cast<size_t>(c)];
+    a.push_back({{"rank", q},
+                 {"peak_bytes", p.peak_bytes},
+                 {"model_state_bytes", model_state_bytes(p)},
+                 {"by_category", cats}});
+  }
+  return a;
+}
+
 nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   nlohmann::json j;
   j["peak_bytes"] = r.peak_bytes;
+  j["model_state_bytes"] = model_state_bytes(r);
+  if (run.world > 1) j["per_rank"] = ranks_json(run);
   j["by_category"] = nlohmann::json::object();
   for (Category c : kAllCategories)
     j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
@@ -39,18 +70,29 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["flops"] = r.flops;
   j["recompute_flops"] = r.recompute_flops;
   j["est_step_seconds"] = r.est_step_seconds;
+  if (run.world > 1) {
+    const int64_t n = ParamLayout(r.model).total();
+    const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
+    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    j["comm_per_step"] = {{"all_reduce", v.all_reduce},
+                          {"reduce_scatter", v.reduce_scatter},
+                          {"all_gather", v.all_gather},
+                          {"psi_multiple", v.psi_multiple(n, 4, param_bytes)}};
+  }
   j["step_time"] = {{"block_gemm", r.step_time.block_gemm},
                     {"attention", r.step_time.attention},
                     {"head_gemm", r.step_time.head_gemm},
                     {"elementwise", r.step_time.elementwise},
                     {"compression", r.step_time.compression},
-                    {"optimizer", r.step_time.optimizer}};
+                    {"optimizer", r.step_time.optimizer},
+                    {"offload_io", r.step_time.offload_io}};
   j["model"] = {{"family", family_name(r.model.family)}, {"n_layer", r.model.n_layer},
                 {"n_head", r.model.n_head},       {"n_kv_head", r.model.n_kv_head},
                 {"d_model", r.model.d_model},     {"ffn_dim", r.model.ffn_dim},
                 {"vocab_size", r.model.vocab_size}, {"params", r.model.num_params()}};
   j["batch"] = r.B;
   j["ranks"] = run.world;
+  j["zero"] = run.zero;
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
   j["ckpt"] = run.ckpt.name();
@@ -58,6 +100,18 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["attention"] = attention_kind_name(run.attention);
   j["optim"] = run.optim.name;
   j["data_included"] = r.data_included;
+  if (run.offload.optimizer) {
+    // NVMe offload: what lives on disk instead, and what one step moves.
+    nlohmann::json disk = nlohmann::json::object();
+    for (Category c : kAllCategories)
+      if (r.disk_by_category[static_cast<size_t>(c)])
+        disk[std::string(category_name(c))] = r.disk_by_category[static_cast<size_t>(c)];
+    j["offload"] = {{"dir", run.offload.dir},
+                    {"disk_bytes", r.disk_bytes},
+                    {"disk_by_category", disk},
+                    {"io_bytes_per_step", r.io_bytes_per_step},
+                    {"staging_ring_bytes", r.offload_staging_bytes}};
+  }
   if (run.mem_limit) {
     j["mem_limit_bytes"] = run.mem_limit;
     j["fits"] = r.peak_bytes <= run.mem_limit;
@@ -74,15 +128,41 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  ? std::string()
                  : fmt::format(", --act-compress {}", act_compress_name(run.act_compress)),
              attention_kind_name(run.attention), run.optim.name,
-             run.world > 1 ? fmt::format("; each of {} data-parallel ranks holds", run.world)
+             run.world > 1 ? fmt::format("; rank 0 of {} data-parallel ranks at ZeRO stage {} "
+                                         "holds",
+                                         run.world, run.zero)
                            : std::string());
   fmt::print("{:<12} {:>12}\n", "category", "MiB");
   for (Category c : kAllCategories) {
     const size_t b = r.by_category[static_cast<size_t>(c)];
     if (b) fmt::print("{:<12} {:>12.1f}\n", category_name(c), b / 1048576.0);
   }
-  fmt::print("{:<12} {:>12.1f}  ({} bytes)\n\n", "total", r.peak_bytes / 1048576.0,
+  fmt::print("{:<12} {:>12.1f}  ({} bytes)\n", "total", r.peak_bytes / 1048576.0,
              r.peak_bytes);
+  fmt::print("model state (params, master, grads, optimizer): {:.1f} MiB ({:.3g} GB)\n",
+             model_state_bytes(r) / 1048576.0, model_state_bytes(r) / 1e9);
+  if (run.world > 1) {
+    const int64_t n = ParamLayout(r.model).total();
+    const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
+    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
+               "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
+               v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
+               v.psi_multiple(n, 4, param_bytes));
+    // Shards differ by a cut granule and receive buffers by rank: the extremes over ranks.
+    size_t lo = r.peak_bytes, hi = r.peak_bytes;
+    int lo_rank = 0, hi_rank = 0;
+    for (int q = 1; q < run.world; ++q) {
+      const size_t b = plan_memory(run, q).peak_bytes;
+      if (b < lo) lo = b, lo_rank = q;
+      if (b > hi) hi = b, hi_rank = q;
+    }
+    if (lo != hi)
+      fmt::print("ranks' peaks: from {} bytes (rank {}) to {} bytes (rank {}); --json lists "
+                 "each\n",
+                 lo, lo_rank, hi, hi_rank);
+  }
+  fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];
   auto mib = [](size_t b) { return b / 1048576.0; };
   fmt::print("peak: {} ({:.1f} MiB of activations and {:.1f} MiB of workspace live then, in "
@@ -100,6 +180,21 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  ? fmt::format("compression {:.2f} s, ", r.step_time.compression)
                  : std::string(),
              r.step_time.optimizer);
+  if (run.offload.optimizer) {
+    std::string disk;
+    for (Category c : kAllCategories)
+      if (const size_t b = r.disk_by_category[static_cast<size_t>(c)])
+        disk += fmt::format("{}{} {:.1f} MiB", disk.empty() ? "" : ", ", category_name(c),
+                            b / 1048576.0);
+    fmt::print("offload: {} on disk in {} ({:.1f} MiB: {}); {:.1f} MiB read and written per "
+               "step through a staging ring of {:.1f} MiB (in staging above); the disk adds "
+               "about {:.2f} s a step beyond the update's compute\n",
+               r.disk_by_category[static_cast<size_t>(Category::master)]
+                   ? "master weights and optimizer state"
+                   : "optimizer state",
+               run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
+               r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
+  }
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "
                "buffers, not the permutation a shuffled run adds, 4 bytes per {}-token window "
@@ -155,7 +250,7 @@ void add_plan_command(CLI::App& app) {
   auto max_model = std::make_shared<bool>(false);
   add_train_options(cmd, *cfg, *config_file);
   cmd->add_flag("--json", *json, "Print one JSON object");
-  cmd->add_option("--ranks,--world-size", cfg->ranks,
+  cmd->add_option("--world-size,--ranks", cfg->ranks,
                   "Plan for this many data-parallel ranks (mpirun -n): the bytes of each")
       ->capture_default_str();
   cmd->add_flag("--auto", *auto_ckpt,

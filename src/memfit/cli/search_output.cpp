@@ -34,13 +34,17 @@ nlohmann::json shape_json(const ShapeFit& f) {
           {"d_model", f.shape.d_model},
           {"n_head", f.shape.n_head},
           {"params", f.params},
-          {"fits", f.search.fits},
+          {"fits", f.fits()},
           {"ckpt", c.ckpt},
           {"act_compress", act_compress_name(c.act_compress)},
           {"batch", c.batch},
           {"grad_accum", c.grad_accum},
           {"peak_bytes", c.peak_bytes},
           {"est_step_seconds", c.est_step_seconds}};
+  if (f.disk_bytes) {
+    j["disk_bytes"] = f.disk_bytes;
+    j["disk_fits"] = f.disk_fits;
+  }
   if (f.shape.ffn_dim) {
     j["n_kv_head"] = f.shape.n_kv_head;
     j["ffn_dim"] = f.shape.ffn_dim;
@@ -92,6 +96,10 @@ void print_max_model(const MaxModelResult& r) {
                b.params / 1e6, candidate_options(c, true), format_mib(c.peak_bytes),
                format_seconds(c.est_step_seconds),
                r.capped ? fmt::format(" (the search stops at {} layers)", kMaxFamilyLayers) : "");
+  if (r.disk_limit)
+    fmt::print("with the optimizer offloaded: its files take {:.1f} GiB of the {:.1f} GiB of "
+               "disk allowed (--disk-limit, else the free space of --offload-dir)\n",
+               b.disk_bytes / 1073741824.0, r.disk_limit / 1073741824.0);
   else
     fmt::print("memfit plan --max-model: no {}-family model trains in {}; the smallest, {} "
                "layer x {} wide ({:.1f}M parameters), needs at least {} ({}); its largest part "
@@ -108,7 +116,10 @@ void print_max_model(const MaxModelResult& r) {
                f.shape.n_layer, f.shape.d_model, f.shape.n_head, f.params / 1e6, n.ckpt,
                act_compress_name(n.act_compress), n.batch,
                n.grad_accum, mib(n.peak_bytes), format_seconds(n.est_step_seconds),
-               f.search.fits ? "yes" : fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit))));
+               !f.search.fits ? fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit)))
+               : !f.disk_fits ? fmt::format("no, the disk: {:.1f} GiB of files",
+                                            f.disk_bytes / 1073741824.0)
+                              : std::string("yes"));
   }
   fmt::print("\n({} shapes planned; {}: docs/notes/planner.md)\n", r.shapes_planned,
              r.family == Family::gpt2

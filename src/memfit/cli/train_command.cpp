@@ -80,12 +80,26 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "Data parallelism (under mpirun or srun): gradients are summed over the ranks "
                   "this many MiB at a time")
       ->capture_default_str();
+  cmd->add_option("--zero", c.zero,
+                  "ZeRO stage under mpirun or srun: 0 every rank holds everything; 1 optimizer "
+                  "state and FP32 master weights sharded; 2 gradients reduce-scattered too "
+                  "(with one rank, every stage is 0)")
+      ->capture_default_str();
   cmd->add_option("--collective-timeout", c.collective_timeout,
                   "Under mpirun or srun: seconds a rank waits for one collective before the job "
                   "fails, naming it (a rank stopped or hung); 0: forever. Keep it above the "
                   "longest save, which the other ranks wait for")
       ->capture_default_str();
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
+  cmd->add_option("--offload-optimizer", c.offload_optimizer,
+                  "none | nvme: optimizer state and FP32 master weights in files in "
+                  "--offload-dir, streamed a block at a time through the update")
+      ->capture_default_str();
+  cmd->add_option("--offload-dir", c.offload_dir,
+                  "Directory for the offload files (scratch, removed when the run ends)");
+  cmd->add_option("--disk-limit", c.disk_limit,
+                  "With --offload-optimizer nvme: the most disk the offload files may take, e.g. "
+                  "100GiB (default: the free space of --offload-dir)");
   cmd->add_flag("--auto-batch", c.auto_batch,
                 "With --mem-limit: choose the micro-batch (a divisor of --batch x --grad-accum, "
                 "which stays) that fits fastest");

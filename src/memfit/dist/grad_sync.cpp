@@ -8,49 +8,92 @@ namespace memfit::dist {
 
 namespace {
 
-// Floats of one ring slot on rank `rank`: the largest bucket's receive buffer, at least `world`.
-int64_t slot_floats(int64_t n, size_t bucket_bytes, int world, int rank) {
-  const int64_t per = bucket_floats(n, bucket_bytes);
-  return std::max<int64_t>(int64_t{world} * even_counts(per, world)[static_cast<size_t>(rank)],
-                           world);
+// Each rank's part of `bucket` (reduce-scatter counts).
+std::vector<int64_t> shard_counts(const ElementRange& bucket, std::span<const ElementRange> shards) {
+  std::vector<int64_t> counts;
+  for (const ElementRange& s : shards) counts.push_back(s.intersect(bucket).size());
+  return counts;
+}
+
+// Floats of one ring slot on rank `rank`: the largest bucket's receive buffer, at least `world`
+// (the scalar sums go through it too).
+int64_t slot_floats(int64_t n, size_t bucket_bytes, int world, int rank,
+                    std::span<const ElementRange> shards) {
+  int64_t piece = 0;
+  if (shards.empty()) {
+    piece = even_counts(bucket_floats(n, bucket_bytes), world)[static_cast<size_t>(rank)];
+  } else {
+    for (const ElementRange& b : gradient_buckets(n, bucket_bytes, world, shards))
+      piece = std::max(piece, shards[static_cast<size_t>(rank)].intersect(b).size());
+  }
+  return std::max<int64_t>(int64_t{world} * piece, world);
 }
 
 }  // namespace
+
+std::vector<ElementRange> gradient_buckets(int64_t n, size_t bucket_bytes, int world,
+                                           std::span<const ElementRange> shards) {
+  std::vector<ElementRange> out;
+  if (shards.empty()) {
+    const int64_t per = bucket_floats(n, bucket_bytes);
+    for (int64_t end = n; end > 0; end -= per) out.push_back({std::max<int64_t>(0, end - per), end});
+    return out;
+  }
+  // Stage 2: a bucket is summed on its owner, which receives every rank's copy of it (Note
+  // [Deterministic reduction]), so buckets lie inside one shard and are 1/world of the bytes:
+  // the receive buffer is then the all-reduce's, and the bytes moved are the same.
+  const int64_t per = std::max<int64_t>(1, bucket_floats(n, bucket_bytes) / std::max(world, 1));
+  for (auto s = shards.rbegin(); s != shards.rend(); ++s)
+    for (int64_t end = s->end; end > s->begin; end -= per)
+      out.push_back({std::max(s->begin, end - per), end});
+  return out;
+}
 
 int64_t bucket_floats(int64_t n, size_t bucket_bytes) {
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
   return std::min(std::max<int64_t>(n, 1), per);
 }
 
-size_t GradientSync::comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank) {
+size_t GradientSync::comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank,
+                                std::span<const ElementRange> shards) {
   if (world <= 1) return 0;
-  const size_t slot = static_cast<size_t>(slot_floats(n, bucket_bytes, world, rank));
+  const size_t slot = static_cast<size_t>(slot_floats(n, bucket_bytes, world, rank, shards));
   return MemoryPool::round_up(kInFlight * slot * sizeof(float));
 }
 
 GradientSync::GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads,
-                           size_t bucket_bytes)
-    : comm_(comm), grads_(grads) {
+                           size_t bucket_bytes, std::vector<ElementRange> shards)
+    : comm_(comm), grads_(grads), shards_(std::move(shards)) {
   const int64_t n = static_cast<int64_t>(grads.size());
-  per_ = bucket_floats(n, bucket_bytes);
-  buckets_ = (n + per_ - 1) / per_;
-  slot_floats_ = slot_floats(n, bucket_bytes, comm.size(), comm.rank());
-  ring_ = pool.allocate(comm_bytes(n, bucket_bytes, comm.size(), comm.rank()), Category::comm,
-                        "comm.grad_ring");
+  MEMFIT_CHECK(shards_.empty() || (static_cast<int>(shards_.size()) == comm.size() &&
+                                   shards_.front().begin == 0 && shards_.back().end == n),
+               "dist", "{} shards for {} ranks do not tile {} gradients", shards_.size(),
+               comm.size(), n);
+  buckets_ = gradient_buckets(n, bucket_bytes, comm.size(), shards_);
+  slot_floats_ = slot_floats(n, bucket_bytes, comm.size(), comm.rank(), shards_);
+  ring_ = pool.allocate(comm_bytes(n, bucket_bytes, comm.size(), comm.rank(), shards_),
+                        Category::comm, "comm.grad_ring");
 }
 
 GradientSync::~GradientSync() = default;  // pending requests wait as they are destroyed
 
-// Bucket j covers [n - (j+1) per, n - j per), clipped at 0: the slab's end first, as the
-// backward finishes it.
 void GradientSync::start(int64_t j) {
   if (static_cast<int>(in_flight_.size()) == kInFlight) wait_oldest();
-  const int64_t n = static_cast<int64_t>(grads_.size());
-  const int64_t end = n - j * per_, begin = std::max<int64_t>(0, end - per_);
+  const ElementRange b = buckets_[static_cast<size_t>(j)];
   float* slot = static_cast<float*>(ring_.data()) + (j % kInFlight) * slot_floats_;
-  in_flight_.push_back(comm_.all_reduce_async(
-      grads_.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin)),
-      {slot, static_cast<size_t>(slot_floats_)}));
+  const std::span<float> bucket = grads_.subspan(static_cast<size_t>(b.begin),
+                                                 static_cast<size_t>(b.size()));
+  (shards_.empty() ? volume_.all_reduce : volume_.reduce_scatter) += b.size() * 4;
+  if (shards_.empty()) {
+    in_flight_.push_back(comm_.all_reduce_async(bucket, {slot, static_cast<size_t>(slot_floats_)}));
+    return;
+  }
+  // Stage 2: this rank's part of the bucket gets the sums, in place.
+  const std::vector<int64_t> counts = shard_counts(b, shards_);
+  const ElementRange mine = shards_[static_cast<size_t>(comm_.rank())].intersect(b);
+  in_flight_.push_back(comm_.reduce_scatter_async(
+      bucket, grads_.subspan(static_cast<size_t>(mine.begin), static_cast<size_t>(mine.size())),
+      counts, {slot, static_cast<size_t>(slot_floats_)}));
 }
 
 void GradientSync::wait_oldest() {
@@ -59,14 +102,14 @@ void GradientSync::wait_oldest() {
 }
 
 void GradientSync::final_from(int64_t from) {
-  const int64_t n = static_cast<int64_t>(grads_.size());
-  while (next_ < buckets_ && std::max<int64_t>(0, n - (next_ + 1) * per_) >= from) start(next_++);
+  const int64_t count = static_cast<int64_t>(buckets_.size());
+  while (next_ < count && buckets_[static_cast<size_t>(next_)].begin >= from) start(next_++);
   // OpenMPI moves a nonblocking collective only inside MPI calls: give the ones in flight a turn.
   for (auto& r : in_flight_) r->test();
 }
 
 void GradientSync::finish() {
-  while (next_ < buckets_) start(next_++);
+  while (next_ < static_cast<int64_t>(buckets_.size())) start(next_++);
   while (!in_flight_.empty()) wait_oldest();
   next_ = 0;  // the next step's exchange starts from the slab's end again
 }

@@ -35,8 +35,7 @@ void copy_all(const SafetensorsReader& reader, const std::vector<Copy>& copies) 
 }
 
 std::string state_name(Optimizer& opt, const std::string& name) {
-  std::string prefix = opt.name() + ".";
-  return name.rfind(prefix, 0) == 0 ? name : prefix + name;
+  return optimizer_state_key(opt.name(), name);
 }
 
 struct OptimizerPlan {
@@ -147,6 +146,11 @@ std::vector<std::string> config_differences(const ModelConfig& saved, const Mode
 }
 
 }  // namespace
+
+std::string optimizer_state_key(const std::string& optimizer, const std::string& state) {
+  std::string prefix = optimizer + ".";
+  return state.rfind(prefix, 0) == 0 ? state : prefix + state;
+}
 
 void save_optimizer_state(const fs::path& file, Optimizer& optimizer) {
   SafetensorsWriter writer;

@@ -31,6 +31,10 @@ inline constexpr std::string_view kOptimizerFile = "optimizer.safetensors";
 
 // ---- optimizer.safetensors -------------------------------------------------------------------
 
+// The key of an optimizer's state tensor in optimizer.safetensors: "<optimizer>.<state>"
+// ("adamw.m"), or the state's name where it already starts with the optimizer's.
+std::string optimizer_state_key(const std::string& optimizer, const std::string& state);
+
 // Optimizer::state() tensors as "<optimizer>.<state>" ("adamw.m"), bit for bit, with metadata
 // {"optimizer": name, "steps_taken": N}, each written straight from its tensor.
 void save_optimizer_state(const std::filesystem::path& file, Optimizer& optimizer);

@@ -263,6 +263,13 @@ void SafetensorsWriter::add_deferred(std::string name, std::vector<int64_t> shap
                     std::move(produce), std::move(shape), dtype});
 }
 
+void SafetensorsWriter::add_source(std::string name, SafetensorsDType dtype,
+                                   std::vector<int64_t> shape,
+                                   std::function<void(const ByteSink&)> source) {
+  add_raw(std::move(name), dtype, std::move(shape), nullptr);
+  items_.back().source = std::move(source);
+}
+
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
   metadata_[key] = value;
 }
@@ -336,6 +343,19 @@ void SafetensorsWriter::write(const fs::path& path) const {
       return static_cast<std::byte*>(pooled.data());
     };
     for (const Item* it : ordered()) {
+      if (it->source) {
+        const uint64_t want = item_bytes(it->dtype, it->shape);
+        uint64_t got = 0;
+        it->source([&](const void* data, size_t n) {
+          MEMFIT_CHECK(got + n <= want, "safetensors", "tensor '{}': its source gave more than {} bytes",
+                       it->name, want);
+          w.write(data, n);
+          got += n;
+        });
+        MEMFIT_CHECK(got == want, "safetensors", "tensor '{}': its source gave {} of {} bytes",
+                     it->name, got, want);
+        continue;
+      }
       if (it->raw) {
         w.write(it->raw, item_bytes(it->dtype, it->shape));
         continue;

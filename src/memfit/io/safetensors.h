@@ -81,6 +81,12 @@ class SafetensorsWriter {
   // Stores raw bytes (any format dtype); `data` must stay valid until write().
   void add_raw(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
                const void* data);
+  // Stores bytes that `source` produces when the file is written, in order, by calling its
+  // argument with each piece (in all exactly the tensor's bytes): a tensor streamed from
+  // somewhere that is not in memory (an offload file, a unit at a time).
+  using ByteSink = std::function<void(const void* data, size_t bytes)>;
+  void add_source(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape,
+                  std::function<void(const ByteSink& sink)> source);
   // Stores a tensor that does not exist yet: write() calls `produce`, which returns it
   // (contiguous, of `shape` and `dtype` as declared, before any transpose), writes it and lets go
   // of it before producing the next, so a file of many tensors costs one tensor's memory at a
@@ -110,6 +116,7 @@ class SafetensorsWriter {
     std::function<Tensor()> produce;  // add_deferred: the tensor, made at write()
     std::vector<int64_t> source_shape;
     DType source_dtype = DType::f32;
+    std::function<void(const ByteSink&)> source = {};  // add_source
   };
   std::vector<const Item*> ordered() const;
   void check_new_name(const std::string& name) const;

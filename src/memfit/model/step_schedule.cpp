@@ -26,4 +26,18 @@ void PhaseUses::use(const std::string& tag, Access access) {
   if (std::none_of(uses.begin(), uses.end(), seen)) uses.emplace_back(tag, access);
 }
 
+const char* phase_kind_name(PhaseKind k) {
+  switch (k) {
+    case PhaseKind::embedding: return "embedding";
+    case PhaseKind::forward: return "forward";
+    case PhaseKind::final_norm: return "final_norm";
+    case PhaseKind::lm_head: return "lm_head";
+    case PhaseKind::final_norm_backward: return "final_norm_backward";
+    case PhaseKind::recompute: return "recompute";
+    case PhaseKind::backward: return "backward";
+    case PhaseKind::embedding_backward: return "embedding_backward";
+  }
+  return "?";
+}
+
 }  // namespace memfit

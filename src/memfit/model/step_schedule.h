@@ -20,6 +20,8 @@ enum class PhaseKind : uint8_t {
   backward,             // block `layer`'s backward
   embedding_backward,   // d(residual) -> d(embedding tables)
 };
+// The kind's name in the profile's JSON and page: "forward", "lm_head", ...
+const char* phase_kind_name(PhaseKind k);
 struct Phase {
   PhaseKind kind = PhaseKind::embedding;
   int layer = -1;  // forward, recompute and backward; -1 otherwise

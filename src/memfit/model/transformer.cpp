@@ -13,20 +13,47 @@ namespace memfit {
 using namespace kernels;
 
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
-                         const PrecisionOptions& precision)
+                         const PrecisionOptions& precision,
+                         std::optional<ElementRange> master_range, bool master_in_ram)
     : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
   check_precision_options(precision);
   const Precision p = precision.precision;
+  master_range_ = master_range.value_or(ElementRange{0, layout_.total()});
+  const ElementRange whole{0, layout_.total()};
+  MEMFIT_CHECK(whole.contains(master_range_), "model",
+               "master range [{}, {}) outside the layout of {} elements", master_range_.begin,
+               master_range_.end, layout_.total());
   params_ = Tensor::empty(pool, {layout_.total()}, half_dtype(p), Category::params, "params");
-  if (p != Precision::fp32 && precision.master_weights)
-    master_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::master, "master");
+  if (p != Precision::fp32 && precision.master_weights && master_in_ram)
+    master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   weights_ = layout_.views(params_);
   grad_views_ = layout_.views(grads_);
 }
 
 void Transformer::refresh_working() {
-  if (master_.defined()) convert(params_, master_);
+  if (!master_.defined()) return;
+  if (whole_weights()) {
+    convert(params_, master_);
+  } else if (!master_range_.empty()) {
+    Tensor working = params_.view(master_range_.begin, {master_range_.size()});
+    convert(working, master_);
+  }
+}
+
+void Transformer::set_weights_from(const Tensor& slab) {
+  Tensor& w = weights();
+  if (whole_weights()) {
+    if (w.raw_data() != slab.raw_data()) convert(w, slab);
+  } else {
+    // A shard of master weights: its range from the slab; the working copy all of it, rounded
+    // as refresh_working rounds the master (the same values, so the same bits).
+    if (!master_range_.empty())
+      convert(w, slab.view(master_range_.begin, {master_range_.size()}));
+    convert(params_, slab);
+    return;
+  }
+  refresh_working();
 }
 
 namespace {
@@ -64,10 +91,24 @@ void init_slab(const ModelConfig& config, const ParamLayout& layout, Tensor& sla
 
 }  // namespace
 
+void Transformer::draw_initial_weights(uint64_t seed, Tensor& f32_slab) const {
+  MEMFIT_CHECK(f32_slab.dtype() == DType::f32 && f32_slab.numel() == layout_.total(), "model",
+               "initial weights go into an f32 slab of {} elements", layout_.total());
+  init_slab(config_, layout_, f32_slab, seed);
+}
+
 void Transformer::init_weights(uint64_t seed) {
   Tensor& w = weights();
-  if (w.dtype() == DType::f32) {
+  if (w.dtype() == DType::f32 && whole_weights()) {
     init_slab(config_, layout_, w, seed);
+  } else if (!whole_weights()) {
+    // A shard of master weights (ZeRO): draw the whole layout in f32 into the gradient slab,
+    // unused until the first backward, so no byte is added; the shard and the working copy
+    // from it.
+    init_slab(config_, layout_, grads_, seed);
+    set_weights_from(grads_);
+    grads_.zero();
+    return;
   } else {
     // Pure bf16: draw in f32 in a staging slab that lives only for this call.
     Tensor staging =

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/state/element_range.h"
 
 namespace memfit {
 
@@ -26,7 +28,12 @@ class Transformer {
   // Allocates the parameter slab (Category::params: the working weights the kernels read, in
   // half_dtype(precision)), the FP32 master weights (Category::master) when the precision is
   // not fp32 and master weights are kept, and the f32 gradient slab (Category::grads).
-  Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {});
+  // `master_range`: the master weights of these elements only (a ZeRO shard from stage 1 on,
+  // Note [ZeRO]); the whole layout when absent. `master_in_ram` false: the master weights live
+  // elsewhere (an offload file, Note [NVMe offload]); the model then has only its working
+  // weights, and the caller keeps the master.
+  Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
+              std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -34,12 +41,21 @@ class Transformer {
   // The working weights: what forward and backward read (f32, bf16 or f16).
   Tensor& params() { return params_; }
   // The weights of record: what the optimizer updates and checkpoints save and load. The FP32
-  // master weights when there are any, else the working weights (fp32, or pure bf16).
+  // master weights when there are any, else the working weights (fp32, or pure bf16). They
+  // cover weights_range(): the whole layout unless the master weights are a shard.
   Tensor& weights() { return master_.defined() ? master_ : params_; }
   bool has_master() const { return master_.defined(); }
+  ElementRange weights_range() const {
+    return master_.defined() ? master_range_ : ElementRange{0, layout_.total()};
+  }
+  // Whether the weights of record are the whole layout (not a shard of master weights).
+  bool whole_weights() const { return weights_range() == ElementRange{0, layout_.total()}; }
   // After the weights of record changed (optimizer step, load): the working copy = master
-  // rounded to nearest even. Nothing to do without master weights.
+  // rounded to nearest even, over weights_range(). Nothing to do without master weights.
   void refresh_working();
+  // Loads the whole layout's weights of record from `slab` (f32, the whole layout): its
+  // weights_range() into the master weights, all of it rounded into the working copy.
+  void set_weights_from(const Tensor& slab);
   Tensor& grads() { return grads_; }
   Tensor param(const std::string& name) const { return layout_.view(params_, name); }
   Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
@@ -50,6 +66,9 @@ class Transformer {
   // Drawn in f32 and rounded to nearest even where the weights of record are bf16, so every
   // precision starts from the same values.
   void init_weights(uint64_t seed);
+  // The same initial weights written into `f32_slab` (the whole layout in f32), for a caller
+  // that keeps the weights of record itself (offloaded master weights).
+  void draw_initial_weights(uint64_t seed, Tensor& f32_slab) const;
 
   // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again
@@ -115,6 +134,7 @@ class Transformer {
   ParamLayout layout_;
   PrecisionOptions precision_;
   Tensor params_, master_, grads_;
+  ElementRange master_range_;
   ModelWeights weights_, grad_views_;  // typed views of params_ and grads_
   int B_ = 0, T_ = 0;
   StepContext ctx_;  // running the step plan

@@ -6,6 +6,8 @@
 #include <map>
 
 #include "memfit/core/error.h"
+#include "memfit/offload/offload_layout.h"
+#include "memfit/offload/scratch_file.h"
 
 namespace memfit {
 
@@ -76,6 +78,16 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
   r.family = preset.family;
   r.limit = limit;
   std::map<int, ShapeFit> planned;
+  // With the optimizer offloaded, a member must also fit the disk: --disk-limit, else what is
+  // free where the files would go.
+  if (base.offload.optimizer) {
+    r.disk_limit = base.offload.disk_limit;
+    if (!r.disk_limit) {
+      std::error_code ec;
+      std::filesystem::create_directories(base.offload.dir, ec);
+      r.disk_limit = offload::free_disk_bytes(base.offload.dir);
+    }
+  }
   auto fit = [&](int n_layer) -> const ShapeFit& {
     auto it = planned.find(n_layer);
     if (it != planned.end()) return it->second;
@@ -84,6 +96,12 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
     const RunSpec c = with_family_shape(base, f.shape);
     f.params = c.model.num_params();
     f.search = search_training(c, limit, {true, base.auto_batch, base.act_compress_open});
+    if (base.offload.optimizer) {
+      const bool master =
+          c.precision.precision != Precision::fp32 && c.precision.master_weights;
+      f.disk_bytes = offload::make_offload_layout(ParamLayout(c.model), c.optim, master).disk_total();
+      f.disk_fits = f.disk_bytes <= r.disk_limit;
+    }
     return planned.emplace(n_layer, std::move(f)).first->second;
   };
 
@@ -91,7 +109,7 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
   // double until a member does not fit, then bisect.
   int lo = 0, hi = 0;  // lo fits (0: none known), hi does not (0: none known)
   for (int n = 1; n <= kMaxFamilyLayers; n = std::min(2 * n, kMaxFamilyLayers)) {
-    if (!fit(n).search.fits) {
+    if (!fit(n).fits()) {
       hi = n;
       break;
     }
@@ -101,7 +119,7 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
   if (hi == 0) r.capped = true;
   while (lo > 0 && hi > 0 && hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
-    (fit(mid).search.fits ? lo : hi) = mid;
+    (fit(mid).fits() ? lo : hi) = mid;
   }
   r.found = lo > 0;
   const int best = r.found ? lo : 1;

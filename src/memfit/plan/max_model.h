@@ -46,11 +46,17 @@ struct ShapeFit {
   FamilyShape shape;
   int64_t params = 0;
   SearchResult search;  // search.fits, and search.choice (the smallest when nothing fits)
+  // --offload-optimizer nvme: the offload files' bytes, and whether they fit the disk limit
+  // (--disk-limit, else the free space of --offload-dir). fits() needs both.
+  uint64_t disk_bytes = 0;
+  bool disk_fits = true;
+  bool fits() const { return search.fits && disk_fits; }
 };
 
 struct MaxModelResult {
   Family family = Family::gpt2;  // the preset's, whose members were searched
   size_t limit = 0;
+  uint64_t disk_limit = 0;  // with offload: the disk the members' files had to fit
   bool found = false;  // some member fits
   ShapeFit best;       // the largest member that fits (the 1-layer member when none does)
   bool capped = false;  // every member up to kMaxFamilyLayers fits

@@ -2,14 +2,18 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "memfit/dist/grad_sync.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/offload/disk_rate.h"
+#include "memfit/offload/offload_layout.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
+#include "memfit/state/shard.h"
 
 namespace memfit {
 
@@ -54,7 +58,7 @@ class ScopedThreads {
 
 }  // namespace
 
-PlanReport plan_memory(const RunSpec& spec) {
+PlanReport plan_memory(const RunSpec& spec, int rank) {
   spec.check();
   // Workspace sizes depend on the thread count (the kernels size per-thread scratch by
   // omp_get_max_threads()), so plan with the run's, as train() sets it.
@@ -72,17 +76,40 @@ PlanReport plan_memory(const RunSpec& spec) {
     return MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(dt));
   };
   auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
-  at(Category::params) = slab(half_dtype(precision.precision));
-  if (precision.precision != Precision::fp32 && precision.master_weights)
-    at(Category::master) = slab(DType::f32);
-  at(Category::grads) = slab(DType::f32);
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  at(Category::optimizer) = optimizer_state_bytes(oc, layout);
-  // Data parallelism: every rank holds all of the above, plus the ring of receive buffers the
-  // gradient buckets are summed through (rank 0's, the largest: dist/grad_sync.h).
-  at(Category::comm) =
-      dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, 0);
+  // ZeRO (Note [ZeRO]): from stage 1 on, the optimizer state and master weights of this rank's
+  // shard alone (shard_ranges, as train() cuts); every rank holds whole working weights and a
+  // whole gradient slab (stage 2 reduce-scatters into it, in place).
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  std::vector<ElementRange> shards;
+  if (spec.world > 1) shards = shard_ranges(layout, oc, spec.world);
+  std::optional<ElementRange> mine;
+  if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
+  at(Category::params) = slab(half_dtype(precision.precision));
+  // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
+  if (precision.precision != Precision::fp32 && precision.master_weights)
+    at(Category::master) = MemoryPool::round_up(std::max<size_t>(
+        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32)));
+  at(Category::grads) = slab(DType::f32);
+  at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
+  if (spec.offload.optimizer) {
+    // The state and the master weights go to files; RAM holds the ring that streams them
+    // (offload/offload_layout.h, the engine's own computation).
+    const offload::OffloadLayout files =
+        offload::make_offload_layout(layout, oc, at(Category::master) > 0);
+    r.disk_by_category = files.disk_bytes();
+    r.disk_bytes = files.disk_total();
+    r.io_bytes_per_step = files.io_bytes_per_step();
+    r.offload_staging_bytes = files.staging_bytes();
+    at(Category::master) = 0;
+    at(Category::optimizer) = 0;
+  }
+  // Data parallelism: plus the ring of receive buffers the gradient buckets are summed through
+  // (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized by this rank's part of a bucket).
+  at(Category::comm) = dist::GradientSync::comm_bytes(
+      layout.total(), spec.bucket_bytes, spec.world, rank,
+      stage == 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
@@ -107,6 +134,7 @@ PlanReport plan_memory(const RunSpec& spec) {
     if (!r.data_included || !shards("val").empty())
       at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
   }
+  at(Category::staging) += r.offload_staging_bytes;
   for (size_t b : r.by_category) r.peak_bytes += b;
   const int peak = r.step.peak_phase();
   r.peak_phase = r.step.phases[peak].name();
@@ -115,8 +143,8 @@ PlanReport plan_memory(const RunSpec& spec) {
   return r;
 }
 
-PlanReport plan_training(const RunSpec& spec) {
-  PlanReport r = plan_memory(spec);
+PlanReport plan_training(const RunSpec& spec, int rank) {
+  PlanReport r = plan_memory(spec, rank);
   const ScopedThreads threads(spec.threads);
   const ActivationOptions act = spec.activation_options();
   const PrecisionOptions precision = spec.precision;
@@ -135,7 +163,15 @@ PlanReport plan_training(const RunSpec& spec) {
   in.options = act;
   in.options.precision = precision.precision;
   in.param_count = static_cast<size_t>(layout.total());
-  in.optimizer_bytes = r.by_category[static_cast<size_t>(Category::optimizer)];
+  // The state's bytes stream through the update wherever they live (RAM or the offload files).
+  OptimConfig oc = spec.optim;
+  oc.n_head = r.model.n_head;
+  in.optimizer_bytes = optimizer_state_bytes(oc, layout);
+  if (spec.offload.optimizer) {
+    // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
+    const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);
+    in.offload_io_seconds = disk.seconds(r.io_bytes_per_step / 2.0, r.io_bytes_per_step / 2.0);
+  }
   in.master_weights = precision.master_weights;
   in.compression_bytes = compression_traffic_bytes(r.step);
   r.step_time = estimate_step_time(in, machine_calibration());

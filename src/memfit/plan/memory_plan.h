@@ -33,14 +33,22 @@ struct PlanReport {
   // Whether training shards were found: staging is then exact. Without them it counts the
   // train and val loaders' fixed buffers, not the shuffle's permutation (4 bytes a window).
   bool data_included = false;
+  // --offload-optimizer nvme: the offload files' bytes by category (master, optimizer), which
+  // are then not in by_category, and the bytes read plus written by one optimizer step. The
+  // staging ring the update streams through is in by_category (staging).
+  CategoryBytes disk_by_category{};
+  uint64_t disk_bytes = 0;
+  uint64_t io_bytes_per_step = 0;
+  size_t offload_staging_bytes = 0;  // the ring's part of staging
 };
 
-// Plans a run as `train` makes it: with spec.world data-parallel ranks, what each rank holds.
-// Throws ConfigError as spec.check() does.
-PlanReport plan_training(const RunSpec& spec);
+// Plans a run as `train` makes it: with spec.world data-parallel ranks at ZeRO stage spec.zero,
+// what rank `rank` holds (ranks differ by their shard's and receive buffer's bytes). Throws
+// ConfigError as spec.check() does.
+PlanReport plan_training(const RunSpec& spec, int rank = 0);
 // The memory half of plan_training alone (flops and step time left 0): no calibration is read
 // or measured. The profiler draws it beside what it measures.
-PlanReport plan_memory(const RunSpec& spec);
+PlanReport plan_memory(const RunSpec& spec, int rank = 0);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.

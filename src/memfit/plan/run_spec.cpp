@@ -15,6 +15,13 @@ ActivationOptions RunSpec::activation_options() const {
 
 void RunSpec::check() const {
   check_optim_config(optim);
+  if (zero < 0 || zero > 3)
+    MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2 or 3, got {}", zero);
+  if (zero == 3 && world > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--zero 3 (sharded working weights) is not built yet: use --zero 0, 1 or 2 "
+                 "with {} ranks",
+                 world);
   check_precision_options(precision);
   check_activation_options(activation_options());
   if (!precision.master_weights && optim.name != "adamw")
@@ -22,6 +29,18 @@ void RunSpec::check() const {
                  "--master-weights none updates bf16 weights with stochastic rounding, which "
                  "only --optim adamw implements; got {}",
                  optim.name);
+  if (offload.optimizer && offload.dir.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-optimizer nvme keeps the optimizer state in files, so it needs "
+                 "--offload-dir DIR (a directory on the disk to use)");
+  if (offload.disk_limit && !offload.optimizer)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme");
+  if (offload.optimizer && world > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-optimizer nvme runs in one process for now; under {} ranks every "
+                 "rank would write the whole state",
+                 world);
 }
 
 }  // namespace memfit

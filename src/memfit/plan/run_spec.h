@@ -17,6 +17,18 @@
 
 namespace memfit {
 
+// Where the model state lives beyond RAM (Note [NVMe offload], docs/notes/offload.md).
+struct OffloadOptions {
+  // --offload-optimizer nvme: the optimizer state and the FP32 master weights (where the
+  // precision keeps them) in scratch files in `dir`, streamed through a staging ring per update.
+  bool optimizer = false;
+  std::string dir;  // --offload-dir
+  // --disk-limit in bytes: the most the offload files may take (0: the free space of `dir`,
+  // which the trainer checks anyway). --max-model counts a member as fitting only if its files
+  // fit too.
+  uint64_t disk_limit = 0;
+};
+
 struct RunSpec {
   ModelConfig model;  // resolved: the checkpoint's when resuming or initialising, else the preset
   int T = 0;          // sequence length
@@ -29,7 +41,9 @@ struct RunSpec {
   ActCompress act_compress = ActCompress::none;
   OptimConfig optim;           // n_head is the model's
   int threads = 0;             // 0: all cores
-  int world = 1;               // data-parallel ranks; each holds the whole model (ZeRO stage 0)
+  int world = 1;               // data-parallel ranks
+  // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
+  int zero = 0;
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts
@@ -41,6 +55,10 @@ struct RunSpec {
   // the policies (Note [Activation compression]).
   bool act_compress_open = false;
   bool auto_batch = false;     // --auto-batch: the planner picks the micro-batch
+  OffloadOptions offload;
+  // --offload-dir given without --offload-optimizer: a search may choose to offload (when
+  // nothing fits in RAM, or it is faster than what does).
+  bool offload_open = false;
 
   // What the model's step is planned and built with.
   ActivationOptions activation_options() const;

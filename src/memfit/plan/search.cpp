@@ -63,6 +63,7 @@ std::string candidate_options(const Candidate& c, bool with_batch) {
   if (with_batch) s += fmt::format(" --batch {} --grad-accum {}", c.batch, c.grad_accum);
   if (c.act_compress != ActCompress::none)
     s += fmt::format(" --act-compress {}", act_compress_name(c.act_compress));
+  if (c.offload) s += " --offload-optimizer nvme";
   return s;
 }
 
@@ -77,6 +78,8 @@ bool faster(const Candidate& a, const Candidate& b) {
 bool preferred(const Candidate& a, const Candidate& b) {
   if (faster(a, b)) return true;
   if (faster(b, a)) return false;
+  // As fast (the disk hidden behind the update): RAM, which depends on no disk.
+  if (a.offload != b.offload) return !a.offload;
   return a.peak_bytes < b.peak_bytes;
 }
 
@@ -112,6 +115,8 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
+  t.offload.optimizer = c.offload;
+  t.offload_open = false;
   return t;
 }
 
@@ -131,6 +136,8 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   const std::vector<ActCompress> compressions =
       space.compression ? std::vector<ActCompress>{ActCompress::none, kSearchCompress}
                         : std::vector<ActCompress>{base.act_compress};
+  const std::vector<bool> offloads =
+      space.offload ? std::vector<bool>{false, true} : std::vector<bool>{base.offload.optimizer};
 
   SearchResult r;
   r.limit = limit;
@@ -141,19 +148,22 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
       if (space.compression && compress != ActCompress::none &&
           !keeps_some_block(CheckpointPolicy::parse(policy), base.model.n_layer))
         continue;
-      for (int b : batches) {
-        Candidate c;
-        c.ckpt = policy;
-        c.act_compress = compress;
-        c.batch = b;
-        c.grad_accum = global / b;
-        const PlanReport p = plan_training(apply_candidate(base, c));
-        c.peak_bytes = p.peak_bytes;
-        c.est_step_seconds = p.est_step_seconds;
-        c.by_category = p.by_category;
-        c.fits = p.peak_bytes <= limit;
-        r.candidates.push_back(std::move(c));
-      }
+      for (int b : batches)
+        for (bool offload : offloads) {
+          Candidate c;
+          c.ckpt = policy;
+          c.act_compress = compress;
+          c.batch = b;
+          c.grad_accum = global / b;
+          c.offload = offload;
+          const PlanReport p = plan_training(apply_candidate(base, c));
+          c.peak_bytes = p.peak_bytes;
+          c.est_step_seconds = p.est_step_seconds;
+          c.by_category = p.by_category;
+          c.fits = p.peak_bytes <= limit &&
+                   (!offload || !base.offload.disk_limit || p.disk_bytes <= base.offload.disk_limit);
+          r.candidates.push_back(std::move(c));
+        }
     }
 
   r.smallest = r.candidates.front();
@@ -168,7 +178,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
   for (const Candidate& c : r.candidates) {
     const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
-                        c.act_compress == r.choice.act_compress;
+                        c.act_compress == r.choice.act_compress && c.offload == r.choice.offload;
     if (r.fits && c.fits && !chosen) r.slower.push_back(c);
     if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
   }

@@ -19,11 +19,12 @@ namespace memfit {
 struct Candidate {
   std::string ckpt;  // a policy's name, never "auto"
   ActCompress act_compress = ActCompress::none;
+  bool offload = false;  // --offload-optimizer nvme
   int batch = 0, grad_accum = 0;
   size_t peak_bytes = 0;
   double est_step_seconds = 0;
   CategoryBytes by_category{};
-  bool fits = false;  // peak_bytes <= the search's limit
+  bool fits = false;  // peak_bytes <= the search's limit (and, offloaded, the files <= --disk-limit)
 
   size_t over(size_t limit) const { return peak_bytes > limit ? peak_bytes - limit : 0; }
   Category dominant() const;  // the largest category (the first of equals)
@@ -40,7 +41,7 @@ std::string format_seconds(double seconds);
 // a is faster than b by more than rounding: estimates within a relative 1e-9 are the same time
 // (the micro-batches of one policy have the same FLOPs, up to rounding).
 bool faster(const Candidate& a, const Candidate& b);
-// a is preferred to b: faster, or the same time and less memory.
+// a is preferred to b: faster, or the same time and not offloaded, or less memory.
 bool preferred(const Candidate& a, const Candidate& b);
 
 // What the search varies: the checkpoint policy (--ckpt auto), the micro-batch (--auto-batch),
@@ -50,8 +51,12 @@ struct SearchSpace {
   bool policies = true;
   bool micro_batches = false;
   bool compression = false;
+  // Every candidate also with the optimizer offloaded (--offload-dir without
+  // --offload-optimizer: Note [NVMe offload]).
+  bool offload = false;
   static SearchSpace of(const RunSpec& spec) {
-    return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open};
+    return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open,
+            spec.offload_open && (spec.ckpt_auto || spec.auto_batch)};
   }
 };
 

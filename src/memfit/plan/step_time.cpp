@@ -1,6 +1,8 @@
 // The step-time model; see step_time.h and Note [Step-time model] in docs/notes/planner.md.
 #include "memfit/plan/step_time.h"
 
+#include <algorithm>
+
 #include <map>
 #include <string>
 #include <string_view>
@@ -122,6 +124,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   double bytes = 2.0 * in.optimizer_bytes + 2.0 * weights * P + 3.0 * 4 * P;
   if (half && in.master_weights) bytes += 2.0 * P;
   t.optimizer = bytes / rates.stream_bytes_per_s;
+  t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
 
   t.block_gemm *= in.grad_accum;
   t.attention *= in.grad_accum;

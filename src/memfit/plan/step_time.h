@@ -20,8 +20,12 @@ struct StepTime {
   double elementwise = 0;  // LayerNorm, residual, GELU, bias sums, conversions, softmax
   double compression = 0;  // --act-compress: quantising saved activations, restoring them
   double optimizer = 0;    // the update, zeroing and clipping the gradients
+  // --offload-optimizer nvme: the update's disk time beyond its compute (the reads and writes
+  // run while pieces are updated, so only the excess adds to the step).
+  double offload_io = 0;
   double total() const {
-    return block_gemm + attention + head_gemm + elementwise + compression + optimizer;
+    return block_gemm + attention + head_gemm + elementwise + compression + optimizer +
+           offload_io;
   }
 };
 
@@ -35,6 +39,9 @@ struct StepTimeInputs {
   // --act-compress: the bytes a micro-batch's (de)quantisation passes move
   // (compression_traffic_bytes of its step plan).
   double compression_bytes = 0;
+  // --offload-optimizer nvme: seconds the update's reads and writes take at the disk's measured
+  // rates (offload/disk_rate.h); 0 without offload.
+  double offload_io_seconds = 0;
 };
 
 // The bytes the (de)quantisation passes of --act-compress move in one micro-batch, read from

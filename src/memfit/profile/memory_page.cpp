@@ -14,20 +14,6 @@ namespace {
 
 double ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
-std::string phase_kind(PhaseKind k) {
-  switch (k) {
-    case PhaseKind::embedding: return "embedding";
-    case PhaseKind::forward: return "forward";
-    case PhaseKind::final_norm: return "final_norm";
-    case PhaseKind::lm_head: return "lm_head";
-    case PhaseKind::final_norm_backward: return "final_norm_backward";
-    case PhaseKind::recompute: return "recompute";
-    case PhaseKind::backward: return "backward";
-    case PhaseKind::embedding_backward: return "embedding_backward";
-  }
-  return "?";
-}
-
 // Text for inside a <script> or <title> element.
 std::string escape_script(std::string s) {
   for (size_t at = 0; (at = s.find("</", at)) != std::string::npos; at += 3) s.replace(at, 2, "<\\/");
@@ -93,7 +79,7 @@ json page_data(const StepRecorder& rec, const Timeline& tl, const json& summary,
     if (r.t1 < tl.begin || r.t0 > tl.end) continue;
     const Phase& p = plan.phases[r.phase];
     const bool training = rec.micro_batches()[r.micro_batch].training;
-    runs.push_back({ms(r.t0), ms(r.t1), phase_kind(p.kind),
+    runs.push_back({ms(r.t0), ms(r.t1), phase_kind_name(p.kind),
                     training ? p.name() : p.name() + " (evaluation)"});
     if (training && phases[r.phase].contains("planned_live_bytes"))
       planned_runs.push_back({ms(r.t0), ms(r.t1), phases[r.phase]["planned_live_bytes"]});

@@ -21,20 +21,6 @@ json by_category(const CategoryBytes& b) {
 
 double ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
-std::string phase_kind_name(PhaseKind k) {
-  switch (k) {
-    case PhaseKind::embedding: return "embedding";
-    case PhaseKind::forward: return "forward";
-    case PhaseKind::final_norm: return "final_norm";
-    case PhaseKind::lm_head: return "lm_head";
-    case PhaseKind::final_norm_backward: return "final_norm_backward";
-    case PhaseKind::recompute: return "recompute";
-    case PhaseKind::backward: return "backward";
-    case PhaseKind::embedding_backward: return "embedding_backward";
-  }
-  return "?";
-}
-
 // The largest live total while [t0, t1) lasts: the sample in force at t0 and those after it.
 size_t max_live(const Timeline& tl, int64_t t0, int64_t t1) {
   const auto& s = tl.samples;

@@ -74,6 +74,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--seed", f(c.seed)},
       {"--shuffle", f(c.shuffle)},
       {"--bucket-mb", f(c.bucket_mb)},
+      {"--zero", f(s.zero)},
       {"--eval-every", f(c.eval_every)},
       {"--eval-batches", f(c.eval_batches)},
       {"--initial-loss-scale", f(c.loss_scaler.initial_scale)},

@@ -48,10 +48,23 @@ void validate_train_config(const TrainConfig& c) {
   require(c.test_leak_bytes >= 0, "test-leak-bytes", c.test_leak_bytes, ">= 0");
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
+  require(c.zero >= 0 && c.zero <= 3, "zero", c.zero, "0, 1, 2 or 3");
+  // ZeRO stages >= 1 over several ranks shard the optimizer state, and sharded checkpoints
+  // are not built yet (Note [ZeRO], "Checkpoints"): their saves hold the weights alone.
+  if (c.ranks > 1 && c.zero >= 1 && !c.resume_dir.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--resume with --zero {} over {} ranks needs sharded optimizer state, which "
+                 "checkpoints do not hold yet: resume with --zero 0 (or use --init-from, which "
+                 "loads the weights and starts a fresh optimizer)",
+                 c.zero, c.ranks);
   c.schedule.validate();
   if (c.master_weights != "fp32" && c.master_weights != "none")
     MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
                  c.master_weights);
+  if (!c.offload_optimizer.empty() && c.offload_optimizer != "none" &&
+      c.offload_optimizer != "nvme")
+    MEMFIT_THROW(ConfigError, "config", "--offload-optimizer must be none or nvme, got '{}'",
+                 c.offload_optimizer);
   // The rules between the options (precision, attention, policy, optimizer) are the RunSpec's
   // (RunSpec::check), checked by resolve_run once these are parsed.
   if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
@@ -123,11 +136,16 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.optim.seed = c.seed;
   s.threads = c.threads;
   s.world = c.ranks;
+  s.zero = c.zero;
   s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
   s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
   s.data_dir = c.data_dir;
   s.shuffle = c.shuffle;
   s.resumed = !c.resume_dir.empty();
+  s.offload.optimizer = c.offload_optimizer == "nvme";
+  s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty();
+  s.offload.dir = c.offload_dir;
+  s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();
   return s;
 }
@@ -174,6 +192,7 @@ TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   TrainConfig t = base;
   t.ckpt = c.ckpt;
   t.act_compress = act_compress_name(c.act_compress);
+  t.offload_optimizer = c.offload ? "nvme" : "none";
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;

@@ -41,7 +41,16 @@ struct TrainConfig {
   double collective_timeout = 1800;
   // The data-parallel ranks to plan for (memfit plan --ranks); train() sets it to its world's.
   int ranks = 1;
+  // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
+  // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
+  // With one rank every stage is stage 0.
+  int zero = 0;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
+  // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
+  // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.
+  std::string offload_optimizer;
+  std::string offload_dir;
+  std::string disk_limit;  // e.g. "100GiB"; empty: the free space of offload_dir
 
   int64_t eval_every = 0;  // 0: only at the end
   int eval_batches = 8;

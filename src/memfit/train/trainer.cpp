@@ -1,6 +1,7 @@
 #include "memfit/train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -18,13 +19,16 @@
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/model_checkpoint.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
+#include "memfit/state/shard.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
@@ -59,6 +63,7 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
           {"ckpt", c.ckpt},
           {"act_compress", c.act_compress.empty() ? "none" : c.act_compress},
           {"precision", c.precision},
+          {"zero", c.zero},
           {"master_weights", c.master_weights},
           {"schedule",
            {{"kind", c.schedule.kind},
@@ -97,7 +102,11 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
                                 spec.batch, spec.T,
                                 spec.grad_accum > 1 ? fmt::format(" x {}", spec.grad_accum) : "",
                                 precision_name(spec.precision.precision), spec.ckpt.name(),
-                                ranks > 1 ? fmt::format(", rank {} of {}", rank, ranks) : "")},
+                                ranks > 1 ? fmt::format(", rank {} of {}{}", rank, ranks,
+                                                        spec.zero > 0 ? fmt::format(
+                                                                            ", --zero {}", spec.zero)
+                                                                      : "")
+                                          : "")},
           {"model", c.model},
           {"family", m.gpt2() ? "gpt2" : "llama"},
           {"n_layer", m.n_layer},
@@ -111,20 +120,12 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
           {"attention", std::string(attention_kind_name(spec.attention))},
           {"optim", c.optim.name},
           {"rank", rank},
-          {"ranks", ranks}};
+          {"ranks", ranks},
+          {"zero", ranks > 1 ? spec.zero : 0}};
 }
 
-// The planner's prediction for this rank (plan_training's is rank 0's: the largest receive ring).
-PlanReport rank_plan(const RunSpec& spec, int rank) {
-  PlanReport p = plan_memory(spec);
-  size_t& comm = p.by_category[static_cast<size_t>(Category::comm)];
-  const size_t rank0 = comm;
-  comm = dist::GradientSync::comm_bytes(ParamLayout(p.model).total(), spec.bucket_bytes,
-                                        spec.world, rank);
-  p.peak_bytes = p.peak_bytes - rank0 + comm;
-  p.peak_live_bytes = p.peak_live_bytes - rank0 + comm;
-  return p;
-}
+// The planner's prediction for this rank.
+PlanReport rank_plan(const RunSpec& spec, int rank) { return plan_memory(spec, rank); }
 
 // Keeps the JSON lines of `file` whose "step" is at most `step` (and drops a torn last line),
 // rewriting it atomically; a missing file stays missing.
@@ -192,18 +193,83 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const ModelConfig& mc = spec.model;
   const int T = spec.T, B = spec.batch;
 
-  Transformer gpt(mc, pool, spec.precision);
+  // ZeRO (Note [ZeRO]): with several ranks, the layout cut into one shard per rank where every
+  // optimizer state allows (state/shard.h). From stage 1 on this rank's optimizer state and
+  // master weights are its shard's alone; at stage 2 its gradients' sums are too. With one
+  // rank every stage is stage 0.
+  const int stage = W > 1 ? spec.zero : 0;
+  std::vector<ElementRange> shards;
+  if (W > 1) shards = shard_ranges(ParamLayout(spec.model), spec.optim, W);
+  std::optional<ElementRange> my_shard;
+  if (stage >= 1) my_shard = shards[static_cast<size_t>(comm.rank())];
+  // --offload-optimizer nvme: the optimizer state and the FP32 master weights live in files and
+  // the update streams them (offload/offloaded_optimizer.h); the model keeps its working weights.
+  // With several ranks each offloads its own whole copy at stage 0; a stage that shards the
+  // optimizer (each rank offloading its shard, OffloadedOptimizer over a range) is not wired yet.
+  const bool offload = spec.offload.optimizer;
+  if (offload && stage >= 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-optimizer nvme with --zero {} over {} ranks is not supported yet: "
+                 "use --zero 0 (each rank offloads its own copy) or no offload",
+                 spec.zero, W);
+  const bool master = spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
+  Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
-  std::unique_ptr<Optimizer> opt = make_optimizer(spec.optim, gpt.layout(), pool);
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<offload::OffloadedOptimizer> off;
+  if (offload && spec.offload.disk_limit) {
+    const uint64_t need =
+        offload::make_offload_layout(gpt.layout(), spec.optim, master).disk_total();
+    if (need > spec.offload.disk_limit)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--disk-limit {} bytes ({:.2f} GiB): the offload files need {} bytes ({:.2f} "
+                   "GiB)",
+                   spec.offload.disk_limit, spec.offload.disk_limit / 1073741824.0, need,
+                   need / 1073741824.0);
+  }
+  if (offload)
+    off = std::make_unique<offload::OffloadedOptimizer>(
+        spec.optim, gpt.layout(), master, pool, spec.offload.dir,
+        fmt::format("memfit-{}-{}", ::getpid(),
+                    std::chrono::system_clock::now().time_since_epoch().count()));
+  else
+    opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+  // Offloaded master weights pass through the gradient slab, which holds nothing between
+  // steps (every step starts with zero_grad): the FP32 weights of record are drawn or loaded
+  // there, written to the master file and rounded into the working copy.
+  auto master_from_grads = [&] {
+    off->write_master(gpt.grads());
+    kernels::convert(gpt.params(), gpt.grads());
+  };
   int64_t start_step = 0, data_position = 0;
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
-    // copy from them: any precision loads any precision's checkpoint.
-    io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
-                        resume ? opt.get() : nullptr);
-    gpt.refresh_working();
+    // copy from them: any precision loads any precision's checkpoint. Master weights that are
+    // a shard (resuming is refused then: run_setup.cpp) load the whole f32 layout into the
+    // gradient slab, unused until the first backward (no byte added), and take their shard.
+    if (off && master) {
+      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
+      master_from_grads();
+    } else if (gpt.whole_weights()) {
+      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
+                          resume && opt ? opt.get() : nullptr);
+      gpt.refresh_working();
+    } else {
+      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
+      gpt.set_weights_from(gpt.grads());
+      gpt.zero_grad();
+    }
+    if (resume && off) {
+      const fs::path file = location.dir / io::kOptimizerFile;
+      if (!fs::exists(file))
+        MEMFIT_THROW(IoError, "checkpoint",
+                     "{}: no {}, so the optimizer cannot resume (load the weights alone with "
+                     "--init-from to start a fresh optimizer)",
+                     location.dir.string(), io::kOptimizerFile);
+      off->load_state(file);
+    }
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
       const ResumeState s = parse_trainer_state(io::read_file_to_string(file), cfg, T, file);
@@ -211,6 +277,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       data_position = s.data_position;
       if (scaler && s.state.contains("loss_scaler")) scaler->load_json(s.state["loss_scaler"]);
     }
+  } else if (off && master) {
+    gpt.draw_initial_weights(cfg.seed, gpt.grads());
+    master_from_grads();
   } else {
     gpt.init_weights(cfg.seed);
   }
@@ -222,10 +291,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   }
   auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
   // Data parallelism: the gradient exchange and its receive ring (Category::comm), for the run.
+  // Stage 2 reduce-scatters each bucket into the shard owners instead.
   std::optional<dist::GradientSync> sync;
   if (W > 1)
     sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
-                 spec.bucket_bytes);
+                 spec.bucket_bytes, stage == 2 ? shards : std::vector<ElementRange>{});
+  // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
+  std::optional<RankShards> rank_shards;
+  if (W > 1) rank_shards = RankShards{&comm, shards, /*grads_whole=*/stage < 2};
 
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;
@@ -265,9 +338,32 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
   };
 
-  auto save = [&](int64_t step) {
+  // The weights of record, whole, for a save. Master weights that are a shard (ZeRO >= 1) are
+  // all-gathered into the gradient slab, unused between the update and the next step's
+  // zero_grad: no byte added, so rank 0 saves a gathered copy in bounded memory. Every rank
+  // calls this (a collective); rank 0 saves.
+  auto record_for_save = [&]() -> Tensor& {
+    if (gpt.whole_weights()) return gpt.weights();
+    std::vector<int64_t> counts;
+    for (const ElementRange& s : shards) counts.push_back(s.size());
+    comm.all_gather(gpt.weights().raw_data(), gpt.grads().raw_data(), counts, sizeof(float));
+    return gpt.grads();
+  };
+  auto save = [&](int64_t step, const Tensor& record) {
     io::CheckpointSaveOptions so;
-    so.optimizer = opt.get();
+    // A shard's optimizer state is not the checkpoint's (sharded checkpoints are not built
+    // yet): from stage 1 on rank 0 saves the weights (record_for_save) and no optimizer state.
+    so.optimizer = stage >= 1 ? nullptr : opt.get();
+    // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
+    // bytes as from RAM), and the master weights read back into the idle gradient slab.
+    const Tensor* weights = &record;
+    if (off) {
+      so.write_extra = [&](const fs::path& tmp) { off->save_state(tmp / io::kOptimizerFile); };
+      if (master) {
+        off->read_master(gpt.grads());
+        weights = &gpt.grads();
+      }
+    }
     so.max_shard_bytes = max_shard_bytes;
     // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
     // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
@@ -277,7 +373,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
-    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), gpt.weights(), so);
+    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), *weights, so);
     // Memory once the save has let go of what it used: the soak benchmark's samples.
     log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
               {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
@@ -320,6 +416,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     std::optional<profile::Scope> step_slice;
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
+    const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
     for (int m = 0; m < spec.grad_accum; ++m) {
@@ -355,7 +452,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       update.non_finite = true;
     else {
       const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
-      update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W);
+      if (off)
+        update = apply_update(
+            gpt, [&](float rate, float scale) { off->step(gpt.params(), gpt.grads(), rate, scale); },
+            scaler.get(), lr, cfg.clip, spec.grad_accum * W);
+      else
+        update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
+                              rank_shards ? &*rank_shards : nullptr);
     }
     // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
     // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
@@ -385,6 +488,23 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
                  {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())},
                  {"live_bytes", pool.bytes_current()}, {"live_allocations", pool.live_allocations()},
                  {"rss_bytes", rss}, {"outside_pool_bytes", int64_t(rss) - int64_t(pool.bytes_current())}};
+    if (sync) {
+      // The bytes this step's collectives covered, by kind (plan: comm_per_step).
+      dist::CommVolume v = sync->take_volume();
+      v.all_gather = update.gathered_bytes;
+      line["comm_bytes"] = {{"all_reduce", v.all_reduce},
+                            {"reduce_scatter", v.reduce_scatter},
+                            {"all_gather", v.all_gather}};
+    }
+    if (off) {
+      // This step's offload I/O: bytes moved, and the time the update waited for the disk.
+      const offload::IoStats& io = off->stats();
+      line["offload"] = {{"read_bytes", io.bytes_read - io_before.bytes_read},
+                         {"written_bytes", io.bytes_written - io_before.bytes_written},
+                         {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
+                         {"update_seconds", io.update_seconds - io_before.update_seconds},
+                         {"engine", off->engine().name()}};
+    }
     if (scaler) {
       line["loss_scale"] = loss_scale;
       line["skipped"] = update.skipped;
@@ -406,11 +526,19 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (lead) progress.update(step + 1, text);
     const double minutes_since_save =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() / 60;
-    const bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
-                     (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
-    if (lead && !cfg.save_dir.empty() && due && !last) {
+    bool due = (cfg.save_every && (step + 1) % cfg.save_every == 0) ||
+               (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
+    // Sharded master weights are gathered by every rank for a save: the ranks' clocks must not
+    // decide apart, so rank 0's decision is everyone's.
+    if (!gpt.whole_weights() && !cfg.save_dir.empty() && cfg.save_every_minutes > 0) {
+      char d = due;
+      comm.broadcast(&d, 1, 0);
+      due = d != 0;
+    }
+    if (!cfg.save_dir.empty() && due && !last) {
       const profile::Scope slice(recorder(), "save", profile::SliceKind::save);
-      save(step + 1);
+      const Tensor& record = record_for_save();
+      if (lead) save(step + 1, record);
       saved_at = step + 1;
       last_save = std::chrono::steady_clock::now();
     }
@@ -431,8 +559,30 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   }
   if (lead) progress.finish();
   const int64_t final_step = start_step + summary.steps_run;
-  if (lead && !cfg.save_dir.empty() && saved_at != final_step) save(final_step);
+  if (!cfg.save_dir.empty() && saved_at != final_step) {
+    const Tensor& record = record_for_save();
+    if (lead) save(final_step, record);
+  }
   comm.barrier();  // the save is complete before any rank reports the run done
+  if (W > 1) {
+    // Every rank's peak by category, in rank 0's log: what `memfit plan --world-size W` predicts
+    // per rank (ZeRO shards and receive buffers differ between ranks).
+    struct RankPeak {
+      size_t peak;
+      CategoryBytes by_category;
+    };
+    std::vector<RankPeak> peaks(static_cast<size_t>(W));
+    RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
+    mine = {pool.bytes_peak(), pool.peak_breakdown()};
+    comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
+                    sizeof(RankPeak));
+    json ranks = json::array();
+    for (int q = 0; q < W; ++q)
+      ranks.push_back({{"rank", q},
+                       {"peak_bytes", peaks[static_cast<size_t>(q)].peak},
+                       {"mem", memory_json(peaks[static_cast<size_t>(q)].by_category)}});
+    log_line({{"zero", stage}, {"ranks", ranks}});
+  }
   summary.saved = !cfg.save_dir.empty();
 
   if (!rates.empty()) {

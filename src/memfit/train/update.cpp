@@ -1,5 +1,6 @@
 #include "memfit/train/update.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "memfit/kernels/cpu/convert.h"
@@ -8,33 +9,105 @@
 
 namespace memfit {
 
-UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
-                           float clip, int grad_accum) {
-  UpdateOutcome out;
-  double sum_squares;
+namespace {
+
+// What the update needs of a range of summed gradients: whether they are finite, and their
+// sum of squares (unscaled first, in place, with a scaler).
+struct GradCheck {
+  double finite = 1;  // 1 or 0: a double, so the ranks' checks gather as one array
+  double sum_squares = 0;
+};
+
+GradCheck check_grads(Tensor& grads, const ElementRange& r, DynamicLossScaler* scaler) {
+  if (r.empty()) return {};
+  Tensor g = grads.view(r.begin, {r.size()});
   if (scaler) {
-    // Unscale before clipping, in one pass that also finds any overflow.
-    const kernels::UnscaleResult r = kernels::unscale_and_check(gpt.grads(), scaler->inv_scale());
-    if (scaler->update(!r.finite)) {
+    const kernels::UnscaleResult u = kernels::unscale_and_check(g, scaler->inv_scale());
+    return {u.finite ? 1.0 : 0.0, u.sum_squares};
+  }
+  const double s = kernels::sum_squares(g);
+  return {std::isfinite(s) ? 1.0 : 0.0, s};
+}
+
+// The whole step's check: one range alone, or every rank's shard added in rank order (computed
+// here when the summed gradients are whole, else each rank's own, gathered).
+GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShards* shards) {
+  if (!shards) return check_grads(gpt.grads(), {0, gpt.layout().total()}, scaler);
+  const size_t W = shards->ranges.size();
+  std::vector<GradCheck> parts(W);
+  if (shards->grads_whole) {
+    for (size_t r = 0; r < W; ++r) parts[r] = check_grads(gpt.grads(), shards->ranges[r], scaler);
+  } else {
+    const size_t me = static_cast<size_t>(shards->comm->rank());
+    parts[me] = check_grads(gpt.grads(), shards->ranges[me], scaler);
+    const std::vector<int64_t> ones(W, 1);
+    shards->comm->all_gather(&parts[me], parts.data(), ones, sizeof(GradCheck));
+  }
+  GradCheck all;
+  for (const GradCheck& p : parts) {
+    all.finite = std::min(all.finite, p.finite);
+    all.sum_squares += p.sum_squares;
+  }
+  return all;
+}
+
+}  // namespace
+
+UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, float)>& step,
+                           DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
+                           const RankShards* shards) {
+  UpdateOutcome out;
+  // Unscale before clipping, in one pass that also finds any overflow; every rank reaches the
+  // same decision from the same sums.
+  const GradCheck check = check_step(gpt, scaler, shards);
+  if (scaler) {
+    if (scaler->update(check.finite == 0)) {
       out.skipped = true;
       out.grad_norm = NAN;
       return out;
     }
-    sum_squares = r.sum_squares;
-  } else {
-    sum_squares = kernels::sum_squares(gpt.grads());
-    if (!std::isfinite(sum_squares)) {
-      out.non_finite = true;
-      out.grad_norm = sum_squares;
-      return out;
-    }
+  } else if (check.finite == 0 || !std::isfinite(check.sum_squares)) {
+    out.non_finite = true;
+    out.grad_norm = check.sum_squares;
+    return out;
   }
-  out.grad_norm = std::sqrt(sum_squares) / grad_accum;
+  out.grad_norm = std::sqrt(check.sum_squares) / grad_accum;
   const float scale = clip_factor(out.grad_norm, clip) / static_cast<float>(grad_accum);
-  if (gpt.has_master())  // the working copy rounded in the same pass (Optimizer::step_master)
-    optimizer.step_master(gpt.weights(), gpt.params(), gpt.grads(), lr, scale);
-  else
-    optimizer.step(gpt.weights(), gpt.grads(), lr, scale);
+  step(lr, scale);
+  return out;
+}
+
+UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
+                           float lr, float clip, int grad_accum, const RankShards* shards) {
+  int64_t gathered = 0;
+  auto step = [&](float rate, float scale) {
+    // The optimizer's range of every slab: the whole layout, or this rank's shard (the master
+    // weights are then that shard alone).
+    const ElementRange r = optimizer.range();
+    const bool whole = r == ElementRange{0, gpt.layout().total()};
+    Tensor grads = whole ? gpt.grads() : gpt.grads().view(r.begin, {r.size()});
+    Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
+                                                   : gpt.weights();
+    if (gpt.has_master()) {  // the working copy rounded in the same pass (Optimizer::step_master)
+      Tensor working = whole ? gpt.params() : gpt.params().view(r.begin, {r.size()});
+      optimizer.step_master(weights, working, grads, rate, scale);
+    } else {
+      optimizer.step(weights, grads, rate, scale);
+    }
+    if (!whole && shards) {
+      // Every rank's updated working weights, from their owners: moves bytes, adds nothing.
+      std::vector<int64_t> counts;
+      for (const ElementRange& s : shards->ranges) counts.push_back(s.size());
+      Tensor& params = gpt.params();
+      const size_t elem = dtype_size(params.dtype());
+      char* data = static_cast<char*>(params.raw_data());
+      shards->comm->all_gather(data + static_cast<size_t>(r.begin) * elem, data, counts,
+                               static_cast<int>(elem));
+      gathered = params.numel() * static_cast<int64_t>(elem);
+    }
+  };
+  UpdateOutcome out = apply_update(gpt, step, scaler, lr, clip, grad_accum, shards);
+  out.gathered_bytes = gathered;
   return out;
 }
 

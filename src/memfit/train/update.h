@@ -1,11 +1,17 @@
 // The end of a training step, after the backward of every micro-batch: check the gradients,
 // unscale them (fp16), clip, step the optimizer on the weights of record and refresh the
 // working copy. The trainer and the step benchmark both call this, so that what is measured is
-// what trains.
+// what trains. Under ZeRO (Note [ZeRO], docs/notes/zero.md) the optimizer steps this rank's
+// shard and the updated working weights are all-gathered.
 #pragma once
 
+#include <functional>
+#include <vector>
+
+#include "memfit/dist/communicator.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/state/element_range.h"
 #include "memfit/train/loss_scaler.h"
 
 namespace memfit {
@@ -17,11 +23,34 @@ struct UpdateOutcome {
   // Without a scaler: a gradient was inf or NaN, and nothing was updated. The caller stops.
   bool non_finite = false;
   double grad_norm = 0;  // of the mean gradient over micro-batches, unscaled, before clipping
+  int64_t gathered_bytes = 0;  // of working weights all-gathered from their owners (ZeRO >= 1)
+};
+
+// Several ranks (any ZeRO stage): how the summed gradients and the update are spread.
+struct RankShards {
+  dist::Communicator* comm = nullptr;
+  // One range per rank, in rank order, tiling the layout (shard_ranges). The gradient norm is
+  // the sum of the shards' sums of squares added in rank order at every stage, so stages 0-2
+  // clip with the same bits (Note [Deterministic reduction]).
+  std::vector<ElementRange> ranges;
+  // Every rank holds every summed gradient (stages 0 and 1: all-reduced); else only its own
+  // shard's (stage 2: reduce-scattered), and the ranks all-gather their shards' sums of squares
+  // and overflow flags.
+  bool grads_whole = true;
 };
 
 // Gradients hold the sum over `grad_accum` micro-batches (times the loss scale, with a scaler);
-// their mean's norm decides the clipping factor (clip <= 0: off).
-UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler, float lr,
-                           float clip, int grad_accum);
+// their mean's norm decides the clipping factor (clip <= 0: off). The optimizer steps its
+// range(): the whole layout, or (ZeRO stage >= 1, `shards` given) this rank's shard, after
+// which the working weights are all-gathered from their owners.
+UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
+                           float lr, float clip, int grad_accum,
+                           const RankShards* shards = nullptr);
+// The same with the optimizer step as `step(lr, grad_scale)`: for an optimizer that is not one
+// Optimizer over the model's slabs (one streamed from offload files, offload/). The gradient
+// check and clipping are the same (over `shards` when given).
+UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, float scale)>& step,
+                           DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
+                           const RankShards* shards = nullptr);
 
 }  // namespace memfit

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""NVMe offload (issue 15, "Measure"): the disk's sequential bandwidth from fio, a small model's
+step time in RAM and offloaded side by side (with its losses checked bit for bit), and a large
+run with --offload-optimizer nvme: RAM peak (pool and RSS), disk bytes, each step's time split
+into the update, the update's I/O wait and the rest, and the I/O throughput while the optimizer
+runs as a fraction of fio's.
+
+Run it on a quiet machine, on the disk to measure (the directory must have room for the large
+run's files: `memfit plan` prints them):
+
+    python3 bench/e2e/offload_bench.py --dir /mnt/nvme/memfit-offload
+    python3 bench/e2e/offload_bench.py --dir /mnt/nvme/x --model llama2-7b --n-layer 8 --steps 2
+    python3 bench/e2e/offload_bench.py --dir /tmp/x --small-only       # the side-by-side alone
+
+The large run defaults to the largest LLaMA shape `memfit plan --max-model` finds for
+--mem-limit with the optimizer offloaded (--max-model), or the --model given. Training data:
+--data (data/brown by default, `memfit prepare brown`). Writes docs/bench/offload.json and
+prints a table.
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import ROOT, cpu_model, run_json  # noqa: E402
+
+MIB = 1024.0 * 1024.0
+GIB = 1024.0 * MIB
+
+
+def fio(directory, rw, size_gib):
+    """Sequential bandwidth in bytes/s (O_DIRECT, 1 MiB blocks, io_uring, queue depth 16)."""
+    if not shutil.which("fio"):
+        return None
+    out = subprocess.run(
+        ["fio", "--name=memfit", f"--directory={directory}", f"--rw={rw}", "--bs=1M",
+         f"--size={size_gib}G", "--direct=1", "--ioengine=io_uring", "--iodepth=16",
+         "--numjobs=1", "--group_reporting", "--output-format=json"],
+        check=True, capture_output=True, text=True).stdout
+    job = json.loads(out)["jobs"][0]
+    for f in os.listdir(directory):
+        if f.startswith("memfit."):
+            os.remove(os.path.join(directory, f))
+    return job["read" if rw == "read" else "write"]["bw_bytes"]
+
+
+def train(args, extra, log):
+    cmd = [args.memfit, "train", "--data", args.data, "--log", log, "--eval-batches", "1",
+           "--shuffle", "false"] + extra
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(log) as f:
+        return [json.loads(line) for line in f if '"loss"' in line]
+
+
+def side_by_side(args, tmp):
+    """A small model in RAM and offloaded: step times and bit-identical losses."""
+    base = ["--model", args.small_model, "--precision", args.precision, "--optim", args.optim,
+            "--batch", "4", "--seq-len", "256", "--steps", str(args.small_steps), "--lr", "1e-3"]
+    ram = train(args, base, os.path.join(tmp, "ram.jsonl"))
+    off = train(args, base + ["--offload-optimizer", "nvme", "--offload-dir", args.dir],
+                os.path.join(tmp, "off.jsonl"))
+    steady = slice(1, None)  # the first step warms the page cache and the kernels
+    return {
+        "model": args.small_model,
+        "losses_identical": [r["loss"] for r in ram] == [o["loss"] for o in off],
+        "ram_step_s": statistics.median(r["step_seconds"] for r in ram[steady]),
+        "offload_step_s": statistics.median(o["step_seconds"] for o in off[steady]),
+        "offload_wait_s": statistics.median(o["offload"]["wait_seconds"] for o in off[steady]),
+        "ram_peak_mib": ram[-1]["peak_bytes"] / MIB,
+        "offload_peak_mib": off[-1]["peak_bytes"] / MIB,
+    }
+
+
+def large_shape(args):
+    if args.model:
+        shape = ["--model", args.model]
+        if args.n_layer:
+            shape += ["--n-layer", str(args.n_layer)]
+        return shape
+    found = run_json([args.memfit, "plan", "--json", "--model", "llama2-7b", "--max-model",
+                      "--mem-limit", args.mem_limit, "--precision", args.precision, "--optim",
+                      args.optim, "--offload-optimizer", "nvme", "--offload-dir", args.dir,
+                      "--batch", str(args.batch), "--seq-len", str(args.seq)])["max_model"]
+    m = found["best"]
+    return ["--model", "llama2-7b", "--n-layer", str(m["n_layer"]), "--d-model",
+            str(m["d_model"]), "--n-head", str(m["n_head"]), "--n-kv-head",
+            str(m.get("n_kv_head", m["n_head"])), "--ffn-dim", str(m["ffn_dim"]),
+            "--ckpt", m["ckpt"]]
+
+
+def large(args, tmp):
+    shape = large_shape(args)
+    common = shape + ["--precision", args.precision, "--optim", args.optim, "--batch",
+                      str(args.batch), "--seq-len", str(args.seq), "--offload-optimizer", "nvme",
+                      "--offload-dir", args.dir, "--mem-limit", args.mem_limit]
+    if "--ckpt" not in common:
+        common += ["--ckpt", args.ckpt]
+    plan = run_json([args.memfit, "plan", "--json", "--steps", str(args.steps)] + common)
+    steps = train(args, common + ["--steps", str(args.steps), "--lr", "1e-4", "--warmup", "0",
+                                  "--lr-schedule", "constant"],
+                  os.path.join(tmp, "large.jsonl"))
+    rows = []
+    for s in steps:
+        o = s["offload"]
+        moved = o["read_bytes"] + o["written_bytes"]
+        rows.append({"step": s["step"], "loss": s["loss"], "step_s": s["step_seconds"],
+                     "update_s": o["update_seconds"], "io_wait_s": o["wait_seconds"],
+                     "compute_s": s["step_seconds"] - o["wait_seconds"],
+                     "io_gbps_in_update": moved / o["update_seconds"] / 1e9,
+                     "pool_peak_mib": s["peak_bytes"] / MIB, "rss_mib": s["rss_bytes"] / MIB})
+    return {"args": common, "params_m": plan["model"]["params"] / 1e6,
+            "planned_peak_mib": plan["peak_bytes"] / MIB,
+            "disk_gib": plan["offload"]["disk_bytes"] / GIB,
+            "io_gib_per_step": plan["offload"]["io_bytes_per_step"] / GIB, "steps": rows,
+            "loss_went_down": steps[-1]["loss"] < steps[0]["loss"]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", required=True, help="offload directory on the disk to measure")
+    p.add_argument("--memfit", default=os.path.join(ROOT, "build", "memfit"))
+    p.add_argument("--data", default=os.path.join(ROOT, "data", "brown"))
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--optim", default="adamw8bit")
+    p.add_argument("--small-model", default="gpt2-small-test")
+    p.add_argument("--small-steps", type=int, default=6)
+    p.add_argument("--small-only", action="store_true")
+    p.add_argument("--model", help="the large run's preset (default: --max-model's shape)")
+    p.add_argument("--n-layer", type=int, default=0)
+    p.add_argument("--mem-limit", default="16GiB")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--ckpt", default="full")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--fio-gib", type=int, default=8)
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "offload.json"))
+    args = p.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    result = {"date": datetime.date.today().isoformat(), "cpu": cpu_model(), "dir": args.dir}
+    with tempfile.TemporaryDirectory() as tmp:
+        w, r = fio(args.dir, "write", args.fio_gib), fio(args.dir, "read", args.fio_gib)
+        result["fio_write_gbps"] = w / 1e9 if w else None
+        result["fio_read_gbps"] = r / 1e9 if r else None
+        result["side_by_side"] = side_by_side(args, tmp)
+        if not args.small_only:
+            result["large"] = large(args, tmp)
+    if result["fio_read_gbps"]:
+        print(f"disk ({args.dir}): fio sequential write {result['fio_write_gbps']:.2f} GB/s, "
+              f"read {result['fio_read_gbps']:.2f} GB/s")
+    else:
+        print("fio is not installed (apt-get install fio): no sequential bandwidth to compare")
+    s = result["side_by_side"]
+    print(f"{s['model']}: step {s['ram_step_s']:.3f} s in RAM, {s['offload_step_s']:.3f} s "
+          f"offloaded ({s['offload_wait_s']:.3f} s waiting for the disk); peak "
+          f"{s['ram_peak_mib']:.1f} -> {s['offload_peak_mib']:.1f} MiB; losses identical: "
+          f"{s['losses_identical']}")
+    if "large" in result:
+        L = result["large"]
+        fio_both = ((result["fio_read_gbps"] + result["fio_write_gbps"]) / 2
+                    if result["fio_read_gbps"] else float("nan"))
+        print(f"\nlarge run: {L['params_m']:.0f}M parameters, planned peak "
+              f"{L['planned_peak_mib']:.0f} MiB, {L['disk_gib']:.1f} GiB on disk, "
+              f"{L['io_gib_per_step']:.1f} GiB moved a step; loss went down: "
+              f"{L['loss_went_down']}")
+        print(f"{'step':>4} {'loss':>8} {'step s':>8} {'update s':>9} {'io wait s':>9} "
+              f"{'GB/s':>6} {'of fio':>6} {'pool MiB':>9} {'RSS MiB':>8}")
+        for r in L["steps"]:
+            print(f"{r['step']:>4} {r['loss']:>8.4f} {r['step_s']:>8.2f} {r['update_s']:>9.2f} "
+                  f"{r['io_wait_s']:>9.2f} {r['io_gbps_in_update']:>6.2f} "
+                  f"{r['io_gbps_in_update'] / fio_both:>6.0%} {r['pool_peak_mib']:>9.0f} "
+                  f"{r['rss_mib']:>8.0f}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+// The bytes each collective of a training step covers on one rank, by kind: what the plan
+// predicts (`memfit plan`: comm_per_step) and the JSON log reports per step (comm_bytes), to
+// set against the ZeRO paper's 2Ψ (stages 0-2) and 3Ψ (stage 3). Note [ZeRO].
+#pragma once
+
+#include <cstdint>
+
+namespace memfit::dist {
+
+// Bytes of the buffers the collectives of a step cover (the same on every rank). A rank sends
+// (W-1)/W of a reduce-scatter's or an all-gather's, twice that of an all-reduce's (its
+// reduce-scatter, then its all-gather), as a ring would.
+struct CommVolume {
+  int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+
+  // The elements a rank sends, as multiples of the parameter count at `grad_bytes` per
+  // gradient and `param_bytes` per working weight: the paper's "2Ψ" for stages 0 and 2.
+  double psi_multiple(int64_t params, int grad_bytes, int param_bytes) const {
+    return (2.0 * all_reduce + reduce_scatter) / (double(params) * grad_bytes) +
+           double(all_gather) / (double(params) * param_bytes);
+  }
+};
+
+// A step of `stage` over `world` ranks with n parameters (f32 gradients, working weights of
+// param_bytes each): stage 0 all-reduces the gradients; stage 1 too, then all-gathers the
+// updated working weights from their owners; stage 2 reduce-scatters the gradients, then
+// all-gathers. The loss, the stop flag and the gradient norm's partials (a few floats) are not
+// counted. One rank: nothing.
+inline CommVolume step_comm_volume(int64_t n, int param_bytes, int world, int stage) {
+  CommVolume v;
+  if (world <= 1) return v;
+  (stage == 2 ? v.reduce_scatter : v.all_reduce) = n * 4;
+  if (stage >= 1) v.all_gather = n * param_bytes;
+  return v;
+}
+
+}  // namespace memfit::dist

@@ -1,0 +1,103 @@
+// An optimizer whose state (and the FP32 master weights, where the precision keeps them) lives
+// in scratch files on disk (--offload-optimizer nvme). The update streams the layout's units
+// (embeddings, each block, the tail; large ones in pieces of kMaxPieceElements) through a ring
+// of three staging buffers: piece k+1 is read and piece k-1 written while piece k is updated by
+// an optimizer over piece k's range whose state is bound to its staging slot
+// (Optimizer::bind_state). Per element it is the in-RAM update,
+// so the results are bit-identical. Checkpoints stream the state out of the files and back in
+// a unit at a time. Note [NVMe offload] (docs/notes/offload.md).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memfit/core/tensor.h"
+#include "memfit/memory/pool.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/offload/io_engine.h"
+#include "memfit/offload/offload_layout.h"
+#include "memfit/offload/scratch_file.h"
+#include "memfit/optim/optimizer.h"
+
+namespace memfit::offload {
+
+// What the I/O cost: bytes moved, the time the update waited for the disk, and the updates'
+// whole time (so bytes / update_seconds is the throughput while the optimizer runs).
+struct IoStats {
+  uint64_t bytes_read = 0, bytes_written = 0;
+  double wait_seconds = 0;
+  double update_seconds = 0;
+};
+
+class OffloadedOptimizer {
+ public:
+  // Creates the files in `dir` (named "<run>.<tensor>.offload") and the staging ring (from
+  // `pool`, Category::staging). Refuses a disk too small before creating anything: IoError
+  // with the bytes needed and the bytes free. The state starts as a fresh optimizer's (zeros);
+  // the master weights must be written (write_master) before the first step.
+  // `max_piece`: the longest range streamed at once (tests make it small). `range`: the part of
+  // the layout to update (a ZeRO rank's shard, cut where the state allows: shard_ranges), the
+  // whole layout when absent.
+  OffloadedOptimizer(const OptimConfig& config, const ParamLayout& layout, bool master,
+                     MemoryPool& pool, const std::filesystem::path& dir, const std::string& run,
+                     int64_t max_piece = kMaxPieceElements,
+                     std::optional<ElementRange> range = std::nullopt);
+  ~OffloadedOptimizer();
+
+  std::string name() const { return units_.front()->name(); }
+  bool has_master() const { return master_; }
+  const OffloadLayout& file_layout() const { return layout_; }
+  const IoEngine& engine() const { return *io_; }
+  const std::vector<std::unique_ptr<ScratchFile>>& files() const { return files_; }
+
+  const ElementRange& range() const { return layout_.range; }
+
+  // The master weights to and from an f32 slab covering range() (init, load, save).
+  void write_master(const Tensor& f32_slab);
+  void read_master(Tensor& f32_slab);
+
+  // One update, as Optimizer::step_master (with master weights: `working` is the bf16 or f16
+  // copy, rounded from the updated master) or Optimizer::step (without: `working` is the
+  // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
+  // range().begin), as Optimizer::step's tensors do.
+  void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
+  int64_t steps_taken() const { return units_.front()->steps_taken(); }
+  void set_steps_taken(int64_t t);
+
+  // optimizer.safetensors as io::save_optimizer_state writes it for the same optimizer in RAM
+  // (the same bytes), streamed from the files through the ring. The whole layout only (a
+  // shard's state is saved as the sharded checkpoint lays it out).
+  void save_state(const std::filesystem::path& file);
+  // The reverse: checks the file as io::load_optimizer_state does (IoError listing what does
+  // not match), then streams each tensor into its file and restores steps_taken.
+  void load_state(const std::filesystem::path& file);
+
+  const IoStats& stats() const { return stats_; }
+
+ private:
+  // Tensor i of unit u: its part of ring slot s as a typed view, and the file request.
+  Tensor slot_view(int slot, size_t tensor, size_t unit) const;
+  IoRequest request(IoRequest::Op op, int slot, size_t tensor, size_t unit) const;
+  // Reads or writes every tensor of unit u through slot s (tickets in `tickets`).
+  void submit_unit(IoRequest::Op op, int slot, size_t unit, std::vector<uint64_t>& tickets);
+  void wait(std::vector<uint64_t>& tickets);
+  // Tensor i, unit by unit, through slot 0: each unit's bytes to `f` (read) or from it (write).
+  template <class F>
+  void stream(size_t tensor, IoRequest::Op op, F&& f);
+
+  const ParamLayout& params_;
+  bool master_;
+  OffloadLayout layout_;
+  std::unique_ptr<IoEngine> io_;
+  std::vector<std::unique_ptr<ScratchFile>> files_;  // one per layout_.tensors entry
+  std::vector<std::unique_ptr<Optimizer>> units_;    // one per piece, state bound per step
+  Tensor ring_;
+  size_t ring_base_ = 0;  // bytes from ring_'s start to its first aligned byte
+  IoStats stats_;
+};
+
+}  // namespace memfit::offload

@@ -1,0 +1,70 @@
+// The plan per rank under ZeRO (Note [ZeRO]): the model state categories follow the stages'
+// arithmetic (bf16 working weights, f32 gradients, FP32 master weights and AdamW's two moments:
+// 18Ψ at stage 0; 2Ψ + 4Ψ + 12Ψ/N at stages 1 and 2, as built), the ranks' shards tile the
+// master weights and the optimizer state, and one rank at any stage is stage 0. The measured
+// side is tests/cli/zero_test.cpp (under mpirun).
+#include <gtest/gtest.h>
+
+#include "memfit/model/param_layout.h"
+#include "memfit/plan/memory_plan.h"
+#include "memfit/train/run_setup.h"
+
+namespace memfit {
+namespace {
+
+RunSpec spec(int world, int zero) {
+  TrainConfig c;
+  c.model = "gpt2-tiny";
+  c.seq_len = 32;
+  c.batch = 1;
+  c.steps = 0;
+  c.precision = "bf16";
+  c.ranks = world;
+  c.zero = zero;
+  return resolve_run(c);
+}
+
+size_t at(const PlanReport& p, Category c) { return p.by_category[static_cast<size_t>(c)]; }
+
+TEST(ZeroPlan, ModelStateFollowsTheStages) {
+  const int N = 8;
+  const PlanReport p0 = plan_memory(spec(N, 0));
+  const double psi = double(ParamLayout(p0.model).total());
+  EXPECT_EQ(at(p0, Category::params), MemoryPool::round_up(size_t(psi) * 2));
+  EXPECT_EQ(at(p0, Category::master), MemoryPool::round_up(size_t(psi) * 4));
+  EXPECT_EQ(at(p0, Category::grads), MemoryPool::round_up(size_t(psi) * 4));
+  EXPECT_EQ(at(p0, Category::optimizer), 2 * MemoryPool::round_up(size_t(psi) * 4));
+  for (int zero : {1, 2}) {
+    size_t master = 0, optimizer = 0;
+    for (int r = 0; r < N; ++r) {
+      const PlanReport p = plan_memory(spec(N, zero), r);
+      EXPECT_EQ(at(p, Category::params), at(p0, Category::params));
+      EXPECT_EQ(at(p, Category::grads), at(p0, Category::grads));  // whole, as built
+      // 4Ψ/N and 8Ψ/N, to the cut granule and the pool's 64-byte rounding.
+      EXPECT_NEAR(double(at(p, Category::master)), 4 * psi / N, 4 * 64 + 64);
+      EXPECT_NEAR(double(at(p, Category::optimizer)), 8 * psi / N, 8 * 64 + 128);
+      master += at(p, Category::master);
+      optimizer += at(p, Category::optimizer);
+    }
+    // The shards tile the slabs: together the whole, to the rounding of each piece.
+    EXPECT_NEAR(double(master), double(at(p0, Category::master)), 64.0 * N);
+    EXPECT_NEAR(double(optimizer), double(at(p0, Category::optimizer)), 128.0 * N);
+  }
+}
+
+TEST(ZeroPlan, OneRankIsStageZero) {
+  const PlanReport p0 = plan_memory(spec(1, 0));
+  for (int zero : {1, 2, 3}) {
+    const PlanReport p = plan_memory(spec(1, zero));
+    EXPECT_EQ(p.peak_bytes, p0.peak_bytes) << "--zero " << zero;
+    EXPECT_EQ(p.by_category, p0.by_category) << "--zero " << zero;
+  }
+}
+
+TEST(ZeroPlan, StageThreeOverRanksIsRefused) {
+  EXPECT_THROW(spec(2, 3), ConfigError);
+  EXPECT_THROW(spec(2, 4), ConfigError);
+}
+
+}  // namespace
+}  // namespace memfit
