@@ -29,7 +29,7 @@ using namespace memfit;
 
 int main(int argc, char** argv) {
   std::string model = "gpt2-small-test";
-  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 256;
+  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 0;  // 0: the model's default
   TrainConfig shape;  // the preset and memfit train's overrides of it (0 / empty: keep)
   std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
               ckpt = "none", act_compress = "none";

@@ -46,6 +46,28 @@ TEST(LayerNormMixed, HalfOutputIsTheF32OutputRounded) {
   }
 }
 
+// Note [Recomputed norms]: the blocks recompute their LayerNorm outputs in backward from the
+// saved input and statistics; that must give the forward's bits, in every output type and with
+// half weights, or FP32 training would no longer match a run that saved them.
+TEST(LayerNormMixed, ApplyFromSavedStatisticsIsTheForwardBitForBit) {
+  MemoryPool pool;
+  for (const Shape& shape : kShapes) {
+    const int64_t C = shape[-1], R = shape.numel() / C;
+    Tensor inp = random_tensor(pool, shape, 21, nullptr, 2.0, 5.0);
+    for (DType wt : {DType::f32, DType::bf16})
+      for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+        SCOPED_TRACE(fmt::format("{} out {} weight {}", shape.to_string(), dtype_name(t),
+                                 dtype_name(wt)));
+        Tensor weight = random_any(pool, {C}, wt, 22), bias = random_any(pool, {C}, wt, 23);
+        Tensor out = random_any(pool, shape, t, 3), again = random_any(pool, shape, t, 4);
+        Tensor mean = make_tensor(pool, {R}), rstd = make_tensor(pool, {R});
+        layernorm_forward(out, mean, rstd, inp, weight, bias);
+        layernorm_apply(again, inp, weight, bias, mean, rstd);
+        EXPECT_EQ(std::memcmp(out.raw_data(), again.raw_data(), out.nbytes()), 0);
+      }
+  }
+}
+
 TEST(LayerNormMixed, HalfWeightsActAsTheirF32Values) {
   MemoryPool pool;
   for (const Shape& shape : kShapes) {

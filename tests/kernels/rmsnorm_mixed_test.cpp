@@ -42,6 +42,27 @@ TEST(RmsNormMixed, HalfOutputIsTheF32OutputRounded) {
   }
 }
 
+// Note [Recomputed norms]: the recomputed output is the forward's, bit for bit, in every
+// output type and with a half weight.
+TEST(RmsNormMixed, ApplyFromSavedRstdIsTheForwardBitForBit) {
+  MemoryPool pool;
+  for (const Shape& shape : kShapes) {
+    const int64_t C = shape[-1], R = shape.numel() / C;
+    Tensor inp = random_tensor(pool, shape, 21, nullptr, -3.0, 2.0);
+    for (DType wt : {DType::f32, DType::bf16})
+      for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+        SCOPED_TRACE(fmt::format("{} out {} weight {}", shape.to_string(), dtype_name(t),
+                                 dtype_name(wt)));
+        Tensor weight = random_any(pool, {C}, wt, 22);
+        Tensor out = random_any(pool, shape, t, 3), again = random_any(pool, shape, t, 4);
+        Tensor rstd = make_tensor(pool, {R});
+        rmsnorm_forward(out, rstd, inp, weight, kEps);
+        rmsnorm_apply(again, inp, weight, rstd);
+        EXPECT_EQ(std::memcmp(out.raw_data(), again.raw_data(), out.nbytes()), 0);
+      }
+  }
+}
+
 TEST(RmsNormMixed, HalfWeightActsAsItsF32Values) {
   MemoryPool pool;
   for (const Shape& shape : kShapes) {

@@ -180,7 +180,7 @@ TEST(CompressedPlan, KeptBlocksHoldCodesAndScalesRecomputedOnesExactValues) {
   };
   const auto int8 = plan("layers:1", ActCompress::int8);
   // Block 0 is kept: its compressible buffers are codes and scales.
-  for (const char* name : {"ln_1", "qkv", "atty", "residual_2", "ln_2", "fch"}) {
+  for (const char* name : {"qkv", "atty", "residual_2", "fch"}) {
     SCOPED_TRACE(name);
     EXPECT_FALSE(int8.count(fmt::format("h.0.{}", name)));
     ASSERT_TRUE(int8.count(fmt::format("h.0.{}.codes", name)));
@@ -196,6 +196,11 @@ TEST(CompressedPlan, KeptBlocksHoldCodesAndScalesRecomputedOnesExactValues) {
     EXPECT_EQ(value.dtype, std::string(name) == "residual_2" ? DType::f32 : DType::bf16);
     // Block 1 is recomputed into the slot: exact.
     EXPECT_TRUE(int8.count(fmt::format("rc.0.{}", name)));
+  }
+  // The LayerNorm outputs are not saved at all (Note [Recomputed norms]).
+  for (const char* name : {"ln_1", "ln_2"}) {
+    EXPECT_FALSE(int8.count(fmt::format("h.0.{}.codes", name))) << name;
+    EXPECT_FALSE(int8.count(fmt::format("h.0.{}", name))) << name;
   }
   // Exact in every kept block: the norm statistics, the log-sum-exps, the block's output.
   for (const char* name : {"h.0.ln_1.mean", "h.0.ln_1.rstd", "h.0.ln_2.rstd", "h.0.lse",

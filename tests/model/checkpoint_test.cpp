@@ -149,7 +149,10 @@ TEST(CheckpointPolicy, FullKeepsOneBlockAndEveryBlockOutput) {
   }
   // none keeps L blocks; full keeps L outputs and one slot of a block without its output.
   EXPECT_EQ(bytes(none) - bytes(full), (c.n_layer - 1) * (block - out));
-  EXPECT_GT(block - out, 10 * out);
+  // qkv 3C, atty C, residual_2 C, fch 4C (the norm outputs are recomputed): 9C and the
+  // statistics, against the output's C.
+  EXPECT_GT(block - out, 9 * out);
+  EXPECT_LT(block - out, 10 * out);
 }
 
 }  // namespace

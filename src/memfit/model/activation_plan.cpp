@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit {
@@ -38,6 +39,13 @@ std::string_view act_compress_name(ActCompress c) {
 DType act_codes_dtype(ActCompress c) {
   MEMFIT_CHECK(c != ActCompress::none, "config", "--act-compress none has no codes");
   return c == ActCompress::int8 ? DType::i8 : DType::u8;
+}
+
+int64_t lm_head_rows(const ActivationOptions& options, int64_t rows) {
+  const bool f32_gemm = options.precision == Precision::fp32 ||
+                        kernels::matmul_widens(half_dtype(options.precision));
+  const int64_t chunk = options.lm_head_chunk > 0 ? options.lm_head_chunk : f32_gemm ? 128 : 256;
+  return std::min(chunk, rows);
 }
 
 void check_activation_options(const ActivationOptions& options) {

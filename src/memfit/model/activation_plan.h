@@ -54,7 +54,8 @@ std::string_view act_compress_name(ActCompress c);
 DType act_codes_dtype(ActCompress c);  // i8 or u8 (not for none)
 
 struct ActivationOptions {
-  int lm_head_chunk = 256;  // rows of logits computed at a time (see Note [Fused LM head])
+  // Rows of logits computed at a time (Note [Fused LM head]); 0: lm_head_rows' default.
+  int lm_head_chunk = 0;
   AttentionKind attention = AttentionKind::flash;
   // Set by the model from its own precision: matmul operands and saved activations are in
   // half_dtype(precision) (docs/notes/mixed-precision.md has the table).
@@ -62,6 +63,13 @@ struct ActivationOptions {
   CheckpointPolicy ckpt;  // which blocks are recomputed in backward (checkpoint_policy.h)
   ActCompress act_compress = ActCompress::none;  // how kept blocks store their activations
 };
+
+// The LM head's chunk for `rows` rows of tokens: options.lm_head_chunk where set, else 128 rows
+// where the head's GEMM is f32 (fp32, and bf16 / fp16 widened, kernels/cpu/matmul_widened.h)
+// and 256 on oneDNN's bf16 GEMM (Note [Fused LM head]: the chunk's f32 logits are the largest
+// workspace of the step; at 128 rows no larger than a block's backward scratch at gpt2 4 x 256,
+// so the pool's peak drops by the difference). At most `rows`.
+int64_t lm_head_rows(const ActivationOptions& options, int64_t rows);
 
 // ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).
 void check_activation_options(const ActivationOptions& options);

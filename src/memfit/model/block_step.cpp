@@ -72,24 +72,22 @@ Tensor BlockStep::output() {
   return ctx.write(output_tag_, {B, T, config.d_model}, DType::f32, Category::activations);
 }
 
-size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, int64_t head_rows, DType h) {
+size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
   if (!matmul_widens(h)) return 0;
   const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
   const int64_t fc = c.fc_width();
   size_t bytes = 0;
   for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
-                               {N, F, C}, {head_rows, C, c.padded_vocab}})
+                               {N, F, C}})
     bytes = std::max(bytes, matmul_widened_scratch_bytes(rows, in, out));
   return bytes;
 }
 
-// The scratch is sized for the largest matmul of the step (the LM head's chunk included), so
-// that every phase's matmuls share one buffer.
+// The scratch is sized for the largest linear layer of the blocks, so that every block phase's
+// matmuls share one buffer; the LM head has its own ("ws.widen.head", transformer_step.cpp).
 void declare_matmuls(StepContext& ctx, const ModelConfig& config,
                      const ActivationOptions& options, int64_t rows) {
-  const int64_t head_rows = std::min<int64_t>(options.lm_head_chunk, rows);
-  if (const size_t bytes =
-          widen_scratch_bytes(config, rows, head_rows, half_dtype(options.precision)))
+  if (const size_t bytes = widen_scratch_bytes(config, rows, half_dtype(options.precision)))
     ctx.scratch("ws.widen", bytes);
 }
 

@@ -16,8 +16,8 @@
 
 namespace memfit {
 
-// Declares a phase's matmuls: the widening scratch "ws.widen", sized for the largest matmul of
-// the step, where kernels::matmul_widens(half_dtype(precision)) (nothing otherwise). Then the
+// Declares a block phase's matmuls: the widening scratch "ws.widen", sized for the blocks'
+// largest matmul, where kernels::matmul_widens(half_dtype(precision)) (nothing otherwise). Then the
 // linear layers run through linear_forward / linear_backward, which use it.
 void declare_matmuls(StepContext& ctx, const ModelConfig& config,
                      const ActivationOptions& options, int64_t rows);
@@ -112,8 +112,9 @@ class BlockStep {
 // l == -1 (the embedding's).
 std::string block_output_tag(const BlockSlots& slots, int l);
 
-// The widening scratch the step's matmuls need, in bytes: the largest of the family's linear
-// layers and the LM head's chunk (0 where nothing widens).
-size_t widen_scratch_bytes(const ModelConfig& config, int64_t rows, int64_t head_rows, DType h);
+// The widening scratch the blocks' matmuls need, in bytes: the largest of the family's linear
+// layers (0 where nothing widens). The LM head widens its weight a block at a time in a
+// scratch of its own (matmul_widened.h, matmul_forward_widened_blocked).
+size_t widen_scratch_bytes(const ModelConfig& config, int64_t rows, DType h);
 
 }  // namespace memfit

@@ -4,7 +4,9 @@
 
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/rmsnorm.h"
 #include "memfit/kernels/cpu/rope.h"
 
@@ -81,7 +83,7 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
                               const Tensor* targets, bool training, float dloss,
                               float* loss_sum) {
   const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.padded_vocab;
-  const int64_t R = std::min<int64_t>(options_.lm_head_chunk, N);
+  const int64_t R = lm_head_rows(options_, N);  // the chunk
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   const bool mixed = h != f32;
   ctx.enter(PhaseKind::lm_head);
@@ -90,7 +92,12 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
   Tensor losses = ctx.write("ws.losses", {N}, f32, Category::workspace);
   Tensor dnorm = ctx.write("ws.dC", {B_, T_, C}, f32, Category::workspace);
   Tensor dlogits_ws = mixed ? ctx.write("ws.dlogits", {R, Vp}, h, Category::workspace) : logits_ws;
-  declare_matmuls(ctx, config_, options_, N);
+  // Where the matmuls widen (fp16; bf16 without oneDNN bf16), the head has its own scratch: the
+  // chunk's widened rows and one block of the widened weight (matmul_widened.h), not ws.widen.
+  const bool widens = matmul_widens(h);
+  Tensor head_ws = widens ? ctx.scratch("ws.widen.head",
+                                        matmul_widened_blocked_scratch_bytes(R, C, Vp))
+                          : Tensor{};
   // The tokens, kept for the embedding's backward (written by forward()).
   ctx.write("tokens", {B_, T_}, DType::i32, Category::activations);
   if (!ctx.running()) return;
@@ -104,7 +111,10 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
     Tensor x = norm.slice(r0, r1);
     Tensor logits = logits_ws.slice(0, rows);
     Tensor tgt = flat_targets.slice(r0, r1), loss = losses.slice(r0, r1);
-    linear_forward(ctx, logits, x, w.head, no_bias);
+    if (widens)
+      matmul_forward_widened_blocked(logits, x, w.head, head_ws);
+    else
+      linear_forward(ctx, logits, x, w.head, no_bias);
     if (!training) {
       crossentropy_forward(loss, logits, tgt, config_.vocab_size);
       continue;
@@ -114,7 +124,13 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
       crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss);
     else
       crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
-    linear_backward(ctx, dnorm.slice(r0, r1), dhead, no_bias, dlogits, x, w.head);
+    Tensor dx = dnorm.slice(r0, r1);
+    if (widens) {
+      convert(logits, dlogits);  // the rounded gradient, widened exactly into the spent logits
+      matmul_backward_widened_blocked(dx, dhead, logits, x, w.head, head_ws);
+    } else {
+      linear_backward(ctx, dx, dhead, no_bias, dlogits, x, w.head);
+    }
   }
   double sum = 0;
   const float* l = losses.data<float>();
@@ -198,7 +214,13 @@ void TransformerStep::logits(StepContext& ctx, const ModelWeights& w, const Tens
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r1 = std::min(N, r0 + R);
     Tensor block = logits_ws.slice(0, r1 - r0);
-    linear_forward(ctx, block, norm.slice(r0, r1), w.head, no_bias);
+    Tensor x = norm.slice(r0, r1);
+    if (matmul_widens(x.dtype())) {
+      Tensor head_ws = ctx.view("ws.widen.head");
+      matmul_forward_widened_blocked(block, x, w.head, head_ws);
+    } else {
+      linear_forward(ctx, block, x, w.head, no_bias);
+    }
     const float* src = block.data<float>();
     for (int64_t r = 0; r < r1 - r0; ++r) std::copy_n(src + r * Vp, V, dst + (r0 + r) * V);
   }

@@ -20,8 +20,9 @@ namespace {
 // from what the GPT-2 block (model/gpt2/gpt2_block.cpp) runs (C the width, V the padded
 // vocabulary):
 // - a block's forward: LayerNorm 2C twice, residual add 3C twice, GELU 8C: 18C;
-// - its backward: LayerNorm 4C twice, GELU 12C, the two residual gradients 2C each, the bias
-//   sums over the four matmuls' output gradients 9C: 33C;
+// - its backward: LayerNorm 4C twice, its output recomputed 2C twice (Note [Recomputed
+//   norms]), GELU 12C, the two residual gradients 2C each, the bias sums over the four
+//   matmuls' output gradients 9C: 37C;
 // - in bf16 (and fp16) the matmul operands are converted: 7C values in a forward (ln_1, the
 //   attention output, ln_2, the GELU output) and 9C gradients in a backward, each a 4-byte read
 //   and a 2-byte write: 1.5 elements per value;
@@ -33,17 +34,17 @@ namespace {
 //   more: about the conversions above again; and each call widens its weight (12C^2 per block
 //   forward, again in backward and in a recomputation; 3 V C for the LM head), 1.5 each.
 // The LLaMA family's block, counted the same way (F the MLP width, QK the q and k widths):
-// RMSNorm 2C twice, residual adds 3C twice, SwiGLU 3F, rotary 2 QK forward; RMSNorm 4C twice,
-// residual gradients 2C twice, SwiGLU recomputed and differentiated 8F, rotary 2 QK backward;
+// RMSNorm 2C twice, residual adds 3C twice, SwiGLU 3F, rotary 2 QK forward; RMSNorm 4C twice
+// and its output recomputed 2C twice, residual gradients 2C twice, SwiGLU recomputed and differentiated 8F, rotary 2 QK backward;
 // conversions of 3C + F values forward and 5C + F backward (GPT-2's 7C and 9C with F = 4C).
 struct BlockTraffic {
   double forward, backward, half_forward, half_backward;  // elements per token
 };
 BlockTraffic block_traffic(const ModelConfig& c) {
   const double C = c.d_model, F = c.ffn_dim;
-  if (c.gpt2()) return {18 * C, 33 * C, 7 * 1.5 * C, 9 * 1.5 * C};
+  if (c.gpt2()) return {18 * C, 37 * C, 7 * 1.5 * C, 9 * 1.5 * C};
   const double QK = double(c.n_head + c.n_kv_head) * c.head_size();
-  return {10 * C + 3 * F + 2 * QK, 12 * C + 8 * F + 2 * QK, (3 * C + F) * 1.5,
+  return {10 * C + 3 * F + 2 * QK, 16 * C + 8 * F + 2 * QK, (3 * C + F) * 1.5,
           (5 * C + F) * 1.5};
 }
 

@@ -114,6 +114,17 @@ void LayerNormForwardRows(DType od, void* out, float* pm, float* pr, const float
   });
 }
 
+// Rows [r0, r1) of the output again from the saved statistics: row_forward with the very
+// statistics the forward computed, so each element is the forward's, bit for bit.
+void LayerNormApplyRows(DType od, void* out, const float* pm, const float* pr, const float* x,
+                        const float* w, const float* b, int64_t r0, int64_t r1, int64_t C) {
+  half::dispatch(od, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* o = static_cast<half::Storage<D>*>(out);
+    for (int64_t r = r0; r < r1; ++r) row_forward<D>(o + r * C, x + r * C, w, b, {pm[r], pr[r]}, C);
+  });
+}
+
 // One row of the backward (see layernorm.h for the conventions): dw_part and db_part are this
 // thread's partial sums of dweight and dbias.
 void row_backward(float* dx, float* dw_part, float* db_part, const float* dy, const float* x,
@@ -197,6 +208,7 @@ HWY_AFTER_NAMESPACE();
 namespace memfit::kernels {
 HWY_EXPORT(LayerNormForwardRows);
 HWY_EXPORT(LayerNormBackwardRows);
+HWY_EXPORT(LayerNormApplyRows);
 
 namespace {
 
@@ -238,6 +250,25 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   {
     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
     MEMFIT_SIMD_DISPATCH(LayerNormForwardRows)(od, o, pm, pr, x, w, b, R * tid / nth, R * (tid + 1) / nth, C);
+  }
+}
+
+void layernorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                     const Tensor& mean, const Tensor& rstd) {
+  constexpr std::string_view op = "layernorm_apply";
+  const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
+  expect_float_tensor(bias, op, "bias", Shape{C});
+  expect_float_tensor(out, op, "out", inp.shape());
+  const float *pm = mean.data<float>(), *pr = rstd.data<float>();
+  std::vector<float> wbuf, bbuf;
+  const float *x = inp.data<float>(), *w = half::as_f32(weight, wbuf), *b = half::as_f32(bias, bbuf);
+  void* o = out.raw_data();
+  const DType od = out.dtype();
+#pragma omp parallel if (R * C > kParallelGrain)
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    MEMFIT_SIMD_DISPATCH(LayerNormApplyRows)(od, o, pm, pr, x, w, b, R * tid / nth,
+                                             R * (tid + 1) / nth, C);
   }
 }
 

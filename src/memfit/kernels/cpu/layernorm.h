@@ -13,6 +13,13 @@ inline constexpr float kLayerNormEps = 1e-5f;
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                        const Tensor& weight, const Tensor& bias);
 
+// The forward's output again, from its saved mean and rstd: the same arithmetic element by
+// element, so out is bit-identical to layernorm_forward's on the same input, weight and bias.
+// The blocks recompute their LayerNorm outputs in backward with it instead of saving them
+// (Note [Recomputed norms], docs/notes/activation-compression.md).
+void layernorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                     const Tensor& mean, const Tensor& rstd);
+
 // dweight, dbias: accumulate (+=). dinp: ACCUMULATES (+=) too, unlike other activation
 // gradients: a LayerNorm input is always a residual stream whose gradient already holds the
 // skip path, so adding in place saves a pass over (R, C). All f32 except weight, which may be

@@ -37,4 +37,19 @@ void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& weight
 void matmul_backward_widened(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                              const Tensor& inp, const Tensor& weight, Tensor& scratch);
 
+// The same route for a weight of many rows (the LM head's (Vp, C) vocabulary): the weight is
+// widened kWidenedWeightRows rows at a time instead of whole, so the scratch holds the widened
+// input and one block of the weight (matmul_widened_blocked_scratch_bytes), not the (Vp, C) f32
+// copy and the (R, Vp) f32 gradient of the plain route. Outputs and dout are f32 (the LM head's
+// logits and their gradient, widened by the caller); no bias. The products are the same; the
+// backward's dinp adds the blocks' partial products in block order.
+inline constexpr int64_t kWidenedWeightRows = 2048;
+size_t matmul_widened_blocked_scratch_bytes(int64_t R, int64_t IC, int64_t OC);
+// out (R, OC) f32 = inp (R, IC) @ weight (OC, IC)^T.
+void matmul_forward_widened_blocked(Tensor& out, const Tensor& inp, const Tensor& weight,
+                                    Tensor& scratch);
+// dinp (R, IC) f32 = dout @ weight; dweight (OC, IC) f32 += dout^T @ inp; dout (R, OC) f32.
+void matmul_backward_widened_blocked(Tensor& dinp, Tensor& dweight, const Tensor& dout,
+                                     const Tensor& inp, const Tensor& weight, Tensor& scratch);
+
 }  // namespace memfit::kernels

@@ -80,6 +80,17 @@ void RmsNormForwardRows(DType od, void* out, float* pr, const float* x, const fl
   });
 }
 
+// Rows [r0, r1) of the output again from the saved rstd (rms_row_forward with the forward's
+// own rstd: bit for bit the forward's output).
+void RmsNormApplyRows(DType od, void* out, const float* pr, const float* x, const float* w,
+                      int64_t r0, int64_t r1, int64_t C) {
+  half::dispatch(od, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* o = static_cast<half::Storage<D>*>(out);
+    for (int64_t r = r0; r < r1; ++r) rms_row_forward<D>(o + r * C, x + r * C, w, pr[r], C);
+  });
+}
+
 // One row of the backward (see rmsnorm.h): dw_part is this thread's partial sum of dweight.
 void rms_row_backward(float* dx, float* dw_part, const float* dy, const float* x, const float* w,
                       float rstd, int64_t C) {
@@ -151,6 +162,7 @@ HWY_AFTER_NAMESPACE();
 namespace memfit::kernels {
 HWY_EXPORT(RmsNormForwardRows);
 HWY_EXPORT(RmsNormBackwardRows);
+HWY_EXPORT(RmsNormApplyRows);
 
 namespace {
 
@@ -191,6 +203,23 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
     MEMFIT_SIMD_DISPATCH(RmsNormForwardRows)(od, o, pr, x, w, R * tid / nth, R * (tid + 1) / nth,
                                              C, eps);
+  }
+}
+
+void rmsnorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
+  constexpr std::string_view op = "rmsnorm_apply";
+  const auto [R, C] = check_dims(op, inp, weight, rstd);
+  expect_float_tensor(out, op, "out", inp.shape());
+  const float* pr = rstd.data<float>();
+  std::vector<float> wbuf;
+  const float *x = inp.data<float>(), *w = half::as_f32(weight, wbuf);
+  void* o = out.raw_data();
+  const DType od = out.dtype();
+#pragma omp parallel if (R * C > kParallelGrain)
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    MEMFIT_SIMD_DISPATCH(RmsNormApplyRows)(od, o, pr, x, w, R * tid / nth, R * (tid + 1) / nth,
+                                           C);
   }
 }
 

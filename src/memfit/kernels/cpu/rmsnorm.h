@@ -18,6 +18,10 @@ namespace memfit::kernels {
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
                      float eps);
 
+// The forward's output again from its saved rstd, element for element the same arithmetic, so
+// bit-identical to rmsnorm_forward's on the same input and weight (Note [Recomputed norms]).
+void rmsnorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& rstd);
+
 // dweight: accumulates (+=, f32 sums). dinp: ACCUMULATES (+=) too, as in layernorm_backward: an
 // RMSNorm input is always a residual stream whose gradient already holds the skip path.
 // dinp += rstd * (w*dout - n * mean(w*dout*n)) with n = x * rstd; dweight += sum over rows of

@@ -14,8 +14,12 @@ using namespace kernels;
 // is saved for them are in h (f32, bf16 or f16); the residual stream and LayerNorm statistics
 // stay f32. The GELU output is not kept: backward recomputes it from the saved pre-activation
 // (one cheap pass per layer that saves 4C values per token, a quarter of the block's
-// activations). ws.dC and ws.gelu are free during the forward, so they hold the projections'
-// outputs and the GELU. Keep::compressible marks what --act-compress may store in 8 bits in a
+// activations). Nor are the two LayerNorm outputs: backward recomputes each from the block's
+// input or residual_2 and the saved mean and rstd with layernorm_apply, the forward's
+// arithmetic element by element, so FP32 is bit for bit what a saved copy would give (Note
+// [Recomputed norms]). ws.dC and ws.gelu are free during the forward, so they hold the
+// projections' outputs, the LayerNorm outputs (in the first C columns of ws.gelu, which GELU
+// overwrites only after the last one is read) and the GELU. Keep::compressible marks what --act-compress may store in 8 bits in a
 // block that keeps its activations (Note [Activation compression]); the code reads and writes
 // the same tensors either way.
 void gpt2_block_forward(BlockStep& s) {
@@ -24,19 +28,18 @@ void gpt2_block_forward(BlockStep& s) {
   const DType h = s.h, f32 = DType::f32;
   Tensor x = s.input();
   const Keep z = Keep::compressible;  // under --act-compress (Note [Activation compression])
-  Tensor ln1 = s.save("ln_1", {B, T, C}, h, z), ln1_mean = s.save("ln_1.mean", {N}, f32),
-         ln1_rstd = s.save("ln_1.rstd", {N}, f32);
+  Tensor ln1_mean = s.save("ln_1.mean", {N}, f32), ln1_rstd = s.save("ln_1.rstd", {N}, f32);
   Tensor qkv = s.save("qkv", {B, T, 3 * C}, h, z);
   BlockStep::Attention att = s.attention_save();
   Tensor atty = s.save("atty", {B, T, C}, h, z);
   Tensor r2 = s.save("residual_2", {B, T, C}, f32, z);
-  Tensor ln2 = s.save("ln_2", {B, T, C}, h, z), ln2_mean = s.save("ln_2.mean", {N}, f32),
-         ln2_rstd = s.save("ln_2.rstd", {N}, f32);
+  Tensor ln2_mean = s.save("ln_2.mean", {N}, f32), ln2_rstd = s.save("ln_2.rstd", {N}, f32);
   Tensor fch = s.save("fch", {B, T, 4 * C}, h, z);
   Tensor r3 = s.output();
   Tensor proj = s.scratch("ws.dC", {B, T, C}, f32), gelu = s.scratch("ws.gelu", {B, T, 4 * C}, h);
   s.matmuls();
   if (!s.running()) return;
+  Tensor ln1 = gelu.view(0, {B, T, C}), ln2 = ln1;  // LayerNorm outputs, not kept
 
   const BlockWeights& w = s.w;
   layernorm_forward(ln1, ln1_mean, ln1_rstd, x, w.norm1_w, w.norm1_b);
@@ -66,17 +69,20 @@ void gpt2_block_backward(BlockStep& s) {
   Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", {B, T, C}, h) : dres;
   Tensor d4C = s.scratch("ws.d4C", {B, T, 4 * C}, h);
   Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
-  Tensor ln2 = s.saved("ln_2", z), r2 = s.saved("residual_2", z),
+  Tensor r2 = s.saved("residual_2", z),
          ln2_mean = s.saved("ln_2.mean"), ln2_rstd = s.saved("ln_2.rstd"),
          atty = s.saved("atty", z), qkv = s.saved("qkv", z);
   Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
   BlockStep::Attention att = s.attention_grad_buffers();
-  Tensor dqkv = s.scratch("ws.dqkv", {B, T, 3 * C}, h);
-  Tensor ln1 = s.saved("ln_1", z), ln1_mean = s.saved("ln_1.mean"),
-         ln1_rstd = s.saved("ln_1.rstd");
+  Tensor ln1_mean = s.saved("ln_1.mean"), ln1_rstd = s.saved("ln_1.rstd");
   Tensor x = s.input();
   s.matmuls();
   if (!s.running()) return;
+  // The LayerNorm outputs, recomputed where they are read: ws.gelu is free once the MLP's
+  // output projection has read the GELU. Its other 3C columns take d(qkv) (no scratch of its
+  // own: 3C values a token less workspace in the backward, where the fp32 arena peaks).
+  Tensor ln1 = gelu.view(0, {B, T, C}), ln2 = ln1;
+  Tensor dqkv = gelu.view(int64_t{B} * T * C, {B, T, 3 * C});
 
   const BlockWeights &w = s.w, &g = s.g;
   Tensor dn2w = g.norm2_w, dn2b = g.norm2_b, dn1w = g.norm1_w, dn1b = g.norm1_b;
@@ -88,6 +94,7 @@ void gpt2_block_backward(BlockStep& s) {
   round_dres();
   s.linear_backward(d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w);
   gelu_backward(d4C, fch, d4C);
+  layernorm_apply(ln2, r2, w.norm2_w, w.norm2_b, ln2_mean, ln2_rstd);
   s.linear_backward(dC, g.fc_w, g.fc_b, d4C, ln2, w.fc_w);
   layernorm_backward(dres, dn2w, dn2b, dC, r2, w.norm2_w, ln2_mean, ln2_rstd);
   // Attention: dres is now d(residual_2) and flows on to x. d4C is free again: it takes
@@ -95,6 +102,7 @@ void gpt2_block_backward(BlockStep& s) {
   round_dres();
   s.linear_backward(datty, g.attn_out_w, g.attn_out_b, dres_h, atty, w.attn_out_w);
   s.attention_backward(dqkv, datty, qkv, atty, att, d4C.view(0, {B, T, C}));
+  layernorm_apply(ln1, x, w.norm1_w, w.norm1_b, ln1_mean, ln1_rstd);
   s.linear_backward(dC, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w);
   layernorm_backward(dres, dn1w, dn1b, dC, x, w.norm1_w, ln1_mean, ln1_rstd);
 }

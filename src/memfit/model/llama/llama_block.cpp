@@ -15,7 +15,11 @@ using namespace kernels;
 // rotation's backward is the inverse rotation of dq and dk, in place, so it needs nothing
 // saved. The SwiGLU output is recomputed in backward from the saved gate|up, as GPT-2's GELU.
 // The rotary table ("rope", (T, head size) f32) is written once per micro-batch by the
-// embedding phase (transformer_step.cpp). Keep::compressible as in gpt2_block.cpp.
+// embedding phase (transformer_step.cpp). The two RMSNorm outputs are not kept: backward
+// recomputes them from the block's input or residual_2 and the saved rstd with rmsnorm_apply,
+// bit for bit the forward's (Note [Recomputed norms]); they live in "ws.norm", one (B, T, C)
+// scratch of type h (the MLP's scratch may be narrower than C here, unlike GPT-2's).
+// Keep::compressible as in gpt2_block.cpp.
 void llama_block_forward(BlockStep& s) {
   const int B = s.B, T = s.T;
   const int64_t C = s.config.d_model, N = s.rows(), F = s.config.ffn_dim;
@@ -23,17 +27,17 @@ void llama_block_forward(BlockStep& s) {
   const DType h = s.h, f32 = DType::f32;
   Tensor x = s.input();
   const Keep z = Keep::compressible;  // under --act-compress (Note [Activation compression])
-  Tensor n1 = s.save("attn_norm", {B, T, C}, h, z),
-         n1_rstd = s.save("attn_norm.rstd", {N}, f32);
+  Tensor n1_rstd = s.save("attn_norm.rstd", {N}, f32);
   Tensor qkv = s.save("qkv", {B, T, s.config.qkv_width()}, h, z);
   Tensor rope = s.ctx.read("rope");
   BlockStep::Attention att = s.attention_save();
   Tensor atty = s.save("atty", {B, T, A}, h, z);
   Tensor r2 = s.save("residual_2", {B, T, C}, f32, z);
-  Tensor n2 = s.save("mlp_norm", {B, T, C}, h, z), n2_rstd = s.save("mlp_norm.rstd", {N}, f32);
+  Tensor n2_rstd = s.save("mlp_norm.rstd", {N}, f32);
   Tensor gate_up = s.save("gate_up", {B, T, 2 * F}, h, z);
   Tensor r3 = s.output();
   Tensor proj = s.scratch("ws.dC", {B, T, C}, f32), act = s.scratch("ws.swiglu", {B, T, F}, h);
+  Tensor n1 = s.scratch("ws.norm", {B, T, C}, h), n2 = n1;  // RMSNorm outputs, not kept
   s.matmuls();
   if (!s.running()) return;
 
@@ -67,13 +71,14 @@ void llama_block_backward(BlockStep& s) {
   Tensor dact = s.scratch("ws.dswiglu", {B, T, F}, h);
   Tensor dgate_up = s.scratch("ws.dgate_up", {B, T, 2 * F}, h);
   Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
-  Tensor n2 = s.saved("mlp_norm", z), r2 = s.saved("residual_2", z),
+  Tensor n2 = s.scratch("ws.norm", {B, T, C}, h), n1 = n2;  // recomputed where read
+  Tensor r2 = s.saved("residual_2", z),
          n2_rstd = s.saved("mlp_norm.rstd"), atty = s.saved("atty", z), qkv = s.saved("qkv", z);
   Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
   BlockStep::Attention att = s.attention_grad_buffers();
   Tensor dqkv = s.scratch("ws.dqkv", {B, T, s.config.qkv_width()}, h);
   Tensor rope = s.ctx.read("rope");
-  Tensor n1 = s.saved("attn_norm", z), n1_rstd = s.saved("attn_norm.rstd");
+  Tensor n1_rstd = s.saved("attn_norm.rstd");
   Tensor x = s.input();
   s.matmuls();
   if (!s.running()) return;
@@ -88,6 +93,7 @@ void llama_block_backward(BlockStep& s) {
   round_dres();
   s.linear_backward(dact, g.mlp_out_w, none, dres_h, act, w.mlp_out_w);
   swiglu_backward(dgate_up, dact, gate_up);
+  rmsnorm_apply(n2, r2, w.norm2_w, n2_rstd);
   s.linear_backward(dC, g.fc_w, none, dgate_up, n2, w.fc_w);
   rmsnorm_backward(dres, dn2, dC, r2, w.norm2_w, n2_rstd);
   // Attention: dres is now d(residual_2) and flows on to x. dgate_up is free again: it takes
@@ -96,6 +102,7 @@ void llama_block_backward(BlockStep& s) {
   s.linear_backward(datty, g.attn_out_w, none, dres_h, atty, w.attn_out_w);
   s.attention_backward(dqkv, datty, qkv, atty, att, dgate_up.view(0, atty.shape()));
   rope_backward(dqkv, rope, s.heads());
+  rmsnorm_apply(n1, x, w.norm1_w, n1_rstd);
   s.linear_backward(dC, g.qkv_w, none, dqkv, n1, w.qkv_w);
   rmsnorm_backward(dres, dn1, dC, x, w.norm1_w, n1_rstd);
 }
