@@ -7,6 +7,7 @@ global batch. Numbers from a shared or oversubscribed machine say nothing about 
 a quiet one, cores >= W x --threads.
 
     python3 bench/e2e/zero_memory.py --model gpt2 --data data/brown          # gpt2 124M
+    python3 bench/e2e/zero_memory.py --model gpt2 --n-layer 24 --d-model 1024 --n-head 16  # 350M
     python3 bench/e2e/zero_memory.py --model gpt2-tiny --n-layer 2 --steps 3 --quick  # smoke
 
 Prints a table and writes JSON (--out).
@@ -33,6 +34,9 @@ def train(args, ranks, zero, batch, log):
         base += ["--n-layer", str(args.n_layer)]
     if args.vocab:
         base += ["--vocab", str(args.vocab)]
+    for opt in ("d_model", "n_head"):
+        if getattr(args, opt):
+            base += ["--" + opt.replace("_", "-"), str(getattr(args, opt))]
     cmd = base if ranks == 1 else ["mpirun", "-n", str(ranks), "--allow-run-as-root",
                                    "--oversubscribe"] + base
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -56,6 +60,9 @@ def plan(args, ranks, zero, batch):
         cmd += ["--n-layer", str(args.n_layer)]
     if args.vocab:
         cmd += ["--vocab", str(args.vocab)]
+    for opt in ("d_model", "n_head"):
+        if getattr(args, opt):
+            cmd += ["--" + opt.replace("_", "-"), str(getattr(args, opt))]
     return run_json(cmd)
 
 
@@ -64,6 +71,8 @@ def main():
     p.add_argument("--model", default="gpt2")
     p.add_argument("--n-layer", type=int, default=0)
     p.add_argument("--vocab", type=int, default=0)
+    p.add_argument("--d-model", type=int, default=0)
+    p.add_argument("--n-head", type=int, default=0)
     p.add_argument("--data", default=os.path.join(ROOT, "data", "brown"))
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--global-batch", type=int, default=8)
