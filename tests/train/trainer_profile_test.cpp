@@ -2,16 +2,21 @@
 // JSON of the documented shape whose pool.total maximum is the run's measured peak exactly and
 // which has a slice for every phase of the step plan, for both families with and without
 // recomputation; summary.json's measured peak is the planner's by category; the leak check
-// names the test hook's deliberate leak by tag and finds none in a clean run.
+// names the test hook's deliberate leak by tag and finds none in a clean run. With the optimizer
+// offloaded, the trace has a disk.<category> track of the planner's disk bytes and an io slice
+// (the update waiting on the disk) inside every profiled optimizer slice; without, neither.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "memfit/model/step_plan.h"
+#include "memfit/plan/memory_plan.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 
@@ -56,7 +61,10 @@ void expect_trace_of(const TrainConfig& c, const TrainSummary& s, const fs::path
       total_max = std::max(total_max, e["args"]["bytes"].get<size_t>());
     if (e["ph"] == "X" && e["cat"] == "phase") phases.insert(e["name"]);
     if (e["ph"] == "X" && e["cat"] != "phase" && e["pid"] == 1) slices.insert(e["cat"]);
+    // Not offloaded: no disk tier, no waits on it.
+    EXPECT_FALSE(e["ph"] == "C" && e["name"].get<std::string>().starts_with("disk.")) << e.dump();
   }
+  EXPECT_FALSE(slices.count("io"));
   EXPECT_EQ(total_max, s.peak_bytes) << c.model << " " << c.ckpt;
   const StepPlan plan = plan_step(c.model_config(), c.batch, c.seq_len, c.activation_options());
   for (const Phase& p : plan.phases) EXPECT_TRUE(phases.count(p.name())) << p.name() << " " << c.ckpt;
@@ -68,6 +76,7 @@ void expect_trace_of(const TrainConfig& c, const TrainSummary& s, const fs::path
   EXPECT_EQ(summary["measured"]["by_category"], summary["planned"]["by_category"]);
   EXPECT_EQ(summary["profile"]["steps"], json::array({1, c.profile_steps}));
   EXPECT_EQ(summary["profile"]["pool_events_dropped"], 0);
+  EXPECT_FALSE(summary.contains("disk"));
 }
 
 TEST_F(TrainerProfile, TraceHasThePeakAndEveryPhaseInBothFamilies) {
@@ -81,6 +90,65 @@ TEST_F(TrainerProfile, TraceHasThePeakAndEveryPhaseInBothFamilies) {
       const TrainSummary s = train(c);
       expect_trace_of(c, s, c.profile_dir);
     }
+}
+
+TEST_F(TrainerProfile, OffloadShowsTheDiskTierAndTheWaitsOnIt) {
+  TrainConfig c = config();
+  c.precision = "bf16";  // master weights too: two disk categories
+  c.offload_optimizer = "nvme";
+  c.offload_dir = (dir / "offload").string();
+  c.steps = 3;
+  c.profile_steps = 2;
+  c.profile_dir = (dir / "profile").string();
+  const PlanReport plan = plan_training(resolve_run(c));
+  train(c);
+  const json trace = read_json(dir / "profile" / "trace.json");
+
+  std::map<std::string, std::set<size_t>> disk;  // track -> its values
+  std::vector<std::pair<double, double>> optimizer, io;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "C" && e["name"].get<std::string>().starts_with("disk."))
+      disk[e["name"]].insert(e["args"]["bytes"].get<size_t>());
+    if (e["ph"] != "X" || e["pid"] != 1) continue;
+    const double t0 = e["ts"], t1 = t0 + e["dur"].get<double>();
+    if (e["cat"] == "optimizer") optimizer.push_back({t0, t1});
+    if (e["cat"] == "io") {
+      EXPECT_EQ(e["name"], "io wait");
+      io.push_back({t0, t1});
+    }
+  }
+  std::map<std::string, std::set<size_t>> want;
+  for (Category cat : kAllCategories)
+    if (const size_t b = plan.disk_by_category[static_cast<size_t>(cat)])
+      want["disk." + std::string(category_name(cat))] = {b};
+  EXPECT_EQ(want.size(), 2u);  // master and optimizer
+  EXPECT_EQ(disk, want);
+
+  // Every profiled step's update waited on the disk at least once, inside its optimizer slice,
+  // and every wait is inside one (microseconds as doubles: a nanosecond's slack for rounding).
+  ASSERT_EQ(optimizer.size(), 2u);
+  for (const auto& [o0, o1] : optimizer) {
+    int inside = 0;
+    for (const auto& [w0, w1] : io) inside += w0 >= o0 - 1e-3 && w1 <= o1 + 1e-3;
+    EXPECT_GE(inside, 1);
+  }
+  for (const auto& [w0, w1] : io) {
+    bool in_one = false;
+    for (const auto& [o0, o1] : optimizer) in_one |= w0 >= o0 - 1e-3 && w1 <= o1 + 1e-3;
+    EXPECT_TRUE(in_one) << w0;
+  }
+
+  // summary.json: the files' bytes against the plan's, by category.
+  const json summary = read_json(dir / "profile" / "summary.json");
+  ASSERT_TRUE(summary.contains("disk")) << summary.dump();
+  EXPECT_EQ(summary["disk"]["files_bytes"], plan.disk_bytes);
+  EXPECT_EQ(summary["disk"]["planned_bytes"], plan.disk_bytes);
+  for (const auto& [track, bytes] : want) {
+    const json& cat = summary["disk"]["by_category"][track.substr(5)];
+    EXPECT_EQ(cat["files"], *bytes.begin()) << track;
+    EXPECT_EQ(cat["planned"], *bytes.begin()) << track;
+  }
+  EXPECT_GT(summary["slices"]["io"]["count"].get<int>(), 1);
 }
 
 TEST_F(TrainerProfile, LeakCheckNamesTheTestHooksLeakByTag) {

@@ -101,12 +101,20 @@ void OffloadedOptimizer::submit_unit(IoRequest::Op op, int slot, size_t unit,
   }
 }
 
-void OffloadedOptimizer::wait(std::vector<uint64_t>& tickets) {
+void OffloadedOptimizer::wait(std::vector<uint64_t>& tickets, std::vector<IoWait>* log) {
   const auto t0 = std::chrono::steady_clock::now();
   for (uint64_t t : tickets) io_->wait(t);
+  const auto t1 = std::chrono::steady_clock::now();
+  if (log && !tickets.empty()) log->push_back({t0, t1});
   tickets.clear();
-  stats_.wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+}
+
+CategoryBytes OffloadedOptimizer::file_bytes() const {
+  CategoryBytes b{};
+  for (size_t i = 0; i < files_.size(); ++i)
+    b[static_cast<size_t>(layout_.tensors[i].category)] += std::filesystem::file_size(files_[i]->path());
+  return b;
 }
 
 void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, float grad_scale) {
@@ -119,11 +127,12 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
   const size_t first_state = master_ ? 1 : 0;
   // reads[s], writes[s]: the requests in flight for ring slot s.
   std::vector<uint64_t> reads[kRingSlots], writes[kRingSlots];
+  std::vector<IoWait>* log = record_waits_ ? &waits_ : nullptr;
   submit_unit(IoRequest::Op::read, 0, 0, reads[0]);
   if (n > 1) submit_unit(IoRequest::Op::read, 1, 1, reads[1]);
   for (size_t k = 0; k < n; ++k) {
     const int s = static_cast<int>(k % kRingSlots);
-    wait(reads[s]);
+    wait(reads[s], log);
     const ElementRange& u = layout_.pieces[k];
     Optimizer& opt = *units_[k];
     std::vector<Tensor> state;
@@ -144,11 +153,11 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
     // Unit k+2 goes into the slot unit k-1 was written from, once that write is done.
     if (k + 2 < n) {
       const int next = static_cast<int>((k + 2) % kRingSlots);
-      wait(writes[next]);
+      wait(writes[next], log);
       submit_unit(IoRequest::Op::read, next, k + 2, reads[next]);
     }
   }
-  for (auto& w : writes) wait(w);
+  for (auto& w : writes) wait(w, log);
   for (auto& f : files_) f->set_step(steps_taken());
   stats_.update_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

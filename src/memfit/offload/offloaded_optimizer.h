@@ -8,11 +8,13 @@
 // a unit at a time. Note [NVMe offload] (docs/notes/offload.md).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memfit/core/tensor.h"
@@ -31,6 +33,11 @@ struct IoStats {
   uint64_t bytes_read = 0, bytes_written = 0;
   double wait_seconds = 0;
   double update_seconds = 0;
+};
+
+// One wait of the update on the disk (a profile shows it as an io slice).
+struct IoWait {
+  std::chrono::steady_clock::time_point t0, t1;
 };
 
 class OffloadedOptimizer {
@@ -77,6 +84,17 @@ class OffloadedOptimizer {
   void load_state(const std::filesystem::path& file);
 
   const IoStats& stats() const { return stats_; }
+  // The files' bytes on disk by category (master, optimizer), stat'ed: what the planner's
+  // disk_by_category predicts.
+  CategoryBytes file_bytes() const;
+
+  // While on, step() keeps each of its waits on the disk until take_waits() (the trainer turns
+  // it on for --profile's window; off, it costs a test per wait).
+  void record_waits(bool on) {
+    record_waits_ = on;
+    if (!on) waits_.clear();
+  }
+  std::vector<IoWait> take_waits() { return std::exchange(waits_, {}); }
 
  private:
   // Tensor i of unit u: its part of ring slot s as a typed view, and the file request.
@@ -84,7 +102,8 @@ class OffloadedOptimizer {
   IoRequest request(IoRequest::Op op, int slot, size_t tensor, size_t unit) const;
   // Reads or writes every tensor of unit u through slot s (tickets in `tickets`).
   void submit_unit(IoRequest::Op op, int slot, size_t unit, std::vector<uint64_t>& tickets);
-  void wait(std::vector<uint64_t>& tickets);
+  // Waits for `tickets`; with `log`, the wait's interval goes into it (unless none was waited for).
+  void wait(std::vector<uint64_t>& tickets, std::vector<IoWait>* log = nullptr);
   // Tensor i, unit by unit, through slot 0: each unit's bytes to `f` (read) or from it (write).
   template <class F>
   void stream(size_t tensor, IoRequest::Op op, F&& f);
@@ -98,6 +117,8 @@ class OffloadedOptimizer {
   Tensor ring_;
   size_t ring_base_ = 0;  // bytes from ring_'s start to its first aligned byte
   IoStats stats_;
+  bool record_waits_ = false;
+  std::vector<IoWait> waits_;
 };
 
 }  // namespace memfit::offload

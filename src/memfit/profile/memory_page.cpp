@@ -108,6 +108,7 @@ json page_data(const StepRecorder& rec, const Timeline& tl, const json& summary,
     groups.push_back({g["group"], g["category"], g["bytes"], g["count"]});
   d["groups"] = std::move(groups);
   d["pool_peak"] = tl.pool_peak;
+  d["disk"] = summary.contains("disk") ? summary["disk"] : json(nullptr);
   d["measured"] = summary["measured"]["by_category"];
   const json& planned = summary["planned"];
   d["planned"] = planned.is_null() ? json(nullptr)
@@ -138,6 +139,7 @@ window.addEventListener("error", function (e) {{
 <h1 id="title"></h1>
 <p class="sub" id="sub"></p>
 <p class="sub" id="shares"></p>
+<p class="sub" id="disk"></p>
 <pre id="errors"></pre>
 <div id="legend"></div>
 <div id="plot"></div>

@@ -88,6 +88,21 @@ json summary_json(const StepRecorder& rec, const Timeline& tl, const SummaryInpu
   } else {
     j["planned"] = nullptr;
   }
+  // The disk tier (offload): the files' bytes against the plan's, by category; absent without.
+  size_t disk_files = 0, disk_planned = 0;
+  json disk = json::object();
+  for (Category c : kAllCategories) {
+    const size_t f = tl.disk[static_cast<size_t>(c)],
+                 p = in.plan ? in.plan->disk_by_category[static_cast<size_t>(c)] : 0;
+    if (!f && !p) continue;
+    disk[std::string(category_name(c))] = {{"files", f}, {"planned", in.plan ? json(p) : json()}};
+    disk_files += f;
+    disk_planned += p;
+  }
+  if (!disk.empty())
+    j["disk"] = {{"files_bytes", disk_files},
+                 {"planned_bytes", in.plan ? json(disk_planned) : json()},
+                 {"by_category", std::move(disk)}};
 
   const Sample peak = tl.samples.empty() ? Sample{} : tl.samples[tl.live_peak_sample];
   CategoryBytes arena_free{};
@@ -239,6 +254,16 @@ std::string summary_text(const json& s, const std::string& files) {
                      mib(s["measured"]["peak_bytes"].get<double>()),
                      planned.is_null() ? "-" : mib(planned["peak_bytes"].get<double>()),
                      mib(lp["bytes"].get<double>()));
+
+  if (s.contains("disk")) {
+    const json& d = s["disk"];
+    out += fmt::format("{:<12} {:>13} {:>12}   (disk: the offload files)\n", "disk",
+                       mib(d["files_bytes"].get<double>()),
+                       d["planned_bytes"].is_null() ? "-" : mib(d["planned_bytes"].get<double>()));
+    for (const auto& [k, v] : d["by_category"].items())
+      out += fmt::format("  {:<10} {:>13} {:>12}\n", k, mib(v["files"].get<double>()),
+                         v["planned"].is_null() ? "-" : mib(v["planned"].get<double>()));
+  }
 
   out += fmt::format("\ntop {} buffers live then:\n", s["top_buffers"].size());
   out += fmt::format("  {:>9}  {:<11}  {:<28}  {}\n", "MiB", "category", "tag", "lifetime");

@@ -1,7 +1,8 @@
 // summary.json and the printed summary of a profile: the peak by category (measured by the pool
 // and planned by plan_memory), the moment the most bytes hold live values with the buffers live
 // then (the top 20 printed, all in the JSON), the bytes live in each phase of the step, and the
-// share of activations against parameters. profile-diff (profile_diff.h) compares two of them.
+// share of activations against parameters; with the optimizer offloaded, the disk tier (the
+// files' bytes against the plan's, by category). profile-diff (profile_diff.h) compares two of them.
 #pragma once
 
 #include <cstdint>

@@ -55,7 +55,8 @@ void Profiler::finish() {
   if (first_step_ < 0) begin_ = end;  // no step ran: the setup alone
   pool_.set_recording(false);
   const std::vector<MemoryEvent> events = pool_.events();
-  const Timeline tl = build_timeline(recorder_, events, begin_, end);
+  Timeline tl = build_timeline(recorder_, events, begin_, end);
+  tl.disk = disk_;
 
   SummaryInputs in;
   in.run = run_;

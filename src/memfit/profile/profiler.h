@@ -35,6 +35,8 @@ class Profiler {
   // The run's description for the summary and the page's title, and the planner's prediction
   // for this rank (none: drawn without one).
   void set_run(nlohmann::json run, std::optional<PlanReport> plan);
+  // The offload files' bytes by category (OffloadedOptimizer::file_bytes), when offloading.
+  void set_disk(const CategoryBytes& disk) { disk_ = disk; }
   // The recorder while the window is open or ahead, null after it.
   StepRecorder* recorder() { return finished_ ? nullptr : &recorder_; }
 
@@ -58,6 +60,7 @@ class Profiler {
   StepRecorder recorder_;
   nlohmann::json run_;
   std::optional<PlanReport> plan_;
+  CategoryBytes disk_{};
   int64_t first_step_ = -1;
   int64_t begin_ = 0;
   bool finished_ = false;

@@ -13,6 +13,7 @@ std::string_view slice_kind_name(SliceKind kind) {
     case SliceKind::evaluation: return "evaluation";
     case SliceKind::collective: return "collective";
     case SliceKind::save: return "save";
+    case SliceKind::io_wait: return "io";
   }
   return "?";
 }
@@ -57,6 +58,15 @@ void StepRecorder::end() {
   if (slices_[open_.back()].kind == SliceKind::micro_batch) close_micro_batch();
   slices_[open_.back()].t1 = t;
   open_.pop_back();
+}
+
+void StepRecorder::add(std::string name, SliceKind kind, std::chrono::steady_clock::time_point t0,
+                       std::chrono::steady_clock::time_point t1) {
+  if (!active_) return;
+  auto at = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t - origin_).count();
+  };
+  slices_.push_back({std::move(name), kind, at(t0), at(t1), static_cast<int>(open_.size())});
 }
 
 void StepRecorder::stop() {

@@ -17,7 +17,10 @@
 
 namespace memfit::profile {
 
-enum class SliceKind : uint8_t { step, micro_batch, data, optimizer, evaluation, collective, save };
+// io_wait: the offloaded update waiting on the disk (its name, and the trace's cat, is "io").
+enum class SliceKind : uint8_t {
+  step, micro_batch, data, optimizer, evaluation, collective, save, io_wait
+};
 std::string_view slice_kind_name(SliceKind kind);
 
 // Times are nanoseconds since the recorder's origin (the run's start).
@@ -66,6 +69,10 @@ class StepRecorder final : public StepObserver {
   // in the trainer.
   void begin(std::string name, SliceKind kind);
   void end();
+  // A finished slice inside the open one (an offloaded update's wait on the disk, kept by the
+  // optimizer and handed over after it): no phase is open then, so it ends none.
+  void add(std::string name, SliceKind kind, std::chrono::steady_clock::time_point t0,
+           std::chrono::steady_clock::time_point t1);
   // Ends every open slice and micro-batch; nothing is recorded after it.
   void stop();
   bool active() const { return active_; }

@@ -46,6 +46,9 @@ struct Timeline {
   size_t live_peak_sample = 0;
   int live_peak_run = -1;        // the phase run it falls in (-1: between phases)
   std::vector<PeakBuffer> peak_buffers;  // live at the live peak, largest first
+  // The disk tier: the offload files' bytes by category (--offload-optimizer nvme; all zero
+  // without). The files are made at setup and keep their size, so one value holds throughout.
+  CategoryBytes disk{};
 };
 
 // Builds the timeline of a stopped recorder, the pool's events of the same run and the window

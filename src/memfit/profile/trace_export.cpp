@@ -1,5 +1,7 @@
 #include "memfit/profile/trace_export.h"
 
+#include <algorithm>
+
 namespace memfit::profile {
 
 using nlohmann::json;
@@ -47,6 +49,14 @@ json trace_json(const StepRecorder& rec, const std::vector<MemoryEvent>& events,
     if (!prev || prev->live_total() != s.live_total()) counter("live.total", s.t, s.live_total());
     prev = &s;
   }
+  // The disk tier (offload): a track per category of the files, flat from the first sample (the
+  // files are made at setup) to the window's end.
+  for (Category c : kAllCategories)
+    if (const size_t b = tl.disk[static_cast<size_t>(c)]) {
+      const std::string name = "disk." + std::string(category_name(c));
+      counter(name, tl.samples.empty() ? tl.begin : std::min(tl.samples.front().t, tl.begin), b);
+      counter(name, tl.end, b);
+    }
 
   for (const SliceRun& s : rec.slices())
     ev.push_back({{"ph", "X"}, {"pid", 1}, {"tid", 1}, {"name", s.name},

@@ -297,6 +297,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     profiler->set_run(run_json(spec, cfg, comm.rank(), W), rank_plan(spec, comm.rank()));
     profiler->recorder()->set_plan(gpt.step_plan());
     gpt.set_step_observer(profiler->recorder());
+    // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
+    if (off) {
+      profiler->set_disk(off->file_bytes());
+      off->record_waits(true);
+    }
   }
   auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
   // Data parallelism: the gradient exchange and its receive ring (Category::comm), for the run.
@@ -493,7 +498,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
       if (off)
         update = apply_update(
-            gpt, [&](float rate, float scale) { off->step(gpt.params(), gpt.grads(), rate, scale); },
+            gpt,
+            [&](float rate, float scale) {
+              off->step(gpt.params(), gpt.grads(), rate, scale);
+              for (const offload::IoWait& w : off->take_waits())
+                if (profile::StepRecorder* r = recorder())
+                  r->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
+            },
             scaler.get(), lr, cfg.clip, spec.grad_accum * W);
       else
         update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
@@ -588,7 +599,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       test_leaks.push_back(
           pool.allocate(static_cast<size_t>(cfg.test_leak_bytes), Category::workspace, "test.leak"));
     step_slice.reset();
-    if (profiler && profiler->step_end(step + 1)) gpt.set_step_observer(nullptr);
+    if (profiler && profiler->step_end(step + 1)) {
+      gpt.set_step_observer(nullptr);
+      if (off) off->record_waits(false);
+    }
     leaks.boundary(step + 1, pool, process_rss_bytes());
     summary.interrupted_by = interrupt_signal();
     if (sync) {

@@ -41,6 +41,13 @@
     sh.activations_over_params.toFixed(2) + " x the parameters), parameters " +
     sh.params_pct.toFixed(1) + "%, gradients " + sh.grads_pct.toFixed(1) + "%, optimizer " +
     sh.optimizer_pct.toFixed(1) + "%, workspace " + sh.workspace_pct.toFixed(1) + "%.";
+  // The disk tier (optimizer offloaded): the files' bytes, one line.
+  if (D.disk)
+    document.getElementById("disk").textContent =
+      "On disk (offload files): " + fmtMiB(D.disk.files_bytes) +
+      (D.disk.planned_bytes !== null ? " (" + fmtMiB(D.disk.planned_bytes) + " planned)" : "") +
+      ": " + Object.keys(D.disk.by_category).map(
+        (c) => c + " " + fmtMiB(D.disk.by_category[c].files)).join(", ") + ".";
 
   // The stack, bottom to top: what lives all step first, the arenas' live buffers on top, and
   // above them the arenas' bytes that hold no live value then.
