@@ -255,14 +255,14 @@ std::string summary_text(const json& s, const std::string& files) {
                      planned.is_null() ? "-" : mib(planned["peak_bytes"].get<double>()),
                      mib(lp["bytes"].get<double>()));
 
-  if (s.contains("disk")) {
+  if (s.contains("disk")) {  // the disk tier: the offload files
     const json& d = s["disk"];
-    out += fmt::format("{:<12} {:>13} {:>12}   (disk: the offload files)\n", "disk",
-                       mib(d["files_bytes"].get<double>()),
-                       d["planned_bytes"].is_null() ? "-" : mib(d["planned_bytes"].get<double>()));
+    auto cell = [](const json& b) { return b.is_null() ? std::string("-") : mib(b.get<double>()); };
+    out += fmt::format("\n{:<12} {:>13} {:>12}\n", "on disk", "files MiB", "planned MiB");
     for (const auto& [k, v] : d["by_category"].items())
-      out += fmt::format("  {:<10} {:>13} {:>12}\n", k, mib(v["files"].get<double>()),
-                         v["planned"].is_null() ? "-" : mib(v["planned"].get<double>()));
+      out += fmt::format("{:<12} {:>13} {:>12}\n", k, cell(v["files"]), cell(v["planned"]));
+    out += fmt::format("{:<12} {:>13} {:>12}\n", "total", cell(d["files_bytes"]),
+                       cell(d["planned_bytes"]));
   }
 
   out += fmt::format("\ntop {} buffers live then:\n", s["top_buffers"].size());
