@@ -95,6 +95,27 @@ TEST(StepRecorder, RecordsNothingAfterStop) {
   EXPECT_EQ(run.recorder->slices().size(), 4u);
 }
 
+// A finished interval handed over later (an offloaded update's wait on the disk) nests in the
+// open slice at the times it was given, in the recorder's time; after stop() it is dropped.
+TEST(StepRecorder, AddedSliceNestsAtItsOwnTimes) {
+  const auto origin = std::chrono::steady_clock::now();
+  profile::StepRecorder rec(origin);
+  rec.begin("optimizer", profile::SliceKind::optimizer);
+  rec.add("io wait", profile::SliceKind::io_wait, origin + std::chrono::nanoseconds(1500),
+          origin + std::chrono::nanoseconds(4000));
+  rec.end();
+  ASSERT_EQ(rec.slices().size(), 2u);
+  const profile::SliceRun& w = rec.slices()[1];
+  EXPECT_EQ(w.name, "io wait");
+  EXPECT_EQ(profile::slice_kind_name(w.kind), "io");
+  EXPECT_EQ(w.t0, 1500);
+  EXPECT_EQ(w.t1, 4000);
+  EXPECT_EQ(w.depth, 1);
+  rec.stop();
+  rec.add("late", profile::SliceKind::io_wait, origin, origin);
+  EXPECT_EQ(rec.slices().size(), 2u);
+}
+
 TEST(StepRecorder, RefusesASecondPlanOfAnotherShape) {
   RecordedRun run;
   profile::StepRecorder rec(std::chrono::steady_clock::now());
