@@ -33,16 +33,7 @@ class Zero : public test::BinaryTest {
   }
   // Runs `memfit args`, alone (ranks 0) or under mpirun; returns the exit code.
   int run(int ranks, const std::string& args) const {
-    const std::string launcher =
-        ranks ? fmt::format("ASAN_OPTIONS=detect_leaks=0 {} -n {} --allow-run-as-root "
-                            "--oversubscribe ",
-                            MEMFIT_MPIEXEC, ranks)
-              : std::string();
-    const std::string command =
-        fmt::format("{}{}/memfit {} > '{}' 2> '{}'", launcher, MEMFIT_BINARY_DIR, args,
-                    (dir / "out.txt").string(), (dir / "err.txt").string());
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_memfit(args, ranks);
   }
   std::string args(const std::string& more) const {
     const bool batch = more.find("--batch") != std::string::npos;
