@@ -1,5 +1,5 @@
 // Helpers shared by the io tests: a scratch folder that removes itself, where the npm packages
-// are, and reading a whole file.
+// are, reading a whole file and comparing two.
 #pragma once
 
 #include <stdlib.h>
@@ -47,6 +47,16 @@ inline std::string read_file(const std::filesystem::path& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// Empty when the two files hold the same bytes, else where they first differ (for EXPECT_EQ(..., "")).
+inline std::string first_difference(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const std::string x = read_file(a), y = read_file(b);
+  if (x == y) return "";
+  size_t i = 0;
+  while (i < x.size() && i < y.size() && x[i] == y[i]) ++i;
+  return a.string() + " (" + std::to_string(x.size()) + " bytes) and " + b.string() + " (" +
+         std::to_string(y.size()) + " bytes) differ from byte " + std::to_string(i);
 }
 
 inline void write_file(const std::filesystem::path& path, const std::string& bytes) {

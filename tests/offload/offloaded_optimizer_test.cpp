@@ -19,6 +19,7 @@
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/state/shard.h"
+#include "../io/io_test_util.h"
 
 namespace memfit::offload {
 namespace {
@@ -37,20 +38,7 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-// Empty when the files are the same bytes, else where they first differ.
-std::string first_difference(const fs::path& a, const fs::path& b) {
-  const std::string x = file_bytes(a), y = file_bytes(b);
-  if (x == y) return "";
-  size_t i = 0;
-  while (i < x.size() && i < y.size() && x[i] == y[i]) ++i;
-  return fmt::format("{} ({} bytes) and {} ({} bytes) differ from byte {}", a.string(), x.size(),
-                     b.string(), y.size(), i);
-}
+using io::testing::first_difference;
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;

@@ -14,26 +14,14 @@
 #include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
+#include "../io/io_test_util.h"
 
 namespace memfit {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-// Empty when the files are the same bytes, else where they first differ.
-std::string first_difference(const fs::path& a, const fs::path& b) {
-  const std::string x = file_bytes(a), y = file_bytes(b);
-  if (x == y) return "";
-  size_t i = 0;
-  while (i < x.size() && i < y.size() && x[i] == y[i]) ++i;
-  return fmt::format("{} ({} bytes) and {} ({} bytes) differ from byte {}", a.string(), x.size(),
-                     b.string(), y.size(), i);
-}
+using io::testing::first_difference;
 
 class OffloadTrainer : public test::TrainerFixture {
  protected:
@@ -266,7 +254,7 @@ TEST_F(OffloadTrainer, IoErrorMidRunNamesFileOffsetErrnoAndKeepsLastCheckpoint) 
       if (std::string(what) == "short") EXPECT_NE(m.find("short"), std::string::npos) << m;
     }
     // The last checkpoint is whole, and resumes.
-    const auto state = nlohmann::json::parse(file_bytes(dir / "ckpt" / "trainer_state.json"));
+    const auto state = nlohmann::json::parse(io::testing::read_file(dir / "ckpt" / "trainer_state.json"));
     EXPECT_GE(state["step"].get<int>(), 1);
     EXPECT_LT(state["step"].get<int>(), 4);
     EXPECT_TRUE(fs::is_empty(dir / "offload"));
