@@ -91,4 +91,14 @@ class BinaryTest : public ::testing::Test {
   uint32_t seed_;
 };
 
+// A BinaryTest that runs memfit under mpirun: skipped where memfit was built without MPI.
+class MpiBinaryTest : public BinaryTest {
+ protected:
+  using BinaryTest::BinaryTest;
+  void SetUp() override {
+    if (std::string(MEMFIT_MPIEXEC).empty()) GTEST_SKIP() << "memfit was built without MPI";
+    BinaryTest::SetUp();
+  }
+};
+
 }  // namespace memfit::test

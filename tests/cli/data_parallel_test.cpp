@@ -22,13 +22,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class DataParallel : public test::BinaryTest {
+class DataParallel : public test::MpiBinaryTest {
  protected:
-  DataParallel() : BinaryTest(4242) {}
-  void SetUp() override {
-    if (std::string(MEMFIT_MPIEXEC).empty()) GTEST_SKIP() << "memfit was built without MPI";
-    BinaryTest::SetUp();
-  }
+  DataParallel() : MpiBinaryTest(4242) {}
   // Runs `memfit args`, alone (ranks 0) or under mpirun; returns the exit code.
   int run(int ranks, const std::string& args) const {
     return run_memfit(args, ranks);

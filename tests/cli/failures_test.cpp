@@ -33,13 +33,9 @@ using test::slurp;
 
 constexpr auto kLimit = 30s;  // the bound for a failed job to end
 
-class Failures : public test::BinaryTest {
+class Failures : public test::MpiBinaryTest {
  protected:
-  Failures() : BinaryTest(99) {}
-  void SetUp() override {
-    if (std::string(MEMFIT_MPIEXEC).empty()) GTEST_SKIP() << "memfit was built without MPI";
-    BinaryTest::SetUp();
-  }
+  Failures() : MpiBinaryTest(99) {}
   void TearDown() override {
     if (pid_ > 0) {  // a job a failed test left behind
       kill(pid_, SIGKILL);

@@ -24,13 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class Zero : public test::BinaryTest {
+class Zero : public test::MpiBinaryTest {
  protected:
-  Zero() : BinaryTest(1414) {}
-  void SetUp() override {
-    if (std::string(MEMFIT_MPIEXEC).empty()) GTEST_SKIP() << "memfit was built without MPI";
-    BinaryTest::SetUp();
-  }
+  Zero() : MpiBinaryTest(1414) {}
   // Runs `memfit args`, alone (ranks 0) or under mpirun; returns the exit code.
   int run(int ranks, const std::string& args) const {
     return run_memfit(args, ranks);
