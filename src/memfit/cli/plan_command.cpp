@@ -43,10 +43,21 @@ nlohmann::json ranks_json(const RunSpec& run) {
     for (Category c : kAllCategories)
       if (p.by_category[static_cast<size_t>(c)])
         cats[std::string(category_name(c))] = p.by_category[static_cast<size_t>(c)];
-    a.push_back({{"rank", q},
-                 {"peak_bytes", p.peak_bytes},
-                 {"model_state_bytes", model_state_bytes(p)},
-                 {"by_category", cats}});
+    nlohmann::json rank = {{"rank", q},
+                           {"peak_bytes", p.peak_bytes},
+                           {"model_state_bytes", model_state_bytes(p)},
+                           {"by_category", cats}};
+    if (run.offload.optimizer) {
+      // Each rank's own shard in its files (rank-<q> under --offload-dir).
+      nlohmann::json disk = nlohmann::json::object();
+      for (Category c : kAllCategories)
+        if (p.disk_by_category[static_cast<size_t>(c)])
+          disk[std::string(category_name(c))] = p.disk_by_category[static_cast<size_t>(c)];
+      rank["offload"] = {{"disk_bytes", p.disk_bytes},
+                         {"disk_by_category", disk},
+                         {"io_bytes_per_step", p.io_bytes_per_step}};
+    }
+    a.push_back(std::move(rank));
   }
   return a;
 }
@@ -192,7 +203,9 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                r.disk_by_category[static_cast<size_t>(Category::master)]
                    ? "master weights and optimizer state"
                    : "optimizer state",
-               run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
+               run.world > 1 ? fmt::format("{}/rank-0 (rank 0's shard; each rank its own)",
+                                           run.offload.dir)
+                             : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
                r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
   }
   if (!r.data_included)

@@ -26,6 +26,15 @@ std::string zero_shard_file(int rank, int world) {
   return fmt::format("zero-rank-{:05d}-of-{:05d}.safetensors", rank, world);
 }
 
+void set_zero_shard_metadata(SafetensorsWriter& writer, const std::string& optimizer,
+                             int64_t steps_taken, const ElementRange& range) {
+  writer.set_metadata("format", "pt");
+  writer.set_metadata("optimizer", optimizer);
+  writer.set_metadata("steps_taken", std::to_string(steps_taken));
+  writer.set_metadata("begin", std::to_string(range.begin));
+  writer.set_metadata("end", std::to_string(range.end));
+}
+
 void save_zero_shard(const fs::path& file, const Optimizer& optimizer, const Tensor& weights) {
   MEMFIT_CHECK(weights.numel() == optimizer.range().size(), "checkpoint",
                "a shard's weights ({} elements) must cover its optimizer's range ({})",
@@ -33,11 +42,7 @@ void save_zero_shard(const fs::path& file, const Optimizer& optimizer, const Ten
   SafetensorsWriter writer;
   if (weights.numel() > 0) writer.add(std::string(kZeroWeightsKey), weights);
   for (auto& [n, t] : optimizer.state()) writer.add(optimizer_state_key(optimizer.name(), n), t);
-  writer.set_metadata("format", "pt");
-  writer.set_metadata("optimizer", optimizer.name());
-  writer.set_metadata("steps_taken", std::to_string(optimizer.steps_taken()));
-  writer.set_metadata("begin", std::to_string(optimizer.range().begin));
-  writer.set_metadata("end", std::to_string(optimizer.range().end));
+  set_zero_shard_metadata(writer, optimizer.name(), optimizer.steps_taken(), optimizer.range());
   writer.write(file);
 }
 
@@ -160,18 +165,11 @@ int64_t parse_steps(const SafetensorsReader& reader) {
   return steps;
 }
 
-struct PieceCopy {
-  const SafetensorsReader* reader;
-  const SafetensorsEntry* entry;
-  int64_t src, dst, n;  // elements
-  Tensor into;
-};
-
 }  // namespace
 
-void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
+SavedOptimizerState::SavedOptimizerState(const fs::path& dir, const Optimizer& opt,
+                                         const ElementRange& range) {
   const fs::path whole = dir / kOptimizerFile;
-  std::vector<std::unique_ptr<SafetensorsReader>> readers;
   SavedState saved;
   if (has_zero_shards(dir)) {
     saved = read_index(dir / kZeroIndexFile, opt);
@@ -181,10 +179,6 @@ void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
                    "{}: neither {} nor {}, so the optimizer cannot resume (load the weights alone "
                    "with --init-from to start a fresh optimizer)",
                    dir.string(), kOptimizerFile, kZeroIndexFile);
-    if (opt.range() == whole_range(opt.layout())) {  // the exact, whole-file check
-      load_optimizer_state(whole, opt);
-      return;
-    }
     // A whole-layout state: one shard whose extents are every whole tensor.
     OldShard o{whole, {}};
     for (const StateSpec& s : opt.whole_state_specs()) o.extents.push_back({0, s.numel});
@@ -192,24 +186,22 @@ void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
   }
 
   const auto& specs = opt.whole_state_specs();
-  const std::vector<ElementRange> mine = opt.state_extents(opt.range());
-  std::map<std::string, Tensor> tensors;
-  for (auto& [n, t] : opt.state()) tensors.emplace(n, t);
-  std::vector<PieceCopy> copies;
+  mine_ = opt.state_extents(range);
+  sources_.resize(specs.size());
   std::vector<std::string> problems;
-  int64_t steps = saved.steps;
+  steps_ = saved.steps;
   bool steps_known = has_zero_shards(dir);
   for (const OldShard& o : saved.shards) {
     bool overlaps = false;
     for (size_t i = 0; i < specs.size(); ++i)
-      overlaps = overlaps || !mine[i].intersect(o.extents[i]).empty();
+      overlaps = overlaps || !mine_[i].intersect(o.extents[i]).empty();
     if (!overlaps && steps_known) continue;
     if (!fs::exists(o.file)) {
       problems.push_back(fmt::format("{} is missing", o.file.string()));
       continue;
     }
-    readers.push_back(std::make_unique<SafetensorsReader>(o.file));
-    const SafetensorsReader& reader = *readers.back();
+    readers_.push_back(std::make_unique<SafetensorsReader>(o.file));
+    const SafetensorsReader& reader = *readers_.back();
     auto name = reader.metadata().find("optimizer");
     if (name == reader.metadata().end() || name->second != opt.name())
       problems.push_back(
@@ -217,15 +209,14 @@ void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
                       name == reader.metadata().end() ? "" : name->second, opt.name()));
     const int64_t file_steps = parse_steps(reader);
     if (!steps_known) {
-      steps = file_steps;
+      steps_ = file_steps;
       steps_known = true;
-    } else if (file_steps != steps) {
+    } else if (file_steps != steps_) {
       problems.push_back(
-          fmt::format("{}: steps_taken {}, the index says {}", o.file.string(), file_steps, steps));
+          fmt::format("{}: steps_taken {}, the index says {}", o.file.string(), file_steps, steps_));
     }
     for (size_t i = 0; i < specs.size(); ++i) {
-      const ElementRange part = mine[i].intersect(o.extents[i]);
-      if (part.empty()) continue;
+      if (mine_[i].intersect(o.extents[i]).empty()) continue;
       const std::string key = optimizer_state_key(opt.name(), specs[i].name);
       const SafetensorsEntry* e = reader.find(key);
       const SafetensorsDType type = safetensors_dtype_of(specs[i].dtype);
@@ -237,30 +228,58 @@ void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
             safetensors_dtype_name(type), o.extents[i].size()));
         continue;
       }
-      copies.push_back({&reader, e, part.begin - o.extents[i].begin, part.begin - mine[i].begin,
-                        part.size(), tensors.at(specs[i].name)});
+      sources_[i].push_back({o.extents[i], &reader, e, dtype_size(specs[i].dtype)});
     }
   }
   // The saved shards' extents tile each whole tensor, so the parts of this range's extents
   // they hold must add up to it exactly.
   for (size_t i = 0; i < specs.size(); ++i) {
     int64_t covered = 0;
-    for (const OldShard& o : saved.shards) covered += mine[i].intersect(o.extents[i]).size();
-    if (covered != mine[i].size())
+    for (const OldShard& o : saved.shards) covered += mine_[i].intersect(o.extents[i]).size();
+    if (covered != mine_[i].size())
       problems.push_back(fmt::format("state '{}': the shards hold {} of this range's {} elements",
-                                     specs[i].name, covered, mine[i].size()));
+                                     specs[i].name, covered, mine_[i].size()));
   }
   if (!problems.empty())
     MEMFIT_THROW(IoError, "checkpoint", "{}: the optimizer state cannot be loaded: {}",
                  dir.string(), fmt::join(problems, "; "));
-  for (const PieceCopy& c : copies) {
-    const size_t es = dtype_size(c.into.dtype());
-    std::memcpy(static_cast<std::byte*>(c.into.raw_data()) + c.dst * es,
-                c.reader->bytes(*c.entry) + c.src * es, static_cast<size_t>(c.n) * es);
+}
+
+SavedOptimizerState::~SavedOptimizerState() = default;
+
+void SavedOptimizerState::read(size_t spec, const ElementRange& elements, void* dst) const {
+  MEMFIT_CHECK(mine_.at(spec).contains(elements), "checkpoint",
+               "state {}: elements [{}, {}) outside the opened extent [{}, {})", spec,
+               elements.begin, elements.end, mine_[spec].begin, mine_[spec].end);
+  for (const Source& s : sources_.at(spec)) {
+    const ElementRange part = elements.intersect(s.extent);
+    if (part.empty()) continue;
+    std::memcpy(static_cast<std::byte*>(dst) + (part.begin - elements.begin) * s.elem_bytes,
+                s.reader->bytes(*s.entry) + (part.begin - s.extent.begin) * s.elem_bytes,
+                static_cast<size_t>(part.size()) * s.elem_bytes);
   }
-  for (const auto& r : readers)
-    for (const SafetensorsEntry& e : r->entries()) r->release(e);
-  opt.set_steps_taken(steps);
+}
+
+void SavedOptimizerState::release(size_t spec) const {
+  for (const Source& s : sources_.at(spec)) s.reader->release(*s.entry);
+}
+
+void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
+  if (!has_zero_shards(dir) && opt.range() == whole_range(opt.layout()) &&
+      fs::exists(dir / kOptimizerFile)) {
+    load_optimizer_state(dir / kOptimizerFile, opt);  // the exact, whole-file check
+    return;
+  }
+  const SavedOptimizerState saved(dir, opt, opt.range());  // everything checked here
+  const auto& specs = opt.whole_state_specs();
+  std::map<std::string, Tensor> tensors;
+  for (auto& [n, t] : opt.state()) tensors.emplace(n, t);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (saved.extent(i).empty()) continue;
+    saved.read(i, saved.extent(i), tensors.at(specs[i].name).raw_data());
+    saved.release(i);
+  }
+  opt.set_steps_taken(saved.steps_taken());
 }
 
 std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {

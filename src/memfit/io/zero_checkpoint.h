@@ -15,6 +15,7 @@
 
 #include "memfit/core/tensor.h"
 #include "memfit/io/checkpoint_export.h"
+#include "memfit/io/safetensors.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/element_range.h"
 
@@ -33,6 +34,11 @@ std::string zero_shard_file(int rank, int world);
 void save_zero_shard(const std::filesystem::path& file, const Optimizer& optimizer,
                      const Tensor& weights);
 
+// A shard file's metadata (format, optimizer, steps_taken, begin, end): save_zero_shard's, and
+// the offloaded optimizer's streamed shard (offload/offloaded_optimizer.h).
+void set_zero_shard_metadata(SafetensorsWriter& writer, const std::string& optimizer,
+                             int64_t steps_taken, const ElementRange& range);
+
 // The index's JSON: world size, stage, the optimizer, its steps_taken, the layout's total, the
 // whole state specs and, per rank, its file, element range and state extents. Every rank's
 // extents are computed here from `shards` (the optimizer's state_extents), so rank 0 writes it
@@ -50,6 +56,39 @@ bool has_zero_shards(const std::filesystem::path& dir);
 // every file and tensor, that the pieces tile the range's extents); an IoError names the file
 // and what differs, and the optimizer is then untouched.
 void load_optimizer_state_any(const std::filesystem::path& dir, Optimizer& optimizer);
+
+// A saved optimizer state opened for reading one range's part of it, piece by piece: the
+// shards that overlap `range` when the index is there, else optimizer.safetensors (a
+// whole-layout state). The constructor checks everything load_optimizer_state_any does (and
+// throws the same IoError); then read() copies any elements of this range's extents straight
+// from the mapped files. What the offloaded optimizer streams into its files with bounded RAM
+// (offload/offloaded_optimizer.h), and what load_optimizer_state_any copies into RAM.
+class SavedOptimizerState {
+ public:
+  SavedOptimizerState(const std::filesystem::path& dir, const Optimizer& optimizer,
+                      const ElementRange& range);
+  ~SavedOptimizerState();
+  int64_t steps_taken() const { return steps_; }
+  // Whole state tensor `spec`'s elements that `range` holds (Optimizer::state_extents).
+  const ElementRange& extent(size_t spec) const { return mine_.at(spec); }
+  // Elements `elements` (inside extent(spec), whole-tensor positions) of state tensor `spec`
+  // into `dst`, in the state's dtype.
+  void read(size_t spec, const ElementRange& elements, void* dst) const;
+  // Done with state tensor `spec`: its file pages leave RAM (SafetensorsReader::release).
+  void release(size_t spec) const;
+
+ private:
+  struct Source {
+    ElementRange extent;  // the saved tensor's whole-tensor positions
+    const SafetensorsReader* reader;
+    const SafetensorsEntry* entry;
+    size_t elem_bytes;
+  };
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::vector<ElementRange> mine_;
+  std::vector<std::vector<Source>> sources_;  // per whole state spec
+  int64_t steps_ = 0;
+};
 
 // The weights of record from the shard files alone (each one's kZeroWeightsKey range), as a
 // ParamSource over make_slab_pieces_source: what export and loads read when a sharded save has

@@ -297,4 +297,39 @@ void OffloadedOptimizer::load_state(const fs::path& file) {
   set_steps_taken(steps);
 }
 
+void OffloadedOptimizer::save_shard(const fs::path& file, const Tensor& weights) {
+  const ElementRange& R = layout_.range;
+  MEMFIT_CHECK(weights.numel() == R.size(), "offload",
+               "a shard's weights ({} elements) must cover the offloaded range's {}",
+               weights.numel(), R.size());
+  const size_t first_state = master_ ? 1 : 0;
+  const std::vector<ElementRange> mine = descriptor().state_extents(R);
+  io::SafetensorsWriter writer;
+  if (weights.numel() > 0) writer.add(std::string(io::kZeroWeightsKey), weights);
+  for (size_t i = first_state; i < layout_.tensors.size(); ++i) {
+    const OffloadTensor& t = layout_.tensors[i];
+    const int64_t n = mine[i - first_state].size();
+    if (n == 0) continue;  // as Optimizer::state() leaves out an empty tensor
+    writer.add_source(io::optimizer_state_key(name(), t.name), io::safetensors_dtype_of(t.dtype),
+                      {n}, [this, i](const io::SafetensorsWriter::ByteSink& sink) {
+                        stream(i, IoRequest::Op::read,
+                               [&](size_t, const char* buf, size_t bytes) { sink(buf, bytes); });
+                      });
+  }
+  io::set_zero_shard_metadata(writer, name(), steps_taken(), R);
+  writer.write(file);
+}
+
+void OffloadedOptimizer::load_state(const io::SavedOptimizerState& saved) {
+  const size_t first_state = master_ ? 1 : 0;
+  for (size_t i = first_state; i < layout_.tensors.size(); ++i) {
+    const OffloadTensor& t = layout_.tensors[i];
+    stream(i, IoRequest::Op::write, [&](size_t u, char* buf, size_t) {
+      saved.read(i - first_state, t.extents[u], buf);
+    });
+    saved.release(i - first_state);
+  }
+  set_steps_taken(saved.steps_taken());
+}
+
 }  // namespace memfit::offload

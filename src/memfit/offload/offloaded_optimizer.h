@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "memfit/core/tensor.h"
+#include "memfit/io/zero_checkpoint.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/offload/io_engine.h"
@@ -82,6 +83,20 @@ class OffloadedOptimizer {
   // The reverse: checks the file as io::load_optimizer_state does (IoError listing what does
   // not match), then streams each tensor into its file and restores steps_taken.
   void load_state(const std::filesystem::path& file);
+
+  // ZeRO's sharded checkpoint (io/zero_checkpoint.h) with the state offloaded: this range's
+  // shard file as io::save_zero_shard writes it for the same optimizer in RAM (the same bytes),
+  // `weights` (range()'s weights of record, in RAM) then each state slice streamed from the
+  // files through the ring.
+  void save_shard(const std::filesystem::path& file, const Tensor& weights);
+  // The reverse for any saved state (a ZeRO save of any world size and stage, or a whole
+  // optimizer.safetensors), opened and checked for range() (io::SavedOptimizerState): each
+  // piece read from the mapped files into a ring slot and written to its file, then
+  // steps_taken restored. Bounded RAM: one slot, and the mapping's pages released per tensor.
+  void load_state(const io::SavedOptimizerState& saved);
+  // An optimizer over one piece, without state: what the sharded checkpoint's index and
+  // SavedOptimizerState read of it (name, whole state specs, state_extents, steps_taken).
+  const Optimizer& descriptor() const { return *units_.front(); }
 
   const IoStats& stats() const { return stats_; }
   // The files' bytes on disk by category (master, optimizer), stat'ed: what the planner's

@@ -95,9 +95,10 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
   if (spec.offload.optimizer) {
     // The state and the master weights go to files; RAM holds the ring that streams them
-    // (offload/offload_layout.h, the engine's own computation).
-    const offload::OffloadLayout files =
-        offload::make_offload_layout(layout, oc, at(Category::master) > 0);
+    // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 and 2)
+    // this rank's shard alone: its files, its ring, its I/O.
+    const offload::OffloadLayout files = offload::make_offload_layout(
+        layout, oc, at(Category::master) > 0, offload::kMaxPieceElements, mine);
     r.disk_by_category = files.disk_bytes();
     r.disk_bytes = files.disk_total();
     r.io_bytes_per_step = files.io_bytes_per_step();

@@ -17,6 +17,16 @@ void RunSpec::check() const {
   check_optim_config(optim);
   if (zero < 0 || zero > 3)
     MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2 or 3, got {}", zero);
+  // Under several ranks each rank offloads its own shard of the state (Note [NVMe offload],
+  // "Under ZeRO"): stages 1 and 2, where the state is sharded. Stage 0 would have every rank
+  // write the whole state; stage 3's gathered working weights are not wired to the files.
+  if (offload.optimizer && world > 1 && zero != 1 && zero != 2)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-optimizer nvme under {} ranks offloads each rank's shard of the "
+                 "optimizer state, so it needs --zero 1 or 2 (got --zero {}{})",
+                 world, zero,
+                 zero == 0 ? ": every rank would write the whole state"
+                           : ": stage 3 with offload is not built");
   if (zero == 3 && world > 1)
     MEMFIT_THROW(ConfigError, "config",
                  "--zero 3 (sharded working weights) is not built yet: use --zero 0, 1 or 2 "
@@ -36,11 +46,6 @@ void RunSpec::check() const {
   if (offload.disk_limit && !offload.optimizer)
     MEMFIT_THROW(ConfigError, "config",
                  "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme");
-  if (offload.optimizer && world > 1)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--offload-optimizer nvme runs in one process for now; under {} ranks every "
-                 "rank would write the whole state",
-                 world);
 }
 
 }  // namespace memfit

@@ -135,7 +135,10 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.shuffle = c.shuffle;
   s.resumed = !c.resume_dir.empty();
   s.offload.optimizer = c.offload_optimizer == "nvme";
-  s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty();
+  // Under several ranks offload is a stage 1 or 2 option only (RunSpec::check): the search
+  // considers it there alone.
+  s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty() &&
+                   (c.ranks <= 1 || c.zero == 1 || c.zero == 2);
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();

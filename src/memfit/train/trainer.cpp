@@ -205,10 +205,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (stage >= 1) my_shard = shards[static_cast<size_t>(comm.rank())];
   // --offload-optimizer nvme: the optimizer state and the FP32 master weights live in files and
   // the update streams them (offload/offloaded_optimizer.h); the model keeps its working weights.
-  // One process only for now (RunSpec::check refuses it over several ranks): an optimizer over a
-  // rank's shard offloads (OffloadedOptimizer over a range); the trainer's wiring is not built.
+  // Under ZeRO (stages 1 and 2; RunSpec::check refuses the others) each rank offloads its own
+  // shard, into its own subdirectory of --offload-dir, so ranks sharing one never collide; the
+  // disk check and --disk-limit are per rank (Note [NVMe offload], "Under ZeRO").
   const bool offload = spec.offload.optimizer;
   const bool master = spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
+  const fs::path offload_dir =
+      W > 1 ? fs::path(spec.offload.dir) / fmt::format("rank-{}", comm.rank())
+            : fs::path(spec.offload.dir);
   Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
@@ -217,26 +221,33 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   std::unique_ptr<offload::OffloadedOptimizer> off;
   if (offload && spec.offload.disk_limit) {
     const uint64_t need =
-        offload::make_offload_layout(gpt.layout(), spec.optim, master).disk_total();
+        offload::make_offload_layout(gpt.layout(), spec.optim, master,
+                                     offload::kMaxPieceElements, my_shard)
+            .disk_total();
     if (need > spec.offload.disk_limit)
       MEMFIT_THROW(ConfigError, "config",
                    "--disk-limit {} bytes ({:.2f} GiB): the offload files need {} bytes ({:.2f} "
-                   "GiB)",
+                   "GiB){}",
                    spec.offload.disk_limit, spec.offload.disk_limit / 1073741824.0, need,
-                   need / 1073741824.0);
+                   need / 1073741824.0,
+                   W > 1 ? fmt::format(" on rank {} (the limit is per rank)", comm.rank()) : "");
   }
   if (offload)
     off = std::make_unique<offload::OffloadedOptimizer>(
-        spec.optim, gpt.layout(), master, pool, spec.offload.dir,
+        spec.optim, gpt.layout(), master, pool, offload_dir,
         fmt::format("memfit-{}-{}", ::getpid(),
-                    std::chrono::system_clock::now().time_since_epoch().count()));
+                    std::chrono::system_clock::now().time_since_epoch().count()),
+        offload::kMaxPieceElements, my_shard);
   else
     opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
   // Offloaded master weights pass through the gradient slab, which holds nothing between
   // steps (every step starts with zero_grad): the FP32 weights of record are drawn or loaded
-  // there, written to the master file and rounded into the working copy.
+  // there, written to the master file and rounded into the working copy. Under ZeRO every rank
+  // holds the whole f32 layout there and writes its shard's part.
+  const ElementRange my_range = my_shard.value_or(whole_range(gpt.layout()));
+  auto my_part = [&](Tensor& slab) { return slab.view(my_range.begin, {my_range.size()}); };
   auto master_from_grads = [&] {
-    off->write_master(gpt.grads());
+    off->write_master(my_part(gpt.grads()));
     kernels::convert(gpt.params(), gpt.grads());
   };
   int64_t start_step = 0, data_position = 0;
@@ -265,7 +276,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       // this rank's range (io/zero_checkpoint.h).
       if (resume && opt) io::load_optimizer_state_any(location.dir, *opt);
     }
-    if (resume && off) {
+    if (resume && off && (my_shard || io::has_zero_shards(location.dir))) {
+      // A shard's part of any saved state (ZeRO's shards of any world size and stage, or a
+      // whole optimizer.safetensors), streamed into this rank's files.
+      off->load_state(io::SavedOptimizerState(location.dir, off->descriptor(), off->range()));
+    } else if (resume && off) {
       const fs::path file = location.dir / io::kOptimizerFile;
       if (!fs::exists(file))
         MEMFIT_THROW(IoError, "checkpoint",
@@ -352,6 +367,19 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // zero_grad: no byte added, so rank 0 saves a gathered copy in bounded memory. Every rank
   // calls this (a collective); rank 0 saves.
   auto record_for_save = [&]() -> Tensor& {
+    if (off && master) {
+      // Offloaded master weights: this rank's part read back into the slab, then (ZeRO) every
+      // rank's from its owner, in place.
+      Tensor part = my_part(gpt.grads());
+      off->read_master(part);
+      if (my_shard) {
+        std::vector<int64_t> counts;
+        for (const ElementRange& s : shards) counts.push_back(s.size());
+        char* data = static_cast<char*>(gpt.grads().raw_data());
+        comm.all_gather(data + my_range.begin * sizeof(float), data, counts, sizeof(float));
+      }
+      return gpt.grads();
+    }
     if (gpt.whole_weights()) return gpt.weights();
     std::vector<int64_t> counts;
     for (const ElementRange& s : shards) counts.push_back(s.size());
@@ -365,7 +393,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // into its temporary directory and adds the index, so they change with the rest of the
   // checkpoint (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state"). Every rank calls
   // this (collective); rank 0 saves.
-  const bool sharded_state = stage >= 1 && opt;
+  const bool sharded_state = stage >= 1;
   const fs::path staging =
       cfg.save_dir.empty() ? fs::path() : fs::path(cfg.save_dir).concat(".zero-staging");
   auto stage_shards = [&] {
@@ -375,10 +403,18 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       fs::create_directories(staging);
     }
     comm.barrier();
-    const Tensor weights = gpt.whole_weights()
-                               ? gpt.weights().view(my_shard->begin, {my_shard->size()})
-                               : gpt.weights();
-    io::save_zero_shard(staging / io::zero_shard_file(comm.rank(), W), *opt, weights);
+    const fs::path file = staging / io::zero_shard_file(comm.rank(), W);
+    if (off) {
+      // Offloaded: the shard's state streamed out of this rank's files (the same bytes), its
+      // weights of record from the slab record_for_save filled, or the whole working weights.
+      Tensor& record = master ? gpt.grads() : gpt.weights();
+      off->save_shard(file, my_part(record));
+    } else {
+      const Tensor weights = gpt.whole_weights()
+                                 ? gpt.weights().view(my_shard->begin, {my_shard->size()})
+                                 : gpt.weights();
+      io::save_zero_shard(file, *opt, weights);
+    }
     comm.barrier();  // every shard is on disk before rank 0 moves them into the save
   };
   auto save = [&](int64_t step, const Tensor& record) {
@@ -390,18 +426,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       so.write_extra = [&](const fs::path& tmp) {
         for (int r = 0; r < W; ++r)
           fs::rename(staging / io::zero_shard_file(r, W), tmp / io::zero_shard_file(r, W));
-        io::write_file_atomic(tmp / io::kZeroIndexFile, io::zero_index_json(*opt, shards, stage));
+        io::write_file_atomic(tmp / io::kZeroIndexFile,
+                              io::zero_index_json(off ? off->descriptor() : *opt, shards, stage));
       };
     // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
     // bytes as from RAM), and the master weights read back into the idle gradient slab.
-    const Tensor* weights = &record;
-    if (off) {
+    // (record_for_save read the offloaded master weights back into the idle gradient slab.)
+    if (off && !sharded_state)
       so.write_extra = [&](const fs::path& tmp) { off->save_state(tmp / io::kOptimizerFile); };
-      if (master) {
-        off->read_master(gpt.grads());
-        weights = &gpt.grads();
-      }
-    }
     so.max_shard_bytes = max_shard_bytes;
     // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
     // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
@@ -411,7 +443,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
-    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), *weights, so);
+    io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), record, so);
     if (sharded_state) fs::remove(staging);  // emptied by the renames
     // Memory once the save has let go of what it used: the soak benchmark's samples.
     log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
@@ -447,6 +479,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   std::vector<double> rates;
   const double tokens_per_step = double(B) * T * spec.grad_accum * W;  // every rank's
   int64_t saved_at = -1;
+  uint64_t last_step_io = 0;  // offload: the last step's bytes read and written (this rank)
   for (int64_t step = start_step; step < last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.set_phase(fmt::format("step {}", step + 1));
@@ -487,6 +520,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     // fp16's scaler absorbs a non-finite loss as an overflow (the step is skipped); in fp32 and
     // bf16 nothing can, so the run stops before anything is saved over the last checkpoint.
     UpdateOutcome update;
+    int64_t update_gathered = 0;  // the offloaded update's all-gather (ZeRO)
     if (!scaler && !std::isfinite(loss))
       update.non_finite = true;
     else {
@@ -495,12 +529,17 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
         update = apply_update(
             gpt,
             [&](float rate, float scale) {
-              off->step(gpt.params(), gpt.grads(), rate, scale);
+              // This rank's range of the working weights and gradients (the whole layout in
+              // one process); under ZeRO the updated working weights are then all-gathered.
+              Tensor working = my_part(gpt.params());
+              off->step(working, my_part(gpt.grads()), rate, scale);
+              if (my_shard) update_gathered = gather_working_weights(gpt, *rank_shards);
               for (const offload::IoWait& w : off->take_waits())
                 if (profile::StepRecorder* r = recorder())
                   r->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
             },
-            scaler.get(), lr, cfg.clip, spec.grad_accum * W);
+            scaler.get(), lr, cfg.clip, spec.grad_accum * W,
+            rank_shards ? &*rank_shards : nullptr);
       else
         update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
                               rank_shards ? &*rank_shards : nullptr);
@@ -536,7 +575,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (sync) {
       // The bytes this step's collectives covered, by kind (plan: comm_per_step).
       dist::CommVolume v = sync->take_volume();
-      v.all_gather = update.gathered_bytes;
+      v.all_gather = update.gathered_bytes + update_gathered;
       line["comm_bytes"] = {{"all_reduce", v.all_reduce},
                             {"reduce_scatter", v.reduce_scatter},
                             {"all_gather", v.all_gather}};
@@ -544,6 +583,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (off) {
       // This step's offload I/O: bytes moved, and the time the update waited for the disk.
       const offload::IoStats& io = off->stats();
+      last_step_io = io.bytes_read - io_before.bytes_read + io.bytes_written - io_before.bytes_written;
       line["offload"] = {{"read_bytes", io.bytes_read - io_before.bytes_read},
                          {"written_bytes", io.bytes_written - io_before.bytes_written},
                          {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
@@ -618,20 +658,27 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (W > 1) {
     // Every rank's peak by category, in rank 0's log: what `memfit plan --world-size W` predicts
     // per rank (ZeRO shards and receive buffers differ between ranks).
+    // With offload also each rank's files by category and its last step's I/O (the plan's
+    // per-rank offload section).
     struct RankPeak {
       size_t peak;
       CategoryBytes by_category;
+      CategoryBytes disk;
+      uint64_t io_bytes;
     };
     std::vector<RankPeak> peaks(static_cast<size_t>(W));
     RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
-    mine = {pool.bytes_peak(), pool.peak_breakdown()};
+    mine = {pool.bytes_peak(), pool.peak_breakdown(), off ? off->file_bytes() : CategoryBytes{},
+            last_step_io};
     comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
                     sizeof(RankPeak));
     json ranks = json::array();
-    for (int q = 0; q < W; ++q)
-      ranks.push_back({{"rank", q},
-                       {"peak_bytes", peaks[static_cast<size_t>(q)].peak},
-                       {"mem", memory_json(peaks[static_cast<size_t>(q)].by_category)}});
+    for (int q = 0; q < W; ++q) {
+      const RankPeak& p = peaks[static_cast<size_t>(q)];
+      json rank = {{"rank", q}, {"peak_bytes", p.peak}, {"mem", memory_json(p.by_category)}};
+      if (off) rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};
+      ranks.push_back(std::move(rank));
+    }
     log_line({{"zero", stage}, {"ranks", ranks}});
   }
   summary.saved = !cfg.save_dir.empty();

@@ -77,6 +77,19 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, flo
   return out;
 }
 
+int64_t gather_working_weights(Transformer& gpt, const RankShards& shards) {
+  // Every rank's updated working weights, from their owners: moves bytes, adds nothing.
+  std::vector<int64_t> counts;
+  for (const ElementRange& s : shards.ranges) counts.push_back(s.size());
+  const ElementRange& r = shards.ranges.at(static_cast<size_t>(shards.comm->rank()));
+  Tensor& params = gpt.params();
+  const size_t elem = dtype_size(params.dtype());
+  char* data = static_cast<char*>(params.raw_data());
+  shards.comm->all_gather(data + static_cast<size_t>(r.begin) * elem, data, counts,
+                          static_cast<int>(elem));
+  return params.numel() * static_cast<int64_t>(elem);
+}
+
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
                            float lr, float clip, int grad_accum, const RankShards* shards) {
   int64_t gathered = 0;
@@ -94,17 +107,7 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
     } else {
       optimizer.step(weights, grads, rate, scale);
     }
-    if (!whole && shards) {
-      // Every rank's updated working weights, from their owners: moves bytes, adds nothing.
-      std::vector<int64_t> counts;
-      for (const ElementRange& s : shards->ranges) counts.push_back(s.size());
-      Tensor& params = gpt.params();
-      const size_t elem = dtype_size(params.dtype());
-      char* data = static_cast<char*>(params.raw_data());
-      shards->comm->all_gather(data + static_cast<size_t>(r.begin) * elem, data, counts,
-                               static_cast<int>(elem));
-      gathered = params.numel() * static_cast<int64_t>(elem);
-    }
+    if (!whole && shards) gathered = gather_working_weights(gpt, *shards);
   };
   UpdateOutcome out = apply_update(gpt, step, scaler, lr, clip, grad_accum, shards);
   out.gathered_bytes = gathered;

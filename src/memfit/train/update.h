@@ -46,9 +46,14 @@ struct RankShards {
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
                            float lr, float clip, int grad_accum,
                            const RankShards* shards = nullptr);
+// ZeRO stage >= 1, after this rank updated its shard (shards.ranges[rank]) of the working
+// weights: every rank's shard from its owner, in place in gpt.params(). Returns the bytes the
+// all-gather covered (the log's comm_bytes.all_gather).
+int64_t gather_working_weights(Transformer& gpt, const RankShards& shards);
 // The same with the optimizer step as `step(lr, grad_scale)`: for an optimizer that is not one
 // Optimizer over the model's slabs (one streamed from offload files, offload/). The gradient
-// check and clipping are the same (over `shards` when given).
+// check and clipping are the same (over `shards` when given); a `step` that updates a shard
+// all-gathers the working weights itself (gather_working_weights).
 UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, float scale)>& step,
                            DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
                            const RankShards* shards = nullptr);
