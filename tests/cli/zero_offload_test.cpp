@@ -1,0 +1,231 @@
+// ZeRO with the optimizer offloaded, through the built binary under `mpirun -n 2`: each rank
+// offloads its own shard (rank-<r>/ under one shared --offload-dir), and stages 1 and 2 train to
+// the same losses, gradient norms and saved checkpoint files, bit for bit, as the same run in
+// RAM (fp32 with clipping and accumulation; bf16 with master weights and 8-bit AdamW); `memfit
+// plan --world-size 2` is every rank's measured peak by category, files and I/O; a sharded save
+// of an offloaded run resumes bit-identically offloaded and in RAM, and a RAM run's into offload;
+// stage 0 and 3 are refused with the reason. Note [NVMe offload], "Under ZeRO"
+// (docs/notes/offload.md).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class ZeroOffload : public test::MpiBinaryTest {
+ protected:
+  ZeroOffload() : MpiBinaryTest(1515) {}
+  std::string args(const std::string& more) const {
+    return fmt::format("--model gpt2-tiny --n-layer 2 --seq-len 32 --batch 2 --threads 1 "
+                       "--data '{}' {}",
+                       (dir / "data").string(), more);
+  }
+  std::string offload() const {
+    return fmt::format("--offload-optimizer nvme --offload-dir '{}'", (dir / "off").string());
+  }
+  std::vector<json> lines(const fs::path& log) const {
+    std::vector<json> out;
+    std::istringstream in(test::slurp(log));
+    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+    return out;
+  }
+  void train(const std::string& more) {
+    ASSERT_EQ(run_memfit("train " + args(more), 2), 0) << more << ": " << test::slurp(dir / "err.txt");
+  }
+  // Every file of a checkpoint directory, by name.
+  static std::map<std::string, std::string> files_of(const fs::path& ck) {
+    std::map<std::string, std::string> out;
+    for (const auto& e : fs::directory_iterator(ck))
+      out[e.path().filename()] = test::slurp(e.path());
+    return out;
+  }
+  // The two logs' training and validation lines agree on every value that is not a time or a
+  // memory figure; the two checkpoints hold the same files, byte for byte.
+  void expect_same_run(const fs::path& log_a, const fs::path& log_b, const fs::path& ck_a,
+                       const fs::path& ck_b, const std::string& what) {
+    std::vector<json> a, b;
+    for (const json& j : lines(log_a))
+      if (j.contains("loss") || j.contains("val_loss")) a.push_back(j);
+    for (const json& j : lines(log_b))
+      if (j.contains("loss") || j.contains("val_loss")) b.push_back(j);
+    ASSERT_EQ(a.size(), b.size()) << what;
+    ASSERT_GE(a.size(), 3u) << what;
+    for (size_t i = 0; i < a.size(); ++i)
+      for (const char* key : {"step", "loss", "grad_norm", "val_loss", "comm_bytes"})
+        EXPECT_EQ(a[i].value(key, json()), b[i].value(key, json())) << what << ": " << key << " " << i;
+    const auto want = files_of(ck_a), got = files_of(ck_b);
+    EXPECT_EQ(want.size(), got.size()) << what;
+    EXPECT_TRUE(want.count("zero_shards.json")) << what << ": not a sharded save";
+    for (const auto& [name, bytes] : want) {
+      ASSERT_TRUE(got.count(name)) << what << ": " << name;
+      EXPECT_TRUE(got.at(name) == bytes) << what << ": " << name << " differs";
+    }
+  }
+  // At stages 1 and 2: the run in RAM and offloaded give the same logs and checkpoint files;
+  // the offload files are gone afterwards, each rank's directory left empty.
+  void offloaded_equals_ram(const std::string& more) {
+    for (int zero = 1; zero <= 2; ++zero) {
+      const std::string common = fmt::format("{} --zero {}", more, zero);
+      const fs::path ram = dir / fmt::format("ram{}", zero), off = dir / fmt::format("off{}", zero);
+      train(fmt::format("{} --save '{}' --log '{}.jsonl'", common, ram.string(), ram.string()));
+      train(fmt::format("{} {} --save '{}' --log '{}.jsonl'", common, offload(), off.string(),
+                        off.string()));
+      bool offloaded = false;
+      for (const json& j : lines(off.string() + ".jsonl"))
+        if (j.contains("offload")) offloaded = j["offload"]["read_bytes"].get<uint64_t>() > 0;
+      EXPECT_TRUE(offloaded) << "stage " << zero << ": no offload I/O logged";
+      expect_same_run(ram.string() + ".jsonl", off.string() + ".jsonl", ram, off,
+                      fmt::format("stage {}", zero));
+      for (int r = 0; r < 2; ++r) {
+        const fs::path d = dir / "off" / fmt::format("rank-{}", r);
+        EXPECT_TRUE(fs::is_directory(d)) << d;
+        EXPECT_TRUE(fs::is_empty(d)) << d << ": scratch files left behind";
+      }
+    }
+  }
+};
+
+// FP32 (the weights of record are the working weights, in RAM; the moments offloaded), clipping
+// active at every step and two micro-batches a step.
+TEST_F(ZeroOffload, StagesOneAndTwoEqualRamInFp32) {
+  offloaded_equals_ram("--steps 3 --grad-accum 2 --clip 0.05 --eval-batches 1");
+}
+
+// bf16 with FP32 master weights (offloaded: read back and gathered for the save) and 8-bit AdamW,
+// whose shards and pieces cut at its 256-element blocks.
+TEST_F(ZeroOffload, StagesOneAndTwoEqualRamInBf16WithMasterWeightsAnd8BitAdamW) {
+  offloaded_equals_ram("--steps 3 --precision bf16 --optim adamw8bit --clip 0.05 --eval-batches 1");
+}
+
+// The plan per rank is each rank's measured peak by category (the ring in staging, no master or
+// optimizer bytes in RAM), its files by category and its bytes read and written per step.
+TEST_F(ZeroOffload, ThePlanPerRankIsEachRanksMeasuredPeakAndFiles) {
+  for (int zero = 1; zero <= 2; ++zero) {
+    const std::string a = args(fmt::format("--steps 2 --bucket-mb 0.25 --precision bf16 --optim "
+                                           "adamw8bit --zero {} {}",
+                                           zero, offload()));
+    ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", a)), 0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    ASSERT_EQ(plan["per_rank"].size(), 2u);
+    const fs::path log = dir / fmt::format("p{}.jsonl", zero);
+    ASSERT_EQ(run_memfit("train " + a + fmt::format(" --log '{}'", log.string()), 2), 0)
+        << test::slurp(dir / "err.txt");
+    json measured;
+    for (const json& j : lines(log))
+      if (j.contains("ranks")) measured = j["ranks"];
+    ASSERT_EQ(measured.size(), 2u) << "no per-rank peaks in the log";
+    for (int r = 0; r < 2; ++r) {
+      const json& p = plan["per_rank"][r];
+      const json& m = measured[r];
+      EXPECT_EQ(m["peak_bytes"], p["peak_bytes"]) << "stage " << zero << " rank " << r;
+      EXPECT_EQ(m["mem"], p["by_category"]) << "stage " << zero << " rank " << r;
+      EXPECT_FALSE(p["by_category"].contains("optimizer"));
+      EXPECT_FALSE(p["by_category"].contains("master"));
+      ASSERT_TRUE(p.contains("offload"));
+      EXPECT_EQ(m["offload"]["disk"], p["offload"]["disk_by_category"]) << "rank " << r;
+      EXPECT_EQ(m["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"]) << r;
+      EXPECT_GT(p["offload"]["disk_by_category"].value("master", 0), 0);
+    }
+    // Each rank's files are its shard's: each under the one-process run's, together at least
+    // theirs (two headers, and the unit cut between the ranks is one piece more to align).
+    ASSERT_EQ(run_memfit(fmt::format("plan {} --zero 0 --json", args(fmt::format(
+                                                                 "--steps 2 --precision bf16 "
+                                                                 "--optim adamw8bit {}",
+                                                                 offload())))),
+              0)
+        << test::slurp(dir / "err.txt");
+    const uint64_t whole = json::parse(test::slurp(dir / "out.txt"))["offload"]["disk_bytes"];
+    const uint64_t d0 = plan["per_rank"][0]["offload"]["disk_bytes"],
+                   d1 = plan["per_rank"][1]["offload"]["disk_bytes"];
+    EXPECT_LT(d0, whole);
+    EXPECT_LT(d1, whole);
+    EXPECT_GE(d0 + d1, whole);
+  }
+}
+
+// A sharded save of an offloaded run (stage 2, bf16 master weights, 8-bit AdamW) stopped after 2
+// of 4 steps: resumed offloaded, and resumed in RAM, it ends with the uninterrupted offloaded
+// run's losses and checkpoint files bit for bit; so does a RAM run's save resumed offloaded; one
+// process loads it offloaded as in RAM.
+TEST_F(ZeroOffload, ShardedCheckpointsResumeBitIdenticallyIntoAndOutOfOffload) {
+  const std::string common =
+      "--steps 4 --precision bf16 --optim adamw8bit --zero 2 --clip 0.05 --eval-batches 1";
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  train(fmt::format("{} {} --save '{}' --log '{}.jsonl'", common, offload(), path("full"),
+                    path("full")));
+  train(fmt::format("{} {} --stop-after 2 --save '{}'", common, offload(), path("part-off")));
+  train(fmt::format("{} --stop-after 2 --save '{}'", common, path("part-ram")));
+  EXPECT_TRUE(fs::exists(dir / "part-off" / "zero-rank-00001-of-00002.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "part-off" / "optimizer.safetensors"));
+  // The halfway saves are the same files whether the state was offloaded or not.
+  const auto off_files = files_of(dir / "part-off"), ram_files = files_of(dir / "part-ram");
+  EXPECT_TRUE(off_files == ram_files) << "the halfway saves differ";
+  struct Resume {
+    const char* from;
+    bool offloaded;
+    const char* into;
+  };
+  for (const Resume& r : {Resume{"part-off", true, "res-off-off"},
+                          Resume{"part-off", false, "res-off-ram"},
+                          Resume{"part-ram", true, "res-ram-off"}}) {
+    const fs::path log = dir / (std::string(r.into) + ".jsonl");
+    // The halfway log's lines, then the resumed run's: the whole run's log.
+    fs::copy_file(path("full") + ".jsonl", log);
+    train(fmt::format("{} {} --resume '{}' --save '{}' --log '{}'", common,
+                      r.offloaded ? offload() : "", path(r.from), path(r.into), log.string()));
+    expect_same_run(path("full") + ".jsonl", log, dir / "full", dir / r.into, r.into);
+  }
+  // One process loads the offloaded run's shards into its files (the whole range, from every
+  // shard) as it does into RAM: resumed with no step left to run, both save the same
+  // optimizer.safetensors and weights.
+  for (const char* into : {"one-ram", "one-off"}) {
+    const bool off = std::string(into) == "one-off";
+    ASSERT_EQ(run_memfit("train " + args(fmt::format("{} {} --stop-after 2 --resume '{}' --save '{}'",
+                                                     common, off ? offload() : "",
+                                                     path("part-off"), path(into)))),
+              0)
+        << into << ": " << test::slurp(dir / "err.txt");
+  }
+  for (const char* file : {"optimizer.safetensors", "model.safetensors"}) {
+    const std::string a = test::slurp(dir / "one-ram" / file);
+    EXPECT_FALSE(a.empty()) << file;
+    EXPECT_TRUE(a == test::slurp(dir / "one-off" / file)) << file << " differs";
+  }
+}
+
+// Offload under several ranks needs a sharded state: stage 0 (every rank would write the whole
+// state) and stage 3 are refused before anything is built, naming --zero 1 or 2; --disk-limit is
+// per rank.
+TEST_F(ZeroOffload, StagesZeroAndThreeAreRefusedAndTheDiskLimitIsPerRank) {
+  for (int zero : {0, 3}) {
+    EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2", args(fmt::format(
+                                                                   "--zero {} {}", zero, offload())))),
+              2);
+    EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1 or 2"), std::string::npos)
+        << test::slurp(dir / "err.txt");
+  }
+  EXPECT_NE(run_memfit("train " + args("--steps 1 --zero 0 " + offload()), 2), 0);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1 or 2 (got --zero 0: every "
+                                              "rank would write the whole state)"),
+            std::string::npos)
+      << test::slurp(dir / "err.txt");
+  EXPECT_NE(run_memfit("train " + args("--steps 1 --zero 1 --disk-limit 64KiB " + offload()), 2), 0);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("(the limit is per rank)"), std::string::npos)
+      << test::slurp(dir / "err.txt");
+}
+
+}  // namespace
+}  // namespace memfit
