@@ -75,6 +75,9 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--shuffle", f(c.shuffle)},
       {"--bucket-mb", f(c.bucket_mb)},
       {"--zero", f(s.zero)},
+      // Whether the state is offloaded, not where: each rank's --offload-dir (and --disk-limit)
+      // is its own disk's (Note [NVMe offload], "Under ZeRO").
+      {"--offload-optimizer", s.offload.optimizer ? "nvme" : "none"},
       {"--eval-every", f(c.eval_every)},
       {"--eval-batches", f(c.eval_batches)},
       {"--initial-loss-scale", f(c.loss_scaler.initial_scale)},
