@@ -7,7 +7,9 @@
 // stage 0 and 3 are refused with the reason. Note [NVMe offload], "Under ZeRO"
 // (docs/notes/offload.md).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <string>
@@ -224,6 +226,38 @@ TEST_F(ZeroOffload, StagesZeroAndThreeAreRefusedAndTheDiskLimitIsPerRank) {
       << test::slurp(dir / "err.txt");
   EXPECT_NE(run_memfit("train " + args("--steps 1 --zero 1 --disk-limit 64KiB " + offload()), 2), 0);
   EXPECT_NE(test::slurp(dir / "err.txt").find("(the limit is per rank)"), std::string::npos)
+      << test::slurp(dir / "err.txt");
+}
+
+// The ranks agree on whether the state is offloaded, not on where: each rank's --offload-dir is
+// its own (here two directories, each rank's files in its rank-<r>/), and a rank that does not
+// offload while the other does is refused before the first step, naming the option.
+TEST_F(ZeroOffload, RanksAgreeOnOffloadButNotOnItsDirectory) {
+  // One rank per command line (OpenMPI's MPMD form), output in dir/out.txt and dir/err.txt.
+  auto mpmd = [&](const std::string& rank0, const std::string& rank1) {
+    const std::string binary = fmt::format("{}/memfit train ", MEMFIT_BINARY_DIR);
+    const std::string command = fmt::format(
+        "ASAN_OPTIONS=detect_leaks=0 {} --allow-run-as-root --oversubscribe -n 1 {}{} : -n 1 "
+        "{}{} > '{}' 2> '{}'",
+        MEMFIT_MPIEXEC, binary, args(rank0), binary, args(rank1), (dir / "out.txt").string(),
+        (dir / "err.txt").string());
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  const std::string common = "--steps 2 --zero 1 --offload-optimizer nvme";
+  ASSERT_EQ(mpmd(fmt::format("{} --offload-dir '{}'", common, (dir / "a").string()),
+                 fmt::format("{} --offload-dir '{}'", common, (dir / "b").string())),
+            0)
+      << test::slurp(dir / "err.txt");
+  EXPECT_TRUE(fs::is_directory(dir / "a" / "rank-0"));
+  EXPECT_TRUE(fs::is_directory(dir / "b" / "rank-1"));
+  EXPECT_FALSE(fs::exists(dir / "a" / "rank-1"));
+  EXPECT_NE(mpmd(fmt::format("{} --offload-dir '{}'", common, (dir / "a").string()),
+                 "--steps 2 --zero 1"),
+            0);
+  EXPECT_NE(test::slurp(dir / "err.txt")
+                .find("ranks disagree about --offload-optimizer: rank 0 has nvme, rank 1 has none"),
+            std::string::npos)
       << test::slurp(dir / "err.txt");
 }
 
