@@ -15,6 +15,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
@@ -35,6 +36,20 @@ size_t model_state_bytes(const PlanReport& r) {
 
 // Every rank's peak and model state (ZeRO shards differ by a cut granule, and the receive
 // buffers by rank): what `mpirun -n N memfit train` measures on each.
+// The bytes a step's collectives cover (the same on every rank): stage 3's gathers follow the
+// step plan's phases.
+dist::CommVolume comm_volume(const RunSpec& run, const PlanReport& r) {
+  const ParamLayout layout(r.model);
+  const DType h = half_dtype(run.precision.precision);
+  const int64_t gathered =
+      run.world > 1 && run.zero == 3
+          ? WeightGather::step_gather_bytes(layout, h, r.step.phases, run.grad_accum,
+                                            run.persist_threshold)
+          : 0;
+  return dist::step_comm_volume(layout.total(), static_cast<int>(dtype_size(h)), run.world,
+                                run.zero, gathered);
+}
+
 nlohmann::json ranks_json(const RunSpec& run) {
   nlohmann::json a = nlohmann::json::array();
   for (int q = 0; q < run.world; ++q) {
@@ -73,7 +88,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
     const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
-    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    const dist::CommVolume v = comm_volume(run, r);
     j["comm_per_step"] = {{"all_reduce", v.all_reduce},
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather},
@@ -144,7 +159,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
     const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
-    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    const dist::CommVolume v = comm_volume(run, r);
     fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
                "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
                v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
