@@ -139,6 +139,12 @@ TEST_F(Zero, StagesAreBitIdenticalInBf16WithShardedMasterWeights) {
                true);
 }
 
+// Pure bf16 (no master weights: the weights of record are the working weights, at stage 3 a
+// shard, gathered as bf16 for the save): every stage the same losses and saved BF16 weights.
+TEST_F(Zero, StagesAreBitIdenticalInPureBf16) {
+  stages_agree("--steps 3 --precision bf16 --master-weights none --eval-batches 1", true);
+}
+
 // --init-from into sharded master weights (through the gradient slab): every stage starts from
 // the checkpoint's weights and trains to the same losses.
 TEST_F(Zero, InitFromLoadsShardedMasterWeights) {

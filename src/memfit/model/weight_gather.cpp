@@ -111,10 +111,6 @@ WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Te
   }
 }
 
-WeightGather::~WeightGather() {
-  // A pending request waits for itself when destroyed; nothing else to do.
-}
-
 std::unique_ptr<dist::Request> WeightGather::gather(ElementRange unit, char* dst) {
   // Every rank's part of the unit, in rank order: the shards tile the layout, so their
   // intersections with the unit tile it. This rank's part is copied into its place and the

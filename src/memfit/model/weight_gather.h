@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "memfit/core/tensor.h"
@@ -66,7 +67,6 @@ class WeightGather {
   // `shard`: this rank's range of the working weights (dtype), its storage kept by the caller.
   WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
                ParamSharding sharding);
-  ~WeightGather();
 
   // The views the step reads: persistent units always, a block once its phase is entered.
   const ModelWeights& weights() const { return weights_; }
