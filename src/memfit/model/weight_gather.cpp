@@ -158,18 +158,21 @@ void WeightGather::enter(int phase) {
   for (auto& r : requests_)
     if (r) r->test();  // progress: OpenMPI moves a request only inside MPI calls
   const int e = phase_event_.at(static_cast<size_t>(phase));
-  if (e < 0 || e == current_) return;
+  const bool next = e >= 0 && e != current_;  // this phase needs the next gather
+  // Start the gathers up to prefetch_depth past the one this phase computes with (the next, or
+  // the current one; phases without a block of their own, such as the embedding and the head,
+  // prefetch too). Gather g's slot is g % (depth + 1): the slot of gather e + depth is gather
+  // e - 1's, whose phases are over.
+  const int limit = (next ? e : current_) + s_.prefetch_depth;
   const int events = static_cast<int>(event_unit_.size());
-  char* ring = static_cast<char*>(ring_.raw_data());
-  auto slot = [&](int event) {
-    return ring + static_cast<size_t>((event % slots_) * units_.slot_elements) * elem_;
-  };
-  // The slot of gather e + depth is gather e - 1's, whose phases are over.
-  while (started_ < events && started_ <= e + s_.prefetch_depth) {
+  while (started_ < events && started_ <= limit) {  // (no events: no ring)
     const ElementRange unit = units_.units[static_cast<size_t>(event_unit_[started_])];
-    requests_[static_cast<size_t>(started_)] = gather(unit, slot(started_));
+    char* slot = static_cast<char*>(ring_.raw_data()) +
+                 static_cast<size_t>((started_ % slots_) * units_.slot_elements) * elem_;
+    requests_[static_cast<size_t>(started_)] = gather(unit, slot);
     ++started_;
   }
+  if (!next) return;
   requests_[static_cast<size_t>(e)]->wait();
   requests_[static_cast<size_t>(e)].reset();
   const ElementRange unit = units_.units[static_cast<size_t>(event_unit_[e])];
