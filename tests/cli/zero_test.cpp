@@ -1,8 +1,8 @@
-// ZeRO stages end to end, through the built binary under `mpirun -n 2`: stages 0, 1 and 2 at the
-// same world size train to the same losses, gradient norms and (FP32) saved weights bit for bit,
+// ZeRO stages end to end, through the built binary under `mpirun -n 2`: stages 0, 1, 2 and 3 at
+// the same world size train to the same losses, gradient norms and (FP32) saved weights bit for bit,
 // in fp32 (with clipping active and gradient accumulation), bf16 with sharded master weights and
-// fp16 with its loss scaler; and `memfit plan --world-size 2 --zero K` is every rank's measured
-// peak by category. Skips where memfit was built without MPI. Note [ZeRO] (docs/notes/zero.md).
+// fp16 with its loss scaler; stage 3 at every prefetch depth and persistence; and `memfit plan
+// --world-size 2 --zero K` is every rank's measured peak by category. Skips where memfit was built without MPI. Note [ZeRO] (docs/notes/zero.md).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -182,7 +182,7 @@ TEST_F(Zero, StagesAreBitIdenticalForLlama) {
                false);
 }
 
-// Four ranks (uneven shards, 8-bit blocks): stages 0 and 2 give the same bits.
+// Four ranks (uneven shards, 8-bit blocks): stages 0-3 give the same bits.
 TEST_F(Zero, FourRanksStagesAreBitIdentical) {
   stages_agree("--steps 3 --batch 1 --optim adamw8bit --clip 0.05 --eval-batches 1", true, 4);
 }
