@@ -2,7 +2,8 @@
 // the same world size train to the same losses, gradient norms and (FP32) saved weights bit for bit,
 // in fp32 (with clipping active and gradient accumulation), bf16 with sharded master weights and
 // fp16 with its loss scaler; stage 3 at every prefetch depth and persistence; and `memfit plan
-// --world-size 2 --zero K` is every rank's measured peak by category. Skips where memfit was built without MPI. Note [ZeRO] (docs/notes/zero.md).
+// --world-size 2 --zero K` is every rank's measured peak by category. Skips where memfit was
+// built without MPI. Note [ZeRO] (docs/notes/zero.md).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
