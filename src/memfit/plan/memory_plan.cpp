@@ -9,6 +9,7 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/optim/optimizer.h"
@@ -86,7 +87,11 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   if (spec.world > 1) shards = shard_ranges(layout, oc, spec.world);
   std::optional<ElementRange> mine;
   if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
-  at(Category::params) = slab(half_dtype(precision.precision));
+  // Stage 3: the working weights of the shard alone (Note [ZeRO stage 3]).
+  at(Category::params) =
+      stage == 3 ? MemoryPool::round_up(std::max<size_t>(
+                       1, static_cast<size_t>(mine->size()) * dtype_size(half_dtype(precision.precision))))
+                 : slab(half_dtype(precision.precision));
   // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
   if (precision.precision != Precision::fp32 && precision.master_weights)
     at(Category::master) = MemoryPool::round_up(std::max<size_t>(
@@ -110,7 +115,11 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   // (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized by this rank's part of a bucket).
   at(Category::comm) = dist::GradientSync::comm_bytes(
       layout.total(), spec.bucket_bytes, spec.world, rank,
-      stage == 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+      stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+  // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
+  if (stage == 3)
+    at(Category::comm) += WeightGather::comm_bytes(layout, half_dtype(precision.precision),
+                                                   spec.prefetch_depth, spec.persist_threshold);
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];

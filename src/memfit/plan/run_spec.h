@@ -44,6 +44,10 @@ struct RunSpec {
   int world = 1;               // data-parallel ranks
   // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
   int zero = 0;
+  // Stage 3 (Note [ZeRO stage 3]): blocks gathered ahead of the one computing, and the block
+  // size (elements) under which a block is kept whole.
+  int prefetch_depth = 1;
+  int64_t persist_threshold = 0;
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts

@@ -78,6 +78,8 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       // Whether the state is offloaded, not where: each rank's --offload-dir (and --disk-limit)
       // is its own disk's (Note [NVMe offload], "Under ZeRO").
       {"--offload-optimizer", s.offload.optimizer ? "nvme" : "none"},
+      {"--prefetch-depth", f(s.prefetch_depth)},
+      {"--persist-threshold", f(s.persist_threshold)},
       {"--eval-every", f(c.eval_every)},
       {"--eval-batches", f(c.eval_batches)},
       {"--initial-loss-scale", f(c.loss_scaler.initial_scale)},
