@@ -1,7 +1,8 @@
 // memfit plan: the predicted peak memory of a training run by category, when in the step it
 // happens, and the step's FLOPs and estimated time, without allocating or computing anything.
-// --auto (--ckpt auto) and --auto-batch plan the configuration that fits --mem-limit fastest;
-// --max-model the largest GPT-2-family model that fits it.
+// --auto (--ckpt auto, and over several ranks --zero auto unless --zero is given), --auto-batch
+// and --zero auto plan the configuration that fits --mem-limit fastest; --max-model the largest
+// model of the preset's family that fits it (over several ranks, each rank's --mem-limit).
 #include <memory>
 
 #include <fmt/format.h>
@@ -85,7 +86,8 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                     {"elementwise", r.step_time.elementwise},
                     {"compression", r.step_time.compression},
                     {"optimizer", r.step_time.optimizer},
-                    {"offload_io", r.step_time.offload_io}};
+                    {"offload_io", r.step_time.offload_io},
+                    {"comm", r.step_time.comm}};
   j["model"] = {{"family", family_name(r.model.family)}, {"n_layer", r.model.n_layer},
                 {"n_head", r.model.n_head},       {"n_kv_head", r.model.n_kv_head},
                 {"d_model", r.model.d_model},     {"ffn_dim", r.model.ffn_dim},
@@ -172,14 +174,17 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              mib(r.by_category[static_cast<size_t>(Category::workspace)]));
   fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "
              "machine (GEMMs {:.2f} s, attention {:.2f} s, element-wise {:.2f} s, {}optimizer "
-             "{:.2f} s; from the calibration of this CPU, see `memfit calibrate`)\n",
+             "{:.2f} s{}; from the calibration of this CPU, see `memfit calibrate`)\n",
              r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds,
              r.step_time.block_gemm + r.step_time.head_gemm, r.step_time.attention,
              r.step_time.elementwise,
              r.step_time.compression > 0
                  ? fmt::format("compression {:.2f} s, ", r.step_time.compression)
                  : std::string(),
-             r.step_time.optimizer);
+             r.step_time.optimizer,
+             run.world > 1 ? fmt::format(", collectives {:.2f} s at the memory-copy rate",
+                                         r.step_time.comm)
+                           : std::string());
   if (run.offload.optimizer) {
     std::string disk;
     for (Category c : kAllCategories)
@@ -254,7 +259,9 @@ void add_plan_command(CLI::App& app) {
                   "Plan for this many data-parallel ranks (mpirun -n): the bytes of each")
       ->capture_default_str();
   cmd->add_flag("--auto", *auto_ckpt,
-                "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto)");
+                "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto) "
+                "and, over several ranks, the ZeRO stage (as --zero auto) unless --zero is "
+                "given");
   cmd->add_flag("--max-model", *max_model,
                 "The largest model of the preset's family (layers x width) that trains under --mem-limit");
   cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
@@ -266,6 +273,8 @@ void add_plan_command(CLI::App& app) {
                      "{})",
                      cfg->ckpt);
       cfg->ckpt = "auto";
+      // Over several ranks the stage is the search's too, unless given (Note [Fit a budget]).
+      if (cfg->ranks > 1 && cmd->get_option("--zero")->count() == 0) cfg->zero_auto = true;
     }
     const std::string precision_note = resolve_precision(*cfg);
     if (!*json) print_precision_route(*cfg, precision_note);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
+#include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
@@ -143,6 +145,17 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   return r;
 }
 
+PlanReport plan_largest_rank(const RunSpec& spec, int* rank) {
+  PlanReport best = plan_memory(spec, 0);
+  int best_rank = 0;
+  for (int q = 1; q < spec.world; ++q) {
+    PlanReport p = plan_memory(spec, q);
+    if (p.peak_bytes > best.peak_bytes) best = std::move(p), best_rank = q;
+  }
+  if (rank) *rank = best_rank;
+  return best;
+}
+
 PlanReport plan_training(const RunSpec& spec, int rank) {
   PlanReport r = plan_memory(spec, rank);
   const ScopedThreads threads(spec.threads);
@@ -166,7 +179,19 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   // The state's bytes stream through the update wherever they live (RAM or the offload files).
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  in.optimizer_bytes = optimizer_state_bytes(oc, layout);
+  // ZeRO: from stage 1 on this rank updates its shard alone, and at stage 2 its gradient norm
+  // reads only the shard whose sums it holds; the collectives' bytes are the comm term.
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  std::optional<ElementRange> mine;
+  if (stage >= 1) mine = shard_ranges(layout, oc, spec.world).at(static_cast<size_t>(rank));
+  in.optimizer_bytes = optimizer_state_bytes(oc, layout, mine);
+  if (mine) in.update_params = std::max<size_t>(1, static_cast<size_t>(mine->size()));
+  if (mine && stage >= 2) in.norm_params = in.update_params;
+  const dist::CommVolume comm = dist::step_comm_volume(
+      layout.total(), static_cast<int>(dtype_size(half_dtype(precision.precision))), spec.world,
+      stage);
+  in.comm_copied_bytes = comm.copied_bytes(spec.world);
+  in.comm_summed_bytes = comm.summed_bytes(spec.world);
   if (spec.offload.optimizer) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);

@@ -49,6 +49,10 @@ PlanReport plan_training(const RunSpec& spec, int rank = 0);
 // The memory half of plan_training alone (flops and step time left 0): no calibration is read
 // or measured. The profiler draws it beside what it measures.
 PlanReport plan_memory(const RunSpec& spec, int rank = 0);
+// plan_memory of the rank whose peak is the largest (the first of equals; `rank`, if given,
+// gets which): what a per-rank budget (each rank's --mem-limit) must hold. With one rank,
+// rank 0's.
+PlanReport plan_largest_rank(const RunSpec& spec, int* rank = nullptr);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.

@@ -44,6 +44,9 @@ struct RunSpec {
   int world = 1;               // data-parallel ranks
   // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
   int zero = 0;
+  // --zero auto: the search picks the stage over several ranks (zero is 0 until it does;
+  // with one rank it stays 0). Note [Fit a budget].
+  bool zero_auto = false;
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts

@@ -27,6 +27,11 @@ void validate_train_config(const TrainConfig& c) {
                  "--ckpt auto picks the fastest checkpoint policy whose predicted peak fits "
                  "--mem-limit, so it needs --mem-limit (e.g. --mem-limit 4GiB); or name a "
                  "policy: none, full, selective, every:K, layers:LIST");
+  if (c.zero_auto && c.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--zero auto picks the ZeRO stage whose every rank's predicted peak fits "
+                 "--mem-limit (each rank's budget), so it needs --mem-limit (e.g. --mem-limit "
+                 "4GiB); or name a stage: 0, 1 or 2");
   if (c.auto_batch && c.mem_limit.empty())
     MEMFIT_THROW(ConfigError, "config",
                  "--auto-batch picks the micro-batch (and --grad-accum) that fits --mem-limit, "
@@ -128,7 +133,8 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.optim.seed = c.seed;
   s.threads = c.threads;
   s.world = c.ranks;
-  s.zero = c.zero;
+  s.zero = c.zero_auto ? 0 : c.zero;
+  s.zero_auto = c.zero_auto;
   s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
   s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
   s.data_dir = c.data_dir;
@@ -176,6 +182,10 @@ SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::str
   SearchSpace space = SearchSpace::of(spec);
   if (space.micro_batches && spec.resumed && pin_resumed_batch(config, base, note))
     space.micro_batches = false;
+  if (spec.zero_auto && spec.world == 1 && note)
+    *note += std::string(note->empty() ? "" : "; ") +
+             "--zero auto with one rank: stage 0 (one process has nothing to shard; under "
+             "mpirun -n N, or memfit plan --world-size N, the search chooses the stage)";
   return search_training(base, spec.mem_limit, space);
 }
 
@@ -188,6 +198,8 @@ TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
+  t.zero = c.zero;
+  t.zero_auto = false;
   return t;
 }
 

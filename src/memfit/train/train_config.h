@@ -45,6 +45,10 @@ struct TrainConfig {
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
   // With one rank every stage is stage 0.
   int zero = 0;
+  // --zero auto (with --mem-limit): the planner picks the stage over several ranks, the lowest
+  // of the fastest that fit (Note [Fit a budget]); zero stays 0 until it does. With one rank:
+  // stage 0.
+  bool zero_auto = false;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
   // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
   // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.
@@ -91,7 +95,7 @@ struct TrainConfig {
   int64_t test_leak_bytes = 0;
 
   // Whether the planner has something to choose (--ckpt auto or --auto-batch).
-  bool needs_planner() const { return ckpt == "auto" || auto_batch; }
+  bool needs_planner() const { return ckpt == "auto" || auto_batch || zero_auto; }
 
   // The model shape after applying the overrides to the preset; T is seq_len.
   ModelConfig model_config() const;
