@@ -216,7 +216,8 @@ void add_train_command(CLI::App& app) {
     cfg->ranks = comm->size();
     comm->set_timeout(cfg->collective_timeout);
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
-    const AutoResolution run = resolve_auto(*cfg);
+    AutoResolution run = resolve_auto(*cfg);
+    adopt_lead_choice(run, *comm);  // ranks whose calibrations differ still agree
     if (lead) {
       if (comm->size() > 1)
         fmt::print("memfit: data parallel over {} ({} rows a micro-batch on each)\n",

@@ -1,6 +1,7 @@
 #include "memfit/train/run_setup.h"
 
 #include <filesystem>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -245,6 +246,39 @@ AutoResolution resolve_auto(const TrainConfig& config) {
   r.config = with_choice(r.config, r.search.choice);
   r.spec = apply_candidate(r.spec, r.search.choice);
   return r;
+}
+
+void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
+  if (comm.size() == 1 || !r.planned) return;
+  const TrainConfig& c = r.config;
+  std::string choice = fmt::format("{}\n{}\n{}\n{}\n{}\n{}", c.ckpt, c.act_compress,
+                                   c.offload_optimizer, c.batch, c.grad_accum, c.zero);
+  int64_t size = static_cast<int64_t>(choice.size());
+  comm.broadcast(&size, sizeof size, 0);
+  std::string lead(static_cast<size_t>(size), '\0');
+  if (comm.rank() == 0) lead = choice;
+  comm.broadcast(lead.data(), size, 0);
+  if (lead == choice) return;
+  std::istringstream in(lead);
+  TrainConfig t = r.config;
+  std::string batch, accum, zero;
+  std::getline(in, t.ckpt);
+  std::getline(in, t.act_compress);
+  std::getline(in, t.offload_optimizer);
+  std::getline(in, batch);
+  std::getline(in, accum);
+  std::getline(in, zero);
+  t.batch = std::stoi(batch);
+  t.grad_accum = std::stoi(accum);
+  t.zero = std::stoi(zero);
+  r.config = t;
+  r.spec = resolve_run(t);
+  r.search.choice.ckpt = t.ckpt;
+  r.search.choice.act_compress = r.spec.act_compress;
+  r.search.choice.batch = t.batch;
+  r.search.choice.grad_accum = t.grad_accum;
+  r.search.choice.zero = t.zero;
+  r.search.choice.offload = r.spec.offload.optimizer;
 }
 
 void check_max_model_config(const TrainConfig& c) {
