@@ -50,8 +50,8 @@ def fio(directory, rw, size_gib):
     return job["read" if rw == "read" else "write"]["bw_bytes"]
 
 
-def train(args, extra, log):
-    cmd = [args.memfit, "train", "--data", args.data, "--log", log, "--eval-batches", "1",
+def train(args, extra, log, data=None):
+    cmd = [args.memfit, "train", "--data", data or args.data, "--log", log, "--eval-batches", "1",
            "--shuffle", "false"] + extra
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(log) as f:
@@ -104,7 +104,7 @@ def large(args, tmp):
     plan = run_json([args.memfit, "plan", "--json", "--steps", str(args.steps)] + common)
     steps = train(args, common + ["--steps", str(args.steps), "--lr", "1e-4", "--warmup", "0",
                                   "--lr-schedule", "constant"],
-                  os.path.join(tmp, "large.jsonl"))
+                  os.path.join(tmp, "large.jsonl"), data=args.large_data)
     rows = []
     for s in steps:
         o = s["offload"]
@@ -126,6 +126,9 @@ def main():
     p.add_argument("--dir", required=True, help="offload directory on the disk to measure")
     p.add_argument("--memfit", default=os.path.join(ROOT, "build", "memfit"))
     p.add_argument("--data", default=os.path.join(ROOT, "data", "brown"))
+    p.add_argument("--large-data", default=os.path.join(ROOT, "data", "brown-llama2"),
+                   help="the large (LLaMA) run's shards: `memfit prepare --input brown "
+                        "--tokenizer llama2 --out data/brown-llama2`")
     p.add_argument("--precision", default="bf16")
     p.add_argument("--optim", default="adamw8bit")
     p.add_argument("--small-model", default="gpt2-small-test")
