@@ -58,6 +58,27 @@ class ScopedThreads {
   int before_;
 };
 
+// What differs between ranks, into `bytes`: ZeRO (Note [ZeRO]) from stage 1 on keeps the
+// optimizer state and master weights of the rank's shard alone (shard_ranges, as train() cuts;
+// `shards` empty with one rank), and data parallelism adds the ring of receive buffers the
+// gradient buckets are summed through (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized
+// by this rank's part of a bucket). plan_memory and plan_largest_rank both count them here.
+void rank_bytes(const RunSpec& spec, const ParamLayout& layout, const OptimConfig& oc,
+                const std::vector<ElementRange>& shards, int rank, CategoryBytes& bytes) {
+  auto at = [&](Category c) -> size_t& { return bytes[static_cast<size_t>(c)]; };
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  std::optional<ElementRange> mine;
+  if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
+  // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
+  if (spec.precision.precision != Precision::fp32 && spec.precision.master_weights)
+    at(Category::master) = MemoryPool::round_up(std::max<size_t>(
+        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32)));
+  at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
+  at(Category::comm) = dist::GradientSync::comm_bytes(
+      layout.total(), spec.bucket_bytes, spec.world, rank,
+      stage == 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+}
+
 }  // namespace
 
 PlanReport plan_memory(const RunSpec& spec, int rank) {
@@ -80,21 +101,13 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  // ZeRO (Note [ZeRO]): from stage 1 on, the optimizer state and master weights of this rank's
-  // shard alone (shard_ranges, as train() cuts); every rank holds whole working weights and a
-  // whole gradient slab (stage 2 reduce-scatters into it, in place).
-  const int stage = spec.world > 1 ? spec.zero : 0;
-  std::vector<ElementRange> shards;
-  if (spec.world > 1) shards = shard_ranges(layout, oc, spec.world);
-  std::optional<ElementRange> mine;
-  if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
+  // Every rank holds whole working weights and a whole gradient slab (stage 2 reduce-scatters
+  // into it, in place); the rest is the rank's own (rank_bytes).
+  const std::vector<ElementRange> shards =
+      spec.world > 1 ? shard_ranges(layout, oc, spec.world) : std::vector<ElementRange>{};
   at(Category::params) = slab(half_dtype(precision.precision));
-  // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
-  if (precision.precision != Precision::fp32 && precision.master_weights)
-    at(Category::master) = MemoryPool::round_up(std::max<size_t>(
-        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32)));
   at(Category::grads) = slab(DType::f32);
-  at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
+  rank_bytes(spec, layout, oc, shards, rank, r.by_category);
   if (spec.offload.optimizer) {
     // The state and the master weights go to files; RAM holds the ring that streams them
     // (offload/offload_layout.h, the engine's own computation).
@@ -107,11 +120,6 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
     at(Category::master) = 0;
     at(Category::optimizer) = 0;
   }
-  // Data parallelism: plus the ring of receive buffers the gradient buckets are summed through
-  // (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized by this rank's part of a bucket).
-  at(Category::comm) = dist::GradientSync::comm_bytes(
-      layout.total(), spec.bucket_bytes, spec.world, rank,
-      stage == 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
@@ -148,9 +156,22 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
 PlanReport plan_largest_rank(const RunSpec& spec, int* rank) {
   PlanReport best = plan_memory(spec, 0);
   int best_rank = 0;
-  for (int q = 1; q < spec.world; ++q) {
-    PlanReport p = plan_memory(spec, q);
-    if (p.peak_bytes > best.peak_bytes) best = std::move(p), best_rank = q;
+  if (spec.world > 1) {
+    // Only rank_bytes differ between ranks: find the largest from them (a step plan per rank
+    // would cost the search W step plans a candidate), then plan that rank whole.
+    const ParamLayout layout(best.model);
+    OptimConfig oc = spec.optim;
+    oc.n_head = best.model.n_head;
+    const std::vector<ElementRange> shards = shard_ranges(layout, oc, spec.world);
+    size_t most = best.peak_bytes;
+    for (int q = 1; q < spec.world; ++q) {
+      CategoryBytes bytes = best.by_category;
+      rank_bytes(spec, layout, oc, shards, q, bytes);
+      size_t peak = 0;
+      for (size_t b : bytes) peak += b;
+      if (peak > most) most = peak, best_rank = q;
+    }
+    if (best_rank != 0) best = plan_memory(spec, best_rank);
   }
   if (rank) *rank = best_rank;
   return best;
