@@ -251,6 +251,21 @@ TEST(ZeroSearch, TheResolvedRunCarriesTheChosenStage) {
   EXPECT_EQ(r.search.choice.zero, r.spec.zero);
 }
 
+// Offload runs in one process: over several ranks --offload-dir without --offload-optimizer
+// leaves the search in RAM instead of stopping it with the one-process refusal.
+TEST(ZeroSearch, OverSeveralRanksTheSearchDoesNotTryOffload) {
+  TrainConfig c = config(2);
+  c.offload_dir = empty_dir() + "/offload";
+  const RunSpec spec = resolve_run(c);
+  ASSERT_TRUE(spec.offload_open);
+  EXPECT_FALSE(SearchSpace::of(spec).offload);
+  const SearchResult s = search_training(spec, 1024 * kMiB, SearchSpace::of(spec));
+  EXPECT_TRUE(s.fits);
+  for (const Candidate& k : s.candidates) EXPECT_FALSE(k.offload);
+  c.ranks = 1;
+  EXPECT_TRUE(SearchSpace::of(resolve_run(c)).offload);  // one process: tried
+}
+
 TEST(ZeroSearch, ZeroAutoNeedsABudget) {
   TrainConfig c = config(2);
   c.mem_limit.clear();
