@@ -2,7 +2,7 @@
 """ZeRO per rank (issue 14, "Measure"): for W ranks and each stage, every rank's pool peak by
 category as `mpirun -n W memfit train` measures it (the run's last log line) against `memfit
 plan --world-size W --zero K --json` (per_rank), the bytes each step's collectives cover against
-the plan's comm_per_step and the paper's 2Ψ, and the median step time against W = 1 at the same
+the plan's comm_per_step and the paper's 2Ψ (3Ψ at stage 3), and the median step time against W = 1 at the same
 global batch. Numbers from a shared or oversubscribed machine say nothing about speed: run it on
 a quiet one, cores >= W x --threads.
 
@@ -89,7 +89,7 @@ def main():
         base_time = None
         for w in worlds:
             batch = max(1, args.global_batch // w)
-            for zero in ([0] if w == 1 else [0, 1, 2]):
+            for zero in ([0] if w == 1 else [0, 1, 2, 3]):
                 log = os.path.join(tmp, f"w{w}z{zero}.jsonl")
                 steps, measured = train(args, w, zero, batch, log)
                 planned = plan(args, w, zero, batch)

@@ -1,8 +1,9 @@
-// ZeRO stages end to end, through the built binary under `mpirun -n 2`: stages 0, 1 and 2 at the
-// same world size train to the same losses, gradient norms and (FP32) saved weights bit for bit,
+// ZeRO stages end to end, through the built binary under `mpirun -n 2`: stages 0, 1, 2 and 3 at
+// the same world size train to the same losses, gradient norms and (FP32) saved weights bit for bit,
 // in fp32 (with clipping active and gradient accumulation), bf16 with sharded master weights and
-// fp16 with its loss scaler; and `memfit plan --world-size 2 --zero K` is every rank's measured
-// peak by category. Skips where memfit was built without MPI. Note [ZeRO] (docs/notes/zero.md).
+// fp16 with its loss scaler; stage 3 at every prefetch depth and persistence; and `memfit plan
+// --world-size 2 --zero K` is every rank's measured peak by category. Skips where memfit was
+// built without MPI. Note [ZeRO] (docs/notes/zero.md).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -50,7 +51,7 @@ class Zero : public test::MpiBinaryTest {
   std::vector<std::vector<json>> stages_agree(const std::string& more, bool save, int ranks = 2) {
     std::vector<std::vector<json>> logs;
     std::string weights0;
-    for (int zero = 0; zero <= 2; ++zero) {
+    for (int zero = 0; zero <= 3; ++zero) {
       const fs::path log = dir / fmt::format("z{}.jsonl", zero), ck = dir / fmt::format("ck{}", zero);
       std::string a = args(more) + fmt::format(" --zero {} --log '{}'", zero, log.string());
       if (save) a += fmt::format(" --save '{}'", ck.string());
@@ -66,7 +67,7 @@ class Zero : public test::MpiBinaryTest {
       }
     }
     int compared = 0;
-    for (int zero = 1; zero <= 2; ++zero) {
+    for (int zero = 1; zero <= 3; ++zero) {
       EXPECT_EQ(logs[zero].size(), logs[0].size());
       for (size_t i = 0; i < std::min(logs[0].size(), logs[zero].size()); ++i)
         for (const char* key : {"loss", "grad_norm", "loss_scale", "skipped", "val_loss"})
@@ -81,8 +82,9 @@ class Zero : public test::MpiBinaryTest {
   }
   // The plan of each rank, at each stage, is that rank's measured peak, byte for byte (under
   // `mpirun -n ranks`), and the model state shrinks from stage 0 to 1 (sharded optimizer state).
-  void expect_plan_per_rank(int ranks, const std::string& more, size_t state[3]) {
-    for (int zero = 0; zero <= 2; ++zero) {
+  void expect_resume_is_bit_identical(int zero);
+  void expect_plan_per_rank(int ranks, const std::string& more, size_t state[4]) {
+    for (int zero = 0; zero <= 3; ++zero) {
       const std::string a = args(fmt::format("--steps 2 --bucket-mb 0.25 {} --zero {}", more, zero));
       ASSERT_EQ(run(0, fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
           << test::slurp(dir / "err.txt");
@@ -102,7 +104,16 @@ class Zero : public test::MpiBinaryTest {
           EXPECT_EQ(j["comm_bytes"][c], plan["comm_per_step"][c]) << c << ", stage " << zero;
       }
       EXPECT_EQ(steps, 2);
-      EXPECT_EQ(plan["comm_per_step"]["psi_multiple"].get<double>(), zero == 1 ? 3.0 : 2.0);
+      const double psi = plan["comm_per_step"]["psi_multiple"].get<double>();
+      if (zero < 3) {
+        EXPECT_EQ(psi, zero == 1 ? 3.0 : 2.0);
+      } else {
+        // Stage 3: the gradients reduce-scattered (1), the persistent units once and the
+        // blocks gathered for the forward and again for the backward but the top one: the
+        // paper's 3 less the embeddings' and the top block's second gather.
+        EXPECT_GT(psi, 2.0);
+        EXPECT_LT(psi, 3.0);
+      }
       ASSERT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
       for (int r = 0; r < ranks; ++r) {
         const json& p = plan["per_rank"][r];
@@ -128,6 +139,12 @@ TEST_F(Zero, StagesAreBitIdenticalInFp32) {
 TEST_F(Zero, StagesAreBitIdenticalInBf16WithShardedMasterWeights) {
   stages_agree("--steps 4 --precision bf16 --optim adam-mini --eval-batches 2 --save-every 2",
                true);
+}
+
+// Pure bf16 (no master weights: the weights of record are the working weights, at stage 3 a
+// shard, gathered as bf16 for the save): every stage the same losses and saved BF16 weights.
+TEST_F(Zero, StagesAreBitIdenticalInPureBf16) {
+  stages_agree("--steps 3 --precision bf16 --master-weights none --eval-batches 1", true);
 }
 
 // --init-from into sharded master weights (through the gradient slab): every stage starts from
@@ -167,22 +184,24 @@ TEST_F(Zero, StagesAreBitIdenticalForLlama) {
                false);
 }
 
-// Four ranks (uneven shards, 8-bit blocks): stages 0 and 2 give the same bits.
+// Four ranks (uneven shards, 8-bit blocks): stages 0-3 give the same bits.
 TEST_F(Zero, FourRanksStagesAreBitIdentical) {
   stages_agree("--steps 3 --batch 1 --optim adamw8bit --clip 0.05 --eval-batches 1", true, 4);
 }
 
 TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeak) {
-  size_t state[3] = {};
+  size_t state[4] = {};
   expect_plan_per_rank(2, "--precision bf16", state);
   EXPECT_LT(state[1], state[0]);
   EXPECT_EQ(state[2], state[1]);  // the gradient slab is still whole at stage 2 (Note [ZeRO])
+  EXPECT_LT(state[3], state[2]);  // the working weights sharded
 }
 
 TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakOverFourRanks) {
-  size_t state[3] = {};
+  size_t state[4] = {};
   expect_plan_per_rank(4, "--batch 1 --optim adam-mini --precision bf16", state);
   EXPECT_LT(state[1], state[0]);
+  EXPECT_LT(state[3], state[2]);
 }
 
 // Stage 2 keeps working with one process (equal to stage 0); --zero 4 is refused.
@@ -241,6 +260,72 @@ TEST_F(Zero, AutoPicksAStageThatFitsEveryRankAndTrainsAtIt) {
   EXPECT_EQ(summaries, 1);
 }
 
+// Stage 3's prefetch depth and persistence move the same bytes at other times: depths 0, 1 and
+// 2 and every block kept whole give stage 2's losses, norms and saved weights bit for bit, with
+// checkpointing (a segment of two blocks: each recomputed, then gathered again for its
+// backward); each run's gathers and buffers are what its plan says.
+TEST_F(Zero, PrefetchDepthAndPersistenceChangeNoBit) {
+  const std::string common =
+      "--steps 3 --grad-accum 2 --ckpt every:2 --clip 0.05 --eval-batches 1 --bucket-mb 0.25";
+  auto train = [&](const std::string& name, const std::string& more) {
+    const fs::path log = dir / (name + ".jsonl"), ck = dir / name;
+    const std::string a = args(common + " " + more);
+    EXPECT_EQ(run(2, fmt::format("train {} --log '{}' --save '{}'", a, log.string(), ck.string())),
+              0)
+        << more << ": " << test::slurp(dir / "err.txt");
+    EXPECT_EQ(run(0, fmt::format("plan {} --world-size 2 --json", a)), 0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    std::vector<json> steps;
+    for (const json& j : lines(log)) {
+      if (j.contains("loss")) {
+        steps.push_back(j);
+        if (more.find("--zero 3") != std::string::npos)
+          EXPECT_EQ(j["comm_bytes"]["all_gather"], plan["comm_per_step"]["all_gather"]) << more;
+      }
+      if (j.contains("ranks"))
+        for (int r = 0; r < 2; ++r)
+          EXPECT_EQ(j["ranks"][r]["mem"].value("comm", size_t{0}),
+                    plan["per_rank"][r]["by_category"].value("comm", size_t{0}))
+              << more << ", rank " << r;
+    }
+    EXPECT_EQ(steps.size(), 3u) << more;
+    return std::make_pair(steps, test::slurp(ck / "model.safetensors"));
+  };
+  const auto [want, weights] = train("z2", "--zero 2");
+  ASSERT_FALSE(weights.empty());
+  size_t comm_depth0 = 0;
+  for (const char* more : {"--zero 3 --prefetch-depth 0", "--zero 3", "--zero 3 --prefetch-depth 2",
+                           "--zero 3 --persist-threshold 100000000"}) {
+    const auto [got, w] = train(fmt::format("v{}", comm_depth0++), more);
+    ASSERT_EQ(got.size(), want.size()) << more;
+    for (size_t i = 0; i < want.size(); ++i)
+      for (const char* key : {"loss", "grad_norm"})
+        EXPECT_EQ(want[i][key], got[i][key]) << key << " at step " << i + 1 << ", " << more;
+    EXPECT_TRUE(w == weights) << more << ": the saved weights differ from stage 2's";
+  }
+}
+
+// Stage 3's options: bad values are refused naming the option; with one rank --zero 3 is
+// stage 0.
+TEST_F(Zero, StageThreeOptionsAreChecked) {
+  EXPECT_EQ(run(0, "train " + args("--steps 1 --zero 3 --prefetch-depth -1")), 2);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("prefetch-depth"), std::string::npos)
+      << test::slurp(dir / "err.txt");
+  EXPECT_EQ(run(0, "plan " + args("--steps 1 --zero 3 --world-size 2 --persist-threshold -5")), 2);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("persist-threshold"), std::string::npos)
+      << test::slurp(dir / "err.txt");
+  const fs::path a = dir / "a.jsonl", b = dir / "b.jsonl";
+  ASSERT_EQ(run(0, "train " + args("--steps 2 --zero 0 --log '" + a.string() + "'")), 0)
+      << test::slurp(dir / "err.txt");
+  ASSERT_EQ(run(0, "train " + args("--steps 2 --zero 3 --log '" + b.string() + "'")), 0)
+      << test::slurp(dir / "err.txt");
+  const auto la = lines(a), lb = lines(b);
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i)
+    EXPECT_EQ(la[i].value("loss", 0.0), lb[i].value("loss", 0.0));
+}
+
 // Every file of a checkpoint directory, by name.
 std::map<std::string, std::string> files_of(const fs::path& ck) {
   std::map<std::string, std::string> out;
@@ -251,10 +336,20 @@ std::map<std::string, std::string> files_of(const fs::path& ck) {
 // A sharded save (stage 2, bf16 master weights) stopped after 2 of 4 steps and resumed at the
 // same world size and stage ends with the uninterrupted run's losses and every saved file bit
 // for bit: the shard files, their index, the gathered weights and the trainer's state.
+// Stage 3 too (its working weights a shard, rebuilt from the loaded master weights).
 TEST_F(Zero, ShardedResumeIsBitIdentical) {
-  const std::string common = "--steps 4 --precision bf16 --zero 2 --eval-batches 1";
-  const fs::path full = dir / "full", part = dir / "part";
-  const fs::path full_log = dir / "full.jsonl", part_log = dir / "part.jsonl";
+  for (int zero : {2, 3}) {
+    SCOPED_TRACE(fmt::format("stage {}", zero));
+    expect_resume_is_bit_identical(zero);
+  }
+}
+
+void Zero::expect_resume_is_bit_identical(int zero) {
+  const std::string common =
+      fmt::format("--steps 4 --precision bf16 --zero {} --eval-batches 1", zero);
+  const fs::path full = dir / fmt::format("full{}", zero), part = dir / fmt::format("part{}", zero);
+  const fs::path full_log = dir / fmt::format("full{}.jsonl", zero),
+                 part_log = dir / fmt::format("part{}.jsonl", zero);
   ASSERT_EQ(run(2, "train " + args(fmt::format("{} --save '{}' --log '{}'", common, full.string(),
                                                full_log.string()))),
             0)
@@ -266,7 +361,7 @@ TEST_F(Zero, ShardedResumeIsBitIdentical) {
   EXPECT_TRUE(fs::exists(part / "zero_shards.json"));
   EXPECT_TRUE(fs::exists(part / "zero-rank-00001-of-00002.safetensors"));
   EXPECT_FALSE(fs::exists(part / "optimizer.safetensors"));
-  EXPECT_FALSE(fs::exists(dir / "part.zero-staging"));
+  EXPECT_FALSE(fs::exists(dir / fmt::format("part{}.zero-staging", zero)));
   ASSERT_EQ(run(2, "train " + args(fmt::format("{} --resume '{}' --save '{}' --log '{}'", common,
                                                part.string(), part.string(), part_log.string()))),
             0)
@@ -289,19 +384,18 @@ TEST_F(Zero, ShardedResumeIsBitIdentical) {
   }
   // The shard files alone are the checkpoint's weights too: without model.safetensors, export
   // assembles them from the shards' ranges (make_slab_pieces_source), to the same file.
-  const fs::path shards_only = dir / "shards-only";
+  const fs::path shards_only = dir / fmt::format("shards-only{}", zero);
   fs::create_directories(shards_only);
   for (const auto& [name, bytes] : got)
     if (name != "model.safetensors") fs::copy_file(part / name, shards_only / name);
-  ASSERT_EQ(run(0, fmt::format("export --hf '{}' '{}'", (dir / "hf-a").string(), part.string())), 0)
+  const fs::path hf_a = dir / fmt::format("hf-a{}", zero), hf_b = dir / fmt::format("hf-b{}", zero);
+  ASSERT_EQ(run(0, fmt::format("export --hf '{}' '{}'", hf_a.string(), part.string())), 0)
       << test::slurp(dir / "err.txt");
-  ASSERT_EQ(run(0, fmt::format("export --hf '{}' '{}'", (dir / "hf-b").string(),
-                               shards_only.string())),
-            0)
+  ASSERT_EQ(run(0, fmt::format("export --hf '{}' '{}'", hf_b.string(), shards_only.string())), 0)
       << test::slurp(dir / "err.txt");
-  const std::string a_model = test::slurp(dir / "hf-a" / "model.safetensors");
+  const std::string a_model = test::slurp(hf_a / "model.safetensors");
   EXPECT_FALSE(a_model.empty());
-  EXPECT_TRUE(a_model == test::slurp(dir / "hf-b" / "model.safetensors"));
+  EXPECT_TRUE(a_model == test::slurp(hf_b / "model.safetensors"));
 }
 
 // Resharding on load: a checkpoint saved at one world size and stage loads at any other, and the
@@ -340,6 +434,16 @@ TEST_F(Zero, ShardedCheckpointsReshardAtAnyWorldSizeAndStage) {
   train(2, fmt::format("--zero 2 --resume '{}' --save '{}'", path("c2"), path("c22")));
   same("c2", "c22", "zero-rank-00000-of-00002.safetensors");
   same("c2", "c22", "zero-rank-00001-of-00002.safetensors");
+  // Stage 3 at 2 ranks saves stage 1's shard files (the same ranges, the same bits); it
+  // reshards to 3 ranks at stage 3 and back to one process as 2 -> 1 does.
+  train(2, fmt::format("--zero 3 --save '{}'", path("c23")));
+  same("c2", "c23", "zero-rank-00000-of-00002.safetensors");
+  same("c2", "c23", "zero-rank-00001-of-00002.safetensors");
+  same("c2", "c23", "model.safetensors");
+  train(3, fmt::format("--zero 3 --resume '{}' --save '{}'", path("c23"), path("c33")));
+  train(0, fmt::format("--resume '{}' --save '{}'", path("c33"), path("c331")));
+  same("c21", "c331", "optimizer.safetensors");
+  same("c2", "c331", "model.safetensors");
   // A shard file missing: the resume is refused naming it, before any step.
   fs::copy(dir / "c2", dir / "c2-broken");
   fs::remove(dir / "c2-broken" / "zero-rank-00001-of-00002.safetensors");

@@ -219,5 +219,96 @@ TEST(MatmulWidened, WhichTypesTakeTheRoute) {
       << "oneDNN ISA " << dnnl_gemm::isa() << ", memfit max ISA " << cpu::isa_name(cpu::max_isa());
 }
 
+// The blocked route (the LM head's: matmul_*_widened_blocked) against a double-precision
+// reference of the half operands' values, over a weight of more rows than one block
+// (kWidenedWeightRows) so that the blocks, the last one partial, and dinp's sum over blocks are
+// exercised, with exactly the scratch matmul_widened_blocked_scratch_bytes promises. Not bit for
+// bit against the one-GEMM route: dinp adds the blocks' partial products in block order.
+// Tolerance: f32 accumulation over K terms of size <= 1, so K * 2^-24 * (sum of |terms|).
+struct BlockedCase {
+  int64_t R, IC, OC;
+};
+const BlockedCase kBlockedCases[] = {{3, 8, 5}, {5, 24, 2 * kWidenedWeightRows + 37},
+                                     {2, 16, kWidenedWeightRows}};
+
+// want[r][o] = sum_i x[r][i] w[o][i] (and |terms| summed), in double.
+struct Product {
+  std::vector<double> value, magnitude;
+};
+Product product(const std::vector<double>& a, const std::vector<double>& b, int64_t M,
+                int64_t N, int64_t K, bool a_t, bool b_t) {
+  Product p{std::vector<double>(M * N), std::vector<double>(M * N)};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const double t = (a_t ? a[k * M + m] : a[m * K + k]) * (b_t ? b[n * K + k] : b[k * N + n]);
+        p.value[m * N + n] += t;
+        p.magnitude[m * N + n] += std::abs(t);
+      }
+  return p;
+}
+
+::testing::AssertionResult within_accumulation(const Tensor& got, const Product& want, int64_t K,
+                                               const std::vector<double>& base = {}) {
+  const std::vector<double> g = to_doubles_any(got);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double w = want.value[i] + (base.empty() ? 0.0 : base[i]);
+    const double allowed = (K + 2) * 0x1p-24 * (want.magnitude[i] + std::abs(w)) + 1e-30;
+    if (!(std::abs(g[i] - w) <= allowed))
+      return ::testing::AssertionFailure() << "element " << i << " of " << g.size() << ": got "
+                                           << g[i] << ", want " << w << " within " << allowed;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(MatmulWidened, BlockedForwardAndBackwardMatchTheReferenceOverSeveralBlocks) {
+  MemoryPool pool;
+  for (DType half : {DType::bf16, DType::f16, DType::f32}) {
+    for (const auto& [R, IC, OC] : kBlockedCases) {
+      SCOPED_TRACE(fmt::format("{} R={} IC={} OC={}", dtype_name(half), R, IC, OC));
+      Tensor inp = random_any(pool, {R, IC}, half, 1);
+      Tensor weight = random_any(pool, {OC, IC}, half, 2);
+      const size_t bytes = matmul_widened_blocked_scratch_bytes(R, IC, OC);
+      Tensor scratch = make_tensor(pool, {static_cast<int64_t>(bytes / 4)});
+      const std::vector<double> x = to_doubles_any(inp), w = to_doubles_any(weight);
+
+      Tensor out = random_any(pool, {R, OC}, DType::f32, 3);  // overwritten
+      matmul_forward_widened_blocked(out, inp, weight, scratch);
+      EXPECT_TRUE(within_accumulation(out, product(x, w, R, OC, IC, false, true), IC)) << "out";
+
+      Tensor dout = random_any(pool, {R, OC}, DType::f32, 4);
+      Tensor dinp = random_any(pool, {R, IC}, DType::f32, 5);  // overwritten
+      Tensor dweight = random_any(pool, {OC, IC}, DType::f32, 6);  // accumulated onto
+      const std::vector<double> g = to_doubles_any(dout), dw0 = to_doubles_any(dweight);
+      matmul_backward_widened_blocked(dinp, dweight, dout, inp, weight, scratch);
+      EXPECT_TRUE(within_accumulation(dinp, product(g, w, R, IC, OC, false, false), OC))
+          << "dinp";
+      EXPECT_TRUE(within_accumulation(dweight, product(g, x, OC, IC, R, true, false), R, dw0))
+          << "dweight";
+    }
+  }
+}
+
+TEST(MatmulWidened, BlockedScratchHoldsTheInputAndOneBlockAndLessIsAShapeError) {
+  // The scratch is the widened input plus one block of widened weight rows, however tall the
+  // weight: that is the route's point (the LM head's (Vp, C) weight is never widened whole).
+  const int64_t R = 4, IC = 32;
+  const size_t one_block = matmul_widened_blocked_scratch_bytes(R, IC, kWidenedWeightRows);
+  EXPECT_EQ(matmul_widened_blocked_scratch_bytes(R, IC, 50304), one_block);
+  EXPECT_LT(matmul_widened_blocked_scratch_bytes(R, IC, 7), one_block);
+  MemoryPool pool;
+  Tensor inp = random_any(pool, {R, IC}, DType::bf16, 1);
+  Tensor weight = random_any(pool, {3000, IC}, DType::bf16, 2);
+  Tensor out = make_tensor(pool, {R, 3000});
+  Tensor small = make_tensor(pool, {static_cast<int64_t>(one_block / 4) - 1});
+  EXPECT_TRUE(throws_with<ShapeError>(
+      [&] { matmul_forward_widened_blocked(out, inp, weight, small); },
+      {"matmul_forward_widened_blocked", "scratch"}));
+  Tensor f16_weight = random_any(pool, {3000, IC}, DType::f16, 3);
+  Tensor scratch = make_tensor(pool, {static_cast<int64_t>(one_block / 4)});
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { matmul_forward_widened_blocked(out, inp, f16_weight, scratch); }, {"share a type"}));
+}
+
 }  // namespace
 }  // namespace memfit::kernels

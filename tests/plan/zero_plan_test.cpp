@@ -1,18 +1,21 @@
 // The plan per rank under ZeRO (Note [ZeRO]): the model state categories follow the stages'
 // arithmetic (bf16 working weights, f32 gradients, FP32 master weights and AdamW's two moments:
-// 18Ψ at stage 0; 2Ψ + 4Ψ + 12Ψ/N at stages 1 and 2, as built), the ranks' shards tile the
-// master weights and the optimizer state, and one rank at any stage is stage 0. The measured
+// 18Ψ at stage 0; 2Ψ + 4Ψ + 12Ψ/N at stages 1 and 2, as built; 4Ψ + 14Ψ/N at stage 3, plus its
+// gather buffers), the ranks' shards tile the master weights and the optimizer state, and one
+// rank at any stage is stage 0. The measured
 // side is tests/cli/zero_test.cpp (under mpirun).
 #include <gtest/gtest.h>
 
+#include "memfit/dist/grad_sync.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/state/shard.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/run_setup.h"
 
 namespace memfit {
 namespace {
 
-RunSpec spec(int world, int zero) {
+RunSpec spec(int world, int zero, int prefetch_depth = 1, int64_t persist_threshold = 0) {
   TrainConfig c;
   c.model = "gpt2-tiny";
   c.seq_len = 32;
@@ -21,6 +24,8 @@ RunSpec spec(int world, int zero) {
   c.precision = "bf16";
   c.ranks = world;
   c.zero = zero;
+  c.prefetch_depth = prefetch_depth;
+  c.persist_threshold = persist_threshold;
   return resolve_run(c);
 }
 
@@ -61,9 +66,43 @@ TEST(ZeroPlan, OneRankIsStageZero) {
   }
 }
 
-TEST(ZeroPlan, StageThreeOverRanksIsRefused) {
-  EXPECT_THROW(spec(2, 3), ConfigError);
+// Stage 3: each rank's working weights are its shard (2Ψ/N), and comm holds, beside stage 2's
+// receive ring, the persistent units (the embeddings and the tail) and prefetch_depth + 1 block
+// slots; blocks under --persist-threshold move from the ring to the persistent buffer.
+TEST(ZeroPlan, StageThreeShardsTheWorkingWeightsAndCountsTheGatherBuffers) {
+  const int N = 8;
+  const PlanReport p0 = plan_memory(spec(N, 0));
+  const ParamLayout layout(p0.model);
+  const double psi = double(layout.total());
+  const std::vector<ElementRange> units = unit_ranges(layout);
+  const int64_t edges = units.front().size() + units.back().size(), block = units[1].size();
+  size_t params = 0;
+  for (int r = 0; r < N; ++r) {
+    const PlanReport p2 = plan_memory(spec(N, 2), r), p3 = plan_memory(spec(N, 3), r);
+    EXPECT_NEAR(double(at(p3, Category::params)), 2 * psi / N, 2 * 64 + 64);
+    params += at(p3, Category::params);
+    for (Category c : {Category::master, Category::grads, Category::optimizer})
+      EXPECT_EQ(at(p3, c), at(p2, c)) << category_name(c);
+    for (int depth : {0, 1, 3}) {
+      const PlanReport p = plan_memory(spec(N, 3, depth), r);
+      const size_t slots = static_cast<size_t>((block + 31) / 32 * 32 * (depth + 1) * 2);
+      EXPECT_EQ(at(p, Category::comm), at(p2, Category::comm) +
+                                           MemoryPool::round_up(size_t(edges) * 2) +
+                                           MemoryPool::round_up(slots))
+          << "depth " << depth << ", rank " << r;
+    }
+    // Every block kept whole: the persistent buffer is the whole layout, no ring.
+    const PlanReport all = plan_memory(spec(N, 3, 1, block + 1), r);
+    EXPECT_EQ(at(all, Category::comm),
+              at(p2, Category::comm) + MemoryPool::round_up(size_t(psi) * 2));
+  }
+  EXPECT_NEAR(double(params), double(at(p0, Category::params)), 64.0 * N);
+}
+
+TEST(ZeroPlan, BadStagesAndStageThreeOptionsAreRefused) {
   EXPECT_THROW(spec(2, 4), ConfigError);
+  EXPECT_THROW(spec(2, 3, -1), ConfigError);
+  EXPECT_THROW(spec(2, 3, 1, -1), ConfigError);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
@@ -74,7 +75,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
     const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
-    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    const dist::CommVolume& v = r.comm_per_step;
     j["comm_per_step"] = {{"all_reduce", v.all_reduce},
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather},
@@ -146,11 +147,23 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
     const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
-    const dist::CommVolume v = dist::step_comm_volume(n, param_bytes, run.world, run.zero);
+    const dist::CommVolume& v = r.comm_per_step;
     fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
                "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
                v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
                v.psi_multiple(n, 4, param_bytes));
+    if (run.zero == 3) {
+      // Where stage 3's gathered weights live (Note [ZeRO stage 3]).
+      const GatherUnits g = gather_units(ParamLayout(r.model), run.persist_threshold);
+      fmt::print("stage 3 gathers into comm: {:.1f} MiB kept whole (the embeddings and the tail{}) "
+                 "and a ring of {} x {:.1f} MiB block slots (--prefetch-depth {})\n",
+                 g.persistent_elements * param_bytes / 1048576.0,
+                 g.persistent_elements > g.units.front().size() + g.units.back().size()
+                     ? ", and every block under --persist-threshold"
+                     : "",
+                 g.slot_elements > 0 ? run.prefetch_depth + 1 : 0,
+                 g.slot_elements * param_bytes / 1048576.0, run.prefetch_depth);
+    }
     // Shards differ by a cut granule and receive buffers by rank: the extremes over ranks.
     size_t lo = r.peak_bytes, hi = r.peak_bytes;
     int lo_rank = 0, hi_rank = 0;

@@ -41,13 +41,19 @@ struct CommVolume {
 // A step of `stage` over `world` ranks with n parameters (f32 gradients, working weights of
 // param_bytes each): stage 0 all-reduces the gradients; stage 1 too, then all-gathers the
 // updated working weights from their owners; stage 2 reduce-scatters the gradients, then
-// all-gathers. The loss, the stop flag and the gradient norm's partials (a few floats) are not
-// counted. One rank: nothing.
-inline CommVolume step_comm_volume(int64_t n, int param_bytes, int world, int stage) {
+// all-gathers; stage 3 reduce-scatters, and gathers `stage3_gathered` bytes of working weights
+// (WeightGather::step_gather_bytes: its blocks as the micro-batches need them, the persistent
+// units after the update). The loss, the stop flag and the gradient norm's partials (a few
+// floats) are not counted. One rank: nothing.
+inline CommVolume step_comm_volume(int64_t n, int param_bytes, int world, int stage,
+                                   int64_t stage3_gathered = 0) {
   CommVolume v;
   if (world <= 1) return v;
-  (stage == 2 ? v.reduce_scatter : v.all_reduce) = n * 4;
-  if (stage >= 1) v.all_gather = n * param_bytes;
+  (stage >= 2 ? v.reduce_scatter : v.all_reduce) = n * 4;
+  if (stage == 3)
+    v.all_gather = stage3_gathered;
+  else if (stage >= 1)
+    v.all_gather = n * param_bytes;
   return v;
 }
 

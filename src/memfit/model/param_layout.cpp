@@ -90,41 +90,74 @@ ModelWeights ParamLayout::views(const Tensor& slab) const {
   ModelWeights w;
   w.blocks.resize(n_layer_);
   if (!slab.defined()) return w;
-  for (const ParamInfo& p : params_) {
-    Tensor v = view(slab, p);
-    BlockWeights* b = p.layer >= 0 ? &w.blocks[p.layer] : nullptr;
-    const bool second_norm = b && b->norm1_w.defined();
-    switch (p.role) {
-      case ParamRole::token_embedding: w.tok_emb = v; break;
-      case ParamRole::position_embedding: w.pos_emb = v; break;
-      case ParamRole::lm_head: w.head = v; break;
-      case ParamRole::norm_weight:
-        (b == nullptr ? w.norm_w : second_norm ? b->norm2_w : b->norm1_w) = v;
-        break;
-      case ParamRole::norm_bias:
-        (b == nullptr ? w.norm_b : b->norm2_w.defined() ? b->norm2_b : b->norm1_b) = v;
-        break;
-      // The fused groups start at their first member and span the group.
-      case ParamRole::attn_qkv_weight:
-      case ParamRole::attn_q_weight: b->qkv_w = slab.view(p.offset, {qkv_width_, d_model_}); break;
-      case ParamRole::mlp_fc_weight:
-      case ParamRole::mlp_gate_weight: b->fc_w = slab.view(p.offset, {fc_width_, d_model_}); break;
-      case ParamRole::attn_k_weight:
-      case ParamRole::attn_v_weight:
-      case ParamRole::mlp_up_weight: break;
-      case ParamRole::attn_proj_weight: b->attn_out_w = v; break;
-      case ParamRole::mlp_proj_weight: b->mlp_out_w = v; break;
-      case ParamRole::linear_bias:
-        // GPT-2's biases follow their weights: c_attn, attn.c_proj, c_fc, mlp.c_proj.
-        (!b->attn_out_w.defined() ? b->qkv_b
-         : !b->norm2_w.defined()  ? b->attn_out_b
-         : !b->mlp_out_w.defined() ? b->fc_b
-                                   : b->mlp_out_b) = v;
-        break;
-    }
-  }
+  MEMFIT_CHECK_SHAPE(slab.numel() == total_, "params", "slab of {} elements for a layout of {}",
+                     slab.numel(), total_);
+  for (const ParamInfo& p : params_) assign(w, slab, 0, p);
   if (!w.head.defined()) w.head = w.tok_emb;
   return w;
+}
+
+void ParamLayout::bind(ModelWeights& w, const Tensor& buffer, ElementRange range) const {
+  MEMFIT_CHECK_SHAPE(buffer.numel() >= range.size(), "params",
+                     "a buffer of {} elements for a range of {}", buffer.numel(), range.size());
+  w.blocks.resize(n_layer_);
+  // Clear what the range holds first: assign() fills a block's biases in order.
+  for (const ParamInfo& p : params_) {
+    if (p.offset < range.begin || p.offset >= range.end) continue;
+    if (p.layer >= 0) {
+      w.blocks[p.layer] = BlockWeights{};
+    } else if (p.role == ParamRole::token_embedding) {
+      w.tok_emb = Tensor{};
+    } else if (p.role == ParamRole::position_embedding) {
+      w.pos_emb = Tensor{};
+    } else if (p.role == ParamRole::lm_head) {
+      w.head = Tensor{};
+    } else {
+      w.norm_w = w.norm_b = Tensor{};
+    }
+  }
+  bool has_head = false;
+  for (const ParamInfo& p : params_) {
+    has_head = has_head || p.role == ParamRole::lm_head;
+    if (p.offset >= range.begin && p.offset < range.end) assign(w, buffer, range.begin, p);
+  }
+  if (!has_head) w.head = w.tok_emb;  // tied
+}
+
+void ParamLayout::assign(ModelWeights& w, const Tensor& base, int64_t base_offset,
+                         const ParamInfo& p) const {
+  const int64_t at = p.offset - base_offset;
+  Tensor v = base.view(at, p.shape);
+  BlockWeights* b = p.layer >= 0 ? &w.blocks[p.layer] : nullptr;
+  const bool second_norm = b && b->norm1_w.defined();
+  switch (p.role) {
+    case ParamRole::token_embedding: w.tok_emb = v; break;
+    case ParamRole::position_embedding: w.pos_emb = v; break;
+    case ParamRole::lm_head: w.head = v; break;
+    case ParamRole::norm_weight:
+      (b == nullptr ? w.norm_w : second_norm ? b->norm2_w : b->norm1_w) = v;
+      break;
+    case ParamRole::norm_bias:
+      (b == nullptr ? w.norm_b : b->norm2_w.defined() ? b->norm2_b : b->norm1_b) = v;
+      break;
+    // The fused groups start at their first member and span the group.
+    case ParamRole::attn_qkv_weight:
+    case ParamRole::attn_q_weight: b->qkv_w = base.view(at, {qkv_width_, d_model_}); break;
+    case ParamRole::mlp_fc_weight:
+    case ParamRole::mlp_gate_weight: b->fc_w = base.view(at, {fc_width_, d_model_}); break;
+    case ParamRole::attn_k_weight:
+    case ParamRole::attn_v_weight:
+    case ParamRole::mlp_up_weight: break;
+    case ParamRole::attn_proj_weight: b->attn_out_w = v; break;
+    case ParamRole::mlp_proj_weight: b->mlp_out_w = v; break;
+    case ParamRole::linear_bias:
+      // GPT-2's biases follow their weights: c_attn, attn.c_proj, c_fc, mlp.c_proj.
+      (!b->attn_out_w.defined() ? b->qkv_b
+       : !b->norm2_w.defined()  ? b->attn_out_b
+       : !b->mlp_out_w.defined() ? b->fc_b
+                                 : b->mlp_out_b) = v;
+      break;
+  }
 }
 
 }  // namespace memfit

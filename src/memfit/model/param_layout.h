@@ -12,6 +12,7 @@
 
 #include "memfit/core/shape.h"
 #include "memfit/core/tensor.h"
+#include "memfit/state/element_range.h"
 
 namespace memfit {
 
@@ -78,12 +79,18 @@ class ParamLayout {
   // Every parameter of a slab laid out by this layout, as typed views. An undefined slab gives
   // undefined views (the planner runs the step without weights).
   ModelWeights views(const Tensor& slab) const;
+  // Rebinds the views of the parameters in `range` (a unit of state/shard.h: the embeddings, a
+  // block or the tail) to `buffer`, which holds that range alone (ZeRO stage 3's gathered
+  // units, Note [ZeRO stage 3]); the views of the rest of `w` stay. A block is bound whole.
+  void bind(ModelWeights& w, const Tensor& buffer, ElementRange range) const;
 
  private:
   void add(std::string name, Shape shape, int layer, ParamRole role, bool decay,
            bool align = true);
   void add_gpt2(const ModelConfig& c);
   void add_llama(const ModelConfig& c);
+  // Sets p's slot of w to its view in `base`, which starts at layout element `base_offset`.
+  void assign(ModelWeights& w, const Tensor& base, int64_t base_offset, const ParamInfo& p) const;
 
   std::vector<ParamInfo> params_;
   int64_t total_ = 0;

@@ -39,6 +39,7 @@ void StepContext::enter(PhaseKind kind, int layer) {
                  phase.name(), phase_ < 0 ? "nothing" : phases[phase_].name());
   if (poison_) poison_edges(next == 0 ? -1 : phase_, next);
   phase_ = next;
+  if (enter_hook_) enter_hook_(next);
   if (observer_) observer_->step_phase(next);
 }
 

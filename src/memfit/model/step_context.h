@@ -12,6 +12,7 @@
 // So the engine executes what the planner counts: there is no second list to keep in step.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -41,6 +42,9 @@ class StepContext {
   // Running: tell `observer` (null: nobody) each phase entered, each buffer used and each
   // micro-batch finished (step_observer.h). It changes nothing the step computes.
   void set_observer(StepObserver* observer) { observer_ = observer; }
+  // Running: called with each phase's index in the plan as the phase is entered, before the
+  // step's code reads any weight (ZeRO stage 3 gathers the phase's weights there).
+  void set_enter_hook(std::function<void(int phase)> hook) { enter_hook_ = std::move(hook); }
 
   // Marks the start of the next phase. Running, it throws if that is not the next phase of the
   // plan (or the first: a new micro-batch), and poisons dead buffers when asked to.
@@ -83,6 +87,7 @@ class StepContext {
   int phase_ = -1;
   bool poison_ = false;
   StepObserver* observer_ = nullptr;
+  std::function<void(int)> enter_hook_;
   // Both: tag -> position in buffers_ (planning) or views_ (running).
   std::unordered_map<std::string, size_t> index_;
 };

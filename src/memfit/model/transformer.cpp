@@ -14,7 +14,8 @@ using namespace kernels;
 
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          const PrecisionOptions& precision,
-                         std::optional<ElementRange> master_range, bool master_in_ram)
+                         std::optional<ElementRange> master_range, bool master_in_ram,
+                         const ParamSharding* sharding)
     : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
   check_precision_options(precision);
   const Precision p = precision.precision;
@@ -23,22 +24,48 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   MEMFIT_CHECK(whole.contains(master_range_), "model",
                "master range [{}, {}) outside the layout of {} elements", master_range_.begin,
                master_range_.end, layout_.total());
-  params_ = Tensor::empty(pool, {layout_.total()}, half_dtype(p), Category::params, "params");
+  sharded_ = sharding != nullptr;
+  if (sharded_) {
+    MEMFIT_CHECK(sharding->comm != nullptr && master_range.has_value() &&
+                     sharding->shards.at(static_cast<size_t>(sharding->comm->rank())) ==
+                         master_range_,
+                 "model", "stage 3's working weights are the rank's shard, its master range");
+    MEMFIT_CHECK(master_in_ram, "model", "stage 3 keeps its master weights in RAM");
+  }
+  // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]).
+  params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
+                          half_dtype(p), Category::params, "params");
   if (p != Precision::fp32 && precision.master_weights && master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
-  weights_ = layout_.views(params_);
+  if (sharded_)
+    gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding);
+  else
+    weights_ = layout_.views(params_);
   grad_views_ = layout_.views(grads_);
 }
 
+Tensor Transformer::param(const std::string& name) const {
+  MEMFIT_CHECK(!sharded_, "model", "param('{}'): the working weights are a ZeRO-3 shard", name);
+  return layout_.view(params_, name);
+}
+
+void Transformer::working_changed() {
+  if (gather_) gather_->refresh();
+}
+
 void Transformer::refresh_working() {
-  if (!master_.defined()) return;
-  if (whole_weights()) {
-    convert(params_, master_);
+  if (!master_.defined()) {
+    working_changed();
+    return;
+  }
+  if (whole_weights() || sharded_) {
+    if (params_.numel() > 0) convert(params_, master_);
   } else if (!master_range_.empty()) {
     Tensor working = params_.view(master_range_.begin, {master_range_.size()});
     convert(working, master_);
   }
+  working_changed();
 }
 
 void Transformer::set_weights_from(const Tensor& slab) {
@@ -48,9 +75,13 @@ void Transformer::set_weights_from(const Tensor& slab) {
   } else {
     // A shard of master weights: its range from the slab; the working copy all of it, rounded
     // as refresh_working rounds the master (the same values, so the same bits).
-    if (!master_range_.empty())
+    if (!master_range_.empty()) {
       convert(w, slab.view(master_range_.begin, {master_range_.size()}));
-    convert(params_, slab);
+      if (sharded_ && master_.defined())
+        convert(params_, slab.view(master_range_.begin, {master_range_.size()}));
+    }
+    if (!sharded_) convert(params_, slab);
+    working_changed();
     return;
   }
   refresh_working();
@@ -162,6 +193,10 @@ void Transformer::reserve(StepPlan plan) {
   ctx_ = StepContext(std::move(plan), std::move(views));
   ctx_.set_poison(poison_);
   ctx_.set_observer(observer_);
+  if (gather_) {
+    gather_->set_phases(ctx_.plan().phases);
+    ctx_.set_enter_hook([this](int phase) { gather_->enter(phase); });
+  }
   backward_ready_ = false;
 }
 
@@ -175,7 +210,8 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
   const float N = static_cast<float>(int64_t{B_} * T_);
   backward_ready_ = false;
   const float loss_sum =
-      step_->forward(ctx_, weights_, grad_views_, &tokens, &targets, training, loss_scale / N);
+      step_->forward(ctx_, working_views(), grad_views_, &tokens, &targets, training,
+                     loss_scale / N);
   backward_ready_ = training;
   return loss_sum / N;
 }
@@ -186,7 +222,7 @@ void Transformer::backward(const std::function<void(int64_t final_from)>& final_
   MEMFIT_CHECK(backward_ready_, "model", "backward() without a training forward() before it");
   backward_ready_ = false;
   if (!final_from) {
-    step_->backward(ctx_, weights_, grad_views_);
+    step_->backward(ctx_, working_views(), grad_views_);
     return;
   }
   // The first element of each block and of the final norm (the parts after it, an untied head,
@@ -198,7 +234,7 @@ void Transformer::backward(const std::function<void(int64_t final_from)>& final_
                                                                            : first.size());
     if (part < first.size()) first[part] = std::min(first[part], p.offset);
   }
-  step_->backward(ctx_, weights_, grad_views_,
+  step_->backward(ctx_, working_views(), grad_views_,
                   [&](int part) { final_from(part < 0 ? 0 : first[static_cast<size_t>(part)]); });
 }
 
@@ -207,18 +243,22 @@ void Transformer::logits(const Tensor& tokens, Tensor& out) {
   expect_tensor(tokens, "model", "tokens", {B_, T_}, DType::i32);
   expect_tensor(out, "model.logits", "logits", {B_, T_, config_.vocab_size});
   backward_ready_ = false;
-  step_->logits(ctx_, weights_, tokens, out);
+  step_->logits(ctx_, working_views(), tokens, out);
 }
 
 std::string Transformer::first_non_finite() {
-  auto scan = [&](const Tensor& slab, const char* what) -> std::string {
+  // A slab over `range` of the layout (a ZeRO shard, or all of it): each parameter's part in it.
+  auto scan = [&](const Tensor& slab, ElementRange range, const char* what) -> std::string {
     if (!slab.defined()) return {};
-    for (const ParamInfo& p : layout_.params())
-      if (!all_finite(slab.view(p.offset, {p.numel}))) return fmt::format("{} ({})", p.name, what);
+    for (const ParamInfo& p : layout_.params()) {
+      const ElementRange part = range.intersect({p.offset, p.offset + p.numel});
+      if (!part.empty() && !all_finite(slab.view(part.begin - range.begin, {part.size()})))
+        return fmt::format("{} ({})", p.name, what);
+    }
     return {};
   };
-  if (std::string s = scan(master_, "master weight"); !s.empty()) return s;
-  if (std::string s = scan(params_, "weight"); !s.empty()) return s;
+  if (std::string s = scan(master_, master_range_, "master weight"); !s.empty()) return s;
+  if (std::string s = scan(params_, params_range(), "weight"); !s.empty()) return s;
   const std::vector<Tensor>& views = ctx_.views();
   for (size_t i = 0; i < views.size(); ++i) {
     const std::string& tag = ctx_.plan().buffers[i].tag;

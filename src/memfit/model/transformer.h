@@ -19,6 +19,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/state/element_range.h"
 
 namespace memfit {
@@ -32,24 +33,36 @@ class Transformer {
   // Note [ZeRO]); the whole layout when absent. `master_in_ram` false: the master weights live
   // elsewhere (an offload file, Note [NVMe offload]); the model then has only its working
   // weights, and the caller keeps the master.
+  // `sharding` (ZeRO stage 3, Note [ZeRO stage 3]): the working weights are this rank's shard
+  // (`master_range`, which must be its shards entry) and the step gathers what each phase
+  // reads (model/weight_gather.h). Every rank must then run the same steps and loads.
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
-              std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true);
+              std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
+              const ParamSharding* sharding = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   const PrecisionOptions& precision() const { return precision_; }
-  // The working weights: what forward and backward read (f32, bf16 or f16).
+  // The working weights: what forward and backward read (f32, bf16 or f16), over
+  // params_range(): the whole layout, or at ZeRO stage 3 this rank's shard.
   Tensor& params() { return params_; }
+  ElementRange params_range() const { return sharded_ ? master_range_ : whole(); }
+  bool params_sharded() const { return sharded_; }
+  // At stage 3, after the working shard changed (the optimizer wrote it): every rank calls it
+  // at the same point; the persistent units are gathered again. Nothing to do otherwise.
+  void working_changed();
+  // Stage 3: the bytes the gathers covered since the last call (0 otherwise).
+  int64_t take_gathered_bytes() { return gather_ ? gather_->take_gathered_bytes() : 0; }
   // The weights of record: what the optimizer updates and checkpoints save and load. The FP32
   // master weights when there are any, else the working weights (fp32, or pure bf16). They
   // cover weights_range(): the whole layout unless the master weights are a shard.
   Tensor& weights() { return master_.defined() ? master_ : params_; }
   bool has_master() const { return master_.defined(); }
   ElementRange weights_range() const {
-    return master_.defined() ? master_range_ : ElementRange{0, layout_.total()};
+    return master_.defined() || sharded_ ? master_range_ : whole();
   }
   // Whether the weights of record are the whole layout (not a shard of master weights).
-  bool whole_weights() const { return weights_range() == ElementRange{0, layout_.total()}; }
+  bool whole_weights() const { return weights_range() == whole(); }
   // After the weights of record changed (optimizer step, load): the working copy = master
   // rounded to nearest even, over weights_range(). Nothing to do without master weights.
   void refresh_working();
@@ -57,7 +70,7 @@ class Transformer {
   // weights_range() into the master weights, all of it rounded into the working copy.
   void set_weights_from(const Tensor& slab);
   Tensor& grads() { return grads_; }
-  Tensor param(const std::string& name) const { return layout_.view(params_, name); }
+  Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
 
   // The family's initialisation: weights normal(0, 0.02), norm gains 1, biases 0, padded vocab
@@ -129,6 +142,10 @@ class Transformer {
   std::string first_non_finite();
 
  private:
+  ElementRange whole() const { return {0, layout_.total()}; }
+  // The views the step reads: of params_, or stage 3's gathered units.
+  const ModelWeights& working_views() const { return gather_ ? gather_->weights() : weights_; }
+
   ModelConfig config_;
   MemoryPool& pool_;
   ParamLayout layout_;
@@ -142,6 +159,8 @@ class Transformer {
   bool poison_ = false;
   StepObserver* observer_ = nullptr;
   bool backward_ready_ = false;
+  bool sharded_ = false;
+  std::unique_ptr<WeightGather> gather_;  // stage 3
 };
 
 }  // namespace memfit

@@ -11,6 +11,7 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/optim/optimizer.h"
@@ -60,23 +61,37 @@ class ScopedThreads {
 
 // What differs between ranks, into `bytes`: ZeRO (Note [ZeRO]) from stage 1 on keeps the
 // optimizer state and master weights of the rank's shard alone (shard_ranges, as train() cuts;
-// `shards` empty with one rank), and data parallelism adds the ring of receive buffers the
-// gradient buckets are summed through (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized
-// by this rank's part of a bucket). plan_memory and plan_largest_rank both count them here.
+// `shards` empty with one rank), stage 3 its working weights too, and data parallelism adds the
+// ring of receive buffers the gradient buckets are summed through (dist/grad_sync.h; from stage
+// 2 a reduce-scatter's, sized by this rank's part of a bucket), plus stage 3's gather buffers.
+// plan_memory and plan_largest_rank both count them here: whatever a stage makes differ between
+// ranks belongs here (ZeroSearch.TheLargestRankIsTheLargestOfEveryRanksPlan checks it).
 void rank_bytes(const RunSpec& spec, const ParamLayout& layout, const OptimConfig& oc,
                 const std::vector<ElementRange>& shards, int rank, CategoryBytes& bytes) {
   auto at = [&](Category c) -> size_t& { return bytes[static_cast<size_t>(c)]; };
   const int stage = spec.world > 1 ? spec.zero : 0;
+  const DType half = half_dtype(spec.precision.precision);
   std::optional<ElementRange> mine;
   if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
   // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
+  auto shard_or_whole = [&](DType dt) {
+    return MemoryPool::round_up(std::max<size_t>(
+        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(dt)));
+  };
+  // Stage 3: the working weights of the shard alone (Note [ZeRO stage 3]).
+  at(Category::params) =
+      stage == 3 ? shard_or_whole(half)
+                 : MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(half));
   if (spec.precision.precision != Precision::fp32 && spec.precision.master_weights)
-    at(Category::master) = MemoryPool::round_up(std::max<size_t>(
-        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32)));
+    at(Category::master) = shard_or_whole(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
   at(Category::comm) = dist::GradientSync::comm_bytes(
       layout.total(), spec.bucket_bytes, spec.world, rank,
-      stage == 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+      stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+  // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
+  if (stage == 3)
+    at(Category::comm) +=
+        WeightGather::comm_bytes(layout, half, spec.prefetch_depth, spec.persist_threshold);
 }
 
 }  // namespace
@@ -101,11 +116,11 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  // Every rank holds whole working weights and a whole gradient slab (stage 2 reduce-scatters
-  // into it, in place); the rest is the rank's own (rank_bytes).
+  // Every rank holds a whole gradient slab (stages 2 and 3 reduce-scatter into it, in place);
+  // the working weights (whole below stage 3), the master weights, the optimizer state and the
+  // receive buffers are the rank's own (rank_bytes).
   const std::vector<ElementRange> shards =
       spec.world > 1 ? shard_ranges(layout, oc, spec.world) : std::vector<ElementRange>{};
-  at(Category::params) = slab(half_dtype(precision.precision));
   at(Category::grads) = slab(DType::f32);
   rank_bytes(spec, layout, oc, shards, rank, r.by_category);
   if (spec.offload.optimizer) {
@@ -123,6 +138,13 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  const DType half = half_dtype(precision.precision);
+  r.comm_per_step = dist::step_comm_volume(
+      layout.total(), static_cast<int>(dtype_size(half)), spec.world, stage,
+      stage == 3 ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
+                                                   spec.persist_threshold)
+                 : 0);
 
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
   // the training data's window count (from the shard headers). With no data to read, the plan
@@ -208,11 +230,8 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   in.optimizer_bytes = optimizer_state_bytes(oc, layout, mine);
   if (mine) in.update_params = std::max<size_t>(1, static_cast<size_t>(mine->size()));
   if (mine && stage >= 2) in.norm_params = in.update_params;
-  const dist::CommVolume comm = dist::step_comm_volume(
-      layout.total(), static_cast<int>(dtype_size(half_dtype(precision.precision))), spec.world,
-      stage);
-  in.comm_copied_bytes = comm.copied_bytes(spec.world);
-  in.comm_summed_bytes = comm.summed_bytes(spec.world);
+  in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
+  in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   if (spec.offload.optimizer) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);

@@ -17,11 +17,12 @@ void RunSpec::check() const {
   check_optim_config(optim);
   if (zero < 0 || zero > 3)
     MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2 or 3, got {}", zero);
-  if (zero == 3 && world > 1)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--zero 3 (sharded working weights) is not built yet: use --zero 0, 1 or 2 "
-                 "with {} ranks",
-                 world);
+  if (prefetch_depth < 0)
+    MEMFIT_THROW(ConfigError, "config", "--prefetch-depth must be 0 or more, got {}",
+                 prefetch_depth);
+  if (persist_threshold < 0)
+    MEMFIT_THROW(ConfigError, "config", "--persist-threshold must be 0 or more elements, got {}",
+                 persist_threshold);
   check_precision_options(precision);
   check_activation_options(activation_options());
   if (!precision.master_weights && optim.name != "adamw")

@@ -47,6 +47,10 @@ struct RunSpec {
   // --zero auto: the search picks the stage over several ranks (zero is 0 until it does;
   // with one rank it stays 0). Note [Fit a budget].
   bool zero_auto = false;
+  // Stage 3 (Note [ZeRO stage 3]): blocks gathered ahead of the one computing, and the block
+  // size (elements) under which a block is kept whole.
+  int prefetch_depth = 1;
+  int64_t persist_threshold = 0;
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts

@@ -75,7 +75,7 @@ struct SearchSpace {
 
 // The ZeRO stages --zero auto tries over several ranks, lowest first (ties go to the lower:
 // preferred()). A stage joins the search by joining this list.
-inline constexpr int kSearchStages[] = {0, 1, 2};
+inline constexpr int kSearchStages[] = {0, 1, 2, 3};
 
 // The compression the search and the out-of-memory advice try beside none: int8, whose
 // convergence on Brown matched none's (Note [Activation compression] has the runs). fp8 saves

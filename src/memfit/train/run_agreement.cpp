@@ -75,6 +75,8 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--shuffle", f(c.shuffle)},
       {"--bucket-mb", f(c.bucket_mb)},
       {"--zero", f(s.zero)},
+      {"--prefetch-depth", f(s.prefetch_depth)},
+      {"--persist-threshold", f(s.persist_threshold)},
       {"--eval-every", f(c.eval_every)},
       {"--eval-batches", f(c.eval_batches)},
       {"--initial-loss-scale", f(c.loss_scaler.initial_scale)},

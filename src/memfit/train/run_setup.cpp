@@ -55,6 +55,8 @@ void validate_train_config(const TrainConfig& c) {
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
   require(c.zero >= 0 && c.zero <= 3, "zero", c.zero, "0, 1, 2 or 3");
+  require(c.prefetch_depth >= 0, "prefetch-depth", c.prefetch_depth, ">= 0");
+  require(c.persist_threshold >= 0, "persist-threshold", c.persist_threshold, ">= 0 elements");
   c.schedule.validate();
   if (c.master_weights != "fp32" && c.master_weights != "none")
     MEMFIT_THROW(ConfigError, "config", "--master-weights must be fp32 or none, got '{}'",
@@ -136,6 +138,8 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.world = c.ranks;
   s.zero = c.zero_auto ? 0 : c.zero;
   s.zero_auto = c.zero_auto;
+  s.prefetch_depth = c.prefetch_depth;
+  s.persist_threshold = c.persist_threshold;
   s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
   s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
   s.data_dir = c.data_dir;

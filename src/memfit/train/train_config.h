@@ -43,12 +43,17 @@ struct TrainConfig {
   int ranks = 1;
   // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
-  // With one rank every stage is stage 0.
+  // 3 the working weights sharded too, each block gathered as the step needs it
+  // (Note [ZeRO stage 3]). With one rank every stage is stage 0.
   int zero = 0;
   // --zero auto (with --mem-limit): the planner picks the stage over several ranks, the lowest
   // of the fastest that fit (Note [Fit a budget]); zero stays 0 until it does. With one rank:
   // stage 0.
   bool zero_auto = false;
+  // Stage 3: blocks gathered ahead of the one computing (0: each gathered when needed), and the
+  // block size in elements under which a block is kept whole (gathered once per update).
+  int prefetch_depth = 1;
+  int64_t persist_threshold = 0;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
   // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
   // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.

@@ -210,7 +210,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // rank's shard offloads (OffloadedOptimizer over a range); the trainer's wiring is not built.
   const bool offload = spec.offload.optimizer;
   const bool master = spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
-  Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload);
+  // Stage 3: the working weights are sharded too, and the step gathers what each phase reads
+  // (Note [ZeRO stage 3]).
+  std::optional<ParamSharding> param_sharding;
+  if (stage == 3)
+    param_sharding = ParamSharding{&comm, shards, spec.prefetch_depth, spec.persist_threshold};
+  Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
+                  param_sharding ? &*param_sharding : nullptr);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
@@ -305,7 +311,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   std::optional<dist::GradientSync> sync;
   if (W > 1)
     sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
-                 spec.bucket_bytes, stage == 2 ? shards : std::vector<ElementRange>{});
+                 spec.bucket_bytes, stage >= 2 ? shards : std::vector<ElementRange>{});
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   std::optional<RankShards> rank_shards;
   if (W > 1) rank_shards = RankShards{&comm, shards, /*grads_whole=*/stage < 2};
@@ -352,12 +358,18 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // all-gathered into the gradient slab, unused between the update and the next step's
   // zero_grad: no byte added, so rank 0 saves a gathered copy in bounded memory. Every rank
   // calls this (a collective); rank 0 saves.
+  // Stage 3 without master weights (fp32, pure bf16): the weights of record are the working
+  // shard, gathered in their own dtype (a pure-bf16 save stays BF16, as stage 0's).
+  Tensor gathered_record;
   auto record_for_save = [&]() -> Tensor& {
     if (gpt.whole_weights()) return gpt.weights();
     std::vector<int64_t> counts;
     for (const ElementRange& s : shards) counts.push_back(s.size());
-    comm.all_gather(gpt.weights().raw_data(), gpt.grads().raw_data(), counts, sizeof(float));
-    return gpt.grads();
+    const DType dt = gpt.weights().dtype();
+    gathered_record = gpt.grads().view_bytes(0, {gpt.layout().total()}, dt);
+    comm.all_gather(gpt.weights().raw_data(), gathered_record.raw_data(), counts,
+                    static_cast<int>(dtype_size(dt)));
+    return gathered_record;
   };
   // ZeRO's sharded optimizer state (stage >= 1): every rank writes its own shard file (its
   // range of the weights of record and its extents of every state tensor, straight from its
@@ -438,6 +450,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       sum += gpt.forward(val_data->inputs(), val_data->targets(), /*training=*/false);
     }
     if (!sync) return static_cast<float>(sum / n);
+    // Stage 3's gathers for the evaluation are not a training step's (comm_bytes).
+    gpt.take_gathered_bytes();
     const profile::Scope all(recorder(), "loss all-reduce", profile::SliceKind::collective);
     return sync->sum(static_cast<float>(sum)) / static_cast<float>(n * W);
   };
@@ -448,6 +462,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   std::vector<double> rates;
   const double tokens_per_step = double(B) * T * spec.grad_accum * W;  // every rank's
   int64_t saved_at = -1;
+  gpt.take_gathered_bytes();  // stage 3: the gathers after initialisation or loading
   for (int64_t step = start_step; step < last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.set_phase(fmt::format("step {}", step + 1));
@@ -537,7 +552,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (sync) {
       // The bytes this step's collectives covered, by kind (plan: comm_per_step).
       dist::CommVolume v = sync->take_volume();
-      v.all_gather = update.gathered_bytes;
+      // Stage 3: the step's gathers of working weights (the micro-batches' blocks, the
+      // persistent units after the update).
+      v.all_gather = update.gathered_bytes + gpt.take_gathered_bytes();
       line["comm_bytes"] = {{"all_reduce", v.all_reduce},
                             {"reduce_scatter", v.reduce_scatter},
                             {"all_gather", v.all_gather}};

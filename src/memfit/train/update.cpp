@@ -89,12 +89,19 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
     Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
                                                    : gpt.weights();
     if (gpt.has_master()) {  // the working copy rounded in the same pass (Optimizer::step_master)
-      Tensor working = whole ? gpt.params() : gpt.params().view(r.begin, {r.size()});
+      // Stage 3's working weights are the shard itself (Note [ZeRO stage 3]).
+      Tensor working = whole || gpt.params_sharded() ? gpt.params()
+                                                     : gpt.params().view(r.begin, {r.size()});
       optimizer.step_master(weights, working, grads, rate, scale);
     } else {
       optimizer.step(weights, grads, rate, scale);
     }
-    if (!whole && shards) {
+    if (gpt.params_sharded()) {
+      // Stage 3: no all-gather of the whole; the persistent units are gathered again from
+      // the new shards (counted by the model: take_gathered_bytes), the blocks as the next
+      // step needs them.
+      gpt.working_changed();
+    } else if (!whole && shards) {
       // Every rank's updated working weights, from their owners: moves bytes, adds nothing.
       std::vector<int64_t> counts;
       for (const ElementRange& s : shards->ranges) counts.push_back(s.size());

@@ -1,0 +1,194 @@
+// ZeRO stage 3's gathers of the working weights (Note [ZeRO stage 3] in docs/notes/zero.md).
+#include "memfit/model/weight_gather.h"
+
+#include <cstring>
+#include <utility>
+
+#include "memfit/core/error.h"
+#include "memfit/state/shard.h"
+
+namespace memfit {
+
+namespace {
+
+// The ring's slot size is rounded to 32 elements, so every slot starts 64-byte aligned in
+// bf16 as in f32.
+constexpr int64_t kSlotGranule = 32;
+
+int block_unit(const Phase& p) {
+  switch (p.kind) {
+    case PhaseKind::forward:
+    case PhaseKind::recompute:
+    case PhaseKind::backward: return 1 + p.layer;
+    default: return -1;  // the embeddings and the tail (persistent), or no weights
+  }
+}
+
+size_t pool_bytes(int64_t elements, size_t elem) {
+  return elements > 0 ? MemoryPool::round_up(static_cast<size_t>(elements) * elem) : 0;
+}
+
+}  // namespace
+
+GatherUnits gather_units(const ParamLayout& layout, int64_t persist_threshold) {
+  GatherUnits g;
+  g.units = unit_ranges(layout);
+  const size_t n = g.units.size();
+  g.persistent.assign(n, false);
+  for (size_t u = 0; u < n; ++u) {
+    const bool edge = u == 0 || u + 1 == n;
+    g.persistent[u] = edge || g.units[u].size() < persist_threshold;
+    if (g.persistent[u])
+      g.persistent_elements += g.units[u].size();
+    else
+      g.slot_elements = std::max(g.slot_elements, g.units[u].size());
+  }
+  g.slot_elements = (g.slot_elements + kSlotGranule - 1) / kSlotGranule * kSlotGranule;
+  return g;
+}
+
+std::vector<int> gather_events(const GatherUnits& units, const std::vector<Phase>& phases,
+                               std::vector<int>* phase_event) {
+  std::vector<int> events;
+  if (phase_event) phase_event->assign(phases.size(), -1);
+  int last = -1;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const int u = block_unit(phases[i]);
+    if (u < 0 || units.persistent[static_cast<size_t>(u)]) continue;
+    if (u != last) events.push_back(u);
+    last = u;
+    if (phase_event) (*phase_event)[i] = static_cast<int>(events.size()) - 1;
+  }
+  return events;
+}
+
+size_t WeightGather::comm_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
+                                int64_t persist_threshold) {
+  const GatherUnits g = gather_units(layout, persist_threshold);
+  const size_t elem = dtype_size(dtype);
+  return pool_bytes(g.persistent_elements, elem) +
+         pool_bytes(g.slot_elements * (prefetch_depth + 1), elem);
+}
+
+int64_t WeightGather::step_gather_bytes(const ParamLayout& layout, DType dtype,
+                                        const std::vector<Phase>& phases, int grad_accum,
+                                        int64_t persist_threshold) {
+  const GatherUnits g = gather_units(layout, persist_threshold);
+  int64_t per_micro_batch = 0;
+  for (int u : gather_events(g, phases)) per_micro_batch += g.units[static_cast<size_t>(u)].size();
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  return (g.persistent_elements + per_micro_batch * grad_accum) * elem;
+}
+
+WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
+                           ParamSharding sharding)
+    : layout_(layout), shard_(shard), s_(std::move(sharding)) {
+  MEMFIT_CHECK(s_.comm != nullptr && static_cast<int>(s_.shards.size()) == s_.comm->size(),
+               "zero", "stage 3 needs one shard per rank ({} shards for {} ranks)",
+               s_.shards.size(), s_.comm ? s_.comm->size() : 0);
+  MEMFIT_CHECK(s_.prefetch_depth >= 0, "zero", "--prefetch-depth must be at least 0, got {}",
+               s_.prefetch_depth);
+  mine_ = s_.shards[static_cast<size_t>(s_.comm->rank())];
+  MEMFIT_CHECK(shard_.numel() == mine_.size(), "zero",
+               "a working-weight shard of {} elements for a range of {}", shard_.numel(),
+               mine_.size());
+  elem_ = dtype_size(shard_.dtype());
+  units_ = gather_units(layout, s_.persist_threshold);
+  if (units_.persistent_elements > 0)
+    persistent_ = Tensor::empty(pool, {units_.persistent_elements}, shard_.dtype(),
+                                Category::comm, "comm.params.persistent");
+  slots_ = s_.prefetch_depth + 1;
+  if (units_.slot_elements > 0)
+    ring_ = Tensor::empty(pool, {units_.slot_elements * slots_}, shard_.dtype(), Category::comm,
+                          "comm.params.ring");
+  int64_t at = 0;
+  persistent_at_.assign(units_.units.size(), -1);
+  for (size_t u = 0; u < units_.units.size(); ++u) {
+    if (!units_.persistent[u]) continue;
+    persistent_at_[u] = at;
+    layout_.bind(weights_, persistent_.view(at, {units_.units[u].size()}), units_.units[u]);
+    at += units_.units[u].size();
+  }
+}
+
+std::unique_ptr<dist::Request> WeightGather::gather(ElementRange unit, char* dst) {
+  // Every rank's part of the unit, in rank order: the shards tile the layout, so their
+  // intersections with the unit tile it. This rank's part is copied into its place and the
+  // gather runs in place (it only moves bytes: Note [Deterministic reduction]).
+  std::vector<int64_t> counts;
+  int64_t before = 0;
+  const int me = s_.comm->rank();
+  for (int r = 0; r < static_cast<int>(s_.shards.size()); ++r) {
+    const int64_t c = s_.shards[static_cast<size_t>(r)].intersect(unit).size();
+    if (r < me) before += c;
+    counts.push_back(c);
+  }
+  const ElementRange part = mine_.intersect(unit);
+  if (!part.empty())
+    std::memcpy(dst + static_cast<size_t>(before) * elem_,
+                static_cast<const char*>(shard_.raw_data()) +
+                    static_cast<size_t>(part.begin - mine_.begin) * elem_,
+                static_cast<size_t>(part.size()) * elem_);
+  gathered_ += unit.size() * static_cast<int64_t>(elem_);
+  return s_.comm->all_gather_async(dst + static_cast<size_t>(before) * elem_, dst, counts,
+                                   static_cast<int>(elem_));
+}
+
+void WeightGather::set_phases(const std::vector<Phase>& phases) {
+  drain();
+  event_unit_ = gather_events(units_, phases, &phase_event_);
+  requests_.clear();
+  requests_.resize(event_unit_.size());
+}
+
+void WeightGather::drain() {
+  // Requests left by a forward that stopped before the backward (evaluation): every rank ran
+  // the same phases, so every rank waits for the same gathers here.
+  for (auto& r : requests_)
+    if (r) {
+      r->wait();
+      r.reset();
+    }
+  started_ = 0;
+  current_ = -1;
+}
+
+void WeightGather::enter(int phase) {
+  if (phase == 0) drain();
+  for (auto& r : requests_)
+    if (r) r->test();  // progress: OpenMPI moves a request only inside MPI calls
+  const int e = phase_event_.at(static_cast<size_t>(phase));
+  const bool next = e >= 0 && e != current_;  // this phase needs the next gather
+  // Start the gathers up to prefetch_depth past the one this phase computes with (the next, or
+  // the current one; phases without a block of their own, such as the embedding and the head,
+  // prefetch too). Gather g's slot is g % (depth + 1): the slot of gather e + depth is gather
+  // e - 1's, whose phases are over.
+  const int limit = (next ? e : current_) + s_.prefetch_depth;
+  const int events = static_cast<int>(event_unit_.size());
+  while (started_ < events && started_ <= limit) {  // (no events: no ring)
+    const ElementRange unit = units_.units[static_cast<size_t>(event_unit_[started_])];
+    char* slot = static_cast<char*>(ring_.raw_data()) +
+                 static_cast<size_t>((started_ % slots_) * units_.slot_elements) * elem_;
+    requests_[static_cast<size_t>(started_)] = gather(unit, slot);
+    ++started_;
+  }
+  if (!next) return;
+  requests_[static_cast<size_t>(e)]->wait();
+  requests_[static_cast<size_t>(e)].reset();
+  const ElementRange unit = units_.units[static_cast<size_t>(event_unit_[e])];
+  layout_.bind(weights_,
+               ring_.view((e % slots_) * units_.slot_elements, {unit.size()}), unit);
+  current_ = e;
+}
+
+void WeightGather::refresh() {
+  drain();
+  std::vector<std::unique_ptr<dist::Request>> pending;
+  char* base = static_cast<char*>(persistent_.raw_data());
+  for (size_t u = 0; u < units_.units.size(); ++u)
+    if (units_.persistent[u])
+      pending.push_back(gather(units_.units[u], base + static_cast<size_t>(persistent_at_[u]) * elem_));
+  for (auto& r : pending) r->wait();
+}
+
+}  // namespace memfit

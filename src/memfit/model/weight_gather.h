@@ -1,0 +1,104 @@
+// ZeRO stage 3's working weights (Note [ZeRO stage 3] in docs/notes/zero.md): each rank keeps
+// its shard of the parameter slab (Category::params) and gathers the units the step reads
+// (state/shard.h: the embeddings, each block, the tail) into buffers of Category::comm that
+// are allocated once, so the plan is exact whatever the timing:
+//   - persistent units, gathered once each time the shard changes (refresh()) and kept whole:
+//     the embeddings and the tail always (their buffers would live for the whole run anyway,
+//     and GPT-2's tied head reads the embeddings twice a forward), and every block smaller
+//     than --persist-threshold elements;
+//   - the other blocks, gathered into a ring of prefetch_depth + 1 slots of the largest block,
+//     in the order the step plan's phases need them (gather_events), each started
+//     prefetch_depth events ahead and waited for when its phase is entered.
+// The engine and the planner read the same arithmetic (comm_bytes, step_gather_bytes).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "memfit/core/tensor.h"
+#include "memfit/dist/communicator.h"
+#include "memfit/memory/pool.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/model/step_schedule.h"
+#include "memfit/state/element_range.h"
+
+namespace memfit {
+
+// How stage 3 shards the working weights.
+struct ParamSharding {
+  dist::Communicator* comm = nullptr;
+  std::vector<ElementRange> shards;  // one per rank, tiling the layout (shard_ranges)
+  int prefetch_depth = 1;            // blocks gathered ahead of the one computing (>= 0)
+  int64_t persist_threshold = 0;     // blocks of fewer elements are kept whole
+};
+
+// The units of `layout` and which are kept whole.
+struct GatherUnits {
+  std::vector<ElementRange> units;  // unit_ranges(layout)
+  std::vector<bool> persistent;     // the embeddings, the tail, blocks under the threshold
+  int64_t persistent_elements = 0;  // their sum: the persistent buffer
+  int64_t slot_elements = 0;        // the largest gathered block, rounded up to 32 elements
+};
+GatherUnits gather_units(const ParamLayout& layout, int64_t persist_threshold);
+
+// The gathers of one micro-batch's step, in order: the unit each gathers. A block's phases
+// (forward, recompute, backward) need it; phases that need another block start a new gather,
+// phases that need a persistent unit or none do not, so a block needed by two phases with only
+// such phases between is gathered once (the top block's forward and backward without
+// checkpointing; a recomputed block and its backward). `phase_event`, if given, gets each
+// phase's gather (-1: none).
+std::vector<int> gather_events(const GatherUnits& units, const std::vector<Phase>& phases,
+                               std::vector<int>* phase_event = nullptr);
+
+class WeightGather {
+ public:
+  // The bytes of Category::comm a rank holds for the gathers: the persistent buffer and the
+  // ring (each the pool's rounding of its bytes; 0 where empty). What the constructor allocates.
+  static size_t comm_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
+                           int64_t persist_threshold);
+  // The bytes the gathers of a training step cover: the persistent units once (after the
+  // update) and each micro-batch's gathers.
+  static int64_t step_gather_bytes(const ParamLayout& layout, DType dtype,
+                                   const std::vector<Phase>& phases, int grad_accum,
+                                   int64_t persist_threshold);
+
+  // `shard`: this rank's range of the working weights (dtype), its storage kept by the caller.
+  WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
+               ParamSharding sharding);
+
+  // The views the step reads: persistent units always, a block once its phase is entered.
+  const ModelWeights& weights() const { return weights_; }
+  // The phases of the step plan the model runs from now on (Transformer::reserve).
+  void set_phases(const std::vector<Phase>& phases);
+  // The step entered phase `phase` of the plan (0: a new micro-batch). Waits for the gather
+  // the phase needs, binds its views, and starts the next prefetch_depth gathers.
+  void enter(int phase);
+  // The shard changed (update, load, initialisation): every rank calls it at the same point.
+  // Finishes gathers in flight, then gathers the persistent units (blocking).
+  void refresh();
+  // The bytes gathered since the last call.
+  int64_t take_gathered_bytes() { return std::exchange(gathered_, 0); }
+
+ private:
+  void drain();
+  std::unique_ptr<dist::Request> gather(ElementRange unit, char* dst);
+
+  const ParamLayout& layout_;
+  Tensor shard_;
+  ParamSharding s_;
+  GatherUnits units_;
+  size_t elem_ = 0;
+  ElementRange mine_;
+  Tensor persistent_, ring_;
+  std::vector<int64_t> persistent_at_;  // each persistent unit's offset in persistent_
+  ModelWeights weights_;
+  // The current plan: each phase's gather, each gather's unit; the micro-batch's requests.
+  std::vector<int> phase_event_, event_unit_;
+  std::vector<std::unique_ptr<dist::Request>> requests_;
+  int started_ = 0, current_ = -1, slots_ = 0;
+  int64_t gathered_ = 0;
+};
+
+}  // namespace memfit
