@@ -1,5 +1,5 @@
 // --zero auto (and memfit plan --auto over several ranks): the search ranges over the ZeRO
-// stages of kSearchStages, a candidate fits when every rank's planned peak fits the per-rank
+// stages of kSearchStages (0-3), a candidate fits when every rank's planned peak fits the per-rank
 // budget, the step-time estimate prices each stage's collectives, and ties go to the lower
 // stage (Note [Fit a budget]). --max-model over several ranks finds a larger model under the
 // same per-rank budget.
@@ -202,6 +202,31 @@ TEST(ZeroSearch, TheEstimatePricesEachStagesCollectives) {
       if (a.ckpt == b.ckpt && a.zero == 1 && b.zero == 2)
         EXPECT_TRUE(faster(b, a)) << a.ckpt;
   EXPECT_NE(s.choice.zero, 1);
+}
+
+// Stage 3 gathers the working weights on top of stage 2's collectives for the same update: it
+// is slower at every policy, so the search takes it only where stage 2 does not fit.
+TEST(ZeroSearch, StageThreeOnlyWhereStageTwoDoesNotFit) {
+  TrainConfig c = config(4);
+  c.n_layer = 8;
+  const RunSpec spec = resolve_run(c);
+  const SearchResult all = search_training(spec, 1024 * kMiB, SearchSpace::of(spec));
+  EXPECT_EQ(all.choice.zero, 2);
+  int compared = 0;
+  for (const Candidate& two : all.candidates)
+    for (const Candidate& three : all.candidates)
+      if (two.ckpt == three.ckpt && two.zero == 2 && three.zero == 3) {
+        EXPECT_TRUE(faster(two, three)) << two.ckpt;
+        EXPECT_GT(three.by_category[size_t(Category::comm)], two.by_category[size_t(Category::comm)]);
+        ++compared;
+      }
+  EXPECT_GT(compared, 0);
+  const size_t stage2 = least_peak_at(all, 2), stage3 = least_peak_at(all, 3);
+  ASSERT_LT(stage3, stage2);  // sharded working weights outweigh the gather buffers here
+  const SearchResult s = search_training(spec, stage2 - 1, SearchSpace::of(spec));
+  ASSERT_TRUE(s.fits) << s.message;
+  EXPECT_EQ(s.choice.zero, 3);
+  EXPECT_LE(largest_rank_peak(apply_candidate(spec, s.choice)), stage2 - 1);
 }
 
 TEST(ZeroSearch, AsFastGoesToTheLowerStage) {
