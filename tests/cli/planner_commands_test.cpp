@@ -126,7 +126,8 @@ TEST_F(PlannerCommands, AutoNeedsAMemLimit) {
 // value or no budget is refused naming the option.
 TEST_F(PlannerCommands, ZeroAutoSearchesTheStageOverSeveralRanks) {
   const std::string bf16 = model() + " --precision bf16";
-  const Output r = memfit(fmt::format("plan {} --auto --world-size 2 --mem-limit 1GiB --json", bf16));
+  const Output r =
+      memfit(fmt::format("plan {} --auto --world-size 2 --mem-limit 1GiB --json", bf16));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   const nlohmann::json& s = j["search"];

@@ -120,7 +120,8 @@ void print_max_model(const MaxModelResult& r) {
     fmt::print("memfit plan --max-model: no {}-family model trains in {}{}; the smallest, {} "
                "layer x {} wide ({:.1f}M parameters), needs at least {} ({}); its largest part "
                "is {}, {}\n",
-               family, format_mib(r.limit), ranks, b.shape.n_layer, b.shape.d_model, b.params / 1e6,
+               family, format_mib(r.limit), ranks, b.shape.n_layer, b.shape.d_model,
+               b.params / 1e6,
                format_mib(c.peak_bytes), candidate_options(c, true, stage),
                category_name(c.dominant()), format_mib(c.dominant_bytes()));
   }
@@ -132,7 +133,8 @@ void print_max_model(const MaxModelResult& r) {
     fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:<14} {:>5} x {:<5} {}{:>12.1f} {:>10}  {}\n",
                f.shape.n_layer, f.shape.d_model, f.shape.n_head, f.params / 1e6, n.ckpt,
                act_compress_name(n.act_compress), n.batch, n.grad_accum,
-               stage ? fmt::format("{:>6} ", n.zero) : std::string(), mib(n.peak_bytes), format_seconds(n.est_step_seconds),
+               stage ? fmt::format("{:>6} ", n.zero) : std::string(), mib(n.peak_bytes),
+               format_seconds(n.est_step_seconds),
                !f.search.fits ? fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit)))
                : !f.disk_fits ? fmt::format("no, the disk: {:.1f} GiB of files",
                                             f.disk_bytes / 1073741824.0)

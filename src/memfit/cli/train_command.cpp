@@ -103,8 +103,9 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
          },
          "ZeRO stage under mpirun or srun (default 0): 0 every rank holds everything; 1 "
          "optimizer state and FP32 master weights sharded; 2 gradients reduce-scattered too; 3 "
-         "the working weights too, each block gathered when the step needs it; auto (with --mem-limit, each rank's budget) the fastest stage whose every rank fits, "
-         "ties to the lower (with one rank, every stage is 0)")
+         "the working weights too, each block gathered when the step needs it; auto (with "
+         "--mem-limit, each rank's budget) the fastest stage whose every rank fits, ties to the "
+         "lower (with one rank, every stage is 0)")
       ->type_name("STAGE|auto");
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3: blocks gathered ahead of the one computing (0: none)")
