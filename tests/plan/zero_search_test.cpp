@@ -21,23 +21,14 @@
 #include "memfit/plan/memory_plan.h"
 #include "memfit/plan/search.h"
 #include "memfit/train/run_setup.h"
+#include "plan_test_util.h"
 
 namespace memfit {
 namespace {
 
 constexpr size_t kMiB = 1 << 20;
 
-// A directory without shards (plans count the data loaders' fixed buffers only).
-std::string empty_dir() {
-  struct Dir {
-    std::filesystem::path path = std::filesystem::temp_directory_path() /
-                                 fmt::format("memfit_zero_search_{}", ::getpid());
-    Dir() { std::filesystem::create_directories(path); }
-    ~Dir() { std::filesystem::remove_all(path); }
-  };
-  static const Dir dir;
-  return dir.path.string();
-}
+std::string empty_dir() { return test::empty_data_dir("zero_search"); }
 
 // gpt2-tiny at 4 layers x 256: the model state (AdamW in bf16: 18 bytes a parameter at stage 0)
 // outweighs the activations, so the stage decides what fits.
