@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -118,6 +119,59 @@ TEST_F(PlannerCommands, AutoNeedsAMemLimit) {
   const Output both = memfit(fmt::format("plan {} --auto --ckpt full --mem-limit 1GiB", model()));
   EXPECT_EQ(both.exit_code, 2);
   EXPECT_NE(both.err.find("--auto"), std::string::npos) << both.err;
+}
+
+// --zero auto: over several ranks `plan --auto` searches the stage and names each candidate's
+// in the JSON; a stage given stays; with one rank the stage is 0 and the output says so; a bad
+// value or no budget is refused naming the option.
+TEST_F(PlannerCommands, ZeroAutoSearchesTheStageOverSeveralRanks) {
+  const std::string bf16 = model() + " --precision bf16";
+  const Output r =
+      memfit(fmt::format("plan {} --auto --world-size 2 --mem-limit 1GiB --json", bf16));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& s = j["search"];
+  EXPECT_TRUE(s["searched_zero"].get<bool>());
+  EXPECT_TRUE(s["per_rank"].get<bool>());
+  EXPECT_EQ(j["zero"], s["choice"]["zero"]);  // the plan printed is the choice's stage
+  EXPECT_GT(j["step_time"]["comm"].get<double>(), 0);
+  std::set<int> stages = {s["choice"]["zero"].get<int>()};
+  for (const auto& c : s["rejected_slower"]) stages.insert(c["zero"].get<int>());
+  EXPECT_GE(stages.size(), 2u) << s.dump();  // the runner-ups include other stages
+  // A stage given is kept.
+  const Output fixed =
+      memfit(fmt::format("plan {} --auto --world-size 2 --zero 1 --mem-limit 1GiB --json", bf16));
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.err;
+  const nlohmann::json f = nlohmann::json::parse(fixed.out);
+  EXPECT_FALSE(f["search"]["searched_zero"].get<bool>());
+  EXPECT_EQ(f["zero"], 1);
+  EXPECT_EQ(f["search"]["choice"]["zero"], 1);
+  // Text: the table has the stage column and the choice names it.
+  const Output text =
+      memfit(fmt::format("plan {} --ckpt none --zero auto --world-size 2 --mem-limit 1GiB", bf16));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("--zero "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("per rank"), std::string::npos) << text.out;
+  // One rank: stage 0, said.
+  const Output one = memfit(fmt::format("plan {} --zero auto --mem-limit 1GiB", bf16));
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_NE(one.out.find("--zero auto with one rank: stage 0"), std::string::npos) << one.out;
+  // Refusals.
+  const Output bad = memfit(fmt::format("plan {} --zero two", bf16));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--zero must be 0, 1, 2, 3 or auto, got 'two'"), std::string::npos)
+      << bad.err;
+  const Output no_budget = memfit(fmt::format("plan {} --zero auto --world-size 2", bf16));
+  EXPECT_EQ(no_budget.exit_code, 2);
+  EXPECT_NE(no_budget.err.find("--zero auto"), std::string::npos) << no_budget.err;
+  EXPECT_NE(no_budget.err.find("--mem-limit"), std::string::npos) << no_budget.err;
+  // A config file says it as a string.
+  const fs::path toml = dir / "zero.toml";
+  std::ofstream(toml) << "zero = \"auto\"\nmem_limit = \"1GiB\"\nranks = 2\n";
+  const Output file = memfit(fmt::format("plan {} --ckpt none --config '{}' --json", bf16,
+                                         toml.string()));
+  ASSERT_EQ(file.exit_code, 0) << file.err;
+  EXPECT_TRUE(nlohmann::json::parse(file.out)["search"]["searched_zero"].get<bool>());
 }
 
 TEST_F(PlannerCommands, MaxModelPrintsAFittingShape) {

@@ -219,6 +219,12 @@ TEST_F(ZeroOffload, StagesZeroAndThreeAreRefusedAndTheDiskLimitIsPerRank) {
     EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1 or 2"), std::string::npos)
         << test::slurp(dir / "err.txt");
   }
+  EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2",
+                                   args("--zero auto --mem-limit 1GiB " + offload()))),
+            2);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("(got --zero auto: the search does not choose"),
+            std::string::npos)
+      << test::slurp(dir / "err.txt");
   EXPECT_NE(run_memfit("train " + args("--steps 1 --zero 0 " + offload()), 2), 0);
   EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1 or 2 (got --zero 0: every "
                                               "rank would write the whole state)"),

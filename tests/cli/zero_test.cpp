@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -214,7 +215,49 @@ TEST_F(Zero, OneRankIsStageZero) {
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i].value("loss", 0.0), lb[i].value("loss", 0.0));
   EXPECT_EQ(run(0, "train " + args("--steps 1 --zero 4")), 2);
-  EXPECT_NE(test::slurp(dir / "err.txt").find("--zero must be 0, 1, 2 or 3"), std::string::npos);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("--zero must be 0, 1, 2, 3 or auto"),
+            std::string::npos);
+}
+
+// --zero auto under a per-rank --mem-limit that stage 0 does not fit: the planner picks a
+// higher stage, `memfit plan` and both ranks of `mpirun -n 2 memfit train` agree on it, and the
+// run trains at it within every rank's budget (the pool's limit is the per-rank budget).
+TEST_F(Zero, AutoPicksAStageThatFitsEveryRankAndTrainsAtIt) {
+  const std::string base = args("--steps 2 --precision bf16 --ckpt none --bucket-mb 0.25");
+  size_t peak0 = 0;
+  {
+    ASSERT_EQ(run(0, fmt::format("plan {} --world-size 2 --zero 0 --json", base)), 0)
+        << test::slurp(dir / "err.txt");
+    const json plan0 = json::parse(test::slurp(dir / "out.txt"));
+    ASSERT_EQ(plan0["per_rank"].size(), 2u);
+    for (const json& r : plan0["per_rank"]) peak0 = std::max(peak0, r["peak_bytes"].get<size_t>());
+  }
+  const size_t limit = peak0 - 1;  // stage 0 does not fit on some rank
+  ASSERT_EQ(run(0, fmt::format("plan {} --world-size 2 --zero auto --mem-limit {} --json", base,
+                               limit)),
+            0)
+      << test::slurp(dir / "err.txt");
+  const json plan = json::parse(test::slurp(dir / "out.txt"));
+  ASSERT_TRUE(plan["search"]["fits"].get<bool>()) << plan["search"].dump();
+  const int stage = plan["search"]["choice"]["zero"];
+  EXPECT_GE(stage, 1);
+  for (const json& r : plan["per_rank"]) EXPECT_LE(r["peak_bytes"].get<size_t>(), limit);
+  const fs::path log = dir / "auto.jsonl";
+  ASSERT_EQ(run(2, fmt::format("train {} --zero auto --mem-limit {} --log '{}'", base, limit,
+                               log.string())),
+            0)
+      << test::slurp(dir / "err.txt");
+  const std::vector<json> l = lines(log);
+  int steps = 0, summaries = 0;
+  for (const json& j : l) {
+    if (j.contains("loss")) ++steps;
+    if (!j.contains("ranks")) continue;  // the run's last line: the stage and every rank's peak
+    ++summaries;
+    EXPECT_EQ(j["zero"], stage) << j.dump();
+    for (const json& r : j["ranks"]) EXPECT_LE(r["peak_bytes"].get<size_t>(), limit);
+  }
+  EXPECT_EQ(steps, 2);
+  EXPECT_EQ(summaries, 1);
 }
 
 // Stage 3's prefetch depth and persistence move the same bytes at other times: depths 0, 1 and

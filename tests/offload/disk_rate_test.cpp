@@ -58,6 +58,7 @@ TEST(DiskRate, StepTimeAddsOnlyTheIoTheUpdateDoesNotHide) {
   rates.attention_f32 = rates.attention_bf16 = 1e11;
   rates.elementwise_bytes_per_s = 1e10;
   rates.stream_bytes_per_s = 1e10;
+  rates.copy_bytes_per_s = 1e10;
   const StepTime none = estimate_step_time(in, rates);
   EXPECT_EQ(none.offload_io, 0);
   in.offload_io_seconds = none.optimizer / 2;  // hidden behind the update's compute

@@ -57,6 +57,7 @@ Calibration made_up(int threads) {
   c.attention_bf16 = 6e10;
   c.elementwise_bytes_per_s = 1e10;
   c.stream_bytes_per_s = 2e10;
+  c.copy_bytes_per_s = 1.5e10;
   return c;
 }
 
@@ -132,6 +133,7 @@ TEST(CalibrationCache, ADamagedFileIsMeasuredAgainWithAMessage) {
   EXPECT_EQ(c.threads, threads);
   EXPECT_GT(c.elementwise_bytes_per_s, 0);
   EXPECT_GT(c.stream_bytes_per_s, 0);
+  EXPECT_GT(c.copy_bytes_per_s, 0);
   EXPECT_GT(c.attention_f32, 0);
   EXPECT_GT(c.attention_bf16, 0);
   ASSERT_EQ(c.gemm.size(), 3u);
@@ -149,6 +151,9 @@ TEST(CalibrationCache, MissingFieldsAndNonPositiveRatesAreRefused) {
   nlohmann::json missing = j;
   missing.erase("stream_bytes_per_s");
   EXPECT_THROW(Calibration::from_json(missing, "x"), IoError);
+  nlohmann::json no_copy = j;  // a version-3 file's fields: no transport rate
+  no_copy.erase("copy_bytes_per_s");
+  EXPECT_THROW(Calibration::from_json(no_copy, "x"), IoError);
   nlohmann::json zero = j;
   zero["gemm_flops_per_s"][0]["f32_block"] = 0.0;
   EXPECT_THROW(Calibration::from_json(zero, "x"), IoError);

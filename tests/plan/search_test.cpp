@@ -18,22 +18,13 @@
 
 #include "memfit/memory/pool.h"
 #include "memfit/train/run_setup.h"
+#include "plan_test_util.h"
 #include "memfit/plan/memory_plan.h"
 
 namespace memfit {
 namespace {
 
-// A directory without shards (plans count the data loaders' fixed buffers only); removed at exit.
-std::string empty_dir() {
-  struct Dir {
-    std::filesystem::path path = std::filesystem::temp_directory_path() /
-                                 fmt::format("memfit_search_{}", ::getpid());
-    Dir() { std::filesystem::create_directories(path); }
-    ~Dir() { std::filesystem::remove_all(path); }
-  };
-  static const Dir dir;
-  return dir.path.string();
-}
+std::string empty_dir() { return test::empty_data_dir("search"); }
 
 constexpr int kLayers = 4;
 

@@ -19,6 +19,7 @@ Calibration some_rates() {
   r.attention_bf16 = 8e10;
   r.elementwise_bytes_per_s = 1e10;
   r.stream_bytes_per_s = 2e10;
+  r.copy_bytes_per_s = 1e10;
   return r;
 }
 

@@ -36,8 +36,10 @@ void print_calibration(const Calibration& c, const std::string& path) {
                            : "have no native GEMM here: widened to f32, at the f32 rate");
   fmt::print("flash attention TFLOP/s: f32 {:.3f}, bf16 {:.3f}\n", c.attention_f32 / 1e12,
              c.attention_bf16 / 1e12);
-  fmt::print("element-wise kernels: {:.1f} GB/s; optimizer streaming: {:.1f} GB/s\n\n",
-             c.elementwise_bytes_per_s / 1e9, c.stream_bytes_per_s / 1e9);
+  fmt::print("element-wise kernels: {:.1f} GB/s; optimizer streaming: {:.1f} GB/s; memory copy "
+             "(the ranks' shared-memory transport): {:.1f} GB/s\n\n",
+             c.elementwise_bytes_per_s / 1e9, c.stream_bytes_per_s / 1e9,
+             c.copy_bytes_per_s / 1e9);
   fmt::print("saved to {}\n", path);
 }
 

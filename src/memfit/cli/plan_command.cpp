@@ -1,7 +1,8 @@
 // memfit plan: the predicted peak memory of a training run by category, when in the step it
 // happens, and the step's FLOPs and estimated time, without allocating or computing anything.
-// --auto (--ckpt auto) and --auto-batch plan the configuration that fits --mem-limit fastest;
-// --max-model the largest GPT-2-family model that fits it.
+// --auto (--ckpt auto, and over several ranks --zero auto unless --zero is given), --auto-batch
+// and --zero auto plan the configuration that fits --mem-limit fastest; --max-model the largest
+// model of the preset's family that fits it (over several ranks, each rank's --mem-limit).
 #include <memory>
 
 #include <fmt/format.h>
@@ -36,20 +37,6 @@ size_t model_state_bytes(const PlanReport& r) {
 
 // Every rank's peak and model state (ZeRO shards differ by a cut granule, and the receive
 // buffers by rank): what `mpirun -n N memfit train` measures on each.
-// The bytes a step's collectives cover (the same on every rank): stage 3's gathers follow the
-// step plan's phases.
-dist::CommVolume comm_volume(const RunSpec& run, const PlanReport& r) {
-  const ParamLayout layout(r.model);
-  const DType h = half_dtype(run.precision.precision);
-  const int64_t gathered =
-      run.world > 1 && run.zero == 3
-          ? WeightGather::step_gather_bytes(layout, h, r.step.phases, run.grad_accum,
-                                            run.persist_threshold)
-          : 0;
-  return dist::step_comm_volume(layout.total(), static_cast<int>(dtype_size(h)), run.world,
-                                run.zero, gathered);
-}
-
 nlohmann::json ranks_json(const RunSpec& run) {
   nlohmann::json a = nlohmann::json::array();
   for (int q = 0; q < run.world; ++q) {
@@ -99,7 +86,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
     const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
-    const dist::CommVolume v = comm_volume(run, r);
+    const dist::CommVolume& v = r.comm_per_step;
     j["comm_per_step"] = {{"all_reduce", v.all_reduce},
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather},
@@ -111,7 +98,8 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                     {"elementwise", r.step_time.elementwise},
                     {"compression", r.step_time.compression},
                     {"optimizer", r.step_time.optimizer},
-                    {"offload_io", r.step_time.offload_io}};
+                    {"offload_io", r.step_time.offload_io},
+                    {"comm", r.step_time.comm}};
   j["model"] = {{"family", family_name(r.model.family)}, {"n_layer", r.model.n_layer},
                 {"n_head", r.model.n_head},       {"n_kv_head", r.model.n_kv_head},
                 {"d_model", r.model.d_model},     {"ffn_dim", r.model.ffn_dim},
@@ -170,7 +158,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
     const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
-    const dist::CommVolume v = comm_volume(run, r);
+    const dist::CommVolume& v = r.comm_per_step;
     fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
                "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
                v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
@@ -210,14 +198,17 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              mib(r.by_category[static_cast<size_t>(Category::workspace)]));
   fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "
              "machine (GEMMs {:.2f} s, attention {:.2f} s, element-wise {:.2f} s, {}optimizer "
-             "{:.2f} s; from the calibration of this CPU, see `memfit calibrate`)\n",
+             "{:.2f} s{}; from the calibration of this CPU, see `memfit calibrate`)\n",
              r.flops / 1e12, r.recompute_flops / 1e12, r.est_step_seconds,
              r.step_time.block_gemm + r.step_time.head_gemm, r.step_time.attention,
              r.step_time.elementwise,
              r.step_time.compression > 0
                  ? fmt::format("compression {:.2f} s, ", r.step_time.compression)
                  : std::string(),
-             r.step_time.optimizer);
+             r.step_time.optimizer,
+             run.world > 1 ? fmt::format(", collectives {:.2f} s at the memory-copy rate",
+                                         r.step_time.comm)
+                           : std::string());
   if (run.offload.optimizer) {
     std::string disk;
     for (Category c : kAllCategories)
@@ -294,7 +285,9 @@ void add_plan_command(CLI::App& app) {
                   "Plan for this many data-parallel ranks (mpirun -n): the bytes of each")
       ->capture_default_str();
   cmd->add_flag("--auto", *auto_ckpt,
-                "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto)");
+                "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto) "
+                "and, over several ranks, the ZeRO stage (as --zero auto) unless --zero is "
+                "given");
   cmd->add_flag("--max-model", *max_model,
                 "The largest model of the preset's family (layers x width) that trains under --mem-limit");
   cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
@@ -306,6 +299,8 @@ void add_plan_command(CLI::App& app) {
                      "{})",
                      cfg->ckpt);
       cfg->ckpt = "auto";
+      // Over several ranks the stage is the search's too, unless given (Note [Fit a budget]).
+      if (cfg->ranks > 1 && cmd->get_option("--zero")->count() == 0) cfg->zero_auto = true;
     }
     const std::string precision_note = resolve_precision(*cfg);
     if (!*json) print_precision_route(*cfg, precision_note);

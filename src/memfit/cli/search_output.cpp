@@ -10,9 +10,11 @@ namespace {
 
 double mib(size_t bytes) { return bytes / 1048576.0; }
 
-void print_row(const std::string& status, const Candidate& c) {
-  fmt::print("  {:<22} {:<18} {:<14} {:>5} x {:<5} {:>12.1f} {:>10}\n", status, c.ckpt,
-             act_compress_name(c.act_compress), c.batch, c.grad_accum, mib(c.peak_bytes),
+// With the stage searched, a --zero column; over several ranks the peak is the largest rank's.
+void print_row(const std::string& status, const Candidate& c, bool with_stage) {
+  fmt::print("  {:<22} {:<18} {:<14} {:>5} x {:<5} {}{:>12.1f} {:>10}\n", status, c.ckpt,
+             act_compress_name(c.act_compress), c.batch, c.grad_accum,
+             with_stage ? fmt::format("{:>5} ", c.zero) : std::string(), mib(c.peak_bytes),
              format_seconds(c.est_step_seconds));
 }
 
@@ -21,7 +23,9 @@ nlohmann::json candidate_json(const Candidate& c, size_t limit) {
                       {"act_compress", act_compress_name(c.act_compress)},
                       {"batch", c.batch},
                       {"grad_accum", c.grad_accum},
+                      {"zero", c.zero},
                       {"peak_bytes", c.peak_bytes},
+                      {"peak_rank", c.peak_rank},
                       {"est_step_seconds", c.est_step_seconds},
                       {"fits", c.fits}};
   if (!c.fits) j["over_bytes"] = c.over(limit);
@@ -39,7 +43,9 @@ nlohmann::json shape_json(const ShapeFit& f) {
           {"act_compress", act_compress_name(c.act_compress)},
           {"batch", c.batch},
           {"grad_accum", c.grad_accum},
+          {"zero", c.zero},
           {"peak_bytes", c.peak_bytes},
+          {"peak_rank", c.peak_rank},
           {"est_step_seconds", c.est_step_seconds}};
   if (f.disk_bytes) {
     j["disk_bytes"] = f.disk_bytes;
@@ -57,13 +63,14 @@ nlohmann::json shape_json(const ShapeFit& f) {
 void print_search(const SearchResult& s, const std::string& note) {
   fmt::print("planner: {}\n", s.message);
   if (!note.empty()) fmt::print("planner: {}\n", note);
-  fmt::print("\n  {:<22} {:<18} {:<14} {:>5}   {:<5} {:>12} {:>10}\n", "", "--ckpt",
-             "--act-compress", "batch", "accum", "peak MiB", "est s/step");
-  if (s.fits) print_row("chosen", s.choice);
+  fmt::print("\n  {:<22} {:<18} {:<14} {:>5}   {:<5} {}{:>12} {:>10}\n", "", "--ckpt",
+             "--act-compress", "batch", "accum", s.with_stage ? "--zero " : "",
+             "peak MiB", "est s/step");
+  if (s.fits) print_row("chosen", s.choice, s.with_stage);
   for (const Candidate& c : s.slower)
-    print_row(faster(s.choice, c) ? "fits, slower" : "fits, as fast, larger", c);
+    print_row(faster(s.choice, c) ? "fits, slower" : "fits, as fast, larger", c, s.with_stage);
   for (const Candidate& c : s.over)
-    print_row(fmt::format("{:.1f} MiB over", mib(c.over(s.limit))), c);
+    print_row(fmt::format("{:.1f} MiB over", mib(c.over(s.limit))), c, s.with_stage);
   fmt::print("\n");
 }
 
@@ -72,7 +79,10 @@ nlohmann::json search_json(const SearchResult& s) {
                       {"fits", s.fits},
                       {"message", s.message},
                       {"candidates_planned", s.candidates.size()},
-                      {"searched_micro_batch", s.with_batch}};
+                      {"searched_micro_batch", s.with_batch},
+                      {"searched_zero", s.with_stage},
+                      // Over several ranks the limit is each rank's, a peak the largest rank's.
+                      {"per_rank", s.per_rank}};
   j["choice"] = s.fits ? candidate_json(s.choice, s.limit) : nlohmann::json(nullptr);
   j["rejected_slower"] = nlohmann::json::array();
   for (const Candidate& c : s.slower) j["rejected_slower"].push_back(candidate_json(c, s.limit));
@@ -88,34 +98,43 @@ void print_max_model(const MaxModelResult& r) {
   const ShapeFit& b = r.best;
   const Candidate& c = b.search.choice;
   const char* family = r.family == Family::gpt2 ? "GPT-2" : "LLaMA";
-  if (r.found)
-    fmt::print("memfit plan --max-model: the largest {}-family model that trains in {} is "
-               "{} layers x {} wide ({} heads), {:.1f}M parameters, with {}: predicted peak {}, "
+  // Over several ranks the limit is each rank's and the stage is named.
+  const bool stage = r.world > 1;
+  const std::string ranks =
+      stage ? fmt::format(" per rank over {} ranks", r.world) : std::string();
+  if (r.found) {
+    fmt::print("memfit plan --max-model: the largest {}-family model that trains in {}{} is "
+               "{} layers x {} wide ({} heads), {:.1f}M parameters, with {}: predicted peak {}{}, "
                "about {} s a step{}\n",
-               family, format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.shape.n_head,
-               b.params / 1e6, candidate_options(c, true), format_mib(c.peak_bytes),
+               family, format_mib(r.limit), ranks, b.shape.n_layer, b.shape.d_model,
+               b.shape.n_head, b.params / 1e6, candidate_options(c, true, stage),
+               format_mib(c.peak_bytes),
+               r.world > 1 ? fmt::format(" (rank {}, the largest)", c.peak_rank) : std::string(),
                format_seconds(c.est_step_seconds),
                r.capped ? fmt::format(" (the search stops at {} layers)", kMaxFamilyLayers) : "");
-  if (r.disk_limit)
-    fmt::print("with the optimizer offloaded: its files take {:.1f} GiB of the {:.1f} GiB of "
-               "disk allowed (--disk-limit, else the free space of --offload-dir)\n",
-               b.disk_bytes / 1073741824.0, r.disk_limit / 1073741824.0);
-  else
-    fmt::print("memfit plan --max-model: no {}-family model trains in {}; the smallest, {} "
+    if (r.disk_limit)
+      fmt::print("with the optimizer offloaded: its files take {:.1f} GiB of the {:.1f} GiB of "
+                 "disk allowed (--disk-limit, else the free space of --offload-dir)\n",
+                 b.disk_bytes / 1073741824.0, r.disk_limit / 1073741824.0);
+  } else {
+    fmt::print("memfit plan --max-model: no {}-family model trains in {}{}; the smallest, {} "
                "layer x {} wide ({:.1f}M parameters), needs at least {} ({}); its largest part "
                "is {}, {}\n",
-               family, format_mib(r.limit), b.shape.n_layer, b.shape.d_model, b.params / 1e6,
-               format_mib(c.peak_bytes), candidate_options(c, true),
+               family, format_mib(r.limit), ranks, b.shape.n_layer, b.shape.d_model,
+               b.params / 1e6,
+               format_mib(c.peak_bytes), candidate_options(c, true, stage),
                category_name(c.dominant()), format_mib(c.dominant_bytes()));
-  fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:<14} {:>5}   {:<5} {:>12} {:>10}  {}\n",
+  }
+  fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:<14} {:>5}   {:<5} {}{:>12} {:>10}  {}\n",
              "layers", "width", "heads", "params M", "--ckpt", "--act-compress", "batch", "accum",
-             "peak MiB", "est s/step", "fits");
+             stage ? "--zero " : "", "peak MiB", "est s/step", "fits");
   for (const ShapeFit& f : r.neighbours) {
     const Candidate& n = f.search.choice;
-    fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:<14} {:>5} x {:<5} {:>12.1f} {:>10}  {}\n",
+    fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:<14} {:>5} x {:<5} {}{:>12.1f} {:>10}  {}\n",
                f.shape.n_layer, f.shape.d_model, f.shape.n_head, f.params / 1e6, n.ckpt,
-               act_compress_name(n.act_compress), n.batch,
-               n.grad_accum, mib(n.peak_bytes), format_seconds(n.est_step_seconds),
+               act_compress_name(n.act_compress), n.batch, n.grad_accum,
+               stage ? fmt::format("{:>6} ", n.zero) : std::string(), mib(n.peak_bytes),
+               format_seconds(n.est_step_seconds),
                !f.search.fits ? fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit)))
                : !f.disk_fits ? fmt::format("no, the disk: {:.1f} GiB of files",
                                             f.disk_bytes / 1073741824.0)
@@ -130,6 +149,7 @@ void print_max_model(const MaxModelResult& r) {
 
 nlohmann::json max_model_json(const MaxModelResult& r) {
   nlohmann::json j = {{"limit_bytes", r.limit},
+                      {"world_size", r.world},
                       {"found", r.found},
                       {"capped", r.capped},
                       {"shapes_planned", r.shapes_planned},

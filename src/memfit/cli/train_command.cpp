@@ -9,6 +9,7 @@
 #include "memfit/cli/config_file.h"
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
+#include "memfit/core/error.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
@@ -80,12 +81,32 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "Data parallelism (under mpirun or srun): gradients are summed over the ranks "
                   "this many MiB at a time")
       ->capture_default_str();
-  cmd->add_option("--zero", c.zero,
-                  "ZeRO stage under mpirun or srun: 0 every rank holds everything; 1 optimizer "
-                  "state and FP32 master weights sharded; 2 gradients reduce-scattered too "
-                  "; 3 the working weights too, each block gathered when the step needs it "
-                  "(with one rank, every stage is 0)")
-      ->capture_default_str();
+  // A stage, or auto: the planner's choice under --mem-limit (Note [Fit a budget]).
+  cmd->add_option_function<std::string>(
+         "--zero",
+         [&c](const std::string& v) {
+           c.zero_auto = v == "auto";
+           if (c.zero_auto) {
+             c.zero = 0;
+             return;
+           }
+           size_t end = 0;
+           int stage = -1;
+           try {
+             stage = std::stoi(v, &end);
+           } catch (const std::exception&) {
+             end = 0;
+           }
+           if (end == 0 || end != v.size() || stage < 0 || stage > 3)
+             MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2, 3 or auto, got '{}'", v);
+           c.zero = stage;
+         },
+         "ZeRO stage under mpirun or srun (default 0): 0 every rank holds everything; 1 "
+         "optimizer state and FP32 master weights sharded; 2 gradients reduce-scattered too; 3 "
+         "the working weights too, each block gathered when the step needs it; auto (with "
+         "--mem-limit, each rank's budget) the fastest stage whose every rank fits, ties to the "
+         "lower (with one rank, every stage is 0)")
+      ->type_name("STAGE|auto");
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3: blocks gathered ahead of the one computing (0: none)")
       ->capture_default_str();
@@ -203,7 +224,8 @@ void add_train_command(CLI::App& app) {
     cfg->ranks = comm->size();
     comm->set_timeout(cfg->collective_timeout);
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
-    const AutoResolution run = resolve_auto(*cfg);
+    AutoResolution run = resolve_auto(*cfg);
+    adopt_lead_choice(run, *comm);  // ranks whose calibrations differ still agree
     if (lead) {
       if (comm->size() > 1)
         fmt::print("memfit: data parallel over {} ({} rows a micro-batch on each)\n",

@@ -19,6 +19,23 @@ struct CommVolume {
     return (2.0 * all_reduce + reduce_scatter) / (double(params) * grad_bytes) +
            double(all_gather) / (double(params) * param_bytes);
   }
+
+  // The bytes a rank sends over `world` ranks, as a ring would: (W-1)/W of each reduce-scatter
+  // and all-gather, twice that of an all-reduce. It receives as many.
+  double sent_bytes(int world) const {
+    if (world <= 1) return 0;
+    return (world - 1.0) / world * (2.0 * all_reduce + reduce_scatter + all_gather);
+  }
+  // What the planner's step-time model prices at the memory-copy rate: every byte sent and
+  // every byte received copied once (through a shared-memory segment, the sender copying in and
+  // the receiver out; a single-copy transport copies each once, so half this).
+  double copied_bytes(int world) const { return 2 * sent_bytes(world); }
+  // The sums of the reduced collectives (Note [Deterministic reduction]): each rank adds the W
+  // pieces of its 1/W of the buffer, reading the whole buffer's bytes once and writing 1/W.
+  double summed_bytes(int world) const {
+    if (world <= 1) return 0;
+    return double(all_reduce + reduce_scatter) * (1 + 1.0 / world);
+  }
 };
 
 // A step of `stage` over `world` ranks with n parameters (f32 gradients, working weights of

@@ -180,6 +180,21 @@ double stream_rate(MemoryPool& pool) {
   return 28.0 * n / seconds;
 }
 
+// Bytes per second memcpy copies between two 64 MiB buffers, past any cache: what OpenMPI's
+// shared-memory transport does with every byte a collective moves between ranks on one machine
+// (copied into a shared segment by its sender and out by its receiver). One thread: a rank's
+// collectives copy on the thread that calls MPI.
+double copy_rate(MemoryPool& pool) {
+  const int64_t n = int64_t(64) << 20;
+  Tensor a = Tensor::empty(pool, {n}, DType::u8, Category::workspace, "calibrate.copy_from");
+  Tensor b = Tensor::empty(pool, {n}, DType::u8, Category::workspace, "calibrate.copy_to");
+  std::memset(a.data<uint8_t>(), 1, n);
+  std::memset(b.data<uint8_t>(), 0, n);
+  const double seconds =
+      mean_seconds([&] { std::memcpy(b.data<uint8_t>(), a.data<uint8_t>(), n); });
+  return double(n) / seconds;
+}
+
 // log2-linear interpolation of rate(width) over the measured widths.
 double interpolate(const std::vector<GemmRates>& g, int width,
                    double (*rate)(const GemmRates&)) {
@@ -244,6 +259,7 @@ nlohmann::json Calibration::to_json() const {
   j["attention_flops_per_s"] = {{"f32", attention_f32}, {"bf16", attention_bf16}};
   j["elementwise_bytes_per_s"] = elementwise_bytes_per_s;
   j["stream_bytes_per_s"] = stream_bytes_per_s;
+  j["copy_bytes_per_s"] = copy_bytes_per_s;
   j["seconds"] = seconds;
   j["measured_at"] = measured_at;
   return j;
@@ -267,12 +283,14 @@ Calibration Calibration::from_json(const nlohmann::json& j, const std::string& s
     c.attention_bf16 = j.at("attention_flops_per_s").at("bf16").get<double>();
     c.elementwise_bytes_per_s = j.at("elementwise_bytes_per_s").get<double>();
     c.stream_bytes_per_s = j.at("stream_bytes_per_s").get<double>();
+    c.copy_bytes_per_s = j.at("copy_bytes_per_s").get<double>();
     c.seconds = j.value("seconds", 0.0);
     c.measured_at = j.value("measured_at", std::string());
   } catch (const nlohmann::json::exception& e) {
     MEMFIT_THROW(IoError, "calibration", "{}: not a calibration: {}", source, e.what());
   }
-  bool positive = c.elementwise_bytes_per_s > 0 && c.stream_bytes_per_s > 0 && !c.gemm.empty() &&
+  bool positive = c.elementwise_bytes_per_s > 0 && c.stream_bytes_per_s > 0 &&
+                  c.copy_bytes_per_s > 0 && !c.gemm.empty() &&
                   c.attention_f32 > 0 && c.attention_bf16 > 0;
   for (const GemmRates& g : c.gemm)
     positive = positive && g.width > 0 && g.f32_block > 0 && g.f32_head > 0 &&
@@ -310,6 +328,7 @@ Calibration calibrate() {
   }
   c.elementwise_bytes_per_s = elementwise_rate(pool);
   c.stream_bytes_per_s = stream_rate(pool);
+  c.copy_bytes_per_s = copy_rate(pool);
   c.seconds = seconds_since(t0);
   c.measured_at = utc_now();
   return c;

@@ -2,7 +2,8 @@
 // hand instead of constants from one machine: oneDNN GEMM rates at the shapes of a GPT-2 block's
 // and LM head's matmuls (f32, and bf16 through the route bf16 matmuls take here), flash
 // attention's rate, the effective rate of memfit's element-wise kernels, and the streaming rate
-// of the optimizer update. A few
+// of the optimizer update and of a memory copy (the collectives' transport between ranks on
+// one machine). A few
 // seconds; cached as JSON per CPU model, ISA cap and thread count under the user's cache
 // directory, so `memfit plan`, `--ckpt auto` and `--auto-batch` measure once per machine and
 // `memfit calibrate` measures again. See docs/notes/planner.md, Note [Step-time model].
@@ -27,7 +28,7 @@ struct GemmRates {
 };
 
 struct Calibration {
-  static constexpr int kVersion = 3;
+  static constexpr int kVersion = 4;
   std::string cpu;     // cpu::model_name()
   std::string isa;     // cpu::isa_name(cpu::max_isa()): the cap it ran under
   int threads = 0;     // OpenMP threads it ran with
@@ -39,6 +40,10 @@ struct Calibration {
   double attention_f32 = 0, attention_bf16 = 0;
   double elementwise_bytes_per_s = 0;  // LayerNorm, residual, GELU forward and backward
   double stream_bytes_per_s = 0;       // the AdamW update over buffers past the caches
+  // memcpy of 64 MiB (bytes copied per second), past any cache: the shared-memory transport's
+  // rate, at which the step-time model prices the ZeRO stages' collectives (a first-order
+  // estimate: Note [Fit a budget]).
+  double copy_bytes_per_s = 0;
   double seconds = 0;                  // how long the measurement took
   std::string measured_at;             // UTC, ISO 8601
 

@@ -10,8 +10,16 @@ namespace memfit {
 namespace {
 
 // The levers, as bits of a set of changes.
-enum Lever : unsigned { kPolicy = 1, kMicroBatch = 2, kBf16 = 4, kOptim8bit = 8, kCompress = 16 };
-constexpr unsigned kAllLevers = 31;
+// kStage: over several ranks, the ZeRO stage (kSearchStages).
+enum Lever : unsigned {
+  kPolicy = 1,
+  kMicroBatch = 2,
+  kBf16 = 4,
+  kOptim8bit = 8,
+  kCompress = 16,
+  kStage = 32
+};
+constexpr unsigned kAllLevers = 63;
 
 // The 8-bit optimizer with the same update rule, or "" when there is none.
 std::string eight_bit(const std::string& optim) {
@@ -31,6 +39,8 @@ std::string change_text(const RunSpec& base, const RunSpec& c) {
   if (c.optim.name != base.optim.name) parts.push_back("--optim " + c.optim.name);
   if (c.act_compress != base.act_compress)
     parts.push_back(fmt::format("--act-compress {}", act_compress_name(c.act_compress)));
+  if (c.world > 1 && (c.zero != base.zero || base.zero_auto))
+    parts.push_back(fmt::format("--zero {}", c.zero));
   return parts.empty() ? "(as configured)" : fmt::format("{}", fmt::join(parts, " "));
 }
 
@@ -60,6 +70,9 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
   unsigned mandatory = 0, allowed = kPolicy;
   if (base.ckpt_auto) mandatory |= kPolicy;
   if (base.auto_batch) mandatory |= kMicroBatch;
+  // A resumed run reshards to any stage (Note [ZeRO]), so the stage is a lever even then.
+  if (base.world > 1) allowed |= kStage;
+  if (base.zero_auto && base.world > 1) mandatory |= kStage;
   if (!resume) {
     if (base.batch * base.grad_accum > 1) allowed |= kMicroBatch;
     if (base.precision.precision == Precision::fp32) allowed |= kBf16;
@@ -72,6 +85,7 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
   if (allowed & kBf16) names.push_back("bf16");
   if (allowed & kOptim8bit) names.push_back("8-bit optimizer");
   if (allowed & kCompress) names.push_back("activation compression");
+  if (allowed & kStage) names.push_back("ZeRO stage");
   a.levers = fmt::format("{}", fmt::join(names, ", "));
 
   std::vector<Tried> tried;
@@ -85,7 +99,11 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
     c.act_compress_open = false;  // the lever decides it
     SearchResult r;
     try {
-      r = search_training(c, limit, {(set & kPolicy) != 0, (set & kMicroBatch) != 0});
+      SearchSpace space;
+      space.policies = (set & kPolicy) != 0;
+      space.micro_batches = (set & kMicroBatch) != 0;
+      space.stages = (set & kStage) != 0;
+      r = search_training(c, limit, space);
     } catch (const ConfigError&) {
       if (set == mandatory) throw;  // the run's own error
       continue;                     // a combination the engine refuses

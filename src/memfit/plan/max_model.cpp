@@ -77,6 +77,7 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
   MaxModelResult r;
   r.family = preset.family;
   r.limit = limit;
+  r.world = base.world;
   std::map<int, ShapeFit> planned;
   // With the optimizer offloaded, a member must also fit the disk: --disk-limit, else what is
   // free where the files would go.
@@ -95,7 +96,12 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
     f.shape = family_shape(preset, n_layer);
     const RunSpec c = with_family_shape(base, f.shape);
     f.params = c.model.num_params();
-    f.search = search_training(c, limit, {true, base.auto_batch, base.act_compress_open});
+    SearchSpace space;
+    space.policies = true;
+    space.micro_batches = base.auto_batch;
+    space.compression = base.act_compress_open;
+    space.stages = base.zero_auto && base.world > 1;
+    f.search = search_training(c, limit, space);
     if (base.offload.optimizer) {
       const bool master =
           c.precision.precision != Precision::fp32 && c.precision.master_weights;

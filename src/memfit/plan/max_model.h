@@ -55,7 +55,8 @@ struct ShapeFit {
 
 struct MaxModelResult {
   Family family = Family::gpt2;  // the preset's, whose members were searched
-  size_t limit = 0;
+  size_t limit = 0;  // each rank's, over several ranks: every rank's peak must fit it
+  int world = 1;     // the ranks planned (--world-size)
   uint64_t disk_limit = 0;  // with offload: the disk the members' files had to fit
   bool found = false;  // some member fits
   ShapeFit best;       // the largest member that fits (the 1-layer member when none does)
@@ -65,7 +66,9 @@ struct MaxModelResult {
 };
 
 // The largest member of base.model's family whose search fits `limit`, with base's other
-// settings (vocabulary, context, batch, precision, optimizer, attention, --auto-batch). What
+// settings (vocabulary, context, batch, precision, optimizer, attention, --auto-batch, the
+// world size and ZeRO stage, or --zero auto). Over several ranks `limit` is each rank's: a
+// member fits when every rank's planned peak does (search_training). What
 // the search varies must be left to it: the run setup refuses --n-layer, --d-model, --n-head,
 // a --ckpt policy, --resume and --init-from with --max-model (train/run_setup.h).
 MaxModelResult find_max_model(const RunSpec& base, size_t limit);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
+#include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
@@ -57,6 +59,41 @@ class ScopedThreads {
   int before_;
 };
 
+// What differs between ranks, into `bytes`: ZeRO (Note [ZeRO]) from stage 1 on keeps the
+// optimizer state and master weights of the rank's shard alone (shard_ranges, as train() cuts;
+// `shards` empty with one rank), stage 3 its working weights too, and data parallelism adds the
+// ring of receive buffers the gradient buckets are summed through (dist/grad_sync.h; from stage
+// 2 a reduce-scatter's, sized by this rank's part of a bucket), plus stage 3's gather buffers.
+// plan_memory and plan_largest_rank both count them here: whatever a stage makes differ between
+// ranks belongs here (ZeroSearch.TheLargestRankIsTheLargestOfEveryRanksPlan checks it).
+void rank_bytes(const RunSpec& spec, const ParamLayout& layout, const OptimConfig& oc,
+                const std::vector<ElementRange>& shards, int rank, CategoryBytes& bytes) {
+  auto at = [&](Category c) -> size_t& { return bytes[static_cast<size_t>(c)]; };
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  const DType half = half_dtype(spec.precision.precision);
+  std::optional<ElementRange> mine;
+  if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
+  // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
+  auto shard_or_whole = [&](DType dt) {
+    return MemoryPool::round_up(std::max<size_t>(
+        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(dt)));
+  };
+  // Stage 3: the working weights of the shard alone (Note [ZeRO stage 3]).
+  at(Category::params) =
+      stage == 3 ? shard_or_whole(half)
+                 : MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(half));
+  if (spec.precision.precision != Precision::fp32 && spec.precision.master_weights)
+    at(Category::master) = shard_or_whole(DType::f32);
+  at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
+  at(Category::comm) = dist::GradientSync::comm_bytes(
+      layout.total(), spec.bucket_bytes, spec.world, rank,
+      stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+  // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
+  if (stage == 3)
+    at(Category::comm) +=
+        WeightGather::comm_bytes(layout, half, spec.prefetch_depth, spec.persist_threshold);
+}
+
 }  // namespace
 
 PlanReport plan_memory(const RunSpec& spec, int rank) {
@@ -79,29 +116,19 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  // ZeRO (Note [ZeRO]): from stage 1 on, the optimizer state and master weights of this rank's
-  // shard alone (shard_ranges, as train() cuts); every rank holds whole working weights and a
-  // whole gradient slab (stage 2 reduce-scatters into it, in place).
-  const int stage = spec.world > 1 ? spec.zero : 0;
-  std::vector<ElementRange> shards;
-  if (spec.world > 1) shards = shard_ranges(layout, oc, spec.world);
-  std::optional<ElementRange> mine;
-  if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
-  // Stage 3: the working weights of the shard alone (Note [ZeRO stage 3]).
-  at(Category::params) =
-      stage == 3 ? MemoryPool::round_up(std::max<size_t>(
-                       1, static_cast<size_t>(mine->size()) * dtype_size(half_dtype(precision.precision))))
-                 : slab(half_dtype(precision.precision));
-  // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
-  if (precision.precision != Precision::fp32 && precision.master_weights)
-    at(Category::master) = MemoryPool::round_up(std::max<size_t>(
-        1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(DType::f32)));
+  // Every rank holds a whole gradient slab (stages 2 and 3 reduce-scatter into it, in place);
+  // the working weights (whole below stage 3), the master weights, the optimizer state and the
+  // receive buffers are the rank's own (rank_bytes).
+  const std::vector<ElementRange> shards =
+      spec.world > 1 ? shard_ranges(layout, oc, spec.world) : std::vector<ElementRange>{};
   at(Category::grads) = slab(DType::f32);
-  at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
+  rank_bytes(spec, layout, oc, shards, rank, r.by_category);
   if (spec.offload.optimizer) {
     // The state and the master weights go to files; RAM holds the ring that streams them
     // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 and 2)
     // this rank's shard alone: its files, its ring, its I/O.
+    std::optional<ElementRange> mine;
+    if (spec.world > 1 && spec.zero >= 1) mine = shards.at(static_cast<size_t>(rank));
     const offload::OffloadLayout files = offload::make_offload_layout(
         layout, oc, at(Category::master) > 0, offload::kMaxPieceElements, mine);
     r.disk_by_category = files.disk_bytes();
@@ -111,18 +138,16 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
     at(Category::master) = 0;
     at(Category::optimizer) = 0;
   }
-  // Data parallelism: plus the ring of receive buffers the gradient buckets are summed through
-  // (dist/grad_sync.h; at stage 2 a reduce-scatter's, sized by this rank's part of a bucket).
-  at(Category::comm) = dist::GradientSync::comm_bytes(
-      layout.total(), spec.bucket_bytes, spec.world, rank,
-      stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
-  // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
-  if (stage == 3)
-    at(Category::comm) += WeightGather::comm_bytes(layout, half_dtype(precision.precision),
-                                                   spec.prefetch_depth, spec.persist_threshold);
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  const DType half = half_dtype(precision.precision);
+  r.comm_per_step = dist::step_comm_volume(
+      layout.total(), static_cast<int>(dtype_size(half)), spec.world, stage,
+      stage == 3 ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
+                                                   spec.persist_threshold)
+                 : 0);
 
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
   // the training data's window count (from the shard headers). With no data to read, the plan
@@ -153,6 +178,30 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   return r;
 }
 
+PlanReport plan_largest_rank(const RunSpec& spec, int* rank) {
+  PlanReport best = plan_memory(spec, 0);
+  int best_rank = 0;
+  if (spec.world > 1) {
+    // Only rank_bytes differ between ranks: find the largest from them (a step plan per rank
+    // would cost the search W step plans a candidate), then plan that rank whole.
+    const ParamLayout layout(best.model);
+    OptimConfig oc = spec.optim;
+    oc.n_head = best.model.n_head;
+    const std::vector<ElementRange> shards = shard_ranges(layout, oc, spec.world);
+    size_t most = best.peak_bytes;
+    for (int q = 1; q < spec.world; ++q) {
+      CategoryBytes bytes = best.by_category;
+      rank_bytes(spec, layout, oc, shards, q, bytes);
+      size_t peak = 0;
+      for (size_t b : bytes) peak += b;
+      if (peak > most) most = peak, best_rank = q;
+    }
+    if (best_rank != 0) best = plan_memory(spec, best_rank);
+  }
+  if (rank) *rank = best_rank;
+  return best;
+}
+
 PlanReport plan_training(const RunSpec& spec, int rank) {
   PlanReport r = plan_memory(spec, rank);
   const ScopedThreads threads(spec.threads);
@@ -176,7 +225,16 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   // The state's bytes stream through the update wherever they live (RAM or the offload files).
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  in.optimizer_bytes = optimizer_state_bytes(oc, layout);
+  // ZeRO: from stage 1 on this rank updates its shard alone, and at stage 2 its gradient norm
+  // reads only the shard whose sums it holds; the collectives' bytes are the comm term.
+  const int stage = spec.world > 1 ? spec.zero : 0;
+  std::optional<ElementRange> mine;
+  if (stage >= 1) mine = shard_ranges(layout, oc, spec.world).at(static_cast<size_t>(rank));
+  in.optimizer_bytes = optimizer_state_bytes(oc, layout, mine);
+  if (mine) in.update_params = std::max<size_t>(1, static_cast<size_t>(mine->size()));
+  if (mine && stage >= 2) in.norm_params = in.update_params;
+  in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
+  in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   if (spec.offload.optimizer) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);

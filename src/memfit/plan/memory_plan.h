@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "memfit/dist/comm_volume.h"
 #include "memfit/memory/category.h"
 #include "memfit/model/step_plan.h"
 #include "memfit/plan/step_time.h"
@@ -40,6 +41,10 @@ struct PlanReport {
   uint64_t disk_bytes = 0;
   uint64_t io_bytes_per_step = 0;
   size_t offload_staging_bytes = 0;  // the ring's part of staging
+  // Several ranks: the bytes a step's collectives cover (the same on every rank; stage 3's
+  // gathers follow the step plan's phases), what the log's comm_bytes measures and the
+  // step-time model prices.
+  dist::CommVolume comm_per_step;
 };
 
 // Plans a run as `train` makes it: with spec.world data-parallel ranks at ZeRO stage spec.zero,
@@ -49,6 +54,10 @@ PlanReport plan_training(const RunSpec& spec, int rank = 0);
 // The memory half of plan_training alone (flops and step time left 0): no calibration is read
 // or measured. The profiler draws it beside what it measures.
 PlanReport plan_memory(const RunSpec& spec, int rank = 0);
+// plan_memory of the rank whose peak is the largest (the first of equals; `rank`, if given,
+// gets which): what a per-rank budget (each rank's --mem-limit) must hold. With one rank,
+// rank 0's.
+PlanReport plan_largest_rank(const RunSpec& spec, int* rank = nullptr);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.

@@ -20,13 +20,15 @@ void RunSpec::check() const {
   // Under several ranks each rank offloads its own shard of the state (Note [NVMe offload],
   // "Under ZeRO"): stages 1 and 2, where the state is sharded. Stage 0 would have every rank
   // write the whole state; stage 3's gathered working weights are not wired to the files.
-  if (offload.optimizer && world > 1 && zero != 1 && zero != 2)
+  // (--zero auto does not search offloaded stages: SearchSpace::of.)
+  if (offload.optimizer && world > 1 && (zero_auto || (zero != 1 && zero != 2)))
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme under {} ranks offloads each rank's shard of the "
-                 "optimizer state, so it needs --zero 1 or 2 (got --zero {}{})",
-                 world, zero,
-                 zero == 0 ? ": every rank would write the whole state"
-                           : ": stage 3 with offload is not built");
+                 "optimizer state, so it needs --zero 1 or 2 (got --zero {})",
+                 world,
+                 zero_auto   ? "auto: the search does not choose a stage with offload yet"
+                 : zero == 0 ? "0: every rank would write the whole state"
+                             : "3: stage 3 with offload is not built");
   if (prefetch_depth < 0)
     MEMFIT_THROW(ConfigError, "config", "--prefetch-depth must be 0 or more, got {}",
                  prefetch_depth);

@@ -44,6 +44,9 @@ struct RunSpec {
   int world = 1;               // data-parallel ranks
   // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
   int zero = 0;
+  // --zero auto: the search picks the stage over several ranks (zero is 0 until it does;
+  // with one rank it stays 0). Note [Fit a budget].
+  bool zero_auto = false;
   // Stage 3 (Note [ZeRO stage 3]): blocks gathered ahead of the one computing, and the block
   // size (elements) under which a block is kept whole.
   int prefetch_depth = 1;

@@ -1,6 +1,7 @@
 #include "memfit/plan/search.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include <fmt/format.h>
@@ -29,17 +30,20 @@ std::string message(const SearchResult& r) {
   const size_t planned = r.candidates.size();
   if (r.fits) {
     const Candidate& c = r.choice;
-    return fmt::format("{} fits {}: predicted peak {} ({} to spare), about {} s a step; "
+    return fmt::format("{} fits {}{}: predicted peak {} ({} to spare), about {} s a step; "
                        "the fastest of {} configuration{} planned",
-                       candidate_options(c, r.with_batch), format_mib(r.limit),
+                       candidate_options(c, r.with_batch, r.with_stage), format_mib(r.limit),
+                       r.per_rank ? " per rank" : "",
                        format_mib(c.peak_bytes), format_mib(r.limit - c.peak_bytes),
                        format_seconds(c.est_step_seconds), planned, planned == 1 ? "" : "s");
   }
   const Candidate& s = r.smallest;
-  return fmt::format("nothing fits {}: the smallest footprint of the {} configuration{} planned "
-                     "is {} ({}), {} over; its largest part is {}, {}",
-                     format_mib(r.limit), planned, planned == 1 ? "" : "s",
-                     format_mib(s.peak_bytes), candidate_options(s, r.with_batch),
+  return fmt::format("nothing fits {}{}: the smallest footprint of the {} configuration{} "
+                     "planned is {} ({}{}), {} over; its largest part is {}, {}",
+                     format_mib(r.limit), r.per_rank ? " per rank" : "", planned,
+                     planned == 1 ? "" : "s", format_mib(s.peak_bytes),
+                     candidate_options(s, r.with_batch, r.with_stage),
+                     r.per_rank ? fmt::format(", on rank {}", s.peak_rank) : std::string(),
                      format_mib(s.over(r.limit)), category_name(s.dominant()),
                      format_mib(s.dominant_bytes()));
 }
@@ -58,12 +62,13 @@ Category Candidate::dominant() const {
   return kAllCategories[best];
 }
 
-std::string candidate_options(const Candidate& c, bool with_batch) {
+std::string candidate_options(const Candidate& c, bool with_batch, bool with_stage) {
   std::string s = "--ckpt " + c.ckpt;
   if (with_batch) s += fmt::format(" --batch {} --grad-accum {}", c.batch, c.grad_accum);
   if (c.act_compress != ActCompress::none)
     s += fmt::format(" --act-compress {}", act_compress_name(c.act_compress));
   if (c.offload) s += " --offload-optimizer nvme";
+  if (with_stage) s += fmt::format(" --zero {}", c.zero);
   return s;
 }
 
@@ -80,6 +85,9 @@ bool preferred(const Candidate& a, const Candidate& b) {
   if (faster(b, a)) return false;
   // As fast (the disk hidden behind the update): RAM, which depends on no disk.
   if (a.offload != b.offload) return !a.offload;
+  // As fast: the lower stage, fewer collectives (the bytes are in the estimate) and the layout
+  // the run would have without ZeRO.
+  if (a.zero != b.zero) return a.zero < b.zero;
   return a.peak_bytes < b.peak_bytes;
 }
 
@@ -117,6 +125,8 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   t.auto_batch = false;
   t.offload.optimizer = c.offload;
   t.offload_open = false;
+  t.zero = c.zero;
+  t.zero_auto = false;
   return t;
 }
 
@@ -138,10 +148,15 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
                         : std::vector<ActCompress>{base.act_compress};
   const std::vector<bool> offloads =
       space.offload ? std::vector<bool>{false, true} : std::vector<bool>{base.offload.optimizer};
+  const std::vector<int> stages =
+      space.stages ? std::vector<int>(std::begin(kSearchStages), std::end(kSearchStages))
+                   : std::vector<int>{base.zero};
 
   SearchResult r;
   r.limit = limit;
   r.with_batch = space.micro_batches;
+  r.with_stage = space.stages;
+  r.per_rank = base.world > 1;
   for (const std::string& policy : policies)
     for (ActCompress compress : compressions) {
       // A policy that recomputes every block keeps nothing to compress: the same run as none.
@@ -149,21 +164,31 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
           !keeps_some_block(CheckpointPolicy::parse(policy), base.model.n_layer))
         continue;
       for (int b : batches)
-        for (bool offload : offloads) {
-          Candidate c;
-          c.ckpt = policy;
-          c.act_compress = compress;
-          c.batch = b;
-          c.grad_accum = global / b;
-          c.offload = offload;
-          const PlanReport p = plan_training(apply_candidate(base, c));
-          c.peak_bytes = p.peak_bytes;
-          c.est_step_seconds = p.est_step_seconds;
-          c.by_category = p.by_category;
-          c.fits = p.peak_bytes <= limit &&
-                   (!offload || !base.offload.disk_limit || p.disk_bytes <= base.offload.disk_limit);
-          r.candidates.push_back(std::move(c));
-        }
+        for (bool offload : offloads)
+          for (int stage : stages) {
+            Candidate c;
+            c.ckpt = policy;
+            c.act_compress = compress;
+            c.batch = b;
+            c.grad_accum = global / b;
+            c.offload = offload;
+            c.zero = stage;
+            const RunSpec run = apply_candidate(base, c);
+            const PlanReport p = plan_training(run);
+            c.est_step_seconds = p.est_step_seconds;
+            c.peak_bytes = p.peak_bytes;
+            c.by_category = p.by_category;
+            if (run.world > 1) {
+              // The budget is every rank's: the largest peak must fit.
+              const PlanReport most = plan_largest_rank(run, &c.peak_rank);
+              c.peak_bytes = most.peak_bytes;
+              c.by_category = most.by_category;
+            }
+            c.fits = c.peak_bytes <= limit &&
+                     (!offload || !base.offload.disk_limit ||
+                      p.disk_bytes <= base.offload.disk_limit);
+            r.candidates.push_back(std::move(c));
+          }
     }
 
   r.smallest = r.candidates.front();
@@ -178,7 +203,8 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
   for (const Candidate& c : r.candidates) {
     const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
-                        c.act_compress == r.choice.act_compress && c.offload == r.choice.offload;
+                        c.act_compress == r.choice.act_compress &&
+                        c.offload == r.choice.offload && c.zero == r.choice.zero;
     if (r.fits && c.fits && !chosen) r.slower.push_back(c);
     if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
   }

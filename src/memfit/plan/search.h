@@ -1,7 +1,9 @@
-// The search behind --ckpt auto and --auto-batch: plan every checkpoint policy worth trying
-// (each also with compressed activations unless --act-compress was given; and, with
-// --auto-batch, every micro-batch that keeps the global batch) with plan_training, and take the
-// fastest whose predicted peak fits the budget. Nothing is allocated or run.
+// The search behind --ckpt auto, --auto-batch and --zero auto: plan every checkpoint policy
+// worth trying (each also with compressed activations unless --act-compress was given; with
+// --auto-batch, every micro-batch that keeps the global batch; with --zero auto over several
+// ranks, every ZeRO stage of kSearchStages) with plan_training, and take the fastest whose
+// predicted peak fits the budget (over several ranks: every rank's peak). Nothing is allocated
+// or run.
 // Note [Fit a budget] in docs/notes/planner.md: the candidates, the cost model, the ties.
 #pragma once
 
@@ -21,7 +23,11 @@ struct Candidate {
   ActCompress act_compress = ActCompress::none;
   bool offload = false;  // --offload-optimizer nvme
   int batch = 0, grad_accum = 0;
+  int zero = 0;  // the ZeRO stage (over several ranks)
+  // The largest peak of any rank (plan_largest_rank: ranks differ by their shard and receive
+  // buffer), and that rank; with one rank, rank 0's.
   size_t peak_bytes = 0;
+  int peak_rank = 0;
   double est_step_seconds = 0;
   CategoryBytes by_category{};
   bool fits = false;  // peak_bytes <= the search's limit (and, offloaded, the files <= --disk-limit)
@@ -32,8 +38,8 @@ struct Candidate {
 };
 
 // "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch; then
-// " --act-compress int8" where the candidate compresses.
-std::string candidate_options(const Candidate& c, bool with_batch);
+// " --act-compress int8" where the candidate compresses; then " --zero 2" with the stage.
+std::string candidate_options(const Candidate& c, bool with_batch, bool with_stage = false);
 
 // An estimated step time for tables and messages: "8.57", or "0.000412" when small.
 std::string format_seconds(double seconds);
@@ -41,24 +47,35 @@ std::string format_seconds(double seconds);
 // a is faster than b by more than rounding: estimates within a relative 1e-9 are the same time
 // (the micro-batches of one policy have the same FLOPs, up to rounding).
 bool faster(const Candidate& a, const Candidate& b);
-// a is preferred to b: faster, or the same time and not offloaded, or less memory.
+// a is preferred to b: faster, or the same time and not offloaded, or a lower ZeRO stage, or
+// less memory.
 bool preferred(const Candidate& a, const Candidate& b);
 
 // What the search varies: the checkpoint policy (--ckpt auto), the micro-batch (--auto-batch),
-// and with the policy, unless --act-compress was given, whether the kept activations are
-// compressed (kSearchCompress).
+// with the policy, unless --act-compress was given, whether the kept activations are
+// compressed (kSearchCompress), and over several ranks with --zero auto the ZeRO stage
+// (kSearchStages).
 struct SearchSpace {
   bool policies = true;
   bool micro_batches = false;
   bool compression = false;
   // Every candidate also with the optimizer offloaded (--offload-dir without
   // --offload-optimizer: Note [NVMe offload]).
+  // (Offload runs in one process: never over several ranks.)
   bool offload = false;
+  // Every candidate at each stage of kSearchStages (--zero auto over several ranks; with one
+  // rank every stage is stage 0, so there is nothing to vary).
+  bool stages = false;
   static SearchSpace of(const RunSpec& spec) {
     return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open,
-            spec.offload_open && (spec.ckpt_auto || spec.auto_batch)};
+            spec.offload_open && spec.world == 1 && (spec.ckpt_auto || spec.auto_batch),
+            spec.zero_auto && spec.world > 1};
   }
 };
+
+// The ZeRO stages --zero auto tries over several ranks, lowest first (ties go to the lower:
+// preferred()). A stage joins the search by joining this list.
+inline constexpr int kSearchStages[] = {0, 1, 2, 3};
 
 // The compression the search and the out-of-memory advice try beside none: int8, whose
 // convergence on Brown matched none's (Note [Activation compression] has the runs). fp8 saves
@@ -89,18 +106,22 @@ struct SearchResult {
   Candidate smallest;  // the least peak of every candidate (ties: faster)
   std::string message;  // one line: the choice, or that nothing fits and its largest part
   bool with_batch = false;  // the micro-batch was searched (options name it)
+  bool with_stage = false;  // the ZeRO stage was searched (options name it)
+  bool per_rank = false;    // over several ranks: the limit is each rank's, peaks the largest
   std::vector<Candidate> candidates;  // every candidate planned, in enumeration order
 };
 
-// Plans every candidate of `space` for `base`, whose policy, compression and micro-batch they
-// replace (the policy stays base.ckpt unless space.policies; the compression base's unless
+// Plans every candidate of `space` for `base`, whose policy, compression, micro-batch and stage
+// they replace (the policy stays base.ckpt unless space.policies; the compression base's unless
 // space.compression, which tries none and kSearchCompress under every policy that keeps some
-// block's activations; the micro-batch base's unless space.micro_batches). Throws what
-// plan_training throws for a bad base.
+// block's activations; the micro-batch base's unless space.micro_batches; the stage base.zero
+// unless space.stages). A candidate fits when every rank's planned peak fits `limit` (the
+// budget is per rank: each rank's pool has --mem-limit). Throws what plan_training throws for
+// a bad base.
 SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace space);
 
-// base with the candidate's policy, compression and micro-batch, nothing left to choose: the
-// run the planner chose.
+// base with the candidate's policy, compression, micro-batch, offload and stage, nothing left
+// to choose: the run the planner chose.
 RunSpec apply_candidate(const RunSpec& base, const Candidate& c);
 
 }  // namespace memfit

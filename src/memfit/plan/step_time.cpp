@@ -119,11 +119,18 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   // The update reads the gradient and reads and writes the weights of record and the state;
   // zero_grad writes the gradient and clipping reads it; a mixed-precision run also writes its
   // half working copy.
+  // Under ZeRO (stage 1 on) the update covers this rank's shard U (the all-gather of the
+  // others' is comm); clipping reads the gradients whose squares this rank sums.
   const double P = double(in.param_count);
+  const double U = in.update_params ? double(in.update_params) : P;
+  const double norm = in.norm_params ? double(in.norm_params) : P;
   const double weights = half && in.master_weights ? 4 : double(dtype_size(half_dtype(p)));
-  double bytes = 2.0 * in.optimizer_bytes + 2.0 * weights * P + 3.0 * 4 * P;
-  if (half && in.master_weights) bytes += 2.0 * P;
+  double bytes = 2.0 * in.optimizer_bytes + 2.0 * weights * U + 4 * U + 4 * P + 4 * norm;
+  if (half && in.master_weights) bytes += 2.0 * U;
   t.optimizer = bytes / rates.stream_bytes_per_s;
+  if (in.comm_copied_bytes > 0)
+    t.comm = in.comm_copied_bytes / rates.copy_bytes_per_s +
+             in.comm_summed_bytes / rates.stream_bytes_per_s;
   t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
 
   t.block_gemm *= in.grad_accum;

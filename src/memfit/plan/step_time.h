@@ -23,9 +23,13 @@ struct StepTime {
   // --offload-optimizer nvme: the update's disk time beyond its compute (the reads and writes
   // run while pieces are updated, so only the excess adds to the step).
   double offload_io = 0;
+  // Several ranks: the step's collectives, their bytes copied at the memory-copy rate (the
+  // shared-memory transport's) and the sums of the reduced ones at the streaming rate; counted
+  // whole, as if nothing overlapped (a first-order estimate: Note [Fit a budget]).
+  double comm = 0;
   double total() const {
     return block_gemm + attention + head_gemm + elementwise + compression + optimizer +
-           offload_io;
+           offload_io + comm;
   }
 };
 
@@ -34,7 +38,15 @@ struct StepTimeInputs {
   int B = 0, T = 0, grad_accum = 1;
   ActivationOptions options;     // precision, attention, checkpoint policy
   size_t param_count = 0;        // the parameter slab's elements
-  size_t optimizer_bytes = 0;    // the optimizer's state
+  size_t optimizer_bytes = 0;    // the optimizer's state (this rank's shard's from ZeRO stage 1)
+  // ZeRO: the elements this rank's update steps (its shard from stage 1 on) and whose squares
+  // the gradient norm sums (its shard at stage 2, where only the owner holds the sums); 0: all
+  // param_count. zero_grad clears the whole slab at every stage.
+  size_t update_params = 0, norm_params = 0;
+  // Several ranks: the bytes the step's collectives copy on this rank (what it sends and what
+  // it receives, each copied once, through shared memory: dist::CommVolume::copied_bytes) and the
+  // bytes the sums of the reduced ones read and write (CommVolume::summed_bytes).
+  double comm_copied_bytes = 0, comm_summed_bytes = 0;
   bool master_weights = false;   // bf16/fp16 with an FP32 master copy
   // --act-compress: the bytes a micro-batch's (de)quantisation passes move
   // (compression_traffic_bytes of its step plan).

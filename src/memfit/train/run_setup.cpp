@@ -1,6 +1,7 @@
 #include "memfit/train/run_setup.h"
 
 #include <filesystem>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,11 @@ void validate_train_config(const TrainConfig& c) {
                  "--ckpt auto picks the fastest checkpoint policy whose predicted peak fits "
                  "--mem-limit, so it needs --mem-limit (e.g. --mem-limit 4GiB); or name a "
                  "policy: none, full, selective, every:K, layers:LIST");
+  if (c.zero_auto && c.mem_limit.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--zero auto picks the ZeRO stage whose every rank's predicted peak fits "
+                 "--mem-limit (each rank's budget), so it needs --mem-limit (e.g. --mem-limit "
+                 "4GiB); or name a stage: 0, 1 or 2");
   if (c.auto_batch && c.mem_limit.empty())
     MEMFIT_THROW(ConfigError, "config",
                  "--auto-batch picks the micro-batch (and --grad-accum) that fits --mem-limit, "
@@ -130,7 +136,8 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.optim.seed = c.seed;
   s.threads = c.threads;
   s.world = c.ranks;
-  s.zero = c.zero;
+  s.zero = c.zero_auto ? 0 : c.zero;
+  s.zero_auto = c.zero_auto;
   s.prefetch_depth = c.prefetch_depth;
   s.persist_threshold = c.persist_threshold;
   s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
@@ -139,10 +146,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.shuffle = c.shuffle;
   s.resumed = !c.resume_dir.empty();
   s.offload.optimizer = c.offload_optimizer == "nvme";
-  // Under several ranks offload is a stage 1 or 2 option only (RunSpec::check): the search
-  // considers it there alone.
-  s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty() &&
-                   (c.ranks <= 1 || c.zero == 1 || c.zero == 2);
+  s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty();
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();
@@ -183,6 +187,10 @@ SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::str
   SearchSpace space = SearchSpace::of(spec);
   if (space.micro_batches && spec.resumed && pin_resumed_batch(config, base, note))
     space.micro_batches = false;
+  if (spec.zero_auto && spec.world == 1 && note)
+    *note += std::string(note->empty() ? "" : "; ") +
+             "--zero auto with one rank: stage 0 (one process has nothing to shard; under "
+             "mpirun -n N, or memfit plan --world-size N, the search chooses the stage)";
   return search_training(base, spec.mem_limit, space);
 }
 
@@ -195,6 +203,8 @@ TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
+  t.zero = c.zero;
+  t.zero_auto = false;
   return t;
 }
 
@@ -240,6 +250,39 @@ AutoResolution resolve_auto(const TrainConfig& config) {
   r.config = with_choice(r.config, r.search.choice);
   r.spec = apply_candidate(r.spec, r.search.choice);
   return r;
+}
+
+void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
+  if (comm.size() == 1 || !r.planned) return;
+  const TrainConfig& c = r.config;
+  std::string choice = fmt::format("{}\n{}\n{}\n{}\n{}\n{}", c.ckpt, c.act_compress,
+                                   c.offload_optimizer, c.batch, c.grad_accum, c.zero);
+  int64_t size = static_cast<int64_t>(choice.size());
+  comm.broadcast(&size, sizeof size, 0);
+  std::string lead(static_cast<size_t>(size), '\0');
+  if (comm.rank() == 0) lead = choice;
+  comm.broadcast(lead.data(), size, 0);
+  if (lead == choice) return;
+  std::istringstream in(lead);
+  TrainConfig t = r.config;
+  std::string batch, accum, zero;
+  std::getline(in, t.ckpt);
+  std::getline(in, t.act_compress);
+  std::getline(in, t.offload_optimizer);
+  std::getline(in, batch);
+  std::getline(in, accum);
+  std::getline(in, zero);
+  t.batch = std::stoi(batch);
+  t.grad_accum = std::stoi(accum);
+  t.zero = std::stoi(zero);
+  r.config = t;
+  r.spec = resolve_run(t);
+  r.search.choice.ckpt = t.ckpt;
+  r.search.choice.act_compress = r.spec.act_compress;
+  r.search.choice.batch = t.batch;
+  r.search.choice.grad_accum = t.grad_accum;
+  r.search.choice.zero = t.zero;
+  r.search.choice.offload = r.spec.offload.optimizer;
 }
 
 void check_max_model_config(const TrainConfig& c) {

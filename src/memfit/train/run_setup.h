@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "memfit/dist/communicator.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/plan/run_spec.h"
 #include "memfit/plan/search.h"
@@ -60,6 +61,15 @@ struct AutoResolution {
 // when nothing fits: the smallest footprint, its largest part, and the planner's advice on
 // other options (plan/fit_advice.h).
 AutoResolution resolve_auto(const TrainConfig& config);
+
+// Over several ranks, rank 0's choice is every rank's (collective; nothing to do with one rank
+// or when the run asked for no search). The search is the same on every rank, but its
+// estimates read each process's calibration: ranks that measured their own (no cache yet, or
+// hosts with other CPUs) could pick different configurations when two are close in time. So
+// rank 0 broadcasts its policy, compression, micro-batch, stage and offload, and a rank whose
+// choice differs takes rank 0's (it fits: what fits is planned from bytes alone, the same on
+// every rank).
+void adopt_lead_choice(AutoResolution& resolution, dist::Communicator& comm);
 
 // --max-model varies the shape and the policy: ConfigError if the config fixes --n-layer,
 // --d-model, --n-head, --n-kv-head, --ffn-dim, a --ckpt policy (auto or the default none are

@@ -46,6 +46,10 @@ struct TrainConfig {
   // 3 the working weights sharded too, each block gathered as the step needs it
   // (Note [ZeRO stage 3]). With one rank every stage is stage 0.
   int zero = 0;
+  // --zero auto (with --mem-limit): the planner picks the stage over several ranks, the lowest
+  // of the fastest that fit (Note [Fit a budget]); zero stays 0 until it does. With one rank:
+  // stage 0.
+  bool zero_auto = false;
   // Stage 3: blocks gathered ahead of the one computing (0: each gathered when needed), and the
   // block size in elements under which a block is kept whole (gathered once per update).
   int prefetch_depth = 1;
@@ -96,7 +100,7 @@ struct TrainConfig {
   int64_t test_leak_bytes = 0;
 
   // Whether the planner has something to choose (--ckpt auto or --auto-batch).
-  bool needs_planner() const { return ckpt == "auto" || auto_batch; }
+  bool needs_planner() const { return ckpt == "auto" || auto_batch || zero_auto; }
 
   // The model shape after applying the overrides to the preset; T is seq_len.
   ModelConfig model_config() const;

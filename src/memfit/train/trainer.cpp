@@ -160,7 +160,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
   // trainer_state.json have a policy and a micro-batch, never "auto". `spec` is the run as the
   // planner planned it (the model, shapes, precision, policy, budget), `cfg` the rest.
-  const AutoResolution resolved = resolve_auto(planned);  // and --precision auto, resolved
+  AutoResolution resolved = resolve_auto(planned);  // and --precision auto, resolved
+  adopt_lead_choice(resolved, comm);  // rank 0's choice is every rank's
   TrainConfig cfg = resolved.config;
   const RunSpec& spec = resolved.spec;
   cfg.schedule.total = cfg.steps;
