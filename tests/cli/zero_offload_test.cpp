@@ -1,11 +1,11 @@
 // ZeRO with the optimizer offloaded, through the built binary under `mpirun -n 2`: each rank
-// offloads its own shard (rank-<r>/ under one shared --offload-dir), and stages 1 and 2 train to
-// the same losses, gradient norms and saved checkpoint files, bit for bit, as the same run in
+// offloads its own shard (rank-<r>/ under one shared --offload-dir), and stages 1, 2 and 3 train
+// to the same losses, gradient norms and saved checkpoint files, bit for bit, as the same run in
 // RAM (fp32 with clipping and accumulation; bf16 with master weights and 8-bit AdamW); `memfit
 // plan --world-size 2` is every rank's measured peak by category, files and I/O; a sharded save
-// of an offloaded run resumes bit-identically offloaded and in RAM, and a RAM run's into offload;
-// stage 0 and 3 are refused with the reason. Note [NVMe offload], "Under ZeRO"
-// (docs/notes/offload.md).
+// of an offloaded run resumes bit-identically offloaded and in RAM, and a RAM run's into offload
+// (stage 2; stage 3 in fp32 and in bf16 with master weights); stage 0 is refused with the
+// reason. Note [NVMe offload], "Under ZeRO" (docs/notes/offload.md).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -75,10 +75,11 @@ class ZeroOffload : public test::MpiBinaryTest {
       EXPECT_TRUE(got.at(name) == bytes) << what << ": " << name << " differs";
     }
   }
-  // At stages 1 and 2: the run in RAM and offloaded give the same logs and checkpoint files;
-  // the offload files are gone afterwards, each rank's directory left empty.
+  // At stages 1, 2 and 3: the run in RAM and offloaded give the same logs and checkpoint files
+  // (and the RAM runs of every stage are stage 0's: Zero.* in tests/cli/zero_test.cpp); the
+  // offload files are gone afterwards, each rank's directory left empty.
   void offloaded_equals_ram(const std::string& more) {
-    for (int zero = 1; zero <= 2; ++zero) {
+    for (int zero = 1; zero <= 3; ++zero) {
       const std::string common = fmt::format("{} --zero {}", more, zero);
       const fs::path ram = dir / fmt::format("ram{}", zero), off = dir / fmt::format("off{}", zero);
       train(fmt::format("{} --save '{}' --log '{}.jsonl'", common, ram.string(), ram.string()));
@@ -99,22 +100,25 @@ class ZeroOffload : public test::MpiBinaryTest {
   }
 };
 
-// FP32 (the weights of record are the working weights, in RAM; the moments offloaded), clipping
-// active at every step and two micro-batches a step.
-TEST_F(ZeroOffload, StagesOneAndTwoEqualRamInFp32) {
+// FP32 (the weights of record are the working weights, in RAM: at stage 3 the rank's shard of
+// them; the moments offloaded), clipping active at every step and two micro-batches a step.
+TEST_F(ZeroOffload, StagesOneToThreeEqualRamInFp32) {
   offloaded_equals_ram("--steps 3 --grad-accum 2 --clip 0.05 --eval-batches 1");
 }
 
-// bf16 with FP32 master weights (offloaded: read back and gathered for the save) and 8-bit AdamW,
-// whose shards and pieces cut at its 256-element blocks.
-TEST_F(ZeroOffload, StagesOneAndTwoEqualRamInBf16WithMasterWeightsAnd8BitAdamW) {
+// bf16 with FP32 master weights (offloaded: read back and gathered for the save; at stage 3 the
+// update rounds the rank's working shard and the persistent units are gathered again) and 8-bit
+// AdamW, whose shards and pieces cut at its 256-element blocks.
+TEST_F(ZeroOffload, StagesOneToThreeEqualRamInBf16WithMasterWeightsAnd8BitAdamW) {
   offloaded_equals_ram("--steps 3 --precision bf16 --optim adamw8bit --clip 0.05 --eval-batches 1");
 }
 
 // The plan per rank is each rank's measured peak by category (the ring in staging, no master or
-// optimizer bytes in RAM), its files by category and its bytes read and written per step.
+// optimizer bytes in RAM; at stage 3 the working shard in params and the gathered units in comm
+// beside the ring), its files by category and its bytes read and written per step.
 TEST_F(ZeroOffload, ThePlanPerRankIsEachRanksMeasuredPeakAndFiles) {
-  for (int zero = 1; zero <= 2; ++zero) {
+  uint64_t params[4][2] = {}, comm[4][2] = {};  // by stage and rank, planned (== measured)
+  for (int zero = 1; zero <= 3; ++zero) {
     const std::string a = args(fmt::format("--steps 2 --bucket-mb 0.25 --precision bf16 --optim "
                                            "adamw8bit --zero {} {}",
                                            zero, offload()));
@@ -140,6 +144,8 @@ TEST_F(ZeroOffload, ThePlanPerRankIsEachRanksMeasuredPeakAndFiles) {
       EXPECT_EQ(m["offload"]["disk"], p["offload"]["disk_by_category"]) << "rank " << r;
       EXPECT_EQ(m["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"]) << r;
       EXPECT_GT(p["offload"]["disk_by_category"].value("master", 0), 0);
+      params[zero][r] = p["by_category"]["params"];
+      comm[zero][r] = p["by_category"]["comm"];
     }
     // Each rank's files are its shard's: each under the one-process run's, together at least
     // theirs (two headers, and the unit cut between the ranks is one piece more to align).
@@ -155,6 +161,11 @@ TEST_F(ZeroOffload, ThePlanPerRankIsEachRanksMeasuredPeakAndFiles) {
     EXPECT_LT(d0, whole);
     EXPECT_LT(d1, whole);
     EXPECT_GE(d0 + d1, whole);
+  }
+  // Stage 3 holds its shard of the working weights, and the gathered units beside the ring.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LT(params[3][r], params[2][r]) << r;
+    EXPECT_GT(comm[3][r], comm[2][r]) << r;
   }
 }
 
@@ -208,17 +219,46 @@ TEST_F(ZeroOffload, ShardedCheckpointsResumeBitIdenticallyIntoAndOutOfOffload) {
   }
 }
 
-// Offload under several ranks needs a sharded state: stage 0 (every rank would write the whole
-// state) and stage 3 are refused before anything is built, naming --zero 1 or 2; --disk-limit is
-// per rank.
-TEST_F(ZeroOffload, StagesZeroAndThreeAreRefusedAndTheDiskLimitIsPerRank) {
-  for (int zero : {0, 3}) {
-    EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2", args(fmt::format(
-                                                                   "--zero {} {}", zero, offload())))),
-              2);
-    EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1 or 2"), std::string::npos)
-        << test::slurp(dir / "err.txt");
+// Stage 3 offloaded, stopped after 2 of 4 steps: resumed offloaded, it ends with the uninterrupted
+// offloaded run's losses and checkpoint files bit for bit, in fp32 (the weights of record are the
+// working shard, loaded from the checkpoint and gathered for the save) and in bf16 with master
+// weights (offloaded, loaded into the master files and rounded into the shard); the bf16 save
+// also resumes in RAM at stage 3, and its halfway files are the RAM run's.
+TEST_F(ZeroOffload, StageThreeOffloadedResumesBitIdentically) {
+  auto path = [&](const std::string& name) { return (dir / name).string(); };
+  for (const char* precision : {"fp32", "bf16"}) {
+    const bool bf16 = std::string(precision) == "bf16";
+    const std::string common = fmt::format(
+        "--steps 4 --zero 3 --precision {} --clip 0.05 --eval-batches 1{}", precision,
+        bf16 ? " --optim adamw8bit" : " --grad-accum 2");
+    const std::string p = precision;
+    train(fmt::format("{} {} --save '{}' --log '{}.jsonl'", common, offload(), path(p + "-full"),
+                      path(p + "-full")));
+    train(fmt::format("{} {} --stop-after 2 --save '{}'", common, offload(), path(p + "-part")));
+    EXPECT_TRUE(fs::exists(dir / (p + "-part") / "zero-rank-00001-of-00002.safetensors"));
+    std::vector<std::pair<std::string, bool>> resumes = {{p + "-res-off", true}};
+    if (bf16) {
+      train(fmt::format("{} --stop-after 2 --save '{}'", common, path(p + "-part-ram")));
+      EXPECT_TRUE(files_of(dir / (p + "-part")) == files_of(dir / (p + "-part-ram")))
+          << p << ": the halfway saves differ";
+      resumes.push_back({p + "-res-ram", false});
+    }
+    for (const auto& [into, offloaded] : resumes) {
+      const fs::path log = dir / (into + ".jsonl");
+      fs::copy_file(path(p + "-full") + ".jsonl", log);
+      train(fmt::format("{} {} --resume '{}' --save '{}' --log '{}'", common,
+                        offloaded ? offload() : "", path(p + "-part"), path(into), log.string()));
+      expect_same_run(path(p + "-full") + ".jsonl", log, dir / (p + "-full"), dir / into, into);
+    }
   }
+}
+
+// Offload under several ranks needs a sharded state: stage 0 (every rank would write the whole
+// state) is refused before anything is built, naming --zero 1, 2 or 3; --disk-limit is per rank.
+TEST_F(ZeroOffload, StageZeroIsRefusedAndTheDiskLimitIsPerRank) {
+  EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2", args("--zero 0 " + offload()))), 2);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1, 2 or 3"), std::string::npos)
+      << test::slurp(dir / "err.txt");
   EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2",
                                    args("--zero auto --mem-limit 1GiB " + offload()))),
             2);
@@ -226,7 +266,7 @@ TEST_F(ZeroOffload, StagesZeroAndThreeAreRefusedAndTheDiskLimitIsPerRank) {
             std::string::npos)
       << test::slurp(dir / "err.txt");
   EXPECT_NE(run_memfit("train " + args("--steps 1 --zero 0 " + offload()), 2), 0);
-  EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1 or 2 (got --zero 0: every "
+  EXPECT_NE(test::slurp(dir / "err.txt").find("so it needs --zero 1, 2 or 3 (got --zero 0: every "
                                               "rank would write the whole state)"),
             std::string::npos)
       << test::slurp(dir / "err.txt");

@@ -30,7 +30,6 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                      sharding->shards.at(static_cast<size_t>(sharding->comm->rank())) ==
                          master_range_,
                  "model", "stage 3's working weights are the rank's shard, its master range");
-    MEMFIT_CHECK(master_in_ram, "model", "stage 3 keeps its master weights in RAM");
   }
   // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]).
   params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},

@@ -32,7 +32,7 @@ class Transformer {
   // `master_range`: the master weights of these elements only (a ZeRO shard from stage 1 on,
   // Note [ZeRO]); the whole layout when absent. `master_in_ram` false: the master weights live
   // elsewhere (an offload file, Note [NVMe offload]); the model then has only its working
-  // weights, and the caller keeps the master.
+  // weights (at stage 3 its shard of them), and the caller keeps the master.
   // `sharding` (ZeRO stage 3, Note [ZeRO stage 3]): the working weights are this rank's shard
   // (`master_range`, which must be its shards entry) and the step gathers what each phase
   // reads (model/weight_gather.h). Every rank must then run the same steps and loads.

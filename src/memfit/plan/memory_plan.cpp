@@ -125,8 +125,10 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   rank_bytes(spec, layout, oc, shards, rank, r.by_category);
   if (spec.offload.optimizer) {
     // The state and the master weights go to files; RAM holds the ring that streams them
-    // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 and 2)
-    // this rank's shard alone: its files, its ring, its I/O.
+    // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 to 3)
+    // this rank's shard alone: its files, its ring, its I/O. At stage 3 the ring is beside the
+    // gathered units' buffers (comm, rank_bytes): the update streams pieces while the
+    // persistent units are held, and both are allocated for the whole run.
     std::optional<ElementRange> mine;
     if (spec.world > 1 && spec.zero >= 1) mine = shards.at(static_cast<size_t>(rank));
     const offload::OffloadLayout files = offload::make_offload_layout(

@@ -20,7 +20,6 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/io/zero_checkpoint.h"
-#include "memfit/kernels/cpu/convert.h"
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
@@ -206,7 +205,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (stage >= 1) my_shard = shards[static_cast<size_t>(comm.rank())];
   // --offload-optimizer nvme: the optimizer state and the FP32 master weights live in files and
   // the update streams them (offload/offloaded_optimizer.h); the model keeps its working weights.
-  // Under ZeRO (stages 1 and 2; RunSpec::check refuses the others) each rank offloads its own
+  // Under ZeRO (stages 1 to 3; RunSpec::check refuses stage 0) each rank offloads its own
   // shard, into its own subdirectory of --offload-dir, so ranks sharing one never collide; the
   // disk check and --disk-limit are per rank (Note [NVMe offload], "Under ZeRO").
   const bool offload = spec.offload.optimizer;
@@ -250,12 +249,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // Offloaded master weights pass through the gradient slab, which holds nothing between
   // steps (every step starts with zero_grad): the FP32 weights of record are drawn or loaded
   // there, written to the master file and rounded into the working copy. Under ZeRO every rank
-  // holds the whole f32 layout there and writes its shard's part.
+  // holds the whole f32 layout there and writes its shard's part; the working copy is whole
+  // (stages 1-2, every element rounded) or the shard (stage 3, its elements rounded and the
+  // persistent units gathered: set_weights_from, as the in-RAM stage 3 loads).
   const ElementRange my_range = my_shard.value_or(whole_range(gpt.layout()));
   auto my_part = [&](Tensor& slab) { return slab.view(my_range.begin, {my_range.size()}); };
   auto master_from_grads = [&] {
     off->write_master(my_part(gpt.grads()));
-    kernels::convert(gpt.params(), gpt.grads());
+    gpt.set_weights_from(gpt.grads());
   };
   int64_t start_step = 0, data_position = 0;
   if (!location.dir.empty()) {
@@ -419,9 +420,12 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     const fs::path file = staging / io::zero_shard_file(comm.rank(), W);
     if (off) {
       // Offloaded: the shard's state streamed out of this rank's files (the same bytes), its
-      // weights of record from the slab record_for_save filled, or the whole working weights.
-      Tensor& record = master ? gpt.grads() : gpt.weights();
-      off->save_shard(file, my_part(record));
+      // weights of record from the slab record_for_save filled, or the working weights (whole
+      // at stages 1-2, the shard itself at stage 3).
+      const Tensor record = master                ? my_part(gpt.grads())
+                            : gpt.whole_weights() ? my_part(gpt.weights())
+                                                  : gpt.weights();
+      off->save_shard(file, record);
     } else {
       const Tensor weights = gpt.whole_weights()
                                  ? gpt.weights().view(my_shard->begin, {my_shard->size()})
@@ -546,10 +550,16 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
             gpt,
             [&](float rate, float scale) {
               // This rank's range of the working weights and gradients (the whole layout in
-              // one process); under ZeRO the updated working weights are then all-gathered.
-              Tensor working = my_part(gpt.params());
+              // one process); under ZeRO stages 1-2 the updated working weights are then
+              // all-gathered. At stage 3 the working weights are the shard itself, and only the
+              // persistent units are gathered again, as the in-RAM update does (counted by the
+              // model: take_gathered_bytes).
+              Tensor working = gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
               off->step(working, my_part(gpt.grads()), rate, scale);
-              if (my_shard) update_gathered = gather_working_weights(gpt, *rank_shards);
+              if (gpt.params_sharded())
+                gpt.working_changed();
+              else if (my_shard)
+                update_gathered = gather_working_weights(gpt, *rank_shards);
               for (const offload::IoWait& w : off->take_waits())
                 if (profile::StepRecorder* r = recorder())
                   r->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
