@@ -88,41 +88,50 @@ TEST(ZeroSearch, EveryCandidateIsPlannedAtEveryStageWithTheLargestRanksPeak) {
 }
 
 // plan_largest_rank finds the largest rank from what differs between ranks and plans it whole:
-// the same as planning every rank, at every stage the plan accepts (stage 3 joins this check
-// when it is built), in bf16 and fp32, over uneven shards (8-bit AdamW's blocks).
+// the same as planning every rank, at every stage, in RAM and offloaded (stages 1-3), in bf16
+// and fp32, over uneven shards (8-bit AdamW's blocks); and the largest rank's offload files.
 TEST(ZeroSearch, TheLargestRankIsTheLargestOfEveryRanksPlan) {
-  int checked = 0, rank0_not_largest = 0;
+  int checked = 0, rank0_not_largest = 0, offloaded = 0;
   for (const char* precision : {"bf16", "fp32"})
     for (int world : {2, 3, 5})
-      for (int zero = 0; zero <= 3; ++zero) {
-        TrainConfig c = config(world, precision);
-        c.optim.name = "adamw8bit";  // blocks of 2048: shards cut unevenly
-        c.zero_auto = false;
-        c.zero = zero;
-        c.ckpt = "none";
-        c.bucket_mb = 0.1;  // several buckets: receive buffers differ by rank
-        RunSpec run;
-        try {
-          run = resolve_run(c);
-          plan_memory(run, 0);
-        } catch (const ConfigError&) {
-          continue;  // a stage not built yet
+      for (int zero = 0; zero <= 3; ++zero)
+        for (bool offload : {false, true}) {
+          TrainConfig c = config(world, precision);
+          if (offload) {
+            if (zero == 0) continue;  // refused: every rank would write the whole state
+            // Each rank's ring is sized by its own largest piece, its files by its shard.
+            c.offload_optimizer = "nvme";
+            c.offload_dir = empty_dir() + "/offload";
+          }
+          c.optim.name = "adamw8bit";  // blocks of 2048: shards cut unevenly
+          c.zero_auto = false;
+          c.zero = zero;
+          c.ckpt = "none";
+          c.bucket_mb = 0.1;  // several buckets: receive buffers differ by rank
+          const RunSpec run = resolve_run(c);
+          int rank = -1;
+          uint64_t disk = 0, expected_disk = 0;
+          const PlanReport most = plan_largest_rank(run, &rank, &disk);
+          size_t expected = 0;
+          int expected_rank = 0;
+          for (int r = 0; r < world; ++r) {
+            const PlanReport p = plan_memory(run, r);
+            if (p.peak_bytes > expected) expected = p.peak_bytes, expected_rank = r;
+            expected_disk = std::max(expected_disk, p.disk_bytes);
+          }
+          const std::string what = fmt::format("{} W={} --zero {}{}", precision, world, zero,
+                                               offload ? " offloaded" : "");
+          EXPECT_EQ(most.peak_bytes, expected) << what;
+          EXPECT_EQ(rank, expected_rank) << what;
+          EXPECT_EQ(most.by_category, plan_memory(run, rank).by_category) << what;
+          EXPECT_EQ(disk, expected_disk) << what;
+          EXPECT_EQ(disk > 0, offload) << what;
+          ++checked;
+          offloaded += offload;
+          rank0_not_largest += expected_rank != 0;
         }
-        int rank = -1;
-        const PlanReport most = plan_largest_rank(run, &rank);
-        size_t expected = 0;
-        int expected_rank = 0;
-        for (int r = 0; r < world; ++r) {
-          const size_t peak = plan_memory(run, r).peak_bytes;
-          if (peak > expected) expected = peak, expected_rank = r;
-        }
-        EXPECT_EQ(most.peak_bytes, expected) << precision << " W=" << world << " --zero " << zero;
-        EXPECT_EQ(rank, expected_rank) << precision << " W=" << world << " --zero " << zero;
-        EXPECT_EQ(most.by_category, plan_memory(run, rank).by_category);
-        ++checked;
-        rank0_not_largest += expected_rank != 0;
-      }
-  EXPECT_GE(checked, 18);
+  EXPECT_EQ(checked, 42);
+  EXPECT_EQ(offloaded, 18);
   EXPECT_GT(rank0_not_largest, 0);  // the ranks differ: the search must not take rank 0's
 }
 
@@ -269,19 +278,96 @@ TEST(ZeroSearch, TheResolvedRunCarriesTheChosenStage) {
   EXPECT_EQ(r.search.choice.zero, r.spec.zero);
 }
 
-// Offload runs in one process: over several ranks --offload-dir without --offload-optimizer
-// leaves the search in RAM instead of stopping it with the one-process refusal.
-TEST(ZeroSearch, OverSeveralRanksTheSearchDoesNotTryOffload) {
+// Over several ranks --offload-dir without --offload-optimizer makes --zero auto try every
+// candidate also offloaded at the stages where each rank's state is a shard (1, 2, 3), never at
+// stage 0; each offloaded candidate's peak is its largest rank's (the ring beside the stage's
+// buffers, no master or optimizer bytes); a budget no candidate in RAM fits is met offloaded;
+// a fixed stage is searched offloaded only if it is 1 to 3.
+TEST(ZeroSearch, OverSeveralRanksTheSearchTriesOffloadAtStagesOneToThree) {
   TrainConfig c = config(2);
+  // 16 blocks: each rank's shard of the state outweighs the ring of three blocks' pieces (with
+  // 4 the ring is the larger, and offload only costs RAM). One policy: the stage and offload
+  // are what is searched.
+  c.n_layer = 16;
+  c.ckpt = "none";
   c.offload_dir = empty_dir() + "/offload";
   const RunSpec spec = resolve_run(c);
   ASSERT_TRUE(spec.offload_open);
-  EXPECT_FALSE(SearchSpace::of(spec).offload);
-  const SearchResult s = search_training(spec, 1024 * kMiB, SearchSpace::of(spec));
-  EXPECT_TRUE(s.fits);
-  for (const Candidate& k : s.candidates) EXPECT_FALSE(k.offload);
+  ASSERT_TRUE(SearchSpace::of(spec).offload);
+  const SearchResult all = search_training(spec, 1024 * kMiB, SearchSpace::of(spec));
+  EXPECT_TRUE(all.fits);
+  std::set<int> offloaded_stages;
+  size_t least_ram = SIZE_MAX, least_offloaded = SIZE_MAX;
+  for (const Candidate& k : all.candidates) {
+    if (!k.offload) {
+      least_ram = std::min(least_ram, k.peak_bytes);
+      continue;
+    }
+    offloaded_stages.insert(k.zero);
+    const RunSpec run = apply_candidate(spec, k);
+    EXPECT_TRUE(run.offload.optimizer);
+    EXPECT_EQ(k.peak_bytes, largest_rank_peak(run)) << k.ckpt << " --zero " << k.zero;
+    EXPECT_EQ(k.by_category[static_cast<size_t>(Category::optimizer)], 0u);
+    EXPECT_EQ(k.by_category[static_cast<size_t>(Category::master)], 0u);
+    least_offloaded = std::min(least_offloaded, k.peak_bytes);
+  }
+  EXPECT_EQ(offloaded_stages, (std::set<int>{1, 2, 3}));
+  // bf16 AdamW's moments and master weights are most of this model's state: offloaded is less.
+  ASSERT_LT(least_offloaded, least_ram);
+  const SearchResult s = search_training(spec, least_ram - 1, SearchSpace::of(spec));
+  ASSERT_TRUE(s.fits) << s.message;
+  EXPECT_TRUE(s.choice.offload);
+  EXPECT_GE(s.choice.zero, 1);
+  EXPECT_NE(s.message.find("--offload-optimizer nvme"), std::string::npos) << s.message;
+  const RunSpec chosen = apply_candidate(spec, s.choice);
+  for (int r = 0; r < chosen.world; ++r)
+    EXPECT_LE(plan_memory(chosen, r).peak_bytes, least_ram - 1) << r;
+  // A fixed stage with --ckpt auto: offload searched at stage 2, not at stage 0 (every rank
+  // would hold the whole state).
+  c.zero_auto = false;
+  c.zero = 2;
+  c.ckpt = "auto";
+  const RunSpec two = resolve_run(c);
+  ASSERT_TRUE(SearchSpace::of(two).offload);
+  bool any = false;
+  for (const Candidate& k : search_training(two, 1024 * kMiB, SearchSpace::of(two)).candidates) {
+    EXPECT_EQ(k.zero, 2);
+    any |= k.offload;
+  }
+  EXPECT_TRUE(any);
+  c.zero = 0;
+  EXPECT_FALSE(SearchSpace::of(resolve_run(c)).offload);
   c.ranks = 1;
   EXPECT_TRUE(SearchSpace::of(resolve_run(c)).offload);  // one process: tried
+}
+
+// --zero auto with --offload-optimizer nvme over several ranks searches the stages that allow
+// it (1 to 3), every candidate offloaded.
+TEST(ZeroSearch, ZeroAutoWithOffloadSearchesStagesOneToThree) {
+  TrainConfig c = config(2);
+  c.offload_dir = empty_dir() + "/offload";
+  c.offload_optimizer = "nvme";
+  const RunSpec spec = resolve_run(c);
+  EXPECT_FALSE(SearchSpace::of(spec).offload);  // not a choice: asked for
+  const SearchResult s = search_training(spec, 1024 * kMiB, SearchSpace::of(spec));
+  ASSERT_TRUE(s.fits) << s.message;
+  std::set<int> stages;
+  for (const Candidate& k : s.candidates) {
+    EXPECT_TRUE(k.offload);
+    stages.insert(k.zero);
+  }
+  EXPECT_EQ(stages, (std::set<int>{1, 2, 3}));
+  EXPECT_GE(s.choice.zero, 1);
+  // --disk-limit is per rank: the largest rank's files (the shards are the same at every
+  // stage) fit it, one byte less fits nothing.
+  uint64_t most = 0;
+  for (int r = 0; r < 2; ++r)
+    most = std::max(most, plan_memory(apply_candidate(spec, s.choice), r).disk_bytes);
+  RunSpec bounded = spec;
+  bounded.offload.disk_limit = most;
+  EXPECT_TRUE(search_training(bounded, 1024 * kMiB, SearchSpace::of(bounded)).fits);
+  bounded.offload.disk_limit = most - 1;
+  EXPECT_FALSE(search_training(bounded, 1024 * kMiB, SearchSpace::of(bounded)).fits);
 }
 
 TEST(ZeroSearch, ZeroAutoNeedsABudget) {

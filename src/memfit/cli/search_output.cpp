@@ -24,6 +24,7 @@ nlohmann::json candidate_json(const Candidate& c, size_t limit) {
                       {"batch", c.batch},
                       {"grad_accum", c.grad_accum},
                       {"zero", c.zero},
+                      {"offload", c.offload},
                       {"peak_bytes", c.peak_bytes},
                       {"peak_rank", c.peak_rank},
                       {"est_step_seconds", c.est_step_seconds},

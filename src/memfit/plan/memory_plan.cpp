@@ -66,8 +66,13 @@ class ScopedThreads {
 // 2 a reduce-scatter's, sized by this rank's part of a bucket), plus stage 3's gather buffers.
 // plan_memory and plan_largest_rank both count them here: whatever a stage makes differ between
 // ranks belongs here (ZeroSearch.TheLargestRankIsTheLargestOfEveryRanksPlan checks it).
-void rank_bytes(const RunSpec& spec, const ParamLayout& layout, const OptimConfig& oc,
-                const std::vector<ElementRange>& shards, int rank, CategoryBytes& bytes) {
+// With the optimizer offloaded, the state and the master weights go to files: the rank's
+// offload layout is returned (its ring, files and I/O; `master` and `optimizer` are then 0
+// here), and the caller adds the ring to staging.
+std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const ParamLayout& layout,
+                                                 const OptimConfig& oc,
+                                                 const std::vector<ElementRange>& shards, int rank,
+                                                 CategoryBytes& bytes) {
   auto at = [&](Category c) -> size_t& { return bytes[static_cast<size_t>(c)]; };
   const int stage = spec.world > 1 ? spec.zero : 0;
   const DType half = half_dtype(spec.precision.precision);
@@ -92,6 +97,17 @@ void rank_bytes(const RunSpec& spec, const ParamLayout& layout, const OptimConfi
   if (stage == 3)
     at(Category::comm) +=
         WeightGather::comm_bytes(layout, half, spec.prefetch_depth, spec.persist_threshold);
+  if (!spec.offload.optimizer) return std::nullopt;
+  // The state and the master weights go to files; RAM holds the ring that streams them
+  // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 to 3) this
+  // rank's shard alone: its files, its ring, its I/O. At stage 3 the ring is beside the
+  // gathered units' buffers (comm, above): the update streams pieces while the persistent units
+  // are held, and both are allocated for the whole run.
+  offload::OffloadLayout files = offload::make_offload_layout(
+      layout, oc, at(Category::master) > 0, offload::kMaxPieceElements, mine);
+  at(Category::master) = 0;
+  at(Category::optimizer) = 0;
+  return files;
 }
 
 }  // namespace
@@ -122,23 +138,11 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   const std::vector<ElementRange> shards =
       spec.world > 1 ? shard_ranges(layout, oc, spec.world) : std::vector<ElementRange>{};
   at(Category::grads) = slab(DType::f32);
-  rank_bytes(spec, layout, oc, shards, rank, r.by_category);
-  if (spec.offload.optimizer) {
-    // The state and the master weights go to files; RAM holds the ring that streams them
-    // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 to 3)
-    // this rank's shard alone: its files, its ring, its I/O. At stage 3 the ring is beside the
-    // gathered units' buffers (comm, rank_bytes): the update streams pieces while the
-    // persistent units are held, and both are allocated for the whole run.
-    std::optional<ElementRange> mine;
-    if (spec.world > 1 && spec.zero >= 1) mine = shards.at(static_cast<size_t>(rank));
-    const offload::OffloadLayout files = offload::make_offload_layout(
-        layout, oc, at(Category::master) > 0, offload::kMaxPieceElements, mine);
-    r.disk_by_category = files.disk_bytes();
-    r.disk_bytes = files.disk_total();
-    r.io_bytes_per_step = files.io_bytes_per_step();
-    r.offload_staging_bytes = files.staging_bytes();
-    at(Category::master) = 0;
-    at(Category::optimizer) = 0;
+  if (const auto files = rank_bytes(spec, layout, oc, shards, rank, r.by_category)) {
+    r.disk_by_category = files->disk_bytes();
+    r.disk_bytes = files->disk_total();
+    r.io_bytes_per_step = files->io_bytes_per_step();
+    r.offload_staging_bytes = files->staging_bytes();
   }
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})
@@ -180,9 +184,10 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   return r;
 }
 
-PlanReport plan_largest_rank(const RunSpec& spec, int* rank) {
+PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_bytes) {
   PlanReport best = plan_memory(spec, 0);
   int best_rank = 0;
+  uint64_t most_disk = best.disk_bytes;
   if (spec.world > 1) {
     // Only rank_bytes differ between ranks: find the largest from them (a step plan per rank
     // would cost the search W step plans a candidate), then plan that rank whole.
@@ -193,7 +198,13 @@ PlanReport plan_largest_rank(const RunSpec& spec, int* rank) {
     size_t most = best.peak_bytes;
     for (int q = 1; q < spec.world; ++q) {
       CategoryBytes bytes = best.by_category;
-      rank_bytes(spec, layout, oc, shards, q, bytes);
+      // Rank 0's offload ring out of staging, rank q's in (each rank's ring is sized by its
+      // own largest piece).
+      bytes[static_cast<size_t>(Category::staging)] -= best.offload_staging_bytes;
+      if (const auto files = rank_bytes(spec, layout, oc, shards, q, bytes)) {
+        bytes[static_cast<size_t>(Category::staging)] += files->staging_bytes();
+        most_disk = std::max(most_disk, files->disk_total());
+      }
       size_t peak = 0;
       for (size_t b : bytes) peak += b;
       if (peak > most) most = peak, best_rank = q;
@@ -201,6 +212,7 @@ PlanReport plan_largest_rank(const RunSpec& spec, int* rank) {
     if (best_rank != 0) best = plan_memory(spec, best_rank);
   }
   if (rank) *rank = best_rank;
+  if (disk_bytes) *disk_bytes = most_disk;
   return best;
 }
 

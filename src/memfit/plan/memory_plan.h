@@ -56,8 +56,10 @@ PlanReport plan_training(const RunSpec& spec, int rank = 0);
 PlanReport plan_memory(const RunSpec& spec, int rank = 0);
 // plan_memory of the rank whose peak is the largest (the first of equals; `rank`, if given,
 // gets which): what a per-rank budget (each rank's --mem-limit) must hold. With one rank,
-// rank 0's.
-PlanReport plan_largest_rank(const RunSpec& spec, int* rank = nullptr);
+// rank 0's. `disk_bytes`, if given, gets the largest offload files of any rank (0 without
+// offload): what a per-rank --disk-limit must hold.
+PlanReport plan_largest_rank(const RunSpec& spec, int* rank = nullptr,
+                             uint64_t* disk_bytes = nullptr);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.

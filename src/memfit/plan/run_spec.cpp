@@ -19,14 +19,13 @@ void RunSpec::check() const {
     MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2 or 3, got {}", zero);
   // Under several ranks each rank offloads its own shard of the state (Note [NVMe offload],
   // "Under ZeRO"): stages 1 to 3, where the state is sharded. Stage 0 would have every rank
-  // write the whole state. (--zero auto does not search offloaded stages: SearchSpace::of.)
-  if (offload.optimizer && world > 1 && (zero_auto || zero == 0))
+  // write the whole state. (--zero auto with offload searches stages 1 to 3: search_training.)
+  if (offload.optimizer && world > 1 && !zero_auto && zero == 0)
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme under {} ranks offloads each rank's shard of the "
-                 "optimizer state, so it needs --zero 1, 2 or 3 (got --zero {})",
-                 world,
-                 zero_auto ? "auto: the search does not choose a stage with offload yet"
-                           : "0: every rank would write the whole state");
+                 "optimizer state, so it needs --zero 1, 2 or 3 (got --zero 0: every rank would "
+                 "write the whole state)",
+                 world);
   if (prefetch_depth < 0)
     MEMFIT_THROW(ConfigError, "config", "--prefetch-depth must be 0 or more, got {}",
                  prefetch_depth);

@@ -166,6 +166,8 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
       for (int b : batches)
         for (bool offload : offloads)
           for (int stage : stages) {
+            // Offloaded only where each rank's state is a shard (not stage 0 over ranks).
+            if (offload && !SearchSpace::offload_allowed(base.world, stage)) continue;
             Candidate c;
             c.ckpt = policy;
             c.act_compress = compress;
@@ -178,15 +180,16 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             c.est_step_seconds = p.est_step_seconds;
             c.peak_bytes = p.peak_bytes;
             c.by_category = p.by_category;
+            uint64_t disk = p.disk_bytes;
             if (run.world > 1) {
-              // The budget is every rank's: the largest peak must fit.
-              const PlanReport most = plan_largest_rank(run, &c.peak_rank);
+              // The budget is every rank's: the largest peak must fit, and (offloaded) the
+              // largest files --disk-limit, which is per rank too.
+              const PlanReport most = plan_largest_rank(run, &c.peak_rank, &disk);
               c.peak_bytes = most.peak_bytes;
               c.by_category = most.by_category;
             }
             c.fits = c.peak_bytes <= limit &&
-                     (!offload || !base.offload.disk_limit ||
-                      p.disk_bytes <= base.offload.disk_limit);
+                     (!offload || !base.offload.disk_limit || disk <= base.offload.disk_limit);
             r.candidates.push_back(std::move(c));
           }
     }

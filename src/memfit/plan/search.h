@@ -60,17 +60,23 @@ struct SearchSpace {
   bool micro_batches = false;
   bool compression = false;
   // Every candidate also with the optimizer offloaded (--offload-dir without
-  // --offload-optimizer: Note [NVMe offload]).
-  // (Offload runs in one process: never over several ranks.)
+  // --offload-optimizer: Note [NVMe offload]). Over several ranks only at the stages where the
+  // state is sharded (offload_allowed): with --zero auto stages 1 to 3, with a fixed stage
+  // only if it is one of them.
   bool offload = false;
   // Every candidate at each stage of kSearchStages (--zero auto over several ranks; with one
   // rank every stage is stage 0, so there is nothing to vary).
   bool stages = false;
   static SearchSpace of(const RunSpec& spec) {
+    const bool stages = spec.zero_auto && spec.world > 1;
     return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open,
-            spec.offload_open && spec.world == 1 && (spec.ckpt_auto || spec.auto_batch),
-            spec.zero_auto && spec.world > 1};
+            spec.offload_open && (spec.ckpt_auto || spec.auto_batch || stages) &&
+                (stages || offload_allowed(spec.world, spec.zero)),
+            stages};
   }
+  // Whether a run of `world` ranks at ZeRO stage `zero` may offload its optimizer: in one
+  // process, or where each rank's state is a shard (stages 1-3; RunSpec::check refuses 0).
+  static bool offload_allowed(int world, int zero) { return world == 1 || zero >= 1; }
 };
 
 // The ZeRO stages --zero auto tries over several ranks, lowest first (ties go to the lower:
