@@ -124,6 +124,27 @@ TEST(MaxModel, WithOffloadTheFilesMustFitTheDisk) {
   EXPECT_TRUE(next_seen);
 }
 
+// Over several ranks (--zero 2) each rank's files are its shard's: a member's disk bytes are its
+// largest rank's, what a per-rank --disk-limit must hold, well under one process's files.
+TEST(MaxModel, WithOffloadOverRanksTheFilesAreTheLargestRanks) {
+  TrainConfig c = tiny_vocab_config();
+  c.offload_optimizer = "nvme";
+  c.offload_dir = empty_dir() + "/offload";
+  c.ranks = 2;
+  c.zero = 2;
+  const RunSpec base = resolve_run(c);
+  const MaxModelResult r = find_max_model(base, 300 * kMiB);
+  ASSERT_TRUE(r.found);
+  const RunSpec best =
+      apply_candidate(with_family_shape(base, r.best.shape), r.best.search.choice);
+  uint64_t most = 0;
+  for (int q = 0; q < 2; ++q) most = std::max(most, plan_memory(best, q).disk_bytes);
+  EXPECT_EQ(r.best.disk_bytes, most);
+  RunSpec one = best;
+  one.world = 1;
+  EXPECT_LT(2 * r.best.disk_bytes, 3 * plan_memory(one).disk_bytes);  // about half
+}
+
 TEST(MaxModel, NothingFitsNamesTheSmallestMember) {
   const MaxModelResult r = find_max_model(tiny_vocab(), 4 * kMiB);
   EXPECT_FALSE(r.found);

@@ -8,6 +8,7 @@
 #include "memfit/core/error.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
+#include "memfit/plan/memory_plan.h"
 
 namespace memfit {
 
@@ -103,9 +104,9 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
     space.stages = base.zero_auto && base.world > 1;
     f.search = search_training(c, limit, space);
     if (base.offload.optimizer) {
-      const bool master =
-          c.precision.precision != Precision::fp32 && c.precision.master_weights;
-      f.disk_bytes = offload::make_offload_layout(ParamLayout(c.model), c.optim, master).disk_total();
+      // The chosen run's files: the whole layout's in one process; over several ranks each
+      // rank's shard's, the largest rank's against the per-rank limit (plan_largest_rank).
+      plan_largest_rank(apply_candidate(c, f.search.choice), nullptr, &f.disk_bytes);
       f.disk_fits = f.disk_bytes <= r.disk_limit;
     }
     return planned.emplace(n_layer, std::move(f)).first->second;

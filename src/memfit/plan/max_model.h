@@ -46,8 +46,9 @@ struct ShapeFit {
   FamilyShape shape;
   int64_t params = 0;
   SearchResult search;  // search.fits, and search.choice (the smallest when nothing fits)
-  // --offload-optimizer nvme: the offload files' bytes, and whether they fit the disk limit
-  // (--disk-limit, else the free space of --offload-dir). fits() needs both.
+  // --offload-optimizer nvme: the offload files' bytes (over several ranks the largest rank's
+  // shard's), and whether they fit the disk limit (--disk-limit, each rank's, else the free
+  // space of --offload-dir). fits() needs both.
   uint64_t disk_bytes = 0;
   bool disk_fits = true;
   bool fits() const { return search.fits && disk_fits; }
