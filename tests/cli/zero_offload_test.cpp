@@ -1,11 +1,12 @@
 // ZeRO with the optimizer offloaded, through the built binary under `mpirun -n 2`: each rank
 // offloads its own shard (rank-<r>/ under one shared --offload-dir), and stages 1, 2 and 3 train
 // to the same losses, gradient norms and saved checkpoint files, bit for bit, as the same run in
-// RAM (fp32 with clipping and accumulation; bf16 with master weights and 8-bit AdamW); `memfit
-// plan --world-size 2` is every rank's measured peak by category, files and I/O; a sharded save
-// of an offloaded run resumes bit-identically offloaded and in RAM, and a RAM run's into offload
-// (stage 2; stage 3 in fp32 and in bf16 with master weights); stage 0 is refused with the
-// reason. Note [NVMe offload], "Under ZeRO" (docs/notes/offload.md).
+// RAM (fp32 with clipping and accumulation; bf16 with master weights and 8-bit AdamW; pure
+// bf16); `memfit plan --world-size 2` is every rank's measured peak by category, files and I/O;
+// a sharded save of an offloaded run resumes bit-identically offloaded and in RAM, and a RAM
+// run's into offload (stage 2; stage 3 in fp32 and in bf16 with master weights); --zero auto
+// with --offload-dir chooses offload where nothing fits in RAM and trains at it; stage 0 is
+// refused with the reason. Note [NVMe offload], "Under ZeRO" (docs/notes/offload.md).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -111,6 +112,12 @@ TEST_F(ZeroOffload, StagesOneToThreeEqualRamInFp32) {
 // AdamW, whose shards and pieces cut at its 256-element blocks.
 TEST_F(ZeroOffload, StagesOneToThreeEqualRamInBf16WithMasterWeightsAnd8BitAdamW) {
   offloaded_equals_ram("--steps 3 --precision bf16 --optim adamw8bit --clip 0.05 --eval-batches 1");
+}
+
+// Pure bf16 (--master-weights none: the weights of record are the bf16 working weights, at stage
+// 3 the rank's shard, saved as BF16; AdamW's moments offloaded, stochastic rounding in the update).
+TEST_F(ZeroOffload, StagesOneToThreeEqualRamInPureBf16) {
+  offloaded_equals_ram("--steps 3 --precision bf16 --master-weights none --eval-batches 1");
 }
 
 // The plan per rank is each rank's measured peak by category (the ring in staging, no master or
