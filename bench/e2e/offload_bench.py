@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """NVMe offload (issue 15, "Measure"): the disk's sequential bandwidth from fio, a small model's
 step time in RAM and offloaded side by side (with its losses checked bit for bit), and a large
-run with --offload-optimizer nvme: RAM peak (pool and RSS), disk bytes, each step's time split
-into the update, the update's I/O wait and the rest, and the I/O throughput while the optimizer
-runs as a fraction of fio's.
+run with --offload-optimizer nvme on one fixed batch (--repeat-batch): RAM peak (pool and RSS),
+disk bytes, each step's time split into the update, the update's I/O wait and the rest, and the
+I/O throughput while the optimizer runs as a fraction of fio's.
 
 Run it on a quiet machine, on the disk to measure (the directory must have room for the large
 run's files: `memfit plan` prints them):
@@ -103,7 +103,7 @@ def large(args, tmp):
         common += ["--ckpt", args.ckpt]
     plan = run_json([args.memfit, "plan", "--json", "--steps", str(args.steps)] + common)
     steps = train(args, common + ["--steps", str(args.steps), "--lr", "1e-4", "--warmup", "0",
-                                  "--lr-schedule", "constant"],
+                                  "--lr-schedule", "constant", "--repeat-batch"],
                   os.path.join(tmp, "large.jsonl"), data=args.large_data)
     rows = []
     for s in steps:

@@ -92,6 +92,43 @@ INSTANTIATE_TEST_SUITE_P(Models, TrainerFamilies, ::testing::Values("gpt2-tiny",
                            return std::string(info.param).substr(0, std::string(info.param).find('-'));
                          });
 
+TEST_F(Trainer, RepeatBatchTrainsEveryStepOnTheSameRowsAndResumesThere) {
+  // A learning rate of 1e-30 (0 is refused): every update is far below the weights' last bit, so
+  // they never change and the same rows give the same loss every step, bit for bit; without
+  // --repeat-batch the rows, and so the losses, differ.
+  TrainConfig still = config();
+  still.schedule.lr = still.schedule.min_lr = 1e-30f;
+  still.steps = 3;
+  still.grad_accum = 2;
+  TrainConfig moving_rows = still;
+  still.repeat_batch = true;
+  const TrainSummary same = train(still), other = train(moving_rows);
+  for (size_t i = 1; i < same.losses.size(); ++i) {
+    EXPECT_EQ(same.losses[i], same.losses[0]) << "step " << i + 1;
+    EXPECT_NE(other.losses[i], other.losses[0]) << "step " << i + 1;
+  }
+  EXPECT_EQ(same.losses[0], other.losses[0]);  // the first step reads the same rows either way
+
+  // Learning: the loss on the one batch falls step after step, and a run stopped and resumed
+  // keeps repeating the same batch (bit for bit the uninterrupted run).
+  TrainConfig fit = config();
+  fit.steps = 4;
+  fit.repeat_batch = true;
+  fit.save_dir = (dir / "whole").string();
+  const TrainSummary whole = train(fit);
+  for (size_t i = 1; i < whole.losses.size(); ++i)
+    EXPECT_LT(whole.losses[i], whole.losses[i - 1]) << "step " << i + 1;
+  TrainConfig first = fit;
+  first.save_dir = (dir / "split").string();
+  first.stop_after = 2;
+  train(first);
+  TrainConfig second = fit;
+  second.resume_dir = second.save_dir = first.save_dir;
+  const TrainSummary rest = train(second);
+  ASSERT_EQ(rest.losses.size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(rest.losses[i], whole.losses[2 + i]) << "step " << i + 3;
+}
+
 TEST_F(Trainer, ASaveAboveMaxShardSizeIsShardedAndResumesBitIdentically) {
   TrainConfig whole = config();
   TrainSummary a = train(whole);

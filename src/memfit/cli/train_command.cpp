@@ -152,6 +152,9 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--log", c.log_file, "JSON-lines log, one line per step");
   cmd->add_option("--shuffle", c.shuffle, "Visit windows in a seeded random order")
       ->capture_default_str();
+  cmd->add_flag("--repeat-batch", c.repeat_batch,
+                "Train every step on the same micro-batches (the first step's): the loss on one "
+                "fixed batch must fall");
   cmd->add_option("--attention", c.attention,
                   "flash (tiled, O(T) saved per head) | plain (saves the T x T probabilities)")
       ->capture_default_str();

@@ -73,6 +73,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--clip", f(c.clip)},
       {"--seed", f(c.seed)},
       {"--shuffle", f(c.shuffle)},
+      {"--repeat-batch", f(c.repeat_batch)},
       {"--bucket-mb", f(c.bucket_mb)},
       {"--zero", f(s.zero)},
       // Whether the state is offloaded, not where: each rank's --offload-dir (and --disk-limit)

@@ -71,6 +71,10 @@ struct TrainConfig {
   std::string init_from;
   std::string log_file;  // JSON lines
   bool shuffle = true;
+  // Every step trains on the same micro-batches: the ones the run's first step reads (after a
+  // resume, the ones at the saved position). A check that a model and its optimizer can fit one
+  // batch (the loss must fall), and the offload headline's "one fixed batch".
+  bool repeat_batch = false;
   std::string attention = "flash";  // flash | plain
   // none | full | selective | every:K | layers:LIST, or auto: the planner picks the fastest
   // policy that fits mem_limit (train/run_setup.h) before anything is built.

@@ -58,6 +58,7 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
           {"seq_len", T},
           {"steps", c.steps},
           {"shuffle", c.shuffle},
+          {"repeat_batch", c.repeat_batch},
           {"optim", c.optim.name},
           {"attention", c.attention},
           {"ckpt", c.ckpt},
@@ -527,6 +528,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       else
         gpt.backward();
     }
+    // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
+    // and a save records that position (a resume repeats the same batch).
+    if (cfg.repeat_batch) train_data->set_position(data_position);
     if (sync) {
       // The buckets the backward did not finish in time, then the loss over every rank.
       const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
