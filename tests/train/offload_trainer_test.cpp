@@ -181,6 +181,8 @@ TEST_F(OffloadTrainer, NeedsADirectory) {
   TrainConfig d = config();
   d.disk_limit = "1GiB";  // without offload
   EXPECT_THROW(resolve_run(d), ConfigError);
+  d.offload_dir = (dir / "offload").string();  // a search may offload: the limit bounds it
+  EXPECT_NO_THROW(resolve_run(d));
 }
 
 // --offload-dir without --offload-optimizer: --ckpt auto offloads only when nothing fits in RAM.
@@ -211,6 +213,18 @@ TEST_F(OffloadTrainer, AutoOffloadsOnlyWhenNothingFitsInRam) {
   EXPECT_LE(s.peak_bytes, in_ram.smallest.peak_bytes - 1);
   EXPECT_EQ(s.peak_by_category[static_cast<size_t>(Category::optimizer)], 0u);
   EXPECT_EQ(s.steps_run, 2);
+  // A --disk-limit below the files: no offloaded candidate fits, and with the RAM limit too
+  // tight for any other, nothing does; with room for the files the choice is offloaded again.
+  c.disk_limit = "1KiB";
+  EXPECT_FALSE(plan_auto(c, resolve_run(c)).fits);
+  c.disk_limit = "100GiB";
+  EXPECT_TRUE(plan_auto(c, resolve_run(c)).choice.offload);
+  // A roomy RAM limit with a disk limit: the choice stays in RAM and runs without one.
+  c.mem_limit = "10GiB";
+  c.disk_limit = "1KiB";
+  const AutoResolution in_ram_again = resolve_auto(c);
+  EXPECT_FALSE(in_ram_again.search.choice.offload);
+  EXPECT_EQ(in_ram_again.spec.offload.disk_limit, 0u);
 }
 
 TEST_F(OffloadTrainer, RefusesFilesLargerThanTheDiskLimit) {

@@ -43,9 +43,13 @@ void RunSpec::check() const {
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme keeps the optimizer state in files, so it needs "
                  "--offload-dir DIR (a directory on the disk to use)");
-  if (offload.disk_limit && !offload.optimizer)
+  // Given --offload-dir alone, a search may offload, and its offloaded candidates must fit the
+  // limit (Note [NVMe offload], "Choosing offload").
+  if (offload.disk_limit && !offload.optimizer && !offload_open)
     MEMFIT_THROW(ConfigError, "config",
-                 "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme");
+                 "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme "
+                 "(or --offload-dir with --ckpt auto / --auto-batch / --zero auto, which may "
+                 "offload)");
 }
 
 }  // namespace memfit

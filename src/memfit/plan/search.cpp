@@ -125,6 +125,7 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   t.auto_batch = false;
   t.offload.optimizer = c.offload;
   t.offload_open = false;
+  if (!c.offload) t.offload.disk_limit = 0;  // it bounds offload files: a run in RAM has none
   t.zero = c.zero;
   t.zero_auto = false;
   return t;
