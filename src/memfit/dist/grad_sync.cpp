@@ -3,17 +3,11 @@
 #include <algorithm>
 
 #include "memfit/core/error.h"
+#include "memfit/dist/shard_collectives.h"
 
 namespace memfit::dist {
 
 namespace {
-
-// Each rank's part of `bucket` (reduce-scatter counts).
-std::vector<int64_t> shard_counts(const ElementRange& bucket, std::span<const ElementRange> shards) {
-  std::vector<int64_t> counts;
-  for (const ElementRange& s : shards) counts.push_back(s.intersect(bucket).size());
-  return counts;
-}
 
 // Floats of one ring slot on rank `rank`: the largest bucket's receive buffer, at least `world`
 // (the scalar sums go through it too).
@@ -89,7 +83,7 @@ void GradientSync::start(int64_t j) {
     return;
   }
   // Stage 2: this rank's part of the bucket gets the sums, in place.
-  const std::vector<int64_t> counts = shard_counts(b, shards_);
+  const std::vector<int64_t> counts = shard_counts(shards_, b);
   const ElementRange mine = shards_[static_cast<size_t>(comm_.rank())].intersect(b);
   in_flight_.push_back(comm_.reduce_scatter_async(
       bucket, grads_.subspan(static_cast<size_t>(mine.begin), static_cast<size_t>(mine.size())),

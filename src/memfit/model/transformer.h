@@ -64,7 +64,8 @@ class Transformer {
   // Whether the weights of record are the whole layout (not a shard of master weights).
   bool whole_weights() const { return weights_range() == whole(); }
   // After the weights of record changed (optimizer step, load): the working copy = master
-  // rounded to nearest even, over weights_range(). Nothing to do without master weights.
+  // rounded to nearest even, over weights_range() (nothing to round without master weights);
+  // then, at stage 3, working_changed().
   void refresh_working();
   // Loads the whole layout's weights of record from `slab` (f32, the whole layout): its
   // weights_range() into the master weights, all of it rounded into the working copy.

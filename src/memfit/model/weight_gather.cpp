@@ -2,9 +2,11 @@
 #include "memfit/model/weight_gather.h"
 
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "memfit/core/error.h"
+#include "memfit/dist/shard_collectives.h"
 #include "memfit/state/shard.h"
 
 namespace memfit {
@@ -115,14 +117,9 @@ std::unique_ptr<dist::Request> WeightGather::gather(ElementRange unit, char* dst
   // Every rank's part of the unit, in rank order: the shards tile the layout, so their
   // intersections with the unit tile it. This rank's part is copied into its place and the
   // gather runs in place (it only moves bytes: Note [Deterministic reduction]).
-  std::vector<int64_t> counts;
-  int64_t before = 0;
-  const int me = s_.comm->rank();
-  for (int r = 0; r < static_cast<int>(s_.shards.size()); ++r) {
-    const int64_t c = s_.shards[static_cast<size_t>(r)].intersect(unit).size();
-    if (r < me) before += c;
-    counts.push_back(c);
-  }
+  const std::vector<int64_t> counts = dist::shard_counts(s_.shards, unit);
+  const int64_t before =
+      std::accumulate(counts.begin(), counts.begin() + s_.comm->rank(), int64_t{0});
   const ElementRange part = mine_.intersect(unit);
   if (!part.empty())
     std::memcpy(dst + static_cast<size_t>(before) * elem_,

@@ -24,6 +24,7 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/dist/shard_collectives.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
@@ -384,21 +385,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       // rank's from its owner, in place.
       Tensor part = my_part(gpt.grads());
       off->read_master(part);
-      if (my_shard) {
-        std::vector<int64_t> counts;
-        for (const ElementRange& s : shards) counts.push_back(s.size());
-        char* data = static_cast<char*>(gpt.grads().raw_data());
-        comm.all_gather(data + my_range.begin * sizeof(float), data, counts, sizeof(float));
-      }
+      if (my_shard) dist::all_gather_shards(comm, shards, part.raw_data(), gpt.grads().raw_data(),
+                                            sizeof(float));
       return gpt.grads();
     }
     if (gpt.whole_weights()) return gpt.weights();
-    std::vector<int64_t> counts;
-    for (const ElementRange& s : shards) counts.push_back(s.size());
     const DType dt = gpt.weights().dtype();
     gathered_record = gpt.grads().view_bytes(0, {gpt.layout().total()}, dt);
-    comm.all_gather(gpt.weights().raw_data(), gathered_record.raw_data(), counts,
-                    static_cast<int>(dtype_size(dt)));
+    dist::all_gather_shards(comm, shards, gpt.weights().raw_data(), gathered_record.raw_data(),
+                            dtype_size(dt));
     return gathered_record;
   };
   // ZeRO's sharded optimizer state (stage >= 1): every rank writes its own shard file (its
@@ -560,10 +555,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               // model: take_gathered_bytes).
               Tensor working = gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
               off->step(working, my_part(gpt.grads()), rate, scale);
-              if (gpt.params_sharded())
-                gpt.working_changed();
-              else if (my_shard)
-                update_gathered = gather_working_weights(gpt, *rank_shards);
+              update_gathered =
+                  publish_working_weights(gpt, my_shard ? &*rank_shards : nullptr);
               for (const offload::IoWait& w : off->take_waits())
                 if (profile::StepRecorder* r = recorder())
                   r->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
@@ -615,9 +608,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (off) {
       // This step's offload I/O: bytes moved, and the time the update waited for the disk.
       const offload::IoStats& io = off->stats();
-      last_step_io = io.bytes_read - io_before.bytes_read + io.bytes_written - io_before.bytes_written;
-      line["offload"] = {{"read_bytes", io.bytes_read - io_before.bytes_read},
-                         {"written_bytes", io.bytes_written - io_before.bytes_written},
+      const uint64_t read = io.bytes_read - io_before.bytes_read,
+                     written = io.bytes_written - io_before.bytes_written;
+      last_step_io = read + written;
+      line["offload"] = {{"read_bytes", read},
+                         {"written_bytes", written},
                          {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
                          {"update_seconds", io.update_seconds - io_before.update_seconds},
                          {"engine", off->engine().name()}};

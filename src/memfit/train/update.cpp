@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "memfit/dist/shard_collectives.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/residual.h"
 #include "memfit/train/grad_clip.h"
@@ -77,16 +78,20 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, flo
   return out;
 }
 
-int64_t gather_working_weights(Transformer& gpt, const RankShards& shards) {
-  // Every rank's updated working weights, from their owners: moves bytes, adds nothing.
-  std::vector<int64_t> counts;
-  for (const ElementRange& s : shards.ranges) counts.push_back(s.size());
-  const ElementRange& r = shards.ranges.at(static_cast<size_t>(shards.comm->rank()));
+int64_t publish_working_weights(Transformer& gpt, const RankShards* shards) {
+  if (gpt.params_sharded()) {
+    // Stage 3: no all-gather of the whole; the blocks are gathered as the next step needs them.
+    gpt.working_changed();
+    return 0;
+  }
+  if (!shards) return 0;
+  // Every rank's updated working weights, from their owners, in place.
+  const ElementRange& r = shards->ranges.at(static_cast<size_t>(shards->comm->rank()));
   Tensor& params = gpt.params();
   const size_t elem = dtype_size(params.dtype());
   char* data = static_cast<char*>(params.raw_data());
-  shards.comm->all_gather(data + static_cast<size_t>(r.begin) * elem, data, counts,
-                          static_cast<int>(elem));
+  dist::all_gather_shards(*shards->comm, shards->ranges,
+                          data + static_cast<size_t>(r.begin) * elem, data, elem);
   return params.numel() * static_cast<int64_t>(elem);
 }
 
@@ -109,14 +114,7 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
     } else {
       optimizer.step(weights, grads, rate, scale);
     }
-    if (gpt.params_sharded()) {
-      // Stage 3: no all-gather of the whole; the persistent units are gathered again from
-      // the new shards (counted by the model: take_gathered_bytes), the blocks as the next
-      // step needs them.
-      gpt.working_changed();
-    } else if (!whole && shards) {
-      gathered = gather_working_weights(gpt, *shards);
-    }
+    gathered = publish_working_weights(gpt, whole ? nullptr : shards);
   };
   UpdateOutcome out = apply_update(gpt, step, scaler, lr, clip, grad_accum, shards);
   out.gathered_bytes = gathered;

@@ -46,14 +46,17 @@ struct RankShards {
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
                            float lr, float clip, int grad_accum,
                            const RankShards* shards = nullptr);
-// ZeRO stage >= 1, after this rank updated its shard (shards.ranges[rank]) of the working
-// weights: every rank's shard from its owner, in place in gpt.params(). Returns the bytes the
+// After this rank's optimizer step, what every rank's working weights need: at ZeRO stage 3
+// (the working weights are the shard itself) the persistent units gathered again
+// (Transformer::working_changed; the model counts those bytes); with `shards` given (this rank
+// updated its shard, shards->ranges[rank], of whole working weights: stages 1-2) every rank's
+// shard from its owner, in place in gpt.params(); else nothing. Returns the bytes that
 // all-gather covered (the log's comm_bytes.all_gather).
-int64_t gather_working_weights(Transformer& gpt, const RankShards& shards);
+int64_t publish_working_weights(Transformer& gpt, const RankShards* shards);
 // The same with the optimizer step as `step(lr, grad_scale)`: for an optimizer that is not one
 // Optimizer over the model's slabs (one streamed from offload files, offload/). The gradient
 // check and clipping are the same (over `shards` when given); a `step` that updates a shard
-// all-gathers the working weights itself (gather_working_weights).
+// publishes the working weights itself (publish_working_weights).
 UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, float scale)>& step,
                            DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
                            const RankShards* shards = nullptr);
