@@ -19,6 +19,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/model/unit_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/state/element_range.h"
 
@@ -36,9 +37,14 @@ class Transformer {
   // `sharding` (ZeRO stage 3, Note [ZeRO stage 3]): the working weights are this rank's shard
   // (`master_range`, which must be its shards entry) and the step gathers what each phase
   // reads (model/weight_gather.h). Every rank must then run the same steps and loads.
+  // `grad_sharding` (ZeRO stages 2-3, or stages 0-1 reducing every micro-batch: Note [Sharded
+  // gradients]): the backward writes each unit's gradients into buffers of their own and
+  // reduces them over the ranks as each ends (model/unit_grads.h); grad_sums() is then the
+  // accumulator of this rank's shard (whole with `grad_sharding->whole`).
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
               std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
-              const ParamSharding* sharding = nullptr);
+              const ParamSharding* sharding = nullptr,
+              const GradSharding* grad_sharding = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -70,7 +76,17 @@ class Transformer {
   // Loads the whole layout's weights of record from `slab` (f32, the whole layout): its
   // weights_range() into the master weights, all of it rounded into the working copy.
   void set_weights_from(const Tensor& slab);
+  // The whole f32 gradient slab: what the backward accumulates into without per-unit
+  // gradients (then the summed gradients too); with them, scratch for set-up and saves only.
   Tensor& grads() { return grads_; }
+  // The summed gradients the update reads, over grad_sums_range(): the whole slab, or the
+  // per-unit reduction's accumulator (this rank's shard at stages 2-3).
+  Tensor& grad_sums() { return unit_grads_ ? unit_grads_->sums() : grads_; }
+  ElementRange grad_sums_range() const { return unit_grads_ ? unit_grads_->range() : whole(); }
+  // The summed gradients of `r`, a range inside grad_sums_range().
+  Tensor grad_sums(ElementRange r);
+  // Whether every micro-batch's backward reduces its gradients over the ranks (per unit) itself.
+  UnitGrads* unit_grads() { return unit_grads_.get(); }
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
 
@@ -125,8 +141,9 @@ class Transformer {
   // this micro-batch: the layout puts the blocks in order between the embeddings and the final
   // norm (and an untied head), and the backward finishes them from the last, so what is final
   // is always a suffix; e = 0 at the end. Data parallelism starts summing them meanwhile.
+  // With per-unit gradients every backward reduces them (final_from is not called).
   void backward(const std::function<void(int64_t final_from)>& final_from);
-  void zero_grad() { grads_.zero(); }
+  void zero_grad();
 
   // Logits (B, T, vocab_size) of every position, for evaluation against other implementations
   // and for sampling. `logits` is f32 (B, T, vocab_size).
@@ -162,6 +179,9 @@ class Transformer {
   bool backward_ready_ = false;
   bool sharded_ = false;
   std::unique_ptr<WeightGather> gather_;  // stage 3
+  std::unique_ptr<UnitGrads> unit_grads_;  // stages 2-3 (or 0-1 reducing every micro-batch)
+  // The views the step writes gradients through.
+  const ModelWeights& grad_views() const { return unit_grads_ ? unit_grads_->views() : grad_views_; }
 };
 
 }  // namespace memfit

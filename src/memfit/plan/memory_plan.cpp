@@ -11,6 +11,7 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/unit_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
@@ -90,9 +91,15 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   if (spec.precision.precision != Precision::fp32 && spec.precision.master_weights)
     at(Category::master) = shard_or_whole(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
-  at(Category::comm) = dist::GradientSync::comm_bytes(
-      layout.total(), spec.bucket_bytes, spec.world, rank,
-      stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+  // The gradients' exchange: the whole slab's buckets through a receive ring, or per unit (Note
+  // [Sharded gradients]) the unit buffers and their receive ring (model/unit_grads.h).
+  if (spec.unit_grads())
+    at(Category::comm) =
+        UnitGrads::comm_bytes(layout, spec.bucket_bytes, shards, rank, /*whole=*/stage < 2);
+  else
+    at(Category::comm) = dist::GradientSync::comm_bytes(
+        layout.total(), spec.bucket_bytes, spec.world, rank,
+        stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
   // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
   if (stage == 3)
     at(Category::comm) +=
@@ -153,7 +160,8 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
       layout.total(), static_cast<int>(dtype_size(half)), spec.world, stage,
       stage == 3 ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
                                                    spec.persist_threshold)
-                 : 0);
+                 : 0,
+      spec.unit_grads() ? spec.grad_accum : 1);
 
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
   // the training data's window count (from the shard headers). With no data to read, the plan
