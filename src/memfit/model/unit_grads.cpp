@@ -96,6 +96,9 @@ size_t UnitGrads::grads_bytes(const ParamLayout& layout, std::span<const Element
                               sizeof(float)));
 }
 
+int64_t UnitGrads::edge_floats(const ParamLayout& layout) { return sizes(layout).edge_elements; }
+int64_t UnitGrads::slot_floats(const ParamLayout& layout) { return sizes(layout).slot_elements; }
+
 size_t UnitGrads::comm_bytes(const ParamLayout& layout, size_t bucket_bytes,
                              std::span<const ElementRange> shards, int rank, bool whole) {
   const Sizes s = sizes(layout);

@@ -54,6 +54,9 @@ class UnitGrads {
   // empty shard's).
   static size_t grads_bytes(const ParamLayout& layout, std::span<const ElementRange> shards,
                             int rank, bool whole);
+  // The floats of the edge units' buffer (the embeddings and the tail) and of one block slot.
+  static int64_t edge_floats(const ParamLayout& layout);
+  static int64_t slot_floats(const ParamLayout& layout);
   // Category::comm a rank holds: the edge units' buffers, the block ring, the receive ring.
   static size_t comm_bytes(const ParamLayout& layout, size_t bucket_bytes,
                            std::span<const ElementRange> shards, int rank, bool whole);
