@@ -409,6 +409,20 @@ void Zero::expect_resume_is_bit_identical(int zero) {
   const std::string a_model = test::slurp(hf_a / "model.safetensors");
   EXPECT_FALSE(a_model.empty());
   EXPECT_TRUE(a_model == test::slurp(hf_b / "model.safetensors"));
+  // memfit sample reads the sharded save's weights from its shard files: the same text as from
+  // its export (greedy, so any weight that differed would show).
+  std::string text[2];
+  const fs::path from[2] = {part, hf_a};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(run(0, fmt::format("sample --checkpoint '{}' --tokenizer byte --prompt ab "
+                                 "--tokens 12 --temperature 0",
+                                 from[i].string())),
+              0)
+        << test::slurp(dir / "err.txt");
+    text[i] = test::slurp(dir / "out.txt");
+  }
+  EXPECT_GE(text[0].size(), 2u);
+  EXPECT_EQ(text[0], text[1]);
 }
 
 // Resharding on load: a checkpoint saved at one world size and stage loads at any other, and the
