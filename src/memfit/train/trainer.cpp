@@ -24,7 +24,6 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
-#include "memfit/dist/shard_collectives.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
@@ -378,6 +377,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   auto record_for_save = [&]() -> Tensor {
     if (stage >= 1) return Tensor{};
     if (off && master) {
+      // The one use of the slab outside the step: stage 0 keeps it whole (only stages 2-3 are
+      // to shard it), and streaming the file per tensor would add a parameter's buffer (GPT-2's
+      // Conv1D weights are stored transposed) that the plan does not count.
       Tensor& whole = gpt.grads();
       off->read_master(whole);
       return whole;
