@@ -73,11 +73,24 @@ class Transformer {
   // rounded to nearest even, over weights_range() (nothing to round without master weights);
   // then, at stage 3, working_changed().
   void refresh_working();
-  // Loads the whole layout's weights of record from `slab` (f32, the whole layout): its
-  // weights_range() into the master weights, all of it rounded into the working copy.
-  void set_weights_from(const Tensor& slab);
+  // Sets the weights of record and the working copy from `fill`, which writes the f32 values of
+  // layout elements [from, to) into dst (initial weights drawn, a checkpoint read): over
+  // params_range(), in increasing order, the f32 weights of record (master weights, or f32
+  // working weights without them) filled in place and the rest through one staging piece of at
+  // most `piece_elements` f32 (Category::staging, "setup.piece"), rounded into the working copy
+  // as refresh_working rounds the master (the same values, so the same bits). Nothing else is
+  // used: no whole-layout buffer (Note [Set-up by range] in docs/notes/zero.md).
+  // `offloaded_master` (master weights kept outside, master_in_ram false): called once with a
+  // fill that writes master_range()'s values where the caller asks (its file's buffers, a unit
+  // at a time), rounding them into the working copy on the way.
+  using RangeFill = std::function<void(int64_t from, int64_t to, float* dst)>;
+  using MasterSink = std::function<void(const RangeFill& fill)>;
+  void set_weights(const RangeFill& fill, int64_t piece_elements,
+                   const MasterSink& offloaded_master = {});
+  // The master weights' range (a ZeRO shard, or the whole layout), in RAM or not.
+  ElementRange master_range() const { return master_range_; }
   // The whole f32 gradient slab: what the backward accumulates into without per-unit
-  // gradients (then the summed gradients too); with them, scratch for set-up and saves only.
+  // gradients (then the summed gradients too).
   Tensor& grads() { return grads_; }
   // The summed gradients the update reads, over grad_sums_range(): the whole slab, or the
   // per-unit reduction's accumulator (this rank's shard at stages 2-3).
@@ -94,11 +107,12 @@ class Transformer {
   // rows 0; GPT-2 also scales its residual projections (attn.c_proj, mlp.c_proj) by
   // 1/sqrt(2 n_layer), as its paper does (Hugging Face's LLaMA does not).
   // Drawn in f32 and rounded to nearest even where the weights of record are bf16, so every
-  // precision starts from the same values.
-  void init_weights(uint64_t seed);
-  // The same initial weights written into `f32_slab` (the whole layout in f32), for a caller
-  // that keeps the weights of record itself (offloaded master weights).
-  void draw_initial_weights(uint64_t seed, Tensor& f32_slab) const;
+  // precision starts from the same values; over this model's ranges alone (set_weights, through
+  // a staging piece of at most `piece_elements`), the bits the whole draw gives them.
+  void init_weights(uint64_t seed, int64_t piece_elements = kDefaultPieceElements);
+  // The same values written by set_weights (offloaded master weights: `offloaded_master`).
+  void init_weights(uint64_t seed, int64_t piece_elements, const MasterSink& offloaded_master);
+  static constexpr int64_t kDefaultPieceElements = int64_t{1} << 20;  // 4 MiB of f32
 
   // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again
