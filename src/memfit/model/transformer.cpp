@@ -37,20 +37,20 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                           half_dtype(p), Category::params, "params");
   if (p != Precision::fp32 && precision.master_weights && master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
-  grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
+  // The whole gradient slab, unless the gradients are sharded (stages 2-3: Note [Sharded
+  // gradients]; UnitGrads then allocates the shard's accumulator).
+  const bool sharded_grads = grad_sharding && !grad_sharding->whole;
+  if (!sharded_grads)
+    grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)
     gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding);
   else
     weights_ = layout_.views(params_);
   grad_views_ = layout_.views(grads_);
-  if (grad_sharding) {
-    // The accumulator: at stages 0-1 the whole slab itself; at stages 2-3 the shard's range of
-    // it while the slab is still set-up and save scratch.
-    const ElementRange r = UnitGrads::sums_range(layout_, grad_sharding->shards,
-                                                 grad_sharding->comm->rank(), grad_sharding->whole);
+  // Stages 0-1 reducing every micro-batch accumulate the sums in the whole slab itself.
+  if (grad_sharding)
     unit_grads_ = std::make_unique<UnitGrads>(pool, layout_, *grad_sharding,
-                                              grads_.view(r.begin, {r.size()}));
-  }
+                                              sharded_grads ? Tensor{} : grads_);
 }
 
 Tensor Transformer::grad_sums(ElementRange r) {

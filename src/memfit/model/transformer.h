@@ -89,8 +89,9 @@ class Transformer {
                    const MasterSink& offloaded_master = {});
   // The master weights' range (a ZeRO shard, or the whole layout), in RAM or not.
   ElementRange master_range() const { return master_range_; }
-  // The whole f32 gradient slab: what the backward accumulates into without per-unit
-  // gradients (then the summed gradients too).
+  // The whole f32 gradient slab: what the backward accumulates into (stages 0-1; then the
+  // summed gradients too). Undefined at stages 2-3 over several ranks, which hold their shard's
+  // sums alone (grad_sums(), Note [Sharded gradients]).
   Tensor& grads() { return grads_; }
   // The summed gradients the update reads, over grad_sums_range(): the whole slab, or the
   // per-unit reduction's accumulator (this rank's shard at stages 2-3).
