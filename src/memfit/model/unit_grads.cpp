@@ -42,27 +42,6 @@ Sizes sizes(const ParamLayout& layout) {
   return s;
 }
 
-// The buckets of `unit`, the unit's end first: all-reduced, bucket_floats of the slab each;
-// reduce-scattered, inside one shard and 1/world of that (dist::gradient_buckets' cut, so the
-// owner's receive buffer is the all-reduce's).
-std::vector<ElementRange> unit_buckets(ElementRange unit, int64_t n, size_t bucket_bytes,
-                                       std::span<const ElementRange> shards, bool whole) {
-  const int64_t full = dist::bucket_floats(n, bucket_bytes);
-  const int world = static_cast<int>(shards.size());
-  std::vector<ElementRange> out;
-  auto cut = [&](ElementRange r, int64_t per) {
-    for (int64_t end = r.end; end > r.begin; end -= per)
-      out.push_back({std::max(r.begin, end - per), end});
-  };
-  if (whole) {
-    cut(unit, full);
-    return out;
-  }
-  const int64_t per = std::max<int64_t>(1, full / std::max(world, 1));
-  for (auto s = shards.rbegin(); s != shards.rend(); ++s) cut(s->intersect(unit), per);
-  return out;
-}
-
 // Floats of one receive buffer on `rank`: world pieces of its largest part of a bucket, and at
 // least world (the scalar sums go through it).
 int64_t receive_floats(const Sizes& s, int64_t n, size_t bucket_bytes,
@@ -73,7 +52,7 @@ int64_t receive_floats(const Sizes& s, int64_t n, size_t bucket_bytes,
   if (whole) {
     piece = dist::even_counts(std::min(full, s.largest_unit), world)[static_cast<size_t>(rank)];
   } else {
-    // Buckets of `per` cut from each shard's part of a unit: the largest is per, or the
+    // gradient_buckets cuts `per` from each shard's part of a unit: the largest is per, or the
     // largest part when every part is smaller.
     const int64_t per = std::max<int64_t>(1, full / std::max(world, 1));
     for (const ElementRange& u : s.units)
@@ -191,8 +170,11 @@ void UnitGrads::done(int part) {
 }
 
 void UnitGrads::reduce(ElementRange unit, float* buffer) {
-  for (const ElementRange& b :
-       unit_buckets(unit, layout_.total(), s_.bucket_bytes, s_.shards, s_.whole)) {
+  // The stage-2 exchange's cut (each bucket inside one shard), or the all-reduce's.
+  const std::span<const ElementRange> owners =
+      s_.whole ? std::span<const ElementRange>() : std::span<const ElementRange>(s_.shards);
+  for (const ElementRange& b : dist::gradient_buckets(unit, layout_.total(), s_.bucket_bytes,
+                                                      s_.comm->size(), owners)) {
     if (static_cast<int>(in_flight_.size()) == kInFlight) wait_oldest();
     float* receive = static_cast<float*>(receive_.data()) + (started_ % kInFlight) * receive_floats_;
     float* in = buffer + (b.begin - unit.begin);

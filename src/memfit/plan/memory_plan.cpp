@@ -103,9 +103,8 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
     at(Category::comm) =
         UnitGrads::comm_bytes(layout, spec.bucket_bytes, shards, rank, /*whole=*/stage < 2);
   else
-    at(Category::comm) = dist::GradientSync::comm_bytes(
-        layout.total(), spec.bucket_bytes, spec.world, rank,
-        stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+    at(Category::comm) =
+        dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, rank);
   // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
   if (stage == 3)
     at(Category::comm) +=

@@ -327,20 +327,20 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
   }
   auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
-  // Data parallelism: the gradient exchange and its receive ring (Category::comm), for the run.
-  // Stage 2 reduce-scatters each bucket into the shard owners instead.
-  // Per-unit gradients (above) reduce themselves, through a receive ring of their own.
+  // Data parallelism at stages 0-1: the whole slab's exchange and its receive ring
+  // (Category::comm), for the run. Per-unit gradients (stages 2-3, above) reduce themselves,
+  // through a receive ring of their own.
   std::optional<dist::GradientSync> sync;
   if (W > 1 && !gpt.unit_grads())
     sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
-                 spec.bucket_bytes, stage >= 2 ? shards : std::vector<ElementRange>{});
-  // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
+                 spec.bucket_bytes);
   // The sums over ranks of a float (the loss, the stop flag, evaluation) and the step's gradient
   // bytes, through whichever exchange the run has.
   auto sum_ranks = [&](float x) { return sync ? sync->sum(x) : gpt.unit_grads()->sum(x); };
   auto take_volume = [&] {
     return sync ? sync->take_volume() : gpt.unit_grads()->take_volume();
   };
+  // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   std::optional<RankShards> rank_shards;
   if (W > 1) rank_shards = RankShards{&comm, shards, /*grads_whole=*/stage < 2};
 
