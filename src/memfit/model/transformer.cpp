@@ -73,6 +73,12 @@ Tensor Transformer::param(const std::string& name) const {
   return layout_.view(params_, name);
 }
 
+Tensor Transformer::grad(const std::string& name) const {
+  MEMFIT_CHECK(grads_.defined(), "model",
+               "grad('{}'): the gradients are a ZeRO shard's sums (grad_sums())", name);
+  return layout_.view(grads_, name);
+}
+
 void Transformer::working_changed() {
   if (gather_) gather_->refresh();
 }

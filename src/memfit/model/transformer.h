@@ -102,7 +102,8 @@ class Transformer {
   // Whether every micro-batch's backward reduces its gradients over the ranks (per unit) itself.
   UnitGrads* unit_grads() { return unit_grads_.get(); }
   Tensor param(const std::string& name) const;
-  Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
+  // One parameter's gradient in the whole slab (a test helper; refuses at stages 2-3).
+  Tensor grad(const std::string& name) const;
 
   // The family's initialisation: weights normal(0, 0.02), norm gains 1, biases 0, padded vocab
   // rows 0; GPT-2 also scales its residual projections (attn.c_proj, mlp.c_proj) by
