@@ -128,6 +128,11 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "none | nvme: optimizer state and FP32 master weights in files in "
                   "--offload-dir, streamed a block at a time through the update")
       ->capture_default_str();
+  cmd->add_option("--offload-grads", c.offload_grads,
+                  "none | nvme: with --offload-optimizer nvme, in one process: each block's f32 "
+                  "gradients written to a file in --offload-dir as its backward ends, read back "
+                  "by the next micro-batch and by the update (no gradient slab in RAM)")
+      ->capture_default_str();
   cmd->add_option("--offload-dir", c.offload_dir,
                   "Directory for the offload files (scratch, removed when the run ends)");
   cmd->add_option("--disk-limit", c.disk_limit,

@@ -16,8 +16,15 @@ using namespace kernels;
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          const PrecisionOptions& precision,
                          std::optional<ElementRange> master_range, bool master_in_ram,
-                         const ParamSharding* sharding, const GradSharding* grad_sharding)
-    : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
+                         const ParamSharding* sharding, const GradSharding* grad_sharding,
+                         std::unique_ptr<GradStore> grad_store)
+    : config_(config),
+      pool_(pool),
+      layout_((config_.finalize(), config_)),
+      precision_(precision),
+      grad_store_(std::move(grad_store)) {
+  MEMFIT_CHECK(!(grad_store_ && grad_sharding), "model",
+               "a gradient store (--offload-grads) and per-unit reduction over ranks together");
   check_precision_options(precision);
   const Precision p = precision.precision;
   master_range_ = master_range.value_or(ElementRange{0, layout_.total()});
@@ -39,8 +46,9 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   // The whole gradient slab, unless the gradients are sharded (stages 2-3: Note [Sharded
   // gradients]; UnitGrads then allocates the shard's accumulator).
+  // With a store (--offload-grads) no slab either.
   const bool sharded_grads = grad_sharding && !grad_sharding->whole;
-  if (!sharded_grads)
+  if (!sharded_grads && !grad_store_)
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)
     gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding);
@@ -64,6 +72,8 @@ Tensor Transformer::grad_sums(ElementRange r) {
 void Transformer::zero_grad() {
   if (unit_grads_)
     unit_grads_->zero();
+  else if (grad_store_)
+    grad_store_->zero();
   else
     grads_.zero();
 }
@@ -202,13 +212,14 @@ void Transformer::reserve(StepPlan plan) {
   ctx_.set_poison(poison_);
   ctx_.set_observer(observer_);
   if (gather_) gather_->set_phases(ctx_.plan().phases);
-  if (gather_ || unit_grads_) {
+  if (gather_ || unit_grads_ || grad_store_) {
     // Stage 3 gathers the weights a phase reads; per-unit gradients give a block's backward
     // its slot.
     ctx_.set_enter_hook([this](int phase) {
       if (gather_) gather_->enter(phase);
       const Phase& p = ctx_.plan().phases[static_cast<size_t>(phase)];
       if (unit_grads_ && p.kind == PhaseKind::backward) unit_grads_->enter_backward(p.layer);
+      if (grad_store_ && p.kind == PhaseKind::backward) grad_store_->enter_backward(p.layer);
     });
   }
   backward_ready_ = false;
@@ -224,6 +235,7 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
   const float N = static_cast<float>(int64_t{B_} * T_);
   backward_ready_ = false;
   if (training && unit_grads_) unit_grads_->begin_micro_batch();
+  if (training && grad_store_) grad_store_->begin_micro_batch();
   const float loss_sum =
       step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets, training,
                      loss_scale / N);
@@ -239,6 +251,11 @@ void Transformer::backward(const std::function<void(int64_t final_from)>& final_
   if (unit_grads_) {
     step_->backward(ctx_, working_views(), grad_views(),
                     [&](int part) { unit_grads_->done(part); });
+    return;
+  }
+  if (grad_store_) {
+    step_->backward(ctx_, working_views(), grad_views(),
+                    [&](int part) { grad_store_->done(part); });
     return;
   }
   if (!final_from) {

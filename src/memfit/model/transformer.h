@@ -19,6 +19,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/model/grad_store.h"
 #include "memfit/model/unit_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/state/element_range.h"
@@ -44,7 +45,8 @@ class Transformer {
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
               std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
               const ParamSharding* sharding = nullptr,
-              const GradSharding* grad_sharding = nullptr);
+              const GradSharding* grad_sharding = nullptr,
+              std::unique_ptr<GradStore> grad_store = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -101,6 +103,8 @@ class Transformer {
   Tensor grad_sums(ElementRange r);
   // Whether every micro-batch's backward reduces its gradients over the ranks (per unit) itself.
   UnitGrads* unit_grads() { return unit_grads_.get(); }
+  // --offload-grads (model/grad_store.h): no slab; the gradients live per unit in the store.
+  GradStore* grad_store() { return grad_store_.get(); }
   Tensor param(const std::string& name) const;
   // One parameter's gradient in the whole slab (a test helper; refuses at stages 2-3).
   Tensor grad(const std::string& name) const;
@@ -196,8 +200,11 @@ class Transformer {
   bool sharded_ = false;
   std::unique_ptr<WeightGather> gather_;  // stage 3
   std::unique_ptr<UnitGrads> unit_grads_;  // stages 2-3 (or 0-1 reducing every micro-batch)
+  std::unique_ptr<GradStore> grad_store_;  // --offload-grads: the gradients per unit, no slab
   // The views the step writes gradients through.
-  const ModelWeights& grad_views() const { return unit_grads_ ? unit_grads_->views() : grad_views_; }
+  const ModelWeights& grad_views() const {
+    return unit_grads_ ? unit_grads_->views() : grad_store_ ? grad_store_->views() : grad_views_;
+  }
 };
 
 }  // namespace memfit

@@ -11,6 +11,7 @@
 #include "memfit/core/error.h"
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/io/safetensors.h"
+#include "memfit/offload/offloaded_grads.h"
 
 namespace memfit::offload {
 
@@ -118,18 +119,37 @@ CategoryBytes OffloadedOptimizer::file_bytes() const {
 }
 
 void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, float grad_scale) {
+  step(working, &grads, nullptr, lr, grad_scale);
+}
+
+void OffloadedOptimizer::step(Tensor& working, OffloadedGrads& grads, float lr,
+                              float grad_scale) {
+  MEMFIT_CHECK(layout_.range == whole_range(params_), "offload",
+               "offloaded gradients are the whole layout's; this optimizer has [{}, {})",
+               layout_.range.begin, layout_.range.end);
+  step(working, nullptr, &grads, lr, grad_scale);
+}
+
+void OffloadedOptimizer::step(Tensor& working, const Tensor* grads, OffloadedGrads* file,
+                              float lr, float grad_scale) {
   const auto start = std::chrono::steady_clock::now();
   const ElementRange& R = layout_.range;
-  MEMFIT_CHECK(working.numel() == R.size() && grads.numel() == R.size(), "offload",
+  MEMFIT_CHECK(working.numel() == R.size() && (file || grads->numel() == R.size()), "offload",
                "the weights ({}) and gradients ({}) must cover the range's {} elements",
-               working.numel(), grads.numel(), R.size());
+               working.numel(), file ? R.size() : grads->numel(), R.size());
   const size_t n = layout_.pieces.size();
   const size_t first_state = master_ ? 1 : 0;
   // reads[s], writes[s]: the requests in flight for ring slot s.
   std::vector<uint64_t> reads[kRingSlots], writes[kRingSlots];
   std::vector<IoWait>* log = record_waits_ ? &waits_ : nullptr;
-  submit_unit(IoRequest::Op::read, 0, 0, reads[0]);
-  if (n > 1) submit_unit(IoRequest::Op::read, 1, 1, reads[1]);
+  // Offloaded gradients: a third stream, piece k's into the grads' own update slot k mod 3
+  // (read-only: the slot is free once piece k is stepped).
+  auto read = [&](int slot, size_t k) {
+    submit_unit(IoRequest::Op::read, slot, k, reads[slot]);
+    if (file) file->submit_piece(layout_.pieces[k], slot);
+  };
+  read(0, 0);
+  if (n > 1) read(1, 1);
   for (size_t k = 0; k < n; ++k) {
     const int s = static_cast<int>(k % kRingSlots);
     wait(reads[s], log);
@@ -142,7 +162,7 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
                           : Tensor{});
     opt.bind_state(std::move(state));
     Tensor w = working.view(u.begin - R.begin, {u.size()});
-    const Tensor g = grads.view(u.begin - R.begin, {u.size()});
+    const Tensor g = file ? file->wait_piece(u, s) : grads->view(u.begin - R.begin, {u.size()});
     if (master_) {
       Tensor m = slot_view(s, 0, k);
       opt.step_master(m, w, g, lr, grad_scale);
@@ -154,7 +174,7 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
     if (k + 2 < n) {
       const int next = static_cast<int>((k + 2) % kRingSlots);
       wait(writes[next], log);
-      submit_unit(IoRequest::Op::read, next, k + 2, reads[next]);
+      read(next, k + 2);
     }
   }
   for (auto& w : writes) wait(w, log);

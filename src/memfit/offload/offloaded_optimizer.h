@@ -29,6 +29,8 @@
 
 namespace memfit::offload {
 
+class OffloadedGrads;
+
 // What the I/O cost: bytes moved, the time the update waited for the disk, and the updates'
 // whole time (so bytes / update_seconds is the throughput while the optimizer runs).
 struct IoStats {
@@ -81,6 +83,10 @@ class OffloadedOptimizer {
   // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
   // range().begin), as Optimizer::step's tensors do.
   void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
+  // The same with the gradients in their file (--offload-grads nvme): each piece's read with its
+  // master weights and state, through the gradients' own ring (offloaded_grads.h). Whole
+  // layout only (one process).
+  void step(Tensor& working, OffloadedGrads& grads, float lr, float grad_scale);
   int64_t steps_taken() const { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
 
@@ -121,6 +127,8 @@ class OffloadedOptimizer {
   std::vector<IoWait> take_waits() { return std::exchange(waits_, {}); }
 
  private:
+  void step(Tensor& working, const Tensor* grads, OffloadedGrads* file, float lr,
+            float grad_scale);
   // Tensor i of unit u: its part of ring slot s as a typed view, and the file request.
   Tensor slot_view(int slot, size_t tensor, size_t unit) const;
   IoRequest request(IoRequest::Op op, int slot, size_t tensor, size_t unit) const;

@@ -14,6 +14,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/unit_grads.h"
+#include "memfit/offload/offloaded_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
@@ -155,6 +156,16 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
     r.disk_bytes = files->disk_total();
     r.io_bytes_per_step = files->io_bytes_per_step();
     r.offload_staging_bytes = files->staging_bytes();
+    // --offload-grads (one process): the unit buffers, which the update's gradient ring
+    // reuses, instead of the slab; the gradients' file; each micro-batch's writes and reads
+    // back, and the update's reads (offload/offloaded_grads.h, the engine's computation).
+    if (spec.offload.grads) {
+      const offload::GradFileLayout g = offload::make_grad_file_layout(layout, spec.grad_accum);
+      at(Category::grads) = g.ram_bytes();
+      r.disk_by_category[static_cast<size_t>(Category::grads)] += g.file_bytes;
+      r.disk_bytes += g.file_bytes;
+      r.io_bytes_per_step += g.io_bytes_per_step(files->pieces);
+    }
   }
   r.step = plan_step(r.model, r.B, r.T, act);
   for (Category c : {Category::activations, Category::workspace})

@@ -43,6 +43,18 @@ void RunSpec::check() const {
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme keeps the optimizer state in files, so it needs "
                  "--offload-dir DIR (a directory on the disk to use)");
+  // The offloaded update reads the gradients from their file; an update in RAM would need the
+  // whole slab back. Over several ranks the gradients are already per unit and a shard
+  // (stages 2-3) or all-reduced whole (stages 0-1): not built (Note [NVMe offload]).
+  if (offload.grads && !offload.optimizer)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-grads nvme is read by the offloaded update, so it needs "
+                 "--offload-optimizer nvme");
+  if (offload.grads && world > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-grads nvme is for one process; under {} ranks use --zero 2 or 3, "
+                 "whose gradients are already a shard per rank",
+                 world);
   // Given --offload-dir alone, a search may offload, and its offloaded candidates must fit the
   // limit (Note [NVMe offload], "Choosing offload").
   if (offload.disk_limit && !offload.optimizer && !offload_open)

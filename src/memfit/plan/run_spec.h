@@ -22,6 +22,10 @@ struct OffloadOptions {
   // --offload-optimizer nvme: the optimizer state and the FP32 master weights (where the
   // precision keeps them) in scratch files in `dir`, streamed through a staging ring per update.
   bool optimizer = false;
+  // --offload-grads nvme (one process, with the optimizer offloaded): the f32 gradients per
+  // unit in a scratch file, written as each unit's backward ends and read by the update
+  // (offload/offloaded_grads.h); RAM holds a unit's buffers instead of the slab.
+  bool grads = false;
   std::string dir;  // --offload-dir
   // --disk-limit in bytes: the most the offload files may take (0: the free space of `dir`,
   // which the trainer checks anyway). --max-model counts a member as fitting only if its files

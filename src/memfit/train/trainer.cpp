@@ -24,6 +24,7 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/offload/offloaded_grads.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
@@ -224,9 +225,22 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   std::optional<GradSharding> grad_sharding;
   if (spec.unit_grads())
     grad_sharding = GradSharding{&comm, shards, spec.bucket_bytes, /*whole=*/stage < 2};
+  const std::string offload_run = fmt::format(
+      "memfit-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
+  // --offload-grads nvme (one process: RunSpec::check): the gradients per unit in a file,
+  // written as each unit's backward ends and read by the update; no slab in RAM (Note [NVMe
+  // offload], "Gradients on disk").
+  std::unique_ptr<GradStore> grad_store;
+  offload::OffloadedGrads* grads_file = nullptr;
+  if (spec.offload.grads) {
+    auto g = std::make_unique<offload::OffloadedGrads>(ParamLayout(mc), pool, offload_dir,
+                                                       offload_run, spec.grad_accum);
+    grads_file = g.get();
+    grad_store = std::move(g);
+  }
   Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
                   param_sharding ? &*param_sharding : nullptr,
-                  grad_sharding ? &*grad_sharding : nullptr);
+                  grad_sharding ? &*grad_sharding : nullptr, std::move(grad_store));
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
@@ -248,11 +262,26 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (offload)
     off = std::make_unique<offload::OffloadedOptimizer>(
         spec.optim, gpt.layout(), master, pool, offload_dir,
-        fmt::format("memfit-{}-{}", ::getpid(),
-                    std::chrono::system_clock::now().time_since_epoch().count()),
-        offload::kMaxPieceElements, my_shard);
+        offload_run, offload::kMaxPieceElements, my_shard);
   else
     opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+  // Every offload file's bytes by category and the I/O so far: the optimizer's, and the
+  // gradients' (Category::grads) with --offload-grads.
+  auto offload_file_bytes = [&] {
+    CategoryBytes b = off ? off->file_bytes() : CategoryBytes{};
+    if (grads_file)
+      b[static_cast<size_t>(Category::grads)] += fs::file_size(grads_file->file().path());
+    return b;
+  };
+  auto offload_stats = [&] {
+    offload::IoStats io = off ? off->stats() : offload::IoStats{};
+    if (grads_file) {
+      io.bytes_read += grads_file->stats().bytes_read;
+      io.bytes_written += grads_file->stats().bytes_written;
+      io.wait_seconds += grads_file->stats().wait_seconds;
+    }
+    return io;
+  };
   // The set-up fills the weights of record and the working copy by range (Note [Set-up by
   // range] in docs/notes/zero.md): this rank's range of the initial weights drawn, or of each
   // tensor read from the checkpoint, straight into the f32 weights of record (the master
@@ -322,7 +351,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     gpt.set_step_observer(profiler->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
     if (off) {
-      profiler->set_disk(off->file_bytes());
+      profiler->set_disk(offload_file_bytes());
       off->record_waits(true);
     }
   }
@@ -393,6 +422,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       // The one use of the slab outside the step: stage 0 keeps it whole (only stages 2-3 are
       // to shard it), and streaming the file per tensor would add a parameter's buffer (GPT-2's
       // Conv1D weights are stored transposed) that the plan does not count.
+      if (grads_file) {
+        // --offload-grads: no slab to borrow. The save reads the master weights into a
+        // whole f32 tensor for its duration (not yet streamed per tensor: Note [NVMe offload],
+        // "Gradients on disk"; the plan does not count it).
+        Tensor whole = Tensor::empty(pool, {gpt.layout().total()}, DType::f32, Category::staging,
+                                     "offload.save_record");
+        off->read_master(whole);
+        return whole;
+      }
       Tensor& whole = gpt.grads();
       off->read_master(whole);
       return whole;
@@ -509,7 +547,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     std::optional<profile::Scope> step_slice;
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
-    const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
+    const offload::IoStats io_before = offload_stats();
+    // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
+    // slab, by the same scale.
+    if (grads_file)
+      grads_file->set_unscale(scaler ? std::optional<float>(scaler->inv_scale()) : std::nullopt);
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
     for (int m = 0; m < spec.grad_accum; ++m) {
@@ -560,7 +602,12 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               // persistent units are gathered again, as the in-RAM update does (counted by the
               // model: take_gathered_bytes).
               Tensor working = gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
-              off->step(working, gpt.grad_sums(my_range), rate, scale);
+              if (grads_file) {
+                off->step(working, *grads_file, rate, scale);
+                grads_file->set_step(off->steps_taken());
+              }
+              else
+                off->step(working, gpt.grad_sums(my_range), rate, scale);
               update_gathered =
                   publish_working_weights(gpt, my_shard ? &*rank_shards : nullptr);
               for (const offload::IoWait& w : off->take_waits())
@@ -613,7 +660,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
     if (off) {
       // This step's offload I/O: bytes moved, and the time the update waited for the disk.
-      const offload::IoStats& io = off->stats();
+      const offload::IoStats io = offload_stats();
       const uint64_t read = io.bytes_read - io_before.bytes_read,
                      written = io.bytes_written - io_before.bytes_written;
       last_step_io = read + written;
@@ -701,7 +748,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     };
     std::vector<RankPeak> peaks(static_cast<size_t>(W));
     RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
-    mine = {pool.bytes_peak(), pool.peak_breakdown(), off ? off->file_bytes() : CategoryBytes{},
+    mine = {pool.bytes_peak(), pool.peak_breakdown(), offload_file_bytes(),
             last_step_io};
     comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
                     sizeof(RankPeak));

@@ -6,6 +6,7 @@
 #include "memfit/dist/shard_collectives.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/residual.h"
+#include "memfit/state/shard.h"
 #include "memfit/train/grad_clip.h"
 
 namespace memfit {
@@ -19,15 +20,38 @@ struct GradCheck {
   double sum_squares = 0;
 };
 
-GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler* scaler) {
-  if (r.empty()) return {};
-  Tensor g = gpt.grad_sums(r);
+// One source of truth for the global norm's order: a range's check is its parts in each unit
+// (state/shard.h: the embeddings, each block, the tail) added in unit order, so the gradients
+// offloaded per unit (--offload-grads: each unit checked as its last backward ends,
+// offload/offloaded_grads.cpp) give the same bits as the slab in RAM.
+GradCheck check_part(Tensor g, DynamicLossScaler* scaler) {
   if (scaler) {
     const kernels::UnscaleResult u = kernels::unscale_and_check(g, scaler->inv_scale());
     return {u.finite ? 1.0 : 0.0, u.sum_squares};
   }
   const double s = kernels::sum_squares(g);
   return {std::isfinite(s) ? 1.0 : 0.0, s};
+}
+
+GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler* scaler) {
+  GradCheck all;
+  if (r.empty()) return all;
+  if (GradStore* store = gpt.grad_store()) {
+    // Taken by the last backward, unit by unit (the whole layout: one process).
+    for (const UnitGradCheck& c : store->unit_checks()) {
+      all.finite = std::min(all.finite, c.finite ? 1.0 : 0.0);
+      all.sum_squares += c.sum_squares;
+    }
+    return all;
+  }
+  for (const ElementRange& u : unit_ranges(gpt.layout())) {
+    const ElementRange part = r.intersect(u);
+    if (part.empty()) continue;
+    const GradCheck c = check_part(gpt.grad_sums(part), scaler);
+    all.finite = std::min(all.finite, c.finite);
+    all.sum_squares += c.sum_squares;
+  }
+  return all;
 }
 
 // The whole step's check: one range alone, or every rank's shard added in rank order (computed

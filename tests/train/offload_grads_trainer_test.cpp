@@ -1,0 +1,153 @@
+// Training with --offload-grads nvme (and the optimizer offloaded) against the same run in RAM
+// with default flags (Note [NVMe offload], "Gradients on disk"): the losses, the gradient
+// norms and the saved checkpoint are the same bytes with every optimizer family, clipping on the
+// global norm, --grad-accum 1 and 2, fp32, bf16 and fp16 (its unscale and overflow check per
+// unit); no gradient slab in RAM; the planner's peak by category, files and I/O per step are
+// the measured ones.
+#include <gtest/gtest.h>
+
+#include "memfit/offload/offloaded_grads.h"
+#include "memfit/plan/memory_plan.h"
+#include "memfit/train/run_setup.h"
+#include "memfit/train/trainer.h"
+#include "trainer_fixture.h"
+#include "../io/io_test_util.h"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+using io::testing::first_difference;
+
+class OffloadGradsTrainer : public test::TrainerFixture {
+ protected:
+  TrainConfig offloaded(TrainConfig c) const {
+    c.offload_optimizer = "nvme";
+    c.offload_grads = "nvme";
+    c.offload_dir = (dir / "offload").string();
+    return c;
+  }
+  void expect_same_run(TrainConfig c, const std::string& what) {
+    SCOPED_TRACE(what);
+    c.steps = 3;
+    c.eval_batches = 1;
+    c.clip = 0.05f;  // small enough that clipping acts on every step
+    c.save_dir = (dir / "ram").string();
+    c.log_file = (dir / "ram.jsonl").string();
+    const TrainSummary ram = train(c);
+    TrainConfig o = offloaded(c);
+    o.save_dir = (dir / "off").string();
+    o.log_file = (dir / "off.jsonl").string();
+    const TrainSummary off = train(o);
+    ASSERT_EQ(ram.losses.size(), 3u);
+    ASSERT_EQ(ram.losses.size(), off.losses.size());
+    for (size_t i = 0; i < ram.losses.size(); ++i)
+      EXPECT_EQ(ram.losses[i], off.losses[i]) << "step " << i + 1;
+    // The global norm: the same per-unit sums of squares in the same order.
+    std::vector<nlohmann::json> norms[2];  // null where fp16 skipped a step
+    for (int k = 0; k < 2; ++k)
+      for (const auto& line : read_log(dir / (k ? "off.jsonl" : "ram.jsonl")))
+        if (line.contains("grad_norm")) norms[k].push_back(line["grad_norm"]);
+    ASSERT_EQ(norms[0].size(), 3u);
+    EXPECT_EQ(norms[0], norms[1]);
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+      EXPECT_EQ(first_difference(dir / "ram" / f, dir / "off" / f), "") << f;
+    // No slab: the gradients' RAM is the unit buffers (or the update's ring in them). (A tiny
+    // model's embeddings dominate, so they are not smaller than its slab here:
+    // OffloadedGradsLayout.Llama2_7bHoldsAFractionOfTheSlab.)
+    EXPECT_EQ(off.peak_by_category[static_cast<size_t>(Category::grads)],
+              offload::make_grad_file_layout(ParamLayout(resolve_run(o).model), o.grad_accum)
+                  .ram_bytes());
+    EXPECT_TRUE(fs::is_empty(dir / "offload"));  // scratch, removed
+  }
+};
+
+TEST_F(OffloadGradsTrainer, Fp32EveryOptimizerWithAccumulationBitIdentical) {
+  for (const char* optim : {"adamw", "adamw8bit", "lion", "adam-mini"}) {
+    TrainConfig c = config();  // --grad-accum 2: each block read back before its backward
+    c.optim.name = optim;
+    expect_same_run(c, std::string("fp32 ") + optim);
+  }
+}
+
+TEST_F(OffloadGradsTrainer, WithoutAccumulationAndInBf16BitIdentical) {
+  TrainConfig c = config();
+  c.grad_accum = 1;
+  expect_same_run(c, "fp32 adamw, --grad-accum 1");
+  TrainConfig b = config();
+  b.precision = "bf16";
+  b.optim.name = "adamw8bit";
+  expect_same_run(b, "bf16 adamw8bit");
+  TrainConfig p = config("llama-tiny");
+  p.precision = "bf16";
+  p.master_weights = "none";
+  expect_same_run(p, "llama-tiny pure bf16");
+}
+
+TEST_F(OffloadGradsTrainer, Fp16UnscalesPerUnitBitIdentical) {
+  TrainConfig c = config();
+  c.precision = "fp16";
+  c.attention = "plain";  // flash is fp32/bf16 only
+  expect_same_run(c, "fp16 adamw");
+  // A scale that overflows: the same steps skipped (the overflow check per unit), the same
+  // scale backed off.
+  c.loss_scaler.initial_scale = 16777216.0f;  // 2^24, the largest allowed
+  int skipped = 0;
+  expect_same_run(c, "fp16 adamw, overflowing scale");
+  for (const auto& line : read_log(dir / "off.jsonl"))
+    if (line.contains("grad_norm") && line["grad_norm"].is_null()) ++skipped;
+  EXPECT_GT(skipped, 0);
+}
+
+TEST_F(OffloadGradsTrainer, PlannedPeakFilesAndIoEqualMeasured) {
+  for (int accum : {1, 2}) {
+    SCOPED_TRACE(accum);
+    TrainConfig c = offloaded(config());
+    c.precision = "bf16";
+    c.grad_accum = accum;
+    c.steps = 2;
+    c.log_file = (dir / "log.jsonl").string();
+    const PlanReport plan = plan_training(resolve_run(c));
+    const TrainSummary s = train(c);
+    EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+    for (Category cat : kAllCategories)
+      EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                s.peak_by_category[static_cast<size_t>(cat)])
+          << category_name(cat);
+    const offload::GradFileLayout g =
+        offload::make_grad_file_layout(ParamLayout(resolve_run(c).model), accum);
+    EXPECT_EQ(plan.disk_by_category[static_cast<size_t>(Category::grads)], g.file_bytes);
+    EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::grads)], g.ram_bytes());
+    int steps = 0;
+    for (const auto& line : read_log(dir / "log.jsonl"))
+      if (line.contains("offload")) {
+        ++steps;
+        EXPECT_EQ(line["offload"]["read_bytes"].get<uint64_t>() +
+                      line["offload"]["written_bytes"].get<uint64_t>(),
+                  plan.io_bytes_per_step);
+      }
+    EXPECT_EQ(steps, 2);
+  }
+}
+
+TEST_F(OffloadGradsTrainer, RefusesWithoutTheOptimizerOffloaded) {
+  TrainConfig c = config();
+  c.offload_grads = "nvme";
+  c.offload_dir = (dir / "offload").string();
+  auto message = [&]() -> std::string {
+    try {
+      resolve_run(c);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(message().find("needs --offload-optimizer nvme"), std::string::npos) << message();
+  c.offload_grads = "disk";
+  EXPECT_NE(message().find("--offload-grads must be none or nvme"), std::string::npos)
+      << message();
+}
+
+}  // namespace
+}  // namespace memfit
