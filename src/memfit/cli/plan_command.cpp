@@ -17,6 +17,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/unit_grads.h"
+#include "memfit/offload/offloaded_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
@@ -125,7 +126,8 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                     {"disk_bytes", r.disk_bytes},
                     {"disk_by_category", disk},
                     {"io_bytes_per_step", r.io_bytes_per_step},
-                    {"staging_ring_bytes", r.offload_staging_bytes}};
+                    {"staging_ring_bytes", r.offload_staging_bytes},
+                    {"grads", run.offload.grads}};
   }
   if (run.mem_limit) {
     j["mem_limit_bytes"] = run.mem_limit;
@@ -230,13 +232,27 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
     fmt::print("offload: {} on disk in {} ({:.1f} MiB: {}); {:.1f} MiB read and written per "
                "step through a staging ring of {:.1f} MiB (in staging above); the disk adds "
                "about {:.2f} s a step beyond the update's compute\n",
-               r.disk_by_category[static_cast<size_t>(Category::master)]
-                   ? "master weights and optimizer state"
-                   : "optimizer state",
+               fmt::format("{}{}",
+                           r.disk_by_category[static_cast<size_t>(Category::master)]
+                               ? "master weights and optimizer state"
+                               : "optimizer state",
+                           run.offload.grads ? " and gradients" : ""),
                run.world > 1 ? fmt::format("{}/rank-0 (rank 0's shard; each rank its own)",
                                            run.offload.dir)
                              : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
                r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
+    if (run.offload.grads) {
+      // The gradients' RAM (grads above): one unit's buffers, not the slab.
+      const offload::GradFileLayout g =
+          offload::make_grad_file_layout(ParamLayout(r.model), run.grad_accum);
+      fmt::print("offload-grads: no gradient slab ({:.1f} MiB in RAM otherwise); grads holds "
+                 "the embeddings' and the tail's buffers and {} block slots of {:.1f} MiB, "
+                 "which the update's gradient ring reuses; each block written per micro-batch"
+                 "{}\n",
+                 ParamLayout(r.model).total() * 4 / 1048576.0, g.block_slots,
+                 g.slot_bytes / 1048576.0,
+                 run.grad_accum > 1 ? " and read back before the next one's backward" : "");
+    }
   }
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "

@@ -79,6 +79,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       // Whether the state is offloaded, not where: each rank's --offload-dir (and --disk-limit)
       // is its own disk's (Note [NVMe offload], "Under ZeRO").
       {"--offload-optimizer", s.offload.optimizer ? "nvme" : "none"},
+      {"--offload-grads", s.offload.grads ? "nvme" : "none"},
       {"--prefetch-depth", f(s.prefetch_depth)},
       {"--persist-threshold", f(s.persist_threshold)},
       {"--sync-every-micro-batch", f(s.sync_every_micro_batch)},

@@ -1,0 +1,141 @@
+// Gradients on disk (offload/offloaded_grads.h; Note [NVMe offload], "Gradients on disk"): the
+// file's units start on pages past the header and do not overlap; the RAM is a fraction of the
+// slab for a large model; simulated micro-batches accumulate through the file (each block read
+// back before its next backward) and the update's piece reads return the sums, at any piece
+// offset; the file is scratch with a header naming the run and is removed at the end.
+#include "memfit/offload/offloaded_grads.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "memfit/model/model_config.h"
+#include "memfit/state/shard.h"
+
+namespace memfit::offload {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(GradFileLayout, UnitsOnTheirOwnPagesAndLlama7bHoldsAFractionOfTheSlab) {
+  ModelConfig mc = ModelConfig::preset("llama2-7b");
+  mc.finalize();
+  const ParamLayout layout(mc);
+  for (int accum : {1, 2}) {
+    const GradFileLayout g = make_grad_file_layout(layout, accum);
+    ASSERT_EQ(g.units.size(), static_cast<size_t>(mc.n_layer) + 2);
+    uint64_t end = kHeaderBytes;
+    for (size_t u = 0; u < g.units.size(); ++u) {
+      EXPECT_EQ(g.file_offsets[u] % kIoAlign, 0u);
+      EXPECT_GE(g.file_offsets[u], end);
+      end = g.file_offsets[u] + static_cast<uint64_t>(g.units[u].size()) * 4;
+    }
+    EXPECT_GE(g.file_bytes, end);
+    EXPECT_EQ(g.block_slots, accum > 1 ? 3 : 2);
+    // 25.7 GiB of slab; the buffers: the embeddings, the tail and two or three blocks.
+    const size_t slab = static_cast<size_t>(layout.total()) * 4;
+    EXPECT_LT(g.ram_bytes(), slab / (accum > 1 ? 7 : 9));
+    EXPECT_GT(g.ram_bytes(), g.edge_bytes + g.tail_bytes + g.block_slots * g.slot_bytes);
+  }
+  // Accumulation adds each block's write and read back per extra micro-batch.
+  const GradFileLayout one = make_grad_file_layout(layout, 1),
+                       two = make_grad_file_layout(layout, 2);
+  const std::vector<ElementRange> none;
+  uint64_t blocks = 0;
+  for (size_t u = 1; u + 1 < one.units.size(); ++u)
+    blocks += align_up(static_cast<size_t>(one.units[u].size()) * 4);
+  EXPECT_EQ(two.io_bytes_per_step(none) - one.io_bytes_per_step(none), 2 * blocks);
+  EXPECT_EQ(one.io_bytes_per_step(none), one.file_bytes - kHeaderBytes);
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / fmt::format("memfit_offload_grads_{}", ::getpid());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Micro-batch m adds (m + 1) * (1 + element index % 7) to every element of every unit, each
+// block inside its backward, the edges at any time of the micro-batch.
+void run_step(OffloadedGrads& g, const ParamLayout& layout, int accum) {
+  const std::vector<ElementRange> units = unit_ranges(layout);
+  auto add = [&](const Tensor& t, int64_t base, int m) {
+    if (!t.defined()) return;
+    float* p = const_cast<Tensor&>(t).data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] += float((m + 1) * (1 + (base + i) % 7));
+  };
+  auto add_param = [&](const Tensor& t, const std::string& name, int m) {
+    if (t.defined()) add(t, layout.find(name).offset, m);
+  };
+  g.zero();
+  const int L = static_cast<int>(units.size()) - 2;
+  for (int m = 0; m < accum; ++m) {
+    g.begin_micro_batch();
+    add_param(g.views().tok_emb, layout.params().front().name, m);
+    g.done(L);
+    for (int l = L - 1; l >= 0; --l) {
+      g.enter_backward(l);
+      const BlockWeights& b = g.views().blocks[static_cast<size_t>(l)];
+      for (const ParamInfo& p : layout.params())
+        if (p.layer == l && p.name.find("attn.c_attn.weight") != std::string::npos)
+          add(b.qkv_w, p.offset, m);
+      g.done(l);
+    }
+    g.done(-1);
+  }
+}
+
+TEST(OffloadedGrads, AccumulatesThroughTheFileAndTheUpdateReadsAnyPiece) {
+  ::setenv("MEMFIT_OFFLOAD_IO", "threads", 1);  // both engines: the trainer tests run io_uring
+  TempDir dir;
+  ModelConfig mc = ModelConfig::preset("gpt2-tiny");
+  mc.finalize();
+  const ParamLayout layout(mc);
+  MemoryPool pool;
+  {
+    OffloadedGrads g(layout, pool, dir.path, "run-x", /*grad_accum=*/3, /*max_piece=*/1000);
+    const nlohmann::json h = ScratchFile::read_header(g.file().path());
+    EXPECT_EQ(h["run"], "run-x");
+    EXPECT_EQ(h["tensor"], "grads");
+    EXPECT_EQ(h["layout"]["unit_starts"].size(), unit_ranges(layout).size());
+    EXPECT_EQ(pool.bytes_current(), g.file_layout().ram_bytes());
+    run_step(g, layout, 3);
+    // The qkv weight of each block: (1 + 2 + 3) * (1 + e % 7) after three micro-batches, read
+    // by the update in pieces of 1000 starting anywhere in the unit (here: not on a page).
+    for (const ParamInfo& p : layout.params()) {
+      if (p.layer < 0 || p.name.find("attn.c_attn.weight") == std::string::npos) continue;
+      const ElementRange piece{p.offset + 3, std::min(p.offset + 1003, p.offset + p.numel)};
+      g.submit_piece(piece, 1);
+      const Tensor t = g.wait_piece(piece, 1);
+      const float* v = t.data<float>();
+      for (int64_t i = 0; i < piece.size(); ++i)
+        ASSERT_EQ(v[i], float(6 * (1 + (piece.begin + i) % 7))) << p.name << " " << i;
+    }
+    // The embeddings, written once after the last backward.
+    const ParamInfo& e = layout.params().front();
+    const ElementRange piece{e.offset, e.offset + 999};
+    g.submit_piece(piece, 0);
+    const Tensor t = g.wait_piece(piece, 0);
+    for (int64_t i = 0; i < piece.size(); ++i)
+      ASSERT_EQ(t.data<float>()[i], float(6 * (1 + (piece.begin + i) % 7))) << i;
+    // A second step starts from zero.
+    run_step(g, layout, 3);
+    g.submit_piece(piece, 2);
+    EXPECT_EQ(g.wait_piece(piece, 2).data<float>()[5], float(6 * (1 + (piece.begin + 5) % 7)));
+    EXPECT_EQ(g.stats().bytes_written, 2 * (g.file_layout().file_bytes - kHeaderBytes +
+                                            2 * (g.file_layout().file_bytes - kHeaderBytes -
+                                                 align_up(g.file_layout().units.front().size() * 4) -
+                                                 align_up(g.file_layout().units.back().size() * 4))));
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path));  // scratch: removed
+  ::unsetenv("MEMFIT_OFFLOAD_IO");
+}
+
+}  // namespace
+}  // namespace memfit::offload
