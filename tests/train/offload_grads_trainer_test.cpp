@@ -147,6 +147,44 @@ TEST_F(OffloadGradsTrainer, RefusesWithoutTheOptimizerOffloaded) {
   c.offload_grads = "disk";
   EXPECT_NE(message().find("--offload-grads must be none or nvme"), std::string::npos)
       << message();
+  // Several ranks: refused with the reason, at every stage.
+  RunSpec spec = resolve_run(offloaded(config()));
+  spec.world = 2;
+  for (int stage : {1, 2, 3}) {
+    spec.zero = stage;
+    try {
+      spec.check();
+      ADD_FAILURE() << "accepted --offload-grads over 2 ranks at stage " << stage;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--offload-grads nvme is for one process"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST_F(OffloadGradsTrainer, StoppedAndResumedIsBitIdentical) {
+  // The checkpoint never needs the gradients' file: a run stopped after step 3 and resumed
+  // (offloaded again, and in RAM) ends with the uninterrupted run's files.
+  TrainConfig c = config();
+  c.precision = "bf16";
+  c.optim.name = "adamw8bit";
+  c.save_dir = (dir / "whole").string();
+  train(c);  // in RAM, straight through
+  for (const bool back_in_ram : {false, true}) {
+    SCOPED_TRACE(back_in_ram ? "resumed in RAM" : "resumed offloaded");
+    TrainConfig o = offloaded(c);
+    o.save_dir = (dir / (back_in_ram ? "ram" : "off")).string();
+    o.stop_after = 3;
+    train(o);
+    TrainConfig r = back_in_ram ? c : o;
+    r.save_dir = o.save_dir;
+    r.stop_after = 0;
+    r.resume_dir = o.save_dir;
+    train(r);
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+      EXPECT_EQ(first_difference(dir / "whole" / f, fs::path(o.save_dir) / f), "") << f;
+  }
 }
 
 }  // namespace
