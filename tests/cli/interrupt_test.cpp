@@ -42,6 +42,10 @@ class Interrupt : public test::BinaryTest {
  protected:
   Interrupt() : BinaryTest(7) {}
 
+  // kill -9 during an offloaded run (the options `more` added), then a resume: the body of the
+  // offload kill tests below.
+  void run_kill_offloaded(const std::vector<std::string>& more, int min_leftovers);
+
   // `memfit train` on gpt2-tiny, long enough to be interrupted; extra options appended.
   std::vector<std::string> train_args(int steps, const std::vector<std::string>& extra) const {
     std::vector<std::string> a = {(fs::path(MEMFIT_BINARY_DIR) / "memfit").string(),
@@ -186,9 +190,21 @@ TEST_F(Interrupt, AResumeCutsTheLogBackSoEveryStepAppearsOnce) {
 // it), the files left behind name their run in their header, and a resume from the checkpoint
 // ends with exactly the checkpoint of the run that was never killed.
 TEST_F(Interrupt, KillDuringAnOffloadedRunResumesBitIdentically) {
-  const std::vector<std::string> offload = {"--offload-optimizer", "nvme", "--offload-dir",
-                                            (dir / "off").string(), "--precision", "bf16",
-                                            "--optim", "adamw8bit"};
+  // master, and each 8-bit moment's codes and absmax
+  run_kill_offloaded({}, 5);
+}
+
+// The same with the gradients on disk too (Note [NVMe offload], "Gradients on disk"): their
+// file is scratch like the others, and the checkpoint never needs it.
+TEST_F(Interrupt, KillDuringARunWithOffloadedGradientsResumesBitIdentically) {
+  run_kill_offloaded({"--offload-grads", "nvme", "--grad-accum", "2"}, 6);
+}
+
+void Interrupt::run_kill_offloaded(const std::vector<std::string>& more, int min_leftovers) {
+  std::vector<std::string> offload = {"--offload-optimizer", "nvme", "--offload-dir",
+                                      (dir / "off").string(), "--precision", "bf16",
+                                      "--optim", "adamw8bit"};
+  offload.insert(offload.end(), more.begin(), more.end());
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), offload.begin(), offload.end());
     return extra;
@@ -215,7 +231,7 @@ TEST_F(Interrupt, KillDuringAnOffloadedRunResumesBitIdentically) {
     EXPECT_EQ(j["run"].get<std::string>().rfind(fmt::format("memfit-{}-", pid), 0), 0u) << header;
     ++leftovers;
   }
-  EXPECT_GE(leftovers, 5);  // master, and each 8-bit moment's codes and absmax
+  EXPECT_GE(leftovers, min_leftovers);
   const pid_t resumed = spawn(train_args(steps, with({"--save-every", "3", "--resume",
                                                       (dir / "ck").string()})));
   ASSERT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
