@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """NVMe offload (issue 15, "Measure"): the disk's sequential bandwidth from fio, a small model's
 step time in RAM and offloaded side by side (with its losses checked bit for bit), and a large
-run with --offload-optimizer nvme on one fixed batch (--repeat-batch): RAM peak (pool and RSS),
+run with --offload-optimizer nvme (and --offload-grads nvme unless --grads none) on one fixed batch (--repeat-batch): RAM peak (pool and RSS),
 disk bytes, each step's time split into the update, the update's I/O wait and the rest, and the
 I/O throughput while the optimizer runs as a fraction of fio's.
 
@@ -85,7 +85,8 @@ def large_shape(args):
         return shape
     found = run_json([args.memfit, "plan", "--json", "--model", "llama2-7b", "--max-model",
                       "--mem-limit", args.mem_limit, "--precision", args.precision, "--optim",
-                      args.optim, "--offload-optimizer", "nvme", "--offload-dir", args.dir,
+                      args.optim, "--offload-optimizer", "nvme", "--offload-grads", args.grads,
+                      "--offload-dir", args.dir,
                       "--batch", str(args.batch), "--seq-len", str(args.seq)])["max_model"]
     m = found["best"]
     return ["--model", "llama2-7b", "--n-layer", str(m["n_layer"]), "--d-model",
@@ -98,7 +99,8 @@ def large(args, tmp):
     shape = large_shape(args)
     common = shape + ["--precision", args.precision, "--optim", args.optim, "--batch",
                       str(args.batch), "--seq-len", str(args.seq), "--offload-optimizer", "nvme",
-                      "--offload-dir", args.dir, "--mem-limit", args.mem_limit]
+                      "--offload-grads", args.grads, "--offload-dir", args.dir, "--mem-limit",
+                      args.mem_limit]
     if "--ckpt" not in common:
         common += ["--ckpt", args.ckpt]
     plan = run_json([args.memfit, "plan", "--json", "--steps", str(args.steps)] + common)
@@ -108,7 +110,8 @@ def large(args, tmp):
     rows = []
     for s in steps:
         o = s["offload"]
-        moved = o["read_bytes"] + o["written_bytes"]
+        # The update's bytes: the gradients' writes and reads back during the backward are not.
+        moved = o["read_bytes"] + o["written_bytes"] - o.get("grads_backward_bytes", 0)
         rows.append({"step": s["step"], "loss": s["loss"], "step_s": s["step_seconds"],
                      "update_s": o["update_seconds"], "io_wait_s": o["wait_seconds"],
                      "compute_s": s["step_seconds"] - o["wait_seconds"],
@@ -141,6 +144,8 @@ def main():
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--ckpt", default="full")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--grads", default="nvme", choices=["nvme", "none"],
+                   help="the large run's --offload-grads (default nvme: no gradient slab in RAM)")
     p.add_argument("--fio-gib", type=int, default=8)
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "offload.json"))
     args = p.parse_args()

@@ -256,6 +256,7 @@ void OffloadedGrads::submit_piece(const ElementRange& piece, int slot) {
   r.bytes = fl_.piece_read_bytes(piece);
   r.file = file_->path().string();
   stats_.bytes_read += r.bytes;
+  update_read_ += r.bytes;
   update_reads_[static_cast<size_t>(slot)].push_back(io_->submit(std::move(r)));
 }
 

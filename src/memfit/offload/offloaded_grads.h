@@ -86,6 +86,8 @@ class OffloadedGrads final : public GradStore {
   const GradFileLayout& file_layout() const { return fl_; }
   const ScratchFile& file() const { return *file_; }
   const IoStats& stats() const { return stats_; }
+  // Of stats(): the bytes the backward wrote and read back (the rest is the update's reads).
+  uint64_t backward_bytes() const { return stats_.bytes_read + stats_.bytes_written - update_read_; }
   // Header's step after an update.
   void set_step(int64_t step) { file_->set_step(step); }
 
@@ -113,6 +115,7 @@ class OffloadedGrads final : public GradStore {
   std::optional<float> inv_scale_;
   int m_ = -1;
   IoStats stats_;
+  uint64_t update_read_ = 0;
 };
 
 }  // namespace memfit::offload

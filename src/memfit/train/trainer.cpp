@@ -548,6 +548,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
     const offload::IoStats io_before = offload_stats();
+    const uint64_t grads_backward_before = grads_file ? grads_file->backward_bytes() : 0;
     // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
     // slab, by the same scale.
     if (grads_file)
@@ -669,6 +670,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
                          {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
                          {"update_seconds", io.update_seconds - io_before.update_seconds},
                          {"engine", off->engine().name()}};
+      // --offload-grads: of those bytes, the backward's gradient writes and reads back (during
+      // the micro-batches, not the update).
+      if (grads_file)
+        line["offload"]["grads_backward_bytes"] =
+            grads_file->backward_bytes() - grads_backward_before;
     }
     if (scaler) {
       line["loss_scale"] = loss_scale;
