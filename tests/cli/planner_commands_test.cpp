@@ -303,3 +303,46 @@ TEST_F(PlannerCommands, CalibrateSavesItsRatesWhereThePlannerReadsThem) {
 
 }  // namespace
 }  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// --offload-grads nvme in `memfit plan` (Note [NVMe offload], "Gradients on disk"): llama2-7b's
+// grads in RAM are the unit buffers instead of the 25.7 GiB slab, the gradients' file is on
+// the disk list, the text says what grads holds; --max-model finds a larger member under 16 GiB;
+// several ranks are refused (exit 2).
+TEST_F(PlannerCommands, OffloadGradsIsPlannedAndGrowsTheLargestModel) {
+  const std::string base = fmt::format(
+      "plan --model llama2-7b --seq-len 512 --batch 1 --precision bf16 --optim adamw8bit "
+      "--offload-optimizer nvme --offload-dir '{}' --disk-limit 2000GiB",
+      (dir / "off").string());
+  const Output ram = memfit(base + " --ckpt full --json");
+  const Output off = memfit(base + " --ckpt full --offload-grads nvme --json");
+  ASSERT_EQ(ram.exit_code, 0) << ram.err;
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  const nlohmann::json a = nlohmann::json::parse(ram.out), b = nlohmann::json::parse(off.out);
+  const size_t slab = a["by_category"]["grads"].get<size_t>();
+  EXPECT_LT(b["by_category"]["grads"].get<size_t>() * 9, slab);
+  EXPECT_EQ(b["offload"]["disk_by_category"]["grads"].get<size_t>() >= slab, true);
+  EXPECT_FALSE(a["offload"]["disk_by_category"].contains("grads"));
+  EXPECT_TRUE(b["offload"]["grads"].get<bool>());
+  // Written by the backward and read by the update: twice the slab, pages rounded.
+  EXPECT_GE(b["offload"]["io_bytes_per_step"].get<uint64_t>(),
+            a["offload"]["io_bytes_per_step"].get<uint64_t>() + 2 * slab);
+  const Output text = memfit(base + " --ckpt full --offload-grads nvme");
+  EXPECT_NE(text.out.find("offload-grads: no gradient slab"), std::string::npos) << text.out;
+  auto largest = [&](const std::string& grads) {
+    const Output r = memfit(base + " --max-model --mem-limit 16GiB --offload-grads " + grads +
+                            " --json");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["max_model"]["best"]["n_layer"].get<int>();
+  };
+  EXPECT_GT(largest("nvme"), largest("none"));
+  const Output ranks = memfit(base + " --ckpt full --offload-grads nvme --world-size 2 --zero 2");
+  EXPECT_EQ(ranks.exit_code, 2);
+  EXPECT_NE(ranks.err.find("--offload-grads nvme is for one process"), std::string::npos)
+      << ranks.err;
+}
+
+}  // namespace
+}  // namespace memfit
