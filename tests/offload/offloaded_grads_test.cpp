@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/core/error.h"
 #include "memfit/model/model_config.h"
 #include "memfit/state/shard.h"
 
@@ -135,6 +136,34 @@ TEST(OffloadedGrads, AccumulatesThroughTheFileAndTheUpdateReadsAnyPiece) {
   }
   EXPECT_TRUE(fs::is_empty(dir.path));  // scratch: removed
   ::unsetenv("MEMFIT_OFFLOAD_IO");
+}
+
+// A failed write of a unit's gradients (fault injection: the first request is the tail's write,
+// the step's only micro-batch being its last) stops the backward with the file, the offset and errno; the file is still removed.
+TEST(OffloadedGrads, AWriteErrorNamesTheFileOffsetAndErrno) {
+  TempDir dir;
+  ModelConfig mc = ModelConfig::preset("gpt2-tiny");
+  mc.finalize();
+  const ParamLayout layout(mc);
+  MemoryPool pool;
+  {
+    OffloadedGrads g(layout, pool, dir.path, "run-e", /*grad_accum=*/1);
+    ::setenv("MEMFIT_OFFLOAD_FAIL_IO", "1:ENOSPC", 1);
+    try {
+      run_step(g, layout, 1);
+      ADD_FAILURE() << "no error";
+    } catch (const IoError& e) {
+      const std::string what = e.what();
+      const std::vector<ElementRange> units = unit_ranges(layout);
+      EXPECT_NE(what.find("run-e.grads.offload"), std::string::npos) << what;
+      EXPECT_NE(what.find(fmt::format("offset {}", g.file_layout().file_offsets[units.size() - 1])),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("errno 28"), std::string::npos) << what;
+    }
+    ::unsetenv("MEMFIT_OFFLOAD_FAIL_IO");
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path));
 }
 
 }  // namespace
