@@ -67,14 +67,24 @@ uint64_t GradFileLayout::piece_read_bytes(const ElementRange& piece) const {
   return align_up(from + static_cast<uint64_t>(piece.size()) * 4) - start;
 }
 
-uint64_t GradFileLayout::io_bytes_per_step(const std::vector<ElementRange>& pieces) const {
+uint64_t GradFileLayout::backward_written() const {
   uint64_t b = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     const bool edge = u == 0 || u + 1 == units.size();
-    const uint64_t n = unit_bytes(units[u]);
-    b += edge ? n : n * static_cast<uint64_t>(grad_accum);           // written
-    if (!edge) b += n * static_cast<uint64_t>(grad_accum - 1);      // read back
+    b += unit_bytes(units[u]) * (edge ? 1 : static_cast<uint64_t>(grad_accum));
   }
+  return b;
+}
+
+uint64_t GradFileLayout::backward_read() const {
+  uint64_t b = 0;
+  for (size_t u = 1; u + 1 < units.size(); ++u)
+    b += unit_bytes(units[u]) * static_cast<uint64_t>(grad_accum - 1);
+  return b;
+}
+
+uint64_t GradFileLayout::io_bytes_per_step(const std::vector<ElementRange>& pieces) const {
+  uint64_t b = backward_written() + backward_read();
   for (const ElementRange& p : pieces) b += piece_read_bytes(p);
   return b;
 }

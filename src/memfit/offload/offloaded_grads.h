@@ -49,8 +49,11 @@ struct GradFileLayout {
   size_t ram_bytes() const;
   // Bytes of the file the update reads for `piece` (inside one unit; rounded out to pages).
   uint64_t piece_read_bytes(const ElementRange& piece) const;
-  // Bytes written and read per step: each unit written by every micro-batch (the edges by the
-  // last), each block read back by micro-batches 1.., and every piece read by the update.
+  // The backward's bytes per step: each block written by every micro-batch and the edges by
+  // the last; each block read back by micro-batches 1...
+  uint64_t backward_written() const;
+  uint64_t backward_read() const;
+  // Bytes written and read per step: the backward's, and every piece read by the update.
   uint64_t io_bytes_per_step(const std::vector<ElementRange>& pieces) const;
   // Which unit holds element `e`.
   size_t unit_of(int64_t e) const;

@@ -282,7 +282,17 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   if (spec.offload.optimizer) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);
-    in.offload_io_seconds = disk.seconds(r.io_bytes_per_step / 2.0, r.io_bytes_per_step / 2.0);
+    // --offload-grads: the backward's part (blocks written, read back under accumulation) is
+    // apart, hidden behind the backward rather than the update.
+    uint64_t backward_read = 0, backward_written = 0;
+    if (spec.offload.grads) {
+      const offload::GradFileLayout g = offload::make_grad_file_layout(layout, spec.grad_accum);
+      backward_read = g.backward_read();
+      backward_written = g.backward_written();
+      in.offload_backward_io_seconds = disk.seconds(double(backward_read), double(backward_written));
+    }
+    const double update_bytes = double(r.io_bytes_per_step - backward_read - backward_written);
+    in.offload_io_seconds = disk.seconds(update_bytes / 2.0, update_bytes / 2.0);
   }
   in.master_weights = precision.master_weights;
   in.compression_bytes = compression_traffic_bytes(r.step);

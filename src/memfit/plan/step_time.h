@@ -21,7 +21,8 @@ struct StepTime {
   double compression = 0;  // --act-compress: quantising saved activations, restoring them
   double optimizer = 0;    // the update, zeroing and clipping the gradients
   // --offload-optimizer nvme: the update's disk time beyond its compute (the reads and writes
-  // run while pieces are updated, so only the excess adds to the step).
+  // run while pieces are updated, so only the excess adds to the step); with --offload-grads
+  // also the backward's gradient I/O beyond the backward's compute.
   double offload_io = 0;
   // Several ranks: the step's collectives, their bytes copied at the memory-copy rate (the
   // shared-memory transport's) and the sums of the reduced ones at the streaming rate; counted
@@ -54,6 +55,9 @@ struct StepTimeInputs {
   // --offload-optimizer nvme: seconds the update's reads and writes take at the disk's measured
   // rates (offload/disk_rate.h); 0 without offload.
   double offload_io_seconds = 0;
+  // --offload-grads nvme: seconds the backward's gradient writes and reads back take (the
+  // update's reads of them are in offload_io_seconds).
+  double offload_backward_io_seconds = 0;
 };
 
 // The bytes the (de)quantisation passes of --act-compress move in one micro-batch, read from
