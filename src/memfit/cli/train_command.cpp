@@ -124,6 +124,11 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "none | nvme: optimizer state and FP32 master weights in files in "
                   "--offload-dir, streamed a block at a time through the update")
       ->capture_default_str();
+  cmd->add_option("--offload-params", c.offload_params,
+                  "none | nvme: the blocks' working weights in a file in --offload-dir, each "
+                  "block read before the phase that needs it (--prefetch-depth ahead) and "
+                  "written back by the update; needs --offload-optimizer nvme and one process")
+      ->capture_default_str();
   cmd->add_option("--offload-dir", c.offload_dir,
                   "Directory for the offload files (scratch, removed when the run ends)");
   cmd->add_option("--disk-limit", c.disk_limit,

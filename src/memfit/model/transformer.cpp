@@ -15,7 +15,8 @@ using namespace kernels;
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          const PrecisionOptions& precision,
                          std::optional<ElementRange> master_range, bool master_in_ram,
-                         const ParamSharding* sharding)
+                         const ParamSharding* sharding,
+                         const ParamOffload* param_file)
     : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
   check_precision_options(precision);
   const Precision p = precision.precision;
@@ -31,14 +32,22 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          master_range_,
                  "model", "stage 3's working weights are the rank's shard, its master range");
   }
-  // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]).
-  params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
-                          half_dtype(p), Category::params, "params");
+  MEMFIT_CHECK(!param_file || (!sharded_ && !master_in_ram && !master_range), "model",
+               "offloaded working weights need one process and the master weights elsewhere");
+  // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]); offloaded,
+  // the persistent units alone, which the file source holds.
+  if (!param_file)
+    params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
+                            half_dtype(p), Category::params, "params");
   if (p != Precision::fp32 && precision.master_weights && master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)
     gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding);
+  else if (param_file)
+    gather_ = std::make_unique<WeightGather>(pool, layout_, half_dtype(p), *param_file->file,
+                                             param_file->prefetch_depth,
+                                             param_file->persist_threshold);
   else
     weights_ = layout_.views(params_);
   grad_views_ = layout_.views(grads_);
@@ -46,6 +55,8 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
 
 Tensor Transformer::param(const std::string& name) const {
   MEMFIT_CHECK(!sharded_, "model", "param('{}'): the working weights are a ZeRO-3 shard", name);
+  MEMFIT_CHECK(!params_offloaded(), "model", "param('{}'): the working weights are on disk",
+               name);
   return layout_.view(params_, name);
 }
 
@@ -67,7 +78,18 @@ void Transformer::refresh_working() {
   working_changed();
 }
 
+void Transformer::working_to(Tensor& out) {
+  MEMFIT_CHECK(params_offloaded(), "model", "working_to: the working weights are in RAM");
+  gather_->load_all(out);
+}
+
 void Transformer::set_weights_from(const Tensor& slab) {
+  if (params_offloaded()) {
+    // The weights of record are elsewhere (the master file) or the working copy itself: the
+    // working copy, rounded, into RAM and the file.
+    gather_->store_all(slab);
+    return;
+  }
   Tensor& w = weights();
   if (whole_weights()) {
     if (w.raw_data() != slab.raw_data()) convert(w, slab);
@@ -128,6 +150,14 @@ void Transformer::draw_initial_weights(uint64_t seed, Tensor& f32_slab) const {
 }
 
 void Transformer::init_weights(uint64_t seed) {
+  if (params_offloaded()) {
+    // In f32 in the gradient slab (unused until the first backward), then into RAM and the
+    // file, rounded as the other paths round.
+    init_slab(config_, layout_, grads_, seed);
+    gather_->store_all(grads_);
+    grads_.zero();
+    return;
+  }
   Tensor& w = weights();
   if (w.dtype() == DType::f32 && whole_weights()) {
     init_slab(config_, layout_, w, seed);

@@ -36,9 +36,14 @@ class Transformer {
   // `sharding` (ZeRO stage 3, Note [ZeRO stage 3]): the working weights are this rank's shard
   // (`master_range`, which must be its shards entry) and the step gathers what each phase
   // reads (model/weight_gather.h). Every rank must then run the same steps and loads.
+  // `param_offload` (--offload-params nvme, one process, Note [NVMe offload]): the blocks'
+  // working weights live in that file (kept by the caller, outliving the model) and are read
+  // into a ring before the phases that need them (WeightGather's file source); RAM holds the
+  // persistent units alone (Category::params) and params() is empty. Needs master_in_ram false.
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
               std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
-              const ParamSharding* sharding = nullptr);
+              const ParamSharding* sharding = nullptr,
+              const ParamOffload* param_offload = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -48,6 +53,14 @@ class Transformer {
   Tensor& params() { return params_; }
   ElementRange params_range() const { return sharded_ ? master_range_ : whole(); }
   bool params_sharded() const { return sharded_; }
+  // --offload-params: the blocks' working weights are in a file; the update reaches them
+  // through offloaded_params() (WeightGather::update_piece), init, loads and saves through
+  // set_weights_from and working_to.
+  bool params_offloaded() const { return gather_ && gather_->from_file(); }
+  WeightGather& offloaded_params() { return *gather_; }
+  // The whole working copy into `out` (the whole layout in the working dtype): a save's weights
+  // of record without master weights.
+  void working_to(Tensor& out);
   // At stage 3, after the working shard changed (the optimizer wrote it): every rank calls it
   // at the same point; the persistent units are gathered again. Nothing to do otherwise.
   void working_changed();

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/dist/shard_collectives.h"
 #include "memfit/state/shard.h"
 
@@ -16,6 +17,23 @@ namespace {
 // The ring's slot size is rounded to 32 elements, so every slot starts 64-byte aligned in
 // bf16 as in f32.
 constexpr int64_t kSlotGranule = 32;
+// The file source reads and writes whole slots with O_DIRECT: each slot a multiple of a 4 KiB
+// page, the ring's start aligned to one.
+constexpr int64_t kFileAlign = 4096;
+
+int64_t round_to(int64_t n, int64_t granule) { return (n + granule - 1) / granule * granule; }
+
+// A unit's read from the file, as the event machinery waits for a gather.
+class FileRead final : public dist::Request {
+ public:
+  FileRead(UnitFile& f, uint64_t ticket) : f_(f), ticket_(ticket) {}
+  bool test() override { return false; }  // the kernel (or the engine's threads) moves it
+  void wait() override { f_.wait(ticket_); }
+
+ private:
+  UnitFile& f_;
+  uint64_t ticket_;
+};
 
 int block_unit(const Phase& p) {
   switch (p.kind) {
@@ -72,6 +90,20 @@ size_t WeightGather::comm_bytes(const ParamLayout& layout, DType dtype, int pref
          pool_bytes(g.slot_elements * (prefetch_depth + 1), elem);
 }
 
+UnitFileRam WeightGather::file_ram_bytes(const ParamLayout& layout, DType dtype,
+                                         int prefetch_depth, int64_t persist_threshold) {
+  const GatherUnits g = gather_units(layout, persist_threshold);
+  const size_t elem = dtype_size(dtype);
+  UnitFileRam r;
+  r.params = pool_bytes(g.persistent_elements, elem);
+  if (g.slot_elements > 0) {
+    const int64_t slot = round_to(g.slot_elements, kFileAlign / static_cast<int64_t>(elem));
+    r.staging = pool_bytes(slot * (prefetch_depth + 1) + kFileAlign / static_cast<int64_t>(elem),
+                           elem);
+  }
+  return r;
+}
+
 int64_t WeightGather::step_gather_bytes(const ParamLayout& layout, DType dtype,
                                         const std::vector<Phase>& phases, int grad_accum,
                                         int64_t persist_threshold) {
@@ -113,7 +145,9 @@ WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Te
   }
 }
 
-std::unique_ptr<dist::Request> WeightGather::gather(ElementRange unit, char* dst) {
+std::unique_ptr<dist::Request> WeightGather::gather(size_t u, char* dst) {
+  if (file_) return std::make_unique<FileRead>(*file_, file_->read(u, dst));
+  const ElementRange unit = units_.units[u];
   // Every rank's part of the unit, in rank order: the shards tile the layout, so their
   // intersections with the unit tile it. This rank's part is copied into its place and the
   // gather runs in place (it only moves bytes: Note [Deterministic reduction]).
@@ -163,29 +197,172 @@ void WeightGather::enter(int phase) {
   const int limit = (next ? e : current_) + s_.prefetch_depth;
   const int events = static_cast<int>(event_unit_.size());
   while (started_ < events && started_ <= limit) {  // (no events: no ring)
-    const ElementRange unit = units_.units[static_cast<size_t>(event_unit_[started_])];
-    char* slot = static_cast<char*>(ring_.raw_data()) +
-                 static_cast<size_t>((started_ % slots_) * units_.slot_elements) * elem_;
-    requests_[static_cast<size_t>(started_)] = gather(unit, slot);
+    requests_[static_cast<size_t>(started_)] =
+        gather(static_cast<size_t>(event_unit_[started_]), slot_bytes(started_ % slots_));
     ++started_;
   }
   if (!next) return;
   requests_[static_cast<size_t>(e)]->wait();
   requests_[static_cast<size_t>(e)].reset();
   const ElementRange unit = units_.units[static_cast<size_t>(event_unit_[e])];
-  layout_.bind(weights_,
-               ring_.view((e % slots_) * units_.slot_elements, {unit.size()}), unit);
+  layout_.bind(weights_, slot_view(e % slots_, 0, unit.size()), unit);
   current_ = e;
 }
 
 void WeightGather::refresh() {
   drain();
+  if (file_) return;  // the persistent units are the working weights themselves
   std::vector<std::unique_ptr<dist::Request>> pending;
   char* base = static_cast<char*>(persistent_.raw_data());
   for (size_t u = 0; u < units_.units.size(); ++u)
     if (units_.persistent[u])
-      pending.push_back(gather(units_.units[u], base + static_cast<size_t>(persistent_at_[u]) * elem_));
+      pending.push_back(gather(u, base + static_cast<size_t>(persistent_at_[u]) * elem_));
   for (auto& r : pending) r->wait();
+}
+
+WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dtype,
+                           UnitFile& file, int prefetch_depth, int64_t persist_threshold)
+    : layout_(layout), file_(&file) {
+  MEMFIT_CHECK(prefetch_depth >= 0, "offload", "--prefetch-depth must be at least 0, got {}",
+               prefetch_depth);
+  s_.prefetch_depth = prefetch_depth;
+  s_.persist_threshold = persist_threshold;
+  elem_ = dtype_size(dtype);
+  units_ = gather_units(layout, persist_threshold);
+  const int64_t page = kFileAlign / static_cast<int64_t>(elem_);
+  units_.slot_elements = round_to(units_.slot_elements, page);
+  slots_ = prefetch_depth + 1;
+  slot_write_.assign(static_cast<size_t>(slots_), 0);
+  // The persistent units are the working weights in RAM (what the slab would have held).
+  if (units_.persistent_elements > 0)
+    persistent_ = Tensor::empty(pool, {units_.persistent_elements}, dtype, Category::params,
+                                "params.persistent");
+  if (units_.slot_elements > 0) {
+    ring_ = Tensor::empty(pool, {units_.slot_elements * slots_ + page}, dtype, Category::staging,
+                          "params.ring");
+    const auto addr = reinterpret_cast<uintptr_t>(ring_.raw_data());
+    ring_at_ = static_cast<int64_t>((addr + kFileAlign - 1) / kFileAlign * kFileAlign - addr) /
+               static_cast<int64_t>(elem_);
+  }
+  int64_t at = 0;
+  persistent_at_.assign(units_.units.size(), -1);
+  for (size_t u = 0; u < units_.units.size(); ++u) {
+    if (!units_.persistent[u]) continue;
+    persistent_at_[u] = at;
+    layout_.bind(weights_, persistent_.view(at, {units_.units[u].size()}), units_.units[u]);
+    at += units_.units[u].size();
+  }
+}
+
+WeightGather::~WeightGather() {
+  if (!file_) return;
+  try {
+    for (auto& r : requests_)
+      if (r) r->wait();
+    for (uint64_t w : slot_write_)
+      if (w) file_->wait(w);
+  } catch (const std::exception&) {
+    // Unwinding from an I/O error already: the engine drained what was in flight.
+  }
+}
+
+char* WeightGather::slot_bytes(int slot) const {
+  return static_cast<char*>(ring_.raw_data()) +
+         static_cast<size_t>(ring_at_ + slot * units_.slot_elements) * elem_;
+}
+
+Tensor WeightGather::slot_view(int slot, int64_t at, int64_t n) const {
+  return ring_.view(ring_at_ + slot * units_.slot_elements + at, {n});
+}
+
+size_t WeightGather::unit_of(int64_t element) const {
+  size_t u = 0;
+  while (u + 1 < units_.units.size() && units_.units[u].end <= element) ++u;
+  return u;
+}
+
+void WeightGather::store_all(const Tensor& slab) {
+  MEMFIT_CHECK(file_ && slab.numel() == layout_.total(), "offload",
+               "store_all takes the whole layout ({} elements), got {}", layout_.total(),
+               slab.numel());
+  drain();
+  for (size_t u = 0; u < units_.units.size(); ++u) {
+    const ElementRange r = units_.units[u];
+    const Tensor src = slab.view(r.begin, {r.size()});
+    if (units_.persistent[u]) {
+      Tensor dst = persistent_.view(persistent_at_[u], {r.size()});
+      kernels::convert(dst, src);
+      continue;
+    }
+    Tensor dst = slot_view(0, 0, r.size());
+    kernels::convert(dst, src);
+    // The slot's padding past the block goes to the file too: zeros, not stale bytes.
+    std::memset(slot_bytes(0) + r.size() * elem_, 0,
+                static_cast<size_t>(units_.slot_elements - r.size()) * elem_);
+    file_->wait(file_->write(u, slot_bytes(0)));
+  }
+}
+
+void WeightGather::load_all(Tensor& out) {
+  MEMFIT_CHECK(file_ && out.numel() == layout_.total() && dtype_size(out.dtype()) == elem_,
+               "offload", "load_all fills the whole layout ({} elements) in the working dtype",
+               layout_.total());
+  drain();
+  char* dst = static_cast<char*>(out.raw_data());
+  for (size_t u = 0; u < units_.units.size(); ++u) {
+    const ElementRange r = units_.units[u];
+    const size_t bytes = static_cast<size_t>(r.size()) * elem_;
+    const char* src;
+    if (units_.persistent[u]) {
+      src = static_cast<const char*>(persistent_.raw_data()) +
+            static_cast<size_t>(persistent_at_[u]) * elem_;
+    } else {
+      file_->wait(file_->read(u, slot_bytes(0)));
+      src = slot_bytes(0);
+    }
+    std::memcpy(dst + static_cast<size_t>(r.begin) * elem_, src, bytes);
+  }
+}
+
+Tensor WeightGather::update_piece(ElementRange piece, bool read) {
+  MEMFIT_CHECK(file_, "offload", "update_piece without a file source");
+  const size_t u = unit_of(piece.begin);
+  const ElementRange unit = units_.units[u];
+  MEMFIT_CHECK(unit.contains(piece), "offload", "piece [{}, {}) crosses a unit", piece.begin,
+               piece.end);
+  if (units_.persistent[u])
+    return persistent_.view(persistent_at_[u] + piece.begin - unit.begin, {piece.size()});
+  if (static_cast<int>(u) != update_unit_) {
+    if (update_unit_ < 0) drain();  // the update's first block: no read into the ring in flight
+    // A new block: the next slot, once its last write is done (a double buffer with depth 1).
+    update_unit_ = static_cast<int>(u);
+    update_slot_ = (update_slot_ + 1) % slots_;
+    uint64_t& w = slot_write_[static_cast<size_t>(update_slot_)];
+    if (w) file_->wait(std::exchange(w, 0));
+    if (read) file_->wait(file_->read(u, slot_bytes(update_slot_)));
+  }
+  return slot_view(update_slot_, piece.begin - unit.begin, piece.size());
+}
+
+void WeightGather::update_piece_done(ElementRange piece) {
+  if (update_unit_ < 0) return;
+  const ElementRange unit = units_.units[static_cast<size_t>(update_unit_)];
+  if (piece.end != unit.end || !unit.contains(piece)) return;
+  // Past the block's last element the slot holds whatever came before: the file gets zeros.
+  char* slot = slot_bytes(update_slot_);
+  std::memset(slot + unit.size() * elem_, 0,
+              static_cast<size_t>(units_.slot_elements - unit.size()) * elem_);
+  slot_write_[static_cast<size_t>(update_slot_)] =
+      file_->write(static_cast<size_t>(update_unit_), slot);
+  update_unit_ = -1;
+}
+
+void WeightGather::end_update(int64_t step) {
+  for (uint64_t& w : slot_write_)
+    if (w) file_->wait(std::exchange(w, 0));
+  update_unit_ = -1;
+  update_slot_ = -1;
+  file_->set_step(step);
 }
 
 }  // namespace memfit

@@ -10,6 +10,11 @@
 //     in the order the step plan's phases need them (gather_events), each started
 //     prefetch_depth events ahead and waited for when its phase is entered.
 // The engine and the planner read the same arithmetic (comm_bytes, step_gather_bytes).
+// The second source (--offload-params nvme, Note [NVMe offload], "Working weights on disk"):
+// one process whose blocks' working weights live in a file (UnitFile, offload/param_file.h);
+// the same events read each block from it into the ring instead of all-gathering it, the
+// persistent units are the working weights in RAM (Category::params), and the update writes
+// each block back through the ring (update_piece).
 #pragma once
 
 #include <cstdint>
@@ -52,8 +57,38 @@ GatherUnits gather_units(const ParamLayout& layout, int64_t persist_threshold);
 std::vector<int> gather_events(const GatherUnits& units, const std::vector<Phase>& phases,
                                std::vector<int>* phase_event = nullptr);
 
+// Where the units that are not persistent live when they are not gathered from the ranks: a
+// file (offload/param_file.h implements it). Unit u is unit_ranges(layout)[u]; `dst`/`src` are
+// aligned ring slots of at least the unit's bytes rounded up to 4 KiB.
+class UnitFile {
+ public:
+  virtual ~UnitFile() = default;
+  virtual uint64_t read(size_t unit, void* dst) = 0;  // a ticket
+  virtual uint64_t write(size_t unit, const void* src) = 0;
+  virtual void wait(uint64_t ticket) = 0;
+  // Every block's data is written (the update ended): the header's step.
+  virtual void set_step(int64_t step) = 0;
+};
+
+// --offload-params: the file and how far ahead the step reads it.
+struct ParamOffload {
+  UnitFile* file = nullptr;
+  int prefetch_depth = 1;          // blocks read ahead of the one computing (>= 0)
+  int64_t persist_threshold = 0;   // blocks of fewer elements stay in RAM
+};
+
+// The bytes of RAM the file source holds: the persistent units (Category::params) and the ring
+// (Category::staging, each slot a multiple of 4 KiB, plus a page to align its start). What the
+// file constructor allocates.
+struct UnitFileRam {
+  size_t params = 0, staging = 0;
+};
+
 class WeightGather {
  public:
+  static UnitFileRam file_ram_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
+                                    int64_t persist_threshold);
+
   // The bytes of Category::comm a rank holds for the gathers: the persistent buffer and the
   // ring (each the pool's rounding of its bytes; 0 where empty). What the constructor allocates.
   static size_t comm_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
@@ -67,6 +102,28 @@ class WeightGather {
   // `shard`: this rank's range of the working weights (dtype), its storage kept by the caller.
   WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
                ParamSharding sharding);
+  // The file source (--offload-params, one process): the persistent units in RAM, the other
+  // blocks read from `file` (kept by the caller) as the step needs them.
+  WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dtype, UnitFile& file,
+               int prefetch_depth, int64_t persist_threshold);
+  // The file source waits for its reads and writes first: none may outlive the ring.
+  ~WeightGather();
+  bool from_file() const { return file_ != nullptr; }
+
+  // File source: the whole working copy from `slab` (the whole layout, f32 or the working
+  // dtype), rounded as refresh_working rounds (to nearest even): the persistent units in RAM,
+  // each block through a ring slot into the file. And the reverse, into `out` (the whole
+  // layout in the working dtype). Bounded RAM: one slot.
+  void store_all(const Tensor& slab);
+  void load_all(Tensor& out);
+  // File source: the update's view of the working weights of `piece` (inside one unit, the
+  // pieces of a unit in order, units in order): a persistent unit's in RAM, else the block's
+  // place in a ring slot, the block read in first when `read` (an update without master
+  // weights reads them). update_piece_done writes a block back once its last piece is done;
+  // end_update waits for the writes and stamps the file's step.
+  Tensor update_piece(ElementRange piece, bool read);
+  void update_piece_done(ElementRange piece);
+  void end_update(int64_t step);
 
   // The views the step reads: persistent units always, a block once its phase is entered.
   const ModelWeights& weights() const { return weights_; }
@@ -83,7 +140,10 @@ class WeightGather {
 
  private:
   void drain();
-  std::unique_ptr<dist::Request> gather(ElementRange unit, char* dst);
+  std::unique_ptr<dist::Request> gather(size_t u, char* dst);
+  char* slot_bytes(int slot) const;
+  Tensor slot_view(int slot, int64_t at, int64_t n) const;
+  size_t unit_of(int64_t element) const;
 
   const ParamLayout& layout_;
   Tensor shard_;
@@ -99,6 +159,12 @@ class WeightGather {
   std::vector<std::unique_ptr<dist::Request>> requests_;
   int started_ = 0, current_ = -1, slots_ = 0;
   int64_t gathered_ = 0;
+  // The file source: the file, the ring's first aligned element, and the update's block in
+  // flight (its unit and slot) with each slot's write.
+  UnitFile* file_ = nullptr;
+  int64_t ring_at_ = 0;
+  int update_unit_ = -1, update_slot_ = -1;
+  std::vector<uint64_t> slot_write_;
 };
 
 }  // namespace memfit

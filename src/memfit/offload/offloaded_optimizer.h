@@ -21,6 +21,7 @@
 #include "memfit/io/zero_checkpoint.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/offload/io_engine.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
@@ -73,6 +74,11 @@ class OffloadedOptimizer {
   // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
   // range().begin), as Optimizer::step's tensors do.
   void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
+  // The same with the working weights offloaded too (--offload-params, one process): each
+  // piece's working weights from `working` (WeightGather::update_piece: a persistent unit's in
+  // RAM, a block's in a ring slot, read first without master weights), each block written back
+  // to its file once its last piece is stepped.
+  void step(WeightGather& working, const Tensor& grads, float lr, float grad_scale);
   int64_t steps_taken() const { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
 
@@ -122,6 +128,8 @@ class OffloadedOptimizer {
   // Tensor i, unit by unit, through slot 0: each unit's bytes to `f` (read) or from it (write).
   template <class F>
   void stream(size_t tensor, IoRequest::Op op, F&& f);
+  void step_pieces(Tensor* working, WeightGather* pieces, const Tensor& grads, float lr,
+                   float grad_scale);
 
   const ParamLayout& params_;
   bool master_;

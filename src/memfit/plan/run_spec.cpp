@@ -26,6 +26,20 @@ void RunSpec::check() const {
                  "optimizer state, so it needs --zero 1, 2 or 3 (got --zero 0: every rank would "
                  "write the whole state)",
                  world);
+  // --offload-params (Note [NVMe offload], "Working weights on disk"): the update writes each
+  // block's new working weights back to the file as it streams the state, so the state must
+  // stream (with it in RAM the update would need every block's weights in RAM at once); and one
+  // process (each rank's shard of a file, read then all-gathered, is not built).
+  if (offload.params && !offload.optimizer)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-params nvme needs --offload-optimizer nvme: the update that streams "
+                 "the optimizer state a piece at a time is what writes each block's new working "
+                 "weights back to the file");
+  if (offload.params && world > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-params nvme runs in one process; under {} ranks (ZeRO stage 3 with "
+                 "each rank's shard of the working weights on disk) it is not built yet",
+                 world);
   if (prefetch_depth < 0)
     MEMFIT_THROW(ConfigError, "config", "--prefetch-depth must be 0 or more, got {}",
                  prefetch_depth);

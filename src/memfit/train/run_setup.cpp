@@ -65,6 +65,9 @@ void validate_train_config(const TrainConfig& c) {
       c.offload_optimizer != "nvme")
     MEMFIT_THROW(ConfigError, "config", "--offload-optimizer must be none or nvme, got '{}'",
                  c.offload_optimizer);
+  if (c.offload_params != "none" && c.offload_params != "nvme")
+    MEMFIT_THROW(ConfigError, "config", "--offload-params must be none or nvme, got '{}'",
+                 c.offload_params);
   // The rules between the options (precision, attention, policy, optimizer) are the RunSpec's
   // (RunSpec::check), checked by resolve_run once these are parsed.
   if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
@@ -147,6 +150,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.resumed = !c.resume_dir.empty();
   s.offload.optimizer = c.offload_optimizer == "nvme";
   s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty();
+  s.offload.params = c.offload_params == "nvme";
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();

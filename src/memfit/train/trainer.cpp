@@ -26,6 +26,7 @@
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/shard_collectives.h"
 #include "memfit/offload/offloaded_optimizer.h"
+#include "memfit/offload/param_file.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
@@ -220,8 +221,24 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   std::optional<ParamSharding> param_sharding;
   if (stage == 3)
     param_sharding = ParamSharding{&comm, shards, spec.prefetch_depth, spec.persist_threshold};
+  const std::string offload_run = fmt::format(
+      "memfit-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
+  // --offload-params nvme (one process): the blocks' working weights in a file beside the
+  // optimizer's, read through the model's ring (WeightGather's file source) and written back by
+  // the offloaded update. Made before the model, so the model (whose ring the requests use) and
+  // its waits for them go first (Note [NVMe offload], "Working weights on disk").
+  std::unique_ptr<offload::ParamFile> param_file;
+  std::optional<ParamOffload> param_offload;
+  if (spec.offload.params) {
+    param_file = std::make_unique<offload::ParamFile>(ParamLayout(mc),
+                                                      half_dtype(spec.precision.precision),
+                                                      spec.persist_threshold, offload_dir,
+                                                      offload_run);
+    param_offload = ParamOffload{param_file.get(), spec.prefetch_depth, spec.persist_threshold};
+  }
   Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
-                  param_sharding ? &*param_sharding : nullptr);
+                  param_sharding ? &*param_sharding : nullptr,
+                  param_offload ? &*param_offload : nullptr);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
@@ -231,7 +248,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     const uint64_t need =
         offload::make_offload_layout(gpt.layout(), spec.optim, master,
                                      offload::kMaxPieceElements, my_shard)
-            .disk_total();
+            .disk_total() +
+        (param_file ? param_file->layout().file_bytes : 0);
     if (need > spec.offload.disk_limit)
       MEMFIT_THROW(ConfigError, "config",
                    "--disk-limit {} bytes ({:.2f} GiB): the offload files need {} bytes ({:.2f} "
@@ -242,9 +260,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   }
   if (offload)
     off = std::make_unique<offload::OffloadedOptimizer>(
-        spec.optim, gpt.layout(), master, pool, offload_dir,
-        fmt::format("memfit-{}-{}", ::getpid(),
-                    std::chrono::system_clock::now().time_since_epoch().count()),
+        spec.optim, gpt.layout(), master, pool, offload_dir, offload_run,
         offload::kMaxPieceElements, my_shard);
   else
     opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
@@ -269,7 +285,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (off && master) {
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
       master_from_grads();
-    } else if (gpt.whole_weights()) {
+    } else if (gpt.whole_weights() && !gpt.params_offloaded()) {
       // A stage-0 save's optimizer.safetensors is checked with the weights, all before a byte
       // is copied; sharded state (any other range, or a ZeRO save) is loaded below.
       const bool with_opt = resume && opt && opt->range() == whole_range(gpt.layout()) &&
@@ -319,7 +335,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     gpt.set_step_observer(profiler->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
     if (off) {
-      profiler->set_disk(off->file_bytes());
+      CategoryBytes disk = off->file_bytes();
+      if (param_file)
+        disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
+      profiler->set_disk(disk);
       off->record_waits(true);
     }
   }
@@ -388,6 +407,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       if (my_shard) dist::all_gather_shards(comm, shards, part.raw_data(), gpt.grads().raw_data(),
                                             sizeof(float));
       return gpt.grads();
+    }
+    if (gpt.params_offloaded()) {
+      // The working weights are the weights of record (fp32, pure bf16): read back through
+      // the ring into the idle gradient slab, in their own dtype.
+      gathered_record = gpt.grads().view_bytes(0, {gpt.layout().total()},
+                                               half_dtype(spec.precision.precision));
+      gpt.working_to(gathered_record);
+      return gathered_record;
     }
     if (gpt.whole_weights()) return gpt.weights();
     const DType dt = gpt.weights().dtype();
@@ -505,6 +532,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
     const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
+    const offload::ParamIoStats params_before = offload::param_io_stats(param_file.get());
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
     for (int m = 0; m < spec.grad_accum; ++m) {
@@ -553,8 +581,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               // all-gathered. At stage 3 the working weights are the shard itself, and only the
               // persistent units are gathered again, as the in-RAM update does (counted by the
               // model: take_gathered_bytes).
-              Tensor working = gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
-              off->step(working, my_part(gpt.grads()), rate, scale);
+              if (gpt.params_offloaded()) {
+                // Each block's new working weights written back to its file.
+                off->step(gpt.offloaded_params(), gpt.grads(), rate, scale);
+              } else {
+                Tensor working =
+                    gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
+                off->step(working, my_part(gpt.grads()), rate, scale);
+              }
               update_gathered =
                   publish_working_weights(gpt, my_shard ? &*rank_shards : nullptr);
               for (const offload::IoWait& w : off->take_waits())
@@ -608,14 +642,22 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (off) {
       // This step's offload I/O: bytes moved, and the time the update waited for the disk.
       const offload::IoStats& io = off->stats();
-      const uint64_t read = io.bytes_read - io_before.bytes_read,
-                     written = io.bytes_written - io_before.bytes_written;
+      // With --offload-params the working weights' file too (its reads during the
+      // micro-batches, the update's write-back), also apart under "params".
+      const offload::ParamIoStats p =
+          offload::param_io_stats(param_file.get()) - params_before;
+      const uint64_t read = io.bytes_read - io_before.bytes_read + p.read_bytes,
+                     written = io.bytes_written - io_before.bytes_written + p.written_bytes;
       last_step_io = read + written;
       line["offload"] = {{"read_bytes", read},
                          {"written_bytes", written},
                          {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
                          {"update_seconds", io.update_seconds - io_before.update_seconds},
                          {"engine", off->engine().name()}};
+      if (param_file)
+        line["offload"]["params"] = {{"read_bytes", p.read_bytes},
+                                     {"written_bytes", p.written_bytes},
+                                     {"wait_seconds", p.wait_seconds}};
     }
     if (scaler) {
       line["loss_scale"] = loss_scale;

@@ -1,0 +1,210 @@
+// Training with --offload-params nvme (the blocks' working weights in a file, read per block
+// before each use and written back by the update; Note [NVMe offload], "Working weights on
+// disk") against the same run in RAM: the losses, the validation loss and the saved checkpoint
+// are the same bytes in fp32, bf16 with master weights and pure bf16, with and without
+// checkpointing, with an 8-bit optimizer, clipping and gradient accumulation; a resume from an
+// offloaded checkpoint continues bit for bit; the planner's peak by category, files and I/O per
+// step are the measured ones; the combinations it does not run are refused by name.
+#include <gtest/gtest.h>
+
+#include "memfit/core/error.h"
+#include "memfit/plan/max_model.h"
+#include "memfit/plan/memory_plan.h"
+#include "memfit/train/run_setup.h"
+#include "memfit/train/trainer.h"
+#include "trainer_fixture.h"
+#include "../io/io_test_util.h"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+using io::testing::first_difference;
+
+class ParamOffload : public test::TrainerFixture {
+ protected:
+  TrainConfig offloaded(TrainConfig c) const {
+    c.offload_optimizer = "nvme";
+    c.offload_params = "nvme";
+    c.offload_dir = (dir / "offload").string();
+    return c;
+  }
+  void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
+    for (const char* f : {"model.safetensors", "config.json", "optimizer.safetensors",
+                          "trainer_state.json"}) {
+      EXPECT_TRUE(fs::exists(a / f) && fs::exists(b / f)) << f;
+      EXPECT_EQ(first_difference(a / f, b / f), "") << f;
+    }
+  }
+  void expect_same_run(TrainConfig c, const std::string& what) {
+    SCOPED_TRACE(what);
+    c.steps = 3;
+    c.eval_every = 2;  // an evaluation between steps leaves prefetched reads behind
+    c.eval_batches = 1;
+    c.clip = 0.05f;  // acts on every step
+    c.save_dir = (dir / "ram").string();
+    fs::remove_all(c.save_dir);
+    const TrainSummary ram = train(c);
+    TrainConfig o = offloaded(c);
+    o.save_dir = (dir / "off").string();
+    fs::remove_all(o.save_dir);
+    const TrainSummary off = train(o);
+    ASSERT_EQ(ram.losses.size(), 3u);
+    ASSERT_EQ(off.losses.size(), 3u);
+    for (size_t i = 0; i < ram.losses.size(); ++i)
+      EXPECT_EQ(ram.losses[i], off.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(ram.last_val_loss, off.last_val_loss);
+    expect_same_checkpoint(dir / "ram", dir / "off");
+    // The blocks left RAM: the working weights in the pool are the embeddings and the tail.
+    const auto params = static_cast<size_t>(Category::params);
+    EXPECT_LT(off.peak_by_category[params], ram.peak_by_category[params]);
+    EXPECT_TRUE(fs::is_empty(dir / "offload"));  // scratch, removed
+  }
+};
+
+TEST_F(ParamOffload, Fp32BitIdenticalWithAndWithoutCheckpointing) {
+  TrainConfig c = config();
+  expect_same_run(c, "fp32 adamw");
+  c.ckpt = "full";
+  c.optim.name = "adamw8bit";
+  expect_same_run(c, "fp32 adamw8bit, full checkpointing");
+}
+
+TEST_F(ParamOffload, Bf16BitIdenticalWithMasterWeightsAndPure) {
+  TrainConfig c = config();
+  c.precision = "bf16";
+  c.optim.name = "adamw8bit";
+  c.ckpt = "full";
+  expect_same_run(c, "bf16 master adamw8bit, full checkpointing");
+  c.optim.name = "adamw";
+  c.ckpt = "none";
+  c.master_weights = "none";
+  expect_same_run(c, "pure bf16 adamw");
+  TrainConfig l = config("llama-tiny");
+  l.precision = "bf16";
+  expect_same_run(l, "llama-tiny bf16 adamw");
+}
+
+TEST_F(ParamOffload, EveryPrefetchDepthAndTheThreadEngineBitIdentical) {
+  TrainConfig c = config();
+  c.precision = "bf16";
+  for (int depth : {0, 2}) {
+    c.prefetch_depth = depth;
+    expect_same_run(c, fmt::format("--prefetch-depth {}", depth));
+  }
+  c.prefetch_depth = 1;
+  ::setenv("MEMFIT_OFFLOAD_IO", "threads", 1);
+  expect_same_run(c, "threads");
+  ::unsetenv("MEMFIT_OFFLOAD_IO");
+}
+
+TEST_F(ParamOffload, ResumeFromOffloadedCheckpointIsBitIdentical) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = config();
+    c.precision = precision;
+    c.optim.name = "adamw8bit";
+    c.save_dir = (dir / "whole").string();
+    fs::remove_all(c.save_dir);
+    train(c);  // in RAM, straight through
+    TrainConfig o = offloaded(c);
+    o.save_dir = (dir / "split").string();
+    fs::remove_all(o.save_dir);
+    o.stop_after = 3;
+    train(o);
+    o.stop_after = 0;
+    o.resume_dir = o.save_dir;
+    train(o);  // offloaded again, from the offloaded checkpoint
+    expect_same_checkpoint(dir / "whole", dir / "split");
+  }
+}
+
+TEST_F(ParamOffload, PlannedPeakFilesAndIoEqualMeasured) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    TrainConfig c = offloaded(config());
+    c.precision = precision;
+    c.steps = 2;
+    c.log_file = (dir / "log.jsonl").string();
+    const PlanReport plan = plan_training(resolve_run(c));
+    const TrainSummary s = train(c);
+    EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+    for (Category cat : kAllCategories)
+      EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                s.peak_by_category[static_cast<size_t>(cat)])
+          << category_name(cat);
+    // The params file: every block's aligned extent and a header page.
+    EXPECT_GT(plan.disk_by_category[static_cast<size_t>(Category::params)], 0u);
+    EXPECT_GT(plan.param_read_bytes, plan.param_written_bytes);  // two micro-batches
+    int steps = 0;
+    for (const auto& line : read_log(dir / "log.jsonl"))
+      if (line.contains("offload") && line.contains("step")) {
+        ++steps;
+        EXPECT_EQ(line["offload"]["read_bytes"].get<uint64_t>() +
+                      line["offload"]["written_bytes"].get<uint64_t>(),
+                  plan.io_bytes_per_step);
+        EXPECT_EQ(line["offload"]["params"]["read_bytes"].get<uint64_t>(),
+                  plan.param_read_bytes);
+        EXPECT_EQ(line["offload"]["params"]["written_bytes"].get<uint64_t>(),
+                  plan.param_written_bytes);
+      }
+    EXPECT_EQ(steps, 2);
+  }
+}
+
+TEST_F(ParamOffload, MaxModelFindsALargerModel) {
+  TrainConfig c = config();
+  c.precision = "bf16";
+  c.optim.name = "adamw8bit";
+  c.offload_optimizer = "nvme";
+  c.offload_dir = (dir / "offload").string();
+  c.ckpt = "auto";
+  c.mem_limit = "256MiB";
+  c.steps = 0;
+  c.seq_len = 64;
+  c.batch = 1;
+  c.grad_accum = 1;
+  RunSpec s = resolve_run(c);
+  const size_t limit = size_t{256} << 20;
+  const MaxModelResult state_only = find_max_model(s, limit);
+  s.offload.params = true;
+  const MaxModelResult with_params = find_max_model(s, limit);
+  ASSERT_TRUE(state_only.found && with_params.found);
+  EXPECT_GT(with_params.best.params, state_only.best.params);
+}
+
+TEST_F(ParamOffload, RefusesWhatItDoesNotRun) {
+  auto message = [&](TrainConfig c) -> std::string {
+    try {
+      resolve_run(c);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  TrainConfig c = config();
+  c.offload_params = "nvme";
+  c.offload_dir = (dir / "offload").string();
+  EXPECT_NE(message(c).find("--offload-params nvme needs --offload-optimizer nvme"),
+            std::string::npos)
+      << message(c);
+  c.offload_params = "ssd";
+  EXPECT_NE(message(c).find("--offload-params must be none or nvme, got 'ssd'"),
+            std::string::npos)
+      << message(c);
+  RunSpec s = resolve_run(offloaded(config()));
+  s.world = 2;
+  s.zero = 3;
+  try {
+    s.check();
+    FAIL() << "two ranks accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--offload-params nvme runs in one process"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace memfit
