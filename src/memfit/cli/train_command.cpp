@@ -108,11 +108,13 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
          "lower (with one rank, every stage is 0)")
       ->type_name("STAGE|auto");
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
-                  "ZeRO stage 3: blocks gathered ahead of the one computing (0: none)")
+                  "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
+                  "one computing (0: none)")
       ->capture_default_str();
   cmd->add_option("--persist-threshold", c.persist_threshold,
                   "ZeRO stage 3: blocks of fewer elements are kept whole, gathered once per "
-                  "update (the embeddings and the final norm/head always are)")
+                  "update (the embeddings and the final norm/head always are); with "
+                  "--offload-params nvme, blocks of fewer elements stay in RAM")
       ->capture_default_str();
   cmd->add_option("--collective-timeout", c.collective_timeout,
                   "Under mpirun or srun: seconds a rank waits for one collective before the job "
