@@ -37,7 +37,7 @@ class ParamOffload : public test::TrainerFixture {
       EXPECT_EQ(first_difference(a / f, b / f), "") << f;
     }
   }
-  void expect_same_run(TrainConfig c, const std::string& what) {
+  void expect_same_run(TrainConfig c, const std::string& what, bool blocks_on_disk = true) {
     SCOPED_TRACE(what);
     c.steps = 3;
     c.eval_every = 2;  // an evaluation between steps leaves prefetched reads behind
@@ -58,7 +58,10 @@ class ParamOffload : public test::TrainerFixture {
     expect_same_checkpoint(dir / "ram", dir / "off");
     // The blocks left RAM: the working weights in the pool are the embeddings and the tail.
     const auto params = static_cast<size_t>(Category::params);
-    EXPECT_LT(off.peak_by_category[params], ram.peak_by_category[params]);
+    if (blocks_on_disk)
+      EXPECT_LT(off.peak_by_category[params], ram.peak_by_category[params]);
+    else
+      EXPECT_EQ(off.peak_by_category[params], ram.peak_by_category[params]);
     EXPECT_TRUE(fs::is_empty(dir / "offload"));  // scratch, removed
   }
 };
@@ -98,6 +101,23 @@ TEST_F(ParamOffload, EveryPrefetchDepthAndTheThreadEngineBitIdentical) {
   expect_same_run(c, "threads");
   ::unsetenv("MEMFIT_OFFLOAD_IO");
 }
+
+TEST_F(ParamOffload, BlocksUnderThePersistThresholdStayInRam) {
+  TrainConfig c = config();
+  c.precision = "bf16";
+  c.persist_threshold = int64_t{1} << 40;  // every block: the file is its header alone
+  TrainConfig o = offloaded(c);
+  o.steps = 2;
+  const PlanReport plan = plan_training(resolve_run(o));
+  EXPECT_EQ(plan.param_ring_bytes, 0u);
+  EXPECT_EQ(plan.param_read_bytes, 0u);
+  EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::params)],
+            MemoryPool::round_up(static_cast<size_t>(ParamLayout(plan.model).total()) * 2));
+  const TrainSummary s = train(o);
+  EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+  expect_same_run(c, "every block persistent", /*blocks_on_disk=*/false);
+}
+
 
 TEST_F(ParamOffload, ResumeFromOffloadedCheckpointIsBitIdentical) {
   for (const char* precision : {"fp32", "bf16"}) {
@@ -204,6 +224,45 @@ TEST_F(ParamOffload, RefusesWhatItDoesNotRun) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST_F(ParamOffload, IoErrorOnTheParamsFileNamesItAndKeepsLastCheckpoint) {
+  TrainConfig c = offloaded(config());
+  c.precision = "bf16";
+  c.steps = 4;
+  c.save_every = 1;
+  c.save_dir = (dir / "ckpt").string();
+  // gpt2-tiny: 4 units (embeddings, 2 blocks, tail), bf16 AdamW's 3 optimizer files. Requests:
+  // the initial master weights (4) and blocks (2); a step's 6 block reads (3 a micro-batch: the
+  // top block's forward and backward share one) and its update (24 optimizer-file requests, 2
+  // block writes); the save's 12 reads. Request 52 is step 2's read of block 1, after step 1's
+  // checkpoint.
+  ::setenv("MEMFIT_OFFLOAD_FAIL_IO", "52:EIO", 1);
+  std::string m = "no error";
+  try {
+    train(c);
+  } catch (const IoError& e) {
+    m = e.what();
+  }
+  ::unsetenv("MEMFIT_OFFLOAD_FAIL_IO");
+  EXPECT_NE(m.find(".params.offload failed"), std::string::npos) << m;
+  EXPECT_NE(m.find("read of "), std::string::npos) << m;
+  EXPECT_NE(m.find("errno 5"), std::string::npos) << m;
+  // The last checkpoint is step 1's, whole; the scratch files are gone; the resume finishes
+  // the run as the uninterrupted one does.
+  const auto state =
+      nlohmann::json::parse(io::testing::read_file(dir / "ckpt" / "trainer_state.json"));
+  EXPECT_EQ(state["step"].get<int>(), 1);
+  EXPECT_TRUE(fs::is_empty(dir / "offload"));
+  TrainConfig r = c;
+  r.resume_dir = c.save_dir;
+  EXPECT_EQ(train(r).last_step, 4);
+  TrainConfig whole = config();
+  whole.precision = "bf16";
+  whole.steps = 4;
+  whole.save_dir = (dir / "whole").string();
+  train(whole);
+  expect_same_checkpoint(dir / "whole", dir / "ckpt");
 }
 
 }  // namespace
