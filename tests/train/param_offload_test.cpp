@@ -194,6 +194,38 @@ TEST_F(ParamOffload, MaxModelFindsALargerModel) {
   EXPECT_GT(with_params.best.params, state_only.best.params);
 }
 
+TEST_F(ParamOffload, SearchOffloadsTheWeightsWhereOnlyThatFits) {
+  TrainConfig c = config();
+  c.n_layer = 8;  // enough blocks that the file saves more than the ring costs
+  c.precision = "bf16";
+  c.steps = 2;
+  c.ckpt = "full";
+  c.offload_dir = (dir / "offload").string();
+  TrainConfig a = c;
+  a.offload_optimizer = "nvme";
+  const size_t state_only = plan_memory(resolve_run(a)).peak_bytes;
+  a.offload_params = "nvme";
+  const size_t with_params = plan_memory(resolve_run(a)).peak_bytes;
+  ASSERT_LT(with_params, state_only);
+  // --offload-dir alone: the search may offload; under this budget only the weights' offload
+  // (with --ckpt full, the smallest policy) fits.
+  const size_t limit = (with_params + state_only) / 2;
+  c.ckpt = "auto";
+  c.mem_limit = std::to_string(limit);
+  const AutoResolution r = resolve_auto(c);
+  EXPECT_TRUE(r.search.choice.offload && r.search.choice.offload_params);
+  EXPECT_TRUE(r.spec.offload.params);
+  EXPECT_EQ(r.config.offload_params, "nvme");
+  EXPECT_NE(candidate_options(r.search.choice, false).find("--offload-params nvme"),
+            std::string::npos);
+  const TrainSummary s = train(c);
+  EXPECT_LE(s.peak_bytes, limit);
+  EXPECT_EQ(s.peak_bytes, plan_memory(r.spec).peak_bytes);
+  // A roomier budget keeps the weights in RAM (as fast, fewer files).
+  c.mem_limit = std::to_string(state_only + (size_t{64} << 20));
+  EXPECT_FALSE(resolve_auto(c).search.choice.offload_params);
+}
+
 TEST_F(ParamOffload, RefusesWhatItDoesNotRun) {
   auto message = [&](TrainConfig c) -> std::string {
     try {

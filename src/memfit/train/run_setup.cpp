@@ -204,6 +204,7 @@ TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   t.ckpt = c.ckpt;
   t.act_compress = act_compress_name(c.act_compress);
   t.offload_optimizer = c.offload ? "nvme" : "none";
+  t.offload_params = c.offload_params ? "nvme" : "none";
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
