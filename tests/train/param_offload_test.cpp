@@ -7,6 +7,10 @@
 // step are the measured ones; the combinations it does not run are refused by name.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
+#include <set>
+
 #include "memfit/core/error.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
@@ -224,6 +228,33 @@ TEST_F(ParamOffload, SearchOffloadsTheWeightsWhereOnlyThatFits) {
   // A roomier budget keeps the weights in RAM (as fast, fewer files).
   c.mem_limit = std::to_string(state_only + (size_t{64} << 20));
   EXPECT_FALSE(resolve_auto(c).search.choice.offload_params);
+}
+
+TEST_F(ParamOffload, ProfileShowsTheParamsFileAndTheWaitsOnIt) {
+  TrainConfig c = offloaded(config());
+  c.precision = "bf16";
+  c.steps = 3;
+  c.profile_steps = 2;
+  c.profile_dir = (dir / "profile").string();
+  const PlanReport plan = plan_training(resolve_run(c));
+  train(c);
+  std::ifstream in(dir / "profile" / "trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, std::set<size_t>> disk;  // track -> its values
+  int param_waits = 0;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] == "C" && e["name"].get<std::string>().starts_with("disk."))
+      disk[e["name"]].insert(e["args"]["bytes"].get<size_t>());
+    if (e["ph"] == "X" && e["name"] == "params io wait") {
+      EXPECT_EQ(e["cat"], "io");
+      ++param_waits;
+    }
+  }
+  ASSERT_TRUE(disk.count("disk.params"));
+  EXPECT_EQ(disk["disk.params"],
+            std::set<size_t>{plan.disk_by_category[static_cast<size_t>(Category::params)]});
+  // At least the reads waited for when their phase began (depth 1: block 0 at the embedding).
+  EXPECT_GT(param_waits, 0);
 }
 
 TEST_F(ParamOffload, RefusesWhatItDoesNotRun) {

@@ -122,7 +122,9 @@ uint64_t ParamFile::write(size_t unit, const void* src) {
 void ParamFile::wait(uint64_t ticket) {
   const auto t0 = std::chrono::steady_clock::now();
   io_->wait(ticket);
-  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t1 = std::chrono::steady_clock::now();
+  wait_s_ += std::chrono::duration<double>(t1 - t0).count();
+  if (record_waits_) waits_.push_back({t0, t1});
 }
 
 }  // namespace memfit::offload

@@ -17,6 +17,7 @@
 #include "memfit/model/step_schedule.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/offload/io_engine.h"
+#include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/offload/scratch_file.h"
 
 namespace memfit::offload {
@@ -68,6 +69,13 @@ class ParamFile final : public UnitFile {
   uint64_t bytes_read() const { return read_; }
   uint64_t bytes_written() const { return written_; }
   double wait_seconds() const { return wait_s_; }
+  // While on, each wait that blocked is kept until take_waits() (--profile's window: io slices
+  // in the phases that waited), as OffloadedOptimizer::record_waits.
+  void record_waits(bool on) {
+    record_waits_ = on;
+    if (!on) waits_.clear();
+  }
+  std::vector<IoWait> take_waits() { return std::exchange(waits_, {}); }
 
  private:
   IoRequest request(IoRequest::Op op, size_t unit, void* buf) const;
@@ -77,6 +85,8 @@ class ParamFile final : public UnitFile {
   std::unique_ptr<ScratchFile> file_;
   uint64_t read_ = 0, written_ = 0;
   double wait_s_ = 0;
+  bool record_waits_ = false;
+  std::vector<IoWait> waits_;
 };
 
 // A run's counters of a ParamFile (zeros without one), and their difference over a step.

@@ -340,6 +340,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
         disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
       profiler->set_disk(disk);
       off->record_waits(true);
+      if (param_file) param_file->record_waits(true);
     }
   }
   auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
@@ -523,6 +524,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   int64_t saved_at = -1;
   uint64_t last_step_io = 0;  // offload: the last step's bytes read and written (this rank)
   gpt.take_gathered_bytes();  // stage 3: the gathers after initialisation or loading
+  // --offload-params under --profile: the waits for the working weights' file, as io slices
+  // inside the slice open when they are handed over (a micro-batch's, the optimizer's).
+  auto params_io_waits = [&] {
+    if (!param_file) return;
+    for (const offload::IoWait& w : param_file->take_waits())
+      if (profile::StepRecorder* r = recorder())
+        r->add("params io wait", profile::SliceKind::io_wait, w.t0, w.t1);
+  };
   for (int64_t step = start_step; step < last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.set_phase(fmt::format("step {}", step + 1));
@@ -550,6 +559,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
         gpt.backward([&](int64_t from) { sync->final_from(from); });
       else
         gpt.backward();
+      params_io_waits();  // this micro-batch's, inside its slice
     }
     // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
     // and a save records that position (a resume repeats the same batch).
@@ -591,6 +601,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               }
               update_gathered =
                   publish_working_weights(gpt, my_shard ? &*rank_shards : nullptr);
+              params_io_waits();  // the update's, on the working weights' file
               for (const offload::IoWait& w : off->take_waits())
                 if (profile::StepRecorder* r = recorder())
                   r->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
@@ -706,6 +717,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (profiler && profiler->step_end(step + 1)) {
       gpt.set_step_observer(nullptr);
       if (off) off->record_waits(false);
+      if (param_file) param_file->record_waits(false);
     }
     leaks.boundary(step + 1, pool, process_rss_bytes());
     summary.interrupted_by = interrupt_signal();
