@@ -4,7 +4,8 @@
 // are the same bytes in fp32, bf16 with master weights and pure bf16, with and without
 // checkpointing, with an 8-bit optimizer, clipping and gradient accumulation; a resume from an
 // offloaded checkpoint continues bit for bit; the planner's peak by category, files and I/O per
-// step are the measured ones; the combinations it does not run are refused by name.
+// step are the measured ones; the combinations it does not run are refused by name. (Stage 3
+// over two ranks: tests/cli/zero_offload_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -276,14 +277,19 @@ TEST_F(ParamOffload, RefusesWhatItDoesNotRun) {
   EXPECT_NE(message(c).find("--offload-params must be none or nvme, got 'ssd'"),
             std::string::npos)
       << message(c);
+  // Over several ranks at stage 3 alone (each rank's shard in its file).
   RunSpec s = resolve_run(offloaded(config()));
   s.world = 2;
   s.zero = 3;
+  s.check();
+  s.zero = 2;
   try {
     s.check();
-    FAIL() << "two ranks accepted";
+    FAIL() << "two ranks at stage 2 accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--offload-params nvme runs in one process"),
+    EXPECT_NE(std::string(e.what()).find("--offload-params nvme under 2 ranks offloads each "
+                                         "rank's shard of the working weights, so it needs "
+                                         "--zero 3 (got --zero 2"),
               std::string::npos)
         << e.what();
   }

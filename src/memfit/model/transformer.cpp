@@ -32,10 +32,11 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          master_range_,
                  "model", "stage 3's working weights are the rank's shard, its master range");
   }
-  MEMFIT_CHECK(!param_file || (!sharded_ && !master_in_ram && !master_range), "model",
-               "offloaded working weights need one process and the master weights elsewhere");
+  MEMFIT_CHECK(!param_file || (!master_in_ram && (sharded_ || !master_range)), "model",
+               "offloaded working weights need the master weights elsewhere, and one process or "
+               "ZeRO stage 3");
   // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]); offloaded,
-  // the persistent units alone, which the file source holds.
+  // none (the file source holds the persistent units, and at stage 3 the shard is in the file).
   if (!param_file)
     params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
                             half_dtype(p), Category::params, "params");
@@ -43,7 +44,9 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)
-    gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding);
+    gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding,
+                                             param_file ? param_file->file : nullptr,
+                                             half_dtype(p));
   else if (param_file)
     gather_ = std::make_unique<WeightGather>(pool, layout_, half_dtype(p), *param_file->file,
                                              param_file->prefetch_depth,
@@ -88,6 +91,7 @@ void Transformer::set_weights_from(const Tensor& slab) {
     // The weights of record are elsewhere (the master file) or the working copy itself: the
     // working copy, rounded, into RAM and the file.
     gather_->store_all(slab);
+    working_changed();  // stage 3: every rank regathers at the same point (as below)
     return;
   }
   Tensor& w = weights();
@@ -156,6 +160,7 @@ void Transformer::init_weights(uint64_t seed) {
     init_slab(config_, layout_, grads_, seed);
     gather_->store_all(grads_);
     grads_.zero();
+    working_changed();
     return;
   }
   Tensor& w = weights();

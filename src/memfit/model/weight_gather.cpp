@@ -90,11 +90,30 @@ size_t WeightGather::comm_bytes(const ParamLayout& layout, DType dtype, int pref
          pool_bytes(g.slot_elements * (prefetch_depth + 1), elem);
 }
 
+namespace {
+
+// Stage 3 with a file: the rank's largest part of a block it does not keep whole, in bytes
+// rounded up to a page (0 if none).
+size_t largest_part_bytes(const GatherUnits& g, ElementRange mine, size_t elem) {
+  int64_t most = 0;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (!g.persistent[u]) most = std::max(most, g.units[u].intersect(mine).size());
+  return static_cast<size_t>(round_to(most * static_cast<int64_t>(elem), kFileAlign));
+}
+
+}  // namespace
+
 UnitFileRam WeightGather::file_ram_bytes(const ParamLayout& layout, DType dtype,
-                                         int prefetch_depth, int64_t persist_threshold) {
+                                         int prefetch_depth, int64_t persist_threshold,
+                                         std::optional<ElementRange> mine) {
   const GatherUnits g = gather_units(layout, persist_threshold);
   const size_t elem = dtype_size(dtype);
   UnitFileRam r;
+  if (mine) {
+    const size_t part = largest_part_bytes(g, *mine, elem);
+    r.comm = part > 0 ? MemoryPool::round_up(part + static_cast<size_t>(kFileAlign)) : 0;
+    return r;
+  }
   r.params = pool_bytes(g.persistent_elements, elem);
   if (g.slot_elements > 0) {
     const int64_t slot = round_to(g.slot_elements, kFileAlign / static_cast<int64_t>(elem));
@@ -115,26 +134,37 @@ int64_t WeightGather::step_gather_bytes(const ParamLayout& layout, DType dtype,
 }
 
 WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
-                           ParamSharding sharding)
-    : layout_(layout), shard_(shard), s_(std::move(sharding)) {
+                           ParamSharding sharding, UnitFile* file, DType file_dtype)
+    : layout_(layout), shard_(shard), s_(std::move(sharding)), file_(file) {
   MEMFIT_CHECK(s_.comm != nullptr && static_cast<int>(s_.shards.size()) == s_.comm->size(),
                "zero", "stage 3 needs one shard per rank ({} shards for {} ranks)",
                s_.shards.size(), s_.comm ? s_.comm->size() : 0);
   MEMFIT_CHECK(s_.prefetch_depth >= 0, "zero", "--prefetch-depth must be at least 0, got {}",
                s_.prefetch_depth);
   mine_ = s_.shards[static_cast<size_t>(s_.comm->rank())];
-  MEMFIT_CHECK(shard_.numel() == mine_.size(), "zero",
+  MEMFIT_CHECK(file_ || shard_.numel() == mine_.size(), "zero",
                "a working-weight shard of {} elements for a range of {}", shard_.numel(),
                mine_.size());
-  elem_ = dtype_size(shard_.dtype());
+  dtype_ = file_ ? file_dtype : shard_.dtype();
+  elem_ = dtype_size(dtype_);
   units_ = gather_units(layout, s_.persist_threshold);
   if (units_.persistent_elements > 0)
-    persistent_ = Tensor::empty(pool, {units_.persistent_elements}, shard_.dtype(),
+    persistent_ = Tensor::empty(pool, {units_.persistent_elements}, dtype_,
                                 Category::comm, "comm.params.persistent");
   slots_ = s_.prefetch_depth + 1;
   if (units_.slot_elements > 0)
-    ring_ = Tensor::empty(pool, {units_.slot_elements * slots_}, shard_.dtype(), Category::comm,
+    ring_ = Tensor::empty(pool, {units_.slot_elements * slots_}, dtype_, Category::comm,
                           "comm.params.ring");
+  if (file_) {
+    slot_write_.assign(static_cast<size_t>(slots_), 0);
+    const size_t part = largest_part_bytes(units_, mine_, elem_);
+    if (part > 0) {
+      landing_ = Tensor::empty(pool, {static_cast<int64_t>(part) + kFileAlign}, DType::u8,
+                               Category::comm, "comm.params.landing");
+      const auto addr = reinterpret_cast<uintptr_t>(landing_.raw_data());
+      landing_at_ = static_cast<size_t>(round_to(static_cast<int64_t>(addr), kFileAlign)) - addr;
+    }
+  }
   int64_t at = 0;
   persistent_at_.assign(units_.units.size(), -1);
   for (size_t u = 0; u < units_.units.size(); ++u) {
@@ -146,7 +176,7 @@ WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Te
 }
 
 std::unique_ptr<dist::Request> WeightGather::gather(size_t u, char* dst) {
-  if (file_) return std::make_unique<FileRead>(*file_, file_->read(u, dst));
+  if (file_ && !s_.comm) return std::make_unique<FileRead>(*file_, file_->read(u, dst));
   const ElementRange unit = units_.units[u];
   // Every rank's part of the unit, in rank order: the shards tile the layout, so their
   // intersections with the unit tile it. This rank's part is copied into its place and the
@@ -155,7 +185,16 @@ std::unique_ptr<dist::Request> WeightGather::gather(size_t u, char* dst) {
   const int64_t before =
       std::accumulate(counts.begin(), counts.begin() + s_.comm->rank(), int64_t{0});
   const ElementRange part = mine_.intersect(unit);
-  if (!part.empty())
+  if (file_) {
+    // Stage 3 with the shard on disk: a persistent unit's part is in place already (the
+    // update and the loads write it there); a block's is read first, then put in place.
+    if (!part.empty() && !units_.persistent[u]) {
+      if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
+      file_->wait(file_->read(u, landing()));
+      std::memcpy(dst + static_cast<size_t>(before) * elem_, landing(),
+                  static_cast<size_t>(part.size()) * elem_);
+    }
+  } else if (!part.empty())
     std::memcpy(dst + static_cast<size_t>(before) * elem_,
                 static_cast<const char*>(shard_.raw_data()) +
                     static_cast<size_t>(part.begin - mine_.begin) * elem_,
@@ -211,7 +250,7 @@ void WeightGather::enter(int phase) {
 
 void WeightGather::refresh() {
   drain();
-  if (file_) return;  // the persistent units are the working weights themselves
+  if (file_ && !s_.comm) return;  // the persistent units are the working weights themselves
   std::vector<std::unique_ptr<dist::Request>> pending;
   char* base = static_cast<char*>(persistent_.raw_data());
   for (size_t u = 0; u < units_.units.size(); ++u)
@@ -227,6 +266,7 @@ WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dt
                prefetch_depth);
   s_.prefetch_depth = prefetch_depth;
   s_.persist_threshold = persist_threshold;
+  dtype_ = dtype;
   elem_ = dtype_size(dtype);
   units_ = gather_units(layout, persist_threshold);
   const int64_t page = kFileAlign / static_cast<int64_t>(elem_);
@@ -257,13 +297,28 @@ WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dt
 WeightGather::~WeightGather() {
   if (!file_) return;
   try {
-    for (auto& r : requests_)
-      if (r) r->wait();
+    if (!s_.comm)  // (stage 3's requests are collectives: another rank may be gone)
+      for (auto& r : requests_)
+        if (r) r->wait();
     for (uint64_t w : slot_write_)
       if (w) file_->wait(w);
+    if (landing_write_) file_->wait(landing_write_);
   } catch (const std::exception&) {
     // Unwinding from an I/O error already: the engine drained what was in flight.
   }
+}
+
+DType WeightGather::persistent_dtype() const { return dtype_; }
+
+void WeightGather::pad_landing(int64_t elements) {
+  // Past the part's last element up to the page the request rounds to: zeros in the file.
+  const size_t bytes = static_cast<size_t>(elements) * elem_;
+  std::memset(landing() + bytes, 0, static_cast<size_t>(round_to(static_cast<int64_t>(bytes),
+                                                                  kFileAlign)) - bytes);
+}
+
+char* WeightGather::landing() const {
+  return static_cast<char*>(landing_.raw_data()) + landing_at_;
 }
 
 char* WeightGather::slot_bytes(int slot) const {
@@ -290,8 +345,20 @@ void WeightGather::store_all(const Tensor& slab) {
     const ElementRange r = units_.units[u];
     const Tensor src = slab.view(r.begin, {r.size()});
     if (units_.persistent[u]) {
+      // (Stage 3: every rank has the whole slab, so the whole unit, as the gather would.)
       Tensor dst = persistent_.view(persistent_at_[u], {r.size()});
       kernels::convert(dst, src);
+      continue;
+    }
+    if (sharded_file()) {
+      // The rank's part of the block, through the landing buffer.
+      const ElementRange part = mine_.intersect(r);
+      if (part.empty()) continue;
+      if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
+      Tensor dst = landing_.view_bytes(landing_at_, {part.size()}, persistent_dtype());
+      kernels::convert(dst, slab.view(part.begin, {part.size()}));
+      pad_landing(part.size());
+      file_->wait(file_->write(u, landing()));
       continue;
     }
     Tensor dst = slot_view(0, 0, r.size());
@@ -309,6 +376,26 @@ void WeightGather::load_all(Tensor& out) {
                layout_.total());
   drain();
   char* dst = static_cast<char*>(out.raw_data());
+  if (sharded_file()) {
+    // This rank's range: the persistent units' parts from their buffer, the blocks' from the
+    // file through the landing buffer.
+    for (size_t u = 0; u < units_.units.size(); ++u) {
+      const ElementRange r = units_.units[u], part = mine_.intersect(r);
+      if (part.empty()) continue;
+      const size_t bytes = static_cast<size_t>(part.size()) * elem_;
+      const char* src;
+      if (units_.persistent[u]) {
+        src = static_cast<const char*>(persistent_.raw_data()) +
+              static_cast<size_t>(persistent_at_[u] + part.begin - r.begin) * elem_;
+      } else {
+        if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
+        file_->wait(file_->read(u, landing()));
+        src = landing();
+      }
+      std::memcpy(dst + static_cast<size_t>(part.begin) * elem_, src, bytes);
+    }
+    return;
+  }
   for (size_t u = 0; u < units_.units.size(); ++u) {
     const ElementRange r = units_.units[u];
     const size_t bytes = static_cast<size_t>(r.size()) * elem_;
@@ -332,6 +419,18 @@ Tensor WeightGather::update_piece(ElementRange piece, bool read) {
                piece.end);
   if (units_.persistent[u])
     return persistent_.view(persistent_at_[u] + piece.begin - unit.begin, {piece.size()});
+  if (sharded_file()) {
+    // Stage 3: the rank's part of the block in the landing buffer, written back at its end.
+    const ElementRange part = mine_.intersect(unit);
+    if (static_cast<int>(u) != update_unit_) {
+      if (update_unit_ < 0) drain();
+      update_unit_ = static_cast<int>(u);
+      if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
+      if (read) file_->wait(file_->read(u, landing()));
+    }
+    return landing_.view_bytes(landing_at_ + static_cast<size_t>(piece.begin - part.begin) * elem_,
+                               {piece.size()}, persistent_dtype());
+  }
   if (static_cast<int>(u) != update_unit_) {
     if (update_unit_ < 0) drain();  // the update's first block: no read into the ring in flight
     // A new block: the next slot, once its last write is done (a double buffer with depth 1).
@@ -347,6 +446,14 @@ Tensor WeightGather::update_piece(ElementRange piece, bool read) {
 void WeightGather::update_piece_done(ElementRange piece) {
   if (update_unit_ < 0) return;
   const ElementRange unit = units_.units[static_cast<size_t>(update_unit_)];
+  if (sharded_file()) {
+    const ElementRange part = mine_.intersect(unit);
+    if (piece.end != part.end || !part.contains(piece)) return;
+    pad_landing(part.size());
+    landing_write_ = file_->write(static_cast<size_t>(update_unit_), landing());
+    update_unit_ = -1;
+    return;
+  }
   if (piece.end != unit.end || !unit.contains(piece)) return;
   // Past the block's last element the slot holds whatever came before: the file gets zeros.
   char* slot = slot_bytes(update_slot_);
@@ -360,6 +467,7 @@ void WeightGather::update_piece_done(ElementRange piece) {
 void WeightGather::end_update(int64_t step) {
   for (uint64_t& w : slot_write_)
     if (w) file_->wait(std::exchange(w, 0));
+  if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
   update_unit_ = -1;
   update_slot_ = -1;
   file_->set_step(step);

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -77,17 +78,21 @@ struct ParamOffload {
   int64_t persist_threshold = 0;   // blocks of fewer elements stay in RAM
 };
 
-// The bytes of RAM the file source holds: the persistent units (Category::params) and the ring
-// (Category::staging, each slot a multiple of 4 KiB, plus a page to align its start). What the
-// file constructor allocates.
+// The bytes of RAM the file source holds. One process: the persistent units (Category::params)
+// and the ring (Category::staging, each slot a multiple of 4 KiB, plus a page to align its
+// start). Stage 3 (each rank's shard in its file): the gathered units' buffers as without the
+// file (comm_bytes) plus a landing buffer for the rank's part of one block (Category::comm, its
+// largest part rounded up to 4 KiB, plus a page), and no working shard in RAM. What the
+// constructors allocate.
 struct UnitFileRam {
-  size_t params = 0, staging = 0;
+  size_t params = 0, staging = 0, comm = 0;
 };
 
 class WeightGather {
  public:
   static UnitFileRam file_ram_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
-                                    int64_t persist_threshold);
+                                    int64_t persist_threshold,
+                                    std::optional<ElementRange> mine = std::nullopt);
 
   // The bytes of Category::comm a rank holds for the gathers: the persistent buffer and the
   // ring (each the pool's rounding of its bytes; 0 where empty). What the constructor allocates.
@@ -100,8 +105,13 @@ class WeightGather {
                                    int64_t persist_threshold);
 
   // `shard`: this rank's range of the working weights (dtype), its storage kept by the caller.
+  // With `file` (--offload-params at stage 3) the shard is in the file instead (`shard` is then
+  // undefined and `file_dtype` the working weights' dtype): each gather first reads the rank's part of the unit from it,
+  // the persistent units' parts live in the persistent buffer itself, and the update reads and
+  // writes the rank's part of each block through a landing buffer.
   WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
-               ParamSharding sharding);
+               ParamSharding sharding, UnitFile* file = nullptr,
+               DType file_dtype = DType::f32);
   // The file source (--offload-params, one process): the persistent units in RAM, the other
   // blocks read from `file` (kept by the caller) as the step needs them.
   WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dtype, UnitFile& file,
@@ -112,8 +122,9 @@ class WeightGather {
 
   // File source: the whole working copy from `slab` (the whole layout, f32 or the working
   // dtype), rounded as refresh_working rounds (to nearest even): the persistent units in RAM,
-  // each block through a ring slot into the file. And the reverse, into `out` (the whole
-  // layout in the working dtype). Bounded RAM: one slot.
+  // each block through a ring slot into the file (stage 3: the rank's part of each block,
+  // through the landing buffer). And the reverse, into `out` (the whole layout in the working
+  // dtype): every element in one process, the rank's range of it at stage 3. Bounded RAM.
   void store_all(const Tensor& slab);
   void load_all(Tensor& out);
   // File source: the update's view of the working weights of `piece` (inside one unit, the
@@ -142,6 +153,10 @@ class WeightGather {
   void drain();
   std::unique_ptr<dist::Request> gather(size_t u, char* dst);
   char* slot_bytes(int slot) const;
+  char* landing() const;
+  DType persistent_dtype() const;
+  void pad_landing(int64_t elements);
+  bool sharded_file() const { return file_ && s_.comm; }
   Tensor slot_view(int slot, int64_t at, int64_t n) const;
   size_t unit_of(int64_t element) const;
 
@@ -150,6 +165,7 @@ class WeightGather {
   ParamSharding s_;
   GatherUnits units_;
   size_t elem_ = 0;
+  DType dtype_ = DType::f32;  // the working weights' dtype
   ElementRange mine_;
   Tensor persistent_, ring_;
   std::vector<int64_t> persistent_at_;  // each persistent unit's offset in persistent_
@@ -163,6 +179,9 @@ class WeightGather {
   // flight (its unit and slot) with each slot's write.
   UnitFile* file_ = nullptr;
   int64_t ring_at_ = 0;
+  Tensor landing_;  // stage 3 with a file: one block's part of this rank, page-aligned
+  size_t landing_at_ = 0;
+  uint64_t landing_write_ = 0;
   int update_unit_ = -1, update_slot_ = -1;
   std::vector<uint64_t> slot_write_;
 };

@@ -74,7 +74,8 @@ class OffloadedOptimizer {
   // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
   // range().begin), as Optimizer::step's tensors do.
   void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
-  // The same with the working weights offloaded too (--offload-params, one process): each
+  // The same with the working weights offloaded too (--offload-params; range() the whole
+  // layout, or at ZeRO stage 3 the rank's shard, as the file's): each
   // piece's working weights from `working` (WeightGather::update_piece: a persistent unit's in
   // RAM, a block's in a ring slot, read first without master weights), each block written back
   // to its file once its last piece is stepped.

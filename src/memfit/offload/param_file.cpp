@@ -14,22 +14,26 @@ namespace memfit::offload {
 namespace fs = std::filesystem;
 
 ParamFileLayout make_param_file_layout(const ParamLayout& layout, DType dtype,
-                                       int64_t persist_threshold) {
+                                       int64_t persist_threshold,
+                                       std::optional<ElementRange> range) {
   const GatherUnits g = gather_units(layout, persist_threshold);
   ParamFileLayout L;
   L.dtype = dtype;
+  L.range = range.value_or(whole_range(layout));
   L.units = g.units;
   uint64_t at = kHeaderBytes;
   for (size_t u = 0; u < g.units.size(); ++u) {
-    L.offsets.push_back(g.persistent[u] ? -1 : static_cast<int64_t>(at));
-    if (!g.persistent[u]) at += L.request_bytes(u);
+    L.parts.push_back(g.units[u].intersect(L.range));
+    const bool in_file = !g.persistent[u] && !L.parts.back().empty();
+    L.offsets.push_back(in_file ? static_cast<int64_t>(at) : -1);
+    if (in_file) at += L.request_bytes(u);
   }
   L.file_bytes = at;
   return L;
 }
 
 uint64_t ParamFileLayout::request_bytes(size_t u) const {
-  return align_up(static_cast<size_t>(units[u].size()) * dtype_size(dtype));
+  return align_up(static_cast<size_t>(parts[u].size()) * dtype_size(dtype));
 }
 
 uint64_t ParamFileLayout::blocks_bytes() const {
@@ -41,11 +45,12 @@ uint64_t ParamFileLayout::blocks_bytes() const {
 
 ParamIoBytes param_io_bytes_per_step(const ParamLayout& layout, DType dtype,
                                      const std::vector<Phase>& phases, int grad_accum,
-                                     int64_t persist_threshold, bool master) {
-  const ParamFileLayout L = make_param_file_layout(layout, dtype, persist_threshold);
+                                     int64_t persist_threshold, bool master,
+                                     std::optional<ElementRange> range) {
+  const ParamFileLayout L = make_param_file_layout(layout, dtype, persist_threshold, range);
   ParamIoBytes io;
   for (int u : gather_events(gather_units(layout, persist_threshold), phases))
-    io.read += L.request_bytes(static_cast<size_t>(u));
+    if (L.in_file(static_cast<size_t>(u))) io.read += L.request_bytes(static_cast<size_t>(u));
   io.read *= static_cast<uint64_t>(grad_accum);
   io.written = L.blocks_bytes();
   if (!master) io.read += L.blocks_bytes();
@@ -53,8 +58,9 @@ ParamIoBytes param_io_bytes_per_step(const ParamLayout& layout, DType dtype,
 }
 
 ParamFile::ParamFile(const ParamLayout& layout, DType dtype, int64_t persist_threshold,
-                     const fs::path& dir, const std::string& run)
-    : layout_(make_param_file_layout(layout, dtype, persist_threshold)) {
+                     const fs::path& dir, const std::string& run,
+                     std::optional<ElementRange> range)
+    : layout_(make_param_file_layout(layout, dtype, persist_threshold, range)) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))
@@ -70,7 +76,7 @@ ParamFile::ParamFile(const ParamLayout& layout, DType dtype, int64_t persist_thr
   io_ = make_io_engine();
   nlohmann::json starts = nlohmann::json::array();
   for (size_t u = 0; u < layout_.units.size(); ++u)
-    if (layout_.in_file(u)) starts.push_back(layout_.units[u].begin);
+    if (layout_.in_file(u)) starts.push_back(layout_.parts[u].begin);
   nlohmann::json header = {{"memfit_offload", 1},
                            {"run", run},
                            {"tensor", "params"},
@@ -80,6 +86,7 @@ ParamFile::ParamFile(const ParamLayout& layout, DType dtype, int64_t persist_thr
                             {{"elements", layout.total()},
                              {"persist_threshold", persist_threshold},
                              {"block_starts", starts}}},
+                           {"range", {layout_.range.begin, layout_.range.end}},
                            {"step", 0}};
   file_ = std::make_unique<ScratchFile>(dir / fmt::format("{}.params.offload", run),
                                         layout_.file_bytes, std::move(header));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,18 +25,24 @@ namespace memfit::offload {
 
 struct ParamFileLayout {
   DType dtype = DType::f32;
+  ElementRange range;               // the whole layout, or a ZeRO-3 rank's shard
   std::vector<ElementRange> units;  // unit_ranges(layout)
-  std::vector<int64_t> offsets;     // per unit: where it starts in the file, -1 if in RAM
+  std::vector<ElementRange> parts;  // each unit's elements in `range` (the file holds these)
+  // Per unit: where its part starts in the file; -1 if in RAM (persistent) or empty.
+  std::vector<int64_t> offsets;
   uint64_t file_bytes = 0;          // the header and every block's aligned extent
 
   bool in_file(size_t u) const { return offsets[u] >= 0; }
-  // Unit u's request: its bytes rounded up to 4 KiB.
+  // Unit u's request: its part's bytes rounded up to 4 KiB.
   uint64_t request_bytes(size_t u) const;
   // Every block in the file once (what the update writes, or reads without master weights).
   uint64_t blocks_bytes() const;
 };
+// `range`: the part of the layout whose working weights this file holds (a ZeRO-3 rank's shard,
+// Note [ZeRO stage 3]); the whole layout when absent.
 ParamFileLayout make_param_file_layout(const ParamLayout& layout, DType dtype,
-                                       int64_t persist_threshold);
+                                       int64_t persist_threshold,
+                                       std::optional<ElementRange> range = std::nullopt);
 
 // The bytes read and written in one training step: each micro-batch's reads (gather_events of
 // the step plan's phases: a block needed by adjacent phases is read once), the update's write of
@@ -46,14 +53,16 @@ struct ParamIoBytes {
 };
 ParamIoBytes param_io_bytes_per_step(const ParamLayout& layout, DType dtype,
                                      const std::vector<Phase>& phases, int grad_accum,
-                                     int64_t persist_threshold, bool master);
+                                     int64_t persist_threshold, bool master,
+                                     std::optional<ElementRange> range = std::nullopt);
 
 class ParamFile final : public UnitFile {
  public:
   // Creates DIR/<run>.params.offload (refusing a disk too small before creating it: IoError
   // with the bytes needed and free) and its own I/O engine.
   ParamFile(const ParamLayout& layout, DType dtype, int64_t persist_threshold,
-            const std::filesystem::path& dir, const std::string& run);
+            const std::filesystem::path& dir, const std::string& run,
+            std::optional<ElementRange> range = std::nullopt);
   ~ParamFile() override;
 
   uint64_t read(size_t unit, void* dst) override;

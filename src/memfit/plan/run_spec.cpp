@@ -29,17 +29,19 @@ void RunSpec::check() const {
   // --offload-params (Note [NVMe offload], "Working weights on disk"): the update writes each
   // block's new working weights back to the file as it streams the state, so the state must
   // stream (with it in RAM the update would need every block's weights in RAM at once); and one
-  // process (each rank's shard of a file, read then all-gathered, is not built).
+  // process, or ZeRO stage 3 (each rank's shard in its file, read, then all-gathered): below
+  // stage 3 every rank holds and would write the whole working copy.
   if (offload.params && !offload.optimizer)
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-params nvme needs --offload-optimizer nvme: the update that streams "
                  "the optimizer state a piece at a time is what writes each block's new working "
                  "weights back to the file");
-  if (offload.params && world > 1)
+  if (offload.params && world > 1 && (zero != 3 || zero_auto))
     MEMFIT_THROW(ConfigError, "config",
-                 "--offload-params nvme runs in one process; under {} ranks (ZeRO stage 3 with "
-                 "each rank's shard of the working weights on disk) it is not built yet",
-                 world);
+                 "--offload-params nvme under {} ranks offloads each rank's shard of the working "
+                 "weights, so it needs --zero 3 (got --zero {}: every rank would hold and write "
+                 "the whole working copy)",
+                 world, zero_auto ? std::string("auto") : std::to_string(zero));
   if (prefetch_depth < 0)
     MEMFIT_THROW(ConfigError, "config", "--prefetch-depth must be 0 or more, got {}",
                  prefetch_depth);

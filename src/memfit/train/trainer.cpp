@@ -223,9 +223,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     param_sharding = ParamSharding{&comm, shards, spec.prefetch_depth, spec.persist_threshold};
   const std::string offload_run = fmt::format(
       "memfit-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
-  // --offload-params nvme (one process): the blocks' working weights in a file beside the
-  // optimizer's, read through the model's ring (WeightGather's file source) and written back by
-  // the offloaded update. Made before the model, so the model (whose ring the requests use) and
+  // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
+  // stage 3 this rank's shard of them), read through the model's ring (WeightGather's file
+  // source; at stage 3 read, then all-gathered) and written back by the offloaded update. Made before the model, so the model (whose ring the requests use) and
   // its waits for them go first (Note [NVMe offload], "Working weights on disk").
   std::unique_ptr<offload::ParamFile> param_file;
   std::optional<ParamOffload> param_offload;
@@ -233,7 +233,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     param_file = std::make_unique<offload::ParamFile>(ParamLayout(mc),
                                                       half_dtype(spec.precision.precision),
                                                       spec.persist_threshold, offload_dir,
-                                                      offload_run);
+                                                      offload_run, my_shard);
     param_offload = ParamOffload{param_file.get(), spec.prefetch_depth, spec.persist_threshold};
   }
   Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
@@ -264,6 +264,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
         offload::kMaxPieceElements, my_shard);
   else
     opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+  // The offload files' bytes by category (master, optimizer; params with --offload-params).
+  auto offload_files = [&] {
+    CategoryBytes disk = off ? off->file_bytes() : CategoryBytes{};
+    if (param_file)
+      disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
+    return disk;
+  };
   // Offloaded master weights pass through the gradient slab, which holds nothing between
   // steps (every step starts with zero_grad): the FP32 weights of record are drawn or loaded
   // there, written to the master file and rounded into the working copy. Under ZeRO every rank
@@ -335,10 +342,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     gpt.set_step_observer(profiler->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
     if (off) {
-      CategoryBytes disk = off->file_bytes();
-      if (param_file)
-        disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
-      profiler->set_disk(disk);
+      profiler->set_disk(offload_files());
       off->record_waits(true);
       if (param_file) param_file->record_waits(true);
     }
@@ -412,9 +416,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (gpt.params_offloaded()) {
       // The working weights are the weights of record (fp32, pure bf16): read back through
       // the ring into the idle gradient slab, in their own dtype.
-      gathered_record = gpt.grads().view_bytes(0, {gpt.layout().total()},
-                                               half_dtype(spec.precision.precision));
-      gpt.working_to(gathered_record);
+      const DType dt = half_dtype(spec.precision.precision);
+      gathered_record = gpt.grads().view_bytes(0, {gpt.layout().total()}, dt);
+      gpt.working_to(gathered_record);  // this rank's range at stage 3, then every rank's
+      if (my_shard)
+        dist::all_gather_shards(comm, shards,
+                                static_cast<char*>(gathered_record.raw_data()) +
+                                    static_cast<size_t>(my_range.begin) * dtype_size(dt),
+                                gathered_record.raw_data(), dtype_size(dt));
       return gathered_record;
     }
     if (gpt.whole_weights()) return gpt.weights();
@@ -446,9 +455,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       // Offloaded: the shard's state streamed out of this rank's files (the same bytes), its
       // weights of record from the slab record_for_save filled, or the working weights (whole
       // at stages 1-2, the shard itself at stage 3).
-      const Tensor record = master                ? my_part(gpt.grads())
-                            : gpt.whole_weights() ? my_part(gpt.weights())
-                                                  : gpt.weights();
+      const Tensor record = master                   ? my_part(gpt.grads())
+                            : gpt.params_offloaded() ? my_part(gathered_record)
+                            : gpt.whole_weights()    ? my_part(gpt.weights())
+                                                     : gpt.weights();
       off->save_shard(file, record);
     } else {
       const Tensor weights = gpt.whole_weights()
@@ -593,7 +603,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               // model: take_gathered_bytes).
               if (gpt.params_offloaded()) {
                 // Each block's new working weights written back to its file.
-                off->step(gpt.offloaded_params(), gpt.grads(), rate, scale);
+                off->step(gpt.offloaded_params(), my_part(gpt.grads()), rate, scale);
               } else {
                 Tensor working =
                     gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
@@ -749,8 +759,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     };
     std::vector<RankPeak> peaks(static_cast<size_t>(W));
     RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
-    mine = {pool.bytes_peak(), pool.peak_breakdown(), off ? off->file_bytes() : CategoryBytes{},
-            last_step_io};
+    mine = {pool.bytes_peak(), pool.peak_breakdown(), offload_files(), last_step_io};
     comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
                     sizeof(RankPeak));
     json ranks = json::array();
