@@ -129,7 +129,8 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--offload-params", c.offload_params,
                   "none | nvme: the blocks' working weights in a file in --offload-dir, each "
                   "block read before the phase that needs it (--prefetch-depth ahead) and "
-                  "written back by the update; needs --offload-optimizer nvme and one process")
+                  "written back by the update; needs --offload-optimizer nvme, and under "
+                  "mpirun --zero 3 (each rank's shard)")
       ->capture_default_str();
   cmd->add_option("--offload-dir", c.offload_dir,
                   "Directory for the offload files (scratch, removed when the run ends)");

@@ -36,10 +36,12 @@ class Transformer {
   // `sharding` (ZeRO stage 3, Note [ZeRO stage 3]): the working weights are this rank's shard
   // (`master_range`, which must be its shards entry) and the step gathers what each phase
   // reads (model/weight_gather.h). Every rank must then run the same steps and loads.
-  // `param_offload` (--offload-params nvme, one process, Note [NVMe offload]): the blocks'
-  // working weights live in that file (kept by the caller, outliving the model) and are read
-  // into a ring before the phases that need them (WeightGather's file source); RAM holds the
-  // persistent units alone (Category::params) and params() is empty. Needs master_in_ram false.
+  // `param_offload` (--offload-params nvme, Note [NVMe offload]): the blocks' working weights
+  // live in that file (kept by the caller, outliving the model) and are read into a ring before
+  // the phases that need them (WeightGather's file source); in one process RAM holds the
+  // persistent units alone (Category::params), at stage 3 (with `sharding`) no working shard:
+  // the file holds the rank's part of each block, read and then gathered. params() is empty.
+  // Needs master_in_ram false.
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
               std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
               const ParamSharding* sharding = nullptr,

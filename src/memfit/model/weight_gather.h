@@ -11,10 +11,11 @@
 //     prefetch_depth events ahead and waited for when its phase is entered.
 // The engine and the planner read the same arithmetic (comm_bytes, step_gather_bytes).
 // The second source (--offload-params nvme, Note [NVMe offload], "Working weights on disk"):
-// one process whose blocks' working weights live in a file (UnitFile, offload/param_file.h);
+// in one process the blocks' working weights live in a file (UnitFile, offload/param_file.h);
 // the same events read each block from it into the ring instead of all-gathering it, the
 // persistent units are the working weights in RAM (Category::params), and the update writes
-// each block back through the ring (update_piece).
+// each block back through the ring (update_piece). At stage 3 the file holds the rank's part of
+// each block: a gather reads it (through a landing buffer), then all-gathers as above.
 #pragma once
 
 #include <cstdint>
@@ -112,7 +113,7 @@ class WeightGather {
   WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
                ParamSharding sharding, UnitFile* file = nullptr,
                DType file_dtype = DType::f32);
-  // The file source (--offload-params, one process): the persistent units in RAM, the other
+  // The file source in one process (--offload-params): the persistent units in RAM, the other
   // blocks read from `file` (kept by the caller) as the step needs them.
   WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dtype, UnitFile& file,
                int prefetch_depth, int64_t persist_threshold);
