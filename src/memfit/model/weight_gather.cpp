@@ -308,7 +308,7 @@ WeightGather::~WeightGather() {
   }
 }
 
-DType WeightGather::persistent_dtype() const { return dtype_; }
+DType WeightGather::working_dtype() const { return dtype_; }
 
 void WeightGather::pad_landing(int64_t elements) {
   // Past the part's last element up to the page the request rounds to: zeros in the file.
@@ -355,7 +355,7 @@ void WeightGather::store_all(const Tensor& slab) {
       const ElementRange part = mine_.intersect(r);
       if (part.empty()) continue;
       if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
-      Tensor dst = landing_.view_bytes(landing_at_, {part.size()}, persistent_dtype());
+      Tensor dst = landing_.view_bytes(landing_at_, {part.size()}, working_dtype());
       kernels::convert(dst, slab.view(part.begin, {part.size()}));
       pad_landing(part.size());
       file_->wait(file_->write(u, landing()));
@@ -429,7 +429,7 @@ Tensor WeightGather::update_piece(ElementRange piece, bool read) {
       if (read) file_->wait(file_->read(u, landing()));
     }
     return landing_.view_bytes(landing_at_ + static_cast<size_t>(piece.begin - part.begin) * elem_,
-                               {piece.size()}, persistent_dtype());
+                               {piece.size()}, working_dtype());
   }
   if (static_cast<int>(u) != update_unit_) {
     if (update_unit_ < 0) drain();  // the update's first block: no read into the ring in flight

@@ -155,7 +155,7 @@ class WeightGather {
   std::unique_ptr<dist::Request> gather(size_t u, char* dst);
   char* slot_bytes(int slot) const;
   char* landing() const;
-  DType persistent_dtype() const;
+  DType working_dtype() const;
   void pad_landing(int64_t elements);
   bool sharded_file() const { return file_ && s_.comm; }
   Tensor slot_view(int slot, int64_t at, int64_t n) const;
