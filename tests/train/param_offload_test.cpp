@@ -15,6 +15,7 @@
 #include "memfit/core/error.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
+#include "memfit/plan/search.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
@@ -229,6 +230,35 @@ TEST_F(ParamOffload, SearchOffloadsTheWeightsWhereOnlyThatFits) {
   // A roomier budget keeps the weights in RAM (as fast, fewer files).
   c.mem_limit = std::to_string(state_only + (size_t{64} << 20));
   EXPECT_FALSE(resolve_auto(c).search.choice.offload_params);
+}
+
+TEST_F(ParamOffload, ZeroAutoOffloadsTheWorkingWeightsAtStageThreeWhereOnlyThatFits) {
+  TrainConfig c = config();
+  c.n_layer = 8;
+  c.precision = "bf16";
+  c.ckpt = "full";
+  c.steps = 2;
+  c.offload_dir = (dir / "offload").string();
+  RunSpec s = resolve_run(c);
+  s.world = 2;
+  RunSpec a = s;
+  a.zero = 3;
+  a.offload.optimizer = true;
+  const size_t state_only = plan_largest_rank(a).peak_bytes;
+  a.offload.params = true;
+  const size_t with_params = plan_largest_rank(a).peak_bytes;
+  ASSERT_LT(with_params, state_only);
+  // --zero auto with --offload-dir alone over two ranks: every stage in RAM and offloaded, and
+  // stage 3 with the working weights offloaded too; under this budget only that fits.
+  s.zero_auto = true;
+  s.offload_open = true;
+  const size_t limit = (with_params + state_only) / 2;
+  const SearchResult r = search_training(s, limit, SearchSpace::of(s));
+  ASSERT_TRUE(r.fits) << r.message;
+  EXPECT_EQ(r.choice.zero, 3);
+  EXPECT_TRUE(r.choice.offload && r.choice.offload_params);
+  for (const Candidate& k : r.candidates)
+    if (k.offload_params) EXPECT_EQ(k.zero, 3) << "the weights offloaded below stage 3";
 }
 
 TEST_F(ParamOffload, ProfileShowsTheParamsFileAndTheWaitsOnIt) {

@@ -150,9 +150,10 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   const std::vector<ActCompress> compressions =
       space.compression ? std::vector<ActCompress>{ActCompress::none, kSearchCompress}
                         : std::vector<ActCompress>{base.act_compress};
-  // 0: in RAM; 1: the optimizer offloaded; 2: the working weights too (one process alone).
+  // 0: in RAM; 1: the optimizer offloaded; 2: the working weights too (in one process, or at
+  // stage 3 each rank's shard: RunSpec::check).
   std::vector<int> offloads = {base.offload.optimizer ? (base.offload.params ? 2 : 1) : 0};
-  if (space.offload) offloads = base.world == 1 ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1};
+  if (space.offload) offloads = {0, 1, 2};
   const std::vector<int> stages =
       space.stages ? std::vector<int>(std::begin(kSearchStages), std::end(kSearchStages))
                    : std::vector<int>{base.zero};
@@ -172,6 +173,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
         for (int level : offloads)
           for (int stage : stages) {
             const bool offload = level >= 1;
+            if (level == 2 && base.world > 1 && stage != 3) continue;
             // Offloaded only where each rank's state is a shard (not stage 0 over ranks).
             if (offload && !SearchSpace::offload_allowed(base.world, stage)) continue;
             Candidate c;

@@ -260,8 +260,9 @@ AutoResolution resolve_auto(const TrainConfig& config) {
 void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   if (comm.size() == 1 || !r.planned) return;
   const TrainConfig& c = r.config;
-  std::string choice = fmt::format("{}\n{}\n{}\n{}\n{}\n{}", c.ckpt, c.act_compress,
-                                   c.offload_optimizer, c.batch, c.grad_accum, c.zero);
+  std::string choice = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}", c.ckpt, c.act_compress,
+                                   c.offload_optimizer, c.offload_params, c.batch, c.grad_accum,
+                                   c.zero);
   int64_t size = static_cast<int64_t>(choice.size());
   comm.broadcast(&size, sizeof size, 0);
   std::string lead(static_cast<size_t>(size), '\0');
@@ -274,6 +275,7 @@ void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   std::getline(in, t.ckpt);
   std::getline(in, t.act_compress);
   std::getline(in, t.offload_optimizer);
+  std::getline(in, t.offload_params);
   std::getline(in, batch);
   std::getline(in, accum);
   std::getline(in, zero);
@@ -288,6 +290,7 @@ void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   r.search.choice.grad_accum = t.grad_accum;
   r.search.choice.zero = t.zero;
   r.search.choice.offload = r.spec.offload.optimizer;
+  r.search.choice.offload_params = r.spec.offload.params;
 }
 
 void check_max_model_config(const TrainConfig& c) {
