@@ -40,6 +40,15 @@ class Zero : public test::MpiBinaryTest {
                        model ? "" : "--model gpt2-tiny ", batch ? "" : "--batch 2 ",
                        (dir / "data").string(), more);
   }
+  // A checkpoint's weights as a Hugging Face model.safetensors: `memfit export --hf`, which
+  // reads model.safetensors or, in a sharded save (no model.safetensors), the shard files.
+  std::string exported_weights(const fs::path& ck) const {
+    const fs::path out = dir / ("hf-of-" + ck.filename().string());
+    fs::remove_all(out);
+    EXPECT_EQ(run(0, fmt::format("export --hf '{}' '{}'", out.string(), ck.string())), 0)
+        << test::slurp(dir / "err.txt");
+    return test::slurp(out / "model.safetensors");
+  }
   std::vector<json> lines(const fs::path& log) const {
     std::vector<json> out;
     std::istringstream in(test::slurp(log));
@@ -58,7 +67,10 @@ class Zero : public test::MpiBinaryTest {
       EXPECT_EQ(run(ranks, "train " + a), 0) << test::slurp(dir / "err.txt");
       logs.push_back(lines(log));
       if (save) {
-        const std::string w = test::slurp(ck / "model.safetensors");
+        // From stage 1 on over several ranks each rank wrote its own range: no gathered
+        // model.safetensors, and the shard files export to stage 0's weights bit for bit.
+        EXPECT_EQ(fs::exists(ck / "model.safetensors"), zero == 0 || ranks == 1) << zero;
+        const std::string w = exported_weights(ck);
         EXPECT_FALSE(w.empty());
         if (zero == 0)
           weights0 = w;
@@ -290,7 +302,7 @@ TEST_F(Zero, PrefetchDepthAndPersistenceChangeNoBit) {
               << more << ", rank " << r;
     }
     EXPECT_EQ(steps.size(), 3u) << more;
-    return std::make_pair(steps, test::slurp(ck / "model.safetensors"));
+    return std::make_pair(steps, exported_weights(ck));
   };
   const auto [want, weights] = train("z2", "--zero 2");
   ASSERT_FALSE(weights.empty());
@@ -377,6 +389,7 @@ void Zero::expect_resume_is_bit_identical(int zero) {
     for (const char* key : {"step", "loss", "grad_norm"})
       EXPECT_EQ(a[i][key], b[i][key]) << key << " " << i;
   const auto want = files_of(full), got = files_of(part);
+  EXPECT_FALSE(got.count("model.safetensors")) << "a sharded save gathers no weights";
   ASSERT_EQ(want.size(), got.size());
   for (const auto& [name, bytes] : want) {
     ASSERT_TRUE(got.count(name)) << name;
@@ -396,6 +409,20 @@ void Zero::expect_resume_is_bit_identical(int zero) {
   const std::string a_model = test::slurp(hf_a / "model.safetensors");
   EXPECT_FALSE(a_model.empty());
   EXPECT_TRUE(a_model == test::slurp(hf_b / "model.safetensors"));
+  // memfit sample reads the sharded save's weights from its shard files: the same text as from
+  // its export (greedy, so any weight that differed would show).
+  std::string text[2];
+  const fs::path from[2] = {part, hf_a};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(run(0, fmt::format("sample --checkpoint '{}' --tokenizer byte --prompt ab "
+                                 "--tokens 12 --temperature 0",
+                                 from[i].string())),
+              0)
+        << test::slurp(dir / "err.txt");
+    text[i] = test::slurp(dir / "out.txt");
+  }
+  EXPECT_GE(text[0].size(), 2u);
+  EXPECT_EQ(text[0], text[1]);
 }
 
 // Resharding on load: a checkpoint saved at one world size and stage loads at any other, and the
@@ -410,6 +437,12 @@ TEST_F(Zero, ShardedCheckpointsReshardAtAnyWorldSizeAndStage) {
         << more << ": " << test::slurp(dir / "err.txt");
   };
   auto path = [&](const char* name) { return (dir / name).string(); };
+  // The weights of two checkpoints, either of which may be sharded (no model.safetensors).
+  auto same_weights = [&](const char* x, const char* y) {
+    const std::string a = exported_weights(dir / x), b = exported_weights(dir / y);
+    EXPECT_FALSE(a.empty()) << x;
+    EXPECT_TRUE(a == b) << x << "'s weights differ from " << y << "'s";
+  };
   auto same = [&](const char* x, const char* y, const char* file) {
     const std::string a = test::slurp(dir / x / file), b = test::slurp(dir / y / file);
     EXPECT_FALSE(a.empty()) << x << "/" << file;
@@ -429,7 +462,7 @@ TEST_F(Zero, ShardedCheckpointsReshardAtAnyWorldSizeAndStage) {
   train(0, fmt::format("--resume '{}' --save '{}'", path("c3"), path("c31")));
   train(0, fmt::format("--resume '{}' --save '{}'", path("c2"), path("c21")));
   same("c21", "c31", "optimizer.safetensors");
-  same("c2", "c31", "model.safetensors");
+  same_weights("c2", "c31");
   // Stage 1 -> stage 2 at the same world size: the same shard files.
   train(2, fmt::format("--zero 2 --resume '{}' --save '{}'", path("c2"), path("c22")));
   same("c2", "c22", "zero-rank-00000-of-00002.safetensors");
@@ -439,11 +472,11 @@ TEST_F(Zero, ShardedCheckpointsReshardAtAnyWorldSizeAndStage) {
   train(2, fmt::format("--zero 3 --save '{}'", path("c23")));
   same("c2", "c23", "zero-rank-00000-of-00002.safetensors");
   same("c2", "c23", "zero-rank-00001-of-00002.safetensors");
-  same("c2", "c23", "model.safetensors");
+  same_weights("c2", "c23");
   train(3, fmt::format("--zero 3 --resume '{}' --save '{}'", path("c23"), path("c33")));
   train(0, fmt::format("--resume '{}' --save '{}'", path("c33"), path("c331")));
   same("c21", "c331", "optimizer.safetensors");
-  same("c2", "c331", "model.safetensors");
+  same_weights("c2", "c331");
   // A shard file missing: the resume is refused naming it, before any step.
   fs::copy(dir / "c2", dir / "c2-broken");
   fs::remove(dir / "c2-broken" / "zero-rank-00001-of-00002.safetensors");

@@ -73,6 +73,49 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
   EXPECT_EQ(runs, 80);
 }
 
+// The set-up fills the working copy through one staging piece (Transformer::set_weights) while
+// the step's arenas do not exist yet; setup_piece_elements keeps it within the activation arena,
+// so the run's peak stays the step's and the plan is exact. A pure-bf16 run of a model whose f32
+// layout is far larger than a tiny step's activation arena puts the whole working copy through
+// the piece, from initial weights and from a checkpoint (--init-from).
+TEST_F(Planner, SetUpPieceStaysUnderTheStep) {
+  TrainConfig c;
+  c.model = "gpt2-tiny";
+  c.n_layer = 2;
+  c.seq_len = 8;
+  c.data_dir = dir.string();
+  c.batch = 1;
+  c.steps = 1;
+  c.eval_batches = 1;
+  c.precision = "bf16";
+  c.master_weights = "none";
+  c.save_dir = (dir / "setup-ck").string();
+  for (bool from_checkpoint : {false, true}) {
+    SCOPED_TRACE(from_checkpoint ? "--init-from" : "initial weights");
+    if (from_checkpoint) {
+      c.init_from = c.save_dir;
+      c.save_dir.clear();
+    }
+    const PlanReport plan = plan_training(resolve_run(c));
+    const int64_t piece = setup_piece_elements(plan.step);
+    const ParamLayout layout(plan.model);
+    // The bound binds: an unbounded piece (the whole f32 layout) would be the run's peak.
+    EXPECT_LT(piece, layout.total());
+    EXPECT_GT(static_cast<size_t>(layout.total()) * sizeof(float),
+              plan.by_category[static_cast<size_t>(Category::activations)] +
+                  plan.by_category[static_cast<size_t>(Category::workspace)] +
+                  plan.by_category[static_cast<size_t>(Category::staging)]);
+    EXPECT_LE(static_cast<size_t>(piece) * sizeof(float),
+              plan.by_category[static_cast<size_t>(Category::activations)]);
+    const TrainSummary s = train(c);
+    EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+    for (Category cat : kAllCategories)
+      EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                s.peak_by_category[static_cast<size_t>(cat)])
+          << category_name(cat);
+  }
+}
+
 TEST_F(Planner, PredictedPeakEqualsMeasuredPeakWithCompression) {
   // --act-compress: the codes and scales (activations) and the exact values' scratch
   // (workspace), under policies that keep every block, some, or recompute attention only.

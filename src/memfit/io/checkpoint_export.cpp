@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -23,8 +24,12 @@ namespace {
 class SafetensorsSource final : public ParamSource {
  public:
   explicit SafetensorsSource(const fs::path& dir)
-      : dir_(locate_checkpoint(dir).dir),
-        config_(read_model_config(dir_ / kConfigFile)),
+      : SafetensorsSource(locate_checkpoint(dir).dir,
+                          read_model_config(locate_checkpoint(dir).dir / kConfigFile)) {}
+  // `dir` as located, read as a model of `config` (checked against its config.json already).
+  SafetensorsSource(const fs::path& dir, const ModelConfig& config)
+      : dir_(dir),
+        config_(config),
         layout_(config_),
         dtype_(stored_type(dir_, config_, layout_)),
         load_(dir_, config_, layout_, dtype_) {}
@@ -35,6 +40,11 @@ class SafetensorsSource final : public ParamSource {
   void read(const ParamInfo& p, const Tensor& dst) override { load_.read(p, dst); }
   std::string describe() const override {
     return fmt::format("{} ({})", dir_.string(), load_.files().source().filename().string());
+  }
+
+ protected:
+  void read_part(const ParamInfo& p, int64_t lo, int64_t hi, float* dst) override {
+    load_.read_part(p, lo, hi, dst);
   }
 
  private:
@@ -92,6 +102,36 @@ class SlabPiecesSource final : public ParamSource {
   }
   std::string describe() const override { return description_; }
 
+ protected:
+  void read_part(const ParamInfo& p, int64_t lo, int64_t hi, float* dst) override {
+    for (const SlabPiece& piece : pieces_) {
+      const int64_t from = std::max(p.offset + lo, piece.begin);
+      const int64_t to = std::min(p.offset + hi, piece.end);
+      if (from >= to) continue;
+      float* out = dst + (from - p.offset - lo);
+      const int64_t n = to - from;
+      if (dtype_ == DType::f32) {
+        piece.read(from, to, out);
+      } else {
+        // bf16 into the front half of out's bytes, widened in place from the last element
+        // down (element i's f32 bytes cover bf16 elements 2i and 2i + 1, already read).
+        piece.read(from, to, out);
+        const auto* h = reinterpret_cast<const uint16_t*>(out);
+        for (int64_t i = n - 1; i >= 0; --i) {
+          uint16_t x;
+          std::memcpy(&x, h + i, 2);
+          out[i] = f32_from_bf16(x);
+        }
+      }
+    }
+    // Padding rows are zero whatever the pieces hold, as a load leaves them.
+    if ((p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head) &&
+        config_.padded_vocab > config_.vocab_size) {
+      const int64_t real = int64_t{config_.vocab_size} * p.shape[1];
+      for (int64_t i = std::max(lo, real); i < hi; ++i) dst[i - lo] = 0.0f;
+    }
+  }
+
  private:
   ModelConfig config_;
   ParamLayout layout_;
@@ -101,6 +141,16 @@ class SlabPiecesSource final : public ParamSource {
 };
 
 }  // namespace
+
+void ParamSource::read_range(ElementRange range, float* dst) {
+  // Alignment gaps stay zero; each parameter's part of the range is read.
+  std::fill(dst, dst + range.size(), 0.0f);
+  for (const ParamInfo& p : layout().params()) {
+    const int64_t lo = std::max(range.begin, p.offset) - p.offset;
+    const int64_t hi = std::min(range.end, p.offset + p.numel) - p.offset;
+    if (lo < hi) read_part(p, lo, hi, dst + (p.offset + lo - range.begin));
+  }
+}
 
 std::unique_ptr<ParamSource> make_slab_pieces_source(const ModelConfig& config, DType dtype,
                                                      std::vector<SlabPiece> pieces,
@@ -117,6 +167,19 @@ std::unique_ptr<ParamSource> open_param_source(const fs::path& dir) {
       has_zero_shards(found))
     return open_zero_weights_source(found);
   return std::make_unique<SafetensorsSource>(dir);
+}
+
+std::unique_ptr<ParamSource> open_checkpoint_weights(const fs::path& dir,
+                                                     const ModelConfig& config, fs::path* where) {
+  const fs::path found = locate_checkpoint(dir).dir;
+  if (where) *where = found;
+  check_checkpoint_config(found, config);
+  std::error_code ec;
+  if (fs::exists(found / kModelFile, ec) || fs::exists(found / kModelIndexFile, ec))
+    return std::make_unique<SafetensorsSource>(found, config);
+  if (has_zero_shards(found)) return open_zero_weights_source(found);
+  MEMFIT_THROW(IoError, "checkpoint", "{}: no {} (nor {}, nor {}){}", found.string(), kModelFile,
+               kModelIndexFile, kZeroIndexFile, no_weights_hint(found));
 }
 
 std::vector<std::string> export_hf(const fs::path& out, ParamSource& source,

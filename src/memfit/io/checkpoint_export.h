@@ -24,6 +24,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/state/element_range.h"
 
 namespace memfit::io {
 
@@ -36,8 +37,16 @@ class ParamSource {
   virtual DType dtype() const = 0;
   // Parameter `p` of layout() into `dst` (p's shape, dtype()), vocabulary padding rows zero.
   virtual void read(const ParamInfo& p, const Tensor& dst) = 0;
+  // Layout elements [range.begin, range.end) as f32 into dst[0, range.size()): a rank's range
+  // of the weights of record (ZeRO) or a piece of it, without any parameter whole in memory.
+  // Padding rows and the alignment gaps between parameters are zero.
+  void read_range(ElementRange range, float* dst);
   // What it reads, for messages: "checkpoint ck (model.safetensors)".
   virtual std::string describe() const = 0;
+
+ protected:
+  // Elements [lo, hi) of parameter `p` (flat, in p's layout shape) as f32 into dst.
+  virtual void read_part(const ParamInfo& p, int64_t lo, int64_t hi, float* dst) = 0;
 };
 
 // A checkpoint whose ranks each wrote a range of the flat parameter slab (ZeRO's sharded saves):
@@ -58,6 +67,16 @@ std::unique_ptr<ParamSource> make_slab_pieces_source(const ModelConfig& config, 
 // and its weights checked against the model before anything is read (IoError naming what does
 // not fit).
 std::unique_ptr<ParamSource> open_param_source(const std::filesystem::path& dir);
+
+// The weights of the checkpoint at `dir` (found by locate_checkpoint; `where`, if given, gets
+// its location) for a model of `config`: config.json checked against it (IoError naming the
+// fields that differ), then the weights files checked before anything is read:
+// model.safetensors or its shards with the index, else ZeRO's shard files (zero_shards.json;
+// a sharded save writes no model.safetensors). What the trainer's --init-from and --resume
+// read their ranges from, and load_checkpoint reads a sharded save with.
+std::unique_ptr<ParamSource> open_checkpoint_weights(const std::filesystem::path& dir,
+                                                     const ModelConfig& config,
+                                                     std::filesystem::path* where = nullptr);
 
 struct ExportOptions {
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;

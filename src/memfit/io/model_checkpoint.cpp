@@ -3,6 +3,10 @@
 // and optimizer as they were. See docs/notes/checkpoints.md.
 #include "memfit/io/model_checkpoint.h"
 
+#include "memfit/io/checkpoint_export.h"
+#include "memfit/io/zero_checkpoint.h"
+#include "memfit/kernels/cpu/convert.h"
+
 #include <charconv>
 #include <map>
 #include <optional>
@@ -177,41 +181,91 @@ void save_checkpoint(const fs::path& dir, const ModelConfig& config, const Param
                      name != kOptimizerFile,
                  "checkpoint", "'{}' cannot name an extra checkpoint file", name);
   }
+  MEMFIT_CHECK(slab.defined() != options.sharded_weights_dtype.has_value(), "checkpoint",
+               "save_checkpoint takes a slab of weights or, for a sharded save, their dtype");
+  const DType weights_dtype = slab.defined() ? slab.dtype() : *options.sharded_weights_dtype;
   WeightsSaveOptions weights;
   weights.max_shard_bytes = options.max_shard_bytes;
   weights.staging_pool = options.staging_pool;
   write_directory_atomic(
       dir,
       [&](const fs::path& tmp) {
-        save_weights(tmp, config, layout, slab, weights);
+        if (slab.defined()) save_weights(tmp, config, layout, slab, weights);
         if (options.on_stage) options.on_stage(SaveStage::model_written);
         write_file_atomic(tmp / kConfigFile,
-                          model_config_to_hf_json(config, slab.dtype()).dump(2) + "\n");
+                          model_config_to_hf_json(config, weights_dtype).dump(2) + "\n");
         if (options.optimizer) save_optimizer_state(tmp / kOptimizerFile, *options.optimizer);
         for (const auto& [name, contents] : options.extra_files)
           write_file_atomic(tmp / name, contents);
         if (options.write_extra) options.write_extra(tmp);
       },
-      options.on_stage, {kModelFile, kModelIndexFile});
+      options.on_stage, {kModelFile, kModelIndexFile, kZeroIndexFile});
 }
+
+void check_checkpoint_config(const fs::path& dir, const ModelConfig& config) {
+  const fs::path config_path = dir / kConfigFile;
+  const std::vector<std::string> diffs =
+      config_differences(read_model_config(config_path), config);
+  if (!diffs.empty())
+    MEMFIT_THROW(IoError, "checkpoint", "{}: the checkpoint is for another model: {}",
+                 config_path.string(), join_mismatches(diffs));
+}
+
+bool has_model_weights(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / kModelFile, ec) || fs::exists(dir / kModelIndexFile, ec);
+}
+
+std::string no_weights_hint(const fs::path& dir) { return why_no_model(dir); }
 
 ModelConfig read_checkpoint_config(const fs::path& dir) {
   return read_model_config(locate_checkpoint(dir).dir / kConfigFile);
 }
 
+namespace {
+
+// A sharded save's weights into a whole slab, one parameter at a time: straight into an f32
+// slab, through one parameter's f32 staging (from a local pool's heap) into a bf16 one.
+void load_sharded_weights(const fs::path& dir, const ModelConfig& config,
+                          const ParamLayout& layout, Tensor& slab) {
+  MEMFIT_CHECK(slab.numel() == layout.total(), "checkpoint",
+               "the slab has {} elements, the layout {}", slab.numel(), layout.total());
+  std::unique_ptr<ParamSource> source = open_checkpoint_weights(dir, config);
+  MemoryPool heap;
+  for (const ParamInfo& p : layout.params()) {
+    const ElementRange r{p.offset, p.offset + p.numel};
+    if (slab.dtype() == DType::f32) {
+      source->read_range(r, slab.data<float>() + p.offset);
+      continue;
+    }
+    Tensor f32 = Tensor::empty(heap, {p.numel}, DType::f32, Category::staging, "load.param");
+    source->read_range(r, f32.data<float>());
+    Tensor to = slab.view(p.offset, {p.numel});
+    kernels::convert(to, f32);
+  }
+}
+
+}  // namespace
+
 CheckpointLocation load_checkpoint(const fs::path& dir, const ModelConfig& config,
                                    const ParamLayout& layout, Tensor& slab, Optimizer* optimizer) {
   CheckpointLocation where = locate_checkpoint(dir);
-  const fs::path config_path = where.dir / kConfigFile;
-  std::vector<std::string> diffs = config_differences(read_model_config(config_path), config);
-  if (!diffs.empty())
-    MEMFIT_THROW(IoError, "checkpoint", "{}: the checkpoint is for another model: {}",
-                 config_path.string(), join_mismatches(diffs));
+  check_checkpoint_config(where.dir, config);
 
   std::error_code ec;
-  if (!fs::exists(where.dir / kModelFile, ec) && !fs::exists(where.dir / kModelIndexFile, ec))
-    MEMFIT_THROW(IoError, "checkpoint", "{}: no {} (nor {}){}", where.dir.string(), kModelFile,
-                 kModelIndexFile, why_no_model(where.dir));
+  if (!fs::exists(where.dir / kModelFile, ec) && !fs::exists(where.dir / kModelIndexFile, ec)) {
+    // A ZeRO-sharded save: the weights are its shard files' ranges (the optimizer's state is
+    // sharded too, read with load_optimizer_state_any).
+    if (!has_zero_shards(where.dir))
+      MEMFIT_THROW(IoError, "checkpoint", "{}: no {} (nor {}, nor {}){}", where.dir.string(),
+                   kModelFile, kModelIndexFile, kZeroIndexFile, why_no_model(where.dir));
+    if (optimizer)
+      MEMFIT_THROW(IoError, "checkpoint",
+                   "{}: a ZeRO-sharded save (no {}): its optimizer state is in the shard files",
+                   where.dir.string(), kOptimizerFile);
+    load_sharded_weights(where.dir, config, layout, slab);
+    return where;
+  }
   // Check everything (every weights file's header, names, shapes; the optimizer's state)...
   WeightsLoad weights(where.dir, config, layout, slab);
   std::optional<SafetensorsReader> opt_reader;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -61,23 +62,39 @@ struct CheckpointSaveOptions {
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;
   // Staging for GPT-2's Conv1D transposes comes from here (Category::staging); null: the heap.
   MemoryPool* staging_pool = nullptr;
+  // A ZeRO-sharded save (save_checkpoint given no slab): the weights are in the shard files
+  // write_extra adds, in this type (config.json's torch_dtype), and no model.safetensors is
+  // written (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state").
+  std::optional<DType> sharded_weights_dtype;
 };
 
 // Saves a checkpoint directory with write_directory_atomic: DIR afterwards holds either the
 // previous checkpoint or the whole new one, whatever fails or crashes. Files: model.safetensors
 // (or model-0000K-of-0000N.safetensors and model.safetensors.index.json), config.json (the
 // family's, torch_dtype the slab's type), and optimizer.safetensors and extra files as asked.
+// An undefined `slab`: no weights files (options.sharded_weights_dtype says their type).
 void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                      const ParamLayout& layout, const Tensor& slab,
                      const CheckpointSaveOptions& options = {});
+
+// IoError naming the fields unless DIR/config.json (DIR as located) is a model of `config`.
+void check_checkpoint_config(const std::filesystem::path& dir, const ModelConfig& config);
+// What to tell about a directory without safetensors weights ("" or a pointer to
+// pytorch_model.bin).
+std::string no_weights_hint(const std::filesystem::path& dir);
+
+// Whether DIR holds Hugging Face weights files (model.safetensors, or the index of shards);
+// a ZeRO-sharded save holds only its shard files.
+bool has_model_weights(const std::filesystem::path& dir);
 
 // The config.json of the checkpoint at DIR (found by locate_checkpoint), any family.
 ModelConfig read_checkpoint_config(const std::filesystem::path& dir);
 
 // Loads a checkpoint directory (memfit's or Hugging Face's) found by locate_checkpoint: checks
 // config.json against `config` (family and every field that shapes the model), then the weights
-// (one file or sharded), and optimizer.safetensors when an optimizer is given; nothing is written
-// into the slab or the optimizer unless all of them fit. Extra files (trainer_state.json) are
+// (one file or sharded, or a ZeRO-sharded save's shard files: then without optimizer), and
+// optimizer.safetensors when an optimizer is given; nothing is written into the slab or the
+// optimizer unless all of them fit. Extra files (trainer_state.json) are
 // the caller's to read from the returned location's dir.
 CheckpointLocation load_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                                    const ParamLayout& layout, Tensor& slab,

@@ -202,6 +202,46 @@ void WeightsLoad::read(const ParamInfo& p, const Tensor& dst) const {
   if (padded) dst.slice(config_.vocab_size, config_.padded_vocab).zero();
 }
 
+void WeightsLoad::read_part(const ParamInfo& p, int64_t lo, int64_t hi, float* dst) const {
+  const StoredTensor& from = *found_.at(p.name);
+  const SafetensorsEntry& e = *from.entry;
+  const std::byte* src = from.file->bytes(e);
+  const bool transposed = hf_param_transposed(config_, p);
+  // memfit's (rows, cols); the file holds (cols, rows) when transposed, and only the real
+  // vocabulary's rows of the embedding (padding rows follow them in the layout).
+  const int64_t cols = p.shape.rank() == 2 ? p.shape[1] : p.numel;
+  const int64_t rows = p.numel / cols;
+  const int64_t stored = e.numel();
+  auto walk = [&](auto load) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i >= stored) {
+        dst[i - lo] = 0.0f;  // a padding row
+        continue;
+      }
+      dst[i - lo] = load(transposed ? (i % cols) * rows + i / cols : i);
+    }
+  };
+  auto u16 = [&](int64_t k) {
+    uint16_t h;
+    std::memcpy(&h, src + k * 2, 2);
+    return h;
+  };
+  switch (e.dtype) {
+    case SafetensorsDType::F32:
+      walk([&](int64_t k) {
+        float x;
+        std::memcpy(&x, src + k * 4, 4);
+        return x;
+      });
+      break;
+    case SafetensorsDType::BF16: walk([&](int64_t k) { return f32_from_bf16(u16(k)); }); break;
+    case SafetensorsDType::F16: walk([&](int64_t k) { return f32_from_f16(u16(k)); }); break;
+    default:
+      MEMFIT_THROW(IoError, "checkpoint", "'{}' is stored as {}, which cannot load as f32",
+                   e.name, safetensors_dtype_name(e.dtype));
+  }
+}
+
 SafetensorsDType WeightsLoad::stored_dtype(const ParamInfo& p) const {
   return found_.at(p.name)->entry->dtype;
 }

@@ -77,6 +77,11 @@ class WeightsLoad {
   // Parameter `p` into `dst` (p's shape in the layout, the checked dtype): the stored tensor,
   // transposed back where Hugging Face stores it transposed, padding rows zeroed.
   void read(const ParamInfo& p, const Tensor& dst) const;
+  // Elements [lo, hi) of parameter `p` (flat indices into p's layout shape, padding rows
+  // included: zero) into dst[0, hi - lo) as f32, read from the mapped file element by element
+  // (transposed back, F32/BF16/F16 widened exactly): a rank's part of a tensor without the
+  // tensor in memory.
+  void read_part(const ParamInfo& p, int64_t lo, int64_t hi, float* dst) const;
   const ModelSafetensors& files() const { return files_; }
   // The stored element type of parameter `p`.
   SafetensorsDType stored_dtype(const ParamInfo& p) const;

@@ -301,6 +301,10 @@ std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {
       if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
         MEMFIT_THROW(IoError, "checkpoint", "{}: shard file '{}' is not a plain file name",
                      index.string(), file);
+      if (!fs::exists(dir / file))
+        MEMFIT_THROW(IoError, "checkpoint",
+                     "{}: {} is missing (a sharded save's weights are its shard files' ranges)",
+                     index.string(), (dir / file).string());
       auto reader = std::make_shared<SafetensorsReader>(dir / file);
       const SafetensorsEntry& e = reader->at(kZeroWeightsKey);
       const std::optional<DType> t = memfit_dtype_of(e.dtype);

@@ -7,6 +7,7 @@
 
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/convert.h"
+#include "memfit/model/initial_weights.h"
 
 namespace memfit {
 
@@ -86,102 +87,77 @@ void Transformer::working_to(Tensor& out) {
   gather_->load_all(out);
 }
 
-void Transformer::set_weights_from(const Tensor& slab) {
+void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
+                              const MasterSink& offloaded_master) {
+  MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",
+               piece_elements);
   if (params_offloaded()) {
-    // The weights of record are elsewhere (the master file) or the working copy itself: the
-    // working copy, rounded, into RAM and the file.
-    gather_->store_all(slab);
-    working_changed();  // stage 3: every rank regathers at the same point (as below)
+    // The working copy lives in RAM (persistent units) and the file (Note [NVMe offload],
+    // "Working weights on disk"): the offloaded master weights first, then the working copy
+    // a unit's part at a time through one staging piece, rounded as below.
+    if (offloaded_master) offloaded_master(fill);
+    Tensor piece = Tensor::empty(pool_, {std::min(piece_elements, gather_->largest_part())},
+                                 DType::f32, Category::staging, "setup.piece");
+    gather_->store_from(fill, piece);
+    piece = Tensor{};
+    working_changed();  // stage 3: the persistent units gathered, every rank at this point
     return;
   }
-  Tensor& w = weights();
-  if (whole_weights()) {
-    if (w.raw_data() != slab.raw_data()) convert(w, slab);
-  } else {
-    // A shard of master weights: its range from the slab; the working copy all of it, rounded
-    // as refresh_working rounds the master (the same values, so the same bits).
-    if (!master_range_.empty()) {
-      convert(w, slab.view(master_range_.begin, {master_range_.size()}));
-      if (sharded_ && master_.defined())
-        convert(params_, slab.view(master_range_.begin, {master_range_.size()}));
-    }
-    if (!sharded_) convert(params_, slab);
-    working_changed();
-    return;
-  }
-  refresh_working();
-}
-
-namespace {
-
-// Writes the family's initial weights (see init_weights) into an f32 slab.
-void init_slab(const ModelConfig& config, const ParamLayout& layout, Tensor& slab,
-               uint64_t seed) {
-  // Box-Muller over mt19937_64 rather than std::normal_distribution, whose algorithm differs
-  // between standard libraries: the same seed gives the same weights everywhere.
-  std::mt19937_64 rng(seed);
-  auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53; };
-  auto normal = [&] {
-    return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform());
+  const ElementRange P = params_range();
+  const DType working = params_.dtype();
+  const size_t es = dtype_size(working);
+  auto* params = static_cast<std::byte*>(params_.raw_data());
+  // The working copy of [from, to) from f32 values, rounded as refresh_working rounds.
+  auto round_into_working = [&](int64_t from, int64_t to, const float* src) {
+    convert_n(DType::f32, working, params + static_cast<size_t>(from - P.begin) * es, src,
+              to - from);
   };
-  slab.zero();
-  const double residual_scale = config.gpt2() ? 1.0 / std::sqrt(2.0 * config.n_layer) : 1.0;
-  for (const ParamInfo& p : layout.params()) {
-    float* w = slab.data<float>() + p.offset;
-    switch (p.role) {
-      case ParamRole::norm_weight: std::fill(w, w + p.numel, 1.0f); break;
-      case ParamRole::norm_bias:
-      case ParamRole::linear_bias: break;
-      default: {
-        double std = 0.02;
-        if (p.role == ParamRole::attn_proj_weight || p.role == ParamRole::mlp_proj_weight)
-          std *= residual_scale;
-        int64_t n = p.numel;
-        if (p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head)
-          n = int64_t{config.vocab_size} * p.shape[1];
-        for (int64_t i = 0; i < n; ++i) w[i] = static_cast<float>(std * normal());
-      }
+  // Where the f32 weights of record take the values in place: the master weights (in RAM or
+  // the caller's), or f32 working weights without them. `direct` lies within P.
+  ElementRange direct{P.begin, P.begin};
+  const bool has_direct = master_.defined() || offloaded_master || working == DType::f32;
+  if (has_direct) direct = master_.defined() || offloaded_master ? master_range_ : P;
+  // The rest of P (at stages 1-2 the other ranks' parts of the whole working copy; all of it
+  // for bf16 weights of record) through one staging piece, in increasing order around `direct`.
+  const int64_t rest = P.size() - direct.size();
+  Tensor piece;
+  if (rest > 0)
+    piece = Tensor::empty(pool_, {std::min(piece_elements, rest)}, DType::f32,
+                          Category::staging, "setup.piece");
+  auto staged = [&](ElementRange part) {
+    for (int64_t a = part.begin; a < part.end; a += piece.numel()) {
+      const int64_t b = std::min(part.end, a + piece.numel());
+      fill(a, b, piece.data<float>());
+      round_into_working(a, b, piece.data<float>());
+    }
+  };
+  staged({P.begin, direct.begin});
+  if (!direct.empty()) {
+    if (master_.defined()) {
+      fill(direct.begin, direct.end, master_.data<float>());
+    } else if (offloaded_master) {
+      offloaded_master([&](int64_t from, int64_t to, float* dst) {
+        fill(from, to, dst);
+        round_into_working(from, to, dst);
+      });
+    } else {
+      fill(direct.begin, direct.end, params_.data<float>());
     }
   }
+  staged({direct.end, P.end});
+  piece = Tensor{};
+  refresh_working();  // the master's range rounded into the working copy; stage 3's gathers
 }
 
-}  // namespace
-
-void Transformer::draw_initial_weights(uint64_t seed, Tensor& f32_slab) const {
-  MEMFIT_CHECK(f32_slab.dtype() == DType::f32 && f32_slab.numel() == layout_.total(), "model",
-               "initial weights go into an f32 slab of {} elements", layout_.total());
-  init_slab(config_, layout_, f32_slab, seed);
+void Transformer::init_weights(uint64_t seed, int64_t piece_elements) {
+  init_weights(seed, piece_elements, {});
 }
 
-void Transformer::init_weights(uint64_t seed) {
-  if (params_offloaded()) {
-    // In f32 in the gradient slab (unused until the first backward), then into RAM and the
-    // file, rounded as the other paths round.
-    init_slab(config_, layout_, grads_, seed);
-    gather_->store_all(grads_);
-    grads_.zero();
-    working_changed();
-    return;
-  }
-  Tensor& w = weights();
-  if (w.dtype() == DType::f32 && whole_weights()) {
-    init_slab(config_, layout_, w, seed);
-  } else if (!whole_weights()) {
-    // A shard of master weights (ZeRO): draw the whole layout in f32 into the gradient slab,
-    // unused until the first backward, so no byte is added; the shard and the working copy
-    // from it.
-    init_slab(config_, layout_, grads_, seed);
-    set_weights_from(grads_);
-    grads_.zero();
-    return;
-  } else {
-    // Pure bf16: draw in f32 in a staging slab that lives only for this call.
-    Tensor staging =
-        Tensor::empty(pool_, {layout_.total()}, DType::f32, Category::staging, "init.staging");
-    init_slab(config_, layout_, staging, seed);
-    convert(w, staging);
-  }
-  refresh_working();
+void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
+                               const MasterSink& offloaded_master) {
+  InitialWeights draw(config_, layout_, seed);
+  set_weights([&](int64_t from, int64_t to, float* dst) { draw.draw({from, to}, dst); },
+              piece_elements, offloaded_master);
 }
 
 void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {

@@ -56,8 +56,8 @@ class Transformer {
   ElementRange params_range() const { return sharded_ ? master_range_ : whole(); }
   bool params_sharded() const { return sharded_; }
   // --offload-params: the blocks' working weights are in a file; the update reaches them
-  // through offloaded_params() (WeightGather::update_piece), init, loads and saves through
-  // set_weights_from and working_to.
+  // through offloaded_params() (WeightGather::update_piece), init and loads through
+  // set_weights, saves through working_to.
   bool params_offloaded() const { return gather_ && gather_->from_file(); }
   WeightGather& offloaded_params() { return *gather_; }
   // The whole working copy into `out` (the whole layout in the working dtype): a save's weights
@@ -82,9 +82,22 @@ class Transformer {
   // rounded to nearest even, over weights_range() (nothing to round without master weights);
   // then, at stage 3, working_changed().
   void refresh_working();
-  // Loads the whole layout's weights of record from `slab` (f32, the whole layout): its
-  // weights_range() into the master weights, all of it rounded into the working copy.
-  void set_weights_from(const Tensor& slab);
+  // Sets the weights of record and the working copy from `fill`, which writes the f32 values of
+  // layout elements [from, to) into dst (initial weights drawn, a checkpoint read): over
+  // params_range(), in increasing order, the f32 weights of record (master weights, or f32
+  // working weights without them) filled in place and the rest through one staging piece of at
+  // most `piece_elements` f32 (Category::staging, "setup.piece"), rounded into the working copy
+  // as refresh_working rounds the master (the same values, so the same bits). Nothing else is
+  // used: no whole-layout buffer (Note [Set-up by range] in docs/notes/zero.md).
+  // `offloaded_master` (master weights kept outside, master_in_ram false): called once with a
+  // fill that writes master_range()'s values where the caller asks (its file's buffers, a unit
+  // at a time), rounding them into the working copy on the way.
+  using RangeFill = std::function<void(int64_t from, int64_t to, float* dst)>;
+  using MasterSink = std::function<void(const RangeFill& fill)>;
+  void set_weights(const RangeFill& fill, int64_t piece_elements,
+                   const MasterSink& offloaded_master = {});
+  // The master weights' range (a ZeRO shard, or the whole layout), in RAM or not.
+  ElementRange master_range() const { return master_range_; }
   Tensor& grads() { return grads_; }
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
@@ -93,11 +106,12 @@ class Transformer {
   // rows 0; GPT-2 also scales its residual projections (attn.c_proj, mlp.c_proj) by
   // 1/sqrt(2 n_layer), as its paper does (Hugging Face's LLaMA does not).
   // Drawn in f32 and rounded to nearest even where the weights of record are bf16, so every
-  // precision starts from the same values.
-  void init_weights(uint64_t seed);
-  // The same initial weights written into `f32_slab` (the whole layout in f32), for a caller
-  // that keeps the weights of record itself (offloaded master weights).
-  void draw_initial_weights(uint64_t seed, Tensor& f32_slab) const;
+  // precision starts from the same values; over this model's ranges alone (set_weights, through
+  // a staging piece of at most `piece_elements`), the bits the whole draw gives them.
+  void init_weights(uint64_t seed, int64_t piece_elements = kDefaultPieceElements);
+  // The same values written by set_weights (offloaded master weights: `offloaded_master`).
+  void init_weights(uint64_t seed, int64_t piece_elements, const MasterSink& offloaded_master);
+  static constexpr int64_t kDefaultPieceElements = int64_t{1} << 20;  // 4 MiB of f32
 
   // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again

@@ -336,37 +336,68 @@ size_t WeightGather::unit_of(int64_t element) const {
   return u;
 }
 
-void WeightGather::store_all(const Tensor& slab) {
-  MEMFIT_CHECK(file_ && slab.numel() == layout_.total(), "offload",
-               "store_all takes the whole layout ({} elements), got {}", layout_.total(),
-               slab.numel());
+int64_t WeightGather::largest_part() const {
+  int64_t most = 1;
+  for (const ElementRange& u : units_.units)
+    most = std::max(most, (s_.comm ? mine_.intersect(u) : u).size());
+  return most;
+}
+
+void WeightGather::store_from(const std::function<void(int64_t, int64_t, float*)>& fill,
+                              Tensor& piece) {
+  MEMFIT_CHECK(file_ && piece.dtype() == DType::f32 && piece.numel() > 0, "offload",
+               "store_from takes an f32 staging piece");
   drain();
   for (size_t u = 0; u < units_.units.size(); ++u) {
-    const ElementRange r = units_.units[u];
-    const Tensor src = slab.view(r.begin, {r.size()});
-    if (units_.persistent[u]) {
-      // (Stage 3: every rank has the whole slab, so the whole unit, as the gather would.)
-      Tensor dst = persistent_.view(persistent_at_[u], {r.size()});
-      kernels::convert(dst, src);
-      continue;
-    }
-    if (sharded_file()) {
-      // The rank's part of the block, through the landing buffer.
-      const ElementRange part = mine_.intersect(r);
-      if (part.empty()) continue;
+    const ElementRange unit = units_.units[u];
+    const ElementRange part = s_.comm ? mine_.intersect(unit) : unit;
+    if (part.empty()) continue;
+    const bool block = !units_.persistent[u];
+    // Where the part's first element goes: its place in the persistent buffer, or the start
+    // of ring slot 0 (one process: the part is the block) or of the landing buffer (stage 3).
+    char* dst;
+    if (!block) {
+      dst = static_cast<char*>(persistent_.raw_data()) +
+            static_cast<size_t>(persistent_at_[u] + part.begin - unit.begin) * elem_;
+    } else if (sharded_file()) {
       if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
-      Tensor dst = landing_.view_bytes(landing_at_, {part.size()}, working_dtype());
-      kernels::convert(dst, slab.view(part.begin, {part.size()}));
-      pad_landing(part.size());
-      file_->wait(file_->write(u, landing()));
+      dst = landing();
+    } else {
+      dst = slot_bytes(0);
+    }
+    for (int64_t a = part.begin; a < part.end; a += piece.numel()) {
+      const int64_t b = std::min(part.end, a + piece.numel());
+      fill(a, b, piece.data<float>());
+      kernels::convert_n(DType::f32, dtype_, dst + static_cast<size_t>(a - part.begin) * elem_,
+                         piece.data<float>(), b - a);
+    }
+    if (!block) continue;
+    // Past the part's last element up to the request's page: zeros in the file.
+    const size_t bytes = static_cast<size_t>(part.size()) * elem_;
+    std::memset(dst + bytes, 0,
+                static_cast<size_t>(round_to(static_cast<int64_t>(bytes), kFileAlign)) - bytes);
+    file_->wait(file_->write(u, dst));
+  }
+}
+
+void WeightGather::read_mine(const std::function<void(const char*, size_t)>& sink) {
+  MEMFIT_CHECK(file_, "offload", "read_mine without a file source");
+  drain();
+  for (size_t u = 0; u < units_.units.size(); ++u) {
+    const ElementRange unit = units_.units[u];
+    const ElementRange part = s_.comm ? mine_.intersect(unit) : unit;
+    if (part.empty()) continue;
+    const size_t bytes = static_cast<size_t>(part.size()) * elem_;
+    if (units_.persistent[u]) {
+      sink(static_cast<const char*>(persistent_.raw_data()) +
+               static_cast<size_t>(persistent_at_[u] + part.begin - unit.begin) * elem_,
+           bytes);
       continue;
     }
-    Tensor dst = slot_view(0, 0, r.size());
-    kernels::convert(dst, src);
-    // The slot's padding past the block goes to the file too: zeros, not stale bytes.
-    std::memset(slot_bytes(0) + r.size() * elem_, 0,
-                static_cast<size_t>(units_.slot_elements - r.size()) * elem_);
-    file_->wait(file_->write(u, slot_bytes(0)));
+    char* buf = sharded_file() ? landing() : slot_bytes(0);
+    if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
+    file_->wait(file_->read(u, buf));
+    sink(buf, bytes);
   }
 }
 
@@ -374,41 +405,12 @@ void WeightGather::load_all(Tensor& out) {
   MEMFIT_CHECK(file_ && out.numel() == layout_.total() && dtype_size(out.dtype()) == elem_,
                "offload", "load_all fills the whole layout ({} elements) in the working dtype",
                layout_.total());
-  drain();
-  char* dst = static_cast<char*>(out.raw_data());
-  if (sharded_file()) {
-    // This rank's range: the persistent units' parts from their buffer, the blocks' from the
-    // file through the landing buffer.
-    for (size_t u = 0; u < units_.units.size(); ++u) {
-      const ElementRange r = units_.units[u], part = mine_.intersect(r);
-      if (part.empty()) continue;
-      const size_t bytes = static_cast<size_t>(part.size()) * elem_;
-      const char* src;
-      if (units_.persistent[u]) {
-        src = static_cast<const char*>(persistent_.raw_data()) +
-              static_cast<size_t>(persistent_at_[u] + part.begin - r.begin) * elem_;
-      } else {
-        if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
-        file_->wait(file_->read(u, landing()));
-        src = landing();
-      }
-      std::memcpy(dst + static_cast<size_t>(part.begin) * elem_, src, bytes);
-    }
-    return;
-  }
-  for (size_t u = 0; u < units_.units.size(); ++u) {
-    const ElementRange r = units_.units[u];
-    const size_t bytes = static_cast<size_t>(r.size()) * elem_;
-    const char* src;
-    if (units_.persistent[u]) {
-      src = static_cast<const char*>(persistent_.raw_data()) +
-            static_cast<size_t>(persistent_at_[u]) * elem_;
-    } else {
-      file_->wait(file_->read(u, slot_bytes(0)));
-      src = slot_bytes(0);
-    }
-    std::memcpy(dst + static_cast<size_t>(r.begin) * elem_, src, bytes);
-  }
+  char* dst = static_cast<char*>(out.raw_data()) +
+              static_cast<size_t>(s_.comm ? mine_.begin : 0) * elem_;
+  read_mine([&](const char* src, size_t bytes) {
+    std::memcpy(dst, src, bytes);
+    dst += bytes;
+  });
 }
 
 Tensor WeightGather::update_piece(ElementRange piece, bool read) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -121,13 +122,19 @@ class WeightGather {
   ~WeightGather();
   bool from_file() const { return file_ != nullptr; }
 
-  // File source: the whole working copy from `slab` (the whole layout, f32 or the working
-  // dtype), rounded as refresh_working rounds (to nearest even): the persistent units in RAM,
-  // each block through a ring slot into the file (stage 3: the rank's part of each block,
-  // through the landing buffer). And the reverse, into `out` (the whole layout in the working
-  // dtype): every element in one process, the rank's range of it at stage 3. Bounded RAM.
-  void store_all(const Tensor& slab);
+  // File source: the working copy from `fill(from, to, dst)` (f32 values of layout elements
+  // [from, to), as Transformer::set_weights takes them), through `piece` (f32, at most
+  // largest_part() elements), rounded as refresh_working rounds (to nearest even): the
+  // persistent units in RAM, each block through a ring slot into the file (stage 3: the rank's
+  // parts alone, the blocks' through the landing buffer). And the reverse, into `out` (the
+  // whole layout in the working dtype): every element in one process, the rank's range of it
+  // at stage 3; or to `sink`, the rank's range in order as bytes of the working dtype.
+  void store_from(const std::function<void(int64_t, int64_t, float*)>& fill, Tensor& piece);
   void load_all(Tensor& out);
+  void read_mine(const std::function<void(const char*, size_t)>& sink);
+  // The longest unit part this rank stores (the whole unit in one process).
+  int64_t largest_part() const;
+  DType dtype() const { return dtype_; }
   // File source: the update's view of the working weights of `piece` (inside one unit, the
   // pieces of a unit in order, units in order): a persistent unit's in RAM, else the block's
   // place in a ring slot, the block read in first when `read` (an update without master

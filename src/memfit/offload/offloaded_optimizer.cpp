@@ -227,6 +227,26 @@ void OffloadedOptimizer::read_master(Tensor& slab) {
   });
 }
 
+void OffloadedOptimizer::write_master_from(
+    const std::function<void(int64_t from, int64_t to, float* dst)>& fill) {
+  MEMFIT_CHECK(master_, "offload", "write_master_from: this optimizer keeps no master weights");
+  stream(0, IoRequest::Op::write, [&](size_t u, char* buf, size_t bytes) {
+    const ElementRange& e = layout_.tensors[0].extents[u];
+    MEMFIT_CHECK(static_cast<size_t>(e.size()) * sizeof(float) == bytes, "offload",
+                 "master unit {}: {} bytes for {} elements", u, bytes, e.size());
+    fill(e.begin, e.end, reinterpret_cast<float*>(buf));
+  });
+}
+
+void OffloadedOptimizer::read_master_to(
+    const std::function<void(int64_t from, int64_t to, const float* src)>& take) {
+  MEMFIT_CHECK(master_, "offload", "read_master_to: this optimizer keeps no master weights");
+  stream(0, IoRequest::Op::read, [&](size_t u, const char* buf, size_t) {
+    const ElementRange& e = layout_.tensors[0].extents[u];
+    take(e.begin, e.end, reinterpret_cast<const float*>(buf));
+  });
+}
+
 void OffloadedOptimizer::save_state(const fs::path& file) {
   MEMFIT_CHECK(layout_.range == whole_range(params_), "offload",
                "save_state saves the whole layout's state; this optimizer has [{}, {})",
@@ -315,14 +335,47 @@ void OffloadedOptimizer::load_state(const fs::path& file) {
 }
 
 void OffloadedOptimizer::save_shard(const fs::path& file, const Tensor& weights) {
+  save_shard(file, weights, nullptr);
+}
+
+void OffloadedOptimizer::save_shard(const fs::path& file, WeightGather& working) {
+  MEMFIT_CHECK(!master_ && working.from_file(), "offload",
+               "save_shard from offloaded working weights: they are the weights of record only "
+               "without master weights");
+  save_shard(file, Tensor{}, &working);
+}
+
+void OffloadedOptimizer::save_shard(const fs::path& file, const Tensor& weights,
+                                    WeightGather* working) {
   const ElementRange& R = layout_.range;
-  MEMFIT_CHECK(weights.numel() == R.size(), "offload",
+  MEMFIT_CHECK(master_ || working || weights.numel() == R.size(), "offload",
                "a shard's weights ({} elements) must cover the offloaded range's {}",
                weights.numel(), R.size());
   const size_t first_state = master_ ? 1 : 0;
   const std::vector<ElementRange> mine = descriptor().state_extents(R);
   io::SafetensorsWriter writer;
-  if (weights.numel() > 0) writer.add(std::string(io::kZeroWeightsKey), weights);
+  if (master_) {
+    MEMFIT_CHECK(!weights.defined(), "offload",
+                 "save_shard: the weights of record are the master file's (pass none)");
+    // The master weights, a unit at a time from their file (as save_state streams the state).
+    if (R.size() > 0)
+      writer.add_source(std::string(io::kZeroWeightsKey), io::SafetensorsDType::F32, {R.size()},
+                        [this](const io::SafetensorsWriter::ByteSink& sink) {
+                          stream(0, IoRequest::Op::read,
+                                 [&](size_t, const char* buf, size_t bytes) { sink(buf, bytes); });
+                        });
+  } else if (working) {
+    // The working weights of record, a unit's part at a time from RAM or their file.
+    if (R.size() > 0)
+      writer.add_source(std::string(io::kZeroWeightsKey),
+                        io::safetensors_dtype_of(working->dtype()), {R.size()},
+                        [working](const io::SafetensorsWriter::ByteSink& sink) {
+                          working->read_mine(
+                              [&](const char* buf, size_t bytes) { sink(buf, bytes); });
+                        });
+  } else if (weights.numel() > 0) {
+    writer.add(std::string(io::kZeroWeightsKey), weights);
+  }
   for (size_t i = first_state; i < layout_.tensors.size(); ++i) {
     const OffloadTensor& t = layout_.tensors[i];
     const int64_t n = mine[i - first_state].size();

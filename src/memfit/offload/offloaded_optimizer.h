@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +69,13 @@ class OffloadedOptimizer {
   // The master weights to and from an f32 slab covering range() (init, load, save).
   void write_master(const Tensor& f32_slab);
   void read_master(Tensor& f32_slab);
+  // The master weights written a unit at a time from `fill(from, to, dst)`, which puts layout
+  // elements [from, to) of range() in f32 straight into the unit's I/O buffer (initial weights
+  // drawn, a checkpoint read): no range-sized buffer. Units in increasing order.
+  void write_master_from(const std::function<void(int64_t from, int64_t to, float* dst)>& fill);
+  // The reverse: `take(from, to, src)` is given each unit's master weights from its buffer.
+  void read_master_to(
+      const std::function<void(int64_t from, int64_t to, const float* src)>& take);
 
   // One update, as Optimizer::step_master (with master weights: `working` is the bf16 or f16
   // copy, rounded from the updated master) or Optimizer::step (without: `working` is the
@@ -93,9 +101,13 @@ class OffloadedOptimizer {
 
   // ZeRO's sharded checkpoint (io/zero_checkpoint.h) with the state offloaded: this range's
   // shard file as io::save_zero_shard writes it for the same optimizer in RAM (the same bytes),
-  // `weights` (range()'s weights of record, in RAM) then each state slice streamed from the
-  // files through the ring.
-  void save_shard(const std::filesystem::path& file, const Tensor& weights);
+  // its weights of record then each state slice streamed from the files through the ring. The
+  // weights of record: the master weights, streamed from their file (`weights` undefined), or
+  // without master weights `weights` (range()'s working weights, in RAM).
+  void save_shard(const std::filesystem::path& file, const Tensor& weights = {});
+  // The same without master weights and with the working weights offloaded too
+  // (--offload-params at stage 3): the weights of record streamed from `working`'s file.
+  void save_shard(const std::filesystem::path& file, WeightGather& working);
   // The reverse for any saved state (a ZeRO save of any world size and stage, or a whole
   // optimizer.safetensors), opened and checked for range() (io::SavedOptimizerState): each
   // piece read from the mapped files into a ring slot and written to its file, then
@@ -129,6 +141,8 @@ class OffloadedOptimizer {
   // Tensor i, unit by unit, through slot 0: each unit's bytes to `f` (read) or from it (write).
   template <class F>
   void stream(size_t tensor, IoRequest::Op op, F&& f);
+  void save_shard(const std::filesystem::path& file, const Tensor& weights,
+                  WeightGather* working);
   void step_pieces(Tensor* working, WeightGather* pieces, const Tensor& grads, float lr,
                    float grad_scale);
 

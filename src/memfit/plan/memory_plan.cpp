@@ -1,5 +1,7 @@
 #include "memfit/plan/memory_plan.h"
 
+#include "memfit/model/transformer.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -213,6 +215,12 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   r.peak_live_bytes = r.peak_bytes - at(Category::activations) - at(Category::workspace) +
                       r.step.live[peak].total();
   return r;
+}
+
+int64_t setup_piece_elements(const StepPlan& step) {
+  const auto arena = static_cast<int64_t>(step.arena[static_cast<size_t>(Category::activations)]);
+  return std::max<int64_t>(
+      1, std::min<int64_t>(Transformer::kDefaultPieceElements, arena / int64_t{sizeof(float)}));
 }
 
 PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_bytes) {

@@ -67,6 +67,16 @@ PlanReport plan_memory(const RunSpec& spec, int rank = 0);
 PlanReport plan_largest_rank(const RunSpec& spec, int* rank = nullptr,
                              uint64_t* disk_bytes = nullptr);
 
+// The set-up's staging piece (Transformer::set_weights: the initial weights drawn, or a
+// checkpoint read, into the working copy where it is not the f32 weights of record), in f32
+// elements: at most Transformer::kDefaultPieceElements (4 MiB) and at most the step's
+// activation arena. The set-up holds the run's other categories but not the step's arenas,
+// the data loaders' staging or the gradient exchange's ring, so with the piece no larger than
+// the activation arena it never holds more than the step will: the run's peak stays the step's
+// and the plan needs no set-up term (Note [Set-up by range] in docs/notes/zero.md;
+// PlanVsMeasured.SetUpPieceStaysUnderTheStep checks it).
+int64_t setup_piece_elements(const StepPlan& step);
+
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.
 struct StepFlops {

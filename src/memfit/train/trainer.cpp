@@ -24,7 +24,6 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
-#include "memfit/dist/shard_collectives.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/offload/param_file.h"
 #include "memfit/plan/memory_plan.h"
@@ -271,30 +270,29 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
     return disk;
   };
-  // Offloaded master weights pass through the gradient slab, which holds nothing between
-  // steps (every step starts with zero_grad): the FP32 weights of record are drawn or loaded
-  // there, written to the master file and rounded into the working copy. Under ZeRO every rank
-  // holds the whole f32 layout there and writes its shard's part; the working copy is whole
-  // (stages 1-2, every element rounded) or the shard (stage 3, its elements rounded and the
-  // persistent units gathered: set_weights_from, as the in-RAM stage 3 loads).
+  // The set-up fills the weights of record and the working copy by range (Note [Set-up by
+  // range] in docs/notes/zero.md): this rank's range of the initial weights drawn, or of each
+  // tensor read from the checkpoint, straight into the f32 weights of record (the master
+  // weights, or f32 working weights; offloaded master weights a unit at a time into their
+  // file's I/O buffer), the rest of the working copy (stages 1-2: the other ranks' parts; bf16
+  // weights of record) through one staging piece no larger than the step's activation arena,
+  // so the set-up never holds more than the step (setup_piece_elements).
   const ElementRange my_range = my_shard.value_or(whole_range(gpt.layout()));
   auto my_part = [&](Tensor& slab) { return slab.view(my_range.begin, {my_range.size()}); };
-  auto master_from_grads = [&] {
-    off->write_master(my_part(gpt.grads()));
-    gpt.set_weights_from(gpt.grads());
-  };
+  const int64_t piece =
+      setup_piece_elements(plan_step(gpt.config(), B, T, spec.activation_options()));
+  Transformer::MasterSink to_master_file;
+  if (off && master)
+    to_master_file = [&](const Transformer::RangeFill& fill) { off->write_master_from(fill); };
   int64_t start_step = 0, data_position = 0;
   if (!location.dir.empty()) {
-    // Into the weights of record, converting F32 <-> BF16 as needed, then round the working
-    // copy from them: any precision loads any precision's checkpoint. Master weights that are
-    // a shard load the whole f32 layout into the
-    // gradient slab, unused until the first backward (no byte added), and take their shard.
-    if (off && master) {
-      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
-      master_from_grads();
-    } else if (gpt.whole_weights() && !gpt.params_offloaded()) {
-      // A stage-0 save's optimizer.safetensors is checked with the weights, all before a byte
-      // is copied; sharded state (any other range, or a ZeRO save) is loaded below.
+    // Into the weights of record, converting F32 <-> BF16 as needed, then the working copy
+    // rounded from them: any precision loads any precision's checkpoint.
+    if (gpt.whole_weights() && !to_master_file && !gpt.params_offloaded() &&
+        io::has_model_weights(location.dir)) {
+      // The whole layout, straight into the weights from the files. A stage-0 save's
+      // optimizer.safetensors is checked with the weights, all before a byte is copied;
+      // sharded state (any other range, or a ZeRO save) is loaded below.
       const bool with_opt = resume && opt && opt->range() == whole_range(gpt.layout()) &&
                             !io::has_zero_shards(location.dir);
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
@@ -302,9 +300,12 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       if (resume && opt && !with_opt) io::load_optimizer_state_any(location.dir, *opt);
       gpt.refresh_working();
     } else {
-      io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.grads());
-      gpt.set_weights_from(gpt.grads());
-      gpt.zero_grad();
+      // This rank's ranges of each tensor (model.safetensors, Hugging Face's shards, or a ZeRO
+      // save's shard files of any world size and stage), read from the mapped files.
+      const std::unique_ptr<io::ParamSource> saved = io::open_checkpoint_weights(location.dir, mc);
+      gpt.set_weights([&](int64_t from, int64_t to,
+                          float* dst) { saved->read_range({from, to}, dst); },
+                      piece, to_master_file);
       // ZeRO's shards of any world size and stage, or a whole optimizer.safetensors, cut to
       // this rank's range (io/zero_checkpoint.h).
       if (resume && opt) io::load_optimizer_state_any(location.dir, *opt);
@@ -329,11 +330,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       data_position = s.data_position;
       if (scaler && s.state.contains("loss_scaler")) scaler->load_json(s.state["loss_scaler"]);
     }
-  } else if (off && master) {
-    gpt.draw_initial_weights(cfg.seed, gpt.grads());
-    master_from_grads();
   } else {
-    gpt.init_weights(cfg.seed);
+    gpt.init_weights(cfg.seed, piece, to_master_file);
   }
   gpt.reserve(B, T, spec.activation_options());
   if (profiler) {
@@ -396,43 +394,35 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
   };
 
-  // The weights of record, whole, for a save. Master weights that are a shard (ZeRO >= 1) are
-  // all-gathered into the gradient slab, unused between the update and the next step's
-  // zero_grad: no byte added, so rank 0 saves a gathered copy in bounded memory. Every rank
-  // calls this (a collective); rank 0 saves.
-  // Stage 3 without master weights (fp32, pure bf16): the weights of record are the working
-  // shard, gathered in their own dtype (a pure-bf16 save stays BF16, as stage 0's).
-  Tensor gathered_record;
-  auto record_for_save = [&]() -> Tensor& {
+  // The weights of record, whole, for a save without ZeRO's shards (stage 0): the weights in
+  // RAM, or (one rank, offloaded master weights) read back from their file into the gradient
+  // slab, unused between the update and the next step's zero_grad. From stage 1 on no rank
+  // holds them whole: each writes its range into its shard file (stage_shards), and the save
+  // has no model.safetensors (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state").
+  auto record_for_save = [&]() -> Tensor {
+    if (stage >= 1) return Tensor{};
     if (off && master) {
-      // Offloaded master weights: this rank's part read back into the slab, then (ZeRO) every
-      // rank's from its owner, in place.
-      Tensor part = my_part(gpt.grads());
-      off->read_master(part);
-      if (my_shard) dist::all_gather_shards(comm, shards, part.raw_data(), gpt.grads().raw_data(),
-                                            sizeof(float));
-      return gpt.grads();
+      // The one use of the slab outside the step: stage 0 keeps it whole (only stages 2-3 are
+      // to shard it), and streaming the file per tensor would add a parameter's buffer (GPT-2's
+      // Conv1D weights are stored transposed) that the plan does not count.
+      Tensor& whole = gpt.grads();
+      off->read_master(whole);
+      return whole;
     }
     if (gpt.params_offloaded()) {
-      // The working weights are the weights of record (fp32, pure bf16): read back through
-      // the ring into the idle gradient slab, in their own dtype.
-      const DType dt = half_dtype(spec.precision.precision);
-      gathered_record = gpt.grads().view_bytes(0, {gpt.layout().total()}, dt);
-      gpt.working_to(gathered_record);  // this rank's range at stage 3, then every rank's
-      if (my_shard)
-        dist::all_gather_shards(comm, shards,
-                                static_cast<char*>(gathered_record.raw_data()) +
-                                    static_cast<size_t>(my_range.begin) * dtype_size(dt),
-                                gathered_record.raw_data(), dtype_size(dt));
-      return gathered_record;
+      // Offloaded working weights that are the weights of record (fp32, pure bf16): read back
+      // a block at a time into the slab, in their own dtype, as the master weights above.
+      Tensor whole = gpt.grads().view_bytes(0, {gpt.layout().total()},
+                                            half_dtype(spec.precision.precision));
+      gpt.working_to(whole);
+      return whole;
     }
-    if (gpt.whole_weights()) return gpt.weights();
-    const DType dt = gpt.weights().dtype();
-    gathered_record = gpt.grads().view_bytes(0, {gpt.layout().total()}, dt);
-    dist::all_gather_shards(comm, shards, gpt.weights().raw_data(), gathered_record.raw_data(),
-                            dtype_size(dt));
-    return gathered_record;
+    return gpt.weights();
   };
+  // The weights of record's element type, as config.json names it for a sharded save.
+  const DType record_dtype = off && master            ? DType::f32
+                             : gpt.params_offloaded() ? half_dtype(spec.precision.precision)
+                                                      : gpt.weights().dtype();
   // ZeRO's sharded optimizer state (stage >= 1): every rank writes its own shard file (its
   // range of the weights of record and its extents of every state tensor, straight from its
   // tensors: no byte gathered or added) into a staging directory beside the save, a sibling
@@ -451,15 +441,18 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
     comm.barrier();
     const fs::path file = staging / io::zero_shard_file(comm.rank(), W);
-    if (off) {
-      // Offloaded: the shard's state streamed out of this rank's files (the same bytes), its
-      // weights of record from the slab record_for_save filled, or the working weights (whole
-      // at stages 1-2, the shard itself at stage 3).
-      const Tensor record = master                   ? my_part(gpt.grads())
-                            : gpt.params_offloaded() ? my_part(gathered_record)
-                            : gpt.whole_weights()    ? my_part(gpt.weights())
-                                                     : gpt.weights();
-      off->save_shard(file, record);
+    if (off && master) {
+      // Offloaded: the shard's master weights and state streamed out of this rank's files (the
+      // same bytes as from RAM).
+      off->save_shard(file);
+    } else if (off && gpt.params_offloaded()) {
+      // Without master weights, offloaded working weights (stage 3): the shard's streamed from
+      // their file.
+      off->save_shard(file, gpt.offloaded_params());
+    } else if (off) {
+      // Without master weights: the working weights (whole at stages 1-2, the shard itself at
+      // stage 3) are the weights of record.
+      off->save_shard(file, gpt.whole_weights() ? my_part(gpt.weights()) : gpt.weights());
     } else {
       const Tensor weights = gpt.whole_weights()
                                  ? gpt.weights().view(my_shard->begin, {my_shard->size()})
@@ -481,10 +474,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
                               io::zero_index_json(off ? off->descriptor() : *opt, shards, stage));
       };
     // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
-    // bytes as from RAM), and the master weights read back into the idle gradient slab.
-    // (record_for_save read the offloaded master weights back into the idle gradient slab.)
+    // bytes as from RAM).
     if (off && !sharded_state)
       so.write_extra = [&](const fs::path& tmp) { off->save_state(tmp / io::kOptimizerFile); };
+    if (sharded_state) so.sharded_weights_dtype = record_dtype;
     so.max_shard_bytes = max_shard_bytes;
     // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
     // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
@@ -713,7 +706,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
     if (!cfg.save_dir.empty() && due && !last) {
       const profile::Scope slice(recorder(), "save", profile::SliceKind::save);
-      const Tensor& record = record_for_save();
+      const Tensor record = record_for_save();
       stage_shards();
       if (lead) save(step + 1, record);
       saved_at = step + 1;
@@ -741,7 +734,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (lead) progress.finish();
   const int64_t final_step = start_step + summary.steps_run;
   if (!cfg.save_dir.empty() && saved_at != final_step) {
-    const Tensor& record = record_for_save();
+    const Tensor record = record_for_save();
     stage_shards();
     if (lead) save(final_step, record);
   }

@@ -1,0 +1,38 @@
+// The family's initial weights (Transformer::init_weights), drawn for any range of the layout:
+// a rank draws its shard (or a piece of it) without the whole layout in memory, and gets the
+// bits the whole draw gives those elements (Note [Initial weights by range] in
+// docs/notes/zero.md).
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+#include "memfit/model/model_config.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/state/element_range.h"
+
+namespace memfit {
+
+// The initial weights drawn from `seed`: normal(0, 0.02) weights (GPT-2's residual projections
+// scaled by 1/sqrt(2 n_layer)), norm gains 1, biases, padded vocabulary rows and alignment
+// gaps 0. draw() gives any range the bits the whole layout drawn at once gives it; ranges
+// drawn in increasing order cost the generator's walk once (an earlier range restarts it).
+class InitialWeights {
+ public:
+  InitialWeights(const ModelConfig& config, const ParamLayout& layout, uint64_t seed);
+  // Layout elements [range.begin, range.end) into dst[0, range.size()) (f32).
+  void draw(ElementRange range, float* dst);
+
+ private:
+  const ModelConfig& config_;
+  const ParamLayout& layout_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  uint64_t at_ = 0;  // the generator's position: draws taken since seeding
+};
+
+// InitialWeights(config, layout, seed).draw(range, dst).
+void draw_initial_range(const ModelConfig& config, const ParamLayout& layout, uint64_t seed,
+                        ElementRange range, float* dst);
+
+}  // namespace memfit
