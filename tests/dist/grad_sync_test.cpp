@@ -1,7 +1,9 @@
-// The gradient exchange of data parallelism and ZeRO stage 2, on whatever world runs the binary
-// (alone, and in CI under mpirun -n 2 and -n 4: ctest -L dist-mpi): stage 2's reduce-scatter
-// into uneven shards leaves each owner the same bits the all-reduce gives it, whatever the
-// bucketing, and the ring is the bytes comm_bytes plans, no more than the all-reduce's. No ASSERT before a collective.
+// The gradient exchange of data parallelism (stages 0-1), on whatever world runs the binary
+// (alone, and in CI under mpirun -n 2 and -n 4: ctest -L dist-mpi): the all-reduce leaves every
+// rank the sums in rank order whatever the bucketing, and the ring is the bytes comm_bytes plans;
+// the buckets stages 2-3 reduce-scatter (gradient_buckets with shards) lie inside one shard and
+// tile the range they cut, no larger than the all-reduce's receive buffer allows. Stages 2-3's
+// exchange itself is tests/dist/unit_grads_test.cpp. No ASSERT before a collective.
 #include "memfit/dist/grad_sync.h"
 
 #include <gtest/gtest.h>
@@ -37,16 +39,14 @@ std::vector<ElementRange> uneven_shards(int64_t n, int ranks) {
   return s;
 }
 
-// The slab after the exchange: all-reduce (no shards) or reduce-scatter into `shards`, with the
-// backward's suffixes announced in steps of `stride`.
-std::vector<float> exchange(int64_t n, size_t bucket_bytes, std::vector<ElementRange> shards,
-                            size_t* ring_bytes) {
+// The slab after the all-reduce, with the backward's suffixes announced in steps of 97.
+std::vector<float> exchange(int64_t n, size_t bucket_bytes, size_t* ring_bytes) {
   Communicator& w = world();
   MemoryPool pool;
   std::vector<float> g(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) g[i] = value(w.rank(), i);
   {
-    GradientSync sync(w, pool, g, bucket_bytes, shards);
+    GradientSync sync(w, pool, g, bucket_bytes);
     *ring_bytes = pool.bytes_current();
     for (int64_t from = n; from > 0; from -= 97) sync.final_from(from);
     sync.finish();
@@ -54,31 +54,44 @@ std::vector<float> exchange(int64_t n, size_t bucket_bytes, std::vector<ElementR
   return g;
 }
 
-TEST(GradientSync, ReduceScatterGivesEachOwnerTheAllReducesBits) {
+TEST(GradientSync, AllReduceGivesEveryRankTheSumsInRankOrder) {
   Communicator& w = world();
   const int64_t n = 5003;
   for (size_t bucket_bytes : {size_t{4 * 300}, size_t{4 * 1777}, size_t{1} << 20}) {
-    const std::vector<ElementRange> shards = uneven_shards(n, w.size());
-    size_t ring_all = 0, ring_rs = 0;
-    const std::vector<float> all = exchange(n, bucket_bytes, {}, &ring_all);
-    const std::vector<float> rs = exchange(n, bucket_bytes, shards, &ring_rs);
-    const ElementRange mine = shards[static_cast<size_t>(w.rank())];
-    for (int64_t i = mine.begin; i < mine.end; ++i) {
+    size_t ring = 0;
+    const std::vector<float> all = exchange(n, bucket_bytes, &ring);
+    for (int64_t i = 0; i < n; ++i) {
       float want = value(0, i);
       for (int q = 1; q < w.size(); ++q) want += value(q, i);
-      EXPECT_EQ(std::memcmp(&rs[i], &want, 4), 0) << "element " << i;
-      EXPECT_EQ(std::memcmp(&rs[i], &all[i], 4), 0) << "element " << i;
+      EXPECT_EQ(std::memcmp(&all[i], &want, 4), 0) << "element " << i;
     }
     if (w.size() == 1) continue;  // the trainer makes no exchange for one rank
-    EXPECT_EQ(ring_all, GradientSync::comm_bytes(n, bucket_bytes, w.size(), w.rank()));
-    EXPECT_EQ(ring_rs, GradientSync::comm_bytes(n, bucket_bytes, w.size(), w.rank(), shards));
-    // Stage 2's buckets lie in one shard at 1/W of the size: the owner's W copies take no more
-    // than the all-reduce's receive buffer, however uneven the shards.
-    EXPECT_LE(ring_rs, ring_all);
-    for (const ElementRange& b : gradient_buckets(n, bucket_bytes, w.size(), shards)) {
-      int owners = 0;
-      for (const ElementRange& s : shards) owners += s.contains(b);
-      EXPECT_EQ(owners, 1) << "bucket [" << b.begin << ", " << b.end << ") straddles shards";
+    EXPECT_EQ(ring, GradientSync::comm_bytes(n, bucket_bytes, w.size(), w.rank()));
+  }
+}
+
+// Stages 2-3's buckets: inside one shard, 1/W of the all-reduce's, tiling what they cut (the
+// whole slab or one unit), so an owner's W copies fit the all-reduce's receive buffer.
+TEST(GradientBuckets, ReduceScatterBucketsLieInOneShardAndTileTheirRange) {
+  const int64_t n = 5003;
+  for (int ranks : {1, 2, 3, 5}) {
+    const std::vector<ElementRange> shards = uneven_shards(n, ranks);
+    for (size_t bucket_bytes : {size_t{4 * 300}, size_t{4 * 1777}, size_t{1} << 20}) {
+      const int64_t per = std::max<int64_t>(1, bucket_floats(n, bucket_bytes) / ranks);
+      for (ElementRange within : {ElementRange{0, n}, ElementRange{1234, 4321}}) {
+        int64_t covered = 0, end = within.end;
+        for (const ElementRange& b : gradient_buckets(within, n, bucket_bytes, ranks, shards)) {
+          int owners = 0;
+          for (const ElementRange& s : shards) owners += s.contains(b);
+          EXPECT_EQ(owners, 1) << "bucket [" << b.begin << ", " << b.end << ") straddles shards";
+          EXPECT_LE(b.size(), per);
+          EXPECT_EQ(b.end, end) << "the buckets run from the end, without gaps";
+          end = b.begin;
+          covered += b.size();
+        }
+        EXPECT_EQ(covered, within.size());
+        EXPECT_EQ(end, within.begin);
+      }
     }
   }
 }

@@ -1,13 +1,14 @@
 // The plan per rank under ZeRO (Note [ZeRO]): the model state categories follow the stages'
 // arithmetic (bf16 working weights, f32 gradients, FP32 master weights and AdamW's two moments:
-// 18Ψ at stage 0; 2Ψ + 4Ψ + 12Ψ/N at stages 1 and 2, as built; 4Ψ + 14Ψ/N at stage 3, plus its
-// gather buffers), the ranks' shards tile the master weights and the optimizer state, and one
-// rank at any stage is stage 0. The measured
+// 18Ψ at stage 0; 2Ψ + 4Ψ + 12Ψ/N at stage 1; 2Ψ + 16Ψ/N at stage 2, plus its gradient unit
+// buffers; 18Ψ/N at stage 3, plus its gather buffers), the ranks' shards tile the master weights,
+// the gradients and the optimizer state, and one rank at any stage is stage 0. The measured
 // side is tests/cli/zero_test.cpp (under mpirun).
 #include <gtest/gtest.h>
 
 #include "memfit/dist/grad_sync.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/unit_grads.h"
 #include "memfit/state/shard.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/run_setup.h"
@@ -40,20 +41,32 @@ TEST(ZeroPlan, ModelStateFollowsTheStages) {
   EXPECT_EQ(at(p0, Category::grads), MemoryPool::round_up(size_t(psi) * 4));
   EXPECT_EQ(at(p0, Category::optimizer), 2 * MemoryPool::round_up(size_t(psi) * 4));
   for (int zero : {1, 2}) {
-    size_t master = 0, optimizer = 0;
+    size_t master = 0, grads = 0, optimizer = 0;
+    const RunSpec s = spec(N, zero);
+    const ParamLayout layout(p0.model);
+    const std::vector<ElementRange> shards = shard_ranges(layout, s.optim, N);
     for (int r = 0; r < N; ++r) {
-      const PlanReport p = plan_memory(spec(N, zero), r);
+      const PlanReport p = plan_memory(s, r);
       EXPECT_EQ(at(p, Category::params), at(p0, Category::params));
-      EXPECT_EQ(at(p, Category::grads), at(p0, Category::grads));  // whole, as built
       // 4Ψ/N and 8Ψ/N, to the cut granule and the pool's 64-byte rounding.
       EXPECT_NEAR(double(at(p, Category::master)), 4 * psi / N, 4 * 64 + 64);
       EXPECT_NEAR(double(at(p, Category::optimizer)), 8 * psi / N, 8 * 64 + 128);
+      if (zero == 1) {
+        EXPECT_EQ(at(p, Category::grads), at(p0, Category::grads));  // all-reduced: whole
+      } else {
+        // Stage 2: the shard's sums, and the unit buffers with their receive ring in comm.
+        EXPECT_NEAR(double(at(p, Category::grads)), 4 * psi / N, 4 * 64 + 64);
+        EXPECT_EQ(at(p, Category::comm),
+                  UnitGrads::comm_bytes(layout, s.bucket_bytes, shards, r, false));
+      }
       master += at(p, Category::master);
+      grads += at(p, Category::grads);
       optimizer += at(p, Category::optimizer);
     }
     // The shards tile the slabs: together the whole, to the rounding of each piece.
     EXPECT_NEAR(double(master), double(at(p0, Category::master)), 64.0 * N);
     EXPECT_NEAR(double(optimizer), double(at(p0, Category::optimizer)), 128.0 * N);
+    if (zero == 2) EXPECT_NEAR(double(grads), double(at(p0, Category::grads)), 64.0 * N);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/unit_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
@@ -181,6 +182,17 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                      : "",
                  g.slot_elements > 0 ? run.prefetch_depth + 1 : 0,
                  g.slot_elements * param_bytes / 1048576.0, run.prefetch_depth);
+    }
+    if (run.unit_grads()) {
+      // Where the per-unit gradients live (Note [Sharded gradients]).
+      const ParamLayout layout(r.model);
+      fmt::print("gradients reduced per unit{}: {:.1f} MiB in comm (the embeddings and the tail, "
+                 "and {} x {:.1f} MiB block slots)\n",
+                 run.grad_accum > 1 ? fmt::format(", every micro-batch ({})", run.grad_accum)
+                                    : std::string(),
+                 (UnitGrads::edge_floats(layout) + UnitGrads::kSlots * UnitGrads::slot_floats(layout)) *
+                     4 / 1048576.0,
+                 UnitGrads::kSlots, UnitGrads::slot_floats(layout) * 4 / 1048576.0);
     }
     // Shards differ by a cut granule and receive buffers by rank: the extremes over ranks.
     size_t lo = r.peak_bytes, hi = r.peak_bytes;

@@ -116,6 +116,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "update (the embeddings and the final norm/head always are); with "
                   "--offload-params nvme, blocks of fewer elements stay in RAM")
       ->capture_default_str();
+  cmd->add_flag("--sync-every-micro-batch", c.sync_every_micro_batch,
+               "Under mpirun or srun, stages 0-1: reduce every micro-batch's gradients block by "
+               "block, as stages 2-3 always do (--grad-accum times the collectives and a whole "
+               "f32 accumulator beside the block buffers): stages 2-3's sums, bit for bit");
   cmd->add_option("--collective-timeout", c.collective_timeout,
                   "Under mpirun or srun: seconds a rank waits for one collective before the job "
                   "fails, naming it (a rank stopped or hung); 0: forever. Keep it above the "

@@ -43,13 +43,14 @@ struct CommVolume {
 // updated working weights from their owners; stage 2 reduce-scatters the gradients, then
 // all-gathers; stage 3 reduce-scatters, and gathers `stage3_gathered` bytes of working weights
 // (WeightGather::step_gather_bytes: its blocks as the micro-batches need them, the persistent
-// units after the update). The loss, the stop flag and the gradient norm's partials (a few
-// floats) are not counted. One rank: nothing.
+// units after the update). `reductions`: how often the gradients are reduced a step (1, or the
+// micro-batch count where every micro-batch is: Note [Sharded gradients]). The loss, the stop
+// flag and the gradient norm's partials (a few floats) are not counted. One rank: nothing.
 inline CommVolume step_comm_volume(int64_t n, int param_bytes, int world, int stage,
-                                   int64_t stage3_gathered = 0) {
+                                   int64_t stage3_gathered = 0, int reductions = 1) {
   CommVolume v;
   if (world <= 1) return v;
-  (stage >= 2 ? v.reduce_scatter : v.all_reduce) = n * 4;
+  (stage >= 2 ? v.reduce_scatter : v.all_reduce) = n * 4 * reductions;
   if (stage == 3)
     v.all_gather = stage3_gathered;
   else if (stage >= 1)

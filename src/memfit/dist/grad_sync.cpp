@@ -3,43 +3,25 @@
 #include <algorithm>
 
 #include "memfit/core/error.h"
-#include "memfit/dist/shard_collectives.h"
 
 namespace memfit::dist {
 
-namespace {
-
-// Floats of one ring slot on rank `rank`: the largest bucket's receive buffer, at least `world`
-// (the scalar sums go through it too).
-int64_t slot_floats(int64_t n, size_t bucket_bytes, int world, int rank,
-                    std::span<const ElementRange> shards) {
-  int64_t piece = 0;
-  if (shards.empty()) {
-    piece = even_counts(bucket_floats(n, bucket_bytes), world)[static_cast<size_t>(rank)];
-  } else {
-    for (const ElementRange& b : gradient_buckets(n, bucket_bytes, world, shards))
-      piece = std::max(piece, shards[static_cast<size_t>(rank)].intersect(b).size());
-  }
-  return std::max<int64_t>(int64_t{world} * piece, world);
-}
-
-}  // namespace
-
-std::vector<ElementRange> gradient_buckets(int64_t n, size_t bucket_bytes, int world,
-                                           std::span<const ElementRange> shards) {
+std::vector<ElementRange> gradient_buckets(ElementRange within, int64_t n, size_t bucket_bytes,
+                                           int world, std::span<const ElementRange> shards) {
   std::vector<ElementRange> out;
+  auto cut = [&](ElementRange r, int64_t per) {
+    for (int64_t end = r.end; end > r.begin; end -= per)
+      out.push_back({std::max(r.begin, end - per), end});
+  };
   if (shards.empty()) {
-    const int64_t per = bucket_floats(n, bucket_bytes);
-    for (int64_t end = n; end > 0; end -= per) out.push_back({std::max<int64_t>(0, end - per), end});
+    cut(within, bucket_floats(n, bucket_bytes));
     return out;
   }
-  // Stage 2: a bucket is summed on its owner, which receives every rank's copy of it (Note
-  // [Deterministic reduction]), so buckets lie inside one shard and are 1/world of the bytes:
-  // the receive buffer is then the all-reduce's, and the bytes moved are the same.
+  // A reduce-scatter's bucket is summed on its owner, which receives every rank's copy of it
+  // (Note [Deterministic reduction]), so buckets lie inside one shard and are 1/world of the
+  // bytes: the receive buffer is then the all-reduce's, and the bytes moved are the same.
   const int64_t per = std::max<int64_t>(1, bucket_floats(n, bucket_bytes) / std::max(world, 1));
-  for (auto s = shards.rbegin(); s != shards.rend(); ++s)
-    for (int64_t end = s->end; end > s->begin; end -= per)
-      out.push_back({std::max(s->begin, end - per), end});
+  for (auto s = shards.rbegin(); s != shards.rend(); ++s) cut(s->intersect(within), per);
   return out;
 }
 
@@ -48,25 +30,32 @@ int64_t bucket_floats(int64_t n, size_t bucket_bytes) {
   return std::min(std::max<int64_t>(n, 1), per);
 }
 
-size_t GradientSync::comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank,
-                                std::span<const ElementRange> shards) {
+namespace {
+
+// Floats of one ring slot on rank `rank`: the largest bucket's receive buffer, at least `world`
+// (the scalar sums go through it too).
+int64_t slot_floats(int64_t n, size_t bucket_bytes, int world, int rank) {
+  const int64_t piece =
+      even_counts(bucket_floats(n, bucket_bytes), world)[static_cast<size_t>(rank)];
+  return std::max<int64_t>(int64_t{world} * piece, world);
+}
+
+}  // namespace
+
+size_t GradientSync::comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank) {
   if (world <= 1) return 0;
-  const size_t slot = static_cast<size_t>(slot_floats(n, bucket_bytes, world, rank, shards));
+  const size_t slot = static_cast<size_t>(slot_floats(n, bucket_bytes, world, rank));
   return MemoryPool::round_up(kInFlight * slot * sizeof(float));
 }
 
 GradientSync::GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads,
-                           size_t bucket_bytes, std::vector<ElementRange> shards)
-    : comm_(comm), grads_(grads), shards_(std::move(shards)) {
+                           size_t bucket_bytes)
+    : comm_(comm), grads_(grads) {
   const int64_t n = static_cast<int64_t>(grads.size());
-  MEMFIT_CHECK(shards_.empty() || (static_cast<int>(shards_.size()) == comm.size() &&
-                                   shards_.front().begin == 0 && shards_.back().end == n),
-               "dist", "{} shards for {} ranks do not tile {} gradients", shards_.size(),
-               comm.size(), n);
-  buckets_ = gradient_buckets(n, bucket_bytes, comm.size(), shards_);
-  slot_floats_ = slot_floats(n, bucket_bytes, comm.size(), comm.rank(), shards_);
-  ring_ = pool.allocate(comm_bytes(n, bucket_bytes, comm.size(), comm.rank(), shards_),
-                        Category::comm, "comm.grad_ring");
+  buckets_ = gradient_buckets({0, n}, n, bucket_bytes, comm.size());
+  slot_floats_ = slot_floats(n, bucket_bytes, comm.size(), comm.rank());
+  ring_ = pool.allocate(comm_bytes(n, bucket_bytes, comm.size(), comm.rank()), Category::comm,
+                        "comm.grad_ring");
 }
 
 GradientSync::~GradientSync() = default;  // pending requests wait as they are destroyed
@@ -77,17 +66,8 @@ void GradientSync::start(int64_t j) {
   float* slot = static_cast<float*>(ring_.data()) + (j % kInFlight) * slot_floats_;
   const std::span<float> bucket = grads_.subspan(static_cast<size_t>(b.begin),
                                                  static_cast<size_t>(b.size()));
-  (shards_.empty() ? volume_.all_reduce : volume_.reduce_scatter) += b.size() * 4;
-  if (shards_.empty()) {
-    in_flight_.push_back(comm_.all_reduce_async(bucket, {slot, static_cast<size_t>(slot_floats_)}));
-    return;
-  }
-  // Stage 2: this rank's part of the bucket gets the sums, in place.
-  const std::vector<int64_t> counts = shard_counts(shards_, b);
-  const ElementRange mine = shards_[static_cast<size_t>(comm_.rank())].intersect(b);
-  in_flight_.push_back(comm_.reduce_scatter_async(
-      bucket, grads_.subspan(static_cast<size_t>(mine.begin), static_cast<size_t>(mine.size())),
-      counts, {slot, static_cast<size_t>(slot_floats_)}));
+  volume_.all_reduce += b.size() * 4;
+  in_flight_.push_back(comm_.all_reduce_async(bucket, {slot, static_cast<size_t>(slot_floats_)}));
 }
 
 void GradientSync::wait_oldest() {

@@ -1,12 +1,10 @@
-// Data parallelism's gradient exchange: every rank's gradients summed into every rank's, a
-// bucket at a time, started while the backward is still running (the backward finishes the
-// gradient slab from its end: Transformer::backward(final_from)), at most kInFlight buckets in
-// flight. The receive buffers are a ring of kInFlight allocated once (Category::comm), so the
-// plan (comm_bytes) is exact whatever the timing. The sums are the communicator's, in rank
+// Data parallelism's gradient exchange (ZeRO stages 0-1): every rank's gradients summed into
+// every rank's, a bucket at a time, started while the backward is still running (the backward
+// finishes the gradient slab from its end: Transformer::backward(final_from)), at most kInFlight
+// buckets in flight. The receive buffers are a ring of kInFlight allocated once (Category::comm),
+// so the plan (comm_bytes) is exact whatever the timing. The sums are the communicator's, in rank
 // order (Note [Deterministic reduction]): the same bits whatever the bucket size or the overlap.
-// ZeRO stage 2 gives the shards: each bucket (inside one shard: gradient_buckets) is then
-// reduce-scattered into its owner (the sums written in place; the rest of the slab keeps this
-// rank's own gradients), the same sums in the same order as the all-reduce.
+// Stages 2-3 reduce-scatter per unit instead (model/unit_grads.h), in gradient_buckets' cut.
 #pragma once
 
 #include <cstddef>
@@ -27,12 +25,12 @@ namespace memfit::dist {
 // them when the bucket is larger).
 int64_t bucket_floats(int64_t n, size_t bucket_bytes);
 
-// The buckets of an exchange over `n` gradients, in the order they are started (the slab's end
-// first, as the backward finishes it). All-reduce (no shards): bucket_floats each. Stage 2's
-// reduce-scatter (`shards`, one per rank): each inside one shard, bucket_floats / world each,
-// so the owner's receive buffer (world copies) is the all-reduce's.
-std::vector<ElementRange> gradient_buckets(int64_t n, size_t bucket_bytes, int world,
-                                           std::span<const ElementRange> shards = {});
+// The buckets of an exchange over the gradients `within` a slab of `n`, in the order they are
+// started (the end first, as the backward finishes it). All-reduce (no shards): bucket_floats
+// of the slab each. A reduce-scatter (`shards`, one per rank; stages 2-3): each inside one shard,
+// bucket_floats / world each, so the owner's receive buffer (world copies) is the all-reduce's.
+std::vector<ElementRange> gradient_buckets(ElementRange within, int64_t n, size_t bucket_bytes,
+                                           int world, std::span<const ElementRange> shards = {});
 
 class GradientSync {
  public:
@@ -40,15 +38,11 @@ class GradientSync {
 
   // The comm bytes a rank holds for the exchange: kInFlight receive buffers of the largest
   // bucket (at least `world` floats each, for the scalar sums); 0 for one rank. What the
-  // constructor allocates. With `shards` (stage 2), a reduce-scatter's receive buffer: `world`
-  // times the largest part of this rank's shard in one bucket.
-  static size_t comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank,
-                           std::span<const ElementRange> shards = {});
+  // constructor allocates.
+  static size_t comm_bytes(int64_t n, size_t bucket_bytes, int world, int rank);
 
-  // Over `grads` (n floats), for the run's lifetime. `shards` (one per rank, tiling the slab):
-  // reduce-scatter into their owners instead of all-reducing.
-  GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads, size_t bucket_bytes,
-               std::vector<ElementRange> shards = {});
+  // Over `grads` (n floats), for the run's lifetime.
+  GradientSync(Communicator& comm, MemoryPool& pool, std::span<float> grads, size_t bucket_bytes);
   ~GradientSync();
 
   // The gradients [from, n) are final: start every bucket inside them not started yet.
@@ -58,7 +52,7 @@ class GradientSync {
   // The sum over ranks of x (the loss, the stop flag), through the ring: nothing allocated.
   // Not while buckets are in flight.
   float sum(float x);
-  // The gradient bytes all-reduced or reduce-scattered since the last take_volume().
+  // The gradient bytes all-reduced since the last take_volume().
   CommVolume take_volume() { return std::exchange(volume_, CommVolume{}); }
 
  private:
@@ -67,7 +61,6 @@ class GradientSync {
 
   Communicator& comm_;
   std::span<float> grads_;
-  std::vector<ElementRange> shards_;  // stage 2: reduce-scatter into these owners
   std::vector<ElementRange> buckets_;
   int64_t next_ = 0;
   CommVolume volume_;

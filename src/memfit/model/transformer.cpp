@@ -16,7 +16,7 @@ using namespace kernels;
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          const PrecisionOptions& precision,
                          std::optional<ElementRange> master_range, bool master_in_ram,
-                         const ParamSharding* sharding,
+                         const ParamSharding* sharding, const GradSharding* grad_sharding,
                          const ParamOffload* param_file)
     : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
   check_precision_options(precision);
@@ -43,7 +43,11 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                             half_dtype(p), Category::params, "params");
   if (p != Precision::fp32 && precision.master_weights && master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
-  grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
+  // The whole gradient slab, unless the gradients are sharded (stages 2-3: Note [Sharded
+  // gradients]; UnitGrads then allocates the shard's accumulator).
+  const bool sharded_grads = grad_sharding && !grad_sharding->whole;
+  if (!sharded_grads)
+    grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)
     gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding,
                                              param_file ? param_file->file : nullptr,
@@ -55,6 +59,25 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   else
     weights_ = layout_.views(params_);
   grad_views_ = layout_.views(grads_);
+  // Stages 0-1 reducing every micro-batch accumulate the sums in the whole slab itself.
+  if (grad_sharding)
+    unit_grads_ = std::make_unique<UnitGrads>(pool, layout_, *grad_sharding,
+                                              sharded_grads ? Tensor{} : grads_);
+}
+
+Tensor Transformer::grad_sums(ElementRange r) {
+  const ElementRange have = grad_sums_range();
+  MEMFIT_CHECK(have.contains(r), "model", "the gradients of [{}, {}) outside the summed [{}, {})",
+               r.begin, r.end, have.begin, have.end);
+  if (r == have) return grad_sums();
+  return grad_sums().view(r.begin - have.begin, {r.size()});
+}
+
+void Transformer::zero_grad() {
+  if (unit_grads_)
+    unit_grads_->zero();
+  else
+    grads_.zero();
 }
 
 Tensor Transformer::param(const std::string& name) const {
@@ -62,6 +85,12 @@ Tensor Transformer::param(const std::string& name) const {
   MEMFIT_CHECK(!params_offloaded(), "model", "param('{}'): the working weights are on disk",
                name);
   return layout_.view(params_, name);
+}
+
+Tensor Transformer::grad(const std::string& name) const {
+  MEMFIT_CHECK(grads_.defined(), "model",
+               "grad('{}'): the gradients are a ZeRO shard's sums (grad_sums())", name);
+  return layout_.view(grads_, name);
 }
 
 void Transformer::working_changed() {
@@ -203,9 +232,15 @@ void Transformer::reserve(StepPlan plan) {
   ctx_ = StepContext(std::move(plan), std::move(views));
   ctx_.set_poison(poison_);
   ctx_.set_observer(observer_);
-  if (gather_) {
-    gather_->set_phases(ctx_.plan().phases);
-    ctx_.set_enter_hook([this](int phase) { gather_->enter(phase); });
+  if (gather_) gather_->set_phases(ctx_.plan().phases);
+  if (gather_ || unit_grads_) {
+    // Stage 3 gathers the weights a phase reads; per-unit gradients give a block's backward
+    // its slot.
+    ctx_.set_enter_hook([this](int phase) {
+      if (gather_) gather_->enter(phase);
+      const Phase& p = ctx_.plan().phases[static_cast<size_t>(phase)];
+      if (unit_grads_ && p.kind == PhaseKind::backward) unit_grads_->enter_backward(p.layer);
+    });
   }
   backward_ready_ = false;
 }
@@ -219,8 +254,9 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
   expect_tensor(targets, "model", "targets", {B_, T_}, DType::i32);
   const float N = static_cast<float>(int64_t{B_} * T_);
   backward_ready_ = false;
+  if (training && unit_grads_) unit_grads_->begin_micro_batch();
   const float loss_sum =
-      step_->forward(ctx_, working_views(), grad_views_, &tokens, &targets, training,
+      step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets, training,
                      loss_scale / N);
   backward_ready_ = training;
   return loss_sum / N;
@@ -231,6 +267,11 @@ void Transformer::backward() { backward(nullptr); }
 void Transformer::backward(const std::function<void(int64_t final_from)>& final_from) {
   MEMFIT_CHECK(backward_ready_, "model", "backward() without a training forward() before it");
   backward_ready_ = false;
+  if (unit_grads_) {
+    step_->backward(ctx_, working_views(), grad_views(),
+                    [&](int part) { unit_grads_->done(part); });
+    return;
+  }
   if (!final_from) {
     step_->backward(ctx_, working_views(), grad_views_);
     return;
@@ -282,11 +323,16 @@ std::string Transformer::first_non_finite() {
       continue;
     if (!all_finite(t)) return fmt::format("{} (activation)", tag);
   }
-  // The backward writes the gradients from the last layer to the embeddings.
+  // The backward writes the gradients from the last layer to the embeddings (per-unit
+  // gradients: their sums, of this rank's range).
+  const ElementRange sums = grad_sums_range();
   const auto& ps = layout_.params();
-  for (auto it = ps.rbegin(); it != ps.rend(); ++it)
-    if (!all_finite(grads_.view(it->offset, {it->numel})))
+  for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+    const ElementRange part = sums.intersect({it->offset, it->offset + it->numel});
+    if (!part.empty() &&
+        !all_finite(grad_sums().view(part.begin - sums.begin, {part.size()})))
       return fmt::format("{} (gradient)", it->name);
+  }
   return {};
 }
 

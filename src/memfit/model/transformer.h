@@ -19,6 +19,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/model/unit_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/state/element_range.h"
 
@@ -36,6 +37,10 @@ class Transformer {
   // `sharding` (ZeRO stage 3, Note [ZeRO stage 3]): the working weights are this rank's shard
   // (`master_range`, which must be its shards entry) and the step gathers what each phase
   // reads (model/weight_gather.h). Every rank must then run the same steps and loads.
+  // `grad_sharding` (ZeRO stages 2-3, or stages 0-1 reducing every micro-batch: Note [Sharded
+  // gradients]): the backward writes each unit's gradients into buffers of their own and
+  // reduces them over the ranks as each ends (model/unit_grads.h); grad_sums() is then the
+  // accumulator of this rank's shard (whole with `grad_sharding->whole`).
   // `param_offload` (--offload-params nvme, Note [NVMe offload]): the blocks' working weights
   // live in that file (kept by the caller, outliving the model) and are read into a ring before
   // the phases that need them (WeightGather's file source); in one process RAM holds the
@@ -45,6 +50,7 @@ class Transformer {
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
               std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
               const ParamSharding* sharding = nullptr,
+              const GradSharding* grad_sharding = nullptr,
               const ParamOffload* param_offload = nullptr);
 
   const ModelConfig& config() const { return config_; }
@@ -98,9 +104,21 @@ class Transformer {
                    const MasterSink& offloaded_master = {});
   // The master weights' range (a ZeRO shard, or the whole layout), in RAM or not.
   ElementRange master_range() const { return master_range_; }
+  // The whole f32 gradient slab: what the backward accumulates into (stages 0-1; then the
+  // summed gradients too). Undefined at stages 2-3 over several ranks, which hold their shard's
+  // sums alone (grad_sums(), Note [Sharded gradients]).
   Tensor& grads() { return grads_; }
+  // The summed gradients the update reads, over grad_sums_range(): the whole slab, or the
+  // per-unit reduction's accumulator (this rank's shard at stages 2-3).
+  Tensor& grad_sums() { return unit_grads_ ? unit_grads_->sums() : grads_; }
+  ElementRange grad_sums_range() const { return unit_grads_ ? unit_grads_->range() : whole(); }
+  // The summed gradients of `r`, a range inside grad_sums_range().
+  Tensor grad_sums(ElementRange r);
+  // Whether every micro-batch's backward reduces its gradients over the ranks (per unit) itself.
+  UnitGrads* unit_grads() { return unit_grads_.get(); }
   Tensor param(const std::string& name) const;
-  Tensor grad(const std::string& name) const { return layout_.view(grads_, name); }
+  // One parameter's gradient in the whole slab (a test helper; refuses at stages 2-3).
+  Tensor grad(const std::string& name) const;
 
   // The family's initialisation: weights normal(0, 0.02), norm gains 1, biases 0, padded vocab
   // rows 0; GPT-2 also scales its residual projections (attn.c_proj, mlp.c_proj) by
@@ -154,8 +172,9 @@ class Transformer {
   // this micro-batch: the layout puts the blocks in order between the embeddings and the final
   // norm (and an untied head), and the backward finishes them from the last, so what is final
   // is always a suffix; e = 0 at the end. Data parallelism starts summing them meanwhile.
+  // With per-unit gradients every backward reduces them (final_from is not called).
   void backward(const std::function<void(int64_t final_from)>& final_from);
-  void zero_grad() { grads_.zero(); }
+  void zero_grad();
 
   // Logits (B, T, vocab_size) of every position, for evaluation against other implementations
   // and for sampling. `logits` is f32 (B, T, vocab_size).
@@ -191,6 +210,9 @@ class Transformer {
   bool backward_ready_ = false;
   bool sharded_ = false;
   std::unique_ptr<WeightGather> gather_;  // stage 3
+  std::unique_ptr<UnitGrads> unit_grads_;  // stages 2-3 (or 0-1 reducing every micro-batch)
+  // The views the step writes gradients through.
+  const ModelWeights& grad_views() const { return unit_grads_ ? unit_grads_->views() : grad_views_; }
 };
 
 }  // namespace memfit

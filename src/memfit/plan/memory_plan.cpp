@@ -13,6 +13,7 @@
 #include "memfit/io/data_loader.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/unit_grads.h"
 #include "memfit/model/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
@@ -64,7 +65,8 @@ class ScopedThreads {
 
 // What differs between ranks, into `bytes`: ZeRO (Note [ZeRO]) from stage 1 on keeps the
 // optimizer state and master weights of the rank's shard alone (shard_ranges, as train() cuts;
-// `shards` empty with one rank), stage 3 its working weights too, and data parallelism adds the
+// `shards` empty with one rank), stage 2 its summed gradients too (with the gradient unit
+// buffers: model/unit_grads.h), stage 3 its working weights too, and data parallelism adds the
 // ring of receive buffers the gradient buckets are summed through (dist/grad_sync.h; from stage
 // 2 a reduce-scatter's, sized by this rank's part of a bucket), plus stage 3's gather buffers.
 // plan_memory and plan_largest_rank both count them here: whatever a stage makes differ between
@@ -93,9 +95,17 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   if (spec.precision.precision != Precision::fp32 && spec.precision.master_weights)
     at(Category::master) = shard_or_whole(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
-  at(Category::comm) = dist::GradientSync::comm_bytes(
-      layout.total(), spec.bucket_bytes, spec.world, rank,
-      stage >= 2 ? std::span<const ElementRange>(shards) : std::span<const ElementRange>());
+  // The gradients' exchange: the whole slab's buckets through a receive ring, or per unit (Note
+  // [Sharded gradients]) the unit buffers and their receive ring (model/unit_grads.h).
+  // Stages 2-3 hold their shard's summed gradients alone (else the whole slab: plan_memory).
+  if (spec.unit_grads() && stage >= 2)
+    at(Category::grads) = UnitGrads::grads_bytes(layout, shards, rank, /*whole=*/false);
+  if (spec.unit_grads())
+    at(Category::comm) =
+        UnitGrads::comm_bytes(layout, spec.bucket_bytes, shards, rank, /*whole=*/stage < 2);
+  else
+    at(Category::comm) =
+        dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, rank);
   // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
   if (stage == 3)
     at(Category::comm) +=
@@ -146,9 +156,9 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
   OptimConfig oc = spec.optim;
   oc.n_head = r.model.n_head;
-  // Every rank holds a whole gradient slab (stages 2 and 3 reduce-scatter into it, in place);
-  // the working weights (whole below stage 3), the master weights, the optimizer state and the
-  // receive buffers are the rank's own (rank_bytes).
+  // Stages 0-1 hold a whole gradient slab; stages 2-3 their shard's sums (Note [Sharded
+  // gradients]); those, the working weights (whole below stage 3), the master weights, the
+  // optimizer state and the receive buffers are the rank's own (rank_bytes).
   const std::vector<ElementRange> shards =
       spec.world > 1 ? shard_ranges(layout, oc, spec.world) : std::vector<ElementRange>{};
   at(Category::grads) = slab(DType::f32);
@@ -186,7 +196,8 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
       layout.total(), static_cast<int>(dtype_size(half)), spec.world, stage,
       stage == 3 ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
                                                    spec.persist_threshold)
-                 : 0);
+                 : 0,
+      spec.unit_grads() ? spec.grad_accum : 1);
 
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
   // the training data's window count (from the shard headers). With no data to read, the plan

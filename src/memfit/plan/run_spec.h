@@ -54,6 +54,14 @@ struct RunSpec {
   // size (elements) under which a block is kept whole.
   int prefetch_depth = 1;
   int64_t persist_threshold = 0;
+  // Stages 0-1 reduce every micro-batch's gradients per unit, as stages 2-3 always do (Note
+  // [Sharded gradients]): the same sums as stages 2-3 under gradient accumulation.
+  bool sync_every_micro_batch = false;
+  // Whether each micro-batch's gradients are reduced per unit (model/unit_grads.h): stages 2-3,
+  // or stages 0-1 with sync_every_micro_batch, over several ranks.
+  bool unit_grads() const {
+    return world > 1 && (zero >= 2 || sync_every_micro_batch);
+  }
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts

@@ -81,6 +81,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--offload-optimizer", s.offload.optimizer ? "nvme" : "none"},
       {"--prefetch-depth", f(s.prefetch_depth)},
       {"--persist-threshold", f(s.persist_threshold)},
+      {"--sync-every-micro-batch", f(s.sync_every_micro_batch)},
       {"--eval-every", f(c.eval_every)},
       {"--eval-batches", f(c.eval_batches)},
       {"--initial-loss-scale", f(c.loss_scaler.initial_scale)},

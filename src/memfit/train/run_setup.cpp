@@ -143,6 +143,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.zero_auto = c.zero_auto;
   s.prefetch_depth = c.prefetch_depth;
   s.persist_threshold = c.persist_threshold;
+  s.sync_every_micro_batch = c.sync_every_micro_batch;
   s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
   s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
   s.data_dir = c.data_dir;

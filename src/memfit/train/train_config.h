@@ -54,6 +54,9 @@ struct TrainConfig {
   // block size in elements under which a block is kept whole (gathered once per update).
   int prefetch_depth = 1;
   int64_t persist_threshold = 0;
+  // Stages 0-1 reduce every micro-batch's gradients per unit, as stages 2-3 must: the same bits
+  // as stages 2-3 under --grad-accum (Note [Sharded gradients]).
+  bool sync_every_micro_batch = false;
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
   // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
   // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.

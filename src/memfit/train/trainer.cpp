@@ -224,8 +224,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       "memfit-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
   // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
   // stage 3 this rank's shard of them), read through the model's ring (WeightGather's file
-  // source; at stage 3 read, then all-gathered) and written back by the offloaded update. Made before the model, so the model (whose ring the requests use) and
-  // its waits for them go first (Note [NVMe offload], "Working weights on disk").
+  // source; at stage 3 read, then all-gathered) and written back by the offloaded update.
+  // Made before the model, so the model (whose ring the requests use) and its waits for them
+  // go first (Note [NVMe offload], "Working weights on disk").
   std::unique_ptr<offload::ParamFile> param_file;
   std::optional<ParamOffload> param_offload;
   if (spec.offload.params) {
@@ -235,8 +236,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
                                                       offload_run, my_shard);
     param_offload = ParamOffload{param_file.get(), spec.prefetch_depth, spec.persist_threshold};
   }
+  // Stages 2-3 (and 0-1 under --sync-every-micro-batch): each micro-batch's gradients reduced
+  // unit by unit as the backward ends each, into this rank's shard (Note [Sharded gradients]).
+  std::optional<GradSharding> grad_sharding;
+  if (spec.unit_grads())
+    grad_sharding = GradSharding{&comm, shards, spec.bucket_bytes, /*whole=*/stage < 2};
   Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
                   param_sharding ? &*param_sharding : nullptr,
+                  grad_sharding ? &*grad_sharding : nullptr,
                   param_offload ? &*param_offload : nullptr);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
@@ -346,12 +353,19 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
   }
   auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
-  // Data parallelism: the gradient exchange and its receive ring (Category::comm), for the run.
-  // Stage 2 reduce-scatters each bucket into the shard owners instead.
+  // Data parallelism at stages 0-1: the whole slab's exchange and its receive ring
+  // (Category::comm), for the run. Per-unit gradients (stages 2-3, above) reduce themselves,
+  // through a receive ring of their own.
   std::optional<dist::GradientSync> sync;
-  if (W > 1)
+  if (W > 1 && !gpt.unit_grads())
     sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
-                 spec.bucket_bytes, stage >= 2 ? shards : std::vector<ElementRange>{});
+                 spec.bucket_bytes);
+  // The sums over ranks of a float (the loss, the stop flag, evaluation) and the step's gradient
+  // bytes, through whichever exchange the run has.
+  auto sum_ranks = [&](float x) { return sync ? sync->sum(x) : gpt.unit_grads()->sum(x); };
+  auto take_volume = [&] {
+    return sync ? sync->take_volume() : gpt.unit_grads()->take_volume();
+  };
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   std::optional<RankShards> rank_shards;
   if (W > 1) rank_shards = RankShards{&comm, shards, /*grads_whole=*/stage < 2};
@@ -512,11 +526,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       }
       sum += gpt.forward(val_data->inputs(), val_data->targets(), /*training=*/false);
     }
-    if (!sync) return static_cast<float>(sum / n);
+    if (W == 1) return static_cast<float>(sum / n);
     // Stage 3's gathers for the evaluation are not a training step's (comm_bytes).
     gpt.take_gathered_bytes();
     const profile::Scope all(recorder(), "loss all-reduce", profile::SliceKind::collective);
-    return sync->sum(static_cast<float>(sum)) / static_cast<float>(n * W);
+    return sum_ranks(static_cast<float>(sum)) / static_cast<float>(n * W);
   };
 
   Progress progress(last_step, stderr, std::max<int64_t>(1, last_step / 20));
@@ -557,7 +571,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true,
                               loss_scale);
       // The last micro-batch's backward finishes the gradients: data parallelism sums each
-      // bucket over the ranks as soon as the backward has finished it.
+      // bucket over the ranks as soon as the backward has finished it. (Per-unit gradients are
+      // reduced by every backward.)
       if (sync && m + 1 == spec.grad_accum)
         gpt.backward([&](int64_t from) { sync->final_from(from); });
       else
@@ -567,11 +582,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
     // and a save records that position (a resume repeats the same batch).
     if (cfg.repeat_batch) train_data->set_position(data_position);
-    if (sync) {
+    if (W > 1) {
       // The buckets the backward did not finish in time, then the loss over every rank.
       const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
-      sync->finish();
-      loss_sum = sync->sum(static_cast<float>(loss_sum));
+      if (sync) sync->finish();
+      loss_sum = sum_ranks(static_cast<float>(loss_sum));
     }
     const float loss = static_cast<float>(loss_sum / (spec.grad_accum * W));
     // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
@@ -596,11 +611,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               // model: take_gathered_bytes).
               if (gpt.params_offloaded()) {
                 // Each block's new working weights written back to its file.
-                off->step(gpt.offloaded_params(), my_part(gpt.grads()), rate, scale);
+                off->step(gpt.offloaded_params(), gpt.grad_sums(my_range), rate, scale);
               } else {
                 Tensor working =
                     gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
-                off->step(working, my_part(gpt.grads()), rate, scale);
+                off->step(working, gpt.grad_sums(my_range), rate, scale);
               }
               update_gathered =
                   publish_working_weights(gpt, my_shard ? &*rank_shards : nullptr);
@@ -643,9 +658,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
                  {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())},
                  {"live_bytes", pool.bytes_current()}, {"live_allocations", pool.live_allocations()},
                  {"rss_bytes", rss}, {"outside_pool_bytes", int64_t(rss) - int64_t(pool.bytes_current())}};
-    if (sync) {
+    if (W > 1) {
       // The bytes this step's collectives covered, by kind (plan: comm_per_step).
-      dist::CommVolume v = sync->take_volume();
+      dist::CommVolume v = take_volume();
       // Stage 3: the step's gathers of working weights (the micro-batches' blocks, the
       // persistent units after the update).
       v.all_gather = update.gathered_bytes + update_gathered + gpt.take_gathered_bytes();
@@ -724,9 +739,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
     leaks.boundary(step + 1, pool, process_rss_bytes());
     summary.interrupted_by = interrupt_signal();
-    if (sync) {
+    if (W > 1) {
       // Every rank stops after the same step: at the first where any rank was signalled.
-      const float any = sync->sum(summary.interrupted_by ? 1.0f : 0.0f);
+      const float any = sum_ranks(summary.interrupted_by ? 1.0f : 0.0f);
       if (any > 0 && !summary.interrupted_by) summary.interrupted_by = SIGTERM;
     }
     if (summary.interrupted_by) break;

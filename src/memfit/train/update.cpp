@@ -19,9 +19,9 @@ struct GradCheck {
   double sum_squares = 0;
 };
 
-GradCheck check_grads(Tensor& grads, const ElementRange& r, DynamicLossScaler* scaler) {
+GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler* scaler) {
   if (r.empty()) return {};
-  Tensor g = grads.view(r.begin, {r.size()});
+  Tensor g = gpt.grad_sums(r);
   if (scaler) {
     const kernels::UnscaleResult u = kernels::unscale_and_check(g, scaler->inv_scale());
     return {u.finite ? 1.0 : 0.0, u.sum_squares};
@@ -33,14 +33,14 @@ GradCheck check_grads(Tensor& grads, const ElementRange& r, DynamicLossScaler* s
 // The whole step's check: one range alone, or every rank's shard added in rank order (computed
 // here when the summed gradients are whole, else each rank's own, gathered).
 GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShards* shards) {
-  if (!shards) return check_grads(gpt.grads(), {0, gpt.layout().total()}, scaler);
+  if (!shards) return check_grads(gpt, {0, gpt.layout().total()}, scaler);
   const size_t W = shards->ranges.size();
   std::vector<GradCheck> parts(W);
   if (shards->grads_whole) {
-    for (size_t r = 0; r < W; ++r) parts[r] = check_grads(gpt.grads(), shards->ranges[r], scaler);
+    for (size_t r = 0; r < W; ++r) parts[r] = check_grads(gpt, shards->ranges[r], scaler);
   } else {
     const size_t me = static_cast<size_t>(shards->comm->rank());
-    parts[me] = check_grads(gpt.grads(), shards->ranges[me], scaler);
+    parts[me] = check_grads(gpt, shards->ranges[me], scaler);
     const std::vector<int64_t> ones(W, 1);
     shards->comm->all_gather(&parts[me], parts.data(), ones, sizeof(GradCheck));
   }
@@ -103,7 +103,7 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
     // weights are then that shard alone).
     const ElementRange r = optimizer.range();
     const bool whole = r == ElementRange{0, gpt.layout().total()};
-    Tensor grads = whole ? gpt.grads() : gpt.grads().view(r.begin, {r.size()});
+    Tensor grads = gpt.grad_sums(r);
     Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
                                                    : gpt.weights();
     if (gpt.has_master()) {  // the working copy rounded in the same pass (Optimizer::step_master)

@@ -34,12 +34,13 @@ struct RankShards {
   // clip with the same bits (Note [Deterministic reduction]).
   std::vector<ElementRange> ranges;
   // Every rank holds every summed gradient (stages 0 and 1: all-reduced); else only its own
-  // shard's (stage 2: reduce-scattered), and the ranks all-gather their shards' sums of squares
-  // and overflow flags.
+  // shard's (stages 2-3: reduce-scattered per unit, Note [Sharded gradients]), and the ranks
+  // all-gather their shards' sums of squares and overflow flags.
   bool grads_whole = true;
 };
 
-// Gradients hold the sum over `grad_accum` micro-batches (times the loss scale, with a scaler);
+// The summed gradients (Transformer::grad_sums: the whole layout, or this rank's shard at stages
+// 2-3) hold the sum over `grad_accum` micro-batches (times the loss scale, with a scaler);
 // their mean's norm decides the clipping factor (clip <= 0: off). The optimizer steps its
 // range(): the whole layout, or (ZeRO stage >= 1, `shards` given) this rank's shard, after
 // which the working weights are all-gathered from their owners.

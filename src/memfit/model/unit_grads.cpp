@@ -1,0 +1,236 @@
+// Gradients reduced per unit into a shard's accumulator (Note [Sharded gradients] in
+// docs/notes/zero.md).
+#include "memfit/model/unit_grads.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "memfit/core/error.h"
+#include "memfit/dist/grad_sync.h"
+#include "memfit/dist/shard_collectives.h"
+#include "memfit/state/shard.h"
+
+namespace memfit {
+
+namespace {
+
+// Buffers start 64-byte aligned: every size rounded to 16 floats.
+constexpr int64_t kGranule = 16;
+int64_t granules(int64_t n) { return (n + kGranule - 1) / kGranule * kGranule; }
+
+size_t pool_floats(int64_t n) {
+  return n > 0 ? MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float)) : 0;
+}
+
+// The sizes every rank derives alike from the layout.
+struct Sizes {
+  std::vector<ElementRange> units;
+  int64_t edge_elements = 0, tail_at = 0, slot_elements = 0, largest_unit = 0;
+};
+
+Sizes sizes(const ParamLayout& layout) {
+  Sizes s;
+  s.units = unit_ranges(layout);
+  s.tail_at = granules(s.units.front().size());
+  s.edge_elements = s.tail_at + granules(s.units.back().size());
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    s.largest_unit = std::max(s.largest_unit, s.units[u].size());
+    if (u > 0 && u + 1 < s.units.size())
+      s.slot_elements = std::max(s.slot_elements, granules(s.units[u].size()));
+  }
+  return s;
+}
+
+// Floats of one receive buffer on `rank`: world pieces of its largest part of a bucket, and at
+// least world (the scalar sums go through it).
+int64_t receive_floats(const Sizes& s, int64_t n, size_t bucket_bytes,
+                       std::span<const ElementRange> shards, int rank, bool whole) {
+  const int world = static_cast<int>(shards.size());
+  const int64_t full = dist::bucket_floats(n, bucket_bytes);
+  int64_t piece = 0;
+  if (whole) {
+    piece = dist::even_counts(std::min(full, s.largest_unit), world)[static_cast<size_t>(rank)];
+  } else {
+    // gradient_buckets cuts `per` from each shard's part of a unit: the largest is per, or the
+    // largest part when every part is smaller.
+    const int64_t per = std::max<int64_t>(1, full / std::max(world, 1));
+    for (const ElementRange& u : s.units)
+      piece = std::max(piece, std::min(per, shards[static_cast<size_t>(rank)].intersect(u).size()));
+  }
+  return std::max<int64_t>(int64_t{world} * piece, world);
+}
+
+}  // namespace
+
+ElementRange UnitGrads::sums_range(const ParamLayout& layout, std::span<const ElementRange> shards,
+                                   int rank, bool whole) {
+  return whole ? ElementRange{0, layout.total()} : shards[static_cast<size_t>(rank)];
+}
+
+size_t UnitGrads::grads_bytes(const ParamLayout& layout, std::span<const ElementRange> shards,
+                              int rank, bool whole) {
+  return MemoryPool::round_up(
+      std::max<size_t>(1, static_cast<size_t>(sums_range(layout, shards, rank, whole).size()) *
+                              sizeof(float)));
+}
+
+int64_t UnitGrads::edge_floats(const ParamLayout& layout) { return sizes(layout).edge_elements; }
+int64_t UnitGrads::slot_floats(const ParamLayout& layout) { return sizes(layout).slot_elements; }
+
+size_t UnitGrads::comm_bytes(const ParamLayout& layout, size_t bucket_bytes,
+                             std::span<const ElementRange> shards, int rank, bool whole) {
+  const Sizes s = sizes(layout);
+  return pool_floats(s.edge_elements) + pool_floats(s.slot_elements * kSlots) +
+         pool_floats(kInFlight *
+                     receive_floats(s, layout.total(), bucket_bytes, shards, rank, whole));
+}
+
+UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding sharding,
+                     Tensor sums)
+    : layout_(layout), s_(std::move(sharding)) {
+  MEMFIT_CHECK(s_.comm != nullptr && static_cast<int>(s_.shards.size()) == s_.comm->size() &&
+                   !s_.shards.empty() && s_.shards.front().begin == 0 &&
+                   s_.shards.back().end == layout.total(),
+               "zero", "per-unit gradients need one shard per rank tiling the layout ({} shards "
+               "for {} ranks)", s_.shards.size(), s_.comm ? s_.comm->size() : 0);
+  const int rank = s_.comm->rank();
+  const Sizes s = sizes(layout);
+  units_ = s.units;
+  tail_at_ = s.tail_at;
+  slot_elements_ = s.slot_elements;
+  range_ = sums_range(layout, s_.shards, rank, s_.whole);
+  if (sums.defined()) {
+    MEMFIT_CHECK(sums.dtype() == DType::f32 && sums.numel() == range_.size(), "zero",
+                 "a gradient accumulator of {} elements for a range of {}", sums.numel(),
+                 range_.size());
+    sums_ = sums;
+  } else {
+    sums_ = Tensor::empty(pool, {std::max<int64_t>(1, range_.size())}, DType::f32,
+                          Category::grads, "grads");
+    if (range_.empty()) sums_ = sums_.view(0, {0});
+  }
+  edges_ = Tensor::empty(pool, {s.edge_elements}, DType::f32, Category::comm, "comm.grads.edges");
+  if (slot_elements_ > 0)
+    ring_ = Tensor::empty(pool, {slot_elements_ * kSlots}, DType::f32, Category::comm,
+                          "comm.grads.ring");
+  receive_floats_ = receive_floats(s, layout.total(), s_.bucket_bytes, s_.shards, rank, s_.whole);
+  receive_ = pool.allocate(pool_floats(kInFlight * receive_floats_), Category::comm,
+                           "comm.grad_ring");
+  layout_.bind(views_, edges_.view(0, {units_.front().size()}), units_.front());
+  layout_.bind(views_, edges_.view(tail_at_, {units_.back().size()}), units_.back());
+  slot_last_.assign(kSlots, -1);
+}
+
+UnitGrads::~UnitGrads() {
+  // Requests still in flight (a backward that threw) wait as they are destroyed.
+  in_flight_.clear();
+}
+
+void UnitGrads::zero() {
+  MEMFIT_CHECK(in_flight_.empty(), "zero", "a new step while {} gradient buckets are in flight",
+               in_flight_.size());
+  first_ = true;
+}
+
+void UnitGrads::begin_micro_batch() {
+  while (!in_flight_.empty()) wait_oldest();
+  edges_.zero();
+  next_slot_ = 0;
+}
+
+void UnitGrads::enter_backward(int layer) {
+  for (auto& f : in_flight_) f.request->test();  // progress: OpenMPI moves requests in MPI calls
+  const int slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % kSlots;
+  // The slot's last exchange read it: wait for it (every rank waits at the same point).
+  while (completed_ <= slot_last_[static_cast<size_t>(slot)]) wait_oldest();
+  Tensor buffer = ring_.view(slot * slot_elements_, {slot_elements_});
+  buffer.zero();
+  const ElementRange unit = units_[static_cast<size_t>(1 + layer)];
+  layout_.bind(views_, buffer.view(0, {unit.size()}), unit);
+}
+
+void UnitGrads::done(int part) {
+  const int n_layer = static_cast<int>(units_.size()) - 2;
+  float* edges = edges_.data<float>();
+  if (part == n_layer) {
+    reduce(units_.back(), edges + tail_at_);
+  } else if (part >= 0) {
+    // The block's views point into its slot (enter_backward).
+    const int slot = (next_slot_ + kSlots - 1) % kSlots;
+    reduce(units_[static_cast<size_t>(1 + part)], ring_.data<float>() + slot * slot_elements_);
+    slot_last_[static_cast<size_t>(slot)] = started_ - 1;
+  } else {
+    reduce(units_.front(), edges);
+    // The micro-batch's sums are all in: later micro-batches add to them.
+    while (!in_flight_.empty()) wait_oldest();
+    first_ = false;
+  }
+}
+
+void UnitGrads::reduce(ElementRange unit, float* buffer) {
+  // The stage-2 exchange's cut (each bucket inside one shard), or the all-reduce's.
+  const std::span<const ElementRange> owners =
+      s_.whole ? std::span<const ElementRange>() : std::span<const ElementRange>(s_.shards);
+  for (const ElementRange& b : dist::gradient_buckets(unit, layout_.total(), s_.bucket_bytes,
+                                                      s_.comm->size(), owners)) {
+    if (static_cast<int>(in_flight_.size()) == kInFlight) wait_oldest();
+    float* receive = static_cast<float*>(receive_.data()) + (started_ % kInFlight) * receive_floats_;
+    float* in = buffer + (b.begin - unit.begin);
+    InFlight f;
+    if (s_.whole) {
+      volume_.all_reduce += b.size() * 4;
+      f.request = s_.comm->all_reduce_async({in, static_cast<size_t>(b.size())},
+                                            {receive, static_cast<size_t>(receive_floats_)});
+      f.from = in;
+      f.into = sums_.data<float>() + (b.begin - range_.begin);
+      f.count = b.size();
+    } else {
+      // The owner's part of the bucket gets the sums in place, then into the accumulator.
+      volume_.reduce_scatter += b.size() * 4;
+      const ElementRange mine = range_.intersect(b);
+      float* out = buffer + (mine.empty() ? 0 : mine.begin - unit.begin);
+      const std::vector<int64_t> counts = dist::shard_counts(s_.shards, b);
+      f.request = s_.comm->reduce_scatter_async(
+          {in, static_cast<size_t>(b.size())}, {out, static_cast<size_t>(mine.size())}, counts,
+          {receive, static_cast<size_t>(receive_floats_)});
+      f.from = out;
+      f.into = mine.empty() ? nullptr : sums_.data<float>() + (mine.begin - range_.begin);
+      f.count = mine.size();
+    }
+    in_flight_.push_back(std::move(f));
+    ++started_;
+  }
+}
+
+void UnitGrads::wait_oldest() {
+  InFlight& f = in_flight_.front();
+  f.request->wait();
+  // Fold: the first micro-batch's sums are copied (exactly stage 0's summed slab), later ones
+  // added, element by element.
+  if (f.count > 0) {
+    if (first_) {
+      std::memcpy(f.into, f.from, static_cast<size_t>(f.count) * sizeof(float));
+    } else {
+      float* into = f.into;
+      const float* from = f.from;
+#pragma omp parallel for simd schedule(static) if (f.count > (1 << 16))
+      for (int64_t i = 0; i < f.count; ++i) into[i] += from[i];
+    }
+  }
+  in_flight_.pop_front();
+  ++completed_;
+}
+
+float UnitGrads::sum(float x) {
+  MEMFIT_CHECK(in_flight_.empty(), "zero", "a scalar sum while {} buckets are in flight",
+               in_flight_.size());
+  s_.comm->all_reduce({&x, 1},
+                      {static_cast<float*>(receive_.data()), static_cast<size_t>(receive_floats_)});
+  return x;
+}
+
+dist::CommVolume UnitGrads::take_volume() { return std::exchange(volume_, dist::CommVolume{}); }
+
+}  // namespace memfit

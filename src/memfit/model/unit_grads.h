@@ -1,0 +1,116 @@
+// ZeRO stages 2 and 3's gradients (Note [Sharded gradients] in docs/notes/zero.md): no rank
+// holds the whole f32 gradient slab. The backward writes each unit's gradients (state/shard.h:
+// the embeddings, each block, the tail) into a buffer of its own, as stage 3's WeightGather binds
+// the weights, and each unit is reduced over the ranks as soon as its backward ends; the sums of
+// this rank's shard are folded into a shard-sized f32 accumulator (Category::grads), which the
+// update reads. Every micro-batch is reduced (Σ_m Σ_r where the whole slab adds Σ_r Σ_m).
+//   - the embeddings and the tail: a buffer each, held for the micro-batch (GPT-2's tied head
+//     writes the embedding gradient during the forward's LM head, the untied head is the
+//     tail's), zeroed when a training forward starts;
+//   - the blocks: a ring of kSlots block-sized buffers; block l's slot is zeroed when its
+//     backward starts (once the slot's last exchange is done) and its buckets started when it
+//     ends;
+//   - each unit in buckets inside one shard (dist::gradient_buckets, the receive buffer the
+//     stage-2 exchange has always had), at most kInFlight in flight through a receive ring.
+// With `whole` (stages 0-1 under --sync-every-micro-batch) the buckets are all-reduced and the
+// accumulator is the whole layout: the same sums, bit for bit, as stages 2-3 (the bit-identity
+// tests with gradient accumulation use it). Every buffer is allocated once: the planner reads
+// grads_bytes and comm_bytes, so the plan is exact whatever the timing.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "memfit/core/tensor.h"
+#include "memfit/dist/comm_volume.h"
+#include "memfit/dist/communicator.h"
+#include "memfit/memory/pool.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/state/element_range.h"
+
+namespace memfit {
+
+// How the gradients are reduced per unit.
+struct GradSharding {
+  dist::Communicator* comm = nullptr;
+  std::vector<ElementRange> shards;  // one per rank, tiling the layout (shard_ranges)
+  size_t bucket_bytes = 25u << 20;   // --bucket-mb
+  // Stages 0-1 reducing every micro-batch: all-reduce, the accumulator the whole layout.
+  bool whole = false;
+};
+
+class UnitGrads {
+ public:
+  static constexpr int kSlots = 2;     // block buffers
+  static constexpr int kInFlight = 2;  // buckets in flight (receive buffers)
+
+  // The accumulator's range on `rank`: its shard, or the whole layout.
+  static ElementRange sums_range(const ParamLayout& layout, std::span<const ElementRange> shards,
+                                 int rank, bool whole);
+  // Category::grads a rank holds: the accumulator (at least the pool's smallest block, as an
+  // empty shard's).
+  static size_t grads_bytes(const ParamLayout& layout, std::span<const ElementRange> shards,
+                            int rank, bool whole);
+  // The floats of the edge units' buffer (the embeddings and the tail) and of one block slot.
+  static int64_t edge_floats(const ParamLayout& layout);
+  static int64_t slot_floats(const ParamLayout& layout);
+  // Category::comm a rank holds: the edge units' buffers, the block ring, the receive ring.
+  static size_t comm_bytes(const ParamLayout& layout, size_t bucket_bytes,
+                           std::span<const ElementRange> shards, int rank, bool whole);
+
+  // `sums`: the accumulator, if the caller provides it (sums_range's elements); else allocated.
+  UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding sharding,
+            Tensor sums = Tensor{});
+  ~UnitGrads();
+
+  // The views the step writes: the edge units always, a block once its backward is entered.
+  const ModelWeights& views() const { return views_; }
+  // The summed gradients of sums_range() (times the loss scale): what the update reads.
+  Tensor& sums() { return sums_; }
+  ElementRange range() const { return range_; }
+
+  // A new step: the next micro-batch's sums are the accumulator's first (copied, not added).
+  void zero();
+  // A training forward starts: the edge units' gradients from zero.
+  void begin_micro_batch();
+  // Block `layer`'s backward starts: its gradients into the next slot, from zero.
+  void enter_backward(int layer);
+  // The step's backward finished a part (TransformerStep::backward's `done`): n_layer the tail,
+  // l block l, -1 the embeddings, after which every exchange is finished and folded.
+  void done(int part);
+  // The sum over ranks of x (the loss, the stop flag), through the receive ring. Not while
+  // buckets are in flight (between micro-batches none are).
+  float sum(float x);
+  // The gradient bytes reduced since the last call.
+  dist::CommVolume take_volume();
+
+ private:
+  struct InFlight {
+    std::unique_ptr<dist::Request> request;
+    const float* from = nullptr;  // the sums, in the unit's buffer
+    float* into = nullptr;        // the accumulator
+    int64_t count = 0;
+  };
+  void reduce(ElementRange unit, float* buffer);
+  void wait_oldest();
+
+  const ParamLayout& layout_;
+  GradSharding s_;
+  std::vector<ElementRange> units_;
+  ElementRange range_;
+  Tensor sums_, edges_, ring_;
+  Allocation receive_;
+  int64_t slot_elements_ = 0, receive_floats_ = 0, tail_at_ = 0;
+  ModelWeights views_;
+  std::deque<InFlight> in_flight_;  // oldest first
+  int64_t started_ = 0, completed_ = 0;
+  std::vector<int64_t> slot_last_;  // each slot's last bucket (a sequence number; -1: none)
+  int next_slot_ = 0;
+  bool first_ = true;
+  dist::CommVolume volume_;
+};
+
+}  // namespace memfit

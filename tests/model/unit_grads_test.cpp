@@ -1,0 +1,121 @@
+// Per-unit gradients in one process (Note [Sharded gradients]): a Transformer whose backward
+// writes each unit into its own buffer and reduces it (over the single-process communicator,
+// one shard of everything) computes the slab's gradients bit for bit, with and without
+// recomputation, for both families (GPT-2's tied head writes the embedding gradient in the
+// forward, LLaMA's untied head is the tail's); two micro-batches add the second's sums to the
+// first's; it holds what UnitGrads::comm_bytes says. The ranks' side is tests/cli/zero_test.cpp.
+#include "memfit/model/unit_grads.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "memfit/model/transformer.h"
+#include "memfit/state/shard.h"
+#include "gpt2_test_util.h"
+
+namespace memfit {
+namespace {
+
+using namespace gpt2_test;
+
+std::vector<float> copy(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.raw_data(), t.nbytes());
+  return v;
+}
+
+// The gradients of `micro_batches` micro-batches (batch seeds 3, 4, ...) in one step; with
+// `units`, through per-unit buffers (`whole`: the accumulator is the whole layout).
+std::vector<float> grads(const ModelConfig& c, const ActivationOptions& act, bool units,
+                         bool whole, int micro_batches, dist::Communicator& comm) {
+  MemoryPool pool;
+  const ParamLayout layout(c);
+  GradSharding s{&comm, {ElementRange{0, layout.total()}}, 4 * 1000, whole};
+  Transformer gpt(c, pool, {}, std::nullopt, true, nullptr, units ? &s : nullptr);
+  if (units)  // the unit buffers and their receive ring, and nothing else, in comm
+    EXPECT_EQ(pool.bytes_current(Category::comm),
+              UnitGrads::comm_bytes(layout, s.bucket_bytes, s.shards, 0, whole));
+  gpt.init_weights(7);
+  gpt.reserve(2, 9, act);
+  gpt.zero_grad();
+  for (int m = 0; m < micro_batches; ++m) {
+    Batch b(pool, 2, 9, c.vocab_size, 3 + m);
+    gpt.forward(b.tokens, b.targets, true);
+    gpt.backward();
+  }
+  EXPECT_EQ(gpt.grad_sums_range(), (ElementRange{0, layout.total()}));
+  return copy(gpt.grad_sums());
+}
+
+TEST(UnitGrads, OneMicroBatchIsTheSlabsBits) {
+  const std::unique_ptr<dist::Communicator> comm = dist::make_single_communicator();
+  for (Family f : {Family::gpt2, Family::llama}) {
+    ModelConfig c = odd_config(f);
+    c.n_layer = 3;
+    c.finalize();
+    for (const char* ckpt : {"none", "every:2"}) {
+      ActivationOptions act;
+      act.ckpt = CheckpointPolicy::parse(ckpt);
+      const std::vector<float> want = grads(c, act, false, false, 1, *comm);
+      for (bool whole : {false, true}) {
+        const std::vector<float> got = grads(c, act, true, whole, 1, *comm);
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0)
+            << ckpt << (whole ? ", whole" : ", shard");
+      }
+    }
+  }
+}
+
+// Each micro-batch's gradients reduced and added to the accumulator: Σ_m (its sums), where the
+// slab accumulates the backward's terms in place.
+TEST(UnitGrads, MicroBatchesAddTheirSums) {
+  const std::unique_ptr<dist::Communicator> comm = dist::make_single_communicator();
+  ModelConfig c = odd_config();
+  c.n_layer = 2;
+  c.finalize();
+  const ActivationOptions act;
+  const std::vector<float> got = grads(c, act, true, false, 2, *comm);
+  // The same two micro-batches one step each, then added.
+  MemoryPool pool;
+  Transformer gpt(c, pool);
+  gpt.init_weights(7);
+  gpt.reserve(2, 9, act);
+  std::vector<float> want(static_cast<size_t>(gpt.layout().total()), 0.0f);
+  for (int m = 0; m < 2; ++m) {
+    gpt.zero_grad();
+    Batch b(pool, 2, 9, c.vocab_size, 3 + m);
+    gpt.forward(b.tokens, b.targets, true);
+    gpt.backward();
+    const std::vector<float> g = copy(gpt.grads());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = m == 0 ? g[i] : want[i] + g[i];
+  }
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0);
+}
+
+TEST(UnitGrads, TheBuffersAreTheUnitsAndTheShard) {
+  for (Family f : {Family::gpt2, Family::llama}) {
+    const ParamLayout layout(odd_config(f));
+    const std::vector<ElementRange> units = unit_ranges(layout);
+    const std::vector<ElementRange> shards = {{0, units[2].begin},
+                                              {units[2].begin, layout.total()}};
+    // The accumulator is the shard (or the whole layout); the pool's smallest block at least.
+    EXPECT_EQ(UnitGrads::grads_bytes(layout, shards, 1, false),
+              MemoryPool::round_up(size_t(shards[1].size()) * 4));
+    EXPECT_EQ(UnitGrads::grads_bytes(layout, shards, 0, true),
+              MemoryPool::round_up(size_t(layout.total()) * 4));
+    // comm: the edges and two block slots, and a receive ring that grows with the bucket up to
+    // the largest piece a rank owns.
+    const size_t edges_and_ring =
+        MemoryPool::round_up(size_t(units.front().size() + units.back().size() + 32) * 4);
+    const size_t small = UnitGrads::comm_bytes(layout, 4 * 64, shards, 0, false);
+    const size_t large = UnitGrads::comm_bytes(layout, size_t{1} << 30, shards, 0, false);
+    EXPECT_GT(small, edges_and_ring);
+    EXPECT_GT(large, small);
+  }
+}
+
+}  // namespace
+}  // namespace memfit
