@@ -42,9 +42,9 @@ class Interrupt : public test::BinaryTest {
  protected:
   Interrupt() : BinaryTest(7) {}
 
-  // kill -9 during an offloaded run (the options `more` added), then a resume: the body of the
-  // offload kill tests below.
-  void run_kill_offloaded(const std::vector<std::string>& more, int min_leftovers);
+  // kill -9 during an offloaded run (with `more` options), then a resume: the body of the
+  // offload tests below. `min_files`: the scratch files the killed run leaves.
+  void kill_offloaded_run_and_resume(const std::vector<std::string>& more, int min_files);
 
   // `memfit train` on gpt2-tiny, long enough to be interrupted; extra options appended.
   std::vector<std::string> train_args(int steps, const std::vector<std::string>& extra) const {
@@ -189,18 +189,26 @@ TEST_F(Interrupt, AResumeCutsTheLogBackSoEveryStepAppearsOnce) {
 // [NVMe offload]): the last checkpoint is whole (the offload files are scratch, never part of
 // it), the files left behind name their run in their header, and a resume from the checkpoint
 // ends with exactly the checkpoint of the run that was never killed.
+// With --offload-params nvme the blocks' working weights are a scratch file too (Note [NVMe
+// offload], "Working weights on disk"), left behind with the others and never read again.
 TEST_F(Interrupt, KillDuringAnOffloadedRunResumesBitIdentically) {
-  // master, and each 8-bit moment's codes and absmax
-  run_kill_offloaded({}, 5);
+  kill_offloaded_run_and_resume({}, 5);  // master, and each 8-bit moment's codes and absmax
 }
 
-// The same with the gradients on disk too (Note [NVMe offload], "Gradients on disk"): their
-// file is scratch like the others, and the checkpoint never needs it.
-TEST_F(Interrupt, KillDuringARunWithOffloadedGradientsResumesBitIdentically) {
-  run_kill_offloaded({"--offload-grads", "nvme", "--grad-accum", "2"}, 6);
+TEST_F(Interrupt, KillWithTheWorkingWeightsOffloadedResumesBitIdentically) {
+  kill_offloaded_run_and_resume({"--offload-params", "nvme"}, 6);  // and the params file
 }
 
-void Interrupt::run_kill_offloaded(const std::vector<std::string>& more, int min_leftovers) {
+// The same with the gradients on disk too (Note [NVMe offload], "Gradients on disk"), and the
+// working weights: every offload file is scratch, and the checkpoint never needs the
+// gradients' file.
+TEST_F(Interrupt, KillWithTheGradientsOffloadedResumesBitIdentically) {
+  kill_offloaded_run_and_resume(
+      {"--offload-grads", "nvme", "--offload-params", "nvme", "--grad-accum", "2"}, 7);
+}
+
+void Interrupt::kill_offloaded_run_and_resume(const std::vector<std::string>& more,
+                                              int min_files) {
   std::vector<std::string> offload = {"--offload-optimizer", "nvme", "--offload-dir",
                                       (dir / "off").string(), "--precision", "bf16",
                                       "--optim", "adamw8bit"};
@@ -231,7 +239,7 @@ void Interrupt::run_kill_offloaded(const std::vector<std::string>& more, int min
     EXPECT_EQ(j["run"].get<std::string>().rfind(fmt::format("memfit-{}-", pid), 0), 0u) << header;
     ++leftovers;
   }
-  EXPECT_GE(leftovers, min_leftovers);
+  EXPECT_GE(leftovers, min_files);
   const pid_t resumed = spawn(train_args(steps, with({"--save-every", "3", "--resume",
                                                       (dir / "ck").string()})));
   ASSERT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");

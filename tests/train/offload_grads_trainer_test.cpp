@@ -28,7 +28,8 @@ class OffloadGradsTrainer : public test::TrainerFixture {
     c.offload_dir = (dir / "offload").string();
     return c;
   }
-  void expect_same_run(TrainConfig c, const std::string& what) {
+  void expect_same_run(TrainConfig c, const std::string& what,
+                       const std::string& offload_params = "none") {
     SCOPED_TRACE(what);
     c.steps = 3;
     c.eval_batches = 1;
@@ -37,6 +38,7 @@ class OffloadGradsTrainer : public test::TrainerFixture {
     c.log_file = (dir / "ram.jsonl").string();
     const TrainSummary ram = train(c);
     TrainConfig o = offloaded(c);
+    o.offload_params = offload_params;
     o.save_dir = (dir / "off").string();
     o.log_file = (dir / "off.jsonl").string();
     const TrainSummary off = train(o);
@@ -85,6 +87,16 @@ TEST_F(OffloadGradsTrainer, WithoutAccumulationAndInBf16BitIdentical) {
   expect_same_run(p, "llama-tiny pure bf16");
 }
 
+// With the working weights on disk too (--offload-params nvme): params, gradients and optimizer
+// state all offloaded, the configuration of the 7B headline.
+TEST_F(OffloadGradsTrainer, WithTheWorkingWeightsOffloadedBitIdentical) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    TrainConfig c = config("llama-tiny");
+    c.precision = precision;
+    expect_same_run(c, std::string("with --offload-params, ") + precision, "nvme");
+  }
+}
+
 TEST_F(OffloadGradsTrainer, Fp16UnscalesPerUnitBitIdentical) {
   TrainConfig c = config();
   c.precision = "fp16";
@@ -101,11 +113,12 @@ TEST_F(OffloadGradsTrainer, Fp16UnscalesPerUnitBitIdentical) {
 }
 
 TEST_F(OffloadGradsTrainer, PlannedPeakFilesAndIoEqualMeasured) {
-  for (int accum : {1, 2}) {
+  for (int accum : {1, 2, 3}) {
     SCOPED_TRACE(accum);
     TrainConfig c = offloaded(config());
     c.precision = "bf16";
-    c.grad_accum = accum;
+    c.grad_accum = std::min(accum, 2);
+    if (accum == 3) c.offload_params = "nvme";  // with the working weights on disk too
     c.steps = 2;
     c.log_file = (dir / "log.jsonl").string();
     const PlanReport plan = plan_training(resolve_run(c));
@@ -116,7 +129,7 @@ TEST_F(OffloadGradsTrainer, PlannedPeakFilesAndIoEqualMeasured) {
                 s.peak_by_category[static_cast<size_t>(cat)])
           << category_name(cat);
     const offload::GradFileLayout g =
-        offload::make_grad_file_layout(ParamLayout(resolve_run(c).model), accum);
+        offload::make_grad_file_layout(ParamLayout(resolve_run(c).model), c.grad_accum);
     EXPECT_EQ(plan.disk_by_category[static_cast<size_t>(Category::grads)], g.file_bytes);
     EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::grads)], g.ram_bytes());
     int steps = 0;

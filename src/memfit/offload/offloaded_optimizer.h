@@ -22,6 +22,7 @@
 #include "memfit/io/zero_checkpoint.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/offload/io_engine.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
@@ -83,10 +84,17 @@ class OffloadedOptimizer {
   // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
   // range().begin), as Optimizer::step's tensors do.
   void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
-  // The same with the gradients in their file (--offload-grads nvme): each piece's read with its
+  // The same with the working weights offloaded too (--offload-params; range() the whole
+  // layout, or at ZeRO stage 3 the rank's shard, as the file's): each
+  // piece's working weights from `working` (WeightGather::update_piece: a persistent unit's in
+  // RAM, a block's in a ring slot, read first without master weights), each block written back
+  // to its file once its last piece is stepped.
+  void step(WeightGather& working, const Tensor& grads, float lr, float grad_scale);
+  // Both with the gradients in their file (--offload-grads nvme): each piece's read with its
   // master weights and state, through the gradients' own ring (offloaded_grads.h). Whole
   // layout only (one process).
   void step(Tensor& working, OffloadedGrads& grads, float lr, float grad_scale);
+  void step(WeightGather& working, OffloadedGrads& grads, float lr, float grad_scale);
   int64_t steps_taken() const { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
 
@@ -104,6 +112,9 @@ class OffloadedOptimizer {
   // weights of record: the master weights, streamed from their file (`weights` undefined), or
   // without master weights `weights` (range()'s working weights, in RAM).
   void save_shard(const std::filesystem::path& file, const Tensor& weights = {});
+  // The same without master weights and with the working weights offloaded too
+  // (--offload-params at stage 3): the weights of record streamed from `working`'s file.
+  void save_shard(const std::filesystem::path& file, WeightGather& working);
   // The reverse for any saved state (a ZeRO save of any world size and stage, or a whole
   // optimizer.safetensors), opened and checked for range() (io::SavedOptimizerState): each
   // piece read from the mapped files into a ring slot and written to its file, then
@@ -127,8 +138,6 @@ class OffloadedOptimizer {
   std::vector<IoWait> take_waits() { return std::exchange(waits_, {}); }
 
  private:
-  void step(Tensor& working, const Tensor* grads, OffloadedGrads* file, float lr,
-            float grad_scale);
   // Tensor i of unit u: its part of ring slot s as a typed view, and the file request.
   Tensor slot_view(int slot, size_t tensor, size_t unit) const;
   IoRequest request(IoRequest::Op op, int slot, size_t tensor, size_t unit) const;
@@ -139,6 +148,11 @@ class OffloadedOptimizer {
   // Tensor i, unit by unit, through slot 0: each unit's bytes to `f` (read) or from it (write).
   template <class F>
   void stream(size_t tensor, IoRequest::Op op, F&& f);
+  void save_shard(const std::filesystem::path& file, const Tensor& weights,
+                  WeightGather* working);
+  // `grads` in RAM, or `file` (--offload-grads).
+  void step_pieces(Tensor* working, WeightGather* pieces, const Tensor* grads,
+                   OffloadedGrads* file, float lr, float grad_scale);
 
   const ParamLayout& params_;
   bool master_;

@@ -22,6 +22,9 @@ struct OffloadOptions {
   // --offload-optimizer nvme: the optimizer state and the FP32 master weights (where the
   // precision keeps them) in scratch files in `dir`, streamed through a staging ring per update.
   bool optimizer = false;
+  // --offload-params nvme: the blocks' working weights in a file in `dir` too, read per block
+  // before each use (needs `optimizer`: the update that streams the state writes them back).
+  bool params = false;
   // --offload-grads nvme (one process, with the optimizer offloaded): the f32 gradients per
   // unit in a scratch file, written as each unit's backward ends and read by the update
   // (offload/offloaded_grads.h); RAM holds a unit's buffers instead of the slab.

@@ -138,12 +138,15 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   t.head_gemm *= in.grad_accum;
   t.elementwise *= in.grad_accum;
   t.compression *= in.grad_accum;
-  // --offload-grads: the backward's writes and reads back of the gradients run while the next
-  // block computes; about two thirds of the micro-batches' compute is backward (twice the
-  // forward's FLOPs), so only the excess over it lengthens the step.
-  const double backward_compute =
-      (t.block_gemm + t.attention + t.head_gemm + t.elementwise + t.compression) * 2.0 / 3.0;
-  t.offload_io += std::max(0.0, in.offload_backward_io_seconds - backward_compute);
+  // --offload-params: the micro-batches' block reads run while the blocks before compute;
+  // --offload-grads: the backward's writes and reads back of the gradients while the next
+  // block computes, about two thirds of the micro-batches' compute being backward (twice the
+  // forward's FLOPs). Both share the disk: only the excess over the compute they hide behind
+  // lengthens the step.
+  const double compute = t.block_gemm + t.attention + t.head_gemm + t.elementwise +
+                         t.compression;
+  t.offload_io += std::max({0.0, in.param_read_seconds + in.offload_backward_io_seconds - compute,
+                            in.offload_backward_io_seconds - compute * 2.0 / 3.0});
   return t;
 }
 
