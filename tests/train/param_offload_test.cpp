@@ -90,6 +90,8 @@ TEST_F(ParamOffload, Bf16BitIdenticalWithMasterWeightsAndPure) {
   c.ckpt = "none";
   c.master_weights = "none";
   expect_same_run(c, "pure bf16 adamw");
+  c.optim.name = "adamw8bit";  // the 7B headline's configuration: no master weights on disk
+  expect_same_run(c, "pure bf16 adamw8bit");
   TrainConfig l = config("llama-tiny");
   l.precision = "bf16";
   expect_same_run(l, "llama-tiny bf16 adamw");

@@ -28,10 +28,18 @@ void AdamW8bit::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, fl
     const int64_t blocks = kernels::quant_blocks(n);
     Tensor mq = part(m_.codes, Part::codes, n), ma = part(m_.absmax, Part::absmax, blocks);
     Tensor vq = part(v_.codes, Part::codes, n), va = part(v_.absmax, Part::absmax, blocks);
-    kernels::adamw8bit_update(w, g, mq, ma, vq, va, h, t_, grad_scale);
+    if (w.dtype() == DType::bf16)  // pure bf16: no master copy to round from
+      kernels::adamw8bit_update_stochastic(w, g, mq, ma, vq, va, h, t_, grad_scale, config_.seed,
+                                           static_cast<uint64_t>(pc.begin));
+    else
+      kernels::adamw8bit_update(w, g, mq, ma, vq, va, h, t_, grad_scale);
   } else {
     Tensor m = part(m_.f32, Part::f32, n), v = part(v_.f32, Part::f32, n);
-    kernels::adamw8bit_update_f32(w, g, m, v, h, t_, grad_scale);
+    if (w.dtype() == DType::bf16)
+      kernels::adamw8bit_update_f32_stochastic(w, g, m, v, h, t_, grad_scale, config_.seed,
+                                               static_cast<uint64_t>(pc.begin));
+    else
+      kernels::adamw8bit_update_f32(w, g, m, v, h, t_, grad_scale);
   }
 }
 

@@ -16,6 +16,8 @@ class AdamW8bit : public Optimizer {
   AdamW8bit(const OptimConfig& config, const ParamLayout& layout, MemoryPool& pool)
       : AdamW8bit(config, layout, &pool) {}
   std::string name() const override { return "adamw8bit"; }
+  // Pure bf16: the block is widened, updated and stored with stochastic rounding (as AdamW).
+  bool updates_bf16_weights() const override { return true; }
   int64_t next_cut(int64_t x) const override { return state_layout_.next_cut(x); }
   static size_t state_bytes_for(const ParamLayout& layout);
 

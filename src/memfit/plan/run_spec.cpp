@@ -50,10 +50,10 @@ void RunSpec::check() const {
                  persist_threshold);
   check_precision_options(precision);
   check_activation_options(activation_options());
-  if (!precision.master_weights && optim.name != "adamw")
+  if (!precision.master_weights && optim.name != "adamw" && optim.name != "adamw8bit")
     MEMFIT_THROW(ConfigError, "config",
                  "--master-weights none updates bf16 weights with stochastic rounding, which "
-                 "only --optim adamw implements; got {}",
+                 "only --optim adamw and adamw8bit implement; got {}",
                  optim.name);
   if (offload.optimizer && offload.dir.empty())
     MEMFIT_THROW(ConfigError, "config",

@@ -68,6 +68,7 @@ HWY_AFTER_NAMESPACE();
 
 #include "memfit/kernels/cpu/blockwise_quant.h"
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/parallel.h"
 #include "memfit/kernels/cpu/simd.h"
 
@@ -96,18 +97,52 @@ void adamw_apply(float* p, const float* g, float* m, float* v, int64_t n, const 
   MEMFIT_SIMD_DISPATCH(AdamwApply)(p, g, m, v, n, c);
 }
 
-void check_param_grad(const Tensor& param, const Tensor& grad, const char* op) {
-  expect_any_shape(param, op, "param", DType::f32);
+void check_param_grad(const Tensor& param, const Tensor& grad, const char* op, DType dtype) {
+  expect_any_shape(param, op, "param", dtype);
   expect_tensor(grad, op, "grad", param.shape(), DType::f32);
+}
+
+// Where the updated weights go: f32 in place, or pure bf16 (no master copy) widened into a
+// block-sized f32 buffer, updated there and stored with stochastic rounding, element i drawing
+// from (step_seed, index0 + i) as adamw_update_stochastic draws (kernels/cpu/convert.h), so any
+// split of a tensor into pieces and any thread count round alike.
+struct ParamRef {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  uint64_t step_seed = 0, index0 = 0;
+
+  // The block [off, off + n) as f32: in place, or widened into buf.
+  float* load(int64_t off, int64_t n, float* buf) const {
+    if (f32) return f32 + off;
+    convert_n(DType::bf16, DType::f32, buf, bf16 + off, n);
+    return buf;
+  }
+  void store(int64_t off, int64_t n, const float* buf) const {
+    if (f32) return;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t index = index0 + static_cast<uint64_t>(off + i);
+      const uint32_t bits = sr_bits(sr_key(step_seed, static_cast<uint32_t>(index >> 32)),
+                                    static_cast<uint32_t>(index));
+      bf16[off + i] = bf16_from_f32_stochastic(buf[i], bits);
+    }
+  }
+};
+
+ParamRef param_ref(Tensor& param, int64_t t, uint64_t seed, uint64_t index0) {
+  if (param.dtype() == DType::f32) return {param.data<float>(), nullptr, 0, 0};
+  // A fresh stream every step, as adamw_update_stochastic's.
+  return {nullptr, static_cast<uint16_t*>(param.raw_data()),
+          seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(t)), index0};
 }
 
 }  // namespace
 
-void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor& m_absmax,
-                      Tensor& v_codes, Tensor& v_absmax, const AdamWHyper& h, int64_t t,
-                      float grad_scale) {
-  const char* op = "adamw8bit";
-  check_param_grad(param, grad, op);
+namespace {
+void update_blocks(Tensor& param, DType dtype, const Tensor& grad, Tensor& m_codes,
+                   Tensor& m_absmax, Tensor& v_codes, Tensor& v_absmax, const AdamWHyper& h,
+                   int64_t t, float grad_scale, uint64_t seed, uint64_t index0) {
+  const char* op = dtype == DType::f32 ? "adamw8bit" : "adamw8bit_stochastic";
+  check_param_grad(param, grad, op, dtype);
   const int64_t n = param.numel(), blocks = quant_blocks(n);
   expect_tensor(m_codes, op, "m_codes", {n}, DType::i8);
   expect_tensor(v_codes, op, "v_codes", {n}, DType::i8);
@@ -115,7 +150,7 @@ void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor
   expect_tensor(v_absmax, op, "v_absmax", {blocks}, DType::f32);
   const AdamCoeffs c = make_coeffs(h, t, grad_scale, op);
 
-  float* p = param.data<float>();
+  const ParamRef p = param_ref(param, t, seed, index0);
   const float* g = grad.data<float>();
   uint8_t* mq = reinterpret_cast<uint8_t*>(m_codes.data<int8_t>());
   uint8_t* vq = reinterpret_cast<uint8_t*>(v_codes.data<int8_t>());
@@ -126,24 +161,27 @@ void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor
 #pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t off = b * kQuantBlock, nb = std::min(kQuantBlock, n - off);
-    alignas(64) float m[kQuantBlock], v[kQuantBlock];
+    alignas(64) float m[kQuantBlock], v[kQuantBlock], w[kQuantBlock];
     dequantize_block(mq + off, nb, ma[b], smap, m);
     dequantize_block(vq + off, nb, va[b], umap, v);
-    adamw_apply(p + off, g + off, m, v, nb, c);
+    float* pb = p.load(off, nb, w);
+    adamw_apply(pb, g + off, m, v, nb, c);
+    p.store(off, nb, pb);
     ma[b] = quantize_block(m, nb, smap, mq + off);
     va[b] = quantize_block(v, nb, umap, vq + off);
   }
 }
 
-void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
-                          const AdamWHyper& h, int64_t t, float grad_scale) {
-  const char* op = "adamw8bit_f32";
-  check_param_grad(param, grad, op);
+void update_f32_state(Tensor& param, DType dtype, const Tensor& grad, Tensor& m, Tensor& v,
+                      const AdamWHyper& h, int64_t t, float grad_scale, uint64_t seed,
+                      uint64_t index0) {
+  const char* op = dtype == DType::f32 ? "adamw8bit_f32" : "adamw8bit_f32_stochastic";
+  check_param_grad(param, grad, op, dtype);
   expect_tensor(m, op, "m", param.shape(), DType::f32);
   expect_tensor(v, op, "v", param.shape(), DType::f32);
   const AdamCoeffs c = make_coeffs(h, t, grad_scale, op);
   const int64_t n = param.numel();
-  float* p = param.data<float>();
+  const ParamRef p = param_ref(param, t, seed, index0);
   const float* g = grad.data<float>();
   float* mp = m.data<float>();
   float* vp = v.data<float>();
@@ -151,9 +189,39 @@ void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& 
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t off = k * kChunk;
-    adamw_apply(p + off, g + off, mp + off, vp + off, std::min(kChunk, n - off), c);
+    const int64_t off = k * kChunk, nk = std::min(kChunk, n - off);
+    alignas(64) float w[kChunk];
+    float* pk = p.load(off, nk, w);
+    adamw_apply(pk, g + off, mp + off, vp + off, nk, c);
+    p.store(off, nk, pk);
   }
+}
+}  // namespace
+
+void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor& m_absmax,
+                      Tensor& v_codes, Tensor& v_absmax, const AdamWHyper& h, int64_t t,
+                      float grad_scale) {
+  update_blocks(param, DType::f32, grad, m_codes, m_absmax, v_codes, v_absmax, h, t, grad_scale,
+                0, 0);
+}
+
+void adamw8bit_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m_codes,
+                                 Tensor& m_absmax, Tensor& v_codes, Tensor& v_absmax,
+                                 const AdamWHyper& h, int64_t t, float grad_scale, uint64_t seed,
+                                 uint64_t index0) {
+  update_blocks(param, DType::bf16, grad, m_codes, m_absmax, v_codes, v_absmax, h, t,
+                grad_scale, seed, index0);
+}
+
+void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                          const AdamWHyper& h, int64_t t, float grad_scale) {
+  update_f32_state(param, DType::f32, grad, m, v, h, t, grad_scale, 0, 0);
+}
+
+void adamw8bit_update_f32_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                                     const AdamWHyper& h, int64_t t, float grad_scale,
+                                     uint64_t seed, uint64_t index0) {
+  update_f32_state(param, DType::bf16, grad, m, v, h, t, grad_scale, seed, index0);
 }
 
 }  // namespace memfit::kernels

@@ -23,4 +23,15 @@ void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor
 void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                           const AdamWHyper& h, int64_t t, float grad_scale = 1.0f);
 
+// Pure bf16 weights (no master copy): `param` bf16, each block widened, updated as above and
+// stored with stochastic rounding, element i drawing from (seed mixed with t, index0 + i) as
+// adamw_update_stochastic draws; the same bits for any split into pieces given their offsets.
+void adamw8bit_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m_codes,
+                                 Tensor& m_absmax, Tensor& v_codes, Tensor& v_absmax,
+                                 const AdamWHyper& h, int64_t t, float grad_scale, uint64_t seed,
+                                 uint64_t index0);
+void adamw8bit_update_f32_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                                     const AdamWHyper& h, int64_t t, float grad_scale,
+                                     uint64_t seed, uint64_t index0);
+
 }  // namespace memfit::kernels
