@@ -85,6 +85,8 @@ TEST_F(OffloadGradsTrainer, WithoutAccumulationAndInBf16BitIdentical) {
   p.precision = "bf16";
   p.master_weights = "none";
   expect_same_run(p, "llama-tiny pure bf16");
+  p.optim.name = "adamw8bit";  // stochastic rounding of each 8-bit block's bf16 weights
+  expect_same_run(p, "llama-tiny pure bf16, adamw8bit");
 }
 
 // With the working weights on disk too (--offload-params nvme): params, gradients and optimizer
