@@ -81,6 +81,11 @@ class OffloadedOptimizer {
   // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
   // range().begin), as Optimizer::step's tensors do.
   void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
+  // bf16 gradients (--grad-dtype bf16): the f32 buffer each piece's optimizer widens them into
+  // (Optimizer::set_grad_widen).
+  void set_grad_widen(const Tensor& buffer) {
+    for (auto& u : units_) u->set_grad_widen(buffer);
+  }
   int64_t steps_taken() const { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
 
