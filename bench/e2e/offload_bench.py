@@ -11,6 +11,14 @@ run's files: `memfit plan` prints them):
     python3 bench/e2e/offload_bench.py --dir /mnt/nvme/memfit-offload
     python3 bench/e2e/offload_bench.py --dir /mnt/nvme/x --model llama2-7b --n-layer 8 --steps 2
     python3 bench/e2e/offload_bench.py --dir /tmp/x --small-only       # the side-by-side alone
+    python3 bench/e2e/offload_bench.py --dir /mnt/nvme/x --offload-params  # blocks on disk too
+
+The side-by-side has three rows: in RAM, --offload-optimizer nvme, and both with
+--offload-params nvme (the blocks' working weights read per block; Note [NVMe offload],
+"Working weights on disk"), each step's wait for the params file, and the losses compared.
+With --offload-params the large run (and its --max-model shape) offloads the working weights
+too, and its table adds the params file's reads per step, its wait, and the share of those
+reads hidden behind compute (1 - wait / (bytes at fio's read rate)).
 
 The large run defaults to the largest LLaMA shape `memfit plan --max-model` finds for
 --mem-limit with the optimizer offloaded (--max-model), or the --model given. Training data:
@@ -65,8 +73,16 @@ def side_by_side(args, tmp):
     ram = train(args, base, os.path.join(tmp, "ram.jsonl"))
     off = train(args, base + ["--offload-optimizer", "nvme", "--offload-dir", args.dir],
                 os.path.join(tmp, "off.jsonl"))
+    par = train(args, base + ["--offload-optimizer", "nvme", "--offload-params", "nvme",
+                              "--offload-dir", args.dir],
+                os.path.join(tmp, "params.jsonl"))
     steady = slice(1, None)  # the first step warms the page cache and the kernels
     return {
+        "params_losses_identical": [r["loss"] for r in ram] == [o["loss"] for o in par],
+        "params_step_s": statistics.median(o["step_seconds"] for o in par[steady]),
+        "params_wait_s": statistics.median(o["offload"]["params"]["wait_seconds"]
+                                           for o in par[steady]),
+        "params_peak_mib": par[-1]["peak_bytes"] / MIB,
         "model": args.small_model,
         "losses_identical": [r["loss"] for r in ram] == [o["loss"] for o in off],
         "ram_step_s": statistics.median(r["step_seconds"] for r in ram[steady]),
@@ -86,7 +102,8 @@ def large_shape(args):
     found = run_json([args.memfit, "plan", "--json", "--model", "llama2-7b", "--max-model",
                       "--mem-limit", args.mem_limit, "--precision", args.precision, "--optim",
                       args.optim, "--offload-optimizer", "nvme", "--offload-dir", args.dir,
-                      "--batch", str(args.batch), "--seq-len", str(args.seq)])["max_model"]
+                      "--batch", str(args.batch), "--seq-len", str(args.seq)]
+                     + params_flag(args))["max_model"]
     m = found["best"]
     return ["--model", "llama2-7b", "--n-layer", str(m["n_layer"]), "--d-model",
             str(m["d_model"]), "--n-head", str(m["n_head"]), "--n-kv-head",
@@ -94,11 +111,15 @@ def large_shape(args):
             "--ckpt", m["ckpt"]]
 
 
+def params_flag(args):
+    return ["--offload-params", "nvme"] if args.offload_params else []
+
+
 def large(args, tmp):
     shape = large_shape(args)
     common = shape + ["--precision", args.precision, "--optim", args.optim, "--batch",
                       str(args.batch), "--seq-len", str(args.seq), "--offload-optimizer", "nvme",
-                      "--offload-dir", args.dir, "--mem-limit", args.mem_limit]
+                      "--offload-dir", args.dir, "--mem-limit", args.mem_limit] + params_flag(args)
     if "--ckpt" not in common:
         common += ["--ckpt", args.ckpt]
     plan = run_json([args.memfit, "plan", "--json", "--steps", str(args.steps)] + common)
@@ -114,6 +135,9 @@ def large(args, tmp):
                      "compute_s": s["step_seconds"] - o["wait_seconds"],
                      "io_gbps_in_update": moved / o["update_seconds"] / 1e9,
                      "pool_peak_mib": s["peak_bytes"] / MIB, "rss_mib": s["rss_bytes"] / MIB})
+        if "params" in o:
+            rows[-1]["param_read_gib"] = o["params"]["read_bytes"] / GIB
+            rows[-1]["param_wait_s"] = o["params"]["wait_seconds"]
     return {"args": common, "params_m": plan["model"]["params"] / 1e6,
             "planned_peak_mib": plan["peak_bytes"] / MIB,
             "disk_gib": plan["offload"]["disk_bytes"] / GIB,
@@ -142,6 +166,8 @@ def main():
     p.add_argument("--ckpt", default="full")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--fio-gib", type=int, default=8)
+    p.add_argument("--offload-params", action="store_true",
+                   help="the large run offloads the blocks' working weights too")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "offload.json"))
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
@@ -163,6 +189,9 @@ def main():
           f"offloaded ({s['offload_wait_s']:.3f} s waiting for the disk); peak "
           f"{s['ram_peak_mib']:.1f} -> {s['offload_peak_mib']:.1f} MiB; losses identical: "
           f"{s['losses_identical']}")
+    print(f"{s['model']} with --offload-params nvme too: step {s['params_step_s']:.3f} s "
+          f"({s['params_wait_s']:.3f} s waiting for the params file); peak "
+          f"{s['params_peak_mib']:.1f} MiB; losses identical: {s['params_losses_identical']}")
     if "large" in result:
         L = result["large"]
         fio_both = ((result["fio_read_gbps"] + result["fio_write_gbps"]) / 2
@@ -178,6 +207,13 @@ def main():
                   f"{r['io_wait_s']:>9.2f} {r['io_gbps_in_update']:>6.2f} "
                   f"{r['io_gbps_in_update'] / fio_both:>6.0%} {r['pool_peak_mib']:>9.0f} "
                   f"{r['rss_mib']:>8.0f}")
+        for r in L["steps"]:
+            if "param_read_gib" in r and result["fio_read_gbps"]:
+                ideal = r["param_read_gib"] * GIB / (result["fio_read_gbps"] * 1e9)
+                hidden = 1 - r["param_wait_s"] / ideal if ideal > 0 else float("nan")
+                print(f"step {r['step']}: params file {r['param_read_gib']:.1f} GiB read, "
+                      f"{r['param_wait_s']:.2f} s waited, {hidden:.0%} of the reads hidden "
+                      f"behind compute")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -42,6 +42,10 @@ class Interrupt : public test::BinaryTest {
  protected:
   Interrupt() : BinaryTest(7) {}
 
+  // kill -9 during an offloaded run (with `more` options), then a resume: the body of the
+  // offload tests below. `min_files`: the scratch files the killed run leaves.
+  void kill_offloaded_run_and_resume(const std::vector<std::string>& more, int min_files);
+
   // `memfit train` on gpt2-tiny, long enough to be interrupted; extra options appended.
   std::vector<std::string> train_args(int steps, const std::vector<std::string>& extra) const {
     std::vector<std::string> a = {(fs::path(MEMFIT_BINARY_DIR) / "memfit").string(),
@@ -185,10 +189,22 @@ TEST_F(Interrupt, AResumeCutsTheLogBackSoEveryStepAppearsOnce) {
 // [NVMe offload]): the last checkpoint is whole (the offload files are scratch, never part of
 // it), the files left behind name their run in their header, and a resume from the checkpoint
 // ends with exactly the checkpoint of the run that was never killed.
+// With --offload-params nvme the blocks' working weights are a scratch file too (Note [NVMe
+// offload], "Working weights on disk"), left behind with the others and never read again.
 TEST_F(Interrupt, KillDuringAnOffloadedRunResumesBitIdentically) {
-  const std::vector<std::string> offload = {"--offload-optimizer", "nvme", "--offload-dir",
-                                            (dir / "off").string(), "--precision", "bf16",
-                                            "--optim", "adamw8bit"};
+  kill_offloaded_run_and_resume({}, 5);  // master, and each 8-bit moment's codes and absmax
+}
+
+TEST_F(Interrupt, KillWithTheWorkingWeightsOffloadedResumesBitIdentically) {
+  kill_offloaded_run_and_resume({"--offload-params", "nvme"}, 6);  // and the params file
+}
+
+void Interrupt::kill_offloaded_run_and_resume(const std::vector<std::string>& more,
+                                              int min_files) {
+  std::vector<std::string> offload = {"--offload-optimizer", "nvme", "--offload-dir",
+                                      (dir / "off").string(), "--precision", "bf16",
+                                      "--optim", "adamw8bit"};
+  offload.insert(offload.end(), more.begin(), more.end());
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), offload.begin(), offload.end());
     return extra;
@@ -215,7 +231,7 @@ TEST_F(Interrupt, KillDuringAnOffloadedRunResumesBitIdentically) {
     EXPECT_EQ(j["run"].get<std::string>().rfind(fmt::format("memfit-{}-", pid), 0), 0u) << header;
     ++leftovers;
   }
-  EXPECT_GE(leftovers, 5);  // master, and each 8-bit moment's codes and absmax
+  EXPECT_GE(leftovers, min_files);
   const pid_t resumed = spawn(train_args(steps, with({"--save-every", "3", "--resume",
                                                       (dir / "ck").string()})));
   ASSERT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");

@@ -220,6 +220,40 @@ TEST_F(PlannerCommands, TrainAutoRunsTheChoiceAndOutOfMemoryAdvises) {
   }
 }
 
+// --offload-params nvme (Note [NVMe offload], "Working weights on disk"): the plan's JSON has the
+// params file, its reads and write-back per step and the ring, the pool's params shrink to the
+// embeddings and the tail, the text says so, and without --offload-optimizer train refuses it
+// (exit 2) naming both options.
+TEST_F(PlannerCommands, OffloadParamsIsPlannedPrintedAndNeedsTheOptimizerOffloaded) {
+  const std::string off = fmt::format("--offload-dir '{}'", (dir / "off").string());
+  const Output ram = memfit(fmt::format("plan {} --ckpt full --json", model()));
+  ASSERT_EQ(ram.exit_code, 0) << ram.err;
+  const Output r = memfit(fmt::format(
+      "plan {} --ckpt full --offload-optimizer nvme --offload-params nvme {} --json", model(), off));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& p = j["offload"]["params"];
+  EXPECT_GT(p["file_bytes"].get<uint64_t>(), 4096u);
+  EXPECT_GT(p["read_bytes_per_step"].get<uint64_t>(), p["written_bytes_per_step"].get<uint64_t>());
+  EXPECT_GT(p["ring_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(p["prefetch_depth"].get<int>(), 1);
+  EXPECT_EQ(j["offload"]["disk_by_category"]["params"].get<uint64_t>(),
+            p["file_bytes"].get<uint64_t>());
+  EXPECT_LT(j["by_category"]["params"].get<size_t>(),
+            nlohmann::json::parse(ram.out)["by_category"]["params"].get<size_t>());
+  const Output text = memfit(fmt::format(
+      "plan {} --ckpt full --offload-optimizer nvme --offload-params nvme {}", model(), off));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("the blocks' working weights on disk too"), std::string::npos)
+      << text.out;
+  const Output bad =
+      memfit(fmt::format("train {} --ckpt full --steps 1 --offload-params nvme {}", model(), off));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--offload-params nvme needs --offload-optimizer nvme"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST_F(PlannerCommands, PlanNeedsNoDataDirectory) {
   // From an empty folder (the default --data, data/brown, does not exist there): the plan counts
   // the train and val loaders' fixed staging, (B, T + 1) int32 and two (B, T) int32 each.

@@ -120,6 +120,69 @@ TEST_F(ZeroOffload, StagesOneToThreeEqualRamInPureBf16) {
   offloaded_equals_ram("--steps 3 --precision bf16 --master-weights none --eval-batches 1");
 }
 
+// --offload-params nvme at stage 3 (Note [NVMe offload], "Working weights on disk"): each
+// rank's shard of the working weights in its file (rank-<r>/), each block's part read, then
+// all-gathered; the update writes each rank's part back. The logs and every checkpoint file are
+// the in-RAM stage 3's bit for bit (fp32 with clipping and accumulation, bf16 with master weights
+// and 8-bit AdamW, pure bf16), and every rank's planned peak by category, files and I/O per step
+// are its measured ones; without --zero 3 it is refused with the reason.
+TEST_F(ZeroOffload, StageThreeWithTheWorkingWeightsOffloadedEqualsRamAndItsPlan) {
+  const std::string params = offload() + " --offload-params nvme";
+  int run = 0;
+  for (const char* more : {"--steps 3 --grad-accum 2 --clip 0.05 --eval-batches 1",
+                           "--steps 3 --precision bf16 --optim adamw8bit --clip 0.05 "
+                           "--eval-batches 1",
+                           "--steps 3 --precision bf16 --master-weights none --eval-batches 1"}) {
+    const std::string common = fmt::format("{} --zero 3", more);
+    const fs::path ram = dir / fmt::format("pram{}", run), off = dir / fmt::format("poff{}", run);
+    ++run;
+    train(fmt::format("{} --save '{}' --log '{}.jsonl'", common, ram.string(), ram.string()));
+    train(fmt::format("{} {} --save '{}' --log '{}.jsonl'", common, params, off.string(),
+                      off.string()));
+    json measured;
+    bool read = false;
+    for (const json& j : lines(off.string() + ".jsonl")) {
+      if (j.contains("offload")) read = j["offload"]["params"]["read_bytes"].get<uint64_t>() > 0;
+      if (j.contains("ranks")) measured = j["ranks"];
+    }
+    EXPECT_TRUE(read) << more << ": no reads of the params file logged";
+    expect_same_run(ram.string() + ".jsonl", off.string() + ".jsonl", ram, off, more);
+    ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", args(common + " " + params))),
+              0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    ASSERT_EQ(measured.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      const json& p = plan["per_rank"][r];
+      const json& m = measured[r];
+      EXPECT_EQ(m["peak_bytes"], p["peak_bytes"]) << more << " rank " << r;
+      EXPECT_EQ(m["mem"], p["by_category"]) << more << " rank " << r;
+      EXPECT_FALSE(p["by_category"].contains("params")) << "the shard is on disk";
+      EXPECT_GT(p["offload"]["disk_by_category"].value("params", 0), 0);
+      EXPECT_EQ(m["offload"]["disk"], p["offload"]["disk_by_category"]) << more << " rank " << r;
+      EXPECT_EQ(m["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"]) << r;
+      EXPECT_TRUE(fs::is_empty(dir / "off" / fmt::format("rank-{}", r)));
+    }
+  }
+  // A save stopped halfway resumes, offloaded again, to the uninterrupted RAM run's files
+  // (the bf16 run above: master weights read back, 8-bit state streamed in).
+  const std::string bf16 =
+      "--steps 3 --precision bf16 --optim adamw8bit --clip 0.05 --eval-batches 1 --zero 3";
+  const fs::path split = dir / "psplit";
+  train(fmt::format("{} {} --save '{}' --stop-after 2", bf16, params, split.string()));
+  train(fmt::format("{} {} --save '{}' --resume '{}'", bf16, params, split.string(),
+                    split.string()));
+  const auto want = files_of(dir / "pram1"), got = files_of(split);
+  for (const auto& [name, bytes] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got.at(name) == bytes) << name << " differs after the resume";
+  }
+  EXPECT_NE(run_memfit("train " + args("--steps 1 --zero 2 " + params), 2), 0);
+  EXPECT_NE(test::slurp(dir / "err.txt").find("--offload-params nvme under 2 ranks"),
+            std::string::npos)
+      << test::slurp(dir / "err.txt");
+}
+
 // The plan per rank is each rank's measured peak by category (the ring in staging, no master or
 // optimizer bytes in RAM; at stage 3 the working shard in params and the gathered units in comm
 // beside the ring), its files by category and its bytes read and written per step.

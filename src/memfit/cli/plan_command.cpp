@@ -126,6 +126,13 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                     {"disk_by_category", disk},
                     {"io_bytes_per_step", r.io_bytes_per_step},
                     {"staging_ring_bytes", r.offload_staging_bytes}};
+    if (run.offload.params)
+      j["offload"]["params"] = {
+          {"file_bytes", r.disk_by_category[static_cast<size_t>(Category::params)]},
+          {"read_bytes_per_step", r.param_read_bytes},
+          {"written_bytes_per_step", r.param_written_bytes},
+          {"ring_bytes", r.param_ring_bytes},
+          {"prefetch_depth", run.prefetch_depth}};
   }
   if (run.mem_limit) {
     j["mem_limit_bytes"] = run.mem_limit;
@@ -231,13 +238,22 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
     fmt::print("offload: {} on disk in {} ({:.1f} MiB: {}); {:.1f} MiB read and written per "
                "step through a staging ring of {:.1f} MiB (in staging above); the disk adds "
                "about {:.2f} s a step beyond the update's compute\n",
-               r.disk_by_category[static_cast<size_t>(Category::master)]
-                   ? "master weights and optimizer state"
-                   : "optimizer state",
+               std::string(run.offload.params ? "working weights, " : "") +
+                   (r.disk_by_category[static_cast<size_t>(Category::master)]
+                        ? "master weights and optimizer state"
+                        : "optimizer state"),
                run.world > 1 ? fmt::format("{}/rank-0 (rank 0's shard; each rank its own)",
                                            run.offload.dir)
                              : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
                r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
+    if (run.offload.params)
+      fmt::print("offload: the blocks' working weights on disk too ({:.1f} MiB; params above "
+                 "is the embeddings and the tail), {:.1f} MiB read per step before each "
+                 "block's phases and {:.1f} MiB written back by the update, through a ring of "
+                 "{} block slots ({:.1f} MiB, in staging above)\n",
+                 r.disk_by_category[static_cast<size_t>(Category::params)] / 1048576.0,
+                 r.param_read_bytes / 1048576.0, r.param_written_bytes / 1048576.0,
+                 run.prefetch_depth + 1, r.param_ring_bytes / 1048576.0);
   }
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "

@@ -25,6 +25,7 @@ nlohmann::json candidate_json(const Candidate& c, size_t limit) {
                       {"grad_accum", c.grad_accum},
                       {"zero", c.zero},
                       {"offload", c.offload},
+                      {"offload_params", c.offload_params},
                       {"peak_bytes", c.peak_bytes},
                       {"peak_rank", c.peak_rank},
                       {"est_step_seconds", c.est_step_seconds},

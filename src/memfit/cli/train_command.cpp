@@ -108,11 +108,13 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
          "lower (with one rank, every stage is 0)")
       ->type_name("STAGE|auto");
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
-                  "ZeRO stage 3: blocks gathered ahead of the one computing (0: none)")
+                  "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
+                  "one computing (0: none)")
       ->capture_default_str();
   cmd->add_option("--persist-threshold", c.persist_threshold,
                   "ZeRO stage 3: blocks of fewer elements are kept whole, gathered once per "
-                  "update (the embeddings and the final norm/head always are)")
+                  "update (the embeddings and the final norm/head always are); with "
+                  "--offload-params nvme, blocks of fewer elements stay in RAM")
       ->capture_default_str();
   cmd->add_flag("--sync-every-micro-batch", c.sync_every_micro_batch,
                "Under mpirun or srun, stages 0-1: reduce every micro-batch's gradients block by "
@@ -133,6 +135,12 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--offload-optimizer", c.offload_optimizer,
                   "none | nvme: optimizer state and FP32 master weights in files in "
                   "--offload-dir, streamed a block at a time through the update")
+      ->capture_default_str();
+  cmd->add_option("--offload-params", c.offload_params,
+                  "none | nvme: the blocks' working weights in a file in --offload-dir, each "
+                  "block read before the phase that needs it (--prefetch-depth ahead) and "
+                  "written back by the update; needs --offload-optimizer nvme, and under "
+                  "mpirun --zero 3 (each rank's shard)")
       ->capture_default_str();
   cmd->add_option("--offload-dir", c.offload_dir,
                   "Directory for the offload files (scratch, removed when the run ends)");

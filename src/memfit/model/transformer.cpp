@@ -16,7 +16,8 @@ using namespace kernels;
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          const PrecisionOptions& precision,
                          std::optional<ElementRange> master_range, bool master_in_ram,
-                         const ParamSharding* sharding, const GradSharding* grad_sharding)
+                         const ParamSharding* sharding, const GradSharding* grad_sharding,
+                         const ParamOffload* param_file)
     : config_(config), pool_(pool), layout_((config_.finalize(), config_)), precision_(precision) {
   check_precision_options(precision);
   const Precision p = precision.precision;
@@ -32,9 +33,14 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                          master_range_,
                  "model", "stage 3's working weights are the rank's shard, its master range");
   }
-  // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]).
-  params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
-                          half_dtype(p), Category::params, "params");
+  MEMFIT_CHECK(!param_file || (!master_in_ram && (sharded_ || !master_range)), "model",
+               "offloaded working weights need the master weights elsewhere, and one process or "
+               "ZeRO stage 3");
+  // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]); offloaded,
+  // none (the file source holds the persistent units, and at stage 3 the shard is in the file).
+  if (!param_file)
+    params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
+                            half_dtype(p), Category::params, "params");
   if (p != Precision::fp32 && precision.master_weights && master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   // The whole gradient slab, unless the gradients are sharded (stages 2-3: Note [Sharded
@@ -45,7 +51,13 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   if (!sharded_grads)
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)
-    gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding);
+    gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding,
+                                             param_file ? param_file->file : nullptr,
+                                             half_dtype(p));
+  else if (param_file)
+    gather_ = std::make_unique<WeightGather>(pool, layout_, half_dtype(p), *param_file->file,
+                                             param_file->prefetch_depth,
+                                             param_file->persist_threshold);
   else
     weights_ = layout_.views(params_);
   grad_views_ = layout_.views(grads_);
@@ -72,6 +84,8 @@ void Transformer::zero_grad() {
 
 Tensor Transformer::param(const std::string& name) const {
   MEMFIT_CHECK(!sharded_, "model", "param('{}'): the working weights are a ZeRO-3 shard", name);
+  MEMFIT_CHECK(!params_offloaded(), "model", "param('{}'): the working weights are on disk",
+               name);
   return layout_.view(params_, name);
 }
 
@@ -99,10 +113,27 @@ void Transformer::refresh_working() {
   working_changed();
 }
 
+void Transformer::working_to(Tensor& out) {
+  MEMFIT_CHECK(params_offloaded(), "model", "working_to: the working weights are in RAM");
+  gather_->load_all(out);
+}
+
 void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
                               const MasterSink& offloaded_master) {
   MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",
                piece_elements);
+  if (params_offloaded()) {
+    // The working copy lives in RAM (persistent units) and the file (Note [NVMe offload],
+    // "Working weights on disk"): the offloaded master weights first, then the working copy
+    // a unit's part at a time through one staging piece, rounded as below.
+    if (offloaded_master) offloaded_master(fill);
+    Tensor piece = Tensor::empty(pool_, {std::min(piece_elements, gather_->largest_part())},
+                                 DType::f32, Category::staging, "setup.piece");
+    gather_->store_from(fill, piece);
+    piece = Tensor{};
+    working_changed();  // stage 3: the persistent units gathered, every rank at this point
+    return;
+  }
   const ElementRange P = params_range();
   const DType working = params_.dtype();
   const size_t es = dtype_size(working);

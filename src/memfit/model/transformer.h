@@ -41,10 +41,17 @@ class Transformer {
   // gradients]): the backward writes each unit's gradients into buffers of their own and
   // reduces them over the ranks as each ends (model/unit_grads.h); grad_sums() is then the
   // accumulator of this rank's shard (whole with `grad_sharding->whole`).
+  // `param_offload` (--offload-params nvme, Note [NVMe offload]): the blocks' working weights
+  // live in that file (kept by the caller, outliving the model) and are read into a ring before
+  // the phases that need them (WeightGather's file source); in one process RAM holds the
+  // persistent units alone (Category::params), at stage 3 (with `sharding`) no working shard:
+  // the file holds the rank's part of each block, read and then gathered. params() is empty.
+  // Needs master_in_ram false.
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
               std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
               const ParamSharding* sharding = nullptr,
-              const GradSharding* grad_sharding = nullptr);
+              const GradSharding* grad_sharding = nullptr,
+              const ParamOffload* param_offload = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -54,6 +61,14 @@ class Transformer {
   Tensor& params() { return params_; }
   ElementRange params_range() const { return sharded_ ? master_range_ : whole(); }
   bool params_sharded() const { return sharded_; }
+  // --offload-params: the blocks' working weights are in a file; the update reaches them
+  // through offloaded_params() (WeightGather::update_piece), init and loads through
+  // set_weights, saves through working_to.
+  bool params_offloaded() const { return gather_ && gather_->from_file(); }
+  WeightGather& offloaded_params() { return *gather_; }
+  // The whole working copy into `out` (the whole layout in the working dtype): a save's weights
+  // of record without master weights.
+  void working_to(Tensor& out);
   // At stage 3, after the working shard changed (the optimizer wrote it): every rank calls it
   // at the same point; the persistent units are gathered again. Nothing to do otherwise.
   void working_changed();

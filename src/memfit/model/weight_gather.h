@@ -10,10 +10,18 @@
 //     in the order the step plan's phases need them (gather_events), each started
 //     prefetch_depth events ahead and waited for when its phase is entered.
 // The engine and the planner read the same arithmetic (comm_bytes, step_gather_bytes).
+// The second source (--offload-params nvme, Note [NVMe offload], "Working weights on disk"):
+// in one process the blocks' working weights live in a file (UnitFile, offload/param_file.h);
+// the same events read each block from it into the ring instead of all-gathering it, the
+// persistent units are the working weights in RAM (Category::params), and the update writes
+// each block back through the ring (update_piece). At stage 3 the file holds the rank's part of
+// each block: a gather reads it (through a landing buffer), then all-gathers as above.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -52,8 +60,42 @@ GatherUnits gather_units(const ParamLayout& layout, int64_t persist_threshold);
 std::vector<int> gather_events(const GatherUnits& units, const std::vector<Phase>& phases,
                                std::vector<int>* phase_event = nullptr);
 
+// Where the units that are not persistent live when they are not gathered from the ranks: a
+// file (offload/param_file.h implements it). Unit u is unit_ranges(layout)[u]; `dst`/`src` are
+// aligned ring slots of at least the unit's bytes rounded up to 4 KiB.
+class UnitFile {
+ public:
+  virtual ~UnitFile() = default;
+  virtual uint64_t read(size_t unit, void* dst) = 0;  // a ticket
+  virtual uint64_t write(size_t unit, const void* src) = 0;
+  virtual void wait(uint64_t ticket) = 0;
+  // Every block's data is written (the update ended): the header's step.
+  virtual void set_step(int64_t step) = 0;
+};
+
+// --offload-params: the file and how far ahead the step reads it.
+struct ParamOffload {
+  UnitFile* file = nullptr;
+  int prefetch_depth = 1;          // blocks read ahead of the one computing (>= 0)
+  int64_t persist_threshold = 0;   // blocks of fewer elements stay in RAM
+};
+
+// The bytes of RAM the file source holds. One process: the persistent units (Category::params)
+// and the ring (Category::staging, each slot a multiple of 4 KiB, plus a page to align its
+// start). Stage 3 (each rank's shard in its file): the gathered units' buffers as without the
+// file (comm_bytes) plus a landing buffer for the rank's part of one block (Category::comm, its
+// largest part rounded up to 4 KiB, plus a page), and no working shard in RAM. What the
+// constructors allocate.
+struct UnitFileRam {
+  size_t params = 0, staging = 0, comm = 0;
+};
+
 class WeightGather {
  public:
+  static UnitFileRam file_ram_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
+                                    int64_t persist_threshold,
+                                    std::optional<ElementRange> mine = std::nullopt);
+
   // The bytes of Category::comm a rank holds for the gathers: the persistent buffer and the
   // ring (each the pool's rounding of its bytes; 0 where empty). What the constructor allocates.
   static size_t comm_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
@@ -65,8 +107,42 @@ class WeightGather {
                                    int64_t persist_threshold);
 
   // `shard`: this rank's range of the working weights (dtype), its storage kept by the caller.
+  // With `file` (--offload-params at stage 3) the shard is in the file instead (`shard` is then
+  // undefined and `file_dtype` the working weights' dtype): each gather first reads the rank's part of the unit from it,
+  // the persistent units' parts live in the persistent buffer itself, and the update reads and
+  // writes the rank's part of each block through a landing buffer.
   WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
-               ParamSharding sharding);
+               ParamSharding sharding, UnitFile* file = nullptr,
+               DType file_dtype = DType::f32);
+  // The file source in one process (--offload-params): the persistent units in RAM, the other
+  // blocks read from `file` (kept by the caller) as the step needs them.
+  WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dtype, UnitFile& file,
+               int prefetch_depth, int64_t persist_threshold);
+  // The file source waits for its reads and writes first: none may outlive the ring.
+  ~WeightGather();
+  bool from_file() const { return file_ != nullptr; }
+
+  // File source: the working copy from `fill(from, to, dst)` (f32 values of layout elements
+  // [from, to), as Transformer::set_weights takes them), through `piece` (f32, at most
+  // largest_part() elements), rounded as refresh_working rounds (to nearest even): the
+  // persistent units in RAM, each block through a ring slot into the file (stage 3: the rank's
+  // parts alone, the blocks' through the landing buffer). And the reverse, into `out` (the
+  // whole layout in the working dtype): every element in one process, the rank's range of it
+  // at stage 3; or to `sink`, the rank's range in order as bytes of the working dtype.
+  void store_from(const std::function<void(int64_t, int64_t, float*)>& fill, Tensor& piece);
+  void load_all(Tensor& out);
+  void read_mine(const std::function<void(const char*, size_t)>& sink);
+  // The longest unit part this rank stores (the whole unit in one process).
+  int64_t largest_part() const;
+  DType dtype() const { return dtype_; }
+  // File source: the update's view of the working weights of `piece` (inside one unit, the
+  // pieces of a unit in order, units in order): a persistent unit's in RAM, else the block's
+  // place in a ring slot, the block read in first when `read` (an update without master
+  // weights reads them). update_piece_done writes a block back once its last piece is done;
+  // end_update waits for the writes and stamps the file's step.
+  Tensor update_piece(ElementRange piece, bool read);
+  void update_piece_done(ElementRange piece);
+  void end_update(int64_t step);
 
   // The views the step reads: persistent units always, a block once its phase is entered.
   const ModelWeights& weights() const { return weights_; }
@@ -83,13 +159,21 @@ class WeightGather {
 
  private:
   void drain();
-  std::unique_ptr<dist::Request> gather(ElementRange unit, char* dst);
+  std::unique_ptr<dist::Request> gather(size_t u, char* dst);
+  char* slot_bytes(int slot) const;
+  char* landing() const;
+  DType working_dtype() const;
+  void pad_landing(int64_t elements);
+  bool sharded_file() const { return file_ && s_.comm; }
+  Tensor slot_view(int slot, int64_t at, int64_t n) const;
+  size_t unit_of(int64_t element) const;
 
   const ParamLayout& layout_;
   Tensor shard_;
   ParamSharding s_;
   GatherUnits units_;
   size_t elem_ = 0;
+  DType dtype_ = DType::f32;  // the working weights' dtype
   ElementRange mine_;
   Tensor persistent_, ring_;
   std::vector<int64_t> persistent_at_;  // each persistent unit's offset in persistent_
@@ -99,6 +183,15 @@ class WeightGather {
   std::vector<std::unique_ptr<dist::Request>> requests_;
   int started_ = 0, current_ = -1, slots_ = 0;
   int64_t gathered_ = 0;
+  // The file source: the file, the ring's first aligned element, and the update's block in
+  // flight (its unit and slot) with each slot's write.
+  UnitFile* file_ = nullptr;
+  int64_t ring_at_ = 0;
+  Tensor landing_;  // stage 3 with a file: one block's part of this rank, page-aligned
+  size_t landing_at_ = 0;
+  uint64_t landing_write_ = 0;
+  int update_unit_ = -1, update_slot_ = -1;
+  std::vector<uint64_t> slot_write_;
 };
 
 }  // namespace memfit

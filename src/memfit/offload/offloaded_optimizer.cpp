@@ -118,11 +118,25 @@ CategoryBytes OffloadedOptimizer::file_bytes() const {
 }
 
 void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, float grad_scale) {
+  MEMFIT_CHECK(working.numel() == layout_.range.size(), "offload",
+               "the weights ({}) must cover the range's {} elements", working.numel(),
+               layout_.range.size());
+  step_pieces(&working, nullptr, grads, lr, grad_scale);
+}
+
+void OffloadedOptimizer::step(WeightGather& working, const Tensor& grads, float lr,
+                              float grad_scale) {
+  MEMFIT_CHECK(working.from_file(), "offload", "the working weights are not in a file");
+  step_pieces(nullptr, &working, grads, lr, grad_scale);
+  working.end_update(steps_taken());
+}
+
+void OffloadedOptimizer::step_pieces(Tensor* working, WeightGather* pieces, const Tensor& grads,
+                                     float lr, float grad_scale) {
   const auto start = std::chrono::steady_clock::now();
   const ElementRange& R = layout_.range;
-  MEMFIT_CHECK(working.numel() == R.size() && grads.numel() == R.size(), "offload",
-               "the weights ({}) and gradients ({}) must cover the range's {} elements",
-               working.numel(), grads.numel(), R.size());
+  MEMFIT_CHECK(grads.numel() == R.size(), "offload",
+               "the gradients ({}) must cover the range's {} elements", grads.numel(), R.size());
   const size_t n = layout_.pieces.size();
   const size_t first_state = master_ ? 1 : 0;
   // reads[s], writes[s]: the requests in flight for ring slot s.
@@ -141,7 +155,9 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
                           ? slot_view(s, i, k)
                           : Tensor{});
     opt.bind_state(std::move(state));
-    Tensor w = working.view(u.begin - R.begin, {u.size()});
+    // Offloaded working weights: read in first only where the update reads them (no master).
+    Tensor w = pieces ? pieces->update_piece(u, !master_)
+                      : working->view(u.begin - R.begin, {u.size()});
     const Tensor g = grads.view(u.begin - R.begin, {u.size()});
     if (master_) {
       Tensor m = slot_view(s, 0, k);
@@ -149,6 +165,7 @@ void OffloadedOptimizer::step(Tensor& working, const Tensor& grads, float lr, fl
     } else {
       opt.step(w, g, lr, grad_scale);
     }
+    if (pieces) pieces->update_piece_done(u);
     submit_unit(IoRequest::Op::write, s, k, writes[s]);
     // Unit k+2 goes into the slot unit k-1 was written from, once that write is done.
     if (k + 2 < n) {
@@ -318,8 +335,20 @@ void OffloadedOptimizer::load_state(const fs::path& file) {
 }
 
 void OffloadedOptimizer::save_shard(const fs::path& file, const Tensor& weights) {
+  save_shard(file, weights, nullptr);
+}
+
+void OffloadedOptimizer::save_shard(const fs::path& file, WeightGather& working) {
+  MEMFIT_CHECK(!master_ && working.from_file(), "offload",
+               "save_shard from offloaded working weights: they are the weights of record only "
+               "without master weights");
+  save_shard(file, Tensor{}, &working);
+}
+
+void OffloadedOptimizer::save_shard(const fs::path& file, const Tensor& weights,
+                                    WeightGather* working) {
   const ElementRange& R = layout_.range;
-  MEMFIT_CHECK(master_ || weights.numel() == R.size(), "offload",
+  MEMFIT_CHECK(master_ || working || weights.numel() == R.size(), "offload",
                "a shard's weights ({} elements) must cover the offloaded range's {}",
                weights.numel(), R.size());
   const size_t first_state = master_ ? 1 : 0;
@@ -334,6 +363,15 @@ void OffloadedOptimizer::save_shard(const fs::path& file, const Tensor& weights)
                         [this](const io::SafetensorsWriter::ByteSink& sink) {
                           stream(0, IoRequest::Op::read,
                                  [&](size_t, const char* buf, size_t bytes) { sink(buf, bytes); });
+                        });
+  } else if (working) {
+    // The working weights of record, a unit's part at a time from RAM or their file.
+    if (R.size() > 0)
+      writer.add_source(std::string(io::kZeroWeightsKey),
+                        io::safetensors_dtype_of(working->dtype()), {R.size()},
+                        [working](const io::SafetensorsWriter::ByteSink& sink) {
+                          working->read_mine(
+                              [&](const char* buf, size_t bytes) { sink(buf, bytes); });
                         });
   } else if (weights.numel() > 0) {
     writer.add(std::string(io::kZeroWeightsKey), weights);

@@ -22,6 +22,7 @@
 #include "memfit/io/zero_checkpoint.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/weight_gather.h"
 #include "memfit/offload/io_engine.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
@@ -81,6 +82,12 @@ class OffloadedOptimizer {
   // weights of record, in RAM). `working` and `grads` cover range() (element 0 is
   // range().begin), as Optimizer::step's tensors do.
   void step(Tensor& working, const Tensor& grads, float lr, float grad_scale);
+  // The same with the working weights offloaded too (--offload-params; range() the whole
+  // layout, or at ZeRO stage 3 the rank's shard, as the file's): each
+  // piece's working weights from `working` (WeightGather::update_piece: a persistent unit's in
+  // RAM, a block's in a ring slot, read first without master weights), each block written back
+  // to its file once its last piece is stepped.
+  void step(WeightGather& working, const Tensor& grads, float lr, float grad_scale);
   // bf16 gradients (--grad-dtype bf16): the f32 buffer each piece's optimizer widens them into
   // (Optimizer::set_grad_widen).
   void set_grad_widen(const Tensor& buffer) {
@@ -103,6 +110,9 @@ class OffloadedOptimizer {
   // weights of record: the master weights, streamed from their file (`weights` undefined), or
   // without master weights `weights` (range()'s working weights, in RAM).
   void save_shard(const std::filesystem::path& file, const Tensor& weights = {});
+  // The same without master weights and with the working weights offloaded too
+  // (--offload-params at stage 3): the weights of record streamed from `working`'s file.
+  void save_shard(const std::filesystem::path& file, WeightGather& working);
   // The reverse for any saved state (a ZeRO save of any world size and stage, or a whole
   // optimizer.safetensors), opened and checked for range() (io::SavedOptimizerState): each
   // piece read from the mapped files into a ring slot and written to its file, then
@@ -136,6 +146,10 @@ class OffloadedOptimizer {
   // Tensor i, unit by unit, through slot 0: each unit's bytes to `f` (read) or from it (write).
   template <class F>
   void stream(size_t tensor, IoRequest::Op op, F&& f);
+  void save_shard(const std::filesystem::path& file, const Tensor& weights,
+                  WeightGather* working);
+  void step_pieces(Tensor* working, WeightGather* pieces, const Tensor& grads, float lr,
+                   float grad_scale);
 
   const ParamLayout& params_;
   bool master_;

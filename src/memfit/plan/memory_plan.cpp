@@ -17,6 +17,7 @@
 #include "memfit/model/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
+#include "memfit/offload/param_file.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
 #include "memfit/state/shard.h"
@@ -122,6 +123,17 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   // are held, and both are allocated for the whole run.
   offload::OffloadLayout files = offload::make_offload_layout(
       layout, oc, at(Category::master) > 0, offload::kMaxPieceElements, mine);
+  // --offload-params: in one process RAM holds the persistent units instead of the slab (the
+  // ring is staging: plan_memory adds it); at stage 3 no working shard, and a landing buffer
+  // for the rank's part of a block beside the gathered units' buffers (offload/param_file.h and
+  // model/weight_gather.h are the engine's own arithmetic).
+  if (spec.offload.params) {
+    const UnitFileRam ram = WeightGather::file_ram_bytes(
+        layout, half, spec.prefetch_depth, spec.persist_threshold,
+        stage == 3 ? mine : std::optional<ElementRange>{});
+    at(Category::params) = ram.params;
+    at(Category::comm) += ram.comm;
+  }
   at(Category::master) = 0;
   at(Category::optimizer) = 0;
   return files;
@@ -162,6 +174,25 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
     r.offload_staging_bytes = files->staging_bytes();
   }
   r.step = plan_step(r.model, r.B, r.T, act);
+  if (spec.offload.params) {
+    const DType half = half_dtype(precision.precision);
+    const bool master = precision.precision != Precision::fp32 && precision.master_weights;
+    // At stage 3 the rank's shard of the working weights alone.
+    std::optional<ElementRange> mine;
+    if (spec.world > 1) mine = shards.at(static_cast<size_t>(rank));
+    const offload::ParamFileLayout file =
+        offload::make_param_file_layout(layout, half, spec.persist_threshold, mine);
+    const offload::ParamIoBytes io = offload::param_io_bytes_per_step(
+        layout, half, r.step.phases, spec.grad_accum, spec.persist_threshold, master, mine);
+    r.disk_by_category[static_cast<size_t>(Category::params)] += file.file_bytes;
+    r.disk_bytes += file.file_bytes;
+    r.param_read_bytes = io.read;
+    r.param_written_bytes = io.written;
+    r.io_bytes_per_step += io.read + io.written;
+    r.param_ring_bytes = WeightGather::file_ram_bytes(layout, half, spec.prefetch_depth,
+                                                      spec.persist_threshold, mine)
+                             .staging;
+  }
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
   const int stage = spec.world > 1 ? spec.zero : 0;
@@ -193,7 +224,7 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
     if (!r.data_included || !shards("val").empty())
       at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
   }
-  at(Category::staging) += r.offload_staging_bytes;
+  at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;
   // bf16 gradients: the update's widening buffer (Optimizer::set_grad_widen), every rank's.
   if (spec.grad_dtype == DType::bf16)
     at(Category::staging) += MemoryPool::round_up(
@@ -232,7 +263,14 @@ PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_byte
       bytes[static_cast<size_t>(Category::staging)] -= best.offload_staging_bytes;
       if (const auto files = rank_bytes(spec, layout, oc, shards, q, bytes)) {
         bytes[static_cast<size_t>(Category::staging)] += files->staging_bytes();
-        most_disk = std::max(most_disk, files->disk_total());
+        most_disk = std::max(
+            most_disk, files->disk_total() +
+                           (spec.offload.params
+                                ? offload::make_param_file_layout(
+                                      layout, half_dtype(spec.precision.precision),
+                                      spec.persist_threshold, shards[static_cast<size_t>(q)])
+                                      .file_bytes
+                                : 0));
       }
       size_t peak = 0;
       for (size_t b : bytes) peak += b;
@@ -281,7 +319,17 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   if (spec.offload.optimizer) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);
-    in.offload_io_seconds = disk.seconds(r.io_bytes_per_step / 2.0, r.io_bytes_per_step / 2.0);
+    // The optimizer files half read, half written; the working weights' reads during the
+    // micro-batches apart (they overlap compute), their update-time I/O with the update's.
+    const double files = double(r.io_bytes_per_step - r.param_read_bytes - r.param_written_bytes);
+    const double micro_reads = double(r.param_read_bytes) -
+                               (spec.precision.precision != Precision::fp32 &&
+                                        spec.precision.master_weights
+                                    ? 0.0
+                                    : double(r.param_written_bytes));
+    in.offload_io_seconds = disk.seconds(files / 2.0 + (double(r.param_read_bytes) - micro_reads),
+                                         files / 2.0 + double(r.param_written_bytes));
+    in.param_read_seconds = disk.seconds(micro_reads, 0);
   }
   in.master_weights = precision.master_weights;
   in.compression_bytes = compression_traffic_bytes(r.step);

@@ -41,6 +41,12 @@ struct PlanReport {
   uint64_t disk_bytes = 0;
   uint64_t io_bytes_per_step = 0;
   size_t offload_staging_bytes = 0;  // the ring's part of staging
+  // --offload-params nvme: the working weights' file (in disk_by_category's params, and in
+  // disk_bytes), its part of io_bytes_per_step (the micro-batches' block reads, the update's
+  // write-back, and its reads without master weights), and the ring of prefetch_depth + 1
+  // block slots (in staging). by_category's params is then the persistent units alone.
+  uint64_t param_read_bytes = 0, param_written_bytes = 0;
+  size_t param_ring_bytes = 0;
   // Several ranks: the bytes a step's collectives cover (the same on every rank; stage 3's
   // gathers follow the step plan's phases), what the log's comm_bytes measures and the
   // step-time model prices.

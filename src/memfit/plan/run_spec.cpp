@@ -26,6 +26,22 @@ void RunSpec::check() const {
                  "optimizer state, so it needs --zero 1, 2 or 3 (got --zero 0: every rank would "
                  "write the whole state)",
                  world);
+  // --offload-params (Note [NVMe offload], "Working weights on disk"): the update writes each
+  // block's new working weights back to the file as it streams the state, so the state must
+  // stream (with it in RAM the update would need every block's weights in RAM at once); and one
+  // process, or ZeRO stage 3 (each rank's shard in its file, read, then all-gathered): below
+  // stage 3 every rank holds and would write the whole working copy.
+  if (offload.params && !offload.optimizer)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-params nvme needs --offload-optimizer nvme: the update that streams "
+                 "the optimizer state a piece at a time is what writes each block's new working "
+                 "weights back to the file");
+  if (offload.params && world > 1 && (zero != 3 || zero_auto))
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-params nvme under {} ranks offloads each rank's shard of the working "
+                 "weights, so it needs --zero 3 (got --zero {}: every rank would hold and write "
+                 "the whole working copy)",
+                 world, zero_auto ? std::string("auto") : std::to_string(zero));
   if (prefetch_depth < 0)
     MEMFIT_THROW(ConfigError, "config", "--prefetch-depth must be 0 or more, got {}",
                  prefetch_depth);

@@ -23,6 +23,9 @@ struct OffloadOptions {
   // --offload-optimizer nvme: the optimizer state and the FP32 master weights (where the
   // precision keeps them) in scratch files in `dir`, streamed through a staging ring per update.
   bool optimizer = false;
+  // --offload-params nvme: the blocks' working weights in a file in `dir` too, read per block
+  // before each use (needs `optimizer`: the update that streams the state writes them back).
+  bool params = false;
   std::string dir;  // --offload-dir
   // --disk-limit in bytes: the most the offload files may take (0: the free space of `dir`,
   // which the trainer checks anyway). --max-model counts a member as fitting only if its files

@@ -68,6 +68,7 @@ std::string candidate_options(const Candidate& c, bool with_batch, bool with_sta
   if (c.act_compress != ActCompress::none)
     s += fmt::format(" --act-compress {}", act_compress_name(c.act_compress));
   if (c.offload) s += " --offload-optimizer nvme";
+  if (c.offload_params) s += " --offload-params nvme";
   if (with_stage) s += fmt::format(" --zero {}", c.zero);
   return s;
 }
@@ -85,6 +86,7 @@ bool preferred(const Candidate& a, const Candidate& b) {
   if (faster(b, a)) return false;
   // As fast (the disk hidden behind the update): RAM, which depends on no disk.
   if (a.offload != b.offload) return !a.offload;
+  if (a.offload_params != b.offload_params) return !a.offload_params;
   // As fast: the lower stage, fewer collectives (the bytes are in the estimate) and the layout
   // the run would have without ZeRO.
   if (a.zero != b.zero) return a.zero < b.zero;
@@ -124,6 +126,7 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
   t.offload.optimizer = c.offload;
+  t.offload.params = c.offload_params;
   t.offload_open = false;
   if (!c.offload) t.offload.disk_limit = 0;  // it bounds offload files: a run in RAM has none
   t.zero = c.zero;
@@ -147,8 +150,10 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   const std::vector<ActCompress> compressions =
       space.compression ? std::vector<ActCompress>{ActCompress::none, kSearchCompress}
                         : std::vector<ActCompress>{base.act_compress};
-  const std::vector<bool> offloads =
-      space.offload ? std::vector<bool>{false, true} : std::vector<bool>{base.offload.optimizer};
+  // 0: in RAM; 1: the optimizer offloaded; 2: the working weights too (in one process, or at
+  // stage 3 each rank's shard: RunSpec::check).
+  std::vector<int> offloads = {base.offload.optimizer ? (base.offload.params ? 2 : 1) : 0};
+  if (space.offload) offloads = {0, 1, 2};
   const std::vector<int> stages =
       space.stages ? std::vector<int>(std::begin(kSearchStages), std::end(kSearchStages))
                    : std::vector<int>{base.zero};
@@ -165,8 +170,10 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
           !keeps_some_block(CheckpointPolicy::parse(policy), base.model.n_layer))
         continue;
       for (int b : batches)
-        for (bool offload : offloads)
+        for (int level : offloads)
           for (int stage : stages) {
+            const bool offload = level >= 1;
+            if (level == 2 && base.world > 1 && stage != 3) continue;
             // Offloaded only where each rank's state is a shard (not stage 0 over ranks).
             if (offload && !SearchSpace::offload_allowed(base.world, stage)) continue;
             Candidate c;
@@ -175,6 +182,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             c.batch = b;
             c.grad_accum = global / b;
             c.offload = offload;
+            c.offload_params = level == 2;
             c.zero = stage;
             const RunSpec run = apply_candidate(base, c);
             const PlanReport p = plan_training(run);
@@ -208,7 +216,8 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   for (const Candidate& c : r.candidates) {
     const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
                         c.act_compress == r.choice.act_compress &&
-                        c.offload == r.choice.offload && c.zero == r.choice.zero;
+                        c.offload == r.choice.offload &&
+                        c.offload_params == r.choice.offload_params && c.zero == r.choice.zero;
     if (r.fits && c.fits && !chosen) r.slower.push_back(c);
     if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
   }

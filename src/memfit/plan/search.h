@@ -22,6 +22,7 @@ struct Candidate {
   std::string ckpt;  // a policy's name, never "auto"
   ActCompress act_compress = ActCompress::none;
   bool offload = false;  // --offload-optimizer nvme
+  bool offload_params = false;  // --offload-params nvme too (one process)
   int batch = 0, grad_accum = 0;
   int zero = 0;  // the ZeRO stage (over several ranks)
   // The largest peak of any rank (plan_largest_rank: ranks differ by their shard and receive
@@ -62,7 +63,8 @@ struct SearchSpace {
   // Every candidate also with the optimizer offloaded (--offload-dir without
   // --offload-optimizer: Note [NVMe offload]). Over several ranks only at the stages where the
   // state is sharded (offload_allowed): with --zero auto stages 1 to 3, with a fixed stage
-  // only if it is one of them.
+  // only if it is one of them. In one process, or at stage 3, also with the working weights
+  // offloaded (--offload-params nvme, which needs the optimizer offloaded).
   bool offload = false;
   // Every candidate at each stage of kSearchStages (--zero auto over several ranks; with one
   // rank every stage is stage 0, so there is nothing to vary).

@@ -138,6 +138,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   t.head_gemm *= in.grad_accum;
   t.elementwise *= in.grad_accum;
   t.compression *= in.grad_accum;
+  const double compute = t.block_gemm + t.attention + t.head_gemm + t.elementwise +
+                         t.compression;
+  t.offload_io += std::max(0.0, in.param_read_seconds - compute);
   return t;
 }
 

@@ -54,6 +54,10 @@ struct StepTimeInputs {
   // --offload-optimizer nvme: seconds the update's reads and writes take at the disk's measured
   // rates (offload/disk_rate.h); 0 without offload.
   double offload_io_seconds = 0;
+  // --offload-params nvme: seconds the micro-batches' block reads take at the disk's read rate;
+  // they run while the blocks before compute, so only what exceeds the forward and backward
+  // compute lengthens the step (the update's write-back is in offload_io_seconds).
+  double param_read_seconds = 0;
 };
 
 // The bytes the (de)quantisation passes of --act-compress move in one micro-batch, read from

@@ -65,6 +65,9 @@ void validate_train_config(const TrainConfig& c) {
       c.offload_optimizer != "nvme")
     MEMFIT_THROW(ConfigError, "config", "--offload-optimizer must be none or nvme, got '{}'",
                  c.offload_optimizer);
+  if (c.offload_params != "none" && c.offload_params != "nvme")
+    MEMFIT_THROW(ConfigError, "config", "--offload-params must be none or nvme, got '{}'",
+                 c.offload_params);
   // The rules between the options (precision, attention, policy, optimizer) are the RunSpec's
   // (RunSpec::check), checked by resolve_run once these are parsed.
   if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
@@ -152,6 +155,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.resumed = !c.resume_dir.empty();
   s.offload.optimizer = c.offload_optimizer == "nvme";
   s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty();
+  s.offload.params = c.offload_params == "nvme";
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();
@@ -205,6 +209,7 @@ TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   t.ckpt = c.ckpt;
   t.act_compress = act_compress_name(c.act_compress);
   t.offload_optimizer = c.offload ? "nvme" : "none";
+  t.offload_params = c.offload_params ? "nvme" : "none";
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
@@ -260,8 +265,9 @@ AutoResolution resolve_auto(const TrainConfig& config) {
 void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   if (comm.size() == 1 || !r.planned) return;
   const TrainConfig& c = r.config;
-  std::string choice = fmt::format("{}\n{}\n{}\n{}\n{}\n{}", c.ckpt, c.act_compress,
-                                   c.offload_optimizer, c.batch, c.grad_accum, c.zero);
+  std::string choice = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}", c.ckpt, c.act_compress,
+                                   c.offload_optimizer, c.offload_params, c.batch, c.grad_accum,
+                                   c.zero);
   int64_t size = static_cast<int64_t>(choice.size());
   comm.broadcast(&size, sizeof size, 0);
   std::string lead(static_cast<size_t>(size), '\0');
@@ -274,6 +280,7 @@ void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   std::getline(in, t.ckpt);
   std::getline(in, t.act_compress);
   std::getline(in, t.offload_optimizer);
+  std::getline(in, t.offload_params);
   std::getline(in, batch);
   std::getline(in, accum);
   std::getline(in, zero);
@@ -288,6 +295,7 @@ void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   r.search.choice.grad_accum = t.grad_accum;
   r.search.choice.zero = t.zero;
   r.search.choice.offload = r.spec.offload.optimizer;
+  r.search.choice.offload_params = r.spec.offload.params;
 }
 
 void check_max_model_config(const TrainConfig& c) {

@@ -62,6 +62,7 @@ struct TrainConfig {
   // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
   // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.
   std::string offload_optimizer;
+  std::string offload_params = "none";  // none | nvme (Note [NVMe offload])
   std::string offload_dir;
   std::string disk_limit;  // e.g. "100GiB"; empty: the free space of offload_dir
 

@@ -25,6 +25,7 @@
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/offload/offloaded_optimizer.h"
+#include "memfit/offload/param_file.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
@@ -219,6 +220,22 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   std::optional<ParamSharding> param_sharding;
   if (stage == 3)
     param_sharding = ParamSharding{&comm, shards, spec.prefetch_depth, spec.persist_threshold};
+  const std::string offload_run = fmt::format(
+      "memfit-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
+  // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
+  // stage 3 this rank's shard of them), read through the model's ring (WeightGather's file
+  // source; at stage 3 read, then all-gathered) and written back by the offloaded update.
+  // Made before the model, so the model (whose ring the requests use) and its waits for them
+  // go first (Note [NVMe offload], "Working weights on disk").
+  std::unique_ptr<offload::ParamFile> param_file;
+  std::optional<ParamOffload> param_offload;
+  if (spec.offload.params) {
+    param_file = std::make_unique<offload::ParamFile>(ParamLayout(mc),
+                                                      half_dtype(spec.precision.precision),
+                                                      spec.persist_threshold, offload_dir,
+                                                      offload_run, my_shard);
+    param_offload = ParamOffload{param_file.get(), spec.prefetch_depth, spec.persist_threshold};
+  }
   // Stages 2-3 (and 0-1 under --sync-every-micro-batch): each micro-batch's gradients reduced
   // unit by unit as the backward ends each, into this rank's shard (Note [Sharded gradients]).
   std::optional<GradSharding> grad_sharding;
@@ -231,7 +248,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
                                  spec.bucket_bytes, /*whole=*/stage < 2, spec.grad_dtype};
   Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
                   param_sharding ? &*param_sharding : nullptr,
-                  grad_sharding ? &*grad_sharding : nullptr);
+                  grad_sharding ? &*grad_sharding : nullptr,
+                  param_offload ? &*param_offload : nullptr);
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
@@ -241,7 +259,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     const uint64_t need =
         offload::make_offload_layout(gpt.layout(), spec.optim, master,
                                      offload::kMaxPieceElements, my_shard)
-            .disk_total();
+            .disk_total() +
+        (param_file ? param_file->layout().file_bytes : 0);
     if (need > spec.offload.disk_limit)
       MEMFIT_THROW(ConfigError, "config",
                    "--disk-limit {} bytes ({:.2f} GiB): the offload files need {} bytes ({:.2f} "
@@ -252,12 +271,17 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   }
   if (offload)
     off = std::make_unique<offload::OffloadedOptimizer>(
-        spec.optim, gpt.layout(), master, pool, offload_dir,
-        fmt::format("memfit-{}-{}", ::getpid(),
-                    std::chrono::system_clock::now().time_since_epoch().count()),
+        spec.optim, gpt.layout(), master, pool, offload_dir, offload_run,
         offload::kMaxPieceElements, my_shard);
   else
     opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+  // The offload files' bytes by category (master, optimizer; params with --offload-params).
+  auto offload_files = [&] {
+    CategoryBytes disk = off ? off->file_bytes() : CategoryBytes{};
+    if (param_file)
+      disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
+    return disk;
+  };
   // bf16 gradients: the update widens them a chunk at a time into one f32 buffer (Note
   // [Gradients in bf16]; the planner counts it under staging).
   if (spec.grad_dtype == DType::bf16) {
@@ -285,7 +309,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then the working copy
     // rounded from them: any precision loads any precision's checkpoint.
-    if (gpt.whole_weights() && !to_master_file && io::has_model_weights(location.dir)) {
+    if (gpt.whole_weights() && !to_master_file && !gpt.params_offloaded() &&
+        io::has_model_weights(location.dir)) {
       // The whole layout, straight into the weights from the files. A stage-0 save's
       // optimizer.safetensors is checked with the weights, all before a byte is copied;
       // sharded state (any other range, or a ZeRO save) is loaded below.
@@ -336,8 +361,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     gpt.set_step_observer(profiler->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
     if (off) {
-      profiler->set_disk(off->file_bytes());
+      profiler->set_disk(offload_files());
       off->record_waits(true);
+      if (param_file) param_file->record_waits(true);
     }
   }
   auto recorder = [&]() { return profiler ? profiler->recorder() : nullptr; };
@@ -411,10 +437,20 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       off->read_master(whole);
       return whole;
     }
+    if (gpt.params_offloaded()) {
+      // Offloaded working weights that are the weights of record (fp32, pure bf16): read back
+      // a block at a time into the slab, in their own dtype, as the master weights above.
+      Tensor whole = gpt.grads().view_bytes(0, {gpt.layout().total()},
+                                            half_dtype(spec.precision.precision));
+      gpt.working_to(whole);
+      return whole;
+    }
     return gpt.weights();
   };
   // The weights of record's element type, as config.json names it for a sharded save.
-  const DType record_dtype = off && master ? DType::f32 : gpt.weights().dtype();
+  const DType record_dtype = off && master            ? DType::f32
+                             : gpt.params_offloaded() ? half_dtype(spec.precision.precision)
+                                                      : gpt.weights().dtype();
   // ZeRO's sharded optimizer state (stage >= 1): every rank writes its own shard file (its
   // range of the weights of record and its extents of every state tensor, straight from its
   // tensors: no byte gathered or added) into a staging directory beside the save, a sibling
@@ -437,6 +473,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       // Offloaded: the shard's master weights and state streamed out of this rank's files (the
       // same bytes as from RAM).
       off->save_shard(file);
+    } else if (off && gpt.params_offloaded()) {
+      // Without master weights, offloaded working weights (stage 3): the shard's streamed from
+      // their file.
+      off->save_shard(file, gpt.offloaded_params());
     } else if (off) {
       // Without master weights: the working weights (whole at stages 1-2, the shard itself at
       // stage 3) are the weights of record.
@@ -515,6 +555,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   int64_t saved_at = -1;
   uint64_t last_step_io = 0;  // offload: the last step's bytes read and written (this rank)
   gpt.take_gathered_bytes();  // stage 3: the gathers after initialisation or loading
+  // --offload-params under --profile: the waits for the working weights' file, as io slices
+  // inside the slice open when they are handed over (a micro-batch's, the optimizer's).
+  auto params_io_waits = [&] {
+    if (!param_file) return;
+    for (const offload::IoWait& w : param_file->take_waits())
+      if (profile::StepRecorder* r = recorder())
+        r->add("params io wait", profile::SliceKind::io_wait, w.t0, w.t1);
+  };
   for (int64_t step = start_step; step < last_step; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.set_phase(fmt::format("step {}", step + 1));
@@ -524,6 +572,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
     const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
+    const offload::ParamIoStats params_before = offload::param_io_stats(param_file.get());
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
     for (int m = 0; m < spec.grad_accum; ++m) {
@@ -542,6 +591,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
         gpt.backward([&](int64_t from) { sync->final_from(from); });
       else
         gpt.backward();
+      params_io_waits();  // this micro-batch's, inside its slice
     }
     // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
     // and a save records that position (a resume repeats the same batch).
@@ -573,10 +623,17 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               // all-gathered. At stage 3 the working weights are the shard itself, and only the
               // persistent units are gathered again, as the in-RAM update does (counted by the
               // model: take_gathered_bytes).
-              Tensor working = gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
-              off->step(working, gpt.grad_sums(my_range), rate, scale);
+              if (gpt.params_offloaded()) {
+                // Each block's new working weights written back to its file.
+                off->step(gpt.offloaded_params(), gpt.grad_sums(my_range), rate, scale);
+              } else {
+                Tensor working =
+                    gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
+                off->step(working, gpt.grad_sums(my_range), rate, scale);
+              }
               update_gathered =
                   publish_working_weights(gpt, my_shard ? &*rank_shards : nullptr);
+              params_io_waits();  // the update's, on the working weights' file
               for (const offload::IoWait& w : off->take_waits())
                 if (profile::StepRecorder* r = recorder())
                   r->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
@@ -628,14 +685,22 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (off) {
       // This step's offload I/O: bytes moved, and the time the update waited for the disk.
       const offload::IoStats& io = off->stats();
-      const uint64_t read = io.bytes_read - io_before.bytes_read,
-                     written = io.bytes_written - io_before.bytes_written;
+      // With --offload-params the working weights' file too (its reads during the
+      // micro-batches, the update's write-back), also apart under "params".
+      const offload::ParamIoStats p =
+          offload::param_io_stats(param_file.get()) - params_before;
+      const uint64_t read = io.bytes_read - io_before.bytes_read + p.read_bytes,
+                     written = io.bytes_written - io_before.bytes_written + p.written_bytes;
       last_step_io = read + written;
       line["offload"] = {{"read_bytes", read},
                          {"written_bytes", written},
                          {"wait_seconds", io.wait_seconds - io_before.wait_seconds},
                          {"update_seconds", io.update_seconds - io_before.update_seconds},
                          {"engine", off->engine().name()}};
+      if (param_file)
+        line["offload"]["params"] = {{"read_bytes", p.read_bytes},
+                                     {"written_bytes", p.written_bytes},
+                                     {"wait_seconds", p.wait_seconds}};
     }
     if (scaler) {
       line["loss_scale"] = loss_scale;
@@ -684,6 +749,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (profiler && profiler->step_end(step + 1)) {
       gpt.set_step_observer(nullptr);
       if (off) off->record_waits(false);
+      if (param_file) param_file->record_waits(false);
     }
     leaks.boundary(step + 1, pool, process_rss_bytes());
     summary.interrupted_by = interrupt_signal();
@@ -715,8 +781,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     };
     std::vector<RankPeak> peaks(static_cast<size_t>(W));
     RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
-    mine = {pool.bytes_peak(), pool.peak_breakdown(), off ? off->file_bytes() : CategoryBytes{},
-            last_step_io};
+    mine = {pool.bytes_peak(), pool.peak_breakdown(), offload_files(), last_step_io};
     comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
                     sizeof(RankPeak));
     json ranks = json::array();
