@@ -7,11 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "memfit/core/dtype.h"
 #include "memfit/core/error.h"
 #include "memfit/memory/pool.h"
 
@@ -49,6 +51,29 @@ TEST(Communicator, ReduceScatterIsTheSumInRankOrder) {
     for (int q = 1; q < w.size(); ++q) want += value(q, first + i);
     EXPECT_EQ(std::memcmp(&out[i], &want, 4), 0) << "element " << first + i << ": " << out[i]
                                                    << " vs " << want;
+  }
+}
+
+// bf16 (--grad-dtype bf16, Note [Gradients in bf16]): the ranks' bf16 values widened, added in
+// rank order in f32 and rounded once; in place (out is this rank's range of in) and through a
+// lent receive buffer.
+TEST(Communicator, Bf16ReduceScatterAddsInF32InRankOrderAndRoundsOnce) {
+  Communicator& w = world();
+  const std::vector<int64_t> counts = uneven_counts(w.size());
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  auto bf16_value = [](int r, int64_t i) { return bf16_from_f32(value(r, i)); };
+  const int64_t first = std::accumulate(counts.begin(), counts.begin() + w.rank(), int64_t{0});
+  const int64_t mine = counts[w.rank()];
+  std::vector<uint16_t> in(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) in[i] = bf16_value(w.rank(), i);
+  std::vector<uint16_t> receive(static_cast<size_t>(std::max<int64_t>(1, w.receive_floats(counts))));
+  w.reduce_scatter_bf16_async(in, std::span<uint16_t>(in.data() + first, size_t(mine)), counts,
+                              receive)
+      ->wait();
+  for (int64_t i = 0; i < mine; ++i) {
+    float acc = f32_from_bf16(bf16_value(0, first + i));
+    for (int q = 1; q < w.size(); ++q) acc += f32_from_bf16(bf16_value(q, first + i));
+    EXPECT_EQ(in[size_t(first + i)], bf16_from_f32(acc)) << "element " << first + i;
   }
 }
 

@@ -5,6 +5,7 @@
 // added in order, at any bucket size; the whole-layout mode (stages 0-1 reducing every
 // micro-batch) gives every rank the same bits; the pool holds what grads_bytes and comm_bytes
 // plan. No ASSERT before a collective.
+#include "memfit/core/dtype.h"
 #include "memfit/model/unit_grads.h"
 
 #include <gtest/gtest.h>
@@ -70,7 +71,7 @@ std::vector<ElementRange> uneven_shards(int64_t n, int ranks) {
 }
 
 std::vector<float> run(size_t bucket_bytes, bool whole, int micro_batches, size_t* grads_bytes,
-                       size_t* comm_bytes) {
+                       size_t* comm_bytes, DType dtype = DType::f32) {
   dist::Communicator& w = world();
   const ModelConfig c = config();
   const ParamLayout layout(c);
@@ -79,7 +80,7 @@ std::vector<float> run(size_t bucket_bytes, bool whole, int micro_batches, size_
   MemoryPool pool;
   std::vector<float> out;
   {
-    UnitGrads g(pool, layout, GradSharding{&w, shards, bucket_bytes, whole});
+    UnitGrads g(pool, layout, GradSharding{&w, shards, bucket_bytes, whole, dtype});
     *grads_bytes = pool.bytes_current(Category::grads);
     *comm_bytes = pool.bytes_current(Category::comm);
     g.zero();
@@ -96,13 +97,23 @@ std::vector<float> run(size_t bucket_bytes, bool whole, int micro_batches, size_
       g.done(-1);
     }
     const Tensor& s = g.sums();
-    out.assign(s.data<float>(), s.data<float>() + s.numel());
+    EXPECT_EQ(s.dtype(), dtype);
+    if (dtype == DType::bf16) {
+      const uint16_t* h = static_cast<const uint16_t*>(s.raw_data());
+      for (int64_t i = 0; i < s.numel(); ++i) out.push_back(f32_from_bf16(h[i]));
+    } else {
+      out.assign(s.data<float>(), s.data<float>() + s.numel());
+    }
     EXPECT_EQ(g.range(), UnitGrads::sums_range(layout, shards, w.rank(), whole));
-    EXPECT_EQ(*grads_bytes, UnitGrads::grads_bytes(layout, shards, w.rank(), whole));
-    EXPECT_EQ(*comm_bytes, UnitGrads::comm_bytes(layout, bucket_bytes, shards, w.rank(), whole));
-    // Every unit and micro-batch reduced once.
+    EXPECT_EQ(*grads_bytes, UnitGrads::grads_bytes(layout, shards, w.rank(), whole, dtype));
+    EXPECT_EQ(*comm_bytes,
+              UnitGrads::comm_bytes(layout, bucket_bytes, shards, w.rank(), whole, dtype));
+    // Every unit and micro-batch reduced once (bf16: half the bytes; counted over ranks).
     const dist::CommVolume v = g.take_volume();
-    EXPECT_EQ(whole ? v.all_reduce : v.reduce_scatter, layout.total() * 4 * micro_batches);
+    EXPECT_EQ(whole ? v.all_reduce : v.reduce_scatter,
+              dtype == DType::f32  ? layout.total() * 4 * micro_batches
+              : w.size() > 1       ? layout.total() * 2 * micro_batches
+                                   : 0);
     const float one = g.sum(1.0f);
     EXPECT_EQ(one, float(w.size()));
   }
@@ -136,6 +147,43 @@ TEST(UnitGradsRanks, EachOwnerHasItsShardsSumsInRankOrder) {
               << "shard, element " << i << ", bucket " << bucket_bytes;
       }
       if (w.size() > 1) EXPECT_LT(gb, wgb);  // a shard, not the layout
+    }
+  }
+}
+
+// bf16 sums (Note [Gradients in bf16]): each rank's f32 unit buffer rounded to bf16, the ranks'
+// values added in f32 in rank order and rounded once, later micro-batches added to the bf16
+// accumulator in f32 and rounded once; the same bits in the whole mode (all-reduce) and in each
+// owner's shard, with half the f32 accumulator's bytes.
+TEST(UnitGradsRanks, Bf16SumsAreRoundedOncePerReductionInRankOrder) {
+  dist::Communicator& w = world();
+  const ParamLayout layout(config());
+  for (size_t bucket_bytes : {size_t{4 * 37}, size_t{1} << 20}) {
+    for (int micro_batches : {1, 2}) {
+      size_t gb = 0, cb = 0, wgb = 0, wcb = 0, fgb = 0, fcb = 0;
+      const std::vector<float> got = run(bucket_bytes, false, micro_batches, &gb, &cb, DType::bf16);
+      const std::vector<float> whole =
+          run(bucket_bytes, true, micro_batches, &wgb, &wcb, DType::bf16);
+      run(bucket_bytes, false, micro_batches, &fgb, &fcb);
+      const ElementRange mine = uneven_shards(layout.total(), w.size())[size_t(w.rank())];
+      EXPECT_EQ(whole.size(), size_t(layout.total()));
+      EXPECT_EQ(got.size(), size_t(mine.size()));
+      for (int64_t i = 0; i < layout.total(); ++i) {
+        uint16_t want = 0;
+        for (int m = 0; m < micro_batches; ++m) {
+          float acc = f32_from_bf16(bf16_from_f32(value(0, m, i)));
+          for (int q = 1; q < w.size(); ++q) acc += f32_from_bf16(bf16_from_f32(value(q, m, i)));
+          const uint16_t s = bf16_from_f32(acc);
+          want = m == 0 ? s : bf16_from_f32(f32_from_bf16(want) + f32_from_bf16(s));
+        }
+        EXPECT_EQ(whole[size_t(i)], f32_from_bf16(want)) << "whole, element " << i;
+        if (mine.begin <= i && i < mine.end)
+          EXPECT_EQ(got[size_t(i - mine.begin)], f32_from_bf16(want))
+              << "shard, element " << i << ", bucket " << bucket_bytes;
+      }
+      EXPECT_EQ(gb, MemoryPool::round_up(std::max<size_t>(1, size_t(mine.size()) * 2)));
+      EXPECT_LE(gb, fgb);
+      EXPECT_LE(cb, fcb);  // the receive ring in bf16
     }
   }
 }

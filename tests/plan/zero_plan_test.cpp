@@ -9,6 +9,7 @@
 #include "memfit/dist/grad_sync.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/unit_grads.h"
+#include "memfit/optim/optimizer.h"
 #include "memfit/state/shard.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/run_setup.h"
@@ -16,8 +17,10 @@
 namespace memfit {
 namespace {
 
-RunSpec spec(int world, int zero, int prefetch_depth = 1, int64_t persist_threshold = 0) {
+RunSpec spec(int world, int zero, int prefetch_depth = 1, int64_t persist_threshold = 0,
+             const char* grad_dtype = "fp32") {
   TrainConfig c;
+  c.grad_dtype = grad_dtype;
   c.model = "gpt2-tiny";
   c.seq_len = 32;
   c.batch = 1;
@@ -116,6 +119,45 @@ TEST(ZeroPlan, BadStagesAndStageThreeOptionsAreRefused) {
   EXPECT_THROW(spec(2, 4), ConfigError);
   EXPECT_THROW(spec(2, 3, -1), ConfigError);
   EXPECT_THROW(spec(2, 3, 1, -1), ConfigError);
+}
+
+// --grad-dtype bf16 (Note [Gradients in bf16]): each rank's gradient sums are 2 bytes a
+// parameter of the range it keeps (the whole layout at stages 0-1 and in one process, its shard
+// at stages 2-3) where f32 keeps 4, to the pool's rounding; the reduction's bytes a step halve
+// exactly; every other category of the model state is f32's; the update's widening buffer is
+// staging; and the search is never asked to change it.
+TEST(ZeroPlan, Bf16GradientsHalveTheGradientsAndTheirReduction) {
+  for (int world : {1, 8}) {
+    for (int zero = 0; zero <= 3; ++zero) {
+      const RunSpec s32 = spec(world, zero), s16 = spec(world, zero, 1, 0, "bf16");
+      EXPECT_EQ(s16.grad_dtype, DType::bf16);
+      const ParamLayout layout(plan_memory(s32).model);
+      const std::vector<ElementRange> shards =
+          world > 1 ? shard_ranges(layout, s32.optim, world)
+                    : std::vector<ElementRange>{{0, layout.total()}};
+      for (int r : {0, world - 1}) {
+        const PlanReport p32 = plan_memory(s32, r), p16 = plan_memory(s16, r);
+        const int64_t kept =
+            world > 1 && zero >= 2 ? shards[size_t(r)].size() : layout.total();
+        EXPECT_EQ(at(p32, Category::grads), MemoryPool::round_up(size_t(kept) * 4));
+        EXPECT_EQ(at(p16, Category::grads), MemoryPool::round_up(size_t(kept) * 2))
+            << "W " << world << " stage " << zero << " rank " << r;
+        for (Category c : {Category::params, Category::master, Category::optimizer})
+          EXPECT_EQ(at(p16, c), at(p32, c));
+        if (world == 1 || zero < 3)  // (stage 3 adds its gather buffers)
+          EXPECT_EQ(at(p16, Category::comm),
+                  UnitGrads::comm_bytes(layout, s16.bucket_bytes, shards, r,
+                                        /*whole=*/world == 1 || zero < 2, DType::bf16));
+        EXPECT_EQ(at(p16, Category::staging) - at(p32, Category::staging),
+                  MemoryPool::round_up(size_t(grad_widen_elements(s16.optim, layout)) * 4));
+        EXPECT_EQ(2 * p16.comm_per_step.all_reduce, p32.comm_per_step.all_reduce);
+        EXPECT_EQ(2 * p16.comm_per_step.reduce_scatter, p32.comm_per_step.reduce_scatter);
+        EXPECT_EQ(p16.comm_per_step.all_gather, p32.comm_per_step.all_gather);
+        if (world > 1)
+          EXPECT_GT(p32.comm_per_step.all_reduce + p32.comm_per_step.reduce_scatter, 0);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
     j["comm_per_step"] = {{"all_reduce", v.all_reduce},
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather},
-                          {"psi_multiple", v.psi_multiple(n, 4, param_bytes)}};
+                          {"psi_multiple", v.psi_multiple(n, static_cast<int>(dtype_size(run.grad_dtype)), param_bytes)}};
   }
   j["step_time"] = {{"block_gemm", r.step_time.block_gemm},
                     {"attention", r.step_time.attention},
@@ -172,7 +172,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
     fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
                "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
                v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
-               v.psi_multiple(n, 4, param_bytes));
+               v.psi_multiple(n, static_cast<int>(dtype_size(run.grad_dtype)), param_bytes));
     if (run.zero == 3) {
       // Where stage 3's gathered weights live (Note [ZeRO stage 3]).
       const GatherUnits g = gather_units(ParamLayout(r.model), run.persist_threshold);
@@ -188,10 +188,11 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
     if (run.unit_grads()) {
       // Where the per-unit gradients live (Note [Sharded gradients]).
       const ParamLayout layout(r.model);
-      fmt::print("gradients reduced per unit{}: {:.1f} MiB in comm (the embeddings and the tail, "
-                 "and {} x {:.1f} MiB block slots)\n",
+      fmt::print("gradients reduced per unit{}{}: {:.1f} MiB in comm (the embeddings and the "
+                 "tail, and {} x {:.1f} MiB block slots, f32)\n",
                  run.grad_accum > 1 ? fmt::format(", every micro-batch ({})", run.grad_accum)
                                     : std::string(),
+                 run.grad_dtype == DType::bf16 ? " in bf16" : "",
                  (UnitGrads::edge_floats(layout) + UnitGrads::kSlots * UnitGrads::slot_floats(layout)) *
                      4 / 1048576.0,
                  UnitGrads::kSlots, UnitGrads::slot_floats(layout) * 4 / 1048576.0);

@@ -120,6 +120,12 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                "Under mpirun or srun, stages 0-1: reduce every micro-batch's gradients block by "
                "block, as stages 2-3 always do (--grad-accum times the collectives and a whole "
                "f32 accumulator beside the block buffers): stages 2-3's sums, bit for bit");
+  cmd->add_option("--grad-dtype", c.grad_dtype,
+                  "The summed gradients' type, kept and reduced: fp32, or bf16 (half the bytes "
+                  "held and moved, as the ZeRO paper's 2-byte gradients and Megatron's "
+                  "--grad-reduce-in-bf16; each block's gradients still computed in f32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--collective-timeout", c.collective_timeout,
                   "Under mpirun or srun: seconds a rank waits for one collective before the job "
                   "fails, naming it (a rank stopped or hung); 0: forever. Keep it above the "

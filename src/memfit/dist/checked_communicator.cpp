@@ -64,6 +64,13 @@ class CheckedCommunicator final : public Communicator {
     agree(CollectiveRecord::reduce_scatter, sum(counts), 4, -1, hash_counts(counts));
     return inner_->reduce_scatter_async(in, out, counts, receive);
   }
+  std::unique_ptr<Request> reduce_scatter_bf16_async(std::span<const uint16_t> in,
+                                                     std::span<uint16_t> out,
+                                                     std::span<const int64_t> counts,
+                                                     std::span<uint16_t> receive) override {
+    agree(CollectiveRecord::reduce_scatter, sum(counts), 2, -1, hash_counts(counts));
+    return inner_->reduce_scatter_bf16_async(in, out, counts, receive);
+  }
   std::unique_ptr<Request> all_gather_async(const void* in, void* out,
                                             std::span<const int64_t> counts,
                                             int elem_bytes) override {

@@ -46,11 +46,13 @@ struct CommVolume {
 // units after the update). `reductions`: how often the gradients are reduced a step (1, or the
 // micro-batch count where every micro-batch is: Note [Sharded gradients]). The loss, the stop
 // flag and the gradient norm's partials (a few floats) are not counted. One rank: nothing.
+// `grad_bytes`: 4, or 2 where the gradients are reduced in bf16 (--grad-dtype bf16).
 inline CommVolume step_comm_volume(int64_t n, int param_bytes, int world, int stage,
-                                   int64_t stage3_gathered = 0, int reductions = 1) {
+                                   int64_t stage3_gathered = 0, int reductions = 1,
+                                   int grad_bytes = 4) {
   CommVolume v;
   if (world <= 1) return v;
-  (stage >= 2 ? v.reduce_scatter : v.all_reduce) = n * 4 * reductions;
+  (stage >= 2 ? v.reduce_scatter : v.all_reduce) = n * grad_bytes * reductions;
   if (stage == 3)
     v.all_gather = stage3_gathered;
   else if (stage >= 1)

@@ -43,6 +43,18 @@ class SingleCommunicator final : public Communicator {
     if (out.data() != in.data()) std::memmove(out.data(), in.data(), in.size_bytes());
     return std::make_unique<DoneRequest>();
   }
+  std::unique_ptr<Request> reduce_scatter_bf16_async(std::span<const uint16_t> in,
+                                                     std::span<uint16_t> out,
+                                                     std::span<const int64_t> counts,
+                                                     std::span<uint16_t>) override {
+    // One rank's sum is its value: widened and rounded back, the same bits.
+    check_counts(counts, 1, "reduce_scatter");
+    if (in.size() != static_cast<size_t>(counts[0]) || out.size() != in.size())
+      MEMFIT_THROW(DistError, "reduce_scatter", "in {} and out {} bf16 for a count of {}",
+                   in.size(), out.size(), counts[0]);
+    if (out.data() != in.data()) std::memmove(out.data(), in.data(), in.size_bytes());
+    return std::make_unique<DoneRequest>();
+  }
   std::unique_ptr<Request> all_gather_async(const void* in, void* out,
                                             std::span<const int64_t> counts,
                                             int elem_bytes) override {

@@ -65,6 +65,14 @@ class Communicator {
   virtual std::unique_ptr<Request> all_gather_async(const void* in, void* out,
                                                     std::span<const int64_t> counts,
                                                     int elem_bytes) = 0;
+  // The same on bf16 values (--grad-dtype bf16, raw bits): `in` and `out` bf16, the exchange
+  // moves half the bytes; each element's W pieces are widened to f32, added in rank order in
+  // f32 and rounded to bf16 (nearest even) once: ((x_0 + x_1) + x_2) + ... as the f32 sum adds
+  // them, one rounding at the end. `receive` (bf16 elements), if given, as above.
+  virtual std::unique_ptr<Request> reduce_scatter_bf16_async(std::span<const uint16_t> in,
+                                                             std::span<uint16_t> out,
+                                                             std::span<const int64_t> counts,
+                                                             std::span<uint16_t> receive = {}) = 0;
   // data (n floats) = the sum over ranks, on every rank: reduce_scatter then all_gather over
   // an even split, so its sums are the reduce-scatter's, bit for bit.
   virtual std::unique_ptr<Request> all_reduce_async(std::span<float> data,

@@ -51,8 +51,10 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   // The whole gradient slab, unless the gradients are sharded (stages 2-3: Note [Sharded
   // gradients]; UnitGrads then allocates the shard's accumulator).
-  // With a store (--offload-grads) no slab either.
-  const bool sharded_grads = grad_sharding && !grad_sharding->whole;
+  // With a store (--offload-grads) no slab either. (bf16 gradients, --grad-dtype bf16:
+  // UnitGrads allocates the whole bf16 accumulator too.)
+  const bool sharded_grads =
+      grad_sharding && (!grad_sharding->whole || grad_sharding->dtype != DType::f32);
   if (!sharded_grads && !grad_store_)
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)

@@ -61,6 +61,25 @@ int64_t receive_floats(const Sizes& s, int64_t n, size_t bucket_bytes,
   return std::max<int64_t>(int64_t{world} * piece, world);
 }
 
+// Bytes of one receive buffer: the pieces in the exchange's type, and at least the W floats a
+// scalar sum receives.
+size_t receive_slot_bytes(int64_t elements, DType dtype, int world) {
+  return std::max(static_cast<size_t>(elements) * dtype_size(dtype),
+                  static_cast<size_t>(world) * sizeof(float));
+}
+
+// A bucket's f32 gradients rounded to bf16 (nearest even) into the first half of their own
+// bytes, front to back: element i's bf16 goes where elements i/2's f32 was, already read.
+// Sequential, since a parallel pass would overwrite what another thread has yet to read.
+uint16_t* pack_bf16(float* x, int64_t n) {
+  uint16_t* out = reinterpret_cast<uint16_t*>(x);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    out[i] = bf16_from_f32(v);
+  }
+  return out;
+}
+
 }  // namespace
 
 ElementRange UnitGrads::sums_range(const ParamLayout& layout, std::span<const ElementRange> shards,
@@ -69,21 +88,24 @@ ElementRange UnitGrads::sums_range(const ParamLayout& layout, std::span<const El
 }
 
 size_t UnitGrads::grads_bytes(const ParamLayout& layout, std::span<const ElementRange> shards,
-                              int rank, bool whole) {
+                              int rank, bool whole, DType dtype) {
   return MemoryPool::round_up(
       std::max<size_t>(1, static_cast<size_t>(sums_range(layout, shards, rank, whole).size()) *
-                              sizeof(float)));
+                              dtype_size(dtype)));
 }
 
 int64_t UnitGrads::edge_floats(const ParamLayout& layout) { return sizes(layout).edge_elements; }
 int64_t UnitGrads::slot_floats(const ParamLayout& layout) { return sizes(layout).slot_elements; }
 
 size_t UnitGrads::comm_bytes(const ParamLayout& layout, size_t bucket_bytes,
-                             std::span<const ElementRange> shards, int rank, bool whole) {
+                             std::span<const ElementRange> shards, int rank, bool whole,
+                             DType dtype) {
   const Sizes s = sizes(layout);
+  const size_t slot = receive_slot_bytes(
+      receive_floats(s, layout.total(), bucket_bytes, shards, rank, whole), dtype,
+      static_cast<int>(shards.size()));
   return pool_floats(s.edge_elements) + pool_floats(s.slot_elements * kSlots) +
-         pool_floats(kInFlight *
-                     receive_floats(s, layout.total(), bucket_bytes, shards, rank, whole));
+         MemoryPool::round_up(kInFlight * slot);
 }
 
 UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding sharding,
@@ -100,13 +122,15 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
   tail_at_ = s.tail_at;
   slot_elements_ = s.slot_elements;
   range_ = sums_range(layout, s_.shards, rank, s_.whole);
+  MEMFIT_CHECK(s_.dtype == DType::f32 || s_.dtype == DType::bf16, "zero",
+               "gradients are kept in f32 or bf16, not {}", dtype_name(s_.dtype));
   if (sums.defined()) {
-    MEMFIT_CHECK(sums.dtype() == DType::f32 && sums.numel() == range_.size(), "zero",
+    MEMFIT_CHECK(sums.dtype() == s_.dtype && sums.numel() == range_.size(), "zero",
                  "a gradient accumulator of {} elements for a range of {}", sums.numel(),
                  range_.size());
     sums_ = sums;
   } else {
-    sums_ = Tensor::empty(pool, {std::max<int64_t>(1, range_.size())}, DType::f32,
+    sums_ = Tensor::empty(pool, {std::max<int64_t>(1, range_.size())}, s_.dtype,
                           Category::grads, "grads");
     if (range_.empty()) sums_ = sums_.view(0, {0});
   }
@@ -115,7 +139,8 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
     ring_ = Tensor::empty(pool, {slot_elements_ * kSlots}, DType::f32, Category::comm,
                           "comm.grads.ring");
   receive_floats_ = receive_floats(s, layout.total(), s_.bucket_bytes, s_.shards, rank, s_.whole);
-  receive_ = pool.allocate(pool_floats(kInFlight * receive_floats_), Category::comm,
+  receive_slot_bytes_ = receive_slot_bytes(receive_floats_, s_.dtype, s_.comm->size());
+  receive_ = pool.allocate(MemoryPool::round_up(kInFlight * receive_slot_bytes_), Category::comm,
                            "comm.grad_ring");
   layout_.bind(views_, edges_.view(0, {units_.front().size()}), units_.front());
   layout_.bind(views_, edges_.view(tail_at_, {units_.back().size()}), units_.back());
@@ -173,18 +198,48 @@ void UnitGrads::reduce(ElementRange unit, float* buffer) {
   // The stage-2 exchange's cut (each bucket inside one shard), or the all-reduce's.
   const std::span<const ElementRange> owners =
       s_.whole ? std::span<const ElementRange>() : std::span<const ElementRange>(s_.shards);
+  const bool bf16 = s_.dtype == DType::bf16;
+  const int64_t esize = static_cast<int64_t>(dtype_size(s_.dtype));
+  const bool several = s_.comm->size() > 1;
   for (const ElementRange& b : dist::gradient_buckets(unit, layout_.total(), s_.bucket_bytes,
                                                       s_.comm->size(), owners)) {
     if (static_cast<int>(in_flight_.size()) == kInFlight) wait_oldest();
-    float* receive = static_cast<float*>(receive_.data()) + (started_ % kInFlight) * receive_floats_;
+    void* receive = static_cast<char*>(receive_.data()) +
+                    static_cast<size_t>(started_ % kInFlight) * receive_slot_bytes_;
     float* in = buffer + (b.begin - unit.begin);
+    char* sums = static_cast<char*>(sums_.raw_data());
     InFlight f;
-    if (s_.whole) {
+    if (bf16) {
+      // Rounded to bf16 in place; the sums are written into this rank's part of the packed
+      // bucket once the exchange is done (Note [Gradients in bf16]).
+      uint16_t* packed = pack_bf16(in, b.size());
+      const std::vector<int64_t> counts =
+          s_.whole ? dist::even_counts(b.size(), s_.comm->size()) : dist::shard_counts(s_.shards, b);
+      int64_t at = 0;  // this rank's part of the bucket
+      for (int q = 0; q < s_.comm->rank(); ++q) at += counts[static_cast<size_t>(q)];
+      const int64_t mine = counts[static_cast<size_t>(s_.comm->rank())];
+      f.request = s_.comm->reduce_scatter_bf16_async(
+          {packed, static_cast<size_t>(b.size())}, {packed + at, static_cast<size_t>(mine)},
+          counts, {static_cast<uint16_t*>(receive), static_cast<size_t>(receive_floats_)});
+      if (s_.whole) {
+        if (several) volume_.all_reduce += b.size() * esize;
+        f.from = packed;
+        f.into = sums + (b.begin - range_.begin) * esize;
+        f.count = b.size();
+        f.gather_counts = counts;
+      } else {
+        if (several) volume_.reduce_scatter += b.size() * esize;
+        f.from = packed + at;
+        f.into = mine == 0 ? nullptr : sums + (b.begin + at - range_.begin) * esize;
+        f.count = mine;
+      }
+    } else if (s_.whole) {
       volume_.all_reduce += b.size() * 4;
-      f.request = s_.comm->all_reduce_async({in, static_cast<size_t>(b.size())},
-                                            {receive, static_cast<size_t>(receive_floats_)});
+      f.request = s_.comm->all_reduce_async(
+          {in, static_cast<size_t>(b.size())},
+          {static_cast<float*>(receive), static_cast<size_t>(receive_floats_)});
       f.from = in;
-      f.into = sums_.data<float>() + (b.begin - range_.begin);
+      f.into = sums + (b.begin - range_.begin) * esize;
       f.count = b.size();
     } else {
       // The owner's part of the bucket gets the sums in place, then into the accumulator.
@@ -194,9 +249,9 @@ void UnitGrads::reduce(ElementRange unit, float* buffer) {
       const std::vector<int64_t> counts = dist::shard_counts(s_.shards, b);
       f.request = s_.comm->reduce_scatter_async(
           {in, static_cast<size_t>(b.size())}, {out, static_cast<size_t>(mine.size())}, counts,
-          {receive, static_cast<size_t>(receive_floats_)});
+          {static_cast<float*>(receive), static_cast<size_t>(receive_floats_)});
       f.from = out;
-      f.into = mine.empty() ? nullptr : sums_.data<float>() + (mine.begin - range_.begin);
+      f.into = mine.empty() ? nullptr : sums + (mine.begin - range_.begin) * esize;
       f.count = mine.size();
     }
     in_flight_.push_back(std::move(f));
@@ -207,14 +262,29 @@ void UnitGrads::reduce(ElementRange unit, float* buffer) {
 void UnitGrads::wait_oldest() {
   InFlight& f = in_flight_.front();
   f.request->wait();
+  // bf16's all-reduce: every rank's rounded sums gathered in place (started here, where every
+  // rank waits, as the f32 all-reduce starts its gather in wait()).
+  if (!f.gather_counts.empty()) {
+    uint16_t* packed = static_cast<uint16_t*>(const_cast<void*>(f.from));
+    int64_t at = 0;
+    for (int q = 0; q < s_.comm->rank(); ++q) at += f.gather_counts[static_cast<size_t>(q)];
+    s_.comm->all_gather(packed + at, packed, f.gather_counts, sizeof(uint16_t));
+  }
   // Fold: the first micro-batch's sums are copied (exactly stage 0's summed slab), later ones
-  // added, element by element.
+  // added, element by element (bf16: in f32, rounded once).
   if (f.count > 0) {
+    const size_t esize = dtype_size(s_.dtype);
     if (first_) {
-      std::memcpy(f.into, f.from, static_cast<size_t>(f.count) * sizeof(float));
+      std::memcpy(f.into, f.from, static_cast<size_t>(f.count) * esize);
+    } else if (s_.dtype == DType::bf16) {
+      uint16_t* into = static_cast<uint16_t*>(f.into);
+      const uint16_t* from = static_cast<const uint16_t*>(f.from);
+#pragma omp parallel for schedule(static) if (f.count > (1 << 16))
+      for (int64_t i = 0; i < f.count; ++i)
+        into[i] = bf16_from_f32(f32_from_bf16(into[i]) + f32_from_bf16(from[i]));
     } else {
-      float* into = f.into;
-      const float* from = f.from;
+      float* into = static_cast<float*>(f.into);
+      const float* from = static_cast<const float*>(f.from);
 #pragma omp parallel for simd schedule(static) if (f.count > (1 << 16))
       for (int64_t i = 0; i < f.count; ++i) into[i] += from[i];
     }
@@ -222,7 +292,6 @@ void UnitGrads::wait_oldest() {
   in_flight_.pop_front();
   ++completed_;
 }
-
 float UnitGrads::sum(float x) {
   MEMFIT_CHECK(in_flight_.empty(), "zero", "a scalar sum while {} buckets are in flight",
                in_flight_.size());

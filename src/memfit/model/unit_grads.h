@@ -14,7 +14,11 @@
 //     stage-2 exchange has always had), at most kInFlight in flight through a receive ring.
 // With `whole` (stages 0-1 under --sync-every-micro-batch) the buckets are all-reduced and the
 // accumulator is the whole layout: the same sums, bit for bit, as stages 2-3 (the bit-identity
-// tests with gradient accumulation use it). Every buffer is allocated once: the planner reads
+// tests with gradient accumulation use it). With dtype bf16 (--grad-dtype bf16, Note [Gradients
+// in bf16]) the accumulator is bf16 and the exchange moves bf16: each bucket of a unit's f32
+// buffer is rounded to bf16 in place before it is sent, the communicator adds the ranks' values
+// in f32 in rank order and rounds once, and later micro-batches add into the accumulator in f32,
+// rounded once each. Every buffer is allocated once: the planner reads
 // grads_bytes and comm_bytes, so the plan is exact whatever the timing.
 #pragma once
 
@@ -40,6 +44,8 @@ struct GradSharding {
   size_t bucket_bytes = 25u << 20;   // --bucket-mb
   // Stages 0-1 reducing every micro-batch: all-reduce, the accumulator the whole layout.
   bool whole = false;
+  // The accumulator's and the exchange's type: f32, or bf16 (--grad-dtype bf16).
+  DType dtype = DType::f32;
 };
 
 class UnitGrads {
@@ -53,13 +59,14 @@ class UnitGrads {
   // Category::grads a rank holds: the accumulator (at least the pool's smallest block, as an
   // empty shard's).
   static size_t grads_bytes(const ParamLayout& layout, std::span<const ElementRange> shards,
-                            int rank, bool whole);
+                            int rank, bool whole, DType dtype = DType::f32);
   // The floats of the edge units' buffer (the embeddings and the tail) and of one block slot.
   static int64_t edge_floats(const ParamLayout& layout);
   static int64_t slot_floats(const ParamLayout& layout);
   // Category::comm a rank holds: the edge units' buffers, the block ring, the receive ring.
   static size_t comm_bytes(const ParamLayout& layout, size_t bucket_bytes,
-                           std::span<const ElementRange> shards, int rank, bool whole);
+                           std::span<const ElementRange> shards, int rank, bool whole,
+                           DType dtype = DType::f32);
 
   // `sums`: the accumulator, if the caller provides it (sums_range's elements); else allocated.
   UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding sharding,
@@ -90,9 +97,12 @@ class UnitGrads {
  private:
   struct InFlight {
     std::unique_ptr<dist::Request> request;
-    const float* from = nullptr;  // the sums, in the unit's buffer
-    float* into = nullptr;        // the accumulator
+    const void* from = nullptr;  // the sums, in the unit's buffer (f32, or bf16 packed)
+    void* into = nullptr;        // the accumulator
     int64_t count = 0;
+    // bf16 whole (an all-reduce): the reduce-scatter's sums all-gathered in wait_oldest, in
+    // place over `from` (every rank's part).
+    std::vector<int64_t> gather_counts;
   };
   void reduce(ElementRange unit, float* buffer);
   void wait_oldest();
@@ -104,6 +114,7 @@ class UnitGrads {
   Tensor sums_, edges_, ring_;
   Allocation receive_;
   int64_t slot_elements_ = 0, receive_floats_ = 0, tail_at_ = 0;
+  size_t receive_slot_bytes_ = 0;  // one receive buffer (kInFlight of them)
   ModelWeights views_;
   std::deque<InFlight> in_flight_;  // oldest first
   int64_t started_ = 0, completed_ = 0;

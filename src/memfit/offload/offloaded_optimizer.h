@@ -95,6 +95,11 @@ class OffloadedOptimizer {
   // layout only (one process).
   void step(Tensor& working, OffloadedGrads& grads, float lr, float grad_scale);
   void step(WeightGather& working, OffloadedGrads& grads, float lr, float grad_scale);
+  // bf16 gradients (--grad-dtype bf16): the f32 buffer each piece's optimizer widens them into
+  // (Optimizer::set_grad_widen).
+  void set_grad_widen(const Tensor& buffer) {
+    for (auto& u : units_) u->set_grad_widen(buffer);
+  }
   int64_t steps_taken() const { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
 

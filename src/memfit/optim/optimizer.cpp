@@ -119,7 +119,9 @@ namespace {
 void check_step_args(const std::string& op, const ElementRange& range, const Tensor& w,
                      DType w_dtype, const Tensor& grads, float lr, float grad_scale) {
   kernels::expect_tensor(w, op, "weights", {range.size()}, w_dtype);
-  kernels::expect_tensor(grads, op, "grads", {range.size()}, DType::f32);
+  kernels::expect_tensor(grads, op, "grads", {range.size()},
+                         grads.defined() && grads.dtype() == DType::bf16 ? DType::bf16
+                                                                          : DType::f32);
   MEMFIT_CHECK(std::isfinite(lr) && lr >= 0.0f, op,
                "learning rate must be finite and >= 0, got {}", lr);
   MEMFIT_CHECK(std::isfinite(grad_scale), op, "grad_scale must be finite, got {}", grad_scale);
@@ -131,6 +133,13 @@ void Optimizer::step(Tensor& params, const Tensor& grads, float lr, float grad_s
   const bool bf16 = params.defined() && params.dtype() == DType::bf16 && updates_bf16_weights();
   check_step_args(name(), range_, params, bf16 ? DType::bf16 : DType::f32, grads, lr, grad_scale);
   ++t_;
+  if (grads.dtype() == DType::bf16) {
+    for_each_widened(grads, [&](const Piece& pc, const Tensor& g) {
+      Tensor w = pc.of(params, range_.begin);
+      update(pc, w, g, lr, grad_scale);
+    });
+    return;
+  }
   for_each_piece([&](const Piece& pc) {
     Tensor w = pc.of(params, range_.begin);
     update(pc, w, pc.of(grads, range_.begin), lr, grad_scale);
@@ -143,10 +152,46 @@ void Optimizer::step_master(Tensor& master, Tensor& working, const Tensor& grads
   MEMFIT_CHECK(working.defined() && working.numel() == range_.size(), name(),
                "the working copy must cover the range's {} elements", range_.size());
   ++t_;
+  if (grads.dtype() == DType::bf16) {
+    for_each_widened(grads, [&](const Piece& pc, const Tensor& g) {
+      Tensor w = pc.of(master, range_.begin), h = pc.of(working, range_.begin);
+      update_master(pc, w, h, g, lr, grad_scale);
+    });
+    return;
+  }
   for_each_piece([&](const Piece& pc) {
     Tensor w = pc.of(master, range_.begin), h = pc.of(working, range_.begin);
     update_master(pc, w, h, pc.of(grads, range_.begin), lr, grad_scale);
   });
+}
+
+template <class F>
+void Optimizer::for_each_widened(const Tensor& grads, F&& f) {
+  MEMFIT_CHECK(widen_.defined() && widen_.dtype() == DType::f32, name(),
+               "bf16 gradients need a widening buffer (set_grad_widen)");
+  for_each_piece([&](const Piece& pc) {
+    grad_widen_chunks(*this, pc.begin, pc.end, [&](int64_t a, int64_t b) {
+      MEMFIT_CHECK(b - a <= widen_.numel(), name(),
+                   "a chunk of {} bf16 gradients for a widening buffer of {}", b - a,
+                   widen_.numel());
+      const Piece chunk{pc.param, pc.index, a, b};
+      Tensor g = widen_.view(0, {b - a});
+      kernels::convert(g, chunk.of(grads, range_.begin));
+      f(chunk, g);
+    });
+  });
+}
+
+int64_t grad_widen_elements(const Optimizer& opt) {
+  int64_t most = 0;
+  for (const ParamInfo& p : opt.layout().params())
+    grad_widen_chunks(opt, p.offset, p.offset + p.numel,
+                      [&](int64_t a, int64_t b) { most = std::max(most, b - a); });
+  return most;
+}
+
+int64_t grad_widen_elements(const OptimConfig& config, const ParamLayout& layout) {
+  return grad_widen_elements(*make_optimizer(config, layout, nullptr));
 }
 
 void Optimizer::update_master(const Piece& piece, Tensor& w, Tensor& working, const Tensor& g,

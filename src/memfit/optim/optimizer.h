@@ -9,6 +9,7 @@
 // See Note [Model state] (docs/notes/model-state.md).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,7 +46,11 @@ class Optimizer {
   const ElementRange& range() const { return range_; }
 
   // One update. `params` and `grads` cover range() exactly (element 0 is range().begin);
-  // grad_scale multiplies every gradient before use (1/accumulation, clipping).
+  // grad_scale multiplies every gradient before use (1/accumulation, clipping). `grads` is f32,
+  // or bf16 (--grad-dtype bf16) with a widening buffer set (set_grad_widen): each piece is then
+  // updated in chunks cut where the state allows (grad_widen_chunks), each chunk's gradients
+  // widened exactly into the buffer first; the result is the f32 update of the widened values,
+  // bit for bit, since an update over a sub-range is the whole one's on its elements.
   void step(Tensor& params, const Tensor& grads, float lr, float grad_scale);
   // The same on FP32 master weights, and `working` (bf16 or f16, the copy forward and backward
   // read) = the updated master rounded to nearest even, piece by piece while it is in cache.
@@ -78,6 +83,10 @@ class Optimizer {
   // state has blocks moves it to its block boundaries. In padding between parameters, the next
   // parameter's start. shard_ranges cuts here.
   virtual int64_t next_cut(int64_t x) const;
+
+  // The f32 buffer bf16 gradients are widened into, a chunk at a time (at least
+  // grad_widen_elements(*this) elements; the caller's, from the pool).
+  void set_grad_widen(Tensor buffer) { widen_ = std::move(buffer); }
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
@@ -128,11 +137,36 @@ class Optimizer {
  private:
   template <class F>
   void for_each_piece(F&& f) const;
+  // for_each_piece over bf16 gradients: f(chunk, its gradients widened into widen_).
+  template <class F>
+  void for_each_widened(const Tensor& grads, F&& f);
 
   std::vector<StateSpec> whole_, specs_;
   std::vector<ElementRange> extents_;  // range()'s, per state tensor
   std::vector<Tensor> state_;
+  Tensor widen_;  // bf16 gradients' f32 chunk (set_grad_widen)
 };
+
+// bf16 gradients are widened in chunks of about kGradWidenChunk elements: the parts of a piece
+// between the cuts opt.next_cut(k * kGradWidenChunk), k = 1, 2, ... (the same grid whatever the
+// range, so a range's chunks are never larger than the whole layout's). `f(begin, end)` for
+// each chunk of [begin, end), in order.
+inline constexpr int64_t kGradWidenChunk = int64_t{1} << 20;  // 4 MiB of f32
+template <class F>
+void grad_widen_chunks(const Optimizer& opt, int64_t begin, int64_t end, F&& f) {
+  int64_t x = begin;
+  while (x < end) {
+    int64_t k = x / kGradWidenChunk + 1, y = opt.next_cut(k * kGradWidenChunk);
+    while (y <= x) y = opt.next_cut(++k * kGradWidenChunk);
+    y = std::min(y, end);
+    f(x, y);
+    x = y;
+  }
+}
+// The largest chunk any range of `opt`'s optimizer widens: the f32 buffer set_grad_widen
+// needs, the same for every range (what the planner counts, Category::staging).
+int64_t grad_widen_elements(const Optimizer& opt);
+int64_t grad_widen_elements(const OptimConfig& config, const ParamLayout& layout);
 
 // The whole layout as a range.
 inline ElementRange whole_range(const ParamLayout& layout) { return {0, layout.total()}; }

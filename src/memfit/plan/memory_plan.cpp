@@ -99,11 +99,16 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   // The gradients' exchange: the whole slab's buckets through a receive ring, or per unit (Note
   // [Sharded gradients]) the unit buffers and their receive ring (model/unit_grads.h).
   // Stages 2-3 hold their shard's summed gradients alone (else the whole slab: plan_memory).
-  if (spec.unit_grads() && stage >= 2)
-    at(Category::grads) = UnitGrads::grads_bytes(layout, shards, rank, /*whole=*/false);
+  // bf16 gradients (--grad-dtype bf16) are per unit at every stage and in one process (one
+  // shard, the whole layout), the accumulator bf16 (Note [Gradients in bf16]).
+  const std::vector<ElementRange> unit_shards =
+      shards.empty() ? std::vector<ElementRange>{{0, layout.total()}} : shards;
+  if (spec.unit_grads() && (stage >= 2 || spec.grad_dtype != DType::f32))
+    at(Category::grads) = UnitGrads::grads_bytes(layout, unit_shards, rank, /*whole=*/stage < 2,
+                                                 spec.grad_dtype);
   if (spec.unit_grads())
-    at(Category::comm) =
-        UnitGrads::comm_bytes(layout, spec.bucket_bytes, shards, rank, /*whole=*/stage < 2);
+    at(Category::comm) = UnitGrads::comm_bytes(layout, spec.bucket_bytes, unit_shards, rank,
+                                               /*whole=*/stage < 2, spec.grad_dtype);
   else
     at(Category::comm) =
         dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, rank);
@@ -208,7 +213,7 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
       stage == 3 ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
                                                    spec.persist_threshold)
                  : 0,
-      spec.unit_grads() ? spec.grad_accum : 1);
+      spec.unit_grads() ? spec.grad_accum : 1, static_cast<int>(dtype_size(spec.grad_dtype)));
 
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
   // the training data's window count (from the shard headers). With no data to read, the plan
@@ -231,6 +236,11 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
       at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
   }
   at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;
+  // bf16 gradients: the update's widening buffer (Optimizer::set_grad_widen), every rank's.
+  if (spec.grad_dtype == DType::bf16)
+    at(Category::staging) += MemoryPool::round_up(
+        static_cast<size_t>(std::max<int64_t>(1, grad_widen_elements(oc, layout))) *
+        sizeof(float));
   for (size_t b : r.by_category) r.peak_bytes += b;
   const int peak = r.step.peak_phase();
   r.peak_phase = r.step.phases[peak].name();

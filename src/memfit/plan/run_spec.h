@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "memfit/core/dtype.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/checkpoint_policy.h"
 #include "memfit/model/model_config.h"
@@ -62,9 +63,12 @@ struct RunSpec {
   // [Sharded gradients]): the same sums as stages 2-3 under gradient accumulation.
   bool sync_every_micro_batch = false;
   // Whether each micro-batch's gradients are reduced per unit (model/unit_grads.h): stages 2-3,
-  // or stages 0-1 with sync_every_micro_batch, over several ranks.
+  // or stages 0-1 with sync_every_micro_batch, over several ranks; or bf16 gradients.
+  // The gradients' type (--grad-dtype): f32, or bf16, kept and reduced per unit at every stage
+  // and with one process (Note [Gradients in bf16]: the kernels cannot add into bf16).
+  DType grad_dtype = DType::f32;
   bool unit_grads() const {
-    return world > 1 && (zero >= 2 || sync_every_micro_batch);
+    return grad_dtype != DType::f32 || (world > 1 && (zero >= 2 || sync_every_micro_batch));
   }
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none

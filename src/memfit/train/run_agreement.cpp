@@ -83,6 +83,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--prefetch-depth", f(s.prefetch_depth)},
       {"--persist-threshold", f(s.persist_threshold)},
       {"--sync-every-micro-batch", f(s.sync_every_micro_batch)},
+      {"--grad-dtype", s.grad_dtype == DType::bf16 ? "bf16" : "fp32"},
       {"--eval-every", f(c.eval_every)},
       {"--eval-batches", f(c.eval_batches)},
       {"--initial-loss-scale", f(c.loss_scaler.initial_scale)},

@@ -147,6 +147,10 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.prefetch_depth = c.prefetch_depth;
   s.persist_threshold = c.persist_threshold;
   s.sync_every_micro_batch = c.sync_every_micro_batch;
+  if (c.grad_dtype != "fp32" && c.grad_dtype != "bf16")
+    MEMFIT_THROW(ConfigError, "config", "--grad-dtype must be fp32 or bf16, got '{}'",
+                 c.grad_dtype);
+  s.grad_dtype = c.grad_dtype == "bf16" ? DType::bf16 : DType::f32;
   s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
   s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
   s.data_dir = c.data_dir;

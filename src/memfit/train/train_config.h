@@ -57,6 +57,7 @@ struct TrainConfig {
   // Stages 0-1 reduce every micro-batch's gradients per unit, as stages 2-3 must: the same bits
   // as stages 2-3 under --grad-accum (Note [Sharded gradients]).
   bool sync_every_micro_batch = false;
+  std::string grad_dtype = "fp32";  // --grad-dtype fp32|bf16
   std::string mem_limit;  // pool budget, e.g. "2GiB"; empty: unlimited
   // NVMe offload (docs/notes/offload.md): none | nvme, and the directory of the scratch files.
   // Empty (not given): none, but with --offload-dir --ckpt auto and --auto-batch may choose nvme.

@@ -240,8 +240,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // Stages 2-3 (and 0-1 under --sync-every-micro-batch): each micro-batch's gradients reduced
   // unit by unit as the backward ends each, into this rank's shard (Note [Sharded gradients]).
   std::optional<GradSharding> grad_sharding;
+  // bf16 gradients (--grad-dtype bf16) take this path at every stage and in one process: the
+  // backward's kernels add into f32 unit buffers, rounded into the bf16 sums (Note [Gradients
+  // in bf16]).
   if (spec.unit_grads())
-    grad_sharding = GradSharding{&comm, shards, spec.bucket_bytes, /*whole=*/stage < 2};
+    grad_sharding = GradSharding{&comm, W > 1 ? shards : std::vector<ElementRange>{whole_range(
+                                                         ParamLayout(spec.model))},
+                                 spec.bucket_bytes, /*whole=*/stage < 2, spec.grad_dtype};
   // --offload-grads nvme (one process: RunSpec::check): the gradients per unit in a file,
   // written as each unit's backward ends and read by the update; no slab in RAM (Note [NVMe
   // offload], "Gradients on disk").
@@ -293,6 +298,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       disk[static_cast<size_t>(Category::grads)] += fs::file_size(grads_file->file().path());
     return disk;
   };
+  // bf16 gradients: the update widens them a chunk at a time into one f32 buffer (Note
+  // [Gradients in bf16]; the planner counts it under staging).
+  if (spec.grad_dtype == DType::bf16) {
+    const Tensor widen =
+        Tensor::empty(pool, {std::max<int64_t>(1, grad_widen_elements(spec.optim, gpt.layout()))},
+                      DType::f32, Category::staging, "grads.widen");
+    if (off) off->set_grad_widen(widen);
+    else opt->set_grad_widen(widen);
+  }
   // The set-up fills the weights of record and the working copy by range (Note [Set-up by
   // range] in docs/notes/zero.md): this rank's range of the initial weights drawn, or of each
   // tensor read from the checkpoint, straight into the f32 weights of record (the master

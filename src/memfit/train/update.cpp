@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "memfit/dist/shard_collectives.h"
 #include "memfit/kernels/cpu/convert.h"
@@ -20,11 +21,40 @@ struct GradCheck {
   double sum_squares = 0;
 };
 
+// bf16 sums (--grad-dtype bf16): unscaled in place (a power of two: exact but where it
+// underflows) and their squares added in double, in chunks of fixed size whose partials are added
+// in order, so the result does not depend on the thread count (Note [Gradients in bf16]).
+GradCheck check_bf16(Tensor& g, DynamicLossScaler* scaler) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  uint16_t* x = static_cast<uint16_t*>(g.raw_data());
+  const int64_t n = g.numel(), chunks = (n + kChunk - 1) / kChunk;
+  const float inv = scaler ? scaler->inv_scale() : 1.0f;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    for (int64_t i = c * kChunk, e = std::min(n, i + kChunk); i < e; ++i) {
+      float v = f32_from_bf16(x[i]);
+      if (scaler) {
+        v *= inv;
+        x[i] = bf16_from_f32(v);
+        v = f32_from_bf16(x[i]);
+      }
+      s += static_cast<double>(v) * v;
+    }
+    partial[static_cast<size_t>(c)] = s;
+  }
+  double sum = 0;
+  for (double p : partial) sum += p;
+  return {std::isfinite(sum) ? 1.0 : 0.0, sum};
+}
+
 // One source of truth for the global norm's order: a range's check is its parts in each unit
 // (state/shard.h: the embeddings, each block, the tail) added in unit order, so the gradients
 // offloaded per unit (--offload-grads: each unit checked as its last backward ends,
 // offload/offloaded_grads.cpp) give the same bits as the slab in RAM.
 GradCheck check_part(Tensor g, DynamicLossScaler* scaler) {
+  if (g.dtype() == DType::bf16) return check_bf16(g, scaler);
   if (scaler) {
     const kernels::UnscaleResult u = kernels::unscale_and_check(g, scaler->inv_scale());
     return {u.finite ? 1.0 : 0.0, u.sum_squares};

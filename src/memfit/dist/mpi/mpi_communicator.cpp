@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/core/dtype.h"
 #include "memfit/core/error.h"
 #include "memfit/memory/pool.h"
 
@@ -91,25 +92,26 @@ void ensure_initialized() {
 
 // A reduce-scatter's receive buffer: from the pool (Category::comm) when there is one.
 // The caller's buffer when it lends one; else one lent for the exchange's duration.
+// Elements of T (float; uint16_t for bf16).
+template <class T>
 class Receive {
  public:
-  Receive(MemoryPool* pool, size_t floats, std::span<float> lent) : lent_(lent) {
+  Receive(MemoryPool* pool, size_t n, std::span<T> lent) : lent_(lent) {
     if (!lent.empty()) return;
     if (pool)
-      alloc_ = pool->allocate(std::max<size_t>(floats, 1) * sizeof(float), Category::comm,
-                              "comm.receive");
+      alloc_ = pool->allocate(std::max<size_t>(n, 1) * sizeof(T), Category::comm, "comm.receive");
     else
-      heap_.resize(floats);
+      heap_.resize(n);
   }
-  float* data() {
+  T* data() {
     if (!lent_.empty()) return lent_.data();
-    return alloc_ ? static_cast<float*>(alloc_.data()) : heap_.data();
+    return alloc_ ? static_cast<T*>(alloc_.data()) : heap_.data();
   }
 
  private:
-  std::span<float> lent_;
+  std::span<T> lent_;
   Allocation alloc_;
-  std::vector<float> heap_;
+  std::vector<T> heap_;
 };
 
 // One MPI request; `after` runs once it completes (a reduce-scatter's sum). `what` names the
@@ -193,7 +195,7 @@ class MpiCommunicator final : public Communicator {
     if (!receive.empty() && receive.size() < need)
       MEMFIT_THROW(DistError, "reduce_scatter", "a receive buffer of {} floats, need {}",
                    receive.size(), need);
-    auto staging = std::make_shared<Receive>(pool_, receive.empty() ? need : 0, receive);
+    auto staging = std::make_shared<Receive<float>>(pool_, receive.empty() ? need : 0, receive);
     const std::vector<int> sdispl = displacements(c);
     const std::vector<int> rcounts(static_cast<size_t>(size_), mine);
     const std::vector<int> rdispl = displacements(rcounts);
@@ -212,6 +214,45 @@ class MpiCommunicator final : public Communicator {
     };
     return std::make_unique<MpiRequest>(
         r, sum, name("MPI_Ialltoallv", fmt::format("reduce-scatter of {} floats", total)),
+        timeout_s_);
+  }
+
+  // The same exchange of bf16 (MPI_UINT16_T: bytes moved, nothing added by MPI), each
+  // element's pieces widened and added in rank order in f32, rounded to bf16 once.
+  std::unique_ptr<Request> reduce_scatter_bf16_async(std::span<const uint16_t> in,
+                                                     std::span<uint16_t> out,
+                                                     std::span<const int64_t> counts,
+                                                     std::span<uint16_t> receive) override {
+    const std::vector<int> c = checked_counts(counts, "reduce_scatter");
+    const int mine = c[static_cast<size_t>(rank_)];
+    const int64_t total = std::accumulate(c.begin(), c.end(), int64_t{0});
+    if (static_cast<int64_t>(in.size()) != total || static_cast<int>(out.size()) != mine)
+      MEMFIT_THROW(DistError, "reduce_scatter", "in {} bf16 (want {}), out {} (want {})",
+                   in.size(), total, out.size(), mine);
+    const size_t need = static_cast<size_t>(mine) * size_;
+    if (!receive.empty() && receive.size() < need)
+      MEMFIT_THROW(DistError, "reduce_scatter", "a receive buffer of {} bf16, need {}",
+                   receive.size(), need);
+    auto staging = std::make_shared<Receive<uint16_t>>(pool_, receive.empty() ? need : 0, receive);
+    const std::vector<int> sdispl = displacements(c);
+    const std::vector<int> rcounts(static_cast<size_t>(size_), mine);
+    const std::vector<int> rdispl = displacements(rcounts);
+    MPI_Request r;
+    MEMFIT_MPI(MPI_Ialltoallv(in.data(), c.data(), sdispl.data(), MPI_UINT16_T, staging->data(),
+                              rcounts.data(), rdispl.data(), MPI_UINT16_T, comm_, &r));
+    const int ranks = size_;
+    auto sum = [staging, out, mine, ranks] {
+      const uint16_t* s = staging->data();
+      uint16_t* o = out.data();
+#pragma omp parallel for schedule(static) if (mine > (1 << 16))
+      for (int i = 0; i < mine; ++i) {
+        float acc = f32_from_bf16(s[i]);
+        for (int q = 1; q < ranks; ++q) acc += f32_from_bf16(s[static_cast<size_t>(q) * mine + i]);
+        o[i] = bf16_from_f32(acc);
+      }
+    };
+    return std::make_unique<MpiRequest>(
+        r, sum, name("MPI_Ialltoallv", fmt::format("reduce-scatter of {} bf16", total)),
         timeout_s_);
   }
 
