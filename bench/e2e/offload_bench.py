@@ -103,7 +103,8 @@ def large_shape(args):
             shape += ["--n-layer", str(args.n_layer)]
         return shape
     found = run_json([args.memfit, "plan", "--json", "--model", "llama2-7b", "--max-model",
-                      "--mem-limit", args.mem_limit, "--precision", args.precision, "--optim",
+                      "--mem-limit", args.mem_limit, "--precision", args.precision,
+                      "--master-weights", args.master_weights, "--optim",
                       args.optim, "--offload-optimizer", "nvme", "--offload-grads", args.grads,
                       "--offload-dir", args.dir,
                       "--batch", str(args.batch), "--seq-len", str(args.seq)]
@@ -121,7 +122,8 @@ def params_flag(args):
 
 def large(args, tmp):
     shape = large_shape(args)
-    common = shape + ["--precision", args.precision, "--optim", args.optim, "--batch",
+    common = shape + ["--precision", args.precision, "--master-weights", args.master_weights,
+                      "--optim", args.optim, "--batch",
                       str(args.batch), "--seq-len", str(args.seq), "--offload-optimizer", "nvme",
                       "--offload-grads", args.grads, "--offload-dir", args.dir, "--mem-limit",
                       args.mem_limit] + params_flag(args)
@@ -161,6 +163,9 @@ def main():
                         "--tokenizer llama2 --out data/brown-llama2`")
     p.add_argument("--precision", default="bf16")
     p.add_argument("--optim", default="adamw8bit")
+    p.add_argument("--master-weights", default="fp32",
+                   help="the large run's: none (pure bf16) halves its disk bytes beside the "
+                        "gradients")
     p.add_argument("--small-model", default="gpt2-small-test")
     p.add_argument("--small-steps", type=int, default=6)
     p.add_argument("--small-only", action="store_true")

@@ -80,6 +80,9 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ranks", default="1,2,4")
+    p.add_argument("--stages", default="0,1,2,3",
+                   help="the stages to run over several ranks (a model whose W whole copies do "
+                        "not fit the machine: leave out 0)")
     p.add_argument("--quick", action="store_true", help="W = 2 only")
     p.add_argument("--out", default="")
     args = p.parse_args()
@@ -89,7 +92,7 @@ def main():
         base_time = None
         for w in worlds:
             batch = max(1, args.global_batch // w)
-            for zero in ([0] if w == 1 else [0, 1, 2, 3]):
+            for zero in ([0] if w == 1 else [int(k) for k in args.stages.split(",")]):
                 log = os.path.join(tmp, f"w{w}z{zero}.jsonl")
                 steps, measured = train(args, w, zero, batch, log)
                 planned = plan(args, w, zero, batch)
