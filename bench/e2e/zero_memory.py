@@ -28,7 +28,8 @@ MODEL_STATE = ("params", "master", "grads", "optimizer")
 def train(args, ranks, zero, batch, log):
     base = [os.path.join(ROOT, "build", "memfit"), "train", "--model", args.model,
             "--seq-len", str(args.seq_len), "--batch", str(batch), "--steps", str(args.steps),
-            "--precision", args.precision, "--threads", str(args.threads), "--data", args.data,
+            "--precision", args.precision, "--grad-dtype", args.grad_dtype, "--threads",
+            str(args.threads), "--data", args.data,
             "--zero", str(zero), "--log", log, "--eval-batches", "1"]
     if args.n_layer:
         base += ["--n-layer", str(args.n_layer)]
@@ -54,8 +55,8 @@ def train(args, ranks, zero, batch, log):
 def plan(args, ranks, zero, batch):
     cmd = [os.path.join(ROOT, "build", "memfit"), "plan", "--model", args.model, "--seq-len",
            str(args.seq_len), "--batch", str(batch), "--steps", str(args.steps), "--precision",
-           args.precision, "--threads", str(args.threads), "--data", args.data,
-           "--world-size", str(ranks), "--zero", str(zero), "--json"]
+           args.precision, "--grad-dtype", args.grad_dtype, "--threads", str(args.threads),
+           "--data", args.data, "--world-size", str(ranks), "--zero", str(zero), "--json"]
     if args.n_layer:
         cmd += ["--n-layer", str(args.n_layer)]
     if args.vocab:
@@ -80,6 +81,7 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ranks", default="1,2,4")
+    p.add_argument("--grad-dtype", default="fp32", help="fp32 | bf16 (Note [Gradients in bf16])")
     p.add_argument("--stages", default="0,1,2,3",
                    help="the stages to run over several ranks (a model whose W whole copies do "
                         "not fit the machine: leave out 0)")

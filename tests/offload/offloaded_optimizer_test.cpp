@@ -231,6 +231,27 @@ TEST(OffloadedOptimizer, FilesHaveHeadersAndGoAway) {
   EXPECT_EQ(pool.bytes_current(Category::staging), 0u);
 }
 
+// A 7B model's optimizer files have thousands of pieces: the header names them by count and
+// digest (cut_points), so it stays within its page (the list itself did not: llama2-7b's 8-bit
+// state header was 9,246 bytes).
+TEST(OffloadedOptimizer, AHeaderOfThousandsOfPiecesFitsItsPage) {
+  TempDir tmp;
+  const ParamLayout layout(llama());
+  OptimConfig oc;
+  oc.n_head = llama().n_head;
+  MemoryPool pool;
+  const int64_t piece = 64;
+  ASSERT_GT(layout.total() / piece, 2000);
+  OffloadedOptimizer off(oc, layout, true, pool, tmp.path, "many", piece);
+  const nlohmann::json h = ScratchFile::read_header(off.files()[0]->path());
+  EXPECT_EQ(h["layout"]["piece_starts"]["count"], off.file_layout().pieces.size());
+  std::vector<int64_t> starts;
+  for (const ElementRange& u : off.file_layout().pieces) starts.push_back(u.begin);
+  EXPECT_EQ(h["layout"]["piece_starts"], cut_points(starts));
+  starts.back() += 1;
+  EXPECT_NE(cut_points(starts)["fnv1a"], h["layout"]["piece_starts"]["fnv1a"]);
+}
+
 TEST(OffloadedOptimizer, RefusesADiskTooSmallWithTheNumbers) {
   // Llama 2 7B's width 80 blocks deep: about 16B parameters, 200 GB of master weights and AdamW
   // moments, more than the temporary directory has on any machine these tests run on.

@@ -83,7 +83,7 @@ TEST(ParamFile, HeaderRoundTripAndRemoval) {
     EXPECT_EQ(h["tensor"], "params");
     EXPECT_EQ(h["dtype"], "bf16");
     EXPECT_EQ(h["layout"]["elements"], layout.total());
-    EXPECT_EQ(h["layout"]["block_starts"].size(), f.layout().units.size() - 2);
+    EXPECT_EQ(h["layout"]["block_starts"]["count"], f.layout().units.size() - 2);
     EXPECT_EQ(h["step"], 0);
     // Block 1 written from an aligned buffer, read back into another.
     const size_t bytes = f.layout().request_bytes(1);

@@ -106,14 +106,14 @@ OffloadedGrads::OffloadedGrads(const ParamLayout& layout, MemoryPool& pool, cons
                  dir.string(), fl_.file_bytes, fl_.file_bytes / 1073741824.0, free,
                  free / 1073741824.0);
   io_ = make_io_engine();
-  nlohmann::json starts = nlohmann::json::array();
+  std::vector<int64_t> starts;
   for (const ElementRange& u : fl_.units) starts.push_back(u.begin);
   nlohmann::json header = {{"memfit_offload", 1},
                            {"run", run},
                            {"tensor", "grads"},
                            {"dtype", "F32"},
                            {"numel", layout.total()},
-                           {"layout", {{"elements", layout.total()}, {"unit_starts", starts}}},
+                           {"layout", {{"elements", layout.total()}, {"unit_starts", cut_points(starts)}}},
                            {"step", 0}};
   file_ = std::make_unique<ScratchFile>(dir / fmt::format("{}.grads.offload", run), fl_.file_bytes,
                                         std::move(header));

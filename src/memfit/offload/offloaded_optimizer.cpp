@@ -44,7 +44,7 @@ OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLay
   for (size_t u = 0; u < layout_.pieces.size(); ++u)
     units_.push_back(make_optimizer(config, layout, nullptr, layout_.pieces[u]));
   io_ = make_io_engine();
-  nlohmann::json starts = nlohmann::json::array();
+  std::vector<int64_t> starts;
   for (const ElementRange& u : layout_.pieces) starts.push_back(u.begin);
   for (const OffloadTensor& t : layout_.tensors) {
     nlohmann::json header = {{"memfit_offload", 1},
@@ -53,7 +53,7 @@ OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLay
                              {"dtype", std::string(dtype_name(t.dtype))},
                              {"numel", t.numel},
                              {"optimizer", whole->name()},
-                             {"layout", {{"elements", layout.total()}, {"piece_starts", starts}}},
+                             {"layout", {{"elements", layout.total()}, {"piece_starts", cut_points(starts)}}},
                              {"range", {layout_.range.begin, layout_.range.end}},
                              {"step", 0}};
     files_.push_back(std::make_unique<ScratchFile>(

@@ -74,7 +74,7 @@ ParamFile::ParamFile(const ParamLayout& layout, DType dtype, int64_t persist_thr
                  "free",
                  dir.string(), need, need / 1073741824.0, free, free / 1073741824.0);
   io_ = make_io_engine();
-  nlohmann::json starts = nlohmann::json::array();
+  std::vector<int64_t> starts;
   for (size_t u = 0; u < layout_.units.size(); ++u)
     if (layout_.in_file(u)) starts.push_back(layout_.parts[u].begin);
   nlohmann::json header = {{"memfit_offload", 1},
@@ -85,7 +85,7 @@ ParamFile::ParamFile(const ParamLayout& layout, DType dtype, int64_t persist_thr
                            {"layout",
                             {{"elements", layout.total()},
                              {"persist_threshold", persist_threshold},
-                             {"block_starts", starts}}},
+                             {"block_starts", cut_points(starts)}}},
                            {"range", {layout_.range.begin, layout_.range.end}},
                            {"step", 0}};
   file_ = std::make_unique<ScratchFile>(dir / fmt::format("{}.params.offload", run),

@@ -28,6 +28,16 @@ namespace {
 
 }  // namespace
 
+nlohmann::json cut_points(const std::vector<int64_t>& starts) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 over each start's 8 little-endian bytes
+  for (int64_t x : starts)
+    for (int b = 0; b < 8; ++b) {
+      h ^= (static_cast<uint64_t>(x) >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  return {{"count", starts.size()}, {"fnv1a", fmt::format("{:016x}", h)}};
+}
+
 ScratchFile::ScratchFile(fs::path path, uint64_t bytes, nlohmann::json header)
     : path_(std::move(path)), bytes_(bytes), header_(std::move(header)) {
   const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;

@@ -8,10 +8,16 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace memfit::offload {
+
+// A file's cut points (where each piece, block or unit starts) for its header: their count and
+// an FNV-1a digest of the list, so the header stays within its page whatever the model (a 7B
+// model's optimizer files have thousands of pieces) and still tells layouts apart.
+nlohmann::json cut_points(const std::vector<int64_t>& starts);
 
 class ScratchFile {
  public:
