@@ -165,14 +165,7 @@ WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Te
       landing_at_ = static_cast<size_t>(round_to(static_cast<int64_t>(addr), kFileAlign)) - addr;
     }
   }
-  int64_t at = 0;
-  persistent_at_.assign(units_.units.size(), -1);
-  for (size_t u = 0; u < units_.units.size(); ++u) {
-    if (!units_.persistent[u]) continue;
-    persistent_at_[u] = at;
-    layout_.bind(weights_, persistent_.view(at, {units_.units[u].size()}), units_.units[u]);
-    at += units_.units[u].size();
-  }
+  bind_persistent();
 }
 
 std::unique_ptr<dist::Request> WeightGather::gather(size_t u, char* dst) {
@@ -202,6 +195,18 @@ std::unique_ptr<dist::Request> WeightGather::gather(size_t u, char* dst) {
   gathered_ += unit.size() * static_cast<int64_t>(elem_);
   return s_.comm->all_gather_async(dst + static_cast<size_t>(before) * elem_, dst, counts,
                                    static_cast<int>(elem_));
+}
+
+// The persistent units' views, each at its offset in the persistent buffer.
+void WeightGather::bind_persistent() {
+  int64_t at = 0;
+  persistent_at_.assign(units_.units.size(), -1);
+  for (size_t u = 0; u < units_.units.size(); ++u) {
+    if (!units_.persistent[u]) continue;
+    persistent_at_[u] = at;
+    layout_.bind(weights_, persistent_.view(at, {units_.units[u].size()}), units_.units[u]);
+    at += units_.units[u].size();
+  }
 }
 
 void WeightGather::set_phases(const std::vector<Phase>& phases) {
@@ -284,14 +289,7 @@ WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dt
     ring_at_ = static_cast<int64_t>((addr + kFileAlign - 1) / kFileAlign * kFileAlign - addr) /
                static_cast<int64_t>(elem_);
   }
-  int64_t at = 0;
-  persistent_at_.assign(units_.units.size(), -1);
-  for (size_t u = 0; u < units_.units.size(); ++u) {
-    if (!units_.persistent[u]) continue;
-    persistent_at_[u] = at;
-    layout_.bind(weights_, persistent_.view(at, {units_.units[u].size()}), units_.units[u]);
-    at += units_.units[u].size();
-  }
+  bind_persistent();
 }
 
 WeightGather::~WeightGather() {

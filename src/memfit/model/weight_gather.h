@@ -159,6 +159,7 @@ class WeightGather {
 
  private:
   void drain();
+  void bind_persistent();
   std::unique_ptr<dist::Request> gather(size_t u, char* dst);
   char* slot_bytes(int slot) const;
   char* landing() const;
