@@ -26,7 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using io::testing::first_difference;
 
 class ParamOffload : public test::TrainerFixture {
  protected:
@@ -35,13 +34,6 @@ class ParamOffload : public test::TrainerFixture {
     c.offload_params = "nvme";
     c.offload_dir = (dir / "offload").string();
     return c;
-  }
-  void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
-    for (const char* f : {"model.safetensors", "config.json", "optimizer.safetensors",
-                          "trainer_state.json"}) {
-      EXPECT_TRUE(fs::exists(a / f) && fs::exists(b / f)) << f;
-      EXPECT_EQ(first_difference(a / f, b / f), "") << f;
-    }
   }
   void expect_same_run(TrainConfig c, const std::string& what, bool blocks_on_disk = true) {
     SCOPED_TRACE(what);

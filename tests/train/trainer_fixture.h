@@ -1,6 +1,7 @@
 // The fixture of the trainer tests: a scratch directory per test with a learnable token stream
 // (a fixed random sequence of 97 tokens repeated, train and val shards), a small gpt2-tiny
-// configuration that trains in a fraction of a second a step, and a reader for the JSON log.
+// configuration that trains in a fraction of a second a step, a reader for the JSON log and a
+// byte-for-byte comparison of two saves.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 
 #include "memfit/io/token_shard.h"
 #include "memfit/train/train_config.h"
+#include "../io/io_test_util.h"
 
 namespace memfit::test {
 
@@ -60,6 +62,17 @@ class TrainerFixture : public ::testing::Test {
     std::ifstream in(file);
     for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
     return lines;
+  }
+
+  // Two saves are byte for byte the same: weights, config, optimizer state and trainer state
+  // (the offload tests' "bit-identical to the run in RAM").
+  static void expect_same_checkpoint(const std::filesystem::path& a,
+                                     const std::filesystem::path& b) {
+    for (const char* f : {"model.safetensors", "config.json", "optimizer.safetensors",
+                          "trainer_state.json"}) {
+      EXPECT_TRUE(std::filesystem::exists(a / f) && std::filesystem::exists(b / f)) << f;
+      EXPECT_EQ(io::testing::first_difference(a / f, b / f), "") << f;
+    }
   }
 
   std::filesystem::path dir;
