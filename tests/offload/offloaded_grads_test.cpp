@@ -64,12 +64,15 @@ struct TempDir {
 
 // Micro-batch m adds (m + 1) * (1 + element index % 7) to every element of every unit, each
 // block inside its backward, the edges at any time of the micro-batch.
-void run_step(OffloadedGrads& g, const ParamLayout& layout, int accum) {
+float integers(int m, int64_t e) { return float((m + 1) * (1 + e % 7)); }
+
+void run_step(OffloadedGrads& g, const ParamLayout& layout, int accum,
+              float (*value)(int m, int64_t e) = integers) {
   const std::vector<ElementRange> units = unit_ranges(layout);
   auto add = [&](const Tensor& t, int64_t base, int m) {
     if (!t.defined()) return;
     float* p = const_cast<Tensor&>(t).data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] += float((m + 1) * (1 + (base + i) % 7));
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] += value(m, base + i);
   };
   auto add_param = [&](const Tensor& t, const std::string& name, int m) {
     if (t.defined()) add(t, layout.find(name).offset, m);
@@ -100,7 +103,8 @@ TEST(OffloadedGrads, AccumulatesThroughTheFileAndTheUpdateReadsAnyPiece) {
   const ParamLayout layout(mc);
   MemoryPool pool;
   {
-    OffloadedGrads g(layout, pool, dir.path, "run-x", /*grad_accum=*/3, /*max_piece=*/1000);
+    OffloadedGrads g(layout, pool, dir.path, "run-x", /*grad_accum=*/3, DType::f32,
+                     /*max_piece=*/1000);
     const nlohmann::json h = ScratchFile::read_header(g.file().path());
     EXPECT_EQ(h["run"], "run-x");
     EXPECT_EQ(h["tensor"], "grads");
@@ -136,6 +140,66 @@ TEST(OffloadedGrads, AccumulatesThroughTheFileAndTheUpdateReadsAnyPiece) {
   }
   EXPECT_TRUE(fs::is_empty(dir.path));  // scratch: removed
   ::unsetenv("MEMFIT_OFFLOAD_IO");
+}
+
+// Values bf16 cannot hold (8 significant bits): each micro-batch's rounding shows.
+float fractions(int m, int64_t e) {
+  return float((m + 1) * (1 + e % 7)) + float(e % 5) * 0.0078125f + float(m) * 0.01f;
+}
+
+// --grad-dtype bf16: the file holds bf16 sums, half the f32 file's bytes; micro-batch 0's f32
+// sums are rounded once, each later micro-batch's rounded and added to the sums so far in f32,
+// rounded once (UnitGrads' sums in one process); the update reads them as bf16 at any offset.
+TEST(OffloadedGrads, Bf16SumsRoundEachMicroBatchOnceAndAddInF32) {
+  TempDir dir;
+  ModelConfig mc = ModelConfig::preset("gpt2-tiny");
+  mc.finalize();
+  const ParamLayout layout(mc);
+  MemoryPool pool;
+  const GradFileLayout f32 = make_grad_file_layout(layout, 3);
+  {
+    OffloadedGrads g(layout, pool, dir.path, "run-b", /*grad_accum=*/3, DType::bf16,
+                     /*max_piece=*/1000);
+    const GradFileLayout& fl = g.file_layout();
+    EXPECT_EQ(ScratchFile::read_header(g.file().path())["dtype"], "BF16");
+    EXPECT_EQ(pool.bytes_current(), fl.ram_bytes());
+    EXPECT_LT(fl.file_bytes - kHeaderBytes, (f32.file_bytes - kHeaderBytes) / 2 +
+                                                 fl.units.size() * kIoAlign);
+    EXPECT_GT(fl.edge_sums_bytes, 0u);
+    EXPECT_GT(fl.read_bytes, 0u);
+    auto expected = [](int64_t e) {
+      uint16_t s = bf16_from_f32(fractions(0, e));
+      for (int m = 1; m < 3; ++m)
+        s = bf16_from_f32(f32_from_bf16(s) + f32_from_bf16(bf16_from_f32(fractions(m, e))));
+      return s;
+    };
+    for (int step = 0; step < 2; ++step) {  // the second starts from zero again
+      run_step(g, layout, 3, fractions);
+      int rounded = 0;
+      for (const ParamInfo& p : layout.params()) {
+        const bool qkv = p.layer >= 0 && p.name.find("attn.c_attn.weight") != std::string::npos;
+        if (!qkv && p.layer >= 0) continue;  // the qkv weights and the embeddings
+        if (p.layer < 0 && &p != &layout.params().front()) continue;
+        const ElementRange piece{p.offset + 3, std::min(p.offset + 1003, p.offset + p.numel)};
+        g.submit_piece(piece, step);
+        const Tensor t = g.wait_piece(piece, step);
+        ASSERT_EQ(t.dtype(), DType::bf16);
+        const uint16_t* v = static_cast<const uint16_t*>(t.raw_data());
+        for (int64_t i = 0; i < piece.size(); ++i) {
+          ASSERT_EQ(v[i], expected(piece.begin + i)) << p.name << " " << i;
+          rounded += f32_from_bf16(v[i]) != fractions(0, piece.begin + i) +
+                                                fractions(1, piece.begin + i) +
+                                                fractions(2, piece.begin + i);
+        }
+      }
+      EXPECT_GT(rounded, 0);  // the test's values do round
+    }
+    // Every block written per micro-batch and read back by micro-batches 1 and 2, the edges
+    // written once: the layout's bytes, in bf16.
+    const std::vector<ElementRange> none;
+    EXPECT_EQ(g.backward_bytes(), 2 * fl.io_bytes_per_step(none));
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path));
 }
 
 // A failed write of a unit's gradients (fault injection: the first request is the tail's write,

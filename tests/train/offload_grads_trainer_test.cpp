@@ -2,8 +2,8 @@
 // with default flags (Note [NVMe offload], "Gradients on disk"): the losses, the gradient
 // norms and the saved checkpoint are the same bytes with every optimizer family, clipping on the
 // global norm, --grad-accum 1 and 2, fp32, bf16 and fp16 (its unscale and overflow check per
-// unit); no gradient slab in RAM; the planner's peak by category, files and I/O per step are
-// the measured ones.
+// unit); with --grad-dtype bf16, the same run with bf16 gradients in RAM; no gradient slab in
+// RAM; the planner's peak by category, files and I/O per step are the measured ones.
 #include <gtest/gtest.h>
 
 #include "memfit/offload/offloaded_grads.h"
@@ -56,8 +56,10 @@ class OffloadGradsTrainer : public test::TrainerFixture {
     // No slab: the gradients' RAM is the unit buffers (or the update's ring in them). (A tiny
     // model's embeddings dominate, so they are not smaller than its slab here:
     // OffloadedGradsLayout.Llama2_7bHoldsAFractionOfTheSlab.)
+    const RunSpec spec = resolve_run(o);
     EXPECT_EQ(off.peak_by_category[static_cast<size_t>(Category::grads)],
-              offload::make_grad_file_layout(ParamLayout(resolve_run(o).model), o.grad_accum)
+              offload::make_grad_file_layout(ParamLayout(spec.model), o.grad_accum,
+                                             spec.grad_dtype)
                   .ram_bytes());
     EXPECT_TRUE(fs::is_empty(dir / "offload"));  // scratch, removed
   }
@@ -97,6 +99,34 @@ TEST_F(OffloadGradsTrainer, WithTheWorkingWeightsOffloadedBitIdentical) {
   }
 }
 
+// --grad-dtype bf16: the file holds the bf16 sums, and the run is the same run with bf16
+// gradients in RAM, bit for bit (Note [Gradients in bf16]): each micro-batch rounded once, added
+// to the sums so far read back in f32 and rounded once, the update widening each piece.
+TEST_F(OffloadGradsTrainer, Bf16GradientsBitIdenticalToBf16GradientsInRam) {
+  TrainConfig c = config();  // --grad-accum 2
+  c.grad_dtype = "bf16";
+  expect_same_run(c, "fp32, bf16 gradients, adamw");
+  c.grad_accum = 1;
+  c.optim.name = "adamw8bit";
+  expect_same_run(c, "fp32, bf16 gradients, adamw8bit, --grad-accum 1");
+  TrainConfig b = config();
+  b.grad_dtype = "bf16";
+  b.precision = "bf16";
+  b.optim.name = "adamw8bit";
+  expect_same_run(b, "bf16 with master weights, bf16 gradients, adamw8bit");
+  TrainConfig p = config("llama-tiny");
+  p.grad_dtype = "bf16";
+  p.precision = "bf16";
+  p.master_weights = "none";
+  p.grad_accum = 1;
+  expect_same_run(p, "llama-tiny pure bf16, bf16 gradients, adamw, --grad-accum 1");
+  p.grad_accum = 2;
+  p.optim.name = "adamw8bit";
+  expect_same_run(p, "llama-tiny pure bf16, bf16 gradients, adamw8bit");
+  // With the working weights on disk too: the headline's configuration.
+  expect_same_run(p, "llama-tiny pure bf16, bf16 gradients, adamw8bit, --offload-params", "nvme");
+}
+
 TEST_F(OffloadGradsTrainer, Fp16UnscalesPerUnitBitIdentical) {
   TrainConfig c = config();
   c.precision = "fp16";
@@ -113,12 +143,14 @@ TEST_F(OffloadGradsTrainer, Fp16UnscalesPerUnitBitIdentical) {
 }
 
 TEST_F(OffloadGradsTrainer, PlannedPeakFilesAndIoEqualMeasured) {
-  for (int accum : {1, 2, 3}) {
+  // 4-6: the same with bf16 gradients (half the file, half the I/O).
+  for (int accum : {1, 2, 3, 4, 5, 6}) {
     SCOPED_TRACE(accum);
     TrainConfig c = offloaded(config());
     c.precision = "bf16";
-    c.grad_accum = std::min(accum, 2);
-    if (accum == 3) c.offload_params = "nvme";  // with the working weights on disk too
+    c.grad_accum = (accum - 1) % 3 == 0 ? 1 : 2;
+    if (accum % 3 == 0) c.offload_params = "nvme";  // with the working weights on disk too
+    if (accum > 3) c.grad_dtype = "bf16";
     c.steps = 2;
     c.log_file = (dir / "log.jsonl").string();
     const PlanReport plan = plan_training(resolve_run(c));
@@ -128,8 +160,19 @@ TEST_F(OffloadGradsTrainer, PlannedPeakFilesAndIoEqualMeasured) {
       EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
                 s.peak_by_category[static_cast<size_t>(cat)])
           << category_name(cat);
+    const RunSpec spec = resolve_run(c);
     const offload::GradFileLayout g =
-        offload::make_grad_file_layout(ParamLayout(resolve_run(c).model), c.grad_accum);
+        offload::make_grad_file_layout(ParamLayout(spec.model), c.grad_accum, spec.grad_dtype);
+    const offload::GradFileLayout f32 =
+        offload::make_grad_file_layout(ParamLayout(spec.model), c.grad_accum);
+    if (accum > 3) {  // the bf16 file is half the f32 one, but for the pages' rounding
+      EXPECT_LT(g.file_bytes, f32.file_bytes / 2 + 64 * offload::kIoAlign);
+      EXPECT_LT(plan.io_bytes_per_step, plan_training(resolve_run([&] {
+                                          TrainConfig f = c;
+                                          f.grad_dtype = "fp32";
+                                          return f;
+                                        }())).io_bytes_per_step);
+    }
     EXPECT_EQ(plan.disk_by_category[static_cast<size_t>(Category::grads)], g.file_bytes);
     EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::grads)], g.ram_bytes());
     int steps = 0;

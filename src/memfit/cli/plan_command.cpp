@@ -260,14 +260,22 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
     if (run.offload.grads) {
       // The gradients' RAM (grads above): one unit's buffers, not the slab.
       const offload::GradFileLayout g =
-          offload::make_grad_file_layout(ParamLayout(r.model), run.grad_accum);
+          offload::make_grad_file_layout(ParamLayout(r.model), run.grad_accum, run.grad_dtype);
+      const bool bf16 = run.grad_dtype == DType::bf16;
       fmt::print("offload-grads: no gradient slab ({:.1f} MiB in RAM otherwise); grads holds "
-                 "the embeddings' and the tail's buffers and {} block slots of {:.1f} MiB, "
+                 "the embeddings' and the tail's buffers and {} block slots of {:.1f} MiB{}, "
                  "which the update's gradient ring reuses; each block written per micro-batch"
-                 "{}\n",
-                 ParamLayout(r.model).total() * 4 / 1048576.0, g.block_slots,
-                 g.slot_bytes / 1048576.0,
-                 run.grad_accum > 1 ? " and read back before the next one's backward" : "");
+                 "{}{}\n",
+                 ParamLayout(r.model).total() * double(dtype_size(run.grad_dtype)) / 1048576.0,
+                 g.block_slots, g.slot_bytes / 1048576.0,
+                 bf16 && run.grad_accum > 1
+                     ? fmt::format(" (f32), the edges' bf16 sums ({:.1f} MiB) and one block's "
+                                   "read back ({:.1f} MiB)",
+                                   (g.edge_sums_bytes + g.tail_sums_bytes) / 1048576.0,
+                                   g.read_bytes / 1048576.0)
+                     : std::string(bf16 ? " (f32)" : ""),
+                 run.grad_accum > 1 ? " and read back before the next one's backward" : "",
+                 bf16 ? "; the file holds bf16 sums" : "");
     }
   }
   if (!r.data_included)

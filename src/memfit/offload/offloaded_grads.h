@@ -11,6 +11,10 @@
 // unscaled first with a loss scale) for the global norm, in the same per-unit order the update
 // in RAM uses (update.cpp). The offloaded update (OffloadedOptimizer::step) reads the gradients
 // piece by piece through a ring of three slots, which reuses the backward's buffers.
+// With --grad-dtype bf16 the file holds the bf16 sums (half the bytes and the I/O) and each
+// micro-batch's backward computes from zero into its f32 buffers, which are rounded to bf16 when
+// the unit ends and, from micro-batch 1 on, added to the sums so far (read back, in f32, rounded
+// once): UnitGrads' sums in one process, bit for bit (Note [Gradients in bf16]).
 // Note [NVMe offload], "Gradients on disk" (docs/notes/offload.md).
 #pragma once
 
@@ -35,18 +39,26 @@ namespace memfit::offload {
 // Where each unit's gradients lie in the file and what the RAM holds: the engine and the
 // planner read this one computation.
 struct GradFileLayout {
+  DType dtype = DType::f32;              // the sums' type in the file (--grad-dtype)
   std::vector<ElementRange> units;       // unit_ranges(layout)
   std::vector<uint64_t> file_offsets;    // each unit's start, aligned
   uint64_t file_bytes = 0;               // the header and every unit's aligned extent
   size_t edge_bytes = 0, tail_bytes = 0; // the embeddings' and the tail's buffers, aligned
   size_t slot_bytes = 0;                 // one block's buffer, aligned
-  int block_slots = 2;                   // 3 with gradient accumulation (a read prefetched)
+  int block_slots = 2;                   // f32: 3 with gradient accumulation (a read prefetched)
+  // bf16 with accumulation: the edges' sums so far (bf16, RAM for the step), and one block's
+  // sums so far read back (bf16) while the block's backward computes into its f32 slot.
+  size_t edge_sums_bytes = 0, tail_sums_bytes = 0, read_bytes = 0;
   size_t update_slot_bytes = 0;          // the update's slot: its largest piece, one page more
   int grad_accum = 1;
 
   // The one pool allocation (Category::grads): the backward's buffers or the update's ring,
   // whichever is larger (never both at once), and a page to align its start.
   size_t ram_bytes() const;
+  // One unit's extent in the file (its sums in dtype, rounded to pages).
+  size_t unit_file_bytes(size_t unit) const;
+  // Bytes from unit u's start in the file to element e's.
+  uint64_t file_offset_of(int64_t e) const;
   // Bytes of the file the update reads for `piece` (inside one unit; rounded out to pages).
   uint64_t piece_read_bytes(const ElementRange& piece) const;
   // The backward's bytes per step: each block written by every micro-batch and the edges by
@@ -60,6 +72,7 @@ struct GradFileLayout {
 };
 
 GradFileLayout make_grad_file_layout(const ParamLayout& layout, int grad_accum,
+                                     DType dtype = DType::f32,
                                      int64_t max_piece = kMaxPieceElements);
 
 class OffloadedGrads final : public GradStore {
@@ -67,7 +80,8 @@ class OffloadedGrads final : public GradStore {
   // Creates "<run>.grads.offload" in `dir` (IoError when the disk is too small, before
   // anything exists) and the buffers (Category::grads).
   OffloadedGrads(const ParamLayout& layout, MemoryPool& pool, const std::filesystem::path& dir,
-                 const std::string& run, int grad_accum, int64_t max_piece = kMaxPieceElements);
+                 const std::string& run, int grad_accum, DType dtype = DType::f32,
+                 int64_t max_piece = kMaxPieceElements);
   ~OffloadedGrads() override;
 
   // GradStore.
@@ -82,7 +96,7 @@ class OffloadedGrads final : public GradStore {
   void set_unscale(std::optional<float> inv_scale) { inv_scale_ = inv_scale; }
 
   // The update's reads: `piece` (inside one unit) into update slot `slot` (0..kRingSlots-1),
-  // then its f32 gradients once read.
+  // then its gradients once read (f32, or bf16: the optimizer widens them, set_grad_widen).
   void submit_piece(const ElementRange& piece, int slot);
   Tensor wait_piece(const ElementRange& piece, int slot);
 
@@ -96,11 +110,17 @@ class OffloadedGrads final : public GradStore {
 
  private:
   char* base() const;
-  Tensor at(size_t offset, int64_t floats) const;  // f32 view at an offset from base()
+  Tensor at(size_t offset, int64_t n, DType dtype = DType::f32) const;  // a view at base() + offset
   uint64_t submit(IoRequest::Op op, size_t unit, char* buffer);
   void wait(std::vector<uint64_t>& tickets);
   void check(size_t unit, Tensor g);
   char* block_buffer(int slot) const;
+  char* edge_sums_buffer() const;  // bf16 with accumulation: the edges' sums so far
+  char* read_buffer() const;       // bf16 with accumulation: a block's sums so far, read back
+  // bf16: a unit's f32 buffer rounded into its first half, added to the sums so far after the
+  // first micro-batch, checked after the last; returns the bf16 sums.
+  uint16_t* sum_bf16(size_t unit, char* buffer, const uint16_t* so_far);
+  bool bf16() const { return fl_.dtype == DType::bf16; }
   bool last() const { return m_ + 1 == fl_.grad_accum; }
 
   const ParamLayout layout_;  // its own copy: made before the model
@@ -113,6 +133,7 @@ class OffloadedGrads final : public GradStore {
   std::vector<std::vector<uint64_t>> slot_writes_, slot_reads_;
   std::vector<int> slot_read_of_;  // the block each slot's read is for (-1: none)
   std::vector<uint64_t> edge_writes_;
+  std::vector<uint64_t> sums_read_;  // bf16: the block's sums so far, into the read buffer
   std::vector<std::vector<uint64_t>> update_reads_;
   std::vector<UnitGradCheck> checks_;
   std::optional<float> inv_scale_;

@@ -177,7 +177,7 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
     // reuses, instead of the slab; the gradients' file; each micro-batch's writes and reads
     // back, and the update's reads (offload/offloaded_grads.h, the engine's computation).
     if (spec.offload.grads) {
-      const offload::GradFileLayout g = offload::make_grad_file_layout(layout, spec.grad_accum);
+      const offload::GradFileLayout g = offload::make_grad_file_layout(layout, spec.grad_accum, spec.grad_dtype);
       at(Category::grads) = g.ram_bytes();
       r.disk_by_category[static_cast<size_t>(Category::grads)] += g.file_bytes;
       r.disk_bytes += g.file_bytes;
@@ -335,7 +335,7 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
     // gradients are with the optimizer files').
     uint64_t backward_read = 0, backward_written = 0;
     if (spec.offload.grads) {
-      const offload::GradFileLayout g = offload::make_grad_file_layout(layout, spec.grad_accum);
+      const offload::GradFileLayout g = offload::make_grad_file_layout(layout, spec.grad_accum, spec.grad_dtype);
       backward_read = g.backward_read();
       backward_written = g.backward_written();
       in.offload_backward_io_seconds = disk.seconds(double(backward_read), double(backward_written));

@@ -71,12 +71,6 @@ void RunSpec::check() const {
                  "--offload-grads nvme is for one process; under {} ranks use --zero 2 or 3, "
                  "whose gradients are already a shard per rank",
                  world);
-  // The gradients' file holds the backward's f32 units as the slab would (bit-identical to
-  // RAM); bf16 sums on disk are not built.
-  if (offload.grads && grad_dtype != DType::f32)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--offload-grads nvme keeps f32 gradients in its file; --grad-dtype bf16 with "
-                 "it is not built (use --grad-dtype fp32)");
   // Given --offload-dir alone, a search may offload, and its offloaded candidates must fit the
   // limit (Note [NVMe offload], "Choosing offload").
   if (offload.disk_limit && !offload.optimizer && !offload_open)

@@ -63,12 +63,14 @@ struct RunSpec {
   // [Sharded gradients]): the same sums as stages 2-3 under gradient accumulation.
   bool sync_every_micro_batch = false;
   // Whether each micro-batch's gradients are reduced per unit (model/unit_grads.h): stages 2-3,
-  // or stages 0-1 with sync_every_micro_batch, over several ranks; or bf16 gradients.
+  // or stages 0-1 with sync_every_micro_batch, over several ranks; or bf16 gradients (but with
+  // --offload-grads, whose store sums bf16 per unit itself: offload/offloaded_grads.h).
   // The gradients' type (--grad-dtype): f32, or bf16, kept and reduced per unit at every stage
   // and with one process (Note [Gradients in bf16]: the kernels cannot add into bf16).
   DType grad_dtype = DType::f32;
   bool unit_grads() const {
-    return grad_dtype != DType::f32 || (world > 1 && (zero >= 2 || sync_every_micro_batch));
+    return !offload.grads &&
+           (grad_dtype != DType::f32 || (world > 1 && (zero >= 2 || sync_every_micro_batch)));
   }
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none

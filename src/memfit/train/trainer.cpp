@@ -254,7 +254,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   offload::OffloadedGrads* grads_file = nullptr;
   if (spec.offload.grads) {
     auto g = std::make_unique<offload::OffloadedGrads>(ParamLayout(mc), pool, offload_dir,
-                                                       offload_run, spec.grad_accum);
+                                                       offload_run, spec.grad_accum,
+                                                       spec.grad_dtype);
     grads_file = g.get();
     grad_store = std::move(g);
   }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "memfit/dist/shard_collectives.h"
+#include "memfit/kernels/cpu/bf16_check.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/residual.h"
 #include "memfit/state/shard.h"
@@ -21,32 +23,13 @@ struct GradCheck {
   double sum_squares = 0;
 };
 
-// bf16 sums (--grad-dtype bf16): unscaled in place (a power of two: exact but where it
-// underflows) and their squares added in double, in chunks of fixed size whose partials are added
-// in order, so the result does not depend on the thread count (Note [Gradients in bf16]).
+// bf16 sums (--grad-dtype bf16): kernels/cpu/bf16_check.h, the check the offloaded gradients
+// take per unit too.
 GradCheck check_bf16(Tensor& g, DynamicLossScaler* scaler) {
-  constexpr int64_t kChunk = int64_t{1} << 16;
-  uint16_t* x = static_cast<uint16_t*>(g.raw_data());
-  const int64_t n = g.numel(), chunks = (n + kChunk - 1) / kChunk;
-  const float inv = scaler ? scaler->inv_scale() : 1.0f;
-  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    double s = 0;
-    for (int64_t i = c * kChunk, e = std::min(n, i + kChunk); i < e; ++i) {
-      float v = f32_from_bf16(x[i]);
-      if (scaler) {
-        v *= inv;
-        x[i] = bf16_from_f32(v);
-        v = f32_from_bf16(x[i]);
-      }
-      s += static_cast<double>(v) * v;
-    }
-    partial[static_cast<size_t>(c)] = s;
-  }
-  double sum = 0;
-  for (double p : partial) sum += p;
-  return {std::isfinite(sum) ? 1.0 : 0.0, sum};
+  const kernels::UnscaleResult r = kernels::unscale_and_check_bf16(
+      static_cast<uint16_t*>(g.raw_data()), g.numel(),
+      scaler ? std::optional<float>(scaler->inv_scale()) : std::nullopt);
+  return {r.finite ? 1.0 : 0.0, r.sum_squares};
 }
 
 // One source of truth for the global norm's order: a range's check is its parts in each unit
