@@ -145,6 +145,29 @@ TEST(MaxModel, WithOffloadOverRanksTheFilesAreTheLargestRanks) {
   EXPECT_LT(2 * r.best.disk_bytes, 3 * plan_memory(one).disk_bytes);  // about half
 }
 
+// --offload-dir alone: each member's search may offload (the optimizer, the working weights,
+// the gradients), its files weighed against the free disk, so a larger member fits than in RAM;
+// the winner offloads and its files fit.
+TEST(MaxModel, WithTheOffloadDirAloneTheSearchMayOffload) {
+  TrainConfig c = tiny_vocab_config();
+  const RunSpec ram = resolve_run(c);
+  c.offload_dir = empty_dir() + "/offload";
+  const RunSpec open = resolve_run(c);
+  ASSERT_TRUE(open.offload_open && open.offload_grads_open);
+  const MaxModelResult in_ram = find_max_model(ram, 300 * kMiB);
+  const MaxModelResult r = find_max_model(open, 300 * kMiB);
+  ASSERT_TRUE(in_ram.found && r.found);
+  EXPECT_GT(r.best.shape.n_layer, in_ram.best.shape.n_layer);
+  const Candidate& choice = r.best.search.choice;
+  EXPECT_TRUE(choice.offload);
+  EXPECT_GT(r.best.disk_bytes, 0u);
+  EXPECT_LE(r.best.disk_bytes, r.disk_limit);
+  bool grads = false;
+  for (const Candidate& k : r.best.search.candidates) grads = grads || k.offload_grads;
+  EXPECT_TRUE(grads) << "the gradients on disk were not tried";
+  EXPECT_EQ(in_ram.disk_limit, 0u);
+}
+
 TEST(MaxModel, NothingFitsNamesTheSmallestMember) {
   const MaxModelResult r = find_max_model(tiny_vocab(), 4 * kMiB);
   EXPECT_FALSE(r.found);

@@ -8,6 +8,7 @@
 
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/plan/memory_plan.h"
+#include "memfit/plan/search.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
@@ -240,6 +241,69 @@ TEST_F(OffloadGradsTrainer, StoppedAndResumedIsBitIdentical) {
     train(r);
     expect_same_checkpoint(dir / "whole", o.save_dir);
   }
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// The search (--ckpt auto with --offload-dir, Note [NVMe offload], "Choosing offload") tries
+// every offloaded candidate also with the gradients on disk, in one process, unless
+// --offload-grads was given; under a budget only that meets, it chooses it, the run is built
+// with it and its peak is the plan's. Over several ranks, or with --offload-grads none, never.
+TEST_F(OffloadGradsTrainer, SearchKeepsTheGradientsOnDiskWhereOnlyThatFits) {
+  TrainConfig c = config();
+  c.n_layer = 16;  // enough blocks that the slab outweighs the unit buffers
+  c.precision = "bf16";
+  c.ckpt = "full";
+  c.steps = 2;
+  c.offload_dir = (dir / "offload").string();
+  TrainConfig a = c;
+  a.offload_optimizer = "nvme";
+  a.offload_params = "nvme";
+  a.offload_grads = "none";
+  const size_t slab = plan_memory(resolve_run(a)).peak_bytes;
+  a.offload_grads = "nvme";
+  const size_t on_disk = plan_memory(resolve_run(a)).peak_bytes;
+  ASSERT_LT(on_disk, slab);
+  const size_t limit = (on_disk + slab) / 2;
+  c.ckpt = "auto";
+  c.mem_limit = std::to_string(limit);
+  const AutoResolution r = resolve_auto(c);
+  ASSERT_TRUE(r.search.fits) << r.search.message;
+  EXPECT_TRUE(r.search.choice.offload && r.search.choice.offload_grads);
+  EXPECT_TRUE(r.spec.offload.grads);
+  EXPECT_EQ(r.config.offload_grads, "nvme");
+  EXPECT_NE(r.search.message.find("--offload-grads nvme"), std::string::npos) << r.search.message;
+  for (const Candidate& k : r.search.candidates)
+    if (k.offload_grads) EXPECT_TRUE(k.offload) << "gradients on disk without the optimizer";
+  const TrainSummary s = train(c);
+  EXPECT_LE(s.peak_bytes, limit);
+  EXPECT_EQ(s.peak_bytes, plan_memory(r.spec).peak_bytes);
+  // A roomier budget keeps the gradients in RAM (no faster on disk, fewer files).
+  c.mem_limit = std::to_string(slab + (size_t{64} << 20));
+  EXPECT_FALSE(resolve_auto(c).search.choice.offload_grads);
+  // --offload-grads none: the search leaves them in RAM, and nothing fits this budget.
+  c.mem_limit = std::to_string(limit);
+  c.offload_grads = "none";
+  RunSpec fixed = resolve_run(c);
+  const SearchResult none = search_training(fixed, limit, SearchSpace::of(fixed));
+  EXPECT_FALSE(none.fits);
+  for (const Candidate& k : none.candidates) EXPECT_FALSE(k.offload_grads);
+  // Over two ranks: offloaded candidates at stages 1-3, never with the gradients on disk.
+  c.offload_grads = "";
+  RunSpec ranks = resolve_run(c);
+  ranks.world = 2;
+  ranks.zero_auto = true;
+  const SearchResult two = search_training(ranks, limit, SearchSpace::of(ranks));
+  bool offloaded = false;
+  for (const Candidate& k : two.candidates) {
+    offloaded = offloaded || k.offload;
+    EXPECT_FALSE(k.offload_grads);
+  }
+  EXPECT_TRUE(offloaded);
 }
 
 }  // namespace

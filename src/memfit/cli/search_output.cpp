@@ -1,5 +1,8 @@
 #include "memfit/cli/search_output.h"
 
+#include <string>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "memfit/memory/pool.h"
@@ -26,12 +29,22 @@ nlohmann::json candidate_json(const Candidate& c, size_t limit) {
                       {"zero", c.zero},
                       {"offload", c.offload},
                       {"offload_params", c.offload_params},
+                      {"offload_grads", c.offload_grads},
                       {"peak_bytes", c.peak_bytes},
                       {"peak_rank", c.peak_rank},
                       {"est_step_seconds", c.est_step_seconds},
                       {"fits", c.fits}};
   if (!c.fits) j["over_bytes"] = c.over(limit);
   return j;
+}
+
+// What a member's choice keeps on disk, for the table: "-", or e.g. "optim,params,grads".
+std::string offload_column(const Candidate& c) {
+  if (!c.offload) return "-";
+  std::string s = "optim";
+  if (c.offload_params) s += ",params";
+  if (c.offload_grads) s += ",grads";
+  return s;
 }
 
 nlohmann::json shape_json(const ShapeFit& f) {
@@ -46,6 +59,9 @@ nlohmann::json shape_json(const ShapeFit& f) {
           {"batch", c.batch},
           {"grad_accum", c.grad_accum},
           {"zero", c.zero},
+          {"offload", c.offload},
+          {"offload_params", c.offload_params},
+          {"offload_grads", c.offload_grads},
           {"peak_bytes", c.peak_bytes},
           {"peak_rank", c.peak_rank},
           {"est_step_seconds", c.est_step_seconds}};
@@ -114,10 +130,17 @@ void print_max_model(const MaxModelResult& r) {
                r.world > 1 ? fmt::format(" (rank {}, the largest)", c.peak_rank) : std::string(),
                format_seconds(c.est_step_seconds),
                r.capped ? fmt::format(" (the search stops at {} layers)", kMaxFamilyLayers) : "");
-    if (r.disk_limit)
-      fmt::print("with the optimizer offloaded: its files take {:.1f} GiB of the {:.1f} GiB of "
-                 "disk allowed (--disk-limit, else the free space of --offload-dir)\n",
-                 b.disk_bytes / 1073741824.0, r.disk_limit / 1073741824.0);
+    if (c.offload) {
+      std::vector<std::string> what = {"the optimizer"};
+      if (c.offload_params) what.push_back("the working weights");
+      if (c.offload_grads) what.push_back("the gradients");
+      std::string list = what.front();
+      for (size_t i = 1; i < what.size(); ++i)
+        list += (i + 1 == what.size() ? " and " : ", ") + what[i];
+      fmt::print("with {} offloaded: the files take {:.1f} GiB of the {:.1f} GiB of disk "
+                 "allowed (--disk-limit, else the free space of --offload-dir)\n",
+                 list, b.disk_bytes / 1073741824.0, r.disk_limit / 1073741824.0);
+    }
   } else {
     fmt::print("memfit plan --max-model: no {}-family model trains in {}{}; the smallest, {} "
                "layer x {} wide ({:.1f}M parameters), needs at least {} ({}); its largest part "
@@ -127,15 +150,19 @@ void print_max_model(const MaxModelResult& r) {
                format_mib(c.peak_bytes), candidate_options(c, true, stage),
                category_name(c.dominant()), format_mib(c.dominant_bytes()));
   }
-  fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:<14} {:>5}   {:<5} {}{:>12} {:>10}  {}\n",
+  // With offload possible (given, or open to the search), what each member keeps on disk.
+  const bool disk = r.disk_limit > 0;
+  fmt::print("\n  {:>6} {:>6} {:>5} {:>10}  {:<18} {:<14} {:>5}   {:<5} {}{}{:>12} {:>10}  {}\n",
              "layers", "width", "heads", "params M", "--ckpt", "--act-compress", "batch", "accum",
-             stage ? "--zero " : "", "peak MiB", "est s/step", "fits");
+             stage ? "--zero " : "", disk ? fmt::format("{:<19} ", "offload") : std::string(),
+             "peak MiB", "est s/step", "fits");
   for (const ShapeFit& f : r.neighbours) {
     const Candidate& n = f.search.choice;
-    fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:<14} {:>5} x {:<5} {}{:>12.1f} {:>10}  {}\n",
+    fmt::print("  {:>6} {:>6} {:>5} {:>10.1f}  {:<18} {:<14} {:>5} x {:<5} {}{}{:>12.1f} {:>10}  {}\n",
                f.shape.n_layer, f.shape.d_model, f.shape.n_head, f.params / 1e6, n.ckpt,
                act_compress_name(n.act_compress), n.batch, n.grad_accum,
-               stage ? fmt::format("{:>6} ", n.zero) : std::string(), mib(n.peak_bytes),
+               stage ? fmt::format("{:>6} ", n.zero) : std::string(),
+               disk ? fmt::format("{:<19} ", offload_column(n)) : std::string(), mib(n.peak_bytes),
                format_seconds(n.est_step_seconds),
                !f.search.fits ? fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit)))
                : !f.disk_fits ? fmt::format("no, the disk: {:.1f} GiB of files",

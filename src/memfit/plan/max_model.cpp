@@ -80,9 +80,11 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
   r.limit = limit;
   r.world = base.world;
   std::map<int, ShapeFit> planned;
-  // With the optimizer offloaded, a member must also fit the disk: --disk-limit, else what is
-  // free where the files would go.
-  if (base.offload.optimizer) {
+  // With the optimizer offloaded (given, or open to the search: --offload-dir alone), a member
+  // must also fit the disk: --disk-limit, else what is free where the files would go. The
+  // search then weighs each offloaded candidate's files against it.
+  const bool may_offload = base.offload.optimizer || base.offload_open;
+  if (may_offload) {
     r.disk_limit = base.offload.disk_limit;
     if (!r.disk_limit) {
       std::error_code ec;
@@ -95,15 +97,14 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
     if (it != planned.end()) return it->second;
     ShapeFit f;
     f.shape = family_shape(preset, n_layer);
-    const RunSpec c = with_family_shape(base, f.shape);
+    RunSpec c = with_family_shape(base, f.shape);
+    if (may_offload) c.offload.disk_limit = r.disk_limit;
     f.params = c.model.num_params();
-    SearchSpace space;
-    space.policies = true;
-    space.micro_batches = base.auto_batch;
-    space.compression = base.act_compress_open;
-    space.stages = base.zero_auto && base.world > 1;
-    f.search = search_training(c, limit, space);
-    if (base.offload.optimizer) {
+    // The policy (with_family_shape leaves it to the search), and what the run leaves open:
+    // the micro-batch, the compression, the stage, and with --offload-dir the offload options
+    // (the optimizer's, the working weights', the gradients': SearchSpace::of).
+    f.search = search_training(c, limit, SearchSpace::of(c));
+    if (f.search.choice.offload) {
       // The chosen run's files: the whole layout's in one process; over several ranks each
       // rank's shard's, the largest rank's against the per-rank limit (plan_largest_rank).
       plan_largest_rank(apply_candidate(c, f.search.choice), nullptr, &f.disk_bytes);

@@ -87,6 +87,9 @@ struct RunSpec {
   // --offload-dir given without --offload-optimizer: a search may choose to offload (when
   // nothing fits in RAM, or it is faster than what does).
   bool offload_open = false;
+  // --offload-dir given without --offload-grads: in one process a search may also keep the
+  // gradients on disk where it offloads the optimizer (Note [NVMe offload], "Choosing offload").
+  bool offload_grads_open = false;
 
   // What the model's step is planned and built with.
   ActivationOptions activation_options() const;

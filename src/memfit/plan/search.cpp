@@ -69,6 +69,7 @@ std::string candidate_options(const Candidate& c, bool with_batch, bool with_sta
     s += fmt::format(" --act-compress {}", act_compress_name(c.act_compress));
   if (c.offload) s += " --offload-optimizer nvme";
   if (c.offload_params) s += " --offload-params nvme";
+  if (c.offload_grads) s += " --offload-grads nvme";
   if (with_stage) s += fmt::format(" --zero {}", c.zero);
   return s;
 }
@@ -87,6 +88,7 @@ bool preferred(const Candidate& a, const Candidate& b) {
   // As fast (the disk hidden behind the update): RAM, which depends on no disk.
   if (a.offload != b.offload) return !a.offload;
   if (a.offload_params != b.offload_params) return !a.offload_params;
+  if (a.offload_grads != b.offload_grads) return !a.offload_grads;
   // As fast: the lower stage, fewer collectives (the bytes are in the estimate) and the layout
   // the run would have without ZeRO.
   if (a.zero != b.zero) return a.zero < b.zero;
@@ -127,6 +129,8 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   t.auto_batch = false;
   t.offload.optimizer = c.offload;
   t.offload.params = c.offload_params;
+  t.offload.grads = c.offload_grads;
+  t.offload_grads_open = false;
   t.offload_open = false;
   if (!c.offload) t.offload.disk_limit = 0;  // it bounds offload files: a run in RAM has none
   t.zero = c.zero;
@@ -154,6 +158,14 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   // stage 3 each rank's shard: RunSpec::check).
   std::vector<int> offloads = {base.offload.optimizer ? (base.offload.params ? 2 : 1) : 0};
   if (space.offload) offloads = {0, 1, 2};
+  // Each offloaded level also with the gradients on disk, where they may be (one process, the
+  // optimizer offloaded: RunSpec::check): (level, --offload-grads).
+  std::vector<std::pair<int, bool>> levels;
+  for (int level : offloads) {
+    levels.emplace_back(level, level >= 1 && base.offload.grads);
+    if (level >= 1 && space.offload_grads && base.world == 1 && !base.offload.grads)
+      levels.emplace_back(level, true);
+  }
   const std::vector<int> stages =
       space.stages ? std::vector<int>(std::begin(kSearchStages), std::end(kSearchStages))
                    : std::vector<int>{base.zero};
@@ -170,7 +182,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
           !keeps_some_block(CheckpointPolicy::parse(policy), base.model.n_layer))
         continue;
       for (int b : batches)
-        for (int level : offloads)
+        for (const auto& [level, offload_grads] : levels)
           for (int stage : stages) {
             const bool offload = level >= 1;
             if (level == 2 && base.world > 1 && stage != 3) continue;
@@ -183,6 +195,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             c.grad_accum = global / b;
             c.offload = offload;
             c.offload_params = level == 2;
+            c.offload_grads = offload_grads;
             c.zero = stage;
             const RunSpec run = apply_candidate(base, c);
             const PlanReport p = plan_training(run);
@@ -217,7 +230,8 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
     const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
                         c.act_compress == r.choice.act_compress &&
                         c.offload == r.choice.offload &&
-                        c.offload_params == r.choice.offload_params && c.zero == r.choice.zero;
+                        c.offload_params == r.choice.offload_params &&
+                        c.offload_grads == r.choice.offload_grads && c.zero == r.choice.zero;
     if (r.fits && c.fits && !chosen) r.slower.push_back(c);
     if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
   }

@@ -23,6 +23,7 @@ struct Candidate {
   ActCompress act_compress = ActCompress::none;
   bool offload = false;  // --offload-optimizer nvme
   bool offload_params = false;  // --offload-params nvme too (one process)
+  bool offload_grads = false;   // --offload-grads nvme too (one process)
   int batch = 0, grad_accum = 0;
   int zero = 0;  // the ZeRO stage (over several ranks)
   // The largest peak of any rank (plan_largest_rank: ranks differ by their shard and receive
@@ -39,7 +40,8 @@ struct Candidate {
 };
 
 // "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch; then
-// " --act-compress int8" where the candidate compresses; then " --zero 2" with the stage.
+// " --act-compress int8" where the candidate compresses; then every offload option it turns on
+// (--offload-optimizer, --offload-params, --offload-grads); then " --zero 2" with the stage.
 std::string candidate_options(const Candidate& c, bool with_batch, bool with_stage = false);
 
 // An estimated step time for tables and messages: "8.57", or "0.000412" when small.
@@ -66,15 +68,19 @@ struct SearchSpace {
   // only if it is one of them. In one process, or at stage 3, also with the working weights
   // offloaded (--offload-params nvme, which needs the optimizer offloaded).
   bool offload = false;
+  // In one process, every offloaded candidate (the base's, or the offload space's) also with
+  // the gradients on disk (--offload-grads nvme; --offload-dir given without --offload-grads).
+  // Its files and I/O are in the plan, priced at the calibrated disk rate like the others.
+  bool offload_grads = false;
   // Every candidate at each stage of kSearchStages (--zero auto over several ranks; with one
   // rank every stage is stage 0, so there is nothing to vary).
   bool stages = false;
   static SearchSpace of(const RunSpec& spec) {
     const bool stages = spec.zero_auto && spec.world > 1;
+    const bool searching = spec.ckpt_auto || spec.auto_batch || stages;
     return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open,
-            spec.offload_open && (spec.ckpt_auto || spec.auto_batch || stages) &&
-                (stages || offload_allowed(spec.world, spec.zero)),
-            stages};
+            spec.offload_open && searching && (stages || offload_allowed(spec.world, spec.zero)),
+            spec.offload_grads_open && searching && spec.world == 1, stages};
   }
   // Whether a run of `world` ranks at ZeRO stage `zero` may offload its optimizer: in one
   // process, or where each rank's state is a shard (stages 1-3; RunSpec::check refuses 0).

@@ -160,6 +160,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.offload_open = c.offload_optimizer.empty() && !c.offload_dir.empty();
   s.offload.params = c.offload_params == "nvme";
   s.offload.grads = c.offload_grads == "nvme";
+  s.offload_grads_open = c.offload_grads.empty() && !c.offload_dir.empty();
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.check();
@@ -214,6 +215,7 @@ TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
   t.act_compress = act_compress_name(c.act_compress);
   t.offload_optimizer = c.offload ? "nvme" : "none";
   t.offload_params = c.offload_params ? "nvme" : "none";
+  t.offload_grads = c.offload_grads ? "nvme" : "none";
   t.batch = c.batch;
   t.grad_accum = c.grad_accum;
   t.auto_batch = false;
@@ -300,6 +302,7 @@ void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   r.search.choice.zero = t.zero;
   r.search.choice.offload = r.spec.offload.optimizer;
   r.search.choice.offload_params = r.spec.offload.params;
+  r.search.choice.offload_grads = r.spec.offload.grads;
 }
 
 void check_max_model_config(const TrainConfig& c) {
