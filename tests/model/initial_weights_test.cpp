@@ -4,6 +4,7 @@
 #include "memfit/model/initial_weights.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "memfit/core/dtype.h"
+#include "memfit/kernels/cpu/parallel.h"
 #include "memfit/model/transformer.h"
 #include "gpt2_test_util.h"
 
@@ -94,6 +96,48 @@ TEST(InitialWeights, AnyRangeDrawsTheWholeDrawsBits) {
     draw_initial_range(c, layout, 43, {0, layout.total()}, got.data());
     EXPECT_FALSE(same_bits(got.data(), whole.data(), layout.total()));
   }
+}
+
+// The draw goes by thread (each thread a contiguous part with its own generator, skipping to
+// it): the whole draw's bits with any team size, for the whole layout and for pieces drawn in
+// increasing order by one InitialWeights (each thread's generator moving forward), and drawn
+// from inside a parallel region (each caller its own walk).
+TEST(InitialWeights, AnyThreadCountDrawsTheSameBits) {
+  const int before = omp_get_max_threads();
+  int large = 0;  // the presets: large enough to be drawn in parts (the odd ones are not)
+  for (const ModelConfig& c : configs()) {
+    const ParamLayout layout(c);
+    if (layout.total() <= 4 * kernels::kParallelGrain) continue;
+    ++large;
+    const std::vector<float> whole = whole_draw(c, layout, 7);
+    for (int threads : {1, 2, 3, 5}) {
+      SCOPED_TRACE(threads);
+      omp_set_num_threads(threads);
+      std::vector<float> got(whole.size(), -7.0f);
+      draw_initial_range(c, layout, 7, {0, layout.total()}, got.data());
+      EXPECT_TRUE(same_bits(got.data(), whole.data(), layout.total())) << c.describe();
+      std::fill(got.begin(), got.end(), -7.0f);
+      InitialWeights pieces(c, layout, 7);
+      const int64_t piece = layout.total() / 3 + 17;
+      for (int64_t a = 0; a < layout.total(); a += piece) {
+        const int64_t b = std::min(layout.total(), a + piece);
+        pieces.draw({a, b}, got.data() + a);
+      }
+      EXPECT_TRUE(same_bits(got.data(), whole.data(), layout.total())) << c.describe();
+    }
+    omp_set_num_threads(2);
+    std::vector<float> got(whole.size(), -7.0f);
+    const int64_t half = layout.total() / 2;
+#pragma omp parallel num_threads(2)
+    {
+      const int64_t a = omp_get_thread_num() == 0 ? 0 : half;
+      const int64_t b = omp_get_thread_num() == 0 ? half : layout.total();
+      draw_initial_range(c, layout, 7, {a, b}, got.data() + a);
+    }
+    EXPECT_TRUE(same_bits(got.data(), whole.data(), layout.total())) << c.describe();
+  }
+  omp_set_num_threads(before);
+  EXPECT_EQ(large, 2);
 }
 
 // The working copy's bits: the whole draw rounded (or copied) into its type.

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
@@ -17,6 +18,8 @@ namespace memfit {
 // scaled by 1/sqrt(2 n_layer)), norm gains 1, biases, padded vocabulary rows and alignment
 // gaps 0. draw() gives any range the bits the whole layout drawn at once gives it; ranges
 // drawn in increasing order cost the generator's walk once (an earlier range restarts it).
+// A range is drawn by the OpenMP team, each thread a contiguous part with a generator of its
+// own that skips to the part's position: the same bits whatever the thread count.
 class InitialWeights {
  public:
   InitialWeights(const ModelConfig& config, const ParamLayout& layout, uint64_t seed);
@@ -24,11 +27,17 @@ class InitialWeights {
   void draw(ElementRange range, float* dst);
 
  private:
+  // One thread's generator and its position (draws taken since seeding).
+  struct Walk {
+    std::mt19937_64 rng;
+    uint64_t at = 0;
+  };
+  void draw(ElementRange range, float* dst, Walk& walk) const;
+
   const ModelConfig& config_;
   const ParamLayout& layout_;
   uint64_t seed_;
-  std::mt19937_64 rng_;
-  uint64_t at_ = 0;  // the generator's position: draws taken since seeding
+  std::vector<Walk> walks_;  // one per thread of the team, each moving forward
 };
 
 // InitialWeights(config, layout, seed).draw(range, dst).

@@ -149,8 +149,8 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
   auto* params = static_cast<std::byte*>(params_.raw_data());
   // The working copy of [from, to) from f32 values, rounded as refresh_working rounds.
   auto round_into_working = [&](int64_t from, int64_t to, const float* src) {
-    convert_n(DType::f32, working, params + static_cast<size_t>(from - P.begin) * es, src,
-              to - from);
+    convert_n_team(DType::f32, working, params + static_cast<size_t>(from - P.begin) * es, src,
+                   to - from);
   };
   // Where the f32 weights of record take the values in place: the master weights (in RAM or
   // the caller's), or f32 working weights without them. `direct` lies within P.

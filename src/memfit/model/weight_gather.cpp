@@ -346,14 +346,20 @@ void WeightGather::store_from(const std::function<void(int64_t, int64_t, float*)
   MEMFIT_CHECK(file_ && piece.dtype() == DType::f32 && piece.numel() > 0, "offload",
                "store_from takes an f32 staging piece");
   drain();
+  // One process: each block is written from the next ring slot while the next block is drawn
+  // into another (the set-up's writes overlap its draw); a slot is reused once its write is
+  // done. (Stage 3 goes through its one landing buffer, each write waited for.)
+  std::vector<uint64_t> writing(static_cast<size_t>(std::max(slots_, 1)), 0);
+  size_t next = 0;
   for (size_t u = 0; u < units_.units.size(); ++u) {
     const ElementRange unit = units_.units[u];
     const ElementRange part = s_.comm ? mine_.intersect(unit) : unit;
     if (part.empty()) continue;
     const bool block = !units_.persistent[u];
     // Where the part's first element goes: its place in the persistent buffer, or the start
-    // of ring slot 0 (one process: the part is the block) or of the landing buffer (stage 3).
+    // of a ring slot (one process: the part is the block) or of the landing buffer (stage 3).
     char* dst;
+    uint64_t* ticket = nullptr;
     if (!block) {
       dst = static_cast<char*>(persistent_.raw_data()) +
             static_cast<size_t>(persistent_at_[u] + part.begin - unit.begin) * elem_;
@@ -361,21 +367,30 @@ void WeightGather::store_from(const std::function<void(int64_t, int64_t, float*)
       if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
       dst = landing();
     } else {
-      dst = slot_bytes(0);
+      ticket = &writing[next];
+      if (*ticket) file_->wait(std::exchange(*ticket, 0));
+      dst = slot_bytes(static_cast<int>(next));
+      next = (next + 1) % writing.size();
     }
     for (int64_t a = part.begin; a < part.end; a += piece.numel()) {
       const int64_t b = std::min(part.end, a + piece.numel());
       fill(a, b, piece.data<float>());
-      kernels::convert_n(DType::f32, dtype_, dst + static_cast<size_t>(a - part.begin) * elem_,
-                         piece.data<float>(), b - a);
+      kernels::convert_n_team(DType::f32, dtype_,
+                              dst + static_cast<size_t>(a - part.begin) * elem_,
+                              piece.data<float>(), b - a);
     }
     if (!block) continue;
     // Past the part's last element up to the request's page: zeros in the file.
     const size_t bytes = static_cast<size_t>(part.size()) * elem_;
     std::memset(dst + bytes, 0,
                 static_cast<size_t>(round_to(static_cast<int64_t>(bytes), kFileAlign)) - bytes);
-    file_->wait(file_->write(u, dst));
+    if (ticket)
+      *ticket = file_->write(u, dst);
+    else
+      file_->wait(file_->write(u, dst));
   }
+  for (uint64_t t : writing)
+    if (t) file_->wait(t);
 }
 
 void WeightGather::read_mine(const std::function<void(const char*, size_t)>& sink) {

@@ -255,12 +255,27 @@ void OffloadedOptimizer::read_master(Tensor& slab) {
 void OffloadedOptimizer::write_master_from(
     const std::function<void(int64_t from, int64_t to, float* dst)>& fill) {
   MEMFIT_CHECK(master_, "offload", "write_master_from: this optimizer keeps no master weights");
-  stream(0, IoRequest::Op::write, [&](size_t u, char* buf, size_t bytes) {
-    const ElementRange& e = layout_.tensors[0].extents[u];
+  // Each unit filled into the next ring slot and written from it while the next unit is filled
+  // (the set-up's draw overlaps its writes); a slot is reused once its write is done.
+  const OffloadTensor& t = layout_.tensors[0];
+  std::vector<uint64_t> writes[kRingSlots];
+  int slot = 0;
+  for (size_t u = 0; u < layout_.pieces.size(); ++u) {
+    const size_t bytes = t.extent_bytes(u);
+    if (bytes == 0) continue;
+    wait(writes[slot]);
+    IoRequest r = request(IoRequest::Op::write, slot, 0, u);
+    char* buf = static_cast<char*>(r.buffer);
+    const ElementRange& e = t.extents[u];
     MEMFIT_CHECK(static_cast<size_t>(e.size()) * sizeof(float) == bytes, "offload",
                  "master unit {}: {} bytes for {} elements", u, bytes, e.size());
     fill(e.begin, e.end, reinterpret_cast<float*>(buf));
-  });
+    std::memset(buf + bytes, 0, r.bytes - bytes);
+    stats_.bytes_written += r.bytes;
+    writes[slot].push_back(io_->submit(std::move(r)));
+    slot = (slot + 1) % kRingSlots;
+  }
+  for (auto& w : writes) wait(w);
 }
 
 void OffloadedOptimizer::read_master_to(

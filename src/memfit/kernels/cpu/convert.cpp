@@ -131,6 +131,16 @@ void convert_n(DType src_type, DType dst_type, void* dst, const void* src, int64
   MEMFIT_SIMD_DISPATCH(ConvertN)(src_type, dst_type, dst, src, n);
 }
 
+void convert_n_team(DType src_type, DType dst_type, void* dst, const void* src, int64_t n) {
+  const size_t ss = dtype_size(src_type), ds = dtype_size(dst_type);
+  auto* y = static_cast<char*>(dst);
+  const auto* x = static_cast<const char*>(src);
+  parallel_ranges(n, [&](int64_t begin, int64_t end) {
+    MEMFIT_SIMD_DISPATCH(ConvertN)(src_type, dst_type, y + begin * ds, x + begin * ss,
+                                   end - begin);
+  });
+}
+
 namespace {
 
 void expect_float(const Tensor& t, std::string_view op, std::string_view name) {

@@ -40,6 +40,9 @@ UnscaleResult unscale_and_check(Tensor& grads, float inv_scale);
 // For the kernels: dst[i] = src[i] for i < n over raw storage of f32, bf16 or f16, on the
 // calling thread, with convert()'s rounding (bit-identical on every SIMD target).
 void convert_n(DType src_type, DType dst_type, void* dst, const void* src, int64_t n);
+// The same on the OpenMP team (each thread a contiguous part; the same bits), for raw storage
+// outside a kernel: the set-up rounding the initial weights into a working copy.
+void convert_n_team(DType src_type, DType dst_type, void* dst, const void* src, int64_t n);
 
 // --- Stochastic rounding, element by element (the definition the vector path follows) ---
 
