@@ -217,6 +217,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const fs::path offload_dir =
       W > 1 ? fs::path(spec.offload.dir) / fmt::format("rank-{}", comm.rank())
             : fs::path(spec.offload.dir);
+  // The rank's own subdirectory goes when the run ends (after its files, which the objects
+  // below remove as they are destroyed): remove() leaves a directory that is not empty.
+  struct RemoveWhenEmpty {
+    fs::path dir;
+    ~RemoveWhenEmpty() {
+      std::error_code ec;
+      if (!dir.empty()) fs::remove(dir, ec);
+    }
+  } remove_rank_dir{offload && W > 1 ? offload_dir : fs::path()};
   // Stage 3: the working weights are sharded too, and the step gathers what each phase reads
   // (Note [ZeRO stage 3]).
   std::optional<ParamSharding> param_sharding;
