@@ -126,6 +126,18 @@ TEST_F(OffloadGradsTrainer, Bf16GradientsBitIdenticalToBf16GradientsInRam) {
   expect_same_run(p, "llama-tiny pure bf16, bf16 gradients, adamw8bit");
   // With the working weights on disk too: the headline's configuration.
   expect_same_run(p, "llama-tiny pure bf16, bf16 gradients, adamw8bit, --offload-params", "nvme");
+  // fp16: each unit's bf16 sums unscaled in place before the write; a scale that overflows
+  // skips the same steps.
+  TrainConfig h = config();
+  h.grad_dtype = "bf16";
+  h.precision = "fp16";
+  h.attention = "plain";  // flash is fp32/bf16 only
+  h.loss_scaler.initial_scale = 16777216.0f;
+  expect_same_run(h, "fp16, bf16 gradients, overflowing scale");
+  int skipped = 0;
+  for (const auto& line : read_log(dir / "off.jsonl"))
+    if (line.contains("grad_norm") && line["grad_norm"].is_null()) ++skipped;
+  EXPECT_GT(skipped, 0);
 }
 
 TEST_F(OffloadGradsTrainer, Fp16UnscalesPerUnitBitIdentical) {
