@@ -162,6 +162,7 @@ TEST(OffloadedGrads, Bf16SumsRoundEachMicroBatchOnceAndAddInF32) {
                      /*max_piece=*/1000);
     const GradFileLayout& fl = g.file_layout();
     EXPECT_EQ(ScratchFile::read_header(g.file().path())["dtype"], "BF16");
+    EXPECT_EQ(fs::file_size(g.file().path()), fl.file_bytes);  // what the plan's disk counts
     EXPECT_EQ(pool.bytes_current(), fl.ram_bytes());
     EXPECT_LT(fl.file_bytes - kHeaderBytes, (f32.file_bytes - kHeaderBytes) / 2 +
                                                  fl.units.size() * kIoAlign);
