@@ -201,6 +201,9 @@ TEST_F(ParamOffload, SearchOffloadsTheWeightsWhereOnlyThatFits) {
   c.steps = 2;
   c.ckpt = "full";
   c.offload_dir = (dir / "offload").string();
+  // The gradients stay in RAM (else their offload, which the search also tries, may fit this
+  // budget too: OffloadGradsTrainer.SearchKeepsTheGradientsOnDiskWhereOnlyThatFits).
+  c.offload_grads = "none";
   TrainConfig a = c;
   a.offload_optimizer = "nvme";
   const size_t state_only = plan_memory(resolve_run(a)).peak_bytes;
