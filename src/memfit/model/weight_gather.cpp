@@ -399,6 +399,29 @@ void WeightGather::read_mine(const std::function<void(const char*, size_t)>& sin
   }
 }
 
+void WeightGather::read_range(
+    ElementRange want, const std::function<void(int64_t, int64_t, const char*)>& take) {
+  MEMFIT_CHECK(file_ && !s_.comm, "offload",
+               "read_range reads a file source's working weights in one process");
+  drain();
+  for (size_t u = 0; u < units_.units.size(); ++u) {
+    const ElementRange unit = units_.units[u];
+    const ElementRange part = unit.intersect(want);
+    if (part.empty()) continue;
+    const size_t skip = static_cast<size_t>(part.begin - unit.begin) * elem_;
+    if (units_.persistent[u]) {
+      take(part.begin, part.end,
+           static_cast<const char*>(persistent_.raw_data()) +
+               static_cast<size_t>(persistent_at_[u]) * elem_ + skip);
+      continue;
+    }
+    char* buf = slot_bytes(0);
+    if (uint64_t& w = slot_write_[0]; w) file_->wait(std::exchange(w, 0));
+    file_->wait(file_->read(u, buf));
+    take(part.begin, part.end, buf + skip);
+  }
+}
+
 void WeightGather::load_all(Tensor& out) {
   MEMFIT_CHECK(file_ && out.numel() == layout_.total() && dtype_size(out.dtype()) == elem_,
                "offload", "load_all fills the whole layout ({} elements) in the working dtype",
