@@ -422,18 +422,6 @@ void WeightGather::read_range(
   }
 }
 
-void WeightGather::load_all(Tensor& out) {
-  MEMFIT_CHECK(file_ && out.numel() == layout_.total() && dtype_size(out.dtype()) == elem_,
-               "offload", "load_all fills the whole layout ({} elements) in the working dtype",
-               layout_.total());
-  char* dst = static_cast<char*>(out.raw_data()) +
-              static_cast<size_t>(s_.comm ? mine_.begin : 0) * elem_;
-  read_mine([&](const char* src, size_t bytes) {
-    std::memcpy(dst, src, bytes);
-    dst += bytes;
-  });
-}
-
 Tensor WeightGather::update_piece(ElementRange piece, bool read) {
   MEMFIT_CHECK(file_, "offload", "update_piece without a file source");
   const size_t u = unit_of(piece.begin);
