@@ -146,11 +146,48 @@ def large(args, tmp):
         if "params" in o:
             rows[-1]["param_read_gib"] = o["params"]["read_bytes"] / GIB
             rows[-1]["param_wait_s"] = o["params"]["wait_seconds"]
-    return {"args": common, "params_m": plan["model"]["params"] / 1e6,
+    result = {"args": common, "params_m": plan["model"]["params"] / 1e6,
             "planned_peak_mib": plan["peak_bytes"] / MIB,
             "disk_gib": plan["offload"]["disk_bytes"] / GIB,
             "io_gib_per_step": plan["offload"]["io_bytes_per_step"] / GIB, "steps": rows,
             "loss_went_down": steps[-1]["loss"] < steps[0]["loss"]}
+    if args.save_resume:
+        result["save_resume"] = save_resume(args, tmp, common, steps, plan)
+    return result
+
+
+def max_rss_run(cmd):
+    """Runs cmd under /usr/bin/time; returns its maximum resident set size in bytes."""
+    out = subprocess.run(["/usr/bin/time", "-f", "maxrss_kib %M"] + cmd, check=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True).stderr
+    return int(out.rsplit("maxrss_kib", 1)[1].split()[0]) * 1024
+
+
+def save_resume(args, tmp, common, reference, plan):
+    """The large run saved after steps - 1 steps (model.safetensors streamed from the offload
+    files), then resumed for the last step: the resumed step's loss against the uninterrupted
+    run's, and the saving process's maximum RSS against the planned pool peak."""
+    ckpt = os.path.join(args.dir, "checkpoint")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    train_args = ["--lr", "1e-4", "--warmup", "0", "--lr-schedule", "constant", "--repeat-batch",
+                  "--data", args.large_data, "--eval-batches", "1", "--shuffle", "false"]
+    log_a, log_b = os.path.join(tmp, "save.jsonl"), os.path.join(tmp, "resumed.jsonl")
+    rss_a = max_rss_run([args.memfit, "train"] + common + train_args +
+                        ["--steps", str(args.steps), "--stop-after", str(args.steps - 1),
+                         "--save", ckpt, "--log", log_a])
+    checkpoint_bytes = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt))
+    rss_b = max_rss_run([args.memfit, "train"] + common + train_args +
+                        ["--steps", str(args.steps), "--resume", ckpt, "--log", log_b])
+    with open(log_b) as f:
+        resumed = [json.loads(line) for line in f if '"loss"' in line]
+    last = reference[-1]
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return {"saved_after_step": args.steps - 1, "checkpoint_gib": checkpoint_bytes / GIB,
+            "max_rss_saving_mib": rss_a / MIB, "max_rss_resumed_mib": rss_b / MIB,
+            "planned_peak_mib": plan["peak_bytes"] / MIB,
+            "resumed_loss": resumed[-1]["loss"], "uninterrupted_loss": last["loss"],
+            "resumed_step": resumed[-1]["step"],
+            "bit_identical": resumed[-1]["loss"] == last["loss"]}
 
 
 def main():
@@ -181,6 +218,9 @@ def main():
     p.add_argument("--fio-gib", type=int, default=8)
     p.add_argument("--offload-params", action="store_true",
                    help="the large run offloads the blocks' working weights too")
+    p.add_argument("--save-resume", action="store_true",
+                   help="also save the large run after steps - 1 steps and resume it for the "
+                        "last (needs room for the checkpoint beside the files)")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "offload.json"))
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
@@ -227,6 +267,13 @@ def main():
                 print(f"step {r['step']}: params file {r['param_read_gib']:.1f} GiB read, "
                       f"{r['param_wait_s']:.2f} s waited, {hidden:.0%} of the reads hidden "
                       f"behind compute")
+        if "save_resume" in L:
+            sr = L["save_resume"]
+            print(f"saved after step {sr['saved_after_step']} ({sr['checkpoint_gib']:.1f} GiB), "
+                  f"max RSS {sr['max_rss_saving_mib']:.0f} MiB (planned pool peak "
+                  f"{sr['planned_peak_mib']:.0f}); resumed step {sr['resumed_step']} loss "
+                  f"{sr['resumed_loss']:.6f}, uninterrupted {sr['uninterrupted_loss']:.6f}: "
+                  f"bit-identical {sr['bit_identical']} (max RSS {sr['max_rss_resumed_mib']:.0f})")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

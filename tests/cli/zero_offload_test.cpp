@@ -93,9 +93,9 @@ class ZeroOffload : public test::MpiBinaryTest {
       expect_same_run(ram.string() + ".jsonl", off.string() + ".jsonl", ram, off,
                       fmt::format("stage {}", zero));
       for (int r = 0; r < 2; ++r) {
+        // The run made rank-<r>/ and removes it with its files when it ends.
         const fs::path d = dir / "off" / fmt::format("rank-{}", r);
-        EXPECT_TRUE(fs::is_directory(d)) << d;
-        EXPECT_TRUE(fs::is_empty(d)) << d << ": scratch files left behind";
+        EXPECT_FALSE(fs::exists(d)) << d << ": scratch files or their directory left behind";
       }
     }
   }
@@ -161,7 +161,7 @@ TEST_F(ZeroOffload, StageThreeWithTheWorkingWeightsOffloadedEqualsRamAndItsPlan)
       EXPECT_GT(p["offload"]["disk_by_category"].value("params", 0), 0);
       EXPECT_EQ(m["offload"]["disk"], p["offload"]["disk_by_category"]) << more << " rank " << r;
       EXPECT_EQ(m["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"]) << r;
-      EXPECT_TRUE(fs::is_empty(dir / "off" / fmt::format("rank-{}", r)));
+      EXPECT_FALSE(fs::exists(dir / "off" / fmt::format("rank-{}", r)));
     }
   }
   // A save stopped halfway resumes, offloaded again, to the uninterrupted RAM run's files
@@ -410,9 +410,11 @@ TEST_F(ZeroOffload, RanksAgreeOnOffloadButNotOnItsDirectory) {
                  fmt::format("{} --offload-dir '{}'", common, (dir / "b").string())),
             0)
       << test::slurp(dir / "err.txt");
-  EXPECT_TRUE(fs::is_directory(dir / "a" / "rank-0"));
-  EXPECT_TRUE(fs::is_directory(dir / "b" / "rank-1"));
-  EXPECT_FALSE(fs::exists(dir / "a" / "rank-1"));
+  // Each rank made (and at the end removed) its rank-<r>/ in its own directory.
+  EXPECT_TRUE(fs::is_directory(dir / "a"));
+  EXPECT_TRUE(fs::is_directory(dir / "b"));
+  for (const char* d : {"a/rank-0", "a/rank-1", "b/rank-0", "b/rank-1"})
+    EXPECT_FALSE(fs::exists(dir / d)) << d;
   EXPECT_NE(mpmd(fmt::format("{} --offload-dir '{}'", common, (dir / "a").string()),
                  "--steps 2 --zero 1"),
             0);

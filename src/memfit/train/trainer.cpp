@@ -34,6 +34,7 @@
 #include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
+#include "memfit/train/offload_disk.h"
 #include "memfit/train/progress.h"
 #include "memfit/train/resume_state.h"
 #include "memfit/train/run_agreement.h"
@@ -216,6 +217,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const fs::path offload_dir =
       W > 1 ? fs::path(spec.offload.dir) / fmt::format("rank-{}", comm.rank())
             : fs::path(spec.offload.dir);
+  // The rank's own subdirectory goes when the run ends (after its files, which the objects
+  // below remove as they are destroyed): remove() leaves a directory that is not empty.
+  struct RemoveWhenEmpty {
+    fs::path dir;
+    ~RemoveWhenEmpty() {
+      std::error_code ec;
+      if (!dir.empty()) fs::remove(dir, ec);
+    }
+  } remove_rank_dir{offload && W > 1 ? offload_dir : fs::path()};
   // Stage 3: the working weights are sharded too, and the step gathers what each phase reads
   // (Note [ZeRO stage 3]).
   std::optional<ParamSharding> param_sharding;
@@ -228,6 +238,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // source; at stage 3 read, then all-gathered) and written back by the offloaded update.
   // Made before the model, so the model (whose ring the requests use) and its waits for them
   // go first (Note [NVMe offload], "Working weights on disk").
+  // Every rank's offload files against the free bytes of the filesystem it shares with the
+  // other ranks there, before any file is made (train/offload_disk.h).
+  if (spec.offload.optimizer)
+    check_offload_disk(comm, offload_dir, plan_memory(spec, comm.rank()).disk_bytes);
   std::unique_ptr<offload::ParamFile> param_file;
   std::optional<ParamOffload> param_offload;
   if (spec.offload.params) {
