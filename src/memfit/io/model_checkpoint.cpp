@@ -181,15 +181,14 @@ void save_checkpoint(const fs::path& dir, const ModelConfig& config, const Param
                      name != kOptimizerFile,
                  "checkpoint", "'{}' cannot name an extra checkpoint file", name);
   }
-  MEMFIT_CHECK(int{slab.defined()} + int{options.sharded_weights_dtype.has_value()} +
-                       int{options.streamed_weights.has_value()} ==
-                   1,
-               "checkpoint",
+  const int sources = int{slab.defined()} + int{options.sharded_weights_dtype.has_value()} +
+                      int{options.streamed_weights.has_value()};
+  MEMFIT_CHECK(sources == 1, "checkpoint",
                "save_checkpoint takes a slab of weights, a stream of them, or for a sharded save "
                "their dtype");
-  const DType weights_dtype = slab.defined()                      ? slab.dtype()
-                              : options.streamed_weights.has_value() ? options.streamed_weights->dtype
-                                                                     : *options.sharded_weights_dtype;
+  const DType weights_dtype = slab.defined()              ? slab.dtype()
+                              : options.streamed_weights ? options.streamed_weights->dtype
+                                                         : *options.sharded_weights_dtype;
   WeightsSaveOptions weights;
   weights.max_shard_bytes = options.max_shard_bytes;
   weights.staging_pool = options.staging_pool;

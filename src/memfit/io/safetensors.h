@@ -105,7 +105,9 @@ class SafetensorsWriter {
   // throws (and the file is not created).
   using ScatterSink =
       std::function<void(size_t id, uint64_t offset, const void* data, size_t bytes)>;
-  void set_scatter(std::function<void(const ScatterSink& sink)> fill) { scatter_ = std::move(fill); }
+  void set_scatter(std::function<void(const ScatterSink& sink)> fill) {
+    scatter_ = std::move(fill);
+  }
   void set_metadata(const std::string& key, const std::string& value);
   // Where conversions and transposes stage their bytes: one buffer at a time, of at most one
   // tensor's stored size (and 4 MiB, unless one transposed row is longer), allocated from

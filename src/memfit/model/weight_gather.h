@@ -132,7 +132,8 @@ class WeightGather {
   void read_mine(const std::function<void(const char*, size_t)>& sink);
   // File source in one process: layout elements [from, to) of the working weights inside
   // `want`, unit by unit in order, as bytes of the working dtype: a persistent unit's from RAM,
-  // a block's read into ring slot 0 (what a streamed save reads: io/streamed_weights.h).
+  // a block's read into a ring slot, two in turn so the next read is in flight (one with
+  // --prefetch-depth 0). What a streamed save reads (io/streamed_weights.h).
   void read_range(ElementRange want,
                   const std::function<void(int64_t from, int64_t to, const char* src)>& take);
   // The longest unit part this rank stores (the whole unit in one process).
