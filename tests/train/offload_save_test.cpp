@@ -42,12 +42,20 @@ class StreamedSave : public test::TrainerFixture {
       if (way.params) o.offload_params = "nvme";
       if (way.grads) o.offload_grads = "nvme";
       o.save_dir = (dir / "off").string();
+      o.log_file = (dir / "off.jsonl").string();
       fs::remove_all(o.save_dir);
       const RunSpec spec = resolve_run(o);
       ASSERT_TRUE(save_streams_weights(spec));
       const PlanReport plan = plan_memory(spec);
       const TrainSummary s = train(o);
       expect_same_checkpoint(dir / "ram", dir / "off");
+      int saves = 0;
+      for (const auto& line : read_log(dir / "off.jsonl"))
+        if (line.contains("saved")) {
+          EXPECT_GE(line["save_seconds"].get<double>(), 0.0);
+          ++saves;
+        }
+      EXPECT_EQ(saves, 2);
       EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
       for (Category cat : kAllCategories)
         EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],

@@ -510,6 +510,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     comm.barrier();  // every shard is on disk before rank 0 moves them into the save
   };
   auto save = [&](int64_t step, const Tensor& record) {
+    const auto save_start = std::chrono::steady_clock::now();
     io::CheckpointSaveOptions so;
     // A shard's optimizer state goes into the shard files (stage_shards); stage 0 saves the
     // whole state as optimizer.safetensors (every rank holds the same).
@@ -566,7 +567,12 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     save_staging = Tensor{};
     if (sharded_state) fs::remove(staging);  // emptied by the renames
     // Memory once the save has let go of what it used: the soak benchmark's samples.
-    log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
+    // (And how long rank 0's part of the save took: the streamed save's, with offload.)
+    log_line({{"step", step}, {"saved", cfg.save_dir},
+              {"save_seconds",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start)
+                   .count()},
+              {"live_bytes", pool.bytes_current()},
               {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
               {"mem", memory_json(pool.current_breakdown())}});
   };
