@@ -178,11 +178,14 @@ def save_resume(args, tmp, common, reference, plan):
     checkpoint_bytes = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt))
     rss_b = max_rss_run([args.memfit, "train"] + common + train_args +
                         ["--steps", str(args.steps), "--resume", ckpt, "--log", log_b])
+    with open(log_a) as f:
+        saves = [json.loads(line) for line in f if '"saved"' in line]
     with open(log_b) as f:
         resumed = [json.loads(line) for line in f if '"loss"' in line]
     last = reference[-1]
     shutil.rmtree(ckpt, ignore_errors=True)
     return {"saved_after_step": args.steps - 1, "checkpoint_gib": checkpoint_bytes / GIB,
+            "save_seconds": saves[-1].get("save_seconds") if saves else None,
             "max_rss_saving_mib": rss_a / MIB, "max_rss_resumed_mib": rss_b / MIB,
             "planned_peak_mib": plan["peak_bytes"] / MIB,
             "resumed_loss": resumed[-1]["loss"], "uninterrupted_loss": last["loss"],
@@ -269,8 +272,9 @@ def main():
                       f"behind compute")
         if "save_resume" in L:
             sr = L["save_resume"]
-            print(f"saved after step {sr['saved_after_step']} ({sr['checkpoint_gib']:.1f} GiB), "
-                  f"max RSS {sr['max_rss_saving_mib']:.0f} MiB (planned pool peak "
+            took = f" in {sr['save_seconds']:.1f} s" if sr.get("save_seconds") is not None else ""
+            print(f"saved after step {sr['saved_after_step']} ({sr['checkpoint_gib']:.1f} GiB"
+                  f"{took}), max RSS {sr['max_rss_saving_mib']:.0f} MiB (planned pool peak "
                   f"{sr['planned_peak_mib']:.0f}); resumed step {sr['resumed_step']} loss "
                   f"{sr['resumed_loss']:.6f}, uninterrupted {sr['uninterrupted_loss']:.6f}: "
                   f"bit-identical {sr['bit_identical']} (max RSS {sr['max_rss_resumed_mib']:.0f})")

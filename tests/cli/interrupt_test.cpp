@@ -207,6 +207,16 @@ TEST_F(Interrupt, KillWithTheGradientsOffloadedResumesBitIdentically) {
       {"--offload-grads", "nvme", "--offload-params", "nvme", "--grad-accum", "2"}, 7);
 }
 
+// Everything on disk in pure bf16 (the 7B headline's configuration): the working
+// weights are the weights of record, and every save streams model.safetensors from their file
+// (Note [Streamed save]); the resume from a save of a killed run is the uninterrupted run's.
+TEST_F(Interrupt, KillWithEverythingOffloadedInPureBf16ResumesBitIdentically) {
+  // Each 8-bit moment's codes and absmax, the params file and the gradients' file.
+  kill_offloaded_run_and_resume({"--offload-grads", "nvme", "--offload-params", "nvme",
+                                 "--master-weights", "none", "--grad-accum", "2"},
+                                6);
+}
+
 void Interrupt::kill_offloaded_run_and_resume(const std::vector<std::string>& more,
                                               int min_files) {
   std::vector<std::string> offload = {"--offload-optimizer", "nvme", "--offload-dir",

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "memfit/io/model_checkpoint.h"
+#include "memfit/io/streamed_weights.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/state/shard.h"
@@ -200,6 +201,68 @@ TEST(OffloadedOptimizer, ShardsStepAsTheWholeLayoutInRam) {
     }
     EXPECT_TRUE(same_bytes(w, back));
     EXPECT_THROW(shards[1]->save_state(tmp.path / "x.safetensors"), Error);
+  }
+}
+
+// What a streamed save reads (Note [Streamed save]): the master weights of any range, piece
+// by piece in order, each run the overlap of a piece with the range; and model.safetensors
+// streamed from the master file, with pieces of 3000 elements cut mid-row of GPT-2's
+// transposed Conv1D weights, is the save of the same weights from RAM, shards included.
+TEST(OffloadedOptimizer, TheMasterWeightsOfARangeStreamIntoTheSaveFromRam) {
+  TempDir tmp;
+  ModelConfig mc = ModelConfig::preset("gpt2-tiny");
+  mc.vocab_size = 500;  // padding rows the save drops
+  mc.finalize();
+  const ParamLayout layout(mc);
+  OptimConfig oc;
+  oc.name = "adamw8bit";
+  oc.n_head = mc.n_head;
+  MemoryPool pool;
+  const int64_t n = layout.total();
+  Tensor w = Tensor::empty(pool, {n}, DType::f32, Category::master, "w");
+  fill(w, 5, 1.0f);
+  OffloadedOptimizer off(oc, layout, true, pool, tmp.path, "t", 3000);
+  ASSERT_GT(off.file_layout().pieces.size(), 20u);
+  off.write_master(w);
+  for (const ElementRange want : {ElementRange{0, n}, ElementRange{123, 45678},
+                                  ElementRange{3001, 3002}, ElementRange{n - 5, n}}) {
+    SCOPED_TRACE(fmt::format("[{}, {})", want.begin, want.end));
+    int64_t at = want.begin;
+    int runs = 0;
+    off.read_master_range(want, [&](int64_t from, int64_t to, const float* src) {
+      EXPECT_EQ(from, at);
+      EXPECT_LT(from, to);
+      EXPECT_EQ(std::memcmp(src, w.data<float>() + from, static_cast<size_t>(to - from) * 4), 0);
+      at = to;
+      ++runs;
+    });
+    EXPECT_EQ(at, want.end);
+    EXPECT_GE(runs, 1);
+  }
+  for (const uint64_t max_shard : {io::kDefaultMaxShardBytes, uint64_t{300000}}) {
+    SCOPED_TRACE(max_shard);
+    fs::remove_all(tmp.path / "ram");
+    fs::remove_all(tmp.path / "off");
+    fs::create_directories(tmp.path / "ram");
+    fs::create_directories(tmp.path / "off");
+    io::WeightsSaveOptions o;
+    o.max_shard_bytes = max_shard;
+    const auto files = io::save_weights(tmp.path / "ram", mc, layout, w, o);
+    io::StreamedWeights s;
+    s.dtype = DType::f32;
+    s.stream = [&](ElementRange range, const io::RecordTake& take) {
+      off.read_master_range(range, [&](int64_t from, int64_t to, const float* src) {
+        take(from, to, src);
+      });
+    };
+    s.staging = Tensor::empty(pool, {1000}, DType::f32, Category::staging, "save.staging");
+    EXPECT_EQ(io::save_weights_streamed(tmp.path / "off", mc, layout, s, o), files);
+    if (max_shard == io::kDefaultMaxShardBytes)
+      EXPECT_EQ(files.size(), 1u);
+    else
+      EXPECT_GT(files.size(), 3u);  // shards and the index
+    for (const std::string& f : files)
+      EXPECT_EQ(first_difference(tmp.path / "ram" / f, tmp.path / "off" / f), "") << f;
   }
 }
 

@@ -51,6 +51,36 @@ void FileWriter::write(const void* data, size_t n) {
     written_ += static_cast<uint64_t>(k);
   }
 }
+void FileWriter::skip(uint64_t n) {
+  if (n == 0) return;
+  const uint64_t end = written_ + n;
+  if (::ftruncate(fd_, static_cast<off_t>(end)) != 0 ||
+      ::lseek(fd_, static_cast<off_t>(end), SEEK_SET) < 0) {
+    int err = errno;
+    MEMFIT_THROW(IoError, "atomic_file", "extending {} to {} bytes failed: {}", target_.string(),
+                 end, errno_text(err));
+  }
+  written_ = end;
+}
+
+void FileWriter::write_at(uint64_t offset, const void* data, size_t n) {
+  MEMFIT_CHECK(offset <= written_ && n <= written_ - offset, "atomic_file",
+               "{}: a write of {} bytes at {} lies past the {} bytes covered", target_.string(), n,
+               offset, written_);
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t k = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      MEMFIT_THROW(IoError, "atomic_file", "writing {} bytes at offset {} of {} failed: {}", n,
+                   offset, target_.string(), errno_text(err));
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+    offset += static_cast<uint64_t>(k);
+  }
+}
 
 void write_file_atomic(const fs::path& path, const std::function<void(FileWriter&)>& fill) {
   MEMFIT_CHECK(path.has_filename(), "atomic_file", "'{}' names no file", path.string());

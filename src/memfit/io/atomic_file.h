@@ -19,6 +19,13 @@ class FileWriter {
  public:
   void write(const void* data, size_t n);
   void write(std::string_view s) { write(s.data(), s.size()); }
+  // Extends the file by `n` bytes (zeros until written) and moves past them: a region that
+  // write_at fills in any order (a tensor written scattered, SafetensorsWriter::add_scattered).
+  void skip(uint64_t n);
+  // Writes `n` bytes at byte `offset` of the file, which must lie within what write() and
+  // skip() have covered; the position write() continues from does not move (pwrite(2)).
+  void write_at(uint64_t offset, const void* data, size_t n);
+  // The bytes covered so far (written, or skipped).
   uint64_t bytes_written() const { return written_; }
   // The path the file will have once complete (not the temporary name).
   const std::filesystem::path& path() const { return target_; }

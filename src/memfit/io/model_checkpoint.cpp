@@ -181,9 +181,14 @@ void save_checkpoint(const fs::path& dir, const ModelConfig& config, const Param
                      name != kOptimizerFile,
                  "checkpoint", "'{}' cannot name an extra checkpoint file", name);
   }
-  MEMFIT_CHECK(slab.defined() != options.sharded_weights_dtype.has_value(), "checkpoint",
-               "save_checkpoint takes a slab of weights or, for a sharded save, their dtype");
-  const DType weights_dtype = slab.defined() ? slab.dtype() : *options.sharded_weights_dtype;
+  const int sources = int{slab.defined()} + int{options.sharded_weights_dtype.has_value()} +
+                      int{options.streamed_weights.has_value()};
+  MEMFIT_CHECK(sources == 1, "checkpoint",
+               "save_checkpoint takes a slab of weights, a stream of them, or for a sharded save "
+               "their dtype");
+  const DType weights_dtype = slab.defined()              ? slab.dtype()
+                              : options.streamed_weights ? options.streamed_weights->dtype
+                                                         : *options.sharded_weights_dtype;
   WeightsSaveOptions weights;
   weights.max_shard_bytes = options.max_shard_bytes;
   weights.staging_pool = options.staging_pool;
@@ -191,6 +196,8 @@ void save_checkpoint(const fs::path& dir, const ModelConfig& config, const Param
       dir,
       [&](const fs::path& tmp) {
         if (slab.defined()) save_weights(tmp, config, layout, slab, weights);
+        if (options.streamed_weights)
+          save_weights_streamed(tmp, config, layout, *options.streamed_weights, weights);
         if (options.on_stage) options.on_stage(SaveStage::model_written);
         write_file_atomic(tmp / kConfigFile,
                           model_config_to_hf_json(config, weights_dtype).dump(2) + "\n");

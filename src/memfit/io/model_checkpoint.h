@@ -20,6 +20,7 @@
 #include "memfit/io/model_hf_config.h"
 #include "memfit/io/model_weights.h"
 #include "memfit/io/sharded_safetensors.h"
+#include "memfit/io/streamed_weights.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
@@ -66,13 +67,18 @@ struct CheckpointSaveOptions {
   // write_extra adds, in this type (config.json's torch_dtype), and no model.safetensors is
   // written (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state").
   std::optional<DType> sharded_weights_dtype;
+  // Weights of record that are not one tensor in RAM (offloaded, one process): save_checkpoint
+  // given no slab writes model.safetensors from this stream, the same bytes
+  // (save_weights_streamed; Note [Streamed save] in docs/notes/checkpoints.md).
+  std::optional<StreamedWeights> streamed_weights;
 };
 
 // Saves a checkpoint directory with write_directory_atomic: DIR afterwards holds either the
 // previous checkpoint or the whole new one, whatever fails or crashes. Files: model.safetensors
 // (or model-0000K-of-0000N.safetensors and model.safetensors.index.json), config.json (the
 // family's, torch_dtype the slab's type), and optimizer.safetensors and extra files as asked.
-// An undefined `slab`: no weights files (options.sharded_weights_dtype says their type).
+// An undefined `slab`: the weights streamed (options.streamed_weights), or no weights files
+// (options.sharded_weights_dtype says their type).
 void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                      const ParamLayout& layout, const Tensor& slab,
                      const CheckpointSaveOptions& options = {});

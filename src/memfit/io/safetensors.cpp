@@ -270,6 +270,13 @@ void SafetensorsWriter::add_source(std::string name, SafetensorsDType dtype,
   items_.back().source = std::move(source);
 }
 
+size_t SafetensorsWriter::add_scattered(std::string name, SafetensorsDType dtype,
+                                        std::vector<int64_t> shape) {
+  add_raw(std::move(name), dtype, std::move(shape), nullptr);
+  items_.back().scattered = true;
+  return items_.size() - 1;
+}
+
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
   metadata_[key] = value;
 }
@@ -342,7 +349,20 @@ void SafetensorsWriter::write(const fs::path& path) const {
                                        "safetensors.staging");
       return static_cast<std::byte*>(pooled.data());
     };
+    // Where each scattered tensor starts in the file (by add_scattered's id), and the bytes the
+    // scatter pass has given it.
+    struct Region {
+      uint64_t at = 0, bytes = 0, got = 0;
+    };
+    std::vector<Region> regions(items_.size());
     for (const Item* it : ordered()) {
+      if (it->scattered) {
+        Region& r = regions[static_cast<size_t>(it - items_.data())];
+        r.at = w.bytes_written();
+        r.bytes = item_bytes(it->dtype, it->shape);
+        w.skip(r.bytes);
+        continue;
+      }
       if (it->source) {
         const uint64_t want = item_bytes(it->dtype, it->shape);
         uint64_t got = 0;
@@ -405,6 +425,25 @@ void SafetensorsWriter::write(const fs::path& path) const {
         w.write(chunk, static_cast<size_t>(k * rows) * out_size);
       }
     }
+    bool any_scattered = false;
+    for (const Item& it : items_) any_scattered |= it.scattered;
+    if (!any_scattered) return;
+    MEMFIT_CHECK(scatter_, "safetensors", "{}: scattered tensors and no scatter pass",
+                 path.string());
+    scatter_([&](size_t id, uint64_t offset, const void* data, size_t n) {
+      MEMFIT_CHECK(id < items_.size() && items_[id].scattered, "safetensors",
+                   "{}: tensor #{} is not a scattered one", path.string(), id);
+      Region& r = regions[id];
+      MEMFIT_CHECK(offset <= r.bytes && n <= r.bytes - offset, "safetensors",
+                   "tensor '{}': a write of {} bytes at {} lies outside its {} bytes",
+                   items_[id].name, n, offset, r.bytes);
+      w.write_at(r.at + offset, data, n);
+      r.got += n;
+    });
+    for (size_t i = 0; i < items_.size(); ++i)
+      MEMFIT_CHECK(!items_[i].scattered || regions[i].got == regions[i].bytes, "safetensors",
+                   "tensor '{}': the scatter pass wrote {} of its {} bytes", items_[i].name,
+                   regions[i].got, regions[i].bytes);
   });
 }
 

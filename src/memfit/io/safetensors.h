@@ -94,6 +94,20 @@ class SafetensorsWriter {
   void add_deferred(std::string name, std::vector<int64_t> shape, DType dtype,
                     std::function<Tensor()> produce, std::optional<DType> store_as = std::nullopt,
                     bool transpose = false);
+  // Stores a tensor whose bytes are written in any order, at positions of the caller's choosing,
+  // by the scatter pass (set_scatter): the weights of record streamed from offload files in
+  // layout order, GPT-2's Conv1D weights transposed on the way (Note [Streamed save] in
+  // docs/notes/checkpoints.md). Returns the id the scatter sink takes.
+  size_t add_scattered(std::string name, SafetensorsDType dtype, std::vector<int64_t> shape);
+  // write() calls `fill` once, after every other tensor's bytes, with a sink that writes
+  // `bytes` at byte `offset` of scattered tensor `id` (positioned writes: nothing is buffered).
+  // Each scattered tensor must get exactly its bytes, each write inside it; else write()
+  // throws (and the file is not created).
+  using ScatterSink =
+      std::function<void(size_t id, uint64_t offset, const void* data, size_t bytes)>;
+  void set_scatter(std::function<void(const ScatterSink& sink)> fill) {
+    scatter_ = std::move(fill);
+  }
   void set_metadata(const std::string& key, const std::string& value);
   // Where conversions and transposes stage their bytes: one buffer at a time, of at most one
   // tensor's stored size (and 4 MiB, unless one transposed row is longer), allocated from
@@ -117,6 +131,7 @@ class SafetensorsWriter {
     std::vector<int64_t> source_shape;
     DType source_dtype = DType::f32;
     std::function<void(const ByteSink&)> source = {};  // add_source
+    bool scattered = false;                              // add_scattered
   };
   std::vector<const Item*> ordered() const;
   void check_new_name(const std::string& name) const;
@@ -124,6 +139,7 @@ class SafetensorsWriter {
   std::vector<Item> items_;
   std::map<std::string, std::string> metadata_;
   MemoryPool* staging_pool_ = nullptr;
+  std::function<void(const ScatterSink&)> scatter_;
 };
 
 // A validated, memory-mapped safetensors file. Only the header is parsed up front; tensor bytes

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -35,7 +36,7 @@ namespace {
 }
 
 uint64_t stored_bytes(const ShardTensor& t) {
-  if (!t.produce) return t.tensor.nbytes();
+  if (!t.produce && !t.scattered) return t.tensor.nbytes();
   uint64_t n = dtype_size(t.store_as.value_or(t.dtype));
   for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
   return n;
@@ -103,15 +104,33 @@ std::vector<std::string> write_model_safetensors(const fs::path& dir,
   auto write_one = [&](const std::string& name, int k) {
     SafetensorsWriter w;
     w.set_staging_pool(options.staging_pool);
+    // This file's tensors are a run [first, last); a scattered one's writer id, by index.
+    size_t first = tensors.size(), last = 0;
+    std::map<size_t, size_t> scattered;
     for (size_t i = 0; i < tensors.size(); ++i)
       if (k < 0 || shard[i] == k) {
         const ShardTensor& t = tensors[i];
-        if (t.produce)
+        first = std::min(first, i);
+        last = i + 1;
+        if (t.scattered)
+          scattered[i] = w.add_scattered(t.name, safetensors_dtype_of(t.dtype), t.shape);
+        else if (t.produce)
           w.add_deferred(t.name, t.shape, t.dtype, t.produce, t.store_as, t.transpose);
         else
           w.add(t.name, t.tensor, std::nullopt, t.transpose);
       }
     for (const auto& [key, value] : options.metadata) w.set_metadata(key, value);
+    if (!scattered.empty()) {
+      MEMFIT_CHECK(options.scatter, "safetensors", "scattered tensors and no scatter pass");
+      w.set_scatter([&, first, last](const SafetensorsWriter::ScatterSink& sink) {
+        options.scatter(first, last, [&](size_t i, uint64_t offset, const void* data, size_t n) {
+          auto it = scattered.find(i);
+          MEMFIT_CHECK(it != scattered.end(), "safetensors",
+                       "tensor #{} is not a scattered tensor of {}", i, name);
+          sink(it->second, offset, data, n);
+        });
+      });
+    }
     w.write(dir / name);
   };
   if (n == 1) {

@@ -53,12 +53,21 @@ struct ShardTensor {
   std::vector<int64_t> shape;
   DType dtype = DType::f32;
   std::optional<DType> store_as;
+  // Instead of `tensor`: bytes of `shape` (as stored) and `dtype` that the scatter pass writes
+  // (ShardedWriteOptions::scatter; SafetensorsWriter::add_scattered).
+  bool scattered = false;
 };
 
 struct ShardedWriteOptions {
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;
   MemoryPool* staging_pool = nullptr;            // SafetensorsWriter::set_staging_pool
   std::map<std::string, std::string> metadata;  // every file's __metadata__
+  // The scattered tensors' bytes: called once per file with the tensors it holds, [first,
+  // last) of `tensors` (a file holds a run of them), and a sink taking a tensor's index in
+  // `tensors`, a byte offset in it and the bytes (SafetensorsWriter::set_scatter).
+  using ScatterSink =
+      std::function<void(size_t tensor, uint64_t offset, const void* data, size_t bytes)>;
+  std::function<void(size_t first, size_t last, const ScatterSink& sink)> scatter;
 };
 
 // Writes `tensors`, in their order, into the existing directory `dir`: model.safetensors if

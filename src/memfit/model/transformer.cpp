@@ -122,11 +122,6 @@ void Transformer::refresh_working() {
   working_changed();
 }
 
-void Transformer::working_to(Tensor& out) {
-  MEMFIT_CHECK(params_offloaded(), "model", "working_to: the working weights are in RAM");
-  gather_->load_all(out);
-}
-
 void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
                               const MasterSink& offloaded_master) {
   MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",

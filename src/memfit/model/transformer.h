@@ -67,12 +67,10 @@ class Transformer {
   bool params_sharded() const { return sharded_; }
   // --offload-params: the blocks' working weights are in a file; the update reaches them
   // through offloaded_params() (WeightGather::update_piece), init and loads through
-  // set_weights, saves through working_to.
+  // set_weights, saves through offloaded_params() (WeightGather::read_range, Note [Streamed
+  // save]).
   bool params_offloaded() const { return gather_ && gather_->from_file(); }
   WeightGather& offloaded_params() { return *gather_; }
-  // The whole working copy into `out` (the whole layout in the working dtype): a save's weights
-  // of record without master weights.
-  void working_to(Tensor& out);
   // At stage 3, after the working shard changed (the optimizer wrote it): every rank calls it
   // at the same point; the persistent units are gathered again. Nothing to do otherwise.
   void working_changed();

@@ -1,6 +1,7 @@
 // ZeRO stage 3's gathers of the working weights (Note [ZeRO stage 3] in docs/notes/zero.md).
 #include "memfit/model/weight_gather.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -414,16 +415,57 @@ void WeightGather::read_mine(const std::function<void(const char*, size_t)>& sin
   }
 }
 
-void WeightGather::load_all(Tensor& out) {
-  MEMFIT_CHECK(file_ && out.numel() == layout_.total() && dtype_size(out.dtype()) == elem_,
-               "offload", "load_all fills the whole layout ({} elements) in the working dtype",
-               layout_.total());
-  char* dst = static_cast<char*>(out.raw_data()) +
-              static_cast<size_t>(s_.comm ? mine_.begin : 0) * elem_;
-  read_mine([&](const char* src, size_t bytes) {
-    std::memcpy(dst, src, bytes);
-    dst += bytes;
-  });
+void WeightGather::read_range(
+    ElementRange want, const std::function<void(int64_t, int64_t, const char*)>& take) {
+  MEMFIT_CHECK(file_ && !s_.comm, "offload",
+               "read_range reads a file source's working weights in one process");
+  drain();
+  // The blocks to read, in order; block k goes to slot k mod 2 (with one slot, --prefetch-depth
+  // 0, to slot 0 after the last is handed over), block k + 1's read in flight while `take` has
+  // block k.
+  std::vector<size_t> blocks;
+  for (size_t u = 0; u < units_.units.size(); ++u)
+    if (!units_.persistent[u] && !units_.units[u].intersect(want).empty()) blocks.push_back(u);
+  const int slots = std::min(slots_, 2);
+  std::vector<uint64_t> reads(static_cast<size_t>(slots), 0);
+  auto issue = [&](size_t k) {
+    const int s = static_cast<int>(k % static_cast<size_t>(slots));
+    if (uint64_t& w = slot_write_[static_cast<size_t>(s)]; w) file_->wait(std::exchange(w, 0));
+    reads[static_cast<size_t>(s)] = file_->read(blocks[k], slot_bytes(s));
+  };
+  size_t k = 0;  // the next block to hand over
+  try {
+    if (!blocks.empty()) issue(0);
+    for (size_t u = 0; u < units_.units.size(); ++u) {
+      const ElementRange unit = units_.units[u];
+      const ElementRange part = unit.intersect(want);
+      if (part.empty()) continue;
+      const size_t skip = static_cast<size_t>(part.begin - unit.begin) * elem_;
+      if (units_.persistent[u]) {
+        take(part.begin, part.end,
+             static_cast<const char*>(persistent_.raw_data()) +
+                 static_cast<size_t>(persistent_at_[u]) * elem_ + skip);
+        continue;
+      }
+      const int s = static_cast<int>(k % static_cast<size_t>(slots));
+      file_->wait(std::exchange(reads[static_cast<size_t>(s)], 0));
+      if (slots > 1 && k + 1 < blocks.size()) issue(k + 1);
+      take(part.begin, part.end, slot_bytes(s) + skip);
+      if (slots == 1 && k + 1 < blocks.size()) issue(k + 1);
+      ++k;
+    }
+  } catch (...) {
+    // No read may land in the ring behind an unwinding caller.
+    for (uint64_t r : reads) {
+      if (r == 0) continue;
+      try {
+        file_->wait(r);
+      } catch (const std::exception&) {
+        // What is unwinding already reports the failure.
+      }
+    }
+    throw;
+  }
 }
 
 Tensor WeightGather::update_piece(ElementRange piece, bool read) {

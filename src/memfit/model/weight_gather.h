@@ -126,12 +126,16 @@ class WeightGather {
   // [from, to), as Transformer::set_weights takes them), through `piece` (f32, at most
   // largest_part() elements), rounded as refresh_working rounds (to nearest even): the
   // persistent units in RAM, each block through a ring slot into the file (stage 3: the rank's
-  // parts alone, the blocks' through the landing buffer). And the reverse, into `out` (the
-  // whole layout in the working dtype): every element in one process, the rank's range of it
-  // at stage 3; or to `sink`, the rank's range in order as bytes of the working dtype.
+  // parts alone, the blocks' through the landing buffer). And the reverse, to `sink`: the
+  // rank's range (every element in one process) in order as bytes of the working dtype.
   void store_from(const std::function<void(int64_t, int64_t, float*)>& fill, Tensor& piece);
-  void load_all(Tensor& out);
   void read_mine(const std::function<void(const char*, size_t)>& sink);
+  // File source in one process: layout elements [from, to) of the working weights inside
+  // `want`, unit by unit in order, as bytes of the working dtype: a persistent unit's from RAM,
+  // a block's read into a ring slot, two in turn so the next read is in flight (one with
+  // --prefetch-depth 0). What a streamed save reads (io/streamed_weights.h).
+  void read_range(ElementRange want,
+                  const std::function<void(int64_t from, int64_t to, const char* src)>& take);
   // The longest unit part this rank stores (the whole unit in one process).
   int64_t largest_part() const;
   DType dtype() const { return dtype_; }

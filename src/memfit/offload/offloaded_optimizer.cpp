@@ -287,6 +287,44 @@ void OffloadedOptimizer::read_master_to(
   });
 }
 
+void OffloadedOptimizer::read_master_range(
+    ElementRange want,
+    const std::function<void(int64_t from, int64_t to, const float* src)>& take) {
+  MEMFIT_CHECK(master_, "offload", "read_master_range: this optimizer keeps no master weights");
+  const OffloadTensor& t = layout_.tensors[0];
+  std::vector<size_t> pieces;  // those that overlap `want`
+  for (size_t u = 0; u < layout_.pieces.size(); ++u)
+    if (!t.extents[u].intersect(want).empty()) pieces.push_back(u);
+  // Piece k in slot k mod 2: piece k + 1's read is issued before piece k is handed over.
+  std::vector<uint64_t> in_flight[2];
+  auto issue = [&](size_t k) {
+    IoRequest r = request(IoRequest::Op::read, static_cast<int>(k % 2), 0, pieces[k]);
+    stats_.bytes_read += r.bytes;
+    in_flight[k % 2].push_back(io_->submit(std::move(r)));
+  };
+  if (!pieces.empty()) issue(0);
+  try {
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      wait(in_flight[k % 2]);
+      if (k + 1 < pieces.size()) issue(k + 1);
+      const ElementRange& e = t.extents[pieces[k]];
+      const ElementRange part = e.intersect(want);
+      const auto* buf = reinterpret_cast<const float*>(
+          static_cast<const char*>(ring_.raw_data()) + ring_base_ +
+          layout_.slot_offset(static_cast<int>(k % 2), 0));
+      take(part.begin, part.end, buf + (part.begin - e.begin));
+    }
+  } catch (...) {
+    // No read may land in the ring behind an unwinding caller (a failed one is already
+    // reported by what is unwinding).
+    try {
+      io_->wait_all();
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
 void OffloadedOptimizer::save_state(const fs::path& file) {
   MEMFIT_CHECK(layout_.range == whole_range(params_), "offload",
                "save_state saves the whole layout's state; this optimizer has [{}, {})",

@@ -78,6 +78,13 @@ class OffloadedOptimizer {
   // The reverse: `take(from, to, src)` is given each unit's master weights from its buffer.
   void read_master_to(
       const std::function<void(int64_t from, int64_t to, const float* src)>& take);
+  // The same for the part of range() inside `want`: each piece that overlaps it read into a
+  // ring slot (two slots in turn, the next piece's read in flight while `take` has this one),
+  // `take` given the overlap. What a streamed save reads (io/streamed_weights.h): no buffer
+  // beyond the ring.
+  void read_master_range(
+      ElementRange want,
+      const std::function<void(int64_t from, int64_t to, const float* src)>& take);
 
   // One update, as Optimizer::step_master (with master weights: `working` is the bf16 or f16
   // copy, rounded from the updated master) or Optimizer::step (without: `working` is the

@@ -11,6 +11,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/io/data_loader.h"
+#include "memfit/io/streamed_weights.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/unit_grads.h"
@@ -236,6 +237,10 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
       at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
   }
   at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;
+  // A save that streams the weights of record from the offload files: its staging.
+  if (spec.saves)
+    if (const int64_t n = save_staging_elements(spec, r.step); n > 0)
+      at(Category::staging) += MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float));
   // bf16 gradients: the update's widening buffer (Optimizer::set_grad_widen), every rank's.
   if (spec.grad_dtype == DType::bf16)
     at(Category::staging) += MemoryPool::round_up(
@@ -253,6 +258,20 @@ int64_t setup_piece_elements(const StepPlan& step) {
   const auto arena = static_cast<int64_t>(step.arena[static_cast<size_t>(Category::activations)]);
   return std::max<int64_t>(
       1, std::min<int64_t>(Transformer::kDefaultPieceElements, arena / int64_t{sizeof(float)}));
+}
+
+bool save_streams_weights(const RunSpec& spec) {
+  const bool master =
+      spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
+  return spec.world == 1 && spec.offload.optimizer && (master || spec.offload.params);
+}
+
+int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step) {
+  if (!save_streams_weights(spec)) return 0;
+  ModelConfig model = spec.model;
+  model.finalize();
+  if (!io::has_transposed_weights(model, ParamLayout(model))) return 0;
+  return setup_piece_elements(step);
 }
 
 PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_bytes) {

@@ -77,6 +77,18 @@ PlanReport plan_largest_rank(const RunSpec& spec, int* rank = nullptr,
 // PlanVsMeasured.SetUpPieceStaysUnderTheStep checks it).
 int64_t setup_piece_elements(const StepPlan& step);
 
+// Whether a save streams model.safetensors from the offload files (Note [Streamed save] in
+// docs/notes/checkpoints.md): one process whose weights of record are on disk, the offloaded
+// master weights, or without master weights (fp32, pure bf16) the offloaded working weights.
+bool save_streams_weights(const RunSpec& spec);
+// The streamed save's staging, in f32 elements (the trainer allocates it, Category::staging,
+// for the save's duration; plan_memory counts it for a run that saves): the tiles of the
+// tensors stored transposed (GPT-2's Conv1D weights) pass through it. As the set-up's piece,
+// at most 4 MiB and at most the step's activation arena (setup_piece_elements), so a save
+// adds little to the run's peak; 0 where the save does not stream or the family stores
+// nothing transposed (LLaMA: the runs are written straight from the offload ring).
+int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step);
+
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.
 struct StepFlops {

@@ -453,37 +453,19 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
   };
 
-  // The weights of record, whole, for a save without ZeRO's shards (stage 0): the weights in
-  // RAM, or (one rank, offloaded master weights) read back from their file into the gradient
-  // slab, unused between the update and the next step's zero_grad. From stage 1 on no rank
-  // holds them whole: each writes its range into its shard file (stage_shards), and the save
-  // has no model.safetensors (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state").
+  // The weights of record, whole, for a save without ZeRO's shards (stage 0), where they are
+  // one tensor in RAM. In one process with the weights of record on disk (the offloaded master
+  // weights, or without master weights the offloaded working weights: save_streams_weights)
+  // model.safetensors is streamed from the files instead (save, below; Note [Streamed save] in
+  // docs/notes/checkpoints.md): nothing is read whole, and no other tensor is borrowed. From
+  // stage 1 on no rank holds them whole: each writes its range into its shard file
+  // (stage_shards), and the save has no model.safetensors (docs/notes/checkpoints.md, "ZeRO's
+  // sharded optimizer state").
+  const bool streamed_save = save_streams_weights(spec);
+  const int64_t save_staging_n =
+      save_staging_elements(spec, plan_step(gpt.config(), B, T, spec.activation_options()));
   auto record_for_save = [&]() -> Tensor {
-    if (stage >= 1) return Tensor{};
-    // The one use of the slab outside the step: stage 0 keeps it whole (only stages 2-3 are
-    // to shard it), and streaming the file per tensor would add a parameter's buffer (GPT-2's
-    // Conv1D weights are stored transposed) that the plan does not count. With --offload-grads
-    // there is no slab to borrow: a whole f32 tensor for the save's duration (not yet streamed
-    // per tensor: Note [NVMe offload], "Gradients on disk"; the plan does not count it).
-    auto slab = [&]() -> Tensor {
-      if (grads_file)
-        return Tensor::empty(pool, {gpt.layout().total()}, DType::f32, Category::staging,
-                             "offload.save_record");
-      return gpt.grads();
-    };
-    if (off && master) {
-      Tensor whole = slab();
-      off->read_master(whole);
-      return whole;
-    }
-    if (gpt.params_offloaded()) {
-      // Offloaded working weights that are the weights of record (fp32, pure bf16): read back
-      // a block at a time into the slab, in their own dtype, as the master weights above.
-      Tensor whole =
-          slab().view_bytes(0, {gpt.layout().total()}, half_dtype(spec.precision.precision));
-      gpt.working_to(whole);
-      return whole;
-    }
+    if (stage >= 1 || streamed_save) return Tensor{};
     return gpt.weights();
   };
   // The weights of record's element type, as config.json names it for a sharded save.
@@ -529,6 +511,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     comm.barrier();  // every shard is on disk before rank 0 moves them into the save
   };
   auto save = [&](int64_t step, const Tensor& record) {
+    const auto save_start = std::chrono::steady_clock::now();
     io::CheckpointSaveOptions so;
     // A shard's optimizer state goes into the shard files (stage_shards); stage 0 saves the
     // whole state as optimizer.safetensors (every rank holds the same).
@@ -545,6 +528,32 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     if (off && !sharded_state)
       so.write_extra = [&](const fs::path& tmp) { off->save_state(tmp / io::kOptimizerFile); };
     if (sharded_state) so.sharded_weights_dtype = record_dtype;
+    // The streamed weights of record: each run of the layout read from its file (a piece of the
+    // master file through the offload ring; a block of the working weights through the model's
+    // ring, the embeddings and the tail from RAM) and written to its places in
+    // model.safetensors; GPT-2's transposed tensors through the planned staging, held for the
+    // save alone (save_staging_elements).
+    Tensor save_staging;
+    if (streamed_save) {
+      io::StreamedWeights w;
+      w.dtype = record_dtype;
+      if (off && master)
+        w.stream = [&](ElementRange range, const io::RecordTake& take) {
+          off->read_master_range(range, [&](int64_t from, int64_t to, const float* src) {
+            take(from, to, src);
+          });
+        };
+      else
+        w.stream = [&](ElementRange range, const io::RecordTake& take) {
+          gpt.offloaded_params().read_range(
+              range, [&](int64_t from, int64_t to, const char* src) { take(from, to, src); });
+        };
+      if (save_staging_n > 0)
+        save_staging =
+            Tensor::empty(pool, {save_staging_n}, DType::f32, Category::staging, "save.staging");
+      w.staging = save_staging;
+      so.streamed_weights = std::move(w);
+    }
     so.max_shard_bytes = max_shard_bytes;
     // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
     // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
@@ -555,9 +564,16 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
     io::save_checkpoint(cfg.save_dir, mc, gpt.layout(), record, so);
+    so.streamed_weights.reset();
+    save_staging = Tensor{};
     if (sharded_state) fs::remove(staging);  // emptied by the renames
     // Memory once the save has let go of what it used: the soak benchmark's samples.
-    log_line({{"step", step}, {"saved", cfg.save_dir}, {"live_bytes", pool.bytes_current()},
+    // (And how long rank 0's part of the save took: the streamed save's, with offload.)
+    log_line({{"step", step}, {"saved", cfg.save_dir},
+              {"save_seconds",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start)
+                   .count()},
+              {"live_bytes", pool.bytes_current()},
               {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
               {"mem", memory_json(pool.current_breakdown())}});
   };
