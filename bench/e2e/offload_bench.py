@@ -106,7 +106,7 @@ def large_shape(args):
                       "--mem-limit", args.mem_limit, "--precision", args.precision,
                       "--master-weights", args.master_weights, "--optim",
                       args.optim, "--offload-optimizer", "nvme", "--offload-grads", args.grads,
-                      "--offload-dir", args.dir,
+                      "--offload-dir", args.dir, "--grad-dtype", args.grad_dtype,
                       "--batch", str(args.batch), "--seq-len", str(args.seq)]
                      + params_flag(args))["max_model"]
     m = found["best"]
@@ -126,7 +126,7 @@ def large(args, tmp):
                       "--optim", args.optim, "--batch",
                       str(args.batch), "--seq-len", str(args.seq), "--offload-optimizer", "nvme",
                       "--offload-grads", args.grads, "--offload-dir", args.dir, "--mem-limit",
-                      args.mem_limit] + params_flag(args)
+                      args.mem_limit, "--grad-dtype", args.grad_dtype] + params_flag(args)
     if "--ckpt" not in common:
         common += ["--ckpt", args.ckpt]
     plan = run_json([args.memfit, "plan", "--json", "--steps", str(args.steps)] + common)
@@ -218,6 +218,8 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--grads", default="nvme", choices=["nvme", "none"],
                    help="the large run's --offload-grads (default nvme: no gradient slab in RAM)")
+    p.add_argument("--grad-dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="the large run's gradients (bf16 halves the gradient file and its I/O)")
     p.add_argument("--fio-gib", type=int, default=8)
     p.add_argument("--offload-params", action="store_true",
                    help="the large run offloads the blocks' working weights too")
