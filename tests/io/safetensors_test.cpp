@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "memfit/io/atomic_file.h"
+#include "memfit/memory/rss.h"
 #include "scratch_dir.h"
 
 namespace memfit::io {
@@ -258,6 +259,40 @@ TEST(Safetensors, ConvertsLargeTensorsInChunks) {
   for (int64_t i = 0; i < n; ++i)
     bad += static_cast<uint16_t*>(b.raw_data())[i] != bf16_from_f32(t.data<float>()[i]);
   EXPECT_EQ(bad, 0);
+}
+
+// A reader that streams one large tensor a range at a time and releases each range once copied
+// holds only about one range of the file's pages (a 7B resume reads 6.7 GB tensors this way);
+// without the releases the whole tensor's pages stay resident. RSS counts the mapped pages.
+TEST(Safetensors, ReleasingRangesKeepsTheMappedPagesOutOfRam) {
+  ScratchDir dir;
+  const int64_t n = int64_t{48} << 20;  // 192 MiB of f32
+  {
+    MemoryPool pool;
+    Tensor t = Tensor::empty(pool, {n}, DType::f32, Category::params, "t");
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(i % 1000);
+    SafetensorsWriter w;
+    w.add("t", t);
+    w.write(dir / "big.safetensors");
+  }
+  const uint64_t piece = 4 << 20;
+  std::vector<char> buf(piece);
+  auto stream = [&](bool release) {
+    SafetensorsReader r(dir / "big.safetensors");
+    const SafetensorsEntry& e = r.at("t");
+    const size_t before = process_rss_bytes();
+    size_t grew = 0;
+    for (uint64_t at = 0; at < e.nbytes(); at += piece) {
+      const uint64_t len = std::min<uint64_t>(piece, e.nbytes() - at);
+      std::memcpy(buf.data(), r.bytes(e) + at, len);
+      if (release) r.release_before(e, at + len);
+      grew = std::max(grew, process_rss_bytes() - std::min(before, process_rss_bytes()));
+    }
+    return grew;
+  };
+  const size_t kept = stream(false), released = stream(true);
+  EXPECT_GT(kept, size_t{150} << 20) << "the unreleased pages should stay resident";
+  EXPECT_LT(released, size_t{24} << 20) << "each range's pages should leave as it goes";
 }
 
 TEST(Safetensors, ReadRefusesAWrongDestination) {

@@ -212,8 +212,8 @@ void WeightsLoad::read_part(const ParamInfo& p, int64_t lo, int64_t hi, float* d
   const int64_t cols = p.shape.rank() == 2 ? p.shape[1] : p.numel;
   const int64_t rows = p.numel / cols;
   const int64_t stored = e.numel();
-  auto walk = [&](auto load) {
-    for (int64_t i = lo; i < hi; ++i) {
+  auto walk = [&](int64_t a, int64_t b, auto load) {
+    for (int64_t i = a; i < b; ++i) {
       if (i >= stored) {
         dst[i - lo] = 0.0f;  // a padding row
         continue;
@@ -226,19 +226,36 @@ void WeightsLoad::read_part(const ParamInfo& p, int64_t lo, int64_t hi, float* d
     std::memcpy(&h, src + k * 2, 2);
     return h;
   };
-  switch (e.dtype) {
-    case SafetensorsDType::F32:
-      walk([&](int64_t k) {
-        float x;
-        std::memcpy(&x, src + k * 4, 4);
-        return x;
-      });
-      break;
-    case SafetensorsDType::BF16: walk([&](int64_t k) { return f32_from_bf16(u16(k)); }); break;
-    case SafetensorsDType::F16: walk([&](int64_t k) { return f32_from_f16(u16(k)); }); break;
-    default:
-      MEMFIT_THROW(IoError, "checkpoint", "'{}' is stored as {}, which cannot load as f32",
-                   e.name, safetensors_dtype_name(e.dtype));
+  auto walk_as_stored = [&](int64_t a, int64_t b) {
+    switch (e.dtype) {
+      case SafetensorsDType::F32:
+        walk(a, b, [&](int64_t k) {
+          float x;
+          std::memcpy(&x, src + k * 4, 4);
+          return x;
+        });
+        break;
+      case SafetensorsDType::BF16: walk(a, b, [&](int64_t k) { return f32_from_bf16(u16(k)); }); break;
+      case SafetensorsDType::F16: walk(a, b, [&](int64_t k) { return f32_from_f16(u16(k)); }); break;
+      default:
+        MEMFIT_THROW(IoError, "checkpoint", "'{}' is stored as {}, which cannot load as f32",
+                     e.name, safetensors_dtype_name(e.dtype));
+    }
+  };
+  if (transposed) {
+    // Read across the whole tensor: its pages leave RAM once the range reaches its end.
+    walk_as_stored(lo, hi);
+    if (hi >= stored) from.file->release(e);
+    return;
+  }
+  // 1 Mi elements at a time, each piece's pages released once read (a set-up may ask for a
+  // whole block's parameter at once: 90 MB of a 7B checkpoint's MLP weight).
+  const uint64_t elem = safetensors_dtype_size(e.dtype);
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  for (int64_t a = lo; a < hi; a += kPiece) {
+    const int64_t b = std::min(hi, a + kPiece);
+    walk_as_stored(a, b);
+    from.file->release_before(e, static_cast<uint64_t>(std::min(b, stored)) * elem);
   }
 }
 

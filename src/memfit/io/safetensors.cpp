@@ -658,17 +658,28 @@ void SafetensorsReader::read(const SafetensorsEntry& e, const Tensor& dst, bool 
     MEMFIT_ST_FAIL("tensor '{}': stored shape {} does not fit destination {}{}", e.name,
                    format_shape(e.shape), dst.shape(), transpose ? " (transposed)" : "");
   auto* out = static_cast<std::byte*>(dst.raw_data());
-  if (transpose)
+  if (transpose) {
     convert_matrix(bytes(e), e.dtype, e.shape[1], out, to, e.shape[0], e.shape[1], true);
-  else
-    convert_matrix(bytes(e), e.dtype, e.numel(), out, to, 1, e.numel(), false);
+    return;
+  }
+  // In pieces of 4 MiB of the file, each piece's pages released once converted: reading a
+  // tensor holds one piece of its file in RAM, not the whole tensor (a 7B embedding is 262 MB).
+  const int64_t n = e.numel(), step = std::max<int64_t>(1, (int64_t{4} << 20) / info(e.dtype).size);
+  const size_t in = info(e.dtype).size, o = dtype_size(dst.dtype());
+  for (int64_t i = 0; i < n; i += step) {
+    const int64_t k = std::min(step, n - i);
+    convert_matrix(bytes(e) + i * in, e.dtype, k, out + i * o, to, 1, k, false);
+    release_before(e, static_cast<uint64_t>(i + k) * in);
+  }
 }
 
-void SafetensorsReader::release(const SafetensorsEntry& e) const {
+void SafetensorsReader::release(const SafetensorsEntry& e) const { release_before(e, e.nbytes()); }
+
+void SafetensorsReader::release_before(const SafetensorsEntry& e, uint64_t end) const {
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(bytes(e));
-  const uintptr_t first = (begin + page - 1) / page * page;
-  const uintptr_t last = (begin + e.nbytes()) / page * page;
+  const auto at = reinterpret_cast<uintptr_t>(bytes(e));
+  const uintptr_t first = (at + page - 1) / page * page;
+  const uintptr_t last = (at + std::min<uint64_t>(end, e.nbytes())) / page * page;
   if (last > first)  // advice only: a failure changes nothing the caller can see
     (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }

@@ -170,7 +170,8 @@ class SafetensorsReader {
   // Copies a tensor into `dst` (contiguous). Its shape must equal the stored shape, or with
   // `transpose` the stored 2-D (rows, cols) must be dst's (cols, rows). Same element type: a
   // bit-exact copy; otherwise F32/BF16/F16 stored convert to f32 or bf16 (round to nearest
-  // even). Anything else throws IoError naming the file, the tensor and both sides.
+  // even). Anything else throws IoError naming the file, the tensor and both sides. Untransposed,
+  // it goes 4 MiB of the file at a time and releases each piece's pages (release below).
   void read(const SafetensorsEntry& entry, const Tensor& dst, bool transpose = false) const;
   void read(std::string_view name, const Tensor& dst, bool transpose = false) const {
     read(at(name), dst, transpose);
@@ -179,6 +180,12 @@ class SafetensorsReader {
   // whole pages inside it), so a load that streams tensor by tensor never holds the file's
   // pages beyond the one being read. The bytes stay readable (they are read again from disk).
   void release(const SafetensorsEntry& entry) const;
+  // The same for the tensor's bytes before `end` (the whole pages among them), for a reader that
+  // goes through one large tensor a range at a time (a resume's 8-bit state of a 7B model is one
+  // 6.7 GB tensor): what it has copied leaves RAM as it goes. Always from the tensor's start,
+  // not from the range's: the kernel may map a whole large page-cache folio on one fault, so a
+  // read just past a released range can map pages of it again (measured: tens of MB stayed).
+  void release_before(const SafetensorsEntry& entry, uint64_t end) const;
 
  private:
   void parse_and_validate();

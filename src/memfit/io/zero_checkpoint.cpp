@@ -254,9 +254,11 @@ void SavedOptimizerState::read(size_t spec, const ElementRange& elements, void* 
   for (const Source& s : sources_.at(spec)) {
     const ElementRange part = elements.intersect(s.extent);
     if (part.empty()) continue;
+    const uint64_t at = (part.begin - s.extent.begin) * s.elem_bytes,
+                   n = static_cast<uint64_t>(part.size()) * s.elem_bytes;
     std::memcpy(static_cast<std::byte*>(dst) + (part.begin - elements.begin) * s.elem_bytes,
-                s.reader->bytes(*s.entry) + (part.begin - s.extent.begin) * s.elem_bytes,
-                static_cast<size_t>(part.size()) * s.elem_bytes);
+                s.reader->bytes(*s.entry) + at, n);
+    s.reader->release_before(*s.entry, at + n);  // copied: the file's pages leave RAM
   }
 }
 
@@ -316,8 +318,9 @@ std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {
       dtype = t;
       const size_t es = dtype_size(*t);
       pieces.push_back({begin, end, [reader, &e, begin, es](int64_t from, int64_t to, void* dst) {
-                          std::memcpy(dst, reader->bytes(e) + (from - begin) * es,
-                                      static_cast<size_t>(to - from) * es);
+                          const uint64_t at = (from - begin) * es, n = (to - from) * es;
+                          std::memcpy(dst, reader->bytes(e) + at, n);
+                          reader->release_before(e, at + n);  // copied: its pages leave RAM
                         }});
     }
   } catch (const json::exception& e) {

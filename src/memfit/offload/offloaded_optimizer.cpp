@@ -405,7 +405,9 @@ void OffloadedOptimizer::load_state(const fs::path& file) {
     const std::byte* src = reader.bytes(*e);
     const size_t elem = dtype_size(layout_.tensors[i].dtype);
     stream(i, IoRequest::Op::write, [&](size_t u, char* buf, size_t bytes) {
-      std::memcpy(buf, src + layout_.tensors[i].extents[u].begin * elem, bytes);
+      const uint64_t at = layout_.tensors[i].extents[u].begin * elem;
+      std::memcpy(buf, src + at, bytes);
+      reader.release_before(*e, at + bytes);  // copied: its pages leave RAM as the load goes
     });
     reader.release(*e);
   }
