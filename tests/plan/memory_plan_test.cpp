@@ -155,6 +155,42 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakWithCompression) {
   EXPECT_EQ(runs, 21);
 }
 
+// A run that saves from RAM: the writer's staging (GPT-2's transposed Conv1D weights, about 4
+// MiB of a band at a time; LLaMA none) comes from the pool and is in the plan, byte for byte,
+// in fp32, bf16 with master weights and pure bf16; and not in a run that does not save.
+TEST_F(Planner, ASaveFromRamIsPlannedWithItsStaging) {
+  for (const char* model : {"gpt2-tiny", "llama-tiny"})
+    for (const char* precision : {"fp32", "bf16", "pure"}) {
+      TrainConfig c;
+      c.model = model;
+      c.n_layer = 2;
+      c.d_model = 512;  // a Conv1D weight larger than one 4 MiB band: several bands
+      c.n_head = 4;
+      c.seq_len = 32;
+      c.batch = 2;
+      c.data_dir = dir.string();
+      c.steps = 1;
+      c.eval_batches = 1;
+      c.precision = std::string(precision) == "pure" ? "bf16" : precision;
+      if (std::string(precision) == "pure") c.master_weights = "none";
+      const PlanReport without = plan_training(resolve_run(c));
+      c.save_dir = (dir / "saved").string();
+      const PlanReport plan = plan_training(resolve_run(c));
+      const TrainSummary s = train(c);
+      SCOPED_TRACE(fmt::format("{} {}", model, precision));
+      const size_t staging = plan.peak_bytes - without.peak_bytes;
+      if (std::string(model) == "gpt2-tiny")
+        EXPECT_GT(staging, size_t{1} << 20);  // the transposes' band
+      else
+        EXPECT_EQ(staging, 0u);  // nothing stored transposed
+      EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+      for (Category cat : kAllCategories)
+        EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                  s.peak_by_category[static_cast<size_t>(cat)])
+            << category_name(cat);
+    }
+}
+
 TEST_F(Planner, PredictedPeakEqualsMeasuredPeakAtTheRunsThreadCount) {
   // The attention workspaces hold one slice per thread, so the plan must use --threads as the
   // run does: with --threads 1 and with the default (all cores), in both attention kinds.

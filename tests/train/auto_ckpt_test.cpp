@@ -181,6 +181,7 @@ TEST_F(AutoTrain, AdviceNamesCompressionWhereItMakesTheRunFit) {
   TrainConfig c = config();
   c.n_layer = 4;
   c.steps = 1;
+  c.save_dir = (dir / "oom").string();  // planned with its save (the writer's staging)
   TrainConfig p = c;
   p.act_compress = "int8";
   const size_t int8 = plan_training(resolve_run(p)).peak_bytes;
@@ -188,7 +189,6 @@ TEST_F(AutoTrain, AdviceNamesCompressionWhereItMakesTheRunFit) {
   ASSERT_LT(int8, none);
   const size_t limit = int8 + (none - int8) / 2;
   c.mem_limit = std::to_string(limit);
-  c.save_dir = (dir / "oom").string();
   EXPECT_THROW(train(c), OutOfMemoryError);
   const FitAdvice advice = advise_fit(resolve_run(c), limit);
   EXPECT_NE(advice.levers.find("activation compression"), std::string::npos) << advice.levers;

@@ -102,6 +102,20 @@ std::vector<std::string> save_weights(const fs::path& dir, const ModelConfig& co
   return write_model_safetensors(dir, stored_tensors(config, layout, slab), w);
 }
 
+size_t save_weights_staging_bytes(const ModelConfig& config, const ParamLayout& layout,
+                                  DType record) {
+  const SafetensorsDType type = safetensors_dtype_of(record);
+  size_t most = 0;
+  for (const ParamInfo& p : layout.params()) {
+    std::vector<int64_t> s = hf_param_shape(config, p);  // stored: transposed back below
+    const bool transpose = hf_param_transposed(config, p);
+    if (transpose) std::swap(s[0], s[1]);
+    const int64_t rows = s.size() == 2 ? s[0] : 1, cols = s.size() == 2 ? s[1] : s[0];
+    most = std::max(most, SafetensorsWriter::staging_bytes(type, type, rows, cols, transpose));
+  }
+  return most;
+}
+
 void save_weights_file(const fs::path& file, const ModelConfig& config, const ParamLayout& layout,
                        const Tensor& slab, MemoryPool* staging_pool) {
   SafetensorsWriter w;

@@ -51,6 +51,11 @@ struct WeightsSaveOptions {
 std::vector<std::string> save_weights(const std::filesystem::path& dir, const ModelConfig& config,
                                       const ParamLayout& layout, const Tensor& slab,
                                       const WeightsSaveOptions& options = {});
+// The most staging save_weights takes at once for a slab of `record` elements (GPT-2's
+// transposed Conv1D weights; 0 where every tensor goes out as it is, as LLaMA's do): what a
+// run that saves from RAM adds to its peak (plan/memory_plan.cpp counts it).
+size_t save_weights_staging_bytes(const ModelConfig& config, const ParamLayout& layout,
+                                  DType record);
 // The same as one safetensors file at `file`, whatever its size.
 void save_weights_file(const std::filesystem::path& file, const ModelConfig& config,
                        const ParamLayout& layout, const Tensor& slab,

@@ -324,6 +324,32 @@ uint64_t SafetensorsWriter::file_size() const {
   return 8 + n;
 }
 
+namespace {
+
+// The writer's staging chunk: conversions go kStagingChunkBytes of output at a time, transposes
+// a band of source columns (stored rows) of about that size, at least one.
+constexpr size_t kStagingChunkBytes = size_t{4} << 20;
+
+int64_t transposed_band(size_t out_size, int64_t rows) {
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(kStagingChunkBytes /
+                              (out_size * static_cast<size_t>(std::max<int64_t>(rows, 1)))));
+}
+
+}  // namespace
+
+size_t SafetensorsWriter::staging_bytes(SafetensorsDType from, SafetensorsDType to, int64_t rows,
+                                        int64_t cols, bool transpose) {
+  if (from == to && !transpose) return 0;
+  const size_t out_size = info(to).size;
+  if (!transpose) {
+    const int64_t n = rows * cols;
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kStagingChunkBytes / out_size));
+    return static_cast<size_t>(std::min(n, step)) * out_size;
+  }
+  return static_cast<size_t>(std::min(transposed_band(out_size, rows), cols) * rows) * out_size;
+}
+
 void SafetensorsWriter::write(const fs::path& path) const {
   std::string header = header_json();
   header.resize((header.size() + 7) / 8 * 8, ' ');
@@ -333,10 +359,8 @@ void SafetensorsWriter::write(const fs::path& path) const {
       len[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
     w.write(len, 8);
     w.write(header);
-    // Conversions and transposes go through a bounded staging buffer, a few rows at a time:
-    // at most the tensor, and at most kChunkBytes unless one transposed row band is larger;
-    // from the staging pool when there is one.
-    constexpr size_t kChunkBytes = size_t{4} << 20;
+    // Conversions and transposes go through a bounded staging buffer, a few rows at a time
+    // (staging_bytes), from the staging pool when there is one.
     std::vector<std::byte> heap;
     Allocation pooled;
     auto staging = [&](size_t n) -> std::byte* {
@@ -402,8 +426,8 @@ void SafetensorsWriter::write(const fs::path& path) const {
       size_t out_size = info(it->dtype).size;
       if (!it->transpose) {
         int64_t n = tensor.numel();
-        int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / out_size));
-        std::byte* chunk = staging(static_cast<size_t>(std::min(n, step)) * out_size);
+        int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kStagingChunkBytes / out_size));
+        std::byte* chunk = staging(staging_bytes(from, it->dtype, 1, n, false));
         for (int64_t i = 0; i < n; i += step) {
           int64_t k = std::min(step, n - i);
           convert_matrix(src + static_cast<size_t>(i) * info(from).size, from, k, chunk,
@@ -414,10 +438,8 @@ void SafetensorsWriter::write(const fs::path& path) const {
       }
       // Stored (cols, rows): each stored row is a source column; a chunk is a band of them.
       int64_t rows = tensor.size(0), cols = tensor.size(1);
-      int64_t band = std::max<int64_t>(
-          1, static_cast<int64_t>(kChunkBytes /
-                                  (out_size * static_cast<size_t>(std::max<int64_t>(rows, 1)))));
-      std::byte* chunk = staging(static_cast<size_t>(std::min(band, cols) * rows) * out_size);
+      int64_t band = transposed_band(out_size, rows);
+      std::byte* chunk = staging(staging_bytes(from, it->dtype, rows, cols, true));
       for (int64_t j = 0; j < cols; j += band) {
         int64_t k = std::min(band, cols - j);
         convert_matrix(src + static_cast<size_t>(j) * info(from).size, from, cols, chunk,

@@ -73,6 +73,13 @@ struct SafetensorsEntry {
 // multiple of 8), and an order that does not depend on the order of add() calls.
 class SafetensorsWriter {
  public:
+  // The staging write() takes for a tensor of `rows` x `cols` stored as `to` from `from`
+  // (transposed or not): 0 where its bytes go out as they are, else a band of at most 4 MiB
+  // (one transposed row band if larger), at most the tensor. The planner counts a save's
+  // staging with it (save_weights_staging_bytes).
+  static size_t staging_bytes(SafetensorsDType from, SafetensorsDType to, int64_t rows,
+                              int64_t cols, bool transpose);
+
   // Stores `tensor` (contiguous; its storage is kept alive until write()) under `name`.
   // `store_as` converts on the way out (f32 <-> bf16, or the same type); `transpose` stores a
   // 2-D (rows, cols) tensor as (cols, rows), as Hugging Face's Conv1D weights are.

@@ -11,6 +11,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/io/data_loader.h"
+#include "memfit/io/model_weights.h"
 #include "memfit/io/streamed_weights.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
@@ -241,6 +242,17 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   if (spec.saves)
     if (const int64_t n = save_staging_elements(spec, r.step); n > 0)
       at(Category::staging) += MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float));
+  // A save from RAM on the rank that writes model.safetensors (one process, or rank 0 at stage
+  // 0; from stage 1 on the shard files hold the weights): the writer's staging, the largest
+  // transposed tensor's band (GPT-2's Conv1D weights; LLaMA none).
+  if (spec.saves && !save_streams_weights(spec) && rank == 0 &&
+      (spec.world == 1 || spec.zero == 0)) {
+    const DType record = precision.precision == Precision::fp32 || precision.master_weights
+                             ? DType::f32
+                             : half_dtype(precision.precision);
+    if (const size_t b = io::save_weights_staging_bytes(r.model, layout, record); b > 0)
+      at(Category::staging) += MemoryPool::round_up(b);
+  }
   // bf16 gradients: the update's widening buffer (Optimizer::set_grad_widen), every rank's.
   if (spec.grad_dtype == DType::bf16)
     at(Category::staging) += MemoryPool::round_up(

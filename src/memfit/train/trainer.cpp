@@ -555,8 +555,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       so.streamed_weights = std::move(w);
     }
     so.max_shard_bytes = max_shard_bytes;
-    // Staging (GPT-2's Conv1D transposes, <= 4 MiB at a time) stays off the pool until the
-    // planner's peak, which the run must match, counts it (so.staging_pool = &pool then).
+    // The writer's staging from RAM (GPT-2's Conv1D transposes, about 4 MiB at a time) comes
+    // from the pool; the planner counts it for a run that saves (plan/memory_plan.cpp).
+    so.staging_pool = &pool;
     so.extra_files["trainer_state.json"] =
         trainer_state(cfg, step, train_data ? train_data->position() : data_position, T,
                       scaler.get())
