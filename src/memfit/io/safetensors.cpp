@@ -330,6 +330,11 @@ namespace {
 // a band of source columns (stored rows) of about that size, at least one.
 constexpr size_t kStagingChunkBytes = size_t{4} << 20;
 
+// Elements of `size` bytes in one conversion chunk.
+int64_t conversion_step(size_t size) {
+  return std::max<int64_t>(1, static_cast<int64_t>(kStagingChunkBytes / size));
+}
+
 int64_t transposed_band(size_t out_size, int64_t rows) {
   return std::max<int64_t>(
       1, static_cast<int64_t>(kStagingChunkBytes /
@@ -343,9 +348,7 @@ size_t SafetensorsWriter::staging_bytes(SafetensorsDType from, SafetensorsDType 
   if (from == to && !transpose) return 0;
   const size_t out_size = info(to).size;
   if (!transpose) {
-    const int64_t n = rows * cols;
-    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kStagingChunkBytes / out_size));
-    return static_cast<size_t>(std::min(n, step)) * out_size;
+    return static_cast<size_t>(std::min(rows * cols, conversion_step(out_size))) * out_size;
   }
   return static_cast<size_t>(std::min(transposed_band(out_size, rows), cols) * rows) * out_size;
 }
@@ -426,7 +429,7 @@ void SafetensorsWriter::write(const fs::path& path) const {
       size_t out_size = info(it->dtype).size;
       if (!it->transpose) {
         int64_t n = tensor.numel();
-        int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kStagingChunkBytes / out_size));
+        const int64_t step = conversion_step(out_size);
         std::byte* chunk = staging(staging_bytes(from, it->dtype, 1, n, false));
         for (int64_t i = 0; i < n; i += step) {
           int64_t k = std::min(step, n - i);
@@ -686,7 +689,7 @@ void SafetensorsReader::read(const SafetensorsEntry& e, const Tensor& dst, bool 
   }
   // In pieces of 4 MiB of the file, each piece's pages released once converted: reading a
   // tensor holds one piece of its file in RAM, not the whole tensor (a 7B embedding is 262 MB).
-  const int64_t n = e.numel(), step = std::max<int64_t>(1, (int64_t{4} << 20) / info(e.dtype).size);
+  const int64_t n = e.numel(), step = conversion_step(info(e.dtype).size);
   const size_t in = info(e.dtype).size, o = dtype_size(dst.dtype());
   for (int64_t i = 0; i < n; i += step) {
     const int64_t k = std::min(step, n - i);
