@@ -1,0 +1,55 @@
+#!/bin/bash
+# Issue 12's CPU measurements on a lent machine (the device host: 16 cores, Sapphire Rapids class
+# with AMX when last seen), in one call of about 6 minutes: where the step's time goes phase by
+# phase (native and capped to AVX2, fp32 and bf16, and bf16 at 2/4/8/all threads), the linear
+# layers' GEMM rates at GPT-2's shapes, and the precision table of docs/benchmarks.md. Prepare here
+# with bench/device/pack.sh, then run(command="bash bench/device/cpu_check.sh",
+# carry=["build/device"], timeout_s=540). Seven files come back under $OUT (the tool returns eight at most).
+set -uo pipefail
+OUT=${OUT:-/tmp/cpu_check}
+mkdir -p "$OUT"
+log="$OUT/log.txt"
+say() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
+pack=/tmp/memfit-pack
+rm -rf "$pack" && mkdir -p "$pack"
+tar -C "$pack" --strip-components=1 -xJf build/device/pack.tar.xz || exit 2
+# build/<tool> runs the packed binary through the packed loader and libraries.
+for b in "$pack"/bin/*; do
+  printf '#!/bin/sh\nexec %s/lib/ld-linux-x86-64.so.2 --library-path %s/lib %s "$@"\n' \
+    "$pack" "$pack" "$b" > "build/$(basename "$b")"
+  chmod +x "build/$(basename "$b")"
+done
+mkdir -p data && rm -rf data/brown && cp -r "$pack/brown" data/brown
+{ lscpu; nproc; grep -m1 flags /proc/cpuinfo; } >> "$log"
+export PYTHONUNBUFFERED=1
+py=python3
+
+say "bare GEMM rate, native and capped"
+{ build/gemm_rate_tool 2048 5; MEMFIT_MAX_ISA=avx2 build/gemm_rate_tool 2048 5; } 2>&1 | tee -a "$log"
+
+say "phases: fp32 and bf16, native and capped, all threads"
+$py bench/e2e/phase_profile.py --precisions fp32,bf16 --isas native,avx2 --threads 0 \
+  --out "$OUT/phases.json" 2>&1 | tee -a "$log"
+say "phases: bf16 native at 2, 4 and 8 threads"
+$py bench/e2e/phase_profile.py --precisions bf16 --threads 2,4,8 \
+  --out "$OUT/phases_threads.json" 2>&1 | tee -a "$log"
+
+say "GEMM rates at GPT-2's linear shapes, native and capped"
+for isa in native avx2; do
+  env $([ $isa = avx2 ] && echo MEMFIT_MAX_ISA=avx2) build/memfit_bench \
+    --benchmark_filter='BM_Matmul_Bf16' --benchmark_min_time=0.2 --benchmark_format=json \
+    > "$OUT/matmul_$isa.json" 2>> "$log"
+  $py - "$OUT/matmul_$isa.json" <<'PY' | tee -a "$log"
+import json, sys
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    print(f"{b['name']:<60} {b.get('label', '')[:40]:<40} {b['real_time']:9.3f} {b['time_unit']}")
+PY
+done
+
+say "precision table, native and capped"
+for isa in native avx2; do
+  $py bench/e2e/precision_vs_pytorch.py --no-torch --runs fp32,bf16 \
+    --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats 3,2 \
+    $([ $isa = avx2 ] && echo --isa avx2) --out "$OUT/precision_$isa.json" 2>&1 | tee -a "$log"
+done
+say "done"
