@@ -87,7 +87,7 @@ TEST_F(DataParallel, TheBucketSizeChangesNoBit) {
   EXPECT_TRUE(weights[0] == weights[1]) << "the saved weights differ";
   ASSERT_EQ(logs[0].size(), logs[1].size());
   for (size_t i = 0; i < logs[0].size(); ++i)
-    if (logs[0][i].contains("loss")) EXPECT_EQ(logs[0][i]["loss"], logs[1][i]["loss"]) << i;
+    if (logs[0][i].contains("loss")) { EXPECT_EQ(logs[0][i]["loss"], logs[1][i]["loss"]) << i; }
 }
 
 TEST_F(DataParallel, ThePlanForTwoRanksIsEachRanksMeasuredPeak) {

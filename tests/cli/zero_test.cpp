@@ -148,7 +148,7 @@ TEST_F(Zero, StagesAreBitIdenticalInFp32) {
   const auto logs = stages_agree(
       "--steps 5 --grad-accum 2 --sync-every-micro-batch --clip 0.05 --eval-batches 2", true);
   for (const json& j : logs[0])
-    if (j.contains("grad_norm")) EXPECT_GT(j["grad_norm"].get<double>(), 0.05);  // clipped
+    if (j.contains("grad_norm")) { EXPECT_GT(j["grad_norm"].get<double>(), 0.05); }  // clipped
 }
 
 // bf16 with FP32 master weights (sharded from stage 1 on, gathered for the save) and Adam-mini,
@@ -306,14 +306,16 @@ TEST_F(Zero, PrefetchDepthAndPersistenceChangeNoBit) {
     for (const json& j : lines(log)) {
       if (j.contains("loss")) {
         steps.push_back(j);
-        if (more.find("--zero 3") != std::string::npos)
+        if (more.find("--zero 3") != std::string::npos) {
           EXPECT_EQ(j["comm_bytes"]["all_gather"], plan["comm_per_step"]["all_gather"]) << more;
+        }
       }
-      if (j.contains("ranks"))
+      if (j.contains("ranks")) {
         for (int r = 0; r < 2; ++r)
           EXPECT_EQ(j["ranks"][r]["mem"].value("comm", size_t{0}),
                     plan["per_rank"][r]["by_category"].value("comm", size_t{0}))
               << more << ", rank " << r;
+      }
     }
     EXPECT_EQ(steps.size(), 3u) << more;
     return std::make_pair(steps, exported_weights(ck));
@@ -524,7 +526,7 @@ TEST_F(Zero, StagesAreBitIdenticalWithBf16Gradients) {
       "--grad-dtype bf16",
       true);
   for (const json& j : logs[0])
-    if (j.contains("grad_norm")) EXPECT_GT(j["grad_norm"].get<double>(), 0.05);  // clipped
+    if (j.contains("grad_norm")) { EXPECT_GT(j["grad_norm"].get<double>(), 0.05); }  // clipped
 }
 
 // fp16's scaler reads the bf16 sums (unscaled in place, its overflow found in them and agreed)

@@ -142,11 +142,12 @@ TEST(UnitGradsRanks, EachOwnerHasItsShardsSumsInRankOrder) {
           want = m == 0 ? s : want + s;
         }
         EXPECT_EQ(std::memcmp(&whole[size_t(i)], &want, 4), 0) << "whole, element " << i;
-        if (mine.begin <= i && i < mine.end)
+        if (mine.begin <= i && i < mine.end) {
           EXPECT_EQ(std::memcmp(&got[size_t(i - mine.begin)], &want, 4), 0)
               << "shard, element " << i << ", bucket " << bucket_bytes;
+        }
       }
-      if (w.size() > 1) EXPECT_LT(gb, wgb);  // a shard, not the layout
+      if (w.size() > 1) { EXPECT_LT(gb, wgb); }  // a shard, not the layout
     }
   }
 }
@@ -177,9 +178,10 @@ TEST(UnitGradsRanks, Bf16SumsAreRoundedOncePerReductionInRankOrder) {
           want = m == 0 ? s : bf16_from_f32(f32_from_bf16(want) + f32_from_bf16(s));
         }
         EXPECT_EQ(whole[size_t(i)], f32_from_bf16(want)) << "whole, element " << i;
-        if (mine.begin <= i && i < mine.end)
+        if (mine.begin <= i && i < mine.end) {
           EXPECT_EQ(got[size_t(i - mine.begin)], f32_from_bf16(want))
               << "shard, element " << i << ", bucket " << bucket_bytes;
+        }
       }
       EXPECT_EQ(gb, MemoryPool::round_up(std::max<size_t>(1, size_t(mine.size()) * 2)));
       EXPECT_LE(gb, fgb);

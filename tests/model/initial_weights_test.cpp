@@ -184,9 +184,10 @@ TEST(InitialWeights, InitWeightsByPiecesGivesTheWholeDrawsBitsEveryPrecisionAndS
           Transformer gpt(c, pool, prec, range);
           gpt.init_weights(5, piece);
           const ElementRange rec = gpt.weights_range();
-          if (gpt.weights().dtype() == DType::f32)
+          if (gpt.weights().dtype() == DType::f32) {
             EXPECT_TRUE(same_bits(gpt.weights().data<float>(), whole.data() + rec.begin,
                                   rec.size()));
+          }
           expect_working(gpt, whole, all);
           // Nothing of the set-up is left, and it never held more than one piece beside the
           // model's slabs.

@@ -33,9 +33,10 @@ std::vector<float> grads(const ModelConfig& c, const ActivationOptions& act, boo
   const ParamLayout layout(c);
   GradSharding s{&comm, {ElementRange{0, layout.total()}}, 4 * 1000, whole};
   Transformer gpt(c, pool, {}, std::nullopt, true, nullptr, units ? &s : nullptr);
-  if (units)  // the unit buffers and their receive ring, and nothing else, in comm
+  if (units) {  // the unit buffers and their receive ring, and nothing else, in comm
     EXPECT_EQ(pool.bytes_current(Category::comm),
               UnitGrads::comm_bytes(layout, s.bucket_bytes, s.shards, 0, whole));
+  }
   gpt.init_weights(7);
   gpt.reserve(2, 9, act);
   gpt.zero_grad();

@@ -60,7 +60,7 @@ TEST(Bf16Grads, EveryOptimizerStepsFromWidenedChunksAsFromF32) {
         }
       }
       EXPECT_TRUE(same_bytes(a.params, b.params)) << name << (master ? " (master)" : "");
-      if (master) EXPECT_TRUE(same_bytes(wa, wb)) << name;
+      if (master) { EXPECT_TRUE(same_bytes(wa, wb)) << name; }
       const auto sa = oa->state(), sb = ob->state();
       ASSERT_EQ(sa.size(), sb.size());
       for (size_t i = 0; i < sa.size(); ++i)

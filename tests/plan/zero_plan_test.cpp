@@ -69,7 +69,7 @@ TEST(ZeroPlan, ModelStateFollowsTheStages) {
     // The shards tile the slabs: together the whole, to the rounding of each piece.
     EXPECT_NEAR(double(master), double(at(p0, Category::master)), 64.0 * N);
     EXPECT_NEAR(double(optimizer), double(at(p0, Category::optimizer)), 128.0 * N);
-    if (zero == 2) EXPECT_NEAR(double(grads), double(at(p0, Category::grads)), 64.0 * N);
+    if (zero == 2) { EXPECT_NEAR(double(grads), double(at(p0, Category::grads)), 64.0 * N); }
   }
 }
 
@@ -144,17 +144,19 @@ TEST(ZeroPlan, Bf16GradientsHalveTheGradientsAndTheirReduction) {
             << "W " << world << " stage " << zero << " rank " << r;
         for (Category c : {Category::params, Category::master, Category::optimizer})
           EXPECT_EQ(at(p16, c), at(p32, c));
-        if (world == 1 || zero < 3)  // (stage 3 adds its gather buffers)
+        if (world == 1 || zero < 3) {  // (stage 3 adds its gather buffers)
           EXPECT_EQ(at(p16, Category::comm),
                   UnitGrads::comm_bytes(layout, s16.bucket_bytes, shards, r,
                                         /*whole=*/world == 1 || zero < 2, DType::bf16));
+        }
         EXPECT_EQ(at(p16, Category::staging) - at(p32, Category::staging),
                   MemoryPool::round_up(size_t(grad_widen_elements(s16.optim, layout)) * 4));
         EXPECT_EQ(2 * p16.comm_per_step.all_reduce, p32.comm_per_step.all_reduce);
         EXPECT_EQ(2 * p16.comm_per_step.reduce_scatter, p32.comm_per_step.reduce_scatter);
         EXPECT_EQ(p16.comm_per_step.all_gather, p32.comm_per_step.all_gather);
-        if (world > 1)
+        if (world > 1) {
           EXPECT_GT(p32.comm_per_step.all_reduce + p32.comm_per_step.reduce_scatter, 0);
+        }
       }
     }
   }

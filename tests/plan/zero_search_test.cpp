@@ -149,7 +149,7 @@ TEST(ZeroSearch, AHigherStageIsChosenWhenNoLowerStageFitsAndItsEveryRankFits) {
   ASSERT_TRUE(s.fits) << s.message;
   EXPECT_GE(s.choice.zero, 1);
   for (const Candidate& c : s.candidates)
-    if (c.zero == 0) EXPECT_FALSE(c.fits) << c.ckpt;
+    if (c.zero == 0) { EXPECT_FALSE(c.fits) << c.ckpt; }
   // The chosen run's planned peak fits on every rank.
   const RunSpec run = apply_candidate(spec, s.choice);
   for (int r = 0; r < run.world; ++r) EXPECT_LE(plan_memory(run, r).peak_bytes, limit) << r;
@@ -199,8 +199,9 @@ TEST(ZeroSearch, TheEstimatePricesEachStagesCollectives) {
   const SearchResult s = search_training(spec, 1024 * kMiB, SearchSpace::of(spec));
   for (const Candidate& a : s.candidates)
     for (const Candidate& b : s.candidates)
-      if (a.ckpt == b.ckpt && a.zero == 1 && b.zero == 2)
+      if (a.ckpt == b.ckpt && a.zero == 1 && b.zero == 2) {
         EXPECT_TRUE(faster(b, a)) << a.ckpt;
+      }
   EXPECT_NE(s.choice.zero, 1);
 }
 
@@ -411,7 +412,7 @@ TEST(ZeroSearch, MaxModelOverFourRanksAtStageTwoIsLargerUnderTheSamePerRankLimit
   EXPECT_EQ(run.zero, 2);
   EXPECT_LE(largest_rank_peak(run), limit);
   for (const ShapeFit& f : four.neighbours)
-    if (f.shape.n_layer == four.best.shape.n_layer + 1) EXPECT_FALSE(f.fits());
+    if (f.shape.n_layer == four.best.shape.n_layer + 1) { EXPECT_FALSE(f.fits()); }
 }
 
 }  // namespace

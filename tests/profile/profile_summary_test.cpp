@@ -46,7 +46,7 @@ TEST(ProfileSummary, ReportsPeaksBuffersAndPhases) {
   size_t live = 0;
   std::set<std::string> tags;
   for (const json& b : j["buffers"]) {
-    if (b["in_arena"]) EXPECT_TRUE(tags.insert(b["tag"]).second) << b["tag"] << " listed twice";
+    if (b["in_arena"]) { EXPECT_TRUE(tags.insert(b["tag"]).second) << b["tag"] << " listed twice"; }
     if (b["live_at_peak"]) live += b["bytes"].get<size_t>();
   }
   EXPECT_EQ(live, j["live_peak"]["bytes"].get<size_t>());
@@ -61,7 +61,7 @@ TEST(ProfileSummary, ReportsPeaksBuffersAndPhases) {
   // The groups add up to the live peak while there are at most kTopGroups of them.
   size_t grouped = 0;
   for (const json& g : j["top_groups"]) grouped += g["bytes"].get<size_t>();
-  if (j["top_groups"].size() < profile::kTopGroups) EXPECT_EQ(grouped, live);
+  if (j["top_groups"].size() < profile::kTopGroups) { EXPECT_EQ(grouped, live); }
   EXPECT_LE(j["top_groups"].size(), profile::kTopGroups);
   const json& sh = j["shares"]["at_live_peak"];
   double total = 0;

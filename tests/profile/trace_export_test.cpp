@@ -30,7 +30,7 @@ TEST(TraceExport, HasTheDocumentedShape) {
   for (const json& e : trace["traceEvents"]) {
     ASSERT_TRUE(e.contains("ph") && e.contains("pid") && e.contains("name")) << e.dump();
     const std::string ph = e["ph"];
-    if (ph != "M") ASSERT_TRUE(e["ts"].is_number()) << e.dump();
+    if (ph != "M") { ASSERT_TRUE(e["ts"].is_number()) << e.dump(); }
     if (ph == "C") {
       counters.insert(e["name"]);
       ASSERT_TRUE(e["args"]["bytes"].is_number_unsigned()) << e.dump();

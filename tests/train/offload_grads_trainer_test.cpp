@@ -289,8 +289,11 @@ TEST_F(OffloadGradsTrainer, SearchKeepsTheGradientsOnDiskWhereOnlyThatFits) {
   EXPECT_TRUE(r.spec.offload.grads);
   EXPECT_EQ(r.config.offload_grads, "nvme");
   EXPECT_NE(r.search.message.find("--offload-grads nvme"), std::string::npos) << r.search.message;
-  for (const Candidate& k : r.search.candidates)
-    if (k.offload_grads) EXPECT_TRUE(k.offload) << "gradients on disk without the optimizer";
+  for (const Candidate& k : r.search.candidates) {
+    if (k.offload_grads) {
+      EXPECT_TRUE(k.offload) << "gradients on disk without the optimizer";
+    }
+  }
   const TrainSummary s = train(c);
   EXPECT_LE(s.peak_bytes, limit);
   EXPECT_EQ(s.peak_bytes, plan_memory(r.spec).peak_bytes);

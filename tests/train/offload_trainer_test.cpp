@@ -253,9 +253,9 @@ TEST_F(OffloadTrainer, IoErrorMidRunNamesFileOffsetErrnoAndKeepsLastCheckpoint) 
       const std::string m = e.what();
       EXPECT_NE(m.find(".offload"), std::string::npos) << m;
       EXPECT_NE(m.find("offset"), std::string::npos) << m;
-      if (std::string(what) == "EIO") EXPECT_NE(m.find("errno 5"), std::string::npos) << m;
-      if (std::string(what) == "ENOSPC") EXPECT_NE(m.find("errno 28"), std::string::npos) << m;
-      if (std::string(what) == "short") EXPECT_NE(m.find("short"), std::string::npos) << m;
+      if (std::string(what) == "EIO") { EXPECT_NE(m.find("errno 5"), std::string::npos) << m; }
+      if (std::string(what) == "ENOSPC") { EXPECT_NE(m.find("errno 28"), std::string::npos) << m; }
+      if (std::string(what) == "short") { EXPECT_NE(m.find("short"), std::string::npos) << m; }
     }
     // The last checkpoint is whole, and resumes.
     const auto state = nlohmann::json::parse(io::testing::read_file(dir / "ckpt" / "trainer_state.json"));

@@ -255,7 +255,7 @@ TEST_F(ParamOffload, ZeroAutoOffloadsTheWorkingWeightsAtStageThreeWhereOnlyThatF
   EXPECT_EQ(r.choice.zero, 3);
   EXPECT_TRUE(r.choice.offload && r.choice.offload_params);
   for (const Candidate& k : r.candidates)
-    if (k.offload_params) EXPECT_EQ(k.zero, 3) << "the weights offloaded below stage 3";
+    if (k.offload_params) { EXPECT_EQ(k.zero, 3) << "the weights offloaded below stage 3"; }
 }
 
 TEST_F(ParamOffload, ProfileShowsTheParamsFileAndTheWaitsOnIt) {
