@@ -5,8 +5,8 @@ counts: runs `memfit train --profile` for each configuration and sums its trace'
 the step), over the profiled steps after the first (whose first touches of the pool's pages are
 not a step's cost). A phase that does not shrink as threads are added is what stops a step from
 scaling with cores; a phase far above its FLOPs at the bare GEMM rate is what keeps a step below
-the GEMM's efficiency (issue 12). The per-phase FLOPs at the bare rate are printed beside it when
---gemm-rate-tool gives the rates.
+the GEMM's efficiency (issue 12). Under the table, each configuration's slowest kernels per step
+with the GEMMs' rates (Note [Kernel times]), to hold against the bare GEMM rate.
 
     /usr/bin/python3 bench/e2e/phase_profile.py --precisions fp32,bf16 --isas native,avx2 \
         --threads 0 [--model gpt2 --batch 8 --seq 256] [--out FILE]
@@ -72,7 +72,8 @@ def run(args, precision, isa, threads):
         prof = os.path.join(tmp, "profile")
         cmd = [MEMFIT, "train", "--model", args.model, "--data", args.data,
                "--batch", str(args.batch), "--seq-len", str(args.seq),
-               "--precision", precision, "--steps", str(args.steps),
+               # One step more than the window, so that the run's closing evaluation is not in it.
+               "--precision", precision, "--steps", str(args.steps + 1),
                "--profile", prof, "--profile-steps", str(args.steps), "--eval-batches", "1",
                "--threads", str(threads)] + args.extra.split()
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
@@ -80,11 +81,15 @@ def run(args, precision, isa, threads):
         if r.returncode != 0:
             sys.exit(f"exit {r.returncode}: {' '.join(cmd)}\n{r.stderr[-2000:]}")
         steps = phases_from_trace(os.path.join(prof, "trace.json"))
+        with open(os.path.join(prof, "summary.json")) as f:
+            kernels = json.load(f).get("kernels", [])
     med = {k: statistics.median(s["phases_ms"][k] for s in steps) for k in KINDS}
+    # The kernel times cover the whole window, the first step too: per step, over all of them.
+    per_step = [dict(k, ms=k["ms"] / args.steps, calls=k["calls"] / args.steps) for k in kernels]
     return {"precision": precision, "isa": isa, "threads": threads,
             "step_ms": [s["step_ms"] for s in steps],
             "median_step_ms": statistics.median(s["step_ms"] for s in steps),
-            "median_phases_ms": med}
+            "median_phases_ms": med, "kernels_per_step": per_step}
 
 
 def main():
@@ -98,6 +103,7 @@ def main():
     ap.add_argument("--isas", default="native", help="comma-separated: native, avx2, ...")
     ap.add_argument("--threads", default="0", help="comma-separated thread counts (0: all)")
     ap.add_argument("--extra", default="", help="more memfit train options, space-separated")
+    ap.add_argument("--top", type=int, default=20, help="kernels listed per configuration")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.steps < 2:
@@ -117,6 +123,15 @@ def main():
         cells = " | ".join(f"{r['median_phases_ms'][k]:.0f}" for k in KINDS)
         print(f"| {r['precision']} | {r['isa']} | {r['threads'] or 'all'} | "
               f"{r['median_step_ms']:.0f} | {cells} |")
+    for r in rows:
+        ks = r["kernels_per_step"]
+        gemm = sum(k["ms"] for k in ks if k["name"].startswith("gemm"))
+        print(f"\n{r['precision']}, {r['isa']}, threads {r['threads'] or 'all'}: kernels per step "
+              f"(self time, mean over the profiled steps): GEMMs {gemm:.0f} ms, the rest "
+              f"{sum(k['ms'] for k in ks) - gemm:.0f} ms; the {min(args.top, len(ks))} slowest:")
+        for k in ks[:args.top]:
+            rate = f"{k['gflops_per_s']:.0f} GFLOP/s" if "gflops_per_s" in k else ""
+            print(f"  {k['ms']:8.1f} ms  {k['calls']:6.1f} calls  {rate:>14}  {k['name']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"cpu": cpu_model("unknown"), "cpus": os.cpu_count(), "model": args.model,

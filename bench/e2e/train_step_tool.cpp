@@ -7,6 +7,8 @@
 // whose context is T, so bench/e2e/plan_grid.py passes --context T to compare with its plan.
 // The shape overrides are memfit train's (--n-layer, --n-head, --n-kv-head, --d-model,
 // --ffn-dim, --vocab, --tie-embeddings), applied to the preset by TrainConfig::model_config.
+// --kernel-times 1 adds "kernels": the timed steps' time per kernel and per GEMM shape, per
+// step (Note [Kernel times]).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/kernels/kernel_times.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/train/train_config.h"
@@ -33,6 +36,7 @@ int main(int argc, char** argv) {
   TrainConfig shape;  // the preset and memfit train's overrides of it (0 / empty: keep)
   std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
               ckpt = "none", act_compress = "none";
+  bool kernel_times = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model = v;
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
     else if (k == "--optim") optim = v;
     else if (k == "--ckpt") ckpt = v;
     else if (k == "--act-compress") act_compress = v;
+    else if (k == "--kernel-times") kernel_times = v == "1";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -92,6 +97,10 @@ int main(int argc, char** argv) {
     std::vector<double> ms;
     std::vector<float> losses;
     for (int s = 0; s < warmup + steps; ++s) {
+      if (s == warmup && kernel_times) {
+        kernels::reset_kernel_times();
+        kernels::record_kernel_times(true);
+      }
       auto t0 = std::chrono::steady_clock::now();
       gpt.zero_grad();
       float loss = gpt.forward(tokens, targets, /*training=*/true,
@@ -103,6 +112,7 @@ int main(int argc, char** argv) {
       if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       losses.push_back(loss);
     }
+    kernels::record_kernel_times(false);
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
     // --steps 0 --warmup 0 builds the model, the optimizer and the activation plan and runs
@@ -153,6 +163,16 @@ int main(int argc, char** argv) {
     for (Category c : kAllCategories)
       if (at_peak[static_cast<size_t>(c)]) cats[std::string(category_name(c))] = at_peak[static_cast<size_t>(c)];
     j["pool_peak_by_category"] = cats;
+    if (kernel_times && steps > 0) {  // per timed step (Note [Kernel times])
+      nlohmann::json ks = nlohmann::json::array();
+      for (const kernels::KernelTime& k : kernels::kernel_times()) {
+        nlohmann::json e = {{"name", k.name}, {"calls", double(k.calls) / steps},
+                            {"ms", k.seconds * 1e3 / steps}};
+        if (k.flops > 0 && k.seconds > 0) e["gflops_per_s"] = k.flops / k.seconds / 1e9;
+        ks.push_back(std::move(e));
+      }
+      j["kernels"] = std::move(ks);
+    }
     std::printf("%s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_step_tool: %s\n", e.what());

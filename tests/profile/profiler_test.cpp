@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/kernel_times.h"
 #include "profile_test_util.h"
 
 namespace memfit {
@@ -49,16 +50,29 @@ TEST_F(ProfilerTest, WritesTheFilesWhenTheWindowCloses) {
   profile::Profiler p({dir.string(), 2}, pool, std::chrono::steady_clock::now());
   Allocation slab = pool.allocate(1 << 20, Category::params, "params");
   p.set_run({{"title", "a <test>"}}, std::nullopt);
+  { kernels::KernelScope before("before the window"); }
   p.step_begin(5);
+  { kernels::KernelScope k("a kernel", 1e6); }
   EXPECT_FALSE(p.step_end(5));
   p.step_begin(6);
+  { kernels::KernelScope k("a kernel", 1e6); }
   EXPECT_TRUE(p.step_end(6));
+  { kernels::KernelScope after("after the window"); }
+  EXPECT_FALSE(kernels::kernel_times_on());
   EXPECT_EQ(p.recorder(), nullptr);
   for (const char* f : {"trace.json", "memory.html", "summary.json"})
     EXPECT_TRUE(fs::exists(dir / f)) << f;
   // No temporary files left behind by the atomic writes.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 3);
   EXPECT_NE(p.text().find("memfit profile:"), std::string::npos);
+  // The window's kernels, and only those (Note [Kernel times]).
+  std::ifstream sj(dir / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(sj);
+  ASSERT_EQ(summary["kernels"].size(), 1u) << summary["kernels"].dump();
+  EXPECT_EQ(summary["kernels"][0]["name"], "a kernel");
+  EXPECT_EQ(summary["kernels"][0]["calls"], 2);
+  EXPECT_TRUE(summary["kernels"][0].contains("gflops_per_s"));
+  EXPECT_NE(p.text().find("time in kernels"), std::string::npos) << p.text();
   std::ifstream html(dir / "memory.html");
   std::string page((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
   EXPECT_NE(page.find("<title>a &lt;test&gt;</title>"), std::string::npos);

@@ -222,6 +222,15 @@ json summary_json(const StepRecorder& rec, const Timeline& tl, const SummaryInpu
                        {"pool_bytes", in.pool_bytes},
                        {"outside_pool_bytes",
                         static_cast<int64_t>(in.rss_bytes) - static_cast<int64_t>(in.pool_bytes)}};
+
+  // Where the window's time went, kernel by kernel (self time; Note [Kernel times]).
+  json kernels = json::array();
+  for (const kernels::KernelTime& k : in.kernels) {
+    json e = {{"name", k.name}, {"calls", k.calls}, {"ms", k.seconds * 1e3}};
+    if (k.flops > 0 && k.seconds > 0) e["gflops_per_s"] = k.flops / k.seconds / 1e9;
+    kernels.push_back(std::move(e));
+  }
+  j["kernels"] = std::move(kernels);
   return j;
 }
 
@@ -324,6 +333,30 @@ std::string summary_text(const json& s, const std::string& files) {
   const json& op = s["outside_pool"];
   out += fmt::format("resident outside the pool at the end of the profile: {} MiB (RSS {} MiB)\n",
                      mib(op["outside_pool_bytes"].get<double>()), mib(op["rss_bytes"].get<double>()));
+
+  if (s.contains("kernels") && !s["kernels"].empty()) {
+    const json& w = s["profile"]["window_ms"];
+    const double window = w[1].get<double>() - w[0].get<double>();
+    double total = 0;
+    for (const json& k : s["kernels"]) total += k["ms"].get<double>();
+    out += fmt::format("\ntime in kernels: {:.0f} ms of the {:.0f} ms profiled ({:.0f}%); the {} "
+                       "slowest (self time; summary.json lists all):\n",
+                       total, window, window > 0 ? 100 * total / window : 0.0,
+                       std::min<size_t>(kTopKernels, s["kernels"].size()));
+    out += fmt::format("  {:>9}  {:>6}  {:>7}  {:>8}  {}\n", "ms", "share", "calls", "GFLOP/s",
+                       "kernel");
+    size_t n = 0;
+    for (const json& k : s["kernels"]) {
+      if (n++ == kTopKernels) break;
+      const double t = k["ms"].get<double>();
+      out += fmt::format("  {:>9.1f}  {:>5.1f}%  {:>7}  {:>8}  {}\n", t,
+                         window > 0 ? 100 * t / window : 0.0, k["calls"].get<int64_t>(),
+                         k.contains("gflops_per_s")
+                             ? fmt::format("{:.0f}", k["gflops_per_s"].get<double>())
+                             : std::string(),
+                         k["name"].get<std::string>());
+    }
+  }
   return out;
 }
 

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/kernels/kernel_times.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/step_recorder.h"
 #include "memfit/profile/timeline.h"
@@ -19,6 +20,7 @@ namespace memfit::profile {
 inline constexpr int kSummaryVersion = 1;
 inline constexpr size_t kTopBuffers = 20;
 inline constexpr size_t kTopGroups = 10;
+inline constexpr size_t kTopKernels = 15;  // kernels in the printed summary
 
 // What the summary reports besides the record and the timeline.
 struct SummaryInputs {
@@ -27,6 +29,7 @@ struct SummaryInputs {
   CategoryBytes peak_by_category{};  // the pool's breakdown at its peak (MemoryPool::peak_breakdown)
   uint64_t events = 0, events_dropped = 0;  // the pool's event log
   size_t rss_bytes = 0, pool_bytes = 0;     // at the end of the window
+  std::vector<kernels::KernelTime> kernels;  // the window's time in kernels (Note [Kernel times])
 };
 
 nlohmann::json summary_json(const StepRecorder& recorder, const Timeline& timeline,

@@ -4,6 +4,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
+#include "memfit/kernels/kernel_times.h"
 #include "memfit/memory/rss.h"
 #include "memfit/profile/memory_page.h"
 #include "memfit/profile/profile_summary.h"
@@ -39,6 +40,8 @@ void Profiler::step_begin(int64_t step) {
   if (finished_ || first_step_ >= 0) return;
   first_step_ = step;
   begin_ = recorder_.now();
+  kernels::reset_kernel_times();
+  kernels::record_kernel_times(true);
 }
 
 bool Profiler::step_end(int64_t step) {
@@ -51,6 +54,7 @@ void Profiler::finish() {
   if (finished_) return;
   finished_ = true;
   recorder_.stop();
+  kernels::record_kernel_times(false);
   const int64_t end = recorder_.now();
   if (first_step_ < 0) begin_ = end;  // no step ran: the setup alone
   pool_.set_recording(false);
@@ -66,6 +70,7 @@ void Profiler::finish() {
   in.events_dropped = pool_.events_dropped();
   in.rss_bytes = process_rss_bytes();
   in.pool_bytes = pool_.bytes_current();
+  if (first_step_ >= 0) in.kernels = kernels::kernel_times();
   const nlohmann::json summary = summary_json(recorder_, tl, in);
   pool_.clear_events();  // the log's memory goes back now, not at the run's end
 

@@ -3,6 +3,7 @@
 // Each block is read twice (its absmax, then its codes) while it sits in L1; the arithmetic is
 // kernels/ref/act_quant_ref.cpp's, lane by lane, so every target writes the same bits.
 #include "memfit/kernels/cpu/act_quant.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/act_quant.cpp"
@@ -206,6 +207,7 @@ uint8_t* code_bytes(const Tensor& codes) { return static_cast<uint8_t*>(codes.ra
 }  // namespace
 
 void act_quantize(const Tensor& x, Tensor& codes, Tensor& scales) {
+  KernelScope timed("act_quantize");
   const bool fp8 = check_args(x, codes, scales, "act_quantize");
   const DType st = x.dtype();
   const void* xp = x.raw_data();
@@ -218,6 +220,7 @@ void act_quantize(const Tensor& x, Tensor& codes, Tensor& scales) {
 }
 
 void act_dequantize(const Tensor& codes, const Tensor& scales, Tensor& x) {
+  KernelScope timed("act_dequantize");
   const bool fp8 = check_args(x, codes, scales, "act_dequantize");
   const DType dt = x.dtype();
   void* xp = x.raw_data();

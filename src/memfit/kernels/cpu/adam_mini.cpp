@@ -2,6 +2,7 @@
 // with one step size per block.
 // One source for every SIMD target (simd.h); the public function is at the end.
 #include "memfit/kernels/cpu/adam_mini.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/adam_mini.cpp"
@@ -71,6 +72,7 @@ HWY_EXPORT(AdamMiniUpdateBlock);
 
 void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, int64_t block_len,
                       const AdamWHyper& h, int64_t t, float grad_scale) {
+  KernelScope timed("adam_mini_update");
   const char* op = "adam_mini";
   expect_any_shape(param, op, "param", DType::f32);
   expect_tensor(grad, op, "grad", param.shape(), DType::f32);

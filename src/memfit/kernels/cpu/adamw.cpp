@@ -9,6 +9,7 @@
 // arithmetic and differ only in how the weight is loaded and stored (a policy type below).
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/adamw.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/adamw.cpp"
@@ -202,6 +203,7 @@ void check_state(std::string_view op, const Tensor& param, const Tensor& grad, c
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& h,
                   int64_t t, float grad_scale) {
+  KernelScope timed("adamw_update");
   constexpr std::string_view op = "adamw_update";
   expect_any_shape(param, op, "param");
   check_state(op, param, grad, m, v, t);
@@ -212,6 +214,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
 
 void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Tensor& m, Tensor& v,
                          const AdamWHyper& h, int64_t t, float grad_scale) {
+  KernelScope timed("adamw_update_master");
   constexpr std::string_view op = "adamw_update_master";
   expect_any_shape(master, op, "master");
   check_state(op, master, grad, m, v, t);
@@ -231,6 +234,7 @@ void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Te
 void adamw_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                              const AdamWHyper& h, int64_t t, float grad_scale, uint64_t seed,
                              uint64_t index0) {
+  KernelScope timed("adamw_update_stochastic");
   constexpr std::string_view op = "adamw_update_stochastic";
   expect_any_shape(param, op, "param", DType::bf16);
   check_state(op, param, grad, m, v, t);

@@ -1,6 +1,7 @@
 // 8-bit AdamW: the per-element AdamW arithmetic (one source for every SIMD target, simd.h) and the block loop that
 // dequantises, updates and requantises. See Note [8-bit optimizers].
 #include "memfit/kernels/cpu/adamw8bit.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/adamw8bit.cpp"
@@ -201,6 +202,7 @@ void update_f32_state(Tensor& param, DType dtype, const Tensor& grad, Tensor& m,
 void adamw8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor& m_absmax,
                       Tensor& v_codes, Tensor& v_absmax, const AdamWHyper& h, int64_t t,
                       float grad_scale) {
+  KernelScope timed("adamw8bit_update");
   update_blocks(param, DType::f32, grad, m_codes, m_absmax, v_codes, v_absmax, h, t, grad_scale,
                 0, 0);
 }
@@ -209,18 +211,21 @@ void adamw8bit_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m_co
                                  Tensor& m_absmax, Tensor& v_codes, Tensor& v_absmax,
                                  const AdamWHyper& h, int64_t t, float grad_scale, uint64_t seed,
                                  uint64_t index0) {
+  KernelScope timed("adamw8bit_update_stochastic");
   update_blocks(param, DType::bf16, grad, m_codes, m_absmax, v_codes, v_absmax, h, t,
                 grad_scale, seed, index0);
 }
 
 void adamw8bit_update_f32(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                           const AdamWHyper& h, int64_t t, float grad_scale) {
+  KernelScope timed("adamw8bit_update_f32");
   update_f32_state(param, DType::f32, grad, m, v, h, t, grad_scale, 0, 0);
 }
 
 void adamw8bit_update_f32_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                                      const AdamWHyper& h, int64_t t, float grad_scale,
                                      uint64_t seed, uint64_t index0) {
+  KernelScope timed("adamw8bit_update_f32_stochastic");
   update_f32_state(param, DType::bf16, grad, m, v, h, t, grad_scale, seed, index0);
 }
 

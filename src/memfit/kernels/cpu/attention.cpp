@@ -9,6 +9,7 @@
 // over (batch, query head); backward over (batch, key/value head), each task walking its group's
 // query heads in order and summing their dk, dv into the rows it alone owns.
 #include "memfit/kernels/cpu/attention.h"
+#include "memfit/kernels/kernel_times.h"
 
 #include <omp.h>
 
@@ -231,6 +232,7 @@ int threads_for(const Tensor& workspace, int64_t slot, size_t want_bytes, int64_
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, AttentionHeads heads) {
+  KernelScope timed("attention_forward");
   const DType f32 = DType::f32;
   MEMFIT_CHECK_DTYPE(!qkv.defined() || qkv.dtype() == f32, kOp,
                      "qkv must be f32, got {} {}; bf16 and f16 take the overload with a workspace",
@@ -265,6 +267,7 @@ size_t attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C, Attent
 
 void attention_forward(Tensor& out, Tensor& att, const Tensor& qkv, Tensor& workspace,
                        AttentionHeads heads) {
+  KernelScope timed("attention_forward");
   const Dims d = check_qkv(qkv, heads);
   const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, hs = d.hs;
   expect_float(out, "out", Shape{B, T, C});
@@ -338,6 +341,7 @@ size_t attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C, Atten
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                         Tensor& workspace, AttentionHeads heads) {
+  KernelScope timed("attention_backward");
   const Dims d = check_qkv(qkv, heads);
   const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, hs = d.hs;
   expect_float(dqkv, "dqkv", qkv.shape());

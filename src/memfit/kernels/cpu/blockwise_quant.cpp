@@ -1,6 +1,7 @@
 // Block-wise 8-bit quantisation: the dynamic maps, nearest-entry search (one source for every SIMD target, simd.h)
 // and the block and tensor loops. See Note [8-bit optimizers].
 #include "memfit/kernels/cpu/blockwise_quant.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/blockwise_quant.cpp"
@@ -236,6 +237,7 @@ void check_quant_args(const Tensor& x, const Tensor& q, const Tensor& absmax, co
 }  // namespace
 
 void quantize_blockwise(const Tensor& x, Tensor& q, Tensor& absmax, const QuantMap& map) {
+  KernelScope timed("quantize_blockwise");
   check_quant_args(x, q, absmax, "quantize_blockwise");
   const int64_t n = x.numel(), blocks = quant_blocks(n);
   const float* xp = x.data<float>();
@@ -249,6 +251,7 @@ void quantize_blockwise(const Tensor& x, Tensor& q, Tensor& absmax, const QuantM
 }
 
 void dequantize_blockwise(const Tensor& q, const Tensor& absmax, const QuantMap& map, Tensor& x) {
+  KernelScope timed("dequantize_blockwise");
   check_quant_args(x, q, absmax, "dequantize_blockwise");
   const int64_t n = x.numel(), blocks = quant_blocks(n);
   float* xp = x.data<float>();

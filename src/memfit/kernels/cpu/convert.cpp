@@ -4,6 +4,7 @@
 // memory once, so they run at memory bandwidth.
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/convert.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/convert.cpp"
@@ -153,6 +154,7 @@ void expect_float(const Tensor& t, std::string_view op, std::string_view name) {
 }  // namespace
 
 void convert(Tensor& dst, const Tensor& src) {
+  KernelScope timed("convert");
   constexpr std::string_view op = "convert";
   expect_float(src, op, "src");
   expect_float(dst, op, "dst");
@@ -177,6 +179,7 @@ void convert(Tensor& dst, const Tensor& src) {
 }
 
 void convert_stochastic(Tensor& dst, const Tensor& src, uint64_t seed, uint64_t index0) {
+  KernelScope timed("convert_stochastic");
   constexpr std::string_view op = "convert_stochastic";
   expect_any_shape(src, op, "src", DType::f32);
   expect_any_shape(dst, op, "dst", DType::bf16);
@@ -190,6 +193,7 @@ void convert_stochastic(Tensor& dst, const Tensor& src, uint64_t seed, uint64_t 
 }
 
 bool all_finite(const Tensor& t) {
+  KernelScope timed("all_finite");
   expect_float(t, "all_finite", "t");
   const DType dt = t.dtype();
   const void* x = t.raw_data();

@@ -8,6 +8,7 @@
 // writes their gradient into a separate bf16 / f16 tensor in the last pass.
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/crossentropy.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/crossentropy.cpp"
@@ -148,6 +149,7 @@ Dims check_args(std::string_view op, const Tensor& losses, const Tensor& logits,
 }  // namespace
 
 void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V) {
+  KernelScope timed("crossentropy_forward");
   const auto [R, Vp] = check_args("crossentropy_forward", losses, logits, targets, V);
   float* loss = losses.data<float>();
   // Forward reads only; row_sum_exp<false> never writes through this pointer.
@@ -164,6 +166,7 @@ void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& ta
 
 void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor& targets, int64_t V,
                                    float dloss) {
+  KernelScope timed("crossentropy_forward_backward");
   const auto [R, Vp] = check_args("crossentropy_forward_backward", losses, logits, targets, V);
   float* loss = losses.data<float>();
   float* x = logits.data<float>();
@@ -184,6 +187,7 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
 
 void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logits,
                                    const Tensor& targets, int64_t V, float dloss) {
+  KernelScope timed("crossentropy_forward_backward");
   constexpr std::string_view op = "crossentropy_forward_backward";
   const auto [R, Vp] = check_args(op, losses, logits, targets, V);
   MEMFIT_CHECK(dlogits.defined(), op, "dlogits is undefined");

@@ -2,8 +2,10 @@
 // leading dimensions are expressed as memory-descriptor strides, so no operand is copied;
 // beta = 1 is the `sum` post-op, alpha an output scale, bias the matmul bias argument.
 #include "memfit/kernels/cpu/dnnl_gemm.h"
+#include "memfit/kernels/kernel_times.h"
 
 #include <dnnl.hpp>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -203,8 +205,24 @@ void execute_empty_k(const GemmSpec& s, void* C, const void* bias) {
 
 }  // namespace
 
+namespace {
+
+// A GEMM's name in the kernel times (Note [Kernel times]): its types, shape and form, so that
+// each of a model's matmuls has its own rate, e.g. "gemm bf16 -> f32 2048x768x3072 A^T +=".
+std::string gemm_label(const GemmSpec& s) {
+  const std::string types = s.b_type == s.a_type ? fmt::format("{}", dtype_name(s.a_type))
+                            : fmt::format("{},{}", dtype_name(s.a_type), dtype_name(s.b_type));
+  return fmt::format("gemm {} -> {} {}x{}x{}{}{}{}{}", types, dtype_name(s.c_type), s.M, s.N, s.K,
+                     s.trans_a ? " A^T" : "", s.trans_b ? " B^T" : "", s.beta != 0.0f ? " +=" : "",
+                     s.bias ? " +bias" : "");
+}
+
+}  // namespace
+
 void execute(const GemmSpec& s, const void* A, const void* B, void* C, const void* bias) {
   if (s.M == 0 || s.N == 0) return;
+  KernelScope timed(kernel_times_on() ? gemm_label(s) : std::string(),
+                    2.0 * double(s.M) * double(s.N) * double(s.K));
   if (s.K == 0) return execute_empty_k(s, C, bias);
   std::shared_ptr<const Entry> e = cache().get(s);
   dnnl::engine& eng = cpu_engine();

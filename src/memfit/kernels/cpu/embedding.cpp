@@ -7,6 +7,7 @@
 // Forward and backward are one source for every SIMD target (simd.h), dispatched at run time;
 // the public functions are at the end.
 #include "memfit/kernels/cpu/embedding.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/embedding.cpp"
@@ -122,6 +123,7 @@ Dims check_dims(std::string_view op, const Tensor& tokens, const Tensor& wte, co
 }  // namespace
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  KernelScope timed("embedding_forward");
   constexpr std::string_view op = "embedding_forward";
   for (const auto& [t, name] : {std::pair{&wte, "wte"}, std::pair{&wpe, "wpe"}}) {
     if (t == &wpe && !wpe.defined()) continue;  // token embedding only
@@ -145,6 +147,7 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, con
 }
 
 void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+  KernelScope timed("embedding_backward");
   constexpr std::string_view op = "embedding_backward";
   const auto [B, T, C] = check_dims(op, tokens, dwte, dwpe, "dwte", "dwpe");
   expect_tensor(dout, op, "dout", Shape{B, T, C});

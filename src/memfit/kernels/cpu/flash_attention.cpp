@@ -3,6 +3,7 @@
 // (flash_attention_f32.cpp, flash_attention_bf16.cpp). See "Note [Flash attention]" in
 // docs/notes/flash-attention.md.
 #include "memfit/kernels/cpu/flash_attention.h"
+#include "memfit/kernels/kernel_times.h"
 
 #include <omp.h>
 
@@ -166,6 +167,7 @@ size_t flash_attention_forward_workspace_bytes(int64_t B, int64_t T, int64_t C,
 
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, Tensor& workspace,
                              AttentionHeads heads, const FlashAttentionTiles& tiles) {
+  KernelScope timed("flash_attention_forward");
   const Dims d = check_qkv(qkv, heads, tiles, kForward);
   const DType dt = qkv.dtype();
   expect_tensor(out, kForward, "out", {d.B, d.T, d.C}, dt);
@@ -193,6 +195,7 @@ size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t C,
 void flash_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, Tensor& workspace,
                               AttentionHeads heads, const FlashAttentionTiles& tiles) {
+  KernelScope timed("flash_attention_backward");
   const Dims d = check_qkv(qkv, heads, tiles, kBackward);
   const DType dt = qkv.dtype();
   expect_tensor(dqkv, kBackward, "dqkv", qkv.shape(), dt);

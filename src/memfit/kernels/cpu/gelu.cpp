@@ -6,6 +6,7 @@
 // bf16): values are widened on load, computed in f32 and rounded once on store.
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/gelu.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/gelu.cpp"
@@ -106,6 +107,7 @@ HWY_EXPORT(GeluForwardRange);
 HWY_EXPORT(GeluBackwardRange);
 
 void gelu_forward(Tensor& out, const Tensor& inp) {
+  KernelScope timed("gelu_forward");
   constexpr std::string_view op = "gelu_forward";
   expect_float_any_shape(inp, op, "inp");
   expect_float_tensor(out, op, "out", inp.shape());
@@ -118,6 +120,7 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
 }
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  KernelScope timed("gelu_backward");
   constexpr std::string_view op = "gelu_backward";
   expect_float_any_shape(inp, op, "inp");
   expect_float_tensor(dout, op, "dout", inp.shape());

@@ -8,6 +8,7 @@
 // statistics and the whole backward stay f32 (see docs/notes/mixed-precision.md).
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/layernorm.cpp"
@@ -237,6 +238,7 @@ Dims check_dims(std::string_view op, const Tensor& inp, const Tensor& weight, co
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp,
                        const Tensor& weight, const Tensor& bias) {
+  KernelScope timed("layernorm_forward");
   constexpr std::string_view op = "layernorm_forward";
   const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
   expect_float_tensor(bias, op, "bias", Shape{C});
@@ -255,6 +257,7 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 
 void layernorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
                      const Tensor& mean, const Tensor& rstd) {
+  KernelScope timed("layernorm_apply");
   constexpr std::string_view op = "layernorm_apply";
   const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
   expect_float_tensor(bias, op, "bias", Shape{C});
@@ -275,6 +278,7 @@ void layernorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const
 void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
+  KernelScope timed("layernorm_backward");
   constexpr std::string_view op = "layernorm_backward";
   const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
   expect_tensor(dout, op, "dout", inp.shape());

@@ -1,6 +1,7 @@
 // Lion and 8-bit Lion: the per-element update (one source for every SIMD target, simd.h) and the loops over chunks
 // (FP32 momentum) or quantisation blocks (8-bit momentum).
 #include "memfit/kernels/cpu/lion.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/lion.cpp"
@@ -85,6 +86,7 @@ void check_param_grad(const Tensor& param, const Tensor& grad, const char* op) {
 
 void lion_update(Tensor& param, const Tensor& grad, Tensor& m, const LionHyper& h,
                  float grad_scale) {
+  KernelScope timed("lion_update");
   const char* op = "lion";
   check_param_grad(param, grad, op);
   expect_tensor(m, op, "m", param.shape(), DType::f32);
@@ -104,6 +106,7 @@ void lion_update(Tensor& param, const Tensor& grad, Tensor& m, const LionHyper& 
 
 void lion8bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor& m_absmax,
                      const LionHyper& h, float grad_scale) {
+  KernelScope timed("lion8bit_update");
   const char* op = "lion8bit";
   check_param_grad(param, grad, op);
   const int64_t n = param.numel(), blocks = quant_blocks(n);

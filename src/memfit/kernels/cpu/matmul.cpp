@@ -3,6 +3,7 @@
 // for every SIMD target, simd.h). The
 // bf16 variants differ only in the element types handed to oneDNN and in a widening column sum.
 #include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/matmul.cpp"
@@ -169,6 +170,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 }
 
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  KernelScope timed("matmul_forward");
   MEMFIT_CHECK(inp.defined(), kOp, "inp is undefined");
   const DType in_type = inp.dtype();
   reject_f16(in_type, "inp", inp.shape());
@@ -197,6 +199,7 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
 
 void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
+  KernelScope timed("matmul_backward");
   MEMFIT_CHECK(inp.defined(), kOp, "inp is undefined");
   const DType in_type = inp.dtype();
   reject_f16(in_type, "inp", inp.shape());

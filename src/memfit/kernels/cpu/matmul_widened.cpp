@@ -1,4 +1,5 @@
 #include "memfit/kernels/cpu/matmul_widened.h"
+#include "memfit/kernels/kernel_times.h"
 
 #include <algorithm>
 
@@ -82,6 +83,7 @@ size_t matmul_widened_scratch_bytes(int64_t R, int64_t IC, int64_t OC) {
 
 void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& weight,
                             const Tensor& bias, Tensor& scratch) {
+  KernelScope timed("matmul_forward_widened");
   Carver c(scratch);
   Tensor x = c.widened(inp, "inp"), w = c.widened(weight, "weight"), b = c.widened(bias, "bias");
   Tensor y = c.output(out, "out");
@@ -91,6 +93,7 @@ void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& weight
 
 void matmul_backward_widened(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                              const Tensor& inp, const Tensor& weight, Tensor& scratch) {
+  KernelScope timed("matmul_backward_widened");
   Carver c(scratch);
   Tensor g = c.widened(dout, "dout"), x = c.widened(inp, "inp"), w = c.widened(weight, "weight");
   Tensor dx = c.output(dinp, "dinp");
@@ -150,6 +153,7 @@ size_t matmul_widened_blocked_scratch_bytes(int64_t R, int64_t IC, int64_t OC) {
 
 void matmul_forward_widened_blocked(Tensor& out, const Tensor& inp, const Tensor& weight,
                                     Tensor& scratch) {
+  KernelScope timed("matmul_forward_widened_blocked");
   constexpr const char* op = "matmul_forward_widened_blocked";
   const Blocked b = check_blocked(op, out, inp, weight, scratch);
   MEMFIT_CHECK_SHAPE(out.shape() == Shape({b.R, b.OC}), op, "out {} must be ({}, {})",
@@ -165,6 +169,7 @@ void matmul_forward_widened_blocked(Tensor& out, const Tensor& inp, const Tensor
 
 void matmul_backward_widened_blocked(Tensor& dinp, Tensor& dweight, const Tensor& dout,
                                      const Tensor& inp, const Tensor& weight, Tensor& scratch) {
+  KernelScope timed("matmul_backward_widened_blocked");
   constexpr const char* op = "matmul_backward_widened_blocked";
   const Blocked b = check_blocked(op, dout, inp, weight, scratch);
   MEMFIT_CHECK_SHAPE(dout.shape() == Shape({b.R, b.OC}) && dinp.shape() == inp.shape() &&

@@ -4,6 +4,7 @@
 // branch per function on dtype() that widens on load and rounds on store.
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/residual.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/residual.cpp"
@@ -69,6 +70,7 @@ HWY_EXPORT(ScaleRange);
 HWY_EXPORT(SumSquaresRange);
 
 void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
+  KernelScope timed("residual_forward");
   constexpr std::string_view op = "residual_forward";
   const Shape& shape = expect_any_shape(a, op, "a");
   expect_tensor(b, op, "b", shape);
@@ -81,6 +83,7 @@ void residual_forward(Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void add_inplace(Tensor& dst, const Tensor& src) {
+  KernelScope timed("add_inplace");
   constexpr std::string_view op = "add_inplace";
   expect_any_shape(dst, op, "dst");
   expect_any_shape(src, op, "src");
@@ -94,6 +97,7 @@ void add_inplace(Tensor& dst, const Tensor& src) {
 }
 
 void scale_inplace(Tensor& dst, float s) {
+  KernelScope timed("scale_inplace");
   expect_any_shape(dst, "scale_inplace", "dst");
   float* d = dst.data<float>();
   parallel_ranges(dst.numel(), [&](int64_t begin, int64_t end) {
@@ -102,6 +106,7 @@ void scale_inplace(Tensor& dst, float s) {
 }
 
 double sum_squares(const Tensor& t) {
+  KernelScope timed("sum_squares");
   expect_any_shape(t, "sum_squares", "t");
   const float* x = t.data<float>();
   return parallel_sum(t.numel(), [&](int64_t begin, int64_t end) {

@@ -6,6 +6,7 @@
 // or f16, rounded once; the weight may be a bf16 / f16 working copy, widened once per call.
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/rmsnorm.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/rmsnorm.cpp"
@@ -189,6 +190,7 @@ Dims check_dims(std::string_view op, const Tensor& inp, const Tensor& weight, co
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight,
                      float eps) {
+  KernelScope timed("rmsnorm_forward");
   constexpr std::string_view op = "rmsnorm_forward";
   const auto [R, C] = check_dims(op, inp, weight, rstd);
   MEMFIT_CHECK(eps >= 0.0f && std::isfinite(eps), op, "eps must be finite and >= 0, got {}", eps);
@@ -207,6 +209,7 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
 }
 
 void rmsnorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
+  KernelScope timed("rmsnorm_apply");
   constexpr std::string_view op = "rmsnorm_apply";
   const auto [R, C] = check_dims(op, inp, weight, rstd);
   expect_float_tensor(out, op, "out", inp.shape());
@@ -225,6 +228,7 @@ void rmsnorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const T
 
 void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const Tensor& inp,
                       const Tensor& weight, const Tensor& rstd) {
+  KernelScope timed("rmsnorm_backward");
   constexpr std::string_view op = "rmsnorm_backward";
   const auto [R, C] = check_dims(op, inp, weight, rstd);
   expect_tensor(dout, op, "dout", inp.shape());

@@ -7,6 +7,7 @@
 // (docs/notes/llama-kernels.md), so that a Llama checkpoint sees the angles it was trained with.
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/rope.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/rope.cpp"
@@ -180,6 +181,7 @@ std::vector<float> rope_inv_freq(int head_size, double theta, const RopeScaling&
 }
 
 void rope_table(Tensor& table, std::span<const float> inv_freq) {
+  KernelScope timed("rope_table");
   constexpr std::string_view op = "rope_table";
   const Shape& ts = expect_any_shape(table, op, "table");
   const int64_t h2 = static_cast<int64_t>(inv_freq.size());
@@ -202,10 +204,12 @@ void rope_table(Tensor& table, std::span<const float> inv_freq) {
 }
 
 void rope_forward(Tensor& qkv, const Tensor& table, AttentionHeads heads) {
+  KernelScope timed("rope_forward");
   rope_apply("rope_forward", false, qkv, table, heads);
 }
 
 void rope_backward(Tensor& dqkv, const Tensor& table, AttentionHeads heads) {
+  KernelScope timed("rope_backward");
   rope_apply("rope_backward", true, dqkv, table, heads);
 }
 

@@ -1,6 +1,7 @@
 // Plain SGD: one threaded pass over the parameter, p = p (1 - lr wd) - (lr grad_scale) g, in
 // one source for every SIMD target (simd.h).
 #include "memfit/kernels/cpu/sgd.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/sgd.cpp"
@@ -37,6 +38,7 @@ namespace memfit::kernels {
 HWY_EXPORT(SgdRange);
 
 void sgd_update(Tensor& param, const Tensor& grad, float lr, float weight_decay, float grad_scale) {
+  KernelScope timed("sgd_update");
   expect_any_shape(param, "sgd", "param", DType::f32);
   expect_tensor(grad, "sgd", "grad", param.shape(), DType::f32);
   float* p = param.data<float>();

@@ -6,6 +6,7 @@
 // tensor may be f32, bf16 or f16, widened on load and rounded once on store (as gelu.cpp).
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/swiglu.h"
+#include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/swiglu.cpp"
@@ -161,6 +162,7 @@ int64_t check_halves(std::string_view op, const Tensor& gate_up, const Tensor& h
 }  // namespace
 
 void swiglu_forward(Tensor& out, const Tensor& gate_up) {
+  KernelScope timed("swiglu_forward");
   constexpr std::string_view op = "swiglu_forward";
   const int64_t F = check_halves(op, gate_up, out, "out");
   const DType xt = gate_up.dtype(), ot = out.dtype();
@@ -172,6 +174,7 @@ void swiglu_forward(Tensor& out, const Tensor& gate_up) {
 }
 
 void swiglu_backward(Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) {
+  KernelScope timed("swiglu_backward");
   constexpr std::string_view op = "swiglu_backward";
   const int64_t F = check_halves(op, gate_up, dout, "dout");
   expect_float_any_shape(dgate_up, op, "dgate_up");
