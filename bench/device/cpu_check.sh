@@ -1,10 +1,11 @@
 #!/bin/bash
 # Issue 12's CPU measurements on a lent machine (the device host: 16 cores, Sapphire Rapids class
 # with AMX when last seen), in one call of about 6 minutes: where the step's time goes phase by
-# phase (native and capped to AVX2, fp32 and bf16, and bf16 at 2/4/8/all threads), the linear
-# layers' GEMM rates at GPT-2's shapes, and the precision table of docs/benchmarks.md. Prepare here
-# with bench/device/pack.sh, then run(command="bash bench/device/cpu_check.sh",
-# carry=["build/device"], timeout_s=540). Seven files come back under $OUT (the tool returns eight at most).
+# phase and kernel by kernel (native and capped to AVX2, fp32 and bf16, and bf16 at 2/4/8/all
+# threads), the linear layers' GEMM rates at GPT-2's shapes, the planner's step-time estimate
+# against measured steps, and the precision table of docs/benchmarks.md. Prepare here with
+# bench/device/pack.sh, then run(command="bash bench/device/cpu_check.sh", carry=["build/device"],
+# timeout_s=540). Eight files come back under $OUT (the tool returns eight at most).
 set -uo pipefail
 OUT=${OUT:-/tmp/cpu_check}
 mkdir -p "$OUT"
@@ -45,6 +46,9 @@ for b in json.load(open(sys.argv[1]))["benchmarks"]:
     print(f"{b['name']:<60} {b.get('label', '')[:40]:<40} {b['real_time']:9.3f} {b['time_unit']}")
 PY
 done
+
+say "the planner's step-time estimate against measured steps"
+$py bench/e2e/plan_time_accuracy.py --no-doc --repeats 2 --out "$OUT/plan_time.json" 2>&1 | tee -a "$log"
 
 say "precision table, native and capped"
 for isa in native avx2; do
