@@ -144,6 +144,7 @@ int main(int argc, char** argv) {
     j["optim"] = optim;
     j["ckpt"] = ckpt;
     j["act_compress"] = act_compress;
+    j["lm_head_chunk"] = gpt.step_plan().options.lm_head_chunk;  // as planned
     j["skipped"] = skipped;
     j["batch"] = B;
     j["seq"] = T;

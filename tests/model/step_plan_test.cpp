@@ -112,5 +112,45 @@ TEST(StepPlan, PeakIsInAPhaseAndLiveBytesNeverPassTheArenas) {
   }
 }
 
+// Note [Fused LM head], "The chunk": unasked, the head takes the route's default chunk or twice
+// it, whichever gives the smaller arenas (twice on a tie), and the plan records it; asked, it
+// takes what was asked. gpt2's shapes, where either way wins somewhere: at 8 x 256 in fp32 twice
+// the chunk would cost 0.5 MiB, at 16 x 256 nothing.
+TEST(StepPlan, TheLmHeadTakesTwiceItsChunkWhereThatCostsNoArenaByte) {
+  const ModelConfig c = ModelConfig::preset("gpt2");
+  auto arenas = [](const StepPlan& p) {
+    return p.arena[static_cast<size_t>(Category::activations)] +
+           p.arena[static_cast<size_t>(Category::workspace)];
+  };
+  int doubled = 0, kept = 0;
+  for (Precision precision : {Precision::fp32, Precision::bf16, Precision::fp16})
+    for (int B : {4, 8, 16}) {
+      ActivationOptions o = options("none", precision == Precision::fp16 ? AttentionKind::plain
+                                                                          : AttentionKind::flash,
+                                    precision);
+      o.lm_head_chunk = 0;
+      const StepPlan chosen = plan_step(c, B, 256, o);
+      const int d = static_cast<int>(default_lm_head_chunk(o));
+      SCOPED_TRACE(fmt::format("{} x 256, {}, default chunk {}", B, precision_name(precision), d));
+      EXPECT_EQ(chosen.lm_head_chunk_asked, 0);
+      o.lm_head_chunk = d;
+      const StepPlan one = plan_step(c, B, 256, o);
+      o.lm_head_chunk = 2 * d;
+      const StepPlan two = plan_step(c, B, 256, o);
+      EXPECT_EQ(two.lm_head_chunk_asked, 2 * d);
+      EXPECT_EQ(two.options.lm_head_chunk, 2 * d);
+      if (arenas(two) <= arenas(one)) {
+        EXPECT_EQ(chosen.options.lm_head_chunk, 2 * d);
+        ++doubled;
+      } else {
+        EXPECT_EQ(chosen.options.lm_head_chunk, d);
+        ++kept;
+      }
+      EXPECT_EQ(arenas(chosen), std::min(arenas(one), arenas(two)));
+    }
+  EXPECT_GT(doubled, 0);
+  EXPECT_GT(kept, 0);
+}
+
 }  // namespace
 }  // namespace memfit

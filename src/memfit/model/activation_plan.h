@@ -54,7 +54,8 @@ std::string_view act_compress_name(ActCompress c);
 DType act_codes_dtype(ActCompress c);  // i8 or u8 (not for none)
 
 struct ActivationOptions {
-  // Rows of logits computed at a time (Note [Fused LM head]); 0: lm_head_rows' default.
+  // Rows of logits computed at a time (Note [Fused LM head]); 0: plan_step chooses (the
+  // route's default or twice it) and records the choice here in the plan's options.
   int lm_head_chunk = 0;
   AttentionKind attention = AttentionKind::flash;
   // Set by the model from its own precision: matmul operands and saved activations are in
@@ -64,11 +65,14 @@ struct ActivationOptions {
   ActCompress act_compress = ActCompress::none;  // how kept blocks store their activations
 };
 
-// The LM head's chunk for `rows` rows of tokens: options.lm_head_chunk where set, else 128 rows
-// where the head's GEMM is f32 (fp32, and bf16 / fp16 widened, kernels/cpu/matmul_widened.h)
-// and 256 on oneDNN's bf16 GEMM (Note [Fused LM head]: the chunk's f32 logits are the largest
-// workspace of the step; at 128 rows no larger than a block's backward scratch at gpt2 4 x 256,
-// so the pool's peak drops by the difference). At most `rows`.
+// The LM head's default chunk: 128 rows where the head's GEMM is f32 (fp32, and bf16 / fp16
+// widened, kernels/cpu/matmul_widened.h) and 256 on oneDNN's bf16 GEMM (Note [Fused LM head]:
+// the chunk's f32 logits are the step's largest workspace buffer; at 128 rows they are no larger
+// than a block's backward scratch at gpt2 4 x 256). plan_step takes twice it where that costs no
+// arena byte.
+int64_t default_lm_head_chunk(const ActivationOptions& options);
+// The LM head's chunk for `rows` rows of tokens: options.lm_head_chunk where set (plan_step
+// always sets it), else the default. At most `rows`.
 int64_t lm_head_rows(const ActivationOptions& options, int64_t rows);
 
 // ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).

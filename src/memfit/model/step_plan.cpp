@@ -37,13 +37,12 @@ void derive_lifetimes(StepPlan& plan, const std::vector<PhaseUses>& schedule) {
     MEMFIT_CHECK(!b.lifetime.spans.empty(), "step plan", "no phase uses '{}'", b.tag);
 }
 
-}  // namespace
-
-StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOptions& options) {
+StepPlan plan_as_given(const ModelConfig& config, int B, int T, const ActivationOptions& options) {
   StepPlan plan;
   plan.B = B;
   plan.T = T;
   plan.options = options;
+  plan.lm_head_chunk_asked = options.lm_head_chunk;
   StepContext ctx;
   TransformerStep step(config, options, B, T);
   const ModelWeights none = ParamLayout(config).views(Tensor{});
@@ -52,6 +51,30 @@ StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOpti
   plan.buffers = ctx.buffers();
   derive_lifetimes(plan, ctx.schedule());
   layout_arenas(plan);
+  return plan;
+}
+
+size_t arena_bytes(const StepPlan& plan) {
+  return plan.arena[static_cast<size_t>(Category::activations)] +
+         plan.arena[static_cast<size_t>(Category::workspace)];
+}
+
+}  // namespace
+
+StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOptions& options) {
+  if (options.lm_head_chunk > 0) return plan_as_given(config, B, T, options);
+  // The LM head's chunk, where not asked for (Note [Fused LM head], "The chunk"): the route's
+  // default, or twice it where the arenas come out no larger (the head then shares bytes
+  // another phase needs anyway, and its weight is read and its gradient written half as often).
+  ActivationOptions o = options;
+  o.lm_head_chunk = static_cast<int>(default_lm_head_chunk(options));
+  StepPlan plan = plan_as_given(config, B, T, o);
+  if (int64_t{2} * o.lm_head_chunk <= int64_t{B} * T) {
+    o.lm_head_chunk *= 2;
+    StepPlan twice = plan_as_given(config, B, T, o);
+    if (arena_bytes(twice) <= arena_bytes(plan)) plan = std::move(twice);
+  }
+  plan.lm_head_chunk_asked = 0;
   return plan;
 }
 

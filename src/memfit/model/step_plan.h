@@ -23,7 +23,8 @@ struct PhaseBytes {
 
 struct StepPlan {
   int B = 0, T = 0;
-  ActivationOptions options;
+  ActivationOptions options;     // as planned: lm_head_chunk is the chunk the step takes
+  int lm_head_chunk_asked = 0;   // options.lm_head_chunk as asked (0: plan_step's choice)
   std::vector<Phase> phases;        // the schedule, in order
   std::vector<BufferSpec> buffers;  // in the order of their first write, with lifetime and offset
   CategoryBytes arena{};            // each category's slab (activations, workspace; else 0)
@@ -36,7 +37,8 @@ struct StepPlan {
 };
 
 // Runs the step's code in planning mode (no weights, no kernels) for micro-batches of B x T and
-// lays out what it recorded. Throws ConfigError for options with no plan
+// lays out what it recorded. Where options.lm_head_chunk is 0 it chooses the chunk (the route's
+// default, or twice it where that costs no arena byte) and records it in the plan's options. Throws ConfigError for options with no plan
 // (check_activation_options); an Error if the code reads a buffer before any phase writes it
 // or declares one tag two ways: a bug, caught by every test that reserves.
 StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOptions& options);

@@ -203,7 +203,7 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
                      config_.max_seq_len);
   if (B == B_ && T == T_ && ctx_.running()) {
     const ActivationOptions& now = ctx_.plan().options;
-    if (options.lm_head_chunk == now.lm_head_chunk &&
+    if (options.lm_head_chunk == ctx_.plan().lm_head_chunk_asked &&
         options.attention == now.attention && options.ckpt == now.ckpt &&
         options.act_compress == now.act_compress)
       return;
