@@ -25,6 +25,7 @@
 #include "memfit/kernels/kernel_times.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/profile/profile_summary.h"
 #include "memfit/train/train_config.h"
 #include "memfit/train/update.h"
 
@@ -164,16 +165,8 @@ int main(int argc, char** argv) {
     for (Category c : kAllCategories)
       if (at_peak[static_cast<size_t>(c)]) cats[std::string(category_name(c))] = at_peak[static_cast<size_t>(c)];
     j["pool_peak_by_category"] = cats;
-    if (kernel_times && steps > 0) {  // per timed step (Note [Kernel times])
-      nlohmann::json ks = nlohmann::json::array();
-      for (const kernels::KernelTime& k : kernels::kernel_times()) {
-        nlohmann::json e = {{"name", k.name}, {"calls", double(k.calls) / steps},
-                            {"ms", k.seconds * 1e3 / steps}};
-        if (k.flops > 0 && k.seconds > 0) e["gflops_per_s"] = k.flops / k.seconds / 1e9;
-        ks.push_back(std::move(e));
-      }
-      j["kernels"] = std::move(ks);
-    }
+    if (kernel_times && steps > 0)  // per timed step (Note [Kernel times])
+      j["kernels"] = profile::kernels_json(kernels::kernel_times(), steps);
     std::printf("%s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_step_tool: %s\n", e.what());

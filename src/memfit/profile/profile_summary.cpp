@@ -69,6 +69,18 @@ std::string tag_group(const std::string& tag) {
 
 std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024.0)); }
 
+json kernels_json(const std::vector<kernels::KernelTime>& times, double per) {
+  json out = json::array();
+  for (const kernels::KernelTime& k : times) {
+    json e = {{"name", k.name},
+              {"calls", per == 1 ? json(k.calls) : json(double(k.calls) / per)},
+              {"ms", k.seconds * 1e3 / per}};
+    if (k.flops > 0 && k.seconds > 0) e["gflops_per_s"] = k.flops / k.seconds / 1e9;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 json summary_json(const StepRecorder& rec, const Timeline& tl, const SummaryInputs& in) {
   const StepPlan& plan = rec.plan();
   const auto& runs = rec.phase_runs();
@@ -224,13 +236,7 @@ json summary_json(const StepRecorder& rec, const Timeline& tl, const SummaryInpu
                         static_cast<int64_t>(in.rss_bytes) - static_cast<int64_t>(in.pool_bytes)}};
 
   // Where the window's time went, kernel by kernel (self time; Note [Kernel times]).
-  json kernels = json::array();
-  for (const kernels::KernelTime& k : in.kernels) {
-    json e = {{"name", k.name}, {"calls", k.calls}, {"ms", k.seconds * 1e3}};
-    if (k.flops > 0 && k.seconds > 0) e["gflops_per_s"] = k.flops / k.seconds / 1e9;
-    kernels.push_back(std::move(e));
-  }
-  j["kernels"] = std::move(kernels);
+  j["kernels"] = kernels_json(in.kernels);
   return j;
 }
 

@@ -35,6 +35,10 @@ struct SummaryInputs {
 nlohmann::json summary_json(const StepRecorder& recorder, const Timeline& timeline,
                             const SummaryInputs& inputs);
 
+// summary.json's `kernels`: name, calls, ms and (for GEMMs) gflops_per_s of each, calls and ms
+// divided by `per` (1: totals; the number of steps: per step).
+nlohmann::json kernels_json(const std::vector<kernels::KernelTime>& times, double per = 1);
+
 // The printed summary, from summary.json alone (`files`: where the three files are).
 std::string summary_text(const nlohmann::json& summary, const std::string& files);
 
