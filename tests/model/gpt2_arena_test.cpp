@@ -6,6 +6,8 @@
 // phases out of the schedule's order.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cstring>
 
 #include "gpt2_test_util.h"
@@ -138,6 +140,11 @@ INSTANTIATE_TEST_SUITE_P(Policies, StepArena, ::testing::ValuesIn(cases()),
 // ending that span one phase early (so the buffer is poisoned before its last read, and its
 // bytes are free for others there) changes the results.
 TEST(StepArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
+  // Hundreds of tiny steps: on one thread, because each kernel's OpenMP barrier waits for a
+  // descheduled thread when ctest runs another test beside this one on the same cores (288 s
+  // instead of 3 once in CI). What it checks does not depend on threads.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
   for (const Case& k : {Case{"none", AttentionKind::flash, Precision::fp32},
                         Case{"every:2", AttentionKind::plain, Precision::bf16},
                         Case{"selective", AttentionKind::plain, Precision::fp16},
@@ -169,6 +176,7 @@ TEST(StepArenaCheck, EveryLifetimeShortenedByOnePhaseIsCaught) {
       }
     EXPECT_GT(mutants, 30);
   }
+  omp_set_num_threads(threads);
 }
 
 TEST(StepArenaCheck, EngineRefusesToLeaveTheSchedule) {
