@@ -59,5 +59,18 @@ TEST(Cpu, NamesRoundTripAndABadNameSaysWhere) {
 
 TEST(Cpu, ModelNameIsKnown) { EXPECT_FALSE(model_name().empty()); }
 
+// The calibration's key: the model name, and the family and model numbers where listed (on x86
+// Linux they are), so two generations sold under one name get two keys.
+TEST(Cpu, IdentityIsTheModelNameWithFamilyAndModel) {
+  const std::string id = identity();
+  EXPECT_EQ(id.rfind(model_name(), 0), 0u) << id;
+  std::ifstream f("/proc/cpuinfo");
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (all.find("cpu family") != std::string::npos) {
+    EXPECT_NE(id.find("(family "), std::string::npos) << id;
+    EXPECT_NE(id.find(", model "), std::string::npos) << id;
+  }
+}
+
 }  // namespace
 }  // namespace memfit::cpu

@@ -49,7 +49,7 @@ class CacheDir {
 // A calibration with made-up rates for this CPU, cap and thread count.
 Calibration made_up(int threads) {
   Calibration c;
-  c.cpu = cpu::model_name();
+  c.cpu = cpu::identity();
   c.isa = std::string(cpu::isa_name(cpu::max_isa()));
   c.threads = threads;
   c.gemm = {{384, 1e11, 2e11, 3e11, 4e11}, {1536, 3e11, 4e11, 5e11, 6e11}};

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "memfit/core/error.h"
 
 namespace memfit::cpu {
@@ -101,6 +103,22 @@ std::string model_name() {
   std::string s(reinterpret_cast<const char*>(brand.data()), sizeof(brand));
   s.resize(std::strlen(s.c_str()));
   return s;
+}
+
+std::string identity() {
+  std::string family, model;
+  std::ifstream f("/proc/cpuinfo");
+  auto value = [](const std::string& line) {
+    const size_t colon = line.find(':');
+    const size_t start = colon == std::string::npos ? colon : line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string() : line.substr(start);
+  };
+  for (std::string line; std::getline(f, line) && !line.empty();) {
+    if (line.rfind("cpu family", 0) == 0) family = value(line);
+    else if (line.rfind("model", 0) == 0 && line.rfind("model name", 0) != 0) model = value(line);
+  }
+  if (family.empty() || model.empty()) return model_name();
+  return fmt::format("{} (family {}, model {})", model_name(), family, model);
 }
 
 }  // namespace memfit::cpu

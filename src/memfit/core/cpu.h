@@ -36,7 +36,12 @@ bool has(Isa isa);
 bool capped();
 
 // "AMD EPYC 9R14" or "Intel(R) Xeon(R) Platinum 8488C": /proc/cpuinfo's model name, else the
-// CPUID brand string; for tables and for the planner's calibration cache key.
+// CPUID brand string; for tables.
 std::string model_name();
+// model_name() with /proc/cpuinfo's family and model numbers, e.g. "AMD EPYC (family 26, model
+// 2)": what a measurement of this CPU is keyed by (plan/calibration.h), since some virtual
+// machines give one model name to several generations. model_name() alone where the numbers are
+// not listed.
+std::string identity();
 
 }  // namespace memfit::cpu

@@ -303,7 +303,7 @@ Calibration Calibration::from_json(const nlohmann::json& j, const std::string& s
 Calibration calibrate() {
   const auto t0 = std::chrono::steady_clock::now();
   Calibration c;
-  c.cpu = cpu::model_name();
+  c.cpu = cpu::identity();
   c.isa = std::string(cpu::isa_name(cpu::max_isa()));
   c.threads = omp_get_max_threads();
   MemoryPool pool;
@@ -347,7 +347,7 @@ fs::path calibration_cache_dir() {
 
 fs::path calibration_cache_path(int threads) {
   return calibration_cache_dir() / fmt::format("calibration-{}-{}-{}t.json",
-                                               slug(cpu::model_name()),
+                                               slug(cpu::identity()),
                                                cpu::isa_name(cpu::max_isa()), threads);
 }
 
@@ -361,10 +361,10 @@ Calibration load_calibration(const fs::path& path, int threads) {
   }
   Calibration c = Calibration::from_json(j, path.string());
   const std::string isa(cpu::isa_name(cpu::max_isa()));
-  if (c.cpu != cpu::model_name() || c.isa != isa || c.threads != threads)
+  if (c.cpu != cpu::identity() || c.isa != isa || c.threads != threads)
     MEMFIT_THROW(IoError, "calibration",
                  "{}: measured on '{}' ({}, {} threads), this run is '{}' ({}, {} threads)",
-                 path.string(), c.cpu, c.isa, c.threads, cpu::model_name(), isa, threads);
+                 path.string(), c.cpu, c.isa, c.threads, cpu::identity(), isa, threads);
   return c;
 }
 

@@ -29,7 +29,7 @@ struct GemmRates {
 
 struct Calibration {
   static constexpr int kVersion = 4;
-  std::string cpu;     // cpu::model_name()
+  std::string cpu;     // cpu::identity()
   std::string isa;     // cpu::isa_name(cpu::max_isa()): the cap it ran under
   int threads = 0;     // OpenMP threads it ran with
   bool bf16_native = false;  // bf16 GEMMs ran in bf16; else widened, at the f32 rate
@@ -64,7 +64,7 @@ Calibration calibrate();
 // Where calibrations are cached: $MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else
 // $HOME/.cache/memfit.
 std::filesystem::path calibration_cache_dir();
-// The cache file for this CPU model, the current ISA cap and `threads`:
+// The cache file for this CPU (cpu::identity()), the current ISA cap and `threads`:
 // calibration-<cpu>-<isa>-<threads>t.json.
 std::filesystem::path calibration_cache_path(int threads);
 
