@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -86,15 +87,27 @@ bool has(Isa isa) { return max_isa() >= isa; }
 
 bool capped() { return max_isa() < detected_isa(); }
 
-std::string model_name() {
+namespace {
+
+// The value of `key` in /proc/cpuinfo's first processor block ("model name : AMD EPYC" gives
+// "AMD EPYC" for "model name"), empty where it is not listed.
+std::string cpuinfo_value(std::string_view key) {
   std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
+  for (std::string line; std::getline(f, line) && !line.empty();) {
     const size_t colon = line.find(':');
-    if (colon == std::string::npos) break;
+    if (colon == std::string::npos || colon == 0) continue;
+    const size_t end = line.find_last_not_of(" \t", colon - 1);
+    if (end == std::string::npos || std::string_view(line).substr(0, end + 1) != key) continue;
     const size_t start = line.find_first_not_of(" \t", colon + 1);
     return start == std::string::npos ? std::string() : line.substr(start);
   }
+  return {};
+}
+
+}  // namespace
+
+std::string model_name() {
+  if (std::string name = cpuinfo_value("model name"); !name.empty()) return name;
   std::array<unsigned, 12> brand{};
   for (unsigned i = 0; i < 3; ++i) {
     const Regs r = cpuid(0x80000002u + i, 0);
@@ -106,17 +119,7 @@ std::string model_name() {
 }
 
 std::string identity() {
-  std::string family, model;
-  std::ifstream f("/proc/cpuinfo");
-  auto value = [](const std::string& line) {
-    const size_t colon = line.find(':');
-    const size_t start = colon == std::string::npos ? colon : line.find_first_not_of(" \t", colon + 1);
-    return start == std::string::npos ? std::string() : line.substr(start);
-  };
-  for (std::string line; std::getline(f, line) && !line.empty();) {
-    if (line.rfind("cpu family", 0) == 0) family = value(line);
-    else if (line.rfind("model", 0) == 0 && line.rfind("model name", 0) != 0) model = value(line);
-  }
+  const std::string family = cpuinfo_value("cpu family"), model = cpuinfo_value("model");
   if (family.empty() || model.empty()) return model_name();
   return fmt::format("{} (family {}, model {})", model_name(), family, model);
 }

@@ -203,10 +203,6 @@ void execute_empty_k(const GemmSpec& s, void* C, const void* bias) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // A GEMM's name in the kernel times (Note [Kernel times]): its types, shape and form, so that
 // each of a model's matmuls has its own rate, e.g. "gemm bf16 -> f32 2048x768x3072 A^T +=".
 std::string gemm_label(const GemmSpec& s) {
