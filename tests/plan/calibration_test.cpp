@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "memfit/core/cpu.h"
+#include "memfit/core/cpu_load.h"
 #include "memfit/core/error.h"
 
 namespace memfit {
@@ -143,6 +146,47 @@ TEST(CalibrationCache, ADamagedFileIsMeasuredAgainWithAMessage) {
   }
   // The file now holds the new measurement.
   EXPECT_EQ(load_calibration(path, threads).to_json(), c.to_json());
+}
+
+TEST(CalibrationCache, ABusyCalibrationIsKeptWhileTheMachineIsBusy) {
+  // Measured while other work kept every CPU busy; a child process spins while the planner
+  // looks, so the machine is busy now too: the cached rates are used, nothing is measured (a
+  // machine that is always busy would otherwise calibrate on every run).
+  CacheDir dir("busy");
+  const int threads = omp_get_max_threads();
+  Calibration busy = made_up(threads);
+  busy.other_cpus = cpu::online_cpus();
+  ASSERT_TRUE(busy.busy());
+  save_calibration(calibration_cache_path(threads), busy);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0)
+    for (volatile unsigned long i = 0;;) i = i + 1;
+  std::FILE* note = std::tmpfile();
+  const Calibration& c = machine_calibration(note);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(read_all(note), "");
+  std::fclose(note);
+  EXPECT_EQ(c.to_json(), busy.to_json());
+}
+
+TEST(Calibration, ABusyOneIsMeasuredAgainOnceTheMachineIsQuiet) {
+  const int n = cpu::online_cpus();
+  Calibration c = made_up(n);
+  EXPECT_FALSE(c.busy());
+  EXPECT_FALSE(calibration_remeasure(c, 0.0));  // quiet when measured: kept
+  EXPECT_FALSE(calibration_remeasure(c, n));
+  c.other_cpus = 0.5 * n;  // half the machine taken while it measured
+  EXPECT_TRUE(c.busy());
+  EXPECT_TRUE(calibration_remeasure(c, 0.0));
+  EXPECT_TRUE(calibration_remeasure(c, 0.05 * n));
+  EXPECT_FALSE(calibration_remeasure(c, 0.5 * n));  // still busy: kept
+  // The count travels with the file.
+  EXPECT_EQ(Calibration::from_json(c.to_json(), "x").other_cpus, 0.5 * n);
+  nlohmann::json before = c.to_json();  // a file from before it was recorded: quiet
+  before.erase("other_cpus");
+  EXPECT_FALSE(Calibration::from_json(before, "x").busy());
 }
 
 TEST(CalibrationCache, MissingFieldsAndNonPositiveRatesAreRefused) {

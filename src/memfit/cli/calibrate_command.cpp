@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "memfit/cli/commands.h"
+#include "memfit/core/cpu_load.h"
 #include "memfit/core/error.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/plan/calibration.h"
@@ -40,6 +41,10 @@ void print_calibration(const Calibration& c, const std::string& path) {
              "(the ranks' shared-memory transport): {:.1f} GB/s\n\n",
              c.elementwise_bytes_per_s / 1e9, c.stream_bytes_per_s / 1e9,
              c.copy_bytes_per_s / 1e9);
+  if (c.busy())
+    fmt::print("other work kept {:.1f} of {} CPUs busy while this measured: these rates are "
+               "partly the neighbours'; the planner measures again once the machine is quiet\n",
+               c.other_cpus, cpu::online_cpus());
   fmt::print("saved to {}\n", path);
 }
 

@@ -13,10 +13,12 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "memfit/core/cpu.h"
+#include "memfit/core/cpu_load.h"
 #include "memfit/core/error.h"
 #include "memfit/core/tensor.h"
 #include "memfit/io/atomic_file.h"
@@ -232,6 +234,8 @@ std::string slug(std::string_view s) {
 
 }  // namespace
 
+bool Calibration::busy() const { return cpu::load_disturbs(other_cpus, threads); }
+
 double Calibration::block_rate(bool bf16, int width) const {
   return bf16 ? interpolate(gemm, width, [](const GemmRates& r) { return r.bf16_block; })
               : interpolate(gemm, width, [](const GemmRates& r) { return r.f32_block; });
@@ -262,6 +266,7 @@ nlohmann::json Calibration::to_json() const {
   j["copy_bytes_per_s"] = copy_bytes_per_s;
   j["seconds"] = seconds;
   j["measured_at"] = measured_at;
+  j["other_cpus"] = other_cpus;
   return j;
 }
 
@@ -286,6 +291,7 @@ Calibration Calibration::from_json(const nlohmann::json& j, const std::string& s
     c.copy_bytes_per_s = j.at("copy_bytes_per_s").get<double>();
     c.seconds = j.value("seconds", 0.0);
     c.measured_at = j.value("measured_at", std::string());
+    c.other_cpus = j.value("other_cpus", 0.0);
   } catch (const nlohmann::json::exception& e) {
     MEMFIT_THROW(IoError, "calibration", "{}: not a calibration: {}", source, e.what());
   }
@@ -302,6 +308,7 @@ Calibration Calibration::from_json(const nlohmann::json& j, const std::string& s
 
 Calibration calibrate() {
   const auto t0 = std::chrono::steady_clock::now();
+  const cpu::OtherLoad load;
   Calibration c;
   c.cpu = cpu::identity();
   c.isa = std::string(cpu::isa_name(cpu::max_isa()));
@@ -330,6 +337,7 @@ Calibration calibrate() {
   c.stream_bytes_per_s = stream_rate(pool);
   c.copy_bytes_per_s = copy_rate(pool);
   c.seconds = seconds_since(t0);
+  c.other_cpus = load.cpus();
   c.measured_at = utc_now();
   return c;
 }
@@ -377,6 +385,10 @@ void save_calibration(const fs::path& path, const Calibration& c) {
   io::write_file_atomic(path, c.to_json().dump(2) + "\n");
 }
 
+bool calibration_remeasure(const Calibration& cached, double other_cpus_now) {
+  return cached.busy() && !cpu::load_disturbs(other_cpus_now, cached.threads);
+}
+
 const Calibration& machine_calibration(std::FILE* note) {
   static std::mutex mutex;
   static std::map<fs::path, Calibration> known;  // by cache file: CPU, cap, threads
@@ -387,7 +399,16 @@ const Calibration& machine_calibration(std::FILE* note) {
   std::string why;
   if (fs::exists(path)) {
     try {
-      return known[path] = load_calibration(path, threads);
+      Calibration cached = load_calibration(path, threads);
+      if (!cached.busy()) return known[path] = std::move(cached);
+      // Measured while other work ran: keep using it while the machine is still busy (a machine
+      // that always is would otherwise calibrate on every run), measure again once it is quiet.
+      const cpu::OtherLoad now;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const double others = now.cpus();
+      if (!calibration_remeasure(cached, others)) return known[path] = std::move(cached);
+      why = fmt::format(" ({} was measured while other work kept {:.1f} CPUs busy; the machine "
+                        "is quiet now)", path.string(), cached.other_cpus);
     } catch (const IoError& e) {
       // The cache is derived data: a damaged file is replaced, not something to fix by hand.
       why = fmt::format(" ({} is unusable: {})", path.string(), e.what());
@@ -400,6 +421,11 @@ const Calibration& machine_calibration(std::FILE* note) {
                  why.c_str());
   Calibration c = calibrate();
   save_calibration(path, c);
+  if (note && c.busy())
+    std::fprintf(note,
+                 "memfit: other work kept %.1f of %d CPUs busy while calibrating, so step-time "
+                 "estimates may be too slow; measured again once the machine is quiet\n",
+                 c.other_cpus, cpu::online_cpus());
   return known[path] = std::move(c);
 }
 

@@ -46,6 +46,13 @@ struct Calibration {
   double copy_bytes_per_s = 0;
   double seconds = 0;                  // how long the measurement took
   std::string measured_at;             // UTC, ISO 8601
+  // CPUs other work kept busy while it measured, on average (cpu_load.h); 0 in files written
+  // before it was recorded.
+  double other_cpus = 0;
+
+  // Whether other work disturbed the measurement (cpu::load_disturbs): its rates are then
+  // partly the neighbours', and a cached copy is measured again once the machine is quiet.
+  bool busy() const;
 
   // GEMM rate for a layer of width C (interpolated in log2 C between measured widths, the end
   // rates outside them).
@@ -74,9 +81,14 @@ Calibration load_calibration(const std::filesystem::path& path, int threads);
 // Writes it atomically, creating the folder.
 void save_calibration(const std::filesystem::path& path, const Calibration& c);
 
+// Whether a cached calibration should be measured again rather than used, given the CPUs other
+// work keeps busy now: it was taken on a busy machine and the machine is quiet now.
+bool calibration_remeasure(const Calibration& cached, double other_cpus_now);
+
 // The calibration for the current OpenMP thread count: remembered in the process, else read
 // from the cache, else measured and saved (saying so in one line on `note`, also when a cache
-// file was unreadable and is replaced).
+// file was unreadable and is replaced, or was measured on a busy machine and this one is quiet
+// now: 100 ms of looking, only for such a file).
 const Calibration& machine_calibration(std::FILE* note = stderr);
 
 }  // namespace memfit
