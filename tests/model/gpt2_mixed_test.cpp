@@ -119,7 +119,8 @@ struct StepResult {
   float loss;
   std::vector<float> grads;
 };
-StepResult one_step(Family family, const Mode& m, float loss_scale = 1.0f, uint32_t seed = 5) {
+StepResult one_step(Family family, const Mode& m, float loss_scale = 1.0f, uint32_t seed = 5,
+                    int B = 3, int lm_head_chunk = 0) {
   MemoryPool pool;
   ModelConfig c = odd_config(family);
   Transformer gpt(c, pool, m.precision);
@@ -133,8 +134,10 @@ StepResult one_step(Family family, const Mode& m, float loss_scale = 1.0f, uint3
     for (size_t i = 0; i < start.size(); ++i) bits[i] = bf16_from_f32(start[i]);
   }
   gpt.refresh_working();
-  gpt.reserve(3, 13, options_for(m.attention));
-  Batch b(pool, 3, 13, c.vocab_size, seed + 3);
+  ActivationOptions o = options_for(m.attention);
+  o.lm_head_chunk = lm_head_chunk;
+  gpt.reserve(B, 13, o);
+  Batch b(pool, B, 13, c.vocab_size, seed + 3);
   StepResult r;
   r.loss = gpt.forward(b.tokens, b.targets, true, loss_scale);
   gpt.backward();
@@ -202,6 +205,21 @@ TEST_P(Mixed, LossAndGradientsStayCloseToFp32FromTheSameStart) {
     EXPECT_LT(err, kFp16GradTol) << where;
     EXPECT_GT(err, 0.0);
   }
+}
+
+TEST_P(Mixed, TheHeadsGradientGatheredOverChunksIsTheOneChunksGradient) {
+  // On oneDNN's bf16 GEMM the LM head's bf16 logit gradients gather over chunks into one d(head)
+  // GEMM, and d(norm) runs every 256 rows (Note [Fused LM head], "The gradient's group"): 20 x
+  // 13 = 260 rows in chunks of 37 make one group of seven chunks, d(norm) over rows 0-259 at
+  // once (259 >= 256) and the last row alone. The same step in one chunk of 260 rows (no
+  // group) gives the same loss and gradients up to the order of f32 sums.
+  const Family f = family();
+  const Mode bf16{"bf16", {Precision::bf16, true}, AttentionKind::flash};
+  const StepResult one = one_step(f, bf16, 1.0f, 5, 20, 260);
+  const StepResult chunked = one_step(f, bf16, 1.0f, 5, 20, 37);
+  EXPECT_NEAR(chunked.loss, one.loss, 1e-6 * one.loss);
+  const auto [err, where] = worst_grad_error(f, chunked, one);
+  EXPECT_LT(err, 1e-5) << where;  // a row or a chunk out of place would be O(1)
 }
 
 // Random floats over 2^-30 .. 2^20 (f16's subnormals and overflow included), every seventh

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "gpt2_test_util.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 
 namespace memfit {
 namespace {
@@ -150,6 +151,37 @@ TEST(StepPlan, TheLmHeadTakesTwiceItsChunkWhereThatCostsNoArenaByte) {
     }
   EXPECT_GT(doubled, 0);
   EXPECT_GT(kept, 0);
+}
+
+TEST(StepPlan, OnOneDnnsBf16GemmTheHeadsGradientGathers512Rows) {
+  // The LM head's f32 logits take a chunk of rows, its bf16 gradient (on oneDNN's bf16 GEMM)
+  // kLmHeadGradRows: at the default chunk the bytes of the old 256-row chunk's logits and
+  // gradient together. fp32 has no separate gradient; the widened route keeps it per chunk.
+  const ModelConfig c = ModelConfig::preset("gpt2");
+  auto rows = [](const StepPlan& p, const char* tag) -> int64_t {
+    for (const BufferSpec& b : p.buffers)
+      if (b.tag == tag) return b.shape[0];
+    return 0;
+  };
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    ActivationOptions o = options("none", AttentionKind::flash, precision);
+    o.lm_head_chunk = 0;  // the plan's choice
+    const StepPlan p = plan_step(c, 8, 256, o);
+    const int64_t chunk = p.options.lm_head_chunk;
+    EXPECT_EQ(rows(p, "ws.logits"), chunk);
+    EXPECT_EQ(lm_head_rows(p.options, 2048), chunk);
+    if (precision == Precision::fp32) {
+      EXPECT_EQ(rows(p, "ws.dlogits"), 0);
+      EXPECT_EQ(lm_head_grad_rows(p.options, 2048), chunk);
+    } else if (kernels::matmul_widens(DType::bf16)) {
+      EXPECT_EQ(rows(p, "ws.dlogits"), chunk);
+    } else {
+      EXPECT_EQ(chunk, 128);  // gathering keeps the default: twice it would cost 24.6 MiB here
+      EXPECT_EQ(rows(p, "ws.dlogits"), kLmHeadGradRows);
+      EXPECT_EQ(lm_head_grad_rows(p.options, 300), 300);  // never more than the step's rows
+    }
+  }
 }
 
 }  // namespace

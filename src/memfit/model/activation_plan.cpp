@@ -41,16 +41,19 @@ DType act_codes_dtype(ActCompress c) {
   return c == ActCompress::int8 ? DType::i8 : DType::u8;
 }
 
-int64_t default_lm_head_chunk(const ActivationOptions& options) {
-  const bool f32_gemm = options.precision == Precision::fp32 ||
-                        kernels::matmul_widens(half_dtype(options.precision));
-  return f32_gemm ? 128 : 256;
-}
+int64_t default_lm_head_chunk(const ActivationOptions&) { return 128; }
 
 int64_t lm_head_rows(const ActivationOptions& options, int64_t rows) {
   const int64_t chunk =
       options.lm_head_chunk > 0 ? options.lm_head_chunk : default_lm_head_chunk(options);
   return std::min(chunk, rows);
+}
+
+int64_t lm_head_grad_rows(const ActivationOptions& options, int64_t rows) {
+  const DType h = half_dtype(options.precision);
+  const bool grouped = h != DType::f32 && !kernels::matmul_widens(h);
+  const int64_t chunk = lm_head_rows(options, rows);
+  return grouped ? std::min(rows, std::max(chunk, kLmHeadGradRows)) : chunk;
 }
 
 void check_activation_options(const ActivationOptions& options) {

@@ -65,15 +65,22 @@ struct ActivationOptions {
   ActCompress act_compress = ActCompress::none;  // how kept blocks store their activations
 };
 
-// The LM head's default chunk: 128 rows where the head's GEMM is f32 (fp32, and bf16 / fp16
-// widened, kernels/cpu/matmul_widened.h) and 256 on oneDNN's bf16 GEMM (Note [Fused LM head]:
-// the chunk's f32 logits are the step's largest workspace buffer; at 128 rows they are no larger
-// than a block's backward scratch at gpt2 4 x 256). plan_step takes twice it where that costs no
-// arena byte.
+// The LM head's default chunk: 128 rows of f32 logits at a time in every route (Note [Fused LM
+// head]: the chunk's logits are the step's largest workspace buffer; at 128 rows they are no
+// larger than a block's backward scratch at gpt2 4 x 256). plan_step takes twice it where that
+// costs no arena byte.
 int64_t default_lm_head_chunk(const ActivationOptions& options);
 // The LM head's chunk for `rows` rows of tokens: options.lm_head_chunk where set (plan_step
 // always sets it), else the default. At most `rows`.
 int64_t lm_head_rows(const ActivationOptions& options, int64_t rows);
+// Rows of the LM head's gradient per weight-gradient GEMM: on oneDNN's bf16 GEMM the chunks'
+// bf16 logit gradients gather in ws.dlogits until there are kLmHeadGradRows of them (the d(head)
+// GEMM's K: its f32 (Vp, C) result is read and written once per group, not once per chunk); at
+// the default chunk that takes the bytes the old 256-row chunk's f32 logits and bf16 gradient
+// took. One chunk elsewhere (fp32 computes the gradient in place in the logits; the widened
+// route widens it into them). At most `rows`.
+inline constexpr int64_t kLmHeadGradRows = 512;
+int64_t lm_head_grad_rows(const ActivationOptions& options, int64_t rows);
 
 // ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).
 void check_activation_options(const ActivationOptions& options);

@@ -6,6 +6,7 @@
 #include "memfit/kernels/cpu/embedding.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/rmsnorm.h"
 #include "memfit/kernels/cpu/rope.h"
@@ -78,12 +79,20 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
 // gradient at once: d(norm) rows = dlogits @ head, d(head) += dlogits^T @ norm. Only one chunk
 // of logits ever exists, and the LM head costs no extra matmul.
 // In bf16/fp16 the chunk's gradient is rounded into ws.dlogits, the head's matmul operand, while
-// the logits, softmax and loss stay f32 (see crossentropy.h).
+// the logits, softmax and loss stay f32 (see crossentropy.h). On oneDNN's bf16 GEMM ws.dlogits
+// holds a group of chunks (lm_head_grad_rows) and d(head) is accumulated once per group.
+namespace {
+// Grouped, the rows of d(norm) per GEMM: oneDNN's bf16 dlogits @ head ran a gpt2 8 x 256 step's
+// rows in 197 ms at 256 rows a GEMM, 221 at 128 and 219 at 512 (2-core AMD EPYC, AVX512_BF16).
+constexpr int64_t kLmHeadDxRows = 256;
+}  // namespace
+
 void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                               const Tensor* targets, bool training, float dloss,
                               float* loss_sum) {
   const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.padded_vocab;
-  const int64_t R = lm_head_rows(options_, N);  // the chunk
+  const int64_t R = lm_head_rows(options_, N);       // the chunk
+  const int64_t G = lm_head_grad_rows(options_, N);  // the gradient's group of chunks
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   const bool mixed = h != f32;
   ctx.enter(PhaseKind::lm_head);
@@ -91,7 +100,7 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
   Tensor logits_ws = ctx.write("ws.logits", {R, Vp}, f32, Category::workspace);
   Tensor losses = ctx.write("ws.losses", {N}, f32, Category::workspace);
   Tensor dnorm = ctx.write("ws.dC", {B_, T_, C}, f32, Category::workspace);
-  Tensor dlogits_ws = mixed ? ctx.write("ws.dlogits", {R, Vp}, h, Category::workspace) : logits_ws;
+  Tensor dlogits_ws = mixed ? ctx.write("ws.dlogits", {G, Vp}, h, Category::workspace) : logits_ws;
   // Where the matmuls widen (fp16; bf16 without oneDNN bf16), the head has its own scratch: the
   // chunk's widened rows and one block of the widened weight (matmul_widened.h), not ws.widen.
   const bool widens = matmul_widens(h);
@@ -105,31 +114,44 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
   norm = norm.reshape({N, C});
   dnorm = dnorm.reshape({N, C});
   Tensor flat_targets = targets->reshape({N});
-  Tensor dhead = g.head, no_bias;
-  for (int64_t r0 = 0; r0 < N; r0 += R) {
-    const int64_t r1 = std::min(N, r0 + R), rows = r1 - r0;
-    Tensor x = norm.slice(r0, r1);
-    Tensor logits = logits_ws.slice(0, rows);
-    Tensor tgt = flat_targets.slice(r0, r1), loss = losses.slice(r0, r1);
-    if (widens)
-      matmul_forward_widened_blocked(logits, x, w.head, head_ws);
-    else
-      linear_forward(ctx, logits, x, w.head, no_bias);
-    if (!training) {
-      crossentropy_forward(loss, logits, tgt, config_.vocab_size);
-      continue;
+  Tensor dhead = g.head, no_grad;
+  for (int64_t g0 = 0; g0 < N; g0 += G) {
+    const int64_t g1 = std::min(N, g0 + G);
+    int64_t dx0 = g0;  // grouped: the first row whose d(norm) is still to compute
+    for (int64_t r0 = g0; r0 < g1; r0 += R) {
+      const int64_t r1 = std::min(g1, r0 + R), rows = r1 - r0;
+      Tensor x = norm.slice(r0, r1);
+      Tensor logits = logits_ws.slice(0, rows);
+      Tensor tgt = flat_targets.slice(r0, r1), loss = losses.slice(r0, r1);
+      if (widens)
+        matmul_forward_widened_blocked(logits, x, w.head, head_ws);
+      else
+        linear_forward(ctx, logits, x, w.head, no_grad);
+      if (!training) {
+        crossentropy_forward(loss, logits, tgt, config_.vocab_size);
+        continue;
+      }
+      Tensor dlogits = dlogits_ws.slice(r0 - g0, r1 - g0);
+      if (mixed)
+        crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss);
+      else
+        crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
+      Tensor dx = dnorm.slice(r0, r1);
+      if (widens) {
+        convert(logits, dlogits);  // the rounded gradient, widened exactly into the spent logits
+        matmul_backward_widened_blocked(dx, dhead, logits, x, w.head, head_ws);
+      } else if (G == R) {
+        linear_backward(ctx, dx, dhead, no_grad, dlogits, x, w.head);
+      } else if (r1 - dx0 >= kLmHeadDxRows || r1 == g1) {
+        // d(norm) at least 256 rows at a time, d(head) once the group is complete.
+        Tensor dl = dlogits_ws.slice(dx0 - g0, r1 - g0), dxs = dnorm.slice(dx0, r1);
+        matmul_backward(dxs, no_grad, no_grad, dl, norm.slice(dx0, r1), w.head);
+        dx0 = r1;
+      }
     }
-    Tensor dlogits = dlogits_ws.slice(0, rows);
-    if (mixed)
-      crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss);
-    else
-      crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
-    Tensor dx = dnorm.slice(r0, r1);
-    if (widens) {
-      convert(logits, dlogits);  // the rounded gradient, widened exactly into the spent logits
-      matmul_backward_widened_blocked(dx, dhead, logits, x, w.head, head_ws);
-    } else {
-      linear_backward(ctx, dx, dhead, no_bias, dlogits, x, w.head);
+    if (training && !widens && G != R) {
+      Tensor dlogits = dlogits_ws.slice(0, g1 - g0), x = norm.slice(g0, g1);
+      matmul_backward(no_grad, dhead, no_grad, dlogits, x, w.head);
     }
   }
   double sum = 0;

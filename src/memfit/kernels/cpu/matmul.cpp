@@ -206,7 +206,7 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
   if (in_type == DType::f32) {  // the FP32 path, as it always was
     const auto [R, IC, OC] = check_linear(inp, weight, DType::f32);
     expect_tensor(dout, kOp, "dout", with_last(inp.shape(), OC));
-    expect_tensor(dweight, kOp, "dweight", weight.shape());
+    if (dweight.defined()) expect_tensor(dweight, kOp, "dweight", weight.shape());
     if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape());
     if (dbias.defined()) expect_tensor(dbias, kOp, "dbias", Shape{OC});
     const float* dout_p = dout.data<float>();
@@ -215,9 +215,10 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
       gemm(false, false, R, IC, OC, 1.0f, dout_p, ld(OC), weight.data<float>(), ld(IC), 0.0f,
            dinp.data<float>(), ld(IC));
     }
-    // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC)
-    gemm(true, false, OC, IC, R, 1.0f, dout_p, ld(OC), inp.data<float>(), ld(IC), 1.0f,
-         dweight.data<float>(), ld(IC));
+    if (dweight.defined()) {  // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC)
+      gemm(true, false, OC, IC, R, 1.0f, dout_p, ld(OC), inp.data<float>(), ld(IC), 1.0f,
+           dweight.data<float>(), ld(IC));
+    }
     if (dbias.defined()) column_sum_accumulate(dbias.data<float>(), dout_p, R, OC);
     return;
   }
@@ -230,7 +231,7 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
                      "to bf16 first)",
                      dtype_name(dout.dtype()), dout.shape());
   expect_tensor(dout, kOp, "dout", with_last(inp.shape(), OC), DType::bf16);
-  expect_tensor(dweight, kOp, "dweight", weight.shape(), DType::f32);
+  if (dweight.defined()) expect_tensor(dweight, kOp, "dweight", weight.shape(), DType::f32);
   const DType dinp_type = f32_or_bf16(dinp, "dinp");
   if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape(), dinp_type);
   if (dbias.defined()) expect_tensor(dbias, kOp, "dbias", Shape{OC}, DType::f32);
@@ -244,7 +245,7 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
     s.c_type = dinp_type;
     dnnl_gemm::execute(s, dout.raw_data(), weight.raw_data(), dinp.raw_data());
   }
-  {  // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC), accumulated in f32
+  if (dweight.defined()) {  // dweight (OC, IC) += dout^T (OC, R) @ inp (R, IC), in f32
     dnnl_gemm::GemmSpec s;
     s.M = OC, s.N = IC, s.K = R;
     s.trans_a = true;

@@ -14,8 +14,8 @@ namespace memfit::kernels {
 // f16 operands are a DTypeError: oneDNN 2.6 has no f16 matmul on the CPU.
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 
-// dinp (=, skipped if undefined) = dout @ weight; dweight += dout^T @ inp; dbias += sum of dout
-// rows (skipped if undefined). dtypes:
+// dinp (=, skipped if undefined) = dout @ weight; dweight (+=, skipped if undefined) = dout^T @
+// inp; dbias += sum of dout rows (skipped if undefined). dtypes:
 //   dout, inp, weight f32  -> dinp f32, dweight f32, dbias f32: the FP32 path;
 //   dout, inp, weight bf16 -> dinp f32 or bf16 (its tensor's dtype), dweight f32 (accumulated
 //                             in f32 by oneDNN's sum post-op), dbias f32 (f32 column sums).
