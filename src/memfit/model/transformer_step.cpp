@@ -81,12 +81,6 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
 // In bf16/fp16 the chunk's gradient is rounded into ws.dlogits, the head's matmul operand, while
 // the logits, softmax and loss stay f32 (see crossentropy.h). On oneDNN's bf16 GEMM ws.dlogits
 // holds a group of chunks (lm_head_grad_rows) and d(head) is accumulated once per group.
-namespace {
-// Grouped, the rows of d(norm) per GEMM: oneDNN's bf16 dlogits @ head ran a gpt2 8 x 256 step's
-// rows in 197 ms at 256 rows a GEMM, 221 at 128 and 219 at 512 (2-core AMD EPYC, AVX512_BF16).
-constexpr int64_t kLmHeadDxRows = 256;
-}  // namespace
-
 void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                               const Tensor* targets, bool training, float dloss,
                               float* loss_sum) {
