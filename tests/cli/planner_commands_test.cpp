@@ -311,10 +311,15 @@ TEST_F(PlannerCommands, CalibrateSavesItsRatesWhereThePlannerReadsThem) {
   EXPECT_EQ(c["threads"], 1);
   for (const auto& g : c["gemm_flops_per_s"]) EXPECT_GT(g["f32_block"].get<double>(), 0);
 
-  // memfit plan reads it (no calibration message) and prints an estimate.
+  // memfit plan reads it (no calibration message) and prints an estimate. Unless other work
+  // (a test beside this one) kept the CPUs busy while it measured and the machine is quiet
+  // when the planner looks: then it measures again, saying that this file was busy.
   const Output plan = memfit_env(env, "plan --model gpt2-tiny --threads 1 --json");
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
-  EXPECT_EQ(plan.err.find("calibrating"), std::string::npos) << plan.err;
+  if (plan.err.find("calibrating") != std::string::npos) {
+    EXPECT_NE(plan.err.find(path.string() + " was measured while other work kept"),
+              std::string::npos) << plan.err;
+  }
   EXPECT_GT(nlohmann::json::parse(plan.out)["est_step_seconds"].get<double>(), 0);
 
   // Under the AVX2 cap (on a CPU with more) the file is another one, and bf16 matmuls there

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "memfit/kernels/ref/gelu_ref.h"
+#include "mixed_test_util.h"
 #include "test_util.h"
 
 namespace memfit::kernels {
@@ -47,6 +48,25 @@ TEST_P(GeluFast, MatchesReference) {
   // In place over dout, as the MLP's backward calls it.
   gelu_backward(dout, inp, dout);
   EXPECT_EQ(to_doubles(dout), to_doubles(dinp));
+}
+
+TEST_P(GeluFast, RecomputeBackwardIsForwardThenBackwardBitForBit) {
+  // In every storage type the model uses: f32, and the pre-activation, GELU and gradient in
+  // bf16 (mixed precision) or f16.
+  const int64_t n = GetParam();
+  MemoryPool pool;
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor inp = random_any(pool, {n}, t, 41, nullptr, -10, 10);
+    Tensor dout = random_any(pool, {n}, t, 42);
+    Tensor out_two = make_tensor(pool, {n}, t), dinp_two = make_tensor(pool, {n}, t);
+    gelu_forward(out_two, inp);
+    gelu_backward(dinp_two, inp, dout);
+    Tensor out_one = make_tensor(pool, {n}, t);
+    gelu_recompute_backward(out_one, dout, inp);  // dout becomes dinp
+    EXPECT_TRUE(same_bits(out_one, out_two));
+    EXPECT_TRUE(same_bits(dout, dinp_two));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GeluFast, ::testing::Values(1, 15, 16, 17, 1000, 100003));

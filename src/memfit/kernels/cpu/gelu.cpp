@@ -8,6 +8,8 @@
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/kernel_times.h"
 
+#include <algorithm>
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "memfit/kernels/cpu/gelu.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -69,6 +71,55 @@ void backward_range(half::Storage<D>* dx, const half::Storage<X>* x, const half:
   }
 }
 
+// out = gelu(x) and dx (in place over dy) = gelu'(x) dy over [begin, end), one tanh per
+// element for both: the same operations as gelu_vec and gelu_grad_vec, so the same bits as
+// forward_range then backward_range.
+template <DType X, DType O, DType D>
+void recompute_backward_range(half::Storage<O>* o, half::Storage<D>* dxy,
+                              const half::Storage<X>* x, int64_t begin, int64_t end) {
+  const DF d;
+  const VF one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f);
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t i = begin; i < end; i += N) {
+    const int64_t n = std::min(N, end - i);
+    const VF xv = n == N ? load<X>(d, x + i) : load_n<X>(d, x + i, n);
+    const VF dy = n == N ? load<D>(d, dxy + i) : load_n<D>(d, dxy + i, n);
+    const VF x_sq = hn::Mul(xv, xv);
+    const VF inner =
+        hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Mul(hn::Set(d, kKappa), x_sq), xv, xv));
+    const VF t = tanh(d, inner);
+    const VF left = hn::Mul(half, xv);
+    const VF y = hn::Mul(left, hn::Add(one, t));
+    const VF left_derivative = hn::Mul(half, hn::Add(one, t));
+    const VF inner_derivative =
+        hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Set(d, 3.0f * kKappa), x_sq, one));
+    const VF tanh_derivative = hn::NegMulAdd(t, t, one);
+    const VF g = hn::MulAdd(hn::Mul(left, tanh_derivative), inner_derivative, left_derivative);
+    if (n == N) {
+      store<O>(d, y, o + i);
+      store<D>(d, hn::Mul(g, dy), dxy + i);
+    } else {
+      store_n<O>(d, y, o + i, n);
+      store_n<D>(d, hn::Mul(g, dy), dxy + i, n);
+    }
+  }
+}
+
+void GeluRecomputeBackwardRange(DType xt, DType ot, DType dt, void* out, void* dxy,
+                                const void* inp, int64_t begin, int64_t end) {
+  half::dispatch(xt, [&](auto xtag) {
+    half::dispatch(ot, [&](auto otag) {
+      half::dispatch(dt, [&](auto dtag) {
+        constexpr DType X = decltype(xtag)::value, O = decltype(otag)::value,
+                        D = decltype(dtag)::value;
+        recompute_backward_range<X, O, D>(static_cast<half::Storage<O>*>(out),
+                                          static_cast<half::Storage<D>*>(dxy),
+                                          static_cast<const half::Storage<X>*>(inp), begin, end);
+      });
+    });
+  });
+}
+
 void GeluForwardRange(DType xt, DType ot, void* out, const void* inp, int64_t begin, int64_t end) {
   half::dispatch(xt, [&](auto xtag) {
     half::dispatch(ot, [&](auto otag) {
@@ -105,6 +156,7 @@ HWY_AFTER_NAMESPACE();
 namespace memfit::kernels {
 HWY_EXPORT(GeluForwardRange);
 HWY_EXPORT(GeluBackwardRange);
+HWY_EXPORT(GeluRecomputeBackwardRange);
 
 void gelu_forward(Tensor& out, const Tensor& inp) {
   KernelScope timed("gelu_forward");
@@ -136,6 +188,20 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   // dinp may alias dout: each element is read before it is written, by the same thread.
   parallel_ranges(inp.numel(), [&](int64_t begin, int64_t end) {
     MEMFIT_SIMD_DISPATCH(GeluBackwardRange)(xt, gt, dt, dx, x, dy, begin, end);
+  });
+}
+
+void gelu_recompute_backward(Tensor& out, Tensor& dinout, const Tensor& inp) {
+  KernelScope timed("gelu_recompute_backward");
+  constexpr std::string_view op = "gelu_recompute_backward";
+  expect_float_any_shape(inp, op, "inp");
+  expect_float_tensor(out, op, "out", inp.shape());
+  expect_float_tensor(dinout, op, "dinout", inp.shape());
+  const DType xt = inp.dtype(), ot = out.dtype(), dt = dinout.dtype();
+  void *o = out.raw_data(), *dxy = dinout.raw_data();
+  const void* x = inp.raw_data();
+  parallel_ranges(inp.numel(), [&](int64_t begin, int64_t end) {
+    MEMFIT_SIMD_DISPATCH(GeluRecomputeBackwardRange)(xt, ot, dt, o, dxy, x, begin, end);
   });
 }
 

@@ -9,5 +9,9 @@ namespace memfit::kernels {
 void gelu_forward(Tensor& out, const Tensor& inp);
 // dinp (=) = gelu'(inp) * dout. dinp may alias dout when their dtypes match.
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);
+// Both in one pass, for a backward that recomputes the GELU it did not keep: out = gelu(inp)
+// and dinout = gelu'(inp) * dinout, one tanh per element; the same bits as gelu_forward(out,
+// inp) then gelu_backward(dinout, inp, dinout).
+void gelu_recompute_backward(Tensor& out, Tensor& dinout, const Tensor& inp);
 
 }  // namespace memfit::kernels

@@ -3,6 +3,8 @@
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
+#include "memfit/kernels/cpu/matmul.h"
+#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/residual.h"
 
 namespace memfit {
@@ -14,7 +16,7 @@ using namespace kernels;
 // is saved for them are in h (f32, bf16 or f16); the residual stream and LayerNorm statistics
 // stay f32. The GELU output is not kept: backward recomputes it from the saved pre-activation
 // (one cheap pass per layer that saves 4C values per token, a quarter of the block's
-// activations). Nor are the two LayerNorm outputs: backward recomputes each from the block's
+// activations), together with its derivative (gelu_recompute_backward: one tanh, not two). Nor are the two LayerNorm outputs: backward recomputes each from the block's
 // input or residual_2 and the saved mean and rstd with layernorm_apply, the forward's
 // arithmetic element by element, so FP32 is bit for bit what a saved copy would give (Note
 // [Recomputed norms]). ws.dC and ws.gelu are free during the forward, so they hold the
@@ -90,10 +92,19 @@ void gpt2_block_backward(BlockStep& s) {
     if (mixed) convert(dres_h, dres);
   };
   // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
-  gelu_forward(gelu, fch);
   round_dres();
-  s.linear_backward(d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w);
-  gelu_backward(d4C, fch, d4C);
+  if (matmul_widens(h)) {  // one call, so that dout is widened once for both products
+    gelu_forward(gelu, fch);
+    s.linear_backward(d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w);
+    gelu_backward(d4C, fch, d4C);
+  } else {
+    // d(GELU) first (the GELU is only the shape here), then the GELU and its derivative in one
+    // pass (one tanh per element, not two), then d(weight) from the GELU: the same bits.
+    Tensor none, dw = g.mlp_out_w, db = g.mlp_out_b;
+    matmul_backward(d4C, none, none, dres_h, gelu, w.mlp_out_w);
+    gelu_recompute_backward(gelu, d4C, fch);
+    matmul_backward(none, dw, db, dres_h, gelu, w.mlp_out_w);
+  }
   layernorm_apply(ln2, r2, w.norm2_w, w.norm2_b, ln2_mean, ln2_rstd);
   s.linear_backward(dC, g.fc_w, g.fc_b, d4C, ln2, w.fc_w);
   layernorm_backward(dres, dn2w, dn2b, dC, r2, w.norm2_w, ln2_mean, ln2_rstd);
