@@ -31,13 +31,15 @@ HWY_INLINE VF gelu_vec(DF d, VF x) {
   return hn::Mul(hn::Mul(hn::Set(d, 0.5f), x), hn::Add(hn::Set(d, 1.0f), t));
 }
 
-HWY_INLINE VF gelu_grad_vec(DF d, VF x) {
+// gelu'(x); and gelu(x) into *y where asked (one tanh for both, with gelu_vec's operations).
+HWY_INLINE VF gelu_grad_vec(DF d, VF x, VF* y = nullptr) {
   const VF one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f);
   const VF x_sq = hn::Mul(x, x);
   const VF inner =
       hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Mul(hn::Set(d, kKappa), x_sq), x, x));
   const VF t = tanh(d, inner);
   const VF left = hn::Mul(half, x);
+  if (y) *y = hn::Mul(left, hn::Add(one, t));
   const VF left_derivative = hn::Mul(half, hn::Add(one, t));
   const VF inner_derivative =
       hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Set(d, 3.0f * kKappa), x_sq, one));
@@ -72,35 +74,23 @@ void backward_range(half::Storage<D>* dx, const half::Storage<X>* x, const half:
 }
 
 // out = gelu(x) and dx (in place over dy) = gelu'(x) dy over [begin, end), one tanh per
-// element for both: the same operations as gelu_vec and gelu_grad_vec, so the same bits as
-// forward_range then backward_range.
+// element for both: the same bits as forward_range then backward_range.
 template <DType X, DType O, DType D>
 void recompute_backward_range(half::Storage<O>* o, half::Storage<D>* dxy,
                               const half::Storage<X>* x, int64_t begin, int64_t end) {
   const DF d;
-  const VF one = hn::Set(d, 1.0f), half = hn::Set(d, 0.5f);
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t i = begin; i < end; i += N) {
     const int64_t n = std::min(N, end - i);
-    const VF xv = n == N ? load<X>(d, x + i) : load_n<X>(d, x + i, n);
-    const VF dy = n == N ? load<D>(d, dxy + i) : load_n<D>(d, dxy + i, n);
-    const VF x_sq = hn::Mul(xv, xv);
-    const VF inner =
-        hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Mul(hn::Set(d, kKappa), x_sq), xv, xv));
-    const VF t = tanh(d, inner);
-    const VF left = hn::Mul(half, xv);
-    const VF y = hn::Mul(left, hn::Add(one, t));
-    const VF left_derivative = hn::Mul(half, hn::Add(one, t));
-    const VF inner_derivative =
-        hn::Mul(hn::Set(d, kBeta), hn::MulAdd(hn::Set(d, 3.0f * kKappa), x_sq, one));
-    const VF tanh_derivative = hn::NegMulAdd(t, t, one);
-    const VF g = hn::MulAdd(hn::Mul(left, tanh_derivative), inner_derivative, left_derivative);
+    VF y;
     if (n == N) {
+      const VF g = gelu_grad_vec(d, load<X>(d, x + i), &y);
       store<O>(d, y, o + i);
-      store<D>(d, hn::Mul(g, dy), dxy + i);
+      store<D>(d, hn::Mul(g, load<D>(d, dxy + i)), dxy + i);
     } else {
+      const VF g = gelu_grad_vec(d, load_n<X>(d, x + i, n), &y);
       store_n<O>(d, y, o + i, n);
-      store_n<D>(d, hn::Mul(g, dy), dxy + i, n);
+      store_n<D>(d, hn::Mul(g, load_n<D>(d, dxy + i, n)), dxy + i, n);
     }
   }
 }
