@@ -16,7 +16,8 @@ using namespace kernels;
 // is saved for them are in h (f32, bf16 or f16); the residual stream and LayerNorm statistics
 // stay f32. The GELU output is not kept: backward recomputes it from the saved pre-activation
 // (one cheap pass per layer that saves 4C values per token, a quarter of the block's
-// activations), together with its derivative (gelu_recompute_backward: one tanh, not two). Nor are the two LayerNorm outputs: backward recomputes each from the block's
+// activations), together with its derivative (gelu_recompute_backward: one tanh, not two).
+// Nor are the two LayerNorm outputs: backward recomputes each from the block's
 // input or residual_2 and the saved mean and rstd with layernorm_apply, the forward's
 // arithmetic element by element, so FP32 is bit for bit what a saved copy would give (Note
 // [Recomputed norms]). ws.dC and ws.gelu are free during the forward, so they hold the
