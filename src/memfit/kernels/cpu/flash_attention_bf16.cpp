@@ -40,7 +40,7 @@ ForwardLayout forward_layout(const Dims& d) {
   const int64_t ldq = d.Br;
   L.qp = c.take(p.hs2p * ldq);               // Q^T in d pairs [d2][q]: B of S^T
   L.kr = c.take(d.Bc * p.hs2p);              // K rows [key][d2]: A of S^T
-  L.s = c.take(d.Bc * ldq);                  // S^T, then P^T (f32)
+  L.s = c.take(std::max<int64_t>(d.Bc, p.hsp) * ldq); // S^T, then P^T (f32); at the end O (nq x hsp)
   L.pv = c.take(p.bc2p * ldq);               // P^T in key pairs [key2][q]: B of O^T
   L.vi = c.take((d.Bc + 1) / 2 * d.hs);      // V in key pairs [key2][d]
   L.vt = c.take(p.hsp * p.bc2p);             // its transpose [d][key2]: A of O^T
@@ -85,14 +85,11 @@ BackwardLayout backward_layout(const Dims& d) {
 uint32_t* words_at(float* base, int64_t at) { return reinterpret_cast<uint32_t*>(base + at); }
 const uint32_t* as_pairs(const uint16_t* p) { return reinterpret_cast<const uint32_t*>(p); }
 
-// rows x cols bf16 from rows of stride src_rs to rows of stride ld_dst (in elements).
+// rows x cols bf16 from rows of stride src_rs to rows of stride ld_dst (in elements). memcpy:
+// this file is built for the baseline ISA, and glibc's copy is dispatched to the machine's.
 void copy_rows(uint16_t* dst, int64_t ld_dst, const uint16_t* src, int64_t src_rs, int64_t rows,
                int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* d = dst + r * ld_dst;
-    const uint16_t* s = src + r * src_rs;
-    for (int64_t e = 0; e < cols; ++e) d[e] = s[e];
-  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * src_rs, cols * 2);
 }
 
 // Zeroes rows [from, to) of a buffer of row stride ld: the k padding of a pair-packed operand.
@@ -156,12 +153,18 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv,
       transpose_padded(s.Vt, p.bc2p, s.Vi, hs, nk2, hsi);
       gemm_bf16(hsi, nqp, nk2, s.Vt, p.bc2p, s.Pv, ldq, s.Ot, ldq, true);
     });
+    // out = O / l, rounded: O^T's columns scaled, transposed into S^T's buffer (free now),
+    // then its rows converted; the same products and roundings as element by element.
     for (int r = 0; r < nq; ++r) {
-      const float inv = 1.0f / s.l[r];
-      uint16_t* o = out + (t.b * T + t.q0 + r) * C + t.h * hs;
-      for (int64_t e = 0; e < hs; ++e) o[e] = bf16_from_f32(s.Ot[e * ldq + r] * inv);
+      s.alpha[r] = 1.0f / s.l[r];
       lse[t.bh * T + t.q0 + r] = (s.m[r] + std::log2(s.l[r])) * kLn2;
     }
+    for (int64_t e = 0; e < hs; ++e) {
+      float* o = s.Ot + e * ldq;
+      for (int q = 0; q < nq; ++q) o[q] *= s.alpha[q];
+    }
+    transpose_padded(s.St, p.hsp, s.Ot, ldq, hsi, nq);
+    convert_to_bf16(out + (t.b * T + t.q0) * C + t.h * hs, C, s.St, p.hsp, nq, hsi);
   });
 }
 
@@ -245,30 +248,19 @@ void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const ui
                   uint16_t{0});
       }
       gemm_bf16(nq, hsi, nk2, s.dSb, p.bc2p, s.Ki, p.hsp, s.dQ, p.hsp, false);
-      for (int r = 0; r < nq; ++r) {
-        float* a = acc + (q0 + r) * C;
-        for (int64_t e = 0; e < hs; ++e) a[e] += s.dQ[r * p.hsp + e];
-      }
+      add_rows(acc + q0 * C, C, s.dQ, p.hsp, nq, hsi);
     });
-    for (int r = 0; r < nk; ++r) {
-      uint16_t* dk = dqkv + (t.b * T + k0 + r) * W + d.k_col(t.kh);
-      uint16_t* dv = dqkv + (t.b * T + k0 + r) * W + d.v_col(t.kh);
-      for (int64_t e = 0; e < hs; ++e) {
-        dk[e] = bf16_from_f32(scale * s.dK[r * p.hsp + e]);
-        dv[e] = bf16_from_f32(s.dV[r * p.hsp + e]);
-      }
-    }
+    uint16_t* rows = dqkv + (t.b * T + k0) * W;
+    convert_to_bf16(rows + d.k_col(t.kh), W, s.dK, p.hsp, nk, hsi, scale);
+    convert_to_bf16(rows + d.v_col(t.kh), W, s.dV, p.hsp, nk, hsi);
   });
 
   // dq = group 0 + group 1 + ..., in group order, scaled and rounded to bf16.
 #pragma omp parallel for num_threads(nthreads)
   for (int64_t bt = 0; bt < d.B * T; ++bt) {
     float* acc = dq_acc(0) + bt * C;
-    for (int g = 1; g < groups; ++g) {
-      const float* src = dq_acc(g) + bt * C;
-      for (int64_t e = 0; e < C; ++e) acc[e] += src[e];
-    }
-    for (int64_t e = 0; e < C; ++e) dqkv[bt * W + e] = bf16_from_f32(scale * acc[e]);
+    for (int g = 1; g < groups; ++g) add_rows(acc, C, dq_acc(g) + bt * C, C, 1, static_cast<int>(C));
+    convert_to_bf16(dqkv + bt * W, W, acc, C, 1, static_cast<int>(C), scale);
   }
 }
 

@@ -481,14 +481,27 @@ void PackPairsF32(uint32_t* dst, int64_t ld_dst, const float* src, int64_t src_r
 }
 
 void ConvertToBf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
-                   int cols) {
+                   int cols, float scale) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
+  const auto vs = hn::Set(d, scale);
   for (int r = 0; r < rows; ++r) {
     int n = 0;
     for (; n + N <= cols; n += N)
-      store<DType::bf16>(d, hn::LoadU(d, src + r * ld_src + n), dst + r * ld_dst + n);
-    for (; n < cols; ++n) dst[r * ld_dst + n] = bf16_from_f32(src[r * ld_src + n]);
+      store<DType::bf16>(d, hn::Mul(hn::LoadU(d, src + r * ld_src + n), vs), dst + r * ld_dst + n);
+    for (; n < cols; ++n) dst[r * ld_dst + n] = bf16_from_f32(src[r * ld_src + n] * scale);
+  }
+}
+
+void AddRows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows, int cols) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int r = 0; r < rows; ++r) {
+    float* o = dst + r * ld_dst;
+    const float* a = src + r * ld_src;
+    int n = 0;
+    for (; n + N <= cols; n += N) hn::StoreU(hn::Add(hn::LoadU(d, o + n), hn::LoadU(d, a + n)), d, o + n);
+    for (; n < cols; ++n) o[n] += a[n];
   }
 }
 
@@ -509,6 +522,7 @@ HWY_EXPORT(DotBf16);
 HWY_EXPORT(PackPairsBf16);
 HWY_EXPORT(PackPairsF32);
 HWY_EXPORT(ConvertToBf16);
+HWY_EXPORT(AddRows);
 }  // namespace memfit::kernels
 
 namespace memfit::kernels::flash {
@@ -569,8 +583,12 @@ void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const float* src, int6
 }
 
 void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
-                     int cols) {
-  MEMFIT_SIMD_DISPATCH(ConvertToBf16)(dst, ld_dst, src, ld_src, rows, cols);
+                     int cols, float scale) {
+  MEMFIT_SIMD_DISPATCH(ConvertToBf16)(dst, ld_dst, src, ld_src, rows, cols, scale);
+}
+
+void add_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows, int cols) {
+  MEMFIT_SIMD_DISPATCH(AddRows)(dst, ld_dst, src, ld_src, rows, cols);
 }
 
 }  // namespace memfit::kernels::flash

@@ -89,8 +89,11 @@ void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const uint16_t* src, i
                            int rows, int cols);
 void pack_pairs_interleave(uint32_t* dst, int64_t ld_dst, const float* src, int64_t src_rs,
                            int rows, int cols);
-// f32 (rows x cols) to bf16, round to nearest even.
+// f32 (rows x cols) times scale to bf16, round to nearest even: bf16_from_f32(src * scale)
+// element by element (a scale of 1 changes nothing).
 void convert_to_bf16(uint16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows,
-                     int cols);
+                     int cols, float scale = 1.0f);
+// dst (rows x cols, row stride ld_dst) += src (row stride ld_src), element by element.
+void add_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int rows, int cols);
 
 }  // namespace memfit::kernels::flash
