@@ -143,6 +143,42 @@ TEST(MatmulWidened, BackwardIsTheF32KernelOnWidenedOperands) {
   }
 }
 
+// The two halves around a rewrite of inp (the GPT-2 MLP recomputes its GELU there): dinp from
+// dout and the weight before between() runs, dweight and dbias from the rewritten inp, each bit
+// for bit the one-call route's on those operands; between() runs once and sees dinp final.
+TEST(MatmulWidened, BackwardAroundARewriteOfInpIsTheOneCallRouteOnEachHalf) {
+  MemoryPool pool;
+  for (DType half : kHalfTypes) {
+    for (const auto& [R, IC, OC] : kShapes) {
+      SCOPED_TRACE(fmt::format("{} R={} IC={} OC={}", dtype_name(half), R, IC, OC));
+      Tensor dout = random_any(pool, {R, OC}, half, 1);
+      Tensor inp = random_any(pool, {R, IC}, half, 2);
+      Tensor weight = random_any(pool, {OC, IC}, half, 3);
+      Tensor later = random_any(pool, {R, IC}, half, 7);  // what between() writes into inp
+      Tensor dweight = random_any(pool, {OC, IC}, DType::f32, 4);
+      Tensor dbias = random_any(pool, {OC}, DType::f32, 5);
+      Tensor dinp = random_any(pool, {R, IC}, half, 6);
+      Tensor want_dw = widened(pool, dweight), want_db = widened(pool, dbias);
+      Tensor want_dx = make_tensor(pool, {R, IC}), none;
+      Tensor g = widened(pool, dout), w = widened(pool, weight);
+      matmul_backward(want_dx, none, none, g, widened(pool, inp), w);
+      matmul_backward(none, want_dw, want_db, g, widened(pool, later), w);
+
+      Tensor scratch = scratch_for(pool, R, IC, OC);
+      int calls = 0;
+      matmul_backward_widened_around(dinp, dweight, dbias, dout, inp, weight, scratch, [&] {
+        ++calls;
+        EXPECT_TRUE(is_exactly(dinp, want_dx)) << "dinp, when between() runs";
+        std::memcpy(inp.raw_data(), later.raw_data(), inp.nbytes());
+      });
+      EXPECT_EQ(calls, 1);
+      EXPECT_TRUE(is_exactly(dinp, want_dx)) << "dinp";
+      EXPECT_TRUE(is_exactly(dweight, want_dw)) << "dweight";
+      EXPECT_TRUE(is_exactly(dbias, want_db)) << "dbias";
+    }
+  }
+}
+
 TEST(MatmulWidened, AnF16ResultOverflowsToInfinityAsRoundingSays) {
   // Sums of 8 products of 100..200 by 100..200 (80000 and up) lie past f16's range: the f32
   // result is finite, the f16 one infinite (65520 and up round to it).

@@ -111,6 +111,20 @@ void linear_backward(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias
   }
 }
 
+void linear_backward_around(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                            const std::function<void()>& between) {
+  if (matmul_widens(inp.dtype())) {
+    Tensor scratch = ctx.view("ws.widen");
+    matmul_backward_widened_around(dinp, dweight, dbias, dout, inp, weight, scratch, between);
+    return;
+  }
+  Tensor none;
+  matmul_backward(dinp, none, none, dout, inp, weight);
+  between();
+  matmul_backward(none, dweight, dbias, dout, inp, weight);
+}
+
 BlockStep::Attention BlockStep::attention_save() {
   const int64_t C = config.attn_width(), NH = config.n_head;
   Attention a;

@@ -6,6 +6,7 @@
 // recomputation, grouped-query heads).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,11 @@ void linear_forward(StepContext& ctx, Tensor out, const Tensor& inp, const Tenso
                     const Tensor& bias);
 void linear_backward(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
                      const Tensor& dout, const Tensor& inp, const Tensor& weight);
+// linear_backward in two halves: dinp, then between() (which may rewrite inp), then dweight and
+// dbias from inp as it is then. Widened, dout is widened once for both.
+void linear_backward_around(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,
+                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                            const std::function<void()>& between);
 
 // Whether a saved activation may be stored compressed under --act-compress (Note [Activation
 // compression]): the matmul, GELU / SwiGLU and attention inputs, the attention output and the
@@ -82,6 +88,11 @@ class BlockStep {
   void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                        const Tensor& inp, const Tensor& weight) {
     memfit::linear_backward(ctx, dinp, dweight, dbias, dout, inp, weight);
+  }
+  void linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                              const Tensor& inp, const Tensor& weight,
+                              const std::function<void()>& between) {
+    memfit::linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, between);
   }
 
   // The attention core. Forward: declare with attention_save() (what the backward needs besides

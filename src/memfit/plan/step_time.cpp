@@ -21,9 +21,8 @@ namespace {
 // vocabulary):
 // - a block's forward: LayerNorm 2C twice, residual add 3C twice, GELU 8C: 18C;
 // - its backward: LayerNorm 4C twice, its output recomputed 2C twice (Note [Recomputed
-//   norms]), GELU recomputed and differentiated in one pass 16C (where the matmuls widen, in two:
-//   8C + 12C), the two residual gradients 2C each, the bias sums over the four matmuls' output
-//   gradients 9C: 41C (45C widened);
+//   norms]), GELU recomputed and differentiated in one pass 16C, the two residual gradients 2C
+//   each, the bias sums over the four matmuls' output gradients 9C: 41C;
 // - in bf16 (and fp16) the matmul operands are converted: 7C values in a forward (ln_1, the
 //   attention output, ln_2, the GELU output) and 9C gradients in a backward, each a 4-byte read
 //   and a 2-byte write: 1.5 elements per value;
@@ -109,7 +108,6 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   double per_micro_batch = 0;  // elements converted once per micro-batch, not per token
   if (widened) {
     per_token += (c.n_layer + recomputed) * b.half_forward + c.n_layer * b.half_backward;
-    if (c.gpt2()) per_token += c.n_layer * 4.0 * C;  // GELU's recompute apart from its derivative
     per_micro_batch =
         1.5 * (double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) + 3 * V * C);
   }

@@ -101,6 +101,24 @@ void matmul_backward_widened(Tensor& dinp, Tensor& dweight, Tensor& dbias, const
   if (dinp.defined() && dinp.dtype() != DType::f32) convert(dinp, dx);
 }
 
+void matmul_backward_widened_around(Tensor& dinp, Tensor& dweight, Tensor& dbias,
+                                    const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                    Tensor& scratch, const std::function<void()>& between) {
+  // The regions of matmul_backward_widened; inp's is only a shape until between() has run.
+  Carver c(scratch);
+  Tensor g = c.widened(dout, "dout"), x = c.output(inp, "inp"), w = c.widened(weight, "weight");
+  Tensor dx = c.output(dinp, "dinp"), none;
+  {
+    KernelScope timed("matmul_backward_widened");
+    matmul_backward(dx, none, none, g, x, w);
+    if (dinp.defined() && dinp.dtype() != DType::f32) convert(dinp, dx);
+  }
+  between();
+  KernelScope timed("matmul_backward_widened");
+  if (inp.dtype() != DType::f32) convert(x, inp);
+  matmul_backward(none, dweight, dbias, g, x, w);
+}
+
 namespace {
 
 // The checks of the blocked route: f32 out / dinp / dout, one half type for inp and weight.

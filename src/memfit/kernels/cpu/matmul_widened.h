@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "memfit/core/tensor.h"
 
@@ -36,6 +37,15 @@ void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& weight
 // += dout^T @ inp; dbias (f32, skipped if undefined) += column sums of dout.
 void matmul_backward_widened(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                              const Tensor& inp, const Tensor& weight, Tensor& scratch);
+
+// matmul_backward_widened in two halves around `between`: dinp from dout and the weight, then
+// between(), which may rewrite inp (the GPT-2 MLP recomputes its GELU, the layer's input, there,
+// fused with the GELU's derivative applied to dinp), then dweight and dbias from inp as it is
+// then. dout is widened once, into the same scratch; the products are those of one call on the
+// final inp.
+void matmul_backward_widened_around(Tensor& dinp, Tensor& dweight, Tensor& dbias,
+                                    const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                    Tensor& scratch, const std::function<void()>& between);
 
 // The same route for a weight of many rows (the LM head's (Vp, C) vocabulary): the weight is
 // widened kWidenedWeightRows rows at a time instead of whole, so the scratch holds the widened

@@ -3,8 +3,6 @@
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
-#include "memfit/kernels/cpu/matmul.h"
-#include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/residual.h"
 
 namespace memfit {
@@ -94,18 +92,10 @@ void gpt2_block_backward(BlockStep& s) {
   };
   // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
   round_dres();
-  if (matmul_widens(h)) {  // one call, so that dout is widened once for both products
-    gelu_forward(gelu, fch);
-    s.linear_backward(d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w);
-    gelu_backward(d4C, fch, d4C);
-  } else {
-    // d(GELU) first (the GELU is only the shape here), then the GELU and its derivative in one
-    // pass (one tanh per element, not two), then d(weight) from the GELU: the same bits.
-    Tensor none, dw = g.mlp_out_w, db = g.mlp_out_b;
-    matmul_backward(d4C, none, none, dres_h, gelu, w.mlp_out_w);
-    gelu_recompute_backward(gelu, d4C, fch);
-    matmul_backward(none, dw, db, dres_h, gelu, w.mlp_out_w);
-  }
+  // d(GELU) first (the GELU is only the shape here), then the GELU and its derivative in one
+  // pass (one tanh per element, not two), then d(weight) from the GELU: the same bits.
+  s.linear_backward_around(d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w,
+                           [&] { gelu_recompute_backward(gelu, d4C, fch); });
   layernorm_apply(ln2, r2, w.norm2_w, w.norm2_b, ln2_mean, ln2_rstd);
   s.linear_backward(dC, g.fc_w, g.fc_b, d4C, ln2, w.fc_w);
   layernorm_backward(dres, dn2w, dn2b, dC, r2, w.norm2_w, ln2_mean, ln2_rstd);
