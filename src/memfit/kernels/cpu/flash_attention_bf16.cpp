@@ -40,7 +40,7 @@ ForwardLayout forward_layout(const Dims& d) {
   const int64_t ldq = d.Br;
   L.qp = c.take(p.hs2p * ldq);               // Q^T in d pairs [d2][q]: B of S^T
   L.kr = c.take(d.Bc * p.hs2p);              // K rows [key][d2]: A of S^T
-  L.s = c.take(std::max<int64_t>(d.Bc, p.hsp) * ldq); // S^T, then P^T (f32); at the end O (nq x hsp)
+  L.s = c.take(std::max<int64_t>(d.Bc, p.hsp) * ldq);  // S^T, then P^T (f32); last, O rows
   L.pv = c.take(p.bc2p * ldq);               // P^T in key pairs [key2][q]: B of O^T
   L.vi = c.take((d.Bc + 1) / 2 * d.hs);      // V in key pairs [key2][d]
   L.vt = c.take(p.hsp * p.bc2p);             // its transpose [d][key2]: A of O^T
@@ -259,8 +259,9 @@ void backward_bf16(const Dims& d, uint16_t* dqkv, const uint16_t* dout, const ui
 #pragma omp parallel for num_threads(nthreads)
   for (int64_t bt = 0; bt < d.B * T; ++bt) {
     float* acc = dq_acc(0) + bt * C;
-    for (int g = 1; g < groups; ++g) add_rows(acc, C, dq_acc(g) + bt * C, C, 1, static_cast<int>(C));
-    convert_to_bf16(dqkv + bt * W, W, acc, C, 1, static_cast<int>(C), scale);
+    const int cols = static_cast<int>(C);
+    for (int g = 1; g < groups; ++g) add_rows(acc, C, dq_acc(g) + bt * C, C, 1, cols);
+    convert_to_bf16(dqkv + bt * W, W, acc, C, 1, cols, scale);
   }
 }
 

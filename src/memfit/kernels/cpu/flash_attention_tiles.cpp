@@ -510,7 +510,9 @@ void AddRows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int r
     float* o = dst + r * ld_dst;
     const float* a = src + r * ld_src;
     int n = 0;
-    for (; n + N <= cols; n += N) hn::StoreU(hn::Add(hn::LoadU(d, o + n), hn::LoadU(d, a + n)), d, o + n);
+    for (; n + N <= cols; n += N) {
+      hn::StoreU(hn::Add(hn::LoadU(d, o + n), hn::LoadU(d, a + n)), d, o + n);
+    }
     for (; n < cols; ++n) o[n] += a[n];
   }
 }
