@@ -4,7 +4,8 @@
 // several thread counts; the reference backward itself against finite differences; and the
 // typed errors for bad arguments. All of it again for grouped-query heads, which must also equal
 // multi-head attention on repeated key/value heads, agree with the plain kernel, and leave
-// kv == q bit-identical to the int call.
+// kv == q bit-identical to the int call. And two tile functions the bf16 driver's element work
+// goes through, against their element loops.
 #include "memfit/kernels/cpu/flash_attention.h"
 
 #include <fmt/format.h>
@@ -14,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -581,6 +584,47 @@ TEST(FlashAttentionReference, GqaBackwardMatchesFiniteDifferences) {
       worst = std::max(worst, std::abs((up - down) / (2 * h) - grad[i]));
     }
     EXPECT_LT(worst, 1e-8) << "q " << d.heads.q << " kv " << d.heads.kv;
+  }
+}
+
+// The drivers' element work that goes through the dispatched tile functions: a scaled rounding
+// to bf16 and a row-wise add, each against its element loop, bit for bit, on rows of every
+// length mod the vector width (tails), with a row stride past the columns that must stay
+// untouched, and with NaN, infinities and values that round up. Rerun under each cap
+// (avx2:, scalar:).
+TEST(FlashTiles, ScaledRoundingAndRowAddsAreTheirElementLoops) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int cols : {1, 7, 16, 37, 64, 80}) {
+    SCOPED_TRACE(fmt::format("cols {}", cols));
+    const int rows = 5;
+    const int64_t ld = cols + 3;
+    std::vector<float> src(rows * ld), acc(rows * ld);
+    for (float& x : src) x = normal(rng);
+    for (float& x : acc) x = normal(rng);
+    src[0] = std::numeric_limits<float>::quiet_NaN();
+    if (cols > 1) src[1] = std::numeric_limits<float>::infinity();
+    src[ld] = 1.00390625f;  // 1 + 2^-8: halfway between two bf16 values, rounds to even
+    for (float scale : {1.0f, 0.125f, -3.0f}) {
+      std::vector<uint16_t> got(rows * ld, 0xABCD);
+      flash::convert_to_bf16(got.data(), ld, src.data(), ld, rows, cols, scale);
+      for (int r = 0; r < rows; ++r) {
+        for (int64_t e = 0; e < ld; ++e) {
+          const uint16_t want = e < cols ? bf16_from_f32(src[r * ld + e] * scale) : 0xABCD;
+          ASSERT_EQ(got[r * ld + e], want) << "row " << r << " column " << e << " scale " << scale;
+        }
+      }
+    }
+    std::vector<float> sum = acc;
+    flash::add_rows(sum.data(), ld, src.data() + 1, ld, rows, cols);
+    for (int r = 0; r < rows; ++r) {
+      for (int64_t e = 0; e < ld; ++e) {
+        const float want = e < cols ? acc[r * ld + e] + src[r * ld + e + 1] : acc[r * ld + e];
+        const float g = sum[r * ld + e];
+        ASSERT_TRUE(std::memcmp(&g, &want, 4) == 0 || (std::isnan(g) && std::isnan(want)))
+            << "row " << r << " column " << e << ": " << g << " against " << want;
+      }
+    }
   }
 }
 
