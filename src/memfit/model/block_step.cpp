@@ -103,12 +103,7 @@ void linear_forward(StepContext& ctx, Tensor out, const Tensor& inp, const Tenso
 
 void linear_backward(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
-  if (matmul_widens(inp.dtype())) {
-    Tensor scratch = ctx.view("ws.widen");
-    matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, scratch);
-  } else {
-    matmul_backward(dinp, dweight, dbias, dout, inp, weight);
-  }
+  linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, [] {});
 }
 
 void linear_backward_around(StepContext& ctx, Tensor dinp, Tensor dweight, Tensor dbias,

@@ -134,18 +134,20 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv,
     std::fill(s.l, s.l + ldq, 0.0f);
     for (int64_t e = 0; e < hs; ++e) std::fill(s.Ot + e * ldq, s.Ot + e * ldq + nqp, 0.0f);
     transpose_padded(s.Qp, ldq, as_pairs(Qh + t.q0 * W), W / 2, nq, hs2);
+    // O^T's first n columns (one per query) times by[q].
+    auto scale_queries = [&](const float* by, int n) {
+      for (int64_t e = 0; e < hs; ++e) {
+        float* o = s.Ot + e * ldq;
+        for (int q = 0; q < n; ++q) o[q] *= by[q];
+      }
+    };
     forward_key_tiles(d, t, [&](int64_t k0, int nk) {
       const int nk2 = (nk + 1) / 2;
       // S^T = K Q^T
       copy_rows(reinterpret_cast<uint16_t*>(s.Kr), 2 * p.hs2p, Kh + k0 * W, W, nk, hs);
       gemm_bf16(nk, nqp, hs2, s.Kr, p.hs2p, s.Qp, ldq, s.St, ldq, false);
       online_softmax_step(s.St, ldq, nk, nqp, k0, t.q0, c, s.m, s.l, s.alpha);
-      if (k0 > 0) {
-        for (int64_t e = 0; e < hs; ++e) {
-          float* o = s.Ot + e * ldq;
-          for (int q = 0; q < nqp; ++q) o[q] *= s.alpha[q];
-        }
-      }
+      if (k0 > 0) scale_queries(s.alpha, nqp);
       // O^T += V^T P^T, both in key pairs.
       pack_pairs_interleave(s.Pv, ldq, s.St, ldq, nk, nqp);
       zero_rows(s.Pv, ldq, nk2, round_tile(nk2), nqp);
@@ -153,16 +155,14 @@ void forward_bf16(const Dims& d, uint16_t* out, float* lse, const uint16_t* qkv,
       transpose_padded(s.Vt, p.bc2p, s.Vi, hs, nk2, hsi);
       gemm_bf16(hsi, nqp, nk2, s.Vt, p.bc2p, s.Pv, ldq, s.Ot, ldq, true);
     });
-    // out = O / l, rounded: O^T's columns scaled, transposed into S^T's buffer (free now),
-    // then its rows converted; the same products and roundings as element by element.
+    // out = O / l, rounded: O^T's columns scaled by 1 / l (in alpha's buffer, free now),
+    // transposed into S^T's buffer (free too), then its rows converted; the same products and
+    // roundings as element by element.
     for (int r = 0; r < nq; ++r) {
       s.alpha[r] = 1.0f / s.l[r];
       lse[t.bh * T + t.q0 + r] = (s.m[r] + std::log2(s.l[r])) * kLn2;
     }
-    for (int64_t e = 0; e < hs; ++e) {
-      float* o = s.Ot + e * ldq;
-      for (int q = 0; q < nq; ++q) o[q] *= s.alpha[q];
-    }
+    scale_queries(s.alpha, nq);
     transpose_padded(s.St, p.hsp, s.Ot, ldq, hsi, nq);
     convert_to_bf16(out + (t.b * T + t.q0) * C + t.h * hs, C, s.St, p.hsp, nq, hsi);
   });

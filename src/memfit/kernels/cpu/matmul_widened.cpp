@@ -91,20 +91,17 @@ void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& weight
   if (out.dtype() != DType::f32) convert(out, y);
 }
 
+// One call is the two halves with nothing between: the products are independent.
 void matmul_backward_widened(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                              const Tensor& inp, const Tensor& weight, Tensor& scratch) {
-  KernelScope timed("matmul_backward_widened");
-  Carver c(scratch);
-  Tensor g = c.widened(dout, "dout"), x = c.widened(inp, "inp"), w = c.widened(weight, "weight");
-  Tensor dx = c.output(dinp, "dinp");
-  matmul_backward(dx, dweight, dbias, g, x, w);
-  if (dinp.defined() && dinp.dtype() != DType::f32) convert(dinp, dx);
+  matmul_backward_widened_around(dinp, dweight, dbias, dout, inp, weight, scratch, [] {});
 }
 
 void matmul_backward_widened_around(Tensor& dinp, Tensor& dweight, Tensor& dbias,
                                     const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                     Tensor& scratch, const std::function<void()>& between) {
-  // The regions of matmul_backward_widened; inp's is only a shape until between() has run.
+  // dout, inp, weight and dinp in f32, as matmul_widened_scratch_bytes counts them; inp's region
+  // is only a shape until between() has run.
   Carver c(scratch);
   Tensor g = c.widened(dout, "dout"), x = c.output(inp, "inp"), w = c.widened(weight, "weight");
   Tensor dx = c.output(dinp, "dinp"), none;
