@@ -1,7 +1,8 @@
-// Cross-entropy writing a bf16 / f16 logit gradient and the embedding reading bf16 / f16 tables:
-// each equals the f32 kernel's result on the same values, rounded once to the output type where
-// there is one (the f32 arithmetic is shared), and the double reference within that type's
-// unit roundoff; plus the dtype errors.
+// Cross-entropy writing a bf16 / f16 logit gradient (into a tensor of that type, or rounded in
+// place in the f32 logits) and the embedding reading bf16 / f16 tables: each equals the f32
+// kernel's result on the same values, rounded once to the output type where there is one (the
+// f32 arithmetic is shared), and the double reference within that type's unit roundoff; plus
+// the dtype errors.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -51,6 +52,15 @@ TEST(CrossEntropyMixed, HalfGradientIsTheF32GradientRounded) {
       // f16's subnormals (below 6.1e-5) carry absolute, not relative, precision.
       const double atol = t == DType::f16 ? 0x1p-25 : 1e-6 * dloss;
       EXPECT_TRUE(all_close(to_doubles_any(dlogits), want, unit_roundoff(t) + 1e-5, atol));
+      // In place, rounded to t and kept f32 (the widened LM head's operand): the same gradient
+      // widened, bit for bit, padding included.
+      Tensor in_place = make_tensor(pool, {R, Vp}), in_place_losses = make_tensor(pool, {R});
+      copy_in(in_place, x);
+      crossentropy_forward_backward(in_place_losses, in_place, targets, V, dloss, t);
+      EXPECT_EQ(to_doubles(in_place_losses), to_doubles(ref_losses));
+      Tensor widened = make_tensor(pool, {R, Vp});
+      convert(widened, dlogits);
+      EXPECT_EQ(std::memcmp(in_place.raw_data(), widened.raw_data(), in_place.nbytes()), 0);
     }
   }
 }
@@ -68,6 +78,9 @@ TEST(CrossEntropyMixed, DTypeErrors) {
   EXPECT_TRUE(throws_with<DTypeError>(
       [&] { crossentropy_forward_backward(losses, d, logits_bf, targets, 16, 1.0f); },
       {"[crossentropy_forward_backward]", "logits", "f32", "bf16"}));
+  EXPECT_TRUE(throws_with<DTypeError>(
+      [&] { crossentropy_forward_backward(losses, logits, targets, 16, 1.0f, DType::i8); },
+      {"[crossentropy_forward_backward]", "round_to", "i8"}));
   Tensor d_bad = make_tensor(pool, {4, 15}, DType::bf16);
   EXPECT_TRUE(throws_with<ShapeError>(
       [&] { crossentropy_forward_backward(losses, d_bad, logits, targets, 16, 1.0f); },

@@ -94,10 +94,13 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
   Tensor logits_ws = ctx.write("ws.logits", {R, Vp}, f32, Category::workspace);
   Tensor losses = ctx.write("ws.losses", {N}, f32, Category::workspace);
   Tensor dnorm = ctx.write("ws.dC", {B_, T_, C}, f32, Category::workspace);
-  Tensor dlogits_ws = mixed ? ctx.write("ws.dlogits", {G, Vp}, h, Category::workspace) : logits_ws;
   // Where the matmuls widen (fp16; bf16 without oneDNN bf16), the head has its own scratch: the
-  // chunk's widened rows and one block of the widened weight (matmul_widened.h), not ws.widen.
+  // chunk's widened rows and one block of the widened weight (matmul_widened.h), not ws.widen;
+  // and the chunk's gradient, rounded to h, is kept widened in the logits themselves.
   const bool widens = matmul_widens(h);
+  Tensor dlogits_ws = mixed && !widens
+                          ? ctx.write("ws.dlogits", {G, Vp}, h, Category::workspace)
+                          : logits_ws;
   Tensor head_ws = widens ? ctx.scratch("ws.widen.head",
                                         matmul_widened_blocked_scratch_bytes(R, C, Vp))
                           : Tensor{};
@@ -126,13 +129,12 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
         continue;
       }
       Tensor dlogits = dlogits_ws.slice(r0 - g0, r1 - g0);
-      if (mixed)
+      if (mixed && !widens)
         crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss);
-      else
-        crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss);
+      else  // f32, or the gradient rounded to h and kept widened in place
+        crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss, h);
       Tensor dx = dnorm.slice(r0, r1);
       if (widens) {
-        convert(logits, dlogits);  // the rounded gradient, widened exactly into the spent logits
         matmul_backward_widened_blocked(dx, dhead, logits, x, w.head, head_ws);
       } else if (G == R) {
         linear_backward(ctx, dx, dhead, no_grad, dlogits, x, w.head);

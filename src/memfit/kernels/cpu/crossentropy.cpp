@@ -86,10 +86,40 @@ void row_scale_pad(half::Storage<D>* out, const float* x, int64_t V, int64_t Vp,
   for (i = V; i < Vp; ++i) out[i] = 0;
 }
 
+// As row_scale_pad<D> followed by widening its output exactly into x, in place: each product
+// rounded to D's precision and kept f32.
+template <DType D>
+void row_scale_round_pad(float* x, int64_t V, int64_t Vp, float s) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vs = hn::Set(d, s);
+  HWY_ALIGN half::Storage<D> buf[kMaxLanes];
+  int64_t i = 0;
+  for (; i + N <= V; i += N) {
+    store<D>(d, hn::Mul(hn::LoadU(d, x + i), vs), buf);
+    hn::StoreU(load<D>(d, buf), d, x + i);
+  }
+  for (; i < V; ++i) {
+    half::store1<D>(buf, x[i] * s);
+    x[i] = half::load1<D>(buf);
+  }
+  for (i = V; i < Vp; ++i) x[i] = 0;
+}
+
 void CeRowScalePad(DType t, void* out, const float* x, int64_t V, int64_t Vp, float s) {
   half::dispatch(t, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     row_scale_pad<D>(static_cast<half::Storage<D>*>(out), x, V, Vp, s);
+  });
+}
+
+void CeRowScaleRoundPad(DType t, float* x, int64_t V, int64_t Vp, float s) {
+  half::dispatch(t, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    if constexpr (D == DType::f32)
+      row_scale_pad<D>(x, x, V, Vp, s);
+    else
+      row_scale_round_pad<D>(x, V, Vp, s);
   });
 }
 
@@ -107,6 +137,7 @@ namespace memfit::kernels {
 HWY_EXPORT(CeRowMax);
 HWY_EXPORT(CeRowSumExp);
 HWY_EXPORT(CeRowScalePad);
+HWY_EXPORT(CeRowScaleRoundPad);
 
 namespace {
 
@@ -117,8 +148,8 @@ double row_sum_exp(float* x, int64_t V, float mx) {
   return MEMFIT_SIMD_DISPATCH(CeRowSumExp)(x, V, mx, kStore);
 }
 
-void row_scale_pad(float* x, int64_t V, int64_t Vp, float s) {
-  MEMFIT_SIMD_DISPATCH(CeRowScalePad)(DType::f32, x, x, V, Vp, s);
+void row_scale_round_pad(DType round_to, float* x, int64_t V, int64_t Vp, float s) {
+  MEMFIT_SIMD_DISPATCH(CeRowScaleRoundPad)(round_to, x, V, Vp, s);
 }
 
 template <DType D>
@@ -165,9 +196,12 @@ void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& ta
 }
 
 void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor& targets, int64_t V,
-                                   float dloss) {
+                                   float dloss, DType round_to) {
   KernelScope timed("crossentropy_forward_backward");
-  const auto [R, Vp] = check_args("crossentropy_forward_backward", losses, logits, targets, V);
+  constexpr std::string_view op = "crossentropy_forward_backward";
+  const auto [R, Vp] = check_args(op, losses, logits, targets, V);
+  MEMFIT_CHECK_DTYPE(half::is_float_type(round_to), op, "round_to must be f32, bf16 or f16, got {}",
+                     dtype_name(round_to));
   float* loss = losses.data<float>();
   float* x = logits.data<float>();
   const int32_t* tg = targets.data<int32_t>();
@@ -180,8 +214,14 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
     const double sum = row_sum_exp<true>(row, V, mx);
     loss[r] = static_cast<float>(std::log(sum) + mx - xt);
     const float et = row[t];
-    row_scale_pad(row, V, Vp, static_cast<float>(dloss / sum));
-    row[t] = static_cast<float>((et / sum - 1.0) * dloss);
+    row_scale_round_pad(round_to, row, V, Vp, static_cast<float>(dloss / sum));
+    const float gt = static_cast<float>((et / sum - 1.0) * dloss);
+    half::dispatch(round_to, [&](auto tag) {
+      constexpr DType D = decltype(tag)::value;
+      half::Storage<D> rounded;
+      half::store1<D>(&rounded, gt);
+      row[t] = half::load1<D>(&rounded);
+    });
   }
 }
 

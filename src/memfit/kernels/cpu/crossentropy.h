@@ -13,9 +13,12 @@ namespace memfit::kernels {
 void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V);
 
 // As forward, then overwrites logits in place with their gradient:
-// dlogits = (softmax(logits) - onehot(target)) * dloss, and 0 in the padded columns.
+// dlogits = (softmax(logits) - onehot(target)) * dloss, and 0 in the padded columns. With
+// round_to bf16 or f16, each element of the gradient is rounded once to that precision (to
+// nearest even) and kept f32: the mixed overload's dlogits widened exactly, without the
+// separate tensor (the widened matmuls' operand, matmul_widened.h).
 void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor& targets,
-                                   int64_t V, float dloss);
+                                   int64_t V, float dloss, DType round_to = DType::f32);
 
 // Mixed precision: the same loss and gradient, the gradient written into dlogits (R, Vp) of
 // f32, bf16 or f16, each element the f32 gradient above rounded once to nearest even (padding
