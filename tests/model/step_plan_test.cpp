@@ -117,13 +117,13 @@ TEST(StepPlan, PeakIsInAPhaseAndLiveBytesNeverPassTheArenas) {
 // it, whichever gives the smaller arenas (twice on a tie), and the plan records it; asked, it
 // takes what was asked. gpt2's shapes, where either way wins somewhere: at 8 x 256 in fp32 twice
 // the chunk would cost 0.5 MiB, at 16 x 256 nothing.
-TEST(StepPlan, TheLmHeadTakesTwiceItsChunkWhereThatCostsNoArenaByte) {
+TEST(StepPlan, TheLmHeadDoublesItsChunkWhileThatCostsNoArenaByte) {
   const ModelConfig c = ModelConfig::preset("gpt2");
   auto arenas = [](const StepPlan& p) {
     return p.arena[static_cast<size_t>(Category::activations)] +
            p.arena[static_cast<size_t>(Category::workspace)];
   };
-  int doubled = 0, kept = 0;
+  int kept = 0, doubled = 0, doubled_twice = 0;
   for (Precision precision : {Precision::fp32, Precision::bf16, Precision::fp16})
     for (int B : {4, 8, 16}) {
       ActivationOptions o = options("none", precision == Precision::fp16 ? AttentionKind::plain
@@ -134,23 +134,27 @@ TEST(StepPlan, TheLmHeadTakesTwiceItsChunkWhereThatCostsNoArenaByte) {
       const int d = static_cast<int>(default_lm_head_chunk(o));
       SCOPED_TRACE(fmt::format("{} x 256, {}, default chunk {}", B, precision_name(precision), d));
       EXPECT_EQ(chosen.lm_head_chunk_asked, 0);
-      o.lm_head_chunk = d;
-      const StepPlan one = plan_step(c, B, 256, o);
-      o.lm_head_chunk = 2 * d;
-      const StepPlan two = plan_step(c, B, 256, o);
-      EXPECT_EQ(two.lm_head_chunk_asked, 2 * d);
-      EXPECT_EQ(two.options.lm_head_chunk, 2 * d);
-      if (arenas(two) <= arenas(one)) {
-        EXPECT_EQ(chosen.options.lm_head_chunk, 2 * d);
-        ++doubled;
-      } else {
-        EXPECT_EQ(chosen.options.lm_head_chunk, d);
-        ++kept;
-      }
-      EXPECT_EQ(arenas(chosen), std::min(arenas(one), arenas(two)));
+      // The chunk as asked, for every doubling of the default up to the step's rows.
+      auto given = [&](int chunk) {
+        o.lm_head_chunk = chunk;
+        const StepPlan p = plan_step(c, B, 256, o);
+        EXPECT_EQ(p.lm_head_chunk_asked, chunk);
+        EXPECT_EQ(p.options.lm_head_chunk, chunk);
+        return p;
+      };
+      const size_t base = arenas(given(d));
+      int want = d;
+      while (2 * want <= B * 256 && arenas(given(2 * want)) <= base) want *= 2;
+      EXPECT_EQ(chosen.options.lm_head_chunk, want);
+      EXPECT_EQ(arenas(chosen), arenas(given(want)));
+      EXPECT_LE(arenas(chosen), base);
+      kept += want == d;
+      doubled += want == 2 * d;
+      doubled_twice += want >= 4 * d;
     }
-  EXPECT_GT(doubled, 0);
   EXPECT_GT(kept, 0);
+  EXPECT_GT(doubled, 0);
+  EXPECT_GT(doubled_twice, 0);  // fp16 (always widened) at 16 x 256 takes 512 rows
 }
 
 TEST(StepPlan, OnOneDnnsBf16GemmTheHeadsGradientGathers512Rows) {

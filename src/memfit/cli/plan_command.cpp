@@ -75,6 +75,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   for (Category c : kAllCategories)
     j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
   j["peak_phase"] = r.peak_phase;
+  j["lm_head_chunk"] = r.step.options.lm_head_chunk;  // as planned (Note [Fused LM head])
   j["peak_live_bytes"] = r.peak_live_bytes;
   // The step's memory timeline: bytes of activations and workspace live in each phase.
   j["timeline"] = nlohmann::json::array();

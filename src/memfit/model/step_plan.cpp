@@ -64,15 +64,17 @@ size_t arena_bytes(const StepPlan& plan) {
 StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOptions& options) {
   if (options.lm_head_chunk > 0) return plan_as_given(config, B, T, options);
   // The LM head's chunk, where not asked for (Note [Fused LM head], "The chunk"): the route's
-  // default, or twice it where the arenas come out no larger (the head then shares bytes
-  // another phase needs anyway, and its weight is read and its gradient written half as often).
+  // default, doubled for as long as the arenas come out no larger (the head then shares bytes
+  // another phase needs anyway, and its weight is read and widened, and its gradient read and
+  // written, half as often each time).
   ActivationOptions o = options;
   o.lm_head_chunk = static_cast<int>(default_lm_head_chunk(options));
   StepPlan plan = plan_as_given(config, B, T, o);
-  if (int64_t{2} * o.lm_head_chunk <= int64_t{B} * T) {
+  while (int64_t{2} * o.lm_head_chunk <= int64_t{B} * T) {
     o.lm_head_chunk *= 2;
     StepPlan twice = plan_as_given(config, B, T, o);
-    if (arena_bytes(twice) <= arena_bytes(plan)) plan = std::move(twice);
+    if (arena_bytes(twice) > arena_bytes(plan)) break;
+    plan = std::move(twice);
   }
   plan.lm_head_chunk_asked = 0;
   return plan;
