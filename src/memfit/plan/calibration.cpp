@@ -281,8 +281,9 @@ Calibration Calibration::from_json(const nlohmann::json& j, const std::string& s
   Calibration c;
   try {
     if (j.at("version").get<int>() != kVersion)
-      MEMFIT_THROW(IoError, "calibration", "{}: version {}, expected {}", source,
-                   j.at("version").dump(), kVersion);
+      MEMFIT_THROW(IoError, "calibration",
+                   "{}: written by another version of memfit (format {}; this one reads {})",
+                   source, j.at("version").dump(), kVersion);
     c.cpu = j.at("cpu").get<std::string>();
     c.isa = j.at("isa").get<std::string>();
     c.threads = j.at("threads").get<int>();
