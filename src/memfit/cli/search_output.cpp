@@ -21,19 +21,24 @@ void print_row(const std::string& status, const Candidate& c, bool with_stage) {
              format_seconds(c.est_step_seconds));
 }
 
+// A candidate's configuration and what the planner predicts for it.
+nlohmann::json choice_json(const Candidate& c) {
+  return {{"ckpt", c.ckpt},
+          {"act_compress", act_compress_name(c.act_compress)},
+          {"batch", c.batch},
+          {"grad_accum", c.grad_accum},
+          {"zero", c.zero},
+          {"offload", c.offload},
+          {"offload_params", c.offload_params},
+          {"offload_grads", c.offload_grads},
+          {"peak_bytes", c.peak_bytes},
+          {"peak_rank", c.peak_rank},
+          {"est_step_seconds", c.est_step_seconds}};
+}
+
 nlohmann::json candidate_json(const Candidate& c, size_t limit) {
-  nlohmann::json j = {{"ckpt", c.ckpt},
-                      {"act_compress", act_compress_name(c.act_compress)},
-                      {"batch", c.batch},
-                      {"grad_accum", c.grad_accum},
-                      {"zero", c.zero},
-                      {"offload", c.offload},
-                      {"offload_params", c.offload_params},
-                      {"offload_grads", c.offload_grads},
-                      {"peak_bytes", c.peak_bytes},
-                      {"peak_rank", c.peak_rank},
-                      {"est_step_seconds", c.est_step_seconds},
-                      {"fits", c.fits}};
+  nlohmann::json j = choice_json(c);
+  j["fits"] = c.fits;
   if (!c.fits) j["over_bytes"] = c.over(limit);
   return j;
 }
@@ -48,23 +53,12 @@ std::string offload_column(const Candidate& c) {
 }
 
 nlohmann::json shape_json(const ShapeFit& f) {
-  const Candidate& c = f.search.choice;
-  nlohmann::json j = {{"n_layer", f.shape.n_layer},
-          {"d_model", f.shape.d_model},
-          {"n_head", f.shape.n_head},
-          {"params", f.params},
-          {"fits", f.fits()},
-          {"ckpt", c.ckpt},
-          {"act_compress", act_compress_name(c.act_compress)},
-          {"batch", c.batch},
-          {"grad_accum", c.grad_accum},
-          {"zero", c.zero},
-          {"offload", c.offload},
-          {"offload_params", c.offload_params},
-          {"offload_grads", c.offload_grads},
-          {"peak_bytes", c.peak_bytes},
-          {"peak_rank", c.peak_rank},
-          {"est_step_seconds", c.est_step_seconds}};
+  nlohmann::json j = choice_json(f.search.choice);
+  j["n_layer"] = f.shape.n_layer;
+  j["d_model"] = f.shape.d_model;
+  j["n_head"] = f.shape.n_head;
+  j["params"] = f.params;
+  j["fits"] = f.fits();
   if (f.disk_bytes) {
     j["disk_bytes"] = f.disk_bytes;
     j["disk_fits"] = f.disk_fits;
