@@ -2,7 +2,8 @@
 # Issue 12's CPU measurements on a lent machine (the device host: 16 cores, Sapphire Rapids class
 # with AMX when last seen), in one call of about 6 minutes: where the step's time goes phase by
 # phase and kernel by kernel (native and capped to AVX2, fp32 and bf16, and bf16 at 2/4/8/all
-# threads), the linear layers' GEMM rates at GPT-2's shapes, the planner's step-time estimate
+# threads), the linear layers' GEMM rates at GPT-2's shapes (and with the weights kept in oneDNN's
+# own layout: BM_Matmul_Bf16PackedWeights), the planner's step-time estimate
 # against measured steps, and the precision table of docs/benchmarks.md. Prepare here with
 # bench/device/pack.sh, then run(command="bash bench/device/cpu_check.sh", carry=["build/device"],
 # timeout_s=540). Eight files come back under $OUT (the tool returns eight at most).
