@@ -4,7 +4,6 @@
 
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
-#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/layernorm.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
@@ -79,8 +78,9 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
 // gradient at once: d(norm) rows = dlogits @ head, d(head) += dlogits^T @ norm. Only one chunk
 // of logits ever exists, and the LM head costs no extra matmul.
 // In bf16/fp16 the chunk's gradient is rounded into ws.dlogits, the head's matmul operand, while
-// the logits, softmax and loss stay f32 (see crossentropy.h). On oneDNN's bf16 GEMM ws.dlogits
-// holds a group of chunks (lm_head_grad_rows) and d(head) is accumulated once per group.
+// the logits, softmax and loss stay f32 (see crossentropy.h); where the matmuls widen, it is
+// rounded in place in the f32 logits instead. On oneDNN's bf16 GEMM ws.dlogits holds a group of
+// chunks (lm_head_grad_rows) and d(head) is accumulated once per group.
 void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                               const Tensor* targets, bool training, float dloss,
                               float* loss_sum) {
