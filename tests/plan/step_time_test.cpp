@@ -69,5 +69,36 @@ TEST(StepTime, CompressionTermIsItsBytesAtTheElementwiseRate) {
   EXPECT_DOUBLE_EQ(comp.total(), plain.total() + comp.compression);
 }
 
+// Where the matmuls widen (fp16 always), the LM head's (Vp, C) weight is widened once a chunk
+// in the forward and once in the backward (matmul_widened_blocked), its 2-byte read counted (0.5
+// elements a value: the widened block stays in the cache): the
+// element-wise term moves by exactly that when the chunk halves. Elsewhere the chunk moves
+// nothing.
+TEST(StepTime, TheWidenedHeadWidensItsWeightTwiceAChunk) {
+  ModelConfig c = ModelConfig::preset("gpt2-tiny");
+  c.finalize();
+  StepTimeInputs in;
+  in.model = c;
+  in.B = 4;
+  in.T = 64;  // 256 rows: 1 chunk of 256, 2 of 128, 4 of 64
+  in.param_count = 1000;
+  const Calibration rates = some_rates();
+  const double VC = double(c.padded_vocab) * c.d_model;
+  auto elementwise = [&](Precision p, int chunk) {
+    in.options.precision = p;
+    in.options.lm_head_chunk = chunk;
+    return estimate_step_time(in, rates).elementwise;
+  };
+  const double per_widening = 0.5 * 2 * VC * 4 / rates.elementwise_bytes_per_s;
+  const double tol = 1e-9 * per_widening;  // the difference of two sums of many terms
+  EXPECT_NEAR(elementwise(Precision::fp16, 128) - elementwise(Precision::fp16, 256),
+              per_widening, tol);
+  EXPECT_NEAR(elementwise(Precision::fp16, 64) - elementwise(Precision::fp16, 256),
+              3 * per_widening, tol);
+  EXPECT_NEAR(elementwise(Precision::fp16, 100) - elementwise(Precision::fp16, 256),
+              2 * per_widening, tol);  // ceil(256 / 100) = 3 chunks
+  EXPECT_EQ(elementwise(Precision::fp32, 64), elementwise(Precision::fp32, 256));
+}
+
 }  // namespace
 }  // namespace memfit

@@ -55,7 +55,8 @@ DType act_codes_dtype(ActCompress c);  // i8 or u8 (not for none)
 
 struct ActivationOptions {
   // Rows of logits computed at a time (Note [Fused LM head]); 0: plan_step chooses (the
-  // route's default or twice it) and records the choice here in the plan's options.
+  // default, doubled while that costs no arena byte) and records the choice here in the plan's
+  // options.
   int lm_head_chunk = 0;
   AttentionKind attention = AttentionKind::flash;
   // Set by the model from its own precision: matmul operands and saved activations are in

@@ -344,6 +344,7 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   in.grad_accum = spec.grad_accum;
   in.options = act;
   in.options.precision = precision.precision;
+  in.options.lm_head_chunk = r.step.options.lm_head_chunk;  // plan_step's choice
   in.param_count = static_cast<size_t>(layout.total());
   // The state's bytes stream through the update wherever they live (RAM or the offload files).
   OptimConfig oc = spec.optim;

@@ -2,6 +2,7 @@
 #include "memfit/plan/step_time.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <map>
 #include <string>
@@ -27,15 +28,22 @@ namespace {
 //   attention output, ln_2, the GELU output) and 9C gradients in a backward, each a 4-byte read
 //   and a 2-byte write: 1.5 elements per value;
 // - the LM head: the logits read twice (max, then exp and the loss) and d(logits) written: 3V,
-//   plus half as much again in bf16 for d(logits)' conversion; ln_f 2C + 4C; the embedding
+//   plus half as much again where d(logits) is rounded into a half buffer for a half GEMM (on
+//   the widened route it is rounded in place, in the same pass); ln_f 2C + 4C; the embedding
 //   3C + 2C.
 // - where the matmuls widen their half operands into f32 (fp16; bf16 without oneDNN bf16,
 //   matmul_widened.h), each matmul's activations are widened and its half output rounded once
 //   more: about the conversions above again; and each call widens its weight (12C^2 per block
-//   forward, again in backward and in a recomputation; 3 V C for the LM head), 1.5 each.
+//   forward, again in backward and in a recomputation), 1.5 each; the LM head's V C weight is
+//   widened once a chunk in the forward and once in the backward, 2 V C ceil(N / chunk)
+//   values, but a block of kWidenedWeightRows rows at a time, whose f32 copy (6 MB at width
+//   768) is written and read back in the cache: only the 2-byte read, 0.5 each (measured: the
+//   capped bf16 gpt2-small-test 8 x 256 step's `convert` takes 49 ms for about 0.7 G values,
+//   618 M of them the head's, at an element-wise rate of 26.6 GB/s; 1.5 each would be 150 ms).
 // The LLaMA family's block, counted the same way (F the MLP width, QK the q and k widths):
 // RMSNorm 2C twice, residual adds 3C twice, SwiGLU 3F, rotary 2 QK forward; RMSNorm 4C twice
-// and its output recomputed 2C twice, residual gradients 2C twice, SwiGLU recomputed and differentiated 8F, rotary 2 QK backward;
+// and its output recomputed 2C twice, residual gradients 2C twice, SwiGLU recomputed and
+// differentiated 8F, rotary 2 QK backward;
 // conversions of 3C + F values forward and 5C + F backward (GPT-2's 7C and 9C with F = 4C).
 struct BlockTraffic {
   double forward, backward, half_forward, half_backward;  // elements per token
@@ -104,12 +112,13 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   const double forward = b.forward + (half ? b.half_forward : 0);
   const double backward = b.backward + (half ? b.half_backward : 0);
   double per_token = c.n_layer * (forward + backward) + recomputed * forward +
-                     (half ? 4.5 : 3.0) * V + 6 * C + 5 * C;
+                     (half_gemm ? 4.5 : 3.0) * V + 6 * C + 5 * C;
   double per_micro_batch = 0;  // elements converted once per micro-batch, not per token
   if (widened) {
     per_token += (c.n_layer + recomputed) * b.half_forward + c.n_layer * b.half_backward;
-    per_micro_batch =
-        1.5 * (double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) + 3 * V * C);
+    const double chunks = std::ceil(N / double(lm_head_rows(in.options, int64_t(N))));
+    per_micro_batch = 1.5 * double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) +
+                      0.5 * 2 * chunks * V * C;
   }
   t.elementwise = (per_token * N + per_micro_batch) * 4 / rates.elementwise_bytes_per_s;
   // --act-compress: its passes stream their bytes as the element-wise kernels do (each block of

@@ -37,7 +37,9 @@ struct StepTime {
 struct StepTimeInputs {
   ModelConfig model;  // finalized
   int B = 0, T = 0, grad_accum = 1;
-  ActivationOptions options;     // precision, attention, checkpoint policy
+  // precision, attention, checkpoint policy, and the LM head's chunk as the step plan took it
+  // (StepPlan::options; the widened route widens the head's weight once a chunk each way)
+  ActivationOptions options;
   size_t param_count = 0;        // the parameter slab's elements
   size_t optimizer_bytes = 0;    // the optimizer's state (this rank's shard's from ZeRO stage 1)
   // ZeRO: the elements this rank's update steps (its shard from stage 1 on) and whose squares
