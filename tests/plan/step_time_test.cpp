@@ -23,6 +23,17 @@ Calibration some_rates() {
   return r;
 }
 
+// gpt2-tiny's inputs at B x T tokens (1000 parameters: the optimizer term is not under test).
+StepTimeInputs tiny_inputs(int B, int T) {
+  StepTimeInputs in;
+  in.model = ModelConfig::preset("gpt2-tiny");
+  in.model.finalize();
+  in.B = B;
+  in.T = T;
+  in.param_count = 1000;
+  return in;
+}
+
 // Quantised once and restored once: n values of `value_bytes` each, one byte of code each, and
 // a 4-byte scale per 64.
 double passes(double n, double value_bytes) {
@@ -52,14 +63,8 @@ TEST(StepTime, CompressionTrafficIsCountedFromThePlan) {
 }
 
 TEST(StepTime, CompressionTermIsItsBytesAtTheElementwiseRate) {
-  ModelConfig c = ModelConfig::preset("gpt2-tiny");
-  c.finalize();
-  StepTimeInputs in;
-  in.model = c;
-  in.B = 4;
-  in.T = 32;
+  StepTimeInputs in = tiny_inputs(4, 32);
   in.grad_accum = 3;
-  in.param_count = 1000;
   const Calibration rates = some_rates();
   const StepTime plain = estimate_step_time(in, rates);
   EXPECT_EQ(plain.compression, 0.0);
@@ -71,19 +76,12 @@ TEST(StepTime, CompressionTermIsItsBytesAtTheElementwiseRate) {
 
 // Where the matmuls widen (fp16 always), the LM head's (Vp, C) weight is widened once a chunk
 // in the forward and once in the backward (matmul_widened_blocked), its 2-byte read counted (0.5
-// elements a value: the widened block stays in the cache): the
-// element-wise term moves by exactly that when the chunk halves. Elsewhere the chunk moves
-// nothing.
+// elements a value: the widened block stays in the cache): the element-wise term moves by
+// exactly that when the chunk halves. Elsewhere the chunk moves nothing.
 TEST(StepTime, TheWidenedHeadWidensItsWeightTwiceAChunk) {
-  ModelConfig c = ModelConfig::preset("gpt2-tiny");
-  c.finalize();
-  StepTimeInputs in;
-  in.model = c;
-  in.B = 4;
-  in.T = 64;  // 256 rows: 1 chunk of 256, 2 of 128, 4 of 64
-  in.param_count = 1000;
+  StepTimeInputs in = tiny_inputs(4, 64);  // 256 rows: 1 chunk of 256, 2 of 128, 4 of 64
   const Calibration rates = some_rates();
-  const double VC = double(c.padded_vocab) * c.d_model;
+  const double VC = double(in.model.padded_vocab) * in.model.d_model;
   auto elementwise = [&](Precision p, int chunk) {
     in.options.precision = p;
     in.options.lm_head_chunk = chunk;
