@@ -328,7 +328,9 @@ PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_byte
 PlanReport plan_training(const RunSpec& spec, int rank) {
   PlanReport r = plan_memory(spec, rank);
   const ScopedThreads threads(spec.threads);
-  const ActivationOptions act = spec.activation_options();
+  // The run's activation options as the step plan took them (with the LM head's chunk
+  // plan_step chose, which the widened route's estimate counts).
+  const ActivationOptions& act = r.step.options;
   const PrecisionOptions precision = spec.precision;
   const ParamLayout layout(r.model);
 
@@ -343,8 +345,6 @@ PlanReport plan_training(const RunSpec& spec, int rank) {
   in.T = r.T;
   in.grad_accum = spec.grad_accum;
   in.options = act;
-  in.options.precision = precision.precision;
-  in.options.lm_head_chunk = r.step.options.lm_head_chunk;  // plan_step's choice
   in.param_count = static_cast<size_t>(layout.total());
   // The state's bytes stream through the update wherever they live (RAM or the offload files).
   OptimConfig oc = spec.optim;

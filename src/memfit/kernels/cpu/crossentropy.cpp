@@ -99,10 +99,7 @@ void row_scale_round_pad(float* x, int64_t V, int64_t Vp, float s) {
     store<D>(d, hn::Mul(hn::LoadU(d, x + i), vs), buf);
     hn::StoreU(load<D>(d, buf), d, x + i);
   }
-  for (; i < V; ++i) {
-    half::store1<D>(buf, x[i] * s);
-    x[i] = half::load1<D>(buf);
-  }
+  for (; i < V; ++i) x[i] = half::round1<D>(x[i] * s);
   for (i = V; i < Vp; ++i) x[i] = 0;
 }
 
@@ -216,12 +213,8 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
     const float et = row[t];
     row_scale_round_pad(round_to, row, V, Vp, static_cast<float>(dloss / sum));
     const float gt = static_cast<float>((et / sum - 1.0) * dloss);
-    half::dispatch(round_to, [&](auto tag) {
-      constexpr DType D = decltype(tag)::value;
-      half::Storage<D> rounded;
-      half::store1<D>(&rounded, gt);
-      row[t] = half::load1<D>(&rounded);
-    });
+    row[t] = half::dispatch(round_to,
+                            [&](auto tag) { return half::round1<decltype(tag)::value>(gt); });
   }
 }
 

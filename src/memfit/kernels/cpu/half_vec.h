@@ -38,6 +38,14 @@ inline void store1(Storage<D>* p, float x) {
     *p = f16_from_f32(x);
 }
 
+// x rounded once to D's precision (to nearest even) and kept f32: store1 then load1.
+template <DType D>
+inline float round1(float x) {
+  Storage<D> rounded;
+  store1<D>(&rounded, x);
+  return load1<D>(&rounded);
+}
+
 // Calls fn(std::integral_constant<DType, D>) for the run-time dtype t (f32, bf16 or f16); the
 // caller has already checked that t is one of them.
 template <typename Fn>
