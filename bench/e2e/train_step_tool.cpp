@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
               ckpt = "none", act_compress = "none";
   bool kernel_times = false;
+  // One process, one micro-batch a step: memfit train keeps the gradients in the activations
+  // arena by lifetime (RunSpec::grads_share_arena); 0 gives them their own slab, for comparison.
+  bool grads_in_arena = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model = v;
@@ -61,6 +64,7 @@ int main(int argc, char** argv) {
     else if (k == "--ckpt") ckpt = v;
     else if (k == "--act-compress") act_compress = v;
     else if (k == "--kernel-times") kernel_times = v == "1";
+    else if (k == "--grads-in-arena") grads_in_arena = v == "1";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
     opts.attention = attention_kind_from_name(attention);
     opts.ckpt = CheckpointPolicy::parse(ckpt);
     opts.act_compress = act_compress_from_name(act_compress);
+    opts.grads_in_arena = grads_in_arena;
     gpt.reserve(B, T, opts);
     OptimConfig oc;
     oc.name = optim;

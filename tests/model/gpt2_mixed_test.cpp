@@ -331,6 +331,7 @@ TEST_P(Mixed, FirstNonFiniteNamesThePoisonedTensor) {
   // In fp32 the weights of record are the working weights.
   Transformer f32(c, pool);
   f32.init_weights(9);
+  f32.reserve(2, 8, options_for(AttentionKind::plain));  // the gradient slab comes with it
   f32.grad(name("wpe.weight", "model.embed_tokens.weight")).data<float>()[0] = kNaN;
   const std::string final_norm = name("ln_f.bias", "model.norm.weight");
   f32.param(final_norm).data<float>()[0] = kNaN;

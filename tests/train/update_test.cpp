@@ -61,6 +61,13 @@ Snapshot snapshot(Transformer& gpt, Optimizer& opt) {
   return ::testing::AssertionSuccess();
 }
 
+// The gradient slab comes with the step plan (plain attention: fp16 has no flash path).
+void reserve_step(Transformer& gpt) {
+  ActivationOptions o;
+  o.attention = AttentionKind::plain;
+  gpt.reserve(1, 8, o);
+}
+
 // Gradients of a plausible size (normal(0, 1e-2)) times `scale`, seeded.
 void fill_grads(Transformer& gpt, float scale, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -84,6 +91,7 @@ TEST(ApplyUpdate, AnFp16OverflowSkipsTheStepAndTouchesNothing) {
   MemoryPool pool;
   Transformer gpt(small_config(), pool, {Precision::fp16, true});
   gpt.init_weights(1);
+  reserve_step(gpt);
   std::unique_ptr<Optimizer> opt = make_optimizer(OptimConfig{}, gpt.layout(), pool);
   LossScalerConfig sc;
   sc.initial_scale = 1024.0f;
@@ -142,6 +150,7 @@ TEST(ApplyUpdate, WithoutAScalerANonFiniteGradientChangesNothing) {
     MemoryPool pool;
     Transformer gpt(small_config(), pool, mode);
     gpt.init_weights(2);
+    reserve_step(gpt);
     std::unique_ptr<Optimizer> opt = make_optimizer(OptimConfig{}, gpt.layout(), pool);
     fill_grads(gpt, 1.0f, 3);
     ASSERT_FALSE(apply_update(gpt, *opt, nullptr, 1e-3f, 1.0f, 1).non_finite);
@@ -177,6 +186,7 @@ TEST(ApplyUpdate, GradNormIsTheUnscaledMeanGradientsNormAndClippingUsesIt) {
     Transformer gpt(small_config(), pool,
              {with_scaler ? Precision::fp16 : Precision::fp32, true});
     gpt.init_weights(6);
+    reserve_step(gpt);
     OptimConfig oc;
     oc.name = "sgd";
     oc.weight_decay = 0.0f;

@@ -30,8 +30,17 @@ namespace {
 
 // Weights, master weights, gradients and optimizer state: what ZeRO shards (the paper's "model
 // states").
-size_t model_state_bytes(const PlanReport& r) {
+// The gradient units a plan puts in the activations arena (Note [Gradients by lifetime]).
+size_t grads_slab_bytes(const PlanReport& r) {
   size_t b = 0;
+  for (const BufferSpec& s : r.step.buffers)
+    if (s.category == Category::grads) b += s.bytes();
+  return b;
+}
+
+// The gradients count here wherever they live (in the activations arena too).
+size_t model_state_bytes(const PlanReport& r) {
+  size_t b = grads_slab_bytes(r);
   for (Category c : {Category::params, Category::master, Category::grads, Category::optimizer})
     b += r.by_category[static_cast<size_t>(c)];
   return b;
@@ -77,12 +86,16 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["peak_phase"] = r.peak_phase;
   j["lm_head_chunk"] = r.step.options.lm_head_chunk;  // as planned (Note [Fused LM head])
   j["peak_live_bytes"] = r.peak_live_bytes;
-  // The step's memory timeline: bytes of activations and workspace live in each phase.
+  // The gradient slab's bytes where the activations arena holds them (0: its own slab).
+  j["grads_in_arena_bytes"] = grads_slab_bytes(r);
+  // The step's memory timeline: bytes of activations and workspace live in each phase, and of
+  // the gradient units in the arena.
   j["timeline"] = nlohmann::json::array();
   for (size_t p = 0; p < r.step.phases.size(); ++p)
     j["timeline"].push_back({{"phase", r.step.phases[p].name()},
                              {"activations", r.step.live[p].activations},
-                             {"workspace", r.step.live[p].workspace}});
+                             {"workspace", r.step.live[p].workspace},
+                             {"grads", r.step.live[p].grads}});
   j["flops"] = r.flops;
   j["recompute_flops"] = r.recompute_flops;
   j["est_step_seconds"] = r.est_step_seconds;
@@ -166,6 +179,11 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              r.peak_bytes);
   fmt::print("model state (params, master, grads, optimizer): {:.1f} MiB ({:.3g} GB)\n",
              model_state_bytes(r) / 1048576.0, model_state_bytes(r) / 1e9);
+  if (r.step.options.grads_in_arena)
+    fmt::print("gradients: the f32 slab ({:.1f} MiB) lies in the activations arena, each unit "
+               "in bytes whose activations died before its backward (one micro-batch a step, "
+               "one process: docs/notes/planner.md, Note [Gradients by lifetime])\n",
+               grads_slab_bytes(r) / 1048576.0);
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
     const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
@@ -214,9 +232,12 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
   fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];
   auto mib = [](size_t b) { return b / 1048576.0; };
-  fmt::print("peak: {} ({:.1f} MiB of activations and {:.1f} MiB of workspace live then, in "
+  fmt::print("peak: {} ({:.1f} MiB of activations{} and {:.1f} MiB of workspace live then, in "
              "arenas of {:.1f} and {:.1f} MiB)\n",
-             r.peak_phase, mib(live.activations), mib(live.workspace),
+             r.peak_phase, mib(live.activations),
+             r.step.options.grads_in_arena ? fmt::format(", {:.1f} of gradients", mib(live.grads))
+                                           : std::string(),
+             mib(live.workspace),
              mib(r.by_category[static_cast<size_t>(Category::activations)]),
              mib(r.by_category[static_cast<size_t>(Category::workspace)]));
   fmt::print("step: {:.3g} TFLOP ({:.3g} of them recomputation), about {:.2f} s on this "

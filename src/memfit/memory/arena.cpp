@@ -29,16 +29,21 @@ bool Lifetime::overlaps(const Lifetime& other) const {
 }
 
 ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
-                           const std::vector<Lifetime>& lifetimes) {
+                           const std::vector<Lifetime>& lifetimes,
+                           const std::vector<std::optional<size_t>>& pinned) {
   MEMFIT_CHECK(bytes.size() == lifetimes.size(), "arena", "{} sizes for {} lifetimes",
                bytes.size(), lifetimes.size());
   const size_t n = bytes.size();
+  MEMFIT_CHECK(pinned.empty() || pinned.size() == n, "arena", "{} pinned offsets for {} buffers",
+               pinned.size(), n);
+  auto is_pinned = [&](size_t i) { return !pinned.empty() && pinned[i].has_value(); };
   for (size_t i = 0; i < n; ++i)
     MEMFIT_CHECK(!lifetimes[i].spans.empty(), "arena", "buffer {} of {} is never live", i, n);
   auto first_phase = [&](size_t i) { return lifetimes[i].spans.front().first; };
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (is_pinned(a) != is_pinned(b)) return is_pinned(a);
     if (bytes[a] != bytes[b]) return bytes[a] > bytes[b];
     return first_phase(a) < first_phase(b);
   });
@@ -53,9 +58,17 @@ ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
         taken.emplace_back(layout.offsets[j], layout.offsets[j] + bytes[j]);
     std::sort(taken.begin(), taken.end());
     size_t offset = 0;
-    for (auto [begin, end] : taken) {
-      if (begin >= offset + bytes[i]) break;  // the gap before this one fits
-      offset = std::max(offset, end);
+    if (is_pinned(i)) {
+      offset = *pinned[i];
+      for (auto [begin, end] : taken)
+        MEMFIT_CHECK(end <= offset || offset + bytes[i] <= begin, "arena",
+                     "pinned buffer {} at [{}, {}) overlaps a live pinned buffer at [{}, {})", i,
+                     offset, offset + bytes[i], begin, end);
+    } else {
+      for (auto [begin, end] : taken) {
+        if (begin >= offset + bytes[i]) break;  // the gap before this one fits
+        offset = std::max(offset, end);
+      }
     }
     layout.offsets[i] = offset;
     layout.bytes = std::max(layout.bytes, offset + bytes[i]);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 namespace memfit {
@@ -35,7 +36,12 @@ struct ArenaLayout {
 // placed buffer whose lifetime intersects its own. Sizes must be multiples of the alignment the
 // offsets need (the pool's, kPoolAlignment), and every lifetime needs a span (a buffer that is
 // never live has no place in a step). Deterministic: the same input gives the same layout.
+// `pinned` (empty, or one entry per buffer): a buffer with a value keeps that offset and is
+// placed before the others, which then fit around it (the gradient slab's units, whose
+// offsets are the parameter layout's: Note [Gradients by lifetime]). Pinned buffers whose
+// lifetimes intersect must not share a byte.
 ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
-                           const std::vector<Lifetime>& lifetimes);
+                           const std::vector<Lifetime>& lifetimes,
+                           const std::vector<std::optional<size_t>>& pinned = {});
 
 }  // namespace memfit

@@ -29,6 +29,9 @@ struct BufferSpec {
   // its category's arena.
   Lifetime lifetime;
   size_t offset = 0;
+  // The offset was given, not assigned: a gradient unit's, at its place in the parameter
+  // layout's slab (Note [Gradients by lifetime]).
+  bool pinned = false;
   size_t bytes() const;  // its room in the arena: rounded up to the pool's alignment
 };
 
@@ -64,6 +67,12 @@ struct ActivationOptions {
   Precision precision = Precision::fp32;
   CheckpointPolicy ckpt;  // which blocks are recomputed in backward (checkpoint_policy.h)
   ActCompress act_compress = ActCompress::none;  // how kept blocks store their activations
+  // The f32 gradient slab lives in the activations arena (Note [Gradients by lifetime] in
+  // docs/notes/planner.md): each unit's gradients (the embeddings, each block, the tail) from
+  // the phase that first writes them to the step's end, sharing bytes with the activations
+  // that died before; zeroed as they are born, not by zero_grad. For a step whose gradients
+  // the update reads right after its one micro-batch (RunSpec::grads_share_arena).
+  bool grads_in_arena = false;
 };
 
 // The LM head's default chunk: 128 rows of f32 logits at a time in every route (Note [Fused LM

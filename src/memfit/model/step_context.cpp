@@ -11,7 +11,10 @@ StepContext::StepContext(StepPlan plan, std::vector<Tensor> views)
     : plan_(std::make_unique<StepPlan>(std::move(plan))), views_(std::move(views)) {
   MEMFIT_CHECK(plan_ != nullptr && views_.size() == plan_->buffers.size(), "step",
                "a running step needs one view per planned buffer");
-  for (size_t i = 0; i < plan_->buffers.size(); ++i) index_.emplace(plan_->buffers[i].tag, i);
+  for (size_t i = 0; i < plan_->buffers.size(); ++i) {
+    index_.emplace(plan_->buffers[i].tag, i);
+    if (plan_->buffers[i].category == Category::grads) grad_units_.push_back(i);
+  }
 }
 
 StepContext::StepContext(StepContext&&) noexcept = default;
@@ -41,11 +44,25 @@ void StepContext::enter(PhaseKind kind, int layer) {
   phase_ = next;
   if (enter_hook_) enter_hook_(next);
   if (observer_) observer_->step_phase(next);
+  // Note [Gradients by lifetime]: a gradient unit in the arena is born here, from zero (the
+  // step's code adds into it); its bytes held activations until now.
+  for (size_t i : grad_units_)
+    if (plan_->buffers[i].lifetime.spans.front().first == next) {
+      views_[i].zero();
+      if (observer_) observer_->step_use(i, Access::write);
+    }
 }
 
 void StepContext::finish() {
-  if (running() && poison_) poison_edges(phase_, -1);
-  if (running() && observer_) observer_->step_finish();
+  if (!running()) return;
+  // The gradient units born in this micro-batch are read after it, by the update: their spans
+  // reach its last phase (and they are not poisoned there).
+  if (observer_)
+    for (size_t i : grad_units_)
+      if (plan_->buffers[i].lifetime.spans.front().first <= phase_)
+        observer_->step_use(i, Access::read);
+  if (poison_) poison_edges(phase_, -1);
+  if (observer_) observer_->step_finish();
 }
 
 // Note [Step arena]: the bytes of a buffer between its spans may hold another buffer, and its
@@ -54,8 +71,11 @@ void StepContext::finish() {
 void StepContext::poison_edges(int ended, int begins) {
   for (size_t i = 0; i < views_.size(); ++i) {
     bool hit = begins == 0;  // a new micro-batch: nothing from before is live
+    // Gradient units live on after the last phase, for the update (Note [Gradients by
+    // lifetime]): the next micro-batch's start is their end.
+    const bool outlives = plan_->buffers[i].category == Category::grads;
     for (const LiveSpan& s : plan_->buffers[i].lifetime.spans)
-      hit = hit || s.last == ended || s.first == begins;
+      hit = hit || (s.last == ended && !outlives) || s.first == begins;
     if (!hit) continue;
     Tensor& t = views_[i];
     std::memset(t.raw_data(), t.dtype() == DType::i32 ? 0 : 0xff, t.nbytes());

@@ -47,7 +47,8 @@ class StepContext {
   void set_enter_hook(std::function<void(int phase)> hook) { enter_hook_ = std::move(hook); }
 
   // Marks the start of the next phase. Running, it throws if that is not the next phase of the
-  // plan (or the first: a new micro-batch), and poisons dead buffers when asked to.
+  // plan (or the first: a new micro-batch), poisons dead buffers when asked to, and zeroes the
+  // gradient units the phase is the first to write (Note [Gradients by lifetime]).
   void enter(PhaseKind kind, int layer = -1);
   // After the last phase of a micro-batch: poisons what the last phase leaves.
   void finish();
@@ -88,6 +89,8 @@ class StepContext {
   bool poison_ = false;
   StepObserver* observer_ = nullptr;
   std::function<void(int)> enter_hook_;
+  // Running: the plan's gradient units (Note [Gradients by lifetime]), zeroed as each is born.
+  std::vector<size_t> grad_units_;
   // Both: tag -> position in buffers_ (planning) or views_ (running).
   std::unordered_map<std::string, size_t> index_;
 };

@@ -6,6 +6,7 @@
 #include "memfit/memory/arena.h"
 #include "memfit/model/step_context.h"
 #include "memfit/model/transformer_step.h"
+#include "memfit/state/shard.h"
 
 namespace memfit {
 
@@ -37,6 +38,39 @@ void derive_lifetimes(StepPlan& plan, const std::vector<PhaseUses>& schedule) {
     MEMFIT_CHECK(!b.lifetime.spans.empty(), "step plan", "no phase uses '{}'", b.tag);
 }
 
+// Note [Gradients by lifetime]: each unit of the f32 gradient slab (state/shard.h: the
+// embeddings, each block, the tail) as a buffer of the activations arena, pinned at its place
+// in the slab so that the slab stays one tensor (the update, clipping and the checks read it
+// as ever). A unit is born in the first phase that writes it: block l's backward for block l;
+// the LM head for the tied token embedding (the head is the table) or for an untied head (in
+// the tail); else the embedding backward for the embeddings, the final norm's backward for the
+// tail. It lives to the step's end, where the update reads it: the activations placed around
+// it are those that died before it was born.
+void add_grad_units(StepPlan& plan, const ModelConfig& config) {
+  const std::vector<ElementRange> units = unit_ranges(ParamLayout(config));
+  const int last = static_cast<int>(plan.phases.size()) - 1;
+  auto born = [&](const Phase& phase) {
+    for (int p = 0; p <= last; ++p)
+      if (plan.phases[static_cast<size_t>(p)] == phase) return p;
+    MEMFIT_THROW(Error, "step plan", "no phase '{}' writes gradients", phase.name());
+  };
+  const bool tied = config.tie_embeddings;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int layer = static_cast<int>(u) - 1;
+    const bool block = u > 0 && u + 1 < units.size();
+    const Phase first = block    ? Phase{PhaseKind::backward, layer}
+                        : u == 0 ? Phase{tied ? PhaseKind::lm_head : PhaseKind::embedding_backward}
+                                 : Phase{tied ? PhaseKind::final_norm_backward : PhaseKind::lm_head};
+    BufferSpec b{block ? "grads.block." + std::to_string(layer)
+                       : (u == 0 ? "grads.embeddings" : "grads.tail"),
+                 {units[u].size()}, DType::f32, Category::grads, {}, 0};
+    b.lifetime.spans = {{born(first), last}};
+    b.offset = static_cast<size_t>(units[u].begin) * sizeof(float);
+    b.pinned = true;
+    plan.buffers.push_back(std::move(b));
+  }
+}
+
 StepPlan plan_as_given(const ModelConfig& config, int B, int T, const ActivationOptions& options) {
   StepPlan plan;
   plan.B = B;
@@ -50,6 +84,7 @@ StepPlan plan_as_given(const ModelConfig& config, int B, int T, const Activation
   step.backward(ctx, none, none);
   plan.buffers = ctx.buffers();
   derive_lifetimes(plan, ctx.schedule());
+  if (options.grads_in_arena) add_grad_units(plan, config);
   layout_arenas(plan);
   return plan;
 }
@@ -85,29 +120,40 @@ void layout_arenas(StepPlan& plan) {
   for (Category c : {Category::activations, Category::workspace}) {
     std::vector<size_t> which, bytes;
     std::vector<Lifetime> lifetimes;
+    std::vector<std::optional<size_t>> pinned;
     for (size_t i = 0; i < plan.buffers.size(); ++i) {
-      if (plan.buffers[i].category != c) continue;
+      const BufferSpec& b = plan.buffers[i];
+      if (arena_category(b.category) != c) continue;
       which.push_back(i);
-      bytes.push_back(plan.buffers[i].bytes());
-      lifetimes.push_back(plan.buffers[i].lifetime);
+      bytes.push_back(b.bytes());
+      lifetimes.push_back(b.lifetime);
+      pinned.push_back(b.pinned ? std::optional<size_t>(b.offset) : std::nullopt);
     }
-    const ArenaLayout layout = assign_offsets(bytes, lifetimes);
+    const ArenaLayout layout = assign_offsets(bytes, lifetimes, pinned);
     for (size_t k = 0; k < which.size(); ++k) plan.buffers[which[k]].offset = layout.offsets[k];
     plan.arena[static_cast<size_t>(c)] = layout.bytes;
   }
   plan.live.assign(plan.phases.size(), {});
   for (const BufferSpec& b : plan.buffers) {
-    MEMFIT_CHECK(b.category == Category::activations || b.category == Category::workspace,
-                 "step plan", "'{}' is neither activations nor workspace", b.tag);
+    MEMFIT_CHECK(b.category == Category::activations || b.category == Category::workspace ||
+                     b.category == Category::grads,
+                 "step plan", "'{}' is neither activations, workspace nor gradients", b.tag);
     for (const LiveSpan& s : b.lifetime.spans)
-      for (int p = s.first; p <= s.last; ++p)
-        (b.category == Category::activations ? plan.live[p].activations
-                                             : plan.live[p].workspace) += b.bytes();
+      for (int p = s.first; p <= s.last; ++p) {
+        PhaseBytes& live = plan.live[static_cast<size_t>(p)];
+        (b.category == Category::activations ? live.activations
+         : b.category == Category::workspace ? live.workspace
+                                             : live.grads) += b.bytes();
+      }
   }
 }
 
 std::string arena_tag(Category category) {
   return std::string(category_name(category)) + " arena";
+}
+
+Category arena_category(Category category) {
+  return category == Category::grads ? Category::activations : category;
 }
 
 int StepPlan::peak_phase() const {
@@ -121,7 +167,8 @@ bool StepPlan::shares_bytes(size_t i) const {
   const BufferSpec& a = buffers[i];
   for (size_t j = 0; j < buffers.size(); ++j) {
     const BufferSpec& b = buffers[j];
-    if (j != i && b.category == a.category && b.offset < a.offset + a.bytes() &&
+    if (j != i && arena_category(b.category) == arena_category(a.category) &&
+        b.offset < a.offset + a.bytes() &&
         a.offset < b.offset + b.bytes())
       return true;
   }

@@ -15,10 +15,11 @@
 
 namespace memfit {
 
-// Bytes of the buffers live in one phase.
+// Bytes of the buffers live in one phase (grads: the gradient units of a plan that keeps them
+// in the activations arena, Note [Gradients by lifetime]; else 0).
 struct PhaseBytes {
-  size_t activations = 0, workspace = 0;
-  size_t total() const { return activations + workspace; }
+  size_t activations = 0, workspace = 0, grads = 0;
+  size_t total() const { return activations + workspace + grads; }
 };
 
 struct StepPlan {
@@ -27,7 +28,9 @@ struct StepPlan {
   int lm_head_chunk_asked = 0;   // options.lm_head_chunk as asked (0: plan_step's choice)
   std::vector<Phase> phases;        // the schedule, in order
   std::vector<BufferSpec> buffers;  // in the order of their first write, with lifetime and offset
-  CategoryBytes arena{};            // each category's slab (activations, workspace; else 0)
+  // Each arena's bytes by its category (activations, workspace; else 0). With
+  // options.grads_in_arena the activations arena holds the gradient units too.
+  CategoryBytes arena{};
   std::vector<PhaseBytes> live;     // one per phase
 
   // The phase where live activations and workspace together peak (the first, if tied).
@@ -46,6 +49,8 @@ StepPlan plan_step(const ModelConfig& config, int B, int T, const ActivationOpti
 // The tag of a category's arena, the one pool allocation that holds its buffers: "activations
 // arena", "workspace arena" (the profiler finds the arenas among the pool's events by it).
 std::string arena_tag(Category category);
+// The arena a buffer of `category` lives in: its own; the gradient units' is the activations'.
+Category arena_category(Category category);
 
 // Assigns each category's offsets from the buffers' lifetimes and recounts `arena` and `live`.
 // plan_step calls it; call it again after changing a lifetime (as tests do).

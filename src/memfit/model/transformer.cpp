@@ -53,9 +53,12 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   // gradients]; UnitGrads then allocates the shard's accumulator).
   // With a store (--offload-grads) no slab either. (bf16 gradients, --grad-dtype bf16:
   // UnitGrads allocates the whole bf16 accumulator too.)
+  // Otherwise reserve() allocates the slab, or places it in the activations arena (Note
+  // [Gradients by lifetime]), as the step plan says; only the per-unit reduction of stages 0-1
+  // (whole, f32) takes it here, for its accumulator.
   const bool sharded_grads =
       grad_sharding && (!grad_sharding->whole || grad_sharding->dtype != DType::f32);
-  if (!sharded_grads && !grad_store_)
+  if (grad_sharding && !sharded_grads)
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_)
     gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding,
@@ -83,11 +86,12 @@ Tensor Transformer::grad_sums(ElementRange r) {
 }
 
 void Transformer::zero_grad() {
+  if (grads_in_arena_) return;  // each unit is zeroed as it is born (StepContext::enter)
   if (unit_grads_)
     unit_grads_->zero();
   else if (grad_store_)
     grad_store_->zero();
-  else
+  else if (grads_.defined())  // (before reserve() there is no slab yet)
     grads_.zero();
 }
 
@@ -100,7 +104,9 @@ Tensor Transformer::param(const std::string& name) const {
 
 Tensor Transformer::grad(const std::string& name) const {
   MEMFIT_CHECK(grads_.defined(), "model",
-               "grad('{}'): the gradients are a ZeRO shard's sums (grad_sums())", name);
+               "grad('{}'): no gradient slab (before reserve(), or a ZeRO shard's sums: "
+               "grad_sums())",
+               name);
   return layout_.view(grads_, name);
 }
 
@@ -205,7 +211,7 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
     const ActivationOptions& now = ctx_.plan().options;
     if (options.lm_head_chunk == ctx_.plan().lm_head_chunk_asked &&
         options.attention == now.attention && options.ckpt == now.ckpt &&
-        options.act_compress == now.act_compress)
+        options.act_compress == now.act_compress && options.grads_in_arena == now.grads_in_arena)
       return;
   }
   reserve(plan_step(config_, B, T, options));
@@ -217,10 +223,19 @@ void Transformer::reserve(StepPlan plan) {
                "model", "a step plan for {} x {} tokens in {} does not fit this {} model", plan.B,
                plan.T, precision_name(plan.options.precision),
                precision_name(precision_.precision));
-  // The old arenas go first, so reserving again never holds two plans at once.
+  const bool in_arena = plan.options.grads_in_arena;
+  const bool own_slab = !unit_grads_ && !grad_store_;  // else the gradients live per unit
+  MEMFIT_CHECK(!in_arena || own_slab, "model",
+               "gradients in the activations arena need the whole f32 slab (one process, no "
+               "--offload-grads, no per-unit reduction)");
+  // The old arenas go first, so reserving again never holds two plans at once; so does a slab
+  // the arena will hold (Note [Gradients by lifetime]).
   ctx_ = StepContext();
   step_.reset();
   B_ = T_ = 0;
+  if (own_slab && (in_arena || grads_in_arena_)) grads_ = Tensor{};
+  if (own_slab && !in_arena && !grads_.defined())
+    grads_ = Tensor::empty(pool_, {layout_.total()}, DType::f32, Category::grads, "grads");
   std::array<Tensor, kNumCategories> arenas;
   for (Category c : {Category::activations, Category::workspace}) {
     const size_t bytes = plan.arena[static_cast<size_t>(c)];
@@ -228,10 +243,15 @@ void Transformer::reserve(StepPlan plan) {
     arenas[static_cast<size_t>(c)] =
         Tensor::empty(pool_, {static_cast<int64_t>(bytes)}, DType::i8, c, arena_tag(c));
   }
+  if (in_arena)  // the slab's units lie at their layout offsets from the arena's start
+    grads_ = arenas[static_cast<size_t>(Category::activations)].view_bytes(0, {layout_.total()},
+                                                                           DType::f32);
+  if (own_slab) grad_views_ = layout_.views(grads_);
+  grads_in_arena_ = in_arena;
   std::vector<Tensor> views;
   for (const BufferSpec& b : plan.buffers)
-    views.push_back(
-        arenas[static_cast<size_t>(b.category)].view_bytes(b.offset, b.shape, b.dtype));
+    views.push_back(arenas[static_cast<size_t>(arena_category(b.category))].view_bytes(
+        b.offset, b.shape, b.dtype));
   B_ = plan.B;
   T_ = plan.T;
   step_ = std::make_unique<TransformerStep>(config_, plan.options, plan.B, plan.T);
@@ -332,7 +352,7 @@ std::string Transformer::first_non_finite() {
     // not floats (their scales are, and a non-finite block has a NaN scale).
     if (t.dtype() == DType::i32 || t.dtype() == DType::i8 || t.dtype() == DType::u8 ||
         tag.starts_with("ws.") || tag.starts_with("rc.") ||
-        ctx_.plan().shares_bytes(i))
+        ctx_.plan().buffers[i].category == Category::grads || ctx_.plan().shares_bytes(i))
       continue;
     if (!all_finite(t)) return fmt::format("{} (activation)", tag);
   }

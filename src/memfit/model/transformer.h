@@ -204,6 +204,8 @@ class Transformer {
   ParamLayout layout_;
   PrecisionOptions precision_;
   Tensor params_, master_, grads_;
+  // grads_ is a view of the activations arena (Note [Gradients by lifetime]), not its own slab.
+  bool grads_in_arena_ = false;
   ElementRange master_range_;
   ModelWeights weights_, grad_views_;  // typed views of params_ and grads_
   int B_ = 0, T_ = 0;

@@ -208,6 +208,9 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   }
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
+  // The slab lies in the activations arena (Note [Gradients by lifetime]): the pool counts the
+  // arena's bytes, the activations', once.
+  if (r.step.options.grads_in_arena) at(Category::grads) = 0;
   const int stage = spec.world > 1 ? spec.zero : 0;
   const DType half = half_dtype(precision.precision);
   r.comm_per_step = dist::step_comm_volume(

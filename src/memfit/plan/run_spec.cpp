@@ -10,6 +10,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.ckpt = ckpt;
   o.act_compress = act_compress;
   o.precision = precision.precision;
+  o.grads_in_arena = grads_share_arena();
   return o;
 }
 

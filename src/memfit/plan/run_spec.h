@@ -94,6 +94,14 @@ struct RunSpec {
   // gradients on disk where it offloads the optimizer (Note [NVMe offload], "Choosing offload").
   bool offload_grads_open = false;
 
+  // Whether the f32 gradient slab lives in the activations arena by lifetime (Note [Gradients
+  // by lifetime]): where the update reads the gradients right after the step's one micro-batch
+  // in one process, and nothing else holds them (no accumulation, whose next forward needs the
+  // activations' bytes while they are kept; no bf16 or offloaded gradients, no offloaded update).
+  bool grads_share_arena() const {
+    return world == 1 && grad_accum == 1 && grad_dtype == DType::f32 && !offload.optimizer &&
+           !offload.grads;
+  }
   // What the model's step is planned and built with.
   ActivationOptions activation_options() const;
   // The rules between the typed fields (the model's precision and attention rules, the
