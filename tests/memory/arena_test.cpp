@@ -1,6 +1,7 @@
 // The offset assigner: buffers share bytes exactly where their lifetimes allow, holes are
-// reused, the result is deterministic, and on random inputs no two buffers whose lifetimes
-// intersect ever overlap in bytes.
+// reused, the tighter of its two greedy orders is kept, pinned buffers keep their offsets, the
+// result is deterministic, and on random inputs no two buffers whose lifetimes intersect ever
+// overlap in bytes.
 #include "memfit/memory/arena.h"
 
 #include <gtest/gtest.h>
@@ -81,6 +82,30 @@ TEST(Arena, NeverOverlapsBuffersThatAreLiveTogether) {
         }
     }
   }
+}
+
+TEST(Arena, TheLatestEndingFirstWhereThatPacksTighter) {
+  // By size: d (192) at 0, b at 0 (d is dead by phase 3), a (meets d) at 192, c (meets a and b)
+  // at 320: 448 bytes. By the latest end: b at 0, c above it at 192, a below c at 0, d between
+  // at 128: 320, the most bytes live in a phase (phases 1 and 3).
+  const ArenaLayout l =
+      assign_offsets({128, 192, 128, 192}, {span(1, 2), span(3, 3), span(2, 3), span(0, 1)});
+  EXPECT_EQ(l.offsets, (std::vector<size_t>{0, 0, 192, 128}));
+  EXPECT_EQ(l.bytes, 320u);
+}
+
+TEST(Arena, PinnedBuffersKeepTheirOffsetsAndTheOthersFitAround) {
+  // a pinned at 128 throughout; b (128, phases 0-1) fits below it; c (64, phases 2-3) shares
+  // b's bytes; d (phases 1-2) meets all three and goes above a.
+  const ArenaLayout l = assign_offsets({64, 128, 64, 64},
+                                       {span(0, 3), span(0, 1), span(2, 3), span(1, 2)},
+                                       {size_t{128}, std::nullopt, std::nullopt, std::nullopt});
+  EXPECT_EQ(l.offsets, (std::vector<size_t>{128, 0, 0, 192}));
+  EXPECT_EQ(l.bytes, 256u);
+  // Pinned buffers share bytes only where their lifetimes are disjoint.
+  EXPECT_NO_THROW(assign_offsets({64, 64}, {span(0, 1), span(2, 3)}, {size_t{0}, size_t{0}}));
+  EXPECT_THROW(assign_offsets({64, 64}, {span(0, 2), span(2, 3)}, {size_t{0}, size_t{0}}), Error);
+  EXPECT_THROW(assign_offsets({64}, {span(0, 0)}, {size_t{0}, size_t{64}}), Error);
 }
 
 TEST(Arena, ABufferThatIsNeverLiveIsAnError) {

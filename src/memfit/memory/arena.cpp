@@ -28,27 +28,15 @@ bool Lifetime::overlaps(const Lifetime& other) const {
   return false;
 }
 
-ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
-                           const std::vector<Lifetime>& lifetimes,
-                           const std::vector<std::optional<size_t>>& pinned) {
-  MEMFIT_CHECK(bytes.size() == lifetimes.size(), "arena", "{} sizes for {} lifetimes",
-               bytes.size(), lifetimes.size());
-  const size_t n = bytes.size();
-  MEMFIT_CHECK(pinned.empty() || pinned.size() == n, "arena", "{} pinned offsets for {} buffers",
-               pinned.size(), n);
-  auto is_pinned = [&](size_t i) { return !pinned.empty() && pinned[i].has_value(); };
-  for (size_t i = 0; i < n; ++i)
-    MEMFIT_CHECK(!lifetimes[i].spans.empty(), "arena", "buffer {} of {} is never live", i, n);
-  auto first_phase = [&](size_t i) { return lifetimes[i].spans.front().first; };
-  std::vector<size_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (is_pinned(a) != is_pinned(b)) return is_pinned(a);
-    if (bytes[a] != bytes[b]) return bytes[a] > bytes[b];
-    return first_phase(a) < first_phase(b);
-  });
+namespace {
+
+// One greedy pass: the buffers in `order`, each at the lowest offset where it overlaps no placed
+// buffer whose lifetime intersects its own (a pinned one at its own offset).
+ArenaLayout place(const std::vector<size_t>& order, const std::vector<size_t>& bytes,
+                  const std::vector<Lifetime>& lifetimes,
+                  const std::vector<std::optional<size_t>>& pinned) {
   ArenaLayout layout;
-  layout.offsets.assign(n, 0);
+  layout.offsets.assign(bytes.size(), 0);
   std::vector<size_t> placed;
   std::vector<std::pair<size_t, size_t>> taken;  // [begin, end) of conflicting placed buffers
   for (size_t i : order) {
@@ -58,7 +46,7 @@ ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
         taken.emplace_back(layout.offsets[j], layout.offsets[j] + bytes[j]);
     std::sort(taken.begin(), taken.end());
     size_t offset = 0;
-    if (is_pinned(i)) {
+    if (!pinned.empty() && pinned[i]) {
       offset = *pinned[i];
       for (auto [begin, end] : taken)
         MEMFIT_CHECK(end <= offset || offset + bytes[i] <= begin, "arena",
@@ -75,6 +63,46 @@ ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
     placed.push_back(i);
   }
   return layout;
+}
+
+}  // namespace
+
+ArenaLayout assign_offsets(const std::vector<size_t>& bytes,
+                           const std::vector<Lifetime>& lifetimes,
+                           const std::vector<std::optional<size_t>>& pinned) {
+  MEMFIT_CHECK(bytes.size() == lifetimes.size(), "arena", "{} sizes for {} lifetimes",
+               bytes.size(), lifetimes.size());
+  const size_t n = bytes.size();
+  MEMFIT_CHECK(pinned.empty() || pinned.size() == n, "arena", "{} pinned offsets for {} buffers",
+               pinned.size(), n);
+  for (size_t i = 0; i < n; ++i)
+    MEMFIT_CHECK(!lifetimes[i].spans.empty(), "arena", "buffer {} of {} is never live", i, n);
+  auto is_pinned = [&](size_t i) { return !pinned.empty() && pinned[i].has_value(); };
+  auto first_phase = [&](size_t i) { return lifetimes[i].spans.front().first; };
+  auto last_phase = [&](size_t i) { return lifetimes[i].spans.back().last; };
+  // Pinned buffers first, then by size (ties: the earlier first phase, then the input order).
+  auto by_size = [&](size_t a, size_t b) {
+    if (is_pinned(a) != is_pinned(b)) return is_pinned(a);
+    if (bytes[a] != bytes[b]) return bytes[a] > bytes[b];
+    return first_phase(a) < first_phase(b);
+  };
+  // Or the latest-ending first (then by size): the buffers that outlive the others sit low and
+  // the short-lived fill around them. With the gradient units pinned (Note [Gradients by
+  // lifetime]) this packs gpt2 4 x 256's fp32 activations arena at its live peak, 535.9 MiB,
+  // where by size leaves 72 MiB of holes.
+  auto by_end = [&](size_t a, size_t b) {
+    if (is_pinned(a) != is_pinned(b)) return is_pinned(a);
+    if (last_phase(a) != last_phase(b)) return last_phase(a) > last_phase(b);
+    return by_size(a, b);
+  };
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), by_size);
+  ArenaLayout best = place(order, bytes, lifetimes, pinned);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), by_end);
+  ArenaLayout other = place(order, bytes, lifetimes, pinned);
+  return other.bytes < best.bytes ? other : best;
 }
 
 }  // namespace memfit
