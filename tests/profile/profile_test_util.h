@@ -19,8 +19,9 @@ struct RecordedRun {
   std::unique_ptr<profile::StepRecorder> recorder;
   int64_t begin = 0, end = 0;  // the window: the training micro-batch and the evaluation
 
+  // grads_in_arena: the gradient slab in the activations arena (Note [Gradients by lifetime]).
   explicit RecordedRun(Family family = Family::gpt2, const char* ckpt = "none",
-                       int B = 2, int T = 13) {
+                       int B = 2, int T = 13, bool grads_in_arena = false) {
     const auto origin = std::chrono::steady_clock::now();
     pool.set_recording(true);
     recorder = std::make_unique<profile::StepRecorder>(origin);
@@ -30,6 +31,7 @@ struct RecordedRun {
     ActivationOptions o;
     o.ckpt = CheckpointPolicy::parse(ckpt);
     o.lm_head_chunk = 5;
+    o.grads_in_arena = grads_in_arena;
     model->reserve(B, T, o);
     recorder->set_plan(model->step_plan());
     model->set_step_observer(recorder.get());

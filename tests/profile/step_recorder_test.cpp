@@ -24,8 +24,9 @@ std::vector<std::vector<LiveSpan>> observed(const profile::StepRecorder& rec, in
   return out;
 }
 
-void expect_training_spans_are_the_plans(Family family, const char* ckpt) {
-  RecordedRun run(family, ckpt);
+void expect_training_spans_are_the_plans(Family family, const char* ckpt,
+                                         bool grads_in_arena = false) {
+  RecordedRun run(family, ckpt, 2, 13, grads_in_arena);
   const profile::StepRecorder& rec = *run.recorder;
   ASSERT_EQ(rec.micro_batches().size(), 2u);
   EXPECT_TRUE(rec.micro_batches()[0].training);
@@ -43,11 +44,14 @@ void expect_training_spans_are_the_plans(Family family, const char* ckpt) {
 TEST(StepRecorder, TrainingSpansAreThePlansLifetimesGpt2) {
   expect_training_spans_are_the_plans(Family::gpt2, "none");
   expect_training_spans_are_the_plans(Family::gpt2, "full");
+  // The gradient units in the arena: born where the plan says, read by the update at the end.
+  expect_training_spans_are_the_plans(Family::gpt2, "none", /*grads_in_arena=*/true);
 }
 
 TEST(StepRecorder, TrainingSpansAreThePlansLifetimesLlama) {
   expect_training_spans_are_the_plans(Family::llama, "none");
   expect_training_spans_are_the_plans(Family::llama, "every:2");
+  expect_training_spans_are_the_plans(Family::llama, "every:2", /*grads_in_arena=*/true);
 }
 
 TEST(StepRecorder, EvaluationRunsTheForwardPhasesAndEndsBuffersAtTheirLastRead) {

@@ -61,11 +61,14 @@ Timeline build_timeline(const StepRecorder& rec, const std::vector<MemoryEvent>&
     deltas.push_back({rec.from_steady_ns(e.ns), e.category, b, is_arena(e) ? 0 : b,
                       is_arena(e) ? b : 0});
   }
+  // A buffer's live bytes count in its arena's category: the gradient units in the activations
+  // arena (Note [Gradients by lifetime]) are part of that arena's account.
   for (const BufferSpanRun& s : rec.spans()) {
     const BufferSpec& b = plan.buffers[s.buffer];
     const int64_t bytes = static_cast<int64_t>(b.bytes());
-    deltas.push_back({runs[s.first_run].t0, b.category, 0, bytes, 0});
-    deltas.push_back({runs[s.last_run].t1, b.category, 0, -bytes, 0});
+    const Category in = arena_category(b.category);
+    deltas.push_back({runs[s.first_run].t0, in, 0, bytes, 0});
+    deltas.push_back({runs[s.last_run].t1, in, 0, -bytes, 0});
   }
   std::stable_sort(deltas.begin(), deltas.end(),
                    [](const Delta& a, const Delta& b) { return a.t < b.t; });
