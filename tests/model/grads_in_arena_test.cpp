@@ -3,7 +3,8 @@
 // with dead buffers poisoned, two steps on it give bit for bit the losses and gradients of the
 // same steps with a slab of its own, for both families (GPT-2's tied head, LLaMA's untied one),
 // every checkpoint policy and both attention kinds, fp32 and bf16; a unit born one phase late
-// is caught; and at gpt2 4 x 256 the arena is within 1 MiB of its live peak, 303 MiB below the two apart.
+// is caught; and at gpt2 4 x 256 the arena is within 1 MiB of its live peak, 303 MiB below the
+// two apart.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -35,9 +35,9 @@ struct ArenaLayout {
 // earlier first phase, then the input order), each at the lowest offset where it overlaps no
 // placed buffer whose lifetime intersects its own; and greedy again with the latest-ending
 // buffers first (then by size), keeping the smaller slab (by size where they tie). Sizes must
-// be multiples of the alignment the
-// offsets need (the pool's, kPoolAlignment), and every lifetime needs a span (a buffer that is
-// never live has no place in a step). Deterministic: the same input gives the same layout.
+// be multiples of the alignment the offsets need (the pool's, kPoolAlignment), and every
+// lifetime needs a span (a buffer that is never live has no place in a step). Deterministic:
+// the same input gives the same layout.
 // `pinned` (empty, or one entry per buffer): a buffer with a value keeps that offset and is
 // placed before the others, which then fit around it (the gradient slab's units, whose
 // offsets are the parameter layout's: Note [Gradients by lifetime]). Pinned buffers whose

@@ -58,9 +58,9 @@ void add_grad_units(StepPlan& plan, const ModelConfig& config) {
   for (size_t u = 0; u < units.size(); ++u) {
     const int layer = static_cast<int>(u) - 1;
     const bool block = u > 0 && u + 1 < units.size();
-    const Phase first = block    ? Phase{PhaseKind::backward, layer}
-                        : u == 0 ? Phase{tied ? PhaseKind::lm_head : PhaseKind::embedding_backward}
-                                 : Phase{tied ? PhaseKind::final_norm_backward : PhaseKind::lm_head};
+    const PhaseKind edge = u == 0 ? (tied ? PhaseKind::lm_head : PhaseKind::embedding_backward)
+                                  : (tied ? PhaseKind::final_norm_backward : PhaseKind::lm_head);
+    const Phase first = block ? Phase{PhaseKind::backward, layer} : Phase{edge};
     BufferSpec b{block ? "grads.block." + std::to_string(layer)
                        : (u == 0 ? "grads.embeddings" : "grads.tail"),
                  {units[u].size()}, DType::f32, Category::grads, {}, 0};
