@@ -80,18 +80,18 @@ class GradsInArena : public ::testing::TestWithParam<Case> {};
 TEST_P(GradsInArena, TwoStepsEqualThoseOnASlabOfItsOwn) {
   const Case& k = GetParam();
   const ModelConfig c = three_layers(k.family);
+  auto plan = [&](bool in_arena) {
+    return plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision, in_arena));
+  };
   MemoryPool pool;
   Transformer gpt(c, pool, {k.precision, true});
   gpt.init_weights(5);
-  const Outcome want =
-      run(gpt, plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision, false)), pool);
+  const Outcome want = run(gpt, plan(false), pool);
   for (float v : want.values) ASSERT_TRUE(std::isfinite(v));
-  const StepPlan plan = plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision, true));
-  EXPECT_TRUE(run(gpt, plan, pool) == want)
+  EXPECT_TRUE(run(gpt, plan(true), pool) == want)
       << "a gradient unit shares bytes with a live activation, or is not zeroed as it is born";
   // And back to a slab of its own: the same again.
-  EXPECT_TRUE(run(gpt, plan_step(c, kB, kT, options(k.ckpt, k.attention, k.precision, false)),
-                  pool) == want);
+  EXPECT_TRUE(run(gpt, plan(false), pool) == want);
 }
 
 INSTANTIATE_TEST_SUITE_P(

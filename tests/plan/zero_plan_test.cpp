@@ -35,9 +35,17 @@ RunSpec spec(int world, int zero, int prefetch_depth = 1, int64_t persist_thresh
 
 size_t at(const PlanReport& p, Category c) { return p.by_category[static_cast<size_t>(c)]; }
 
+// (Two micro-batches a step: with one, stages 0-1 keep the whole f32 slab in the activations
+// arena, Note [Gradients by lifetime], which GradientsShareTheArenaAtStagesZeroAndOne checks.)
+RunSpec accumulating(int world, int zero) {
+  RunSpec s = spec(world, zero);
+  s.grad_accum = 2;
+  return s;
+}
+
 TEST(ZeroPlan, ModelStateFollowsTheStages) {
   const int N = 8;
-  const PlanReport p0 = plan_memory(spec(N, 0));
+  const PlanReport p0 = plan_memory(accumulating(N, 0));
   const double psi = double(ParamLayout(p0.model).total());
   EXPECT_EQ(at(p0, Category::params), MemoryPool::round_up(size_t(psi) * 2));
   EXPECT_EQ(at(p0, Category::master), MemoryPool::round_up(size_t(psi) * 4));
@@ -45,7 +53,7 @@ TEST(ZeroPlan, ModelStateFollowsTheStages) {
   EXPECT_EQ(at(p0, Category::optimizer), 2 * MemoryPool::round_up(size_t(psi) * 4));
   for (int zero : {1, 2}) {
     size_t master = 0, grads = 0, optimizer = 0;
-    const RunSpec s = spec(N, zero);
+    const RunSpec s = accumulating(N, zero);
     const ParamLayout layout(p0.model);
     const std::vector<ElementRange> shards = shard_ranges(layout, s.optim, N);
     for (int r = 0; r < N; ++r) {
@@ -70,6 +78,26 @@ TEST(ZeroPlan, ModelStateFollowsTheStages) {
     EXPECT_NEAR(double(master), double(at(p0, Category::master)), 64.0 * N);
     EXPECT_NEAR(double(optimizer), double(at(p0, Category::optimizer)), 128.0 * N);
     if (zero == 2) { EXPECT_NEAR(double(grads), double(at(p0, Category::grads)), 64.0 * N); }
+  }
+}
+
+// One micro-batch a step: stages 0-1 hold the whole f32 slab, which the activations arena takes
+// in (grads 0, the arena at least the slab); stages 2-3 reduce per unit and keep their shard.
+TEST(ZeroPlan, GradientsShareTheArenaAtStagesZeroAndOne) {
+  const int N = 8;
+  for (int zero = 0; zero <= 3; ++zero) {
+    const RunSpec one = spec(N, zero), two = accumulating(N, zero);
+    EXPECT_EQ(one.grads_share_arena(), zero <= 1) << zero;
+    EXPECT_FALSE(two.grads_share_arena()) << zero;
+    const PlanReport p1 = plan_memory(one), p2 = plan_memory(two);
+    if (zero >= 2) {
+      EXPECT_EQ(at(p1, Category::grads), at(p2, Category::grads));
+      EXPECT_EQ(at(p1, Category::activations), at(p2, Category::activations));
+      continue;
+    }
+    EXPECT_EQ(at(p1, Category::grads), 0u) << zero;
+    EXPECT_GE(at(p1, Category::activations), at(p2, Category::grads)) << zero;
+    EXPECT_LT(p1.peak_bytes, p2.peak_bytes) << zero;
   }
 }
 
@@ -139,11 +167,11 @@ TEST(ZeroPlan, Bf16GradientsHalveTheGradientsAndTheirReduction) {
         const PlanReport p32 = plan_memory(s32, r), p16 = plan_memory(s16, r);
         const int64_t kept =
             world > 1 && zero >= 2 ? shards[size_t(r)].size() : layout.total();
-        // (One process keeps the f32 slab in the activations arena: Note [Gradients by
-        // lifetime].)
+        // (A whole f32 slab, in one process or at stages 0-1, lies in the activations arena:
+        // Note [Gradients by lifetime].)
         EXPECT_EQ(at(p32, Category::grads),
                   s32.grads_share_arena() ? 0 : MemoryPool::round_up(size_t(kept) * 4));
-        EXPECT_EQ(s32.grads_share_arena(), world == 1);
+        EXPECT_EQ(s32.grads_share_arena(), world == 1 || zero <= 1);
         EXPECT_EQ(at(p16, Category::grads), MemoryPool::round_up(size_t(kept) * 2))
             << "W " << world << " stage " << zero << " rank " << r;
         for (Category c : {Category::params, Category::master, Category::optimizer})

@@ -182,7 +182,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
   if (r.step.options.grads_in_arena)
     fmt::print("gradients: the f32 slab ({:.1f} MiB) lies in the activations arena, each unit "
                "in bytes whose activations died before its backward (one micro-batch a step, "
-               "one process: docs/notes/planner.md, Note [Gradients by lifetime])\n",
+               "a whole slab: docs/notes/planner.md, Note [Gradients by lifetime])\n",
                grads_slab_bytes(r) / 1048576.0);
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();

@@ -95,11 +95,13 @@ struct RunSpec {
   bool offload_grads_open = false;
 
   // Whether the f32 gradient slab lives in the activations arena by lifetime (Note [Gradients
-  // by lifetime]): where the update reads the gradients right after the step's one micro-batch
-  // in one process, and nothing else holds them (no accumulation, whose next forward needs the
-  // activations' bytes while they are kept; no bf16 or offloaded gradients, no offloaded update).
+  // by lifetime]): where the step has one micro-batch and a whole f32 slab that the update
+  // reads right after it (in one process, or all-reduced bucket by bucket as the backward
+  // finishes them at stages 0-1). Not under accumulation, whose next forward needs the
+  // activations' bytes while the gradients are kept; not with per-unit (stages 2-3, bf16) or
+  // offloaded gradients, nor an offloaded update.
   bool grads_share_arena() const {
-    return world == 1 && grad_accum == 1 && grad_dtype == DType::f32 && !offload.optimizer &&
+    return grad_accum == 1 && grad_dtype == DType::f32 && !unit_grads() && !offload.optimizer &&
            !offload.grads;
   }
   // What the model's step is planned and built with.
