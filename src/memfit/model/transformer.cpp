@@ -49,13 +49,11 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                             half_dtype(p), Category::params, "params");
   if (p != Precision::fp32 && precision.master_weights && master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
-  // The whole gradient slab, unless the gradients are sharded (stages 2-3: Note [Sharded
-  // gradients]; UnitGrads then allocates the shard's accumulator).
-  // With a store (--offload-grads) no slab either. (bf16 gradients, --grad-dtype bf16:
-  // UnitGrads allocates the whole bf16 accumulator too.)
-  // Otherwise reserve() allocates the slab, or places it in the activations arena (Note
-  // [Gradients by lifetime]), as the step plan says; only the per-unit reduction of stages 0-1
-  // (whole, f32) takes it here, for its accumulator.
+  // The whole f32 gradient slab comes with the step plan: reserve() allocates it, or places it
+  // in the activations arena (Note [Gradients by lifetime]). Here only the per-unit reduction
+  // of stages 0-1 (whole, f32) takes it, as its accumulator. Sharded gradients (stages 2-3:
+  // Note [Sharded gradients]) and bf16 ones (--grad-dtype bf16) have UnitGrads' accumulator
+  // instead, and a store (--offload-grads) no slab.
   const bool sharded_grads =
       grad_sharding && (!grad_sharding->whole || grad_sharding->dtype != DType::f32);
   if (grad_sharding && !sharded_grads)
@@ -226,8 +224,8 @@ void Transformer::reserve(StepPlan plan) {
   const bool in_arena = plan.options.grads_in_arena;
   const bool own_slab = !unit_grads_ && !grad_store_;  // else the gradients live per unit
   MEMFIT_CHECK(!in_arena || own_slab, "model",
-               "gradients in the activations arena need the whole f32 slab (one process, no "
-               "--offload-grads, no per-unit reduction)");
+               "gradients in the activations arena need the whole f32 slab (no per-unit "
+               "reduction, no --offload-grads)");
   // The old arenas go first, so reserving again never holds two plans at once; so does a slab
   // the arena will hold (Note [Gradients by lifetime]).
   ctx_ = StepContext();
