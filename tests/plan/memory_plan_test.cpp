@@ -252,8 +252,8 @@ TEST_F(Planner, PeakPhaseIsWhereTheMostBytesAreLive) {
                           plan_bytes(r.step.buffers, Category::workspace) +
                           plan_bytes(r.step.buffers, Category::grads));
   }
-  // Under full checkpointing, the last block's backward: every gradient is born by then, beside
-  // the recomputed block and the backward's scratch. Without it in bf16 on oneDNN's bf16 GEMM,
+  // Under full checkpointing, the backward of block 0, the step's last: every gradient is born
+  // by then, beside the recomputed block and the backward's scratch. Without it in bf16 on oneDNN's bf16 GEMM,
   // the LM head: every activation is still live, and the head's f32 logits chunk is the
   // largest scratch of the step. Where bf16 matmuls widen (an AVX2-only CPU), the head's chunk
   // is 128 rows and the blocks' widening scratch is the largest: the top block's backward.
