@@ -18,13 +18,6 @@ namespace {
 
 using namespace gpt2_test;
 
-ModelConfig three_layers(Family family = Family::gpt2) {
-  ModelConfig c = odd_config(family);
-  c.n_layer = 3;
-  c.finalize();
-  return c;
-}
-
 ActivationOptions options(const char* ckpt, AttentionKind attention, Precision precision,
                           ActCompress compress = ActCompress::none) {
   ActivationOptions o;

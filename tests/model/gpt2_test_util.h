@@ -43,4 +43,12 @@ inline ModelConfig odd_config(Family family = Family::gpt2) {
   return c;
 }
 
+// odd_config with three blocks: enough for recomputed segments, a kept block and a top one.
+inline ModelConfig three_layers(Family family = Family::gpt2) {
+  ModelConfig c = odd_config(family);
+  c.n_layer = 3;
+  c.finalize();
+  return c;
+}
+
 }  // namespace memfit::gpt2_test

@@ -20,13 +20,6 @@ using namespace gpt2_test;
 
 constexpr int kB = 2, kT = 13;
 
-ModelConfig three_layers(Family family) {
-  ModelConfig c = odd_config(family);
-  c.n_layer = 3;
-  c.finalize();
-  return c;
-}
-
 ActivationOptions options(const char* ckpt, AttentionKind attention, Precision precision,
                           bool in_arena) {
   ActivationOptions o;

@@ -13,13 +13,6 @@ namespace {
 
 using namespace gpt2_test;
 
-ModelConfig three_layers() {
-  ModelConfig c = odd_config();
-  c.n_layer = 3;
-  c.finalize();
-  return c;
-}
-
 ActivationOptions options(const char* ckpt, AttentionKind attention = AttentionKind::flash,
                           Precision precision = Precision::fp32) {
   ActivationOptions o;
