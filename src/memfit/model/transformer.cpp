@@ -84,7 +84,7 @@ Tensor Transformer::grad_sums(ElementRange r) {
 }
 
 void Transformer::zero_grad() {
-  if (grads_in_arena_) return;  // each unit is zeroed as it is born (StepContext::enter)
+  if (grads_in_arena()) return;  // each unit is zeroed as it is born (StepContext::enter)
   if (unit_grads_)
     unit_grads_->zero();
   else if (grad_store_)
@@ -227,11 +227,11 @@ void Transformer::reserve(StepPlan plan) {
                "gradients in the activations arena need the whole f32 slab (no per-unit "
                "reduction, no --offload-grads)");
   // The old arenas go first, so reserving again never holds two plans at once; so does a slab
-  // the arena will hold (Note [Gradients by lifetime]).
+  // the arena will hold (Note [Gradients by lifetime]), and a view of the old arena.
+  if (own_slab && (in_arena || grads_in_arena())) grads_ = Tensor{};
   ctx_ = StepContext();
   step_.reset();
   B_ = T_ = 0;
-  if (own_slab && (in_arena || grads_in_arena_)) grads_ = Tensor{};
   if (own_slab && !in_arena && !grads_.defined())
     grads_ = Tensor::empty(pool_, {layout_.total()}, DType::f32, Category::grads, "grads");
   std::array<Tensor, kNumCategories> arenas;
@@ -245,7 +245,6 @@ void Transformer::reserve(StepPlan plan) {
     grads_ = arenas[static_cast<size_t>(Category::activations)].view_bytes(0, {layout_.total()},
                                                                            DType::f32);
   if (own_slab) grad_views_ = layout_.views(grads_);
-  grads_in_arena_ = in_arena;
   std::vector<Tensor> views;
   for (const BufferSpec& b : plan.buffers)
     views.push_back(arenas[static_cast<size_t>(arena_category(b.category))].view_bytes(

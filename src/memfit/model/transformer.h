@@ -196,6 +196,9 @@ class Transformer {
 
  private:
   ElementRange whole() const { return {0, layout_.total()}; }
+  // grads_ is a view of the activations arena the running plan put it in (Note [Gradients by
+  // lifetime]), not a slab of its own.
+  bool grads_in_arena() const { return ctx_.running() && ctx_.plan().options.grads_in_arena; }
   // The views the step reads: of params_, or stage 3's gathered units.
   const ModelWeights& working_views() const { return gather_ ? gather_->weights() : weights_; }
 
@@ -204,8 +207,6 @@ class Transformer {
   ParamLayout layout_;
   PrecisionOptions precision_;
   Tensor params_, master_, grads_;
-  // grads_ is a view of the activations arena (Note [Gradients by lifetime]), not its own slab.
-  bool grads_in_arena_ = false;
   ElementRange master_range_;
   ModelWeights weights_, grad_views_;  // typed views of params_ and grads_
   int B_ = 0, T_ = 0;
