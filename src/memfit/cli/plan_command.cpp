@@ -32,10 +32,7 @@ namespace {
 // states").
 // The gradient units a plan puts in the activations arena (Note [Gradients by lifetime]).
 size_t grads_slab_bytes(const PlanReport& r) {
-  size_t b = 0;
-  for (const BufferSpec& s : r.step.buffers)
-    if (s.category == Category::grads) b += s.bytes();
-  return b;
+  return plan_bytes(r.step.buffers, Category::grads);
 }
 
 // The gradients count here wherever they live (in the activations arena too).
