@@ -13,10 +13,10 @@ namespace {
 using profile_test::RecordedRun;
 
 TEST(Timeline, PoolPeakIsThePoolsAndLiveBytesNeverPassTheAccount) {
-  for (const char* ckpt : {"none", "full", "in-arena"}) {
-    // (in-arena: the gradient units live in the activations arena, whose account they share.)
-    const bool in_arena = std::string(ckpt) == "in-arena";
-    RecordedRun run(Family::gpt2, in_arena ? "none" : ckpt, 2, 13, in_arena);
+  // (With the gradient units in the activations arena, whose account they share, too.)
+  for (auto [ckpt, in_arena] : {std::pair{"none", false}, {"full", false}, {"none", true}}) {
+    SCOPED_TRACE(in_arena ? "gradients in the arena" : "gradients in their slab");
+    RecordedRun run(Family::gpt2, ckpt, 2, 13, in_arena);
     const auto tl = profile::build_timeline(*run.recorder, run.pool.events(), run.begin, run.end);
     EXPECT_EQ(tl.pool_peak, run.pool.bytes_peak()) << ckpt;
     ASSERT_FALSE(tl.samples.empty());
@@ -33,31 +33,32 @@ TEST(Timeline, PoolPeakIsThePoolsAndLiveBytesNeverPassTheAccount) {
 TEST(Timeline, LiveArenaBytesInEachTrainingPhaseAreThePlans) {
   for (Family f : {Family::gpt2, Family::llama}) {
     for (bool in_arena : {false, true}) {
-    SCOPED_TRACE(in_arena ? "gradients in the arena" : "gradients in their slab");
-    RecordedRun run(f, "full", 2, 13, in_arena);
-    const profile::StepRecorder& rec = *run.recorder;
-    const auto tl = profile::build_timeline(rec, run.pool.events(), run.begin, run.end);
-    const StepPlan& plan = rec.plan();
-    const auto& mb = rec.micro_batches()[0];
-    for (int r = mb.first_run; r < mb.end_run; ++r) {
-      const profile::PhaseRun& run_r = rec.phase_runs()[r];
-      // The sample in force in the middle of the phase (after every change at its start).
-      const profile::Sample* in = nullptr;
-      for (const profile::Sample& s : tl.samples)
-        if (s.t <= run_r.t0) in = &s;
-      ASSERT_NE(in, nullptr);
-      const PhaseBytes& want = plan.live[run_r.phase];
-      // The gradient units' live bytes count in the arena that holds them.
-      EXPECT_EQ(in->live[static_cast<size_t>(Category::activations)],
-                want.activations + want.grads)
-          << plan.phases[run_r.phase].name();
-      EXPECT_EQ(in->live[static_cast<size_t>(Category::workspace)], want.workspace)
-          << plan.phases[run_r.phase].name();
-      EXPECT_EQ(want.grads > 0, in_arena && plan.phases[run_r.phase].kind != PhaseKind::forward &&
-                                    plan.phases[run_r.phase].kind != PhaseKind::embedding &&
-                                    plan.phases[run_r.phase].kind != PhaseKind::final_norm)
-          << plan.phases[run_r.phase].name();
-    }
+      SCOPED_TRACE(in_arena ? "gradients in the arena" : "gradients in their slab");
+      RecordedRun run(f, "full", 2, 13, in_arena);
+      const profile::StepRecorder& rec = *run.recorder;
+      const auto tl = profile::build_timeline(rec, run.pool.events(), run.begin, run.end);
+      const StepPlan& plan = rec.plan();
+      const auto& mb = rec.micro_batches()[0];
+      for (int r = mb.first_run; r < mb.end_run; ++r) {
+        const profile::PhaseRun& run_r = rec.phase_runs()[r];
+        // The sample in force in the middle of the phase (after every change at its start).
+        const profile::Sample* in = nullptr;
+        for (const profile::Sample& s : tl.samples)
+          if (s.t <= run_r.t0) in = &s;
+        ASSERT_NE(in, nullptr);
+        const PhaseBytes& want = plan.live[run_r.phase];
+        // The gradient units' live bytes count in the arena that holds them.
+        EXPECT_EQ(in->live[static_cast<size_t>(Category::activations)],
+                  want.activations + want.grads)
+            << plan.phases[run_r.phase].name();
+        EXPECT_EQ(in->live[static_cast<size_t>(Category::workspace)], want.workspace)
+            << plan.phases[run_r.phase].name();
+        // No gradient is born before the LM head.
+        const PhaseKind kind = plan.phases[run_r.phase].kind;
+        const bool before_head = kind == PhaseKind::embedding || kind == PhaseKind::forward ||
+                                 kind == PhaseKind::final_norm;
+        EXPECT_EQ(want.grads > 0, in_arena && !before_head) << plan.phases[run_r.phase].name();
+      }
     }
   }
 }
