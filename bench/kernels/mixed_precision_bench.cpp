@@ -126,6 +126,10 @@ BENCHMARK(BM_Convert)
     ->Args({1 << 24, kBf16, kF32, 0})
     ->Args({1 << 24, kF32, kF16, 0})
     ->Args({1 << 24, kF16, kF32, 0})
+    // In-cache sizes: a block of the LM head's weight widened by the capped bf16 head (2048 x
+    // 768) and a GPT-2 MLP weight (3072 x 768), as the step widens them between GEMMs.
+    ->Args({2048 * 768, kBf16, kF32, 0})
+    ->Args({3072 * 768, kBf16, kF32, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_Attention_Mixed)

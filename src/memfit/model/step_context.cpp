@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/cpu/fill.h"
 #include "memfit/model/step_plan.h"
 
 namespace memfit {
@@ -48,7 +49,7 @@ void StepContext::enter(PhaseKind kind, int layer) {
   // step's code adds into it); its bytes held activations until now.
   for (size_t i : grad_units_)
     if (plan_->buffers[i].lifetime.spans.front().first == next) {
-      views_[i].zero();
+      kernels::zero(views_[i]);
       if (observer_) observer_->step_use(i, Access::write);
     }
 }

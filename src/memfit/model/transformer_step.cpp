@@ -4,6 +4,7 @@
 
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
+#include "memfit/kernels/cpu/fill.h"
 #include "memfit/kernels/cpu/layernorm.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
@@ -102,7 +103,8 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
                           ? ctx.write("ws.dlogits", {G, Vp}, h, Category::workspace)
                           : logits_ws;
   Tensor head_ws = widens ? ctx.scratch("ws.widen.head",
-                                        matmul_widened_blocked_scratch_bytes(R, C, Vp))
+                                        matmul_widened_blocked_scratch_bytes(
+                                            R, C, Vp, options_.matmul_master))
                           : Tensor{};
   // The tokens, kept for the embedding's backward (written by forward()).
   ctx.write("tokens", {B_, T_}, DType::i32, Category::activations);
@@ -187,7 +189,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     Tensor mean = config_.gpt2() ? ctx.read(tag + ".mean") : Tensor{};
     Tensor rstd = ctx.read(tag + ".rstd");
     if (ctx.running()) {
-      dres.zero();
+      kernels::zero(dres);
       Tensor dw = g.norm_w, db = g.norm_b;
       if (config_.gpt2())
         layernorm_backward(dres, dw, db, dnorm, x, w.norm_w, mean, rstd);

@@ -9,6 +9,7 @@
 #include "memfit/core/error.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/shard_collectives.h"
+#include "memfit/kernels/cpu/fill.h"
 #include "memfit/state/shard.h"
 
 namespace memfit {
@@ -160,7 +161,7 @@ void UnitGrads::zero() {
 
 void UnitGrads::begin_micro_batch() {
   while (!in_flight_.empty()) wait_oldest();
-  edges_.zero();
+  kernels::zero(edges_);
   next_slot_ = 0;
 }
 
@@ -171,7 +172,7 @@ void UnitGrads::enter_backward(int layer) {
   // The slot's last exchange read it: wait for it (every rank waits at the same point).
   while (completed_ <= slot_last_[static_cast<size_t>(slot)]) wait_oldest();
   Tensor buffer = ring_.view(slot * slot_elements_, {slot_elements_});
-  buffer.zero();
+  kernels::zero(buffer);
   const ElementRange unit = units_[static_cast<size_t>(1 + layer)];
   layout_.bind(views_, buffer.view(0, {unit.size()}), unit);
 }

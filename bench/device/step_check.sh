@@ -1,0 +1,52 @@
+#!/bin/bash
+# A/B of step changes on a lent many-core machine, in one call of about 5 minutes: gpt2 8 x 256
+# steps as variants run interleaved (bench/e2e/step_variants.py), with their kernel times, then
+# the precision table of docs/benchmarks.md, native and capped to AVX2. The variants: native
+# bf16 and fp32 as built, with OpenMP's threads bound to cores (OMP_PROC_BIND=close,
+# OMP_PLACES=cores) and spinning between regions (OMP_WAIT_POLICY=active), and bf16 with a
+# 256-row LM head chunk; capped fp32 against capped bf16 with and without the matmuls reading
+# the master weights (--matmul-master); and the widening convert at in-cache sizes. Prepare with bench/device/pack.sh, then
+# run(command="bash bench/device/step_check.sh", carry=["build/device"], timeout_s=480).
+set -uo pipefail
+OUT=${OUT:-/tmp/step_check}
+mkdir -p "$OUT"
+log="$OUT/log.txt"
+say() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
+source "$(dirname "$0")/unpack.sh" || exit 2
+export PYTHONUNBUFFERED=1
+py=python3
+pin='OMP_PROC_BIND=close OMP_PLACES=cores'
+
+say "native bf16 variants"
+$py bench/e2e/step_variants.py --kernel-times --repeats 2 --out "$OUT/native_bf16.json" \
+  --variant 'bf16||--precision bf16' \
+  --variant "bf16 pinned|$pin|--precision bf16" \
+  --variant 'bf16 spinning|OMP_WAIT_POLICY=active|--precision bf16' \
+  --variant 'bf16 head chunk 256||--precision bf16 --lm-head-chunk 256' 2>&1 | tee -a "$log"
+
+say "native fp32 variants"
+$py bench/e2e/step_variants.py --kernel-times --repeats 2 --out "$OUT/native_fp32.json" \
+  --variant 'fp32||--precision fp32' \
+  --variant "fp32 pinned spinning|$pin OMP_WAIT_POLICY=active|--precision fp32" 2>&1 | tee -a "$log"
+
+say "capped variants"
+$py bench/e2e/step_variants.py --kernel-times --repeats 2 --out "$OUT/capped.json" \
+  --variant 'fp32 capped|MEMFIT_MAX_ISA=avx2|--precision fp32' \
+  --variant 'bf16 capped, widening the working copy|MEMFIT_MAX_ISA=avx2|--precision bf16 --matmul-master 0' \
+  --variant 'bf16 capped, matmuls on the master|MEMFIT_MAX_ISA=avx2|--precision bf16 --matmul-master 1' \
+  2>&1 | tee -a "$log"
+
+say "in-cache widening: bf16 -> f32 convert of a head block, an MLP weight, and 16M values"
+for isa in native avx2; do
+  env $([ $isa = avx2 ] && echo MEMFIT_MAX_ISA=avx2) build/memfit_bench \
+    --benchmark_filter='BM_Convert/n:(1572864|2359296|16777216)/src:1/dst:0' \
+    --benchmark_min_time=0.2 2>&1 | grep BM_ | tee -a "$log"
+done
+
+say "precision table, native and capped"
+for isa in native avx2; do
+  $py bench/e2e/precision_vs_pytorch.py --no-torch --runs fp32,bf16 \
+    --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats 2,2 \
+    $([ $isa = avx2 ] && echo --isa avx2) --out "$OUT/precision_$isa.json" 2>&1 | tee -a "$log"
+done
+say "done"
