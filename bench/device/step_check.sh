@@ -4,8 +4,8 @@
 # the precision table of docs/benchmarks.md, native and capped to AVX2. The variants: native
 # bf16 and fp32 as built, with OpenMP's threads bound to cores (OMP_PROC_BIND=close,
 # OMP_PLACES=cores) and spinning between regions (OMP_WAIT_POLICY=active), and bf16 with a
-# 256-row LM head chunk; capped fp32 against capped bf16 with and without the matmuls reading
-# the master weights (--matmul-master); and the widening convert at in-cache sizes. Prepare with bench/device/pack.sh, then
+# 256-row LM head chunk; capped fp32 against capped bf16, as built and with OpenMP spinning;
+# and the widening convert at in-cache sizes. Prepare with bench/device/pack.sh, then
 # run(command="bash bench/device/step_check.sh", carry=["build/device"], timeout_s=480).
 set -uo pipefail
 OUT=${OUT:-/tmp/step_check}
@@ -32,8 +32,9 @@ $py bench/e2e/step_variants.py --kernel-times --repeats 2 --out "$OUT/native_fp3
 say "capped variants"
 $py bench/e2e/step_variants.py --kernel-times --repeats 2 --out "$OUT/capped.json" \
   --variant 'fp32 capped|MEMFIT_MAX_ISA=avx2|--precision fp32' \
-  --variant 'bf16 capped, widening the working copy|MEMFIT_MAX_ISA=avx2|--precision bf16 --matmul-master 0' \
-  --variant 'bf16 capped, matmuls on the master|MEMFIT_MAX_ISA=avx2|--precision bf16 --matmul-master 1' \
+  --variant 'bf16 capped|MEMFIT_MAX_ISA=avx2|--precision bf16' \
+  --variant 'fp32 capped spinning|MEMFIT_MAX_ISA=avx2 OMP_WAIT_POLICY=active|--precision fp32' \
+  --variant 'bf16 capped spinning|MEMFIT_MAX_ISA=avx2 OMP_WAIT_POLICY=active|--precision bf16' \
   2>&1 | tee -a "$log"
 
 say "in-cache widening: bf16 -> f32 convert of a head block, an MLP weight, and 16M values"

@@ -8,9 +8,7 @@
 // The shape overrides are memfit train's (--n-layer, --n-head, --n-kv-head, --d-model,
 // --ffn-dim, --vocab, --tie-embeddings), applied to the preset by TrainConfig::model_config.
 // --kernel-times 1 adds "kernels": the timed steps' time per kernel and per GEMM shape, per
-// step (Note [Kernel times]). --grads-in-arena and --matmul-master (0 or 1) set the
-// ActivationOptions of those names; their defaults are memfit train's (the gradients in the
-// arena; the widened matmuls reading the working copy).
+// step (Note [Kernel times]).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -43,7 +41,6 @@ int main(int argc, char** argv) {
   // One process, one micro-batch a step: memfit train keeps the gradients in the activations
   // arena by lifetime (RunSpec::grads_share_arena); 0 gives them their own slab, for comparison.
   bool grads_in_arena = true;
-  bool matmul_master = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model = v;
@@ -68,7 +65,6 @@ int main(int argc, char** argv) {
     else if (k == "--act-compress") act_compress = v;
     else if (k == "--kernel-times") kernel_times = v == "1";
     else if (k == "--grads-in-arena") grads_in_arena = v == "1";
-    else if (k == "--matmul-master") matmul_master = v == "1";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -87,7 +83,6 @@ int main(int argc, char** argv) {
     opts.ckpt = CheckpointPolicy::parse(ckpt);
     opts.act_compress = act_compress_from_name(act_compress);
     opts.grads_in_arena = grads_in_arena;
-    opts.matmul_master = matmul_master;
     gpt.reserve(B, T, opts);
     OptimConfig oc;
     oc.name = optim;
@@ -152,7 +147,6 @@ int main(int argc, char** argv) {
     j["attention"] = attention;
     j["precision"] = precision;
     j["master_weights"] = master;
-    j["matmul_master"] = opts.matmul_master;
     j["optim"] = optim;
     j["ckpt"] = ckpt;
     j["act_compress"] = act_compress;

@@ -179,41 +179,6 @@ TEST(MatmulWidened, BackwardAroundARewriteOfInpIsTheOneCallRouteOnEachHalf) {
   }
 }
 
-// The master weights handed to the route in place (ActivationOptions::matmul_master): an f32
-// weight with half activations needs the scratch matmul_widened_scratch_bytes(..., true) says,
-// one weight's widened copy less, and the results are the f32 kernel's on the widened operands.
-TEST(MatmulWidened, AnF32WeightTakesNoScratchAndGivesTheF32KernelsResult) {
-  MemoryPool pool;
-  for (DType half : kHalfTypes) {
-    for (const auto& [R, IC, OC] : kShapes) {
-      SCOPED_TRACE(fmt::format("{} R={} IC={} OC={}", dtype_name(half), R, IC, OC));
-      const size_t bytes = matmul_widened_scratch_bytes(R, IC, OC, /*weight_f32=*/true);
-      EXPECT_EQ(matmul_widened_scratch_bytes(R, IC, OC) - bytes,
-                MemoryPool::round_up(static_cast<size_t>(OC * IC) * 4));
-      Tensor scratch = make_tensor(pool, {static_cast<int64_t>(bytes / 4)});
-      Tensor inp = random_any(pool, {R, IC}, half, 1), bias = random_any(pool, {OC}, half, 3);
-      Tensor weight = random_any(pool, {OC, IC}, DType::f32, 2);
-      Tensor x = widened(pool, inp), b = widened(pool, bias);
-
-      Tensor out = random_any(pool, {R, OC}, half, 4), want = make_tensor(pool, {R, OC});
-      matmul_forward_widened(out, inp, weight, bias, scratch);
-      matmul_forward(want, x, weight, b);
-      EXPECT_TRUE(is_exactly(out, want)) << "out";
-
-      Tensor dout = random_any(pool, {R, OC}, half, 5), dinp = random_any(pool, {R, IC}, half, 6);
-      Tensor dweight = random_any(pool, {OC, IC}, DType::f32, 7);
-      Tensor dbias = random_any(pool, {OC}, DType::f32, 8);
-      Tensor want_dw = widened(pool, dweight), want_db = widened(pool, dbias);
-      Tensor want_dx = make_tensor(pool, {R, IC});
-      matmul_backward_widened(dinp, dweight, dbias, dout, inp, weight, scratch);
-      matmul_backward(want_dx, want_dw, want_db, widened(pool, dout), x, weight);
-      EXPECT_TRUE(is_exactly(dinp, want_dx)) << "dinp";
-      EXPECT_TRUE(is_exactly(dweight, want_dw)) << "dweight";
-      EXPECT_TRUE(is_exactly(dbias, want_db)) << "dbias";
-    }
-  }
-}
-
 TEST(MatmulWidened, AnF16ResultOverflowsToInfinityAsRoundingSays) {
   // Sums of 8 products of 100..200 by 100..200 (80000 and up) lie past f16's range: the f32
   // result is finite, the f16 one infinite (65520 and up round to it).
@@ -360,36 +325,6 @@ TEST(MatmulWidened, BlockedForwardAndBackwardMatchTheReferenceOverSeveralBlocks)
   }
 }
 
-// The LM head on the master weights: half rows against an f32 weight of several blocks, with
-// the scratch matmul_widened_blocked_scratch_bytes(..., true) says (the widened rows alone),
-// against the double reference as above.
-TEST(MatmulWidened, BlockedWithAnF32WeightWidensOnlyTheRows) {
-  MemoryPool pool;
-  for (DType half : kHalfTypes) {
-    for (const auto& [R, IC, OC] : kBlockedCases) {
-      SCOPED_TRACE(fmt::format("{} R={} IC={} OC={}", dtype_name(half), R, IC, OC));
-      const size_t bytes = matmul_widened_blocked_scratch_bytes(R, IC, OC, /*weight_f32=*/true);
-      EXPECT_EQ(bytes, MemoryPool::round_up(static_cast<size_t>(R * IC) * 4));
-      Tensor scratch = make_tensor(pool, {static_cast<int64_t>(bytes / 4)});
-      Tensor inp = random_any(pool, {R, IC}, half, 1);
-      Tensor weight = random_any(pool, {OC, IC}, DType::f32, 2);
-      const std::vector<double> x = to_doubles_any(inp), w = to_doubles_any(weight);
-      Tensor out = random_any(pool, {R, OC}, DType::f32, 3);
-      matmul_forward_widened_blocked(out, inp, weight, scratch);
-      EXPECT_TRUE(within_accumulation(out, product(x, w, R, OC, IC, false, true), IC)) << "out";
-      Tensor dout = random_any(pool, {R, OC}, DType::f32, 4);
-      Tensor dinp = random_any(pool, {R, IC}, DType::f32, 5);
-      Tensor dweight = random_any(pool, {OC, IC}, DType::f32, 6);
-      const std::vector<double> g = to_doubles_any(dout), dw0 = to_doubles_any(dweight);
-      matmul_backward_widened_blocked(dinp, dweight, dout, inp, weight, scratch);
-      EXPECT_TRUE(within_accumulation(dinp, product(g, w, R, IC, OC, false, false), OC))
-          << "dinp";
-      EXPECT_TRUE(within_accumulation(dweight, product(g, x, OC, IC, R, true, false), R, dw0))
-          << "dweight";
-    }
-  }
-}
-
 TEST(MatmulWidened, BlockedScratchHoldsTheInputAndOneBlockAndLessIsAShapeError) {
   // The scratch is the widened input plus one block of widened weight rows, however tall the
   // weight: that is the route's point (the LM head's (Vp, C) weight is never widened whole).
@@ -409,12 +344,6 @@ TEST(MatmulWidened, BlockedScratchHoldsTheInputAndOneBlockAndLessIsAShapeError) 
   Tensor scratch = make_tensor(pool, {static_cast<int64_t>(one_block / 4)});
   EXPECT_TRUE(throws_with<DTypeError>(
       [&] { matmul_forward_widened_blocked(out, inp, f16_weight, scratch); }, {"share a type"}));
-  // An f32 weight is not widened, but the rows still are: a scratch without room for them is
-  // an error.
-  Tensor f32_weight = random_any(pool, {3000, IC}, DType::f32, 4);
-  Tensor no_rows = make_tensor(pool, {R * IC - 1});
-  EXPECT_TRUE(throws_with<ShapeError>(
-      [&] { matmul_forward_widened_blocked(out, inp, f32_weight, no_rows); }, {"scratch"}));
 }
 
 }  // namespace

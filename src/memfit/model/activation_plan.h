@@ -73,12 +73,6 @@ struct ActivationOptions {
   // that died before; zeroed as they are born, not by zero_grad. For a step whose gradients
   // the update reads right after its one micro-batch (RunSpec::grads_share_arena).
   bool grads_in_arena = false;
-  // The widened route's matmuls (kernels::matmul_widens: fp16, or bf16 where oneDNN has no bf16
-  // matmul) read the f32 master weights in place instead of widening the half working copy per
-  // call (Note [Matmuls read the master weights] in docs/notes/mixed-precision.md): the step
-  // widens only activations, and its scratch holds no weight. For a model whose master weights
-  // are whole and in RAM (RunSpec::matmuls_read_master).
-  bool matmul_master = false;
 };
 
 // The LM head's default chunk: 128 rows of f32 logits at a time in every route (Note [Fused LM

@@ -72,14 +72,14 @@ Tensor BlockStep::output() {
   return ctx.write(output_tag_, {B, T, config.d_model}, DType::f32, Category::activations);
 }
 
-size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h, bool weight_f32) {
+size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
   if (!matmul_widens(h)) return 0;
   const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
   const int64_t fc = c.fc_width();
   size_t bytes = 0;
   for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
                                {N, F, C}})
-    bytes = std::max(bytes, matmul_widened_scratch_bytes(rows, in, out, weight_f32));
+    bytes = std::max(bytes, matmul_widened_scratch_bytes(rows, in, out));
   return bytes;
 }
 
@@ -87,8 +87,7 @@ size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h, bool weight
 // matmuls share one buffer; the LM head has its own ("ws.widen.head", transformer_step.cpp).
 void declare_matmuls(StepContext& ctx, const ModelConfig& config,
                      const ActivationOptions& options, int64_t rows) {
-  if (const size_t bytes = widen_scratch_bytes(config, rows, half_dtype(options.precision),
-                                               options.matmul_master))
+  if (const size_t bytes = widen_scratch_bytes(config, rows, half_dtype(options.precision)))
     ctx.scratch("ws.widen", bytes);
 }
 

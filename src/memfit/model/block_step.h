@@ -124,9 +124,8 @@ class BlockStep {
 std::string block_output_tag(const BlockSlots& slots, int l);
 
 // The widening scratch the blocks' matmuls need, in bytes: the largest of the family's linear
-// layers (0 where nothing widens); none for the weights where the matmuls read the f32 master
-// weights (`weight_f32`). The LM head widens its weight a block at a time in a scratch of its
-// own (matmul_widened.h, matmul_forward_widened_blocked).
-size_t widen_scratch_bytes(const ModelConfig& config, int64_t rows, DType h, bool weight_f32);
+// layers (0 where nothing widens). The LM head widens its weight a block at a time in a
+// scratch of its own (matmul_widened.h, matmul_forward_widened_blocked).
+size_t widen_scratch_bytes(const ModelConfig& config, int64_t rows, DType h);
 
 }  // namespace memfit

@@ -2,7 +2,6 @@
 
 #include "memfit/core/cpu.h"
 #include "memfit/core/error.h"
-#include "memfit/kernels/cpu/matmul_widened.h"
 
 namespace memfit {
 
@@ -36,11 +35,6 @@ std::string_view precision_name(Precision p) {
     case Precision::fp16: return "fp16";
   }
   return "?";
-}
-
-bool widened_matmuls_can_read_master(const PrecisionOptions& o) {
-  return o.precision != Precision::fp32 && o.master_weights &&
-         kernels::matmul_widens(half_dtype(o.precision));
 }
 
 void check_precision_options(const PrecisionOptions& o) {

@@ -36,12 +36,6 @@ struct PrecisionOptions {
   bool master_weights = true;
 };
 
-// Whether a model of these options could hand its matmuls the f32 master weights in place of
-// the working copy: it keeps master weights and its half matmuls take the widened route on this
-// CPU (kernels::matmul_widens: fp16 always, bf16 without oneDNN bf16). Where they are whole and
-// in RAM too, the step does (ActivationOptions::matmul_master).
-bool widened_matmuls_can_read_master(const PrecisionOptions& options);
-
 // ConfigError unless the options make sense: no master weights means pure bf16, so it needs
 // bf16.
 void check_precision_options(const PrecisionOptions& options);

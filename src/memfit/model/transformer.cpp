@@ -210,8 +210,7 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
     const ActivationOptions& now = ctx_.plan().options;
     if (options.lm_head_chunk == ctx_.plan().lm_head_chunk_asked &&
         options.attention == now.attention && options.ckpt == now.ckpt &&
-        options.act_compress == now.act_compress && options.grads_in_arena == now.grads_in_arena &&
-        options.matmul_master == now.matmul_master)
+        options.act_compress == now.act_compress && options.grads_in_arena == now.grads_in_arena)
       return;
   }
   reserve(plan_step(config_, B, T, options));
@@ -223,12 +222,6 @@ void Transformer::reserve(StepPlan plan) {
                "model", "a step plan for {} x {} tokens in {} does not fit this {} model", plan.B,
                plan.T, precision_name(plan.options.precision),
                precision_name(precision_.precision));
-  MEMFIT_CHECK(!plan.options.matmul_master ||
-                   (widened_matmuls_can_read_master(precision_) && master_.defined() &&
-                    master_range_ == whole() && !gather_),
-               "model",
-               "matmuls reading the master weights need whole f32 master weights in RAM and "
-               "half matmuls that widen on this CPU");
   const bool in_arena = plan.options.grads_in_arena;
   const bool own_slab = !unit_grads_ && !grad_store_;  // else the gradients live per unit
   MEMFIT_CHECK(!in_arena || own_slab, "model",
@@ -253,20 +246,6 @@ void Transformer::reserve(StepPlan plan) {
     grads_ = arenas[static_cast<size_t>(Category::activations)].view_bytes(0, {layout_.total()},
                                                                            DType::f32);
   if (own_slab) grad_views_ = layout_.views(grads_);
-  if (plan.options.matmul_master) {
-    // The matmuls' weights from the master slab (the same layout), the rest from the working
-    // copy: Note [Matmuls read the master weights].
-    master_views_ = weights_;
-    const ModelWeights m = layout_.views(master_);
-    master_views_.head = m.head;
-    for (size_t l = 0; l < m.blocks.size(); ++l) {
-      BlockWeights& b = master_views_.blocks[l];
-      b.qkv_w = m.blocks[l].qkv_w;
-      b.attn_out_w = m.blocks[l].attn_out_w;
-      b.fc_w = m.blocks[l].fc_w;
-      b.mlp_out_w = m.blocks[l].mlp_out_w;
-    }
-  }
   std::vector<Tensor> views;
   for (const BufferSpec& b : plan.buffers)
     views.push_back(arenas[static_cast<size_t>(arena_category(b.category))].view_bytes(

@@ -199,12 +199,8 @@ class Transformer {
   // grads_ is a view of the activations arena the running plan put it in (Note [Gradients by
   // lifetime]), not a slab of its own.
   bool grads_in_arena() const { return ctx_.running() && ctx_.plan().options.grads_in_arena; }
-  // The views the step reads: of params_, or stage 3's gathered units; with the matmuls
-  // reading the master weights, those of master_ for the matmuls' weights.
-  const ModelWeights& working_views() const {
-    if (gather_) return gather_->weights();
-    return ctx_.running() && ctx_.plan().options.matmul_master ? master_views_ : weights_;
-  }
+  // The views the step reads: of params_, or stage 3's gathered units.
+  const ModelWeights& working_views() const { return gather_ ? gather_->weights() : weights_; }
 
   ModelConfig config_;
   MemoryPool& pool_;
@@ -213,7 +209,6 @@ class Transformer {
   Tensor params_, master_, grads_;
   ElementRange master_range_;
   ModelWeights weights_, grad_views_;  // typed views of params_ and grads_
-  ModelWeights master_views_;  // weights_ with the matmuls' weights from master_ (reserve())
   int B_ = 0, T_ = 0;
   StepContext ctx_;  // running the step plan
   std::unique_ptr<TransformerStep> step_;

@@ -103,8 +103,7 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
                           ? ctx.write("ws.dlogits", {G, Vp}, h, Category::workspace)
                           : logits_ws;
   Tensor head_ws = widens ? ctx.scratch("ws.widen.head",
-                                        matmul_widened_blocked_scratch_bytes(
-                                            R, C, Vp, options_.matmul_master))
+                                        matmul_widened_blocked_scratch_bytes(R, C, Vp))
                           : Tensor{};
   // The tokens, kept for the embedding's backward (written by forward()).
   ctx.write("tokens", {B_, T_}, DType::i32, Category::activations);

@@ -11,14 +11,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.act_compress = act_compress;
   o.precision = precision.precision;
   o.grads_in_arena = grads_share_arena();
-  o.matmul_master = matmuls_read_master();
   return o;
-}
-
-bool RunSpec::matmuls_read_master() const {
-  return matmul_weights_master && widened_matmuls_can_read_master(precision) &&
-         !offload.optimizer &&
-         (world == 1 || zero == 0);
 }
 
 void RunSpec::check() const {

@@ -104,14 +104,6 @@ struct RunSpec {
     return grad_accum == 1 && grad_dtype == DType::f32 && !unit_grads() && !offload.optimizer &&
            !offload.grads;
   }
-  // --matmul-weights master: the widened route's matmuls read the f32 master weights in place
-  // of the half working copy (ActivationOptions::matmul_master, Note [Matmuls read the master
-  // weights]). Off by default: the numbers then differ from a run whose master weights are not
-  // whole in RAM (offloaded, or a ZeRO shard) by the working copy's rounding.
-  bool matmul_weights_master = false;
-  // Whether they do: asked, a half precision whose matmuls widen on this CPU, and master
-  // weights whole and in RAM (one process or ZeRO stage 0, the optimizer not offloaded).
-  bool matmuls_read_master() const;
   // What the model's step is planned and built with.
   ActivationOptions activation_options() const;
   // The rules between the typed fields (the model's precision and attention rules, the

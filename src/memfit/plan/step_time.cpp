@@ -116,11 +116,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   double per_micro_batch = 0;  // elements converted once per micro-batch, not per token
   if (widened) {
     per_token += (c.n_layer + recomputed) * b.half_forward + c.n_layer * b.half_backward;
-    // The weights widened per use, unless the matmuls read the f32 master weights in place.
     const double chunks = std::ceil(N / double(lm_head_rows(in.options, int64_t(N))));
-    if (!in.options.matmul_master)
-      per_micro_batch = 1.5 * double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) +
-                        0.5 * 2 * chunks * V * C;
+    per_micro_batch = 1.5 * double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) +
+                      0.5 * 2 * chunks * V * C;
   }
   t.elementwise = (per_token * N + per_micro_batch) * 4 / rates.elementwise_bytes_per_s;
   // --act-compress: its passes stream their bytes as the element-wise kernels do (each block of

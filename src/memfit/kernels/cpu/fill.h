@@ -1,7 +1,7 @@
 // Zeroing large tensors with the whole team. One thread's memset reaches a fraction of the
 // memory bandwidth of a many-core machine, and a step zeroes its whole f32 gradient slab (496
 // MB at gpt2): on the 16-core Xeon a step spent about 30 ms outside its kernels, most of it
-// there (docs/benchmarks.md, "Where the AMX step's time goes").
+// there (docs/benchmarks.md, "Where the 16-core step's time goes").
 #pragma once
 
 #include "memfit/core/tensor.h"

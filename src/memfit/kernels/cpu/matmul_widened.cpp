@@ -74,12 +74,11 @@ bool matmul_widens(DType operand) {
   }
 }
 
-size_t matmul_widened_scratch_bytes(int64_t R, int64_t IC, int64_t OC, bool weight_f32) {
+size_t matmul_widened_scratch_bytes(int64_t R, int64_t IC, int64_t OC) {
   auto block = [](int64_t n) { return MemoryPool::round_up(static_cast<size_t>(n) * 4); };
   // forward: inp, weight, bias, out; backward: dout, inp, weight, dinp. Bias and out are
   // at most the backward's dout and dinp, so the backward's set bounds both.
-  return block(R * OC) + block(R * IC) + (weight_f32 ? 0 : block(OC * IC)) + block(R * IC) +
-         block(OC);
+  return block(R * OC) + block(R * IC) + block(OC * IC) + block(R * IC) + block(OC);
 }
 
 void matmul_forward_widened(Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -119,8 +118,7 @@ void matmul_backward_widened_around(Tensor& dinp, Tensor& dweight, Tensor& dbias
 
 namespace {
 
-// The checks of the blocked route: f32 out / dinp / dout, one half type for inp and weight (or
-// an f32 weight).
+// The checks of the blocked route: f32 out / dinp / dout, one half type for inp and weight.
 struct Blocked {
   int64_t R, IC, OC;
 };
@@ -130,16 +128,13 @@ Blocked check_blocked(const char* op, const Tensor& f32_rows, const Tensor& inp,
                          inp.size(1) == weight.size(1),
                      op, "inp {} and weight {} must be (R, IC) and (OC, IC)", inp.shape(),
                      weight.shape());
-  const bool weight_f32 = weight.dtype() == DType::f32;
-  MEMFIT_CHECK_DTYPE((inp.dtype() == weight.dtype() || weight_f32) &&
-                         f32_rows.dtype() == DType::f32 && scratch.dtype() == DType::f32,
-                     op,
-                     "inp and weight must share a type, or the weight be f32 ({} and {}); out, "
-                     "dout, scratch f32",
+  MEMFIT_CHECK_DTYPE(inp.dtype() == weight.dtype() && f32_rows.dtype() == DType::f32 &&
+                         scratch.dtype() == DType::f32,
+                     op, "inp and weight must share a type ({} and {}); out, dout, scratch f32",
                      dtype_name(inp.dtype()), dtype_name(weight.dtype()));
   const Blocked b{inp.size(0), inp.size(1), weight.size(0)};
   MEMFIT_CHECK_SHAPE(static_cast<size_t>(scratch.numel()) * 4 >=
-                         matmul_widened_blocked_scratch_bytes(b.R, b.IC, b.OC, weight_f32),
+                         matmul_widened_blocked_scratch_bytes(b.R, b.IC, b.OC),
                      op, "scratch of {} floats is too small for inp {} and weight {}",
                      scratch.numel(), inp.shape(), weight.shape());
   return b;
@@ -165,8 +160,8 @@ Tensor widen_rows(const Tensor& weight, int64_t v0, int64_t v1, Tensor& scratch,
 
 }  // namespace
 
-size_t matmul_widened_blocked_scratch_bytes(int64_t R, int64_t IC, int64_t OC, bool weight_f32) {
-  const int64_t rows = weight_f32 ? 0 : std::min(OC, kWidenedWeightRows);
+size_t matmul_widened_blocked_scratch_bytes(int64_t R, int64_t IC, int64_t OC) {
+  const int64_t rows = std::min(OC, kWidenedWeightRows);
   return MemoryPool::round_up(static_cast<size_t>(R * IC) * 4) +
          MemoryPool::round_up(static_cast<size_t>(rows * IC) * 4);
 }

@@ -7,9 +7,7 @@
 // f32, as a half-input GEMM with f32 accumulation would) and a half output is rounded once, to
 // nearest even. The numbers are those of a half-input, f32-accumulate GEMM, the speed FP32's;
 // the scratch (Category::workspace, sized by matmul_widened_scratch_bytes, planned as the step
-// plan's `ws.widen`) is the price of the route. Operands already f32 are used in place: a model
-// with f32 master weights hands them to the route as its weights (ActivationOptions::
-// matmul_master), which then widens only the activations.
+// plan's `ws.widen`) is the price of the route. Operands already f32 are used in place.
 #pragma once
 
 #include <cstddef>
@@ -26,9 +24,8 @@ namespace memfit::kernels {
 bool matmul_widens(DType operand);
 
 // Scratch bytes for any forward or backward of an (R, IC) x (OC, IC)^T product with every
-// operand half: the widened input, weight, bias and dout, and an f32 output to round from; with
-// `weight_f32`, an f32 weight (used in place) and the rest half.
-size_t matmul_widened_scratch_bytes(int64_t R, int64_t IC, int64_t OC, bool weight_f32 = false);
+// operand half: the widened input, weight, bias and dout, and an f32 output to round from.
+size_t matmul_widened_scratch_bytes(int64_t R, int64_t IC, int64_t OC);
 
 // As matmul_forward: out (f32 or the operands' half type) = inp @ weight^T + bias; inp and
 // weight are both bf16 or both f16 (or f32); scratch is f32 of at least
@@ -55,18 +52,13 @@ void matmul_backward_widened_around(Tensor& dinp, Tensor& dweight, Tensor& dbias
 // input and one block of the weight (matmul_widened_blocked_scratch_bytes), not the (Vp, C) f32
 // copy and the (R, Vp) f32 gradient of the plain route. Outputs and dout are f32 (the LM head's
 // logits and their gradient, widened by the caller); no bias. The products are the same; the
-// backward's dinp adds the blocks' partial products in block order. An f32 weight (the master
-// weights) is used in place, still a block at a time (`weight_f32`: no scratch for it): on the
-// 2-core EPYC a 128-row chunk's products over the whole (50304, 384) weight took 15% longer
-// than by blocks, whose d(weight) rows stay in cache between the two products.
+// backward's dinp adds the blocks' partial products in block order.
 inline constexpr int64_t kWidenedWeightRows = 2048;
-size_t matmul_widened_blocked_scratch_bytes(int64_t R, int64_t IC, int64_t OC,
-                                            bool weight_f32 = false);
+size_t matmul_widened_blocked_scratch_bytes(int64_t R, int64_t IC, int64_t OC);
 // out (R, OC) f32 = inp (R, IC) @ weight (OC, IC)^T.
 void matmul_forward_widened_blocked(Tensor& out, const Tensor& inp, const Tensor& weight,
                                     Tensor& scratch);
 // dinp (R, IC) f32 = dout @ weight; dweight (OC, IC) f32 += dout^T @ inp; dout (R, OC) f32.
-// inp is half or f32; weight is inp's type or f32.
 void matmul_backward_widened_blocked(Tensor& dinp, Tensor& dweight, const Tensor& dout,
                                      const Tensor& inp, const Tensor& weight, Tensor& scratch);
 
