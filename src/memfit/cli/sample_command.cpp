@@ -58,7 +58,9 @@ void run_sample(const SampleOptions& o) {
   // One window of the model's context: positions past the text are padding, which causal
   // attention keeps from affecting the positions before them.
   const int T = mc.max_seq_len, V = mc.vocab_size;
+  // A forward alone: no activations kept for a backward, no gradient slab.
   ActivationOptions act;
+  act.inference = true;
   if (po.precision == Precision::fp16) act.attention = AttentionKind::plain;  // flash: fp32, bf16
   gpt.reserve(1, T, act);
   Tensor window = Tensor::empty(pool, {1, T}, DType::i32, Category::staging, "sample.tokens");

@@ -61,6 +61,9 @@ void check_activation_options(const ActivationOptions& options) {
     MEMFIT_THROW(ConfigError, "config",
                  "--attention flash runs in fp32 and bf16; with --precision fp16 use --attention "
                  "plain");
+  if (options.inference && options.grads_in_arena)
+    MEMFIT_THROW(ConfigError, "config",
+                 "an inference plan has no gradients to keep in the activations arena");
 }
 
 size_t BufferSpec::bytes() const {

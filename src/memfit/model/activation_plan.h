@@ -73,6 +73,12 @@ struct ActivationOptions {
   // that died before; zeroed as they are born, not by zero_grad. For a step whose gradients
   // the update reads right after its one micro-batch (RunSpec::grads_share_arena).
   bool grads_in_arena = false;
+  // A step that is a forward alone (`memfit sample`; Note [Inference plan] in
+  // docs/notes/planner.md): the plan records the evaluation forward and no backward, so what a
+  // block saves for a backward dies with the next block and the arenas hold about two blocks'
+  // buffers; Transformer::reserve allocates no gradient slab, and a training forward or a
+  // backward under it is an error.
+  bool inference = false;
 };
 
 // The LM head's default chunk: 128 rows of f32 logits at a time in every route (Note [Fused LM

@@ -80,8 +80,8 @@ StepPlan plan_as_given(const ModelConfig& config, int B, int T, const Activation
   StepContext ctx;
   TransformerStep step(config, options, B, T);
   const ModelWeights none = ParamLayout(config).views(Tensor{});
-  step.forward(ctx, none, none, nullptr, nullptr, /*training=*/true, 0);
-  step.backward(ctx, none, none);
+  step.forward(ctx, none, none, nullptr, nullptr, /*training=*/!options.inference, 0);
+  if (!options.inference) step.backward(ctx, none, none);
   plan.buffers = ctx.buffers();
   derive_lifetimes(plan, ctx.schedule());
   if (options.grads_in_arena) add_grad_units(plan, config);

@@ -210,7 +210,8 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
     const ActivationOptions& now = ctx_.plan().options;
     if (options.lm_head_chunk == ctx_.plan().lm_head_chunk_asked &&
         options.attention == now.attention && options.ckpt == now.ckpt &&
-        options.act_compress == now.act_compress && options.grads_in_arena == now.grads_in_arena)
+        options.act_compress == now.act_compress && options.grads_in_arena == now.grads_in_arena &&
+        options.inference == now.inference)
       return;
   }
   reserve(plan_step(config_, B, T, options));
@@ -223,13 +224,15 @@ void Transformer::reserve(StepPlan plan) {
                plan.T, precision_name(plan.options.precision),
                precision_name(precision_.precision));
   const bool in_arena = plan.options.grads_in_arena;
-  const bool own_slab = !unit_grads_ && !grad_store_;  // else the gradients live per unit
+  // else the gradients live per unit; an inference plan has none (its step has no backward)
+  const bool own_slab = !unit_grads_ && !grad_store_ && !plan.options.inference;
   MEMFIT_CHECK(!in_arena || own_slab, "model",
                "gradients in the activations arena need the whole f32 slab (no per-unit "
                "reduction, no --offload-grads)");
   // The old arenas go first, so reserving again never holds two plans at once; so does a slab
   // the arena will hold (Note [Gradients by lifetime]), and a view of the old arena.
   if (own_slab && (in_arena || grads_in_arena())) grads_ = Tensor{};
+  if (plan.options.inference && !unit_grads_ && !grad_store_) grads_ = Tensor{};
   ctx_ = StepContext();
   step_.reset();
   B_ = T_ = 0;
@@ -245,7 +248,7 @@ void Transformer::reserve(StepPlan plan) {
   if (in_arena)  // the slab's units lie at their layout offsets from the arena's start
     grads_ = arenas[static_cast<size_t>(Category::activations)].view_bytes(0, {layout_.total()},
                                                                            DType::f32);
-  if (own_slab) grad_views_ = layout_.views(grads_);
+  if (own_slab || plan.options.inference) grad_views_ = layout_.views(grads_);
   std::vector<Tensor> views;
   for (const BufferSpec& b : plan.buffers)
     views.push_back(arenas[static_cast<size_t>(arena_category(b.category))].view_bytes(
@@ -278,6 +281,9 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
   expect_tensor(tokens, "model", "tokens", {B_, T_}, DType::i32);
   expect_tensor(targets, "model", "targets", {B_, T_}, DType::i32);
   const float N = static_cast<float>(int64_t{B_} * T_);
+  MEMFIT_CHECK(!training || !ctx_.plan().options.inference, "model",
+               "a training forward on a model reserved for inference (a forward alone: no "
+               "saved activations, no gradients); reserve it for training first");
   backward_ready_ = false;
   if (training && unit_grads_) unit_grads_->begin_micro_batch();
   if (training && grad_store_) grad_store_->begin_micro_batch();
