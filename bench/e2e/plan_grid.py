@@ -179,10 +179,14 @@ def write_doc(path, data):
     act_rows = [r for r in rows if (r["model"], r["batch"], r["seq"]) == ACT_TABLE_SHAPE]
     if act_rows:
         w(f"## Activation memory under each policy: {shape_model} (124M), {sB} x {sT}\n")
-        w("Saved activations (category `activations`) and the recompute/scratch `workspace`, "
-          "MiB, measured and predicted. The ratio is measured activations against `none` at "
-          "the same precision and attention. Real-step measurements at this shape, plain "
-          "attention's `selective` included, are in the checkpointing-overhead section of "
+        w("The activations arena (category `activations`) and the recompute/scratch "
+          "`workspace`, MiB, measured and predicted. With one micro-batch a step the arena "
+          "holds the f32 gradient slab's units too, each from the phase that first writes it "
+          "(Note [Gradients by lifetime] in docs/notes/planner.md; 472.6 MiB at this shape), so "
+          "a policy that saves little still has the slab there: the arena is at least the "
+          "slab's size. The ratio is the measured arena against `none`'s at the same "
+          "precision and attention. Real-step measurements at this shape, plain attention's "
+          "`selective` included, are in the checkpointing-overhead section of "
           "[benchmarks.md](benchmarks.md).\n")
         w("| precision | attention | ckpt | activations measured | predicted | vs none | "
           "workspace measured | predicted | step run |")
