@@ -7,14 +7,7 @@
 # against measured steps, and the precision table of docs/benchmarks.md. Prepare here with
 # bench/device/pack.sh, then run(command="bash bench/device/cpu_check.sh", carry=["build/device"],
 # timeout_s=540). Eight files come back under $OUT (the tool returns eight at most).
-set -uo pipefail
-OUT=${OUT:-/tmp/cpu_check}
-mkdir -p "$OUT"
-log="$OUT/log.txt"
-say() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
 source "$(dirname "$0")/unpack.sh" || exit 2
-export PYTHONUNBUFFERED=1
-py=python3
 
 say "bare GEMM rate, native and capped"
 { build/gemm_rate_tool 2048 5; MEMFIT_MAX_ISA=avx2 build/gemm_rate_tool 2048 5; } 2>&1 | tee -a "$log"

@@ -7,14 +7,7 @@
 # 256-row LM head chunk; capped fp32 against capped bf16, as built and with OpenMP spinning;
 # and the widening convert at in-cache sizes. Prepare with bench/device/pack.sh, then
 # run(command="bash bench/device/step_check.sh", carry=["build/device"], timeout_s=480).
-set -uo pipefail
-OUT=${OUT:-/tmp/step_check}
-mkdir -p "$OUT"
-log="$OUT/log.txt"
-say() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
 source "$(dirname "$0")/unpack.sh" || exit 2
-export PYTHONUNBUFFERED=1
-py=python3
 pin='OMP_PROC_BIND=close OMP_PLACES=cores'
 
 say "native bf16 variants"

@@ -1,8 +1,15 @@
 #!/bin/bash
-# Sourced by the device scripts (cpu_check.sh, step_check.sh) on the lent machine: unpacks
-# build/device/pack.tar.xz (bench/device/pack.sh) and makes build/<tool> run each packed binary
-# through the packed loader and libraries, data/brown the packed copy, and appends what the CPU
-# is to $log.
+# The device scripts' common start (cpu_check.sh, step_check.sh source it on the lent machine):
+# $OUT (the tool's folder, or /tmp/<script>), $log and say(), then build/device/pack.tar.xz
+# (bench/device/pack.sh) unpacked: build/<tool> runs each packed binary through the packed loader
+# and libraries, data/brown is the packed copy, and what the CPU is goes into $log.
+set -uo pipefail
+OUT=${OUT:-/tmp/$(basename "$0" .sh)}
+mkdir -p "$OUT"
+log="$OUT/log.txt"
+say() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
+export PYTHONUNBUFFERED=1
+py=python3
 pack=/tmp/memfit-pack
 rm -rf "$pack" && mkdir -p "$pack"
 tar -C "$pack" --strip-components=1 -xJf build/device/pack.tar.xz || exit 2
