@@ -223,16 +223,17 @@ void Transformer::reserve(StepPlan plan) {
                "model", "a step plan for {} x {} tokens in {} does not fit this {} model", plan.B,
                plan.T, precision_name(plan.options.precision),
                precision_name(precision_.precision));
-  const bool in_arena = plan.options.grads_in_arena;
-  // else the gradients live per unit; an inference plan has none (its step has no backward)
-  const bool own_slab = !unit_grads_ && !grad_store_ && !plan.options.inference;
+  const bool in_arena = plan.options.grads_in_arena, inference = plan.options.inference;
+  // The whole f32 slab is the model's own unless the gradients live per unit; an inference
+  // plan, whose step has no backward, holds none (Note [Inference plan]).
+  const bool per_unit = unit_grads_ || grad_store_, own_slab = !per_unit && !inference;
   MEMFIT_CHECK(!in_arena || own_slab, "model",
                "gradients in the activations arena need the whole f32 slab (no per-unit "
                "reduction, no --offload-grads)");
   // The old arenas go first, so reserving again never holds two plans at once; so does a slab
-  // the arena will hold (Note [Gradients by lifetime]), and a view of the old arena.
-  if (own_slab && (in_arena || grads_in_arena())) grads_ = Tensor{};
-  if (plan.options.inference && !unit_grads_ && !grad_store_) grads_ = Tensor{};
+  // the arena will hold (Note [Gradients by lifetime]), a view of the old arena, and a slab an
+  // inference plan has no use for.
+  if (!per_unit && (in_arena || grads_in_arena() || inference)) grads_ = Tensor{};
   ctx_ = StepContext();
   step_.reset();
   B_ = T_ = 0;
@@ -248,7 +249,7 @@ void Transformer::reserve(StepPlan plan) {
   if (in_arena)  // the slab's units lie at their layout offsets from the arena's start
     grads_ = arenas[static_cast<size_t>(Category::activations)].view_bytes(0, {layout_.total()},
                                                                            DType::f32);
-  if (own_slab || plan.options.inference) grad_views_ = layout_.views(grads_);
+  if (!per_unit) grad_views_ = layout_.views(grads_);
   std::vector<Tensor> views;
   for (const BufferSpec& b : plan.buffers)
     views.push_back(arenas[static_cast<size_t>(arena_category(b.category))].view_bytes(
