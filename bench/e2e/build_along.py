@@ -217,7 +217,11 @@ def write_doc(path, data):
     for s in data["stages"]:
         if "oom" in s["run"]:
             L += [f"{s['name']}:", "", "```", s["run"]["oom"]["stderr"].rstrip(), "```", ""]
-    L += ["## Where the memory goes (predicted, MiB)", "", breakdown(data), ""]
+    L += ["## Where the memory goes (predicted, MiB)", "",
+          "With one micro-batch a step the f32 gradients live in the activations arena, each "
+          "block's from its backward on (Note [Gradients by lifetime] in docs/notes/planner.md): "
+          "`grads` is 0 and `activations` is that arena, the gradient slab included.", "",
+          breakdown(data), ""]
     for prev, s in zip(data["stages"], data["stages"][1:]):
         a, b = prev["plan"]["by_category"], s["plan"]["by_category"]
         moved = [f"{c} {a.get(c, 0) / MIB:.1f} -> {b.get(c, 0) / MIB:.1f}"
@@ -235,8 +239,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--memfit", default=os.path.join(ROOT, "build", "memfit"))
     ap.add_argument("--model", default="gpt2-medium")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
+    # 8 x 512: with one micro-batch a step the gradients share the activations arena (Note
+    # [Gradients by lifetime]), which at 4 x 256 absorbs nearly all of plain FP32's activations,
+    # leaving checkpointing nothing to save; at 8 x 512 they are three times the slab.
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--attention", default="flash")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--mem-limit", type=parse_bytes, default=0,
