@@ -270,6 +270,14 @@ TEST(HfTokenizer, RejectsMalformedFilesNamingTheField) {
   j = sentencepiece_json();
   j["added_tokens"][0]["id"] = "zero";
   expect_contains(error_of<IoError>(j), {"added_tokens[0].id"});
+  // Ids index a dense table: one near 2^31 (a fuzzer's find: a 16 GB allocation) is an error
+  // naming it, in the vocabulary or among the added tokens.
+  j = sentencepiece_json();
+  j["added_tokens"][0]["id"] = 2111111111;
+  expect_contains(error_of<IoError>(j), {"added_tokens[0].id", "2111111111", "far beyond"});
+  j = sentencepiece_json();
+  j["model"]["vocab"]["far"] = 2000000000;
+  expect_contains(error_of<IoError>(j), {"model.vocab[\"far\"]", "2000000000"});
 
   TempDir dir;
   testing::write_file(dir / "bad.json", "{ not json");

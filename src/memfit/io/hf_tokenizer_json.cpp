@@ -314,6 +314,21 @@ HfTokenizerJson read_hf_tokenizer_json(const fs::path& file) {
   r.read_added_tokens(root, t);
   r.read_post_processor(root, t);
 
+  // Ids index a dense table (HfTokenizer::build): an id far beyond the file's token count would
+  // make that table mostly holes, and a crafted one (2^31 - 1) a 16 GB allocation. Real files
+  // number their tokens 0 to n - 1, added tokens last.
+  const int64_t tokens = static_cast<int64_t>(t.vocab.size() + t.added_tokens.size());
+  const int64_t limit = 2 * tokens + 1024;
+  auto check_id = [&](int32_t id, const std::string& field) {
+    if (id >= limit)
+      r.malformed(field, fmt::format("is id {}, far beyond the file's {} tokens (ids index a "
+                                     "dense table: at most {} here)",
+                                     id, tokens, limit - 1));
+  };
+  for (const auto& [key, id] : t.vocab) check_id(id, "model.vocab[\"" + key + "\"]");
+  for (size_t i = 0; i < t.added_tokens.size(); ++i)
+    check_id(t.added_tokens[i].id, "added_tokens[" + std::to_string(i) + "].id");
+
   // The decoder must undo what the pre-tokenizer did to bytes, or decode would be wrong.
   bool decodes_bytes = false, decodes_text = false;
   for (const auto& step : t.decoder) {
