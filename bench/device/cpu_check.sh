@@ -37,10 +37,5 @@ done
 say "the planner's step-time estimate against measured steps"
 $py bench/e2e/plan_time_accuracy.py --no-doc --repeats 2 --out "$OUT/plan_time.json" 2>&1 | tee -a "$log"
 
-say "precision table, native and capped"
-for isa in native avx2; do
-  $py bench/e2e/precision_vs_pytorch.py --no-torch --runs fp32,bf16 \
-    --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats 3,2 \
-    $([ $isa = avx2 ] && echo --isa avx2) --out "$OUT/precision_$isa.json" 2>&1 | tee -a "$log"
-done
+precision_tables 3,2
 say "done"

@@ -37,10 +37,5 @@ for isa in native avx2; do
     --benchmark_min_time=0.2 2>&1 | grep BM_ | tee -a "$log"
 done
 
-say "precision table, native and capped"
-for isa in native avx2; do
-  $py bench/e2e/precision_vs_pytorch.py --no-torch --runs fp32,bf16 \
-    --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats 2,2 \
-    $([ $isa = avx2 ] && echo --isa avx2) --out "$OUT/precision_$isa.json" 2>&1 | tee -a "$log"
-done
+precision_tables 2,2
 say "done"

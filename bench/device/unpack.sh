@@ -1,6 +1,6 @@
 #!/bin/bash
 # The device scripts' common start (cpu_check.sh, step_check.sh source it on the lent machine):
-# $OUT (the tool's folder, or /tmp/<script>), $log and say(), then build/device/pack.tar.xz
+# $OUT (the tool's folder, or /tmp/<script>), $log, say() and precision_tables(), then build/device/pack.tar.xz
 # (bench/device/pack.sh) unpacked: build/<tool> runs each packed binary through the packed loader
 # and libraries, data/brown is the packed copy, and what the CPU is goes into $log.
 set -uo pipefail
@@ -10,6 +10,16 @@ log="$OUT/log.txt"
 say() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
 export PYTHONUNBUFFERED=1
 py=python3
+# docs/benchmarks.md's precision table (memfit fp32 and bf16 at 6x384 and gpt2, 8 x 256),
+# native and capped to AVX2, each shape's runs repeated $1 times (e.g. 3,2).
+precision_tables() {
+  say "precision table, native and capped"
+  for isa in native avx2; do
+    $py bench/e2e/precision_vs_pytorch.py --no-torch --runs fp32,bf16 \
+      --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats "$1" \
+      $([ $isa = avx2 ] && echo --isa avx2) --out "$OUT/precision_$isa.json" 2>&1 | tee -a "$log"
+  done
+}
 pack=/tmp/memfit-pack
 rm -rf "$pack" && mkdir -p "$pack"
 tar -C "$pack" --strip-components=1 -xJf build/device/pack.tar.xz || exit 2
