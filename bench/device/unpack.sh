@@ -1,8 +1,9 @@
 #!/bin/bash
 # The device scripts' common start (cpu_check.sh, step_check.sh source it on the lent machine):
-# $OUT (the tool's folder, or /tmp/<script>), $log, say() and precision_tables(), then build/device/pack.tar.xz
-# (bench/device/pack.sh) unpacked: build/<tool> runs each packed binary through the packed loader
-# and libraries, data/brown is the packed copy, and what the CPU is goes into $log.
+# $OUT (the tool's folder, or /tmp/<script>), $log, say() and precision_tables(), then
+# build/device/pack.tar.xz (bench/device/pack.sh) unpacked: build/<tool> runs each packed binary
+# through the packed loader and libraries, data/brown is the packed copy, and what the CPU is
+# goes into $log.
 set -uo pipefail
 OUT=${OUT:-/tmp/$(basename "$0" .sh)}
 mkdir -p "$OUT"

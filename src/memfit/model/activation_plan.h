@@ -79,6 +79,8 @@ struct ActivationOptions {
   // buffers; Transformer::reserve allocates no gradient slab, and a training forward or a
   // backward under it is an error.
   bool inference = false;
+
+  bool operator==(const ActivationOptions&) const = default;
 };
 
 // The LM head's default chunk: 128 rows of f32 logits at a time in every route (Note [Fused LM

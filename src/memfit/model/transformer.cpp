@@ -207,12 +207,11 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
   if (B == B_ && T == T_ && ctx_.running()) {
-    const ActivationOptions& now = ctx_.plan().options;
-    if (options.lm_head_chunk == ctx_.plan().lm_head_chunk_asked &&
-        options.attention == now.attention && options.ckpt == now.ckpt &&
-        options.act_compress == now.act_compress && options.grads_in_arena == now.grads_in_arena &&
-        options.inference == now.inference)
-      return;
+    // The plan's options as they were asked for (plan_step records the chunk it chose): equal
+    // in every field, the plan is the one asked for now.
+    ActivationOptions asked = ctx_.plan().options;
+    asked.lm_head_chunk = ctx_.plan().lm_head_chunk_asked;
+    if (options == asked) return;
   }
   reserve(plan_step(config_, B, T, options));
 }
