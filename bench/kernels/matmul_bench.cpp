@@ -3,6 +3,9 @@
 // can be held against oneDNN's raw GEMM rate on this machine.
 #include <benchmark/benchmark.h>
 
+#include <string>
+
+#include "memfit/kernels/cpu/dnnl_gemm.h"
 #include "memfit/kernels/cpu/matmul.h"
 
 namespace memfit::kernels {
@@ -65,6 +68,63 @@ void BM_Matmul_Gemm(benchmark::State& state) {
       benchmark::Counter(2.0 * n * n * n * state.iterations(), benchmark::Counter::kIsRate);
 }
 
+// Every GEMM of a gpt2 8 x 256 step (no bias; f32 output), in oneDNN's first choice (brgemm
+// on AVX-512) and in its GEMM-based kernel (gemm:jit), which memfit takes for f32 (Note [f32
+// GEMM kernel] in dnnl_gemm.cpp). Args: the row of kStepGemms, bf16 operands (0/1), kernel
+// (0: first choice, 1: gemm-based; the label names the one that ran).
+struct StepGemm {
+  int64_t M, N, K;
+  bool ta, tb, acc;
+};
+constexpr StepGemm kStepGemms[] = {
+    {256, 50304, 768, false, true, false},  // LM head forward, a 256-row chunk
+    {256, 768, 50304, false, false, false},  // its dinp
+    {50304, 768, 256, true, false, true},    // its dweight
+    {2048, 2304, 768, false, true, false},   // qkv forward
+    {2048, 768, 2304, false, false, false},  // its dinp
+    {2304, 768, 2048, true, false, true},    // its dweight
+    {2048, 768, 768, false, true, false},    // attention projection forward
+    {2048, 768, 768, false, false, false},   // its dinp
+    {768, 768, 2048, true, false, true},     // its dweight
+    {2048, 3072, 768, false, true, false},   // MLP up forward
+    {2048, 768, 3072, false, false, false},  // its dinp
+    {3072, 768, 2048, true, false, true},    // its dweight
+    {2048, 768, 3072, false, true, false},   // MLP down forward
+    {2048, 3072, 768, false, false, false},  // its dinp
+    {768, 3072, 2048, true, false, true},    // its dweight
+};
+
+void BM_Gemm_StepKernels(benchmark::State& state) {
+  const StepGemm g = kStepGemms[state.range(0)];
+  const DType t = state.range(1) ? DType::bf16 : DType::f32;
+  dnnl_gemm::GemmSpec spec;
+  spec.M = g.M, spec.N = g.N, spec.K = g.K, spec.trans_a = g.ta, spec.trans_b = g.tb;
+  spec.lda = g.ta ? g.M : g.K, spec.ldb = g.tb ? g.K : g.N, spec.ldc = g.N;
+  spec.beta = g.acc ? 1.0f : 0.0f;
+  spec.a_type = spec.b_type = t;
+  spec.kernel = state.range(2) ? dnnl_gemm::GemmSpec::Kernel::gemm
+                               : dnnl_gemm::GemmSpec::Kernel::first;
+  MemoryPool pool;
+  Tensor a = filled(pool, {g.M * g.K}, Category::activations, "a");
+  Tensor b = filled(pool, {g.K * g.N}, Category::activations, "b");
+  if (t == DType::bf16) {  // the same values, rounded, in the first half of each buffer
+    for (Tensor* x : {&a, &b}) {
+      float* p = x->data<float>();
+      auto* h = static_cast<uint16_t*>(x->raw_data());
+      for (int64_t i = 0; i < x->numel(); ++i) h[i] = bf16_from_f32(p[i]);
+    }
+  }
+  Tensor c = filled(pool, {g.M * g.N}, Category::activations, "c");
+  for (auto _ : state) {
+    dnnl_gemm::execute(spec, a.raw_data(), b.raw_data(), c.raw_data());
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  state.SetLabel(std::string(dnnl_gemm::implementation(spec)) + (g.ta ? " A^T" : "") +
+                 (g.tb ? " B^T" : "") + (g.acc ? " +=" : ""));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * g.M * g.N * g.K * state.iterations(), benchmark::Counter::kIsRate);
+}
+
 void linear_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"R", "IC", "OC", "bias"});
   for (int64_t C : {384, 768}) {
@@ -79,6 +139,11 @@ void linear_shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Matmul_Forward)->Apply(linear_shapes);
 BENCHMARK(BM_Matmul_Backward)->Apply(linear_shapes);
+BENCHMARK(BM_Gemm_StepKernels)
+    ->ArgNames({"gemm", "bf16", "kernel"})
+    ->ArgsProduct({benchmark::CreateDenseRange(0, 14, 1), {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_Matmul_Gemm)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

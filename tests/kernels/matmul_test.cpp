@@ -284,6 +284,33 @@ TEST(Gemm, Gpt2ShapesUseOptimizedKernels) {
   }
 }
 
+// Note [f32 GEMM kernel]: every f32 product takes oneDNN's GEMM-based kernel, under any cap
+// (below AVX-512 it is oneDNN's first choice anyway), and the spec's kernel is part of the cache
+// key: asking for oneDNN's first choice builds a second primitive with the same product.
+TEST(Gemm, F32TakesTheGemmKernelAndAgreesWithTheFirstChoice) {
+  const int64_t M = 96, N = 3072, K = 80;  // B's rows 12 KiB long, as in the MLP's backward
+  dnnl_gemm::GemmSpec s;
+  s.M = M, s.N = N, s.K = K, s.lda = K, s.ldb = N, s.ldc = N;
+  const std::string impl = dnnl_gemm::implementation(s);
+  RecordProperty("f32_impl", impl);
+  EXPECT_EQ(impl.rfind("gemm:", 0), 0u) << impl;
+  dnnl_gemm::GemmSpec first = s;
+  first.kernel = dnnl_gemm::GemmSpec::Kernel::first;
+  const size_t before = dnnl_gemm::cache_size();
+  EXPECT_EQ(std::string(dnnl_gemm::implementation(first)).find("ref"), std::string::npos);
+  EXPECT_EQ(dnnl_gemm::cache_size(), before + 1);
+
+  std::vector<float> A(M * K), B(K * N), C0(M * N), C1(M * N);
+  for (size_t i = 0; i < A.size(); ++i) A[i] = float((i * 37) % 101) / 50.0f - 1.0f;
+  for (size_t i = 0; i < B.size(); ++i) B[i] = float((i * 53) % 97) / 48.0f - 1.0f;
+  dnnl_gemm::execute(s, A.data(), B.data(), C0.data());
+  dnnl_gemm::execute(first, A.data(), B.data(), C1.data());
+  std::vector<double> a(A.begin(), A.end()), b(B.begin(), B.end()), want(M * N);
+  ref::gemm(false, false, M, N, K, 1.0, a.data(), K, b.data(), N, 0.0, want.data(), N);
+  EXPECT_LT(rel_error(C0.data(), want.data(), M * N), kTol);
+  EXPECT_LT(rel_error(C1.data(), want.data(), M * N), kTol);
+}
+
 // ---- errors
 
 template <typename E>

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 #include "memfit/core/cpu.h"
@@ -47,7 +48,7 @@ struct SpecHash {
     mix((uint64_t{alpha} << 32) | beta);
     mix(uint64_t{s.trans_a} | uint64_t{s.trans_b} << 1 | uint64_t{s.bias} << 2 |
         uint64_t(s.a_type) << 8 | uint64_t(s.b_type) << 16 | uint64_t(s.c_type) << 24 |
-        uint64_t(s.bias_type) << 32);
+        uint64_t(s.bias_type) << 32 | uint64_t(s.kernel) << 40);
     return h;
   }
 };
@@ -151,6 +152,24 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
   auto desc = s.bias ? MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md))
                      : MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md));
   auto pd = MEMFIT_DNNL(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  // Note [f32 GEMM kernel]: oneDNN 2.6's first choice for f32 on AVX-512 is its brgemm matmul;
+  // its GEMM-based kernel (gemm:jit) made a gpt2 8 x 256 FP32 step 0.80x as long on a 16-core
+  // Sapphire Rapids and 0.895x on a 2-core Zen 5. brgemm copies an untransposed B into blocks
+  // and is slowest where B's rows are 3072 floats (12 KiB) long: the MLP down projection's
+  // backward ran at 0.6 TFLOP/s there against 1.1-1.2 in gemm:jit (docs/benchmarks.md, "f32
+  // GEMMs: oneDNN's GEMM kernel over brgemm"). Below AVX-512 gemm:jit is oneDNN's first
+  // choice anyway. bf16 keeps brgemm, the only kernel that uses AMX.
+  const bool want_gemm =
+      s.kernel == GemmSpec::Kernel::gemm ||
+      (s.kernel == GemmSpec::Kernel::automatic && s.a_type == DType::f32 &&
+       s.b_type == DType::f32);
+  if (want_gemm) {  // walk oneDNN's list to its GEMM-based kernel; none: its first choice
+    auto it = pd;
+    while (std::string_view(MEMFIT_DNNL(it.impl_info_str())).substr(0, 5) != "gemm:" &&
+           MEMFIT_DNNL(it.next_impl())) {
+    }
+    if (std::string_view(MEMFIT_DNNL(it.impl_info_str())).substr(0, 5) == "gemm:") pd = it;
+  }
   e->impl = MEMFIT_DNNL(pd.impl_info_str());
   e->scratch_md = MEMFIT_DNNL(pd.scratchpad_desc());
   e->prim = MEMFIT_DNNL(dnnl::matmul(pd));

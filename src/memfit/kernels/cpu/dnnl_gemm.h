@@ -24,6 +24,12 @@ struct GemmSpec {
   float alpha = 1.0f, beta = 0.0f;
   bool bias = false;  // add a (N) row vector to every row
   DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32, bias_type = DType::f32;
+  // Which of oneDNN's kernels runs it. automatic: f32 products take oneDNN's GEMM-based kernel
+  // ("gemm:jit"), the others oneDNN's first choice (Note [f32 GEMM kernel]); first: oneDNN's
+  // first choice (brgemm on AVX-512); gemm: its GEMM-based kernel where it has one. The last two
+  // are for benchmarks that compare them.
+  enum class Kernel : uint8_t { automatic, first, gemm };
+  Kernel kernel = Kernel::automatic;
 
   bool operator==(const GemmSpec&) const = default;
 };
@@ -43,7 +49,7 @@ bool bf16_available();
 const char* isa();
 
 // Number of primitives in the cache, and the oneDNN implementation chosen for `spec` (e.g.
-// "brg:avx512_core"), for tests and benchmarks.
+// "gemm:jit", "brg:avx512_core_amx_bf16"), for tests and benchmarks.
 size_t cache_size();
 const char* implementation(const GemmSpec& spec);
 
