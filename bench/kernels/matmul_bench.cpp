@@ -69,9 +69,9 @@ void BM_Matmul_Gemm(benchmark::State& state) {
 }
 
 // Every GEMM of a gpt2 8 x 256 step (no bias; f32 output), in oneDNN's first choice (brgemm
-// on AVX-512) and in its GEMM-based kernel (gemm:jit), which memfit takes for f32 (Note [f32
-// GEMM kernel] in dnnl_gemm.cpp). Args: the row of kStepGemms, bf16 operands (0/1), kernel
-// (0: first choice, 1: gemm-based; the label names the one that ran).
+// on AVX-512) and in its GEMM-based kernel (gemm:jit), from which memfit's rule picks (Note
+// [GEMM kernel] in dnnl_gemm.cpp). Args: the row of kStepGemms, bf16 operands (0/1), kernel (0:
+// first choice, 1: gemm-based; the label names the one that ran).
 struct StepGemm {
   int64_t M, N, K;
   bool ta, tb, acc;

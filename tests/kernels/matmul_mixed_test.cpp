@@ -139,6 +139,25 @@ TEST(MatmulBf16, RunsOnOneDnnsBf16Kernels) {
   EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
 }
 
+// Note [GEMM kernel]: bf16 products keep oneDNN's first choice (the f32 ones take its GEMM-based
+// kernel), whether B is read transposed or not.
+TEST(MatmulBf16, KeepsOneDnnsFirstChoice) {
+  if (!dnnl_gemm::bf16_available())
+    GTEST_SKIP() << "oneDNN has no bf16 matmul below AVX-512 (its ISA here: " << dnnl_gemm::isa()
+                 << "); bf16 takes the widened route, tested in matmul_widened_test";
+  using Kernel = dnnl_gemm::GemmSpec::Kernel;
+  for (bool trans_b : {false, true}) {
+    dnnl_gemm::GemmSpec s;
+    s.M = 64, s.N = 96, s.K = 384, s.trans_b = trans_b;
+    s.lda = 384, s.ldb = trans_b ? 384 : 96, s.ldc = 96;
+    s.a_type = s.b_type = DType::bf16;
+    dnnl_gemm::GemmSpec first = s;
+    first.kernel = Kernel::first;
+    EXPECT_EQ(std::string(dnnl_gemm::implementation(s)), dnnl_gemm::implementation(first))
+        << "trans_b " << trans_b;
+  }
+}
+
 TEST(MatmulBf16, DTypeErrors) {
   MemoryPool pool;
   Tensor x = make_tensor(pool, {4, 8}, DType::bf16), w = make_tensor(pool, {6, 8}, DType::bf16);

@@ -284,7 +284,7 @@ TEST(Gemm, Gpt2ShapesUseOptimizedKernels) {
   }
 }
 
-// Note [f32 GEMM kernel]: every f32 product takes oneDNN's GEMM-based kernel, under any cap
+// Note [GEMM kernel]: every f32 product takes oneDNN's GEMM-based kernel, under any cap
 // (below AVX-512 it is oneDNN's first choice anyway), and the spec's kernel is part of the cache
 // key: asking for oneDNN's first choice builds a second primitive with the same product.
 TEST(Gemm, F32TakesTheGemmKernelAndAgreesWithTheFirstChoice) {

@@ -42,7 +42,7 @@ sigset_t interrupt_set() {
 
 // Note [Signals on their own thread]: a handler runs on the stack of the thread the signal
 // lands on, below that thread's stack pointer. oneDNN 2.6's GEMM-based f32 kernel (gemm:jit,
-// which memfit uses: Note [f32 GEMM kernel]) keeps data there, beyond the 128 bytes the ABI
+// which memfit uses: Note [GEMM kernel]) keeps data there, beyond the 128 bytes the ABI
 // leaves alone: a SIGTERM that landed in a GEMM corrupted the heap (Interrupt tests: "corrupted
 // size vs. prev_size", or SIGSEGV in a later free, in most runs). So no computing thread takes
 // these signals. The caller blocks them, and so does every OpenMP thread of its pool (threads

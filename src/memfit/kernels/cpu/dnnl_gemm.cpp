@@ -126,6 +126,15 @@ dt to_dnnl(DType t) {
   }
 }
 
+// MEMFIT_GEMM_KERNEL=first: oneDNN's first choice for every product (Note [GEMM kernel]).
+bool first_choice_everywhere() {
+  static const bool first = [] {
+    const char* v = std::getenv("MEMFIT_GEMM_KERNEL");
+    return v != nullptr && std::string_view(v) == "first";
+  }();
+  return first;
+}
+
 std::shared_ptr<const Entry> build(const GemmSpec& s) {
   auto e = std::make_shared<Entry>();
   // Row-major (rows, cols) with row stride ld; a transposed operand swaps the strides.
@@ -152,17 +161,20 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
   auto desc = s.bias ? MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md))
                      : MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md));
   auto pd = MEMFIT_DNNL(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
-  // Note [f32 GEMM kernel]: oneDNN 2.6's first choice for f32 on AVX-512 is its brgemm matmul;
-  // its GEMM-based kernel (gemm:jit) made a gpt2 8 x 256 FP32 step 0.80x as long on a 16-core
-  // Sapphire Rapids and 0.895x on a 2-core Zen 5. brgemm copies an untransposed B into blocks
-  // and is slowest where B's rows are 3072 floats (12 KiB) long: the MLP down projection's
-  // backward ran at 0.6 TFLOP/s there against 1.1-1.2 in gemm:jit (docs/benchmarks.md, "f32
-  // GEMMs: oneDNN's GEMM kernel over brgemm"). Below AVX-512 gemm:jit is oneDNN's first
-  // choice anyway. bf16 keeps brgemm, the only kernel that uses AMX.
-  const bool want_gemm =
-      s.kernel == GemmSpec::Kernel::gemm ||
-      (s.kernel == GemmSpec::Kernel::automatic && s.a_type == DType::f32 &&
-       s.b_type == DType::f32);
+  // Note [GEMM kernel]: oneDNN 2.6's first choice for f32 on AVX-512 is its brgemm matmul. Its
+  // GEMM-based kernel (gemm:jit) made the gpt2 8 x 256 FP32 step 0.80x and 0.94x as long in two
+  // interleaved runs on a 16-core Sapphire Rapids, and 0.895x and 0.906x on a 2-core Zen 5
+  // (docs/benchmarks.md, "GEMM kernels: oneDNN's gemm:jit over brgemm"). brgemm copies an
+  // untransposed B into blocks; it ran the MLP down projection's backward, whose B rows are
+  // 3072 floats, at 0.6 TFLOP/s on the Xeon against 1.1-1.2 in gemm:jit. Below AVX-512 gemm:jit
+  // is oneDNN's first choice anyway. bf16 keeps oneDNN's choice: gemm:jit was faster for several
+  // bf16 shapes alone, but the bf16 step on AMX was 1.17x as long with it. (gemm:jit keeps data
+  // below the stack pointer: signals must not land on a computing thread, Note [Signals on
+  // their own thread].) MEMFIT_GEMM_KERNEL=first takes oneDNN's choice for f32 too, for A/B runs.
+  const bool want_gemm = s.kernel == GemmSpec::Kernel::automatic
+                             ? s.a_type == DType::f32 && s.b_type == DType::f32 &&
+                                   !first_choice_everywhere()
+                             : s.kernel == GemmSpec::Kernel::gemm;
   if (want_gemm) {  // walk oneDNN's list to its GEMM-based kernel; none: its first choice
     auto it = pd;
     while (std::string_view(MEMFIT_DNNL(it.impl_info_str())).substr(0, 5) != "gemm:" &&

@@ -24,10 +24,10 @@ struct GemmSpec {
   float alpha = 1.0f, beta = 0.0f;
   bool bias = false;  // add a (N) row vector to every row
   DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32, bias_type = DType::f32;
-  // Which of oneDNN's kernels runs it. automatic: f32 products take oneDNN's GEMM-based kernel
-  // ("gemm:jit"), the others oneDNN's first choice (Note [f32 GEMM kernel]); first: oneDNN's
-  // first choice (brgemm on AVX-512); gemm: its GEMM-based kernel where it has one. The last two
-  // are for benchmarks that compare them.
+  // Which of oneDNN's kernels runs it. automatic: memfit's rule (Note [GEMM kernel] in
+  // dnnl_gemm.cpp: oneDNN's GEMM-based kernel, "gemm:jit", for f32, oneDNN's first choice for
+  // bf16); first: oneDNN's first choice (brgemm on AVX-512); gemm: its GEMM-based kernel where
+  // it has one. The last two are for benchmarks.
   enum class Kernel : uint8_t { automatic, first, gemm };
   Kernel kernel = Kernel::automatic;
 
