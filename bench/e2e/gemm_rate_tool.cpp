@@ -1,9 +1,10 @@
 // The bare oneDNN matmul rate on this machine, for the FLOP-rate target of the mixed-precision
 // benchmark (bench/e2e/precision_vs_pytorch.py): a square N^3 GEMM in bf16 (AMX) and f32, the
 // best of `reps` runs after a warmup, in whichever of oneDNN's kernels is faster (its first
-// choice or its GEMM-based one, Note [GEMM kernel]): the rate a step is held against is the
-// best the library does, not only the kernel memfit picks. Prints one JSON object. Where oneDNN has no bf16 matmul
-// (AVX2-only CPUs, MEMFIT_MAX_ISA=avx2), bf16_tflops is null: bf16 runs at the f32 rate there.
+// choice or its GEMM-based one, Note [GEMM kernel]): a step is held against the best the
+// library does, not only the kernel memfit picks. Prints one JSON object. Where oneDNN has no
+// bf16 matmul (AVX2-only CPUs, MEMFIT_MAX_ISA=avx2), bf16_tflops is null: bf16 runs at the f32
+// rate there.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

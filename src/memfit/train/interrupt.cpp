@@ -42,9 +42,10 @@ sigset_t interrupt_set() {
 
 // Note [Signals on their own thread]: a handler runs on the stack of the thread the signal
 // lands on, below that thread's stack pointer. oneDNN 2.6's GEMM-based f32 kernel (gemm:jit,
-// which memfit uses: Note [GEMM kernel]) keeps data there, beyond the 128 bytes the ABI
-// leaves alone: a SIGTERM that landed in a GEMM corrupted the heap (Interrupt tests: "corrupted
-// size vs. prev_size", or SIGSEGV in a later free, in most runs). So no computing thread takes
+// which memfit uses: Note [GEMM kernel]) evidently keeps live data there, beyond the 128 bytes
+// the ABI leaves alone: a SIGTERM that landed in a GEMM corrupted the heap (the CLI's Interrupt
+// test: "corrupted size vs. prev_size", or SIGSEGV in a later free, in 17 of 20 runs), and the
+// same handler on an alternate stack (sigaltstack) made that vanish. So no computing thread takes
 // these signals. The caller blocks them, and so does every OpenMP thread of its pool (threads
 // it creates later inherit the mask); a thread of our own, which computes nothing, leaves them
 // open and runs the handler. Threads started before the scope (MPI's, the offload engine's)

@@ -162,8 +162,8 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
                      : MEMFIT_DNNL(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md));
   auto pd = MEMFIT_DNNL(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
   // Note [GEMM kernel]: oneDNN 2.6's first choice for f32 on AVX-512 is its brgemm matmul. Its
-  // GEMM-based kernel (gemm:jit) made the gpt2 8 x 256 FP32 step 0.80x and 0.94x as long in two
-  // interleaved runs on a 16-core Sapphire Rapids, and 0.895x and 0.906x on a 2-core Zen 5
+  // GEMM-based kernel (gemm:jit) made the gpt2 8 x 256 FP32 step 0.80x, 0.94x and 0.86x as long
+  // in three interleaved runs on a 16-core Sapphire Rapids, and 0.89x and 0.91x on a 2-core Zen 5
   // (docs/benchmarks.md, "GEMM kernels: oneDNN's gemm:jit over brgemm"). brgemm copies an
   // untransposed B into blocks; it ran the MLP down projection's backward, whose B rows are
   // 3072 floats, at 0.6 TFLOP/s on the Xeon against 1.1-1.2 in gemm:jit. Below AVX-512 gemm:jit
