@@ -123,6 +123,7 @@ void BM_Gemm_StepKernels(benchmark::State& state) {
                  (g.tb ? " B^T" : "") + (g.acc ? " +=" : ""));
   state.counters["FLOP/s"] =
       benchmark::Counter(2.0 * g.M * g.N * g.K * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["scratch_MiB"] = double(dnnl_gemm::scratch_bytes(spec)) / (1 << 20);
 }
 
 void linear_shapes(benchmark::internal::Benchmark* b) {

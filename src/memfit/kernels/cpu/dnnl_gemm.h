@@ -52,5 +52,7 @@ const char* isa();
 // "gemm:jit", "brg:avx512_core_amx_bf16"), for tests and benchmarks.
 size_t cache_size();
 const char* implementation(const GemmSpec& spec);
+// The scratch bytes oneDNN asks for to run `spec` (from thread_scratch, outside the pool).
+size_t scratch_bytes(const GemmSpec& spec);
 
 }  // namespace memfit::kernels::dnnl_gemm
