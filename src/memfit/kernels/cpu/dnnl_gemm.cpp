@@ -179,11 +179,13 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
                                    !first_choice_everywhere()
                              : s.kernel == GemmSpec::Kernel::gemm;
   if (want_gemm) {  // walk oneDNN's list to its GEMM-based kernel; none: its first choice
+    auto is_gemm = [](const dnnl::matmul::primitive_desc& p) {
+      return std::string_view(MEMFIT_DNNL(p.impl_info_str())).starts_with("gemm:");
+    };
     auto it = pd;
-    while (std::string_view(MEMFIT_DNNL(it.impl_info_str())).substr(0, 5) != "gemm:" &&
-           MEMFIT_DNNL(it.next_impl())) {
+    while (!is_gemm(it) && MEMFIT_DNNL(it.next_impl())) {
     }
-    if (std::string_view(MEMFIT_DNNL(it.impl_info_str())).substr(0, 5) == "gemm:") pd = it;
+    if (is_gemm(it)) pd = it;
   }
   e->impl = MEMFIT_DNNL(pd.impl_info_str());
   e->scratch_md = MEMFIT_DNNL(pd.scratchpad_desc());
