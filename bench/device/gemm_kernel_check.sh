@@ -28,9 +28,6 @@ if [ "${QUICK:-0}" != 1 ]; then
     tee -a "$log"
   precision_tables 2,2
 else
-  say "precision table, native"
-  $py bench/e2e/precision_vs_pytorch.py --no-torch --runs fp32,bf16 \
-    --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats 2,2 --out "$OUT/precision_native.json" \
-    2>&1 | tee -a "$log"
+  precision_tables 2,2 native
 fi
 say "done"

@@ -12,12 +12,16 @@ say() { echo "== $(date -u +%T) $*" | tee -a "$log"; }
 export PYTHONUNBUFFERED=1
 py=python3
 # docs/benchmarks.md's precision table (memfit fp32 and bf16 at 6x384 and gpt2, 8 x 256),
-# native and capped to AVX2, each shape's runs repeated $1 times (e.g. 3,2).
+# each shape's runs repeated $1 times (e.g. 3,2), for the ISAs that follow (native and avx2 if
+# none are named).
 precision_tables() {
-  say "precision table, native and capped"
-  for isa in native avx2; do
+  local repeats=$1
+  shift
+  local isas=${*:-native avx2}
+  say "precision table: $isas"
+  for isa in $isas; do
     $py bench/e2e/precision_vs_pytorch.py --no-torch --runs fp32,bf16 \
-      --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats "$1" \
+      --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats "$repeats" \
       $([ $isa = avx2 ] && echo --isa avx2) --out "$OUT/precision_$isa.json" 2>&1 | tee -a "$log"
   done
 }
