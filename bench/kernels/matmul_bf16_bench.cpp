@@ -7,6 +7,10 @@
 // CPU: oneDNN's bf16 kernels from AVX-512 up, else widened through the f32 GEMM
 // (matmul_widened.h; AVX2-only CPUs and MEMFIT_MAX_ISA=avx2), the label says which.
 #include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstring>
 
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/matmul.h"
@@ -64,6 +68,43 @@ void BM_Matmul_Bf16Forward(benchmark::State& state) {
       benchmark::Counter(2.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
 }
 
+// The same product with its operands out of every cache, as a step meets most of them (the
+// activations it reads were written a layer or a phase ago, the weights a whole step ago):
+// before each timed product the team writes a buffer larger than the last-level cache
+// (kEvictBytes; the 16-core Xeon guest reports 300 MiB of L3). Against BM_Matmul_Bf16Forward,
+// what the caches are worth to each shape; against the step's kernel times (Note [Kernel
+// times]), how much of the gap between a GEMM alone and the same GEMM in a step is that.
+constexpr size_t kEvictBytes = size_t{768} << 20;
+
+void BM_Matmul_Bf16ForwardCold(benchmark::State& state) {
+  const int64_t R = state.range(0), IC = state.range(1), OC = state.range(2);
+  const DType t = operand_type(state, 4);
+  MemoryPool pool;
+  Tensor inp = filled(pool, {R, IC}, t, Category::activations, "inp");
+  Tensor w = filled(pool, {OC, IC}, t, Category::params, "w");
+  Tensor bias = state.range(3) ? filled(pool, {OC}, DType::f32, Category::params, "b") : Tensor();
+  Tensor out = Tensor::empty(pool, {R, OC}, DType::f32, Category::activations, "out");
+  Tensor ws = route_scratch(pool, t, R, IC, OC);
+  Tensor evict = Tensor::empty(pool, {static_cast<int64_t>(kEvictBytes)}, DType::u8,
+                               Category::workspace, "evict");
+  auto* e = static_cast<unsigned char*>(evict.raw_data());
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  int fill = 0;
+  for (auto _ : state) {
+    fill = (fill + 1) & 0x7f;
+#pragma omp parallel for
+    for (int64_t b = 0; b < static_cast<int64_t>(kEvictBytes) / kBlock; ++b)
+      std::memset(e + b * kBlock, fill, kBlock);
+    const auto t0 = std::chrono::steady_clock::now();
+    forward(out, inp, w, bias, ws);
+    const auto t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(out.raw_data());
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
+}
+
 // dinp (f32) = dout @ w, dweight (f32) += dout^T @ inp, dbias (f32) += column sums.
 void BM_Matmul_Bf16Backward(benchmark::State& state) {
   const int64_t R = state.range(0), IC = state.range(1), OC = state.range(2);
@@ -105,7 +146,7 @@ void BM_Matmul_Bf16Gemm(benchmark::State& state) {
       benchmark::Counter(2.0 * n * n * n * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-void gpt2_shapes(benchmark::internal::Benchmark* b) {
+void gpt2_shape_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"R", "IC", "OC", "bias", "bf16"});
   for (int64_t bf16 : {0, 1}) {
     b->Args({2048, 768, 2304, 1, bf16});  // attention qkv
@@ -114,11 +155,24 @@ void gpt2_shapes(benchmark::internal::Benchmark* b) {
     b->Args({2048, 3072, 768, 1, bf16});  // MLP down
     b->Args({256, 768, 50304, 0, bf16});  // LM head, one chunk of rows
   }
+}
+
+void gpt2_shapes(benchmark::internal::Benchmark* b) {
+  gpt2_shape_args(b);
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
 BENCHMARK(BM_Matmul_Bf16Forward)->Apply(gpt2_shapes);
 BENCHMARK(BM_Matmul_Bf16Backward)->Apply(gpt2_shapes);
+// A fixed count: the eviction between products is not timed, and a time target would repeat it
+// thousands of times.
+BENCHMARK(BM_Matmul_Bf16ForwardCold)
+    ->Apply(gpt2_shape_args)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(20)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true)
+    ->UseManualTime();
 BENCHMARK(BM_Matmul_Bf16Gemm)
     ->ArgNames({"n", "bf16"})
     ->Args({2048, 0})
