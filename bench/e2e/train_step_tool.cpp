@@ -33,7 +33,7 @@ using namespace memfit;
 
 int main(int argc, char** argv) {
   std::string model = "gpt2-small-test";
-  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 0;  // 0: the model's default
+  int B = 8, T = 256, steps = 5, warmup = 1, chunk = 0, group = 0;  // 0: the model's default
   TrainConfig shape;  // the preset and memfit train's overrides of it (0 / empty: keep)
   std::string attention = "flash", precision = "fp32", master = "fp32", optim = "adamw",
               ckpt = "none", act_compress = "none";
@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--lm-head-chunk") chunk = std::stoi(v);
+    else if (k == "--lm-head-group") group = std::stoi(v);
     else if (k == "--attention") attention = v;
     else if (k == "--precision") precision = v;
     else if (k == "--master-weights") master = v;
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
     gpt.init_weights(1337);
     ActivationOptions opts;
     opts.lm_head_chunk = chunk;
+    opts.lm_head_group = group;
     opts.attention = attention_kind_from_name(attention);
     opts.ckpt = CheckpointPolicy::parse(ckpt);
     opts.act_compress = act_compress_from_name(act_compress);
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
     j["ckpt"] = ckpt;
     j["act_compress"] = act_compress;
     j["lm_head_chunk"] = gpt.step_plan().options.lm_head_chunk;  // as planned
+    j["lm_head_group"] = lm_head_grad_rows(gpt.step_plan().options, int64_t{B} * T);
     j["skipped"] = skipped;
     j["batch"] = B;
     j["seq"] = T;

@@ -120,7 +120,7 @@ struct StepResult {
   std::vector<float> grads;
 };
 StepResult one_step(Family family, const Mode& m, float loss_scale = 1.0f, uint32_t seed = 5,
-                    int B = 3, int lm_head_chunk = 0) {
+                    int B = 3, int lm_head_chunk = 0, int lm_head_group = 0) {
   MemoryPool pool;
   ModelConfig c = odd_config(family);
   Transformer gpt(c, pool, m.precision);
@@ -136,6 +136,7 @@ StepResult one_step(Family family, const Mode& m, float loss_scale = 1.0f, uint3
   gpt.refresh_working();
   ActivationOptions o = options_for(m.attention);
   o.lm_head_chunk = lm_head_chunk;
+  o.lm_head_group = lm_head_group;
   gpt.reserve(B, 13, o);
   Batch b(pool, B, 13, c.vocab_size, seed + 3);
   StepResult r;
@@ -220,6 +221,19 @@ TEST_P(Mixed, TheHeadsGradientGatheredOverChunksIsTheOneChunksGradient) {
   EXPECT_NEAR(chunked.loss, one.loss, 1e-6 * one.loss);
   const auto [err, where] = worst_grad_error(f, chunked, one);
   EXPECT_LT(err, 1e-5) << where;  // a row or a chunk out of place would be O(1)
+}
+
+TEST_P(Mixed, AnAskedHeadGroupGivesTheOneChunksGradient) {
+  // --lm-head-group 111 over 260 rows in chunks of 37: groups of three chunks (111 rows, then
+  // 111, then 38), d(norm) every 55 rows or more (half the group: two chunks at a time, and
+  // the group's last chunk alone). The same loss and gradients as one chunk of 260 rows.
+  const Family f = family();
+  const Mode bf16{"bf16", {Precision::bf16, true}, AttentionKind::flash};
+  const StepResult one = one_step(f, bf16, 1.0f, 5, 20, 260);
+  const StepResult grouped = one_step(f, bf16, 1.0f, 5, 20, 37, 111);
+  EXPECT_NEAR(grouped.loss, one.loss, 1e-6 * one.loss);
+  const auto [err, where] = worst_grad_error(f, grouped, one);
+  EXPECT_LT(err, 1e-5) << where;
 }
 
 // Random floats over 2^-30 .. 2^20 (f16's subnormals and overflow included), every seventh

@@ -176,8 +176,37 @@ TEST(StepPlan, OnOneDnnsBf16GemmTheHeadsGradientGathers512Rows) {
       EXPECT_EQ(chunk, 128);  // gathering keeps the default: twice it would cost 24.6 MiB here
       EXPECT_EQ(rows(p, "ws.dlogits"), kLmHeadGradRows);
       EXPECT_EQ(lm_head_grad_rows(p.options, 300), 300);  // never more than the step's rows
+      EXPECT_EQ(lm_head_dx_rows(p.options, 2048), kLmHeadGradRows / 2);
     }
   }
+}
+
+TEST(StepPlan, TheHeadsGroupIsAskedRowsAndDNormTakesHalfOfIt) {
+  // --lm-head-group 2048 gathers the whole gpt2 8 x 256 step's logit gradients for one d(head)
+  // GEMM, and d(norm) runs 1024 rows at a time; where the gradient is not grouped both stay a
+  // chunk. A group below the chunk is the chunk; a negative one is a ConfigError.
+  const ModelConfig c = ModelConfig::preset("gpt2");
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    ActivationOptions o = options("none", AttentionKind::flash, precision);
+    o.lm_head_chunk = 0;
+    o.lm_head_group = 2048;
+    const StepPlan p = plan_step(c, 8, 256, o);
+    const int64_t chunk = p.options.lm_head_chunk;
+    const bool grouped = precision == Precision::bf16 && !kernels::matmul_widens(DType::bf16);
+    EXPECT_EQ(lm_head_grad_rows(p.options, 2048), grouped ? 2048 : chunk);
+    EXPECT_EQ(lm_head_dx_rows(p.options, 2048), grouped ? 1024 : chunk);
+    int64_t dlogits_rows = 0;
+    for (const BufferSpec& b : p.buffers)
+      if (b.tag == "ws.dlogits") dlogits_rows = b.shape[0];
+    EXPECT_EQ(dlogits_rows, grouped ? 2048 : 0);
+    ActivationOptions small = p.options;
+    small.lm_head_group = 3;
+    EXPECT_EQ(lm_head_grad_rows(small, 2048), chunk);
+  }
+  ActivationOptions bad = options("none");
+  bad.lm_head_group = -1;
+  EXPECT_THROW(check_activation_options(bad), ConfigError);
 }
 
 }  // namespace

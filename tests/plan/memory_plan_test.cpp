@@ -226,6 +226,44 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakAtTheRunsThreadCount) {
     }
 }
 
+TEST_F(Planner, PredictedPeakEqualsMeasuredPeakWithALargerHeadGroup) {
+  // --lm-head-group gathers more rows of the head's bf16 gradient (ws.dlogits) where oneDNN
+  // multiplies bf16: the run takes the plan's buffer, and the plan's peak is the run's byte
+  // for byte. Where the gradient is not grouped (fp32; bf16 widened under an AVX2 cap) there
+  // is no such buffer.
+  int64_t dlogits_rows[2][2] = {};
+  for (int bf16 : {0, 1})
+    for (int group : {0, 768}) {
+      TrainConfig c;
+      c.model = "gpt2-tiny";
+      c.n_layer = 2;
+      c.seq_len = 48;
+      c.batch = 16;  // 768 rows: the default group is 512
+      c.data_dir = dir.string();
+      c.steps = 1;
+      c.eval_batches = 1;
+      c.precision = bf16 ? "bf16" : "fp32";
+      c.lm_head_group = group;
+      const PlanReport plan = plan_training(resolve_run(c));
+      const TrainSummary s = train(c);
+      SCOPED_TRACE(fmt::format("{}, --lm-head-group {}", c.precision, group));
+      EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+      for (Category cat : kAllCategories)
+        EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                  s.peak_by_category[static_cast<size_t>(cat)])
+            << category_name(cat);
+      for (const BufferSpec& b : plan.step.buffers)
+        if (b.tag == "ws.dlogits") dlogits_rows[bf16][group ? 1 : 0] = b.shape[0];
+    }
+  EXPECT_EQ(dlogits_rows[0][0] + dlogits_rows[0][1], 0);
+  if (kernels::matmul_widens(DType::bf16)) {
+    EXPECT_EQ(dlogits_rows[1][0] + dlogits_rows[1][1], 0);
+  } else {
+    EXPECT_EQ(dlogits_rows[1][0], kLmHeadGradRows);
+    EXPECT_EQ(dlogits_rows[1][1], 768);
+  }
+}
+
 TEST_F(Planner, PeakPhaseIsWhereTheMostBytesAreLive) {
   auto plan = [&](const char* precision, const char* ckpt) {
     TrainConfig c;
@@ -274,6 +312,9 @@ TEST(PlanConfig, RefusesWhatTrainRefuses) {
   TrainConfig no_batch;
   no_batch.batch = 0;
   EXPECT_THROW(plan_training(resolve_run(no_batch)), ConfigError);
+  TrainConfig negative_group;
+  negative_group.lm_head_group = -1;
+  EXPECT_THROW(plan_training(resolve_run(negative_group)), ConfigError);
 }
 
 TEST(StepFlops, RecomputationAddsOneForwardPerRecomputedBlock) {

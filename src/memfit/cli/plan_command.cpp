@@ -82,6 +82,8 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
     j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
   j["peak_phase"] = r.peak_phase;
   j["lm_head_chunk"] = r.step.options.lm_head_chunk;  // as planned (Note [Fused LM head])
+  // Rows of the head's gradient per d(head) GEMM: the chunk where the gradient is not grouped.
+  j["lm_head_group"] = lm_head_grad_rows(r.step.options, int64_t{run.batch} * run.T);
   j["peak_live_bytes"] = r.peak_live_bytes;
   // The gradient slab's bytes where the activations arena holds them (0: its own slab).
   j["grads_in_arena_bytes"] = grads_slab_bytes(r);

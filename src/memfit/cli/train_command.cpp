@@ -181,6 +181,11 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--attention", c.attention,
                   "flash (tiled, O(T) saved per head) | plain (saves the T x T probabilities)")
       ->capture_default_str();
+  cmd->add_option("--lm-head-group", c.lm_head_group,
+                  "Rows of the LM head's gradient per weight-gradient GEMM where bf16 matmuls "
+                  "run in oneDNN (0: 512); more rows cost 2 x vocab bytes each and can shorten "
+                  "the step on many cores (docs/notes/fused-lm-head.md)")
+      ->capture_default_str();
   cmd->add_option("--ckpt", c.ckpt,
                   "Activation checkpointing: none | full | selective | every:K | layers:LIST | "
                   "auto (the fastest that fits --mem-limit)")

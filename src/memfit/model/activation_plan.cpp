@@ -53,7 +53,12 @@ int64_t lm_head_grad_rows(const ActivationOptions& options, int64_t rows) {
   const DType h = half_dtype(options.precision);
   const bool grouped = h != DType::f32 && !kernels::matmul_widens(h);
   const int64_t chunk = lm_head_rows(options, rows);
-  return grouped ? std::min(rows, std::max(chunk, kLmHeadGradRows)) : chunk;
+  const int64_t group = options.lm_head_group > 0 ? options.lm_head_group : kLmHeadGradRows;
+  return grouped ? std::min(rows, std::max(chunk, group)) : chunk;
+}
+
+int64_t lm_head_dx_rows(const ActivationOptions& options, int64_t rows) {
+  return std::max(lm_head_rows(options, rows), lm_head_grad_rows(options, rows) / 2);
 }
 
 void check_activation_options(const ActivationOptions& options) {
@@ -61,6 +66,10 @@ void check_activation_options(const ActivationOptions& options) {
     MEMFIT_THROW(ConfigError, "config",
                  "--attention flash runs in fp32 and bf16; with --precision fp16 use --attention "
                  "plain");
+  if (options.lm_head_group < 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--lm-head-group must be 0 (the default, {}) or a number of rows, got {}",
+                 kLmHeadGradRows, options.lm_head_group);
   if (options.inference && options.grads_in_arena)
     MEMFIT_THROW(ConfigError, "config",
                  "an inference plan has no gradients to keep in the activations arena");

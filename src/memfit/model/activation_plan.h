@@ -61,6 +61,12 @@ struct ActivationOptions {
   // default, doubled while that costs no arena byte) and records the choice here in the plan's
   // options.
   int lm_head_chunk = 0;
+  // Rows of the LM head's gradient gathered for one d(head) GEMM on oneDNN's bf16 GEMM
+  // (lm_head_grad_rows; --lm-head-group); 0: kLmHeadGradRows. More rows cost ws.dlogits bytes
+  // (2 Vp a row) and save the head's GEMMs re-reading their weight and f32 gradient: on a
+  // 16-core AMX Xeon, 2048 rows made a gpt2 8 x 256 bf16 step 9% shorter for 147 MiB; on a
+  // 2-core Zen 5 they changed nothing (docs/benchmarks.md, "The LM head's gradient group").
+  int lm_head_group = 0;
   AttentionKind attention = AttentionKind::flash;
   // Set by the model from its own precision: matmul operands and saved activations are in
   // half_dtype(precision) (docs/notes/mixed-precision.md has the table).
@@ -92,16 +98,18 @@ int64_t default_lm_head_chunk(const ActivationOptions& options);
 // always sets it), else the default. At most `rows`.
 int64_t lm_head_rows(const ActivationOptions& options, int64_t rows);
 // Rows of the LM head's gradient per weight-gradient GEMM: on oneDNN's bf16 GEMM the chunks'
-// bf16 logit gradients gather in ws.dlogits until there are kLmHeadGradRows of them (the d(head)
-// GEMM's K: its f32 (Vp, C) result is read and written once per group, not once per chunk); at
-// the default chunk that takes the bytes the old 256-row chunk's f32 logits and bf16 gradient
-// took. One chunk elsewhere (fp32 computes the gradient in place in the logits; the widened
-// route widens it into them). At most `rows`.
+// bf16 logit gradients gather in ws.dlogits until there are options.lm_head_group of them
+// (kLmHeadGradRows where 0; the d(head) GEMM's K: its f32 (Vp, C) result is read and written
+// once per group, not once per chunk); at the default chunk that takes the bytes the old
+// 256-row chunk's f32 logits and bf16 gradient took. One chunk elsewhere (fp32 computes the
+// gradient in place in the logits; the widened route widens it into them). At most `rows`.
 inline constexpr int64_t kLmHeadGradRows = 512;
-// Grouped, the rows of d(norm) per GEMM: oneDNN's bf16 dlogits @ head ran a gpt2 8 x 256 step's
-// rows in 197 ms at 256 rows a GEMM, 221 at 128 and 219 at 512 (2-core AMD EPYC, AVX512_BF16).
-inline constexpr int64_t kLmHeadDxRows = 256;
 int64_t lm_head_grad_rows(const ActivationOptions& options, int64_t rows);
+// Grouped, the rows of d(norm) = dlogits @ head per GEMM: half the group, at least a chunk (each
+// GEMM reads the whole head weight, so more rows read it fewer times). At the default group,
+// 256: a gpt2 8 x 256 step's d(norm) took 197 ms at 256 rows a GEMM, 221 at 128 and 219 at 512
+// (2-core AMD EPYC, AVX512_BF16). Where the gradient is not grouped, a chunk.
+int64_t lm_head_dx_rows(const ActivationOptions& options, int64_t rows);
 
 // ConfigError for options no plan exists for: flash attention in fp16 (flash has no f16 path).
 void check_activation_options(const ActivationOptions& options);

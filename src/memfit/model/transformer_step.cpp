@@ -88,6 +88,7 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
   const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.padded_vocab;
   const int64_t R = lm_head_rows(options_, N);       // the chunk
   const int64_t G = lm_head_grad_rows(options_, N);  // the gradient's group of chunks
+  const int64_t D = lm_head_dx_rows(options_, N);    // grouped: d(norm)'s rows per GEMM
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   const bool mixed = h != f32;
   ctx.enter(PhaseKind::lm_head);
@@ -139,8 +140,8 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
         matmul_backward_widened_blocked(dx, dhead, logits, x, w.head, head_ws);
       } else if (G == R) {
         linear_backward(ctx, dx, dhead, no_grad, dlogits, x, w.head);
-      } else if (r1 - dx0 >= kLmHeadDxRows || r1 == g1) {
-        // d(norm) at least 256 rows at a time, d(head) once the group is complete.
+      } else if (r1 - dx0 >= D || r1 == g1) {
+        // d(norm) at least D rows at a time, d(head) once the group is complete.
         Tensor dl = dlogits_ws.slice(dx0 - g0, r1 - g0), dxs = dnorm.slice(dx0, r1);
         matmul_backward(dxs, no_grad, no_grad, dl, norm.slice(dx0, r1), w.head);
         dx0 = r1;

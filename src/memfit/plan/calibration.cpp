@@ -120,12 +120,16 @@ std::vector<Shape3> block_shapes(int64_t C) {
   return shapes;
 }
 
-// The LM head's three matmuls at the engine's rows (model/activation_plan.h): the logits of the
-// default chunk; d(norm) and d(head) a chunk at a time, or, `grouped` (oneDNN's bf16 GEMM),
-// kLmHeadDxRows and kLmHeadGradRows at a time.
+// The LM head's three matmuls at the engine's default rows (model/activation_plan.h): the
+// logits of the default chunk; d(norm) and d(head) a chunk at a time, or, `grouped` (oneDNN's
+// bf16 GEMM), lm_head_dx_rows and lm_head_grad_rows at a time. The rates of a larger
+// --lm-head-group are not measured: the estimate prices its head at the default group's rate.
 std::vector<Shape3> head_shapes(int64_t C, bool grouped) {
-  const int64_t R = default_lm_head_chunk(ActivationOptions{}), V = kHeadVocab;
-  const int64_t dx = grouped ? kLmHeadDxRows : R, dw = grouped ? kLmHeadGradRows : R;
+  ActivationOptions o;  // the default chunk and group
+  o.precision = grouped ? Precision::bf16 : Precision::fp32;
+  const int64_t many = int64_t{1} << 20;  // rows enough that no rule is cut to the step's
+  const int64_t R = lm_head_rows(o, many), V = kHeadVocab;
+  const int64_t dx = lm_head_dx_rows(o, many), dw = lm_head_grad_rows(o, many);
   return {{R, V, C, false, true}, {dx, C, V, false, false}, {V, C, dw, true, false, true}};
 }
 

@@ -21,8 +21,9 @@ namespace memfit {
 // GEMM rates (FLOP/s) at one model width C: `block` over a block's four linear layers (qkv,
 // attention projection, fc, fc projection) with 2048 rows (8 x 256 tokens; 512 at width 1536),
 // each forward with its bias, d(input) and d(weight) accumulated as the model runs them;
-// `head` over the LM head's three matmuls at the engine's rows (the default chunk; on oneDNN's
-// bf16 GEMM d(norm) at kLmHeadDxRows and d(head) at kLmHeadGradRows) and 32768 vocabulary rows.
+// `head` over the LM head's three matmuls at the engine's default rows (the default chunk; on
+// oneDNN's bf16 GEMM d(norm) at lm_head_dx_rows and d(head) at lm_head_grad_rows) and 32768
+// vocabulary rows.
 struct GemmRates {
   int width = 0;
   double f32_block = 0, f32_head = 0, bf16_block = 0, bf16_head = 0;

@@ -7,6 +7,7 @@ namespace memfit {
 ActivationOptions RunSpec::activation_options() const {
   ActivationOptions o;
   o.attention = attention;
+  o.lm_head_group = lm_head_group;
   o.ckpt = ckpt;
   o.act_compress = act_compress;
   o.precision = precision.precision;

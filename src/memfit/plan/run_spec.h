@@ -44,6 +44,7 @@ struct RunSpec {
   int64_t steps = 0;
   PrecisionOptions precision;
   AttentionKind attention = AttentionKind::flash;
+  int lm_head_group = 0;       // --lm-head-group (ActivationOptions::lm_head_group)
   CheckpointPolicy ckpt;       // the policy to plan (none while ckpt_auto: the search sets it)
   // How kept activations are stored; a search may change it while act_compress_open.
   ActCompress act_compress = ActCompress::none;

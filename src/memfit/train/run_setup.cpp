@@ -132,6 +132,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.steps = c.steps;
   s.precision = c.precision_options();
   s.attention = attention_kind_from_name(c.attention);
+  s.lm_head_group = c.lm_head_group;
   s.ckpt_auto = c.ckpt == "auto";
   if (!s.ckpt_auto) s.ckpt = CheckpointPolicy::parse(c.ckpt);
   s.act_compress = run_act_compress(c);

@@ -42,6 +42,7 @@ PrecisionOptions TrainConfig::precision_options() const {
 ActivationOptions TrainConfig::activation_options() const {
   ActivationOptions o;
   o.attention = attention_kind_from_name(attention);
+  o.lm_head_group = lm_head_group;
   o.ckpt = CheckpointPolicy::parse(ckpt);
   o.act_compress = act_compress.empty() ? ActCompress::none : act_compress_from_name(act_compress);
   o.precision = precision_from_name(precision);

@@ -82,6 +82,9 @@ struct TrainConfig {
   // batch (the loss must fall), and the offload headline's "one fixed batch".
   bool repeat_batch = false;
   std::string attention = "flash";  // flash | plain
+  // Rows of the LM head's gradient per weight-gradient GEMM on oneDNN's bf16 GEMM; 0: the
+  // default, 512 (ActivationOptions::lm_head_group).
+  int lm_head_group = 0;
   // none | full | selective | every:K | layers:LIST, or auto: the planner picks the fastest
   // policy that fits mem_limit (train/run_setup.h) before anything is built.
   std::string ckpt = "none";
