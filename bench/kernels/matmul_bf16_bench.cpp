@@ -50,33 +50,17 @@ void forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& bias
     matmul_forward(out, inp, w, bias);
 }
 
-// Args: rows R, in features IC, out features OC, bias (0/1), bf16 (0/1). out is f32.
-void BM_Matmul_Bf16Forward(benchmark::State& state) {
-  const int64_t R = state.range(0), IC = state.range(1), OC = state.range(2);
-  const DType t = operand_type(state, 4);
-  MemoryPool pool;
-  Tensor inp = filled(pool, {R, IC}, t, Category::activations, "inp");
-  Tensor w = filled(pool, {OC, IC}, t, Category::params, "w");
-  Tensor bias = state.range(3) ? filled(pool, {OC}, DType::f32, Category::params, "b") : Tensor();
-  Tensor out = Tensor::empty(pool, {R, OC}, DType::f32, Category::activations, "out");
-  Tensor ws = route_scratch(pool, t, R, IC, OC);
-  for (auto _ : state) {
-    forward(out, inp, w, bias, ws);
-    benchmark::DoNotOptimize(out.raw_data());
-  }
-  state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
-}
-
-// The same product with its operands out of every cache, as a step meets most of them (the
-// activations it reads were written a layer or a phase ago, the weights a whole step ago):
-// before each timed product the team writes a buffer larger than the last-level cache
-// (kEvictBytes; the 16-core Xeon guest reports 300 MiB of L3). Against BM_Matmul_Bf16Forward,
+// Before each timed product of BM_Matmul_Bf16ForwardCold the team writes a buffer larger than
+// the last-level cache (the 16-core Xeon guest reports 300 MiB of L3), so that the product meets
+// its operands out of every cache, as a step meets most of them (the activations it reads were
+// written a layer or a phase ago, the weights a whole step ago). Against BM_Matmul_Bf16Forward,
 // what the caches are worth to each shape; against the step's kernel times (Note [Kernel
 // times]), how much of the gap between a GEMM alone and the same GEMM in a step is that.
 constexpr size_t kEvictBytes = size_t{768} << 20;
 
-void BM_Matmul_Bf16ForwardCold(benchmark::State& state) {
+// Args: rows R, in features IC, out features OC, bias (0/1), bf16 (0/1). out is f32. `cold`:
+// the caches are emptied before each product, and only the product is timed (manual time).
+void forward_product(benchmark::State& state, bool cold) {
   const int64_t R = state.range(0), IC = state.range(1), OC = state.range(2);
   const DType t = operand_type(state, 4);
   MemoryPool pool;
@@ -85,25 +69,31 @@ void BM_Matmul_Bf16ForwardCold(benchmark::State& state) {
   Tensor bias = state.range(3) ? filled(pool, {OC}, DType::f32, Category::params, "b") : Tensor();
   Tensor out = Tensor::empty(pool, {R, OC}, DType::f32, Category::activations, "out");
   Tensor ws = route_scratch(pool, t, R, IC, OC);
-  Tensor evict = Tensor::empty(pool, {static_cast<int64_t>(kEvictBytes)}, DType::u8,
-                               Category::workspace, "evict");
-  auto* e = static_cast<unsigned char*>(evict.raw_data());
+  Tensor evict = cold ? Tensor::empty(pool, {static_cast<int64_t>(kEvictBytes)}, DType::u8,
+                                      Category::workspace, "evict")
+                      : Tensor();
   constexpr int64_t kBlock = int64_t{1} << 20;
   int fill = 0;
   for (auto _ : state) {
-    fill = (fill + 1) & 0x7f;
+    if (cold) {
+      auto* e = static_cast<unsigned char*>(evict.raw_data());
+      fill = (fill + 1) & 0x7f;
 #pragma omp parallel for
-    for (int64_t b = 0; b < static_cast<int64_t>(kEvictBytes) / kBlock; ++b)
-      std::memset(e + b * kBlock, fill, kBlock);
+      for (int64_t b = 0; b < static_cast<int64_t>(kEvictBytes) / kBlock; ++b)
+        std::memset(e + b * kBlock, fill, kBlock);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     forward(out, inp, w, bias, ws);
     const auto t1 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(out.raw_data());
-    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    if (cold) state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
   }
   state.counters["FLOP/s"] =
       benchmark::Counter(2.0 * R * IC * OC * state.iterations(), benchmark::Counter::kIsRate);
 }
+
+void BM_Matmul_Bf16Forward(benchmark::State& state) { forward_product(state, false); }
+void BM_Matmul_Bf16ForwardCold(benchmark::State& state) { forward_product(state, true); }
 
 // dinp (f32) = dout @ w, dweight (f32) += dout^T @ inp, dbias (f32) += column sums.
 void BM_Matmul_Bf16Backward(benchmark::State& state) {
