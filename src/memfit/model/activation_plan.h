@@ -64,8 +64,8 @@ struct ActivationOptions {
   // Rows of the LM head's gradient gathered for one d(head) GEMM on oneDNN's bf16 GEMM
   // (lm_head_grad_rows; --lm-head-group); 0: kLmHeadGradRows. More rows cost ws.dlogits bytes
   // (2 Vp a row) and save the head's GEMMs re-reading their weight and f32 gradient: on a
-  // 16-core AMX Xeon, 2048 rows made a gpt2 8 x 256 bf16 step about 7% shorter (the median of
-  // five rounds) for 147 MiB; on a 2-core Zen 5 they changed nothing (Note [Fused LM head], "A
+  // 16-core AMX Xeon, 2048 rows made a gpt2 8 x 256 bf16 step about 5% shorter (the median of
+  // nine rounds) for 147 MiB; on a 2-core Zen 5 they changed nothing (Note [Fused LM head], "A
   // larger group").
   int lm_head_group = 0;
   AttentionKind attention = AttentionKind::flash;
