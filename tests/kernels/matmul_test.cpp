@@ -284,6 +284,23 @@ TEST(Gemm, Gpt2ShapesUseOptimizedKernels) {
   }
 }
 
+// MEMFIT_GEMM_KERNEL takes auto (or nothing) and first; a misspelling is a ConfigError that
+// names the variable, not a silent return to the default.
+TEST(Gemm, KernelVariableTakesAutoOrFirstAndRefusesOthers) {
+  EXPECT_FALSE(dnnl_gemm::first_choice_from_env(nullptr));
+  EXPECT_FALSE(dnnl_gemm::first_choice_from_env(""));
+  EXPECT_FALSE(dnnl_gemm::first_choice_from_env("auto"));
+  EXPECT_TRUE(dnnl_gemm::first_choice_from_env("first"));
+  try {
+    dnnl_gemm::first_choice_from_env("frist");
+    FAIL() << "MEMFIT_GEMM_KERNEL=frist was accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("MEMFIT_GEMM_KERNEL"), std::string::npos) << what;
+    EXPECT_NE(what.find("'frist'"), std::string::npos) << what;
+  }
+}
+
 // Note [GEMM kernel]: every f32 product takes oneDNN's GEMM-based kernel, under any cap
 // (below AVX-512 it is oneDNN's first choice anyway), and the spec's kernel is part of the cache
 // key: asking for oneDNN's first choice builds a second primitive with the same product.

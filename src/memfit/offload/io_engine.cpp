@@ -130,7 +130,13 @@ bool injected_fault(InjectedFault* fault) {
 
 std::unique_ptr<IoEngine> make_io_engine() {
   const char* force = std::getenv("MEMFIT_OFFLOAD_IO");
-  if (force && std::string_view(force) == "threads") return make_thread_engine();
+  const std::string_view asked = force ? force : "";
+  if (asked == "threads") return make_thread_engine();
+  if (!asked.empty() && asked != "uring")
+    MEMFIT_THROW(ConfigError, "offload",
+                 "MEMFIT_OFFLOAD_IO must be uring (the default: io_uring, or the threads where "
+                 "it cannot start) or threads (pread/pwrite threads), got '{}'",
+                 asked);
   std::string why;
   if (std::unique_ptr<IoEngine> e = make_uring_engine(&why)) return e;
   static std::once_flag said;

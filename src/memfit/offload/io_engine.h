@@ -88,7 +88,8 @@ std::unique_ptr<IoEngine> make_uring_engine(std::string* why);
 std::unique_ptr<IoEngine> make_thread_engine(int threads = 4);
 
 // io_uring where it works, else the threads, saying so once on stderr. MEMFIT_OFFLOAD_IO=threads
-// forces the threads (the tests run both).
+// forces the threads (the tests run both); uring or unset is the default; any other value is a
+// ConfigError.
 std::unique_ptr<IoEngine> make_io_engine();
 
 // Fault injection for tests: MEMFIT_OFFLOAD_FAIL_IO=N[:what] makes the Nth request submitted

@@ -128,10 +128,7 @@ dt to_dnnl(DType t) {
 
 // MEMFIT_GEMM_KERNEL=first: oneDNN's first choice for every product (Note [GEMM kernel]).
 bool first_choice_everywhere() {
-  static const bool first = [] {
-    const char* v = std::getenv("MEMFIT_GEMM_KERNEL");
-    return v != nullptr && std::string_view(v) == "first";
-  }();
+  static const bool first = first_choice_from_env(std::getenv("MEMFIT_GEMM_KERNEL"));
   return first;
 }
 
@@ -304,6 +301,17 @@ const char* isa() {
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
     default: return "other";
   }
+}
+
+bool first_choice_from_env(const char* value) {
+  const std::string_view v = value ? value : "";
+  if (v.empty() || v == "auto") return false;
+  if (v == "first") return true;
+  MEMFIT_THROW(ConfigError, "matmul",
+               "MEMFIT_GEMM_KERNEL must be auto (the default: oneDNN's GEMM-based kernel for "
+               "f32, its first choice for bf16) or first (its first choice for every product), "
+               "got '{}'",
+               v);
 }
 
 size_t cache_size() { return cache().size(); }

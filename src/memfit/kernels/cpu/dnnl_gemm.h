@@ -48,6 +48,11 @@ bool bf16_available();
 // oneDNN's effective ISA, e.g. "avx2" or "avx512_core_amx", after memfit's cap is applied.
 const char* isa();
 
+// MEMFIT_GEMM_KERNEL's value: true for "first" (oneDNN's first choice for every product, for
+// A/B runs), false where unset, empty or "auto" (memfit's rule); anything else is a ConfigError
+// that names the variable and the values it takes, as MEMFIT_MAX_ISA's is.
+bool first_choice_from_env(const char* value);
+
 // Number of primitives in the cache, and the oneDNN implementation chosen for `spec` (e.g.
 // "gemm:jit", "brg:avx512_core_amx_bf16"), for tests and benchmarks.
 size_t cache_size();
