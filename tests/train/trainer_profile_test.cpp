@@ -66,7 +66,8 @@ void expect_trace_of(const TrainConfig& c, const TrainSummary& s, const fs::path
   }
   EXPECT_FALSE(slices.count("io"));
   EXPECT_EQ(total_max, s.peak_bytes) << c.model << " " << c.ckpt;
-  const StepPlan plan = plan_step(c.model_config(), c.batch, c.seq_len, c.activation_options());
+  const RunSpec spec = resolve_run(c);
+  const StepPlan plan = plan_step(spec.model, c.batch, c.seq_len, spec.activation_options());
   for (const Phase& p : plan.phases) EXPECT_TRUE(phases.count(p.name())) << p.name() << " " << c.ckpt;
   for (const char* k : {"step", "micro-batch", "data", "optimizer", "evaluation"})
     EXPECT_TRUE(slices.count(k)) << k;

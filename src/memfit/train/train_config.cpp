@@ -39,14 +39,4 @@ PrecisionOptions TrainConfig::precision_options() const {
   return {precision_from_name(precision), master_weights != "none"};
 }
 
-ActivationOptions TrainConfig::activation_options() const {
-  ActivationOptions o;
-  o.attention = attention_kind_from_name(attention);
-  o.lm_head_group = lm_head_group;
-  o.ckpt = CheckpointPolicy::parse(ckpt);
-  o.act_compress = act_compress.empty() ? ActCompress::none : act_compress_from_name(act_compress);
-  o.precision = precision_from_name(precision);
-  return o;
-}
-
 }  // namespace memfit

@@ -117,10 +117,9 @@ struct TrainConfig {
 
   // The model shape after applying the overrides to the preset; T is seq_len.
   ModelConfig model_config() const;
-  // The model's options these settings name (ConfigError for an unknown name). The activation
-  // options carry the attention, the checkpoint policy, the compression and the precision.
+  // The model's precision these settings name (ConfigError for an unknown name). The activation
+  // options are the resolved run's (RunSpec::activation_options, from resolve_run).
   PrecisionOptions precision_options() const;
-  ActivationOptions activation_options() const;
 };
 
 }  // namespace memfit
