@@ -139,23 +139,39 @@ TEST(MatmulBf16, RunsOnOneDnnsBf16Kernels) {
   EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
 }
 
-// Note [GEMM kernel]: bf16 products keep oneDNN's first choice (the f32 ones take its GEMM-based
-// kernel), whether B is read transposed or not.
-TEST(MatmulBf16, KeepsOneDnnsFirstChoice) {
+// Note [GEMM kernel]: a bf16 product keeps oneDNN's first choice, whether B is read transposed or
+// not, unless it is a weight gradient (A read transposed) and that choice is not an AMX kernel:
+// then it takes the GEMM-based kernel (the f32 products always do). The weight gradients'
+// values against the reference are checked by BackwardMatchesReference, on this route.
+TEST(MatmulBf16, WeightGradientsTakeTheGemmKernelUnlessAmx) {
   if (!dnnl_gemm::bf16_available())
     GTEST_SKIP() << "oneDNN has no bf16 matmul below AVX-512 (its ISA here: " << dnnl_gemm::isa()
                  << "); bf16 takes the widened route, tested in matmul_widened_test";
   using Kernel = dnnl_gemm::GemmSpec::Kernel;
-  for (bool trans_b : {false, true}) {
-    dnnl_gemm::GemmSpec s;
-    s.M = 64, s.N = 96, s.K = 384, s.trans_b = trans_b;
-    s.lda = 384, s.ldb = trans_b ? 384 : 96, s.ldc = 96;
-    s.a_type = s.b_type = DType::bf16;
-    dnnl_gemm::GemmSpec first = s;
-    first.kernel = Kernel::first;
-    EXPECT_EQ(std::string(dnnl_gemm::implementation(s)), dnnl_gemm::implementation(first))
-        << "trans_b " << trans_b;
+  int weight_gradients = 0;
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      dnnl_gemm::GemmSpec s;
+      s.M = 64, s.N = 96, s.K = 384, s.trans_a = trans_a, s.trans_b = trans_b;
+      s.lda = trans_a ? 64 : 384, s.ldb = trans_b ? 384 : 96, s.ldc = 96;
+      s.beta = trans_a ? 1.0f : 0.0f;  // a weight gradient accumulates
+      s.a_type = s.b_type = DType::bf16;
+      dnnl_gemm::GemmSpec first = s;
+      first.kernel = Kernel::first;
+      const std::string impl = dnnl_gemm::implementation(s);
+      const std::string first_impl = dnnl_gemm::implementation(first);
+      SCOPED_TRACE(fmt::format("trans_a {} trans_b {}: {} (first choice {})", trans_a, trans_b,
+                               impl, first_impl));
+      EXPECT_EQ(impl.find("ref"), std::string::npos);
+      if (trans_a && first_impl.find("amx") == std::string::npos) {
+        EXPECT_EQ(impl.rfind("gemm:", 0), 0u);
+        ++weight_gradients;
+      } else {
+        EXPECT_EQ(impl, first_impl);
+      }
+    }
   }
+  RecordProperty("bf16_weight_gradients_in_gemm_kernel", weight_gradients);
 }
 
 TEST(MatmulBf16, DTypeErrors) {

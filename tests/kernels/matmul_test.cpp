@@ -284,20 +284,25 @@ TEST(Gemm, Gpt2ShapesUseOptimizedKernels) {
   }
 }
 
-// MEMFIT_GEMM_KERNEL takes auto (or nothing) and first; a misspelling is a ConfigError that
-// names the variable, not a silent return to the default.
-TEST(Gemm, KernelVariableTakesAutoOrFirstAndRefusesOthers) {
-  EXPECT_FALSE(dnnl_gemm::first_choice_from_env(nullptr));
-  EXPECT_FALSE(dnnl_gemm::first_choice_from_env(""));
-  EXPECT_FALSE(dnnl_gemm::first_choice_from_env("auto"));
-  EXPECT_TRUE(dnnl_gemm::first_choice_from_env("first"));
-  try {
-    dnnl_gemm::first_choice_from_env("frist");
-    FAIL() << "MEMFIT_GEMM_KERNEL=frist was accepted";
-  } catch (const ConfigError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("MEMFIT_GEMM_KERNEL"), std::string::npos) << what;
-    EXPECT_NE(what.find("'frist'"), std::string::npos) << what;
+// MEMFIT_GEMM_KERNEL takes auto (or nothing), first and jit-weight-gradients; a misspelling is a
+// ConfigError that names the variable, not a silent return to the default.
+TEST(Gemm, KernelVariableTakesItsThreeRulesAndRefusesOthers) {
+  using dnnl_gemm::KernelRule;
+  EXPECT_EQ(dnnl_gemm::kernel_rule_from_env(nullptr), KernelRule::automatic);
+  EXPECT_EQ(dnnl_gemm::kernel_rule_from_env(""), KernelRule::automatic);
+  EXPECT_EQ(dnnl_gemm::kernel_rule_from_env("auto"), KernelRule::automatic);
+  EXPECT_EQ(dnnl_gemm::kernel_rule_from_env("first"), KernelRule::first);
+  EXPECT_EQ(dnnl_gemm::kernel_rule_from_env("jit-weight-gradients"),
+            KernelRule::jit_weight_gradients);
+  for (const char* bad : {"frist", "gemm", "jit"}) {
+    try {
+      dnnl_gemm::kernel_rule_from_env(bad);
+      ADD_FAILURE() << "MEMFIT_GEMM_KERNEL=" << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("MEMFIT_GEMM_KERNEL"), std::string::npos) << what;
+      EXPECT_NE(what.find(fmt::format("'{}'", bad)), std::string::npos) << what;
+    }
   }
 }
 

@@ -126,10 +126,21 @@ dt to_dnnl(DType t) {
   }
 }
 
-// MEMFIT_GEMM_KERNEL=first: oneDNN's first choice for every product (Note [GEMM kernel]).
-bool first_choice_everywhere() {
-  static const bool first = first_choice_from_env(std::getenv("MEMFIT_GEMM_KERNEL"));
-  return first;
+// MEMFIT_GEMM_KERNEL, read once (Note [GEMM kernel]).
+KernelRule rule_from_env() {
+  static const KernelRule rule = kernel_rule_from_env(std::getenv("MEMFIT_GEMM_KERNEL"));
+  return rule;
+}
+
+// memfit's rule (Note [GEMM kernel]): oneDNN's GEMM-based kernel for f32 products, and for bf16
+// weight gradients where oneDNN's first choice (`first_impl`) is not an AMX kernel; its first
+// choice for the other bf16 products.
+bool takes_gemm_kernel(const GemmSpec& s, std::string_view first_impl, KernelRule rule) {
+  if (rule == KernelRule::first) return false;
+  const bool f32 = s.a_type == DType::f32 && s.b_type == DType::f32;
+  const bool bf16 = s.a_type == DType::bf16 && s.b_type == DType::bf16;
+  const bool amx = first_impl.find("amx") != std::string_view::npos;
+  return f32 || (bf16 && s.trans_a && (!amx || rule == KernelRule::jit_weight_gradients));
 }
 
 std::shared_ptr<const Entry> build(const GemmSpec& s) {
@@ -164,16 +175,26 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
   // (docs/benchmarks.md, "GEMM kernels: oneDNN's gemm:jit over brgemm"). brgemm copies an
   // untransposed B into blocks; it ran the MLP down projection's backward, whose B rows are
   // 3072 floats, at 0.6 TFLOP/s on the Xeon against 1.1-1.2 in gemm:jit. Below AVX-512 gemm:jit
-  // is oneDNN's first choice anyway. bf16 keeps oneDNN's choice: gemm:jit was faster for several
-  // bf16 shapes alone, but the bf16 step on AMX was 1.17x as long with it. (gemm:jit keeps data
-  // below the stack pointer: signals must not land on a computing thread, Note [Signals on
-  // their own thread].) Its cost in memory: it asks for no scratchpad but mallocs its packing
-  // buffers on each call, outside the pool: the resident set beyond the pool's account
-  // (`outside_pool_bytes`) grew from 15 to 36 MiB for fp32 gpt2 on 2 threads and from 56 to 112
-  // MiB on 16. MEMFIT_GEMM_KERNEL=first takes oneDNN's choice for f32 too, for A/B runs.
+  // is oneDNN's first choice anyway.
+  // bf16 keeps oneDNN's first choice, except for the weight gradients (A read transposed: dW +=
+  // dY^T X) where that choice is not AMX. On a Zen 5 (AVX512_BF16, where both kernels multiply
+  // with the same instructions) gemm:jit ran them 12-24% faster inside the bf16 step, the LM
+  // head's 50304 x 768 x 512 the most; the gpt2 8 x 256 step took 0.95x, the 6 x 384 one 0.87x
+  // (docs/benchmarks.md, "bf16 weight gradients in gemm:jit"). On AMX, brgemm's tiles stay:
+  // gemm:jit ran the blocks' weight gradients faster alone (`BM_Gemm_StepKernels`: 3.2-3.9
+  // TFLOP/s against 2.4-3.2), slower inside the one step that tried them (13-33% each, though
+  // the products left in brgemm ran 20-25% slower in the same runs), and every bf16 product in
+  // gemm:jit made that step 1.17x as long: a lent Xeon is to settle it
+  // (bench/device/bf16_dweight_check.sh). (gemm:jit keeps data below the stack pointer: signals must not land on a
+  // computing thread, Note [Signals on their own thread].) Its cost in memory: it asks for no
+  // scratchpad but mallocs its packing buffers on each call, outside the pool: the resident set
+  // beyond the pool's account (`outside_pool_bytes`) grew from 15 to 36 MiB for fp32 gpt2 on 2
+  // threads and from 56 to 112 MiB on 16; for bf16 gpt2 on 2 threads from 15 to 45-67 MiB.
+  // MEMFIT_GEMM_KERNEL=first takes oneDNN's choice for every product, and
+  // MEMFIT_GEMM_KERNEL=jit-weight-gradients drops the AMX exception, for A/B runs.
   const bool want_gemm = s.kernel == GemmSpec::Kernel::automatic
-                             ? s.a_type == DType::f32 && s.b_type == DType::f32 &&
-                                   !first_choice_everywhere()
+                             ? takes_gemm_kernel(s, MEMFIT_DNNL(pd.impl_info_str()),
+                                                 rule_from_env())
                              : s.kernel == GemmSpec::Kernel::gemm;
   if (want_gemm) {  // walk oneDNN's list to its GEMM-based kernel; none: its first choice
     auto is_gemm = [](const dnnl::matmul::primitive_desc& p) {
@@ -303,14 +324,16 @@ const char* isa() {
   }
 }
 
-bool first_choice_from_env(const char* value) {
+KernelRule kernel_rule_from_env(const char* value) {
   const std::string_view v = value ? value : "";
-  if (v.empty() || v == "auto") return false;
-  if (v == "first") return true;
+  if (v.empty() || v == "auto") return KernelRule::automatic;
+  if (v == "first") return KernelRule::first;
+  if (v == "jit-weight-gradients") return KernelRule::jit_weight_gradients;
   MEMFIT_THROW(ConfigError, "matmul",
                "MEMFIT_GEMM_KERNEL must be auto (the default: oneDNN's GEMM-based kernel for "
-               "f32, its first choice for bf16) or first (its first choice for every product), "
-               "got '{}'",
+               "f32 and for bf16 weight gradients below AMX, its first choice for the rest), "
+               "first (its first choice for every product) or jit-weight-gradients (the default "
+               "with bf16 weight gradients in the GEMM-based kernel on AMX too), got '{}'",
                v);
 }
 

@@ -25,8 +25,8 @@ struct GemmSpec {
   bool bias = false;  // add a (N) row vector to every row
   DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32, bias_type = DType::f32;
   // Which of oneDNN's kernels runs it. automatic: memfit's rule (Note [GEMM kernel] in
-  // dnnl_gemm.cpp: oneDNN's GEMM-based kernel, "gemm:jit", for f32, oneDNN's first choice for
-  // bf16); first: oneDNN's first choice (brgemm on AVX-512); gemm: its GEMM-based kernel where
+  // dnnl_gemm.cpp: oneDNN's GEMM-based kernel, "gemm:jit", for f32, and for bf16 weight
+  // gradients (trans_a) unless oneDNN's first choice is AMX; its first choice otherwise); first: oneDNN's first choice (brgemm on AVX-512); gemm: its GEMM-based kernel where
   // it has one. The last two are for benchmarks.
   enum class Kernel : uint8_t { automatic, first, gemm };
   Kernel kernel = Kernel::automatic;
@@ -48,10 +48,13 @@ bool bf16_available();
 // oneDNN's effective ISA, e.g. "avx2" or "avx512_core_amx", after memfit's cap is applied.
 const char* isa();
 
-// MEMFIT_GEMM_KERNEL's value: true for "first" (oneDNN's first choice for every product, for
-// A/B runs), false where unset, empty or "auto" (memfit's rule); anything else is a ConfigError
-// that names the variable and the values it takes, as MEMFIT_MAX_ISA's is.
-bool first_choice_from_env(const char* value);
+// MEMFIT_GEMM_KERNEL: the rule that picks each automatic product's kernel (Note [GEMM kernel]),
+// for A/B runs. Unset, empty or "auto": memfit's rule; "first": oneDNN's first choice for every
+// product; "jit-weight-gradients": memfit's rule without its AMX exception (bf16 weight
+// gradients in gemm:jit on AMX too, to measure it there). Anything else is a ConfigError that
+// names the variable and the values it takes, as MEMFIT_MAX_ISA's is.
+enum class KernelRule : uint8_t { automatic, first, jit_weight_gradients };
+KernelRule kernel_rule_from_env(const char* value);
 
 // Number of primitives in the cache, and the oneDNN implementation chosen for `spec` (e.g.
 // "gemm:jit", "brg:avx512_core_amx_bf16"), for tests and benchmarks.
