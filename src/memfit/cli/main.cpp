@@ -3,6 +3,7 @@
 #include <string>
 
 #include "memfit/cli/commands.h"
+#include "memfit/cli/environment.h"
 #include "memfit/core/error.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_export_command(app);
   memfit::cli::add_profile_diff_command(app);
   try {
+    memfit::cli::check_environment();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -128,15 +128,19 @@ bool injected_fault(InjectedFault* fault) {
   return true;
 }
 
+IoChoice io_choice_from_env(const char* value) {
+  const std::string_view asked = value ? value : "";
+  if (asked == "threads") return IoChoice::threads;
+  if (asked.empty() || asked == "uring") return IoChoice::uring;
+  MEMFIT_THROW(ConfigError, "offload",
+               "MEMFIT_OFFLOAD_IO must be uring (the default: io_uring, or the threads where it "
+               "cannot start) or threads (pread/pwrite threads), got '{}'",
+               asked);
+}
+
 std::unique_ptr<IoEngine> make_io_engine() {
-  const char* force = std::getenv("MEMFIT_OFFLOAD_IO");
-  const std::string_view asked = force ? force : "";
-  if (asked == "threads") return make_thread_engine();
-  if (!asked.empty() && asked != "uring")
-    MEMFIT_THROW(ConfigError, "offload",
-                 "MEMFIT_OFFLOAD_IO must be uring (the default: io_uring, or the threads where "
-                 "it cannot start) or threads (pread/pwrite threads), got '{}'",
-                 asked);
+  if (io_choice_from_env(std::getenv("MEMFIT_OFFLOAD_IO")) == IoChoice::threads)
+    return make_thread_engine();
   std::string why;
   if (std::unique_ptr<IoEngine> e = make_uring_engine(&why)) return e;
   static std::once_flag said;

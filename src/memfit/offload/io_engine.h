@@ -87,9 +87,14 @@ std::unique_ptr<IoEngine> make_uring_engine(std::string* why);
 // pread/pwrite on `threads` threads.
 std::unique_ptr<IoEngine> make_thread_engine(int threads = 4);
 
-// io_uring where it works, else the threads, saying so once on stderr. MEMFIT_OFFLOAD_IO=threads
-// forces the threads (the tests run both); uring or unset is the default; any other value is a
-// ConfigError.
+// MEMFIT_OFFLOAD_IO's value: "threads" forces the pread/pwrite threads (the tests run both);
+// unset, empty or "uring" is the default, io_uring where it starts; any other value is a
+// ConfigError that names the variable and what it takes.
+enum class IoChoice : uint8_t { uring, threads };
+IoChoice io_choice_from_env(const char* value);
+
+// io_uring where it works, else the threads, saying so once on stderr; as MEMFIT_OFFLOAD_IO
+// asks (io_choice_from_env).
 std::unique_ptr<IoEngine> make_io_engine();
 
 // Fault injection for tests: MEMFIT_OFFLOAD_FAIL_IO=N[:what] makes the Nth request submitted
