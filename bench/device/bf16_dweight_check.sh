@@ -1,6 +1,6 @@
 #!/bin/bash
 # Whether bf16 weight gradients belong in oneDNN's gemm:jit on AMX too (Note [GEMM kernel] in
-# src/memfit/kernels/cpu/dnnl_gemm.cpp: below AMX they take it, and the bf16 step is 0.92x on a
+# src/memfit/kernels/cpu/dnnl_gemm.cpp: below AMX they take it, and the bf16 step is 0.95x on a
 # Zen 5; on AMX they stay in brgemm until this settles it), in one call of about 6 minutes: the
 # step's GEMMs alone in both kernels (BM_Gemm_StepKernels, bf16), then gpt2 8 x 256 and 6 x 384
 # bf16 steps, memfit's rule against MEMFIT_GEMM_KERNEL=jit-weight-gradients, interleaved, with

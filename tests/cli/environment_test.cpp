@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -66,8 +67,9 @@ TEST_F(Environment, AMisspeltValueStopsAnyCommandBeforeItWrites) {
             0)
       << slurp(dir / "err.txt");
   EXPECT_TRUE(fs::exists(dir / "out"));
-  EXPECT_EQ(run("MEMFIT_MAX_ISA=avx2", fmt::format("prepare --tokenizer byte --input '{}' --out '{}'",
-                                                  text.string(), (dir / "prepared").string())),
+  EXPECT_EQ(run("MEMFIT_MAX_ISA=avx2",
+                fmt::format("prepare --tokenizer byte --input '{}' --out '{}'", text.string(),
+                            (dir / "prepared").string())),
             0)
       << slurp(dir / "err.txt");
   EXPECT_TRUE(fs::exists(dir / "prepared" / "dataset.json"));

@@ -26,8 +26,9 @@ struct GemmSpec {
   DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32, bias_type = DType::f32;
   // Which of oneDNN's kernels runs it. automatic: memfit's rule (Note [GEMM kernel] in
   // dnnl_gemm.cpp: oneDNN's GEMM-based kernel, "gemm:jit", for f32, and for bf16 weight
-  // gradients (trans_a) unless oneDNN's first choice is AMX; its first choice otherwise); first: oneDNN's first choice (brgemm on AVX-512); gemm: its GEMM-based kernel where
-  // it has one. The last two are for benchmarks.
+  // gradients (trans_a) unless oneDNN's first choice is AMX; its first choice otherwise);
+  // first: oneDNN's first choice (brgemm on AVX-512); gemm: its GEMM-based kernel where it has
+  // one. The last two are for benchmarks.
   enum class Kernel : uint8_t { automatic, first, gemm };
   Kernel kernel = Kernel::automatic;
 
