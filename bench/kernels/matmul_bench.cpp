@@ -94,16 +94,15 @@ constexpr StepGemm kStepGemms[] = {
     {768, 3072, 2048, true, false, true},    // its dweight
 };
 
-void BM_Gemm_StepKernels(benchmark::State& state) {
-  const StepGemm g = kStepGemms[state.range(0)];
-  const DType t = state.range(1) ? DType::bf16 : DType::f32;
+// Times one product of a table below, its operands of type t, in kernel k.
+void time_gemm(benchmark::State& state, const StepGemm& g, DType t,
+               dnnl_gemm::GemmSpec::Kernel k) {
   dnnl_gemm::GemmSpec spec;
   spec.M = g.M, spec.N = g.N, spec.K = g.K, spec.trans_a = g.ta, spec.trans_b = g.tb;
   spec.lda = g.ta ? g.M : g.K, spec.ldb = g.tb ? g.K : g.N, spec.ldc = g.N;
   spec.beta = g.acc ? 1.0f : 0.0f;
   spec.a_type = spec.b_type = t;
-  spec.kernel = state.range(2) ? dnnl_gemm::GemmSpec::Kernel::gemm
-                               : dnnl_gemm::GemmSpec::Kernel::first;
+  spec.kernel = k;
   MemoryPool pool;
   Tensor a = filled(pool, {g.M * g.K}, Category::activations, "a");
   Tensor b = filled(pool, {g.K * g.N}, Category::activations, "b");
@@ -126,6 +125,43 @@ void BM_Gemm_StepKernels(benchmark::State& state) {
   state.counters["scratch_MiB"] = double(dnnl_gemm::scratch_bytes(spec)) / (1 << 20);
 }
 
+dnnl_gemm::GemmSpec::Kernel kernel_arg(int64_t arg) {
+  return arg ? dnnl_gemm::GemmSpec::Kernel::gemm : dnnl_gemm::GemmSpec::Kernel::first;
+}
+
+void BM_Gemm_StepKernels(benchmark::State& state) {
+  time_gemm(state, kStepGemms[state.range(0)], state.range(1) ? DType::bf16 : DType::f32,
+            kernel_arg(state.range(2)));
+}
+
+// The bf16 LM head's products at the rows the step runs them (the forward's 128-row chunk,
+// d(norm)'s 256 rows, the gradient's 512-row group), at widths 384 and 768: as memfit lays out
+// its operands, and transposed (logits^T = W x^T, the weight read as a plain A; the gradient
+// kept as dlogits^T), in oneDNN's first choice and gemm:jit (Note [GEMM kernel]; docs/
+// benchmarks.md, "bf16 weight gradients in gemm:jit"). Args: the row, kernel (0 first, 1 gemm).
+constexpr StepGemm kHeadGemms[] = {
+    {128, 50304, 384, false, true, false},   // forward: logits = x W^T
+    {50304, 128, 384, false, true, false},   //   transposed: logits^T = W x^T
+    {256, 384, 50304, false, false, false},  // d(norm) = dlogits W
+    {256, 384, 50304, true, false, false},   //   from dlogits^T
+    {50304, 384, 512, true, false, true},    // d(head) += dlogits^T x
+    {50304, 384, 512, false, false, true},   //   from dlogits^T: A plain
+    {128, 50304, 768, false, true, false},   // the same at width 768
+    {50304, 128, 768, false, true, false},
+    {256, 768, 50304, false, false, false},
+    {256, 768, 50304, true, false, false},
+    {50304, 768, 512, true, false, true},
+    {50304, 768, 512, false, false, true},
+};
+
+void BM_Gemm_LmHeadForms(benchmark::State& state) {
+  if (!dnnl_gemm::bf16_available()) {
+    state.SkipWithError("oneDNN has no bf16 matmul below AVX-512");
+    return;
+  }
+  time_gemm(state, kHeadGemms[state.range(0)], DType::bf16, kernel_arg(state.range(1)));
+}
+
 void linear_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"R", "IC", "OC", "bias"});
   for (int64_t C : {384, 768}) {
@@ -143,6 +179,11 @@ BENCHMARK(BM_Matmul_Backward)->Apply(linear_shapes);
 BENCHMARK(BM_Gemm_StepKernels)
     ->ArgNames({"gemm", "bf16", "kernel"})
     ->ArgsProduct({benchmark::CreateDenseRange(0, 14, 1), {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Gemm_LmHeadForms)
+    ->ArgNames({"gemm", "kernel"})
+    ->ArgsProduct({benchmark::CreateDenseRange(0, 11, 1), {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_Matmul_Gemm)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
