@@ -2,14 +2,16 @@
 # Whether bf16 weight gradients belong in oneDNN's gemm:jit on AMX too (Note [GEMM kernel] in
 # src/memfit/kernels/cpu/dnnl_gemm.cpp: below AMX they take it, and the bf16 step is 0.95x on a
 # Zen 5; on AMX they stay in brgemm until this settles it), in one call of about 6 minutes: the
-# step's GEMMs alone in both kernels (BM_Gemm_StepKernels, bf16), then gpt2 8 x 256 and 6 x 384
+# step's GEMMs alone in both kernels (BM_Gemm_StepKernels, bf16, and the LM head's products as
+# laid out and transposed, BM_Gemm_LmHeadForms), then gpt2 8 x 256 and 6 x 384
 # bf16 steps, memfit's rule against MEMFIT_GEMM_KERNEL=jit-weight-gradients, interleaved, with
 # the kernels' times (bench/e2e/step_variants.py). Prepare with bench/device/pack.sh, then
 # run(command="bash bench/device/bf16_dweight_check.sh", carry=["build/device"], timeout_s=480).
 source "$(dirname "$0")/unpack.sh" || exit 2
 
 say "the step's bf16 GEMMs alone, oneDNN's first choice (kernel:0) and gemm:jit (kernel:1)"
-build/memfit_bench --benchmark_filter='BM_Gemm_StepKernels/.*/bf16:1/' --benchmark_min_time=0.2 \
+build/memfit_bench --benchmark_filter='BM_Gemm_StepKernels/.*/bf16:1/|BM_Gemm_LmHeadForms' \
+  --benchmark_min_time=0.2 \
   --benchmark_out="$OUT/step_gemms.json" --benchmark_out_format=json 2>&1 \
   | grep -E "real_time " | tee -a "$log"
 
