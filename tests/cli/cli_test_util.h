@@ -69,9 +69,10 @@ class BinaryTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir); }
 
-  // Runs `memfit args` alone (ranks 0) or under mpirun with `ranks` ranks, its output in
-  // dir/out.txt and dir/err.txt; returns the exit code (-1 when it did not exit).
-  int run_memfit(const std::string& args, int ranks = 0) const {
+  // Runs `memfit args` alone (ranks 0) or under mpirun with `ranks` ranks, with `env`'s
+  // assignments ("NAME=value ...") before the command, its output in dir/out.txt and
+  // dir/err.txt; returns the exit code (-1 when it did not exit).
+  int run_memfit(const std::string& args, int ranks = 0, const std::string& env = "") const {
     // OpenMPI's own allocations at exit are not memfit's: no leak report in the sanitizer build.
     const std::string launcher =
         ranks ? fmt::format("ASAN_OPTIONS=detect_leaks=0 {} -n {} --allow-run-as-root "
@@ -79,7 +80,7 @@ class BinaryTest : public ::testing::Test {
                             MEMFIT_MPIEXEC, ranks)
               : std::string();
     const std::string command =
-        fmt::format("{}{}/memfit {} > '{}' 2> '{}'", launcher, MEMFIT_BINARY_DIR, args,
+        fmt::format("{} {}{}/memfit {} > '{}' 2> '{}'", env, launcher, MEMFIT_BINARY_DIR, args,
                     (dir / "out.txt").string(), (dir / "err.txt").string());
     const int status = std::system(command.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;

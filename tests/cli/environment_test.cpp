@@ -3,9 +3,7 @@
 // and a message naming the variable, before it writes anything, even a command that would never
 // have read it (`memfit prepare` runs no GEMM; a run without offload starts no I/O engine).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -22,20 +20,17 @@ using test::slurp;
 class Environment : public test::BinaryTest {
  protected:
   Environment() : BinaryTest(7) {}
-
-  // `memfit args` with `env` set for it; the exit code (-1 when it did not exit).
-  int run(const std::string& env, const std::string& args) const {
-    const std::string command =
-        fmt::format("{} {}/memfit {} > '{}' 2> '{}'", env, MEMFIT_BINARY_DIR, args,
-                    (dir / "out.txt").string(), (dir / "err.txt").string());
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
 };
 
 TEST_F(Environment, AMisspeltValueStopsAnyCommandBeforeItWrites) {
   fs::path text = dir / "a.txt";
   std::ofstream(text) << "The jury said it was a fine day.\n";
+  // prepare multiplies nothing; train here offloads nothing.
+  const std::string prepare = fmt::format("prepare --tokenizer byte --input '{}' --out '{}'",
+                                          text.string(), (dir / "prepared").string());
+  const std::string train = fmt::format(
+      "train --model gpt2-tiny --data '{}' --batch 2 --seq-len 16 --steps 2 --save '{}'",
+      (dir / "data").string(), (dir / "out").string());
   struct Case {
     const char* env;
     const char* variable;
@@ -44,34 +39,20 @@ TEST_F(Environment, AMisspeltValueStopsAnyCommandBeforeItWrites) {
                         Case{"MEMFIT_OFFLOAD_IO=urnig", "MEMFIT_OFFLOAD_IO"},
                         Case{"MEMFIT_MAX_ISA=avx3", "MEMFIT_MAX_ISA"}}) {
     SCOPED_TRACE(c.env);
-    // prepare multiplies nothing; train here offloads nothing.
-    EXPECT_EQ(run(c.env, fmt::format("prepare --tokenizer byte --input '{}' --out '{}'",
-                                     text.string(), (dir / "prepared").string())),
-              2);
+    EXPECT_EQ(run_memfit(prepare, 0, c.env), 2);
     EXPECT_NE(slurp(dir / "err.txt").find(c.variable), std::string::npos)
         << slurp(dir / "err.txt");
     EXPECT_FALSE(fs::exists(dir / "prepared"));
-    EXPECT_EQ(run(c.env, fmt::format("train --model gpt2-tiny --data '{}' --batch 2 --seq-len 16 "
-                                     "--steps 2 --save '{}'",
-                                     (dir / "data").string(), (dir / "out").string())),
-              2);
+    EXPECT_EQ(run_memfit(train, 0, c.env), 2);
     EXPECT_NE(slurp(dir / "err.txt").find(c.variable), std::string::npos)
         << slurp(dir / "err.txt");
     EXPECT_FALSE(fs::exists(dir / "out"));
   }
   // The values they take run (the control: the same commands succeed).
-  EXPECT_EQ(run("MEMFIT_GEMM_KERNEL=first MEMFIT_OFFLOAD_IO=threads",
-                fmt::format("train --model gpt2-tiny --data '{}' --batch 2 --seq-len 16 "
-                            "--steps 2 --save '{}'",
-                            (dir / "data").string(), (dir / "out").string())),
-            0)
+  EXPECT_EQ(run_memfit(train, 0, "MEMFIT_GEMM_KERNEL=first MEMFIT_OFFLOAD_IO=threads"), 0)
       << slurp(dir / "err.txt");
   EXPECT_TRUE(fs::exists(dir / "out"));
-  EXPECT_EQ(run("MEMFIT_MAX_ISA=avx2",
-                fmt::format("prepare --tokenizer byte --input '{}' --out '{}'", text.string(),
-                            (dir / "prepared").string())),
-            0)
-      << slurp(dir / "err.txt");
+  EXPECT_EQ(run_memfit(prepare, 0, "MEMFIT_MAX_ISA=avx2"), 0) << slurp(dir / "err.txt");
   EXPECT_TRUE(fs::exists(dir / "prepared" / "dataset.json"));
 }
 

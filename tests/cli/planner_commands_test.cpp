@@ -39,12 +39,8 @@ class PlannerCommands : public test::BinaryTest {
   Output memfit(const std::string& args) const { return memfit_env("", args); }
   // The same with environment assignments ("NAME=value ...") before the command.
   Output memfit_env(const std::string& env, const std::string& args) const {
-    const std::string command =
-        fmt::format("{} {}/memfit {} > '{}' 2> '{}'", env, MEMFIT_BINARY_DIR, args,
-                    (dir / "out.txt").string(), (dir / "err.txt").string());
-    const int status = std::system(command.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out.txt"),
-            slurp(dir / "err.txt")};
+    const int code = run_memfit(args, 0, env);
+    return {code, slurp(dir / "out.txt"), slurp(dir / "err.txt")};
   }
   // gpt2-tiny with 4 blocks and plain attention, on this test's shards.
   std::string model() const {
