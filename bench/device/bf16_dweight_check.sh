@@ -5,7 +5,9 @@
 # step's GEMMs alone in both kernels (BM_Gemm_StepKernels, bf16, and the LM head's products as
 # laid out and transposed, BM_Gemm_LmHeadForms), then gpt2 8 x 256 and 6 x 384
 # bf16 steps, memfit's rule against MEMFIT_GEMM_KERNEL=jit-weight-gradients, interleaved, with
-# the kernels' times (bench/e2e/step_variants.py). Prepare with bench/device/pack.sh, then
+# the kernels' times (bench/e2e/step_variants.py); then the native precision table of
+# docs/benchmarks.md (issue 12's percentages of the bare rate), as built and with bf16 under the
+# other rule. Prepare with bench/device/pack.sh, then
 # run(command="bash bench/device/bf16_dweight_check.sh", carry=["build/device"], timeout_s=480).
 source "$(dirname "$0")/unpack.sh" || exit 2
 
@@ -24,4 +26,9 @@ for shape in "gpt2 3" "gpt2-small-test 4"; do
     --variant 'bf16 dW in gemm:jit|MEMFIT_GEMM_KERNEL=jit-weight-gradients|--precision bf16' \
     2>&1 | tee -a "$log"
 done
+precision_tables 3,3 native
+say "precision table, bf16 with its weight gradients in gemm:jit"
+MEMFIT_GEMM_KERNEL=jit-weight-gradients $py bench/e2e/precision_vs_pytorch.py --no-torch \
+  --runs bf16 --shapes gpt2-small-test:8x256,gpt2:8x256 --repeats 3,3 \
+  --out "$OUT/precision_native_jit_dweight.json" 2>&1 | tee -a "$log"
 say "done"
