@@ -181,12 +181,12 @@ std::shared_ptr<const Entry> build(const GemmSpec& s) {
   // with the same instructions) gemm:jit ran them 5-21% faster inside the bf16 step, the LM
   // head's 50304 x C x 512 the most; the gpt2 8 x 256 step, the 6 x 384 one and the main job
   // took 0.95x as long (docs/benchmarks.md, "bf16 weight gradients in gemm:jit"). On AMX,
-  // brgemm's tiles stay: gemm:jit ran the blocks' weight gradients faster alone
-  // (`BM_Gemm_StepKernels`: 3.2-3.9 TFLOP/s against 2.4-3.2), slower inside the one step that
-  // tried them (13-33% each, though the products left in brgemm ran 20-25% slower in the same
-  // runs), and every bf16 product in gemm:jit made that step 1.17x as long: a lent Xeon is to
-  // settle it (bench/device/bf16_dweight_check.sh). (gemm:jit keeps data below the stack
-  // pointer: signals must not land on a computing thread, Note [Signals on their own thread].)
+  // brgemm's tiles stay, measured (bench/device/bf16_dweight_check.sh on a 16-core Sapphire
+  // Rapids, 2026-11-28): gemm:jit ran most weight gradients faster alone (`BM_Gemm_StepKernels`)
+  // but inside the step it gained nothing (gpt2 8 x 256 bf16 0.996x, 6 x 384 1.004x; the LM
+  // head's 52 -> 65 ms a step), and it took the resident set beyond the pool from 25 to 207 MiB.
+  // (gemm:jit keeps data below the stack pointer: signals must not land on a computing thread,
+  // Note [Signals on their own thread].)
   // Its cost in memory: it asks for no scratchpad but mallocs its packing buffers on each call,
   // outside the pool: the resident set beyond the pool's account (`outside_pool_bytes`) grew
   // from 15 to 36 MiB for fp32 gpt2 on 2 threads and from 56 to 112 MiB on 16; for bf16 gpt2 on
