@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "cli_test_util.h"
+#include "../support/scoped_env.h"
 
 extern char** environ;
 
@@ -75,9 +76,10 @@ class Failures : public test::MpiBinaryTest {
     for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
     argv.push_back(nullptr);
     // OpenMPI's own allocations at exit are not memfit's: no leak report in the sanitizer build.
-    ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
-    ::unsetenv("ASAN_OPTIONS");
+    {
+      const test::ScopedEnv asan("ASAN_OPTIONS", "detect_leaks=0");
+      EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    }
     posix_spawn_file_actions_destroy(&fa);
     return pid_;
   }
@@ -192,10 +194,11 @@ TEST_F(Failures, RanksThatDisagreeFailBeforeTheFirstStepNamingTheDifference) {
 // MEMFIT_CHECK_COLLECTIVES=1: a run whose ranks agree trains as usual (the check passes every
 // collective of a step, the evaluation and the end of the run).
 TEST_F(Failures, CheckingCollectivesPassesARunWhoseRanksAgree) {
-  ::setenv("MEMFIT_CHECK_COLLECTIVES", "1", 1);
-  launch({train(3, {"--eval-every", "2", "--eval-batches", "2"}),
-          train(3, {"--eval-every", "2", "--eval-batches", "2"})});
-  ::unsetenv("MEMFIT_CHECK_COLLECTIVES");
+  {
+    const test::ScopedEnv check("MEMFIT_CHECK_COLLECTIVES", "1");
+    launch({train(3, {"--eval-every", "2", "--eval-batches", "2"}),
+            train(3, {"--eval-every", "2", "--eval-batches", "2"})});
+  }
   ASSERT_EQ(wait_job(kLimit), 0) << output();
   EXPECT_NE(output().find("every collective checked"), std::string::npos) << output();
 }

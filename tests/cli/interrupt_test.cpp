@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "../support/scoped_env.h"
 
 extern char** environ;
 
@@ -71,6 +72,12 @@ class Interrupt : public test::BinaryTest {
     EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&fa);
     return pid;
+  }
+  // spawn() for mpirun: OpenMPI's own allocations at exit are not memfit's, so no leak report
+  // in the sanitizer build.
+  pid_t spawn_without_leak_check(const std::vector<std::string>& args) const {
+    const test::ScopedEnv asan("ASAN_OPTIONS", "detect_leaks=0");
+    return spawn(args);
   }
   // The exit code, or 128 + the signal that killed it.
   static int wait_exit(pid_t pid) {
@@ -274,10 +281,7 @@ TEST_F(Interrupt, UnderMpiASignalToOneRankStopsEveryRankAtTheSameStep) {
     std::vector<std::string> args = {MEMFIT_MPIEXEC, "-n", "2", "--allow-run-as-root",
                                      "--oversubscribe"};
     for (const std::string& a : train_args(100000, extra)) args.push_back(a);
-    // OpenMPI's own allocations at exit are not memfit's: no leak report in the sanitizer build.
-    ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
-    const pid_t mpirun = spawn(args);
-    ::unsetenv("ASAN_OPTIONS");
+    const pid_t mpirun = spawn_without_leak_check(args);
     if (!wait_for([&] { return logged_steps().size() >= 3; })) {
       kill(mpirun, SIGKILL);
       wait_exit(mpirun);
@@ -313,9 +317,7 @@ TEST_F(Interrupt, UnderMpiASignalToOneRankStopsEveryRankAtTheSameStep) {
       more.push_back(a);
     args.resize(5);
     for (const std::string& a : train_args(100000, more)) args.push_back(a);
-    ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
-    const pid_t resumed = spawn(args);
-    ::unsetenv("ASAN_OPTIONS");
+    const pid_t resumed = spawn_without_leak_check(args);
     EXPECT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
     EXPECT_EQ(saved_step(), steps.back() + 2);
   }

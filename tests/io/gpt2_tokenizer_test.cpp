@@ -18,6 +18,7 @@
 #include "tokenizer_strings.h"
 #include "memfit/core/error.h"
 #include "memfit/io/brown_corpus.h"
+#include "../support/scoped_env.h"
 
 namespace memfit::io {
 namespace {
@@ -97,11 +98,10 @@ TEST(Gpt2Tokenizer, MissingVocabularyNamesTheFileAndTheFix) {
 
 TEST(Gpt2Tokenizer, EnvironmentVariableOverridesTheLookup) {
   TempDir dir;
-  ::setenv("MEMFIT_GPT2_VOCAB_DIR", dir.path().c_str(), 1);
+  const test::ScopedEnv env("MEMFIT_GPT2_VOCAB_DIR", dir.path().string());
   EXPECT_EQ(find_gpt2_vocab_dir(), dir.path());
-  ::setenv("MEMFIT_GPT2_VOCAB_DIR", (dir.path() / "nope").c_str(), 1);
+  env.set((dir.path() / "nope").c_str());
   EXPECT_THROW(find_gpt2_vocab_dir(), IoError);
-  ::unsetenv("MEMFIT_GPT2_VOCAB_DIR");
 }
 
 // ---- parity with the npm package's JavaScript ----

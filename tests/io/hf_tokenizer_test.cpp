@@ -18,6 +18,7 @@
 #include "memfit/io/brown_corpus.h"
 #include "memfit/io/gpt2_tokenizer.h"
 #include "tokenizer_strings.h"
+#include "../support/scoped_env.h"
 
 namespace memfit::io {
 namespace {
@@ -555,11 +556,10 @@ TEST(MakeTokenizer, NamesAndPaths) {
   }
   EXPECT_THROW(make_tokenizer("/nonexistent/tokenizer.json"), IoError);
   TempDir dir;
-  ::setenv("MEMFIT_LLAMA3_TOKENIZER_DIR", (dir.path() / "nope").c_str(), 1);
+  const test::ScopedEnv env("MEMFIT_LLAMA3_TOKENIZER_DIR", (dir.path() / "nope").string());
   EXPECT_THROW(find_hf_tokenizer_json("llama3"), IoError);
-  ::setenv("MEMFIT_LLAMA3_TOKENIZER_DIR", dir.path().c_str(), 1);
+  env.set(dir.path().c_str());
   EXPECT_EQ(find_hf_tokenizer_json("llama3"), dir.path() / "models" / "tokenizer.json");
-  ::unsetenv("MEMFIT_LLAMA3_TOKENIZER_DIR");
 }
 
 }  // namespace

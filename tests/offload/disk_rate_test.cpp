@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "memfit/plan/step_time.h"
+#include "../support/scoped_env.h"
 
 namespace memfit::offload {
 namespace {
@@ -21,8 +22,7 @@ namespace fs = std::filesystem;
 TEST(DiskRate, MeasuresCachesAndReadsBack) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("memfit_disk_rate_{}", ::getpid());
   fs::remove_all(dir);
-  const std::string old_cache = std::getenv("MEMFIT_CACHE_DIR") ? std::getenv("MEMFIT_CACHE_DIR") : "";
-  ::setenv("MEMFIT_CACHE_DIR", (dir / "cache").c_str(), 1);
+  const test::ScopedEnv cache("MEMFIT_CACHE_DIR", (dir / "cache").string());
   const DiskRate m = measure_disk_rate(dir / "off", 1 << 20);
   EXPECT_GT(m.read_bytes_per_s, 0);
   EXPECT_GT(m.write_bytes_per_s, 0);
@@ -37,10 +37,6 @@ TEST(DiskRate, MeasuresCachesAndReadsBack) {
   for (const auto& e : fs::directory_iterator(dir / "cache"))
     cached |= e.path().filename().string().rfind("disk-", 0) == 0;
   EXPECT_TRUE(cached);
-  if (old_cache.empty())
-    ::unsetenv("MEMFIT_CACHE_DIR");
-  else
-    ::setenv("MEMFIT_CACHE_DIR", old_cache.c_str(), 1);
   fs::remove_all(dir);
 }
 

@@ -6,43 +6,24 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "memfit/core/error.h"
+#include "../support/scoped_env.h"
 
 namespace memfit::offload {
 namespace {
 
-// Sets MEMFIT_OFFLOAD_IO for one scope and restores what was there.
-class EnvScope {
- public:
-  explicit EnvScope(const char* value) {
-    if (const char* old = std::getenv("MEMFIT_OFFLOAD_IO")) old_ = old, had_ = true;
-    if (value)
-      ::setenv("MEMFIT_OFFLOAD_IO", value, 1);
-    else
-      ::unsetenv("MEMFIT_OFFLOAD_IO");
-  }
-  ~EnvScope() {
-    if (had_)
-      ::setenv("MEMFIT_OFFLOAD_IO", old_.c_str(), 1);
-    else
-      ::unsetenv("MEMFIT_OFFLOAD_IO");
-  }
-
- private:
-  std::string old_;
-  bool had_ = false;
-};
+// MEMFIT_OFFLOAD_IO for one scope (nullptr: unset), restored after.
+test::ScopedEnv io_env(const char* value) { return {"MEMFIT_OFFLOAD_IO", value}; }
 
 TEST(IoEngineChoice, ThreadsAreForcedAndTheDefaultTriesIoUring) {
   {
-    EnvScope env("threads");
+    const auto env = io_env("threads");
     EXPECT_EQ(make_io_engine()->name(), "threads");
   }
   for (const char* v : {static_cast<const char*>(nullptr), "", "uring"}) {
-    EnvScope env(v);
+    const auto env = io_env(v);
     std::string why;
     const bool uring_starts = make_uring_engine(&why) != nullptr;
     EXPECT_EQ(make_io_engine()->name(), uring_starts ? "io_uring" : "threads")
@@ -51,7 +32,7 @@ TEST(IoEngineChoice, ThreadsAreForcedAndTheDefaultTriesIoUring) {
 }
 
 TEST(IoEngineChoice, AnUnknownValueIsAConfigErrorNamingTheVariable) {
-  EnvScope env("iouring");
+  const auto env = io_env("iouring");
   try {
     make_io_engine();
     FAIL() << "MEMFIT_OFFLOAD_IO=iouring was accepted";

@@ -15,6 +15,7 @@
 #include "memfit/core/error.h"
 #include "memfit/model/model_config.h"
 #include "memfit/state/shard.h"
+#include "../support/scoped_env.h"
 
 namespace memfit::offload {
 namespace {
@@ -96,7 +97,8 @@ void run_step(OffloadedGrads& g, const ParamLayout& layout, int accum,
 }
 
 TEST(OffloadedGrads, AccumulatesThroughTheFileAndTheUpdateReadsAnyPiece) {
-  ::setenv("MEMFIT_OFFLOAD_IO", "threads", 1);  // both engines: the trainer tests run io_uring
+  // Both engines: the trainer tests run io_uring.
+  const test::ScopedEnv env("MEMFIT_OFFLOAD_IO", "threads");
   TempDir dir;
   ModelConfig mc = ModelConfig::preset("gpt2-tiny");
   mc.finalize();
@@ -139,7 +141,6 @@ TEST(OffloadedGrads, AccumulatesThroughTheFileAndTheUpdateReadsAnyPiece) {
                                                  align_up(g.file_layout().units.back().size() * 4))));
   }
   EXPECT_TRUE(fs::is_empty(dir.path));  // scratch: removed
-  ::unsetenv("MEMFIT_OFFLOAD_IO");
 }
 
 // Values bf16 cannot hold (8 significant bits): each micro-batch's rounding shows.
@@ -213,7 +214,7 @@ TEST(OffloadedGrads, AWriteErrorNamesTheFileOffsetAndErrno) {
   MemoryPool pool;
   {
     OffloadedGrads g(layout, pool, dir.path, "run-e", /*grad_accum=*/1);
-    ::setenv("MEMFIT_OFFLOAD_FAIL_IO", "1:ENOSPC", 1);
+    const test::ScopedEnv fail("MEMFIT_OFFLOAD_FAIL_IO", "1:ENOSPC");
     try {
       run_step(g, layout, 1);
       ADD_FAILURE() << "no error";
@@ -226,7 +227,6 @@ TEST(OffloadedGrads, AWriteErrorNamesTheFileOffsetAndErrno) {
           << what;
       EXPECT_NE(what.find("errno 28"), std::string::npos) << what;
     }
-    ::unsetenv("MEMFIT_OFFLOAD_FAIL_IO");
   }
   EXPECT_TRUE(fs::is_empty(dir.path));
 }

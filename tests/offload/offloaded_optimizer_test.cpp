@@ -21,6 +21,7 @@
 #include "memfit/optim/optim_config.h"
 #include "memfit/state/shard.h"
 #include "../io/io_test_util.h"
+#include "../support/scoped_env.h"
 
 namespace memfit::offload {
 namespace {
@@ -69,7 +70,7 @@ class OffloadedOptimizerTest : public ::testing::TestWithParam<std::tuple<Case, 
 
 TEST_P(OffloadedOptimizerTest, StepsBitIdenticalToRam) {
   const auto& [c, engine] = GetParam();
-  ::setenv("MEMFIT_OFFLOAD_IO", engine.c_str(), 1);
+  const test::ScopedEnv env("MEMFIT_OFFLOAD_IO", engine);
   TempDir tmp;
   const ModelConfig mc = llama();
   const ParamLayout layout(mc);
@@ -138,7 +139,6 @@ TEST_P(OffloadedOptimizerTest, StepsBitIdenticalToRam) {
   EXPECT_GT(off->stats().bytes_read, 0u);
   EXPECT_GT(off->stats().bytes_written, 0u);
   EXPECT_EQ(off->engine().name(), engine == "threads" ? "threads" : "io_uring");
-  ::unsetenv("MEMFIT_OFFLOAD_IO");
 }
 
 std::string case_name(const ::testing::TestParamInfo<std::tuple<Case, std::string>>& info) {

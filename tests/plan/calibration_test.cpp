@@ -21,6 +21,7 @@
 #include "memfit/core/cpu.h"
 #include "memfit/core/cpu_load.h"
 #include "memfit/core/error.h"
+#include "../support/scoped_env.h"
 
 namespace memfit {
 namespace {
@@ -30,23 +31,22 @@ namespace fs = std::filesystem;
 // MEMFIT_CACHE_DIR pointed at a fresh folder for the scope, then restored.
 class CacheDir {
  public:
-  explicit CacheDir(const std::string& name) {
-    if (const char* v = std::getenv("MEMFIT_CACHE_DIR")) before_ = v, had_ = true;
-    path_ = fs::temp_directory_path() / fmt::format("memfit_calib_{}_{}", ::getpid(), name);
-    fs::remove_all(path_);
-    ::setenv("MEMFIT_CACHE_DIR", path_.c_str(), 1);
-  }
-  ~CacheDir() {
-    if (had_) ::setenv("MEMFIT_CACHE_DIR", before_.c_str(), 1);
-    else ::unsetenv("MEMFIT_CACHE_DIR");
-    fs::remove_all(path_);
-  }
+  explicit CacheDir(const std::string& name)
+      : path_(fresh(fs::temp_directory_path() /
+                    fmt::format("memfit_calib_{}_{}", ::getpid(), name))),
+        env_("MEMFIT_CACHE_DIR", path_.string()) {}
+  ~CacheDir() { fs::remove_all(path_); }
   const fs::path& path() const { return path_; }
+  // Unsets MEMFIT_CACHE_DIR until the scope ends.
+  void unset() const { env_.set(nullptr); }
 
  private:
+  static fs::path fresh(fs::path p) {
+    fs::remove_all(p);
+    return p;
+  }
   fs::path path_;
-  std::string before_;
-  bool had_ = false;
+  test::ScopedEnv env_;
 };
 
 // A calibration with made-up rates for this CPU, cap and thread count.
@@ -74,16 +74,13 @@ std::string read_all(std::FILE* f) {
 TEST(CalibrationCache, LivesUnderMemfitCacheDirThenXdgThenHome) {
   CacheDir dir("where");
   EXPECT_EQ(calibration_cache_dir(), dir.path());
-  ::unsetenv("MEMFIT_CACHE_DIR");
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const std::string xdg_before = xdg ? xdg : "";
-  ::setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+  dir.unset();
+  const test::ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
   EXPECT_EQ(calibration_cache_dir(), fs::path("/tmp/xdg/memfit"));
-  ::unsetenv("XDG_CACHE_HOME");
+  xdg.set(nullptr);
   if (const char* home = std::getenv("HOME")) {
     EXPECT_EQ(calibration_cache_dir(), fs::path(home) / ".cache" / "memfit");
   }
-  if (xdg) ::setenv("XDG_CACHE_HOME", xdg_before.c_str(), 1);
 }
 
 TEST(CalibrationCache, KeyedByCpuCapAndThreads) {

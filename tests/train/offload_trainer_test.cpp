@@ -15,6 +15,7 @@
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 #include "../io/io_test_util.h"
+#include "../support/scoped_env.h"
 
 namespace memfit {
 namespace {
@@ -84,11 +85,10 @@ TEST_F(OffloadTrainer, PureBf16AndLlamaBitIdentical) {
 }
 
 TEST_F(OffloadTrainer, ThreadEngineBitIdentical) {
-  ::setenv("MEMFIT_OFFLOAD_IO", "threads", 1);
+  const test::ScopedEnv env("MEMFIT_OFFLOAD_IO", "threads");
   TrainConfig c = config();
   c.precision = "bf16";
   expect_same_run(c, "threads, bf16 adamw");
-  ::unsetenv("MEMFIT_OFFLOAD_IO");
 }
 
 TEST_F(OffloadTrainer, ResumeFromOffloadedCheckpointIsBitIdentical) {
@@ -243,20 +243,20 @@ TEST_F(OffloadTrainer, IoErrorMidRunNamesFileOffsetErrnoAndKeepsLastCheckpoint) 
     // v): 4 requests write the initial master weights, a step reads and writes every unit of
     // every file (24), a save reads them (12). Request 50 is in the second step's update,
     // after the first step's checkpoint. The setting differs each time, so counting restarts.
-    ::setenv("MEMFIT_OFFLOAD_FAIL_IO", fmt::format("50:{}", what).c_str(), 1);
-    try {
-      train(c);
-      ::unsetenv("MEMFIT_OFFLOAD_FAIL_IO");
-      FAIL() << "the injected I/O error was not reported";
-    } catch (const IoError& e) {
-      ::unsetenv("MEMFIT_OFFLOAD_FAIL_IO");
-      const std::string m = e.what();
-      EXPECT_NE(m.find(".offload"), std::string::npos) << m;
-      EXPECT_NE(m.find("offset"), std::string::npos) << m;
-      if (std::string(what) == "EIO") { EXPECT_NE(m.find("errno 5"), std::string::npos) << m; }
-      if (std::string(what) == "ENOSPC") { EXPECT_NE(m.find("errno 28"), std::string::npos) << m; }
-      if (std::string(what) == "short") { EXPECT_NE(m.find("short"), std::string::npos) << m; }
+    std::string m = "no error";
+    {
+      const test::ScopedEnv fail("MEMFIT_OFFLOAD_FAIL_IO", fmt::format("50:{}", what));
+      try {
+        train(c);
+      } catch (const IoError& e) {
+        m = e.what();
+      }
     }
+    EXPECT_NE(m.find(".offload"), std::string::npos) << m;
+    EXPECT_NE(m.find("offset"), std::string::npos) << m;
+    if (std::string(what) == "EIO") { EXPECT_NE(m.find("errno 5"), std::string::npos) << m; }
+    if (std::string(what) == "ENOSPC") { EXPECT_NE(m.find("errno 28"), std::string::npos) << m; }
+    if (std::string(what) == "short") { EXPECT_NE(m.find("short"), std::string::npos) << m; }
     // The last checkpoint is whole, and resumes.
     const auto state = nlohmann::json::parse(io::testing::read_file(dir / "ckpt" / "trainer_state.json"));
     EXPECT_GE(state["step"].get<int>(), 1);

@@ -20,6 +20,7 @@
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 #include "../io/io_test_util.h"
+#include "../support/scoped_env.h"
 
 namespace memfit {
 namespace {
@@ -97,9 +98,8 @@ TEST_F(ParamOffload, EveryPrefetchDepthAndTheThreadEngineBitIdentical) {
     expect_same_run(c, fmt::format("--prefetch-depth {}", depth));
   }
   c.prefetch_depth = 1;
-  ::setenv("MEMFIT_OFFLOAD_IO", "threads", 1);
+  const test::ScopedEnv env("MEMFIT_OFFLOAD_IO", "threads");
   expect_same_run(c, "threads");
-  ::unsetenv("MEMFIT_OFFLOAD_IO");
 }
 
 TEST_F(ParamOffload, BlocksUnderThePersistThresholdStayInRam) {
@@ -333,14 +333,15 @@ TEST_F(ParamOffload, IoErrorOnTheParamsFileNamesItAndKeepsLastCheckpoint) {
   // top block's forward and backward share one) and its update (24 optimizer-file requests, 2
   // block writes); the save's 12 reads. Request 52 is step 2's read of block 1, after step 1's
   // checkpoint.
-  ::setenv("MEMFIT_OFFLOAD_FAIL_IO", "52:EIO", 1);
   std::string m = "no error";
-  try {
-    train(c);
-  } catch (const IoError& e) {
-    m = e.what();
+  {
+    const test::ScopedEnv fail("MEMFIT_OFFLOAD_FAIL_IO", "52:EIO");
+    try {
+      train(c);
+    } catch (const IoError& e) {
+      m = e.what();
+    }
   }
-  ::unsetenv("MEMFIT_OFFLOAD_FAIL_IO");
   EXPECT_NE(m.find(".params.offload failed"), std::string::npos) << m;
   EXPECT_NE(m.find("read of "), std::string::npos) << m;
   EXPECT_NE(m.find("errno 5"), std::string::npos) << m;
