@@ -7,7 +7,8 @@
 # carry=["build/device"], timeout_s=540).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bins=(memfit train_step_tool gemm_rate_tool memfit_bench)
+# PACK_EXTRA names more of build/'s binaries (e.g. the test executables for tests_check.sh).
+bins=(memfit train_step_tool gemm_rate_tool memfit_bench ${PACK_EXTRA:-})
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/pack/bin" "$stage/pack/lib" build/device
