@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -146,23 +147,31 @@ TEST(CalibrationCache, ADamagedFileIsMeasuredAgainWithAMessage) {
 }
 
 TEST(CalibrationCache, ABusyCalibrationIsKeptWhileTheMachineIsBusy) {
-  // Measured while other work kept every CPU busy; a child process spins while the planner
-  // looks, so the machine is busy now too: the cached rates are used, nothing is measured (a
-  // machine that is always busy would otherwise calibrate on every run).
+  // Measured while other work kept every CPU busy; child processes spin on every CPU while the
+  // planner looks, so the machine is busy now too: the cached rates are used, nothing is
+  // measured (a machine that is always busy would otherwise calibrate on every run). One
+  // spinner is not enough on many cores: with 16 threads on 16 CPUs it is 1 busy CPU against
+  // the 1.6 that cpu::load_disturbs tolerates.
   CacheDir dir("busy");
   const int threads = omp_get_max_threads();
   Calibration busy = made_up(threads);
   busy.other_cpus = cpu::online_cpus();
   ASSERT_TRUE(busy.busy());
   save_calibration(calibration_cache_path(threads), busy);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0)
-    for (volatile unsigned long i = 0;;) i = i + 1;
+  std::vector<pid_t> children;
+  for (int i = 0; i < cpu::online_cpus(); ++i) {
+    const pid_t child = ::fork();
+    if (child == 0)
+      for (volatile unsigned long k = 0;;) k = k + 1;
+    if (child > 0) children.push_back(child);
+  }
   std::FILE* note = std::tmpfile();
   const Calibration& c = machine_calibration(note);
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
+  for (pid_t child : children) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+  }
+  ASSERT_EQ(children.size(), static_cast<size_t>(cpu::online_cpus())) << "fork failed";
   EXPECT_EQ(read_all(note), "");
   std::fclose(note);
   EXPECT_EQ(c.to_json(), busy.to_json());

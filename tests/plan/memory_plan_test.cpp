@@ -93,6 +93,11 @@ TEST_F(Planner, SetUpPieceStaysUnderTheStep) {
   // (Note [Gradients by lifetime]), which is then larger than the layout's f32 and the bound
   // cannot bind (nor matter: the setup runs before the arena, which holds the slab's bytes).
   c.grad_accum = 2;
+  // Two threads, on any machine: the attention workspaces hold a slice per thread, and on 16
+  // the arenas of this 2-layer model outgrow its f32 layout (3.5 MB against 1.1), which the
+  // bound's premise below needs them not to.
+  c.threads = 2;
+  const int all = omp_get_max_threads();
   c.save_dir = (dir / "setup-ck").string();
   for (bool from_checkpoint : {false, true}) {
     SCOPED_TRACE(from_checkpoint ? "--init-from" : "initial weights");
@@ -112,6 +117,7 @@ TEST_F(Planner, SetUpPieceStaysUnderTheStep) {
     EXPECT_LE(static_cast<size_t>(piece) * sizeof(float),
               plan.by_category[static_cast<size_t>(Category::activations)]);
     const TrainSummary s = train(c);
+    omp_set_num_threads(all);  // train() sets --threads for the process
     EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
     for (Category cat : kAllCategories)
       EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
