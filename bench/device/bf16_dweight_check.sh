@@ -1,7 +1,8 @@
 #!/bin/bash
 # Whether bf16 weight gradients belong in oneDNN's gemm:jit on AMX too (Note [GEMM kernel] in
 # src/memfit/kernels/cpu/dnnl_gemm.cpp: below AMX they take it, and the bf16 step is 0.95x on a
-# Zen 5; on AMX they stay in brgemm until this settles it), in one call of about 6 minutes: the
+# Zen 5; on AMX they stay in brgemm, as this measured on 2026-11-28: 0.996x and 1.004x the step,
+# 180 MiB more outside the pool), in one call of about 4 minutes: the
 # step's GEMMs alone in both kernels (BM_Gemm_StepKernels, bf16, and the LM head's products as
 # laid out and transposed, BM_Gemm_LmHeadForms), then gpt2 8 x 256 and 6 x 384
 # bf16 steps, memfit's rule against MEMFIT_GEMM_KERNEL=jit-weight-gradients, interleaved, with
