@@ -3,7 +3,7 @@
 // that set memfit's switches (MEMFIT_OFFLOAD_IO, MEMFIT_CACHE_DIR, MEMFIT_OFFLOAD_FAIL_IO, ...)
 // by hand leaked them into the tests after them on any early exit, and cleared a value the
 // caller had set (CI runs the suite with MEMFIT_CACHE_DIR pointing into the build tree).
-// Shared by the test executables of every module: tests/support holds no tests of its own.
+// Shared by the test executables of every module; its own test is scoped_env_test.cpp.
 #pragma once
 
 #include <cstdlib>
