@@ -97,7 +97,6 @@ TEST_F(Planner, SetUpPieceStaysUnderTheStep) {
   // the arenas of this 2-layer model outgrow its f32 layout (3.5 MB against 1.1), which the
   // bound's premise below needs them not to.
   c.threads = 2;
-  const int all = omp_get_max_threads();
   c.save_dir = (dir / "setup-ck").string();
   for (bool from_checkpoint : {false, true}) {
     SCOPED_TRACE(from_checkpoint ? "--init-from" : "initial weights");
@@ -117,7 +116,6 @@ TEST_F(Planner, SetUpPieceStaysUnderTheStep) {
     EXPECT_LE(static_cast<size_t>(piece) * sizeof(float),
               plan.by_category[static_cast<size_t>(Category::activations)]);
     const TrainSummary s = train(c);
-    omp_set_num_threads(all);  // train() sets --threads for the process
     EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
     for (Category cat : kAllCategories)
       EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
@@ -222,7 +220,7 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakAtTheRunsThreadCount) {
       const PlanReport plan = plan_training(resolve_run(c));
       EXPECT_EQ(omp_get_max_threads(), all) << "plan_training leaked its thread count";
       const TrainSummary s = train(c);
-      omp_set_num_threads(all);  // train() sets --threads for the process
+      EXPECT_EQ(omp_get_max_threads(), all) << "train() leaked its thread count";
       SCOPED_TRACE(fmt::format("--threads {} (of {}), {}", threads, all, attention));
       EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
       for (Category cat : kAllCategories)

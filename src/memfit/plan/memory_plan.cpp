@@ -2,12 +2,11 @@
 
 #include "memfit/model/transformer.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <optional>
 
+#include "memfit/core/scoped_threads.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/io/data_loader.h"
@@ -51,20 +50,6 @@ StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions
 namespace {
 
 namespace fs = std::filesystem;
-
-// Sets OpenMP's thread count for the scope (0: leave it), restoring the previous one after.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int threads) : before_(omp_get_max_threads()) {
-    if (threads > 0) omp_set_num_threads(threads);
-  }
-  ~ScopedThreads() { omp_set_num_threads(before_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int before_;
-};
 
 // What differs between ranks, into `bytes`: ZeRO (Note [ZeRO]) from stage 1 on keeps the
 // optimizer state and master weights of the rank's shard alone (shard_ranges, as train() cuts;

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "memfit/core/scoped_threads.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
@@ -171,7 +172,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // Ranks that disagree about the run fail here, every rank alike, before anything is built
   // (Note [Failures] in docs/notes/zero.md).
   if (W > 1) dist::check_ranks_agree(comm, run_agreement_fields(cfg, spec, resolved.location));
-  if (spec.threads > 0) omp_set_num_threads(spec.threads);
+  // --threads for this run only (the caller's count is back when it returns).
+  const ScopedThreads run_threads(spec.threads);
   const auto wall_start = std::chrono::steady_clock::now();
   MemoryPool pool(spec.mem_limit ? spec.mem_limit : kUnlimited);
   // The collectives' buffers are this run's pool's (Category::comm), until it ends.
