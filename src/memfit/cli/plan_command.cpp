@@ -47,8 +47,7 @@ size_t model_state_bytes(const PlanReport& r) {
 // buffers by rank): what `mpirun -n N memfit train` measures on each.
 nlohmann::json ranks_json(const RunSpec& run) {
   nlohmann::json a = nlohmann::json::array();
-  for (int q = 0; q < run.world; ++q) {
-    const PlanReport p = plan_memory(run, q);
+  plan_every_rank(run, [&](int q, const PlanReport& p) {
     nlohmann::json cats = nlohmann::json::object();
     for (Category c : kAllCategories)
       if (p.by_category[static_cast<size_t>(c)])
@@ -68,7 +67,7 @@ nlohmann::json ranks_json(const RunSpec& run) {
                          {"io_bytes_per_step", p.io_bytes_per_step}};
     }
     a.push_back(std::move(rank));
-  }
+  });
   return a;
 }
 
@@ -218,11 +217,10 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
     // Shards differ by a cut granule and receive buffers by rank: the extremes over ranks.
     size_t lo = r.peak_bytes, hi = r.peak_bytes;
     int lo_rank = 0, hi_rank = 0;
-    for (int q = 1; q < run.world; ++q) {
-      const size_t b = plan_memory(run, q).peak_bytes;
-      if (b < lo) lo = b, lo_rank = q;
-      if (b > hi) hi = b, hi_rank = q;
-    }
+    plan_every_rank(run, [&](int q, const PlanReport& p) {
+      if (p.peak_bytes < lo) lo = p.peak_bytes, lo_rank = q;
+      if (p.peak_bytes > hi) hi = p.peak_bytes, hi_rank = q;
+    });
     if (lo != hi)
       fmt::print("ranks' peaks: from {} bytes (rank {}) to {} bytes (rank {}); --json lists "
                  "each\n",

@@ -127,9 +127,35 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   return files;
 }
 
+// What plan_memory computes the same for every rank: the shards and the step plan. Made once
+// for a listing of every rank (plan_every_rank), where W of each made it quadratic in W.
+struct SharedPlan {
+  std::vector<ElementRange> shards;
+  StepPlan step;
+};
+
+PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared);
+
 }  // namespace
 
-PlanReport plan_memory(const RunSpec& spec, int rank) {
+PlanReport plan_memory(const RunSpec& spec, int rank) { return plan_rank(spec, rank, nullptr); }
+
+void plan_every_rank(const RunSpec& spec,
+                     const std::function<void(int rank, const PlanReport&)>& visit) {
+  const PlanReport first = plan_memory(spec, 0);
+  visit(0, first);
+  if (spec.world == 1) return;
+  SharedPlan shared;
+  OptimConfig oc = spec.optim;
+  oc.n_head = first.model.n_head;
+  shared.shards = shard_ranges(ParamLayout(first.model), oc, spec.world);
+  shared.step = first.step;
+  for (int q = 1; q < spec.world; ++q) visit(q, plan_rank(spec, q, &shared));
+}
+
+namespace {
+
+PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared) {
   spec.check();
   // Workspace sizes depend on the thread count (the kernels size per-thread scratch by
   // omp_get_max_threads()), so plan with the run's, as train() sets it.
@@ -153,7 +179,9 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
   // gradients]); those, the working weights (whole below stage 3), the master weights, the
   // optimizer state and the receive buffers are the rank's own (rank_bytes).
   const std::vector<ElementRange> shards =
-      spec.world > 1 ? shard_ranges(layout, oc, spec.world) : std::vector<ElementRange>{};
+      shared              ? shared->shards
+      : spec.world > 1    ? shard_ranges(layout, oc, spec.world)
+                          : std::vector<ElementRange>{};
   at(Category::grads) = slab(DType::f32);
   if (const auto files = rank_bytes(spec, layout, oc, shards, rank, r.by_category)) {
     r.disk_by_category = files->disk_bytes();
@@ -171,7 +199,7 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
       r.io_bytes_per_step += g.io_bytes_per_step(files->pieces);
     }
   }
-  r.step = plan_step(r.model, r.B, r.T, act);
+  r.step = shared ? shared->step : plan_step(r.model, r.B, r.T, act);
   if (spec.offload.params) {
     const DType half = half_dtype(precision.precision);
     const bool master = precision.precision != Precision::fp32 && precision.master_weights;
@@ -253,6 +281,8 @@ PlanReport plan_memory(const RunSpec& spec, int rank) {
                       r.step.live[peak].total();
   return r;
 }
+
+}  // namespace
 
 int64_t setup_piece_elements(const StepPlan& step) {
   const auto arena = static_cast<int64_t>(step.arena[static_cast<size_t>(Category::activations)]);

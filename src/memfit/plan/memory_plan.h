@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "memfit/dist/comm_volume.h"
@@ -60,6 +61,10 @@ PlanReport plan_training(const RunSpec& spec, int rank = 0);
 // The memory half of plan_training alone (flops and step time left 0): no calibration is read
 // or measured. The profiler draws it beside what it measures.
 PlanReport plan_memory(const RunSpec& spec, int rank = 0);
+// plan_memory of every rank, each handed to `visit` in rank order (the shards and the step plan
+// made once, not once a rank).
+void plan_every_rank(const RunSpec& spec,
+                     const std::function<void(int rank, const PlanReport&)>& visit);
 // plan_memory of the rank whose peak is the largest (the first of equals; `rank`, if given,
 // gets which): what a per-rank budget (each rank's --mem-limit) must hold. With one rank,
 // rank 0's. `disk_bytes`, if given, gets the largest offload files of any rank (0 without
