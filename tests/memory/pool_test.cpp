@@ -68,6 +68,29 @@ TEST(MemoryPool, BudgetThrowsOutOfMemoryWithTheLiveBreakdown) {
   EXPECT_EQ(pool.bytes_current(), 2u << 20);  // the failed allocation left nothing behind
 }
 
+#if !defined(__SANITIZE_ADDRESS__)
+TEST(MemoryPool, TheSystemsRefusalIsOutOfMemoryToo) {
+  // Below the budget (here none) the machine may still refuse: that is out of memory as well
+  // (exit 3), with what was live, not a generic error (exit 2). Not under AddressSanitizer, whose
+  // allocator reports a request this large as a bug instead of returning null.
+  MemoryPool pool;
+  Allocation a = pool.allocate(1 << 20, Category::params, "wte");
+  try {
+    Allocation huge = pool.allocate(size_t{1} << 62, Category::activations, "h.0.attn.qkv");
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.requested(), size_t{1} << 62);
+    EXPECT_EQ(e.category(), Category::activations);
+    EXPECT_EQ(e.live_total(), 1u << 20);
+    const std::string msg = e.what();
+    for (const char* part : {"the system refused", "h.0.attn.qkv", "1.0 MiB live in the pool",
+                             "--mem-limit"})
+      EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
+  }
+  EXPECT_EQ(pool.bytes_current(), 1u << 20);
+}
+#endif
+
 TEST(MemoryPool, RecordsEventsWithPhase) {
   MemoryPool pool;
   pool.set_recording(true);

@@ -10,6 +10,7 @@
 #include "memfit/cli/commands.h"
 #include "memfit/core/cpu_load.h"
 #include "memfit/core/error.h"
+#include "memfit/core/scoped_threads.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/plan/calibration.h"
 
@@ -64,8 +65,10 @@ void add_calibrate_command(CLI::App& app) {
                   "Also measure the read and write rates of this directory's disk for "
                   "--offload-optimizer (a 64 MiB test, cached per filesystem)");
   cmd->callback([threads, json, offload_dir] {
-    if (*threads < 0)
-      MEMFIT_THROW(ConfigError, "config", "--threads must be >= 0, got {}", *threads);
+    if (*threads < 0 || *threads > kMaxThreads)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--threads must be between 0 (all cores) and {}, got {}", kMaxThreads,
+                   *threads);
     if (*threads > 0) omp_set_num_threads(*threads);
     const Calibration c = calibrate();
     const auto path = calibration_cache_path(c.threads);

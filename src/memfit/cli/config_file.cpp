@@ -1,6 +1,8 @@
 #include "memfit/cli/config_file.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -35,6 +37,11 @@ std::vector<std::string> known_keys(CLI::App& cmd) {
 }  // namespace
 
 void apply_toml_config(CLI::App& cmd, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    MEMFIT_THROW(ConfigError, "config", "--config {}: {}", path,
+                 std::filesystem::exists(path, ec) ? "not a file (a TOML file of options)"
+                                                   : "no such file");
   toml::table table;
   try {
     table = toml::parse_file(path);
@@ -42,6 +49,7 @@ void apply_toml_config(CLI::App& cmd, const std::string& path) {
     MEMFIT_THROW(ConfigError, "config", "{}:{}:{}: {}", path, e.source().begin.line,
                  e.source().begin.column, e.description());
   }
+  std::map<const CLI::Option*, std::string> from_file;  // the key that set each option
   for (auto&& [k, node] : table) {
     std::string key(k.str()), name = key;
     std::replace(name.begin(), name.end(), '_', '-');
@@ -49,6 +57,10 @@ void apply_toml_config(CLI::App& cmd, const std::string& path) {
     if (opt == nullptr || name == "config" || name == "help")
       MEMFIT_THROW(ConfigError, "config", "{}: unknown key '{}'; known keys: {}", path, key,
                    fmt::join(known_keys(cmd), ", "));
+    if (const auto it = from_file.find(opt); it != from_file.end())
+      MEMFIT_THROW(ConfigError, "config", "{}: keys '{}' and '{}' both set --{}; keep one", path,
+                   it->second, key, name);
+    from_file[opt] = key;
     if (opt->count() > 0) continue;  // given on the command line: that wins
     std::vector<std::string> values;
     if (auto arr = node.as_array()) {

@@ -1,5 +1,7 @@
 // memfit: train transformer language models larger than the memory they run on.
 #include <cstdio>
+#include <filesystem>
+#include <new>
 #include <string>
 
 #include "memfit/cli/commands.h"
@@ -58,6 +60,15 @@ int main(int argc, char** argv) {
   } catch (const memfit::Error& e) {
     std::fprintf(stderr, "memfit: %s%s\n", rank_prefix().c_str(), e.what());
     return fail(2);
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the code did not check first: still the input's fault, with the path named.
+    std::fprintf(stderr, "memfit: %s[io] %s\n", rank_prefix().c_str(), e.what());
+    return fail(2);
+  } catch (const std::bad_alloc& e) {
+    std::fprintf(stderr,
+                 "memfit: %s[memory] the system refused an allocation outside the pool (%s)\n",
+                 rank_prefix().c_str(), e.what());
+    return fail(3);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memfit: %s%s\n", rank_prefix().c_str(), e.what());
     return fail(1);

@@ -42,8 +42,10 @@ void print_summary(const TrainSummary& s) {
 void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) {
   cmd->add_option("--config", config_file, "TOML file of options (keys are option names)");
   cmd->add_option("--model", c.model,
-                  fmt::format("Preset: {}", fmt::join(ModelConfig::preset_names(), ", ")))
-      ->capture_default_str();
+                  fmt::format("Preset (default {}; with --resume or --init-from, the "
+                              "checkpoint's): {}",
+                              TrainConfig::kDefaultModel,
+                              fmt::join(ModelConfig::preset_names(), ", ")));
   cmd->add_option("--n-layer", c.n_layer, "Override the preset's layers");
   cmd->add_option("--n-head", c.n_head, "Override the preset's heads");
   cmd->add_option("--d-model", c.d_model, "Override the preset's width");
@@ -75,7 +77,7 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--beta2", c.optim.beta2)->capture_default_str();
   cmd->add_option("--eps", c.optim.eps)->capture_default_str();
   cmd->add_option("--clip", c.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
-  cmd->add_option("--seed", c.seed)->capture_default_str();
+  cmd->add_option("--seed", c.seed)->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--bucket-mb", c.bucket_mb,
                   "Data parallelism (under mpirun or srun): gradients are summed over the ranks "

@@ -7,6 +7,11 @@
 
 namespace memfit {
 
+// The most threads --threads takes. OpenMP's threads are operating-system threads, each with
+// its own stack and a slice of the per-thread workspaces: libgomp fails to create tens of
+// thousands (and crashed at 100,000), and far fewer already exceed any machine's cores.
+inline constexpr int kMaxThreads = 1024;
+
 // Sets OpenMP's thread count for the scope (0: leave it), restoring the previous one after.
 class ScopedThreads {
  public:

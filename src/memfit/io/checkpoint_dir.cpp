@@ -130,18 +130,12 @@ fs::path checkpoint_temp_path(const fs::path& dir, int64_t pid) {
   return sibling(normalize(dir), ".tmp-" + std::to_string(pid));
 }
 
-void write_directory_atomic(const fs::path& dir_in,
-                            const std::function<void(const fs::path& temp_dir)>& fill,
-                            const std::function<void(SaveStage)>& on_stage,
-                            std::initializer_list<std::string_view> marker_files) {
-  const fs::path dir = normalize(dir_in);
-  const fs::path parent = dir.parent_path();
-  const fs::path old = sibling(dir, ".old");
-  const fs::path tmp = sibling(dir, ".tmp-" + std::to_string(::getpid()));
-  auto stage = [&](SaveStage s) {
-    if (on_stage) on_stage(s);
-  };
+namespace {
 
+// What write_directory_atomic refuses before it writes anything: a parent it cannot create, a
+// DIR that is not a directory, a DIR that is not empty and not a checkpoint.
+void check_target(const fs::path& dir, std::initializer_list<std::string_view> marker_files) {
+  const fs::path parent = dir.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) MEMFIT_THROW(IoError, kOp, "cannot create {}: {}", parent.string(), ec.message());
@@ -161,6 +155,37 @@ void write_directory_atomic(const fs::path& dir_in,
                    "(choose another directory or empty this one)",
                    dir.string(), names);
   }
+}
+
+}  // namespace
+
+void check_directory_writable(const fs::path& dir_in,
+                              std::initializer_list<std::string_view> marker_files) {
+  const fs::path dir = normalize(dir_in);
+  check_target(dir, marker_files);
+  // The save's first write, tried and undone: the temporary sibling it would create.
+  const fs::path tmp = sibling(dir, ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  if (!fs::create_directory(tmp, ec) || ec)
+    MEMFIT_THROW(IoError, kOp, "cannot write beside {}: cannot create {}: {}", dir.string(),
+                 tmp.string(), ec ? ec.message() : std::string("it already exists"));
+  fs::remove(tmp, ec);
+}
+
+void write_directory_atomic(const fs::path& dir_in,
+                            const std::function<void(const fs::path& temp_dir)>& fill,
+                            const std::function<void(SaveStage)>& on_stage,
+                            std::initializer_list<std::string_view> marker_files) {
+  const fs::path dir = normalize(dir_in);
+  const fs::path parent = dir.parent_path();
+  const fs::path old = sibling(dir, ".old");
+  const fs::path tmp = sibling(dir, ".tmp-" + std::to_string(::getpid()));
+  auto stage = [&](SaveStage s) {
+    if (on_stage) on_stage(s);
+  };
+
+  check_target(dir, marker_files);
+  std::error_code ec;
   remove_stale_temps(dir);
 
   bool moved_aside = false;

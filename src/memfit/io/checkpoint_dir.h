@@ -42,6 +42,14 @@ void write_directory_atomic(const std::filesystem::path& dir,
                             std::initializer_list<std::string_view> marker_files = {
                                 "model.safetensors"});
 
+// What write_directory_atomic(dir, ..., marker_files) would refuse, checked before the work
+// whose result it saves (a run checks its --save before step 1): DIR's parent is created if
+// missing, and the temporary sibling a save creates first is created and removed. IoError
+// naming the path otherwise.
+void check_directory_writable(const std::filesystem::path& dir,
+                              std::initializer_list<std::string_view> marker_files = {
+                                  "model.safetensors"});
+
 // Where a checkpoint's files are.
 struct CheckpointLocation {
   std::filesystem::path dir;  // DIR, or DIR.old when recovered

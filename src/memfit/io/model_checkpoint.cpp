@@ -172,6 +172,10 @@ void load_optimizer_state(const fs::path& file, Optimizer& optimizer) {
   optimizer.set_steps_taken(plan.steps);
 }
 
+// The files that make a directory a checkpoint this code wrote (and may replace).
+static constexpr std::initializer_list<std::string_view> kCheckpointMarkers = {
+    kModelFile, kModelIndexFile, kZeroIndexFile};
+
 void save_checkpoint(const fs::path& dir, const ModelConfig& config, const ParamLayout& layout,
                      const Tensor& slab, const CheckpointSaveOptions& options) {
   for (const auto& [name, contents] : options.extra_files) {
@@ -206,7 +210,11 @@ void save_checkpoint(const fs::path& dir, const ModelConfig& config, const Param
           write_file_atomic(tmp / name, contents);
         if (options.write_extra) options.write_extra(tmp);
       },
-      options.on_stage, {kModelFile, kModelIndexFile, kZeroIndexFile});
+      options.on_stage, kCheckpointMarkers);
+}
+
+void check_checkpoint_writable(const fs::path& dir) {
+  check_directory_writable(dir, kCheckpointMarkers);
 }
 
 void check_checkpoint_config(const fs::path& dir, const ModelConfig& config) {

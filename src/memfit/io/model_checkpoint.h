@@ -83,6 +83,10 @@ void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& config
                      const ParamLayout& layout, const Tensor& slab,
                      const CheckpointSaveOptions& options = {});
 
+// IoError unless save_checkpoint could write DIR (checkpoint_dir.h, check_directory_writable):
+// checked before a run's first step, so that a run cannot train only to fail at its save.
+void check_checkpoint_writable(const std::filesystem::path& dir);
+
 // IoError naming the fields unless DIR/config.json (DIR as located) is a model of `config`.
 void check_checkpoint_config(const std::filesystem::path& dir, const ModelConfig& config);
 // What to tell about a directory without safetensors weights ("" or a pointer to

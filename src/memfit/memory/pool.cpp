@@ -108,8 +108,20 @@ Allocation MemoryPool::allocate(size_t bytes, Category category, std::string_vie
   // the account from the first step on; memfit allocates slabs once and reuses them, so this
   // cost is paid once per run, not per step.
   void* data = std::aligned_alloc(kPoolAlignment, rounded);
-  MEMFIT_CHECK(data != nullptr, "memory", "the system refused {} for {} ({})",
-               format_mib(rounded), category_name(category), tag);
+  if (data == nullptr) {
+    // Out of memory all the same (exit 3), below the budget: the machine has less than it.
+    CategoryBytes live;
+    {
+      std::lock_guard lock(mu_);
+      live = current_;
+    }
+    throw OutOfMemoryError(
+        detail::where(__FILE__, __LINE__),
+        fmt::format("the system refused {} for {} ({}) with {} live in the pool; give "
+                    "--mem-limit (at most the machine's free memory) to plan within it",
+                    format_mib(rounded), category_name(category), tag, format_mib(sum(live))),
+        rounded, category, budget_, live);
+  }
   std::memset(data, 0, rounded);
 
   Allocation a;

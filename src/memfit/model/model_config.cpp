@@ -72,6 +72,20 @@ void ModelConfig::finalize() {
   positive(d_model, "d_model");
   positive(max_seq_len, "seq_len");
   positive(vocab_size, "vocab");
+  // Far beyond any published model, and low enough that the products of these sizes the
+  // kernels and the planner form (4 d_model, a row's 3 d_model, the rows of a table) stay in
+  // their integers.
+  auto at_most = [](int v, const char* field, int most) {
+    if (v > most)
+      MEMFIT_THROW(ConfigError, "config", "{} must be at most {}, got {}", field, most, v);
+  };
+  constexpr int kMaxLayers = 1 << 16, kMaxSize = 1 << 24;
+  at_most(n_layer, "n_layer", kMaxLayers);
+  at_most(n_head, "n_head", kMaxSize);
+  at_most(d_model, "d_model", kMaxSize);
+  at_most(max_seq_len, "seq_len", kMaxSize);
+  at_most(vocab_size, "vocab", kMaxSize);
+  at_most(ffn_dim, "ffn_dim", kMaxSize);
   if (d_model % n_head != 0)
     MEMFIT_THROW(ConfigError, "config", "d_model {} is not a multiple of n_head {}", d_model,
                  n_head);

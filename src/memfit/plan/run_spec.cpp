@@ -1,5 +1,8 @@
 #include "memfit/plan/run_spec.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "memfit/core/error.h"
 
 namespace memfit {
@@ -17,6 +20,12 @@ ActivationOptions RunSpec::activation_options() const {
 
 void RunSpec::check() const {
   check_optim_config(optim);
+  // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
+  if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--batch {} x --seq-len {} = {} tokens a micro-batch; at most {} (2^31 - 1): "
+                 "use --grad-accum for a larger batch",
+                 batch, T, int64_t{batch} * T, std::numeric_limits<int32_t>::max());
   if (zero < 0 || zero > 3)
     MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2 or 3, got {}", zero);
   // Under several ranks each rank offloads its own shard of the state (Note [NVMe offload],

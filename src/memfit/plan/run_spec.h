@@ -76,7 +76,7 @@ struct RunSpec {
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts
-  // --save-dir given: the run saves (at least at its end), which may hold a staging buffer
+  // --save given: the run saves (at least at its end), which may hold a staging buffer
   // (save_staging_elements in plan/memory_plan.h).
   bool saves = false;
   bool shuffle = true;

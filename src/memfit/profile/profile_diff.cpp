@@ -16,19 +16,89 @@ namespace memfit::profile {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+// Every field the diff reads, with its JSON type, so that a damaged summary.json is an error
+// naming the file and the field, not a type error from deep in the diff.
+void check_summary_shape(const json& j, const fs::path& file) {
+  using T = json::value_t;
+  auto expect = [&](const json& v, const std::string& where, bool ok, const char* what) {
+    if (!ok)
+      MEMFIT_THROW(ConfigError, "profile-diff", "{}: \"{}\" must be {}, got {}", file.string(),
+                   where, what, v.dump().substr(0, 80));
+  };
+  auto object = [&](const json& v, const std::string& where) {
+    expect(v, where, v.is_object(), "an object");
+  };
+  auto field = [&](const json& obj, const std::string& where, const char* key,
+                   T type) -> const json& {
+    const std::string at = where.empty() ? key : where + "." + key;
+    if (!obj.contains(key))
+      MEMFIT_THROW(ConfigError, "profile-diff", "{}: summary has no \"{}\"", file.string(), at);
+    const json& v = obj[key];
+    const bool ok = type == T::number_float ? v.is_number()
+                    : type == T::object     ? v.is_object()
+                    : type == T::array      ? v.is_array()
+                                            : v.is_string();
+    expect(v, at, ok,
+           type == T::number_float ? "a number"
+           : type == T::object     ? "an object"
+           : type == T::array      ? "an array"
+                                   : "a string");
+    return v;
+  };
+  const json& root = j;
+  field(root, "", "run", T::object);
+  const json& measured = field(root, "", "measured", T::object);
+  field(measured, "measured", "by_category", T::object);
+  field(measured, "measured", "peak_bytes", T::number_float);
+  const json& live = field(root, "", "live_peak", T::object);
+  field(live, "live_peak", "by_category", T::object);
+  field(live, "live_peak", "bytes", T::number_float);
+  field(live, "live_peak", "where", T::string);
+  const json& shares = field(field(root, "", "shares", T::object), "shares",
+                             "at_live_peak", T::object);
+  field(shares, "shares.at_live_peak", "activations_pct", T::number_float);
+  field(shares, "shares.at_live_peak", "activations_over_params", T::number_float);
+  for (const json& b : field(root, "", "buffers", T::array)) {
+    object(b, "buffers[]");
+    field(b, "buffers[]", "tag", T::string);
+    field(b, "buffers[]", "bytes", T::number_float);
+    field(b, "buffers[]", "category", T::string);
+    if (b.contains("live_at_peak"))
+      expect(b["live_at_peak"], "buffers[].live_at_peak", b["live_at_peak"].is_boolean(),
+             "true or false");
+  }
+  for (const json& p : field(root, "", "phases", T::array)) {
+    object(p, "phases[]");
+    field(p, "phases[]", "kind", T::string);
+    field(p, "phases[]", "live_bytes", T::number_float);
+  }
+}
+
+}  // namespace
+
 json load_summary(const fs::path& path, int rank) {
   fs::path file = path;
   if (fs::is_directory(path)) {
-    file = path / "summary.json";
-    if (!fs::exists(file) && fs::exists(path / fmt::format("rank{}", rank) / "summary.json"))
-      file = path / fmt::format("rank{}", rank) / "summary.json";
+    // Rank r's profile under MPI; rank 0's is also the one of a run in one process.
+    const fs::path ranked = path / fmt::format("rank{}", rank) / "summary.json";
+    file = rank > 0 || (!fs::exists(path / "summary.json") && fs::exists(ranked))
+               ? ranked
+               : path / "summary.json";
   }
   if (!fs::exists(file))
     MEMFIT_THROW(IoError, "profile-diff",
-                 "no profile at {}: expected summary.json there (or in rank{}/), as memfit train "
-                 "--profile DIR writes",
-                 path.string(), rank);
-  const json j = json::parse(io::read_file_to_string(file), nullptr, /*allow_exceptions=*/false);
+                 "no profile at {}: expected {}, as memfit train --profile DIR writes "
+                 "(DIR/rank<r>/ for each rank under MPI)",
+                 path.string(), rank > 0 ? fmt::format("rank{}/summary.json", rank)
+                                         : std::string("summary.json (or rank0/summary.json)"));
+  json j;
+  try {
+    j = json::parse(io::read_file_to_string(file));
+  } catch (const json::exception& e) {
+    MEMFIT_THROW(ConfigError, "profile-diff", "{}: not valid JSON: {}", file.string(), e.what());
+  }
   if (!j.is_object() || !j.contains("version") || !j["version"].is_number_integer())
     MEMFIT_THROW(ConfigError, "profile-diff", "{}: not a memfit profile summary (no \"version\")",
                  file.string());
@@ -36,9 +106,7 @@ json load_summary(const fs::path& path, int rank) {
     MEMFIT_THROW(ConfigError, "profile-diff",
                  "{}: summary version {}, this memfit reads version {}", file.string(),
                  j["version"].get<int>(), kSummaryVersion);
-  for (const char* key : {"measured", "live_peak", "buffers", "phases", "shares", "run"})
-    if (!j.contains(key))
-      MEMFIT_THROW(ConfigError, "profile-diff", "{}: summary has no \"{}\"", file.string(), key);
+  check_summary_shape(j, file);
   return j;
 }
 

@@ -78,6 +78,9 @@ ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config
                  r.state.type_name());
   check_resume(r.state, config, T, file);
   r.step = count_field(r.state, "step", file);
+  if (r.step > config.steps)  // memfit saves at most at its last step: a file edited or damaged
+    MEMFIT_THROW(IoError, "resume", "{}: step {} is past the run's steps ({})", file.string(),
+                 r.step, config.steps);
   r.data_position = count_field(r.state, "data_position", file);
   return r;
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/error.h"
+#include "memfit/core/scoped_threads.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/memory/pool.h"
@@ -32,7 +33,7 @@ void validate_train_config(const TrainConfig& c) {
     MEMFIT_THROW(ConfigError, "config",
                  "--zero auto picks the ZeRO stage whose every rank's predicted peak fits "
                  "--mem-limit (each rank's budget), so it needs --mem-limit (e.g. --mem-limit "
-                 "4GiB); or name a stage: 0, 1 or 2");
+                 "4GiB); or name a stage: 0, 1, 2 or 3");
   if (c.auto_batch && c.mem_limit.empty())
     MEMFIT_THROW(ConfigError, "config",
                  "--auto-batch picks the micro-batch (and --grad-accum) that fits --mem-limit, "
@@ -45,8 +46,10 @@ void validate_train_config(const TrainConfig& c) {
   require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
   require(c.save_every_minutes >= 0, "save-every-minutes", c.save_every_minutes, ">= 0");
   require(c.clip >= 0, "clip", c.clip, ">= 0");
-  require(c.threads >= 0, "threads", c.threads, ">= 0");
-  require(c.ranks >= 1, "ranks", c.ranks, ">= 1");
+  require(c.threads >= 0 && c.threads <= kMaxThreads, "threads", c.threads,
+          fmt::format("between 0 (all cores) and {}", kMaxThreads).c_str());
+  // Far beyond any cluster: `memfit plan` lists every rank (a second each per ten thousand).
+  require(c.ranks >= 1 && c.ranks <= (1 << 20), "ranks", c.ranks, "between 1 and 1048576");
   require(c.bucket_mb > 0, "bucket-mb", c.bucket_mb, "positive");
   require(c.collective_timeout >= 0, "collective-timeout", c.collective_timeout, ">= 0");
   require(c.stop_after >= 0, "stop-after", c.stop_after, ">= 0");
@@ -76,12 +79,59 @@ void validate_train_config(const TrainConfig& c) {
   if (c.precision_options().precision == Precision::fp16) c.loss_scaler.validate();
 }
 
+namespace {
+
+// A checkpoint fixes the model: --model and the shape options, where given with --resume or
+// --init-from, must name the checkpoint's (--seq-len is the rows' length there, checked against
+// its context by resolve_run_model), or the run would silently train another model than asked.
+void check_checkpoint_model(const TrainConfig& cfg, const ModelConfig& saved,
+                            const fs::path& dir) {
+  const char* option = !cfg.resume_dir.empty() ? "--resume" : "--init-from";
+  auto differs = [&](const char* what, const std::string& asked, const std::string& has) {
+    MEMFIT_THROW(ConfigError, "config",
+                 "{} {} is not the checkpoint's: {} {} has {} ({}); a checkpoint fixes the "
+                 "model, so leave {} out, or start a new run",
+                 what, asked, option, dir.string(), has, saved.describe(), what);
+  };
+  if (!cfg.model.empty()) {
+    const ModelConfig asked = cfg.model_config();
+    ModelConfig want = asked;
+    want.max_seq_len = saved.max_seq_len;  // --seq-len is the rows' length with a checkpoint
+    want.rope_scaling = saved.rope_scaling;
+    want.norm_eps = saved.norm_eps;
+    if (!(want == saved))
+      MEMFIT_THROW(ConfigError, "config",
+                   "--model {} ({}) is not the model of the checkpoint {} {} ({}); a checkpoint "
+                   "fixes the model: leave --model and the shape options out, or start a new run",
+                   cfg.model, asked.describe(), option, dir.string(), saved.describe());
+    return;
+  }
+  auto same = [&](int asked, int has, const char* what) {
+    if (asked != 0 && asked != has) differs(what, std::to_string(asked), std::to_string(has));
+  };
+  same(cfg.n_layer, saved.n_layer, "--n-layer");
+  same(cfg.n_head, saved.n_head, "--n-head");
+  same(cfg.d_model, saved.d_model, "--d-model");
+  same(cfg.vocab, saved.vocab_size, "--vocab");
+  same(cfg.n_kv_head, saved.n_kv_head, "--n-kv-head");
+  same(cfg.ffn_dim, saved.ffn_dim, "--ffn-dim");
+  if (cfg.rope_theta != 0 && cfg.rope_theta != saved.rope_theta)
+    differs("--rope-theta", fmt::format("{}", cfg.rope_theta),
+            fmt::format("{}", saved.rope_theta));
+  const char* tied = saved.tie_embeddings ? "true" : "false";
+  if (!cfg.tie_embeddings.empty() && cfg.tie_embeddings != tied)
+    differs("--tie-embeddings", cfg.tie_embeddings, tied);
+}
+
+}  // namespace
+
 RunModel resolve_run_model(const TrainConfig& cfg) {
   RunModel r;
   const fs::path source = !cfg.resume_dir.empty() ? cfg.resume_dir : cfg.init_from;
   if (!source.empty()) {
     r.location = io::locate_checkpoint(source);
     r.config = io::read_model_config(r.location.dir / "config.json");
+    check_checkpoint_model(cfg, r.config, r.location.dir);
   } else {
     r.config = cfg.model_config();
   }

@@ -5,7 +5,7 @@
 namespace memfit {
 
 ModelConfig TrainConfig::model_config() const {
-  ModelConfig c = ModelConfig::preset(model);
+  ModelConfig c = ModelConfig::preset(model_name());
   if (n_layer) c.n_layer = n_layer;
   if (n_head) c.n_head = n_head;
   if (d_model) c.d_model = d_model;
@@ -15,7 +15,7 @@ ModelConfig TrainConfig::model_config() const {
   auto llama_only = [&](bool set, const char* option) {
     if (set && !c.llama())
       MEMFIT_THROW(ConfigError, "config", "{} applies to the LLaMA family; --model {} is GPT-2",
-                   option, model);
+                   option, model_name());
   };
   llama_only(n_kv_head != 0, "--n-kv-head");
   llama_only(ffn_dim != 0, "--ffn-dim");

@@ -15,8 +15,11 @@
 namespace memfit {
 
 struct TrainConfig {
-  // Model: a preset, optionally overridden field by field (0 = keep the preset's).
-  std::string model = "gpt2-small-test";
+  // Model: a preset, optionally overridden field by field (0 = keep the preset's). Empty: the
+  // checkpoint's with --resume or --init-from, else kDefaultModel (model_name()); named with a
+  // checkpoint, it and the overrides must agree with the checkpoint (resolve_run_model).
+  static constexpr const char* kDefaultModel = "gpt2-small-test";
+  std::string model;
   int n_layer = 0, n_head = 0, d_model = 0, seq_len = 0, vocab = 0;
   // LLaMA family only (ConfigError on a GPT-2 preset): 0 / empty keep the preset's.
   int n_kv_head = 0, ffn_dim = 0;
@@ -115,6 +118,8 @@ struct TrainConfig {
   // Whether the planner has something to choose (--ckpt auto or --auto-batch).
   bool needs_planner() const { return ckpt == "auto" || auto_batch || zero_auto; }
 
+  // The preset's name: `model`, or kDefaultModel where it is empty.
+  std::string model_name() const { return model.empty() ? kDefaultModel : model; }
   // The model shape after applying the overrides to the preset; T is seq_len.
   ModelConfig model_config() const;
   // The model's precision these settings name (ConfigError for an unknown name). The activation

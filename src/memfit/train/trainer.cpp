@@ -20,6 +20,7 @@
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/model_checkpoint.h"
+#include "memfit/io/prepare.h"
 #include "memfit/io/zero_checkpoint.h"
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
@@ -52,7 +53,7 @@ namespace {
 // training other than through the data order, which is a function of (seed, epoch), so the
 // seed and the loader's position are the whole RNG state.
 json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, int T,
-                   const DynamicLossScaler* scaler) {
+                   const DynamicLossScaler* scaler, const std::string& tokenizer) {
   json s = {{"step", step},
           {"data_position", data_position},
           {"seed", c.seed},
@@ -77,6 +78,8 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
             {"warmup", c.schedule.warmup},
             {"total", c.schedule.total}}}};
   if (scaler) s["loss_scaler"] = scaler->to_json();
+  // The data's tokenizer (its dataset.json's), which memfit sample then decodes with.
+  if (!tokenizer.empty()) s["tokenizer"] = tokenizer;
   return s;
 }
 
@@ -102,8 +105,11 @@ json memory_json(const CategoryBytes& bytes) {
 // The run as the profile's summary and page describe it.
 json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
   const ModelConfig& m = spec.model;
+  // The preset, or where a checkpoint gave the model, the checkpoint.
+  const std::string& from = !c.resume_dir.empty() ? c.resume_dir : c.init_from;
+  const std::string model = !c.model.empty() || from.empty() ? c.model_name() : from;
   const std::string shape = fmt::format("{} x {}", m.n_layer, m.d_model);
-  return {{"title", fmt::format("{} ({}), {} x {} tokens{}, {}, --ckpt {}{}", c.model, shape,
+  return {{"title", fmt::format("{} ({}), {} x {} tokens{}, {}, --ckpt {}{}", model, shape,
                                 spec.batch, spec.T,
                                 spec.grad_accum > 1 ? fmt::format(" x {}", spec.grad_accum) : "",
                                 precision_name(spec.precision.precision), spec.ckpt.name(),
@@ -112,7 +118,7 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
                                                                             ", --zero {}", spec.zero)
                                                                       : "")
                                           : "")},
-          {"model", c.model},
+          {"model", model},
           {"family", m.gpt2() ? "gpt2" : "llama"},
           {"n_layer", m.n_layer},
           {"d_model", m.d_model},
@@ -172,6 +178,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // Ranks that disagree about the run fail here, every rank alike, before anything is built
   // (Note [Failures] in docs/notes/zero.md).
   if (W > 1) dist::check_ranks_agree(comm, run_agreement_fields(cfg, spec, resolved.location));
+  // A --save the run could not write fails now, not after the steps whose result it keeps. Every
+  // rank writes there (ZeRO's shard files are staged beside it).
+  if (!cfg.save_dir.empty()) io::check_checkpoint_writable(cfg.save_dir);
   // --threads for this run only (the caller's count is back when it returns).
   const ScopedThreads run_threads(spec.threads);
   const auto wall_start = std::chrono::steady_clock::now();
@@ -428,7 +437,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // A preset's vocabulary is the usual mismatch (gpt2-tiny's 512 on GPT-2 tokens): the error
   // names it and the --vocab that fits. A checkpoint's model has its own, which --vocab cannot
   // change.
-  if (location.dir.empty()) dopt.vocab_source = cfg.vocab ? "--vocab" : "preset " + cfg.model;
+  if (location.dir.empty())
+    dopt.vocab_source = cfg.vocab ? "--vocab" : "preset " + cfg.model_name();
   std::unique_ptr<io::DataLoader> train_data, val_data;
   const int64_t last_step = cfg.stop_after ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   if (start_step < last_step) {
@@ -436,20 +446,34 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     train_data->set_position(data_position);
     if (!io::find_token_shards(cfg.data_dir, "val").empty())
       val_data = std::make_unique<io::DataLoader>(io::DataLoader::val(pool, cfg.data_dir, dopt));
+    else if (lead && cfg.eval_every > 0)
+      fmt::print(stderr,
+                 "memfit: no val_*.bin shards in {}: no validation loss (--eval-every {})\n",
+                 cfg.data_dir, cfg.eval_every);
   }
 
   TrainSummary summary;
   if (train_data) summary.unigram_entropy = unigram_entropy(*train_data, mc.vocab_size);
+  // The tokenizer that `memfit prepare` recorded in the data's dataset.json (none for shards
+  // from elsewhere); a malformed file is an error naming it.
+  std::string data_tokenizer;
+  if (train_data)
+    if (const auto info = io::read_dataset_info(cfg.data_dir)) data_tokenizer = info->tokenizer;
 
   std::ofstream log;
   if (lead && !cfg.log_file.empty()) {
-    if (auto parent = fs::path(cfg.log_file).parent_path(); !parent.empty())
-      fs::create_directories(parent);
+    if (auto parent = fs::path(cfg.log_file).parent_path(); !parent.empty()) {
+      std::error_code ec;
+      fs::create_directories(parent, ec);
+      if (ec)
+        MEMFIT_THROW(IoError, "train", "--log {}: cannot create {}: {}", cfg.log_file,
+                     parent.string(), ec.message());
+    }
     // A resume continues the log from the checkpoint's step: the lines of steps after it (run
     // before a kill, and to be run again now) are cut first, so each step appears once.
     if (resume) truncate_log_after(cfg.log_file, start_step);
     log.open(cfg.log_file, resume ? std::ios::app : std::ios::trunc);
-    if (!log) MEMFIT_THROW(IoError, "train", "cannot open log file {}", cfg.log_file);
+    if (!log) MEMFIT_THROW(IoError, "train", "--log {}: cannot open the file", cfg.log_file);
   }
   auto log_line = [&](const json& j) {
     if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
@@ -562,7 +586,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     so.staging_pool = &pool;
     so.extra_files["trainer_state.json"] =
         trainer_state(cfg, step, train_data ? train_data->position() : data_position, T,
-                      scaler.get())
+                      scaler.get(), data_tokenizer)
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.

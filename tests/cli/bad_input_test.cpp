@@ -1,0 +1,189 @@
+// Bad input to the memfit binary, as a new user gives it: each case exits 2 (3 for out of
+// memory) with a message naming the option, file or field at fault, before any work it would
+// waste and without touching what exists. Cases found by a session's audit (sizes that
+// overflowed into a hang, a thread count that crashed libgomp, a checkpoint whose model the
+// options silently contradicted, a --save checked only after training, a --config directory
+// read as an empty file, a damaged profile summary read as a type error, a checkpoint trained on
+// bytes sampled with GPT-2's tokenizer).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+using test::slurp;
+
+struct Output {
+  int exit_code;
+  std::string out, err;
+  bool says(const std::string& text) const { return err.find(text) != std::string::npos; }
+};
+
+class BadInput : public test::BinaryTest {
+ protected:
+  BadInput() : BinaryTest(7) {}
+  Output memfit(const std::string& args) const {
+    const int code = run_memfit(args);
+    return {code, slurp(dir / "out.txt"), slurp(dir / "err.txt")};
+  }
+  // Rows of 32 tokens on this test's shards, no evaluation.
+  std::string run() const {
+    return fmt::format("--seq-len 32 --batch 2 --eval-every 0 --data '{}'",
+                       (dir / "data").string());
+  }
+  // The same for gpt2-tiny on one thread.
+  std::string tiny() const { return "--model gpt2-tiny --threads 1 " + run(); }
+};
+
+TEST_F(BadInput, SizesPastTheIntegersAreRefusedNotHung) {
+  // 2^25 rows of 64 tokens is 2^31 tokens: the LM head's chunk doubled past int and spun.
+  Output r = memfit("plan --model gpt2-tiny --batch 33554432");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--batch 33554432 x --seq-len 64")) << r.err;
+  r = memfit("plan --model gpt2-tiny --batch 1 --seq-len 2000000000");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("seq_len must be at most")) << r.err;
+  r = memfit("plan --model gpt2-tiny --batch 33554431");  // one row fewer plans
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(BadInput, AThreadCountPastTheBoundIsRefused) {
+  // 100,000 OpenMP threads crashed libgomp (SIGSEGV), 40,000 failed to be created (exit 1).
+  const std::string gpt2_tiny = "--model gpt2-tiny " + run();
+  for (const std::string& command : {"plan " + gpt2_tiny, "train " + gpt2_tiny + " --steps 1"}) {
+    const Output r = memfit(command + " --threads 100000");
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.err;
+    EXPECT_TRUE(r.says("--threads must be between 0 (all cores) and 1024")) << r.err;
+  }
+  const Output r = memfit("calibrate --threads 5000");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--threads must be between 0 (all cores) and 1024")) << r.err;
+}
+
+TEST_F(BadInput, ACheckpointFixesTheModel) {
+  const fs::path ck = dir / "ck";
+  Output r = memfit(fmt::format("train {} --steps 2 --save '{}'", tiny(), ck.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string state = slurp(ck / "trainer_state.json");
+  const std::string resume = fmt::format("train {} --threads 1 --steps 2 --resume '{}' --save '{}'",
+                                         run(), ck.string(), ck.string());
+  // Another preset, or a shape option the checkpoint does not have: refused, checkpoint intact.
+  r = memfit(resume + " --model llama-tiny");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--model llama-tiny")) << r.err;
+  EXPECT_TRUE(r.says("is not the model of the checkpoint --resume")) << r.err;
+  r = memfit(resume + " --n-layer 3");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--n-layer 3 is not the checkpoint's: --resume")) << r.err;
+  const std::string init =
+      fmt::format("train {} --threads 1 --steps 1 --init-from '{}'", run(), ck.string());
+  r = memfit(init + " --model gpt2-small-test");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("checkpoint --init-from")) << r.err;
+  EXPECT_EQ(slurp(ck / "trainer_state.json"), state);
+  // The checkpoint's own preset, or no --model at all, goes ahead.
+  r = memfit(init + " --model gpt2-tiny");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = memfit(init);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(BadInput, AnUnwritableSaveOrLogFailsBeforeTheFirstStep) {
+  std::ofstream(dir / "a_file") << "not a directory\n";
+  const fs::path log = dir / "log.jsonl";
+  for (const fs::path& save : {dir / "a_file", dir / "a_file" / "ck"}) {
+    const Output r = memfit(fmt::format("train {} --steps 3 --save '{}' --log '{}'", tiny(),
+                                        save.string(), log.string()));
+    EXPECT_EQ(r.exit_code, 2) << save << "\n" << r.err;
+    EXPECT_TRUE(r.says(save == dir / "a_file" ? "exists and is not a directory"
+                                              : "cannot create"))
+        << r.err;
+    EXPECT_FALSE(fs::exists(log)) << "a step ran: " << slurp(log);
+    EXPECT_EQ(slurp(dir / "a_file"), "not a directory\n");
+  }
+  const Output r = memfit(fmt::format("train {} --steps 1 --log '{}'", tiny(),
+                                      (dir / "a_file" / "log.jsonl").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--log " + (dir / "a_file" / "log.jsonl").string())) << r.err;
+}
+
+TEST_F(BadInput, AConfigThatIsNotAFileOrSetsAnOptionTwiceIsRefused) {
+  fs::create_directories(dir / "conf.d");
+  Output r = memfit(fmt::format("plan --config '{}' --model gpt2-tiny", (dir / "conf.d").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("not a file")) << r.err;
+  r = memfit(fmt::format("plan --config '{}' --model gpt2-tiny", (dir / "none.toml").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("no such file")) << r.err;
+  std::ofstream(dir / "twice.toml") << "grad_accum = 2\ngrad-accum = 3\n";
+  r = memfit(fmt::format("plan --config '{}' --model gpt2-tiny", (dir / "twice.toml").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("both set --grad-accum")) << r.err;
+}
+
+TEST_F(BadInput, ADamagedProfileSummaryNamesTheFileAndField) {
+  const fs::path prof = dir / "prof";
+  Output r = memfit(fmt::format("train {} --steps 1 --profile '{}'", tiny(), prof.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json good = nlohmann::json::parse(slurp(prof / "summary.json"));
+  const fs::path bad = dir / "bad" / "summary.json";
+  fs::create_directories(bad.parent_path());
+  auto diff_against = [&](const std::string& text) {
+    std::ofstream(bad) << text;
+    return memfit(fmt::format("profile-diff '{}' '{}'", prof.string(), bad.parent_path().string()));
+  };
+  nlohmann::json j = good;
+  j["measured"] = nullptr;
+  r = diff_against(j.dump());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says(bad.string() + ": \"measured\" must be an object")) << r.err;
+  j = good;
+  j["buffers"][0]["bytes"] = "many";
+  r = diff_against(j.dump());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("\"buffers[].bytes\" must be a number")) << r.err;
+  r = diff_against(good.dump().substr(0, 200));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("not valid JSON")) << r.err;
+  r = diff_against(good.dump());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // A one-process profile has no rank 3.
+  r = memfit(fmt::format("profile-diff '{}' '{}' --rank 3", prof.string(), prof.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("rank3/summary.json")) << r.err;
+}
+
+TEST_F(BadInput, SampleDecodesWithTheTokenizerOfTheTrainingData) {
+  // Byte-level data (its dataset.json says so; ids under 256) for gpt2-tiny, whose 512-token
+  // vocabulary no named tokenizer fills: the checkpoint records the data's tokenizer, and
+  // sample decodes with it, choosing among the ids it has text for.
+  std::ofstream(dir / "data" / "dataset.json")
+      << R"({"tokenizer": "byte", "vocab_size": 256, "eot_token": 0, "token_bytes": 2})";
+  const fs::path ck = dir / "ck";
+  Output r = memfit(fmt::format("train {} --steps 1 --save '{}'", tiny(), ck.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(ck / "trainer_state.json"))["tokenizer"], "byte");
+  r = memfit(fmt::format("sample --checkpoint '{}' --prompt ab --tokens 40", ck.string()));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("ab", 0), 0u) << r.out;
+  // GPT-2's tokenizer cannot drive a 512-token model; the error says what to name.
+  r = memfit(fmt::format("sample --checkpoint '{}' --tokenizer gpt2", ck.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("name the tokenizer of its training data with --tokenizer")) << r.err;
+  for (const char* option : {"--temperature nan", "--temperature inf", "--top-k -5"}) {
+    r = memfit(fmt::format("sample --checkpoint '{}' {}", ck.string(), option));
+    EXPECT_EQ(r.exit_code, 2) << option << "\n" << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace memfit
