@@ -128,6 +128,11 @@ TEST_F(BadInput, AConfigThatIsNotAFileOrSetsAnOptionTwiceIsRefused) {
   r = memfit(fmt::format("plan --config '{}' --model gpt2-tiny", (dir / "twice.toml").string()));
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(r.says("both set --grad-accum")) << r.err;
+  // An unsigned option given a negative value (CLI11 wrapped it to 2^64 - 1).
+  std::ofstream(dir / "seed.toml") << "seed = -1\n";
+  r = memfit(fmt::format("plan --config '{}' --model gpt2-tiny", (dir / "seed.toml").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--seed: must be 0 or more, got -1")) << r.err;
 }
 
 TEST_F(BadInput, ADamagedProfileSummaryNamesTheFileAndField) {

@@ -14,6 +14,14 @@ struct ExitCode {
   int code;
 };
 
+// For unsigned options (a seed, a count): CLI11 would wrap "-1" to a huge value, and its own
+// NonNegativeNumber prints the largest double as the bound.
+inline const CLI::Validator kNonNegative(
+    [](const std::string& s) -> std::string {
+      return !s.empty() && s.front() == '-' ? "must be 0 or more, got " + s : std::string();
+    },
+    "", "non-negative");
+
 void add_prepare_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);

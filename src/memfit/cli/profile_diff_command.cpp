@@ -23,10 +23,10 @@ void add_profile_diff_command(CLI::App& app) {
   cmd->add_option("B", o->b, "Another")->required();
   cmd->add_option("--rank", o->rank, "Under MPI: which rank's profile (DIR/rank<r>/)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--top", o->top, "Changed buffer groups to list")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_flag("--json", o->json, "Print the comparison as JSON");
   cmd->callback([o] {
     const nlohmann::json a = profile::load_summary(o->a, o->rank),

@@ -48,7 +48,8 @@ void run_sample(const SampleOptions& o) {
   };
   auto trained_with = [&]() -> std::string {
     try {
-      const auto s = nlohmann::json::parse(io::read_file_to_string(loc.dir / "trainer_state.json"));
+      const auto s =
+          nlohmann::json::parse(io::read_file_to_string(loc.dir / "trainer_state.json"));
       if (s.contains("tokenizer") && s["tokenizer"].is_string())
         return s["tokenizer"].get<std::string>();
     } catch (const std::exception&) {
@@ -134,7 +135,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "Sample among the k likeliest (0: all)")
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed)->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o->seed)->capture_default_str()->check(kNonNegative);
   cmd->add_option("--tokenizer", o->tokenizer, "auto | gpt2 | llama2 | llama3 | byte | PATH/tokenizer.json")->capture_default_str();
   cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16")->capture_default_str();
   cmd->callback([o] { run_sample(*o); });

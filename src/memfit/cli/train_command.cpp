@@ -77,7 +77,7 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--beta2", c.optim.beta2)->capture_default_str();
   cmd->add_option("--eps", c.optim.eps)->capture_default_str();
   cmd->add_option("--clip", c.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
-  cmd->add_option("--seed", c.seed)->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", c.seed)->capture_default_str()->check(kNonNegative);
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--bucket-mb", c.bucket_mb,
                   "Data parallelism (under mpirun or srun): gradients are summed over the ranks "

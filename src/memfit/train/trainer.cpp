@@ -178,9 +178,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // Ranks that disagree about the run fail here, every rank alike, before anything is built
   // (Note [Failures] in docs/notes/zero.md).
   if (W > 1) dist::check_ranks_agree(comm, run_agreement_fields(cfg, spec, resolved.location));
-  // A --save the run could not write fails now, not after the steps whose result it keeps. Every
-  // rank writes there (ZeRO's shard files are staged beside it).
-  if (!cfg.save_dir.empty()) io::check_checkpoint_writable(cfg.save_dir);
+  // A --save the run could not write fails now, not after the steps whose result it keeps. Rank
+  // 0's check (its probe's name has its pid, which another host may share); a rank's error ends
+  // every rank (Note [Failures] in docs/notes/zero.md).
+  if (lead && !cfg.save_dir.empty()) io::check_checkpoint_writable(cfg.save_dir);
   // --threads for this run only (the caller's count is back when it returns).
   const ScopedThreads run_threads(spec.threads);
   const auto wall_start = std::chrono::steady_clock::now();
