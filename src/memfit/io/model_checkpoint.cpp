@@ -114,6 +114,8 @@ bool is_shard_name(const std::string& name) {
          name.compare(name.size() - 12, 12, ".safetensors") == 0;
 }
 
+}  // namespace
+
 // What differs between the saved model and this one, in the family's config.json field names.
 std::vector<std::string> config_differences(const ModelConfig& saved, const ModelConfig& c) {
   std::vector<std::string> diffs;
@@ -148,8 +150,6 @@ std::vector<std::string> config_differences(const ModelConfig& saved, const Mode
                                 saved.rope_scaling.factor, c.rope_scaling.factor));
   return diffs;
 }
-
-}  // namespace
 
 std::string optimizer_state_key(const std::string& optimizer, const std::string& state) {
   std::string prefix = optimizer + ".";

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "memfit/core/tensor.h"
@@ -82,6 +83,10 @@ struct CheckpointSaveOptions {
 void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                      const ParamLayout& layout, const Tensor& slab,
                      const CheckpointSaveOptions& options = {});
+
+// What differs between a checkpoint's model (`saved`) and `c`, one text a field in the family's
+// config.json names ("n_layer is 2 there, 6 here"); empty when they are the same model.
+std::vector<std::string> config_differences(const ModelConfig& saved, const ModelConfig& c);
 
 // IoError unless save_checkpoint could write DIR (checkpoint_dir.h, check_directory_writable):
 // checked before a run's first step, so that a run cannot train only to fail at its save.

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/error.h"
@@ -94,16 +95,17 @@ void check_checkpoint_model(const TrainConfig& cfg, const ModelConfig& saved,
                  what, asked, option, dir.string(), has, saved.describe(), what);
   };
   if (!cfg.model.empty()) {
-    const ModelConfig asked = cfg.model_config();
-    ModelConfig want = asked;
-    want.max_seq_len = saved.max_seq_len;  // --seq-len is the rows' length with a checkpoint
+    // The fields a checkpoint's own config.json may set apart from the preset's shape: its
+    // context (--seq-len is the rows' length with a checkpoint), norm epsilon, rope scaling.
+    ModelConfig want = cfg.model_config();
+    want.max_seq_len = saved.max_seq_len;
     want.rope_scaling = saved.rope_scaling;
     want.norm_eps = saved.norm_eps;
-    if (!(want == saved))
+    if (const auto diffs = io::config_differences(saved, want); !diffs.empty())
       MEMFIT_THROW(ConfigError, "config",
-                   "--model {} ({}) is not the model of the checkpoint {} {} ({}); a checkpoint "
+                   "--model {} is not the model of the checkpoint {} {} ({}): {}; a checkpoint "
                    "fixes the model: leave --model and the shape options out, or start a new run",
-                   cfg.model, asked.describe(), option, dir.string(), saved.describe());
+                   cfg.model, option, dir.string(), saved.describe(), fmt::join(diffs, "; "));
     return;
   }
   auto same = [&](int asked, int has, const char* what) {
