@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   j["onednn_isa"] = kernels::dnnl_gemm::isa();
   j["bf16_tflops"] = nullptr;
   for (DType dt : {DType::bf16, DType::f32}) {
-    if (dt == DType::bf16 && !kernels::dnnl_gemm::bf16_available()) continue;
+    if (dt == DType::bf16 && !kernels::dnnl_gemm::bf16_native()) continue;
     Tensor a = Tensor::empty(pool, {n, n}, dt, Category::workspace, "a");
     Tensor b = Tensor::empty(pool, {n, n}, dt, Category::workspace, "b");
     Tensor c = Tensor::empty(pool, {n, n}, DType::f32, Category::workspace, "c");

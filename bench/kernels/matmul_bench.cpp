@@ -155,7 +155,7 @@ constexpr StepGemm kHeadGemms[] = {
 };
 
 void BM_Gemm_LmHeadForms(benchmark::State& state) {
-  if (!dnnl_gemm::bf16_available()) {
+  if (!dnnl_gemm::bf16_native()) {
     state.SkipWithError("oneDNN has no bf16 matmul below AVX-512");
     return;
   }

@@ -28,7 +28,7 @@ void BM_Matmul_Bf16PackedWeights(benchmark::State& state) {
   const int64_t M = state.range(0), K = state.range(1), N = state.range(2);
   const bool transposed = state.range(3) != 0;
   const int packed = static_cast<int>(state.range(4));
-  if (!dnnl_gemm::bf16_available()) {
+  if (!dnnl_gemm::bf16_native()) {
     state.SkipWithError("oneDNN has no bf16 matmul on this CPU (or under MEMFIT_MAX_ISA)");
     return;
   }

@@ -127,8 +127,8 @@ TEST(MatmulBf16, EmptyInnerDimensionGivesTheBias) {
 }
 
 TEST(MatmulBf16, RunsOnOneDnnsBf16Kernels) {
-  if (!dnnl_gemm::bf16_available())
-    GTEST_SKIP() << "oneDNN has no bf16 matmul below AVX-512 (its ISA here: " << dnnl_gemm::isa()
+  if (!dnnl_gemm::bf16_native())
+    GTEST_SKIP() << "oneDNN has no native bf16 matmul below AVX512_BF16 (its ISA here: " << dnnl_gemm::isa()
                  << "); bf16 takes the widened route, tested in matmul_widened_test";
   dnnl_gemm::GemmSpec s;
   s.M = s.N = s.K = 64;
@@ -144,8 +144,8 @@ TEST(MatmulBf16, RunsOnOneDnnsBf16Kernels) {
 // then it takes the GEMM-based kernel (the f32 products always do). The weight gradients'
 // values against the reference are checked by BackwardMatchesReference, on this route.
 TEST(MatmulBf16, WeightGradientsTakeTheGemmKernelUnlessAmx) {
-  if (!dnnl_gemm::bf16_available())
-    GTEST_SKIP() << "oneDNN has no bf16 matmul below AVX-512 (its ISA here: " << dnnl_gemm::isa()
+  if (!dnnl_gemm::bf16_native())
+    GTEST_SKIP() << "oneDNN has no native bf16 matmul below AVX512_BF16 (its ISA here: " << dnnl_gemm::isa()
                  << "); bf16 takes the widened route, tested in matmul_widened_test";
   using Kernel = dnnl_gemm::GemmSpec::Kernel;
   int weight_gradients = 0;
@@ -209,14 +209,14 @@ TEST(MatmulBf16, DTypeErrors) {
 // Where oneDNN cannot multiply bf16, matmul_forward/backward say so and name the route to take,
 // instead of failing inside oneDNN.
 TEST(MatmulBf16, WithoutOneDnnBf16TheErrorNamesTheWidenedRoute) {
-  if (dnnl_gemm::bf16_available())
+  if (dnnl_gemm::bf16_native())
     GTEST_SKIP() << "oneDNN multiplies bf16 here (" << dnnl_gemm::isa()
                  << "); CI's MEMFIT_MAX_ISA=avx2 run covers this";
   MemoryPool pool;
   Tensor x = make_tensor(pool, {4, 8}, DType::bf16), w = make_tensor(pool, {6, 8}, DType::bf16);
   Tensor out = make_tensor(pool, {4, 6}), none;
   EXPECT_TRUE(throws_with<DTypeError>([&] { matmul_forward(out, x, w, none); },
-                                      {"[matmul]", "bf16", "AVX-512", "matmul_widened"}));
+                                      {"[matmul]", "bf16", "AVX512_BF16", "matmul_widened"}));
   Tensor dw = make_tensor(pool, {6, 8}), dout = make_tensor(pool, {4, 6}, DType::bf16);
   EXPECT_TRUE(throws_with<DTypeError>([&] { matmul_backward(none, dw, none, dout, x, w); },
                                       {"[matmul]", "bf16", "matmul_widened"}));

@@ -245,13 +245,15 @@ TEST(MatmulWidened, F32OperandsNeedNoScratch) {
   EXPECT_TRUE(is_exactly(out, want));
 }
 
-// f16 always widens, f32 never, bf16 exactly where oneDNN cannot build a bf16 matmul: AVX2-only
-// CPUs, or MEMFIT_MAX_ISA=avx2 (CI's second run); on AVX-512 and up oneDNN multiplies bf16.
+// f16 always widens, f32 never, bf16 exactly where oneDNN has no native bf16 matmul: AVX2-only
+// CPUs (or MEMFIT_MAX_ISA=avx2, CI's second run) and plain AVX-512 (Cascade Lake, or
+// MEMFIT_MAX_ISA=avx512), where its bf16 matmul is emulated; from AVX512_BF16 up oneDNN
+// multiplies bf16 (a primitive is built there).
 TEST(MatmulWidened, WhichTypesTakeTheRoute) {
   EXPECT_TRUE(matmul_widens(DType::f16));
   EXPECT_FALSE(matmul_widens(DType::f32));
-  EXPECT_EQ(matmul_widens(DType::bf16), !dnnl_gemm::bf16_available());
-  EXPECT_EQ(dnnl_gemm::bf16_available(), cpu::has(cpu::Isa::avx512))
+  EXPECT_EQ(matmul_widens(DType::bf16), !dnnl_gemm::bf16_native());
+  EXPECT_EQ(dnnl_gemm::bf16_native(), cpu::has(cpu::Isa::avx512_bf16))
       << "oneDNN ISA " << dnnl_gemm::isa() << ", memfit max ISA " << cpu::isa_name(cpu::max_isa());
 }
 

@@ -21,7 +21,8 @@ void print_precision_route(const TrainConfig& config, const std::string& auto_no
   if (config.precision == "bf16" && kernels::matmul_widens(DType::bf16))
     fmt::print(stderr,
                "memfit: bf16 matmuls are widened to f32 and run on the f32 GEMM: oneDNN has no "
-               "bf16 matmul on this CPU (ISA {}); bf16 keeps its memory saving, not its speed\n",
+               "native bf16 matmul on this CPU (ISA {}; it needs AVX512_BF16 or AMX); bf16 keeps "
+               "its memory saving, not its speed\n",
                kernels::dnnl_gemm::isa());
 }
 

@@ -326,8 +326,8 @@ Calibration calibrate() {
   c.isa = std::string(cpu::isa_name(cpu::max_isa()));
   c.threads = omp_get_max_threads();
   MemoryPool pool;
-  // bf16 through the route the model's bf16 matmuls take: oneDNN's bf16 GEMM where it has one
-  // (AVX-512 and up); else the operands are widened and the f32 GEMM runs (matmul_widened.h),
+  // bf16 through the route the model's bf16 matmuls take: oneDNN's bf16 GEMM where it is native
+  // (AVX512_BF16, AMX); else the operands are widened and the f32 GEMM runs (matmul_widened.h),
   // whose rate stands for bf16's (the widening passes are counted as element-wise work).
   c.bf16_native = !kernels::matmul_widens(DType::bf16);
   for (int width : kWidths) {

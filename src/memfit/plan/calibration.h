@@ -33,7 +33,9 @@ struct Calibration {
   // 6: f32 GEMMs in oneDNN's gemm:jit (Note [GEMM kernel]), whose rates a version-5 file, taken
   // in brgemm, understates: such a file is measured again. 7: bf16 weight gradients in gemm:jit
   // where oneDNN's bf16 kernel is not AMX, likewise.
-  static constexpr int kVersion = 7;
+  // 8: bf16 widened on plain AVX-512 (dnnl_gemm::bf16_native), where a version-7 file holds the
+  // rate of oneDNN's emulated bf16 GEMM.
+  static constexpr int kVersion = 8;
   std::string cpu;     // cpu::identity()
   std::string isa;     // cpu::isa_name(cpu::max_isa()): the cap it ran under
   int threads = 0;     // OpenMP threads it ran with

@@ -40,11 +40,14 @@ struct GemmSpec {
 void execute(const GemmSpec& spec, const void* A, const void* B, void* C,
              const void* bias = nullptr);
 
-// Whether oneDNN builds bf16 matmuls on this CPU under the MEMFIT_MAX_ISA cap: from avx512_core
-// up (AVX512_BF16 and AMX natively, plain AVX-512 emulated); not on AVX2-only CPUs. Asked once,
-// by building a small bf16 primitive. Where it is false, bf16 matmuls take the widened route
-// (matmul_widened.h).
-bool bf16_available();
+// Whether oneDNN multiplies bf16 natively on this CPU under the MEMFIT_MAX_ISA cap: AVX512_BF16
+// or AMX (Cooper Lake, Sapphire Rapids, Zen 4 and 5). Asked once, by building a small bf16
+// primitive there. Where it is false, bf16 matmuls take the widened route (matmul_widened.h):
+// on AVX2-only CPUs oneDNN 2.6 has no bf16 matmul, and on plain AVX-512 (Skylake-SP, Cascade
+// Lake, Ice Lake) it has one that emulates the bf16 dot product, at 0.045-0.048 TFLOP/s against
+// its f32 GEMM's 0.12-0.17 on a 2-core Cascade Lake (2048^3, 2026-11-28): a bf16 step there took
+// 2.8x the fp32 step's time (docs/notes/mixed-precision.md, "Matmul: bf16 on AMX, and no f16").
+bool bf16_native();
 
 // oneDNN's effective ISA, e.g. "avx2" or "avx512_core_amx", after memfit's cap is applied.
 const char* isa();

@@ -124,11 +124,12 @@ void check_gemm_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
   MEMFIT_CHECK(beta == 0.0f || beta == 1.0f, "gemm", "beta must be 0 or 1, got {}", beta);
 }
 
-// bf16 operands where oneDNN builds no bf16 matmul (below avx512_core): say which route works.
+// bf16 operands where oneDNN has no native bf16 matmul (below AVX512_BF16): say which route works.
 void require_bf16_gemm(const Shape& inp) {
-  MEMFIT_CHECK_DTYPE(dnnl_gemm::bf16_available(), kOp,
-                     "inp is bf16 {} but oneDNN has no bf16 matmul on this CPU (ISA {}; it needs "
-                     "AVX-512): widen the operands through matmul_widened.h, as the model does",
+  MEMFIT_CHECK_DTYPE(dnnl_gemm::bf16_native(), kOp,
+                     "inp is bf16 {} but oneDNN has no native bf16 matmul on this CPU (ISA {}; it "
+                     "needs AVX512_BF16 or AMX): widen the operands through matmul_widened.h, as "
+                     "the model does",
                      inp, dnnl_gemm::isa());
 }
 

@@ -69,7 +69,7 @@ class Carver {
 bool matmul_widens(DType operand) {
   switch (operand) {
     case DType::f16: return true;
-    case DType::bf16: return !dnnl_gemm::bf16_available();
+    case DType::bf16: return !dnnl_gemm::bf16_native();
     default: return false;
   }
 }

@@ -1,6 +1,7 @@
-// Half-precision matmuls through the f32 GEMM, for the operand types oneDNN 2.6 cannot multiply
-// on this CPU: f16 everywhere (it has no f16 matmul on the CPU at all), and bf16 below AVX-512
-// (no bf16 matmul under avx512_core: AVX2-only CPUs, or MEMFIT_MAX_ISA=avx2). See
+// Half-precision matmuls through the f32 GEMM, for the operand types oneDNN 2.6 does not multiply
+// natively on this CPU: f16 everywhere (it has no f16 matmul on the CPU at all), and bf16 below
+// AVX512_BF16 (none under avx512_core: AVX2-only CPUs, or MEMFIT_MAX_ISA=avx2; an emulated one,
+// 3x slower than f32, on plain AVX-512: dnnl_gemm::bf16_native). See
 // docs/notes/mixed-precision.md, "Matmul: bf16 on AMX, and no f16".
 //
 // Each half operand is widened exactly into f32 scratch, the f32 kernel runs (accumulating in
@@ -19,8 +20,8 @@
 namespace memfit::kernels {
 
 // Whether matmuls on `operand` inputs must take this route on this CPU (under the
-// MEMFIT_MAX_ISA cap): f16 always, bf16 where oneDNN has no bf16 matmul, f32 never. The model,
-// its step plan and the planner all ask this one question.
+// MEMFIT_MAX_ISA cap): f16 always, bf16 where oneDNN has no native bf16 matmul, f32 never. The
+// model, its step plan and the planner all ask this one question.
 bool matmul_widens(DType operand);
 
 // Scratch bytes for any forward or backward of an (R, IC) x (OC, IC)^T product with every
