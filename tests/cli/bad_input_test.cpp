@@ -56,6 +56,13 @@ TEST_F(BadInput, SizesPastTheIntegersAreRefusedNotHung) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+TEST_F(BadInput, AWordThatIsNoCommandNamesTheCommands) {
+  const Output r = memfit("frobnicate --steps 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(r.says("'frobnicate' is not a command; the commands are prepare, train, sample"))
+      << r.err;
+}
+
 TEST_F(BadInput, AThreadCountPastTheBoundIsRefused) {
   // 100,000 OpenMP threads crashed libgomp (SIGSEGV), 40,000 failed to be created (exit 1).
   const std::string gpt2_tiny = "--model gpt2-tiny " + run();
@@ -97,6 +104,32 @@ TEST_F(BadInput, ACheckpointFixesTheModel) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+TEST_F(BadInput, AResumeOnOtherDataIsRefusedAndANewRateIsSaid) {
+  const fs::path ck = dir / "ck";
+  Output r = memfit(fmt::format("train {} --steps 4 --stop-after 2 --save '{}'", tiny(),
+                                ck.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string state = slurp(ck / "trainer_state.json");
+  EXPECT_NE(state.find("\"data_tokens\": 4000"), std::string::npos) << state;
+  // Other shards (a different size): the data position would count into other data.
+  fs::create_directories(dir / "other");
+  io::write_token_shard(dir / "other" / "train_000000.bin", std::vector<uint16_t>(3000, 7));
+  const std::string resume = fmt::format(
+      "train --model gpt2-tiny --threads 1 --seq-len 32 --batch 2 --eval-every 0 --steps 4 "
+      "--resume '{}' --save '{}'",
+      ck.string(), ck.string());
+  r = memfit(fmt::format("{} --data '{}'", resume, (dir / "other").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("trained on 4000 tokens of training data, --data")) << r.err;
+  EXPECT_TRUE(r.says("has 3000")) << r.err;
+  EXPECT_EQ(slurp(ck / "trainer_state.json"), state);
+  // Another learning rate goes ahead, and says the continuation is not the same run's.
+  r = memfit(fmt::format("{} --data '{}' --lr 0.0001", resume, (dir / "data").string()));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.says("learning-rate schedule differs from the checkpoint's (lr 0.0006 -> 0.0001)"))
+      << r.err;
+}
+
 TEST_F(BadInput, AnUnwritableSaveOrLogFailsBeforeTheFirstStep) {
   std::ofstream(dir / "a_file") << "not a directory\n";
   const fs::path log = dir / "log.jsonl";
@@ -114,6 +147,33 @@ TEST_F(BadInput, AnUnwritableSaveOrLogFailsBeforeTheFirstStep) {
                                       (dir / "a_file" / "log.jsonl").string()));
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(r.says("--log " + (dir / "a_file" / "log.jsonl").string())) << r.err;
+}
+
+TEST_F(BadInput, ARefusedRunLeavesNoEmptyDirectoryItMade) {
+  // A budget the model does not fit (exit 3) under --profile, and offload files larger than
+  // --disk-limit (exit 2): each left the directory it had made, empty.
+  const fs::path prof = dir / "prof" / "run1";
+  Output r = memfit(fmt::format("train {} --steps 1 --mem-limit 256KiB --profile '{}'", tiny(),
+                                prof.string()));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "prof")) << "left behind";
+  const fs::path off = dir / "off" / "nvme";
+  r = memfit(fmt::format("train {} --steps 1 --offload-optimizer nvme --offload-dir '{}' "
+                         "--disk-limit 1KiB",
+                         tiny(), off.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--disk-limit")) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "off")) << "left behind";
+  // A directory that existed stays, and one that holds output stays.
+  fs::create_directories(off);
+  r = memfit(fmt::format("train {} --steps 1 --offload-optimizer nvme --offload-dir '{}' "
+                         "--disk-limit 1KiB",
+                         tiny(), off.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(fs::is_directory(off));
+  r = memfit(fmt::format("train {} --steps 1 --profile '{}'", tiny(), prof.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(prof / "summary.json"));
 }
 
 TEST_F(BadInput, AConfigThatIsNotAFileOrSetsAnOptionTwiceIsRefused) {

@@ -46,6 +46,16 @@ int main(int argc, char** argv) {
     memfit::cli::check_environment();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A word that is no command: CLI11 would say only "A subcommand is required".
+    if (app.get_subcommands().empty() && !app.remaining().empty() &&
+        app.remaining().front().rfind('-', 0) != 0) {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands({}))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      std::fprintf(stderr, "memfit: '%s' is not a command; the commands are %s (memfit --help)\n",
+                   app.remaining().front().c_str(), names.c_str());
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
     return app.exit(e);
   } catch (const memfit::cli::ExitCode& e) {
     return e.code;

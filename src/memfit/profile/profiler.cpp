@@ -22,11 +22,7 @@ Profiler::Profiler(const ProfileOptions& options, MemoryPool& pool,
     MEMFIT_THROW(ConfigError, "train", "--profile-steps must be at least 1, got {}", options.steps);
   dir_ = options.dir;
   if (options.ranks > 1) dir_ /= fmt::format("rank{}", options.rank);
-  std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec || !fs::is_directory(dir_))
-    MEMFIT_THROW(IoError, "train", "--profile {}: cannot create the directory {}: {}",
-                 options.dir, dir_.string(), ec ? ec.message() : "a file is in the way");
+  made_.create(dir_, "train", "--profile " + options.dir);
   pool_.set_recording(true);
   pool_.set_phase("setup");
 }

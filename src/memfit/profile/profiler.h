@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/io/created_directories.h"
 #include "memfit/memory/pool.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/step_recorder.h"
@@ -28,7 +29,9 @@ struct ProfileOptions {
 
 class Profiler {
  public:
-  // Creates the output directory (IoError if it cannot) and starts the pool's event log.
+  // Creates the output directory (IoError if it cannot) and starts the pool's event log. A run
+  // that fails before the files are written leaves no empty directory it made
+  // (io/created_directories.h).
   Profiler(const ProfileOptions& options, MemoryPool& pool,
            std::chrono::steady_clock::time_point origin);
 
@@ -57,6 +60,7 @@ class Profiler {
   ProfileOptions options_;
   MemoryPool& pool_;
   std::filesystem::path dir_;
+  io::CreatedDirectories made_;
   StepRecorder recorder_;
   nlohmann::json run_;
   std::optional<PlanReport> plan_;

@@ -70,11 +70,8 @@ std::optional<std::string> disk_shortfall(std::span<const RankDisk> ranks) {
 }
 
 void check_offload_disk(dist::Communicator& comm, const fs::path& dir, uint64_t need) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir))
-    MEMFIT_THROW(IoError, "offload", "--offload-dir {}: cannot create the directory: {}",
-                 dir.string(), ec ? ec.message() : "not a directory");
+  MEMFIT_CHECK(fs::is_directory(dir), "offload", "--offload-dir {} was not made first",
+               dir.string());
   const int W = comm.size();
   std::vector<RankDisk> all(static_cast<size_t>(W));
   all[static_cast<size_t>(comm.rank())] = {filesystem_id(dir), need,

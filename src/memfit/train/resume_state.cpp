@@ -82,7 +82,43 @@ ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config
     MEMFIT_THROW(IoError, "resume", "{}: step {} is past the run's steps ({})", file.string(),
                  r.step, config.steps);
   r.data_position = count_field(r.state, "data_position", file);
+  if (r.state.contains("data_tokens")) r.data_tokens = count_field(r.state, "data_tokens", file);
   return r;
+}
+
+void check_resume_data(const ResumeState& saved, int64_t tokens, const std::string& data_dir,
+                       const fs::path& file) {
+  if (saved.data_tokens < 0 || saved.data_tokens == tokens) return;
+  MEMFIT_THROW(ConfigError, "resume",
+               "{}: the checkpoint was trained on {} tokens of training data, --data {} has {}: "
+               "its data position would point elsewhere. Resume on the same data, or start a "
+               "new run from these weights with --init-from",
+               file.string(), saved.data_tokens, data_dir, tokens);
+}
+
+namespace {
+// A float learning rate as written (6e-4f is 0.0006, not 0.000600000028...); strings quoted.
+std::string shown(const json& v) {
+  return v.is_number() ? fmt::format("{:g}", v.get<double>()) : v.dump();
+}
+}  // namespace
+
+std::string schedule_changes(const ResumeState& saved, const TrainConfig& c) {
+  const json* was = saved.state.contains("schedule") && saved.state["schedule"].is_object()
+                        ? &saved.state["schedule"]
+                        : nullptr;
+  if (!was) return "";
+  const json now = {{"kind", c.schedule.kind},
+                    {"lr", c.schedule.lr},
+                    {"min_lr", c.schedule.min_lr},
+                    {"warmup", c.schedule.warmup},
+                    {"total", c.schedule.total}};
+  std::string out;
+  for (const auto& [key, value] : now.items())
+    if (was->contains(key) && (*was)[key] != value)
+      out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", key, shown((*was)[key]),
+                         shown(value));
+  return out;
 }
 
 }  // namespace memfit

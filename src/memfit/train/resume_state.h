@@ -16,6 +16,7 @@ namespace memfit {
 struct ResumeState {
   int64_t step = 0;           // optimizer steps taken when it was saved
   int64_t data_position = 0;  // the training loader's position
+  int64_t data_tokens = -1;   // the training data's tokens (-1: a checkpoint from before they were kept)
   nlohmann::json state;       // the whole object (the loss scaler's state, when there is one)
 };
 
@@ -24,5 +25,16 @@ struct ResumeState {
 // or of the wrong type, and ConfigError naming the setting that differs from the saved run's.
 ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config, int T,
                                 const std::filesystem::path& file);
+
+// ConfigError unless the training data has the `tokens` the checkpoint's data had: the data
+// position counts into that data, and on other data it would point elsewhere.
+void check_resume_data(const ResumeState& saved, int64_t tokens, const std::string& data_dir,
+                       const std::filesystem::path& file);
+
+// The learning-rate schedule's settings that differ from the saved run's, as one line ("lr 0.0003
+// -> 0.0001, warmup 100 -> 0"), empty when none do. Not an error: resuming with a new rate is a
+// choice a user makes on purpose (after a loss spike, say); the run says so, since the
+// continuation is then not bit-identical.
+std::string schedule_changes(const ResumeState& saved, const TrainConfig& config);
 
 }  // namespace memfit

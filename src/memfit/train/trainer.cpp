@@ -18,6 +18,7 @@
 #include "memfit/core/scoped_threads.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/created_directories.h"
 #include "memfit/io/data_loader.h"
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/io/prepare.h"
@@ -52,8 +53,9 @@ namespace {
 // What a resumed run must agree with, and where it stands. No random numbers are drawn during
 // training other than through the data order, which is a function of (seed, epoch), so the
 // seed and the loader's position are the whole RNG state.
-json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, int T,
-                   const DynamicLossScaler* scaler, const std::string& tokenizer) {
+json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position,
+                   int64_t data_tokens, int T, const DynamicLossScaler* scaler,
+                   const std::string& tokenizer) {
   json s = {{"step", step},
           {"data_position", data_position},
           {"seed", c.seed},
@@ -78,6 +80,8 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position, in
             {"warmup", c.schedule.warmup},
             {"total", c.schedule.total}}}};
   if (scaler) s["loss_scaler"] = scaler->to_json();
+  // The training data's size, which a resume checks (-1: unknown, a resumed checkpoint's).
+  if (data_tokens >= 0) s["data_tokens"] = data_tokens;
   // The data's tokenizer (its dataset.json's), which memfit sample then decodes with.
   if (!tokenizer.empty()) s["tokenizer"] = tokenizer;
   return s;
@@ -229,15 +233,11 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const fs::path offload_dir =
       W > 1 ? fs::path(spec.offload.dir) / fmt::format("rank-{}", comm.rank())
             : fs::path(spec.offload.dir);
-  // The rank's own subdirectory goes when the run ends (after its files, which the objects
-  // below remove as they are destroyed): remove() leaves a directory that is not empty.
-  struct RemoveWhenEmpty {
-    fs::path dir;
-    ~RemoveWhenEmpty() {
-      std::error_code ec;
-      if (!dir.empty()) fs::remove(dir, ec);
-    }
-  } remove_rank_dir{offload && W > 1 ? offload_dir : fs::path()};
+  // The directories made here (--offload-dir, a rank's subdirectory) go when the run ends, after
+  // the files that the objects below remove as they are destroyed, or when it fails first (a
+  // disk too small): no empty directory is left (io/created_directories.h).
+  io::CreatedDirectories offload_dirs;
+  if (offload) offload_dirs.create(offload_dir, "offload", "--offload-dir " + spec.offload.dir);
   // Stage 3: the working weights are sharded too, and the step gathers what each phase reads
   // (Note [ZeRO stage 3]).
   std::optional<ParamSharding> param_sharding;
@@ -348,7 +348,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   Transformer::MasterSink to_master_file;
   if (off && master)
     to_master_file = [&](const Transformer::RangeFill& fill) { off->write_master_from(fill); };
-  int64_t start_step = 0, data_position = 0;
+  int64_t start_step = 0, data_position = 0, data_tokens = -1;
+  ResumeState resumed;  // the checkpoint's trainer_state.json, when resuming
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then the working copy
     // rounded from them: any precision loads any precision's checkpoint.
@@ -389,10 +390,17 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     }
     if (resume) {
       const fs::path file = location.dir / "trainer_state.json";
-      const ResumeState s = parse_trainer_state(io::read_file_to_string(file), cfg, T, file);
-      start_step = s.step;
-      data_position = s.data_position;
-      if (scaler && s.state.contains("loss_scaler")) scaler->load_json(s.state["loss_scaler"]);
+      resumed = parse_trainer_state(io::read_file_to_string(file), cfg, T, file);
+      start_step = resumed.step;
+      data_position = resumed.data_position;
+      data_tokens = resumed.data_tokens;
+      if (scaler && resumed.state.contains("loss_scaler"))
+        scaler->load_json(resumed.state["loss_scaler"]);
+      if (const std::string changes = schedule_changes(resumed, cfg); lead && !changes.empty())
+        fmt::print(stderr,
+                   "memfit: the learning-rate schedule differs from the checkpoint's ({}): it "
+                   "continues with this run's, so this is not a bit-identical continuation\n",
+                   changes);
     }
   } else {
     gpt.init_weights(cfg.seed, piece, to_master_file);
@@ -444,6 +452,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const int64_t last_step = cfg.stop_after ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   if (start_step < last_step) {
     train_data = std::make_unique<io::DataLoader>(io::DataLoader::train(pool, cfg.data_dir, dopt));
+    if (resume)
+      check_resume_data(resumed, train_data->num_tokens(), cfg.data_dir,
+                        location.dir / "trainer_state.json");
+    data_tokens = train_data->num_tokens();
     train_data->set_position(data_position);
     if (!io::find_token_shards(cfg.data_dir, "val").empty())
       val_data = std::make_unique<io::DataLoader>(io::DataLoader::val(pool, cfg.data_dir, dopt));
@@ -586,8 +598,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     // from the pool; the planner counts it for a run that saves (plan/memory_plan.cpp).
     so.staging_pool = &pool;
     so.extra_files["trainer_state.json"] =
-        trainer_state(cfg, step, train_data ? train_data->position() : data_position, T,
-                      scaler.get(), data_tokenizer)
+        trainer_state(cfg, step, train_data ? train_data->position() : data_position,
+                      data_tokens, T, scaler.get(), data_tokenizer)
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.

@@ -1,0 +1,30 @@
+// The directories a run makes for its output (--profile, --offload-dir and a rank's subdirectory
+// of either), undone when the run ends: each one this object made goes again, deepest first, if
+// it is empty by then. A run refused after it made them (out of memory, a disk too small, a
+// failed step) leaves no empty directory behind, and one that wrote output keeps it: a
+// directory that holds anything, or that existed before, is never removed.
+#pragma once
+
+#include <filesystem>
+#include <string_view>
+#include <vector>
+
+namespace memfit::io {
+
+class CreatedDirectories {
+ public:
+  CreatedDirectories() = default;
+  CreatedDirectories(const CreatedDirectories&) = delete;
+  CreatedDirectories& operator=(const CreatedDirectories&) = delete;
+  ~CreatedDirectories();
+
+  // Makes `dir` and whichever of its parents are missing, remembering those this call made (not
+  // one another process made first). IoError in `op`, "{what}: cannot create the directory
+  // {dir}: ...", where it cannot, or where a file is in the way.
+  void create(const std::filesystem::path& dir, std::string_view op, std::string_view what);
+
+ private:
+  std::vector<std::filesystem::path> made_;  // in the order made: outermost first
+};
+
+}  // namespace memfit::io
