@@ -26,8 +26,9 @@ struct RankDisk {
 // one rank, "the offload files need ...". nullopt when every filesystem has room.
 std::optional<std::string> disk_shortfall(std::span<const RankDisk> ranks);
 
-// Collective, on the directory `dir` the caller made: exchanges every rank's RankDisk and throws IoError on every rank
-// alike where disk_shortfall finds one (naming `dir`), before a file is made.
+// Collective, on the directory `dir` the caller made (io::CreatedDirectories): exchanges every
+// rank's RankDisk and throws IoError on every rank alike where disk_shortfall finds one (naming
+// `dir`), before a file is made.
 void check_offload_disk(dist::Communicator& comm, const std::filesystem::path& dir,
                         uint64_t need);
 

@@ -16,7 +16,7 @@ namespace memfit {
 struct ResumeState {
   int64_t step = 0;           // optimizer steps taken when it was saved
   int64_t data_position = 0;  // the training loader's position
-  int64_t data_tokens = -1;   // the training data's tokens (-1: a checkpoint from before they were kept)
+  int64_t data_tokens = -1;   // the training data's tokens (-1: not recorded, an older file)
   nlohmann::json state;       // the whole object (the loss scaler's state, when there is one)
 };
 
