@@ -27,6 +27,13 @@ void CreatedDirectories::create(const fs::path& dir, std::string_view op, std::s
                  dir.string(), ec ? ec.message() : "a file is in the way");
 }
 
+fs::path existing_ancestor(const fs::path& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec).lexically_normal();
+  while (!fs::exists(p, ec) && p.has_relative_path()) p = p.parent_path();
+  return p;
+}
+
 CreatedDirectories::~CreatedDirectories() {
   std::error_code ec;
   // remove() takes a directory only while it is empty; one that is not stops the walk outward.

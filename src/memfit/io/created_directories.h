@@ -27,4 +27,9 @@ class CreatedDirectories {
   std::vector<std::filesystem::path> made_;  // in the order made: outermost first
 };
 
+// `dir` where it exists, else its nearest ancestor that does: the filesystem a directory not yet
+// made would be made on (such a path cannot be a mount point). What the planner asks about an
+// --offload-dir (its free bytes, its device) without making it.
+std::filesystem::path existing_ancestor(const std::filesystem::path& dir);
+
 }  // namespace memfit::io

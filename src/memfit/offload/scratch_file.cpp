@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "memfit/core/error.h"
+#include "memfit/io/created_directories.h"
 #include "memfit/offload/offload_layout.h"
 
 namespace memfit::offload {
@@ -108,7 +109,8 @@ nlohmann::json ScratchFile::read_header(const fs::path& path) {
 
 uint64_t free_disk_bytes(const fs::path& dir) {
   struct statvfs s;
-  if (::statvfs(dir.c_str(), &s) != 0) fail(dir, "cannot stat the filesystem", errno);
+  if (::statvfs(io::existing_ancestor(dir).c_str(), &s) != 0)
+    fail(dir, "cannot stat the filesystem", errno);
   return static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
 }
 

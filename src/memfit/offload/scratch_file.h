@@ -47,7 +47,8 @@ class ScratchFile {
   bool direct_ = false;
 };
 
-// Bytes free to an unprivileged writer on the filesystem holding `dir` (statvfs's f_bavail).
+// Bytes free to an unprivileged writer on the filesystem holding `dir` (statvfs's f_bavail), or
+// that would hold it: a `dir` not made yet is not made (io::existing_ancestor).
 uint64_t free_disk_bytes(const std::filesystem::path& dir);
 
 }  // namespace memfit::offload

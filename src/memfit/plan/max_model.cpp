@@ -86,11 +86,7 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
   const bool may_offload = base.offload.optimizer || base.offload_open;
   if (may_offload) {
     r.disk_limit = base.offload.disk_limit;
-    if (!r.disk_limit) {
-      std::error_code ec;
-      std::filesystem::create_directories(base.offload.dir, ec);
-      r.disk_limit = offload::free_disk_bytes(base.offload.dir);
-    }
+    if (!r.disk_limit) r.disk_limit = offload::free_disk_bytes(base.offload.dir);
   }
   auto fit = [&](int n_layer) -> const ShapeFit& {
     auto it = planned.find(n_layer);
