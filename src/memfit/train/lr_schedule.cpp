@@ -16,6 +16,10 @@ void LrSchedule::validate() const {
   if (warmup < 0) MEMFIT_THROW(ConfigError, "config", "warmup must be >= 0, got {}", warmup);
 }
 
+nlohmann::json LrSchedule::to_json() const {
+  return {{"kind", kind}, {"lr", lr}, {"min_lr", min_lr}, {"warmup", warmup}, {"total", total}};
+}
+
 float LrSchedule::at(int64_t step) const {
   if (step < warmup) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
   if (kind == "constant") return lr;

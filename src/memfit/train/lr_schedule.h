@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace memfit {
 
 struct LrSchedule {
@@ -16,6 +18,9 @@ struct LrSchedule {
   // Learning rate of step `step` (0-based). Throws ConfigError for an unknown kind.
   float at(int64_t step) const;
   void validate() const;
+  // {"kind", "lr", "min_lr", "warmup", "total"}: trainer_state.json's "schedule", which a resume
+  // compares with its own (train/resume_state.h, schedule_changes).
+  nlohmann::json to_json() const;
 };
 
 }  // namespace memfit

@@ -108,11 +108,7 @@ std::string schedule_changes(const ResumeState& saved, const TrainConfig& c) {
                         ? &saved.state["schedule"]
                         : nullptr;
   if (!was) return "";
-  const json now = {{"kind", c.schedule.kind},
-                    {"lr", c.schedule.lr},
-                    {"min_lr", c.schedule.min_lr},
-                    {"warmup", c.schedule.warmup},
-                    {"total", c.schedule.total}};
+  const json now = c.schedule.to_json();
   std::string out;
   for (const auto& [key, value] : now.items())
     if (was->contains(key) && (*was)[key] != value)

@@ -73,14 +73,9 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position,
           {"precision", c.precision},
           {"zero", c.zero},
           {"master_weights", c.master_weights},
-          {"schedule",
-           {{"kind", c.schedule.kind},
-            {"lr", c.schedule.lr},
-            {"min_lr", c.schedule.min_lr},
-            {"warmup", c.schedule.warmup},
-            {"total", c.schedule.total}}}};
+          {"schedule", c.schedule.to_json()}};
   if (scaler) s["loss_scaler"] = scaler->to_json();
-  // The training data's size, which a resume checks (-1: unknown, a resumed checkpoint's).
+  // The training data's size, which a resume checks (-1: not known, no loader and an older file).
   if (data_tokens >= 0) s["data_tokens"] = data_tokens;
   // The data's tokenizer (its dataset.json's), which memfit sample then decodes with.
   if (!tokenizer.empty()) s["tokenizer"] = tokenizer;
@@ -348,8 +343,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   Transformer::MasterSink to_master_file;
   if (off && master)
     to_master_file = [&](const Transformer::RangeFill& fill) { off->write_master_from(fill); };
-  int64_t start_step = 0, data_position = 0, data_tokens = -1;
+  int64_t start_step = 0, data_position = 0;
   ResumeState resumed;  // the checkpoint's trainer_state.json, when resuming
+  const fs::path state_file = location.dir / "trainer_state.json";
   if (!location.dir.empty()) {
     // Into the weights of record, converting F32 <-> BF16 as needed, then the working copy
     // rounded from them: any precision loads any precision's checkpoint.
@@ -389,11 +385,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       off->load_state(file);
     }
     if (resume) {
-      const fs::path file = location.dir / "trainer_state.json";
-      resumed = parse_trainer_state(io::read_file_to_string(file), cfg, T, file);
+      resumed = parse_trainer_state(io::read_file_to_string(state_file), cfg, T, state_file);
       start_step = resumed.step;
       data_position = resumed.data_position;
-      data_tokens = resumed.data_tokens;
       if (scaler && resumed.state.contains("loss_scaler"))
         scaler->load_json(resumed.state["loss_scaler"]);
       if (const std::string changes = schedule_changes(resumed, cfg); lead && !changes.empty())
@@ -452,10 +446,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   const int64_t last_step = cfg.stop_after ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   if (start_step < last_step) {
     train_data = std::make_unique<io::DataLoader>(io::DataLoader::train(pool, cfg.data_dir, dopt));
-    if (resume)
-      check_resume_data(resumed, train_data->num_tokens(), cfg.data_dir,
-                        location.dir / "trainer_state.json");
-    data_tokens = train_data->num_tokens();
+    if (resume) check_resume_data(resumed, train_data->num_tokens(), cfg.data_dir, state_file);
     train_data->set_position(data_position);
     if (!io::find_token_shards(cfg.data_dir, "val").empty())
       val_data = std::make_unique<io::DataLoader>(io::DataLoader::val(pool, cfg.data_dir, dopt));
@@ -599,7 +590,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     so.staging_pool = &pool;
     so.extra_files["trainer_state.json"] =
         trainer_state(cfg, step, train_data ? train_data->position() : data_position,
-                      data_tokens, T, scaler.get(), data_tokenizer)
+                      train_data ? train_data->num_tokens() : resumed.data_tokens, T,
+                      scaler.get(), data_tokenizer)
             .dump(2);
     // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
     // pure-bf16 run (saved as BF16) or the fp32 ones.
