@@ -24,7 +24,8 @@ set(MEMFIT_FUZZ_SOURCES
   src/memfit/io/hf_pretokenize.cpp src/memfit/io/sharded_safetensors.cpp
   src/memfit/model/model_config.cpp src/memfit/model/param_layout.cpp
   src/memfit/cli/config_file.cpp
-  src/memfit/train/resume_state.cpp src/memfit/train/loss_scaler.cpp)
+  src/memfit/train/resume_state.cpp src/memfit/train/lr_schedule.cpp
+  src/memfit/train/loss_scaler.cpp)
 add_library(memfit_fuzz_lib STATIC ${MEMFIT_FUZZ_SOURCES})
 target_include_directories(memfit_fuzz_lib PUBLIC src ${CMAKE_SOURCE_DIR})
 target_link_libraries(memfit_fuzz_lib PUBLIC OpenMP::OpenMP_CXX fmt::fmt

@@ -57,7 +57,7 @@ if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
   stage "the suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DCMAKE_CXX_FLAGS="-march=x86-64-v3 -DHWY_COMPILE_ONLY_STATIC=1" -DMEMFIT_SANITIZE=ON \
-    -DMEMFIT_BENCH=OFF >/dev/null
+    -DMEMFIT_BENCH=OFF -DMEMFIT_TEST_OPTIMIZE=-O0 >/dev/null
   cmake --build build-asan -j"$(nproc)"
   # The tests' calibration cache (MEMFIT_CACHE_DIR, per build directory): the normal build's
   # rates, measured above on this CPU under the same key (CPU, ISA, threads), so the sanitizer
