@@ -114,6 +114,14 @@ bool is_shard_name(const std::string& name) {
          name.compare(name.size() - 12, 12, ".safetensors") == 0;
 }
 
+// A name an extra file may take: one plain file name that is none of the checkpoint's own.
+bool is_extra_file_name(std::string_view name) {
+  for (std::string_view own : {kModelFile, kModelIndexFile, kConfigFile, kOptimizerFile})
+    if (name == own) return false;
+  return !name.empty() && name != "." && name != ".." &&
+         name.find('/') == std::string_view::npos && !is_shard_name(std::string(name));
+}
+
 }  // namespace
 
 // What differs between the saved model and this one, in the family's config.json field names.
@@ -179,11 +187,8 @@ static constexpr std::initializer_list<std::string_view> kCheckpointMarkers = {
 void save_checkpoint(const fs::path& dir, const ModelConfig& config, const ParamLayout& layout,
                      const Tensor& slab, const CheckpointSaveOptions& options) {
   for (const auto& [name, contents] : options.extra_files) {
-    MEMFIT_CHECK(!name.empty() && name != "." && name != ".." &&
-                     name.find('/') == std::string::npos && name != kModelFile &&
-                     name != kModelIndexFile && !is_shard_name(name) && name != kConfigFile &&
-                     name != kOptimizerFile,
-                 "checkpoint", "'{}' cannot name an extra checkpoint file", name);
+    MEMFIT_CHECK(is_extra_file_name(name), "checkpoint",
+                 "'{}' cannot name an extra checkpoint file", name);
   }
   const int sources = int{slab.defined()} + int{options.sharded_weights_dtype.has_value()} +
                       int{options.streamed_weights.has_value()};
