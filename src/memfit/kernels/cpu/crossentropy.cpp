@@ -154,6 +154,8 @@ void row_scale_pad_into(half::Storage<D>* out, const float* x, int64_t V, int64_
   MEMFIT_SIMD_DISPATCH(CeRowScalePad)(D, out, x, V, Vp, s);
 }
 
+// Read into named locals, not a structured binding: clang cannot capture one in an OpenMP
+// region.
 struct Dims {
   int64_t R, Vp;
 };
@@ -178,7 +180,8 @@ Dims check_args(std::string_view op, const Tensor& losses, const Tensor& logits,
 
 void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V) {
   KernelScope timed("crossentropy_forward");
-  const auto [R, Vp] = check_args("crossentropy_forward", losses, logits, targets, V);
+  const auto dims = check_args("crossentropy_forward", losses, logits, targets, V);
+  const int64_t R = dims.R, Vp = dims.Vp;
   float* loss = losses.data<float>();
   // Forward reads only; row_sum_exp<false> never writes through this pointer.
   float* x = logits.data<float>();
@@ -196,7 +199,8 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
                                    float dloss, DType round_to) {
   KernelScope timed("crossentropy_forward_backward");
   constexpr std::string_view op = "crossentropy_forward_backward";
-  const auto [R, Vp] = check_args(op, losses, logits, targets, V);
+  const auto dims = check_args(op, losses, logits, targets, V);
+  const int64_t R = dims.R, Vp = dims.Vp;
   MEMFIT_CHECK_DTYPE(half::is_float_type(round_to), op, "round_to must be f32, bf16 or f16, got {}",
                      dtype_name(round_to));
   float* loss = losses.data<float>();
@@ -222,7 +226,8 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logi
                                    const Tensor& targets, int64_t V, float dloss) {
   KernelScope timed("crossentropy_forward_backward");
   constexpr std::string_view op = "crossentropy_forward_backward";
-  const auto [R, Vp] = check_args(op, losses, logits, targets, V);
+  const auto dims = check_args(op, losses, logits, targets, V);
+  const int64_t R = dims.R, Vp = dims.Vp;
   MEMFIT_CHECK(dlogits.defined(), op, "dlogits is undefined");
   MEMFIT_CHECK_DTYPE(half::is_float_type(dlogits.dtype()), op,
                      "dlogits must be f32, bf16 or f16, got {} {}", dtype_name(dlogits.dtype()),

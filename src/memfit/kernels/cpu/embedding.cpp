@@ -92,6 +92,8 @@ HWY_EXPORT(EmbeddingBackwardBand);
 
 namespace {
 
+// Read into named locals, not a structured binding: clang cannot capture one in an OpenMP
+// region.
 struct Dims {
   int64_t B, T, C;
 };
@@ -132,7 +134,8 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, con
                        "{} must be f32, bf16 or f16, got {} {}", name, dtype_name(t->dtype()),
                        t->shape());
   }
-  const auto [B, T, C] = check_dims(op, tokens, wte, wpe, "wte", "wpe", true);
+  const auto dims = check_dims(op, tokens, wte, wpe, "wte", "wpe", true);
+  const int64_t B = dims.B, T = dims.T, C = dims.C;
   expect_tensor(out, op, "out", Shape{B, T, C});
   float* o = out.data<float>();
   const int32_t* tok = tokens.data<int32_t>();
@@ -149,7 +152,8 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, con
 void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
   KernelScope timed("embedding_backward");
   constexpr std::string_view op = "embedding_backward";
-  const auto [B, T, C] = check_dims(op, tokens, dwte, dwpe, "dwte", "dwpe");
+  const auto dims = check_dims(op, tokens, dwte, dwpe, "dwte", "dwpe");
+  const int64_t B = dims.B, T = dims.T, C = dims.C;
   expect_tensor(dout, op, "dout", Shape{B, T, C});
   float *de = dwte.data<float>(), *dp = dwpe.defined() ? dwpe.data<float>() : nullptr;
   const float* dy = dout.data<float>();

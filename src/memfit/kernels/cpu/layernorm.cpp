@@ -215,6 +215,8 @@ namespace {
 
 // Shapes shared by forward and backward: R rows of C, mean and rstd of R elements (any shape,
 // so (B, T) works as well as (R)).
+// Read into named locals, not a structured binding: clang cannot capture one in an OpenMP
+// region.
 struct Dims {
   int64_t R, C;
 };
@@ -240,7 +242,8 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
                        const Tensor& weight, const Tensor& bias) {
   KernelScope timed("layernorm_forward");
   constexpr std::string_view op = "layernorm_forward";
-  const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
+  const auto dims = check_dims(op, inp, weight, mean, rstd);
+  const int64_t R = dims.R, C = dims.C;
   expect_float_tensor(bias, op, "bias", Shape{C});
   expect_float_tensor(out, op, "out", inp.shape());
   float *pm = mean.data<float>(), *pr = rstd.data<float>();
@@ -259,7 +262,8 @@ void layernorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const
                      const Tensor& mean, const Tensor& rstd) {
   KernelScope timed("layernorm_apply");
   constexpr std::string_view op = "layernorm_apply";
-  const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
+  const auto dims = check_dims(op, inp, weight, mean, rstd);
+  const int64_t R = dims.R, C = dims.C;
   expect_float_tensor(bias, op, "bias", Shape{C});
   expect_float_tensor(out, op, "out", inp.shape());
   const float *pm = mean.data<float>(), *pr = rstd.data<float>();
@@ -280,7 +284,8 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
                         const Tensor& rstd) {
   KernelScope timed("layernorm_backward");
   constexpr std::string_view op = "layernorm_backward";
-  const auto [R, C] = check_dims(op, inp, weight, mean, rstd);
+  const auto dims = check_dims(op, inp, weight, mean, rstd);
+  const int64_t R = dims.R, C = dims.C;
   expect_tensor(dout, op, "dout", inp.shape());
   expect_tensor(dinp, op, "dinp", inp.shape());
   expect_tensor(dweight, op, "dweight", Shape{C});

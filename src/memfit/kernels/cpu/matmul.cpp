@@ -133,6 +133,8 @@ void require_bf16_gemm(const Shape& inp) {
                      inp, dnnl_gemm::isa());
 }
 
+// Read into named locals, not a structured binding: clang cannot capture one in an OpenMP
+// region.
 struct LinearDims {
   int64_t R, IC, OC;
 };
@@ -177,7 +179,8 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
   reject_f16(in_type, "inp", inp.shape());
   MEMFIT_CHECK_DTYPE(in_type == DType::f32 || in_type == DType::bf16, kOp,
                      "inp must be f32 or bf16, got {} {}", dtype_name(in_type), inp.shape());
-  const auto [R, IC, OC] = check_linear(inp, weight, in_type);
+  const auto dims = check_linear(inp, weight, in_type);
+  const int64_t R = dims.R, IC = dims.IC, OC = dims.OC;
   // bf16 inputs may write bf16 and take a bf16 bias; f32 inputs keep everything f32.
   const bool low = in_type == DType::bf16;
   const DType out_type = low ? f32_or_bf16(out, "out") : DType::f32;
@@ -205,7 +208,8 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
   const DType in_type = inp.dtype();
   reject_f16(in_type, "inp", inp.shape());
   if (in_type == DType::f32) {  // the FP32 path, as it always was
-    const auto [R, IC, OC] = check_linear(inp, weight, DType::f32);
+    const auto dims = check_linear(inp, weight, DType::f32);
+    const int64_t R = dims.R, IC = dims.IC, OC = dims.OC;
     expect_tensor(dout, kOp, "dout", with_last(inp.shape(), OC));
     if (dweight.defined()) expect_tensor(dweight, kOp, "dweight", weight.shape());
     if (dinp.defined()) expect_tensor(dinp, kOp, "dinp", inp.shape());
@@ -226,7 +230,8 @@ void matmul_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor&
 
   MEMFIT_CHECK_DTYPE(in_type == DType::bf16, kOp, "inp must be f32 or bf16, got {} {}",
                      dtype_name(in_type), inp.shape());
-  const auto [R, IC, OC] = check_linear(inp, weight, DType::bf16);
+  const auto dims = check_linear(inp, weight, DType::bf16);
+  const int64_t R = dims.R, IC = dims.IC, OC = dims.OC;
   MEMFIT_CHECK_DTYPE(!dout.defined() || dout.dtype() == DType::bf16, kOp,
                      "dout must be bf16 like inp and weight, got {} {} (convert an f32 gradient "
                      "to bf16 first)",

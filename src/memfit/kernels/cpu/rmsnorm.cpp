@@ -167,6 +167,8 @@ HWY_EXPORT(RmsNormApplyRows);
 
 namespace {
 
+// Read into named locals, not a structured binding: clang cannot capture one in an OpenMP
+// region.
 struct Dims {
   int64_t R, C;
 };
@@ -192,7 +194,8 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
                      float eps) {
   KernelScope timed("rmsnorm_forward");
   constexpr std::string_view op = "rmsnorm_forward";
-  const auto [R, C] = check_dims(op, inp, weight, rstd);
+  const auto dims = check_dims(op, inp, weight, rstd);
+  const int64_t R = dims.R, C = dims.C;
   MEMFIT_CHECK(eps >= 0.0f && std::isfinite(eps), op, "eps must be finite and >= 0, got {}", eps);
   expect_float_tensor(out, op, "out", inp.shape());
   float* pr = rstd.data<float>();
@@ -211,7 +214,8 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
 void rmsnorm_apply(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
   KernelScope timed("rmsnorm_apply");
   constexpr std::string_view op = "rmsnorm_apply";
-  const auto [R, C] = check_dims(op, inp, weight, rstd);
+  const auto dims = check_dims(op, inp, weight, rstd);
+  const int64_t R = dims.R, C = dims.C;
   expect_float_tensor(out, op, "out", inp.shape());
   const float* pr = rstd.data<float>();
   std::vector<float> wbuf;
@@ -230,7 +234,8 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const T
                       const Tensor& weight, const Tensor& rstd) {
   KernelScope timed("rmsnorm_backward");
   constexpr std::string_view op = "rmsnorm_backward";
-  const auto [R, C] = check_dims(op, inp, weight, rstd);
+  const auto dims = check_dims(op, inp, weight, rstd);
+  const int64_t R = dims.R, C = dims.C;
   expect_tensor(dout, op, "dout", inp.shape());
   expect_tensor(dinp, op, "dinp", inp.shape());
   expect_tensor(dweight, op, "dweight", Shape{C});
