@@ -69,12 +69,12 @@ install_clang() {
 
 if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
   # Cheaper than the normal build where it changes nothing the sanitizers check: the library
-  # at -O1 (its kernels must stay vectorised), the tests' own code at -O0 (glue around the
-  # library: under ASan + UBSan one g++ test file took 59 s at -O1 and 18 at -O0 on a 2-core
-  # Xeon), -g1 (line tables: all ASan's stacks need), one Highway target per kernel instead of
-  # three (AVX2, which every machine this project runs on has; the capped reruns above check
-  # AVX-512 and scalar), no benchmarks. g++, not clang, for now: clang compiles it in half the
-  # time, but its build fails the LayerNorm and RMSNorm backward tests (docs/testing.md).
+  # at -O1, the tests' own code at -O0 (glue around the library: under ASan + UBSan one g++
+  # test file took 59 s at -O1 and 18 at -O0 on a 2-core Xeon), -g1 (line tables: all ASan's
+  # stacks need), one Highway target per kernel instead of three, no benchmarks. That target is
+  # Highway's static one, which for -march=x86-64-v3 is SCALAR, not AVX2: Highway 1.0.3's
+  # static AVX2 also needs AES and PCLMUL (docs/testing.md). g++, not clang, for now: clang
+  # compiles it in half the time; see docs/testing.md for what its build found.
   stage "the suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DCMAKE_CXX_FLAGS="-march=x86-64-v3 -DHWY_COMPILE_ONLY_STATIC=1" -DMEMFIT_SANITIZE=ON \

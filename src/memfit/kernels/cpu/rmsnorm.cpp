@@ -110,7 +110,12 @@ void rms_row_backward(float* dx, float* dw_part, const float* dy, const float* x
     const VF n = hn::Mul(xv, vr);
     const VF dn = hn::Mul(wv, g);
 #if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
-    s += static_cast<double>(hn::GetLane(dn)) * hn::GetLane(n);  // one lane: in double
+    // The fallback targets: every lane in double. EMU128 has four (clang's fallback; g++'s is
+    // SCALAR, one): reading only the first lane lost three of every four terms.
+    HWY_ALIGN float dnl[kMaxLanes], nl[kMaxLanes];
+    hn::Store(dn, d, dnl);
+    hn::Store(n, d, nl);
+    for (size_t l = 0; l < hn::Lanes(d); ++l) s += static_cast<double>(dnl[l]) * nl[l];
 #else
     a0 = hn::MulAdd(dn, n, a0);
 #endif
