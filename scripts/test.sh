@@ -8,12 +8,12 @@
 # then run a second time under MEMFIT_MAX_ISA=avx2 (which caps oneDNN too), as an AVX2-only
 # machine runs them: no bf16 matmul in oneDNN, the AVX2 kernels. A change that breaks the other
 # kind of machine fails here as well. MEMFIT_SKIP_AVX2_RERUN=1 skips that second run. Below 16
-# cores, the kernel, model, plan and train tests run once more with 16 OpenMP threads.
+# cores, the kernel, model and plan tests run once more with 16 OpenMP threads.
 #
-# Then the checked builds (docs/testing.md): the suite again in build-asan/,
-# compiled with AddressSanitizer + UndefinedBehaviorSanitizer (MEMFIT_SKIP_SANITIZE=1 skips), and
-# each libFuzzer harness for 15 s from its committed corpus (scripts/fuzz.sh; MEMFIT_SKIP_FUZZ=1
-# skips), with the clang the fuzzers need installed here, not by setup.sh.
+# Then the checked builds (docs/testing.md): the suite again in build-asan/, compiled with
+# AddressSanitizer + UndefinedBehaviorSanitizer (MEMFIT_SKIP_SANITIZE=1 skips), and each libFuzzer
+# harness for 15 s from its committed corpus (scripts/fuzz.sh; MEMFIT_SKIP_FUZZ=1 skips), with
+# the clang the fuzzers need installed here, not by setup.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
