@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-
 // AddressSanitizer, as g++ (__SANITIZE_ADDRESS__) and clang (__has_feature) each say it.
 #if defined(__SANITIZE_ADDRESS__)
 #define MEMFIT_TEST_ASAN 1
@@ -17,6 +16,7 @@
 #define MEMFIT_TEST_ASAN 1
 #endif
 #endif
+
 namespace memfit {
 namespace {
 

@@ -147,13 +147,8 @@ void row_backward(float* dx, float* dw_part, float* db_part, const float* dy, co
 #if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
     // The fallback targets: the row means in double, as row_stats does, over every lane. EMU128
     // has four (clang's fallback; g++'s is SCALAR, one): reading only the first lost the rest.
-    HWY_ALIGN float dnl[kMaxLanes], nl[kMaxLanes];
-    hn::Store(dn, d, dnl);
-    hn::Store(n, d, nl);
-    for (size_t l = 0; l < hn::Lanes(d); ++l) {
-      s0 += static_cast<double>(dnl[l]);
-      s1 += static_cast<double>(dnl[l]) * nl[l];
-    }
+    s0 += sum_lanes_pd(d, dn);
+    s1 += dot_lanes_pd(d, dn, n);
 #else
     a0 = hn::Add(a0, dn);
     a1 = hn::MulAdd(dn, n, a1);

@@ -112,10 +112,7 @@ void rms_row_backward(float* dx, float* dw_part, const float* dy, const float* x
 #if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
     // The fallback targets: every lane in double. EMU128 has four (clang's fallback; g++'s is
     // SCALAR, one): reading only the first lane lost three of every four terms.
-    HWY_ALIGN float dnl[kMaxLanes], nl[kMaxLanes];
-    hn::Store(dn, d, dnl);
-    hn::Store(n, d, nl);
-    for (size_t l = 0; l < hn::Lanes(d); ++l) s += static_cast<double>(dnl[l]) * nl[l];
+    s += dot_lanes_pd(d, dn, n);
 #else
     a0 = hn::MulAdd(dn, n, a0);
 #endif

@@ -164,6 +164,18 @@ HWY_INLINE double sum_lanes_pd(D d, V v) {
   return total;
 }
 
+// Sum of the lanes' products a * b in double, in lane order (each product exact): the
+// fallback targets' row sums of products, which a float vector would round.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE double dot_lanes_pd(D d, V a, V b) {
+  HWY_ALIGN float la[kMaxLanes], lb[kMaxLanes];
+  hn::Store(a, d, la);
+  hn::Store(b, d, lb);
+  double total = 0.0;
+  for (size_t i = 0; i < hn::Lanes(d); ++i) total += static_cast<double>(la[i]) * lb[i];
+  return total;
+}
+
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE float sum_lanes(D d, V v) {
   return hn::GetLane(hn::SumOfLanes(d, v));
