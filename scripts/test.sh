@@ -13,7 +13,7 @@
 # Then the checked builds (docs/testing.md): the suite again in build-asan/, compiled with
 # AddressSanitizer + UndefinedBehaviorSanitizer (MEMFIT_SKIP_SANITIZE=1 skips), and each libFuzzer
 # harness for 15 s from its committed corpus (scripts/fuzz.sh; MEMFIT_SKIP_FUZZ=1 skips), with
-# the clang the fuzzers need installed here, not by setup.sh.
+# the clang they need installed here, not by setup.sh: the main job does not need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -51,21 +51,6 @@ if [ "$(nproc)" -lt 16 ] && [ "${MEMFIT_SKIP_MANY_THREADS:-0}" != 1 ]; then
   OMP_NUM_THREADS=16 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600 \
     -L '^(kernels|model|plan)$'
 fi
-
-# Debian's clang 19 with its sanitizer and OpenMP runtimes, for the fuzzers; installed here, not
-# by setup.sh: the main job does not need it.
-install_clang() {
-  local missing=() p
-  for p in clang-19 libclang-rt-19-dev libomp-19-dev; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    echo "test: installing ${missing[*]} for the fuzzers"
-    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-  fi
-}
 
 if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
   # Cheaper than the normal build where it changes nothing the sanitizers check: the library
@@ -108,7 +93,16 @@ if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
 fi
 
 if [ "${MEMFIT_SKIP_FUZZ:-0}" != 1 ]; then
-  install_clang
+  missing=()
+  for p in clang-19 libclang-rt-19-dev libomp-19-dev; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "test: installing ${missing[*]} for the fuzzers"
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
   stage "the fuzzers"
   bash scripts/fuzz.sh "${MEMFIT_FUZZ_SECONDS:-15}"
 fi
