@@ -162,6 +162,15 @@ TEST(MemoryPool, ParsesSizes) {
   EXPECT_THROW(parse_bytes("2 parsecs"), ConfigError);
 }
 
+// A small size that is not zero never prints as "0.0 MiB" (`memfit plan --mem-limit 1KiB` did).
+TEST(MemoryPool, FormatsSizesInMibAndSmallOnesInBytes) {
+  EXPECT_EQ(format_mib(0), "0.0 MiB");
+  EXPECT_EQ(format_mib(1024), "1024 bytes");
+  EXPECT_EQ(format_mib(52428), "52428 bytes");
+  EXPECT_EQ(format_mib(52429), "0.1 MiB");
+  EXPECT_EQ(format_mib(parse_bytes("12.5MiB")), "12.5 MiB");
+}
+
 size_t resident_bytes() {
   std::ifstream f("/proc/self/statm");
   size_t pages_total = 0, pages_resident = 0;

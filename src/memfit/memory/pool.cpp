@@ -26,6 +26,8 @@ size_t sum(const CategoryBytes& bytes) {
 }  // namespace
 
 std::string format_mib(size_t bytes) {
+  // A size that rounds to "0.0 MiB" but is not zero (`--mem-limit 1KiB`) says its bytes.
+  if (bytes > 0 && bytes * 20 < (size_t{1} << 20)) return fmt::format("{} bytes", bytes);
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 

@@ -165,7 +165,8 @@ class MemoryPool {
   std::map<std::pair<std::string, Category>, std::pair<size_t, size_t>> by_tag_;  // bytes, count
 };
 
-// Formats a byte count as MiB with one decimal: "12.5 MiB".
+// Formats a byte count as MiB with one decimal: "12.5 MiB"; under 0.05 MiB, not zero, in bytes:
+// "1024 bytes".
 std::string format_mib(size_t bytes);
 // Parses "2GiB", "512MiB", "1.5G", "1000000" (bytes). Throws ConfigError naming `what`.
 size_t parse_bytes(std::string_view text, std::string_view what = "memory size");
