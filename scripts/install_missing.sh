@@ -6,7 +6,8 @@ install_missing() {
   shift 2
   local missing=()
   for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$p")
   done
   ((${#missing[@]})) || return 0
   echo "$who: installing ${missing[*]}${why:+ $why}"
