@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/core/scoped_threads.h"
 #include "memfit/memory/pool.h"
 #include "memfit/train/run_setup.h"
 #include "plan_test_util.h"
@@ -253,6 +254,78 @@ TEST(Search, CompressionIsACandidateBesideThePoliciesUnlessGiven) {
         EXPECT_EQ(act_compress_name(x.act_compress), given) << x.ckpt;
     }
   }
+}
+
+// The search shares step plans between candidates (StepPlanCache): each candidate must still be
+// what plan_training makes of its run alone, byte for byte and to the last bit of the estimate,
+// over every axis at once (policies, compression, micro-batches, the optimizer, weights and
+// gradients offloaded or not, and over two ranks every stage).
+TEST(Search, EveryCandidateIsItsRunPlannedAlone) {
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    TrainConfig c = tiny("flash");
+    c.ckpt = "auto";
+    c.auto_batch = true;
+    c.mem_limit = "1GiB";
+    c.offload_dir = empty_dir() + "/offload";
+    c.ranks = ranks;
+    c.zero_auto = ranks > 1;
+    const RunSpec open = resolve_run(c);
+    const SearchSpace space = SearchSpace::of(open);
+    ASSERT_TRUE(space.offload && space.micro_batches && space.compression);
+    ASSERT_EQ(space.offload_grads, ranks == 1);
+    ASSERT_EQ(space.stages, ranks > 1);
+    const SearchResult r = search_training(open, size_t{1} << 30, space);
+    ASSERT_GT(r.candidates.size(), 50u);
+    for (const Candidate& x : r.candidates) {
+      SCOPED_TRACE(candidate_options(x, true, true));
+      const RunSpec run = apply_candidate(open, x);
+      int rank = 0;
+      const PlanReport alone = plan_largest_rank(run, &rank);
+      EXPECT_EQ(x.peak_bytes, alone.peak_bytes);
+      EXPECT_EQ(x.by_category, alone.by_category);
+      EXPECT_EQ(x.peak_rank, rank);
+      EXPECT_EQ(x.est_step_seconds, plan_training(run).est_step_seconds);
+    }
+  }
+}
+
+TEST(StepPlanCache, KeepsTheLastPlansByEverythingTheyDependOn) {
+  ModelConfig m = ModelConfig::preset("gpt2-tiny");
+  m.finalize();
+  ActivationOptions none, full;
+  full.ckpt = CheckpointPolicy::parse("full");
+  StepPlanCache cache;
+  const StepPlan* first = &cache.plan(m, 2, 16, none);
+  EXPECT_EQ(&cache.plan(m, 2, 16, none), first);  // kept: the same plan, not made again
+  EXPECT_EQ(cache.made(), 1u);
+  const StepPlan& other = cache.plan(m, 2, 16, full);
+  EXPECT_EQ(cache.made(), 2u);
+  EXPECT_LT(other.arena[static_cast<size_t>(Category::activations)],
+            first->arena[static_cast<size_t>(Category::activations)]);
+  // Every input is part of the key: B, T, the model, the thread count.
+  cache.plan(m, 1, 16, none);
+  cache.plan(m, 2, 8, none);
+  EXPECT_EQ(cache.made(), 4u);
+  ModelConfig wider = m;
+  wider.d_model *= 2;
+  wider.finalize();
+  const size_t wide = cache.plan(wider, 2, 16, none).arena[static_cast<size_t>(Category::activations)];
+  EXPECT_GT(wide, cache.plan(m, 2, 16, none).arena[static_cast<size_t>(Category::activations)]);
+  EXPECT_EQ(cache.made(), 6u);  // m's first plan had been dropped: four are kept
+  {
+    const ScopedThreads other_threads(omp_get_max_threads() + 3);
+    cache.plan(m, 2, 16, none);
+  }
+  EXPECT_EQ(cache.made(), 7u);
+  // Each plan is plan_step's.
+  const StepPlan made = plan_step(m, 2, 16, full);
+  const StepPlan& kept = cache.plan(m, 2, 16, full);
+  EXPECT_EQ(kept.arena, made.arena);
+  EXPECT_EQ(kept.options, made.options);
+  ASSERT_EQ(kept.buffers.size(), made.buffers.size());
+  for (size_t i = 0; i < made.buffers.size(); ++i)
+    EXPECT_EQ(kept.buffers[i].offset, made.buffers[i].offset) << made.buffers[i].tag;
 }
 
 TEST(Search, AutoWithoutMemLimitIsAConfigErrorNamingIt) {

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <omp.h>
+
 #include "memfit/core/scoped_threads.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
@@ -134,11 +136,26 @@ struct SharedPlan {
   StepPlan step;
 };
 
-PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared);
+PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
+                     StepPlanCache* steps);
 
 }  // namespace
 
-PlanReport plan_memory(const RunSpec& spec, int rank) { return plan_rank(spec, rank, nullptr); }
+const StepPlan& StepPlanCache::plan(const ModelConfig& model, int B, int T,
+                                    const ActivationOptions& options) {
+  const int threads = omp_get_max_threads();
+  for (const Entry& e : kept_)
+    if (e.B == B && e.T == T && e.threads == threads && e.options == options && e.model == model)
+      return e.step;
+  if (kept_.size() == kKept) kept_.pop_front();
+  ++made_;
+  return kept_.emplace_back(Entry{model, B, T, threads, options, plan_step(model, B, T, options)})
+      .step;
+}
+
+PlanReport plan_memory(const RunSpec& spec, int rank, StepPlanCache* steps) {
+  return plan_rank(spec, rank, nullptr, steps);
+}
 
 void plan_every_rank(const RunSpec& spec,
                      const std::function<void(int rank, const PlanReport&)>& visit) {
@@ -150,12 +167,13 @@ void plan_every_rank(const RunSpec& spec,
   oc.n_head = first.model.n_head;
   shared.shards = shard_ranges(ParamLayout(first.model), oc, spec.world);
   shared.step = first.step;
-  for (int q = 1; q < spec.world; ++q) visit(q, plan_rank(spec, q, &shared));
+  for (int q = 1; q < spec.world; ++q) visit(q, plan_rank(spec, q, &shared, nullptr));
 }
 
 namespace {
 
-PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared) {
+PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
+                     StepPlanCache* steps) {
   spec.check();
   // Workspace sizes depend on the thread count (the kernels size per-thread scratch by
   // omp_get_max_threads()), so plan with the run's, as train() sets it.
@@ -199,7 +217,9 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared) {
       r.io_bytes_per_step += g.io_bytes_per_step(files->pieces);
     }
   }
-  r.step = shared ? shared->step : plan_step(r.model, r.B, r.T, act);
+  r.step = shared  ? shared->step
+           : steps ? steps->plan(r.model, r.B, r.T, act)
+                   : plan_step(r.model, r.B, r.T, act);
   if (spec.offload.params) {
     const DType half = half_dtype(precision.precision);
     const bool master = precision.precision != Precision::fp32 && precision.master_weights;
@@ -304,8 +324,9 @@ int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step) {
   return setup_piece_elements(step);
 }
 
-PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_bytes) {
-  PlanReport best = plan_memory(spec, 0);
+PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_bytes,
+                             StepPlanCache* steps) {
+  PlanReport best = plan_memory(spec, 0, steps);
   int best_rank = 0;
   uint64_t most_disk = best.disk_bytes;
   if (spec.world > 1) {
@@ -336,15 +357,15 @@ PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_byte
       for (size_t b : bytes) peak += b;
       if (peak > most) most = peak, best_rank = q;
     }
-    if (best_rank != 0) best = plan_memory(spec, best_rank);
+    if (best_rank != 0) best = plan_memory(spec, best_rank, steps);
   }
   if (rank) *rank = best_rank;
   if (disk_bytes) *disk_bytes = most_disk;
   return best;
 }
 
-PlanReport plan_training(const RunSpec& spec, int rank) {
-  PlanReport r = plan_memory(spec, rank);
+PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
+  PlanReport r = plan_memory(spec, rank, steps);
   const ScopedThreads threads(spec.threads);
   // The run's activation options as the step plan took them (with the LM head's chunk
   // plan_step chose, which the widened route's estimate counts).

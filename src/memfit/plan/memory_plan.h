@@ -8,8 +8,9 @@
 // reported as the peak's moment (docs/notes/planner.md, Note [Step arena]).
 #pragma once
 
-#include <string>
+#include <deque>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "memfit/dist/comm_volume.h"
@@ -54,13 +55,39 @@ struct PlanReport {
   dist::CommVolume comm_per_step;
 };
 
+// Step plans by all they depend on: the model, B, T, the activation options and OpenMP's thread
+// count (the kernels' scratch is per thread). A search plans candidates that differ only in
+// what the step plan does not read (where the optimizer, the weights and the gradients live,
+// the ZeRO stage), one after another, and plan_step was most of each (perf: 76% of a
+// `plan --max-model` search at llama2-7b). The last kKept plans are kept: a search's innermost
+// loops ask for at most two (with and without the gradients in the arena).
+class StepPlanCache {
+ public:
+  static constexpr size_t kKept = 4;
+  // plan_step's plan for these, made now or kept from an earlier call. The reference holds
+  // until the next call.
+  const StepPlan& plan(const ModelConfig& model, int B, int T, const ActivationOptions& options);
+  size_t made() const { return made_; }  // how many plans were made, not found
+
+ private:
+  struct Entry {
+    ModelConfig model;
+    int B, T, threads;
+    ActivationOptions options;
+    StepPlan step;
+  };
+  std::deque<Entry> kept_;  // the most recently made last
+  size_t made_ = 0;
+};
+
 // Plans a run as `train` makes it: with spec.world data-parallel ranks at ZeRO stage spec.zero,
 // what rank `rank` holds (ranks differ by their shard's and receive buffer's bytes). Throws
 // ConfigError as spec.check() does.
-PlanReport plan_training(const RunSpec& spec, int rank = 0);
+// `steps`, if given, supplies the step plan (a search's cache).
+PlanReport plan_training(const RunSpec& spec, int rank = 0, StepPlanCache* steps = nullptr);
 // The memory half of plan_training alone (flops and step time left 0): no calibration is read
 // or measured. The profiler draws it beside what it measures.
-PlanReport plan_memory(const RunSpec& spec, int rank = 0);
+PlanReport plan_memory(const RunSpec& spec, int rank = 0, StepPlanCache* steps = nullptr);
 // plan_memory of every rank, each handed to `visit` in rank order (the shards and the step plan
 // made once, not once a rank).
 void plan_every_rank(const RunSpec& spec,
@@ -70,7 +97,7 @@ void plan_every_rank(const RunSpec& spec,
 // rank 0's. `disk_bytes`, if given, gets the largest offload files of any rank (0 without
 // offload): what a per-rank --disk-limit must hold.
 PlanReport plan_largest_rank(const RunSpec& spec, int* rank = nullptr,
-                             uint64_t* disk_bytes = nullptr);
+                             uint64_t* disk_bytes = nullptr, StepPlanCache* steps = nullptr);
 
 // The set-up's staging piece (Transformer::set_weights: the initial weights drawn, or a
 // checkpoint read, into the working copy where it is not the f32 weights of record), in f32

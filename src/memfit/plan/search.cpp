@@ -175,6 +175,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   r.with_batch = space.micro_batches;
   r.with_stage = space.stages;
   r.per_rank = base.world > 1;
+  StepPlanCache steps;  // the candidates of one policy, compression and micro-batch share one
   for (const std::string& policy : policies)
     for (ActCompress compress : compressions) {
       // A policy that recomputes every block keeps nothing to compress: the same run as none.
@@ -198,7 +199,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             c.offload_grads = offload_grads;
             c.zero = stage;
             const RunSpec run = apply_candidate(base, c);
-            const PlanReport p = plan_training(run);
+            const PlanReport p = plan_training(run, 0, &steps);
             c.est_step_seconds = p.est_step_seconds;
             c.peak_bytes = p.peak_bytes;
             c.by_category = p.by_category;
@@ -206,7 +207,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             if (run.world > 1) {
               // The budget is every rank's: the largest peak must fit, and (offloaded) the
               // largest files --disk-limit, which is per rank too.
-              const PlanReport most = plan_largest_rank(run, &c.peak_rank, &disk);
+              const PlanReport most = plan_largest_rank(run, &c.peak_rank, &disk, &steps);
               c.peak_bytes = most.peak_bytes;
               c.by_category = most.by_category;
             }
