@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "memfit/kernels/cpu/blockwise_quant.h"
 #include "optim_test_util.h"
 
@@ -51,6 +54,45 @@ TEST(QuantizedStateLayout, ThresholdIs4096Values) {
     ParamLayout layout(gc);
     ASSERT_EQ(layout.params()[1].name, "wpe.weight");
     EXPECT_EQ(QuantizedStateLayout(layout).slot(1).quantized, seq * 64 >= 4096) << seq;
+  }
+}
+
+// position() as its header defines it, by a walk over every tensor: inside a tensor of the
+// part, its slot plus what lies before x; else the slot of the next tensor of the part after x,
+// or the part's end.
+int64_t position_by_walk(const ParamLayout& layout, const QuantizedStateLayout& q,
+                         QuantizedStateLayout::Part part, int64_t x) {
+  using Part = QuantizedStateLayout::Part;
+  for (size_t i = 0; i < layout.params().size(); ++i) {
+    const ParamInfo& p = layout.params()[i];
+    if (p.offset + p.numel <= x || q.slot(i).quantized != (part != Part::f32)) continue;
+    const int64_t inside = std::max<int64_t>(0, x - p.offset), slot = q.slot(i).offset;
+    return part == Part::codes    ? slot * 256 + inside
+           : part == Part::absmax ? slot + (inside + 255) / 256
+                                  : slot + inside;
+  }
+  return part == QuantizedStateLayout::Part::codes    ? q.code_bytes()
+         : part == QuantizedStateLayout::Part::absmax ? q.absmax_elements()
+                                                      : q.f32_elements();
+}
+
+TEST(QuantizedStateLayout, PositionIsTheWalksAtEveryBoundaryAndBetween) {
+  // Both mix the parts: small norm weights and biases between quantised matrices.
+  ModelConfig llama = ModelConfig::preset("llama-tiny");
+  llama.finalize();
+  for (const ModelConfig& mc : {testing::odd_config(), llama}) {
+    const ParamLayout layout(mc);
+    const QuantizedStateLayout q(layout);
+    std::vector<int64_t> xs = {0, layout.total()};
+    for (const ParamInfo& p : layout.params())
+      for (int64_t x : {p.offset, p.offset + 1, p.offset + p.numel / 2, p.offset + p.numel - 1,
+                        p.offset + p.numel})
+        xs.push_back(x);
+    for (auto part : {QuantizedStateLayout::Part::codes, QuantizedStateLayout::Part::absmax,
+                      QuantizedStateLayout::Part::f32})
+      for (int64_t x : xs)
+        ASSERT_EQ(q.position(part, x), position_by_walk(layout, q, part, x))
+            << "part " << int(part) << " at element " << x << " of " << layout.total();
   }
 }
 

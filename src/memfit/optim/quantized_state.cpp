@@ -24,6 +24,11 @@ QuantizedStateLayout::QuantizedStateLayout(const ParamLayout& layout) : layout_(
       f32_elements_ += round_up(p.numel, kF32Align);
     }
   }
+  for (int q = 0; q < 2; ++q) {
+    next_[q].assign(slots_.size() + 1, static_cast<uint32_t>(slots_.size()));
+    for (size_t i = slots_.size(); i-- > 0;)
+      next_[q][i] = slots_[i].quantized == (q == 1) ? static_cast<uint32_t>(i) : next_[q][i + 1];
+  }
 }
 
 int64_t QuantizedStateLayout::code_bytes() const { return blocks_ * kernels::kQuantBlock; }
@@ -56,8 +61,8 @@ int64_t QuantizedStateLayout::position(Part part, int64_t x) const {
   // The first tensor of the part that ends after x: x is inside it or before it.
   auto it = std::partition_point(ps.begin(), ps.end(),
                                  [&](const ParamInfo& p) { return p.offset + p.numel <= x; });
-  for (size_t i = static_cast<size_t>(it - ps.begin()); i < ps.size(); ++i) {
-    if (slots_[i].quantized != want_quantized) continue;
+  const size_t i = next_[want_quantized ? 1 : 0][static_cast<size_t>(it - ps.begin())];
+  if (i < ps.size()) {
     const int64_t inside = std::max<int64_t>(0, x - ps[i].offset);
     switch (part) {
       case Part::codes: return slots_[i].offset * kernels::kQuantBlock + inside;

@@ -61,6 +61,11 @@ class QuantizedStateLayout {
  private:
   const ParamLayout& layout_;
   std::vector<Slot> slots_;
+  // next_[q][i]: the first tensor at or after i that is quantised (q = 1) or not (q = 0);
+  // params().size() where none is. position() is called for every piece of every offload
+  // layout a search plans, and a scan to the next tensor of the part went to the end of the
+  // layout where the part has no tensor after x (perf: 12% of a --max-model search at llama2-7b).
+  std::vector<uint32_t> next_[2];
   int64_t blocks_ = 0, f32_elements_ = 0;
 };
 
