@@ -41,30 +41,45 @@ ArenaLayout place(const std::vector<size_t>& order, const std::vector<size_t>& b
                   const std::vector<std::optional<size_t>>& pinned) {
   ArenaLayout layout;
   layout.offsets.assign(bytes.size(), 0);
-  auto end_of = [&](size_t j) { return layout.offsets[j] + bytes[j]; };
-  auto before = [&](size_t a, size_t b) {
-    return std::pair(layout.offsets[a], end_of(a)) < std::pair(layout.offsets[b], end_of(b));
+  // A placed buffer as the walk reads it, side by side in address order: its bytes and its
+  // lifetime's hull (first phase to last), which rejects most buffers a walk passes (other
+  // blocks') without reading their spans.
+  struct Placed {
+    size_t offset, end;
+    int first, last;
+    size_t index;
   };
-  std::vector<size_t> by_address;  // the placed buffers
+  std::vector<Placed> by_address;
   by_address.reserve(order.size());
   for (size_t i : order) {
+    const Lifetime& life = lifetimes[i];
+    const int first = life.spans.front().first, last = life.spans.back().last;
+    auto conflict = [&](const Placed& p) {
+      return p.first <= last && first <= p.last && life.overlaps(lifetimes[p.index]);
+    };
     size_t offset = 0;
     if (!pinned.empty() && pinned[i]) {
       offset = *pinned[i];
-      for (size_t j : by_address)
-        if (lifetimes[i].overlaps(lifetimes[j]))
-          MEMFIT_CHECK(end_of(j) <= offset || offset + bytes[i] <= layout.offsets[j], "arena",
+      for (const Placed& p : by_address)
+        if (conflict(p))
+          MEMFIT_CHECK(p.end <= offset || offset + bytes[i] <= p.offset, "arena",
                        "pinned buffer {} at [{}, {}) overlaps a live pinned buffer at [{}, {})",
-                       i, offset, offset + bytes[i], layout.offsets[j], end_of(j));
+                       i, offset, offset + bytes[i], p.offset, p.end);
     } else {
-      for (size_t j : by_address) {
-        if (layout.offsets[j] >= offset + bytes[i]) break;  // the gap before this one fits
-        if (lifetimes[i].overlaps(lifetimes[j])) offset = std::max(offset, end_of(j));
+      for (const Placed& p : by_address) {
+        if (p.offset >= offset + bytes[i]) break;  // the gap before this one fits
+        if (conflict(p)) offset = std::max(offset, p.end);
       }
     }
     layout.offsets[i] = offset;
     layout.bytes = std::max(layout.bytes, offset + bytes[i]);
-    by_address.insert(std::upper_bound(by_address.begin(), by_address.end(), i, before), i);
+    const Placed placed{offset, offset + bytes[i], first, last, i};
+    by_address.insert(std::upper_bound(by_address.begin(), by_address.end(), placed,
+                                       [](const Placed& a, const Placed& b) {
+                                         return std::pair(a.offset, a.end) <
+                                                std::pair(b.offset, b.end);
+                                       }),
+                      placed);
   }
   return layout;
 }
