@@ -60,7 +60,26 @@ class PlannerCommands : public test::BinaryTest {
 TEST_F(PlannerCommands, PlanAutoJsonHasTheChoiceAndTheRejected) {
   const size_t none = peak("none"), full = peak("full");
   const size_t limit = full + (none - full) / 2;
-  const Output r = memfit(fmt::format("plan {} --auto --mem-limit {} --json", model(), limit));
+  // The JSON and the text form below must rank by one calibration, so they read this test's
+  // own cache, seeded from the suite's: a test beside this one may measure the suite's again
+  // between the two commands (one measured while the CPUs were busy is, once they are quiet:
+  // machine_calibration). Here only these commands measure, and say so; then the pair is run
+  // again, on the calibration just saved.
+  const fs::path cache = dir / "cache";
+  fs::create_directories(cache);
+  if (const char* suite = std::getenv("MEMFIT_CACHE_DIR"); suite && fs::is_directory(suite))
+    for (const auto& f : fs::directory_iterator(suite))
+      if (f.path().filename().string().starts_with("calibration-"))
+        fs::copy_file(f.path(), cache / f.path().filename(), fs::copy_options::skip_existing);
+  const std::string env = fmt::format("MEMFIT_CACHE_DIR='{}'", cache.string());
+  Output r, text;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    r = memfit_env(env, fmt::format("plan {} --auto --mem-limit {} --json", model(), limit));
+    text = memfit_env(env, fmt::format("plan {} --auto --mem-limit {}", model(), limit));
+    if (r.err.find("calibrating") == std::string::npos &&
+        text.err.find("calibrating") == std::string::npos)
+      break;
+  }
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   const nlohmann::json& s = j["search"];
@@ -84,7 +103,6 @@ TEST_F(PlannerCommands, PlanAutoJsonHasTheChoiceAndTheRejected) {
   for (const auto& o : s["rejected_slower"]) EXPECT_LE(o["peak_bytes"].get<size_t>(), limit);
 
   // The text form names the choice and tabulates the runner-ups.
-  const Output text = memfit(fmt::format("plan {} --auto --mem-limit {}", model(), limit));
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find(options + " fits"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("MiB over"), std::string::npos) << text.out;
