@@ -286,7 +286,7 @@ void UnitGrads::wait_oldest() {
     } else {
       float* into = static_cast<float*>(f.into);
       const float* from = static_cast<const float*>(f.from);
-#pragma omp parallel for simd schedule(static) if (f.count > (1 << 16))
+#pragma omp parallel for schedule(static) if (f.count > (1 << 16))
       for (int64_t i = 0; i < f.count; ++i) into[i] += from[i];
     }
   }
