@@ -71,9 +71,9 @@ int64_t position_by_walk(const ParamLayout& layout, const QuantizedStateLayout& 
            : part == Part::absmax ? slot + (inside + 255) / 256
                                   : slot + inside;
   }
-  return part == QuantizedStateLayout::Part::codes    ? q.code_bytes()
-         : part == QuantizedStateLayout::Part::absmax ? q.absmax_elements()
-                                                      : q.f32_elements();
+  return part == Part::codes    ? q.code_bytes()
+         : part == Part::absmax ? q.absmax_elements()
+                                : q.f32_elements();
 }
 
 TEST(QuantizedStateLayout, PositionIsTheWalksAtEveryBoundaryAndBetween) {
