@@ -263,7 +263,10 @@ TEST(Safetensors, ConvertsLargeTensorsInChunks) {
 
 // A reader that streams one large tensor a range at a time and releases each range once copied
 // holds only about one range of the file's pages (a 7B resume reads 6.7 GB tensors this way);
-// without the releases the whole tensor's pages stay resident. RSS counts the mapped pages.
+// without the releases the whole tensor's pages stay resident. What is measured is the mapping's
+// own resident pages (its Rss in /proc/self/smaps), not the process's RSS: under ASan the
+// sanitizer's shadow and quarantine grow the process by tens of MiB in the same loop (27 MiB on
+// a Zen 5), which an RSS bound read as pages the reader kept.
 TEST(Safetensors, ReleasingRangesKeepsTheMappedPagesOutOfRam) {
   ScratchDir dir;
   const int64_t n = int64_t{48} << 20;  // 192 MiB of f32
@@ -280,19 +283,21 @@ TEST(Safetensors, ReleasingRangesKeepsTheMappedPagesOutOfRam) {
   auto stream = [&](bool release) {
     SafetensorsReader r(dir / "big.safetensors");
     const SafetensorsEntry& e = r.at("t");
-    const size_t before = process_rss_bytes();
-    size_t grew = 0;
+    size_t most = 0;
     for (uint64_t at = 0; at < e.nbytes(); at += piece) {
       const uint64_t len = std::min<uint64_t>(piece, e.nbytes() - at);
       std::memcpy(buf.data(), r.bytes(e) + at, len);
       if (release) r.release_before(e, at + len);
-      grew = std::max(grew, process_rss_bytes() - std::min(before, process_rss_bytes()));
+      most = std::max(most, mapping_rss_bytes(r.bytes(e)));
     }
-    return grew;
+    return most;
   };
   const size_t kept = stream(false), released = stream(true);
-  EXPECT_GT(kept, size_t{150} << 20) << "the unreleased pages should stay resident";
-  EXPECT_LT(released, size_t{24} << 20) << "each range's pages should leave as it goes";
+  // Unreleased, the mapping holds every page read (192 MiB, the header's page aside); released,
+  // at most the range being copied and the pages the kernel maps around a fault (fault-around
+  // and the partial page at the range's end), far below two ranges.
+  EXPECT_GE(kept, size_t{190} << 20) << "the unreleased pages should stay resident";
+  EXPECT_LT(released, 2 * piece) << "each range's pages should leave as it goes";
 }
 
 TEST(Safetensors, ReadRefusesAWrongDestination) {

@@ -10,4 +10,9 @@ namespace memfit {
 // Bytes of this process resident in RAM now (Linux: /proc/self/statm); 0 where unknown.
 size_t process_rss_bytes();
 
+// Bytes of the one mapping that contains `addr` (a mapped file, say) resident in this process's
+// page tables now (Linux: the mapping's Rss in /proc/self/smaps); 0 where unknown. Unlike the
+// process's RSS it sees nothing else: not the heap, not a sanitizer's shadow memory.
+size_t mapping_rss_bytes(const void* addr);
+
 }  // namespace memfit
