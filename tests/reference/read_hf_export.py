@@ -1,19 +1,29 @@
-"""Reads a Hugging Face directory the way PyTorch users do without transformers: config.json,
-then model.safetensors or model.safetensors.index.json and its shards, each tensor made with
-torch.frombuffer from the safetensors layout (u64 header size, JSON header, data). Prints one
-JSON object: {"config": {...}, "tensors": {name: {"dtype", "shape", "sum"}}} with each sum in
-float64, for tests/io/checkpoint_export_test.cpp to compare with what it exported.
+"""Reads a Hugging Face directory the way a loader without transformers does: config.json, then
+model.safetensors or model.safetensors.index.json and its shards, each tensor decoded from the
+safetensors layout (u64 header size, JSON header, data) by Python's standard library alone, so
+the check needs no package CI would have to install (it used torch.frombuffer, and skipped on
+every machine without PyTorch). It is independent of memfit's C++ reader: the same bytes, read
+by other code. Prints one JSON object: {"config": {...}, "tensors": {name: {"dtype", "shape",
+"sum"}}} with each sum in float64, for tests/io/checkpoint_export_test.cpp to compare with what
+it exported.
 
-Usage: /usr/bin/python3 read_hf_export.py DIR
+Usage: python3 read_hf_export.py DIR
 """
 import json
+import math
 import os
 import struct
 import sys
 
-import torch
-
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+# Bytes per element and a decoder of little-endian raw bytes to Python floats.
+DTYPES = {
+    "F32": (4, lambda b: struct.unpack(f"<{len(b) // 4}f", b)),
+    "F16": (2, lambda b: struct.unpack(f"<{len(b) // 2}e", b)),
+    # bf16 is the top half of an f32: widen each by 16 zero bits.
+    "BF16": (2, lambda b: struct.unpack(
+        f"<{len(b) // 2}f",
+        struct.pack(f"<{len(b) // 2}I", *(h << 16 for h in struct.unpack(f"<{len(b) // 2}H", b))))),
+}
 
 
 def read_file(path, out):
@@ -27,10 +37,10 @@ def read_file(path, out):
             assert e.get("format") == "pt", e
             continue
         begin, end = e["data_offsets"]
-        t = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=DTYPES[e["dtype"]])
-        t = t.reshape(e["shape"])
-        out[name] = {"dtype": e["dtype"], "shape": list(t.shape),
-                     "sum": float(t.double().sum())}
+        size, decode = DTYPES[e["dtype"]]
+        assert end - begin == size * math.prod(e["shape"]), (name, e)
+        values = decode(data[base + begin:base + end])
+        out[name] = {"dtype": e["dtype"], "shape": list(e["shape"]), "sum": math.fsum(values)}
 
 
 def main(d):
