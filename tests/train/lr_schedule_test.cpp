@@ -9,15 +9,20 @@
 namespace memfit {
 namespace {
 
+// Warmup 10 from lr/10 up, then 99 decay steps (steps 10..109) from 1e-3 to 1e-4. The values a
+// third and two thirds of the way are the cosine's, 1e-4 + 9e-4 * (1 + cos(pi/3 or 2pi/3)) / 2
+// = 7.75e-4 and 3.25e-4, where a linear decay would give 7e-4 and 4e-4.
 TEST(LrSchedule, WarmsUpThenFollowsACosineToTheFloor) {
   LrSchedule s{"cosine", 1e-3f, 1e-4f, 10, 110};
   EXPECT_FLOAT_EQ(s.at(0), 1e-4f);
+  EXPECT_FLOAT_EQ(s.at(4), 5e-4f);
   EXPECT_FLOAT_EQ(s.at(9), 1e-3f);
   EXPECT_FLOAT_EQ(s.at(10), 1e-3f);
-  EXPECT_NEAR(s.at(10 + 99 / 2), 0.5 * (1e-3 + 1e-4), 1e-5);
+  EXPECT_FLOAT_EQ(s.at(10 + 33), 7.75e-4f);
+  EXPECT_FLOAT_EQ(s.at(10 + 66), 3.25e-4f);
   EXPECT_FLOAT_EQ(s.at(109), 1e-4f);
   EXPECT_FLOAT_EQ(s.at(500), 1e-4f);
-  for (int64_t i = 11; i < 110; ++i) EXPECT_LE(s.at(i), s.at(i - 1));
+  for (int64_t i = 11; i < 110; ++i) EXPECT_LT(s.at(i), s.at(i - 1));
 }
 
 TEST(LrSchedule, ConstantAfterWarmup) {
