@@ -6,6 +6,7 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/environment.h"
+#include "memfit/cli/help_markdown.h"
 #include "memfit/core/error.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_calibrate_command(app);
   memfit::cli::add_export_command(app);
   memfit::cli::add_profile_diff_command(app);
+  memfit::cli::add_help_markdown_flag(app, "memfit");  // docs/cli.md
   try {
     memfit::cli::check_environment();
     app.parse(argc, argv);

@@ -103,51 +103,45 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
              MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2, 3 or auto, got '{}'", v);
            c.zero = stage;
          },
-         "ZeRO stage under mpirun or srun (default 0): 0 every rank holds everything; 1 "
-         "optimizer state and FP32 master weights sharded; 2 gradients reduce-scattered too; 3 "
-         "the working weights too, each block gathered when the step needs it; auto (with "
-         "--mem-limit, each rank's budget) the fastest stage whose every rank fits, ties to the "
-         "lower (with one rank, every stage is 0)")
+         "ZeRO stage under mpirun or srun (default 0, every rank holds everything): 1, 2 and 3 "
+         "shard the optimizer state, then the gradients, then the weights; auto, with "
+         "--mem-limit, the fastest that fits. Note [ZeRO] (docs/notes/zero.md)")
       ->type_name("STAGE|auto");
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
                   "one computing (0: none)")
       ->capture_default_str();
   cmd->add_option("--persist-threshold", c.persist_threshold,
-                  "ZeRO stage 3: blocks of fewer elements are kept whole, gathered once per "
-                  "update (the embeddings and the final norm/head always are); with "
-                  "--offload-params nvme, blocks of fewer elements stay in RAM")
+                  "ZeRO stage 3 (or --offload-params nvme): blocks of fewer elements are kept "
+                  "whole (in RAM), gathered (read) once per update")
       ->capture_default_str();
   cmd->add_flag("--sync-every-micro-batch", c.sync_every_micro_batch,
-               "Under mpirun or srun, stages 0-1: reduce every micro-batch's gradients block by "
-               "block, as stages 2-3 always do (--grad-accum times the collectives and a whole "
-               "f32 accumulator beside the block buffers): stages 2-3's sums, bit for bit");
+               "Under mpirun or srun, stages 0-1 with --grad-accum above 1: reduce every "
+               "micro-batch's gradients as stages 2-3 do, so every stage sums bit for bit alike");
   cmd->add_option("--grad-dtype", c.grad_dtype,
                   "The summed gradients' type, kept and reduced: fp32, or bf16 (half the bytes "
-                  "held and moved, as the ZeRO paper's 2-byte gradients and Megatron's "
-                  "--grad-reduce-in-bf16; each block's gradients still computed in f32)")
+                  "held and moved; each block's gradients still computed in f32)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--collective-timeout", c.collective_timeout,
                   "Under mpirun or srun: seconds a rank waits for one collective before the job "
-                  "fails, naming it (a rank stopped or hung); 0: forever. Keep it above the "
-                  "longest save, which the other ranks wait for")
+                  "fails, naming it (0: forever); keep it above the longest save")
       ->capture_default_str();
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
   cmd->add_option("--offload-optimizer", c.offload_optimizer,
-                  "none | nvme: optimizer state and FP32 master weights in files in "
-                  "--offload-dir, streamed a block at a time through the update")
+                  "none | nvme: the optimizer state and FP32 master weights in files in "
+                  "--offload-dir, streamed through each update, bit-identical to RAM. Note [NVMe "
+                  "offload] (docs/notes/offload.md)")
       ->capture_default_str();
   cmd->add_option("--offload-params", c.offload_params,
                   "none | nvme: the blocks' working weights in a file in --offload-dir, each "
-                  "block read before the phase that needs it (--prefetch-depth ahead) and "
-                  "written back by the update; needs --offload-optimizer nvme, and under "
-                  "mpirun --zero 3 (each rank's shard)")
+                  "block read before it computes; needs --offload-optimizer nvme (and --zero 3 "
+                  "under mpirun). Note [NVMe offload], \"Working weights on disk\"")
       ->capture_default_str();
   cmd->add_option("--offload-grads", c.offload_grads,
-                  "none | nvme: with --offload-optimizer nvme, in one process: each block's f32 "
-                  "gradients written to a file in --offload-dir as its backward ends, read back "
-                  "by the next micro-batch and by the update (no gradient slab in RAM)")
+                  "none | nvme: no gradient slab in RAM, each block's gradients written to a "
+                  "file in --offload-dir as its backward ends; one process, with "
+                  "--offload-optimizer nvme. Note [NVMe offload], \"Gradients on disk\"")
       ->capture_default_str();
   cmd->add_option("--offload-dir", c.offload_dir,
                   "Directory for the offload files (scratch, removed when the run ends)");
@@ -185,20 +179,21 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
       ->capture_default_str();
   cmd->add_option("--lm-head-group", c.lm_head_group,
                   "Rows of the LM head's gradient per weight-gradient GEMM where bf16 matmuls "
-                  "run in oneDNN (0: 512); more rows cost 2 x vocab bytes each and can shorten "
-                  "the step on many cores (docs/notes/fused-lm-head.md)")
+                  "run in oneDNN (0: 512), 2 x vocab bytes each. Note [Fused LM head] "
+                  "(docs/notes/fused-lm-head.md)")
       ->capture_default_str();
   cmd->add_option("--ckpt", c.ckpt,
                   "Activation checkpointing: none | full | selective | every:K | layers:LIST | "
                   "auto (the fastest that fits --mem-limit)")
       ->capture_default_str();
   cmd->add_option("--act-compress", c.act_compress,
-                  "Saved activations of the blocks that keep theirs: none | int8 | fp8 (one byte "
-                  "a value, an f32 scale per 64; default none, which --ckpt auto may change to "
-                  "int8; a resumed run keeps its checkpoint's)");
+                  "none | int8 | fp8: the saved activations at one byte a value (0.57x the "
+                  "bytes); not given, --ckpt auto may choose int8. Note [Activation compression] "
+                  "(docs/notes/activation-compression.md)");
   cmd->add_option("--precision", c.precision,
-                  "fp32 | bf16 (bf16 matmuls, FP32 master weights) | fp16 (loss scaling) | auto (bf16 "
-                  "where the CPU multiplies bf16 natively, else fp32)")
+                  "fp32 | bf16 (bf16 matmuls, FP32 master weights) | fp16 (loss scaling) | auto "
+                  "(bf16 where the CPU multiplies bf16 natively, else fp32). Note [Mixed "
+                  "precision] (docs/notes/mixed-precision.md)")
       ->capture_default_str();
   cmd->add_option("--master-weights", c.master_weights,
                   "fp32 | none (bf16 only: pure bf16 weights, stochastic rounding)")
@@ -218,8 +213,8 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "Stop after this step as if interrupted (the schedule still spans --steps)");
   cmd->add_option("--profile", c.profile_dir,
                   "Write a memory profile of the first --profile-steps steps to this directory: "
-                  "trace.json (Perfetto, chrome://tracing), memory.html, summary.json "
-                  "(DIR/rank<r>/ under MPI)");
+                  "trace.json, memory.html, summary.json (DIR/rank<r>/ under MPI; "
+                  "docs/profiling.md)");
   cmd->add_option("--profile-steps", c.profile_steps, "Steps the profile covers")
       ->capture_default_str();
   cmd->add_flag("--fail-on-leak", c.fail_on_leak,
