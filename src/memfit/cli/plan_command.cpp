@@ -71,6 +71,15 @@ nlohmann::json ranks_json(const RunSpec& run) {
   return a;
 }
 
+// The exit code of `memfit plan` when nothing fits --mem-limit (train's out-of-memory code).
+constexpr int kDoesNotFit = 3;
+
+// The peak a per-rank --mem-limit must hold: the run's, or over several ranks the largest
+// rank's (ranks differ by their shard and receive buffer).
+size_t limit_peak(const RunSpec& run, const PlanReport& r) {
+  return run.world > 1 ? plan_largest_rank(run).peak_bytes : r.peak_bytes;
+}
+
 nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   nlohmann::json j;
   j["peak_bytes"] = r.peak_bytes;
@@ -150,7 +159,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   }
   if (run.mem_limit) {
     j["mem_limit_bytes"] = run.mem_limit;
-    j["fits"] = r.peak_bytes <= run.mem_limit;
+    j["fits"] = limit_peak(run, r) <= run.mem_limit;
   }
   return j;
 }
@@ -303,17 +312,18 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "of the training data)\n",
                run.data_dir, r.T);
   if (run.mem_limit) {
-    const size_t limit = run.mem_limit;
-    fmt::print("--mem-limit {}: {}\n", format_mib(limit),
-               r.peak_bytes <= limit
-                   ? fmt::format("fits, {} to spare", format_mib(limit - r.peak_bytes))
-                   : fmt::format("does NOT fit, {} short", format_mib(r.peak_bytes - limit)));
+    const size_t limit = run.mem_limit, peak = limit_peak(run, r);
+    fmt::print("--mem-limit {}{}: {}\n", format_mib(limit),
+               run.world > 1 ? " (each rank's; the largest rank's peak)" : "",
+               peak <= limit ? fmt::format("fits, {} to spare", format_mib(limit - peak))
+                             : fmt::format("does NOT fit, {} short", format_mib(peak - limit)));
   }
 }
 
 // --auto and --auto-batch: the search's choice and runner-ups, then the plan of the choice (of
 // the smallest footprint when nothing fits, with the advice on other options).
-void plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
+// Returns whether the search found a run that fits.
+bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
   std::string note;
   const SearchResult s = plan_auto(cfg, spec, &note);
   const RunSpec run = apply_candidate(spec, s.choice);
@@ -323,20 +333,33 @@ void plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
     j["search"] = search_json(s);
     if (!note.empty()) j["search"]["note"] = note;
     fmt::print("{}\n", j.dump(2));
-    return;
+    return s.fits;
   }
   print_search(s, note);
   if (!s.fits) fmt::print("{}\n\n", advise_fit(spec, s.limit).text());
   fmt::print("{}", s.fits ? "the chosen run:\n" : "the smallest footprint:\n");
   print_plan(run, r);
+  return s.fits;
 }
 
-void plan_max_model(const RunSpec& spec, bool json) {
+// Returns whether some member fits.
+bool plan_max_model(const RunSpec& spec, bool json) {
   const MaxModelResult r = find_max_model(spec, spec.mem_limit);
   if (json)
     fmt::print("{}\n", nlohmann::json({{"max_model", max_model_json(r)}}).dump(2));
   else
     print_max_model(r);
+  return r.found;
+}
+
+// Plans a run as given, nothing searched; returns whether it fits --mem-limit (true without).
+bool plan_fixed(const RunSpec& spec, bool json) {
+  const PlanReport r = plan_training(spec);
+  if (json)
+    fmt::print("{}\n", plan_json(spec, r).dump(2));
+  else
+    print_plan(spec, r);
+  return !spec.mem_limit || limit_peak(spec, r) <= spec.mem_limit;
 }
 
 }  // namespace
@@ -382,14 +405,13 @@ void add_plan_command(CLI::App& app) {
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
     const RunSpec spec = resolve_run(*cfg);
-    if (*max_model)
-      plan_max_model(spec, *json);
-    else if (cfg->needs_planner())
-      plan_with_search(*cfg, spec, *json);
-    else if (*json)
-      fmt::print("{}\n", plan_json(spec, plan_training(spec)).dump(2));
-    else
-      print_plan(spec, plan_training(spec));
+    const bool fits = *max_model            ? plan_max_model(spec, *json)
+                      : cfg->needs_planner() ? plan_with_search(*cfg, spec, *json)
+                                             : plan_fixed(spec, *json);
+    if (!fits) {
+      std::fflush(stdout);
+      throw ExitCode{kDoesNotFit};
+    }
   });
 }
 
