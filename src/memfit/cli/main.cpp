@@ -1,4 +1,4 @@
-// memfit: train transformer language models larger than the memory they run on.
+// memfit: train GPT-2 and LLaMA-family language models larger than the memory they run on.
 #include <cstdio>
 #include <filesystem>
 #include <new>
@@ -33,7 +33,7 @@ int fail(int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"memfit: train GPT-2 style language models within a memory budget"};
+  CLI::App app{"memfit: train GPT-2 and LLaMA-family language models within a memory budget"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show every subcommand's options");
   app.set_version_flag("--version", memfit::cli::version_text,

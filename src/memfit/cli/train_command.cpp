@@ -230,7 +230,7 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
 }
 
 void add_train_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "Train a GPT-2 model on token shards");
+  auto* cmd = app.add_subcommand("train", "Train a GPT-2 or LLaMA-family model on token shards (from scratch, from --init-from weights, or --resume a run)");
   auto cfg = std::make_shared<TrainConfig>();
   auto config_file = std::make_shared<std::string>();
   add_train_options(cmd, *cfg, *config_file);
