@@ -24,7 +24,8 @@ TEST_F(Version, PrintsEveryField) {
   EXPECT_TRUE(std::regex_search(
       v, std::regex(R"(^memfit \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}(-dirty)?|unknown)\)\n)")))
       << v;
-  EXPECT_TRUE(std::regex_search(v, std::regex(R"(\ncompiler: (GCC|clang) \d+\.\d+\.\d+, C\+\+\d\d\n)")))
+  EXPECT_TRUE(
+      std::regex_search(v, std::regex(R"(\ncompiler: (GCC|clang) \d+\.\d+\.\d+, C\+\+\d\d\n)")))
       << v;
   EXPECT_TRUE(std::regex_search(v, std::regex(R"(\noneDNN: \d+\.\d+\.\d+ \(commit .+\)\n)"))) << v;
   EXPECT_TRUE(std::regex_search(v, std::regex(R"(\nHighway: \d+\.\d+\.\d+\n)"))) << v;
