@@ -396,6 +396,9 @@ void add_plan_command(CLI::App& app) {
       // Over several ranks the stage is the search's too, unless given (Note [Fit a budget]).
       if (cfg->ranks > 1 && cmd->get_option("--zero")->count() == 0) cfg->zero_auto = true;
     }
+    const std::string attention_line =
+        fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
+    if (!*json && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
     const std::string precision_note = resolve_precision(*cfg);
     if (!*json) print_precision_route(*cfg, precision_note);
     if (!*json && cfg->ranks > 1 && !dist::built_with_mpi())

@@ -271,6 +271,9 @@ void add_train_command(CLI::App& app) {
     const std::string preset_line =
         apply_preset_schedule(*cfg, {given("--lr"), given("--warmup"), given("--min-lr")});
     if (lead && !preset_line.empty()) fmt::print("memfit: {}\n", preset_line);
+    const std::string attention_line =
+        fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
+    if (lead && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
     AutoResolution run = resolve_auto(*cfg);
     adopt_lead_choice(run, *comm);  // ranks whose calibrations differ still agree
