@@ -4,6 +4,7 @@
 // and --zero auto plan the configuration that fits --mem-limit fastest; --max-model the largest
 // model of the preset's family that fits it (over several ranks, each rank's --mem-limit).
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -342,9 +343,11 @@ bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
   return s.fits;
 }
 
-// Returns whether some member fits.
-bool plan_max_model(const RunSpec& spec, bool json) {
-  const MaxModelResult r = find_max_model(spec, spec.mem_limit);
+// Returns whether some member fits. `policy`: every member's (--ckpt given), else each one's
+// fastest that fits.
+bool plan_max_model(const RunSpec& spec, bool json,
+                    const std::optional<CheckpointPolicy>& policy) {
+  const MaxModelResult r = find_max_model(spec, spec.mem_limit, policy);
   if (json)
     fmt::print("{}\n", nlohmann::json({{"max_model", max_model_json(r)}}).dump(2));
   else
@@ -383,7 +386,8 @@ void add_plan_command(CLI::App& app) {
                 "and, over several ranks, the ZeRO stage (as --zero auto) unless --zero is "
                 "given");
   cmd->add_flag("--max-model", *max_model,
-                "The largest model of the preset's family (layers x width) that trains under --mem-limit");
+                "The largest model of the preset's family (layers x width) that trains under "
+                "--mem-limit, each with its fastest policy, or with --ckpt's where given");
   cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     if (*auto_ckpt) {
@@ -408,7 +412,10 @@ void add_plan_command(CLI::App& app) {
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
     const RunSpec spec = resolve_run(*cfg);
-    const bool fits = *max_model            ? plan_max_model(spec, *json)
+    // --max-model with a policy given plans every member with it (else each one's fastest).
+    std::optional<CheckpointPolicy> policy;
+    if (cmd->get_option("--ckpt")->count() > 0 && !spec.ckpt_auto) policy = spec.ckpt;
+    const bool fits = *max_model            ? plan_max_model(spec, *json, policy)
                       : cfg->needs_planner() ? plan_with_search(*cfg, spec, *json)
                                              : plan_fixed(spec, *json);
     if (!fits) {
