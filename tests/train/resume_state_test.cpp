@@ -85,6 +85,35 @@ TEST(ResumeState, AnotherSettingIsAConfigErrorNamingIt) {
   }
 }
 
+// More --steps than the checkpoint's train on (Note [Training longer]): the saved length is
+// kept apart from the schedule's changes, which no longer list it; fewer are refused.
+TEST(ResumeState, MoreStepsTrainLongerAndFewerAreRefused) {
+  json j = saved_state();
+  TrainConfig c = saved_config();
+  c.schedule.total = c.steps;
+  j["schedule"] = c.schedule.to_json();
+  EXPECT_EQ(longer_run_note(parse_trainer_state(j.dump(), c, 64, "f"), c), "");
+  c.steps = 50;
+  c.schedule.total = 50;
+  const ResumeState r = parse_trainer_state(j.dump(), c, 64, "f");
+  EXPECT_EQ(r.steps, 30);
+  EXPECT_EQ(schedule_changes(r, c), "");
+  const std::string note = longer_run_note(r, c);
+  EXPECT_NE(note.find("from step 10 of a 30-step run to 50 steps"), std::string::npos) << note;
+  EXPECT_NE(note.find("stretched"), std::string::npos) << note;
+  EXPECT_NE(note.find("not bit-identical"), std::string::npos) << note;
+  c.schedule.lr = 1e-4f;  // a rate change is still said
+  EXPECT_NE(schedule_changes(r, c).find("lr 0.0006 -> 0.0001"), std::string::npos);
+  c.steps = 20;
+  try {
+    parse_trainer_state(j.dump(), c, 64, "f");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("steps = 30, this run has 20"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(ResumeState, BadFilesAreIoErrors) {
   EXPECT_THROW(parse_trainer_state("{\"step\": ", saved_config(), 64, "f"), IoError);
   EXPECT_THROW(parse(json::array()), IoError);

@@ -98,7 +98,7 @@ TEST(RunSetup, EachBadOptionIsRefusedByName) {
 }
 
 // --max-model varies the shape and the policy: it needs a budget and refuses options that fix
-// what it varies.
+// what it varies (a fixed --ckpt policy it plans for every member, but not a layers: list).
 TEST(RunSetup, MaxModelNeedsABudgetAndLeavesTheShapeToTheSearch) {
   TrainConfig c = tiny();
   EXPECT_THROW(check_max_model_config(c), ConfigError);  // no --mem-limit
@@ -114,7 +114,13 @@ TEST(RunSetup, MaxModelNeedsABudgetAndLeavesTheShapeToTheSearch) {
   refused([](TrainConfig& x) { x.n_layer = 4; }, "--n-layer");
   refused([](TrainConfig& x) { x.d_model = 128; }, "--d-model");
   refused([](TrainConfig& x) { x.n_head = 2; }, "--n-head");
-  refused([](TrainConfig& x) { x.ckpt = "full"; }, "--ckpt");
+  refused([](TrainConfig& x) { x.ckpt = "layers:0,1"; }, "--ckpt");
+  // A fixed policy is planned for every member (memfit plan --max-model --ckpt full).
+  for (const char* policy : {"full", "selective", "every:2"}) {
+    TrainConfig x = c;
+    x.ckpt = policy;
+    EXPECT_NO_THROW(check_max_model_config(x)) << policy;
+  }
   refused([](TrainConfig& x) { x.resume_dir = "somewhere"; }, "--resume");
   refused([](TrainConfig& x) { x.init_from = "somewhere"; }, "--init-from");
 }

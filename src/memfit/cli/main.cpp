@@ -1,4 +1,4 @@
-// memfit: train transformer language models larger than the memory they run on.
+// memfit: train GPT-2 and LLaMA-family language models larger than the memory they run on.
 #include <cstdio>
 #include <filesystem>
 #include <new>
@@ -7,6 +7,7 @@
 #include "memfit/cli/commands.h"
 #include "memfit/cli/environment.h"
 #include "memfit/cli/help_markdown.h"
+#include "memfit/cli/version.h"
 #include "memfit/core/error.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
@@ -33,9 +34,12 @@ int fail(int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"memfit: train GPT-2 style language models within a memory budget"};
+  CLI::App app{"memfit: train GPT-2 and LLaMA-family language models within a memory budget"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show every subcommand's options");
+  app.set_version_flag("--version", memfit::cli::version_text,
+                       "Print memfit's version and git commit, the compiler, oneDNN's and "
+                       "Highway's versions and this CPU's kernel target, and exit");
   memfit::cli::add_prepare_command(app);
   memfit::cli::add_train_command(app);
   memfit::cli::add_sample_command(app);

@@ -4,6 +4,7 @@
 // and --zero auto plan the configuration that fits --mem-limit fastest; --max-model the largest
 // model of the preset's family that fits it (over several ranks, each rank's --mem-limit).
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -69,6 +70,15 @@ nlohmann::json ranks_json(const RunSpec& run) {
     a.push_back(std::move(rank));
   });
   return a;
+}
+
+// The exit code of `memfit plan` when nothing fits --mem-limit (train's out-of-memory code).
+constexpr int kDoesNotFit = 3;
+
+// The peak a per-rank --mem-limit must hold: the run's, or over several ranks the largest
+// rank's (ranks differ by their shard and receive buffer).
+size_t limit_peak(const RunSpec& run, const PlanReport& r) {
+  return run.world > 1 ? plan_largest_rank(run).peak_bytes : r.peak_bytes;
 }
 
 nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
@@ -150,7 +160,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   }
   if (run.mem_limit) {
     j["mem_limit_bytes"] = run.mem_limit;
-    j["fits"] = r.peak_bytes <= run.mem_limit;
+    j["fits"] = limit_peak(run, r) <= run.mem_limit;
   }
   return j;
 }
@@ -303,17 +313,18 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "of the training data)\n",
                run.data_dir, r.T);
   if (run.mem_limit) {
-    const size_t limit = run.mem_limit;
-    fmt::print("--mem-limit {}: {}\n", format_mib(limit),
-               r.peak_bytes <= limit
-                   ? fmt::format("fits, {} to spare", format_mib(limit - r.peak_bytes))
-                   : fmt::format("does NOT fit, {} short", format_mib(r.peak_bytes - limit)));
+    const size_t limit = run.mem_limit, peak = limit_peak(run, r);
+    fmt::print("--mem-limit {}{}: {}\n", format_mib(limit),
+               run.world > 1 ? " (each rank's; the largest rank's peak)" : "",
+               peak <= limit ? fmt::format("fits, {} to spare", format_mib(limit - peak))
+                             : fmt::format("does NOT fit, {} short", format_mib(peak - limit)));
   }
 }
 
 // --auto and --auto-batch: the search's choice and runner-ups, then the plan of the choice (of
 // the smallest footprint when nothing fits, with the advice on other options).
-void plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
+// Returns whether the search found a run that fits.
+bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
   std::string note;
   const SearchResult s = plan_auto(cfg, spec, &note);
   const RunSpec run = apply_candidate(spec, s.choice);
@@ -323,20 +334,35 @@ void plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
     j["search"] = search_json(s);
     if (!note.empty()) j["search"]["note"] = note;
     fmt::print("{}\n", j.dump(2));
-    return;
+    return s.fits;
   }
   print_search(s, note);
   if (!s.fits) fmt::print("{}\n\n", advise_fit(spec, s.limit).text());
   fmt::print("{}", s.fits ? "the chosen run:\n" : "the smallest footprint:\n");
   print_plan(run, r);
+  return s.fits;
 }
 
-void plan_max_model(const RunSpec& spec, bool json) {
-  const MaxModelResult r = find_max_model(spec, spec.mem_limit);
+// Returns whether some member fits. `policy`: every member's (--ckpt given), else each one's
+// fastest that fits.
+bool plan_max_model(const RunSpec& spec, bool json,
+                    const std::optional<CheckpointPolicy>& policy) {
+  const MaxModelResult r = find_max_model(spec, spec.mem_limit, policy);
   if (json)
     fmt::print("{}\n", nlohmann::json({{"max_model", max_model_json(r)}}).dump(2));
   else
     print_max_model(r);
+  return r.found;
+}
+
+// Plans a run as given, nothing searched; returns whether it fits --mem-limit (true without).
+bool plan_fixed(const RunSpec& spec, bool json) {
+  const PlanReport r = plan_training(spec);
+  if (json)
+    fmt::print("{}\n", plan_json(spec, r).dump(2));
+  else
+    print_plan(spec, r);
+  return !spec.mem_limit || limit_peak(spec, r) <= spec.mem_limit;
 }
 
 }  // namespace
@@ -360,7 +386,8 @@ void add_plan_command(CLI::App& app) {
                 "and, over several ranks, the ZeRO stage (as --zero auto) unless --zero is "
                 "given");
   cmd->add_flag("--max-model", *max_model,
-                "The largest model of the preset's family (layers x width) that trains under --mem-limit");
+                "The largest model of the preset's family (layers x width) that trains under "
+                "--mem-limit, each with its fastest policy, or with --ckpt's where given");
   cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     if (*auto_ckpt) {
@@ -373,6 +400,9 @@ void add_plan_command(CLI::App& app) {
       // Over several ranks the stage is the search's too, unless given (Note [Fit a budget]).
       if (cfg->ranks > 1 && cmd->get_option("--zero")->count() == 0) cfg->zero_auto = true;
     }
+    const std::string attention_line =
+        fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
+    if (!*json && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
     const std::string precision_note = resolve_precision(*cfg);
     if (!*json) print_precision_route(*cfg, precision_note);
     if (!*json && cfg->ranks > 1 && !dist::built_with_mpi())
@@ -382,14 +412,16 @@ void add_plan_command(CLI::App& app) {
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
     const RunSpec spec = resolve_run(*cfg);
-    if (*max_model)
-      plan_max_model(spec, *json);
-    else if (cfg->needs_planner())
-      plan_with_search(*cfg, spec, *json);
-    else if (*json)
-      fmt::print("{}\n", plan_json(spec, plan_training(spec)).dump(2));
-    else
-      print_plan(spec, plan_training(spec));
+    // --max-model with a policy given plans every member with it (else each one's fastest).
+    std::optional<CheckpointPolicy> policy;
+    if (cmd->get_option("--ckpt")->count() > 0 && !spec.ckpt_auto) policy = spec.ckpt;
+    const bool fits = *max_model            ? plan_max_model(spec, *json, policy)
+                      : cfg->needs_planner() ? plan_with_search(*cfg, spec, *json)
+                                             : plan_fixed(spec, *json);
+    if (!fits) {
+      std::fflush(stdout);
+      throw ExitCode{kDoesNotFit};
+    }
   });
 }
 

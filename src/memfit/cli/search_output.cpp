@@ -113,7 +113,8 @@ void print_max_model(const MaxModelResult& r) {
   // Over several ranks the limit is each rank's and the stage is named.
   const bool stage = r.world > 1;
   const std::string ranks =
-      stage ? fmt::format(" per rank over {} ranks", r.world) : std::string();
+      (stage ? fmt::format(" per rank over {} ranks", r.world) : std::string()) +
+      (r.policy ? fmt::format(" with --ckpt {}", r.policy->name()) : std::string());
   if (r.found) {
     fmt::print("memfit plan --max-model: the largest {}-family model that trains in {}{} is "
                "{} layers x {} wide ({} heads), {:.1f}M parameters, with {}: predicted peak {}{}, "
@@ -176,6 +177,8 @@ nlohmann::json max_model_json(const MaxModelResult& r) {
                       {"found", r.found},
                       {"capped", r.capped},
                       {"shapes_planned", r.shapes_planned},
+                      // The policy every member was planned with; "auto": each one's fastest.
+                      {"ckpt", r.policy ? r.policy->name() : std::string("auto")},
                       {"best", shape_json(r.best)}};
   j["neighbours"] = nlohmann::json::array();
   for (const ShapeFit& f : r.neighbours) j["neighbours"].push_back(shape_json(f));

@@ -16,6 +16,7 @@
 #include "memfit/train/run_setup.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/train/interrupt.h"
+#include "memfit/train/preset_schedule.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit::cli {
@@ -63,10 +64,17 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")
       ->capture_default_str();
   cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--lr", c.schedule.lr, "Peak learning rate")->capture_default_str();
+  // A preset with a published schedule brings its own (train/preset_schedule.h; printed).
+  cmd->add_option("--lr", c.schedule.lr,
+                  "Peak learning rate (default: the preset's published one, else this)")
+      ->capture_default_str();
   cmd->add_option("--lr-schedule", c.schedule.kind, "cosine | constant")->capture_default_str();
-  cmd->add_option("--warmup", c.schedule.warmup, "Linear warmup steps")->capture_default_str();
-  cmd->add_option("--min-lr", c.schedule.min_lr, "Cosine floor")->capture_default_str();
+  cmd->add_option("--warmup", c.schedule.warmup,
+                  "Linear warmup steps (default: the preset's published ones, else this)")
+      ->capture_default_str();
+  cmd->add_option("--min-lr", c.schedule.min_lr,
+                  "Cosine floor (default: with a preset's schedule, 10% of the peak, else this)")
+      ->capture_default_str();
   cmd->add_option("--optim", c.optim.name,
                   fmt::format("Optimizer: {}", fmt::join(optimizer_names(), " | ")))
       ->capture_default_str();
@@ -225,7 +233,9 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
 }
 
 void add_train_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "Train a GPT-2 model on token shards");
+  auto* cmd = app.add_subcommand("train", "Train a GPT-2 or LLaMA-family model on token shards "
+                                           "(from scratch, from --init-from weights, or --resume "
+                                           "a run)");
   auto cfg = std::make_shared<TrainConfig>();
   auto config_file = std::make_shared<std::string>();
   add_train_options(cmd, *cfg, *config_file);
@@ -251,6 +261,14 @@ void add_train_command(CLI::App& app) {
     const bool lead = comm->rank() == 0;
     cfg->ranks = comm->size();
     comm->set_timeout(cfg->collective_timeout);
+    // The preset's published learning rate and warmup, where the options leave them open.
+    auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
+    const std::string preset_line =
+        apply_preset_schedule(*cfg, {given("--lr"), given("--warmup"), given("--min-lr")});
+    if (lead && !preset_line.empty()) fmt::print("memfit: {}\n", preset_line);
+    const std::string attention_line =
+        fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
+    if (lead && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
     AutoResolution run = resolve_auto(*cfg);
     adopt_lead_choice(run, *comm);  // ranks whose calibrations differ still agree

@@ -59,7 +59,8 @@ FamilyShape family_shape(const ModelConfig& base, int n_layer) {
   return base.gpt2() ? gpt2_family_shape(n_layer) : llama_family_shape(base, n_layer);
 }
 
-RunSpec with_family_shape(const RunSpec& base, FamilyShape shape) {
+RunSpec with_family_shape(const RunSpec& base, FamilyShape shape,
+                          const std::optional<CheckpointPolicy>& policy) {
   RunSpec c = base;
   c.model.n_layer = shape.n_layer;
   c.model.d_model = shape.d_model;
@@ -68,17 +69,19 @@ RunSpec with_family_shape(const RunSpec& base, FamilyShape shape) {
   c.model.ffn_dim = shape.ffn_dim;
   c.model.finalize();
   c.optim.n_head = c.model.n_head;
-  c.ckpt = CheckpointPolicy{};
-  c.ckpt_auto = true;
+  c.ckpt = policy.value_or(CheckpointPolicy{});
+  c.ckpt_auto = !policy;
   return c;
 }
 
-MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
+MaxModelResult find_max_model(const RunSpec& base, size_t limit,
+                              const std::optional<CheckpointPolicy>& policy) {
   const ModelConfig& preset = base.model;
   MaxModelResult r;
   r.family = preset.family;
   r.limit = limit;
   r.world = base.world;
+  r.policy = policy;
   std::map<int, ShapeFit> planned;
   // With the optimizer offloaded (given, or open to the search: --offload-dir alone), a member
   // must also fit the disk: --disk-limit, else what is free where the files would go. The
@@ -93,12 +96,12 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit) {
     if (it != planned.end()) return it->second;
     ShapeFit f;
     f.shape = family_shape(preset, n_layer);
-    RunSpec c = with_family_shape(base, f.shape);
+    RunSpec c = with_family_shape(base, f.shape, policy);
     if (may_offload) c.offload.disk_limit = r.disk_limit;
     f.params = c.model.num_params();
-    // The policy (with_family_shape leaves it to the search), and what the run leaves open:
-    // the micro-batch, the compression, the stage, and with --offload-dir the offload options
-    // (the optimizer's, the working weights', the gradients': SearchSpace::of).
+    // The policy (with_family_shape leaves it to the search unless one is fixed), and what the
+    // run leaves open: the micro-batch, the compression, the stage, and with --offload-dir the
+    // offload options (the optimizer's, the working weights', the gradients': SearchSpace::of).
     f.search = search_training(c, limit, SearchSpace::of(c));
     if (f.search.choice.offload) {
       // The chosen run's files: the whole layout's in one process; over several ranks each

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "memfit/plan/search.h"
@@ -39,8 +40,10 @@ FamilyShape llama_family_shape(const ModelConfig& base, int n_layer);
 FamilyShape family_shape(const ModelConfig& base, int n_layer);
 
 // base with the shape's n_layer, d_model and n_head, and LLaMA's n_kv_head and ffn_dim (its
-// vocabulary and context stay), and the policy left to the search (--ckpt auto).
-RunSpec with_family_shape(const RunSpec& base, FamilyShape shape);
+// vocabulary and context stay), and the policy left to the search (--ckpt auto), or `policy`
+// where one is fixed (--max-model --ckpt full).
+RunSpec with_family_shape(const RunSpec& base, FamilyShape shape,
+                          const std::optional<CheckpointPolicy>& policy = std::nullopt);
 
 struct ShapeFit {
   FamilyShape shape;
@@ -64,6 +67,7 @@ struct MaxModelResult {
   bool capped = false;  // every member up to kMaxFamilyLayers fits
   std::vector<ShapeFit> neighbours;  // members around best, by depth, best among them
   int shapes_planned = 0;
+  std::optional<CheckpointPolicy> policy;  // the fixed policy planned; none: each member's best
 };
 
 // The largest member of base.model's family whose search fits `limit`, with base's other
@@ -71,7 +75,10 @@ struct MaxModelResult {
 // world size and ZeRO stage, or --zero auto). Over several ranks `limit` is each rank's: a
 // member fits when every rank's planned peak does (search_training). What
 // the search varies must be left to it: the run setup refuses --n-layer, --d-model, --n-head,
-// a --ckpt policy, --resume and --init-from with --max-model (train/run_setup.h).
-MaxModelResult find_max_model(const RunSpec& base, size_t limit);
+// a --ckpt layers: list, --resume and --init-from with --max-model (train/run_setup.h).
+// `policy`, if given, is every member's checkpoint policy (--max-model --ckpt full: the
+// largest model under that policy) instead of each member's fastest that fits.
+MaxModelResult find_max_model(const RunSpec& base, size_t limit,
+                              const std::optional<CheckpointPolicy>& policy = std::nullopt);
 
 }  // namespace memfit

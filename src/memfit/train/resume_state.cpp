@@ -9,6 +9,17 @@ using nlohmann::json;
 
 namespace {
 
+int64_t count_field(const json& s, const char* key, const fs::path& file) {
+  if (!s.contains(key))
+    MEMFIT_THROW(IoError, "resume", "{}: missing field '{}'", file.string(), key);
+  const json& v = s[key];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
+      v.get<int64_t>() < 0)
+    MEMFIT_THROW(IoError, "resume", "{}: field '{}' must be a count (an integer >= 0), got {}",
+                 file.string(), key, v.dump());
+  return v.get<int64_t>();
+}
+
 // Checks that a resumed run is configured like the run that saved the checkpoint.
 void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& file) {
   auto same = [&](const char* key, const json& now) {
@@ -26,7 +37,13 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
   same("seed", c.seed);
   same("shuffle", c.shuffle);
   same("optim", c.optim.name);
-  same("steps", c.steps);
+  // More --steps train longer (Note [Training longer] in docs/notes/checkpoints.md); fewer
+  // would end before where the schedule has already decayed to, so they are refused.
+  if (const int64_t steps = count_field(s, "steps", file); steps > c.steps)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with steps = {}, this run has {}; resume with "
+                 "the same --steps for a bit-identical continuation, or more to train longer",
+                 file.string(), steps, c.steps);
   same("attention", c.attention);
   // Older checkpoints predate mixed precision and were fp32 with FP32 weights.
   const json precision = s.value("precision", json("fp32"));
@@ -52,17 +69,6 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
                  file.string(), master.dump(), c.master_weights);
 }
 
-int64_t count_field(const json& s, const char* key, const fs::path& file) {
-  if (!s.contains(key))
-    MEMFIT_THROW(IoError, "resume", "{}: missing field '{}'", file.string(), key);
-  const json& v = s[key];
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
-      v.get<int64_t>() < 0)
-    MEMFIT_THROW(IoError, "resume", "{}: field '{}' must be a count (an integer >= 0), got {}",
-                 file.string(), key, v.dump());
-  return v.get<int64_t>();
-}
-
 }  // namespace
 
 ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config, int T,
@@ -78,6 +84,7 @@ ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config
                  r.state.type_name());
   check_resume(r.state, config, T, file);
   r.step = count_field(r.state, "step", file);
+  r.steps = count_field(r.state, "steps", file);
   if (r.step > config.steps)  // memfit saves at most at its last step: a file edited or damaged
     MEMFIT_THROW(IoError, "resume", "{}: step {} is past the run's steps ({})", file.string(),
                  r.step, config.steps);
@@ -111,10 +118,22 @@ std::string schedule_changes(const ResumeState& saved, const TrainConfig& c) {
   const json now = c.schedule.to_json();
   std::string out;
   for (const auto& [key, value] : now.items())
-    if (was->contains(key) && (*was)[key] != value)
+    // The schedule's length is --steps, which check_resume allows to grow (said apart).
+    if (key != "total" && was->contains(key) && (*was)[key] != value)
       out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", key, shown((*was)[key]),
                          shown(value));
   return out;
+}
+
+std::string longer_run_note(const ResumeState& saved, const TrainConfig& c) {
+  if (c.steps <= saved.steps) return "";
+  return fmt::format(
+      "training on from step {} of a {}-step run to {} steps: the learning-rate schedule is "
+      "stretched (its {} now spans {} steps, the warmup of {} kept), so from step {} the rate "
+      "is the longer schedule's, above where the {}-step one ended; the result is not "
+      "bit-identical to an uninterrupted {}-step run",
+      saved.step, saved.steps, c.steps, c.schedule.kind == "constant" ? "constant rate" : "cosine",
+      c.steps, c.schedule.warmup, saved.step + 1, saved.steps, c.steps);
 }
 
 }  // namespace memfit

@@ -375,8 +375,11 @@ void check_max_model_config(const TrainConfig& c) {
   refuse(c.ffn_dim != 0, "--ffn-dim", "the MLP width (the preset's ratio)");
   refuse(!c.resume_dir.empty(), "--resume", "the model (a checkpoint fixes it)");
   refuse(!c.init_from.empty(), "--init-from", "the model (a checkpoint fixes it)");
-  refuse(c.ckpt != "none" && c.ckpt != "auto", "--ckpt",
-         "the checkpoint policy, choosing the fastest for each shape (as --ckpt auto)");
+  // A fixed policy is planned for every member (none, full, selective, every:K), but a list of
+  // blocks cannot hold at every depth.
+  refuse(c.ckpt.rfind("layers:", 0) == 0, "--ckpt",
+         "the depth, so a layers: list of blocks cannot hold for every member (give none, full, "
+         "selective or every:K, or auto for each member's fastest)");
 }
 
 }  // namespace memfit

@@ -71,9 +71,9 @@ AutoResolution resolve_auto(const TrainConfig& config);
 // every rank).
 void adopt_lead_choice(AutoResolution& resolution, dist::Communicator& comm);
 
-// --max-model varies the shape and the policy: ConfigError if the config fixes --n-layer,
-// --d-model, --n-head, --n-kv-head, --ffn-dim, a --ckpt policy (auto or the default none are
-// fine), --resume or --init-from; or gives no --mem-limit.
+// --max-model varies the shape (and, with --ckpt unset or auto, the policy): ConfigError if the
+// config fixes --n-layer, --d-model, --n-head, --n-kv-head, --ffn-dim, a --ckpt layers: list
+// (which cannot hold at every depth), --resume or --init-from; or gives no --mem-limit.
 void check_max_model_config(const TrainConfig& config);
 
 }  // namespace memfit

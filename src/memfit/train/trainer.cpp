@@ -390,6 +390,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
       data_position = resumed.data_position;
       if (scaler && resumed.state.contains("loss_scaler"))
         scaler->load_json(resumed.state["loss_scaler"]);
+      if (const std::string note = longer_run_note(resumed, cfg); lead && !note.empty())
+        fmt::print(stderr, "memfit: {}\n", note);
       if (const std::string changes = schedule_changes(resumed, cfg); lead && !changes.empty())
         fmt::print(stderr,
                    "memfit: the learning-rate schedule differs from the checkpoint's ({}): it "
