@@ -101,7 +101,10 @@ void run_sample(const SampleOptions& o) {
   // Ids past the tokenizer's vocabulary (a model wider than its data's tokenizer) have no text:
   // the choice is among the tokenizer's.
   const int choices = std::min(V, tok->vocab_size());
+  // What sampling adds to the weights: from here, the pool's peak less the weights (the
+  // checkpoint's staging during the load is past).
   const size_t weights = pool.bytes_current();
+  pool.reset_peak();
   std::unique_ptr<NextLogits> source;
   KvPlan plan;
   if (o.no_kv_cache) {
@@ -151,13 +154,14 @@ void run_sample(const SampleOptions& o) {
   std::fflush(stdout);
   if (g.context_full) fmt::print(stderr, "{}", past_context);
   // Tokens per second: the first token's wait includes the prompt's prefill.
+  const size_t used = pool.bytes_peak() - weights;
   fmt::print(stderr,
              "[sample] {} tokens ({}): first after {:.3f} s ({} prompt tokens), then {:.1f} "
-             "tokens/s; pool peak {} ({} weights + {})\n",
+             "tokens/s; pool peak {} = {} weights + {} bytes{}\n",
              g.tokens, o.no_kv_cache ? "no kv cache" : "kv cache", g.first_s, prompt,
              g.tokens > 1 ? (g.tokens - 1) / std::max(g.rest_s, 1e-9) : 0.0,
-             format_mib(pool.bytes_peak()), format_mib(weights),
-             format_mib(pool.bytes_peak() - weights));
+             format_mib(pool.bytes_peak()), format_mib(weights), used,
+             o.no_kv_cache ? "" : fmt::format(" (planned {} bytes)", plan.total()));
 }
 
 }  // namespace
@@ -182,7 +186,8 @@ void add_sample_command(CLI::App& app) {
                   "(after --top-k and --temperature; 1: off)")
       ->capture_default_str();
   cmd->add_option("--stop", o->stop,
-                  "Stop when the generated text ends with TEXT (not printed); repeatable");
+                  "Stop when the generated text ends with TEXT (not printed); repeatable")
+      ->allow_extra_args(false);
   cmd->add_flag("--chat", o->chat,
                 "Read prompts from stdin, one a line, and reply to each (template: "
                 "'User: TEXT\\nAssistant:', the reply ends at '\\nUser:')");
