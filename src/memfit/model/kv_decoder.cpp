@@ -31,10 +31,14 @@ KvDecoder::KvDecoder(const ModelConfig& config, Precision precision, const Model
                "kv_decoder", "the model's working weights are not whole in RAM");
   scratch_ = Tensor::empty(pool, {static_cast<int64_t>(plan_.scratch_bytes)}, DType::i8,
                            Category::workspace, "kv.scratch");
-  if (config_.llama()) {
-    Tensor table = scratch("kv.rope");
-    rope_table(table, rope_inv_freq(config_.head_size(), config_.rope_theta,
-                                    config_.rope_scaling));
+  switch (config_.family) {
+    case Family::gpt2: break;  // learned positions: wpe's rows
+    case Family::llama: {      // the rotation of every position, once
+      Tensor table = scratch("kv.rope");
+      rope_table(table, rope_inv_freq(config_.head_size(), config_.rope_theta,
+                                      config_.rope_scaling));
+      break;
+    }
   }
 }
 
@@ -114,9 +118,13 @@ void KvDecoder::step(std::span<const int32_t> tokens, bool logits) {
     const BlockWeights& w = w_.blocks[static_cast<size_t>(l)];
     normalize(w.norm1_w, w.norm1_b, norm, x2, mean, rstd);
     linear(qkv, norm, w.qkv_w, w.qkv_b);
-    if (config_.llama()) {
-      Tensor q3 = qkv.reshape({1, S, config_.qkv_width()});
-      rope_forward(q3, rope, heads);
+    switch (config_.family) {
+      case Family::gpt2: break;
+      case Family::llama: {
+        Tensor q3 = qkv.reshape({1, S, config_.qkv_width()});
+        rope_forward(q3, rope, heads);
+        break;
+      }
     }
     // This step's keys and values into the cache at rows P..P+S-1.
     Tensor& kc = cache_.keys(l);
