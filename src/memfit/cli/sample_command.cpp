@@ -1,15 +1,16 @@
-// memfit sample: text from a checkpoint, one token at a time, with temperature and top-k.
-#include <algorithm>
+// memfit sample: text from a checkpoint, one token at a time, with temperature, top-k and
+// top-p, through a KV cache (Note [KV cache], docs/notes/kv-cache.md) or, with --no-kv-cache, a
+// forward over the whole window per token; --chat reads prompts from stdin.
 #include <cmath>
 #include <filesystem>
-#include <numeric>
-#include <random>
+#include <iostream>
 
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include "memfit/cli/commands.h"
+#include "memfit/cli/generation.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/io/model_checkpoint.h"
@@ -23,17 +24,37 @@ namespace {
 struct SampleOptions {
   std::string checkpoint, prompt = "\n", tokenizer = "auto", precision = "fp32";
   int tokens = 100, top_k = 40;
-  float temperature = 0.8f;
+  float temperature = 0.8f, top_p = 1.0f;
   uint64_t seed = 1337;
+  std::vector<std::string> stop;
+  bool chat = false, no_kv_cache = false, prompt_given = false;
 };
 
-void run_sample(const SampleOptions& o) {
+// --chat's template ("plain"): each turn is "User: TEXT\nAssistant:", the reply stops where the
+// model starts the next user turn, and the conversation stays in the context (the cache keeps
+// it) until the context is full.
+constexpr const char* kChatUser = "User: ";
+constexpr const char* kChatAssistant = "\nAssistant:";
+constexpr const char* kChatStop = "\nUser:";
+
+void check_options(const SampleOptions& o) {
   if (o.tokens < 0) MEMFIT_THROW(ConfigError, "sample", "--tokens must be >= 0, got {}", o.tokens);
   if (!(o.temperature >= 0 && std::isfinite(o.temperature)))
     MEMFIT_THROW(ConfigError, "sample", "--temperature must be a finite number >= 0, got {}",
                  o.temperature);
   if (o.top_k < 0)
     MEMFIT_THROW(ConfigError, "sample", "--top-k must be >= 0 (0: all), got {}", o.top_k);
+  if (!(o.top_p > 0 && o.top_p <= 1))
+    MEMFIT_THROW(ConfigError, "sample", "--top-p must be in (0, 1] (1: off), got {}", o.top_p);
+  for (const std::string& s : o.stop)
+    if (s.empty()) MEMFIT_THROW(ConfigError, "sample", "--stop must not be empty");
+  if (o.chat && o.prompt_given)
+    MEMFIT_THROW(ConfigError, "sample",
+                 "--chat reads its prompts from stdin, one a line; --prompt is for one text");
+}
+
+void run_sample(const SampleOptions& o) {
+  check_options(o);
   io::CheckpointLocation loc = io::locate_checkpoint(o.checkpoint);
   ModelConfig mc = io::read_model_config(loc.dir / "config.json");
   // auto: the tokenizer of the data the checkpoint was trained on (its trainer_state.json's,
@@ -76,52 +97,71 @@ void run_sample(const SampleOptions& o) {
   Transformer gpt(mc, pool, po);
   io::load_checkpoint(loc.dir, mc, gpt.layout(), gpt.weights());
   gpt.refresh_working();
-  std::vector<int32_t> ids = tok->encode(o.prompt);
-  if (ids.empty()) ids.push_back(tok->eot_token());
-
-  // One window of the model's context: positions past the text are padding, which causal
-  // attention keeps from affecting the positions before them.
-  const int T = mc.max_seq_len, V = mc.vocab_size;
+  const int V = mc.vocab_size;
   // Ids past the tokenizer's vocabulary (a model wider than its data's tokenizer) have no text:
   // the choice is among the tokenizer's.
   const int choices = std::min(V, tok->vocab_size());
-  // A forward alone: no activations kept for a backward, no gradient slab.
-  ActivationOptions act;
-  act.inference = true;
-  if (po.precision == Precision::fp16) act.attention = AttentionKind::plain;  // flash: fp32, bf16
-  gpt.reserve(1, T, act);
-  Tensor window = Tensor::empty(pool, {1, T}, DType::i32, Category::staging, "sample.tokens");
-  Tensor logits = Tensor::empty(pool, {1, T, V}, DType::f32, Category::workspace, "sample.logits");
-  std::mt19937_64 rng(o.seed);
-  std::vector<double> p(V);
-  std::vector<int32_t> order(V);
-  fmt::print("{}", o.prompt);
-  for (int n = 0; n < o.tokens; ++n) {
-    const size_t len = std::min<size_t>(ids.size(), T);
-    window.zero();
-    std::copy(ids.end() - len, ids.end(), window.data<int32_t>());
-    gpt.logits(window, logits);
-    const float* row = logits.data<float>() + (len - 1) * V;
-    int32_t next;
-    if (o.temperature == 0) {
-      next = static_cast<int32_t>(std::max_element(row, row + choices) - row);
-    } else {
-      std::iota(order.begin(), order.end(), 0);
-      const int k = o.top_k > 0 ? std::min(o.top_k, choices) : choices;
-      std::partial_sort(order.begin(), order.begin() + k, order.begin() + choices,
-                        [row](int32_t a, int32_t b) { return row[a] > row[b]; });
-      double z = 0;
-      for (int i = 0; i < k; ++i) z += p[i] = std::exp((row[order[i]] - row[order[0]]) / o.temperature);
-      double u = std::uniform_real_distribution<double>(0, z)(rng);
-      int i = 0;
-      while (i < k - 1 && (u -= p[i]) > 0) ++i;
-      next = order[i];
-    }
-    ids.push_back(next);
-    fmt::print("{}", tok->decode(std::span<const int32_t>(&next, 1)));
-    std::fflush(stdout);
+  // What sampling adds to the weights: from here, the pool's peak less the weights (the
+  // checkpoint's staging during the load is past).
+  const size_t weights = pool.bytes_current();
+  pool.reset_peak();
+  std::unique_ptr<NextLogits> source;
+  KvPlan plan;
+  if (o.no_kv_cache) {
+    source = window_logits(gpt, pool);
+  } else {
+    // The inference plan first: what the cache and a step's scratch will take.
+    plan = plan_kv_decode(mc, po.precision);
+    fmt::print(stderr, "[sample] inference plan: {}\n", plan.describe(mc));
+    source = cached_logits(gpt, pool, plan);
   }
+  TokenChooser chooser({o.temperature, o.top_k, o.top_p}, choices, o.seed);
+  const std::string past_context = fmt::format(
+      "[sample] the context of {} tokens is full: stopping (--no-kv-cache slides a window over "
+      "the last {} instead)\n",
+      mc.max_seq_len, mc.max_seq_len);
+
+  if (o.chat) {
+    std::vector<std::string> stops = o.stop;
+    stops.push_back(kChatStop);
+    std::vector<int32_t> ids;
+    std::string line;
+    for (bool first = true;; first = false) {
+      fmt::print(stderr, "> ");
+      std::fflush(stderr);
+      if (!std::getline(std::cin, line)) break;
+      tok->encode_append(fmt::format("{}{}{}{}", first ? "" : "\n", kChatUser, line,
+                                     kChatAssistant),
+                         ids);
+      const Generated g = generate(*source, chooser, *tok, ids, o.tokens, stops, stdout);
+      fmt::print("\n");
+      std::fflush(stdout);
+      if (g.context_full) {
+        fmt::print(stderr, "{}", past_context);
+        break;
+      }
+    }
+    return;
+  }
+
+  std::vector<int32_t> ids = tok->encode(o.prompt);
+  if (ids.empty()) ids.push_back(tok->eot_token());
+  const size_t prompt = ids.size();
+  fmt::print("{}", o.prompt);
+  std::fflush(stdout);
+  const Generated g = generate(*source, chooser, *tok, ids, o.tokens, o.stop, stdout);
   fmt::print("\n");
+  std::fflush(stdout);
+  if (g.context_full) fmt::print(stderr, "{}", past_context);
+  // Tokens per second: the first token's wait includes the prompt's prefill.
+  const size_t used = pool.bytes_peak() - weights;
+  fmt::print(stderr,
+             "[sample] {} tokens ({}): first after {:.3f} s ({} prompt tokens), then {:.1f} "
+             "tokens/s; pool peak {} = {} weights + {} bytes{}\n",
+             g.tokens, o.no_kv_cache ? "no kv cache" : "kv cache", g.first_s, prompt,
+             g.tokens > 1 ? (g.tokens - 1) / std::max(g.rest_s, 1e-9) : 0.0,
+             format_mib(pool.bytes_peak()), format_mib(weights), used,
+             o.no_kv_cache ? "" : fmt::format(" (planned {} bytes)", plan.total()));
 }
 
 }  // namespace
@@ -130,11 +170,29 @@ void add_sample_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
   auto o = std::make_shared<SampleOptions>();
   cmd->add_option("--checkpoint", o->checkpoint, "Checkpoint directory")->required();
-  cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--prompt",
+         [o](const std::string& p) {
+           o->prompt = p;
+           o->prompt_given = true;
+         },
+         "Text to continue (default: a newline)");
   cmd->add_option("--tokens", o->tokens, "Tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "Sample among the k likeliest (0: all)")
       ->capture_default_str();
+  cmd->add_option("--top-p", o->top_p,
+                  "Sample among the likeliest tokens whose probabilities reach P, in (0, 1] "
+                  "(after --top-k and --temperature; 1: off)")
+      ->capture_default_str();
+  cmd->add_option("--stop", o->stop,
+                  "Stop when the generated text ends with TEXT (not printed); repeatable")
+      ->allow_extra_args(false);
+  cmd->add_flag("--chat", o->chat,
+                "Read prompts from stdin, one a line, and reply to each (template: "
+                "'User: TEXT\\nAssistant:', the reply ends at '\\nUser:')");
+  cmd->add_flag("--no-kv-cache", o->no_kv_cache,
+                "Recompute the whole window for every token (the path before the KV cache)");
   cmd->add_option("--seed", o->seed)->capture_default_str()->check(kNonNegative);
   cmd->add_option("--tokenizer", o->tokenizer, "auto | gpt2 | llama2 | llama3 | byte | PATH/tokenizer.json")->capture_default_str();
   cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16")->capture_default_str();
