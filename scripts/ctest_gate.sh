@@ -10,12 +10,14 @@ cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 
 # skip_allowed NAME: whether an entry of tests/expected_skips.txt allows NAME to skip here.
 skip_allowed() {
-  local name="$1" pattern when why cond
-  while IFS='|' read -r pattern when why; do
-    pattern="$(echo "$pattern" | xargs)"
-    [[ -z "$pattern" || "$pattern" == \#* ]] && continue
+  local name="$1" line pattern rest when cond
+  while IFS= read -r line; do
+    [[ -z "${line// }" || "$line" == \#* ]] && continue
+    # Fields are separated by " | " (a pattern's own alternation has no spaces around its '|').
+    pattern="${line%% | *}" rest="${line#* | }"
+    when="${rest%% | *}"
     [[ "$name" =~ ^($pattern)$ ]] || continue
-    IFS=',' read -ra conds <<<"$(echo "$when" | tr -d ' ')"
+    IFS=',' read -ra conds <<<"${when// /}"
     for cond in "${conds[@]}"; do
       case "$cond" in
         always) return 0 ;;
@@ -23,7 +25,8 @@ skip_allowed() {
         has:*) [[ "$cpu_flags" == *" ${cond#has:} "* ]] && return 0 ;;
         capped) [[ -n "${MEMFIT_MAX_ISA:-}" || "$name" == avx2:* || "$name" == scalar:* ]] &&
                   return 0 ;;
-        *) echo "test: tests/expected_skips.txt: unknown condition '$cond'" >&2; return 1 ;;
+        *) echo "test: tests/expected_skips.txt: unknown condition '$cond' in: $line" >&2
+           return 1 ;;
       esac
     done
   done < tests/expected_skips.txt
@@ -50,8 +53,8 @@ gated_ctest() {
     for name in "${unexpected[@]}"; do
       # Its reason, from a rerun of it alone (CTest keeps no output of a test that skipped).
       local why
-      why=$(ctest --test-dir "$dir" -V -R "^$(printf '%s' "$name" | sed 's/[][\.*^$()+?{}|]/\\&/g')\$" \
-              2>&1 | grep -m1 -A1 ': Skipped$' | tail -1 | sed -E 's/^[0-9]+: //')
+      why=$( (ctest --test-dir "$dir" -V -R "^$(printf '%s' "$name" | sed 's/[][\.*^$()+?{}|]/\\&/g')\$" \
+               2>&1 || true) | grep -A1 ': Skipped$' | sed -n 2p | sed -E 's/^[0-9]+: //')
       echo "  $name: $why"
     done
     print_totals
