@@ -164,10 +164,7 @@ void print_max_model(const MaxModelResult& r) {
                               : std::string("yes"));
   }
   fmt::print("\n({} shapes planned; {}: docs/notes/planner.md)\n", r.shapes_planned,
-             r.family == Family::gpt2
-                 ? "width = GPT-2's depth-to-width line rounded to 64, heads of 64"
-                 : "width = Meta's LLaMA depth-to-width line, heads of 128, the preset's "
-                   "key/value grouping and MLP ratio");
+             family_shape_rule(r.family));
 }
 
 nlohmann::json max_model_json(const MaxModelResult& r) {
