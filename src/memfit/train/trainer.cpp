@@ -118,7 +118,7 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
                                                                       : "")
                                           : "")},
           {"model", model},
-          {"family", m.gpt2() ? "gpt2" : "llama"},
+          {"family", std::string(family_name(m.family))},
           {"n_layer", m.n_layer},
           {"d_model", m.d_model},
           {"n_head", m.n_head},
