@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
     // embedding, both looked up; a tied head counted through wte) x tokens for the matmuls, plus
     // the attention scores and mixing: 12 x layers x (query heads x head size) x T per token.
     const double tokens_per_step = double(B) * T;
-    const double lookup_rows = config.gpt2() ? config.max_seq_len
+    const double lookup_rows = config.family == Family::gpt2 ? config.max_seq_len
                                : config.tie_embeddings ? 0 : config.padded_vocab;
     const double n = double(config.num_params()) - lookup_rows * config.d_model;
     const double attention = 12.0 * config.n_layer * double(config.attn_width()) * T;

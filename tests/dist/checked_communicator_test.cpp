@@ -89,6 +89,28 @@ TEST(CheckedCommunicator, ADivergentSequenceFailsOnEveryRankNamingBothRecords) {
   EXPECT_EQ(x[15], float(comm->size()));
 }
 
+// A split is agreed on like a collective (colors may differ), and its group is checked too.
+TEST(CheckedCommunicator, ASplitIsCheckedAndMakesACheckedGroup) {
+  auto comm = checked_world();
+  const int r = comm->rank();
+  std::unique_ptr<Communicator> half = comm->split(r % 2, r);
+  EXPECT_NE(half->describe().find("MEMFIT_CHECK_COLLECTIVES"), std::string::npos)
+      << half->describe();
+  std::vector<float> x = {1.0f};
+  half->all_reduce(x);
+  EXPECT_EQ(x[0], float((comm->size() + 1 - r % 2) / 2));  // the ranks of r's parity
+  if (comm->size() < 2) GTEST_SKIP() << "the divergent case needs two ranks (ctest -L dist-mpi)";
+  const std::string m = disagreement([&] {
+    if (r == 0)
+      (void)comm->split(0, 0);
+    else
+      comm->barrier();
+  });
+  EXPECT_NE(m.find("rank 0 issued collective 2: split, rank 1 issued collective 2: barrier"),
+            std::string::npos)
+      << m;
+}
+
 TEST(CheckedCommunicator, TheFirstRankThatDiffersFromRankZeroIsReported) {
   CollectiveRecord a;
   a.seq = 3;

@@ -32,7 +32,7 @@ namespace fs = std::filesystem;
 ModelConfig config_of(const char* preset) {
   ModelConfig c = ModelConfig::preset(preset);
   c.vocab_size = 500;  // padding rows
-  if (c.llama()) c.tie_embeddings = false;  // an lm_head.weight too
+  if (c.family == Family::llama) c.tie_embeddings = false;  // an lm_head.weight too
   c.finalize();
   return c;
 }

@@ -60,7 +60,7 @@ TEST(LlamaHfConfig, RoundTripsEveryLlamaPresetAndVariant) {
   std::vector<ModelConfig> configs;
   for (const std::string& name : ModelConfig::preset_names()) {
     ModelConfig c = ModelConfig::preset(name);
-    if (c.llama()) configs.push_back(c);
+    if (c.family == Family::llama) configs.push_back(c);
   }
   ModelConfig odd = ModelConfig::preset("llama-tiny");
   odd.vocab_size = 500;  // padded to 512

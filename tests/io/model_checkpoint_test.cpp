@@ -31,7 +31,7 @@ using namespace testing;  // ScratchDir, list_dir; checkpoint_test_util.h
 ModelConfig config_of(const char* preset, bool tied = false) {
   ModelConfig c = ModelConfig::preset(preset);
   c.vocab_size = 500;  // padding rows to drop and zero
-  if (c.llama()) c.tie_embeddings = tied;
+  if (c.family == Family::llama) c.tie_embeddings = tied;
   c.finalize();
   return c;
 }
@@ -245,7 +245,7 @@ TEST(ModelCheckpoint, SavesAndLoadsWithinSlabsPlusOneTensor) {
       EXPECT_LE(pool.bytes_peak(), pool.budget());
       EXPECT_LE(pool.bytes_peak(Category::staging), MemoryPool::round_up(largest));
       // GPT-2 transposes through staging; LLaMA writes every tensor straight from the slab.
-      EXPECT_EQ(pool.bytes_peak(Category::staging) > 0, c.gpt2());
+      EXPECT_EQ(pool.bytes_peak(Category::staging) > 0, c.family == Family::gpt2);
       // The loaded model is the saved one, converted.
       for (const ParamInfo& p : layout.params()) {
         Tensor a = hf_param_view(c, layout, slab, p), b = hf_param_view(c, layout, back, p);

@@ -65,7 +65,7 @@ TEST(StreamedWeights, TheSameBytesAsTheSaveFromRamWhateverTheRunsAndTheStaging) 
     for (DType dtype : {DType::f32, DType::bf16}) {
       const ModelConfig c = config_of(preset);
       const ParamLayout layout(c);
-      EXPECT_EQ(has_transposed_weights(c, layout), c.gpt2());
+      EXPECT_EQ(has_transposed_weights(c, layout), c.family == Family::gpt2);
       MemoryPool pool;
       Tensor slab = make_slab(pool, layout, dtype);
       fill(slab, 3);

@@ -31,7 +31,8 @@ std::vector<float> whole_draw(const ModelConfig& config, const ParamLayout& layo
   auto normal = [&] {
     return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform());
   };
-  const double residual_scale = config.gpt2() ? 1.0 / std::sqrt(2.0 * config.n_layer) : 1.0;
+  const double residual_scale =
+      config.family == Family::gpt2 ? 1.0 / std::sqrt(2.0 * config.n_layer) : 1.0;
   for (const ParamInfo& p : layout.params()) {
     float* w = slab.data() + p.offset;
     switch (p.role) {

@@ -64,7 +64,7 @@ class StreamedSave : public test::TrainerFixture {
       // The save's staging is planned where the family stores tensors transposed, within the
       // bounds of the set-up's piece, and absent from a run that does not save.
       const int64_t staging = save_staging_elements(spec, plan.step);
-      EXPECT_EQ(staging > 0, spec.model.gpt2());
+      EXPECT_EQ(staging > 0, spec.model.family == Family::gpt2);
       EXPECT_LE(staging, setup_piece_elements(plan.step));
       RunSpec quiet = spec;
       quiet.saves = false;

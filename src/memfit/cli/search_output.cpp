@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "memfit/memory/pool.h"
+#include "memfit/model/model_family.h"
 
 namespace memfit::cli {
 
@@ -109,7 +110,7 @@ nlohmann::json search_json(const SearchResult& s) {
 void print_max_model(const MaxModelResult& r) {
   const ShapeFit& b = r.best;
   const Candidate& c = b.search.choice;
-  const char* family = r.family == Family::gpt2 ? "GPT-2" : "LLaMA";
+  const std::string_view family = model_family(r.family).display_name;
   // Over several ranks the limit is each rank's and the stage is named.
   const bool stage = r.world > 1;
   const std::string ranks =
@@ -165,10 +166,7 @@ void print_max_model(const MaxModelResult& r) {
                               : std::string("yes"));
   }
   fmt::print("\n({} shapes planned; {}: docs/notes/planner.md)\n", r.shapes_planned,
-             r.family == Family::gpt2
-                 ? "width = GPT-2's depth-to-width line rounded to 64, heads of 64"
-                 : "width = Meta's LLaMA depth-to-width line, heads of 128, the preset's "
-                   "key/value grouping and MLP ratio");
+             family_shape_rule(r.family));
 }
 
 nlohmann::json max_model_json(const MaxModelResult& r) {

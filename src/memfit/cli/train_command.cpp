@@ -10,7 +10,7 @@
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/core/error.h"
-#include "memfit/dist/communicator.h"
+#include "memfit/dist/process_grid.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/train/run_setup.h"
@@ -256,11 +256,14 @@ void add_train_command(CLI::App& app) {
                        : ". This memfit was built without MPI: install libopenmpi-dev and rebuild "
                          "(scripts/setup.sh does)");
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
-    // One process, or one of the ranks mpirun or srun started (data parallelism); rank 0 speaks.
-    const std::unique_ptr<dist::Communicator> comm = dist::make_world_communicator();
-    const bool lead = comm->rank() == 0;
-    cfg->ranks = comm->size();
-    comm->set_timeout(cfg->collective_timeout);
+    // One process, or one of the ranks mpirun or srun started, in a grid of data parallelism
+    // only (dist/process_grid.h); the world's rank 0 speaks.
+    std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
+    world->set_timeout(cfg->collective_timeout);
+    const int world_size = world->size();
+    dist::ProcessGrid grid(std::move(world), dist::GridShape{.data = world_size});
+    const bool lead = grid.world().rank() == 0;
+    cfg->ranks = grid.data().size();
     // The preset's published learning rate and warmup, where the options leave them open.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
     const std::string preset_line =
@@ -271,21 +274,21 @@ void add_train_command(CLI::App& app) {
     if (lead && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
     // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
     AutoResolution run = resolve_auto(*cfg);
-    adopt_lead_choice(run, *comm);  // ranks whose calibrations differ still agree
+    adopt_lead_choice(run, grid.world());  // ranks whose calibrations differ still agree
     if (lead) {
-      if (comm->size() > 1)
+      if (grid.data().size() > 1)
         fmt::print("memfit: data parallel over {} ({} rows a micro-batch on each)\n",
-                   comm->describe(), run.spec.batch);
+                   grid.data().describe(), run.spec.batch);
       print_precision_route(run.config, run.precision_note);
       if (run.planned) print_search(run.search, run.note);
     }
     TrainSummary summary;
     try {
-      summary = train(run.config, *comm);
+      summary = train(run.config, grid);
     } catch (const OutOfMemoryError& e) {
       throw with_fit_advice(e, run.spec);
     }
-    comm->end();  // MEMFIT_CHECK_COLLECTIVES: no rank issues collectives past this point
+    grid.world().end();  // MEMFIT_CHECK_COLLECTIVES: no rank issues collectives past this point
     // Each rank checks its own step boundaries; the lead prints, another rank only a leak.
     const bool leaked = summary.leak.leaked();
     if (!lead) {

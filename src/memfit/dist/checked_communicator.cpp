@@ -20,6 +20,7 @@ const char* kind_name(int64_t kind) {
     case CollectiveRecord::broadcast: return "broadcast";
     case CollectiveRecord::barrier: return "barrier";
     case CollectiveRecord::end: return "end";
+    case CollectiveRecord::split: return "split";
   }
   return "unknown";
 }
@@ -90,6 +91,12 @@ class CheckedCommunicator final : public Communicator {
     agree(CollectiveRecord::barrier, 0, 0, -1, 0);
     inner_->barrier();
   }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    agree(CollectiveRecord::split, 0, 0, -1, 0);  // colors and keys differ between ranks
+    std::unique_ptr<Communicator> group = make_checked_communicator(inner_->split(color, key));
+    group->set_timeout(timeout_s_);
+    return group;
+  }
   void end() override {
     agree(CollectiveRecord::end, 0, 0, -1, 0);
     inner_->end();
@@ -127,7 +134,7 @@ class CheckedCommunicator final : public Communicator {
 std::string CollectiveRecord::describe() const {
   if (kind == end) return fmt::format("collective {}: none (the end of its run)", seq);
   std::string what = fmt::format("collective {}: {}", seq, kind_name(kind));
-  if (kind == barrier) return what;
+  if (kind == barrier || kind == split) return what;
   if (kind == broadcast) return fmt::format("{} of {} bytes from rank {}", what, count, root);
   std::string type = (kind == all_gather) ? fmt::format("{}-byte elements", elem_bytes)
                                           : std::string(elem_bytes == 4 ? "f32" : "?");

@@ -20,7 +20,9 @@ namespace memfit::dist {
 
 // What a rank says it is about to issue. All fields are int64 so a record is 64 plain bytes.
 struct CollectiveRecord {
-  enum Kind : int64_t { reduce_scatter = 1, all_gather, all_reduce, broadcast, barrier, end };
+  enum Kind : int64_t {
+    reduce_scatter = 1, all_gather, all_reduce, broadcast, barrier, end, split
+  };
   int64_t seq = 0;         // 1 for this rank's first collective
   int64_t kind = 0;
   int64_t count = 0;       // elements over all ranks (a broadcast's bytes)
@@ -41,7 +43,8 @@ int first_divergent(const CollectiveRecord* records, int ranks);
 bool check_collectives_requested();
 
 // `inner` with every collective checked first; make_world_communicator wraps the MPI world in
-// it when check_collectives_requested().
+// it when check_collectives_requested(). A split is checked too (the ranks agree that they all
+// split here; their colors may differ), and the group it makes is checked in turn.
 std::unique_ptr<Communicator> make_checked_communicator(std::unique_ptr<Communicator> inner);
 
 }  // namespace memfit::dist

@@ -69,6 +69,12 @@ class SingleCommunicator final : public Communicator {
     if (root != 0) MEMFIT_THROW(DistError, "broadcast", "root {} of 1 rank", root);
   }
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int color, int) override {
+    if (color < 0) MEMFIT_THROW(DistError, "split", "color {} (colors are 0 or more)", color);
+    auto group = std::make_unique<SingleCommunicator>();
+    group->set_timeout(timeout_s_);
+    return group;
+  }
 };
 
 }  // namespace

@@ -110,6 +110,12 @@ class Communicator {
   virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
 
+  // The ranks that pass the same `color` (>= 0), as a communicator of their own, numbered by
+  // `key` (ties by rank in this one), as MPI_Comm_split does. Collective: every rank of this
+  // communicator calls it at the same point of its sequence. The group keeps this one's timeout
+  // and has no pool. Process groups (dist/process_grid.h) are made this way.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
   // After the run's last collective. With MEMFIT_CHECK_COLLECTIVES=1 the ranks agree here that
   // none issues more (dist/checked_communicator.h); otherwise nothing.
   virtual void end() {}

@@ -33,8 +33,8 @@ json rope_scaling_json(const kernels::RopeScaling& r) {
 }  // namespace
 
 json llama_config_to_hf_json(const ModelConfig& c, DType dtype) {
-  MEMFIT_CHECK(c.llama(), "config", "llama_config_to_hf_json needs a LLaMA config, got {}",
-               family_name(c.family));
+  MEMFIT_CHECK(c.family == Family::llama, "config",
+               "llama_config_to_hf_json needs a LLaMA config, got {}", family_name(c.family));
   return json{
       {"architectures", json::array({"LlamaForCausalLM"})},
       {"attention_bias", false},

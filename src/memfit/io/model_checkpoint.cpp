@@ -135,27 +135,30 @@ std::vector<std::string> config_differences(const ModelConfig& saved, const Mode
   auto same = [&](const char* field, const auto& a, const auto& b) {
     if (a != b) diffs.push_back(fmt::format("{} is {} there, {} here", field, a, b));
   };
-  if (c.gpt2()) {
-    same("n_layer", saved.n_layer, c.n_layer);
-    same("n_head", saved.n_head, c.n_head);
-    same("n_embd", saved.d_model, c.d_model);
-    same("n_positions", saved.max_seq_len, c.max_seq_len);
-    same("vocab_size", saved.vocab_size, c.vocab_size);
-    return diffs;
+  switch (c.family) {
+    case Family::gpt2:
+      same("n_layer", saved.n_layer, c.n_layer);
+      same("n_head", saved.n_head, c.n_head);
+      same("n_embd", saved.d_model, c.d_model);
+      same("n_positions", saved.max_seq_len, c.max_seq_len);
+      same("vocab_size", saved.vocab_size, c.vocab_size);
+      break;
+    case Family::llama:
+      same("num_hidden_layers", saved.n_layer, c.n_layer);
+      same("num_attention_heads", saved.n_head, c.n_head);
+      same("num_key_value_heads", saved.n_kv_head, c.n_kv_head);
+      same("hidden_size", saved.d_model, c.d_model);
+      same("intermediate_size", saved.ffn_dim, c.ffn_dim);
+      same("max_position_embeddings", saved.max_seq_len, c.max_seq_len);
+      same("vocab_size", saved.vocab_size, c.vocab_size);
+      same("tie_word_embeddings", saved.tie_embeddings, c.tie_embeddings);
+      same("rms_norm_eps", saved.norm_eps, c.norm_eps);
+      same("rope_theta", saved.rope_theta, c.rope_theta);
+      if (saved.rope_scaling != c.rope_scaling)
+        diffs.push_back(fmt::format("rope_scaling differs (factor {} there, {} here)",
+                                    saved.rope_scaling.factor, c.rope_scaling.factor));
+      break;
   }
-  same("num_hidden_layers", saved.n_layer, c.n_layer);
-  same("num_attention_heads", saved.n_head, c.n_head);
-  same("num_key_value_heads", saved.n_kv_head, c.n_kv_head);
-  same("hidden_size", saved.d_model, c.d_model);
-  same("intermediate_size", saved.ffn_dim, c.ffn_dim);
-  same("max_position_embeddings", saved.max_seq_len, c.max_seq_len);
-  same("vocab_size", saved.vocab_size, c.vocab_size);
-  same("tie_word_embeddings", saved.tie_embeddings, c.tie_embeddings);
-  same("rms_norm_eps", saved.norm_eps, c.norm_eps);
-  same("rope_theta", saved.rope_theta, c.rope_theta);
-  if (saved.rope_scaling != c.rope_scaling)
-    diffs.push_back(fmt::format("rope_scaling differs (factor {} there, {} here)",
-                                saved.rope_scaling.factor, c.rope_scaling.factor));
   return diffs;
 }
 

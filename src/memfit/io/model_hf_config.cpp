@@ -58,8 +58,13 @@ Family hf_config_family(const json& j, std::string_view source) {
 }
 
 ModelConfig model_config_from_hf_json(const json& j, std::string_view source) {
-  return hf_config_family(j, source) == Family::gpt2 ? gpt2_config_from_hf_json(j, source)
-                                                      : llama_config_from_hf_json(j, source);
+  const Family family = hf_config_family(j, source);
+  switch (family) {
+    case Family::gpt2: return gpt2_config_from_hf_json(j, source);
+    case Family::llama: return llama_config_from_hf_json(j, source);
+  }
+  MEMFIT_THROW(ConfigError, "config", "{}: no config.json reader for the {} family", source,
+               family_name(family));
 }
 
 ModelConfig read_model_config(const fs::path& path) {
@@ -67,8 +72,12 @@ ModelConfig read_model_config(const fs::path& path) {
 }
 
 json model_config_to_hf_json(const ModelConfig& config, DType dtype) {
-  return config.gpt2() ? gpt2_config_to_hf_json(config, dtype)
-                       : llama_config_to_hf_json(config, dtype);
+  switch (config.family) {
+    case Family::gpt2: return gpt2_config_to_hf_json(config, dtype);
+    case Family::llama: return llama_config_to_hf_json(config, dtype);
+  }
+  MEMFIT_THROW(ConfigError, "config", "no config.json writer for the {} family",
+               family_name(config.family));
 }
 
 }  // namespace memfit::io

@@ -32,16 +32,33 @@ bool has_vocab_rows(const ParamInfo& p) {
 // Buffers, not parameters, that Hugging Face saves have included: GPT-2's causal mask
 // ("h.N.attn.bias", "h.N.attn.masked_bias") and older LLaMA saves' rotary inverse frequencies.
 bool is_buffer(const ModelConfig& c, std::string_view key) {
-  if (c.gpt2())
-    return key.rfind("h.", 0) == 0 &&
-           (ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias"));
-  return ends_with(key, ".self_attn.rotary_emb.inv_freq");
+  switch (c.family) {
+    case Family::gpt2:
+      return key.rfind("h.", 0) == 0 &&
+             (ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias"));
+    case Family::llama: return ends_with(key, ".self_attn.rotary_emb.inv_freq");
+  }
+  return false;
 }
 
 // The layout name a stored name stands for (GPT-2's prefix is optional).
 std::string layout_key(const ModelConfig& c, const std::string& name) {
-  if (c.gpt2() && name.rfind(kGpt2Prefix, 0) == 0) return name.substr(kGpt2Prefix.size());
+  switch (c.family) {
+    case Family::gpt2:
+      if (name.rfind(kGpt2Prefix, 0) == 0) return name.substr(kGpt2Prefix.size());
+      return name;
+    case Family::llama: return name;
+  }
   return name;
+}
+
+// Who ties the head to the embedding, in the error for an untied checkpoint.
+const char* tied_by(const ModelConfig& c) {
+  switch (c.family) {
+    case Family::gpt2: return "memfit";
+    case Family::llama: return "this model (tie_word_embeddings true)";
+  }
+  return "this model";
 }
 
 }  // namespace
@@ -54,11 +71,19 @@ bool gpt2_is_conv1d(const ParamInfo& p) {
 }
 
 std::string hf_param_name(const ModelConfig& c, const ParamInfo& p) {
-  return c.gpt2() ? gpt2_hf_name(p) : p.name;
+  switch (c.family) {
+    case Family::gpt2: return gpt2_hf_name(p);
+    case Family::llama: return p.name;  // the layout has Hugging Face's names
+  }
+  return p.name;
 }
 
 bool hf_param_transposed(const ModelConfig& c, const ParamInfo& p) {
-  return c.gpt2() && gpt2_is_conv1d(p);
+  switch (c.family) {
+    case Family::gpt2: return gpt2_is_conv1d(p);
+    case Family::llama: return false;
+  }
+  return false;
 }
 
 std::vector<int64_t> hf_param_shape(const ModelConfig& c, const ParamInfo& p) {
@@ -197,8 +222,7 @@ void WeightsLoad::check(const ModelConfig& config, const ParamLayout& layout, DT
         std::memcmp(tied_head->file->bytes(h), emb.file->bytes(w), w.nbytes()) != 0)
       mismatches.push_back(fmt::format(
           "'{}' differs from '{}': {} ties the two, so an untied checkpoint cannot be loaded",
-          kLmHead, w.name,
-          config.gpt2() ? "memfit" : "this model (tie_word_embeddings true)"));
+          kLmHead, w.name, tied_by(config)));
   }
   if (!mismatches.empty())
     MEMFIT_THROW(IoError, "checkpoint",

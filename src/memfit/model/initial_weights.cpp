@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include "memfit/kernels/cpu/parallel.h"
+#include "memfit/model/model_family.h"
 
 namespace memfit {
 
@@ -54,8 +55,7 @@ void InitialWeights::draw(ElementRange range, float* dst, Walk& walk) const {
     return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform());
   };
   std::fill(dst, dst + range.size(), 0.0f);
-  const double residual_scale =
-      config_.gpt2() ? 1.0 / std::sqrt(2.0 * config_.n_layer) : 1.0;
+  const double residual_scale = model_family(config_.family).residual_init_scale(config_);
   uint64_t position = 0;  // where the next parameter's draws start in the whole walk
   for (const ParamInfo& p : layout_.params()) {
     const int64_t lo = std::max(range.begin, p.offset) - p.offset;

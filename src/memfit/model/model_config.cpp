@@ -4,12 +4,15 @@
 #include <fmt/ranges.h>
 
 #include "memfit/core/error.h"
+#include "memfit/model/model_family.h"
 #include "memfit/model/param_layout.h"
 
 namespace memfit {
 
-std::string_view family_name(Family family) {
-  return family == Family::gpt2 ? "gpt2" : "llama";
+std::string_view family_name(Family family) { return model_family(family).name; }
+
+int64_t ModelConfig::fc_width() const {
+  return model_family(family).fc_matrices * int64_t{ffn_dim};
 }
 
 namespace {
@@ -89,18 +92,12 @@ void ModelConfig::finalize() {
   if (d_model % n_head != 0)
     MEMFIT_THROW(ConfigError, "config", "d_model {} is not a multiple of n_head {}", d_model,
                  n_head);
-  if (gpt2()) {
-    // GPT-2's shape has no such knobs: its MLP is 4 d_model wide, every head has its own keys
-    // and values, and the head is the token embedding (the options refuse to set them).
-    n_kv_head = n_head;
-    ffn_dim = 4 * d_model;
-    tie_embeddings = true;
-  }
+  model_family(family).fix_shape(*this);  // GPT-2's MLP width, heads and tied head
   if (n_kv_head == 0) n_kv_head = n_head;
   positive(ffn_dim, "ffn_dim");
   if (n_kv_head < 0 || n_head % n_kv_head != 0)
     MEMFIT_THROW(ConfigError, "config", "n_kv_head {} must divide n_head {}", n_kv_head, n_head);
-  if (llama() && head_size() % 2 != 0)
+  if (model_family(family).rotary && head_size() % 2 != 0)
     MEMFIT_THROW(ConfigError, "config",
                  "rotary embeddings need an even head size; d_model {} / n_head {} = {}", d_model,
                  n_head, head_size());
@@ -111,16 +108,7 @@ void ModelConfig::finalize() {
 
 int64_t ModelConfig::num_params() const { return ParamLayout(*this).total(); }
 
-std::string ModelConfig::describe() const {
-  if (gpt2())
-    return fmt::format("{} layers, {} heads, width {}, context {}, vocab {} (padded {})",
-                       n_layer, n_head, d_model, max_seq_len, vocab_size, padded_vocab);
-  return fmt::format(
-      "LLaMA: {} layers, {} heads ({} key/value), width {}, MLP {}, context {}, vocab {} "
-      "(padded {}), {} head",
-      n_layer, n_head, n_kv_head, d_model, ffn_dim, max_seq_len, vocab_size, padded_vocab,
-      tie_embeddings ? "tied" : "untied");
-}
+std::string ModelConfig::describe() const { return model_family(family).describe(*this); }
 
 ModelConfig ModelConfig::preset(std::string_view name) {
   for (const Preset& p : presets()) {

@@ -13,11 +13,14 @@
 
 namespace memfit {
 
+// What differs between the families is asked of the family (model/model_family.h) or decided
+// by an exhaustive switch over this enum (no default, built with -Werror=switch): a new family
+// fails to compile until every place handles it. No `family == Family::gpt2 ? a : b`.
 enum class Family : uint8_t {
   gpt2,   // LayerNorm with biases, learned positions, GELU MLP, biased linears, tied head
   llama,  // RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no biases
 };
-std::string_view family_name(Family family);
+std::string_view family_name(Family family);  // "gpt2", "llama": files, logs, the plan's JSON
 
 struct ModelConfig {
   Family family = Family::gpt2;
@@ -35,14 +38,12 @@ struct ModelConfig {
   kernels::RopeScaling rope_scaling;  // Llama 3's frequency scaling (rope_scaling in config.json)
 
   int head_size() const { return d_model / n_head; }
-  bool gpt2() const { return family == Family::gpt2; }
-  bool llama() const { return family == Family::llama; }
   // Width of the fused q|k|v projection output: (n_head + 2 n_kv_head) head_size.
   int64_t qkv_width() const { return int64_t{n_head + 2 * n_kv_head} * head_size(); }
   // Width of the attention output: n_head head_size (d_model in every preset).
   int64_t attn_width() const { return int64_t{n_head} * head_size(); }
   // Width of the MLP's first matmul output: GPT-2's c_fc (ffn_dim), LLaMA's gate|up (2 ffn_dim).
-  int64_t fc_width() const { return gpt2() ? ffn_dim : 2 * int64_t{ffn_dim}; }
+  int64_t fc_width() const;
   // Weights of one block's four matmuls (qkv, attention out, fc, MLP out): 12 C^2 for GPT-2.
   int64_t block_matmul_params() const {
     return int64_t{d_model} * (qkv_width() + attn_width() + fc_width() + ffn_dim);

@@ -14,10 +14,10 @@ ParamLayout::ParamLayout(const ModelConfig& c)
     : d_model_(c.d_model), n_layer_(c.n_layer) {
   qkv_width_ = c.qkv_width();
   fc_width_ = c.fc_width();
-  if (c.gpt2())
-    add_gpt2(c);
-  else
-    add_llama(c);
+  switch (c.family) {  // exhaustive (-Werror=switch): a new family says its names here
+    case Family::gpt2: add_gpt2(c); break;
+    case Family::llama: add_llama(c); break;
+  }
 }
 
 // `align`: round the next parameter's offset up to 16 elements. Off inside a fused group, whose

@@ -5,10 +5,8 @@
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
 #include "memfit/kernels/cpu/fill.h"
-#include "memfit/kernels/cpu/layernorm.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
-#include "memfit/kernels/cpu/rmsnorm.h"
 #include "memfit/kernels/cpu/rope.h"
 
 namespace memfit {
@@ -17,10 +15,10 @@ using namespace kernels;
 
 TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOptions& options,
                                  int B, int T)
-    : config_(config), options_(options), B_(B), T_(T), family_(block_family(config.family)),
+    : config_(config), options_(options), B_(B), T_(T), family_(model_family(config.family)),
       slots_(block_slots(options.ckpt, config.n_layer)) {
   check_activation_options(options);
-  if (config.llama())
+  if (family_.rotary)
     rope_inv_freq_ = rope_inv_freq(config.head_size(), config.rope_theta, config.rope_scaling);
 }
 
@@ -29,7 +27,7 @@ void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
                                     bool training) {
   ctx.enter(kind, l);
   BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
-  family_.forward(s);
+  family_.block_forward(s);
   // --act-compress: what this block keeps, once its kernels have run (Note [Activation
   // compression]).
   if (training) s.compress_saved();
@@ -42,9 +40,9 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   ctx.enter(PhaseKind::embedding);
   Tensor encoded = ctx.write("encoded", {B_, T_, C}, f32, Category::activations);
-  // LLaMA: the rotary table of this micro-batch's positions, read by every block.
+  // Rotary positions (LLaMA): the table of this micro-batch's positions, read by every block.
   Tensor rope;
-  if (config_.llama())
+  if (family_.rotary)
     rope = ctx.write("rope", {T_, config_.head_size()}, f32, Category::activations);
   if (ctx.running()) {
     // The tables have padded rows, so the embedding alone would accept ids up to padded_vocab.
@@ -54,7 +52,7 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
                    "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
                    config_.vocab_size);
     embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
-    if (config_.llama()) rope_table(rope, rope_inv_freq_);
+    if (family_.rotary) rope_table(rope, rope_inv_freq_);
   }
   for (int l = 0; l < config_.n_layer; ++l)
     block_forward(ctx, PhaseKind::forward, l, w, g, training);
@@ -63,14 +61,7 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   const std::string tag = final_norm_tag();
   Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
   Tensor out = ctx.write(tag, {B_, T_, C}, h, Category::activations);
-  Tensor mean = config_.gpt2() ? ctx.write(tag + ".mean", {N}, f32, Category::activations)
-                               : Tensor{};
-  Tensor rstd = ctx.write(tag + ".rstd", {N}, f32, Category::activations);
-  if (!ctx.running()) return;
-  if (config_.gpt2())
-    layernorm_forward(out, mean, rstd, x, w.norm_w, w.norm_b);
-  else
-    rmsnorm_forward(out, rstd, x, w.norm_w, config_.norm_eps);
+  family_.final_norm_forward(ctx, config_, tag, N, x, out, w);
 }
 
 // Note [Fused LM head]: the logits of a GPT-2 batch are (B*T, V) floats, 412 MB for 8 x 256
@@ -186,16 +177,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     Tensor dres = ctx.write("ws.dresidual", {B_, T_, C}, DType::f32, Category::workspace);
     Tensor dnorm = ctx.read("ws.dC");
     Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
-    Tensor mean = config_.gpt2() ? ctx.read(tag + ".mean") : Tensor{};
-    Tensor rstd = ctx.read(tag + ".rstd");
-    if (ctx.running()) {
-      kernels::zero(dres);
-      Tensor dw = g.norm_w, db = g.norm_b;
-      if (config_.gpt2())
-        layernorm_backward(dres, dw, db, dnorm, x, w.norm_w, mean, rstd);
-      else
-        rmsnorm_backward(dres, dw, dnorm, x, w.norm_w, rstd);
-    }
+    family_.final_norm_backward(ctx, tag, dres, dnorm, x, w, g);
   }
   report(config_.n_layer);
   // Checkpointing: entering a recomputed segment from its last block, rerun its forward from
@@ -208,7 +190,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     }
     ctx.enter(PhaseKind::backward, l);
     BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
-    family_.backward(s);
+    family_.block_backward(s);
     report(l);
   }
   ctx.enter(PhaseKind::embedding_backward);

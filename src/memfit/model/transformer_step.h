@@ -1,7 +1,7 @@
 // The step of every family, described once (Note [One step description]): the embedding, each
 // block's forward, the final norm, the fused chunked LM head (Note [Fused LM head]), then the
 // backward from the top, each recomputed segment just before the backward of its last block,
-// down to the embedding's. The family's block code (block_family.h) runs inside it. Transformer
+// down to the embedding's. The family's block code (model_family.h) runs inside it. Transformer
 // runs it on its weights; plan_step (step_plan.h) runs it without weights to record the plan.
 #pragma once
 
@@ -9,8 +9,9 @@
 
 #include <vector>
 
-#include "memfit/model/block_family.h"
+#include "memfit/model/block_step.h"
 #include "memfit/model/model_config.h"
+#include "memfit/model/model_family.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/step_context.h"
 
@@ -35,7 +36,7 @@ class TransformerStep {
   void logits(StepContext& ctx, const ModelWeights& w, const Tensor& tokens, Tensor& out);
 
   // The final norm's output tag: "ln_f" (GPT-2) or "norm" (LLaMA).
-  const char* final_norm_tag() const { return config_.gpt2() ? "ln_f" : "norm"; }
+  const char* final_norm_tag() const { return family_.final_norm_tag; }
 
  private:
   // `training`: a backward follows, so the kept blocks compress what they save
@@ -50,7 +51,7 @@ class TransformerStep {
   const ModelConfig config_;
   const ActivationOptions options_;
   const int B_, T_;
-  const BlockFamily& family_;
+  const ModelFamily& family_;
   const BlockSlots slots_;
   std::vector<float> rope_inv_freq_;  // LLaMA: the rotary frequencies, from the config once
 };

@@ -56,7 +56,22 @@ FamilyShape llama_family_shape(const ModelConfig& base, int n_layer) {
 }
 
 FamilyShape family_shape(const ModelConfig& base, int n_layer) {
-  return base.gpt2() ? gpt2_family_shape(n_layer) : llama_family_shape(base, n_layer);
+  switch (base.family) {
+    case Family::gpt2: return gpt2_family_shape(n_layer);
+    case Family::llama: return llama_family_shape(base, n_layer);
+  }
+  MEMFIT_THROW(ConfigError, "config", "no depth-to-width line for the {} family",
+               family_name(base.family));
+}
+
+std::string_view family_shape_rule(Family family) {
+  switch (family) {
+    case Family::gpt2: return "width = GPT-2's depth-to-width line rounded to 64, heads of 64";
+    case Family::llama:
+      return "width = Meta's LLaMA depth-to-width line, heads of 128, the preset's key/value "
+             "grouping and MLP ratio";
+  }
+  return "";
 }
 
 RunSpec with_family_shape(const RunSpec& base, FamilyShape shape,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "memfit/plan/search.h"
@@ -38,6 +39,8 @@ FamilyShape gpt2_family_shape(int n_layer);
 FamilyShape llama_family_shape(const ModelConfig& base, int n_layer);
 // The member of base's family.
 FamilyShape family_shape(const ModelConfig& base, int n_layer);
+// How family_shape draws the family's line, as `memfit plan --max-model` says it.
+std::string_view family_shape_rule(Family family);
 
 // base with the shape's n_layer, d_model and n_head, and LLaMA's n_kv_head and ffn_dim (its
 // vocabulary and context stay), and the policy left to the search (--ckpt auto), or `policy`

@@ -50,10 +50,15 @@ struct BlockTraffic {
 };
 BlockTraffic block_traffic(const ModelConfig& c) {
   const double C = c.d_model, F = c.ffn_dim;
-  if (c.gpt2()) return {18 * C, 41 * C, 7 * 1.5 * C, 9 * 1.5 * C};
-  const double QK = double(c.n_head + c.n_kv_head) * c.head_size();
-  return {10 * C + 3 * F + 2 * QK, 16 * C + 8 * F + 2 * QK, (3 * C + F) * 1.5,
-          (5 * C + F) * 1.5};
+  switch (c.family) {
+    case Family::gpt2: return {18 * C, 41 * C, 7 * 1.5 * C, 9 * 1.5 * C};
+    case Family::llama: {
+      const double QK = double(c.n_head + c.n_kv_head) * c.head_size();
+      return {10 * C + 3 * F + 2 * QK, 16 * C + 8 * F + 2 * QK, (3 * C + F) * 1.5,
+              (5 * C + F) * 1.5};
+    }
+  }
+  MEMFIT_THROW(ConfigError, "plan", "no block traffic for the {} family", family_name(c.family));
 }
 
 }  // namespace

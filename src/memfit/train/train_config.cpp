@@ -1,6 +1,7 @@
 #include "memfit/train/train_config.h"
 
 #include "memfit/core/error.h"
+#include "memfit/model/model_family.h"
 
 namespace memfit {
 
@@ -13,9 +14,10 @@ ModelConfig TrainConfig::model_config() const {
   if (vocab) c.vocab_size = vocab;
   // GPT-2's shape has no such knobs; say so rather than ignore them.
   auto llama_only = [&](bool set, const char* option) {
-    if (set && !c.llama())
-      MEMFIT_THROW(ConfigError, "config", "{} applies to the LLaMA family; --model {} is GPT-2",
-                   option, model_name());
+    const ModelFamily& family = model_family(c.family);
+    if (set && !family.shape_options)
+      MEMFIT_THROW(ConfigError, "config", "{} applies to the LLaMA family; --model {} is {}",
+                   option, model_name(), family.display_name);
   };
   llama_only(n_kv_head != 0, "--n-kv-head");
   llama_only(ffn_dim != 0, "--ffn-dim");

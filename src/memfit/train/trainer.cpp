@@ -118,7 +118,7 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
                                                                       : "")
                                           : "")},
           {"model", model},
-          {"family", m.gpt2() ? "gpt2" : "llama"},
+          {"family", std::string(family_name(m.family))},
           {"n_layer", m.n_layer},
           {"d_model", m.d_model},
           {"n_head", m.n_head},
@@ -155,28 +155,32 @@ void truncate_log_after(const std::string& file, int64_t step) {
 }  // namespace
 
 TrainSummary train(const TrainConfig& cfg_in) {
-  return train(cfg_in, *dist::make_single_communicator());
+  dist::ProcessGrid grid(dist::make_single_communicator(), dist::GridShape{});
+  return train(cfg_in, grid);
 }
 
-TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
+TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   // Data parallelism: every rank runs this with its own rows of each global micro-batch
-  // (docs/data.md, "Ranks"); gradients, the loss and the evaluation are summed over the ranks;
-  // rank 0 alone logs, shows progress and saves (the weights are the same on every rank).
+  // (docs/data.md, "Ranks"); gradients, the loss and the evaluation are summed over the data
+  // group (`comm`, W ranks); the world's rank 0 alone logs, shows progress and saves (the
+  // weights are the same on every rank). The ranks agree on the run over the whole world.
+  dist::Communicator& comm = grid.data();
   const int W = comm.size();
-  const bool lead = comm.rank() == 0;
+  const bool lead = grid.world().rank() == 0;
   TrainConfig planned = cfg_in;
   planned.ranks = W;
   // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
   // trainer_state.json have a policy and a micro-batch, never "auto". `spec` is the run as the
   // planner planned it (the model, shapes, precision, policy, budget), `cfg` the rest.
   AutoResolution resolved = resolve_auto(planned);  // and --precision auto, resolved
-  adopt_lead_choice(resolved, comm);  // rank 0's choice is every rank's
+  adopt_lead_choice(resolved, grid.world());  // rank 0's choice is every rank's
   TrainConfig cfg = resolved.config;
   const RunSpec& spec = resolved.spec;
   cfg.schedule.total = cfg.steps;
   // Ranks that disagree about the run fail here, every rank alike, before anything is built
   // (Note [Failures] in docs/notes/zero.md).
-  if (W > 1) dist::check_ranks_agree(comm, run_agreement_fields(cfg, spec, resolved.location));
+  if (grid.world().size() > 1)
+    dist::check_ranks_agree(grid.world(), run_agreement_fields(cfg, spec, resolved.location));
   // A --save the run could not write fails now, not after the steps whose result it keeps. Rank
   // 0's check (its probe's name has its pid, which another host may share); a rank's error ends
   // every rank (Note [Failures] in docs/notes/zero.md).

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/dist/communicator.h"
+#include "memfit/dist/process_grid.h"
 #include "memfit/io/checkpoint_dir.h"
 #include "memfit/memory/category.h"
 #include "memfit/profile/leak_check.h"
@@ -48,9 +48,10 @@ struct TrainSummary {
 // budget is too small (the pool's, or the planner's when no choice fits), Error when the loss
 // becomes non-finite; none of them leaves a partial checkpoint behind.
 TrainSummary train(const TrainConfig& config);
-// The same as one of comm.size() data-parallel ranks (under mpirun or srun): each reads its rows
-// of every global micro-batch, gradients and losses are summed over the ranks, rank 0 logs and
-// saves. Every rank must call it with the same config.
-TrainSummary train(const TrainConfig& config, dist::Communicator& comm);
+// The same as one rank of `grid` (under mpirun or srun), data parallelism over its data group:
+// each rank reads its rows of every global micro-batch, gradients and losses are summed over
+// the group, and the world's rank 0 logs and saves. Every rank must call it with the same
+// config. The grid has data parallelism only today (tensor and pipeline 1).
+TrainSummary train(const TrainConfig& config, dist::ProcessGrid& grid);
 
 }  // namespace memfit

@@ -156,9 +156,8 @@ class MpiRequest final : public Request {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
-    ensure_initialized();
-    MEMFIT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  // Owns `comm` (a duplicate of MPI_COMM_WORLD, or a group split from one).
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
     MEMFIT_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MEMFIT_MPI(MPI_Comm_rank(comm_, &rank_));
     MEMFIT_MPI(MPI_Comm_size(comm_, &size_));
@@ -305,6 +304,17 @@ class MpiCommunicator final : public Communicator {
     wait_request(r, name("MPI_Ibarrier", "barrier"), timeout_s_);
   }
 
+  // MPI_Comm_split blocks (MPI has no nonblocking split), so no timeout: it runs at set-up,
+  // before any rank can have gone its own way.
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    if (color < 0) MEMFIT_THROW(DistError, "split", "color {} (colors are 0 or more)", color);
+    MPI_Comm group = MPI_COMM_NULL;
+    MEMFIT_MPI(MPI_Comm_split(comm_, color, key, &group));
+    auto c = std::make_unique<MpiCommunicator>(group);
+    c->set_timeout(timeout_s_);
+    return c;
+  }
+
  private:
   // A first request, then the one `next` starts. The second collective starts in wait(), never
   // in test(): ranks must start collectives in the same order, and whether a test() finds the
@@ -355,7 +365,10 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
-  return std::make_unique<MpiCommunicator>();
+  ensure_initialized();
+  MPI_Comm world = MPI_COMM_NULL;
+  MEMFIT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world));
+  return std::make_unique<MpiCommunicator>(world);
 }
 
 void abort_world(int code) {

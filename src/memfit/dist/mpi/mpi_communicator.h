@@ -1,8 +1,9 @@
 // The Communicator over MPI (OpenMPI here; any MPI-3 library): nonblocking collectives
-// (MPI_Ialltoallv, MPI_Iallgatherv) on a duplicate of MPI_COMM_WORLD, with errors returned, not
-// fatal, and every return code turned into a DistError that quotes the call and MPI's message.
-// MPI is initialised on first use (MPI_THREAD_FUNNELED: only the thread that runs the step calls
-// MPI; OpenMP's workers never do) and finalised at exit.
+// (MPI_Ialltoallv, MPI_Iallgatherv) on a duplicate of MPI_COMM_WORLD (or a group split from it,
+// MPI_Comm_split), with errors returned, not fatal, and every return code turned into a
+// DistError that quotes the call and MPI's message. MPI is initialised on first use
+// (MPI_THREAD_FUNNELED: only the thread that runs the step calls MPI; OpenMP's workers never
+// do) and finalised at exit.
 #pragma once
 
 #include <memory>

@@ -1,0 +1,60 @@
+// What differs between model families outside their block code, asked of the family: one table
+// per family (model/gpt2/gpt2_family.cpp, model/llama/llama_family.cpp) behind model_family(),
+// the one switch over Family in model/. Code elsewhere asks the table, or, where model/ must
+// not know the answer (Hugging Face's names in io/, the planner's rates in plan/), switches over
+// Family itself with no default; -Werror=switch then makes a new family fail to compile until
+// every such place handles it. Note [Model families] in docs/notes/model-families.md.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "memfit/model/model_config.h"
+
+namespace memfit {
+
+class BlockStep;
+class StepContext;
+class Tensor;
+struct ModelWeights;
+
+struct ModelFamily {
+  Family id;
+  std::string_view name;          // "gpt2": config files, checkpoints, logs, the plan's JSON
+  std::string_view display_name;  // "GPT-2": what memfit prints
+  // Matrices of ffn_dim rows in the MLP's first matmul: 1 (GPT-2's c_fc), 2 (LLaMA's gate|up).
+  int fc_matrices;
+  // Rotary positions (a cos/sin table every block reads, which needs an even head size) rather
+  // than a learned position embedding.
+  bool rotary;
+  // Whether --n-kv-head, --ffn-dim, --rope-theta and --tie-embeddings apply: GPT-2's shape has
+  // no such knobs (fix_shape sets them).
+  bool shape_options;
+  const char* final_norm_tag;  // the final norm's output: "ln_f", "norm"
+
+  // The fields the family fixes, before ModelConfig::finalize's shared checks and defaults.
+  void (*fix_shape)(ModelConfig& c);
+  // ModelConfig::describe(): "12 layers, 12 heads, width 768, ...".
+  std::string (*describe)(const ModelConfig& c);
+  // The initial weights of the residual projections (attention out, MLP out) are normal(0,
+  // 0.02) times this: GPT-2's 1 / sqrt(2 n_layer), 1 for LLaMA.
+  double (*residual_init_scale)(const ModelConfig& c);
+
+  // The block: forward writes its saved activations and output from its input (run again as
+  // recomputation); backward accumulates (+=) its parameter gradients into s.g and turns
+  // ws.dresidual, the gradient of its output, into that of its input, in place.
+  void (*block_forward)(BlockStep& s);
+  void (*block_backward)(BlockStep& s);
+  // The final norm of x (the top block's output, n rows): forward declares its statistics under
+  // `tag` (".mean", ".rstd", as the family keeps them) and, while ctx runs, writes out; backward
+  // reads them and, while ctx runs, sets dx (zeroed first) and accumulates g's norm weights.
+  void (*final_norm_forward)(StepContext& ctx, const ModelConfig& c, const std::string& tag,
+                             int64_t n, const Tensor& x, const Tensor& out, const ModelWeights& w);
+  void (*final_norm_backward)(StepContext& ctx, const std::string& tag, const Tensor& dx,
+                              const Tensor& dout, const Tensor& x, const ModelWeights& w,
+                              const ModelWeights& g);
+};
+
+const ModelFamily& model_family(Family family);
+
+}  // namespace memfit
