@@ -16,9 +16,9 @@
 #include "memfit/io/streamed_weights.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/model/unit_grads.h"
+#include "memfit/dist/zero/unit_grads.h"
 #include "memfit/offload/offloaded_grads.h"
-#include "memfit/model/weight_gather.h"
+#include "memfit/dist/zero/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/param_file.h"
@@ -56,7 +56,7 @@ namespace fs = std::filesystem;
 // What differs between ranks, into `bytes`, read from the rank's placement (Note [State
 // placement], the object train() builds its state from): ZeRO (Note [ZeRO]) from stage 1 on
 // keeps the optimizer state and master weights of the rank's shard alone, stage 2 its summed
-// gradients too (with the gradient unit buffers: model/unit_grads.h), stage 3 its working
+// gradients too (with the gradient unit buffers: dist/zero/unit_grads.h), stage 3 its working
 // weights too, and data parallelism adds the ring of receive buffers the gradient buckets are
 // summed through (dist/grad_sync.h; from stage 2 a reduce-scatter's, sized by this rank's part
 // of a bucket), plus stage 3's gather buffers.
@@ -87,7 +87,7 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
     at(Category::master) = shard_or_whole(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
   // The gradients' exchange: the whole slab's buckets through a receive ring, or per unit (Note
-  // [Sharded gradients]) the unit buffers and their receive ring (model/unit_grads.h).
+  // [Sharded gradients]) the unit buffers and their receive ring (dist/zero/unit_grads.h).
   // Stages 2-3 hold their shard's summed gradients alone (else the whole slab: plan_memory).
   // bf16 gradients (--grad-dtype bf16) are per unit at every stage and in one process (one
   // shard, the whole layout), the accumulator bf16 (Note [Gradients in bf16]).
@@ -101,7 +101,7 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   else
     at(Category::comm) =
         dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, rank);
-  // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
+  // Stage 3: the gathered units' buffers (dist/zero/weight_gather.h, what the engine allocates).
   if (placement.params_gathered())
     at(Category::comm) += WeightGather::comm_bytes(layout, half, placement.prefetch_depth(),
                                                    placement.persist_threshold());
@@ -116,7 +116,7 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   // --offload-params: in one process RAM holds the persistent units instead of the slab (the
   // ring is staging: plan_memory adds it); at stage 3 no working shard, and a landing buffer
   // for the rank's part of a block beside the gathered units' buffers (offload/param_file.h and
-  // model/weight_gather.h are the engine's own arithmetic).
+  // dist/zero/weight_gather.h are the engine's own arithmetic).
   if (placement.params_in_file()) {
     const UnitFileRam ram =
         WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),

@@ -27,6 +27,7 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/dist/zero/zero_state.h"
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/offload/param_file.h"
@@ -280,10 +281,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     grads_file = g.get();
     grad_store = std::move(g);
   }
-  Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
-                  param_sharding ? &*param_sharding : nullptr,
-                  grad_sharding ? &*grad_sharding : nullptr,
-                  param_offload ? &*param_offload : nullptr, std::move(grad_store));
+  // The services the model's state is kept by (dist/zero/zero_state.h), and the concrete ones
+  // this loop uses besides: the sums over ranks, the offloaded working weights.
+  ZeroServices zero;
+  Transformer gpt(mc, pool, spec.precision,
+                  zero_model_state(my_shard, /*master_in_ram=*/!offload,
+                                   param_sharding ? &*param_sharding : nullptr,
+                                   grad_sharding ? &*grad_sharding : nullptr,
+                                   param_offload ? &*param_offload : nullptr,
+                                   std::move(grad_store), &zero));
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
@@ -416,14 +422,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // (Category::comm), for the run. Per-unit gradients (stages 2-3, above) reduce themselves,
   // through a receive ring of their own.
   std::optional<dist::GradientSync> sync;
-  if (W > 1 && !gpt.unit_grads())
+  if (W > 1 && !zero.grads)
     sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
                  spec.bucket_bytes);
   // The sums over ranks of a float (the loss, the stop flag, evaluation) and the step's gradient
   // bytes, through whichever exchange the run has.
-  auto sum_ranks = [&](float x) { return sync ? sync->sum(x) : gpt.unit_grads()->sum(x); };
+  auto sum_ranks = [&](float x) { return sync ? sync->sum(x) : zero.grads->sum(x); };
   auto take_volume = [&] {
-    return sync ? sync->take_volume() : gpt.unit_grads()->take_volume();
+    return sync ? sync->take_volume() : zero.grads->take_volume();
   };
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   std::optional<RankShards> rank_shards;
@@ -527,7 +533,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     } else if (off && gpt.params_offloaded()) {
       // Without master weights, offloaded working weights (stage 3): the shard's streamed from
       // their file.
-      off->save_shard(file, gpt.offloaded_params());
+      off->save_shard(file, *zero.weights);
     } else if (off) {
       // Without master weights: the working weights (whole at stages 1-2, the shard itself at
       // stage 3) are the weights of record.
@@ -575,7 +581,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
         };
       else
         w.stream = [&](ElementRange range, const io::RecordTake& take) {
-          gpt.offloaded_params().read_range(
+          zero.weights->read_range(
               range, [&](int64_t from, int64_t to, const char* src) { take(from, to, src); });
         };
       if (save_staging_n > 0)
@@ -720,9 +726,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
               if (gpt.params_offloaded()) {
                 // Each block's new working weights written back to its file.
                 if (grads_file)
-                  off->step(gpt.offloaded_params(), *grads_file, rate, scale);
+                  off->step(*zero.weights, *grads_file, rate, scale);
                 else
-                  off->step(gpt.offloaded_params(), gpt.grad_sums(my_range), rate, scale);
+                  off->step(*zero.weights, gpt.grad_sums(my_range), rate, scale);
               } else {
                 Tensor working =
                     gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
