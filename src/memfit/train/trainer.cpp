@@ -234,12 +234,6 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   // disk too small): no empty directory is left (io/created_directories.h).
   io::CreatedDirectories offload_dirs;
   if (offload) offload_dirs.create(offload_dir, "offload", "--offload-dir " + spec.offload.dir);
-  // Stage 3: the working weights are sharded too, and the step gathers what each phase reads
-  // (Note [ZeRO stage 3]).
-  std::optional<ParamSharding> param_sharding;
-  if (placement.params_gathered())
-    param_sharding = ParamSharding{&comm, shards, placement.prefetch_depth(),
-                                   placement.persist_threshold()};
   const std::string offload_run = fmt::format(
       "memfit-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
   // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
@@ -252,23 +246,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
   if (placement.optimizer_in_file())
     check_offload_disk(comm, offload_dir, plan_memory(spec, comm.rank()).disk_bytes);
   std::unique_ptr<offload::ParamFile> param_file;
-  std::optional<ParamOffload> param_offload;
-  if (placement.params_in_file()) {
+  if (placement.params_in_file())
     param_file = std::make_unique<offload::ParamFile>(
         ParamLayout(mc), half_dtype(spec.precision.precision), placement.persist_threshold(),
         offload_dir, offload_run, placement.params_file_range());
-    param_offload = ParamOffload{param_file.get(), placement.prefetch_depth(),
-                                 placement.persist_threshold()};
-  }
-  // Stages 2-3 (and 0-1 under --sync-every-micro-batch): each micro-batch's gradients reduced
-  // unit by unit as the backward ends each, into this rank's shard (Note [Sharded gradients]).
-  std::optional<GradSharding> grad_sharding;
-  // bf16 gradients (--grad-dtype bf16) take this path at every stage and in one process: the
-  // backward's kernels add into f32 unit buffers, rounded into the bf16 sums (Note [Gradients
-  // in bf16]).
-  if (placement.grads_per_unit())
-    grad_sharding = GradSharding{&comm, placement.grad_shards(), placement.bucket_bytes(),
-                                 placement.grads_whole(), placement.grad_dtype()};
   // --offload-grads nvme (one process: RunSpec::check): the gradients per unit in a file,
   // written as each unit's backward ends and read by the update; no slab in RAM (Note [NVMe
   // offload], "Gradients on disk").
@@ -281,15 +262,16 @@ TrainSummary train(const TrainConfig& cfg_in, dist::Communicator& comm) {
     grads_file = g.get();
     grad_store = std::move(g);
   }
-  // The services the model's state is kept by (dist/zero/zero_state.h), and the concrete ones
-  // this loop uses besides: the sums over ranks, the offloaded working weights.
+  // The model's state as the placement puts it, and the services that keep what the model does
+  // not hold (dist/zero/zero_state.h): stage 3's gathers (Note [ZeRO stage 3]) or the working
+  // weights' file; each micro-batch's gradients reduced unit by unit as the backward ends each
+  // (stages 2-3, 0-1 under --sync-every-micro-batch, and bf16 gradients at every stage: Notes
+  // [Sharded gradients], [Gradients in bf16]) or the gradients' file. `zero` keeps the concrete
+  // ones this loop uses besides: the sums over ranks, the offloaded working weights.
   ZeroServices zero;
   Transformer gpt(mc, pool, spec.precision,
-                  zero_model_state(my_shard, /*master_in_ram=*/!offload,
-                                   param_sharding ? &*param_sharding : nullptr,
-                                   grad_sharding ? &*grad_sharding : nullptr,
-                                   param_offload ? &*param_offload : nullptr,
-                                   std::move(grad_store), &zero));
+                  zero_model_state(placement, comm, param_file.get(), std::move(grad_store),
+                                   &zero));
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);

@@ -14,6 +14,7 @@
 #include "memfit/model/grad_store.h"
 #include "memfit/model/weight_source.h"
 #include "memfit/state/element_range.h"
+#include "memfit/state/state_placement.h"
 
 namespace memfit {
 
@@ -36,6 +37,14 @@ ModelState zero_model_state(std::optional<ElementRange> master_range, bool maste
                             const ParamSharding* sharding, const GradSharding* grad_sharding,
                             const ParamOffload* param_file,
                             std::unique_ptr<GradStore> grad_store = nullptr,
+                            ZeroServices* services = nullptr);
+
+// The same from the rank's placement (Note [State placement]): its owned range and where the
+// master weights live, stage 3's sharding and the file of the working weights (`params_file`,
+// made by the caller where placement.params_in_file()), the per-unit reduction of the
+// gradients over `comm`, or the caller's store where placement.grads_in_file().
+ModelState zero_model_state(const StatePlacement& placement, dist::Communicator& comm,
+                            UnitFile* params_file, std::unique_ptr<GradStore> grad_store,
                             ZeroServices* services = nullptr);
 
 }  // namespace memfit
