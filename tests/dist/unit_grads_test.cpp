@@ -6,7 +6,7 @@
 // micro-batch) gives every rank the same bits; the pool holds what grads_bytes and comm_bytes
 // plan. No ASSERT before a collective.
 #include "memfit/core/dtype.h"
-#include "memfit/model/unit_grads.h"
+#include "memfit/dist/zero/unit_grads.h"
 
 #include <gtest/gtest.h>
 

@@ -44,14 +44,17 @@ void save_sharded(const fs::path& dir, const ModelConfig& c, const ParamLayout& 
                   const Tensor& slab, int world, MemoryPool& pool) {
   fs::create_directories(dir);
   OptimConfig oc;
-  const std::vector<ElementRange> shards = shard_ranges(layout, oc, world);
+  StateOptions stage_one;
+  stage_one.zero = 1;
+  const StatePlacement placement(layout, oc, stage_one, {0, world});
+  const std::vector<ElementRange>& shards = placement.shards();
   std::unique_ptr<Optimizer> last;
   for (int r = 0; r < world; ++r) {
     const ElementRange& s = shards[static_cast<size_t>(r)];
     last = make_optimizer(oc, layout, &pool, s);
     save_zero_shard(dir / zero_shard_file(r, world), *last, slab.view(s.begin, {s.size()}));
   }
-  write_file_atomic(dir / kZeroIndexFile, zero_index_json(*last, shards, 1));
+  write_file_atomic(dir / kZeroIndexFile, zero_index_json(*last, placement));
   write_file_atomic(dir / "config.json", model_config_to_hf_json(c, slab.dtype()).dump(2));
 }
 

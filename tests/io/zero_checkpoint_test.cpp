@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <memory>
 #include <random>
@@ -18,6 +20,7 @@
 #include "memfit/io/model_checkpoint.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/shard.h"
+#include "memfit/state/state_placement.h"
 #include "scratch_dir.h"
 
 namespace memfit::io {
@@ -69,7 +72,12 @@ bool is_slice_of(const Optimizer& part, const Optimizer& whole) {
 // Saves `whole`'s state as `world` shards into dir (the files and the index, as the trainer).
 void save_shards(const fs::path& dir, const OptimConfig& oc, const ParamLayout& layout,
                  const Optimizer& whole, int world, MemoryPool& pool) {
-  const std::vector<ElementRange> shards = shard_ranges(layout, oc, world);
+  // The trainer's placement of a stage-1 run over `world` ranks (one rank: stage 0, one shard).
+  StateOptions stage_one;
+  stage_one.zero = 1;
+  const StatePlacement placement(layout, oc, stage_one, {0, world});
+  const std::vector<ElementRange>& shards = placement.shards();
+  EXPECT_EQ(shards, shard_ranges(layout, oc, world));
   std::unique_ptr<Optimizer> last;
   for (int r = 0; r < world; ++r) {
     auto o = make_optimizer(oc, layout, &pool, shards[static_cast<size_t>(r)]);
@@ -91,7 +99,12 @@ void save_shards(const fs::path& dir, const OptimConfig& oc, const ParamLayout& 
     save_zero_shard(dir / zero_shard_file(r, world), *o, weights);
     last = std::move(o);
   }
-  write_file_atomic(dir / kZeroIndexFile, zero_index_json(*last, shards, 1));
+  const std::string index = zero_index_json(*last, placement);
+  // The index names the placement's stage and world size.
+  EXPECT_NE(index.find(fmt::format("\"zero\": {}", world > 1 ? 1 : 0)), std::string::npos)
+      << index;
+  EXPECT_NE(index.find(fmt::format("\"world_size\": {}", world)), std::string::npos) << index;
+  write_file_atomic(dir / kZeroIndexFile, index);
 }
 
 TEST(ZeroCheckpoint, ShardsLoadIntoAnyOtherWorldSizeAsTheWholeStatesSlices) {

@@ -182,7 +182,7 @@ TEST(InitialWeights, InitWeightsByPiecesGivesTheWholeDrawsBitsEveryPrecisionAndS
                        std::string(precision_name(prec.precision)) + (prec.master_weights ? "" : " pure") +
                        (range ? " shard" : ""));
           MemoryPool pool;
-          Transformer gpt(c, pool, prec, range);
+          Transformer gpt(c, pool, prec, ModelState::master_shard(range));
           gpt.init_weights(5, piece);
           const ElementRange rec = gpt.weights_range();
           if (gpt.weights().dtype() == DType::f32) {
@@ -200,7 +200,8 @@ TEST(InitialWeights, InitWeightsByPiecesGivesTheWholeDrawsBitsEveryPrecisionAndS
       // Offloaded master weights (master_in_ram false): the caller's sink gets the shard's
       // values a unit at a time, the working copy is rounded on the way.
       MemoryPool pool;
-      Transformer gpt(c, pool, {Precision::bf16, true}, shard, /*master_in_ram=*/false);
+      Transformer gpt(c, pool, {Precision::bf16, true},
+                      ModelState::master_shard(shard, /*in_ram=*/false));
       std::vector<float> file(static_cast<size_t>(shard.size()), -7.0f);
       int64_t next = shard.begin;
       gpt.init_weights(5, piece, [&](const Transformer::RangeFill& fill) {

@@ -4,7 +4,8 @@
 // recomputation, for both families (GPT-2's tied head writes the embedding gradient in the
 // forward, LLaMA's untied head is the tail's); two micro-batches add the second's sums to the
 // first's; it holds what UnitGrads::comm_bytes says. The ranks' side is tests/cli/zero_test.cpp.
-#include "memfit/model/unit_grads.h"
+#include "memfit/dist/zero/unit_grads.h"
+#include "memfit/dist/zero/zero_state.h"
 
 #include <gtest/gtest.h>
 
@@ -32,7 +33,8 @@ std::vector<float> grads(const ModelConfig& c, const ActivationOptions& act, boo
   MemoryPool pool;
   const ParamLayout layout(c);
   GradSharding s{&comm, {ElementRange{0, layout.total()}}, 4 * 1000, whole};
-  Transformer gpt(c, pool, {}, std::nullopt, true, nullptr, units ? &s : nullptr);
+  Transformer gpt(c, pool, {},
+                  zero_model_state(std::nullopt, true, nullptr, units ? &s : nullptr, nullptr));
   if (units) {  // the unit buffers and their receive ring, and nothing else, in comm
     EXPECT_EQ(pool.bytes_current(Category::comm),
               UnitGrads::comm_bytes(layout, s.bucket_bytes, s.shards, 0, whole));

@@ -3,7 +3,8 @@
 // gathers (over the single-process communicator, one shard of everything) computing the same
 // bits as one that reads its slab, at every prefetch depth, with and without recomputation,
 // holding what WeightGather::comm_bytes says. The ranks' side is tests/cli/zero_test.cpp.
-#include "memfit/model/weight_gather.h"
+#include "memfit/dist/zero/weight_gather.h"
+#include "memfit/dist/zero/zero_state.h"
 
 #include <gtest/gtest.h>
 
@@ -75,8 +76,9 @@ Result run(const ModelConfig& c, const ActivationOptions& act, int depth, int64_
            MemoryPool& pool, dist::Communicator& comm) {
   const ParamLayout layout(c);
   ParamSharding s{&comm, {ElementRange{0, layout.total()}}, depth, threshold};
-  Transformer gpt(c, pool, {}, depth < 0 ? std::nullopt : std::optional(s.shards[0]), true,
-                  depth < 0 ? nullptr : &s);
+  Transformer gpt(c, pool, {},
+                  zero_model_state(depth < 0 ? std::nullopt : std::optional(s.shards[0]), true,
+                                   depth < 0 ? nullptr : &s, nullptr, nullptr));
   if (depth >= 0) {
     // The shard and the gather buffers, and nothing else, beside stage 0's.
     EXPECT_EQ(pool.bytes_current(Category::params),

@@ -31,5 +31,24 @@ TEST(Layering, PlanIncludesNothingFromTrainOrCli) {
   EXPECT_GT(files, 10);  // the folder was read
 }
 
+// The model calls the state it does not hold through its own interfaces (model/grad_store.h,
+// model/weight_source.h); the ZeRO services that implement them live in dist/zero/ (Note [State
+// placement]). So model/ includes nothing from dist/.
+TEST(Layering, ModelIncludesNothingFromDist) {
+  const fs::path model = fs::path(MEMFIT_SOURCE_DIR) / "src" / "memfit" / "model";
+  ASSERT_TRUE(fs::is_directory(model)) << model;
+  int files = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(model)) {
+    if (!entry.is_regular_file()) continue;
+    ++files;
+    std::ifstream in(entry.path());
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n)
+      EXPECT_EQ(line.find("\"memfit/dist/"), std::string::npos)
+          << entry.path().filename().string() << ":" << n << ": " << line;
+  }
+  EXPECT_GT(files, 20);  // the folder was read
+}
+
 }  // namespace
 }  // namespace memfit

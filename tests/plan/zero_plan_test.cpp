@@ -8,7 +8,7 @@
 
 #include "memfit/dist/grad_sync.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/model/unit_grads.h"
+#include "memfit/dist/zero/unit_grads.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/shard.h"
 #include "memfit/plan/memory_plan.h"

@@ -17,12 +17,13 @@
 #include "memfit/memory/pool.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/model/unit_grads.h"
+#include "memfit/dist/zero/unit_grads.h"
 #include "memfit/offload/offloaded_grads.h"
-#include "memfit/model/weight_gather.h"
+#include "memfit/dist/zero/weight_gather.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
+#include "memfit/state/state_placement.h"
 #include "memfit/train/run_setup.h"
 
 namespace memfit::cli {
@@ -200,9 +201,12 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
                v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
                v.psi_multiple(n, static_cast<int>(dtype_size(run.grad_dtype)), param_bytes));
-    if (run.zero == 3) {
+    OptimConfig oc = run.optim;
+    oc.n_head = r.model.n_head;
+    const StatePlacement placement(ParamLayout(r.model), oc, run.state_options(), {0, run.world});
+    if (placement.params_gathered()) {
       // Where stage 3's gathered weights live (Note [ZeRO stage 3]).
-      const GatherUnits g = gather_units(ParamLayout(r.model), run.persist_threshold);
+      const GatherUnits g = gather_units(ParamLayout(r.model), placement.persist_threshold());
       fmt::print("stage 3 gathers into comm: {:.1f} MiB kept whole (the embeddings and the tail{}) "
                  "and a ring of {} x {:.1f} MiB block slots (--prefetch-depth {})\n",
                  g.persistent_elements * param_bytes / 1048576.0,
@@ -212,7 +216,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  g.slot_elements > 0 ? run.prefetch_depth + 1 : 0,
                  g.slot_elements * param_bytes / 1048576.0, run.prefetch_depth);
     }
-    if (run.unit_grads()) {
+    if (placement.grads_per_unit()) {
       // Where the per-unit gradients live (Note [Sharded gradients]).
       const ParamLayout layout(r.model);
       fmt::print("gradients reduced per unit{}{}: {:.1f} MiB in comm (the embeddings and the "

@@ -4,7 +4,7 @@
 // buckets in flight. The receive buffers are a ring of kInFlight allocated once (Category::comm),
 // so the plan (comm_bytes) is exact whatever the timing. The sums are the communicator's, in rank
 // order (Note [Deterministic reduction]): the same bits whatever the bucket size or the overlap.
-// Stages 2-3 reduce-scatter per unit instead (model/unit_grads.h), in gradient_buckets' cut.
+// Stages 2-3 reduce-scatter per unit instead (dist/zero/unit_grads.h), in gradient_buckets' cut.
 #pragma once
 
 #include <cstddef>

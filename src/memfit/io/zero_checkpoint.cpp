@@ -46,8 +46,8 @@ void save_zero_shard(const fs::path& file, const Optimizer& optimizer, const Ten
   writer.write(file);
 }
 
-std::string zero_index_json(const Optimizer& optimizer, const std::vector<ElementRange>& shards,
-                            int stage) {
+std::string zero_index_json(const Optimizer& optimizer, const StatePlacement& placement) {
+  const std::vector<ElementRange>& shards = placement.shards();
   json state = json::array();
   for (const StateSpec& s : optimizer.whole_state_specs())
     state.push_back({{"name", s.name}, {"dtype", dtype_name(s.dtype)}, {"numel", s.numel}});
@@ -65,7 +65,7 @@ std::string zero_index_json(const Optimizer& optimizer, const std::vector<Elemen
   }
   const json j = {{"format", "memfit-zero-shards"},
                   {"world_size", world},
-                  {"zero", stage},
+                  {"zero", placement.stage()},
                   {"optimizer", optimizer.name()},
                   {"steps_taken", optimizer.steps_taken()},
                   {"layout_total", optimizer.layout().total()},

@@ -18,6 +18,7 @@
 #include "memfit/io/safetensors.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/element_range.h"
+#include "memfit/state/state_placement.h"
 
 namespace memfit::io {
 
@@ -41,10 +42,9 @@ void set_zero_shard_metadata(SafetensorsWriter& writer, const std::string& optim
 
 // The index's JSON: world size, stage, the optimizer, its steps_taken, the layout's total, the
 // whole state specs and, per rank, its file, element range and state extents. Every rank's
-// extents are computed here from `shards` (the optimizer's state_extents), so rank 0 writes it
-// alone.
-std::string zero_index_json(const Optimizer& optimizer, const std::vector<ElementRange>& shards,
-                            int stage);
+// extents are computed here from the placement's shards (the optimizer's state_extents), so
+// rank 0 writes it alone. The placement is any rank's (they share the shards and the stage).
+std::string zero_index_json(const Optimizer& optimizer, const StatePlacement& placement);
 
 // Whether the checkpoint directory `dir` holds sharded optimizer state (its index).
 bool has_zero_shards(const std::filesystem::path& dir);

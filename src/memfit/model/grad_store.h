@@ -1,15 +1,20 @@
-// Where a step's f32 gradients live when they are not one slab in RAM and not reduced over ranks
-// (UnitGrads): a store that gives each unit (state/shard.h: the embeddings, each block, the
-// tail) a buffer only while its backward runs. The one store today is --offload-grads nvme's
+// Where a step's gradients live when they are not one f32 slab in RAM that the backward adds
+// into: a store that gives each unit (state/shard.h: the embeddings, each block, the tail) a
+// buffer while its backward runs. Two stores today: the per-unit reduction over ranks
+// (dist/zero/unit_grads.h: Note [Sharded gradients], and bf16 gradients), which sums the units
+// into an accumulator the update reads (summed()); and --offload-grads nvme's
 // (offload/offloaded_grads.h: each finished unit written to a file, read back before the next
-// micro-batch's backward of it). The Transformer calls it at the points where it calls
-// UnitGrads: a new step, a training forward, a block's backward entered, a part finished.
+// micro-batch's backward of it, the update reading the file: unit_checks()). The Transformer
+// calls it at a new step, a training forward, a block's backward entered, a part finished; it is
+// the model's side of the seam, so it stays in model/ (Note [State placement]).
 // Note [NVMe offload], "Gradients on disk" (docs/notes/offload.md).
 #pragma once
 
 #include <vector>
 
+#include "memfit/core/tensor.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/state/element_range.h"
 
 namespace memfit {
 
@@ -33,9 +38,17 @@ class GradStore {
   virtual void enter_backward(int layer) = 0;
   // The backward finished a part: n_layer the tail, l block l, -1 the embeddings (the last).
   virtual void done(int part) = 0;
-  // After the step's last backward: each unit's check of its final gradients (unscaled in
-  // place first where the step has a loss scale), in unit order.
-  virtual const std::vector<UnitGradCheck>& unit_checks() const = 0;
+  // Where the store sums the gradients itself (the per-unit reduction): the summed gradients
+  // the update reads, over sums_range(). Null where the update reads them from the store unit
+  // by unit (a file: unit_checks).
+  virtual Tensor* summed() { return nullptr; }
+  virtual ElementRange sums_range() const { return {}; }
+  // After the step's last backward (a store without summed()): each unit's check of its final
+  // gradients (unscaled in place first where the step has a loss scale), in unit order.
+  virtual const std::vector<UnitGradCheck>& unit_checks() const {
+    static const std::vector<UnitGradCheck> none;
+    return none;
+  }
 };
 
 }  // namespace memfit

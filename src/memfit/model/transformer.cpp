@@ -15,65 +15,51 @@ namespace memfit {
 using namespace kernels;
 
 Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
-                         const PrecisionOptions& precision,
-                         std::optional<ElementRange> master_range, bool master_in_ram,
-                         const ParamSharding* sharding, const GradSharding* grad_sharding,
-                         const ParamOffload* param_file, std::unique_ptr<GradStore> grad_store)
+                         const PrecisionOptions& precision, ModelState state)
     : config_(config),
       pool_(pool),
       layout_((config_.finalize(), config_)),
-      precision_(precision),
-      grad_store_(std::move(grad_store)) {
-  MEMFIT_CHECK(!(grad_store_ && grad_sharding), "model",
-               "a gradient store (--offload-grads) and per-unit reduction over ranks together");
+      precision_(precision) {
   check_precision_options(precision);
   const Precision p = precision.precision;
-  master_range_ = master_range.value_or(ElementRange{0, layout_.total()});
+  master_range_ = state.master_range.value_or(ElementRange{0, layout_.total()});
   const ElementRange whole{0, layout_.total()};
   MEMFIT_CHECK(whole.contains(master_range_), "model",
                "master range [{}, {}) outside the layout of {} elements", master_range_.begin,
                master_range_.end, layout_.total());
-  sharded_ = sharding != nullptr;
-  if (sharded_) {
-    MEMFIT_CHECK(sharding->comm != nullptr && master_range.has_value() &&
-                     sharding->shards.at(static_cast<size_t>(sharding->comm->rank())) ==
-                         master_range_,
-                 "model", "stage 3's working weights are the rank's shard, its master range");
-  }
-  MEMFIT_CHECK(!param_file || (!master_in_ram && (sharded_ || !master_range)), "model",
+  sharded_ = state.params_sharded;
+  MEMFIT_CHECK(!sharded_ || state.master_range.has_value(), "model",
+               "stage 3's working weights are the rank's shard, its master range");
+  MEMFIT_CHECK(!state.params_in_file ||
+                   (!state.master_in_ram && (sharded_ || !state.master_range)),
+               "model",
                "offloaded working weights need the master weights elsewhere, and one process or "
                "ZeRO stage 3");
+  MEMFIT_CHECK(!(sharded_ || state.params_in_file) || state.make_weights, "model",
+               "sharded or offloaded working weights need their source");
   // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]); offloaded,
   // none (the file source holds the persistent units, and at stage 3 the shard is in the file).
-  if (!param_file)
+  if (!state.params_in_file)
     params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
                             half_dtype(p), Category::params, "params");
-  if (p != Precision::fp32 && precision.master_weights && master_in_ram)
+  if (p != Precision::fp32 && precision.master_weights && state.master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   // The whole f32 gradient slab comes with the step plan: reserve() allocates it, or places it
   // in the activations arena (Note [Gradients by lifetime]). Here only the per-unit reduction
   // of stages 0-1 (whole, f32) takes it, as its accumulator. Sharded gradients (stages 2-3:
-  // Note [Sharded gradients]) and bf16 ones (--grad-dtype bf16) have UnitGrads' accumulator
-  // instead, and a store (--offload-grads) no slab.
-  const bool sharded_grads =
-      grad_sharding && (!grad_sharding->whole || grad_sharding->dtype != DType::f32);
-  if (grad_sharding && !sharded_grads)
+  // Note [Sharded gradients]) and bf16 ones (--grad-dtype bf16) have the store's accumulator
+  // instead, and a store of a file (--offload-grads) no slab.
+  if (state.make_grads && state.grads_into_slab)
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
-  if (sharded_)
-    gather_ = std::make_unique<WeightGather>(pool, layout_, params_, *sharding,
-                                             param_file ? param_file->file : nullptr,
-                                             half_dtype(p));
-  else if (param_file)
-    gather_ = std::make_unique<WeightGather>(pool, layout_, half_dtype(p), *param_file->file,
-                                             param_file->prefetch_depth,
-                                             param_file->persist_threshold);
+  if (sharded_ || state.params_in_file)
+    source_ = state.make_weights(pool, layout_, params_, half_dtype(p));
   else
     weights_ = layout_.views(params_);
   grad_views_ = layout_.views(grads_);
-  // Stages 0-1 reducing every micro-batch accumulate the sums in the whole slab itself.
-  if (grad_sharding)
-    unit_grads_ = std::make_unique<UnitGrads>(pool, layout_, *grad_sharding,
-                                              sharded_grads ? Tensor{} : grads_);
+  if (state.make_grads) {
+    store_ = state.make_grads(pool, layout_, state.grads_into_slab ? grads_ : Tensor{});
+    store_sums_ = store_->summed() != nullptr;
+  }
 }
 
 Tensor Transformer::grad_sums(ElementRange r) {
@@ -86,10 +72,8 @@ Tensor Transformer::grad_sums(ElementRange r) {
 
 void Transformer::zero_grad() {
   if (grads_in_arena()) return;  // each unit is zeroed as it is born (StepContext::enter)
-  if (unit_grads_)
-    unit_grads_->zero();
-  else if (grad_store_)
-    grad_store_->zero();
+  if (store_)
+    store_->zero();
   else if (grads_.defined())  // (before reserve() there is no slab yet)
     kernels::zero(grads_);
 }
@@ -110,7 +94,7 @@ Tensor Transformer::grad(const std::string& name) const {
 }
 
 void Transformer::working_changed() {
-  if (gather_) gather_->refresh();
+  if (source_) source_->refresh();
 }
 
 void Transformer::refresh_working() {
@@ -136,9 +120,9 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
     // "Working weights on disk"): the offloaded master weights first, then the working copy
     // a unit's part at a time through one staging piece, rounded as below.
     if (offloaded_master) offloaded_master(fill);
-    Tensor piece = Tensor::empty(pool_, {std::min(piece_elements, gather_->largest_part())},
+    Tensor piece = Tensor::empty(pool_, {std::min(piece_elements, source_->largest_part())},
                                  DType::f32, Category::staging, "setup.piece");
-    gather_->store_from(fill, piece);
+    source_->store_from(fill, piece);
     piece = Tensor{};
     working_changed();  // stage 3: the persistent units gathered, every rank at this point
     return;
@@ -225,7 +209,7 @@ void Transformer::reserve(StepPlan plan) {
   const bool in_arena = plan.options.grads_in_arena, inference = plan.options.inference;
   // The whole f32 slab is the model's own unless the gradients live per unit; an inference
   // plan, whose step has no backward, holds none (Note [Inference plan]).
-  const bool per_unit = unit_grads_ || grad_store_, own_slab = !per_unit && !inference;
+  const bool per_unit = store_ != nullptr, own_slab = !per_unit && !inference;
   MEMFIT_CHECK(!in_arena || own_slab, "model",
                "gradients in the activations arena need the whole f32 slab (no per-unit "
                "reduction, no --offload-grads)");
@@ -259,15 +243,14 @@ void Transformer::reserve(StepPlan plan) {
   ctx_ = StepContext(std::move(plan), std::move(views));
   ctx_.set_poison(poison_);
   ctx_.set_observer(observer_);
-  if (gather_) gather_->set_phases(ctx_.plan().phases);
-  if (gather_ || unit_grads_ || grad_store_) {
+  if (source_) source_->set_phases(ctx_.plan().phases);
+  if (source_ || store_) {
     // Stage 3 gathers the weights a phase reads; per-unit gradients give a block's backward
     // its slot.
     ctx_.set_enter_hook([this](int phase) {
-      if (gather_) gather_->enter(phase);
+      if (source_) source_->enter(phase);
       const Phase& p = ctx_.plan().phases[static_cast<size_t>(phase)];
-      if (unit_grads_ && p.kind == PhaseKind::backward) unit_grads_->enter_backward(p.layer);
-      if (grad_store_ && p.kind == PhaseKind::backward) grad_store_->enter_backward(p.layer);
+      if (store_ && p.kind == PhaseKind::backward) store_->enter_backward(p.layer);
     });
   }
   backward_ready_ = false;
@@ -285,8 +268,7 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
                "a training forward on a model reserved for inference (a forward alone: no "
                "saved activations, no gradients); reserve it for training first");
   backward_ready_ = false;
-  if (training && unit_grads_) unit_grads_->begin_micro_batch();
-  if (training && grad_store_) grad_store_->begin_micro_batch();
+  if (training && store_) store_->begin_micro_batch();
   const float loss_sum =
       step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets, training,
                      loss_scale / N);
@@ -299,14 +281,8 @@ void Transformer::backward() { backward(nullptr); }
 void Transformer::backward(const std::function<void(int64_t final_from)>& final_from) {
   MEMFIT_CHECK(backward_ready_, "model", "backward() without a training forward() before it");
   backward_ready_ = false;
-  if (unit_grads_) {
-    step_->backward(ctx_, working_views(), grad_views(),
-                    [&](int part) { unit_grads_->done(part); });
-    return;
-  }
-  if (grad_store_) {
-    step_->backward(ctx_, working_views(), grad_views(),
-                    [&](int part) { grad_store_->done(part); });
+  if (store_) {
+    step_->backward(ctx_, working_views(), grad_views(), [&](int part) { store_->done(part); });
     return;
   }
   if (!final_from) {

@@ -20,8 +20,7 @@
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
 #include "memfit/model/grad_store.h"
-#include "memfit/model/unit_grads.h"
-#include "memfit/model/weight_gather.h"
+#include "memfit/model/weight_source.h"
 #include "memfit/state/element_range.h"
 
 namespace memfit {
@@ -31,31 +30,20 @@ class Transformer {
   // Allocates the parameter slab (Category::params: the working weights the kernels read, in
   // half_dtype(precision)), the FP32 master weights (Category::master) when the precision is
   // not fp32 and master weights are kept, and the f32 gradient slab (Category::grads).
-  // `master_range`: the master weights of these elements only (a ZeRO shard from stage 1 on,
-  // Note [ZeRO]); the whole layout when absent. `master_in_ram` false: the master weights live
-  // elsewhere (an offload file, Note [NVMe offload]); the model then has only its working
-  // weights (at stage 3 its shard of them), and the caller keeps the master.
-  // `sharding` (ZeRO stage 3, Note [ZeRO stage 3]): the working weights are this rank's shard
-  // (`master_range`, which must be its shards entry) and the step gathers what each phase
-  // reads (model/weight_gather.h). Every rank must then run the same steps and loads.
-  // `grad_sharding` (ZeRO stages 2-3, or stages 0-1 reducing every micro-batch: Note [Sharded
-  // gradients]): the backward writes each unit's gradients into buffers of their own and
-  // reduces them over the ranks as each ends (model/unit_grads.h); grad_sums() is then the
-  // accumulator of this rank's shard (whole with `grad_sharding->whole`).
-  // `param_offload` (--offload-params nvme, Note [NVMe offload]): the blocks' working weights
-  // live in that file (kept by the caller, outliving the model) and are read into a ring before
-  // the phases that need them (WeightGather's file source); in one process RAM holds the
-  // persistent units alone (Category::params), at stage 3 (with `sharding`) no working shard:
-  // the file holds the rank's part of each block, read and then gathered. params() is empty.
-  // Needs master_in_ram false.
-  // `grad_store` (--offload-grads nvme, one process: model/grad_store.h): no gradient slab; each
-  // unit's gradients live in the store's buffers while its backward runs.
+  // `state` (model/weight_source.h; Note [State placement]): where the state the model does not
+  // hold whole lives, and the services that keep it. `master_range`: the master weights of
+  // these elements only (a ZeRO shard from stage 1 on, Note [ZeRO]); `master_in_ram` false: they
+  // live elsewhere (an offload file) and the caller keeps them. `params_sharded` (ZeRO stage 3,
+  // Note [ZeRO stage 3]): the working weights are master_range alone and the step reads the
+  // units through the WeightSource, which gathers what each phase needs; every rank must then
+  // run the same steps and loads. `params_in_file` (--offload-params, Note [NVMe offload]): no
+  // working slab, the source reads the blocks from their file (params() is empty; needs the
+  // master weights elsewhere). `make_grads` (per-unit reduction, Note [Sharded gradients];
+  // --offload-grads): the backward writes each unit's gradients into the store's buffers;
+  // grad_sums() is then the store's accumulator where it sums (summed()). The default: one
+  // process, everything in RAM. dist/zero/zero_state.h makes it for ZeRO and offload.
   Transformer(const ModelConfig& config, MemoryPool& pool, const PrecisionOptions& precision = {},
-              std::optional<ElementRange> master_range = std::nullopt, bool master_in_ram = true,
-              const ParamSharding* sharding = nullptr,
-              const GradSharding* grad_sharding = nullptr,
-              const ParamOffload* param_offload = nullptr,
-              std::unique_ptr<GradStore> grad_store = nullptr);
+              ModelState state = {});
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -65,17 +53,15 @@ class Transformer {
   Tensor& params() { return params_; }
   ElementRange params_range() const { return sharded_ ? master_range_ : whole(); }
   bool params_sharded() const { return sharded_; }
-  // --offload-params: the blocks' working weights are in a file; the update reaches them
-  // through offloaded_params() (WeightGather::update_piece), init and loads through
-  // set_weights, saves through offloaded_params() (WeightGather::read_range, Note [Streamed
-  // save]).
-  bool params_offloaded() const { return gather_ && gather_->from_file(); }
-  WeightGather& offloaded_params() { return *gather_; }
+  // --offload-params: the blocks' working weights are in a file; init and loads reach them
+  // through set_weights, the update and saves through the WeightSource the caller made
+  // (dist/zero/zero_state.h's ZeroServices: WeightGather::update_piece, read_range).
+  bool params_offloaded() const { return source_ && source_->from_file(); }
   // At stage 3, after the working shard changed (the optimizer wrote it): every rank calls it
   // at the same point; the persistent units are gathered again. Nothing to do otherwise.
   void working_changed();
   // Stage 3: the bytes the gathers covered since the last call (0 otherwise).
-  int64_t take_gathered_bytes() { return gather_ ? gather_->take_gathered_bytes() : 0; }
+  int64_t take_gathered_bytes() { return source_ ? source_->take_gathered_bytes() : 0; }
   // The weights of record: what the optimizer updates and checkpoints save and load. The FP32
   // master weights when there are any, else the working weights (fp32, or pure bf16). They
   // cover weights_range(): the whole layout unless the master weights are a shard.
@@ -112,14 +98,16 @@ class Transformer {
   Tensor& grads() { return grads_; }
   // The summed gradients the update reads, over grad_sums_range(): the whole slab, or the
   // per-unit reduction's accumulator (this rank's shard at stages 2-3).
-  Tensor& grad_sums() { return unit_grads_ ? unit_grads_->sums() : grads_; }
-  ElementRange grad_sums_range() const { return unit_grads_ ? unit_grads_->range() : whole(); }
+  Tensor& grad_sums() { return summing() ? *store_->summed() : grads_; }
+  ElementRange grad_sums_range() const { return summing() ? store_->sums_range() : whole(); }
   // The summed gradients of `r`, a range inside grad_sums_range().
   Tensor grad_sums(ElementRange r);
-  // Whether every micro-batch's backward reduces its gradients over the ranks (per unit) itself.
-  UnitGrads* unit_grads() { return unit_grads_.get(); }
-  // --offload-grads (model/grad_store.h): no slab; the gradients live per unit in the store.
-  GradStore* grad_store() { return grad_store_.get(); }
+  // Whether every micro-batch's backward reduces its gradients per unit (over the ranks, or
+  // into bf16) itself: the store sums them (GradStore::summed).
+  bool grads_per_unit() const { return summing(); }
+  // --offload-grads (model/grad_store.h): no slab; the gradients live per unit in the store,
+  // which the update reads unit by unit. Null otherwise (also for a summing store).
+  GradStore* grad_store() { return store_ && !summing() ? store_.get() : nullptr; }
   Tensor param(const std::string& name) const;
   // One parameter's gradient in the whole slab (a test helper; refuses at stages 2-3).
   Tensor grad(const std::string& name) const;
@@ -199,8 +187,10 @@ class Transformer {
   // grads_ is a view of the activations arena the running plan put it in (Note [Gradients by
   // lifetime]), not a slab of its own.
   bool grads_in_arena() const { return ctx_.running() && ctx_.plan().options.grads_in_arena; }
-  // The views the step reads: of params_, or stage 3's gathered units.
-  const ModelWeights& working_views() const { return gather_ ? gather_->weights() : weights_; }
+  // The views the step reads: of params_, or the source's (stage 3's gathered units, the file).
+  const ModelWeights& working_views() const { return source_ ? source_->weights() : weights_; }
+  // The store sums the gradients itself (the per-unit reduction).
+  bool summing() const { return store_sums_; }
 
   ModelConfig config_;
   MemoryPool& pool_;
@@ -216,13 +206,14 @@ class Transformer {
   StepObserver* observer_ = nullptr;
   bool backward_ready_ = false;
   bool sharded_ = false;
-  std::unique_ptr<WeightGather> gather_;  // stage 3
-  std::unique_ptr<UnitGrads> unit_grads_;  // stages 2-3 (or 0-1 reducing every micro-batch)
-  std::unique_ptr<GradStore> grad_store_;  // --offload-grads: the gradients per unit, no slab
+  // Stage 3's gathers, or --offload-params' file: the working weights the step reads.
+  std::unique_ptr<WeightSource> source_;
+  // The gradients per unit: reduced over ranks (stages 2-3, 0-1 reducing every micro-batch,
+  // bf16), or --offload-grads' file; no slab of the model's own then.
+  std::unique_ptr<GradStore> store_;
+  bool store_sums_ = false;  // store_->summed() is defined
   // The views the step writes gradients through.
-  const ModelWeights& grad_views() const {
-    return unit_grads_ ? unit_grads_->views() : grad_store_ ? grad_store_->views() : grad_views_;
-  }
+  const ModelWeights& grad_views() const { return store_ ? store_->views() : grad_views_; }
 };
 
 }  // namespace memfit

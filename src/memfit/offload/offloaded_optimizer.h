@@ -22,7 +22,7 @@
 #include "memfit/io/zero_checkpoint.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/model/weight_gather.h"
+#include "memfit/dist/zero/weight_gather.h"
 #include "memfit/offload/io_engine.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"

@@ -1,6 +1,6 @@
 // --offload-params nvme: the blocks' working weights in a scratch file, read into WeightGather's
 // ring before the phase that needs them and written back by the update (the file source of
-// model/weight_gather.h). Each block that is not persistent (the embeddings, the tail and
+// dist/zero/weight_gather.h). Each block that is not persistent (the embeddings, the tail and
 // blocks under --persist-threshold stay in RAM) has its own 4 KiB-aligned extent, so a block is
 // one O_DIRECT request into one ring slot. The planner reads the same layout (file bytes, I/O
 // per step). Note [NVMe offload], "Working weights on disk" (docs/notes/offload.md).
@@ -16,7 +16,7 @@
 #include "memfit/core/dtype.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/step_schedule.h"
-#include "memfit/model/weight_gather.h"
+#include "memfit/dist/zero/weight_gather.h"
 #include "memfit/offload/io_engine.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/offload/scratch_file.h"

@@ -16,15 +16,15 @@
 #include "memfit/io/streamed_weights.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/model/unit_grads.h"
+#include "memfit/dist/zero/unit_grads.h"
 #include "memfit/offload/offloaded_grads.h"
-#include "memfit/model/weight_gather.h"
+#include "memfit/dist/zero/weight_gather.h"
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/param_file.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
-#include "memfit/state/shard.h"
+#include "memfit/state/state_placement.h"
 
 namespace memfit {
 
@@ -53,12 +53,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// What differs between ranks, into `bytes`: ZeRO (Note [ZeRO]) from stage 1 on keeps the
-// optimizer state and master weights of the rank's shard alone (shard_ranges, as train() cuts;
-// `shards` empty with one rank), stage 2 its summed gradients too (with the gradient unit
-// buffers: model/unit_grads.h), stage 3 its working weights too, and data parallelism adds the
-// ring of receive buffers the gradient buckets are summed through (dist/grad_sync.h; from stage
-// 2 a reduce-scatter's, sized by this rank's part of a bucket), plus stage 3's gather buffers.
+// What differs between ranks, into `bytes`, read from the rank's placement (Note [State
+// placement], the object train() builds its state from): ZeRO (Note [ZeRO]) from stage 1 on
+// keeps the optimizer state and master weights of the rank's shard alone, stage 2 its summed
+// gradients too (with the gradient unit buffers: dist/zero/unit_grads.h), stage 3 its working
+// weights too, and data parallelism adds the ring of receive buffers the gradient buckets are
+// summed through (dist/grad_sync.h; from stage 2 a reduce-scatter's, sized by this rank's part
+// of a bucket), plus stage 3's gather buffers.
 // plan_memory and plan_largest_rank both count them here: whatever a stage makes differ between
 // ranks belongs here (ZeroSearch.TheLargestRankIsTheLargestOfEveryRanksPlan checks it).
 // With the optimizer offloaded, the state and the master weights go to files: the rank's
@@ -66,13 +67,12 @@ namespace fs = std::filesystem;
 // here), and the caller adds the ring to staging.
 std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const ParamLayout& layout,
                                                  const OptimConfig& oc,
-                                                 const std::vector<ElementRange>& shards, int rank,
+                                                 const StatePlacement& placement,
                                                  CategoryBytes& bytes) {
   auto at = [&](Category c) -> size_t& { return bytes[static_cast<size_t>(c)]; };
-  const int stage = spec.world > 1 ? spec.zero : 0;
+  const int rank = placement.rank();
   const DType half = half_dtype(spec.precision.precision);
-  std::optional<ElementRange> mine;
-  if (stage >= 1) mine = shards.at(static_cast<size_t>(rank));
+  const std::optional<ElementRange> mine = placement.owned();
   // (An empty shard, a tiny model over many ranks, still allocates the pool's smallest block.)
   auto shard_or_whole = [&](DType dt) {
     return MemoryPool::round_up(std::max<size_t>(
@@ -80,32 +80,32 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   };
   // Stage 3: the working weights of the shard alone (Note [ZeRO stage 3]).
   at(Category::params) =
-      stage == 3 ? shard_or_whole(half)
-                 : MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(half));
-  if (spec.precision.precision != Precision::fp32 && spec.precision.master_weights)
+      placement.params_gathered()
+          ? shard_or_whole(half)
+          : MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(half));
+  if (placement.master().where != Residence::none)
     at(Category::master) = shard_or_whole(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);
   // The gradients' exchange: the whole slab's buckets through a receive ring, or per unit (Note
-  // [Sharded gradients]) the unit buffers and their receive ring (model/unit_grads.h).
+  // [Sharded gradients]) the unit buffers and their receive ring (dist/zero/unit_grads.h).
   // Stages 2-3 hold their shard's summed gradients alone (else the whole slab: plan_memory).
   // bf16 gradients (--grad-dtype bf16) are per unit at every stage and in one process (one
   // shard, the whole layout), the accumulator bf16 (Note [Gradients in bf16]).
-  const std::vector<ElementRange> unit_shards =
-      shards.empty() ? std::vector<ElementRange>{{0, layout.total()}} : shards;
-  if (spec.unit_grads() && (stage >= 2 || spec.grad_dtype != DType::f32))
-    at(Category::grads) = UnitGrads::grads_bytes(layout, unit_shards, rank, /*whole=*/stage < 2,
-                                                 spec.grad_dtype);
-  if (spec.unit_grads())
+  const std::vector<ElementRange>& unit_shards = placement.grad_shards();
+  if (placement.grads_own_accumulator())
+    at(Category::grads) = UnitGrads::grads_bytes(layout, unit_shards, rank,
+                                                 placement.grads_whole(), spec.grad_dtype);
+  if (placement.grads_per_unit())
     at(Category::comm) = UnitGrads::comm_bytes(layout, spec.bucket_bytes, unit_shards, rank,
-                                               /*whole=*/stage < 2, spec.grad_dtype);
+                                               placement.grads_whole(), spec.grad_dtype);
   else
     at(Category::comm) =
         dist::GradientSync::comm_bytes(layout.total(), spec.bucket_bytes, spec.world, rank);
-  // Stage 3: the gathered units' buffers (model/weight_gather.h, what the engine allocates).
-  if (stage == 3)
-    at(Category::comm) +=
-        WeightGather::comm_bytes(layout, half, spec.prefetch_depth, spec.persist_threshold);
-  if (!spec.offload.optimizer) return std::nullopt;
+  // Stage 3: the gathered units' buffers (dist/zero/weight_gather.h, what the engine allocates).
+  if (placement.params_gathered())
+    at(Category::comm) += WeightGather::comm_bytes(layout, half, placement.prefetch_depth(),
+                                                   placement.persist_threshold());
+  if (!placement.optimizer_in_file()) return std::nullopt;
   // The state and the master weights go to files; RAM holds the ring that streams them
   // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 to 3) this
   // rank's shard alone: its files, its ring, its I/O. At stage 3 the ring is beside the
@@ -116,11 +116,11 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   // --offload-params: in one process RAM holds the persistent units instead of the slab (the
   // ring is staging: plan_memory adds it); at stage 3 no working shard, and a landing buffer
   // for the rank's part of a block beside the gathered units' buffers (offload/param_file.h and
-  // model/weight_gather.h are the engine's own arithmetic).
-  if (spec.offload.params) {
-    const UnitFileRam ram = WeightGather::file_ram_bytes(
-        layout, half, spec.prefetch_depth, spec.persist_threshold,
-        stage == 3 ? mine : std::optional<ElementRange>{});
+  // dist/zero/weight_gather.h are the engine's own arithmetic).
+  if (placement.params_in_file()) {
+    const UnitFileRam ram =
+        WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),
+                                     placement.persist_threshold(), placement.params_file_range());
     at(Category::params) = ram.params;
     at(Category::comm) += ram.comm;
   }
@@ -129,10 +129,11 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   return files;
 }
 
-// What plan_memory computes the same for every rank: the shards and the step plan. Made once
-// for a listing of every rank (plan_every_rank), where W of each made it quadratic in W.
+// What plan_memory computes the same for every rank: the shards (in rank 0's placement) and
+// the step plan. Made once for a listing of every rank (plan_every_rank), where W of each made
+// it quadratic in W.
 struct SharedPlan {
-  std::vector<ElementRange> shards;
+  StatePlacement placement;
   StepPlan step;
 };
 
@@ -162,11 +163,11 @@ void plan_every_rank(const RunSpec& spec,
   const PlanReport first = plan_memory(spec, 0);
   visit(0, first);
   if (spec.world == 1) return;
-  SharedPlan shared;
   OptimConfig oc = spec.optim;
   oc.n_head = first.model.n_head;
-  shared.shards = shard_ranges(ParamLayout(first.model), oc, spec.world);
-  shared.step = first.step;
+  const SharedPlan shared{
+      StatePlacement(ParamLayout(first.model), oc, spec.state_options(), {0, spec.world}),
+      first.step};
   for (int q = 1; q < spec.world; ++q) visit(q, plan_rank(spec, q, &shared, nullptr));
 }
 
@@ -196,12 +197,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // Stages 0-1 hold a whole gradient slab; stages 2-3 their shard's sums (Note [Sharded
   // gradients]); those, the working weights (whole below stage 3), the master weights, the
   // optimizer state and the receive buffers are the rank's own (rank_bytes).
-  const std::vector<ElementRange> shards =
-      shared              ? shared->shards
-      : spec.world > 1    ? shard_ranges(layout, oc, spec.world)
-                          : std::vector<ElementRange>{};
+  const StatePlacement placement =
+      shared ? shared->placement.of_rank(rank)
+             : StatePlacement(layout, oc, spec.state_options(), {rank, spec.world});
   at(Category::grads) = slab(DType::f32);
-  if (const auto files = rank_bytes(spec, layout, oc, shards, rank, r.by_category)) {
+  if (const auto files = rank_bytes(spec, layout, oc, placement, r.by_category)) {
     r.disk_by_category = files->disk_bytes();
     r.disk_bytes = files->disk_total();
     r.io_bytes_per_step = files->io_bytes_per_step();
@@ -209,7 +209,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     // --offload-grads (one process): the unit buffers, which the update's gradient ring
     // reuses, instead of the slab; the gradients' file; each micro-batch's writes and reads
     // back, and the update's reads (offload/offloaded_grads.h, the engine's computation).
-    if (spec.offload.grads) {
+    if (placement.grads_in_file()) {
       const offload::GradFileLayout g = offload::make_grad_file_layout(layout, spec.grad_accum, spec.grad_dtype);
       at(Category::grads) = g.ram_bytes();
       r.disk_by_category[static_cast<size_t>(Category::grads)] += g.file_bytes;
@@ -220,12 +220,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   r.step = shared  ? shared->step
            : steps ? steps->plan(r.model, r.B, r.T, act)
                    : plan_step(r.model, r.B, r.T, act);
-  if (spec.offload.params) {
+  if (placement.params_in_file()) {
     const DType half = half_dtype(precision.precision);
-    const bool master = precision.precision != Precision::fp32 && precision.master_weights;
+    const bool master = placement.master().where != Residence::none;
     // At stage 3 the rank's shard of the working weights alone.
-    std::optional<ElementRange> mine;
-    if (spec.world > 1) mine = shards.at(static_cast<size_t>(rank));
+    const std::optional<ElementRange> mine = placement.params_file_range();
     const offload::ParamFileLayout file =
         offload::make_param_file_layout(layout, half, spec.persist_threshold, mine);
     const offload::ParamIoBytes io = offload::param_io_bytes_per_step(
@@ -235,8 +234,8 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     r.param_read_bytes = io.read;
     r.param_written_bytes = io.written;
     r.io_bytes_per_step += io.read + io.written;
-    r.param_ring_bytes = WeightGather::file_ram_bytes(layout, half, spec.prefetch_depth,
-                                                      spec.persist_threshold, mine)
+    r.param_ring_bytes = WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),
+                                                      placement.persist_threshold(), mine)
                              .staging;
   }
   for (Category c : {Category::activations, Category::workspace})
@@ -244,14 +243,15 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // The slab lies in the activations arena (Note [Gradients by lifetime]): the pool counts the
   // arena's bytes, the activations', once.
   if (r.step.options.grads_in_arena) at(Category::grads) = 0;
-  const int stage = spec.world > 1 ? spec.zero : 0;
   const DType half = half_dtype(precision.precision);
   r.comm_per_step = dist::step_comm_volume(
-      layout.total(), static_cast<int>(dtype_size(half)), spec.world, stage,
-      stage == 3 ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
-                                                   spec.persist_threshold)
-                 : 0,
-      spec.unit_grads() ? spec.grad_accum : 1, static_cast<int>(dtype_size(spec.grad_dtype)));
+      layout.total(), static_cast<int>(dtype_size(half)), spec.world, placement.stage(),
+      placement.params_gathered()
+          ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
+                                            placement.persist_threshold())
+          : 0,
+      placement.grads_per_unit() ? spec.grad_accum : 1,
+      static_cast<int>(dtype_size(spec.grad_dtype)));
 
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
   // the training data's window count (from the shard headers). With no data to read, the plan
@@ -281,8 +281,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // A save from RAM on the rank that writes model.safetensors (one process, or rank 0 at stage
   // 0; from stage 1 on the shard files hold the weights): the writer's staging, the largest
   // transposed tensor's band (GPT-2's Conv1D weights; LLaMA none).
-  if (spec.saves && !save_streams_weights(spec) && rank == 0 &&
-      (spec.world == 1 || spec.zero == 0)) {
+  if (spec.saves && !save_streams_weights(spec) && rank == 0 && !placement.sharded_save()) {
     const DType record = precision.precision == Precision::fp32 || precision.master_weights
                              ? DType::f32
                              : half_dtype(precision.precision);
@@ -335,21 +334,22 @@ PlanReport plan_largest_rank(const RunSpec& spec, int* rank, uint64_t* disk_byte
     const ParamLayout layout(best.model);
     OptimConfig oc = spec.optim;
     oc.n_head = best.model.n_head;
-    const std::vector<ElementRange> shards = shard_ranges(layout, oc, spec.world);
+    const StatePlacement placement(layout, oc, spec.state_options(), {0, spec.world});
     size_t most = best.peak_bytes;
     for (int q = 1; q < spec.world; ++q) {
       CategoryBytes bytes = best.by_category;
       // Rank 0's offload ring out of staging, rank q's in (each rank's ring is sized by its
       // own largest piece).
       bytes[static_cast<size_t>(Category::staging)] -= best.offload_staging_bytes;
-      if (const auto files = rank_bytes(spec, layout, oc, shards, q, bytes)) {
+      const StatePlacement mine = placement.of_rank(q);
+      if (const auto files = rank_bytes(spec, layout, oc, mine, bytes)) {
         bytes[static_cast<size_t>(Category::staging)] += files->staging_bytes();
         most_disk = std::max(
             most_disk, files->disk_total() +
-                           (spec.offload.params
+                           (mine.params_in_file()
                                 ? offload::make_param_file_layout(
                                       layout, half_dtype(spec.precision.precision),
-                                      spec.persist_threshold, shards[static_cast<size_t>(q)])
+                                      mine.persist_threshold(), mine.params_file_range())
                                       .file_bytes
                                 : 0));
       }
@@ -390,12 +390,11 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   oc.n_head = r.model.n_head;
   // ZeRO: from stage 1 on this rank updates its shard alone, and at stage 2 its gradient norm
   // reads only the shard whose sums it holds; the collectives' bytes are the comm term.
-  const int stage = spec.world > 1 ? spec.zero : 0;
-  std::optional<ElementRange> mine;
-  if (stage >= 1) mine = shard_ranges(layout, oc, spec.world).at(static_cast<size_t>(rank));
+  const StatePlacement placement(layout, oc, spec.state_options(), {rank, spec.world});
+  const std::optional<ElementRange> mine = placement.owned();
   in.optimizer_bytes = optimizer_state_bytes(oc, layout, mine);
   if (mine) in.update_params = std::max<size_t>(1, static_cast<size_t>(mine->size()));
-  if (mine && stage >= 2) in.norm_params = in.update_params;
+  if (mine && !placement.grads_whole()) in.norm_params = in.update_params;
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   if (spec.offload.optimizer) {

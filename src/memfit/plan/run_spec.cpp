@@ -18,6 +18,23 @@ ActivationOptions RunSpec::activation_options() const {
   return o;
 }
 
+StateOptions RunSpec::state_options() const {
+  StateOptions o;
+  o.zero = zero;
+  o.working_dtype = half_dtype(precision.precision);
+  o.master_weights = precision.precision != Precision::fp32 && precision.master_weights;
+  o.offload_optimizer = offload.optimizer;
+  o.offload_params = offload.params;
+  o.offload_grads = offload.grads;
+  o.offload_dir = offload.dir;
+  o.prefetch_depth = prefetch_depth;
+  o.persist_threshold = persist_threshold;
+  o.sync_every_micro_batch = sync_every_micro_batch;
+  o.grad_dtype = grad_dtype;
+  o.bucket_bytes = bucket_bytes;
+  return o;
+}
+
 void RunSpec::check() const {
   check_optim_config(optim);
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.

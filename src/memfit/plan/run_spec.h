@@ -15,6 +15,7 @@
 #include "memfit/model/model_config.h"
 #include "memfit/model/precision.h"
 #include "memfit/optim/optim_config.h"
+#include "memfit/state/state_placement.h"
 
 namespace memfit {
 
@@ -63,16 +64,14 @@ struct RunSpec {
   // Stages 0-1 reduce every micro-batch's gradients per unit, as stages 2-3 always do (Note
   // [Sharded gradients]): the same sums as stages 2-3 under gradient accumulation.
   bool sync_every_micro_batch = false;
-  // Whether each micro-batch's gradients are reduced per unit (model/unit_grads.h): stages 2-3,
-  // or stages 0-1 with sync_every_micro_batch, over several ranks; or bf16 gradients (but with
-  // --offload-grads, whose store sums bf16 per unit itself: offload/offloaded_grads.h).
   // The gradients' type (--grad-dtype): f32, or bf16, kept and reduced per unit at every stage
   // and with one process (Note [Gradients in bf16]: the kernels cannot add into bf16).
   DType grad_dtype = DType::f32;
-  bool unit_grads() const {
-    return !offload.grads &&
-           (grad_dtype != DType::f32 || (world > 1 && (zero >= 2 || sync_every_micro_batch)));
-  }
+  // Whether each micro-batch's gradients are reduced per unit (UnitGrads): the placement's
+  // answer (StatePlacement::grads_per_unit: stages 2-3, or stages 0-1 with
+  // sync_every_micro_batch, over several ranks; or bf16 gradients, but not with --offload-grads,
+  // whose store sums bf16 per unit itself).
+  bool unit_grads() const { return StatePlacement::grads_per_unit(state_options(), world); }
   size_t bucket_bytes = 0;     // gradients all-reduced this many bytes at a time (world > 1)
   size_t mem_limit = 0;        // the pool's budget in bytes; 0: none
   std::string data_dir;        // the token shards whose staging the plan counts
@@ -105,6 +104,9 @@ struct RunSpec {
     return grad_accum == 1 && grad_dtype == DType::f32 && !unit_grads() && !offload.optimizer &&
            !offload.grads;
   }
+  // What the run asks of where its state lives; StatePlacement decides it per rank (Note
+  // [State placement]): the trainer, the planner and the saves read that, not `zero`.
+  StateOptions state_options() const;
   // What the model's step is planned and built with.
   ActivationOptions activation_options() const;
   // The rules between the typed fields (the model's precision and attention rules, the

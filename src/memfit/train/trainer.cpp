@@ -27,13 +27,14 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/dist/zero/zero_state.h"
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/offload/param_file.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
-#include "memfit/state/shard.h"
+#include "memfit/state/state_placement.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
@@ -102,7 +103,8 @@ json memory_json(const CategoryBytes& bytes) {
 }
 
 // The run as the profile's summary and page describe it.
-json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
+json run_json(const RunSpec& spec, const TrainConfig& c, const StatePlacement& placement) {
+  const int rank = placement.rank(), ranks = placement.world();
   const ModelConfig& m = spec.model;
   // The preset, or where a checkpoint gave the model, the checkpoint.
   const std::string& from = !c.resume_dir.empty() ? c.resume_dir : c.init_from;
@@ -113,9 +115,10 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
                                 spec.grad_accum > 1 ? fmt::format(" x {}", spec.grad_accum) : "",
                                 precision_name(spec.precision.precision), spec.ckpt.name(),
                                 ranks > 1 ? fmt::format(", rank {} of {}{}", rank, ranks,
-                                                        spec.zero > 0 ? fmt::format(
-                                                                            ", --zero {}", spec.zero)
-                                                                      : "")
+                                                        placement.stage() > 0
+                                                            ? fmt::format(", --zero {}",
+                                                                          placement.stage())
+                                                            : "")
                                           : "")},
           {"model", model},
           {"family", std::string(family_name(m.family))},
@@ -131,7 +134,7 @@ json run_json(const RunSpec& spec, const TrainConfig& c, int rank, int ranks) {
           {"optim", c.optim.name},
           {"rank", rank},
           {"ranks", ranks},
-          {"zero", ranks > 1 ? spec.zero : 0}};
+          {"zero", placement.stage()}};
 }
 
 // The planner's prediction for this rank.
@@ -213,35 +216,28 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   const ModelConfig& mc = spec.model;
   const int T = spec.T, B = spec.batch;
 
-  // ZeRO (Note [ZeRO]): with several ranks, the layout cut into one shard per rank where every
-  // optimizer state allows (state/shard.h). From stage 1 on this rank's optimizer state and
-  // master weights are its shard's alone; at stage 2 its gradients' sums are too. With one
-  // rank every stage is stage 0.
-  const int stage = W > 1 ? spec.zero : 0;
-  std::vector<ElementRange> shards;
-  if (W > 1) shards = shard_ranges(ParamLayout(spec.model), spec.optim, W);
-  std::optional<ElementRange> my_shard;
-  if (stage >= 1) my_shard = shards[static_cast<size_t>(comm.rank())];
+  // Where this rank's state lives (Note [State placement]): with several ranks the layout cut
+  // into one shard per rank where every optimizer state allows (state/shard.h); from stage 1 on
+  // this rank's optimizer state and master weights are its shard's alone (owned()), at stage 2
+  // its gradients' sums too, at stage 3 its working weights too. With one rank every stage is
+  // stage 0. Nothing below decodes the stage.
+  const StatePlacement placement(ParamLayout(spec.model), spec.optim, spec.state_options(),
+                                 {comm.rank(), W});
+  const std::vector<ElementRange>& shards = placement.shards();
+  const std::optional<ElementRange> my_shard = placement.owned();
   // --offload-optimizer nvme: the optimizer state and the FP32 master weights live in files and
   // the update streams them (offload/offloaded_optimizer.h); the model keeps its working weights.
   // Under ZeRO (stages 1 to 3; RunSpec::check refuses stage 0) each rank offloads its own
   // shard, into its own subdirectory of --offload-dir, so ranks sharing one never collide; the
   // disk check and --disk-limit are per rank (Note [NVMe offload], "Under ZeRO").
-  const bool offload = spec.offload.optimizer;
-  const bool master = spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
-  const fs::path offload_dir =
-      W > 1 ? fs::path(spec.offload.dir) / fmt::format("rank-{}", comm.rank())
-            : fs::path(spec.offload.dir);
+  const bool offload = placement.optimizer_in_file();
+  const bool master = placement.master().where != Residence::none;
+  const fs::path offload_dir = placement.offload_dir();
   // The directories made here (--offload-dir, a rank's subdirectory) go when the run ends, after
   // the files that the objects below remove as they are destroyed, or when it fails first (a
   // disk too small): no empty directory is left (io/created_directories.h).
   io::CreatedDirectories offload_dirs;
   if (offload) offload_dirs.create(offload_dir, "offload", "--offload-dir " + spec.offload.dir);
-  // Stage 3: the working weights are sharded too, and the step gathers what each phase reads
-  // (Note [ZeRO stage 3]).
-  std::optional<ParamSharding> param_sharding;
-  if (stage == 3)
-    param_sharding = ParamSharding{&comm, shards, spec.prefetch_depth, spec.persist_threshold};
   const std::string offload_run = fmt::format(
       "memfit-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
   // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
@@ -251,43 +247,35 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   // go first (Note [NVMe offload], "Working weights on disk").
   // Every rank's offload files against the free bytes of the filesystem it shares with the
   // other ranks there, before any file is made (train/offload_disk.h).
-  if (spec.offload.optimizer)
+  if (placement.optimizer_in_file())
     check_offload_disk(comm, offload_dir, plan_memory(spec, comm.rank()).disk_bytes);
   std::unique_ptr<offload::ParamFile> param_file;
-  std::optional<ParamOffload> param_offload;
-  if (spec.offload.params) {
-    param_file = std::make_unique<offload::ParamFile>(ParamLayout(mc),
-                                                      half_dtype(spec.precision.precision),
-                                                      spec.persist_threshold, offload_dir,
-                                                      offload_run, my_shard);
-    param_offload = ParamOffload{param_file.get(), spec.prefetch_depth, spec.persist_threshold};
-  }
-  // Stages 2-3 (and 0-1 under --sync-every-micro-batch): each micro-batch's gradients reduced
-  // unit by unit as the backward ends each, into this rank's shard (Note [Sharded gradients]).
-  std::optional<GradSharding> grad_sharding;
-  // bf16 gradients (--grad-dtype bf16) take this path at every stage and in one process: the
-  // backward's kernels add into f32 unit buffers, rounded into the bf16 sums (Note [Gradients
-  // in bf16]).
-  if (spec.unit_grads())
-    grad_sharding = GradSharding{&comm, W > 1 ? shards : std::vector<ElementRange>{whole_range(
-                                                         ParamLayout(spec.model))},
-                                 spec.bucket_bytes, /*whole=*/stage < 2, spec.grad_dtype};
+  if (placement.params_in_file())
+    param_file = std::make_unique<offload::ParamFile>(
+        ParamLayout(mc), half_dtype(spec.precision.precision), placement.persist_threshold(),
+        offload_dir, offload_run, placement.params_file_range());
   // --offload-grads nvme (one process: RunSpec::check): the gradients per unit in a file,
   // written as each unit's backward ends and read by the update; no slab in RAM (Note [NVMe
   // offload], "Gradients on disk").
   std::unique_ptr<GradStore> grad_store;
   offload::OffloadedGrads* grads_file = nullptr;
-  if (spec.offload.grads) {
+  if (placement.grads_in_file()) {
     auto g = std::make_unique<offload::OffloadedGrads>(ParamLayout(mc), pool, offload_dir,
                                                        offload_run, spec.grad_accum,
                                                        spec.grad_dtype);
     grads_file = g.get();
     grad_store = std::move(g);
   }
-  Transformer gpt(mc, pool, spec.precision, my_shard, /*master_in_ram=*/!offload,
-                  param_sharding ? &*param_sharding : nullptr,
-                  grad_sharding ? &*grad_sharding : nullptr,
-                  param_offload ? &*param_offload : nullptr, std::move(grad_store));
+  // The model's state as the placement puts it, and the services that keep what the model does
+  // not hold (dist/zero/zero_state.h): stage 3's gathers (Note [ZeRO stage 3]) or the working
+  // weights' file; each micro-batch's gradients reduced unit by unit as the backward ends each
+  // (stages 2-3, 0-1 under --sync-every-micro-batch, and bf16 gradients at every stage: Notes
+  // [Sharded gradients], [Gradients in bf16]) or the gradients' file. `zero` keeps the concrete
+  // ones this loop uses besides: the sums over ranks, the offloaded working weights.
+  ZeroServices zero;
+  Transformer gpt(mc, pool, spec.precision,
+                  zero_model_state(placement, comm, param_file.get(), std::move(grad_store),
+                                   &zero));
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
@@ -407,7 +395,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   }
   gpt.reserve(B, T, spec.activation_options());
   if (profiler) {
-    profiler->set_run(run_json(spec, cfg, comm.rank(), W), rank_plan(spec, comm.rank()));
+    profiler->set_run(run_json(spec, cfg, placement), rank_plan(spec, comm.rank()));
     profiler->recorder()->set_plan(gpt.step_plan());
     gpt.set_step_observer(profiler->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
@@ -422,18 +410,18 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   // (Category::comm), for the run. Per-unit gradients (stages 2-3, above) reduce themselves,
   // through a receive ring of their own.
   std::optional<dist::GradientSync> sync;
-  if (W > 1 && !gpt.unit_grads())
+  if (W > 1 && !zero.grads)
     sync.emplace(comm, pool, std::span<float>(gpt.grads().data<float>(), size_t(gpt.grads().numel())),
                  spec.bucket_bytes);
   // The sums over ranks of a float (the loss, the stop flag, evaluation) and the step's gradient
   // bytes, through whichever exchange the run has.
-  auto sum_ranks = [&](float x) { return sync ? sync->sum(x) : gpt.unit_grads()->sum(x); };
+  auto sum_ranks = [&](float x) { return sync ? sync->sum(x) : zero.grads->sum(x); };
   auto take_volume = [&] {
-    return sync ? sync->take_volume() : gpt.unit_grads()->take_volume();
+    return sync ? sync->take_volume() : zero.grads->take_volume();
   };
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   std::optional<RankShards> rank_shards;
-  if (W > 1) rank_shards = RankShards{&comm, shards, /*grads_whole=*/stage < 2};
+  if (W > 1) rank_shards = RankShards{&comm, shards, placement.grads_whole()};
 
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;
@@ -501,7 +489,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   const int64_t save_staging_n =
       save_staging_elements(spec, plan_step(gpt.config(), B, T, spec.activation_options()));
   auto record_for_save = [&]() -> Tensor {
-    if (stage >= 1 || streamed_save) return Tensor{};
+    if (placement.sharded_save() || streamed_save) return Tensor{};
     return gpt.weights();
   };
   // The weights of record's element type, as config.json names it for a sharded save.
@@ -515,7 +503,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   // into its temporary directory and adds the index, so they change with the rest of the
   // checkpoint (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state"). Every rank calls
   // this (collective); rank 0 saves.
-  const bool sharded_state = stage >= 1;
+  const bool sharded_state = placement.sharded_save();
   const fs::path staging =
       cfg.save_dir.empty() ? fs::path() : fs::path(cfg.save_dir).concat(".zero-staging");
   auto stage_shards = [&] {
@@ -533,7 +521,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     } else if (off && gpt.params_offloaded()) {
       // Without master weights, offloaded working weights (stage 3): the shard's streamed from
       // their file.
-      off->save_shard(file, gpt.offloaded_params());
+      off->save_shard(file, *zero.weights);
     } else if (off) {
       // Without master weights: the working weights (whole at stages 1-2, the shard itself at
       // stage 3) are the weights of record.
@@ -557,7 +545,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
         for (int r = 0; r < W; ++r)
           fs::rename(staging / io::zero_shard_file(r, W), tmp / io::zero_shard_file(r, W));
         io::write_file_atomic(tmp / io::kZeroIndexFile,
-                              io::zero_index_json(off ? off->descriptor() : *opt, shards, stage));
+                              io::zero_index_json(off ? off->descriptor() : *opt, placement));
       };
     // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
     // bytes as from RAM).
@@ -581,7 +569,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
         };
       else
         w.stream = [&](ElementRange range, const io::RecordTake& take) {
-          gpt.offloaded_params().read_range(
+          zero.weights->read_range(
               range, [&](int64_t from, int64_t to, const char* src) { take(from, to, src); });
         };
       if (save_staging_n > 0)
@@ -726,9 +714,9 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
               if (gpt.params_offloaded()) {
                 // Each block's new working weights written back to its file.
                 if (grads_file)
-                  off->step(gpt.offloaded_params(), *grads_file, rate, scale);
+                  off->step(*zero.weights, *grads_file, rate, scale);
                 else
-                  off->step(gpt.offloaded_params(), gpt.grad_sums(my_range), rate, scale);
+                  off->step(*zero.weights, gpt.grad_sums(my_range), rate, scale);
               } else {
                 Tensor working =
                     gpt.params_sharded() ? gpt.params() : my_part(gpt.params());
@@ -910,7 +898,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
       if (off) rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};
       ranks.push_back(std::move(rank));
     }
-    log_line({{"zero", stage}, {"ranks", ranks}});
+    log_line({{"zero", placement.stage()}, {"ranks", ranks}});
   }
   summary.saved = !cfg.save_dir.empty();
 

@@ -1,6 +1,6 @@
 // Gradients reduced per unit into a shard's accumulator (Note [Sharded gradients] in
 // docs/notes/zero.md).
-#include "memfit/model/unit_grads.h"
+#include "memfit/dist/zero/unit_grads.h"
 
 #include <algorithm>
 #include <cstring>

@@ -32,6 +32,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
+#include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/state/element_range.h"
 
@@ -48,7 +49,7 @@ struct GradSharding {
   DType dtype = DType::f32;
 };
 
-class UnitGrads {
+class UnitGrads final : public GradStore {
  public:
   static constexpr int kSlots = 2;     // block buffers
   static constexpr int kInFlight = 2;  // buckets in flight (receive buffers)
@@ -71,23 +72,25 @@ class UnitGrads {
   // `sums`: the accumulator, if the caller provides it (sums_range's elements); else allocated.
   UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding sharding,
             Tensor sums = Tensor{});
-  ~UnitGrads();
+  ~UnitGrads() override;
 
   // The views the step writes: the edge units always, a block once its backward is entered.
-  const ModelWeights& views() const { return views_; }
+  const ModelWeights& views() const override { return views_; }
   // The summed gradients of sums_range() (times the loss scale): what the update reads.
   Tensor& sums() { return sums_; }
   ElementRange range() const { return range_; }
+  Tensor* summed() override { return &sums_; }
+  ElementRange sums_range() const override { return range_; }
 
   // A new step: the next micro-batch's sums are the accumulator's first (copied, not added).
-  void zero();
+  void zero() override;
   // A training forward starts: the edge units' gradients from zero.
-  void begin_micro_batch();
+  void begin_micro_batch() override;
   // Block `layer`'s backward starts: its gradients into the next slot, from zero.
-  void enter_backward(int layer);
+  void enter_backward(int layer) override;
   // The step's backward finished a part (TransformerStep::backward's `done`): n_layer the tail,
   // l block l, -1 the embeddings, after which every exchange is finished and folded.
-  void done(int part);
+  void done(int part) override;
   // The sum over ranks of x (the loss, the stop flag), through the receive ring. Not while
   // buckets are in flight (between micro-batches none are).
   float sum(float x);

@@ -1,5 +1,5 @@
 // ZeRO stage 3's gathers of the working weights (Note [ZeRO stage 3] in docs/notes/zero.md).
-#include "memfit/model/weight_gather.h"
+#include "memfit/dist/zero/weight_gather.h"
 
 #include <algorithm>
 #include <cstring>

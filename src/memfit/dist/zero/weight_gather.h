@@ -30,6 +30,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/step_schedule.h"
+#include "memfit/model/weight_source.h"
 #include "memfit/state/element_range.h"
 
 namespace memfit {
@@ -90,7 +91,7 @@ struct UnitFileRam {
   size_t params = 0, staging = 0, comm = 0;
 };
 
-class WeightGather {
+class WeightGather final : public WeightSource {
  public:
   static UnitFileRam file_ram_bytes(const ParamLayout& layout, DType dtype, int prefetch_depth,
                                     int64_t persist_threshold,
@@ -119,8 +120,8 @@ class WeightGather {
   WeightGather(MemoryPool& pool, const ParamLayout& layout, DType dtype, UnitFile& file,
                int prefetch_depth, int64_t persist_threshold);
   // The file source waits for its reads and writes first: none may outlive the ring.
-  ~WeightGather();
-  bool from_file() const { return file_ != nullptr; }
+  ~WeightGather() override;
+  bool from_file() const override { return file_ != nullptr; }
 
   // File source: the working copy from `fill(from, to, dst)` (f32 values of layout elements
   // [from, to), as Transformer::set_weights takes them), through `piece` (f32, at most
@@ -128,7 +129,8 @@ class WeightGather {
   // persistent units in RAM, each block through a ring slot into the file (stage 3: the rank's
   // parts alone, the blocks' through the landing buffer). And the reverse, to `sink`: the
   // rank's range (every element in one process) in order as bytes of the working dtype.
-  void store_from(const std::function<void(int64_t, int64_t, float*)>& fill, Tensor& piece);
+  void store_from(const std::function<void(int64_t, int64_t, float*)>& fill,
+                  Tensor& piece) override;
   void read_mine(const std::function<void(const char*, size_t)>& sink);
   // File source in one process: layout elements [from, to) of the working weights inside
   // `want`, unit by unit in order, as bytes of the working dtype: a persistent unit's from RAM,
@@ -137,7 +139,7 @@ class WeightGather {
   void read_range(ElementRange want,
                   const std::function<void(int64_t from, int64_t to, const char* src)>& take);
   // The longest unit part this rank stores (the whole unit in one process).
-  int64_t largest_part() const;
+  int64_t largest_part() const override;
   DType dtype() const { return dtype_; }
   // File source: the update's view of the working weights of `piece` (inside one unit, the
   // pieces of a unit in order, units in order): a persistent unit's in RAM, else the block's
@@ -149,17 +151,17 @@ class WeightGather {
   void end_update(int64_t step);
 
   // The views the step reads: persistent units always, a block once its phase is entered.
-  const ModelWeights& weights() const { return weights_; }
+  const ModelWeights& weights() const override { return weights_; }
   // The phases of the step plan the model runs from now on (Transformer::reserve).
-  void set_phases(const std::vector<Phase>& phases);
+  void set_phases(const std::vector<Phase>& phases) override;
   // The step entered phase `phase` of the plan (0: a new micro-batch). Waits for the gather
   // the phase needs, binds its views, and starts the next prefetch_depth gathers.
-  void enter(int phase);
+  void enter(int phase) override;
   // The shard changed (update, load, initialisation): every rank calls it at the same point.
   // Finishes gathers in flight, then gathers the persistent units (blocking).
-  void refresh();
+  void refresh() override;
   // The bytes gathered since the last call.
-  int64_t take_gathered_bytes() { return std::exchange(gathered_, 0); }
+  int64_t take_gathered_bytes() override { return std::exchange(gathered_, 0); }
 
  private:
   void drain();
