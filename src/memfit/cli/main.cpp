@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_calibrate_command(app);
   memfit::cli::add_export_command(app);
   memfit::cli::add_profile_diff_command(app);
+  memfit::cli::add_curves_command(app);
   try {
     memfit::cli::check_environment();
     app.parse(argc, argv);
