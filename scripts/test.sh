@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (CTest over the GoogleTest executables). Expects scripts/setup.sh
-# to have built build/. Tests that need a GPU or several MPI ranks skip and say why.
+# to have installed the packages and configured build/ (it builds only the memfit command); the
+# tests, the benchmarks and every other target are built here first. Tests that need a GPU or
+# several MPI ranks skip and say why.
 #
 # The kernel tests are registered in CTest three times (CMakeLists.txt): as they are, and under
 # MEMFIT_MAX_ISA=avx2 and =scalar, so every SIMD target this CPU has is checked against the
@@ -20,6 +22,8 @@ start=$SECONDS
 stage() { echo "test: [$(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s] $*"; }
 source scripts/install_missing.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+stage "building every target of build/ (setup.sh built only memfit)"
+cmake --build build -j"$(nproc)"
 # The memory page's browser test (tests/profile/memory_page_test.cpp) opens memory.html in
 # Debian's headless Chromium, installed here rather than by setup.sh (training does not need it).
 # Where it cannot be installed the test skips and says why.
