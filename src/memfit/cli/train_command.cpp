@@ -38,6 +38,15 @@ void print_summary(const TrainSummary& s) {
   fmt::print("{:<12} {:>12.1f}\n", "total", s.peak_bytes / 1048576.0);
 }
 
+// Under --ckpt auto or --auto-batch: the peak the planner chose under --mem-limit against the
+// peak the pool measured (under MPI the plan's is the largest rank's, the measurement rank 0's).
+void print_planned_peak(const SearchResult& search, const TrainSummary& s, int ranks) {
+  fmt::print("peak memory: measured {}{}, planned {}{} under --mem-limit {}\n",
+             format_mib(s.peak_bytes), ranks > 1 ? " on rank 0" : "",
+             format_mib(search.choice.peak_bytes), ranks > 1 ? " (the largest rank's)" : "",
+             format_mib(search.limit));
+}
+
 // The log's curves.html (profile/curves_page.h), written whole from the log at the end, so a
 // resumed run's page holds every step. The run itself succeeded: a page that cannot be written
 // is a warning, not a failed run.
@@ -300,6 +309,7 @@ void add_train_command(CLI::App& app) {
       return;
     }
     print_summary(summary);
+    if (run.planned && run.search.fits) print_planned_peak(run.search, summary, comm->size());
     if (!summary.profile_text.empty()) fmt::print("\n{}", summary.profile_text);
     if (!run.config.log_file.empty()) print_curves(run.config.log_file);
     std::fflush(stdout);
