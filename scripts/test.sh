@@ -24,10 +24,10 @@ source scripts/install_missing.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 stage "building every target of build/ (setup.sh built only memfit)"
 cmake --build build -j"$(nproc)"
-# The memory page's browser test (tests/profile/memory_page_test.cpp) opens memory.html in
-# Debian's headless Chromium, installed here rather than by setup.sh (training does not need it).
-# Where it cannot be installed the test skips and says why.
-install_missing test "for the memory page's browser test" chromium ||
+# The pages' browser tests (tests/profile/memory_page_test.cpp, curves_page_test.cpp) open
+# memory.html and curves.html in Debian's headless Chromium, installed here rather than by
+# setup.sh (training does not need it). Where it cannot be installed the tests skip and say why.
+install_missing test "for the pages' browser tests" chromium ||
   echo "test: could not install chromium; the browser test will skip"
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600
 
