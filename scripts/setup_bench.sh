@@ -5,3 +5,7 @@
 set -euo pipefail
 source "$(dirname "$0")/install_missing.sh"
 install_missing setup_bench "for the benchmarks" python3-torch python3-numpy libopenblas0-pthread
+# The benchmark executables and tools (build/memfit_bench, build/*_tool): scripts/setup.sh builds
+# only the memfit command.
+cd "$(dirname "$0")/.."
+cmake --build build -j"$(nproc)"

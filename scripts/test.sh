@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (CTest over the GoogleTest executables). Expects scripts/setup.sh
-# to have built build/. A test that skips fails the run unless tests/expected_skips.txt allows
-# that skip on this machine (the skip gate, scripts/ctest_gate.sh); the last line counts passes,
-# failures and skips over every stage.
+# to have installed the packages and configured build/ (it builds only the memfit command); the
+# tests, the benchmarks and every other target are built here first. A test that skips fails the
+# run unless tests/expected_skips.txt allows that skip on this machine (the skip gate,
+# scripts/ctest_gate.sh); the last line counts passes, failures and skips over every stage.
 #
 # The kernel tests are registered in CTest three times (CMakeLists.txt): as they are, and under
 # MEMFIT_MAX_ISA=avx2 and =scalar, so every SIMD target this CPU has is checked against the
@@ -23,11 +24,14 @@ stage() { echo "test: [$(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 
 source scripts/install_missing.sh
 source scripts/ctest_gate.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+stage "building every target of build/ (setup.sh built only memfit)"
+cmake --build build -j"$(nproc)"
 # What only the tests need, installed here rather than by setup.sh (training needs none of it),
 # and required: a test that cannot run for want of it would skip, and the skip gate
 # (scripts/ctest_gate.sh) fails the run, so a failed install stops here with its reason instead.
-# Debian's headless Chromium opens memory.html (tests/profile/memory_page_test.cpp).
-install_missing test "for the memory page's browser test" chromium ||
+# Debian's headless Chromium opens memory.html and curves.html (tests/profile/memory_page_test.cpp,
+# curves_page_test.cpp).
+install_missing test "for the pages' browser tests" chromium ||
   { echo "test: could not install chromium (the browser tests need it)"; exit 1; }
 # The tokenizer parity oracle: the JavaScript encoders of the @lenml tokenizer packages need
 # @lenml/tokenizers; tests/io/hf_tokenizer_test.cpp runs them with NODE_PATH set to

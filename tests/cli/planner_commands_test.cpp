@@ -223,6 +223,18 @@ TEST_F(PlannerCommands, TrainAutoRunsTheChoiceAndOutOfMemoryAdvises) {
                                     model(), limit, save.string()));
   ASSERT_EQ(ok.exit_code, 0) << ok.out << ok.err;
   EXPECT_NE(ok.out.find("planner: --ckpt "), std::string::npos) << ok.out;
+  // The plan against the measurement at the end: the search's line says "fits LIMIT: predicted
+  // peak PEAK (", the end "planned PEAK under --mem-limit LIMIT".
+  const size_t fits = ok.out.find(" fits ", ok.out.find("planner: ")),
+               peak_at = ok.out.find(": predicted peak ", fits);
+  ASSERT_NE(peak_at, std::string::npos) << ok.out;
+  const std::string limit_text = ok.out.substr(fits + 6, peak_at - fits - 6);
+  const std::string peak_text =
+      ok.out.substr(peak_at + 17, ok.out.find(" (", peak_at) - peak_at - 17);
+  EXPECT_NE(ok.out.find("peak memory: measured "), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find(fmt::format("planned {} under --mem-limit {}\n", peak_text, limit_text)),
+            std::string::npos)
+      << ok.out;
   const nlohmann::json state = nlohmann::json::parse(slurp(save / "trainer_state.json"));
   EXPECT_NE(state["ckpt"], "auto");
   // Something gave: recomputation, or (--act-compress not given) compression, recorded.

@@ -6,15 +6,10 @@
 #include "memfit/profile/memory_page.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "../train/trainer_fixture.h"
+#include "page_test_util.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit {
@@ -23,48 +18,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::chromium;
+using test::run_chromium;
 
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
-  return n;
-}
+std::string slurp(const fs::path& p) { return test::slurp_bytes(p); }
+size_t count(const std::string& text, const std::string& what) { return test::count_of(text, what); }
 
-// The page's data block, parsed back.
-json page_json(const std::string& html) {
-  const std::string open = R"(<script id="data" type="application/json">)";
-  const size_t a = html.find(open), b = html.find("</script>", a);
-  EXPECT_NE(a, std::string::npos);
-  return json::parse(html.substr(a + open.size(), b - a - open.size()));
-}
-
-// Chromium on this machine: $MEMFIT_CHROMIUM, else chromium or chromium-browser on the PATH.
-std::string chromium() {
-  if (const char* env = std::getenv("MEMFIT_CHROMIUM"); env && *env) return env;
-  for (const char* name : {"chromium", "chromium-browser"})
-    if (std::system(fmt::format("command -v {} > /dev/null 2>&1", name).c_str()) == 0) return name;
-  return {};
-}
-
-// Runs headless Chromium on `page` with `what` (--dump-dom, --screenshot=...); stdout to `out`,
-// stderr to `err`. Returns the exit code.
-int run_chromium(const std::string& browser, const fs::path& page, const std::string& what,
-                 const fs::path& out, const fs::path& err, const fs::path& profile) {
-  const std::string cmd = fmt::format(
-      "timeout 120 {} --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-      "--disable-background-networking --disable-component-update --disable-sync "
-      "--user-data-dir='{}' --window-size=1200,700 --virtual-time-budget=10000 {} 'file://{}' "
-      "> '{}' 2> '{}'",
-      browser, profile.string(), what, fs::absolute(page).string(), out.string(), err.string());
-  const int status = std::system(cmd.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+json page_json(const std::string& html) { return test::page_data_block(html); }
 
 class MemoryPage : public test::TrainerFixture, public ::testing::WithParamInterface<const char*> {
  protected:
@@ -98,9 +58,7 @@ TEST_P(MemoryPage, IsOneSmallSelfContainedFile) {
 
 TEST_P(MemoryPage, DrawsInHeadlessChromiumWithoutAnError) {
   const std::string browser = chromium();
-  if (browser.empty())
-    GTEST_SKIP() << "chromium is not installed (scripts/test.sh installs Debian's chromium; "
-                    "MEMFIT_CHROMIUM names another)";
+  if (browser.empty()) GTEST_SKIP() << test::kNoChromium;
   const fs::path p = profile_run();
   const json data = page_json(slurp(p / "memory.html"));
   ASSERT_EQ(run_chromium(browser, p / "memory.html", "--dump-dom", dir / "dom.html",
@@ -108,14 +66,7 @@ TEST_P(MemoryPage, DrawsInHeadlessChromiumWithoutAnError) {
             0)
       << slurp(dir / "dom.err");
   const std::string dom = slurp(dir / "dom.html"), err = slurp(dir / "dom.err");
-  EXPECT_NE(dom.find(R"(data-ready="1")"), std::string::npos) << "the script did not finish\n" << err;
-  const size_t html = dom.find("<html");
-  ASSERT_NE(html, std::string::npos);
-  const std::string html_tag = dom.substr(html, dom.find('>', html) - html);
-  EXPECT_EQ(html_tag.find("data-error"), std::string::npos) << dom.substr(0, 2000);
-  EXPECT_NE(dom.find(R"(<pre id="errors"></pre>)"), std::string::npos);
-  for (const char* bad : {"Uncaught", "SyntaxError", "TypeError", "ReferenceError"})
-    EXPECT_EQ(err.find(bad), std::string::npos) << err;
+  test::expect_drawn_without_error(dom, err);
   // One area per category, the arenas' unused bytes, the peak and the plan.
   EXPECT_EQ(count(dom, R"(class="area")"), data["categories"].size());
   for (const auto& c : data["categories"])

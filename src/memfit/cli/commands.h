@@ -29,6 +29,7 @@ void add_plan_command(CLI::App& app);
 void add_calibrate_command(CLI::App& app);
 void add_profile_diff_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+void add_curves_command(CLI::App& app);
 
 // The options of `memfit train` (and of `memfit plan`, which takes the same), into `config`;
 // --config names a TOML file of them.

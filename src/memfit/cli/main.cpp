@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_calibrate_command(app);
   memfit::cli::add_export_command(app);
   memfit::cli::add_profile_diff_command(app);
+  memfit::cli::add_curves_command(app);
   memfit::cli::add_help_markdown_flag(app, "memfit");  // docs/cli.md
   try {
     memfit::cli::check_environment();

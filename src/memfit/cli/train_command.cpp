@@ -15,6 +15,7 @@
 #include "memfit/optim/optim_config.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/plan/fit_advice.h"
+#include "memfit/profile/curves_page.h"
 #include "memfit/train/interrupt.h"
 #include "memfit/train/preset_schedule.h"
 #include "memfit/train/trainer.h"
@@ -36,6 +37,31 @@ void print_summary(const TrainSummary& s) {
     if (b) fmt::print("{:<12} {:>12.1f}\n", category_name(c), b / 1048576.0);
   }
   fmt::print("{:<12} {:>12.1f}\n", "total", s.peak_bytes / 1048576.0);
+}
+
+// Under --ckpt auto or --auto-batch: the peak the planner chose under --mem-limit against the
+// peak the pool measured (under MPI the plan's is the largest rank's, the measurement rank 0's).
+void print_planned_peak(const SearchResult& search, const TrainSummary& s, int ranks) {
+  fmt::print("peak memory: measured {}{}, planned {}{} under --mem-limit {}\n",
+             format_mib(s.peak_bytes), ranks > 1 ? " on rank 0" : "",
+             format_mib(search.choice.peak_bytes), ranks > 1 ? " (the largest rank's)" : "",
+             format_mib(search.limit));
+}
+
+// The log's curves.html (profile/curves_page.h), written whole from the log at the end, so a
+// resumed run's page holds every step. The run itself succeeded: a page that cannot be written
+// is a warning, not a failed run.
+void print_curves(const std::string& log_file) {
+  const std::filesystem::path page = profile::curves_path_for_log(log_file);
+  try {
+    profile::write_curves_page({log_file}, page);
+    fmt::print("\nmemfit curves: {} (loss, learning rate, gradient norm, tokens/s and memory "
+               "over the steps; memfit curves A.jsonl B.jsonl -o FILE compares runs)\n",
+               page.string());
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "memfit: no curves page: {}\n", e.what());
+  }
 }
 
 }  // namespace
@@ -176,7 +202,9 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--resume", c.resume_dir, "Continue a run from its checkpoint");
   cmd->add_option("--init-from", c.init_from,
                   "Start from these weights (a memfit or Hugging Face GPT-2 / LLaMA directory)");
-  cmd->add_option("--log", c.log_file, "JSON-lines log, one line per step");
+  cmd->add_option("--log", c.log_file,
+                  "JSON-lines log, one line per step; its curves are drawn at the end beside it "
+                  "(FILE with .curves.html for its extension)");
   cmd->add_option("--shuffle", c.shuffle, "Visit windows in a seeded random order")
       ->capture_default_str();
   cmd->add_flag("--repeat-batch", c.repeat_batch,
@@ -297,7 +325,9 @@ void add_train_command(CLI::App& app) {
       return;
     }
     print_summary(summary);
+    if (run.planned && run.search.fits) print_planned_peak(run.search, summary, comm->size());
     if (!summary.profile_text.empty()) fmt::print("\n{}", summary.profile_text);
+    if (!run.config.log_file.empty()) print_curves(run.config.log_file);
     std::fflush(stdout);
     if (leaked || !run.config.profile_dir.empty() || run.config.fail_on_leak)
       fmt::print(leaked ? stderr : stdout, "\n{}{}", leaked ? "memfit: " : "", summary.leak.text());

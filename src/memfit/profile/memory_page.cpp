@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "memfit/profile/page_assets.h"
+#include "memfit/profile/page_text.h"
 
 namespace memfit::profile {
 
@@ -13,22 +14,6 @@ using nlohmann::json;
 namespace {
 
 double ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
-
-// Text for inside a <script> or <title> element.
-std::string escape_script(std::string s) {
-  for (size_t at = 0; (at = s.find("</", at)) != std::string::npos; at += 3) s.replace(at, 2, "<\\/");
-  return s;
-}
-std::string escape_html(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else out += c;
-  }
-  return out;
-}
 
 }  // namespace
 
