@@ -325,7 +325,7 @@ void add_train_command(CLI::App& app) {
       return;
     }
     print_summary(summary);
-    if (run.planned && run.search.fits) print_planned_peak(run.search, summary, comm->size());
+    if (run.planned && run.search.fits) print_planned_peak(run.search, summary, grid.data().size());
     if (!summary.profile_text.empty()) fmt::print("\n{}", summary.profile_text);
     if (!run.config.log_file.empty()) print_curves(run.config.log_file);
     std::fflush(stdout);
