@@ -23,6 +23,8 @@ set(MEMFIT_FUZZ_SOURCES
   src/memfit/io/hf_tokenizer.cpp src/memfit/io/hf_tokenizer_json.cpp src/memfit/io/hf_bpe.cpp
   src/memfit/io/hf_pretokenize.cpp src/memfit/io/sharded_safetensors.cpp
   src/memfit/model/model_config.cpp src/memfit/model/param_layout.cpp
+  src/memfit/model/model_family.cpp src/memfit/model/gpt2/gpt2_family.cpp
+  src/memfit/model/llama/llama_family.cpp
   src/memfit/cli/config_file.cpp
   src/memfit/train/resume_state.cpp src/memfit/train/lr_schedule.cpp
   src/memfit/train/loss_scaler.cpp)

@@ -1,6 +1,8 @@
 // What differs between model families outside their block code, asked of the family: one table
 // per family (model/gpt2/gpt2_family.cpp, model/llama/llama_family.cpp) behind model_family(),
-// the one switch over Family in model/. Code elsewhere asks the table, or, where model/ must
+// a switch over Family in model/; what the step runs (the block, the final norm) is the other
+// table, model/family_compute.h, kept apart so that what reads configs (the parsers, the fuzz
+// harnesses' small library) links no kernels. Code elsewhere asks the table, or, where model/ must
 // not know the answer (Hugging Face's names in io/, the planner's rates in plan/), switches over
 // Family itself with no default; -Werror=switch then makes a new family fail to compile until
 // every such place handles it. Note [Model families] in docs/notes/model-families.md.
@@ -13,10 +15,6 @@
 
 namespace memfit {
 
-class BlockStep;
-class StepContext;
-class Tensor;
-struct ModelWeights;
 
 struct ModelFamily {
   Family id;
@@ -40,19 +38,6 @@ struct ModelFamily {
   // 0.02) times this: GPT-2's 1 / sqrt(2 n_layer), 1 for LLaMA.
   double (*residual_init_scale)(const ModelConfig& c);
 
-  // The block: forward writes its saved activations and output from its input (run again as
-  // recomputation); backward accumulates (+=) its parameter gradients into s.g and turns
-  // ws.dresidual, the gradient of its output, into that of its input, in place.
-  void (*block_forward)(BlockStep& s);
-  void (*block_backward)(BlockStep& s);
-  // The final norm of x (the top block's output, n rows): forward declares its statistics under
-  // `tag` (".mean", ".rstd", as the family keeps them) and, while ctx runs, writes out; backward
-  // reads them and, while ctx runs, sets dx (zeroed first) and accumulates g's norm weights.
-  void (*final_norm_forward)(StepContext& ctx, const ModelConfig& c, const std::string& tag,
-                             int64_t n, const Tensor& x, const Tensor& out, const ModelWeights& w);
-  void (*final_norm_backward)(StepContext& ctx, const std::string& tag, const Tensor& dx,
-                              const Tensor& dout, const Tensor& x, const ModelWeights& w,
-                              const ModelWeights& g);
 };
 
 const ModelFamily& model_family(Family family);

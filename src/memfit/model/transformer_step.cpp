@@ -1,5 +1,7 @@
 #include "memfit/model/transformer_step.h"
 
+#include "memfit/model/family_compute.h"
+
 #include <algorithm>
 
 #include "memfit/kernels/cpu/crossentropy.h"
@@ -16,6 +18,7 @@ using namespace kernels;
 TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOptions& options,
                                  int B, int T)
     : config_(config), options_(options), B_(B), T_(T), family_(model_family(config.family)),
+      compute_(family_compute(config.family)),
       slots_(block_slots(options.ckpt, config.n_layer)) {
   check_activation_options(options);
   if (family_.rotary)
@@ -27,7 +30,7 @@ void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
                                     bool training) {
   ctx.enter(kind, l);
   BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
-  family_.block_forward(s);
+  compute_.block_forward(s);
   // --act-compress: what this block keeps, once its kernels have run (Note [Activation
   // compression]).
   if (training) s.compress_saved();
@@ -61,7 +64,7 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   const std::string tag = final_norm_tag();
   Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
   Tensor out = ctx.write(tag, {B_, T_, C}, h, Category::activations);
-  family_.final_norm_forward(ctx, config_, tag, N, x, out, w);
+  compute_.final_norm_forward(ctx, config_, tag, N, x, out, w);
 }
 
 // Note [Fused LM head]: the logits of a GPT-2 batch are (B*T, V) floats, 412 MB for 8 x 256
@@ -177,7 +180,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     Tensor dres = ctx.write("ws.dresidual", {B_, T_, C}, DType::f32, Category::workspace);
     Tensor dnorm = ctx.read("ws.dC");
     Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
-    family_.final_norm_backward(ctx, tag, dres, dnorm, x, w, g);
+    compute_.final_norm_backward(ctx, tag, dres, dnorm, x, w, g);
   }
   report(config_.n_layer);
   // Checkpointing: entering a recomputed segment from its last block, rerun its forward from
@@ -190,7 +193,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     }
     ctx.enter(PhaseKind::backward, l);
     BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
-    family_.block_backward(s);
+    compute_.block_backward(s);
     report(l);
   }
   ctx.enter(PhaseKind::embedding_backward);

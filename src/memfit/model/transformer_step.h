@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memfit/model/block_step.h"
+#include "memfit/model/family_compute.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/model_family.h"
 #include "memfit/model/param_layout.h"
@@ -52,6 +53,7 @@ class TransformerStep {
   const ActivationOptions options_;
   const int B_, T_;
   const ModelFamily& family_;
+  const FamilyCompute& compute_;
   const BlockSlots slots_;
   std::vector<float> rope_inv_freq_;  // LLaMA: the rotary frequencies, from the config once
 };

@@ -1,16 +1,10 @@
-// GPT-2's table: its fixed shape (4 d_model MLP, no grouped heads, a tied head), its LayerNorm
-// as the final norm, and the scaled initialisation of its residual projections.
+// GPT-2's table: its fixed shape (4 d_model MLP, no grouped heads, a tied head) and the scaled
+// initialisation of its residual projections (its block and LayerNorm: gpt2_compute.cpp).
 #include "memfit/model/gpt2/gpt2_family.h"
 
 #include <cmath>
 
 #include <fmt/format.h>
-
-#include "memfit/kernels/cpu/fill.h"
-#include "memfit/kernels/cpu/layernorm.h"
-#include "memfit/model/gpt2/gpt2_block.h"
-#include "memfit/model/param_layout.h"
-#include "memfit/model/step_context.h"
 
 namespace memfit {
 
@@ -32,27 +26,6 @@ std::string describe(const ModelConfig& c) {
 // The GPT-2 paper's 1 / sqrt(N) for N residual layers, two per block.
 double residual_init_scale(const ModelConfig& c) { return 1.0 / std::sqrt(2.0 * c.n_layer); }
 
-// LayerNorm: the mean and rstd are saved (f32), then the output.
-void final_norm_forward(StepContext& ctx, const ModelConfig&, const std::string& tag, int64_t n,
-                        const Tensor& x, const Tensor& out, const ModelWeights& w) {
-  Tensor mean = ctx.write(tag + ".mean", {n}, DType::f32, Category::activations);
-  Tensor rstd = ctx.write(tag + ".rstd", {n}, DType::f32, Category::activations);
-  if (!ctx.running()) return;
-  Tensor o = out;
-  kernels::layernorm_forward(o, mean, rstd, x, w.norm_w, w.norm_b);
-}
-
-void final_norm_backward(StepContext& ctx, const std::string& tag, const Tensor& dx,
-                         const Tensor& dout, const Tensor& x, const ModelWeights& w,
-                         const ModelWeights& g) {
-  Tensor mean = ctx.read(tag + ".mean");
-  Tensor rstd = ctx.read(tag + ".rstd");
-  if (!ctx.running()) return;
-  Tensor d = dx, dw = g.norm_w, db = g.norm_b;
-  kernels::zero(d);
-  kernels::layernorm_backward(d, dw, db, dout, x, w.norm_w, mean, rstd);
-}
-
 }  // namespace
 
 const ModelFamily& gpt2_family() {
@@ -67,10 +40,6 @@ const ModelFamily& gpt2_family() {
       .fix_shape = fix_shape,
       .describe = describe,
       .residual_init_scale = residual_init_scale,
-      .block_forward = gpt2_block_forward,
-      .block_backward = gpt2_block_backward,
-      .final_norm_forward = final_norm_forward,
-      .final_norm_backward = final_norm_backward,
   };
   return kGpt2;
 }
