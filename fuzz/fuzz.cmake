@@ -14,14 +14,16 @@ endif()
 
 set(MEMFIT_FUZZ_SOURCES
   src/memfit/core/cpu.cpp src/memfit/core/dtype.cpp src/memfit/core/error.cpp
-  src/memfit/core/shape.cpp src/memfit/core/tensor.cpp
+  src/memfit/core/shape.cpp src/memfit/memory/tensor.cpp
   src/memfit/memory/category.cpp src/memfit/memory/pool.cpp
-  src/memfit/io/atomic_file.cpp src/memfit/io/safetensors.cpp src/memfit/io/token_shard.cpp
-  src/memfit/io/gpt2_hf_config.cpp src/memfit/io/gpt2_tokenizer.cpp
-  src/memfit/io/gpt2_pretokenize.cpp src/memfit/io/npm_package.cpp
-  src/memfit/io/llama_hf_config.cpp src/memfit/io/model_hf_config.cpp src/memfit/io/hf_config_common.cpp
-  src/memfit/io/hf_tokenizer.cpp src/memfit/io/hf_tokenizer_json.cpp src/memfit/io/hf_bpe.cpp
-  src/memfit/io/hf_pretokenize.cpp src/memfit/io/sharded_safetensors.cpp
+  src/memfit/io/atomic_file.cpp src/memfit/io/npm_package.cpp
+  src/memfit/io/checkpoint/safetensors.cpp src/memfit/io/checkpoint/sharded_safetensors.cpp
+  src/memfit/io/data/token_shard.cpp
+  src/memfit/io/hf/gpt2_hf_config.cpp src/memfit/io/hf/llama_hf_config.cpp
+  src/memfit/io/hf/model_hf_config.cpp src/memfit/io/hf/hf_config_common.cpp
+  src/memfit/io/tokenizer/gpt2_tokenizer.cpp src/memfit/io/tokenizer/gpt2_pretokenize.cpp
+  src/memfit/io/tokenizer/hf_tokenizer.cpp src/memfit/io/tokenizer/hf_tokenizer_json.cpp
+  src/memfit/io/tokenizer/hf_bpe.cpp src/memfit/io/tokenizer/hf_pretokenize.cpp
   src/memfit/model/model_config.cpp src/memfit/model/param_layout.cpp
   src/memfit/model/model_family.cpp src/memfit/model/gpt2/gpt2_family.cpp
   src/memfit/model/llama/llama_family.cpp

@@ -1,11 +1,11 @@
-// libFuzzer harness for Hugging Face GPT-2 config.json files (io/gpt2_hf_config.h), read from a
+// libFuzzer harness for Hugging Face GPT-2 config.json files (io/hf/gpt2_hf_config.h), read from a
 // file as a checkpoint's is; an accepted config is written back and read again, which must agree.
 #include <cstddef>
 #include <cstdint>
 
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/io/hf/gpt2_hf_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace memfit;

@@ -1,5 +1,5 @@
-// libFuzzer harness for GPT-2's vocabulary files (io/gpt2_tokenizer.h). One input holds both:
-// encoder.json, then a line "---- vocab.bpe ----", then vocab.bpe (without it, vocab.bpe is
+// libFuzzer harness for GPT-2's vocabulary files (io/tokenizer/gpt2_tokenizer.h). One input holds
+// both: encoder.json, then a line "---- vocab.bpe ----", then vocab.bpe (without it, vocab.bpe is
 // empty). A tokenizer the files make then encodes and decodes a few strings, which must round
 // trip, so merges that the reader let through but that break BPE show up too.
 #include <cstddef>
@@ -10,7 +10,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/gpt2_tokenizer.h"
+#include "memfit/io/tokenizer/gpt2_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace memfit;

@@ -1,5 +1,5 @@
-// libFuzzer harness for Hugging Face tokenizer.json files (io/hf_tokenizer.h: the JSON model,
-// normalizer, pre-tokenizer and decoder readers, byte-level and SentencePiece-style BPE). An
+// libFuzzer harness for Hugging Face tokenizer.json files (io/tokenizer/hf_tokenizer.h: the JSON
+// model, normalizer, pre-tokenizer and decoder readers, byte-level and SentencePiece-style BPE). An
 // accepted file must encode text (ASCII, UTF-8, special-token look-alikes) to ids inside its
 // vocabulary and decode them without failing.
 #include <cstddef>
@@ -7,7 +7,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/hf_tokenizer.h"
+#include "memfit/io/tokenizer/hf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace memfit;

@@ -1,4 +1,4 @@
-// libFuzzer harness for any Hugging Face config.json memfit reads (io/model_hf_config.h: GPT-2's
+// libFuzzer harness for any Hugging Face config.json memfit reads (io/hf/model_hf_config.h: GPT-2's
 // GPT2Config or LLaMA's LlamaConfig, told apart by architectures / model_type), read from a
 // file as a checkpoint's is; an accepted config is written back and read again, which must agree.
 #include <cstddef>
@@ -6,7 +6,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/model_hf_config.h"
+#include "memfit/io/hf/model_hf_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace memfit;

@@ -1,13 +1,13 @@
-// libFuzzer harness for the safetensors reader (io/safetensors.h): the whole file is the input,
-// so the length prefix, the JSON header and the data section are all fuzzed. Every tensor the
-// reader accepts is then read, so an offset it let through that points outside the mapping shows
-// up as an AddressSanitizer report.
+// libFuzzer harness for the safetensors reader (io/checkpoint/safetensors.h): the whole file is the
+// input, so the length prefix, the JSON header and the data section are all fuzzed. Every tensor
+// the reader accepts is then read, so an offset it let through that points outside the mapping
+// shows up as an AddressSanitizer report.
 #include <cstddef>
 #include <cstdint>
 
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/memory/pool.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,5 +1,5 @@
-// libFuzzer harness for model.safetensors.index.json (io/sharded_safetensors.h): the input is
-// the index of a sharded model whose two shard files exist beside it (tensors "a" and "b" in
+// libFuzzer harness for model.safetensors.index.json (io/checkpoint/sharded_safetensors.h): the
+// input is the index of a sharded model whose two shard files exist beside it (tensors "a" and "b" in
 // model-00001-of-00002.safetensors, "c" in model-00002-of-00002.safetensors). An accepted index
 // must map every tensor it lists to a file that holds it.
 #include <cstddef>
@@ -8,7 +8,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/sharded_safetensors.h"
+#include "memfit/io/checkpoint/sharded_safetensors.h"
 
 namespace {
 

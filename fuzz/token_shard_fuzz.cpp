@@ -1,4 +1,4 @@
-// libFuzzer harness for llm.c token shards (io/token_shard.h): the whole file is the input. A
+// libFuzzer harness for llm.c token shards (io/data/token_shard.h): the whole file is the input. A
 // header the reader accepts is followed by reading the tokens with a vocabulary check, as the
 // data loader does.
 #include <cstddef>
@@ -7,7 +7,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace memfit;

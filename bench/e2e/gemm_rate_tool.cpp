@@ -14,7 +14,7 @@
 
 #include "memfit/kernels/cpu/dnnl_gemm.h"
 #include "memfit/memory/pool.h"
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 using namespace memfit;
 

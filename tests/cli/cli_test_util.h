@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 
 namespace memfit::test {
 

@@ -1,6 +1,6 @@
 // The Brown reader: tags stripped, one sentence per line, punctuation and quotes attached; file
 // ids found and sorted; the real corpus when scripts/setup.sh has fetched it.
-#include "memfit/io/brown_corpus.h"
+#include "memfit/io/data/brown_corpus.h"
 
 #include <gtest/gtest.h>
 

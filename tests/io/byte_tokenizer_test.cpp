@@ -1,5 +1,5 @@
 // The byte tokenizer round trips any bytes, and the factory makes tokenizers by name.
-#include "memfit/io/byte_tokenizer.h"
+#include "memfit/io/tokenizer/byte_tokenizer.h"
 
 #include <gtest/gtest.h>
 

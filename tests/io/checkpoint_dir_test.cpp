@@ -1,7 +1,7 @@
 // Atomic checkpoint directories: at every stage of a save, a failure rolls back to the old
 // checkpoint and a crash leaves a complete one (old or new) that locate_checkpoint finds.
 // Crashes are real: a forked child saves and _exit()s from the stage hook.
-#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -3,7 +3,7 @@
 // it holds one parameter at a time (the pool's peak is the largest parameter plus the writer's
 // staging, far below the model); and another reader reads the files (tests/reference/
 // read_hf_export.py, Python's standard library).
-#include "memfit/io/checkpoint_export.h"
+#include "memfit/io/checkpoint/checkpoint_export.h"
 
 #include <gtest/gtest.h>
 
@@ -16,10 +16,10 @@
 #include <string>
 
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/model_hf_config.h"
-#include "memfit/io/model_weights.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/hf/model_hf_config.h"
+#include "memfit/io/hf/model_weights.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/optim/optimizer.h"
 #include "checkpoint_test_util.h"
 #include "scratch_dir.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "memfit/core/error.h"
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"

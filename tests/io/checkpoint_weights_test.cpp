@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/checkpoint_export.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/model_hf_config.h"
-#include "memfit/io/zero_checkpoint.h"
+#include "memfit/io/checkpoint/checkpoint_export.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/hf/model_hf_config.h"
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/shard.h"

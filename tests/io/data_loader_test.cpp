@@ -1,6 +1,6 @@
 // The data loader's order contract (docs/data.md): exact windows without shuffle, including the
 // wrap; with shuffle a seeded permutation per epoch; resume by position; val in order.
-#include "memfit/io/data_loader.h"
+#include "memfit/io/data/data_loader.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "io_test_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 
 namespace memfit::io {
 namespace {

@@ -1,7 +1,7 @@
 // GPT-2 checkpoints: bit-exact round trips, Hugging Face names, shapes and Conv1D transposes,
 // Hugging Face name variants, refusals that list the mismatches and change nothing, optimizer
 // state, extra files, and interrupted saves that keep the old checkpoint.
-#include "memfit/io/model_checkpoint.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -17,8 +17,8 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/gpt2_hf_config.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/hf/gpt2_hf_config.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "checkpoint_test_util.h"
 #include "scratch_dir.h"
 

@@ -1,6 +1,6 @@
 // config.json: the field names and values transformers' ModelConfig expects, read back the same,
 // and clear errors (file and field) for what memfit cannot load.
-#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/io/hf/gpt2_hf_config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // GPT-2's pre-tokenizer on hand-checked cases: each alternative of the pattern, whitespace runs
 // before words and at the end, Unicode letter/number/space classes, ill-formed UTF-8.
-#include "memfit/io/gpt2_pretokenize.h"
+#include "memfit/io/tokenizer/gpt2_pretokenize.h"
 
 #include <gtest/gtest.h>
 

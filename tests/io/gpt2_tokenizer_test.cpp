@@ -2,7 +2,7 @@
 // generated strings (every Unicode category the pre-tokenizer distinguishes, whitespace at ends,
 // contractions, numbers, punctuation runs, Brown corpus sentences), round trips of any bytes,
 // long pieces, and the errors for a missing vocabulary.
-#include "memfit/io/gpt2_tokenizer.h"
+#include "memfit/io/tokenizer/gpt2_tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <unicode/uchar.h>
@@ -17,7 +17,7 @@
 #include "io_test_util.h"
 #include "tokenizer_strings.h"
 #include "memfit/core/error.h"
-#include "memfit/io/brown_corpus.h"
+#include "memfit/io/data/brown_corpus.h"
 #include "../support/scoped_env.h"
 
 namespace memfit::io {

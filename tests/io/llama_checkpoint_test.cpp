@@ -12,9 +12,9 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/llama_hf_config.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/hf/llama_hf_config.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "checkpoint_test_util.h"
 #include "scratch_dir.h"
 

@@ -1,6 +1,6 @@
 // LlamaConfig <-> ModelConfig: round trips, the published TinyLlama and Llama 3.2 configs, the
 // refusals that name the file and the field, and the family dispatch of model_hf_config.h.
-#include "memfit/io/llama_hf_config.h"
+#include "memfit/io/hf/llama_hf_config.h"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/gpt2_hf_config.h"
-#include "memfit/io/model_hf_config.h"
+#include "memfit/io/hf/gpt2_hf_config.h"
+#include "memfit/io/hf/model_hf_config.h"
 #include "scratch_dir.h"
 
 namespace memfit::io {

@@ -3,7 +3,7 @@
 // refused with the slab untouched, and saves and loads under a pool budget that holds only the
 // slabs and one tensor (streaming: no whole-file or whole-model copy).
 // The single-file GPT-2 format: gpt2_checkpoint_test.cpp; LLaMA's: llama_checkpoint_test.cpp.
-#include "memfit/io/model_checkpoint.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "checkpoint_test_util.h"
 #include "scratch_dir.h"
 

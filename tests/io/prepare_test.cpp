@@ -1,7 +1,7 @@
 // `memfit prepare` end to end: through the library and through the built binary. Shards hold
 // [eot] + tokens per document, val is the last fraction at a document start, and bad input
 // (missing or empty file, bad fraction, shards already there) fails with nothing written.
-#include "memfit/io/prepare.h"
+#include "memfit/io/data/prepare.h"
 
 #include <gtest/gtest.h>
 
@@ -10,11 +10,11 @@
 
 #include "io_test_util.h"
 #include "memfit/core/error.h"
-#include "memfit/io/byte_tokenizer.h"
-#include "memfit/io/data_loader.h"
-#include "memfit/io/gpt2_tokenizer.h"
-#include "memfit/io/hf_tokenizer.h"
-#include "memfit/io/token_shard.h"
+#include "memfit/io/tokenizer/byte_tokenizer.h"
+#include "memfit/io/data/data_loader.h"
+#include "memfit/io/tokenizer/gpt2_tokenizer.h"
+#include "memfit/io/tokenizer/hf_tokenizer.h"
+#include "memfit/io/data/token_shard.h"
 
 namespace memfit::io {
 namespace {

@@ -1,6 +1,6 @@
 // safetensors: the bytes match the documented layout, everything round-trips, conversions and
 // transposes are exact, and every malformed file is refused naming the file and the tensor.
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Sharded safetensors: shard planning, --max-shard-size parsing, the files and index a sharded
 // write produces, and indexes that do not match their files (a missing file, a tensor in two
 // files, a tensor listed twice or not at all), each refused naming the index, file and tensor.
-#include "memfit/io/sharded_safetensors.h"
+#include "memfit/io/checkpoint/sharded_safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -4,7 +4,7 @@
 // the bytes save_weights writes from the same slab in RAM; inside save_checkpoint a stream that
 // fails leaves the previous checkpoint as it was; a scatter pass that misses bytes or writes
 // outside a tensor is refused and leaves no file.
-#include "memfit/io/streamed_weights.h"
+#include "memfit/io/checkpoint/streamed_weights.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "checkpoint_test_util.h"
 #include "io_test_util.h"
 #include "scratch_dir.h"

@@ -1,6 +1,6 @@
 // Token shards: round trip, llm.c's exact layout, and every way a shard can be rejected, each
 // with a message that names the file, the field and the expected and actual values.
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
-// ZeRO's sharded optimizer state (io/zero_checkpoint.h) without MPI: a whole-layout state, cut
-// into the shards of one world size and saved a file per rank, loads into the ranges of another
-// world size (and into the whole layout) as exactly the whole state's slices, for optimizers
-// whose state is per element, per 256-value block (8-bit) and per Adam-mini block; what does not
-// fit is refused naming the file, with the optimizer untouched.
-#include "memfit/io/zero_checkpoint.h"
+// ZeRO's sharded optimizer state (io/checkpoint/zero_checkpoint.h) without MPI: a whole-layout
+// state, cut into the shards of one world size and saved a file per rank, loads into the ranges of
+// another world size (and into the whole layout) as exactly the whole state's slices, for
+// optimizers whose state is per element, per 256-value block (8-bit) and per Adam-mini block; what
+// does not fit is refused naming the file, with the optimizer untouched.
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/model_checkpoint.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/state/shard.h"
 #include "memfit/state/state_placement.h"

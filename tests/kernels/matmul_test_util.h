@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::matmul_test {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"

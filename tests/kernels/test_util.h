@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels::test {
 

@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <string>
 
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/adamw.h"
 #include "reference_test_util.h"

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <random>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/model/model_config.h"
 
 namespace memfit::gpt2_test {

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/adamw.h"
 

@@ -16,8 +16,8 @@
 
 #include <fmt/format.h>
 
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/streamed_weights.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/checkpoint/streamed_weights.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/state/shard.h"

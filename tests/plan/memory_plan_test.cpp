@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"

@@ -17,8 +17,8 @@
 
 #include "memfit/core/cpu.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/model/transformer.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"

@@ -7,7 +7,7 @@
 // measured one.
 #include <gtest/gtest.h>
 
-#include "memfit/io/streamed_weights.h"
+#include "memfit/io/checkpoint/streamed_weights.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/run_setup.h"
 #include "memfit/train/trainer.h"

@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 #include "memfit/train/train_config.h"
 #include "../io/io_test_util.h"
 

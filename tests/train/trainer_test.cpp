@@ -11,7 +11,7 @@
 
 #include "memfit/io/atomic_file.h"
 #include "memfit/memory/pool.h"
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 #include "trainer_fixture.h"
 
 namespace memfit {

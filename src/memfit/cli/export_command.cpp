@@ -1,5 +1,5 @@
 // memfit export --hf OUT CHECKPOINT: a checkpoint consolidated into a Hugging Face directory
-// (io/checkpoint_export.h), one tensor at a time.
+// (io/checkpoint/checkpoint_export.h), one tensor at a time.
 #include <filesystem>
 #include <system_error>
 
@@ -8,7 +8,7 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/core/error.h"
-#include "memfit/io/checkpoint_export.h"
+#include "memfit/io/checkpoint/checkpoint_export.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit::cli {

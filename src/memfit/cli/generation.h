@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/io/tokenizer.h"
+#include "memfit/io/tokenizer/tokenizer.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/kv_decoder.h"
 #include "memfit/model/transformer.h"

@@ -8,7 +8,7 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/core/error.h"
-#include "memfit/io/prepare.h"
+#include "memfit/io/data/prepare.h"
 
 namespace memfit::cli {
 

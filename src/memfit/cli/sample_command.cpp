@@ -12,9 +12,9 @@
 #include "memfit/cli/commands.h"
 #include "memfit/cli/generation.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/checkpoint_dir.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/tokenizer.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/tokenizer/tokenizer.h"
 #include "memfit/model/transformer.h"
 
 namespace memfit::cli {

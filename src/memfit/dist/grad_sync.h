@@ -17,7 +17,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit::dist {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "memfit/dist/communicator.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit::dist {
 

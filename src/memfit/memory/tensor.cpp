@@ -1,4 +1,4 @@
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 #include <cstring>
 

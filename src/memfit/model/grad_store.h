@@ -1,8 +1,8 @@
 // Where a step's gradients live when they are not one f32 slab in RAM that the backward adds
-// into: a store that gives each unit (state/shard.h: the embeddings, each block, the tail) a
-// buffer while its backward runs. Two stores today: the per-unit reduction over ranks
-// (dist/zero/unit_grads.h: Note [Sharded gradients], and bf16 gradients), which sums the units
-// into an accumulator the update reads (summed()); and --offload-grads nvme's
+// into: a store that gives each unit (unit_ranges in model/param_layout.h: the embeddings, each
+// block, the tail) a buffer while its backward runs. Two stores today: the per-unit reduction over
+// ranks (dist/zero/unit_grads.h: Note [Sharded gradients], and bf16 gradients), which sums the
+// units into an accumulator the update reads (summed()); and --offload-grads nvme's
 // (offload/offloaded_grads.h: each finished unit written to a file, read back before the next
 // micro-batch's backward of it, the update reading the file: unit_checks()). The Transformer
 // calls it at a new step, a training forward, a block's backward entered, a part finished; it is
@@ -12,9 +12,9 @@
 
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 

@@ -10,7 +10,7 @@
 
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "memfit/core/shape.h"
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/precision.h"

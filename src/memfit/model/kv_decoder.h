@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <span>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/kv_cache.h"
 #include "memfit/model/model_config.h"

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/core/error.h"
 #include "memfit/model/model_config.h"
 
 namespace memfit {
@@ -158,6 +159,28 @@ void ParamLayout::assign(ModelWeights& w, const Tensor& base, int64_t base_offse
                                  : b->mlp_out_b) = v;
       break;
   }
+}
+
+std::vector<ElementRange> unit_ranges(const ParamLayout& layout) {
+  // The layout is layer-major (param_layout.h): embeddings (layer -1), blocks 0..L-1, then the
+  // final norm and head (layer -1 again), so a unit starts wherever the layer changes.
+  const auto& ps = layout.params();
+  std::vector<ElementRange> out;
+  int64_t begin = 0;
+  for (size_t i = 1; i < ps.size(); ++i)
+    if (ps[i].layer != ps[i - 1].layer) {
+      out.push_back({begin, ps[i].offset});
+      begin = ps[i].offset;
+    }
+  out.push_back({begin, layout.total()});
+  return out;
+}
+
+ElementRange block_range(const ParamLayout& layout, int layer) {
+  const std::vector<ElementRange> units = unit_ranges(layout);
+  MEMFIT_CHECK(layer >= 0 && layer + 2 < static_cast<int>(units.size()), "shard",
+               "block {} is not in a model of {} blocks", layer, static_cast<int>(units.size()) - 2);
+  return units[static_cast<size_t>(layer) + 1];
 }
 
 }  // namespace memfit

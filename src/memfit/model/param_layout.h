@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "memfit/core/shape.h"
-#include "memfit/core/tensor.h"
-#include "memfit/state/element_range.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 
@@ -79,8 +79,8 @@ class ParamLayout {
   // Every parameter of a slab laid out by this layout, as typed views. An undefined slab gives
   // undefined views (the planner runs the step without weights).
   ModelWeights views(const Tensor& slab) const;
-  // Rebinds the views of the parameters in `range` (a unit of state/shard.h: the embeddings, a
-  // block or the tail) to `buffer`, which holds that range alone (ZeRO stage 3's gathered
+  // Rebinds the views of the parameters in `range` (a unit of unit_ranges below: the embeddings,
+  // a block or the tail) to `buffer`, which holds that range alone (ZeRO stage 3's gathered
   // units, Note [ZeRO stage 3]); the views of the rest of `w` stay. A block is bound whole.
   void bind(ModelWeights& w, const Tensor& buffer, ElementRange range) const;
 
@@ -96,5 +96,12 @@ class ParamLayout {
   int64_t total_ = 0;
   int64_t qkv_width_ = 0, fc_width_ = 0, d_model_ = 0, n_layer_ = 0;
 };
+
+// The layout's units, in order, tiling [0, total): the embeddings (every parameter before block
+// 0), block 0, ..., block L-1, then the tail (the final norm and an untied head). A unit's range
+// runs from its first parameter's offset to the next unit's, alignment padding included.
+// unit_ranges(layout)[1 + l] is block l's.
+std::vector<ElementRange> unit_ranges(const ParamLayout& layout);
+ElementRange block_range(const ParamLayout& layout, int layer);
 
 }  // namespace memfit

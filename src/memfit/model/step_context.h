@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/step_observer.h"
 #include "memfit/model/step_schedule.h"

@@ -6,7 +6,7 @@
 #include "memfit/memory/arena.h"
 #include "memfit/model/step_context.h"
 #include "memfit/model/transformer_step.h"
-#include "memfit/state/shard.h"
+#include "memfit/model/param_layout.h"
 
 namespace memfit {
 
@@ -38,7 +38,7 @@ void derive_lifetimes(StepPlan& plan, const std::vector<PhaseUses>& schedule) {
     MEMFIT_CHECK(!b.lifetime.spans.empty(), "step plan", "no phase uses '{}'", b.tag);
 }
 
-// Note [Gradients by lifetime]: each unit of the f32 gradient slab (state/shard.h: the
+// Note [Gradients by lifetime]: each unit of the f32 gradient slab (model/param_layout.h: the
 // embeddings, each block, the tail) as a buffer of the activations arena, pinned at its place
 // in the slab so that the slab stays one tensor (the update, clipping and the checks read it
 // as ever). A unit is born in the first phase that writes it: block l's backward for block l;

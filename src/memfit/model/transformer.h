@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/model_config.h"
@@ -21,7 +21,7 @@
 #include "memfit/model/step_plan.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/weight_source.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 

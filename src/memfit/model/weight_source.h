@@ -12,12 +12,12 @@
 #include <optional>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/step_schedule.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 

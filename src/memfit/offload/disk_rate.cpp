@@ -11,13 +11,13 @@
 
 #include <fmt/format.h>
 
+#include "memfit/core/cache_dir.h"
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/created_directories.h"
 #include "memfit/offload/io_engine.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
-#include "memfit/plan/calibration.h"
 
 namespace memfit::offload {
 

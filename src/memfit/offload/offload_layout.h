@@ -16,7 +16,7 @@
 #include "memfit/memory/category.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit::offload {
 

@@ -1,7 +1,7 @@
 // --offload-grads nvme (one process): the f32 gradients never whole in RAM. Each unit of the
-// layout (state/shard.h: the embeddings, each block, the tail) has a buffer only while its
-// backward runs; when a block's backward ends its gradients are written to a scratch file
-// (io_uring / O_DIRECT from an aligned buffer, in flight while the next block computes), and
+// layout (unit_ranges in model/param_layout.h: the embeddings, each block, the tail) has a buffer
+// only while its backward runs; when a block's backward ends its gradients are written to a scratch
+// file (io_uring / O_DIRECT from an aligned buffer, in flight while the next block computes), and
 // its slot is reused once the write is done. Micro-batch m > 0 of a step reads the block back
 // into its slot before its backward (prefetched one block ahead), since the backward kernels
 // add into the gradients as they do into the slab in RAM: the same additions in the same
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"

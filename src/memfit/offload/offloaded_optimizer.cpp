@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "memfit/core/error.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/offload/offloaded_grads.h"
 
 namespace memfit::offload {

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "memfit/core/tensor.h"
-#include "memfit/io/zero_checkpoint.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/dist/zero/weight_gather.h"
@@ -80,8 +80,8 @@ class OffloadedOptimizer {
       const std::function<void(int64_t from, int64_t to, const float* src)>& take);
   // The same for the part of range() inside `want`: each piece that overlaps it read into a
   // ring slot (two slots in turn, the next piece's read in flight while `take` has this one),
-  // `take` given the overlap. What a streamed save reads (io/streamed_weights.h): no buffer
-  // beyond the ring.
+  // `take` given the overlap. What a streamed save reads (io/checkpoint/streamed_weights.h): no
+  // buffer beyond the ring.
   void read_master_range(
       ElementRange want,
       const std::function<void(int64_t from, int64_t to, const float* src)>& take);
@@ -118,10 +118,10 @@ class OffloadedOptimizer {
   // not match), then streams each tensor into its file and restores steps_taken.
   void load_state(const std::filesystem::path& file);
 
-  // ZeRO's sharded checkpoint (io/zero_checkpoint.h) with the state offloaded: this range's
-  // shard file as io::save_zero_shard writes it for the same optimizer in RAM (the same bytes),
-  // its weights of record then each state slice streamed from the files through the ring. The
-  // weights of record: the master weights, streamed from their file (`weights` undefined), or
+  // ZeRO's sharded checkpoint (io/checkpoint/zero_checkpoint.h) with the state offloaded: this
+  // range's shard file as io::save_zero_shard writes it for the same optimizer in RAM (the same
+  // bytes), its weights of record then each state slice streamed from the files through the ring.
+  // The weights of record: the master weights, streamed from their file (`weights` undefined), or
   // without master weights `weights` (range()'s working weights, in RAM).
   void save_shard(const std::filesystem::path& file, const Tensor& weights = {});
   // The same without master weights and with the working weights offloaded too

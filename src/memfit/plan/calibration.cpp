@@ -20,7 +20,7 @@
 #include "memfit/core/cpu.h"
 #include "memfit/core/cpu_load.h"
 #include "memfit/core/error.h"
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/kernels/cpu/adamw.h"
 #include "memfit/kernels/cpu/dnnl_gemm.h"
@@ -353,17 +353,6 @@ Calibration calibrate() {
   c.other_cpus = load.cpus();
   c.measured_at = utc_now();
   return c;
-}
-
-fs::path calibration_cache_dir() {
-  auto env = [](const char* name) -> const char* {
-    const char* v = std::getenv(name);
-    return v && *v ? v : nullptr;
-  };
-  if (const char* d = env("MEMFIT_CACHE_DIR")) return d;
-  if (const char* d = env("XDG_CACHE_HOME")) return fs::path(d) / "memfit";
-  if (const char* h = env("HOME")) return fs::path(h) / ".cache" / "memfit";
-  return fs::temp_directory_path() / "memfit-cache";
 }
 
 fs::path calibration_cache_path(int threads) {

@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/core/cache_dir.h"
+
 namespace memfit {
 
 // GEMM rates (FLOP/s) at one model width C: `block` over a block's four linear layers (qkv,
@@ -75,9 +77,7 @@ struct Calibration {
 // Runs the measurements with the current OpenMP thread count and ISA cap.
 Calibration calibrate();
 
-// Where calibrations are cached: $MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else
-// $HOME/.cache/memfit.
-std::filesystem::path calibration_cache_dir();
+// Where calibrations are cached: calibration_cache_dir() (core/cache_dir.h).
 // The cache file for this CPU (cpu::identity()), the current ISA cap and `threads`:
 // calibration-<cpu>-<isa>-<threads>t.json.
 std::filesystem::path calibration_cache_path(int threads);

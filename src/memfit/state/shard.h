@@ -8,7 +8,7 @@
 
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optim_config.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 
@@ -20,12 +20,5 @@ namespace memfit {
 // rank may own an empty range (a tiny model over many ranks). world >= 1.
 std::vector<ElementRange> shard_ranges(const ParamLayout& layout, const OptimConfig& optim,
                                        int world);
-
-// The layout's units, in order, tiling [0, total): the embeddings (every parameter before block
-// 0), block 0, ..., block L-1, then the tail (the final norm and an untied head). A unit's range
-// runs from its first parameter's offset to the next unit's, alignment padding included.
-// unit_ranges(layout)[1 + l] is block l's.
-std::vector<ElementRange> unit_ranges(const ParamLayout& layout);
-ElementRange block_range(const ParamLayout& layout, int layer);
 
 }  // namespace memfit

@@ -16,7 +16,7 @@
 #include "memfit/core/dtype.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optim_config.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 

@@ -2,7 +2,7 @@
 // gradients to a total 2-norm of at most max_norm.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit {
 

@@ -2,7 +2,7 @@
 // training: the first asks the loop to stop after the optimizer step in progress, save where
 // --save is given (atomically, as every save) and exit 130 or 143; a second exits at once with
 // 128 + its number, the last checkpoint intact, since no save ever overwrites one in place
-// (io/checkpoint_dir.h). A step is the unit: a micro-batch's gradient is not saved, so
+// (io/checkpoint/checkpoint_dir.h). A step is the unit: a micro-batch's gradient is not saved, so
 // stopping inside an accumulation would lose it anyway.
 #pragma once
 

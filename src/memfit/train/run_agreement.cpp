@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "memfit/io/data_loader.h"
-#include "memfit/io/model_hf_config.h"
+#include "memfit/io/data/data_loader.h"
+#include "memfit/io/hf/model_hf_config.h"
 
 namespace memfit {
 

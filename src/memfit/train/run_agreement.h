@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "memfit/dist/agreement.h"
-#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/plan/run_spec.h"
 #include "memfit/train/train_config.h"
 

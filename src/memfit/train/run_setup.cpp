@@ -10,7 +10,7 @@
 #include "memfit/core/error.h"
 #include "memfit/core/scoped_threads.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/model_checkpoint.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/memory/pool.h"
 #include "memfit/plan/fit_advice.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "memfit/dist/communicator.h"
-#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/plan/run_spec.h"
 #include "memfit/plan/search.h"
 #include "memfit/train/train_config.h"

@@ -74,7 +74,7 @@ struct TrainConfig {
   int eval_batches = 8;
   std::string save_dir;
   int64_t save_every = 0;  // 0: only at the end
-  std::string max_shard_size = "5GB";  // weights above it are sharded (io/sharded_safetensors.h)
+  std::string max_shard_size = "5GB";  // weights above it are sharded (io/checkpoint/sharded_safetensors.h)
   double save_every_minutes = 0;  // also save when this long has passed since the last (0: off)
   std::string resume_dir;
   std::string init_from;

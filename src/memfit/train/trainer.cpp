@@ -17,12 +17,12 @@
 
 #include "memfit/core/scoped_threads.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/io/created_directories.h"
-#include "memfit/io/data_loader.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/prepare.h"
-#include "memfit/io/zero_checkpoint.h"
+#include "memfit/io/data/data_loader.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/data/prepare.h"
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/memory/rss.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/transformer.h"
@@ -360,7 +360,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
                           float* dst) { saved->read_range({from, to}, dst); },
                       piece, to_master_file);
       // ZeRO's shards of any world size and stage, or a whole optimizer.safetensors, cut to
-      // this rank's range (io/zero_checkpoint.h).
+      // this rank's range (io/checkpoint/zero_checkpoint.h).
       if (resume && opt) io::load_optimizer_state_any(location.dir, *opt);
     }
     if (resume && off && (my_shard || io::has_zero_shards(location.dir))) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "memfit/dist/process_grid.h"
-#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/memory/category.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/train/train_config.h"

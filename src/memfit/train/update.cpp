@@ -33,9 +33,9 @@ GradCheck check_bf16(Tensor& g, DynamicLossScaler* scaler) {
 }
 
 // One source of truth for the global norm's order: a range's check is its parts in each unit
-// (state/shard.h: the embeddings, each block, the tail) added in unit order, so the gradients
-// offloaded per unit (--offload-grads: each unit checked as its last backward ends,
-// offload/offloaded_grads.cpp) give the same bits as the slab in RAM.
+// (unit_ranges in model/param_layout.h: the embeddings, each block, the tail) added in unit
+// order, so the gradients offloaded per unit (--offload-grads: each unit checked as its last
+// backward ends, offload/offloaded_grads.cpp) give the same bits as the slab in RAM.
 GradCheck check_part(Tensor g, DynamicLossScaler* scaler) {
   if (g.dtype() == DType::bf16) return check_bf16(g, scaler);
   if (scaler) {

@@ -11,7 +11,7 @@
 #include "memfit/dist/communicator.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 #include "memfit/train/loss_scaler.h"
 
 namespace memfit {

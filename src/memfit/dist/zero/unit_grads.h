@@ -1,9 +1,10 @@
 // ZeRO stages 2 and 3's gradients (Note [Sharded gradients] in docs/notes/zero.md): no rank
-// holds the whole f32 gradient slab. The backward writes each unit's gradients (state/shard.h:
-// the embeddings, each block, the tail) into a buffer of its own, as stage 3's WeightGather binds
-// the weights, and each unit is reduced over the ranks as soon as its backward ends; the sums of
-// this rank's shard are folded into a shard-sized f32 accumulator (Category::grads), which the
-// update reads. Every micro-batch is reduced (Σ_m Σ_r where the whole slab adds Σ_r Σ_m).
+// holds the whole f32 gradient slab. The backward writes each unit's gradients
+// (model/param_layout.h: the embeddings, each block, the tail) into a buffer of its own, as stage
+// 3's WeightGather binds the weights, and each unit is reduced over the ranks as soon as its
+// backward ends; the sums of this rank's shard are folded into a shard-sized f32 accumulator
+// (Category::grads), which the update reads. Every micro-batch is reduced (Σ_m Σ_r where the
+// whole slab adds Σ_r Σ_m).
 //   - the embeddings and the tail: a buffer each, held for the micro-batch (GPT-2's tied head
 //     writes the embedding gradient during the forward's LM head, the untied head is the
 //     tail's), zeroed when a training forward starts;
@@ -28,13 +29,13 @@
 #include <span>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 

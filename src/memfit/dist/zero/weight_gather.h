@@ -1,7 +1,7 @@
 // ZeRO stage 3's working weights (Note [ZeRO stage 3] in docs/notes/zero.md): each rank keeps
 // its shard of the parameter slab (Category::params) and gathers the units the step reads
-// (state/shard.h: the embeddings, each block, the tail) into buffers of Category::comm that
-// are allocated once, so the plan is exact whatever the timing:
+// (unit_ranges in model/param_layout.h: the embeddings, each block, the tail) into buffers of
+// Category::comm that are allocated once, so the plan is exact whatever the timing:
 //   - persistent units, gathered once each time the shard changes (refresh()) and kept whole:
 //     the embeddings and the tail always (their buffers would live for the whole run anyway,
 //     and GPT-2's tied head reads the embeddings twice a forward), and every block smaller
@@ -25,13 +25,13 @@
 #include <utility>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/step_schedule.h"
 #include "memfit/model/weight_source.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit {
 
@@ -135,7 +135,7 @@ class WeightGather final : public WeightSource {
   // File source in one process: layout elements [from, to) of the working weights inside
   // `want`, unit by unit in order, as bytes of the working dtype: a persistent unit's from RAM,
   // a block's read into a ring slot, two in turn so the next read is in flight (one with
-  // --prefetch-depth 0). What a streamed save reads (io/streamed_weights.h).
+  // --prefetch-depth 0). What a streamed save reads (io/checkpoint/streamed_weights.h).
   void read_range(ElementRange want,
                   const std::function<void(int64_t from, int64_t to, const char* src)>& take);
   // The longest unit part this rank stores (the whole unit in one process).

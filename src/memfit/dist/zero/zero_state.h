@@ -13,7 +13,7 @@
 #include "memfit/dist/zero/weight_gather.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/weight_source.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 #include "memfit/state/state_placement.h"
 
 namespace memfit {

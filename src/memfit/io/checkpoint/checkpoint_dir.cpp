@@ -1,6 +1,6 @@
 // The atomic directory swap behind every checkpoint save, and the loader's side of it. See
 // checkpoint_dir.h and docs/notes/checkpoints.md, "Atomic checkpoint directories".
-#include "memfit/io/checkpoint_dir.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
 
 #include <signal.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "memfit/io/checkpoint_export.h"
+#include "memfit/io/checkpoint/checkpoint_export.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -8,10 +8,10 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/checkpoint_dir.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/model_weights.h"
-#include "memfit/io/zero_checkpoint.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/hf/model_weights.h"
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 
 namespace memfit::io {
 

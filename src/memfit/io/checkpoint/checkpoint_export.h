@@ -19,12 +19,12 @@
 #include <memory>
 #include <optional>
 
-#include "memfit/core/tensor.h"
-#include "memfit/io/sharded_safetensors.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/io/checkpoint/sharded_safetensors.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit::io {
 

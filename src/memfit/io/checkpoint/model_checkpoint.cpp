@@ -1,10 +1,10 @@
 // Optimizer state and the checkpoint directory that holds it with the weights and config.json.
 // Loading checks everything first and copies second, so a refused checkpoint leaves the model
 // and optimizer as they were. See docs/notes/checkpoints.md.
-#include "memfit/io/model_checkpoint.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
 
-#include "memfit/io/checkpoint_export.h"
-#include "memfit/io/zero_checkpoint.h"
+#include "memfit/io/checkpoint/checkpoint_export.h"
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/kernels/cpu/convert.h"
 
 #include <charconv>
@@ -14,7 +14,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/safetensors.h"
 
 namespace memfit::io {
 

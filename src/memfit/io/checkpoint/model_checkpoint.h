@@ -3,7 +3,7 @@
 // index, config.json as the family's config), plus memfit's optimizer state and whatever files
 // the trainer adds, all saved as one atomic unit. Loading takes memfit's own saves and Hugging
 // Face directories alike, and refuses a checkpoint that does not fit the model before it
-// touches a byte of the slab or the optimizer. Names and layouts: io/model_weights.h.
+// touches a byte of the slab or the optimizer. Names and layouts: io/hf/model_weights.h.
 // Design, file layout and the crash analysis: docs/notes/checkpoints.md.
 #pragma once
 
@@ -16,12 +16,12 @@
 #include <vector>
 #include <string_view>
 
-#include "memfit/core/tensor.h"
-#include "memfit/io/checkpoint_dir.h"
-#include "memfit/io/model_hf_config.h"
-#include "memfit/io/model_weights.h"
-#include "memfit/io/sharded_safetensors.h"
-#include "memfit/io/streamed_weights.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/io/hf/model_hf_config.h"
+#include "memfit/io/hf/model_weights.h"
+#include "memfit/io/checkpoint/sharded_safetensors.h"
+#include "memfit/io/checkpoint/streamed_weights.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
@@ -57,8 +57,8 @@ struct CheckpointSaveOptions {
   // Called with the temporary directory to write any further files into it (binary ones, say).
   // Everything in it is fsynced afterwards, however it was written.
   std::function<void(const std::filesystem::path& temp_dir)> write_extra;
-  // Fault injection for tests: see write_directory_atomic (io/checkpoint_dir.h). Also called
-  // with SaveStage::model_written once the weights (every shard and the index) are written.
+  // Fault injection for tests: see write_directory_atomic (io/checkpoint/checkpoint_dir.h). Also
+  // called with SaveStage::model_written once the weights (every shard and the index) are written.
   std::function<void(SaveStage stage)> on_stage;
   // Weights larger than this are sharded (transformers' max_shard_size; "5GB" by default).
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;

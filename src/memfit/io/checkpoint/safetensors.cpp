@@ -1,6 +1,6 @@
 // safetensors reading (mmap + validation) and writing (streamed through atomic_file). The
 // format: https://github.com/huggingface/safetensors#format; notes in docs/notes/checkpoints.md.
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

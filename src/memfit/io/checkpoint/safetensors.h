@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "memfit/core/dtype.h"
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit::io {

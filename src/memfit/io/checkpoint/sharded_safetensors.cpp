@@ -1,6 +1,6 @@
 // Sharded safetensors: shard planning and writing, index parsing and cross-checking. The layout
 // is transformers' (modeling_utils.save_pretrained / load_sharded_checkpoint).
-#include "memfit/io/sharded_safetensors.h"
+#include "memfit/io/checkpoint/sharded_safetensors.h"
 
 #include <fmt/format.h>
 

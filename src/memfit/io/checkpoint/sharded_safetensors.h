@@ -2,8 +2,8 @@
 // (save_pretrained's max_shard_size, "5GB"), shards model-00001-of-0000N.safetensors ... with
 // model.safetensors.index.json mapping each tensor to its file:
 //   {"metadata": {"total_size": <bytes of all tensors>}, "weight_map": {"<tensor>": "<file>"}}
-// The writer streams every tensor from its own memory (io/safetensors.h); the reader validates
-// every file's header and the index against the files before anyone reads a tensor.
+// The writer streams every tensor from its own memory (io/checkpoint/safetensors.h); the reader
+// validates every file's header and the index against the files before anyone reads a tensor.
 // See docs/notes/checkpoints.md, "Sharded weights".
 #pragma once
 
@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "memfit/core/tensor.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit::io {

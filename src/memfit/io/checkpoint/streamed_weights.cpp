@@ -1,5 +1,5 @@
 // The streamed save of the weights of record: see streamed_weights.h and Note [Streamed save].
-#include "memfit/io/streamed_weights.h"
+#include "memfit/io/checkpoint/streamed_weights.h"
 
 #include <algorithm>
 #include <cstddef>

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/tensor.h"
-#include "memfit/io/model_weights.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/io/hf/model_weights.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 
 namespace memfit::io {
 

@@ -1,6 +1,6 @@
 // ZeRO's sharded checkpoint state: the shard files, their index, and resharding on load.
 // See "ZeRO's sharded optimizer state" in docs/notes/checkpoints.md.
-#include "memfit/io/zero_checkpoint.h"
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 
 #include <charconv>
 #include <cstring>
@@ -13,9 +13,9 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/model_checkpoint.h"
-#include "memfit/io/model_hf_config.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/hf/model_hf_config.h"
+#include "memfit/io/checkpoint/safetensors.h"
 
 namespace memfit::io {
 

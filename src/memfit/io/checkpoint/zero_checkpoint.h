@@ -13,11 +13,11 @@
 #include <string_view>
 #include <vector>
 
-#include "memfit/core/tensor.h"
-#include "memfit/io/checkpoint_export.h"
-#include "memfit/io/safetensors.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/io/checkpoint/checkpoint_export.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/optim/optimizer.h"
-#include "memfit/state/element_range.h"
+#include "memfit/core/element_range.h"
 #include "memfit/state/state_placement.h"
 
 namespace memfit::io {

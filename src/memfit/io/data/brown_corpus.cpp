@@ -1,5 +1,5 @@
 // Reading the tagged Brown corpus into plain text; see brown_corpus.h for the rules.
-#include "memfit/io/brown_corpus.h"
+#include "memfit/io/data/brown_corpus.h"
 
 #include <algorithm>
 #include <cctype>

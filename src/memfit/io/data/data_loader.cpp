@@ -1,5 +1,5 @@
 // The data loader's window order and batch filling; see data_loader.h and docs/data.md.
-#include "memfit/io/data_loader.h"
+#include "memfit/io/data/data_loader.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "memfit/core/error.h"
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 
 namespace memfit::io {
 

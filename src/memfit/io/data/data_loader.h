@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit::io {

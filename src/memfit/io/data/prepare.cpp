@@ -1,5 +1,5 @@
 // `memfit prepare` as a library function: check, tokenize, split, write. See prepare.h.
-#include "memfit/io/prepare.h"
+#include "memfit/io/data/prepare.h"
 
 #include <cmath>
 #include <fstream>
@@ -9,10 +9,10 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/brown_corpus.h"
-#include "memfit/io/data_loader.h"
-#include "memfit/io/token_shard.h"
-#include "memfit/io/tokenizer.h"
+#include "memfit/io/data/brown_corpus.h"
+#include "memfit/io/data/data_loader.h"
+#include "memfit/io/data/token_shard.h"
+#include "memfit/io/tokenizer/tokenizer.h"
 
 namespace memfit::io {
 

@@ -1,5 +1,5 @@
 // llm.c token shards: atomic writer and checking reader; see token_shard.h.
-#include "memfit/io/token_shard.h"
+#include "memfit/io/data/token_shard.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -13,7 +13,7 @@
 #include <optional>
 #include <span>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit::io {

@@ -1,10 +1,10 @@
 // ModelConfig <-> config.json. Field names and defaults follow transformers' ModelConfig.
-#include "memfit/io/gpt2_hf_config.h"
+#include "memfit/io/hf/gpt2_hf_config.h"
 
 #include <cmath>
 
 #include "memfit/core/error.h"
-#include "memfit/io/hf_config_common.h"
+#include "memfit/io/hf/hf_config_common.h"
 
 namespace memfit::io {
 

@@ -1,5 +1,5 @@
 // Shared config.json helpers. See hf_config_common.h.
-#include "memfit/io/hf_config_common.h"
+#include "memfit/io/hf/hf_config_common.h"
 
 #include <cstdint>
 #include <string>

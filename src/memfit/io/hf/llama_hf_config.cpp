@@ -1,6 +1,6 @@
 // ModelConfig <-> config.json for the LLaMA family. Field names and defaults follow
 // transformers' LlamaConfig (configuration_llama.py) and its rope_init_fn for "llama3".
-#include "memfit/io/llama_hf_config.h"
+#include "memfit/io/hf/llama_hf_config.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "memfit/core/error.h"
-#include "memfit/io/hf_config_common.h"
+#include "memfit/io/hf/hf_config_common.h"
 
 namespace memfit::io {
 

@@ -1,5 +1,5 @@
 // Dispatch on a config.json's family. See model_hf_config.h.
-#include "memfit/io/model_hf_config.h"
+#include "memfit/io/hf/model_hf_config.h"
 
 #include <fmt/format.h>
 
@@ -7,9 +7,9 @@
 #include <string>
 
 #include "memfit/core/error.h"
-#include "memfit/io/gpt2_hf_config.h"
-#include "memfit/io/hf_config_common.h"
-#include "memfit/io/llama_hf_config.h"
+#include "memfit/io/hf/gpt2_hf_config.h"
+#include "memfit/io/hf/hf_config_common.h"
+#include "memfit/io/hf/llama_hf_config.h"
 
 namespace memfit::io {
 

@@ -1,6 +1,6 @@
 // Weights in Hugging Face's names and layouts: the per-family naming rules, the streaming save,
 // and the load that checks everything before it copies anything. See model_weights.h.
-#include "memfit/io/model_weights.h"
+#include "memfit/io/hf/model_weights.h"
 
 #include <fmt/format.h>
 

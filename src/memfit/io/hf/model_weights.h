@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/tensor.h"
-#include "memfit/io/sharded_safetensors.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/io/checkpoint/sharded_safetensors.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
@@ -39,7 +39,7 @@ std::string gpt2_hf_name(const ParamInfo& p);
 bool gpt2_is_conv1d(const ParamInfo& p);
 
 struct WeightsSaveOptions {
-  // Above this many bytes of tensors, shards and an index (io/sharded_safetensors.h).
+  // Above this many bytes of tensors, shards and an index (io/checkpoint/sharded_safetensors.h).
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;
   // Where conversion / transpose staging comes from (Category::staging); null: the heap.
   MemoryPool* staging_pool = nullptr;

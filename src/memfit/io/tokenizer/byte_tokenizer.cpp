@@ -1,5 +1,5 @@
 // The byte tokenizer: ids are byte values.
-#include "memfit/io/byte_tokenizer.h"
+#include "memfit/io/tokenizer/byte_tokenizer.h"
 
 #include "memfit/core/error.h"
 

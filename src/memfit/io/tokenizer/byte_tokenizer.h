@@ -2,7 +2,7 @@
 // small experiments run anywhere; the id of a byte is the byte's value.
 #pragma once
 
-#include "memfit/io/tokenizer.h"
+#include "memfit/io/tokenizer/tokenizer.h"
 
 namespace memfit::io {
 

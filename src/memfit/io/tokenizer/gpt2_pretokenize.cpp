@@ -1,5 +1,5 @@
 // GPT-2 pre-tokenization by hand over ICU categories; see gpt2_pretokenize.h.
-#include "memfit/io/gpt2_pretokenize.h"
+#include "memfit/io/tokenizer/gpt2_pretokenize.h"
 
 #include <unicode/uchar.h>
 #include <unicode/utf8.h>

@@ -1,6 +1,6 @@
 // GPT-2 byte-level BPE: loading the vocabulary and merging by rank. See gpt2_tokenizer.h and
 // docs/data.md.
-#include "memfit/io/gpt2_tokenizer.h"
+#include "memfit/io/tokenizer/gpt2_tokenizer.h"
 
 #include <unicode/utf8.h>
 
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "memfit/core/error.h"
-#include "memfit/io/gpt2_pretokenize.h"
+#include "memfit/io/tokenizer/gpt2_pretokenize.h"
 #include "memfit/io/npm_package.h"
 
 namespace memfit::io {

@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "memfit/io/hf_bpe.h"
-#include "memfit/io/tokenizer.h"
+#include "memfit/io/tokenizer/hf_bpe.h"
+#include "memfit/io/tokenizer/tokenizer.h"
 
 namespace memfit::io {
 

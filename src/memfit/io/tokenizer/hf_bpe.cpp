@@ -1,5 +1,5 @@
 // BPE merging by rank; see hf_bpe.h.
-#include "memfit/io/hf_bpe.h"
+#include "memfit/io/tokenizer/hf_bpe.h"
 
 namespace memfit::io {
 

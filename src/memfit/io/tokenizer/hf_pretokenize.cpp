@@ -1,5 +1,5 @@
 // Split pre-tokenizers and JavaScript white space; see hf_pretokenize.h.
-#include "memfit/io/hf_pretokenize.h"
+#include "memfit/io/tokenizer/hf_pretokenize.h"
 
 #include <unicode/uchar.h>
 #include <unicode/utext.h>

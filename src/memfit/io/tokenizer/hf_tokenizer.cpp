@@ -1,6 +1,6 @@
 // tokenizer.json tokenizers: building the tables, and the encode pipeline of transformers.js;
 // see hf_tokenizer.h and docs/data.md.
-#include "memfit/io/hf_tokenizer.h"
+#include "memfit/io/tokenizer/hf_tokenizer.h"
 
 #include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
@@ -11,9 +11,9 @@
 #include <deque>
 
 #include "memfit/core/error.h"
-#include "memfit/io/gpt2_pretokenize.h"
-#include "memfit/io/gpt2_tokenizer.h"
-#include "memfit/io/hf_pretokenize.h"
+#include "memfit/io/tokenizer/gpt2_pretokenize.h"
+#include "memfit/io/tokenizer/gpt2_tokenizer.h"
+#include "memfit/io/tokenizer/hf_pretokenize.h"
 #include "memfit/io/npm_package.h"
 
 namespace memfit::io {

@@ -13,9 +13,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "memfit/io/hf_bpe.h"
-#include "memfit/io/hf_tokenizer_json.h"
-#include "memfit/io/tokenizer.h"
+#include "memfit/io/tokenizer/hf_bpe.h"
+#include "memfit/io/tokenizer/hf_tokenizer_json.h"
+#include "memfit/io/tokenizer/tokenizer.h"
 
 namespace memfit::io {
 

@@ -1,5 +1,5 @@
 // Reading and checking tokenizer.json; see hf_tokenizer_json.h.
-#include "memfit/io/hf_tokenizer_json.h"
+#include "memfit/io/tokenizer/hf_tokenizer_json.h"
 
 #include <nlohmann/json.hpp>
 
@@ -7,7 +7,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/io/atomic_file.h"
-#include "memfit/io/hf_pretokenize.h"
+#include "memfit/io/tokenizer/hf_pretokenize.h"
 
 namespace memfit::io {
 

@@ -1,10 +1,10 @@
 // The tokenizer factory: the one place that knows every tokenizer by name.
-#include "memfit/io/tokenizer.h"
+#include "memfit/io/tokenizer/tokenizer.h"
 
 #include "memfit/core/error.h"
-#include "memfit/io/byte_tokenizer.h"
-#include "memfit/io/gpt2_tokenizer.h"
-#include "memfit/io/hf_tokenizer.h"
+#include "memfit/io/tokenizer/byte_tokenizer.h"
+#include "memfit/io/tokenizer/gpt2_tokenizer.h"
+#include "memfit/io/tokenizer/hf_tokenizer.h"
 
 namespace memfit::io {
 

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/kernels/cpu/adamw.h"
 
 namespace memfit::kernels {

@@ -4,7 +4,7 @@
 // alike; an int where AttentionHeads is taken means multi-head.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/kernels/cpu/attention_heads.h"
 
 namespace memfit::kernels {

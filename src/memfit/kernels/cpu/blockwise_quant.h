@@ -7,7 +7,7 @@
 #include <array>
 #include <cstdint>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

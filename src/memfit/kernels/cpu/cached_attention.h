@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/kernels/cpu/attention_heads.h"
 
 namespace memfit::kernels {

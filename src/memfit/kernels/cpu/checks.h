@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

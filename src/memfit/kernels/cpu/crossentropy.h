@@ -4,7 +4,7 @@
 // See docs/notes/fused-lm-head.md.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

@@ -1,7 +1,7 @@
 // Token plus position embedding, the first layer of GPT-2.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

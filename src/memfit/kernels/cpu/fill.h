@@ -4,7 +4,7 @@
 // there (docs/benchmarks.md, "Where the 16-core step's time goes").
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

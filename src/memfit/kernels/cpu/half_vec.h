@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "memfit/core/dtype.h"
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels::half {
 

@@ -1,7 +1,7 @@
 // LayerNorm over the last dimension (eps 1e-5, as GPT-2), saving mean and 1/std for backward.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

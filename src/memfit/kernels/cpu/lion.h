@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

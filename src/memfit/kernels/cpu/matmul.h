@@ -2,7 +2,7 @@
 // Weights are (OC, IC) as torch.nn.Linear, so out = inp @ weight^T + bias.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

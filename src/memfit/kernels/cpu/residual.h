@@ -1,7 +1,7 @@
 // Element-wise sums: the residual stream's forward, and accumulation of gradients.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

@@ -2,7 +2,7 @@
 // LayerNorm without the mean and the bias. Saves 1/rms per row for backward.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/kernels/cpu/attention_heads.h"
 
 namespace memfit::kernels {

@@ -3,7 +3,7 @@
 // SGD is the same as decoupled decay, p (1 - lr wd) - lr g.
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 

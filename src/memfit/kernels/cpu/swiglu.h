@@ -3,7 +3,7 @@
 // silu(g) * u, silu(g) = g * sigmoid(g) = g / (1 + exp(-g)) (PyTorch's F.silu).
 #pragma once
 
-#include "memfit/core/tensor.h"
+#include "memfit/memory/tensor.h"
 
 namespace memfit::kernels {
 
