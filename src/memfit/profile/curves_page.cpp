@@ -171,26 +171,8 @@ json curves_data(const std::vector<std::string>& logs) {
 }
 
 std::string curves_page_html(const json& data) {
-  const std::string title =
-      escape_html(data.value("title", std::string("memfit training curves")));
-  return fmt::format(R"(<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{0}</title>
-<script>
-// Errors go into the page too, where a headless check (and a reader) sees them.
-window.addEventListener("error", function (e) {{
-  var p = document.getElementById("errors");
-  if (p) p.textContent += (e.message || "error") + "\n";
-  document.documentElement.setAttribute("data-error", "1");
-}});
-</script>
-<style>
-{1}</style>
-</head>
-<body>
-<h1 id="title"></h1>
+  return page_html(data.value("title", std::string("memfit training curves")), kCurvesPageCss,
+                   R"(<h1 id="title"></h1>
 <pre id="errors"></pre>
 <div id="legend"></div>
 <table id="runs"><thead><tr><th>run</th><th class="n">steps</th><th class="n">last loss</th>
@@ -201,14 +183,8 @@ window.addEventListener("error", function (e) {{
 <p class="sub">memfit train --log writes this page beside its log; memfit curves A.jsonl B.jsonl
 -o FILE overlays several runs. Memory is the pool's bytes by category at the end of each step,
 with the pool's peak so far (dashed) and the process's resident memory (dotted).</p>
-<script id="data" type="application/json">{2}</script>
-<script>
-{3}</script>
-</body>
-</html>
 )",
-                     title, kCurvesPageCss, escape_script(data.dump()),
-                     escape_script(kCurvesPageJs));
+                   data.dump(), kCurvesPageJs);
 }
 
 void write_curves_page(const std::vector<std::string>& logs, const fs::path& out) {

@@ -103,25 +103,8 @@ json page_data(const StepRecorder& rec, const Timeline& tl, const json& summary,
 }
 
 std::string memory_page_html(const json& data) {
-  const std::string title = escape_html(data.value("title", std::string("memfit memory profile")));
-  return fmt::format(R"(<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{0}</title>
-<script>
-// Errors go into the page too, where a headless check (and a reader) sees them.
-window.addEventListener("error", function (e) {{
-  var p = document.getElementById("errors");
-  if (p) p.textContent += (e.message || "error") + "\n";
-  document.documentElement.setAttribute("data-error", "1");
-}});
-</script>
-<style>
-{1}</style>
-</head>
-<body>
-<h1 id="title"></h1>
+  return page_html(data.value("title", std::string("memfit memory profile")), kMemoryPageCss,
+                   R"(<h1 id="title"></h1>
 <p class="sub" id="sub"></p>
 <p class="sub" id="shares"></p>
 <p class="sub" id="disk"></p>
@@ -139,14 +122,8 @@ window.addEventListener("error", function (e) {{
 </div>
 <p class="sub">memfit train --profile: trace.json (open it in Perfetto or chrome://tracing) and
 summary.json lie beside this page.</p>
-<script id="data" type="application/json">{2}</script>
-<script>
-{3}</script>
-</body>
-</html>
 )",
-                     title, kMemoryPageCss, escape_script(data.dump()),
-                     escape_script(kMemoryPageJs));
+                   data.dump(), kMemoryPageJs);
 }
 
 }  // namespace memfit::profile
