@@ -120,6 +120,15 @@ TEST(MaxModel, WithOffloadTheFilesMustFitTheDisk) {
       next_seen = true;
       EXPECT_FALSE(f.fits());
       EXPECT_TRUE(f.search.fits || !f.disk_fits);
+      // The table's reason names what did not fit: the disk when the RAM did.
+      const Candidate& n = f.search.choice;
+      const std::string why = n.why_over(300 * kMiB, f.search.disk_limit);
+      if (n.peak_bytes <= 300 * kMiB) {
+        EXPECT_EQ(why.rfind("the disk: ", 0), 0u) << why;
+        EXPECT_GT(n.disk_bytes, base.offload.disk_limit);
+      } else {
+        EXPECT_NE(why.find("MiB over"), std::string::npos) << why;
+      }
     }
   EXPECT_TRUE(next_seen);
 }

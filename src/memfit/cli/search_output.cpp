@@ -83,7 +83,7 @@ void print_search(const SearchResult& s, const std::string& note) {
   for (const Candidate& c : s.slower)
     print_row(faster(s.choice, c) ? "fits, slower" : "fits, as fast, larger", c, s.with_stage);
   for (const Candidate& c : s.over)
-    print_row(fmt::format("{:.1f} MiB over", mib(c.over(s.limit))), c, s.with_stage);
+    print_row(c.why_over(s.limit, s.disk_limit), c, s.with_stage);
   fmt::print("\n");
 }
 
@@ -160,7 +160,7 @@ void print_max_model(const MaxModelResult& r) {
                stage ? fmt::format("{:>6} ", n.zero) : std::string(),
                disk ? fmt::format("{:<19} ", offload_column(n)) : std::string(), mib(n.peak_bytes),
                format_seconds(n.est_step_seconds),
-               !f.search.fits ? fmt::format("no, {:.1f} MiB over", mib(n.over(r.limit)))
+               !f.search.fits ? "no, " + n.why_over(r.limit, f.search.disk_limit)
                : !f.disk_fits ? fmt::format("no, the disk: {:.1f} GiB of files",
                                             f.disk_bytes / 1073741824.0)
                               : std::string("yes"));

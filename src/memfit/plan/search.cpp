@@ -62,6 +62,13 @@ Category Candidate::dominant() const {
   return kAllCategories[best];
 }
 
+std::string Candidate::why_over(size_t limit, uint64_t disk_limit) const {
+  if (peak_bytes > limit || !disk_limit || disk_bytes <= disk_limit)
+    return fmt::format("{:.1f} MiB over", static_cast<double>(over(limit)) / (1 << 20));
+  return fmt::format("the disk: {:.1f} GiB of files > {:.1f} GiB", disk_bytes / 1073741824.0,
+                     disk_limit / 1073741824.0);
+}
+
 std::string candidate_options(const Candidate& c, bool with_batch, bool with_stage) {
   std::string s = "--ckpt " + c.ckpt;
   if (with_batch) s += fmt::format(" --batch {} --grad-accum {}", c.batch, c.grad_accum);
@@ -172,6 +179,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
 
   SearchResult r;
   r.limit = limit;
+  r.disk_limit = base.offload.disk_limit;
   r.with_batch = space.micro_batches;
   r.with_stage = space.stages;
   r.per_rank = base.world > 1;
@@ -211,6 +219,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
               c.peak_bytes = most.peak_bytes;
               c.by_category = most.by_category;
             }
+            c.disk_bytes = offload ? disk : 0;
             c.fits = c.peak_bytes <= limit &&
                      (!offload || !base.offload.disk_limit || disk <= base.offload.disk_limit);
             r.candidates.push_back(std::move(c));

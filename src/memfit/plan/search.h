@@ -32,9 +32,13 @@ struct Candidate {
   int peak_rank = 0;
   double est_step_seconds = 0;
   CategoryBytes by_category{};
+  uint64_t disk_bytes = 0;  // its offload files (the largest rank's); 0 in RAM
   bool fits = false;  // peak_bytes <= the search's limit (and, offloaded, the files <= --disk-limit)
 
   size_t over(size_t limit) const { return peak_bytes > limit ? peak_bytes - limit : 0; }
+  // Why it does not fit, for the tables: "512.0 MiB over", or, when the RAM fits and the files
+  // do not, "the disk: 12.3 GiB of files > 10.0 GiB".
+  std::string why_over(size_t limit, uint64_t disk_limit) const;
   Category dominant() const;  // the largest category (the first of equals)
   size_t dominant_bytes() const { return by_category[static_cast<size_t>(dominant())]; }
 };
@@ -110,6 +114,7 @@ inline constexpr size_t kRunnerUps = 5;  // SearchResult::slower and ::over keep
 
 struct SearchResult {
   size_t limit = 0;
+  uint64_t disk_limit = 0;  // --disk-limit (0: none), which offloaded candidates' files must fit
   bool fits = false;  // some candidate fits
   // The fastest candidate that fits, ties to less memory; when nothing fits, the smallest.
   Candidate choice;
