@@ -21,21 +21,12 @@ namespace memfit {
 namespace {
 
 namespace fs = std::filesystem;
+using test::Output;
 using test::slurp;
-
-struct Output {
-  int exit_code;
-  std::string out, err;
-  bool says(const std::string& text) const { return err.find(text) != std::string::npos; }
-};
 
 class BadInput : public test::BinaryTest {
  protected:
   BadInput() : BinaryTest(7) {}
-  Output memfit(const std::string& args) const {
-    const int code = run_memfit(args);
-    return {code, slurp(dir / "out.txt"), slurp(dir / "err.txt")};
-  }
   // Rows of 32 tokens on this test's shards, no evaluation.
   std::string run() const {
     return fmt::format("--seq-len 32 --batch 2 --eval-every 0 --data '{}'",

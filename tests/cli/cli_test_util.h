@@ -48,6 +48,13 @@ inline pid_t find_rank_pid(const std::filesystem::path& dir, int rank) {
   return -1;
 }
 
+// What one memfit command did: its exit code and its standard output and error.
+struct Output {
+  int exit_code;
+  std::string out, err;
+  bool says(const std::string& text) const { return err.find(text) != std::string::npos; }
+};
+
 // SetUp skips when the binary is not built, else makes `dir` with data/ shards from `seed`.
 class BinaryTest : public ::testing::Test {
  protected:
@@ -84,6 +91,12 @@ class BinaryTest : public ::testing::Test {
                     (dir / "out.txt").string(), (dir / "err.txt").string());
     const int status = std::system(command.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  // run_memfit(args, 0, env) alone, with what it printed.
+  Output memfit(const std::string& args, const std::string& env = "") const {
+    const int code = run_memfit(args, 0, env);
+    return {code, slurp(dir / "out.txt"), slurp(dir / "err.txt")};
   }
 
   std::filesystem::path dir;

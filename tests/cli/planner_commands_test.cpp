@@ -25,22 +25,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Output {
-  int exit_code;
-  std::string out, err;
-};
-
+using test::Output;
 using test::slurp;
 
 class PlannerCommands : public test::BinaryTest {
  protected:
   PlannerCommands() : BinaryTest(99) {}
 
-  Output memfit(const std::string& args) const { return memfit_env("", args); }
-  // The same with environment assignments ("NAME=value ...") before the command.
+  // memfit with environment assignments ("NAME=value ...") before the command.
   Output memfit_env(const std::string& env, const std::string& args) const {
-    const int code = run_memfit(args, 0, env);
-    return {code, slurp(dir / "out.txt"), slurp(dir / "err.txt")};
+    return memfit(args, env);
   }
   // gpt2-tiny with 4 blocks and plain attention, on this test's shards.
   std::string model() const {

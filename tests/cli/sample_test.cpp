@@ -19,13 +19,8 @@ namespace memfit {
 namespace {
 
 namespace fs = std::filesystem;
+using test::Output;
 using test::slurp;
-
-struct Output {
-  int exit_code;
-  std::string out, err;
-  bool says(const std::string& text) const { return err.find(text) != std::string::npos; }
-};
 
 constexpr const char* kPrompt = "the jury said";  // 13 byte tokens
 constexpr int kContext = 64;  // the checkpoints' --seq-len
@@ -33,10 +28,6 @@ constexpr int kContext = 64;  // the checkpoints' --seq-len
 class Sample : public test::BinaryTest {
  protected:
   Sample() : BinaryTest(11) {}
-  Output memfit(const std::string& args, const std::string& env = "") const {
-    const int code = run_memfit(args, 0, env);
-    return {code, slurp(dir / "out.txt"), slurp(dir / "err.txt")};
-  }
   // A checkpoint of `preset` after one step on this test's shards, read as bytes.
   fs::path checkpoint(const std::string& preset) const {
     std::ofstream(dir / "data" / "dataset.json")
