@@ -151,6 +151,36 @@ TEST(Nf4Dequantize, AnyRangeMatchesTheWhole) {
   }
 }
 
+TEST(Nf4Dequantize, TilesMatchTheWhole) {
+  // Rectangles of W (the input gradient's column tiles), odd columns included, written densely.
+  MemoryPool pool;
+  const int64_t rows = 13, cols = 323;
+  const auto x = weight_values(rows, cols, 6);
+  OwnedNf4 q(rows, cols);
+  quantize(pool, x, q);
+  std::vector<float> want(x.size());
+  ref::nf4_dequantize(q.w, want.data());
+  for (auto [c0, c1] : {std::pair<int64_t, int64_t>{0, 128}, {128, 256}, {256, 323}, {1, 2},
+                        {37, 100}}) {
+    for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, 13}, {5, 6}, {3, 11}}) {
+      std::vector<float> f(static_cast<size_t>((r1 - r0) * (c1 - c0)));
+      std::vector<uint16_t> h(f.size());
+      nf4_dequantize_tile(q.w, r0, r1, c0, c1, DType::f32, f.data());
+      nf4_dequantize_tile(q.w, r0, r1, c0, c1, DType::bf16, h.data());
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const auto j = static_cast<size_t>((r - r0) * (c1 - c0) + (c - c0));
+          const float v = want[static_cast<size_t>(r * cols + c)];
+          ASSERT_EQ(f[j], v) << r << "," << c;
+          ASSERT_EQ(h[j], bf16_from_f32(v)) << r << "," << c;
+        }
+    }
+  }
+  float buf[8];
+  EXPECT_TRUE(test::throws_with<ShapeError>(
+      [&] { nf4_dequantize_tile(q.w, 0, 1, 320, 324, DType::f32, buf); }, {"columns [320, 324)"}));
+}
+
 TEST(Nf4Quantize, RowPiecesEqualTheWhole) {
   // A load that streams the weight in: pieces of rows in any order, then the second level.
   MemoryPool pool;

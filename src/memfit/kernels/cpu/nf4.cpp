@@ -155,11 +155,21 @@ void Nf4QuantizeF32(const float* x, int64_t n, uint8_t* codes, float* absmax) {
 void Nf4QuantizeBf16(const uint16_t* x, int64_t n, uint8_t* codes, float* absmax) {
   quantize_blocks<DType::bf16>(x, n, codes, absmax);
 }
-void Nf4Dequantize(const Nf4Weight& w, int64_t e0, int64_t n, int out, void* dst) {
+// Rows [r0, r1) of the columns [c0, c0 + t) to dst, row after row (t a row).
+template <Out O>
+void dequantize_rect(const Nf4Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t t,
+                     void* dst) {
+  const size_t esize = O == Out::bf16 ? 2 : 4;
+  for (int64_t r = r0; r < r1; ++r)
+    dequantize<O>(w, r * w.cols + c0, t, static_cast<char*>(dst) + (r - r0) * t * esize);
+}
+
+void Nf4Dequantize(const Nf4Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t t, int out,
+                   void* dst) {
   switch (static_cast<Out>(out)) {
-    case Out::f32: return dequantize<Out::f32>(w, e0, n, dst);
-    case Out::bf16: return dequantize<Out::bf16>(w, e0, n, dst);
-    case Out::f32_of_bf16: return dequantize<Out::f32_of_bf16>(w, e0, n, dst);
+    case Out::f32: return dequantize_rect<Out::f32>(w, r0, r1, c0, t, dst);
+    case Out::bf16: return dequantize_rect<Out::bf16>(w, r0, r1, c0, t, dst);
+    case Out::f32_of_bf16: return dequantize_rect<Out::f32_of_bf16>(w, r0, r1, c0, t, dst);
   }
 }
 
@@ -308,19 +318,32 @@ void nf4_quantize(const Tensor& src, Nf4Weight& w, Tensor& absmax_scratch) {
   nf4_quantize_absmax(absmax_scratch, w);
 }
 
-void nf4_dequantize_n(const Nf4Weight& w, int64_t e0, int64_t n, DType dst_type, void* dst,
-                      bool round_bf16) {
-  int out = 0;
-  if (dst_type == DType::bf16)
-    out = 1;
-  else if (round_bf16)
-    out = 2;
+namespace {
+// The Out of the SIMD code (f32, bf16, f32 of bf16) for a destination type.
+int out_form(DType dst_type, bool round_bf16) {
   MEMFIT_CHECK_DTYPE(dst_type == DType::f32 || dst_type == DType::bf16, "nf4_dequantize",
                      "dst must be f32 or bf16, got {}", dtype_name(dst_type));
+  return dst_type == DType::bf16 ? 1 : round_bf16 ? 2 : 0;
+}
+}  // namespace
+
+void nf4_dequantize_n(const Nf4Weight& w, int64_t e0, int64_t n, DType dst_type, void* dst,
+                      bool round_bf16) {
+  const int out = out_form(dst_type, round_bf16);
   MEMFIT_CHECK_SHAPE(e0 >= 0 && n >= 0 && e0 + n <= w.numel(), "nf4_dequantize",
                      "elements [{}, {}) lie outside a ({}, {}) weight", e0, e0 + n, w.rows,
                      w.cols);
-  if (n > 0) MEMFIT_SIMD_DISPATCH(Nf4Dequantize)(w, e0, n, out, dst);
+  // One "row" of n elements: the range may span rows of W.
+  if (n > 0) MEMFIT_SIMD_DISPATCH(Nf4Dequantize)(w, 0, 1, e0, n, out, dst);
+}
+
+void nf4_dequantize_tile(const Nf4Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                         DType dst_type, void* dst, bool round_bf16) {
+  const int out = out_form(dst_type, round_bf16);
+  MEMFIT_CHECK_SHAPE(0 <= r0 && r0 <= r1 && r1 <= w.rows && 0 <= c0 && c0 <= c1 && c1 <= w.cols,
+                     "nf4_dequantize", "rows [{}, {}) x columns [{}, {}) lie outside a ({}, {}) "
+                     "weight", r0, r1, c0, c1, w.rows, w.cols);
+  if (r1 > r0 && c1 > c0) MEMFIT_SIMD_DISPATCH(Nf4Dequantize)(w, r0, r1, c0, c1 - c0, out, dst);
 }
 
 void nf4_dequantize_rows(const Nf4Weight& w, int64_t row0, Tensor& dst) {

@@ -112,5 +112,9 @@ void nf4_dequantize_rows(const Nf4Weight& w, int64_t row0, Tensor& dst);
 // thread. Any start and length.
 void nf4_dequantize_n(const Nf4Weight& w, int64_t e0, int64_t n, DType dst_type, void* dst,
                       bool round_bf16 = false);
+// The same for the rectangle rows [r0, r1) x columns [c0, c1) of W, written densely (row stride
+// c1 - c0) in one dispatch: the input gradient's column tiles (nf4_matmul.h).
+void nf4_dequantize_tile(const Nf4Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                         DType dst_type, void* dst, bool round_bf16 = false);
 
 }  // namespace memfit::kernels

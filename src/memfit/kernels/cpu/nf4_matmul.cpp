@@ -3,6 +3,8 @@
 #include "memfit/kernels/cpu/nf4_matmul.h"
 #include "memfit/kernels/kernel_times.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "memfit/core/error.h"
@@ -105,9 +107,14 @@ void dequantize_row_tile(const Nf4Weight& w, int64_t r0, int64_t t, DType type, 
 void dequantize_col_tile(const Nf4Weight& w, int64_t c0, int64_t t, DType type, bool round,
                          void* tile) {
   const size_t esize = dtype_size(type);
-#pragma omp parallel for schedule(static) if (w.rows * t > kParallelGrain)
-  for (int64_t r = 0; r < w.rows; ++r)
-    nf4_dequantize_n(w, r * w.cols + c0, t, type, static_cast<char*>(tile) + r * t * esize, round);
+  const int64_t rows = w.rows;
+#pragma omp parallel if (rows * t > kParallelGrain)
+  {  // a contiguous range of rows per thread, one dispatch each
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t r0 = rows * tid / nth, r1 = rows * (tid + 1) / nth;
+    nf4_dequantize_tile(w, r0, r1, c0, c0 + t, type, static_cast<char*>(tile) + r0 * t * esize,
+                        round);
+  }
 }
 
 // C (R x n, row stride ldc, `c_type`) = A (R x K, lda) @ op(B) with bf16 A and B.
