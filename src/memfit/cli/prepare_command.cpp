@@ -1,5 +1,6 @@
-// memfit prepare: text files (or the Brown corpus) to train/val token shards. The work is
-// io::prepare_dataset; this file is the command line, the progress line and the summary.
+// memfit prepare: text files (or the Brown corpus, or JSONL chat records) to train/val token
+// shards. The work is io::prepare_dataset; this file is the command line, the progress line and
+// the summary.
 #include <unistd.h>
 
 #include <chrono>
@@ -61,7 +62,8 @@ void run_prepare(const io::PrepareOptions& options) {
 
 void add_prepare_command(CLI::App& app) {
   auto options = std::make_shared<io::PrepareOptions>();
-  auto* cmd = app.add_subcommand("prepare", "Tokenize text files into training shards");
+  auto* cmd = app.add_subcommand(
+      "prepare", "Tokenize text files, or chat and instruction records, into training shards");
   cmd->add_option("--input", options->inputs,
                   "Text files, one document each; `brown` for the Brown corpus")
       ->required();
