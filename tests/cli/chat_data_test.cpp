@@ -19,12 +19,15 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class ChatData : public test::BinaryTest {
+template <class Base>
+class ChatFixture : public Base {
  protected:
-  ChatData() : BinaryTest(77) {}
+  using Base::dir;
+  using Base::run_memfit;
+  ChatFixture() : Base(77) {}
   void SetUp() override {
-    BinaryTest::SetUp();
-    if (IsSkipped()) return;
+    Base::SetUp();
+    if (::testing::Test::IsSkipped()) return;
     std::ofstream out(dir / "chat.jsonl");
     for (int i = 0; i < 24; ++i) {
       // Answers of different lengths, so windows hold different numbers of trained tokens.
@@ -57,6 +60,9 @@ class ChatData : public test::BinaryTest {
   std::string out() const { return test::slurp(dir / "out.txt"); }
   std::string err() const { return test::slurp(dir / "err.txt"); }
 };
+
+using ChatData = ChatFixture<test::BinaryTest>;
+using ChatDataTwoRanks = ChatFixture<test::MpiBinaryTest>;
 
 TEST_F(ChatData, PrepareThenTrainOnTheMaskedTokens) {
   ASSERT_EQ(run_memfit(prepare()), 0) << err();
@@ -116,6 +122,30 @@ TEST_F(ChatData, AnotherWindowOrAMalformedRecordExitsTwo) {
                                                        "role \"robot\""),
             std::string::npos)
       << err();
+}
+
+// Two ranks of batch 2 train as one process of batch 4: each rank counts the masked-in targets
+// of the whole global micro-batch, so both divide by the same M.
+TEST_F(ChatDataTwoRanks, TwoRanksTrainAsOneProcessWithTwiceTheBatch) {
+  ASSERT_EQ(run_memfit(prepare()), 0) << err();
+  const fs::path a = dir / "one.jsonl", b = dir / "two.jsonl";
+  ASSERT_EQ(run_memfit(train(fmt::format("--batch 4 --eval-batches 2 --log '{}'", a.string()))),
+            0)
+      << err();
+  ASSERT_EQ(run_memfit(train(fmt::format("--batch 2 --eval-batches 2 --log '{}'", b.string())), 2),
+            0)
+      << err();
+  const std::vector<json> one = log_lines(a), two = log_lines(b);
+  ASSERT_EQ(one.size(), two.size());
+  int compared = 0;
+  for (size_t i = 0; i < one.size(); ++i)
+    for (const char* key : {"loss", "val_loss"}) {
+      if (!one[i].contains(key)) continue;
+      const double x = one[i][key], y = two[i][key];
+      EXPECT_LE(std::abs(x - y), 2e-5 * std::abs(x)) << key << " at step " << one[i]["step"];
+      ++compared;
+    }
+  EXPECT_EQ(compared, 4);
 }
 
 }  // namespace
