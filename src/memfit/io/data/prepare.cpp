@@ -241,12 +241,11 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
   };
   write_split("train", 0, split.begin, summary.train_files);
   write_split("val", split.begin, n, summary.val_files);
-  const json info_base = {{"tokenizer", summary.tokenizer},     {"vocab_size", summary.vocab_size},
-                     {"eot_token", summary.eot_token},     {"token_bytes", summary.token_bytes},
-                     {"documents", summary.documents},     {"train_tokens", summary.train_tokens},
-                     {"val_tokens", summary.val_tokens}};
-  json info = info_base;
-  if (chat) {
+  json info = {{"tokenizer", summary.tokenizer},     {"vocab_size", summary.vocab_size},
+               {"eot_token", summary.eot_token},     {"token_bytes", summary.token_bytes},
+               {"documents", summary.documents},     {"train_tokens", summary.train_tokens},
+               {"val_tokens", summary.val_tokens}};
+  if (chat) {  // docs/data.md, "Chat and instruction data"
     info["format"] = o.format;
     info["template"] = summary.chat_template;
     info["window"] = summary.window;
