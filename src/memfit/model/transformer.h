@@ -158,6 +158,15 @@ class Transformer {
   // (loss_scale: fp16's dynamic loss scale, which the gradients then carry too).
   float forward(const Tensor& tokens, const Tensor& targets, bool training,
                 float loss_scale = 1.0f);
+  // With a loss mask (docs/data.md, "Loss masks"): mask (B, T) u8, 1 where the target counts.
+  // Returns the SUM of the cross-entropy over the masked-in positions (not a mean: the caller
+  // knows the denominator, the masked-in targets of the whole step), and in training seeds
+  // `dloss` (the caller's loss_scale / denominator, times whatever the update divides by) into
+  // each masked-in position's gradient. A masked-out position adds exactly 0 to the loss and
+  // to every gradient, so its target's value does not matter (its input token still serves as
+  // context to the positions after it).
+  float forward_masked(const Tensor& tokens, const Tensor& targets, const Tensor& mask,
+                       bool training, float dloss);
   // Accumulates (+=) every parameter's gradient of the last training forward into grads().
   void backward();
   // The same, calling final_from(e) whenever the gradient slab's elements [e, end) are final for

@@ -77,8 +77,8 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
 // rounded in place in the f32 logits instead. On oneDNN's bf16 GEMM ws.dlogits holds a group of
 // chunks (lm_head_grad_rows) and d(head) is accumulated once per group.
 void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
-                              const Tensor* targets, bool training, float dloss,
-                              float* loss_sum) {
+                              const Tensor* targets, const Tensor* mask, bool training,
+                              float dloss, float* loss_sum) {
   const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.padded_vocab;
   const int64_t R = lm_head_rows(options_, N);       // the chunk
   const int64_t G = lm_head_grad_rows(options_, N);  // the gradient's group of chunks
@@ -107,6 +107,7 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
   norm = norm.reshape({N, C});
   dnorm = dnorm.reshape({N, C});
   Tensor flat_targets = targets->reshape({N});
+  Tensor flat_mask = mask ? mask->reshape({N}) : Tensor{};
   Tensor dhead = g.head, no_grad;
   for (int64_t g0 = 0; g0 < N; g0 += G) {
     const int64_t g1 = std::min(N, g0 + G);
@@ -116,19 +117,22 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
       Tensor x = norm.slice(r0, r1);
       Tensor logits = logits_ws.slice(0, rows);
       Tensor tgt = flat_targets.slice(r0, r1), loss = losses.slice(r0, r1);
+      Tensor chunk_mask = mask ? flat_mask.slice(r0, r1) : Tensor{};
+      const Tensor* keep = mask ? &chunk_mask : nullptr;
       if (widens)
         matmul_forward_widened_blocked(logits, x, w.head, head_ws);
       else
         linear_forward(ctx, logits, x, w.head, no_grad);
       if (!training) {
-        crossentropy_forward(loss, logits, tgt, config_.vocab_size);
+        crossentropy_forward(loss, logits, tgt, config_.vocab_size, keep);
         continue;
       }
       Tensor dlogits = dlogits_ws.slice(r0 - g0, r1 - g0);
       if (mixed && !widens)
-        crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss);
+        crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss,
+                                      keep);
       else  // f32, or the gradient rounded to h and kept widened in place
-        crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss, h);
+        crossentropy_forward_backward(loss, logits, tgt, config_.vocab_size, dloss, h, keep);
       Tensor dx = dnorm.slice(r0, r1);
       if (widens) {
         matmul_backward_widened_blocked(dx, dhead, logits, x, w.head, head_ws);
@@ -154,10 +158,10 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
 
 float TransformerStep::forward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                                const Tensor* tokens, const Tensor* targets, bool training,
-                               float dloss) {
+                               float dloss, const Tensor* mask) {
   forward_blocks(ctx, w, g, tokens, training);
   float loss_sum = 0;
-  lm_head(ctx, w, g, targets, training, dloss, &loss_sum);
+  lm_head(ctx, w, g, targets, mask, training, dloss, &loss_sum);
   if (ctx.running() && training) {
     // backward() needs the tokens for the embedding's gradient; keep a copy in the plan's
     // buffer rather than trusting the caller's tensor to stay unchanged.

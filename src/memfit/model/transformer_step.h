@@ -24,9 +24,11 @@ class TransformerStep {
 
   // Mean cross-entropy of predicting targets from tokens ((B, T) i32 each; null when planning),
   // the LM head's backward fused in when `training` (dloss: the loss gradient per position).
-  // Returns the summed loss.
+  // Returns the summed loss. `mask` ((B, T) u8, or null): only the positions whose mask is 1
+  // count, in the loss and in every gradient (crossentropy.h; docs/data.md, "Loss masks").
   float forward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
-                const Tensor* tokens, const Tensor* targets, bool training, float dloss);
+                const Tensor* tokens, const Tensor* targets, bool training, float dloss,
+                const Tensor* mask = nullptr);
   // Accumulates every parameter's gradient of the last training forward into g.
   // `done`, if set, is called (running only) after the final norm's backward with n_layer, after
   // block l's with l, and after the embedding's with -1: the gradients that part writes last
@@ -47,7 +49,8 @@ class TransformerStep {
   void block_forward(StepContext& ctx, PhaseKind kind, int l, const ModelWeights& w,
                      const ModelWeights& g, bool training = true);
   void lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
-               const Tensor* targets, bool training, float dloss, float* loss_sum);
+               const Tensor* targets, const Tensor* mask, bool training, float dloss,
+               float* loss_sum);
 
   const ModelConfig config_;
   const ActivationOptions options_;

@@ -12,6 +12,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/io/data/data_loader.h"
+#include "memfit/io/data/loss_mask.h"
 #include "memfit/io/hf/model_weights.h"
 #include "memfit/io/checkpoint/streamed_weights.h"
 #include "memfit/memory/pool.h"
@@ -270,8 +271,10 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     r.data_included = !train_shards.empty();
     at(Category::staging) = r.data_included ? io::DataLoader::staging_bytes(train_shards, d)
                                             : io::DataLoader::buffer_bytes(d);
-    if (!r.data_included || !shards("val").empty())
-      at(Category::staging) += io::DataLoader::buffer_bytes(d);  // val: in order, no permutation
+    const auto val_shards = shards("val");
+    if (!r.data_included || !val_shards.empty())  // val: in order, no permutation
+      at(Category::staging) +=
+          io::DataLoader::buffer_bytes(d, !val_shards.empty() && io::have_loss_masks(val_shards));
   }
   at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;
   // A save that streams the weights of record from the offload files: its staging.

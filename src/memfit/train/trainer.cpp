@@ -38,6 +38,7 @@
 #include "memfit/train/run_setup.h"
 #include "memfit/train/grad_clip.h"
 #include "memfit/train/interrupt.h"
+#include "memfit/train/masked_loss.h"
 #include "memfit/train/offload_disk.h"
 #include "memfit/train/progress.h"
 #include "memfit/train/resume_state.h"
@@ -611,6 +612,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     const profile::Scope slice(recorder(), "evaluation", profile::SliceKind::evaluation);
     val_data->set_position(0);
     const int64_t n = std::min<int64_t>(cfg.eval_batches, val_data->batches_per_epoch());
+    const StepLoss eval_loss = step_loss_begin(*val_data, n, 1, 1.0f);  // masks: masked_loss.h
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) {
       const profile::Scope batch(recorder(), fmt::format("evaluation batch {}", i + 1),
@@ -619,13 +621,15 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
         const profile::Scope data(recorder(), "data", profile::SliceKind::data);
         val_data->next_batch();
       }
-      sum += gpt.forward(val_data->inputs(), val_data->targets(), /*training=*/false);
+      sum += micro_batch_loss(gpt, *val_data, eval_loss, /*training=*/false);
     }
-    if (W == 1) return static_cast<float>(sum / n);
+    if (W == 1) return step_loss_mean(sum, eval_loss, n);
     // Stage 3's gathers for the evaluation are not a training step's (comm_bytes).
     gpt.take_gathered_bytes();
     const profile::Scope all(recorder(), "loss all-reduce", profile::SliceKind::collective);
-    return sum_ranks(static_cast<float>(sum)) / static_cast<float>(n * W);
+    const float summed = sum_ranks(static_cast<float>(sum));
+    return eval_loss.masked ? step_loss_mean(summed, eval_loss, n * W)
+                            : summed / static_cast<float>(n * W);
   };
 
   Progress progress(last_step, stderr, std::max<int64_t>(1, last_step / 20));
@@ -662,6 +666,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
       grads_file->set_unscale(scaler ? std::optional<float>(scaler->inv_scale()) : std::nullopt);
     double loss_sum = 0;
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
+    const StepLoss step_loss =  // masks: the step's masked-in targets (masked_loss.h)
+        step_loss_begin(*train_data, spec.grad_accum, int64_t{spec.grad_accum} * W, loss_scale);
     for (int m = 0; m < spec.grad_accum; ++m) {
       const profile::Scope batch(recorder(), fmt::format("micro-batch {}", m + 1),
                                  profile::SliceKind::micro_batch);
@@ -669,8 +675,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
         const profile::Scope data(recorder(), "data", profile::SliceKind::data);
         train_data->next_batch();
       }
-      loss_sum += gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true,
-                              loss_scale);
+      loss_sum += micro_batch_loss(gpt, *train_data, step_loss, /*training=*/true, loss_scale);
       // The last micro-batch's backward finishes the gradients: data parallelism sums each
       // bucket over the ranks as soon as the backward has finished it. (Per-unit gradients are
       // reduced by every backward.)
@@ -689,7 +694,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
       if (sync) sync->finish();
       loss_sum = sum_ranks(static_cast<float>(loss_sum));
     }
-    const float loss = static_cast<float>(loss_sum / (spec.grad_accum * W));
+    const float loss = step_loss_mean(loss_sum, step_loss, int64_t{spec.grad_accum} * W);
     // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
     // position is the number of steps that updated, which the scaler's state keeps over resumes.
     const float lr = cfg.schedule.at(step - (scaler ? scaler->skipped() : 0));

@@ -53,12 +53,14 @@ class DataLoader {
                               const DataLoaderOptions& options);
   // What does not depend on the data: the (B, T + 1) int32 window staging (int32 whatever the
   // shards' token width, so it does not depend on them) and the (B, T) int32 inputs and
-  // targets, each rounded to the pool's alignment.
-  static size_t buffer_bytes(const DataLoaderOptions& options);
+  // targets, each rounded to the pool's alignment; with `masked` (the shards have loss-mask
+  // shards, loss_mask.h), the (B, T) u8 mask too.
+  static size_t buffer_bytes(const DataLoaderOptions& options, bool masked = false);
   // With shuffle, the epoch's permutation: 4 bytes per window (0 without shuffle).
   static size_t permutation_bytes(const DataLoaderOptions& options, int64_t num_windows);
 
-  // Opens `shards` (concatenated in the given order; their headers are checked) and allocates
+  // Opens `shards` (concatenated in the given order; their headers are checked) and, when they
+  // have loss-mask shards beside them (all or none: loss_mask.h), those too, and allocates
   // the staging. With a vocabulary size it reads every token once, through the staging, to
   // check it. Throws ConfigError for a bad B or T, IoError for a bad shard, a token outside the
   // vocabulary, or when the tokens do not make one window.
@@ -70,6 +72,8 @@ class DataLoader {
   // train_*.bin in `dir`, sorted by name. Throws IoError if there are none.
   static DataLoader train(MemoryPool& pool, const std::filesystem::path& dir,
                           const DataLoaderOptions& options);
+  // Both check that masked data (chat, instruct) was padded to windows of seq_len: ConfigError
+  // naming the --seq-len it was prepared with otherwise.
   // val_*.bin in `dir`, windows in order (shuffle is ignored). Throws IoError if there are none.
   static DataLoader val(MemoryPool& pool, const std::filesystem::path& dir,
                         DataLoaderOptions options);
@@ -79,6 +83,16 @@ class DataLoader {
   // int32 (B, T), allocated once (Category::staging) and refilled by next_batch().
   const Tensor& inputs() const { return inputs_; }
   const Tensor& targets() const { return targets_; }
+  // Loss masks (docs/data.md, "Loss masks"): whether the shards have mask shards, and then the
+  // (B, T) u8 mask of the batch, refilled by next_batch() with targets(): 1 where the target
+  // counts in the loss (allocated once, Category::staging, "data.mask").
+  bool has_loss_mask() const;
+  const Tensor& loss_mask() const { return mask_; }
+  // The masked-in targets of micro-batches [first, first + count) over EVERY rank's rows (the
+  // global micro-batches, as one process with batch world x B reads them): the denominator of
+  // a step's mean loss, the same on every rank without communication. Reads the masks through
+  // the window staging (clobbers it, not inputs(), targets() or loss_mask()).
+  int64_t count_masked(int64_t first, int64_t count);
 
   // The number of the micro-batch next_batch() loads next (k, counting from 0 across gradient
   // accumulation steps). Save it with a checkpoint; set it to resume.
@@ -109,6 +123,8 @@ class DataLoader {
  private:
   // The permutation of epoch `epoch` (shuffle only), computed when first asked for.
   const int32_t* permutation(int64_t epoch) const;
+  // The window the `visit`-th row of the run reads (counting every rank's rows).
+  int64_t window_of_visit(int64_t visit) const;
   // Reads tokens [start, start + dst.size()) of the split into dst, checking the vocabulary.
   void read_tokens(int64_t start, std::span<int32_t> dst) const;
 
@@ -118,11 +134,17 @@ class DataLoader {
   int64_t num_tokens_ = 0;
   Tensor window_;  // i32 (B, T + 1): the tokens of one batch's windows
   Tensor inputs_, targets_;
+  Tensor mask_;  // u8 (B, T), masked data only
   int64_t num_windows_ = 0;
   int64_t position_ = 0;
   mutable Tensor permutation_;  // i32 (num_windows), shuffle only
   mutable int64_t permutation_epoch_ = -1;
 };
+
+// ConfigError when the shards in `dir` have loss masks and dataset.json says their records were
+// padded to windows of another length than seq_len (DataLoader::train and ::val call it).
+void check_loss_mask_window(const std::filesystem::path& dir,
+                            const std::vector<std::filesystem::path>& shards, int64_t seq_len);
 
 // Fisher-Yates permutation of [0, n) from std::mt19937_64 seeded with `seed`, drawing indices
 // by rejection (no std::uniform_int_distribution), so it is the same on every platform.

@@ -1,6 +1,7 @@
 // `memfit prepare` as a library function: check, tokenize, split, write. See prepare.h.
 #include "memfit/io/data/prepare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -11,6 +12,8 @@
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/data/brown_corpus.h"
 #include "memfit/io/data/data_loader.h"
+#include "memfit/io/data/loss_mask.h"
+#include "memfit/io/data/prepare_chat.h"
 #include "memfit/io/data/token_shard.h"
 #include "memfit/io/tokenizer/tokenizer.h"
 
@@ -113,6 +116,9 @@ std::optional<DatasetInfo> read_dataset_info(const fs::path& dir) {
     info.documents = j.value("documents", int64_t{0});
     info.train_tokens = j.value("train_tokens", int64_t{0});
     info.val_tokens = j.value("val_tokens", int64_t{0});
+    info.format = j.value("format", std::string("text"));
+    info.chat_template = j.value("template", std::string());
+    info.window = j.value("window", int64_t{0});
   } catch (const json::exception& e) {
     MEMFIT_THROW(IoError, "prepare", "{} is malformed: {}", file.string(), e.what());
   }
@@ -133,6 +139,16 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
   if (o.shard_tokens <= 0)
     MEMFIT_THROW(ConfigError, "prepare", "tokens per shard must be positive, got {}",
                  o.shard_tokens);
+  if (o.format != "text" && o.format != "chat" && o.format != "instruct")
+    MEMFIT_THROW(ConfigError, "prepare", "unknown format '{}'; expected text, chat or instruct",
+                 o.format);
+  const bool chat = o.format != "text";
+  if (chat && o.window < 2)
+    MEMFIT_THROW(ConfigError, "prepare", "--format {} pads every record to one window: pass "
+                 "--seq-len T (at least 2), the --seq-len you will train with", o.format);
+  if (chat && std::find(o.inputs.begin(), o.inputs.end(), "brown") != o.inputs.end())
+    MEMFIT_THROW(ConfigError, "prepare", "--format {} reads JSONL files of records; brown is "
+                 "text (use --format text)", o.format);
   std::vector<Source> sources = resolve_inputs(o);
   std::error_code ec;
   const bool out_exists = fs::exists(o.out_dir, ec);
@@ -149,37 +165,52 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
                  o.out_dir.string(), stale.size(), stale.front().filename().string());
   auto tokenizer = make_tokenizer(o.tokenizer, o.vocab_dir);
 
-  // Tokenize: [eot] + tokens for every non-empty document.
   PrepareSummary summary;
   summary.tokenizer = std::string(tokenizer->name());
   summary.vocab_size = tokenizer->vocab_size();
   summary.eot_token = tokenizer->eot_token();
   summary.token_bytes = shard_token_bytes_for_vocab(summary.vocab_size);
   std::vector<int32_t> tokens;
-  std::vector<int64_t> doc_starts;
-  std::vector<int32_t> ids;
-  int64_t text_bytes = 0;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const Source& src = sources[i];
-    std::string text = src.brown_id.empty() ? read_text_file(src.path)
-                                            : read_brown_document(src.path, src.brown_id).text;
-    text_bytes += static_cast<int64_t>(text.size());
-    if (!text.empty()) {
-      doc_starts.push_back(static_cast<int64_t>(tokens.size()));
-      ids.assign(1, tokenizer->eot_token());
-      tokenizer->encode_append(text, ids);
-      tokens.insert(tokens.end(), ids.begin(), ids.end());
+  std::vector<uint8_t> mask;  // chat and instruct: one byte per token
+  ValSplit split;
+  if (chat) {
+    ChatTokens c = tokenize_chat_records(o, *tokenizer, progress);
+    tokens = std::move(c.tokens);
+    mask = std::move(c.mask);
+    split = {c.val_begin, true};
+    summary.documents = summary.records = c.records;
+    summary.records_truncated = c.truncated;
+    summary.records_dropped = c.dropped;
+    summary.train_masked = c.train_masked;
+    summary.val_masked = c.val_masked;
+    summary.chat_template = c.template_name;
+    summary.window = o.window;
+  } else {
+    // Tokenize: [eot] + tokens for every non-empty document.
+    std::vector<int64_t> doc_starts;
+    std::vector<int32_t> ids;
+    int64_t text_bytes = 0;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const Source& src = sources[i];
+      std::string text = src.brown_id.empty() ? read_text_file(src.path)
+                                              : read_brown_document(src.path, src.brown_id).text;
+      text_bytes += static_cast<int64_t>(text.size());
+      if (!text.empty()) {
+        doc_starts.push_back(static_cast<int64_t>(tokens.size()));
+        ids.assign(1, tokenizer->eot_token());
+        tokenizer->encode_append(text, ids);
+        tokens.insert(tokens.end(), ids.begin(), ids.end());
+      }
+      if (progress) progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(sources.size()),
+                             static_cast<int64_t>(tokens.size()));
     }
-    if (progress) progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(sources.size()),
-                           static_cast<int64_t>(tokens.size()));
+    if (text_bytes == 0)
+      MEMFIT_THROW(IoError, "prepare", "the input is empty: {} file(s), no text (first: {})",
+                   sources.size(), o.inputs.front());
+    summary.documents = static_cast<int64_t>(doc_starts.size());
+    split = choose_val_split(doc_starts, static_cast<int64_t>(tokens.size()), o.val_fraction);
   }
-  if (text_bytes == 0)
-    MEMFIT_THROW(IoError, "prepare", "the input is empty: {} file(s), no text (first: {})",
-                 sources.size(), o.inputs.front());
-  summary.documents = static_cast<int64_t>(doc_starts.size());
-
   const int64_t n = static_cast<int64_t>(tokens.size());
-  ValSplit split = choose_val_split(doc_starts, n, o.val_fraction);
   summary.train_tokens = split.begin;
   summary.val_tokens = n - split.begin;
   summary.val_at_document_boundary = split.at_document_boundary;
@@ -202,14 +233,26 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
                         summary.token_bytes);
       written.add(path);
       files.push_back(path);
+      if (chat) {
+        write_loss_mask(loss_mask_path(path), {mask.data() + at, static_cast<size_t>(count)});
+        written.add(loss_mask_path(path));
+      }
     }
   };
   write_split("train", 0, split.begin, summary.train_files);
   write_split("val", split.begin, n, summary.val_files);
-  const json info = {{"tokenizer", summary.tokenizer},     {"vocab_size", summary.vocab_size},
-                     {"eot_token", summary.eot_token},     {"token_bytes", summary.token_bytes},
-                     {"documents", summary.documents},     {"train_tokens", summary.train_tokens},
-                     {"val_tokens", summary.val_tokens}};
+  json info = {{"tokenizer", summary.tokenizer},     {"vocab_size", summary.vocab_size},
+               {"eot_token", summary.eot_token},     {"token_bytes", summary.token_bytes},
+               {"documents", summary.documents},     {"train_tokens", summary.train_tokens},
+               {"val_tokens", summary.val_tokens}};
+  if (chat) {  // docs/data.md, "Chat and instruction data"
+    info["format"] = o.format;
+    info["template"] = summary.chat_template;
+    info["window"] = summary.window;
+    info["records"] = summary.records;
+    info["train_masked_tokens"] = summary.train_masked;
+    info["val_masked_tokens"] = summary.val_masked;
+  }
   write_file_atomic(o.out_dir / kDatasetInfoFile, info.dump(2) + "\n");
   written.add(o.out_dir / kDatasetInfoFile);
   written.commit();
@@ -220,6 +263,14 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareProgress& p
     for (const auto& w : summary.train_files) rewritten |= w.filename() == f.filename();
     for (const auto& w : summary.val_files) rewritten |= w.filename() == f.filename();
     if (!rewritten) fs::remove(f, ec);
+  }
+  // A mask shard this run did not write would turn its (new or old) token shard into chat data.
+  for (const auto& f : stale) {
+    const fs::path m = loss_mask_path(f);
+    bool rewritten = false;
+    for (const auto& w : summary.train_files) rewritten |= chat && w.filename() == f.filename();
+    for (const auto& w : summary.val_files) rewritten |= chat && w.filename() == f.filename();
+    if (!rewritten) fs::remove(m, ec);
   }
   return summary;
 }

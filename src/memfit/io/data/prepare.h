@@ -23,6 +23,14 @@ struct PrepareOptions {
   double val_fraction = 0.05;           // in [0, 1): the last fraction of tokens becomes val
   int64_t shard_tokens = 100'000'000;   // at most this many tokens per shard file
   bool overwrite = false;               // replace shards already in out_dir
+  // "text": each input a document. "chat" / "instruct": each input a JSONL file of records
+  // (chat_record.h), rendered by `chat_template` (chat_template.h; empty: llama3 with the
+  // llama3 tokenizer, else plain) and written with loss-mask shards (loss_mask.h).
+  std::string format = "text";
+  std::string chat_template;
+  // Chat and instruct: every record padded (or cut) to this many tokens, one window of
+  // `memfit train --seq-len` each (required there; unused for text).
+  int64_t window = 0;
 };
 
 struct PrepareSummary {
@@ -34,6 +42,13 @@ struct PrepareSummary {
   int64_t train_tokens = 0, val_tokens = 0;
   bool val_at_document_boundary = true;
   std::vector<std::filesystem::path> train_files, val_files;
+  // Chat and instruct: the template, the window, the records written, those cut to the window
+  // (their tail lost) and those dropped because no trained token was left in the window, and
+  // the tokens masked in (trained) in each split. Mask shards lie beside train_files/val_files.
+  std::string chat_template;
+  int64_t window = 0;
+  int64_t records = 0, records_truncated = 0, records_dropped = 0;
+  int64_t train_masked = 0, val_masked = 0;
 };
 
 // Where the validation split starts: a token index into the stream of `num_tokens` tokens whose
@@ -59,6 +74,11 @@ struct DatasetInfo {
   int32_t eot_token = 0;    // the token before each document
   int32_t token_bytes = 2;  // 2: version-1 shards (uint16); 4: version-2 shards (uint32)
   int64_t documents = 0, train_tokens = 0, val_tokens = 0;
+  // Chat and instruct data ("format": "chat"; text: "text", or absent in older files): the
+  // template and the window each record was padded to (0 for text).
+  std::string format = "text";
+  std::string chat_template;
+  int64_t window = 0;
 };
 inline constexpr const char* kDatasetInfoFile = "dataset.json";
 
@@ -76,6 +96,12 @@ std::optional<DatasetInfo> read_dataset_info(const std::filesystem::path& dir);
 // Everything is checked before anything is written: inputs that are missing or empty, a bad
 // fraction, shards already in out_dir (unless overwrite) throw ConfigError or IoError. If writing
 // fails, the files written so far are removed.
+// Chat and instruct formats (docs/data.md, "Chat and instruction data"): every record rendered
+// by the template, cut to `window` tokens or padded to them with the template's pad token
+// (masked out), the last `val_fraction` of the records (at least one when it is not 0) as
+// validation data; each split ends with one more pad token, so its last record has a whole
+// window (T + 1 tokens). Beside every token shard, its loss-mask shard. Malformed records are
+// IoErrors naming file, line and field.
 PrepareSummary prepare_dataset(const PrepareOptions& options,
                                const PrepareProgress& progress = {});
 

@@ -124,6 +124,7 @@ void CeRowScaleRoundPad(DType t, float* x, int64_t V, int64_t Vp, float s) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <algorithm>
 #include <cmath>
 
 #include "memfit/kernels/cpu/checks.h"
@@ -176,18 +177,34 @@ Dims check_args(std::string_view op, const Tensor& losses, const Tensor& logits,
   return {R, Vp};
 }
 
+// The mask's bytes (null without one), after checking it is (R) u8 of 0s and 1s.
+const uint8_t* check_mask(std::string_view op, const Tensor* mask, int64_t R) {
+  if (mask == nullptr) return nullptr;
+  expect_tensor(*mask, op, "mask", Shape{R}, DType::u8);
+  const uint8_t* m = mask->data<uint8_t>();
+  for (int64_t r = 0; r < R; ++r)
+    MEMFIT_CHECK(m[r] <= 1, op, "mask {} at row {} is not 0 or 1", int(m[r]), r);
+  return m;
+}
+
 }  // namespace
 
-void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V) {
+void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V,
+                          const Tensor* mask) {
   KernelScope timed("crossentropy_forward");
   const auto dims = check_args("crossentropy_forward", losses, logits, targets, V);
   const int64_t R = dims.R, Vp = dims.Vp;
+  const uint8_t* keep = check_mask("crossentropy_forward", mask, R);
   float* loss = losses.data<float>();
   // Forward reads only; row_sum_exp<false> never writes through this pointer.
   float* x = logits.data<float>();
   const int32_t* tg = targets.data<int32_t>();
 #pragma omp parallel for schedule(static) if (R * V > kParallelGrain)
   for (int64_t r = 0; r < R; ++r) {
+    if (keep && !keep[r]) {
+      loss[r] = 0;
+      continue;
+    }
     float* row = x + r * Vp;
     const float mx = row_max(row, V);
     const double sum = row_sum_exp<false>(row, V, mx);
@@ -196,11 +213,12 @@ void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& ta
 }
 
 void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor& targets, int64_t V,
-                                   float dloss, DType round_to) {
+                                   float dloss, DType round_to, const Tensor* mask) {
   KernelScope timed("crossentropy_forward_backward");
   constexpr std::string_view op = "crossentropy_forward_backward";
   const auto dims = check_args(op, losses, logits, targets, V);
   const int64_t R = dims.R, Vp = dims.Vp;
+  const uint8_t* keep = check_mask(op, mask, R);
   MEMFIT_CHECK_DTYPE(half::is_float_type(round_to), op, "round_to must be f32, bf16 or f16, got {}",
                      dtype_name(round_to));
   float* loss = losses.data<float>();
@@ -209,6 +227,11 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
 #pragma omp parallel for schedule(static) if (R * V > kParallelGrain)
   for (int64_t r = 0; r < R; ++r) {
     float* row = x + r * Vp;
+    if (keep && !keep[r]) {
+      loss[r] = 0;
+      std::fill_n(row, Vp, 0.0f);
+      continue;
+    }
     const int64_t t = tg[r];
     const float mx = row_max(row, V);
     const float xt = row[t];
@@ -223,11 +246,13 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
 }
 
 void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logits,
-                                   const Tensor& targets, int64_t V, float dloss) {
+                                   const Tensor& targets, int64_t V, float dloss,
+                                   const Tensor* mask) {
   KernelScope timed("crossentropy_forward_backward");
   constexpr std::string_view op = "crossentropy_forward_backward";
   const auto dims = check_args(op, losses, logits, targets, V);
   const int64_t R = dims.R, Vp = dims.Vp;
+  const uint8_t* keep = check_mask(op, mask, R);
   MEMFIT_CHECK(dlogits.defined(), op, "dlogits is undefined");
   MEMFIT_CHECK_DTYPE(half::is_float_type(dlogits.dtype()), op,
                      "dlogits must be f32, bf16 or f16, got {} {}", dtype_name(dlogits.dtype()),
@@ -244,6 +269,11 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logi
     // The in-place overload's arithmetic, step for step; only the last pass stores elsewhere.
 #pragma omp parallel for schedule(static) if (R * V > kParallelGrain)
     for (int64_t r = 0; r < R; ++r) {
+      if (keep && !keep[r]) {
+        loss[r] = 0;
+        std::fill_n(dx + r * Vp, Vp, half::Storage<D>{});
+        continue;
+      }
       float* row = x + r * Vp;
       const int64_t t = tg[r];
       const float mx = row_max(row, V);

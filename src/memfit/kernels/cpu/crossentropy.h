@@ -10,7 +10,12 @@ namespace memfit::kernels {
 
 // logits (R, Vp) f32 with only the first V columns real (the rest is padding); targets (R) i32
 // in [0, V); losses (R) receives -log softmax(logits)[target] per row.
-void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V);
+// Loss masks (docs/data.md, "Loss masks"): with `mask` (R) u8, a row whose mask is 0 is not
+// computed: its loss is exactly 0 and, in the overloads below, its gradient row exactly 0
+// (padding included), so it adds nothing to any gradient. Rows whose mask is 1 get the same
+// bits as without a mask. Null: every row counts.
+void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V,
+                          const Tensor* mask = nullptr);
 
 // As forward, then overwrites logits in place with their gradient:
 // dlogits = (softmax(logits) - onehot(target)) * dloss, and 0 in the padded columns. With
@@ -18,7 +23,8 @@ void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& ta
 // nearest even) and kept f32: the mixed overload's dlogits widened exactly, without the
 // separate tensor (the widened matmuls' operand, matmul_widened.h).
 void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor& targets,
-                                   int64_t V, float dloss, DType round_to = DType::f32);
+                                   int64_t V, float dloss, DType round_to = DType::f32,
+                                   const Tensor* mask = nullptr);
 
 // Mixed precision: the same loss and gradient, the gradient written into dlogits (R, Vp) of
 // f32, bf16 or f16, each element the f32 gradient above rounded once to nearest even (padding
@@ -26,6 +32,7 @@ void crossentropy_forward_backward(Tensor& losses, Tensor& logits, const Tensor&
 // loss scaling, dloss carries the scale (scale / (B*T)); an f16 dlogits then overflows to inf
 // only if dloss exceeds 65504.
 void crossentropy_forward_backward(Tensor& losses, Tensor& dlogits, Tensor& logits,
-                                   const Tensor& targets, int64_t V, float dloss);
+                                   const Tensor& targets, int64_t V, float dloss,
+                                   const Tensor* mask = nullptr);
 
 }  // namespace memfit::kernels

@@ -16,25 +16,27 @@ void row_softmax_stats(const double* x, int64_t V, double* mx, double* sum) {
 }  // namespace
 
 void crossentropy_forward_ref(double* losses, const double* logits, const int32_t* targets,
-                              int64_t R, int64_t Vp, int64_t V) {
+                              int64_t R, int64_t Vp, int64_t V, const uint8_t* mask) {
   for (int64_t r = 0; r < R; ++r) {
     const double* x = logits + r * Vp;
     double mx, sum;
     row_softmax_stats(x, V, &mx, &sum);
-    losses[r] = std::log(sum) + mx - x[targets[r]];
+    losses[r] = (std::log(sum) + mx - x[targets[r]]) * (mask ? mask[r] : 1.0);
   }
 }
 
 void crossentropy_backward_ref(double* dlogits, const double* logits, const int32_t* targets,
-                               int64_t R, int64_t Vp, int64_t V, double dloss) {
+                               int64_t R, int64_t Vp, int64_t V, double dloss,
+                               const uint8_t* mask) {
   for (int64_t r = 0; r < R; ++r) {
     const double* x = logits + r * Vp;
     double* d = dlogits + r * Vp;
     double mx, sum;
     row_softmax_stats(x, V, &mx, &sum);
+    const double weight = dloss * (mask ? mask[r] : 1.0);
     for (int64_t i = 0; i < V; ++i) {
       const double p = std::exp(x[i] - mx) / sum;
-      d[i] = (p - (i == targets[r] ? 1.0 : 0.0)) * dloss;
+      d[i] = (p - (i == targets[r] ? 1.0 : 0.0)) * weight;
     }
     for (int64_t i = V; i < Vp; ++i) d[i] = 0.0;
   }
