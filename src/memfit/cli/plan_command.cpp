@@ -416,7 +416,11 @@ void add_plan_command(CLI::App& app) {
         fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
     if (!*json && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
     const std::string precision_note = resolve_precision(*cfg);
-    if (!*json) print_precision_route(*cfg, precision_note);
+    // The route of the precision as resolved (bf16's widened matmuls); an unknown name is the
+    // run's to refuse (resolve_run), after these lines.
+    if (!*json)
+      print_precision_route(cfg->precision == "bf16" ? Precision::bf16 : Precision::fp32,
+                            precision_note);
     if (!*json && cfg->ranks > 1 && !dist::built_with_mpi())
       fmt::print("note: this memfit was built without MPI, so it cannot run the {} ranks planned "
                  "here: install libopenmpi-dev and rebuild (scripts/setup.sh does)\n",

@@ -331,44 +331,48 @@ void add_train_command(CLI::App& app) {
     dist::ProcessGrid grid(std::move(world), dist::GridShape{.data = world_size});
     const bool lead = grid.world().rank() == 0;
     cfg->ranks = grid.data().size();
+    // The checkpoint the run starts from, read once for every step below (run_setup.h).
+    StartingCheckpoint start(*cfg);
     // The preset's published learning rate and warmup, where the options leave them open.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
-    const std::string preset_line =
-        apply_preset_schedule(*cfg, {given("--lr"), given("--warmup"), given("--min-lr")});
+    const std::string preset_line = apply_preset_schedule(
+        *cfg, {given("--lr"), given("--warmup"), given("--min-lr")}, &start);
     if (lead && !preset_line.empty()) fmt::print("memfit: {}\n", preset_line);
     const std::string attention_line =
         fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
     if (lead && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
-    // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
-    AutoResolution run = resolve_auto(*cfg);
+    // The options resolved once into the typed run train() takes (strings stay here). Nothing
+    // fitting is an OutOfMemoryError that already carries the planner's advice.
+    AutoResolution run = resolve_auto(*cfg, start);
     adopt_lead_choice(run, grid.world());  // ranks whose calibrations differ still agree
+    const TrainSpec& spec = run.train;
     if (lead) {
       if (grid.data().size() > 1)
         fmt::print("memfit: data parallel over {} ({} rows a micro-batch on each)\n",
-                   grid.data().describe(), run.spec.batch);
-      print_precision_route(run.config, run.precision_note);
+                   grid.data().describe(), spec.run.batch);
+      print_precision_route(spec.run.precision.precision, run.precision_note);
       if (run.planned) print_search(run.search, run.note);
     }
     TrainSummary summary;
     try {
-      summary = train(run.config, grid);
+      summary = train(spec, grid);
     } catch (const OutOfMemoryError& e) {
-      throw with_fit_advice(e, run.spec);
+      throw with_fit_advice(e, spec.run);
     }
     grid.world().end();  // MEMFIT_CHECK_COLLECTIVES: no rank issues collectives past this point
     // Each rank checks its own step boundaries; the lead prints, another rank only a leak.
     const bool leaked = summary.leak.leaked();
     if (!lead) {
       if (leaked) fmt::print(stderr, "memfit: rank {}: {}", summary.rank, summary.leak.text());
-      if (leaked && run.config.fail_on_leak && !summary.interrupted_by) throw ExitCode{4};
+      if (leaked && spec.fail_on_leak && !summary.interrupted_by) throw ExitCode{4};
       return;
     }
     print_summary(summary);
     if (run.planned && run.search.fits) print_planned_peak(run.search, summary, grid.data().size());
     if (!summary.profile_text.empty()) fmt::print("\n{}", summary.profile_text);
-    if (!run.config.log_file.empty()) print_curves(run.config.log_file);
+    if (!spec.log_file.empty()) print_curves(spec.log_file);
     std::fflush(stdout);
-    if (leaked || !run.config.profile_dir.empty() || run.config.fail_on_leak)
+    if (leaked || !spec.profile_dir.empty() || spec.fail_on_leak)
       fmt::print(leaked ? stderr : stdout, "\n{}{}", leaked ? "memfit: " : "", summary.leak.text());
     if (summary.interrupted_by) {
       fmt::print(stderr, "memfit: stopped by {} after step {}; ", signal_name(summary.interrupted_by),
@@ -377,13 +381,13 @@ void add_train_command(CLI::App& app) {
         fmt::print(stderr,
                    "saved to {}. To continue: the same command with --resume {} (and no "
                    "--init-from)\n",
-                   run.config.save_dir, run.config.save_dir);
+                   spec.save_dir, spec.save_dir);
       else
         fmt::print(stderr, "nothing saved (no --save given)\n");
       std::fflush(stdout);
       throw ExitCode{128 + summary.interrupted_by};
     }
-    if (leaked && run.config.fail_on_leak) {
+    if (leaked && spec.fail_on_leak) {
       std::fflush(stdout);
       throw ExitCode{4};
     }

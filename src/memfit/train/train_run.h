@@ -39,7 +39,7 @@
 #include "memfit/train/loss_scaler.h"
 #include "memfit/train/progress.h"
 #include "memfit/train/resume_state.h"
-#include "memfit/train/run_setup.h"
+#include "memfit/train/train_spec.h"
 #include "memfit/train/trainer.h"
 #include "memfit/train/update.h"
 
@@ -49,9 +49,9 @@ class TrainRun {
  public:
   // The set-up, in order: the pool and the profiler, where the state lives and the objects
   // that hold it, the weights (initialised, or loaded from the checkpoint with the optimizer
-  // state and the trainer state), the step's reservation, the data and the log. `resolved` is
+  // state and the trainer state), the step's reservation, the data and the log. `spec` is
   // the run as resolved and agreed by every rank (train()).
-  TrainRun(dist::ProcessGrid& grid, const AutoResolution& resolved);
+  TrainRun(dist::ProcessGrid& grid, const TrainSpec& spec);
   TrainRun(const TrainRun&) = delete;
   TrainRun& operator=(const TrainRun&) = delete;
 
@@ -116,6 +116,7 @@ class TrainRun {
   CategoryBytes offload_files() const;
   std::string progress_text(const StepResult& r) const;
   void log_rank_peaks();
+  nlohmann::json run_state_json() const;
   nlohmann::json trainer_state_json(int64_t step) const;
   void params_io_waits();
   profile::StepRecorder* recorder() const { return profiler ? profiler->recorder() : nullptr; }
@@ -128,10 +129,11 @@ class TrainRun {
   const int W;
   const bool lead;
   // The run, resolved: `spec` as the planner planned it (the model, shapes, precision, policy,
-  // budget), `cfg` the rest; `location` the checkpoint it starts from (dir empty without).
-  TrainConfig cfg;
-  const RunSpec spec;
-  const io::CheckpointLocation location;
+  // budget), `settings` the whole (the loop's settings too); `location` the checkpoint it
+  // starts from (dir empty without).
+  const TrainSpec settings;
+  const RunSpec& spec;
+  const io::CheckpointLocation& location;
   const bool resume;
   const ModelConfig& mc;
   const int T, B;
@@ -147,8 +149,7 @@ class TrainRun {
   std::unique_ptr<profile::Profiler> profiler;  // --profile
   // The leak check: the pool's live bytes by tag at every step boundary (profile/leak_check.h).
   profile::LeakCheck leaks;
-  std::vector<Allocation> test_leaks;  // cfg.test_leak_bytes: the tests' deliberate leak
-  uint64_t max_shard_bytes = 0;
+  std::vector<Allocation> test_leaks;  // settings.test_leak_bytes: the tests' deliberate leak
 
   // Where this rank's state lives (Note [State placement]); nothing else decodes the stage.
   const StatePlacement placement;
@@ -203,7 +204,7 @@ class TrainRun {
 // Helpers of the log and the profile (train_run_log.cpp).
 nlohmann::json memory_json(const CategoryBytes& bytes);
 // The run as the profile's summary and page describe it.
-nlohmann::json run_json(const RunSpec& spec, const TrainConfig& c, const StatePlacement& placement);
+nlohmann::json run_json(const TrainSpec& spec, const StatePlacement& placement);
 // Nats per token of the training data's unigram distribution.
 double unigram_entropy(io::DataLoader& loader, int vocab);
 // Keeps the JSON lines of `file` whose "step" is at most `step` (and drops a torn last line),

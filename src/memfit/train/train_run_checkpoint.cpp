@@ -22,7 +22,7 @@ void TrainRun::load_or_init() {
     Transformer::MasterSink to_master_file;
     if (off && master)
       to_master_file = [&](const Transformer::RangeFill& fill) { off->write_master_from(fill); };
-    gpt->init_weights(cfg.seed, piece, to_master_file);
+    gpt->init_weights(settings.seed, piece, to_master_file);
     return;
   }
   load_weights();
@@ -79,14 +79,19 @@ void TrainRun::load_offloaded_state() {
 
 // Where the resumed run stands (step, data position, loss scale), and what it changes.
 void TrainRun::load_trainer_state() {
-  resumed = parse_trainer_state(io::read_file_to_string(state_file), cfg, T, state_file);
+  // The text read when the run was resolved (train_spec.h); read now only to report why it
+  // could not be read then.
+  const std::optional<std::string>& text = settings.checkpoint.state_text;
+  const nlohmann::json run = run_state_json();
+  resumed = parse_trainer_state(text ? *text : io::read_file_to_string(state_file), run,
+                                state_file);
   start_step = resumed.step;
   data_position = resumed.data_position;
   if (scaler && resumed.state.contains("loss_scaler"))
     scaler->load_json(resumed.state["loss_scaler"]);
-  if (const std::string note = longer_run_note(resumed, cfg); lead && !note.empty())
+  if (const std::string note = longer_run_note(resumed, run); lead && !note.empty())
     fmt::print(stderr, "memfit: {}\n", note);
-  if (const std::string changes = schedule_changes(resumed, cfg); lead && !changes.empty())
+  if (const std::string changes = schedule_changes(resumed, run); lead && !changes.empty())
     fmt::print(stderr,
                "memfit: the learning-rate schedule differs from the checkpoint's ({}): it "
                "continues with this run's, so this is not a bit-identical continuation\n",
@@ -182,20 +187,20 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   if (sharded_state) so.sharded_weights_dtype = record_dtype;
   Tensor save_staging;
   if (streamed_save) so.streamed_weights = streamed_weights(save_staging);
-  so.max_shard_bytes = max_shard_bytes;
+  so.max_shard_bytes = settings.max_shard_bytes;
   // The writer's staging from RAM (GPT-2's Conv1D transposes, about 4 MiB at a time) comes
   // from the pool; the planner counts it for a run that saves (plan/memory_plan.cpp).
   so.staging_pool = &pool;
   so.extra_files["trainer_state.json"] = trainer_state_json(step).dump(2);
   // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
   // pure-bf16 run (saved as BF16) or the fp32 ones.
-  io::save_checkpoint(cfg.save_dir, mc, gpt->layout(), record, so);
+  io::save_checkpoint(settings.save_dir, mc, gpt->layout(), record, so);
   so.streamed_weights.reset();
   save_staging = Tensor{};
   if (sharded_state) fs::remove(staging);  // emptied by the renames
   // Memory once the save has let go of what it used: the soak benchmark's samples.
   // (And how long rank 0's part of the save took: the streamed save's, with offload.)
-  log_line({{"step", step}, {"saved", cfg.save_dir},
+  log_line({{"step", step}, {"saved", settings.save_dir},
             {"save_seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start)
                  .count()},
@@ -209,17 +214,17 @@ void TrainRun::save(int64_t step, const Tensor& record) {
 void TrainRun::save_if_due(int64_t step, bool last) {
   const double minutes_since_save =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() / 60;
-  bool due = (cfg.save_every && step % cfg.save_every == 0) ||
-             (cfg.save_every_minutes > 0 && minutes_since_save >= cfg.save_every_minutes);
+  bool due = (settings.save_every && step % settings.save_every == 0) ||
+             (settings.save_every_minutes > 0 && minutes_since_save >= settings.save_every_minutes);
   // Sharded master weights are gathered, and sharded state written, by every rank for a save
   // (collectives): the ranks' clocks must not decide apart, so rank 0's decision is everyone's.
-  if ((!gpt->whole_weights() || sharded_state) && !cfg.save_dir.empty() &&
-      cfg.save_every_minutes > 0) {
+  if ((!gpt->whole_weights() || sharded_state) && !settings.save_dir.empty() &&
+      settings.save_every_minutes > 0) {
     char d = due;
     comm.broadcast(&d, 1, 0);
     due = d != 0;
   }
-  if (!cfg.save_dir.empty() && due && !last) {
+  if (!settings.save_dir.empty() && due && !last) {
     const profile::Scope slice(recorder(), "save", profile::SliceKind::save);
     const Tensor record = record_for_save();
     stage_shards();

@@ -23,12 +23,11 @@ json memory_json(const CategoryBytes& bytes) {
   return j;
 }
 
-json run_json(const RunSpec& spec, const TrainConfig& c, const StatePlacement& placement) {
+json run_json(const TrainSpec& t, const StatePlacement& placement) {
+  const RunSpec& spec = t.run;
   const int rank = placement.rank(), ranks = placement.world();
   const ModelConfig& m = spec.model;
-  // The preset, or where a checkpoint gave the model, the checkpoint.
-  const std::string& from = !c.resume_dir.empty() ? c.resume_dir : c.init_from;
-  const std::string model = !c.model.empty() || from.empty() ? c.model_name() : from;
+  const std::string& model = t.model_label;
   const std::string shape = fmt::format("{} x {}", m.n_layer, m.d_model);
   return {{"title", fmt::format("{} ({}), {} x {} tokens{}, {}, --ckpt {}{}", model, shape,
                                 spec.batch, spec.T,
@@ -51,7 +50,7 @@ json run_json(const RunSpec& spec, const TrainConfig& c, const StatePlacement& p
           {"precision", std::string(precision_name(spec.precision.precision))},
           {"ckpt", spec.ckpt.name()},
           {"attention", std::string(attention_kind_name(spec.attention))},
-          {"optim", c.optim.name},
+          {"optim", spec.optim.name},
           {"rank", rank},
           {"ranks", ranks},
           {"zero", placement.stage()}};
@@ -208,29 +207,34 @@ void TrainRun::log_rank_peaks() {
   log_line({{"zero", placement.stage()}, {"ranks", ranks}});
 }
 
-// What a resumed run must agree with, and where it stands. No random numbers are drawn during
-// training other than through the data order, which is a function of (seed, epoch), so the
-// seed and the loader's position are the whole RNG state.
+// What a resumed run must agree with (parse_trainer_state compares these with a checkpoint's).
+json TrainRun::run_state_json() const {
+  const RunSpec& c = spec;
+  return {{"seed", settings.seed},
+          {"batch", c.batch},
+          {"grad_accum", c.grad_accum},
+          {"seq_len", T},
+          {"steps", c.steps},
+          {"shuffle", c.shuffle},
+          {"repeat_batch", settings.repeat_batch},
+          {"optim", c.optim.name},
+          {"attention", std::string(attention_kind_name(c.attention))},
+          {"ckpt", c.ckpt.name()},
+          {"act_compress", std::string(act_compress_name(c.act_compress))},
+          {"precision", std::string(precision_name(c.precision.precision))},
+          {"zero", c.zero},
+          {"master_weights", c.precision.master_weights ? "fp32" : "none"},
+          {"schedule", settings.schedule.to_json()}};
+}
+
+// The run's settings, and where it stands. No random numbers are drawn during training other
+// than through the data order, which is a function of (seed, epoch), so the seed and the
+// loader's position are the whole RNG state.
 json TrainRun::trainer_state_json(int64_t step) const {
-  const TrainConfig& c = cfg;
-  json s = {{"step", step},
-            {"data_position", train_data ? train_data->position() : data_position},
-            {"seed", c.seed},
-            {"rng", {{"kind", "data order: mt19937_64 Fisher-Yates per epoch"}, {"seed", c.seed}}},
-            {"batch", c.batch},
-            {"grad_accum", c.grad_accum},
-            {"seq_len", T},
-            {"steps", c.steps},
-            {"shuffle", c.shuffle},
-            {"repeat_batch", c.repeat_batch},
-            {"optim", c.optim.name},
-            {"attention", c.attention},
-            {"ckpt", c.ckpt},
-            {"act_compress", c.act_compress.empty() ? "none" : c.act_compress},
-            {"precision", c.precision},
-            {"zero", c.zero},
-            {"master_weights", c.master_weights},
-            {"schedule", c.schedule.to_json()}};
+  json s = run_state_json();
+  s["step"] = step;
+  s["data_position"] = train_data ? train_data->position() : data_position;
+  s["rng"] = {{"kind", "data order: mt19937_64 Fisher-Yates per epoch"}, {"seed", settings.seed}};
   if (scaler) s["loss_scaler"] = scaler->to_json();
   // The training data's size, which a resume checks (-1: not known, no loader and an older file).
   if (const int64_t tokens = train_data ? train_data->num_tokens() : resumed.data_tokens;

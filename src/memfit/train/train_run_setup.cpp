@@ -18,15 +18,15 @@ namespace memfit {
 
 namespace fs = std::filesystem;
 
-TrainRun::TrainRun(dist::ProcessGrid& grid_in, const AutoResolution& resolved)
+TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
     : grid(grid_in),
       comm(grid_in.data()),
       W(comm.size()),
       lead(grid_in.world().rank() == 0),
-      cfg(resolved.config),
-      spec(resolved.spec),
-      location(resolved.location),
-      resume(spec.resumed),
+      settings(spec_in),
+      spec(settings.run),
+      location(settings.checkpoint.location),
+      resume(settings.checkpoint.resume),
       mc(spec.model),
       T(spec.T),
       B(spec.batch),
@@ -50,7 +50,6 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const AutoResolution& resolved)
       master(placement.master().where != Residence::none),
       offload_dir(placement.offload_dir()) {
   start_profiler();
-  max_shard_bytes = io::parse_max_shard_size(cfg.max_shard_size);
   if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
   make_state_files();
   make_model();
@@ -65,9 +64,9 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const AutoResolution& resolved)
 // --profile: the pool's event log from here on, the step's phases and buffers over the first
 // --profile-steps steps (profile/profiler.h).
 void TrainRun::start_profiler() {
-  if (!cfg.profile_dir.empty())
+  if (!settings.profile_dir.empty())
     profiler = std::make_unique<profile::Profiler>(
-        profile::ProfileOptions{cfg.profile_dir, cfg.profile_steps, comm.rank(), W}, pool,
+        profile::ProfileOptions{settings.profile_dir, settings.profile_steps, comm.rank(), W}, pool,
         wall_start);
 }
 
@@ -115,7 +114,7 @@ void TrainRun::make_model() {
   gpt.emplace(mc, pool, spec.precision,
               zero_model_state(placement, comm, param_file.get(), std::move(grad_store), &zero));
   if (gpt->precision().precision == Precision::fp16)
-    scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
+    scaler = std::make_unique<DynamicLossScaler>(settings.loss_scaler);
 }
 
 void TrainRun::create_optimizer() {
@@ -169,7 +168,7 @@ void TrainRun::make_grad_widen() {
 void TrainRun::prepare_step() {
   gpt->reserve(B, T, spec.activation_options());
   if (profiler) {
-    profiler->set_run(run_json(spec, cfg, placement), plan_memory(spec, comm.rank()));
+    profiler->set_run(run_json(settings, placement), plan_memory(spec, comm.rank()));
     profiler->recorder()->set_plan(gpt->step_plan());
     gpt->set_step_observer(profiler->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
@@ -196,50 +195,46 @@ void TrainRun::open_data() {
   io::DataLoaderOptions dopt;
   dopt.batch_size = B;
   dopt.seq_len = T;
-  dopt.shuffle = cfg.shuffle;
-  dopt.seed = cfg.seed;
+  dopt.shuffle = spec.shuffle;
+  dopt.seed = settings.seed;
   dopt.vocab_size = mc.vocab_size;
   dopt.world = W;
   dopt.rank = comm.rank();
-  // A preset's vocabulary is the usual mismatch (gpt2-tiny's 512 on GPT-2 tokens): the error
-  // names it and the --vocab that fits. A checkpoint's model has its own, which --vocab cannot
-  // change.
-  if (location.dir.empty())
-    dopt.vocab_source = cfg.vocab ? "--vocab" : "preset " + cfg.model_name();
-  last_step = cfg.stop_after ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+  dopt.vocab_source = settings.vocab_source;  // the preset's, or --vocab (train_spec.h)
+  last_step = settings.stop_after ? std::min(spec.steps, settings.stop_after) : spec.steps;
   if (start_step < last_step) {
-    train_data = std::make_unique<io::DataLoader>(io::DataLoader::train(pool, cfg.data_dir, dopt));
-    if (resume) check_resume_data(resumed, train_data->num_tokens(), cfg.data_dir, state_file);
+    train_data = std::make_unique<io::DataLoader>(io::DataLoader::train(pool, spec.data_dir, dopt));
+    if (resume) check_resume_data(resumed, train_data->num_tokens(), spec.data_dir, state_file);
     train_data->set_position(data_position);
-    if (!io::find_token_shards(cfg.data_dir, "val").empty())
-      val_data = std::make_unique<io::DataLoader>(io::DataLoader::val(pool, cfg.data_dir, dopt));
-    else if (lead && cfg.eval_every > 0)
+    if (!io::find_token_shards(spec.data_dir, "val").empty())
+      val_data = std::make_unique<io::DataLoader>(io::DataLoader::val(pool, spec.data_dir, dopt));
+    else if (lead && settings.eval_every > 0)
       fmt::print(stderr,
                  "memfit: no val_*.bin shards in {}: no validation loss (--eval-every {})\n",
-                 cfg.data_dir, cfg.eval_every);
+                 spec.data_dir, settings.eval_every);
   }
   if (train_data) summary.unigram_entropy = unigram_entropy(*train_data, mc.vocab_size);
   // The tokenizer that `memfit prepare` recorded in the data's dataset.json (none for shards
   // from elsewhere); a malformed file is an error naming it.
   if (train_data)
-    if (const auto info = io::read_dataset_info(cfg.data_dir)) data_tokenizer = info->tokenizer;
+    if (const auto info = io::read_dataset_info(spec.data_dir)) data_tokenizer = info->tokenizer;
 }
 
 // Rank 0's JSON-lines log, then what the saves need to know.
 void TrainRun::open_log() {
-  if (lead && !cfg.log_file.empty()) {
-    if (auto parent = fs::path(cfg.log_file).parent_path(); !parent.empty()) {
+  if (lead && !settings.log_file.empty()) {
+    if (auto parent = fs::path(settings.log_file).parent_path(); !parent.empty()) {
       std::error_code ec;
       fs::create_directories(parent, ec);
       if (ec)
-        MEMFIT_THROW(IoError, "train", "--log {}: cannot create {}: {}", cfg.log_file,
+        MEMFIT_THROW(IoError, "train", "--log {}: cannot create {}: {}", settings.log_file,
                      parent.string(), ec.message());
     }
     // A resume continues the log from the checkpoint's step: the lines of steps after it (run
     // before a kill, and to be run again now) are cut first, so each step appears once.
-    if (resume) truncate_log_after(cfg.log_file, start_step);
-    log.open(cfg.log_file, resume ? std::ios::app : std::ios::trunc);
-    if (!log) MEMFIT_THROW(IoError, "train", "--log {}: cannot open the file", cfg.log_file);
+    if (resume) truncate_log_after(settings.log_file, start_step);
+    log.open(settings.log_file, resume ? std::ios::app : std::ios::trunc);
+    if (!log) MEMFIT_THROW(IoError, "train", "--log {}: cannot open the file", settings.log_file);
   }
   // The weights of record, whole, for a save without ZeRO's shards (stage 0), where they are
   // one tensor in RAM. In one process with the weights of record on disk (the offloaded master
@@ -257,7 +252,7 @@ void TrainRun::open_log() {
                  : gpt->params_offloaded() ? half_dtype(spec.precision.precision)
                                            : gpt->weights().dtype();
   sharded_state = placement.sharded_save();
-  staging = cfg.save_dir.empty() ? fs::path() : fs::path(cfg.save_dir).concat(".zero-staging");
+  staging = settings.save_dir.empty() ? fs::path() : fs::path(settings.save_dir).concat(".zero-staging");
 }
 
 }  // namespace memfit

@@ -37,11 +37,11 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   r.loss = static_cast<float>(loss_sum / (spec.grad_accum * W));
   // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
   // position is the number of steps that updated, which the scaler's state keeps over resumes.
-  r.lr = cfg.schedule.at(step - (scaler ? scaler->skipped() : 0));
+  r.lr = settings.schedule.at(step - (scaler ? scaler->skipped() : 0));
   r.update = update(r.lr, r.loss, r.loss_scale, r.update_gathered);
   // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
   // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
-  if (r.update.skipped && r.loss_scale <= cfg.loss_scaler.min_scale) r.update.non_finite = true;
+  if (r.update.skipped && r.loss_scale <= settings.loss_scaler.min_scale) r.update.non_finite = true;
   check_finite(step, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.rate = tokens_per_step / r.seconds;
@@ -72,7 +72,7 @@ double TrainRun::micro_batches() {
   }
   // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
   // and a save records that position (a resume repeats the same batch).
-  if (cfg.repeat_batch) train_data->set_position(data_position);
+  if (settings.repeat_batch) train_data->set_position(data_position);
   return loss_sum;
 }
 
@@ -90,8 +90,8 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
   if (off)
     return apply_update(
         *gpt, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
-        scaler.get(), lr, cfg.clip, spec.grad_accum * W, shards);
-  return apply_update(*gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W, shards);
+        scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
+  return apply_update(*gpt, *opt, scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
 }
 
 // The offloaded optimizer's step over this rank's range of the working weights and gradients
@@ -139,7 +139,7 @@ float TrainRun::evaluate() {
   if (!val_data) return -1;
   const profile::Scope slice(recorder(), "evaluation", profile::SliceKind::evaluation);
   val_data->set_position(0);
-  const int64_t n = std::min<int64_t>(cfg.eval_batches, val_data->batches_per_epoch());
+  const int64_t n = std::min<int64_t>(settings.eval_batches, val_data->batches_per_epoch());
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     const profile::Scope batch(recorder(), fmt::format("evaluation batch {}", i + 1),

@@ -7,37 +7,41 @@
 
 #include "memfit/memory/rss.h"
 #include "memfit/train/run_agreement.h"
+#include "memfit/train/run_setup.h"
 #include "memfit/train/train_run.h"
 
 namespace memfit {
 
-TrainSummary train(const TrainConfig& cfg_in) {
+TrainSummary train(const TrainConfig& config) {
   dist::ProcessGrid grid(dist::make_single_communicator(), dist::GridShape{});
-  return train(cfg_in, grid);
+  return train(config, grid);
 }
 
-TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
-  // Data parallelism: every rank runs this with its own rows of each global micro-batch
-  // (docs/data.md, "Ranks"); the ranks agree on the run over the whole world.
-  const bool lead = grid.world().rank() == 0;
-  TrainConfig planned = cfg_in;
-  planned.ranks = grid.data().size();
+TrainSummary train(const TrainConfig& config, dist::ProcessGrid& grid) {
+  TrainConfig c = config;
+  c.ranks = grid.data().size();
   // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
   // trainer_state.json have a policy and a micro-batch, never "auto".
-  AutoResolution resolved = resolve_auto(planned);  // and --precision auto, resolved
+  AutoResolution resolved = resolve_auto(c);  // and --precision auto, resolved
   adopt_lead_choice(resolved, grid.world());  // rank 0's choice is every rank's
-  resolved.config.schedule.total = resolved.config.steps;
+  return train(resolved.train, grid);
+}
+
+TrainSummary train(const TrainSpec& spec, dist::ProcessGrid& grid) {
+  // Data parallelism: every rank runs this with its own rows of each global micro-batch
+  // (docs/data.md, "Ranks"); the ranks agree on the run over the whole world.
+  MEMFIT_CHECK(spec.run.world == grid.data().size(), "train",
+               "the run was resolved for {} data-parallel ranks, the grid has {}", spec.run.world,
+               grid.data().size());
   // Ranks that disagree about the run fail here, every rank alike, before anything is built
   // (Note [Failures] in docs/notes/zero.md).
-  if (grid.world().size() > 1)
-    dist::check_ranks_agree(grid.world(), run_agreement_fields(resolved.config, resolved.spec,
-                                                               resolved.location));
+  if (grid.world().size() > 1) dist::check_ranks_agree(grid.world(), run_agreement_fields(spec));
   // A --save the run could not write fails now, not after the steps whose result it keeps. Rank
   // 0's check (its probe's name has its pid, which another host may share); a rank's error ends
   // every rank (Note [Failures] in docs/notes/zero.md).
-  if (lead && !resolved.config.save_dir.empty())
-    io::check_checkpoint_writable(resolved.config.save_dir);
-  TrainRun run(grid, resolved);
+  if (grid.world().rank() == 0 && !spec.save_dir.empty())
+    io::check_checkpoint_writable(spec.save_dir);
+  TrainRun run(grid, spec);
   return run.run();
 }
 
@@ -53,14 +57,14 @@ TrainSummary TrainRun::run() {
   }
   if (lead) progress->finish();
   const int64_t final_step = start_step + summary.steps_run;
-  if (!cfg.save_dir.empty() && saved_at != final_step) {
+  if (!settings.save_dir.empty() && saved_at != final_step) {
     const Tensor record = record_for_save();
     stage_shards();
     if (lead) save(final_step, record);
   }
   comm.barrier();  // the save is complete before any rank reports the run done
   if (W > 1) log_rank_peaks();
-  summary.saved = !cfg.save_dir.empty();
+  summary.saved = !settings.save_dir.empty();
   summary.last_step = final_step;
   finish_summary();
   return summary;
@@ -83,7 +87,7 @@ void TrainRun::run_step(int64_t step) {
   log_step(step, r);
   std::string text = progress_text(r);
   const bool last = step + 1 == last_step;
-  if (val_data && ((cfg.eval_every && (step + 1) % cfg.eval_every == 0) || last)) {
+  if (val_data && ((settings.eval_every && (step + 1) % settings.eval_every == 0) || last)) {
     summary.last_val_loss = evaluate();
     log_line({{"step", step + 1}, {"val_loss", summary.last_val_loss}});
     text += fmt::format(" | val {:.4f}", summary.last_val_loss);
@@ -91,8 +95,8 @@ void TrainRun::run_step(int64_t step) {
   if (lead) progress->update(step + 1, text);
   save_if_due(step + 1, last);
   // The tests' deliberate leak, from the second step on.
-  if (cfg.test_leak_bytes > 0 && step > start_step)
-    test_leaks.push_back(pool.allocate(static_cast<size_t>(cfg.test_leak_bytes),
+  if (settings.test_leak_bytes > 0 && step > start_step)
+    test_leaks.push_back(pool.allocate(static_cast<size_t>(settings.test_leak_bytes),
                                        Category::workspace, "test.leak"));
   step_slice.reset();
   if (profiler && profiler->step_end(step + 1)) {
