@@ -336,9 +336,10 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
 // --auto and --auto-batch: the search's choice and runner-ups, then the plan of the choice (of
 // the smallest footprint when nothing fits, with the advice on other options).
 // Returns whether the search found a run that fits.
-bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
+bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json,
+                      StartingCheckpoint& start) {
   std::string note;
-  const SearchResult s = plan_auto(cfg, spec, &note);
+  const SearchResult s = plan_auto(cfg, spec, &note, start);
   const RunSpec run = apply_candidate(spec, s.choice);
   const PlanReport r = plan_training(run);
   if (json) {
@@ -415,7 +416,9 @@ void add_plan_command(CLI::App& app) {
     const std::string attention_line =
         fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
     if (!*json && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
-    const std::string precision_note = resolve_precision(*cfg);
+    // The checkpoint the run starts from (--resume, --init-from), read once for every step below.
+    StartingCheckpoint start(*cfg);
+    const std::string precision_note = resolve_precision(*cfg, start);
     // The route of the precision as resolved (bf16's widened matmuls); an unknown name is the
     // run's to refuse (resolve_run), after these lines.
     if (!*json)
@@ -427,12 +430,12 @@ void add_plan_command(CLI::App& app) {
                  cfg->ranks);
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
-    const RunSpec spec = resolve_run(*cfg);
+    const RunSpec spec = resolve_run(*cfg, start);
     // --max-model with a policy given plans every member with it (else each one's fastest).
     std::optional<CheckpointPolicy> policy;
     if (cmd->get_option("--ckpt")->count() > 0 && !spec.ckpt_auto) policy = spec.ckpt;
     const bool fits = *max_model            ? plan_max_model(spec, *json, policy)
-                      : cfg->needs_planner() ? plan_with_search(*cfg, spec, *json)
+                      : cfg->needs_planner() ? plan_with_search(*cfg, spec, *json, start)
                                              : plan_fixed(spec, *json);
     if (!fits) {
       std::fflush(stdout);

@@ -316,6 +316,11 @@ SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::stri
   return search_run(config, spec, note, start);
 }
 
+SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::string* note,
+                       StartingCheckpoint& start) {
+  return search_run(config, spec, note, start);
+}
+
 AutoResolution resolve_auto(const TrainConfig& config) {
   StartingCheckpoint start(config);
   return resolve_auto(config, start);

@@ -74,6 +74,8 @@ std::string resolve_precision(TrainConfig& config, StartingCheckpoint& start);
 // micro-batch (a resume must continue with the same one): `note`, if given, says so.
 // ConfigError without --mem-limit; nothing fitting is a result, not an error.
 SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::string* note = nullptr);
+SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::string* note,
+                       StartingCheckpoint& start);
 
 struct AutoResolution {
   // The run to build, typed: a policy, not "auto"; a micro-batch, a stage and a precision; the
