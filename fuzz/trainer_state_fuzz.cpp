@@ -8,19 +8,25 @@
 #include "fuzz/fuzz_util.h"
 #include "memfit/core/error.h"
 #include "memfit/train/loss_scaler.h"
+#include "memfit/train/lr_schedule.h"
 #include "memfit/train/resume_state.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace memfit;
-  TrainConfig config;  // batch 8, grad_accum 1, seed 1337, 100 steps, shuffled, adamw, flash
-  config.batch = 4;
-  config.steps = 30;
+  // The settings the corpus's states were saved with, as a run records them
+  // (TrainRun::run_state_json).
+  const nlohmann::json run = {
+      {"seed", 1337},          {"batch", 4},           {"grad_accum", 1},
+      {"seq_len", 64},         {"steps", 30},          {"shuffle", true},
+      {"optim", "adamw"},      {"attention", "flash"}, {"precision", "fp32"},
+      {"act_compress", "none"}, {"master_weights", "fp32"},
+      {"schedule", LrSchedule{.total = 30}.to_json()}};
   try {
     const ResumeState s =
-        parse_trainer_state(fuzz::as_text(data, size), config, 64, "trainer_state.json");
+        parse_trainer_state(fuzz::as_text(data, size), run, "trainer_state.json");
     if (s.step < 0 || s.data_position < 0) __builtin_trap();
     if (s.state.contains("loss_scaler")) {
-      DynamicLossScaler scaler(config.loss_scaler);
+      DynamicLossScaler scaler(LossScalerConfig{});
       scaler.load_json(s.state["loss_scaler"]);
     }
   } catch (const Error&) {

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/core/error.h"
 #include "memfit/core/scoped_threads.h"
 #include "memfit/memory/pool.h"
 #include "memfit/train/run_setup.h"
@@ -75,6 +76,40 @@ TEST(CheckpointCandidates, OneOfEachUsefulPolicy) {
                "layers:0-5", "layers:0-6", "layers:0-7", "layers:0-8", "every:2", "every:3",
                "every:4", "every:5", "full"}));
   EXPECT_EQ(micro_batch_candidates(12), (std::vector<int>{1, 2, 3, 4, 6, 12}));
+}
+
+// The ranks of a run agree on the search's choice by sending it as JSON (adopt_lead_choice):
+// every field comes back, and applying it gives the same run as applying the original.
+TEST(Search, ACandidateRoundTripsThroughJson) {
+  Candidate c;
+  c.ckpt = "every:2";
+  c.act_compress = ActCompress::int8;
+  c.offload = c.offload_params = true;
+  c.batch = 3;
+  c.grad_accum = 5;
+  c.zero = 3;
+  c.peak_bytes = (size_t{1} << 40) + 7;
+  c.peak_rank = 1;
+  c.est_step_seconds = 0.1 + 1e-17;
+  c.by_category[static_cast<size_t>(Category::optimizer)] = 12345;
+  c.fits = true;
+  const Candidate back = nlohmann::json::parse(nlohmann::json(c).dump()).get<Candidate>();
+  EXPECT_EQ(back.ckpt, c.ckpt);
+  EXPECT_EQ(back.act_compress, c.act_compress);
+  EXPECT_EQ(back.offload, c.offload);
+  EXPECT_EQ(back.offload_params, c.offload_params);
+  EXPECT_EQ(back.offload_grads, c.offload_grads);
+  EXPECT_EQ(back.batch, c.batch);
+  EXPECT_EQ(back.grad_accum, c.grad_accum);
+  EXPECT_EQ(back.zero, c.zero);
+  EXPECT_EQ(back.peak_bytes, c.peak_bytes);
+  EXPECT_EQ(back.peak_rank, c.peak_rank);
+  EXPECT_EQ(back.est_step_seconds, c.est_step_seconds);
+  EXPECT_EQ(back.by_category, c.by_category);
+  EXPECT_EQ(back.fits, c.fits);
+  nlohmann::json bad = nlohmann::json(c);
+  bad["act_compress"] = "int4";
+  EXPECT_THROW(bad.get<Candidate>(), ConfigError);
 }
 
 TEST(Search, PicksTheFastestThatFitsAndEveryFasterOneDoesNot) {

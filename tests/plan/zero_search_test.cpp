@@ -258,9 +258,8 @@ TEST(ZeroSearch, WithOneRankTheStageIsZeroAndNotSearched) {
   for (const Candidate& c : s.candidates) EXPECT_EQ(c.zero, 0);
   // train()'s resolution: stage 0, and the note says why.
   const AutoResolution r = resolve_auto(config(1));
-  EXPECT_EQ(r.spec.zero, 0);
-  EXPECT_FALSE(r.spec.zero_auto);
-  EXPECT_FALSE(r.config.zero_auto);
+  EXPECT_EQ(r.spec().zero, 0);
+  EXPECT_FALSE(r.spec().zero_auto);
   EXPECT_NE(r.note.find("--zero auto with one rank: stage 0"), std::string::npos) << r.note;
 }
 
@@ -272,11 +271,10 @@ TEST(ZeroSearch, TheResolvedRunCarriesTheChosenStage) {
   c.mem_limit = fmt::format("{}", least_peak_at(all, 0) - 1);
   const AutoResolution r = resolve_auto(c);
   ASSERT_TRUE(r.planned);
-  EXPECT_GE(r.spec.zero, 1);
-  EXPECT_EQ(r.config.zero, r.spec.zero);  // what trainer_state.json and the agreement read
-  EXPECT_FALSE(r.config.zero_auto);
-  EXPECT_FALSE(r.config.needs_planner());
-  EXPECT_EQ(r.search.choice.zero, r.spec.zero);
+  EXPECT_GE(r.spec().zero, 1);  // what trainer_state.json and the agreement read
+  EXPECT_FALSE(r.spec().zero_auto);
+  EXPECT_TRUE(r.asked.zero_auto);  // the run as asked, before the choice
+  EXPECT_EQ(r.search.choice.zero, r.spec().zero);
 }
 
 // Over several ranks --offload-dir without --offload-optimizer makes --zero auto try every

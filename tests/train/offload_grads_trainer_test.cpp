@@ -286,8 +286,7 @@ TEST_F(OffloadGradsTrainer, SearchKeepsTheGradientsOnDiskWhereOnlyThatFits) {
   const AutoResolution r = resolve_auto(c);
   ASSERT_TRUE(r.search.fits) << r.search.message;
   EXPECT_TRUE(r.search.choice.offload && r.search.choice.offload_grads);
-  EXPECT_TRUE(r.spec.offload.grads);
-  EXPECT_EQ(r.config.offload_grads, "nvme");
+  EXPECT_TRUE(r.spec().offload.grads);
   EXPECT_NE(r.search.message.find("--offload-grads nvme"), std::string::npos) << r.search.message;
   for (const Candidate& k : r.search.candidates) {
     if (k.offload_grads) {
@@ -296,7 +295,7 @@ TEST_F(OffloadGradsTrainer, SearchKeepsTheGradientsOnDiskWhereOnlyThatFits) {
   }
   const TrainSummary s = train(c);
   EXPECT_LE(s.peak_bytes, limit);
-  EXPECT_EQ(s.peak_bytes, plan_memory(r.spec).peak_bytes);
+  EXPECT_EQ(s.peak_bytes, plan_memory(r.spec()).peak_bytes);
   // A budget the run fits in RAM keeps the gradients there (never faster on disk: the same
   // compute and more I/O; at equal time the search keeps fewer things on disk).
   c.mem_limit = "10GiB";

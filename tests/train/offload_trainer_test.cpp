@@ -189,14 +189,13 @@ TEST_F(OffloadTrainer, AutoOffloadsOnlyWhenNothingFitsInRam) {
   c.offload_dir = (dir / "offload").string();
   const AutoResolution roomy = resolve_auto(c);
   EXPECT_FALSE(roomy.search.choice.offload);  // as fast or faster in RAM
-  EXPECT_EQ(roomy.config.offload_optimizer, "none");
+  EXPECT_FALSE(roomy.spec().offload.optimizer);
   // One byte less than the smallest run in RAM: only an offloaded one fits.
   c.mem_limit = std::to_string(in_ram.smallest.peak_bytes - 1);
   const AutoResolution tight = resolve_auto(c);
   ASSERT_TRUE(tight.search.fits);
   EXPECT_TRUE(tight.search.choice.offload);
-  EXPECT_EQ(tight.config.offload_optimizer, "nvme");
-  EXPECT_TRUE(tight.spec.offload.optimizer);
+  EXPECT_TRUE(tight.spec().offload.optimizer);
   EXPECT_NE(candidate_options(tight.search.choice, false).find("--offload-optimizer nvme"),
             std::string::npos);
   const TrainSummary s = train(c);
@@ -214,7 +213,7 @@ TEST_F(OffloadTrainer, AutoOffloadsOnlyWhenNothingFitsInRam) {
   c.disk_limit = "1KiB";
   const AutoResolution in_ram_again = resolve_auto(c);
   EXPECT_FALSE(in_ram_again.search.choice.offload);
-  EXPECT_EQ(in_ram_again.spec.offload.disk_limit, 0u);
+  EXPECT_EQ(in_ram_again.spec().offload.disk_limit, 0u);
 }
 
 TEST_F(OffloadTrainer, RefusesFilesLargerThanTheDiskLimit) {

@@ -217,13 +217,12 @@ TEST_F(ParamOffload, SearchOffloadsTheWeightsWhereOnlyThatFits) {
   c.mem_limit = std::to_string(limit);
   const AutoResolution r = resolve_auto(c);
   EXPECT_TRUE(r.search.choice.offload && r.search.choice.offload_params);
-  EXPECT_TRUE(r.spec.offload.params);
-  EXPECT_EQ(r.config.offload_params, "nvme");
+  EXPECT_TRUE(r.spec().offload.params);
   EXPECT_NE(candidate_options(r.search.choice, false).find("--offload-params nvme"),
             std::string::npos);
   const TrainSummary s = train(c);
   EXPECT_LE(s.peak_bytes, limit);
-  EXPECT_EQ(s.peak_bytes, plan_memory(r.spec).peak_bytes);
+  EXPECT_EQ(s.peak_bytes, plan_memory(r.spec()).peak_bytes);
   // A roomier budget keeps the weights in RAM (as fast, fewer files).
   c.mem_limit = std::to_string(state_only + (size_t{64} << 20));
   EXPECT_FALSE(resolve_auto(c).search.choice.offload_params);

@@ -10,29 +10,34 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/error.h"
+#include "memfit/train/lr_schedule.h"
 
 namespace memfit {
 namespace {
 
 using nlohmann::json;
 
-TrainConfig saved_config() {
-  TrainConfig c;
-  c.batch = 4;
-  c.steps = 30;
-  return c;
+// The settings of the run that resumes, as it records them in its own trainer_state.json
+// (TrainRun::run_state_json): the run that saved.
+json run_settings() {
+  return {{"seed", 1337},         {"batch", 4},          {"grad_accum", 1},
+          {"seq_len", 64},        {"steps", 30},         {"shuffle", true},
+          {"optim", "adamw"},     {"attention", "flash"}, {"precision", "fp32"},
+          {"act_compress", "none"}, {"master_weights", "fp32"},
+          {"schedule", LrSchedule{.total = 30}.to_json()}};
 }
 
 json saved_state() {
-  const TrainConfig c = saved_config();
-  return {{"step", 10},          {"data_position", 40},        {"seed", c.seed},
-          {"batch", c.batch},    {"grad_accum", c.grad_accum}, {"seq_len", 64},
-          {"steps", c.steps},    {"shuffle", c.shuffle},       {"optim", c.optim.name},
-          {"attention", c.attention}, {"precision", "fp32"},   {"master_weights", "fp32"}};
+  json s = run_settings();
+  s.erase("act_compress");  // saved before the field existed: none
+  s.erase("schedule");
+  s["step"] = 10;
+  s["data_position"] = 40;
+  return s;
 }
 
 ResumeState parse(const json& j) {
-  return parse_trainer_state(j.dump(), saved_config(), 64, "ck/trainer_state.json");
+  return parse_trainer_state(j.dump(), run_settings(), "ck/trainer_state.json");
 }
 
 TEST(ResumeState, AValidStateGivesTheStepAndDataPosition) {
@@ -51,18 +56,15 @@ TEST(ResumeState, OlderStatesWithoutPrecisionAreFp32) {
 
 TEST(ResumeState, ActivationCompressionMustMatchAndOlderStatesHadNone) {
   json j = saved_state();  // no "act_compress": saved before it existed
-  TrainConfig c = saved_config();
-  for (const char* same : {"", "none"}) {
-    c.act_compress = same;
-    EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10) << same;
-  }
-  c.act_compress = "int8";
-  EXPECT_THROW(parse_trainer_state(j.dump(), c, 64, "f"), ConfigError);
+  json c = run_settings();  // act_compress none
+  EXPECT_EQ(parse_trainer_state(j.dump(), c, "f").step, 10);
+  c["act_compress"] = "int8";
+  EXPECT_THROW(parse_trainer_state(j.dump(), c, "f"), ConfigError);
   j["act_compress"] = "int8";
-  EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10);
-  c.act_compress = "fp8";
+  EXPECT_EQ(parse_trainer_state(j.dump(), c, "f").step, 10);
+  c["act_compress"] = "fp8";
   try {
-    parse_trainer_state(j.dump(), c, 64, "ck/trainer_state.json");
+    parse_trainer_state(j.dump(), c, "ck/trainer_state.json");
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     const std::string what = e.what();
@@ -71,7 +73,7 @@ TEST(ResumeState, ActivationCompressionMustMatchAndOlderStatesHadNone) {
     EXPECT_NE(what.find("ck/trainer_state.json"), std::string::npos) << what;
   }
   j["act_compress"] = 3;  // not a name: still the setting that differs, by name
-  EXPECT_THROW(parse_trainer_state(j.dump(), c, 64, "f"), ConfigError);
+  EXPECT_THROW(parse_trainer_state(j.dump(), c, "f"), ConfigError);
 }
 
 TEST(ResumeState, AnotherSettingIsAConfigErrorNamingIt) {
@@ -89,24 +91,26 @@ TEST(ResumeState, AnotherSettingIsAConfigErrorNamingIt) {
 // kept apart from the schedule's changes, which no longer list it; fewer are refused.
 TEST(ResumeState, MoreStepsTrainLongerAndFewerAreRefused) {
   json j = saved_state();
-  TrainConfig c = saved_config();
-  c.schedule.total = c.steps;
-  j["schedule"] = c.schedule.to_json();
-  EXPECT_EQ(longer_run_note(parse_trainer_state(j.dump(), c, 64, "f"), c), "");
-  c.steps = 50;
-  c.schedule.total = 50;
-  const ResumeState r = parse_trainer_state(j.dump(), c, 64, "f");
+  json c = run_settings();
+  LrSchedule schedule{.total = 30};
+  j["schedule"] = schedule.to_json();
+  EXPECT_EQ(longer_run_note(parse_trainer_state(j.dump(), c, "f"), c), "");
+  c["steps"] = 50;
+  schedule.total = 50;
+  c["schedule"] = schedule.to_json();
+  const ResumeState r = parse_trainer_state(j.dump(), c, "f");
   EXPECT_EQ(r.steps, 30);
   EXPECT_EQ(schedule_changes(r, c), "");
   const std::string note = longer_run_note(r, c);
   EXPECT_NE(note.find("from step 10 of a 30-step run to 50 steps"), std::string::npos) << note;
   EXPECT_NE(note.find("stretched"), std::string::npos) << note;
   EXPECT_NE(note.find("not bit-identical"), std::string::npos) << note;
-  c.schedule.lr = 1e-4f;  // a rate change is still said
+  schedule.lr = 1e-4f;  // a rate change is still said
+  c["schedule"] = schedule.to_json();
   EXPECT_NE(schedule_changes(r, c).find("lr 0.0006 -> 0.0001"), std::string::npos);
-  c.steps = 20;
+  c["steps"] = 20;
   try {
-    parse_trainer_state(j.dump(), c, 64, "f");
+    parse_trainer_state(j.dump(), c, "f");
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("steps = 30, this run has 20"), std::string::npos)
@@ -115,7 +119,7 @@ TEST(ResumeState, MoreStepsTrainLongerAndFewerAreRefused) {
 }
 
 TEST(ResumeState, BadFilesAreIoErrors) {
-  EXPECT_THROW(parse_trainer_state("{\"step\": ", saved_config(), 64, "f"), IoError);
+  EXPECT_THROW(parse_trainer_state("{\"step\": ", run_settings(), "f"), IoError);
   EXPECT_THROW(parse(json::array()), IoError);
   for (const char* key : {"step", "data_position", "batch"}) {
     json j = saved_state();

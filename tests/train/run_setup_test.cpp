@@ -4,9 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "memfit/core/error.h"
+#include "memfit/io/atomic_file.h"
+#include "memfit/io/hf/model_hf_config.h"
 
 namespace memfit {
 namespace {
@@ -77,6 +84,40 @@ void expect_refused(Check check, const TrainConfig& c, const std::string& option
 }
 
 // Each bad option is a ConfigError whose message names it.
+// A resumed checkpoint's config.json and trainer_state.json are read once, however many steps
+// of the resolution ask (--precision auto, --act-compress, the model): with both files gone, the
+// same StartingCheckpoint resolves the run again, and the trainer gets the state's text.
+TEST(RunSetup, TheStartingCheckpointIsReadOnce) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("memfit_run_setup_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  io::write_file_atomic(dir / "config.json",
+                        io::model_config_to_hf_json(ModelConfig::preset("gpt2-tiny")).dump());
+  const std::string state =
+      nlohmann::json{{"step", 3}, {"precision", "bf16"}, {"act_compress", "int8"}}.dump();
+  io::write_file_atomic(dir / "trainer_state.json", state);
+  TrainConfig c = tiny();
+  c.model.clear();
+  c.resume_dir = dir.string();
+  c.precision = "auto";
+  StartingCheckpoint start(c);
+  const AutoResolution first = resolve_auto(c, start);
+  fs::remove_all(dir);
+  const AutoResolution again = resolve_auto(c, start);
+  for (const AutoResolution* r : {&first, &again}) {
+    EXPECT_EQ(r->spec().precision.precision, Precision::bf16);  // the checkpoint's
+    EXPECT_EQ(r->spec().act_compress, ActCompress::int8);
+    EXPECT_EQ(r->spec().model.n_layer, ModelConfig::preset("gpt2-tiny").n_layer);
+    EXPECT_TRUE(r->train.checkpoint.resume);
+    EXPECT_EQ(r->train.checkpoint.option, "--resume");
+    ASSERT_TRUE(r->train.checkpoint.state_text.has_value());
+    EXPECT_EQ(*r->train.checkpoint.state_text, state);
+  }
+  // A fresh resolution reads the files, which are gone.
+  EXPECT_THROW(resolve_auto(c), Error);
+}
+
 TEST(RunSetup, EachBadOptionIsRefusedByName) {
   auto refused = [](auto change, const std::string& option) {
     TrainConfig c = tiny();

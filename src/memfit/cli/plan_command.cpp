@@ -166,6 +166,106 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   return j;
 }
 
+// Over several ranks: the collectives per step, where stage 3's gathers and per-unit gradients
+// live, and the extremes of the ranks' peaks.
+void print_plan_ranks(const RunSpec& run, const PlanReport& r) {
+  const int64_t n = ParamLayout(r.model).total();
+  const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
+  const dist::CommVolume& v = r.comm_per_step;
+  fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
+             "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
+             v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
+             v.psi_multiple(n, static_cast<int>(dtype_size(run.grad_dtype)), param_bytes));
+  OptimConfig oc = run.optim;
+  oc.n_head = r.model.n_head;
+  const StatePlacement placement(ParamLayout(r.model), oc, run.state_options(), {0, run.world});
+  if (placement.params_gathered()) {
+    // Where stage 3's gathered weights live (Note [ZeRO stage 3]).
+    const GatherUnits g = gather_units(ParamLayout(r.model), placement.persist_threshold());
+    fmt::print("stage 3 gathers into comm: {:.1f} MiB kept whole (the embeddings and the tail{}) "
+               "and a ring of {} x {:.1f} MiB block slots (--prefetch-depth {})\n",
+               g.persistent_elements * param_bytes / 1048576.0,
+               g.persistent_elements > g.units.front().size() + g.units.back().size()
+                   ? ", and every block under --persist-threshold"
+                   : "",
+               g.slot_elements > 0 ? run.prefetch_depth + 1 : 0,
+               g.slot_elements * param_bytes / 1048576.0, run.prefetch_depth);
+  }
+  if (placement.grads_per_unit()) {
+    // Where the per-unit gradients live (Note [Sharded gradients]).
+    const ParamLayout layout(r.model);
+    fmt::print("gradients reduced per unit{}{}: {:.1f} MiB in comm (the embeddings and the "
+               "tail, and {} x {:.1f} MiB block slots, f32)\n",
+               run.grad_accum > 1 ? fmt::format(", every micro-batch ({})", run.grad_accum)
+                                  : std::string(),
+               run.grad_dtype == DType::bf16 ? " in bf16" : "",
+               (UnitGrads::edge_floats(layout) + UnitGrads::kSlots * UnitGrads::slot_floats(layout)) *
+                   4 / 1048576.0,
+               UnitGrads::kSlots, UnitGrads::slot_floats(layout) * 4 / 1048576.0);
+  }
+  // Shards differ by a cut granule and receive buffers by rank: the extremes over ranks.
+  size_t lo = r.peak_bytes, hi = r.peak_bytes;
+  int lo_rank = 0, hi_rank = 0;
+  plan_every_rank(run, [&](int q, const PlanReport& p) {
+    if (p.peak_bytes < lo) lo = p.peak_bytes, lo_rank = q;
+    if (p.peak_bytes > hi) hi = p.peak_bytes, hi_rank = q;
+  });
+  if (lo != hi)
+    fmt::print("ranks' peaks: from {} bytes (rank {}) to {} bytes (rank {}); --json lists "
+               "each\n",
+               lo, lo_rank, hi, hi_rank);
+}
+
+// --offload-optimizer nvme (and --offload-params, --offload-grads): what is on disk, what moves a
+// step, and the rings in RAM.
+void print_plan_offload(const RunSpec& run, const PlanReport& r) {
+  std::string disk;
+  for (Category c : kAllCategories)
+    if (const size_t b = r.disk_by_category[static_cast<size_t>(c)])
+      disk += fmt::format("{}{} {:.1f} MiB", disk.empty() ? "" : ", ", category_name(c),
+                          b / 1048576.0);
+  fmt::print("offload: {} on disk in {} ({:.1f} MiB: {}); {:.1f} MiB read and written per "
+             "step through a staging ring of {:.1f} MiB (in staging above); the disk adds "
+             "about {:.2f} s a step beyond the update's compute\n",
+             std::string(run.offload.params ? "working weights, " : "") +
+                 (r.disk_by_category[static_cast<size_t>(Category::master)]
+                      ? "master weights and optimizer state"
+                      : "optimizer state") +
+                 (run.offload.grads ? " and gradients" : ""),
+             run.world > 1 ? fmt::format("{}/rank-0 (rank 0's shard; each rank its own)",
+                                         run.offload.dir)
+                           : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
+             r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
+  if (run.offload.params)
+    fmt::print("offload: the blocks' working weights on disk too ({:.1f} MiB; params above "
+               "is the embeddings and the tail), {:.1f} MiB read per step before each "
+               "block's phases and {:.1f} MiB written back by the update, through a ring of "
+               "{} block slots ({:.1f} MiB, in staging above)\n",
+               r.disk_by_category[static_cast<size_t>(Category::params)] / 1048576.0,
+               r.param_read_bytes / 1048576.0, r.param_written_bytes / 1048576.0,
+               run.prefetch_depth + 1, r.param_ring_bytes / 1048576.0);
+  if (run.offload.grads) {
+    // The gradients' RAM (grads above): one unit's buffers, not the slab.
+    const offload::GradFileLayout g =
+        offload::make_grad_file_layout(ParamLayout(r.model), run.grad_accum, run.grad_dtype);
+    const bool bf16 = run.grad_dtype == DType::bf16;
+    fmt::print("offload-grads: no gradient slab ({:.1f} MiB in RAM otherwise); grads holds "
+               "the embeddings' and the tail's buffers and {} block slots of {:.1f} MiB{}, "
+               "which the update's gradient ring reuses; each block written per micro-batch"
+               "{}{}\n",
+               ParamLayout(r.model).total() * double(dtype_size(run.grad_dtype)) / 1048576.0,
+               g.block_slots, g.slot_bytes / 1048576.0,
+               bf16 && run.grad_accum > 1
+                   ? fmt::format(" (f32), the edges' bf16 sums ({:.1f} MiB) and one block's "
+                                 "read back ({:.1f} MiB)",
+                                 (g.edge_sums_bytes + g.tail_sums_bytes) / 1048576.0,
+                                 g.read_bytes / 1048576.0)
+                   : std::string(bf16 ? " (f32)" : ""),
+               run.grad_accum > 1 ? " and read back before the next one's backward" : "",
+               bf16 ? "; the file holds bf16 sums" : "");
+  }
+}
+
 void print_plan(const RunSpec& run, const PlanReport& r) {
   fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters), {} x {} tokens, {}, "
              "--ckpt {}{}, --attention {}, --optim {}{}\n\n",
@@ -193,53 +293,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "in bytes whose activations died before its backward (one micro-batch a step, "
                "a whole slab: docs/notes/planner.md, Note [Gradients by lifetime])\n",
                grads_slab_bytes(r) / 1048576.0);
-  if (run.world > 1) {
-    const int64_t n = ParamLayout(r.model).total();
-    const int param_bytes = static_cast<int>(dtype_size(half_dtype(run.precision.precision)));
-    const dist::CommVolume& v = r.comm_per_step;
-    fmt::print("collectives per step: all-reduce {:.1f} MiB, reduce-scatter {:.1f} MiB, "
-               "all-gather {:.1f} MiB ({:.3g} x the parameters sent per rank, as a ring)\n",
-               v.all_reduce / 1048576.0, v.reduce_scatter / 1048576.0, v.all_gather / 1048576.0,
-               v.psi_multiple(n, static_cast<int>(dtype_size(run.grad_dtype)), param_bytes));
-    OptimConfig oc = run.optim;
-    oc.n_head = r.model.n_head;
-    const StatePlacement placement(ParamLayout(r.model), oc, run.state_options(), {0, run.world});
-    if (placement.params_gathered()) {
-      // Where stage 3's gathered weights live (Note [ZeRO stage 3]).
-      const GatherUnits g = gather_units(ParamLayout(r.model), placement.persist_threshold());
-      fmt::print("stage 3 gathers into comm: {:.1f} MiB kept whole (the embeddings and the tail{}) "
-                 "and a ring of {} x {:.1f} MiB block slots (--prefetch-depth {})\n",
-                 g.persistent_elements * param_bytes / 1048576.0,
-                 g.persistent_elements > g.units.front().size() + g.units.back().size()
-                     ? ", and every block under --persist-threshold"
-                     : "",
-                 g.slot_elements > 0 ? run.prefetch_depth + 1 : 0,
-                 g.slot_elements * param_bytes / 1048576.0, run.prefetch_depth);
-    }
-    if (placement.grads_per_unit()) {
-      // Where the per-unit gradients live (Note [Sharded gradients]).
-      const ParamLayout layout(r.model);
-      fmt::print("gradients reduced per unit{}{}: {:.1f} MiB in comm (the embeddings and the "
-                 "tail, and {} x {:.1f} MiB block slots, f32)\n",
-                 run.grad_accum > 1 ? fmt::format(", every micro-batch ({})", run.grad_accum)
-                                    : std::string(),
-                 run.grad_dtype == DType::bf16 ? " in bf16" : "",
-                 (UnitGrads::edge_floats(layout) + UnitGrads::kSlots * UnitGrads::slot_floats(layout)) *
-                     4 / 1048576.0,
-                 UnitGrads::kSlots, UnitGrads::slot_floats(layout) * 4 / 1048576.0);
-    }
-    // Shards differ by a cut granule and receive buffers by rank: the extremes over ranks.
-    size_t lo = r.peak_bytes, hi = r.peak_bytes;
-    int lo_rank = 0, hi_rank = 0;
-    plan_every_rank(run, [&](int q, const PlanReport& p) {
-      if (p.peak_bytes < lo) lo = p.peak_bytes, lo_rank = q;
-      if (p.peak_bytes > hi) hi = p.peak_bytes, hi_rank = q;
-    });
-    if (lo != hi)
-      fmt::print("ranks' peaks: from {} bytes (rank {}) to {} bytes (rank {}); --json lists "
-                 "each\n",
-                 lo, lo_rank, hi, hi_rank);
-  }
+  if (run.world > 1) print_plan_ranks(run, r);
   fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];
   auto mib = [](size_t b) { return b / 1048576.0; };
@@ -264,53 +318,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              run.world > 1 ? fmt::format(", collectives {:.2f} s at the memory-copy rate",
                                          r.step_time.comm)
                            : std::string());
-  if (run.offload.optimizer) {
-    std::string disk;
-    for (Category c : kAllCategories)
-      if (const size_t b = r.disk_by_category[static_cast<size_t>(c)])
-        disk += fmt::format("{}{} {:.1f} MiB", disk.empty() ? "" : ", ", category_name(c),
-                            b / 1048576.0);
-    fmt::print("offload: {} on disk in {} ({:.1f} MiB: {}); {:.1f} MiB read and written per "
-               "step through a staging ring of {:.1f} MiB (in staging above); the disk adds "
-               "about {:.2f} s a step beyond the update's compute\n",
-               std::string(run.offload.params ? "working weights, " : "") +
-                   (r.disk_by_category[static_cast<size_t>(Category::master)]
-                        ? "master weights and optimizer state"
-                        : "optimizer state") +
-                   (run.offload.grads ? " and gradients" : ""),
-               run.world > 1 ? fmt::format("{}/rank-0 (rank 0's shard; each rank its own)",
-                                           run.offload.dir)
-                             : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
-               r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
-    if (run.offload.params)
-      fmt::print("offload: the blocks' working weights on disk too ({:.1f} MiB; params above "
-                 "is the embeddings and the tail), {:.1f} MiB read per step before each "
-                 "block's phases and {:.1f} MiB written back by the update, through a ring of "
-                 "{} block slots ({:.1f} MiB, in staging above)\n",
-                 r.disk_by_category[static_cast<size_t>(Category::params)] / 1048576.0,
-                 r.param_read_bytes / 1048576.0, r.param_written_bytes / 1048576.0,
-                 run.prefetch_depth + 1, r.param_ring_bytes / 1048576.0);
-    if (run.offload.grads) {
-      // The gradients' RAM (grads above): one unit's buffers, not the slab.
-      const offload::GradFileLayout g =
-          offload::make_grad_file_layout(ParamLayout(r.model), run.grad_accum, run.grad_dtype);
-      const bool bf16 = run.grad_dtype == DType::bf16;
-      fmt::print("offload-grads: no gradient slab ({:.1f} MiB in RAM otherwise); grads holds "
-                 "the embeddings' and the tail's buffers and {} block slots of {:.1f} MiB{}, "
-                 "which the update's gradient ring reuses; each block written per micro-batch"
-                 "{}{}\n",
-                 ParamLayout(r.model).total() * double(dtype_size(run.grad_dtype)) / 1048576.0,
-                 g.block_slots, g.slot_bytes / 1048576.0,
-                 bf16 && run.grad_accum > 1
-                     ? fmt::format(" (f32), the edges' bf16 sums ({:.1f} MiB) and one block's "
-                                   "read back ({:.1f} MiB)",
-                                   (g.edge_sums_bytes + g.tail_sums_bytes) / 1048576.0,
-                                   g.read_bytes / 1048576.0)
-                     : std::string(bf16 ? " (f32)" : ""),
-                 run.grad_accum > 1 ? " and read back before the next one's backward" : "",
-                 bf16 ? "; the file holds bf16 sums" : "");
-    }
-  }
+  if (run.offload.optimizer) print_plan_offload(run, r);
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "
                "buffers, not the permutation a shuffled run adds, 4 bytes per {}-token window "
@@ -328,9 +336,10 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
 // --auto and --auto-batch: the search's choice and runner-ups, then the plan of the choice (of
 // the smallest footprint when nothing fits, with the advice on other options).
 // Returns whether the search found a run that fits.
-bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json) {
+bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json,
+                      StartingCheckpoint& start) {
   std::string note;
-  const SearchResult s = plan_auto(cfg, spec, &note);
+  const SearchResult s = plan_auto(cfg, spec, &note, start);
   const RunSpec run = apply_candidate(spec, s.choice);
   const PlanReport r = plan_training(run);
   if (json) {
@@ -407,20 +416,26 @@ void add_plan_command(CLI::App& app) {
     const std::string attention_line =
         fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
     if (!*json && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
-    const std::string precision_note = resolve_precision(*cfg);
-    if (!*json) print_precision_route(*cfg, precision_note);
+    // The checkpoint the run starts from (--resume, --init-from), read once for every step below.
+    StartingCheckpoint start(*cfg);
+    const std::string precision_note = resolve_precision(*cfg, start);
+    // The route of the precision as resolved (bf16's widened matmuls); an unknown name is the
+    // run's to refuse (resolve_run), after these lines.
+    if (!*json)
+      print_precision_route(cfg->precision == "bf16" ? Precision::bf16 : Precision::fp32,
+                            precision_note);
     if (!*json && cfg->ranks > 1 && !dist::built_with_mpi())
       fmt::print("note: this memfit was built without MPI, so it cannot run the {} ranks planned "
                  "here: install libopenmpi-dev and rebuild (scripts/setup.sh does)\n",
                  cfg->ranks);
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
-    const RunSpec spec = resolve_run(*cfg);
+    const RunSpec spec = resolve_run(*cfg, start);
     // --max-model with a policy given plans every member with it (else each one's fastest).
     std::optional<CheckpointPolicy> policy;
     if (cmd->get_option("--ckpt")->count() > 0 && !spec.ckpt_auto) policy = spec.ckpt;
     const bool fits = *max_model            ? plan_max_model(spec, *json, policy)
-                      : cfg->needs_planner() ? plan_with_search(*cfg, spec, *json)
+                      : cfg->needs_planner() ? plan_with_search(*cfg, spec, *json, start)
                                              : plan_fixed(spec, *json);
     if (!fits) {
       std::fflush(stdout);

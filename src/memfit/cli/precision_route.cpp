@@ -22,10 +22,10 @@ std::string fp16_attention_default(TrainConfig& config, bool attention_given) {
          "plain is fp16's default)";
 }
 
-void print_precision_route(const TrainConfig& config, const std::string& auto_note) {
+void print_precision_route(Precision precision, const std::string& auto_note) {
   fmt::print(stderr, "memfit: {}\n", machine_line());
   if (!auto_note.empty()) fmt::print(stderr, "memfit: {}\n", auto_note);
-  if (config.precision == "bf16" && kernels::matmul_widens(DType::bf16))
+  if (precision == Precision::bf16 && kernels::matmul_widens(DType::bf16))
     fmt::print(stderr,
                "memfit: bf16 matmuls are widened to f32 and run on the f32 GEMM: oneDNN has no "
                "native bf16 matmul on this CPU (ISA {}; it needs AVX512_BF16 or AMX); bf16 keeps "

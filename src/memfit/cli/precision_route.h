@@ -11,7 +11,7 @@
 
 namespace memfit::cli {
 
-void print_precision_route(const TrainConfig& config, const std::string& auto_note);
+void print_precision_route(Precision precision, const std::string& auto_note);
 // --precision fp16 runs plain attention (flash attention has fp32 and bf16 kernels, no fp16):
 // where --attention was not given (command line or --config), `config` takes plain and the
 // returned line says so, to print at start; empty otherwise. An explicit --attention flash

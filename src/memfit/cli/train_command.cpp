@@ -66,8 +66,10 @@ void print_curves(const std::string& log_file) {
 
 }  // namespace
 
-void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) {
-  cmd->add_option("--config", config_file, "TOML file of options (keys are option names)");
+namespace {
+
+// The model: a preset and its shape's overrides.
+void add_model_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--model", c.model,
                   fmt::format("Preset (default {}; with --resume or --init-from, the "
                               "checkpoint's): {}",
@@ -84,6 +86,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--rope-theta", c.rope_theta, "LLaMA: the rotary embedding's base");
   cmd->add_option("--tie-embeddings", c.tie_embeddings,
                   "LLaMA: true | false, the LM head is the token embedding (preset's default)");
+}
+
+// The data, the batch and the schedule, the optimizer.
+void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--data", c.data_dir, "Directory of train_*.bin / val_*.bin shards")
       ->capture_default_str();
   cmd->add_option("--batch", c.batch, "Micro-batch rows")->capture_default_str();
@@ -113,6 +119,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--clip", c.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
   cmd->add_option("--seed", c.seed)->capture_default_str()->check(kNonNegative);
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
+}
+
+// Data parallelism and ZeRO (under mpirun or srun).
+void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--bucket-mb", c.bucket_mb,
                   "Data parallelism (under mpirun or srun): gradients are summed over the ranks "
                   "this many MiB at a time")
@@ -161,6 +171,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                   "Under mpirun or srun: seconds a rank waits for one collective before the job "
                   "fails, naming it (0: forever); keep it above the longest save")
       ->capture_default_str();
+}
+
+// The budget and where the state lives: --mem-limit, offload, the micro-batch search.
+void add_memory_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--mem-limit", c.mem_limit, "Memory budget, e.g. 2GiB (default: none)");
   cmd->add_option("--offload-optimizer", c.offload_optimizer,
                   "none | nvme: the optimizer state and FP32 master weights in files in "
@@ -185,6 +199,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_flag("--auto-batch", c.auto_batch,
                 "With --mem-limit: choose the micro-batch (a divisor of --batch x --grad-accum, "
                 "which stays) that fits fastest");
+}
+
+// Evaluation, checkpoints, the log and the data order.
+void add_run_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--eval-every", c.eval_every, "Steps between evaluations (0: at the end)")
       ->capture_default_str();
   cmd->add_option("--eval-batches", c.eval_batches, "Validation micro-batches per evaluation")
@@ -210,6 +228,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_flag("--repeat-batch", c.repeat_batch,
                 "Train every step on the same micro-batches (the first step's): the loss on one "
                 "fixed batch must fall");
+}
+
+// The step's activations and precision.
+void add_step_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--attention", c.attention,
                   "flash (tiled, O(T) saved per head) | plain (saves the T x T probabilities)")
       ->capture_default_str();
@@ -245,6 +267,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
   cmd->add_option("--initial-loss-scale", c.loss_scaler.initial_scale,
                   "fp16: the loss scale at the start")
       ->capture_default_str();
+}
+
+// Stopping early, the memory profile and the leak check.
+void add_profile_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--stop-after", c.stop_after,
                   "Stop after this step as if interrupted (the schedule still spans --steps)");
   cmd->add_option("--profile", c.profile_dir,
@@ -258,6 +284,19 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
                 "first step");
   // The tests' deliberate leak (train_config.h); hidden from --help.
   cmd->add_option("--test-leak-bytes", c.test_leak_bytes)->group("");
+}
+
+}  // namespace
+
+void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) {
+  cmd->add_option("--config", config_file, "TOML file of options (keys are option names)");
+  add_model_options(cmd, c);
+  add_schedule_options(cmd, c);
+  add_parallel_options(cmd, c);
+  add_memory_options(cmd, c);
+  add_run_options(cmd, c);
+  add_step_options(cmd, c);
+  add_profile_options(cmd, c);
 }
 
 void add_train_command(CLI::App& app) {
@@ -292,44 +331,48 @@ void add_train_command(CLI::App& app) {
     dist::ProcessGrid grid(std::move(world), dist::GridShape{.data = world_size});
     const bool lead = grid.world().rank() == 0;
     cfg->ranks = grid.data().size();
+    // The checkpoint the run starts from, read once for every step below (run_setup.h).
+    StartingCheckpoint start(*cfg);
     // The preset's published learning rate and warmup, where the options leave them open.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
-    const std::string preset_line =
-        apply_preset_schedule(*cfg, {given("--lr"), given("--warmup"), given("--min-lr")});
+    const std::string preset_line = apply_preset_schedule(
+        *cfg, {given("--lr"), given("--warmup"), given("--min-lr")}, &start);
     if (lead && !preset_line.empty()) fmt::print("memfit: {}\n", preset_line);
     const std::string attention_line =
         fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);
     if (lead && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
-    // Nothing fitting is an OutOfMemoryError that already carries the planner's advice.
-    AutoResolution run = resolve_auto(*cfg);
+    // The options resolved once into the typed run train() takes (strings stay here). Nothing
+    // fitting is an OutOfMemoryError that already carries the planner's advice.
+    AutoResolution run = resolve_auto(*cfg, start);
     adopt_lead_choice(run, grid.world());  // ranks whose calibrations differ still agree
+    const TrainSpec& spec = run.train;
     if (lead) {
       if (grid.data().size() > 1)
         fmt::print("memfit: data parallel over {} ({} rows a micro-batch on each)\n",
-                   grid.data().describe(), run.spec.batch);
-      print_precision_route(run.config, run.precision_note);
+                   grid.data().describe(), spec.run.batch);
+      print_precision_route(spec.run.precision.precision, run.precision_note);
       if (run.planned) print_search(run.search, run.note);
     }
     TrainSummary summary;
     try {
-      summary = train(run.config, grid);
+      summary = train(spec, grid);
     } catch (const OutOfMemoryError& e) {
-      throw with_fit_advice(e, run.spec);
+      throw with_fit_advice(e, spec.run);
     }
     grid.world().end();  // MEMFIT_CHECK_COLLECTIVES: no rank issues collectives past this point
     // Each rank checks its own step boundaries; the lead prints, another rank only a leak.
     const bool leaked = summary.leak.leaked();
     if (!lead) {
       if (leaked) fmt::print(stderr, "memfit: rank {}: {}", summary.rank, summary.leak.text());
-      if (leaked && run.config.fail_on_leak && !summary.interrupted_by) throw ExitCode{4};
+      if (leaked && spec.fail_on_leak && !summary.interrupted_by) throw ExitCode{4};
       return;
     }
     print_summary(summary);
     if (run.planned && run.search.fits) print_planned_peak(run.search, summary, grid.data().size());
     if (!summary.profile_text.empty()) fmt::print("\n{}", summary.profile_text);
-    if (!run.config.log_file.empty()) print_curves(run.config.log_file);
+    if (!spec.log_file.empty()) print_curves(spec.log_file);
     std::fflush(stdout);
-    if (leaked || !run.config.profile_dir.empty() || run.config.fail_on_leak)
+    if (leaked || !spec.profile_dir.empty() || spec.fail_on_leak)
       fmt::print(leaked ? stderr : stdout, "\n{}{}", leaked ? "memfit: " : "", summary.leak.text());
     if (summary.interrupted_by) {
       fmt::print(stderr, "memfit: stopped by {} after step {}; ", signal_name(summary.interrupted_by),
@@ -338,13 +381,13 @@ void add_train_command(CLI::App& app) {
         fmt::print(stderr,
                    "saved to {}. To continue: the same command with --resume {} (and no "
                    "--init-from)\n",
-                   run.config.save_dir, run.config.save_dir);
+                   spec.save_dir, spec.save_dir);
       else
         fmt::print(stderr, "nothing saved (no --save given)\n");
       std::fflush(stdout);
       throw ExitCode{128 + summary.interrupted_by};
     }
-    if (leaked && run.config.fail_on_leak) {
+    if (leaked && spec.fail_on_leak) {
       std::fflush(stdout);
       throw ExitCode{4};
     }

@@ -253,4 +253,36 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   return r;
 }
 
+void to_json(nlohmann::json& j, const Candidate& c) {
+  j = {{"ckpt", c.ckpt},
+       {"act_compress", std::string(act_compress_name(c.act_compress))},
+       {"offload", c.offload},
+       {"offload_params", c.offload_params},
+       {"offload_grads", c.offload_grads},
+       {"batch", c.batch},
+       {"grad_accum", c.grad_accum},
+       {"zero", c.zero},
+       {"peak_bytes", c.peak_bytes},
+       {"peak_rank", c.peak_rank},
+       {"est_step_seconds", c.est_step_seconds},
+       {"by_category", c.by_category},
+       {"fits", c.fits}};
+}
+
+void from_json(const nlohmann::json& j, Candidate& c) {
+  c.ckpt = j.at("ckpt").get<std::string>();
+  c.act_compress = act_compress_from_name(j.at("act_compress").get<std::string>());
+  c.offload = j.at("offload").get<bool>();
+  c.offload_params = j.at("offload_params").get<bool>();
+  c.offload_grads = j.at("offload_grads").get<bool>();
+  c.batch = j.at("batch").get<int>();
+  c.grad_accum = j.at("grad_accum").get<int>();
+  c.zero = j.at("zero").get<int>();
+  c.peak_bytes = j.at("peak_bytes").get<size_t>();
+  c.peak_rank = j.at("peak_rank").get<int>();
+  c.est_step_seconds = j.at("est_step_seconds").get<double>();
+  c.by_category = j.at("by_category").get<CategoryBytes>();
+  c.fits = j.at("fits").get<bool>();
+}
+
 }  // namespace memfit

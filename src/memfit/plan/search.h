@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "memfit/memory/category.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/plan/run_spec.h"
@@ -42,6 +44,12 @@ struct Candidate {
   Category dominant() const;  // the largest category (the first of equals)
   size_t dominant_bytes() const { return by_category[static_cast<size_t>(dominant())]; }
 };
+
+// A candidate as JSON and back (nlohmann's to_json / from_json): every field, the policy by its
+// name and the compression by its. How the ranks of a run agree on one choice (adopt_lead_choice
+// in train/run_setup.h). from_json throws ConfigError for an unknown name.
+void to_json(nlohmann::json& j, const Candidate& c);
+void from_json(const nlohmann::json& j, Candidate& c);
 
 // "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch; then
 // " --act-compress int8" where the candidate compresses; then every offload option it turns on

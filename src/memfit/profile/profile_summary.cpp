@@ -81,6 +81,90 @@ json kernels_json(const std::vector<kernels::KernelTime>& times, double per) {
   return out;
 }
 
+namespace {
+
+// The buffers live at the peak (the top ones, then all with the arena's others) and their
+// groups, into j: top_groups, top_buffers, buffers.
+void buffers_json(const StepRecorder& rec, const Timeline& tl, json& j) {
+  const StepPlan& plan = rec.plan();
+  auto buffer_json = [](const PeakBuffer& b, bool live) {
+    return json{{"tag", b.tag}, {"category", std::string(category_name(b.category))},
+                {"bytes", b.bytes}, {"in_arena", b.in_arena}, {"live_at_peak", live},
+                {"lifetime", b.lifetime}};
+  };
+  json top = json::array(), all = json::array();
+  for (size_t i = 0; i < tl.peak_buffers.size(); ++i) {
+    if (i < kTopBuffers) top.push_back(buffer_json(tl.peak_buffers[i], true));
+    all.push_back(buffer_json(tl.peak_buffers[i], true));
+  }
+  // The arena's other buffers, with the lifetime the plan gives them.
+  for (const BufferSpec& b : plan.buffers) {
+    const bool listed = std::any_of(tl.peak_buffers.begin(), tl.peak_buffers.end(),
+                                    [&](const PeakBuffer& p) { return p.in_arena && p.tag == b.tag; });
+    if (listed || b.lifetime.spans.empty()) continue;
+    const std::string first = plan.phases[b.lifetime.spans.front().first].name(),
+                      last = plan.phases[b.lifetime.spans.back().last].name();
+    all.push_back(buffer_json({b.tag, b.category, b.bytes(), true,
+                               first == last ? first : first + " -> " + last},
+                              false));
+  }
+  // The same by group, block numbers out: which operation's buffers take the most.
+  std::map<std::pair<std::string, Category>, std::pair<size_t, int>> groups;
+  for (const PeakBuffer& b : tl.peak_buffers) {
+    auto& g = groups[{tag_group(b.tag), b.category}];
+    g.first += b.bytes;
+    ++g.second;
+  }
+  std::vector<json> by_group;
+  for (const auto& [key, g] : groups)
+    by_group.push_back({{"group", key.first}, {"category", std::string(category_name(key.second))},
+                        {"bytes", g.first}, {"count", g.second}});
+  std::stable_sort(by_group.begin(), by_group.end(), [](const json& a, const json& b) {
+    return a["bytes"].get<size_t>() > b["bytes"].get<size_t>();
+  });
+  if (by_group.size() > kTopGroups) by_group.resize(kTopGroups);
+  j["top_groups"] = by_group;
+  j["top_buffers"] = std::move(top);
+  j["buffers"] = std::move(all);
+}
+
+// Per phase of the plan: the most bytes live while a training micro-batch ran it, its mean
+// time, and the plan's live bytes in it.
+json phases_json(const StepRecorder& rec, const Timeline& tl, const SummaryInputs& in,
+                 const CategoryBytes& planned_other) {
+  const StepPlan& plan = rec.plan();
+  const auto& runs = rec.phase_runs();
+  // Per phase of the plan: the most bytes live while a training micro-batch ran it, its mean
+  // time, and the plan's live bytes in it.
+  json phases = json::array();
+  for (size_t p = 0; p < plan.phases.size(); ++p) {
+    size_t measured = 0;
+    int64_t time = 0;
+    int count = 0;
+    for (const PhaseRun& r : runs) {
+      if (r.phase != static_cast<int>(p) || !rec.micro_batches()[r.micro_batch].training) continue;
+      measured = std::max(measured, max_live(tl, r.t0, r.t1));
+      time += r.t1 - r.t0;
+      ++count;
+    }
+    json ph = {{"name", plan.phases[p].name()},
+               {"kind", phase_kind_name(plan.phases[p].kind)},
+               {"layer", plan.phases[p].layer},
+               {"live_bytes", measured},
+               {"runs", count},
+               {"mean_ms", count ? ms(time) / count : 0.0}};
+    if (in.plan) {
+      size_t other = 0;
+      for (size_t b : planned_other) other += b;
+      ph["planned_live_bytes"] = other + in.plan->step.live[p].total();
+    }
+    phases.push_back(std::move(ph));
+  }
+  return phases;
+}
+
+}  // namespace
+
 json summary_json(const StepRecorder& rec, const Timeline& tl, const SummaryInputs& in) {
   const StepPlan& plan = rec.plan();
   const auto& runs = rec.phase_runs();
@@ -138,73 +222,9 @@ json summary_json(const StepRecorder& rec, const Timeline& tl, const SummaryInpu
                     {"by_category", by_category(peak.live)},
                     {"arena_not_live", by_category(arena_free)}};
 
-  auto buffer_json = [](const PeakBuffer& b, bool live) {
-    return json{{"tag", b.tag}, {"category", std::string(category_name(b.category))},
-                {"bytes", b.bytes}, {"in_arena", b.in_arena}, {"live_at_peak", live},
-                {"lifetime", b.lifetime}};
-  };
-  json top = json::array(), all = json::array();
-  for (size_t i = 0; i < tl.peak_buffers.size(); ++i) {
-    if (i < kTopBuffers) top.push_back(buffer_json(tl.peak_buffers[i], true));
-    all.push_back(buffer_json(tl.peak_buffers[i], true));
-  }
-  // The arena's other buffers, with the lifetime the plan gives them.
-  for (const BufferSpec& b : plan.buffers) {
-    const bool listed = std::any_of(tl.peak_buffers.begin(), tl.peak_buffers.end(),
-                                    [&](const PeakBuffer& p) { return p.in_arena && p.tag == b.tag; });
-    if (listed || b.lifetime.spans.empty()) continue;
-    const std::string first = plan.phases[b.lifetime.spans.front().first].name(),
-                      last = plan.phases[b.lifetime.spans.back().last].name();
-    all.push_back(buffer_json({b.tag, b.category, b.bytes(), true,
-                               first == last ? first : first + " -> " + last},
-                              false));
-  }
-  // The same by group, block numbers out: which operation's buffers take the most.
-  std::map<std::pair<std::string, Category>, std::pair<size_t, int>> groups;
-  for (const PeakBuffer& b : tl.peak_buffers) {
-    auto& g = groups[{tag_group(b.tag), b.category}];
-    g.first += b.bytes;
-    ++g.second;
-  }
-  std::vector<json> by_group;
-  for (const auto& [key, g] : groups)
-    by_group.push_back({{"group", key.first}, {"category", std::string(category_name(key.second))},
-                        {"bytes", g.first}, {"count", g.second}});
-  std::stable_sort(by_group.begin(), by_group.end(), [](const json& a, const json& b) {
-    return a["bytes"].get<size_t>() > b["bytes"].get<size_t>();
-  });
-  if (by_group.size() > kTopGroups) by_group.resize(kTopGroups);
-  j["top_groups"] = by_group;
-  j["top_buffers"] = std::move(top);
-  j["buffers"] = std::move(all);
+  buffers_json(rec, tl, j);
 
-  // Per phase of the plan: the most bytes live while a training micro-batch ran it, its mean
-  // time, and the plan's live bytes in it.
-  json phases = json::array();
-  for (size_t p = 0; p < plan.phases.size(); ++p) {
-    size_t measured = 0;
-    int64_t time = 0;
-    int count = 0;
-    for (const PhaseRun& r : runs) {
-      if (r.phase != static_cast<int>(p) || !rec.micro_batches()[r.micro_batch].training) continue;
-      measured = std::max(measured, max_live(tl, r.t0, r.t1));
-      time += r.t1 - r.t0;
-      ++count;
-    }
-    json ph = {{"name", plan.phases[p].name()},
-               {"kind", phase_kind_name(plan.phases[p].kind)},
-               {"layer", plan.phases[p].layer},
-               {"live_bytes", measured},
-               {"runs", count},
-               {"mean_ms", count ? ms(time) / count : 0.0}};
-    if (in.plan) {
-      size_t other = 0;
-      for (size_t b : planned_other) other += b;
-      ph["planned_live_bytes"] = other + in.plan->step.live[p].total();
-    }
-    phases.push_back(std::move(ph));
-  }
-  j["phases"] = std::move(phases);
+  j["phases"] = phases_json(rec, tl, in, planned_other);
 
   // The trainer's slices by kind: count, time, most bytes live.
   std::map<std::string, json> kinds;

@@ -59,17 +59,18 @@ std::optional<PresetSchedule> preset_schedule(std::string_view preset) {
   return std::nullopt;
 }
 
-std::string schedule_preset(const TrainConfig& c) {
+std::string schedule_preset(const TrainConfig& c, StartingCheckpoint* start) {
   if (!c.model.empty()) return c.model;
   if (c.resume_dir.empty() && c.init_from.empty()) return TrainConfig::kDefaultModel;
-  const ModelConfig model = resolve_run_model(c).config;
+  const ModelConfig model = start ? start->model().config : resolve_run_model(c).config;
   for (const std::string& name : ModelConfig::preset_names())
     if (ModelConfig::preset(name) == model) return name;
   return "";
 }
 
-std::string apply_preset_schedule(TrainConfig& c, ScheduleGiven given) {
-  const std::string name = schedule_preset(c);
+std::string apply_preset_schedule(TrainConfig& c, ScheduleGiven given,
+                                  StartingCheckpoint* start) {
+  const std::string name = schedule_preset(c, start);
   const std::optional<PresetSchedule> p = preset_schedule(name);
   if (!p) return "";
   if (!given.lr) c.schedule.lr = p->lr;

@@ -13,6 +13,8 @@
 
 namespace memfit {
 
+class StartingCheckpoint;  // train/run_setup.h
+
 struct PresetSchedule {
   float lr = 0;            // peak
   int64_t warmup = 0;      // linear warmup steps
@@ -31,12 +33,15 @@ struct ScheduleGiven {
 // The preset whose schedule the run takes: the one --model names; else, with --resume or
 // --init-from, the preset whose shape the checkpoint's model has (none if it has no preset's);
 // else TrainConfig::kDefaultModel.
-std::string schedule_preset(const TrainConfig& config);
+// `start`, if given, reads the checkpoint's model (once for the whole resolution: run_setup.h);
+// else it is read here.
+std::string schedule_preset(const TrainConfig& config, StartingCheckpoint* start = nullptr);
 
 // Sets the schedule options `given` leaves open to schedule_preset's published values (with
 // --lr given and --min-lr not, the floor is the same fraction of the given peak). Returns the
 // line to print at start, e.g. "preset llama2-7b: lr 0.0003, warmup 2000, min-lr 3e-05 (...);
 // the command line wins", then the options given; empty when the preset carries none.
-std::string apply_preset_schedule(TrainConfig& config, ScheduleGiven given);
+std::string apply_preset_schedule(TrainConfig& config, ScheduleGiven given,
+                                  StartingCheckpoint* start = nullptr);
 
 }  // namespace memfit

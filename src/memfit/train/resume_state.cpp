@@ -21,7 +21,7 @@ int64_t count_field(const json& s, const char* key, const fs::path& file) {
 }
 
 // Checks that a resumed run is configured like the run that saved the checkpoint.
-void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& file) {
+void check_resume(const json& s, const json& run, const fs::path& file) {
   auto same = [&](const char* key, const json& now) {
     if (!s.contains(key))
       MEMFIT_THROW(IoError, "resume", "{}: missing field '{}'", file.string(), key);
@@ -31,31 +31,29 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
                    "the same setting for a bit-identical continuation",
                    file.string(), key, s[key].dump(), now.dump());
   };
-  same("batch", c.batch);
-  same("grad_accum", c.grad_accum);
-  same("seq_len", T);
-  same("seed", c.seed);
-  same("shuffle", c.shuffle);
-  same("optim", c.optim.name);
+  for (const char* key : {"batch", "grad_accum", "seq_len", "seed", "shuffle", "optim"})
+    same(key, run.at(key));
   // More --steps train longer (Note [Training longer] in docs/notes/checkpoints.md); fewer
   // would end before where the schedule has already decayed to, so they are refused.
-  if (const int64_t steps = count_field(s, "steps", file); steps > c.steps)
+  const int64_t run_steps = run.at("steps").get<int64_t>();
+  if (const int64_t steps = count_field(s, "steps", file); steps > run_steps)
     MEMFIT_THROW(ConfigError, "resume",
                  "{}: the checkpoint was trained with steps = {}, this run has {}; resume with "
                  "the same --steps for a bit-identical continuation, or more to train longer",
-                 file.string(), steps, c.steps);
-  same("attention", c.attention);
+                 file.string(), steps, run_steps);
+  same("attention", run.at("attention"));
   // Older checkpoints predate mixed precision and were fp32 with FP32 weights.
   const json precision = s.value("precision", json("fp32"));
-  if (precision != c.precision)
+  const std::string precision_now = run.at("precision").get<std::string>();
+  if (precision != precision_now)
     MEMFIT_THROW(ConfigError, "resume",
                  "{}: the checkpoint was trained with precision = {}, this run has {}; resume "
                  "in the same precision (or start a new run with --init-from, which converts)",
-                 file.string(), precision.dump(), c.precision);
+                 file.string(), precision.dump(), precision_now);
   // Older checkpoints predate activation compression and stored none. Compression changes the
   // gradients (within its bound), so a resume keeps it, as it keeps the attention kind.
   const json compress = s.value("act_compress", json("none"));
-  const std::string now = c.act_compress.empty() ? "none" : c.act_compress;
+  const std::string now = run.at("act_compress").get<std::string>();
   if (compress != now)
     MEMFIT_THROW(ConfigError, "resume",
                  "{}: the checkpoint was trained with act_compress = {}, this run has {}; resume "
@@ -63,15 +61,16 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
                  "bit-identical continuation",
                  file.string(), compress.dump(), now);
   const json master = s.value("master_weights", json("fp32"));
-  if (master != c.master_weights)
+  const std::string master_now = run.at("master_weights").get<std::string>();
+  if (master != master_now)
     MEMFIT_THROW(ConfigError, "resume",
                  "{}: the checkpoint was trained with master_weights = {}, this run has {}",
-                 file.string(), master.dump(), c.master_weights);
+                 file.string(), master.dump(), master_now);
 }
 
 }  // namespace
 
-ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config, int T,
+ResumeState parse_trainer_state(std::string_view text, const json& run,
                                 const fs::path& file) {
   ResumeState r;
   try {
@@ -82,12 +81,13 @@ ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config
   if (!r.state.is_object())
     MEMFIT_THROW(IoError, "resume", "{}: expected a JSON object, got {}", file.string(),
                  r.state.type_name());
-  check_resume(r.state, config, T, file);
+  check_resume(r.state, run, file);
   r.step = count_field(r.state, "step", file);
   r.steps = count_field(r.state, "steps", file);
-  if (r.step > config.steps)  // memfit saves at most at its last step: a file edited or damaged
+  const int64_t steps = run.at("steps").get<int64_t>();
+  if (r.step > steps)  // memfit saves at most at its last step: a file edited or damaged
     MEMFIT_THROW(IoError, "resume", "{}: step {} is past the run's steps ({})", file.string(),
-                 r.step, config.steps);
+                 r.step, steps);
   r.data_position = count_field(r.state, "data_position", file);
   if (r.state.contains("data_tokens")) r.data_tokens = count_field(r.state, "data_tokens", file);
   return r;
@@ -110,12 +110,12 @@ std::string shown(const json& v) {
 }
 }  // namespace
 
-std::string schedule_changes(const ResumeState& saved, const TrainConfig& c) {
+std::string schedule_changes(const ResumeState& saved, const json& run) {
   const json* was = saved.state.contains("schedule") && saved.state["schedule"].is_object()
                         ? &saved.state["schedule"]
                         : nullptr;
   if (!was) return "";
-  const json now = c.schedule.to_json();
+  const json& now = run.at("schedule");
   std::string out;
   for (const auto& [key, value] : now.items())
     // The schedule's length is --steps, which check_resume allows to grow (said apart).
@@ -125,15 +125,18 @@ std::string schedule_changes(const ResumeState& saved, const TrainConfig& c) {
   return out;
 }
 
-std::string longer_run_note(const ResumeState& saved, const TrainConfig& c) {
-  if (c.steps <= saved.steps) return "";
+std::string longer_run_note(const ResumeState& saved, const json& run) {
+  const int64_t steps = run.at("steps").get<int64_t>();
+  const json& schedule = run.at("schedule");
+  if (steps <= saved.steps) return "";
   return fmt::format(
       "training on from step {} of a {}-step run to {} steps: the learning-rate schedule is "
       "stretched (its {} now spans {} steps, the warmup of {} kept), so from step {} the rate "
       "is the longer schedule's, above where the {}-step one ended; the result is not "
       "bit-identical to an uninterrupted {}-step run",
-      saved.step, saved.steps, c.steps, c.schedule.kind == "constant" ? "constant rate" : "cosine",
-      c.steps, c.schedule.warmup, saved.step + 1, saved.steps, c.steps);
+      saved.step, saved.steps, steps,
+      schedule.at("kind") == "constant" ? "constant rate" : "cosine", steps,
+      schedule.at("warmup").get<int64_t>(), saved.step + 1, saved.steps, steps);
 }
 
 }  // namespace memfit

@@ -9,7 +9,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "memfit/train/train_config.h"
 
 namespace memfit {
 
@@ -21,11 +20,13 @@ struct ResumeState {
   nlohmann::json state;       // the whole object (the loss scaler's state, when there is one)
 };
 
-// Parses `text`, the contents of `file`, and checks it against `config` and the run's sequence
-// length `T`. Throws IoError naming the file when it is not a JSON object or a field is missing
+// Parses `text`, the contents of `file`, and checks it against `run`: the settings this run
+// records in its own trainer_state.json (TrainRun::run_state_json: batch, grad_accum, seq_len,
+// seed, shuffle, optim, steps, attention, precision, act_compress, master_weights, schedule), so
+// what a resume compares is what a save writes. Throws IoError naming the file when it is not a JSON object or a field is missing
 // or of the wrong type, and ConfigError naming the setting that differs from the saved run's
 // (--steps may be more: a longer run, Note [Training longer] in docs/notes/checkpoints.md).
-ResumeState parse_trainer_state(std::string_view text, const TrainConfig& config, int T,
+ResumeState parse_trainer_state(std::string_view text, const nlohmann::json& run,
                                 const std::filesystem::path& file);
 
 // ConfigError unless the training data has the `tokens` the checkpoint's data had: the data
@@ -38,11 +39,11 @@ void check_resume_data(const ResumeState& saved, int64_t tokens, const std::stri
 // longer_run_note says). Not an error: resuming with a new rate is a
 // choice a user makes on purpose (after a loss spike, say); the run says so, since the
 // continuation is then not bit-identical.
-std::string schedule_changes(const ResumeState& saved, const TrainConfig& config);
+std::string schedule_changes(const ResumeState& saved, const nlohmann::json& run);
 
 // Where this run has more --steps than the checkpoint's: what happens to the schedule (its
 // cosine stretched over the new length, the warmup kept) and that the run is then not
 // bit-identical to an uninterrupted one, as one sentence; empty for the same --steps.
-std::string longer_run_note(const ResumeState& saved, const TrainConfig& config);
+std::string longer_run_note(const ResumeState& saved, const nlohmann::json& run);
 
 }  // namespace memfit

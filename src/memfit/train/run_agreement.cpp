@@ -46,8 +46,9 @@ std::string checkpoint_files(const fs::path& dir) {
 
 }  // namespace
 
-std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const RunSpec& s,
-                                                    const io::CheckpointLocation& location) {
+std::vector<dist::AgreedField> run_agreement_fields(const TrainSpec& c) {
+  const RunSpec& s = c.run;
+  const io::CheckpointLocation& location = c.checkpoint.location;
   auto f = [](auto v) { return fmt::format("{}", v); };
   std::vector<dist::AgreedField> out = {
       {"the model", io::model_config_to_hf_json(s.model).dump()},
@@ -72,7 +73,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--warmup", f(c.schedule.warmup)},
       {"--clip", f(c.clip)},
       {"--seed", f(c.seed)},
-      {"--shuffle", f(c.shuffle)},
+      {"--shuffle", f(s.shuffle)},
       {"--repeat-batch", f(c.repeat_batch)},
       {"--bucket-mb", f(c.bucket_mb)},
       {"--zero", f(s.zero)},
@@ -90,11 +91,11 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& c, const 
       {"--loss-scale-window", f(c.loss_scaler.window)},
       {"--hysteresis", f(c.loss_scaler.hysteresis)},
       {"--min-loss-scale", f(c.loss_scaler.min_scale)},
-      {"the training data", shards(c.data_dir, "train")},
-      {"the validation data", shards(c.data_dir, "val")},
+      {"the training data", shards(s.data_dir, "train")},
+      {"the validation data", shards(s.data_dir, "val")},
       {"the starting checkpoint",
        location.dir.empty() ? checkpoint_files(location.dir)
-                            : fmt::format("{} {}", c.resume_dir.empty() ? "--init-from" : "--resume",
+                            : fmt::format("{} {}", c.checkpoint.option,
                                           checkpoint_files(location.dir))},
   };
   return out;

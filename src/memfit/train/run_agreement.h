@@ -11,16 +11,11 @@
 #include <vector>
 
 #include "memfit/dist/agreement.h"
-#include "memfit/io/checkpoint/checkpoint_dir.h"
-#include "memfit/plan/run_spec.h"
-#include "memfit/train/train_config.h"
+#include "memfit/train/train_spec.h"
 
 namespace memfit {
 
-// `config` and `spec` as resolved (no "auto" left); `location` the checkpoint the run loads
-// (empty dir when none).
-std::vector<dist::AgreedField> run_agreement_fields(const TrainConfig& config,
-                                                    const RunSpec& spec,
-                                                    const io::CheckpointLocation& location);
+// `spec` as resolved (no "auto" left), with the checkpoint the run loads.
+std::vector<dist::AgreedField> run_agreement_fields(const TrainSpec& spec);
 
 }  // namespace memfit

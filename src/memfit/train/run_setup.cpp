@@ -1,7 +1,6 @@
 #include "memfit/train/run_setup.h"
 
 #include <filesystem>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,6 +10,7 @@
 #include "memfit/core/scoped_threads.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/checkpoint/sharded_safetensors.h"
 #include "memfit/memory/pool.h"
 #include "memfit/plan/fit_advice.h"
 
@@ -58,7 +58,6 @@ void validate_train_config(const TrainConfig& c) {
   require(c.test_leak_bytes >= 0, "test-leak-bytes", c.test_leak_bytes, ">= 0");
   require(c.resume_dir.empty() || c.init_from.empty(), "init-from", c.init_from,
           "unset when --resume is given (resume restores the weights)");
-  require(c.zero >= 0 && c.zero <= 3, "zero", c.zero, "0, 1, 2 or 3");
   require(c.prefetch_depth >= 0, "prefetch-depth", c.prefetch_depth, ">= 0");
   require(c.persist_threshold >= 0, "persist-threshold", c.persist_threshold, ">= 0 elements");
   c.schedule.validate();
@@ -144,26 +143,46 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
   return r;
 }
 
-namespace {
+StartingCheckpoint::StartingCheckpoint(const TrainConfig& config) : config_(config) {}
 
-// The resumed checkpoint's trainer_state.json, or an empty object where it cannot be read (the
-// trainer's own resume checks then report what is wrong).
-nlohmann::json resumed_state(const TrainConfig& config) {
-  const RunModel run = resolve_run_model(config);
-  try {
-    return nlohmann::json::parse(
-        io::read_file_to_string(run.location.dir / "trainer_state.json"));
-  } catch (const std::exception&) {
-    return nlohmann::json::object();
-  }
+const RunModel& StartingCheckpoint::model() {
+  if (!model_) model_ = resolve_run_model(config_);
+  return *model_;
 }
+
+const nlohmann::json& StartingCheckpoint::state() {
+  if (state_) return *state_;
+  state_ = nlohmann::json::object();
+  if (config_.resume_dir.empty()) return *state_;
+  const fs::path file = model().location.dir / "trainer_state.json";
+  try {
+    state_text_ = io::read_file_to_string(file);
+    *state_ = nlohmann::json::parse(*state_text_);
+  } catch (const std::exception&) {
+  }
+  return *state_;
+}
+
+RunCheckpoint StartingCheckpoint::checkpoint() {
+  RunCheckpoint c;
+  c.location = model().location;
+  c.resume = !config_.resume_dir.empty();
+  if (!c.location.dir.empty()) c.option = c.resume ? "--resume" : "--init-from";
+  if (c.resume) {
+    state();
+    c.state_text = state_text_;
+  }
+  return c;
+}
+
+namespace {
 
 // --act-compress: as given; else, resuming, the checkpoint's (none before the field existed, or
 // where it cannot be read: the trainer's resume check then names what is wrong); else none.
-ActCompress run_act_compress(const TrainConfig& c) {
+ActCompress run_act_compress(const TrainConfig& c, StartingCheckpoint& start) {
   if (!c.act_compress.empty()) return act_compress_from_name(c.act_compress);
   if (c.resume_dir.empty()) return ActCompress::none;
-  const nlohmann::json s = resumed_state(c);
+  const nlohmann::json& s = start.state();
   const auto it = s.find("act_compress");
   if (it == s.end() || !it->is_string()) return ActCompress::none;
   const std::string name = it->get<std::string>();
@@ -173,9 +192,15 @@ ActCompress run_act_compress(const TrainConfig& c) {
 }  // namespace
 
 RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
+  StartingCheckpoint start(c);
+  RunSpec s = resolve_run(c, start);
+  if (location) *location = start.model().location;
+  return s;
+}
+
+RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   validate_train_config(c);
-  const RunModel run = resolve_run_model(c);
-  if (location) *location = run.location;
+  const RunModel& run = start.model();
   RunSpec s;
   s.model = run.config;
   s.T = run.T;
@@ -187,7 +212,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.lm_head_group = c.lm_head_group;
   s.ckpt_auto = c.ckpt == "auto";
   if (!s.ckpt_auto) s.ckpt = CheckpointPolicy::parse(c.ckpt);
-  s.act_compress = run_act_compress(c);
+  s.act_compress = run_act_compress(c, start);
   s.act_compress_open = c.act_compress.empty() && c.resume_dir.empty();
   s.auto_batch = c.auto_batch;
   s.optim = c.optim;
@@ -226,8 +251,9 @@ namespace {
 // A resumed run must keep the micro-batch it was saved with (the trainer refuses another), so
 // --auto-batch keeps the checkpoint's. Without a readable trainer_state.json the search goes
 // ahead and the trainer's own resume checks report what is wrong.
-bool pin_resumed_batch(const TrainConfig& config, RunSpec& spec, std::string* note) {
-  const nlohmann::json s = resumed_state(config);
+bool pin_resumed_batch(const TrainConfig& config, RunSpec& spec, std::string* note,
+                       StartingCheckpoint& start) {
+  const nlohmann::json& s = start.state();
   if (!s.contains("batch") || !s.contains("grad_accum")) return false;
   const int batch = s["batch"].get<int>(), accum = s["grad_accum"].get<int>();
   if (batch * accum != spec.batch * spec.grad_accum)
@@ -247,13 +273,14 @@ bool pin_resumed_batch(const TrainConfig& config, RunSpec& spec, std::string* no
 }
 
 // The search for a resolved run (spec = resolve_run(config)).
-SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::string* note) {
+SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::string* note,
+                        StartingCheckpoint& start) {
   if (spec.mem_limit == 0)
     MEMFIT_THROW(ConfigError, "config",
                  "the planner's search needs a budget: give --mem-limit (e.g. 4GiB)");
   RunSpec base = spec;
   SearchSpace space = SearchSpace::of(spec);
-  if (space.micro_batches && spec.resumed && pin_resumed_batch(config, base, note))
+  if (space.micro_batches && spec.resumed && pin_resumed_batch(config, base, note, start))
     space.micro_batches = false;
   if (spec.zero_auto && spec.world == 1 && note)
     *note += std::string(note->empty() ? "" : "; ") +
@@ -262,28 +289,17 @@ SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::str
   return search_training(base, spec.mem_limit, space);
 }
 
-// The TrainConfig side of the choice: what trainer_state.json and the logs name.
-TrainConfig with_choice(const TrainConfig& base, const Candidate& c) {
-  TrainConfig t = base;
-  t.ckpt = c.ckpt;
-  t.act_compress = act_compress_name(c.act_compress);
-  t.offload_optimizer = c.offload ? "nvme" : "none";
-  t.offload_params = c.offload_params ? "nvme" : "none";
-  t.offload_grads = c.offload_grads ? "nvme" : "none";
-  t.batch = c.batch;
-  t.grad_accum = c.grad_accum;
-  t.auto_batch = false;
-  t.zero = c.zero;
-  t.zero_auto = false;
-  return t;
-}
-
 }  // namespace
 
 std::string resolve_precision(TrainConfig& config) {
+  StartingCheckpoint start(config);
+  return resolve_precision(config, start);
+}
+
+std::string resolve_precision(TrainConfig& config, StartingCheckpoint& start) {
   if (config.precision != "auto") return "";
   if (!config.resume_dir.empty()) {
-    const nlohmann::json s = resumed_state(config);
+    const nlohmann::json& s = start.state();
     if (s.contains("precision") && s["precision"].is_string()) {
       config.precision = s["precision"].get<std::string>();
       return fmt::format("--precision auto: {}, the checkpoint's (a resume keeps its precision)",
@@ -296,67 +312,85 @@ std::string resolve_precision(TrainConfig& config) {
 }
 
 SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::string* note) {
-  return search_run(config, spec, note);
+  StartingCheckpoint start(config);
+  return search_run(config, spec, note, start);
+}
+
+SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::string* note,
+                       StartingCheckpoint& start) {
+  return search_run(config, spec, note, start);
 }
 
 AutoResolution resolve_auto(const TrainConfig& config) {
+  StartingCheckpoint start(config);
+  return resolve_auto(config, start);
+}
+
+AutoResolution resolve_auto(const TrainConfig& config, StartingCheckpoint& start) {
   AutoResolution r;
-  r.config = config;
-  r.precision_note = resolve_precision(r.config);
-  r.spec = resolve_run(r.config, &r.location);
-  // What trainer_state.json records: as given, the checkpoint's, or none (the search may still
-  // change it below).
-  r.config.act_compress = act_compress_name(r.spec.act_compress);
-  if (!r.config.needs_planner()) return r;
-  r.planned = true;
-  r.search = search_run(r.config, r.spec, &r.note);
-  if (!r.search.fits) {
-    const Candidate& s = r.search.smallest;
-    OutOfMemoryError e(detail::where(__FILE__, __LINE__), r.search.message, s.peak_bytes,
-                       s.dominant(), r.search.limit, CategoryBytes{});
-    e.set_advice(advise_fit(r.spec, r.search.limit).text());
-    throw e;
+  TrainConfig c = config;
+  r.precision_note = resolve_precision(c, start);
+  r.asked = resolve_run(c, start);
+  RunSpec run = r.asked;
+  if (c.needs_planner()) {
+    r.planned = true;
+    r.search = search_run(c, r.asked, &r.note, start);
+    if (!r.search.fits) {
+      const Candidate& s = r.search.smallest;
+      OutOfMemoryError e(detail::where(__FILE__, __LINE__), r.search.message, s.peak_bytes,
+                         s.dominant(), r.search.limit, CategoryBytes{});
+      e.set_advice(advise_fit(r.asked, r.search.limit).text());
+      throw e;
+    }
+    run = apply_candidate(r.asked, r.search.choice);
   }
-  r.config = with_choice(r.config, r.search.choice);
-  r.spec = apply_candidate(r.spec, r.search.choice);
+  r.train = train_spec(c, run, start);
   return r;
+}
+
+TrainSpec train_spec(const TrainConfig& c, const RunSpec& run, StartingCheckpoint& start) {
+  TrainSpec t;
+  t.run = run;
+  t.checkpoint = start.checkpoint();
+  // The preset, or where a checkpoint gave the model, the checkpoint.
+  const std::string& from = !c.resume_dir.empty() ? c.resume_dir : c.init_from;
+  t.model_label = !c.model.empty() || from.empty() ? c.model_name() : from;
+  // A preset's vocabulary is the usual mismatch (gpt2-tiny's 512 on GPT-2 tokens): the loader's
+  // error names it and the --vocab that fits. A checkpoint's model has its own.
+  if (t.checkpoint.location.dir.empty())
+    t.vocab_source = c.vocab ? "--vocab" : "preset " + c.model_name();
+  t.schedule = c.schedule;
+  t.schedule.total = c.steps;
+  t.clip = c.clip;
+  t.seed = c.seed;
+  t.bucket_mb = c.bucket_mb;
+  t.loss_scaler = c.loss_scaler;
+  t.repeat_batch = c.repeat_batch;
+  t.stop_after = c.stop_after;
+  t.eval_every = c.eval_every;
+  t.eval_batches = c.eval_batches;
+  t.save_dir = c.save_dir;
+  t.save_every = c.save_every;
+  t.save_every_minutes = c.save_every_minutes;
+  t.max_shard_bytes = io::parse_max_shard_size(c.max_shard_size);
+  t.log_file = c.log_file;
+  t.profile_dir = c.profile_dir;
+  t.profile_steps = c.profile_steps;
+  t.fail_on_leak = c.fail_on_leak;
+  t.test_leak_bytes = c.test_leak_bytes;
+  return t;
 }
 
 void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
   if (comm.size() == 1 || !r.planned) return;
-  const TrainConfig& c = r.config;
-  std::string choice = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}", c.ckpt, c.act_compress,
-                                   c.offload_optimizer, c.offload_params, c.batch, c.grad_accum,
-                                   c.zero);
-  int64_t size = static_cast<int64_t>(choice.size());
+  std::string text = nlohmann::json(r.search.choice).dump();
+  int64_t size = static_cast<int64_t>(text.size());
   comm.broadcast(&size, sizeof size, 0);
-  std::string lead(static_cast<size_t>(size), '\0');
-  if (comm.rank() == 0) lead = choice;
-  comm.broadcast(lead.data(), size, 0);
-  if (lead == choice) return;
-  std::istringstream in(lead);
-  TrainConfig t = r.config;
-  std::string batch, accum, zero;
-  std::getline(in, t.ckpt);
-  std::getline(in, t.act_compress);
-  std::getline(in, t.offload_optimizer);
-  std::getline(in, t.offload_params);
-  std::getline(in, batch);
-  std::getline(in, accum);
-  std::getline(in, zero);
-  t.batch = std::stoi(batch);
-  t.grad_accum = std::stoi(accum);
-  t.zero = std::stoi(zero);
-  r.config = t;
-  r.spec = resolve_run(t);
-  r.search.choice.ckpt = t.ckpt;
-  r.search.choice.act_compress = r.spec.act_compress;
-  r.search.choice.batch = t.batch;
-  r.search.choice.grad_accum = t.grad_accum;
-  r.search.choice.zero = t.zero;
-  r.search.choice.offload = r.spec.offload.optimizer;
-  r.search.choice.offload_params = r.spec.offload.params;
-  r.search.choice.offload_grads = r.spec.offload.grads;
+  text.resize(static_cast<size_t>(size));
+  comm.broadcast(text.data(), size, 0);
+  if (comm.rank() == 0) return;
+  r.search.choice = nlohmann::json::parse(text).get<Candidate>();
+  r.train.run = apply_candidate(r.asked, r.search.choice);
 }
 
 void check_max_model_config(const TrainConfig& c) {

@@ -12,6 +12,7 @@
 #include "memfit/memory/category.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/train/train_config.h"
+#include "memfit/train/train_spec.h"
 
 namespace memfit {
 
@@ -42,16 +43,21 @@ struct TrainSummary {
   std::string profile_dir, profile_text;
 };
 
-// Runs training as configured (a SIGINT or SIGTERM stops it after the step in progress, saved
-// as at the end: TrainSummary::interrupted_by), with --ckpt auto and --auto-batch resolved by the planner first
-// (train/run_setup.h). Throws ConfigError/IoError for bad input, OutOfMemoryError when the
-// budget is too small (the pool's, or the planner's when no choice fits), Error when the loss
-// becomes non-finite; none of them leaves a partial checkpoint behind.
-TrainSummary train(const TrainConfig& config);
-// The same as one rank of `grid` (under mpirun or srun), data parallelism over its data group:
-// each rank reads its rows of every global micro-batch, gradients and losses are summed over
-// the group, and the world's rank 0 logs and saves. Every rank must call it with the same
-// config. The grid has data parallelism only today (tensor and pipeline 1).
+// Runs the resolved run `spec` (train/train_spec.h: the options parsed once, the planner's
+// choice made) as one rank of `grid` (one process, or under mpirun or srun): data parallelism
+// over its data group, each rank reading its rows of every global micro-batch, gradients and
+// losses summed over the group, and the world's rank 0 logging and saving. Every rank must call
+// it with the same run (resolved for grid.data().size() ranks, rank 0's search choice adopted:
+// adopt_lead_choice); the ranks check that they agree before anything is built. A SIGINT or
+// SIGTERM stops it after the step in progress, saved as at the end
+// (TrainSummary::interrupted_by). Throws ConfigError/IoError for bad input, OutOfMemoryError when
+// the budget is too small, Error when the loss becomes non-finite; none of them leaves a partial
+// checkpoint behind. The grid has data parallelism only today (tensor and pipeline 1).
+TrainSummary train(const TrainSpec& spec, dist::ProcessGrid& grid);
+// The options as given, resolved (train/run_setup.h: resolve_auto, for the grid's data-parallel
+// ranks, rank 0's choice adopted) and run as above: what the tests and benchmarks call. Throws
+// OutOfMemoryError also when the planner finds no choice that fits.
+TrainSummary train(const TrainConfig& config);  // one process
 TrainSummary train(const TrainConfig& config, dist::ProcessGrid& grid);
 
 }  // namespace memfit

@@ -1,0 +1,215 @@
+// One training run, as train() runs it: the objects a run holds (the pool, where its state lives,
+// the model, the optimizer, the data, the log) and what it does with them, split by concern so
+// each part reads alone: set-up (train_run_setup.cpp), checkpoint loading and saving
+// (train_run_checkpoint.cpp), the step and the evaluation (train_run_step.cpp), the log and the
+// profile (train_run_log.cpp), and the loop (trainer.cpp). Internal to train/: callers use
+// train() (train/trainer.h). Members are declared in the order they are made, so they go in the
+// reverse order (the model before the files it reads, the files before their directories, the
+// pool last).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "memfit/core/scoped_threads.h"
+#include "memfit/dist/grad_sync.h"
+#include "memfit/dist/process_grid.h"
+#include "memfit/dist/zero/zero_state.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/io/checkpoint/model_checkpoint.h"
+#include "memfit/io/created_directories.h"
+#include "memfit/io/data/data_loader.h"
+#include "memfit/memory/pool.h"
+#include "memfit/model/transformer.h"
+#include "memfit/offload/offloaded_grads.h"
+#include "memfit/offload/offloaded_optimizer.h"
+#include "memfit/offload/param_file.h"
+#include "memfit/profile/leak_check.h"
+#include "memfit/profile/profiler.h"
+#include "memfit/state/state_placement.h"
+#include "memfit/train/interrupt.h"
+#include "memfit/train/loss_scaler.h"
+#include "memfit/train/masked_loss.h"
+#include "memfit/train/progress.h"
+#include "memfit/train/resume_state.h"
+#include "memfit/train/train_spec.h"
+#include "memfit/train/trainer.h"
+#include "memfit/train/update.h"
+
+namespace memfit {
+
+class TrainRun {
+ public:
+  // The set-up, in order: the pool and the profiler, where the state lives and the objects
+  // that hold it, the weights (initialised, or loaded from the checkpoint with the optimizer
+  // state and the trainer state), the step's reservation, the data and the log. `spec` is
+  // the run as resolved and agreed by every rank (train()).
+  TrainRun(dist::ProcessGrid& grid, const TrainSpec& spec);
+  TrainRun(const TrainRun&) = delete;
+  TrainRun& operator=(const TrainRun&) = delete;
+
+  // The steps, the final save, and the summary (trainer.cpp).
+  TrainSummary run();
+
+ private:
+  // Where the offload files' counters stood when a step began (the log's per-step I/O).
+  struct IoMark {
+    offload::IoStats optimizer, grads;
+    offload::ParamIoStats params;
+    uint64_t grads_backward = 0;
+  };
+  // What a step did, for the log, the progress line and the summary (train_run_step.cpp).
+  struct StepResult {
+    float loss = 0, lr = 0, loss_scale = 1;
+    UpdateOutcome update;
+    int64_t update_gathered = 0;  // the offloaded update's all-gather (ZeRO)
+    double seconds = 0, rate = 0;
+    IoMark before;  // the offload files' counters as the step began
+  };
+
+  // Set-up (train_run_setup.cpp).
+  void start_profiler();
+  void make_state_files();
+  void make_model();
+  void create_optimizer();
+  void check_disk_limit() const;
+  void make_grad_widen();
+  void prepare_step();
+  void open_data();
+  void open_log();
+
+  // Checkpoints (train_run_checkpoint.cpp).
+  void load_or_init();
+  void load_weights();
+  void load_offloaded_state();
+  void load_trainer_state();
+  Tensor record_for_save();
+  void stage_shards();
+  void save(int64_t step, const Tensor& record);
+  io::StreamedWeights streamed_weights(Tensor& save_staging);
+  void save_if_due(int64_t step, bool last);
+
+  // The step (train_run_step.cpp).
+  StepResult step(int64_t step, std::chrono::steady_clock::time_point t0);
+  double micro_batches(const StepLoss& step_loss);
+  UpdateOutcome update(float lr, float loss, float loss_scale, int64_t& update_gathered);
+  void offloaded_step(float rate, float scale, int64_t& update_gathered);
+  void check_finite(int64_t step, const StepResult& r);
+  float evaluate();
+  bool stop_requested();
+  float sum_ranks(float x);
+  Tensor my_part(Tensor& slab) const;
+
+  // The log and the profile (train_run_log.cpp).
+  void log_line(const nlohmann::json& j);
+  void run_step(int64_t step);
+  void log_step(int64_t step, const StepResult& r);
+  nlohmann::json offload_line(const IoMark& before);
+  IoMark io_mark() const;
+  CategoryBytes offload_files() const;
+  std::string progress_text(const StepResult& r) const;
+  void log_rank_peaks();
+  nlohmann::json run_state_json() const;
+  nlohmann::json trainer_state_json(int64_t step) const;
+  void params_io_waits();
+  profile::StepRecorder* recorder() const { return profiler ? profiler->recorder() : nullptr; }
+  void finish_summary();
+
+  // The ranks: gradients, the loss and the evaluation are summed over the data group (`comm`,
+  // W ranks); the world's rank 0 (`lead`) alone logs, shows progress and saves.
+  dist::ProcessGrid& grid;
+  dist::Communicator& comm;
+  const int W;
+  const bool lead;
+  // The run, resolved: `spec` as the planner planned it (the model, shapes, precision, policy,
+  // budget), `settings` the whole (the loop's settings too); `location` the checkpoint it
+  // starts from (dir empty without).
+  const TrainSpec settings;
+  const RunSpec& spec;
+  const io::CheckpointLocation& location;
+  const bool resume;
+  const ModelConfig& mc;
+  const int T, B;
+
+  const ScopedThreads run_threads;  // --threads for this run only
+  const std::chrono::steady_clock::time_point wall_start;
+  MemoryPool pool;
+  // The collectives' buffers are this run's pool's (Category::comm), until it ends.
+  struct PoolRelease {
+    dist::Communicator& comm;
+    ~PoolRelease() { comm.set_pool(nullptr); }
+  } pool_release;
+  std::unique_ptr<profile::Profiler> profiler;  // --profile
+  // The leak check: the pool's live bytes by tag at every step boundary (profile/leak_check.h).
+  profile::LeakCheck leaks;
+  std::vector<Allocation> test_leaks;  // settings.test_leak_bytes: the tests' deliberate leak
+
+  // Where this rank's state lives (Note [State placement]); nothing else decodes the stage.
+  const StatePlacement placement;
+  const std::optional<ElementRange> my_shard;
+  const bool offload;  // the optimizer state (and master weights) in files
+  const bool master;   // the precision keeps master weights
+  const std::filesystem::path offload_dir;
+  io::CreatedDirectories offload_dirs;
+  std::string offload_run;
+  std::unique_ptr<offload::ParamFile> param_file;  // --offload-params nvme
+  std::unique_ptr<GradStore> grad_store;           // --offload-grads nvme, until the model has it
+  offload::OffloadedGrads* grads_file = nullptr;
+  ZeroServices zero;
+  std::optional<Transformer> gpt;
+  std::unique_ptr<DynamicLossScaler> scaler;  // fp16
+  std::unique_ptr<Optimizer> opt;             // the optimizer in RAM, or
+  std::unique_ptr<offload::OffloadedOptimizer> off;  // the one streamed from files
+  ElementRange my_range;  // this rank's range of the layout (the whole layout without ZeRO)
+  int64_t piece = 0;      // the set-up's staging piece (setup_piece_elements)
+
+  int64_t start_step = 0, data_position = 0;
+  ResumeState resumed;  // the checkpoint's trainer_state.json, when resuming
+  std::filesystem::path state_file;
+
+  std::optional<dist::GradientSync> sync;  // stages 0-1 over several ranks: the slab's exchange
+  std::optional<RankShards> rank_shards;   // how the update sees the ranks (W > 1)
+  std::unique_ptr<io::DataLoader> train_data, val_data;
+  int64_t last_step = 0;
+
+  TrainSummary summary;
+  std::string data_tokenizer;  // the data's dataset.json's tokenizer, for trainer_state.json
+  std::ofstream log;           // --log, rank 0
+
+  // Saves: the weights of record streamed from their files (save_streams_weights), or ZeRO's
+  // shard files staged beside the save (sharded_state).
+  bool streamed_save = false;
+  int64_t save_staging_n = 0;
+  DType record_dtype = DType::f32;
+  bool sharded_state = false;
+  std::filesystem::path staging;
+
+  // The loop.
+  std::optional<Progress> progress;
+  std::optional<InterruptScope> interrupts;  // SIGINT/SIGTERM: stop after this step, then save
+  std::chrono::steady_clock::time_point last_save;
+  std::vector<double> rates;
+  double tokens_per_step = 0;  // every rank's
+  int64_t saved_at = -1;
+  uint64_t last_step_io = 0;  // offload: the last step's bytes read and written (this rank)
+};
+
+// Helpers of the log and the profile (train_run_log.cpp).
+nlohmann::json memory_json(const CategoryBytes& bytes);
+// The run as the profile's summary and page describe it.
+nlohmann::json run_json(const TrainSpec& spec, const StatePlacement& placement);
+// Nats per token of the training data's unigram distribution.
+double unigram_entropy(io::DataLoader& loader, int vocab);
+// Keeps the JSON lines of `file` whose "step" is at most `step` (and drops a torn last line),
+// rewriting it atomically; a missing file stays missing.
+void truncate_log_after(const std::string& file, int64_t step);
+
+}  // namespace memfit

@@ -1,0 +1,274 @@
+// A run's log and profile (train/train_run.h): rank 0's JSON lines (a line per step with the
+// loss, the gradient norm, memory, the collectives' and the offload files' bytes; every rank's
+// peak at the end), the progress line's text, trainer_state.json for the saves, and the run as
+// the profile describes it.
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "memfit/io/atomic_file.h"
+#include "memfit/memory/rss.h"
+#include "memfit/train/train_run.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json memory_json(const CategoryBytes& bytes) {
+  json j = json::object();
+  for (Category c : kAllCategories)
+    if (bytes[static_cast<size_t>(c)]) j[std::string(category_name(c))] = bytes[static_cast<size_t>(c)];
+  return j;
+}
+
+json run_json(const TrainSpec& t, const StatePlacement& placement) {
+  const RunSpec& spec = t.run;
+  const int rank = placement.rank(), ranks = placement.world();
+  const ModelConfig& m = spec.model;
+  const std::string& model = t.model_label;
+  const std::string shape = fmt::format("{} x {}", m.n_layer, m.d_model);
+  return {{"title", fmt::format("{} ({}), {} x {} tokens{}, {}, --ckpt {}{}", model, shape,
+                                spec.batch, spec.T,
+                                spec.grad_accum > 1 ? fmt::format(" x {}", spec.grad_accum) : "",
+                                precision_name(spec.precision.precision), spec.ckpt.name(),
+                                ranks > 1 ? fmt::format(", rank {} of {}{}", rank, ranks,
+                                                        placement.stage() > 0
+                                                            ? fmt::format(", --zero {}",
+                                                                          placement.stage())
+                                                            : "")
+                                          : "")},
+          {"model", model},
+          {"family", std::string(family_name(m.family))},
+          {"n_layer", m.n_layer},
+          {"d_model", m.d_model},
+          {"n_head", m.n_head},
+          {"batch", spec.batch},
+          {"seq_len", spec.T},
+          {"grad_accum", spec.grad_accum},
+          {"precision", std::string(precision_name(spec.precision.precision))},
+          {"ckpt", spec.ckpt.name()},
+          {"attention", std::string(attention_kind_name(spec.attention))},
+          {"optim", spec.optim.name},
+          {"rank", rank},
+          {"ranks", ranks},
+          {"zero", placement.stage()}};
+}
+
+double unigram_entropy(io::DataLoader& loader, int vocab) {
+  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
+  const int64_t n = loader.num_tokens();
+  loader.scan([&](std::span<const int32_t> tokens) {
+    for (int32_t t : tokens) ++counts[t];
+  });
+  double h = 0;
+  for (int64_t k : counts)
+    if (k) h -= double(k) / n * std::log(double(k) / n);
+  return h;
+}
+
+void truncate_log_after(const std::string& file, int64_t step) {
+  if (!fs::exists(file)) return;
+  std::ifstream in(file);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= step)
+      kept += line + '\n';
+  }
+  io::write_file_atomic(file, kept);
+}
+
+void TrainRun::log_line(const json& j) {
+  if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
+}
+
+TrainRun::IoMark TrainRun::io_mark() const {
+  return {off ? off->stats() : offload::IoStats{},
+          grads_file ? grads_file->stats() : offload::IoStats{},
+          offload::param_io_stats(param_file.get()),
+          grads_file ? grads_file->backward_bytes() : 0};
+}
+
+// The offload files' bytes by category (master, optimizer; params with --offload-params, grads
+// with --offload-grads).
+CategoryBytes TrainRun::offload_files() const {
+  CategoryBytes disk = off ? off->file_bytes() : CategoryBytes{};
+  if (param_file)
+    disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
+  if (grads_file)
+    disk[static_cast<size_t>(Category::grads)] += fs::file_size(grads_file->file().path());
+  return disk;
+}
+
+// --offload-params under --profile: the waits for the working weights' file, as io slices
+// inside the slice open when they are handed over (a micro-batch's, the optimizer's).
+void TrainRun::params_io_waits() {
+  if (!param_file) return;
+  for (const offload::IoWait& w : param_file->take_waits())
+    if (profile::StepRecorder* r = recorder())
+      r->add("params io wait", profile::SliceKind::io_wait, w.t0, w.t1);
+}
+
+// This step's offload I/O: bytes moved, and the time the update waited for the disk. With
+// --offload-params the working weights' file too (its reads during the micro-batches, the
+// update's write-back), also apart under "params"; with --offload-grads the gradients' (the
+// backward's writes and reads back, the update's reads), also apart under "grads".
+json TrainRun::offload_line(const IoMark& before) {
+  const offload::IoStats& io = off->stats();
+  const offload::ParamIoStats p = offload::param_io_stats(param_file.get()) - before.params;
+  const offload::IoStats g = grads_file ? grads_file->stats() : offload::IoStats{};
+  const uint64_t g_read = g.bytes_read - before.grads.bytes_read,
+                 g_written = g.bytes_written - before.grads.bytes_written;
+  const uint64_t read = io.bytes_read - before.optimizer.bytes_read + p.read_bytes + g_read,
+                 written = io.bytes_written - before.optimizer.bytes_written + p.written_bytes +
+                           g_written;
+  last_step_io = read + written;
+  json o = {{"read_bytes", read},
+            {"written_bytes", written},
+            {"wait_seconds", io.wait_seconds - before.optimizer.wait_seconds},
+            {"update_seconds", io.update_seconds - before.optimizer.update_seconds},
+            {"engine", off->engine().name()}};
+  if (param_file)
+    o["params"] = {{"read_bytes", p.read_bytes},
+                   {"written_bytes", p.written_bytes},
+                   {"wait_seconds", p.wait_seconds}};
+  if (grads_file)
+    o["grads"] = {{"read_bytes", g_read},
+                  {"written_bytes", g_written},
+                  {"wait_seconds", g.wait_seconds - before.grads.wait_seconds},
+                  {"backward_bytes", grads_file->backward_bytes() - before.grads_backward}};
+  return o;
+}
+
+// The step's line of the log (every rank computes it: the collectives' volume is taken and the
+// skipped steps counted on each).
+void TrainRun::log_step(int64_t step, const StepResult& r) {
+  const size_t rss = process_rss_bytes();
+  json line = {{"step", step + 1},          {"loss", r.loss},
+               {"lr", r.lr},                {"grad_norm", r.update.grad_norm},
+               {"tokens_per_s", r.rate},    {"step_seconds", r.seconds},
+               {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())},
+               {"live_bytes", pool.bytes_current()}, {"live_allocations", pool.live_allocations()},
+               {"rss_bytes", rss}, {"outside_pool_bytes", int64_t(rss) - int64_t(pool.bytes_current())}};
+  if (W > 1) {
+    // The bytes this step's collectives covered, by kind (plan: comm_per_step).
+    dist::CommVolume v = sync ? sync->take_volume() : zero.grads->take_volume();
+    // Stage 3: the step's gathers of working weights (the micro-batches' blocks, the
+    // persistent units after the update).
+    v.all_gather = r.update.gathered_bytes + r.update_gathered + gpt->take_gathered_bytes();
+    line["comm_bytes"] = {{"all_reduce", v.all_reduce},
+                          {"reduce_scatter", v.reduce_scatter},
+                          {"all_gather", v.all_gather}};
+  }
+  if (off) line["offload"] = offload_line(r.before);
+  if (scaler) {
+    line["loss_scale"] = r.loss_scale;
+    line["skipped"] = r.update.skipped;
+    if (r.update.skipped) line["grad_norm"] = nullptr;
+    summary.skipped_steps += r.update.skipped;
+  }
+  log_line(line);
+}
+
+std::string TrainRun::progress_text(const StepResult& r) const {
+  std::string text = fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | mem {} (peak {})",
+                                 r.loss, r.lr, r.rate, format_mib(pool.bytes_current()),
+                                 format_mib(pool.bytes_peak()));
+  if (scaler)
+    text += fmt::format(" | scale {:g}{}", r.loss_scale, r.update.skipped ? " (skipped)" : "");
+  return text;
+}
+
+// Every rank's peak by category, in rank 0's log: what `memfit plan --world-size W` predicts
+// per rank (ZeRO shards and receive buffers differ between ranks). With offload also each
+// rank's files by category and its last step's I/O (the plan's per-rank offload section).
+void TrainRun::log_rank_peaks() {
+  struct RankPeak {
+    size_t peak;
+    CategoryBytes by_category;
+    CategoryBytes disk;
+    uint64_t io_bytes;
+  };
+  std::vector<RankPeak> peaks(static_cast<size_t>(W));
+  RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
+  mine = {pool.bytes_peak(), pool.peak_breakdown(), offload_files(), last_step_io};
+  comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
+                  sizeof(RankPeak));
+  json ranks = json::array();
+  for (int q = 0; q < W; ++q) {
+    const RankPeak& p = peaks[static_cast<size_t>(q)];
+    json rank = {{"rank", q}, {"peak_bytes", p.peak}, {"mem", memory_json(p.by_category)}};
+    if (off) rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};
+    ranks.push_back(std::move(rank));
+  }
+  log_line({{"zero", placement.stage()}, {"ranks", ranks}});
+}
+
+// What a resumed run must agree with (parse_trainer_state compares these with a checkpoint's).
+json TrainRun::run_state_json() const {
+  const RunSpec& c = spec;
+  return {{"seed", settings.seed},
+          {"batch", c.batch},
+          {"grad_accum", c.grad_accum},
+          {"seq_len", T},
+          {"steps", c.steps},
+          {"shuffle", c.shuffle},
+          {"repeat_batch", settings.repeat_batch},
+          {"optim", c.optim.name},
+          {"attention", std::string(attention_kind_name(c.attention))},
+          {"ckpt", c.ckpt.name()},
+          {"act_compress", std::string(act_compress_name(c.act_compress))},
+          {"precision", std::string(precision_name(c.precision.precision))},
+          {"zero", c.zero},
+          {"master_weights", c.precision.master_weights ? "fp32" : "none"},
+          {"schedule", settings.schedule.to_json()}};
+}
+
+// The run's settings, and where it stands. No random numbers are drawn during training other
+// than through the data order, which is a function of (seed, epoch), so the seed and the
+// loader's position are the whole RNG state.
+json TrainRun::trainer_state_json(int64_t step) const {
+  json s = run_state_json();
+  s["step"] = step;
+  s["data_position"] = train_data ? train_data->position() : data_position;
+  s["rng"] = {{"kind", "data order: mt19937_64 Fisher-Yates per epoch"}, {"seed", settings.seed}};
+  if (scaler) s["loss_scaler"] = scaler->to_json();
+  // The training data's size, which a resume checks (-1: not known, no loader and an older file).
+  if (const int64_t tokens = train_data ? train_data->num_tokens() : resumed.data_tokens;
+      tokens >= 0)
+    s["data_tokens"] = tokens;
+  // The data's tokenizer (its dataset.json's), which memfit sample then decodes with.
+  if (!data_tokenizer.empty()) s["tokenizer"] = data_tokenizer;
+  return s;
+}
+
+// The summary's totals, the profile's files and the leak report, once the steps are done.
+void TrainRun::finish_summary() {
+  if (!rates.empty()) {
+    std::sort(rates.begin(), rates.end());
+    summary.median_tokens_per_s = rates[rates.size() / 2];
+  }
+  summary.rank = comm.rank();
+  summary.ckpt = spec.ckpt.name();
+  summary.act_compress = act_compress_name(spec.act_compress);
+  summary.batch = spec.batch;
+  summary.grad_accum = spec.grad_accum;
+  summary.peak_bytes = pool.bytes_peak();
+  summary.peak_by_category = pool.peak_breakdown();
+  if (profiler) {
+    gpt->set_step_observer(nullptr);
+    profiler->finish();  // a run shorter than the window
+    summary.profile_dir = profiler->dir().string();
+    summary.profile_text = profiler->text();
+  }
+  summary.leak = leaks.report();
+  if (profiler)
+    io::write_file_atomic(profiler->dir() / "leak.json", summary.leak.to_json().dump(1));
+  summary.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+}
+
+}  // namespace memfit

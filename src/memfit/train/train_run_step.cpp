@@ -1,0 +1,175 @@
+// A run's step (train/train_run.h): the micro-batches' forward and backward with gradient
+// accumulation, the sums over the ranks, the update (in RAM, or streamed from the offload
+// files), the check that nothing became non-finite; and the evaluation.
+#include <cmath>
+#include <csignal>
+
+#include <fmt/format.h>
+
+#include "memfit/train/train_run.h"
+
+namespace memfit {
+
+Tensor TrainRun::my_part(Tensor& slab) const {
+  return slab.view(my_range.begin, {my_range.size()});
+}
+
+// The sum over ranks of a float (the loss, the stop flag, evaluation), through whichever
+// exchange the run has.
+float TrainRun::sum_ranks(float x) { return sync ? sync->sum(x) : zero.grads->sum(x); }
+
+TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::time_point t0) {
+  StepResult r;
+  gpt->zero_grad();
+  r.before = io_mark();
+  // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
+  // slab, by the same scale.
+  if (grads_file)
+    grads_file->set_unscale(scaler ? std::optional<float>(scaler->inv_scale()) : std::nullopt);
+  r.loss_scale = scaler ? scaler->scale() : 1.0f;
+  const StepLoss step_loss =  // masks: the step's masked-in targets (masked_loss.h)
+      step_loss_begin(*train_data, spec.grad_accum, int64_t{spec.grad_accum} * W, r.loss_scale);
+  double loss_sum = micro_batches(step_loss);
+  if (W > 1) {
+    // The buckets the backward did not finish in time, then the loss over every rank.
+    const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
+    if (sync) sync->finish();
+    loss_sum = sum_ranks(static_cast<float>(loss_sum));
+  }
+  r.loss = step_loss_mean(loss_sum, step_loss, int64_t{spec.grad_accum} * W);
+  // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
+  // position is the number of steps that updated, which the scaler's state keeps over resumes.
+  r.lr = settings.schedule.at(step - (scaler ? scaler->skipped() : 0));
+  r.update = update(r.lr, r.loss, r.loss_scale, r.update_gathered);
+  // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
+  // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
+  if (r.update.skipped && r.loss_scale <= settings.loss_scaler.min_scale) r.update.non_finite = true;
+  check_finite(step, r);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.rate = tokens_per_step / r.seconds;
+  return r;
+}
+
+// The step's micro-batches, forward and backward; returns the sum of their losses (this rank's).
+double TrainRun::micro_batches(const StepLoss& step_loss) {
+  double loss_sum = 0;
+  const float loss_scale = scaler ? scaler->scale() : 1.0f;
+  for (int m = 0; m < spec.grad_accum; ++m) {
+    const profile::Scope batch(recorder(), fmt::format("micro-batch {}", m + 1),
+                               profile::SliceKind::micro_batch);
+    {
+      const profile::Scope data(recorder(), "data", profile::SliceKind::data);
+      train_data->next_batch();
+    }
+    loss_sum += micro_batch_loss(*gpt, *train_data, step_loss, /*training=*/true, loss_scale);
+    // The last micro-batch's backward finishes the gradients: data parallelism sums each
+    // bucket over the ranks as soon as the backward has finished it. (Per-unit gradients are
+    // reduced by every backward.)
+    if (sync && m + 1 == spec.grad_accum)
+      gpt->backward([&](int64_t from) { sync->final_from(from); });
+    else
+      gpt->backward();
+    params_io_waits();  // this micro-batch's, inside its slice
+  }
+  // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
+  // and a save records that position (a resume repeats the same batch).
+  if (settings.repeat_batch) train_data->set_position(data_position);
+  return loss_sum;
+}
+
+// fp16's scaler absorbs a non-finite loss as an overflow (the step is skipped); in fp32 and
+// bf16 nothing can, so the run stops before anything is saved over the last checkpoint.
+UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
+                               int64_t& update_gathered) {
+  UpdateOutcome u;
+  if (!scaler && !std::isfinite(loss)) {
+    u.non_finite = true;
+    return u;
+  }
+  const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
+  const RankShards* shards = rank_shards ? &*rank_shards : nullptr;
+  if (off)
+    return apply_update(
+        *gpt, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
+        scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
+  return apply_update(*gpt, *opt, scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
+}
+
+// The offloaded optimizer's step over this rank's range of the working weights and gradients
+// (the whole layout in one process); under ZeRO stages 1-2 the updated working weights are then
+// all-gathered. At stage 3 the working weights are the shard itself, and only the persistent
+// units are gathered again, as the in-RAM update does (counted by the model:
+// take_gathered_bytes). With --offload-grads each piece's gradients are read from their file.
+void TrainRun::offloaded_step(float rate, float scale, int64_t& update_gathered) {
+  if (gpt->params_offloaded()) {
+    // Each block's new working weights written back to its file.
+    if (grads_file)
+      off->step(*zero.weights, *grads_file, rate, scale);
+    else
+      off->step(*zero.weights, gpt->grad_sums(my_range), rate, scale);
+  } else {
+    Tensor working = gpt->params_sharded() ? gpt->params() : my_part(gpt->params());
+    if (grads_file)
+      off->step(working, *grads_file, rate, scale);
+    else
+      off->step(working, gpt->grad_sums(my_range), rate, scale);
+  }
+  if (grads_file) grads_file->set_step(off->steps_taken());
+  update_gathered = publish_working_weights(*gpt, my_shard ? &*rank_shards : nullptr);
+  params_io_waits();  // the update's, on the working weights' file
+  for (const offload::IoWait& w : off->take_waits())
+    if (profile::StepRecorder* rec = recorder())
+      rec->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
+}
+
+void TrainRun::check_finite(int64_t step, const StepResult& r) {
+  if (!r.update.non_finite) return;
+  const std::string culprit = gpt->first_non_finite();
+  MEMFIT_THROW(Error, "train",
+               "step {}: the {} became non-finite (loss {}); the first non-finite tensor is "
+               "{}. Stopping without saving over the last checkpoint{}",
+               step + 1, std::isfinite(r.loss) ? "gradient" : "loss", r.loss,
+               culprit.empty() ? "not found (the loss itself)" : culprit,
+               saved_at > 0 ? fmt::format(" (step {})", saved_at) : "");
+}
+
+// The first eval_batches micro-batches of the validation split, in order. With W ranks a
+// micro-batch is W x B rows and each rank evaluates its B of them (its loader's rows), so the
+// work is split and the mean is over every row, as one process with batch W x B.
+float TrainRun::evaluate() {
+  if (!val_data) return -1;
+  const profile::Scope slice(recorder(), "evaluation", profile::SliceKind::evaluation);
+  val_data->set_position(0);
+  const int64_t n = std::min<int64_t>(settings.eval_batches, val_data->batches_per_epoch());
+  const StepLoss eval_loss = step_loss_begin(*val_data, n, 1, 1.0f);  // masks: masked_loss.h
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const profile::Scope batch(recorder(), fmt::format("evaluation batch {}", i + 1),
+                               profile::SliceKind::micro_batch);
+    {
+      const profile::Scope data(recorder(), "data", profile::SliceKind::data);
+      val_data->next_batch();
+    }
+    sum += micro_batch_loss(*gpt, *val_data, eval_loss, /*training=*/false);
+  }
+  if (W == 1) return step_loss_mean(sum, eval_loss, n);
+  // Stage 3's gathers for the evaluation are not a training step's (comm_bytes).
+  gpt->take_gathered_bytes();
+  const profile::Scope all(recorder(), "loss all-reduce", profile::SliceKind::collective);
+  const float summed = sum_ranks(static_cast<float>(sum));
+  return eval_loss.masked ? step_loss_mean(summed, eval_loss, n * W)
+                          : summed / static_cast<float>(n * W);
+}
+
+// SIGINT or SIGTERM: every rank stops after the same step, the first where any rank was
+// signalled (summary.interrupted_by says which signal).
+bool TrainRun::stop_requested() {
+  summary.interrupted_by = interrupt_signal();
+  if (W > 1) {
+    const float any = sum_ranks(summary.interrupted_by ? 1.0f : 0.0f);
+    if (any > 0 && !summary.interrupted_by) summary.interrupted_by = SIGTERM;
+  }
+  return summary.interrupted_by != 0;
+}
+
+}  // namespace memfit
