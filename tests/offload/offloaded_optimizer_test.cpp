@@ -77,6 +77,10 @@ TEST_P(OffloadedOptimizerTest, StepsBitIdenticalToRam) {
   const ParamLayout layout(mc);
   OptimConfig oc;
   oc.name = c.optim;
+  if (oc.name == "adamw-bf16-state") {  // --optim-state-dtype bf16
+    oc.name = "adamw";
+    oc.state_dtype = DType::bf16;
+  }
   oc.n_head = mc.n_head;
   oc.seed = 11;
   const int64_t n = layout.total();
@@ -156,7 +160,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"adamw8bit", false}, Case{"adamw8bit", true},
                                          Case{"lion", true}, Case{"lion8bit", true},
                                          Case{"adam-mini", false}, Case{"adam-mini", true},
-                                         Case{"sgd", true}),
+                                         Case{"sgd", true}, Case{"adamw-bf16-state", true}),
                        ::testing::Values(std::string("uring"), std::string("threads"))),
     case_name);
 

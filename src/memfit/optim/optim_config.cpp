@@ -36,8 +36,28 @@ void check_optim_config(const OptimConfig& c) {
   if (!(c.weight_decay >= 0.0f))
     MEMFIT_THROW(ConfigError, "optim", "{}: weight_decay must be >= 0, got {}", c.name,
                  c.weight_decay);
+  if (c.state_dtype != DType::f32 && c.state_dtype != DType::bf16)
+    MEMFIT_THROW(ConfigError, "optim", "{}: the state dtype must be f32 or bf16, got {}", c.name,
+                 dtype_name(c.state_dtype));
+  if (c.state_dtype == DType::bf16 && c.name != "adamw")
+    MEMFIT_THROW(ConfigError, "optim",
+                 "--optim-state-dtype bf16 stores AdamW's two moments in bf16; only --optim adamw "
+                 "has it (got {}, whose state {}); use --optim-state-dtype f32 with it",
+                 c.name,
+                 c.name.ends_with("8bit") || c.name.ends_with("4bit") ? "is already quantised"
+                                                                       : "stays f32");
   if (c.n_head < 1)
     MEMFIT_THROW(ConfigError, "optim", "{}: n_head must be positive, got {}", c.name, c.n_head);
+}
+
+DType optim_state_dtype_from_name(std::string_view name) {
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  MEMFIT_THROW(ConfigError, "config", "--optim-state-dtype must be f32 or bf16, got '{}'", name);
+}
+
+std::string_view optim_state_dtype_name(DType dtype) {
+  return dtype == DType::bf16 ? "bf16" : "f32";
 }
 
 OptimConfig checked_optim_config(const OptimConfig& config, std::string_view name) {
