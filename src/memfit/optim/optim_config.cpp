@@ -11,8 +11,8 @@
 namespace memfit {
 
 const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw",    "adamw8bit", "lion",
-                                                 "lion8bit", "adam-mini", "sgd"};
+  static const std::vector<std::string> names = {"adamw",    "adamw8bit", "lion",     "lion8bit",
+                                                 "adam-mini", "sgd",      "adamw4bit"};
   return names;
 }
 
@@ -30,7 +30,8 @@ void check_optim_config(const OptimConfig& c) {
     unit(c.beta1, "beta1");
     unit(c.beta2, "beta2");
   }
-  bool adam_family = c.name == "adamw" || c.name == "adamw8bit" || c.name == "adam-mini";
+  bool adam_family = c.name == "adamw" || c.name == "adamw8bit" || c.name == "adamw4bit" ||
+                     c.name == "adam-mini";
   if (adam_family && !(c.eps > 0.0f))
     MEMFIT_THROW(ConfigError, "optim", "{}: eps must be positive, got {}", c.name, c.eps);
   if (!(c.weight_decay >= 0.0f))

@@ -13,7 +13,7 @@
 namespace memfit {
 
 struct OptimConfig {
-  std::string name = "adamw";  // adamw | adamw8bit | lion | lion8bit | adam-mini | sgd
+  std::string name = "adamw";  // optimizer_names(): adamw, adamw8bit, adamw4bit, lion, ...
   float beta1 = 0.9f;          // Lion: interpolation for the update sign; sgd: unused
   float beta2 = 0.95f;         // Lion: momentum decay (the paper uses 0.99); sgd: unused
   float eps = 1e-8f;           // Adam family only
