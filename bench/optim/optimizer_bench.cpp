@@ -12,6 +12,7 @@
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/adam_mini.h"
+#include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
@@ -43,6 +44,7 @@ std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLayout& la
 #ifdef MEMFIT_BENCH_ADAMW
   if (c.name == "adamw") return std::make_unique<AdamW>(c, layout, pool);
 #endif
+  if (c.name == "adamw4bit") return std::make_unique<AdamW4bit>(c, layout, pool);
   if (c.name == "adamw8bit") return std::make_unique<AdamW8bit>(c, layout, pool);
   if (c.name == "lion") return std::make_unique<Lion>(c, layout, pool);
   if (c.name == "lion8bit") return std::make_unique<Lion8bit>(c, layout, pool);
@@ -68,6 +70,10 @@ void BM_OptimizerStep(benchmark::State& state, std::string name) {
   OptimConfig c;
   c.name = name;
   c.n_head = gc.n_head;
+  if (name == "adamw-bf16-state") {  // --optim-state-dtype bf16
+    c.name = "adamw";
+    c.state_dtype = DType::bf16;
+  }
   auto opt = construct(c, layout, pool);
   opt->step(params, grads, 1e-4f, 1.0f);  // first touch of the state
 
@@ -85,9 +91,10 @@ void BM_OptimizerStep(benchmark::State& state, std::string name) {
 }
 
 const bool registered = [] {
-  std::vector<std::string> names = {"adamw8bit", "lion", "lion8bit", "adam-mini", "sgd"};
+  std::vector<std::string> names = {"adamw8bit", "lion",      "lion8bit",
+                                    "adam-mini", "sgd",       "adamw4bit"};
 #ifdef MEMFIT_BENCH_ADAMW
-  names.insert(names.begin(), "adamw");
+  names.insert(names.begin(), {"adamw", "adamw-bf16-state"});
 #endif
   for (const std::string& n : names) {
     std::string id = n;

@@ -28,9 +28,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// "adamw:bf16" is AdamW with --optim-state-dtype bf16.
 OptimConfig optim(const std::string& name, const ModelConfig& mc) {
   OptimConfig c;
   c.name = name;
+  if (name == "adamw:bf16") {
+    c.name = "adamw";
+    c.state_dtype = DType::bf16;
+  }
   c.n_head = mc.n_head;
   c.seed = 7;
   return c;
@@ -110,7 +115,7 @@ void save_shards(const fs::path& dir, const OptimConfig& oc, const ParamLayout& 
 TEST(ZeroCheckpoint, ShardsLoadIntoAnyOtherWorldSizeAsTheWholeStatesSlices) {
   const ModelConfig mc = tiny();
   const ParamLayout layout(mc);
-  for (const char* name : {"adamw", "adamw8bit", "adam-mini"}) {
+  for (const char* name : {"adamw", "adamw8bit", "adam-mini", "adamw:bf16", "adamw4bit"}) {
     SCOPED_TRACE(name);
     const OptimConfig oc = optim(name, mc);
     MemoryPool pool;

@@ -12,6 +12,7 @@
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/adam_mini.h"
+#include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
@@ -65,6 +66,7 @@ struct Slabs {
 inline std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLayout& layout,
                                             MemoryPool& pool) {
   if (c.name == "adamw8bit") return std::make_unique<AdamW8bit>(c, layout, pool);
+  if (c.name == "adamw4bit") return std::make_unique<AdamW4bit>(c, layout, pool);
   if (c.name == "lion") return std::make_unique<Lion>(c, layout, pool);
   if (c.name == "lion8bit") return std::make_unique<Lion8bit>(c, layout, pool);
   if (c.name == "adam-mini") return std::make_unique<AdamMini>(c, layout, pool);
@@ -75,6 +77,7 @@ inline std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLay
 
 inline size_t predicted_state_bytes(const OptimConfig& c, const ParamLayout& layout) {
   if (c.name == "adamw8bit") return AdamW8bit::state_bytes_for(layout);
+  if (c.name == "adamw4bit") return AdamW4bit::state_bytes_for(layout);
   if (c.name == "lion") return Lion::state_bytes_for(layout);
   if (c.name == "lion8bit") return Lion8bit::state_bytes_for(layout);
   if (c.name == "adam-mini") return AdamMini::state_bytes_for(layout, c.n_head);
@@ -85,7 +88,7 @@ inline size_t predicted_state_bytes(const OptimConfig& c, const ParamLayout& lay
 
 inline const std::vector<std::string>& branch_optimizers() {
   static const std::vector<std::string> names = {"adamw8bit", "lion", "lion8bit", "adam-mini",
-                                                 "sgd"};
+                                                 "sgd", "adamw4bit"};
   return names;
 }
 

@@ -18,9 +18,14 @@ namespace {
 
 using testing::Slabs;
 
+// "adamw:bf16" is AdamW with --optim-state-dtype bf16.
 OptimConfig config_for(const std::string& name, int n_head) {
   OptimConfig c;
   c.name = name;
+  if (const size_t colon = name.find(':'); colon != std::string::npos) {
+    c.name = name.substr(0, colon);
+    c.state_dtype = optim_state_dtype_from_name(name.substr(colon + 1));
+  }
   c.n_head = n_head;
   c.seed = 7;
   return c;
@@ -155,7 +160,7 @@ TEST_P(EachOptimizerOverRanges, BoundStateStepsAsAllocatedState) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, EachOptimizerOverRanges,
                          ::testing::Values("adamw", "adamw8bit", "lion", "lion8bit", "adam-mini",
-                                           "sgd"));
+                                           "sgd", "adamw:bf16", "adamw4bit"));
 
 TEST(OptimizerRange, PureBf16WeightsRoundPerElementWhateverTheCut) {
   // Stochastic rounding draws element i's bits from (seed, t, i): a shard rounds as the whole.

@@ -138,6 +138,8 @@ TEST(OptimizerStateCost, BytesPerParameterOnGpt2Small) {
   EXPECT_DOUBLE_EQ(per_param("lion"), 4.0);
   EXPECT_NEAR(per_param("adam-mini"), 4.0, 0.01);
   EXPECT_EQ(per_param("sgd"), 0.0);
+  // Two nibbles a value plus 4 bytes per 128-value block (m) and per row and column (v).
+  EXPECT_NEAR(per_param("adamw4bit"), 1.0 + 4.0 / 128, 0.02);
 }
 
 TEST(OptimConfig, UnknownNameListsTheKnownOnes) {
@@ -152,7 +154,7 @@ TEST(OptimConfig, UnknownNameListsTheKnownOnes) {
     EXPECT_NE(msg.find("adagrad"), std::string::npos) << msg;
     for (const std::string& n : optimizer_names()) EXPECT_NE(msg.find(n), std::string::npos) << msg;
   }
-  EXPECT_EQ(optimizer_names().size(), 6u);
+  EXPECT_EQ(optimizer_names().size(), 7u);
 }
 
 TEST(OptimConfig, BadHyperparametersAreConfigErrors) {

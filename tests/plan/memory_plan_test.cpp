@@ -75,6 +75,40 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
   EXPECT_EQ(runs, 80);
 }
 
+// The optimizers with less state (Note [4-bit optimizer], Note [bf16 optimizer state]): planned
+// = measured, category by category, at two shapes, fp32 and bf16 with bf16 gradients (whose
+// widening buffer, a whole matrix for adamw4bit, is staging).
+TEST_F(Planner, PredictedPeakEqualsMeasuredPeakForTheSmallStateOptimizers) {
+  for (const char* model : {"gpt2-tiny", "llama-tiny"})
+    for (const char* optim : {"adamw4bit", "adamw:bf16"})
+      for (const char* precision : {"fp32", "bf16"}) {
+        TrainConfig c;
+        c.model = model;
+        c.n_layer = 2;
+        c.seq_len = 32;
+        c.data_dir = dir.string();
+        c.batch = 2;
+        c.steps = 1;
+        c.eval_batches = 1;
+        c.precision = precision;
+        if (c.precision == "bf16") c.grad_dtype = "bf16";
+        c.optim.name = optim;
+        if (c.optim.name == "adamw:bf16") {
+          c.optim.name = "adamw";
+          c.optim.state_dtype = DType::bf16;
+        }
+        const PlanReport plan = plan_training(resolve_run(c));
+        const TrainSummary s = train(c);
+        SCOPED_TRACE(fmt::format("{}, {}, {}", model, optim, precision));
+        EXPECT_GT(plan.by_category[static_cast<size_t>(Category::optimizer)], 0u);
+        EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+        for (Category cat : kAllCategories)
+          EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                    s.peak_by_category[static_cast<size_t>(cat)])
+              << category_name(cat);
+      }
+}
+
 // The set-up fills the working copy through one staging piece (Transformer::set_weights) while
 // the step's arenas do not exist yet; setup_piece_elements keeps it within the activation arena,
 // so the run's peak stays the step's and the plan is exact. A pure-bf16 run of a model whose f32

@@ -46,6 +46,35 @@ TEST(ShardRanges, TileTheLayoutAtCutsTheStateAllows) {
   }
 }
 
+// adamw4bit's rank-1 second moment spans a matrix: shards hold whole matrices, and are as even
+// as that allows (the largest over the even share by at most the largest matrix).
+TEST(ShardRanges, Rank1StateCutsOnlyBetweenMatrices) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    const ModelConfig mc = config(preset);
+    const ParamLayout layout(mc);
+    OptimConfig oc;
+    oc.name = "adamw4bit";
+    int64_t biggest = 0;
+    for (const ParamInfo& p : layout.params()) biggest = std::max(biggest, p.numel);
+    for (int world : {2, 3, 4}) {
+      int64_t at = 0, largest = 0;
+      for (const ElementRange& r : shard_ranges(layout, oc, world)) {
+        EXPECT_EQ(r.begin, at);
+        at = r.end;
+        largest = std::max(largest, r.size());
+        for (const ParamInfo& p : layout.params()) {
+          if (p.numel >= 4096 && p.shape.rank() == 2) {
+            EXPECT_FALSE(r.begin > p.offset && r.begin < p.offset + p.numel)
+                << preset << " " << p.name << " cut at " << r.begin;
+          }
+        }
+      }
+      EXPECT_EQ(at, layout.total());
+      EXPECT_LE(largest - layout.total() / world, biggest) << preset << " " << world;
+    }
+  }
+}
+
 TEST(ShardRanges, ManyRanksOnATinyModelLeaveSomeEmpty) {
   const ModelConfig mc = config("gpt2-tiny");
   const ParamLayout layout(mc);

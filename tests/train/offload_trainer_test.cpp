@@ -58,7 +58,7 @@ class OffloadTrainer : public test::TrainerFixture {
 
 TEST_F(OffloadTrainer, Fp32EveryOptimizerBitIdentical) {
   // (SGD and 8-bit Lion stream like the others: tests/offload covers them.)
-  for (const char* optim : {"adamw", "adamw8bit", "lion", "adam-mini"}) {
+  for (const char* optim : {"adamw", "adamw8bit", "lion", "adam-mini", "adamw4bit"}) {
     TrainConfig c = config();
     c.optim.name = optim;
     expect_same_run(c, std::string("fp32 ") + optim);
@@ -72,6 +72,13 @@ TEST_F(OffloadTrainer, Bf16MasterWeightsBitIdentical) {
     c.optim.name = optim;
     expect_same_run(c, std::string("bf16 ") + optim);
   }
+}
+
+TEST_F(OffloadTrainer, Bf16OptimizerStateBitIdentical) {
+  TrainConfig c = config();
+  c.precision = "bf16";
+  c.optim.state_dtype = DType::bf16;  // --optim-state-dtype bf16
+  expect_same_run(c, "bf16 adamw, bf16 moments");
 }
 
 TEST_F(OffloadTrainer, PureBf16AndLlamaBitIdentical) {

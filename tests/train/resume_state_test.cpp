@@ -54,6 +54,21 @@ TEST(ResumeState, OlderStatesWithoutPrecisionAreFp32) {
   EXPECT_EQ(parse(j).step, 10);
 }
 
+TEST(ResumeState, OptimizerStateDtypeMustMatchAndOlderStatesHadF32) {
+  json j = saved_state();  // no "optim_state_dtype": saved before it existed
+  TrainConfig c = saved_config();
+  EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10);
+  c.optim.state_dtype = DType::bf16;
+  try {
+    parse_trainer_state(j.dump(), c, 64, "f");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--optim-state-dtype"), std::string::npos) << e.what();
+  }
+  j["optim_state_dtype"] = "bf16";
+  EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10);
+}
+
 TEST(ResumeState, ActivationCompressionMustMatchAndOlderStatesHadNone) {
   json j = saved_state();  // no "act_compress": saved before it existed
   json c = run_settings();  // act_compress none

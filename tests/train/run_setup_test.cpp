@@ -136,6 +136,17 @@ TEST(RunSetup, EachBadOptionIsRefusedByName) {
   refused([](TrainConfig& c) { c.ckpt = "every:0"; }, "every:0");
   refused([](TrainConfig& c) { c.precision = "fp8"; }, "fp8");
   refused([](TrainConfig& c) { c.act_compress = "int4"; }, "--act-compress");
+  // bf16 moments are AdamW's; the quantised optimizers' state is already smaller.
+  refused([](TrainConfig& c) { c.optim.name = "adamw8bit", c.optim.state_dtype = DType::bf16; },
+          "--optim-state-dtype bf16");
+  refused([](TrainConfig& c) { c.optim.name = "adamw4bit", c.optim.state_dtype = DType::bf16; },
+          "only --optim adamw");
+  // adamw4bit updates f32 weights: pure bf16 is refused as for every optimizer but AdamW's two.
+  refused([](TrainConfig& c) {
+    c.precision = "bf16", c.master_weights = "none", c.optim.name = "adamw4bit";
+  }, "--master-weights none");
+  EXPECT_THROW(optim_state_dtype_from_name("f16"), ConfigError);
+  EXPECT_EQ(optim_state_dtype_from_name("bf16"), DType::bf16);
 }
 
 // --max-model varies the shape and the policy: it needs a budget and refuses options that fix

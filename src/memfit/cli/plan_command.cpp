@@ -138,6 +138,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["act_compress"] = act_compress_name(run.act_compress);
   j["attention"] = attention_kind_name(run.attention);
   j["optim"] = run.optim.name;
+  j["optim_state_dtype"] = std::string(optim_state_dtype_name(run.optim.state_dtype));
   j["data_included"] = r.data_included;
   if (run.offload.optimizer) {
     // NVMe offload: what lives on disk instead, and what one step moves.
@@ -274,7 +275,11 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              run.act_compress == ActCompress::none
                  ? std::string()
                  : fmt::format(", --act-compress {}", act_compress_name(run.act_compress)),
-             attention_kind_name(run.attention), run.optim.name,
+             attention_kind_name(run.attention),
+             run.optim.state_dtype == DType::f32
+                 ? run.optim.name
+                 : fmt::format("{} --optim-state-dtype {}", run.optim.name,
+                               optim_state_dtype_name(run.optim.state_dtype)),
              run.world > 1 ? fmt::format("; rank 0 of {} data-parallel ranks at ZeRO stage {} "
                                          "holds",
                                          run.world, run.zero)

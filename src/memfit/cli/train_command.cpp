@@ -110,6 +110,13 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--optim", c.optim.name,
                   fmt::format("Optimizer: {}", fmt::join(optimizer_names(), " | ")))
       ->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--optim-state-dtype",
+         [&c](const std::string& v) { c.optim.state_dtype = optim_state_dtype_from_name(v); },
+         "f32 | bf16: AdamW's two moments in bf16 (torchtitan-style; 4 bytes a parameter instead "
+         "of 8, each moment rounded to 8 significant bits after every update; --optim adamw "
+         "only). Note [bf16 optimizer state] (docs/notes/mixed-precision.md)")
+      ->default_str("f32");
   cmd->add_option("--weight-decay", c.optim.weight_decay,
                   "Decoupled weight decay on 2-D weights (not biases or LayerNorm)")
       ->capture_default_str();

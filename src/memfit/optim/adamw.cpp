@@ -11,7 +11,8 @@ AdamW::AdamW(const OptimConfig& config, const ParamLayout& layout, MemoryPool* p
 }
 
 std::vector<StateSpec> AdamW::whole_state() const {
-  return {{"m", DType::f32, layout_.total()}, {"v", DType::f32, layout_.total()}};
+  const DType s = config_.state_dtype;
+  return {{"m", s, layout_.total()}, {"v", s, layout_.total()}};
 }
 
 void AdamW::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, float grad_scale) {
@@ -33,8 +34,8 @@ kernels::AdamWHyper AdamW::hyper(const ParamInfo& p, float lr) const {
   return {lr, config_.beta1, config_.beta2, config_.eps, p.decay ? config_.weight_decay : 0.0f};
 }
 
-size_t AdamW::state_bytes_for(const ParamLayout& layout) {
-  return 2 * MemoryPool::round_up(static_cast<size_t>(layout.total()) * sizeof(float));
+size_t AdamW::state_bytes_for(const ParamLayout& layout, DType state) {
+  return 2 * MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(state));
 }
 
 }  // namespace memfit

@@ -11,8 +11,8 @@
 namespace memfit {
 
 const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw",    "adamw8bit", "lion",
-                                                 "lion8bit", "adam-mini", "sgd"};
+  static const std::vector<std::string> names = {"adamw",    "adamw8bit", "lion",     "lion8bit",
+                                                 "adam-mini", "sgd",      "adamw4bit"};
   return names;
 }
 
@@ -30,14 +30,35 @@ void check_optim_config(const OptimConfig& c) {
     unit(c.beta1, "beta1");
     unit(c.beta2, "beta2");
   }
-  bool adam_family = c.name == "adamw" || c.name == "adamw8bit" || c.name == "adam-mini";
+  bool adam_family = c.name == "adamw" || c.name == "adamw8bit" || c.name == "adamw4bit" ||
+                     c.name == "adam-mini";
   if (adam_family && !(c.eps > 0.0f))
     MEMFIT_THROW(ConfigError, "optim", "{}: eps must be positive, got {}", c.name, c.eps);
   if (!(c.weight_decay >= 0.0f))
     MEMFIT_THROW(ConfigError, "optim", "{}: weight_decay must be >= 0, got {}", c.name,
                  c.weight_decay);
+  if (c.state_dtype != DType::f32 && c.state_dtype != DType::bf16)
+    MEMFIT_THROW(ConfigError, "optim", "{}: the state dtype must be f32 or bf16, got {}", c.name,
+                 dtype_name(c.state_dtype));
+  if (c.state_dtype == DType::bf16 && c.name != "adamw")
+    MEMFIT_THROW(ConfigError, "optim",
+                 "--optim-state-dtype bf16 stores AdamW's two moments in bf16; only --optim adamw "
+                 "has it (got {}, whose state {}); use --optim-state-dtype f32 with it",
+                 c.name,
+                 c.name.ends_with("8bit") || c.name.ends_with("4bit") ? "is already quantised"
+                                                                       : "stays f32");
   if (c.n_head < 1)
     MEMFIT_THROW(ConfigError, "optim", "{}: n_head must be positive, got {}", c.name, c.n_head);
+}
+
+DType optim_state_dtype_from_name(std::string_view name) {
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  MEMFIT_THROW(ConfigError, "config", "--optim-state-dtype must be f32 or bf16, got '{}'", name);
+}
+
+std::string_view optim_state_dtype_name(DType dtype) {
+  return dtype == DType::bf16 ? "bf16" : "f32";
 }
 
 OptimConfig checked_optim_config(const OptimConfig& config, std::string_view name) {

@@ -13,6 +13,7 @@
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/optim/adam_mini.h"
 #include "memfit/optim/adamw.h"
+#include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
@@ -206,6 +207,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const Param
   const std::string& n = config.name;
   if (n == "adamw") return std::make_unique<AdamW>(config, layout, pool, range);
   if (n == "adamw8bit") return std::make_unique<AdamW8bit>(config, layout, pool, range);
+  if (n == "adamw4bit") return std::make_unique<AdamW4bit>(config, layout, pool, range);
   if (n == "lion") return std::make_unique<Lion>(config, layout, pool, range);
   if (n == "lion8bit") return std::make_unique<Lion8bit>(config, layout, pool, range);
   if (n == "adam-mini") return std::make_unique<AdamMini>(config, layout, pool, range);

@@ -37,6 +37,9 @@ std::string change_text(const RunSpec& base, const RunSpec& c) {
   if (c.precision.precision != base.precision.precision)
     parts.push_back(fmt::format("--precision {}", precision_name(c.precision.precision)));
   if (c.optim.name != base.optim.name) parts.push_back("--optim " + c.optim.name);
+  if (c.optim.state_dtype != base.optim.state_dtype)
+    parts.push_back(
+        fmt::format("--optim-state-dtype {}", optim_state_dtype_name(c.optim.state_dtype)));
   if (c.act_compress != base.act_compress)
     parts.push_back(fmt::format("--act-compress {}", act_compress_name(c.act_compress)));
   if (c.world > 1 && (c.zero != base.zero || base.zero_auto))
@@ -94,7 +97,10 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
     RunSpec c = base;
     c.auto_batch = false;
     if (set & kBf16) c.precision.precision = Precision::bf16;
-    if (set & kOptim8bit) c.optim.name = eight_bit(c.optim.name);
+    if (set & kOptim8bit) {
+      c.optim.name = eight_bit(c.optim.name);
+      c.optim.state_dtype = DType::f32;  // the 8-bit state replaces bf16 moments
+    }
     if (set & kCompress) c.act_compress = kSearchCompress;
     c.act_compress_open = false;  // the lever decides it
     SearchResult r;

@@ -60,6 +60,15 @@ void check_resume(const json& s, const json& run, const fs::path& file) {
                  "with the same --act-compress (or leave it out to keep the checkpoint's) for a "
                  "bit-identical continuation",
                  file.string(), compress.dump(), now);
+  // Older checkpoints predate --optim-state-dtype and kept f32 moments.
+  const json state_dtype = s.value("optim_state_dtype", json("f32"));
+  const std::string state_dtype_now(optim_state_dtype_name(c.optim.state_dtype));
+  if (state_dtype != state_dtype_now)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with optim_state_dtype = {}, this run has "
+                 "\"{}\"; resume with the same --optim-state-dtype (the saved moments are in "
+                 "that type)",
+                 file.string(), state_dtype.dump(), state_dtype_now);
   const json master = s.value("master_weights", json("fp32"));
   const std::string master_now = run.at("master_weights").get<std::string>();
   if (master != master_now)

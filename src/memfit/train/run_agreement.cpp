@@ -63,6 +63,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainSpec& c) {
       {"--ckpt", s.ckpt.name()},
       {"--act-compress", std::string(act_compress_name(s.act_compress))},
       {"--optim", s.optim.name},
+      {"--optim-state-dtype", std::string(optim_state_dtype_name(s.optim.state_dtype))},
       {"--beta1", f(s.optim.beta1)},
       {"--beta2", f(s.optim.beta2)},
       {"--eps", f(s.optim.eps)},

@@ -218,6 +218,7 @@ json TrainRun::run_state_json() const {
           {"shuffle", c.shuffle},
           {"repeat_batch", settings.repeat_batch},
           {"optim", c.optim.name},
+          {"optim_state_dtype", std::string(optim_state_dtype_name(c.optim.state_dtype))},
           {"attention", std::string(attention_kind_name(c.attention))},
           {"ckpt", c.ckpt.name()},
           {"act_compress", std::string(act_compress_name(c.act_compress))},

@@ -114,9 +114,12 @@ struct Policy {
   }
 };
 
-template <typename P>
-void update_range(const P& w, const float* g, float* m, float* v, const Coeffs& k, int64_t begin,
-                  int64_t end) {
+// S: the moments' storage, f32 or bf16 (--optim-state-dtype bf16: widened on load, the
+// arithmetic in f32 as for f32 moments, the new moments rounded to nearest even on store; the
+// weight moves with the unrounded ones).
+template <DType S, typename P>
+void update_range(const P& w, const float* g, half::Storage<S>* m, half::Storage<S>* v,
+                  const Coeffs& k, int64_t begin, int64_t end) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const VF gs = hn::Set(d, k.grad_scale), decay = hn::Set(d, k.decay);
@@ -128,18 +131,18 @@ void update_range(const P& w, const float* g, float* m, float* v, const Coeffs& 
     const bool full = n == N;
     const VF gv = hn::Mul(full ? hn::LoadU(d, g + i) : load_n<DType::f32>(d, g + i, n), gs);
     const VF pv = hn::Mul(w.load(d, i, n), decay);
-    VF mv = full ? hn::LoadU(d, m + i) : load_n<DType::f32>(d, m + i, n);
+    VF mv = full ? HWY_NAMESPACE::load<S>(d, m + i) : load_n<S>(d, m + i, n);
     mv = hn::MulAdd(w1, hn::Sub(gv, mv), mv);
-    VF vv = hn::Mul(full ? hn::LoadU(d, v + i) : load_n<DType::f32>(d, v + i, n), b2);
+    VF vv = hn::Mul(full ? HWY_NAMESPACE::load<S>(d, v + i) : load_n<S>(d, v + i, n), b2);
     vv = hn::Add(vv, hn::Mul(hn::Mul(c2, gv), gv));
     const VF denom = hn::Add(hn::Div(hn::Sqrt(vv), bc2s), eps);
     const VF pn = hn::Add(pv, hn::Div(hn::Mul(ns, mv), denom));
     if (full) {
-      hn::StoreU(mv, d, m + i);
-      hn::StoreU(vv, d, v + i);
+      HWY_NAMESPACE::store<S>(d, mv, m + i);
+      HWY_NAMESPACE::store<S>(d, vv, v + i);
     } else {
-      store_n<DType::f32>(d, mv, m + i, n);
-      store_n<DType::f32>(d, vv, v + i, n);
+      store_n<S>(d, mv, m + i, n);
+      store_n<S>(d, vv, v + i, n);
     }
     w.store(d, i, n, pn);
   }
@@ -147,18 +150,30 @@ void update_range(const P& w, const float* g, float* m, float* v, const Coeffs& 
 
 }  // namespace
 
-void AdamwUpdateRange(const Weights& w, const float* g, float* m, float* v, const Coeffs& k,
-                 int64_t begin, int64_t end) {
+namespace {
+template <DType S>
+void update_moments(const Weights& w, const float* g, void* m, void* v, const Coeffs& k,
+                    int64_t begin, int64_t end) {
+  auto* ms = static_cast<half::Storage<S>*>(m);
+  auto* vs = static_cast<half::Storage<S>*>(v);
   switch (w.mode) {
     case Mode::f32:
-      return update_range(Policy<Mode::f32, DType::f32>{w}, g, m, v, k, begin, end);
+      return update_range<S>(Policy<Mode::f32, DType::f32>{w}, g, ms, vs, k, begin, end);
     case Mode::stochastic:
-      return update_range(Policy<Mode::stochastic, DType::bf16>{w}, g, m, v, k, begin, end);
+      return update_range<S>(Policy<Mode::stochastic, DType::bf16>{w}, g, ms, vs, k, begin, end);
     case Mode::master:
       if (w.working == DType::bf16)
-        return update_range(Policy<Mode::master, DType::bf16>{w}, g, m, v, k, begin, end);
-      return update_range(Policy<Mode::master, DType::f16>{w}, g, m, v, k, begin, end);
+        return update_range<S>(Policy<Mode::master, DType::bf16>{w}, g, ms, vs, k, begin, end);
+      return update_range<S>(Policy<Mode::master, DType::f16>{w}, g, ms, vs, k, begin, end);
   }
+}
+}  // namespace
+
+// m and v: f32, or bf16 when state is bf16.
+void AdamwUpdateRange(const Weights& w, const float* g, void* m, void* v, DType state,
+                      const Coeffs& k, int64_t begin, int64_t end) {
+  if (state == DType::bf16) return update_moments<DType::bf16>(w, g, m, v, k, begin, end);
+  update_moments<DType::f32>(w, g, m, v, k, begin, end);
 }
 
 }  // namespace memfit::kernels::HWY_NAMESPACE
@@ -178,20 +193,29 @@ using adamw_detail::make_coeffs;
 using adamw_detail::Mode;
 using adamw_detail::Weights;
 
-void run(const Weights& w, const float* pg, float* pm, float* pv, const Coeffs& k, int64_t n) {
-  parallel_ranges(n, [&](int64_t begin, int64_t end) {
-    MEMFIT_SIMD_DISPATCH(AdamwUpdateRange)(w, pg, pm, pv, k, begin, end);
+void run(const Weights& w, const Tensor& grad, Tensor& m, Tensor& v, const Coeffs& k) {
+  const float* pg = grad.data<float>();
+  void* pm = m.raw_data();
+  void* pv = v.raw_data();
+  const DType state = m.dtype();
+  parallel_ranges(m.numel(), [&](int64_t begin, int64_t end) {
+    MEMFIT_SIMD_DISPATCH(AdamwUpdateRange)(w, pg, pm, pv, state, k, begin, end);
   });
 }
 
-// grad, m and v: f32, as many elements as param; t from 1. param's dtype is checked by the
-// caller.
+// grad f32, m and v both f32 or both bf16, as many elements as param; t from 1. param's dtype
+// is checked by the caller.
 void check_state(std::string_view op, const Tensor& param, const Tensor& grad, const Tensor& m,
                  const Tensor& v, int64_t t) {
   expect_any_shape(param, op, "param", param.dtype());
   expect_any_shape(grad, op, "grad");
-  expect_any_shape(m, op, "m");
-  expect_any_shape(v, op, "v");
+  MEMFIT_CHECK(m.defined() && v.defined(), op, "m and v must be defined");
+  MEMFIT_CHECK_DTYPE((m.dtype() == DType::f32 || m.dtype() == DType::bf16) &&
+                         v.dtype() == m.dtype(),
+                     op, "m and v must be both f32 or both bf16, got {} and {}",
+                     dtype_name(m.dtype()), dtype_name(v.dtype()));
+  expect_any_shape(m, op, "m", m.dtype());
+  expect_any_shape(v, op, "v", v.dtype());
   const int64_t n = param.numel();
   MEMFIT_CHECK_SHAPE(grad.numel() == n && m.numel() == n && v.numel() == n, op,
                      "param {}, grad {}, m {} and v {} must have the same element count",
@@ -209,7 +233,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   check_state(op, param, grad, m, v, t);
   const Coeffs k = make_coeffs(h, t, grad_scale);
   const Weights w{Mode::f32, DType::f32, param.data<float>(), nullptr, 0, 0};
-  run(w, grad.data<float>(), m.data<float>(), v.data<float>(), k, param.numel());
+  run(w, grad, m, v, k);
 }
 
 void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Tensor& m, Tensor& v,
@@ -228,7 +252,7 @@ void adamw_update_master(Tensor& master, Tensor& working, const Tensor& grad, Te
                      master.shape());
   const Coeffs k = make_coeffs(h, t, grad_scale);
   const Weights w{Mode::master, working.dtype(), master.data<float>(), working.raw_data(), 0, 0};
-  run(w, grad.data<float>(), m.data<float>(), v.data<float>(), k, master.numel());
+  run(w, grad, m, v, k);
 }
 
 void adamw_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
@@ -242,7 +266,7 @@ void adamw_update_stochastic(Tensor& param, const Tensor& grad, Tensor& m, Tenso
   // A fresh stream every step: the same bits each step would round each element the same way.
   const uint64_t step_seed = seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(t));
   const Weights w{Mode::stochastic, DType::bf16, nullptr, param.raw_data(), step_seed, index0};
-  run(w, grad.data<float>(), m.data<float>(), v.data<float>(), k, param.numel());
+  run(w, grad, m, v, k);
 }
 
 }  // namespace memfit::kernels

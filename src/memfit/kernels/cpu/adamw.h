@@ -1,5 +1,9 @@
 // AdamW update as torch.optim.AdamW: m, v moments, bias correction, decoupled weight decay;
 // in FP32, with FP32 master weights and a bf16 / f16 working copy, or on pure BF16 weights.
+// The moments m and v are f32, or both bf16 (--optim-state-dtype bf16, torchtitan-style bf16
+// moments): widened on load, updated in f32 exactly as f32 moments are, the weight moved with
+// the f32 results, and those rounded to nearest even on store. See Note [bf16 optimizer state]
+// (docs/notes/mixed-precision.md).
 #pragma once
 
 #include <cstdint>

@@ -12,19 +12,6 @@
 
 #include "memfit/kernels/cpu/simd-inl.h"
 
-#ifndef MEMFIT_KERNELS_CPU_ADAMW8BIT_COEFFS_
-#define MEMFIT_KERNELS_CPU_ADAMW8BIT_COEFFS_
-namespace memfit::kernels::adamw8bit_detail {
-// Step constants, as torch.optim.AdamW computes them:
-// p = p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
-struct AdamCoeffs {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2;
-  float step_size;     // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
-  float eps, decay, grad_scale;
-};
-}  // namespace memfit::kernels::adamw8bit_detail
-#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace memfit::kernels::HWY_NAMESPACE {
@@ -76,10 +63,9 @@ HWY_AFTER_NAMESPACE();
 namespace memfit::kernels {
 HWY_EXPORT(AdamwApply);
 
-namespace {
 using adamw8bit_detail::AdamCoeffs;
 
-AdamCoeffs make_coeffs(const AdamWHyper& h, int64_t t, float grad_scale, const char* op) {
+AdamCoeffs adam_block_coeffs(const AdamWHyper& h, int64_t t, float grad_scale, const char* op) {
   MEMFIT_CHECK(t >= 1, op, "step count t must start at 1, got {}", t);
   double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(t));
   double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(t));
@@ -94,9 +80,12 @@ AdamCoeffs make_coeffs(const AdamWHyper& h, int64_t t, float grad_scale, const c
           grad_scale};
 }
 
-void adamw_apply(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c) {
+void adam_block_apply(float* p, const float* g, float* m, float* v, int64_t n,
+                      const AdamCoeffs& c) {
   MEMFIT_SIMD_DISPATCH(AdamwApply)(p, g, m, v, n, c);
 }
+
+namespace {
 
 void check_param_grad(const Tensor& param, const Tensor& grad, const char* op, DType dtype) {
   expect_any_shape(param, op, "param", dtype);
@@ -149,7 +138,7 @@ void update_blocks(Tensor& param, DType dtype, const Tensor& grad, Tensor& m_cod
   expect_tensor(v_codes, op, "v_codes", {n}, DType::i8);
   expect_tensor(m_absmax, op, "m_absmax", {blocks}, DType::f32);
   expect_tensor(v_absmax, op, "v_absmax", {blocks}, DType::f32);
-  const AdamCoeffs c = make_coeffs(h, t, grad_scale, op);
+  const AdamCoeffs c = adam_block_coeffs(h, t, grad_scale, op);
 
   const ParamRef p = param_ref(param, t, seed, index0);
   const float* g = grad.data<float>();
@@ -166,7 +155,7 @@ void update_blocks(Tensor& param, DType dtype, const Tensor& grad, Tensor& m_cod
     dequantize_block(mq + off, nb, ma[b], smap, m);
     dequantize_block(vq + off, nb, va[b], umap, v);
     float* pb = p.load(off, nb, w);
-    adamw_apply(pb, g + off, m, v, nb, c);
+    adam_block_apply(pb, g + off, m, v, nb, c);
     p.store(off, nb, pb);
     ma[b] = quantize_block(m, nb, smap, mq + off);
     va[b] = quantize_block(v, nb, umap, vq + off);
@@ -180,7 +169,7 @@ void update_f32_state(Tensor& param, DType dtype, const Tensor& grad, Tensor& m,
   check_param_grad(param, grad, op, dtype);
   expect_tensor(m, op, "m", param.shape(), DType::f32);
   expect_tensor(v, op, "v", param.shape(), DType::f32);
-  const AdamCoeffs c = make_coeffs(h, t, grad_scale, op);
+  const AdamCoeffs c = adam_block_coeffs(h, t, grad_scale, op);
   const int64_t n = param.numel();
   const ParamRef p = param_ref(param, t, seed, index0);
   const float* g = grad.data<float>();
@@ -193,7 +182,7 @@ void update_f32_state(Tensor& param, DType dtype, const Tensor& grad, Tensor& m,
     const int64_t off = k * kChunk, nk = std::min(kChunk, n - off);
     alignas(64) float w[kChunk];
     float* pk = p.load(off, nk, w);
-    adamw_apply(pk, g + off, mp + off, vp + off, nk, c);
+    adam_block_apply(pk, g + off, mp + off, vp + off, nk, c);
     p.store(off, nk, pk);
   }
 }

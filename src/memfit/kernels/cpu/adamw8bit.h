@@ -11,6 +11,28 @@
 
 namespace memfit::kernels {
 
+namespace adamw8bit_detail {
+// Step constants, as torch.optim.AdamW computes them:
+// p = p * (1 - lr wd) - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+struct AdamCoeffs {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2;
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float eps, decay, grad_scale;
+};
+}  // namespace adamw8bit_detail
+
+// The quantised AdamWs' shared arithmetic (8-bit here, 4-bit in adamw4bit.h): the step's
+// constants (t from 1; `op` names the caller in errors), and the update of n elements with f32
+// moments in place, g scaled by grad_scale first:
+// m = fma(b1, m, (1-b1) g); v = fma(b2, v, (1-b2) g g);
+// p = p decay - step m / (sqrt(v) isb2 + eps).
+// Vectorised; every element of a multiple of the lane count goes through the same instructions.
+adamw8bit_detail::AdamCoeffs adam_block_coeffs(const AdamWHyper& h, int64_t t, float grad_scale,
+                                               const char* op);
+void adam_block_apply(float* p, const float* g, float* m, float* v, int64_t n,
+                      const adamw8bit_detail::AdamCoeffs& c);
+
 // One step (t counts from 1) on a flat f32 parameter of n values with its gradient; m_codes
 // and v_codes are i8 (n), m_absmax and v_absmax f32 (quant_blocks(n)). OpenMP over blocks.
 // grad_scale multiplies g first.

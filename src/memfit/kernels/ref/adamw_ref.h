@@ -19,4 +19,14 @@ struct AdamWRefHyper {
 void adamw_update_ref(double* p, const double* g, double* m, double* v, int64_t n,
                       const AdamWRefHyper& h, int64_t t, double grad_scale = 1.0);
 
+// x rounded to the nearest bf16 (8 significant bits; ties to even; bf16's subnormals below
+// 2^-126), in double: what storing a moment in bf16 keeps.
+double bf16_round_ref(double x);
+
+// The same step with the moments stored in bf16 (--optim-state-dtype bf16): m and v are
+// updated as above, the weight moves with those values, then m and v are rounded with
+// bf16_round_ref.
+void adamw_update_bf16_state_ref(double* p, const double* g, double* m, double* v, int64_t n,
+                                 const AdamWRefHyper& h, int64_t t, double grad_scale = 1.0);
+
 }  // namespace memfit::kernels::ref
