@@ -11,21 +11,33 @@
 namespace memfit {
 
 struct OptimConfig {
-  std::string name = "adamw";  // adamw | adamw8bit | lion | lion8bit | adam-mini | sgd
+  // adamw | adamw8bit | lion | lion8bit | adam-mini | apollo | apollo-mini | sgd
+  std::string name = "adamw";
   float beta1 = 0.9f;          // Lion: interpolation for the update sign; sgd: unused
   float beta2 = 0.95f;         // Lion: momentum decay (the paper uses 0.99); sgd: unused
   float eps = 1e-8f;           // Adam family only
   float weight_decay = 0.1f;   // applied to ParamInfo::decay tensors only
   int n_head = 1;              // for partitions that follow attention heads (Adam-mini)
-  uint64_t seed = 0;           // stochastic rounding of pure bf16 weights (AdamW on bf16 params)
+  uint64_t seed = 0;           // stochastic rounding of pure bf16 weights (AdamW on bf16 params);
+                               // APOLLO's projections (Note [APOLLO], docs/notes/apollo.md)
+  // APOLLO only (--optim-rank, --optim-proj-gap): the projection's rank, 0 for the optimizer's
+  // default (256 for apollo, 1 for apollo-mini; capped at each matrix's smaller side), and the
+  // steps between new random projections (the paper's update_proj_gap).
+  int rank = 0;
+  int proj_gap = 200;
 };
+
+// Whether `name` is one of the APOLLO optimizers (apollo, apollo-mini).
+bool is_apollo(const std::string& name);
+// The rank an APOLLO optimizer projects to before the cap: config.rank, or its default.
+int apollo_rank(const OptimConfig& config);
 
 // The names make_optimizer accepts, in a stable order.
 const std::vector<std::string>& optimizer_names();
 
 // Throws ConfigError naming the field at fault: an unknown name (the message lists the known
-// ones), a beta outside [0, 1), eps <= 0 for the Adam family, a negative weight decay or
-// n_head < 1. make_optimizer calls this first.
+// ones), a beta outside [0, 1), eps <= 0 for the Adam family, a negative weight decay,
+// n_head < 1, a negative rank or a projection gap < 1, or a rank set for a non-APOLLO optimizer. make_optimizer calls this first.
 void check_optim_config(const OptimConfig& config);
 // A copy of `config` named `name`, checked: what an optimizer class constructed directly (not
 // through make_optimizer) holds, so that its own rules (e.g. eps for the Adam family) apply.

@@ -14,6 +14,7 @@
 #include "memfit/optim/adam_mini.h"
 #include "memfit/optim/adamw.h"
 #include "memfit/optim/adamw8bit.h"
+#include "memfit/optim/apollo.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
 #include "memfit/optim/sgd.h"
@@ -82,7 +83,7 @@ size_t Optimizer::state_bytes() const {
   size_t b = 0;
   for (const StateSpec& s : specs_)
     b += MemoryPool::round_up(static_cast<size_t>(s.numel) * dtype_size(s.dtype));
-  return b;
+  return b + scratch_bytes();
 }
 
 int64_t Optimizer::next_cut(int64_t x) const {
@@ -209,6 +210,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const Param
   if (n == "lion") return std::make_unique<Lion>(config, layout, pool, range);
   if (n == "lion8bit") return std::make_unique<Lion8bit>(config, layout, pool, range);
   if (n == "adam-mini") return std::make_unique<AdamMini>(config, layout, pool, range);
+  if (is_apollo(n)) return std::make_unique<Apollo>(config, layout, pool, range);
   if (n == "sgd") return std::make_unique<Sgd>(config, layout, pool, range);
   MEMFIT_THROW(ConfigError, "optim", "optimizer '{}' is known but not constructed here", n);
 }
@@ -216,6 +218,10 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const Param
 size_t optimizer_state_bytes(const OptimConfig& config, const ParamLayout& layout,
                              std::optional<ElementRange> range) {
   return make_optimizer(config, layout, nullptr, range)->state_bytes();
+}
+
+size_t optimizer_scratch_bytes(const OptimConfig& config, const ParamLayout& layout) {
+  return make_optimizer(config, layout, nullptr)->scratch_bytes();
 }
 
 }  // namespace memfit
