@@ -143,6 +143,9 @@ TEST_P(EachOptimizerOverRanges, BoundStateStepsAsAllocatedState) {
     storage.push_back(s.numel ? Tensor::empty(b.pool, {s.numel}, s.dtype, Category::staging, "bound")
                               : Tensor{});
   bound->bind_state(storage);
+  if (bound->scratch_elements() > 0)  // APOLLO: the scratch too, as an offloaded optimizer does
+    bound->set_scratch(Tensor::empty(b.pool, {bound->scratch_elements()}, DType::f32,
+                                     Category::staging, "scratch"));
   for (int t = 0; t < 2; ++t) {
     Tensor wa = a.params.view(r.begin, {r.size()}), ga = a.grads.view(r.begin, {r.size()});
     Tensor wb = b.params.view(r.begin, {r.size()}), gb = b.grads.view(r.begin, {r.size()});
@@ -155,7 +158,7 @@ TEST_P(EachOptimizerOverRanges, BoundStateStepsAsAllocatedState) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, EachOptimizerOverRanges,
                          ::testing::Values("adamw", "adamw8bit", "lion", "lion8bit", "adam-mini",
-                                           "sgd"));
+                                           "sgd", "apollo", "apollo-mini"));
 
 TEST(OptimizerRange, PureBf16WeightsRoundPerElementWhateverTheCut) {
   // Stochastic rounding draws element i's bits from (seed, t, i): a shard rounds as the whole.

@@ -100,7 +100,7 @@ int64_t Apollo::state_position(size_t i, int64_t x) const {
   const size_t k = param_at(x);
   if (k == layout_.params().size()) return i == 2 ? limiter_total_ : moment_total_;
   const ParamInfo& p = layout_.params()[k];
-  if (i == 2) return limiter_at_[k] + (x > p.offset ? 1 : 0);
+  if (i == 2) return limiter_at_[k] + (x > p.offset && projects(p) ? 1 : 0);
   if (x <= p.offset) return moment_at_[k];
   return moment_at_[k] + (projects(p) ? moments_[k] : x - p.offset);
 }

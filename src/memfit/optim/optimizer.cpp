@@ -46,6 +46,28 @@ void Optimizer::init_state(MemoryPool* pool, const std::string& tag_prefix) {
       state_[i] = Tensor::empty(*pool, {extents_[i].size()}, whole_[i].dtype, Category::optimizer,
                                 fmt::format("{}.{}", tag_prefix, whole_[i].name));
   }
+  if (pool && scratch_elements() > 0)
+    scratch_ = Tensor::empty(*pool, {scratch_elements()}, DType::f32, Category::optimizer,
+                             fmt::format("{}.scratch", tag_prefix));
+}
+
+size_t Optimizer::scratch_bytes() const {
+  const int64_t n = scratch_elements();
+  return n > 0 ? MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float)) : 0;
+}
+
+void Optimizer::set_scratch(Tensor buffer) {
+  MEMFIT_CHECK(buffer.defined() && buffer.dtype() == DType::f32 &&
+                   buffer.numel() >= scratch_elements(),
+               "optim", "{}: the scratch must be at least {} f32 values", name(),
+               scratch_elements());
+  scratch_ = std::move(buffer);
+}
+
+const Tensor& Optimizer::scratch() const {
+  MEMFIT_CHECK(scratch_.defined(), "optim",
+               "{}: the scratch is not allocated or set (set_scratch before step)", name());
+  return scratch_;
 }
 
 std::vector<ElementRange> Optimizer::state_extents(const ElementRange& r) const {
