@@ -156,7 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"adamw8bit", false}, Case{"adamw8bit", true},
                                          Case{"lion", true}, Case{"lion8bit", true},
                                          Case{"adam-mini", false}, Case{"adam-mini", true},
-                                         Case{"sgd", true}),
+                                         Case{"sgd", true}, Case{"apollo", false},
+                                         Case{"apollo-mini", true}),
                        ::testing::Values(std::string("uring"), std::string("threads"))),
     case_name);
 
@@ -167,7 +168,7 @@ TEST(OffloadedOptimizer, ShardsStepAsTheWholeLayoutInRam) {
   const ModelConfig mc = llama();
   const ParamLayout layout(mc);
   const int64_t n = layout.total();
-  for (const char* name : {"adamw8bit", "adam-mini"}) {
+  for (const char* name : {"adamw8bit", "adam-mini", "apollo-mini"}) {
     SCOPED_TRACE(name);
     OptimConfig oc;
     oc.name = name;

@@ -125,7 +125,8 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
     at(Category::comm) += ram.comm;
   }
   at(Category::master) = 0;
-  at(Category::optimizer) = 0;
+  // In RAM only the update's scratch, shared by the pieces (APOLLO; 0 for the others).
+  at(Category::optimizer) = optimizer_scratch_bytes(oc, layout);
   return files;
 }
 

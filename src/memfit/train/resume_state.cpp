@@ -1,6 +1,7 @@
 #include "memfit/train/resume_state.h"
 
 #include "memfit/core/error.h"
+#include "memfit/optim/optim_config.h"
 
 namespace memfit {
 
@@ -37,6 +38,10 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
   same("seed", c.seed);
   same("shuffle", c.shuffle);
   same("optim", c.optim.name);
+  if (is_apollo(c.optim.name)) {
+    same("optim_rank", c.optim.rank);
+    same("optim_proj_gap", c.optim.proj_gap);
+  }
   // More --steps train longer (Note [Training longer] in docs/notes/checkpoints.md); fewer
   // would end before where the schedule has already decayed to, so they are refused.
   if (const int64_t steps = count_field(s, "steps", file); steps > c.steps)

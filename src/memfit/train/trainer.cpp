@@ -76,6 +76,11 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position,
           {"master_weights", c.master_weights},
           {"schedule", c.schedule.to_json()}};
   if (scaler) s["loss_scaler"] = scaler->to_json();
+  // APOLLO's projections: the state's shape and the random matrices follow them.
+  if (is_apollo(c.optim.name)) {
+    s["optim_rank"] = c.optim.rank;
+    s["optim_proj_gap"] = c.optim.proj_gap;
+  }
   // The training data's size, which a resume checks (-1: not known, no loader and an older file).
   if (data_tokens >= 0) s["data_tokens"] = data_tokens;
   // The data's tokenizer (its dataset.json's), which memfit sample then decodes with.
