@@ -34,6 +34,8 @@ class ApolloTrainer : public test::TrainerFixture {
                 s.peak_by_category[static_cast<size_t>(cat)])
           << category_name(cat);
     EXPECT_GT(s.peak_by_category[static_cast<size_t>(Category::optimizer)], 0u);
+    ASSERT_GE(s.losses.size(), 2u);
+    EXPECT_LT(s.losses.back(), s.losses.front());  // it learns
   }
 };
 
@@ -46,6 +48,12 @@ TEST_F(ApolloTrainer, PlannedPeakEqualsMeasuredInRamAndOffloaded) {
   full.precision = "bf16";
   full.optim.rank = 16;
   expect_plan_is_measured(full, "llama-tiny bf16 apollo rank 16");
+  // The headline's configuration: bf16 weights of record, no master copy, apollo-mini.
+  TrainConfig pure = apollo("apollo-mini", "llama-tiny");
+  pure.steps = 3;
+  pure.precision = "bf16";
+  pure.master_weights = "none";
+  expect_plan_is_measured(pure, "llama-tiny pure bf16 apollo-mini");
   TrainConfig off = mini;
   off.precision = "bf16";
   off.offload_optimizer = "nvme";

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "memfit/kernels/cpu/adamw.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/optim/apollo_projection.h"
 
@@ -121,20 +123,24 @@ void Apollo::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, float
     MEMFIT_CHECK(pc.begin == pc.param.offset && pc.end == pc.param.offset + pc.param.numel,
                  config_.name, "{}: a projected matrix is updated whole, got [{}, {}) of it",
                  pc.param.name, pc.begin - pc.param.offset, pc.end - pc.param.offset);
-    update_matrix(pc, w.data<float>(), g.data<float>(), lr, grad_scale);
+    update_matrix(pc, w, g.data<float>(), lr, grad_scale);
     return;
   }
   const int64_t at = state_position(0, pc.begin);
   Tensor m = state_view(0, at, pc.numel()), v = state_view(1, at, pc.numel());
   const kernels::AdamWHyper h{lr, config_.beta1, config_.beta2, config_.eps,
                               pc.param.decay ? config_.weight_decay : 0.0f};
-  kernels::adamw_update(w, g, m, v, h, t_, grad_scale);
+  if (w.dtype() == DType::bf16)  // pure bf16: as AdamW rounds
+    kernels::adamw_update_stochastic(w, g, m, v, h, t_, grad_scale, config_.seed,
+                                     static_cast<uint64_t>(pc.begin));
+  else
+    kernels::adamw_update(w, g, m, v, h, t_, grad_scale);
 }
 
 // One projected matrix G (m x n, row-major, times grad_scale), as apollo_torch/apollo.py with
 // proj_type "std": m >= n projects the columns (R = G P^T, P r x n, channels are rows), m < n
 // the rows (R = P^T G, P m x r, channels are columns).
-void Apollo::update_matrix(const Piece& pc, float* w, const float* g, float lr,
+void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, float lr,
                            float grad_scale) {
   const Dims d = dims_of(config_, pc.param);
   const ScratchParts sp = scratch_parts(d);
@@ -209,13 +215,33 @@ void Apollo::update_matrix(const Piece& pc, float* w, const float* g, float lr,
   const float alpha = config_.name == "apollo" ? 1.0f : std::sqrt(128.0f);
   const float inv_limiter = static_cast<float>(1.0 / limiter);
   const float decay = pc.param.decay ? lr * config_.weight_decay : 0.0f;
+  auto updated = [&](float w, int64_t i, int64_t j) {
+    const float u = grad_scale * g[i * d.n + j] * s[d.rows() ? i : j] * inv_limiter * alpha;
+    const float x = w - step * u;
+    return x - decay * x;
+  };
+  if (weights.dtype() == DType::f32) {
+    float* w = weights.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < d.m; ++i)
+      for (int64_t j = 0; j < d.n; ++j) w[i * d.n + j] = updated(w[i * d.n + j], i, j);
+    return;
+  }
+  // Pure bf16: the f32 result rounded stochastically, element e of the slab drawing its bits
+  // from (seed mixed with t, e), as convert_stochastic draws them.
+  uint16_t* w = static_cast<uint16_t*>(weights.raw_data());
+  const uint64_t seed = splitmix64(config_.seed ^ splitmix64(static_cast<uint64_t>(t_)));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < d.m; ++i) {
     for (int64_t j = 0; j < d.n; ++j) {
       const int64_t e = i * d.n + j;
-      const float u = grad_scale * g[e] * s[d.rows() ? i : j] * inv_limiter * alpha;
-      float x = w[e] - step * u;
-      w[e] = x - decay * x;
+      const uint32_t bits = static_cast<uint32_t>(w[e]) << 16;
+      float x;
+      std::memcpy(&x, &bits, 4);
+      const uint64_t index = static_cast<uint64_t>(pc.begin + e);
+      const uint32_t random = kernels::sr_bits(
+          kernels::sr_key(seed, static_cast<uint32_t>(index >> 32)), static_cast<uint32_t>(index));
+      w[e] = kernels::bf16_from_f32_stochastic(updated(x, i, j), random);
     }
   }
 }

@@ -24,6 +24,9 @@ class Apollo : public Optimizer {
   Apollo(const OptimConfig& config, const ParamLayout& layout, MemoryPool* pool,
          std::optional<ElementRange> range = std::nullopt);
   std::string name() const override { return config_.name; }
+  // Pure bf16 weights: stochastic rounding, element i's bits from (seed, t, i) as AdamW's, so
+  // any range rounds each element as the whole layout does.
+  bool updates_bf16_weights() const override { return true; }
   // Projected matrices are cut only at their edges: their state is per matrix.
   int64_t next_cut(int64_t x) const override;
   int64_t scratch_elements() const override { return scratch_; }
@@ -40,7 +43,7 @@ class Apollo : public Optimizer {
               float grad_scale) override;
 
  private:
-  void update_matrix(const Piece& piece, float* w, const float* g, float lr, float grad_scale);
+  void update_matrix(const Piece& piece, Tensor& w, const float* g, float lr, float grad_scale);
 
   std::vector<int64_t> moment_at_;  // per parameter: its first m/v value (64-byte aligned)
   std::vector<int64_t> moments_;    // per parameter: its m/v values
