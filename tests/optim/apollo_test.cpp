@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -174,6 +177,44 @@ TEST(Apollo, BadSettingsAreConfigErrors) {
   other.name = "adamw";
   other.rank = 4;
   EXPECT_THROW(check_optim_config(other), ConfigError);
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// The per-channel sums are split over the OpenMP team by channel: one thread or all, the same
+// bits (channels are rows for c_attn and c_fc, columns for mlp.c_proj; width 256 so that the
+// matrices are large enough for the team).
+TEST(Apollo, TheStepIsTheSameForAnyThreadCount) {
+  const int threads = omp_get_max_threads();
+  ModelConfig mc;
+  mc.n_layer = 1;
+  mc.n_head = 4;
+  mc.d_model = 256;
+  mc.max_seq_len = 16;
+  mc.vocab_size = 64;
+  mc.finalize();
+  for (const char* name : {"apollo", "apollo-mini"}) {
+    SCOPED_TRACE(name);
+    OptimConfig c;
+    c.name = name;
+    c.rank = std::string(name) == "apollo" ? 24 : 0;
+    testing::Slabs a(mc), b(mc);
+    Apollo oa(c, a.layout, &a.pool), ob(c, b.layout, &b.pool);
+    for (int t = 0; t < 2; ++t) {
+      a.fill_grads(40 + t);
+      b.fill_grads(40 + t);
+      omp_set_num_threads(1);
+      oa.step(a.params, a.grads, 1e-2f, 1.0f);
+      omp_set_num_threads(std::max(3, threads));
+      ob.step(b.params, b.grads, 1e-2f, 1.0f);
+    }
+    omp_set_num_threads(threads);
+    EXPECT_EQ(std::memcmp(a.params.raw_data(), b.params.raw_data(), a.params.nbytes()), 0);
+  }
 }
 
 }  // namespace

@@ -43,6 +43,27 @@ ScratchParts scratch_parts(const Dims& d) {
   s.total = s.factors + round_up(d.large, kF32Align);
   return s;
 }
+
+// Below this many elements a loop stays on the calling thread (a team costs more than it saves).
+constexpr int64_t kTeamElements = int64_t{1} << 16;
+
+// f(i, j0, j1) for row i's columns [j0, j1) of a rows x cols matrix, on the OpenMP team, each
+// channel (a row when by_rows, else a column) on one thread and visited in order (columns
+// ascending, or rows ascending): per-channel sums come out the same for any thread count.
+template <class F>
+void over_channels(int64_t rows, int64_t cols, bool by_rows, F&& f) {
+  const bool team = rows * cols >= kTeamElements;
+  if (by_rows) {
+#pragma omp parallel for schedule(static) if (team)
+    for (int64_t i = 0; i < rows; ++i) f(i, int64_t{0}, cols);
+    return;
+  }
+  constexpr int64_t kBlock = 64;  // columns a thread owns, one cache line of a row
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (team)
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t i = 0; i < rows; ++i) f(i, b * kBlock, std::min(cols, (b + 1) * kBlock));
+}
 }  // namespace
 
 bool Apollo::projects(const ParamInfo& p) {
@@ -169,8 +190,8 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
   const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
   std::fill(sum_r, sum_r + 3 * d.large, 0.0);
   const int64_t rows = d.rows() ? d.m : d.r, cols = d.rows() ? d.r : d.n;
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
+  over_channels(rows, cols, d.rows(), [&](int64_t i, int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
       const int64_t e = i * cols + j;
       const float r = R[e];
       M[e] = b1 * M[e] + (1.0f - b1) * r;
@@ -180,7 +201,7 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
       sum_r[c] += static_cast<double>(r) * r;
       sum_n[c] += static_cast<double>(n) * n;
     }
-  }
+  });
   // The scaling factors: per channel (apollo) or one for the tensor (apollo-mini).
   if (config_.name == "apollo") {
     for (int64_t c = 0; c < d.large; ++c)
@@ -191,11 +212,12 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
     std::fill(s, s + d.large, static_cast<float>(std::sqrt(tn) / (std::sqrt(tr) + kGuard)));
   }
   // ||G * s||: per channel sums of G^2, then the channels in order.
-  for (int64_t i = 0; i < d.m; ++i)
-    for (int64_t j = 0; j < d.n; ++j) {
+  over_channels(d.m, d.n, d.rows(), [&](int64_t i, int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
       const float x = grad_scale * g[i * d.n + j] * s[d.rows() ? i : j];
       sum_g[d.rows() ? i : j] += static_cast<double>(x) * x;
     }
+  });
   double norm2 = 0;
   for (int64_t c = 0; c < d.large; ++c) norm2 += sum_g[c];
   const double norm = std::sqrt(norm2);
@@ -222,7 +244,7 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
   };
   if (weights.dtype() == DType::f32) {
     float* w = weights.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d.m * d.n >= kTeamElements)
     for (int64_t i = 0; i < d.m; ++i)
       for (int64_t j = 0; j < d.n; ++j) w[i * d.n + j] = updated(w[i * d.n + j], i, j);
     return;
@@ -231,7 +253,7 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
   // from (seed mixed with t, e), as convert_stochastic draws them.
   uint16_t* w = static_cast<uint16_t*>(weights.raw_data());
   const uint64_t seed = splitmix64(config_.seed ^ splitmix64(static_cast<uint64_t>(t_)));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (d.m * d.n >= kTeamElements)
   for (int64_t i = 0; i < d.m; ++i) {
     for (int64_t j = 0; j < d.n; ++j) {
       const int64_t e = i * d.n + j;

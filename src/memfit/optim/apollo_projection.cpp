@@ -19,7 +19,8 @@ uint64_t apollo_projection_key(uint64_t seed, uint64_t index, uint64_t window) {
 
 void apollo_projection_fill(float* out, int64_t n, uint64_t key, int rank) {
   const double inv = 1.0 / std::sqrt(static_cast<double>(rank)), two53 = 0x1p-53;
-  for (int64_t k = 0; 2 * k < n; ++k) {
+#pragma omp parallel for schedule(static) if (n >= 4096)
+  for (int64_t k = 0; k < (n + 1) / 2; ++k) {
     const uint64_t a = splitmix64(key + 2 * static_cast<uint64_t>(k));
     const uint64_t b = splitmix64(key + 2 * static_cast<uint64_t>(k) + 1);
     const double u1 = static_cast<double>((a >> 11) + 1) * two53;
