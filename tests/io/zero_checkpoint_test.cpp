@@ -110,7 +110,7 @@ void save_shards(const fs::path& dir, const OptimConfig& oc, const ParamLayout& 
 TEST(ZeroCheckpoint, ShardsLoadIntoAnyOtherWorldSizeAsTheWholeStatesSlices) {
   const ModelConfig mc = tiny();
   const ParamLayout layout(mc);
-  for (const char* name : {"adamw", "adamw8bit", "adam-mini"}) {
+  for (const char* name : {"adamw", "adamw8bit", "adam-mini", "apollo-mini"}) {
     SCOPED_TRACE(name);
     const OptimConfig oc = optim(name, mc);
     MemoryPool pool;
