@@ -185,10 +185,12 @@ TEST(Apollo, BadSettingsAreConfigErrors) {
 namespace memfit {
 namespace {
 
-// The per-channel sums are split over the OpenMP team by channel: one thread or all, the same
-// bits (channels are rows for c_attn and c_fc, columns for mlp.c_proj; width 256 so that the
-// matrices are large enough for the team).
-TEST(Apollo, TheStepIsTheSameForAnyThreadCount) {
+// The per-channel sums are split over the OpenMP team by channel (channels are rows for c_attn
+// and c_fc, columns for mlp.c_proj; width 256 so that the matrices are large enough for the
+// team): one thread or several give the same step up to the projection GEMM's rounding, which
+// is oneDNN's and may split its sums by thread (as every matmul of the engine; it does under
+// MEMFIT_MAX_ISA=avx2): 1e-6 of the weights' scale, far below one step's change.
+TEST(Apollo, TheStepDoesNotDependOnTheThreadCountBeyondTheGemm) {
   const int threads = omp_get_max_threads();
   ModelConfig mc;
   mc.n_layer = 1;
@@ -213,7 +215,13 @@ TEST(Apollo, TheStepIsTheSameForAnyThreadCount) {
       ob.step(b.params, b.grads, 1e-2f, 1.0f);
     }
     omp_set_num_threads(threads);
-    EXPECT_EQ(std::memcmp(a.params.raw_data(), b.params.raw_data(), a.params.nbytes()), 0);
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < a.layout.total(); ++i) {
+      const double x = a.params.data<float>()[i], y = b.params.data<float>()[i];
+      diff = std::max(diff, std::abs(x - y));
+      norm = std::max(norm, std::abs(x));
+    }
+    EXPECT_LE(diff, 1e-6 * norm);
   }
 }
 
