@@ -113,6 +113,14 @@ Apollo::Apollo(const OptimConfig& config, const ParamLayout& layout, MemoryPool*
   init_state(pool, config.name);
 }
 
+double Apollo::update_flops() const {
+  double flops = 0;
+  for (const ParamInfo& p : layout_.params())
+    if (projects(p) && p.offset >= range_.begin && p.offset + p.numel <= range_.end)
+      flops += 2.0 * double(rank_for(config_, p)) * double(p.numel);
+  return flops;
+}
+
 std::vector<StateSpec> Apollo::whole_state() const {
   return {{"m", DType::f32, moment_total_},
           {"v", DType::f32, moment_total_},

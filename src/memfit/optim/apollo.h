@@ -30,6 +30,8 @@ class Apollo : public Optimizer {
   // Projected matrices are cut only at their edges: their state is per matrix.
   int64_t next_cut(int64_t x) const override;
   int64_t scratch_elements() const override { return scratch_; }
+  // The projections R = G P^T or P^T G of the range's matrices: 2 r m n each.
+  double update_flops() const override;
 
   // Whether APOLLO projects this parameter (2-D attention and MLP weights).
   static bool projects(const ParamInfo& p);

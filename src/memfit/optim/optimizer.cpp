@@ -246,4 +246,9 @@ size_t optimizer_scratch_bytes(const OptimConfig& config, const ParamLayout& lay
   return make_optimizer(config, layout, nullptr)->scratch_bytes();
 }
 
+double optimizer_update_flops(const OptimConfig& config, const ParamLayout& layout,
+                              std::optional<ElementRange> range) {
+  return make_optimizer(config, layout, nullptr, range)->update_flops();
+}
+
 }  // namespace memfit

@@ -84,6 +84,10 @@ class Optimizer {
   // in state_bytes); one made without is given it by set_scratch (an offloaded optimizer's
   // pieces share one). Never saved: its contents do not outlive one parameter's update.
   virtual int64_t scratch_elements() const { return 0; }
+  // FLOPs of matrix products one step() over range() runs beyond its streaming passes
+  // (APOLLO's projections, 2 r m n a matrix); 0 for the element-wise optimizers. The planner's
+  // step-time model prices them at the f32 GEMM rate.
+  virtual double update_flops() const { return 0; }
   size_t scratch_bytes() const;
   void set_scratch(Tensor buffer);
 
@@ -201,5 +205,8 @@ size_t optimizer_state_bytes(const OptimConfig& config, const ParamLayout& layou
 // The scratch bytes alone (Optimizer::scratch_bytes), the same for every range: what an
 // offloaded optimizer allocates in RAM beside its ring.
 size_t optimizer_scratch_bytes(const OptimConfig& config, const ParamLayout& layout);
+// Optimizer::update_flops of the optimizer over `range` (the whole layout when absent).
+double optimizer_update_flops(const OptimConfig& config, const ParamLayout& layout,
+                              std::optional<ElementRange> range = std::nullopt);
 
 }  // namespace memfit

@@ -394,6 +394,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   const StatePlacement placement(layout, oc, spec.state_options(), {rank, spec.world});
   const std::optional<ElementRange> mine = placement.owned();
   in.optimizer_bytes = optimizer_state_bytes(oc, layout, mine);
+  in.optimizer_flops = optimizer_update_flops(oc, layout, mine);
   if (mine) in.update_params = std::max<size_t>(1, static_cast<size_t>(mine->size()));
   if (mine && !placement.grads_whole()) in.norm_params = in.update_params;
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
