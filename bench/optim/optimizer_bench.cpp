@@ -1,7 +1,9 @@
 // Optimizer step cost: time per parameter and state bytes per parameter for each optimizer, on
 // a ~10M-parameter GPT-2-shaped layout (4 layers, width 384, 6 heads, 256 positions, vocabulary
 // 8192), so the planner's and the docs' per-parameter numbers come from one place.
-// Counters: ns_per_param (wall time of one step / parameters), state_bytes_per_param.
+// Counters: ns_per_param (wall time of one step / parameters), params_per_s (its inverse: elements
+// updated a second), state_bytes_per_param. APOLLO's (rank 256, capped at 384 here, and
+// apollo-mini's rank 1) include drawing the projections and the projection GEMMs.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -14,6 +16,7 @@
 #include "memfit/optim/adam_mini.h"
 #include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
+#include "memfit/optim/apollo.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
 #include "memfit/optim/sgd.h"
@@ -49,6 +52,7 @@ std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLayout& la
   if (c.name == "lion") return std::make_unique<Lion>(c, layout, pool);
   if (c.name == "lion8bit") return std::make_unique<Lion8bit>(c, layout, pool);
   if (c.name == "adam-mini") return std::make_unique<AdamMini>(c, layout, pool);
+  if (is_apollo(c.name)) return std::make_unique<Apollo>(c, layout, &pool);
   return std::make_unique<Sgd>(c, layout, pool);
 }
 
@@ -87,12 +91,13 @@ void BM_OptimizerStep(benchmark::State& state, std::string name) {
   const double n = static_cast<double>(layout.total());
   state.counters["params"] = n;
   state.counters["ns_per_param"] = seconds * 1e9 / (n * static_cast<double>(state.iterations()));
+  state.counters["params_per_s"] = n * static_cast<double>(state.iterations()) / seconds;
   state.counters["state_bytes_per_param"] = static_cast<double>(opt->state_bytes()) / n;
 }
 
 const bool registered = [] {
-  std::vector<std::string> names = {"adamw8bit", "lion",      "lion8bit",
-                                    "adam-mini", "sgd",       "adamw4bit"};
+  std::vector<std::string> names = {"adamw8bit", "lion",   "lion8bit",   "adam-mini", "sgd",
+                                    "adamw4bit", "apollo", "apollo-mini"};
 #ifdef MEMFIT_BENCH_ADAMW
   names.insert(names.begin(), {"adamw", "adamw-bf16-state"});
 #endif

@@ -158,6 +158,12 @@ TEST_F(Zero, StagesAreBitIdenticalInBf16WithShardedMasterWeights) {
                true);
 }
 
+// APOLLO-Mini, whose per-matrix state cuts the shards at matrix edges, with a new projection
+// every 2 steps: the same losses, norms and saved weights at every stage.
+TEST_F(Zero, StagesAreBitIdenticalWithApolloMini) {
+  stages_agree("--steps 3 --optim apollo-mini --optim-proj-gap 2 --eval-batches 1", true);
+}
+
 // Pure bf16 (no master weights: the weights of record are the working weights, at stage 3 a
 // shard, gathered as bf16 for the save): every stage the same losses and saved BF16 weights.
 TEST_F(Zero, StagesAreBitIdenticalInPureBf16) {
@@ -228,6 +234,12 @@ TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakOverFourRanks) {
   EXPECT_LT(state[1], state[0]);
   EXPECT_LT(state[2], state[1]);
   EXPECT_LT(state[3], state[2]);
+}
+
+TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakWithApollo) {
+  size_t state[4] = {};
+  expect_plan_per_rank(2, "--batch 1 --optim apollo --optim-rank 8 --precision bf16", state);
+  EXPECT_LT(state[1], state[0]);
 }
 
 // Stage 2 keeps working with one process (equal to stage 0); --zero 4 is refused.

@@ -115,7 +115,8 @@ void save_shards(const fs::path& dir, const OptimConfig& oc, const ParamLayout& 
 TEST(ZeroCheckpoint, ShardsLoadIntoAnyOtherWorldSizeAsTheWholeStatesSlices) {
   const ModelConfig mc = tiny();
   const ParamLayout layout(mc);
-  for (const char* name : {"adamw", "adamw8bit", "adam-mini", "adamw:bf16", "adamw4bit"}) {
+  for (const char* name :
+       {"adamw", "adamw8bit", "adam-mini", "adamw:bf16", "adamw4bit", "apollo-mini"}) {
     SCOPED_TRACE(name);
     const OptimConfig oc = optim(name, mc);
     MemoryPool pool;

@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"adam-mini", false}, Case{"adam-mini", true},
                                          Case{"sgd", true}, Case{"adamw4bit", false},
                                          Case{"adamw4bit", true},
-                                         Case{"adamw-bf16-state", true}),
+                                         Case{"adamw-bf16-state", true}, Case{"apollo", false},
+                                         Case{"apollo-mini", true}),
                        ::testing::Values(std::string("uring"), std::string("threads"))),
     case_name);
 
@@ -174,7 +175,7 @@ TEST(OffloadedOptimizer, ShardsStepAsTheWholeLayoutInRam) {
   const ModelConfig mc = llama();
   const ParamLayout layout(mc);
   const int64_t n = layout.total();
-  for (const char* name : {"adamw8bit", "adam-mini"}) {
+  for (const char* name : {"adamw8bit", "adam-mini", "apollo-mini"}) {
     SCOPED_TRACE(name);
     OptimConfig oc;
     oc.name = name;

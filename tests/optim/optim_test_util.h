@@ -14,6 +14,7 @@
 #include "memfit/optim/adam_mini.h"
 #include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
+#include "memfit/optim/apollo.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
 #include "memfit/optim/sgd.h"
@@ -71,6 +72,7 @@ inline std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLay
   if (c.name == "lion8bit") return std::make_unique<Lion8bit>(c, layout, pool);
   if (c.name == "adam-mini") return std::make_unique<AdamMini>(c, layout, pool);
   if (c.name == "sgd") return std::make_unique<Sgd>(c, layout, pool);
+  if (is_apollo(c.name)) return std::make_unique<Apollo>(c, layout, &pool);
   ADD_FAILURE() << "no optimizer " << c.name;
   return nullptr;
 }
@@ -82,13 +84,36 @@ inline size_t predicted_state_bytes(const OptimConfig& c, const ParamLayout& lay
   if (c.name == "lion8bit") return Lion8bit::state_bytes_for(layout);
   if (c.name == "adam-mini") return AdamMini::state_bytes_for(layout, c.n_head);
   if (c.name == "sgd") return Sgd::state_bytes_for(layout);
+  if (is_apollo(c.name)) {
+    // Note [APOLLO]: m and v hold r x max(m, n) per projected matrix and one value per element
+    // elsewhere, each parameter's from a 64-byte line; one limiter value per matrix; the scratch
+    // is the largest matrix's P, R, 6 x max(m, n) sums and max(m, n) factors.
+    auto line = [](int64_t n) { return (n + 15) / 16 * 16; };
+    int64_t moments = 0, matrices = 0, scratch = 0;
+    for (const ParamInfo& p : layout.params()) {
+      moments = line(moments);
+      if (!Apollo::projects(p)) {
+        moments += p.numel;
+        continue;
+      }
+      const int64_t small = std::min(p.shape[0], p.shape[1]);
+      const int64_t large = std::max(p.shape[0], p.shape[1]);
+      const int64_t r = std::min<int64_t>(apollo_rank(c), small);
+      moments += r * large;
+      ++matrices;
+      scratch = std::max(scratch,
+                         line(r * small) + line(r * large) + line(6 * large) + line(large));
+    }
+    return (2 * line(moments) + line(matrices) + line(scratch)) * sizeof(float);
+  }
   ADD_FAILURE() << "no optimizer " << c.name;
   return 0;
 }
 
 inline const std::vector<std::string>& branch_optimizers() {
-  static const std::vector<std::string> names = {"adamw8bit", "lion", "lion8bit", "adam-mini",
-                                                 "sgd", "adamw4bit"};
+  static const std::vector<std::string> names = {"adamw8bit", "lion",      "lion8bit",
+                                                 "adam-mini", "sgd",       "adamw4bit",
+                                                 "apollo",    "apollo-mini"};
   return names;
 }
 

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include "memfit/kernels/cpu/act_quant.h"
+#include "memfit/model/param_layout.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/optim/optimizer.h"
 
 namespace memfit {
 namespace {
@@ -72,6 +74,30 @@ TEST(StepTime, CompressionTermIsItsBytesAtTheElementwiseRate) {
   const StepTime comp = estimate_step_time(in, rates);
   EXPECT_DOUBLE_EQ(comp.compression, 3 * 5e8 / rates.elementwise_bytes_per_s);
   EXPECT_DOUBLE_EQ(comp.total(), plain.total() + comp.compression);
+}
+
+// APOLLO's projections (Note [APOLLO]): 2 r m n FLOPs a projected matrix, priced at the f32
+// GEMM rate of the model's width, once a step whatever the accumulation.
+TEST(StepTime, TheUpdatesGemmFlopsAreAtTheF32GemmRate) {
+  StepTimeInputs in = tiny_inputs(2, 32);
+  in.grad_accum = 2;
+  const Calibration rates = some_rates();
+  const StepTime plain = estimate_step_time(in, rates);
+  const ParamLayout layout(in.model);
+  OptimConfig oc;
+  oc.name = "apollo";
+  oc.rank = 8;
+  in.optimizer_flops = optimizer_update_flops(oc, layout);
+  double want = 0;  // gpt2-tiny: per layer c_attn, attn.c_proj, c_fc, mlp.c_proj
+  const double C = in.model.d_model;
+  for (int l = 0; l < in.model.n_layer; ++l) want += 2 * 8 * (3 * C * C + C * C + 4 * C * C * 2);
+  EXPECT_DOUBLE_EQ(in.optimizer_flops, want);
+  const StepTime apollo = estimate_step_time(in, rates);
+  EXPECT_DOUBLE_EQ(apollo.optimizer - plain.optimizer,
+                   want / rates.block_rate(false, in.model.d_model));
+  oc.name = "adamw";
+  oc.rank = 0;
+  EXPECT_EQ(optimizer_update_flops(oc, layout), 0.0);
 }
 
 // Where the matmuls widen (fp16 always), the LM head's (Vp, C) weight is widened once a chunk

@@ -23,6 +23,7 @@ json run_settings() {
   return {{"seed", 1337},         {"batch", 4},          {"grad_accum", 1},
           {"seq_len", 64},        {"steps", 30},         {"shuffle", true},
           {"optim", "adamw"},     {"attention", "flash"}, {"precision", "fp32"},
+          {"optim_state_dtype", "f32"},
           {"act_compress", "none"}, {"master_weights", "fp32"},
           {"schedule", LrSchedule{.total = 30}.to_json()}};
 }
@@ -55,18 +56,19 @@ TEST(ResumeState, OlderStatesWithoutPrecisionAreFp32) {
 }
 
 TEST(ResumeState, OptimizerStateDtypeMustMatchAndOlderStatesHadF32) {
-  json j = saved_state();  // no "optim_state_dtype": saved before it existed
-  TrainConfig c = saved_config();
-  EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10);
-  c.optim.state_dtype = DType::bf16;
+  json j = saved_state();
+  j.erase("optim_state_dtype");  // saved before it existed: f32
+  json c = run_settings();
+  EXPECT_EQ(parse_trainer_state(j.dump(), c, "f").step, 10);
+  c["optim_state_dtype"] = "bf16";
   try {
-    parse_trainer_state(j.dump(), c, 64, "f");
+    parse_trainer_state(j.dump(), c, "f");
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--optim-state-dtype"), std::string::npos) << e.what();
   }
   j["optim_state_dtype"] = "bf16";
-  EXPECT_EQ(parse_trainer_state(j.dump(), c, 64, "f").step, 10);
+  EXPECT_EQ(parse_trainer_state(j.dump(), c, "f").step, 10);
 }
 
 TEST(ResumeState, ActivationCompressionMustMatchAndOlderStatesHadNone) {

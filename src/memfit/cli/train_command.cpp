@@ -120,6 +120,13 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--weight-decay", c.optim.weight_decay,
                   "Decoupled weight decay on 2-D weights (not biases or LayerNorm)")
       ->capture_default_str();
+  cmd->add_option("--optim-rank", c.optim.rank,
+                  "APOLLO's projection rank (0: 256 for apollo, 1 for apollo-mini; capped at each "
+                  "matrix's smaller side)")
+      ->capture_default_str();
+  cmd->add_option("--optim-proj-gap", c.optim.proj_gap,
+                  "APOLLO: steps between new random projections (the paper's update_proj_gap)")
+      ->capture_default_str();
   cmd->add_option("--beta1", c.optim.beta1)->capture_default_str();
   cmd->add_option("--beta2", c.optim.beta2)->capture_default_str();
   cmd->add_option("--eps", c.optim.eps)->capture_default_str();

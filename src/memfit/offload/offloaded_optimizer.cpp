@@ -43,6 +43,12 @@ OffloadedOptimizer::OffloadedOptimizer(const OptimConfig& config, const ParamLay
                  need, need / 1073741824.0, free, free / 1073741824.0);
   for (size_t u = 0; u < layout_.pieces.size(); ++u)
     units_.push_back(make_optimizer(config, layout, nullptr, layout_.pieces[u]));
+  // An optimizer whose update needs scratch (APOLLO) gets one buffer in RAM for every piece,
+  // which update one at a time (what the planner counts: optimizer_scratch_bytes).
+  if (const int64_t n = whole->scratch_elements(); n > 0) {
+    scratch_ = Tensor::empty(pool, {n}, DType::f32, Category::optimizer, "offload.scratch");
+    for (auto& u : units_) u->set_scratch(scratch_);
+  }
   io_ = make_io_engine();
   std::vector<int64_t> starts;
   for (const ElementRange& u : layout_.pieces) starts.push_back(u.begin);

@@ -173,6 +173,7 @@ class OffloadedOptimizer {
   std::vector<std::unique_ptr<ScratchFile>> files_;  // one per layout_.tensors entry
   std::vector<std::unique_ptr<Optimizer>> units_;    // one per piece, state bound per step
   Tensor ring_;
+  Tensor scratch_;        // APOLLO's scratch in RAM, shared by the pieces (Category::optimizer)
   size_t ring_base_ = 0;  // bytes from ring_'s start to its first aligned byte
   IoStats stats_;
   bool record_waits_ = false;

@@ -15,6 +15,7 @@
 #include "memfit/optim/adamw.h"
 #include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
+#include "memfit/optim/apollo.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
 #include "memfit/optim/sgd.h"
@@ -46,6 +47,28 @@ void Optimizer::init_state(MemoryPool* pool, const std::string& tag_prefix) {
       state_[i] = Tensor::empty(*pool, {extents_[i].size()}, whole_[i].dtype, Category::optimizer,
                                 fmt::format("{}.{}", tag_prefix, whole_[i].name));
   }
+  if (pool && scratch_elements() > 0)
+    scratch_ = Tensor::empty(*pool, {scratch_elements()}, DType::f32, Category::optimizer,
+                             fmt::format("{}.scratch", tag_prefix));
+}
+
+size_t Optimizer::scratch_bytes() const {
+  const int64_t n = scratch_elements();
+  return n > 0 ? MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float)) : 0;
+}
+
+void Optimizer::set_scratch(Tensor buffer) {
+  MEMFIT_CHECK(buffer.defined() && buffer.dtype() == DType::f32 &&
+                   buffer.numel() >= scratch_elements(),
+               "optim", "{}: the scratch must be at least {} f32 values", name(),
+               scratch_elements());
+  scratch_ = std::move(buffer);
+}
+
+const Tensor& Optimizer::scratch() const {
+  MEMFIT_CHECK(scratch_.defined(), "optim",
+               "{}: the scratch is not allocated or set (set_scratch before step)", name());
+  return scratch_;
 }
 
 std::vector<ElementRange> Optimizer::state_extents(const ElementRange& r) const {
@@ -83,7 +106,7 @@ size_t Optimizer::state_bytes() const {
   size_t b = 0;
   for (const StateSpec& s : specs_)
     b += MemoryPool::round_up(static_cast<size_t>(s.numel) * dtype_size(s.dtype));
-  return b;
+  return b + scratch_bytes();
 }
 
 int64_t Optimizer::next_cut(int64_t x) const {
@@ -211,6 +234,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const Param
   if (n == "lion") return std::make_unique<Lion>(config, layout, pool, range);
   if (n == "lion8bit") return std::make_unique<Lion8bit>(config, layout, pool, range);
   if (n == "adam-mini") return std::make_unique<AdamMini>(config, layout, pool, range);
+  if (is_apollo(n)) return std::make_unique<Apollo>(config, layout, pool, range);
   if (n == "sgd") return std::make_unique<Sgd>(config, layout, pool, range);
   MEMFIT_THROW(ConfigError, "optim", "optimizer '{}' is known but not constructed here", n);
 }
@@ -218,6 +242,15 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const Param
 size_t optimizer_state_bytes(const OptimConfig& config, const ParamLayout& layout,
                              std::optional<ElementRange> range) {
   return make_optimizer(config, layout, nullptr, range)->state_bytes();
+}
+
+size_t optimizer_scratch_bytes(const OptimConfig& config, const ParamLayout& layout) {
+  return make_optimizer(config, layout, nullptr)->scratch_bytes();
+}
+
+double optimizer_update_flops(const OptimConfig& config, const ParamLayout& layout,
+                              std::optional<ElementRange> range) {
+  return make_optimizer(config, layout, nullptr, range)->update_flops();
 }
 
 }  // namespace memfit

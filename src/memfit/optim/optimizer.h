@@ -75,8 +75,21 @@ class Optimizer {
   // numel (undefined where numel is 0). For an optimizer made without a pool.
   void bind_state(std::vector<Tensor> tensors);
   // Bytes of state for range() as the pool counts them (each tensor rounded to 64 bytes),
-  // allocated or not: what the planner predicts.
+  // allocated or not, plus scratch_bytes(): what the planner predicts.
   size_t state_bytes() const;
+
+  // f32 elements of scratch the update needs beside its state (APOLLO's projected gradient and
+  // projection), 0 for most: the most any parameter of the whole layout needs, so the same for
+  // every range. An optimizer made with a pool allocates it there (Category::optimizer, counted
+  // in state_bytes); one made without is given it by set_scratch (an offloaded optimizer's
+  // pieces share one). Never saved: its contents do not outlive one parameter's update.
+  virtual int64_t scratch_elements() const { return 0; }
+  // FLOPs of matrix products one step() over range() runs beyond its streaming passes
+  // (APOLLO's projections, 2 r m n a matrix); 0 for the element-wise optimizers. The planner's
+  // step-time model prices them at the f32 GEMM rate.
+  virtual double update_flops() const { return 0; }
+  size_t scratch_bytes() const;
+  void set_scratch(Tensor buffer);
 
   // The first cut at or after element x (<= layout total) that this optimizer's state allows:
   // inside a parameter, a multiple of 16 elements for element-wise state; an optimizer whose
@@ -128,6 +141,8 @@ class Optimizer {
   Tensor state_view(size_t i, int64_t at, int64_t n) const;
   // The parameter containing element x, or the first starting after it; params().size() if none.
   size_t param_at(int64_t x) const;
+  // The scratch (scratch_elements() f32 values; allocated or set).
+  const Tensor& scratch() const;
 
   OptimConfig config_;
   const ParamLayout& layout_;
@@ -145,6 +160,7 @@ class Optimizer {
   std::vector<ElementRange> extents_;  // range()'s, per state tensor
   std::vector<Tensor> state_;
   Tensor widen_;  // bf16 gradients' f32 chunk (set_grad_widen)
+  Tensor scratch_;
 };
 
 // bf16 gradients are widened in chunks of about kGradWidenChunk elements: the parts of a piece
@@ -186,5 +202,11 @@ inline std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config,
 // This is what the planner predicts.
 size_t optimizer_state_bytes(const OptimConfig& config, const ParamLayout& layout,
                              std::optional<ElementRange> range = std::nullopt);
+// The scratch bytes alone (Optimizer::scratch_bytes), the same for every range: what an
+// offloaded optimizer allocates in RAM beside its ring.
+size_t optimizer_scratch_bytes(const OptimConfig& config, const ParamLayout& layout);
+// Optimizer::update_flops of the optimizer over `range` (the whole layout when absent).
+double optimizer_update_flops(const OptimConfig& config, const ParamLayout& layout,
+                              std::optional<ElementRange> range = std::nullopt);
 
 }  // namespace memfit

@@ -126,7 +126,8 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
     at(Category::comm) += ram.comm;
   }
   at(Category::master) = 0;
-  at(Category::optimizer) = 0;
+  // In RAM only the update's scratch, shared by the pieces (APOLLO; 0 for the others).
+  at(Category::optimizer) = optimizer_scratch_bytes(oc, layout);
   return files;
 }
 
@@ -396,6 +397,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   const StatePlacement placement(layout, oc, spec.state_options(), {rank, spec.world});
   const std::optional<ElementRange> mine = placement.owned();
   in.optimizer_bytes = optimizer_state_bytes(oc, layout, mine);
+  in.optimizer_flops = optimizer_update_flops(oc, layout, mine);
   if (mine) in.update_params = std::max<size_t>(1, static_cast<size_t>(mine->size()));
   if (mine && !placement.grads_whole()) in.norm_params = in.update_params;
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);

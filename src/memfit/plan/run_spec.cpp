@@ -78,10 +78,11 @@ void RunSpec::check() const {
                  persist_threshold);
   check_precision_options(precision);
   check_activation_options(activation_options());
-  if (!precision.master_weights && optim.name != "adamw" && optim.name != "adamw8bit")
+  if (!precision.master_weights && optim.name != "adamw" && optim.name != "adamw8bit" &&
+      !is_apollo(optim.name))
     MEMFIT_THROW(ConfigError, "config",
                  "--master-weights none updates bf16 weights with stochastic rounding, which "
-                 "only --optim adamw and adamw8bit implement; got {}",
+                 "only --optim adamw, adamw8bit, apollo and apollo-mini implement; got {}",
                  optim.name);
   if (offload.optimizer && offload.dir.empty())
     MEMFIT_THROW(ConfigError, "config",

@@ -142,6 +142,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   double bytes = 2.0 * in.optimizer_bytes + 2.0 * weights * U + 4 * U + 4 * P + 4 * norm;
   if (half && in.master_weights) bytes += 2.0 * U;
   t.optimizer = bytes / rates.stream_bytes_per_s;
+  if (in.optimizer_flops > 0) t.optimizer += in.optimizer_flops / rates.block_rate(false, c.d_model);
   if (in.comm_copied_bytes > 0)
     t.comm = in.comm_copied_bytes / rates.copy_bytes_per_s +
              in.comm_summed_bytes / rates.stream_bytes_per_s;

@@ -42,6 +42,9 @@ struct StepTimeInputs {
   ActivationOptions options;
   size_t param_count = 0;        // the parameter slab's elements
   size_t optimizer_bytes = 0;    // the optimizer's state (this rank's shard's from ZeRO stage 1)
+  // The update's matrix products (APOLLO's projections: Optimizer::update_flops), at the f32
+  // GEMM rate; 0 for the element-wise optimizers.
+  double optimizer_flops = 0;
   // ZeRO: the elements this rank's update steps (its shard from stage 1 on) and whose squares
   // the gradient norm sums (its shard at stage 2, where only the owner holds the sums); 0: all
   // param_count. zero_grad clears the whole slab at every stage.

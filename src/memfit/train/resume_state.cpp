@@ -1,6 +1,7 @@
 #include "memfit/train/resume_state.h"
 
 #include "memfit/core/error.h"
+#include "memfit/optim/optim_config.h"
 
 namespace memfit {
 
@@ -33,6 +34,11 @@ void check_resume(const json& s, const json& run, const fs::path& file) {
   };
   for (const char* key : {"batch", "grad_accum", "seq_len", "seed", "shuffle", "optim"})
     same(key, run.at(key));
+  // APOLLO's projections: the state's shape and the random matrices follow them.
+  if (run.contains("optim_rank")) {
+    same("optim_rank", run.at("optim_rank"));
+    same("optim_proj_gap", run.at("optim_proj_gap"));
+  }
   // More --steps train longer (Note [Training longer] in docs/notes/checkpoints.md); fewer
   // would end before where the schedule has already decayed to, so they are refused.
   const int64_t run_steps = run.at("steps").get<int64_t>();
@@ -62,7 +68,7 @@ void check_resume(const json& s, const json& run, const fs::path& file) {
                  file.string(), compress.dump(), now);
   // Older checkpoints predate --optim-state-dtype and kept f32 moments.
   const json state_dtype = s.value("optim_state_dtype", json("f32"));
-  const std::string state_dtype_now(optim_state_dtype_name(c.optim.state_dtype));
+  const std::string state_dtype_now = run.at("optim_state_dtype").get<std::string>();
   if (state_dtype != state_dtype_now)
     MEMFIT_THROW(ConfigError, "resume",
                  "{}: the checkpoint was trained with optim_state_dtype = {}, this run has "

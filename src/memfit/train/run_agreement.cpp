@@ -67,6 +67,8 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainSpec& c) {
       {"--beta1", f(s.optim.beta1)},
       {"--beta2", f(s.optim.beta2)},
       {"--eps", f(s.optim.eps)},
+      {"--optim-rank", f(s.optim.rank)},
+      {"--optim-proj-gap", f(s.optim.proj_gap)},
       {"--weight-decay", f(s.optim.weight_decay)},
       {"--lr", f(c.schedule.lr)},
       {"--lr-schedule", c.schedule.kind},

@@ -210,22 +210,28 @@ void TrainRun::log_rank_peaks() {
 // What a resumed run must agree with (parse_trainer_state compares these with a checkpoint's).
 json TrainRun::run_state_json() const {
   const RunSpec& c = spec;
-  return {{"seed", settings.seed},
-          {"batch", c.batch},
-          {"grad_accum", c.grad_accum},
-          {"seq_len", T},
-          {"steps", c.steps},
-          {"shuffle", c.shuffle},
-          {"repeat_batch", settings.repeat_batch},
-          {"optim", c.optim.name},
-          {"optim_state_dtype", std::string(optim_state_dtype_name(c.optim.state_dtype))},
-          {"attention", std::string(attention_kind_name(c.attention))},
-          {"ckpt", c.ckpt.name()},
-          {"act_compress", std::string(act_compress_name(c.act_compress))},
-          {"precision", std::string(precision_name(c.precision.precision))},
-          {"zero", c.zero},
-          {"master_weights", c.precision.master_weights ? "fp32" : "none"},
-          {"schedule", settings.schedule.to_json()}};
+  json s = {{"seed", settings.seed},
+            {"batch", c.batch},
+            {"grad_accum", c.grad_accum},
+            {"seq_len", T},
+            {"steps", c.steps},
+            {"shuffle", c.shuffle},
+            {"repeat_batch", settings.repeat_batch},
+            {"optim", c.optim.name},
+            {"optim_state_dtype", std::string(optim_state_dtype_name(c.optim.state_dtype))},
+            {"attention", std::string(attention_kind_name(c.attention))},
+            {"ckpt", c.ckpt.name()},
+            {"act_compress", std::string(act_compress_name(c.act_compress))},
+            {"precision", std::string(precision_name(c.precision.precision))},
+            {"zero", c.zero},
+            {"master_weights", c.precision.master_weights ? "fp32" : "none"},
+            {"schedule", settings.schedule.to_json()}};
+  // APOLLO's projections: the state's shape and the random matrices follow them.
+  if (is_apollo(c.optim.name)) {
+    s["optim_rank"] = c.optim.rank;
+    s["optim_proj_gap"] = c.optim.proj_gap;
+  }
+  return s;
 }
 
 // The run's settings, and where it stands. No random numbers are drawn during training other
