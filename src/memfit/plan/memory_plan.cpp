@@ -22,6 +22,7 @@
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/param_file.h"
+#include "memfit/optim/backward_update.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
 #include "memfit/state/state_placement.h"
@@ -95,6 +96,9 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   if (placement.grads_own_accumulator())
     at(Category::grads) = UnitGrads::grads_bytes(layout, unit_shards, rank,
                                                  placement.grads_whole(), spec.grad_dtype);
+  // --update-in-backward: the unit buffers the fused update steps from, no slab (Note [Update
+  // in backward]; optim/backward_update.h's own arithmetic).
+  if (placement.grads_in_backward()) at(Category::grads) = BackwardUpdate::grads_bytes(layout);
   if (placement.grads_per_unit())
     at(Category::comm) = UnitGrads::comm_bytes(layout, spec.bucket_bytes, unit_shards, rank,
                                                placement.grads_whole(), spec.grad_dtype);

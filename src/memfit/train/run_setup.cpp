@@ -47,6 +47,13 @@ void validate_train_config(const TrainConfig& c) {
   require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
   require(c.save_every_minutes >= 0, "save-every-minutes", c.save_every_minutes, ">= 0");
   require(c.clip >= 0, "clip", c.clip, ">= 0");
+  require(c.clip_mode == "global" || c.clip_mode == "unit", "clip-mode", c.clip_mode,
+          "global or unit");
+  if (c.clip_mode == "unit" && !c.update_in_backward)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--clip-mode unit clips each unit by its own norm as the update in the backward "
+                 "steps it, so it needs --update-in-backward (without it --clip bounds the global "
+                 "norm: --clip-mode global)");
   require(c.threads >= 0 && c.threads <= kMaxThreads, "threads", c.threads,
           fmt::format("between 0 (all cores) and {}", kMaxThreads).c_str());
   // Far beyond any cluster: `memfit plan` lists every rank (a second each per ten thousand).
@@ -217,6 +224,7 @@ RunSpec resolve_run(const TrainConfig& c, io::CheckpointLocation* location) {
   s.offload_grads_open = c.offload_grads.empty() && !c.offload_dir.empty();
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
+  s.update_in_backward = c.update_in_backward;
   s.check();
   return s;
 }
@@ -299,11 +307,25 @@ SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::stri
   return search_run(config, spec, note);
 }
 
+void check_clip_in_backward(const TrainConfig& c) {
+  // Note [Update in backward]: a unit is stepped before the next unit's gradients exist, so
+  // the global norm is not known while any factor computed from it could still apply. (memfit
+  // plan does not ask: clipping changes no byte.)
+  if (c.update_in_backward && c.clip_mode == "global" && c.clip > 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward steps each unit before the next unit's gradients exist, so "
+                 "--clip {} on the global norm (--clip-mode global) cannot be applied; use --clip "
+                 "0 (no clipping, bit-identical to the ordinary step) or --clip-mode unit (each "
+                 "unit clipped by its own norm: a different algorithm)",
+                 c.clip);
+}
+
 AutoResolution resolve_auto(const TrainConfig& config) {
   AutoResolution r;
   r.config = config;
   r.precision_note = resolve_precision(r.config);
   r.spec = resolve_run(r.config, &r.location);
+  check_clip_in_backward(r.config);
   // What trainer_state.json records: as given, the checkpoint's, or none (the search may still
   // change it below).
   r.config.act_compress = act_compress_name(r.spec.act_compress);

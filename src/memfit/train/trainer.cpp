@@ -31,6 +31,7 @@
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/offload/param_file.h"
+#include "memfit/optim/backward_update.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
@@ -266,6 +267,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     grads_file = g.get();
     grad_store = std::move(g);
   }
+  // --update-in-backward (one process): each unit stepped from its buffer as its backward ends
+  // (optim/backward_update.h; Note [Update in backward]); attached to the optimizer below.
+  BackwardUpdate* fused = nullptr;
+  if (placement.grads_in_backward()) {
+    auto u = std::make_unique<BackwardUpdate>(pool, ParamLayout(mc));
+    fused = u.get();
+    grad_store = std::move(u);
+  }
   // The model's state as the placement puts it, and the services that keep what the model does
   // not hold (dist/zero/zero_state.h): stage 3's gathers (Note [ZeRO stage 3]) or the working
   // weights' file; each micro-batch's gradients reduced unit by unit as the backward ends each
@@ -302,6 +311,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
         offload::kMaxPieceElements, my_shard);
   else
     opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+  if (fused)
+    fused->attach(spec.optim, *opt, gpt.weights(), gpt.has_master() ? gpt.params() : Tensor{});
   // The offload files' bytes by category (master, optimizer; params with --offload-params,
   // grads with --offload-grads).
   auto offload_files = [&] {
@@ -652,6 +663,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     std::optional<profile::Scope> step_slice;
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
+    if (fused) fused->begin_step(cfg.schedule.at(step), cfg.clip_mode == "unit" ? cfg.clip : 0);
     const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
     const offload::ParamIoStats params_before = offload::param_io_stats(param_file.get());
     const offload::IoStats grads_before = grads_file ? grads_file->stats() : offload::IoStats{};
@@ -735,6 +747,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
             },
             scaler.get(), lr, cfg.clip, spec.grad_accum * W,
             rank_shards ? &*rank_shards : nullptr);
+      else if (fused)
+        update = backward_update_outcome(fused->result());  // stepped during the backward
       else
         update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
                               rank_shards ? &*rank_shards : nullptr);

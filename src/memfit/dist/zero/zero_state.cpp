@@ -69,7 +69,8 @@ ModelState zero_model_state(const StatePlacement& placement, dist::Communicator&
                "the placement of rank {} of {} on rank {} of {}", placement.rank(),
                placement.world(), comm.rank(), comm.size());
   MEMFIT_CHECK(placement.params_in_file() == (params_file != nullptr) &&
-                   placement.grads_in_file() == (grad_store != nullptr),
+                   (placement.grads_in_file() || placement.grads_in_backward()) ==
+                       (grad_store != nullptr),
                "model", "the working weights' file and the gradient store are the placement's");
   std::optional<ParamSharding> sharding;
   if (placement.params_gathered())
