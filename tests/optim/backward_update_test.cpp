@@ -5,6 +5,8 @@
 //   - unit clipping: each unit's gradient g_u scaled by min(1, clip / (||g_u|| + 1e-6)), then the
 //     ordinary optimizer step over the whole layout on those gradients;
 //   - no clipping: exactly the ordinary step (the same bits), its step count advanced once;
+//   - global clipping: a measuring pass, then the same forward and backward stepping every unit
+//     by the global factor: the ordinary clipped step's bits;
 //   - the store's bytes are what grads_bytes says, and less than the slab at 16 blocks.
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 
 #include "../model/gpt2_test_util.h"
 #include "memfit/model/transformer.h"
+#include "memfit/kernels/cpu/residual.h"
 #include "memfit/optim/backward_update.h"
 
 namespace memfit {
@@ -61,12 +64,20 @@ struct Pair {
 
   // One ordinary step with each unit's gradients scaled first by its factor from the
   // definition (unit_clip <= 0: none), and the same step fused into the backward.
-  void step(const Batch& b, float unit_clip, int* clipped_units) {
+  void step(const Batch& b, float unit_clip, int* clipped_units, float global_clip = 0) {
     Transformer& a = *ordinary;
     a.zero_grad();
     a.forward(b.tokens, b.targets, true);
     a.backward();
     Tensor& g = a.grads();
+    float scale = 1.0f;  // the ordinary step's global factor (train/update.cpp)
+    if (global_clip > 0) {
+      double ss = 0;
+      for (const ElementRange& u : unit_ranges(a.layout()))
+        ss += kernels::sum_squares(g.view(u.begin, {u.size()}));
+      scale = static_cast<float>(std::min(1.0, global_clip / (std::sqrt(ss) + 1e-6)));
+      if (scale < 1) ++*clipped_units;
+    }
     if (unit_clip > 0)
       for (const ElementRange& u : unit_ranges(a.layout())) {
         float* x = g.data<float>() + u.begin;
@@ -76,14 +87,21 @@ struct Pair {
         if (f < 1) ++*clipped_units;
         for (int64_t i = 0; i < u.size(); ++i) x[i] *= static_cast<float>(f);
       }
-    if (a.has_master()) opt_ordinary->step_master(a.weights(), a.params(), g, kLr, 1.0f);
-    else opt_ordinary->step(a.weights(), g, kLr, 1.0f);
+    if (a.has_master()) opt_ordinary->step_master(a.weights(), a.params(), g, kLr, scale);
+    else opt_ordinary->step(a.weights(), g, kLr, scale);
 
     Transformer& f = *fused;
-    store->begin_step(kLr, unit_clip);
+    if (global_clip > 0) store->begin_step(kLr, global_clip, BackwardUpdate::Clip::global);
+    else store->begin_step(kLr, unit_clip, BackwardUpdate::Clip::unit);
     f.zero_grad();
     f.forward(b.tokens, b.targets, true);
     f.backward();
+    EXPECT_EQ(store->second_pass(), global_clip > 0);
+    if (store->second_pass()) {
+      f.forward(b.tokens, b.targets, true);
+      f.backward();
+      EXPECT_FALSE(store->second_pass());
+    }
     EXPECT_TRUE(store->result().finite);
   }
 };
@@ -96,13 +114,7 @@ struct Case {
 
 class BackwardUpdateCase : public ::testing::TestWithParam<Case> {};
 
-TEST_P(BackwardUpdateCase, WithoutClippingIsTheOrdinaryStepBitForBit) {
-  const Case& k = GetParam();
-  Pair p(k.family, k.precision, k.optim);
-  Batch one(p.pool, kB, kT, p.config.vocab_size, 1), two(p.pool, kB, kT, p.config.vocab_size, 5);
-  int clipped = 0;
-  p.step(one, 0, &clipped);
-  p.step(two, 0, &clipped);
+void expect_same_state(Pair& p) {
   const Tensor& a = p.ordinary->weights();
   const Tensor& b = p.fused->weights();
   ASSERT_EQ(a.numel(), b.numel());
@@ -118,6 +130,27 @@ TEST_P(BackwardUpdateCase, WithoutClippingIsTheOrdinaryStepBitForBit) {
               0)
         << sa[i].first;
   EXPECT_EQ(p.opt_fused->steps_taken(), 2);
+}
+
+TEST_P(BackwardUpdateCase, WithoutClippingIsTheOrdinaryStepBitForBit) {
+  const Case& k = GetParam();
+  Pair p(k.family, k.precision, k.optim);
+  Batch one(p.pool, kB, kT, p.config.vocab_size, 1), two(p.pool, kB, kT, p.config.vocab_size, 5);
+  int clipped = 0;
+  p.step(one, 0, &clipped);
+  p.step(two, 0, &clipped);
+  expect_same_state(p);
+}
+
+TEST_P(BackwardUpdateCase, GlobalClippingInTwoPassesIsTheOrdinaryClippedStepBitForBit) {
+  const Case& k = GetParam();
+  Pair p(k.family, k.precision, k.optim);
+  Batch one(p.pool, kB, kT, p.config.vocab_size, 1), two(p.pool, kB, kT, p.config.vocab_size, 5);
+  int clipped = 0;
+  p.step(one, 0, &clipped, 0.05f);
+  p.step(two, 0, &clipped, 0.05f);
+  EXPECT_EQ(clipped, 2);  // the factor acted on both steps
+  expect_same_state(p);
 }
 
 TEST_P(BackwardUpdateCase, UnitClippingMatchesItsDefinition) {
@@ -184,7 +217,7 @@ TEST(BackwardUpdate, RefusesAStepWithoutItsLearningRateOrASecondMicroBatch) {
   auto opt = make_optimizer(oc, layout, pool);
   Tensor w = Tensor::empty(pool, {layout.total()}, DType::f32, Category::params, "w");
   store.attach(oc, *opt, w, Tensor{});
-  store.begin_step(1e-3f, 0);
+  store.begin_step(1e-3f, 0, BackwardUpdate::Clip::global);
   store.zero();
   store.begin_micro_batch();
   try {

@@ -100,11 +100,13 @@ void BackwardUpdate::attach(const OptimConfig& config, Optimizer& optimizer, Ten
   }
 }
 
-void BackwardUpdate::begin_step(float lr, float unit_clip) {
+void BackwardUpdate::begin_step(float lr, float clip, Clip mode) {
   MEMFIT_CHECK(whole_ != nullptr, "optim", "--update-in-backward: a step before attach()");
   lr_ = lr;
-  unit_clip_ = unit_clip;
-  began_ = true;
+  clip_ = mode == Clip::unit ? clip : 0;
+  factor_ = 1;
+  pass_ = mode == Clip::global && clip > 0 ? Pass::measure : Pass::step_unit;
+  if (pass_ == Pass::measure) clip_ = clip;
 }
 
 void BackwardUpdate::zero() {
@@ -114,15 +116,18 @@ void BackwardUpdate::zero() {
 }
 
 void BackwardUpdate::begin_micro_batch() {
-  MEMFIT_CHECK(began_, "optim",
+  MEMFIT_CHECK(pass_ != Pass::idle, "optim",
                "--update-in-backward: a training forward without begin_step (the step's "
                "learning rate) before it");
-  MEMFIT_CHECK(micro_batches_ == 0, "optim",
+  // Global clipping's second pass is the same micro-batch again; any other is refused.
+  MEMFIT_CHECK(micro_batches_ == 0 || (pass_ == Pass::step_global && micro_batches_ == 1),
+               "optim",
                "--update-in-backward steps the optimizer inside each backward, so a step has one "
                "micro-batch (--grad-accum 1)");
+  if (micro_batches_ == 0) steps_before_ = whole_->steps_taken();
   ++micro_batches_;
+  units_done_ = 0;
   kernels::zero(edges_);
-  steps_before_ = whole_->steps_taken();
 }
 
 void BackwardUpdate::enter_backward(int layer) {
@@ -144,23 +149,40 @@ void BackwardUpdate::done(int part) {
     MEMFIT_CHECK(units_done_ == static_cast<int>(units_.size()), "optim",
                  "--update-in-backward: {} of {} units finished in the backward", units_done_,
                  units_.size());
+    if (pass_ == Pass::measure) {
+      // The global norm, and the ordinary step's factor from it (train/grad_clip.h's
+      // clip_factor, the same arithmetic): the second pass steps every unit by it. A
+      // non-finite norm steps nothing (the run stops).
+      const BackwardUpdateResult r = result();
+      pass_ = Pass::idle;
+      if (r.finite && std::isfinite(r.sum_squares)) {
+        factor_ = static_cast<float>(std::min(1.0, clip_ / (std::sqrt(r.sum_squares) + 1e-6)));
+        pass_ = Pass::step_global;
+      }
+      return;
+    }
     // One step taken, as Optimizer::step counts it (each unit's optimizer started from the same
     // count).
     whole_->set_steps_taken(steps_before_ + 1);
-    began_ = false;
+    pass_ = Pass::idle;
   }
 }
 
 void BackwardUpdate::update_unit(size_t unit, const Tensor& grads) {
-  // The ordinary step's check of this unit (train/update.cpp: kernels::sum_squares of the
-  // unit's part of the slab), then the unit's update from its buffer.
-  const double ss = kernels::sum_squares(grads);
-  checks_[unit] = {std::isfinite(ss), ss};
   ++units_done_;
-  if (!std::isfinite(ss)) return;  // the run stops (result().finite), this unit unstepped
-  const float scale =
-      unit_clip_ > 0 ? static_cast<float>(std::min(1.0, unit_clip_ / (std::sqrt(ss) + 1e-6)))
-                     : 1.0f;
+  float scale = 1.0f;
+  if (pass_ == Pass::step_global) {
+    // The measuring pass checked these very gradients (the same forward and backward).
+    scale = factor_;
+  } else {
+    // The ordinary step's check of this unit (train/update.cpp: kernels::sum_squares of the
+    // unit's part of the slab).
+    const double ss = kernels::sum_squares(grads);
+    checks_[unit] = {std::isfinite(ss), ss};
+    if (pass_ == Pass::measure) return;
+    if (!std::isfinite(ss)) return;  // the run stops (result().finite), this unit unstepped
+    if (clip_ > 0) scale = static_cast<float>(std::min(1.0, clip_ / (std::sqrt(ss) + 1e-6)));
+  }
   const ElementRange r = units_[unit];
   Optimizer& o = *unit_opts_[unit];
   o.set_steps_taken(steps_before_);

@@ -13,8 +13,11 @@
 // optimizer's own tensors (Optimizer::state_extents), so checkpoints, resume and the planner see
 // one optimizer; a range's update is the whole layout's on its elements, so without clipping
 // the weights and the state are bit for bit the ordinary step's. Clipping on the global norm
-// would need every gradient first: the run refuses it (train/run_setup.cpp) and offers
-// per-unit clipping, another algorithm (each unit scaled by min(1, clip / (||g_unit|| + 1e-6))).
+// needs every gradient first: LOMO's two passes, the first backward only summing each unit's
+// squares, the second (the same forward and backward again) stepping every unit by the global
+// factor, bit for bit the ordinary clipped step at the cost of a second forward and backward;
+// or per-unit clipping, another algorithm (each unit scaled by min(1, clip / (||g_unit|| +
+// 1e-6))), in one pass.
 // Note [Update in backward] (docs/notes/update-in-backward.md).
 #pragma once
 
@@ -33,10 +36,11 @@ namespace memfit {
 
 // What the step's fused updates found, for the log and the non-finite stop.
 struct BackwardUpdateResult {
-  // Every unit's gradients were finite (a unit that was not is left unstepped; the run stops).
+  // Every unit's gradients were finite (a unit that was not is left unstepped, and with global
+  // clipping none is; the run stops).
   bool finite = true;
   // The sum over units (added in unit order, as the ordinary step's check adds them) of each
-  // unit's squared 2-norm, before any clipping.
+  // unit's squared 2-norm, before any clipping (global clipping: the measuring pass's).
   double sum_squares = 0;
 };
 
@@ -53,8 +57,16 @@ class BackwardUpdate final : public GradStore {
   // with master weights, the working copy rounded from them in the same pass. Before the
   // first step; the tensors must outlive this store's use.
   void attach(const OptimConfig& config, Optimizer& optimizer, Tensor weights, Tensor working);
-  // A new step's learning rate and per-unit clip (<= 0: none). Before its forward.
-  void begin_step(float lr, float unit_clip);
+  // How a step's --clip applies (clip <= 0: none, one pass).
+  enum class Clip {
+    unit,    // each unit by its own norm, in one pass
+    global,  // by the global norm: a measuring pass, then the stepping pass (second_pass())
+  };
+  // A new step's learning rate and clipping. Before its forward.
+  void begin_step(float lr, float clip, Clip mode);
+  // Global clipping: the measuring pass is done and finite, so the caller runs the same
+  // micro-batch's forward and backward again, which steps every unit by the global factor.
+  bool second_pass() const { return pass_ == Pass::step_global; }
   // After the step's backward: what the updates found. Every unit has been stepped (when
   // finite) and the optimizer's step count advanced.
   BackwardUpdateResult result() const;
@@ -79,10 +91,13 @@ class BackwardUpdate final : public GradStore {
   std::vector<std::unique_ptr<Optimizer>> unit_opts_;
   Tensor weights_, working_;
   std::vector<UnitGradCheck> checks_;
-  float lr_ = 0, unit_clip_ = 0;
+  // What the next backward does: nothing begun; step each unit (clipped by its own norm where
+  // clip_ > 0); only measure (global clipping's first pass); step by factor_ (its second).
+  enum class Pass { idle, step_unit, measure, step_global };
+  Pass pass_ = Pass::idle;
+  float lr_ = 0, clip_ = 0, factor_ = 1;
   int64_t steps_before_ = 0;
   int micro_batches_ = 0, units_done_ = 0;
-  bool began_ = false;
 };
 
 }  // namespace memfit

@@ -307,25 +307,11 @@ SearchResult plan_auto(const TrainConfig& config, const RunSpec& spec, std::stri
   return search_run(config, spec, note);
 }
 
-void check_clip_in_backward(const TrainConfig& c) {
-  // Note [Update in backward]: a unit is stepped before the next unit's gradients exist, so
-  // the global norm is not known while any factor computed from it could still apply. (memfit
-  // plan does not ask: clipping changes no byte.)
-  if (c.update_in_backward && c.clip_mode == "global" && c.clip > 0)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--update-in-backward steps each unit before the next unit's gradients exist, so "
-                 "--clip {} on the global norm (--clip-mode global) cannot be applied; use --clip "
-                 "0 (no clipping, bit-identical to the ordinary step) or --clip-mode unit (each "
-                 "unit clipped by its own norm: a different algorithm)",
-                 c.clip);
-}
-
 AutoResolution resolve_auto(const TrainConfig& config) {
   AutoResolution r;
   r.config = config;
   r.precision_note = resolve_precision(r.config);
   r.spec = resolve_run(r.config, &r.location);
-  check_clip_in_backward(r.config);
   // What trainer_state.json records: as given, the checkpoint's, or none (the search may still
   // change it below).
   r.config.act_compress = act_compress_name(r.spec.act_compress);

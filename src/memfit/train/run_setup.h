@@ -61,10 +61,6 @@ struct AutoResolution {
 // when nothing fits: the smallest footprint, its largest part, and the planner's advice on
 // other options (plan/fit_advice.h).
 AutoResolution resolve_auto(const TrainConfig& config);
-// memfit train's rule that memfit plan does not ask (clipping changes no byte): with
-// --update-in-backward, --clip above 0 must be --clip-mode unit. ConfigError naming the
-// options (resolve_auto calls it).
-void check_clip_in_backward(const TrainConfig& config);
 
 // Over several ranks, rank 0's choice is every rank's (collective; nothing to do with one rank
 // or when the run asked for no search). The search is the same on every rank, but its

@@ -663,7 +663,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     std::optional<profile::Scope> step_slice;
     step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
     gpt.zero_grad();
-    if (fused) fused->begin_step(cfg.schedule.at(step), cfg.clip_mode == "unit" ? cfg.clip : 0);
+    if (fused)
+      fused->begin_step(cfg.schedule.at(step), cfg.clip,
+                        cfg.clip_mode == "unit" ? BackwardUpdate::Clip::unit
+                                                : BackwardUpdate::Clip::global);
     const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
     const offload::ParamIoStats params_before = offload::param_io_stats(param_file.get());
     const offload::IoStats grads_before = grads_file ? grads_file->stats() : offload::IoStats{};
@@ -691,6 +694,14 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
       else
         gpt.backward();
       params_io_waits();  // this micro-batch's, inside its slice
+    }
+    if (fused && fused->second_pass()) {
+      // --update-in-backward with global clipping: the first backward measured the norm; the
+      // same micro-batch again steps every unit by its factor (Note [Update in backward]).
+      const profile::Scope again(recorder(), "micro-batch 1 (stepping pass)",
+                                 profile::SliceKind::micro_batch);
+      gpt.forward(train_data->inputs(), train_data->targets(), /*training=*/true, loss_scale);
+      gpt.backward();
     }
     // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
     // and a save records that position (a resume repeats the same batch).
