@@ -7,6 +7,8 @@
 // combinations it cannot run are refused before anything is built, naming the options.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "memfit/optim/backward_update.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/plan/search.h"
@@ -190,6 +192,23 @@ TEST_F(BackwardUpdateTrainer, ClipModeUnitTrains) {
   ASSERT_EQ(clipped.losses.size(), 6u);
   EXPECT_LT(clipped.losses.back(), clipped.losses.front());
   EXPECT_NE(clipped.losses.back(), free.losses.back());
+}
+
+TEST_F(BackwardUpdateTrainer, ProfiledTwoPassRunIsThePlannedRunWithoutLeaks) {
+  // --profile over the two passes of global clipping: the same losses as without it, the
+  // measured peak by category the planner's, no growth between steps.
+  TrainConfig c = fused(base());
+  c.clip = 0.05f;
+  const TrainSummary plain = train(c);
+  c.profile_dir = (dir / "profile").string();
+  const TrainSummary profiled = train(c);
+  ASSERT_EQ(plain.losses.size(), profiled.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(plain.losses[i], profiled.losses[i]);
+  std::ifstream in(dir / "profile" / "summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary["measured"]["peak_bytes"], profiled.peak_bytes);
+  EXPECT_EQ(summary["measured"]["by_category"], summary["planned"]["by_category"]);
+  EXPECT_FALSE(profiled.leak.leaked()) << profiled.leak.text();
 }
 
 std::string refusal(const TrainConfig& c) {
