@@ -58,8 +58,8 @@ struct Pair {
     oc.weight_decay = 0.1f;
     opt_ordinary = make_optimizer(oc, ordinary->layout(), pool);
     opt_fused = make_optimizer(oc, fused->layout(), pool);
-    store->attach(oc, *opt_fused, fused->weights(),
-                  fused->has_master() ? fused->params() : Tensor{});
+    store->steps().attach(oc, *opt_fused, fused->weights(), 0,
+                          fused->has_master() ? fused->params() : Tensor{}, 0);
   }
 
   // One ordinary step with each unit's gradients scaled first by its factor from the
@@ -91,18 +91,18 @@ struct Pair {
     else opt_ordinary->step(a.weights(), g, kLr, scale);
 
     Transformer& f = *fused;
-    if (global_clip > 0) store->begin_step(kLr, global_clip, BackwardUpdate::Clip::global);
-    else store->begin_step(kLr, unit_clip, BackwardUpdate::Clip::unit);
+    if (global_clip > 0) store->steps().begin_step(kLr, global_clip, UnitSteps::Clip::global);
+    else store->steps().begin_step(kLr, unit_clip, UnitSteps::Clip::unit);
     f.zero_grad();
     f.forward(b.tokens, b.targets, true);
     f.backward();
-    EXPECT_EQ(store->second_pass(), global_clip > 0);
-    if (store->second_pass()) {
+    EXPECT_EQ(store->steps().second_pass(), global_clip > 0);
+    if (store->steps().second_pass()) {
       f.forward(b.tokens, b.targets, true);
       f.backward();
-      EXPECT_FALSE(store->second_pass());
+      EXPECT_FALSE(store->steps().second_pass());
     }
-    EXPECT_TRUE(store->result().finite);
+    EXPECT_TRUE(store->steps().result().finite);
   }
 };
 
@@ -216,8 +216,8 @@ TEST(BackwardUpdate, RefusesAStepWithoutItsLearningRateOrASecondMicroBatch) {
   oc.name = "sgd";
   auto opt = make_optimizer(oc, layout, pool);
   Tensor w = Tensor::empty(pool, {layout.total()}, DType::f32, Category::params, "w");
-  store.attach(oc, *opt, w, Tensor{});
-  store.begin_step(1e-3f, 0, BackwardUpdate::Clip::global);
+  store.steps().attach(oc, *opt, w, 0, Tensor{}, 0);
+  store.steps().begin_step(1e-3f, 0, UnitSteps::Clip::global);
   store.zero();
   store.begin_micro_batch();
   try {

@@ -121,8 +121,8 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, std::string& config_file) 
       ->capture_default_str();
   cmd->add_flag("--update-in-backward", c.update_in_backward,
                 "Step each unit's optimizer as soon as the backward finishes its gradients: no "
-                "gradient slab, only a unit's buffer. One process, --grad-accum 1, not fp16, "
-                "nothing offloaded; --clip above 0 costs a second pass (--clip-mode global) or "
+                "gradient slab, only a unit's buffer. One process or --zero 2|3, --grad-accum 1, "
+                "not fp16, nothing offloaded; --clip above 0 costs a second pass (--clip-mode global) or "
                 "clips per unit (--clip-mode unit). Note [Update in backward] "
                 "(docs/notes/update-in-backward.md)");
   cmd->add_option("--seed", c.seed)->capture_default_str()->check(kNonNegative);

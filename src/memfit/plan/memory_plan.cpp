@@ -98,7 +98,10 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
                                                  placement.grads_whole(), spec.grad_dtype);
   // --update-in-backward: the unit buffers the fused update steps from, no slab (Note [Update
   // in backward]; optim/backward_update.h's own arithmetic).
-  if (placement.grads_in_backward()) at(Category::grads) = BackwardUpdate::grads_bytes(layout);
+  // At stages 2-3 the per-unit reduction's buffers (comm, below) and no accumulator.
+  if (placement.grads_in_backward())
+    at(Category::grads) =
+        placement.grads_per_unit() ? 0 : BackwardUpdate::grads_bytes(layout);
   if (placement.grads_per_unit())
     at(Category::comm) = UnitGrads::comm_bytes(layout, spec.bucket_bytes, unit_shards, rank,
                                                placement.grads_whole(), spec.grad_dtype);

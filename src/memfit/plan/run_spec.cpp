@@ -124,11 +124,13 @@ void RunSpec::check_update_in_backward() const {
                  "--update-in-backward with --precision fp16: the loss scale's overflow check "
                  "needs every gradient before any unit is stepped; use --precision bf16 (no loss "
                  "scale) or drop --update-in-backward");
-  if (world > 1)
+  // Over ranks each unit is reduce-scattered and this rank's part stepped from the unit's
+  // buffer: stages 2-3, whose gradients are already per unit and a shard.
+  if (world > 1 && (zero < 2 || zero_auto || sync_every_micro_batch))
     MEMFIT_THROW(ConfigError, "config",
-                 "--update-in-backward is built for one process; under {} ranks drop it (ZeRO "
-                 "2-3's per-unit reduce-scatter is not yet fused with the update)",
-                 world);
+                 "--update-in-backward under {} ranks reduce-scatters each unit and steps this "
+                 "rank's part of it at once, so it needs --zero 2 or 3 (got --zero {})",
+                 world, zero_auto ? std::string("auto") : std::to_string(zero));
   if (offload.optimizer || offload.params || offload.grads)
     MEMFIT_THROW(ConfigError, "config",
                  "--update-in-backward with --offload-optimizer/--offload-params/--offload-grads "

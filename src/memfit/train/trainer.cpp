@@ -267,12 +267,25 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     grads_file = g.get();
     grad_store = std::move(g);
   }
-  // --update-in-backward (one process): each unit stepped from its buffer as its backward ends
-  // (optim/backward_update.h; Note [Update in backward]); attached to the optimizer below.
-  BackwardUpdate* fused = nullptr;
-  if (placement.grads_in_backward()) {
+  // --update-in-backward: each unit's part of this rank's range stepped as its backward ends
+  // (Note [Update in backward]): in one process from the store's buffers
+  // (optim/backward_update.h), at stages 2-3 once the per-unit reduction has reduce-scattered
+  // it (the ranks' norms gathered in rank order). Attached to the optimizer below.
+  UnitSteps* fused = nullptr;
+  std::unique_ptr<UnitSteps> rank_steps;
+  if (placement.grads_in_backward() && placement.grads_per_unit()) {
+    rank_steps = std::make_unique<UnitSteps>(
+        ParamLayout(mc), placement.owned_range(), [&comm, W](const UnitGradCheck& mine) {
+          std::vector<UnitGradCheck> all(static_cast<size_t>(W));
+          comm.all_gather(&mine, all.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
+                          static_cast<int>(sizeof(UnitGradCheck)));
+          return all;
+        },
+        W);
+    fused = rank_steps.get();
+  } else if (placement.grads_in_backward()) {
     auto u = std::make_unique<BackwardUpdate>(pool, ParamLayout(mc));
-    fused = u.get();
+    fused = &u->steps();
     grad_store = std::move(u);
   }
   // The model's state as the placement puts it, and the services that keep what the model does
@@ -284,7 +297,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   ZeroServices zero;
   Transformer gpt(mc, pool, spec.precision,
                   zero_model_state(placement, comm, param_file.get(), std::move(grad_store),
-                                   &zero));
+                                   &zero, rank_steps.get()));
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
@@ -312,7 +325,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   else
     opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
   if (fused)
-    fused->attach(spec.optim, *opt, gpt.weights(), gpt.has_master() ? gpt.params() : Tensor{});
+    fused->attach(spec.optim, *opt, gpt.weights(), gpt.weights_range().begin,
+                  gpt.has_master() ? gpt.params() : Tensor{}, gpt.params_range().begin);
   // The offload files' bytes by category (master, optimizer; params with --offload-params,
   // grads with --offload-grads).
   auto offload_files = [&] {
@@ -665,8 +679,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     gpt.zero_grad();
     if (fused)
       fused->begin_step(cfg.schedule.at(step), cfg.clip,
-                        cfg.clip_mode == "unit" ? BackwardUpdate::Clip::unit
-                                                : BackwardUpdate::Clip::global);
+                        cfg.clip_mode == "unit" ? UnitSteps::Clip::unit : UnitSteps::Clip::global);
     const offload::IoStats io_before = off ? off->stats() : offload::IoStats{};
     const offload::ParamIoStats params_before = offload::param_io_stats(param_file.get());
     const offload::IoStats grads_before = grads_file ? grads_file->stats() : offload::IoStats{};
@@ -758,8 +771,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
             },
             scaler.get(), lr, cfg.clip, spec.grad_accum * W,
             rank_shards ? &*rank_shards : nullptr);
-      else if (fused)
+      else if (fused) {
         update = backward_update_outcome(fused->result());  // stepped during the backward
+        update.gathered_bytes = publish_working_weights(gpt, my_shard ? &*rank_shards : nullptr);
+      }
       else
         update = apply_update(gpt, *opt, scaler.get(), lr, cfg.clip, spec.grad_accum * W,
                               rank_shards ? &*rank_shards : nullptr);

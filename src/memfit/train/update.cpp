@@ -166,7 +166,7 @@ UpdateOutcome backward_update_outcome(const BackwardUpdateResult& result) {
     out.grad_norm = result.sum_squares;
     return out;
   }
-  out.grad_norm = std::sqrt(result.sum_squares);
+  out.grad_norm = std::sqrt(result.sum_squares) / result.mean_over;
   return out;
 }
 

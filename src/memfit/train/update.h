@@ -10,7 +10,7 @@
 
 #include "memfit/dist/communicator.h"
 #include "memfit/model/transformer.h"
-#include "memfit/optim/backward_update.h"
+#include "memfit/optim/unit_steps.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/core/element_range.h"
 #include "memfit/train/loss_scaler.h"
