@@ -94,9 +94,9 @@ struct RunSpec {
   // gradients on disk where it offloads the optimizer (Note [NVMe offload], "Choosing offload").
   bool offload_grads_open = false;
   // --update-in-backward (Note [Update in backward]): the optimizer steps each unit as the
-  // backward finishes it; the gradients are unit buffers (optim/backward_update.h), no slab.
-  // One process, one micro-batch a step, no loss scale, f32 gradients, nothing offloaded
-  // (check()).
+  // backward finishes it; the gradients are unit buffers (optim/backward_update.h; at stages
+  // 2-3 the per-unit reduction's), no slab. One process or --zero 2|3, one micro-batch a step,
+  // no loss scale, f32 gradients, nothing offloaded (check()).
   bool update_in_backward = false;
 
   // Whether the f32 gradient slab lives in the activations arena by lifetime (Note [Gradients
