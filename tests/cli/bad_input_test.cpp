@@ -48,6 +48,23 @@ TEST_F(BadInput, SizesPastTheIntegersAreRefusedNotHung) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+TEST_F(BadInput, UpdateInBackwardRefusesWhatItCannotRun) {
+  // Note [Update in backward]: exit 2 naming the options, before a step.
+  const std::string flag = "--model gpt2-tiny --update-in-backward --steps 1 " + run();
+  Output r = memfit("train --model gpt2-tiny --steps 1 --clip-mode unit " + run());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--clip-mode unit")) << r.err;
+  r = memfit("train " + flag + " --clip 0 --grad-accum 2");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--grad-accum 2 is refused")) << r.err;
+  r = memfit("train " + flag + " --clip 0 --precision fp16 --attention plain");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("--precision fp16")) << r.err;
+  r = memfit("plan " + flag);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("no slab (--update-in-backward)"), std::string::npos) << r.out;
+}
+
 TEST_F(BadInput, AWordThatIsNoCommandNamesTheCommands) {
   const Output r = memfit("frobnicate --steps 3");
   EXPECT_NE(r.exit_code, 0);

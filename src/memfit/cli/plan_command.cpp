@@ -298,6 +298,11 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "in bytes whose activations died before its backward (one micro-batch a step, "
                "a whole slab: docs/notes/planner.md, Note [Gradients by lifetime])\n",
                grads_slab_bytes(r) / 1048576.0);
+  if (run.update_in_backward)
+    fmt::print("gradients: no slab (--update-in-backward): the embeddings', the tail's and one "
+               "block's f32 buffers ({:.1f} MiB), each unit stepped by the optimizer as its "
+               "backward ends (docs/notes/update-in-backward.md, Note [Update in backward])\n",
+               r.by_category[static_cast<size_t>(Category::grads)] / 1048576.0);
   if (run.world > 1) print_plan_ranks(run, r);
   fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];

@@ -130,7 +130,21 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--beta1", c.optim.beta1)->capture_default_str();
   cmd->add_option("--beta2", c.optim.beta2)->capture_default_str();
   cmd->add_option("--eps", c.optim.eps)->capture_default_str();
-  cmd->add_option("--clip", c.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
+  cmd->add_option("--clip", c.clip, "Gradient-norm clip (0: off); what it bounds: --clip-mode")
+      ->capture_default_str();
+  cmd->add_option("--clip-mode", c.clip_mode,
+                  "global: --clip bounds the whole gradient's norm (with --update-in-backward: "
+                  "a second forward and backward per step); unit (with --update-in-backward): "
+                  "each unit (the embeddings, each block, the tail) by its own norm, a "
+                  "different algorithm, in one pass")
+      ->check(CLI::IsMember({"global", "unit"}))
+      ->capture_default_str();
+  cmd->add_flag("--update-in-backward", c.update_in_backward,
+                "Step each unit's optimizer as soon as the backward finishes its gradients: no "
+                "gradient slab, only a unit's buffer. One process or --zero 2|3, --grad-accum 1, "
+                "not fp16, nothing offloaded; --clip above 0 costs a second pass (--clip-mode global) or "
+                "clips per unit (--clip-mode unit). Note [Update in backward] "
+                "(docs/notes/update-in-backward.md)");
   cmd->add_option("--seed", c.seed)->capture_default_str()->check(kNonNegative);
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
 }

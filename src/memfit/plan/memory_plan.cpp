@@ -23,6 +23,7 @@
 #include "memfit/offload/disk_rate.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/param_file.h"
+#include "memfit/optim/backward_update.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
 #include "memfit/state/state_placement.h"
@@ -96,6 +97,12 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   if (placement.grads_own_accumulator())
     at(Category::grads) = UnitGrads::grads_bytes(layout, unit_shards, rank,
                                                  placement.grads_whole(), spec.grad_dtype);
+  // --update-in-backward: the unit buffers the fused update steps from, no slab (Note [Update
+  // in backward]; optim/backward_update.h's own arithmetic).
+  // At stages 2-3 the per-unit reduction's buffers (comm, below) and no accumulator.
+  if (placement.grads_in_backward())
+    at(Category::grads) =
+        placement.grads_per_unit() ? 0 : BackwardUpdate::grads_bytes(layout);
   if (placement.grads_per_unit())
     at(Category::comm) = UnitGrads::comm_bytes(layout, spec.bucket_bytes, unit_shards, rank,
                                                placement.grads_whole(), spec.grad_dtype);

@@ -32,6 +32,7 @@ StateOptions RunSpec::state_options() const {
   o.sync_every_micro_batch = sync_every_micro_batch;
   o.grad_dtype = grad_dtype;
   o.bucket_bytes = bucket_bytes;
+  o.update_in_backward = update_in_backward;
   return o;
 }
 
@@ -100,6 +101,7 @@ void RunSpec::check() const {
                  "--offload-grads nvme is for one process; under {} ranks use --zero 2 or 3, "
                  "whose gradients are already a shard per rank",
                  world);
+  check_update_in_backward();
   // Given --offload-dir alone, a search may offload, and its offloaded candidates must fit the
   // limit (Note [NVMe offload], "Choosing offload").
   if (offload.disk_limit && !offload.optimizer && !offload_open)
@@ -107,6 +109,38 @@ void RunSpec::check() const {
                  "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme "
                  "(or --offload-dir with --ckpt auto / --auto-batch / --zero auto, which may "
                  "offload)");
+}
+
+void RunSpec::check_update_in_backward() const {
+  if (!update_in_backward) return;
+  // Note [Update in backward]: each unit is stepped once, as its one backward of the step ends.
+  if (grad_accum > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward steps each unit as its backward ends, so a step has one "
+                 "micro-batch: --grad-accum {} is refused (use --grad-accum 1 with a larger "
+                 "--batch, or drop --update-in-backward)",
+                 grad_accum);
+  if (precision.precision == Precision::fp16)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward with --precision fp16: the loss scale's overflow check "
+                 "needs every gradient before any unit is stepped; use --precision bf16 (no loss "
+                 "scale) or drop --update-in-backward");
+  // Over ranks each unit is reduce-scattered and this rank's part stepped from the unit's
+  // buffer: stages 2-3, whose gradients are already per unit and a shard.
+  if (world > 1 && (zero < 2 || zero_auto || sync_every_micro_batch))
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward under {} ranks reduce-scatters each unit and steps this "
+                 "rank's part of it at once, so it needs --zero 2 or 3 (got --zero {})",
+                 world, zero_auto ? std::string("auto") : std::to_string(zero));
+  if (offload.optimizer || offload.params || offload.grads)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward with --offload-optimizer/--offload-params/--offload-grads "
+                 "nvme: the streamed update is not yet moved into the backward; drop one of them");
+  if (grad_dtype != DType::f32)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward with --grad-dtype bf16: the unit's gradients are stepped "
+                 "from its f32 buffer and never kept, so there is nothing to hold in bf16; drop "
+                 "--grad-dtype bf16");
 }
 
 }  // namespace memfit

@@ -93,6 +93,11 @@ struct RunSpec {
   // --offload-dir given without --offload-grads: in one process a search may also keep the
   // gradients on disk where it offloads the optimizer (Note [NVMe offload], "Choosing offload").
   bool offload_grads_open = false;
+  // --update-in-backward (Note [Update in backward]): the optimizer steps each unit as the
+  // backward finishes it; the gradients are unit buffers (optim/backward_update.h; at stages
+  // 2-3 the per-unit reduction's), no slab. One process or --zero 2|3, one micro-batch a step,
+  // no loss scale, f32 gradients, nothing offloaded (check()).
+  bool update_in_backward = false;
 
   // Whether the f32 gradient slab lives in the activations arena by lifetime (Note [Gradients
   // by lifetime]): where the step has one micro-batch and a whole f32 slab that the update
@@ -102,7 +107,7 @@ struct RunSpec {
   // offloaded gradients, nor an offloaded update.
   bool grads_share_arena() const {
     return grad_accum == 1 && grad_dtype == DType::f32 && !unit_grads() && !offload.optimizer &&
-           !offload.grads;
+           !offload.grads && !update_in_backward;
   }
   // What the run asks of where its state lives; StatePlacement decides it per rank (Note
   // [State placement]): the trainer, the planner and the saves read that, not `zero`.
@@ -113,6 +118,8 @@ struct RunSpec {
   // optimizer's, pure bf16's need of AdamW): ConfigError naming the option at fault. The search
   // calls it for every combination it tries; resolve_run for the run as given.
   void check() const;
+  // check()'s rules for --update-in-backward (Note [Update in backward]).
+  void check_update_in_backward() const;
 };
 
 }  // namespace memfit

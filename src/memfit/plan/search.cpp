@@ -194,6 +194,8 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
         for (const auto& [level, offload_grads] : levels)
           for (int stage : stages) {
             const bool offload = level >= 1;
+            // --update-in-backward takes one micro-batch a step (RunSpec::check).
+            if (base.update_in_backward && global / b > 1) continue;
             if (level == 2 && base.world > 1 && stage != 3) continue;
             // Offloaded only where each rank's state is a shard (not stage 0 over ranks).
             if (offload && !SearchSpace::offload_allowed(base.world, stage)) continue;

@@ -91,8 +91,10 @@ struct SearchSpace {
     const bool stages = spec.zero_auto && spec.world > 1;
     const bool searching = spec.ckpt_auto || spec.auto_batch || stages;
     return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open,
-            spec.offload_open && searching && (stages || offload_allowed(spec.world, spec.zero)),
-            spec.offload_grads_open && searching && spec.world == 1, stages};
+            spec.offload_open && searching && !spec.update_in_backward &&
+                (stages || offload_allowed(spec.world, spec.zero)),
+            spec.offload_grads_open && searching && spec.world == 1 && !spec.update_in_backward,
+            stages};
   }
   // Whether a run of `world` ranks at ZeRO stage `zero` may offload its optimizer: in one
   // process, or where each rank's state is a shard (stages 1-3; RunSpec::check refuses 0).

@@ -20,7 +20,7 @@ const char* residence_name(Residence r) {
 }
 
 bool StatePlacement::grads_per_unit(const StateOptions& o, int world) {
-  return !o.offload_grads &&
+  return !o.offload_grads && !(o.update_in_backward && world == 1) &&
          (o.grad_dtype != DType::f32 || (world > 1 && (o.zero >= 2 || o.sync_every_micro_batch)));
 }
 

@@ -45,6 +45,9 @@ struct StateOptions {
   bool sync_every_micro_batch = false;
   DType grad_dtype = DType::f32;
   size_t bucket_bytes = 0;
+  // --update-in-backward (one process, or stages 2-3): each unit's gradients live only in a
+  // unit buffer and are stepped as the backward ends the unit (Note [Update in backward]).
+  bool update_in_backward = false;
 };
 
 // Where one kind of state lives on a rank.
@@ -125,10 +128,15 @@ class StatePlacement {
   bool grads_per_unit() const { return grads_per_unit_; }
   bool grads_whole() const { return grads_whole_; }
   bool grads_in_file() const { return options_.offload_grads; }
+  // --update-in-backward: the gradients are a unit buffer each, consumed by the update that
+  // runs as each unit's backward ends (Note [Update in backward]): in one process the store's
+  // (optim/backward_update.h), at stages 2-3 the per-unit reduction's, no accumulator.
+  bool grads_in_backward() const { return options_.update_in_backward; }
   // Per-unit gradients summed into an accumulator of their own (the shard's, or bf16), not
   // into the whole f32 slab.
   bool grads_own_accumulator() const {
-    return grads_per_unit_ && (!grads_whole_ || options_.grad_dtype != DType::f32);
+    return grads_per_unit_ && !options_.update_in_backward &&
+           (!grads_whole_ || options_.grad_dtype != DType::f32);
   }
   DType grad_dtype() const { return options_.grad_dtype; }
   size_t bucket_bytes() const { return options_.bucket_bytes; }

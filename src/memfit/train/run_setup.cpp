@@ -47,6 +47,13 @@ void validate_train_config(const TrainConfig& c) {
   require(c.save_every >= 0, "save-every", c.save_every, ">= 0");
   require(c.save_every_minutes >= 0, "save-every-minutes", c.save_every_minutes, ">= 0");
   require(c.clip >= 0, "clip", c.clip, ">= 0");
+  require(c.clip_mode == "global" || c.clip_mode == "unit", "clip-mode", c.clip_mode,
+          "global or unit");
+  if (c.clip_mode == "unit" && !c.update_in_backward)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--clip-mode unit clips each unit by its own norm as the update in the backward "
+                 "steps it, so it needs --update-in-backward (without it --clip bounds the global "
+                 "norm: --clip-mode global)");
   require(c.threads >= 0 && c.threads <= kMaxThreads, "threads", c.threads,
           fmt::format("between 0 (all cores) and {}", kMaxThreads).c_str());
   // Far beyond any cluster: `memfit plan` lists every rank (a second each per ten thousand).
@@ -242,6 +249,7 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   s.offload_grads_open = c.offload_grads.empty() && !c.offload_dir.empty();
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
+  s.update_in_backward = c.update_in_backward;
   s.check();
   return s;
 }
@@ -362,6 +370,7 @@ TrainSpec train_spec(const TrainConfig& c, const RunSpec& run, StartingCheckpoin
   t.schedule = c.schedule;
   t.schedule.total = c.steps;
   t.clip = c.clip;
+  t.clip_per_unit = c.clip_mode == "unit";
   t.seed = c.seed;
   t.bucket_mb = c.bucket_mb;
   t.loss_scaler = c.loss_scaler;

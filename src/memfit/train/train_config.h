@@ -33,6 +33,12 @@ struct TrainConfig {
   LrSchedule schedule;  // --lr, --lr-schedule, --warmup, --min-lr
   OptimConfig optim;    // --optim, --beta1, --beta2, --eps, --weight-decay
   float clip = 1.0f;    // global gradient norm; 0 turns clipping off
+  // What --clip bounds: global (the whole gradient's norm) or unit (each unit's own norm, with
+  // --update-in-backward only: another algorithm; Note [Update in backward]).
+  std::string clip_mode = "global";
+  // Step each unit's optimizer as the backward finishes its gradients: no gradient slab (Note
+  // [Update in backward], optim/backward_update.h).
+  bool update_in_backward = false;
   uint64_t seed = 1337;
   int threads = 0;      // 0: all cores
   // Data parallelism (under mpirun or srun: every rank a copy of the model, gradients

@@ -32,6 +32,7 @@
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/offload/param_file.h"
+#include "memfit/optim/backward_update.h"
 #include "memfit/profile/leak_check.h"
 #include "memfit/profile/profiler.h"
 #include "memfit/state/state_placement.h"
@@ -78,6 +79,7 @@ class TrainRun {
   // Set-up (train_run_setup.cpp).
   void start_profiler();
   void make_state_files();
+  void make_backward_update();
   void make_model();
   void create_optimizer();
   void check_disk_limit() const;
@@ -163,6 +165,11 @@ class TrainRun {
   std::unique_ptr<offload::ParamFile> param_file;  // --offload-params nvme
   std::unique_ptr<GradStore> grad_store;           // --offload-grads nvme, until the model has it
   offload::OffloadedGrads* grads_file = nullptr;
+  // --update-in-backward (Note [Update in backward]): the per-unit steps, owned here at stages
+  // 2-3 (the model's UnitGrads calls them) or by the one-process store; attached to the
+  // optimizer once it exists.
+  std::unique_ptr<UnitSteps> rank_steps;
+  UnitSteps* fused = nullptr;
   ZeroServices zero;
   std::optional<Transformer> gpt;
   std::unique_ptr<DynamicLossScaler> scaler;  // fp16

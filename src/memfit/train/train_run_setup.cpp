@@ -52,6 +52,7 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
   start_profiler();
   if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
   make_state_files();
+  make_backward_update();
   make_model();
   create_optimizer();
   make_grad_widen();
@@ -104,6 +105,29 @@ void TrainRun::make_state_files() {
   }
 }
 
+// --update-in-backward: each unit's part of this rank's range stepped as its backward ends
+// (Note [Update in backward]): in one process from the store's buffers
+// (optim/backward_update.h), at stages 2-3 once the per-unit reduction has reduce-scattered it
+// (the ranks' norms gathered in rank order). Attached to the optimizer in create_optimizer.
+void TrainRun::make_backward_update() {
+  if (placement.grads_in_backward() && placement.grads_per_unit()) {
+    rank_steps = std::make_unique<UnitSteps>(
+        ParamLayout(mc), placement.owned_range(),
+        [this](const UnitGradCheck& mine) {
+          std::vector<UnitGradCheck> all(static_cast<size_t>(W));
+          comm.all_gather(&mine, all.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
+                          static_cast<int>(sizeof(UnitGradCheck)));
+          return all;
+        },
+        W);
+    fused = rank_steps.get();
+  } else if (placement.grads_in_backward()) {
+    auto u = std::make_unique<BackwardUpdate>(pool, ParamLayout(mc));
+    fused = &u->steps();
+    grad_store = std::move(u);
+  }
+}
+
 // The model's state as the placement puts it, and the services that keep what the model does
 // not hold (dist/zero/zero_state.h): stage 3's gathers (Note [ZeRO stage 3]) or the working
 // weights' file; each micro-batch's gradients reduced unit by unit as the backward ends each
@@ -112,7 +136,8 @@ void TrainRun::make_state_files() {
 // ones the loop uses besides: the sums over ranks, the offloaded working weights.
 void TrainRun::make_model() {
   gpt.emplace(mc, pool, spec.precision,
-              zero_model_state(placement, comm, param_file.get(), std::move(grad_store), &zero));
+              zero_model_state(placement, comm, param_file.get(), std::move(grad_store), &zero,
+                               rank_steps.get()));
   if (gpt->precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(settings.loss_scaler);
 }
@@ -125,6 +150,9 @@ void TrainRun::create_optimizer() {
         offload::kMaxPieceElements, my_shard);
   else
     opt = make_optimizer(spec.optim, gpt->layout(), &pool, my_shard);
+  if (fused)
+    fused->attach(spec.optim, *opt, gpt->weights(), gpt->weights_range().begin,
+                  gpt->has_master() ? gpt->params() : Tensor{}, gpt->params_range().begin);
 }
 
 // --disk-limit against every offload file of this rank, before the optimizer's are made.

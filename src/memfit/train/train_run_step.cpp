@@ -21,6 +21,9 @@ float TrainRun::sum_ranks(float x) { return sync ? sync->sum(x) : zero.grads->su
 TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::time_point t0) {
   StepResult r;
   gpt->zero_grad();
+  if (fused)
+    fused->begin_step(settings.schedule.at(step), settings.clip,
+                      settings.clip_per_unit ? UnitSteps::Clip::unit : UnitSteps::Clip::global);
   r.before = io_mark();
   // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
   // slab, by the same scale.
@@ -71,6 +74,14 @@ double TrainRun::micro_batches(const StepLoss& step_loss) {
       gpt->backward();
     params_io_waits();  // this micro-batch's, inside its slice
   }
+  if (fused && fused->second_pass()) {
+    // --update-in-backward with global clipping: the first backward measured the norm; the
+    // same micro-batch again steps every unit by its factor (Note [Update in backward]).
+    const profile::Scope again(recorder(), "micro-batch 1 (stepping pass)",
+                               profile::SliceKind::micro_batch);
+    micro_batch_loss(*gpt, *train_data, step_loss, /*training=*/true, loss_scale);
+    gpt->backward();
+  }
   // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
   // and a save records that position (a resume repeats the same batch).
   if (settings.repeat_batch) train_data->set_position(data_position);
@@ -92,6 +103,11 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
     return apply_update(
         *gpt, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
         scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
+  if (fused) {
+    u = backward_update_outcome(fused->result());  // stepped during the backward
+    u.gathered_bytes = publish_working_weights(*gpt, my_shard ? shards : nullptr);
+    return u;
+  }
   return apply_update(*gpt, *opt, scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
 }
 

@@ -158,4 +158,16 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
   return out;
 }
 
+UpdateOutcome backward_update_outcome(const BackwardUpdateResult& result) {
+  UpdateOutcome out;
+  // As apply_update: a non-finite check reports the sum of squares itself.
+  if (!result.finite || !std::isfinite(result.sum_squares)) {
+    out.non_finite = true;
+    out.grad_norm = result.sum_squares;
+    return out;
+  }
+  out.grad_norm = std::sqrt(result.sum_squares) / result.mean_over;
+  return out;
+}
+
 }  // namespace memfit

@@ -10,6 +10,7 @@
 
 #include "memfit/dist/communicator.h"
 #include "memfit/model/transformer.h"
+#include "memfit/optim/unit_steps.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/core/element_range.h"
 #include "memfit/train/loss_scaler.h"
@@ -61,5 +62,11 @@ int64_t publish_working_weights(Transformer& gpt, const RankShards* shards);
 UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, float scale)>& step,
                            DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
                            const RankShards* shards = nullptr);
+
+// --update-in-backward (Note [Update in backward]): the step's updates already ran in the
+// backward (optim/backward_update.h); the outcome the log and the non-finite stop read.
+// grad_norm is the sqrt of the sum of the units' squared norms (before any per-unit clipping),
+// the ordinary step's norm bit for bit; a non-finite unit was left unstepped and stops the run.
+UpdateOutcome backward_update_outcome(const BackwardUpdateResult& result);
 
 }  // namespace memfit

@@ -125,7 +125,12 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
   range_ = sums_range(layout, s_.shards, rank, s_.whole);
   MEMFIT_CHECK(s_.dtype == DType::f32 || s_.dtype == DType::bf16, "zero",
                "gradients are kept in f32 or bf16, not {}", dtype_name(s_.dtype));
-  if (sums.defined()) {
+  MEMFIT_CHECK(!s_.steps || (!s_.whole && s_.dtype == DType::f32 && !sums.defined()), "zero",
+               "--update-in-backward steps the reduce-scattered f32 sums in place: stages 2-3, "
+               "f32 gradients, no accumulator");
+  if (s_.steps) {
+    // No accumulator: each unit's sums are stepped from its buffer (done()).
+  } else if (sums.defined()) {
     MEMFIT_CHECK(sums.dtype() == s_.dtype && sums.numel() == range_.size(), "zero",
                  "a gradient accumulator of {} elements for a range of {}", sums.numel(),
                  range_.size());
@@ -161,6 +166,7 @@ void UnitGrads::zero() {
 
 void UnitGrads::begin_micro_batch() {
   while (!in_flight_.empty()) wait_oldest();
+  if (s_.steps) s_.steps->begin_micro_batch();
   kernels::zero(edges_);
   next_slot_ = 0;
 }
@@ -179,19 +185,36 @@ void UnitGrads::enter_backward(int layer) {
 
 void UnitGrads::done(int part) {
   const int n_layer = static_cast<int>(units_.size()) - 2;
-  float* edges = edges_.data<float>();
+  // The unit's buffer: `held` from element `at` (the edges' or its ring slot's).
+  size_t u = 0;
+  Tensor* held = &edges_;
+  int64_t at = 0;
   if (part == n_layer) {
-    reduce(units_.back(), edges + tail_at_);
+    u = units_.size() - 1;
+    at = tail_at_;
   } else if (part >= 0) {
     // The block's views point into its slot (enter_backward).
     const int slot = (next_slot_ + kSlots - 1) % kSlots;
-    reduce(units_[static_cast<size_t>(1 + part)], ring_.data<float>() + slot * slot_elements_);
-    slot_last_[static_cast<size_t>(slot)] = started_ - 1;
-  } else {
-    reduce(units_.front(), edges);
+    u = static_cast<size_t>(1 + part);
+    held = &ring_;
+    at = slot * slot_elements_;
+  }
+  reduce(units_[u], held->data<float>() + at);
+  if (part >= 0 && part < n_layer)
+    slot_last_[static_cast<size_t>((next_slot_ + kSlots - 1) % kSlots)] = started_ - 1;
+  if (s_.steps) {
+    // --update-in-backward: this rank's part of the unit's sums, in place in its buffer once
+    // every bucket of it is reduced, stepped now (Note [Update in backward]).
+    while (!in_flight_.empty()) wait_oldest();
+    const ElementRange mine = range_.intersect(units_[u]);
+    s_.steps->unit_done(
+        u, held->view(at + (mine.empty() ? 0 : mine.begin - units_[u].begin), {mine.size()}));
+  }
+  if (part < 0) {
     // The micro-batch's sums are all in: later micro-batches add to them.
     while (!in_flight_.empty()) wait_oldest();
     first_ = false;
+    if (s_.steps) s_.steps->end_backward();
   }
 }
 
@@ -208,7 +231,8 @@ void UnitGrads::reduce(ElementRange unit, float* buffer) {
     void* receive = static_cast<char*>(receive_.data()) +
                     static_cast<size_t>(started_ % kInFlight) * receive_slot_bytes_;
     float* in = buffer + (b.begin - unit.begin);
-    char* sums = static_cast<char*>(sums_.raw_data());
+    // (None with --update-in-backward: the sums stay in the unit's buffer.)
+    char* sums = s_.steps ? nullptr : static_cast<char*>(sums_.raw_data());
     InFlight f;
     if (bf16) {
       // Rounded to bf16 in place; the sums are written into this rank's part of the packed
@@ -252,7 +276,7 @@ void UnitGrads::reduce(ElementRange unit, float* buffer) {
           {in, static_cast<size_t>(b.size())}, {out, static_cast<size_t>(mine.size())}, counts,
           {static_cast<float*>(receive), static_cast<size_t>(receive_floats_)});
       f.from = out;
-      f.into = mine.empty() ? nullptr : sums + (mine.begin - range_.begin) * esize;
+      f.into = mine.empty() || !sums ? nullptr : sums + (mine.begin - range_.begin) * esize;
       f.count = mine.size();
     }
     in_flight_.push_back(std::move(f));
@@ -273,7 +297,7 @@ void UnitGrads::wait_oldest() {
   }
   // Fold: the first micro-batch's sums are copied (exactly stage 0's summed slab), later ones
   // added, element by element (bf16: in f32, rounded once).
-  if (f.count > 0) {
+  if (f.count > 0 && f.into) {
     const size_t esize = dtype_size(s_.dtype);
     if (first_) {
       std::memcpy(f.into, f.from, static_cast<size_t>(f.count) * esize);

@@ -35,6 +35,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/optim/unit_steps.h"
 #include "memfit/core/element_range.h"
 
 namespace memfit {
@@ -48,6 +49,10 @@ struct GradSharding {
   bool whole = false;
   // The accumulator's and the exchange's type: f32, or bf16 (--grad-dtype bf16).
   DType dtype = DType::f32;
+  // --update-in-backward (stages 2-3, f32; Note [Update in backward]): no accumulator; as each
+  // unit's reduce-scatter completes, this rank's part of its sums (in place in the unit's
+  // buffer) is stepped by these steps (over this rank's shard), kept by the caller.
+  UnitSteps* steps = nullptr;
 };
 
 class UnitGrads final : public GradStore {
@@ -80,7 +85,7 @@ class UnitGrads final : public GradStore {
   // The summed gradients of sums_range() (times the loss scale): what the update reads.
   Tensor& sums() { return sums_; }
   ElementRange range() const { return range_; }
-  Tensor* summed() override { return &sums_; }
+  Tensor* summed() override { return s_.steps ? nullptr : &sums_; }
   ElementRange sums_range() const override { return range_; }
 
   // A new step: the next micro-batch's sums are the accumulator's first (copied, not added).

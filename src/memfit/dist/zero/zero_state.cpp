@@ -64,12 +64,14 @@ ModelState zero_model_state(std::optional<ElementRange> master_range, bool maste
 
 ModelState zero_model_state(const StatePlacement& placement, dist::Communicator& comm,
                             UnitFile* params_file, std::unique_ptr<GradStore> grad_store,
-                            ZeroServices* services) {
+                            ZeroServices* services, UnitSteps* steps) {
   MEMFIT_CHECK(placement.world() == comm.size() && placement.rank() == comm.rank(), "model",
                "the placement of rank {} of {} on rank {} of {}", placement.rank(),
                placement.world(), comm.rank(), comm.size());
   MEMFIT_CHECK(placement.params_in_file() == (params_file != nullptr) &&
-                   placement.grads_in_file() == (grad_store != nullptr),
+                   (placement.grads_in_file() ||
+                    (placement.grads_in_backward() && !placement.grads_per_unit())) ==
+                       (grad_store != nullptr),
                "model", "the working weights' file and the gradient store are the placement's");
   std::optional<ParamSharding> sharding;
   if (placement.params_gathered())
@@ -78,10 +80,12 @@ ModelState zero_model_state(const StatePlacement& placement, dist::Communicator&
   std::optional<ParamOffload> file;
   if (params_file)
     file = ParamOffload{params_file, placement.prefetch_depth(), placement.persist_threshold()};
+  MEMFIT_CHECK((steps != nullptr) == (placement.grads_in_backward() && placement.grads_per_unit()),
+               "model", "--update-in-backward's steps are the per-unit reduction's at stages 2-3");
   std::optional<GradSharding> grads;
   if (placement.grads_per_unit())
     grads = GradSharding{&comm, placement.grad_shards(), placement.bucket_bytes(),
-                         placement.grads_whole(), placement.grad_dtype()};
+                         placement.grads_whole(), placement.grad_dtype(), steps};
   return zero_model_state(placement.owned(), /*master_in_ram=*/!placement.optimizer_in_file(),
                           sharding ? &*sharding : nullptr, grads ? &*grads : nullptr,
                           file ? &*file : nullptr, std::move(grad_store), services);

@@ -43,8 +43,10 @@ ModelState zero_model_state(std::optional<ElementRange> master_range, bool maste
 // master weights live, stage 3's sharding and the file of the working weights (`params_file`,
 // made by the caller where placement.params_in_file()), the per-unit reduction of the
 // gradients over `comm`, or the caller's store where placement.grads_in_file().
+// `steps` (--update-in-backward at stages 2-3, Note [Update in backward]): what steps each
+// unit's part of this rank's shard once it is reduce-scattered.
 ModelState zero_model_state(const StatePlacement& placement, dist::Communicator& comm,
                             UnitFile* params_file, std::unique_ptr<GradStore> grad_store,
-                            ZeroServices* services = nullptr);
+                            ZeroServices* services = nullptr, UnitSteps* steps = nullptr);
 
 }  // namespace memfit

@@ -1,0 +1,53 @@
+// --update-in-backward in one process: the gradient store (model/grad_store.h) whose units are
+// stepped as the backward finishes them (optim/unit_steps.h), so no gradient slab exists (LOMO's
+// and PyTorch's optimizer-in-backward idea). The edge units (the embeddings, the tail) have a
+// buffer each for the step (GPT-2's tied head writes the embedding gradient during the forward's
+// LM head; LLaMA's untied head is the tail's); the blocks share one slot, zeroed as each block's
+// backward starts and free again once its step is done (the step runs inside done(), before the
+// next block's backward begins). The units are finished, and stepped, in the backward's order:
+// the tail (after the final norm's backward), blocks L-1 .. 0, the embeddings last, so the tied
+// embedding/LM-head table is stepped only once both its uses have added their gradients.
+// Note [Update in backward] (docs/notes/update-in-backward.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "memfit/memory/pool.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/model/grad_store.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/optim/unit_steps.h"
+
+namespace memfit {
+
+class BackwardUpdate final : public GradStore {
+ public:
+  // Category::grads this store allocates for `layout`: the edge units' buffers and one block
+  // slot, each rounded as the pool rounds. What the planner counts.
+  static size_t grads_bytes(const ParamLayout& layout);
+
+  BackwardUpdate(MemoryPool& pool, const ParamLayout& layout);
+
+  // The steps (over the whole layout): attach, begin_step, second_pass, result.
+  UnitSteps& steps() { return steps_; }
+
+  // GradStore.
+  const ModelWeights& views() const override { return views_; }
+  void zero() override {}
+  void begin_micro_batch() override;
+  void enter_backward(int layer) override;
+  void done(int part) override;
+  const std::vector<UnitGradCheck>& unit_checks() const override { return steps_.checks(); }
+
+ private:
+  const ParamLayout layout_;  // its own copy: made before the model
+  std::vector<ElementRange> units_;
+  Tensor edges_, slot_;
+  int64_t tail_at_ = 0;
+  ModelWeights views_;
+  UnitSteps steps_;
+};
+
+}  // namespace memfit

@@ -1,0 +1,171 @@
+// Each unit's part stepped as the backward finishes it (unit_steps.h; Note [Update in backward],
+// docs/notes/update-in-backward.md).
+#include "memfit/optim/unit_steps.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "memfit/core/error.h"
+#include "memfit/kernels/cpu/residual.h"
+
+namespace memfit {
+
+UnitSteps::UnitSteps(const ParamLayout& layout, ElementRange range, RankChecks rank_checks,
+                     int ranks)
+    : layout_(layout), range_(range), rank_checks_(std::move(rank_checks)), ranks_(ranks) {
+  MEMFIT_CHECK(ranks >= 1, "optim", "gradients summed over {} ranks", ranks);
+  for (const ElementRange& u : unit_ranges(layout_)) parts_.push_back(range_.intersect(u));
+  checks_.resize(parts_.size());
+}
+
+void UnitSteps::attach(const OptimConfig& config, Optimizer& optimizer, Tensor weights,
+                       int64_t weights_begin, Tensor working, int64_t working_begin) {
+  MEMFIT_CHECK(optimizer.range() == range_ && weights_begin <= range_.begin &&
+                   weights_begin + weights.numel() >= range_.end &&
+                   (!working.defined() || (working_begin <= range_.begin &&
+                                           working_begin + working.numel() >= range_.end)),
+               "optim",
+               "--update-in-backward steps [{}, {}): an optimizer over [{}, {}) and weights "
+               "over [{}, {})",
+               range_.begin, range_.end, optimizer.range().begin, optimizer.range().end,
+               weights_begin, weights_begin + weights.numel());
+  whole_ = &optimizer;
+  weights_ = std::move(weights);
+  working_ = std::move(working);
+  weights_begin_ = weights_begin;
+  working_begin_ = working_begin;
+  // Each part's optimizer reads and writes its slices of the run's optimizer's tensors.
+  std::map<std::string, Tensor> state;
+  for (auto& [name, t] : optimizer.state()) state.emplace(name, t);
+  const std::vector<ElementRange> range_extents = optimizer.state_extents(range_);
+  opts_.clear();
+  for (const ElementRange& part : parts_) {
+    if (part.empty()) {
+      opts_.emplace_back();
+      continue;
+    }
+    std::unique_ptr<Optimizer> o = make_optimizer(config, layout_, nullptr, part);
+    const std::vector<ElementRange> extents = o->state_extents(part);
+    std::vector<Tensor> bound;
+    for (size_t i = 0; i < o->state_specs().size(); ++i) {
+      const StateSpec& spec = o->state_specs()[i];
+      if (spec.numel == 0) {
+        bound.emplace_back();
+        continue;
+      }
+      const auto it = state.find(spec.name);
+      MEMFIT_CHECK(it != state.end(), "optim", "{}: the run's optimizer has no state '{}'",
+                   optimizer.name(), spec.name);
+      bound.push_back(
+          it->second.view(extents[i].begin - range_extents[i].begin, {extents[i].size()}));
+    }
+    o->bind_state(std::move(bound));
+    opts_.push_back(std::move(o));
+  }
+}
+
+void UnitSteps::begin_step(float lr, float clip, Clip mode) {
+  MEMFIT_CHECK(whole_ != nullptr, "optim", "--update-in-backward: a step before attach()");
+  lr_ = lr;
+  clip_ = clip;
+  factor_ = 1;
+  micro_batches_ = 0;
+  pass_ = clip <= 0 ? Pass::step_unit : mode == Clip::global ? Pass::measure : Pass::step_unit;
+  if (mode == Clip::global && pass_ == Pass::step_unit) clip_ = 0;
+  result_ = {};
+  result_.mean_over = ranks_;
+}
+
+void UnitSteps::begin_micro_batch() {
+  MEMFIT_CHECK(pass_ != Pass::idle, "optim",
+               "--update-in-backward: a training forward without begin_step (the step's "
+               "learning rate) before it");
+  // Global clipping's second pass is the same micro-batch again; any other is refused.
+  MEMFIT_CHECK(micro_batches_ == 0 || (pass_ == Pass::step_global && micro_batches_ == 1),
+               "optim",
+               "--update-in-backward steps the optimizer inside each backward, so a step has one "
+               "micro-batch (--grad-accum 1)");
+  if (micro_batches_ == 0) {
+    steps_before_ = whole_->steps_taken();
+    std::fill(checks_.begin(), checks_.end(), UnitGradCheck{});
+  }
+  ++micro_batches_;
+  units_done_ = 0;
+}
+
+void UnitSteps::unit_done(size_t u, const Tensor& grads) {
+  const ElementRange part = parts_.at(u);
+  MEMFIT_CHECK(grads.numel() == part.size(), "optim",
+               "unit {}'s gradients: {} elements for a part of {}", u, grads.numel(), part.size());
+  ++units_done_;
+  if (part.empty()) return;
+  // The ordinary step's arithmetic (train/update.cpp): the factor from the mean's norm, the
+  // scale that factor over the ranks the gradients are summed over.
+  const double over = ranks_;
+  float scale = 1.0f / static_cast<float>(ranks_);
+  if (pass_ == Pass::step_global) {
+    // The measuring pass checked these very gradients (the same forward and backward).
+    scale = factor_ / static_cast<float>(ranks_);
+  } else {
+    // The ordinary step's check of this part (train/update.cpp: kernels::sum_squares of each
+    // unit's part of the summed gradients).
+    const double ss = kernels::sum_squares(grads);
+    checks_[u] = {std::isfinite(ss), ss};
+    if (pass_ == Pass::measure) return;
+    if (!std::isfinite(ss)) return;  // the run stops (result().finite), this part unstepped
+    if (clip_ > 0)
+      scale = static_cast<float>(std::min(1.0, clip_ / (std::sqrt(ss) / over + 1e-6))) /
+              static_cast<float>(ranks_);
+  }
+  Optimizer& o = *opts_[u];
+  o.set_steps_taken(steps_before_);
+  Tensor w = weights_.view(part.begin - weights_begin_, {part.size()});
+  if (working_.defined()) {
+    Tensor h = working_.view(part.begin - working_begin_, {part.size()});
+    o.step_master(w, h, grads, lr_, scale);
+  } else {
+    o.step(w, grads, lr_, scale);
+  }
+}
+
+void UnitSteps::end_backward() {
+  MEMFIT_CHECK(units_done_ == static_cast<int>(parts_.size()), "optim",
+               "--update-in-backward: {} of {} units finished in the backward", units_done_,
+               parts_.size());
+  if (pass_ != Pass::step_global) {
+    // This rank's parts in unit order, then the ranks in rank order (update.cpp's check_step).
+    UnitGradCheck mine;
+    for (const UnitGradCheck& c : checks_) {
+      mine.finite = mine.finite && c.finite;
+      mine.sum_squares += c.sum_squares;
+    }
+    const std::vector<UnitGradCheck> ranks =
+        rank_checks_ ? rank_checks_(mine) : std::vector<UnitGradCheck>{mine};
+    result_ = {};
+    result_.mean_over = ranks_;
+    for (const UnitGradCheck& c : ranks) {
+      result_.finite = result_.finite && c.finite;
+      result_.sum_squares += c.sum_squares;
+    }
+  }
+  if (pass_ == Pass::measure) {
+    // The global norm, and the ordinary step's factor from it (train/grad_clip.h's
+    // clip_factor, the same arithmetic): the second pass steps every part by it. A non-finite
+    // norm steps nothing (the run stops).
+    pass_ = Pass::idle;
+    if (result_.finite && std::isfinite(result_.sum_squares)) {
+      factor_ = static_cast<float>(
+          std::min(1.0, clip_ / (std::sqrt(result_.sum_squares) / double(ranks_) + 1e-6)));
+      pass_ = Pass::step_global;
+    }
+    return;
+  }
+  // One step taken, as Optimizer::step counts it (each part's optimizer started from the same
+  // count).
+  whole_->set_steps_taken(steps_before_ + 1);
+  pass_ = Pass::idle;
+}
+
+}  // namespace memfit

@@ -1,0 +1,107 @@
+// The optimizer stepped one unit at a time as the backward finishes each unit's gradients (Note
+// [Update in backward], docs/notes/update-in-backward.md): what both gradient stores of
+// --update-in-backward share, the one-process BackwardUpdate (backward_update.h) and ZeRO 2-3's
+// per-unit reduce-scatter (dist/zero/unit_grads.h, GradSharding::steps). Over this rank's range
+// (the whole layout in one process, the rank's shard under ZeRO) each unit's part is stepped by
+// an optimizer made over that part, whose state is bound to the run's optimizer's own tensors
+// (Optimizer::state_extents): one optimizer's state for checkpoints, resume and the planner,
+// and a part's update is the whole range's on its elements, so without clipping the weights and
+// the state are bit for bit the ordinary step's. Global clipping takes two passes (LOMO's): a
+// measuring backward that only takes each part's sum of squares, then the same micro-batch again,
+// stepping every part by the ordinary step's factor; per-unit clipping (another algorithm) one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "memfit/memory/tensor.h"
+#include "memfit/model/grad_store.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/optim/optimizer.h"
+
+namespace memfit {
+
+// What the step's fused updates found, for the log and the non-finite stop.
+struct BackwardUpdateResult {
+  // Every unit's gradients were finite (a unit that was not is left unstepped, and with global
+  // clipping none is; the run stops).
+  bool finite = true;
+  // Each rank's parts' squared 2-norms added in unit order, the ranks' sums added in rank order
+  // (as the ordinary step's check adds them), before any clipping (global clipping: the
+  // measuring pass's).
+  double sum_squares = 0;
+  // The gradients are summed over this many ranks (the ordinary step's grad_accum x ranks):
+  // the norm and the steps are the mean's, sqrt(sum_squares) / mean_over.
+  int mean_over = 1;
+};
+
+class UnitSteps {
+ public:
+  // How a step's --clip applies (clip <= 0: none, one pass).
+  enum class Clip {
+    unit,    // each unit by its own norm, in one pass
+    global,  // by the global norm: a measuring pass, then the stepping pass (second_pass())
+  };
+  // Every rank's {finite (1 or 0), sum of squares}, in rank order, from this rank's (a
+  // collective over the ranks that share the step; absent in one process).
+  using RankChecks = std::function<std::vector<UnitGradCheck>(const UnitGradCheck& mine)>;
+
+  // Over `range` (this rank's: the whole layout, or its shard) of `layout`'s units, the
+  // gradients summed over `ranks` ranks (the steps take their mean, as the ordinary step does).
+  UnitSteps(const ParamLayout& layout, ElementRange range, RankChecks rank_checks = {},
+            int ranks = 1);
+  UnitSteps(const UnitSteps&) = delete;
+  UnitSteps& operator=(const UnitSteps&) = delete;
+
+  // The optimizer over range() whose state the parts' steps use, the weights of record it steps
+  // (f32 master weights, or the working weights themselves) starting at layout element
+  // `weights_begin`, and with master weights the working copy, rounded from them in the same
+  // pass, starting at `working_begin`. Before the first step.
+  void attach(const OptimConfig& config, Optimizer& optimizer, Tensor weights,
+              int64_t weights_begin, Tensor working, int64_t working_begin);
+  // A new step's learning rate and clipping. Before its forward.
+  void begin_step(float lr, float clip, Clip mode);
+  // Global clipping: the measuring pass is done and finite, so the caller runs the same
+  // micro-batch's forward and backward again, which steps every part by the global factor.
+  bool second_pass() const { return pass_ == Pass::step_global; }
+  // After the step's backward (every rank's, in rank order): what the updates found.
+  BackwardUpdateResult result() const { return result_; }
+
+  // The store's side. A training forward starts (checks that a step was begun, and that it has
+  // one micro-batch, or global clipping's second).
+  void begin_micro_batch();
+  // Unit u's gradients (of its part in range(): range() ∩ unit u, element 0 its first) are
+  // final: check them, and step the part (not in the measuring pass).
+  void unit_done(size_t u, const Tensor& grads);
+  // The backward is over (every unit done): the ranks' checks gathered (a collective), the
+  // global factor taken after a measuring pass, else the optimizer's step count advanced.
+  void end_backward();
+  // Each unit's part of range() (empty where the unit is outside it).
+  const std::vector<ElementRange>& parts() const { return parts_; }
+  const std::vector<UnitGradCheck>& checks() const { return checks_; }
+
+ private:
+  // What the next backward does: nothing begun; step each part (clipped by its unit's own norm
+  // where clip_ > 0); only measure (global clipping's first pass); step by factor_ (its second).
+  enum class Pass { idle, step_unit, measure, step_global };
+
+  const ParamLayout layout_;  // its own copy: made before the model
+  ElementRange range_;
+  RankChecks rank_checks_;
+  int ranks_ = 1;
+  std::vector<ElementRange> parts_;
+  Optimizer* whole_ = nullptr;
+  std::vector<std::unique_ptr<Optimizer>> opts_;  // per part (null where empty)
+  Tensor weights_, working_;
+  int64_t weights_begin_ = 0, working_begin_ = 0;
+  std::vector<UnitGradCheck> checks_;
+  BackwardUpdateResult result_;
+  Pass pass_ = Pass::idle;
+  float lr_ = 0, clip_ = 0, factor_ = 1;
+  int64_t steps_before_ = 0;
+  int micro_batches_ = 0, units_done_ = 0;
+};
+
+}  // namespace memfit

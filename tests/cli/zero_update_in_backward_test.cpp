@@ -1,0 +1,118 @@
+// --update-in-backward under `mpirun -n 2` at ZeRO stages 2 and 3 (Note [Update in backward]):
+// each unit reduce-scattered and this rank's part stepped at once, against the ordinary run at
+// the same stage: the logs (loss, gradient norm, validation) and the saved weights are the same
+// bits, without clipping and with global clipping (two passes); each rank's planned peak by
+// category is its measured one, with no gradient accumulator; stages 0-1 are refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class ZeroUpdateInBackward : public test::MpiBinaryTest {
+ protected:
+  ZeroUpdateInBackward() : MpiBinaryTest(2044) {}
+  std::string args(const std::string& more) const {
+    return fmt::format("--model gpt2-tiny --n-layer 2 --seq-len 32 --batch 2 --threads 1 "
+                       "--steps 3 --eval-every 3 --eval-batches 1 --bucket-mb 0.25 --data '{}' {}",
+                       (dir / "data").string(), more);
+  }
+  std::vector<json> lines(const fs::path& log) const {
+    std::vector<json> out;
+    std::istringstream in(test::slurp(log));
+    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+    return out;
+  }
+  std::string exported_weights(const fs::path& ck) const {
+    const fs::path out = dir / ("hf-of-" + ck.filename().string());
+    fs::remove_all(out);
+    EXPECT_EQ(run_memfit(fmt::format("export --hf '{}' '{}'", out.string(), ck.string())), 0)
+        << test::slurp(dir / "err.txt");
+    return test::slurp(out / "model.safetensors");
+  }
+  // The ordinary run and the fused one at `zero` with `more`: the same log values and weights.
+  void expect_same(int zero, const std::string& more) {
+    SCOPED_TRACE(fmt::format("--zero {} {}", zero, more));
+    std::vector<json> logs[2];
+    std::string weights[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      const fs::path log = dir / fmt::format("l{}.jsonl", fused), ck = dir / fmt::format("c{}", fused);
+      fs::remove_all(ck);
+      const std::string a =
+          args(more) + fmt::format(" --zero {} --log '{}' --save '{}'{}", zero, log.string(),
+                                   ck.string(), fused ? " --update-in-backward" : "");
+      ASSERT_EQ(run_memfit("train " + a, 2), 0) << test::slurp(dir / "err.txt");
+      logs[fused] = lines(log);
+      weights[fused] = exported_weights(ck);
+    }
+    ASSERT_EQ(logs[0].size(), logs[1].size());
+    int compared = 0;
+    for (size_t i = 0; i < logs[0].size(); ++i)
+      for (const char* key : {"loss", "grad_norm", "val_loss"})
+        if (logs[0][i].contains(key)) {
+          EXPECT_EQ(logs[0][i][key], logs[1][i][key]) << key << " at line " << i;
+          ++compared;
+        }
+    EXPECT_GE(compared, 7);
+    EXPECT_FALSE(weights[0].empty());
+    EXPECT_TRUE(weights[0] == weights[1]) << "the saved weights differ";
+  }
+};
+
+TEST_F(ZeroUpdateInBackward, StagesTwoAndThreeAreTheOrdinaryStepBitForBit) {
+  for (int zero : {2, 3}) {
+    expect_same(zero, "--clip 0 --precision bf16 --optim adamw8bit");
+    expect_same(zero, "--clip 0.05 --optim adamw");  // global clipping: two passes
+  }
+}
+
+TEST_F(ZeroUpdateInBackward, ThePlanPerRankIsEachRanksMeasuredPeak) {
+  for (int zero : {2, 3}) {
+    const std::string a = args(fmt::format("--clip 0 --precision bf16 --zero {} --update-in-backward", zero));
+    ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", a)), 0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    const fs::path log = dir / fmt::format("p{}.jsonl", zero);
+    ASSERT_EQ(run_memfit("train " + a + fmt::format(" --log '{}'", log.string()), 2), 0)
+        << test::slurp(dir / "err.txt");
+    json measured;
+    for (const json& j : lines(log)) {
+      if (j.contains("ranks")) measured = j["ranks"];
+      if (j.contains("comm_bytes"))
+        for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"})
+          EXPECT_EQ(j["comm_bytes"][c], plan["comm_per_step"][c]) << c << ", stage " << zero;
+    }
+    ASSERT_EQ(measured.size(), 2u) << "no per-rank peaks in the log";
+    for (int r = 0; r < 2; ++r) {
+      const json& p = plan["per_rank"][r];
+      EXPECT_EQ(measured[r]["peak_bytes"], p["peak_bytes"]) << "stage " << zero << " rank " << r;
+      for (const char* c : {"params", "master", "grads", "optimizer", "comm"})
+        EXPECT_EQ(measured[r]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
+            << c << ", stage " << zero << " rank " << r;
+      EXPECT_EQ(p["by_category"].value("grads", size_t{0}), 0u) << "an accumulator at stage " << zero;
+    }
+  }
+}
+
+TEST_F(ZeroUpdateInBackward, StagesZeroAndOneAreRefused) {
+  for (int zero : {0, 1}) {
+    EXPECT_EQ(run_memfit("train " + args(fmt::format("--clip 0 --zero {} --update-in-backward", zero)), 2), 2);
+    EXPECT_NE(test::slurp(dir / "err.txt").find("needs --zero 2 or 3"), std::string::npos)
+        << test::slurp(dir / "err.txt");
+  }
+}
+
+}  // namespace
+}  // namespace memfit
