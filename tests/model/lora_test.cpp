@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "memfit/core/error.h"
 #include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/model/lora.h"
@@ -190,6 +192,67 @@ TEST(LoraLayout, PeftNamesAndFusedRowRanges) {
   EXPECT_EQ(l.params()[1].module, "model.layers.0.mlp.up_proj");
   EXPECT_EQ(l.params()[1].row0, 48);
   EXPECT_EQ(l.param_layout().params()[1].name, "model.layers.0.self_attn.v_proj.lora_B.weight");
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// What a LoRA model holds, at two shapes of each family: the base weights (no gradient slab),
+// the adapters' weights and gradients, an optimizer's state over the adapters alone, and the
+// step plan's arenas (with the adapters' (rows, rank) scratch); a training step and an update
+// allocate nothing more, so the peak is that sum exactly.
+TEST(LoraMemory, PoolHoldsBaseWeightsAdaptersTheirStateAndThePlanExactly) {
+  for (const Family f : {Family::gpt2, Family::llama})
+    for (const auto [B, T] : {std::pair{2, 16}, std::pair{3, 24}}) {
+      ModelConfig c;
+      c.family = f;
+      c.n_layer = 2;
+      c.n_head = 4;
+      c.d_model = 32;
+      c.max_seq_len = 32;
+      c.vocab_size = 100;
+      if (f == Family::llama) {
+        c.n_kv_head = 2;
+        c.ffn_dim = 48;
+      }
+      c.finalize();
+      MemoryPool pool;
+      LoraOptions o;
+      o.rank = 4;
+      Transformer m(c, pool);
+      m.init_weights(1);
+      m.add_lora(o, 1);
+      ActivationOptions options;
+      m.reserve(B, T, options);
+      AdamW opt(OptimConfig{}, m.lora()->param_layout(), pool);
+      options.lora_rank = o.rank;
+      const StepPlan plan = plan_step(c, B, T, options);
+      const size_t adapters = MemoryPool::round_up(m.lora()->total() * sizeof(float));
+      const std::string at = fmt::format("{} {} x {}", family_name(f), B, T);
+      EXPECT_EQ(pool.bytes_current(Category::params),
+                MemoryPool::round_up(c.num_params() * sizeof(float)) + adapters)
+          << at;
+      EXPECT_EQ(pool.bytes_current(Category::grads), adapters) << at;
+      EXPECT_EQ(pool.bytes_current(Category::optimizer), opt.state_bytes()) << at;
+      EXPECT_EQ(opt.state_bytes(), 2 * adapters) << at;  // AdamW's two moments
+      for (Category cat : {Category::activations, Category::workspace})
+        EXPECT_EQ(pool.bytes_current(cat), plan.arena[static_cast<size_t>(cat)]) << at;
+      bool scratch = false;
+      for (const BufferSpec& b : plan.buffers)
+        if (b.tag == "ws.lora.u") scratch = b.shape == Shape{int64_t{B} * T, o.rank};
+      EXPECT_TRUE(scratch) << at;
+      Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "t");
+      for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = int32_t(i % 100);
+      const size_t before = pool.bytes_current();
+      m.zero_grad();
+      m.forward(tokens, tokens, true);
+      m.backward();
+      opt.step(m.lora_weights(), m.lora_grads(), 1e-3f, 1.0f);
+      EXPECT_EQ(pool.bytes_peak(), before) << at << ": a LoRA step allocated outside the plan";
+    }
 }
 
 }  // namespace
