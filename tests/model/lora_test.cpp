@@ -170,6 +170,39 @@ TEST(LoraOptions, RefusesWhatIsNotBuilt) {
   refused(o, Family::llama, "--lora-rank");
 }
 
+// What add_lora does not build is refused before anything is allocated: bf16 (the adapters'
+// GEMMs are f32), and adding them twice or after reserve().
+TEST(LoraOptions, AddLoraRefusesWhatIsNotBuilt) {
+  ModelConfig c;
+  c.family = Family::gpt2;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.d_model = 16;
+  c.max_seq_len = 8;
+  c.vocab_size = 64;
+  c.finalize();
+  MemoryPool pool;
+  LoraOptions o;
+  o.rank = 2;
+  PrecisionOptions bf16;
+  bf16.precision = Precision::bf16;
+  Transformer half(c, pool, bf16);
+  const size_t before = pool.bytes_current();
+  try {
+    half.add_lora(o, 1);
+    ADD_FAILURE() << "LoRA on a bf16 model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp32"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.bytes_current(), before);
+  Transformer m(c, pool);
+  m.add_lora(o, 1);
+  EXPECT_THROW(m.add_lora(o, 1), Error);
+  Transformer late(c, pool);
+  late.reserve(1, 8);
+  EXPECT_THROW(late.add_lora(o, 1), Error);
+}
+
 TEST(LoraLayout, PeftNamesAndFusedRowRanges) {
   ModelConfig c;
   c.family = Family::llama;
