@@ -47,9 +47,11 @@ TEST(LoraAdapter, SavesPeftNamesAndConfigAndLoadsTheSameBits) {
 
   SafetensorsReader r(dir / kAdapterModelFile);
   EXPECT_EQ(r.entries().size(), 2u * 2 * 2);  // 2 layers, q and v, A and B
-  const SafetensorsEntry& a = r.at("base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight");
+  const SafetensorsEntry& a =
+      r.at("base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight");
   EXPECT_EQ(a.shape, (std::vector<int64_t>{4, 32}));
-  const SafetensorsEntry& b = r.at("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
+  const SafetensorsEntry& b =
+      r.at("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
   EXPECT_EQ(b.shape, (std::vector<int64_t>{32, 4}));
   const nlohmann::json cfg = nlohmann::json::parse(read_file_to_string(dir / kAdapterConfigFile));
   EXPECT_EQ(cfg["peft_type"], "LORA");
@@ -98,7 +100,8 @@ TEST(LoraAdapter, Gpt2ConfigSaysFanInFanOut) {
   save_lora_adapter(dir.path(), c, layout, slab);
   const nlohmann::json cfg = nlohmann::json::parse(read_file_to_string(dir / kAdapterConfigFile));
   EXPECT_EQ(cfg["fan_in_fan_out"], true);
-  EXPECT_EQ(cfg["target_modules"], (nlohmann::json{"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}));
+  EXPECT_EQ(cfg["target_modules"],
+            (nlohmann::json{"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}));
   SafetensorsReader r(dir / kAdapterModelFile);
   EXPECT_EQ(r.at("base_model.model.transformer.h.0.mlp.c_fc.lora_B.weight").shape,
             (std::vector<int64_t>{64, 2}));

@@ -61,7 +61,8 @@ class LoraReference : public ::testing::TestWithParam<Family> {
     return t;
   }
   void load_base(Transformer& m) {
-    for (const ParamInfo& p : m.layout().params()) file.read(fam + "param." + p.name, m.param(p.name));
+    for (const ParamInfo& p : m.layout().params())
+      file.read(fam + "param." + p.name, m.param(p.name));
   }
 
   io::SafetensorsReader file;
@@ -83,7 +84,8 @@ TEST_P(LoraReference, LogitsLossAndAdapterGradientsMatchPyTorch) {
   m.reserve(B, T);
   EXPECT_FALSE(m.grads().defined());
   Tensor tokens = load("tokens", {B, T}, DType::i32), targets = load("targets", {B, T}, DType::i32);
-  Tensor logits = Tensor::empty(pool, {B, T, config.vocab_size}, DType::f32, Category::staging, "l");
+  const Shape ls{B, T, config.vocab_size};
+  Tensor logits = Tensor::empty(pool, ls, DType::f32, Category::staging, "l");
   m.logits(tokens, logits);
   EXPECT_LT(rel_error(logits, load("logits", {B, T, config.vocab_size})), 1e-5);
   m.zero_grad();
@@ -92,7 +94,8 @@ TEST_P(LoraReference, LogitsLossAndAdapterGradientsMatchPyTorch) {
   EXPECT_NEAR(loss, load("loss", {1}).data<float>()[0], 1e-5);
   double worst = 0;
   for (const ParamInfo& p : adapters.params()) {
-    const double e = rel_error(m.lora_grads().view(p.offset, p.shape), load("grad." + p.name, p.shape));
+    const double e =
+        rel_error(m.lora_grads().view(p.offset, p.shape), load("grad." + p.name, p.shape));
     worst = std::max(worst, e);
     EXPECT_LT(e, 1e-5) << "gradient of " << p.name;
   }

@@ -144,7 +144,10 @@ LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options) : optio
           p.out = c.family == Family::gpt2 ? c.fc_width() : F;
           p.row0 = t.part * F;
           break;
-        case LinearSlot::mlp_out: p.in = c.family == Family::gpt2 ? c.fc_width() : F; p.out = C; break;
+        case LinearSlot::mlp_out:
+          p.in = c.family == Family::gpt2 ? c.fc_width() : F;
+          p.out = C;
+          break;
       }
       p.a_offset = take(r * p.in);
       p.b_offset = take(p.out * r);

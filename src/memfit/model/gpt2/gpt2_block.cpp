@@ -94,15 +94,16 @@ void gpt2_block_backward(BlockStep& s) {
   round_dres();
   // d(GELU) first (the GELU is only the shape here), then the GELU and its derivative in one
   // pass (one tanh per element, not two), then d(weight) from the GELU: the same bits.
-  s.linear_backward_around(LinearSlot::mlp_out, d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w,
-                           [&] { gelu_recompute_backward(gelu, d4C, fch); });
+  s.linear_backward_around(LinearSlot::mlp_out, d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu,
+                           w.mlp_out_w, [&] { gelu_recompute_backward(gelu, d4C, fch); });
   layernorm_apply(ln2, r2, w.norm2_w, w.norm2_b, ln2_mean, ln2_rstd);
   s.linear_backward(LinearSlot::fc, dC, g.fc_w, g.fc_b, d4C, ln2, w.fc_w);
   layernorm_backward(dres, dn2w, dn2b, dC, r2, w.norm2_w, ln2_mean, ln2_rstd);
   // Attention: dres is now d(residual_2) and flows on to x. d4C is free again: it takes
   // selective checkpointing's recomputed attention output.
   round_dres();
-  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, g.attn_out_b, dres_h, atty, w.attn_out_w);
+  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, g.attn_out_b, dres_h, atty,
+                    w.attn_out_w);
   s.attention_backward(dqkv, datty, qkv, atty, att, d4C.view(0, {B, T, C}));
   layernorm_apply(ln1, x, w.norm1_w, w.norm1_b, ln1_mean, ln1_rstd);
   s.linear_backward(LinearSlot::qkv, dC, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w);

@@ -99,7 +99,8 @@ void llama_block_backward(BlockStep& s) {
   // Attention: dres is now d(residual_2) and flows on to x. dgate_up is free again: it takes
   // selective checkpointing's recomputed attention output.
   round_dres();
-  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, none, dres_h, atty, w.attn_out_w);
+  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, none, dres_h, atty,
+                    w.attn_out_w);
   s.attention_backward(dqkv, datty, qkv, atty, att, dgate_up.view(0, atty.shape()));
   rope_backward(dqkv, rope, s.heads());
   rmsnorm_apply(n1, x, w.norm1_w, n1_rstd);
