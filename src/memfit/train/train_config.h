@@ -6,6 +6,7 @@
 #include <string>
 
 #include "memfit/model/activation_plan.h"
+#include "memfit/model/lora.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/precision.h"
 #include "memfit/optim/optimizer.h"
@@ -33,6 +34,8 @@ struct TrainConfig {
   LrSchedule schedule;  // --lr, --lr-schedule, --warmup, --min-lr
   OptimConfig optim;    // --optim, --beta1, --beta2, --eps, --weight-decay
   float clip = 1.0f;    // global gradient norm; 0 turns clipping off
+  // --lora-rank, --lora-alpha, --lora-targets, --lora-dropout (Note [LoRA]): rank 0 is off.
+  LoraOptions lora;
   uint64_t seed = 1337;
   int threads = 0;      // 0: all cores
   // Data parallelism (under mpirun or srun: every rank a copy of the model, gradients

@@ -20,6 +20,7 @@
 #include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/io/created_directories.h"
 #include "memfit/io/data/data_loader.h"
+#include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/data/prepare.h"
 #include "memfit/io/checkpoint/zero_checkpoint.h"
@@ -279,6 +280,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
   std::unique_ptr<DynamicLossScaler> scaler;
   if (gpt.precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(cfg.loss_scaler);
+  // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
+  if (spec.lora.enabled()) gpt.add_lora(spec.lora, cfg.seed);
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<offload::OffloadedOptimizer> off;
   if (offload && spec.offload.disk_limit) {
@@ -301,7 +304,8 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
         spec.optim, gpt.layout(), master, pool, offload_dir, offload_run,
         offload::kMaxPieceElements, my_shard);
   else
-    opt = make_optimizer(spec.optim, gpt.layout(), &pool, my_shard);
+    opt = make_optimizer(spec.optim, gpt.lora() ? gpt.lora()->param_layout() : gpt.layout(),
+                         &pool, my_shard);
   // The offload files' bytes by category (master, optimizer; params with --offload-params,
   // grads with --offload-grads).
   auto offload_files = [&] {
@@ -539,7 +543,12 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     io::CheckpointSaveOptions so;
     // A shard's optimizer state goes into the shard files (stage_shards); stage 0 saves the
     // whole state as optimizer.safetensors (every rank holds the same).
-    so.optimizer = sharded_state ? nullptr : opt.get();
+    so.optimizer = sharded_state || gpt.lora() ? nullptr : opt.get();
+    // LoRA: the adapters in PEFT's format beside the (unchanged) base weights (Note [LoRA]).
+    if (gpt.lora())
+      so.write_extra = [&](const fs::path& tmp) {
+        io::save_lora_adapter(tmp, mc, *gpt.lora(), gpt.lora_weights());
+      };
     if (sharded_state)
       so.write_extra = [&](const fs::path& tmp) {
         for (int r = 0; r < W; ++r)
