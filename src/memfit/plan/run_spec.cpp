@@ -47,13 +47,11 @@ void RunSpec::check() const {
                           : offload.optimizer || offload.params || offload.grads
                               ? "--offload-*"
                           : grad_dtype != DType::f32 ? "--grad-dtype bf16"
-                          : resumed                  ? "--resume"
                                                      : nullptr;
     if (refused)
       MEMFIT_THROW(ConfigError, "config",
                    "--lora-rank with {} is not built: LoRA trains in fp32, in one process, with "
-                   "every weight in RAM (no --zero, no --offload-*), and a LoRA run cannot "
-                   "--resume yet",
+                   "every weight in RAM (no --zero, no --offload-*)",
                    refused);
   }
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.

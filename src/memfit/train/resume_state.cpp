@@ -62,6 +62,17 @@ void check_resume(const json& s, const TrainConfig& c, int T, const fs::path& fi
                  "with the same --act-compress (or leave it out to keep the checkpoint's) for a "
                  "bit-identical continuation",
                  file.string(), compress.dump(), now);
+  // LoRA (Note [LoRA]): the same adapters, or none on both sides.
+  const json lora_then = s.value("lora", json());
+  const json lora_now =
+      c.lora.enabled()
+          ? json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", c.lora.targets}}
+          : json();
+  if (lora_then != lora_now)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with lora = {}, this run has {}; resume with "
+                 "the same --lora-rank, --lora-alpha and --lora-targets",
+                 file.string(), lora_then.dump(), lora_now.dump());
   const json master = s.value("master_weights", json("fp32"));
   if (master != c.master_weights)
     MEMFIT_THROW(ConfigError, "resume",

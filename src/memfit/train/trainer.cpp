@@ -77,6 +77,8 @@ json trainer_state(const TrainConfig& c, int64_t step, int64_t data_position,
           {"master_weights", c.master_weights},
           {"schedule", c.schedule.to_json()}};
   if (scaler) s["loss_scaler"] = scaler->to_json();
+  if (c.lora.enabled())
+    s["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", c.lora.targets}};
   // The training data's size, which a resume checks (-1: not known, no loader and an older file).
   if (data_tokens >= 0) s["data_tokens"] = data_tokens;
   // The data's tokenizer (its dataset.json's), which memfit sample then decodes with.
@@ -350,11 +352,13 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
       // The whole layout, straight into the weights from the files. A stage-0 save's
       // optimizer.safetensors is checked with the weights, all before a byte is copied;
       // sharded state (any other range, or a ZeRO save) is loaded below.
-      const bool with_opt = resume && opt && opt->range() == whole_range(gpt.layout()) &&
+      const bool with_opt = resume && opt && !gpt.lora() &&
+                            opt->range() == whole_range(gpt.layout()) &&
                             !io::has_zero_shards(location.dir);
       io::load_checkpoint(location.dir, mc, gpt.layout(), gpt.weights(),
                           with_opt ? opt.get() : nullptr);
-      if (resume && opt && !with_opt) io::load_optimizer_state_any(location.dir, *opt);
+      if (resume && opt && !with_opt && !gpt.lora())
+        io::load_optimizer_state_any(location.dir, *opt);
       gpt.refresh_working();
     } else {
       // This rank's ranges of each tensor (model.safetensors, Hugging Face's shards, or a ZeRO
@@ -382,6 +386,10 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     }
     if (resume) {
       resumed = parse_trainer_state(io::read_file_to_string(state_file), cfg, T, state_file);
+      if (gpt.lora()) {  // the adapters and their optimizer's state (Note [LoRA])
+        io::load_lora_adapter(location.dir, mc, *gpt.lora(), gpt.lora_weights());
+        io::load_optimizer_state(location.dir / io::kAdapterOptimizerFile, *opt);
+      }
       start_step = resumed.step;
       data_position = resumed.data_position;
       if (scaler && resumed.state.contains("loss_scaler"))
@@ -548,6 +556,7 @@ TrainSummary train(const TrainConfig& cfg_in, dist::ProcessGrid& grid) {
     if (gpt.lora())
       so.write_extra = [&](const fs::path& tmp) {
         io::save_lora_adapter(tmp, mc, *gpt.lora(), gpt.lora_weights());
+        io::save_optimizer_state(tmp / io::kAdapterOptimizerFile, *opt);
       };
     if (sharded_state)
       so.write_extra = [&](const fs::path& tmp) {

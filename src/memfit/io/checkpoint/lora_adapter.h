@@ -14,6 +14,9 @@ namespace memfit::io {
 
 inline constexpr const char* kAdapterModelFile = "adapter_model.safetensors";
 inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
+// memfit's own: the optimizer's state over the adapters (optimizer.safetensors' format), which
+// --resume reads; not PEFT's, and apart from optimizer.safetensors, which would be the base's.
+inline constexpr const char* kAdapterOptimizerFile = "adapter_optimizer.safetensors";
 
 // PEFT's name of an adapter parameter: "base_model.model." + the layout's name.
 std::string peft_adapter_name(const std::string& adapter_param);
