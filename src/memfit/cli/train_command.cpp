@@ -146,6 +146,21 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
                 "clips per unit (--clip-mode unit). Note [Update in backward] "
                 "(docs/notes/update-in-backward.md)");
   cmd->add_option("--seed", c.seed)->capture_default_str()->check(kNonNegative);
+  // LoRA (docs/notes/lora.md): the base weights frozen, adapters on the targets trained.
+  cmd->add_option("--lora-rank", c.lora.rank,
+                  "LoRA: train rank-r adapters on the blocks' linear layers, the base frozen "
+                  "(0: off; fp32, one process)")
+      ->capture_default_str()
+      ->check(kNonNegative);
+  cmd->add_option("--lora-alpha", c.lora.alpha, "LoRA: the adapters' output is scaled by alpha/r")
+      ->capture_default_str();
+  cmd->add_option("--lora-targets", c.lora.targets,
+                  "LoRA: comma-separated layers: LLaMA q,k,v,o,gate,up,down; GPT-2 attn "
+                  "(c_attn), proj (attn.c_proj), fc (c_fc), mlp_proj (mlp.c_proj); or all-linear")
+      ->capture_default_str();
+  cmd->add_option("--lora-dropout", c.lora.dropout,
+                  "LoRA: dropout on the adapters' input (only 0 is built)")
+      ->capture_default_str();
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
 }
 

@@ -86,6 +86,9 @@ struct ActivationOptions {
   // buffers; Transformer::reserve allocates no gradient slab, and a training forward or a
   // backward under it is an error.
   bool inference = false;
+  // LoRA's rank (model/lora.h; 0: none): every block phase's matmuls then declare the
+  // adapters' f32 scratch, "ws.lora.u" and "ws.lora.du", (rows, rank) each (Note [LoRA]).
+  int lora_rank = 0;
 
   bool operator==(const ActivationOptions&) const = default;
 };

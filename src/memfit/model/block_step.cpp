@@ -120,6 +120,88 @@ void linear_backward_around(StepContext& ctx, Tensor dinp, Tensor dweight, Tenso
   matmul_backward(none, dweight, dbias, dout, inp, weight);
 }
 
+void BlockStep::matmuls() {
+  declare_matmuls(ctx, config, options, rows());
+  if (options.lora_rank > 0) {
+    lora_u_ = scratch("ws.lora.u", {rows(), options.lora_rank}, DType::f32);
+    lora_du_ = scratch("ws.lora.du", {rows(), options.lora_rank}, DType::f32);
+  }
+}
+
+// Note [LoRA]: the adapters in f32 through the strided GEMM, each on its rows of the output
+// (a member of a fused layer is a column range of the output's rows, ldc the layer's width):
+// u = x A^T, then y[:, rows] += scale u B^T.
+void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
+                               const Tensor& weight, const Tensor& bias) {
+  memfit::linear_forward(ctx, out, inp, weight, bias);
+  const LoraSet& adapters = w.lora[static_cast<size_t>(slot)];
+  if (!running()) return;
+  const int64_t N = rows(), r = options.lora_rank, in = inp.size(-1), width = out.size(-1);
+  for (const LoraView& a : adapters) {
+    if (!a.a.defined()) continue;
+    MEMFIT_CHECK_DTYPE(inp.dtype() == DType::f32 && out.dtype() == DType::f32, "lora",
+                       "LoRA adapters run in fp32 only, got {} inputs", dtype_name(inp.dtype()));
+    float* u = lora_u_.data<float>();
+    gemm(false, true, N, r, in, 1.0f, inp.data<float>(), in, a.a.data<float>(), in, 0.0f, u, r);
+    gemm(false, true, N, a.b.size(0), r, a.scale, u, r, a.b.data<float>(), r, 1.0f,
+         out.data<float>() + a.row0, width);
+  }
+}
+
+// d(input) gets the adapters' du A (du = scale dout[:, rows] B) before `between` (which may
+// rewrite inp, and GPT-2's scales d(input) by the GELU's derivative); then, from inp as it is
+// after it, dB += scale dout[:, rows]^T u and dA += du^T x (u = x A^T recomputed: nothing
+// saved). The base weight's gradient is skipped where `dweight` is undefined (frozen).
+void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                                       const Tensor& dout, const Tensor& inp,
+                                       const Tensor& weight,
+                                       const std::function<void()>& between) {
+  const LoraSet& wa = w.lora[static_cast<size_t>(slot)];
+  const LoraSet& ga = g.lora[static_cast<size_t>(slot)];
+  bool adapted = false;
+  for (const LoraView& a : wa) adapted = adapted || a.a.defined();
+  if (!running() || !adapted) {
+    memfit::linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, between);
+    return;
+  }
+  MEMFIT_CHECK_DTYPE(inp.dtype() == DType::f32 && dout.dtype() == DType::f32, "lora",
+                     "LoRA adapters run in fp32 only, got {} inputs", dtype_name(inp.dtype()));
+  const int64_t N = rows(), r = options.lora_rank, in = inp.size(-1), width = dout.size(-1);
+  const float* dy = dout.data<float>();
+  float* u = lora_u_.data<float>();
+  float* du = lora_du_.data<float>();
+  // More than one adapter on a layer (q, k, v) needs each one's du after `between`: recomputed
+  // there (one (N, out_part) x (out_part, r) GEMM each), so d(input) is done first for all.
+  memfit::linear_backward_around(ctx, dinp, Tensor{}, Tensor{}, dout, inp, weight, [&] {
+    for (const LoraView& a : wa) {
+      if (!a.a.defined()) continue;
+      gemm(false, false, N, r, a.b.size(0), a.scale, dy + a.row0, width, a.b.data<float>(), r,
+           0.0f, du, r);
+      gemm(false, false, N, in, r, 1.0f, du, r, a.a.data<float>(), in, 1.0f, dinp.data<float>(),
+           in);
+    }
+    between();
+  });
+  if (dweight.defined() || dbias.defined()) {
+    Tensor none;
+    if (matmul_widens(inp.dtype())) {
+      Tensor scratch = ctx.view("ws.widen");
+      matmul_backward_widened(none, dweight, dbias, dout, inp, weight, scratch);
+    } else {
+      matmul_backward(none, dweight, dbias, dout, inp, weight);
+    }
+  }
+  for (size_t k = 0; k < wa.size(); ++k) {
+    const LoraView &a = wa[k], &da = ga[k];
+    if (!a.a.defined()) continue;
+    const int64_t out = a.b.size(0);
+    gemm(false, true, N, r, in, 1.0f, inp.data<float>(), in, a.a.data<float>(), in, 0.0f, u, r);
+    gemm(true, false, out, r, N, a.scale, dy + a.row0, width, u, r, 1.0f, da.b.data<float>(), r);
+    gemm(false, false, N, r, out, a.scale, dy + a.row0, width, a.b.data<float>(), r, 0.0f, du, r);
+    gemm(true, false, r, in, N, 1.0f, du, r, inp.data<float>(), in, 1.0f, da.a.data<float>(), in);
+  }
+}
+
 BlockStep::Attention BlockStep::attention_save() {
   const int64_t C = config.attn_width(), NH = config.n_head;
   Attention a;

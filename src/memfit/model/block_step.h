@@ -81,19 +81,19 @@ class BlockStep {
   Tensor scratch_read(const std::string& tag) { return ctx.read(tag); }
 
   // Declares the phase's matmuls (the widening scratch, where there is one); then the linears.
-  void matmuls() { declare_matmuls(ctx, config, options, rows()); }
-  void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
-    memfit::linear_forward(ctx, out, inp, weight, bias);
+  // With LoRA also the adapters' (rows, rank) f32 scratch, "ws.lora.u" and "ws.lora.du".
+  void matmuls();
+  // `slot` names the layer, whose LoRA adapters (w.lora, g.lora: none without --lora-rank) the
+  // linears add to the output and to d(input), and whose gradients they accumulate (Note [LoRA]).
+  void linear_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,
+                      const Tensor& bias);
+  void linear_backward(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                       const Tensor& dout, const Tensor& inp, const Tensor& weight) {
+    linear_backward_around(slot, dinp, dweight, dbias, dout, inp, weight, [] {});
   }
-  void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
-                       const Tensor& inp, const Tensor& weight) {
-    memfit::linear_backward(ctx, dinp, dweight, dbias, dout, inp, weight);
-  }
-  void linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
-                              const Tensor& inp, const Tensor& weight,
-                              const std::function<void()>& between) {
-    memfit::linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, between);
-  }
+  void linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                              const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                              const std::function<void()>& between);
 
   // The attention core. Forward: declare with attention_save() (what the backward needs besides
   // qkv and out: flash's log-sum-exps or plain's probabilities), then attention_forward().
@@ -116,6 +116,7 @@ class BlockStep {
   std::string prefix_, input_tag_, output_tag_;
   bool kept_ = true;                 // this block keeps its activations (not recomputed)
   std::vector<Compressed> pending_;  // saved in this forward, to quantise
+  Tensor lora_u_, lora_du_;          // x A^T and d(x A^T) of one adapter (with LoRA)
 };
 
 // The tag of block l's output under these slots: "h.<l>.residual_3" where it is kept (a block

@@ -6,6 +6,7 @@
 // family's through the same typed views (BlockWeights), never by name.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,9 +57,26 @@ struct ParamInfo {
 // the slab, so one (qkv_width, C) matrix); attn_out is attn.c_proj / o_proj; norm2 is ln_2 /
 // post_attention_layernorm; fc is c_fc / gate|up_proj (one (2F, C) matrix); mlp_out is
 // mlp.c_proj / down_proj. A bias the family lacks is an undefined tensor.
+// A LoRA adapter on rows [row0, row0 + b.size(0)) of a linear layer's output (a whole layer,
+// or one member of a fused group: q, k or v of qkv, gate or up of fc): a (r, in), b (out, r),
+// and the layer computes y += scale (x a^T) b^T (model/lora.h; Note [LoRA] in
+// docs/notes/lora.md). In gradient views a and b are the adapter's gradients.
+struct LoraView {
+  Tensor a, b;
+  int64_t row0 = 0;
+  float scale = 0;
+};
+// The blocks' four linear layers, in the order BlockWeights lists them.
+enum class LinearSlot : uint8_t { qkv, attn_out, fc, mlp_out };
+inline constexpr int kLinearSlots = 4;
+inline constexpr int kLoraParts = 3;  // adapters on one layer at most: q, k, v
+using LoraSet = std::array<LoraView, kLoraParts>;  // undefined a: no adapter in that part
+
 struct BlockWeights {
   Tensor norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
   Tensor norm2_w, norm2_b, fc_w, fc_b, mlp_out_w, mlp_out_b;
+  // LoRA adapters per linear layer (all undefined without --lora-rank).
+  std::array<LoraSet, kLinearSlots> lora;
 };
 struct ModelWeights {
   Tensor tok_emb, pos_emb;  // pos_emb: GPT-2 only
@@ -70,6 +88,10 @@ struct ModelWeights {
 class ParamLayout {
  public:
   explicit ParamLayout(const ModelConfig& config);
+  // A layout of the given parameters alone (LoRA's adapters, LoraLayout::param_layout): what
+  // optimizers and checkpoints read (params(), total()); it has no typed views.
+  ParamLayout(std::vector<ParamInfo> params, int64_t total)
+      : params_(std::move(params)), total_(total) {}
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total() const { return total_; }  // slab elements, alignment padding included
   const ParamInfo& find(const std::string& name) const;  // throws if absent

@@ -70,7 +70,34 @@ Tensor Transformer::grad_sums(ElementRange r) {
   return grad_sums().view(r.begin - have.begin, {r.size()});
 }
 
+void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base) {
+  MEMFIT_CHECK(!lora_, "lora", "the model has its adapters already");
+  MEMFIT_CHECK(B_ == 0, "lora", "add the adapters before reserve()");
+  MEMFIT_CHECK(precision_.precision == Precision::fp32 && !source_ && !store_ && !sharded_ &&
+                   master_range_ == whole(),
+               "lora",
+               "LoRA is built for fp32 in one process with every weight in RAM (no ZeRO, no "
+               "offload, no per-unit gradients)");
+  lora_.emplace(config_, options);
+  lora_weights_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::params,
+                                "lora.params");
+  lora_grads_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::grads, "lora.grads");
+  lora_->init(lora_weights_, seed);
+  kernels::zero(lora_grads_);
+  frozen_ = freeze_base;
+  if (frozen_) grads_ = Tensor{};
+  grad_views_ = layout_.views(grads_);
+  bind_lora();
+}
+
+void Transformer::bind_lora() {
+  if (!lora_) return;
+  lora_->bind(weights_, lora_weights_);
+  lora_->bind(grad_views_, lora_grads_);
+}
+
 void Transformer::zero_grad() {
+  if (lora_grads_.defined()) kernels::zero(lora_grads_);
   if (grads_in_arena()) return;  // each unit is zeroed as it is born (StepContext::enter)
   if (store_)
     store_->zero();
@@ -187,6 +214,7 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
 void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
   ActivationOptions options = options_in;
   options.precision = precision_.precision;
+  options.lora_rank = lora_ ? lora_->options().rank : 0;
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "model",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
@@ -209,7 +237,11 @@ void Transformer::reserve(StepPlan plan) {
   const bool in_arena = plan.options.grads_in_arena, inference = plan.options.inference;
   // The whole f32 slab is the model's own unless the gradients live per unit; an inference
   // plan, whose step has no backward, holds none (Note [Inference plan]).
-  const bool per_unit = store_ != nullptr, own_slab = !per_unit && !inference;
+  MEMFIT_CHECK(plan.options.lora_rank == (lora_ ? lora_->options().rank : 0), "model",
+               "a step plan for LoRA rank {} on a model with rank {}", plan.options.lora_rank,
+               lora_ ? lora_->options().rank : 0);
+  // A frozen base (LoRA) has no gradient slab either.
+  const bool per_unit = store_ != nullptr, own_slab = !per_unit && !inference && !frozen_;
   MEMFIT_CHECK(!in_arena || own_slab, "model",
                "gradients in the activations arena need the whole f32 slab (no per-unit "
                "reduction, no --offload-grads)");
@@ -233,6 +265,7 @@ void Transformer::reserve(StepPlan plan) {
     grads_ = arenas[static_cast<size_t>(Category::activations)].view_bytes(0, {layout_.total()},
                                                                            DType::f32);
   if (!per_unit) grad_views_ = layout_.views(grads_);
+  bind_lora();
   std::vector<Tensor> views;
   for (const BufferSpec& b : plan.buffers)
     views.push_back(arenas[static_cast<size_t>(arena_category(b.category))].view_bytes(

@@ -20,6 +20,7 @@
 #include "memfit/model/precision.h"
 #include "memfit/model/step_plan.h"
 #include "memfit/model/grad_store.h"
+#include "memfit/model/lora.h"
 #include "memfit/model/weight_source.h"
 #include "memfit/core/element_range.h"
 
@@ -177,6 +178,17 @@ class Transformer {
   void backward(const std::function<void(int64_t final_from)>& final_from);
   void zero_grad();
 
+  // LoRA (model/lora.h, Note [LoRA]): adds the adapters of `options` to the blocks' linear
+  // layers, their weights (f32, Category::params, "lora.params") drawn from `seed` as PEFT
+  // does (B zero: the model computes what it did) and their gradients (f32, Category::grads,
+  // "lora.grads"), which backward() accumulates and zero_grad() zeroes. `freeze_base`: the base
+  // weights get no gradients (no slab: grads() is undefined; the step skips their GEMMs).
+  // fp32, one process, everything in RAM; before reserve(). Once.
+  void add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base = true);
+  const LoraLayout* lora() const { return lora_ ? &*lora_ : nullptr; }
+  Tensor& lora_weights() { return lora_weights_; }
+  Tensor& lora_grads() { return lora_grads_; }
+
   // Logits (B, T, vocab_size) of every position, for evaluation against other implementations
   // and for sampling. `logits` is f32 (B, T, vocab_size).
   void logits(const Tensor& tokens, Tensor& logits);
@@ -221,6 +233,11 @@ class Transformer {
   // bf16), or --offload-grads' file; no slab of the model's own then.
   std::unique_ptr<GradStore> store_;
   bool store_sums_ = false;  // store_->summed() is defined
+  std::optional<LoraLayout> lora_;
+  Tensor lora_weights_, lora_grads_;
+  bool frozen_ = false;  // LoRA's frozen base: no gradient slab
+  // Binds the adapters' views into weights_ and grad_views_ (after either is rebuilt).
+  void bind_lora();
   // The views the step writes gradients through.
   const ModelWeights& grad_views() const { return store_ ? store_->views() : grad_views_; }
 };

@@ -202,7 +202,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
   }
   ctx.enter(PhaseKind::embedding_backward);
   Tensor dres = ctx.read("ws.dresidual"), tokens = ctx.read("tokens");
-  if (ctx.running()) {
+  if (ctx.running() && g.tok_emb.defined()) {  // undefined: a frozen base (Note [LoRA])
     Tensor dwte = g.tok_emb, dwpe = g.pos_emb;
     embedding_backward(dwte, dwpe, dres, tokens);
   }

@@ -226,6 +226,17 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
       r.io_bytes_per_step += g.io_bytes_per_step(files->pieces);
     }
   }
+  // LoRA (Note [LoRA]): the base weights as above, no base gradients or optimizer state; the
+  // adapters' f32 weights and gradients, and the optimizer's state over their layout.
+  if (spec.lora.enabled()) {
+    const LoraLayout lora(r.model, spec.lora);
+    const size_t adapters =
+        MemoryPool::round_up(static_cast<size_t>(lora.total()) * sizeof(float));
+    at(Category::params) += adapters;
+    at(Category::grads) = adapters;
+    at(Category::optimizer) =
+        optimizer_state_bytes(oc, lora.param_layout(), whole_range(lora.param_layout()));
+  }
   r.step = shared  ? shared->step
            : steps ? steps->plan(r.model, r.B, r.T, act)
                    : plan_step(r.model, r.B, r.T, act);

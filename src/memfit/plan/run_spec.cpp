@@ -15,6 +15,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.act_compress = act_compress;
   o.precision = precision.precision;
   o.grads_in_arena = grads_share_arena();
+  o.lora_rank = lora.rank;
   return o;
 }
 
@@ -38,6 +39,23 @@ StateOptions RunSpec::state_options() const {
 
 void RunSpec::check() const {
   check_optim_config(optim);
+  if (lora.enabled()) {
+    check_lora_options(lora, model.family);
+    // What is built (Note [LoRA], "What remains"): fp32, one process, every weight in RAM.
+    const char* refused = precision.precision != Precision::fp32 ? "--precision bf16/fp16"
+                          : world > 1                             ? "several ranks"
+                          : zero != 0 || zero_auto                ? "--zero"
+                          : offload.optimizer || offload.params || offload.grads
+                              ? "--offload-*"
+                          : grad_dtype != DType::f32 ? "--grad-dtype bf16"
+                          : update_in_backward       ? "--update-in-backward"
+                                                     : nullptr;
+    if (refused)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--lora-rank with {} is not built: LoRA trains in fp32, in one process, with "
+                   "every weight in RAM (no --zero, no --offload-*, no --update-in-backward)",
+                   refused);
+  }
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
   if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
     MEMFIT_THROW(ConfigError, "config",

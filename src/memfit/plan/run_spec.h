@@ -12,6 +12,7 @@
 #include "memfit/core/dtype.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/checkpoint_policy.h"
+#include "memfit/model/lora.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/precision.h"
 #include "memfit/optim/optim_config.h"
@@ -44,6 +45,8 @@ struct RunSpec {
   int batch = 1, grad_accum = 1;  // micro-batch rows, micro-batches per optimizer step
   int64_t steps = 0;
   PrecisionOptions precision;
+  // LoRA (Note [LoRA]): the base frozen, the adapters trained; fp32, one process, in RAM.
+  LoraOptions lora;
   AttentionKind attention = AttentionKind::flash;
   int lm_head_group = 0;       // --lm-head-group (ActivationOptions::lm_head_group)
   CheckpointPolicy ckpt;       // the policy to plan (none while ckpt_auto: the search sets it)
@@ -107,7 +110,7 @@ struct RunSpec {
   // offloaded gradients, nor an offloaded update.
   bool grads_share_arena() const {
     return grad_accum == 1 && grad_dtype == DType::f32 && !unit_grads() && !offload.optimizer &&
-           !offload.grads && !update_in_backward;
+           !offload.grads && !update_in_backward && !lora.enabled();
   }
   // What the run asks of where its state lives; StatePlacement decides it per rank (Note
   // [State placement]): the trainer, the planner and the saves read that, not `zero`.

@@ -75,6 +75,14 @@ void check_resume(const json& s, const json& run, const fs::path& file) {
                  "\"{}\"; resume with the same --optim-state-dtype (the saved moments are in "
                  "that type)",
                  file.string(), state_dtype.dump(), state_dtype_now);
+  // LoRA (Note [LoRA]): the same adapters, or none on both sides.
+  const json lora_then = s.value("lora", json());
+  const json lora_now = run.value("lora", json());
+  if (lora_then != lora_now)
+    MEMFIT_THROW(ConfigError, "resume",
+                 "{}: the checkpoint was trained with lora = {}, this run has {}; resume with "
+                 "the same --lora-rank, --lora-alpha and --lora-targets",
+                 file.string(), lora_then.dump(), lora_now.dump());
   const json master = s.value("master_weights", json("fp32"));
   const std::string master_now = run.at("master_weights").get<std::string>();
   if (master != master_now)

@@ -215,6 +215,7 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   s.grad_accum = c.grad_accum;
   s.steps = c.steps;
   s.precision = c.precision_options();
+  s.lora = c.lora;
   s.attention = attention_kind_from_name(c.attention);
   s.lm_head_group = c.lm_head_group;
   s.ckpt_auto = c.ckpt == "auto";

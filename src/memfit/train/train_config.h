@@ -6,6 +6,7 @@
 #include <string>
 
 #include "memfit/model/activation_plan.h"
+#include "memfit/model/lora.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/precision.h"
 #include "memfit/optim/optimizer.h"
@@ -39,6 +40,8 @@ struct TrainConfig {
   // Step each unit's optimizer as the backward finishes its gradients: no gradient slab (Note
   // [Update in backward], optim/backward_update.h).
   bool update_in_backward = false;
+  // --lora-rank, --lora-alpha, --lora-targets, --lora-dropout (Note [LoRA]): rank 0 is off.
+  LoraOptions lora;
   uint64_t seed = 1337;
   int threads = 0;      // 0: all cores
   // Data parallelism (under mpirun or srun: every rank a copy of the model, gradients

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "memfit/io/atomic_file.h"
+#include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/memory/rss.h"
@@ -28,6 +29,10 @@ void TrainRun::load_or_init() {
   load_weights();
   load_offloaded_state();
   if (resume) load_trainer_state();
+  if (resume && gpt->lora()) {  // the adapters and their optimizer's state (Note [LoRA])
+    io::load_lora_adapter(location.dir, mc, *gpt->lora(), gpt->lora_weights());
+    io::load_optimizer_state(location.dir / io::kAdapterOptimizerFile, *opt);
+  }
 }
 
 // Into the weights of record, converting F32 <-> BF16 as needed, then the working copy rounded
@@ -41,11 +46,14 @@ void TrainRun::load_weights() {
     // The whole layout, straight into the weights from the files. A stage-0 save's
     // optimizer.safetensors is checked with the weights, all before a byte is copied;
     // sharded state (any other range, or a ZeRO save) is loaded below.
-    const bool with_opt = resume && opt && opt->range() == whole_range(gpt->layout()) &&
+    // LoRA's optimizer steps the adapters alone: its state is loaded with them.
+    const bool with_opt = resume && opt && !gpt->lora() &&
+                          opt->range() == whole_range(gpt->layout()) &&
                           !io::has_zero_shards(location.dir);
     io::load_checkpoint(location.dir, mc, gpt->layout(), gpt->weights(),
                         with_opt ? opt.get() : nullptr);
-    if (resume && opt && !with_opt) io::load_optimizer_state_any(location.dir, *opt);
+    if (resume && opt && !with_opt && !gpt->lora())
+      io::load_optimizer_state_any(location.dir, *opt);
     gpt->refresh_working();
   } else {
     // This rank's ranges of each tensor (model.safetensors, Hugging Face's shards, or a ZeRO
@@ -172,7 +180,13 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   io::CheckpointSaveOptions so;
   // A shard's optimizer state goes into the shard files (stage_shards); stage 0 saves the
   // whole state as optimizer.safetensors (every rank holds the same).
-  so.optimizer = sharded_state ? nullptr : opt.get();
+  so.optimizer = sharded_state || gpt->lora() ? nullptr : opt.get();
+  // LoRA: the adapters in PEFT's format beside the (unchanged) base weights (Note [LoRA]).
+  if (gpt->lora())
+    so.write_extra = [&](const fs::path& tmp) {
+      io::save_lora_adapter(tmp, mc, *gpt->lora(), gpt->lora_weights());
+      io::save_optimizer_state(tmp / io::kAdapterOptimizerFile, *opt);
+    };
   if (sharded_state)
     so.write_extra = [&](const fs::path& tmp) {
       for (int r = 0; r < W; ++r)

@@ -231,6 +231,8 @@ json TrainRun::run_state_json() const {
     s["optim_rank"] = c.optim.rank;
     s["optim_proj_gap"] = c.optim.proj_gap;
   }
+  if (c.lora.enabled())
+    s["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", c.lora.targets}};
   return s;
 }
 

@@ -140,6 +140,8 @@ void TrainRun::make_model() {
                                rank_steps.get()));
   if (gpt->precision().precision == Precision::fp16)
     scaler = std::make_unique<DynamicLossScaler>(settings.loss_scaler);
+  // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
+  if (spec.lora.enabled()) gpt->add_lora(spec.lora, settings.seed);
 }
 
 void TrainRun::create_optimizer() {
@@ -149,7 +151,8 @@ void TrainRun::create_optimizer() {
         spec.optim, gpt->layout(), master, pool, offload_dir, offload_run,
         offload::kMaxPieceElements, my_shard);
   else
-    opt = make_optimizer(spec.optim, gpt->layout(), &pool, my_shard);
+    opt = make_optimizer(spec.optim, gpt->lora() ? gpt->lora()->param_layout() : gpt->layout(),
+                         &pool, my_shard);
   if (fused)
     fused->attach(spec.optim, *opt, gpt->weights(), gpt->weights_range().begin,
                   gpt->has_master() ? gpt->params() : Tensor{}, gpt->params_range().begin);

@@ -70,6 +70,8 @@ GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler
 // The whole step's check: one range alone, or every rank's shard added in rank order (computed
 // here when the summed gradients are whole, else each rank's own, gathered).
 GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShards* shards) {
+  // LoRA (Note [LoRA]): the adapters' gradients are the step's (one process).
+  if (gpt.lora()) return check_part(gpt.lora_grads(), scaler);
   if (!shards) return check_grads(gpt, {0, gpt.layout().total()}, scaler);
   const size_t W = shards->ranges.size();
   std::vector<GradCheck> parts(W);
@@ -136,6 +138,10 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
                            float lr, float clip, int grad_accum, const RankShards* shards) {
   int64_t gathered = 0;
   auto step = [&](float rate, float scale) {
+    if (gpt.lora()) {  // the adapters alone, f32 (Note [LoRA]): the optimizer is over them
+      optimizer.step(gpt.lora_weights(), gpt.lora_grads(), rate, scale);
+      return;
+    }
     // The optimizer's range of every slab: the whole layout, or this rank's shard (the master
     // weights are then that shard alone).
     const ElementRange r = optimizer.range();

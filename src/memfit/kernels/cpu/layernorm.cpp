@@ -289,9 +289,14 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   const int64_t R = dims.R, C = dims.C;
   expect_tensor(dout, op, "dout", inp.shape());
   expect_tensor(dinp, op, "dinp", inp.shape());
-  expect_tensor(dweight, op, "dweight", Shape{C});
-  expect_tensor(dbias, op, "dbias", Shape{C});
-  float *dx = dinp.data<float>(), *dw = dweight.data<float>(), *db = dbias.data<float>();
+  // Undefined dweight and dbias (a frozen norm, Note [LoRA]): d(input) alone.
+  const bool params = dweight.defined() || dbias.defined();
+  if (params) {
+    expect_tensor(dweight, op, "dweight", Shape{C});
+    expect_tensor(dbias, op, "dbias", Shape{C});
+  }
+  float *dx = dinp.data<float>(), *dw = params ? dweight.data<float>() : nullptr,
+        *db = params ? dbias.data<float>() : nullptr;
   std::vector<float> wbuf;
   const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = half::as_f32(weight, wbuf);
   const float *pm = mean.data<float>(), *pr = rstd.data<float>();
@@ -306,16 +311,18 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
     float* db_part = dw_part + C;
     MEMFIT_SIMD_DISPATCH(LayerNormBackwardRows)(dx, dw_part, db_part, dy, x, w, pm, pr, R * tid / nth,
                                        R * (tid + 1) / nth, C);
+    if (params) {
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < C; ++c) {
-      float sw = 0.0f, sb = 0.0f;
-      for (int64_t t = 0; t < nth; ++t) {
-        sw += partial[t * 2 * C + c];
-        sb += partial[t * 2 * C + C + c];
+      for (int64_t c = 0; c < C; ++c) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int64_t t = 0; t < nth; ++t) {
+          sw += partial[t * 2 * C + c];
+          sb += partial[t * 2 * C + C + c];
+        }
+        dw[c] += sw;
+        db[c] += sb;
       }
-      dw[c] += sw;
-      db[c] += sb;
     }
   }
 }

@@ -240,8 +240,9 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const T
   const int64_t R = dims.R, C = dims.C;
   expect_tensor(dout, op, "dout", inp.shape());
   expect_tensor(dinp, op, "dinp", inp.shape());
-  expect_tensor(dweight, op, "dweight", Shape{C});
-  float *dx = dinp.data<float>(), *dw = dweight.data<float>();
+  // An undefined dweight (a frozen norm, Note [LoRA]): d(input) alone.
+  if (dweight.defined()) expect_tensor(dweight, op, "dweight", Shape{C});
+  float *dx = dinp.data<float>(), *dw = dweight.defined() ? dweight.data<float>() : nullptr;
   std::vector<float> wbuf;
   const float *dy = dout.data<float>(), *x = inp.data<float>(), *w = half::as_f32(weight, wbuf);
   const float* pr = rstd.data<float>();
@@ -253,12 +254,14 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const T
     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
     MEMFIT_SIMD_DISPATCH(RmsNormBackwardRows)(dx, partial.data() + tid * C, dy, x, w, pr,
                                               R * tid / nth, R * (tid + 1) / nth, C);
+    if (dw) {
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < C; ++c) {
-      float sw = 0.0f;
-      for (int64_t t = 0; t < nth; ++t) sw += partial[t * C + c];
-      dw[c] += sw;
+      for (int64_t c = 0; c < C; ++c) {
+        float sw = 0.0f;
+        for (int64_t t = 0; t < nth; ++t) sw += partial[t * C + c];
+        dw[c] += sw;
+      }
     }
   }
 }

@@ -44,14 +44,14 @@ void gpt2_block_forward(BlockStep& s) {
 
   const BlockWeights& w = s.w;
   layernorm_forward(ln1, ln1_mean, ln1_rstd, x, w.norm1_w, w.norm1_b);
-  s.linear_forward(qkv, ln1, w.qkv_w, w.qkv_b);
+  s.linear_forward(LinearSlot::qkv, qkv, ln1, w.qkv_w, w.qkv_b);
   s.attention_forward(atty, att, qkv);
-  s.linear_forward(proj, atty, w.attn_out_w, w.attn_out_b);
+  s.linear_forward(LinearSlot::attn_out, proj, atty, w.attn_out_w, w.attn_out_b);
   residual_forward(r2, x, proj);
   layernorm_forward(ln2, ln2_mean, ln2_rstd, r2, w.norm2_w, w.norm2_b);
-  s.linear_forward(fch, ln2, w.fc_w, w.fc_b);
+  s.linear_forward(LinearSlot::fc, fch, ln2, w.fc_w, w.fc_b);
   gelu_forward(gelu, fch);
-  s.linear_forward(proj, gelu, w.mlp_out_w, w.mlp_out_b);
+  s.linear_forward(LinearSlot::mlp_out, proj, gelu, w.mlp_out_w, w.mlp_out_b);
   residual_forward(r3, r2, proj);
 }
 
@@ -94,18 +94,19 @@ void gpt2_block_backward(BlockStep& s) {
   round_dres();
   // d(GELU) first (the GELU is only the shape here), then the GELU and its derivative in one
   // pass (one tanh per element, not two), then d(weight) from the GELU: the same bits.
-  s.linear_backward_around(d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu, w.mlp_out_w,
-                           [&] { gelu_recompute_backward(gelu, d4C, fch); });
+  s.linear_backward_around(LinearSlot::mlp_out, d4C, g.mlp_out_w, g.mlp_out_b, dres_h, gelu,
+                           w.mlp_out_w, [&] { gelu_recompute_backward(gelu, d4C, fch); });
   layernorm_apply(ln2, r2, w.norm2_w, w.norm2_b, ln2_mean, ln2_rstd);
-  s.linear_backward(dC, g.fc_w, g.fc_b, d4C, ln2, w.fc_w);
+  s.linear_backward(LinearSlot::fc, dC, g.fc_w, g.fc_b, d4C, ln2, w.fc_w);
   layernorm_backward(dres, dn2w, dn2b, dC, r2, w.norm2_w, ln2_mean, ln2_rstd);
   // Attention: dres is now d(residual_2) and flows on to x. d4C is free again: it takes
   // selective checkpointing's recomputed attention output.
   round_dres();
-  s.linear_backward(datty, g.attn_out_w, g.attn_out_b, dres_h, atty, w.attn_out_w);
+  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, g.attn_out_b, dres_h, atty,
+                    w.attn_out_w);
   s.attention_backward(dqkv, datty, qkv, atty, att, d4C.view(0, {B, T, C}));
   layernorm_apply(ln1, x, w.norm1_w, w.norm1_b, ln1_mean, ln1_rstd);
-  s.linear_backward(dC, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w);
+  s.linear_backward(LinearSlot::qkv, dC, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w);
   layernorm_backward(dres, dn1w, dn1b, dC, x, w.norm1_w, ln1_mean, ln1_rstd);
 }
 

@@ -45,15 +45,15 @@ void llama_block_forward(BlockStep& s) {
   const float eps = s.config.norm_eps;
   Tensor none;
   rmsnorm_forward(n1, n1_rstd, x, w.norm1_w, eps);
-  s.linear_forward(qkv, n1, w.qkv_w, none);
+  s.linear_forward(LinearSlot::qkv, qkv, n1, w.qkv_w, none);
   rope_forward(qkv, rope, s.heads());
   s.attention_forward(atty, att, qkv);
-  s.linear_forward(proj, atty, w.attn_out_w, none);
+  s.linear_forward(LinearSlot::attn_out, proj, atty, w.attn_out_w, none);
   residual_forward(r2, x, proj);
   rmsnorm_forward(n2, n2_rstd, r2, w.norm2_w, eps);
-  s.linear_forward(gate_up, n2, w.fc_w, none);
+  s.linear_forward(LinearSlot::fc, gate_up, n2, w.fc_w, none);
   swiglu_forward(act, gate_up);
-  s.linear_forward(proj, act, w.mlp_out_w, none);
+  s.linear_forward(LinearSlot::mlp_out, proj, act, w.mlp_out_w, none);
   residual_forward(r3, r2, proj);
 }
 
@@ -91,19 +91,20 @@ void llama_block_backward(BlockStep& s) {
   // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
   swiglu_forward(act, gate_up);
   round_dres();
-  s.linear_backward(dact, g.mlp_out_w, none, dres_h, act, w.mlp_out_w);
+  s.linear_backward(LinearSlot::mlp_out, dact, g.mlp_out_w, none, dres_h, act, w.mlp_out_w);
   swiglu_backward(dgate_up, dact, gate_up);
   rmsnorm_apply(n2, r2, w.norm2_w, n2_rstd);
-  s.linear_backward(dC, g.fc_w, none, dgate_up, n2, w.fc_w);
+  s.linear_backward(LinearSlot::fc, dC, g.fc_w, none, dgate_up, n2, w.fc_w);
   rmsnorm_backward(dres, dn2, dC, r2, w.norm2_w, n2_rstd);
   // Attention: dres is now d(residual_2) and flows on to x. dgate_up is free again: it takes
   // selective checkpointing's recomputed attention output.
   round_dres();
-  s.linear_backward(datty, g.attn_out_w, none, dres_h, atty, w.attn_out_w);
+  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, none, dres_h, atty,
+                    w.attn_out_w);
   s.attention_backward(dqkv, datty, qkv, atty, att, dgate_up.view(0, atty.shape()));
   rope_backward(dqkv, rope, s.heads());
   rmsnorm_apply(n1, x, w.norm1_w, n1_rstd);
-  s.linear_backward(dC, g.qkv_w, none, dqkv, n1, w.qkv_w);
+  s.linear_backward(LinearSlot::qkv, dC, g.qkv_w, none, dqkv, n1, w.qkv_w);
   rmsnorm_backward(dres, dn1, dC, x, w.norm1_w, n1_rstd);
 }
 

@@ -1,0 +1,187 @@
+#include "memfit/model/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "memfit/core/error.h"
+
+namespace memfit {
+
+namespace {
+
+constexpr int64_t kAlign = 16;  // elements: 64 bytes of f32, as the parameter slab
+
+// A target: its name, the layer slot and part, and PEFT's module name after the block prefix.
+struct Target {
+  const char* name;
+  LinearSlot slot;
+  int part;
+  const char* module;
+};
+
+std::vector<Target> targets_of(Family family) {
+  switch (family) {
+    case Family::gpt2:
+      return {{"attn", LinearSlot::qkv, 0, "attn.c_attn"},
+              {"proj", LinearSlot::attn_out, 0, "attn.c_proj"},
+              {"fc", LinearSlot::fc, 0, "mlp.c_fc"},
+              {"mlp_proj", LinearSlot::mlp_out, 0, "mlp.c_proj"}};
+    case Family::llama:
+      return {{"q", LinearSlot::qkv, 0, "self_attn.q_proj"},
+              {"k", LinearSlot::qkv, 1, "self_attn.k_proj"},
+              {"v", LinearSlot::qkv, 2, "self_attn.v_proj"},
+              {"o", LinearSlot::attn_out, 0, "self_attn.o_proj"},
+              {"gate", LinearSlot::fc, 0, "mlp.gate_proj"},
+              {"up", LinearSlot::fc, 1, "mlp.up_proj"},
+              {"down", LinearSlot::mlp_out, 0, "mlp.down_proj"}};
+  }
+  return {};
+}
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// The chosen targets, in the family's order.
+std::vector<Target> chosen(const LoraOptions& o, Family family) {
+  const std::vector<Target> all = targets_of(family);
+  const std::vector<std::string> names = lora_target_names(family);
+  const std::vector<std::string> asked = split(o.targets);
+  std::vector<bool> on(all.size(), false);
+  for (const std::string& a : asked) {
+    if (a == "all-linear" && asked.size() == 1) {
+      std::fill(on.begin(), on.end(), true);
+      continue;
+    }
+    const auto it = std::find(names.begin(), names.end(), a);
+    if (it == names.end())
+      MEMFIT_THROW(ConfigError, "config",
+                   "--lora-targets '{}': '{}' is not a {} target; the targets are {} or "
+                   "all-linear (alone)",
+                   o.targets, a, family_name(family), fmt::join(names, ","));
+    const size_t i = static_cast<size_t>(it - names.begin());
+    if (on[i])
+      MEMFIT_THROW(ConfigError, "config", "--lora-targets '{}' names '{}' twice", o.targets, a);
+    on[i] = true;
+  }
+  std::vector<Target> out;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (on[i]) out.push_back(all[i]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> lora_target_names(Family family) {
+  std::vector<std::string> out;
+  for (const Target& t : targets_of(family)) out.emplace_back(t.name);
+  return out;
+}
+
+void check_lora_options(const LoraOptions& o, Family family) {
+  if (o.rank < 1)
+    MEMFIT_THROW(ConfigError, "config", "--lora-rank must be at least 1, got {}", o.rank);
+  if (!(o.alpha > 0) || !std::isfinite(o.alpha))
+    MEMFIT_THROW(ConfigError, "config", "--lora-alpha must be positive, got {}", o.alpha);
+  if (o.dropout != 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--lora-dropout {} is not built: only 0 (no dropout on the adapters' input)",
+                 o.dropout);
+  (void)chosen(o, family);
+}
+
+namespace {
+
+ParamLayout adapter_params(const std::vector<LoraParam>& params, int64_t r, int64_t total) {
+  std::vector<ParamInfo> out;
+  for (const LoraParam& p : params) {
+    // A linear weight's role: Adam-mini keeps one state value per row of it.
+    out.push_back({p.module + ".lora_A.weight", Shape{r, p.in}, p.a_offset, r * p.in, p.layer,
+                   ParamRole::mlp_fc_weight, true});
+    out.push_back({p.module + ".lora_B.weight", Shape{p.out, r}, p.b_offset, p.out * r, p.layer,
+                   ParamRole::mlp_fc_weight, true});
+  }
+  return ParamLayout(std::move(out), total);
+}
+
+}  // namespace
+
+LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options) : options_(options) {
+  check_lora_options(options, c.family);
+  const std::vector<Target> targets = chosen(options, c.family);
+  const int64_t C = c.d_model, hs = c.head_size(), F = c.ffn_dim;
+  const int64_t q = int64_t{c.n_head} * hs, kv = int64_t{c.n_kv_head} * hs;
+  const int64_t r = options.rank;
+  auto take = [&](int64_t n) {
+    const int64_t at = total_;
+    total_ += (n + kAlign - 1) / kAlign * kAlign;
+    return at;
+  };
+  const std::string prefix = c.family == Family::gpt2 ? "transformer.h" : "model.layers";
+  for (int l = 0; l < c.n_layer; ++l)
+    for (const Target& t : targets) {
+      LoraParam p{fmt::format("{}.{}.{}", prefix, l, t.module), l, t.slot, t.part, 0, 0, 0, 0, 0};
+      switch (t.slot) {
+        case LinearSlot::qkv:
+          p.in = C;
+          p.out = c.family == Family::gpt2 ? c.qkv_width() : t.part == 0 ? q : kv;
+          p.row0 = t.part == 0 ? 0 : t.part == 1 ? q : q + kv;
+          break;
+        case LinearSlot::attn_out: p.in = c.attn_width(); p.out = C; break;
+        case LinearSlot::fc:
+          p.in = C;
+          p.out = c.family == Family::gpt2 ? c.fc_width() : F;
+          p.row0 = t.part * F;
+          break;
+        case LinearSlot::mlp_out:
+          p.in = c.family == Family::gpt2 ? c.fc_width() : F;
+          p.out = C;
+          break;
+      }
+      p.a_offset = take(r * p.in);
+      p.b_offset = take(p.out * r);
+      params_.push_back(std::move(p));
+    }
+  as_params_ = adapter_params(params_, r, total_);
+}
+
+
+void LoraLayout::bind(ModelWeights& w, const Tensor& slab) const {
+  const int64_t r = options_.rank;
+  for (BlockWeights& b : w.blocks) b.lora = {};
+  if (!slab.defined()) return;
+  for (const LoraParam& p : params_) {
+    LoraView& v = w.blocks.at(static_cast<size_t>(p.layer)).lora[static_cast<size_t>(p.slot)]
+                      [static_cast<size_t>(p.part)];
+    v.a = slab.view(p.a_offset, {r, p.in});
+    v.b = slab.view(p.b_offset, {p.out, r});
+    v.row0 = p.row0;
+    v.scale = options_.scale();
+  }
+}
+
+void LoraLayout::init(const Tensor& slab, uint64_t seed) const {
+  MEMFIT_CHECK_SHAPE(slab.numel() == total_ && slab.dtype() == DType::f32, "lora",
+                     "an adapter slab of {} f32 elements, got {}", total_, slab.numel());
+  float* d = slab.data<float>();
+  std::fill_n(d, total_, 0.0f);
+  std::mt19937_64 rng(seed ^ 0x4c6f5241ull);  // "LoRA": not the base weights' stream
+  for (const LoraParam& p : params_) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(p.in));
+    std::uniform_real_distribution<float> u(-bound, bound);
+    for (int64_t i = 0; i < options_.rank * p.in; ++i) d[p.a_offset + i] = u(rng);
+  }
+}
+
+}  // namespace memfit

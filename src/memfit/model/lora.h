@@ -1,0 +1,71 @@
+// LoRA adapters (Hu et al. 2021, as PEFT lays them out): the model's base weights stay frozen and
+// each targeted linear layer W (out, in) gains y += (alpha / r) (x A^T) B^T with A (r, in) and
+// B (out, r). The adapters are a second, small parameter layout: one f32 slab that the
+// gradients (and, in a trainer, master weights and optimizer state) are laid out alike with.
+// Targets name the roles of both families; on a fused layer (LLaMA's q|k|v and gate|up) an
+// adapter covers its member's rows of the output. Note [LoRA] in docs/notes/lora.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memfit/model/model_config.h"
+#include "memfit/model/param_layout.h"
+
+namespace memfit {
+
+struct LoraOptions {
+  int rank = 0;        // 0: no LoRA
+  float alpha = 16;    // the adapter's output is scaled by alpha / rank
+  float dropout = 0;   // on the adapter's input; only 0 is built
+  std::string targets = "all-linear";  // a comma-separated list (lora_target_names)
+  bool enabled() const { return rank > 0; }
+  float scale() const { return alpha / static_cast<float>(rank); }
+};
+
+// The target names a family accepts, in the order the layer computes them: LLaMA's q, k, v, o,
+// gate, up, down; GPT-2's attn (c_attn), proj (attn.c_proj), fc (c_fc), mlp_proj (mlp.c_proj);
+// "all-linear" is every one of them (the LM head is never adapted).
+std::vector<std::string> lora_target_names(Family family);
+// ConfigError for a rank below 1, a non-positive alpha, a dropout other than 0 (not built), an
+// empty, unknown or repeated target: the message names the family's targets.
+void check_lora_options(const LoraOptions& options, Family family);
+
+// One adapter: PEFT's module name ("model.layers.0.self_attn.q_proj", "transformer.h.0.attn.
+// c_attn"), where it acts, and where A and B lie in the adapter slab.
+struct LoraParam {
+  std::string module;
+  int layer;
+  LinearSlot slot;
+  int part;          // which adapter of the slot: 0 for a whole layer, q/k/v 0/1/2, gate/up 0/1
+  int64_t row0;      // the first output row of the layer it covers
+  int64_t out, in;   // B is (out, r), A is (r, in)
+  int64_t a_offset, b_offset;  // elements from the slab's start, 64-byte aligned
+};
+
+class LoraLayout {
+ public:
+  LoraLayout(const ModelConfig& config, const LoraOptions& options);
+  const LoraOptions& options() const { return options_; }
+  const std::vector<LoraParam>& params() const { return params_; }
+  int64_t total() const { return total_; }  // slab elements, alignment padding included
+  // The adapters as a parameter layout ("<module>.lora_A.weight", "<module>.lora_B.weight",
+  // 2-D weights with weight decay), which every optimizer steps as it steps the model's.
+  // The optimizers keep a reference to it: it lives as long as this layout.
+  const ParamLayout& param_layout() const { return as_params_; }
+  // Sets each block's LoRA views in `w` to `slab` (laid out by this layout: the adapters'
+  // weights or their gradients). An undefined slab clears them.
+  void bind(ModelWeights& w, const Tensor& slab) const;
+  // PEFT's initialisation, drawn from `seed`: A kaiming-uniform (a = sqrt(5): uniform in
+  // +-1/sqrt(in)), B zero, so the adapted model starts as the base model. `slab` is f32.
+  void init(const Tensor& slab, uint64_t seed) const;
+
+ private:
+  LoraOptions options_;
+  std::vector<LoraParam> params_;
+  int64_t total_ = 0;
+  ParamLayout as_params_{{}, 0};
+};
+
+}  // namespace memfit
