@@ -19,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       {"seed", 1337},          {"batch", 4},           {"grad_accum", 1},
       {"seq_len", 64},         {"steps", 30},          {"shuffle", true},
       {"optim", "adamw"},      {"attention", "flash"}, {"precision", "fp32"},
-      {"act_compress", "none"}, {"master_weights", "fp32"},
+      {"act_compress", "none"}, {"master_weights", "fp32"}, {"optim_state_dtype", "f32"},
       {"schedule", LrSchedule{.total = 30}.to_json()}};
   try {
     const ResumeState s =
