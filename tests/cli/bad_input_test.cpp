@@ -65,6 +65,25 @@ TEST_F(BadInput, UpdateInBackwardRefusesWhatItCannotRun) {
   EXPECT_NE(r.out.find("no slab (--update-in-backward)"), std::string::npos) << r.out;
 }
 
+// A LoRA save holds the base weights and the adapters beside them; sample and export read the
+// base alone, so they refuse it (exit 2, naming the adapters) instead of using the base model
+// silently, and the export writes nothing.
+TEST_F(BadInput, ALoraSaveIsRefusedBySampleAndExportRatherThanReadAsTheBase) {
+  const fs::path ck = dir / "ck", hf = dir / "hf";
+  Output r = memfit(fmt::format("train {} --precision fp32 --steps 1 --lora-rank 2 "
+                                "--lora-targets all-linear --save '{}'",
+                                tiny(), ck.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(ck / "adapter_config.json"));
+  r = memfit(fmt::format("sample --checkpoint '{}' --prompt hi --tokens 2", ck.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("holds LoRA adapters")) << r.err;
+  r = memfit(fmt::format("export --hf '{}' '{}'", hf.string(), ck.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("holds LoRA adapters")) << r.err;
+  EXPECT_FALSE(fs::exists(hf));
+}
+
 TEST_F(BadInput, AWordThatIsNoCommandNamesTheCommands) {
   const Output r = memfit("frobnicate --steps 3");
   EXPECT_NE(r.exit_code, 0);

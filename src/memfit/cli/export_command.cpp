@@ -9,6 +9,7 @@
 #include "memfit/cli/commands.h"
 #include "memfit/core/error.h"
 #include "memfit/io/checkpoint/checkpoint_export.h"
+#include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/memory/pool.h"
 
 namespace memfit::cli {
@@ -43,6 +44,7 @@ void add_export_command(CLI::App& app) {
                    "--hf {} is the checkpoint itself: the export writes a new directory (without "
                    "the optimizer state), so name another",
                    o->hf);
+    io::refuse_lora_checkpoint(o->checkpoint, "export");
     MemoryPool pool;
     options.pool = &pool;
     const std::unique_ptr<io::ParamSource> source = io::open_param_source(o->checkpoint);

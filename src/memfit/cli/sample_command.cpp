@@ -13,6 +13,7 @@
 #include "memfit/cli/generation.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/tokenizer/tokenizer.h"
 #include "memfit/model/transformer.h"
@@ -56,6 +57,7 @@ void check_options(const SampleOptions& o) {
 void run_sample(const SampleOptions& o) {
   check_options(o);
   io::CheckpointLocation loc = io::locate_checkpoint(o.checkpoint);
+  io::refuse_lora_checkpoint(loc.dir, "sample");
   ModelConfig mc = io::read_model_config(loc.dir / "config.json");
   // auto: the tokenizer of the data the checkpoint was trained on (its trainer_state.json's,
   // from the data's dataset.json); else, for checkpoints from elsewhere, the largest known one

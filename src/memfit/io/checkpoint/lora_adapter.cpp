@@ -86,4 +86,13 @@ void load_lora_adapter(const fs::path& dir, const ModelConfig& model, const Lora
     r.read(peft_adapter_name(p.name), slab.view(p.offset, p.shape));
 }
 
+void refuse_lora_checkpoint(const fs::path& dir, const char* command) {
+  if (!fs::exists(dir / kAdapterConfigFile)) return;
+  MEMFIT_THROW(ConfigError, command,
+               "{} holds LoRA adapters ({}) beside its base weights; memfit {} would use the "
+               "base model alone, and applying or merging the adapters is not built yet "
+               "(Note [LoRA], docs/notes/lora.md)",
+               dir.string(), kAdapterModelFile, command);
+}
+
 }  // namespace memfit::io

@@ -30,4 +30,9 @@ void save_lora_adapter(const std::filesystem::path& dir, const ModelConfig& mode
 void load_lora_adapter(const std::filesystem::path& dir, const ModelConfig& model,
                        const LoraLayout& layout, const Tensor& slab);
 
+// ConfigError when `dir` holds LoRA adapters (adapter_config.json): `command` (sample, export)
+// reads the base weights alone, and applying or merging the adapters is not built yet, so it
+// refuses rather than silently use the base model.
+void refuse_lora_checkpoint(const std::filesystem::path& dir, const char* command);
+
 }  // namespace memfit::io
