@@ -26,9 +26,12 @@ void TrainRun::load_or_init() {
     gpt->init_weights(settings.seed, piece, to_master_file);
     return;
   }
+  // trainer_state.json first: a resume configured unlike the checkpoint (another
+  // --optim-state-dtype, LoRA options) is refused naming the option, before a weight or
+  // optimizer file is read and fails on a dtype or a missing file instead.
+  if (resume) load_trainer_state();
   load_weights();
   load_offloaded_state();
-  if (resume) load_trainer_state();
   if (resume && gpt->lora()) {  // the adapters and their optimizer's state (Note [LoRA])
     io::load_lora_adapter(location.dir, mc, *gpt->lora(), gpt->lora_weights());
     io::load_optimizer_state(location.dir / io::kAdapterOptimizerFile, *opt);
