@@ -29,7 +29,7 @@ set(MEMFIT_FUZZ_SOURCES
   src/memfit/model/model_config.cpp src/memfit/model/param_layout.cpp
   src/memfit/model/model_family.cpp src/memfit/model/gpt2/gpt2_family.cpp
   src/memfit/model/llama/llama_family.cpp
-  src/memfit/cli/config_file.cpp src/memfit/optim/optim_config.cpp
+  src/memfit/cli/config_file.cpp
   src/memfit/train/resume_state.cpp src/memfit/train/lr_schedule.cpp
   src/memfit/train/loss_scaler.cpp)
 add_library(memfit_fuzz_lib STATIC ${MEMFIT_FUZZ_SOURCES})

@@ -1,7 +1,6 @@
 #include "memfit/train/resume_state.h"
 
 #include "memfit/core/error.h"
-#include "memfit/optim/optim_config.h"
 
 namespace memfit {
 
@@ -48,47 +47,31 @@ void check_resume(const json& s, const json& run, const fs::path& file) {
                  "the same --steps for a bit-identical continuation, or more to train longer",
                  file.string(), steps, run_steps);
   same("attention", run.at("attention"));
-  // Older checkpoints predate mixed precision and were fp32 with FP32 weights.
-  const json precision = s.value("precision", json("fp32"));
-  const std::string precision_now = run.at("precision").get<std::string>();
-  if (precision != precision_now)
-    MEMFIT_THROW(ConfigError, "resume",
-                 "{}: the checkpoint was trained with precision = {}, this run has {}; resume "
-                 "in the same precision (or start a new run with --init-from, which converts)",
-                 file.string(), precision.dump(), precision_now);
-  // Older checkpoints predate activation compression and stored none. Compression changes the
-  // gradients (within its bound), so a resume keeps it, as it keeps the attention kind.
-  const json compress = s.value("act_compress", json("none"));
-  const std::string now = run.at("act_compress").get<std::string>();
-  if (compress != now)
-    MEMFIT_THROW(ConfigError, "resume",
-                 "{}: the checkpoint was trained with act_compress = {}, this run has {}; resume "
-                 "with the same --act-compress (or leave it out to keep the checkpoint's) for a "
-                 "bit-identical continuation",
-                 file.string(), compress.dump(), now);
-  // Older checkpoints predate --optim-state-dtype and kept f32 moments.
-  const json state_dtype = s.value("optim_state_dtype", json("f32"));
-  const std::string state_dtype_now = run.at("optim_state_dtype").get<std::string>();
-  if (state_dtype != state_dtype_now)
-    MEMFIT_THROW(ConfigError, "resume",
-                 "{}: the checkpoint was trained with optim_state_dtype = {}, this run has "
-                 "\"{}\"; resume with the same --optim-state-dtype (the saved moments are in "
-                 "that type)",
-                 file.string(), state_dtype.dump(), state_dtype_now);
+  // Settings older checkpoints did not record, read there as what those runs did (`then_default`).
+  auto same_or = [&](const char* key, const json& then_default, const json& now,
+                     std::string_view advice) {
+    const json then = s.value(key, then_default);
+    if (then != now)
+      MEMFIT_THROW(ConfigError, "resume",
+                   "{}: the checkpoint was trained with {} = {}, this run has {}{}",
+                   file.string(), key, then.dump(),
+                   now.is_string() ? now.get<std::string>() : now.dump(), advice);
+  };
+  // Mixed precision: older checkpoints were fp32 with FP32 weights.
+  same_or("precision", "fp32", run.at("precision"),
+          "; resume in the same precision (or start a new run with --init-from, which converts)");
+  // Activation compression (older checkpoints: none) changes the gradients (within its bound),
+  // so a resume keeps it, as it keeps the attention kind.
+  same_or("act_compress", "none", run.at("act_compress"),
+          "; resume with the same --act-compress (or leave it out to keep the checkpoint's) for "
+          "a bit-identical continuation");
+  // --optim-state-dtype (older checkpoints: f32 moments).
+  same_or("optim_state_dtype", "f32", run.at("optim_state_dtype"),
+          "; resume with the same --optim-state-dtype (the saved moments are in that type)");
   // LoRA (Note [LoRA]): the same adapters, or none on both sides.
-  const json lora_then = s.value("lora", json());
-  const json lora_now = run.value("lora", json());
-  if (lora_then != lora_now)
-    MEMFIT_THROW(ConfigError, "resume",
-                 "{}: the checkpoint was trained with lora = {}, this run has {}; resume with "
-                 "the same --lora-rank, --lora-alpha and --lora-targets",
-                 file.string(), lora_then.dump(), lora_now.dump());
-  const json master = s.value("master_weights", json("fp32"));
-  const std::string master_now = run.at("master_weights").get<std::string>();
-  if (master != master_now)
-    MEMFIT_THROW(ConfigError, "resume",
-                 "{}: the checkpoint was trained with master_weights = {}, this run has {}",
-                 file.string(), master.dump(), master_now);
+  same_or("lora", json(), run.value("lora", json()),
+          "; resume with the same --lora-rank, --lora-alpha and --lora-targets");
+  same_or("master_weights", "fp32", run.at("master_weights"), "");
 }
 
 }  // namespace
