@@ -21,8 +21,12 @@ float TrainRun::sum_ranks(float x) { return sync ? sync->sum(x) : zero.grads->su
 TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::time_point t0) {
   StepResult r;
   gpt->zero_grad();
-  if (fused)
-    fused->begin_step(settings.schedule.at(step), settings.clip,
+  // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
+  // position is the number of steps that updated, which the scaler's state keeps over resumes.
+  // (Only the update changes that count, so the rate is known before the micro-batches.)
+  r.lr = settings.schedule.at(step - (scaler ? scaler->skipped() : 0));
+  if (fused)  // --update-in-backward steps with it during the backward
+    fused->begin_step(r.lr, settings.clip,
                       settings.clip_per_unit ? UnitSteps::Clip::unit : UnitSteps::Clip::global);
   r.before = io_mark();
   // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
@@ -40,9 +44,6 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
     loss_sum = sum_ranks(static_cast<float>(loss_sum));
   }
   r.loss = step_loss_mean(loss_sum, step_loss, int64_t{spec.grad_accum} * W);
-  // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
-  // position is the number of steps that updated, which the scaler's state keeps over resumes.
-  r.lr = settings.schedule.at(step - (scaler ? scaler->skipped() : 0));
   r.update = update(r.lr, r.loss, r.loss_scale, r.update_gathered);
   // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
   // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
