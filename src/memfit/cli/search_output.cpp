@@ -161,8 +161,7 @@ void print_max_model(const MaxModelResult& r) {
                disk ? fmt::format("{:<19} ", offload_column(n)) : std::string(), mib(n.peak_bytes),
                format_seconds(n.est_step_seconds),
                !f.search.fits ? "no, " + n.why_over(r.limit, f.search.disk_limit)
-               : !f.disk_fits ? fmt::format("no, the disk: {:.1f} GiB of files",
-                                            f.disk_bytes / 1073741824.0)
+               : !f.disk_fits ? "no, " + disk_over(f.disk_bytes, r.disk_limit)
                               : std::string("yes"));
   }
   fmt::print("\n({} shapes planned; {}: docs/notes/planner.md)\n", r.shapes_planned,

@@ -65,6 +65,10 @@ Category Candidate::dominant() const {
 std::string Candidate::why_over(size_t limit, uint64_t disk_limit) const {
   if (peak_bytes > limit || !disk_limit || disk_bytes <= disk_limit)
     return fmt::format("{:.1f} MiB over", static_cast<double>(over(limit)) / (1 << 20));
+  return disk_over(disk_bytes, disk_limit);
+}
+
+std::string disk_over(uint64_t disk_bytes, uint64_t disk_limit) {
   return fmt::format("the disk: {:.1f} GiB of files > {:.1f} GiB", disk_bytes / 1073741824.0,
                      disk_limit / 1073741824.0);
 }

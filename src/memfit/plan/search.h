@@ -55,6 +55,8 @@ void from_json(const nlohmann::json& j, Candidate& c);
 // " --act-compress int8" where the candidate compresses; then every offload option it turns on
 // (--offload-optimizer, --offload-params, --offload-grads); then " --zero 2" with the stage.
 std::string candidate_options(const Candidate& c, bool with_batch, bool with_stage = false);
+// "the disk: 12.3 GiB of files > 10.0 GiB": offload files over --disk-limit (or the free space).
+std::string disk_over(uint64_t disk_bytes, uint64_t disk_limit);
 
 // An estimated step time for tables and messages: "8.57", or "0.000412" when small.
 std::string format_seconds(double seconds);
