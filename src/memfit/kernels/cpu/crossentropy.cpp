@@ -8,6 +8,7 @@
 // writes their gradient into a separate bf16 / f16 tensor in the last pass.
 // One source for every SIMD target (simd.h); the public functions are at the end.
 #include "memfit/kernels/cpu/crossentropy.h"
+#include "memfit/kernels/cpu/crossentropy_rows.h"
 #include "memfit/kernels/kernel_times.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -188,6 +189,19 @@ const uint8_t* check_mask(std::string_view op, const Tensor* mask, int64_t R) {
 }
 
 }  // namespace
+
+namespace ce_rows {
+float row_max(const float* x, int64_t n) { return kernels::row_max(x, n); }
+double row_sum_exp(float* x, int64_t n, float mx, bool store) {
+  return store ? kernels::row_sum_exp<true>(x, n, mx) : kernels::row_sum_exp<false>(x, n, mx);
+}
+void row_scale_round_pad(DType round_to, float* x, int64_t n, int64_t width, float s) {
+  kernels::row_scale_round_pad(round_to, x, n, width, s);
+}
+float round_one(DType round_to, float v) {
+  return half::dispatch(round_to, [&](auto tag) { return half::round1<decltype(tag)::value>(v); });
+}
+}  // namespace ce_rows
 
 void crossentropy_forward(Tensor& losses, const Tensor& logits, const Tensor& targets, int64_t V,
                           const Tensor* mask) {
