@@ -1,0 +1,60 @@
+// Column- and row-parallel linears: the plain matmul on this rank's slice, with the group's sum
+// where a rank's GEMM sees only part of a result (Megatron-LM's f and g operators).
+#include "memfit/model/parallel_linear.h"
+
+#include <span>
+
+#include "memfit/core/error.h"
+#include "memfit/kernels/cpu/matmul.h"
+#include "memfit/memory/tensor.h"
+
+namespace memfit {
+namespace {
+
+// The f32 elements of a defined, contiguous tensor, for a collective.
+std::span<float> floats_of(const Tensor& t, std::string_view op, std::string_view name) {
+  MEMFIT_CHECK(t.defined(), op, "{} is undefined", name);
+  MEMFIT_CHECK(t.is_contiguous(), op, "{} {} is not contiguous", name, t.shape());
+  MEMFIT_CHECK_DTYPE(t.dtype() == DType::f32, op, "{} must be f32 (it is summed over the group), "
+                     "got {} {}", name, dtype_name(t.dtype()), t.shape());
+  return {t.data<float>(), static_cast<size_t>(t.numel())};
+}
+
+}  // namespace
+
+void column_parallel_linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
+                                    const Tensor& bias) {
+  kernels::matmul_forward(out, inp, weight, bias);
+}
+
+void column_parallel_linear_backward(TensorGroup& group, Tensor& dinp, Tensor& dweight,
+                                     Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                                     const Tensor& weight) {
+  const std::span<float> d = floats_of(dinp, "column_parallel_linear_backward", "dinp");
+  kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+  group.all_reduce_sum(d);
+}
+
+void row_parallel_linear_forward(TensorGroup& group, Tensor& out, const Tensor& inp,
+                                 const Tensor& weight, const Tensor& bias) {
+  constexpr std::string_view op = "row_parallel_linear_forward";
+  const std::span<float> o = floats_of(out, op, "out");
+  kernels::matmul_forward(out, inp, weight, Tensor{});
+  group.all_reduce_sum(o);
+  if (!bias.defined()) return;
+  const int64_t OC = out.size(out.rank() - 1), R = out.numel() / OC;
+  MEMFIT_CHECK_SHAPE(bias.rank() == 1 && bias.size(0) == OC, op, "bias {} for out {}",
+                     bias.shape(), out.shape());
+  const float* b = floats_of(bias, op, "bias").data();
+  float* y = o.data();
+#pragma omp parallel for schedule(static) if (R * OC > (1 << 16))
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < OC; ++j) y[r * OC + j] += b[j];
+}
+
+void row_parallel_linear_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& weight) {
+  kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+}
+
+}  // namespace memfit
