@@ -110,6 +110,11 @@ TEST_F(Sample, ALoraSaveSamplesAsItsMergedExport) {
     ASSERT_EQ(merged.exit_code, 0) << merged.err;
     EXPECT_GT(lora.out.size(), std::string(kPrompt).size());
     EXPECT_EQ(lora.out, merged.out);
+    // bf16 weights merge too (each rounded once).
+    const Output half = memfit(sample(ck, "--temperature 0 --tokens 5 --tokenizer byte "
+                                          "--precision bf16"));
+    EXPECT_EQ(half.exit_code, 0) << half.err;
+    EXPECT_TRUE(half.says("merged into the weights")) << half.err;
   }
 }
 
