@@ -1,5 +1,7 @@
 #include "memfit/model/lora_merge.h"
 
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "memfit/core/error.h"
