@@ -65,22 +65,27 @@ TEST_F(BadInput, UpdateInBackwardRefusesWhatItCannotRun) {
   EXPECT_NE(r.out.find("no slab (--update-in-backward)"), std::string::npos) << r.out;
 }
 
-// A LoRA save holds the base weights and the adapters beside them; sample and export read the
-// base alone, so they refuse it (exit 2, naming the adapters) instead of using the base model
-// silently, and the export writes nothing.
-TEST_F(BadInput, ALoraSaveIsRefusedBySampleAndExportRatherThanReadAsTheBase) {
-  const fs::path ck = dir / "ck", hf = dir / "hf";
+// A LoRA save holds the base weights and the adapters beside them; export without --merge-lora
+// would write the base alone, so it refuses (exit 2, naming --merge-lora) instead of exporting
+// the base model silently, and writes nothing; --merge-lora of a save without adapters is an
+// error too.
+TEST_F(BadInput, ALoraSaveIsRefusedByExportWithoutMergeLora) {
+  const fs::path ck = dir / "ck", hf = dir / "hf", plain = dir / "plain";
   Output r = memfit(fmt::format("train {} --precision fp32 --steps 1 --lora-rank 2 "
                                 "--lora-targets all-linear --save '{}'",
                                 tiny(), ck.string()));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_TRUE(fs::exists(ck / "adapter_config.json"));
-  r = memfit(fmt::format("sample --checkpoint '{}' --prompt hi --tokens 2", ck.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_TRUE(r.says("holds LoRA adapters")) << r.err;
   r = memfit(fmt::format("export --hf '{}' '{}'", hf.string(), ck.string()));
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(r.says("holds LoRA adapters")) << r.err;
+  EXPECT_TRUE(r.says("--merge-lora")) << r.err;
+  EXPECT_FALSE(fs::exists(hf));
+  r = memfit(fmt::format("train {} --steps 1 --save '{}'", tiny(), plain.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = memfit(fmt::format("export --hf '{}' '{}' --merge-lora", hf.string(), plain.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("holds no LoRA adapters")) << r.err;
   EXPECT_FALSE(fs::exists(hf));
 }
 

@@ -40,6 +40,18 @@ class Sample : public test::BinaryTest {
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return ck;
   }
+  // A LoRA save of `preset` after three steps (a learning rate that moves B off zero).
+  fs::path lora_checkpoint(const std::string& preset) const {
+    std::ofstream(dir / "data" / "dataset.json")
+        << R"({"tokenizer": "byte", "vocab_size": 256, "eot_token": 0, "token_bytes": 2})";
+    const fs::path ck = dir / ("lora-" + preset);
+    const Output r = memfit(fmt::format(
+        "train --model {} --threads 1 --seq-len 64 --batch 2 --eval-every 0 --steps 3 "
+        "--precision fp32 --lora-rank 4 --lora-alpha 16 --lr 0.05 --data '{}' --save '{}'",
+        preset, (dir / "data").string(), ck.string()));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return ck;
+  }
   std::string sample(const fs::path& ck, const std::string& more) const {
     return fmt::format("sample --checkpoint '{}' --prompt '{}' {}", ck.string(), kPrompt, more);
   }
@@ -77,6 +89,32 @@ TEST_F(Sample, GreedyWithTheCacheIsTheCachelessTextToTheEndOfTheContext) {
     EXPECT_EQ(cached20.out, plain20.out);
     EXPECT_EQ(cached.out.rfind(cached20.out.substr(0, cached20.out.size() - 1), 0), 0u);
     EXPECT_FALSE(cached20.says("is full")) << cached20.err;
+  }
+}
+
+// A LoRA save is sampled as its merged model (merged at load): greedy text equal to that of
+// `memfit export --merge-lora`'s directory, whose weights are not the save's base weights.
+TEST_F(Sample, ALoraSaveSamplesAsItsMergedExport) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    const fs::path ck = lora_checkpoint(preset), hf = dir / (std::string("merged-") + preset);
+    Output r = memfit(fmt::format("export --hf '{}' '{}' --merge-lora", hf.string(), ck.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("adapters merged"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(hf / "adapter_config.json"));
+    EXPECT_NE(slurp(hf / "model.safetensors"), slurp(ck / "model.safetensors"));
+    const Output lora = memfit(sample(ck, "--temperature 0 --tokens 40 --tokenizer byte"));
+    ASSERT_EQ(lora.exit_code, 0) << lora.err;
+    EXPECT_TRUE(lora.says("LoRA adapters (rank 4, alpha 16) merged into the weights")) << lora.err;
+    const Output merged = memfit(sample(hf, "--temperature 0 --tokens 40 --tokenizer byte"));
+    ASSERT_EQ(merged.exit_code, 0) << merged.err;
+    EXPECT_GT(lora.out.size(), std::string(kPrompt).size());
+    EXPECT_EQ(lora.out, merged.out);
+    // bf16 weights merge too (each rounded once).
+    const Output half = memfit(sample(ck, "--temperature 0 --tokens 5 --tokenizer byte "
+                                          "--precision bf16"));
+    EXPECT_EQ(half.exit_code, 0) << half.err;
+    EXPECT_TRUE(half.says("merged into the weights")) << half.err;
   }
 }
 

@@ -24,6 +24,7 @@
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/state/state_placement.h"
+#include "memfit/train/lora_from.h"
 #include "memfit/train/run_setup.h"
 
 namespace memfit::cli {
@@ -428,6 +429,9 @@ void add_plan_command(CLI::App& app) {
     if (!*json && !attention_line.empty()) fmt::print(stderr, "memfit: {}\n", attention_line);
     // The checkpoint the run starts from (--resume, --init-from), read once for every step below.
     StartingCheckpoint start(*cfg);
+    auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
+    adopt_lora_from(*cfg, start.model().config,
+                    {given("--lora-rank"), given("--lora-alpha"), given("--lora-targets")});
     const std::string precision_note = resolve_precision(*cfg, start);
     // The route of the precision as resolved (bf16's widened matmuls); an unknown name is the
     // run's to refuse (resolve_run), after these lines.

@@ -1,6 +1,7 @@
 // memfit sample: text from a checkpoint, one token at a time, with temperature, top-k and
 // top-p, through a KV cache (Note [KV cache], docs/notes/kv-cache.md) or, with --no-kv-cache, a
-// forward over the whole window per token; --chat reads prompts from stdin.
+// forward over the whole window per token; --chat reads prompts from stdin. A LoRA save is
+// sampled as its merged model.
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/tokenizer/tokenizer.h"
+#include "memfit/model/lora_merge.h"
 #include "memfit/model/transformer.h"
 
 namespace memfit::cli {
@@ -54,10 +56,24 @@ void check_options(const SampleOptions& o) {
                  "--chat reads its prompts from stdin, one a line; --prompt is for one text");
 }
 
+// A LoRA save (its base weights and PEFT's adapter files) is sampled as the merged model: each
+// adapted weight becomes W + (alpha/r) B A once, at load (model/lora_merge.h), so sampling runs
+// the plain model at its speed. Exact up to the merge's rounding (one per weight: f32, or bf16
+// with --precision bf16), which is what `memfit export --merge-lora` writes too.
+void merge_lora(const std::filesystem::path& dir, const ModelConfig& mc, Transformer& gpt,
+                MemoryPool& pool) {
+  const LoraLayout lora(mc, io::read_lora_options(dir, mc));
+  Tensor adapters = Tensor::empty(pool, {lora.total()}, DType::f32, Category::staging,
+                                  "sample.lora");
+  io::load_lora_adapter(dir, mc, lora, adapters);
+  const int merged = lora_merge(mc, gpt.layout(), gpt.weights(), lora, adapters);
+  fmt::print(stderr, "[sample] {}: {} LoRA adapters (rank {}, alpha {}) merged into the weights\n",
+             dir.string(), merged, lora.options().rank, lora.options().alpha);
+}
+
 void run_sample(const SampleOptions& o) {
   check_options(o);
   io::CheckpointLocation loc = io::locate_checkpoint(o.checkpoint);
-  io::refuse_lora_checkpoint(loc.dir, "sample");
   ModelConfig mc = io::read_model_config(loc.dir / "config.json");
   // auto: the tokenizer of the data the checkpoint was trained on (its trainer_state.json's,
   // from the data's dataset.json); else, for checkpoints from elsewhere, the largest known one
@@ -98,6 +114,7 @@ void run_sample(const SampleOptions& o) {
   MemoryPool pool;
   Transformer gpt(mc, pool, po);
   io::load_checkpoint(loc.dir, mc, gpt.layout(), gpt.weights());
+  if (io::has_lora_adapter(loc.dir)) merge_lora(loc.dir, mc, gpt, pool);
   gpt.refresh_working();
   const int V = mc.vocab_size;
   // Ids past the tokenizer's vocabulary (a model wider than its data's tokenizer) have no text:

@@ -17,6 +17,7 @@
 #include "memfit/plan/fit_advice.h"
 #include "memfit/profile/curves_page.h"
 #include "memfit/train/interrupt.h"
+#include "memfit/train/lora_from.h"
 #include "memfit/train/preset_schedule.h"
 #include "memfit/train/trainer.h"
 
@@ -161,6 +162,10 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--lora-dropout", c.lora.dropout,
                   "LoRA: dropout on the adapters' input (only 0 is built)")
       ->capture_default_str();
+  cmd->add_option("--lora-from", c.lora_from,
+                  "LoRA: start the adapters from PEFT's files in this directory "
+                  "(adapter_model.safetensors, adapter_config.json: its r, lora_alpha and "
+                  "target_modules, which options given must equal), with --init-from BASE");
   cmd->add_option("--threads", c.threads, "Threads (0: all cores)")->capture_default_str();
 }
 
@@ -378,6 +383,8 @@ void add_train_command(CLI::App& app) {
     StartingCheckpoint start(*cfg);
     // The preset's published learning rate and warmup, where the options leave them open.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
+    adopt_lora_from(*cfg, start.model().config,
+                    {given("--lora-rank"), given("--lora-alpha"), given("--lora-targets")});
     const std::string preset_line = apply_preset_schedule(
         *cfg, {given("--lr"), given("--warmup"), given("--min-lr")}, &start);
     if (lead && !preset_line.empty()) fmt::print("memfit: {}\n", preset_line);

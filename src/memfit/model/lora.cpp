@@ -89,6 +89,41 @@ std::vector<std::string> lora_target_names(Family family) {
   return out;
 }
 
+std::vector<std::string> lora_chosen_targets(const LoraOptions& o, Family family) {
+  std::vector<std::string> out;
+  for (const Target& t : chosen(o, family)) out.emplace_back(t.name);
+  return out;
+}
+
+std::string lora_targets_from_modules(const std::vector<std::string>& modules, Family family) {
+  const std::vector<Target> all = targets_of(family);
+  std::vector<bool> on(all.size(), false);
+  for (const std::string& m : modules) {
+    bool found = false;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const std::string full = all[i].module;
+      if (full == m || (full.size() > m.size() &&
+                        full.compare(full.size() - m.size(), m.size(), m) == 0 &&
+                        full[full.size() - m.size() - 1] == '.')) {
+        on[i] = true;
+        found = true;
+      }
+    }
+    if (!found) {
+      std::vector<std::string> names;
+      for (const Target& t : all) names.emplace_back(t.module);
+      MEMFIT_THROW(ConfigError, "lora",
+                   "target module '{}' is none of {}'s adapted layers ({})", m,
+                   family_name(family), fmt::join(names, ", "));
+    }
+  }
+  if (std::all_of(on.begin(), on.end(), [](bool b) { return b; })) return "all-linear";
+  std::vector<std::string> names;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (on[i]) names.emplace_back(all[i].name);
+  return fmt::format("{}", fmt::join(names, ","));
+}
+
 void check_lora_options(const LoraOptions& o, Family family) {
   if (o.rank < 1)
     MEMFIT_THROW(ConfigError, "config", "--lora-rank must be at least 1, got {}", o.rank);

@@ -31,6 +31,14 @@ std::vector<std::string> lora_target_names(Family family);
 // ConfigError for a rank below 1, a non-positive alpha, a dropout other than 0 (not built), an
 // empty, unknown or repeated target: the message names the family's targets.
 void check_lora_options(const LoraOptions& options, Family family);
+// The targets `options` chooses, as names of lora_target_names in the family's order
+// ("all-linear" spelled out): two lists that choose the same layers compare equal.
+std::vector<std::string> lora_chosen_targets(const LoraOptions& options, Family family);
+// PEFT's target_modules (module names, matched as suffixes of the layer's full name as PEFT
+// does: "q_proj", "self_attn.q_proj"; GPT-2's bare "c_proj" is both attn.c_proj and mlp.c_proj)
+// as a --lora-targets list; "all-linear" when every layer of the family is chosen.
+// ConfigError for a module that is none of the family's layers, naming them.
+std::string lora_targets_from_modules(const std::vector<std::string>& modules, Family family);
 
 // One adapter: PEFT's module name ("model.layers.0.self_attn.q_proj", "transformer.h.0.attn.
 // c_attn"), where it acts, and where A and B lie in the adapter slab.

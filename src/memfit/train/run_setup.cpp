@@ -174,6 +174,7 @@ RunCheckpoint StartingCheckpoint::checkpoint() {
   RunCheckpoint c;
   c.location = model().location;
   c.resume = !config_.resume_dir.empty();
+  c.lora_from = config_.lora_from;
   if (!c.location.dir.empty()) c.option = c.resume ? "--resume" : "--init-from";
   if (c.resume) {
     state();

@@ -87,6 +87,9 @@ struct TrainConfig {
   double save_every_minutes = 0;  // also save when this long has passed since the last (0: off)
   std::string resume_dir;
   std::string init_from;
+  // --lora-from ADAPTER_DIR (with --init-from BASE): the run's LoRA adapters start from PEFT's
+  // files there; adopt_lora_from (train/lora_from.h) takes their rank, alpha and targets.
+  std::string lora_from;
   std::string log_file;  // JSON lines
   bool shuffle = true;
   // Every step trains on the same micro-batches: the ones the run's first step reads (after a

@@ -35,6 +35,8 @@ void TrainRun::load_or_init() {
   if (resume && gpt->lora()) {  // the adapters and their optimizer's state (Note [LoRA])
     io::load_lora_adapter(location.dir, mc, *gpt->lora(), gpt->lora_weights());
     io::load_optimizer_state(location.dir / io::kAdapterOptimizerFile, *opt);
+  } else if (gpt->lora() && !settings.checkpoint.lora_from.empty()) {  // --lora-from: no state
+    io::load_lora_adapter(settings.checkpoint.lora_from, mc, *gpt->lora(), gpt->lora_weights());
   }
 }
 

@@ -22,6 +22,7 @@ struct RunCheckpoint {
   io::CheckpointLocation location;  // dir empty without a checkpoint
   bool resume = false;              // --resume (the optimizer and trainer state too)
   std::string option;               // "--resume" or "--init-from" (empty without)
+  std::string lora_from;            // --lora-from: the adapters' directory (empty without)
   // --resume: the text of its trainer_state.json; nullopt where it could not be read (the
   // trainer then reports the file's error where it loads the state).
   std::optional<std::string> state_text;

@@ -25,14 +25,22 @@ std::string peft_adapter_name(const std::string& adapter_param);
 // each file atomically.
 void save_lora_adapter(const std::filesystem::path& dir, const ModelConfig& model,
                        const LoraLayout& layout, const Tensor& slab);
+// Whether `dir` holds LoRA adapters (an adapter_config.json).
+bool has_lora_adapter(const std::filesystem::path& dir);
+// The options `dir`'s adapter_config.json was made with, for a model of `model`'s family: r,
+// lora_alpha, and target_modules as --lora-targets names (PEFT's suffix matching, so another
+// tool's ["q_proj", "v_proj"] reads as q,v). lora_dropout is a training setting and is not
+// read (dropout stays 0). IoError for a missing or malformed config and for what memfit does
+// not build (use_rslora, use_dora, rank_pattern, alpha_pattern, layers_to_transform, a bias,
+// a regular expression as target_modules), naming the field.
+LoraOptions read_lora_options(const std::filesystem::path& dir, const ModelConfig& model);
 // Reads `dir`'s adapters into `slab`. IoError for a missing file or tensor, or a config whose
-// r, lora_alpha or target_modules differ from `layout`'s (naming both).
+// r, lora_alpha or targets differ from `layout`'s (naming the field and both values).
 void load_lora_adapter(const std::filesystem::path& dir, const ModelConfig& model,
                        const LoraLayout& layout, const Tensor& slab);
 
-// ConfigError when `dir` holds LoRA adapters (adapter_config.json): `command` (sample, export)
-// reads the base weights alone, and applying or merging the adapters is not built yet, so it
-// refuses rather than silently use the base model.
+// ConfigError when `dir` holds LoRA adapters: memfit export without --merge-lora would write
+// the base weights alone, so it refuses rather than silently export the base model.
 void refuse_lora_checkpoint(const std::filesystem::path& dir, const char* command);
 
 }  // namespace memfit::io
