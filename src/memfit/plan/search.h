@@ -79,8 +79,9 @@ struct SearchSpace {
   // Every candidate also with the optimizer offloaded (--offload-dir without
   // --offload-optimizer: Note [NVMe offload]). Over several ranks only at the stages where the
   // state is sharded (StatePlacement::allows_optimizer_offload): with --zero auto stages 1 to
-  // 3, with a fixed stage only if it is one of them. In one process, or at stage 3, also with the working weights
-  // offloaded (--offload-params nvme, which needs the optimizer offloaded).
+  // 3, with a fixed stage only if it is one of them. In one process, or at stage 3
+  // (StatePlacement::allows_params_offload), also with the working weights offloaded
+  // (--offload-params nvme, which needs the optimizer offloaded).
   bool offload = false;
   // In one process, every offloaded candidate (the base's, or the offload space's) also with
   // the gradients on disk (--offload-grads nvme; --offload-dir given without --offload-grads).
