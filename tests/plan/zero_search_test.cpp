@@ -20,6 +20,7 @@
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/plan/search.h"
+#include "memfit/state/state_placement.h"
 #include "memfit/train/run_setup.h"
 #include "plan_test_util.h"
 
@@ -177,7 +178,8 @@ TEST(ZeroSearch, TheEstimatePricesEachStagesCollectives) {
     const RunSpec run = resolve_run(c);
     const PlanReport p = plan_training(run);
     const int64_t n = ParamLayout(p.model).total();
-    const dist::CommVolume v = dist::step_comm_volume(n, 2, 2, zero);
+    const dist::CommVolume v =
+        dist::step_comm_volume(n, 2, 2, StatePlacement::sharding(run.state_options(), run.world));
     comm[zero] = p.step_time.comm;
     EXPECT_DOUBLE_EQ(p.step_time.comm, v.copied_bytes(2) / rates.copy_bytes_per_s +
                                            v.summed_bytes(2) / rates.stream_bytes_per_s);

@@ -198,6 +198,40 @@ TEST(StatePlacement, GradientsPerUnitInBf16SyncedOrInAFile) {
   EXPECT_EQ(bare.optimizer().where, Residence::shard);
 }
 
+// The layout-free questions the options' checks, the search and the collectives' count ask
+// (nothing outside state/ decodes a stage): what each stage shards over several ranks, nothing
+// with one; a placement's sharding() is the static answer for its options and world, and
+// agrees with where it puts each kind; which stages may offload or update in the backward.
+TEST(StatePlacement, TheLayoutFreeQuestionsFollowTheStage) {
+  const Fixture f;
+  for (int world : {1, 2, 3})
+    for (int zero = 0; zero <= 3; ++zero) {
+      const std::string what = fmt::format("W={} --zero {}", world, zero);
+      const StateOptions o = options(zero, false);
+      const StateSharding s = StatePlacement::sharding(o, world);
+      const int stage = world > 1 ? zero : 0;
+      EXPECT_EQ(s.optimizer, stage >= 1) << what;
+      EXPECT_EQ(s.grads, stage >= 2) << what;
+      EXPECT_EQ(s.params, stage == 3) << what;
+      const StatePlacement p(f.layout, f.oc, o, {0, world});
+      EXPECT_EQ(p.sharding().optimizer, s.optimizer) << what;
+      EXPECT_EQ(p.sharding().grads, s.grads) << what;
+      EXPECT_EQ(p.sharding().params, s.params) << what;
+      EXPECT_EQ(p.optimizer().where == Residence::shard, s.optimizer) << what;
+      EXPECT_EQ(p.params_gathered(), s.params) << what;
+      EXPECT_EQ(p.grads_whole(), !s.grads) << what;
+      EXPECT_EQ(StatePlacement::allows_optimizer_offload(o, world), world == 1 || zero >= 1)
+          << what;
+      EXPECT_EQ(StatePlacement::allows_params_offload(o, world), world == 1 || zero == 3)
+          << what;
+      EXPECT_EQ(StatePlacement::allows_update_in_backward(o, world), world == 1 || zero >= 2)
+          << what;
+      StateOptions sync = o;
+      sync.sync_every_micro_batch = true;
+      EXPECT_EQ(StatePlacement::allows_update_in_backward(sync, world), world == 1) << what;
+    }
+}
+
 TEST(StatePlacement, BadCoordinatesAndStagesAreRefused) {
   const Fixture f;
   EXPECT_THROW(StatePlacement(f.layout, f.oc, options(0, false), {2, 2}), Error);

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "memfit/state/state_sharding.h"
+
 namespace memfit::dist {
 
 // Bytes of the buffers the collectives of a step cover (the same on every rank). A rank sends
@@ -38,24 +40,27 @@ struct CommVolume {
   }
 };
 
-// A step of `stage` over `world` ranks with n parameters (f32 gradients, working weights of
-// param_bytes each): stage 0 all-reduces the gradients; stage 1 too, then all-gathers the
-// updated working weights from their owners; stage 2 reduce-scatters the gradients, then
-// all-gathers; stage 3 reduce-scatters, and gathers `stage3_gathered` bytes of working weights
+// A step over `world` ranks with n parameters (f32 gradients, working weights of param_bytes
+// each), by what the ranks shard (StatePlacement::sharding): unsharded gradients are
+// all-reduced, sharded ones reduce-scattered; where each rank updates its shard of the
+// optimizer state, the updated working weights are all-gathered from their owners, unless the
+// working weights are sharded too, whose gathers cover `params_gathered` bytes
 // (WeightGather::step_gather_bytes: its blocks as the micro-batches need them, the persistent
-// units after the update). `reductions`: how often the gradients are reduced a step (1, or the
-// micro-batch count where every micro-batch is: Note [Sharded gradients]). The loss, the stop
-// flag and the gradient norm's partials (a few floats) are not counted. One rank: nothing.
-// `grad_bytes`: 4, or 2 where the gradients are reduced in bf16 (--grad-dtype bf16).
-inline CommVolume step_comm_volume(int64_t n, int param_bytes, int world, int stage,
-                                   int64_t stage3_gathered = 0, int reductions = 1,
-                                   int grad_bytes = 4) {
+// units after the update). So stage 0 all-reduces; stage 1 all-reduces, then all-gathers;
+// stage 2 reduce-scatters, then all-gathers; stage 3 reduce-scatters and gathers per unit.
+// `reductions`: how often the gradients are reduced a step (1, or the micro-batch count where
+// every micro-batch is: Note [Sharded gradients]). The loss, the stop flag and the gradient
+// norm's partials (a few floats) are not counted. One rank: nothing. `grad_bytes`: 4, or 2
+// where the gradients are reduced in bf16 (--grad-dtype bf16).
+inline CommVolume step_comm_volume(int64_t n, int param_bytes, int world,
+                                   const StateSharding& sharded, int64_t params_gathered = 0,
+                                   int reductions = 1, int grad_bytes = 4) {
   CommVolume v;
   if (world <= 1) return v;
-  (stage >= 2 ? v.reduce_scatter : v.all_reduce) = n * grad_bytes * reductions;
-  if (stage == 3)
-    v.all_gather = stage3_gathered;
-  else if (stage >= 1)
+  (sharded.grads ? v.reduce_scatter : v.all_reduce) = n * grad_bytes * reductions;
+  if (sharded.params)
+    v.all_gather = params_gathered;
+  else if (sharded.optimizer)
     v.all_gather = n * param_bytes;
   return v;
 }

@@ -265,7 +265,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   if (r.step.options.grads_in_arena) at(Category::grads) = 0;
   const DType half = half_dtype(precision.precision);
   r.comm_per_step = dist::step_comm_volume(
-      layout.total(), static_cast<int>(dtype_size(half)), spec.world, placement.stage(),
+      layout.total(), static_cast<int>(dtype_size(half)), spec.world, placement.sharding(),
       placement.params_gathered()
           ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
                                             placement.persist_threshold())

@@ -64,10 +64,11 @@ void RunSpec::check() const {
                  batch, T, int64_t{batch} * T, std::numeric_limits<int32_t>::max());
   if (zero < 0 || zero > 3)
     MEMFIT_THROW(ConfigError, "config", "--zero must be 0, 1, 2 or 3, got {}", zero);
+  const StateOptions state = state_options();
   // Under several ranks each rank offloads its own shard of the state (Note [NVMe offload],
   // "Under ZeRO"): stages 1 to 3, where the state is sharded. Stage 0 would have every rank
   // write the whole state. (--zero auto with offload searches stages 1 to 3: search_training.)
-  if (offload.optimizer && world > 1 && !zero_auto && zero == 0)
+  if (offload.optimizer && !zero_auto && !StatePlacement::allows_optimizer_offload(state, world))
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme under {} ranks offloads each rank's shard of the "
                  "optimizer state, so it needs --zero 1, 2 or 3 (got --zero 0: every rank would "
@@ -83,7 +84,9 @@ void RunSpec::check() const {
                  "--offload-params nvme needs --offload-optimizer nvme: the update that streams "
                  "the optimizer state a piece at a time is what writes each block's new working "
                  "weights back to the file");
-  if (offload.params && world > 1 && (zero != 3 || zero_auto))
+  // (With --zero auto over several ranks the stage is not chosen yet: refused too.)
+  if (offload.params &&
+      (zero_auto ? world > 1 : !StatePlacement::allows_params_offload(state, world)))
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-params nvme under {} ranks offloads each rank's shard of the working "
                  "weights, so it needs --zero 3 (got --zero {}: every rank would hold and write "
@@ -144,8 +147,9 @@ void RunSpec::check_update_in_backward() const {
                  "needs every gradient before any unit is stepped; use --precision bf16 (no loss "
                  "scale) or drop --update-in-backward");
   // Over ranks each unit is reduce-scattered and this rank's part stepped from the unit's
-  // buffer: stages 2-3, whose gradients are already per unit and a shard.
-  if (world > 1 && (zero < 2 || zero_auto || sync_every_micro_batch))
+  // buffer: stages 2-3, whose gradients are already per unit and a shard. (With --zero auto
+  // over several ranks the stage is not chosen yet: refused too.)
+  if (zero_auto ? world > 1 : !StatePlacement::allows_update_in_backward(state_options(), world))
     MEMFIT_THROW(ConfigError, "config",
                  "--update-in-backward under {} ranks reduce-scatters each unit and steps this "
                  "rank's part of it at once, so it needs --zero 2 or 3 (got --zero {})",

@@ -188,6 +188,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   r.with_stage = space.stages;
   r.per_rank = base.world > 1;
   StepPlanCache steps;  // the candidates of one policy, compression and micro-batch share one
+  StateOptions at_stage = base.state_options();  // the base's, at the stage being tried
   for (const std::string& policy : policies)
     for (ActCompress compress : compressions) {
       // A policy that recomputes every block keeps nothing to compress: the same run as none.
@@ -200,9 +201,13 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             const bool offload = level >= 1;
             // --update-in-backward takes one micro-batch a step (RunSpec::check).
             if (base.update_in_backward && global / b > 1) continue;
-            if (level == 2 && base.world > 1 && stage != 3) continue;
-            // Offloaded only where each rank's state is a shard (not stage 0 over ranks).
-            if (offload && !SearchSpace::offload_allowed(base.world, stage)) continue;
+            // Offloaded only where each rank's state is a shard (not stage 0 over ranks), the
+            // working weights only where they are a shard too (stage 3 over ranks).
+            at_stage.zero = stage;
+            if (level == 2 && !StatePlacement::allows_params_offload(at_stage, base.world))
+              continue;
+            if (offload && !StatePlacement::allows_optimizer_offload(at_stage, base.world))
+              continue;
             Candidate c;
             c.ckpt = policy;
             c.act_compress = compress;

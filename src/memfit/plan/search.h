@@ -78,9 +78,10 @@ struct SearchSpace {
   bool compression = false;
   // Every candidate also with the optimizer offloaded (--offload-dir without
   // --offload-optimizer: Note [NVMe offload]). Over several ranks only at the stages where the
-  // state is sharded (offload_allowed): with --zero auto stages 1 to 3, with a fixed stage
-  // only if it is one of them. In one process, or at stage 3, also with the working weights
-  // offloaded (--offload-params nvme, which needs the optimizer offloaded).
+  // state is sharded (StatePlacement::allows_optimizer_offload): with --zero auto stages 1 to
+  // 3, with a fixed stage only if it is one of them. In one process, or at stage 3
+  // (StatePlacement::allows_params_offload), also with the working weights offloaded
+  // (--offload-params nvme, which needs the optimizer offloaded).
   bool offload = false;
   // In one process, every offloaded candidate (the base's, or the offload space's) also with
   // the gradients on disk (--offload-grads nvme; --offload-dir given without --offload-grads).
@@ -94,13 +95,11 @@ struct SearchSpace {
     const bool searching = spec.ckpt_auto || spec.auto_batch || stages;
     return {spec.ckpt_auto, spec.auto_batch, spec.ckpt_auto && spec.act_compress_open,
             spec.offload_open && searching && !spec.update_in_backward &&
-                (stages || offload_allowed(spec.world, spec.zero)),
+                (stages || StatePlacement::allows_optimizer_offload(spec.state_options(),
+                                                                    spec.world)),
             spec.offload_grads_open && searching && spec.world == 1 && !spec.update_in_backward,
             stages};
   }
-  // Whether a run of `world` ranks at ZeRO stage `zero` may offload its optimizer: in one
-  // process, or where each rank's state is a shard (stages 1-3; RunSpec::check refuses 0).
-  static bool offload_allowed(int world, int zero) { return world == 1 || zero >= 1; }
 };
 
 // The ZeRO stages --zero auto tries over several ranks, lowest first (ties go to the lower:

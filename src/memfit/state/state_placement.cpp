@@ -19,9 +19,29 @@ const char* residence_name(Residence r) {
   return "?";
 }
 
+StateSharding StatePlacement::sharding(const StateOptions& o, int world) {
+  // Note [ZeRO]: with one rank every stage is stage 0. Stage 1 shards the master weights and
+  // the optimizer state, stage 2 the gradients' sums too, stage 3 the working weights too.
+  const int stage = world > 1 ? o.zero : 0;
+  return {.optimizer = stage >= 1, .grads = stage >= 2, .params = stage == 3};
+}
+
+bool StatePlacement::allows_optimizer_offload(const StateOptions& o, int world) {
+  return world == 1 || sharding(o, world).optimizer;
+}
+
+bool StatePlacement::allows_params_offload(const StateOptions& o, int world) {
+  return world == 1 || sharding(o, world).params;
+}
+
+bool StatePlacement::allows_update_in_backward(const StateOptions& o, int world) {
+  return world == 1 || (sharding(o, world).grads && !o.sync_every_micro_batch);
+}
+
 bool StatePlacement::grads_per_unit(const StateOptions& o, int world) {
   return !o.offload_grads && !(o.update_in_backward && world == 1) &&
-         (o.grad_dtype != DType::f32 || (world > 1 && (o.zero >= 2 || o.sync_every_micro_batch)));
+         (o.grad_dtype != DType::f32 || sharding(o, world).grads ||
+          (world > 1 && o.sync_every_micro_batch));
 }
 
 StatePlacement::StatePlacement(const ParamLayout& layout, const OptimConfig& optim,
@@ -50,14 +70,13 @@ StatePlacement StatePlacement::of_rank(int rank) const {
 }
 
 void StatePlacement::place() {
-  // Note [ZeRO]: with one rank every stage is stage 0. Stage 1 shards the master weights and
-  // the optimizer state, stage 2 the gradients' sums too, stage 3 the working weights too.
-  stage_ = coords_.world > 1 ? options_.zero : 0;
+  stage_ = coords_.world > 1 ? options_.zero : 0;  // for logs (stage())
+  sharding_ = sharding(options_, coords_.world);
   const std::optional<ElementRange> mine = owned();
   const ElementRange own = mine.value_or(whole_);
   const Residence in_ram = mine ? Residence::shard : Residence::whole;
 
-  params_gathered_ = stage_ == 3;
+  params_gathered_ = sharding_.params;
   if (options_.offload_params)
     params_ = {Residence::file, params_file_range().value_or(whole_)};
   else
@@ -71,7 +90,7 @@ void StatePlacement::place() {
   optimizer_ = {options_.offload_optimizer ? Residence::file : in_ram, own};
 
   grads_per_unit_ = grads_per_unit(options_, coords_.world);
-  grads_whole_ = stage_ < 2;
+  grads_whole_ = !sharding_.grads;
   if (options_.offload_grads)
     grads_ = {Residence::file, whole_};
   else if (grads_per_unit_ && !grads_whole_)
@@ -81,7 +100,7 @@ void StatePlacement::place() {
 }
 
 std::optional<ElementRange> StatePlacement::owned() const {
-  if (stage_ >= 1) return my_shard();
+  if (sharding_.optimizer) return my_shard();
   return std::nullopt;
 }
 

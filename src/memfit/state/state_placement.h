@@ -17,6 +17,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/core/element_range.h"
+#include "memfit/state/state_sharding.h"
 
 namespace memfit {
 
@@ -81,12 +82,29 @@ class StatePlacement {
   // store keeps them per unit itself. Needs no layout (RunSpec::unit_grads asks it).
   static bool grads_per_unit(const StateOptions& options, int world);
 
+  // Questions a run's options answer without a layout, for the code that decides before any
+  // placement is built (RunSpec::check, the search) or counts without one (the collectives).
+  // What each rank shards over `world` ranks: the one place --zero is decoded.
+  static StateSharding sharding(const StateOptions& options, int world);
+  // The optimizer state may go to files (--offload-optimizer): in one process, or where each
+  // rank owns a shard of it; otherwise every rank would write the whole state.
+  static bool allows_optimizer_offload(const StateOptions& options, int world);
+  // The working weights may go to a file (--offload-params): in one process, or where each
+  // rank holds a shard of them (gathered per unit); otherwise every rank would write them whole.
+  static bool allows_params_offload(const StateOptions& options, int world);
+  // --update-in-backward: in one process, or where each unit's gradients are reduce-scattered
+  // as its backward ends (sharded gradients, not the whole-slab sync of
+  // --sync-every-micro-batch), so the rank can step its part of the unit at once.
+  static bool allows_update_in_backward(const StateOptions& options, int world);
+
   const RankCoords& coords() const { return coords_; }
   int rank() const { return coords_.rank; }
   int world() const { return coords_.world; }
   // The ZeRO stage in effect: --zero over several ranks, 0 with one. Named for logs, the
   // profile and the checkpoint's index only; decisions read the questions below.
   int stage() const { return stage_; }
+  // What this rank keeps only its shard of (sharding(options(), world())).
+  const StateSharding& sharding() const { return sharding_; }
   const StateOptions& options() const { return options_; }
 
   ElementRange whole() const { return whole_; }
@@ -154,6 +172,7 @@ class StatePlacement {
   StateOptions options_;
   RankCoords coords_;
   int stage_ = 0;
+  StateSharding sharding_;
   ElementRange whole_;
   std::vector<ElementRange> shards_;
   StateSlice params_, master_, grads_, optimizer_;
