@@ -45,7 +45,8 @@ struct RunSpec {
   int batch = 1, grad_accum = 1;  // micro-batch rows, micro-batches per optimizer step
   int64_t steps = 0;
   PrecisionOptions precision;
-  // LoRA (Note [LoRA]): the base frozen, the adapters trained; fp32, one process, in RAM.
+  // LoRA (Note [LoRA]): the base frozen, the adapters trained; fp32 or bf16 (the base bf16
+  // alone, no master weights), one process, in RAM.
   LoraOptions lora;
   AttentionKind attention = AttentionKind::flash;
   int lm_head_group = 0;       // --lm-head-group (ActivationOptions::lm_head_group)
