@@ -38,7 +38,7 @@ void linear_backward_around(StepContext& ctx, Tensor dinp, Tensor dweight, Tenso
 enum class Keep : uint8_t { exact, compressible };
 
 // bf16 LoRA: the adapters' GEMMs widen this many rows of their bf16 operands at a time
-// (Note [LoRA], "bf16"): 256 x 14336 f32 is 14 MiB at LLaMA-3 8B's widest layer.
+// (Note [LoRA], "bf16"): 256 x 28672 f32 is 28 MiB at LLaMA-3 8B's widest (gate|up).
 inline constexpr int64_t kLoraChunkRows = 256;
 
 class BlockStep {
