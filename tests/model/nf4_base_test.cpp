@@ -73,8 +73,8 @@ TEST(Nf4BaseQuantize, StreamedRowsAreTheWholeMatrixQuantizedBitForBit) {
                                                                : b.mlp_out_w;
       ASSERT_EQ(want_w.shape(), (Shape{mx.rows, mx.cols}));
       EXPECT_EQ(want_w.data<float>(), params + mx.layout_offset);
-      Tensor want = Tensor::empty(pool, {static_cast<int64_t>(kernels::nf4_bytes(mx.rows, mx.cols))},
-                                  DType::u8, Category::staging, "want");
+      const auto bytes = static_cast<int64_t>(kernels::nf4_bytes(mx.rows, mx.cols));
+      Tensor want = Tensor::empty(pool, {bytes}, DType::u8, Category::staging, "want");
       kernels::Nf4Weight ww = kernels::Nf4Weight::view(want, mx.rows, mx.cols);
       Tensor scratch = Tensor::empty(
           pool, {static_cast<int64_t>(kernels::nf4_quantize_scratch_bytes(mx.rows, mx.cols) / 4)},

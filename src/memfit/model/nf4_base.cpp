@@ -72,8 +72,8 @@ const Nf4Matrix& Nf4BaseLayout::matrix(int layer, LinearSlot slot) const {
 }
 
 kernels::Nf4Weight Nf4BaseLayout::view(const Tensor& buffer, const Nf4Matrix& m) const {
-  MEMFIT_CHECK(buffer.nbytes() >= bytes_, "nf4_base", "a buffer of {} bytes for {}", buffer.nbytes(),
-               bytes_);
+  MEMFIT_CHECK(buffer.nbytes() >= bytes_, "nf4_base", "a buffer of {} bytes for {}",
+               buffer.nbytes(), bytes_);
   return kernels::Nf4Weight::view(static_cast<std::byte*>(buffer.raw_data()) + m.at, m.rows,
                                   m.cols);
 }

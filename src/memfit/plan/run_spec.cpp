@@ -102,8 +102,8 @@ void RunSpec::check() const {
   check_precision_options(precision);
   check_activation_options(activation_options());
   // (LoRA's optimizer steps the f32 adapters: no stochastic rounding there.)
-  if (!precision.master_weights && !lora.enabled() && optim.name != "adamw" && optim.name != "adamw8bit" &&
-      !is_apollo(optim.name))
+  if (!precision.master_weights && !lora.enabled() && optim.name != "adamw" &&
+      optim.name != "adamw8bit" && !is_apollo(optim.name))
     MEMFIT_THROW(ConfigError, "config",
                  "--master-weights none updates bf16 weights with stochastic rounding, which "
                  "only --optim adamw, adamw8bit, apollo and apollo-mini implement; got {}",
