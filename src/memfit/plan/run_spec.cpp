@@ -7,6 +7,11 @@
 
 namespace memfit {
 
+PrecisionOptions run_precision(PrecisionOptions asked, const LoraOptions& lora) {
+  if (lora.enabled() && asked.precision == Precision::bf16) asked.master_weights = false;
+  return asked;
+}
+
 ActivationOptions RunSpec::activation_options() const {
   ActivationOptions o;
   o.attention = attention;

@@ -39,6 +39,11 @@ struct OffloadOptions {
   uint64_t disk_limit = 0;
 };
 
+// The precision a run keeps: `asked`, except that LoRA in bf16 keeps no FP32 master copy of
+// its frozen base (Note [LoRA], "bf16"): the base is its bf16 weights alone, the adapters f32.
+// resolve_run and the fit advice's bf16 lever both ask it.
+PrecisionOptions run_precision(PrecisionOptions asked, const LoraOptions& lora);
+
 struct RunSpec {
   ModelConfig model;  // resolved: the checkpoint's when resuming or initialising, else the preset
   int T = 0;          // sequence length

@@ -214,12 +214,8 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   s.batch = c.batch;
   s.grad_accum = c.grad_accum;
   s.steps = c.steps;
-  s.precision = c.precision_options();
   s.lora = c.lora;
-  // LoRA in bf16 (Note [LoRA], "bf16"): the frozen base is its bf16 weights alone, no FP32
-  // master copy (nothing updates it); the adapters are f32 themselves.
-  if (s.lora.enabled() && s.precision.precision == Precision::bf16)
-    s.precision.master_weights = false;
+  s.precision = run_precision(c.precision_options(), s.lora);  // LoRA's bf16 base: no master
   s.attention = attention_kind_from_name(c.attention);
   s.lm_head_group = c.lm_head_group;
   s.ckpt_auto = c.ckpt == "auto";
