@@ -5,6 +5,7 @@
 
 #include "memfit/kernels/cpu/act_quant.h"
 #include "memfit/kernels/cpu/attention.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
@@ -125,33 +126,93 @@ void BlockStep::matmuls() {
   if (options.lora_rank > 0) {
     lora_u_ = scratch("ws.lora.u", {rows(), options.lora_rank}, DType::f32);
     lora_du_ = scratch("ws.lora.du", {rows(), options.lora_rank}, DType::f32);
+    // bf16 (Note [LoRA], "bf16"): the adapters' f32 GEMMs read the bf16 activations and
+    // gradients widened, kLoraChunkRows rows at a time, into two buffers as wide as the widest
+    // input or output of a block's linears.
+    if (mixed()) {
+      const int64_t wide = std::max({int64_t{config.d_model}, config.qkv_width(),
+                                     config.attn_width(), config.fc_width(),
+                                     int64_t{config.ffn_dim}});
+      const int64_t k = std::min(rows(), kLoraChunkRows);
+      lora_x_ = scratch("ws.lora.x", {k, wide}, DType::f32);
+      lora_y_ = scratch("ws.lora.y", {k, wide}, DType::f32);
+    }
   }
+}
+
+namespace {
+
+// Rows [r0, r0 + k) of a (rows, n) matrix as f32 for the adapters' GEMMs: in place when it is
+// f32, else widened exactly into `scratch` (row stride n either way).
+float* lora_rows(const Tensor& t, int64_t r0, int64_t k, const Tensor& scratch) {
+  const int64_t n = t.size(-1);
+  if (t.dtype() == DType::f32) return static_cast<float*>(t.raw_data()) + r0 * n;
+  float* dst = static_cast<float*>(scratch.raw_data());
+  const auto* src = static_cast<const std::byte*>(t.raw_data()) +
+                    static_cast<size_t>(r0 * n) * dtype_size(t.dtype());
+  convert_n_team(t.dtype(), DType::f32, dst, src, k * n);
+  return dst;
+}
+
+// After the adapters added into lora_rows(t, ...)'s rows: a half tensor rounded back from the
+// scratch (to nearest even, once); f32 was written in place.
+void lora_store_rows(const Tensor& t, int64_t r0, int64_t k, const float* rows) {
+  if (t.dtype() == DType::f32) return;
+  const int64_t n = t.size(-1);
+  auto* dst = static_cast<std::byte*>(t.raw_data()) +
+              static_cast<size_t>(r0 * n) * dtype_size(t.dtype());
+  convert_n_team(DType::f32, t.dtype(), dst, rows, k * n);
+}
+
+void check_lora_dtypes(const Tensor& a, const Tensor& b) {
+  for (const Tensor* t : {&a, &b})
+    MEMFIT_CHECK_DTYPE(t->dtype() == DType::f32 || t->dtype() == DType::bf16, "lora",
+                       "LoRA adapters run on f32 or bf16 activations, got {}",
+                       dtype_name(t->dtype()));
+}
+
+}  // namespace
+
+// Rows of the adapters' GEMMs at a time: all of them in f32 (in place), kLoraChunkRows in bf16.
+int64_t BlockStep::lora_chunk(const Tensor& t) const {
+  return t.dtype() == DType::f32 ? rows() : std::min(rows(), kLoraChunkRows);
 }
 
 // Note [LoRA]: the adapters in f32 through the strided GEMM, each on its rows of the output
 // (a member of a fused layer is a column range of the output's rows, ldc the layer's width):
-// u = x A^T, then y[:, rows] += scale u B^T.
+// u = x A^T, then y[:, rows] += scale u B^T. In bf16 x and y a chunk of rows at a time widened
+// (y rounded back once, after every adapter of the layer added to it).
 void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias) {
   memfit::linear_forward(ctx, out, inp, weight, bias);
   const LoraSet& adapters = w.lora[static_cast<size_t>(slot)];
-  if (!running()) return;
+  bool adapted = false;
+  for (const LoraView& a : adapters) adapted = adapted || a.a.defined();
+  if (!running() || !adapted) return;
+  check_lora_dtypes(inp, out);
   const int64_t N = rows(), r = options.lora_rank, in = inp.size(-1), width = out.size(-1);
-  for (const LoraView& a : adapters) {
-    if (!a.a.defined()) continue;
-    MEMFIT_CHECK_DTYPE(inp.dtype() == DType::f32 && out.dtype() == DType::f32, "lora",
-                       "LoRA adapters run in fp32 only, got {} inputs", dtype_name(inp.dtype()));
-    float* u = lora_u_.data<float>();
-    gemm(false, true, N, r, in, 1.0f, inp.data<float>(), in, a.a.data<float>(), in, 0.0f, u, r);
-    gemm(false, true, N, a.b.size(0), r, a.scale, u, r, a.b.data<float>(), r, 1.0f,
-         out.data<float>() + a.row0, width);
+  const int64_t K = std::min(lora_chunk(inp), lora_chunk(out));
+  for (int64_t r0 = 0; r0 < N; r0 += K) {
+    const int64_t k = std::min(K, N - r0);
+    const float* x = lora_rows(inp, r0, k, lora_x_);
+    float* y = lora_rows(out, r0, k, lora_y_);
+    float* u = lora_u_.data<float>() + r0 * r;
+    for (const LoraView& a : adapters) {
+      if (!a.a.defined()) continue;
+      gemm(false, true, k, r, in, 1.0f, x, in, a.a.data<float>(), in, 0.0f, u, r);
+      gemm(false, true, k, a.b.size(0), r, a.scale, u, r, a.b.data<float>(), r, 1.0f,
+           y + a.row0, width);
+    }
+    lora_store_rows(out, r0, k, y);
   }
 }
 
 // d(input) gets the adapters' du A (du = scale dout[:, rows] B) before `between` (which may
 // rewrite inp, and GPT-2's scales d(input) by the GELU's derivative); then, from inp as it is
 // after it, dB += scale dout[:, rows]^T u and dA += du^T x (u = x A^T recomputed: nothing
-// saved). The base weight's gradient is skipped where `dweight` is undefined (frozen).
+// saved). The base weight's gradient is skipped where `dweight` is undefined (frozen). In bf16
+// the operands a chunk of rows at a time widened, as in the forward; the gradients of A and B
+// sum the chunks' products in f32.
 void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
                                        const Tensor& dout, const Tensor& inp,
                                        const Tensor& weight,
@@ -164,21 +225,25 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
     memfit::linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, between);
     return;
   }
-  MEMFIT_CHECK_DTYPE(inp.dtype() == DType::f32 && dout.dtype() == DType::f32, "lora",
-                     "LoRA adapters run in fp32 only, got {} inputs", dtype_name(inp.dtype()));
+  check_lora_dtypes(inp, dout);
+  check_lora_dtypes(dinp, dout);
   const int64_t N = rows(), r = options.lora_rank, in = inp.size(-1), width = dout.size(-1);
-  const float* dy = dout.data<float>();
-  float* u = lora_u_.data<float>();
-  float* du = lora_du_.data<float>();
+  const int64_t K = std::min({lora_chunk(inp), lora_chunk(dout), lora_chunk(dinp)});
   // More than one adapter on a layer (q, k, v) needs each one's du after `between`: recomputed
   // there (one (N, out_part) x (out_part, r) GEMM each), so d(input) is done first for all.
   memfit::linear_backward_around(ctx, dinp, Tensor{}, Tensor{}, dout, inp, weight, [&] {
-    for (const LoraView& a : wa) {
-      if (!a.a.defined()) continue;
-      gemm(false, false, N, r, a.b.size(0), a.scale, dy + a.row0, width, a.b.data<float>(), r,
-           0.0f, du, r);
-      gemm(false, false, N, in, r, 1.0f, du, r, a.a.data<float>(), in, 1.0f, dinp.data<float>(),
-           in);
+    for (int64_t r0 = 0; r0 < N; r0 += K) {
+      const int64_t k = std::min(K, N - r0);
+      const float* dy = lora_rows(dout, r0, k, lora_x_);
+      float* dx = lora_rows(dinp, r0, k, lora_y_);
+      float* du = lora_du_.data<float>() + r0 * r;
+      for (const LoraView& a : wa) {
+        if (!a.a.defined()) continue;
+        gemm(false, false, k, r, a.b.size(0), a.scale, dy + a.row0, width, a.b.data<float>(), r,
+             0.0f, du, r);
+        gemm(false, false, k, in, r, 1.0f, du, r, a.a.data<float>(), in, 1.0f, dx, in);
+      }
+      lora_store_rows(dinp, r0, k, dx);
     }
     between();
   });
@@ -191,14 +256,21 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
       matmul_backward(none, dweight, dbias, dout, inp, weight);
     }
   }
-  for (size_t k = 0; k < wa.size(); ++k) {
-    const LoraView &a = wa[k], &da = ga[k];
-    if (!a.a.defined()) continue;
-    const int64_t out = a.b.size(0);
-    gemm(false, true, N, r, in, 1.0f, inp.data<float>(), in, a.a.data<float>(), in, 0.0f, u, r);
-    gemm(true, false, out, r, N, a.scale, dy + a.row0, width, u, r, 1.0f, da.b.data<float>(), r);
-    gemm(false, false, N, r, out, a.scale, dy + a.row0, width, a.b.data<float>(), r, 0.0f, du, r);
-    gemm(true, false, r, in, N, 1.0f, du, r, inp.data<float>(), in, 1.0f, da.a.data<float>(), in);
+  for (int64_t r0 = 0; r0 < N; r0 += K) {
+    const int64_t k = std::min(K, N - r0);
+    const float* x = lora_rows(inp, r0, k, lora_x_);
+    const float* dy = lora_rows(dout, r0, k, lora_y_);
+    float* u = lora_u_.data<float>() + r0 * r;
+    float* du = lora_du_.data<float>() + r0 * r;
+    for (size_t j = 0; j < wa.size(); ++j) {
+      const LoraView &a = wa[j], &da = ga[j];
+      if (!a.a.defined()) continue;
+      const int64_t out = a.b.size(0);
+      gemm(false, true, k, r, in, 1.0f, x, in, a.a.data<float>(), in, 0.0f, u, r);
+      gemm(true, false, out, r, k, a.scale, dy + a.row0, width, u, r, 1.0f, da.b.data<float>(), r);
+      gemm(false, false, k, r, out, a.scale, dy + a.row0, width, a.b.data<float>(), r, 0.0f, du, r);
+      gemm(true, false, r, in, k, 1.0f, du, r, x, in, 1.0f, da.a.data<float>(), in);
+    }
   }
 }
 

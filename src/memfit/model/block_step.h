@@ -37,6 +37,10 @@ void linear_backward_around(StepContext& ctx, Tensor dinp, Tensor dweight, Tenso
 // saved residual may; norm statistics and log-sum-exps stay exact.
 enum class Keep : uint8_t { exact, compressible };
 
+// bf16 LoRA: the adapters' GEMMs widen this many rows of their bf16 operands at a time
+// (Note [LoRA], "bf16"): 256 x 28672 f32 is 28 MiB at LLaMA-3 8B's widest (gate|up).
+inline constexpr int64_t kLoraChunkRows = 256;
+
 class BlockStep {
  public:
   BlockStep(StepContext& ctx, const ModelConfig& config, const ActivationOptions& options, int B,
@@ -81,7 +85,9 @@ class BlockStep {
   Tensor scratch_read(const std::string& tag) { return ctx.read(tag); }
 
   // Declares the phase's matmuls (the widening scratch, where there is one); then the linears.
-  // With LoRA also the adapters' (rows, rank) f32 scratch, "ws.lora.u" and "ws.lora.du".
+  // With LoRA also the adapters' (rows, rank) f32 scratch, "ws.lora.u" and "ws.lora.du", and
+  // in bf16 their widened operands, "ws.lora.x" and "ws.lora.y" (kLoraChunkRows, the blocks'
+  // widest linear) f32 each.
   void matmuls();
   // `slot` names the layer, whose LoRA adapters (w.lora, g.lora: none without --lora-rank) the
   // linears add to the output and to d(input), and whose gradients they accumulate (Note [LoRA]).
@@ -117,6 +123,8 @@ class BlockStep {
   bool kept_ = true;                 // this block keeps its activations (not recomputed)
   std::vector<Compressed> pending_;  // saved in this forward, to quantise
   Tensor lora_u_, lora_du_;          // x A^T and d(x A^T) of one adapter (with LoRA)
+  Tensor lora_x_, lora_y_;           // bf16 LoRA: a chunk of rows of its operands, widened
+  int64_t lora_chunk(const Tensor& t) const;
 };
 
 // The tag of block l's output under these slots: "h.<l>.residual_3" where it is kept (a block

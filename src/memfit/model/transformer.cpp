@@ -73,11 +73,17 @@ Tensor Transformer::grad_sums(ElementRange r) {
 void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base) {
   MEMFIT_CHECK(!lora_, "lora", "the model has its adapters already");
   MEMFIT_CHECK(B_ == 0, "lora", "add the adapters before reserve()");
-  MEMFIT_CHECK(precision_.precision == Precision::fp32 && !source_ && !store_ && !sharded_ &&
-                   master_range_ == whole(),
+  MEMFIT_CHECK(!source_ && !store_ && !sharded_ && master_range_ == whole(), "lora",
+               "LoRA is built in one process with every weight in RAM (no ZeRO, no offload, no "
+               "per-unit gradients)");
+  // bf16 (Note [LoRA], "bf16"): the frozen base is its bf16 working weights alone; the
+  // adapters are f32 (their own master weights).
+  const Precision p = precision_.precision;
+  MEMFIT_CHECK(p == Precision::fp32 || (p == Precision::bf16 && !master_.defined() && freeze_base),
                "lora",
-               "LoRA is built for fp32 in one process with every weight in RAM (no ZeRO, no "
-               "offload, no per-unit gradients)");
+               "LoRA is built for fp32, and for bf16 with a frozen base and no master weights "
+               "(PrecisionOptions::master_weights false), got {}{}",
+               precision_name(p), master_.defined() ? " with master weights" : "");
   lora_.emplace(config_, options);
   lora_weights_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::params,
                                 "lora.params");

@@ -96,7 +96,10 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
     if ((set & allowed) != set || (set & mandatory) != mandatory) continue;
     RunSpec c = base;
     c.auto_batch = false;
-    if (set & kBf16) c.precision.precision = Precision::bf16;
+    if (set & kBf16) {
+      c.precision.precision = Precision::bf16;
+      c.precision = run_precision(c.precision, c.lora);  // LoRA: the base without master weights
+    }
     if (set & kOptim8bit) {
       c.optim.name = eight_bit(c.optim.name);
       c.optim.state_dtype = DType::f32;  // the 8-bit state replaces bf16 moments

@@ -7,6 +7,11 @@
 
 namespace memfit {
 
+PrecisionOptions run_precision(PrecisionOptions asked, const LoraOptions& lora) {
+  if (lora.enabled() && asked.precision == Precision::bf16) asked.master_weights = false;
+  return asked;
+}
+
 ActivationOptions RunSpec::activation_options() const {
   ActivationOptions o;
   o.attention = attention;
@@ -41,8 +46,11 @@ void RunSpec::check() const {
   check_optim_config(optim);
   if (lora.enabled()) {
     check_lora_options(lora, model.family);
-    // What is built (Note [LoRA], "What remains"): fp32, one process, every weight in RAM.
-    const char* refused = precision.precision != Precision::fp32 ? "--precision bf16/fp16"
+    // What is built (Note [LoRA], "What remains"): fp32 or bf16 (the base bf16 alone, no
+    // master weights: resolve_run), one process, every weight in RAM.
+    const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
+                          : precision.master_weights && precision.precision != Precision::fp32
+                              ? "master weights for the frozen base"
                           : world > 1                             ? "several ranks"
                           : zero != 0 || zero_auto                ? "--zero"
                           : offload.optimizer || offload.params || offload.grads
@@ -52,8 +60,9 @@ void RunSpec::check() const {
                                                      : nullptr;
     if (refused)
       MEMFIT_THROW(ConfigError, "config",
-                   "--lora-rank with {} is not built: LoRA trains in fp32, in one process, with "
-                   "every weight in RAM (no --zero, no --offload-*, no --update-in-backward)",
+                   "--lora-rank with {} is not built: LoRA trains in fp32 or bf16, in one process, "
+                   "with every weight in RAM (no --zero, no --offload-*, no "
+                   "--update-in-backward)",
                    refused);
   }
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
@@ -100,8 +109,9 @@ void RunSpec::check() const {
                  persist_threshold);
   check_precision_options(precision);
   check_activation_options(activation_options());
-  if (!precision.master_weights && optim.name != "adamw" && optim.name != "adamw8bit" &&
-      !is_apollo(optim.name))
+  // (LoRA's optimizer steps the f32 adapters: no stochastic rounding there.)
+  if (!precision.master_weights && !lora.enabled() && optim.name != "adamw" &&
+      optim.name != "adamw8bit" && !is_apollo(optim.name))
     MEMFIT_THROW(ConfigError, "config",
                  "--master-weights none updates bf16 weights with stochastic rounding, which "
                  "only --optim adamw, adamw8bit, apollo and apollo-mini implement; got {}",

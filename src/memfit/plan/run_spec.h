@@ -39,13 +39,19 @@ struct OffloadOptions {
   uint64_t disk_limit = 0;
 };
 
+// The precision a run keeps: `asked`, except that LoRA in bf16 keeps no FP32 master copy of
+// its frozen base (Note [LoRA], "bf16"): the base is its bf16 weights alone, the adapters f32.
+// resolve_run and the fit advice's bf16 lever both ask it.
+PrecisionOptions run_precision(PrecisionOptions asked, const LoraOptions& lora);
+
 struct RunSpec {
   ModelConfig model;  // resolved: the checkpoint's when resuming or initialising, else the preset
   int T = 0;          // sequence length
   int batch = 1, grad_accum = 1;  // micro-batch rows, micro-batches per optimizer step
   int64_t steps = 0;
   PrecisionOptions precision;
-  // LoRA (Note [LoRA]): the base frozen, the adapters trained; fp32, one process, in RAM.
+  // LoRA (Note [LoRA]): the base frozen, the adapters trained; fp32 or bf16 (the base bf16
+  // alone, no master weights), one process, in RAM.
   LoraOptions lora;
   AttentionKind attention = AttentionKind::flash;
   int lm_head_group = 0;       // --lm-head-group (ActivationOptions::lm_head_group)

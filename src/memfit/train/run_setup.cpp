@@ -215,8 +215,8 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   s.batch = c.batch;
   s.grad_accum = c.grad_accum;
   s.steps = c.steps;
-  s.precision = c.precision_options();
   s.lora = c.lora;
+  s.precision = run_precision(c.precision_options(), s.lora);  // LoRA's bf16 base: no master
   s.attention = attention_kind_from_name(c.attention);
   s.lm_head_group = c.lm_head_group;
   s.ckpt_auto = c.ckpt == "auto";

@@ -188,8 +188,9 @@ void matmul_backward_widened_blocked(Tensor& dinp, Tensor& dweight, const Tensor
   constexpr const char* op = "matmul_backward_widened_blocked";
   const Blocked b = check_blocked(op, dout, inp, weight, scratch);
   MEMFIT_CHECK_SHAPE(dout.shape() == Shape({b.R, b.OC}) && dinp.shape() == inp.shape() &&
-                         dinp.dtype() == DType::f32 && dweight.shape() == weight.shape() &&
-                         dweight.dtype() == DType::f32,
+                         dinp.dtype() == DType::f32 &&
+                         (!dweight.defined() ||
+                          (dweight.shape() == weight.shape() && dweight.dtype() == DType::f32)),
                      op, "dout {}, dinp {} and dweight {} must be f32 of ({}, {}), {} and {}",
                      dout.shape(), dinp.shape(), dweight.shape(), b.R, b.OC, inp.shape(),
                      weight.shape());
@@ -201,8 +202,9 @@ void matmul_backward_widened_blocked(Tensor& dinp, Tensor& dweight, const Tensor
     // dinp (=, then +=) dout[:, v0:v1] @ w; dweight[v0:v1] += dout[:, v0:v1]^T @ x.
     gemm(false, false, b.R, b.IC, n, 1.0f, g + v0, b.OC, w.data<float>(), b.IC,
          v0 == 0 ? 0.0f : 1.0f, dinp.data<float>(), b.IC);
-    gemm(true, false, n, b.IC, b.R, 1.0f, g + v0, b.OC, x.data<float>(), b.IC, 1.0f,
-         dweight.data<float>() + v0 * b.IC, b.IC);
+    if (dweight.defined())  // undefined: a frozen weight (LoRA's base)
+      gemm(true, false, n, b.IC, b.R, 1.0f, g + v0, b.OC, x.data<float>(), b.IC, 1.0f,
+           dweight.data<float>() + v0 * b.IC, b.IC);
   }
 }
 

@@ -59,7 +59,8 @@ size_t matmul_widened_blocked_scratch_bytes(int64_t R, int64_t IC, int64_t OC);
 // out (R, OC) f32 = inp (R, IC) @ weight (OC, IC)^T.
 void matmul_forward_widened_blocked(Tensor& out, const Tensor& inp, const Tensor& weight,
                                     Tensor& scratch);
-// dinp (R, IC) f32 = dout @ weight; dweight (OC, IC) f32 += dout^T @ inp; dout (R, OC) f32.
+// dinp (R, IC) f32 = dout @ weight; dweight (OC, IC) f32 += dout^T @ inp (skipped where dweight
+// is undefined: a frozen weight); dout (R, OC) f32.
 void matmul_backward_widened_blocked(Tensor& dinp, Tensor& dweight, const Tensor& dout,
                                      const Tensor& inp, const Tensor& weight, Tensor& scratch);
 

@@ -1,0 +1,74 @@
+// memfit train --lora-rank --precision bf16 (Note [LoRA], "bf16"): the frozen base in bf16 with
+// no master weights, the adapters f32 with their optimizer. The planned peak equals the
+// measured one category by category at two shapes of each family (the base's bf16 bytes, no
+// master category, the adapters' state, the widening scratch in the workspace arena), and a
+// resume continues bit for bit.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "memfit/io/checkpoint/lora_adapter.h"
+#include "memfit/plan/memory_plan.h"
+#include "memfit/train/run_setup.h"
+#include "memfit/train/trainer.h"
+#include "trainer_fixture.h"
+#include "../io/io_test_util.h"
+
+namespace memfit {
+namespace {
+
+class LoraBf16Trainer : public test::TrainerFixture {};
+
+TEST_F(LoraBf16Trainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
+  for (const char* model : {"gpt2-tiny", "llama-tiny"})
+    for (const auto [batch, accum, rank] : {std::tuple{4, 1, 4}, std::tuple{10, 2, 8}}) {
+      SCOPED_TRACE(fmt::format("{} batch {} accum {} rank {}", model, batch, accum, rank));
+      TrainConfig c = config(model);
+      c.precision = "bf16";
+      c.batch = batch;  // 10 x 32 = 320 rows: two chunks of the adapters' widening
+      c.grad_accum = accum;
+      c.steps = 2;
+      c.eval_every = 0;
+      c.lora.rank = rank;
+      c.lora.targets = std::string(model) == "gpt2-tiny" ? "attn,fc" : "all-linear";
+      const RunSpec spec = resolve_run(c);
+      EXPECT_FALSE(spec.precision.master_weights);
+      const PlanReport plan = plan_training(spec);
+      const TrainSummary s = train(c);
+      EXPECT_TRUE(std::isfinite(s.last_loss));
+      EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+      for (Category cat : kAllCategories)
+        EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                  s.peak_by_category[static_cast<size_t>(cat)])
+            << category_name(cat);
+      EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::master)], 0u);
+      // The base in bf16: 2 bytes a parameter, besides the adapters' f32 weights.
+      const size_t adapters = plan.by_category[static_cast<size_t>(Category::grads)];
+      EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::params)] - adapters,
+                MemoryPool::round_up(static_cast<size_t>(spec.model.num_params()) * 2));
+    }
+}
+
+TEST_F(LoraBf16Trainer, ResumeIsBitIdenticalToOneRun) {
+  TrainConfig c = config("llama-tiny");
+  c.precision = "bf16";
+  c.steps = 4;
+  c.eval_every = 0;
+  c.lora.rank = 4;
+  c.lora.targets = "q,v,down";
+  TrainConfig whole = c;
+  whole.save_dir = (dir / "whole").string();
+  train(whole);
+  TrainConfig first = c;
+  first.stop_after = 2;
+  first.save_dir = (dir / "split").string();
+  train(first);
+  TrainConfig second = c;
+  second.resume_dir = second.save_dir = first.save_dir;
+  train(second);
+  for (const char* f : {io::kAdapterModelFile, io::kAdapterOptimizerFile, "model.safetensors"})
+    EXPECT_EQ(io::testing::first_difference(dir / "whole" / f, dir / "split" / f), "") << f;
+}
+
+}  // namespace
+}  // namespace memfit
