@@ -175,10 +175,13 @@ TEST_F(PlannerCommands, AutoPullsPrecisionLeversOnlyWhereNothingElseFits) {
   EXPECT_EQ(roomy["search"]["choice"]["precision_levers"], nlohmann::json::array());
   EXPECT_EQ(roomy["grad_dtype"], "fp32");
   EXPECT_EQ(roomy["master_weights"], "fp32");
-  // An option given closes the levers: nothing fits.
+  // An option given closes the levers: nothing fits, and the advice names them.
   const Output given =
       memfit(fmt::format("plan {} --auto --mem-limit {} --grad-dtype fp32", bf16, limit));
   EXPECT_EQ(given.exit_code, 3) << given.out;
+  EXPECT_NE(given.out.find("the planner's advice: these fit"), std::string::npos) << given.out;
+  EXPECT_NE(given.out.find(fmt::format("{}", fmt::join(masks[expected], " "))), std::string::npos)
+      << given.out;
   // The text names the levers in the choice.
   const Output text = memfit(fmt::format("plan {} --auto --mem-limit {}", bf16, limit));
   ASSERT_EQ(text.exit_code, 0) << text.err;
@@ -256,6 +259,23 @@ TEST_F(PlannerCommands, MaxModelPrintsAFittingShape) {
             std::string::npos)
       << text.out;
   EXPECT_EQ(memfit("plan --max-model --model gpt2-tiny").exit_code, 2);  // no --mem-limit
+}
+
+// --max-model in bf16 pulls the precision levers too (Note [Fit a budget], "Precision levers"):
+// a larger member fits than with both options fixed as asked, and its choice names them.
+TEST_F(PlannerCommands, MaxModelPullsPrecisionLeversInBf16) {
+  const std::string args = fmt::format("plan --max-model --model gpt2-tiny --seq-len 32 --batch 2 "
+                                       "--precision bf16 --mem-limit 200MiB --data '{}' --json",
+                                       (dir / "data").string());
+  const Output pulled = memfit(args), fixed =
+      memfit(args + " --grad-dtype fp32 --master-weights fp32");
+  ASSERT_EQ(pulled.exit_code, 0) << pulled.err;
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.err;
+  const nlohmann::json p = nlohmann::json::parse(pulled.out)["max_model"]["best"];
+  const nlohmann::json f = nlohmann::json::parse(fixed.out)["max_model"]["best"];
+  EXPECT_GT(p["params"].get<int64_t>(), f["params"].get<int64_t>());
+  EXPECT_FALSE(p["precision_levers"].empty()) << p.dump();
+  EXPECT_TRUE(f["precision_levers"].empty()) << f.dump();
 }
 
 TEST_F(PlannerCommands, TrainAutoRunsTheChoiceAndOutOfMemoryAdvises) {
