@@ -4,7 +4,8 @@
 // recomputation, for both families (GPT-2's tied head writes the embedding gradient in the
 // forward, LLaMA's untied head is the tail's); two micro-batches add the second's sums to the
 // first's (LLaMA's embedding gradients sharing the tail's buffer, zeroed again for each
-// micro-batch's embedding backward); it holds what UnitGrads::comm_bytes says. The ranks' side is tests/cli/zero_test.cpp.
+// micro-batch's embedding backward); it holds what UnitGrads::comm_bytes says. The ranks' side
+// is tests/cli/zero_test.cpp.
 #include "memfit/dist/zero/unit_grads.h"
 #include "memfit/dist/zero/zero_state.h"
 
@@ -121,7 +122,8 @@ TEST(UnitGrads, TheBuffersAreTheUnitsAndTheShard) {
     auto granules = [](int64_t n) { return (n + 15) / 16 * 16; };
     const int64_t emb = granules(units.front().size()), tail = granules(units.back().size());
     EXPECT_EQ(UnitGrads::shared_edges(layout), f == Family::llama);
-    EXPECT_EQ(UnitGrads::edge_floats(layout), f == Family::llama ? std::max(emb, tail) : emb + tail);
+    EXPECT_EQ(UnitGrads::edge_floats(layout),
+              f == Family::llama ? std::max(emb, tail) : emb + tail);
     const size_t small = UnitGrads::comm_bytes(layout, 4 * 64, shards, 0, false);
     const size_t large = UnitGrads::comm_bytes(layout, size_t{1} << 30, shards, 0, false);
     EXPECT_GT(small, edges_and_ring);
