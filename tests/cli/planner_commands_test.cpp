@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
@@ -129,6 +131,65 @@ TEST_F(PlannerCommands, AutoNeedsAMemLimit) {
   EXPECT_NE(both.err.find("--auto"), std::string::npos) << both.err;
 }
 
+// The precision levers (Note [Fit a budget], "Precision levers"): in bf16 with neither option
+// given, `plan --auto` pulls --grad-dtype bf16, else --master-weights none, else both, only
+// where nothing fits without them, the milder first, and names them; with a budget everything
+// fits as asked, none; with either option given, none. The budget lies between the smallest
+// footprints of the searches with the options fixed.
+TEST_F(PlannerCommands, AutoPullsPrecisionLeversOnlyWhereNothingElseFits) {
+  const std::string bf16 = model() + " --precision bf16";
+  auto search = [&](const std::string& more, size_t limit) {
+    const Output r =
+        memfit(fmt::format("plan {} --auto --mem-limit {} --json {}", bf16, limit, more));
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 3) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  auto smallest = [&](const std::string& fixed) {
+    return search(fixed, 1024)["search"]["smallest"]["peak_bytes"].get<size_t>();
+  };
+  const size_t as_asked = smallest("--grad-dtype fp32 --master-weights fp32");
+  // The masks 1, 2, 3 of the levers, as options.
+  const std::vector<std::vector<std::string>> masks = {
+      {"--grad-dtype bf16"}, {"--master-weights none"},
+      {"--grad-dtype bf16", "--master-weights none"}};
+  std::vector<size_t> pulled;
+  for (const auto& m : masks) pulled.push_back(smallest(fmt::format("{}", fmt::join(m, " "))));
+  const size_t least = *std::min_element(pulled.begin(), pulled.end());
+  ASSERT_LT(least, as_asked);  // pure bf16 drops the master weights
+  const size_t limit = (least + as_asked) / 2;
+  size_t expected = 0;  // the first mask whose smallest fits
+  while (pulled[expected] > limit) ++expected;
+  const nlohmann::json j = search("", limit);
+  const nlohmann::json& s = j["search"];
+  ASSERT_TRUE(s["fits"].get<bool>()) << s.dump();
+  EXPECT_EQ(s["choice"]["precision_levers"], nlohmann::json(masks[expected]));
+  const bool grads = expected != 1, pure = expected != 0;
+  EXPECT_EQ(j["grad_dtype"], grads ? "bf16" : "fp32");  // the plan printed is the choice's run
+  EXPECT_EQ(j["master_weights"], pure ? "none" : "fp32");
+  EXPECT_EQ(j["peak_bytes"], s["choice"]["peak_bytes"]);
+  EXPECT_LE(j["peak_bytes"].get<size_t>(), limit);
+  // The search as asked and each mask up to the one that fits, with as many candidates each.
+  EXPECT_EQ(s["candidates_planned"].get<size_t>() % (expected + 2), 0u);
+  // Everything fits as asked: no lever, though pure bf16 may be as fast and smaller.
+  const nlohmann::json roomy = search("", size_t{1} << 30);
+  EXPECT_EQ(roomy["search"]["choice"]["precision_levers"], nlohmann::json::array());
+  EXPECT_EQ(roomy["grad_dtype"], "fp32");
+  EXPECT_EQ(roomy["master_weights"], "fp32");
+  // An option given closes the levers: nothing fits, and the advice names them.
+  const Output given =
+      memfit(fmt::format("plan {} --auto --mem-limit {} --grad-dtype fp32", bf16, limit));
+  EXPECT_EQ(given.exit_code, 3) << given.out;
+  EXPECT_NE(given.out.find("the planner's advice: these fit"), std::string::npos) << given.out;
+  EXPECT_NE(given.out.find(fmt::format("{}", fmt::join(masks[expected], " "))), std::string::npos)
+      << given.out;
+  // The text names the levers in the choice.
+  const Output text = memfit(fmt::format("plan {} --auto --mem-limit {}", bf16, limit));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find(fmt::format("{} fits", fmt::join(masks[expected], " "))),
+            std::string::npos)
+      << text.out;
+}
+
 // --zero auto: over several ranks `plan --auto` searches the stage and names each candidate's
 // in the JSON; a stage given stays; with one rank the stage is 0 and the output says so; a bad
 // value or no budget is refused naming the option.
@@ -198,6 +259,23 @@ TEST_F(PlannerCommands, MaxModelPrintsAFittingShape) {
             std::string::npos)
       << text.out;
   EXPECT_EQ(memfit("plan --max-model --model gpt2-tiny").exit_code, 2);  // no --mem-limit
+}
+
+// --max-model in bf16 pulls the precision levers too (Note [Fit a budget], "Precision levers"):
+// a larger member fits than with both options fixed as asked, and its choice names them.
+TEST_F(PlannerCommands, MaxModelPullsPrecisionLeversInBf16) {
+  const std::string args = fmt::format("plan --max-model --model gpt2-tiny --seq-len 32 --batch 2 "
+                                       "--precision bf16 --mem-limit 200MiB --data '{}' --json",
+                                       (dir / "data").string());
+  const Output pulled = memfit(args), fixed =
+      memfit(args + " --grad-dtype fp32 --master-weights fp32");
+  ASSERT_EQ(pulled.exit_code, 0) << pulled.err;
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.err;
+  const nlohmann::json p = nlohmann::json::parse(pulled.out)["max_model"]["best"];
+  const nlohmann::json f = nlohmann::json::parse(fixed.out)["max_model"]["best"];
+  EXPECT_GT(p["params"].get<int64_t>(), f["params"].get<int64_t>());
+  EXPECT_FALSE(p["precision_levers"].empty()) << p.dump();
+  EXPECT_TRUE(f["precision_levers"].empty()) << f.dump();
 }
 
 TEST_F(PlannerCommands, TrainAutoRunsTheChoiceAndOutOfMemoryAdvises) {

@@ -228,6 +228,21 @@ TEST_F(Zero, ThePlanPerRankCountsEveryMicroBatchsReduction) {
   EXPECT_LT(state[1], state[0]);
 }
 
+// LLaMA's untied head: the embeddings' gradients share the tail's buffer (UnitGrads), in f32
+// and bf16, each micro-batch reduced: every rank's plan is its measured peak, and the stages
+// train to the same bits with bf16 gradients and accumulation.
+TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakForLlama) {
+  size_t state[4] = {};
+  expect_plan_per_rank(2, "--model llama-tiny --grad-accum 2 --sync-every-micro-batch", state, 2);
+  EXPECT_LT(state[3], state[2]);
+  expect_plan_per_rank(
+      2, "--model llama-tiny --precision bf16 --grad-dtype bf16 --grad-accum 2 "
+         "--sync-every-micro-batch", state, 2);
+  EXPECT_LT(state[3], state[2]);
+  stages_agree("--model llama-tiny --steps 3 --grad-accum 2 --sync-every-micro-batch --clip 0.05 "
+               "--grad-dtype bf16", false);
+}
+
 TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakOverFourRanks) {
   size_t state[4] = {};
   expect_plan_per_rank(4, "--batch 1 --optim adam-mini --precision bf16", state);

@@ -43,6 +43,27 @@ TEST(ModelFamily, WidthsAndDescriptionsAreTheFamilies) {
             "(padded 512), untied head");
 }
 
+// Hugging Face's counts of the published checkpoints (no biases, untied heads, the vocabulary
+// 128,256 already a multiple of 64): per block 2 d^2 + 2 d kv + 3 d f + 2 d, plus 2 V d and the
+// final norm. 70B: 80 x 855,654,400 + 2,101,346,304 + 8,192; 405B: 126 x 3,187,703,808 +
+// 4,202,692,608 + 16,384.
+TEST(ModelFamily, LlamaThreePresetsHaveThePublishedShapesAndCounts) {
+  EXPECT_EQ(ModelConfig::preset("llama3-8b").num_params(), 8'030'261'248);
+  const ModelConfig l70 = ModelConfig::preset("llama3-70b");
+  EXPECT_EQ(l70.num_params(), 70'553'706'496);
+  EXPECT_EQ(l70.describe(),
+            "LLaMA: 80 layers, 64 heads (8 key/value), width 8192, MLP 28672, context 8192, "
+            "vocab 128256 (padded 128256), untied head");
+  EXPECT_EQ(l70.rope_theta, 500000);
+  const ModelConfig l405 = ModelConfig::preset("llama3.1-405b");
+  EXPECT_EQ(l405.num_params(), 405'853'388'800);
+  EXPECT_EQ(l405.describe(),
+            "LLaMA: 126 layers, 128 heads (8 key/value), width 16384, MLP 53248, context 131072, "
+            "vocab 128256 (padded 128256), untied head");
+  EXPECT_EQ(l405.rope_theta, 500000);
+  EXPECT_EQ(l405.rope_scaling.factor, 8);
+}
+
 TEST(ModelFamily, GptTwoFixesItsShapeAndRotaryNeedsAnEvenHead) {
   ModelConfig g = ModelConfig::preset("gpt2-tiny");
   g.n_kv_head = 2;

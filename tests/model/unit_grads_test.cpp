@@ -3,7 +3,9 @@
 // one shard of everything) computes the slab's gradients bit for bit, with and without
 // recomputation, for both families (GPT-2's tied head writes the embedding gradient in the
 // forward, LLaMA's untied head is the tail's); two micro-batches add the second's sums to the
-// first's; it holds what UnitGrads::comm_bytes says. The ranks' side is tests/cli/zero_test.cpp.
+// first's (LLaMA's embedding gradients sharing the tail's buffer, zeroed again for each
+// micro-batch's embedding backward); it holds what UnitGrads::comm_bytes says. The ranks' side
+// is tests/cli/zero_test.cpp.
 #include "memfit/dist/zero/unit_grads.h"
 #include "memfit/dist/zero/zero_state.h"
 
@@ -75,27 +77,29 @@ TEST(UnitGrads, OneMicroBatchIsTheSlabsBits) {
 // slab accumulates the backward's terms in place.
 TEST(UnitGrads, MicroBatchesAddTheirSums) {
   const std::unique_ptr<dist::Communicator> comm = dist::make_single_communicator();
-  ModelConfig c = odd_config();
-  c.n_layer = 2;
-  c.finalize();
-  const ActivationOptions act;
-  const std::vector<float> got = grads(c, act, true, false, 2, *comm);
-  // The same two micro-batches one step each, then added.
-  MemoryPool pool;
-  Transformer gpt(c, pool);
-  gpt.init_weights(7);
-  gpt.reserve(2, 9, act);
-  std::vector<float> want(static_cast<size_t>(gpt.layout().total()), 0.0f);
-  for (int m = 0; m < 2; ++m) {
-    gpt.zero_grad();
-    Batch b(pool, 2, 9, c.vocab_size, 3 + m);
-    gpt.forward(b.tokens, b.targets, true);
-    gpt.backward();
-    const std::vector<float> g = copy(gpt.grads());
-    for (size_t i = 0; i < want.size(); ++i) want[i] = m == 0 ? g[i] : want[i] + g[i];
+  for (Family f : {Family::gpt2, Family::llama}) {
+    ModelConfig c = odd_config(f);
+    c.n_layer = 2;
+    c.finalize();
+    const ActivationOptions act;
+    const std::vector<float> got = grads(c, act, true, false, 2, *comm);
+    // The same two micro-batches one step each, then added.
+    MemoryPool pool;
+    Transformer gpt(c, pool);
+    gpt.init_weights(7);
+    gpt.reserve(2, 9, act);
+    std::vector<float> want(static_cast<size_t>(gpt.layout().total()), 0.0f);
+    for (int m = 0; m < 2; ++m) {
+      gpt.zero_grad();
+      Batch b(pool, 2, 9, c.vocab_size, 3 + m);
+      gpt.forward(b.tokens, b.targets, true);
+      gpt.backward();
+      const std::vector<float> g = copy(gpt.grads());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = m == 0 ? g[i] : want[i] + g[i];
+    }
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0) << family_name(f);
   }
-  ASSERT_EQ(got.size(), want.size());
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0);
 }
 
 TEST(UnitGrads, TheBuffersAreTheUnitsAndTheShard) {
@@ -113,11 +117,26 @@ TEST(UnitGrads, TheBuffersAreTheUnitsAndTheShard) {
     // the largest piece a rank owns.
     const size_t edges_and_ring =
         MemoryPool::round_up(size_t(units.front().size() + units.back().size() + 32) * 4);
+    // LLaMA's untied head: the embeddings' gradients share the tail's buffer (the larger of
+    // the two, rounded to 16 floats); GPT-2's tied head writes them in the forward.
+    auto granules = [](int64_t n) { return (n + 15) / 16 * 16; };
+    const int64_t emb = granules(units.front().size()), tail = granules(units.back().size());
+    EXPECT_EQ(UnitGrads::shared_edges(layout), f == Family::llama);
+    EXPECT_EQ(UnitGrads::edge_floats(layout),
+              f == Family::llama ? std::max(emb, tail) : emb + tail);
     const size_t small = UnitGrads::comm_bytes(layout, 4 * 64, shards, 0, false);
     const size_t large = UnitGrads::comm_bytes(layout, size_t{1} << 30, shards, 0, false);
     EXPECT_GT(small, edges_and_ring);
     EXPECT_GT(large, small);
   }
+  // A tied LLaMA head is the embeddings': two buffers again.
+  ModelConfig tied = odd_config(Family::llama);
+  tied.tie_embeddings = true;
+  tied.finalize();
+  const ParamLayout layout(tied);
+  EXPECT_FALSE(UnitGrads::shared_edges(layout));
+  const std::vector<ElementRange> units = unit_ranges(layout);
+  EXPECT_GE(UnitGrads::edge_floats(layout), units.front().size() + units.back().size());
 }
 
 }  // namespace

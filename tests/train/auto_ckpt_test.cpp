@@ -160,6 +160,8 @@ TEST_F(AutoTrain, OutOfMemoryWritesNoCheckpointAndTheAdviceFits) {
       fixed.precision = std::string(precision_name(o.run.precision.precision));
       fixed.optim.name = o.run.optim.name;
       fixed.act_compress = act_compress_name(o.run.act_compress);
+      fixed.grad_dtype = o.run.grad_dtype == DType::bf16 ? "bf16" : "fp32";
+      fixed.master_weights = o.run.precision.master_weights ? "fp32" : "none";
       fixed.steps = 1;
       fixed.save_dir = (dir / "fixed").string();
       const TrainSummary s = train(fixed);

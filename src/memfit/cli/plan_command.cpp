@@ -140,6 +140,8 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["attention"] = attention_kind_name(run.attention);
   j["optim"] = run.optim.name;
   j["optim_state_dtype"] = std::string(optim_state_dtype_name(run.optim.state_dtype));
+  j["grad_dtype"] = run.grad_dtype == DType::bf16 ? "bf16" : "fp32";
+  j["master_weights"] = run.precision.master_weights ? "fp32" : "none";
   j["data_included"] = r.data_included;
   if (run.offload.optimizer) {
     // NVMe offload: what lives on disk instead, and what one step moves.
@@ -408,10 +410,12 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--auto", *auto_ckpt,
                 "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto) "
                 "and, over several ranks, the ZeRO stage (as --zero auto) unless --zero is "
-                "given");
+                "given; in bf16, where nothing fits, also --grad-dtype bf16 and then "
+                "--master-weights none unless either is given");
   cmd->add_flag("--max-model", *max_model,
                 "The largest model of the preset's family (layers x width) that trains under "
-                "--mem-limit, each with its fastest policy, or with --ckpt's where given");
+                "--mem-limit, each with its fastest policy, or with --ckpt's where given (in "
+                "bf16, the levers of --auto too)");
   cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     if (*auto_ckpt) {
@@ -444,7 +448,14 @@ void add_plan_command(CLI::App& app) {
                  cfg->ranks);
     if (*max_model) check_max_model_config(*cfg);
     // The options, checked and parsed once: everything below reads the RunSpec.
-    const RunSpec spec = resolve_run(*cfg, start);
+    RunSpec spec = resolve_run(*cfg, start);
+    // --auto and --max-model may keep bf16 gradients and then drop the master weights where
+    // nothing fits as asked, unless either was given (Note [Fit a budget], "Precision levers").
+    spec.precision_levers_open =
+        (*auto_ckpt || *max_model) && spec.precision.precision == Precision::bf16 &&
+        !spec.resumed && !spec.lora.enabled() && !spec.update_in_backward &&
+        cmd->get_option("--master-weights")->count() == 0 &&
+        cmd->get_option("--grad-dtype")->count() == 0;
     // --max-model with a policy given plans every member with it (else each one's fastest).
     std::optional<CheckpointPolicy> policy;
     if (cmd->get_option("--ckpt")->count() > 0 && !spec.ckpt_auto) policy = spec.ckpt;

@@ -14,12 +14,23 @@ namespace {
 
 double mib(size_t bytes) { return bytes / 1048576.0; }
 
+// The precision levers a candidate pulled (Candidate::levers), as options.
+std::vector<std::string> lever_options(const Candidate& c) {
+  std::vector<std::string> out;
+  if (c.levers & kLeverGradBf16) out.push_back("--grad-dtype bf16");
+  if (c.levers & kLeverNoMaster) out.push_back("--master-weights none");
+  return out;
+}
+
 // With the stage searched, a --zero column; over several ranks the peak is the largest rank's.
+// The precision levers pulled, if any, after the estimate.
 void print_row(const std::string& status, const Candidate& c, bool with_stage) {
-  fmt::print("  {:<22} {:<18} {:<14} {:>5} x {:<5} {}{:>12.1f} {:>10}\n", status, c.ckpt,
+  std::string levers;
+  for (const std::string& o : lever_options(c)) levers += "  " + o;
+  fmt::print("  {:<22} {:<18} {:<14} {:>5} x {:<5} {}{:>12.1f} {:>10}{}\n", status, c.ckpt,
              act_compress_name(c.act_compress), c.batch, c.grad_accum,
              with_stage ? fmt::format("{:>5} ", c.zero) : std::string(), mib(c.peak_bytes),
-             format_seconds(c.est_step_seconds));
+             format_seconds(c.est_step_seconds), levers);
 }
 
 // A candidate's configuration and what the planner predicts for it.
@@ -32,6 +43,7 @@ nlohmann::json choice_json(const Candidate& c) {
           {"offload", c.offload},
           {"offload_params", c.offload_params},
           {"offload_grads", c.offload_grads},
+          {"precision_levers", lever_options(c)},
           {"peak_bytes", c.peak_bytes},
           {"peak_rank", c.peak_rank},
           {"est_step_seconds", c.est_step_seconds}};

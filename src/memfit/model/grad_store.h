@@ -36,6 +36,8 @@ class GradStore {
   virtual void begin_micro_batch() = 0;
   // Block `layer`'s backward starts.
   virtual void enter_backward(int layer) = 0;
+  // The embeddings' backward starts (after every block's done()).
+  virtual void enter_embedding_backward() {}
   // The backward finished a part: n_layer the tail, l block l, -1 the embeddings (the last).
   virtual void done(int part) = 0;
   // Where the store sums the gradients itself (the per-unit reduction): the summed gradients

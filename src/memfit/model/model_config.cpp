@@ -42,11 +42,16 @@ struct Preset {
 // gpt2-tiny and llama-tiny are for tests (~0.3M parameters); gpt2-small-test is the 6-layer,
 // 384-wide shape the benchmarks compare with PyTorch; the rest are the published shapes
 // (Hugging Face config.json of openai-community/gpt2*, TinyLlama/TinyLlama-1.1B-*,
-// meta-llama/Llama-3.2-1B, meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B).
+// meta-llama/Llama-3.2-1B, meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B,
+// meta-llama/Meta-Llama-3-70B, meta-llama/Llama-3.1-405B; the 405B's context and rope scaling
+// as Llama 3.1's: 131,072 positions, the 8192-position base scaled by 8).
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> kPresets = [] {
     ModelConfig llama32 = llama_preset(16, 32, 8, 2048, 8192, 131072, 128256, 500000, true);
     llama32.rope_scaling = {32, 1, 4, 8192};
+    ModelConfig llama31_405b =
+        llama_preset(126, 128, 8, 16384, 53248, 131072, 128256, 500000, false);
+    llama31_405b.rope_scaling = {8, 1, 4, 8192};
     return std::vector<Preset>{
         {"gpt2-tiny", gpt2_preset(2, 4, 96, 64, 512)},
         {"gpt2-small-test", gpt2_preset(6, 6, 384, 256, 50257)},
@@ -59,6 +64,8 @@ const std::vector<Preset>& presets() {
         {"llama3.2-1b", llama32},
         {"llama2-7b", llama_preset(32, 32, 32, 4096, 11008, 4096, 32000, 10000, false)},
         {"llama3-8b", llama_preset(32, 32, 8, 4096, 14336, 8192, 128256, 500000, false)},
+        {"llama3-70b", llama_preset(80, 64, 8, 8192, 28672, 8192, 128256, 500000, false)},
+        {"llama3.1-405b", llama31_405b},
     };
   }();
   return kPresets;

@@ -290,6 +290,7 @@ void Transformer::reserve(StepPlan plan) {
       if (source_) source_->enter(phase);
       const Phase& p = ctx_.plan().phases[static_cast<size_t>(phase)];
       if (store_ && p.kind == PhaseKind::backward) store_->enter_backward(p.layer);
+      if (store_ && p.kind == PhaseKind::embedding_backward) store_->enter_embedding_backward();
     });
   }
   backward_ready_ = false;

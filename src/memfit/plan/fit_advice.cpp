@@ -11,15 +11,19 @@ namespace {
 
 // The levers, as bits of a set of changes.
 // kStage: over several ranks, the ZeRO stage (kSearchStages).
+// kGradBf16, kNoMaster: the search's precision levers (kPrecisionLevers in plan/search.h),
+// where the run is bf16 (or the set makes it so) and does not keep them already.
 enum Lever : unsigned {
   kPolicy = 1,
   kMicroBatch = 2,
   kBf16 = 4,
   kOptim8bit = 8,
   kCompress = 16,
-  kStage = 32
+  kStage = 32,
+  kGradBf16 = 64,
+  kNoMaster = 128
 };
-constexpr unsigned kAllLevers = 63;
+constexpr unsigned kAllLevers = 255;
 
 // The 8-bit optimizer with the same update rule, or "" when there is none.
 std::string eight_bit(const std::string& optim) {
@@ -44,6 +48,9 @@ std::string change_text(const RunSpec& base, const RunSpec& c) {
     parts.push_back(fmt::format("--act-compress {}", act_compress_name(c.act_compress)));
   if (c.world > 1 && (c.zero != base.zero || base.zero_auto))
     parts.push_back(fmt::format("--zero {}", c.zero));
+  if (c.grad_dtype != base.grad_dtype) parts.push_back("--grad-dtype bf16");
+  if (c.precision.master_weights != base.precision.master_weights)
+    parts.push_back("--master-weights none");
   return parts.empty() ? "(as configured)" : fmt::format("{}", fmt::join(parts, " "));
 }
 
@@ -70,6 +77,8 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
   const bool resume = spec.resumed;
   RunSpec base = spec;
   if (resume) base.auto_batch = false;  // the trainer keeps the checkpoint's micro-batch
+  // The precision levers are the advice's own (kGradBf16, kNoMaster), named in its changes.
+  base.precision_levers_open = false;
   unsigned mandatory = 0, allowed = kPolicy;
   if (base.ckpt_auto) mandatory |= kPolicy;
   if (base.auto_batch) mandatory |= kMicroBatch;
@@ -81,6 +90,11 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
     if (base.precision.precision == Precision::fp32) allowed |= kBf16;
     if (!eight_bit(base.optim.name).empty()) allowed |= kOptim8bit;
     if (base.act_compress == ActCompress::none) allowed |= kCompress;
+    // In bf16, or where kBf16 makes it so; a set the run's options refuse is skipped below.
+    if (base.precision.precision == Precision::bf16 || (allowed & kBf16)) {
+      if (base.grad_dtype == DType::f32 && !base.update_in_backward) allowed |= kGradBf16;
+      if (base.precision.master_weights && !base.lora.enabled()) allowed |= kNoMaster;
+    }
   }
   allowed |= mandatory;
   std::vector<std::string> names = {"checkpoint policy"};
@@ -89,6 +103,8 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
   if (allowed & kOptim8bit) names.push_back("8-bit optimizer");
   if (allowed & kCompress) names.push_back("activation compression");
   if (allowed & kStage) names.push_back("ZeRO stage");
+  if (allowed & kGradBf16) names.push_back("bf16 gradients");
+  if (allowed & kNoMaster) names.push_back("no master weights");
   a.levers = fmt::format("{}", fmt::join(names, ", "));
 
   std::vector<Tried> tried;
@@ -105,6 +121,9 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
       c.optim.state_dtype = DType::f32;  // the 8-bit state replaces bf16 moments
     }
     if (set & kCompress) c.act_compress = kSearchCompress;
+    if ((set & (kGradBf16 | kNoMaster)) && c.precision.precision != Precision::bf16) continue;
+    if (set & kGradBf16) c.grad_dtype = DType::bf16;
+    if (set & kNoMaster) c.precision.master_weights = false;
     c.act_compress_open = false;  // the lever decides it
     SearchResult r;
     try {

@@ -1,9 +1,11 @@
 // The planner's advice for a run that does not fit its budget: the sets of changes that make
 // it fit, each faster than any of its subsets that fits, among the checkpoint policy, the
-// micro-batch (same global batch), bf16, an 8-bit optimizer and compressed activations
-// (--act-compress int8), each searched as --ckpt auto and --auto-batch search (plan/search.h); or, when none does, the smallest footprint of them
-// all and its largest part. memfit train attaches it to an out-of-memory error (the pool's, or
-// --ckpt auto's own when nothing fits) and prints it after the message.
+// micro-batch (same global batch), bf16, an 8-bit optimizer, compressed activations
+// (--act-compress int8) and, in bf16, the search's precision levers (--grad-dtype bf16,
+// --master-weights none), each searched as --ckpt auto and --auto-batch search
+// (plan/search.h); or, when none does, the smallest footprint of them all and its largest
+// part. memfit train attaches it to an out-of-memory error (the pool's, or --ckpt auto's own
+// when nothing fits) and prints it after the message.
 #pragma once
 
 #include <cstddef>

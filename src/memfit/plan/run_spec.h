@@ -102,6 +102,11 @@ struct RunSpec {
   // --offload-dir given without --offload-grads: in one process a search may also keep the
   // gradients on disk where it offloads the optimizer (Note [NVMe offload], "Choosing offload").
   bool offload_grads_open = false;
+  // `memfit plan --auto` and `--max-model` in bf16 with neither --master-weights nor
+  // --grad-dtype given (nor resuming): where nothing fits as asked, the search may keep the
+  // gradients in bf16, then also drop the FP32 master weights (kPrecisionLevers; Note [Fit a
+  // budget], "Precision levers").
+  bool precision_levers_open = false;
   // --update-in-backward (Note [Update in backward]): the optimizer steps each unit as the
   // backward finishes it; the gradients are unit buffers (optim/backward_update.h; at stages
   // 2-3 the per-unit reduction's), no slab. One process or --zero 2|3, one micro-batch a step,

@@ -48,6 +48,69 @@ std::string message(const SearchResult& r) {
                      format_mib(s.dominant_bytes()));
 }
 
+// The run with the precision levers of the mask `levers` pulled.
+void pull_levers(RunSpec& run, int levers) {
+  if (levers & kLeverGradBf16) run.grad_dtype = DType::bf16;
+  if (levers & kLeverNoMaster) run.precision.master_weights = false;
+}
+
+// The choice, the runner-ups, the smallest and the message of r's candidates.
+void choose(SearchResult& r) {
+  r.fits = false;
+  r.slower.clear();
+  r.over.clear();
+  r.smallest = r.candidates.front();
+  for (const Candidate& c : r.candidates) {
+    if (by_peak(c, r.smallest)) r.smallest = c;
+    if (c.fits && (!r.fits || preferred(c, r.choice))) {
+      r.choice = c;
+      r.fits = true;
+    }
+  }
+  if (!r.fits) r.choice = r.smallest;
+  // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
+  for (const Candidate& c : r.candidates) {
+    const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
+                        c.act_compress == r.choice.act_compress &&
+                        c.offload == r.choice.offload &&
+                        c.offload_params == r.choice.offload_params &&
+                        c.offload_grads == r.choice.offload_grads && c.zero == r.choice.zero &&
+                        c.levers == r.choice.levers;
+    if (r.fits && c.fits && !chosen) r.slower.push_back(c);
+    if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
+  }
+  std::stable_sort(r.slower.begin(), r.slower.end(), by_time);
+  std::stable_sort(r.over.begin(), r.over.end(), by_peak);
+  if (r.slower.size() > kRunnerUps) r.slower.resize(kRunnerUps);
+  if (r.over.size() > kRunnerUps) r.over.resize(kRunnerUps);
+  r.message = message(r);
+}
+
+// The search as asked, then, while nothing fits, each mask of kPrecisionLevers in turn: the
+// same space again with the levers pulled, its candidates added to the table (a run the levers
+// make invalid, RunSpec::check, skips the mask).
+SearchResult search_with_levers(const RunSpec& base, size_t limit, SearchSpace space) {
+  RunSpec asked = base;
+  asked.precision_levers_open = false;
+  SearchResult r = search_training(asked, limit, space);
+  for (int lever = 1; !r.fits && lever <= kPrecisionLevers; ++lever) {
+    RunSpec t = asked;
+    pull_levers(t, lever);
+    SearchResult more;
+    try {
+      more = search_training(t, limit, space);
+    } catch (const ConfigError&) {
+      continue;  // e.g. pure bf16 with an optimizer that needs master weights
+    }
+    for (Candidate& c : more.candidates) {
+      c.levers = lever;
+      r.candidates.push_back(std::move(c));
+    }
+    choose(r);
+  }
+  return r;
+}
+
 bool keeps_some_block(const CheckpointPolicy& policy, int n_layer) {
   const BlockSlots slots = block_slots(policy, n_layer);
   return std::any_of(slots.slot.begin(), slots.slot.end(), [](int s) { return s < 0; });
@@ -82,6 +145,8 @@ std::string candidate_options(const Candidate& c, bool with_batch, bool with_sta
   if (c.offload_params) s += " --offload-params nvme";
   if (c.offload_grads) s += " --offload-grads nvme";
   if (with_stage) s += fmt::format(" --zero {}", c.zero);
+  if (c.levers & kLeverGradBf16) s += " --grad-dtype bf16";
+  if (c.levers & kLeverNoMaster) s += " --master-weights none";
   return s;
 }
 
@@ -94,6 +159,8 @@ bool faster(const Candidate& a, const Candidate& b) {
 }
 
 bool preferred(const Candidate& a, const Candidate& b) {
+  // The numerics as asked before any speed (the levers are tried only where nothing fits).
+  if (a.levers != b.levers) return a.levers < b.levers;
   if (faster(a, b)) return true;
   if (faster(b, a)) return false;
   // As fast (the disk hidden behind the update): RAM, which depends on no disk.
@@ -146,10 +213,14 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   if (!c.offload) t.offload.disk_limit = 0;  // it bounds offload files: a run in RAM has none
   t.zero = c.zero;
   t.zero_auto = false;
+  pull_levers(t, c.levers);
+  t.precision_levers_open = false;
   return t;
 }
 
 SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace space) {
+  if (base.precision_levers_open && base.precision.precision == Precision::bf16)
+    return search_with_levers(base, limit, space);
   if (!space.policies && base.ckpt_auto)
     MEMFIT_THROW(ConfigError, "plan", "--ckpt auto: the search must vary the policy");
   // The run's other settings, checked once, before any candidate is planned.
@@ -237,30 +308,7 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
           }
     }
 
-  r.smallest = r.candidates.front();
-  for (const Candidate& c : r.candidates) {
-    if (by_peak(c, r.smallest)) r.smallest = c;
-    if (c.fits && (!r.fits || preferred(c, r.choice))) {
-      r.choice = c;
-      r.fits = true;
-    }
-  }
-  if (!r.fits) r.choice = r.smallest;
-  // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
-  for (const Candidate& c : r.candidates) {
-    const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
-                        c.act_compress == r.choice.act_compress &&
-                        c.offload == r.choice.offload &&
-                        c.offload_params == r.choice.offload_params &&
-                        c.offload_grads == r.choice.offload_grads && c.zero == r.choice.zero;
-    if (r.fits && c.fits && !chosen) r.slower.push_back(c);
-    if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
-  }
-  std::stable_sort(r.slower.begin(), r.slower.end(), by_time);
-  std::stable_sort(r.over.begin(), r.over.end(), by_peak);
-  if (r.slower.size() > kRunnerUps) r.slower.resize(kRunnerUps);
-  if (r.over.size() > kRunnerUps) r.over.resize(kRunnerUps);
-  r.message = message(r);
+  choose(r);
   return r;
 }
 
@@ -273,6 +321,7 @@ void to_json(nlohmann::json& j, const Candidate& c) {
        {"batch", c.batch},
        {"grad_accum", c.grad_accum},
        {"zero", c.zero},
+       {"levers", c.levers},
        {"peak_bytes", c.peak_bytes},
        {"peak_rank", c.peak_rank},
        {"est_step_seconds", c.est_step_seconds},
@@ -289,6 +338,7 @@ void from_json(const nlohmann::json& j, Candidate& c) {
   c.batch = j.at("batch").get<int>();
   c.grad_accum = j.at("grad_accum").get<int>();
   c.zero = j.at("zero").get<int>();
+  c.levers = j.value("levers", 0);
   c.peak_bytes = j.at("peak_bytes").get<size_t>();
   c.peak_rank = j.at("peak_rank").get<int>();
   c.est_step_seconds = j.at("est_step_seconds").get<double>();

@@ -28,6 +28,10 @@ struct Candidate {
   bool offload_grads = false;   // --offload-grads nvme too (one process)
   int batch = 0, grad_accum = 0;
   int zero = 0;  // the ZeRO stage (over several ranks)
+  // The precision levers the search pulled (RunSpec::precision_levers_open), a mask of
+  // kLeverGradBf16 and kLeverNoMaster (0: none). They change the numerics, so a candidate with
+  // the milder (the smaller mask) always wins (preferred()).
+  int levers = 0;
   // The largest peak of any rank (plan_largest_rank: ranks differ by their shard and receive
   // buffer), and that rank; with one rank, rank 0's.
   size_t peak_bytes = 0;
@@ -53,7 +57,8 @@ void from_json(const nlohmann::json& j, Candidate& c);
 
 // "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch; then
 // " --act-compress int8" where the candidate compresses; then every offload option it turns on
-// (--offload-optimizer, --offload-params, --offload-grads); then " --zero 2" with the stage.
+// (--offload-optimizer, --offload-params, --offload-grads); then " --zero 2" with the stage;
+// then the precision levers pulled (" --grad-dtype bf16", " --master-weights none").
 std::string candidate_options(const Candidate& c, bool with_batch, bool with_stage = false);
 // "the disk: 12.3 GiB of files > 10.0 GiB": offload files over --disk-limit (or the free space).
 std::string disk_over(uint64_t disk_bytes, uint64_t disk_limit);
@@ -64,8 +69,8 @@ std::string format_seconds(double seconds);
 // a is faster than b by more than rounding: estimates within a relative 1e-9 are the same time
 // (the micro-batches of one policy have the same FLOPs, up to rounding).
 bool faster(const Candidate& a, const Candidate& b);
-// a is preferred to b: faster, or the same time and not offloaded, or a lower ZeRO stage, or
-// less memory.
+// a is preferred to b: fewer precision levers pulled, then faster, or the same time and not
+// offloaded, or a lower ZeRO stage, or less memory.
 bool preferred(const Candidate& a, const Candidate& b);
 
 // What the search varies: the checkpoint policy (--ckpt auto), the micro-batch (--auto-batch),
@@ -101,6 +106,14 @@ struct SearchSpace {
             stages};
   }
 };
+
+// The precision levers (Candidate::levers), pulled as masks 1, 2, 3 in turn, each only where
+// nothing fit at the ones before: bf16 gradients (--grad-dtype bf16: each gradient rounded
+// once, the update's m / sqrt(v) dividing most of it out, Note [Gradients in bf16]), then pure
+// bf16 (--master-weights none: the weights updated in bf16 with stochastic rounding), then
+// both. (bf16 gradients alone can take more than f32 in a small model: their unit buffers.)
+inline constexpr int kLeverGradBf16 = 1, kLeverNoMaster = 2;
+inline constexpr int kPrecisionLevers = kLeverGradBf16 | kLeverNoMaster;
 
 // The ZeRO stages --zero auto tries over several ranks, lowest first (ties go to the lower:
 // preferred()). A stage joins the search by joining this list.

@@ -17,9 +17,10 @@ struct Entry {
   PresetSchedule schedule;
 };
 
-// Every value with its source. Each decays to 10% of the peak: GPT-3 ("cosine decay for
-// learning rate down to 10% of its value", section 2.2 and appendix B), Llama 2 ("decay final
-// learning rate down to 10% of the peak", section 2.2) and TinyLlama (4e-4 to 4e-5).
+// Every value with its source. Each decays to 10% of the peak, but the 405B to its paper's 1%:
+// GPT-3 ("cosine decay for learning rate down to 10% of its value", section 2.2 and appendix
+// B), Llama 2 ("decay final learning rate down to 10% of the peak", section 2.2) and TinyLlama
+// (4e-4 to 4e-5).
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> table = {
       // GPT-2 (Radford et al. 2019) publishes no rates ("manually tuned for the best perplexity
@@ -47,6 +48,11 @@ const std::vector<Entry>& entries() {
       {"llama3-8b", {3e-4f, 2000, 3e-5f, "Llama 2 7B's, Meta published none for Llama 3 8B"}},
       {"llama3.2-1b",
        {4e-4f, 2000, 4e-5f, "TinyLlama 1.1B's, Meta published none for Llama 3.2 1B"}},
+      // Llama 2 70B: 1.5e-4 (the Llama 2 paper, Table 1); the Llama 3 paper gives the 405B's
+      // (section 3.4.1: 8e-5, 8,000 warmup steps, cosine to 8e-7, so 1% of the peak, not 10%).
+      {"llama3-70b",
+       {1.5e-4f, 2000, 1.5e-5f, "Llama 2 70B's, Meta published none for Llama 3 70B"}},
+      {"llama3.1-405b", {8e-5f, 8000, 8e-7f, "Llama 3 paper, section 3.4.1, 405B"}},
   };
   return table;
 }

@@ -33,8 +33,12 @@ struct Sizes {
 Sizes sizes(const ParamLayout& layout) {
   Sizes s;
   s.units = unit_ranges(layout);
-  s.tail_at = granules(s.units.front().size());
-  s.edge_elements = s.tail_at + granules(s.units.back().size());
+  if (UnitGrads::shared_edges(layout)) {
+    s.edge_elements = std::max(granules(s.units.front().size()), granules(s.units.back().size()));
+  } else {
+    s.tail_at = granules(s.units.front().size());
+    s.edge_elements = s.tail_at + granules(s.units.back().size());
+  }
   for (size_t u = 0; u < s.units.size(); ++u) {
     s.largest_unit = std::max(s.largest_unit, s.units[u].size());
     if (u > 0 && u + 1 < s.units.size())
@@ -95,6 +99,11 @@ size_t UnitGrads::grads_bytes(const ParamLayout& layout, std::span<const Element
                               dtype_size(dtype)));
 }
 
+bool UnitGrads::shared_edges(const ParamLayout& layout) {
+  return std::any_of(layout.params().begin(), layout.params().end(),
+                     [](const ParamInfo& p) { return p.role == ParamRole::lm_head; });
+}
+
 int64_t UnitGrads::edge_floats(const ParamLayout& layout) { return sizes(layout).edge_elements; }
 int64_t UnitGrads::slot_floats(const ParamLayout& layout) { return sizes(layout).slot_elements; }
 
@@ -121,6 +130,7 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
   const Sizes s = sizes(layout);
   units_ = s.units;
   tail_at_ = s.tail_at;
+  shared_edges_ = shared_edges(layout);
   slot_elements_ = s.slot_elements;
   range_ = sums_range(layout, s_.shards, rank, s_.whole);
   MEMFIT_CHECK(s_.dtype == DType::f32 || s_.dtype == DType::bf16, "zero",
@@ -169,6 +179,7 @@ void UnitGrads::begin_micro_batch() {
   if (s_.steps) s_.steps->begin_micro_batch();
   kernels::zero(edges_);
   next_slot_ = 0;
+  tail_last_ = -1;
 }
 
 void UnitGrads::enter_backward(int layer) {
@@ -181,6 +192,15 @@ void UnitGrads::enter_backward(int layer) {
   kernels::zero(buffer);
   const ElementRange unit = units_[static_cast<size_t>(1 + layer)];
   layout_.bind(views_, buffer.view(0, {unit.size()}), unit);
+}
+
+void UnitGrads::enter_embedding_backward() {
+  if (!shared_edges_) return;
+  // The tail's buckets read the buffer (and the f32 exchange writes its sums into it): every
+  // rank waits for them at the same point, as enter_backward does for a slot.
+  while (completed_ <= tail_last_) wait_oldest();
+  Tensor embeddings = edges_.view(0, {units_.front().size()});
+  kernels::zero(embeddings);
 }
 
 void UnitGrads::done(int part) {
@@ -200,6 +220,7 @@ void UnitGrads::done(int part) {
     at = slot * slot_elements_;
   }
   reduce(units_[u], held->data<float>() + at);
+  if (part == n_layer) tail_last_ = started_ - 1;
   if (part >= 0 && part < n_layer)
     slot_last_[static_cast<size_t>((next_slot_ + kSlots - 1) % kSlots)] = started_ - 1;
   if (s_.steps) {
