@@ -24,7 +24,7 @@
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/state/state_placement.h"
-#include "memfit/train/run_setup.h"
+#include "memfit/cli/options/resolve_train_spec.h"
 
 namespace memfit::cli {
 

@@ -7,17 +7,17 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/config_file.h"
+#include "memfit/cli/options/preset_schedule.h"
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/core/error.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
-#include "memfit/train/run_setup.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/profile/curves_page.h"
 #include "memfit/train/interrupt.h"
-#include "memfit/train/preset_schedule.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit::cli {
@@ -374,7 +374,8 @@ void add_train_command(CLI::App& app) {
     dist::ProcessGrid grid(std::move(world), dist::GridShape{.data = world_size});
     const bool lead = grid.world().rank() == 0;
     cfg->ranks = grid.data().size();
-    // The checkpoint the run starts from, read once for every step below (run_setup.h).
+    // The checkpoint the run starts from, read once for every step below
+    // (options/resolve_train_spec.h).
     StartingCheckpoint start(*cfg);
     // The preset's published learning rate and warmup, where the options leave them open.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
