@@ -97,7 +97,7 @@ void run_sample(const SampleOptions& o) {
   po.master_weights = po.precision != Precision::bf16;
   MemoryPool pool;
   Transformer gpt(mc, pool, po);
-  io::load_checkpoint(loc.dir, mc, gpt.layout(), gpt.weights());
+  io::load_checkpoint(io::ReadCheckpoint{loc.dir, mc}, mc, gpt.layout(), gpt.weights());
   gpt.refresh_working();
   const int V = mc.vocab_size;
   // Ids past the tokenizer's vocabulary (a model wider than its data's tokenizer) have no text:

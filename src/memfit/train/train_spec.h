@@ -10,6 +10,7 @@
 #include <string>
 
 #include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/model/model_config.h"
 #include "memfit/plan/run_spec.h"
 #include "memfit/train/loss_scaler.h"
 #include "memfit/train/lr_schedule.h"
@@ -17,9 +18,12 @@
 namespace memfit {
 
 // The checkpoint a run starts from (--resume or --init-from), read once when the run is
-// resolved.
+// resolved: the trainer loads from it without reading config.json or trainer_state.json again.
 struct RunCheckpoint {
   io::CheckpointLocation location;  // dir empty without a checkpoint
+  // Its config.json as read (the model the run was resolved from); what the weights are checked
+  // against when they load (io::ReadCheckpoint).
+  ModelConfig config;
   bool resume = false;              // --resume (the optimizer and trainer state too)
   std::string option;               // "--resume" or "--init-from" (empty without)
   // --resume: the text of its trainer_state.json; nullopt where it could not be read (the

@@ -173,6 +173,7 @@ const nlohmann::json& StartingCheckpoint::state() {
 RunCheckpoint StartingCheckpoint::checkpoint() {
   RunCheckpoint c;
   c.location = model().location;
+  if (!c.location.dir.empty()) c.config = model().config;  // its config.json, as read
   c.resume = !config_.resume_dir.empty();
   if (!c.location.dir.empty()) c.option = c.resume ? "--resume" : "--init-from";
   if (c.resume) {
