@@ -96,7 +96,7 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")
       ->capture_default_str();
   cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
-  // A preset with a published schedule brings its own (train/preset_schedule.h; printed).
+  // A preset with a published schedule brings its own (options/preset_schedule.h; printed).
   cmd->add_option("--lr", c.schedule.lr,
                   "Peak learning rate (default: the preset's published one, else this)")
       ->capture_default_str();
@@ -325,7 +325,7 @@ void add_profile_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_flag("--fail-on-leak", c.fail_on_leak,
                 "Exit with 4 when the pool's live bytes grew between step boundaries after the "
                 "first step");
-  // The tests' deliberate leak (train_config.h); hidden from --help.
+  // The tests' deliberate leak (options/train_config.h); hidden from --help.
   cmd->add_option("--test-leak-bytes", c.test_leak_bytes)->group("");
 }
 
