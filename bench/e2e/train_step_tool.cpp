@@ -22,11 +22,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/cli/options/train_config.h"
 #include "memfit/kernels/kernel_times.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/profile/profile_summary.h"
-#include "memfit/train/train_config.h"
 #include "memfit/train/update.h"
 
 using namespace memfit;

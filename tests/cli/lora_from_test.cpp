@@ -1,4 +1,4 @@
-// memfit train --init-from BASE --lora-from ADAPTER (train/lora_from.h): the adapters start from
+// memfit train --init-from BASE --lora-from ADAPTER (cli/options/lora_from.h): the adapters start from
 // PEFT's files bit for bit (a run of no steps saves them back byte for byte), and with a
 // stateless optimizer (SGD, a constant rate, the same batch) one step from them is the step a
 // --resume of the same save takes, every saved file the same; rank, alpha and targets are the

@@ -1,4 +1,4 @@
-// A preset with a published schedule brings it (train/preset_schedule.h): `train --model
+// A preset with a published schedule brings it (cli/options/preset_schedule.h): `train --model
 // llama2-7b` (shrunk here to one 64-wide block) warms up over Meta's 2,000 steps to 3e-4 and
 // says so at start; --lr on the command line and --warmup in a --config file win, each alone;
 // a test-sized preset carries none and keeps the defaults, silently.

@@ -125,6 +125,42 @@ TEST(CheckpointWeights, AnyRangeReadsWhatTheWholeLoadReadsFromEveryForm) {
   }
 }
 
+// Given the config.json a caller read once (ReadCheckpoint, as a resumed run has it), the loads
+// check the model against it and never read the file again: spoilt after the read, every form
+// still loads the same bits; another model is refused with the same message as from the file.
+TEST(CheckpointWeights, AConfigReadOnceIsNotReadAgain) {
+  ScratchDir root;
+  const ModelConfig c = config_of("llama-tiny");
+  const ParamLayout layout(c);
+  MemoryPool pool;
+  Tensor slab = make_slab(pool, layout);
+  fill(slab, 6);
+  save_checkpoint(root / "one", c, layout, slab);
+  save_sharded(root / "zero", c, layout, slab, 2, pool);
+  ModelConfig other = c;
+  other.n_layer += 1;
+  other.finalize();
+  for (const char* form : {"one", "zero"}) {
+    SCOPED_TRACE(form);
+    const ReadCheckpoint saved = read_checkpoint(root / form);
+    EXPECT_EQ(saved.dir, root / form);
+    EXPECT_TRUE(config_differences(saved.config, c).empty());
+    const std::string from_file =
+        error_of([&] { open_checkpoint_weights(root / form, other); });
+    write_file_atomic(root / form / "config.json", "not json");
+    Tensor back = make_slab(pool, layout);
+    back.zero();
+    load_checkpoint(saved, c, layout, back);
+    expect_loaded(c, layout, slab, back);
+    std::vector<float> got(static_cast<size_t>(layout.total()), -7.0f);
+    open_checkpoint_weights(saved, c)->read_range({0, layout.total()}, got.data());
+    EXPECT_EQ(std::memcmp(got.data(), back.data<float>(), got.size() * 4), 0);
+    EXPECT_EQ(error_of([&] { open_checkpoint_weights(saved, other); }), from_file);
+    EXPECT_EQ(error_of([&] { load_checkpoint(saved, other, layout, back); }), from_file);
+    EXPECT_THROW(read_checkpoint(root / form), IoError);  // the file is spoilt indeed
+  }
+}
+
 TEST(CheckpointWeights, AnotherModelOrAMissingShardIsRefusedNamingIt) {
   ScratchDir root;
   const ModelConfig c = config_of("gpt2-tiny");

@@ -6,7 +6,7 @@
 
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/run_setup.h"
+#include "memfit/cli/options/resolve_train_spec.h"
 
 namespace memfit {
 namespace {

@@ -12,8 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/run_setup.h"
 #include "plan_test_util.h"
 
 namespace memfit {

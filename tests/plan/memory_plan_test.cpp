@@ -14,11 +14,11 @@
 #include <filesystem>
 #include <vector>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/io/data/loss_mask.h"
 #include "memfit/io/data/token_shard.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 
 namespace memfit {
 namespace {

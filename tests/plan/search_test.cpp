@@ -16,10 +16,10 @@
 
 #include <fmt/format.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/core/error.h"
 #include "memfit/core/scoped_threads.h"
 #include "memfit/memory/pool.h"
-#include "memfit/train/run_setup.h"
 #include "plan_test_util.h"
 #include "memfit/plan/memory_plan.h"
 

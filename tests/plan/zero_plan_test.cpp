@@ -6,13 +6,13 @@
 // side is tests/cli/zero_test.cpp (under mpirun).
 #include <gtest/gtest.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/dist/grad_sync.h"
-#include "memfit/model/param_layout.h"
 #include "memfit/dist/zero/unit_grads.h"
+#include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
-#include "memfit/state/shard.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/run_setup.h"
+#include "memfit/state/shard.h"
 
 namespace memfit {
 namespace {

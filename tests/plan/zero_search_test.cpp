@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/core/error.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/param_layout.h"
@@ -21,7 +22,6 @@
 #include "memfit/plan/memory_plan.h"
 #include "memfit/plan/search.h"
 #include "memfit/state/state_placement.h"
-#include "memfit/train/run_setup.h"
 #include "plan_test_util.h"
 
 namespace memfit {

@@ -12,8 +12,8 @@
 #include <fstream>
 
 #include "../train/trainer_fixture.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/core/error.h"
-#include "memfit/train/trainer.h"
 #include "page_test_util.h"
 
 namespace memfit {

@@ -10,7 +10,7 @@
 
 #include "../train/trainer_fixture.h"
 #include "page_test_util.h"
-#include "memfit/train/trainer.h"
+#include "memfit/cli/options/train_from_config.h"
 
 namespace memfit {
 namespace {

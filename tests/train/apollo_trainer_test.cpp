@@ -4,9 +4,9 @@
 // saved); a resume with another rank or projection gap is refused.
 #include <gtest/gtest.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 
 namespace memfit {

@@ -10,12 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/memory/pool.h"
-#include "memfit/train/run_setup.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 
 namespace memfit {

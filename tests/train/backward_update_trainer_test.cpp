@@ -9,11 +9,11 @@
 
 #include <fstream>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/optim/backward_update.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/plan/search.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 
 namespace memfit {

@@ -11,9 +11,9 @@
 #include <cmath>
 #include <filesystem>
 
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/io/data/loss_mask.h"
 #include "memfit/io/data/token_shard.h"
-#include "memfit/train/trainer.h"
 
 namespace memfit {
 namespace {

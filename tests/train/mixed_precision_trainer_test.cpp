@@ -15,13 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/core/cpu.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/model/transformer.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 
 namespace memfit {

@@ -6,11 +6,11 @@
 // RAM; the planner's peak by category, files and I/O per step are the measured ones.
 #include <gtest/gtest.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/plan/search.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 #include "../io/io_test_util.h"
 

@@ -7,10 +7,10 @@
 // measured one.
 #include <gtest/gtest.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/io/checkpoint/streamed_weights.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 
 namespace memfit {

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 #include "../io/io_test_util.h"
 #include "../support/scoped_env.h"

@@ -12,12 +12,12 @@
 #include <map>
 #include <set>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/core/error.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/plan/search.h"
-#include "memfit/train/run_setup.h"
-#include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 #include "../io/io_test_util.h"
 #include "../support/scoped_env.h"

@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "memfit/cli/options/train_config.h"
 #include "memfit/io/data/token_shard.h"
-#include "memfit/train/train_config.h"
 #include "../io/io_test_util.h"
 
 namespace memfit::test {

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "memfit/train/trainer.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "trainer_fixture.h"
 
 namespace memfit {

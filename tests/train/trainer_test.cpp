@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/memory/pool.h"
 #include "memfit/io/data/token_shard.h"
@@ -200,6 +202,31 @@ TEST_F(Trainer, ASaveAboveMaxShardSizeIsShardedAndResumesBitIdentically) {
   TrainConfig bad = config();
   bad.max_shard_size = "lots";
   EXPECT_THROW(train(bad), ConfigError);
+}
+
+// A resume reads the checkpoint's config.json and trainer_state.json once, when the run is
+// resolved (TrainSpec's RunCheckpoint): train() loads the weights and the state against what was
+// read, so files spoilt after the resolution go unread, and the run continues as the whole one.
+TEST_F(Trainer, AResumeReadsTheCheckpointsConfigOnlyWhenResolved) {
+  TrainConfig whole = config();
+  const TrainSummary a = train(whole);
+  TrainConfig first = config();
+  first.save_dir = (dir / "split").string();
+  first.stop_after = 3;
+  train(first);
+  TrainConfig second = config();
+  second.resume_dir = first.save_dir;
+  const AutoResolution resolved = resolve_auto(second);
+  EXPECT_EQ(resolved.train.checkpoint.config.n_layer, resolved.spec().model.n_layer);
+  for (const char* file : {"config.json", "trainer_state.json"})
+    io::write_file_atomic(dir / "split" / file, "not json");
+  dist::ProcessGrid grid(dist::make_single_communicator(), dist::GridShape{});
+  const TrainSummary c = train(resolved.train, grid);
+  ASSERT_EQ(c.losses.size(), 3u);
+  EXPECT_EQ(c.last_step, 6);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(a.losses[3 + i], c.losses[i]) << "step " << i + 4;
+  // Resolved afresh, the spoilt config.json is an error: the file above was the one loaded.
+  EXPECT_THROW(resolve_auto(second), IoError);
 }
 
 TEST_F(Trainer, ZeroStepsSavesTheInitialWeightsWithoutData) {

@@ -4,7 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "memfit/train/train_config.h"
+#include "memfit/cli/options/train_config.h"
 
 namespace memfit::cli {
 

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "memfit/cli/options/lora_from.h"
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/cli/commands.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/cli/config_file.h"
@@ -24,8 +26,6 @@
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/state/state_placement.h"
-#include "memfit/train/lora_from.h"
-#include "memfit/train/run_setup.h"
 
 namespace memfit::cli {
 

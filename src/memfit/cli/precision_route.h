@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "memfit/train/train_config.h"
+#include "memfit/cli/options/train_config.h"
 
 namespace memfit::cli {
 

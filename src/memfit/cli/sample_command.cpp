@@ -113,7 +113,7 @@ void run_sample(const SampleOptions& o) {
   po.master_weights = po.precision != Precision::bf16;
   MemoryPool pool;
   Transformer gpt(mc, pool, po);
-  io::load_checkpoint(loc.dir, mc, gpt.layout(), gpt.weights());
+  io::load_checkpoint(io::ReadCheckpoint{loc.dir, mc}, mc, gpt.layout(), gpt.weights());
   if (io::has_lora_adapter(loc.dir)) merge_lora(loc.dir, mc, gpt, pool);
   gpt.refresh_working();
   const int V = mc.vocab_size;

@@ -7,18 +7,18 @@
 
 #include "memfit/cli/commands.h"
 #include "memfit/cli/config_file.h"
+#include "memfit/cli/options/preset_schedule.h"
+#include "memfit/cli/options/lora_from.h"
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/core/error.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
-#include "memfit/train/run_setup.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/profile/curves_page.h"
 #include "memfit/train/interrupt.h"
-#include "memfit/train/lora_from.h"
-#include "memfit/train/preset_schedule.h"
 #include "memfit/train/trainer.h"
 
 namespace memfit::cli {
@@ -97,7 +97,7 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")
       ->capture_default_str();
   cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
-  // A preset with a published schedule brings its own (train/preset_schedule.h; printed).
+  // A preset with a published schedule brings its own (options/preset_schedule.h; printed).
   cmd->add_option("--lr", c.schedule.lr,
                   "Peak learning rate (default: the preset's published one, else this)")
       ->capture_default_str();
@@ -330,7 +330,7 @@ void add_profile_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_flag("--fail-on-leak", c.fail_on_leak,
                 "Exit with 4 when the pool's live bytes grew between step boundaries after the "
                 "first step");
-  // The tests' deliberate leak (train_config.h); hidden from --help.
+  // The tests' deliberate leak (options/train_config.h); hidden from --help.
   cmd->add_option("--test-leak-bytes", c.test_leak_bytes)->group("");
 }
 
@@ -379,7 +379,8 @@ void add_train_command(CLI::App& app) {
     dist::ProcessGrid grid(std::move(world), dist::GridShape{.data = world_size});
     const bool lead = grid.world().rank() == 0;
     cfg->ranks = grid.data().size();
-    // The checkpoint the run starts from, read once for every step below (run_setup.h).
+    // The checkpoint the run starts from, read once for every step below
+    // (options/resolve_train_spec.h).
     StartingCheckpoint start(*cfg);
     // The preset's published learning rate and warmup, where the options leave them open.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };

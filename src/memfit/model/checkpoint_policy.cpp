@@ -51,7 +51,8 @@ CheckpointPolicy CheckpointPolicy::parse(std::string_view text) {
   if (text == "auto")
     MEMFIT_THROW(ConfigError, "config",
                  "--ckpt auto is not a policy but a request to the planner, which replaces it "
-                 "with one before the run is built (train/run_setup.h: resolve_auto)");
+                 "with one before the run is built (cli/options/resolve_train_spec.h: "
+                 "resolve_auto)");
   if (text == "none") return p;
   if (text == "full") {
     p.kind = Kind::full;

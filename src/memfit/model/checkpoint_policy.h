@@ -26,7 +26,8 @@ struct CheckpointPolicy {
 
   // "none", "full", "selective", "every:K" (K >= 1), "layers:0,3,5" or with ranges
   // "layers:0-4,7" (may be empty: "layers:"). ConfigError naming --ckpt and the expectation
-  // otherwise. "auto" is not a policy: the planner resolves it to one (train/run_setup.h).
+  // otherwise. "auto" is not a policy: the planner resolves it to one
+  // (cli/options/resolve_train_spec.h).
   static CheckpointPolicy parse(std::string_view text);
   std::string name() const;  // parse(name()) == *this; runs of 3+ blocks as ranges "0-4"
   bool operator==(const CheckpointPolicy&) const = default;

@@ -78,7 +78,8 @@ struct MaxModelResult {
 // world size and ZeRO stage, or --zero auto). Over several ranks `limit` is each rank's: a
 // member fits when every rank's planned peak does (search_training). What
 // the search varies must be left to it: the run setup refuses --n-layer, --d-model, --n-head,
-// a --ckpt layers: list, --resume and --init-from with --max-model (train/run_setup.h).
+// a --ckpt layers: list, --resume and --init-from with --max-model
+// (cli/options/resolve_train_spec.h).
 // `policy`, if given, is every member's checkpoint policy (--max-model --ckpt full: the
 // largest model under that policy) instead of each member's fastest that fits.
 MaxModelResult find_max_model(const RunSpec& base, size_t limit,

@@ -1,7 +1,7 @@
 // A run as the planner sees it: the options of `memfit train` / `memfit plan`, parsed and
-// validated once (train/run_setup.h: resolve_run) into types. plan_training, the search
-// (--ckpt auto, --auto-batch), --max-model and the out-of-memory advice all read it, and vary
-// its typed fields (the policy, the micro-batch, the precision, the optimizer, the shape);
+// validated once (cli/options/resolve_train_spec.h: resolve_run) into types. plan_training, the
+// search (--ckpt auto, --auto-batch), --max-model and the out-of-memory advice all read it, and
+// vary its typed fields (the policy, the micro-batch, the precision, the optimizer, the shape);
 // none of them parses an option again. plan/ knows nothing of train/: this is its whole input.
 #pragma once
 

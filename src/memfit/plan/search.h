@@ -51,7 +51,7 @@ struct Candidate {
 
 // A candidate as JSON and back (nlohmann's to_json / from_json): every field, the policy by its
 // name and the compression by its. How the ranks of a run agree on one choice (adopt_lead_choice
-// in train/run_setup.h). from_json throws ConfigError for an unknown name.
+// in cli/options/resolve_train_spec.h). from_json throws ConfigError for an unknown name.
 void to_json(nlohmann::json& j, const Candidate& c);
 void from_json(const nlohmann::json& j, Candidate& c);
 

@@ -43,6 +43,8 @@ void TrainRun::load_or_init() {
 // Into the weights of record, converting F32 <-> BF16 as needed, then the working copy rounded
 // from them: any precision loads any precision's checkpoint. The optimizer in RAM with them.
 void TrainRun::load_weights() {
+  // config.json as the run's resolution read it: checked against the model, not read again.
+  const io::ReadCheckpoint saved{location.dir, settings.checkpoint.config};
   Transformer::MasterSink to_master_file;
   if (off && master)
     to_master_file = [&](const Transformer::RangeFill& fill) { off->write_master_from(fill); };
@@ -55,17 +57,16 @@ void TrainRun::load_weights() {
     const bool with_opt = resume && opt && !gpt->lora() &&
                           opt->range() == whole_range(gpt->layout()) &&
                           !io::has_zero_shards(location.dir);
-    io::load_checkpoint(location.dir, mc, gpt->layout(), gpt->weights(),
-                        with_opt ? opt.get() : nullptr);
+    io::load_checkpoint(saved, mc, gpt->layout(), gpt->weights(), with_opt ? opt.get() : nullptr);
     if (resume && opt && !with_opt && !gpt->lora())
       io::load_optimizer_state_any(location.dir, *opt);
     gpt->refresh_working();
   } else {
     // This rank's ranges of each tensor (model.safetensors, Hugging Face's shards, or a ZeRO
     // save's shard files of any world size and stage), read from the mapped files.
-    const std::unique_ptr<io::ParamSource> saved = io::open_checkpoint_weights(location.dir, mc);
+    const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, mc);
     gpt->set_weights([&](int64_t from, int64_t to,
-                         float* dst) { saved->read_range({from, to}, dst); },
+                         float* dst) { source->read_range({from, to}, dst); },
                      piece, to_master_file);
     // ZeRO's shards of any world size and stage, or a whole optimizer.safetensors, cut to
     // this rank's range (io/checkpoint/zero_checkpoint.h).

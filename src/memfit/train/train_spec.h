@@ -1,8 +1,8 @@
-// A `memfit train` run resolved: what train() takes. The options as given (TrainConfig, strings
-// as the command line and TOML files give them) are checked and parsed once, by
-// train/run_setup.h (resolve_auto), into the RunSpec the planner plans and the search varies,
-// plus the loop's own settings, all typed; the checkpoint a run starts from is located and read
-// there once too. Nothing past run_setup.cpp parses an option or decodes a name.
+// A `memfit train` run resolved: what train() takes, typed. The options as given (strings, as
+// the command line and TOML files give them) stay in cli/: they are checked and parsed once, by
+// cli/options/resolve_train_spec.h (resolve_auto), into the RunSpec the planner plans and the
+// search varies, plus the loop's own settings here; the checkpoint a run starts from is located
+// and read there once too (RunCheckpoint). Nothing in train/ parses an option or decodes a name.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/model/model_config.h"
 #include "memfit/plan/run_spec.h"
 #include "memfit/train/loss_scaler.h"
 #include "memfit/train/lr_schedule.h"
@@ -17,9 +18,12 @@
 namespace memfit {
 
 // The checkpoint a run starts from (--resume or --init-from), read once when the run is
-// resolved.
+// resolved: the trainer loads from it without reading config.json or trainer_state.json again.
 struct RunCheckpoint {
   io::CheckpointLocation location;  // dir empty without a checkpoint
+  // Its config.json as read (the model the run was resolved from); what the weights are checked
+  // against when they load (io::ReadCheckpoint).
+  ModelConfig config;
   bool resume = false;              // --resume (the optimizer and trainer state too)
   std::string option;               // "--resume" or "--init-from" (empty without)
   std::string lora_from;            // --lora-from: the adapters' directory (empty without)
@@ -58,7 +62,7 @@ struct TrainSpec {
   std::string profile_dir;       // empty: no profile
   int64_t profile_steps = 3;
   bool fail_on_leak = false;
-  int64_t test_leak_bytes = 0;  // the tests' deliberate leak (train_config.h)
+  int64_t test_leak_bytes = 0;  // the tests' deliberate leak (cli/options/train_config.h)
 };
 
 }  // namespace memfit

@@ -7,25 +7,9 @@
 
 #include "memfit/memory/rss.h"
 #include "memfit/train/run_agreement.h"
-#include "memfit/train/run_setup.h"
 #include "memfit/train/train_run.h"
 
 namespace memfit {
-
-TrainSummary train(const TrainConfig& config) {
-  dist::ProcessGrid grid(dist::make_single_communicator(), dist::GridShape{});
-  return train(config, grid);
-}
-
-TrainSummary train(const TrainConfig& config, dist::ProcessGrid& grid) {
-  TrainConfig c = config;
-  c.ranks = grid.data().size();
-  // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
-  // trainer_state.json have a policy and a micro-batch, never "auto".
-  AutoResolution resolved = resolve_auto(c);  // and --precision auto, resolved
-  adopt_lead_choice(resolved, grid.world());  // rank 0's choice is every rank's
-  return train(resolved.train, grid);
-}
 
 TrainSummary train(const TrainSpec& spec, dist::ProcessGrid& grid) {
   // Data parallelism: every rank runs this with its own rows of each global micro-batch

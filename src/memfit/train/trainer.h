@@ -11,7 +11,6 @@
 #include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/memory/category.h"
 #include "memfit/profile/leak_check.h"
-#include "memfit/train/train_config.h"
 #include "memfit/train/train_spec.h"
 
 namespace memfit {
@@ -48,16 +47,12 @@ struct TrainSummary {
 // over its data group, each rank reading its rows of every global micro-batch, gradients and
 // losses summed over the group, and the world's rank 0 logging and saving. Every rank must call
 // it with the same run (resolved for grid.data().size() ranks, rank 0's search choice adopted:
-// adopt_lead_choice); the ranks check that they agree before anything is built. A SIGINT or
+// the command line's resolution does both, cli/options/resolve_train_spec.h); the ranks check that they agree before anything is built. A SIGINT or
 // SIGTERM stops it after the step in progress, saved as at the end
 // (TrainSummary::interrupted_by). Throws ConfigError/IoError for bad input, OutOfMemoryError when
 // the budget is too small, Error when the loss becomes non-finite; none of them leaves a partial
 // checkpoint behind. The grid has data parallelism only today (tensor and pipeline 1).
+// (From options as given, as the tests do: cli/options/train_from_config.h.)
 TrainSummary train(const TrainSpec& spec, dist::ProcessGrid& grid);
-// The options as given, resolved (train/run_setup.h: resolve_auto, for the grid's data-parallel
-// ranks, rank 0's choice adopted) and run as above: what the tests and benchmarks call. Throws
-// OutOfMemoryError also when the planner finds no choice that fits.
-TrainSummary train(const TrainConfig& config);  // one process
-TrainSummary train(const TrainConfig& config, dist::ProcessGrid& grid);
 
 }  // namespace memfit

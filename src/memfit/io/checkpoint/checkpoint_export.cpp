@@ -171,13 +171,19 @@ std::unique_ptr<ParamSource> open_param_source(const fs::path& dir) {
 
 std::unique_ptr<ParamSource> open_checkpoint_weights(const fs::path& dir,
                                                      const ModelConfig& config, fs::path* where) {
-  const fs::path found = locate_checkpoint(dir).dir;
-  if (where) *where = found;
-  check_checkpoint_config(found, config);
+  const ReadCheckpoint saved = read_checkpoint(dir);
+  if (where) *where = saved.dir;
+  return open_checkpoint_weights(saved, config);
+}
+
+std::unique_ptr<ParamSource> open_checkpoint_weights(const ReadCheckpoint& saved,
+                                                     const ModelConfig& config) {
+  const fs::path& found = saved.dir;
+  check_checkpoint_config(saved, config);
   std::error_code ec;
   if (fs::exists(found / kModelFile, ec) || fs::exists(found / kModelIndexFile, ec))
     return std::make_unique<SafetensorsSource>(found, config);
-  if (has_zero_shards(found)) return open_zero_weights_source(found);
+  if (has_zero_shards(found)) return open_zero_weights_source(found, saved.config);
   MEMFIT_THROW(IoError, "checkpoint", "{}: no {} (nor {}, nor {}){}", found.string(), kModelFile,
                kModelIndexFile, kZeroIndexFile, no_weights_hint(found));
 }

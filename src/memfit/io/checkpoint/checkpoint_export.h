@@ -28,6 +28,8 @@
 
 namespace memfit::io {
 
+struct ReadCheckpoint;  // model_checkpoint.h
+
 class ParamSource {
  public:
   virtual ~ParamSource() = default;
@@ -77,6 +79,10 @@ std::unique_ptr<ParamSource> open_param_source(const std::filesystem::path& dir)
 std::unique_ptr<ParamSource> open_checkpoint_weights(const std::filesystem::path& dir,
                                                      const ModelConfig& config,
                                                      std::filesystem::path* where = nullptr);
+// The same, for a checkpoint whose config.json the caller has read (`saved`,
+// model_checkpoint.h): checked against `config` with the same errors, not read again.
+std::unique_ptr<ParamSource> open_checkpoint_weights(const ReadCheckpoint& saved,
+                                                     const ModelConfig& config);
 
 struct ExportOptions {
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;

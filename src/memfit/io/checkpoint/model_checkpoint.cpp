@@ -226,12 +226,21 @@ void check_checkpoint_writable(const fs::path& dir) {
 }
 
 void check_checkpoint_config(const fs::path& dir, const ModelConfig& config) {
-  const fs::path config_path = dir / kConfigFile;
-  const std::vector<std::string> diffs =
-      config_differences(read_model_config(config_path), config);
+  check_checkpoint_config(ReadCheckpoint{dir, read_model_config(dir / kConfigFile)}, config);
+}
+
+void check_checkpoint_config(const ReadCheckpoint& saved, const ModelConfig& config) {
+  const std::vector<std::string> diffs = config_differences(saved.config, config);
   if (!diffs.empty())
     MEMFIT_THROW(IoError, "checkpoint", "{}: the checkpoint is for another model: {}",
-                 config_path.string(), join_mismatches(diffs));
+                 (saved.dir / kConfigFile).string(), join_mismatches(diffs));
+}
+
+ReadCheckpoint read_checkpoint(const fs::path& dir) {
+  ReadCheckpoint r;
+  r.dir = locate_checkpoint(dir).dir;
+  r.config = read_model_config(r.dir / kConfigFile);
+  return r;
 }
 
 bool has_model_weights(const fs::path& dir) {
@@ -249,11 +258,11 @@ namespace {
 
 // A sharded save's weights into a whole slab, one parameter at a time: straight into an f32
 // slab, through one parameter's f32 staging (from a local pool's heap) into a bf16 one.
-void load_sharded_weights(const fs::path& dir, const ModelConfig& config,
+void load_sharded_weights(const ReadCheckpoint& saved, const ModelConfig& config,
                           const ParamLayout& layout, Tensor& slab) {
   MEMFIT_CHECK(slab.numel() == layout.total(), "checkpoint",
                "the slab has {} elements, the layout {}", slab.numel(), layout.total());
-  std::unique_ptr<ParamSource> source = open_checkpoint_weights(dir, config);
+  std::unique_ptr<ParamSource> source = open_checkpoint_weights(saved, config);
   MemoryPool heap;
   for (const ParamInfo& p : layout.params()) {
     const ElementRange r{p.offset, p.offset + p.numel};
@@ -273,33 +282,41 @@ void load_sharded_weights(const fs::path& dir, const ModelConfig& config,
 CheckpointLocation load_checkpoint(const fs::path& dir, const ModelConfig& config,
                                    const ParamLayout& layout, Tensor& slab, Optimizer* optimizer) {
   CheckpointLocation where = locate_checkpoint(dir);
-  check_checkpoint_config(where.dir, config);
+  load_checkpoint(ReadCheckpoint{where.dir, read_model_config(where.dir / kConfigFile)}, config,
+                  layout, slab, optimizer);
+  return where;
+}
+
+void load_checkpoint(const ReadCheckpoint& saved, const ModelConfig& config,
+                     const ParamLayout& layout, Tensor& slab, Optimizer* optimizer) {
+  const fs::path& dir = saved.dir;
+  check_checkpoint_config(saved, config);
 
   std::error_code ec;
-  if (!fs::exists(where.dir / kModelFile, ec) && !fs::exists(where.dir / kModelIndexFile, ec)) {
+  if (!fs::exists(dir / kModelFile, ec) && !fs::exists(dir / kModelIndexFile, ec)) {
     // A ZeRO-sharded save: the weights are its shard files' ranges (the optimizer's state is
     // sharded too, read with load_optimizer_state_any).
-    if (!has_zero_shards(where.dir))
-      MEMFIT_THROW(IoError, "checkpoint", "{}: no {} (nor {}, nor {}){}", where.dir.string(),
-                   kModelFile, kModelIndexFile, kZeroIndexFile, why_no_model(where.dir));
+    if (!has_zero_shards(dir))
+      MEMFIT_THROW(IoError, "checkpoint", "{}: no {} (nor {}, nor {}){}", dir.string(),
+                   kModelFile, kModelIndexFile, kZeroIndexFile, why_no_model(dir));
     if (optimizer)
       MEMFIT_THROW(IoError, "checkpoint",
                    "{}: a ZeRO-sharded save (no {}): its optimizer state is in the shard files",
-                   where.dir.string(), kOptimizerFile);
-    load_sharded_weights(where.dir, config, layout, slab);
-    return where;
+                   dir.string(), kOptimizerFile);
+    load_sharded_weights(saved, config, layout, slab);
+    return;
   }
   // Check everything (every weights file's header, names, shapes; the optimizer's state)...
-  WeightsLoad weights(where.dir, config, layout, slab);
+  WeightsLoad weights(dir, config, layout, slab);
   std::optional<SafetensorsReader> opt_reader;
   OptimizerPlan opt_plan;
   if (optimizer) {
-    const fs::path opt_path = where.dir / kOptimizerFile;
+    const fs::path opt_path = dir / kOptimizerFile;
     if (!fs::exists(opt_path, ec))
       MEMFIT_THROW(IoError, "checkpoint",
                    "{}: no {}, so the optimizer cannot resume (load the "
                    "weights alone to start a fresh optimizer)",
-                   where.dir.string(), kOptimizerFile);
+                   dir.string(), kOptimizerFile);
     opt_reader.emplace(opt_path);
     opt_plan = plan_optimizer(*opt_reader, *optimizer);
   }
@@ -309,7 +326,6 @@ CheckpointLocation load_checkpoint(const fs::path& dir, const ModelConfig& confi
     copy_all(*opt_reader, opt_plan.copies);
     optimizer->set_steps_taken(opt_plan.steps);
   }
-  return where;
 }
 
 }  // namespace memfit::io

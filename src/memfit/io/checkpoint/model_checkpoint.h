@@ -94,6 +94,19 @@ void check_checkpoint_writable(const std::filesystem::path& dir);
 
 // IoError naming the fields unless DIR/config.json (DIR as located) is a model of `config`.
 void check_checkpoint_config(const std::filesystem::path& dir, const ModelConfig& config);
+
+// A checkpoint located (locate_checkpoint) and its config.json read, by a caller that reads it
+// once: a resumed run has it from its resolution (train/train_spec.h, RunCheckpoint) and hands
+// it to load_checkpoint and open_checkpoint_weights, which then check the model against it
+// instead of reading config.json again.
+struct ReadCheckpoint {
+  std::filesystem::path dir;  // as located
+  ModelConfig config;         // dir/config.json, as read
+};
+// locate_checkpoint(dir) and its config.json read (IoError as read_model_config's).
+ReadCheckpoint read_checkpoint(const std::filesystem::path& dir);
+// check_checkpoint_config against the config.json as read, not read again.
+void check_checkpoint_config(const ReadCheckpoint& saved, const ModelConfig& config);
 // What to tell about a directory without safetensors weights ("" or a pointer to
 // pytorch_model.bin).
 std::string no_weights_hint(const std::filesystem::path& dir);
@@ -114,5 +127,9 @@ ModelConfig read_checkpoint_config(const std::filesystem::path& dir);
 CheckpointLocation load_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                                    const ParamLayout& layout, Tensor& slab,
                                    Optimizer* optimizer = nullptr);
+// The same, for a checkpoint whose config.json the caller has read (`saved`): checked against
+// `config` as above, with the same errors, without reading the file again.
+void load_checkpoint(const ReadCheckpoint& saved, const ModelConfig& config,
+                     const ParamLayout& layout, Tensor& slab, Optimizer* optimizer = nullptr);
 
 }  // namespace memfit::io

@@ -284,15 +284,20 @@ void load_optimizer_state_any(const fs::path& dir, Optimizer& opt) {
   opt.set_steps_taken(saved.steps_taken());
 }
 
-std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {
-  const fs::path index = dir / kZeroIndexFile;
-  json j;
+namespace {
+
+json read_zero_index(const fs::path& index) {
   try {
-    j = json::parse(read_file_to_string(index));
+    return json::parse(read_file_to_string(index));
   } catch (const json::exception& e) {
     MEMFIT_THROW(IoError, "checkpoint", "{}: not valid JSON: {}", index.string(), e.what());
   }
-  const ModelConfig config = read_model_config(dir / kConfigFile);
+}
+
+// open_zero_weights_source, given the index as parsed (`j`) and config.json as read.
+std::unique_ptr<ParamSource> zero_weights_source(const fs::path& dir, const json& j,
+                                                 const ModelConfig& config) {
+  const fs::path index = dir / kZeroIndexFile;
   std::vector<SlabPiece> pieces;
   std::optional<DType> dtype;
   try {
@@ -330,6 +335,18 @@ std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {
   return make_slab_pieces_source(
       config, *dtype, std::move(pieces),
       fmt::format("checkpoint {} ({} shard files)", dir.string(), pieces.size()));
+}
+
+}  // namespace
+
+std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir) {
+  const json j = read_zero_index(dir / kZeroIndexFile);  // its errors first, as before
+  return zero_weights_source(dir, j, read_model_config(dir / kConfigFile));
+}
+
+std::unique_ptr<ParamSource> open_zero_weights_source(const fs::path& dir,
+                                                      const ModelConfig& config) {
+  return zero_weights_source(dir, read_zero_index(dir / kZeroIndexFile), config);
 }
 
 }  // namespace memfit::io

@@ -94,5 +94,8 @@ class SavedOptimizerState {
 // ParamSource over make_slab_pieces_source: what export and loads read when a sharded save has
 // no model.safetensors. IoError when the index, a file or a range does not fit.
 std::unique_ptr<ParamSource> open_zero_weights_source(const std::filesystem::path& dir);
+// The same with DIR/config.json as the caller read it (`config`), not read again.
+std::unique_ptr<ParamSource> open_zero_weights_source(const std::filesystem::path& dir,
+                                                      const ModelConfig& config);
 
 }  // namespace memfit::io

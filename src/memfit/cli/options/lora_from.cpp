@@ -1,4 +1,4 @@
-#include "memfit/train/lora_from.h"
+#include "memfit/cli/options/lora_from.h"
 
 #include <filesystem>
 

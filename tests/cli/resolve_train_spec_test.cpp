@@ -1,6 +1,6 @@
-// Run setup (train/run_setup.h): a config's strings become the typed RunSpec once, and each bad
+// Run setup (cli/options/resolve_train_spec.h): a config's strings become the typed RunSpec once, and each bad
 // option is refused there, naming it, before anything is planned or built.
-#include "memfit/train/run_setup.h"
+#include "memfit/cli/options/resolve_train_spec.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,10 @@
-// Run setup: a `memfit train` / `memfit plan` config (strings, as the command line and TOML
-// files give them) checked once and resolved into the typed RunSpec the planner reads
-// (plan/run_spec.h) and the TrainSpec train() takes (train/train_spec.h); --precision auto,
-// --ckpt auto, --auto-batch and --zero auto resolved before anything is built. `memfit train`
-// and `memfit plan` share it, so "auto" means the same everywhere. The only place the options'
-// strings are parsed, and the checkpoint a run starts from is read here, once.
+// The options of `memfit train` / `memfit plan` as given (TrainConfig: strings, as the command
+// line and TOML files give them) checked once and resolved into the typed RunSpec the planner
+// reads (plan/run_spec.h) and the TrainSpec train() takes (train/train_spec.h); --precision
+// auto, --ckpt auto, --auto-batch and --zero auto resolved before anything is built. `memfit
+// train` and `memfit plan` share it, so "auto" means the same everywhere. The only place the
+// options' strings are parsed (they stay in cli/), and the checkpoint a run starts from is read
+// here, once.
 #pragma once
 
 #include <optional>
@@ -11,11 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memfit/cli/options/train_config.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/plan/run_spec.h"
 #include "memfit/plan/search.h"
-#include "memfit/train/train_config.h"
 #include "memfit/train/train_spec.h"
 
 namespace memfit {

@@ -9,11 +9,11 @@
 #include <string>
 #include <string_view>
 
-#include "memfit/train/train_config.h"
+#include "memfit/cli/options/train_config.h"
 
 namespace memfit {
 
-class StartingCheckpoint;  // train/run_setup.h
+class StartingCheckpoint;  // resolve_train_spec.h
 
 struct PresetSchedule {
   float lr = 0;            // peak
@@ -33,8 +33,8 @@ struct ScheduleGiven {
 // The preset whose schedule the run takes: the one --model names; else, with --resume or
 // --init-from, the preset whose shape the checkpoint's model has (none if it has no preset's);
 // else TrainConfig::kDefaultModel.
-// `start`, if given, reads the checkpoint's model (once for the whole resolution: run_setup.h);
-// else it is read here.
+// `start`, if given, reads the checkpoint's model (once for the whole resolution:
+// resolve_train_spec.h); else it is read here.
 std::string schedule_preset(const TrainConfig& config, StartingCheckpoint* start = nullptr);
 
 // Sets the schedule options `given` leaves open to schedule_preset's published values (with

@@ -1,5 +1,7 @@
-// Everything `memfit train` can be told, with its defaults. The CLI and TOML config files fill
-// it; the trainer reads it; checkpoints record the parts a resume must agree with.
+// Everything `memfit train` can be told, with its defaults, as strings and numbers the way the
+// command line and TOML config files give them. It stays in cli/: resolve_train_spec.h checks
+// and parses it once into the typed TrainSpec (train/train_spec.h) that train() takes, so
+// nothing below cli/ sees an option's string.
 #pragma once
 
 #include <cstdint>
@@ -51,7 +53,8 @@ struct TrainConfig {
   // hung; Note [Failures] in docs/notes/zero.md); 0: forever. Longer than the longest save, which
   // the other ranks wait for.
   double collective_timeout = 1800;
-  // The data-parallel ranks to plan for (memfit plan --ranks); train() sets it to its world's.
+  // The data-parallel ranks to plan for (memfit plan --ranks); train(config, grid) sets it to
+  // the grid's (train_from_config.h).
   int ranks = 1;
   // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
@@ -88,7 +91,7 @@ struct TrainConfig {
   std::string resume_dir;
   std::string init_from;
   // --lora-from ADAPTER_DIR (with --init-from BASE): the run's LoRA adapters start from PEFT's
-  // files there; adopt_lora_from (train/lora_from.h) takes their rank, alpha and targets.
+  // files there; adopt_lora_from (cli/options/lora_from.h) takes their rank, alpha and targets.
   std::string lora_from;
   std::string log_file;  // JSON lines
   bool shuffle = true;
@@ -101,11 +104,11 @@ struct TrainConfig {
   // default, 512 (ActivationOptions::lm_head_group).
   int lm_head_group = 0;
   // none | full | selective | every:K | layers:LIST, or auto: the planner picks the fastest
-  // policy that fits mem_limit (train/run_setup.h) before anything is built.
+  // policy that fits mem_limit (cli/options/resolve_train_spec.h) before anything is built.
   std::string ckpt = "none";
   // How the blocks that keep their activations store them: none | int8 | fp8 (Note [Activation
   // compression]). Empty (not given): none, except that --ckpt auto may choose int8 and a
-  // resumed run keeps its checkpoint's (train/run_setup.h).
+  // resumed run keeps its checkpoint's (cli/options/resolve_train_spec.h).
   std::string act_compress;
   // With mem_limit: the planner also picks the micro-batch, every divisor b of
   // batch * grad_accum with grad_accum = global / b, keeping the global batch.

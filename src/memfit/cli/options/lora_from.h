@@ -6,7 +6,7 @@
 #pragma once
 
 #include "memfit/model/model_config.h"
-#include "memfit/train/train_config.h"
+#include "memfit/cli/options/train_config.h"
 
 namespace memfit {
 

@@ -1,4 +1,4 @@
-#include "memfit/train/train_config.h"
+#include "memfit/cli/options/train_config.h"
 
 #include "memfit/core/error.h"
 #include "memfit/model/model_family.h"

@@ -1,4 +1,4 @@
-#include "memfit/train/run_setup.h"
+#include "memfit/cli/options/resolve_train_spec.h"
 
 #include <filesystem>
 
@@ -23,8 +23,8 @@ void validate_train_config(const TrainConfig& c) {
     if (!ok)
       MEMFIT_THROW(ConfigError, "config", "--{} must be {}, got {}", field, expectation, value);
   };
-  // --ckpt auto and --auto-batch ask the planner to fit the budget (train/run_setup.h), so
-  // they need one; the planner replaces them before anything is built.
+  // --ckpt auto and --auto-batch ask the planner to fit the budget (resolve_auto), so they need
+  // one; the planner replaces them before anything is built.
   if (c.ckpt == "auto" && c.mem_limit.empty())
     MEMFIT_THROW(ConfigError, "config",
                  "--ckpt auto picks the fastest checkpoint policy whose predicted peak fits "
@@ -173,6 +173,7 @@ const nlohmann::json& StartingCheckpoint::state() {
 RunCheckpoint StartingCheckpoint::checkpoint() {
   RunCheckpoint c;
   c.location = model().location;
+  if (!c.location.dir.empty()) c.config = model().config;  // its config.json, as read
   c.resume = !config_.resume_dir.empty();
   c.lora_from = config_.lora_from;
   if (!c.location.dir.empty()) c.option = c.resume ? "--resume" : "--init-from";

@@ -1,12 +1,12 @@
-#include "memfit/train/preset_schedule.h"
+#include "memfit/cli/options/preset_schedule.h"
 
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/model/model_config.h"
-#include "memfit/train/run_setup.h"
 
 namespace memfit {
 
