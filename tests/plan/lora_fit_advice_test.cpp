@@ -4,9 +4,9 @@
 // (before, the lever kept the master weights, which LoRA refuses, and was skipped).
 #include <gtest/gtest.h>
 
+#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/cli/options/resolve_train_spec.h"
 
 namespace memfit {
 namespace {

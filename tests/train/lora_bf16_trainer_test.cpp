@@ -7,9 +7,10 @@
 
 #include <string>
 
+#include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/cli/options/train_from_config.h"
 #include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/plan/memory_plan.h"
-#include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/train/trainer.h"
 #include "trainer_fixture.h"
 #include "../io/io_test_util.h"

@@ -15,18 +15,20 @@ namespace {
 
 constexpr int64_t kAlign = 16;  // elements: 64 bytes of f32, as the parameter slab
 
-// A target: its name, the layer slot and part, and PEFT's module name after the block prefix.
+// A target: its name, the layer slot and part, and PEFT's module name after the block prefix;
+// `whole`: the adapter spans its slot's whole fused matrix (GPT-2's c_attn is q|k|v in one).
 struct Target {
   const char* name;
   LinearSlot slot;
   int part;
   const char* module;
+  bool whole = false;
 };
 
 std::vector<Target> targets_of(Family family) {
   switch (family) {
     case Family::gpt2:
-      return {{"attn", LinearSlot::qkv, 0, "attn.c_attn"},
+      return {{"attn", LinearSlot::qkv, 0, "attn.c_attn", /*whole=*/true},
               {"proj", LinearSlot::attn_out, 0, "attn.c_proj"},
               {"fc", LinearSlot::fc, 0, "mlp.c_fc"},
               {"mlp_proj", LinearSlot::mlp_out, 0, "mlp.c_proj"}};
@@ -41,6 +43,34 @@ std::vector<Target> targets_of(Family family) {
   }
   return {};
 }
+
+}  // namespace
+
+std::string_view peft_block_prefix(Family family) {
+  switch (family) {
+    case Family::gpt2: return "transformer.h";
+    case Family::llama: return "model.layers";
+  }
+  return {};
+}
+
+std::string_view hf_name_prefix(Family family) {
+  switch (family) {
+    case Family::gpt2: return "transformer.";
+    case Family::llama: return "";
+  }
+  return {};
+}
+
+bool hf_fan_in_fan_out(Family family) {
+  switch (family) {
+    case Family::gpt2: return true;
+    case Family::llama: return false;
+  }
+  return false;
+}
+
+namespace {
 
 std::vector<std::string> split(const std::string& list) {
   std::vector<std::string> out;
@@ -163,24 +193,24 @@ LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options) : optio
     total_ += (n + kAlign - 1) / kAlign * kAlign;
     return at;
   };
-  const std::string prefix = c.family == Family::gpt2 ? "transformer.h" : "model.layers";
+  const std::string_view prefix = peft_block_prefix(c.family);
   for (int l = 0; l < c.n_layer; ++l)
     for (const Target& t : targets) {
       LoraParam p{fmt::format("{}.{}.{}", prefix, l, t.module), l, t.slot, t.part, 0, 0, 0, 0, 0};
       switch (t.slot) {
         case LinearSlot::qkv:
           p.in = C;
-          p.out = c.family == Family::gpt2 ? c.qkv_width() : t.part == 0 ? q : kv;
+          p.out = t.whole ? c.qkv_width() : t.part == 0 ? q : kv;
           p.row0 = t.part == 0 ? 0 : t.part == 1 ? q : q + kv;
           break;
         case LinearSlot::attn_out: p.in = c.attn_width(); p.out = C; break;
         case LinearSlot::fc:
           p.in = C;
-          p.out = c.family == Family::gpt2 ? c.fc_width() : F;
+          p.out = F;  // GPT-2's one c_fc, or LLaMA's gate or up
           p.row0 = t.part * F;
           break;
         case LinearSlot::mlp_out:
-          p.in = c.family == Family::gpt2 ? c.fc_width() : F;
+          p.in = F;
           p.out = C;
           break;
       }

@@ -19,7 +19,7 @@ std::string module_of(const ModelConfig& config, const ParamInfo& p) {
     return "";
   const std::string stem = p.name.substr(0, p.name.size() - kWeight.size());
   // GPT-2's names in the layout leave out Hugging Face's "transformer." (param_layout.h).
-  return config.family == Family::gpt2 ? "transformer." + stem : stem;
+  return std::string(hf_name_prefix(config.family)) + stem;
 }
 
 }  // namespace

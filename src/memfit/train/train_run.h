@@ -122,91 +122,91 @@ class TrainRun {
   nlohmann::json run_state_json() const;
   nlohmann::json trainer_state_json(int64_t step) const;
   void params_io_waits();
-  profile::StepRecorder* recorder() const { return profiler ? profiler->recorder() : nullptr; }
+  profile::StepRecorder* recorder() const { return profiler_ ? profiler_->recorder() : nullptr; }
   void finish_summary();
 
-  // The ranks: gradients, the loss and the evaluation are summed over the data group (`comm`,
-  // W ranks); the world's rank 0 (`lead`) alone logs, shows progress and saves.
-  dist::ProcessGrid& grid;
-  dist::Communicator& comm;
-  const int W;
-  const bool lead;
-  // The run, resolved: `spec` as the planner planned it (the model, shapes, precision, policy,
-  // budget), `settings` the whole (the loop's settings too); `location` the checkpoint it
+  // The ranks: gradients, the loss and the evaluation are summed over the data group (`comm_`,
+  // W_ ranks); the world's rank 0 (`lead_`) alone logs, shows progress and saves.
+  dist::ProcessGrid& grid_;
+  dist::Communicator& comm_;
+  const int W_;
+  const bool lead_;
+  // The run, resolved: `spec_` as the planner planned it (the model, shapes, precision, policy,
+  // budget), `settings_` the whole (the loop's settings too); `location_` the checkpoint it
   // starts from (dir empty without).
-  const TrainSpec settings;
-  const RunSpec& spec;
-  const io::CheckpointLocation& location;
-  const bool resume;
-  const ModelConfig& mc;
-  const int T, B;
+  const TrainSpec settings_;
+  const RunSpec& spec_;
+  const io::CheckpointLocation& location_;
+  const bool resume_;
+  const ModelConfig& mc_;
+  const int T_, B_;
 
-  const ScopedThreads run_threads;  // --threads for this run only
-  const std::chrono::steady_clock::time_point wall_start;
-  MemoryPool pool;
+  const ScopedThreads run_threads_;  // --threads for this run only
+  const std::chrono::steady_clock::time_point wall_start_;
+  MemoryPool pool_;
   // The collectives' buffers are this run's pool's (Category::comm), until it ends.
   struct PoolRelease {
     dist::Communicator& comm;
     ~PoolRelease() { comm.set_pool(nullptr); }
-  } pool_release;
-  std::unique_ptr<profile::Profiler> profiler;  // --profile
+  } pool_release_;
+  std::unique_ptr<profile::Profiler> profiler_;  // --profile
   // The leak check: the pool's live bytes by tag at every step boundary (profile/leak_check.h).
-  profile::LeakCheck leaks;
-  std::vector<Allocation> test_leaks;  // settings.test_leak_bytes: the tests' deliberate leak
+  profile::LeakCheck leaks_;
+  std::vector<Allocation> test_leaks_;  // settings_.test_leak_bytes: the tests' deliberate leak
 
   // Where this rank's state lives (Note [State placement]); nothing else decodes the stage.
-  const StatePlacement placement;
-  const std::optional<ElementRange> my_shard;
-  const bool offload;  // the optimizer state (and master weights) in files
-  const bool master;   // the precision keeps master weights
-  const std::filesystem::path offload_dir;
-  io::CreatedDirectories offload_dirs;
-  std::string offload_run;
-  std::unique_ptr<offload::ParamFile> param_file;  // --offload-params nvme
-  std::unique_ptr<GradStore> grad_store;           // --offload-grads nvme, until the model has it
-  offload::OffloadedGrads* grads_file = nullptr;
+  const StatePlacement placement_;
+  const std::optional<ElementRange> my_shard_;
+  const bool offload_;  // the optimizer state (and master weights) in files
+  const bool master_;   // the precision keeps master weights
+  const std::filesystem::path offload_dir_;
+  io::CreatedDirectories offload_dirs_;
+  std::string offload_run_;
+  std::unique_ptr<offload::ParamFile> param_file_;  // --offload-params nvme
+  std::unique_ptr<GradStore> grad_store_;           // --offload-grads nvme, until the model has it
+  offload::OffloadedGrads* grads_file_ = nullptr;
   // --update-in-backward (Note [Update in backward]): the per-unit steps, owned here at stages
   // 2-3 (the model's UnitGrads calls them) or by the one-process store; attached to the
   // optimizer once it exists.
-  std::unique_ptr<UnitSteps> rank_steps;
-  UnitSteps* fused = nullptr;
-  ZeroServices zero;
-  std::optional<Transformer> gpt;
-  std::unique_ptr<DynamicLossScaler> scaler;  // fp16
-  std::unique_ptr<Optimizer> opt;             // the optimizer in RAM, or
-  std::unique_ptr<offload::OffloadedOptimizer> off;  // the one streamed from files
-  ElementRange my_range;  // this rank's range of the layout (the whole layout without ZeRO)
-  int64_t piece = 0;      // the set-up's staging piece (setup_piece_elements)
+  std::unique_ptr<UnitSteps> rank_steps_;
+  UnitSteps* fused_ = nullptr;
+  ZeroServices zero_;
+  std::optional<Transformer> gpt_;
+  std::unique_ptr<DynamicLossScaler> scaler_;  // fp16
+  std::unique_ptr<Optimizer> opt_;             // the optimizer in RAM, or
+  std::unique_ptr<offload::OffloadedOptimizer> off_;  // the one streamed from files
+  ElementRange my_range_;  // this rank's range of the layout (the whole layout without ZeRO)
+  int64_t piece_ = 0;      // the set-up's staging piece (setup_piece_elements)
 
-  int64_t start_step = 0, data_position = 0;
-  ResumeState resumed;  // the checkpoint's trainer_state.json, when resuming
-  std::filesystem::path state_file;
+  int64_t start_step_ = 0, data_position_ = 0;
+  ResumeState resumed_;  // the checkpoint's trainer_state.json, when resuming
+  std::filesystem::path state_file_;
 
-  std::optional<dist::GradientSync> sync;  // stages 0-1 over several ranks: the slab's exchange
-  std::optional<RankShards> rank_shards;   // how the update sees the ranks (W > 1)
-  std::unique_ptr<io::DataLoader> train_data, val_data;
-  int64_t last_step = 0;
+  std::optional<dist::GradientSync> sync_;  // stages 0-1 over several ranks: the slab's exchange
+  std::optional<RankShards> rank_shards_;   // how the update sees the ranks (W > 1)
+  std::unique_ptr<io::DataLoader> train_data_, val_data_;
+  int64_t last_step_ = 0;
 
-  TrainSummary summary;
-  std::string data_tokenizer;  // the data's dataset.json's tokenizer, for trainer_state.json
-  std::ofstream log;           // --log, rank 0
+  TrainSummary summary_;
+  std::string data_tokenizer_;  // the data's dataset.json's tokenizer, for trainer_state.json
+  std::ofstream log_;           // --log, rank 0
 
   // Saves: the weights of record streamed from their files (save_streams_weights), or ZeRO's
   // shard files staged beside the save (sharded_state).
-  bool streamed_save = false;
-  int64_t save_staging_n = 0;
-  DType record_dtype = DType::f32;
-  bool sharded_state = false;
-  std::filesystem::path staging;
+  bool streamed_save_ = false;
+  int64_t save_staging_n_ = 0;
+  DType record_dtype_ = DType::f32;
+  bool sharded_state_ = false;
+  std::filesystem::path staging_;
 
   // The loop.
-  std::optional<Progress> progress;
-  std::optional<InterruptScope> interrupts;  // SIGINT/SIGTERM: stop after this step, then save
-  std::chrono::steady_clock::time_point last_save;
-  std::vector<double> rates;
-  double tokens_per_step = 0;  // every rank's
-  int64_t saved_at = -1;
-  uint64_t last_step_io = 0;  // offload: the last step's bytes read and written (this rank)
+  std::optional<Progress> progress_;
+  std::optional<InterruptScope> interrupts_;  // SIGINT/SIGTERM: stop after this step, then save
+  std::chrono::steady_clock::time_point last_save_;
+  std::vector<double> rates_;
+  double tokens_per_step_ = 0;  // every rank's
+  int64_t saved_at_ = -1;
+  uint64_t last_step_io_ = 0;  // offload: the last step's bytes read and written (this rank)
 };
 
 // Helpers of the log and the profile (train_run_log.cpp).

@@ -18,25 +18,25 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 void TrainRun::load_or_init() {
-  state_file = location.dir / "trainer_state.json";
-  if (location.dir.empty()) {
+  state_file_ = location_.dir / "trainer_state.json";
+  if (location_.dir.empty()) {
     Transformer::MasterSink to_master_file;
-    if (off && master)
-      to_master_file = [&](const Transformer::RangeFill& fill) { off->write_master_from(fill); };
-    gpt->init_weights(settings.seed, piece, to_master_file);
+    if (off_ && master_)
+      to_master_file = [&](const Transformer::RangeFill& fill) { off_->write_master_from(fill); };
+    gpt_->init_weights(settings_.seed, piece_, to_master_file);
     return;
   }
   // trainer_state.json first: a resume configured unlike the checkpoint (another
   // --optim-state-dtype, LoRA options) is refused naming the option, before a weight or
   // optimizer file is read and fails on a dtype or a missing file instead.
-  if (resume) load_trainer_state();
+  if (resume_) load_trainer_state();
   load_weights();
   load_offloaded_state();
-  if (resume && gpt->lora()) {  // the adapters and their optimizer's state (Note [LoRA])
-    io::load_lora_adapter(location.dir, mc, *gpt->lora(), gpt->lora_weights());
-    io::load_optimizer_state(location.dir / io::kAdapterOptimizerFile, *opt);
-  } else if (gpt->lora() && !settings.checkpoint.lora_from.empty()) {  // --lora-from: no state
-    io::load_lora_adapter(settings.checkpoint.lora_from, mc, *gpt->lora(), gpt->lora_weights());
+  if (resume_ && gpt_->lora()) {  // the adapters and their optimizer's state (Note [LoRA])
+    io::load_lora_adapter(location_.dir, mc_, *gpt_->lora(), gpt_->lora_weights());
+    io::load_optimizer_state(location_.dir / io::kAdapterOptimizerFile, *opt_);
+  } else if (gpt_->lora() && !settings_.checkpoint.lora_from.empty()) {  // --lora-from: no state
+    io::load_lora_adapter(settings_.checkpoint.lora_from, mc_, *gpt_->lora(), gpt_->lora_weights());
   }
 }
 
@@ -44,50 +44,51 @@ void TrainRun::load_or_init() {
 // from them: any precision loads any precision's checkpoint. The optimizer in RAM with them.
 void TrainRun::load_weights() {
   // config.json as the run's resolution read it: checked against the model, not read again.
-  const io::ReadCheckpoint saved{location.dir, settings.checkpoint.config};
+  const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
   Transformer::MasterSink to_master_file;
-  if (off && master)
-    to_master_file = [&](const Transformer::RangeFill& fill) { off->write_master_from(fill); };
-  if (gpt->whole_weights() && !to_master_file && !gpt->params_offloaded() &&
-      io::has_model_weights(location.dir)) {
+  if (off_ && master_)
+    to_master_file = [&](const Transformer::RangeFill& fill) { off_->write_master_from(fill); };
+  if (gpt_->whole_weights() && !to_master_file && !gpt_->params_offloaded() &&
+      io::has_model_weights(location_.dir)) {
     // The whole layout, straight into the weights from the files. A stage-0 save's
     // optimizer.safetensors is checked with the weights, all before a byte is copied;
     // sharded state (any other range, or a ZeRO save) is loaded below.
     // LoRA's optimizer steps the adapters alone: its state is loaded with them.
-    const bool with_opt = resume && opt && !gpt->lora() &&
-                          opt->range() == whole_range(gpt->layout()) &&
-                          !io::has_zero_shards(location.dir);
-    io::load_checkpoint(saved, mc, gpt->layout(), gpt->weights(), with_opt ? opt.get() : nullptr);
-    if (resume && opt && !with_opt && !gpt->lora())
-      io::load_optimizer_state_any(location.dir, *opt);
-    gpt->refresh_working();
+    const bool with_opt = resume_ && opt_ && !gpt_->lora() &&
+                          opt_->range() == whole_range(gpt_->layout()) &&
+                          !io::has_zero_shards(location_.dir);
+    io::load_checkpoint(saved, mc_, gpt_->layout(), gpt_->weights(),
+                        with_opt ? opt_.get() : nullptr);
+    if (resume_ && opt_ && !with_opt && !gpt_->lora())
+      io::load_optimizer_state_any(location_.dir, *opt_);
+    gpt_->refresh_working();
   } else {
     // This rank's ranges of each tensor (model.safetensors, Hugging Face's shards, or a ZeRO
     // save's shard files of any world size and stage), read from the mapped files.
-    const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, mc);
-    gpt->set_weights([&](int64_t from, int64_t to,
+    const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, mc_);
+    gpt_->set_weights([&](int64_t from, int64_t to,
                          float* dst) { source->read_range({from, to}, dst); },
-                     piece, to_master_file);
+                     piece_, to_master_file);
     // ZeRO's shards of any world size and stage, or a whole optimizer.safetensors, cut to
     // this rank's range (io/checkpoint/zero_checkpoint.h).
-    if (resume && opt) io::load_optimizer_state_any(location.dir, *opt);
+    if (resume_ && opt_) io::load_optimizer_state_any(location_.dir, *opt_);
   }
 }
 
 // The offloaded optimizer's state, streamed into this rank's files.
 void TrainRun::load_offloaded_state() {
-  if (resume && off && (my_shard || io::has_zero_shards(location.dir))) {
+  if (resume_ && off_ && (my_shard_ || io::has_zero_shards(location_.dir))) {
     // A shard's part of any saved state (ZeRO's shards of any world size and stage, or a
     // whole optimizer.safetensors), streamed into this rank's files.
-    off->load_state(io::SavedOptimizerState(location.dir, off->descriptor(), off->range()));
-  } else if (resume && off) {
-    const fs::path file = location.dir / io::kOptimizerFile;
+    off_->load_state(io::SavedOptimizerState(location_.dir, off_->descriptor(), off_->range()));
+  } else if (resume_ && off_) {
+    const fs::path file = location_.dir / io::kOptimizerFile;
     if (!fs::exists(file))
       MEMFIT_THROW(IoError, "checkpoint",
                    "{}: no {}, so the optimizer cannot resume (load the weights alone with "
                    "--init-from to start a fresh optimizer)",
-                   location.dir.string(), io::kOptimizerFile);
-    off->load_state(file);
+                   location_.dir.string(), io::kOptimizerFile);
+    off_->load_state(file);
   }
 }
 
@@ -95,17 +96,17 @@ void TrainRun::load_offloaded_state() {
 void TrainRun::load_trainer_state() {
   // The text read when the run was resolved (train_spec.h); read now only to report why it
   // could not be read then.
-  const std::optional<std::string>& text = settings.checkpoint.state_text;
+  const std::optional<std::string>& text = settings_.checkpoint.state_text;
   const nlohmann::json run = run_state_json();
-  resumed = parse_trainer_state(text ? *text : io::read_file_to_string(state_file), run,
-                                state_file);
-  start_step = resumed.step;
-  data_position = resumed.data_position;
-  if (scaler && resumed.state.contains("loss_scaler"))
-    scaler->load_json(resumed.state["loss_scaler"]);
-  if (const std::string note = longer_run_note(resumed, run); lead && !note.empty())
+  resumed_ = parse_trainer_state(text ? *text : io::read_file_to_string(state_file_), run,
+                                state_file_);
+  start_step_ = resumed_.step;
+  data_position_ = resumed_.data_position;
+  if (scaler_ && resumed_.state.contains("loss_scaler"))
+    scaler_->load_json(resumed_.state["loss_scaler"]);
+  if (const std::string note = longer_run_note(resumed_, run); lead_ && !note.empty())
     fmt::print(stderr, "memfit: {}\n", note);
-  if (const std::string changes = schedule_changes(resumed, run); lead && !changes.empty())
+  if (const std::string changes = schedule_changes(resumed_, run); lead_ && !changes.empty())
     fmt::print(stderr,
                "memfit: the learning-rate schedule differs from the checkpoint's ({}): it "
                "continues with this run's, so this is not a bit-identical continuation\n",
@@ -114,8 +115,8 @@ void TrainRun::load_trainer_state() {
 
 // The weights of record, whole, where a save takes them from RAM (else empty: open_log).
 Tensor TrainRun::record_for_save() {
-  if (placement.sharded_save() || streamed_save) return Tensor{};
-  return gpt->weights();
+  if (placement_.sharded_save() || streamed_save_) return Tensor{};
+  return gpt_->weights();
 }
 
 // ZeRO's sharded optimizer state (stage >= 1): every rank writes its own shard file (its range
@@ -126,32 +127,32 @@ Tensor TrainRun::record_for_save() {
 // (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state"). Every rank calls this
 // (collective); rank 0 saves.
 void TrainRun::stage_shards() {
-  if (!sharded_state) return;
-  if (lead) {
-    fs::remove_all(staging);  // a crashed save's leftovers
-    fs::create_directories(staging);
+  if (!sharded_state_) return;
+  if (lead_) {
+    fs::remove_all(staging_);  // a crashed save's leftovers
+    fs::create_directories(staging_);
   }
-  comm.barrier();
-  const fs::path file = staging / io::zero_shard_file(comm.rank(), W);
-  if (off && master) {
+  comm_.barrier();
+  const fs::path file = staging_ / io::zero_shard_file(comm_.rank(), W_);
+  if (off_ && master_) {
     // Offloaded: the shard's master weights and state streamed out of this rank's files (the
     // same bytes as from RAM).
-    off->save_shard(file);
-  } else if (off && gpt->params_offloaded()) {
+    off_->save_shard(file);
+  } else if (off_ && gpt_->params_offloaded()) {
     // Without master weights, offloaded working weights (stage 3): the shard's streamed from
     // their file.
-    off->save_shard(file, *zero.weights);
-  } else if (off) {
+    off_->save_shard(file, *zero_.weights);
+  } else if (off_) {
     // Without master weights: the working weights (whole at stages 1-2, the shard itself at
     // stage 3) are the weights of record.
-    off->save_shard(file, gpt->whole_weights() ? my_part(gpt->weights()) : gpt->weights());
+    off_->save_shard(file, gpt_->whole_weights() ? my_part(gpt_->weights()) : gpt_->weights());
   } else {
-    const Tensor weights = gpt->whole_weights()
-                               ? gpt->weights().view(my_shard->begin, {my_shard->size()})
-                               : gpt->weights();
-    io::save_zero_shard(file, *opt, weights);
+    const Tensor weights = gpt_->whole_weights()
+                               ? gpt_->weights().view(my_shard_->begin, {my_shard_->size()})
+                               : gpt_->weights();
+    io::save_zero_shard(file, *opt_, weights);
   }
-  comm.barrier();  // every shard is on disk before rank 0 moves them into the save
+  comm_.barrier();  // every shard is on disk before rank 0 moves them into the save
 }
 
 // The streamed weights of record: each run of the layout read from its file (a piece of the
@@ -161,21 +162,21 @@ void TrainRun::stage_shards() {
 // (save_staging_elements).
 io::StreamedWeights TrainRun::streamed_weights(Tensor& save_staging) {
   io::StreamedWeights w;
-  w.dtype = record_dtype;
-  if (off && master)
+  w.dtype = record_dtype_;
+  if (off_ && master_)
     w.stream = [this](ElementRange range, const io::RecordTake& take) {
-      off->read_master_range(range, [&](int64_t from, int64_t to, const float* src) {
+      off_->read_master_range(range, [&](int64_t from, int64_t to, const float* src) {
         take(from, to, src);
       });
     };
   else
     w.stream = [this](ElementRange range, const io::RecordTake& take) {
-      zero.weights->read_range(
+      zero_.weights->read_range(
           range, [&](int64_t from, int64_t to, const char* src) { take(from, to, src); });
     };
-  if (save_staging_n > 0)
+  if (save_staging_n_ > 0)
     save_staging =
-        Tensor::empty(pool, {save_staging_n}, DType::f32, Category::staging, "save.staging");
+        Tensor::empty(pool_, {save_staging_n_}, DType::f32, Category::staging, "save.staging");
   w.staging = save_staging;
   return w;
 }
@@ -186,71 +187,72 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   io::CheckpointSaveOptions so;
   // A shard's optimizer state goes into the shard files (stage_shards); stage 0 saves the
   // whole state as optimizer.safetensors (every rank holds the same).
-  so.optimizer = sharded_state || gpt->lora() ? nullptr : opt.get();
+  so.optimizer = sharded_state_ || gpt_->lora() ? nullptr : opt_.get();
   // LoRA: the adapters in PEFT's format beside the (unchanged) base weights (Note [LoRA]).
-  if (gpt->lora())
+  if (gpt_->lora())
     so.write_extra = [&](const fs::path& tmp) {
-      io::save_lora_adapter(tmp, mc, *gpt->lora(), gpt->lora_weights());
-      io::save_optimizer_state(tmp / io::kAdapterOptimizerFile, *opt);
+      io::save_lora_adapter(tmp, mc_, *gpt_->lora(), gpt_->lora_weights());
+      io::save_optimizer_state(tmp / io::kAdapterOptimizerFile, *opt_);
     };
-  if (sharded_state)
+  if (sharded_state_)
     so.write_extra = [&](const fs::path& tmp) {
-      for (int r = 0; r < W; ++r)
-        fs::rename(staging / io::zero_shard_file(r, W), tmp / io::zero_shard_file(r, W));
+      for (int r = 0; r < W_; ++r)
+        fs::rename(staging_ / io::zero_shard_file(r, W_), tmp / io::zero_shard_file(r, W_));
       io::write_file_atomic(tmp / io::kZeroIndexFile,
-                            io::zero_index_json(off ? off->descriptor() : *opt, placement));
+                            io::zero_index_json(off_ ? off_->descriptor() : *opt_, placement_));
     };
   // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
   // bytes as from RAM).
-  if (off && !sharded_state)
-    so.write_extra = [&](const fs::path& tmp) { off->save_state(tmp / io::kOptimizerFile); };
-  if (sharded_state) so.sharded_weights_dtype = record_dtype;
+  if (off_ && !sharded_state_)
+    so.write_extra = [&](const fs::path& tmp) { off_->save_state(tmp / io::kOptimizerFile); };
+  if (sharded_state_) so.sharded_weights_dtype = record_dtype_;
   Tensor save_staging;
-  if (streamed_save) so.streamed_weights = streamed_weights(save_staging);
-  so.max_shard_bytes = settings.max_shard_bytes;
+  if (streamed_save_) so.streamed_weights = streamed_weights(save_staging);
+  so.max_shard_bytes = settings_.max_shard_bytes;
   // The writer's staging from RAM (GPT-2's Conv1D transposes, about 4 MiB at a time) comes
   // from the pool; the planner counts it for a run that saves (plan/memory_plan.cpp).
-  so.staging_pool = &pool;
+  so.staging_pool = &pool_;
   so.extra_files["trainer_state.json"] = trainer_state_json(step).dump(2);
   // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
   // pure-bf16 run (saved as BF16) or the fp32 ones.
-  io::save_checkpoint(settings.save_dir, mc, gpt->layout(), record, so);
+  io::save_checkpoint(settings_.save_dir, mc_, gpt_->layout(), record, so);
   so.streamed_weights.reset();
   save_staging = Tensor{};
-  if (sharded_state) fs::remove(staging);  // emptied by the renames
+  if (sharded_state_) fs::remove(staging_);  // emptied by the renames
   // Memory once the save has let go of what it used: the soak benchmark's samples.
   // (And how long rank 0's part of the save took: the streamed save's, with offload.)
-  log_line({{"step", step}, {"saved", settings.save_dir},
+  log_line({{"step", step}, {"saved", settings_.save_dir},
             {"save_seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start)
                  .count()},
-            {"live_bytes", pool.bytes_current()},
-            {"live_allocations", pool.live_allocations()}, {"rss_bytes", process_rss_bytes()},
-            {"mem", memory_json(pool.current_breakdown())}});
+            {"live_bytes", pool_.bytes_current()},
+            {"live_allocations", pool_.live_allocations()}, {"rss_bytes", process_rss_bytes()},
+            {"mem", memory_json(pool_.current_breakdown())}});
 }
 
 // --save-every and --save-every-minutes: a save after step `step` where one is due (not after
 // the last: the loop's end saves that).
 void TrainRun::save_if_due(int64_t step, bool last) {
   const double minutes_since_save =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() / 60;
-  bool due = (settings.save_every && step % settings.save_every == 0) ||
-             (settings.save_every_minutes > 0 && minutes_since_save >= settings.save_every_minutes);
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() / 60;
+  bool due = (settings_.save_every && step % settings_.save_every == 0) ||
+             (settings_.save_every_minutes > 0 &&
+              minutes_since_save >= settings_.save_every_minutes);
   // Sharded master weights are gathered, and sharded state written, by every rank for a save
   // (collectives): the ranks' clocks must not decide apart, so rank 0's decision is everyone's.
-  if ((!gpt->whole_weights() || sharded_state) && !settings.save_dir.empty() &&
-      settings.save_every_minutes > 0) {
+  if ((!gpt_->whole_weights() || sharded_state_) && !settings_.save_dir.empty() &&
+      settings_.save_every_minutes > 0) {
     char d = due;
-    comm.broadcast(&d, 1, 0);
+    comm_.broadcast(&d, 1, 0);
     due = d != 0;
   }
-  if (!settings.save_dir.empty() && due && !last) {
+  if (!settings_.save_dir.empty() && due && !last) {
     const profile::Scope slice(recorder(), "save", profile::SliceKind::save);
     const Tensor record = record_for_save();
     stage_shards();
-    if (lead) save(step, record);
-    saved_at = step;
-    last_save = std::chrono::steady_clock::now();
+    if (lead_) save(step, record);
+    saved_at_ = step;
+    last_save_ = std::chrono::steady_clock::now();
   }
 }
 

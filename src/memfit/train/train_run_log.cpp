@@ -19,7 +19,7 @@ using nlohmann::json;
 json memory_json(const CategoryBytes& bytes) {
   json j = json::object();
   for (Category c : kAllCategories)
-    if (bytes[static_cast<size_t>(c)]) j[std::string(category_name(c))] = bytes[static_cast<size_t>(c)];
+    if (const size_t b = bytes[static_cast<size_t>(c)]) j[std::string(category_name(c))] = b;
   return j;
 }
 
@@ -82,32 +82,32 @@ void truncate_log_after(const std::string& file, int64_t step) {
 }
 
 void TrainRun::log_line(const json& j) {
-  if (lead && log.is_open()) log << j.dump() << '\n' << std::flush;
+  if (lead_ && log_.is_open()) log_ << j.dump() << '\n' << std::flush;
 }
 
 TrainRun::IoMark TrainRun::io_mark() const {
-  return {off ? off->stats() : offload::IoStats{},
-          grads_file ? grads_file->stats() : offload::IoStats{},
-          offload::param_io_stats(param_file.get()),
-          grads_file ? grads_file->backward_bytes() : 0};
+  return {off_ ? off_->stats() : offload::IoStats{},
+          grads_file_ ? grads_file_->stats() : offload::IoStats{},
+          offload::param_io_stats(param_file_.get()),
+          grads_file_ ? grads_file_->backward_bytes() : 0};
 }
 
 // The offload files' bytes by category (master, optimizer; params with --offload-params, grads
 // with --offload-grads).
 CategoryBytes TrainRun::offload_files() const {
-  CategoryBytes disk = off ? off->file_bytes() : CategoryBytes{};
-  if (param_file)
-    disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file->file().path());
-  if (grads_file)
-    disk[static_cast<size_t>(Category::grads)] += fs::file_size(grads_file->file().path());
+  CategoryBytes disk = off_ ? off_->file_bytes() : CategoryBytes{};
+  if (param_file_)
+    disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file_->file().path());
+  if (grads_file_)
+    disk[static_cast<size_t>(Category::grads)] += fs::file_size(grads_file_->file().path());
   return disk;
 }
 
 // --offload-params under --profile: the waits for the working weights' file, as io slices
 // inside the slice open when they are handed over (a micro-batch's, the optimizer's).
 void TrainRun::params_io_waits() {
-  if (!param_file) return;
-  for (const offload::IoWait& w : param_file->take_waits())
+  if (!param_file_) return;
+  for (const offload::IoWait& w : param_file_->take_waits())
     if (profile::StepRecorder* r = recorder())
       r->add("params io wait", profile::SliceKind::io_wait, w.t0, w.t1);
 }
@@ -117,29 +117,29 @@ void TrainRun::params_io_waits() {
 // update's write-back), also apart under "params"; with --offload-grads the gradients' (the
 // backward's writes and reads back, the update's reads), also apart under "grads".
 json TrainRun::offload_line(const IoMark& before) {
-  const offload::IoStats& io = off->stats();
-  const offload::ParamIoStats p = offload::param_io_stats(param_file.get()) - before.params;
-  const offload::IoStats g = grads_file ? grads_file->stats() : offload::IoStats{};
+  const offload::IoStats& io = off_->stats();
+  const offload::ParamIoStats p = offload::param_io_stats(param_file_.get()) - before.params;
+  const offload::IoStats g = grads_file_ ? grads_file_->stats() : offload::IoStats{};
   const uint64_t g_read = g.bytes_read - before.grads.bytes_read,
                  g_written = g.bytes_written - before.grads.bytes_written;
   const uint64_t read = io.bytes_read - before.optimizer.bytes_read + p.read_bytes + g_read,
                  written = io.bytes_written - before.optimizer.bytes_written + p.written_bytes +
                            g_written;
-  last_step_io = read + written;
+  last_step_io_ = read + written;
   json o = {{"read_bytes", read},
             {"written_bytes", written},
             {"wait_seconds", io.wait_seconds - before.optimizer.wait_seconds},
             {"update_seconds", io.update_seconds - before.optimizer.update_seconds},
-            {"engine", off->engine().name()}};
-  if (param_file)
+            {"engine", off_->engine().name()}};
+  if (param_file_)
     o["params"] = {{"read_bytes", p.read_bytes},
                    {"written_bytes", p.written_bytes},
                    {"wait_seconds", p.wait_seconds}};
-  if (grads_file)
+  if (grads_file_)
     o["grads"] = {{"read_bytes", g_read},
                   {"written_bytes", g_written},
                   {"wait_seconds", g.wait_seconds - before.grads.wait_seconds},
-                  {"backward_bytes", grads_file->backward_bytes() - before.grads_backward}};
+                  {"backward_bytes", grads_file_->backward_bytes() - before.grads_backward}};
   return o;
 }
 
@@ -150,34 +150,36 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
   json line = {{"step", step + 1},          {"loss", r.loss},
                {"lr", r.lr},                {"grad_norm", r.update.grad_norm},
                {"tokens_per_s", r.rate},    {"step_seconds", r.seconds},
-               {"peak_bytes", pool.bytes_peak()}, {"mem", memory_json(pool.current_breakdown())},
-               {"live_bytes", pool.bytes_current()}, {"live_allocations", pool.live_allocations()},
-               {"rss_bytes", rss}, {"outside_pool_bytes", int64_t(rss) - int64_t(pool.bytes_current())}};
-  if (W > 1) {
+               {"peak_bytes", pool_.bytes_peak()}, {"mem", memory_json(pool_.current_breakdown())},
+               {"live_bytes", pool_.bytes_current()},
+               {"live_allocations", pool_.live_allocations()},
+               {"rss_bytes", rss},
+               {"outside_pool_bytes", int64_t(rss) - int64_t(pool_.bytes_current())}};
+  if (W_ > 1) {
     // The bytes this step's collectives covered, by kind (plan: comm_per_step).
-    dist::CommVolume v = sync ? sync->take_volume() : zero.grads->take_volume();
+    dist::CommVolume v = sync_ ? sync_->take_volume() : zero_.grads->take_volume();
     // Stage 3: the step's gathers of working weights (the micro-batches' blocks, the
     // persistent units after the update).
-    v.all_gather = r.update.gathered_bytes + r.update_gathered + gpt->take_gathered_bytes();
+    v.all_gather = r.update.gathered_bytes + r.update_gathered + gpt_->take_gathered_bytes();
     line["comm_bytes"] = {{"all_reduce", v.all_reduce},
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather}};
   }
-  if (off) line["offload"] = offload_line(r.before);
-  if (scaler) {
+  if (off_) line["offload"] = offload_line(r.before);
+  if (scaler_) {
     line["loss_scale"] = r.loss_scale;
     line["skipped"] = r.update.skipped;
     if (r.update.skipped) line["grad_norm"] = nullptr;
-    summary.skipped_steps += r.update.skipped;
+    summary_.skipped_steps += r.update.skipped;
   }
   log_line(line);
 }
 
 std::string TrainRun::progress_text(const StepResult& r) const {
   std::string text = fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | mem {} (peak {})",
-                                 r.loss, r.lr, r.rate, format_mib(pool.bytes_current()),
-                                 format_mib(pool.bytes_peak()));
-  if (scaler)
+                                 r.loss, r.lr, r.rate, format_mib(pool_.bytes_current()),
+                                 format_mib(pool_.bytes_peak()));
+  if (scaler_)
     text += fmt::format(" | scale {:g}{}", r.loss_scale, r.update.skipped ? " (skipped)" : "");
   return text;
 }
@@ -192,31 +194,31 @@ void TrainRun::log_rank_peaks() {
     CategoryBytes disk;
     uint64_t io_bytes;
   };
-  std::vector<RankPeak> peaks(static_cast<size_t>(W));
-  RankPeak& mine = peaks[static_cast<size_t>(comm.rank())];
-  mine = {pool.bytes_peak(), pool.peak_breakdown(), offload_files(), last_step_io};
-  comm.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
+  std::vector<RankPeak> peaks(static_cast<size_t>(W_));
+  RankPeak& mine = peaks[static_cast<size_t>(comm_.rank())];
+  mine = {pool_.bytes_peak(), pool_.peak_breakdown(), offload_files(), last_step_io_};
+  comm_.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W_), 1),
                   sizeof(RankPeak));
   json ranks = json::array();
-  for (int q = 0; q < W; ++q) {
+  for (int q = 0; q < W_; ++q) {
     const RankPeak& p = peaks[static_cast<size_t>(q)];
     json rank = {{"rank", q}, {"peak_bytes", p.peak}, {"mem", memory_json(p.by_category)}};
-    if (off) rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};
+    if (off_) rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};
     ranks.push_back(std::move(rank));
   }
-  log_line({{"zero", placement.stage()}, {"ranks", ranks}});
+  log_line({{"zero", placement_.stage()}, {"ranks", ranks}});
 }
 
 // What a resumed run must agree with (parse_trainer_state compares these with a checkpoint's).
 json TrainRun::run_state_json() const {
-  const RunSpec& c = spec;
-  json s = {{"seed", settings.seed},
+  const RunSpec& c = spec_;
+  json s = {{"seed", settings_.seed},
             {"batch", c.batch},
             {"grad_accum", c.grad_accum},
-            {"seq_len", T},
+            {"seq_len", T_},
             {"steps", c.steps},
             {"shuffle", c.shuffle},
-            {"repeat_batch", settings.repeat_batch},
+            {"repeat_batch", settings_.repeat_batch},
             {"optim", c.optim.name},
             {"optim_state_dtype", std::string(optim_state_dtype_name(c.optim.state_dtype))},
             {"attention", std::string(attention_kind_name(c.attention))},
@@ -225,7 +227,7 @@ json TrainRun::run_state_json() const {
             {"precision", std::string(precision_name(c.precision.precision))},
             {"zero", c.zero},
             {"master_weights", c.precision.master_weights ? "fp32" : "none"},
-            {"schedule", settings.schedule.to_json()}};
+            {"schedule", settings_.schedule.to_json()}};
   // APOLLO's projections: the state's shape and the random matrices follow them.
   if (is_apollo(c.optim.name)) {
     s["optim_rank"] = c.optim.rank;
@@ -242,42 +244,42 @@ json TrainRun::run_state_json() const {
 json TrainRun::trainer_state_json(int64_t step) const {
   json s = run_state_json();
   s["step"] = step;
-  s["data_position"] = train_data ? train_data->position() : data_position;
-  s["rng"] = {{"kind", "data order: mt19937_64 Fisher-Yates per epoch"}, {"seed", settings.seed}};
-  if (scaler) s["loss_scaler"] = scaler->to_json();
+  s["data_position"] = train_data_ ? train_data_->position() : data_position_;
+  s["rng"] = {{"kind", "data order: mt19937_64 Fisher-Yates per epoch"}, {"seed", settings_.seed}};
+  if (scaler_) s["loss_scaler"] = scaler_->to_json();
   // The training data's size, which a resume checks (-1: not known, no loader and an older file).
-  if (const int64_t tokens = train_data ? train_data->num_tokens() : resumed.data_tokens;
+  if (const int64_t tokens = train_data_ ? train_data_->num_tokens() : resumed_.data_tokens;
       tokens >= 0)
     s["data_tokens"] = tokens;
   // The data's tokenizer (its dataset.json's), which memfit sample then decodes with.
-  if (!data_tokenizer.empty()) s["tokenizer"] = data_tokenizer;
+  if (!data_tokenizer_.empty()) s["tokenizer"] = data_tokenizer_;
   return s;
 }
 
 // The summary's totals, the profile's files and the leak report, once the steps are done.
 void TrainRun::finish_summary() {
-  if (!rates.empty()) {
-    std::sort(rates.begin(), rates.end());
-    summary.median_tokens_per_s = rates[rates.size() / 2];
+  if (!rates_.empty()) {
+    std::sort(rates_.begin(), rates_.end());
+    summary_.median_tokens_per_s = rates_[rates_.size() / 2];
   }
-  summary.rank = comm.rank();
-  summary.ckpt = spec.ckpt.name();
-  summary.act_compress = act_compress_name(spec.act_compress);
-  summary.batch = spec.batch;
-  summary.grad_accum = spec.grad_accum;
-  summary.peak_bytes = pool.bytes_peak();
-  summary.peak_by_category = pool.peak_breakdown();
-  if (profiler) {
-    gpt->set_step_observer(nullptr);
-    profiler->finish();  // a run shorter than the window
-    summary.profile_dir = profiler->dir().string();
-    summary.profile_text = profiler->text();
+  summary_.rank = comm_.rank();
+  summary_.ckpt = spec_.ckpt.name();
+  summary_.act_compress = act_compress_name(spec_.act_compress);
+  summary_.batch = spec_.batch;
+  summary_.grad_accum = spec_.grad_accum;
+  summary_.peak_bytes = pool_.bytes_peak();
+  summary_.peak_by_category = pool_.peak_breakdown();
+  if (profiler_) {
+    gpt_->set_step_observer(nullptr);
+    profiler_->finish();  // a run shorter than the window
+    summary_.profile_dir = profiler_->dir().string();
+    summary_.profile_text = profiler_->text();
   }
-  summary.leak = leaks.report();
-  if (profiler)
-    io::write_file_atomic(profiler->dir() / "leak.json", summary.leak.to_json().dump(1));
-  summary.wall_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  summary_.leak = leaks_.report();
+  if (profiler_)
+    io::write_file_atomic(profiler_->dir() / "leak.json", summary_.leak.to_json().dump(1));
+  summary_.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start_).count();
 }
 
 }  // namespace memfit

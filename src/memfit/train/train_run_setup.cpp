@@ -19,38 +19,38 @@ namespace memfit {
 namespace fs = std::filesystem;
 
 TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
-    : grid(grid_in),
-      comm(grid_in.data()),
-      W(comm.size()),
-      lead(grid_in.world().rank() == 0),
-      settings(spec_in),
-      spec(settings.run),
-      location(settings.checkpoint.location),
-      resume(settings.checkpoint.resume),
-      mc(spec.model),
-      T(spec.T),
-      B(spec.batch),
-      run_threads(spec.threads),
-      wall_start(std::chrono::steady_clock::now()),
-      pool(spec.mem_limit ? spec.mem_limit : kUnlimited),
-      pool_release{(comm.set_pool(&pool), comm)},
+    : grid_(grid_in),
+      comm_(grid_in.data()),
+      W_(comm_.size()),
+      lead_(grid_in.world().rank() == 0),
+      settings_(spec_in),
+      spec_(settings_.run),
+      location_(settings_.checkpoint.location),
+      resume_(settings_.checkpoint.resume),
+      mc_(spec_.model),
+      T_(spec_.T),
+      B_(spec_.batch),
+      run_threads_(spec_.threads),
+      wall_start_(std::chrono::steady_clock::now()),
+      pool_(spec_.mem_limit ? spec_.mem_limit : kUnlimited),
+      pool_release_{(comm_.set_pool(&pool_), comm_)},
       // With several ranks the layout cut into one shard per rank where every optimizer state
       // allows (state/shard.h); from stage 1 on this rank's optimizer state and master weights
       // are its shard's alone (owned()), at stage 2 its gradients' sums too, at stage 3 its
       // working weights too. With one rank every stage is stage 0.
-      placement(ParamLayout(spec.model), spec.optim, spec.state_options(), {comm.rank(), W}),
-      my_shard(placement.owned()),
+      placement_(ParamLayout(spec_.model), spec_.optim, spec_.state_options(), {comm_.rank(), W_}),
+      my_shard_(placement_.owned()),
       // --offload-optimizer nvme: the optimizer state and the FP32 master weights live in files
       // and the update streams them (offload/offloaded_optimizer.h); the model keeps its working
       // weights. Under ZeRO (stages 1 to 3; RunSpec::check refuses stage 0) each rank offloads
       // its own shard, into its own subdirectory of --offload-dir, so ranks sharing one never
       // collide; the disk check and --disk-limit are per rank (Note [NVMe offload], "Under
       // ZeRO").
-      offload(placement.optimizer_in_file()),
-      master(placement.master().where != Residence::none),
-      offload_dir(placement.offload_dir()) {
+      offload_(placement_.optimizer_in_file()),
+      master_(placement_.master().where != Residence::none),
+      offload_dir_(placement_.offload_dir()) {
   start_profiler();
-  if (location.recovered) fmt::print(stderr, "memfit: {}\n", location.note);
+  if (location_.recovered) fmt::print(stderr, "memfit: {}\n", location_.note);
   make_state_files();
   make_backward_update();
   make_model();
@@ -65,10 +65,11 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
 // --profile: the pool's event log from here on, the step's phases and buffers over the first
 // --profile-steps steps (profile/profiler.h).
 void TrainRun::start_profiler() {
-  if (!settings.profile_dir.empty())
-    profiler = std::make_unique<profile::Profiler>(
-        profile::ProfileOptions{settings.profile_dir, settings.profile_steps, comm.rank(), W}, pool,
-        wall_start);
+  if (!settings_.profile_dir.empty())
+    profiler_ = std::make_unique<profile::Profiler>(
+        profile::ProfileOptions{settings_.profile_dir, settings_.profile_steps, comm_.rank(), W_},
+        pool_,
+        wall_start_);
 }
 
 // The offload directories and the files made before the model: --offload-params' working
@@ -77,8 +78,8 @@ void TrainRun::make_state_files() {
   // The directories made here (--offload-dir, a rank's subdirectory) go when the run ends, after
   // the files that the objects below remove as they are destroyed, or when it fails first (a
   // disk too small): no empty directory is left (io/created_directories.h).
-  if (offload) offload_dirs.create(offload_dir, "offload", "--offload-dir " + spec.offload.dir);
-  offload_run = fmt::format("memfit-{}-{}", ::getpid(),
+  if (offload_) offload_dirs_.create(offload_dir_, "offload", "--offload-dir " + spec_.offload.dir);
+  offload_run_ = fmt::format("memfit-{}-{}", ::getpid(),
                             std::chrono::system_clock::now().time_since_epoch().count());
   // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
   // stage 3 this rank's shard of them), read through the model's ring (WeightGather's file
@@ -87,21 +88,21 @@ void TrainRun::make_state_files() {
   // go first (Note [NVMe offload], "Working weights on disk").
   // Every rank's offload files against the free bytes of the filesystem it shares with the
   // other ranks there, before any file is made (train/offload_disk.h).
-  if (placement.optimizer_in_file())
-    check_offload_disk(comm, offload_dir, plan_memory(spec, comm.rank()).disk_bytes);
-  if (placement.params_in_file())
-    param_file = std::make_unique<offload::ParamFile>(
-        ParamLayout(mc), half_dtype(spec.precision.precision), placement.persist_threshold(),
-        offload_dir, offload_run, placement.params_file_range());
+  if (placement_.optimizer_in_file())
+    check_offload_disk(comm_, offload_dir_, plan_memory(spec_, comm_.rank()).disk_bytes);
+  if (placement_.params_in_file())
+    param_file_ = std::make_unique<offload::ParamFile>(
+        ParamLayout(mc_), half_dtype(spec_.precision.precision), placement_.persist_threshold(),
+        offload_dir_, offload_run_, placement_.params_file_range());
   // --offload-grads nvme (one process: RunSpec::check): the gradients per unit in a file,
   // written as each unit's backward ends and read by the update; no slab in RAM (Note [NVMe
   // offload], "Gradients on disk").
-  if (placement.grads_in_file()) {
-    auto g = std::make_unique<offload::OffloadedGrads>(ParamLayout(mc), pool, offload_dir,
-                                                       offload_run, spec.grad_accum,
-                                                       spec.grad_dtype);
-    grads_file = g.get();
-    grad_store = std::move(g);
+  if (placement_.grads_in_file()) {
+    auto g = std::make_unique<offload::OffloadedGrads>(ParamLayout(mc_), pool_, offload_dir_,
+                                                       offload_run_, spec_.grad_accum,
+                                                       spec_.grad_dtype);
+    grads_file_ = g.get();
+    grad_store_ = std::move(g);
   }
 }
 
@@ -110,21 +111,21 @@ void TrainRun::make_state_files() {
 // (optim/backward_update.h), at stages 2-3 once the per-unit reduction has reduce-scattered it
 // (the ranks' norms gathered in rank order). Attached to the optimizer in create_optimizer.
 void TrainRun::make_backward_update() {
-  if (placement.grads_in_backward() && placement.grads_per_unit()) {
-    rank_steps = std::make_unique<UnitSteps>(
-        ParamLayout(mc), placement.owned_range(),
+  if (placement_.grads_in_backward() && placement_.grads_per_unit()) {
+    rank_steps_ = std::make_unique<UnitSteps>(
+        ParamLayout(mc_), placement_.owned_range(),
         [this](const UnitGradCheck& mine) {
-          std::vector<UnitGradCheck> all(static_cast<size_t>(W));
-          comm.all_gather(&mine, all.data(), std::vector<int64_t>(static_cast<size_t>(W), 1),
+          std::vector<UnitGradCheck> all(static_cast<size_t>(W_));
+          comm_.all_gather(&mine, all.data(), std::vector<int64_t>(static_cast<size_t>(W_), 1),
                           static_cast<int>(sizeof(UnitGradCheck)));
           return all;
         },
-        W);
-    fused = rank_steps.get();
-  } else if (placement.grads_in_backward()) {
-    auto u = std::make_unique<BackwardUpdate>(pool, ParamLayout(mc));
-    fused = &u->steps();
-    grad_store = std::move(u);
+        W_);
+    fused_ = rank_steps_.get();
+  } else if (placement_.grads_in_backward()) {
+    auto u = std::make_unique<BackwardUpdate>(pool_, ParamLayout(mc_));
+    fused_ = &u->steps();
+    grad_store_ = std::move(u);
   }
 }
 
@@ -135,54 +136,55 @@ void TrainRun::make_backward_update() {
 // [Sharded gradients], [Gradients in bf16]) or the gradients' file. `zero` keeps the concrete
 // ones the loop uses besides: the sums over ranks, the offloaded working weights.
 void TrainRun::make_model() {
-  gpt.emplace(mc, pool, spec.precision,
-              zero_model_state(placement, comm, param_file.get(), std::move(grad_store), &zero,
-                               rank_steps.get()));
-  if (gpt->precision().precision == Precision::fp16)
-    scaler = std::make_unique<DynamicLossScaler>(settings.loss_scaler);
+  gpt_.emplace(mc_, pool_, spec_.precision,
+              zero_model_state(placement_, comm_, param_file_.get(), std::move(grad_store_), &zero_,
+                               rank_steps_.get()));
+  if (gpt_->precision().precision == Precision::fp16)
+    scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
-  if (spec.lora.enabled()) gpt->add_lora(spec.lora, settings.seed);
+  if (spec_.lora.enabled()) gpt_->add_lora(spec_.lora, settings_.seed);
 }
 
 void TrainRun::create_optimizer() {
-  if (offload && spec.offload.disk_limit) check_disk_limit();
-  if (offload)
-    off = std::make_unique<offload::OffloadedOptimizer>(
-        spec.optim, gpt->layout(), master, pool, offload_dir, offload_run,
-        offload::kMaxPieceElements, my_shard);
+  if (offload_ && spec_.offload.disk_limit) check_disk_limit();
+  if (offload_)
+    off_ = std::make_unique<offload::OffloadedOptimizer>(
+        spec_.optim, gpt_->layout(), master_, pool_, offload_dir_, offload_run_,
+        offload::kMaxPieceElements, my_shard_);
   else
-    opt = make_optimizer(spec.optim, gpt->lora() ? gpt->lora()->param_layout() : gpt->layout(),
-                         &pool, my_shard);
-  if (fused)
-    fused->attach(spec.optim, *opt, gpt->weights(), gpt->weights_range().begin,
-                  gpt->has_master() ? gpt->params() : Tensor{}, gpt->params_range().begin);
+    opt_ = make_optimizer(spec_.optim, gpt_->lora() ? gpt_->lora()->param_layout() : gpt_->layout(),
+                         &pool_, my_shard_);
+  if (fused_)
+    fused_->attach(spec_.optim, *opt_, gpt_->weights(), gpt_->weights_range().begin,
+                  gpt_->has_master() ? gpt_->params() : Tensor{}, gpt_->params_range().begin);
 }
 
 // --disk-limit against every offload file of this rank, before the optimizer's are made.
 void TrainRun::check_disk_limit() const {
-  const uint64_t need = offload::make_offload_layout(gpt->layout(), spec.optim, master,
-                                                     offload::kMaxPieceElements, my_shard)
+  const uint64_t need = offload::make_offload_layout(gpt_->layout(), spec_.optim, master_,
+                                                     offload::kMaxPieceElements, my_shard_)
                             .disk_total() +
-                        (param_file ? param_file->layout().file_bytes : 0) +
-                        (grads_file ? grads_file->file_layout().file_bytes : 0);
-  if (need > spec.offload.disk_limit)
+                        (param_file_ ? param_file_->layout().file_bytes : 0) +
+                        (grads_file_ ? grads_file_->file_layout().file_bytes : 0);
+  if (need > spec_.offload.disk_limit)
     MEMFIT_THROW(ConfigError, "config",
                  "--disk-limit {} bytes ({:.2f} GiB): the offload files need {} bytes ({:.2f} "
                  "GiB){}",
-                 spec.offload.disk_limit, spec.offload.disk_limit / 1073741824.0, need,
+                 spec_.offload.disk_limit, spec_.offload.disk_limit / 1073741824.0, need,
                  need / 1073741824.0,
-                 W > 1 ? fmt::format(" on rank {} (the limit is per rank)", comm.rank()) : "");
+                 W_ > 1 ? fmt::format(" on rank {} (the limit is per rank)", comm_.rank()) : "");
 }
 
 // bf16 gradients: the update widens them a chunk at a time into one f32 buffer (Note
 // [Gradients in bf16]; the planner counts it under staging). Then the set-up's ranges.
 void TrainRun::make_grad_widen() {
-  if (spec.grad_dtype == DType::bf16) {
+  if (spec_.grad_dtype == DType::bf16) {
     const Tensor widen =
-        Tensor::empty(pool, {std::max<int64_t>(1, grad_widen_elements(spec.optim, gpt->layout()))},
+        Tensor::empty(pool_,
+                      {std::max<int64_t>(1, grad_widen_elements(spec_.optim, gpt_->layout()))},
                       DType::f32, Category::staging, "grads.widen");
-    if (off) off->set_grad_widen(widen);
-    else opt->set_grad_widen(widen);
+    if (off_) off_->set_grad_widen(widen);
+    else opt_->set_grad_widen(widen);
   }
   // The set-up fills the weights of record and the working copy by range (Note [Set-up by
   // range] in docs/notes/zero.md): this rank's range of the initial weights drawn, or of each
@@ -191,81 +193,84 @@ void TrainRun::make_grad_widen() {
   // file's I/O buffer), the rest of the working copy (stages 1-2: the other ranks' parts; bf16
   // weights of record) through one staging piece no larger than the step's activation arena,
   // so the set-up never holds more than the step (setup_piece_elements).
-  my_range = my_shard.value_or(whole_range(gpt->layout()));
-  piece = setup_piece_elements(plan_step(gpt->config(), B, T, spec.activation_options()));
+  my_range_ = my_shard_.value_or(whole_range(gpt_->layout()));
+  piece_ = setup_piece_elements(plan_step(gpt_->config(), B_, T_, spec_.activation_options()));
 }
 
 // The step's reservation, the profiler's view of the run, and the gradients' exchange.
 void TrainRun::prepare_step() {
-  gpt->reserve(B, T, spec.activation_options());
-  if (profiler) {
-    profiler->set_run(run_json(settings, placement), plan_memory(spec, comm.rank()));
-    profiler->recorder()->set_plan(gpt->step_plan());
-    gpt->set_step_observer(profiler->recorder());
+  gpt_->reserve(B_, T_, spec_.activation_options());
+  if (profiler_) {
+    profiler_->set_run(run_json(settings_, placement_), plan_memory(spec_, comm_.rank()));
+    profiler_->recorder()->set_plan(gpt_->step_plan());
+    gpt_->set_step_observer(profiler_->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
-    if (off) {
-      profiler->set_disk(offload_files());
-      off->record_waits(true);
-      if (param_file) param_file->record_waits(true);
+    if (off_) {
+      profiler_->set_disk(offload_files());
+      off_->record_waits(true);
+      if (param_file_) param_file_->record_waits(true);
     }
   }
   // Data parallelism at stages 0-1: the whole slab's exchange and its receive ring
   // (Category::comm), for the run. Per-unit gradients (stages 2-3, above) reduce themselves,
   // through a receive ring of their own.
-  if (W > 1 && !zero.grads)
-    sync.emplace(comm, pool,
-                 std::span<float>(gpt->grads().data<float>(), size_t(gpt->grads().numel())),
-                 spec.bucket_bytes);
+  if (W_ > 1 && !zero_.grads)
+    sync_.emplace(comm_, pool_,
+                 std::span<float>(gpt_->grads().data<float>(), size_t(gpt_->grads().numel())),
+                 spec_.bucket_bytes);
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
-  if (W > 1) rank_shards = RankShards{&comm, placement.shards(), placement.grads_whole()};
+  if (W_ > 1) rank_shards_ = RankShards{&comm_, placement_.shards(), placement_.grads_whole()};
 }
 
 // The training and validation loaders (none when the run has no step left), the training
 // data's unigram entropy and tokenizer.
 void TrainRun::open_data() {
   io::DataLoaderOptions dopt;
-  dopt.batch_size = B;
-  dopt.seq_len = T;
-  dopt.shuffle = spec.shuffle;
-  dopt.seed = settings.seed;
-  dopt.vocab_size = mc.vocab_size;
-  dopt.world = W;
-  dopt.rank = comm.rank();
-  dopt.vocab_source = settings.vocab_source;  // the preset's, or --vocab (train_spec.h)
-  last_step = settings.stop_after ? std::min(spec.steps, settings.stop_after) : spec.steps;
-  if (start_step < last_step) {
-    train_data = std::make_unique<io::DataLoader>(io::DataLoader::train(pool, spec.data_dir, dopt));
-    if (resume) check_resume_data(resumed, train_data->num_tokens(), spec.data_dir, state_file);
-    train_data->set_position(data_position);
-    if (!io::find_token_shards(spec.data_dir, "val").empty())
-      val_data = std::make_unique<io::DataLoader>(io::DataLoader::val(pool, spec.data_dir, dopt));
-    else if (lead && settings.eval_every > 0)
+  dopt.batch_size = B_;
+  dopt.seq_len = T_;
+  dopt.shuffle = spec_.shuffle;
+  dopt.seed = settings_.seed;
+  dopt.vocab_size = mc_.vocab_size;
+  dopt.world = W_;
+  dopt.rank = comm_.rank();
+  dopt.vocab_source = settings_.vocab_source;  // the preset's, or --vocab (train_spec.h)
+  last_step_ = settings_.stop_after ? std::min(spec_.steps, settings_.stop_after) : spec_.steps;
+  if (start_step_ < last_step_) {
+    train_data_ =
+        std::make_unique<io::DataLoader>(io::DataLoader::train(pool_, spec_.data_dir, dopt));
+    if (resume_)
+      check_resume_data(resumed_, train_data_->num_tokens(), spec_.data_dir, state_file_);
+    train_data_->set_position(data_position_);
+    if (!io::find_token_shards(spec_.data_dir, "val").empty())
+      val_data_ =
+          std::make_unique<io::DataLoader>(io::DataLoader::val(pool_, spec_.data_dir, dopt));
+    else if (lead_ && settings_.eval_every > 0)
       fmt::print(stderr,
                  "memfit: no val_*.bin shards in {}: no validation loss (--eval-every {})\n",
-                 spec.data_dir, settings.eval_every);
+                 spec_.data_dir, settings_.eval_every);
   }
-  if (train_data) summary.unigram_entropy = unigram_entropy(*train_data, mc.vocab_size);
+  if (train_data_) summary_.unigram_entropy = unigram_entropy(*train_data_, mc_.vocab_size);
   // The tokenizer that `memfit prepare` recorded in the data's dataset.json (none for shards
   // from elsewhere); a malformed file is an error naming it.
-  if (train_data)
-    if (const auto info = io::read_dataset_info(spec.data_dir)) data_tokenizer = info->tokenizer;
+  if (train_data_)
+    if (const auto info = io::read_dataset_info(spec_.data_dir)) data_tokenizer_ = info->tokenizer;
 }
 
 // Rank 0's JSON-lines log, then what the saves need to know.
 void TrainRun::open_log() {
-  if (lead && !settings.log_file.empty()) {
-    if (auto parent = fs::path(settings.log_file).parent_path(); !parent.empty()) {
+  if (lead_ && !settings_.log_file.empty()) {
+    if (auto parent = fs::path(settings_.log_file).parent_path(); !parent.empty()) {
       std::error_code ec;
       fs::create_directories(parent, ec);
       if (ec)
-        MEMFIT_THROW(IoError, "train", "--log {}: cannot create {}: {}", settings.log_file,
+        MEMFIT_THROW(IoError, "train", "--log {}: cannot create {}: {}", settings_.log_file,
                      parent.string(), ec.message());
     }
     // A resume continues the log from the checkpoint's step: the lines of steps after it (run
     // before a kill, and to be run again now) are cut first, so each step appears once.
-    if (resume) truncate_log_after(settings.log_file, start_step);
-    log.open(settings.log_file, resume ? std::ios::app : std::ios::trunc);
-    if (!log) MEMFIT_THROW(IoError, "train", "--log {}: cannot open the file", settings.log_file);
+    if (resume_) truncate_log_after(settings_.log_file, start_step_);
+    log_.open(settings_.log_file, resume_ ? std::ios::app : std::ios::trunc);
+    if (!log_) MEMFIT_THROW(IoError, "train", "--log {}: cannot open the file", settings_.log_file);
   }
   // The weights of record, whole, for a save without ZeRO's shards (stage 0), where they are
   // one tensor in RAM. In one process with the weights of record on disk (the offloaded master
@@ -275,15 +280,16 @@ void TrainRun::open_log() {
   // stage 1 on no rank holds them whole: each writes its range into its shard file
   // (stage_shards), and the save has no model.safetensors (docs/notes/checkpoints.md, "ZeRO's
   // sharded optimizer state").
-  streamed_save = save_streams_weights(spec);
-  save_staging_n =
-      save_staging_elements(spec, plan_step(gpt->config(), B, T, spec.activation_options()));
+  streamed_save_ = save_streams_weights(spec_);
+  save_staging_n_ =
+      save_staging_elements(spec_, plan_step(gpt_->config(), B_, T_, spec_.activation_options()));
   // The weights of record's element type, as config.json names it for a sharded save.
-  record_dtype = off && master            ? DType::f32
-                 : gpt->params_offloaded() ? half_dtype(spec.precision.precision)
-                                           : gpt->weights().dtype();
-  sharded_state = placement.sharded_save();
-  staging = settings.save_dir.empty() ? fs::path() : fs::path(settings.save_dir).concat(".zero-staging");
+  record_dtype_ = off_ && master_            ? DType::f32
+                 : gpt_->params_offloaded() ? half_dtype(spec_.precision.precision)
+                                           : gpt_->weights().dtype();
+  sharded_state_ = placement_.sharded_save();
+  staging_ = settings_.save_dir.empty() ? fs::path()
+                                        : fs::path(settings_.save_dir).concat(".zero-staging");
 }
 
 }  // namespace memfit

@@ -11,81 +11,82 @@
 namespace memfit {
 
 Tensor TrainRun::my_part(Tensor& slab) const {
-  return slab.view(my_range.begin, {my_range.size()});
+  return slab.view(my_range_.begin, {my_range_.size()});
 }
 
 // The sum over ranks of a float (the loss, the stop flag, evaluation), through whichever
 // exchange the run has.
-float TrainRun::sum_ranks(float x) { return sync ? sync->sum(x) : zero.grads->sum(x); }
+float TrainRun::sum_ranks(float x) { return sync_ ? sync_->sum(x) : zero_.grads->sum(x); }
 
 TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::time_point t0) {
   StepResult r;
-  gpt->zero_grad();
+  gpt_->zero_grad();
   // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
   // position is the number of steps that updated, which the scaler's state keeps over resumes.
   // (Only the update changes that count, so the rate is known before the micro-batches.)
-  r.lr = settings.schedule.at(step - (scaler ? scaler->skipped() : 0));
-  if (fused)  // --update-in-backward steps with it during the backward
-    fused->begin_step(r.lr, settings.clip,
-                      settings.clip_per_unit ? UnitSteps::Clip::unit : UnitSteps::Clip::global);
+  r.lr = settings_.schedule.at(step - (scaler_ ? scaler_->skipped() : 0));
+  if (fused_)  // --update-in-backward steps with it during the backward
+    fused_->begin_step(r.lr, settings_.clip,
+                      settings_.clip_per_unit ? UnitSteps::Clip::unit : UnitSteps::Clip::global);
   r.before = io_mark();
   // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
   // slab, by the same scale.
-  if (grads_file)
-    grads_file->set_unscale(scaler ? std::optional<float>(scaler->inv_scale()) : std::nullopt);
-  r.loss_scale = scaler ? scaler->scale() : 1.0f;
+  if (grads_file_)
+    grads_file_->set_unscale(scaler_ ? std::optional<float>(scaler_->inv_scale()) : std::nullopt);
+  r.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const StepLoss step_loss =  // masks: the step's masked-in targets (masked_loss.h)
-      step_loss_begin(*train_data, spec.grad_accum, int64_t{spec.grad_accum} * W, r.loss_scale);
+      step_loss_begin(*train_data_, spec_.grad_accum, int64_t{spec_.grad_accum} * W_, r.loss_scale);
   double loss_sum = micro_batches(step_loss);
-  if (W > 1) {
+  if (W_ > 1) {
     // The buckets the backward did not finish in time, then the loss over every rank.
     const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
-    if (sync) sync->finish();
+    if (sync_) sync_->finish();
     loss_sum = sum_ranks(static_cast<float>(loss_sum));
   }
-  r.loss = step_loss_mean(loss_sum, step_loss, int64_t{spec.grad_accum} * W);
+  r.loss = step_loss_mean(loss_sum, step_loss, int64_t{spec_.grad_accum} * W_);
   r.update = update(r.lr, r.loss, r.loss_scale, r.update_gathered);
   // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite
   // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
-  if (r.update.skipped && r.loss_scale <= settings.loss_scaler.min_scale) r.update.non_finite = true;
+  if (r.update.skipped && r.loss_scale <= settings_.loss_scaler.min_scale)
+    r.update.non_finite = true;
   check_finite(step, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.rate = tokens_per_step / r.seconds;
+  r.rate = tokens_per_step_ / r.seconds;
   return r;
 }
 
 // The step's micro-batches, forward and backward; returns the sum of their losses (this rank's).
 double TrainRun::micro_batches(const StepLoss& step_loss) {
   double loss_sum = 0;
-  const float loss_scale = scaler ? scaler->scale() : 1.0f;
-  for (int m = 0; m < spec.grad_accum; ++m) {
+  const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  for (int m = 0; m < spec_.grad_accum; ++m) {
     const profile::Scope batch(recorder(), fmt::format("micro-batch {}", m + 1),
                                profile::SliceKind::micro_batch);
     {
       const profile::Scope data(recorder(), "data", profile::SliceKind::data);
-      train_data->next_batch();
+      train_data_->next_batch();
     }
-    loss_sum += micro_batch_loss(*gpt, *train_data, step_loss, /*training=*/true, loss_scale);
+    loss_sum += micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
     // The last micro-batch's backward finishes the gradients: data parallelism sums each
     // bucket over the ranks as soon as the backward has finished it. (Per-unit gradients are
     // reduced by every backward.)
-    if (sync && m + 1 == spec.grad_accum)
-      gpt->backward([&](int64_t from) { sync->final_from(from); });
+    if (sync_ && m + 1 == spec_.grad_accum)
+      gpt_->backward([&](int64_t from) { sync_->final_from(from); });
     else
-      gpt->backward();
+      gpt_->backward();
     params_io_waits();  // this micro-batch's, inside its slice
   }
-  if (fused && fused->second_pass()) {
+  if (fused_ && fused_->second_pass()) {
     // --update-in-backward with global clipping: the first backward measured the norm; the
     // same micro-batch again steps every unit by its factor (Note [Update in backward]).
     const profile::Scope again(recorder(), "micro-batch 1 (stepping pass)",
                                profile::SliceKind::micro_batch);
-    micro_batch_loss(*gpt, *train_data, step_loss, /*training=*/true, loss_scale);
-    gpt->backward();
+    micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
+    gpt_->backward();
   }
   // --repeat-batch: back to the run's first micro-batch, so the next step reads the same rows
   // and a save records that position (a resume repeats the same batch).
-  if (settings.repeat_batch) train_data->set_position(data_position);
+  if (settings_.repeat_batch) train_data_->set_position(data_position_);
   return loss_sum;
 }
 
@@ -94,22 +95,23 @@ double TrainRun::micro_batches(const StepLoss& step_loss) {
 UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
                                int64_t& update_gathered) {
   UpdateOutcome u;
-  if (!scaler && !std::isfinite(loss)) {
+  if (!scaler_ && !std::isfinite(loss)) {
     u.non_finite = true;
     return u;
   }
   const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
-  const RankShards* shards = rank_shards ? &*rank_shards : nullptr;
-  if (off)
+  const RankShards* shards = rank_shards_ ? &*rank_shards_ : nullptr;
+  if (off_)
     return apply_update(
-        *gpt, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
-        scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
-  if (fused) {
-    u = backward_update_outcome(fused->result());  // stepped during the backward
-    u.gathered_bytes = publish_working_weights(*gpt, my_shard ? shards : nullptr);
+        *gpt_, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
+        scaler_.get(), lr, settings_.clip, spec_.grad_accum * W_, shards);
+  if (fused_) {
+    u = backward_update_outcome(fused_->result());  // stepped during the backward
+    u.gathered_bytes = publish_working_weights(*gpt_, my_shard_ ? shards : nullptr);
     return u;
   }
-  return apply_update(*gpt, *opt, scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
+  return apply_update(*gpt_, *opt_, scaler_.get(), lr, settings_.clip, spec_.grad_accum * W_,
+                      shards);
 }
 
 // The offloaded optimizer's step over this rank's range of the working weights and gradients
@@ -118,75 +120,75 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
 // units are gathered again, as the in-RAM update does (counted by the model:
 // take_gathered_bytes). With --offload-grads each piece's gradients are read from their file.
 void TrainRun::offloaded_step(float rate, float scale, int64_t& update_gathered) {
-  if (gpt->params_offloaded()) {
+  if (gpt_->params_offloaded()) {
     // Each block's new working weights written back to its file.
-    if (grads_file)
-      off->step(*zero.weights, *grads_file, rate, scale);
+    if (grads_file_)
+      off_->step(*zero_.weights, *grads_file_, rate, scale);
     else
-      off->step(*zero.weights, gpt->grad_sums(my_range), rate, scale);
+      off_->step(*zero_.weights, gpt_->grad_sums(my_range_), rate, scale);
   } else {
-    Tensor working = gpt->params_sharded() ? gpt->params() : my_part(gpt->params());
-    if (grads_file)
-      off->step(working, *grads_file, rate, scale);
+    Tensor working = gpt_->params_sharded() ? gpt_->params() : my_part(gpt_->params());
+    if (grads_file_)
+      off_->step(working, *grads_file_, rate, scale);
     else
-      off->step(working, gpt->grad_sums(my_range), rate, scale);
+      off_->step(working, gpt_->grad_sums(my_range_), rate, scale);
   }
-  if (grads_file) grads_file->set_step(off->steps_taken());
-  update_gathered = publish_working_weights(*gpt, my_shard ? &*rank_shards : nullptr);
+  if (grads_file_) grads_file_->set_step(off_->steps_taken());
+  update_gathered = publish_working_weights(*gpt_, my_shard_ ? &*rank_shards_ : nullptr);
   params_io_waits();  // the update's, on the working weights' file
-  for (const offload::IoWait& w : off->take_waits())
+  for (const offload::IoWait& w : off_->take_waits())
     if (profile::StepRecorder* rec = recorder())
       rec->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);
 }
 
 void TrainRun::check_finite(int64_t step, const StepResult& r) {
   if (!r.update.non_finite) return;
-  const std::string culprit = gpt->first_non_finite();
+  const std::string culprit = gpt_->first_non_finite();
   MEMFIT_THROW(Error, "train",
                "step {}: the {} became non-finite (loss {}); the first non-finite tensor is "
                "{}. Stopping without saving over the last checkpoint{}",
                step + 1, std::isfinite(r.loss) ? "gradient" : "loss", r.loss,
                culprit.empty() ? "not found (the loss itself)" : culprit,
-               saved_at > 0 ? fmt::format(" (step {})", saved_at) : "");
+               saved_at_ > 0 ? fmt::format(" (step {})", saved_at_) : "");
 }
 
 // The first eval_batches micro-batches of the validation split, in order. With W ranks a
 // micro-batch is W x B rows and each rank evaluates its B of them (its loader's rows), so the
 // work is split and the mean is over every row, as one process with batch W x B.
 float TrainRun::evaluate() {
-  if (!val_data) return -1;
+  if (!val_data_) return -1;
   const profile::Scope slice(recorder(), "evaluation", profile::SliceKind::evaluation);
-  val_data->set_position(0);
-  const int64_t n = std::min<int64_t>(settings.eval_batches, val_data->batches_per_epoch());
-  const StepLoss eval_loss = step_loss_begin(*val_data, n, 1, 1.0f);  // masks: masked_loss.h
+  val_data_->set_position(0);
+  const int64_t n = std::min<int64_t>(settings_.eval_batches, val_data_->batches_per_epoch());
+  const StepLoss eval_loss = step_loss_begin(*val_data_, n, 1, 1.0f);  // masks: masked_loss.h
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     const profile::Scope batch(recorder(), fmt::format("evaluation batch {}", i + 1),
                                profile::SliceKind::micro_batch);
     {
       const profile::Scope data(recorder(), "data", profile::SliceKind::data);
-      val_data->next_batch();
+      val_data_->next_batch();
     }
-    sum += micro_batch_loss(*gpt, *val_data, eval_loss, /*training=*/false);
+    sum += micro_batch_loss(*gpt_, *val_data_, eval_loss, /*training=*/false);
   }
-  if (W == 1) return step_loss_mean(sum, eval_loss, n);
+  if (W_ == 1) return step_loss_mean(sum, eval_loss, n);
   // Stage 3's gathers for the evaluation are not a training step's (comm_bytes).
-  gpt->take_gathered_bytes();
+  gpt_->take_gathered_bytes();
   const profile::Scope all(recorder(), "loss all-reduce", profile::SliceKind::collective);
   const float summed = sum_ranks(static_cast<float>(sum));
-  return eval_loss.masked ? step_loss_mean(summed, eval_loss, n * W)
-                          : summed / static_cast<float>(n * W);
+  return eval_loss.masked ? step_loss_mean(summed, eval_loss, n * W_)
+                          : summed / static_cast<float>(n * W_);
 }
 
 // SIGINT or SIGTERM: every rank stops after the same step, the first where any rank was
 // signalled (summary.interrupted_by says which signal).
 bool TrainRun::stop_requested() {
-  summary.interrupted_by = interrupt_signal();
-  if (W > 1) {
-    const float any = sum_ranks(summary.interrupted_by ? 1.0f : 0.0f);
-    if (any > 0 && !summary.interrupted_by) summary.interrupted_by = SIGTERM;
+  summary_.interrupted_by = interrupt_signal();
+  if (W_ > 1) {
+    const float any = sum_ranks(summary_.interrupted_by ? 1.0f : 0.0f);
+    if (any > 0 && !summary_.interrupted_by) summary_.interrupted_by = SIGTERM;
   }
-  return summary.interrupted_by != 0;
+  return summary_.interrupted_by != 0;
 }
 
 }  // namespace memfit

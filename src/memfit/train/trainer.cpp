@@ -30,65 +30,65 @@ TrainSummary train(const TrainSpec& spec, dist::ProcessGrid& grid) {
 }
 
 TrainSummary TrainRun::run() {
-  progress.emplace(last_step, stderr, std::max<int64_t>(1, last_step / 20));
-  interrupts.emplace();  // SIGINT/SIGTERM: stop after this step, then save as below
-  last_save = std::chrono::steady_clock::now();
-  tokens_per_step = double(B) * T * spec.grad_accum * W;  // every rank's
-  gpt->take_gathered_bytes();  // stage 3: the gathers after initialisation or loading
-  for (int64_t step = start_step; step < last_step; ++step) {
+  progress_.emplace(last_step_, stderr, std::max<int64_t>(1, last_step_ / 20));
+  interrupts_.emplace();  // SIGINT/SIGTERM: stop after this step, then save as below
+  last_save_ = std::chrono::steady_clock::now();
+  tokens_per_step_ = double(B_) * T_ * spec_.grad_accum * W_;  // every rank's
+  gpt_->take_gathered_bytes();  // stage 3: the gathers after initialisation or loading
+  for (int64_t step = start_step_; step < last_step_; ++step) {
     run_step(step);
-    if (summary.interrupted_by) break;
+    if (summary_.interrupted_by) break;
   }
-  if (lead) progress->finish();
-  const int64_t final_step = start_step + summary.steps_run;
-  if (!settings.save_dir.empty() && saved_at != final_step) {
+  if (lead_) progress_->finish();
+  const int64_t final_step = start_step_ + summary_.steps_run;
+  if (!settings_.save_dir.empty() && saved_at_ != final_step) {
     const Tensor record = record_for_save();
     stage_shards();
-    if (lead) save(final_step, record);
+    if (lead_) save(final_step, record);
   }
-  comm.barrier();  // the save is complete before any rank reports the run done
-  if (W > 1) log_rank_peaks();
-  summary.saved = !settings.save_dir.empty();
-  summary.last_step = final_step;
+  comm_.barrier();  // the save is complete before any rank reports the run done
+  if (W_ > 1) log_rank_peaks();
+  summary_.saved = !settings_.save_dir.empty();
+  summary_.last_step = final_step;
   finish_summary();
-  return summary;
+  return summary_;
 }
 
 // One step (0-based `step`) and what follows it: the log line, the evaluation when due, the
 // progress line, a save when due, the leak check at the step boundary, and whether to stop.
 void TrainRun::run_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
-  pool.set_phase(fmt::format("step {}", step + 1));
-  if (profiler) profiler->step_begin(step + 1);
+  pool_.set_phase(fmt::format("step {}", step + 1));
+  if (profiler_) profiler_->step_begin(step + 1);
   if (recorder()) recorder()->set_step(step + 1);
   std::optional<profile::Scope> step_slice;
   step_slice.emplace(recorder(), fmt::format("step {}", step + 1), profile::SliceKind::step);
   const StepResult r = this->step(step, t0);
-  rates.push_back(r.rate);
-  summary.losses.push_back(r.loss);
-  summary.last_loss = r.loss;
-  ++summary.steps_run;
+  rates_.push_back(r.rate);
+  summary_.losses.push_back(r.loss);
+  summary_.last_loss = r.loss;
+  ++summary_.steps_run;
   log_step(step, r);
   std::string text = progress_text(r);
-  const bool last = step + 1 == last_step;
-  if (val_data && ((settings.eval_every && (step + 1) % settings.eval_every == 0) || last)) {
-    summary.last_val_loss = evaluate();
-    log_line({{"step", step + 1}, {"val_loss", summary.last_val_loss}});
-    text += fmt::format(" | val {:.4f}", summary.last_val_loss);
+  const bool last = step + 1 == last_step_;
+  if (val_data_ && ((settings_.eval_every && (step + 1) % settings_.eval_every == 0) || last)) {
+    summary_.last_val_loss = evaluate();
+    log_line({{"step", step + 1}, {"val_loss", summary_.last_val_loss}});
+    text += fmt::format(" | val {:.4f}", summary_.last_val_loss);
   }
-  if (lead) progress->update(step + 1, text);
+  if (lead_) progress_->update(step + 1, text);
   save_if_due(step + 1, last);
   // The tests' deliberate leak, from the second step on.
-  if (settings.test_leak_bytes > 0 && step > start_step)
-    test_leaks.push_back(pool.allocate(static_cast<size_t>(settings.test_leak_bytes),
+  if (settings_.test_leak_bytes > 0 && step > start_step_)
+    test_leaks_.push_back(pool_.allocate(static_cast<size_t>(settings_.test_leak_bytes),
                                        Category::workspace, "test.leak"));
   step_slice.reset();
-  if (profiler && profiler->step_end(step + 1)) {
-    gpt->set_step_observer(nullptr);
-    if (off) off->record_waits(false);
-    if (param_file) param_file->record_waits(false);
+  if (profiler_ && profiler_->step_end(step + 1)) {
+    gpt_->set_step_observer(nullptr);
+    if (off_) off_->record_waits(false);
+    if (param_file_) param_file_->record_waits(false);
   }
-  leaks.boundary(step + 1, pool, process_rss_bytes());
+  leaks_.boundary(step + 1, pool_, process_rss_bytes());
   stop_requested();
 }
 

@@ -41,7 +41,7 @@ json adapter_config(const ModelConfig& model, const LoraLayout& layout) {
           {"lora_dropout", o.dropout},
           {"target_modules", target_modules(layout)},
           // GPT-2's layers are Conv1D, whose weight is stored (in, out): PEFT then sets this.
-          {"fan_in_fan_out", model.family == Family::gpt2},
+          {"fan_in_fan_out", hf_fan_in_fan_out(model.family)},
           {"bias", "none"},
           {"inference_mode", true},
           {"base_model_name_or_path", nullptr},
