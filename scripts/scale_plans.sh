@@ -19,15 +19,22 @@ cd "$(dirname "$0")/.."
 print=0
 if [[ "${1:-}" == "--print" ]]; then print=1; shift; fi
 memfit=${1:-build/memfit}
-[[ -x "$memfit" ]] || { echo "scale_plans: $memfit not built (bash /work/wt-build.sh memfit)" >&2; exit 2; }
+if [[ ! -x "$memfit" ]]; then
+  echo "scale_plans: $memfit not built (bash /work/wt-build.sh memfit)" >&2
+  exit 2
+fi
 doc=docs/scale.md
 offload_dir=$(mktemp -d)
 trap 'rm -rf "$offload_dir"' EXIT
 export MEMFIT_MAX_ISA=avx512
 common="--attention flash --threads 1 --data /nonexistent/scale-plans"
 
-seven="--model llama2-7b --seq-len 4096 --batch 1 --grad-accum 16 --precision bf16 --optim adamw8bit"
+seven="--model llama2-7b --seq-len 4096 --batch 1 --grad-accum 16 --precision bf16"
+seven+=" --optim adamw8bit"
 seventy="--model llama3-70b --seq-len 4096 --batch 1 --grad-accum 8 --precision bf16 --world-size 8"
+# torchtitan's 70B: 256 GPUs, global batch 512 (2 sequences a data rank; 8192 tokens assumed)
+seventy_256="--model llama3-70b --seq-len 8192 --batch 2 --precision bf16 --world-size 256"
+levers="--optim adamw8bit --grad-dtype bf16 --master-weights none"
 big="--model llama3.1-405b --seq-len 8192 --batch 1 --precision bf16 --world-size 128"
 # NAME|ARGS (each a `memfit plan` command line, without the common options above)
 plans=(
@@ -36,13 +43,13 @@ plans=(
   "7b-auto|$seven --auto --mem-limit 24GiB"
   "7b-auto-offload|$seven --auto --mem-limit 24GiB --offload-dir OFFLOAD_DIR"
   "70b-given|$seventy --zero 3 --ckpt full"
-  "70b-levers|$seventy --zero 3 --ckpt full --optim adamw8bit --grad-dtype bf16 --master-weights none"
+  "70b-levers|$seventy --zero 3 --ckpt full $levers"
   "70b-auto|$seventy --auto --mem-limit 80GiB"
   "70b-auto-8bit|$seventy --auto --mem-limit 80GiB --optim adamw8bit"
   "405b-zero3|$big --zero 3 --ckpt full"
-  "405b-zero3-levers|$big --zero 3 --ckpt full --optim adamw8bit --grad-dtype bf16 --master-weights none"
+  "405b-zero3-levers|$big --zero 3 --ckpt full $levers"
   "405b-zero1|$big --zero 1 --ckpt full"
-  "70b-zero3-256|--model llama3-70b --seq-len 8192 --batch 2 --precision bf16 --world-size 256 --zero 3 --ckpt full"
+  "70b-zero3-256|${seventy_256} --zero 3 --ckpt full"
   "405b-zero3-512|${big/--world-size 128/--world-size 512} --zero 3 --ckpt full"
 )
 
@@ -121,7 +128,8 @@ python3 - "$doc" "$render" <<'PY'
 import re, sys
 doc_path, render_path = sys.argv[1], sys.argv[2]
 doc, render = open(doc_path).read(), open(render_path).read()
-blocks = re.findall(r"(<!-- scale_plans (\S+) begin -->.*?<!-- scale_plans \2 end -->)", render, re.S)
+blocks = re.findall(r"(<!-- scale_plans (\S+) begin -->.*?<!-- scale_plans \2 end -->)",
+                    render, re.S)
 for block, name in blocks:
     pattern = re.compile(rf"<!-- scale_plans {re.escape(name)} begin -->.*?"
                          rf"<!-- scale_plans {re.escape(name)} end -->", re.S)

@@ -1,9 +1,10 @@
 // docs/scale.md plans the seed documents' configurations (7B on one 24 GB GPU, 70B on 8 x 80 GB,
 // 405B over 128 ranks) with tables that scripts/scale_plans.sh writes from `memfit plan --json`.
-// These tests rerun a few of the fast plans, each with the command line the doc prints above its
-// table, and check every figure of the table and of its collectives line, so the doc cannot
-// drift from the planner: when one fails, rerun `bash scripts/scale_plans.sh` and reread the
-// prose beside the table.
+// These tests rerun every plan that takes no search (the searches take seconds to minutes and
+// their choice depends on this CPU's calibration), each with the command line the doc prints
+// above its table, and check every figure of the table and of its collectives line, so the doc
+// cannot drift from the planner: when one fails, rerun `bash scripts/scale_plans.sh` and reread
+// the prose beside the table.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -125,7 +126,18 @@ TEST_F(ScaleDoc, SeventyBOnEightRanksAsTheSeedsGiveIt) { check("70b-given"); }
 
 TEST_F(ScaleDoc, SeventyBOnEightRanksWithThePrecisionLevers) { check("70b-levers"); }
 
-TEST_F(ScaleDoc, FourHundredFiveBAtZero3Over128Ranks) { check("405b-zero3"); }
+// The 405B over 128 data ranks, at ZeRO 3 with and without the levers and at ZeRO 1.
+TEST_F(ScaleDoc, FourHundredFiveBOver128DataRanks) {
+  check("405b-zero3");
+  check("405b-zero3-levers");
+  check("405b-zero1");
+}
+
+// What memfit plans of torchtitan's layouts: their FSDP dimension alone, as ZeRO 3.
+TEST_F(ScaleDoc, TorchtitansLayoutsAsDataRanksAlone) {
+  check("70b-zero3-256");
+  check("405b-zero3-512");
+}
 
 // The rows are checked as the script prints them: a run of equal ranks is one row.
 TEST(ScaleDocRows, ConsecutiveEqualRanksShareARow) {
