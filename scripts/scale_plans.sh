@@ -49,6 +49,7 @@ plans=(
   "405b-zero3|$big --zero 3 --ckpt full"
   "405b-zero3-levers|$big --zero 3 --ckpt full $levers"
   "405b-zero1|$big --zero 1 --ckpt full"
+  "405b-auto|$big --auto --mem-limit 80GiB"
   "70b-zero3-256|${seventy_256} --zero 3 --ckpt full"
   "405b-zero3-512|${big/--world-size 128/--world-size 512} --zero 3 --ckpt full"
 )
@@ -77,23 +78,23 @@ out = [f"<!-- scale_plans {name} begin -->",
 s = d.get("search")
 if s is not None:
     choice = s["choice"]
+    def options(c):
+        opts = [f"--ckpt {c['ckpt']}", f"--act-compress {c['act_compress']}",
+                f"--batch {c['batch']} --grad-accum {c['grad_accum']}"]
+        if d.get("ranks", 1) > 1: opts.append(f"--zero {c['zero']}")
+        for k, opt in [("offload", "--offload-optimizer nvme"),
+                       ("offload_params", "--offload-params nvme"),
+                       ("offload_grads", "--offload-grads nvme")]:
+            if c[k]: opts.append(opt)
+        return " ".join(opts + c["precision_levers"])
     if choice is None:
         sm = s["smallest"]
         out.append(f"Nothing fits ({s['candidates_planned']} configurations planned); the "
-                   f"smallest is `--ckpt {sm['ckpt']}` {' '.join(sm['precision_levers'])}, "
-                   f"{gib(sm['peak_bytes'])} GiB, {gib(sm['over_bytes'])} GiB over. Its plan:")
+                   f"smallest is `{options(sm)}`, {gib(sm['peak_bytes'])} GiB, "
+                   f"{gib(sm['over_bytes'])} GiB over. Its plan:")
     else:
-        opts = [f"--ckpt {choice['ckpt']}", f"--act-compress {choice['act_compress']}",
-                f"--batch {choice['batch']} --grad-accum {choice['grad_accum']}"]
-        if d.get("ranks", 1) > 1: opts.append(f"--zero {choice['zero']}")
-        for k in ["offload", "offload_params", "offload_grads"]:
-            if choice[k]:
-                opts.append({"offload": "--offload-optimizer nvme",
-                             "offload_params": "--offload-params nvme",
-                             "offload_grads": "--offload-grads nvme"}[k])
-        opts += choice["precision_levers"]
         out.append(f"Chosen ({s['candidates_planned']} configurations planned): "
-                   f"`{' '.join(opts)}`. Its plan:")
+                   f"`{options(choice)}`. Its plan:")
     out.append("")
 out.append("| rank | " + " | ".join(cats) + " | peak |")
 out.append("| --- |" + " ---: |" * (len(cats) + 1))
