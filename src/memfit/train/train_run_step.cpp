@@ -26,8 +26,7 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   // (Only the update changes that count, so the rate is known before the micro-batches.)
   r.lr = settings.schedule.at(step - (scaler ? scaler->skipped() : 0));
   if (fused)  // --update-in-backward steps with it during the backward
-    fused->begin_step(r.lr, settings.clip,
-                      settings.clip_per_unit ? UnitSteps::Clip::unit : UnitSteps::Clip::global);
+    fused->begin_step(r.lr, spec.clip, spec.clip_mode);
   r.before = io_mark();
   // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
   // slab, by the same scale.
@@ -77,7 +76,8 @@ double TrainRun::micro_batches(const StepLoss& step_loss) {
   }
   if (fused && fused->second_pass()) {
     // --update-in-backward with global clipping: the first backward measured the norm; the
-    // same micro-batch again steps every unit by its factor (Note [Update in backward]).
+    // same micro-batch again steps every unit by its factor (Note [Update in backward]); the
+    // planner prices it from the same decision (RunSpec::backward_passes, UnitSteps::passes).
     const profile::Scope again(recorder(), "micro-batch 1 (stepping pass)",
                                profile::SliceKind::micro_batch);
     micro_batch_loss(*gpt, *train_data, step_loss, /*training=*/true, loss_scale);
@@ -103,13 +103,13 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
   if (off)
     return apply_update(
         *gpt, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
-        scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
+        scaler.get(), lr, spec.clip, spec.grad_accum * W, shards);
   if (fused) {
     u = backward_update_outcome(fused->result());  // stepped during the backward
     u.gathered_bytes = publish_working_weights(*gpt, my_shard ? shards : nullptr);
     return u;
   }
-  return apply_update(*gpt, *opt, scaler.get(), lr, settings.clip, spec.grad_accum * W, shards);
+  return apply_update(*gpt, *opt, scaler.get(), lr, spec.clip, spec.grad_accum * W, shards);
 }
 
 // The offloaded optimizer's step over this rank's range of the working weights and gradients
