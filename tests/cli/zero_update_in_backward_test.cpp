@@ -2,7 +2,8 @@
 // each unit reduce-scattered and this rank's part stepped at once, against the ordinary run at
 // the same stage: the logs (loss, gradient norm, validation) and the saved weights are the same
 // bits, without clipping and with global clipping (two passes); each rank's planned peak by
-// category is its measured one, with no gradient accumulator; stages 0-1 are refused.
+// category is its measured one, with no gradient accumulator, and the planned collectives per
+// step the measured ones, global clipping's second pass included; stages 0-1 are refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -42,6 +43,41 @@ class ZeroUpdateInBackward : public test::MpiBinaryTest {
         << test::slurp(dir / "err.txt");
     return test::slurp(out / "model.safetensors");
   }
+  // `memfit plan --json` of the fused run at `zero` with `more`, against the run's log: every
+  // step's collectives (comm_bytes) are the plan's comm_per_step, and each rank's peak by
+  // category its planned one, with no gradient accumulator. Returns the plan.
+  json expect_plan_is_measured(int zero, const std::string& more) {
+    SCOPED_TRACE(fmt::format("--zero {} {}", zero, more));
+    const std::string a = args(fmt::format("{} --zero {} --update-in-backward", more, zero));
+    EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", a)), 0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    const fs::path log = dir / fmt::format("p{}.jsonl", zero);
+    fs::remove(log);
+    EXPECT_EQ(run_memfit("train " + a + fmt::format(" --log '{}'", log.string()), 2), 0)
+        << test::slurp(dir / "err.txt");
+    json measured;
+    int steps = 0;
+    for (const json& j : lines(log)) {
+      if (j.contains("ranks")) measured = j["ranks"];
+      if (j.contains("comm_bytes")) {
+        ++steps;
+        for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"})
+          EXPECT_EQ(j["comm_bytes"][c], plan["comm_per_step"][c]) << c;
+      }
+    }
+    EXPECT_EQ(steps, 3) << "no comm_bytes in the log";
+    EXPECT_EQ(measured.size(), 2u) << "no per-rank peaks in the log";
+    for (int r = 0; r < 2 && r < static_cast<int>(measured.size()); ++r) {
+      const json& p = plan["per_rank"][r];
+      EXPECT_EQ(measured[r]["peak_bytes"], p["peak_bytes"]) << "rank " << r;
+      for (const char* c : {"params", "master", "grads", "optimizer", "comm"})
+        EXPECT_EQ(measured[r]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
+            << c << ", rank " << r;
+      EXPECT_EQ(p["by_category"].value("grads", size_t{0}), 0u) << "an accumulator";
+    }
+    return plan;
+  }
   // The ordinary run and the fused one at `zero` with `more`: the same log values and weights.
   void expect_same(int zero, const std::string& more) {
     SCOPED_TRACE(fmt::format("--zero {} {}", zero, more));
@@ -79,30 +115,34 @@ TEST_F(ZeroUpdateInBackward, StagesTwoAndThreeAreTheOrdinaryStepBitForBit) {
 }
 
 TEST_F(ZeroUpdateInBackward, ThePlanPerRankIsEachRanksMeasuredPeak) {
+  for (int zero : {2, 3}) expect_plan_is_measured(zero, "--clip 0 --precision bf16");
+}
+
+// Global clipping runs the micro-batch twice (Note [Update in backward], "Clipping"), and each
+// pass reduce-scatters every unit (and at stage 3 gathers the blocks): the plan's collectives
+// per step are the run's, the reduce-scatters twice one pass's, the gathers one pass's blocks
+// more; the plan says that the backward runs twice.
+TEST_F(ZeroUpdateInBackward, GlobalClippingsSecondPassIsInThePlannedCollectives) {
   for (int zero : {2, 3}) {
-    const std::string a = args(fmt::format("--clip 0 --precision bf16 --zero {} --update-in-backward", zero));
-    ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", a)), 0)
+    SCOPED_TRACE(fmt::format("stage {}", zero));
+    const std::string opts = fmt::format("--zero {} --update-in-backward --world-size 2", zero);
+    ASSERT_EQ(run_memfit(fmt::format("plan {} {} --clip 0 --json", args(""), opts)), 0)
         << test::slurp(dir / "err.txt");
-    const json plan = json::parse(test::slurp(dir / "out.txt"));
-    const fs::path log = dir / fmt::format("p{}.jsonl", zero);
-    ASSERT_EQ(run_memfit("train " + a + fmt::format(" --log '{}'", log.string()), 2), 0)
+    const json one = json::parse(test::slurp(dir / "out.txt"))["comm_per_step"];
+    ASSERT_EQ(run_memfit(fmt::format("plan {} {} --clip 0.05", args(""), opts)), 0)
         << test::slurp(dir / "err.txt");
-    json measured;
-    for (const json& j : lines(log)) {
-      if (j.contains("ranks")) measured = j["ranks"];
-      if (j.contains("comm_bytes"))
-        for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"})
-          EXPECT_EQ(j["comm_bytes"][c], plan["comm_per_step"][c]) << c << ", stage " << zero;
-    }
-    ASSERT_EQ(measured.size(), 2u) << "no per-rank peaks in the log";
-    for (int r = 0; r < 2; ++r) {
-      const json& p = plan["per_rank"][r];
-      EXPECT_EQ(measured[r]["peak_bytes"], p["peak_bytes"]) << "stage " << zero << " rank " << r;
-      for (const char* c : {"params", "master", "grads", "optimizer", "comm"})
-        EXPECT_EQ(measured[r]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
-            << c << ", stage " << zero << " rank " << r;
-      EXPECT_EQ(p["by_category"].value("grads", size_t{0}), 0u) << "an accumulator at stage " << zero;
-    }
+    EXPECT_NE(test::slurp(dir / "out.txt").find("runs the backward twice"), std::string::npos)
+        << test::slurp(dir / "out.txt");
+    const json plan = expect_plan_is_measured(zero, "--clip 0.05");
+    EXPECT_EQ(plan["backward_passes"], 2);
+    const json two = plan["comm_per_step"];
+    EXPECT_GT(one["reduce_scatter"].get<int64_t>(), 0);
+    EXPECT_EQ(two["reduce_scatter"].get<int64_t>(), 2 * one["reduce_scatter"].get<int64_t>());
+    EXPECT_EQ(two["all_reduce"], 0);
+    if (zero == 2)  // the updated weights, once
+      EXPECT_EQ(two["all_gather"], one["all_gather"]);
+    else  // the persistent units once, the blocks each pass
+      EXPECT_GT(two["all_gather"].get<int64_t>(), one["all_gather"].get<int64_t>());
   }
 }
 

@@ -404,6 +404,54 @@ TEST(PlanConfig, RefusesWhatTrainRefuses) {
   EXPECT_THROW(plan_training(resolve_run(negative_group)), ConfigError);
 }
 
+// --update-in-backward with global clipping runs the micro-batch twice (a measuring backward,
+// then the stepping one: Note [Update in backward], "Clipping"): the plan's step time is the
+// one-pass estimate plus one more forward and backward (the update once), its FLOPs twice
+// the pass's; --clip 0 and --clip-mode unit take one pass, and so does the ordinary step with
+// any clip. Plan only (the trainer's count of passes is UnitSteps::passes, which the plan asks).
+TEST_F(Planner, GlobalClippingInTheBackwardPricesASecondPass) {
+  auto compute = [](const StepTime& t) {
+    return t.block_gemm + t.attention + t.head_gemm + t.elementwise + t.compression;
+  };
+  for (const char* model : {"gpt2-tiny", "llama-tiny"})
+    for (const char* ckpt : {"none", "every:2"}) {
+      SCOPED_TRACE(fmt::format("{} --ckpt {}", model, ckpt));
+      TrainConfig c;
+      c.model = model;
+      c.n_layer = 2;
+      c.seq_len = 32;
+      c.batch = 2;
+      c.ckpt = ckpt;
+      c.data_dir = dir.string();
+      c.steps = 1;
+      c.update_in_backward = true;
+      c.clip = 0;
+      const RunSpec off = resolve_run(c);
+      EXPECT_EQ(off.backward_passes(), 1);
+      const PlanReport one = plan_training(off);
+      c.clip = 1.0f;  // the default mode: global
+      const RunSpec global = resolve_run(c);
+      EXPECT_EQ(global.backward_passes(), 2);
+      const PlanReport two = plan_training(global);
+      ASSERT_GT(compute(one.step_time), 0);
+      EXPECT_DOUBLE_EQ(compute(two.step_time), 2 * compute(one.step_time));
+      EXPECT_DOUBLE_EQ(two.step_time.optimizer, one.step_time.optimizer);
+      EXPECT_DOUBLE_EQ(two.est_step_seconds, one.est_step_seconds + compute(one.step_time));
+      EXPECT_DOUBLE_EQ(two.flops, 2 * one.flops);
+      EXPECT_DOUBLE_EQ(two.recompute_flops, 2 * one.recompute_flops);
+      EXPECT_EQ(two.peak_bytes, one.peak_bytes);  // the passes follow each other
+      c.clip_mode = "unit";
+      EXPECT_DOUBLE_EQ(plan_training(resolve_run(c)).est_step_seconds, one.est_step_seconds);
+      c.clip_mode = "global";
+      c.update_in_backward = false;
+      const RunSpec ordinary = resolve_run(c);
+      EXPECT_EQ(ordinary.backward_passes(), 1);
+      c.clip = 0;
+      EXPECT_DOUBLE_EQ(plan_training(ordinary).step_time.block_gemm,
+                       plan_training(resolve_run(c)).step_time.block_gemm);
+    }
+}
+
 TEST(StepFlops, RecomputationAddsOneForwardPerRecomputedBlock) {
   ModelConfig c = ModelConfig::preset("gpt2");
   ActivationOptions none, full, sel, plain_sel;

@@ -108,6 +108,8 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                              {"grads", r.step.live[p].grads}});
   j["flops"] = r.flops;
   j["recompute_flops"] = r.recompute_flops;
+  // Forward+backward passes a micro-batch runs (2: --update-in-backward's global clipping).
+  j["backward_passes"] = run.backward_passes();
   j["est_step_seconds"] = r.est_step_seconds;
   if (run.world > 1) {
     const int64_t n = ParamLayout(r.model).total();
@@ -306,6 +308,12 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "block's f32 buffers ({:.1f} MiB), each unit stepped by the optimizer as its "
                "backward ends (docs/notes/update-in-backward.md, Note [Update in backward])\n",
                r.by_category[static_cast<size_t>(Category::grads)] / 1048576.0);
+  if (run.backward_passes() == 2)
+    fmt::print("clipping: global clipping (--clip-mode global) with --update-in-backward runs "
+               "the backward twice: a first forward and backward measures the global norm, a "
+               "second steps every unit; the step's time and FLOPs{} count both passes "
+               "(--clip-mode unit or --clip 0 takes one)\n",
+               run.world > 1 ? " and its collectives" : "");
   if (run.world > 1) print_plan_ranks(run, r);
   fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];

@@ -72,7 +72,7 @@ void UnitSteps::begin_step(float lr, float clip, Clip mode) {
   clip_ = clip;
   factor_ = 1;
   micro_batches_ = 0;
-  pass_ = clip <= 0 ? Pass::step_unit : mode == Clip::global ? Pass::measure : Pass::step_unit;
+  pass_ = passes(clip, mode) == 2 ? Pass::measure : Pass::step_unit;
   if (mode == Clip::global && pass_ == Pass::step_unit) clip_ = 0;
   result_ = {};
   result_.mean_over = ranks_;

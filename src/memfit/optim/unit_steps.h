@@ -44,6 +44,10 @@ class UnitSteps {
     unit,    // each unit by its own norm, in one pass
     global,  // by the global norm: a measuring pass, then the stepping pass (second_pass())
   };
+  // The forward+backward passes a step with `clip` and `mode` runs: 2 for global clipping
+  // (the measuring pass, then the stepping pass), else 1. begin_step decides by it, and the
+  // planner prices a run's step by it (RunSpec::backward_passes).
+  static int passes(float clip, Clip mode) { return clip > 0 && mode == Clip::global ? 2 : 1; }
   // Every rank's {finite (1 or 0), sum of squares}, in rank order, from this rank's (a
   // collective over the ranks that share the step; absent in one process).
   using RankChecks = std::function<std::vector<UnitGradCheck>(const UnitGradCheck& mine)>;

@@ -264,13 +264,16 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // arena's bytes, the activations', once.
   if (r.step.options.grads_in_arena) at(Category::grads) = 0;
   const DType half = half_dtype(precision.precision);
+  // Every micro-batch pass gathers its blocks (stage 3) and, per unit, reduces its gradients:
+  // global clipping with --update-in-backward runs the micro-batch twice (backward_passes).
+  const int passes = spec.micro_batch_passes();
   r.comm_per_step = dist::step_comm_volume(
       layout.total(), static_cast<int>(dtype_size(half)), spec.world, placement.sharding(),
       placement.params_gathered()
-          ? WeightGather::step_gather_bytes(layout, half, r.step.phases, spec.grad_accum,
+          ? WeightGather::step_gather_bytes(layout, half, r.step.phases, passes,
                                             placement.persist_threshold())
           : 0,
-      placement.grads_per_unit() ? spec.grad_accum : 1,
+      placement.grads_per_unit() ? passes : 1,
       static_cast<int>(dtype_size(spec.grad_dtype)));
 
   // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
@@ -395,9 +398,11 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   const PrecisionOptions precision = spec.precision;
   const ParamLayout layout(r.model);
 
+  // Each micro-batch pass's FLOPs: global clipping with --update-in-backward runs the
+  // micro-batch's forward and backward twice (RunSpec::backward_passes).
   const StepFlops f = step_flops(r.model, r.B, r.T, act);
-  r.flops = f.total * spec.grad_accum;
-  r.recompute_flops = f.recompute * spec.grad_accum;
+  r.flops = f.total * spec.micro_batch_passes();
+  r.recompute_flops = f.recompute * spec.micro_batch_passes();
   // Seconds from this CPU's calibrated rates (measured once, then cached): Note [Step-time
   // model] in docs/notes/planner.md.
   StepTimeInputs in;
@@ -405,6 +410,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   in.B = r.B;
   in.T = r.T;
   in.grad_accum = spec.grad_accum;
+  in.backward_passes = spec.backward_passes();
   in.options = act;
   in.param_count = static_cast<size_t>(layout.total());
   // The state's bytes stream through the update wherever they live (RAM or the offload files).

@@ -16,6 +16,7 @@
 #include "memfit/model/model_config.h"
 #include "memfit/model/precision.h"
 #include "memfit/optim/optim_config.h"
+#include "memfit/optim/unit_steps.h"
 #include "memfit/state/state_placement.h"
 
 namespace memfit {
@@ -112,6 +113,20 @@ struct RunSpec {
   // 2-3 the per-unit reduction's), no slab. One process or --zero 2|3, one micro-batch a step,
   // no loss scale, f32 gradients, nothing offloaded (check()).
   bool update_in_backward = false;
+  // --clip (0: off) and --clip-mode: what the trainer's update clips by, and with
+  // --update-in-backward how many passes a step runs (backward_passes()).
+  float clip = 1.0f;
+  UnitSteps::Clip clip_mode = UnitSteps::Clip::global;
+
+  // The forward+backward passes each step runs of its micro-batch: 2 with --update-in-backward
+  // and clipping on the global norm (LOMO's measuring pass, then the stepping pass: Note
+  // [Update in backward], "Clipping"), else 1. The trainer runs them (UnitSteps::passes, whose
+  // count it checks against this); the planner prices them (step time, FLOPs, collectives).
+  int backward_passes() const {
+    return update_in_backward ? UnitSteps::passes(clip, clip_mode) : 1;
+  }
+  // The micro-batch passes a step runs: grad_accum, times backward_passes().
+  int micro_batch_passes() const { return grad_accum * backward_passes(); }
 
   // Whether the f32 gradient slab lives in the activations arena by lifetime (Note [Gradients
   // by lifetime]): where the step has one micro-batch and a whole f32 slab that the update

@@ -148,11 +148,12 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
              in.comm_summed_bytes / rates.stream_bytes_per_s;
   t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
 
-  t.block_gemm *= in.grad_accum;
-  t.attention *= in.grad_accum;
-  t.head_gemm *= in.grad_accum;
-  t.elementwise *= in.grad_accum;
-  t.compression *= in.grad_accum;
+  const int passes = in.grad_accum * in.backward_passes;
+  t.block_gemm *= passes;
+  t.attention *= passes;
+  t.head_gemm *= passes;
+  t.elementwise *= passes;
+  t.compression *= passes;
   // --offload-params: the micro-batches' block reads run while the blocks before compute;
   // --offload-grads: the backward's writes and reads back of the gradients while the next
   // block computes, about two thirds of the micro-batches' compute being backward (twice the

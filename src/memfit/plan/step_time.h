@@ -12,7 +12,8 @@
 
 namespace memfit {
 
-// Per optimizer step (grad_accum micro-batches and one update), in seconds by part.
+// Per optimizer step (grad_accum micro-batches, each run backward_passes times, and one
+// update), in seconds by part.
 struct StepTime {
   double block_gemm = 0;   // the blocks' matmuls, recomputation included
   double attention = 0;    // attention (scores and mixing), recomputation included
@@ -37,6 +38,10 @@ struct StepTime {
 struct StepTimeInputs {
   ModelConfig model;  // finalized
   int B = 0, T = 0, grad_accum = 1;
+  // Forward+backward passes of each micro-batch (RunSpec::backward_passes): 2 where
+  // --update-in-backward clips on the global norm (a measuring pass, then the stepping pass);
+  // the micro-batch's compute counts that often, the update once.
+  int backward_passes = 1;
   // precision, attention, checkpoint policy, and the LM head's chunk as the step plan took it
   // (StepPlan::options; the widened route widens the head's weight once a chunk each way)
   ActivationOptions options;

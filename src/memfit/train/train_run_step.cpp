@@ -26,8 +26,7 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   // (Only the update changes that count, so the rate is known before the micro-batches.)
   r.lr = settings_.schedule.at(step - (scaler_ ? scaler_->skipped() : 0));
   if (fused_)  // --update-in-backward steps with it during the backward
-    fused_->begin_step(r.lr, settings_.clip,
-                      settings_.clip_per_unit ? UnitSteps::Clip::unit : UnitSteps::Clip::global);
+    fused_->begin_step(r.lr, spec_.clip, spec_.clip_mode);
   r.before = io_mark();
   // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
   // slab, by the same scale.
@@ -78,7 +77,8 @@ double TrainRun::micro_batches(const StepLoss& step_loss) {
   }
   if (fused_ && fused_->second_pass()) {
     // --update-in-backward with global clipping: the first backward measured the norm; the
-    // same micro-batch again steps every unit by its factor (Note [Update in backward]).
+    // same micro-batch again steps every unit by its factor (Note [Update in backward]); the
+    // planner prices it from the same decision (RunSpec::backward_passes, UnitSteps::passes).
     const profile::Scope again(recorder(), "micro-batch 1 (stepping pass)",
                                profile::SliceKind::micro_batch);
     micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
@@ -104,13 +104,13 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
   if (off_)
     return apply_update(
         *gpt_, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
-        scaler_.get(), lr, settings_.clip, spec_.grad_accum * W_, shards);
+        scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards);
   if (fused_) {
     u = backward_update_outcome(fused_->result());  // stepped during the backward
     u.gathered_bytes = publish_working_weights(*gpt_, my_shard_ ? shards : nullptr);
     return u;
   }
-  return apply_update(*gpt_, *opt_, scaler_.get(), lr, settings_.clip, spec_.grad_accum * W_,
+  return apply_update(*gpt_, *opt_, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_,
                       shards);
 }
 

@@ -43,9 +43,7 @@ struct TrainSpec {
   std::string vocab_source;
 
   LrSchedule schedule;  // total: run.steps
-  float clip = 1.0f;    // global gradient norm; 0 turns clipping off
-  // --clip-mode unit (--update-in-backward only): each unit clipped by its own norm.
-  bool clip_per_unit = false;
+  // --clip and --clip-mode: run.clip, run.clip_mode (the planner prices the passes they ask).
   uint64_t seed = 1337;
   double bucket_mb = 25;  // as given (run.bucket_bytes is what the exchange uses)
   LossScalerConfig loss_scaler;  // fp16

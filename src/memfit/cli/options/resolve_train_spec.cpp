@@ -253,6 +253,8 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   s.offload.dir = c.offload_dir;
   s.offload.disk_limit = c.disk_limit.empty() ? 0 : parse_bytes(c.disk_limit, "--disk-limit");
   s.update_in_backward = c.update_in_backward;
+  s.clip = c.clip;
+  s.clip_mode = c.clip_mode == "unit" ? UnitSteps::Clip::unit : UnitSteps::Clip::global;
   s.check();
   return s;
 }
@@ -372,8 +374,6 @@ TrainSpec train_spec(const TrainConfig& c, const RunSpec& run, StartingCheckpoin
     t.vocab_source = c.vocab ? "--vocab" : "preset " + c.model_name();
   t.schedule = c.schedule;
   t.schedule.total = c.steps;
-  t.clip = c.clip;
-  t.clip_per_unit = c.clip_mode == "unit";
   t.seed = c.seed;
   t.bucket_mb = c.bucket_mb;
   t.loss_scaler = c.loss_scaler;
