@@ -189,6 +189,12 @@ TEST_F(Failures, RanksThatDisagreeFailBeforeTheFirstStepNamingTheDifference) {
                                  fs::file_size(dir / "other" / "train_000000.bin"))),
             std::string::npos)
       << out;
+
+  // Whether the update runs inside the backward changes the collectives of every step.
+  launch({train(5, {"--zero", "2"}), train(5, {"--zero", "2", "--update-in-backward"})});
+  ASSERT_EQ(wait_job(kLimit), 2) << output();
+  EXPECT_NE(output().find("ranks disagree about --update-in-backward"), std::string::npos)
+      << output();
 }
 
 // MEMFIT_CHECK_COLLECTIVES=1: a run whose ranks agree trains as usual (the check passes every

@@ -76,6 +76,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainSpec& c) {
       {"--warmup", f(c.schedule.warmup)},
       {"--clip", f(s.clip)},
       {"--clip-mode", s.clip_mode == UnitSteps::Clip::unit ? "unit" : "global"},
+      {"--update-in-backward", f(s.update_in_backward)},
       {"--seed", f(c.seed)},
       {"--shuffle", f(s.shuffle)},
       {"--repeat-batch", f(c.repeat_batch)},
