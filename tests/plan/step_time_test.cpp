@@ -100,6 +100,28 @@ TEST(StepTime, TheUpdatesGemmFlopsAreAtTheF32GemmRate) {
   EXPECT_EQ(optimizer_update_flops(oc, layout), 0.0);
 }
 
+// The gradient's zeroing (4 bytes a parameter at the streaming rate) in the optimizer term:
+// zero_grad once a step however many micro-batches; with --update-in-backward once a pass, as
+// each pass zeroes the unit buffers it opens (optim/backward_update.cpp), so the same as the
+// ordinary step's in one pass and twice in global clipping's two.
+TEST(StepTime, TheGradientIsZeroedOnceAStepOrOnceAPassInTheBackward) {
+  StepTimeInputs in = tiny_inputs(2, 32);
+  const Calibration rates = some_rates();
+  const double zeroing = 4.0 * double(in.param_count) / rates.stream_bytes_per_s;
+  const StepTime ordinary = estimate_step_time(in, rates);
+  ASSERT_GT(ordinary.optimizer, zeroing);
+  in.grad_accum = 3;
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, rates).optimizer, ordinary.optimizer);
+  in.grad_accum = 1;
+  in.update_in_backward = true;
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, rates).optimizer, ordinary.optimizer);
+  in.backward_passes = 2;
+  const StepTime two = estimate_step_time(in, rates);
+  EXPECT_DOUBLE_EQ(two.optimizer, ordinary.optimizer + zeroing);
+  in.update_in_backward = false;  // the passes alone add no zeroing
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, rates).optimizer, ordinary.optimizer);
+}
+
 // Where the matmuls widen (fp16 always), the LM head's (Vp, C) weight is widened once a chunk
 // in the forward and once in the backward (matmul_widened_blocked), its 2-byte read counted (0.5
 // elements a value: the widened block stays in the cache): the element-wise term moves by

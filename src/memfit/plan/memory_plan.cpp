@@ -411,6 +411,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   in.T = r.T;
   in.grad_accum = spec.grad_accum;
   in.backward_passes = spec.backward_passes();
+  in.update_in_backward = spec.update_in_backward;
   in.options = act;
   in.param_count = static_cast<size_t>(layout.total());
   // The state's bytes stream through the update wherever they live (RAM or the offload files).

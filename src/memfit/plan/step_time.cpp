@@ -131,7 +131,8 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   t.compression = in.compression_bytes / rates.elementwise_bytes_per_s;
 
   // The update reads the gradient and reads and writes the weights of record and the state;
-  // zero_grad writes the gradient and clipping reads it; a mixed-precision run also writes its
+  // zero_grad writes the gradient (once a step; with --update-in-backward once a pass, as each
+  // pass zeroes the unit buffers) and clipping reads it; a mixed-precision run also writes its
   // half working copy.
   // Under ZeRO (stage 1 on) the update covers this rank's shard U (the all-gather of the
   // others' is comm); clipping reads the gradients whose squares this rank sums.
@@ -139,7 +140,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   const double U = in.update_params ? double(in.update_params) : P;
   const double norm = in.norm_params ? double(in.norm_params) : P;
   const double weights = half && in.master_weights ? 4 : double(dtype_size(half_dtype(p)));
-  double bytes = 2.0 * in.optimizer_bytes + 2.0 * weights * U + 4 * U + 4 * P + 4 * norm;
+  const double zeroings = in.update_in_backward ? in.backward_passes : 1;
+  double bytes =
+      2.0 * in.optimizer_bytes + 2.0 * weights * U + 4 * U + 4 * P * zeroings + 4 * norm;
   if (half && in.master_weights) bytes += 2.0 * U;
   t.optimizer = bytes / rates.stream_bytes_per_s;
   if (in.optimizer_flops > 0) t.optimizer += in.optimizer_flops / rates.block_rate(false, c.d_model);

@@ -42,6 +42,11 @@ struct StepTimeInputs {
   // --update-in-backward clips on the global norm (a measuring pass, then the stepping pass);
   // the micro-batch's compute counts that often, the update once.
   int backward_passes = 1;
+  // --update-in-backward (RunSpec::update_in_backward): no slab for zero_grad, but each pass
+  // zeroes the unit buffers as it opens them (the edges as the micro-batch starts, the block
+  // slot as each block's backward starts: optim/backward_update.cpp, dist/zero/unit_grads.cpp),
+  // about 4 bytes a parameter a pass, so the zeroing counts backward_passes times, not once.
+  bool update_in_backward = false;
   // precision, attention, checkpoint policy, and the LM head's chunk as the step plan took it
   // (StepPlan::options; the widened route widens the head's weight once a chunk each way)
   ActivationOptions options;
