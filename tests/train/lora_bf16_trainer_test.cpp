@@ -9,11 +9,10 @@
 
 #include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/cli/options/train_from_config.h"
-#include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/trainer.h"
+#include "lora_trainer_util.h"
 #include "trainer_fixture.h"
-#include "../io/io_test_util.h"
 
 namespace memfit {
 namespace {
@@ -57,18 +56,7 @@ TEST_F(LoraBf16Trainer, ResumeIsBitIdenticalToOneRun) {
   c.eval_every = 0;
   c.lora.rank = 4;
   c.lora.targets = "q,v,down";
-  TrainConfig whole = c;
-  whole.save_dir = (dir / "whole").string();
-  train(whole);
-  TrainConfig first = c;
-  first.stop_after = 2;
-  first.save_dir = (dir / "split").string();
-  train(first);
-  TrainConfig second = c;
-  second.resume_dir = second.save_dir = first.save_dir;
-  train(second);
-  for (const char* f : {io::kAdapterModelFile, io::kAdapterOptimizerFile, "model.safetensors"})
-    EXPECT_EQ(io::testing::first_difference(dir / "whole" / f, dir / "split" / f), "") << f;
+  test::expect_lora_resume_matches_one_run(dir, c);
 }
 
 }  // namespace

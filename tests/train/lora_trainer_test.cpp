@@ -12,6 +12,7 @@
 #include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/plan/memory_plan.h"
+#include "lora_trainer_util.h"
 #include "trainer_fixture.h"
 #include "../io/io_test_util.h"
 
@@ -121,34 +122,24 @@ TEST_F(LoraResume, ResumeIsBitIdenticalToOneRun) {
   c.eval_every = 0;
   c.lora.rank = 4;
   c.lora.targets = "q,v,down";
-  TrainConfig whole = c;
-  whole.save_dir = (dir / "whole").string();
-  train(whole);
-  TrainConfig first = c;
-  first.stop_after = 2;
-  first.save_dir = (dir / "split").string();
-  train(first);
-  // Without the LoRA options: the base optimizer's state is missing (the save has the
-  // adapters'), which the load reports before trainer_state.json's LoRA check; with other LoRA
-  // options, that check.
-  TrainConfig plain = config("llama-tiny");
-  plain.steps = 4;
-  plain.resume_dir = first.save_dir;
-  EXPECT_THROW(train(plain), Error);
-  TrainConfig other = c;
-  other.lora.alpha = 32;
-  other.resume_dir = first.save_dir;
-  try {
-    train(other);
-    ADD_FAILURE() << "a LoRA checkpoint resumed with another alpha";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--lora-rank"), std::string::npos) << e.what();
-  }
-  TrainConfig second = c;
-  second.resume_dir = second.save_dir = first.save_dir;
-  train(second);
-  for (const char* f : {io::kAdapterModelFile, io::kAdapterOptimizerFile, "model.safetensors"})
-    EXPECT_EQ(io::testing::first_difference(dir / "whole" / f, dir / "split" / f), "") << f;
+  test::expect_lora_resume_matches_one_run(dir, c, 2, [&](const std::filesystem::path& split) {
+    // Without the LoRA options: the base optimizer's state is missing (the save has the
+    // adapters'), which the load reports before trainer_state.json's LoRA check; with other
+    // LoRA options, that check.
+    TrainConfig plain = config("llama-tiny");
+    plain.steps = 4;
+    plain.resume_dir = split.string();
+    EXPECT_THROW(train(plain), Error);
+    TrainConfig other = c;
+    other.lora.alpha = 32;
+    other.resume_dir = split.string();
+    try {
+      train(other);
+      ADD_FAILURE() << "a LoRA checkpoint resumed with another alpha";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--lora-rank"), std::string::npos) << e.what();
+    }
+  });
 }
 
 }  // namespace
