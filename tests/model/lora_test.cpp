@@ -8,7 +8,9 @@
 // and the options' refusals.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <tuple>
 #include <string>
 
 #include <fmt/format.h>
@@ -16,6 +18,7 @@
 #include "memfit/core/error.h"
 #include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/model/lora.h"
+#include "memfit/model/lora_dropout.h"
 #include "memfit/model/transformer.h"
 #include "memfit/optim/adamw.h"
 #include "reference_test_util.h"
@@ -166,8 +169,12 @@ TEST(LoraOptions, RefusesWhatIsNotBuilt) {
   o.targets = "";
   refused(o, Family::llama, "q,k,v,o,gate,up,down");
   o.targets = "all-linear";
-  o.dropout = 0.1f;
-  refused(o, Family::llama, "--lora-dropout");
+  o.dropout = 0.1f;  // built (lora_dropout_test.cpp)
+  EXPECT_NO_THROW(check_lora_options(o, Family::llama));
+  for (const float p : {1.0f, -0.1f, std::nanf("")}) {
+    o.dropout = p;
+    refused(o, Family::llama, "--lora-dropout");
+  }
   o.dropout = 0;
   o.rank = 0;
   refused(o, Family::llama, "--lora-rank");
@@ -238,11 +245,13 @@ namespace {
 
 // What a LoRA model holds, at two shapes of each family: the base weights (no gradient slab),
 // the adapters' weights and gradients, an optimizer's state over the adapters alone, and the
-// step plan's arenas (with the adapters' (rows, rank) scratch); a training step and an update
-// allocate nothing more, so the peak is that sum exactly.
+// step plan's arenas (with the adapters' (rows, rank) scratch, and with dropout the dropped
+// input's chunk); a training step and an update allocate nothing more, so the peak is that sum
+// exactly.
 TEST(LoraMemory, PoolHoldsBaseWeightsAdaptersTheirStateAndThePlanExactly) {
   for (const Family f : {Family::gpt2, Family::llama})
-    for (const auto [B, T] : {std::pair{2, 16}, std::pair{3, 24}}) {
+    for (const auto [B, T, p] : {std::tuple{2, 16, 0.0f}, std::tuple{3, 24, 0.0f},
+                                 std::tuple{3, 24, 0.25f}}) {
       ModelConfig c;
       c.family = f;
       c.n_layer = 2;
@@ -258,6 +267,7 @@ TEST(LoraMemory, PoolHoldsBaseWeightsAdaptersTheirStateAndThePlanExactly) {
       MemoryPool pool;
       LoraOptions o;
       o.rank = 4;
+      o.dropout = p;
       Transformer m(c, pool);
       m.init_weights(1);
       m.add_lora(o, 1);
@@ -265,9 +275,10 @@ TEST(LoraMemory, PoolHoldsBaseWeightsAdaptersTheirStateAndThePlanExactly) {
       m.reserve(B, T, options);
       AdamW opt(OptimConfig{}, m.lora()->param_layout(), pool);
       options.lora_rank = o.rank;
+      options.lora_dropout = p;
       const StepPlan plan = plan_step(c, B, T, options);
       const size_t adapters = MemoryPool::round_up(m.lora()->total() * sizeof(float));
-      const std::string at = fmt::format("{} {} x {}", family_name(f), B, T);
+      const std::string at = fmt::format("{} {} x {} dropout {}", family_name(f), B, T, p);
       EXPECT_EQ(pool.bytes_current(Category::params),
                 MemoryPool::round_up(c.num_params() * sizeof(float)) + adapters)
           << at;
@@ -276,14 +287,18 @@ TEST(LoraMemory, PoolHoldsBaseWeightsAdaptersTheirStateAndThePlanExactly) {
       EXPECT_EQ(opt.state_bytes(), 2 * adapters) << at;  // AdamW's two moments
       for (Category cat : {Category::activations, Category::workspace})
         EXPECT_EQ(pool.bytes_current(cat), plan.arena[static_cast<size_t>(cat)]) << at;
-      bool scratch = false;
-      for (const BufferSpec& b : plan.buffers)
+      bool scratch = false, dropped = false;
+      for (const BufferSpec& b : plan.buffers) {
         if (b.tag == "ws.lora.u") scratch = b.shape == Shape{int64_t{B} * T, o.rank};
+        if (b.tag == "ws.lora.xd") dropped = b.shape == Shape{int64_t{B} * T, c.ffn_dim};
+      }
       EXPECT_TRUE(scratch) << at;
+      EXPECT_EQ(dropped, p > 0) << at;
       Tensor tokens = Tensor::empty(pool, {B, T}, DType::i32, Category::staging, "t");
       for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = int32_t(i % 100);
       const size_t before = pool.bytes_current();
       m.zero_grad();
+      m.set_lora_dropout_draw(lora_dropout_draw(1, 0, 0));
       m.forward(tokens, tokens, true);
       m.backward();
       opt.step(m.lora_weights(), m.lora_grads(), 1e-3f, 1.0f);

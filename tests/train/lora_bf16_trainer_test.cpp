@@ -21,8 +21,10 @@ class LoraBf16Trainer : public test::TrainerFixture {};
 
 TEST_F(LoraBf16Trainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
   for (const char* model : {"gpt2-tiny", "llama-tiny"})
-    for (const auto [batch, accum, rank] : {std::tuple{4, 1, 4}, std::tuple{10, 2, 8}}) {
-      SCOPED_TRACE(fmt::format("{} batch {} accum {} rank {}", model, batch, accum, rank));
+    for (const auto [batch, accum, rank, dropout] :
+         {std::tuple{4, 1, 4, 0.0f}, std::tuple{10, 2, 8, 0.0f}, std::tuple{10, 2, 8, 0.2f}}) {
+      SCOPED_TRACE(fmt::format("{} batch {} accum {} rank {} dropout {}", model, batch, accum,
+                               rank, dropout));
       TrainConfig c = config(model);
       c.precision = "bf16";
       c.batch = batch;  // 10 x 32 = 320 rows: two chunks of the adapters' widening
@@ -30,6 +32,7 @@ TEST_F(LoraBf16Trainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
       c.steps = 2;
       c.eval_every = 0;
       c.lora.rank = rank;
+      c.lora.dropout = dropout;  // with dropout its chunk of the dropped input, "ws.lora.xd"
       c.lora.targets = std::string(model) == "gpt2-tiny" ? "attn,fc" : "all-linear";
       const RunSpec spec = resolve_run(c);
       EXPECT_FALSE(spec.precision.master_weights);

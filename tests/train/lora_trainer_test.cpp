@@ -1,7 +1,8 @@
 // memfit train --lora-rank (Note [LoRA]): a LoRA run at two shapes of each family plans exactly
 // the peak it measures, category by category; its save holds the base weights bit for bit as
 // they were loaded (--init-from) and the adapters in PEFT's format, which changed; and what is
-// not built is refused before anything is built, naming the option.
+// not built is refused before anything is built, naming the option; with --lora-dropout too,
+// planned == measured and a resume bit for bit.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -23,14 +24,17 @@ class LoraTrainer : public test::TrainerFixture {};
 
 TEST_F(LoraTrainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
   for (const char* model : {"gpt2-tiny", "llama-tiny"})
-    for (const auto [batch, accum, rank] : {std::tuple{4, 1, 4}, std::tuple{2, 2, 8}}) {
-      SCOPED_TRACE(fmt::format("{} batch {} accum {} rank {}", model, batch, accum, rank));
+    for (const auto [batch, accum, rank, dropout] :
+         {std::tuple{4, 1, 4, 0.0f}, std::tuple{2, 2, 8, 0.0f}, std::tuple{2, 2, 8, 0.1f}}) {
+      SCOPED_TRACE(fmt::format("{} batch {} accum {} rank {} dropout {}", model, batch, accum,
+                               rank, dropout));
       TrainConfig c = config(model);
       c.batch = batch;
       c.grad_accum = accum;
       c.steps = 2;
       c.eval_every = 0;
       c.lora.rank = rank;
+      c.lora.dropout = dropout;
       c.lora.targets = std::string(model) == "gpt2-tiny" ? "attn,mlp_proj" : "all-linear";
       const PlanReport plan = plan_training(resolve_run(c));
       const TrainSummary s = train(c);
@@ -98,7 +102,7 @@ TEST_F(LoraTrainer, RefusesWhatIsNotBuiltNamingTheOption) {
   off.offload_dir = (dir / "off").string();
   refused(off, "--offload");
   TrainConfig drop = c;
-  drop.lora.dropout = 0.1f;
+  drop.lora.dropout = 1.0f;  // a probability below 1 (0.1 is built)
   refused(drop, "--lora-dropout");
   TrainConfig names = c;
   names.lora.targets = "q,v";  // LLaMA's names on GPT-2
@@ -140,6 +144,37 @@ TEST_F(LoraResume, ResumeIsBitIdenticalToOneRun) {
       EXPECT_NE(std::string(e.what()).find("--lora-rank"), std::string::npos) << e.what();
     }
   });
+}
+
+// --lora-dropout: the masks are drawn from (seed, step, micro-batch) alone, so a resume
+// continues bit for bit with nothing saved; and the dropout is in effect (the adapters differ
+// from a run without it).
+TEST_F(LoraResume, ResumeWithDropoutIsBitIdenticalToOneRun) {
+  TrainConfig c = config("gpt2-tiny");
+  c.steps = 4;
+  c.grad_accum = 2;
+  c.eval_every = 2;  // evaluation (without dropout) between the steps changes nothing
+  c.lora.rank = 4;
+  c.lora.dropout = 0.3f;
+  TrainConfig none = c;
+  none.lora.dropout = 0;
+  none.save_dir = (dir / "none").string();
+  train(none);
+  TrainConfig whole = c;
+  whole.save_dir = (dir / "whole").string();
+  train(whole);
+  TrainConfig first = c;
+  first.stop_after = 2;
+  first.save_dir = (dir / "split").string();
+  train(first);
+  TrainConfig second = c;
+  second.resume_dir = second.save_dir = first.save_dir;
+  train(second);
+  for (const char* f : {io::kAdapterModelFile, io::kAdapterOptimizerFile, "model.safetensors"})
+    EXPECT_EQ(io::testing::first_difference(dir / "whole" / f, dir / "split" / f), "") << f;
+  EXPECT_NE(io::testing::first_difference(dir / "whole" / io::kAdapterModelFile,
+                                          dir / "none" / io::kAdapterModelFile),
+            "");
 }
 
 }  // namespace

@@ -160,7 +160,7 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
                   "(c_attn), proj (attn.c_proj), fc (c_fc), mlp_proj (mlp.c_proj); or all-linear")
       ->capture_default_str();
   cmd->add_option("--lora-dropout", c.lora.dropout,
-                  "LoRA: dropout on the adapters' input (only 0 is built)")
+                  "LoRA: dropout probability on the adapters' input in training, in [0, 1)")
       ->capture_default_str();
   cmd->add_option("--lora-from", c.lora_from,
                   "LoRA: start the adapters from PEFT's files in this directory "

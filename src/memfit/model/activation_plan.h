@@ -89,6 +89,9 @@ struct ActivationOptions {
   // LoRA's rank (model/lora.h; 0: none): every block phase's matmuls then declare the
   // adapters' f32 scratch, "ws.lora.u" and "ws.lora.du", (rows, rank) each (Note [LoRA]).
   int lora_rank = 0;
+  // LoRA's dropout on the adapters' input (model/lora_dropout.h; 0: none): the matmuls then
+  // also declare "ws.lora.xd", a chunk of the dropped input (Note [LoRA], "Dropout").
+  float lora_dropout = 0;
 
   bool operator==(const ActivationOptions&) const = default;
 };

@@ -137,6 +137,14 @@ void BlockStep::matmuls() {
       lora_x_ = scratch("ws.lora.x", {k, wide}, DType::f32);
       lora_y_ = scratch("ws.lora.y", {k, wide}, DType::f32);
     }
+    // --lora-dropout (Note [LoRA], "Dropout"): each adapter's dropped copy of a chunk of its
+    // layer's input rows.
+    if (options.lora_dropout > 0) {
+      const int64_t wide_in = std::max({int64_t{config.d_model}, config.attn_width(),
+                                        int64_t{config.ffn_dim}});
+      const int64_t k = std::min(rows(), kLoraChunkRows);
+      lora_xd_ = scratch("ws.lora.xd", {k, wide_in}, DType::f32);
+    }
   }
 }
 
@@ -173,9 +181,22 @@ void check_lora_dtypes(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-// Rows of the adapters' GEMMs at a time: all of them in f32 (in place), kLoraChunkRows in bf16.
+// Rows of the adapters' GEMMs at a time: all of them in f32 (in place), kLoraChunkRows in bf16
+// or with dropout (the dropped copy's rows).
 int64_t BlockStep::lora_chunk(const Tensor& t) const {
-  return t.dtype() == DType::f32 ? rows() : std::min(rows(), kLoraChunkRows);
+  return t.dtype() == DType::f32 && options.lora_dropout <= 0 ? rows()
+                                                              : std::min(rows(), kLoraChunkRows);
+}
+
+// The adapter `part`'s input rows [r0, r0 + k) of x: x itself, or with dropout its dropped copy
+// in lora_xd_ (the mask of this layer, slot and part: Note [LoRA], "Dropout").
+const float* BlockStep::lora_input(LinearSlot slot, int part, const float* x, int64_t r0,
+                                   int64_t k, int64_t in) const {
+  if (!lora_dropout.on()) return x;
+  float* xd = lora_xd_.data<float>();
+  lora_dropout_rows(xd, x, r0, k, in, lora_dropout.p,
+                    lora_dropout_key(lora_dropout.draw, layer, slot, part));
+  return xd;
 }
 
 // Note [LoRA]: the adapters in f32 through the strided GEMM, each on its rows of the output
@@ -197,9 +218,11 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
     const float* x = lora_rows(inp, r0, k, lora_x_);
     float* y = lora_rows(out, r0, k, lora_y_);
     float* u = lora_u_.data<float>() + r0 * r;
-    for (const LoraView& a : adapters) {
+    for (int j = 0; j < kLoraParts; ++j) {
+      const LoraView& a = adapters[static_cast<size_t>(j)];
       if (!a.a.defined()) continue;
-      gemm(false, true, k, r, in, 1.0f, x, in, a.a.data<float>(), in, 0.0f, u, r);
+      const float* xa = lora_input(slot, j, x, r0, k, in);
+      gemm(false, true, k, r, in, 1.0f, xa, in, a.a.data<float>(), in, 0.0f, u, r);
       gemm(false, true, k, a.b.size(0), r, a.scale, u, r, a.b.data<float>(), r, 1.0f,
            y + a.row0, width);
     }
@@ -237,11 +260,20 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
       const float* dy = lora_rows(dout, r0, k, lora_x_);
       float* dx = lora_rows(dinp, r0, k, lora_y_);
       float* du = lora_du_.data<float>() + r0 * r;
-      for (const LoraView& a : wa) {
+      for (int j = 0; j < kLoraParts; ++j) {
+        const LoraView& a = wa[static_cast<size_t>(j)];
         if (!a.a.defined()) continue;
         gemm(false, false, k, r, a.b.size(0), a.scale, dy + a.row0, width, a.b.data<float>(), r,
              0.0f, du, r);
-        gemm(false, false, k, in, r, 1.0f, du, r, a.a.data<float>(), in, 1.0f, dx, in);
+        if (!lora_dropout.on()) {
+          gemm(false, false, k, in, r, 1.0f, du, r, a.a.data<float>(), in, 1.0f, dx, in);
+          continue;
+        }
+        // Through the dropout: du A into the dropped copy's buffer, masked and scaled into dx.
+        float* t = lora_xd_.data<float>();
+        gemm(false, false, k, in, r, 1.0f, du, r, a.a.data<float>(), in, 0.0f, t, in);
+        lora_dropout_add_rows(dx, t, r0, k, in, lora_dropout.p,
+                              lora_dropout_key(lora_dropout.draw, layer, slot, j));
       }
       lora_store_rows(dinp, r0, k, dx);
     }
@@ -262,14 +294,15 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
     const float* dy = lora_rows(dout, r0, k, lora_y_);
     float* u = lora_u_.data<float>() + r0 * r;
     float* du = lora_du_.data<float>() + r0 * r;
-    for (size_t j = 0; j < wa.size(); ++j) {
-      const LoraView &a = wa[j], &da = ga[j];
+    for (int j = 0; j < kLoraParts; ++j) {
+      const LoraView &a = wa[static_cast<size_t>(j)], &da = ga[static_cast<size_t>(j)];
       if (!a.a.defined()) continue;
       const int64_t out = a.b.size(0);
-      gemm(false, true, k, r, in, 1.0f, x, in, a.a.data<float>(), in, 0.0f, u, r);
+      const float* xa = lora_input(slot, j, x, r0, k, in);  // dA is of the dropped input
+      gemm(false, true, k, r, in, 1.0f, xa, in, a.a.data<float>(), in, 0.0f, u, r);
       gemm(true, false, out, r, k, a.scale, dy + a.row0, width, u, r, 1.0f, da.b.data<float>(), r);
       gemm(false, false, k, r, out, a.scale, dy + a.row0, width, a.b.data<float>(), r, 0.0f, du, r);
-      gemm(true, false, r, in, k, 1.0f, du, r, x, in, 1.0f, da.a.data<float>(), in);
+      gemm(true, false, r, in, k, 1.0f, du, r, xa, in, 1.0f, da.a.data<float>(), in);
     }
   }
 }

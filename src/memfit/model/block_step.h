@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memfit/kernels/cpu/attention_heads.h"
+#include "memfit/model/lora_dropout.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/step_context.h"
@@ -54,6 +55,9 @@ class BlockStep {
   const BlockWeights& w;  // the working weights (undefined when planning)
   const BlockWeights& g;  // their gradients, accumulated into (+=)
   const DType h;          // matmul operands and saved activations: half_dtype(precision)
+  // A training phase's dropout on the adapters' input (Note [LoRA], "Dropout"); off (p = 0)
+  // in evaluation, and always without --lora-dropout.
+  LoraDropout lora_dropout;
 
   int64_t rows() const { return int64_t{B} * T; }
   bool running() const { return ctx.running(); }
@@ -87,7 +91,8 @@ class BlockStep {
   // Declares the phase's matmuls (the widening scratch, where there is one); then the linears.
   // With LoRA also the adapters' (rows, rank) f32 scratch, "ws.lora.u" and "ws.lora.du", and
   // in bf16 their widened operands, "ws.lora.x" and "ws.lora.y" (kLoraChunkRows, the blocks'
-  // widest linear) f32 each.
+  // widest linear) f32 each; with --lora-dropout "ws.lora.xd", kLoraChunkRows rows of the
+  // dropped input (the blocks' widest linear input) f32.
   void matmuls();
   // `slot` names the layer, whose LoRA adapters (w.lora, g.lora: none without --lora-rank) the
   // linears add to the output and to d(input), and whose gradients they accumulate (Note [LoRA]).
@@ -124,7 +129,10 @@ class BlockStep {
   std::vector<Compressed> pending_;  // saved in this forward, to quantise
   Tensor lora_u_, lora_du_;          // x A^T and d(x A^T) of one adapter (with LoRA)
   Tensor lora_x_, lora_y_;           // bf16 LoRA: a chunk of rows of its operands, widened
+  Tensor lora_xd_;                   // LoRA dropout: a chunk of rows of the dropped input
   int64_t lora_chunk(const Tensor& t) const;
+  const float* lora_input(LinearSlot slot, int part, const float* x, int64_t r0, int64_t k,
+                          int64_t in) const;
 };
 
 // The tag of block l's output under these slots: "h.<l>.residual_3" where it is kept (a block

@@ -159,9 +159,10 @@ void check_lora_options(const LoraOptions& o, Family family) {
     MEMFIT_THROW(ConfigError, "config", "--lora-rank must be at least 1, got {}", o.rank);
   if (!(o.alpha > 0) || !std::isfinite(o.alpha))
     MEMFIT_THROW(ConfigError, "config", "--lora-alpha must be positive, got {}", o.alpha);
-  if (o.dropout != 0)
+  if (!(o.dropout >= 0 && o.dropout < 1))
     MEMFIT_THROW(ConfigError, "config",
-                 "--lora-dropout {} is not built: only 0 (no dropout on the adapters' input)",
+                 "--lora-dropout must be in [0, 1) (the probability of dropping an element of "
+                 "the adapters' input), got {}",
                  o.dropout);
   (void)chosen(o, family);
 }

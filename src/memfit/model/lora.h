@@ -19,7 +19,7 @@ namespace memfit {
 struct LoraOptions {
   int rank = 0;        // 0: no LoRA
   float alpha = 16;    // the adapter's output is scaled by alpha / rank
-  float dropout = 0;   // on the adapter's input; only 0 is built
+  float dropout = 0;   // on the adapters' input in training, in [0, 1) (lora_dropout.h)
   std::string targets = "all-linear";  // a comma-separated list (lora_target_names)
   bool enabled() const { return rank > 0; }
   float scale() const { return alpha / static_cast<float>(rank); }
@@ -37,7 +37,7 @@ bool hf_fan_in_fan_out(Family family);
 // gate, up, down; GPT-2's attn (c_attn), proj (attn.c_proj), fc (c_fc), mlp_proj (mlp.c_proj);
 // "all-linear" is every one of them (the LM head is never adapted).
 std::vector<std::string> lora_target_names(Family family);
-// ConfigError for a rank below 1, a non-positive alpha, a dropout other than 0 (not built), an
+// ConfigError for a rank below 1, a non-positive alpha, a dropout outside [0, 1), an
 // empty, unknown or repeated target: the message names the family's targets.
 void check_lora_options(const LoraOptions& options, Family family);
 // The targets `options` chooses, as names of lora_target_names in the family's order

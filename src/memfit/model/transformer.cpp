@@ -221,6 +221,7 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
   ActivationOptions options = options_in;
   options.precision = precision_.precision;
   options.lora_rank = lora_ ? lora_->options().rank : 0;
+  options.lora_dropout = lora_ ? lora_->options().dropout : 0.0f;
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "model",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
@@ -246,6 +247,9 @@ void Transformer::reserve(StepPlan plan) {
   MEMFIT_CHECK(plan.options.lora_rank == (lora_ ? lora_->options().rank : 0), "model",
                "a step plan for LoRA rank {} on a model with rank {}", plan.options.lora_rank,
                lora_ ? lora_->options().rank : 0);
+  MEMFIT_CHECK(plan.options.lora_dropout == (lora_ ? lora_->options().dropout : 0.0f), "model",
+               "a step plan for LoRA dropout {} on a model with dropout {}",
+               plan.options.lora_dropout, lora_ ? lora_->options().dropout : 0.0f);
   // A frozen base (LoRA) has no gradient slab either.
   const bool per_unit = store_ != nullptr, own_slab = !per_unit && !inference && !frozen_;
   MEMFIT_CHECK(!in_arena || own_slab, "model",
@@ -309,6 +313,7 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
                "saved activations, no gradients); reserve it for training first");
   backward_ready_ = false;
   if (training && store_) store_->begin_micro_batch();
+  step_->set_lora_draw(lora_draw_);
   const float loss_sum =
       step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets, training,
                      loss_scale / N);
@@ -326,6 +331,7 @@ float Transformer::forward_masked(const Tensor& tokens, const Tensor& targets,
                "a training forward on a model reserved for inference; reserve it for training");
   backward_ready_ = false;
   if (training && store_) store_->begin_micro_batch();
+  step_->set_lora_draw(lora_draw_);
   const float loss_sum = step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets,
                                         training, dloss, &mask);
   backward_ready_ = training;

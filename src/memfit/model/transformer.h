@@ -188,6 +188,9 @@ class Transformer {
   const LoraLayout* lora() const { return lora_ ? &*lora_ : nullptr; }
   Tensor& lora_weights() { return lora_weights_; }
   Tensor& lora_grads() { return lora_grads_; }
+  // LoRA dropout (--lora-dropout above 0): the draw of the next training micro-batch's mask,
+  // lora_dropout_draw(seed, step, micro-batch) (model/lora_dropout.h); 0 until set.
+  void set_lora_dropout_draw(uint64_t draw) { lora_draw_ = draw; }
 
   // Logits (B, T, vocab_size) of every position, for evaluation against other implementations
   // and for sampling. `logits` is f32 (B, T, vocab_size).
@@ -235,6 +238,7 @@ class Transformer {
   bool store_sums_ = false;  // store_->summed() is defined
   std::optional<LoraLayout> lora_;
   Tensor lora_weights_, lora_grads_;
+  uint64_t lora_draw_ = 0;
   bool frozen_ = false;  // LoRA's frozen base: no gradient slab
   // Binds the adapters' views into weights_ and grad_views_ (after either is rebuilt).
   void bind_lora();

@@ -30,6 +30,7 @@ void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
                                     bool training) {
   ctx.enter(kind, l);
   BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
+  if (training) s.lora_dropout = lora_dropout();  // evaluation runs without (Note [LoRA])
   compute_.block_forward(s);
   // --act-compress: what this block keeps, once its kernels have run (Note [Activation
   // compression]).
@@ -197,6 +198,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     }
     ctx.enter(PhaseKind::backward, l);
     BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
+    s.lora_dropout = lora_dropout();
     compute_.block_backward(s);
     report(l);
   }

@@ -38,6 +38,10 @@ class TransformerStep {
   // f32 logits (B, T, vocab_size) of every position.
   void logits(StepContext& ctx, const ModelWeights& w, const Tensor& tokens, Tensor& out);
 
+  // LoRA dropout's draw for the next training micro-batch (lora_dropout_draw; Note [LoRA],
+  // "Dropout"): its forward, recomputations and backward drop the adapters' input by it.
+  void set_lora_draw(uint64_t draw) { lora_draw_ = draw; }
+
   // The final norm's output tag: "ln_f" (GPT-2) or "norm" (LLaMA).
   const char* final_norm_tag() const { return family_.final_norm_tag; }
 
@@ -48,6 +52,8 @@ class TransformerStep {
                       const Tensor* tokens, bool training);
   void block_forward(StepContext& ctx, PhaseKind kind, int l, const ModelWeights& w,
                      const ModelWeights& g, bool training = true);
+  // A training phase's LoRA dropout (off where options_.lora_dropout is 0).
+  LoraDropout lora_dropout() const { return {options_.lora_dropout, lora_draw_}; }
   void lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                const Tensor* targets, const Tensor* mask, bool training, float dloss,
                float* loss_sum);
@@ -58,6 +64,7 @@ class TransformerStep {
   const ModelFamily& family_;
   const FamilyCompute& compute_;
   const BlockSlots slots_;
+  uint64_t lora_draw_ = 0;
   std::vector<float> rope_inv_freq_;  // LLaMA: the rotary frequencies, from the config once
 };
 

@@ -21,6 +21,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.precision = precision.precision;
   o.grads_in_arena = grads_share_arena();
   o.lora_rank = lora.rank;
+  o.lora_dropout = lora.enabled() ? lora.dropout : 0.0f;
   return o;
 }
 

@@ -101,7 +101,7 @@ class TrainRun {
 
   // The step (train_run_step.cpp).
   StepResult step(int64_t step, std::chrono::steady_clock::time_point t0);
-  double micro_batches(const StepLoss& step_loss);
+  double micro_batches(int64_t step, const StepLoss& step_loss);
   UpdateOutcome update(float lr, float loss, float loss_scale, int64_t& update_gathered);
   void offloaded_step(float rate, float scale, int64_t& update_gathered);
   void check_finite(int64_t step, const StepResult& r);

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/model/lora_dropout.h"
 #include "memfit/train/train_run.h"
 
 namespace memfit {
@@ -35,7 +36,7 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const StepLoss step_loss =  // masks: the step's masked-in targets (masked_loss.h)
       step_loss_begin(*train_data_, spec_.grad_accum, int64_t{spec_.grad_accum} * W_, r.loss_scale);
-  double loss_sum = micro_batches(step_loss);
+  double loss_sum = micro_batches(step, step_loss);
   if (W_ > 1) {
     // The buckets the backward did not finish in time, then the loss over every rank.
     const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
@@ -55,7 +56,7 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
 }
 
 // The step's micro-batches, forward and backward; returns the sum of their losses (this rank's).
-double TrainRun::micro_batches(const StepLoss& step_loss) {
+double TrainRun::micro_batches(int64_t step, const StepLoss& step_loss) {
   double loss_sum = 0;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   for (int m = 0; m < spec_.grad_accum; ++m) {
@@ -65,6 +66,8 @@ double TrainRun::micro_batches(const StepLoss& step_loss) {
       const profile::Scope data(recorder(), "data", profile::SliceKind::data);
       train_data_->next_batch();
     }
+    // --lora-dropout: this micro-batch's mask, from (seed, step, m) alone (Note [LoRA]).
+    gpt_->set_lora_dropout_draw(lora_dropout_draw(settings_.seed, step, m));
     loss_sum += micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
     // The last micro-batch's backward finishes the gradients: data parallelism sums each
     // bucket over the ranks as soon as the backward has finished it. (Per-unit gradients are
