@@ -65,7 +65,10 @@ TEST(CpuLoad, OurOwnWorkIsNotOthers) {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double ours = ((c1.tv_sec - c0.tv_sec) + 1e-9 * (c1.tv_nsec - c0.tv_nsec)) / wall;
-  EXPECT_GT(ours, 0.2);
+  // That our own time was measured at all: on 2 busy cores (the suite's other test and this
+  // child beside us) this thread got 0.18 of a CPU once, so the bound is low; the check that
+  // matters is the next one.
+  EXPECT_GT(ours, 0.05);
   EXPECT_LE(others, online_cpus() - ours + 0.15) << "ours " << ours;
   EXPECT_GT(others, 0.2);  // the child, sharing CPUs with us
 }
