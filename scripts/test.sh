@@ -24,6 +24,13 @@ stage() { echo "test: [$(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 
 source scripts/install_missing.sh
 source scripts/ctest_gate.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+# The suite runs nproc CTest jobs of nproc OpenMP threads each, twice as many threads as cores.
+# libgomp's default spins about 300,000 times at every barrier before it sleeps, so one test's
+# waiting threads burn the core its neighbour needs, and a tiny model's many small parallel
+# regions take 10-100x longer (38 model tests: 46 s spinning against 6 s passive at ctest -j2 on
+# the 2-core Zen 5, another build beside them). No test times anything, so they wait passively;
+# training and the benchmarks keep libgomp's default (docs/benchmarks.md, "OpenMP threads").
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 stage "building every target of build/ (setup.sh built only memfit)"
 cmake --build build -j"$(nproc)"
 # What only the tests need, installed here rather than by setup.sh (training needs none of it),
