@@ -9,6 +9,7 @@ memory, and writes everything to docs/bench/brown_<suite>.json.
   python3 bench/e2e/brown_runs.py precision     # 300 steps: fp32, bf16, fp16, pure bf16
   python3 bench/e2e/brown_runs.py optimizers    # 600 steps in bf16: adamw, adamw8bit, lion, ...
   python3 bench/e2e/brown_runs.py act_compress  # 600 steps in bf16: --act-compress none, int8, fp8
+  python3 bench/e2e/brown_runs.py low_state     # 600 steps in bf16: adamw4bit, apollo, ...
 
 Long (minutes per run): a benchmark, not a test. Expects build/memfit and data/brown
 (scripts/train_brown.sh prepares it). --steps N shortens the runs for a smoke test.
@@ -39,6 +40,18 @@ SUITES = {
                       "--weight-decay", "1.0"]),
         ("adam-mini", ["--optim", "adam-mini"]),
     ]),
+    # Issue 44's optimizers with less state (and the update fused into the backward), beside
+    # AdamW at the same learning rate; the fused update clips each unit by its own norm.
+    "low_state": (600, [
+        ("adamw", ["--optim", "adamw"]),
+        ("adamw8bit", ["--optim", "adamw8bit"]),
+        ("adamw4bit", ["--optim", "adamw4bit"]),
+        ("adamw-bf16-state", ["--optim", "adamw", "--optim-state-dtype", "bf16"]),
+        ("apollo", ["--optim", "apollo"]),
+        ("apollo-mini", ["--optim", "apollo-mini"]),
+        ("adamw-uib-unit-clip", ["--optim", "adamw", "--update-in-backward",
+                                 "--clip-mode", "unit"]),
+    ]),
     # The saved activations in 8 bits (Note [Activation compression]), from the same start.
     "act_compress": (600, [
         ("none", ["--act-compress", "none"]),
@@ -49,7 +62,11 @@ SUITES = {
 # The optimizer and compression runs take micro-batches of 4 x 256 to keep 600-step runs within
 # minutes each on two cores.
 SUITE_COMMON = {"precision": [], "optimizers": ["--precision", "bf16", "--batch", "4"],
-                "act_compress": ["--precision", "bf16", "--batch", "4"]}
+                "act_compress": ["--precision", "bf16", "--batch", "4"],
+                # No budget, no checkpointing, no profile: the optimizers alone differ (the
+                # config's --ckpt auto under 630 MiB would choose per optimizer).
+                "low_state": ["--precision", "bf16", "--batch", "4", "--ckpt", "none",
+                              "--mem-limit", "8GiB", "--profile", ""]}
 
 
 def read_log(path):

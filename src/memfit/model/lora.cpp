@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "memfit/core/error.h"
+#include "memfit/model/model_family.h"
 
 namespace memfit {
 
@@ -46,28 +47,9 @@ std::vector<Target> targets_of(Family family) {
 
 }  // namespace
 
-std::string_view peft_block_prefix(Family family) {
-  switch (family) {
-    case Family::gpt2: return "transformer.h";
-    case Family::llama: return "model.layers";
-  }
-  return {};
-}
-
-std::string_view hf_name_prefix(Family family) {
-  switch (family) {
-    case Family::gpt2: return "transformer.";
-    case Family::llama: return "";
-  }
-  return {};
-}
-
-bool hf_fan_in_fan_out(Family family) {
-  switch (family) {
-    case Family::gpt2: return true;
-    case Family::llama: return false;
-  }
-  return false;
+std::string peft_block_prefix(Family family) {
+  const ModelFamily& f = model_family(family);
+  return std::string(f.hf_prefix) + std::string(f.block_prefix);
 }
 
 namespace {
@@ -194,7 +176,7 @@ LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options) : optio
     total_ += (n + kAlign - 1) / kAlign * kAlign;
     return at;
   };
-  const std::string_view prefix = peft_block_prefix(c.family);
+  const std::string prefix = peft_block_prefix(c.family);
   for (int l = 0; l < c.n_layer; ++l)
     for (const Target& t : targets) {
       LoraParam p{fmt::format("{}.{}.{}", prefix, l, t.module), l, t.slot, t.part, 0, 0, 0, 0, 0};

@@ -25,13 +25,9 @@ struct LoraOptions {
   float scale() const { return alpha / static_cast<float>(rank); }
 };
 
-// Hugging Face's (and PEFT's) names, asked of the family here rather than by a ternary at each
-// use (Note [Model families]): the blocks' prefix ("transformer.h", "model.layers"), what its
-// names add before the layout's ("transformer." for GPT-2, whose layout leaves it out), and
-// whether its linear weights are stored (in, out) (GPT-2's Conv1D: PEFT's fan_in_fan_out).
-std::string_view peft_block_prefix(Family family);
-std::string_view hf_name_prefix(Family family);
-bool hf_fan_in_fan_out(Family family);
+// PEFT's module names start with the blocks' Hugging Face prefix ("transformer.h",
+// "model.layers"): the family's hf_prefix + block_prefix (model/model_family.h).
+std::string peft_block_prefix(Family family);
 
 // The target names a family accepts, in the order the layer computes them: LLaMA's q, k, v, o,
 // gate, up, down; GPT-2's attn (c_attn), proj (attn.c_proj), fc (c_fc), mlp_proj (mlp.c_proj);

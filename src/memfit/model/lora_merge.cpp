@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "memfit/core/error.h"
+#include "memfit/model/model_family.h"
 
 namespace memfit {
 
@@ -19,7 +20,7 @@ std::string module_of(const ModelConfig& config, const ParamInfo& p) {
     return "";
   const std::string stem = p.name.substr(0, p.name.size() - kWeight.size());
   // GPT-2's names in the layout leave out Hugging Face's "transformer." (param_layout.h).
-  return std::string(hf_name_prefix(config.family)) + stem;
+  return std::string(model_family(config.family).hf_prefix) + stem;
 }
 
 }  // namespace

@@ -29,6 +29,14 @@ struct ModelFamily {
   // no such knobs (fix_shape sets them).
   bool shape_options;
   const char* final_norm_tag;  // the final norm's output: "ln_f", "norm"
+  // Names. Block l's weights are "<block_prefix>.<l>.<rest>" in the layout ("h",
+  // "model.layers"); Hugging Face's names are hf_prefix + the layout's ("transformer." for
+  // GPT2LMHeadModel; LLaMA's layout uses Hugging Face's names as they are), so PEFT's module
+  // names start hf_prefix + block_prefix; hf_transposed: its linear weights are stored (in, out)
+  // (GPT-2's Conv1D; PEFT's fan_in_fan_out).
+  std::string_view block_prefix;
+  std::string_view hf_prefix;
+  bool hf_transposed;
 
   // The fields the family fixes, before ModelConfig::finalize's shared checks and defaults.
   void (*fix_shape)(ModelConfig& c);

@@ -4,6 +4,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/model/model_config.h"
+#include "memfit/model/model_family.h"
 
 namespace memfit {
 
@@ -34,8 +35,9 @@ void ParamLayout::add_gpt2(const ModelConfig& c) {
   const int64_t C = c.d_model;
   add("wte.weight", {c.padded_vocab, C}, -1, ParamRole::token_embedding, true);
   add("wpe.weight", {c.max_seq_len, C}, -1, ParamRole::position_embedding, true);
+  const std::string_view prefix = model_family(c.family).block_prefix;
   for (int l = 0; l < c.n_layer; ++l) {
-    auto n = [l](const char* rest) { return fmt::format("h.{}.{}", l, rest); };
+    auto n = [&](const char* rest) { return fmt::format("{}.{}.{}", prefix, l, rest); };
     add(n("ln_1.weight"), {C}, l, ParamRole::norm_weight, false);
     add(n("ln_1.bias"), {C}, l, ParamRole::norm_bias, false);
     add(n("attn.c_attn.weight"), {3 * C, C}, l, ParamRole::attn_qkv_weight, true);
@@ -57,8 +59,9 @@ void ParamLayout::add_gpt2(const ModelConfig& c) {
 void ParamLayout::add_llama(const ModelConfig& c) {
   const int64_t C = c.d_model, hs = c.head_size(), F = c.ffn_dim;
   add("model.embed_tokens.weight", {c.padded_vocab, C}, -1, ParamRole::token_embedding, true);
+  const std::string_view prefix = model_family(c.family).block_prefix;
   for (int l = 0; l < c.n_layer; ++l) {
-    auto n = [l](const char* rest) { return fmt::format("model.layers.{}.{}", l, rest); };
+    auto n = [&](const char* rest) { return fmt::format("{}.{}.{}", prefix, l, rest); };
     add(n("input_layernorm.weight"), {C}, l, ParamRole::norm_weight, false);
     add(n("self_attn.q_proj.weight"), {c.n_head * hs, C}, l, ParamRole::attn_q_weight, true,
         false);

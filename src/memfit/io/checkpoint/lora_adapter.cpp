@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/error.h"
+#include "memfit/model/model_family.h"
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint/safetensors.h"
 
@@ -41,7 +42,7 @@ json adapter_config(const ModelConfig& model, const LoraLayout& layout) {
           {"lora_dropout", o.dropout},
           {"target_modules", target_modules(layout)},
           // GPT-2's layers are Conv1D, whose weight is stored (in, out): PEFT then sets this.
-          {"fan_in_fan_out", hf_fan_in_fan_out(model.family)},
+          {"fan_in_fan_out", model_family(model.family).hf_transposed},
           {"bias", "none"},
           {"inference_mode", true},
           {"base_model_name_or_path", nullptr},

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "memfit/core/error.h"
+#include "memfit/model/model_family.h"
 
 namespace memfit::io {
 
@@ -15,7 +16,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kGpt2Prefix = "transformer.";
+// GPT2LMHeadModel's names put "transformer." before the layout's (the family's hf_prefix).
+std::string_view gpt2_prefix() { return model_family(Family::gpt2).hf_prefix; }
 constexpr std::string_view kLmHead = "lm_head.weight";
 bool ends_with(std::string_view s, std::string_view tail) {
   return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
@@ -45,7 +47,7 @@ bool is_buffer(const ModelConfig& c, std::string_view key) {
 std::string layout_key(const ModelConfig& c, const std::string& name) {
   switch (c.family) {
     case Family::gpt2:
-      if (name.rfind(kGpt2Prefix, 0) == 0) return name.substr(kGpt2Prefix.size());
+      if (name.rfind(gpt2_prefix(), 0) == 0) return name.substr(gpt2_prefix().size());
       return name;
     case Family::llama: return name;
   }
@@ -63,7 +65,7 @@ const char* tied_by(const ModelConfig& c) {
 
 }  // namespace
 
-std::string gpt2_hf_name(const ParamInfo& p) { return std::string(kGpt2Prefix) + p.name; }
+std::string gpt2_hf_name(const ParamInfo& p) { return std::string(gpt2_prefix()) + p.name; }
 
 bool gpt2_is_conv1d(const ParamInfo& p) {
   return p.role == ParamRole::attn_qkv_weight || p.role == ParamRole::attn_proj_weight ||
@@ -190,7 +192,7 @@ void WeightsLoad::check(const ModelConfig& config, const ParamLayout& layout, DT
                                        files_.where(t)));
     } else if (!found.emplace(key, &t).second) {
       unexpected.push_back(
-          fmt::format("'{}' appears both with and without the '{}' prefix", key, kGpt2Prefix));
+          fmt::format("'{}' appears both with and without the '{}' prefix", key, gpt2_prefix()));
     }
   }
   for (const ParamInfo& p : layout.params()) {
