@@ -51,7 +51,8 @@ TEST(LoraDropoutMask, DependsOnTheKeyAndTheElementAlone) {
         lora_dropout_key(draw, 0, LinearSlot::fc, 1),
         lora_dropout_key(lora_dropout_draw(1, 3, 0), 0, LinearSlot::fc, 0),
         lora_dropout_key(lora_dropout_draw(1, 2, 1), 0, LinearSlot::fc, 0),
-        lora_dropout_key(lora_dropout_draw(2, 2, 0), 0, LinearSlot::fc, 0)}) {
+        lora_dropout_key(lora_dropout_draw(2, 2, 0), 0, LinearSlot::fc, 0),
+        lora_dropout_key(lora_dropout_draw(1, 2, 0, 1), 0, LinearSlot::fc, 0)}) {  // data rank 1
     lora_dropout_rows(other.data(), x.data(), 0, rows, n, 0.3f, k);
     EXPECT_NE(std::memcmp(other.data(), whole.data(), whole.size() * sizeof(float)), 0);
   }

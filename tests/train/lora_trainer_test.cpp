@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 #include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/cli/options/train_from_config.h"
 #include "memfit/core/error.h"
@@ -94,9 +96,17 @@ TEST_F(LoraTrainer, RefusesWhatIsNotBuiltNamingTheOption) {
   TrainConfig fp16 = c;  // bf16 is built (lora_bf16_trainer_test.cpp); fp16 is not
   fp16.precision = "fp16";
   refused(fp16, "--precision fp16");
-  TrainConfig zero = c;
-  zero.zero = 1;
-  refused(zero, "--zero");
+  // ZeRO and the base offloaded: refused saying why (Note [LoRA], "ZeRO and offload");
+  // under two ranks in tests/cli/lora_data_parallel_test.cpp.
+  for (int stage = 1; stage <= 3; ++stage) {
+    TrainConfig zero = c;
+    zero.zero = stage;
+    refused(zero, fmt::format("--zero {} with --lora-rank is not built", stage).c_str());
+  }
+  TrainConfig params = c;
+  params.offload_optimizer = params.offload_params = "nvme";
+  params.offload_dir = (dir / "off").string();
+  refused(params, "--offload-params with --lora-rank is not built");
   TrainConfig off = c;
   off.offload_optimizer = "nvme";
   off.offload_dir = (dir / "off").string();

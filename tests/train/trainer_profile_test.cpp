@@ -5,12 +5,14 @@
 // names the test hook's deliberate leak by tag and finds none in a clean run. With the optimizer
 // offloaded, the trace has a disk.<category> track of the planner's disk bytes and an io slice
 // (the update waiting on the disk) inside every profiled optimizer slice; without, neither.
+// LoRA profiles its step as any run does.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -91,6 +93,33 @@ TEST_F(TrainerProfile, TraceHasThePeakAndEveryPhaseInBothFamilies) {
       const TrainSummary s = train(c);
       expect_trace_of(c, s, c.profile_dir);
     }
+}
+
+// LoRA (Note [LoRA], "The profiler"): profiling changes no loss, the trace's peak is the
+// measured one and has every phase of the LoRA step plan, summary.json's measured bytes are the
+// plan's by category (the adapters' weights, gradients and optimizer state), and no leak; fp32
+// GPT-2 and bf16 LLaMA, with dropout.
+TEST_F(TrainerProfile, LoraProfilesItsStepInBothFamilies) {
+  for (const char* model : {"gpt2-tiny", "llama-tiny"}) {
+    TrainConfig c = config(model);
+    c.steps = 3;
+    c.lora.rank = 4;
+    c.lora.dropout = 0.1f;
+    if (std::string(model) == "llama-tiny") c.precision = "bf16";
+    const TrainSummary plain = train(c);
+    c.profile_dir = (dir / fmt::format("lora-{}", model)).string();
+    c.profile_steps = 3;
+    const TrainSummary s = train(c);
+    ASSERT_EQ(plain.losses.size(), s.losses.size());
+    EXPECT_EQ(std::memcmp(plain.losses.data(), s.losses.data(), s.losses.size() * sizeof(float)),
+              0)
+        << model;
+    EXPECT_EQ(plain.peak_bytes, s.peak_bytes) << model;
+    expect_trace_of(c, s, c.profile_dir);
+    const json summary = read_json(fs::path(c.profile_dir) / "summary.json");
+    EXPECT_GT(summary["measured"]["by_category"].value("grads", size_t{0}), 0u) << model;
+    EXPECT_FALSE(s.leak.leaked()) << s.leak.text();
+  }
 }
 
 TEST_F(TrainerProfile, OffloadShowsTheDiskTierAndTheWaitsOnIt) {

@@ -150,7 +150,8 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   // LoRA (docs/notes/lora.md): the base weights frozen, adapters on the targets trained.
   cmd->add_option("--lora-rank", c.lora.rank,
                   "LoRA: train rank-r adapters on the blocks' linear layers, the base frozen "
-                  "(0: off; fp32, or bf16 with the base in bf16 alone; one process)")
+                  "(0: off; fp32, or bf16 with the base in bf16 alone; one process, or "
+                  "data-parallel ranks at --zero 0)")
       ->capture_default_str()
       ->check(kNonNegative);
   cmd->add_option("--lora-alpha", c.lora.alpha, "LoRA: the adapters' output is scaled by alpha/r")

@@ -23,9 +23,10 @@ bool keeps(uint64_t key, int64_t index, uint64_t thr) {
 
 }  // namespace
 
-uint64_t lora_dropout_draw(uint64_t seed, int64_t step, int64_t micro_batch) {
-  return combine(combine(combine(0x4c6f5241ULL, seed), static_cast<uint64_t>(step)),
-                 static_cast<uint64_t>(micro_batch));
+uint64_t lora_dropout_draw(uint64_t seed, int64_t step, int64_t micro_batch, int data_rank) {
+  return combine(combine(combine(combine(0x4c6f5241ULL, seed), static_cast<uint64_t>(step)),
+                         static_cast<uint64_t>(micro_batch)),
+                 static_cast<uint64_t>(data_rank));
 }
 
 uint64_t lora_dropout_key(uint64_t draw, int layer, LinearSlot slot, int part) {

@@ -18,8 +18,10 @@ struct LoraDropout {
   bool on() const { return p > 0; }
 };
 
-// A micro-batch's draw: from the run's seed, the step and the micro-batch's index in it.
-uint64_t lora_dropout_draw(uint64_t seed, int64_t step, int64_t micro_batch);
+// A micro-batch's draw: from the run's seed, the step, the micro-batch's index in it and the
+// data-parallel rank (0 in one process), so ranks drop different elements of their rows as one
+// process drops different elements of different rows.
+uint64_t lora_dropout_draw(uint64_t seed, int64_t step, int64_t micro_batch, int data_rank = 0);
 // One adapter's key in that micro-batch: its layer, linear slot and part (q, k, v of a fused
 // layer each have their own mask, as PEFT's separate modules do).
 uint64_t lora_dropout_key(uint64_t draw, int layer, LinearSlot slot, int part);

@@ -74,7 +74,8 @@ void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freez
   MEMFIT_CHECK(!lora_, "lora", "the model has its adapters already");
   MEMFIT_CHECK(B_ == 0, "lora", "add the adapters before reserve()");
   MEMFIT_CHECK(!source_ && !store_ && !sharded_ && master_range_ == whole(), "lora",
-               "LoRA is built in one process with every weight in RAM (no ZeRO, no offload, no "
+               "LoRA is built in one process or at ZeRO stage 0, with every weight in RAM (no "
+               "ZeRO 1-3, no offload, no "
                "per-unit gradients)");
   // bf16 (Note [LoRA], "bf16"): the frozen base is its bf16 working weights alone; the
   // adapters are f32 (their own master weights).

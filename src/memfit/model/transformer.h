@@ -183,13 +183,13 @@ class Transformer {
   // does (B zero: the model computes what it did) and their gradients (f32, Category::grads,
   // "lora.grads"), which backward() accumulates and zero_grad() zeroes. `freeze_base`: the base
   // weights get no gradients (no slab: grads() is undefined; the step skips their GEMMs).
-  // fp32, one process, everything in RAM; before reserve(). Once.
+  // fp32 or bf16, one process or ZeRO stage 0, everything in RAM; before reserve(). Once.
   void add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base = true);
   const LoraLayout* lora() const { return lora_ ? &*lora_ : nullptr; }
   Tensor& lora_weights() { return lora_weights_; }
   Tensor& lora_grads() { return lora_grads_; }
   // LoRA dropout (--lora-dropout above 0): the draw of the next training micro-batch's mask,
-  // lora_dropout_draw(seed, step, micro-batch) (model/lora_dropout.h); 0 until set.
+  // lora_dropout_draw(seed, step, micro-batch, rank) (model/lora_dropout.h); 0 until set.
   void set_lora_dropout_draw(uint64_t draw) { lora_draw_ = draw; }
 
   // Logits (B, T, vocab_size) of every position, for evaluation against other implementations

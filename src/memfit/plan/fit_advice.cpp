@@ -82,8 +82,9 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
   unsigned mandatory = 0, allowed = kPolicy;
   if (base.ckpt_auto) mandatory |= kPolicy;
   if (base.auto_batch) mandatory |= kMicroBatch;
-  // A resumed run reshards to any stage (Note [ZeRO]), so the stage is a lever even then.
-  if (base.world > 1) allowed |= kStage;
+  // A resumed run reshards to any stage (Note [ZeRO]), so the stage is a lever even then; not
+  // for LoRA, which runs at stage 0 alone (Note [LoRA], "ZeRO and offload").
+  if (base.world > 1 && !base.lora.enabled()) allowed |= kStage;
   if (base.zero_auto && base.world > 1) mandatory |= kStage;
   if (!resume) {
     if (base.batch * base.grad_accum > 1) allowed |= kMicroBatch;

@@ -236,6 +236,9 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     at(Category::grads) = adapters;
     at(Category::optimizer) =
         optimizer_state_bytes(oc, lora.param_layout(), whole_range(lora.param_layout()));
+    // Over data-parallel ranks (stage 0) the adapters' gradients are the slab all-reduced.
+    at(Category::comm) =
+        dist::GradientSync::comm_bytes(lora.total(), spec.bucket_bytes, spec.world, rank);
   }
   r.step = shared  ? shared->step
            : steps ? steps->plan(r.model, r.B, r.T, act)
@@ -267,8 +270,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // Every micro-batch pass gathers its blocks (stage 3) and, per unit, reduces its gradients:
   // global clipping with --update-in-backward runs the micro-batch twice (backward_passes).
   const int passes = spec.micro_batch_passes();
+  // LoRA: the adapters' gradients are what the ranks sum (the frozen base has none).
+  const int64_t summed =
+      spec.lora.enabled() ? LoraLayout(r.model, spec.lora).total() : layout.total();
   r.comm_per_step = dist::step_comm_volume(
-      layout.total(), static_cast<int>(dtype_size(half)), spec.world, placement.sharding(),
+      summed, static_cast<int>(dtype_size(half)), spec.world, placement.sharding(),
       placement.params_gathered()
           ? WeightGather::step_gather_bytes(layout, half, r.step.phases, passes,
                                             placement.persist_threshold())

@@ -7,6 +7,48 @@
 
 namespace memfit {
 
+namespace {
+
+// LoRA under ZeRO stages 1-3 and with the base offloaded: refused before anything is built,
+// saying why (Note [LoRA], "ZeRO and offload: what is refused, and why").
+void refuse_lora_sharding(const RunSpec& spec) {
+  ModelConfig model = spec.model;
+  model.finalize();
+  const int64_t adapters = LoraLayout(model, spec.lora).total();
+  if (spec.zero_auto)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--zero auto with --lora-rank: LoRA runs at --zero 0 (stages 1-3 are refused: "
+                 "give --zero 1, 2 or 3 to see why); give --zero 0");
+  if (spec.zero == 1 || spec.zero == 2)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--zero {} with --lora-rank is not built: LoRA's optimizer state{} are the "
+                 "adapters' alone ({} f32 elements), while ZeRO's shards are cut over the base's "
+                 "layout, which LoRA neither steps nor keeps gradients for: the stage would shard "
+                 "nothing that exists. Sharding the adapters needs shards of their own layout, "
+                 "the update's all-gather of their weights and a sharded adapter_optimizer save. "
+                 "Give --zero 0: the adapters are replicated and their gradients all-reduced",
+                 spec.zero, spec.zero == 2 ? " and gradients" : "", adapters);
+  if (spec.zero == 3)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--zero 3 with --lora-rank is not built: stage 3 gathers each block of the base "
+                 "into views made as the block is gathered, and the adapters ({} f32 elements) "
+                 "are bound into the resident views alone; it also reduce-scatters the base's "
+                 "gradients per unit, which a frozen base does not have. Give --zero 0 (with "
+                 "--precision bf16 the frozen base is 2 bytes a parameter on each rank)",
+                 adapters);
+  if (spec.offload.params)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-params with --lora-rank is not built: the working weights' file is "
+                 "read through the same gathered views as stage 3 (the adapters are bound into "
+                 "the resident views alone) and written back by --offload-optimizer's streamed "
+                 "update of the base, while LoRA's optimizer steps the adapters ({} f32 "
+                 "elements) in RAM and the base is never written; give --precision bf16 for a "
+                 "base of 2 bytes a parameter",
+                 adapters);
+}
+
+}  // namespace
+
 PrecisionOptions run_precision(PrecisionOptions asked, const LoraOptions& lora) {
   if (lora.enabled() && asked.precision == Precision::bf16) asked.master_weights = false;
   return asked;
@@ -47,12 +89,14 @@ void RunSpec::check() const {
   check_optim_config(optim);
   if (lora.enabled()) {
     check_lora_options(lora, model.family);
+    refuse_lora_sharding(*this);
     // What is built (Note [LoRA], "What remains"): fp32 or bf16 (the base bf16 alone, no
-    // master weights: resolve_run), one process, every weight in RAM.
+    // master weights: resolve_run), one process or data-parallel ranks at stage 0 (the
+    // adapters' gradients all-reduced whole: "Over data-parallel ranks"), every weight in RAM.
     const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
                           : precision.master_weights && precision.precision != Precision::fp32
                               ? "master weights for the frozen base"
-                          : world > 1                             ? "several ranks"
+                          : world > 1 && sync_every_micro_batch ? "--sync-every-micro-batch"
                           : zero != 0 || zero_auto                ? "--zero"
                           : offload.optimizer || offload.params || offload.grads
                               ? "--offload-*"
@@ -61,9 +105,9 @@ void RunSpec::check() const {
                                                      : nullptr;
     if (refused)
       MEMFIT_THROW(ConfigError, "config",
-                   "--lora-rank with {} is not built: LoRA trains in fp32 or bf16, in one process, "
-                   "with every weight in RAM (no --zero, no --offload-*, no "
-                   "--update-in-backward)",
+                   "--lora-rank with {} is not built: LoRA trains in fp32 or bf16, in one process "
+                   "or over data-parallel ranks at --zero 0, with every weight in RAM (no --zero "
+                   "1-3, no --offload-*, no --update-in-backward, no --sync-every-micro-batch)",
                    refused);
   }
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.

@@ -214,10 +214,13 @@ void TrainRun::prepare_step() {
   // Data parallelism at stages 0-1: the whole slab's exchange and its receive ring
   // (Category::comm), for the run. Per-unit gradients (stages 2-3, above) reduce themselves,
   // through a receive ring of their own.
-  if (W_ > 1 && !zero_.grads)
-    sync_.emplace(comm_, pool_,
-                 std::span<float>(gpt_->grads().data<float>(), size_t(gpt_->grads().numel())),
+  // LoRA (Note [LoRA], "Over data-parallel ranks"): the adapters' gradients are the slab
+  // summed, like any gradients; the frozen base has none.
+  if (W_ > 1 && !zero_.grads) {
+    Tensor& g = gpt_->lora() ? gpt_->lora_grads() : gpt_->grads();
+    sync_.emplace(comm_, pool_, std::span<float>(g.data<float>(), size_t(g.numel())),
                  spec_.bucket_bytes);
+  }
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   if (W_ > 1) rank_shards_ = RankShards{&comm_, placement_.shards(), placement_.grads_whole()};
 }

@@ -66,13 +66,15 @@ double TrainRun::micro_batches(int64_t step, const StepLoss& step_loss) {
       const profile::Scope data(recorder(), "data", profile::SliceKind::data);
       train_data_->next_batch();
     }
-    // --lora-dropout: this micro-batch's mask, from (seed, step, m) alone (Note [LoRA]).
-    gpt_->set_lora_dropout_draw(lora_dropout_draw(settings_.seed, step, m));
+    // --lora-dropout: this micro-batch's mask, from (seed, step, m, data rank) alone (Note
+    // [LoRA], "Over data-parallel ranks"): each rank drops its own elements.
+    gpt_->set_lora_dropout_draw(lora_dropout_draw(settings_.seed, step, m, comm_.rank()));
     loss_sum += micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
     // The last micro-batch's backward finishes the gradients: data parallelism sums each
     // bucket over the ranks as soon as the backward has finished it. (Per-unit gradients are
-    // reduced by every backward.)
-    if (sync_ && m + 1 == spec_.grad_accum)
+    // reduced by every backward.) LoRA's adapters are not in the base's slab whose offsets
+    // the backward reports: their buckets all start in sync_->finish(), after the backward.
+    if (sync_ && !gpt_->lora() && m + 1 == spec_.grad_accum)
       gpt_->backward([&](int64_t from) { sync_->final_from(from); });
     else
       gpt_->backward();

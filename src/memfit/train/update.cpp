@@ -70,7 +70,8 @@ GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler
 // The whole step's check: one range alone, or every rank's shard added in rank order (computed
 // here when the summed gradients are whole, else each rank's own, gathered).
 GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShards* shards) {
-  // LoRA (Note [LoRA]): the adapters' gradients are the step's (one process).
+  // LoRA (Note [LoRA]): the adapters' gradients are the step's, summed over the ranks whole
+  // (stage 0), so every rank computes the same norm from them.
   if (gpt.lora()) return check_part(gpt.lora_grads(), scaler);
   if (!shards) return check_grads(gpt, {0, gpt.layout().total()}, scaler);
   const size_t W = shards->ranges.size();
