@@ -95,7 +95,7 @@ TEST(PipelineRunner, EveryScheduleGivesOneProcesssBitsOnEveryGridAndCountsItsBuf
     ProcessGrid grid(w, GridShape{W / P, P, 1});
     const int s = grid.coords().pipeline, replica = grid.coords().data;
     for (PipeSchedule sched : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
-      for (int m : {1, 3, 6}) {
+      for (int m : {1, 5}) {
         const std::string what = std::string(pipe_schedule_name(sched)) + ", " +
                                  grid.shape().describe() + ", m " + std::to_string(m);
         MemoryPool pool;
