@@ -32,8 +32,7 @@ PipelineBuffers pipeline_buffers(PipeSchedule schedule, int stage, int stages,
 
 PipelineRunner::PipelineRunner(Communicator& pipe, PipeSchedule schedule, int micro_batches,
                                int64_t boundary_floats, MemoryPool& pool)
-    : pipe_(pipe), stage_(pipe.rank()), stages_(pipe.size()), micro_batches_(micro_batches),
-      n_(boundary_floats),
+    : pipe_(pipe), stage_(pipe.rank()), stages_(pipe.size()), n_(boundary_floats),
       ops_(pipe_stage_ops(schedule, pipe.rank(), pipe.size(), micro_batches)),
       kept_(pipe_in_flight(ops_)) {
   if (boundary_floats < 1)

@@ -62,7 +62,7 @@ class PipelineRunner {
   std::span<float> slot(Allocation& a, int i) const;
 
   Communicator& pipe_;
-  const int stage_, stages_, micro_batches_;
+  const int stage_, stages_;
   const int64_t n_;
   std::vector<PipeOp> ops_;
   int kept_ = 0;  // micro-batches in flight: slots of inputs and of forward sends
