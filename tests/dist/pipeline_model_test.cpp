@@ -6,7 +6,8 @@
 // and 1F1B: each stage's gradients, summed over the
 // micro-batches, and each micro-batch's loss are the bits of one process running the micro-batches
 // in turn; the parameters other stages own get no gradient; and the stage's activations are its
-// plan's arena plus the inputs the schedule keeps, byte for byte.
+// plan's arena plus the inputs the schedule keeps, its workspace the plan's, its comm the
+// runner's transfer buffers, byte for byte.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -102,7 +103,10 @@ void run_case(const ProcessGrid& grid, const Case& k) {
   ActivationOptions so = o;
   so.stage = stage;
   st.reserve(B, T, so);
-  const int64_t arena = static_cast<int64_t>(st.step_plan().arena[static_cast<size_t>(Category::activations)]);
+  const auto arena_of = [&](Category c) {
+    return static_cast<int64_t>(st.step_plan().arena[static_cast<size_t>(c)]);
+  };
+  const int64_t arena = arena_of(Category::activations);
   std::vector<float> losses(static_cast<size_t>(k.m), -1.0f);
   {
     PipelineRunner runner(grid.pipeline(), k.schedule, k.m, int64_t{B} * T * c.d_model, pool);
@@ -119,10 +123,15 @@ void run_case(const ProcessGrid& grid, const Case& k) {
            losses[static_cast<size_t>(mb)] = st.forward(data.tokens[mb], data.targets[mb], true);
            st.backward();
          }});
+    const PipelineBuffers extra =
+        pipeline_buffers(k.schedule, s, P, k.m, int64_t{B} * T * c.d_model * 4);
     EXPECT_EQ(static_cast<int64_t>(pool.bytes_peak(Category::activations)),
-              arena + pipeline_buffers(k.schedule, s, P, k.m, int64_t{B} * T * c.d_model * 4)
-                          .activations)
+              arena + extra.activations)
         << what;
+    EXPECT_EQ(static_cast<int64_t>(pool.bytes_peak(Category::workspace)),
+              arena_of(Category::workspace))
+        << what;
+    EXPECT_EQ(static_cast<int64_t>(pool.bytes_peak(Category::comm)), extra.comm) << what;
   }
   int differ = 0, stray = 0;
   const float* g = st.grads().data<float>();
