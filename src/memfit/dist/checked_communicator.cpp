@@ -91,6 +91,14 @@ class CheckedCommunicator final : public Communicator {
     agree(CollectiveRecord::barrier, 0, 0, -1, 0);
     inner_->barrier();
   }
+  // Point to point is between two ranks only: nothing to agree on.
+  std::unique_ptr<Request> send_async(const void* data, int64_t bytes, int peer,
+                                      int tag) override {
+    return inner_->send_async(data, bytes, peer, tag);
+  }
+  std::unique_ptr<Request> recv_async(void* data, int64_t bytes, int peer, int tag) override {
+    return inner_->recv_async(data, bytes, peer, tag);
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     agree(CollectiveRecord::split, 0, 0, -1, 0);  // colors and keys differ between ranks
     std::unique_ptr<Communicator> group = make_checked_communicator(inner_->split(color, key));

@@ -87,6 +87,18 @@ class Communicator {
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
 
+  // Point to point, for pipeline stages (Note [Pipeline parallel]): activations go to the next
+  // stage and their gradients back. send_async: `bytes` of `data` to rank `peer` with `tag`; the
+  // caller keeps `data` alive and unchanged until wait(). recv_async: exactly `bytes` from `peer`
+  // with `tag` into `data`, readable after wait(). Messages from one rank to another with one tag
+  // arrive in the order they were sent (MPI's non-overtaking rule). These are not collectives:
+  // only the two ranks take part, MEMFIT_CHECK_COLLECTIVES does not agree on them, and a rank
+  // may send to itself (one process: the message is copied at send and handed to the first
+  // matching receive; a receive with nothing sent is a DistError, as the wait would be forever).
+  virtual std::unique_ptr<Request> send_async(const void* data, int64_t bytes, int peer,
+                                              int tag) = 0;
+  virtual std::unique_ptr<Request> recv_async(void* data, int64_t bytes, int peer, int tag) = 0;
+
   // The blocking forms.
   void reduce_scatter(std::span<const float> in, std::span<float> out,
                       std::span<const int64_t> counts) {
@@ -97,6 +109,12 @@ class Communicator {
   }
   void all_reduce(std::span<float> data, std::span<float> receive = {}) {
     all_reduce_async(data, receive)->wait();
+  }
+  void send(const void* data, int64_t bytes, int peer, int tag) {
+    send_async(data, bytes, peer, tag)->wait();
+  }
+  void recv(void* data, int64_t bytes, int peer, int tag) {
+    recv_async(data, bytes, peer, tag)->wait();
   }
 
   // Where the collectives' own buffers come from (Category::comm, tag "comm.receive"): a

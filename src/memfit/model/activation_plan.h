@@ -16,6 +16,7 @@
 #include "memfit/memory/arena.h"
 #include "memfit/memory/category.h"
 #include "memfit/model/checkpoint_policy.h"
+#include "memfit/model/pipeline_stages.h"
 #include "memfit/model/precision.h"
 
 namespace memfit {
@@ -92,6 +93,11 @@ struct ActivationOptions {
   // LoRA's dropout on the adapters' input (model/lora_dropout.h; 0: none): the matmuls then
   // also declare "ws.lora.xd", a chunk of the dropped input (Note [LoRA], "Dropout").
   float lora_dropout = 0;
+  // Pipeline parallelism (model/pipeline_stages.h; Note [Pipeline parallel]): the stage whose
+  // part of the step this plan runs, blocks [first, last), the embeddings only on the first
+  // stage and the final norm and LM head only on the last. One stage (the default): the whole
+  // step, as without pipelining.
+  PipelineStage stage;
 
   bool operator==(const ActivationOptions&) const = default;
 };

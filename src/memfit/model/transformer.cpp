@@ -315,6 +315,7 @@ float Transformer::forward(const Tensor& tokens, const Tensor& targets, bool tra
   backward_ready_ = false;
   if (training && store_) store_->begin_micro_batch();
   step_->set_lora_draw(lora_draw_);
+  step_->set_stage_io(stage_io_);
   const float loss_sum =
       step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets, training,
                      loss_scale / N);
@@ -333,6 +334,7 @@ float Transformer::forward_masked(const Tensor& tokens, const Tensor& targets,
   backward_ready_ = false;
   if (training && store_) store_->begin_micro_batch();
   step_->set_lora_draw(lora_draw_);
+  step_->set_stage_io(stage_io_);
   const float loss_sum = step_->forward(ctx_, working_views(), grad_views(), &tokens, &targets,
                                         training, dloss, &mask);
   backward_ready_ = training;
@@ -344,6 +346,7 @@ void Transformer::backward() { backward(nullptr); }
 void Transformer::backward(const std::function<void(int64_t final_from)>& final_from) {
   MEMFIT_CHECK(backward_ready_, "model", "backward() without a training forward() before it");
   backward_ready_ = false;
+  step_->set_stage_io(stage_io_);
   if (store_) {
     step_->backward(ctx_, working_views(), grad_views(), [&](int part) { store_->done(part); });
     return;

@@ -192,6 +192,11 @@ class Transformer {
   // lora_dropout_draw(seed, step, micro-batch, rank) (model/lora_dropout.h); 0 until set.
   void set_lora_dropout_draw(uint64_t draw) { lora_draw_ = draw; }
 
+  // A pipeline stage (reserved with ActivationOptions::stage; Note [Pipeline parallel]): where
+  // the next forward and backward read and write the tensors that cross the stage's edges
+  // (model/transformer_step.h, StageIo). A stage's forward returns 0 unless it has the head.
+  void set_stage_io(const StageIo& io) { stage_io_ = io; }
+
   // Logits (B, T, vocab_size) of every position, for evaluation against other implementations
   // and for sampling. `logits` is f32 (B, T, vocab_size).
   void logits(const Tensor& tokens, Tensor& logits);
@@ -239,6 +244,7 @@ class Transformer {
   std::optional<LoraLayout> lora_;
   Tensor lora_weights_, lora_grads_;
   uint64_t lora_draw_ = 0;
+  StageIo stage_io_;
   bool frozen_ = false;  // LoRA's frozen base: no gradient slab
   // Binds the adapters' views into weights_ and grad_views_ (after either is rebuilt).
   void bind_lora();

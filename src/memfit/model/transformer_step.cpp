@@ -15,11 +15,39 @@ namespace memfit {
 
 using namespace kernels;
 
+namespace {
+
+// The stage a step runs: the whole model for one stage; else checked against the model and
+// the checkpoint policy (a recomputed segment may not cross a stage's edge: each stage
+// recomputes from inputs it holds). Tied embeddings are refused: the head's gradient would be
+// summed on the last stage and the embedding's on the first, not in one process's order.
+PipelineStage stage_of(const ModelConfig& config, const ActivationOptions& options) {
+  const PipelineStage& s = options.stage;
+  if (s.stages <= 1) return {0, 1, 0, config.n_layer};
+  MEMFIT_CHECK(s.index >= 0 && s.index < s.stages && s.first >= 0 && s.first < s.last &&
+                   s.last <= config.n_layer && (s.index == 0) == (s.first == 0) &&
+                   (s.index + 1 == s.stages) == (s.last == config.n_layer),
+               "pipeline", "stage {} of {} with blocks [{}, {}) does not cut a model of {} blocks",
+               s.index, s.stages, s.first, s.last, config.n_layer);
+  MEMFIT_CHECK(!config.tie_embeddings, "pipeline",
+               "a model with tied embeddings (the LM head is the token embedding) cannot be cut "
+               "into stages yet: its gradient would be summed on two stages");
+  MEMFIT_CHECK(!options.grads_in_arena && !options.inference && options.lora_rank == 0,
+               "pipeline", "a stage's plan without gradients in the arena, inference or LoRA");
+  for (const auto& [a, b] : options.ckpt.segments(config.n_layer))
+    MEMFIT_CHECK((a < s.first) == (b < s.first) && (a < s.last) == (b < s.last), "pipeline",
+                 "--ckpt {} recomputes blocks {}-{} together, across stage {}'s blocks [{}, {})",
+                 options.ckpt.name(), a, b, s.index, s.first, s.last);
+  return s;
+}
+
+}  // namespace
+
 TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOptions& options,
                                  int B, int T)
     : config_(config), options_(options), B_(B), T_(T), family_(model_family(config.family)),
       compute_(family_compute(config.family)),
-      slots_(block_slots(options.ckpt, config.n_layer)) {
+      slots_(block_slots(options.ckpt, config.n_layer)), stage_(stage_of(config, options)) {
   check_activation_options(options);
   if (family_.rotary)
     rope_inv_freq_ = rope_inv_freq(config.head_size(), config.rope_theta, config.rope_scaling);
@@ -43,12 +71,23 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   const int64_t C = config_.d_model, N = int64_t{B_} * T_;
   const DType h = half_dtype(options_.precision), f32 = DType::f32;
   ctx.enter(PhaseKind::embedding);
-  Tensor encoded = ctx.write("encoded", {B_, T_, C}, f32, Category::activations);
+  // A later stage's first block reads the previous stage's output as its input.
+  const bool embeds = stage_.has_embeddings();
+  Tensor encoded = ctx.write(embeds ? "encoded" : block_output_tag(slots_, stage_.first - 1),
+                             {B_, T_, C}, f32, Category::activations);
   // Rotary positions (LLaMA): the table of this micro-batch's positions, read by every block.
   Tensor rope;
   if (family_.rotary)
     rope = ctx.write("rope", {T_, config_.head_size()}, f32, Category::activations);
-  if (ctx.running()) {
+  // The tokens, kept for the embedding's backward; a whole step declares them in the LM head's
+  // phase (lm_head), a first stage without the head here.
+  if (embeds && !stage_.has_head())
+    ctx.write("tokens", {B_, T_}, DType::i32, Category::activations);
+  if (ctx.running() && !embeds) {
+    MEMFIT_CHECK(io_.input, "pipeline", "stage {}'s forward without its input", stage_.index);
+    std::copy_n(io_.input, encoded.numel(), encoded.data<float>());
+    if (family_.rotary) rope_table(rope, rope_inv_freq_);
+  } else if (ctx.running()) {
     // The tables have padded rows, so the embedding alone would accept ids up to padded_vocab.
     const int32_t* ids = tokens->data<int32_t>();
     for (int64_t i = 0; i < tokens->numel(); ++i)
@@ -58,10 +97,16 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
     embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
     if (family_.rotary) rope_table(rope, rope_inv_freq_);
   }
-  for (int l = 0; l < config_.n_layer; ++l)
+  for (int l = stage_.first; l < stage_.last; ++l)
     block_forward(ctx, PhaseKind::forward, l, w, g, training);
 
   ctx.enter(PhaseKind::final_norm);
+  if (!stage_.has_head()) {  // the stage's output, for the next stage
+    Tensor y = ctx.read(block_output_tag(slots_, stage_.last - 1));
+    // (A forward rerun before its backward sends nothing: no output.)
+    if (ctx.running() && io_.output) std::copy_n(y.data<float>(), y.numel(), io_.output);
+    return;
+  }
   const std::string tag = final_norm_tag();
   Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
   Tensor out = ctx.write(tag, {B_, T_, C}, h, Category::activations);
@@ -162,8 +207,8 @@ float TransformerStep::forward(StepContext& ctx, const ModelWeights& w, const Mo
                                float dloss, const Tensor* mask) {
   forward_blocks(ctx, w, g, tokens, training);
   float loss_sum = 0;
-  lm_head(ctx, w, g, targets, mask, training, dloss, &loss_sum);
-  if (ctx.running() && training) {
+  if (stage_.has_head()) lm_head(ctx, w, g, targets, mask, training, dloss, &loss_sum);
+  if (ctx.running() && training && stage_.has_embeddings()) {
     // backward() needs the tokens for the embedding's gradient; keep a copy in the plan's
     // buffer rather than trusting the caller's tensor to stay unchanged.
     Tensor saved = ctx.view("tokens");
@@ -179,19 +224,27 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
   };
   const int64_t C = config_.d_model;
   {
-    // ws.dC holds d(norm) from the fused LM head; ws.dresidual becomes d(top block's output).
+    // ws.dC holds d(norm) from the fused LM head; ws.dresidual becomes d(top block's output)
+    // (a stage before the last: the next stage's gradient of its output).
     ctx.enter(PhaseKind::final_norm_backward);
-    const std::string tag = final_norm_tag();
     Tensor dres = ctx.write("ws.dresidual", {B_, T_, C}, DType::f32, Category::workspace);
-    Tensor dnorm = ctx.read("ws.dC");
-    Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
-    compute_.final_norm_backward(ctx, tag, dres, dnorm, x, w, g);
+    if (stage_.has_head()) {
+      const std::string tag = final_norm_tag();
+      Tensor dnorm = ctx.read("ws.dC");
+      Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
+      compute_.final_norm_backward(ctx, tag, dres, dnorm, x, w, g);
+    } else if (ctx.running()) {
+      MEMFIT_CHECK(io_.dout, "pipeline", "stage {}'s backward without its output's gradient",
+                   stage_.index);
+      std::copy_n(io_.dout, dres.numel(), dres.data<float>());
+    }
   }
-  report(config_.n_layer);
+  if (stage_.has_head()) report(config_.n_layer);
   // Checkpointing: entering a recomputed segment from its last block, rerun its forward from
-  // the kept input of its first block.
+  // the kept input of its first block. (A stage's segments lie inside it: stage_of.)
   int segment = static_cast<int>(slots_.segments.size()) - 1;
-  for (int l = config_.n_layer - 1; l >= 0; --l) {
+  while (segment >= 0 && slots_.segments[segment].first >= stage_.last) --segment;
+  for (int l = stage_.last - 1; l >= stage_.first; --l) {
     if (segment >= 0 && slots_.segments[segment].second == l) {
       const auto [first, last] = slots_.segments[segment--];
       for (int k = first; k <= last; ++k) block_forward(ctx, PhaseKind::recompute, k, w, g);
@@ -203,7 +256,17 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     report(l);
   }
   ctx.enter(PhaseKind::embedding_backward);
-  Tensor dres = ctx.read("ws.dresidual"), tokens = ctx.read("tokens");
+  Tensor dres = ctx.read("ws.dresidual");
+  if (!stage_.has_embeddings()) {  // the gradient of this stage's input, for the previous one
+    if (ctx.running()) {
+      MEMFIT_CHECK(io_.din, "pipeline", "stage {}'s backward without a place for its input's "
+                   "gradient", stage_.index);
+      std::copy_n(dres.data<float>(), dres.numel(), io_.din);
+    }
+    ctx.finish();
+    return;
+  }
+  Tensor tokens = ctx.read("tokens");
   if (ctx.running() && g.tok_emb.defined()) {  // undefined: a frozen base (Note [LoRA])
     Tensor dwte = g.tok_emb, dwpe = g.pos_emb;
     embedding_backward(dwte, dwpe, dres, tokens);

@@ -18,6 +18,18 @@
 
 namespace memfit {
 
+// A pipeline stage's transfers (ActivationOptions::stage; Note [Pipeline parallel]), each
+// B x T x d_model f32: the next forward copies its input from `input` (stages after the first)
+// and its output into `output` (stages before the last; null: not copied, as for the forward a
+// backward reruns first); the next backward copies its output's
+// gradient from `dout` (before the last) and its input's gradient into `din` (after the first).
+struct StageIo {
+  const float* input = nullptr;
+  float* output = nullptr;
+  const float* dout = nullptr;
+  float* din = nullptr;
+};
+
 class TransformerStep {
  public:
   TransformerStep(const ModelConfig& config, const ActivationOptions& options, int B, int T);
@@ -42,6 +54,11 @@ class TransformerStep {
   // "Dropout"): its forward, recomputations and backward drop the adapters' input by it.
   void set_lora_draw(uint64_t draw) { lora_draw_ = draw; }
 
+  // Pipeline stage: where the next forward and backward read and write (see StageIo).
+  void set_stage_io(const StageIo& io) { io_ = io; }
+  // The stage this step runs (the whole model: stage 0 of 1, every block).
+  const PipelineStage& stage() const { return stage_; }
+
   // The final norm's output tag: "ln_f" (GPT-2) or "norm" (LLaMA).
   const char* final_norm_tag() const { return family_.final_norm_tag; }
 
@@ -64,6 +81,8 @@ class TransformerStep {
   const ModelFamily& family_;
   const FamilyCompute& compute_;
   const BlockSlots slots_;
+  const PipelineStage stage_;
+  StageIo io_;
   uint64_t lora_draw_ = 0;
   std::vector<float> rope_inv_freq_;  // LLaMA: the rotary frequencies, from the config once
 };

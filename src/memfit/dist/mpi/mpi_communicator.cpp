@@ -304,6 +304,28 @@ class MpiCommunicator final : public Communicator {
     wait_request(r, name("MPI_Ibarrier", "barrier"), timeout_s_);
   }
 
+  // MPI_Isend / MPI_Irecv of bytes; the wait has the timeout as the collectives' do.
+  std::unique_ptr<Request> send_async(const void* data, int64_t bytes, int peer,
+                                      int tag) override {
+    check_peer(peer, "send");
+    MPI_Request r;
+    MEMFIT_MPI(MPI_Isend(data, as_count(bytes, "send"), MPI_BYTE, peer, tag, comm_, &r));
+    return std::make_unique<MpiRequest>(
+        r, nullptr,
+        name("MPI_Isend", fmt::format("send of {} bytes to rank {}, tag {}", bytes, peer, tag)),
+        timeout_s_);
+  }
+  std::unique_ptr<Request> recv_async(void* data, int64_t bytes, int peer, int tag) override {
+    check_peer(peer, "recv");
+    MPI_Request r;
+    MEMFIT_MPI(MPI_Irecv(data, as_count(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &r));
+    return std::make_unique<MpiRequest>(
+        r, nullptr,
+        name("MPI_Irecv",
+             fmt::format("receive of {} bytes from rank {}, tag {}", bytes, peer, tag)),
+        timeout_s_);
+  }
+
   // MPI_Comm_split blocks (MPI has no nonblocking split), so no timeout: it runs at set-up,
   // before any rank can have gone its own way.
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -342,6 +364,11 @@ class MpiCommunicator final : public Communicator {
     std::unique_ptr<Request> first_, second_;
     std::function<std::unique_ptr<Request>()> next_;
   };
+
+  void check_peer(int peer, const char* op) const {
+    if (peer < 0 || peer >= size_)
+      MEMFIT_THROW(DistError, op, "peer rank {} of {} ranks", peer, size_);
+  }
 
   std::vector<int> checked_counts(std::span<const int64_t> counts, const char* op) const {
     if (static_cast<int>(counts.size()) != size_)
