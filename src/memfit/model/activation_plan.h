@@ -92,6 +92,11 @@ struct ActivationOptions {
   // LoRA's dropout on the adapters' input (model/lora_dropout.h; 0: none): the matmuls then
   // also declare "ws.lora.xd", a chunk of the dropped input (Note [LoRA], "Dropout").
   float lora_dropout = 0;
+  // QLoRA (--base-dtype nf4, Note [NF4 weights], "QLoRA"): the blocks' linear weights are NF4;
+  // every block phase's matmuls then declare "ws.nf4", the tiled NF4 products' scratch
+  // (nf4_matmul_scratch_bytes of the largest linear), and no "ws.widen" (a frozen NF4 base
+  // has no weight gradient to widen for).
+  bool base_nf4 = false;
 
   bool operator==(const ActivationOptions&) const = default;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "memfit/kernels/cpu/checks.h"
@@ -39,9 +40,24 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                "sharded or offloaded working weights need their source");
   // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]); offloaded,
   // none (the file source holds the persistent units, and at stage 3 the shard is in the file).
-  if (!state.params_in_file)
+  // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, which
+  // live as NF4 in a buffer of their own; one process, in RAM, no master weights.
+  if (state.base_nf4) {
+    MEMFIT_CHECK(!sharded_ && !state.params_in_file && master_range_ == whole &&
+                     !state.make_grads && (p == Precision::fp32 || !precision.master_weights),
+                 "model",
+                 "an NF4 base is built in one process with every weight in RAM and no master "
+                 "weights");
+    int64_t compact = 0;
+    compact_ = layout_.compact_offsets(&compact);
+    nf4_.emplace(config_);
+    params_ = Tensor::empty(pool, {compact}, half_dtype(p), Category::params, "params");
+    nf4_buffer_ = Tensor::empty(pool, {static_cast<int64_t>(nf4_->bytes())}, DType::u8,
+                                Category::params, "base.nf4");
+  } else if (!state.params_in_file) {
     params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
                             half_dtype(p), Category::params, "params");
+  }
   if (p != Precision::fp32 && precision.master_weights && state.master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   // The whole f32 gradient slab comes with the step plan: reserve() allocates it, or places it
@@ -51,10 +67,16 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   // instead, and a store of a file (--offload-grads) no slab.
   if (state.make_grads && state.grads_into_slab)
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
-  if (sharded_ || state.params_in_file)
+  if (sharded_ || state.params_in_file) {
     source_ = state.make_weights(pool, layout_, params_, half_dtype(p));
-  else
+  } else if (nf4_) {
+    weights_ = layout_.views_without_linears(params_);
+    for (const Nf4Matrix& m : nf4_->matrices())
+      weights_.blocks[static_cast<size_t>(m.layer)].nf4[static_cast<size_t>(m.slot)] =
+          nf4_->view(nf4_buffer_, m);
+  } else {
     weights_ = layout_.views(params_);
+  }
   grad_views_ = layout_.views(grads_);
   if (state.make_grads) {
     store_ = state.make_grads(pool, layout_, state.grads_into_slab ? grads_ : Tensor{});
@@ -84,6 +106,9 @@ void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freez
                "LoRA is built for fp32, and for bf16 with a frozen base and no master weights "
                "(PrecisionOptions::master_weights false), got {}{}",
                precision_name(p), master_.defined() ? " with master weights" : "");
+  MEMFIT_CHECK(options.base_nf4() == nf4_.has_value() && (!nf4_ || freeze_base), "lora",
+               "--base-dtype {} on a model {} an NF4 base{}", lora_base_name(options.base),
+               nf4_ ? "with" : "without", nf4_ && !freeze_base ? " (which is frozen)" : "");
   lora_.emplace(config_, options);
   lora_weights_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::params,
                                 "lora.params");
@@ -115,7 +140,21 @@ Tensor Transformer::param(const std::string& name) const {
   MEMFIT_CHECK(!sharded_, "model", "param('{}'): the working weights are a ZeRO-3 shard", name);
   MEMFIT_CHECK(!params_offloaded(), "model", "param('{}'): the working weights are on disk",
                name);
+  if (nf4_) {
+    const auto& ps = layout_.params();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (ps[i].name != name) continue;
+      MEMFIT_CHECK(compact_[i] >= 0, "model", "param('{}'): a block linear of the NF4 base",
+                   name);
+      return params_.view(compact_[i], ps[i].shape);
+    }
+    (void)layout_.find(name);  // throws: no such parameter
+  }
   return layout_.view(params_, name);
+}
+
+int64_t Transformer::working_offset(size_t i) const {
+  return nf4_ ? compact_.at(i) : layout_.params().at(i).offset;
 }
 
 Tensor Transformer::grad(const std::string& name) const {
@@ -148,6 +187,10 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
                               const MasterSink& offloaded_master) {
   MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",
                piece_elements);
+  if (nf4_) {
+    set_weights_nf4(fill, piece_elements);
+    return;
+  }
   if (params_offloaded()) {
     // The working copy lives in RAM (persistent units) and the file (Note [NVMe offload],
     // "Working weights on disk"): the offloaded master weights first, then the working copy
@@ -206,6 +249,36 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
   refresh_working();  // the master's range rounded into the working copy; stage 3's gathers
 }
 
+// QLoRA's load (Note [NF4 weights], "QLoRA"): the parameters other than the block linears
+// through one staging piece into the compact working slab (rounded as refresh_working rounds),
+// then the linears quantized a piece of whole rows at a time (nf4_base_quantize) with their
+// blocks' absmax in a second staging buffer; both freed before the step. No whole tensor is
+// ever held: RAM is the slab, the NF4 buffer, the piece and the largest matrix's absmax.
+void Transformer::set_weights_nf4(const RangeFill& fill, int64_t piece_elements) {
+  int64_t widest = 0;
+  for (const Nf4Matrix& m : nf4_->matrices()) widest = std::max(widest, m.cols);
+  const int64_t n = std::max(piece_elements, widest * kernels::kNf4Block / std::gcd(widest,
+                                                                             kernels::kNf4Block));
+  Tensor piece = Tensor::empty(pool_, {n}, DType::f32, Category::staging, "setup.piece");
+  const DType working = params_.dtype();
+  const size_t es = dtype_size(working);
+  auto* params = static_cast<std::byte*>(params_.raw_data());
+  const auto& ps = layout_.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (compact_[i] < 0) continue;
+    for (int64_t a = 0; a < ps[i].numel; a += n) {
+      const int64_t b = std::min(ps[i].numel, a + n);
+      fill(ps[i].offset + a, ps[i].offset + b, piece.data<float>());
+      convert_n_team(DType::f32, working, params + static_cast<size_t>(compact_[i] + a) * es,
+                     piece.data<float>(), b - a);
+    }
+  }
+  Tensor absmax =
+      Tensor::empty(pool_, {static_cast<int64_t>(nf4_->quantize_scratch_bytes() / sizeof(float))},
+                    DType::f32, Category::staging, "setup.nf4_absmax");
+  nf4_base_quantize(*nf4_, nf4_buffer_, fill, piece, absmax);
+}
+
 void Transformer::init_weights(uint64_t seed, int64_t piece_elements) {
   init_weights(seed, piece_elements, {});
 }
@@ -222,6 +295,7 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
   options.precision = precision_.precision;
   options.lora_rank = lora_ ? lora_->options().rank : 0;
   options.lora_dropout = lora_ ? lora_->options().dropout : 0.0f;
+  options.base_nf4 = nf4_.has_value();
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "model",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
@@ -250,6 +324,11 @@ void Transformer::reserve(StepPlan plan) {
   MEMFIT_CHECK(plan.options.lora_dropout == (lora_ ? lora_->options().dropout : 0.0f), "model",
                "a step plan for LoRA dropout {} on a model with dropout {}",
                plan.options.lora_dropout, lora_ ? lora_->options().dropout : 0.0f);
+  MEMFIT_CHECK(plan.options.base_nf4 == nf4_.has_value(), "model",
+               "a step plan {} an NF4 base for a model {} one", plan.options.base_nf4 ? "with" : "without",
+               nf4_ ? "with" : "without");
+  MEMFIT_CHECK(!nf4_ || (lora_ && frozen_) || plan.options.inference, "model",
+               "an NF4 base trains LoRA adapters alone: add_lora before a training plan");
   // A frozen base (LoRA) has no gradient slab either.
   const bool per_unit = store_ != nullptr, own_slab = !per_unit && !inference && !frozen_;
   MEMFIT_CHECK(!in_arena || own_slab, "model",
@@ -384,7 +463,14 @@ std::string Transformer::first_non_finite() {
     return {};
   };
   if (std::string s = scan(master_, master_range_, "master weight"); !s.empty()) return s;
-  if (std::string s = scan(params_, params_range(), "weight"); !s.empty()) return s;
+  if (nf4_) {
+    const auto& ps = layout_.params();
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (compact_[i] >= 0 && !all_finite(params_.view(compact_[i], {ps[i].numel})))
+        return fmt::format("{} (weight)", ps[i].name);
+  } else if (std::string s = scan(params_, params_range(), "weight"); !s.empty()) {
+    return s;
+  }
   const std::vector<Tensor>& views = ctx_.views();
   for (size_t i = 0; i < views.size(); ++i) {
     const std::string& tag = ctx_.plan().buffers[i].tag;

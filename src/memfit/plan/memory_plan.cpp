@@ -1,5 +1,7 @@
 #include "memfit/plan/memory_plan.h"
 
+#include "memfit/model/nf4_base.h"
+
 #include "memfit/model/transformer.h"
 
 #include <algorithm>
@@ -232,6 +234,17 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     const LoraLayout lora(r.model, spec.lora);
     const size_t adapters =
         MemoryPool::round_up(static_cast<size_t>(lora.total()) * sizeof(float));
+    // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, and
+    // their NF4 buffer ("base.nf4"), as Transformer allocates them.
+    if (spec.lora.base_nf4()) {
+      int64_t compact = 0;
+      (void)layout.compact_offsets(&compact);
+      r.nf4_base_bytes = MemoryPool::round_up(Nf4BaseLayout(r.model).bytes());
+      at(Category::params) =
+          MemoryPool::round_up(static_cast<size_t>(compact) *
+                               dtype_size(half_dtype(precision.precision))) +
+          r.nf4_base_bytes;
+    }
     at(Category::params) += adapters;
     at(Category::grads) = adapters;
     at(Category::optimizer) =

@@ -25,6 +25,8 @@ struct PlanReport {
   ModelConfig model;
   int B = 0, T = 0;
   CategoryBytes by_category{};  // at the peak: what the pool holds (activations, workspace: arenas)
+  // QLoRA (--base-dtype nf4): the NF4 buffer of the blocks' linear weights, part of params.
+  size_t nf4_base_bytes = 0;
   size_t peak_bytes = 0;
   std::string peak_phase;       // where the most bytes are live: "backward of block 11"
   size_t peak_live_bytes = 0;   // live then: the other categories and that phase's buffers
