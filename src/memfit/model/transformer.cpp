@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -188,7 +189,7 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
   MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",
                piece_elements);
   if (nf4_) {
-    set_weights_nf4(fill, piece_elements);
+    set_weights_nf4(fill, piece_elements, true);
     return;
   }
   if (params_offloaded()) {
@@ -254,11 +255,21 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
 // then the linears quantized a piece of whole rows at a time (nf4_base_quantize) with their
 // blocks' absmax in a second staging buffer; both freed before the step. No whole tensor is
 // ever held: RAM is the slab, the NF4 buffer, the piece and the largest matrix's absmax.
-void Transformer::set_weights_nf4(const RangeFill& fill, int64_t piece_elements) {
-  int64_t widest = 0;
-  for (const Nf4Matrix& m : nf4_->matrices()) widest = std::max(widest, m.cols);
-  const int64_t n = std::max(piece_elements, widest * kernels::kNf4Block / std::gcd(widest,
-                                                                             kernels::kNf4Block));
+void Transformer::set_weights_except_nf4(const RangeFill& fill, int64_t piece_elements) {
+  MEMFIT_CHECK(nf4_.has_value(), "model", "set_weights_except_nf4 without an NF4 base");
+  set_weights_nf4(fill, piece_elements, false);
+}
+
+void Transformer::set_weights_nf4(const RangeFill& fill, int64_t piece_elements, bool quantize) {
+  // At most piece_elements and the largest tensor, at least a piece of rows that starts a
+  // block of every matrix (nf4_base_quantize).
+  int64_t widest = 0, largest = 0;
+  for (const Nf4Matrix& m : nf4_->matrices()) {
+    widest = std::max(widest, m.cols * (kernels::kNf4Block / std::gcd(m.cols, kernels::kNf4Block)));
+    largest = std::max(largest, m.rows * m.cols);
+  }
+  for (const ParamInfo& p : layout_.params()) largest = std::max(largest, p.numel);
+  const int64_t n = std::max(std::min(piece_elements, largest), widest);
   Tensor piece = Tensor::empty(pool_, {n}, DType::f32, Category::staging, "setup.piece");
   const DType working = params_.dtype();
   const size_t es = dtype_size(working);
@@ -273,10 +284,53 @@ void Transformer::set_weights_nf4(const RangeFill& fill, int64_t piece_elements)
                      piece.data<float>(), b - a);
     }
   }
+  if (!quantize) return;
   Tensor absmax =
       Tensor::empty(pool_, {static_cast<int64_t>(nf4_->quantize_scratch_bytes() / sizeof(float))},
                     DType::f32, Category::staging, "setup.nf4_absmax");
   nf4_base_quantize(*nf4_, nf4_buffer_, fill, piece, absmax);
+}
+
+void Transformer::read_base_range(ElementRange range, const BaseTake& take,
+                                  const Tensor& staging) const {
+  MEMFIT_CHECK(nf4_.has_value(), "model", "read_base_range without an NF4 base");
+  const DType dt = params_.dtype();
+  const size_t es = dtype_size(dt);
+  const int64_t cap = static_cast<int64_t>(staging.nbytes() / es);
+  MEMFIT_CHECK(cap > 0, "model", "a staging of {} bytes for {} values", staging.nbytes(),
+               dtype_name(dt));
+  auto* stage = static_cast<std::byte*>(staging.raw_data());
+  const auto* params = static_cast<const std::byte*>(params_.raw_data());
+  const auto& ps = layout_.params();
+  size_t i = 0;
+  int64_t a = range.begin;
+  while (a < range.end) {
+    while (i < ps.size() && ps[i].offset + ps[i].numel <= a) ++i;
+    if (i == ps.size() || a < ps[i].offset) {  // alignment padding: zeros
+      const int64_t b = std::min({range.end, i == ps.size() ? range.end : ps[i].offset, a + cap});
+      std::memset(stage, 0, static_cast<size_t>(b - a) * es);
+      take(a, b, stage);
+      a = b;
+      continue;
+    }
+    const int64_t end = std::min(range.end, ps[i].offset + ps[i].numel);
+    if (compact_[i] >= 0) {
+      take(a, end, params + static_cast<size_t>(compact_[i] + a - ps[i].offset) * es);
+      a = end;
+      continue;
+    }
+    const Nf4Matrix* m = nullptr;
+    for (const Nf4Matrix& x : nf4_->matrices())
+      if (x.layout_offset <= a && a < x.layout_offset + x.rows * x.cols) m = &x;
+    MEMFIT_CHECK(m != nullptr, "model", "no NF4 matrix holds layout element {}", a);
+    const kernels::Nf4Weight w = nf4_->view(nf4_buffer_, *m);
+    for (; a < end;) {
+      const int64_t b = std::min(end, a + cap);
+      kernels::nf4_dequantize_n(w, a - m->layout_offset, b - a, dt, stage);
+      take(a, b, stage);
+      a = b;
+    }
+  }
 }
 
 void Transformer::init_weights(uint64_t seed, int64_t piece_elements) {

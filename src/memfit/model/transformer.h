@@ -121,6 +121,18 @@ class Transformer {
   // Where parameter i of layout().params() lies in params(): its layout offset, or with an NF4
   // base its compact offset (-1 for a block linear weight).
   int64_t working_offset(size_t i) const;
+  // QLoRA's save (Note [NF4 weights], "QLoRA"): layout elements `range` of the base in the
+  // working dtype, handed to `take` in consecutive runs that tile it: the compact slab's
+  // parameters from RAM, the NF4 linears dequantized (the values the matmuls multiply by) a
+  // piece at a time into `staging` (its bytes, at least one element), zeros in the alignment
+  // gaps between parameters.
+  using BaseTake = std::function<void(int64_t from, int64_t to, const void* src)>;
+  void read_base_range(ElementRange range, const BaseTake& take, const Tensor& staging) const;
+  // Sets the weights from `fill` as set_weights does, except the NF4 linears, which are left
+  // as they are (a resume reads them from the save: io/checkpoint/nf4_base_file.h).
+  void set_weights_except_nf4(const RangeFill& fill, int64_t piece_elements);
+  // The NF4 base's buffer, to read into (a resume).
+  Tensor& nf4_buffer() { return nf4_buffer_; }
   // One parameter's gradient in the whole slab (a test helper; refuses at stages 2-3).
   Tensor grad(const std::string& name) const;
 
@@ -253,7 +265,7 @@ class Transformer {
   std::optional<Nf4BaseLayout> nf4_;
   Tensor nf4_buffer_;
   std::vector<int64_t> compact_;
-  void set_weights_nf4(const RangeFill& fill, int64_t piece_elements);
+  void set_weights_nf4(const RangeFill& fill, int64_t piece_elements, bool quantize);
   uint64_t lora_draw_ = 0;
   bool frozen_ = false;  // LoRA's frozen base: no gradient slab
   // Binds the adapters' views into weights_ and grad_views_ (after either is rebuilt).

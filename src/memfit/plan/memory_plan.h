@@ -122,6 +122,9 @@ bool save_streams_weights(const RunSpec& spec);
 // adds little to the run's peak; 0 where the save does not stream or the family stores
 // nothing transposed (LLaMA: the runs are written straight from the offload ring).
 int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step);
+// QLoRA's save: the staging its NF4 linears are dequantized into on their way to
+// model.safetensors ("save.nf4", f32-sized elements: setup_piece_elements), else 0.
+int64_t save_nf4_staging_elements(const RunSpec& spec, const StepPlan& step);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds.
