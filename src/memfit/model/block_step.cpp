@@ -224,22 +224,25 @@ namespace {
 // biases after the NF4 product, which has none).
 void add_bias_rows(Tensor& out, const Tensor& bias) {
   const int64_t n = out.size(-1), rows = out.numel() / n;
-  std::vector<float> b(static_cast<size_t>(n));
-  convert_n(bias.dtype(), DType::f32, b.data(), bias.raw_data(), n);
-  if (out.dtype() == DType::f32) {
-    float* o = out.data<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < n; ++j) o[r * n + j] += b[static_cast<size_t>(j)];
-    return;
-  }
-  MEMFIT_CHECK_DTYPE(out.dtype() == DType::bf16, "nf4", "a bias added to {} output",
+  MEMFIT_CHECK_DTYPE((out.dtype() == DType::f32 || out.dtype() == DType::bf16) &&
+                         (bias.dtype() == DType::f32 || bias.dtype() == DType::bf16),
+                     "nf4", "a {} bias added to a {} output", dtype_name(bias.dtype()),
                      dtype_name(out.dtype()));
-  auto* o = static_cast<uint16_t*>(out.raw_data());
+  const bool f32_bias = bias.dtype() == DType::f32, f32_out = out.dtype() == DType::f32;
+  const auto* b = static_cast<const std::byte*>(bias.raw_data());
+  auto* o = static_cast<std::byte*>(out.raw_data());
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j)
-      o[r * n + j] = bf16_from_f32(f32_from_bf16(o[r * n + j]) + b[static_cast<size_t>(j)]);
+    for (int64_t j = 0; j < n; ++j) {
+      const float bj = f32_bias ? reinterpret_cast<const float*>(b)[j]
+                                : f32_from_bf16(reinterpret_cast<const uint16_t*>(b)[j]);
+      if (f32_out) {
+        reinterpret_cast<float*>(o)[r * n + j] += bj;
+      } else {
+        uint16_t& y = reinterpret_cast<uint16_t*>(o)[r * n + j];
+        y = bf16_from_f32(f32_from_bf16(y) + bj);
+      }
+    }
 }
 
 }  // namespace
