@@ -41,14 +41,15 @@ class Sample : public test::BinaryTest {
     return ck;
   }
   // A LoRA save of `preset` after three steps (a learning rate that moves B off zero).
-  fs::path lora_checkpoint(const std::string& preset) const {
+  // `more`: further train options (QLoRA's --base-dtype nf4).
+  fs::path lora_checkpoint(const std::string& preset, const std::string& more = "") const {
     std::ofstream(dir / "data" / "dataset.json")
         << R"({"tokenizer": "byte", "vocab_size": 256, "eot_token": 0, "token_bytes": 2})";
-    const fs::path ck = dir / ("lora-" + preset);
+    const fs::path ck = dir / ("lora-" + preset + (more.empty() ? "" : "-more"));
     const Output r = memfit(fmt::format(
         "train --model {} --threads 1 --seq-len 64 --batch 2 --eval-every 0 --steps 3 "
-        "--precision fp32 --lora-rank 4 --lora-alpha 16 --lr 0.05 --data '{}' --save '{}'",
-        preset, (dir / "data").string(), ck.string()));
+        "--precision fp32 --lora-rank 4 --lora-alpha 16 --lr 0.05 --data '{}' --save '{}' {}",
+        preset, (dir / "data").string(), ck.string(), more));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return ck;
   }
@@ -115,6 +116,34 @@ TEST_F(Sample, ALoraSaveSamplesAsItsMergedExport) {
                                           "--precision bf16"));
     EXPECT_EQ(half.exit_code, 0) << half.err;
     EXPECT_TRUE(half.says("merged into the weights")) << half.err;
+  }
+}
+
+// QLoRA (Note [NF4 weights], "QLoRA"): the save's model.safetensors is the NF4 base
+// dequantized, so sample and export --merge-lora merge the adapters into the model they were
+// trained against, and agree; the NF4 bytes are beside it for --resume.
+TEST_F(Sample, AQloraSaveSamplesAsItsMergedExport) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    const fs::path ck = lora_checkpoint(preset, "--base-dtype nf4"),
+                   hf = dir / (std::string("qmerged-") + preset);
+    EXPECT_TRUE(fs::exists(ck / "base_nf4.safetensors"));
+    Output r = memfit(fmt::format("export --hf '{}' '{}' --merge-lora", hf.string(), ck.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const Output lora = memfit(sample(ck, "--temperature 0 --tokens 40 --tokenizer byte"));
+    ASSERT_EQ(lora.exit_code, 0) << lora.err;
+    EXPECT_TRUE(lora.says("merged into the weights")) << lora.err;
+    const Output merged = memfit(sample(hf, "--temperature 0 --tokens 40 --tokenizer byte"));
+    ASSERT_EQ(merged.exit_code, 0) << merged.err;
+    EXPECT_GT(lora.out.size(), std::string(kPrompt).size());
+    EXPECT_EQ(lora.out, merged.out);
+  }
+  // Refused before anything runs, naming the option (exit 2).
+  for (const char* bad : {"--base-dtype nf4", "--lora-rank 4 --base-dtype int8"}) {
+    const Output x = memfit(fmt::format("train --model gpt2-tiny --steps 1 --data '{}' {}",
+                                        (dir / "data").string(), bad));
+    EXPECT_EQ(x.exit_code, 2) << bad << ": " << x.err;
+    EXPECT_NE(x.err.find("--base-dtype"), std::string::npos) << x.err;
   }
 }
 

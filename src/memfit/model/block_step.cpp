@@ -9,6 +9,7 @@
 #include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
+#include "memfit/kernels/cpu/nf4_matmul.h"
 
 namespace memfit {
 
@@ -88,8 +89,22 @@ size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
 // matmuls share one buffer; the LM head has its own ("ws.widen.head", transformer_step.cpp).
 void declare_matmuls(StepContext& ctx, const ModelConfig& config,
                      const ActivationOptions& options, int64_t rows) {
+  if (options.base_nf4) {
+    ctx.scratch("ws.nf4", nf4_scratch_bytes(config, rows, half_dtype(options.precision)));
+    return;
+  }
   if (const size_t bytes = widen_scratch_bytes(config, rows, half_dtype(options.precision)))
     ctx.scratch("ws.widen", bytes);
+}
+
+size_t nf4_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
+  const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
+  const int64_t fc = c.fc_width();
+  size_t bytes = 0;
+  for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
+                               {N, F, C}})
+    bytes = std::max(bytes, nf4_matmul_scratch_bytes(rows, in, out, h));
+  return bytes;
 }
 
 void linear_forward(StepContext& ctx, Tensor out, const Tensor& inp, const Tensor& weight,
@@ -203,9 +218,77 @@ const float* BlockStep::lora_input(LinearSlot slot, int part, const float* x, in
 // (a member of a fused layer is a column range of the output's rows, ldc the layer's width):
 // u = x A^T, then y[:, rows] += scale u B^T. In bf16 x and y a chunk of rows at a time widened
 // (y rounded back once, after every adapter of the layer added to it).
+namespace {
+
+// out (rows, n) += bias (n) on every row, in f32, a half output rounded once (QLoRA's GPT-2
+// biases after the NF4 product, which has none).
+void add_bias_rows(Tensor& out, const Tensor& bias) {
+  const int64_t n = out.size(-1), rows = out.numel() / n;
+  MEMFIT_CHECK_DTYPE((out.dtype() == DType::f32 || out.dtype() == DType::bf16) &&
+                         (bias.dtype() == DType::f32 || bias.dtype() == DType::bf16),
+                     "nf4", "a {} bias added to a {} output", dtype_name(bias.dtype()),
+                     dtype_name(out.dtype()));
+  const bool f32_bias = bias.dtype() == DType::f32, f32_out = out.dtype() == DType::f32;
+  const auto* b = static_cast<const std::byte*>(bias.raw_data());
+  auto* o = static_cast<std::byte*>(out.raw_data());
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      const float bj = f32_bias ? reinterpret_cast<const float*>(b)[j]
+                                : f32_from_bf16(reinterpret_cast<const uint16_t*>(b)[j]);
+      if (f32_out) {
+        reinterpret_cast<float*>(o)[r * n + j] += bj;
+      } else {
+        uint16_t& y = reinterpret_cast<uint16_t*>(o)[r * n + j];
+        y = bf16_from_f32(f32_from_bf16(y) + bj);
+      }
+    }
+}
+
+}  // namespace
+
+const kernels::Nf4Weight& BlockStep::nf4_weight(LinearSlot slot) const {
+  const kernels::Nf4Weight& q = w.nf4[static_cast<size_t>(slot)];
+  MEMFIT_CHECK(q.codes != nullptr, "nf4", "layer {} linear {} has no NF4 weight", layer,
+               static_cast<int>(slot));
+  return q;
+}
+
+// The base layer's product alone: the NF4 tiles (Note [NF4 weights], "Tiles") where the base
+// is NF4, GPT-2's bias added after, else the dense (possibly widened) GEMM with its bias.
+void BlockStep::base_forward(LinearSlot slot, Tensor out, const Tensor& inp,
+                             const Tensor& weight, const Tensor& bias) {
+  if (!options.base_nf4) {
+    memfit::linear_forward(ctx, out, inp, weight, bias);
+    return;
+  }
+  if (!running()) return;
+  Tensor scratch = ctx.view("ws.nf4");
+  nf4_matmul_forward(out, inp, nf4_weight(slot), scratch);
+  if (bias.defined()) add_bias_rows(out, bias);
+}
+
+// d(input) of the base layer, then `between`, then its weight and bias gradients where defined
+// (an NF4 base is frozen: it has none).
+void BlockStep::base_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                                     const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                     const std::function<void()>& between) {
+  if (!options.base_nf4) {
+    memfit::linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, between);
+    return;
+  }
+  MEMFIT_CHECK(!dweight.defined() && !dbias.defined(), "nf4",
+               "the NF4 base is frozen: no weight or bias gradient (layer {})", layer);
+  if (running()) {
+    Tensor scratch = ctx.view("ws.nf4");
+    nf4_matmul_backward_input(dinp, dout, nf4_weight(slot), scratch);
+  }
+  between();
+}
+
 void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias) {
-  memfit::linear_forward(ctx, out, inp, weight, bias);
+  base_forward(slot, out, inp, weight, bias);
   const LoraSet& adapters = w.lora[static_cast<size_t>(slot)];
   bool adapted = false;
   for (const LoraView& a : adapters) adapted = adapted || a.a.defined();
@@ -245,7 +328,7 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
   bool adapted = false;
   for (const LoraView& a : wa) adapted = adapted || a.a.defined();
   if (!running() || !adapted) {
-    memfit::linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, between);
+    base_backward_around(slot, dinp, dweight, dbias, dout, inp, weight, between);
     return;
   }
   check_lora_dtypes(inp, dout);
@@ -254,7 +337,7 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
   const int64_t K = std::min({lora_chunk(inp), lora_chunk(dout), lora_chunk(dinp)});
   // More than one adapter on a layer (q, k, v) needs each one's du after `between`: recomputed
   // there (one (N, out_part) x (out_part, r) GEMM each), so d(input) is done first for all.
-  memfit::linear_backward_around(ctx, dinp, Tensor{}, Tensor{}, dout, inp, weight, [&] {
+  base_backward_around(slot, dinp, Tensor{}, Tensor{}, dout, inp, weight, [&] {
     for (int64_t r0 = 0; r0 < N; r0 += K) {
       const int64_t k = std::min(K, N - r0);
       const float* dy = lora_rows(dout, r0, k, lora_x_);

@@ -131,6 +131,13 @@ class BlockStep {
   Tensor lora_x_, lora_y_;           // bf16 LoRA: a chunk of rows of its operands, widened
   Tensor lora_xd_;                   // LoRA dropout: a chunk of rows of the dropped input
   int64_t lora_chunk(const Tensor& t) const;
+  // The base layer alone: dense, or QLoRA's NF4 tiles ("ws.nf4") with GPT-2's bias after.
+  void base_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,
+                    const Tensor& bias);
+  void base_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                            const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                            const std::function<void()>& between);
+  const kernels::Nf4Weight& nf4_weight(LinearSlot slot) const;
   const float* lora_input(LinearSlot slot, int part, const float* x, int64_t r0, int64_t k,
                           int64_t in) const;
 };
@@ -144,5 +151,8 @@ std::string block_output_tag(const BlockSlots& slots, int l);
 // layers (0 where nothing widens). The LM head widens its weight a block at a time in a
 // scratch of its own (matmul_widened.h, matmul_forward_widened_blocked).
 size_t widen_scratch_bytes(const ModelConfig& config, int64_t rows, DType h);
+// QLoRA (ActivationOptions::base_nf4): the NF4 products' scratch, "ws.nf4", in bytes: the
+// largest nf4_matmul_scratch_bytes of the blocks' linear layers, computing in h.
+size_t nf4_scratch_bytes(const ModelConfig& config, int64_t rows, DType h);
 
 }  // namespace memfit

@@ -16,11 +16,22 @@
 
 namespace memfit {
 
+// The frozen base's storage (--base-dtype; Note [NF4 weights], "QLoRA"): `precision`, the
+// run's working weights (bf16 under --precision bf16, f32 under fp32); `bf16`, the same asked
+// for by name (needs --precision bf16); `nf4`, the blocks' linear weights in NF4 (QLoRA), the
+// embeddings, norms and head as the precision says. int8 is not built.
+enum class LoraBase : uint8_t { precision, bf16, nf4 };
+// "bf16", "nf4"; ConfigError naming --base-dtype for int8 (not built) and anything else.
+LoraBase lora_base_from_name(std::string_view name);
+std::string_view lora_base_name(LoraBase base);
+
 struct LoraOptions {
   int rank = 0;        // 0: no LoRA
   float alpha = 16;    // the adapter's output is scaled by alpha / rank
   float dropout = 0;   // on the adapters' input in training, in [0, 1) (lora_dropout.h)
   std::string targets = "all-linear";  // a comma-separated list (lora_target_names)
+  LoraBase base = LoraBase::precision;  // --base-dtype
+  bool base_nf4() const { return base == LoraBase::nf4; }
   bool enabled() const { return rank > 0; }
   float scale() const { return alpha / static_cast<float>(rank); }
 };

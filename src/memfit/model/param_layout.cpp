@@ -101,6 +101,74 @@ ModelWeights ParamLayout::views(const Tensor& slab) const {
   return w;
 }
 
+namespace {
+
+bool block_linear(const ParamInfo& p) {
+  switch (p.role) {
+    case ParamRole::attn_qkv_weight:
+    case ParamRole::attn_q_weight:
+    case ParamRole::attn_k_weight:
+    case ParamRole::attn_v_weight:
+    case ParamRole::attn_proj_weight:
+    case ParamRole::mlp_fc_weight:
+    case ParamRole::mlp_gate_weight:
+    case ParamRole::mlp_up_weight:
+    case ParamRole::mlp_proj_weight: return p.layer >= 0;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> ParamLayout::compact_offsets(int64_t* total) const {
+  std::vector<int64_t> out;
+  out.reserve(params_.size());
+  int64_t at = 0;
+  for (const ParamInfo& p : params_) {
+    if (block_linear(p)) {
+      out.push_back(-1);
+      continue;
+    }
+    out.push_back(at);
+    at += (p.numel + 15) / 16 * 16;
+  }
+  if (total) *total = at;
+  return out;
+}
+
+ModelWeights ParamLayout::views_without_linears(const Tensor& compact) const {
+  ModelWeights w;
+  w.blocks.resize(n_layer_);
+  int64_t total = 0;
+  const std::vector<int64_t> at = compact_offsets(&total);
+  MEMFIT_CHECK_SHAPE(compact.numel() == total, "params",
+                     "a compact slab of {} elements for a layout of {} without its linears",
+                     compact.numel(), total);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
+    // A linear weight gets a stand-in view, which GPT-2's biases (assigned by which weights
+    // came before them) need, cleared below.
+    if (at[i] < 0) {
+      BlockWeights& b = w.blocks[static_cast<size_t>(p.layer)];
+      const Tensor stand_in = compact.view(0, {1});
+      switch (p.role) {
+        case ParamRole::attn_qkv_weight:
+        case ParamRole::attn_q_weight: b.qkv_w = stand_in; break;
+        case ParamRole::attn_proj_weight: b.attn_out_w = stand_in; break;
+        case ParamRole::mlp_fc_weight:
+        case ParamRole::mlp_gate_weight: b.fc_w = stand_in; break;
+        case ParamRole::mlp_proj_weight: b.mlp_out_w = stand_in; break;
+        default: break;
+      }
+    } else {
+      assign(w, compact, p.offset - at[i], p);
+    }
+  }
+  for (BlockWeights& b : w.blocks) b.qkv_w = b.attn_out_w = b.fc_w = b.mlp_out_w = Tensor{};
+  if (!w.head.defined()) w.head = w.tok_emb;
+  return w;
+}
+
 void ParamLayout::bind(ModelWeights& w, const Tensor& buffer, ElementRange range) const {
   MEMFIT_CHECK_SHAPE(buffer.numel() >= range.size(), "params",
                      "a buffer of {} elements for a range of {}", buffer.numel(), range.size());

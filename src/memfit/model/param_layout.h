@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "memfit/core/shape.h"
+#include "memfit/kernels/cpu/nf4.h"
 #include "memfit/memory/tensor.h"
 #include "memfit/core/element_range.h"
 
@@ -77,6 +78,9 @@ struct BlockWeights {
   Tensor norm2_w, norm2_b, fc_w, fc_b, mlp_out_w, mlp_out_b;
   // LoRA adapters per linear layer (all undefined without --lora-rank).
   std::array<LoraSet, kLinearSlots> lora;
+  // QLoRA's NF4 base (model/nf4_base.h): the four linear weights as NF4, in LinearSlot order,
+  // where qkv_w .. mlp_out_w are then undefined (codes null: not NF4).
+  std::array<kernels::Nf4Weight, kLinearSlots> nf4{};
 };
 struct ModelWeights {
   Tensor tok_emb, pos_emb;  // pos_emb: GPT-2 only
@@ -101,6 +105,13 @@ class ParamLayout {
   // Every parameter of a slab laid out by this layout, as typed views. An undefined slab gives
   // undefined views (the planner runs the step without weights).
   ModelWeights views(const Tensor& slab) const;
+  // The views of a compact slab that holds every parameter but the blocks' linear weights,
+  // each at compact_offsets()[i] (QLoRA's base, whose linears are NF4: Transformer): the
+  // linear weights' views are left undefined.
+  ModelWeights views_without_linears(const Tensor& compact) const;
+  // Per parameter (in params() order): its offset in such a compact slab (64-byte aligned,
+  // in layout order), or -1 for a block linear weight; and the compact slab's elements.
+  std::vector<int64_t> compact_offsets(int64_t* total = nullptr) const;
   // Rebinds the views of the parameters in `range` (a unit of unit_ranges below: the embeddings,
   // a block or the tail) to `buffer`, which holds that range alone (ZeRO stage 3's gathered
   // units, Note [ZeRO stage 3]); the views of the rest of `w` stay. A block is bound whole.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 #include <random>
 
 #include "memfit/kernels/cpu/checks.h"
@@ -39,9 +41,24 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                "sharded or offloaded working weights need their source");
   // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]); offloaded,
   // none (the file source holds the persistent units, and at stage 3 the shard is in the file).
-  if (!state.params_in_file)
+  // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, which
+  // live as NF4 in a buffer of their own; one process, in RAM, no master weights.
+  if (state.base_nf4) {
+    MEMFIT_CHECK(!sharded_ && !state.params_in_file && master_range_ == whole &&
+                     !state.make_grads && (p == Precision::fp32 || !precision.master_weights),
+                 "model",
+                 "an NF4 base is built in one process with every weight in RAM and no master "
+                 "weights");
+    int64_t compact = 0;
+    compact_ = layout_.compact_offsets(&compact);
+    nf4_.emplace(config_);
+    params_ = Tensor::empty(pool, {compact}, half_dtype(p), Category::params, "params");
+    nf4_buffer_ = Tensor::empty(pool, {static_cast<int64_t>(nf4_->bytes())}, DType::u8,
+                                Category::params, "base.nf4");
+  } else if (!state.params_in_file) {
     params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
                             half_dtype(p), Category::params, "params");
+  }
   if (p != Precision::fp32 && precision.master_weights && state.master_in_ram)
     master_ = Tensor::empty(pool, {master_range_.size()}, DType::f32, Category::master, "master");
   // The whole f32 gradient slab comes with the step plan: reserve() allocates it, or places it
@@ -51,10 +68,16 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   // instead, and a store of a file (--offload-grads) no slab.
   if (state.make_grads && state.grads_into_slab)
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
-  if (sharded_ || state.params_in_file)
+  if (sharded_ || state.params_in_file) {
     source_ = state.make_weights(pool, layout_, params_, half_dtype(p));
-  else
+  } else if (nf4_) {
+    weights_ = layout_.views_without_linears(params_);
+    for (const Nf4Matrix& m : nf4_->matrices())
+      weights_.blocks[static_cast<size_t>(m.layer)].nf4[static_cast<size_t>(m.slot)] =
+          nf4_->view(nf4_buffer_, m);
+  } else {
     weights_ = layout_.views(params_);
+  }
   grad_views_ = layout_.views(grads_);
   if (state.make_grads) {
     store_ = state.make_grads(pool, layout_, state.grads_into_slab ? grads_ : Tensor{});
@@ -85,6 +108,9 @@ void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freez
                "LoRA is built for fp32, and for bf16 with a frozen base and no master weights "
                "(PrecisionOptions::master_weights false), got {}{}",
                precision_name(p), master_.defined() ? " with master weights" : "");
+  MEMFIT_CHECK(options.base_nf4() == nf4_.has_value() && (!nf4_ || freeze_base), "lora",
+               "--base-dtype {} on a model {} an NF4 base{}", lora_base_name(options.base),
+               nf4_ ? "with" : "without", nf4_ && !freeze_base ? " (which is frozen)" : "");
   lora_.emplace(config_, options);
   lora_weights_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::params,
                                 "lora.params");
@@ -116,7 +142,21 @@ Tensor Transformer::param(const std::string& name) const {
   MEMFIT_CHECK(!sharded_, "model", "param('{}'): the working weights are a ZeRO-3 shard", name);
   MEMFIT_CHECK(!params_offloaded(), "model", "param('{}'): the working weights are on disk",
                name);
+  if (nf4_) {
+    const auto& ps = layout_.params();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (ps[i].name != name) continue;
+      MEMFIT_CHECK(compact_[i] >= 0, "model", "param('{}'): a block linear of the NF4 base",
+                   name);
+      return params_.view(compact_[i], ps[i].shape);
+    }
+    (void)layout_.find(name);  // throws: no such parameter
+  }
   return layout_.view(params_, name);
+}
+
+int64_t Transformer::working_offset(size_t i) const {
+  return nf4_ ? compact_.at(i) : layout_.params().at(i).offset;
 }
 
 Tensor Transformer::grad(const std::string& name) const {
@@ -149,6 +189,10 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
                               const MasterSink& offloaded_master) {
   MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",
                piece_elements);
+  if (nf4_) {
+    set_weights_nf4(fill, piece_elements, true);
+    return;
+  }
   if (params_offloaded()) {
     // The working copy lives in RAM (persistent units) and the file (Note [NVMe offload],
     // "Working weights on disk"): the offloaded master weights first, then the working copy
@@ -207,6 +251,89 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
   refresh_working();  // the master's range rounded into the working copy; stage 3's gathers
 }
 
+// QLoRA's load (Note [NF4 weights], "QLoRA"): the parameters other than the block linears
+// through one staging piece into the compact working slab (rounded as refresh_working rounds),
+// then the linears quantized a piece of whole rows at a time (nf4_base_quantize) with their
+// blocks' absmax in a second staging buffer; both freed before the step. No whole tensor is
+// ever held: RAM is the slab, the NF4 buffer, the piece and the largest matrix's absmax.
+void Transformer::set_weights_except_nf4(const RangeFill& fill, int64_t piece_elements) {
+  MEMFIT_CHECK(nf4_.has_value(), "model", "set_weights_except_nf4 without an NF4 base");
+  set_weights_nf4(fill, piece_elements, false);
+}
+
+void Transformer::set_weights_nf4(const RangeFill& fill, int64_t piece_elements, bool quantize) {
+  // At most piece_elements and the largest tensor, at least a piece of rows that starts a
+  // block of every matrix (nf4_base_quantize).
+  int64_t widest = 0, largest = 0;
+  for (const Nf4Matrix& m : nf4_->matrices()) {
+    widest = std::max(widest, m.cols * (kernels::kNf4Block / std::gcd(m.cols, kernels::kNf4Block)));
+    largest = std::max(largest, m.rows * m.cols);
+  }
+  for (const ParamInfo& p : layout_.params()) largest = std::max(largest, p.numel);
+  const int64_t n = std::max(std::min(piece_elements, largest), widest);
+  Tensor piece = Tensor::empty(pool_, {n}, DType::f32, Category::staging, "setup.piece");
+  const DType working = params_.dtype();
+  const size_t es = dtype_size(working);
+  auto* params = static_cast<std::byte*>(params_.raw_data());
+  const auto& ps = layout_.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (compact_[i] < 0) continue;
+    for (int64_t a = 0; a < ps[i].numel; a += n) {
+      const int64_t b = std::min(ps[i].numel, a + n);
+      fill(ps[i].offset + a, ps[i].offset + b, piece.data<float>());
+      convert_n_team(DType::f32, working, params + static_cast<size_t>(compact_[i] + a) * es,
+                     piece.data<float>(), b - a);
+    }
+  }
+  if (!quantize) return;
+  Tensor absmax =
+      Tensor::empty(pool_, {static_cast<int64_t>(nf4_->quantize_scratch_bytes() / sizeof(float))},
+                    DType::f32, Category::staging, "setup.nf4_absmax");
+  nf4_base_quantize(*nf4_, nf4_buffer_, fill, piece, absmax);
+}
+
+void Transformer::read_base_range(ElementRange range, const BaseTake& take,
+                                  const Tensor& staging) const {
+  MEMFIT_CHECK(nf4_.has_value(), "model", "read_base_range without an NF4 base");
+  const DType dt = params_.dtype();
+  const size_t es = dtype_size(dt);
+  const int64_t cap = static_cast<int64_t>(staging.nbytes() / es);
+  MEMFIT_CHECK(cap > 0, "model", "a staging of {} bytes for {} values", staging.nbytes(),
+               dtype_name(dt));
+  auto* stage = static_cast<std::byte*>(staging.raw_data());
+  const auto* params = static_cast<const std::byte*>(params_.raw_data());
+  const auto& ps = layout_.params();
+  size_t i = 0;
+  int64_t a = range.begin;
+  while (a < range.end) {
+    while (i < ps.size() && ps[i].offset + ps[i].numel <= a) ++i;
+    if (i == ps.size() || a < ps[i].offset) {  // alignment padding: zeros
+      const int64_t b = std::min({range.end, i == ps.size() ? range.end : ps[i].offset, a + cap});
+      std::memset(stage, 0, static_cast<size_t>(b - a) * es);
+      take(a, b, stage);
+      a = b;
+      continue;
+    }
+    const int64_t end = std::min(range.end, ps[i].offset + ps[i].numel);
+    if (compact_[i] >= 0) {
+      take(a, end, params + static_cast<size_t>(compact_[i] + a - ps[i].offset) * es);
+      a = end;
+      continue;
+    }
+    const Nf4Matrix* m = nullptr;
+    for (const Nf4Matrix& x : nf4_->matrices())
+      if (x.layout_offset <= a && a < x.layout_offset + x.rows * x.cols) m = &x;
+    MEMFIT_CHECK(m != nullptr, "model", "no NF4 matrix holds layout element {}", a);
+    const kernels::Nf4Weight w = nf4_->view(nf4_buffer_, *m);
+    for (; a < end;) {
+      const int64_t b = std::min(end, a + cap);
+      kernels::nf4_dequantize_n(w, a - m->layout_offset, b - a, dt, stage);
+      take(a, b, stage);
+      a = b;
+    }
+  }
+}
+
 void Transformer::init_weights(uint64_t seed, int64_t piece_elements) {
   init_weights(seed, piece_elements, {});
 }
@@ -223,6 +350,7 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
   options.precision = precision_.precision;
   options.lora_rank = lora_ ? lora_->options().rank : 0;
   options.lora_dropout = lora_ ? lora_->options().dropout : 0.0f;
+  options.base_nf4 = nf4_.has_value();
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "model",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
@@ -251,6 +379,11 @@ void Transformer::reserve(StepPlan plan) {
   MEMFIT_CHECK(plan.options.lora_dropout == (lora_ ? lora_->options().dropout : 0.0f), "model",
                "a step plan for LoRA dropout {} on a model with dropout {}",
                plan.options.lora_dropout, lora_ ? lora_->options().dropout : 0.0f);
+  MEMFIT_CHECK(plan.options.base_nf4 == nf4_.has_value(), "model",
+               "a step plan {} an NF4 base for a model {} one", plan.options.base_nf4 ? "with" : "without",
+               nf4_ ? "with" : "without");
+  MEMFIT_CHECK(!nf4_ || (lora_ && frozen_) || plan.options.inference, "model",
+               "an NF4 base trains LoRA adapters alone: add_lora before a training plan");
   // A frozen base (LoRA) has no gradient slab either.
   const bool per_unit = store_ != nullptr, own_slab = !per_unit && !inference && !frozen_;
   MEMFIT_CHECK(!in_arena || own_slab, "model",
@@ -388,7 +521,14 @@ std::string Transformer::first_non_finite() {
     return {};
   };
   if (std::string s = scan(master_, master_range_, "master weight"); !s.empty()) return s;
-  if (std::string s = scan(params_, params_range(), "weight"); !s.empty()) return s;
+  if (nf4_) {
+    const auto& ps = layout_.params();
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (compact_[i] >= 0 && !all_finite(params_.view(compact_[i], {ps[i].numel})))
+        return fmt::format("{} (weight)", ps[i].name);
+  } else if (std::string s = scan(params_, params_range(), "weight"); !s.empty()) {
+    return s;
+  }
   const std::vector<Tensor>& views = ctx_.views();
   for (size_t i = 0; i < views.size(); ++i) {
     const std::string& tag = ctx_.plan().buffers[i].tag;

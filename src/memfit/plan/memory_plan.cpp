@@ -1,5 +1,7 @@
 #include "memfit/plan/memory_plan.h"
 
+#include "memfit/model/nf4_base.h"
+
 #include "memfit/model/transformer.h"
 
 #include <algorithm>
@@ -232,6 +234,17 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     const LoraLayout lora(r.model, spec.lora);
     const size_t adapters =
         MemoryPool::round_up(static_cast<size_t>(lora.total()) * sizeof(float));
+    // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, and
+    // their NF4 buffer ("base.nf4"), as Transformer allocates them.
+    if (spec.lora.base_nf4()) {
+      int64_t compact = 0;
+      (void)layout.compact_offsets(&compact);
+      r.nf4_base_bytes = MemoryPool::round_up(Nf4BaseLayout(r.model).bytes());
+      at(Category::params) =
+          MemoryPool::round_up(static_cast<size_t>(compact) *
+                               dtype_size(half_dtype(precision.precision))) +
+          r.nf4_base_bytes;
+    }
     at(Category::params) += adapters;
     at(Category::grads) = adapters;
     at(Category::optimizer) =
@@ -307,8 +320,10 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;
   // A save that streams the weights of record from the offload files: its staging.
   if (spec.saves)
-    if (const int64_t n = save_staging_elements(spec, r.step); n > 0)
-      at(Category::staging) += MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float));
+    for (const int64_t n :
+         {save_staging_elements(spec, r.step), save_nf4_staging_elements(spec, r.step)})
+      if (n > 0)
+        at(Category::staging) += MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float));
   // A save from RAM on the rank that writes model.safetensors (one process, or rank 0 at stage
   // 0; from stage 1 on the shard files hold the weights): the writer's staging, the largest
   // transposed tensor's band (GPT-2's Conv1D weights; LLaMA none).
@@ -343,7 +358,13 @@ int64_t setup_piece_elements(const StepPlan& step) {
 bool save_streams_weights(const RunSpec& spec) {
   const bool master =
       spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
-  return spec.world == 1 && spec.offload.optimizer && (master || spec.offload.params);
+  // QLoRA's base is NF4 in RAM: the save streams it dequantized (Note [NF4 weights], "QLoRA").
+  const bool nf4 = spec.lora.enabled() && spec.lora.base_nf4();
+  return spec.world == 1 && (nf4 || (spec.offload.optimizer && (master || spec.offload.params)));
+}
+
+int64_t save_nf4_staging_elements(const RunSpec& spec, const StepPlan& step) {
+  return spec.lora.enabled() && spec.lora.base_nf4() ? setup_piece_elements(step) : 0;
 }
 
 int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step) {

@@ -64,6 +64,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.grads_in_arena = grads_share_arena();
   o.lora_rank = lora.rank;
   o.lora_dropout = lora.enabled() ? lora.dropout : 0.0f;
+  o.base_nf4 = lora.enabled() && lora.base_nf4();
   return o;
 }
 
@@ -110,6 +111,7 @@ void RunSpec::check() const {
                    "1-3, no --offload-*, no --update-in-backward, no --sync-every-micro-batch)",
                    refused);
   }
+  check_base_dtype();
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
   if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
     MEMFIT_THROW(ConfigError, "config",
@@ -218,6 +220,37 @@ void RunSpec::check_update_in_backward() const {
                  "--update-in-backward with --grad-dtype bf16: the unit's gradients are stepped "
                  "from its f32 buffer and never kept, so there is nothing to hold in bf16; drop "
                  "--grad-dtype bf16");
+}
+
+// --base-dtype (Note [NF4 weights], "QLoRA"): the frozen base's storage, so LoRA's alone; bf16
+// is --precision bf16's base; NF4 (QLoRA) is built in one process with every weight in RAM, in
+// fp32 or bf16 (the rules LoRA's own list above has, named here again so that a LoRA built
+// under ZeRO or offload still refuses an NF4 base).
+void RunSpec::check_base_dtype() const {
+  if (lora.base == LoraBase::precision) return;
+  if (!lora.enabled())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--base-dtype {} stores the frozen base of a LoRA run: it needs --lora-rank",
+                 lora_base_name(lora.base));
+  if (lora.base == LoraBase::bf16 && precision.precision != Precision::bf16)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--base-dtype bf16 is the base of --precision bf16 (got --precision {}): "
+                 "give --precision bf16, or --base-dtype nf4",
+                 precision_name(precision.precision));
+  if (!lora.base_nf4()) return;
+  const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
+                        : world > 1                            ? "several ranks"
+                        : zero != 0 || zero_auto               ? "--zero"
+                        : offload.optimizer || offload.params || offload.grads
+                            ? "--offload-*"
+                        : grad_dtype != DType::f32 ? "--grad-dtype bf16"
+                        : update_in_backward       ? "--update-in-backward"
+                                                   : nullptr;
+  if (refused)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--base-dtype nf4 with {} is not built: the NF4 base (QLoRA) trains in fp32 or "
+                 "bf16, in one process, with every weight in RAM",
+                 refused);
 }
 
 }  // namespace memfit

@@ -149,6 +149,8 @@ struct RunSpec {
   void check() const;
   // check()'s rules for --update-in-backward (Note [Update in backward]).
   void check_update_in_backward() const;
+  // check()'s rules for --base-dtype (Note [NF4 weights], "QLoRA").
+  void check_base_dtype() const;
 };
 
 }  // namespace memfit

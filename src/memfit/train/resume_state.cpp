@@ -70,7 +70,7 @@ void check_resume(const json& s, const json& run, const fs::path& file) {
           "; resume with the same --optim-state-dtype (the saved moments are in that type)");
   // LoRA (Note [LoRA]): the same adapters, or none on both sides.
   same_or("lora", json(), run.value("lora", json()),
-          "; resume with the same --lora-rank, --lora-alpha and --lora-targets");
+          "; resume with the same --lora-rank, --lora-alpha, --lora-targets and --base-dtype");
   same_or("master_weights", "fp32", run.at("master_weights"), "");
 }
 

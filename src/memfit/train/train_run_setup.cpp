@@ -136,9 +136,11 @@ void TrainRun::make_backward_update() {
 // [Sharded gradients], [Gradients in bf16]) or the gradients' file. `zero` keeps the concrete
 // ones the loop uses besides: the sums over ranks, the offloaded working weights.
 void TrainRun::make_model() {
-  gpt_.emplace(mc_, pool_, spec_.precision,
-              zero_model_state(placement_, comm_, param_file_.get(), std::move(grad_store_), &zero_,
-                               rank_steps_.get()));
+  ModelState state = zero_model_state(placement_, comm_, param_file_.get(),
+                                      std::move(grad_store_), &zero_, rank_steps_.get());
+  // QLoRA (Note [NF4 weights], "QLoRA"): the blocks' linears as NF4, quantized at load.
+  state.base_nf4 = spec_.lora.enabled() && spec_.lora.base_nf4();
+  gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
@@ -284,8 +286,9 @@ void TrainRun::open_log() {
   // (stage_shards), and the save has no model.safetensors (docs/notes/checkpoints.md, "ZeRO's
   // sharded optimizer state").
   streamed_save_ = save_streams_weights(spec_);
-  save_staging_n_ =
-      save_staging_elements(spec_, plan_step(gpt_->config(), B_, T_, spec_.activation_options()));
+  const StepPlan save_plan = plan_step(gpt_->config(), B_, T_, spec_.activation_options());
+  save_staging_n_ = save_staging_elements(spec_, save_plan);
+  save_nf4_n_ = save_nf4_staging_elements(spec_, save_plan);
   // The weights of record's element type, as config.json names it for a sharded save.
   record_dtype_ = off_ && master_            ? DType::f32
                  : gpt_->params_offloaded() ? half_dtype(spec_.precision.precision)
