@@ -63,6 +63,19 @@ TEST_F(GaloreTrainer, PlannedPeakEqualsMeasuredFp32Bf16AndOffloaded) {
   expect_plan_is_measured(off, "gpt2-tiny bf16 galore8bit offloaded");
 }
 
+// GaLore updates f32 weights of record: pure bf16 (no master copy) is refused before the run.
+TEST_F(GaloreTrainer, PureBf16WeightsAreRefused) {
+  TrainConfig pure = galore("galore8bit", "llama-tiny");
+  pure.precision = "bf16";
+  pure.master_weights = "none";
+  try {
+    train(pure);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("got galore8bit"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(GaloreTrainer, OffloadedIsTheRunInRamBitForBit) {
   for (const char* name : {"galore", "galore8bit"}) {
     SCOPED_TRACE(name);
