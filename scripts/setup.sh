@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config libdnnl-dev libfmt-dev nlohmann-json3-dev
           libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libicu-dev libhwy-dev openmpi-bin libopenmpi-dev liburing-dev)
+          libicu-dev libhwy-dev libeigen3-dev openmpi-bin libopenmpi-dev liburing-dev)
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 source scripts/install_missing.sh
 install_missing setup "" "${packages[@]}"

@@ -3,7 +3,10 @@
 // 8192), so the planner's and the docs' per-parameter numbers come from one place.
 // Counters: ns_per_param (wall time of one step / parameters), params_per_s (its inverse: elements
 // updated a second), state_bytes_per_param. APOLLO's (rank 256, capped at 384 here, and
-// apollo-mini's rank 1) include drawing the projections and the projection GEMMs.
+// apollo-mini's rank 1) include drawing the projections and the projection GEMMs. GaLore's
+// (rank 128) are the steps between projectors, the projections and back; galore-svd is galore
+// with a new projector every step (--optim-proj-gap 1), so that its SVDs' cost shows (divide
+// the difference by the projection gap for a run's share).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -17,6 +20,7 @@
 #include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
 #include "memfit/optim/apollo.h"
+#include "memfit/optim/galore.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
 #include "memfit/optim/sgd.h"
@@ -53,6 +57,7 @@ std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLayout& la
   if (c.name == "lion8bit") return std::make_unique<Lion8bit>(c, layout, pool);
   if (c.name == "adam-mini") return std::make_unique<AdamMini>(c, layout, pool);
   if (is_apollo(c.name)) return std::make_unique<Apollo>(c, layout, &pool);
+  if (is_galore(c.name)) return std::make_unique<Galore>(c, layout, &pool);
   return std::make_unique<Sgd>(c, layout, pool);
 }
 
@@ -74,6 +79,10 @@ void BM_OptimizerStep(benchmark::State& state, std::string name) {
   OptimConfig c;
   c.name = name;
   c.n_head = gc.n_head;
+  if (name == "galore-svd") {  // an SVD every step
+    c.name = "galore";
+    c.proj_gap = 1;
+  }
   if (name == "adamw-bf16-state") {  // --optim-state-dtype bf16
     c.name = "adamw";
     c.state_dtype = DType::bf16;
@@ -97,7 +106,8 @@ void BM_OptimizerStep(benchmark::State& state, std::string name) {
 
 const bool registered = [] {
   std::vector<std::string> names = {"adamw8bit", "lion",   "lion8bit",   "adam-mini", "sgd",
-                                    "adamw4bit", "apollo", "apollo-mini"};
+                                    "adamw4bit", "apollo", "apollo-mini", "galore",
+                                    "galore8bit", "galore-svd"};
 #ifdef MEMFIT_BENCH_ADAMW
   names.insert(names.begin(), {"adamw", "adamw-bf16-state"});
 #endif

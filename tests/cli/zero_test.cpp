@@ -164,6 +164,13 @@ TEST_F(Zero, StagesAreBitIdenticalWithApolloMini) {
   stages_agree("--steps 3 --optim apollo-mini --optim-proj-gap 2 --eval-batches 1", true);
 }
 
+// GaLore-8bit, whose projected moments and projector cut the shards at matrix edges, with a new
+// projector (an SVD) at step 3: the same losses, norms and saved weights at every stage.
+TEST_F(Zero, StagesAreBitIdenticalWithGalore8bit) {
+  stages_agree("--steps 3 --optim galore8bit --optim-rank 8 --optim-proj-gap 2 --eval-batches 1",
+               true);
+}
+
 // Pure bf16 (no master weights: the weights of record are the working weights, at stage 3 a
 // shard, gathered as bf16 for the save): every stage the same losses and saved BF16 weights.
 TEST_F(Zero, StagesAreBitIdenticalInPureBf16) {
@@ -254,6 +261,12 @@ TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakOverFourRanks) {
 TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakWithApollo) {
   size_t state[4] = {};
   expect_plan_per_rank(2, "--batch 1 --optim apollo --optim-rank 8 --precision bf16", state);
+  EXPECT_LT(state[1], state[0]);
+}
+
+TEST_F(Zero, ThePlanPerRankIsEachRanksMeasuredPeakWithGalore) {
+  size_t state[4] = {};
+  expect_plan_per_rank(2, "--batch 1 --optim galore --optim-rank 8 --precision bf16", state);
   EXPECT_LT(state[1], state[0]);
 }
 

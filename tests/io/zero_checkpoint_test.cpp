@@ -116,7 +116,8 @@ TEST(ZeroCheckpoint, ShardsLoadIntoAnyOtherWorldSizeAsTheWholeStatesSlices) {
   const ModelConfig mc = tiny();
   const ParamLayout layout(mc);
   for (const char* name :
-       {"adamw", "adamw8bit", "adam-mini", "adamw:bf16", "adamw4bit", "apollo-mini"}) {
+       {"adamw", "adamw8bit", "adam-mini", "adamw:bf16", "adamw4bit", "apollo-mini", "galore",
+        "galore8bit"}) {
     SCOPED_TRACE(name);
     const OptimConfig oc = optim(name, mc);
     MemoryPool pool;

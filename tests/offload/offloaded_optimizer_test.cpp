@@ -164,7 +164,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{"sgd", true}, Case{"adamw4bit", false},
                                          Case{"adamw4bit", true},
                                          Case{"adamw-bf16-state", true}, Case{"apollo", false},
-                                         Case{"apollo-mini", true}),
+                                         Case{"apollo-mini", true}, Case{"galore", false},
+                                         Case{"galore8bit", true}),
                        ::testing::Values(std::string("uring"), std::string("threads"))),
     case_name);
 
@@ -175,7 +176,7 @@ TEST(OffloadedOptimizer, ShardsStepAsTheWholeLayoutInRam) {
   const ModelConfig mc = llama();
   const ParamLayout layout(mc);
   const int64_t n = layout.total();
-  for (const char* name : {"adamw8bit", "adam-mini", "apollo-mini"}) {
+  for (const char* name : {"adamw8bit", "adam-mini", "apollo-mini", "galore8bit"}) {
     SCOPED_TRACE(name);
     OptimConfig oc;
     oc.name = name;

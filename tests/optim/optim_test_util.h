@@ -15,6 +15,7 @@
 #include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
 #include "memfit/optim/apollo.h"
+#include "memfit/optim/galore.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
 #include "memfit/optim/sgd.h"
@@ -73,6 +74,7 @@ inline std::unique_ptr<Optimizer> construct(const OptimConfig& c, const ParamLay
   if (c.name == "adam-mini") return std::make_unique<AdamMini>(c, layout, pool);
   if (c.name == "sgd") return std::make_unique<Sgd>(c, layout, pool);
   if (is_apollo(c.name)) return std::make_unique<Apollo>(c, layout, &pool);
+  if (is_galore(c.name)) return std::make_unique<Galore>(c, layout, &pool);
   ADD_FAILURE() << "no optimizer " << c.name;
   return nullptr;
 }
@@ -106,6 +108,35 @@ inline size_t predicted_state_bytes(const OptimConfig& c, const ParamLayout& lay
     }
     return (2 * line(moments) + line(matrices) + line(scratch)) * sizeof(float);
   }
+  if (is_galore(c.name)) {
+    // Note [GaLore]: the moments over r x max(m, n) values per projected matrix and one per
+    // element elsewhere, each tensor from a 64-byte line (f32, or 8-bit as adamw8bit's over
+    // those tensors); the projector r x min(m, n) per matrix (f32); the scratch the largest
+    // matrix's projected gradient (and for galore8bit the zero weights its kernel steps).
+    auto line = [](int64_t n) { return (n + 15) / 16 * 16; };
+    std::vector<ParamInfo> moments;
+    int64_t at = 0, proj = 0, scratch = 0;
+    for (const ParamInfo& p : layout.params()) {
+      ParamInfo q = p;
+      q.offset = at = line(at);
+      if (Galore::projects(p)) {
+        const int64_t small = std::min(p.shape[0], p.shape[1]);
+        const int64_t large = std::max(p.shape[0], p.shape[1]);
+        const int64_t r = std::min<int64_t>(galore_rank(c), small);
+        q.numel = r * large;
+        q.shape = Shape{r, large};
+        proj += line(r * small);
+        scratch = std::max(scratch, line(r * large) * (c.name == "galore8bit" ? 2 : 1));
+      }
+      at += q.numel;
+      moments.push_back(q);
+    }
+    const ParamLayout ml(moments, line(at));
+    const size_t moment_bytes = c.name == "galore8bit"
+                                    ? 2 * QuantizedStateLayout(ml).bytes()
+                                    : 2 * size_t(line(at)) * sizeof(float);
+    return moment_bytes + (line(proj) + line(scratch)) * sizeof(float);
+  }
   ADD_FAILURE() << "no optimizer " << c.name;
   return 0;
 }
@@ -113,7 +144,8 @@ inline size_t predicted_state_bytes(const OptimConfig& c, const ParamLayout& lay
 inline const std::vector<std::string>& branch_optimizers() {
   static const std::vector<std::string> names = {"adamw8bit", "lion",      "lion8bit",
                                                  "adam-mini", "sgd",       "adamw4bit",
-                                                 "apollo",    "apollo-mini"};
+                                                 "apollo",    "apollo-mini", "galore",
+                                                 "galore8bit"};
   return names;
 }
 

@@ -164,7 +164,7 @@ TEST_P(EachOptimizerOverRanges, BoundStateStepsAsAllocatedState) {
 INSTANTIATE_TEST_SUITE_P(Optimizers, EachOptimizerOverRanges,
                          ::testing::Values("adamw", "adamw8bit", "lion", "lion8bit", "adam-mini",
                                            "sgd", "adamw:bf16", "adamw4bit", "apollo",
-                                           "apollo-mini"));
+                                           "apollo-mini", "galore", "galore8bit"));
 
 TEST(OptimizerRange, PureBf16WeightsRoundPerElementWhateverTheCut) {
   // Stochastic rounding draws element i's bits from (seed, t, i): a shard rounds as the whole

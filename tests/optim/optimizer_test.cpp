@@ -158,7 +158,7 @@ TEST(OptimConfig, UnknownNameListsTheKnownOnes) {
     EXPECT_NE(msg.find("adagrad"), std::string::npos) << msg;
     for (const std::string& n : optimizer_names()) EXPECT_NE(msg.find(n), std::string::npos) << msg;
   }
-  EXPECT_EQ(optimizer_names().size(), 9u);
+  EXPECT_EQ(optimizer_names().size(), 11u);
 }
 
 TEST(OptimConfig, BadHyperparametersAreConfigErrors) {

@@ -77,12 +77,12 @@ TEST_F(Planner, PredictedPeakEqualsMeasuredPeakByCategory) {
   EXPECT_EQ(runs, 80);
 }
 
-// The optimizers with less state (Note [4-bit optimizer], Note [bf16 optimizer state]): planned
-// = measured, category by category, at two shapes, fp32 and bf16 with bf16 gradients (whose
-// widening buffer, a whole matrix for adamw4bit, is staging).
+// The optimizers with less state (Note [4-bit optimizer], Note [bf16 optimizer state], Note
+// [GaLore]): planned = measured, category by category, at two shapes, fp32 and bf16 with bf16
+// gradients (whose widening buffer, a whole matrix for adamw4bit and GaLore, is staging).
 TEST_F(Planner, PredictedPeakEqualsMeasuredPeakForTheSmallStateOptimizers) {
   for (const char* model : {"gpt2-tiny", "llama-tiny"})
-    for (const char* optim : {"adamw4bit", "adamw:bf16"})
+    for (const char* optim : {"adamw4bit", "adamw:bf16", "galore", "galore8bit"})
       for (const char* precision : {"fp32", "bf16"}) {
         TrainConfig c;
         c.model = model;

@@ -98,6 +98,17 @@ TEST(StepTime, TheUpdatesGemmFlopsAreAtTheF32GemmRate) {
   oc.name = "adamw";
   oc.rank = 0;
   EXPECT_EQ(optimizer_update_flops(oc, layout), 0.0);
+  // GaLore: the projection and back (4 r m n) and the SVD (2 l s^2 + 11 s^3, l and s the larger
+  // and smaller side) once per projection gap.
+  oc.name = "galore";
+  oc.rank = 8;
+  oc.proj_gap = 10;
+  auto svd = [](double l, double s) { return 2 * l * s * s + 11 * s * s * s; };
+  double galore = 0;
+  for (int l = 0; l < in.model.n_layer; ++l)
+    galore += 4 * 8 * (3 * C * C + C * C + 4 * C * C * 2) +
+              (svd(3 * C, C) + svd(C, C) + 2 * svd(4 * C, C)) / 10;
+  EXPECT_NEAR(optimizer_update_flops(oc, layout), galore, 1e-12 * galore);
 }
 
 // The gradient's zeroing (4 bytes a parameter at the streaming rate) in the optimizer term:

@@ -66,7 +66,9 @@ class BackwardUpdateTrainer : public test::TrainerFixture {
 };
 
 TEST_F(BackwardUpdateTrainer, EveryOptimizerAndPrecisionBitIdentical) {
-  for (const char* optim : {"sgd", "adamw", "adamw8bit", "adam-mini", "lion", "lion8bit"})
+  for (const char* optim :
+       {"sgd", "adamw", "adamw8bit", "adam-mini", "lion", "lion8bit", "apollo-mini", "galore",
+        "galore8bit"})
     for (const char* precision : {"fp32", "bf16"}) {
       TrainConfig c = base();
       c.optim.name = optim;

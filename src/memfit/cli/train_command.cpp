@@ -122,11 +122,12 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
                   "Decoupled weight decay on 2-D weights (not biases or LayerNorm)")
       ->capture_default_str();
   cmd->add_option("--optim-rank", c.optim.rank,
-                  "APOLLO's projection rank (0: 256 for apollo, 1 for apollo-mini; capped at each "
-                  "matrix's smaller side)")
+                  "APOLLO's and GaLore's projection rank (0: 256 for apollo, 1 for apollo-mini, "
+                  "128 for galore and galore8bit; capped at each matrix's smaller side)")
       ->capture_default_str();
   cmd->add_option("--optim-proj-gap", c.optim.proj_gap,
-                  "APOLLO: steps between new random projections (the paper's update_proj_gap)")
+                  "APOLLO and GaLore: steps between new projections (APOLLO's random matrices, "
+                  "GaLore's SVDs; the papers' update_proj_gap)")
       ->capture_default_str();
   cmd->add_option("--beta1", c.optim.beta1)->capture_default_str();
   cmd->add_option("--beta2", c.optim.beta2)->capture_default_str();

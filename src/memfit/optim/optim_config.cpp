@@ -12,8 +12,8 @@ namespace memfit {
 
 const std::vector<std::string>& optimizer_names() {
   static const std::vector<std::string> names = {
-      "adamw", "adamw8bit", "adamw4bit", "lion", "lion8bit", "adam-mini", "apollo", "apollo-mini",
-      "sgd"};
+      "adamw",  "adamw8bit",  "adamw4bit", "lion", "lion8bit", "adam-mini", "apollo", "apollo-mini",
+      "galore", "galore8bit", "sgd"};
   return names;
 }
 
@@ -32,7 +32,7 @@ void check_optim_config(const OptimConfig& c) {
     unit(c.beta2, "beta2");
   }
   bool adam_family = c.name == "adamw" || c.name == "adamw8bit" || c.name == "adamw4bit" ||
-                     c.name == "adam-mini" || is_apollo(c.name);
+                     c.name == "adam-mini" || is_apollo(c.name) || is_galore(c.name);
   if (adam_family && !(c.eps > 0.0f))
     MEMFIT_THROW(ConfigError, "optim", "{}: eps must be positive, got {}", c.name, c.eps);
   if (!(c.weight_decay >= 0.0f))
@@ -50,21 +50,26 @@ void check_optim_config(const OptimConfig& c) {
                                                                        : "stays f32");
   if (c.n_head < 1)
     MEMFIT_THROW(ConfigError, "optim", "{}: n_head must be positive, got {}", c.name, c.n_head);
-  if (is_apollo(c.name)) {
+  if (is_apollo(c.name) || is_galore(c.name)) {
     if (c.rank < 0)
       MEMFIT_THROW(ConfigError, "optim",
                    "{}: --optim-rank must be >= 1 (or 0 for the default, {}), got {}", c.name,
-                   c.name == "apollo" ? 256 : 1, c.rank);
+                   is_galore(c.name) ? 128 : c.name == "apollo" ? 256 : 1, c.rank);
     if (c.proj_gap < 1)
       MEMFIT_THROW(ConfigError, "optim", "{}: --optim-proj-gap must be >= 1 step, got {}", c.name,
                    c.proj_gap);
   } else if (c.rank != 0) {
     MEMFIT_THROW(ConfigError, "optim",
-                 "{}: --optim-rank {} applies to apollo and apollo-mini only", c.name, c.rank);
+                 "{}: --optim-rank {} applies to apollo, apollo-mini, galore and galore8bit only",
+                 c.name, c.rank);
   }
 }
 
 bool is_apollo(const std::string& name) { return name == "apollo" || name == "apollo-mini"; }
+
+bool is_galore(const std::string& name) { return name == "galore" || name == "galore8bit"; }
+
+int galore_rank(const OptimConfig& c) { return c.rank > 0 ? c.rank : 128; }
 
 int apollo_rank(const OptimConfig& c) {
   if (c.rank > 0) return c.rank;

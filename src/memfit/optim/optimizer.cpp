@@ -16,6 +16,7 @@
 #include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/adamw8bit.h"
 #include "memfit/optim/apollo.h"
+#include "memfit/optim/galore.h"
 #include "memfit/optim/lion.h"
 #include "memfit/optim/lion8bit.h"
 #include "memfit/optim/sgd.h"
@@ -235,6 +236,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& config, const Param
   if (n == "lion8bit") return std::make_unique<Lion8bit>(config, layout, pool, range);
   if (n == "adam-mini") return std::make_unique<AdamMini>(config, layout, pool, range);
   if (is_apollo(n)) return std::make_unique<Apollo>(config, layout, pool, range);
+  if (is_galore(n)) return std::make_unique<Galore>(config, layout, pool, range);
   if (n == "sgd") return std::make_unique<Sgd>(config, layout, pool, range);
   MEMFIT_THROW(ConfigError, "optim", "optimizer '{}' is known but not constructed here", n);
 }

@@ -90,6 +90,10 @@ class Optimizer {
   virtual double update_flops() const { return 0; }
   size_t scratch_bytes() const;
   void set_scratch(Tensor buffer);
+  // The scratch this optimizer holds (undefined where it needs none, or was made without a pool
+  // and not given one): what optimizers over its parts that update one at a time share
+  // (--update-in-backward's part optimizers, UnitSteps::attach).
+  const Tensor& scratch_buffer() const { return scratch_; }
 
   // The first cut at or after element x (<= layout total) that this optimizer's state allows:
   // inside a parameter, a multiple of 16 elements for element-wise state; an optimizer whose

@@ -33,7 +33,7 @@ void check_resume(const json& s, const json& run, const fs::path& file) {
   };
   for (const char* key : {"batch", "grad_accum", "seq_len", "seed", "shuffle", "optim"})
     same(key, run.at(key));
-  // APOLLO's projections: the state's shape and the random matrices follow them.
+  // APOLLO's and GaLore's projections: the state's shape and the projections follow them.
   if (run.contains("optim_rank")) {
     same("optim_rank", run.at("optim_rank"));
     same("optim_proj_gap", run.at("optim_proj_gap"));

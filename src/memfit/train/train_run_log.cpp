@@ -228,8 +228,8 @@ json TrainRun::run_state_json() const {
             {"zero", c.zero},
             {"master_weights", c.precision.master_weights ? "fp32" : "none"},
             {"schedule", settings_.schedule.to_json()}};
-  // APOLLO's projections: the state's shape and the random matrices follow them.
-  if (is_apollo(c.optim.name)) {
+  // APOLLO's and GaLore's projections: the state's shape and the projections follow them.
+  if (is_apollo(c.optim.name) || is_galore(c.optim.name)) {
     s["optim_rank"] = c.optim.rank;
     s["optim_proj_gap"] = c.optim.proj_gap;
   }
