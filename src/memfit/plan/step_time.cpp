@@ -109,7 +109,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
 
   StepTime t;
   t.block_gemm = (f.total - head_flops - attention_flops) / rates.block_rate(half_gemm, c.d_model);
-  t.attention = attention_flops / (p == Precision::bf16 ? rates.attention_bf16
+  t.attention = attention_flops / (half_dtype(p) == DType::bf16 ? rates.attention_bf16
                                                          : rates.attention_f32);
   t.head_gemm = head_flops / rates.head_rate(half_gemm, c.d_model);
 
