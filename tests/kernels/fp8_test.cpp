@@ -255,8 +255,9 @@ TEST(Fp8, RoundTripIsQuantizeThenDequantize) {
             }
             ASSERT_EQ(a[i], b[i]) << "at " << i;
             const bool pow2 = scale == fp8_scale_pow2(2.7f, f);
-            if (pow2 && dt == DType::f32)
+            if (pow2 && dt == DType::f32) {
               ASSERT_EQ(test::round_to(DType::bf16, a[i]), a[i]) << "not exact in bf16 at " << i;
+            }
           }
         }
 }
@@ -280,6 +281,39 @@ TEST(Fp8, CastDynamicUsesTheTensorsOwnAmax) {
   test::copy_in_any(x, v);
   EXPECT_TRUE(std::isnan(fp8_cast_dynamic(x, kE5, y)));
   for (double g : test::to_doubles_any(y)) ASSERT_TRUE(std::isnan(g));
+}
+
+// Note [FP8]'s claim: the cast operands, descaled by powers of two, are exact bf16 values, so
+// the bf16 GEMM (oneDNN's, or widened to f32 where the CPU has no bf16 matmul) computes the FP8
+// product with the scales applied to an f32 accumulator: here against the codes' product summed
+// in double and scaled once, within f32 accumulation's rounding.
+TEST(Fp8, Bf16GemmOfCastOperandsIsTheScaledFp8Product) {
+  MemoryPool pool;
+  const int64_t R = 7, IC = 37, OC = 5;
+  Tensor x = test::random_any(pool, {R, IC}, DType::bf16, 3, nullptr, -4.0, 4.0);
+  Tensor w = test::random_any(pool, {OC, IC}, DType::bf16, 4, nullptr, -0.3, 0.3);
+  Tensor x8 = make_tensor(pool, {R, IC}, DType::bf16), w8 = make_tensor(pool, {OC, IC}, DType::bf16);
+  const float sx = fp8_cast_dynamic(x, kE4, x8), sw = fp8_cast_dynamic(w, kE4, w8);
+  Tensor cx = make_tensor(pool, {R, IC}, DType::u8), cw = make_tensor(pool, {OC, IC}, DType::u8);
+  fp8_quantize(x, sx, kE4, cx);
+  fp8_quantize(w, sw, kE4, cw);
+  Tensor out = make_tensor(pool, {R, OC}), none;
+  test::routed_forward(pool, out, x8, w8, none);
+  const auto* a = static_cast<const uint8_t*>(cx.raw_data());
+  const auto* b = static_cast<const uint8_t*>(cw.raw_data());
+  const float* got = out.data<float>();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t o = 0; o < OC; ++o) {
+      double acc = 0, mag = 0;
+      for (int64_t k = 0; k < IC; ++k) {
+        const double t = double(fp8_decode(kE4, a[r * IC + k])) * fp8_decode(kE4, b[o * IC + k]);
+        acc += t;
+        mag += std::fabs(t);
+      }
+      const double want = acc / (double(sx) * sw);
+      ASSERT_NEAR(got[r * OC + o], want, IC * 0x1p-24 * mag / (double(sx) * sw) + 1e-30)
+          << r << "," << o;
+    }
 }
 
 TEST(Fp8, RejectsWrongTypes) {

@@ -217,18 +217,37 @@ const float* BlockStep::lora_input(LinearSlot slot, int part, const float* x, in
   return xd;
 }
 
-// Note [LoRA]: the adapters in f32 through the strided GEMM, each on its rows of the output
-// (a member of a fused layer is a column range of the output's rows, ldc the layer's width):
-// u = x A^T, then y[:, rows] += scale u B^T. In bf16 x and y a chunk of rows at a time widened
-// (y rounded back once, after every adapter of the layer added to it).
 Tensor BlockStep::fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8Format f) {
   Tensor q = scratch.view_bytes(0, t.shape(), DType::bf16);
   kernels::fp8_cast_dynamic(t, f, q);
   return q;
 }
 
+// Note [FP8] (torchao's tensorwise recipe): d(input) = dy8 W8 and d(W) += dy8^T x8, dy8 the E5M2
+// cast of dout, W8 and x8 the E4M3 casts (x8 of the input as it is after `between`, which may
+// write it: GPT-2's GELU). The bias gradient sums dout itself, as torchao's bias lies outside
+// the FP8 matmul.
+void BlockStep::fp8_linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias,
+                                           const Tensor& dout, const Tensor& inp,
+                                           const Tensor& weight,
+                                           const std::function<void()>& between) {
+  const Tensor dy8 = fp8_cast(fp8_dy_, dout, kernels::Fp8Format::e5m2);
+  const Tensor w8 = fp8_cast(fp8_w_, weight, kernels::Fp8Format::e4m3);
+  const Tensor x8 = fp8_x_.view_bytes(0, inp.shape(), DType::bf16);
+  memfit::linear_backward_around(ctx, dinp, dweight, Tensor{}, dy8, x8, w8, [&] {
+    between();
+    fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
+  });
+  if (dbias.defined()) memfit::linear_backward(ctx, Tensor{}, Tensor{}, dbias, dout, inp, weight);
+}
+
 // Note [FP8]: y = x8 W8^T + b, x8 and W8 the E4M3 casts as exact bf16 values (power-of-two
 // scales), the GEMM bf16's (widened where bf16's is). LoRA is refused with fp8 (RunSpec).
+//
+// Note [LoRA]: the adapters in f32 through the strided GEMM, each on its rows of the output
+// (a member of a fused layer is a column range of the output's rows, ldc the layer's width):
+// u = x A^T, then y[:, rows] += scale u B^T. In bf16 x and y a chunk of rows at a time widened
+// (y rounded back once, after every adapter of the layer added to it).
 void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias) {
   if (fp8()) {
@@ -405,28 +424,6 @@ void BlockStep::attention_backward(Tensor dqkv, const Tensor& dout, const Tensor
   // The recomputed output equals the saved one; it goes to free scratch instead.
   if (options.ckpt.selective()) attention_forward(recompute_out, a, qkv);
   kernels::attention_backward(dqkv, dout, qkv, a.att, a.ws_bwd, heads());
-}
-
-}  // namespace memfit
-
-namespace memfit {
-
-// Note [FP8] (torchao's tensorwise recipe): d(input) = dy8 W8 and d(W) += dy8^T x8, dy8 the E5M2
-// cast of dout, W8 and x8 the E4M3 casts (x8 of the input as it is after `between`, which may
-// write it: GPT-2's GELU). The bias gradient sums dout itself, as torchao's bias lies outside
-// the FP8 matmul.
-void BlockStep::fp8_linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias,
-                                           const Tensor& dout, const Tensor& inp,
-                                           const Tensor& weight,
-                                           const std::function<void()>& between) {
-  const Tensor dy8 = fp8_cast(fp8_dy_, dout, kernels::Fp8Format::e5m2);
-  const Tensor w8 = fp8_cast(fp8_w_, weight, kernels::Fp8Format::e4m3);
-  const Tensor x8 = fp8_x_.view_bytes(0, inp.shape(), DType::bf16);
-  memfit::linear_backward_around(ctx, dinp, dweight, Tensor{}, dy8, x8, w8, [&] {
-    between();
-    fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
-  });
-  if (dbias.defined()) memfit::linear_backward(ctx, Tensor{}, Tensor{}, dbias, dout, inp, weight);
 }
 
 }  // namespace memfit
