@@ -1,6 +1,6 @@
 // `memfit train|plan --precision fp8` (Note [FP8]): the run says on stderr that its numerics are
 // FP8's and its speed bf16's, records fp8 in the checkpoint, and a combination that is not
-// built exits 2 naming the option.
+// built (LoRA, no master weights, sampling) exits 2 naming the option.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -37,6 +37,12 @@ TEST_F(Fp8Precision, TrainAndPlanSayWhatFp8IsAndTheCheckpointRecordsIt) {
   EXPECT_EQ(state["precision"], "fp8");
   ASSERT_EQ(run_memfit(fmt::format("plan {} --precision fp8", tiny())), 0) << err();
   EXPECT_NE(err().find(kSaid), std::string::npos) << err();
+  // Sampling has no FP8 path: refused naming it; the checkpoint samples in bf16.
+  const std::string sample = fmt::format(
+      "sample --checkpoint '{}' --prompt 'a' --tokens 2 --tokenizer byte --precision ", ck.string());
+  EXPECT_EQ(run_memfit(sample + "fp8"), 2);
+  EXPECT_NE(err().find("--precision fp8 is not built for sampling"), std::string::npos) << err();
+  EXPECT_EQ(run_memfit(sample + "bf16"), 0) << err();
 }
 
 TEST_F(Fp8Precision, WhatIsNotBuiltExits2NamingTheOption) {
