@@ -134,7 +134,7 @@ TEST(RunSetup, EachBadOptionIsRefusedByName) {
   refused([](TrainConfig& c) { c.attention = "sparse"; }, "sparse");
   refused([](TrainConfig& c) { c.grad_dtype = "fp16"; }, "--grad-dtype");
   refused([](TrainConfig& c) { c.ckpt = "every:0"; }, "every:0");
-  refused([](TrainConfig& c) { c.precision = "fp8"; }, "fp8");
+  refused([](TrainConfig& c) { c.precision = "fp4"; }, "fp4");  // fp8 is one (Note [FP8])
   refused([](TrainConfig& c) { c.act_compress = "int4"; }, "--act-compress");
   // bf16 moments are AdamW's; the quantised optimizers' state is already smaller.
   refused([](TrainConfig& c) { c.optim.name = "adamw8bit", c.optim.state_dtype = DType::bf16; },

@@ -116,6 +116,10 @@ std::vector<Case> cases() {
         for (Precision p : {Precision::fp32, Precision::bf16}) out.push_back({ck, a, p, f});
     for (const char* ck : {"none", "selective", "every:2"})
       out.push_back({ck, AttentionKind::plain, Precision::fp16, f});
+    // --precision fp8: the FP8 operand buffers (ws.fp8.*), used within each block phase.
+    for (const char* ck : {"none", "selective", "every:2"})
+      out.push_back({ck, ck[0] == 's' ? AttentionKind::plain : AttentionKind::flash,
+                     Precision::fp8, f});
     // --act-compress: the codes and scales, and the exact values' scratch shared by the blocks.
     for (ActCompress z : {ActCompress::int8, ActCompress::fp8}) {
       out.push_back({"none", AttentionKind::flash, Precision::bf16, f, z});

@@ -382,7 +382,8 @@ TEST_P(Mixed, CombinationsThatCannotRunAreConfigErrors) {
   EXPECT_THROW(gpt.reserve(2, 8, options_for(AttentionKind::flash)), ConfigError);
   gpt.reserve(2, 8, options_for(AttentionKind::plain));
   EXPECT_EQ(gpt.attention(), AttentionKind::plain);
-  EXPECT_THROW(precision_from_name("fp8"), ConfigError);
+  EXPECT_THROW(precision_from_name("fp4"), ConfigError);  // fp8 is a precision (Note [FP8])
+  EXPECT_THROW(Transformer(c, pool, {Precision::fp8, false}), ConfigError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Family, Mixed, ::testing::Values(Family::gpt2, Family::llama),

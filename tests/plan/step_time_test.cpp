@@ -157,5 +157,26 @@ TEST(StepTime, TheWidenedHeadWidensItsWeightTwiceAChunk) {
   EXPECT_EQ(elementwise(Precision::fp32, 64), elementwise(Precision::fp32, 256));
 }
 
+// --precision fp8 (Note [FP8]): bf16's GEMM and attention terms, and an element-wise term larger
+// by exactly the casts' traffic: gpt2-tiny's linears read inputs of 7C and write outputs of 9C
+// values a token, 6 bytes a cast value; each weight (12 C^2 a block) cast once a forward and
+// once a backward (widened or not: bf16's widening terms are fp8's too).
+TEST(StepTime, Fp8IsBf16PlusItsCasts) {
+  StepTimeInputs in = tiny_inputs(2, 32);
+  const Calibration rates = some_rates();
+  in.options.precision = Precision::bf16;
+  const StepTime bf = estimate_step_time(in, rates);
+  in.options.precision = Precision::fp8;
+  const StepTime f8 = estimate_step_time(in, rates);
+  EXPECT_EQ(f8.block_gemm, bf.block_gemm);
+  EXPECT_EQ(f8.attention, bf.attention);
+  EXPECT_EQ(f8.head_gemm, bf.head_gemm);
+  const ModelConfig& c = in.model;
+  const double C = c.d_model, L = c.n_layer, N = 2 * 32;
+  const double bytes = 6 * N * L * (7 * C + (7 * C + 9 * C)) + 6 * 12 * C * C * 2 * L;
+  const double tol = 1e-9 * bf.elementwise;
+  EXPECT_NEAR(f8.elementwise - bf.elementwise, bytes / rates.elementwise_bytes_per_s, tol);
+}
+
 }  // namespace
 }  // namespace memfit

@@ -83,6 +83,11 @@ TEST_F(BackwardUpdateTrainer, EveryOptimizerAndPrecisionBitIdentical) {
     c.master_weights = "none";
     expect_same_run(c, fmt::format("{} pure bf16", optim));
   }
+  // fp8 (Note [FP8]): bf16's weights and update, the linears on FP8 operands.
+  TrainConfig c = base();
+  c.optim.name = "adamw";
+  c.precision = "fp8";
+  expect_same_run(c, "adamw fp8");
 }
 
 TEST_F(BackwardUpdateTrainer, GlobalClippingInTwoPassesBitIdentical) {
@@ -119,11 +124,11 @@ TEST_F(BackwardUpdateTrainer, UntiedHeadPoliciesAndCompressionBitIdentical) {
 }
 
 TEST_F(BackwardUpdateTrainer, PlannedPeakEqualsMeasured) {
-  for (int shape = 0; shape < 4; ++shape) {
+  for (int shape = 0; shape < 5; ++shape) {  // shape 4: gpt2 in fp8 (Note [FP8])
     SCOPED_TRACE(shape);
     TrainConfig c = fused(base(shape % 2 ? "llama-tiny" : "gpt2-tiny"));
     if (shape >= 2) {
-      c.precision = "bf16";
+      c.precision = shape == 4 ? "fp8" : "bf16";
       c.ckpt = "full";
       c.n_layer = 6;
       c.batch = 2;

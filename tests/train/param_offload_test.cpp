@@ -88,6 +88,9 @@ TEST_F(ParamOffload, Bf16BitIdenticalWithMasterWeightsAndPure) {
   TrainConfig l = config("llama-tiny");
   l.precision = "bf16";
   expect_same_run(l, "llama-tiny bf16 adamw");
+  // fp8 stores bf16's working weights (Note [FP8]): they stream the same way.
+  l.precision = "fp8";
+  expect_same_run(l, "llama-tiny fp8 adamw");
 }
 
 TEST_F(ParamOffload, EveryPrefetchDepthAndTheThreadEngineBitIdentical) {
@@ -141,7 +144,7 @@ TEST_F(ParamOffload, ResumeFromOffloadedCheckpointIsBitIdentical) {
 }
 
 TEST_F(ParamOffload, PlannedPeakFilesAndIoEqualMeasured) {
-  for (const char* precision : {"fp32", "bf16"}) {
+  for (const char* precision : {"fp32", "bf16", "fp8"}) {
     SCOPED_TRACE(precision);
     TrainConfig c = offloaded(config());
     c.precision = precision;

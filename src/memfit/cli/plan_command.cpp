@@ -457,7 +457,9 @@ void add_plan_command(CLI::App& app) {
     // The route of the precision as resolved (bf16's widened matmuls); an unknown name is the
     // run's to refuse (resolve_run), after these lines.
     if (!*json)
-      print_precision_route(cfg->precision == "bf16" ? Precision::bf16 : Precision::fp32,
+      print_precision_route(cfg->precision == "bf16"  ? Precision::bf16
+                            : cfg->precision == "fp8" ? Precision::fp8
+                                                      : Precision::fp32,
                             precision_note);
     if (!*json && cfg->ranks > 1 && !dist::built_with_mpi())
       fmt::print("note: this memfit was built without MPI, so it cannot run the {} ranks planned "

@@ -25,7 +25,16 @@ std::string fp16_attention_default(TrainConfig& config, bool attention_given) {
 void print_precision_route(Precision precision, const std::string& auto_note) {
   fmt::print(stderr, "memfit: {}\n", machine_line());
   if (!auto_note.empty()) fmt::print(stderr, "memfit: {}\n", auto_note);
-  if (precision == Precision::bf16 && kernels::matmul_widens(DType::bf16))
+  if (precision == Precision::fp8)
+    fmt::print(stderr,
+               "memfit: --precision fp8: the blocks' linears compute on FP8 operands (weights and "
+               "inputs E4M3, output gradients E5M2, current power-of-two scales per tensor), "
+               "widened exactly to {} for the GEMM: the numerics are FP8's and the speed is "
+               "bf16's (no x86 CPU multiplies FP8); the embeddings, norms and LM head are bf16 "
+               "(Note [FP8], docs/notes/fp8.md)\n",
+               kernels::matmul_widens(DType::bf16) ? "bf16 and on to f32" : "bf16");
+  if ((precision == Precision::bf16 || precision == Precision::fp8) &&
+      kernels::matmul_widens(DType::bf16))
     fmt::print(stderr,
                "memfit: bf16 matmuls are widened to f32 and run on the f32 GEMM: oneDNN has no "
                "native bf16 matmul on this CPU (ISA {}; it needs AVX512_BF16 or AMX); bf16 keeps "

@@ -110,6 +110,10 @@ void run_sample(const SampleOptions& o) {
   // bf16 loads straight into bf16 weights; fp16 keeps f32 weights of record to round from.
   PrecisionOptions po;
   po.precision = precision_from_name(o.precision);
+  if (po.precision == Precision::fp8)  // Note [FP8], "What is built"
+    MEMFIT_THROW(ConfigError, "sample",
+                 "--precision fp8 is not built for sampling: the KV-cache decoder's linears have no "
+                 "FP8 path; sample an fp8-trained checkpoint with --precision bf16");
   po.master_weights = po.precision != Precision::bf16;
   MemoryPool pool;
   Transformer gpt(mc, pool, po);

@@ -306,9 +306,11 @@ void add_step_options(CLI::App* cmd, TrainConfig& c) {
                   "bytes); not given, --ckpt auto may choose int8. Note [Activation compression] "
                   "(docs/notes/activation-compression.md)");
   cmd->add_option("--precision", c.precision,
-                  "fp32 | bf16 (bf16 matmuls, FP32 master weights) | fp16 (loss scaling) | auto "
-                  "(bf16 where the CPU multiplies bf16 natively, else fp32). Note [Mixed "
-                  "precision] (docs/notes/mixed-precision.md)")
+                  "fp32 | bf16 (bf16 matmuls, FP32 master weights) | fp16 (loss scaling) | fp8 (bf16 "
+                  "with the blocks' linears on FP8 E4M3/E5M2 operands: FP8's numerics, bf16's "
+                  "speed; Note [FP8], docs/notes/fp8.md) | auto (bf16 where the CPU multiplies "
+                  "bf16 natively, else fp32). Note [Mixed precision] "
+                  "(docs/notes/mixed-precision.md)")
       ->capture_default_str();
   cmd->add_option("--master-weights", c.master_weights,
                   "fp32 | none (bf16 only: pure bf16 weights, stochastic rounding)")

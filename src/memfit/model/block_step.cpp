@@ -136,8 +136,26 @@ void linear_backward_around(StepContext& ctx, Tensor dinp, Tensor dweight, Tenso
   matmul_backward(none, dweight, dbias, dout, inp, weight);
 }
 
+Fp8Scratch fp8_scratch_elements(const ModelConfig& c, int64_t N) {
+  const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
+  const int64_t fc = c.fc_width();
+  Fp8Scratch s;
+  for (auto [in, out] : {std::array<int64_t, 2>{C, Q}, {A, C}, {C, fc}, {F, C}}) {
+    s.x = std::max(s.x, N * in);
+    s.w = std::max(s.w, out * in);
+    s.dy = std::max(s.dy, N * out);
+  }
+  return s;
+}
+
 void BlockStep::matmuls() {
   declare_matmuls(ctx, config, options, rows());
+  if (fp8()) {
+    const Fp8Scratch e = fp8_scratch_elements(config, rows());
+    fp8_x_ = ctx.scratch("ws.fp8.x", static_cast<size_t>(e.x) * 2);
+    fp8_w_ = ctx.scratch("ws.fp8.w", static_cast<size_t>(e.w) * 2);
+    fp8_dy_ = ctx.scratch("ws.fp8.dy", static_cast<size_t>(e.dy) * 2);
+  }
   if (options.lora_rank > 0) {
     lora_u_ = scratch("ws.lora.u", {rows(), options.lora_rank}, DType::f32);
     lora_du_ = scratch("ws.lora.du", {rows(), options.lora_rank}, DType::f32);
@@ -214,6 +232,33 @@ const float* BlockStep::lora_input(LinearSlot slot, int part, const float* x, in
   return xd;
 }
 
+Tensor BlockStep::fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8Format f) {
+  Tensor q = scratch.view_bytes(0, t.shape(), DType::bf16);
+  kernels::fp8_cast_dynamic(t, f, q);
+  return q;
+}
+
+// Note [FP8] (torchao's tensorwise recipe): d(input) = dy8 W8 and d(W) += dy8^T x8, dy8 the E5M2
+// cast of dout, W8 and x8 the E4M3 casts (x8 of the input as it is after `between`, which may
+// write it: GPT-2's GELU). The bias gradient sums dout itself, as torchao's bias lies outside
+// the FP8 matmul.
+void BlockStep::fp8_linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias,
+                                           const Tensor& dout, const Tensor& inp,
+                                           const Tensor& weight,
+                                           const std::function<void()>& between) {
+  const Tensor dy8 = fp8_cast(fp8_dy_, dout, kernels::Fp8Format::e5m2);
+  const Tensor w8 = fp8_cast(fp8_w_, weight, kernels::Fp8Format::e4m3);
+  const Tensor x8 = fp8_x_.view_bytes(0, inp.shape(), DType::bf16);
+  memfit::linear_backward_around(ctx, dinp, dweight, Tensor{}, dy8, x8, w8, [&] {
+    between();
+    fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
+  });
+  if (dbias.defined()) memfit::linear_backward(ctx, Tensor{}, Tensor{}, dbias, dout, inp, weight);
+}
+
+// Note [FP8]: y = x8 W8^T + b, x8 and W8 the E4M3 casts as exact bf16 values (power-of-two
+// scales), the GEMM bf16's (widened where bf16's is). LoRA is refused with fp8 (RunSpec).
+//
 // Note [LoRA]: the adapters in f32 through the strided GEMM, each on its rows of the output
 // (a member of a fused layer is a column range of the output's rows, ldc the layer's width):
 // u = x A^T, then y[:, rows] += scale u B^T. In bf16 x and y a chunk of rows at a time widened
@@ -288,6 +333,13 @@ void BlockStep::base_backward_around(LinearSlot slot, Tensor dinp, Tensor dweigh
 
 void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias) {
+  if (fp8()) {
+    if (!running()) return;
+    const Tensor x8 = fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
+    const Tensor w8 = fp8_cast(fp8_w_, weight, kernels::Fp8Format::e4m3);
+    memfit::linear_forward(ctx, out, x8, w8, bias);
+    return;
+  }
   base_forward(slot, out, inp, weight, bias);
   const LoraSet& adapters = w.lora[static_cast<size_t>(slot)];
   bool adapted = false;
@@ -323,6 +375,10 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
                                        const Tensor& dout, const Tensor& inp,
                                        const Tensor& weight,
                                        const std::function<void()>& between) {
+  if (fp8()) {
+    if (running()) fp8_linear_backward_around(dinp, dweight, dbias, dout, inp, weight, between);
+    return;
+  }
   const LoraSet& wa = w.lora[static_cast<size_t>(slot)];
   const LoraSet& ga = g.lora[static_cast<size_t>(slot)];
   bool adapted = false;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memfit/kernels/cpu/attention_heads.h"
+#include "memfit/kernels/cpu/fp8.h"
 #include "memfit/model/lora_dropout.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
@@ -89,6 +90,9 @@ class BlockStep {
   Tensor scratch_read(const std::string& tag) { return ctx.read(tag); }
 
   // Declares the phase's matmuls (the widening scratch, where there is one); then the linears.
+  // With --precision fp8 also the FP8 operands' bf16 scratch (fp8_scratch_shapes): the linears
+  // then cast their weight and input to E4M3 and their output gradient to E5M2 into it, each
+  // with its own current scale, and multiply those (Note [FP8], docs/notes/fp8.md).
   // With LoRA also the adapters' (rows, rank) f32 scratch, "ws.lora.u" and "ws.lora.du", and
   // in bf16 their widened operands, "ws.lora.x" and "ws.lora.y" (kLoraChunkRows, the blocks'
   // widest linear) f32 each; with --lora-dropout "ws.lora.xd", kLoraChunkRows rows of the
@@ -130,6 +134,13 @@ class BlockStep {
   Tensor lora_u_, lora_du_;          // x A^T and d(x A^T) of one adapter (with LoRA)
   Tensor lora_x_, lora_y_;           // bf16 LoRA: a chunk of rows of its operands, widened
   Tensor lora_xd_;                   // LoRA dropout: a chunk of rows of the dropped input
+  Tensor fp8_x_, fp8_w_, fp8_dy_;    // --precision fp8: the cast input, weight, output gradient
+  bool fp8() const { return options.precision == Precision::fp8; }
+  // A bf16 view of `scratch`'s first bytes shaped like t, holding t cast to FP8 format f.
+  static Tensor fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8Format f);
+  void fp8_linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& weight,
+                                  const std::function<void()>& between);
   int64_t lora_chunk(const Tensor& t) const;
   // The base layer alone: dense, or QLoRA's NF4 tiles ("ws.nf4") with GPT-2's bias after.
   void base_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,
@@ -146,6 +157,14 @@ class BlockStep {
 // that keeps its buffers, or the last of a recomputed segment), else its slot's. "encoded" for
 // l == -1 (the embedding's).
 std::string block_output_tag(const BlockSlots& slots, int l);
+
+// --precision fp8's operand scratch, elements of bf16 each (Note [FP8]): "ws.fp8.x" the largest
+// linear input (rows x in), "ws.fp8.w" the largest weight (out x in), "ws.fp8.dy" the largest
+// output gradient (rows x out). Declared by every block phase's matmuls().
+struct Fp8Scratch {
+  int64_t x = 0, w = 0, dy = 0;
+};
+Fp8Scratch fp8_scratch_elements(const ModelConfig& config, int64_t rows);
 
 // The widening scratch the blocks' matmuls need, in bytes: the largest of the family's linear
 // layers (0 where nothing widens). The LM head widens its weight a block at a time in a

@@ -9,8 +9,9 @@ Precision precision_from_name(std::string_view name) {
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
   if (name == "fp16") return Precision::fp16;
+  if (name == "fp8") return Precision::fp8;
   if (name == "auto") return auto_precision();
-  MEMFIT_THROW(ConfigError, "config", "--precision must be fp32, bf16, fp16 or auto, got '{}'",
+  MEMFIT_THROW(ConfigError, "config", "--precision must be fp32, bf16, fp16, fp8 or auto, got '{}'",
                name);
 }
 
@@ -33,11 +34,16 @@ std::string_view precision_name(Precision p) {
     case Precision::fp32: return "fp32";
     case Precision::bf16: return "bf16";
     case Precision::fp16: return "fp16";
+    case Precision::fp8: return "fp8";
   }
   return "?";
 }
 
 void check_precision_options(const PrecisionOptions& o) {
+  if (!o.master_weights && o.precision == Precision::fp8)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--master-weights none with --precision fp8 is not built (Note [FP8]): fp8 "
+                 "keeps FP32 master weights; use --precision bf16 for pure bf16 training");
   if (!o.master_weights && o.precision != Precision::bf16)
     MEMFIT_THROW(ConfigError, "config",
                  "--master-weights none is pure bf16 training and needs --precision bf16, got {}",
@@ -46,7 +52,8 @@ void check_precision_options(const PrecisionOptions& o) {
 
 DType half_dtype(Precision p) {
   switch (p) {
-    case Precision::bf16: return DType::bf16;
+    case Precision::bf16:
+    case Precision::fp8: return DType::bf16;
     case Precision::fp16: return DType::f16;
     default: return DType::f32;
   }

@@ -14,9 +14,14 @@ enum class Precision : uint8_t {
   fp32,  // everything f32: the reference
   bf16,  // bf16 matmul operands and saved activations (AMX), f32 residual stream and statistics
   fp16,  // as bf16 in IEEE half, with dynamic loss scaling
+  // bf16's storage and kernels, with the blocks' linears on FP8 operands: weights and inputs
+  // cast to E4M3, output gradients to E5M2, each with its own current power-of-two scale
+  // (Note [FP8], docs/notes/fp8.md). FP8's numerics at bf16's speed: no x86 CPU multiplies FP8.
+  fp8,
 };
 
-// "fp32", "bf16", "fp16", or "auto" (auto_precision()); ConfigError for anything else.
+// "fp32", "bf16", "fp16", "fp8", or "auto" (auto_precision(), never fp8); ConfigError for
+// anything else.
 Precision precision_from_name(std::string_view name);
 std::string_view precision_name(Precision p);
 
@@ -25,7 +30,7 @@ std::string_view precision_name(Precision p);
 // the f32 GEMM, so bf16 saves memory but not time. `why` gets the reason, for the start-up line.
 Precision auto_precision(std::string* why = nullptr);
 
-// The type of matmul operands and saved activations: f32, bf16 or f16.
+// The type of matmul operands and saved activations: f32, bf16 (bf16 and fp8) or f16.
 DType half_dtype(Precision p);
 
 struct PrecisionOptions {
@@ -37,7 +42,7 @@ struct PrecisionOptions {
 };
 
 // ConfigError unless the options make sense: no master weights means pure bf16, so it needs
-// bf16.
+// bf16 (fp8 without master weights is not built: its message says so).
 void check_precision_options(const PrecisionOptions& options);
 
 }  // namespace memfit

@@ -88,6 +88,12 @@ StateOptions RunSpec::state_options() const {
 
 void RunSpec::check() const {
   check_optim_config(optim);
+  // Note [FP8], "What is built": the blocks' own linears; LoRA's adapters (and so QLoRA's NF4
+  // base) have no FP8 path.
+  if (precision.precision == Precision::fp8 && lora.enabled())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--lora-rank with --precision fp8 is not built: the adapters' GEMMs have no FP8 "
+                 "path; use --precision bf16 for LoRA");
   if (lora.enabled()) {
     check_lora_options(lora, model.family);
     refuse_lora_sharding(*this);

@@ -63,6 +63,17 @@ BlockTraffic block_traffic(const ModelConfig& c) {
 
 }  // namespace
 
+// Note [FP8]: each cast reads its bf16 source twice (its amax, then the cast) and writes the bf16
+// result, 6 bytes a value, 1.5 elements of 4: forward the linears' inputs, backward their output
+// gradients and their inputs again; the weights once a forward (and recomputation) and once a
+// backward.
+Fp8CastTraffic fp8_cast_traffic(const ModelConfig& c) {
+  const double C = c.d_model, F = c.ffn_dim, Q = double(c.qkv_width()), A = c.attn_width();
+  const double fc = double(c.fc_width());
+  const double inputs = C + A + C + F, outputs = Q + C + fc + C;
+  return {1.5 * inputs, 1.5 * (inputs + outputs), 1.5 * double(c.block_matmul_params())};
+}
+
 double compression_traffic_bytes(const StepPlan& plan) {
   std::map<std::string, const BufferSpec*> by_tag;
   for (const BufferSpec& b : plan.buffers) by_tag.emplace(b.tag, &b);
@@ -109,7 +120,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
 
   StepTime t;
   t.block_gemm = (f.total - head_flops - attention_flops) / rates.block_rate(half_gemm, c.d_model);
-  t.attention = attention_flops / (p == Precision::bf16 ? rates.attention_bf16
+  t.attention = attention_flops / (half_dtype(p) == DType::bf16 ? rates.attention_bf16
                                                          : rates.attention_f32);
   t.head_gemm = head_flops / rates.head_rate(half_gemm, c.d_model);
 
@@ -124,6 +135,11 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
     const double chunks = std::ceil(N / double(lm_head_rows(in.options, int64_t(N))));
     per_micro_batch = 1.5 * double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) +
                       0.5 * 2 * chunks * V * C;
+  }
+  if (p == Precision::fp8) {
+    const Fp8CastTraffic f = fp8_cast_traffic(c);
+    per_token += (c.n_layer + recomputed) * f.forward + c.n_layer * f.backward;
+    per_micro_batch += f.weight * (2 * c.n_layer + recomputed);
   }
   t.elementwise = (per_token * N + per_micro_batch) * 4 / rates.elementwise_bytes_per_s;
   // --act-compress: its passes stream their bytes as the element-wise kernels do (each block of

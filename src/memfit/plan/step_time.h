@@ -35,6 +35,14 @@ struct StepTime {
   }
 };
 
+// --precision fp8's casts (Note [FP8]) in the element-wise term, in 4-byte elements: per token
+// of one block's forward (and recomputation) and of its backward, and per block pass for its
+// weights.
+struct Fp8CastTraffic {
+  double forward = 0, backward = 0, weight = 0;
+};
+Fp8CastTraffic fp8_cast_traffic(const ModelConfig& model);
+
 struct StepTimeInputs {
   ModelConfig model;  // finalized
   int B = 0, T = 0, grad_accum = 1;

@@ -113,7 +113,7 @@ struct TrainConfig {
   // With mem_limit: the planner also picks the micro-batch, every divisor b of
   // batch * grad_accum with grad_accum = global / b, keeping the global batch.
   bool auto_batch = false;
-  std::string precision = "fp32";   // fp32 | bf16 | fp16 (docs/notes/mixed-precision.md)
+  std::string precision = "fp32";   // fp32 | bf16 | fp16 | fp8 (docs/notes/mixed-precision.md)
   std::string master_weights = "fp32";  // fp32 | none (pure bf16, stochastic rounding)
   LossScalerConfig loss_scaler;     // fp16: --loss-scale-window, --hysteresis, --min-loss-scale
   // Stop after this step as if interrupted (0: run all `steps`); the schedule still spans
