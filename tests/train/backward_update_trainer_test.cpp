@@ -145,7 +145,7 @@ TEST_F(BackwardUpdateTrainer, PlannedPeakEqualsMeasured) {
 }
 
 TEST_F(BackwardUpdateTrainer, HoldsLessThanTheSlabWithManyBlocks) {
-  // The unit buffers: the edges and one block, against the ordinary run's f32 slab (in its
+  // The unit buffers: one slot every unit takes in turn (and the tied table), against the ordinary run's f32 slab (in its
   // activations arena) at 16 blocks.
   TrainConfig c = base();
   c.n_layer = 16;
