@@ -90,6 +90,9 @@ class Optimizer {
   virtual double update_flops() const { return 0; }
   size_t scratch_bytes() const;
   void set_scratch(Tensor buffer);
+  // The scratch this optimizer allocated or was given (undefined if neither): what optimizers
+  // over its sub-ranges share (set_scratch; --update-in-backward's parts, optim/unit_steps.h).
+  const Tensor& scratch_buffer() const { return scratch_; }
 
   // The first cut at or after element x (<= layout total) that this optimizer's state allows:
   // inside a parameter, a multiple of 16 elements for element-wise state; an optimizer whose

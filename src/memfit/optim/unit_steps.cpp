@@ -62,6 +62,9 @@ void UnitSteps::attach(const OptimConfig& config, Optimizer& optimizer, Tensor w
           it->second.view(extents[i].begin - range_extents[i].begin, {extents[i].size()}));
     }
     o->bind_state(std::move(bound));
+    // The update's scratch (APOLLO's projections): the run's optimizer's, the same size for
+    // every range, and a part's update never outlives its step.
+    if (o->scratch_elements() > 0) o->set_scratch(optimizer.scratch_buffer());
     opts_.push_back(std::move(o));
   }
 }
