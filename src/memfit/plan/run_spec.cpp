@@ -33,11 +33,11 @@ void refuse_lora_sharding(const RunSpec& spec) {
   if (spec.offload.params)
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-params with --lora-rank is not built: the working weights' file is "
-                 "read through the same gathered views as stage 3 (the adapters are bound into "
-                 "the resident views alone) and written back by --offload-optimizer's streamed "
-                 "update of the base, while LoRA's optimizer steps the adapters ({} f32 "
-                 "elements) in RAM and the base is never written; give --precision bf16 for a "
-                 "base of 2 bytes a parameter",
+                 "written back by --offload-optimizer's streamed update of the base, which "
+                 "--offload-params requires, while LoRA's optimizer steps the adapters ({} f32 "
+                 "elements) in RAM and the base is never written (a read-only file source, its "
+                 "plan and its save are not built); give --precision bf16 for a base of 2 bytes "
+                 "a parameter, or --zero 3 over several ranks",
                  adapters);
 }
 
