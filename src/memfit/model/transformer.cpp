@@ -96,10 +96,14 @@ Tensor Transformer::grad_sums(ElementRange r) {
 void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base) {
   MEMFIT_CHECK(!lora_, "lora", "the model has its adapters already");
   MEMFIT_CHECK(B_ == 0, "lora", "add the adapters before reserve()");
-  MEMFIT_CHECK(!source_ && !store_ && !sharded_ && master_range_ == whole(), "lora",
-               "LoRA is built in one process or at ZeRO stage 0, with every weight in RAM (no "
-               "ZeRO 1-3, no offload, no "
-               "per-unit gradients)");
+  // One process or stage 0 (every weight in RAM), or stage 3's gathered base (read only: the
+  // adapters are bound into the source's views after each gather; Note [LoRA], "ZeRO stage
+  // 3"). No per-unit gradients (the base has none) and no sharded master weights.
+  MEMFIT_CHECK(!store_ && !params_offloaded() &&
+                   (sharded_ ? source_ != nullptr : !source_ && master_range_ == whole()),
+               "lora",
+               "LoRA is built in one process or at ZeRO stage 0 or 3, with no per-unit "
+               "gradients and the base in RAM (no ZeRO 1-2, no offload)");
   // bf16 (Note [LoRA], "bf16"): the frozen base is its bf16 working weights alone; the
   // adapters are f32 (their own master weights).
   const Precision p = precision_.precision;
@@ -125,7 +129,10 @@ void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freez
 
 void Transformer::bind_lora() {
   if (!lora_) return;
-  lora_->bind(weights_, lora_weights_);
+  if (source_)  // stage 3: into the gathered views, after every gather
+    source_->set_bind_hook([this](ModelWeights& w) { lora_->bind(w, lora_weights_); });
+  else
+    lora_->bind(weights_, lora_weights_);
   lora_->bind(grad_views_, lora_grads_);
 }
 

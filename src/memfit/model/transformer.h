@@ -206,7 +206,9 @@ class Transformer {
   // does (B zero: the model computes what it did) and their gradients (f32, Category::grads,
   // "lora.grads"), which backward() accumulates and zero_grad() zeroes. `freeze_base`: the base
   // weights get no gradients (no slab: grads() is undefined; the step skips their GEMMs).
-  // fp32 or bf16, one process or ZeRO stage 0, everything in RAM; before reserve(). Once.
+  // fp32 or bf16, one process or ZeRO stage 0, or stage 3's gathered base (the adapters bound
+  // into the source's views after each gather: WeightSource::set_bind_hook); no per-unit
+  // gradients, no offload; before reserve(). Once.
   void add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base = true);
   const LoraLayout* lora() const { return lora_ ? &*lora_ : nullptr; }
   Tensor& lora_weights() { return lora_weights_; }

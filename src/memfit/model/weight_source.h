@@ -44,6 +44,10 @@ class WeightSource {
   virtual int64_t largest_part() const = 0;
   virtual void store_from(const std::function<void(int64_t, int64_t, float*)>& fill,
                           Tensor& piece) = 0;
+  // Called on the views after every (re)binding of a unit's weights (a block gathered or read,
+  // the persistent units), and once now: LoRA binds its adapters into them (Note [LoRA]).
+  using BindHook = std::function<void(ModelWeights&)>;
+  virtual void set_bind_hook(BindHook hook) = 0;
 };
 
 // What the Transformer is told of where its state lives, with the services that keep the parts

@@ -82,10 +82,12 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
     return MemoryPool::round_up(std::max<size_t>(
         1, static_cast<size_t>(mine ? mine->size() : layout.total()) * dtype_size(dt)));
   };
-  // Stage 3: the working weights of the shard alone (Note [ZeRO stage 3]).
+  // Stage 3: the working weights of the shard alone (Note [ZeRO stage 3]; a frozen LoRA base
+  // too, whose optimizer state is not sharded).
   at(Category::params) =
       placement.params_gathered()
-          ? shard_or_whole(half)
+          ? MemoryPool::round_up(std::max<size_t>(
+                1, static_cast<size_t>(placement.my_shard().size()) * dtype_size(half)))
           : MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(half));
   if (placement.master().where != Residence::none)
     at(Category::master) = shard_or_whole(DType::f32);
@@ -249,9 +251,14 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     at(Category::grads) = adapters;
     at(Category::optimizer) =
         optimizer_state_bytes(oc, lora.param_layout(), whole_range(lora.param_layout()));
-    // Over data-parallel ranks (stage 0) the adapters' gradients are the slab all-reduced.
+    // Over data-parallel ranks (stages 0 and 3) the adapters' gradients are the slab
+    // all-reduced; stage 3 gathers the frozen base's units besides.
     at(Category::comm) =
-        dist::GradientSync::comm_bytes(lora.total(), spec.bucket_bytes, spec.world, rank);
+        dist::GradientSync::comm_bytes(lora.total(), spec.bucket_bytes, spec.world, rank) +
+        (placement.params_gathered()
+             ? WeightGather::comm_bytes(layout, half_dtype(precision.precision),
+                                        placement.prefetch_depth(), placement.persist_threshold())
+             : 0);
   }
   r.step = shared  ? shared->step
            : steps ? steps->plan(r.model, r.B, r.T, act)
@@ -290,7 +297,13 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
       summed, static_cast<int>(dtype_size(half)), spec.world, placement.sharding(),
       placement.params_gathered()
           ? WeightGather::step_gather_bytes(layout, half, r.step.phases, passes,
-                                            placement.persist_threshold())
+                                            placement.persist_threshold()) -
+                // A frozen base (LoRA) is never written: its persistent units are gathered
+                // once, at the set-up, not after each update.
+                (spec.lora.enabled()
+                     ? WeightGather::step_gather_bytes(layout, half, r.step.phases, 0,
+                                                       placement.persist_threshold())
+                     : 0)
           : 0,
       placement.grads_per_unit() ? passes : 1,
       static_cast<int>(dtype_size(spec.grad_dtype)));
@@ -327,7 +340,10 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // A save from RAM on the rank that writes model.safetensors (one process, or rank 0 at stage
   // 0; from stage 1 on the shard files hold the weights): the writer's staging, the largest
   // transposed tensor's band (GPT-2's Conv1D weights; LLaMA none).
-  if (spec.saves && !save_streams_weights(spec) && rank == 0 && !placement.sharded_save()) {
+  // (LoRA at stage 3 saves the frozen base's shards, each rank its own, straight from RAM.)
+  const bool base_shards = spec.lora.enabled() && placement.params_gathered();
+  if (spec.saves && !save_streams_weights(spec) && rank == 0 && !placement.sharded_save() &&
+      !base_shards) {
     const DType record = precision.precision == Precision::fp32 || precision.master_weights
                              ? DType::f32
                              : half_dtype(precision.precision);

@@ -17,33 +17,27 @@ void refuse_lora_sharding(const RunSpec& spec) {
   const int64_t adapters = LoraLayout(model, spec.lora).total();
   if (spec.zero_auto)
     MEMFIT_THROW(ConfigError, "config",
-                 "--zero auto with --lora-rank: LoRA runs at --zero 0 (stages 1-3 are refused: "
-                 "give --zero 1, 2 or 3 to see why); give --zero 0");
+                 "--zero auto with --lora-rank: give --zero 0 (the base whole on every rank) or "
+                 "--zero 3 (the frozen base sharded and gathered per block); stages 1-2 are "
+                 "refused (give --zero 1 or 2 to see why)");
   if (spec.zero == 1 || spec.zero == 2)
     MEMFIT_THROW(ConfigError, "config",
                  "--zero {} with --lora-rank is not built: LoRA's optimizer state{} are the "
                  "adapters' alone ({} f32 elements), while ZeRO's shards are cut over the base's "
                  "layout, which LoRA neither steps nor keeps gradients for: the stage would shard "
                  "nothing that exists. Sharding the adapters needs shards of their own layout, "
-                 "the update's all-gather of their weights and a sharded adapter_optimizer save. "
-                 "Give --zero 0: the adapters are replicated and their gradients all-reduced",
+                 "the update's all-gather of their weights and a sharded adapter_optimizer save, "
+                 "for little to save. Give --zero 0 (the adapters replicated and their gradients "
+                 "all-reduced) or --zero 3 (the frozen base sharded too)",
                  spec.zero, spec.zero == 2 ? " and gradients" : "", adapters);
-  if (spec.zero == 3)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--zero 3 with --lora-rank is not built: stage 3 gathers each block of the base "
-                 "into views made as the block is gathered, and the adapters ({} f32 elements) "
-                 "are bound into the resident views alone; it also reduce-scatters the base's "
-                 "gradients per unit, which a frozen base does not have. Give --zero 0 (with "
-                 "--precision bf16 the frozen base is 2 bytes a parameter on each rank)",
-                 adapters);
   if (spec.offload.params)
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-params with --lora-rank is not built: the working weights' file is "
-                 "read through the same gathered views as stage 3 (the adapters are bound into "
-                 "the resident views alone) and written back by --offload-optimizer's streamed "
-                 "update of the base, while LoRA's optimizer steps the adapters ({} f32 "
-                 "elements) in RAM and the base is never written; give --precision bf16 for a "
-                 "base of 2 bytes a parameter",
+                 "written back by --offload-optimizer's streamed update of the base, which "
+                 "--offload-params requires, while LoRA's optimizer steps the adapters ({} f32 "
+                 "elements) in RAM and the base is never written (a read-only file source, its "
+                 "plan and its save are not built); give --precision bf16 for a base of 2 bytes "
+                 "a parameter, or --zero 3 over several ranks",
                  adapters);
 }
 
@@ -83,6 +77,7 @@ StateOptions RunSpec::state_options() const {
   o.grad_dtype = grad_dtype;
   o.bucket_bytes = bucket_bytes;
   o.update_in_backward = update_in_backward;
+  o.frozen_base = lora.enabled();
   return o;
 }
 
@@ -99,12 +94,13 @@ void RunSpec::check() const {
     refuse_lora_sharding(*this);
     // What is built (Note [LoRA], "What remains"): fp32 or bf16 (the base bf16 alone, no
     // master weights: resolve_run), one process or data-parallel ranks at stage 0 (the
-    // adapters' gradients all-reduced whole: "Over data-parallel ranks"), every weight in RAM.
+    // adapters' gradients all-reduced whole: "Over data-parallel ranks") or stage 3 (the frozen
+    // base sharded and gathered too: "ZeRO stage 3"), every weight in RAM.
     const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
                           : precision.master_weights && precision.precision != Precision::fp32
                               ? "master weights for the frozen base"
                           : world > 1 && sync_every_micro_batch ? "--sync-every-micro-batch"
-                          : zero != 0 || zero_auto                ? "--zero"
+                          : (zero != 0 && zero != 3) || zero_auto ? "--zero"
                           : offload.optimizer || offload.params || offload.grads
                               ? "--offload-*"
                           : grad_dtype != DType::f32 ? "--grad-dtype bf16"
@@ -113,8 +109,9 @@ void RunSpec::check() const {
     if (refused)
       MEMFIT_THROW(ConfigError, "config",
                    "--lora-rank with {} is not built: LoRA trains in fp32 or bf16, in one process "
-                   "or over data-parallel ranks at --zero 0, with every weight in RAM (no --zero "
-                   "1-3, no --offload-*, no --update-in-backward, no --sync-every-micro-batch)",
+                   "or over data-parallel ranks at --zero 0 or 3, with every weight in RAM (no "
+                   "--zero 1-2, no --offload-*, no --update-in-backward, no "
+                   "--sync-every-micro-batch)",
                    refused);
   }
   check_base_dtype();

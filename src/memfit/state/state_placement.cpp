@@ -23,6 +23,8 @@ StateSharding StatePlacement::sharding(const StateOptions& o, int world) {
   // Note [ZeRO]: with one rank every stage is stage 0. Stage 1 shards the master weights and
   // the optimizer state, stage 2 the gradients' sums too, stage 3 the working weights too.
   const int stage = world > 1 ? o.zero : 0;
+  // A frozen base (LoRA) has neither gradients nor optimizer state to shard.
+  if (o.frozen_base) return {.optimizer = false, .grads = false, .params = stage == 3};
   return {.optimizer = stage >= 1, .grads = stage >= 2, .params = stage == 3};
 }
 

@@ -49,6 +49,10 @@ struct StateOptions {
   // --update-in-backward (one process, or stages 2-3): each unit's gradients live only in a
   // unit buffer and are stepped as the backward ends the unit (Note [Update in backward]).
   bool update_in_backward = false;
+  // LoRA's frozen base (Note [LoRA], "ZeRO and offload"): no gradients and no optimizer over
+  // the base, so nothing of theirs is sharded; stage 3 shards and gathers the working weights
+  // alone (read only), and the adapters' state stays whole on every rank.
+  bool frozen_base = false;
 };
 
 // Where one kind of state lives on a rank.

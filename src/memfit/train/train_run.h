@@ -174,6 +174,9 @@ class TrainRun {
   std::optional<Transformer> gpt_;
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16
   std::unique_ptr<Optimizer> opt_;             // the optimizer in RAM, or
+  // LoRA at stage 3: the frozen base's shard saved as a ZeRO shard file with no state (a
+  // stateless optimizer over this rank's range names it in the index; Note [LoRA]).
+  std::unique_ptr<Optimizer> base_record_;
   std::unique_ptr<offload::OffloadedOptimizer> off_;  // the one streamed from files
   ElementRange my_range_;  // this rank's range of the layout (the whole layout without ZeRO)
   int64_t piece_ = 0;      // the set-up's staging piece (setup_piece_elements)

@@ -87,7 +87,7 @@ void TrainRun::load_weights() {
                      piece_, to_master_file);
     // ZeRO's shards of any world size and stage, or a whole optimizer.safetensors, cut to
     // this rank's range (io/checkpoint/zero_checkpoint.h).
-    if (resume_ && opt_) io::load_optimizer_state_any(location_.dir, *opt_);
+    if (resume_ && opt_ && !gpt_->lora()) io::load_optimizer_state_any(location_.dir, *opt_);
   }
 }
 
@@ -131,7 +131,7 @@ void TrainRun::load_trainer_state() {
 
 // The weights of record, whole, where a save takes them from RAM (else empty: open_log).
 Tensor TrainRun::record_for_save() {
-  if (placement_.sharded_save() || streamed_save_) return Tensor{};
+  if (sharded_state_ || streamed_save_) return Tensor{};
   return gpt_->weights();
 }
 
@@ -162,6 +162,8 @@ void TrainRun::stage_shards() {
     // Without master weights: the working weights (whole at stages 1-2, the shard itself at
     // stage 3) are the weights of record.
     off_->save_shard(file, gpt_->whole_weights() ? my_part(gpt_->weights()) : gpt_->weights());
+  } else if (base_record_) {  // LoRA at stage 3: the frozen base's shard, no state
+    io::save_zero_shard(file, *base_record_, gpt_->weights());
   } else {
     const Tensor weights = gpt_->whole_weights()
                                ? gpt_->weights().view(my_shard_->begin, {my_shard_->size()})
@@ -218,13 +220,16 @@ void TrainRun::save(int64_t step, const Tensor& record) {
       if (gpt_->nf4_base()) io::save_nf4_base(tmp / io::kNf4BaseFile, *gpt_->nf4_base(),
                                               gpt_->nf4_buffer());
     };
-  if (sharded_state_)
-    so.write_extra = [&](const fs::path& tmp) {
+  if (sharded_state_) {
+    auto lora_files = std::move(so.write_extra);
+    so.write_extra = [&, lora_files](const fs::path& tmp) {
+      if (lora_files) lora_files(tmp);
       for (int r = 0; r < W_; ++r)
         fs::rename(staging_ / io::zero_shard_file(r, W_), tmp / io::zero_shard_file(r, W_));
-      io::write_file_atomic(tmp / io::kZeroIndexFile,
-                            io::zero_index_json(off_ ? off_->descriptor() : *opt_, placement_));
+      const Optimizer& record = base_record_ ? *base_record_ : off_ ? off_->descriptor() : *opt_;
+      io::write_file_atomic(tmp / io::kZeroIndexFile, io::zero_index_json(record, placement_));
     };
+  }
   // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
   // bytes as from RAM).
   if (off_ && !sharded_state_)

@@ -294,6 +294,14 @@ void TrainRun::open_log() {
                  : gpt_->params_offloaded() ? half_dtype(spec_.precision.precision)
                                            : gpt_->weights().dtype();
   sharded_state_ = placement_.sharded_save();
+  // LoRA at stage 3: no rank holds the frozen base whole, so each writes its shard of it into
+  // its shard file (no optimizer state: the adapters' is adapter_optimizer.safetensors).
+  if (gpt_->lora() && gpt_->params_sharded()) {
+    OptimConfig none;
+    none.name = "sgd";
+    base_record_ = make_optimizer(none, gpt_->layout(), nullptr, gpt_->params_range());
+    sharded_state_ = true;
+  }
   staging_ = settings_.save_dir.empty() ? fs::path()
                                         : fs::path(settings_.save_dir).concat(".zero-staging");
 }

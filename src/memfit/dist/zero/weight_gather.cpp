@@ -208,6 +208,7 @@ void WeightGather::bind_persistent() {
     layout_.bind(weights_, persistent_.view(at, {units_.units[u].size()}), units_.units[u]);
     at += units_.units[u].size();
   }
+  if (bind_hook_) bind_hook_(weights_);
 }
 
 void WeightGather::set_phases(const std::vector<Phase>& phases) {
@@ -251,6 +252,7 @@ void WeightGather::enter(int phase) {
   requests_[static_cast<size_t>(e)].reset();
   const ElementRange unit = units_.units[static_cast<size_t>(event_unit_[e])];
   layout_.bind(weights_, slot_view(e % slots_, 0, unit.size()), unit);
+  if (bind_hook_) bind_hook_(weights_);
   current_ = e;
 }
 

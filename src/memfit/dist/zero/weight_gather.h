@@ -152,6 +152,10 @@ class WeightGather final : public WeightSource {
 
   // The views the step reads: persistent units always, a block once its phase is entered.
   const ModelWeights& weights() const override { return weights_; }
+  void set_bind_hook(BindHook hook) override {
+    bind_hook_ = std::move(hook);
+    if (bind_hook_) bind_hook_(weights_);
+  }
   // The phases of the step plan the model runs from now on (Transformer::reserve).
   void set_phases(const std::vector<Phase>& phases) override;
   // The step entered phase `phase` of the plan (0: a new micro-batch). Waits for the gather
@@ -185,6 +189,7 @@ class WeightGather final : public WeightSource {
   Tensor persistent_, ring_;
   std::vector<int64_t> persistent_at_;  // each persistent unit's offset in persistent_
   ModelWeights weights_;
+  BindHook bind_hook_;  // after every binding (LoRA's adapters)
   // The current plan: each phase's gather, each gather's unit; the micro-batch's requests.
   std::vector<int> phase_event_, event_unit_;
   std::vector<std::unique_ptr<dist::Request>> requests_;

@@ -86,7 +86,12 @@ ModelState zero_model_state(const StatePlacement& placement, dist::Communicator&
   if (placement.grads_per_unit())
     grads = GradSharding{&comm, placement.grad_shards(), placement.bucket_bytes(),
                          placement.grads_whole(), placement.grad_dtype(), steps};
-  return zero_model_state(placement.owned(), /*master_in_ram=*/!placement.optimizer_in_file(),
+  // Stage 3's working weights are the rank's shard, the model's master range, even where
+  // nothing else is sharded (LoRA's frozen base: no master weights, no optimizer over it).
+  const std::optional<ElementRange> range =
+      placement.params_gathered() ? std::optional<ElementRange>(placement.my_shard())
+                                  : placement.owned();
+  return zero_model_state(range, /*master_in_ram=*/!placement.optimizer_in_file(),
                           sharding ? &*sharding : nullptr, grads ? &*grads : nullptr,
                           file ? &*file : nullptr, std::move(grad_store), services);
 }
