@@ -9,10 +9,20 @@
 #include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
+#include "memfit/model/parallel_linear.h"
+#include "memfit/model/tensor_group.h"
 
 namespace memfit {
 
 using namespace kernels;
+
+namespace {
+// Megatron's halves of the blocks' linears (Note [Parallel linears]): the output projections
+// split their input features, the others their output features.
+bool row_parallel(LinearSlot slot) {
+  return slot == LinearSlot::attn_out || slot == LinearSlot::mlp_out;
+}
+}  // namespace
 
 std::string block_output_tag(const BlockSlots& slots, int l) {
   if (l < 0) return "encoded";
@@ -75,7 +85,7 @@ Tensor BlockStep::output() {
 
 size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
   if (!matmul_widens(h)) return 0;
-  const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
+  const int64_t C = c.d_model, F = c.local_ffn(), Q = c.qkv_width(), A = c.attn_width();
   const int64_t fc = c.fc_width();
   size_t bytes = 0;
   for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
@@ -132,7 +142,7 @@ void BlockStep::matmuls() {
     if (mixed()) {
       const int64_t wide = std::max({int64_t{config.d_model}, config.qkv_width(),
                                      config.attn_width(), config.fc_width(),
-                                     int64_t{config.ffn_dim}});
+                                     int64_t{config.local_ffn()}});
       const int64_t k = std::min(rows(), kLoraChunkRows);
       lora_x_ = scratch("ws.lora.x", {k, wide}, DType::f32);
       lora_y_ = scratch("ws.lora.y", {k, wide}, DType::f32);
@@ -141,7 +151,7 @@ void BlockStep::matmuls() {
     // layer's input rows.
     if (options.lora_dropout > 0) {
       const int64_t wide_in = std::max({int64_t{config.d_model}, config.attn_width(),
-                                        int64_t{config.ffn_dim}});
+                                        int64_t{config.local_ffn()}});
       const int64_t k = std::min(rows(), kLoraChunkRows);
       lora_xd_ = scratch("ws.lora.xd", {k, wide_in}, DType::f32);
     }
@@ -205,6 +215,12 @@ const float* BlockStep::lora_input(LinearSlot slot, int part, const float* x, in
 // (y rounded back once, after every adapter of the layer added to it).
 void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias) {
+  TensorGroup& group = ctx.tensor_group();
+  if (group.size() > 1 && row_parallel(slot)) {
+    // LoRA and widened matmuls are refused under --tp (RunSpec::check).
+    row_parallel_linear_forward(group, out, inp, weight, bias);
+    return;
+  }
   memfit::linear_forward(ctx, out, inp, weight, bias);
   const LoraSet& adapters = w.lora[static_cast<size_t>(slot)];
   bool adapted = false;
@@ -240,6 +256,21 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
                                        const Tensor& dout, const Tensor& inp,
                                        const Tensor& weight,
                                        const std::function<void()>& between) {
+  linear_backward_local(slot, dinp, dweight, dbias, dout, inp, weight, between);
+  TensorGroup& group = ctx.tensor_group();
+  if (running() && group.size() > 1 && !row_parallel(slot)) {
+    MEMFIT_CHECK_DTYPE(dinp.dtype() == DType::f32 && dinp.is_contiguous(), "tensor_parallel",
+                       "a column-parallel layer's d(input) must be contiguous f32 (it is summed "
+                       "over the tensor group), got {} {}", dtype_name(dinp.dtype()),
+                       dinp.shape());
+    group.all_reduce_sum({dinp.data<float>(), static_cast<size_t>(dinp.numel())});
+  }
+}
+
+void BlockStep::linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                                      const Tensor& dout, const Tensor& inp,
+                                      const Tensor& weight,
+                                      const std::function<void()>& between) {
   const LoraSet& wa = w.lora[static_cast<size_t>(slot)];
   const LoraSet& ga = g.lora[static_cast<size_t>(slot)];
   bool adapted = false;
@@ -308,7 +339,7 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
 }
 
 BlockStep::Attention BlockStep::attention_save() {
-  const int64_t C = config.attn_width(), NH = config.n_head;
+  const int64_t C = config.attn_width(), NH = config.local_heads();
   Attention a;
   if (options.attention == AttentionKind::flash) {
     a.lse = save("lse", {B, NH, T}, DType::f32);
@@ -338,7 +369,7 @@ void BlockStep::attention_forward(Tensor out, Attention& a, const Tensor& qkv) {
 }
 
 BlockStep::Attention BlockStep::attention_grad_buffers() {
-  const int64_t C = config.attn_width(), NH = config.n_head;
+  const int64_t C = config.attn_width(), NH = config.local_heads();
   Attention a;
   if (options.attention == AttentionKind::flash) {
     a.lse = saved("lse");
