@@ -199,6 +199,13 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
          "shard the optimizer state, then the gradients, then the weights; auto, with "
          "--mem-limit, the fastest that fits. Note [ZeRO] (docs/notes/zero.md)")
       ->type_name("STAGE|auto");
+  cmd->add_option("--tp", c.tp,
+                  "Tensor parallelism under mpirun or srun: split each block's matrices, the "
+                  "embedding and the LM head over this many neighbouring ranks (Megatron's "
+                  "layout; it must divide the ranks, heads, key/value heads and MLP width); the "
+                  "data group is the ranks / tp. fp32, ZeRO 0, --ckpt none or full, no saves yet. "
+                  "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
+      ->capture_default_str();
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
                   "one computing (0: none)")
@@ -376,9 +383,16 @@ void add_train_command(CLI::App& app) {
     std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
     world->set_timeout(cfg->collective_timeout);
     const int world_size = world->size();
-    dist::ProcessGrid grid(std::move(world), dist::GridShape{.data = world_size});
+    // --tp: neighbouring ranks split each layer (tensor fastest: Note [Process grid]).
+    if (cfg->tp < 1 || world_size % cfg->tp != 0)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--tp {} must divide the ranks the launcher started ({}): each tensor group "
+                   "is --tp neighbouring ranks, the data group the rest",
+                   cfg->tp, world_size);
+    dist::ProcessGrid grid(std::move(world),
+                           dist::GridShape{.data = world_size / cfg->tp, .tensor = cfg->tp});
     const bool lead = grid.world().rank() == 0;
-    cfg->ranks = grid.data().size();
+    cfg->ranks = grid.world().size();
     // The checkpoint the run starts from, read once for every step below
     // (options/resolve_train_spec.h).
     StartingCheckpoint start(*cfg);

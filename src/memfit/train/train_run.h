@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/scoped_threads.h"
+#include "memfit/dist/communicator_tensor_group.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/dist/zero/zero_state.h"
@@ -129,6 +130,9 @@ class TrainRun {
   // W_ ranks); the world's rank 0 (`lead_`) alone logs, shows progress and saves.
   dist::ProcessGrid& grid_;
   dist::Communicator& comm_;
+  // --tp: the ranks this rank's layers are split with (Note [Tensor parallel]); the model's step
+  // issues its collectives on it.
+  dist::CommunicatorTensorGroup tensor_;
   const int W_;
   const bool lead_;
   // The run, resolved: `spec_` as the planner planned it (the model, shapes, precision, policy,
