@@ -13,6 +13,7 @@
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/core/error.h"
+#include "memfit/dist/agreement.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
@@ -383,7 +384,9 @@ void add_train_command(CLI::App& app) {
     std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
     world->set_timeout(cfg->collective_timeout);
     const int world_size = world->size();
-    // --tp: neighbouring ranks split each layer (tensor fastest: Note [Process grid]).
+    // --tp: neighbouring ranks split each layer (tensor fastest: Note [Process grid]). Every rank
+    // must make the same grid (the splits are collective), so they agree on it first.
+    if (world_size > 1) dist::check_ranks_agree(*world, {{"--tp", std::to_string(cfg->tp)}});
     if (cfg->tp < 1 || world_size % cfg->tp != 0)
       MEMFIT_THROW(ConfigError, "config",
                    "--tp {} must divide the ranks the launcher started ({}): each tensor group "
