@@ -4,8 +4,8 @@
 // losses, gradient norms and validation losses of the same run without --tp (one process, or
 // the two data ranks alone) within 1e-5 relative: the group's sums add in another order than
 // one GEMM, so not bit for bit. With --ckpt full (recomputation re-issues the collectives) too.
-// `memfit plan --tp` is every rank's measured peak, by category. What is not built is refused
-// naming the option. Skips where memfit was built without MPI.
+// `memfit plan --tp` is every rank's measured peak, by category, and each step's tensor-group
+// collectives (bytes and count). What is not built is refused naming the option. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -99,7 +99,8 @@ TEST_F(TensorParallel, TwoDataRanksOfTwoTensorRanksMatchDataParallelism) {
 }
 
 // Every world rank's measured peak is the plan of its data rank (each tensor rank holds the
-// same shapes), by category; and the slices are smaller than the whole model.
+// same shapes), by category; each step's tensor collectives are the planned ones (with --ckpt
+// full the recomputed blocks' too); and the slices are smaller than the whole model.
 TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
   for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
            {2, "--tp 2"}, {4, "--tp 2"}, {2, "--tp 2 --model llama-tiny --ckpt full"}}) {
@@ -108,10 +109,21 @@ TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
         << test::slurp(dir / "err.txt");
     const json plan = json::parse(test::slurp(dir / "out.txt"));
     ASSERT_EQ(plan["per_rank"].size(), size_t(ranks / 2)) << more;
+    // 2 blocks: 4 all-reduces each, the embedding's and d(norm); --ckpt full 4 more.
+    EXPECT_EQ(plan["tensor_comm_per_step"]["all_reduce_count"].get<int>(),
+              more.find("full") != std::string::npos ? 14 : 10)
+        << more;
     const auto log = train(ranks, "--steps 2 " + more, "plan");
     json measured;
-    for (const json& j : log)
+    int steps = 0;
+    for (const json& j : log) {
       if (j.contains("ranks")) measured = j["ranks"];
+      if (!j.contains("loss")) continue;
+      ++steps;  // the tensor group's collectives of each step, as planned
+      for (const char* k : {"all_reduce", "all_reduce_count", "gathered"})
+        EXPECT_EQ(j["tensor_comm_bytes"][k], plan["tensor_comm_per_step"][k]) << k << ", " << more;
+    }
+    EXPECT_EQ(steps, 2) << more;
     ASSERT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
     for (int q = 0; q < ranks; ++q) {
       const json& p = plan["per_rank"][q / 2];

@@ -22,6 +22,7 @@
 #include "memfit/dist/zero/unit_grads.h"
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/dist/zero/weight_gather.h"
+#include "memfit/plan/tensor_comm.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
@@ -138,6 +139,12 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["ranks"] = run.world;
   j["zero"] = run.zero;
   j["tp"] = run.model.tp;  // tensor-parallel ranks: every figure above is one rank's
+  if (run.model.tp > 1) {
+    const TensorCommVolume t = tensor_comm_per_step(run, r.step);
+    j["tensor_comm_per_step"] = {{"all_reduce", t.all_reduce_bytes},
+                                 {"all_reduce_count", t.all_reduce_count},
+                                 {"gathered", t.gathered_bytes}};
+  }
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
   j["ckpt"] = run.ckpt.name();

@@ -75,6 +75,9 @@ class TrainRun {
     int64_t update_gathered = 0;  // the offloaded update's all-gather (ZeRO)
     double seconds = 0, rate = 0;
     IoMark before;  // the offload files' counters as the step began
+    // --tp: what the tensor group's collectives covered in this step (its forward, backward
+    // and update; not an evaluation's).
+    dist::CommunicatorTensorGroup::Volume tensor_comm;
   };
 
   // Set-up (train_run_setup.cpp).

@@ -165,6 +165,10 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather}};
   }
+  if (mc_.tp > 1)  // --tp: the tensor group's (plan: tensor_comm_per_step)
+    line["tensor_comm_bytes"] = {{"all_reduce", r.tensor_comm.all_reduce_bytes},
+                                 {"all_reduce_count", r.tensor_comm.all_reduce_count},
+                                 {"gathered", r.tensor_comm.gathered_bytes}};
   if (off_) line["offload"] = offload_line(r.before);
   if (scaler_) {
     line["loss_scale"] = r.loss_scale;
