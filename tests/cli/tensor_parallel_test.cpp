@@ -1,5 +1,6 @@
 // --tp end to end, through the built binary under mpirun (Note [Tensor parallel],
-// docs/notes/tensor-parallel.md): GPT-2 and LLaMA (grouped-query attention) trained over a
+// docs/notes/tensor-parallel.md): GPT-2 and LLaMA (grouped-query attention; over 4 ranks its 2
+// key/value heads replicated) trained over a
 // tensor group of 2 (and 4 for GPT-2), and 2 x 2 (two data ranks of two tensor ranks), give the
 // losses, gradient norms and validation losses of the same run without --tp (one process, or
 // the two data ranks alone) within 1e-5 relative: the group's sums add in another order than
@@ -84,12 +85,14 @@ TEST_F(TensorParallel, Gpt2OverTwoAndFourRanksMatchesOneProcess) {
                "--tp 2 --ckpt full");
 }
 
-TEST_F(TensorParallel, LlamaOverTwoRanksMatchesOneProcess) {
+TEST_F(TensorParallel, LlamaOverTwoAndFourRanksMatchesOneProcess) {
   const std::string a = std::string(kSteps) + " --model llama-tiny --attention plain";
   expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), "llama --tp 2");
   const std::string full = a + " --ckpt full";
   expect_close(train(0, full, "one-full"), train(2, full + " --tp 2", "tp2-full"),
                "llama --tp 2 --ckpt full");
+  // llama-tiny's 2 key/value heads over 4 ranks: each replicated on 2, their gradients summed.
+  expect_close(train(0, a, "one"), train(4, a + " --tp 4", "tp4"), "llama --tp 4 (kv replicas)");
 }
 
 // Two data ranks of two tensor ranks each: the data-parallel run of two ranks' numbers.
@@ -103,12 +106,14 @@ TEST_F(TensorParallel, TwoDataRanksOfTwoTensorRanksMatchDataParallelism) {
 // full the recomputed blocks' too); and the slices are smaller than the whole model.
 TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
   for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
-           {2, "--tp 2"}, {4, "--tp 2"}, {2, "--tp 2 --model llama-tiny --ckpt full"}}) {
+           {2, "--tp 2"}, {4, "--tp 2"}, {2, "--tp 2 --model llama-tiny --ckpt full"},
+           {4, "--tp 4 --model llama-tiny"}}) {
     const std::string a = args("--steps 2 " + more);
     ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
         << test::slurp(dir / "err.txt");
     const json plan = json::parse(test::slurp(dir / "out.txt"));
-    ASSERT_EQ(plan["per_rank"].size(), size_t(ranks / 2)) << more;
+    const int tp = more.find("--tp 4") != std::string::npos ? 4 : 2;
+    ASSERT_EQ(plan["per_rank"].size(), size_t(ranks / tp)) << more;
     // 2 blocks: 4 all-reduces each, the embedding's and d(norm); --ckpt full 4 more.
     EXPECT_EQ(plan["tensor_comm_per_step"]["all_reduce_count"].get<int>(),
               more.find("full") != std::string::npos ? 14 : 10)
@@ -126,7 +131,7 @@ TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
     EXPECT_EQ(steps, 2) << more;
     ASSERT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
     for (int q = 0; q < ranks; ++q) {
-      const json& p = plan["per_rank"][q / 2];
+      const json& p = plan["per_rank"][q / tp];
       EXPECT_EQ(measured[q]["peak_bytes"], p["peak_bytes"]) << more << ", rank " << q;
       for (const char* c :
            {"params", "grads", "optimizer", "activations", "workspace", "comm", "staging"})
@@ -150,7 +155,7 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
     const std::string err = test::slurp(dir / "err.txt");
     EXPECT_NE(err.find(says), std::string::npos) << more << ": " << err;
   };
-  refused("--world-size 4 --tp 4 --model llama-tiny", "n_kv_head");  // 2 key/value heads
+  refused("--world-size 2 --tp 2 --model llama-tiny --n-head 6 --n-kv-head 3", "n_kv_head 3");
   refused("--world-size 3 --tp 3", "--tp 3");                         // 4 heads
   refused("--world-size 3 --tp 2", "must divide the ranks");
   refused("--world-size 2 --tp 2 --zero 1", "--zero");

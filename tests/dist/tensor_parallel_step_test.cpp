@@ -33,12 +33,12 @@ Communicator& world() {
   return *w;
 }
 
-ModelConfig tp_model(Family family) {
+ModelConfig tp_model(Family family, int kv_heads = 4) {
   ModelConfig c;
   c.family = family;
   c.n_layer = 2;
   c.n_head = 8;
-  c.n_kv_head = family == Family::llama ? 4 : 0;  // LLaMA: grouped-query, 2 queries a kv head
+  c.n_kv_head = family == Family::llama ? kv_heads : 0;  // LLaMA: grouped-query attention
   c.d_model = 64;
   c.ffn_dim = family == Family::llama ? 128 : 0;
   c.max_seq_len = 32;
@@ -75,9 +75,9 @@ void sgd(Transformer& m, float lr) {
   for (int64_t i = 0; i < m.weights().numel(); ++i) w[i] -= lr * g[i];
 }
 
-void check_step(Family family, const char* ckpt, AttentionKind attention) {
+void check_step(Family family, const char* ckpt, AttentionKind attention, int kv_heads = 4) {
   const int B = 2, T = 16;
-  const ModelConfig whole_config = tp_model(family);
+  const ModelConfig whole_config = tp_model(family, kv_heads);
   ModelConfig config = whole_config;
   config.set_tensor_parallel(world().size());
   CommunicatorTensorGroup group(world());
@@ -92,7 +92,8 @@ void check_step(Family family, const char* ckpt, AttentionKind attention) {
   whole.reserve(B, T, options);
   part.reserve(B, T, options);
   const std::vector<SliceRun> runs = tensor_slice_runs(config, group.rank());
-  const std::string at = fmt::format("{} --ckpt {} {} rank {} of {}", family_name(family), ckpt,
+  const std::string at = fmt::format("{} ({} kv heads) --ckpt {} {} rank {} of {}",
+                                     family_name(family), whole_config.n_kv_head, ckpt,
                                      attention == AttentionKind::flash ? "flash" : "plain",
                                      group.rank(), group.size());
   EXPECT_EQ(relative_error(runs, part.weights().data<float>(), whole.weights().data<float>()), 0)
@@ -107,6 +108,7 @@ void check_step(Family family, const char* ckpt, AttentionKind attention) {
     const float lp = part.forward(tokens, targets, true);
     whole.backward();
     part.backward();
+    part.reduce_kv_replicas();  // the update's first act (fewer kv heads than ranks)
     EXPECT_LE(std::abs(lp - lw), tol * std::abs(lw)) << at << " step " << step << ": " << lp
                                                      << " against " << lw;
     const double e = relative_error(runs, part.grads().data<float>(), whole.grads().data<float>());
@@ -131,6 +133,13 @@ TEST(TensorParallelStep, LlamaMatchesOneProcess) {
   check_step(Family::llama, "none", AttentionKind::plain);
 }
 
+// One key/value head for 8 queries: over 2 and 4 ranks each rank holds the one head, replicated,
+// and the replicas' gradients are summed (Note [Tensor parallel], "Grouped-query attention").
+TEST(TensorParallelStep, LlamaWithFewerKvHeadsThanRanksMatchesOneProcess) {
+  check_step(Family::llama, "none", AttentionKind::flash, 1);
+  check_step(Family::llama, "full", AttentionKind::plain, 1);
+}
+
 TEST(TensorParallelStep, RefusesATpThatDoesNotDivideTheModel) {
   ModelConfig c = tp_model(Family::llama);
   try {
@@ -141,7 +150,20 @@ TEST(TensorParallelStep, RefusesATpThatDoesNotDivideTheModel) {
     EXPECT_NE(std::string(e.what()).find("n_head"), std::string::npos) << e.what();
   }
   ModelConfig k = tp_model(Family::llama);
-  EXPECT_THROW(k.set_tensor_parallel(8), ConfigError);  // 4 kv heads: replicas not built
+  k.set_tensor_parallel(8);  // 4 kv heads: each on 2 ranks
+  EXPECT_EQ(k.local_kv_heads(), 1);
+  EXPECT_EQ(k.kv_replicas(), 2);
+  ModelConfig odd = tp_model(Family::llama);
+  odd.n_head = 6;
+  odd.n_kv_head = 3;
+  odd.d_model = 48;
+  odd.finalize();
+  try {
+    odd.set_tensor_parallel(2);  // divides 6 heads, neither divides nor is a multiple of 3
+    ADD_FAILURE() << "--tp 2 accepted for 3 key/value heads";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_kv_head 3"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

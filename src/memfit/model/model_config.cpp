@@ -29,9 +29,13 @@ void ModelConfig::set_tensor_parallel(int T) {
                    T, what, n, T);
   };
   divides(n_head, "attention heads (n_head)");
-  // Key/value heads replicated over the ranks that share them (n_kv_head < T) are not built
-  // yet (Note [Tensor parallel], "Grouped-query attention").
-  divides(n_kv_head, "key/value heads (n_kv_head)");
+  // Fewer key/value heads than ranks: each replicated on T / n_kv_head ranks (Note [Tensor
+  // parallel], "Grouped-query attention").
+  if (n_kv_head % T != 0 && T % n_kv_head != 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--tp {} must divide the model's key/value heads (n_kv_head {}) or be a multiple "
+                 "of them (each then replicated on --tp / n_kv_head ranks)",
+                 T, n_kv_head);
   divides(ffn_dim, "MLP width (ffn_dim)");
   tp = T;
 }

@@ -45,8 +45,12 @@ struct ModelConfig {
   int head_size() const { return d_model / n_head; }
   // This rank's query and key/value heads, MLP width and vocabulary rows (embedding and head:
   // the vocabulary padded to tp * 64, divided by tp; padded_vocab at tp 1).
+  // Where tp exceeds n_kv_head (a multiple of it), each rank holds one key/value head, the one
+  // its query heads use, replicated on kv_replicas() neighbouring ranks (Note [Tensor parallel],
+  // "Grouped-query attention").
   int local_heads() const { return n_head / tp; }
-  int local_kv_heads() const { return n_kv_head / tp; }
+  int local_kv_heads() const { return n_kv_head >= tp ? n_kv_head / tp : 1; }
+  int kv_replicas() const { return n_kv_head >= tp ? 1 : tp / n_kv_head; }
   int local_ffn() const { return ffn_dim / tp; }
   int64_t local_vocab() const;
   // Width of the fused q|k|v projection output: (n_head + 2 n_kv_head) head_size (this rank's
@@ -59,7 +63,8 @@ struct ModelConfig {
   // this rank's under tp.
   int64_t fc_width() const;
   // Splits the model over `T` tensor-parallel ranks (after finalize()): ConfigError naming --tp
-  // unless T divides the heads, the key/value heads and the MLP width.
+  // unless T divides the heads and the MLP width, and divides or is a multiple of the key/value
+  // heads.
   void set_tensor_parallel(int T);
   // Weights of one block's four matmuls (qkv, attention out, fc, MLP out): 12 C^2 for GPT-2
   // (one rank's under tp).

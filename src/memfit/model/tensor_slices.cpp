@@ -18,12 +18,12 @@ namespace {
 // `blocks` equal row blocks of the whole parameter (GPT-2's q | k | v: 3; else 1), each split
 // over the ranks: the rank's rows of each, side by side in its parameter.
 void row_blocks(std::vector<SliceRun>& out, const ParamInfo& lp, const ParamInfo& wp, int blocks,
-                int rank) {
+                int index) {
   const int64_t cols = lp.shape.rank() == 2 ? lp.shape[1] : 1;
   const int64_t whole_rows = wp.shape[0] / blocks, local_rows = lp.shape[0] / blocks;
   for (int b = 0; b < blocks; ++b)
     out.push_back({lp.offset + b * local_rows * cols,
-                   wp.offset + (b * whole_rows + int64_t{rank} * local_rows) * cols,
+                   wp.offset + (b * whole_rows + int64_t{index} * local_rows) * cols,
                    local_rows * cols});
 }
 
@@ -63,6 +63,10 @@ std::vector<SliceRun> tensor_slice_runs(const ModelConfig& config, int rank) {
         break;
       }
       case ParamRole::attn_qkv_weight: row_blocks(out, lp, wp, 3, rank); break;
+      case ParamRole::attn_k_weight:
+      case ParamRole::attn_v_weight:  // a replicated kv head: the one the rank's queries use
+        row_blocks(out, lp, wp, 1, rank / config.kv_replicas());
+        break;
       case ParamRole::linear_bias:  // split: c_attn's (q | k | v) or c_fc's
         row_blocks(out, lp, wp, lp.name.find("c_attn") != std::string::npos ? 3 : 1, rank);
         break;

@@ -6,6 +6,8 @@
 #include <array>
 #include <cmath>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/convert.h"
@@ -234,6 +236,25 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
   InitialWeights draw(config_, layout_, seed);
   set_weights([&](int64_t from, int64_t to, float* dst) { draw.draw({from, to}, dst); },
               piece_elements, offloaded_master);
+}
+
+void Transformer::reduce_kv_replicas() {
+  const int R = config_.kv_replicas();
+  if (R == 1 || group_ == nullptr) return;
+  const int T = group_->size(), me = group_->rank();
+  for (const ParamInfo& p : layout_.params()) {
+    if (p.role != ParamRole::attn_k_weight && p.role != ParamRole::attn_v_weight) continue;
+    float* g = grads_.data<float>() + p.offset;
+    const size_t n = static_cast<size_t>(p.numel);
+    std::vector<float> all(n * static_cast<size_t>(T));
+    group_->all_gather(std::span<const float>(g, n), all);
+    const int first = me / R * R;  // the replicas of this rank's head, in rank order
+    for (size_t i = 0; i < n; ++i) {
+      float s = all[static_cast<size_t>(first) * n + i];
+      for (int q = first + 1; q < first + R; ++q) s += all[static_cast<size_t>(q) * n + i];
+      g[i] = s;
+    }
+  }
 }
 
 void Transformer::set_tensor_group(TensorGroup& group) {

@@ -130,6 +130,12 @@ class Transformer {
   // values) and before the first step; kept over reserve().
   void set_tensor_group(TensorGroup& group);
   TensorGroup* tensor_group() const { return group_; }  // null: one process
+  // --tp above n_kv_head (config().kv_replicas() > 1): sums the key/value weights' gradients
+  // over the ranks that hold the same head, in rank order, so every replica holds the whole
+  // head's gradient (each computed its own queries' share). Once per step, after its backward
+  // passes and before the update (the trainer's update calls it); collective over the tensor
+  // group. Nothing otherwise.
+  void reduce_kv_replicas();
 
   // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again

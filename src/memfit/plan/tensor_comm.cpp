@@ -19,6 +19,11 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step)
   // Every chunk's statistics: a float and two doubles a row, so the whole batch's rows once.
   v.gathered_bytes = passes * N * int64_t{sizeof(float) + 2 * sizeof(double)} +
                      2 * int64_t{sizeof(double)};
+  // Replicated key/value heads (GQA, tp above n_kv_head): their weights' gradients gathered
+  // once a step, k and v of every block (Transformer::reduce_kv_replicas).
+  if (spec.model.kv_replicas() > 1)
+    v.gathered_bytes += int64_t{spec.model.n_layer} * 2 * spec.model.head_size() *
+                        spec.model.d_model * int64_t{sizeof(float)};
   return v;
 }
 

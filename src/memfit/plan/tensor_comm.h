@@ -4,7 +4,8 @@
 // recomputed one), the two column-parallel ones of every backward, the embedding's and the LM
 // head's d(norm), each B x T x C f32; the loss's statistics per chunk of rows (the row max, R
 // floats, and the sums, 2R doubles, exchanged as gathers); and the update's gradient check (2
-// doubles). The run logs what its tensor group covered each step (tensor_comm_bytes), which
+// doubles), and with key/value heads replicated (tp above n_kv_head) their weights' gradients
+// gathered once. The run logs what its tensor group covered each step (tensor_comm_bytes), which
 // the tests compare with this; the step-time estimate prices the all-reduces as the data
 // group's.
 #pragma once
