@@ -1,12 +1,12 @@
 // --tp end to end, through the built binary under mpirun (Note [Tensor parallel],
-// docs/notes/tensor-parallel.md): GPT-2 and LLaMA (grouped-query attention; over 4 ranks its 2
-// key/value heads replicated) trained over a
-// tensor group of 2 (and 4 for GPT-2), and 2 x 2 (two data ranks of two tensor ranks), give the
-// losses, gradient norms and validation losses of the same run without --tp (one process, or
-// the two data ranks alone) within 1e-5 relative: the group's sums add in another order than
-// one GEMM, so not bit for bit. With --ckpt full (recomputation re-issues the collectives) too.
-// `memfit plan --tp` is every rank's measured peak, by category, and each step's tensor-group
-// collectives (bytes and count). What is not built is refused naming the option. Skips where memfit was built without MPI.
+// docs/notes/tensor-parallel.md): GPT-2 and LLaMA trained over a tensor group of 2 and 4 (LLaMA
+// over 4: its 2 key/value heads each replicated on 2 ranks), and 2 x 2 (two data ranks of two
+// tensor ranks), give the losses, gradient norms and validation losses of the same run without
+// --tp (one process, or the two data ranks alone) within 1e-5 relative: the group's sums add in
+// another order than one GEMM, so not bit for bit. With --ckpt full (recomputation re-issues the
+// collectives) too. `memfit plan --tp` is every rank's measured peak, by category, and each
+// step's tensor-group collectives (bytes and count). What is not built is refused naming the
+// option. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
