@@ -195,6 +195,13 @@ TEST_F(Failures, RanksThatDisagreeFailBeforeTheFirstStepNamingTheDifference) {
   ASSERT_EQ(wait_job(kLimit), 2) << output();
   EXPECT_NE(output().find("ranks disagree about --update-in-backward"), std::string::npos)
       << output();
+
+  // --tp makes the grid, whose splits every rank must make alike: agreed before them.
+  launch({train(5), train(5, {"--tp", "2"})});
+  ASSERT_EQ(wait_job(kLimit), 2) << output();
+  EXPECT_NE(output().find("ranks disagree about --tp: rank 0 has 1, rank 1 has 2"),
+            std::string::npos)
+      << output();
 }
 
 // MEMFIT_CHECK_COLLECTIVES=1: a run whose ranks agree trains as usual (the check passes every

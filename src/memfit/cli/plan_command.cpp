@@ -22,6 +22,7 @@
 #include "memfit/dist/zero/unit_grads.h"
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/dist/zero/weight_gather.h"
+#include "memfit/plan/tensor_comm.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
 #include "memfit/plan/memory_plan.h"
@@ -87,7 +88,9 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   nlohmann::json j;
   j["peak_bytes"] = r.peak_bytes;
   j["model_state_bytes"] = model_state_bytes(r);
-  if (run.world > 1) j["per_rank"] = ranks_json(run);
+  // Per data rank; under --tp every tensor rank of a data rank holds the same shapes, so world
+  // rank q is per_rank[q / tp] (Note [Tensor parallel]).
+  if (run.world > 1 || run.model.tp > 1) j["per_rank"] = ranks_json(run);
   j["by_category"] = nlohmann::json::object();
   for (Category c : kAllCategories)
     j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
@@ -136,6 +139,13 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["batch"] = r.B;
   j["ranks"] = run.world;
   j["zero"] = run.zero;
+  j["tp"] = run.model.tp;  // tensor-parallel ranks: every figure above is one rank's
+  if (run.model.tp > 1) {
+    const TensorCommVolume t = tensor_comm_per_step(run, r.step);
+    j["tensor_comm_per_step"] = {{"all_reduce", t.all_reduce_bytes},
+                                 {"all_reduce_count", t.all_reduce_count},
+                                 {"gathered", t.gathered_bytes}};
+  }
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
   j["ckpt"] = run.ckpt.name();
@@ -286,10 +296,15 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  ? run.optim.name
                  : fmt::format("{} --optim-state-dtype {}", run.optim.name,
                                optim_state_dtype_name(run.optim.state_dtype)),
-             run.world > 1 ? fmt::format("; rank 0 of {} data-parallel ranks at ZeRO stage {} "
-                                         "holds",
-                                         run.world, run.zero)
-                           : std::string());
+             (run.world > 1 ? fmt::format("; rank 0 of {} data-parallel ranks at ZeRO stage {} "
+                                          "holds",
+                                          run.world, run.zero)
+                            : std::string()) +
+                 (run.model.tp > 1
+                      ? fmt::format("; each of --tp {} tensor ranks holds its slice of every "
+                                    "layer (Note [Tensor parallel])",
+                                    run.model.tp)
+                      : std::string()));
   fmt::print("{:<12} {:>12}\n", "category", "MiB");
   for (Category c : kAllCategories) {
     const size_t b = r.by_category[static_cast<size_t>(c)];

@@ -13,6 +13,7 @@
 #include "memfit/cli/precision_route.h"
 #include "memfit/cli/search_output.h"
 #include "memfit/core/error.h"
+#include "memfit/dist/agreement.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/memory/pool.h"
 #include "memfit/optim/optim_config.h"
@@ -208,6 +209,13 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
          "shard the optimizer state, then the gradients, then the weights; auto, with "
          "--mem-limit, the fastest that fits. Note [ZeRO] (docs/notes/zero.md)")
       ->type_name("STAGE|auto");
+  cmd->add_option("--tp", c.tp,
+                  "Tensor parallelism under mpirun or srun: split each block's matrices, the "
+                  "embedding and the LM head over this many neighbouring ranks (Megatron's "
+                  "layout; it must divide the ranks, heads and MLP width, and divide the key/value "
+                  "heads or be a multiple of them); the data group is the ranks / tp. fp32, ZeRO 0, --ckpt none or full, no saves yet. "
+                  "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
+      ->capture_default_str();
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
                   "one computing (0: none)")
@@ -387,9 +395,18 @@ void add_train_command(CLI::App& app) {
     std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
     world->set_timeout(cfg->collective_timeout);
     const int world_size = world->size();
-    dist::ProcessGrid grid(std::move(world), dist::GridShape{.data = world_size});
+    // --tp: neighbouring ranks split each layer (tensor fastest: Note [Process grid]). Every rank
+    // must make the same grid (the splits are collective), so they agree on it first.
+    if (world_size > 1) dist::check_ranks_agree(*world, {{"--tp", std::to_string(cfg->tp)}});
+    if (cfg->tp < 1 || world_size % cfg->tp != 0)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--tp {} must divide the ranks the launcher started ({}): each tensor group "
+                   "is --tp neighbouring ranks, the data group the rest",
+                   cfg->tp, world_size);
+    dist::ProcessGrid grid(std::move(world),
+                           dist::GridShape{.data = world_size / cfg->tp, .tensor = cfg->tp});
     const bool lead = grid.world().rank() == 0;
-    cfg->ranks = grid.data().size();
+    cfg->ranks = grid.world().size();
     // The checkpoint the run starts from, read once for every step below
     // (options/resolve_train_spec.h).
     StartingCheckpoint start(*cfg);

@@ -24,11 +24,14 @@ std::vector<T> gather_all(Communicator& comm, std::span<const T> data) {
 
 void CommunicatorTensorGroup::all_reduce_sum(std::span<float> data) {
   if (comm_.size() == 1 || data.empty()) return;
+  volume_.all_reduce_bytes += static_cast<int64_t>(data.size_bytes());
+  ++volume_.all_reduce_count;
   comm_.all_reduce(data);
 }
 
 void CommunicatorTensorGroup::all_reduce_sum(std::span<double> data) {
   if (comm_.size() == 1 || data.empty()) return;
+  volume_.gathered_bytes += static_cast<int64_t>(data.size_bytes());
   const std::vector<double> all = gather_all<double>(comm_, data);
   const size_t n = data.size();
   for (size_t i = 0; i < n; ++i) {
@@ -40,6 +43,7 @@ void CommunicatorTensorGroup::all_reduce_sum(std::span<double> data) {
 
 void CommunicatorTensorGroup::all_reduce_max(std::span<float> data) {
   if (comm_.size() == 1 || data.empty()) return;
+  volume_.gathered_bytes += static_cast<int64_t>(data.size_bytes());
   const std::vector<float> all = gather_all<float>(comm_, data);
   const size_t n = data.size();
   for (size_t i = 0; i < n; ++i) {
@@ -53,7 +57,11 @@ void CommunicatorTensorGroup::all_gather(std::span<const float> in, std::span<fl
   MEMFIT_CHECK(out.size() == in.size() * static_cast<size_t>(comm_.size()), "all_gather",
                "out holds {} floats, want {} ({} ranks x {})", out.size(),
                in.size() * static_cast<size_t>(comm_.size()), comm_.size(), in.size());
-  if (in.empty()) return;
+  if (in.empty() || comm_.size() == 1) {
+    std::copy(in.begin(), in.end(), out.begin());
+    return;
+  }
+  volume_.gathered_bytes += static_cast<int64_t>(in.size_bytes());
   const std::vector<int64_t> counts(static_cast<size_t>(comm_.size()),
                                     static_cast<int64_t>(in.size()));
   comm_.all_gather(in.data(), out.data(), counts, sizeof(float));

@@ -10,10 +10,20 @@
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/nf4_matmul.h"
+#include "memfit/model/parallel_linear.h"
+#include "memfit/model/tensor_group.h"
 
 namespace memfit {
 
 using namespace kernels;
+
+namespace {
+// Megatron's halves of the blocks' linears (Note [Parallel linears]): the output projections
+// split their input features, the others their output features.
+bool row_parallel(LinearSlot slot) {
+  return slot == LinearSlot::attn_out || slot == LinearSlot::mlp_out;
+}
+}  // namespace
 
 std::string block_output_tag(const BlockSlots& slots, int l) {
   if (l < 0) return "encoded";
@@ -76,7 +86,7 @@ Tensor BlockStep::output() {
 
 size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
   if (!matmul_widens(h)) return 0;
-  const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
+  const int64_t C = c.d_model, F = c.local_ffn(), Q = c.qkv_width(), A = c.attn_width();
   const int64_t fc = c.fc_width();
   size_t bytes = 0;
   for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
@@ -165,7 +175,7 @@ void BlockStep::matmuls() {
     if (mixed()) {
       const int64_t wide = std::max({int64_t{config.d_model}, config.qkv_width(),
                                      config.attn_width(), config.fc_width(),
-                                     int64_t{config.ffn_dim}});
+                                     int64_t{config.local_ffn()}});
       const int64_t k = std::min(rows(), kLoraChunkRows);
       lora_x_ = scratch("ws.lora.x", {k, wide}, DType::f32);
       lora_y_ = scratch("ws.lora.y", {k, wide}, DType::f32);
@@ -174,7 +184,7 @@ void BlockStep::matmuls() {
     // layer's input rows.
     if (options.lora_dropout > 0) {
       const int64_t wide_in = std::max({int64_t{config.d_model}, config.attn_width(),
-                                        int64_t{config.ffn_dim}});
+                                        int64_t{config.local_ffn()}});
       const int64_t k = std::min(rows(), kLoraChunkRows);
       lora_xd_ = scratch("ws.lora.xd", {k, wide_in}, DType::f32);
     }
@@ -333,6 +343,12 @@ void BlockStep::base_backward_around(LinearSlot slot, Tensor dinp, Tensor dweigh
 
 void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias) {
+  TensorGroup& group = ctx.tensor_group();
+  if (group.size() > 1 && row_parallel(slot)) {
+    // LoRA, fp8 and widened matmuls are refused under --tp (RunSpec::check).
+    row_parallel_linear_forward(group, out, inp, weight, bias);
+    return;
+  }
   if (fp8()) {
     if (!running()) return;
     const Tensor x8 = fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
@@ -375,6 +391,21 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
                                        const Tensor& dout, const Tensor& inp,
                                        const Tensor& weight,
                                        const std::function<void()>& between) {
+  linear_backward_local(slot, dinp, dweight, dbias, dout, inp, weight, between);
+  TensorGroup& group = ctx.tensor_group();
+  if (running() && group.size() > 1 && !row_parallel(slot)) {
+    MEMFIT_CHECK_DTYPE(dinp.dtype() == DType::f32 && dinp.is_contiguous(), "tensor_parallel",
+                       "a column-parallel layer's d(input) must be contiguous f32 (it is summed "
+                       "over the tensor group), got {} {}", dtype_name(dinp.dtype()),
+                       dinp.shape());
+    group.all_reduce_sum({dinp.data<float>(), static_cast<size_t>(dinp.numel())});
+  }
+}
+
+void BlockStep::linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                                      const Tensor& dout, const Tensor& inp,
+                                      const Tensor& weight,
+                                      const std::function<void()>& between) {
   if (fp8()) {
     if (running()) fp8_linear_backward_around(dinp, dweight, dbias, dout, inp, weight, between);
     return;
@@ -447,7 +478,7 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
 }
 
 BlockStep::Attention BlockStep::attention_save() {
-  const int64_t C = config.attn_width(), NH = config.n_head;
+  const int64_t C = config.attn_width(), NH = config.local_heads();
   Attention a;
   if (options.attention == AttentionKind::flash) {
     a.lse = save("lse", {B, NH, T}, DType::f32);
@@ -477,7 +508,7 @@ void BlockStep::attention_forward(Tensor out, Attention& a, const Tensor& qkv) {
 }
 
 BlockStep::Attention BlockStep::attention_grad_buffers() {
-  const int64_t C = config.attn_width(), NH = config.n_head;
+  const int64_t C = config.attn_width(), NH = config.local_heads();
   Attention a;
   if (options.attention == AttentionKind::flash) {
     a.lse = saved("lse");

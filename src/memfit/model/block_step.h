@@ -63,7 +63,10 @@ class BlockStep {
   int64_t rows() const { return int64_t{B} * T; }
   bool running() const { return ctx.running(); }
   bool mixed() const { return h != DType::f32; }
-  kernels::AttentionHeads heads() const { return {config.n_head, config.n_kv_head}; }
+  // This rank's heads (all of them without --tp).
+  kernels::AttentionHeads heads() const {
+    return {config.local_heads(), config.local_kv_heads()};
+  }
 
   // This block's saved activations (Category::activations): written in its forward (and
   // recomputation), read in its backward. A compressible one, in a block that keeps its
@@ -100,6 +103,10 @@ class BlockStep {
   void matmuls();
   // `slot` names the layer, whose LoRA adapters (w.lora, g.lora: none without --lora-rank) the
   // linears add to the output and to d(input), and whose gradients they accumulate (Note [LoRA]).
+  // Under tensor parallelism (ctx.tensor_group() of more than one rank; Note [Tensor parallel])
+  // the slot also says the layer's half: qkv and fc are column-parallel (their d(input), f32, is
+  // summed over the group after the backward's GEMMs), attn_out and mlp_out row-parallel (their
+  // output, f32, is summed over the group before the bias is added, once, on every rank).
   void linear_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias);
   void linear_backward(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
@@ -149,6 +156,9 @@ class BlockStep {
                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
                             const std::function<void()>& between);
   const kernels::Nf4Weight& nf4_weight(LinearSlot slot) const;
+  void linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                             const std::function<void()>& between);
   const float* lora_input(LinearSlot slot, int part, const float* x, int64_t r0, int64_t k,
                           int64_t in) const;
 };

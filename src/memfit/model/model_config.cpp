@@ -6,13 +6,38 @@
 #include "memfit/core/error.h"
 #include "memfit/model/model_family.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/vocab_parallel_crossentropy.h"
 
 namespace memfit {
 
 std::string_view family_name(Family family) { return model_family(family).name; }
 
 int64_t ModelConfig::fc_width() const {
-  return model_family(family).fc_matrices * int64_t{ffn_dim};
+  return model_family(family).fc_matrices * int64_t{local_ffn()};
+}
+
+int64_t ModelConfig::local_vocab() const {
+  return tp == 1 ? padded_vocab : vocab_shard(vocab_size, tp, 0, kVocabPadMultiple).width;
+}
+
+void ModelConfig::set_tensor_parallel(int T) {
+  if (T < 1) MEMFIT_THROW(ConfigError, "config", "--tp must be positive, got {}", T);
+  auto divides = [T](int n, const char* what) {
+    if (n % T != 0)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--tp {} must divide the model's {} ({}): each tensor rank holds 1/{} of them",
+                   T, what, n, T);
+  };
+  divides(n_head, "attention heads (n_head)");
+  // Fewer key/value heads than ranks: each replicated on T / n_kv_head ranks (Note [Tensor
+  // parallel], "Grouped-query attention").
+  if (n_kv_head % T != 0 && T % n_kv_head != 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--tp {} must divide the model's key/value heads (n_kv_head {}) or be a multiple "
+                 "of them (each then replicated on --tp / n_kv_head ranks)",
+                 T, n_kv_head);
+  divides(ffn_dim, "MLP width (ffn_dim)");
+  tp = T;
 }
 
 namespace {

@@ -36,17 +36,40 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   double rope_theta = 10000;   // LLaMA only
   kernels::RopeScaling rope_scaling;  // Llama 3's frequency scaling (rope_scaling in config.json)
+  // Tensor parallelism (--tp; Note [Tensor parallel] in docs/notes/tensor-parallel.md): the
+  // ranks each block's matrices, the embedding and the LM head are split over. The fields above
+  // stay the whole model's; the widths below (heads, q|k|v, attention, MLP, vocabulary rows) are
+  // one rank's, which is what the parameter layout, the step and the planner read. 1: whole.
+  int tp = 1;
 
   int head_size() const { return d_model / n_head; }
-  // Width of the fused q|k|v projection output: (n_head + 2 n_kv_head) head_size.
-  int64_t qkv_width() const { return int64_t{n_head + 2 * n_kv_head} * head_size(); }
-  // Width of the attention output: n_head head_size (d_model in every preset).
-  int64_t attn_width() const { return int64_t{n_head} * head_size(); }
-  // Width of the MLP's first matmul output: GPT-2's c_fc (ffn_dim), LLaMA's gate|up (2 ffn_dim).
+  // This rank's query and key/value heads, MLP width and vocabulary rows (embedding and head:
+  // the vocabulary padded to tp * 64, divided by tp; padded_vocab at tp 1).
+  // Where tp exceeds n_kv_head (a multiple of it), each rank holds one key/value head, the one
+  // its query heads use, replicated on kv_replicas() neighbouring ranks (Note [Tensor parallel],
+  // "Grouped-query attention").
+  int local_heads() const { return n_head / tp; }
+  int local_kv_heads() const { return n_kv_head >= tp ? n_kv_head / tp : 1; }
+  int kv_replicas() const { return n_kv_head >= tp ? 1 : tp / n_kv_head; }
+  int local_ffn() const { return ffn_dim / tp; }
+  int64_t local_vocab() const;
+  // Width of the fused q|k|v projection output: (n_head + 2 n_kv_head) head_size (this rank's
+  // heads under tp).
+  int64_t qkv_width() const { return int64_t{local_heads() + 2 * local_kv_heads()} * head_size(); }
+  // Width of the attention output: n_head head_size (d_model in every preset; this rank's
+  // heads under tp).
+  int64_t attn_width() const { return int64_t{local_heads()} * head_size(); }
+  // Width of the MLP's first matmul output: GPT-2's c_fc (ffn_dim), LLaMA's gate|up (2 ffn_dim);
+  // this rank's under tp.
   int64_t fc_width() const;
-  // Weights of one block's four matmuls (qkv, attention out, fc, MLP out): 12 C^2 for GPT-2.
+  // Splits the model over `T` tensor-parallel ranks (after finalize()): ConfigError naming --tp
+  // unless T divides the heads and the MLP width, and divides or is a multiple of the key/value
+  // heads.
+  void set_tensor_parallel(int T);
+  // Weights of one block's four matmuls (qkv, attention out, fc, MLP out): 12 C^2 for GPT-2
+  // (one rank's under tp).
   int64_t block_matmul_params() const {
-    return int64_t{d_model} * (qkv_width() + attn_width() + fc_width() + ffn_dim);
+    return int64_t{d_model} * (qkv_width() + attn_width() + fc_width() + local_ffn());
   }
   // Checks the fields, resolves the defaults (n_kv_head, ffn_dim) and sets padded_vocab; throws
   // ConfigError naming the field at fault.

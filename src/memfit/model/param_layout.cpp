@@ -31,51 +31,55 @@ void ParamLayout::add(std::string name, Shape shape, int layer, ParamRole role, 
   total_ += align ? (numel + kAlignElements - 1) / kAlignElements * kAlignElements : numel;
 }
 
+// Under tensor parallelism (c.tp > 1, Note [Tensor parallel]) each rank's layout has the same
+// names with its own shapes: the column-parallel layers' rows (c_attn's q, k and v rows of its
+// heads, side by side; c_fc's), the row-parallel layers' columns (attn.c_proj, mlp.c_proj) and
+// its slice of the vocabulary's rows; norms, positions and the row-parallel biases whole.
 void ParamLayout::add_gpt2(const ModelConfig& c) {
-  const int64_t C = c.d_model;
-  add("wte.weight", {c.padded_vocab, C}, -1, ParamRole::token_embedding, true);
+  const int64_t C = c.d_model, Q = c.qkv_width(), A = c.attn_width(), F = c.fc_width();
+  add("wte.weight", {c.local_vocab(), C}, -1, ParamRole::token_embedding, true);
   add("wpe.weight", {c.max_seq_len, C}, -1, ParamRole::position_embedding, true);
   const std::string_view prefix = model_family(c.family).block_prefix;
   for (int l = 0; l < c.n_layer; ++l) {
     auto n = [&](const char* rest) { return fmt::format("{}.{}.{}", prefix, l, rest); };
     add(n("ln_1.weight"), {C}, l, ParamRole::norm_weight, false);
     add(n("ln_1.bias"), {C}, l, ParamRole::norm_bias, false);
-    add(n("attn.c_attn.weight"), {3 * C, C}, l, ParamRole::attn_qkv_weight, true);
-    add(n("attn.c_attn.bias"), {3 * C}, l, ParamRole::linear_bias, false);
-    add(n("attn.c_proj.weight"), {C, C}, l, ParamRole::attn_proj_weight, true);
+    add(n("attn.c_attn.weight"), {Q, C}, l, ParamRole::attn_qkv_weight, true);
+    add(n("attn.c_attn.bias"), {Q}, l, ParamRole::linear_bias, false);
+    add(n("attn.c_proj.weight"), {C, A}, l, ParamRole::attn_proj_weight, true);
     add(n("attn.c_proj.bias"), {C}, l, ParamRole::linear_bias, false);
     add(n("ln_2.weight"), {C}, l, ParamRole::norm_weight, false);
     add(n("ln_2.bias"), {C}, l, ParamRole::norm_bias, false);
-    add(n("mlp.c_fc.weight"), {4 * C, C}, l, ParamRole::mlp_fc_weight, true);
-    add(n("mlp.c_fc.bias"), {4 * C}, l, ParamRole::linear_bias, false);
-    add(n("mlp.c_proj.weight"), {C, 4 * C}, l, ParamRole::mlp_proj_weight, true);
+    add(n("mlp.c_fc.weight"), {F, C}, l, ParamRole::mlp_fc_weight, true);
+    add(n("mlp.c_fc.bias"), {F}, l, ParamRole::linear_bias, false);
+    add(n("mlp.c_proj.weight"), {C, F}, l, ParamRole::mlp_proj_weight, true);
     add(n("mlp.c_proj.bias"), {C}, l, ParamRole::linear_bias, false);
   }
   add("ln_f.weight", {C}, -1, ParamRole::norm_weight, false);
   add("ln_f.bias", {C}, -1, ParamRole::norm_bias, false);
 }
 
-// Hugging Face LlamaForCausalLM's names, so checkpoints map one to one.
+// Hugging Face LlamaForCausalLM's names, so checkpoints map one to one (under tensor
+// parallelism each rank's slices, as add_gpt2's).
 void ParamLayout::add_llama(const ModelConfig& c) {
-  const int64_t C = c.d_model, hs = c.head_size(), F = c.ffn_dim;
-  add("model.embed_tokens.weight", {c.padded_vocab, C}, -1, ParamRole::token_embedding, true);
+  const int64_t C = c.d_model, hs = c.head_size(), F = c.local_ffn();
+  const int64_t q = int64_t{c.local_heads()} * hs, kv = int64_t{c.local_kv_heads()} * hs;
+  add("model.embed_tokens.weight", {c.local_vocab(), C}, -1, ParamRole::token_embedding, true);
   const std::string_view prefix = model_family(c.family).block_prefix;
   for (int l = 0; l < c.n_layer; ++l) {
     auto n = [&](const char* rest) { return fmt::format("{}.{}.{}", prefix, l, rest); };
     add(n("input_layernorm.weight"), {C}, l, ParamRole::norm_weight, false);
-    add(n("self_attn.q_proj.weight"), {c.n_head * hs, C}, l, ParamRole::attn_q_weight, true,
-        false);
-    add(n("self_attn.k_proj.weight"), {c.n_kv_head * hs, C}, l, ParamRole::attn_k_weight, true,
-        false);
-    add(n("self_attn.v_proj.weight"), {c.n_kv_head * hs, C}, l, ParamRole::attn_v_weight, true);
-    add(n("self_attn.o_proj.weight"), {C, c.n_head * hs}, l, ParamRole::attn_proj_weight, true);
+    add(n("self_attn.q_proj.weight"), {q, C}, l, ParamRole::attn_q_weight, true, false);
+    add(n("self_attn.k_proj.weight"), {kv, C}, l, ParamRole::attn_k_weight, true, false);
+    add(n("self_attn.v_proj.weight"), {kv, C}, l, ParamRole::attn_v_weight, true);
+    add(n("self_attn.o_proj.weight"), {C, q}, l, ParamRole::attn_proj_weight, true);
     add(n("post_attention_layernorm.weight"), {C}, l, ParamRole::norm_weight, false);
     add(n("mlp.gate_proj.weight"), {F, C}, l, ParamRole::mlp_gate_weight, true, false);
     add(n("mlp.up_proj.weight"), {F, C}, l, ParamRole::mlp_up_weight, true);
     add(n("mlp.down_proj.weight"), {C, F}, l, ParamRole::mlp_proj_weight, true);
   }
   add("model.norm.weight", {C}, -1, ParamRole::norm_weight, false);
-  if (!c.tie_embeddings) add("lm_head.weight", {c.padded_vocab, C}, -1, ParamRole::lm_head, true);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.local_vocab(), C}, -1, ParamRole::lm_head, true);
 }
 
 const ParamInfo& ParamLayout::find(const std::string& name) const {

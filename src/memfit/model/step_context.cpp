@@ -19,6 +19,11 @@ StepContext::StepContext(StepPlan plan, std::vector<Tensor> views)
 }
 
 StepContext::StepContext(StepContext&&) noexcept = default;
+
+TensorGroup& StepContext::tensor_group() const {
+  static const std::unique_ptr<TensorGroup> single = make_single_tensor_group();
+  return group_ ? *group_ : *single;
+}
 StepContext& StepContext::operator=(StepContext&&) noexcept = default;
 StepContext::~StepContext() = default;
 

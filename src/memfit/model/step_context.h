@@ -22,6 +22,7 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/step_observer.h"
 #include "memfit/model/step_schedule.h"
+#include "memfit/model/tensor_group.h"
 
 namespace memfit {
 
@@ -45,6 +46,11 @@ class StepContext {
   // Running: called with each phase's index in the plan as the phase is entered, before the
   // step's code reads any weight (ZeRO stage 3 gathers the phase's weights there).
   void set_enter_hook(std::function<void(int phase)> hook) { enter_hook_ = std::move(hook); }
+  // The ranks the step's layers are split over (--tp; Note [Tensor parallel]), whose
+  // collectives the blocks, the embedding and the LM head issue: one process unless set (the
+  // caller keeps it alive). A running context's collectives run on it; planning issues none.
+  void set_tensor_group(TensorGroup* group) { group_ = group; }
+  TensorGroup& tensor_group() const;
 
   // Marks the start of the next phase. Running, it throws if that is not the next phase of the
   // plan (or the first: a new micro-batch), poisons dead buffers when asked to, and zeroes the
@@ -89,6 +95,7 @@ class StepContext {
   bool poison_ = false;
   StepObserver* observer_ = nullptr;
   std::function<void(int)> enter_hook_;
+  TensorGroup* group_ = nullptr;  // null: one process
   // Running: the plan's gradient units (Note [Gradients by lifetime]), zeroed as each is born.
   std::vector<size_t> grad_units_;
   // Both: tag -> position in buffers_ (planning) or views_ (running).

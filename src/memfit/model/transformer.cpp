@@ -1,11 +1,15 @@
 #include "memfit/model/transformer.h"
 
+#include "memfit/model/tensor_slices.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/convert.h"
@@ -347,9 +351,53 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements) {
 
 void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
                                const MasterSink& offloaded_master) {
+  if (config_.tp > 1) {
+    // This rank's slice of the whole model's draw: the one-process run's values (tensor_slices.h).
+    MEMFIT_CHECK(group_ != nullptr, "model", "init_weights under --tp {} before set_tensor_group",
+                 config_.tp);
+    const ModelConfig whole = whole_model(config_);
+    const ParamLayout whole_layout(whole);
+    const std::vector<SliceRun> runs = tensor_slice_runs(config_, group_->rank());
+    InitialWeights draw(whole, whole_layout, seed);
+    set_weights(
+        [&](int64_t from, int64_t to, float* dst) {
+          fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
+            draw.draw({a, b}, d);
+          });
+        },
+        piece_elements, offloaded_master);
+    return;
+  }
   InitialWeights draw(config_, layout_, seed);
   set_weights([&](int64_t from, int64_t to, float* dst) { draw.draw({from, to}, dst); },
               piece_elements, offloaded_master);
+}
+
+void Transformer::reduce_kv_replicas() {
+  const int R = config_.kv_replicas();
+  if (R == 1 || group_ == nullptr) return;
+  const int T = group_->size(), me = group_->rank();
+  for (const ParamInfo& p : layout_.params()) {
+    if (p.role != ParamRole::attn_k_weight && p.role != ParamRole::attn_v_weight) continue;
+    float* g = grads_.data<float>() + p.offset;
+    const size_t n = static_cast<size_t>(p.numel);
+    std::vector<float> all(n * static_cast<size_t>(T));
+    group_->all_gather(std::span<const float>(g, n), all);
+    const int first = me / R * R;  // the replicas of this rank's head, in rank order
+    for (size_t i = 0; i < n; ++i) {
+      float s = all[static_cast<size_t>(first) * n + i];
+      for (int q = first + 1; q < first + R; ++q) s += all[static_cast<size_t>(q) * n + i];
+      g[i] = s;
+    }
+  }
+}
+
+void Transformer::set_tensor_group(TensorGroup& group) {
+  MEMFIT_CHECK(group.size() == config_.tp, "model",
+               "a tensor group of {} ranks for a model split over --tp {}", group.size(),
+               config_.tp);
+  group_ = &group;
+  ctx_.set_tensor_group(group_);
 }
 
 void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
@@ -427,6 +475,7 @@ void Transformer::reserve(StepPlan plan) {
   ctx_ = StepContext(std::move(plan), std::move(views));
   ctx_.set_poison(poison_);
   ctx_.set_observer(observer_);
+  ctx_.set_tensor_group(group_);
   if (source_) source_->set_phases(ctx_.plan().phases);
   if (source_ || store_) {
     // Stage 3 gathers the weights a phase reads; per-unit gradients give a block's backward

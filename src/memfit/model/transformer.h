@@ -147,6 +147,19 @@ class Transformer {
   void init_weights(uint64_t seed, int64_t piece_elements, const MasterSink& offloaded_master);
   static constexpr int64_t kDefaultPieceElements = int64_t{1} << 20;  // 4 MiB of f32
 
+  // Tensor parallelism (config().tp > 1; Note [Tensor parallel]): the group the step's layers
+  // are split over (the caller keeps it alive), whose rank() is this model's slice; of
+  // config().tp ranks. Before init_weights (which draws the rank's slice of the whole model's
+  // values) and before the first step; kept over reserve().
+  void set_tensor_group(TensorGroup& group);
+  TensorGroup* tensor_group() const { return group_; }  // null: one process
+  // --tp above n_kv_head (config().kv_replicas() > 1): sums the key/value weights' gradients
+  // over the ranks that hold the same head, in rank order, so every replica holds the whole
+  // head's gradient (each computed its own queries' share). Once per step, after its backward
+  // passes and before the update (the trainer's update calls it); collective over the tensor
+  // group. Nothing otherwise.
+  void reduce_kv_replicas();
+
   // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again
   // with the same sizes does nothing, with other sizes reallocates.
@@ -258,6 +271,7 @@ class Transformer {
   std::unique_ptr<TransformerStep> step_;
   bool poison_ = false;
   StepObserver* observer_ = nullptr;
+  TensorGroup* group_ = nullptr;  // --tp: the step's tensor group (null: one process)
   bool backward_ready_ = false;
   bool sharded_ = false;
   // Stage 3's gathers, or --offload-params' file: the working weights the step reads.

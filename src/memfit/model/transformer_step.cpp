@@ -10,6 +10,8 @@
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/rope.h"
+#include "memfit/model/vocab_parallel_crossentropy.h"
+#include "memfit/model/vocab_parallel_embedding.h"
 
 namespace memfit {
 
@@ -53,6 +55,16 @@ TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOpti
     rope_inv_freq_ = rope_inv_freq(config.head_size(), config.rope_theta, config.rope_scaling);
 }
 
+// This rank's first vocabulary row (0 in one process): vocab_shard's over the tensor group,
+// which must be the config's --tp.
+int64_t TransformerStep::vocab_begin(const StepContext& ctx) const {
+  const TensorGroup& group = ctx.tensor_group();
+  MEMFIT_CHECK(group.size() == config_.tp, "model",
+               "a tensor group of {} ranks for a model split over --tp {}", group.size(),
+               config_.tp);
+  return vocab_shard(config_.vocab_size, group.size(), group.rank(), kVocabPadMultiple).begin;
+}
+
 void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
                                     const ModelWeights& w, const ModelWeights& g,
                                     bool training) {
@@ -94,7 +106,11 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
       MEMFIT_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size, "model",
                    "token {} at position {} is outside the vocabulary [0, {})", ids[i], i,
                    config_.vocab_size);
-    embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
+    if (ctx.tensor_group().size() > 1)  // --tp: this rank's rows of the table (Note [Tensor parallel])
+      vocab_parallel_embedding_forward(ctx.tensor_group(), encoded, *tokens, w.tok_emb,
+                                       vocab_begin(ctx), w.pos_emb);
+    else
+      embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
     if (family_.rotary) rope_table(rope, rope_inv_freq_);
   }
   for (int l = stage_.first; l < stage_.last; ++l)
@@ -125,7 +141,8 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
 void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                               const Tensor* targets, const Tensor* mask, bool training,
                               float dloss, float* loss_sum) {
-  const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.padded_vocab;
+  // Vp: this rank's rows of the head (all of them without --tp).
+  const int64_t N = int64_t{B_} * T_, C = config_.d_model, Vp = config_.local_vocab();
   const int64_t R = lm_head_rows(options_, N);       // the chunk
   const int64_t G = lm_head_grad_rows(options_, N);  // the gradient's group of chunks
   const int64_t D = lm_head_dx_rows(options_, N);    // grouped: d(norm)'s rows per GEMM
@@ -155,6 +172,12 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
   Tensor flat_targets = targets->reshape({N});
   Tensor flat_mask = mask ? mask->reshape({N}) : Tensor{};
   Tensor dhead = g.head, no_grad;
+  // --tp (Note [Vocabulary-parallel cross-entropy]): the logits are this rank's slice of the
+  // vocabulary; the loss takes the row max and the sum of exponentials over the group, and
+  // d(norm), each rank's share of dlogits @ head, is summed over it once the chunks are done.
+  TensorGroup& group = ctx.tensor_group();
+  const bool split = group.size() > 1;
+  const int64_t v0 = split ? vocab_begin(ctx) : 0, V = config_.vocab_size;
   for (int64_t g0 = 0; g0 < N; g0 += G) {
     const int64_t g1 = std::min(N, g0 + G);
     int64_t dx0 = g0;  // grouped: the first row whose d(norm) is still to compute
@@ -170,11 +193,17 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
       else
         linear_forward(ctx, logits, x, w.head, no_grad);
       if (!training) {
-        crossentropy_forward(loss, logits, tgt, config_.vocab_size, keep);
+        if (split)
+          vocab_parallel_crossentropy_forward(group, loss, logits, tgt, v0, V, keep);
+        else
+          crossentropy_forward(loss, logits, tgt, config_.vocab_size, keep);
         continue;
       }
       Tensor dlogits = dlogits_ws.slice(r0 - g0, r1 - g0);
-      if (mixed && !widens)
+      if (split)  // f32 only (RunSpec::check): the gradient in place in the logits
+        vocab_parallel_crossentropy_forward_backward(group, loss, logits, tgt, v0, V, dloss, h,
+                                                     keep);
+      else if (mixed && !widens)
         crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss,
                                       keep);
       else  // f32, or the gradient rounded to h and kept widened in place
@@ -196,6 +225,8 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
       matmul_backward(no_grad, dhead, no_grad, dlogits, x, w.head);
     }
   }
+  if (training && split)
+    group.all_reduce_sum({dnorm.data<float>(), static_cast<size_t>(dnorm.numel())});
   double sum = 0;
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < N; ++i) sum += l[i];
@@ -269,7 +300,10 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
   Tensor tokens = ctx.read("tokens");
   if (ctx.running() && g.tok_emb.defined()) {  // undefined: a frozen base (Note [LoRA])
     Tensor dwte = g.tok_emb, dwpe = g.pos_emb;
-    embedding_backward(dwte, dwpe, dres, tokens);
+    if (ctx.tensor_group().size() > 1)
+      vocab_parallel_embedding_backward(dwte, dwpe, dres, tokens, vocab_begin(ctx));
+    else
+      embedding_backward(dwte, dwpe, dres, tokens);
   }
   report(-1);
   ctx.finish();
@@ -279,6 +313,8 @@ void TransformerStep::logits(StepContext& ctx, const ModelWeights& w, const Tens
                              Tensor& out) {
   const int64_t N = int64_t{B_} * T_, C = config_.d_model, V = config_.vocab_size,
                 Vp = config_.padded_vocab;
+  MEMFIT_CHECK(ctx.tensor_group().size() == 1, "model",
+               "whole logits under --tp are not built (each rank holds a slice of the vocabulary)");
   forward_blocks(ctx, w, w, &tokens, /*training=*/false);
   ctx.enter(PhaseKind::lm_head);
   Tensor norm = ctx.view(final_norm_tag()).reshape({N, C}), logits_ws = ctx.view("ws.logits");

@@ -63,6 +63,7 @@ class TransformerStep {
   const char* final_norm_tag() const { return family_.final_norm_tag; }
 
  private:
+  int64_t vocab_begin(const StepContext& ctx) const;
   // `training`: a backward follows, so the kept blocks compress what they save
   // (--act-compress); an evaluation forward leaves the codes alone (nothing will read them).
   void forward_blocks(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,

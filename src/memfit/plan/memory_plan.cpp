@@ -28,6 +28,7 @@
 #include "memfit/optim/backward_update.h"
 #include "memfit/optim/optimizer.h"
 #include "memfit/plan/calibration.h"
+#include "memfit/plan/tensor_comm.h"
 #include "memfit/state/state_placement.h"
 
 namespace memfit {
@@ -470,6 +471,12 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   if (mine && !placement.grads_whole()) in.norm_params = in.update_params;
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
+  if (spec.model.tp > 1) {  // --tp: the tensor group's all-reduces, priced as the data group's
+    dist::CommVolume t;
+    t.all_reduce = tensor_comm_per_step(spec, r.step).all_reduce_bytes;
+    in.comm_copied_bytes += t.copied_bytes(spec.model.tp);
+    in.comm_summed_bytes += t.summed_bytes(spec.model.tp);
+  }
   if (spec.offload.optimizer) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);

@@ -81,6 +81,31 @@ StateOptions RunSpec::state_options() const {
   return o;
 }
 
+// What --tp is built with so far (Note [Tensor parallel], "What remains"): fp32, AdamW (or
+// SGD), ZeRO 0 over the data group, no checkpoints, LoRA, offload, compression or fused update;
+// --ckpt none or full. Each refusal names the option.
+void RunSpec::check_tensor_parallel() const {
+  const char* refused = precision.precision != Precision::fp32 ? "--precision other than fp32"
+                        : zero != 0 || zero_auto               ? "--zero other than 0"
+                        : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw"
+                        : lora.enabled()                       ? "--lora-rank"
+                        : offload.optimizer || offload.params || offload.grads ? "--offload-*"
+                        : grad_dtype != DType::f32             ? "--grad-dtype bf16"
+                        : update_in_backward                   ? "--update-in-backward"
+                        : act_compress != ActCompress::none    ? "--act-compress"
+                        : ckpt_auto || (ckpt.kind != CheckpointPolicy::Kind::none &&
+                                      ckpt.kind != CheckpointPolicy::Kind::full)
+                            ? "--ckpt other than none or full"
+                        : saves   ? "--save"
+                        : resumed ? "--resume"
+                                  : nullptr;
+  if (refused)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--tp {} with {} is not built yet: tensor parallelism trains in fp32 at ZeRO 0, "
+                 "with --ckpt none or full, and saves no checkpoint (Note [Tensor parallel])",
+                 model.tp, refused);
+}
+
 void RunSpec::check() const {
   check_optim_config(optim);
   // Note [FP8], "What is built": the blocks' own linears; LoRA's adapters (and so QLoRA's NF4
@@ -115,6 +140,7 @@ void RunSpec::check() const {
                    refused);
   }
   check_base_dtype();
+  if (model.tp > 1) check_tensor_parallel();
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
   if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
     MEMFIT_THROW(ConfigError, "config",

@@ -61,7 +61,7 @@ struct RunSpec {
   ActCompress act_compress = ActCompress::none;
   OptimConfig optim;           // n_head is the model's
   int threads = 0;             // 0: all cores
-  int world = 1;               // data-parallel ranks
+  int world = 1;               // data-parallel ranks (model.tp: the tensor-parallel ones, --tp)
   // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
   int zero = 0;
   // --zero auto: the search picks the stage over several ranks (zero is 0 until it does;
@@ -147,6 +147,8 @@ struct RunSpec {
   // optimizer's, pure bf16's need of AdamW): ConfigError naming the option at fault. The search
   // calls it for every combination it tries; resolve_run for the run as given.
   void check() const;
+  // check()'s rules for --tp above 1 (model.tp; Note [Tensor parallel]).
+  void check_tensor_parallel() const;
   // check()'s rules for --update-in-backward (Note [Update in backward]).
   void check_update_in_backward() const;
   // check()'s rules for --base-dtype (Note [NF4 weights], "QLoRA").

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memfit/core/scoped_threads.h"
+#include "memfit/dist/communicator_tensor_group.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/dist/zero/zero_state.h"
@@ -74,6 +75,9 @@ class TrainRun {
     int64_t update_gathered = 0;  // the offloaded update's all-gather (ZeRO)
     double seconds = 0, rate = 0;
     IoMark before;  // the offload files' counters as the step began
+    // --tp: what the tensor group's collectives covered in this step (its forward, backward
+    // and update; not an evaluation's).
+    dist::CommunicatorTensorGroup::Volume tensor_comm;
   };
 
   // Set-up (train_run_setup.cpp).
@@ -129,6 +133,9 @@ class TrainRun {
   // W_ ranks); the world's rank 0 (`lead_`) alone logs, shows progress and saves.
   dist::ProcessGrid& grid_;
   dist::Communicator& comm_;
+  // --tp: the ranks this rank's layers are split with (Note [Tensor parallel]); the model's step
+  // issues its collectives on it.
+  dist::CommunicatorTensorGroup tensor_;
   const int W_;
   const bool lead_;
   // The run, resolved: `spec_` as the planner planned it (the model, shapes, precision, policy,

@@ -165,6 +165,10 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather}};
   }
+  if (mc_.tp > 1)  // --tp: the tensor group's (plan: tensor_comm_per_step)
+    line["tensor_comm_bytes"] = {{"all_reduce", r.tensor_comm.all_reduce_bytes},
+                                 {"all_reduce_count", r.tensor_comm.all_reduce_count},
+                                 {"gathered", r.tensor_comm.gathered_bytes}};
   if (off_) line["offload"] = offload_line(r.before);
   if (scaler_) {
     line["loss_scale"] = r.loss_scale;
@@ -194,13 +198,17 @@ void TrainRun::log_rank_peaks() {
     CategoryBytes disk;
     uint64_t io_bytes;
   };
-  std::vector<RankPeak> peaks(static_cast<size_t>(W_));
-  RankPeak& mine = peaks[static_cast<size_t>(comm_.rank())];
+  // Every rank of the world: the data group's, and under --tp each tensor rank (world rank q
+  // is data rank q / tp's slice q % tp: Note [Process grid]).
+  dist::Communicator& world = grid_.world();
+  const int n = world.size();
+  std::vector<RankPeak> peaks(static_cast<size_t>(n));
+  RankPeak& mine = peaks[static_cast<size_t>(world.rank())];
   mine = {pool_.bytes_peak(), pool_.peak_breakdown(), offload_files(), last_step_io_};
-  comm_.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(W_), 1),
-                  sizeof(RankPeak));
+  world.all_gather(&mine, peaks.data(), std::vector<int64_t>(static_cast<size_t>(n), 1),
+                   sizeof(RankPeak));
   json ranks = json::array();
-  for (int q = 0; q < W_; ++q) {
+  for (int q = 0; q < n; ++q) {
     const RankPeak& p = peaks[static_cast<size_t>(q)];
     json rank = {{"rank", q}, {"peak_bytes", p.peak}, {"mem", memory_json(p.by_category)}};
     if (off_) rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};

@@ -21,6 +21,7 @@ namespace fs = std::filesystem;
 TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
     : grid_(grid_in),
       comm_(grid_in.data()),
+      tensor_(grid_in.tensor()),
       W_(comm_.size()),
       lead_(grid_in.world().rank() == 0),
       settings_(spec_in),
@@ -141,6 +142,7 @@ void TrainRun::make_model() {
   // QLoRA (Note [NF4 weights], "QLoRA"): the blocks' linears as NF4, quantized at load.
   state.base_nf4 = spec_.lora.enabled() && spec_.lora.base_nf4();
   gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
+  if (mc_.tp > 1) gpt_->set_tensor_group(tensor_);  // before the weights are drawn
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.

@@ -29,6 +29,7 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   if (fused_)  // --update-in-backward steps with it during the backward
     fused_->begin_step(r.lr, spec_.clip, spec_.clip_mode);
   r.before = io_mark();
+  const dist::CommunicatorTensorGroup::Volume tensor_before = tensor_.volume();
   // fp16: the last backward unscales each offloaded unit as the update in RAM unscales the
   // slab, by the same scale.
   if (grads_file_)
@@ -49,6 +50,10 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   // weight, say): stop as fp32 and bf16 do instead of skipping every step from here on.
   if (r.update.skipped && r.loss_scale <= settings_.loss_scaler.min_scale)
     r.update.non_finite = true;
+  const dist::CommunicatorTensorGroup::Volume& tensor_after = tensor_.volume();
+  r.tensor_comm = {tensor_after.all_reduce_bytes - tensor_before.all_reduce_bytes,
+                   tensor_after.all_reduce_count - tensor_before.all_reduce_count,
+                   tensor_after.gathered_bytes - tensor_before.gathered_bytes};
   check_finite(step, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.rate = tokens_per_step_ / r.seconds;

@@ -47,7 +47,7 @@ TrainSummary TrainRun::run() {
     if (lead_) save(final_step, record);
   }
   comm_.barrier();  // the save is complete before any rank reports the run done
-  if (W_ > 1) log_rank_peaks();
+  if (grid_.world().size() > 1) log_rank_peaks();
   summary_.saved = !settings_.save_dir.empty();
   summary_.last_step = final_step;
   finish_summary();

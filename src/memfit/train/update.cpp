@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "memfit/dist/shard_collectives.h"
 #include "memfit/kernels/cpu/bf16_check.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/residual.h"
+#include "memfit/model/tensor_slices.h"
 #include "memfit/state/shard.h"
 #include "memfit/train/grad_clip.h"
 
@@ -92,6 +94,32 @@ GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShar
   return all;
 }
 
+// --tp (Note [Tensor parallel]): a rank's gradients are its slices of the split parameters
+// and whole copies of the replicated ones (norms, positions, the row-parallel biases: the same
+// on every tensor rank). The whole model's sum of squares: the split parts' summed over the
+// tensor group, the replicated ones' once.
+GradCheck tensor_check(Transformer& gpt, const GradCheck& mine) {
+  TensorGroup* group = gpt.tensor_group();
+  if (group == nullptr || group->size() == 1 || gpt.lora()) return mine;
+  const ParamLayout whole(whole_model(gpt.config()));
+  // A key/value head replicated on R ranks (GQA, --tp above n_kv_head) is counted by each
+  // replica: 1/R of its squares each.
+  const int R = gpt.config().kv_replicas();
+  double replicated = 0, kv_counted_again = 0;
+  for (size_t i = 0; i < gpt.layout().params().size(); ++i) {
+    const ParamInfo& p = gpt.layout().params()[i];
+    const bool kv = p.role == ParamRole::attn_k_weight || p.role == ParamRole::attn_v_weight;
+    if (p.shape == whole.params()[i].shape)
+      replicated += kernels::sum_squares(gpt.grad_sums({p.offset, p.offset + p.numel}));
+    else if (kv && R > 1)
+      kv_counted_again += (1.0 - 1.0 / R) *
+                          kernels::sum_squares(gpt.grad_sums({p.offset, p.offset + p.numel}));
+  }
+  double v[2] = {mine.sum_squares - replicated - kv_counted_again, mine.finite > 0 ? 0.0 : 1.0};
+  group->all_reduce_sum(std::span<double>(v, 2));
+  return {v[1] > 0 ? 0.0 : 1.0, v[0] + replicated};
+}
+
 }  // namespace
 
 UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, float)>& step,
@@ -100,7 +128,8 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, flo
   UpdateOutcome out;
   // Unscale before clipping, in one pass that also finds any overflow; every rank reaches the
   // same decision from the same sums.
-  const GradCheck check = check_step(gpt, scaler, shards);
+  gpt.reduce_kv_replicas();  // --tp above n_kv_head: each head's gradient whole on its replicas
+  const GradCheck check = tensor_check(gpt, check_step(gpt, scaler, shards));
   if (scaler) {
     if (scaler->update(check.finite == 0)) {
       out.skipped = true;

@@ -229,7 +229,20 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   s.optim.n_head = run.config.n_head;
   s.optim.seed = c.seed;
   s.threads = c.threads;
-  s.world = c.ranks;
+  if (c.tp < 1 || c.ranks % c.tp != 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--tp {} must divide the ranks ({}): each tensor group is --tp neighbouring "
+                 "ranks, the data group the rest",
+                 c.tp, c.ranks);
+  if (c.tp > 1) {
+    if (!c.init_from.empty())
+      MEMFIT_THROW(ConfigError, "config",
+                   "--tp {} with --init-from is not built yet: loading a checkpoint into a "
+                   "rank's slices (Note [Tensor parallel], \"What remains\")",
+                   c.tp);
+    s.model.set_tensor_parallel(c.tp);
+  }
+  s.world = c.ranks / c.tp;
   s.zero = c.zero_auto ? 0 : c.zero;
   s.zero_auto = c.zero_auto;
   s.prefetch_depth = c.prefetch_depth;

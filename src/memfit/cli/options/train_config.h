@@ -53,9 +53,12 @@ struct TrainConfig {
   // hung; Note [Failures] in docs/notes/zero.md); 0: forever. Longer than the longest save, which
   // the other ranks wait for.
   double collective_timeout = 1800;
-  // The data-parallel ranks to plan for (memfit plan --ranks); train(config, grid) sets it to
-  // the grid's (train_from_config.h).
+  // The ranks to plan for (memfit plan --ranks); train(config, grid) sets it to the grid's
+  // (train_from_config.h). Data-parallel ranks: ranks / tp.
   int ranks = 1;
+  // --tp: tensor-parallel ranks, neighbours in the grid (Note [Tensor parallel]); the data
+  // group is ranks / tp.
+  int tp = 1;
   // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
   // 3 the working weights sharded too, each block gathered as the step needs it

@@ -11,7 +11,7 @@ TrainSummary train(const TrainConfig& config) {
 
 TrainSummary train(const TrainConfig& config, dist::ProcessGrid& grid) {
   TrainConfig c = config;
-  c.ranks = grid.data().size();
+  c.ranks = grid.world().size();
   // --ckpt auto and --auto-batch become the planner's choice first: the run, its checkpoints and
   // trainer_state.json have a policy and a micro-batch, never "auto".
   AutoResolution resolved = resolve_auto(c);  // and --precision auto, resolved

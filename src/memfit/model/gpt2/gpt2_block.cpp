@@ -1,5 +1,7 @@
 #include "memfit/model/gpt2/gpt2_block.h"
 
+#include <algorithm>
+
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/gelu.h"
 #include "memfit/kernels/cpu/layernorm.h"
@@ -8,6 +10,13 @@
 namespace memfit {
 
 using namespace kernels;
+
+// ws.gelu's width: the GELU's (the MLP's), and in the backward the recomputed LayerNorm output
+// (C) beside d(qkv): 4C both ways in the whole model; under tensor parallelism the rank's MLP
+// and q|k|v widths are a share of them, so the wider of the two (Note [Tensor parallel]).
+static int64_t gpt2_gelu_width(const ModelConfig& c) {
+  return std::max(c.fc_width(), c.d_model + c.qkv_width());
+}
 
 // The buffers come first, each with how the phase first uses it: that half is the block's
 // description, which planning records (Note [One step description]). Matmul operands and what
@@ -26,21 +35,24 @@ using namespace kernels;
 void gpt2_block_forward(BlockStep& s) {
   const int B = s.B, T = s.T;
   const int64_t C = s.config.d_model, N = s.rows();
+  const int64_t Q = s.config.qkv_width(), A = s.config.attn_width(), F = s.config.fc_width();
   const DType h = s.h, f32 = DType::f32;
   Tensor x = s.input();
   const Keep z = Keep::compressible;  // under --act-compress (Note [Activation compression])
   Tensor ln1_mean = s.save("ln_1.mean", {N}, f32), ln1_rstd = s.save("ln_1.rstd", {N}, f32);
-  Tensor qkv = s.save("qkv", {B, T, 3 * C}, h, z);
+  Tensor qkv = s.save("qkv", {B, T, Q}, h, z);
   BlockStep::Attention att = s.attention_save();
-  Tensor atty = s.save("atty", {B, T, C}, h, z);
+  Tensor atty = s.save("atty", {B, T, A}, h, z);
   Tensor r2 = s.save("residual_2", {B, T, C}, f32, z);
   Tensor ln2_mean = s.save("ln_2.mean", {N}, f32), ln2_rstd = s.save("ln_2.rstd", {N}, f32);
-  Tensor fch = s.save("fch", {B, T, 4 * C}, h, z);
+  Tensor fch = s.save("fch", {B, T, F}, h, z);
   Tensor r3 = s.output();
-  Tensor proj = s.scratch("ws.dC", {B, T, C}, f32), gelu = s.scratch("ws.gelu", {B, T, 4 * C}, h);
+  Tensor proj = s.scratch("ws.dC", {B, T, C}, f32);
+  Tensor gelu_ws = s.scratch("ws.gelu", {B, T, gpt2_gelu_width(s.config)}, h);
   s.matmuls();
   if (!s.running()) return;
-  Tensor ln1 = gelu.view(0, {B, T, C}), ln2 = ln1;  // LayerNorm outputs, not kept
+  Tensor ln1 = gelu_ws.view(0, {B, T, C}), ln2 = ln1;  // LayerNorm outputs, not kept
+  Tensor gelu = gelu_ws.view(0, {B, T, F});
 
   const BlockWeights& w = s.w;
   layernorm_forward(ln1, ln1_mean, ln1_rstd, x, w.norm1_w, w.norm1_b);
@@ -61,29 +73,33 @@ void gpt2_block_forward(BlockStep& s) {
 void gpt2_block_backward(BlockStep& s) {
   const int B = s.B, T = s.T;
   const int64_t C = s.config.d_model;
+  const int64_t Q = s.config.qkv_width(), A = s.config.attn_width(), F = s.config.fc_width();
   const DType h = s.h, f32 = DType::f32;
   const bool mixed = s.mixed();
   const Keep z = Keep::compressible;
-  Tensor gelu = s.scratch("ws.gelu", {B, T, 4 * C}, h);  // recomputed from fch
+  Tensor gelu_ws = s.scratch("ws.gelu", {B, T, gpt2_gelu_width(s.config)}, h);  // from fch
   Tensor fch = s.saved("fch", z);
   Tensor dres = s.scratch_read("ws.dresidual");
   Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", {B, T, C}, h) : dres;
-  Tensor d4C = s.scratch("ws.d4C", {B, T, 4 * C}, h);
+  Tensor d4C = s.scratch("ws.d4C", {B, T, F}, h);
   Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
   Tensor r2 = s.saved("residual_2", z),
          ln2_mean = s.saved("ln_2.mean"), ln2_rstd = s.saved("ln_2.rstd"),
          atty = s.saved("atty", z), qkv = s.saved("qkv", z);
-  Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
+  // d(atty) in f32: the first (B, T, A) of ws.dC (A = C without --tp).
+  Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, A}, h) : dC;
   BlockStep::Attention att = s.attention_grad_buffers();
   Tensor ln1_mean = s.saved("ln_1.mean"), ln1_rstd = s.saved("ln_1.rstd");
   Tensor x = s.input();
   s.matmuls();
   if (!s.running()) return;
+  if (!mixed) datty = dC.view(0, {B, T, A});
   // The LayerNorm outputs, recomputed where they are read: ws.gelu is free once the MLP's
   // output projection has read the GELU. Its other 3C columns take d(qkv) (no scratch of its
   // own: 3C values a token less workspace in the backward, where the fp32 arena peaks).
-  Tensor ln1 = gelu.view(0, {B, T, C}), ln2 = ln1;
-  Tensor dqkv = gelu.view(int64_t{B} * T * C, {B, T, 3 * C});
+  Tensor ln1 = gelu_ws.view(0, {B, T, C}), ln2 = ln1;
+  Tensor dqkv = gelu_ws.view(int64_t{B} * T * C, {B, T, Q});
+  Tensor gelu = gelu_ws.view(0, {B, T, F});
 
   const BlockWeights &w = s.w, &g = s.g;
   Tensor dn2w = g.norm2_w, dn2b = g.norm2_b, dn1w = g.norm1_w, dn1b = g.norm1_b;
@@ -104,7 +120,7 @@ void gpt2_block_backward(BlockStep& s) {
   round_dres();
   s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, g.attn_out_b, dres_h, atty,
                     w.attn_out_w);
-  s.attention_backward(dqkv, datty, qkv, atty, att, d4C.view(0, {B, T, C}));
+  s.attention_backward(dqkv, datty, qkv, atty, att, d4C.view(0, {B, T, A}));
   layernorm_apply(ln1, x, w.norm1_w, w.norm1_b, ln1_mean, ln1_rstd);
   s.linear_backward(LinearSlot::qkv, dC, g.qkv_w, g.qkv_b, dqkv, ln1, w.qkv_w);
   layernorm_backward(dres, dn1w, dn1b, dC, x, w.norm1_w, ln1_mean, ln1_rstd);

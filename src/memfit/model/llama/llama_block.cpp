@@ -22,8 +22,8 @@ using namespace kernels;
 // Keep::compressible as in gpt2_block.cpp.
 void llama_block_forward(BlockStep& s) {
   const int B = s.B, T = s.T;
-  const int64_t C = s.config.d_model, N = s.rows(), F = s.config.ffn_dim;
-  const int64_t A = int64_t{s.config.n_head} * s.config.head_size();
+  const int64_t C = s.config.d_model, N = s.rows(), F = s.config.local_ffn();
+  const int64_t A = s.config.attn_width();  // this rank's heads under --tp
   const DType h = s.h, f32 = DType::f32;
   Tensor x = s.input();
   const Keep z = Keep::compressible;  // under --act-compress (Note [Activation compression])
@@ -60,7 +60,7 @@ void llama_block_forward(BlockStep& s) {
 // ws.dresidual holds d(output) and becomes d(input), as in gpt2_block_backward.
 void llama_block_backward(BlockStep& s) {
   const int B = s.B, T = s.T;
-  const int64_t C = s.config.d_model, F = s.config.ffn_dim;
+  const int64_t C = s.config.d_model, F = s.config.local_ffn(), A = s.config.attn_width();
   const DType h = s.h, f32 = DType::f32;
   const bool mixed = s.mixed();
   const Keep z = Keep::compressible;
@@ -74,7 +74,8 @@ void llama_block_backward(BlockStep& s) {
   Tensor n2 = s.scratch("ws.norm", {B, T, C}, h), n1 = n2;  // recomputed where read
   Tensor r2 = s.saved("residual_2", z),
          n2_rstd = s.saved("mlp_norm.rstd"), atty = s.saved("atty", z), qkv = s.saved("qkv", z);
-  Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, C}, h) : dC;
+  // d(atty) in f32: the first (B, T, A) of ws.dC (A = C without --tp).
+  Tensor datty = mixed ? s.scratch("ws.dC.half", {B, T, A}, h) : dC;
   BlockStep::Attention att = s.attention_grad_buffers();
   Tensor dqkv = s.scratch("ws.dqkv", {B, T, s.config.qkv_width()}, h);
   Tensor rope = s.ctx.read("rope");
@@ -82,6 +83,7 @@ void llama_block_backward(BlockStep& s) {
   Tensor x = s.input();
   s.matmuls();
   if (!s.running()) return;
+  if (!mixed) datty = dC.view(0, {B, T, A});
 
   const BlockWeights &w = s.w, &g = s.g;
   Tensor dn2 = g.norm2_w, dn1 = g.norm1_w, none;

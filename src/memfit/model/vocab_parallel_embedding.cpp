@@ -1,0 +1,82 @@
+// The vocabulary-parallel embedding: plain loops (one pass over B x T x C each way, beside the
+// blocks' GEMMs), f32 tables only (--tp trains in fp32: RunSpec::check).
+#include "memfit/model/vocab_parallel_embedding.h"
+
+#include <algorithm>
+#include <span>
+
+#include "memfit/core/error.h"
+#include "memfit/memory/tensor.h"
+
+namespace memfit {
+
+namespace {
+
+void check_f32(const Tensor& t, const char* name) {
+  MEMFIT_CHECK_DTYPE(t.dtype() == DType::f32 && t.is_contiguous(), "vocab_parallel_embedding",
+                     "{} must be contiguous f32 under --tp, got {} {}", name,
+                     dtype_name(t.dtype()), t.shape());
+}
+
+}  // namespace
+
+void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Tensor& tokens,
+                                      const Tensor& wte, int64_t begin, const Tensor& wpe) {
+  check_f32(out, "out");
+  check_f32(wte, "wte");
+  const int64_t C = out.size(-1), N = tokens.numel(), T = tokens.size(-1), rows = wte.size(0);
+  MEMFIT_CHECK_SHAPE(out.numel() == N * C && wte.size(1) == C, "vocab_parallel_embedding",
+                     "out {} for tokens {} and wte {}", out.shape(), tokens.shape(), wte.shape());
+  const int32_t* tok = tokens.data<int32_t>();
+  const float* e = wte.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static) if (N * C > (1 << 16))
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t r = int64_t{tok[i]} - begin;
+    float* orow = o + i * C;
+    if (r >= 0 && r < rows)
+      std::copy_n(e + r * C, C, orow);
+    else
+      std::fill_n(orow, C, 0.0f);
+  }
+  group.all_reduce_sum({o, static_cast<size_t>(N * C)});
+  if (!wpe.defined()) return;
+  check_f32(wpe, "wpe");
+  const float* p = wpe.data<float>();
+#pragma omp parallel for schedule(static) if (N * C > (1 << 16))
+  for (int64_t i = 0; i < N; ++i) {
+    const float* prow = p + (i % T) * C;
+    float* orow = o + i * C;
+    for (int64_t c = 0; c < C; ++c) orow[c] += prow[c];
+  }
+}
+
+void vocab_parallel_embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout,
+                                       const Tensor& tokens, int64_t begin) {
+  check_f32(dwte, "dwte");
+  check_f32(dout, "dout");
+  const int64_t C = dout.size(-1), N = tokens.numel(), T = tokens.size(-1), rows = dwte.size(0);
+  const int32_t* tok = tokens.data<int32_t>();
+  const float* g = dout.data<float>();
+  float* de = dwte.data<float>();
+  float* dp = nullptr;
+  if (dwpe.defined()) {
+    check_f32(dwpe, "dwpe");
+    dp = dwpe.data<float>();
+  }
+  // Column bands over the threads, every token in order within a band (the kernel's order).
+#pragma omp parallel for schedule(static) if (N * C > (1 << 16))
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    const int64_t c1 = std::min(C, c0 + 16);
+    for (int64_t i = 0; i < N; ++i) {
+      const float* grow = g + i * C;
+      const int64_t r = int64_t{tok[i]} - begin;
+      if (r >= 0 && r < rows)
+        for (int64_t c = c0; c < c1; ++c) de[r * C + c] += grow[c];
+      if (dp != nullptr)
+        for (int64_t c = c0; c < c1; ++c) dp[(i % T) * C + c] += grow[c];
+    }
+  }
+}
+
+}  // namespace memfit
