@@ -151,6 +151,64 @@ struct SharedPlan {
   StepPlan step;
 };
 
+// LoRA (Note [LoRA]): the base weights as rank_bytes counted them, no base gradients or optimizer
+// state; the adapters' f32 weights and gradients, and the optimizer's state over their layout.
+void add_lora_bytes(const RunSpec& spec, int rank, const ParamLayout& layout,
+                    const OptimConfig& oc, const StatePlacement& placement, PlanReport& r) {
+  auto at = [&](Category c) -> size_t& { return r.by_category[static_cast<size_t>(c)]; };
+  const PrecisionOptions precision = spec.precision;
+  const LoraLayout lora(r.model, spec.lora);
+  const size_t adapters =
+      MemoryPool::round_up(static_cast<size_t>(lora.total()) * sizeof(float));
+  // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, and
+  // their NF4 buffer ("base.nf4"), as Transformer allocates them.
+  if (spec.lora.base_nf4()) {
+    int64_t compact = 0;
+    (void)layout.compact_offsets(&compact);
+    r.nf4_base_bytes = MemoryPool::round_up(Nf4BaseLayout(r.model).bytes());
+    at(Category::params) =
+        MemoryPool::round_up(static_cast<size_t>(compact) *
+                             dtype_size(half_dtype(precision.precision))) +
+        r.nf4_base_bytes;
+  }
+  at(Category::params) += adapters;
+  at(Category::grads) = adapters;
+  at(Category::optimizer) =
+      optimizer_state_bytes(oc, lora.param_layout(), whole_range(lora.param_layout()));
+  // Over data-parallel ranks (stages 0 and 3) the adapters' gradients are the slab
+  // all-reduced; stage 3 gathers the frozen base's units besides.
+  at(Category::comm) =
+      dist::GradientSync::comm_bytes(lora.total(), spec.bucket_bytes, spec.world, rank) +
+      (placement.params_gathered()
+           ? WeightGather::comm_bytes(layout, half_dtype(precision.precision),
+                                      placement.prefetch_depth(), placement.persist_threshold())
+           : 0);
+}
+
+// The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
+// the training data's window count (from the shard headers). With no data to read, the plan
+// counts what a run with a train and a val split allocates but the permutation.
+size_t loader_staging_bytes(const RunSpec& spec, PlanReport& r) {
+  io::DataLoaderOptions d;
+  d.batch_size = r.B;
+  d.seq_len = r.T;
+  d.shuffle = spec.shuffle;
+  std::error_code ec;
+  const auto shards = [&](const char* split) {
+    return fs::is_directory(spec.data_dir, ec) ? io::find_token_shards(spec.data_dir, split)
+                                              : std::vector<fs::path>{};
+  };
+  const auto train_shards = shards("train");
+  r.data_included = !train_shards.empty();
+  size_t bytes = r.data_included ? io::DataLoader::staging_bytes(train_shards, d)
+                                 : io::DataLoader::buffer_bytes(d);
+  const auto val_shards = shards("val");
+  if (!r.data_included || !val_shards.empty())  // val: in order, no permutation
+    bytes +=
+        io::DataLoader::buffer_bytes(d, !val_shards.empty() && io::have_loss_masks(val_shards));
+  return bytes;
+}
+
 PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
                      StepPlanCache* steps);
 
@@ -231,36 +289,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
       r.io_bytes_per_step += g.io_bytes_per_step(files->pieces);
     }
   }
-  // LoRA (Note [LoRA]): the base weights as above, no base gradients or optimizer state; the
-  // adapters' f32 weights and gradients, and the optimizer's state over their layout.
-  if (spec.lora.enabled()) {
-    const LoraLayout lora(r.model, spec.lora);
-    const size_t adapters =
-        MemoryPool::round_up(static_cast<size_t>(lora.total()) * sizeof(float));
-    // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, and
-    // their NF4 buffer ("base.nf4"), as Transformer allocates them.
-    if (spec.lora.base_nf4()) {
-      int64_t compact = 0;
-      (void)layout.compact_offsets(&compact);
-      r.nf4_base_bytes = MemoryPool::round_up(Nf4BaseLayout(r.model).bytes());
-      at(Category::params) =
-          MemoryPool::round_up(static_cast<size_t>(compact) *
-                               dtype_size(half_dtype(precision.precision))) +
-          r.nf4_base_bytes;
-    }
-    at(Category::params) += adapters;
-    at(Category::grads) = adapters;
-    at(Category::optimizer) =
-        optimizer_state_bytes(oc, lora.param_layout(), whole_range(lora.param_layout()));
-    // Over data-parallel ranks (stages 0 and 3) the adapters' gradients are the slab
-    // all-reduced; stage 3 gathers the frozen base's units besides.
-    at(Category::comm) =
-        dist::GradientSync::comm_bytes(lora.total(), spec.bucket_bytes, spec.world, rank) +
-        (placement.params_gathered()
-             ? WeightGather::comm_bytes(layout, half_dtype(precision.precision),
-                                        placement.prefetch_depth(), placement.persist_threshold())
-             : 0);
-  }
+  if (spec.lora.enabled()) add_lora_bytes(spec, rank, layout, oc, placement, r);
   r.step = shared  ? shared->step
            : steps ? steps->plan(r.model, r.B, r.T, act)
                    : plan_step(r.model, r.B, r.T, act);
@@ -309,28 +338,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
       placement.grads_per_unit() ? passes : 1,
       static_cast<int>(dtype_size(spec.grad_dtype)));
 
-  // The data loaders' staging: fixed buffers, plus the shuffle's permutation, whose size is
-  // the training data's window count (from the shard headers). With no data to read, the plan
-  // counts what a run with a train and a val split allocates but the permutation.
-  if (spec.steps > 0) {
-    io::DataLoaderOptions d;
-    d.batch_size = r.B;
-    d.seq_len = r.T;
-    d.shuffle = spec.shuffle;
-    std::error_code ec;
-    const auto shards = [&](const char* split) {
-      return fs::is_directory(spec.data_dir, ec) ? io::find_token_shards(spec.data_dir, split)
-                                                : std::vector<fs::path>{};
-    };
-    const auto train_shards = shards("train");
-    r.data_included = !train_shards.empty();
-    at(Category::staging) = r.data_included ? io::DataLoader::staging_bytes(train_shards, d)
-                                            : io::DataLoader::buffer_bytes(d);
-    const auto val_shards = shards("val");
-    if (!r.data_included || !val_shards.empty())  // val: in order, no permutation
-      at(Category::staging) +=
-          io::DataLoader::buffer_bytes(d, !val_shards.empty() && io::have_loss_masks(val_shards));
-  }
+  if (spec.steps > 0) at(Category::staging) = loader_staging_bytes(spec, r);
   at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;
   // A save that streams the weights of record from the offload files: its staging.
   if (spec.saves)
