@@ -75,7 +75,9 @@ SUITE_COMMON = {"precision": [], "optimizers": ["--precision", "bf16", "--batch"
                 # config's --ckpt auto under 630 MiB would choose per optimizer).
                 "low_state": ["--precision", "bf16", "--batch", "4", "--ckpt", "none",
                               "--mem-limit", "8GiB", "--profile", ""],
-                "fp8": ["--batch", "4"]}
+                # As low_state: the config's --ckpt auto would choose per precision (fp8's cast
+                # buffers are larger), and two runs at once would share its profile directory.
+                "fp8": ["--batch", "4", "--ckpt", "none", "--mem-limit", "8GiB", "--profile", ""]}
 # Suites with a stated aim: the largest |gap| to the first run's final validation loss, in %.
 SUITE_AIM = {"fp8": 1.0}
 

@@ -175,6 +175,7 @@ TEST(RunSetup, MaxModelNeedsABudgetAndLeavesTheShapeToTheSearch) {
   }
   refused([](TrainConfig& x) { x.resume_dir = "somewhere"; }, "--resume");
   refused([](TrainConfig& x) { x.init_from = "somewhere"; }, "--init-from");
+  refused([](TrainConfig& x) { x.tp = 2; }, "--tp");
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 #include "memfit/core/error.h"
 #include "memfit/model/model_family.h"
 #include "memfit/model/param_layout.h"
-#include "memfit/model/vocab_parallel_crossentropy.h"
+#include "memfit/model/vocab_shard.h"
 
 namespace memfit {
 

@@ -10,21 +10,11 @@
 
 #include "memfit/core/dtype.h"
 #include "memfit/model/tensor_group.h"
+#include "memfit/model/vocab_shard.h"  // the slices it computes over
 
 namespace memfit {
 
 class Tensor;
-
-// A rank's part of a vocabulary of `vocab` entries split over `ranks` ranks: the padded
-// vocabulary is `ranks` slices of `width` columns (the vocabulary rounded up to a multiple of
-// ranks * align, then divided), rank i's beginning at i * width. `real` of its columns are
-// vocabulary entries; the rest (the last ranks', where ranks * align does not divide the
-// vocabulary) are padding, and may be all of them.
-struct VocabShard {
-  int64_t begin = 0, width = 0, real = 0;
-};
-// ConfigError for vocab < 1, ranks < 1, rank outside [0, ranks) or align < 1.
-VocabShard vocab_shard(int64_t vocab, int ranks, int rank, int64_t align = 1);
 
 // logits (R, width) f32: this rank's slice of each row, column j being vocabulary entry
 // shard_begin + j, of a vocabulary of `vocab` real entries (columns at entries >= vocab are

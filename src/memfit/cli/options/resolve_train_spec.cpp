@@ -434,6 +434,13 @@ void check_max_model_config(const TrainConfig& c) {
   refuse(c.ffn_dim != 0, "--ffn-dim", "the MLP width (the preset's ratio)");
   refuse(!c.resume_dir.empty(), "--resume", "the model (a checkpoint fixes it)");
   refuse(!c.init_from.empty(), "--init-from", "the model (a checkpoint fixes it)");
+  // Its shapes (heads of 64 on GPT-2's depth-to-width line) are not cut for tensor parallelism:
+  // a member whose heads --tp does not divide would be planned whole (Note [Tensor parallel]).
+  if (c.tp > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--max-model with --tp {} is not built: the search's shapes are not chosen for "
+                 "tensor parallelism; plan one shape with --tp (without --max-model)",
+                 c.tp);
   // A fixed policy is planned for every member (none, full, selective, every:K), but a list of
   // blocks cannot hold at every depth.
   refuse(c.ckpt.rfind("layers:", 0) == 0, "--ckpt",
