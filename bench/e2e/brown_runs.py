@@ -51,6 +51,8 @@ SUITES = {
         ("adamw-bf16-state", ["--optim", "adamw", "--optim-state-dtype", "bf16"]),
         ("apollo", ["--optim", "apollo"]),
         ("apollo-mini", ["--optim", "apollo-mini"]),
+        ("galore", ["--optim", "galore"]),
+        ("galore8bit", ["--optim", "galore8bit"]),
         ("adamw-uib-unit-clip", ["--optim", "adamw", "--update-in-backward",
                                  "--clip-mode", "unit"]),
     ]),

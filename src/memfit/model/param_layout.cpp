@@ -105,10 +105,8 @@ ModelWeights ParamLayout::views(const Tensor& slab) const {
   return w;
 }
 
-namespace {
-
-bool block_linear(const ParamInfo& p) {
-  switch (p.role) {
+bool is_linear_weight(ParamRole role) {
+  switch (role) {
     case ParamRole::attn_qkv_weight:
     case ParamRole::attn_q_weight:
     case ParamRole::attn_k_weight:
@@ -117,10 +115,14 @@ bool block_linear(const ParamInfo& p) {
     case ParamRole::mlp_fc_weight:
     case ParamRole::mlp_gate_weight:
     case ParamRole::mlp_up_weight:
-    case ParamRole::mlp_proj_weight: return p.layer >= 0;
+    case ParamRole::mlp_proj_weight: return true;
     default: return false;
   }
 }
+
+namespace {
+
+bool block_linear(const ParamInfo& p) { return p.layer >= 0 && is_linear_weight(p.role); }
 
 }  // namespace
 

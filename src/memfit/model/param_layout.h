@@ -40,6 +40,10 @@ enum class ParamRole : uint8_t {
   lm_head,             // an untied LM head (Vp, C)
 };
 
+// A linear layer's weight matrix in a block (attention's q, k, v or fused q|k|v and its output
+// projection; the MLP's matrices): what QLoRA stores in NF4 and APOLLO and GaLore project.
+bool is_linear_weight(ParamRole role);
+
 struct ParamInfo {
   // GPT-2: Hugging Face's name without "transformer." ("h.0.attn.c_attn.weight"); LLaMA:
   // Hugging Face's name ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight").

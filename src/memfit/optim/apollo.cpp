@@ -67,21 +67,7 @@ void over_channels(int64_t rows, int64_t cols, bool by_rows, F&& f) {
 }  // namespace
 
 bool Apollo::projects(const ParamInfo& p) {
-  if (p.shape.rank() != 2) return false;
-  switch (p.role) {
-    case ParamRole::attn_qkv_weight:
-    case ParamRole::attn_q_weight:
-    case ParamRole::attn_k_weight:
-    case ParamRole::attn_v_weight:
-    case ParamRole::attn_proj_weight:
-    case ParamRole::mlp_fc_weight:
-    case ParamRole::mlp_gate_weight:
-    case ParamRole::mlp_up_weight:
-    case ParamRole::mlp_proj_weight:
-      return true;
-    default:
-      return false;
-  }
+  return p.shape.rank() == 2 && is_linear_weight(p.role);
 }
 
 int64_t Apollo::rank_for(const OptimConfig& config, const ParamInfo& p) {
