@@ -10,6 +10,7 @@
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/nf4_matmul.h"
+#include "memfit/kernels/cpu/parallel.h"
 #include "memfit/model/parallel_linear.h"
 #include "memfit/model/tensor_group.h"
 
@@ -286,7 +287,7 @@ void add_bias_rows(Tensor& out, const Tensor& bias) {
   const bool f32_bias = bias.dtype() == DType::f32, f32_out = out.dtype() == DType::f32;
   const auto* b = static_cast<const std::byte*>(bias.raw_data());
   auto* o = static_cast<std::byte*>(out.raw_data());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n > kernels::kParallelGrain)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) {
       const float bj = f32_bias ? reinterpret_cast<const float*>(b)[j]

@@ -140,7 +140,7 @@ void TrainRun::make_model() {
   ModelState state = zero_model_state(placement_, comm_, param_file_.get(),
                                       std::move(grad_store_), &zero_, rank_steps_.get());
   // QLoRA (Note [NF4 weights], "QLoRA"): the blocks' linears as NF4, quantized at load.
-  state.base_nf4 = spec_.lora.enabled() && spec_.lora.base_nf4();
+  state.base_nf4 = spec_.lora.base_nf4();  // RunSpec::check_base_dtype: only with LoRA
   gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
   if (mc_.tp > 1) gpt_->set_tensor_group(tensor_);  // before the weights are drawn
   if (gpt_->precision().precision == Precision::fp16)
