@@ -85,18 +85,29 @@ def make_records(path, docs):
     return n
 
 
+def trained_steps(ckpt):
+    """The steps a memfit save was trained for (0 where there is none): a smoke run's 2-step
+    save must not pass for a pretrained base."""
+    try:
+        with open(os.path.join(ckpt, "trainer_state.json")) as f:
+            return int(json.load(f).get("step", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 def base_checkpoint(args, memfit):
     if args.base:
         return args.base
-    if os.path.isfile(os.path.join(ROOT, "out", "brown", "model.safetensors")) and \
-            not args.pretrain_steps:
-        return os.path.join(ROOT, "out", "brown")
+    pretrain = args.pretrain_steps or 360
+    main_job = os.path.join(ROOT, "out", "brown")
+    if not args.pretrain_steps and trained_steps(main_job) >= 150:  # the main job's length
+        return main_job
     base = os.path.join(OUT, "base")
-    if not os.path.isfile(os.path.join(base, "model.safetensors")):
+    if trained_steps(base) != pretrain:
         if not os.path.isfile(os.path.join(ROOT, "data", "brown", "train_000000.bin")):
             sh([memfit, "prepare", "--input", "brown", "--out", "data/brown"])
         sh([memfit, "train", "--model", "gpt2-small-test", "--data", "data/brown", "--batch", "8",
-            "--seq-len", "256", "--steps", str(args.pretrain_steps or 360), "--lr", "1e-3",
+            "--seq-len", "256", "--steps", str(pretrain), "--lr", "1e-3",
             "--lr-schedule", "cosine", "--warmup", "20", "--min-lr", "1e-4", "--weight-decay",
             "0.1", "--clip", "1.0", "--precision", "auto", "--save", base, "--log",
             os.path.join(OUT, "base.jsonl"), "--seed", "1"] + THREADS)
@@ -148,8 +159,9 @@ def main():
     records = os.path.join(OUT, "brown_instruct.jsonl")
     n = make_records(records, args.docs)
     data = os.path.join(OUT, "data")
+    # The records are written anew each run (--docs may differ): so are their shards.
     sh([args.memfit, "prepare", "--input", records, "--out", data, "--format", "instruct",
-        "--template", "plain", "--seq-len", str(SEQ), "--val-fraction", "0.05"])
+        "--template", "plain", "--seq-len", str(SEQ), "--val-fraction", "0.05", "--overwrite"])
     results = [finetune(name, extra, base, data, steps, args.memfit) for name, extra in RUNS]
 
     print(f"\nfine-tuning: {steps} steps of 8 x {SEQ} tokens from {os.path.relpath(base, ROOT)}, "

@@ -260,6 +260,21 @@ TEST_F(BadInput, ADamagedProfileSummaryNamesTheFileAndField) {
   EXPECT_TRUE(r.says("rank3/summary.json")) << r.err;
 }
 
+TEST_F(BadInput, DataFromAnotherTokenizerFailsBeforeTheModelIsBuilt) {
+  // dataset.json says GPT-2's tokenizer wrote these shards: their documents begin with 50256,
+  // past gpt2-tiny's 512 tokens. The run fails before its set-up (minutes at 7B), naming the
+  // file and the --vocab that would hold the token (this fixture's own tokens are under 512,
+  // so only the early check can catch it).
+  std::ofstream(dir / "data" / "dataset.json")
+      << R"({"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "token_bytes": 2})";
+  const Output r = memfit(fmt::format("train {} --steps 1", tiny()));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.says("its documents begin with token 50256 (gpt2's end of text in dataset.json)"))
+      << r.err;
+  EXPECT_TRUE(r.says("expected < 512, the vocabulary of preset gpt2-tiny; --vocab 50257")) << r.err;
+  EXPECT_FALSE(r.says("[1/1]")) << r.err;
+}
+
 TEST_F(BadInput, SampleDecodesWithTheTokenizerOfTheTrainingData) {
   // Byte-level data (its dataset.json says so; ids under 256) for gpt2-tiny, whose 512-token
   // vocabulary no named tokenizer fills: the checkpoint records the data's tokenizer, and

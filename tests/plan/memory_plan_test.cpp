@@ -480,5 +480,21 @@ TEST(StepFlops, RecomputationAddsOneForwardPerRecomputedBlock) {
   EXPECT_NEAR(n.total / (8 * 256) / (6.0 * c.num_params()), 1.0, 0.15);
 }
 
+// LoRA's frozen base: each matmul's backward is d(input) alone, so a block's matmuls and the
+// head cost 2 forwards, not 3; the scores (attention has no weights) are unchanged.
+TEST(StepFlops, LoraHasNoWeightGradientGemms) {
+  ModelConfig c = ModelConfig::preset("gpt2");
+  ActivationOptions full, lora;
+  lora.lora_rank = 16;
+  const StepFlops f = step_flops(c, 8, 256, full), l = step_flops(c, 8, 256, lora);
+  const double N = 8.0 * 256;
+  const double block_matmul = 2.0 * N * double(c.block_matmul_params());
+  const double head = 2.0 * N * c.d_model * c.padded_vocab;
+  EXPECT_DOUBLE_EQ(f.head, 3 * head);
+  EXPECT_DOUBLE_EQ(l.head, 2 * head);
+  EXPECT_DOUBLE_EQ(f.total - l.total, c.n_layer * block_matmul + head);
+  EXPECT_EQ(l.recompute, 0);
+}
+
 }  // namespace
 }  // namespace memfit

@@ -41,11 +41,14 @@ StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions
   // values, not work).
   const double scores = 2.0 * double(B) * T * T * double(c.attn_width());
   const double head = 2.0 * N * C * c.padded_vocab;
-  // Backward costs twice the forward; flash attention's backward also recomputes the scores.
+  // Backward costs twice the forward (d(input) and d(weight)), once under LoRA (the base is
+  // frozen: d(input) alone); flash attention's backward also recomputes the scores.
+  const double passes = options.lora_rank > 0 ? 2.0 : 3.0;
   const bool flash = options.attention == AttentionKind::flash;
-  const double block = 3.0 * block_matmul + (flash ? 4.0 : 3.0) * scores;
+  const double block = passes * block_matmul + (flash ? 4.0 : 3.0) * scores;
   StepFlops f;
-  f.total = c.n_layer * block + 3.0 * head;
+  f.head = passes * head;
+  f.total = c.n_layer * block + f.head;
   const BlockSlots slots = block_slots(options.ckpt, c.n_layer);
   for (int s : slots.slot)
     if (s >= 0) f.recompute += block_matmul + scores;  // the block's forward again

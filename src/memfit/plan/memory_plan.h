@@ -127,9 +127,13 @@ int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step);
 int64_t save_nf4_staging_elements(const RunSpec& spec, const StepPlan& step);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
-// elementwise work is not counted), with the recomputation the checkpoint policy adds.
+// elementwise work is not counted), with the recomputation the checkpoint policy adds; `head`
+// is the LM head's share of `total`. Under LoRA (options.lora_rank > 0) the frozen matrices'
+// backward computes d(input) alone: no weight-gradient GEMM, so a linear costs twice its
+// forward, not three times (the adapters' own FLOPs, rank r against widths in the thousands,
+// are left out).
 struct StepFlops {
-  double total = 0, recompute = 0;
+  double total = 0, recompute = 0, head = 0;
 };
 StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions& options);
 

@@ -107,7 +107,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   const bool half_gemm = half && !widened;
 
   const StepFlops f = step_flops(c, in.B, in.T, in.options);
-  const double head_flops = 3.0 * 2.0 * N * C * V;
+  const double head_flops = f.head;
   int recomputed = 0;
   for (int s : block_slots(in.options.ckpt, c.n_layer).slot) recomputed += s >= 0;
   // Attention's share of step_flops: the causal scores, 4x per block with flash (backward

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/io/data/data_loader.h"
 #include "memfit/memory/rss.h"
 #include "memfit/train/run_agreement.h"
 #include "memfit/train/train_run.h"
@@ -25,6 +26,10 @@ TrainSummary train(const TrainSpec& spec, dist::ProcessGrid& grid) {
   // every rank (Note [Failures] in docs/notes/zero.md).
   if (grid.world().rank() == 0 && !spec.save_dir.empty())
     io::check_checkpoint_writable(spec.save_dir);
+  // Shards from another tokenizer fail now, not after the model's set-up (minutes at 7B); the
+  // loader checks every token again when it opens them.
+  if (spec.run.steps > 0)
+    io::check_dataset_vocab(spec.run.data_dir, spec.run.model.vocab_size, spec.vocab_source);
   TrainRun run(grid, spec);
   return run.run();
 }

@@ -280,6 +280,19 @@ DataLoader DataLoader::train(MemoryPool& pool, const fs::path& dir,
   return DataLoader(pool, std::move(shards), options);
 }
 
+void check_dataset_vocab(const fs::path& dir, int64_t vocab_size, const std::string& vocab_source) {
+  const std::optional<DatasetInfo> info = read_dataset_info(dir);
+  if (!info || info->eot_token < vocab_size) return;
+  MEMFIT_THROW(IoError, "shard",
+               "{}: its documents begin with token {} ({} in {}), outside the vocabulary: "
+               "expected < {}{} (was the data prepared with another tokenizer?)",
+               dir.string(), info->eot_token, info->tokenizer.empty() ? "end of text" :
+               info->tokenizer + "'s end of text", kDatasetInfoFile, vocab_size,
+               vocab_source.empty() ? "" : fmt::format(", the vocabulary of {}; --vocab {} or "
+                                                       "more holds this token",
+                                                       vocab_source, info->vocab_size));
+}
+
 void check_loss_mask_window(const fs::path& dir, const std::vector<fs::path>& shards,
                             int64_t seq_len) {
   if (!have_loss_masks(shards)) return;

@@ -146,6 +146,14 @@ class DataLoader {
 void check_loss_mask_window(const std::filesystem::path& dir,
                             const std::vector<std::filesystem::path>& shards, int64_t seq_len);
 
+// IoError when dataset.json in `dir` says its documents begin with an end-of-text token that
+// the model's vocabulary of `vocab_size` does not hold (shards prepared with another tokenizer):
+// the loader would find that token at position 0, but only after the model's set-up, which takes
+// minutes at 7B. `vocab_source` names where the vocabulary came from, as DataLoaderOptions'.
+// Nothing to check without a dataset.json (shards from elsewhere): the loader checks them.
+void check_dataset_vocab(const std::filesystem::path& dir, int64_t vocab_size,
+                         const std::string& vocab_source);
+
 // Fisher-Yates permutation of [0, n) from std::mt19937_64 seeded with `seed`, drawing indices
 // by rejection (no std::uniform_int_distribution), so it is the same on every platform.
 void shuffled_indices(uint64_t seed, int32_t* out, int64_t n);
