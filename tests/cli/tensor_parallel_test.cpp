@@ -5,7 +5,8 @@
 // --tp (one process, or the two data ranks alone) within 1e-5 relative: the group's sums add in
 // another order than one GEMM, so not bit for bit. With --ckpt full (recomputation re-issues the
 // collectives) too. `memfit plan --tp` is every rank's measured peak, by category, and each
-// step's tensor-group collectives (bytes and count). What is not built is refused naming the
+// step's tensor-group collectives (bytes and count). The same with --sp (sequence
+// parallelism), whose --seq-len must divide by --tp. What is not built is refused naming the
 // option. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
@@ -30,8 +31,10 @@ class TensorParallel : public test::MpiBinaryTest {
   TensorParallel() : MpiBinaryTest(4242) {}
   std::string args(const std::string& more) const {
     const bool model = more.find("--model") != std::string::npos;
-    return fmt::format("{}--n-layer 2 --seq-len 32 --batch 2 --threads 1 --data '{}' {}",
-                       model ? "" : "--model gpt2-tiny ", (dir / "data").string(), more);
+    const bool seq_len = more.find("--seq-len") != std::string::npos;
+    return fmt::format("{}--n-layer 2 {}--batch 2 --threads 1 --data '{}' {}",
+                       model ? "" : "--model gpt2-tiny ", seq_len ? "" : "--seq-len 32 ",
+                       (dir / "data").string(), more);
   }
   std::vector<json> lines(const fs::path& log) const {
     std::vector<json> out;
@@ -72,6 +75,37 @@ class TensorParallel : public test::MpiBinaryTest {
         }
     EXPECT_GE(compared, 8) << what;
   }
+  // `memfit plan` and `memfit train --steps 2` with `more` over `ranks` ranks: every world
+  // rank's measured peak is the plan of its data rank (each tensor rank holds the same shapes),
+  // by category, and each step's tensor collectives are the planned ones. Returns the plan.
+  json expect_planned(int ranks, const std::string& more) const {
+    const std::string a = args("--steps 2 " + more);
+    EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    const int tp = more.find("--tp 4") != std::string::npos ? 4 : 2;
+    EXPECT_EQ(plan["per_rank"].size(), size_t(ranks / tp)) << more;
+    const auto log = train(ranks, "--steps 2 " + more, "plan");
+    json measured;
+    int steps = 0;
+    for (const json& j : log) {
+      if (j.contains("ranks")) measured = j["ranks"];
+      if (!j.contains("loss")) continue;
+      ++steps;  // the tensor group's collectives of each step, as planned
+      EXPECT_EQ(j["tensor_comm_bytes"], plan["tensor_comm_per_step"]) << more;
+    }
+    EXPECT_EQ(steps, 2) << more;
+    EXPECT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
+    for (int q = 0; q < std::min<int>(ranks, static_cast<int>(measured.size())); ++q) {
+      const json& p = plan["per_rank"][q / tp];
+      EXPECT_EQ(measured[q]["peak_bytes"], p["peak_bytes"]) << more << ", rank " << q;
+      for (const char* c :
+           {"params", "grads", "optimizer", "activations", "workspace", "comm", "staging"})
+        EXPECT_EQ(measured[q]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
+            << c << ", " << more << ", rank " << q;
+    }
+    return plan;
+  }
 };
 
 constexpr const char* kSteps = "--steps 4 --clip 0.05 --eval-every 2 --eval-batches 1";
@@ -108,36 +142,11 @@ TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
   for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
            {2, "--tp 2"}, {4, "--tp 2"}, {2, "--tp 2 --model llama-tiny --ckpt full"},
            {4, "--tp 4 --model llama-tiny"}}) {
-    const std::string a = args("--steps 2 " + more);
-    ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
-        << test::slurp(dir / "err.txt");
-    const json plan = json::parse(test::slurp(dir / "out.txt"));
-    const int tp = more.find("--tp 4") != std::string::npos ? 4 : 2;
-    ASSERT_EQ(plan["per_rank"].size(), size_t(ranks / tp)) << more;
+    const json plan = expect_planned(ranks, more);
     // 2 blocks: 4 all-reduces each, the embedding's and d(norm); --ckpt full 4 more.
     EXPECT_EQ(plan["tensor_comm_per_step"]["all_reduce_count"].get<int>(),
               more.find("full") != std::string::npos ? 14 : 10)
         << more;
-    const auto log = train(ranks, "--steps 2 " + more, "plan");
-    json measured;
-    int steps = 0;
-    for (const json& j : log) {
-      if (j.contains("ranks")) measured = j["ranks"];
-      if (!j.contains("loss")) continue;
-      ++steps;  // the tensor group's collectives of each step, as planned
-      for (const char* k : {"all_reduce", "all_reduce_count", "gathered"})
-        EXPECT_EQ(j["tensor_comm_bytes"][k], plan["tensor_comm_per_step"][k]) << k << ", " << more;
-    }
-    EXPECT_EQ(steps, 2) << more;
-    ASSERT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
-    for (int q = 0; q < ranks; ++q) {
-      const json& p = plan["per_rank"][q / tp];
-      EXPECT_EQ(measured[q]["peak_bytes"], p["peak_bytes"]) << more << ", rank " << q;
-      for (const char* c :
-           {"params", "grads", "optimizer", "activations", "workspace", "comm", "staging"})
-        EXPECT_EQ(measured[q]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
-            << c << ", " << more << ", rank " << q;
-    }
   }
   // The whole model's state against a rank's slice of it.
   ASSERT_EQ(run_memfit(fmt::format("plan {} --json", args("--steps 2"))), 0);
@@ -146,6 +155,60 @@ TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
   const size_t half = json::parse(test::slurp(dir / "out.txt"))["model_state_bytes"];
   EXPECT_LT(half, whole);
   EXPECT_GT(half, whole / 2);  // the norms, positions and row-parallel biases stay whole
+}
+
+// --sp (Note [Sequence parallel]): the residual stream split over the tensor group, the
+// gathers and reduce-scatters instead of the all-reduces, the norms' gradients summed; the
+// numbers of one process within the same bound, for both families, over 2 and 4 ranks, with
+// recomputation (which re-issues the gathers and reduce-scatters) and under 2 data x 2 tensor.
+TEST_F(TensorParallel, SequenceParallelMatchesOneProcess) {
+  const std::string steps = kSteps;
+  const auto ref = train(0, steps, "one");
+  expect_close(ref, train(2, steps + " --tp 2 --sp", "sp2"), "--tp 2 --sp");
+  expect_close(ref, train(4, steps + " --tp 4 --sp", "sp4"), "--tp 4 --sp");
+  expect_close(train(2, steps, "dp2"), train(4, steps + " --tp 2 --sp", "dp2sp2"),
+               "2 data x 2 tensor --sp");
+  const std::string a = steps + " --model llama-tiny --attention plain";
+  const auto llama = train(0, a, "llama");
+  expect_close(llama, train(2, a + " --tp 2 --sp", "llama-sp2"), "llama --tp 2 --sp");
+  expect_close(llama, train(4, a + " --tp 4 --sp", "llama-sp4"), "llama --tp 4 --sp");
+  const std::string full = steps + " --ckpt full";
+  expect_close(train(0, full, "one-full"), train(4, full + " --tp 4 --sp", "sp4-full"),
+               "--tp 4 --sp --ckpt full");
+  const std::string lfull = a + " --ckpt full";
+  expect_close(train(0, lfull, "llama-full"), train(2, lfull + " --tp 2 --sp", "llama-sp2-full"),
+               "llama --tp 2 --sp --ckpt full");
+}
+
+// Under --sp too every rank's measured peak is the plan, by category, and each step's tensor
+// collectives (the reduce-scatters and gathers, and the norms' gradient sums) are the planned
+// ones; the activations fall against --tp alone.
+TEST_F(TensorParallel, SequenceParallelPlanIsEveryRanksMeasuredPeak) {
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --sp"}, {4, "--tp 2 --sp"}, {4, "--tp 4 --sp --ckpt full"},
+           {2, "--tp 2 --sp --model llama-tiny --ckpt full"}, {4, "--tp 4 --sp --model llama-tiny"}}) {
+    const json plan = expect_planned(ranks, more);
+    const json& t = plan["tensor_comm_per_step"];
+    const bool full = more.find("full") != std::string::npos;
+    // 2 blocks: 4 reduce-scatters each, the embedding's and d(norm); --ckpt full 4 more. The
+    // only all-reduces: each norm parameter's gradient once (GPT-2 4 a block and 2, LLaMA 2 and
+    // 1).
+    EXPECT_EQ(t["reduce_scatter_count"].get<int>(), full ? 14 : 10) << more;
+    EXPECT_EQ(t["all_reduce_count"].get<int>(),
+              more.find("llama") != std::string::npos ? 5 : 10)
+        << more;
+    EXPECT_TRUE(plan["sp"].get<bool>()) << more;
+    // The same run without --sp holds more activations on every rank.
+    std::string without = more;
+    without.replace(without.find(" --sp"), 5, "");
+    ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json",
+                                     args("--steps 2 " + without), ranks)),
+              0);
+    const json plain = json::parse(test::slurp(dir / "out.txt"));
+    EXPECT_LT(plan["per_rank"][0]["by_category"]["activations"].get<size_t>(),
+              plain["per_rank"][0]["by_category"]["activations"].get<size_t>())
+        << more;
+  }
 }
 
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
@@ -162,6 +225,8 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 2 --tp 2 --precision bf16", "--precision");
   refused("--world-size 2 --tp 2 --ckpt selective", "--ckpt");
   refused(fmt::format("--world-size 2 --tp 2 --save '{}'", (dir / "ck").string()), "--save");
+  refused("--world-size 4 --tp 4 --sp --seq-len 30", "--seq-len 30 must divide by 4");
+  refused("--sp", "needs --tp 2 or more");
 }
 
 }  // namespace

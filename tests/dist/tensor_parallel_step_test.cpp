@@ -7,7 +7,9 @@
 // initial weights are the whole model's bits; the loss within 1e-5 relative, and its slice of
 // every gradient within 1e-5 of the whole gradient's norm (the sums over the group add in
 // another order than one GEMM, so not bit for bit); then after three SGD steps on both, the
-// losses again. A group of one must give the whole model's bits exactly.
+// losses again. A group of one must give the whole model's bits exactly. With sequence
+// parallelism (--sp, Note [Sequence parallel]) too: the residual stream split over the group,
+// gathers and reduce-scatters instead of the all-reduces, the norms' partial gradients summed.
 // No ASSERT before a collective (a rank that returned early would leave the others waiting).
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include "memfit/dist/communicator_tensor_group.h"
 #include "memfit/memory/pool.h"
 #include "memfit/memory/tensor.h"
+#include "memfit/model/step_plan.h"
 #include "memfit/model/tensor_slices.h"
 #include "memfit/model/transformer.h"
 
@@ -75,7 +78,8 @@ void sgd(Transformer& m, float lr) {
   for (int64_t i = 0; i < m.weights().numel(); ++i) w[i] -= lr * g[i];
 }
 
-void check_step(Family family, const char* ckpt, AttentionKind attention, int kv_heads = 4) {
+void check_step(Family family, const char* ckpt, AttentionKind attention, int kv_heads = 4,
+                bool sp = false) {
   const int B = 2, T = 16;
   const ModelConfig whole_config = tp_model(family, kv_heads);
   ModelConfig config = whole_config;
@@ -90,12 +94,13 @@ void check_step(Family family, const char* ckpt, AttentionKind attention, int kv
   options.attention = attention;
   options.ckpt = CheckpointPolicy::parse(ckpt);
   whole.reserve(B, T, options);
+  options.sequence_parallel = sp;
   part.reserve(B, T, options);
   const std::vector<SliceRun> runs = tensor_slice_runs(config, group.rank());
-  const std::string at = fmt::format("{} ({} kv heads) --ckpt {} {} rank {} of {}",
+  const std::string at = fmt::format("{} ({} kv heads) --ckpt {} {}{} rank {} of {}",
                                      family_name(family), whole_config.n_kv_head, ckpt,
                                      attention == AttentionKind::flash ? "flash" : "plain",
-                                     group.rank(), group.size());
+                                     sp ? " --sp" : "", group.rank(), group.size());
   EXPECT_EQ(relative_error(runs, part.weights().data<float>(), whole.weights().data<float>()), 0)
       << at << ": the slice's initial weights are not the whole model's";
   const double tol = group.size() == 1 ? 0.0 : 1e-5;
@@ -108,7 +113,8 @@ void check_step(Family family, const char* ckpt, AttentionKind attention, int kv
     const float lp = part.forward(tokens, targets, true);
     whole.backward();
     part.backward();
-    part.reduce_kv_replicas();  // the update's first act (fewer kv heads than ranks)
+    part.reduce_kv_replicas();  // the update's first acts (fewer kv heads than ranks)
+    part.reduce_sequence_partials();  // (--sp: the norms' gradients)
     EXPECT_LE(std::abs(lp - lw), tol * std::abs(lw)) << at << " step " << step << ": " << lp
                                                      << " against " << lw;
     const double e = relative_error(runs, part.grads().data<float>(), whole.grads().data<float>());
@@ -138,6 +144,57 @@ TEST(TensorParallelStep, LlamaMatchesOneProcess) {
 TEST(TensorParallelStep, LlamaWithFewerKvHeadsThanRanksMatchesOneProcess) {
   check_step(Family::llama, "none", AttentionKind::flash, 1);
   check_step(Family::llama, "full", AttentionKind::plain, 1);
+}
+
+// --sp: every rank holds 1/T of the 2 x 16 tokens between the split linears.
+TEST(TensorParallelStep, SequenceParallelGpt2MatchesOneProcess) {
+  check_step(Family::gpt2, "none", AttentionKind::flash, 4, true);
+  check_step(Family::gpt2, "full", AttentionKind::plain, 4, true);
+}
+
+TEST(TensorParallelStep, SequenceParallelLlamaMatchesOneProcess) {
+  check_step(Family::llama, "none", AttentionKind::flash, 4, true);
+  check_step(Family::llama, "full", AttentionKind::plain, 1, true);  // kv heads replicated
+}
+
+// The residual stream, block outputs and norm statistics are 1/T of the tokens under --sp; the
+// planned activations fall by exactly what they held (and the gathers' whole rows are
+// workspace, "ws.sp.whole").
+TEST(TensorParallelStep, SequenceParallelPlansTheStreamPerRank) {
+  ModelConfig config = tp_model(Family::gpt2);
+  config.set_tensor_parallel(4);
+  ActivationOptions options;
+  const StepPlan tp = plan_step(config, 2, 16, options);
+  options.sequence_parallel = true;
+  const StepPlan sp = plan_step(config, 2, 16, options);
+  auto buffer = [](const StepPlan& p, const std::string& tag) -> const BufferSpec* {
+    for (const BufferSpec& b : p.buffers)
+      if (b.tag == tag) return &b;
+    return nullptr;
+  };
+  for (const char* tag : {"encoded", "h.0.residual_2", "h.0.residual_3", "h.1.ln_1.mean",
+                          "ws.dresidual"}) {
+    const BufferSpec *a = buffer(tp, tag), *b = buffer(sp, tag);
+    ASSERT_TRUE(a && b) << tag;
+    EXPECT_EQ(b->shape.numel() * 4, a->shape.numel()) << tag;
+  }
+  for (const char* tag : {"h.0.qkv", "h.0.fch", "ln_f", "ws.dC"}) {  // whole rows still
+    const BufferSpec *a = buffer(tp, tag), *b = buffer(sp, tag);
+    ASSERT_TRUE(a && b) << tag;
+    EXPECT_EQ(b->shape.numel(), a->shape.numel()) << tag;
+  }
+  EXPECT_EQ(buffer(tp, "ws.sp.whole"), nullptr);
+  ASSERT_NE(buffer(sp, "ws.sp.whole"), nullptr);
+  const auto act = static_cast<size_t>(Category::activations);
+  EXPECT_LT(sp.arena[act], tp.arena[act]);
+  // A sequence that does not divide by --tp is refused naming both.
+  try {
+    plan_step(config, 2, 18, options);
+    ADD_FAILURE() << "--sp accepted 18 tokens over 4 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--seq-len 18"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--tp 4"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TensorParallelStep, RefusesATpThatDoesNotDivideTheModel) {

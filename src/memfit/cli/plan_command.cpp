@@ -140,11 +140,16 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["ranks"] = run.world;
   j["zero"] = run.zero;
   j["tp"] = run.model.tp;  // tensor-parallel ranks: every figure above is one rank's
+  j["sp"] = run.sp;        // --sp: the sequence split over them too (Note [Sequence parallel])
   if (run.model.tp > 1) {
     const TensorCommVolume t = tensor_comm_per_step(run, r.step);
     j["tensor_comm_per_step"] = {{"all_reduce", t.all_reduce_bytes},
                                  {"all_reduce_count", t.all_reduce_count},
                                  {"gathered", t.gathered_bytes}};
+    if (t.reduce_scatter_count > 0) {  // --sp (Note [Sequence parallel])
+      j["tensor_comm_per_step"]["reduce_scatter"] = t.reduce_scatter_bytes;
+      j["tensor_comm_per_step"]["reduce_scatter_count"] = t.reduce_scatter_count;
+    }
   }
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
@@ -302,8 +307,10 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                             : std::string()) +
                  (run.model.tp > 1
                       ? fmt::format("; each of --tp {} tensor ranks holds its slice of every "
-                                    "layer (Note [Tensor parallel])",
-                                    run.model.tp)
+                                    "layer{} (Note [Tensor parallel])",
+                                    run.model.tp,
+                                    run.sp ? " and 1/tp of the sequence between them (--sp)"
+                                           : "")
                       : std::string()));
   fmt::print("{:<12} {:>12}\n", "category", "MiB");
   for (Category c : kAllCategories) {

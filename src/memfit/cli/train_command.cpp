@@ -216,6 +216,12 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "heads or be a multiple of them); the data group is the ranks / tp. fp32, ZeRO 0, --ckpt none or full, no saves yet. "
                   "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
       ->capture_default_str();
+  cmd->add_flag("--sp", c.sp,
+                "Sequence parallelism with --tp (Megatron's, Korthikanti et al. 2022): the "
+                "residual stream, the norms and their statistics hold 1/tp of the tokens on each "
+                "tensor rank; all-gathers before and reduce-scatters after the split linears "
+                "replace the all-reduces. --seq-len must divide by --tp. Note [Sequence "
+                "parallel] (docs/notes/tensor-parallel.md)");
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
                   "one computing (0: none)")
@@ -397,7 +403,9 @@ void add_train_command(CLI::App& app) {
     const int world_size = world->size();
     // --tp: neighbouring ranks split each layer (tensor fastest: Note [Process grid]). Every rank
     // must make the same grid (the splits are collective), so they agree on it first.
-    if (world_size > 1) dist::check_ranks_agree(*world, {{"--tp", std::to_string(cfg->tp)}});
+    if (world_size > 1)
+      dist::check_ranks_agree(*world, {{"--tp", std::to_string(cfg->tp)},
+                                       {"--sp", cfg->sp ? "on" : "off"}});
     if (cfg->tp < 1 || world_size % cfg->tp != 0)
       MEMFIT_THROW(ConfigError, "config",
                    "--tp {} must divide the ranks the launcher started ({}): each tensor group "

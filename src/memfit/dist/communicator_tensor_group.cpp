@@ -58,13 +58,29 @@ void CommunicatorTensorGroup::all_gather(std::span<const float> in, std::span<fl
                "out holds {} floats, want {} ({} ranks x {})", out.size(),
                in.size() * static_cast<size_t>(comm_.size()), comm_.size(), in.size());
   if (in.empty() || comm_.size() == 1) {
-    std::copy(in.begin(), in.end(), out.begin());
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
     return;
   }
   volume_.gathered_bytes += static_cast<int64_t>(in.size_bytes());
   const std::vector<int64_t> counts(static_cast<size_t>(comm_.size()),
                                     static_cast<int64_t>(in.size()));
   comm_.all_gather(in.data(), out.data(), counts, sizeof(float));
+}
+
+// The communicator's reduce-scatter over equal parts (rank order; in place where `out` is this
+// rank's part of `in`, which the communicator allows).
+void CommunicatorTensorGroup::reduce_scatter_sum(std::span<const float> in, std::span<float> out) {
+  const size_t T = static_cast<size_t>(comm_.size());
+  MEMFIT_CHECK(in.size() % T == 0 && out.size() == in.size() / T, "reduce_scatter_sum",
+               "in holds {} floats, out {}: want {} ranks' equal parts", in.size(), out.size(), T);
+  if (in.empty() || T == 1) {
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+    return;
+  }
+  volume_.reduce_scatter_bytes += static_cast<int64_t>(in.size_bytes());
+  ++volume_.reduce_scatter_count;
+  const std::vector<int64_t> counts(T, static_cast<int64_t>(out.size()));
+  comm_.reduce_scatter(in, out, counts);
 }
 
 }  // namespace memfit::dist

@@ -21,12 +21,15 @@ class CommunicatorTensorGroup final : public TensorGroup {
   void all_reduce_sum(std::span<double> data) override;
   void all_reduce_max(std::span<float> data) override;
   void all_gather(std::span<const float> in, std::span<float> out) override;
+  void reduce_scatter_sum(std::span<const float> in, std::span<float> out) override;
 
   // What the collectives covered so far (a group of one issues none): the float all-reduces'
-  // bytes and count, and the bytes each rank gave the gathers (the double sums' and maxima's
-  // values, all_gather's input). The run logs each step's (plan: tensor_comm_per_step).
+  // bytes and count, the bytes each rank gave the gathers (the double sums' and maxima's
+  // values, all_gather's input), and the reduce-scatters' (--sp) input bytes and count. The run
+  // logs each step's (plan: tensor_comm_per_step).
   struct Volume {
     int64_t all_reduce_bytes = 0, all_reduce_count = 0, gathered_bytes = 0;
+    int64_t reduce_scatter_bytes = 0, reduce_scatter_count = 0;
   };
   const Volume& volume() const { return volume_; }
 

@@ -103,6 +103,11 @@ struct ActivationOptions {
   // (nf4_matmul_scratch_bytes of the largest linear), and no "ws.widen" (a frozen NF4 base
   // has no weight gradient to widen for).
   bool base_nf4 = false;
+  // Sequence parallelism (--sp, under --tp above 1; model/sequence_parallel.h, Note [Sequence
+  // parallel]): the residual stream, the norms and their statistics hold this rank's 1/tp of
+  // the tokens; the gathers before the column-parallel linears land in the whole buffers they
+  // read (workspace), and the backward gathers d(output) into "ws.sp.dout". No effect at tp 1.
+  bool sequence_parallel = false;
 
   bool operator==(const ActivationOptions&) const = default;
 };

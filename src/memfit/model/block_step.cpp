@@ -12,6 +12,7 @@
 #include "memfit/kernels/cpu/nf4_matmul.h"
 #include "memfit/kernels/cpu/parallel.h"
 #include "memfit/model/parallel_linear.h"
+#include "memfit/model/sequence_parallel.h"
 #include "memfit/model/tensor_group.h"
 
 namespace memfit {
@@ -41,8 +42,33 @@ BlockStep::BlockStep(StepContext& ctx_, const ModelConfig& config_,
   const int slot = slots.slot[layer];
   prefix_ = slot < 0 ? fmt::format("h.{}.", layer) : fmt::format("rc.{}.", slot);
   kept_ = slot < 0;
+  sp_ = memfit::sequence_parallel(config, options);
   input_tag_ = block_output_tag(slots, layer - 1);
   output_tag_ = block_output_tag(slots, layer);
+}
+
+int64_t BlockStep::stream_rows() const { return sequence_rows(config, options, rows()); }
+
+Shape BlockStep::stream_shape() const {
+  return sp_ ? Shape{stream_rows(), config.d_model} : Shape{B, T, config.d_model};
+}
+
+Tensor BlockStep::mine(const Tensor& full) const {
+  return sp_ ? sequence_mine(ctx.tensor_group(), full) : full;
+}
+
+void BlockStep::gather(const Tensor& full) {
+  if (sp_) sequence_gather(ctx.tensor_group(), full);
+}
+
+Tensor BlockStep::dout_buffer(const Tensor& dres) {
+  return sp_ ? scratch("ws.sp.whole", {B, T, config.d_model}, DType::f32) : dres;
+}
+
+Tensor BlockStep::gathered_dout(const Tensor& dres, const Tensor& buffer) {
+  if (!sp_) return dres;
+  sequence_gather_from(ctx.tensor_group(), dres, buffer);
+  return buffer;
 }
 
 bool BlockStep::compresses() const {
@@ -82,7 +108,7 @@ void BlockStep::compress_saved() {
 }
 Tensor BlockStep::input() { return ctx.read(input_tag_); }
 Tensor BlockStep::output() {
-  return ctx.write(output_tag_, {B, T, config.d_model}, DType::f32, Category::activations);
+  return ctx.write(output_tag_, stream_shape(), DType::f32, Category::activations);
 }
 
 size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
@@ -347,7 +373,10 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
   TensorGroup& group = ctx.tensor_group();
   if (group.size() > 1 && row_parallel(slot)) {
     // LoRA, fp8 and widened matmuls are refused under --tp (RunSpec::check).
-    row_parallel_linear_forward(group, out, inp, weight, bias);
+    if (sp_)
+      row_parallel_linear_forward_scatter(group, out, inp, weight, bias);
+    else
+      row_parallel_linear_forward(group, out, inp, weight, bias);
     return;
   }
   if (fp8()) {
@@ -399,7 +428,10 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
                        "a column-parallel layer's d(input) must be contiguous f32 (it is summed "
                        "over the tensor group), got {} {}", dtype_name(dinp.dtype()),
                        dinp.shape());
-    group.all_reduce_sum({dinp.data<float>(), static_cast<size_t>(dinp.numel())});
+    if (sp_)  // the rank's rows of the sum (Note [Sequence parallel])
+      sequence_scatter_sum(group, dinp);
+    else
+      group.all_reduce_sum({dinp.data<float>(), static_cast<size_t>(dinp.numel())});
   }
 }
 

@@ -68,6 +68,25 @@ class BlockStep {
     return {config.local_heads(), config.local_kv_heads()};
   }
 
+  // Sequence parallelism (--sp; Note [Sequence parallel], model/sequence_parallel.h): the
+  // residual stream (the block's input and output, residual_2, ws.dresidual) and the norms'
+  // statistics hold stream_rows() = rows() / tp of the tokens, shaped stream_shape(); the norm
+  // outputs, the linears and attention see all rows(). Without it stream_rows() is rows() and
+  // the helpers below change nothing.
+  bool sequence_parallel() const { return sp_; }
+  int64_t stream_rows() const;
+  Shape stream_shape() const;
+  // Running: the rows of a whole (B, T, C) buffer this rank holds (the buffer itself without
+  // --sp). gather(): every rank's rows of `full`, written in place, gathered (nothing without
+  // --sp).
+  Tensor mine(const Tensor& full) const;
+  void gather(const Tensor& full);
+  // The row-parallel linears' d(output): declared with the block's buffers, "ws.sp.whole" (B, T,
+  // C) f32 under --sp, else `dres` itself; running, gathered_dout() fills it from this rank's
+  // rows `dres` and returns it.
+  Tensor dout_buffer(const Tensor& dres);
+  Tensor gathered_dout(const Tensor& dres, const Tensor& buffer);
+
   // This block's saved activations (Category::activations): written in its forward (and
   // recomputation), read in its backward. A compressible one, in a block that keeps its
   // activations, under --act-compress int8 / fp8, is two buffers, "<name>.codes" (one byte a
@@ -106,7 +125,9 @@ class BlockStep {
   // Under tensor parallelism (ctx.tensor_group() of more than one rank; Note [Tensor parallel])
   // the slot also says the layer's half: qkv and fc are column-parallel (their d(input), f32, is
   // summed over the group after the backward's GEMMs), attn_out and mlp_out row-parallel (their
-  // output, f32, is summed over the group before the bias is added, once, on every rank).
+  // output, f32, is summed over the group before the bias is added, once, on every rank). Under
+  // --sp both sums are reduce-scatters: the rank's rows, mine(out) or mine(dinp), hold them
+  // (and the row-parallel bias), the other rows stay partial.
   void linear_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias);
   void linear_backward(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
@@ -136,6 +157,7 @@ class BlockStep {
     Tensor value, codes, scales;
   };
   std::string prefix_, input_tag_, output_tag_;
+  bool sp_ = false;                  // --sp (sequence_parallel(config, options))
   bool kept_ = true;                 // this block keeps its activations (not recomputed)
   std::vector<Compressed> pending_;  // saved in this forward, to quantise
   Tensor lora_u_, lora_du_;          // x A^T and d(x A^T) of one adapter (with LoRA)

@@ -7,6 +7,7 @@
 #include "memfit/core/error.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/memory/tensor.h"
+#include "memfit/model/sequence_parallel.h"
 
 namespace memfit {
 namespace {
@@ -35,21 +36,39 @@ void column_parallel_linear_backward(TensorGroup& group, Tensor& dinp, Tensor& d
   group.all_reduce_sum(d);
 }
 
+namespace {
+
+// out (R, OC) f32 += bias (OC, or undefined: nothing) on every row.
+void add_bias(std::string_view op, const Tensor& out, const Tensor& bias) {
+  if (!bias.defined()) return;
+  const int64_t OC = out.size(out.rank() - 1), R = out.numel() / OC;
+  MEMFIT_CHECK_SHAPE(bias.rank() == 1 && bias.size(0) == OC, op, "bias {} for out {}",
+                     bias.shape(), out.shape());
+  const float* b = floats_of(bias, op, "bias").data();
+  float* y = floats_of(out, op, "out").data();
+#pragma omp parallel for schedule(static) if (R * OC > (1 << 16))
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < OC; ++j) y[r * OC + j] += b[j];
+}
+
+}  // namespace
+
 void row_parallel_linear_forward(TensorGroup& group, Tensor& out, const Tensor& inp,
                                  const Tensor& weight, const Tensor& bias) {
   constexpr std::string_view op = "row_parallel_linear_forward";
   const std::span<float> o = floats_of(out, op, "out");
   kernels::matmul_forward(out, inp, weight, Tensor{});
   group.all_reduce_sum(o);
-  if (!bias.defined()) return;
-  const int64_t OC = out.size(out.rank() - 1), R = out.numel() / OC;
-  MEMFIT_CHECK_SHAPE(bias.rank() == 1 && bias.size(0) == OC, op, "bias {} for out {}",
-                     bias.shape(), out.shape());
-  const float* b = floats_of(bias, op, "bias").data();
-  float* y = o.data();
-#pragma omp parallel for schedule(static) if (R * OC > (1 << 16))
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < OC; ++j) y[r * OC + j] += b[j];
+  add_bias(op, out, bias);
+}
+
+void row_parallel_linear_forward_scatter(TensorGroup& group, Tensor& out, const Tensor& inp,
+                                         const Tensor& weight, const Tensor& bias) {
+  constexpr std::string_view op = "row_parallel_linear_forward_scatter";
+  floats_of(out, op, "out");
+  kernels::matmul_forward(out, inp, weight, Tensor{});
+  sequence_scatter_sum(group, out);
+  add_bias(op, sequence_mine(group, out), bias);
 }
 
 void row_parallel_linear_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias,

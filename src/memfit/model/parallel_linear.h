@@ -34,6 +34,13 @@ void column_parallel_linear_backward(TensorGroup& group, Tensor& dinp, Tensor& d
 void row_parallel_linear_forward(TensorGroup& group, Tensor& out, const Tensor& inp,
                                  const Tensor& weight, const Tensor& bias);
 
+// Sequence parallelism (--sp; Note [Sequence parallel]): out (R, OC) f32 the partial product
+// inp @ weight^T, whose sum over the group is reduce-scattered into this rank's rows
+// (sequence_mine(group, out), R / T of them), the bias added to those once. The other rows keep
+// this rank's partial product.
+void row_parallel_linear_forward_scatter(TensorGroup& group, Tensor& out, const Tensor& inp,
+                                         const Tensor& weight, const Tensor& bias);
+
 // dinp (=, this rank's columns; skipped if undefined) = dout (R, OC) @ weight; dweight (+=) =
 // dout^T @ inp; dbias (+=) the rows' sum of dout: the whole bias's gradient, the same on every
 // rank (a replicated parameter: the ranks must not sum it again). Local: no collective.

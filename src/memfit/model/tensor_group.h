@@ -29,8 +29,13 @@ class TensorGroup {
   virtual void all_reduce_sum(std::span<double> data) = 0;
   // data = the element-wise largest over the group's ranks, on every rank (exact in any order).
   virtual void all_reduce_max(std::span<float> data) = 0;
-  // out (size() * in.size() floats) = every rank's `in`, in rank order, on every rank.
+  // out (size() * in.size() floats) = every rank's `in`, in rank order, on every rank. `in` may
+  // be this rank's place in `out` (in place: sequence parallelism's gathers).
   virtual void all_gather(std::span<const float> in, std::span<float> out) = 0;
+  // out (in.size() / size() floats) = the sum over the group, in rank order, of every rank's
+  // rank()-th equal part of `in`; `out` may be that part of `in` (sequence parallelism's
+  // reduce-scatters, Note [Sequence parallel]). The sums are all_reduce_sum's, bit for bit.
+  virtual void reduce_scatter_sum(std::span<const float> in, std::span<float> out) = 0;
 };
 
 // One process: the sums and maxima are the data itself; the gather a copy.

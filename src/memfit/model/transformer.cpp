@@ -1,5 +1,6 @@
 #include "memfit/model/transformer.h"
 
+#include "memfit/model/sequence_parallel.h"
 #include "memfit/model/tensor_slices.h"
 
 #include <algorithm>
@@ -390,6 +391,15 @@ void Transformer::reduce_kv_replicas() {
       g[i] = s;
     }
   }
+}
+
+void Transformer::reduce_sequence_partials() {
+  if (group_ == nullptr || !ctx_.running() ||
+      !sequence_parallel(config_, ctx_.plan().options))
+    return;
+  for (const ParamInfo& p : layout_.params())
+    if (sequence_partial(p.role))
+      group_->all_reduce_sum({grads_.data<float>() + p.offset, static_cast<size_t>(p.numel)});
 }
 
 void Transformer::set_tensor_group(TensorGroup& group) {

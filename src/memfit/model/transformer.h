@@ -159,6 +159,12 @@ class Transformer {
   // passes and before the update (the trainer's update calls it); collective over the tensor
   // group. Nothing otherwise.
   void reduce_kv_replicas();
+  // --sp (the plan's options.sequence_parallel under --tp; Note [Sequence parallel]): each
+  // tensor rank's backward saw only its rows of the norms, so their gains' and biases'
+  // gradients (sequence_partial) are summed over the group, in rank order (one all-reduce of
+  // each), after which every rank holds the whole gradient. Once per step, beside
+  // reduce_kv_replicas; nothing otherwise.
+  void reduce_sequence_partials();
 
   // Allocates the step plan for micro-batches of B x T (T <= max_seq_len) once: one arena per
   // category, every buffer a view at its planned offset (Note [Step arena]). Calling it again

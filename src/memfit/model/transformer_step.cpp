@@ -51,6 +51,9 @@ TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOpti
       compute_(family_compute(config.family)),
       slots_(block_slots(options.ckpt, config.n_layer)), stage_(stage_of(config, options)) {
   check_activation_options(options);
+  check_sequence_parallel(config, options, T);
+  MEMFIT_CHECK(!sp() || stage_.stages <= 1, "pipeline",
+               "--sp with pipeline stages is not built (Note [Sequence parallel])");
   if (family_.rotary)
     rope_inv_freq_ = rope_inv_freq(config.head_size(), config.rope_theta, config.rope_scaling);
 }
@@ -63,6 +66,11 @@ int64_t TransformerStep::vocab_begin(const StepContext& ctx) const {
                "a tensor group of {} ranks for a model split over --tp {}", group.size(),
                config_.tp);
   return vocab_shard(config_.vocab_size, group.size(), group.rank(), kVocabPadMultiple).begin;
+}
+
+Shape TransformerStep::stream_shape() const {
+  const int64_t C = config_.d_model;
+  return sp() ? Shape{sequence_rows(config_, options_, int64_t{B_} * T_), C} : Shape{B_, T_, C};
 }
 
 void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
@@ -86,7 +94,10 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   // A later stage's first block reads the previous stage's output as its input.
   const bool embeds = stage_.has_embeddings();
   Tensor encoded = ctx.write(embeds ? "encoded" : block_output_tag(slots_, stage_.first - 1),
-                             {B_, T_, C}, f32, Category::activations);
+                             stream_shape(), f32, Category::activations);
+  // --sp: the whole lookup, each rank's share of every row, before the reduce-scatter.
+  Tensor whole = sp() && embeds ? ctx.write("ws.sp.whole", {B_, T_, C}, f32, Category::workspace)
+                                : Tensor{};
   // Rotary positions (LLaMA): the table of this micro-batch's positions, read by every block.
   Tensor rope;
   if (family_.rotary)
@@ -108,7 +119,7 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
                    config_.vocab_size);
     if (ctx.tensor_group().size() > 1)  // --tp: this rank's rows of the table (Note [Tensor parallel])
       vocab_parallel_embedding_forward(ctx.tensor_group(), encoded, *tokens, w.tok_emb,
-                                       vocab_begin(ctx), w.pos_emb);
+                                       vocab_begin(ctx), w.pos_emb, sp() ? &whole : nullptr);
     else
       embedding_forward(encoded, *tokens, w.tok_emb, w.pos_emb);  // pos_emb: GPT-2 only
     if (family_.rotary) rope_table(rope, rope_inv_freq_);
@@ -126,7 +137,12 @@ void TransformerStep::forward_blocks(StepContext& ctx, const ModelWeights& w,
   const std::string tag = final_norm_tag();
   Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
   Tensor out = ctx.write(tag, {B_, T_, C}, h, Category::activations);
-  compute_.final_norm_forward(ctx, config_, tag, N, x, out, w);
+  // --sp: the norm of this rank's rows into their place in the whole output, then gathered for
+  // the LM head, which reads every row (Note [Sequence parallel]).
+  const bool split = sp() && ctx.running();
+  compute_.final_norm_forward(ctx, config_, tag, sequence_rows(config_, options_, N), x,
+                              split ? sequence_mine(ctx.tensor_group(), out) : out, w);
+  if (split) sequence_gather(ctx.tensor_group(), out);
 }
 
 // Note [Fused LM head]: the logits of a GPT-2 batch are (B*T, V) floats, 412 MB for 8 x 256
@@ -225,7 +241,9 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
       matmul_backward(no_grad, dhead, no_grad, dlogits, x, w.head);
     }
   }
-  if (training && split)
+  if (training && split && sp())  // --sp: this rank's rows of the sum, for its final norm
+    sequence_scatter_sum(group, dnorm);
+  else if (training && split)
     group.all_reduce_sum({dnorm.data<float>(), static_cast<size_t>(dnorm.numel())});
   double sum = 0;
   const float* l = losses.data<float>();
@@ -258,10 +276,11 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     // ws.dC holds d(norm) from the fused LM head; ws.dresidual becomes d(top block's output)
     // (a stage before the last: the next stage's gradient of its output).
     ctx.enter(PhaseKind::final_norm_backward);
-    Tensor dres = ctx.write("ws.dresidual", {B_, T_, C}, DType::f32, Category::workspace);
+    Tensor dres = ctx.write("ws.dresidual", stream_shape(), DType::f32, Category::workspace);
     if (stage_.has_head()) {
       const std::string tag = final_norm_tag();
-      Tensor dnorm = ctx.read("ws.dC");
+      Tensor dnorm = ctx.read("ws.dC");  // --sp: this rank's rows hold the sum
+      if (sp() && ctx.running()) dnorm = sequence_mine(ctx.tensor_group(), dnorm);
       Tensor x = ctx.read(block_output_tag(slots_, config_.n_layer - 1));
       compute_.final_norm_backward(ctx, tag, dres, dnorm, x, w, g);
     } else if (ctx.running()) {
@@ -298,10 +317,15 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
     return;
   }
   Tensor tokens = ctx.read("tokens");
+  // --sp: d(encoded) of every row, gathered, so each rank's slice of the table and the whole
+  // position table get their whole gradients (no sum over the group).
+  Tensor whole = sp() ? ctx.write("ws.sp.whole", {B_, T_, C}, DType::f32, Category::workspace)
+                      : dres;
   if (ctx.running() && g.tok_emb.defined()) {  // undefined: a frozen base (Note [LoRA])
     Tensor dwte = g.tok_emb, dwpe = g.pos_emb;
+    if (sp()) sequence_gather_from(ctx.tensor_group(), dres, whole);
     if (ctx.tensor_group().size() > 1)
-      vocab_parallel_embedding_backward(dwte, dwpe, dres, tokens, vocab_begin(ctx));
+      vocab_parallel_embedding_backward(dwte, dwpe, whole, tokens, vocab_begin(ctx));
     else
       embedding_backward(dwte, dwpe, dres, tokens);
   }

@@ -14,6 +14,7 @@
 #include "memfit/model/model_config.h"
 #include "memfit/model/model_family.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/sequence_parallel.h"
 #include "memfit/model/step_context.h"
 
 namespace memfit {
@@ -64,6 +65,10 @@ class TransformerStep {
 
  private:
   int64_t vocab_begin(const StepContext& ctx) const;
+  // --sp (Note [Sequence parallel]): whether the sequence is split, and the residual stream's
+  // shape on this rank ((B, T, C) without it, (B T / tp, C) with it).
+  bool sp() const { return sequence_parallel(config_, options_); }
+  Shape stream_shape() const;
   // `training`: a backward follows, so the kept blocks compress what they save
   // (--act-compress); an evaluation forward leaves the codes alone (nothing will read them).
   void forward_blocks(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,

@@ -21,15 +21,20 @@ void check_f32(const Tensor& t, const char* name) {
 }  // namespace
 
 void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Tensor& tokens,
-                                      const Tensor& wte, int64_t begin, const Tensor& wpe) {
+                                      const Tensor& wte, int64_t begin, const Tensor& wpe,
+                                      const Tensor* whole) {
   check_f32(out, "out");
   check_f32(wte, "wte");
+  const Tensor& lookup = whole ? *whole : out;  // every row's share from this rank
+  if (whole) check_f32(*whole, "whole");
   const int64_t C = out.size(-1), N = tokens.numel(), T = tokens.size(-1), rows = wte.size(0);
-  MEMFIT_CHECK_SHAPE(out.numel() == N * C && wte.size(1) == C, "vocab_parallel_embedding",
-                     "out {} for tokens {} and wte {}", out.shape(), tokens.shape(), wte.shape());
+  MEMFIT_CHECK_SHAPE(lookup.numel() == N * C && wte.size(1) == C &&
+                         out.numel() * (whole ? group.size() : 1) == N * C,
+                     "vocab_parallel_embedding", "out {} (whole {}) for tokens {} and wte {}",
+                     out.shape(), whole ? whole->shape() : Shape{}, tokens.shape(), wte.shape());
   const int32_t* tok = tokens.data<int32_t>();
   const float* e = wte.data<float>();
-  float* o = out.data<float>();
+  float* o = lookup.data<float>();
 #pragma omp parallel for schedule(static) if (N * C > (1 << 16))
   for (int64_t i = 0; i < N; ++i) {
     const int64_t r = int64_t{tok[i]} - begin;
@@ -39,14 +44,21 @@ void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Ten
     else
       std::fill_n(orow, C, 0.0f);
   }
-  group.all_reduce_sum({o, static_cast<size_t>(N * C)});
+  // The rows this rank keeps: all of them, or under --sp its share from row0.
+  const int64_t n = whole ? N / group.size() : N, row0 = whole ? group.rank() * n : 0;
+  if (whole)
+    group.reduce_scatter_sum({o, static_cast<size_t>(N * C)},
+                             {out.data<float>(), static_cast<size_t>(n * C)});
+  else
+    group.all_reduce_sum({o, static_cast<size_t>(N * C)});
   if (!wpe.defined()) return;
   check_f32(wpe, "wpe");
   const float* p = wpe.data<float>();
-#pragma omp parallel for schedule(static) if (N * C > (1 << 16))
-  for (int64_t i = 0; i < N; ++i) {
-    const float* prow = p + (i % T) * C;
-    float* orow = o + i * C;
+  float* mine = out.data<float>();
+#pragma omp parallel for schedule(static) if (n * C > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const float* prow = p + ((row0 + i) % T) * C;
+    float* orow = mine + i * C;
     for (int64_t c = 0; c < C; ++c) orow[c] += prow[c];
   }
 }

@@ -484,7 +484,12 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   if (spec.model.tp > 1) {  // --tp: the tensor group's all-reduces, priced as the data group's
     dist::CommVolume t;
-    t.all_reduce = tensor_comm_per_step(spec, r.step).all_reduce_bytes;
+    const TensorCommVolume v = tensor_comm_per_step(spec, r.step);
+    t.all_reduce = v.all_reduce_bytes;
+    if (v.reduce_scatter_count > 0) {  // --sp: reduce-scatters, and gathers of the whole rows
+      t.reduce_scatter = v.reduce_scatter_bytes;
+      t.all_gather = v.gathered_bytes * spec.model.tp;
+    }
     in.comm_copied_bytes += t.copied_bytes(spec.model.tp);
     in.comm_summed_bytes += t.summed_bytes(spec.model.tp);
   }

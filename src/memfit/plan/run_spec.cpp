@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "memfit/core/error.h"
+#include "memfit/model/sequence_parallel.h"
 
 namespace memfit {
 
@@ -59,6 +60,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.lora_rank = lora.rank;
   o.lora_dropout = lora.enabled() ? lora.dropout : 0.0f;
   o.base_nf4 = lora.enabled() && lora.base_nf4();
+  o.sequence_parallel = sp;
   return o;
 }
 
@@ -141,6 +143,12 @@ void RunSpec::check() const {
   }
   check_base_dtype();
   if (model.tp > 1) check_tensor_parallel();
+  if (sp && model.tp <= 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--sp splits the sequence over the tensor group: it needs --tp 2 or more (got "
+                 "--tp {})",
+                 model.tp);
+  check_sequence_parallel(model, activation_options(), T);
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
   if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
     MEMFIT_THROW(ConfigError, "config",

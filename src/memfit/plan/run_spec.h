@@ -62,6 +62,9 @@ struct RunSpec {
   OptimConfig optim;           // n_head is the model's
   int threads = 0;             // 0: all cores
   int world = 1;               // data-parallel ranks (model.tp: the tensor-parallel ones, --tp)
+  // --sp: sequence parallelism within the tensor group (ActivationOptions::sequence_parallel;
+  // Note [Sequence parallel]); refused without --tp above 1.
+  bool sp = false;
   // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
   int zero = 0;
   // --zero auto: the search picks the stage over several ranks (zero is 0 until it does;

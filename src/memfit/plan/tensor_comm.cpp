@@ -1,6 +1,8 @@
 #include "memfit/plan/tensor_comm.h"
 
 #include "memfit/model/activation_plan.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/model/sequence_parallel.h"
 
 namespace memfit {
 
@@ -8,17 +10,34 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step)
   TensorCommVolume v;
   if (spec.model.tp <= 1) return v;
   const int64_t N = int64_t{spec.batch} * spec.T;
+  const int64_t whole = N * spec.model.d_model * int64_t{sizeof(float)};
   int64_t reduces = 2;  // the embedding's lookup, the LM head's d(norm)
-  for (const Phase& p : step.phases)
+  int64_t gathers = 2;  // --sp: the final norm's output, the embedding's d(output)
+  for (const Phase& p : step.phases) {
     if (p.kind == PhaseKind::forward || p.kind == PhaseKind::recompute ||
         p.kind == PhaseKind::backward)
       reduces += 2;
+    gathers += p.kind == PhaseKind::backward                                        ? 4
+               : p.kind == PhaseKind::forward || p.kind == PhaseKind::recompute ? 2
+                                                                                  : 0;
+  }
   const int64_t passes = spec.micro_batch_passes();
-  v.all_reduce_count = reduces * passes;
-  v.all_reduce_bytes = v.all_reduce_count * N * spec.model.d_model * int64_t{sizeof(float)};
+  if (sequence_parallel(spec.model, spec.activation_options())) {
+    v.reduce_scatter_count = reduces * passes;
+    v.reduce_scatter_bytes = v.reduce_scatter_count * whole;
+    v.gathered_bytes = gathers * passes * (whole / spec.model.tp);
+    for (const ParamInfo& p : ParamLayout(spec.model).params())
+      if (sequence_partial(p.role)) {
+        ++v.all_reduce_count;
+        v.all_reduce_bytes += p.numel * int64_t{sizeof(float)};
+      }
+  } else {
+    v.all_reduce_count = reduces * passes;
+    v.all_reduce_bytes = v.all_reduce_count * whole;
+  }
   // Every chunk's statistics: a float and two doubles a row, so the whole batch's rows once.
-  v.gathered_bytes = passes * N * int64_t{sizeof(float) + 2 * sizeof(double)} +
-                     2 * int64_t{sizeof(double)};
+  v.gathered_bytes += passes * N * int64_t{sizeof(float) + 2 * sizeof(double)} +
+                      2 * int64_t{sizeof(double)};
   // Replicated key/value heads (GQA, tp above n_kv_head): their weights' gradients gathered
   // once a step, k and v of every block (Transformer::reduce_kv_replicas).
   if (spec.model.kv_replicas() > 1)

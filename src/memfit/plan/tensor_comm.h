@@ -8,6 +8,13 @@
 // gathered once. The run logs what its tensor group covered each step (tensor_comm_bytes), which
 // the tests compare with this; the step-time estimate prices the all-reduces as the data
 // group's.
+//
+// Under --sp (Note [Sequence parallel]) the B x T x C all-reduces become reduce-scatters (the
+// same count, their input bytes) and the sequence's gathers add to `gathered` (a rank's rows,
+// B x T / tp x C f32 each): two in every forward and recomputed block (the norms' outputs), four
+// in every backward (d(output) twice, the recomputed norms' outputs twice), the final norm's
+// output and the embedding's d(output) once; and once a step one all-reduce of each norm
+// parameter's gradient (sequence_partial).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +26,7 @@ namespace memfit {
 
 struct TensorCommVolume {
   int64_t all_reduce_bytes = 0, all_reduce_count = 0, gathered_bytes = 0;
+  int64_t reduce_scatter_bytes = 0, reduce_scatter_count = 0;  // --sp
 };
 
 // Zero without --tp (spec.model.tp 1). `step`: plan_step's for the spec's model and options.

@@ -165,10 +165,15 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather}};
   }
-  if (mc_.tp > 1)  // --tp: the tensor group's (plan: tensor_comm_per_step)
+  if (mc_.tp > 1) {  // --tp: the tensor group's (plan: tensor_comm_per_step)
     line["tensor_comm_bytes"] = {{"all_reduce", r.tensor_comm.all_reduce_bytes},
                                  {"all_reduce_count", r.tensor_comm.all_reduce_count},
                                  {"gathered", r.tensor_comm.gathered_bytes}};
+    if (r.tensor_comm.reduce_scatter_count > 0) {  // --sp
+      line["tensor_comm_bytes"]["reduce_scatter"] = r.tensor_comm.reduce_scatter_bytes;
+      line["tensor_comm_bytes"]["reduce_scatter_count"] = r.tensor_comm.reduce_scatter_count;
+    }
+  }
   if (off_) line["offload"] = offload_line(r.before);
   if (scaler_) {
     line["loss_scale"] = r.loss_scale;

@@ -53,7 +53,9 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   const dist::CommunicatorTensorGroup::Volume& tensor_after = tensor_.volume();
   r.tensor_comm = {tensor_after.all_reduce_bytes - tensor_before.all_reduce_bytes,
                    tensor_after.all_reduce_count - tensor_before.all_reduce_count,
-                   tensor_after.gathered_bytes - tensor_before.gathered_bytes};
+                   tensor_after.gathered_bytes - tensor_before.gathered_bytes,
+                   tensor_after.reduce_scatter_bytes - tensor_before.reduce_scatter_bytes,
+                   tensor_after.reduce_scatter_count - tensor_before.reduce_scatter_count};
   check_finite(step, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.rate = tokens_per_step_ / r.seconds;

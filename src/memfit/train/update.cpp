@@ -129,6 +129,7 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, flo
   // Unscale before clipping, in one pass that also finds any overflow; every rank reaches the
   // same decision from the same sums.
   gpt.reduce_kv_replicas();  // --tp above n_kv_head: each head's gradient whole on its replicas
+  gpt.reduce_sequence_partials();  // --sp: the norms' gradients whole on every tensor rank
   const GradCheck check = tensor_check(gpt, check_step(gpt, scaler, shards));
   if (scaler) {
     if (scaler->update(check.finite == 0)) {

@@ -243,6 +243,7 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
     s.model.set_tensor_parallel(c.tp);
   }
   s.world = c.ranks / c.tp;
+  s.sp = c.sp;
   s.zero = c.zero_auto ? 0 : c.zero;
   s.zero_auto = c.zero_auto;
   s.prefetch_depth = c.prefetch_depth;

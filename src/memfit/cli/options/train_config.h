@@ -59,6 +59,8 @@ struct TrainConfig {
   // --tp: tensor-parallel ranks, neighbours in the grid (Note [Tensor parallel]); the data
   // group is ranks / tp.
   int tp = 1;
+  // --sp: sequence parallelism within each tensor group (Note [Sequence parallel]).
+  bool sp = false;
   // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
   // 3 the working weights sharded too, each block gathered as the step needs it

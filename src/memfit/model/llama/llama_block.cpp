@@ -19,10 +19,11 @@ using namespace kernels;
 // recomputes them from the block's input or residual_2 and the saved rstd with rmsnorm_apply,
 // bit for bit the forward's (Note [Recomputed norms]); they live in "ws.norm", one (B, T, C)
 // scratch of type h (the MLP's scratch may be narrower than C here, unlike GPT-2's).
-// Keep::compressible as in gpt2_block.cpp.
+// Keep::compressible as in gpt2_block.cpp; --sp as there (Note [Sequence parallel]): the
+// stream and the RMSNorm statistics this rank's stream_rows(), ws.norm gathered whole.
 void llama_block_forward(BlockStep& s) {
   const int B = s.B, T = s.T;
-  const int64_t C = s.config.d_model, N = s.rows(), F = s.config.local_ffn();
+  const int64_t C = s.config.d_model, N = s.stream_rows(), F = s.config.local_ffn();
   const int64_t A = s.config.attn_width();  // this rank's heads under --tp
   const DType h = s.h, f32 = DType::f32;
   Tensor x = s.input();
@@ -32,7 +33,7 @@ void llama_block_forward(BlockStep& s) {
   Tensor rope = s.ctx.read("rope");
   BlockStep::Attention att = s.attention_save();
   Tensor atty = s.save("atty", {B, T, A}, h, z);
-  Tensor r2 = s.save("residual_2", {B, T, C}, f32, z);
+  Tensor r2 = s.save("residual_2", s.stream_shape(), f32, z);
   Tensor n2_rstd = s.save("mlp_norm.rstd", {N}, f32);
   Tensor gate_up = s.save("gate_up", {B, T, 2 * F}, h, z);
   Tensor r3 = s.output();
@@ -43,21 +44,23 @@ void llama_block_forward(BlockStep& s) {
 
   const BlockWeights& w = s.w;
   const float eps = s.config.norm_eps;
-  Tensor none;
-  rmsnorm_forward(n1, n1_rstd, x, w.norm1_w, eps);
+  Tensor none, norm_mine = s.mine(n1), proj_mine = s.mine(proj);  // whole without --sp
+  rmsnorm_forward(norm_mine, n1_rstd, x, w.norm1_w, eps);
+  s.gather(n1);
   s.linear_forward(LinearSlot::qkv, qkv, n1, w.qkv_w, none);
   rope_forward(qkv, rope, s.heads());
   s.attention_forward(atty, att, qkv);
   s.linear_forward(LinearSlot::attn_out, proj, atty, w.attn_out_w, none);
-  residual_forward(r2, x, proj);
-  rmsnorm_forward(n2, n2_rstd, r2, w.norm2_w, eps);
+  residual_forward(r2, x, proj_mine);
+  rmsnorm_forward(norm_mine, n2_rstd, r2, w.norm2_w, eps);
+  s.gather(n2);
   s.linear_forward(LinearSlot::fc, gate_up, n2, w.fc_w, none);
   swiglu_forward(act, gate_up);
   s.linear_forward(LinearSlot::mlp_out, proj, act, w.mlp_out_w, none);
-  residual_forward(r3, r2, proj);
+  residual_forward(r3, r2, proj_mine);
 }
 
-// ws.dresidual holds d(output) and becomes d(input), as in gpt2_block_backward.
+// ws.dresidual holds d(output) and becomes d(input), as in gpt2_block_backward (--sp too).
 void llama_block_backward(BlockStep& s) {
   const int B = s.B, T = s.T;
   const int64_t C = s.config.d_model, F = s.config.local_ffn(), A = s.config.attn_width();
@@ -67,7 +70,8 @@ void llama_block_backward(BlockStep& s) {
   Tensor act = s.scratch("ws.swiglu", {B, T, F}, h);  // recomputed from gate_up
   Tensor gate_up = s.saved("gate_up", z);
   Tensor dres = s.scratch_read("ws.dresidual");
-  Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", {B, T, C}, h) : dres;
+  Tensor dres_h = mixed ? s.scratch("ws.dresidual.half", s.stream_shape(), h) : dres;
+  Tensor dout_ws = s.dout_buffer(dres_h);  // --sp: the row-parallel linears' whole d(output)
   Tensor dact = s.scratch("ws.dswiglu", {B, T, F}, h);
   Tensor dgate_up = s.scratch("ws.dgate_up", {B, T, 2 * F}, h);
   Tensor dC = s.scratch("ws.dC", {B, T, C}, f32);
@@ -87,27 +91,32 @@ void llama_block_backward(BlockStep& s) {
 
   const BlockWeights &w = s.w, &g = s.g;
   Tensor dn2 = g.norm2_w, dn1 = g.norm1_w, none;
+  Tensor norm_mine = s.mine(n2), dC_mine = s.mine(dC);  // the whole ones without --sp
   auto round_dres = [&] {
     if (mixed) convert(dres_h, dres);
   };
   // MLP: dres is d(residual_3) and flows on unchanged to residual_2 through the skip path.
   swiglu_forward(act, gate_up);
   round_dres();
-  s.linear_backward(LinearSlot::mlp_out, dact, g.mlp_out_w, none, dres_h, act, w.mlp_out_w);
+  Tensor dout = s.gathered_dout(dres_h, dout_ws);
+  s.linear_backward(LinearSlot::mlp_out, dact, g.mlp_out_w, none, dout, act, w.mlp_out_w);
   swiglu_backward(dgate_up, dact, gate_up);
-  rmsnorm_apply(n2, r2, w.norm2_w, n2_rstd);
+  rmsnorm_apply(norm_mine, r2, w.norm2_w, n2_rstd);
+  s.gather(n2);
   s.linear_backward(LinearSlot::fc, dC, g.fc_w, none, dgate_up, n2, w.fc_w);
-  rmsnorm_backward(dres, dn2, dC, r2, w.norm2_w, n2_rstd);
+  rmsnorm_backward(dres, dn2, dC_mine, r2, w.norm2_w, n2_rstd);
   // Attention: dres is now d(residual_2) and flows on to x. dgate_up is free again: it takes
   // selective checkpointing's recomputed attention output.
   round_dres();
-  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, none, dres_h, atty,
+  dout = s.gathered_dout(dres_h, dout_ws);
+  s.linear_backward(LinearSlot::attn_out, datty, g.attn_out_w, none, dout, atty,
                     w.attn_out_w);
   s.attention_backward(dqkv, datty, qkv, atty, att, dgate_up.view(0, atty.shape()));
   rope_backward(dqkv, rope, s.heads());
-  rmsnorm_apply(n1, x, w.norm1_w, n1_rstd);
+  rmsnorm_apply(norm_mine, x, w.norm1_w, n1_rstd);
+  s.gather(n1);
   s.linear_backward(LinearSlot::qkv, dC, g.qkv_w, none, dqkv, n1, w.qkv_w);
-  rmsnorm_backward(dres, dn1, dC, x, w.norm1_w, n1_rstd);
+  rmsnorm_backward(dres, dn1, dC_mine, x, w.norm1_w, n1_rstd);
 }
 
 }  // namespace memfit
