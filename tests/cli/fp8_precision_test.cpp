@@ -45,6 +45,26 @@ TEST_F(Fp8Precision, TrainAndPlanSayWhatFp8IsAndTheCheckpointRecordsIt) {
   EXPECT_EQ(run_memfit(sample + "bf16"), 0) << err();
 }
 
+// The plan counts the stored weights (Note [FP8], "Storage"): llama2-7b's blocks' linears, 6.48
+// billion weights, at one byte instead of two; with the optimizer offloaded the working weights
+// are bf16's, as the run keeps them.
+TEST_F(Fp8Precision, PlanCountsTheLinearsAtOneByteWhereTheyAreStored) {
+  auto params = [&](const std::string& args) -> int64_t {
+    EXPECT_EQ(run_memfit(fmt::format("plan {} --json", args)), 0) << err();
+    return nlohmann::json::parse(test::slurp(dir / "out.txt"))["by_category"]["params"]
+        .get<int64_t>();
+  };
+  const std::string seven = "--model llama2-7b --ckpt full --seq-len 512 --batch 1 --precision ";
+  const int64_t bf16 = params(seven + "bf16"), fp8 = params(seven + "fp8");
+  const int64_t linears = int64_t{32} * (3 * 4096 * 4096 + 4096 * 4096 + 3 * 11008 * 4096);
+  EXPECT_GE(bf16 - fp8, linears);  // a byte a weight saved (and alignment)
+  EXPECT_LT(bf16 - fp8, linears + 4 * 1024 * 1024);
+  const std::string off = fmt::format("{} --offload-optimizer nvme --offload-dir '{}' --precision ",
+                                      tiny(), (dir / "off").string());
+  EXPECT_EQ(params(off + "fp8"), params(off + "bf16"));
+  EXPECT_LT(params(tiny() + " --precision fp8"), params(tiny() + " --precision bf16"));
+}
+
 TEST_F(Fp8Precision, WhatIsNotBuiltExits2NamingTheOption) {
   EXPECT_EQ(run_memfit(fmt::format("train {} --precision fp8 --steps 1 --lora-rank 4", tiny())),
             2);

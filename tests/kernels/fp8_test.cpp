@@ -177,6 +177,50 @@ TEST(Fp8, QuantizeMatchesReferenceBitForBit) {
       }
 }
 
+// --precision fp8's stored weights (Note [FP8], "Storage"): the codes of f32 values rounded to
+// bf16 first are the reference's codes of the bf16 values (the cast of the bf16 working copy
+// they replace), and differ from the direct codes of the f32 values (a double rounding) on
+// values just past a tie; the amax is the bf16 copy's.
+TEST(Fp8, QuantizeViaBf16IsTheBf16CopysReferenceCodes) {
+  for (Fp8Format f : {kE4, kE5})
+    for (int64_t n : {1, 15, 17, 1000, 40001}) {
+      SCOPED_TRACE(testing::Message() << fp8_format_name(f) << " n " << n);
+      MemoryPool pool;
+      const std::vector<float> v = test_values(static_cast<size_t>(n), static_cast<uint32_t>(n) + 7);
+      std::vector<float> rounded(v);
+      for (float& x : rounded) x = f32_from_bf16(bf16_from_f32(x));
+      Tensor x = make_tensor(pool, {n}, DType::f32);
+      std::memcpy(x.raw_data(), v.data(), v.size() * sizeof(float));
+      const float scale = fp8_scale_pow2(3.0f, f);
+      Tensor codes = make_tensor(pool, {n}, DType::u8);
+      fp8_quantize_via_bf16(x, scale, f, codes);
+      std::vector<uint8_t> want(static_cast<size_t>(n));
+      ref::fp8_quantize_ref(rounded.data(), n, scale, f, want.data());
+      const auto* got = static_cast<const uint8_t*>(codes.raw_data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << "at " << i << " x " << v[i];
+      // The amax: NaN where one is present (test_values plants one in the longer inputs), else the
+      // bf16 copy's exact amax.
+      const float a = fp8_amax_via_bf16(x);
+      float want_a = 0;
+      bool nan = false;
+      for (float r : rounded) nan = nan || std::isnan(r), want_a = std::isnan(r) ? want_a : std::max(want_a, std::fabs(r));
+      if (nan)
+        EXPECT_TRUE(std::isnan(a));
+      else
+        EXPECT_EQ(a, want_a);
+    }
+  // Just past E4M3's tie between 1 and 1.125: bf16 rounds it onto the tie, which goes to the
+  // even code (1.0); the f32 value itself is nearer 1.125.
+  MemoryPool pool;
+  Tensor x = make_tensor(pool, {1}, DType::f32);
+  x.data<float>()[0] = 1.0625f + 0x1p-12f;
+  Tensor codes = make_tensor(pool, {1}, DType::u8);
+  fp8_quantize_via_bf16(x, 1.0f, kE4, codes);
+  EXPECT_EQ(fp8_decode(kE4, static_cast<uint8_t*>(codes.raw_data())[0]), 1.0f);
+  fp8_quantize(x, 1.0f, kE4, codes);
+  EXPECT_EQ(fp8_decode(kE4, static_cast<uint8_t*>(codes.raw_data())[0]), 1.125f);
+}
+
 TEST(Fp8, DequantizeIsDecodeTimesInverseScaleRoundedOnce) {
   for (DType dt : {DType::f32, DType::bf16})
     for (Fp8Format f : {kE4, kE5}) {

@@ -244,3 +244,40 @@ TEST(StatePlacement, BadCoordinatesAndStagesAreRefused) {
 
 }  // namespace
 }  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// --precision fp8 stores its linears' working weights as FP8 (Note [FP8], "Storage") where the
+// master weights and the working weights are both whole in RAM: one process or stage 0, no
+// offload. Elsewhere they stay bf16 (ZeRO 1-3 and offload move bf16 ranges of the layout).
+TEST(StatePlacement, Fp8WeightsAreStoredWhereMasterAndWorkingAreWholeInRam) {
+  const Fixture f;
+  auto fp8 = [](int zero, bool offload_optimizer, bool offload_params) {
+    StateOptions o;
+    o.zero = zero;
+    o.working_dtype = DType::bf16;
+    o.master_weights = true;
+    o.fp8_weights = true;
+    o.offload_optimizer = offload_optimizer;
+    o.offload_params = offload_params;
+    o.offload_dir = "/tmp/off";
+    return o;
+  };
+  EXPECT_TRUE(StatePlacement(f.layout, f.oc, fp8(0, false, false), {0, 1}).params_fp8());
+  EXPECT_TRUE(StatePlacement(f.layout, f.oc, fp8(3, false, false), {0, 1}).params_fp8());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(StatePlacement(f.layout, f.oc, fp8(0, false, false), {r, 2}).params_fp8());
+    for (int zero = 1; zero <= 3; ++zero)
+      EXPECT_FALSE(StatePlacement(f.layout, f.oc, fp8(zero, false, false), {r, 2}).params_fp8())
+          << "stage " << zero;
+  }
+  EXPECT_FALSE(StatePlacement(f.layout, f.oc, fp8(0, true, false), {0, 1}).params_fp8());
+  EXPECT_FALSE(StatePlacement(f.layout, f.oc, fp8(0, true, true), {0, 1}).params_fp8());
+  StateOptions bf16 = fp8(0, false, false);
+  bf16.fp8_weights = false;
+  EXPECT_FALSE(StatePlacement(f.layout, f.oc, bf16, {0, 1}).params_fp8());
+}
+
+}  // namespace
+}  // namespace memfit

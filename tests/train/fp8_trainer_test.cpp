@@ -1,6 +1,7 @@
 // memfit train --precision fp8 (Note [FP8], docs/notes/fp8.md) end to end on gpt2-tiny and
 // llama-tiny: the loss falls over a few steps, the planner's peak equals the measured one
-// category by category at two shapes of each family, a resume is bit-identical to one run, and
+// category by category at two shapes of each family (the blocks' linears stored as FP8, one
+// byte a weight), a resume is bit-identical to one run, and
 // what is not built is refused before anything is built, naming the option.
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include "memfit/cli/options/resolve_train_spec.h"
 #include "memfit/cli/options/train_from_config.h"
 #include "memfit/core/error.h"
+#include "memfit/model/fp8_weights.h"
 #include "memfit/plan/memory_plan.h"
 #include "trainer_fixture.h"
 
@@ -55,12 +57,19 @@ TEST_F(Fp8Trainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
         EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
                   s.peak_by_category[static_cast<size_t>(cat)])
             << category_name(cat);
-      // bf16's plan of the same run, for the FP8 operand buffers' bytes: more workspace, the
-      // same weights.
+      // bf16's plan of the same run, for the FP8 operand buffers' bytes and the stored
+      // weights (Note [FP8], "Storage"): more workspace; the working slab without the blocks'
+      // linears, which take one byte a weight (and a scale a matrix) instead of two.
       TrainConfig b = c;
       b.precision = "bf16";
       const PlanReport bf = plan_training(resolve_run(b));
+      const ParamLayout layout(plan.model);
+      int64_t compact = 0;
+      (void)layout.compact_offsets(&compact);
       EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::params)],
+                MemoryPool::round_up(static_cast<size_t>(compact) * 2) +
+                    MemoryPool::round_up(Fp8WeightLayout(layout).bytes()));
+      EXPECT_LT(plan.by_category[static_cast<size_t>(Category::params)],
                 bf.by_category[static_cast<size_t>(Category::params)]);
       EXPECT_GT(plan.by_category[static_cast<size_t>(Category::workspace)],
                 bf.by_category[static_cast<size_t>(Category::workspace)]);

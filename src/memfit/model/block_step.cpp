@@ -279,18 +279,30 @@ Tensor BlockStep::fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8F
 // cast of dout, W8 and x8 the E4M3 casts (x8 of the input as it is after `between`, which may
 // write it: GPT-2's GELU). The bias gradient sums dout itself, as torchao's bias lies outside
 // the FP8 matmul.
-void BlockStep::fp8_linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias,
-                                           const Tensor& dout, const Tensor& inp,
+// The weight's E4M3 values, exact in bf16, in "ws.fp8.w": the stored codes decoded (code / scale)
+// where the weights are stored FP8 (Note [FP8], "Storage"), else the bf16 working weight cast.
+// Both give the same bits: the codes are the cast's, encoded from the same values.
+Tensor BlockStep::fp8_weight(LinearSlot slot, const Tensor& weight) {
+  const Fp8Weight& stored = w.fp8[static_cast<size_t>(slot)];
+  if (!stored.codes.defined()) return fp8_cast(fp8_w_, weight, kernels::Fp8Format::e4m3);
+  Tensor w8 = fp8_w_.view_bytes(0, stored.codes.shape(), DType::bf16);
+  kernels::fp8_dequantize(stored.codes, kernels::Fp8Format::e4m3,
+                          1.0f / stored.scale.data<float>()[0], w8);
+  return w8;
+}
+
+void BlockStep::fp8_linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight,
+                                           Tensor dbias, const Tensor& dout, const Tensor& inp,
                                            const Tensor& weight,
                                            const std::function<void()>& between) {
   const Tensor dy8 = fp8_cast(fp8_dy_, dout, kernels::Fp8Format::e5m2);
-  const Tensor w8 = fp8_cast(fp8_w_, weight, kernels::Fp8Format::e4m3);
+  const Tensor w8 = fp8_weight(slot, weight);
   const Tensor x8 = fp8_x_.view_bytes(0, inp.shape(), DType::bf16);
   memfit::linear_backward_around(ctx, dinp, dweight, Tensor{}, dy8, x8, w8, [&] {
     between();
     fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
   });
-  if (dbias.defined()) memfit::linear_backward(ctx, Tensor{}, Tensor{}, dbias, dout, inp, weight);
+  if (dbias.defined()) memfit::linear_backward(ctx, Tensor{}, Tensor{}, dbias, dout, inp, w8);
 }
 
 // Note [FP8]: y = x8 W8^T + b, x8 and W8 the E4M3 casts as exact bf16 values (power-of-two
@@ -382,7 +394,7 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
   if (fp8()) {
     if (!running()) return;
     const Tensor x8 = fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
-    const Tensor w8 = fp8_cast(fp8_w_, weight, kernels::Fp8Format::e4m3);
+    const Tensor w8 = fp8_weight(slot, weight);
     memfit::linear_forward(ctx, out, x8, w8, bias);
     return;
   }
@@ -440,7 +452,8 @@ void BlockStep::linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweig
                                       const Tensor& weight,
                                       const std::function<void()>& between) {
   if (fp8()) {
-    if (running()) fp8_linear_backward_around(dinp, dweight, dbias, dout, inp, weight, between);
+    if (running())
+      fp8_linear_backward_around(slot, dinp, dweight, dbias, dout, inp, weight, between);
     return;
   }
   const LoraSet& wa = w.lora[static_cast<size_t>(slot)];

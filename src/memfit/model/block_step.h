@@ -167,8 +167,11 @@ class BlockStep {
   bool fp8() const { return options.precision == Precision::fp8; }
   // A bf16 view of `scratch`'s first bytes shaped like t, holding t cast to FP8 format f.
   static Tensor fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8Format f);
-  void fp8_linear_backward_around(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
-                                  const Tensor& inp, const Tensor& weight,
+  // The slot's weight as E4M3 values in bf16 (fp8_w_): the stored codes decoded, or `weight`
+  // cast (Note [FP8], "Storage").
+  Tensor fp8_weight(LinearSlot slot, const Tensor& weight);
+  void fp8_linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                   const std::function<void()>& between);
   int64_t lora_chunk(const Tensor& t) const;
   // The base layer alone: dense, or QLoRA's NF4 tiles ("ws.nf4") with GPT-2's bias after.

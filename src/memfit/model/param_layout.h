@@ -77,6 +77,13 @@ inline constexpr int kLinearSlots = 4;
 inline constexpr int kLoraParts = 3;  // adapters on one layer at most: q, k, v
 using LoraSet = std::array<LoraView, kLoraParts>;  // undefined a: no adapter in that part
 
+// --precision fp8's stored working weight of one linear layer (model/fp8_weights.h; Note [FP8],
+// "Storage"): its E4M3 codes, u8 (out, in), and its scale, an f32 tensor of one value (the codes
+// stand for code / scale). Undefined codes: not stored so.
+struct Fp8Weight {
+  Tensor codes, scale;
+};
+
 struct BlockWeights {
   Tensor norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
   Tensor norm2_w, norm2_b, fc_w, fc_b, mlp_out_w, mlp_out_b;
@@ -85,6 +92,9 @@ struct BlockWeights {
   // QLoRA's NF4 base (model/nf4_base.h): the four linear weights as NF4, in LinearSlot order,
   // where qkv_w .. mlp_out_w are then undefined (codes null: not NF4).
   std::array<kernels::Nf4Weight, kLinearSlots> nf4{};
+  // --precision fp8 with stored weights: the four linear weights as E4M3, in LinearSlot order,
+  // where qkv_w .. mlp_out_w are then undefined.
+  std::array<Fp8Weight, kLinearSlots> fp8{};
 };
 struct ModelWeights {
   Tensor tok_emb, pos_emb;  // pos_emb: GPT-2 only

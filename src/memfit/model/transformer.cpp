@@ -60,6 +60,20 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
     params_ = Tensor::empty(pool, {compact}, half_dtype(p), Category::params, "params");
     nf4_buffer_ = Tensor::empty(pool, {static_cast<int64_t>(nf4_->bytes())}, DType::u8,
                                 Category::params, "base.nf4");
+  } else if (state.params_fp8) {
+    // Note [FP8], "Storage": the master weights and the working weights whole in RAM, the
+    // linears' codes encoded from the master (refresh_working).
+    MEMFIT_CHECK(p == Precision::fp8 && precision.master_weights && state.master_in_ram &&
+                     !sharded_ && !state.params_in_file && master_range_ == whole,
+                 "model",
+                 "stored FP8 weights need --precision fp8 with FP32 master weights, both whole "
+                 "in RAM (one process or ZeRO stage 0, no offload)");
+    int64_t compact = 0;
+    compact_ = layout_.compact_offsets(&compact);
+    fp8_.emplace(layout_);
+    params_ = Tensor::empty(pool, {compact}, half_dtype(p), Category::params, "params");
+    fp8_buffer_ = Tensor::empty(pool, {static_cast<int64_t>(fp8_->bytes())}, DType::u8,
+                                Category::params, "params.fp8");
   } else if (!state.params_in_file) {
     params_ = Tensor::empty(pool, {sharded_ ? master_range_.size() : layout_.total()},
                             half_dtype(p), Category::params, "params");
@@ -80,6 +94,12 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
     for (const Nf4Matrix& m : nf4_->matrices())
       weights_.blocks[static_cast<size_t>(m.layer)].nf4[static_cast<size_t>(m.slot)] =
           nf4_->view(nf4_buffer_, m);
+  } else if (fp8_) {
+    weights_ = layout_.views_without_linears(params_);
+    const Tensor scales = fp8_->scales(fp8_buffer_);
+    for (const Fp8Matrix& m : fp8_->matrices())
+      weights_.blocks[static_cast<size_t>(m.layer)].fp8[static_cast<size_t>(m.slot)] = {
+          fp8_->codes(fp8_buffer_, m), scales.view(static_cast<int64_t>(m.index), {1})};
   } else {
     weights_ = layout_.views(params_);
   }
@@ -154,12 +174,12 @@ Tensor Transformer::param(const std::string& name) const {
   MEMFIT_CHECK(!sharded_, "model", "param('{}'): the working weights are a ZeRO-3 shard", name);
   MEMFIT_CHECK(!params_offloaded(), "model", "param('{}'): the working weights are on disk",
                name);
-  if (nf4_) {
+  if (!compact_.empty()) {
     const auto& ps = layout_.params();
     for (size_t i = 0; i < ps.size(); ++i) {
       if (ps[i].name != name) continue;
-      MEMFIT_CHECK(compact_[i] >= 0, "model", "param('{}'): a block linear of the NF4 base",
-                   name);
+      MEMFIT_CHECK(compact_[i] >= 0, "model", "param('{}'): a block linear stored {}", name,
+                   nf4_ ? "in the NF4 base" : "as FP8 (fp8_buffer())");
       return params_.view(compact_[i], ps[i].shape);
     }
     (void)layout_.find(name);  // throws: no such parameter
@@ -168,7 +188,7 @@ Tensor Transformer::param(const std::string& name) const {
 }
 
 int64_t Transformer::working_offset(size_t i) const {
-  return nf4_ ? compact_.at(i) : layout_.params().at(i).offset;
+  return compact_.empty() ? layout_.params().at(i).offset : compact_.at(i);
 }
 
 Tensor Transformer::grad(const std::string& name) const {
@@ -188,7 +208,9 @@ void Transformer::refresh_working() {
     working_changed();
     return;
   }
-  if (whole_weights() || sharded_) {
+  if (fp8_) {
+    refresh_fp8(whole());
+  } else if (whole_weights() || sharded_) {
     if (params_.numel() > 0) convert(params_, master_);
   } else if (!master_range_.empty()) {
     Tensor working = params_.view(master_range_.begin, {master_range_.size()});
@@ -197,12 +219,34 @@ void Transformer::refresh_working() {
   working_changed();
 }
 
+// Note [FP8], "Storage": the compact slab's parameters as refresh_working rounds them, the
+// linears encoded from the same master weights.
+void Transformer::refresh_fp8(ElementRange range) {
+  const auto& ps = layout_.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (compact_[i] < 0 || !range.contains({ps[i].offset, ps[i].offset + ps[i].numel})) continue;
+    Tensor working = params_.view(compact_[i], {ps[i].numel});
+    convert(working, master_.view(ps[i].offset - master_range_.begin, {ps[i].numel}));
+  }
+  fp8_weights_encode(*fp8_, master_, master_range_.begin, range, fp8_buffer_);
+}
+
+void Transformer::refresh_working(ElementRange range) {
+  MEMFIT_CHECK(fp8_.has_value(), "model", "refresh_working(range) is for stored FP8 weights");
+  refresh_fp8(range);
+}
+
 void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
                               const MasterSink& offloaded_master) {
   MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",
                piece_elements);
   if (nf4_) {
     set_weights_nf4(fill, piece_elements, true);
+    return;
+  }
+  if (fp8_) {  // the master weights whole in RAM: filled in place, then encoded
+    fill(0, layout_.total(), master_.data<float>());
+    refresh_working();
     return;
   }
   if (params_offloaded()) {
@@ -587,11 +631,17 @@ std::string Transformer::first_non_finite() {
     return {};
   };
   if (std::string s = scan(master_, master_range_, "master weight"); !s.empty()) return s;
-  if (nf4_) {
+  if (!compact_.empty()) {
     const auto& ps = layout_.params();
     for (size_t i = 0; i < ps.size(); ++i)
       if (compact_[i] >= 0 && !all_finite(params_.view(compact_[i], {ps[i].numel})))
         return fmt::format("{} (weight)", ps[i].name);
+    // A stored FP8 matrix's scale is NaN where its master weights were not finite.
+    if (fp8_)
+      for (const Fp8Matrix& m : fp8_->matrices())
+        if (!std::isfinite(fp8_->scales(fp8_buffer_).data<float>()[m.index]))
+          return fmt::format("layer {} linear {} (FP8 weight scale)", m.layer,
+                             static_cast<int>(m.slot));
   } else if (std::string s = scan(params_, params_range(), "weight"); !s.empty()) {
     return s;
   }

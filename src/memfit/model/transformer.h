@@ -21,6 +21,7 @@
 #include "memfit/model/step_plan.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/lora.h"
+#include "memfit/model/fp8_weights.h"
 #include "memfit/model/nf4_base.h"
 #include "memfit/model/weight_source.h"
 #include "memfit/core/element_range.h"
@@ -78,6 +79,9 @@ class Transformer {
   // rounded to nearest even, over weights_range() (nothing to round without master weights);
   // then, at stage 3, working_changed().
   void refresh_working();
+  // Stored FP8 weights: the working copy of the layout elements in `range` alone (a unit the
+  // update in the backward just stepped; whole matrices), as refresh_working computes it.
+  void refresh_working(ElementRange range);
   // Sets the weights of record and the working copy from `fill`, which writes the f32 values of
   // layout elements [from, to) into dst (initial weights drawn, a checkpoint read): over
   // params_range(), in increasing order, the f32 weights of record (master weights, or f32
@@ -118,8 +122,15 @@ class Transformer {
   // parameter at ParamLayout::compact_offsets (not the layout's offsets).
   const Nf4BaseLayout* nf4_base() const { return nf4_ ? &*nf4_ : nullptr; }
   const Tensor& nf4_buffer() const { return nf4_buffer_; }
+  // --precision fp8 with stored weights (ModelState::params_fp8; Note [FP8], "Storage"): the
+  // layout of the blocks' linear weights as E4M3 and its buffer (Category::params,
+  // "params.fp8": the codes, then a scale per matrix), encoded from the master weights by
+  // refresh_working; null / undefined otherwise. params() then holds every other parameter at
+  // ParamLayout::compact_offsets, as with an NF4 base.
+  const Fp8WeightLayout* fp8_weights() const { return fp8_ ? &*fp8_ : nullptr; }
+  const Tensor& fp8_buffer() const { return fp8_buffer_; }
   // Where parameter i of layout().params() lies in params(): its layout offset, or with an NF4
-  // base its compact offset (-1 for a block linear weight).
+  // base or stored FP8 weights its compact offset (-1 for a block linear weight).
   int64_t working_offset(size_t i) const;
   // QLoRA's save (Note [NF4 weights], "QLoRA"): layout elements `range` of the base in the
   // working dtype, handed to `take` in consecutive runs that tile it: the compact slab's
@@ -291,7 +302,13 @@ class Transformer {
   // QLoRA: the NF4 base's layout and buffer, and each parameter's offset in the compact slab.
   std::optional<Nf4BaseLayout> nf4_;
   Tensor nf4_buffer_;
-  std::vector<int64_t> compact_;
+  std::vector<int64_t> compact_;  // (also with stored FP8 weights)
+  // --precision fp8's stored linear weights.
+  std::optional<Fp8WeightLayout> fp8_;
+  Tensor fp8_buffer_;
+  // The working copy of the master weights' elements in `range`: the compact slab's parameters
+  // rounded to bf16, the stored linears encoded (refresh_working over the whole layout).
+  void refresh_fp8(ElementRange range);
   void set_weights_nf4(const RangeFill& fill, int64_t piece_elements, bool quantize);
   uint64_t lora_draw_ = 0;
   StageIo stage_io_;

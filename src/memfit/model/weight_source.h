@@ -69,6 +69,12 @@ struct ModelState {
   // holds every other parameter alone (ParamLayout::compact_offsets). One process, in RAM, no
   // master weights; the base is then frozen (Transformer::add_lora with its LoRA options).
   bool base_nf4 = false;
+  // --precision fp8 with its working weights stored (StatePlacement::params_fp8; Note [FP8],
+  // "Storage"): the blocks' linear weights live as E4M3 codes with a scale per matrix in one
+  // buffer (Category::params, "params.fp8"; model/fp8_weights.h), encoded from the master
+  // weights, and the working slab holds every other parameter alone (compact_offsets). The
+  // master and working weights whole in RAM (one process or ZeRO stage 0, no offload).
+  bool params_fp8 = false;
   // `params`: the working shard the model allocated (undefined in a file), of `dtype`.
   std::function<std::unique_ptr<WeightSource>(MemoryPool& pool, const ParamLayout& layout,
                                               const Tensor& params, DType dtype)>

@@ -131,6 +131,7 @@ void UnitSteps::unit_done(size_t u, const Tensor& grads) {
   } else {
     o.step(w, grads, lr_, scale);
   }
+  if (stepped_) stepped_(part);
 }
 
 void UnitSteps::end_backward() {

@@ -65,6 +65,12 @@ class UnitSteps {
   // pass, starting at `working_begin`. Before the first step.
   void attach(const OptimConfig& config, Optimizer& optimizer, Tensor weights,
               int64_t weights_begin, Tensor working, int64_t working_begin);
+  // Called with each part just stepped (its layout elements): a working copy kept other than
+  // as a slab, which `attach` then has none of (--precision fp8's stored weights, Note [FP8],
+  // "Storage"), is refreshed from the part's master weights there. Before the first step.
+  void set_stepped_hook(std::function<void(ElementRange part)> hook) {
+    stepped_ = std::move(hook);
+  }
   // A new step's learning rate and clipping. Before its forward.
   void begin_step(float lr, float clip, Clip mode);
   // Global clipping: the measuring pass is done and finite, so the caller runs the same
@@ -103,6 +109,7 @@ class UnitSteps {
   std::vector<UnitGradCheck> checks_;
   BackwardUpdateResult result_;
   Pass pass_ = Pass::idle;
+  std::function<void(ElementRange)> stepped_;
   float lr_ = 0, clip_ = 0, factor_ = 1;
   int64_t steps_before_ = 0;
   int micro_batches_ = 0, units_done_ = 0;

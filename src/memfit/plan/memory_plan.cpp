@@ -1,5 +1,6 @@
 #include "memfit/plan/memory_plan.h"
 
+#include "memfit/model/fp8_weights.h"
 #include "memfit/model/nf4_base.h"
 
 #include "memfit/model/transformer.h"
@@ -93,6 +94,15 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
           ? MemoryPool::round_up(std::max<size_t>(
                 1, static_cast<size_t>(placement.my_shard().size()) * dtype_size(half)))
           : MemoryPool::round_up(static_cast<size_t>(layout.total()) * dtype_size(half));
+  // --precision fp8's stored weights (Note [FP8], "Storage"): the working slab without the
+  // blocks' linears, and their codes and scales ("params.fp8"), as Transformer allocates them.
+  if (placement.params_fp8()) {
+    int64_t compact = 0;
+    (void)layout.compact_offsets(&compact);
+    at(Category::params) =
+        MemoryPool::round_up(static_cast<size_t>(compact) * dtype_size(half)) +
+        MemoryPool::round_up(Fp8WeightLayout(layout).bytes());
+  }
   if (placement.master().where != Residence::none)
     at(Category::master) = shard_or_whole(DType::f32);
   at(Category::optimizer) = optimizer_state_bytes(oc, layout, mine);

@@ -80,6 +80,7 @@ StateOptions RunSpec::state_options() const {
   o.bucket_bytes = bucket_bytes;
   o.update_in_backward = update_in_backward;
   o.frozen_base = lora.enabled();
+  o.fp8_weights = precision.precision == Precision::fp8;
   return o;
 }
 

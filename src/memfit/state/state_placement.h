@@ -53,6 +53,9 @@ struct StateOptions {
   // the base, so nothing of theirs is sharded; stage 3 shards and gathers the working weights
   // alone (read only), and the adapters' state stays whole on every rank.
   bool frozen_base = false;
+  // --precision fp8: the blocks' linear working weights are stored as FP8 where the placement
+  // allows it (params_fp8).
+  bool fp8_weights = false;
 };
 
 // Where one kind of state lives on a rank.
@@ -138,6 +141,17 @@ class StatePlacement {
   std::optional<ElementRange> params_file_range() const;
   int prefetch_depth() const { return options_.prefetch_depth; }
   int64_t persist_threshold() const { return options_.persist_threshold; }
+
+  // --precision fp8's working weights stored as FP8 (Note [FP8], "Storage"): the blocks' linear
+  // weights one byte each (E4M3 codes, a scale per matrix), encoded from the master weights
+  // after each update. Where the master weights and the working weights are both whole in RAM
+  // (one process or stage 0, no --offload-optimizer or --offload-params); elsewhere the working
+  // weights are bf16 as in --precision bf16 and the linears cast them at each use (ZeRO 1-3
+  // exchange and offload write the working weights as bf16 ranges of the layout).
+  bool params_fp8() const {
+    return options_.fp8_weights && params_.where == Residence::whole &&
+           master_.where == Residence::whole;
+  }
 
   // Master weights and optimizer state in files (--offload-optimizer), in offload_dir().
   bool optimizer_in_file() const { return options_.offload_optimizer; }

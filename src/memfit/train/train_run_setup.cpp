@@ -158,9 +158,15 @@ void TrainRun::create_optimizer() {
   else
     opt_ = make_optimizer(spec_.optim, gpt_->lora() ? gpt_->lora()->param_layout() : gpt_->layout(),
                          &pool_, my_shard_);
-  if (fused_)
+  if (fused_) {
+    // Stored FP8 weights (Note [FP8], "Storage"): each stepped unit's working copy rounded and
+    // encoded from its master weights at once, not in the optimizer's pass.
+    const bool slab = gpt_->has_master() && !gpt_->fp8_weights();
     fused_->attach(spec_.optim, *opt_, gpt_->weights(), gpt_->weights_range().begin,
-                  gpt_->has_master() ? gpt_->params() : Tensor{}, gpt_->params_range().begin);
+                  slab ? gpt_->params() : Tensor{}, gpt_->params_range().begin);
+    if (gpt_->fp8_weights())
+      fused_->set_stepped_hook([this](ElementRange part) { gpt_->refresh_working(part); });
+  }
 }
 
 // --disk-limit against every offload file of this rank, before the optimizer's are made.

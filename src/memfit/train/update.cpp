@@ -180,7 +180,12 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
     Tensor grads = gpt.grad_sums(r);
     Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
                                                    : gpt.weights();
-    if (gpt.has_master()) {  // the working copy rounded in the same pass (Optimizer::step_master)
+    if (gpt.fp8_weights()) {
+      // Stored FP8 weights (Note [FP8], "Storage"): the master weights stepped, then the
+      // working copy rounded and the linears encoded from them (the master is whole: stage 0).
+      optimizer.step(weights, grads, rate, scale);
+      gpt.refresh_working();
+    } else if (gpt.has_master()) {  // the working copy rounded in the same pass (step_master)
       // Stage 3's working weights are the shard itself (Note [ZeRO stage 3]).
       Tensor working = whole || gpt.params_sharded() ? gpt.params()
                                                      : gpt.params().view(r.begin, {r.size()});

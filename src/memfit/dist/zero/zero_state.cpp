@@ -91,9 +91,12 @@ ModelState zero_model_state(const StatePlacement& placement, dist::Communicator&
   const std::optional<ElementRange> range =
       placement.params_gathered() ? std::optional<ElementRange>(placement.my_shard())
                                   : placement.owned();
-  return zero_model_state(range, /*master_in_ram=*/!placement.optimizer_in_file(),
-                          sharding ? &*sharding : nullptr, grads ? &*grads : nullptr,
-                          file ? &*file : nullptr, std::move(grad_store), services);
+  ModelState state =
+      zero_model_state(range, /*master_in_ram=*/!placement.optimizer_in_file(),
+                       sharding ? &*sharding : nullptr, grads ? &*grads : nullptr,
+                       file ? &*file : nullptr, std::move(grad_store), services);
+  state.params_fp8 = placement.params_fp8();  // Note [FP8], "Storage"
+  return state;
 }
 
 }  // namespace memfit

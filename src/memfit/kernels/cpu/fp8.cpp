@@ -42,7 +42,8 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> encode(D d, hn::Vec<D> y) {
   return hn::Or(code, sign);
 }
 
-template <DType S, Fp8Format F>
+// kViaBf16: each value rounded to bf16 (nearest even) before it is scaled and encoded.
+template <DType S, Fp8Format F, bool kViaBf16 = false>
 void quantize_range(const half::Storage<S>* x, float scale, uint8_t* codes, int64_t begin,
                     int64_t end) {
   const DF d;
@@ -52,7 +53,8 @@ void quantize_range(const half::Storage<S>* x, float scale, uint8_t* codes, int6
   const VF s = hn::Set(d, scale);
   for (int64_t i = begin; i < end; i += N) {
     const int64_t m = std::min(N, end - i);
-    const VF v = m == N ? load<S>(d, x + i) : load_n<S>(d, x + i, m);
+    VF v = m == N ? load<S>(d, x + i) : load_n<S>(d, x + i, m);
+    if constexpr (kViaBf16) v = hn::BitCast(d, hn::ShiftLeft<16>(bf16_bits(d, v)));
     const auto c = hn::DemoteTo(du8, hn::BitCast(di, encode<F>(d, hn::Mul(v, s))));
     if (m == N) {
       hn::StoreU(c, du8, codes + i);
@@ -152,6 +154,14 @@ void QuantizeRange(DType st, Fp8Format f, const void* x, float scale, uint8_t* c
   });
 }
 
+void QuantizeViaBf16Range(Fp8Format f, const float* x, float scale, uint8_t* codes,
+                          int64_t begin, int64_t end) {
+  if (f == Fp8Format::e4m3)
+    quantize_range<DType::f32, Fp8Format::e4m3, true>(x, scale, codes, begin, end);
+  else
+    quantize_range<DType::f32, Fp8Format::e5m2, true>(x, scale, codes, begin, end);
+}
+
 void DequantizeRange(DType dt, Fp8Format f, const uint8_t* codes, float inv_scale, void* x,
                      int64_t begin, int64_t end) {
   half::dispatch(dt, [&](auto t) {
@@ -195,6 +205,7 @@ HWY_AFTER_NAMESPACE();
 namespace memfit::kernels {
 HWY_EXPORT(AmaxRange);
 HWY_EXPORT(QuantizeRange);
+HWY_EXPORT(QuantizeViaBf16Range);
 HWY_EXPORT(DequantizeRange);
 HWY_EXPORT(RoundTripRange);
 
@@ -259,6 +270,24 @@ void fp8_quantize(const Tensor& x, float scale, Fp8Format f, Tensor& codes) {
   parallel_ranges(x.numel(), [&](int64_t b, int64_t e) {
     MEMFIT_SIMD_DISPATCH(QuantizeRange)(st, f, xp, scale, cp, b, e);
   });
+}
+
+void fp8_quantize_via_bf16(const Tensor& x, float scale, Fp8Format f, Tensor& codes) {
+  KernelScope timed("fp8_quantize");
+  check_source(x, "fp8_quantize_via_bf16", "x");
+  MEMFIT_CHECK_DTYPE(x.dtype() == DType::f32, "fp8_quantize_via_bf16", "x must be f32, got {}",
+                     dtype_name(x.dtype()));
+  check_codes(codes, x.numel(), "fp8_quantize_via_bf16");
+  const float* xp = x.data<float>();
+  auto* cp = static_cast<uint8_t*>(codes.raw_data());
+  parallel_ranges(x.numel(), [&](int64_t b, int64_t e) {
+    MEMFIT_SIMD_DISPATCH(QuantizeViaBf16Range)(f, xp, scale, cp, b, e);
+  });
+}
+
+float fp8_amax_via_bf16(const Tensor& x) {
+  const float a = fp8_amax(x);
+  return std::isnan(a) ? a : f32_from_bf16(bf16_from_f32(a));
 }
 
 void fp8_dequantize(const Tensor& codes, Fp8Format f, float inv_scale, Tensor& x) {

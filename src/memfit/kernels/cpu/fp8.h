@@ -101,6 +101,15 @@ float fp8_amax(const Tensor& x);
 // codes (u8, x's element count) = fp8_encode(f, x * scale), the product in f32; x f32 or bf16.
 void fp8_quantize(const Tensor& x, float scale, Fp8Format f, Tensor& codes);
 
+// codes = fp8_encode(f, bf16(x) * scale), x f32, bf16(x) its rounding to nearest even: the
+// codes fp8_quantize gives on the bf16 copy of x, without the copy. --precision fp8 stores its
+// working weights so, from the f32 master weights (Note [FP8], "Storage"): the same codes as
+// the cast of the bf16 working weights it replaces.
+void fp8_quantize_via_bf16(const Tensor& x, float scale, Fp8Format f, Tensor& codes);
+// fp8_amax of the bf16 copy of x (f32), without the copy: bf16(fp8_amax(x)), since rounding to
+// nearest is monotone and symmetric. NaN if x holds a NaN.
+float fp8_amax_via_bf16(const Tensor& x);
+
 // x (f32 or bf16, codes' element count) = fp8_decode(f, code) * inv_scale, computed in f32 and
 // rounded once. inv_scale 1 widens exactly (every FP8 value is a bf16 value).
 void fp8_dequantize(const Tensor& codes, Fp8Format f, float inv_scale, Tensor& x);
