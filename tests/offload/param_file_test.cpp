@@ -59,13 +59,18 @@ TEST(ParamFileLayout, IoPerStepFollowsTheGatherEvents) {
   EXPECT_LT(per_micro_batch, 2 * L.blocks_bytes());
   EXPECT_GT(per_micro_batch, L.blocks_bytes());
   const ParamIoBytes with_master =
-      param_io_bytes_per_step(layout, DType::bf16, plan.phases, 3, 0, /*master=*/true);
+      param_io_bytes_per_step(layout, DType::bf16, plan.phases, 3, 0, ParamUpdateIo::write);
   EXPECT_EQ(with_master.read, 3 * per_micro_batch);
   EXPECT_EQ(with_master.written, L.blocks_bytes());
   const ParamIoBytes without =
-      param_io_bytes_per_step(layout, DType::bf16, plan.phases, 3, 0, /*master=*/false);
+      param_io_bytes_per_step(layout, DType::bf16, plan.phases, 3, 0, ParamUpdateIo::read_write);
   EXPECT_EQ(without.read, 3 * per_micro_batch + L.blocks_bytes());
   EXPECT_EQ(without.written, L.blocks_bytes());
+  // LoRA's frozen base (Note [LoRA], "The frozen base on disk"): the micro-batches' reads alone.
+  const ParamIoBytes frozen =
+      param_io_bytes_per_step(layout, DType::bf16, plan.phases, 3, 0, ParamUpdateIo::none);
+  EXPECT_EQ(frozen.read, 3 * per_micro_batch);
+  EXPECT_EQ(frozen.written, 0u);
 }
 
 TEST(ParamFile, HeaderRoundTripAndRemoval) {

@@ -96,7 +96,8 @@ TEST_F(LoraTrainer, RefusesWhatIsNotBuiltNamingTheOption) {
   TrainConfig fp16 = c;  // bf16 is built (lora_bf16_trainer_test.cpp); fp16 is not
   fp16.precision = "fp16";
   refused(fp16, "--precision fp16");
-  // ZeRO 1-2 and the base offloaded: refused saying why (Note [LoRA], "ZeRO and offload");
+  // ZeRO 1-2 and the optimizer offloaded: refused saying why (Note [LoRA], "ZeRO and offload";
+  // the base alone offloaded is built: lora_offload_test.cpp);
   // under two ranks in tests/cli/lora_data_parallel_test.cpp. Stage 3 is built
   // (tests/cli/lora_zero3_test.cpp; in one process every stage is stage 0).
   for (int stage = 1; stage <= 2; ++stage) {
@@ -111,7 +112,7 @@ TEST_F(LoraTrainer, RefusesWhatIsNotBuiltNamingTheOption) {
   TrainConfig params = c;
   params.offload_optimizer = params.offload_params = "nvme";
   params.offload_dir = (dir / "off").string();
-  refused(params, "--offload-params with --lora-rank is not built");
+  refused(params, "--offload-optimizer with --lora-rank is not built");
   TrainConfig off = c;
   off.offload_optimizer = "nvme";
   off.offload_dir = (dir / "off").string();

@@ -60,7 +60,7 @@ nlohmann::json ranks_json(const RunSpec& run) {
                            {"peak_bytes", p.peak_bytes},
                            {"model_state_bytes", model_state_bytes(p)},
                            {"by_category", cats}};
-    if (run.offload.optimizer) {
+    if (run.offload.optimizer || run.offload.params) {
       // Each rank's own shard in its files (rank-<q> under --offload-dir).
       nlohmann::json disk = nlohmann::json::object();
       for (Category c : kAllCategories)
@@ -161,8 +161,9 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["grad_dtype"] = run.grad_dtype == DType::bf16 ? "bf16" : "fp32";
   j["master_weights"] = run.precision.master_weights ? "fp32" : "none";
   j["data_included"] = r.data_included;
-  if (run.offload.optimizer) {
-    // NVMe offload: what lives on disk instead, and what one step moves.
+  if (run.offload.optimizer || run.offload.params) {
+    // NVMe offload: what lives on disk instead, and what one step moves (LoRA: the frozen
+    // base's file alone).
     nlohmann::json disk = nlohmann::json::object();
     for (Category c : kAllCategories)
       if (r.disk_by_category[static_cast<size_t>(c)])
@@ -241,6 +242,18 @@ void print_plan_ranks(const RunSpec& run, const PlanReport& r) {
 // --offload-optimizer nvme (and --offload-params, --offload-grads): what is on disk, what moves a
 // step, and the rings in RAM.
 void print_plan_offload(const RunSpec& run, const PlanReport& r) {
+  if (!run.offload.optimizer) {
+    // LoRA's frozen base on disk (Note [LoRA], "The frozen base on disk"): read only.
+    fmt::print("offload: the frozen base's blocks on disk in {} ({:.1f} MiB; params above is "
+               "the embeddings, the tail and the adapters), {:.1f} MiB read per step before "
+               "each block's phases and nothing written (LoRA's base is read only; the "
+               "adapters and their optimizer stay in RAM), through a ring of {} block slots "
+               "({:.1f} MiB, in staging above); the disk adds about {:.2f} s a step beyond the "
+               "compute\n",
+               run.offload.dir, r.disk_bytes / 1048576.0, r.param_read_bytes / 1048576.0,
+               run.prefetch_depth + 1, r.param_ring_bytes / 1048576.0, r.step_time.offload_io);
+    return;
+  }
   std::string disk;
   for (Category c : kAllCategories)
     if (const size_t b = r.disk_by_category[static_cast<size_t>(c)])
@@ -370,7 +383,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              run.world > 1 ? fmt::format(", collectives {:.2f} s at the memory-copy rate",
                                          r.step_time.comm)
                            : std::string());
-  if (run.offload.optimizer) print_plan_offload(run, r);
+  if (run.offload.optimizer || run.offload.params) print_plan_offload(run, r);
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "
                "buffers, not the permutation a shuffled run adds, 4 bytes per {}-token window "

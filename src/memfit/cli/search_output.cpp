@@ -58,9 +58,9 @@ nlohmann::json candidate_json(const Candidate& c, size_t limit) {
 
 // What a member's choice keeps on disk, for the table: "-", or e.g. "optim,params,grads".
 std::string offload_column(const Candidate& c) {
-  if (!c.offload) return "-";
-  std::string s = "optim";
-  if (c.offload_params) s += ",params";
+  if (!c.offload && !c.offload_params) return "-";
+  std::string s = c.offload ? "optim" : "";
+  if (c.offload_params) s += s.empty() ? "params" : ",params";  // (LoRA: the frozen base alone)
   if (c.offload_grads) s += ",grads";
   return s;
 }

@@ -37,8 +37,11 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   sharded_ = state.params_sharded;
   MEMFIT_CHECK(!sharded_ || state.master_range.has_value(), "model",
                "stage 3's working weights are the rank's shard, its master range");
+  // (Without master weights there are none to keep elsewhere: fp32, pure bf16, LoRA's frozen
+  // base, whose file nothing writes back: Note [LoRA], "The frozen base on disk".)
+  const bool has_master = p != Precision::fp32 && precision.master_weights;
   MEMFIT_CHECK(!state.params_in_file ||
-                   (!state.master_in_ram && (sharded_ || !state.master_range)),
+                   ((!state.master_in_ram || !has_master) && (sharded_ || !state.master_range)),
                "model",
                "offloaded working weights need the master weights elsewhere, and one process or "
                "ZeRO stage 3");
@@ -121,14 +124,16 @@ Tensor Transformer::grad_sums(ElementRange r) {
 void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base) {
   MEMFIT_CHECK(!lora_, "lora", "the model has its adapters already");
   MEMFIT_CHECK(B_ == 0, "lora", "add the adapters before reserve()");
-  // One process or stage 0 (every weight in RAM), or stage 3's gathered base (read only: the
-  // adapters are bound into the source's views after each gather; Note [LoRA], "ZeRO stage
-  // 3"). No per-unit gradients (the base has none) and no sharded master weights.
-  MEMFIT_CHECK(!store_ && !params_offloaded() &&
-                   (sharded_ ? source_ != nullptr : !source_ && master_range_ == whole()),
+  // One process or stage 0 (every weight in RAM), stage 3's gathered base, or the base's
+  // blocks read from their file (one process, or each rank's shard at stage 3), read only: the
+  // adapters are bound into the source's views after each gather or read (Note [LoRA], "ZeRO
+  // stage 3" and "The frozen base on disk"). No per-unit gradients (the base has none) and no
+  // sharded master weights.
+  MEMFIT_CHECK(!store_ && (sharded_ || params_offloaded() ? source_ != nullptr
+                                                          : !source_ && master_range_ == whole()),
                "lora",
                "LoRA is built in one process or at ZeRO stage 0 or 3, with no per-unit "
-               "gradients and the base in RAM (no ZeRO 1-2, no offload)");
+               "gradients");
   // bf16 (Note [LoRA], "bf16"): the frozen base is its bf16 working weights alone; the
   // adapters are f32 (their own master weights).
   const Precision p = precision_.precision;
@@ -154,7 +159,7 @@ void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freez
 
 void Transformer::bind_lora() {
   if (!lora_) return;
-  if (source_)  // stage 3: into the gathered views, after every gather
+  if (source_)  // stage 3, or the base's file: into the views, after every gather or read
     source_->set_bind_hook([this](ModelWeights& w) { lora_->bind(w, lora_weights_); });
   else
     lora_->bind(weights_, lora_weights_);

@@ -44,16 +44,20 @@ ParamFileLayout make_param_file_layout(const ParamLayout& layout, DType dtype,
                                        int64_t persist_threshold,
                                        std::optional<ElementRange> range = std::nullopt);
 
+// What the update does to the file each step: writes every block back (with master weights),
+// reads then writes every block (without: fp32, pure bf16, the update reads the weights it
+// changes), or nothing (LoRA's frozen base, read only: Note [LoRA], "The frozen base on disk").
+enum class ParamUpdateIo { write, read_write, none };
+
 // The bytes read and written in one training step: each micro-batch's reads (gather_events of
-// the step plan's phases: a block needed by adjacent phases is read once), the update's write of
-// every block, and its read of every block when there are no master weights (fp32, pure bf16:
-// the update reads the weights it changes).
+// the step plan's phases: a block needed by adjacent phases is read once) and the update's
+// (`update`).
 struct ParamIoBytes {
   uint64_t read = 0, written = 0;
 };
 ParamIoBytes param_io_bytes_per_step(const ParamLayout& layout, DType dtype,
                                      const std::vector<Phase>& phases, int grad_accum,
-                                     int64_t persist_threshold, bool master,
+                                     int64_t persist_threshold, ParamUpdateIo update,
                                      std::optional<ElementRange> range = std::nullopt);
 
 class ParamFile final : public UnitFile {

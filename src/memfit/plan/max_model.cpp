@@ -101,7 +101,8 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit,
   // With the optimizer offloaded (given, or open to the search: --offload-dir alone), a member
   // must also fit the disk: --disk-limit, else what is free where the files would go. The
   // search then weighs each offloaded candidate's files against it.
-  const bool may_offload = base.offload.optimizer || base.offload_open;
+  // (LoRA's frozen base may be offloaded alone: Note [LoRA], "The frozen base on disk".)
+  const bool may_offload = base.offload.optimizer || base.offload.params || base.offload_open;
   if (may_offload) {
     r.disk_limit = base.offload.disk_limit;
     if (!r.disk_limit) r.disk_limit = offload::free_disk_bytes(base.offload.dir);
@@ -118,7 +119,7 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit,
     // run leaves open: the micro-batch, the compression, the stage, and with --offload-dir the
     // offload options (the optimizer's, the working weights', the gradients': SearchSpace::of).
     f.search = search_training(c, limit, SearchSpace::of(c));
-    if (f.search.choice.offload) {
+    if (f.search.choice.offload || f.search.choice.offload_params) {
       // The chosen run's files: the whole layout's in one process; over several ranks each
       // rank's shard's, the largest rank's against the per-rank limit (plan_largest_rank).
       plan_largest_rank(apply_candidate(c, f.search.choice), nullptr, &f.disk_bytes);

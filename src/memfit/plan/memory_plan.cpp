@@ -131,6 +131,18 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   if (placement.params_gathered())
     at(Category::comm) += WeightGather::comm_bytes(layout, half, placement.prefetch_depth(),
                                                    placement.persist_threshold());
+  // --offload-params: in one process RAM holds the persistent units instead of the slab (the
+  // ring is staging: plan_rank adds it); at stage 3 no working shard, and a landing buffer
+  // for the rank's part of a block beside the gathered units' buffers (offload/param_file.h and
+  // dist/zero/weight_gather.h are the engine's own arithmetic). LoRA's frozen base is the one
+  // file with the optimizer in RAM (Note [LoRA], "The frozen base on disk").
+  if (placement.params_in_file()) {
+    const UnitFileRam ram =
+        WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),
+                                     placement.persist_threshold(), placement.params_file_range());
+    at(Category::params) = ram.params;
+    at(Category::comm) += ram.comm;
+  }
   if (!placement.optimizer_in_file()) return std::nullopt;
   // The state and the master weights go to files; RAM holds the ring that streams them
   // (offload/offload_layout.h, the engine's own computation). Under ZeRO (stages 1 to 3) this
@@ -139,17 +151,6 @@ std::optional<offload::OffloadLayout> rank_bytes(const RunSpec& spec, const Para
   // are held, and both are allocated for the whole run.
   offload::OffloadLayout files = offload::make_offload_layout(
       layout, oc, at(Category::master) > 0, offload::kMaxPieceElements, mine);
-  // --offload-params: in one process RAM holds the persistent units instead of the slab (the
-  // ring is staging: plan_memory adds it); at stage 3 no working shard, and a landing buffer
-  // for the rank's part of a block beside the gathered units' buffers (offload/param_file.h and
-  // dist/zero/weight_gather.h are the engine's own arithmetic).
-  if (placement.params_in_file()) {
-    const UnitFileRam ram =
-        WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),
-                                     placement.persist_threshold(), placement.params_file_range());
-    at(Category::params) = ram.params;
-    at(Category::comm) += ram.comm;
-  }
   at(Category::master) = 0;
   // In RAM only the update's scratch, shared by the pieces (APOLLO; 0 for the others).
   at(Category::optimizer) = optimizer_scratch_bytes(oc, layout);
@@ -189,12 +190,20 @@ void add_lora_bytes(const RunSpec& spec, int rank, const ParamLayout& layout,
   at(Category::optimizer) =
       optimizer_state_bytes(oc, lora.param_layout(), whole_range(lora.param_layout()));
   // Over data-parallel ranks (stages 0 and 3) the adapters' gradients are the slab
-  // all-reduced; stage 3 gathers the frozen base's units besides.
+  // all-reduced; stage 3 gathers the frozen base's units besides, and with the base on disk
+  // reads each block's part through a landing buffer ("The frozen base on disk").
+  const DType half = half_dtype(precision.precision);
   at(Category::comm) =
       dist::GradientSync::comm_bytes(lora.total(), spec.bucket_bytes, spec.world, rank) +
       (placement.params_gathered()
-           ? WeightGather::comm_bytes(layout, half_dtype(precision.precision),
-                                      placement.prefetch_depth(), placement.persist_threshold())
+           ? WeightGather::comm_bytes(layout, half, placement.prefetch_depth(),
+                                      placement.persist_threshold())
+           : 0) +
+      (placement.params_in_file()
+           ? WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),
+                                          placement.persist_threshold(),
+                                          placement.params_file_range())
+                 .comm
            : 0);
 }
 
@@ -308,13 +317,18 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
                    : plan_step(r.model, r.B, r.T, act);
   if (placement.params_in_file()) {
     const DType half = half_dtype(precision.precision);
-    const bool master = placement.master().where != Residence::none;
+    // The update writes every block back, and without master weights reads it first; LoRA's
+    // frozen base is never written (Note [LoRA], "The frozen base on disk").
+    const offload::ParamUpdateIo update =
+        spec.lora.enabled()                                ? offload::ParamUpdateIo::none
+        : placement.master().where != Residence::none ? offload::ParamUpdateIo::write
+                                                          : offload::ParamUpdateIo::read_write;
     // At stage 3 the rank's shard of the working weights alone.
     const std::optional<ElementRange> mine = placement.params_file_range();
     const offload::ParamFileLayout file =
         offload::make_param_file_layout(layout, half, spec.persist_threshold, mine);
     const offload::ParamIoBytes io = offload::param_io_bytes_per_step(
-        layout, half, r.step.phases, spec.grad_accum, spec.persist_threshold, master, mine);
+        layout, half, r.step.phases, spec.grad_accum, spec.persist_threshold, update, mine);
     r.disk_by_category[static_cast<size_t>(Category::params)] += file.file_bytes;
     r.disk_bytes += file.file_bytes;
     r.param_read_bytes = io.read;
@@ -398,7 +412,10 @@ bool save_streams_weights(const RunSpec& spec) {
       spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
   // QLoRA's base is NF4 in RAM: the save streams it dequantized (Note [NF4 weights], "QLoRA").
   const bool nf4 = spec.lora.enabled() && spec.lora.base_nf4();
-  return spec.world == 1 && (nf4 || (spec.offload.optimizer && (master || spec.offload.params)));
+  // LoRA's frozen base on disk (Note [LoRA], "The frozen base on disk"): streamed from its file.
+  const bool frozen_file = spec.lora.enabled() && spec.offload.params;
+  return spec.world == 1 &&
+         (nf4 || frozen_file || (spec.offload.optimizer && (master || spec.offload.params)));
 }
 
 int64_t save_nf4_staging_elements(const RunSpec& spec, const StepPlan& step) {
@@ -503,8 +520,9 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
     in.comm_copied_bytes += t.copied_bytes(spec.model.tp);
     in.comm_summed_bytes += t.summed_bytes(spec.model.tp);
   }
-  if (spec.offload.optimizer) {
+  if (spec.offload.optimizer || spec.offload.params) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
+    // (LoRA's frozen base on disk: its micro-batches' reads alone, no update I/O.)
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);
     // --offload-grads: the backward's part (blocks written, read back under accumulation) is
     // apart, hidden behind the backward rather than the update (the update's reads of the
@@ -520,11 +538,13 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
     // micro-batches apart (they overlap compute), their update-time I/O with the update's.
     const double files = double(r.io_bytes_per_step - r.param_read_bytes - r.param_written_bytes -
                                 backward_read - backward_written);
-    const double micro_reads = double(r.param_read_bytes) -
-                               (spec.precision.precision != Precision::fp32 &&
-                                        spec.precision.master_weights
-                                    ? 0.0
-                                    : double(r.param_written_bytes));
+    // (The update's reads of the blocks: without master weights, as many as it writes; none
+    // with them, nor for LoRA's frozen base.)
+    const bool update_reads = !spec.lora.enabled() &&
+                              (spec.precision.precision == Precision::fp32 ||
+                               !spec.precision.master_weights);
+    const double micro_reads =
+        double(r.param_read_bytes) - (update_reads ? double(r.param_written_bytes) : 0.0);
     in.offload_io_seconds = disk.seconds(files / 2.0 + (double(r.param_read_bytes) - micro_reads),
                                          files / 2.0 + double(r.param_written_bytes));
     in.param_read_seconds = disk.seconds(micro_reads, 0);

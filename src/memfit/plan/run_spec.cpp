@@ -10,8 +10,9 @@ namespace memfit {
 
 namespace {
 
-// LoRA under ZeRO stages 1-3 and with the base offloaded: refused before anything is built,
-// saying why (Note [LoRA], "ZeRO and offload: what is refused, and why").
+// LoRA under ZeRO stages 1-2, with the optimizer or the gradients offloaded, and with the base
+// offloaded over several ranks at stage 0: refused before anything is built, saying why (Note
+// [LoRA], "ZeRO and offload: what is refused, and why").
 void refuse_lora_sharding(const RunSpec& spec) {
   ModelConfig model = spec.model;
   model.finalize();
@@ -31,15 +32,28 @@ void refuse_lora_sharding(const RunSpec& spec) {
                  "for little to save. Give --zero 0 (the adapters replicated and their gradients "
                  "all-reduced) or --zero 3 (the frozen base sharded too)",
                  spec.zero, spec.zero == 2 ? " and gradients" : "", adapters);
-  if (spec.offload.params)
+  // Offload (Note [LoRA], "The frozen base on disk"): the frozen base's blocks in a file,
+  // read only, in one process or each rank's shard at stage 3; the adapters and their
+  // optimizer stay in RAM.
+  if (spec.offload.optimizer)
     MEMFIT_THROW(ConfigError, "config",
-                 "--offload-params with --lora-rank is not built: the working weights' file is "
-                 "written back by --offload-optimizer's streamed update of the base, which "
-                 "--offload-params requires, while LoRA's optimizer steps the adapters ({} f32 "
-                 "elements) in RAM and the base is never written (a read-only file source, its "
-                 "plan and its save are not built); give --precision bf16 for a base of 2 bytes "
-                 "a parameter, or --zero 3 over several ranks",
+                 "--offload-optimizer with --lora-rank is not built: LoRA's optimizer state is "
+                 "the adapters' alone ({} f32 elements), kept in RAM with them, while the "
+                 "offloaded update streams the base's layout, which LoRA never steps. To keep "
+                 "the frozen base on disk give --offload-params nvme --offload-dir DIR alone",
                  adapters);
+  if (spec.offload.grads)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-grads with --lora-rank: the frozen base has no gradients to "
+                 "offload, and the adapters' ({} f32 elements) stay in RAM; drop "
+                 "--offload-grads (--offload-params nvme keeps the base on disk)",
+                 adapters);
+  if (spec.offload.params && spec.world > 1 && spec.zero != 3)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-params with --lora-rank under {} ranks at --zero {}: every rank would "
+                 "hold a whole copy of the frozen base's file; give --zero 3 (each rank's shard "
+                 "of the base in its file) or one process",
+                 spec.world, spec.zero);
 }
 
 }  // namespace
@@ -121,24 +135,24 @@ void RunSpec::check() const {
     check_lora_options(lora, model.family);
     refuse_lora_sharding(*this);
     // What is built (Note [LoRA], "What remains"): fp32 or bf16 (the base bf16 alone, no
-    // master weights: resolve_run), one process or data-parallel ranks at stage 0 (the
-    // adapters' gradients all-reduced whole: "Over data-parallel ranks") or stage 3 (the frozen
-    // base sharded and gathered too: "ZeRO stage 3"), every weight in RAM.
+    // master weights: resolve_run), one process (the frozen base in RAM, or its blocks in a
+    // file: "The frozen base on disk") or data-parallel ranks at stage 0 (the adapters'
+    // gradients all-reduced whole: "Over data-parallel ranks") or stage 3 (the frozen base
+    // sharded and gathered too: "ZeRO stage 3"), every weight in RAM.
     const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
                           : precision.master_weights && precision.precision != Precision::fp32
                               ? "master weights for the frozen base"
                           : world > 1 && sync_every_micro_batch ? "--sync-every-micro-batch"
                           : (zero != 0 && zero != 3) || zero_auto ? "--zero"
-                          : offload.optimizer || offload.params || offload.grads
-                              ? "--offload-*"
                           : grad_dtype != DType::f32 ? "--grad-dtype bf16"
                           : update_in_backward       ? "--update-in-backward"
                                                      : nullptr;
     if (refused)
       MEMFIT_THROW(ConfigError, "config",
                    "--lora-rank with {} is not built: LoRA trains in fp32 or bf16, in one process "
-                   "or over data-parallel ranks at --zero 0 or 3, with every weight in RAM (no "
-                   "--zero 1-2, no --offload-*, no --update-in-backward, no "
+                   "or over data-parallel ranks at --zero 0 or 3, the frozen base in RAM or "
+                   "(--offload-params nvme, not at --zero 0 over ranks) on disk (no --zero 1-2, no "
+                   "--offload-optimizer or --offload-grads, no --update-in-backward, no "
                    "--sync-every-micro-batch)",
                    refused);
   }
@@ -173,7 +187,9 @@ void RunSpec::check() const {
   // stream (with it in RAM the update would need every block's weights in RAM at once); and one
   // process, or ZeRO stage 3 (each rank's shard in its file, read, then all-gathered): below
   // stage 3 every rank holds and would write the whole working copy.
-  if (offload.params && !offload.optimizer)
+  // (LoRA's frozen base is never written: its file needs no update; Note [LoRA], "The frozen
+  // base on disk".)
+  if (offload.params && !offload.optimizer && !lora.enabled())
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-params nvme needs --offload-optimizer nvme: the update that streams "
                  "the optimizer state a piece at a time is what writes each block's new working "
@@ -205,6 +221,10 @@ void RunSpec::check() const {
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer nvme keeps the optimizer state in files, so it needs "
                  "--offload-dir DIR (a directory on the disk to use)");
+  if (offload.params && offload.dir.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--offload-params nvme keeps the blocks' weights in a file, so it needs "
+                 "--offload-dir DIR (a directory on the disk to use)");
   // The offloaded update reads the gradients from their file; an update in RAM would need the
   // whole slab back. Over several ranks the gradients are already per unit and a shard
   // (stages 2-3) or all-reduced whole (stages 0-1): not built (Note [NVMe offload]).
@@ -220,7 +240,7 @@ void RunSpec::check() const {
   check_update_in_backward();
   // Given --offload-dir alone, a search may offload, and its offloaded candidates must fit the
   // limit (Note [NVMe offload], "Choosing offload").
-  if (offload.disk_limit && !offload.optimizer && !offload_open)
+  if (offload.disk_limit && !offload.optimizer && !offload.params && !offload_open)
     MEMFIT_THROW(ConfigError, "config",
                  "--disk-limit bounds the offload files, so it needs --offload-optimizer nvme "
                  "(or --offload-dir with --ckpt auto / --auto-batch / --zero auto, which may "
@@ -263,7 +283,9 @@ void RunSpec::check_update_in_backward() const {
 // --base-dtype (Note [NF4 weights], "QLoRA"): the frozen base's storage, so LoRA's alone; bf16
 // is --precision bf16's base; NF4 (QLoRA) is built in one process with every weight in RAM, in
 // fp32 or bf16 (the rules LoRA's own list above has, named here again so that a LoRA built
-// under ZeRO or offload still refuses an NF4 base).
+// under ZeRO or offload still refuses an NF4 base). Not with --offload-params: the file holds
+// the working layout's blocks, while an NF4 base keeps the blocks' linears in a buffer of
+// their own (model/nf4_base.h) that the file source neither reads nor writes.
 void RunSpec::check_base_dtype() const {
   if (lora.base == LoraBase::precision) return;
   if (!lora.enabled())
@@ -276,11 +298,17 @@ void RunSpec::check_base_dtype() const {
                  "give --precision bf16, or --base-dtype nf4",
                  precision_name(precision.precision));
   if (!lora.base_nf4()) return;
+  if (offload.params)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--base-dtype nf4 with --offload-params is not built: the file holds the "
+                 "blocks of the working weights' layout, while the NF4 base keeps the blocks' "
+                 "linears quantized in a buffer of their own, which the file source does not "
+                 "read; give --base-dtype bf16 (with --precision bf16) to keep the base on "
+                 "disk, or the NF4 base in RAM");
   const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
                         : world > 1                            ? "several ranks"
                         : zero != 0 || zero_auto               ? "--zero"
-                        : offload.optimizer || offload.params || offload.grads
-                            ? "--offload-*"
+                        : offload.optimizer || offload.grads   ? "--offload-*"
                         : grad_dtype != DType::f32 ? "--grad-dtype bf16"
                         : update_in_backward       ? "--update-in-backward"
                                                    : nullptr;

@@ -210,7 +210,8 @@ RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
   t.offload.grads = c.offload_grads;
   t.offload_grads_open = false;
   t.offload_open = false;
-  if (!c.offload) t.offload.disk_limit = 0;  // it bounds offload files: a run in RAM has none
+  // It bounds offload files: a run in RAM has none.
+  if (!c.offload && !c.offload_params) t.offload.disk_limit = 0;
   t.zero = c.zero;
   t.zero_auto = false;
   pull_levers(t, c.levers);
@@ -238,14 +239,17 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
                         : std::vector<ActCompress>{base.act_compress};
   // 0: in RAM; 1: the optimizer offloaded; 2: the working weights too (in one process, or at
   // stage 3 each rank's shard: RunSpec::check).
-  std::vector<int> offloads = {base.offload.optimizer ? (base.offload.params ? 2 : 1) : 0};
-  if (space.offload) offloads = {0, 1, 2};
+  // LoRA (Note [LoRA], "The frozen base on disk"): the adapters' optimizer stays in RAM, so
+  // level 2 is the frozen base's file alone, and there is no level 1.
+  const bool frozen = base.lora.enabled();
+  std::vector<int> offloads = {base.offload.params ? 2 : base.offload.optimizer ? 1 : 0};
+  if (space.offload) offloads = frozen ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2};
   // Each offloaded level also with the gradients on disk, where they may be (one process, the
   // optimizer offloaded: RunSpec::check): (level, --offload-grads).
   std::vector<std::pair<int, bool>> levels;
   for (int level : offloads) {
     levels.emplace_back(level, level >= 1 && base.offload.grads);
-    if (level >= 1 && space.offload_grads && base.world == 1 && !base.offload.grads)
+    if (level >= 1 && space.offload_grads && base.world == 1 && !base.offload.grads && !frozen)
       levels.emplace_back(level, true);
   }
   const std::vector<int> stages =
@@ -277,14 +281,16 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             at_stage.zero = stage;
             if (level == 2 && !StatePlacement::allows_params_offload(at_stage, base.world))
               continue;
-            if (offload && !StatePlacement::allows_optimizer_offload(at_stage, base.world))
+            // (LoRA's frozen base offloads no optimizer: only where the base is a shard.)
+            if (offload && !frozen &&
+                !StatePlacement::allows_optimizer_offload(at_stage, base.world))
               continue;
             Candidate c;
             c.ckpt = policy;
             c.act_compress = compress;
             c.batch = b;
             c.grad_accum = global / b;
-            c.offload = offload;
+            c.offload = offload && !frozen;
             c.offload_params = level == 2;
             c.offload_grads = offload_grads;
             c.zero = stage;

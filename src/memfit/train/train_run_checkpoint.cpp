@@ -8,6 +8,7 @@
 #include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/checkpoint/nf4_base_file.h"
+#include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/memory/rss.h"
 #include "memfit/plan/memory_plan.h"
@@ -162,6 +163,19 @@ void TrainRun::stage_shards() {
     // Without master weights: the working weights (whole at stages 1-2, the shard itself at
     // stage 3) are the weights of record.
     off_->save_shard(file, gpt_->whole_weights() ? my_part(gpt_->weights()) : gpt_->weights());
+  } else if (base_record_ && gpt_->params_offloaded()) {
+    // LoRA at stage 3 with the base on disk: the frozen base's shard streamed from its file
+    // (the persistent units' parts from RAM), the same bytes as from RAM; no state.
+    io::SafetensorsWriter writer;
+    WeightGather& base = *zero_.weights;
+    const ElementRange R = base_record_->range();
+    if (R.size() > 0)
+      writer.add_source(std::string(io::kZeroWeightsKey), io::safetensors_dtype_of(base.dtype()),
+                        {R.size()}, [&base](const io::SafetensorsWriter::ByteSink& sink) {
+                          base.read_mine([&](const char* buf, size_t bytes) { sink(buf, bytes); });
+                        });
+    io::set_zero_shard_metadata(writer, base_record_->name(), base_record_->steps_taken(), R);
+    writer.write(file);
   } else if (base_record_) {  // LoRA at stage 3: the frozen base's shard, no state
     io::save_zero_shard(file, *base_record_, gpt_->weights());
   } else {

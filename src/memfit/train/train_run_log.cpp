@@ -117,7 +117,8 @@ void TrainRun::params_io_waits() {
 // update's write-back), also apart under "params"; with --offload-grads the gradients' (the
 // backward's writes and reads back, the update's reads), also apart under "grads".
 json TrainRun::offload_line(const IoMark& before) {
-  const offload::IoStats& io = off_->stats();
+  // (LoRA's frozen base on disk: its file alone, no optimizer's.)
+  const offload::IoStats io = off_ ? off_->stats() : offload::IoStats{};
   const offload::ParamIoStats p = offload::param_io_stats(param_file_.get()) - before.params;
   const offload::IoStats g = grads_file_ ? grads_file_->stats() : offload::IoStats{};
   const uint64_t g_read = g.bytes_read - before.grads.bytes_read,
@@ -130,7 +131,7 @@ json TrainRun::offload_line(const IoMark& before) {
             {"written_bytes", written},
             {"wait_seconds", io.wait_seconds - before.optimizer.wait_seconds},
             {"update_seconds", io.update_seconds - before.optimizer.update_seconds},
-            {"engine", off_->engine().name()}};
+            {"engine", off_ ? off_->engine().name() : param_file_->engine().name()}};
   if (param_file_)
     o["params"] = {{"read_bytes", p.read_bytes},
                    {"written_bytes", p.written_bytes},
@@ -174,7 +175,7 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
       line["tensor_comm_bytes"]["reduce_scatter_count"] = r.tensor_comm.reduce_scatter_count;
     }
   }
-  if (off_) line["offload"] = offload_line(r.before);
+  if (off_ || param_file_) line["offload"] = offload_line(r.before);
   if (scaler_) {
     line["loss_scale"] = r.loss_scale;
     line["skipped"] = r.update.skipped;
@@ -216,7 +217,8 @@ void TrainRun::log_rank_peaks() {
   for (int q = 0; q < n; ++q) {
     const RankPeak& p = peaks[static_cast<size_t>(q)];
     json rank = {{"rank", q}, {"peak_bytes", p.peak}, {"mem", memory_json(p.by_category)}};
-    if (off_) rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};
+    if (off_ || param_file_)
+      rank["offload"] = {{"disk", memory_json(p.disk)}, {"io_bytes_per_step", p.io_bytes}};
     ranks.push_back(std::move(rank));
   }
   log_line({{"zero", placement_.stage()}, {"ranks", ranks}});

@@ -79,18 +79,20 @@ void TrainRun::make_state_files() {
   // The directories made here (--offload-dir, a rank's subdirectory) go when the run ends, after
   // the files that the objects below remove as they are destroyed, or when it fails first (a
   // disk too small): no empty directory is left (io/created_directories.h).
-  if (offload_) offload_dirs_.create(offload_dir_, "offload", "--offload-dir " + spec_.offload.dir);
+  // (LoRA's frozen base may be the one file: Note [LoRA], "The frozen base on disk".)
+  const bool files = offload_ || placement_.params_in_file();
+  if (files) offload_dirs_.create(offload_dir_, "offload", "--offload-dir " + spec_.offload.dir);
   offload_run_ = fmt::format("memfit-{}-{}", ::getpid(),
                             std::chrono::system_clock::now().time_since_epoch().count());
   // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
   // stage 3 this rank's shard of them), read through the model's ring (WeightGather's file
-  // source; at stage 3 read, then all-gathered) and written back by the offloaded update.
+  // source; at stage 3 read, then all-gathered) and written back by the offloaded update
+  // (LoRA's frozen base: read only, never written after the set-up).
   // Made before the model, so the model (whose ring the requests use) and its waits for them
   // go first (Note [NVMe offload], "Working weights on disk").
   // Every rank's offload files against the free bytes of the filesystem it shares with the
   // other ranks there, before any file is made (train/offload_disk.h).
-  if (placement_.optimizer_in_file())
-    check_offload_disk(comm_, offload_dir_, plan_memory(spec_, comm_.rank()).disk_bytes);
+  if (files) check_offload_disk(comm_, offload_dir_, plan_memory(spec_, comm_.rank()).disk_bytes);
   if (placement_.params_in_file())
     param_file_ = std::make_unique<offload::ParamFile>(
         ParamLayout(mc_), half_dtype(spec_.precision.precision), placement_.persist_threshold(),
@@ -150,7 +152,7 @@ void TrainRun::make_model() {
 }
 
 void TrainRun::create_optimizer() {
-  if (offload_ && spec_.offload.disk_limit) check_disk_limit();
+  if ((offload_ || param_file_) && spec_.offload.disk_limit) check_disk_limit();
   if (offload_)
     off_ = std::make_unique<offload::OffloadedOptimizer>(
         spec_.optim, gpt_->layout(), master_, pool_, offload_dir_, offload_run_,
@@ -171,9 +173,12 @@ void TrainRun::create_optimizer() {
 
 // --disk-limit against every offload file of this rank, before the optimizer's are made.
 void TrainRun::check_disk_limit() const {
-  const uint64_t need = offload::make_offload_layout(gpt_->layout(), spec_.optim, master_,
-                                                     offload::kMaxPieceElements, my_shard_)
-                            .disk_total() +
+  const uint64_t need = (offload_ ? offload::make_offload_layout(gpt_->layout(), spec_.optim,
+                                                                 master_,
+                                                                 offload::kMaxPieceElements,
+                                                                 my_shard_)
+                                         .disk_total()
+                                   : 0) +
                         (param_file_ ? param_file_->layout().file_bytes : 0) +
                         (grads_file_ ? grads_file_->file_layout().file_bytes : 0);
   if (need > spec_.offload.disk_limit)
@@ -215,9 +220,9 @@ void TrainRun::prepare_step() {
     profiler_->recorder()->set_plan(gpt_->step_plan());
     gpt_->set_step_observer(profiler_->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).
-    if (off_) {
+    if (off_ || param_file_) {
       profiler_->set_disk(offload_files());
-      off_->record_waits(true);
+      if (off_) off_->record_waits(true);
       if (param_file_) param_file_->record_waits(true);
     }
   }
