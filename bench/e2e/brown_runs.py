@@ -10,6 +10,8 @@ memory, and writes everything to docs/bench/brown_<suite>.json.
   python3 bench/e2e/brown_runs.py optimizers    # 600 steps in bf16: adamw, adamw8bit, lion, ...
   python3 bench/e2e/brown_runs.py act_compress  # 600 steps in bf16: --act-compress none, int8, fp8
   python3 bench/e2e/brown_runs.py low_state     # 600 steps in bf16: adamw4bit, apollo, ...
+  python3 bench/e2e/brown_runs.py low_state_124m  # 300 steps of GPT-2 124M: adamw, apollo-mini,
+                                                  # galore (issue 44's 100M+ runs)
   python3 bench/e2e/brown_runs.py fp8           # 600 steps: --precision bf16 against fp8 (issue 44
                                                 # item 3: the final val loss within 1% of bf16's)
 
@@ -56,6 +58,14 @@ SUITES = {
         ("adamw-uib-unit-clip", ["--optim", "adamw", "--update-in-backward",
                                  "--clip-mode", "unit"]),
     ]),
+    # The best two of low_state at GPT-2 small's size (124M), where the low-rank methods'
+    # papers report them closer to AdamW than at 30M: GaLore at its paper's 130M rank (256),
+    # APOLLO-Mini at rank 1, AdamW beside them; GPT-2's usual 6e-4 for all three.
+    "low_state_124m": (300, [
+        ("adamw", ["--optim", "adamw"]),
+        ("apollo-mini", ["--optim", "apollo-mini"]),
+        ("galore", ["--optim", "galore", "--optim-rank", "256"]),
+    ]),
     # The saved activations in 8 bits (Note [Activation compression]), from the same start.
     "act_compress": (600, [
         ("none", ["--act-compress", "none"]),
@@ -77,6 +87,9 @@ SUITE_COMMON = {"precision": [], "optimizers": ["--precision", "bf16", "--batch"
                 # config's --ckpt auto under 630 MiB would choose per optimizer).
                 "low_state": ["--precision", "bf16", "--batch", "4", "--ckpt", "none",
                               "--mem-limit", "8GiB", "--profile", ""],
+                "low_state_124m": ["--model", "gpt2", "--precision", "bf16", "--batch", "4",
+                                   "--ckpt", "none", "--mem-limit", "8GiB", "--profile", "",
+                                   "--lr", "6e-4", "--min-lr", "6e-5"],
                 # As low_state: the config's --ckpt auto would choose per precision (fp8's cast
                 # buffers are larger), and two runs at once would share its profile directory.
                 "fp8": ["--batch", "4", "--ckpt", "none", "--mem-limit", "8GiB", "--profile", ""]}
@@ -141,7 +154,8 @@ def main():
     ref = results[0]["final_val_loss"]
     marks = sorted({s for r in results for s, _ in r["val"]})
     batch = "4" if "--batch" in SUITE_COMMON[args.suite] else "8"
-    print(f"\n{args.suite}: {steps} steps, 6x384 GPT-2, {batch} x 256 tokens, Brown corpus, "
+    shape = "GPT-2 124M" if "--model" in SUITE_COMMON[args.suite] else "6x384 GPT-2"
+    print(f"\n{args.suite}: {steps} steps, {shape}, {batch} x 256 tokens, Brown corpus, "
           f"{' '.join(SUITE_COMMON[args.suite]) or 'fp32'}\n")
     print("| run | final val loss | gap to " + results[0]["name"] + " | " +
           " | ".join(f"val @{m}" for m in marks) + " | tokens/s | peak MiB | skipped |")
