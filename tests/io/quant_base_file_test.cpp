@@ -1,5 +1,6 @@
-// A QLoRA save's NF4 base file (io/checkpoint/nf4_base_file.h): the bytes come back as they
-// were, and a file of another model's shape is an IoError naming the file and the tensor.
+// A save's quantized base file (io/checkpoint/quant_base_file.h), NF4 and int8: the bytes come
+// back as they were, and a file of another model's shape or of the other format is an IoError
+// naming the file and the tensor.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,7 +10,7 @@
 #include <unistd.h>
 
 #include "memfit/core/error.h"
-#include "memfit/io/checkpoint/nf4_base_file.h"
+#include "memfit/io/checkpoint/quant_base_file.h"
 
 namespace memfit {
 namespace {
@@ -28,31 +29,45 @@ ModelConfig tiny(int d_model) {
   return c;
 }
 
-TEST(Nf4BaseFile, RoundTripsByteForByteAndRefusesAnotherShape) {
-  const std::filesystem::path file =
-      std::filesystem::temp_directory_path() /
-      ("memfit_nf4_base_" + std::to_string(::getpid()) + ".safetensors");
-  MemoryPool pool;
-  const Nf4BaseLayout layout(tiny(64));
-  const auto n = static_cast<int64_t>(layout.bytes());
-  Tensor a = Tensor::empty(pool, {n}, DType::u8, Category::staging, "a");
-  Tensor b = Tensor::empty(pool, {n}, DType::u8, Category::staging, "b");
-  for (int64_t i = 0; i < n; ++i) a.data<uint8_t>()[i] = static_cast<uint8_t>(i * 131 + 7);
-  std::memset(b.raw_data(), 0, static_cast<size_t>(n));
-  io::save_nf4_base(file, layout, a);
-  io::load_nf4_base(file, layout, b);
-  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), static_cast<size_t>(n)), 0);
-  const Nf4BaseLayout other(tiny(128));
-  Tensor c = Tensor::empty(pool, {static_cast<int64_t>(other.bytes())}, DType::u8,
-                           Category::staging, "c");
-  try {
-    io::load_nf4_base(file, other, c);
-    ADD_FAILURE() << "another model's NF4 base loaded";
-  } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.layers.0.qkv.nf4"), std::string::npos)
-        << e.what();
+using kernels::WeightQuant;
+
+TEST(QuantBaseFile, RoundTripsByteForByteAndRefusesAnotherShapeOrFormat) {
+  for (const WeightQuant format : {WeightQuant::nf4, WeightQuant::int8}) {
+    const std::string name(kernels::weight_quant_name(format));
+    SCOPED_TRACE(name);
+    const std::filesystem::path file =
+        std::filesystem::temp_directory_path() /
+        ("memfit_" + name + "_base_" + std::to_string(::getpid()) + ".safetensors");
+    MemoryPool pool;
+    const QuantBaseLayout layout(tiny(64), format);
+    const auto n = static_cast<int64_t>(layout.bytes());
+    Tensor a = Tensor::empty(pool, {n}, DType::u8, Category::staging, "a");
+    Tensor b = Tensor::empty(pool, {n}, DType::u8, Category::staging, "b");
+    for (int64_t i = 0; i < n; ++i) a.data<uint8_t>()[i] = static_cast<uint8_t>(i * 131 + 7);
+    std::memset(b.raw_data(), 0, static_cast<size_t>(n));
+    io::save_quant_base(file, layout, a);
+    io::load_quant_base(file, layout, b);
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), static_cast<size_t>(n)), 0);
+    const QuantBaseLayout other(tiny(128), format);
+    Tensor c = Tensor::empty(pool, {static_cast<int64_t>(other.bytes())}, DType::u8,
+                             Category::staging, "c");
+    try {
+      io::load_quant_base(file, other, c);
+      ADD_FAILURE() << "another model's base loaded";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("model.layers.0.qkv." + name), std::string::npos)
+          << e.what();
+    }
+    // The same model in the other format: its tensors are not in the file.
+    const QuantBaseLayout swapped(
+        tiny(64), format == WeightQuant::nf4 ? WeightQuant::int8 : WeightQuant::nf4);
+    Tensor d = Tensor::empty(pool, {static_cast<int64_t>(swapped.bytes())}, DType::u8,
+                             Category::staging, "d");
+    EXPECT_THROW(io::load_quant_base(file, swapped, d), IoError);
+    std::filesystem::remove(file);
   }
-  std::filesystem::remove(file);
+  EXPECT_EQ(io::quant_base_file(WeightQuant::nf4), "base_nf4.safetensors");
+  EXPECT_EQ(io::quant_base_file(WeightQuant::int8), "base_int8.safetensors");
 }
 
 }  // namespace

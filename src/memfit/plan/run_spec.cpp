@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/cpu/quant_weight.h"
 
 namespace memfit {
 
@@ -58,7 +59,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.grads_in_arena = grads_share_arena();
   o.lora_rank = lora.rank;
   o.lora_dropout = lora.enabled() ? lora.dropout : 0.0f;
-  o.base_nf4 = lora.enabled() && lora.base_nf4();
+  o.base_quantized = lora.enabled() && lora.base_quant().has_value();
   return o;
 }
 
@@ -251,10 +252,11 @@ void RunSpec::check_update_in_backward() const {
                  "into f32), so there is nothing to hold in bf16; drop --grad-dtype bf16");
 }
 
-// --base-dtype (Note [NF4 weights], "QLoRA"): the frozen base's storage, so LoRA's alone; bf16
-// is --precision bf16's base; NF4 (QLoRA) is built in one process with every weight in RAM, in
-// fp32 or bf16 (the rules LoRA's own list above has, named here again so that a LoRA built
-// under ZeRO or offload still refuses an NF4 base).
+// --base-dtype (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the frozen base's storage,
+// so LoRA's alone; bf16 is --precision bf16's base; a quantized base (NF4, QLoRA, or int8) is
+// built in one process with every weight in RAM, in fp32 or bf16 (the rules LoRA's own list
+// above has, named here again so that a LoRA built under ZeRO or offload still refuses a
+// quantized base).
 void RunSpec::check_base_dtype() const {
   if (lora.base == LoraBase::precision) return;
   if (!lora.enabled())
@@ -264,9 +266,10 @@ void RunSpec::check_base_dtype() const {
   if (lora.base == LoraBase::bf16 && precision.precision != Precision::bf16)
     MEMFIT_THROW(ConfigError, "config",
                  "--base-dtype bf16 is the base of --precision bf16 (got --precision {}): "
-                 "give --precision bf16, or --base-dtype nf4",
+                 "give --precision bf16, or --base-dtype nf4 or int8",
                  precision_name(precision.precision));
-  if (!lora.base_nf4()) return;
+  const std::optional<kernels::WeightQuant> quant = lora.base_quant();
+  if (!quant) return;
   const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
                         : world > 1                            ? "several ranks"
                         : zero != 0 || zero_auto               ? "--zero"
@@ -277,9 +280,10 @@ void RunSpec::check_base_dtype() const {
                                                    : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
-                 "--base-dtype nf4 with {} is not built: the NF4 base (QLoRA) trains in fp32 or "
-                 "bf16, in one process, with every weight in RAM",
-                 refused);
+                 "--base-dtype {} with {} is not built: the {} base trains in fp32 or bf16, in one "
+                 "process, with every weight in RAM",
+                 kernels::weight_quant_name(*quant), refused,
+                 *quant == kernels::WeightQuant::nf4 ? "NF4 (QLoRA)" : "int8");
 }
 
 }  // namespace memfit
