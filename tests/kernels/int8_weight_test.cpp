@@ -157,7 +157,9 @@ TEST(Int8Quantize, ZeroRowsAndExtremes) {
   std::vector<float> ref_out(x.size());
   ref::int8_dequantize(want.w, ref_out.data());
   for (size_t i = 0; i < x.size(); ++i)
-    if (!std::isnan(ref_out[i])) EXPECT_EQ(out[i], ref_out[i]) << i;
+    if (!std::isnan(ref_out[i])) {
+      EXPECT_EQ(out[i], ref_out[i]) << i;
+    }
 }
 
 TEST(Int8Quantize, FastMatchesReferenceBitForBit) {
