@@ -1,4 +1,4 @@
-// NF4 weights (kernels/cpu/nf4.h, nf4_matmul.h) against dense ones: the forward product of
+// NF4 weights (kernels/cpu/nf4.h, quant_matmul.h) against dense ones: the forward product of
 // 2048 rows (1 x 2048 tokens) with a LLaMA-7B-sized weight, 4096 x 4096 (attention) and
 // 4096 x 11008 / 11008 x 4096 (the MLP's down and up projections; out x in), the NF4 weight
 // dequantized a tile at a time into the GEMM against the same GEMM on a dense weight of the
@@ -16,7 +16,7 @@
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
 #include "memfit/kernels/cpu/nf4.h"
-#include "memfit/kernels/cpu/nf4_matmul.h"
+#include "memfit/kernels/cpu/quant_matmul.h"
 
 namespace memfit::kernels {
 namespace {
@@ -59,8 +59,8 @@ DType compute_type(benchmark::State& state, int arg) {
 }
 
 Tensor nf4_scratch(MemoryPool& pool, int64_t R, int64_t IC, int64_t OC, DType t) {
-  return Tensor::empty(pool, {static_cast<int64_t>(nf4_matmul_scratch_bytes(R, IC, OC, t))},
-                       DType::u8, Category::workspace, "ws.nf4");
+  return Tensor::empty(pool, {static_cast<int64_t>(quant_matmul_scratch_bytes(R, IC, OC, t))},
+                       DType::u8, Category::workspace, "ws.quant");
 }
 
 // Args: R, OC, IC, bf16. out (R, OC) in the compute type = inp @ W^T, W NF4.
@@ -73,7 +73,7 @@ void BM_Nf4Matmul_Forward(benchmark::State& state) {
   Tensor out = Tensor::empty(pool, {R, OC}, t, Category::activations, "out");
   Tensor ws = nf4_scratch(pool, R, IC, OC, t);
   for (auto _ : state) {
-    nf4_matmul_forward(out, inp, q.w, ws);
+    quant_matmul_forward(out, inp, q.w, ws);
     benchmark::DoNotOptimize(out.raw_data());
   }
   state.counters["FLOP/s"] =
@@ -114,7 +114,7 @@ void BM_Nf4Matmul_BackwardInput(benchmark::State& state) {
   Tensor dinp = Tensor::empty(pool, {R, IC}, t, Category::activations, "dinp");
   Tensor ws = nf4_scratch(pool, R, IC, OC, t);
   for (auto _ : state) {
-    nf4_matmul_backward_input(dinp, dout, q.w, ws);
+    quant_matmul_backward_input(dinp, dout, q.w, ws);
     benchmark::DoNotOptimize(dinp.raw_data());
   }
   state.counters["FLOP/s"] =

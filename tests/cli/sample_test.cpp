@@ -6,6 +6,7 @@
 // of stdin as the plain template's prompt would be continued; bad options name themselves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -41,11 +42,13 @@ class Sample : public test::BinaryTest {
     return ck;
   }
   // A LoRA save of `preset` after three steps (a learning rate that moves B off zero).
-  // `more`: further train options (QLoRA's --base-dtype nf4).
+  // `more`: further train options (a quantized base: --base-dtype nf4 or int8).
   fs::path lora_checkpoint(const std::string& preset, const std::string& more = "") const {
     std::ofstream(dir / "data" / "dataset.json")
         << R"({"tokenizer": "byte", "vocab_size": 256, "eot_token": 0, "token_bytes": 2})";
-    const fs::path ck = dir / ("lora-" + preset + (more.empty() ? "" : "-more"));
+    std::string tail = more;  // the options as a directory name
+    std::replace(tail.begin(), tail.end(), ' ', '_');
+    const fs::path ck = dir / ("lora-" + preset + (more.empty() ? "" : "-" + tail));
     const Output r = memfit(fmt::format(
         "train --model {} --threads 1 --seq-len 64 --batch 2 --eval-every 0 --steps 3 "
         "--precision fp32 --lora-rank 4 --lora-alpha 16 --lr 0.05 --data '{}' --save '{}' {}",
@@ -119,27 +122,31 @@ TEST_F(Sample, ALoraSaveSamplesAsItsMergedExport) {
   }
 }
 
-// QLoRA (Note [NF4 weights], "QLoRA"): the save's model.safetensors is the NF4 base
-// dequantized, so sample and export --merge-lora merge the adapters into the model they were
-// trained against, and agree; the NF4 bytes are beside it for --resume.
+// QLoRA (Note [NF4 weights], "QLoRA") and an int8 base (Note [Int8 weights]): the save's
+// model.safetensors is the quantized base dequantized, so sample and export --merge-lora merge
+// the adapters into the model they were trained against, and agree; the quantized bytes are
+// beside it for --resume.
 TEST_F(Sample, AQloraSaveSamplesAsItsMergedExport) {
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
-    SCOPED_TRACE(preset);
-    const fs::path ck = lora_checkpoint(preset, "--base-dtype nf4"),
-                   hf = dir / (std::string("qmerged-") + preset);
-    EXPECT_TRUE(fs::exists(ck / "base_nf4.safetensors"));
-    Output r = memfit(fmt::format("export --hf '{}' '{}' --merge-lora", hf.string(), ck.string()));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const Output lora = memfit(sample(ck, "--temperature 0 --tokens 40 --tokenizer byte"));
-    ASSERT_EQ(lora.exit_code, 0) << lora.err;
-    EXPECT_TRUE(lora.says("merged into the weights")) << lora.err;
-    const Output merged = memfit(sample(hf, "--temperature 0 --tokens 40 --tokenizer byte"));
-    ASSERT_EQ(merged.exit_code, 0) << merged.err;
-    EXPECT_GT(lora.out.size(), std::string(kPrompt).size());
-    EXPECT_EQ(lora.out, merged.out);
+  for (const char* base : {"nf4", "int8"}) {
+    for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+      SCOPED_TRACE(fmt::format("{} {}", base, preset));
+      const fs::path ck = lora_checkpoint(preset, fmt::format("--base-dtype {}", base)),
+                     hf = dir / fmt::format("qmerged-{}-{}", base, preset);
+      EXPECT_TRUE(fs::exists(ck / fmt::format("base_{}.safetensors", base)));
+      Output r =
+          memfit(fmt::format("export --hf '{}' '{}' --merge-lora", hf.string(), ck.string()));
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const Output lora = memfit(sample(ck, "--temperature 0 --tokens 40 --tokenizer byte"));
+      ASSERT_EQ(lora.exit_code, 0) << lora.err;
+      EXPECT_TRUE(lora.says("merged into the weights")) << lora.err;
+      const Output merged = memfit(sample(hf, "--temperature 0 --tokens 40 --tokenizer byte"));
+      ASSERT_EQ(merged.exit_code, 0) << merged.err;
+      EXPECT_GT(lora.out.size(), std::string(kPrompt).size());
+      EXPECT_EQ(lora.out, merged.out);
+    }
   }
   // Refused before anything runs, naming the option (exit 2).
-  for (const char* bad : {"--base-dtype nf4", "--lora-rank 4 --base-dtype int8"}) {
+  for (const char* bad : {"--base-dtype nf4", "--base-dtype int8"}) {
     const Output x = memfit(fmt::format("train --model gpt2-tiny --steps 1 --data '{}' {}",
                                         (dir / "data").string(), bad));
     EXPECT_EQ(x.exit_code, 2) << bad << ": " << x.err;

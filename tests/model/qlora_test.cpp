@@ -1,15 +1,19 @@
-// QLoRA (--base-dtype nf4; Note [NF4 weights], "QLoRA"): the frozen base's block linears are
-// NF4 (quantized at load, multiplied through kernels/cpu/nf4_matmul.h's tiles), everything else
-// as the precision says. Checked against a LoRA model whose dense base is the NF4 base
-// dequantized (Transformer::read_base_range: the values the tiles multiply by), so the only
+// A quantized base: QLoRA (--base-dtype nf4; Note [NF4 weights], "QLoRA") and int8 (--base-dtype
+// int8; Note [Int8 weights]): the frozen base's block linears are NF4 or int8 (quantized at
+// load, multiplied through kernels/cpu/quant_matmul.h's tiles), everything else as the
+// precision says. Every test runs for both formats, both families, fp32 and bf16. Checked
+// against a LoRA model whose dense base is the quantized base dequantized
+// (Transformer::read_base_range: the values the tiles multiply by), so the only
 // difference is the GEMMs' blocking: fp32 loss within 1e-5 and adapter gradients within 1e-4
 // (relative L2), bf16 loss within 1e-3 and gradients within 2e-2 (bf16 rounds every matmul
 // output; the LoRA bf16 test's bound). Against the original (unquantized) bf16 base the loss
-// moves by NF4's rounding of the weights, within 5e-2 relative (printed). A step and an update
-// leave the base (NF4 bytes and the compact slab) unchanged; the pool holds exactly the compact
-// slab, the NF4 buffer, the adapters, their state and the plan's arenas (ws.nf4, no ws.widen).
+// moves by the format's rounding of the weights, within 5e-2 relative (printed). A step and an
+// update leave the base (quantized bytes and the compact slab) unchanged; the pool holds
+// exactly the compact slab, the quantized buffer, the adapters, their state and the plan's
+// arenas (ws.quant, no ws.widen).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -18,7 +22,7 @@
 #include <fmt/format.h>
 
 #include "memfit/kernels/cpu/convert.h"
-#include "memfit/kernels/cpu/nf4.h"
+#include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/model/block_step.h"
 #include "memfit/model/lora.h"
 #include "memfit/model/transformer.h"
@@ -29,6 +33,7 @@ namespace memfit {
 namespace {
 
 using reference_test::rel_error;
+using kernels::WeightQuant;
 
 ModelConfig tiny(Family f) {
   ModelConfig c;
@@ -53,10 +58,18 @@ PrecisionOptions precision_of(Precision p) {
   return o;
 }
 
-ModelState nf4_state() {
+ModelState quant_state(WeightQuant q) {
   ModelState s;
-  s.base_nf4 = true;
+  s.base_quant = q;
   return s;
+}
+
+LoraBase lora_base_of(WeightQuant q) {
+  switch (q) {
+    case WeightQuant::nf4: return LoraBase::nf4;
+    case WeightQuant::int8: return LoraBase::int8;
+  }
+  return LoraBase::precision;
 }
 
 Tensor tokens_of(MemoryPool& pool, int B, int T, int shift) {
@@ -75,13 +88,14 @@ void randomize_b(Transformer& m, int rank) {
       m.lora_weights().data<float>()[p.b_offset + i] = normal(gen);
 }
 
-// The dense model's working slab = the NF4 model's base, dequantized where it is NF4.
-void copy_dequantized_base(const Transformer& nf4, Transformer& dense, MemoryPool& pool) {
+// The dense model's working slab = the quantized model's base, dequantized where it is
+// quantized.
+void copy_dequantized_base(const Transformer& quant, Transformer& dense, MemoryPool& pool) {
   Tensor staging = Tensor::empty(pool, {1000}, DType::f32, Category::staging, "stage");
   auto* dst = static_cast<std::byte*>(dense.params().raw_data());
   const size_t es = dtype_size(dense.params().dtype());
   int64_t next = 0;
-  nf4.read_base_range({0, dense.layout().total()},
+  quant.read_base_range({0, dense.layout().total()},
                       [&](int64_t from, int64_t to, const void* src) {
                         EXPECT_EQ(from, next);  // consecutive runs that tile the range
                         next = to;
@@ -92,26 +106,28 @@ void copy_dequantized_base(const Transformer& nf4, Transformer& dense, MemoryPoo
   EXPECT_EQ(next, dense.layout().total());
 }
 
-class Qlora : public ::testing::TestWithParam<std::tuple<Family, Precision>> {};
+class Qlora
+    : public ::testing::TestWithParam<std::tuple<Family, Precision, WeightQuant>> {};
 
 TEST_P(Qlora, StepIsTheDequantizedBaseStepWithinToleranceAndChangesOnlyTheAdapters) {
-  const auto [family, precision] = GetParam();
+  const auto [family, precision, format] = GetParam();
   const ModelConfig c = tiny(family);
   const bool f32 = precision == Precision::fp32;
-  const int B = 2, T = 160;  // 320 rows: three NF4 row tiles of a 128-row forward
+  const int B = 2, T = 160;  // 320 rows: three row tiles of a 128-row forward
   MemoryPool pool;
   LoraOptions o;
   o.rank = 4;
   o.alpha = 8;
   LoraOptions o4 = o;
-  o4.base = LoraBase::nf4;
-  Transformer q(c, pool, precision_of(precision), nf4_state());
+  o4.base = lora_base_of(format);
+  Transformer q(c, pool, precision_of(precision), quant_state(format));
   Transformer d(c, pool, precision_of(precision));     // the dequantized base
   Transformer orig(c, pool, precision_of(precision));  // the base before quantization
   q.init_weights(3);
   orig.init_weights(3);
   copy_dequantized_base(q, d, pool);
-  ASSERT_NE(q.nf4_base(), nullptr);
+  ASSERT_NE(q.quant_base(), nullptr);
+  EXPECT_EQ(q.quant_base()->format(), format);
   q.add_lora(o4, 5);
   d.add_lora(o, 5);
   orig.add_lora(o, 5);
@@ -136,14 +152,15 @@ TEST_P(Qlora, StepIsTheDequantizedBaseStepWithinToleranceAndChangesOnlyTheAdapte
     worst = std::max(worst, e);
     EXPECT_LT(e, f32 ? 1e-4 : 2e-2) << p.name;
   }
-  fmt::print("{} {}: QLoRA loss {:.6f}, dequantized-base LoRA {:.6f}, original base {:.6f}; "
-             "worst adapter gradient error {:.2e}\n",
-             family_name(family), precision_name(precision), loss[0], loss[1], loss[2], worst);
+  fmt::print("{} {} {}: quantized-base loss {:.6f}, dequantized-base LoRA {:.6f}, original "
+             "base {:.6f}; worst adapter gradient error {:.2e}\n",
+             family_name(family), precision_name(precision), kernels::weight_quant_name(format),
+             loss[0], loss[1], loss[2], worst);
 
   // A step of AdamW over the adapters: the base's bytes stay.
-  Tensor nf4 = Tensor::empty(pool, {static_cast<int64_t>(q.nf4_buffer().nbytes())}, DType::u8,
-                             Category::staging, "nf4");
-  std::memcpy(nf4.raw_data(), q.nf4_buffer().raw_data(), nf4.nbytes());
+  Tensor base = Tensor::empty(pool, {static_cast<int64_t>(q.quant_buffer().nbytes())},
+                              DType::u8, Category::staging, "base");
+  std::memcpy(base.raw_data(), q.quant_buffer().raw_data(), base.nbytes());
   Tensor slab = Tensor::empty(pool, {static_cast<int64_t>(q.params().nbytes())}, DType::u8,
                               Category::staging, "slab");
   std::memcpy(slab.raw_data(), q.params().raw_data(), slab.nbytes());
@@ -156,7 +173,7 @@ TEST_P(Qlora, StepIsTheDequantizedBaseStepWithinToleranceAndChangesOnlyTheAdapte
     q.backward();
     opt.step(q.lora_weights(), q.lora_grads(), 1e-2f, 1.0f);
   }
-  EXPECT_EQ(std::memcmp(q.nf4_buffer().raw_data(), nf4.raw_data(), nf4.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(q.quant_buffer().raw_data(), base.raw_data(), base.nbytes()), 0);
   EXPECT_EQ(std::memcmp(q.params().raw_data(), slab.raw_data(), slab.nbytes()), 0);
   for (const ParamInfo& p : q.lora()->param_layout().params())
     EXPECT_GT(rel_error(q.lora_weights().view(p.offset, p.shape),
@@ -165,31 +182,32 @@ TEST_P(Qlora, StepIsTheDequantizedBaseStepWithinToleranceAndChangesOnlyTheAdapte
         << p.name;
 }
 
-// The quantization at load is nf4_quantize's of each whole fused matrix of the drawn weights.
+// The quantization at load is the format's of each whole fused matrix of the drawn weights.
 TEST_P(Qlora, LoadQuantizesEachMatrixAsTheKernelDoes) {
-  const auto [family, precision] = GetParam();
+  const auto [family, precision, format] = GetParam();
   const ModelConfig c = tiny(family);
   MemoryPool pool;
-  Transformer q(c, pool, precision_of(precision), nf4_state());
+  Transformer q(c, pool, precision_of(precision), quant_state(format));
   Transformer f(c, pool);  // f32: the drawn values
   q.init_weights(7, 100);  // a small piece: several pieces a matrix
   f.init_weights(7);
   const ModelWeights views = f.layout().views(f.params());
-  for (const Nf4Matrix& m : q.nf4_base()->matrices()) {
+  for (const QuantMatrix& m : q.quant_base()->matrices()) {
     const BlockWeights& b = views.blocks[static_cast<size_t>(m.layer)];
     const Tensor& w = m.slot == LinearSlot::qkv        ? b.qkv_w
                       : m.slot == LinearSlot::attn_out ? b.attn_out_w
                       : m.slot == LinearSlot::fc       ? b.fc_w
                                                        : b.mlp_out_w;
-    const auto bytes = static_cast<int64_t>(kernels::nf4_bytes(m.rows, m.cols));
+    const auto bytes = static_cast<int64_t>(q.quant_base()->matrix_bytes(m));
     Tensor want = Tensor::empty(pool, {bytes}, DType::u8, Category::staging, "want");
-    kernels::Nf4Weight ww = kernels::Nf4Weight::view(want, m.rows, m.cols);
-    Tensor scratch = Tensor::empty(
-        pool, {static_cast<int64_t>(kernels::nf4_quantize_scratch_bytes(m.rows, m.cols) / 4)},
-        DType::f32, Category::staging, "scratch");
-    kernels::nf4_quantize(w, ww, scratch);
+    kernels::QuantWeight ww = kernels::QuantWeight::view(format, want.raw_data(), m.rows, m.cols);
+    const auto floats = static_cast<int64_t>(
+        kernels::quant_quantize_scratch_bytes(format, m.rows, m.cols) / 4);
+    Tensor scratch = Tensor::empty(pool, {std::max<int64_t>(floats, 1)}, DType::f32,
+                                   Category::staging, "scratch");
+    kernels::quant_quantize(w, ww, scratch);
     EXPECT_EQ(std::memcmp(want.raw_data(),
-                          static_cast<const std::byte*>(q.nf4_buffer().raw_data()) + m.at,
+                          static_cast<const std::byte*>(q.quant_buffer().raw_data()) + m.at,
                           static_cast<size_t>(bytes)),
               0)
         << "layer " << m.layer << " slot " << static_cast<int>(m.slot);
@@ -205,18 +223,18 @@ TEST_P(Qlora, LoadQuantizesEachMatrixAsTheKernelDoes) {
                Error);
 }
 
-// What a QLoRA model holds: the compact slab (every parameter but the block linears, in the
-// working dtype), the NF4 buffer, the adapters' f32 weights and gradients, AdamW's state over
-// them and the plan's arenas; a step and an update allocate nothing more.
-TEST_P(Qlora, PoolHoldsTheCompactSlabNf4BufferAdaptersTheirStateAndThePlanExactly) {
-  const auto [family, precision] = GetParam();
+// What a quantized-base model holds: the compact slab (every parameter but the block linears,
+// in the working dtype), the quantized buffer, the adapters' f32 weights and gradients, AdamW's
+// state over them and the plan's arenas; a step and an update allocate nothing more.
+TEST_P(Qlora, PoolHoldsTheCompactSlabQuantizedBufferAdaptersTheirStateAndThePlanExactly) {
+  const auto [family, precision, format] = GetParam();
   const ModelConfig c = tiny(family);
   for (const auto& [B, T] : {std::pair{2, 16}, std::pair{2, 160}}) {
     MemoryPool pool;
     LoraOptions o;
     o.rank = 4;
-    o.base = LoraBase::nf4;
-    Transformer m(c, pool, precision_of(precision), nf4_state());
+    o.base = lora_base_of(format);
+    Transformer m(c, pool, precision_of(precision), quant_state(format));
     m.init_weights(1);
     m.add_lora(o, 1);
     m.reserve(B, T);
@@ -224,7 +242,7 @@ TEST_P(Qlora, PoolHoldsTheCompactSlabNf4BufferAdaptersTheirStateAndThePlanExactl
     ActivationOptions options;
     options.precision = precision;
     options.lora_rank = o.rank;
-    options.base_nf4 = true;
+    options.base_quantized = true;
     const StepPlan plan = plan_step(c, B, T, options);
     int64_t compact = 0;
     (void)m.layout().compact_offsets(&compact);
@@ -232,18 +250,18 @@ TEST_P(Qlora, PoolHoldsTheCompactSlabNf4BufferAdaptersTheirStateAndThePlanExactl
     const std::string at = fmt::format("{} x {}", B, T);
     EXPECT_EQ(pool.bytes_current(Category::params),
               MemoryPool::round_up(compact * dtype_size(half_dtype(precision))) +
-                  MemoryPool::round_up(Nf4BaseLayout(c).bytes()) + adapters)
+                  MemoryPool::round_up(QuantBaseLayout(c, format).bytes()) + adapters)
         << at;
     EXPECT_EQ(pool.bytes_current(Category::grads), adapters) << at;
     EXPECT_EQ(pool.bytes_current(Category::optimizer), opt.state_bytes()) << at;
     for (Category cat : {Category::activations, Category::workspace})
       EXPECT_EQ(pool.bytes_current(cat), plan.arena[static_cast<size_t>(cat)]) << at;
-    bool nf4 = false, widen = false;
+    bool quant = false, widen = false;
     for (const BufferSpec& b : plan.buffers) {
-      nf4 = nf4 || b.tag == "ws.nf4";
+      quant = quant || b.tag == "ws.quant";
       widen = widen || b.tag == "ws.widen";
     }
-    EXPECT_TRUE(nf4) << at;
+    EXPECT_TRUE(quant) << at;
     EXPECT_FALSE(widen) << at;
     Tensor tokens = tokens_of(pool, B, T, 0);
     pool.reset_peak();  // (the load's staging is freed: the trainer test plans it)
@@ -260,28 +278,35 @@ TEST_P(Qlora, PoolHoldsTheCompactSlabNf4BufferAdaptersTheirStateAndThePlanExactl
 INSTANTIATE_TEST_SUITE_P(
     FamiliesAndPrecisions, Qlora,
     ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
-                       ::testing::Values(Precision::fp32, Precision::bf16)),
+                       ::testing::Values(Precision::fp32, Precision::bf16),
+                       ::testing::Values(WeightQuant::nf4, WeightQuant::int8)),
     [](const auto& info) {
-      return fmt::format("{}_{}", family_name(std::get<0>(info.param)),
-                         precision_name(std::get<1>(info.param)));
+      return fmt::format("{}_{}_{}", family_name(std::get<0>(info.param)),
+                         precision_name(std::get<1>(info.param)),
+                         kernels::weight_quant_name(std::get<2>(info.param)));
     });
 
-// An NF4 base is frozen LoRA's alone: without add_lora a training plan is refused, and
-// add_lora's options must say nf4 (and the other way round).
+// A quantized base is frozen LoRA's alone: without add_lora a training plan is refused, and
+// add_lora's options must name the model's format (and the other way round).
 TEST(QloraRefusals, TrainingWithoutAdaptersAndMismatchedOptionsAreRefused) {
   const ModelConfig c = tiny(Family::llama);
-  MemoryPool pool;
-  Transformer q(c, pool, precision_of(Precision::bf16), nf4_state());
-  EXPECT_THROW(q.reserve(1, 16), Error);
-  LoraOptions o;
-  o.rank = 2;
-  EXPECT_THROW(q.add_lora(o, 1), Error);  // base precision on an NF4 model
-  Transformer d(c, pool, precision_of(Precision::bf16));
-  o.base = LoraBase::nf4;
-  EXPECT_THROW(d.add_lora(o, 1), Error);  // nf4 options on a dense model
-  PrecisionOptions master;
-  master.precision = Precision::bf16;
-  EXPECT_THROW(Transformer(c, pool, master, nf4_state()), Error);  // master weights
+  for (const WeightQuant format : {WeightQuant::nf4, WeightQuant::int8}) {
+    SCOPED_TRACE(kernels::weight_quant_name(format));
+    MemoryPool pool;
+    Transformer q(c, pool, precision_of(Precision::bf16), quant_state(format));
+    EXPECT_THROW(q.reserve(1, 16), Error);
+    LoraOptions o;
+    o.rank = 2;
+    EXPECT_THROW(q.add_lora(o, 1), Error);  // base precision on a quantized model
+    o.base = lora_base_of(format == WeightQuant::nf4 ? WeightQuant::int8 : WeightQuant::nf4);
+    EXPECT_THROW(q.add_lora(o, 1), Error);  // the other format
+    Transformer d(c, pool, precision_of(Precision::bf16));
+    o.base = lora_base_of(format);
+    EXPECT_THROW(d.add_lora(o, 1), Error);  // quantized options on a dense model
+    PrecisionOptions master;
+    master.precision = Precision::bf16;
+    EXPECT_THROW(Transformer(c, pool, master, quant_state(format)), Error);  // master weights
+  }
 }
 
 }  // namespace

@@ -94,7 +94,10 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["by_category"] = nlohmann::json::object();
   for (Category c : kAllCategories)
     j["by_category"][std::string(category_name(c))] = r.by_category[static_cast<size_t>(c)];
-  if (r.nf4_base_bytes) j["nf4_base_bytes"] = r.nf4_base_bytes;  // of params (QLoRA)
+  // Of params (a quantized base): "nf4_base_bytes", "int8_base_bytes".
+  if (r.quant_base_bytes)
+    j[fmt::format("{}_base_bytes", kernels::weight_quant_name(*run.lora.base_quant()))] =
+        r.quant_base_bytes;
   j["peak_phase"] = r.peak_phase;
   j["lm_head_chunk"] = r.step.options.lm_head_chunk;  // as planned (Note [Fused LM head])
   // Rows of the head's gradient per d(head) GEMM: the chunk where the gradient is not grouped.
@@ -334,13 +337,15 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
              r.peak_bytes);
   fmt::print("model state (params, master, grads, optimizer): {:.1f} MiB ({:.3g} GB)\n",
              model_state_bytes(r) / 1048576.0, model_state_bytes(r) / 1e9);
-  if (r.nf4_base_bytes) {  // QLoRA (Note [NF4 weights], "QLoRA"): what params holds
+  if (r.quant_base_bytes) {  // NF4 or int8 (Note [NF4 weights], "QLoRA"): what params holds
     const size_t adapters = r.by_category[static_cast<size_t>(Category::grads)];
     const size_t params = r.by_category[static_cast<size_t>(Category::params)];
-    fmt::print("params: the NF4 base's block linears {:.1f} MiB, the rest of the base "
+    const bool nf4 = run.lora.base_quant() == kernels::WeightQuant::nf4;
+    fmt::print("params: the {} base's block linears {:.1f} MiB, the rest of the base "
                "(embeddings, norms, head) in {} {:.1f} MiB, the adapters (f32) {:.1f} MiB\n",
-               r.nf4_base_bytes / 1048576.0, precision_name(run.precision.precision),
-               (params - r.nf4_base_bytes - adapters) / 1048576.0, adapters / 1048576.0);
+               nf4 ? "NF4" : "int8", r.quant_base_bytes / 1048576.0,
+               precision_name(run.precision.precision),
+               (params - r.quant_base_bytes - adapters) / 1048576.0, adapters / 1048576.0);
   }
   if (r.step.options.grads_in_arena)
     fmt::print("gradients: the f32 slab ({:.1f} MiB) lies in the activations arena, each unit "

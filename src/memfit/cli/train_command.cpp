@@ -168,9 +168,10 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option_function<std::string>(
          "--base-dtype", [&c](const std::string& v) { c.lora.base = lora_base_from_name(v); },
          "LoRA: how the frozen base's block linear weights are stored: bf16 (--precision bf16's "
-         "base), or nf4 (QLoRA: 4-bit NormalFloat, 64-blocks, double-quantised scales, "
-         "quantised once at load; the embeddings, norms and head as --precision says; fp32 or "
-         "bf16, one process). int8 is not built. Note [NF4 weights] (docs/notes/nf4.md)")
+         "base), nf4 (QLoRA: 4-bit NormalFloat, 64-blocks, double-quantised scales) or int8 "
+         "(LLM.int8's weights: one byte a weight, one f32 absmax per row); quantised once at "
+         "load; the embeddings, norms and head as --precision says; fp32 or bf16, one process. "
+         "Note [NF4 weights] (docs/notes/nf4.md), Note [Int8 weights] (docs/notes/int8-base.md)")
       ->default_str("the precision's");
   cmd->add_option("--lora-from", c.lora_from,
                   "LoRA: start the adapters from PEFT's files in this directory "

@@ -98,11 +98,11 @@ struct ActivationOptions {
   // stage and the final norm and LM head only on the last. One stage (the default): the whole
   // step, as without pipelining.
   PipelineStage stage;
-  // QLoRA (--base-dtype nf4, Note [NF4 weights], "QLoRA"): the blocks' linear weights are NF4;
-  // every block phase's matmuls then declare "ws.nf4", the tiled NF4 products' scratch
-  // (nf4_matmul_scratch_bytes of the largest linear), and no "ws.widen" (a frozen NF4 base
-  // has no weight gradient to widen for).
-  bool base_nf4 = false;
+  // A quantized base (--base-dtype nf4 or int8; Note [NF4 weights], "QLoRA"): the blocks'
+  // linear weights are NF4 or int8; every block phase's matmuls then declare "ws.quant", the
+  // tiled products' scratch (quant_matmul_scratch_bytes of the largest linear, the same for
+  // either format), and no "ws.widen" (a frozen base has no weight gradient to widen for).
+  bool base_quantized = false;
   // Sequence parallelism (--sp, under --tp above 1; model/sequence_parallel.h, Note [Sequence
   // parallel]): the residual stream, the norms and their statistics hold this rank's 1/tp of
   // the tokens; the gathers before the column-parallel linears land in the whole buffers they

@@ -9,7 +9,7 @@
 #include "memfit/kernels/cpu/flash_attention.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/kernels/cpu/matmul_widened.h"
-#include "memfit/kernels/cpu/nf4_matmul.h"
+#include "memfit/kernels/cpu/quant_matmul.h"
 #include "memfit/kernels/cpu/parallel.h"
 #include "memfit/model/parallel_linear.h"
 #include "memfit/model/sequence_parallel.h"
@@ -126,21 +126,21 @@ size_t widen_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
 // matmuls share one buffer; the LM head has its own ("ws.widen.head", transformer_step.cpp).
 void declare_matmuls(StepContext& ctx, const ModelConfig& config,
                      const ActivationOptions& options, int64_t rows) {
-  if (options.base_nf4) {
-    ctx.scratch("ws.nf4", nf4_scratch_bytes(config, rows, half_dtype(options.precision)));
+  if (options.base_quantized) {
+    ctx.scratch("ws.quant", quant_scratch_bytes(config, rows, half_dtype(options.precision)));
     return;
   }
   if (const size_t bytes = widen_scratch_bytes(config, rows, half_dtype(options.precision)))
     ctx.scratch("ws.widen", bytes);
 }
 
-size_t nf4_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
+size_t quant_scratch_bytes(const ModelConfig& c, int64_t N, DType h) {
   const int64_t C = c.d_model, F = c.ffn_dim, Q = c.qkv_width(), A = c.attn_width();
   const int64_t fc = c.fc_width();
   size_t bytes = 0;
   for (auto [rows, in, out] : {std::array<int64_t, 3>{N, C, Q}, {N, A, C}, {N, C, fc},
                                {N, F, C}})
-    bytes = std::max(bytes, nf4_matmul_scratch_bytes(rows, in, out, h));
+    bytes = std::max(bytes, quant_matmul_scratch_bytes(rows, in, out, h));
   return bytes;
 }
 
@@ -314,13 +314,13 @@ void BlockStep::fp8_linear_backward_around(LinearSlot slot, Tensor dinp, Tensor 
 // (y rounded back once, after every adapter of the layer added to it).
 namespace {
 
-// out (rows, n) += bias (n) on every row, in f32, a half output rounded once (QLoRA's GPT-2
-// biases after the NF4 product, which has none).
+// out (rows, n) += bias (n) on every row, in f32, a half output rounded once (GPT-2's biases
+// after a quantized base's product, which has none).
 void add_bias_rows(Tensor& out, const Tensor& bias) {
   const int64_t n = out.size(-1), rows = out.numel() / n;
   MEMFIT_CHECK_DTYPE((out.dtype() == DType::f32 || out.dtype() == DType::bf16) &&
                          (bias.dtype() == DType::f32 || bias.dtype() == DType::bf16),
-                     "nf4", "a {} bias added to a {} output", dtype_name(bias.dtype()),
+                     "quant_base", "a {} bias added to a {} output", dtype_name(bias.dtype()),
                      dtype_name(out.dtype()));
   const bool f32_bias = bias.dtype() == DType::f32, f32_out = out.dtype() == DType::f32;
   const auto* b = static_cast<const std::byte*>(bias.raw_data());
@@ -341,41 +341,42 @@ void add_bias_rows(Tensor& out, const Tensor& bias) {
 
 }  // namespace
 
-const kernels::Nf4Weight& BlockStep::nf4_weight(LinearSlot slot) const {
-  const kernels::Nf4Weight& q = w.nf4[static_cast<size_t>(slot)];
-  MEMFIT_CHECK(q.codes != nullptr, "nf4", "layer {} linear {} has no NF4 weight", layer,
+const kernels::QuantWeight& BlockStep::quant_weight(LinearSlot slot) const {
+  const kernels::QuantWeight& q = w.quant[static_cast<size_t>(slot)];
+  MEMFIT_CHECK(q.defined(), "quant_base", "layer {} linear {} has no quantized weight", layer,
                static_cast<int>(slot));
   return q;
 }
 
-// The base layer's product alone: the NF4 tiles (Note [NF4 weights], "Tiles") where the base
-// is NF4, GPT-2's bias added after, else the dense (possibly widened) GEMM with its bias.
+// The base layer's product alone: the tiles (Note [NF4 weights], "Tiles") where the base is
+// quantized (NF4 or int8), GPT-2's bias added after, else the dense (possibly widened) GEMM
+// with its bias.
 void BlockStep::base_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                              const Tensor& weight, const Tensor& bias) {
-  if (!options.base_nf4) {
+  if (!options.base_quantized) {
     memfit::linear_forward(ctx, out, inp, weight, bias);
     return;
   }
   if (!running()) return;
-  Tensor scratch = ctx.view("ws.nf4");
-  nf4_matmul_forward(out, inp, nf4_weight(slot), scratch);
+  Tensor scratch = ctx.view("ws.quant");
+  quant_matmul_forward(out, inp, quant_weight(slot), scratch);
   if (bias.defined()) add_bias_rows(out, bias);
 }
 
 // d(input) of the base layer, then `between`, then its weight and bias gradients where defined
-// (an NF4 base is frozen: it has none).
+// (a quantized base is frozen: it has none).
 void BlockStep::base_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
                                      const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                      const std::function<void()>& between) {
-  if (!options.base_nf4) {
+  if (!options.base_quantized) {
     memfit::linear_backward_around(ctx, dinp, dweight, dbias, dout, inp, weight, between);
     return;
   }
-  MEMFIT_CHECK(!dweight.defined() && !dbias.defined(), "nf4",
-               "the NF4 base is frozen: no weight or bias gradient (layer {})", layer);
+  MEMFIT_CHECK(!dweight.defined() && !dbias.defined(), "quant_base",
+               "the quantized base is frozen: no weight or bias gradient (layer {})", layer);
   if (running()) {
-    Tensor scratch = ctx.view("ws.nf4");
-    nf4_matmul_backward_input(dinp, dout, nf4_weight(slot), scratch);
+    Tensor scratch = ctx.view("ws.quant");
+    quant_matmul_backward_input(dinp, dout, quant_weight(slot), scratch);
   }
   between();
 }

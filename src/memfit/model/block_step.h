@@ -174,13 +174,14 @@ class BlockStep {
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                   const std::function<void()>& between);
   int64_t lora_chunk(const Tensor& t) const;
-  // The base layer alone: dense, or QLoRA's NF4 tiles ("ws.nf4") with GPT-2's bias after.
+  // The base layer alone: dense, or a quantized base's tiles ("ws.quant") with GPT-2's bias
+  // after.
   void base_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,
                     const Tensor& bias);
   void base_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
                             const std::function<void()>& between);
-  const kernels::Nf4Weight& nf4_weight(LinearSlot slot) const;
+  const kernels::QuantWeight& quant_weight(LinearSlot slot) const;
   void linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
                              const Tensor& dout, const Tensor& inp, const Tensor& weight,
                              const std::function<void()>& between);
@@ -205,8 +206,9 @@ Fp8Scratch fp8_scratch_elements(const ModelConfig& config, int64_t rows);
 // layers (0 where nothing widens). The LM head widens its weight a block at a time in a
 // scratch of its own (matmul_widened.h, matmul_forward_widened_blocked).
 size_t widen_scratch_bytes(const ModelConfig& config, int64_t rows, DType h);
-// QLoRA (ActivationOptions::base_nf4): the NF4 products' scratch, "ws.nf4", in bytes: the
-// largest nf4_matmul_scratch_bytes of the blocks' linear layers, computing in h.
-size_t nf4_scratch_bytes(const ModelConfig& config, int64_t rows, DType h);
+// A quantized base (ActivationOptions::base_quantized): the tiled products' scratch,
+// "ws.quant", in bytes: the largest quant_matmul_scratch_bytes of the blocks' linear layers,
+// computing in h (the same for NF4 and int8).
+size_t quant_scratch_bytes(const ModelConfig& config, int64_t rows, DType h);
 
 }  // namespace memfit

@@ -50,11 +50,8 @@ std::vector<Target> targets_of(Family family) {
 LoraBase lora_base_from_name(std::string_view name) {
   if (name == "bf16") return LoraBase::bf16;
   if (name == "nf4") return LoraBase::nf4;
-  if (name == "int8")
-    MEMFIT_THROW(ConfigError, "config",
-                 "--base-dtype int8 is not built: the frozen base is bf16 (--base-dtype bf16, "
-                 "with --precision bf16) or NF4 (--base-dtype nf4, QLoRA)");
-  MEMFIT_THROW(ConfigError, "config", "--base-dtype must be bf16 or nf4, got '{}'", name);
+  if (name == "int8") return LoraBase::int8;
+  MEMFIT_THROW(ConfigError, "config", "--base-dtype must be bf16, nf4 or int8, got '{}'", name);
 }
 
 std::string_view lora_base_name(LoraBase base) {
@@ -62,6 +59,7 @@ std::string_view lora_base_name(LoraBase base) {
     case LoraBase::precision: return "precision";
     case LoraBase::bf16: return "bf16";
     case LoraBase::nf4: return "nf4";
+    case LoraBase::int8: return "int8";
   }
   return {};
 }

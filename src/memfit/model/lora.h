@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,12 +17,13 @@
 
 namespace memfit {
 
-// The frozen base's storage (--base-dtype; Note [NF4 weights], "QLoRA"): `precision`, the
-// run's working weights (bf16 under --precision bf16, f32 under fp32); `bf16`, the same asked
-// for by name (needs --precision bf16); `nf4`, the blocks' linear weights in NF4 (QLoRA), the
-// embeddings, norms and head as the precision says. int8 is not built.
-enum class LoraBase : uint8_t { precision, bf16, nf4 };
-// "bf16", "nf4"; ConfigError naming --base-dtype for int8 (not built) and anything else.
+// The frozen base's storage (--base-dtype; Note [NF4 weights], "QLoRA", Note [Int8 weights]):
+// `precision`, the run's working weights (bf16 under --precision bf16, f32 under fp32); `bf16`,
+// the same asked for by name (needs --precision bf16); `nf4` and `int8`, the blocks' linear
+// weights quantized (QLoRA's NF4, or LLM.int8's per-row int8), the embeddings, norms and head as
+// the precision says.
+enum class LoraBase : uint8_t { precision, bf16, nf4, int8 };
+// "bf16", "nf4", "int8"; ConfigError naming --base-dtype for anything else.
 LoraBase lora_base_from_name(std::string_view name);
 std::string_view lora_base_name(LoraBase base);
 
@@ -31,7 +33,12 @@ struct LoraOptions {
   float dropout = 0;   // on the adapters' input in training, in [0, 1) (lora_dropout.h)
   std::string targets = "all-linear";  // a comma-separated list (lora_target_names)
   LoraBase base = LoraBase::precision;  // --base-dtype
-  bool base_nf4() const { return base == LoraBase::nf4; }
+  // The quantized base's format (nf4, int8), or none (a base in the working dtype).
+  std::optional<kernels::WeightQuant> base_quant() const {
+    if (base == LoraBase::nf4) return kernels::WeightQuant::nf4;
+    if (base == LoraBase::int8) return kernels::WeightQuant::int8;
+    return std::nullopt;
+  }
   bool enabled() const { return rank > 0; }
   float scale() const { return alpha / static_cast<float>(rank); }
 };

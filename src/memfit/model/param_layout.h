@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "memfit/core/shape.h"
-#include "memfit/kernels/cpu/nf4.h"
+#include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/memory/tensor.h"
 #include "memfit/core/element_range.h"
 
@@ -41,7 +41,8 @@ enum class ParamRole : uint8_t {
 };
 
 // A linear layer's weight matrix in a block (attention's q, k, v or fused q|k|v and its output
-// projection; the MLP's matrices): what QLoRA stores in NF4 and APOLLO and GaLore project.
+// projection; the MLP's matrices): what QLoRA stores in NF4 (or int8) and APOLLO and GaLore
+// project.
 bool is_linear_weight(ParamRole role);
 
 struct ParamInfo {
@@ -89,9 +90,10 @@ struct BlockWeights {
   Tensor norm2_w, norm2_b, fc_w, fc_b, mlp_out_w, mlp_out_b;
   // LoRA adapters per linear layer (all undefined without --lora-rank).
   std::array<LoraSet, kLinearSlots> lora;
-  // QLoRA's NF4 base (model/nf4_base.h): the four linear weights as NF4, in LinearSlot order,
-  // where qkv_w .. mlp_out_w are then undefined (codes null: not NF4).
-  std::array<kernels::Nf4Weight, kLinearSlots> nf4{};
+  // A quantized frozen base (--base-dtype nf4 or int8; model/quant_base.h): the four linear
+  // weights quantized, in LinearSlot order, where qkv_w .. mlp_out_w are then undefined
+  // (undefined: not quantized).
+  std::array<kernels::QuantWeight, kLinearSlots> quant{};
   // --precision fp8 with stored weights: the four linear weights as E4M3, in LinearSlot order,
   // where qkv_w .. mlp_out_w are then undefined.
   std::array<Fp8Weight, kLinearSlots> fp8{};
@@ -120,8 +122,8 @@ class ParamLayout {
   // undefined views (the planner runs the step without weights).
   ModelWeights views(const Tensor& slab) const;
   // The views of a compact slab that holds every parameter but the blocks' linear weights,
-  // each at compact_offsets()[i] (QLoRA's base, whose linears are NF4: Transformer): the
-  // linear weights' views are left undefined.
+  // each at compact_offsets()[i] (a quantized base, whose linears are NF4 or int8:
+  // Transformer): the linear weights' views are left undefined.
   ModelWeights views_without_linears(const Tensor& compact) const;
   // Per parameter (in params() order): its offset in such a compact slab (64-byte aligned,
   // in layout order), or -1 for a block linear weight; and the compact slab's elements.

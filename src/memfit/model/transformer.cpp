@@ -49,20 +49,22 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
                "sharded or offloaded working weights need their source");
   // Stage 3: the working weights of this rank's shard alone (Note [ZeRO stage 3]); offloaded,
   // none (the file source holds the persistent units, and at stage 3 the shard is in the file).
-  // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, which
-  // live as NF4 in a buffer of their own; one process, in RAM, no master weights.
-  if (state.base_nf4) {
+  // A quantized base (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the working slab
+  // without the blocks' linears, which live as NF4 or int8 in a buffer of their own; one
+  // process, in RAM, no master weights.
+  if (state.base_quant) {
     MEMFIT_CHECK(!sharded_ && !state.params_in_file && master_range_ == whole &&
                      !state.make_grads && (p == Precision::fp32 || !precision.master_weights),
                  "model",
-                 "an NF4 base is built in one process with every weight in RAM and no master "
-                 "weights");
+                 "a quantized base is built in one process with every weight in RAM and no "
+                 "master weights");
     int64_t compact = 0;
     compact_ = layout_.compact_offsets(&compact);
-    nf4_.emplace(config_);
+    quant_.emplace(config_, *state.base_quant);
     params_ = Tensor::empty(pool, {compact}, half_dtype(p), Category::params, "params");
-    nf4_buffer_ = Tensor::empty(pool, {static_cast<int64_t>(nf4_->bytes())}, DType::u8,
-                                Category::params, "base.nf4");
+    quant_buffer_ =
+        Tensor::empty(pool, {static_cast<int64_t>(quant_->bytes())}, DType::u8, Category::params,
+                      fmt::format("base.{}", kernels::weight_quant_name(*state.base_quant)));
   } else if (state.params_fp8) {
     // Note [FP8], "Storage": the master weights and the working weights whole in RAM, the
     // linears' codes encoded from the master (refresh_working).
@@ -92,11 +94,11 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
     grads_ = Tensor::empty(pool, {layout_.total()}, DType::f32, Category::grads, "grads");
   if (sharded_ || state.params_in_file) {
     source_ = state.make_weights(pool, layout_, params_, half_dtype(p));
-  } else if (nf4_) {
+  } else if (quant_) {
     weights_ = layout_.views_without_linears(params_);
-    for (const Nf4Matrix& m : nf4_->matrices())
-      weights_.blocks[static_cast<size_t>(m.layer)].nf4[static_cast<size_t>(m.slot)] =
-          nf4_->view(nf4_buffer_, m);
+    for (const QuantMatrix& m : quant_->matrices())
+      weights_.blocks[static_cast<size_t>(m.layer)].quant[static_cast<size_t>(m.slot)] =
+          quant_->view(quant_buffer_, m);
   } else if (fp8_) {
     weights_ = layout_.views_without_linears(params_);
     const Tensor scales = fp8_->scales(fp8_buffer_);
@@ -142,9 +144,12 @@ void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freez
                "LoRA is built for fp32, and for bf16 with a frozen base and no master weights "
                "(PrecisionOptions::master_weights false), got {}{}",
                precision_name(p), master_.defined() ? " with master weights" : "");
-  MEMFIT_CHECK(options.base_nf4() == nf4_.has_value() && (!nf4_ || freeze_base), "lora",
-               "--base-dtype {} on a model {} an NF4 base{}", lora_base_name(options.base),
-               nf4_ ? "with" : "without", nf4_ && !freeze_base ? " (which is frozen)" : "");
+  const std::optional<WeightQuant> have =
+      quant_ ? std::optional<WeightQuant>(quant_->format()) : std::nullopt;
+  MEMFIT_CHECK(options.base_quant() == have && (!quant_ || freeze_base), "lora",
+               "--base-dtype {} on a model with {} base{}", lora_base_name(options.base),
+               have ? weight_quant_name(*have) : "an unquantized",
+               quant_ && !freeze_base ? " (which is frozen)" : "");
   lora_.emplace(config_, options);
   lora_weights_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::params,
                                 "lora.params");
@@ -184,7 +189,7 @@ Tensor Transformer::param(const std::string& name) const {
     for (size_t i = 0; i < ps.size(); ++i) {
       if (ps[i].name != name) continue;
       MEMFIT_CHECK(compact_[i] >= 0, "model", "param('{}'): a block linear stored {}", name,
-                   nf4_ ? "in the NF4 base" : "as FP8 (fp8_buffer())");
+                   quant_ ? "in the quantized base" : "as FP8 (fp8_buffer())");
       return params_.view(compact_[i], ps[i].shape);
     }
     (void)layout_.find(name);  // throws: no such parameter
@@ -245,8 +250,8 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
                               const MasterSink& offloaded_master) {
   MEMFIT_CHECK(piece_elements > 0, "model", "set_weights: a piece of {} elements",
                piece_elements);
-  if (nf4_) {
-    set_weights_nf4(fill, piece_elements, true);
+  if (quant_) {
+    set_weights_quant(fill, piece_elements, true);
     return;
   }
   if (fp8_) {  // the master weights whole in RAM: filled in place, then encoded
@@ -312,26 +317,26 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
   refresh_working();  // the master's range rounded into the working copy; stage 3's gathers
 }
 
-// QLoRA's load (Note [NF4 weights], "QLoRA"): the parameters other than the block linears
-// through one staging piece into the compact working slab (rounded as refresh_working rounds),
-// then the linears quantized a piece of whole rows at a time (nf4_base_quantize) with their
-// blocks' absmax in a second staging buffer; both freed before the step. No whole tensor is
-// ever held: RAM is the slab, the NF4 buffer, the piece and the largest matrix's absmax.
-void Transformer::set_weights_except_nf4(const RangeFill& fill, int64_t piece_elements) {
-  MEMFIT_CHECK(nf4_.has_value(), "model", "set_weights_except_nf4 without an NF4 base");
-  set_weights_nf4(fill, piece_elements, false);
+// A quantized base's load (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the parameters
+// other than the block linears through one staging piece into the compact working slab
+// (rounded as refresh_working rounds), then the linears quantized a piece of whole rows at a
+// time (quant_base_quantize), NF4 with its blocks' absmax in a second staging buffer (int8
+// needs none); both freed before the step. No whole tensor is ever held: RAM is the slab, the
+// quantized buffer, the piece and (NF4) the largest matrix's absmax.
+void Transformer::set_weights_except_quant_base(const RangeFill& fill, int64_t piece_elements) {
+  MEMFIT_CHECK(quant_.has_value(), "model",
+               "set_weights_except_quant_base without a quantized base");
+  set_weights_quant(fill, piece_elements, false);
 }
 
-void Transformer::set_weights_nf4(const RangeFill& fill, int64_t piece_elements, bool quantize) {
-  // At most piece_elements and the largest tensor, at least a piece of rows that starts a
-  // block of every matrix (nf4_base_quantize).
-  int64_t widest = 0, largest = 0;
-  for (const Nf4Matrix& m : nf4_->matrices()) {
-    widest = std::max(widest, m.cols * (kernels::kNf4Block / std::gcd(m.cols, kernels::kNf4Block)));
-    largest = std::max(largest, m.rows * m.cols);
-  }
+void Transformer::set_weights_quant(const RangeFill& fill, int64_t piece_elements,
+                                    bool quantize) {
+  // At most piece_elements and the largest tensor, at least a piece of rows that starts where
+  // the format allows in every matrix (quant_base_quantize).
+  int64_t largest = 0;
+  for (const QuantMatrix& m : quant_->matrices()) largest = std::max(largest, m.rows * m.cols);
   for (const ParamInfo& p : layout_.params()) largest = std::max(largest, p.numel);
-  const int64_t n = std::max(std::min(piece_elements, largest), widest);
+  const int64_t n = std::max(std::min(piece_elements, largest), quant_->min_piece_elements());
   Tensor piece = Tensor::empty(pool_, {n}, DType::f32, Category::staging, "setup.piece");
   const DType working = params_.dtype();
   const size_t es = dtype_size(working);
@@ -347,15 +352,16 @@ void Transformer::set_weights_nf4(const RangeFill& fill, int64_t piece_elements,
     }
   }
   if (!quantize) return;
-  Tensor absmax =
-      Tensor::empty(pool_, {static_cast<int64_t>(nf4_->quantize_scratch_bytes() / sizeof(float))},
-                    DType::f32, Category::staging, "setup.nf4_absmax");
-  nf4_base_quantize(*nf4_, nf4_buffer_, fill, piece, absmax);
+  Tensor scratch;
+  if (const size_t bytes = quant_->quantize_scratch_bytes())
+    scratch = Tensor::empty(pool_, {static_cast<int64_t>(bytes / sizeof(float))}, DType::f32,
+                            Category::staging, "setup.nf4_absmax");
+  quant_base_quantize(*quant_, quant_buffer_, fill, piece, scratch);
 }
 
 void Transformer::read_base_range(ElementRange range, const BaseTake& take,
                                   const Tensor& staging) const {
-  MEMFIT_CHECK(nf4_.has_value(), "model", "read_base_range without an NF4 base");
+  MEMFIT_CHECK(quant_.has_value(), "model", "read_base_range without a quantized base");
   const DType dt = params_.dtype();
   const size_t es = dtype_size(dt);
   const int64_t cap = static_cast<int64_t>(staging.nbytes() / es);
@@ -381,14 +387,14 @@ void Transformer::read_base_range(ElementRange range, const BaseTake& take,
       a = end;
       continue;
     }
-    const Nf4Matrix* m = nullptr;
-    for (const Nf4Matrix& x : nf4_->matrices())
+    const QuantMatrix* m = nullptr;
+    for (const QuantMatrix& x : quant_->matrices())
       if (x.layout_offset <= a && a < x.layout_offset + x.rows * x.cols) m = &x;
-    MEMFIT_CHECK(m != nullptr, "model", "no NF4 matrix holds layout element {}", a);
-    const kernels::Nf4Weight w = nf4_->view(nf4_buffer_, *m);
+    MEMFIT_CHECK(m != nullptr, "model", "no quantized matrix holds layout element {}", a);
+    const kernels::QuantWeight w = quant_->view(quant_buffer_, *m);
     for (; a < end;) {
       const int64_t b = std::min(end, a + cap);
-      kernels::nf4_dequantize_n(w, a - m->layout_offset, b - a, dt, stage);
+      kernels::quant_dequantize_n(w, a - m->layout_offset, b - a, dt, stage);
       take(a, b, stage);
       a = b;
     }
@@ -464,7 +470,7 @@ void Transformer::reserve(int B, int T, const ActivationOptions& options_in) {
   options.precision = precision_.precision;
   options.lora_rank = lora_ ? lora_->options().rank : 0;
   options.lora_dropout = lora_ ? lora_->options().dropout : 0.0f;
-  options.base_nf4 = nf4_.has_value();
+  options.base_quantized = quant_.has_value();
   MEMFIT_CHECK_SHAPE(B > 0 && T > 0 && T <= config_.max_seq_len, "model",
                      "batch {} x {} tokens does not fit a context of {}", B, T,
                      config_.max_seq_len);
@@ -493,11 +499,11 @@ void Transformer::reserve(StepPlan plan) {
   MEMFIT_CHECK(plan.options.lora_dropout == (lora_ ? lora_->options().dropout : 0.0f), "model",
                "a step plan for LoRA dropout {} on a model with dropout {}",
                plan.options.lora_dropout, lora_ ? lora_->options().dropout : 0.0f);
-  MEMFIT_CHECK(plan.options.base_nf4 == nf4_.has_value(), "model",
-               "a step plan {} an NF4 base for a model {} one", plan.options.base_nf4 ? "with" : "without",
-               nf4_ ? "with" : "without");
-  MEMFIT_CHECK(!nf4_ || (lora_ && frozen_) || plan.options.inference, "model",
-               "an NF4 base trains LoRA adapters alone: add_lora before a training plan");
+  MEMFIT_CHECK(plan.options.base_quantized == quant_.has_value(), "model",
+               "a step plan {} a quantized base for a model {} one",
+               plan.options.base_quantized ? "with" : "without", quant_ ? "with" : "without");
+  MEMFIT_CHECK(!quant_ || (lora_ && frozen_) || plan.options.inference, "model",
+               "a quantized base trains LoRA adapters alone: add_lora before a training plan");
   // A frozen base (LoRA) has no gradient slab either.
   const bool per_unit = store_ != nullptr, own_slab = !per_unit && !inference && !frozen_;
   MEMFIT_CHECK(!in_arena || own_slab, "model",

@@ -22,7 +22,7 @@
 #include "memfit/model/grad_store.h"
 #include "memfit/model/lora.h"
 #include "memfit/model/fp8_weights.h"
-#include "memfit/model/nf4_base.h"
+#include "memfit/model/quant_base.h"
 #include "memfit/model/weight_source.h"
 #include "memfit/core/element_range.h"
 
@@ -114,36 +114,37 @@ class Transformer {
   // --offload-grads (model/grad_store.h): no slab; the gradients live per unit in the store,
   // which the update reads unit by unit. Null otherwise (also for a summing store).
   GradStore* grad_store() { return store_ && !summing() ? store_.get() : nullptr; }
-  // One parameter's working weights (a test helper; a block linear of an NF4 base has none:
-  // nf4_base()).
+  // One parameter's working weights (a test helper; a block linear of a quantized base has
+  // none: quant_base()).
   Tensor param(const std::string& name) const;
-  // QLoRA (ModelState::base_nf4): the NF4 layout of the blocks' linear weights and its buffer
-  // (Category::params, "base.nf4"); null / undefined otherwise. params() then holds every other
-  // parameter at ParamLayout::compact_offsets (not the layout's offsets).
-  const Nf4BaseLayout* nf4_base() const { return nf4_ ? &*nf4_ : nullptr; }
-  const Tensor& nf4_buffer() const { return nf4_buffer_; }
+  // A quantized base (ModelState::base_quant: NF4 or int8): the layout of the blocks' linear
+  // weights and its buffer (Category::params, "base.nf4" or "base.int8"); null / undefined
+  // otherwise. params() then holds every other parameter at ParamLayout::compact_offsets (not
+  // the layout's offsets).
+  const QuantBaseLayout* quant_base() const { return quant_ ? &*quant_ : nullptr; }
+  const Tensor& quant_buffer() const { return quant_buffer_; }
   // --precision fp8 with stored weights (ModelState::params_fp8; Note [FP8], "Storage"): the
   // layout of the blocks' linear weights as E4M3 and its buffer (Category::params,
   // "params.fp8": the codes, then a scale per matrix), encoded from the master weights by
   // refresh_working; null / undefined otherwise. params() then holds every other parameter at
-  // ParamLayout::compact_offsets, as with an NF4 base.
+  // ParamLayout::compact_offsets, as with a quantized base.
   const Fp8WeightLayout* fp8_weights() const { return fp8_ ? &*fp8_ : nullptr; }
   const Tensor& fp8_buffer() const { return fp8_buffer_; }
-  // Where parameter i of layout().params() lies in params(): its layout offset, or with an NF4
-  // base or stored FP8 weights its compact offset (-1 for a block linear weight).
+  // Where parameter i of layout().params() lies in params(): its layout offset, or with a
+  // quantized base or stored FP8 weights its compact offset (-1 for a block linear weight).
   int64_t working_offset(size_t i) const;
-  // QLoRA's save (Note [NF4 weights], "QLoRA"): layout elements `range` of the base in the
-  // working dtype, handed to `take` in consecutive runs that tile it: the compact slab's
-  // parameters from RAM, the NF4 linears dequantized (the values the matmuls multiply by) a
-  // piece at a time into `staging` (its bytes, at least one element), zeros in the alignment
-  // gaps between parameters.
+  // A quantized base's save (Note [NF4 weights], "QLoRA"): layout elements `range` of the base
+  // in the working dtype, handed to `take` in consecutive runs that tile it: the compact slab's
+  // parameters from RAM, the quantized linears dequantized (the values the matmuls multiply
+  // by) a piece at a time into `staging` (its bytes, at least one element), zeros in the
+  // alignment gaps between parameters.
   using BaseTake = std::function<void(int64_t from, int64_t to, const void* src)>;
   void read_base_range(ElementRange range, const BaseTake& take, const Tensor& staging) const;
-  // Sets the weights from `fill` as set_weights does, except the NF4 linears, which are left
-  // as they are (a resume reads them from the save: io/checkpoint/nf4_base_file.h).
-  void set_weights_except_nf4(const RangeFill& fill, int64_t piece_elements);
-  // The NF4 base's buffer, to read into (a resume).
-  Tensor& nf4_buffer() { return nf4_buffer_; }
+  // Sets the weights from `fill` as set_weights does, except the quantized linears, which are
+  // left as they are (a resume reads them from the save: io/checkpoint/quant_base_file.h).
+  void set_weights_except_quant_base(const RangeFill& fill, int64_t piece_elements);
+  // The quantized base's buffer, to read into (a resume).
+  Tensor& quant_buffer() { return quant_buffer_; }
   // One parameter's gradient in the whole slab (a test helper; refuses at stages 2-3).
   Tensor grad(const std::string& name) const;
 
@@ -299,9 +300,9 @@ class Transformer {
   bool store_sums_ = false;  // store_->summed() is defined
   std::optional<LoraLayout> lora_;
   Tensor lora_weights_, lora_grads_;
-  // QLoRA: the NF4 base's layout and buffer, and each parameter's offset in the compact slab.
-  std::optional<Nf4BaseLayout> nf4_;
-  Tensor nf4_buffer_;
+  // A quantized base: its layout and buffer, and each parameter's offset in the compact slab.
+  std::optional<QuantBaseLayout> quant_;
+  Tensor quant_buffer_;
   std::vector<int64_t> compact_;  // (also with stored FP8 weights)
   // --precision fp8's stored linear weights.
   std::optional<Fp8WeightLayout> fp8_;
@@ -309,7 +310,7 @@ class Transformer {
   // The working copy of the master weights' elements in `range`: the compact slab's parameters
   // rounded to bf16, the stored linears encoded (refresh_working over the whole layout).
   void refresh_fp8(ElementRange range);
-  void set_weights_nf4(const RangeFill& fill, int64_t piece_elements, bool quantize);
+  void set_weights_quant(const RangeFill& fill, int64_t piece_elements, bool quantize);
   uint64_t lora_draw_ = 0;
   StageIo stage_io_;
   bool frozen_ = false;  // LoRA's frozen base: no gradient slab

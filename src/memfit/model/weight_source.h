@@ -64,11 +64,12 @@ struct ModelState {
   // the source reads them). Made once the model has its layout and its working shard.
   bool params_sharded = false;
   bool params_in_file = false;
-  // QLoRA (--base-dtype nf4; Note [NF4 weights], "QLoRA"): the blocks' linear weights live as
-  // NF4 in one buffer (Category::params, "base.nf4"; model/nf4_base.h) and the working slab
+  // A quantized base (--base-dtype nf4 or int8; Note [NF4 weights], "QLoRA", Note [Int8
+  // weights]): the blocks' linear weights live quantized in this format in one buffer
+  // (Category::params, "base.nf4" or "base.int8"; model/quant_base.h) and the working slab
   // holds every other parameter alone (ParamLayout::compact_offsets). One process, in RAM, no
   // master weights; the base is then frozen (Transformer::add_lora with its LoRA options).
-  bool base_nf4 = false;
+  std::optional<kernels::WeightQuant> base_quant;
   // --precision fp8 with its working weights stored (StatePlacement::params_fp8; Note [FP8],
   // "Storage"): the blocks' linear weights live as E4M3 codes with a scale per matrix in one
   // buffer (Category::params, "params.fp8"; model/fp8_weights.h), encoded from the master

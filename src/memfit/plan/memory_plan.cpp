@@ -1,7 +1,7 @@
 #include "memfit/plan/memory_plan.h"
 
 #include "memfit/model/fp8_weights.h"
-#include "memfit/model/nf4_base.h"
+#include "memfit/model/quant_base.h"
 
 #include "memfit/model/transformer.h"
 
@@ -174,16 +174,17 @@ void add_lora_bytes(const RunSpec& spec, int rank, const ParamLayout& layout,
   const LoraLayout lora(r.model, spec.lora);
   const size_t adapters =
       MemoryPool::round_up(static_cast<size_t>(lora.total()) * sizeof(float));
-  // QLoRA (Note [NF4 weights], "QLoRA"): the working slab without the blocks' linears, and
-  // their NF4 buffer ("base.nf4"), as Transformer allocates them.
-  if (spec.lora.base_nf4()) {
+  // A quantized base (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the working slab
+  // without the blocks' linears, and their buffer ("base.nf4", "base.int8"), as Transformer
+  // allocates them.
+  if (const auto quant = spec.lora.base_quant()) {
     int64_t compact = 0;
     (void)layout.compact_offsets(&compact);
-    r.nf4_base_bytes = MemoryPool::round_up(Nf4BaseLayout(r.model).bytes());
+    r.quant_base_bytes = MemoryPool::round_up(QuantBaseLayout(r.model, *quant).bytes());
     at(Category::params) =
         MemoryPool::round_up(static_cast<size_t>(compact) *
                              dtype_size(half_dtype(precision.precision))) +
-        r.nf4_base_bytes;
+        r.quant_base_bytes;
   }
   at(Category::params) += adapters;
   at(Category::grads) = adapters;
@@ -370,7 +371,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // A save that streams the weights of record from the offload files: its staging.
   if (spec.saves)
     for (const int64_t n :
-         {save_staging_elements(spec, r.step), save_nf4_staging_elements(spec, r.step)})
+         {save_staging_elements(spec, r.step), save_quant_staging_elements(spec, r.step)})
       if (n > 0)
         at(Category::staging) += MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float));
   // A save from RAM on the rank that writes model.safetensors (one process, or rank 0 at stage
@@ -410,16 +411,17 @@ int64_t setup_piece_elements(const StepPlan& step) {
 bool save_streams_weights(const RunSpec& spec) {
   const bool master =
       spec.precision.precision != Precision::fp32 && spec.precision.master_weights;
-  // QLoRA's base is NF4 in RAM: the save streams it dequantized (Note [NF4 weights], "QLoRA").
-  const bool nf4 = spec.lora.enabled() && spec.lora.base_nf4();
+  // A quantized base (NF4, int8) in RAM: the save streams it dequantized (Note [NF4 weights],
+  // "QLoRA").
+  const bool quant = spec.lora.enabled() && spec.lora.base_quant().has_value();
   // LoRA's frozen base on disk (Note [LoRA], "The frozen base on disk"): streamed from its file.
   const bool frozen_file = spec.lora.enabled() && spec.offload.params;
   return spec.world == 1 &&
-         (nf4 || frozen_file || (spec.offload.optimizer && (master || spec.offload.params)));
+         (quant || frozen_file || (spec.offload.optimizer && (master || spec.offload.params)));
 }
 
-int64_t save_nf4_staging_elements(const RunSpec& spec, const StepPlan& step) {
-  return spec.lora.enabled() && spec.lora.base_nf4() ? setup_piece_elements(step) : 0;
+int64_t save_quant_staging_elements(const RunSpec& spec, const StepPlan& step) {
+  return spec.lora.enabled() && spec.lora.base_quant() ? setup_piece_elements(step) : 0;
 }
 
 int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step) {

@@ -25,8 +25,9 @@ struct PlanReport {
   ModelConfig model;
   int B = 0, T = 0;
   CategoryBytes by_category{};  // at the peak: what the pool holds (activations, workspace: arenas)
-  // QLoRA (--base-dtype nf4): the NF4 buffer of the blocks' linear weights, part of params.
-  size_t nf4_base_bytes = 0;
+  // A quantized base (--base-dtype nf4 or int8): the buffer of the blocks' linear weights, part
+  // of params.
+  size_t quant_base_bytes = 0;
   size_t peak_bytes = 0;
   std::string peak_phase;       // where the most bytes are live: "backward of block 11"
   size_t peak_live_bytes = 0;   // live then: the other categories and that phase's buffers
@@ -122,9 +123,9 @@ bool save_streams_weights(const RunSpec& spec);
 // adds little to the run's peak; 0 where the save does not stream or the family stores
 // nothing transposed (LLaMA: the runs are written straight from the offload ring).
 int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step);
-// QLoRA's save: the staging its NF4 linears are dequantized into on their way to
-// model.safetensors ("save.nf4", f32-sized elements: setup_piece_elements), else 0.
-int64_t save_nf4_staging_elements(const RunSpec& spec, const StepPlan& step);
+// A quantized base's save: the staging its linears are dequantized into on their way to
+// model.safetensors ("save.quant", f32-sized elements: setup_piece_elements), else 0.
+int64_t save_quant_staging_elements(const RunSpec& spec, const StepPlan& step);
 
 // The FLOPs of one micro-batch's forward and backward (matmuls and attention scores; the
 // elementwise work is not counted), with the recomputation the checkpoint policy adds; `head`

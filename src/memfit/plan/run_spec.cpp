@@ -5,6 +5,7 @@
 
 #include "memfit/core/error.h"
 #include "memfit/model/sequence_parallel.h"
+#include "memfit/kernels/cpu/quant_weight.h"
 
 namespace memfit {
 
@@ -73,7 +74,7 @@ ActivationOptions RunSpec::activation_options() const {
   o.grads_in_arena = grads_share_arena();
   o.lora_rank = lora.rank;
   o.lora_dropout = lora.enabled() ? lora.dropout : 0.0f;
-  o.base_nf4 = lora.enabled() && lora.base_nf4();
+  o.base_quantized = lora.enabled() && lora.base_quant().has_value();
   o.sequence_parallel = sp;
   return o;
 }
@@ -280,12 +281,13 @@ void RunSpec::check_update_in_backward() const {
                  "into f32), so there is nothing to hold in bf16; drop --grad-dtype bf16");
 }
 
-// --base-dtype (Note [NF4 weights], "QLoRA"): the frozen base's storage, so LoRA's alone; bf16
-// is --precision bf16's base; NF4 (QLoRA) is built in one process with every weight in RAM, in
-// fp32 or bf16 (the rules LoRA's own list above has, named here again so that a LoRA built
-// under ZeRO or offload still refuses an NF4 base). Not with --offload-params: the file holds
-// the working layout's blocks, while an NF4 base keeps the blocks' linears in a buffer of
-// their own (model/nf4_base.h) that the file source neither reads nor writes.
+// --base-dtype (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the frozen base's storage,
+// so LoRA's alone; bf16 is --precision bf16's base; a quantized base (NF4, QLoRA, or int8) is
+// built in one process with every weight in RAM, in fp32 or bf16 (the rules LoRA's own list
+// above has, named here again so that a LoRA built under ZeRO or offload still refuses a
+// quantized base). Not with --offload-params: the file holds the working layout's blocks,
+// while a quantized base keeps the blocks' linears in a buffer of their own
+// (model/quant_base.h) that the file source neither reads nor writes.
 void RunSpec::check_base_dtype() const {
   if (lora.base == LoraBase::precision) return;
   if (!lora.enabled())
@@ -295,16 +297,18 @@ void RunSpec::check_base_dtype() const {
   if (lora.base == LoraBase::bf16 && precision.precision != Precision::bf16)
     MEMFIT_THROW(ConfigError, "config",
                  "--base-dtype bf16 is the base of --precision bf16 (got --precision {}): "
-                 "give --precision bf16, or --base-dtype nf4",
+                 "give --precision bf16, or --base-dtype nf4 or int8",
                  precision_name(precision.precision));
-  if (!lora.base_nf4()) return;
+  const std::optional<kernels::WeightQuant> quant = lora.base_quant();
+  if (!quant) return;
   if (offload.params)
     MEMFIT_THROW(ConfigError, "config",
-                 "--base-dtype nf4 with --offload-params is not built: the file holds the "
-                 "blocks of the working weights' layout, while the NF4 base keeps the blocks' "
+                 "--base-dtype {0} with --offload-params is not built: the file holds the "
+                 "blocks of the working weights' layout, while the {0} base keeps the blocks' "
                  "linears quantized in a buffer of their own, which the file source does not "
                  "read; give --base-dtype bf16 (with --precision bf16) to keep the base on "
-                 "disk, or the NF4 base in RAM");
+                 "disk, or the {0} base in RAM",
+                 kernels::weight_quant_name(*quant));
   const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
                         : world > 1                            ? "several ranks"
                         : zero != 0 || zero_auto               ? "--zero"
@@ -314,9 +318,10 @@ void RunSpec::check_base_dtype() const {
                                                    : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
-                 "--base-dtype nf4 with {} is not built: the NF4 base (QLoRA) trains in fp32 or "
-                 "bf16, in one process, with every weight in RAM",
-                 refused);
+                 "--base-dtype {} with {} is not built: the {} base trains in fp32 or bf16, in one "
+                 "process, with every weight in RAM",
+                 kernels::weight_quant_name(*quant), refused,
+                 *quant == kernels::WeightQuant::nf4 ? "NF4 (QLoRA)" : "int8");
 }
 
 }  // namespace memfit

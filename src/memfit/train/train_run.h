@@ -205,9 +205,10 @@ class TrainRun {
   // shard files staged beside the save (sharded_state).
   bool streamed_save_ = false;
   int64_t save_staging_n_ = 0;
-  // QLoRA: the save's dequantization staging (save_nf4_staging_elements), held while saving.
-  int64_t save_nf4_n_ = 0;
-  Tensor save_nf4_staging_;
+  // A quantized base: the save's dequantization staging (save_quant_staging_elements), held
+  // while saving.
+  int64_t save_quant_n_ = 0;
+  Tensor save_quant_staging_;
   DType record_dtype_ = DType::f32;
   bool sharded_state_ = false;
   std::filesystem::path staging_;

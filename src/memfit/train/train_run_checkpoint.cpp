@@ -7,7 +7,7 @@
 #include "memfit/io/atomic_file.h"
 #include "memfit/io/checkpoint/lora_adapter.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
-#include "memfit/io/checkpoint/nf4_base_file.h"
+#include "memfit/io/checkpoint/quant_base_file.h"
 #include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/memory/rss.h"
@@ -51,7 +51,7 @@ void TrainRun::load_weights() {
   if (off_ && master_)
     to_master_file = [&](const Transformer::RangeFill& fill) { off_->write_master_from(fill); };
   if (gpt_->whole_weights() && !to_master_file && !gpt_->params_offloaded() &&
-      !gpt_->nf4_base() && io::has_model_weights(location_.dir)) {
+      !gpt_->quant_base() && io::has_model_weights(location_.dir)) {
     // The whole layout, straight into the weights from the files. A stage-0 save's
     // optimizer.safetensors is checked with the weights, all before a byte is copied;
     // sharded state (any other range, or a ZeRO save) is loaded below.
@@ -68,19 +68,21 @@ void TrainRun::load_weights() {
     // This rank's ranges of each tensor (model.safetensors, Hugging Face's shards, or a ZeRO
     // save's shard files of any world size and stage), read from the mapped files.
     const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, mc_);
-    // QLoRA's resume (Note [NF4 weights], "QLoRA"): the NF4 linears exactly as saved, the rest
-    // from model.safetensors; an --init-from quantizes them from it.
-    if (resume_ && gpt_->nf4_base()) {
-      const fs::path file = location_.dir / io::kNf4BaseFile;
+    // A quantized base's resume (Note [NF4 weights], "QLoRA"): the NF4 or int8 linears
+    // exactly as saved, the rest from model.safetensors; an --init-from quantizes them from it.
+    if (const QuantBaseLayout* quant = gpt_->quant_base(); resume_ && quant) {
+      const std::string name = io::quant_base_file(quant->format());
+      const fs::path file = location_.dir / name;
       if (!fs::exists(file))
         MEMFIT_THROW(IoError, "checkpoint",
-                     "{}: no {}, so --base-dtype nf4 cannot resume bit for bit (start from it "
+                     "{}: no {}, so --base-dtype {} cannot resume bit for bit (start from it "
                      "with --init-from, which quantizes its model.safetensors again)",
-                     location_.dir.string(), io::kNf4BaseFile);
-      gpt_->set_weights_except_nf4(
+                     location_.dir.string(), name,
+                     kernels::weight_quant_name(quant->format()));
+      gpt_->set_weights_except_quant_base(
           [&](int64_t from, int64_t to, float* dst) { source->read_range({from, to}, dst); },
           piece_);
-      io::load_nf4_base(file, *gpt_->nf4_base(), gpt_->nf4_buffer());
+      io::load_quant_base(file, *quant, gpt_->quant_buffer());
       return;
     }
     gpt_->set_weights([&](int64_t from, int64_t to,
@@ -195,11 +197,11 @@ void TrainRun::stage_shards() {
 io::StreamedWeights TrainRun::streamed_weights(Tensor& save_staging) {
   io::StreamedWeights w;
   w.dtype = record_dtype_;
-  if (gpt_->nf4_base()) {  // QLoRA: the base dequantized (Note [NF4 weights], "QLoRA")
-    save_nf4_staging_ = Tensor::empty(pool_, {save_nf4_n_}, DType::f32, Category::staging,
-                                      "save.nf4");
+  if (gpt_->quant_base()) {  // NF4 or int8: the base dequantized (Note [NF4 weights], "QLoRA")
+    save_quant_staging_ = Tensor::empty(pool_, {save_quant_n_}, DType::f32, Category::staging,
+                                        "save.quant");
     w.stream = [this](ElementRange range, const io::RecordTake& take) {
-      gpt_->read_base_range(range, take, save_nf4_staging_);
+      gpt_->read_base_range(range, take, save_quant_staging_);
     };
   } else if (off_ && master_)
     w.stream = [this](ElementRange range, const io::RecordTake& take) {
@@ -231,8 +233,9 @@ void TrainRun::save(int64_t step, const Tensor& record) {
     so.write_extra = [&](const fs::path& tmp) {
       io::save_lora_adapter(tmp, mc_, *gpt_->lora(), gpt_->lora_weights());
       io::save_optimizer_state(tmp / io::kAdapterOptimizerFile, *opt_);
-      if (gpt_->nf4_base()) io::save_nf4_base(tmp / io::kNf4BaseFile, *gpt_->nf4_base(),
-                                              gpt_->nf4_buffer());
+      if (const QuantBaseLayout* quant = gpt_->quant_base())
+        io::save_quant_base(tmp / io::quant_base_file(quant->format()), *quant,
+                            gpt_->quant_buffer());
     };
   if (sharded_state_) {
     auto lora_files = std::move(so.write_extra);
@@ -261,7 +264,7 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   io::save_checkpoint(settings_.save_dir, mc_, gpt_->layout(), record, so);
   so.streamed_weights.reset();
   save_staging = Tensor{};
-  save_nf4_staging_ = Tensor{};
+  save_quant_staging_ = Tensor{};
   if (sharded_state_) fs::remove(staging_);  // emptied by the renames
   // Memory once the save has let go of what it used: the soak benchmark's samples.
   // (And how long rank 0's part of the save took: the streamed save's, with offload.)

@@ -250,8 +250,10 @@ json TrainRun::run_state_json() const {
   }
   if (c.lora.enabled())
     s["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", c.lora.targets}};
-  // QLoRA: a resume must quantize nothing again (the save's NF4 base is read back as it is).
-  if (c.lora.enabled() && c.lora.base_nf4()) s["lora"]["base_dtype"] = "nf4";
+  // A quantized base: a resume must quantize nothing again (the save's NF4 or int8 base is
+  // read back as it is).
+  if (const auto quant = c.lora.base_quant(); c.lora.enabled() && quant)
+    s["lora"]["base_dtype"] = std::string(kernels::weight_quant_name(*quant));
   return s;
 }
 

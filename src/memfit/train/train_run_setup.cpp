@@ -141,8 +141,9 @@ void TrainRun::make_backward_update() {
 void TrainRun::make_model() {
   ModelState state = zero_model_state(placement_, comm_, param_file_.get(),
                                       std::move(grad_store_), &zero_, rank_steps_.get());
-  // QLoRA (Note [NF4 weights], "QLoRA"): the blocks' linears as NF4, quantized at load.
-  state.base_nf4 = spec_.lora.base_nf4();  // RunSpec::check_base_dtype: only with LoRA
+  // A quantized base (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the blocks' linears
+  // as NF4 or int8, quantized at load.
+  state.base_quant = spec_.lora.base_quant();  // RunSpec::check_base_dtype: only with LoRA
   gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
   if (mc_.tp > 1) gpt_->set_tensor_group(tensor_);  // before the weights are drawn
   if (gpt_->precision().precision == Precision::fp16)
@@ -301,7 +302,7 @@ void TrainRun::open_log() {
   streamed_save_ = save_streams_weights(spec_);
   const StepPlan save_plan = plan_step(gpt_->config(), B_, T_, spec_.activation_options());
   save_staging_n_ = save_staging_elements(spec_, save_plan);
-  save_nf4_n_ = save_nf4_staging_elements(spec_, save_plan);
+  save_quant_n_ = save_quant_staging_elements(spec_, save_plan);
   // The weights of record's element type, as config.json names it for a sharded save.
   record_dtype_ = off_ && master_            ? DType::f32
                  : gpt_->params_offloaded() ? half_dtype(spec_.precision.precision)

@@ -3,7 +3,7 @@
 // NormalFloat code book, one absmax per block of 64 weights, and the absmax values themselves
 // quantized to 8 bits ("double quantization"). The format, its byte count and the tile
 // dequantization are Note [NF4 weights] (docs/notes/nf4.md); the matmuls that read it are
-// nf4_matmul.h; the plain reference is kernels/ref/nf4_ref.h.
+// quant_matmul.h; the plain reference is kernels/ref/nf4_ref.h.
 #pragma once
 
 #include <array>
@@ -113,7 +113,7 @@ void nf4_dequantize_rows(const Nf4Weight& w, int64_t row0, Tensor& dst);
 void nf4_dequantize_n(const Nf4Weight& w, int64_t e0, int64_t n, DType dst_type, void* dst,
                       bool round_bf16 = false);
 // The same for the rectangle rows [r0, r1) x columns [c0, c1) of W, written densely (row stride
-// c1 - c0) in one dispatch: the input gradient's column tiles (nf4_matmul.h).
+// c1 - c0) in one dispatch: the input gradient's column tiles (quant_matmul.h).
 void nf4_dequantize_tile(const Nf4Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                          DType dst_type, void* dst, bool round_bf16 = false);
 

@@ -2,7 +2,7 @@
 // quantize_4bit with double quantization and its dequantization, element by element over the
 // whole tensor, which the vector kernels must reproduce bit for bit on every SIMD target; and
 // the matmuls with an NF4 weight as "dequantize all of W, then multiply" in double, the ground
-// truth of the tiled kernels (nf4_matmul.h).
+// truth of the tiled kernels (quant_matmul.h).
 #pragma once
 
 #include <cstdint>

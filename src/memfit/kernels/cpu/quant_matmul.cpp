@@ -1,11 +1,12 @@
-// The tiled NF4 matmuls: dequantize a tile of W into the scratch (on the OpenMP team), multiply
-// it with oneDNN, next tile. See Note [NF4 weights], "Tiles".
-#include "memfit/kernels/cpu/nf4_matmul.h"
+// The tiled matmuls of a quantized weight: dequantize a tile of W into the scratch (on the
+// OpenMP team), multiply it with oneDNN, next tile. See Note [NF4 weights], "Tiles".
+#include "memfit/kernels/cpu/quant_matmul.h"
 #include "memfit/kernels/kernel_times.h"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <string_view>
 
 #include "memfit/core/error.h"
 #include "memfit/kernels/cpu/checks.h"
@@ -46,11 +47,11 @@ size_t route_bytes(Route r, int64_t input, int64_t tile, int64_t out_tile) {
 }
 
 size_t forward_bytes(Route r, int64_t R, int64_t IC, int64_t OC) {
-  const int64_t t = std::min(OC, kNf4TileRows);
+  const int64_t t = std::min(OC, kQuantTileRows);
   return route_bytes(r, R * IC, t * IC, R * t);
 }
 size_t backward_bytes(Route r, int64_t R, int64_t IC, int64_t OC) {
-  const int64_t t = std::min(IC, kNf4TileCols);
+  const int64_t t = std::min(IC, kQuantTileCols);
   return route_bytes(r, R * OC, OC * t, R * t);
 }
 
@@ -94,26 +95,27 @@ int64_t check_product(const char* op, const Tensor& in, const char* in_name, int
 }
 
 // Rows [r0, r0 + t) of W into tile (t x cols) as `type`, on the team.
-void dequantize_row_tile(const Nf4Weight& w, int64_t r0, int64_t t, DType type, bool round,
+void dequantize_row_tile(const QuantWeight& w, int64_t r0, int64_t t, DType type, bool round,
                          void* tile) {
   const size_t esize = dtype_size(type);
-  parallel_ranges(t * w.cols, [&](int64_t b, int64_t e) {
-    nf4_dequantize_n(w, r0 * w.cols + b, e - b, type, static_cast<char*>(tile) + b * esize,
-                     round);
+  const int64_t cols = w.cols();
+  parallel_ranges(t * cols, [&](int64_t b, int64_t e) {
+    quant_dequantize_n(w, r0 * cols + b, e - b, type, static_cast<char*>(tile) + b * esize,
+                       round);
   });
 }
 
 // Columns [c0, c0 + t) of every row of W into tile (rows x t) as `type`, on the team.
-void dequantize_col_tile(const Nf4Weight& w, int64_t c0, int64_t t, DType type, bool round,
+void dequantize_col_tile(const QuantWeight& w, int64_t c0, int64_t t, DType type, bool round,
                          void* tile) {
   const size_t esize = dtype_size(type);
-  const int64_t rows = w.rows;
+  const int64_t rows = w.rows();
 #pragma omp parallel if (rows * t > kParallelGrain)
   {  // a contiguous range of rows per thread, one dispatch each
     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
     const int64_t r0 = rows * tid / nth, r1 = rows * (tid + 1) / nth;
-    nf4_dequantize_tile(w, r0, r1, c0, c0 + t, type, static_cast<char*>(tile) + r0 * t * esize,
-                        round);
+    quant_dequantize_tile(w, r0, r1, c0, c0 + t, type, static_cast<char*>(tile) + r0 * t * esize,
+                          round);
   }
 }
 
@@ -136,20 +138,28 @@ void round_columns(const float* y, int64_t R, int64_t n, void* out, int64_t ld, 
     convert_n(DType::f32, DType::bf16, static_cast<uint16_t*>(out) + i * ld + c0, y + i * n, n);
 }
 
+// The op's name in errors and kernel times: the format's ("nf4_matmul_forward").
+const char* op_name(const QuantWeight& w, std::string_view which) {
+  const bool nf4 = w.format == WeightQuant::nf4;
+  if (which == "forward") return nf4 ? "nf4_matmul_forward" : "int8_matmul_forward";
+  return nf4 ? "nf4_matmul_backward_input" : "int8_matmul_backward_input";
+}
+
 }  // namespace
 
-size_t nf4_matmul_scratch_bytes(int64_t R, int64_t IC, int64_t OC, DType compute) {
-  const Route r = route_for(compute, "nf4_matmul");
+size_t quant_matmul_scratch_bytes(int64_t R, int64_t IC, int64_t OC, DType compute) {
+  const Route r = route_for(compute, "quant_matmul");
   return std::max(forward_bytes(r, R, IC, OC), backward_bytes(r, R, IC, OC));
 }
 
-void nf4_matmul_forward(Tensor& out, const Tensor& inp, const Nf4Weight& w, Tensor& scratch) {
-  KernelScope timed("nf4_matmul_forward");
-  constexpr const char* op = "nf4_matmul_forward";
-  const int64_t IC = w.cols, OC = w.rows;
+void quant_matmul_forward(Tensor& out, const Tensor& inp, const QuantWeight& w, Tensor& scratch) {
+  const char* op = op_name(w, "forward");
+  KernelScope timed(op);
+  MEMFIT_CHECK(w.defined(), op, "the weight is undefined");
+  const int64_t IC = w.cols(), OC = w.rows();
   const int64_t R = check_product(op, inp, "inp", IC, out, "out", OC);
   const Route route = route_for(inp.dtype(), op);
-  Carver c(scratch, nf4_matmul_scratch_bytes(R, IC, OC, inp.dtype()), op);
+  Carver c(scratch, quant_matmul_scratch_bytes(R, IC, OC, inp.dtype()), op);
   if (R == 0) return;
   const DType out_type = out.dtype();
   char* y = static_cast<char*>(out.raw_data());
@@ -163,12 +173,12 @@ void nf4_matmul_forward(Tensor& out, const Tensor& inp, const Nf4Weight& w, Tens
     x = inp.data<float>();
   }
   const DType tile_type = route == Route::bf16 ? DType::bf16 : DType::f32;
-  void* tile = c.take(std::min(OC, kNf4TileRows) * IC, dtype_size(tile_type));
+  void* tile = c.take(std::min(OC, kQuantTileRows) * IC, dtype_size(tile_type));
   float* ytile = route == Route::widened && out_type == DType::bf16
-                     ? static_cast<float*>(c.take(R * std::min(OC, kNf4TileRows), 4))
+                     ? static_cast<float*>(c.take(R * std::min(OC, kQuantTileRows), 4))
                      : nullptr;
-  for (int64_t r0 = 0; r0 < OC; r0 += kNf4TileRows) {
-    const int64_t t = std::min(kNf4TileRows, OC - r0);
+  for (int64_t r0 = 0; r0 < OC; r0 += kQuantTileRows) {
+    const int64_t t = std::min(kQuantTileRows, OC - r0);
     dequantize_row_tile(w, r0, t, tile_type, route == Route::widened, tile);
     // out[:, r0:r0+t] = x @ tile^T
     if (route == Route::bf16) {
@@ -184,14 +194,15 @@ void nf4_matmul_forward(Tensor& out, const Tensor& inp, const Nf4Weight& w, Tens
   }
 }
 
-void nf4_matmul_backward_input(Tensor& dinp, const Tensor& dout, const Nf4Weight& w,
-                               Tensor& scratch) {
-  KernelScope timed("nf4_matmul_backward_input");
-  constexpr const char* op = "nf4_matmul_backward_input";
-  const int64_t IC = w.cols, OC = w.rows;
+void quant_matmul_backward_input(Tensor& dinp, const Tensor& dout, const QuantWeight& w,
+                                 Tensor& scratch) {
+  const char* op = op_name(w, "backward_input");
+  KernelScope timed(op);
+  MEMFIT_CHECK(w.defined(), op, "the weight is undefined");
+  const int64_t IC = w.cols(), OC = w.rows();
   const int64_t R = check_product(op, dout, "dout", OC, dinp, "dinp", IC);
   const Route route = route_for(dout.dtype(), op);
-  Carver c(scratch, nf4_matmul_scratch_bytes(R, IC, OC, dout.dtype()), op);
+  Carver c(scratch, quant_matmul_scratch_bytes(R, IC, OC, dout.dtype()), op);
   if (R == 0) return;
   const DType out_type = dinp.dtype();
   char* dx = static_cast<char*>(dinp.raw_data());
@@ -205,12 +216,12 @@ void nf4_matmul_backward_input(Tensor& dinp, const Tensor& dout, const Nf4Weight
     g = dout.data<float>();
   }
   const DType tile_type = route == Route::bf16 ? DType::bf16 : DType::f32;
-  void* tile = c.take(OC * std::min(IC, kNf4TileCols), dtype_size(tile_type));
+  void* tile = c.take(OC * std::min(IC, kQuantTileCols), dtype_size(tile_type));
   float* ytile = route == Route::widened && out_type == DType::bf16
-                     ? static_cast<float*>(c.take(R * std::min(IC, kNf4TileCols), 4))
+                     ? static_cast<float*>(c.take(R * std::min(IC, kQuantTileCols), 4))
                      : nullptr;
-  for (int64_t c0 = 0; c0 < IC; c0 += kNf4TileCols) {
-    const int64_t t = std::min(kNf4TileCols, IC - c0);
+  for (int64_t c0 = 0; c0 < IC; c0 += kQuantTileCols) {
+    const int64_t t = std::min(kQuantTileCols, IC - c0);
     dequantize_col_tile(w, c0, t, tile_type, route == Route::widened, tile);
     // dinp[:, c0:c0+t] = dout @ tile: every output column once, over all of K = OC.
     if (route == Route::bf16) {
