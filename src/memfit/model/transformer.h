@@ -41,7 +41,7 @@ class Transformer {
   // units through the WeightSource, which gathers what each phase needs; every rank must then
   // run the same steps and loads. `params_in_file` (--offload-params, Note [NVMe offload]): no
   // working slab, the source reads the blocks from their file (params() is empty; needs the
-  // master weights elsewhere). `make_grads` (per-unit reduction, Note [Sharded gradients];
+  // master weights elsewhere, where there are any). `make_grads` (per-unit reduction, Note [Sharded gradients];
   // --offload-grads): the backward writes each unit's gradients into the store's buffers;
   // grad_sums() is then the store's accumulator where it sums (summed()). The default: one
   // process, everything in RAM. dist/zero/zero_state.h makes it for ZeRO and offload.
@@ -237,9 +237,9 @@ class Transformer {
   // does (B zero: the model computes what it did) and their gradients (f32, Category::grads,
   // "lora.grads"), which backward() accumulates and zero_grad() zeroes. `freeze_base`: the base
   // weights get no gradients (no slab: grads() is undefined; the step skips their GEMMs).
-  // fp32 or bf16, one process or ZeRO stage 0, or stage 3's gathered base (the adapters bound
-  // into the source's views after each gather: WeightSource::set_bind_hook); no per-unit
-  // gradients, no offload; before reserve(). Once.
+  // fp32 or bf16, one process or ZeRO stage 0, stage 3's gathered base, or in one process the
+  // base's blocks in a file, read only (the adapters bound into the source's views after each
+  // gather or read: WeightSource::set_bind_hook); no per-unit gradients; before reserve(). Once.
   void add_lora(const LoraOptions& options, uint64_t seed, bool freeze_base = true);
   const LoraLayout* lora() const { return lora_ ? &*lora_ : nullptr; }
   Tensor& lora_weights() { return lora_weights_; }
