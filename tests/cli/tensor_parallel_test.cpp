@@ -28,10 +28,11 @@ using nlohmann::json;
 class TensorParallel : public test::MpiBinaryTest {
  protected:
   TensorParallel() : MpiBinaryTest(4242) {}
-  std::string args(const std::string& more) const {
+  // `batch`: each rank's micro-batch (one process with 2 x 2 for two data ranks' rows).
+  std::string args(const std::string& more, int batch = 2) const {
     const bool model = more.find("--model") != std::string::npos;
-    return fmt::format("{}--n-layer 2 --seq-len 32 --batch 2 --threads 1 --data '{}' {}",
-                       model ? "" : "--model gpt2-tiny ", (dir / "data").string(), more);
+    return fmt::format("{}--n-layer 2 --seq-len 32 --batch {} --threads 1 --data '{}' {}",
+                       model ? "" : "--model gpt2-tiny ", batch, (dir / "data").string(), more);
   }
   std::vector<json> lines(const fs::path& log) const {
     std::vector<json> out;
@@ -40,15 +41,15 @@ class TensorParallel : public test::MpiBinaryTest {
     return out;
   }
   // `memfit train more` under `ranks` ranks (0: one process); its log.
-  std::vector<json> train(int ranks, const std::string& more, const std::string& name) const {
+  std::vector<json> train(int ranks, const std::string& more, const std::string& name,
+                          int batch = 2) const {
     const fs::path log = dir / (name + ".jsonl");
-    EXPECT_EQ(run_memfit("train " + args(more) + fmt::format(" --log '{}'", log.string()), ranks),
+    EXPECT_EQ(run_memfit("train " + args(more, batch) + fmt::format(" --log '{}'", log.string()),
+                         ranks),
               0)
         << name << ": " << test::slurp(dir / "err.txt");
     return lines(log);
   }
-  // The run with --tp against the one without: every step's loss and gradient norm, and the
-  // validation losses, within 1e-5 relative.
   // The lines of steps and evaluations (a run over several ranks logs their peaks too).
   static std::vector<json> numbers(const std::vector<json>& log) {
     std::vector<json> out;
@@ -56,20 +57,26 @@ class TensorParallel : public test::MpiBinaryTest {
       if (j.contains("loss") || j.contains("val_loss")) out.push_back(j);
     return out;
   }
+  // The run with --tp against the one without: every step's loss and gradient norm, and the
+  // validation losses, within `tolerance` relative (1e-5 in fp32).
   void expect_close(const std::vector<json>& ref_log, const std::vector<json>& tp_log,
-                    const std::string& what) const {
+                    const std::string& what, double tolerance = 1e-5) const {
     const std::vector<json> ref = numbers(ref_log), tp = numbers(tp_log);
     EXPECT_EQ(ref.size(), tp.size()) << what;
     int compared = 0;
+    double worst = 0;
     for (size_t i = 0; i < std::min(ref.size(), tp.size()); ++i)
       for (const char* key : {"loss", "grad_norm", "val_loss"})
         if (ref[i].contains(key)) {
           ASSERT_TRUE(tp[i].contains(key)) << what << ": " << key << " at line " << i;
           const double a = ref[i][key].get<double>(), b = tp[i][key].get<double>();
-          EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(a))
+          EXPECT_LE(std::abs(a - b), tolerance * std::abs(a))
               << what << ": " << key << " at line " << i << ": " << b << " against " << a;
+          worst = std::max(worst, std::abs(a - b) / std::abs(a));
           ++compared;
         }
+    // The worst relative difference, for the notes' measured figures.
+    fmt::print("{}: worst relative difference {:.3g} over {} numbers\n", what, worst, compared);
     EXPECT_GE(compared, 8) << what;
   }
 };
@@ -95,6 +102,22 @@ TEST_F(TensorParallel, LlamaOverTwoAndFourRanksMatchesOneProcess) {
   expect_close(train(0, a, "one"), train(4, a + " --tp 4", "tp4"), "llama --tp 4 (kv replicas)");
 }
 
+// bf16 (with and without master weights) and fp16 (Note [Tensor parallel], "Precisions"): the
+// group's sums are f32, as one process's GEMM accumulates, but they add partial products in
+// another order, and an activation rounded to half afterwards may then round the other way; pure
+// bf16's stochastic rounding draws by the rank's layout offsets, not the whole model's. So not
+// 1e-5: within kHalfTolerance relative of one process in the same precision.
+constexpr double kHalfTolerance = 1e-3;
+
+TEST_F(TensorParallel, HalfPrecisionsOverTwoRanksMatchOneProcess) {
+  for (const std::string p :
+       {"--precision bf16", "--precision bf16 --model llama-tiny --attention plain",
+        "--precision fp16", "--precision bf16 --master-weights none"}) {
+    const std::string a = std::string(kSteps) + " " + p;
+    expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), p, kHalfTolerance);
+  }
+}
+
 // Two data ranks of two tensor ranks each: the data-parallel run of two ranks' numbers.
 TEST_F(TensorParallel, TwoDataRanksOfTwoTensorRanksMatchDataParallelism) {
   expect_close(train(2, kSteps, "dp2"), train(4, std::string(kSteps) + " --tp 2", "dp2tp2"),
@@ -107,7 +130,8 @@ TEST_F(TensorParallel, TwoDataRanksOfTwoTensorRanksMatchDataParallelism) {
 TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
   for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
            {2, "--tp 2"}, {4, "--tp 2"}, {2, "--tp 2 --model llama-tiny --ckpt full"},
-           {4, "--tp 4 --model llama-tiny"}}) {
+           {4, "--tp 4 --model llama-tiny"}, {2, "--tp 2 --precision bf16"},
+           {2, "--tp 2 --precision fp16 --model llama-tiny"}}) {
     const std::string a = args("--steps 2 " + more);
     ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
         << test::slurp(dir / "err.txt");
@@ -159,7 +183,7 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 3 --tp 3", "--tp 3");                         // 4 heads
   refused("--world-size 3 --tp 2", "must divide the ranks");
   refused("--world-size 2 --tp 2 --zero 1", "--zero");
-  refused("--world-size 2 --tp 2 --precision bf16", "--precision");
+  refused("--world-size 2 --tp 2 --precision fp8", "tensorwise scales");
   refused("--world-size 2 --tp 2 --ckpt selective", "--ckpt");
   refused(fmt::format("--world-size 2 --tp 2 --save '{}'", (dir / "ck").string()), "--save");
 }

@@ -16,8 +16,9 @@ namespace memfit {
 
 class Tensor;
 
-// out (B, T, C) f32 = wte[token] + wpe[position] over the group: wte (rows, C) f32 this rank's
-// rows from `begin`, wpe (maxT, C) f32 or undefined. Tokens (B, T) i32. Collective over `group`.
+// out (B, T, C) f32 = wte[token] + wpe[position] over the group: wte (rows, C) this rank's rows
+// from `begin`, wpe (maxT, C) or undefined, each f32, bf16 or f16 (widened exactly). Tokens
+// (B, T) i32. Collective over `group`.
 void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Tensor& tokens,
                                       const Tensor& wte, int64_t begin, const Tensor& wpe);
 

@@ -481,7 +481,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   if (spec.model.tp > 1) {  // --tp: the tensor group's all-reduces, priced as the data group's
     dist::CommVolume t;
-    t.all_reduce = tensor_comm_per_step(spec, r.step).all_reduce_bytes;
+    t.all_reduce = tensor_comm_per_step(spec, r.step, rank).all_reduce_bytes;
     in.comm_copied_bytes += t.copied_bytes(spec.model.tp);
     in.comm_summed_bytes += t.summed_bytes(spec.model.tp);
   }
