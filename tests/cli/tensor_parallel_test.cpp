@@ -6,7 +6,7 @@
 // another order than one GEMM, so not bit for bit. With --ckpt full (recomputation re-issues the
 // collectives) too. `memfit plan --tp` is every rank's measured peak, by category, and each
 // step's tensor-group collectives (bytes and count). What is not built is refused naming the
-// option. bf16, fp16 and pure bf16 within 1e-3 of one process; 2 data x 2 tensor ranks at ZeRO
+// option. bf16 and fp16 within 1e-3 of one process (pure bf16 3e-3); 2 data x 2 tensor ranks at ZeRO
 // 1, 2 and 3 (each data group sharding its tensor slice) within 1e-5 of one process, planned ==
 // measured on every rank; every checkpoint policy. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
@@ -108,15 +108,16 @@ TEST_F(TensorParallel, LlamaOverTwoAndFourRanksMatchesOneProcess) {
 // group's sums are f32, as one process's GEMM accumulates, but they add partial products in
 // another order, and an activation rounded to half afterwards may then round the other way; pure
 // bf16's stochastic rounding draws by the rank's layout offsets, not the whole model's. So not
-// 1e-5: within kHalfTolerance relative of one process in the same precision.
-constexpr double kHalfTolerance = 1e-3;
-
+// 1e-5: within 1e-3 relative of one process in the same precision (measured on the Zen 5 and
+// under MEMFIT_MAX_ISA=avx2: 1e-5 to 4e-4), pure bf16 within 3e-3 (measured 5.6e-4 and 7.6e-4).
 TEST_F(TensorParallel, HalfPrecisionsOverTwoRanksMatchOneProcess) {
-  for (const std::string p :
-       {"--precision bf16", "--precision bf16 --model llama-tiny --attention plain",
-        "--precision fp16", "--precision bf16 --master-weights none"}) {
+  for (const auto& [p, tolerance] : std::vector<std::pair<std::string, double>>{
+           {"--precision bf16", 1e-3},
+           {"--precision bf16 --model llama-tiny --attention plain", 1e-3},
+           {"--precision fp16", 1e-3},
+           {"--precision bf16 --master-weights none", 3e-3}}) {
     const std::string a = std::string(kSteps) + " " + p;
-    expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), p, kHalfTolerance);
+    expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), p, tolerance);
   }
 }
 
