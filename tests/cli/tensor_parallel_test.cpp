@@ -7,7 +7,10 @@
 // collectives) too. `memfit plan --tp` is every rank's measured peak, by category, and each
 // step's tensor-group collectives (bytes and count). The same with --sp (sequence
 // parallelism), whose --seq-len must divide by --tp. What is not built is refused naming the
-// option. Skips where memfit was built without MPI.
+// option. bf16 and fp16 within 1e-3 of one process (pure bf16 3e-3); 2 data x 2 tensor ranks at
+// ZeRO 1, 2 and 3 (each data group sharding its tensor slice) within 1e-5 of one process,
+// planned == measured on every rank; every checkpoint policy. Skips where memfit was built
+// without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,11 +32,12 @@ using nlohmann::json;
 class TensorParallel : public test::MpiBinaryTest {
  protected:
   TensorParallel() : MpiBinaryTest(4242) {}
-  std::string args(const std::string& more) const {
+  // `batch`: each rank's micro-batch (one process with 2 x 2 for two data ranks' rows).
+  std::string args(const std::string& more, int batch = 2) const {
     const bool model = more.find("--model") != std::string::npos;
     const bool seq_len = more.find("--seq-len") != std::string::npos;
-    return fmt::format("{}--n-layer 2 {}--batch 2 --threads 1 --data '{}' {}",
-                       model ? "" : "--model gpt2-tiny ", seq_len ? "" : "--seq-len 32 ",
+    return fmt::format("{}--n-layer 2 {}--batch {} --threads 1 --data '{}' {}",
+                       model ? "" : "--model gpt2-tiny ", seq_len ? "" : "--seq-len 32 ", batch,
                        (dir / "data").string(), more);
   }
   std::vector<json> lines(const fs::path& log) const {
@@ -43,15 +47,15 @@ class TensorParallel : public test::MpiBinaryTest {
     return out;
   }
   // `memfit train more` under `ranks` ranks (0: one process); its log.
-  std::vector<json> train(int ranks, const std::string& more, const std::string& name) const {
+  std::vector<json> train(int ranks, const std::string& more, const std::string& name,
+                          int batch = 2) const {
     const fs::path log = dir / (name + ".jsonl");
-    EXPECT_EQ(run_memfit("train " + args(more) + fmt::format(" --log '{}'", log.string()), ranks),
+    EXPECT_EQ(run_memfit("train " + args(more, batch) + fmt::format(" --log '{}'", log.string()),
+                         ranks),
               0)
         << name << ": " << test::slurp(dir / "err.txt");
     return lines(log);
   }
-  // The run with --tp against the one without: every step's loss and gradient norm, and the
-  // validation losses, within 1e-5 relative.
   // The lines of steps and evaluations (a run over several ranks logs their peaks too).
   static std::vector<json> numbers(const std::vector<json>& log) {
     std::vector<json> out;
@@ -59,20 +63,26 @@ class TensorParallel : public test::MpiBinaryTest {
       if (j.contains("loss") || j.contains("val_loss")) out.push_back(j);
     return out;
   }
+  // The run with --tp against the one without: every step's loss and gradient norm, and the
+  // validation losses, within `tolerance` relative (1e-5 in fp32).
   void expect_close(const std::vector<json>& ref_log, const std::vector<json>& tp_log,
-                    const std::string& what) const {
+                    const std::string& what, double tolerance = 1e-5) const {
     const std::vector<json> ref = numbers(ref_log), tp = numbers(tp_log);
     EXPECT_EQ(ref.size(), tp.size()) << what;
     int compared = 0;
+    double worst = 0;
     for (size_t i = 0; i < std::min(ref.size(), tp.size()); ++i)
       for (const char* key : {"loss", "grad_norm", "val_loss"})
         if (ref[i].contains(key)) {
           ASSERT_TRUE(tp[i].contains(key)) << what << ": " << key << " at line " << i;
           const double a = ref[i][key].get<double>(), b = tp[i][key].get<double>();
-          EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(a))
+          EXPECT_LE(std::abs(a - b), tolerance * std::abs(a))
               << what << ": " << key << " at line " << i << ": " << b << " against " << a;
+          worst = std::max(worst, std::abs(a - b) / std::abs(a));
           ++compared;
         }
+    // The worst relative difference, for the notes' measured figures.
+    fmt::print("{}: worst relative difference {:.3g} over {} numbers\n", what, worst, compared);
     EXPECT_GE(compared, 8) << what;
   }
   // `memfit plan` and `memfit train --steps 2` with `more` over `ranks` ranks: every world
@@ -91,8 +101,9 @@ class TensorParallel : public test::MpiBinaryTest {
     for (const json& j : log) {
       if (j.contains("ranks")) measured = j["ranks"];
       if (!j.contains("loss")) continue;
-      ++steps;  // the tensor group's collectives of each step, as planned
-      EXPECT_EQ(j["tensor_comm_bytes"], plan["tensor_comm_per_step"]) << more;
+      ++steps;  // the tensor group's collectives of each step, as planned (rank 0's log)
+      for (const auto& [k, bytes] : j["tensor_comm_bytes"].items())
+        EXPECT_EQ(bytes, plan["tensor_comm_per_step"].value(k, json())) << k << ", " << more;
     }
     EXPECT_EQ(steps, 2) << more;
     EXPECT_EQ(measured.size(), size_t(ranks)) << "no per-rank peaks in the log";
@@ -129,6 +140,47 @@ TEST_F(TensorParallel, LlamaOverTwoAndFourRanksMatchesOneProcess) {
   expect_close(train(0, a, "one"), train(4, a + " --tp 4", "tp4"), "llama --tp 4 (kv replicas)");
 }
 
+// bf16 (with and without master weights) and fp16 (Note [Tensor parallel], "Precisions"): the
+// group's sums are f32, as one process's GEMM accumulates, but they add partial products in
+// another order, and an activation rounded to half afterwards may then round the other way; pure
+// bf16's stochastic rounding draws by the rank's layout offsets, not the whole model's. So not
+// 1e-5: within 1e-3 relative of one process in the same precision (measured on the Zen 5 and
+// under MEMFIT_MAX_ISA=avx2: 1e-5 to 4e-4), pure bf16 within 3e-3 (measured 5.6e-4 and 7.6e-4).
+TEST_F(TensorParallel, HalfPrecisionsOverTwoRanksMatchOneProcess) {
+  for (const auto& [p, tolerance] : std::vector<std::pair<std::string, double>>{
+           {"--precision bf16", 1e-3},
+           {"--precision bf16 --model llama-tiny --attention plain", 1e-3},
+           {"--precision fp16", 1e-3},
+           {"--precision bf16 --master-weights none", 3e-3}}) {
+    const std::string a = std::string(kSteps) + " " + p;
+    expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), p, tolerance);
+  }
+}
+
+// dp 2 x tp 2 under ZeRO (Note [Tensor parallel], "ZeRO on the data group"): each tensor slice's
+// data group shards, reduces and gathers that slice's layout. The losses, gradient norms and
+// validation losses of one process reading the same rows (batch 2 x 2) within 1e-5 relative at
+// stages 1, 2 and 3; LLaMA with its one key/value head replicated on both tensor ranks (their
+// gradients summed over the shard each rank holds) at stage 3.
+TEST_F(TensorParallel, ZeroOnEachDataGroupMatchesOneProcess) {
+  const auto one = train(0, kSteps, "one", 4);
+  for (const char* zero : {"--zero 1", "--zero 2", "--zero 3"})
+    expect_close(one, train(4, fmt::format("{} --tp 2 {}", kSteps, zero), "dp2tp2"),
+                 fmt::format("2 data x 2 tensor, {}", zero));
+  const std::string a = std::string(kSteps) + " --model llama-tiny --n-kv-head 1";
+  expect_close(train(0, a, "one-llama", 4), train(4, a + " --tp 2 --zero 3", "llama-dp2tp2"),
+               "llama, 2 data x 2 tensor, one key/value head, --zero 3");
+}
+
+// The other checkpoint policies: recomputing a block re-issues its row-parallel all-reduces
+// (every:K, layers:LIST), selective recomputes the attention core alone (no collective).
+TEST_F(TensorParallel, EveryCheckpointPolicyMatchesOneProcess) {
+  for (const char* ckpt : {"--ckpt every:2", "--ckpt layers:1", "--ckpt selective"}) {
+    const std::string a = fmt::format("{} --attention plain {}", kSteps, ckpt);
+    expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), ckpt);
+  }
+}
+
 // Two data ranks of two tensor ranks each: the data-parallel run of two ranks' numbers.
 TEST_F(TensorParallel, TwoDataRanksOfTwoTensorRanksMatchDataParallelism) {
   expect_close(train(2, kSteps, "dp2"), train(4, std::string(kSteps) + " --tp 2", "dp2tp2"),
@@ -141,11 +193,16 @@ TEST_F(TensorParallel, TwoDataRanksOfTwoTensorRanksMatchDataParallelism) {
 TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
   for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
            {2, "--tp 2"}, {4, "--tp 2"}, {2, "--tp 2 --model llama-tiny --ckpt full"},
-           {4, "--tp 4 --model llama-tiny"}}) {
+           {4, "--tp 4 --model llama-tiny"}, {2, "--tp 2 --precision bf16"},
+           {2, "--tp 2 --precision fp16 --model llama-tiny"}, {4, "--tp 2 --zero 1"},
+           {4, "--tp 2 --zero 3 --precision bf16"},
+           {4, "--tp 2 --zero 3 --model llama-tiny --n-kv-head 1"},
+           {2, "--tp 2 --ckpt every:2 --attention plain"}}) {
     const json plan = expect_planned(ranks, more);
-    // 2 blocks: 4 all-reduces each, the embedding's and d(norm); --ckpt full 4 more.
-    EXPECT_EQ(plan["tensor_comm_per_step"]["all_reduce_count"].get<int>(),
-              more.find("full") != std::string::npos ? 14 : 10)
+    // 2 blocks: 4 all-reduces each, the embedding's and d(norm); --ckpt full (every:2) 4 more.
+    const bool recomputes = more.find("full") != std::string::npos ||
+                            more.find("every") != std::string::npos;
+    EXPECT_EQ(plan["tensor_comm_per_step"]["all_reduce_count"].get<int>(), recomputes ? 14 : 10)
         << more;
   }
   // The whole model's state against a rank's slice of it.
@@ -221,9 +278,10 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 2 --tp 2 --model llama-tiny --n-head 6 --n-kv-head 3", "n_kv_head 3");
   refused("--world-size 3 --tp 3", "--tp 3");                         // 4 heads
   refused("--world-size 3 --tp 2", "must divide the ranks");
-  refused("--world-size 2 --tp 2 --zero 1", "--zero");
-  refused("--world-size 2 --tp 2 --precision bf16", "--precision");
-  refused("--world-size 2 --tp 2 --ckpt selective", "--ckpt");
+  refused("--world-size 2 --tp 2 --zero auto", "--zero auto");
+  refused("--world-size 4 --tp 2 --sp --zero 2", "--sp with --zero 2 is not built");
+  refused("--world-size 2 --tp 2 --precision fp8", "tensorwise scales");
+  refused("--world-size 2 --tp 2 --ckpt auto", "--ckpt auto");
   refused(fmt::format("--world-size 2 --tp 2 --save '{}'", (dir / "ck").string()), "--save");
   refused("--world-size 4 --tp 4 --sp --seq-len 30", "--seq-len 30 must divide by 4");
   refused("--sp", "needs --tp 2 or more");

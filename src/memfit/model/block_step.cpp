@@ -385,11 +385,15 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
                                const Tensor& weight, const Tensor& bias) {
   TensorGroup& group = ctx.tensor_group();
   if (group.size() > 1 && row_parallel(slot)) {
-    // LoRA, fp8 and widened matmuls are refused under --tp (RunSpec::check).
+    // The rank's partial product in the run's precision (the widened GEMM where bf16/fp16
+    // widen), summed over the group in f32 (reduce-scattered into this rank's rows with --sp),
+    // then the bias once (Notes [Parallel linears], [Sequence parallel]). LoRA and fp8 are
+    // refused under --tp (RunSpec::check_tensor_parallel).
+    base_forward(slot, out, inp, weight, Tensor{});
     if (sp_)
-      row_parallel_linear_forward_scatter(group, out, inp, weight, bias);
+      row_parallel_linear_scatter(group, out, bias);
     else
-      row_parallel_linear_forward(group, out, inp, weight, bias);
+      row_parallel_linear_reduce(group, out, bias);
     return;
   }
   if (fp8()) {

@@ -4,6 +4,7 @@
 
 #include <span>
 
+#include "memfit/core/dtype.h"
 #include "memfit/core/error.h"
 #include "memfit/kernels/cpu/matmul.h"
 #include "memfit/memory/tensor.h"
@@ -21,6 +22,29 @@ std::span<float> floats_of(const Tensor& t, std::string_view op, std::string_vie
   return {t.data<float>(), static_cast<size_t>(t.numel())};
 }
 
+// out (R, OC) f32 += bias (OC: f32, bf16 or f16, widened exactly; or undefined: nothing) on
+// every row.
+void add_bias(std::string_view op, const Tensor& out, const Tensor& bias) {
+  if (!bias.defined()) return;
+  const int64_t OC = out.size(out.rank() - 1), R = out.numel() / OC;
+  MEMFIT_CHECK_SHAPE(bias.rank() == 1 && bias.size(0) == OC && bias.is_contiguous(), op,
+                     "bias {} for out {}", bias.shape(), out.shape());
+  const DType bt = bias.dtype();
+  MEMFIT_CHECK_DTYPE(bt == DType::f32 || bt == DType::bf16 || bt == DType::f16, op,
+                     "bias must be f32, bf16 or f16, got {}", dtype_name(bt));
+  const void* braw = bias.raw_data();
+  auto b = [&](int64_t j) {
+    const auto* h = static_cast<const uint16_t*>(braw);
+    return bt == DType::f32    ? static_cast<const float*>(braw)[j]
+           : bt == DType::bf16 ? f32_from_bf16(h[j])
+                               : f32_from_f16(h[j]);
+  };
+  float* y = floats_of(out, op, "out").data();
+#pragma omp parallel for schedule(static) if (R * OC > (1 << 16))
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < OC; ++j) y[r * OC + j] += b(j);
+}
+
 }  // namespace
 
 void column_parallel_linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -36,37 +60,29 @@ void column_parallel_linear_backward(TensorGroup& group, Tensor& dinp, Tensor& d
   group.all_reduce_sum(d);
 }
 
-namespace {
-
-// out (R, OC) f32 += bias (OC, or undefined: nothing) on every row.
-void add_bias(std::string_view op, const Tensor& out, const Tensor& bias) {
-  if (!bias.defined()) return;
-  const int64_t OC = out.size(out.rank() - 1), R = out.numel() / OC;
-  MEMFIT_CHECK_SHAPE(bias.rank() == 1 && bias.size(0) == OC, op, "bias {} for out {}",
-                     bias.shape(), out.shape());
-  const float* b = floats_of(bias, op, "bias").data();
-  float* y = floats_of(out, op, "out").data();
-#pragma omp parallel for schedule(static) if (R * OC > (1 << 16))
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < OC; ++j) y[r * OC + j] += b[j];
-}
-
-}  // namespace
-
 void row_parallel_linear_forward(TensorGroup& group, Tensor& out, const Tensor& inp,
                                  const Tensor& weight, const Tensor& bias) {
-  constexpr std::string_view op = "row_parallel_linear_forward";
-  const std::span<float> o = floats_of(out, op, "out");
+  floats_of(out, "row_parallel_linear_forward", "out");
   kernels::matmul_forward(out, inp, weight, Tensor{});
-  group.all_reduce_sum(o);
+  row_parallel_linear_reduce(group, out, bias);
+}
+
+void row_parallel_linear_reduce(TensorGroup& group, Tensor& out, const Tensor& bias) {
+  constexpr std::string_view op = "row_parallel_linear_reduce";
+  group.all_reduce_sum(floats_of(out, op, "out"));
   add_bias(op, out, bias);
 }
 
 void row_parallel_linear_forward_scatter(TensorGroup& group, Tensor& out, const Tensor& inp,
                                          const Tensor& weight, const Tensor& bias) {
-  constexpr std::string_view op = "row_parallel_linear_forward_scatter";
-  floats_of(out, op, "out");
+  floats_of(out, "row_parallel_linear_forward_scatter", "out");
   kernels::matmul_forward(out, inp, weight, Tensor{});
+  row_parallel_linear_scatter(group, out, bias);
+}
+
+void row_parallel_linear_scatter(TensorGroup& group, Tensor& out, const Tensor& bias) {
+  constexpr std::string_view op = "row_parallel_linear_scatter";
+  floats_of(out, op, "out");
   sequence_scatter_sum(group, out);
   add_bias(op, sequence_mine(group, out), bias);
 }

@@ -29,17 +29,25 @@ void column_parallel_linear_backward(TensorGroup& group, Tensor& dinp, Tensor& d
                                      Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                      const Tensor& weight);
 
-// out (R, OC) f32 = the sum over the group of inp (R, IC/T) @ weight^T, plus bias (OC, f32,
-// the same on every rank; or undefined) once: weight (OC, IC/T) holds this rank's columns.
+// out (R, OC) f32 = the sum over the group of inp (R, IC/T) @ weight^T, plus bias (OC, the
+// same on every rank; or undefined) once: weight (OC, IC/T) holds this rank's columns.
 void row_parallel_linear_forward(TensorGroup& group, Tensor& out, const Tensor& inp,
                                  const Tensor& weight, const Tensor& bias);
 
+// The row-parallel forward's second half, for a caller that computed the local partial product
+// itself (the block's widened or NF4 GEMMs): out (R, OC) f32 summed over the group in place,
+// then bias (OC: f32, bf16 or f16, widened exactly; or undefined) added once on every rank.
+// The sum is in f32 in every precision (Note [Parallel linears]).
+void row_parallel_linear_reduce(TensorGroup& group, Tensor& out, const Tensor& bias);
 // Sequence parallelism (--sp; Note [Sequence parallel]): out (R, OC) f32 the partial product
 // inp @ weight^T, whose sum over the group is reduce-scattered into this rank's rows
 // (sequence_mine(group, out), R / T of them), the bias added to those once. The other rows keep
 // this rank's partial product.
 void row_parallel_linear_forward_scatter(TensorGroup& group, Tensor& out, const Tensor& inp,
                                          const Tensor& weight, const Tensor& bias);
+// Its second half, for a caller that computed the partial product itself (as
+// row_parallel_linear_reduce's).
+void row_parallel_linear_scatter(TensorGroup& group, Tensor& out, const Tensor& bias);
 
 // dinp (=, this rank's columns; skipped if undefined) = dout (R, OC) @ weight; dweight (+=) =
 // dout^T @ inp; dbias (+=) the rows' sum of dout: the whole bias's gradient, the same on every

@@ -433,10 +433,15 @@ void Transformer::reduce_kv_replicas() {
   const int R = config_.kv_replicas();
   if (R == 1 || group_ == nullptr) return;
   const int T = group_->size(), me = group_->rank();
+  // The summed gradients this rank holds: the whole layout, or its ZeRO shard (stages 2-3),
+  // the same range on every rank of the tensor group (they share a data index and a layout).
+  const ElementRange have = grad_sums_range();
   for (const ParamInfo& p : layout_.params()) {
     if (p.role != ParamRole::attn_k_weight && p.role != ParamRole::attn_v_weight) continue;
-    float* g = grads_.data<float>() + p.offset;
-    const size_t n = static_cast<size_t>(p.numel);
+    const ElementRange part = have.intersect({p.offset, p.offset + p.numel});
+    if (part.empty()) continue;
+    float* g = grad_sums(part).data<float>();
+    const size_t n = static_cast<size_t>(part.size());
     std::vector<float> all(n * static_cast<size_t>(T));
     group_->all_gather(std::span<const float>(g, n), all);
     const int first = me / R * R;  // the replicas of this rank's head, in rank order

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/crossentropy.h"
 #include "memfit/kernels/cpu/embedding.h"
 #include "memfit/kernels/cpu/fill.h"
@@ -216,10 +217,11 @@ void TransformerStep::lm_head(StepContext& ctx, const ModelWeights& w, const Mod
         continue;
       }
       Tensor dlogits = dlogits_ws.slice(r0 - g0, r1 - g0);
-      if (split)  // f32 only (RunSpec::check): the gradient in place in the logits
+      if (split) {  // the gradient rounded to h in place in the logits (Note [Tensor parallel])
         vocab_parallel_crossentropy_forward_backward(group, loss, logits, tgt, v0, V, dloss, h,
                                                      keep);
-      else if (mixed && !widens)
+        if (mixed && !widens) convert(dlogits, logits);  // the half GEMM's operand: exact
+      } else if (mixed && !widens)
         crossentropy_forward_backward(loss, dlogits, logits, tgt, config_.vocab_size, dloss,
                                       keep);
       else  // f32, or the gradient rounded to h and kept widened in place

@@ -1,11 +1,13 @@
 // The vocabulary-parallel embedding: plain loops (one pass over B x T x C each way, beside the
-// blocks' GEMMs), f32 tables only (--tp trains in fp32: RunSpec::check).
+// blocks' GEMMs). The tables are the working weights (f32, bf16 or f16: rows widened exactly,
+// as the whole kernel widens them); the output and the gradients are f32.
 #include "memfit/model/vocab_parallel_embedding.h"
 
 #include <algorithm>
 #include <span>
 
 #include "memfit/core/error.h"
+#include "memfit/kernels/cpu/convert.h"
 #include "memfit/memory/tensor.h"
 
 namespace memfit {
@@ -18,13 +20,22 @@ void check_f32(const Tensor& t, const char* name) {
                      dtype_name(t.dtype()), t.shape());
 }
 
+// A table of the working weights' type: f32, bf16 or f16, contiguous.
+void check_table(const Tensor& t, const char* name) {
+  const DType d = t.dtype();
+  MEMFIT_CHECK_DTYPE((d == DType::f32 || d == DType::bf16 || d == DType::f16) && t.is_contiguous(),
+                     "vocab_parallel_embedding",
+                     "{} must be contiguous f32, bf16 or f16 under --tp, got {} {}", name,
+                     dtype_name(d), t.shape());
+}
+
 }  // namespace
 
 void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Tensor& tokens,
                                       const Tensor& wte, int64_t begin, const Tensor& wpe,
                                       const Tensor* whole) {
   check_f32(out, "out");
-  check_f32(wte, "wte");
+  check_table(wte, "wte");
   const Tensor& lookup = whole ? *whole : out;  // every row's share from this rank
   if (whole) check_f32(*whole, "whole");
   const int64_t C = out.size(-1), N = tokens.numel(), T = tokens.size(-1), rows = wte.size(0);
@@ -33,14 +44,16 @@ void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Ten
                      "vocab_parallel_embedding", "out {} (whole {}) for tokens {} and wte {}",
                      out.shape(), whole ? whole->shape() : Shape{}, tokens.shape(), wte.shape());
   const int32_t* tok = tokens.data<int32_t>();
-  const float* e = wte.data<float>();
+  const DType et = wte.dtype();
+  const size_t es = dtype_size(et);
+  const auto* e = static_cast<const std::byte*>(wte.raw_data());
   float* o = lookup.data<float>();
 #pragma omp parallel for schedule(static) if (N * C > (1 << 16))
   for (int64_t i = 0; i < N; ++i) {
     const int64_t r = int64_t{tok[i]} - begin;
     float* orow = o + i * C;
     if (r >= 0 && r < rows)
-      std::copy_n(e + r * C, C, orow);
+      kernels::convert_n(et, DType::f32, orow, e + static_cast<size_t>(r * C) * es, C);
     else
       std::fill_n(orow, C, 0.0f);
   }
@@ -52,14 +65,24 @@ void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Ten
   else
     group.all_reduce_sum({o, static_cast<size_t>(N * C)});
   if (!wpe.defined()) return;
-  check_f32(wpe, "wpe");
-  const float* p = wpe.data<float>();
+  check_table(wpe, "wpe");
+  const DType pt = wpe.dtype();
+  const size_t ps = dtype_size(pt);
+  const auto* p = static_cast<const std::byte*>(wpe.raw_data());
   float* mine = out.data<float>();
+  // Each position's row widened once into a row of the output's own (exact), then added.
 #pragma omp parallel for schedule(static) if (n * C > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
-    const float* prow = p + ((row0 + i) % T) * C;
     float* orow = mine + i * C;
-    for (int64_t c = 0; c < C; ++c) orow[c] += prow[c];
+    const std::byte* prow = p + static_cast<size_t>(((row0 + i) % T) * C) * ps;
+    if (pt == DType::f32) {
+      const float* pf = reinterpret_cast<const float*>(prow);
+      for (int64_t c = 0; c < C; ++c) orow[c] += pf[c];
+      continue;
+    }
+    const auto* ph = reinterpret_cast<const uint16_t*>(prow);
+    for (int64_t c = 0; c < C; ++c)
+      orow[c] += pt == DType::bf16 ? f32_from_bf16(ph[c]) : f32_from_f16(ph[c]);
   }
 }
 

@@ -17,11 +17,11 @@ namespace memfit {
 
 class Tensor;
 
-// out (B, T, C) f32 = wte[token] + wpe[position] over the group: wte (rows, C) f32 this rank's
-// rows from `begin`, wpe (maxT, C) f32 or undefined. Tokens (B, T) i32. Collective over `group`.
-// With `whole` (--sp, Note [Sequence parallel]): the lookup goes to *whole (B, T, C) f32 and
-// its sum over the group is reduce-scattered into out, this rank's B T / size() rows
-// (sequence_mine's), whose positions are then added.
+// out (B, T, C) f32 = wte[token] + wpe[position] over the group: wte (rows, C) this rank's rows
+// from `begin`, wpe (maxT, C) or undefined, each f32, bf16 or f16 (widened exactly). Tokens
+// (B, T) i32. Collective over `group`. With `whole` (--sp, Note [Sequence parallel]): the
+// lookup goes to *whole (B, T, C) f32 and its sum over the group is reduce-scattered into out,
+// this rank's B T / size() rows (sequence_mine's), whose positions are then added.
 void vocab_parallel_embedding_forward(TensorGroup& group, Tensor& out, const Tensor& tokens,
                                       const Tensor& wte, int64_t begin, const Tensor& wpe,
                                       const Tensor* whole = nullptr);

@@ -513,7 +513,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   if (spec.model.tp > 1) {  // --tp: the tensor group's all-reduces, priced as the data group's
     dist::CommVolume t;
-    const TensorCommVolume v = tensor_comm_per_step(spec, r.step);
+    const TensorCommVolume v = tensor_comm_per_step(spec, r.step, rank);
     t.all_reduce = v.all_reduce_bytes;
     if (v.reduce_scatter_count > 0) {  // --sp: reduce-scatters, and gathers of the whole rows
       t.reduce_scatter = v.reduce_scatter_bytes;

@@ -3,10 +3,11 @@
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/sequence_parallel.h"
+#include "memfit/state/state_placement.h"
 
 namespace memfit {
 
-TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step) {
+TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step, int data_rank) {
   TensorCommVolume v;
   if (spec.model.tp <= 1) return v;
   const int64_t N = int64_t{spec.batch} * spec.T;
@@ -40,9 +41,17 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step)
                       2 * int64_t{sizeof(double)};
   // Replicated key/value heads (GQA, tp above n_kv_head): their weights' gradients gathered
   // once a step, k and v of every block (Transformer::reduce_kv_replicas).
-  if (spec.model.kv_replicas() > 1)
-    v.gathered_bytes += int64_t{spec.model.n_layer} * 2 * spec.model.head_size() *
-                        spec.model.d_model * int64_t{sizeof(float)};
+  // At ZeRO 2-3 the data rank holds its shard's sums alone: its part of them.
+  if (spec.model.kv_replicas() > 1) {
+    const ParamLayout layout(spec.model);
+    const StatePlacement placement(layout, spec.optim, spec.state_options(),
+                                   {data_rank, spec.world});
+    const ElementRange sums = placement.grads().range;
+    for (const ParamInfo& p : layout.params())
+      if (p.role == ParamRole::attn_k_weight || p.role == ParamRole::attn_v_weight)
+        v.gathered_bytes +=
+            sums.intersect({p.offset, p.offset + p.numel}).size() * int64_t{sizeof(float)};
+  }
   return v;
 }
 

@@ -5,7 +5,7 @@
 // head's d(norm), each B x T x C f32; the loss's statistics per chunk of rows (the row max, R
 // floats, and the sums, 2R doubles, exchanged as gathers); and the update's gradient check (2
 // doubles), and with key/value heads replicated (tp above n_kv_head) their weights' gradients
-// gathered once. The run logs what its tensor group covered each step (tensor_comm_bytes), which
+// gathered once (a ZeRO 2-3 rank: its shard's part). The run logs what its tensor group covered each step (tensor_comm_bytes), which
 // the tests compare with this; the step-time estimate prices the all-reduces as the data
 // group's.
 //
@@ -30,6 +30,9 @@ struct TensorCommVolume {
 };
 
 // Zero without --tp (spec.model.tp 1). `step`: plan_step's for the spec's model and options.
-TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step);
+// `data_rank`: the rank in the data group, whose ZeRO shard (stages 2-3) bounds the replicated
+// key/value gradients it gathers; every other figure is the same on every rank.
+TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
+                                      int data_rank = 0);
 
 }  // namespace memfit

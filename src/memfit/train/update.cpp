@@ -23,6 +23,10 @@ namespace {
 struct GradCheck {
   double finite = 1;  // 1 or 0: a double, so the ranks' checks gather as one array
   double sum_squares = 0;
+  // --tp: sum_squares is then this rank's share of the split parameters' squares alone, and
+  // `replicated` the squares of the parameters every tensor rank holds whole (the same on each);
+  // tensor_check adds the first over the group and the second once.
+  double replicated = 0;
 };
 
 // bf16 sums (--grad-dtype bf16): kernels/cpu/bf16_check.h, the check the offloaded gradients
@@ -48,9 +52,47 @@ GradCheck check_part(Tensor g, DynamicLossScaler* scaler) {
   return {std::isfinite(s) ? 1.0 : 0.0, s};
 }
 
+// --tp (Note [Tensor parallel]): how much of a parameter's squares a rank adds to the tensor
+// group's sum: 1 for its slice of a split parameter, 1/R for a key/value head replicated on R
+// ranks (GQA above n_kv_head), and 0 for a parameter every rank holds whole (the norms, positions,
+// row-parallel biases), whose squares are counted once, beside the sum.
+std::vector<double> tensor_weights(const Transformer& gpt) {
+  const ParamLayout whole(whole_model(gpt.config()));
+  const int R = gpt.config().kv_replicas();
+  std::vector<double> w;
+  for (size_t i = 0; i < gpt.layout().params().size(); ++i) {
+    const ParamInfo& p = gpt.layout().params()[i];
+    const bool kv = p.role == ParamRole::attn_k_weight || p.role == ParamRole::attn_v_weight;
+    w.push_back(p.shape == whole.params()[i].shape ? 0.0 : kv ? 1.0 / R : 1.0);
+  }
+  return w;
+}
+
+// A range's check under --tp: each parameter's part on its own, split from replicated (a
+// ZeRO shard holds parts of both). In unit order, as check_grads.
+GradCheck check_tensor_slices(Transformer& gpt, const ElementRange& r,
+                              DynamicLossScaler* scaler) {
+  const std::vector<double> weights = tensor_weights(gpt);
+  GradCheck all;
+  for (size_t i = 0; i < gpt.layout().params().size(); ++i) {
+    const ParamInfo& p = gpt.layout().params()[i];
+    const ElementRange part = r.intersect({p.offset, p.offset + p.numel});
+    if (part.empty()) continue;
+    const GradCheck c = check_part(gpt.grad_sums(part), scaler);
+    all.finite = std::min(all.finite, c.finite);
+    if (weights[i] == 0.0)
+      all.replicated += c.sum_squares;
+    else
+      all.sum_squares += weights[i] * c.sum_squares;
+  }
+  return all;
+}
+
 GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler* scaler) {
   GradCheck all;
   if (r.empty()) return all;
+  if (gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1 && !gpt.lora())
+    return check_tensor_slices(gpt, r, scaler);
   if (GradStore* store = gpt.grad_store()) {
     // Taken by the last backward, unit by unit (the whole layout: one process).
     for (const UnitGradCheck& c : store->unit_checks()) {
@@ -90,6 +132,7 @@ GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShar
   for (const GradCheck& p : parts) {
     all.finite = std::min(all.finite, p.finite);
     all.sum_squares += p.sum_squares;
+    all.replicated += p.replicated;
   }
   return all;
 }
@@ -97,27 +140,14 @@ GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShar
 // --tp (Note [Tensor parallel]): a rank's gradients are its slices of the split parameters
 // and whole copies of the replicated ones (norms, positions, the row-parallel biases: the same
 // on every tensor rank). The whole model's sum of squares: the split parts' summed over the
-// tensor group, the replicated ones' once.
+// tensor group (`mine.sum_squares`, over the data group's shards already), the replicated ones'
+// once (`mine.replicated`). The finite flags agree over the group too.
 GradCheck tensor_check(Transformer& gpt, const GradCheck& mine) {
   TensorGroup* group = gpt.tensor_group();
   if (group == nullptr || group->size() == 1 || gpt.lora()) return mine;
-  const ParamLayout whole(whole_model(gpt.config()));
-  // A key/value head replicated on R ranks (GQA, --tp above n_kv_head) is counted by each
-  // replica: 1/R of its squares each.
-  const int R = gpt.config().kv_replicas();
-  double replicated = 0, kv_counted_again = 0;
-  for (size_t i = 0; i < gpt.layout().params().size(); ++i) {
-    const ParamInfo& p = gpt.layout().params()[i];
-    const bool kv = p.role == ParamRole::attn_k_weight || p.role == ParamRole::attn_v_weight;
-    if (p.shape == whole.params()[i].shape)
-      replicated += kernels::sum_squares(gpt.grad_sums({p.offset, p.offset + p.numel}));
-    else if (kv && R > 1)
-      kv_counted_again += (1.0 - 1.0 / R) *
-                          kernels::sum_squares(gpt.grad_sums({p.offset, p.offset + p.numel}));
-  }
-  double v[2] = {mine.sum_squares - replicated - kv_counted_again, mine.finite > 0 ? 0.0 : 1.0};
+  double v[2] = {mine.sum_squares, mine.finite > 0 ? 0.0 : 1.0};
   group->all_reduce_sum(std::span<double>(v, 2));
-  return {v[1] > 0 ? 0.0 : 1.0, v[0] + replicated};
+  return {v[1] > 0 ? 0.0 : 1.0, v[0] + mine.replicated, 0.0};
 }
 
 }  // namespace
