@@ -40,7 +40,7 @@ StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions
   // QK^T and PV, causal half, per block (query heads: grouped-query attention shares keys and
   // values, not work).
   const double scores = 2.0 * double(B) * T * T * double(c.attn_width());
-  const double head = 2.0 * N * C * c.padded_vocab;
+  const double head = 2.0 * N * C * double(c.local_vocab());  // the rank's rows under --tp
   // Backward costs twice the forward; flash attention's backward also recomputes the scores.
   const bool flash = options.attention == AttentionKind::flash;
   const double block = 3.0 * block_matmul + (flash ? 4.0 : 3.0) * scores;
@@ -479,12 +479,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   if (mine && !placement.grads_whole()) in.norm_params = in.update_params;
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
-  if (spec.model.tp > 1) {  // --tp: the tensor group's all-reduces, priced as the data group's
-    dist::CommVolume t;
-    t.all_reduce = tensor_comm_per_step(spec, r.step).all_reduce_bytes;
-    in.comm_copied_bytes += t.copied_bytes(spec.model.tp);
-    in.comm_summed_bytes += t.summed_bytes(spec.model.tp);
-  }
+  in.tensor_comm = tensor_comm_per_step(spec, r.step);  // --tp; nothing without
   if (spec.offload.optimizer) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     const offload::DiskRate& disk = offload::disk_rate(spec.offload.dir);

@@ -6,22 +6,34 @@
 // floats, and the sums, 2R doubles, exchanged as gathers); and the update's gradient check (2
 // doubles), and with key/value heads replicated (tp above n_kv_head) their weights' gradients
 // gathered once. The run logs what its tensor group covered each step (tensor_comm_bytes), which
-// the tests compare with this; the step-time estimate prices the all-reduces as the data
-// group's.
+// the tests compare with this; the step-time estimate prices them with tensor_comm_seconds.
 #pragma once
 
 #include <cstdint>
 
 #include "memfit/model/step_plan.h"
+#include "memfit/plan/calibration.h"
 #include "memfit/plan/run_spec.h"
 
 namespace memfit {
 
 struct TensorCommVolume {
   int64_t all_reduce_bytes = 0, all_reduce_count = 0, gathered_bytes = 0;
+  // The bytes of one all-reduce (every one covers B x T x C f32); 0 without any.
+  int64_t all_reduce_each() const {
+    return all_reduce_count ? all_reduce_bytes / all_reduce_count : 0;
+  }
 };
 
 // Zero without --tp (spec.model.tp 1). `step`: plan_step's for the spec's model and options.
 TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step);
+
+// Seconds the collectives of `v` take over `tp` ranks on this host, nothing overlapped: each
+// all-reduce as the communicator runs it (a reduce-scatter of rank-ordered sums, then an
+// all-gather: Note [Deterministic reduction]), every byte a rank sends and receives copied once
+// at rates.copy_bytes_per_s (the shared-memory transport) and its sums read and written at
+// rates.stream_bytes_per_s; times the count. The gathers likewise, (tp - 1) copies of each
+// rank's part. Latency per call is not counted (no rate for it is measured). 0 at tp 1.
+double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration& rates);
 
 }  // namespace memfit
