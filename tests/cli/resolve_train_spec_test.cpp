@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -147,6 +149,38 @@ TEST(RunSetup, EachBadOptionIsRefusedByName) {
   }, "--master-weights none");
   EXPECT_THROW(optim_state_dtype_from_name("f16"), ConfigError);
   EXPECT_EQ(optim_state_dtype_from_name("bf16"), DType::bf16);
+}
+
+// --tp in bf16, fp16 or another checkpoint policy than none or full: train refuses it, naming
+// the option (RunSpec::check_tensor_parallel); `memfit plan` (TrainConfig::plan_only) plans it
+// and names what is unbuilt (RunSpec::tensor_parallel_unbuilt). What the planner cannot plan
+// either (fp8, ZeRO on the data group) stays refused there too.
+TEST(RunSetup, TensorParallelPrecisionsAndPoliciesArePlannedNotTrained) {
+  for (const auto& [change, option] :
+       std::vector<std::pair<void (*)(TrainConfig&), std::string>>{
+           {[](TrainConfig& c) { c.precision = "bf16"; }, "--precision bf16"},
+           {[](TrainConfig& c) { c.precision = "fp16", c.attention = "plain"; },
+            "--precision fp16"},
+           {[](TrainConfig& c) { c.ckpt = "selective"; }, "--ckpt selective"},
+           {[](TrainConfig& c) { c.ckpt = "every:2"; }, "--ckpt every:2"}}) {
+    TrainConfig c = tiny();
+    c.ranks = 2;
+    c.tp = 2;
+    EXPECT_EQ(resolve_run(c).tensor_parallel_unbuilt(), "");
+    change(c);
+    expect_refused([](const TrainConfig& x) { resolve_run(x); }, c, "--tp 2 with " + option);
+    c.plan_only = true;
+    EXPECT_EQ(resolve_run(c).tensor_parallel_unbuilt(), option);
+  }
+  TrainConfig c = tiny();
+  c.ranks = 2;
+  c.tp = 2;
+  c.plan_only = true;
+  c.precision = "fp8";
+  expect_refused([](const TrainConfig& x) { resolve_run(x); }, c, "--precision");
+  c.precision = "fp32";
+  c.zero = 1;
+  expect_refused([](const TrainConfig& x) { resolve_run(x); }, c, "--zero");
 }
 
 // --max-model varies the shape and the policy: it needs a budget and refuses options that fix

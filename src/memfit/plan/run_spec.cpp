@@ -83,9 +83,26 @@ StateOptions RunSpec::state_options() const {
 
 // What --tp is built with so far (Note [Tensor parallel], "What remains"): fp32, AdamW (or
 // SGD), ZeRO 0 over the data group, no checkpoints, LoRA, offload, compression or fused update;
-// --ckpt none or full. Each refusal names the option.
+// --ckpt none or full. Each refusal names the option. `memfit plan` plans bf16, fp16 and the
+// other policies (plan_only: tensor_parallel_unbuilt), whose buffers the block code declares.
+std::string RunSpec::tensor_parallel_unbuilt() const {
+  if (model.tp <= 1) return {};
+  std::string out;
+  const Precision p = precision.precision;
+  if (p == Precision::bf16 || p == Precision::fp16)
+    out = fmt::format("--precision {}", precision_name(p));
+  if (!ckpt_auto && ckpt.kind != CheckpointPolicy::Kind::none &&
+      ckpt.kind != CheckpointPolicy::Kind::full)
+    out += (out.empty() ? "--ckpt " : " and --ckpt ") + ckpt.name();
+  return out;
+}
+
 void RunSpec::check_tensor_parallel() const {
-  const char* refused = precision.precision != Precision::fp32 ? "--precision other than fp32"
+  const Precision p = precision.precision;
+  const std::string unbuilt = plan_only ? std::string() : tensor_parallel_unbuilt();
+  const char* refused = !unbuilt.empty()                        ? unbuilt.c_str()
+                        : p != Precision::fp32 && p != Precision::bf16 && p != Precision::fp16
+                            ? "--precision other than fp32"
                         : zero != 0 || zero_auto               ? "--zero other than 0"
                         : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw"
                         : lora.enabled()                       ? "--lora-rank"
@@ -93,9 +110,7 @@ void RunSpec::check_tensor_parallel() const {
                         : grad_dtype != DType::f32             ? "--grad-dtype bf16"
                         : update_in_backward                   ? "--update-in-backward"
                         : act_compress != ActCompress::none    ? "--act-compress"
-                        : ckpt_auto || (ckpt.kind != CheckpointPolicy::Kind::none &&
-                                      ckpt.kind != CheckpointPolicy::Kind::full)
-                            ? "--ckpt other than none or full"
+                        : ckpt_auto                            ? "--ckpt auto"
                         : saves   ? "--save"
                         : resumed ? "--resume"
                                   : nullptr;

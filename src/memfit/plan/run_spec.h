@@ -90,6 +90,10 @@ struct RunSpec {
   bool saves = false;
   bool shuffle = true;
   bool resumed = false;        // from a checkpoint: its micro-batch, precision and optimizer stay
+  // `memfit plan`, not train: --tp with what tensor_parallel_unbuilt() names is planned (the
+  // block code declares each rank's buffers the same way in every precision and policy, and
+  // the planner runs that code), not refused; the plan says train does not build it yet.
+  bool plan_only = false;
   bool ckpt_auto = false;      // --ckpt auto: the planner picks the policy
   // --act-compress not given (and not resuming, which keeps the checkpoint's): a search may
   // choose it; --ckpt auto and --max-model then try compressing the kept activations beside
@@ -149,6 +153,10 @@ struct RunSpec {
   void check() const;
   // check()'s rules for --tp above 1 (model.tp; Note [Tensor parallel]).
   void check_tensor_parallel() const;
+  // Under --tp, the option train refuses but plan_only plans (Note [Activation memory]):
+  // "--precision bf16" or "--precision fp16", "--ckpt <policy>" other than none or full (both
+  // joined by "and"); or an empty string.
+  std::string tensor_parallel_unbuilt() const;
   // check()'s rules for --update-in-backward (Note [Update in backward]).
   void check_update_in_backward() const;
   // check()'s rules for --base-dtype (Note [NF4 weights], "QLoRA").

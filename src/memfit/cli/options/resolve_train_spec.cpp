@@ -268,6 +268,7 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   s.update_in_backward = c.update_in_backward;
   s.clip = c.clip;
   s.clip_mode = c.clip_mode == "unit" ? UnitSteps::Clip::unit : UnitSteps::Clip::global;
+  s.plan_only = c.plan_only;
   s.check();
   return s;
 }

@@ -59,6 +59,9 @@ struct TrainConfig {
   // --tp: tensor-parallel ranks, neighbours in the grid (Note [Tensor parallel]); the data
   // group is ranks / tp.
   int tp = 1;
+  // Set by `memfit plan` alone (RunSpec::plan_only): a --tp run in a precision or checkpoint
+  // policy train does not build with --tp yet is planned, with a note, not refused.
+  bool plan_only = false;
   // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
   // 3 the working weights sharded too, each block gathered as the step needs it
