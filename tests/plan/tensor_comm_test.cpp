@@ -83,15 +83,14 @@ TEST(TensorComm, PricedOneAllReduceAtATimeAtTheCopyAndStreamRates) {
 }
 
 // The plan's step time carries the price as its own term (not in the data group's `comm`), and
-// its total includes it.
+// its total includes it: the step estimate a plan prints (est_step_seconds) is the total.
 TEST(TensorComm, ThePlansStepTimeHasTheTensorTerm) {
   const RunSpec one = tp_spec(1, "none"), two = tp_spec(2, "none");
   const PlanReport a = plan_training(one), b = plan_training(two);
   EXPECT_EQ(a.step_time.tensor_comm, 0.0);
   EXPECT_EQ(b.step_time.comm, 0.0);  // one data rank
-  EXPECT_DOUBLE_EQ(b.step_time.tensor_comm,
-                   tensor_comm_seconds(tensor_comm_per_step(two, b.step), 2,
-                                       machine_calibration()));
+  // (Its value is tensor_comm_seconds at the plan's rates, tested above; a busy machine may
+  // calibrate again between two plans, so it is not compared with another call's here.)
   EXPECT_GT(b.step_time.tensor_comm, 0.0);
   EXPECT_DOUBLE_EQ(b.est_step_seconds, b.step_time.total());
 }
