@@ -178,5 +178,45 @@ TEST(StepTime, Fp8IsBf16PlusItsCasts) {
   EXPECT_NEAR(f8.elementwise - bf.elementwise, bytes / rates.elementwise_bytes_per_s, tol);
 }
 
+// --tp (Note [Tensor parallel]): every term in one rank's widths at a fixed shape. gpt2 (12 x
+// 768, 12 heads) at tp 2: a rank's block GEMMs, attention and LM head (its vocabulary rows) are
+// half the whole model's; its element-wise traffic a token keeps the norms and residual stream
+// whole and the rest at the rank's widths (F the MLP's, Q the q|k|v's, V the head's rows); the
+// tensor collectives are their own term, per step whatever the accumulation.
+TEST(StepTime, UnderTensorParallelismEveryTermIsOneRanksWidths) {
+  StepTimeInputs one;
+  one.model = ModelConfig::preset("gpt2");
+  one.B = 2;
+  one.T = 128;
+  one.param_count = 1000;
+  StepTimeInputs two = one;
+  two.model.set_tensor_parallel(2);
+  const Calibration rates = some_rates();
+  const StepTime a = estimate_step_time(one, rates), b = estimate_step_time(two, rates);
+  EXPECT_NEAR(b.block_gemm, a.block_gemm / 2, 1e-12 * a.block_gemm);
+  EXPECT_NEAR(b.attention, a.attention / 2, 1e-12 * a.attention);
+  const double V1 = double(one.model.padded_vocab), V2 = double(two.model.local_vocab());
+  EXPECT_EQ(V2, V1 / 2);  // 50257 padded to 2 x 64: 50304, 25152 a rank
+  EXPECT_NEAR(b.head_gemm, a.head_gemm / 2, 1e-12 * a.head_gemm);
+  const double C = 768, L = 12, N = 2 * 128;
+  auto per_token = [&](double F, double Q, double V) {
+    return L * ((10 * C + 2 * F) + (18 * C + Q + 5 * F)) + 3 * V + 6 * C + 5 * C;
+  };
+  const double to_s = N * 4 / rates.elementwise_bytes_per_s;
+  EXPECT_NEAR(a.elementwise, per_token(4 * C, 3 * C, V1) * to_s, 1e-12 * a.elementwise);
+  EXPECT_NEAR(b.elementwise, per_token(2 * C, 1.5 * C, V2) * to_s, 1e-12 * a.elementwise);
+  EXPECT_EQ(a.tensor_comm, 0.0);
+  EXPECT_EQ(b.tensor_comm, 0.0);  // no collectives given
+  two.tensor_comm.all_reduce_count = 50;
+  two.tensor_comm.all_reduce_bytes = 50 * int64_t{2 * 128 * 768 * 4};
+  two.tensor_comm.gathered_bytes = 5136;
+  const StepTime c = estimate_step_time(two, rates);
+  EXPECT_DOUBLE_EQ(c.tensor_comm, tensor_comm_seconds(two.tensor_comm, 2, rates));
+  EXPECT_GT(c.tensor_comm, 0.0);
+  EXPECT_DOUBLE_EQ(c.total(), b.total() + c.tensor_comm);
+  two.grad_accum = 3;  // the volume is the step's already
+  EXPECT_DOUBLE_EQ(estimate_step_time(two, rates).tensor_comm, c.tensor_comm);
+}
+
 }  // namespace
 }  // namespace memfit

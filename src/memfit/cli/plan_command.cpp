@@ -22,6 +22,7 @@
 #include "memfit/dist/zero/unit_grads.h"
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/dist/zero/weight_gather.h"
+#include "memfit/plan/block_activations.h"
 #include "memfit/plan/tensor_comm.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
@@ -75,6 +76,23 @@ nlohmann::json ranks_json(const RunSpec& run) {
   return a;
 }
 
+// The whole model's parameters (padding rows included): under --tp, model.params is one rank's
+// slab (its slices and the replicated norms and biases), this the tp 1 layout's.
+int64_t whole_model_params(ModelConfig model) {
+  model.tp = 1;
+  return model.num_params();
+}
+
+// --tp: the tensor group's collectives per step and their share of the step's estimate.
+void print_plan_tensor_comm(const RunSpec& run, const PlanReport& r) {
+  const TensorCommVolume t = tensor_comm_per_step(run, r.step);
+  fmt::print("tensor collectives per step (--tp {}): {} all-reduces of {:.1f} MiB ({:.1f} MiB in "
+             "all), {:.1f} KiB of the loss's statistics gathered; about {:.2f} s at this "
+             "host's copy rate (nothing overlapped)\n",
+             run.model.tp, t.all_reduce_count, t.all_reduce_each() / 1048576.0,
+             t.all_reduce_bytes / 1048576.0, t.gathered_bytes / 1024.0, r.step_time.tensor_comm);
+}
+
 // The exit code of `memfit plan` when nothing fits --mem-limit (train's out-of-memory code).
 constexpr int kDoesNotFit = 3;
 
@@ -113,6 +131,12 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                              {"activations", r.step.live[p].activations},
                              {"workspace", r.step.live[p].workspace},
                              {"grads", r.step.live[p].grads}});
+  // What each block keeps for its backward (Note [Activation memory]): bytes per block, and the
+  // largest block's buffers by name.
+  const BlockActivations blocks = block_activations(r.step, r.model.n_layer);
+  j["block_activations"] = {{"per_block", blocks.per_block},
+                            {"layer", blocks.layer},
+                            {"buffers", blocks.buffers}};
   j["flops"] = r.flops;
   j["recompute_flops"] = r.recompute_flops;
   // Forward+backward passes a micro-batch runs (2: --update-in-backward's global clipping).
@@ -134,11 +158,13 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                     {"compression", r.step_time.compression},
                     {"optimizer", r.step_time.optimizer},
                     {"offload_io", r.step_time.offload_io},
-                    {"comm", r.step_time.comm}};
+                    {"comm", r.step_time.comm},
+                    {"tensor_comm", r.step_time.tensor_comm}};
   j["model"] = {{"family", family_name(r.model.family)}, {"n_layer", r.model.n_layer},
                 {"n_head", r.model.n_head},       {"n_kv_head", r.model.n_kv_head},
                 {"d_model", r.model.d_model},     {"ffn_dim", r.model.ffn_dim},
-                {"vocab_size", r.model.vocab_size}, {"params", r.model.num_params()}};
+                {"vocab_size", r.model.vocab_size}, {"params", r.model.num_params()},
+                {"whole_params", whole_model_params(r.model)}};
   j["batch"] = r.B;
   j["ranks"] = run.world;
   j["zero"] = run.zero;
@@ -148,7 +174,9 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
     const TensorCommVolume t = tensor_comm_per_step(run, r.step);
     j["tensor_comm_per_step"] = {{"all_reduce", t.all_reduce_bytes},
                                  {"all_reduce_count", t.all_reduce_count},
-                                 {"gathered", t.gathered_bytes}};
+                                 {"all_reduce_each", t.all_reduce_each()},
+                                 {"gathered", t.gathered_bytes},
+                                 {"seconds", r.step_time.tensor_comm}};
     if (t.reduce_scatter_count > 0) {  // --sp (Note [Sequence parallel])
       j["tensor_comm_per_step"]["reduce_scatter"] = t.reduce_scatter_bytes;
       j["tensor_comm_per_step"]["reduce_scatter_count"] = t.reduce_scatter_count;
@@ -305,9 +333,13 @@ void print_plan_offload(const RunSpec& run, const PlanReport& r) {
 }
 
 void print_plan(const RunSpec& run, const PlanReport& r) {
-  fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters), {} x {} tokens, {}, "
+  fmt::print("memfit plan: {} layers x {} wide ({:.1f}M parameters{}), {} x {} tokens, {}, "
              "--ckpt {}{}, --attention {}, --optim {}{}\n\n",
-             r.model.n_layer, r.model.d_model, r.model.num_params() / 1e6, r.B, r.T,
+             r.model.n_layer, r.model.d_model, r.model.num_params() / 1e6,
+             r.model.tp > 1 ? fmt::format(" a rank, {:.1f}M in the whole model",
+                                          whole_model_params(r.model) / 1e6)
+                            : std::string(),
+             r.B, r.T,
              precision_name(run.precision.precision), run.ckpt.name(),
              run.act_compress == ActCompress::none
                  ? std::string()
@@ -364,6 +396,7 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "(--clip-mode unit or --clip 0 takes one)\n",
                run.world > 1 ? " and its collectives" : "");
   if (run.world > 1) print_plan_ranks(run, r);
+  if (run.model.tp > 1) print_plan_tensor_comm(run, r);
   fmt::print("\n");
   const PhaseBytes& live = r.step.live[r.step.peak_phase()];
   auto mib = [](size_t b) { return b / 1048576.0; };
@@ -385,9 +418,12 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  ? fmt::format("compression {:.2f} s, ", r.step_time.compression)
                  : std::string(),
              r.step_time.optimizer,
-             run.world > 1 ? fmt::format(", collectives {:.2f} s at the memory-copy rate",
-                                         r.step_time.comm)
-                           : std::string());
+             (run.world > 1 ? fmt::format(", collectives {:.2f} s at the memory-copy rate",
+                                          r.step_time.comm)
+                            : std::string()) +
+                 (run.model.tp > 1 ? fmt::format(", tensor collectives {:.2f} s",
+                                                 r.step_time.tensor_comm)
+                                   : std::string()));
   if (run.offload.optimizer || run.offload.params) print_plan_offload(run, r);
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "

@@ -41,7 +41,7 @@ StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions
   // QK^T and PV, causal half, per block (query heads: grouped-query attention shares keys and
   // values, not work).
   const double scores = 2.0 * double(B) * T * T * double(c.attn_width());
-  const double head = 2.0 * N * C * c.padded_vocab;
+  const double head = 2.0 * N * C * double(c.local_vocab());  // the rank's rows under --tp
   // Backward costs twice the forward (d(input) and d(weight)), once under LoRA (the base is
   // frozen: d(input) alone); flash attention's backward also recomputes the scores.
   const double passes = options.lora_rank > 0 ? 2.0 : 3.0;
@@ -511,17 +511,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   if (mine && !placement.grads_whole()) in.norm_params = in.update_params;
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
-  if (spec.model.tp > 1) {  // --tp: the tensor group's all-reduces, priced as the data group's
-    dist::CommVolume t;
-    const TensorCommVolume v = tensor_comm_per_step(spec, r.step, rank);
-    t.all_reduce = v.all_reduce_bytes;
-    if (v.reduce_scatter_count > 0) {  // --sp: reduce-scatters, and gathers of the whole rows
-      t.reduce_scatter = v.reduce_scatter_bytes;
-      t.all_gather = v.gathered_bytes * spec.model.tp;
-    }
-    in.comm_copied_bytes += t.copied_bytes(spec.model.tp);
-    in.comm_summed_bytes += t.summed_bytes(spec.model.tp);
-  }
+  in.tensor_comm = tensor_comm_per_step(spec, r.step, rank);  // --tp; nothing without
   if (spec.offload.optimizer || spec.offload.params) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     // (LoRA's frozen base on disk: its micro-batches' reads alone, no update I/O.)

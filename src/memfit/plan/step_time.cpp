@@ -18,15 +18,16 @@ namespace memfit {
 namespace {
 
 // Element-wise traffic in f32-sized elements (4 bytes) per token, outside the GEMMs, counted
-// from what the GPT-2 block (model/gpt2/gpt2_block.cpp) runs (C the width, V the padded
-// vocabulary):
-// - a block's forward: LayerNorm 2C twice, residual add 3C twice, GELU 8C: 18C;
+// from what the GPT-2 block (model/gpt2/gpt2_block.cpp) runs, in one rank's widths (Note [Tensor
+// parallel]): C the residual stream's width (whole on every rank), Q the rank's q|k|v width, A
+// its attention output's, F its MLP's, V its vocabulary rows; at tp 1 Q = 3C, A = C, F = 4C:
+// - a block's forward: LayerNorm 2C twice, residual add 3C twice, GELU 2F: 10C + 2F (18C);
 // - its backward: LayerNorm 4C twice, its output recomputed 2C twice (Note [Recomputed
-//   norms]), GELU recomputed and differentiated in one pass 16C, the two residual gradients 2C
-//   each, the bias sums over the four matmuls' output gradients 9C: 41C;
-// - in bf16 (and fp16) the matmul operands are converted: 7C values in a forward (ln_1, the
-//   attention output, ln_2, the GELU output) and 9C gradients in a backward, each a 4-byte read
-//   and a 2-byte write: 1.5 elements per value;
+//   norms]), GELU recomputed and differentiated in one pass 4F, the two residual gradients 2C
+//   each, the bias sums over the four matmuls' output gradients Q + C + F + C: 18C + Q + 5F (41C);
+// - in bf16 (and fp16) the matmul operands are converted: in a forward ln_1, the attention
+//   output, ln_2 and the GELU output (2C + A + F: 7C values), in a backward the four output
+//   gradients (2C + Q + F: 9C), each a 4-byte read and a 2-byte write: 1.5 elements per value;
 // - the LM head: the logits read twice (max, then exp and the loss) and d(logits) written: 3V,
 //   plus half as much again where d(logits) is rounded into a half buffer for a half GEMM (on
 //   the widened route it is rounded in place, in the same pass); ln_f 2C + 4C; the embedding
@@ -40,22 +41,25 @@ namespace {
 //   768) is written and read back in the cache: only the 2-byte read, 0.5 each (measured: the
 //   capped bf16 gpt2-small-test 8 x 256 step's `convert` takes 49 ms for about 0.7 G values,
 //   618 M of them the head's, at an element-wise rate of 26.6 GB/s; 1.5 each would be 150 ms).
-// The LLaMA family's block, counted the same way (F the MLP width, QK the q and k widths):
-// RMSNorm 2C twice, residual adds 3C twice, SwiGLU 3F, rotary 2 QK forward; RMSNorm 4C twice
-// and its output recomputed 2C twice, residual gradients 2C twice, SwiGLU recomputed and
-// differentiated 8F, rotary 2 QK backward;
-// conversions of 3C + F values forward and 5C + F backward (GPT-2's 7C and 9C with F = 4C).
+// The LLaMA family's block, counted the same way (F the rank's MLP width, QK its q and k
+// widths): RMSNorm 2C twice, residual adds 3C twice, SwiGLU 3F, rotary 2 QK forward; RMSNorm 4C
+// twice and its output recomputed 2C twice, residual gradients 2C twice, SwiGLU recomputed and
+// differentiated 8F, rotary 2 QK backward; conversions of 2C + A + F values forward and
+// 4C + A + F backward (at tp 1, 3C + F and 5C + F: GPT-2's 7C and 9C with F = 4C).
 struct BlockTraffic {
   double forward, backward, half_forward, half_backward;  // elements per token
 };
 BlockTraffic block_traffic(const ModelConfig& c) {
-  const double C = c.d_model, F = c.ffn_dim;
+  const double C = c.d_model, F = c.local_ffn(), Q = double(c.qkv_width()),
+               A = double(c.attn_width());
   switch (c.family) {
-    case Family::gpt2: return {18 * C, 41 * C, 7 * 1.5 * C, 9 * 1.5 * C};
+    case Family::gpt2:
+      return {10 * C + 2 * F, 18 * C + Q + 5 * F, (2 * C + A + F) * 1.5,
+              (2 * C + Q + F) * 1.5};
     case Family::llama: {
-      const double QK = double(c.n_head + c.n_kv_head) * c.head_size();
-      return {10 * C + 3 * F + 2 * QK, 16 * C + 8 * F + 2 * QK, (3 * C + F) * 1.5,
-              (5 * C + F) * 1.5};
+      const double QK = double(c.local_heads() + c.local_kv_heads()) * c.head_size();
+      return {10 * C + 3 * F + 2 * QK, 16 * C + 8 * F + 2 * QK, (2 * C + A + F) * 1.5,
+              (4 * C + A + F) * 1.5};
     }
   }
   MEMFIT_THROW(ConfigError, "plan", "no block traffic for the {} family", family_name(c.family));
@@ -68,7 +72,8 @@ BlockTraffic block_traffic(const ModelConfig& c) {
 // gradients and their inputs again; the weights once a forward (and recomputation) and once a
 // backward.
 Fp8CastTraffic fp8_cast_traffic(const ModelConfig& c) {
-  const double C = c.d_model, F = c.ffn_dim, Q = double(c.qkv_width()), A = c.attn_width();
+  const double C = c.d_model, F = c.local_ffn(), Q = double(c.qkv_width()),
+               A = double(c.attn_width());
   const double fc = double(c.fc_width());
   const double inputs = C + A + C + F, outputs = Q + C + fc + C;
   return {1.5 * inputs, 1.5 * (inputs + outputs), 1.5 * double(c.block_matmul_params())};
@@ -99,7 +104,8 @@ double compression_traffic_bytes(const StepPlan& plan) {
 
 StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) {
   const ModelConfig& c = in.model;
-  const double N = double(in.B) * in.T, C = c.d_model, V = c.padded_vocab;
+  // The rank's vocabulary rows (padded_vocab at tp 1).
+  const double N = double(in.B) * in.T, C = c.d_model, V = double(c.local_vocab());
   const Precision p = in.options.precision;
   const bool half = p != Precision::fp32;
   // Widened matmuls (fp16's always, bf16's without oneDNN bf16) run at the f32 rate.
@@ -165,6 +171,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   if (in.comm_copied_bytes > 0)
     t.comm = in.comm_copied_bytes / rates.copy_bytes_per_s +
              in.comm_summed_bytes / rates.stream_bytes_per_s;
+  t.tensor_comm = tensor_comm_seconds(in.tensor_comm, c.tp, rates);  // per step already
   t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
 
   const int passes = in.grad_accum * in.backward_passes;

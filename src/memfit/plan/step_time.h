@@ -9,6 +9,7 @@
 #include "memfit/model/model_config.h"
 #include "memfit/model/step_plan.h"
 #include "memfit/plan/calibration.h"
+#include "memfit/plan/tensor_comm.h"
 
 namespace memfit {
 
@@ -29,9 +30,12 @@ struct StepTime {
   // shared-memory transport's) and the sums of the reduced ones at the streaming rate; counted
   // whole, as if nothing overlapped (a first-order estimate: Note [Fit a budget]).
   double comm = 0;
+  // --tp: the tensor group's collectives (plan/tensor_comm.h: tensor_comm_seconds), priced one
+  // all-reduce at a time by its bytes at the same rates; counted whole, nothing overlapped.
+  double tensor_comm = 0;
   double total() const {
     return block_gemm + attention + head_gemm + elementwise + compression + optimizer +
-           offload_io + comm;
+           offload_io + comm + tensor_comm;
   }
 };
 
@@ -44,7 +48,9 @@ struct Fp8CastTraffic {
 Fp8CastTraffic fp8_cast_traffic(const ModelConfig& model);
 
 struct StepTimeInputs {
-  ModelConfig model;  // finalized
+  // Finalized; under --tp one rank's (model.tp): every term reads the rank's widths (its heads,
+  // MLP width and vocabulary rows), the norms and residual stream whole.
+  ModelConfig model;
   int B = 0, T = 0, grad_accum = 1;
   // Forward+backward passes of each micro-batch (RunSpec::backward_passes): 2 where
   // --update-in-backward clips on the global norm (a measuring pass, then the stepping pass);
@@ -71,6 +77,8 @@ struct StepTimeInputs {
   // it receives, each copied once, through shared memory: dist::CommVolume::copied_bytes) and the
   // bytes the sums of the reduced ones read and write (CommVolume::summed_bytes).
   double comm_copied_bytes = 0, comm_summed_bytes = 0;
+  // --tp: the tensor group's collectives of one step (tensor_comm_per_step), over model.tp ranks.
+  TensorCommVolume tensor_comm;
   bool master_weights = false;   // bf16/fp16 with an FP32 master copy
   // --act-compress: the bytes a micro-batch's (de)quantisation passes move
   // (compression_traffic_bytes of its step plan).

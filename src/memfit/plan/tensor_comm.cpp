@@ -1,5 +1,7 @@
+// The tensor group's collectives per step and their price; see tensor_comm.h.
 #include "memfit/plan/tensor_comm.h"
 
+#include "memfit/dist/comm_volume.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/sequence_parallel.h"
@@ -53,6 +55,25 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
             sums.intersect({p.offset, p.offset + p.numel}).size() * int64_t{sizeof(float)};
   }
   return v;
+}
+
+double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration& rates) {
+  if (tp <= 1) return 0;
+  // One all-reduce of all_reduce_each() bytes, as the data group's ring prices it.
+  dist::CommVolume one;
+  one.all_reduce = v.all_reduce_each();
+  const double each = one.copied_bytes(tp) / rates.copy_bytes_per_s +
+                      one.summed_bytes(tp) / rates.stream_bytes_per_s;
+  // The gathers: each rank's part sent to, and received from, the tp - 1 others.
+  dist::CommVolume gathers;
+  gathers.all_gather = v.gathered_bytes * tp;
+  // --sp's reduce-scatters: the first half of an all-reduce each (Note [Sequence parallel]).
+  dist::CommVolume scatters;
+  scatters.reduce_scatter = v.reduce_scatter_bytes;
+  return double(v.all_reduce_count) * each +
+         gathers.copied_bytes(tp) / rates.copy_bytes_per_s +
+         scatters.copied_bytes(tp) / rates.copy_bytes_per_s +
+         scatters.summed_bytes(tp) / rates.stream_bytes_per_s;
 }
 
 }  // namespace memfit

@@ -5,9 +5,9 @@
 // head's d(norm), each B x T x C f32; the loss's statistics per chunk of rows (the row max, R
 // floats, and the sums, 2R doubles, exchanged as gathers); and the update's gradient check (2
 // doubles), and with key/value heads replicated (tp above n_kv_head) their weights' gradients
-// gathered once (a ZeRO 2-3 rank: its shard's part). The run logs what its tensor group covered each step (tensor_comm_bytes), which
-// the tests compare with this; the step-time estimate prices the all-reduces as the data
-// group's.
+// gathered once (a ZeRO 2-3 rank: its shard's part). The run logs what its tensor group covered
+// each step (tensor_comm_bytes), which the tests compare with this; the step-time estimate
+// prices them with tensor_comm_seconds.
 //
 // Under --sp (Note [Sequence parallel]) the B x T x C all-reduces become reduce-scatters (the
 // same count, their input bytes) and the sequence's gathers add to `gathered` (a rank's rows,
@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "memfit/model/step_plan.h"
+#include "memfit/plan/calibration.h"
 #include "memfit/plan/run_spec.h"
 
 namespace memfit {
@@ -27,6 +28,10 @@ namespace memfit {
 struct TensorCommVolume {
   int64_t all_reduce_bytes = 0, all_reduce_count = 0, gathered_bytes = 0;
   int64_t reduce_scatter_bytes = 0, reduce_scatter_count = 0;  // --sp
+  // The bytes of one all-reduce (B x T x C f32 each without --sp); 0 without any.
+  int64_t all_reduce_each() const {
+    return all_reduce_count ? all_reduce_bytes / all_reduce_count : 0;
+  }
 };
 
 // Zero without --tp (spec.model.tp 1). `step`: plan_step's for the spec's model and options.
@@ -34,5 +39,13 @@ struct TensorCommVolume {
 // key/value gradients it gathers; every other figure is the same on every rank.
 TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
                                       int data_rank = 0);
+
+// Seconds the collectives of `v` take over `tp` ranks on this host, nothing overlapped: each
+// all-reduce as the communicator runs it (a reduce-scatter of rank-ordered sums, then an
+// all-gather: Note [Deterministic reduction]), every byte a rank sends and receives copied once
+// at rates.copy_bytes_per_s (the shared-memory transport) and its sums read and written at
+// rates.stream_bytes_per_s; times the count. The gathers likewise, (tp - 1) copies of each
+// rank's part. Latency per call is not counted (no rate for it is measured). 0 at tp 1.
+double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration& rates);
 
 }  // namespace memfit
