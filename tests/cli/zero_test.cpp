@@ -214,9 +214,10 @@ TEST_F(Zero, StagesAreBitIdenticalForLlama) {
                false);
 }
 
-// --precision fp8 (Note [FP8]): the working weights are bf16's and each linear's cast sees the
-// whole (gathered) weight, so every stage gives the same bits, and each rank's plan, with the
-// FP8 operand buffers, is its measured peak.
+// --precision fp8 (Note [FP8]): stage 0 stores the linears as E4M3 codes, stages 1-3 keep bf16
+// working weights and each linear's cast sees the whole (gathered) weight ("Storage": the same
+// values either way), so every stage gives the same bits, and each rank's plan, with the FP8
+// operand buffers, is its measured peak.
 TEST_F(Zero, StagesAreBitIdenticalInFp8AndPlannedPerRank) {
   stages_agree("--model llama-tiny --steps 3 --precision fp8 --clip 0.05 --eval-batches 1", true);
   size_t state[4] = {};
