@@ -20,6 +20,40 @@ ParamLayout::ParamLayout(const ModelConfig& c)
     case Family::gpt2: add_gpt2(c); break;
     case Family::llama: add_llama(c); break;
   }
+  if (c.pipelined()) keep_stage(c.stage);
+}
+
+// The layout is layer-major (embeddings, blocks 0..L-1, the final norm and the head), so a
+// stage's parameters are one run of it: from its first parameter's offset to the next stage's
+// first (or the end), alignment padding included. Every stage starts at a block or at the
+// embeddings, which are 16-element aligned, so the offsets shift without moving any alignment.
+void ParamLayout::keep_stage(const PipelineStage& s) {
+  auto owned = [&](const ParamInfo& p) {
+    if (p.layer >= 0) return p.layer >= s.first && p.layer < s.last;
+    if (p.role == ParamRole::token_embedding || p.role == ParamRole::position_embedding)
+      return s.has_embeddings();
+    return s.has_head();
+  };
+  std::vector<ParamInfo> kept;
+  int64_t begin = -1, end = total_;
+  bool closed = false;  // a parameter of a later stage came after this stage's
+  for (const ParamInfo& p : params_) {
+    if (owned(p)) {
+      MEMFIT_CHECK(!closed, "params", "stage {}'s parameters are not one run of the layout",
+                   s.index);
+      if (begin < 0) begin = p.offset;
+      kept.push_back(p);
+    } else if (begin >= 0 && !closed) {
+      end = p.offset;  // the next stage's first parameter
+      closed = true;
+    }
+  }
+  MEMFIT_CHECK(begin >= 0 && begin % kAlignElements == 0, "params",
+               "stage {} of {} holds no aligned parameters", s.index, s.stages);
+  for (ParamInfo& p : kept) p.offset -= begin;
+  params_ = std::move(kept);
+  whole_offset_ = begin;
+  total_ = end - begin;
 }
 
 // `align`: round the next parameter's offset up to 16 elements. Off inside a fused group, whose
