@@ -28,9 +28,9 @@ class PipelineParallel : public test::MpiBinaryTest {
  protected:
   PipelineParallel() : MpiBinaryTest(4343) {}
   std::string args(const std::string& more) const {
-    return fmt::format("--model llama-tiny --n-layer 4 --seq-len 32 --batch 2 --threads 1 "
-                       "--data '{}' {}",
-                       (dir / "data").string(), more);
+    const bool model = more.find("--model") != std::string::npos;
+    return fmt::format("{}--n-layer 4 --seq-len 32 --batch 2 --threads 1 --data '{}' {}",
+                       model ? "" : "--model llama-tiny ", (dir / "data").string(), more);
   }
   std::vector<json> lines(const fs::path& log) const {
     std::vector<json> out;

@@ -149,8 +149,8 @@ void RunSpec::check_pipeline() const {
       if ((a < s.first) != (b < s.first) || (a < s.last) != (b < s.last))
         MEMFIT_THROW(ConfigError, "config",
                      "--ckpt {} recomputes blocks {}-{} together, across the cut of --pp {} "
-                     "(stage {} holds blocks {}-{}: --pp-layers {}); give segments inside the "
-                     "stages",
+                     "(stage {} holds blocks {}-{}; the stages' blocks: {}); give segments "
+                     "inside the stages",
                      ckpt.name(), a, b, P, s.index, s.first, s.last - 1,
                      describe_stages(pipeline));
 }
