@@ -10,6 +10,17 @@ namespace memfit {
 
 namespace {
 constexpr int64_t kAlignElements = 16;
+
+// The LM head is the token table (tied): the layout has the final norm and no head of its own.
+// A pipeline stage before the last has neither, and its head view stays undefined.
+bool head_is_table(const std::vector<ParamInfo>& ps) {
+  bool final_norm = false;
+  for (const ParamInfo& p : ps) {
+    if (p.role == ParamRole::lm_head) return false;
+    final_norm = final_norm || (p.layer < 0 && p.role == ParamRole::norm_weight);
+  }
+  return final_norm;
+}
 }
 
 ParamLayout::ParamLayout(const ModelConfig& c)
@@ -135,7 +146,7 @@ ModelWeights ParamLayout::views(const Tensor& slab) const {
   MEMFIT_CHECK_SHAPE(slab.numel() == total_, "params", "slab of {} elements for a layout of {}",
                      slab.numel(), total_);
   for (const ParamInfo& p : params_) assign(w, slab, 0, p);
-  if (!w.head.defined()) w.head = w.tok_emb;
+  if (!w.head.defined() && head_is_table(params_)) w.head = w.tok_emb;
   return w;
 }
 
@@ -205,7 +216,7 @@ ModelWeights ParamLayout::views_without_linears(const Tensor& compact) const {
     }
   }
   for (BlockWeights& b : w.blocks) b.qkv_w = b.attn_out_w = b.fc_w = b.mlp_out_w = Tensor{};
-  if (!w.head.defined()) w.head = w.tok_emb;
+  if (!w.head.defined() && head_is_table(params_)) w.head = w.tok_emb;
   return w;
 }
 
@@ -233,7 +244,7 @@ void ParamLayout::bind(ModelWeights& w, const Tensor& buffer, ElementRange range
     has_head = has_head || p.role == ParamRole::lm_head;
     if (p.offset >= range.begin && p.offset < range.end) assign(w, buffer, range.begin, p);
   }
-  if (!has_head) w.head = w.tok_emb;  // tied
+  if (!has_head && head_is_table(params_)) w.head = w.tok_emb;  // tied
 }
 
 void ParamLayout::assign(ModelWeights& w, const Tensor& base, int64_t base_offset,
