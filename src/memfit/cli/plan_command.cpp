@@ -3,8 +3,10 @@
 // --auto (--ckpt auto, and over several ranks --zero auto unless --zero is given), --auto-batch
 // and --zero auto plan the configuration that fits --mem-limit fastest; --max-model the largest
 // model of the preset's family that fits it (over several ranks, each rank's --mem-limit).
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -359,6 +361,15 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                                     run.model.tp,
                                     run.sp ? " and 1/tp of the sequence between them (--sp)"
                                            : "")
+                      : std::string()) +
+                 (r.model.pipelined()
+                      ? fmt::format("; pipeline stage {} of {} (blocks {}-{}{}{}) holds its own "
+                                    "parameters alone (Note [Pipeline parallel])",
+                                    r.model.stage.index, r.model.stage.stages,
+                                    r.model.stage.first, r.model.stage.last - 1,
+                                    r.model.stage.has_embeddings() ? ", the embeddings" : "",
+                                    r.model.stage.has_head() ? ", the final norm and LM head"
+                                                             : "")
                       : std::string()));
   fmt::print("{:<12} {:>12}\n", "category", "MiB");
   for (Category c : kAllCategories) {
@@ -474,8 +485,116 @@ bool plan_max_model(const RunSpec& spec, bool json,
   return r.found;
 }
 
+// One rank of a pipeline (--pp): its stage, its data rank and its plan.
+struct StageRankPlan {
+  int rank = 0, stage = 0, data = 0;
+  PlanReport plan;
+};
+
+nlohmann::json categories_json(const CategoryBytes& bytes) {
+  nlohmann::json cats = nlohmann::json::object();
+  for (Category c : kAllCategories)
+    if (bytes[static_cast<size_t>(c)])
+      cats[std::string(category_name(c))] = bytes[static_cast<size_t>(c)];
+  return cats;
+}
+
+// --pp (Note [Pipeline parallel]): every stage's plan, each stage's model holding its own
+// parameters (RunSpec::stage), and every world rank's (data x pipeline: world rank
+// q = data * pp + stage) with its shard and receive buffers; the JSON's top level is the
+// largest stage's plan, with "stages" and "per_rank" (one per world rank) beside it. Returns
+// whether every rank fits --mem-limit.
+bool plan_pipeline(const RunSpec& spec, bool json) {
+  const int P = spec.pp();
+  std::vector<PlanReport> stages;
+  std::vector<StageRankPlan> ranks;
+  int largest = 0;
+  for (int s = 0; s < P; ++s) {
+    const RunSpec run = spec.stage(s);
+    stages.push_back(plan_training(run));
+    if (stages.back().peak_bytes > stages[static_cast<size_t>(largest)].peak_bytes) largest = s;
+    plan_every_rank(run, [&](int d, const PlanReport& r) {
+      ranks.push_back({d * P + s, s, d, r});
+    });
+  }
+  std::sort(ranks.begin(), ranks.end(),
+            [](const StageRankPlan& a, const StageRankPlan& b) { return a.rank < b.rank; });
+  size_t most = 0;
+  for (const StageRankPlan& q : ranks) most = std::max(most, q.plan.peak_bytes);
+  const bool fits = !spec.mem_limit || most <= spec.mem_limit;
+  const RunSpec top = spec.stage(largest);
+  const PlanReport& r = stages[static_cast<size_t>(largest)];
+  ModelConfig whole = spec.model;
+  whole.finalize();
+  const int64_t whole_params = ParamLayout(whole).total();
+  if (json) {
+    nlohmann::json j = plan_json(top, r);
+    j["pp"] = P;
+    j["pp_schedule"] = std::string(pipe_schedule_name(spec.pipe_schedule));
+    j["pp_layers"] = describe_stages(spec.pipeline);
+    j["largest_stage"] = largest;
+    j["whole_model_params"] = whole_params;
+    j["stages"] = nlohmann::json::array();
+    for (int s = 0; s < P; ++s) {
+      const PlanReport& p = stages[static_cast<size_t>(s)];
+      const PipelineStage& st = spec.pipeline[static_cast<size_t>(s)];
+      j["stages"].push_back({{"stage", s},
+                             {"blocks", fmt::format("{}-{}", st.first, st.last - 1)},
+                             {"embeddings", st.has_embeddings()},
+                             {"head", st.has_head()},
+                             {"params", p.model.num_params()},
+                             {"peak_bytes", p.peak_bytes},
+                             {"model_state_bytes", model_state_bytes(p)},
+                             {"by_category", categories_json(p.by_category)},
+                             {"flops", p.flops},
+                             {"est_step_seconds", p.est_step_seconds}});
+    }
+    j["per_rank"] = nlohmann::json::array();
+    for (const StageRankPlan& q : ranks)
+      j["per_rank"].push_back({{"rank", q.rank},
+                               {"stage", q.stage},
+                               {"data_rank", q.data},
+                               {"peak_bytes", q.plan.peak_bytes},
+                               {"model_state_bytes", model_state_bytes(q.plan)},
+                               {"by_category", categories_json(q.plan.by_category)}});
+    if (spec.mem_limit) j["fits"] = fits;
+    fmt::print("{}\n", j.dump(2));
+    return fits;
+  }
+  fmt::print("memfit plan: --pp {} stages (blocks {}), --pp-schedule {}, {} micro-batches a "
+             "step (--grad-accum); each stage's ranks hold its parameters, gradients and "
+             "optimizer state alone ({:.1f}M of the model's {:.1f}M parameters on the largest "
+             "stage)\n\n",
+             P, describe_stages(spec.pipeline), pipe_schedule_name(spec.pipe_schedule),
+             spec.grad_accum, r.model.num_params() / 1e6, whole_params / 1e6);
+  fmt::print("{:<6} {:>7}", "stage", "blocks");
+  for (Category c : kAllCategories) fmt::print(" {:>11}", category_name(c));
+  fmt::print(" {:>11} {:>11}\n", "total MiB", "state MiB");
+  for (int s = 0; s < P; ++s) {
+    const PlanReport& p = stages[static_cast<size_t>(s)];
+    const PipelineStage& st = spec.pipeline[static_cast<size_t>(s)];
+    fmt::print("{:<6} {:>7}", s, fmt::format("{}-{}", st.first, st.last - 1));
+    for (Category c : kAllCategories)
+      fmt::print(" {:>11.2f}", p.by_category[static_cast<size_t>(c)] / 1048576.0);
+    fmt::print(" {:>11.2f} {:>11.2f}\n", p.peak_bytes / 1048576.0,
+               model_state_bytes(p) / 1048576.0);
+  }
+  fmt::print("(activations include the inputs a stage keeps for its backwards, comm its transfer "
+             "buffers; the step-time estimates below are one stage's compute, without the "
+             "pipeline's bubble)\n\nthe largest stage, {}:\n",
+             largest);
+  print_plan(top, r);
+  if (spec.mem_limit)
+    fmt::print("--mem-limit {} (each rank's): {}\n", format_mib(spec.mem_limit),
+               fits ? fmt::format("every rank fits, the largest peak {}", format_mib(most))
+                    : fmt::format("does NOT fit, the largest rank {} short",
+                                  format_mib(most - spec.mem_limit)));
+  return fits;
+}
+
 // Plans a run as given, nothing searched; returns whether it fits --mem-limit (true without).
 bool plan_fixed(const RunSpec& spec, bool json) {
+  if (spec.pp() > 1) return plan_pipeline(spec, json);
   const PlanReport r = plan_training(spec);
   if (json)
     fmt::print("{}\n", plan_json(spec, r).dump(2));

@@ -223,6 +223,24 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                 "tensor rank; all-gathers before and reduce-scatters after the split linears "
                 "replace the all-reduces. --seq-len must divide by --tp. Note [Sequence "
                 "parallel] (docs/notes/tensor-parallel.md)");
+  cmd->add_option("--pp", c.pp,
+                  "Pipeline parallelism under mpirun or srun: cut the model into this many "
+                  "stages of contiguous blocks, one a rank (the embeddings on the first, the "
+                  "final norm and LM head on the last), each holding its own parameters, "
+                  "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
+                  "The data group is the ranks / pp. fp32, ZeRO 0, adamw or sgd, an untied model "
+                  "(LLaMA), no saves yet. Note [Pipeline parallel] "
+                  "(docs/notes/pipeline-parallel.md)")
+      ->capture_default_str();
+  cmd->add_option("--pp-layers", c.pp_layers,
+                  "With --pp: each stage's block count, e.g. 5,7 (summing to the layers), or "
+                  "auto: an even split, the blocks left over to the middle stages first")
+      ->capture_default_str();
+  cmd->add_option("--pp-schedule", c.pp_schedule,
+                  "With --pp: gpipe (every forward, then every backward: each stage keeps every "
+                  "micro-batch's input) or 1f1b (one forward, one backward: stage s keeps at most "
+                  "pp - s); both give one process's bits with the same --grad-accum")
+      ->capture_default_str();
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
                   "one computing (0: none)")
@@ -407,14 +425,23 @@ void add_train_command(CLI::App& app) {
     // must make the same grid (the splits are collective), so they agree on it first.
     if (world_size > 1)
       dist::check_ranks_agree(*world, {{"--tp", std::to_string(cfg->tp)},
-                                       {"--sp", cfg->sp ? "on" : "off"}});
+                                       {"--sp", cfg->sp ? "on" : "off"},
+                                       {"--pp", std::to_string(cfg->pp)}});
     if (cfg->tp < 1 || world_size % cfg->tp != 0)
       MEMFIT_THROW(ConfigError, "config",
                    "--tp {} must divide the ranks the launcher started ({}): each tensor group "
                    "is --tp neighbouring ranks, the data group the rest",
                    cfg->tp, world_size);
+    if (cfg->pp < 1 || (world_size / cfg->tp) % cfg->pp != 0)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--pp {} must divide the ranks the launcher started ({}{}): each pipeline "
+                   "group is --pp ranks, one a stage, the data group the rest",
+                   cfg->pp, world_size,
+                   cfg->tp > 1 ? fmt::format(" / --tp {}", cfg->tp) : std::string());
     dist::ProcessGrid grid(std::move(world),
-                           dist::GridShape{.data = world_size / cfg->tp, .tensor = cfg->tp});
+                           dist::GridShape{.data = world_size / (cfg->tp * cfg->pp),
+                                           .pipeline = cfg->pp,
+                                           .tensor = cfg->tp});
     const bool lead = grid.world().rank() == 0;
     cfg->ranks = grid.world().size();
     // The checkpoint the run starts from, read once for every step below
@@ -439,6 +466,11 @@ void add_train_command(CLI::App& app) {
       if (grid.data().size() > 1)
         fmt::print("memfit: data parallel over {} ({} rows a micro-batch on each)\n",
                    grid.data().describe(), spec.run.batch);
+      if (spec.run.pp() > 1)
+        fmt::print("memfit: pipeline of {} stages (blocks {}), --pp-schedule {}, {} "
+                   "micro-batches a step\n",
+                   spec.run.pp(), describe_stages(spec.run.pipeline),
+                   pipe_schedule_name(spec.run.pipe_schedule), spec.run.grad_accum);
       print_precision_route(spec.run.precision.precision, run.precision_note);
       if (run.planned) print_search(run.search, run.note);
     }
@@ -446,6 +478,7 @@ void add_train_command(CLI::App& app) {
     try {
       summary = train(spec, grid);
     } catch (const OutOfMemoryError& e) {
+      if (spec.run.pp() > 1) throw;  // the advice plans one model whole, not its stages
       throw with_fit_advice(e, spec.run);
     }
     grid.world().end();  // MEMFIT_CHECK_COLLECTIVES: no rank issues collectives past this point

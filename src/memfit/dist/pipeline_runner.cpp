@@ -88,4 +88,17 @@ void PipelineRunner::run(const PipelineStageFns& fns) {
   if (grad_send) grad_send->wait();
 }
 
+void PipelineRunner::run_forwards(
+    int n,
+    const std::function<void(int m, std::span<const float> in, std::span<float> out)>& forward) {
+  const int64_t bytes = n_ * static_cast<int64_t>(sizeof(float));
+  const bool first = stage_ == 0, last = stage_ + 1 == stages_;
+  std::span<float> in = slot(inputs_, 0), out = slot(sends_, 0);
+  for (int m = 0; m < n; ++m) {
+    if (!first) pipe_.recv(in.data(), bytes, stage_ - 1, kActivationTag);
+    forward(m, in, out);
+    if (!last) pipe_.send(out.data(), bytes, stage_ + 1, kActivationTag);
+  }
+}
+
 }  // namespace memfit::dist

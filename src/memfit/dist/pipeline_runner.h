@@ -54,6 +54,12 @@ class PipelineRunner {
   // One step: every micro-batch through this stage, in the schedule's order. Returns when its
   // last send has completed.
   void run(const PipelineStageFns& fns);
+  // Forwards alone (an evaluation): micro-batches 0 .. n - 1 in order, each input received, run
+  // and its output sent on, through the first slots of the step's buffers (nothing more is
+  // allocated); each send is finished before the next forward. `forward` as PipelineStageFns's.
+  void run_forwards(
+      int n, const std::function<void(int m, std::span<const float> in, std::span<float> out)>&
+                 forward);
   int stage() const { return stage_; }
   int stages() const { return stages_; }
   const std::vector<PipeOp>& ops() const { return ops_; }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memfit/kernels/cpu/rope.h"
+#include "memfit/model/pipeline_stages.h"
 
 namespace memfit {
 
@@ -41,6 +42,17 @@ struct ModelConfig {
   // stay the whole model's; the widths below (heads, q|k|v, attention, MLP, vocabulary rows) are
   // one rank's, which is what the parameter layout, the step and the planner read. 1: whole.
   int tp = 1;
+  // Pipeline parallelism (--pp; Note [Pipeline parallel] in docs/notes/pipeline-parallel.md):
+  // the stage of the model this rank holds, blocks [stage.first, stage.last), the embeddings
+  // on the first stage and the final norm and LM head on the last. The fields above stay the
+  // whole model's; the parameter layout (the stage's parameters alone), the step and the
+  // planner read the stage. One stage of one (the default): the whole model.
+  PipelineStage stage;
+  bool pipelined() const { return stage.stages > 1; }
+  // Makes this the model of stage `s` (after finalize(); stages of one: the whole model again).
+  // ConfigError naming --pp for tied embeddings (the LM head's gradient and the embedding's
+  // would be summed on two stages) and for a stage that does not cut n_layer blocks.
+  void set_pipeline_stage(const PipelineStage& s);
 
   int head_size() const { return d_model / n_head; }
   // This rank's query and key/value heads, MLP width and vocabulary rows (embedding and head:

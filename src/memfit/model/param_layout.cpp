@@ -10,6 +10,17 @@ namespace memfit {
 
 namespace {
 constexpr int64_t kAlignElements = 16;
+
+// The LM head is the token table (tied): the layout has the final norm and no head of its own.
+// A pipeline stage before the last has neither, and its head view stays undefined.
+bool head_is_table(const std::vector<ParamInfo>& ps) {
+  bool final_norm = false;
+  for (const ParamInfo& p : ps) {
+    if (p.role == ParamRole::lm_head) return false;
+    final_norm = final_norm || (p.layer < 0 && p.role == ParamRole::norm_weight);
+  }
+  return final_norm;
+}
 }
 
 ParamLayout::ParamLayout(const ModelConfig& c)
@@ -20,6 +31,40 @@ ParamLayout::ParamLayout(const ModelConfig& c)
     case Family::gpt2: add_gpt2(c); break;
     case Family::llama: add_llama(c); break;
   }
+  if (c.pipelined()) keep_stage(c.stage);
+}
+
+// The layout is layer-major (embeddings, blocks 0..L-1, the final norm and the head), so a
+// stage's parameters are one run of it: from its first parameter's offset to the next stage's
+// first (or the end), alignment padding included. Every stage starts at a block or at the
+// embeddings, which are 16-element aligned, so the offsets shift without moving any alignment.
+void ParamLayout::keep_stage(const PipelineStage& s) {
+  auto owned = [&](const ParamInfo& p) {
+    if (p.layer >= 0) return p.layer >= s.first && p.layer < s.last;
+    if (p.role == ParamRole::token_embedding || p.role == ParamRole::position_embedding)
+      return s.has_embeddings();
+    return s.has_head();
+  };
+  std::vector<ParamInfo> kept;
+  int64_t begin = -1, end = total_;
+  bool closed = false;  // a parameter of a later stage came after this stage's
+  for (const ParamInfo& p : params_) {
+    if (owned(p)) {
+      MEMFIT_CHECK(!closed, "params", "stage {}'s parameters are not one run of the layout",
+                   s.index);
+      if (begin < 0) begin = p.offset;
+      kept.push_back(p);
+    } else if (begin >= 0 && !closed) {
+      end = p.offset;  // the next stage's first parameter
+      closed = true;
+    }
+  }
+  MEMFIT_CHECK(begin >= 0 && begin % kAlignElements == 0, "params",
+               "stage {} of {} holds no aligned parameters", s.index, s.stages);
+  for (ParamInfo& p : kept) p.offset -= begin;
+  params_ = std::move(kept);
+  whole_offset_ = begin;
+  total_ = end - begin;
 }
 
 // `align`: round the next parameter's offset up to 16 elements. Off inside a fused group, whose
@@ -101,7 +146,7 @@ ModelWeights ParamLayout::views(const Tensor& slab) const {
   MEMFIT_CHECK_SHAPE(slab.numel() == total_, "params", "slab of {} elements for a layout of {}",
                      slab.numel(), total_);
   for (const ParamInfo& p : params_) assign(w, slab, 0, p);
-  if (!w.head.defined()) w.head = w.tok_emb;
+  if (!w.head.defined() && head_is_table(params_)) w.head = w.tok_emb;
   return w;
 }
 
@@ -171,7 +216,7 @@ ModelWeights ParamLayout::views_without_linears(const Tensor& compact) const {
     }
   }
   for (BlockWeights& b : w.blocks) b.qkv_w = b.attn_out_w = b.fc_w = b.mlp_out_w = Tensor{};
-  if (!w.head.defined()) w.head = w.tok_emb;
+  if (!w.head.defined() && head_is_table(params_)) w.head = w.tok_emb;
   return w;
 }
 
@@ -199,7 +244,7 @@ void ParamLayout::bind(ModelWeights& w, const Tensor& buffer, ElementRange range
     has_head = has_head || p.role == ParamRole::lm_head;
     if (p.offset >= range.begin && p.offset < range.end) assign(w, buffer, range.begin, p);
   }
-  if (!has_head) w.head = w.tok_emb;  // tied
+  if (!has_head && head_is_table(params_)) w.head = w.tok_emb;  // tied
 }
 
 void ParamLayout::assign(ModelWeights& w, const Tensor& base, int64_t base_offset,

@@ -15,6 +15,7 @@
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/memory/tensor.h"
 #include "memfit/core/element_range.h"
+#include "memfit/model/pipeline_stages.h"
 
 namespace memfit {
 
@@ -107,6 +108,14 @@ struct ModelWeights {
 
 class ParamLayout {
  public:
+  // The model's parameters; for a pipeline stage (config.pipelined(), Note [Pipeline parallel])
+  // the stage's alone: its blocks, the embeddings on the first stage, the final norm and an
+  // untied head on the last, with the whole layout's names, shapes and order, at offsets from
+  // the stage's first parameter. The stage's parameters are a contiguous range of the whole
+  // layout, [whole_offset(), whole_offset() + total()), alignment included, so a stage reads
+  // the whole model's initial weights or files at its offsets shifted by whole_offset().
+  // ModelWeights views keep the whole model's block indices; the other stages' blocks are
+  // undefined. unit_ranges gives the stage's units (block_range indexes a whole layout).
   explicit ParamLayout(const ModelConfig& config);
   // A layout of the given parameters alone (LoRA's adapters, LoraLayout::param_layout): what
   // optimizers and checkpoints read (params(), total()); it has no typed views.
@@ -114,6 +123,9 @@ class ParamLayout {
       : params_(std::move(params)), total_(total) {}
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total() const { return total_; }  // slab elements, alignment padding included
+  // Where element 0 lies in the whole model's layout: a pipeline stage's first parameter's
+  // offset there; 0 for the whole model.
+  int64_t whole_offset() const { return whole_offset_; }
   const ParamInfo& find(const std::string& name) const;  // throws if absent
   // The named parameter as a view into a slab laid out by this layout.
   Tensor view(const Tensor& slab, const ParamInfo& p) const;
@@ -138,11 +150,14 @@ class ParamLayout {
            bool align = true);
   void add_gpt2(const ModelConfig& c);
   void add_llama(const ModelConfig& c);
+  // Keeps the parameters of pipeline stage `s` alone, renumbered from its first.
+  void keep_stage(const PipelineStage& s);
   // Sets p's slot of w to its view in `base`, which starts at layout element `base_offset`.
   void assign(ModelWeights& w, const Tensor& base, int64_t base_offset, const ParamInfo& p) const;
 
   std::vector<ParamInfo> params_;
   int64_t total_ = 0;
+  int64_t whole_offset_ = 0;
   int64_t qkv_width_ = 0, fc_width_ = 0, d_model_ = 0, n_layer_ = 0;
 };
 

@@ -424,6 +424,19 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
         piece_elements, offloaded_master);
     return;
   }
+  if (config_.pipelined()) {
+    // A pipeline stage: its run of the whole model's draw (ParamLayout::whole_offset), the
+    // one-process run's values.
+    ModelConfig whole = config_;
+    whole.set_pipeline_stage({});
+    const ParamLayout whole_layout(whole);
+    const int64_t at = layout_.whole_offset();
+    InitialWeights draw(whole, whole_layout, seed);
+    set_weights(
+        [&](int64_t from, int64_t to, float* dst) { draw.draw({at + from, at + to}, dst); },
+        piece_elements, offloaded_master);
+    return;
+  }
   InitialWeights draw(config_, layout_, seed);
   set_weights([&](int64_t from, int64_t to, float* dst) { draw.draw({from, to}, dst); },
               piece_elements, offloaded_master);

@@ -24,8 +24,15 @@ namespace {
 // the checkpoint policy (a recomputed segment may not cross a stage's edge: each stage
 // recomputes from inputs it holds). Tied embeddings are refused: the head's gradient would be
 // summed on the last stage and the embedding's on the first, not in one process's order.
+// A stage's model (ModelConfig::stage: its parameters alone) runs its stage; the options may
+// name the same stage or none. The whole model may run any stage the options name (the
+// other stages' parameters idle: tests/dist/pipeline_model_test.cpp).
 PipelineStage stage_of(const ModelConfig& config, const ActivationOptions& options) {
-  const PipelineStage& s = options.stage;
+  MEMFIT_CHECK(!config.pipelined() || options.stage.stages <= 1 || options.stage == config.stage,
+               "pipeline", "a plan of stage {} of {} for the model of stage {} of {}",
+               options.stage.index, options.stage.stages, config.stage.index,
+               config.stage.stages);
+  const PipelineStage& s = config.pipelined() ? config.stage : options.stage;
   if (s.stages <= 1) return {0, 1, 0, config.n_layer};
   MEMFIT_CHECK(s.index >= 0 && s.index < s.stages && s.first >= 0 && s.first < s.last &&
                    s.last <= config.n_layer && (s.index == 0) == (s.first == 0) &&

@@ -14,6 +14,7 @@
 #include "memfit/core/scoped_threads.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/dist/pipeline_runner.h"
 #include "memfit/io/data/data_loader.h"
 #include "memfit/io/data/loss_mask.h"
 #include "memfit/io/hf/model_weights.h"
@@ -48,12 +49,17 @@ StepFlops step_flops(const ModelConfig& c, int B, int T, const ActivationOptions
   const bool flash = options.attention == AttentionKind::flash;
   const double block = passes * block_matmul + (flash ? 4.0 : 3.0) * scores;
   StepFlops f;
-  f.head = passes * head;
-  f.total = c.n_layer * block + f.head;
+  // A pipeline stage (ModelConfig::stage): its blocks, and the head on the last stage.
+  const int first = c.pipelined() ? c.stage.first : 0;
+  const int last = c.pipelined() ? c.stage.last : c.n_layer;
+  const bool has_head = !c.pipelined() || c.stage.has_head();
+  f.head = has_head ? passes * head : 0.0;
+  f.total = (last - first) * block + f.head;
   const BlockSlots slots = block_slots(options.ckpt, c.n_layer);
-  for (int s : slots.slot)
-    if (s >= 0) f.recompute += block_matmul + scores;  // the block's forward again
-  if (options.ckpt.selective() && !flash) f.recompute += c.n_layer * scores;
+  for (int l = first; l < last; ++l)
+    if (slots.slot[static_cast<size_t>(l)] >= 0)
+      f.recompute += block_matmul + scores;  // the block's forward again
+  if (options.ckpt.selective() && !flash) f.recompute += (last - first) * scores;
   f.total += f.recompute;
   return f;
 }
@@ -277,6 +283,8 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   PlanReport r;
   r.model = spec.model;
   r.model.finalize();
+  MEMFIT_CHECK(spec.pp() == 1 || r.model.pipelined(), "plan",
+               "a run of --pp {} is planned stage by stage (RunSpec::stage)", spec.pp());
   r.T = spec.T;
   r.B = spec.batch;
   const PrecisionOptions precision = spec.precision;
@@ -341,6 +349,17 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   }
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
+  // A pipeline stage (Note [Pipeline parallel]): the micro-batches' inputs it keeps for their
+  // backwards, and the transfer buffers (dist/pipeline_runner.h: the runner's own count).
+  int64_t pipe_kept = 0;
+  if (r.model.pipelined()) {
+    const dist::PipelineBuffers pb = dist::pipeline_buffers(
+        spec.pipe_schedule, r.model.stage.index, r.model.stage.stages, spec.grad_accum,
+        int64_t{r.B} * r.T * r.model.d_model * int64_t{sizeof(float)});
+    pipe_kept = pb.activations;
+    at(Category::activations) += static_cast<size_t>(pb.activations);
+    at(Category::comm) += static_cast<size_t>(pb.comm);
+  }
   // The slab lies in the activations arena (Note [Gradients by lifetime]): the pool counts the
   // arena's bytes, the activations', once.
   if (r.step.options.grads_in_arena) at(Category::grads) = 0;
@@ -396,7 +415,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   const int peak = r.step.peak_phase();
   r.peak_phase = r.step.phases[peak].name();
   r.peak_live_bytes = r.peak_bytes - at(Category::activations) - at(Category::workspace) +
-                      r.step.live[peak].total();
+                      static_cast<size_t>(pipe_kept) + r.step.live[peak].total();
   return r;
 }
 

@@ -147,6 +147,55 @@ void RunSpec::check_tensor_parallel() const {
                  refused->option, refused->why);
 }
 
+RunSpec RunSpec::stage(int s) const {
+  RunSpec r = *this;
+  if (pp() == 1) return r;
+  MEMFIT_CHECK(s >= 0 && s < pp(), "pipeline", "stage {} of {}", s, pp());
+  r.model.set_pipeline_stage(pipeline[static_cast<size_t>(s)]);
+  return r;
+}
+
+// What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, AdamW or
+// SGD, ZeRO 0 over the data group, no tensor parallelism, no checkpoints, LoRA, offload,
+// compression or fused update, no search; an untied model, and checkpoint segments inside the
+// stages. Each refusal names the option and the value.
+void RunSpec::check_pipeline() const {
+  if (pp() == 1) return;
+  const int P = pp();
+  const char* refused = model.tp > 1 ? "--tp above 1 (pp x tp is not wired yet)"
+                        : ckpt_auto   ? "--ckpt auto (the search plans one model whole)"
+                        : auto_batch  ? "--auto-batch (the search plans one model whole)"
+                        : precision.precision != Precision::fp32 ? "--precision other than fp32"
+                        : zero != 0 || zero_auto               ? "--zero other than 0"
+                        : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
+                        : lora.enabled()                       ? "--lora-rank"
+                        : offload.optimizer || offload.params || offload.grads ? "--offload-*"
+                        : grad_dtype != DType::f32             ? "--grad-dtype bf16"
+                        : update_in_backward                   ? "--update-in-backward"
+                        : sync_every_micro_batch               ? "--sync-every-micro-batch"
+                        : act_compress != ActCompress::none    ? "--act-compress"
+                        : saves                                ? "--save"
+                        : resumed                              ? "--resume"
+                                                               : nullptr;
+  if (refused)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp {} with {} is not built yet: pipeline parallelism trains in fp32 at ZeRO "
+                 "0 with AdamW or SGD, and saves no checkpoint (Note [Pipeline parallel])",
+                 P, refused);
+  ModelConfig first = model;  // ConfigError naming --pp for a tied head, or a bad cut
+  for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);
+  // Each stage recomputes from inputs it holds: a checkpoint segment may not cross a cut.
+  for (const PipelineStage& s : pipeline)
+    for (const auto& [a, b] : ckpt.segments(model.n_layer))
+      if ((a < s.first) != (b < s.first) || (a < s.last) != (b < s.last))
+        MEMFIT_THROW(ConfigError, "config",
+                     "--ckpt {} recomputes blocks {}-{} together, across the cut of --pp {} "
+                     "(stage {} holds blocks {}-{}; the stages' blocks: {}); give segments "
+                     "inside the stages",
+                     ckpt.name(), a, b, P, s.index, s.first, s.last - 1,
+                     describe_stages(pipeline));
+}
+
 void RunSpec::check() const {
   check_optim_config(optim);
   // Note [FP8], "What is built": the blocks' own linears; LoRA's adapters (and so QLoRA's NF4
@@ -181,7 +230,8 @@ void RunSpec::check() const {
                    refused);
   }
   check_base_dtype();
-  if (model.tp > 1) check_tensor_parallel();
+  if (model.tp > 1 && pp() == 1) check_tensor_parallel();
+  check_pipeline();
   if (sp && model.tp <= 1)
     MEMFIT_THROW(ConfigError, "config",
                  "--sp splits the sequence over the tensor group: it needs --tp 2 or more (got "

@@ -14,6 +14,8 @@
 #include "memfit/model/checkpoint_policy.h"
 #include "memfit/model/lora.h"
 #include "memfit/model/model_config.h"
+#include "memfit/model/pipeline_schedule.h"
+#include "memfit/model/pipeline_stages.h"
 #include "memfit/model/precision.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/optim/unit_steps.h"
@@ -65,6 +67,15 @@ struct RunSpec {
   // --sp: sequence parallelism within the tensor group (ActivationOptions::sequence_parallel;
   // Note [Sequence parallel]); refused without --tp above 1.
   bool sp = false;
+  // Pipeline parallelism (--pp, --pp-layers, --pp-schedule; Note [Pipeline parallel]): the cut
+  // of the model into stages (empty: one stage, the whole model) and the order in which each
+  // stage runs the step's grad_accum micro-batches. The ranks are world x pp() x model.tp.
+  // `model` stays the whole model's; stage(s) is the run of stage s, whose model holds the
+  // stage's parameters alone (ModelConfig::stage): what a rank of that stage trains and plans.
+  std::vector<PipelineStage> pipeline;
+  PipeSchedule pipe_schedule = PipeSchedule::one_f_one_b;
+  int pp() const { return pipeline.empty() ? 1 : static_cast<int>(pipeline.size()); }
+  RunSpec stage(int s) const;
   // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
   int zero = 0;
   // --zero auto: the search picks the stage over several ranks (zero is 0 until it does;
@@ -138,7 +149,8 @@ struct RunSpec {
   // activations' bytes while the gradients are kept; not with per-unit (stages 2-3, bf16) or
   // offloaded gradients, nor an offloaded update.
   bool grads_share_arena() const {
-    return grad_accum == 1 && grad_dtype == DType::f32 && !unit_grads() && !offload.optimizer &&
+    return grad_accum == 1 && pp() == 1 && grad_dtype == DType::f32 && !unit_grads() &&
+           !offload.optimizer &&
            !offload.grads && !update_in_backward && !lora.enabled();
   }
   // What the run asks of where its state lives; StatePlacement decides it per rank (Note
@@ -152,6 +164,8 @@ struct RunSpec {
   void check() const;
   // check()'s rules for --tp above 1 (model.tp; Note [Tensor parallel]).
   void check_tensor_parallel() const;
+  // check()'s rules for --pp above 1 (Note [Pipeline parallel]).
+  void check_pipeline() const;
   // check()'s rules for --update-in-backward (Note [Update in backward]).
   void check_update_in_backward() const;
   // check()'s rules for --base-dtype (Note [NF4 weights], "QLoRA").

@@ -22,6 +22,7 @@
 #include "memfit/core/scoped_threads.h"
 #include "memfit/dist/communicator_tensor_group.h"
 #include "memfit/dist/grad_sync.h"
+#include "memfit/dist/pipeline_runner.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/dist/zero/zero_state.h"
 #include "memfit/io/checkpoint/checkpoint_dir.h"
@@ -106,6 +107,8 @@ class TrainRun {
   // The step (train_run_step.cpp).
   StepResult step(int64_t step, std::chrono::steady_clock::time_point t0);
   double micro_batches(int64_t step, const StepLoss& step_loss);
+  double pipeline_micro_batches(const StepLoss& step_loss);
+  double from_last_stage(double x);
   UpdateOutcome update(float lr, float loss, float loss_scale, int64_t& update_gathered);
   void offloaded_step(float rate, float scale, int64_t& update_gathered);
   void check_finite(int64_t step, const StepResult& r);
@@ -136,6 +139,9 @@ class TrainRun {
   // --tp: the ranks this rank's layers are split with (Note [Tensor parallel]); the model's step
   // issues its collectives on it.
   dist::CommunicatorTensorGroup tensor_;
+  // --pp: the ranks of this rank's pipeline (rank = stage; Note [Pipeline parallel]). `settings_`
+  // below is this rank's stage's run (RunSpec::stage): its model holds the stage's parameters.
+  dist::Communicator& pipe_;
   const int W_;
   const bool lead_;
   // The run, resolved: `spec_` as the planner planned it (the model, shapes, precision, policy,
@@ -194,6 +200,8 @@ class TrainRun {
 
   std::optional<dist::GradientSync> sync_;  // stages 0-1 over several ranks: the slab's exchange
   std::optional<RankShards> rank_shards_;   // how the update sees the ranks (W > 1)
+  // --pp: the step's micro-batches through this stage, and the evaluation's forwards.
+  std::unique_ptr<dist::PipelineRunner> runner_;
   std::unique_ptr<io::DataLoader> train_data_, val_data_;
   int64_t last_step_ = 0;
 

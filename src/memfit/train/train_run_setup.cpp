@@ -18,13 +18,29 @@ namespace memfit {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The run of this rank's pipeline stage (RunSpec::stage; the whole run without --pp): from here
+// on the model, its layout, the placement and the plan are the stage's.
+TrainSpec stage_run(const TrainSpec& spec, const dist::ProcessGrid& grid) {
+  MEMFIT_CHECK(spec.run.pp() == grid.shape().pipeline, "train",
+               "the run was resolved for --pp {}, the grid has {} pipeline stages", spec.run.pp(),
+               grid.shape().pipeline);
+  TrainSpec s = spec;
+  s.run = spec.run.stage(grid.coords().pipeline);
+  return s;
+}
+
+}  // namespace
+
 TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
     : grid_(grid_in),
       comm_(grid_in.data()),
       tensor_(grid_in.tensor()),
+      pipe_(grid_in.pipeline()),
       W_(comm_.size()),
       lead_(grid_in.world().rank() == 0),
-      settings_(spec_in),
+      settings_(stage_run(spec_in, grid_in)),
       spec_(settings_.run),
       location_(settings_.checkpoint.location),
       resume_(settings_.checkpoint.resume),
@@ -239,6 +255,11 @@ void TrainRun::prepare_step() {
   }
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   if (W_ > 1) rank_shards_ = RankShards{&comm_, placement_.shards(), placement_.grads_whole()};
+  // --pp (Note [Pipeline parallel]): the runner's kept inputs and transfer buffers, for the run
+  // (the planner's pipeline_buffers).
+  if (spec_.pp() > 1)
+    runner_ = std::make_unique<dist::PipelineRunner>(pipe_, spec_.pipe_schedule, spec_.grad_accum,
+                                                     int64_t{B_} * T_ * mc_.d_model, pool_);
 }
 
 // The training and validation loaders (none when the run has no step left), the training

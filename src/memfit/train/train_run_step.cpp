@@ -37,7 +37,8 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const StepLoss step_loss =  // masks: the step's masked-in targets (masked_loss.h)
       step_loss_begin(*train_data_, spec_.grad_accum, int64_t{spec_.grad_accum} * W_, r.loss_scale);
-  double loss_sum = micro_batches(step, step_loss);
+  double loss_sum = runner_ ? pipeline_micro_batches(step_loss) : micro_batches(step, step_loss);
+  loss_sum = from_last_stage(loss_sum);  // --pp: the last stage's losses, on every stage
   if (W_ > 1) {
     // The buckets the backward did not finish in time, then the loss over every rank.
     const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
@@ -102,6 +103,62 @@ double TrainRun::micro_batches(int64_t step, const StepLoss& step_loss) {
   return loss_sum;
 }
 
+// --pp (Note [Pipeline parallel]): the step's micro-batches through this stage in the
+// schedule's order (dist/pipeline_runner.h). A stage before the last runs each micro-batch's
+// forward to send its output on, and again before its backward from the kept input
+// (re-materialisation); the last stage runs the forward with its backward, the loss with it.
+// Each forward reads its micro-batch again from the loader (micro-batch `first + m`), so no
+// stage holds the step's batches. Every stage's backwards run in micro-batch order, so the
+// gradients and the losses (summed here in order, on the last stage) are one process's bits.
+// Returns this stage's sum of the losses: the step's on the last stage, 0 on the others.
+double TrainRun::pipeline_micro_batches(const StepLoss& step_loss) {
+  const int M = spec_.grad_accum;
+  const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  const int64_t first = train_data_->position();
+  const bool last = mc_.stage.has_head();
+  auto load = [&](int m) {
+    const profile::Scope data(recorder(), "data", profile::SliceKind::data);
+    train_data_->set_position(first + m);
+    train_data_->next_batch();
+  };
+  std::vector<float> losses(static_cast<size_t>(M), 0.0f);
+  runner_->run(
+      {[&](int m, std::span<const float> in, std::span<float> out) {
+         if (last) return;  // its forward runs with the backward
+         const profile::Scope batch(recorder(), fmt::format("micro-batch {} forward", m + 1),
+                                    profile::SliceKind::micro_batch);
+         load(m);
+         gpt_->set_stage_io({in.data(), out.data(), nullptr, nullptr});
+         micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/false);
+       },
+       [&](int m, std::span<const float> in, std::span<const float> dout, std::span<float> din) {
+         const profile::Scope batch(recorder(), fmt::format("micro-batch {}", m + 1),
+                                    profile::SliceKind::micro_batch);
+         load(m);
+         gpt_->set_stage_io({in.data(), nullptr, dout.data(), din.data()});
+         losses[static_cast<size_t>(m)] =
+             micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
+         // The last backward finishes the stage's gradients: the data group sums each bucket
+         // as the backward finishes it, as micro_batches does.
+         if (sync_ && m + 1 == M)
+           gpt_->backward([&](int64_t from) { sync_->final_from(from); });
+         else
+           gpt_->backward();
+       }});
+  gpt_->set_stage_io({});
+  train_data_->set_position(settings_.repeat_batch ? data_position_ : first + M);
+  double loss_sum = 0;
+  for (float l : losses) loss_sum += l;
+  return loss_sum;
+}
+
+// --pp: `x` as the last stage has it, on every stage of this rank's pipeline (the loss for the
+// log, the progress line and the non-finite stop: every rank decides alike). Itself otherwise.
+double TrainRun::from_last_stage(double x) {
+  if (pipe_.size() > 1) pipe_.broadcast(&x, sizeof x, pipe_.size() - 1);
+  return x;
+}
+
 // fp16's scaler absorbs a non-finite loss as an overflow (the step is skipped); in fp32 and
 // bf16 nothing can, so the run stops before anything is saved over the last checkpoint.
 UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
@@ -123,7 +180,7 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
     return u;
   }
   return apply_update(*gpt_, *opt_, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_,
-                      shards);
+                      shards, runner_ ? &pipe_ : nullptr);
 }
 
 // The offloaded optimizer's step over this rank's range of the working weights and gradients
@@ -174,14 +231,26 @@ float TrainRun::evaluate() {
   const int64_t n = std::min<int64_t>(settings_.eval_batches, val_data_->batches_per_epoch());
   const StepLoss eval_loss = step_loss_begin(*val_data_, n, 1, 1.0f);  // masks: masked_loss.h
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const profile::Scope batch(recorder(), fmt::format("evaluation batch {}", i + 1),
+  auto batch = [&](int64_t i) {
+    const profile::Scope slice(recorder(), fmt::format("evaluation batch {}", i + 1),
                                profile::SliceKind::micro_batch);
     {
       const profile::Scope data(recorder(), "data", profile::SliceKind::data);
       val_data_->next_batch();
     }
     sum += micro_batch_loss(*gpt_, *val_data_, eval_loss, /*training=*/false);
+  };
+  if (runner_) {
+    // --pp: the forwards through the stages in turn; the loss is the last stage's.
+    runner_->run_forwards(static_cast<int>(n),
+                          [&](int i, std::span<const float> in, std::span<float> out) {
+                            gpt_->set_stage_io({in.data(), out.data(), nullptr, nullptr});
+                            batch(i);
+                          });
+    gpt_->set_stage_io({});
+    sum = from_last_stage(sum);
+  } else {
+    for (int64_t i = 0; i < n; ++i) batch(i);
   }
   if (W_ == 1) return step_loss_mean(sum, eval_loss, n);
   // Stage 3's gathers for the evaluation are not a training step's (comm_bytes).
@@ -196,7 +265,16 @@ float TrainRun::evaluate() {
 // signalled (summary.interrupted_by says which signal).
 bool TrainRun::stop_requested() {
   summary_.interrupted_by = interrupt_signal();
-  if (W_ > 1) {
+  if (runner_) {
+    // --pp: every rank of the world, whichever stage or data rank was signalled.
+    dist::Communicator& world = grid_.world();
+    const size_t n = static_cast<size_t>(world.size());
+    std::vector<int32_t> signals(n);
+    const int32_t mine = summary_.interrupted_by;
+    world.all_gather(&mine, signals.data(), std::vector<int64_t>(n, 1), sizeof(int32_t));
+    for (int32_t sig : signals)
+      if (sig && !summary_.interrupted_by) summary_.interrupted_by = SIGTERM;
+  } else if (W_ > 1) {
     const float any = sum_ranks(summary_.interrupted_by ? 1.0f : 0.0f);
     if (any > 0 && !summary_.interrupted_by) summary_.interrupted_by = SIGTERM;
   }

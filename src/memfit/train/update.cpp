@@ -88,36 +88,55 @@ GradCheck check_tensor_slices(Transformer& gpt, const ElementRange& r,
   return all;
 }
 
-GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler* scaler) {
+bool tensor_split(const Transformer& gpt) {
+  return gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1 && !gpt.lora();
+}
+
+// Parts added in order: the overflow flags' minimum, the sums of squares' sum from 0.
+GradCheck add_checks(const std::vector<GradCheck>& parts) {
   GradCheck all;
-  if (r.empty()) return all;
-  if (gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1 && !gpt.lora())
-    return check_tensor_slices(gpt, r, scaler);
-  if (GradStore* store = gpt.grad_store()) {
-    // Taken by the last backward, unit by unit (the whole layout: one process).
-    for (const UnitGradCheck& c : store->unit_checks()) {
-      all.finite = std::min(all.finite, c.finite ? 1.0 : 0.0);
-      all.sum_squares += c.sum_squares;
-    }
-    return all;
-  }
-  for (const ElementRange& u : unit_ranges(gpt.layout())) {
-    const ElementRange part = r.intersect(u);
-    if (part.empty()) continue;
-    const GradCheck c = check_part(gpt.grad_sums(part), scaler);
-    all.finite = std::min(all.finite, c.finite);
-    all.sum_squares += c.sum_squares;
+  for (const GradCheck& p : parts) {
+    all.finite = std::min(all.finite, p.finite);
+    all.sum_squares += p.sum_squares;
+    all.replicated += p.replicated;
   }
   return all;
 }
 
-// The whole step's check: one range alone, or every rank's shard added in rank order (computed
-// here when the summed gradients are whole, else each rank's own, gathered).
-GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShards* shards) {
+// A range's checks, unit by unit in unit order (what check_grads adds); under --tp one part,
+// split from replicated (check_tensor_slices).
+std::vector<GradCheck> unit_checks(Transformer& gpt, const ElementRange& r,
+                                   DynamicLossScaler* scaler) {
+  std::vector<GradCheck> parts;
+  if (r.empty()) return parts;
+  if (tensor_split(gpt)) return {check_tensor_slices(gpt, r, scaler)};
+  if (GradStore* store = gpt.grad_store()) {
+    // Taken by the last backward, unit by unit (the whole layout: one process).
+    for (const UnitGradCheck& c : store->unit_checks())
+      parts.push_back({c.finite ? 1.0 : 0.0, c.sum_squares});
+    return parts;
+  }
+  for (const ElementRange& u : unit_ranges(gpt.layout())) {
+    const ElementRange part = r.intersect(u);
+    if (part.empty()) continue;
+    parts.push_back(check_part(gpt.grad_sums(part), scaler));
+  }
+  return parts;
+}
+
+GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler* scaler) {
+  return add_checks(unit_checks(gpt, r, scaler));
+}
+
+// The whole step's check as the parts it adds, in order: one range's units, or every rank's
+// shard in rank order (computed here when the summed gradients are whole, else each rank's
+// own, gathered).
+std::vector<GradCheck> step_parts(Transformer& gpt, DynamicLossScaler* scaler,
+                                  const RankShards* shards) {
   // LoRA (Note [LoRA]): the adapters' gradients are the step's, summed over the ranks whole
   // (stage 0), so every rank computes the same norm from them.
-  if (gpt.lora()) return check_part(gpt.lora_grads(), scaler);
-  if (!shards) return check_grads(gpt, {0, gpt.layout().total()}, scaler);
+  if (gpt.lora()) return {check_part(gpt.lora_grads(), scaler)};
+  if (!shards) return unit_checks(gpt, {0, gpt.layout().total()}, scaler);
   const size_t W = shards->ranges.size();
   std::vector<GradCheck> parts(W);
   if (shards->grads_whole) {
@@ -128,13 +147,24 @@ GradCheck check_step(Transformer& gpt, DynamicLossScaler* scaler, const RankShar
     const std::vector<int64_t> ones(W, 1);
     shards->comm->all_gather(&parts[me], parts.data(), ones, sizeof(GradCheck));
   }
-  GradCheck all;
-  for (const GradCheck& p : parts) {
-    all.finite = std::min(all.finite, p.finite);
-    all.sum_squares += p.sum_squares;
-    all.replicated += p.replicated;
-  }
-  return all;
+  return parts;
+}
+
+// --pp (Note [Pipeline parallel], "Clipping"): every stage's parts gathered over the pipeline
+// group and added in stage order. A stage's parts in one process are its units, and the stages'
+// units in stage order are the whole layout's units in order, so the sum is one process's sum
+// bit for bit; over data ranks each stage's parts are its ranks' shards (deterministic, the
+// same on every rank, not the data-parallel run's order).
+GradCheck pipeline_check(dist::Communicator& pipe, const std::vector<GradCheck>& mine) {
+  const size_t P = static_cast<size_t>(pipe.size());
+  std::vector<int64_t> counts(P);
+  const int64_t n = static_cast<int64_t>(mine.size());
+  pipe.all_gather(&n, counts.data(), std::vector<int64_t>(P, 1), sizeof(int64_t));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<GradCheck> all(static_cast<size_t>(total));
+  pipe.all_gather(mine.data(), all.data(), counts, sizeof(GradCheck));
+  return add_checks(all);
 }
 
 // --tp (Note [Tensor parallel]): a rank's gradients are its slices of the split parameters
@@ -154,13 +184,15 @@ GradCheck tensor_check(Transformer& gpt, const GradCheck& mine) {
 
 UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, float)>& step,
                            DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
-                           const RankShards* shards) {
+                           const RankShards* shards, dist::Communicator* pipeline) {
   UpdateOutcome out;
   // Unscale before clipping, in one pass that also finds any overflow; every rank reaches the
   // same decision from the same sums.
   gpt.reduce_kv_replicas();  // --tp above n_kv_head: each head's gradient whole on its replicas
   gpt.reduce_sequence_partials();  // --sp: the norms' gradients whole on every tensor rank
-  const GradCheck check = tensor_check(gpt, check_step(gpt, scaler, shards));
+  const std::vector<GradCheck> parts = step_parts(gpt, scaler, shards);
+  const GradCheck check = tensor_check(
+      gpt, pipeline && pipeline->size() > 1 ? pipeline_check(*pipeline, parts) : add_checks(parts));
   if (scaler) {
     if (scaler->update(check.finite == 0)) {
       out.skipped = true;
@@ -196,7 +228,8 @@ int64_t publish_working_weights(Transformer& gpt, const RankShards* shards) {
 }
 
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
-                           float lr, float clip, int grad_accum, const RankShards* shards) {
+                           float lr, float clip, int grad_accum, const RankShards* shards,
+                           dist::Communicator* pipeline) {
   int64_t gathered = 0;
   auto step = [&](float rate, float scale) {
     if (gpt.lora()) {  // the adapters alone, f32 (Note [LoRA]): the optimizer is over them
@@ -225,7 +258,7 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
     }
     gathered = publish_working_weights(gpt, whole ? nullptr : shards);
   };
-  UpdateOutcome out = apply_update(gpt, step, scaler, lr, clip, grad_accum, shards);
+  UpdateOutcome out = apply_update(gpt, step, scaler, lr, clip, grad_accum, shards, pipeline);
   out.gathered_bytes = gathered;
   return out;
 }

@@ -45,9 +45,14 @@ struct RankShards {
 // their mean's norm decides the clipping factor (clip <= 0: off). The optimizer steps its
 // range(): the whole layout, or (ZeRO stage >= 1, `shards` given) this rank's shard, after
 // which the working weights are all-gathered from their owners.
+// `pipeline` (--pp, Note [Pipeline parallel]): this rank's pipeline group; the gradient norm
+// is then every stage's, each stage's parts gathered and added in stage order (one process's
+// sum bit for bit without data ranks), so every stage clips by the same factor and agrees on
+// an overflow.
 UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossScaler* scaler,
                            float lr, float clip, int grad_accum,
-                           const RankShards* shards = nullptr);
+                           const RankShards* shards = nullptr,
+                           dist::Communicator* pipeline = nullptr);
 // After this rank's optimizer step, what every rank's working weights need: at ZeRO stage 3
 // (the working weights are the shard itself) the persistent units gathered again
 // (Transformer::working_changed; the model counts those bytes); with `shards` given (this rank
@@ -61,7 +66,8 @@ int64_t publish_working_weights(Transformer& gpt, const RankShards* shards);
 // publishes the working weights itself (publish_working_weights).
 UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, float scale)>& step,
                            DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
-                           const RankShards* shards = nullptr);
+                           const RankShards* shards = nullptr,
+                           dist::Communicator* pipeline = nullptr);
 
 // --update-in-backward (Note [Update in backward]): the step's updates already ran in the
 // backward (optim/backward_update.h); the outcome the log and the non-finite stop read.

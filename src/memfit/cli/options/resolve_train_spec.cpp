@@ -242,7 +242,29 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
                    c.tp);
     s.model.set_tensor_parallel(c.tp);
   }
-  s.world = c.ranks / c.tp;
+  // --pp (Note [Pipeline parallel]): the cut and the schedule; the data group is the ranks /
+  // (tp x pp). Every stage's rules are RunSpec::check_pipeline's.
+  if (c.pp < 1 || c.ranks % (c.tp * c.pp) != 0)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp {} must divide the ranks ({}{}): each pipeline group is --pp ranks, one a "
+                 "stage, the data group the rest",
+                 c.pp, c.ranks, c.tp > 1 ? fmt::format(" / --tp {}", c.tp) : std::string());
+  if (c.pp > 1) {
+    if (!c.init_from.empty())
+      MEMFIT_THROW(ConfigError, "config",
+                   "--pp {} with --init-from is not built yet: loading a checkpoint into a "
+                   "stage's parameters (Note [Pipeline parallel], \"What remains\")",
+                   c.pp);
+    s.pipeline = split_stages(c.pp_layers, s.model.n_layer, c.pp);
+    s.pipe_schedule = parse_pipe_schedule(c.pp_schedule);
+  } else if (!c.pp_layers.empty() && c.pp_layers != "auto") {
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-layers {} cuts the model into pipeline stages, so it needs --pp above 1",
+                 c.pp_layers);
+  } else {
+    (void)parse_pipe_schedule(c.pp_schedule);  // an unknown name is refused with or without --pp
+  }
+  s.world = c.ranks / (c.tp * c.pp);
   s.sp = c.sp;
   s.zero = c.zero_auto ? 0 : c.zero;
   s.zero_auto = c.zero_auto;
@@ -400,6 +422,13 @@ TrainSpec train_spec(const TrainConfig& c, const RunSpec& run, StartingCheckpoin
   t.save_every_minutes = c.save_every_minutes;
   t.max_shard_bytes = io::parse_max_shard_size(c.max_shard_size);
   t.log_file = c.log_file;
+  // --pp: each rank's profile directory is named by its data rank alone, which the stages of
+  // a pipeline share (Note [Pipeline parallel], "What remains").
+  if (run.pp() > 1 && !c.profile_dir.empty())
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp {} with --profile is not built yet: the stages of a pipeline would write "
+                 "one rank's directory",
+                 run.pp());
   t.profile_dir = c.profile_dir;
   t.profile_steps = c.profile_steps;
   t.fail_on_leak = c.fail_on_leak;
@@ -442,6 +471,11 @@ void check_max_model_config(const TrainConfig& c) {
                  "--max-model with --tp {} is not built: the search's shapes are not chosen for "
                  "tensor parallelism; plan one shape with --tp (without --max-model)",
                  c.tp);
+  if (c.pp > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--max-model with --pp {} is not built: the search plans one model whole; plan "
+                 "one shape with --pp (without --max-model)",
+                 c.pp);
   // A fixed policy is planned for every member (none, full, selective, every:K), but a list of
   // blocks cannot hold at every depth.
   refuse(c.ckpt.rfind("layers:", 0) == 0, "--ckpt",

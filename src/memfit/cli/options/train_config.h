@@ -61,6 +61,12 @@ struct TrainConfig {
   int tp = 1;
   // --sp: sequence parallelism within each tensor group (Note [Sequence parallel]).
   bool sp = false;
+  // --pp: pipeline stages, each a contiguous range of blocks (Note [Pipeline parallel]);
+  // --pp-layers auto (an even split) or each stage's block count ("5,7"); --pp-schedule gpipe
+  // or 1f1b. The micro-batches are --grad-accum's.
+  int pp = 1;
+  std::string pp_layers = "auto";
+  std::string pp_schedule = "1f1b";
   // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
   // 3 the working weights sharded too, each block gathered as the step needs it

@@ -1,0 +1,136 @@
+// A pipeline stage's own parameter layout (ModelConfig::stage, ParamLayout's stage constructor;
+// Note [Pipeline parallel]): the stages' layouts tile the whole model's, each a contiguous run of
+// it at whole_offset(); a stage's model allocates its parameters alone, draws the whole model's
+// initial weights for them, and runs its part of the step on them; tied embeddings are refused
+// naming --pp.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "memfit/core/error.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/model/pipeline_stages.h"
+#include "memfit/model/step_plan.h"
+#include "memfit/model/transformer.h"
+
+namespace memfit {
+namespace {
+
+ModelConfig untied(int n_layer) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.n_layer = n_layer;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.d_model = 32;
+  c.ffn_dim = 40;
+  c.max_seq_len = 16;
+  c.vocab_size = 90;
+  c.tie_embeddings = false;
+  c.finalize();
+  return c;
+}
+
+ModelConfig of_stage(ModelConfig c, const PipelineStage& s) {
+  c.set_pipeline_stage(s);
+  return c;
+}
+
+TEST(StageLayout, StagesTileTheWholeLayout) {
+  const ModelConfig c = untied(5);
+  const ParamLayout whole(c);
+  for (const auto& [P, layers] : std::vector<std::pair<int, std::string>>{
+           {1, "auto"}, {2, "auto"}, {3, "auto"}, {5, "auto"}, {2, "1,4"}, {3, "3,1,1"}}) {
+    const std::vector<PipelineStage> stages = split_stages(layers, c.n_layer, P);
+    int64_t at = 0;
+    size_t i = 0;  // the whole layout's next parameter
+    for (const PipelineStage& s : stages) {
+      const ParamLayout layout(of_stage(c, s));
+      EXPECT_EQ(layout.whole_offset(), at) << P << " " << layers << ", stage " << s.index;
+      for (const ParamInfo& p : layout.params()) {
+        ASSERT_LT(i, whole.params().size());
+        const ParamInfo& w = whole.params()[i++];
+        EXPECT_EQ(p.name, w.name);
+        EXPECT_EQ(p.shape, w.shape);
+        EXPECT_EQ(p.offset + at, w.offset) << p.name;
+        EXPECT_EQ(p.layer, w.layer);
+      }
+      at += layout.total();
+      // Its units: the embeddings on the first stage, its blocks, the tail on the last.
+      EXPECT_EQ(unit_ranges(layout).size(),
+                size_t(s.blocks() + (P > 1 && s.has_embeddings()) + (P > 1 && s.has_head()) +
+                       (P == 1 ? 2 : 0)));
+    }
+    EXPECT_EQ(i, whole.params().size()) << P << " " << layers;
+    EXPECT_EQ(at, whole.total()) << P << " " << layers;
+  }
+}
+
+TEST(StageLayout, ViewsHoldTheStagesPartsAlone) {
+  const ModelConfig c = untied(4);
+  const std::vector<PipelineStage> stages = split_stages_evenly(c.n_layer, 3);  // 1-2 / 3 / 4
+  MemoryPool pool;
+  for (const PipelineStage& s : stages) {
+    const ParamLayout layout(of_stage(c, s));
+    const Tensor slab = Tensor::empty(pool, {layout.total()}, DType::f32, Category::params, "p");
+    const ModelWeights w = layout.views(slab);
+    ASSERT_EQ(w.blocks.size(), size_t(c.n_layer));
+    for (int l = 0; l < c.n_layer; ++l)
+      EXPECT_EQ(w.blocks[l].qkv_w.defined(), l >= s.first && l < s.last) << s.index << " " << l;
+    EXPECT_EQ(w.tok_emb.defined(), s.has_embeddings());
+    EXPECT_EQ(w.head.defined(), s.has_head());
+    EXPECT_EQ(w.norm_w.defined(), s.has_head());
+  }
+}
+
+// Each stage's model: its parameters alone (the pool's params bytes), the bits the whole model
+// draws for them, and a step plan of its own phases.
+TEST(StageLayout, AStagesModelHoldsAndDrawsItsPartOfTheWholeModel) {
+  const ModelConfig c = untied(4);
+  MemoryPool whole_pool;
+  Transformer whole(c, whole_pool);
+  whole.init_weights(5);
+  int64_t at = 0;
+  for (const PipelineStage& s : split_stages(std::string("1,3"), c.n_layer, 2)) {
+    MemoryPool pool;
+    const ModelConfig sc = of_stage(c, s);
+    Transformer st(sc, pool);
+    st.init_weights(5);
+    const int64_t n = st.layout().total();
+    EXPECT_LT(n, whole.layout().total());
+    EXPECT_EQ(pool.bytes_current(Category::params), MemoryPool::round_up(size_t(n) * 4));
+    EXPECT_EQ(std::memcmp(st.params().data<float>(), whole.params().data<float>() + at,
+                          size_t(n) * sizeof(float)),
+              0)
+        << "stage " << s.index;
+    at += n;
+    ActivationOptions o;
+    st.reserve(2, 8, o);
+    EXPECT_EQ(st.step_plan().arena, plan_step(sc, 2, 8, o).arena);
+    EXPECT_LT(st.step_plan().phases.size(), plan_step(c, 2, 8, o).phases.size());
+  }
+}
+
+TEST(StageLayout, TiedEmbeddingsAndBadCutsAreRefusedNamingPp) {
+  ModelConfig tied = untied(4);
+  tied.tie_embeddings = true;
+  try {
+    tied.set_pipeline_stage(split_stages_evenly(4, 2)[0]);
+    FAIL() << "a tied head was cut";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--pp 2 with tied embeddings"), std::string::npos)
+        << e.what();
+  }
+  ModelConfig c = untied(4);
+  EXPECT_THROW(c.set_pipeline_stage({1, 2, 2, 3}), ConfigError);  // the last stage ends early
+  EXPECT_THROW(c.set_pipeline_stage({0, 2, 1, 2}), ConfigError);  // the first starts late
+  c.set_pipeline_stage({1, 2, 2, 4});
+  EXPECT_TRUE(c.pipelined());
+  c.set_pipeline_stage({});
+  EXPECT_FALSE(c.pipelined());
+  EXPECT_EQ(ParamLayout(c).total(), ParamLayout(untied(4)).total());
+}
+
+}  // namespace
+}  // namespace memfit
