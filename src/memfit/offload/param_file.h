@@ -47,14 +47,18 @@ ParamFileLayout make_param_file_layout(const ParamLayout& layout, DType dtype,
 // The bytes read and written in one training step: each micro-batch's reads (gather_events of
 // the step plan's phases: a block needed by adjacent phases is read once), the update's write of
 // every block, and its read of every block when there are no master weights (fp32, pure bf16:
-// the update reads the weights it changes).
+// the update reads the weights it changes) unless the update runs in the backward
+// (`in_backward`: each block stepped in the slot its backward read, Note [Update in
+// backward]). `micro_batches`: the micro-batch passes a step runs (--grad-accum, twice that
+// with global clipping in the backward).
 struct ParamIoBytes {
   uint64_t read = 0, written = 0;
 };
 ParamIoBytes param_io_bytes_per_step(const ParamLayout& layout, DType dtype,
-                                     const std::vector<Phase>& phases, int grad_accum,
+                                     const std::vector<Phase>& phases, int micro_batches,
                                      int64_t persist_threshold, bool master,
-                                     std::optional<ElementRange> range = std::nullopt);
+                                     std::optional<ElementRange> range = std::nullopt,
+                                     bool in_backward = false);
 
 class ParamFile final : public UnitFile {
  public:
