@@ -300,8 +300,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     const std::optional<ElementRange> mine = placement.params_file_range();
     const offload::ParamFileLayout file =
         offload::make_param_file_layout(layout, half, spec.persist_threshold, mine);
+    // --update-in-backward: each block stepped in the slot its backward read (no read by the
+    // update), and with global clipping every block read by both passes.
     const offload::ParamIoBytes io = offload::param_io_bytes_per_step(
-        layout, half, r.step.phases, spec.grad_accum, spec.persist_threshold, master, mine);
+        layout, half, r.step.phases, spec.micro_batch_passes(), spec.persist_threshold, master,
+        mine, spec.update_in_backward);
     r.disk_by_category[static_cast<size_t>(Category::params)] += file.file_bytes;
     r.disk_bytes += file.file_bytes;
     r.param_read_bytes = io.read;
@@ -502,9 +505,12 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
     // micro-batches apart (they overlap compute), their update-time I/O with the update's.
     const double files = double(r.io_bytes_per_step - r.param_read_bytes - r.param_written_bytes -
                                 backward_read - backward_written);
+    // (Without master weights the update reads the blocks it changes, unless it runs in the
+    // backward, on the blocks the backward read.)
     const double micro_reads = double(r.param_read_bytes) -
-                               (spec.precision.precision != Precision::fp32 &&
-                                        spec.precision.master_weights
+                               ((spec.precision.precision != Precision::fp32 &&
+                                 spec.precision.master_weights) ||
+                                        spec.update_in_backward
                                     ? 0.0
                                     : double(r.param_written_bytes));
     in.offload_io_seconds = disk.seconds(files / 2.0 + (double(r.param_read_bytes) - micro_reads),

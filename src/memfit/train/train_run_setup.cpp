@@ -158,9 +158,17 @@ void TrainRun::create_optimizer() {
   else
     opt_ = make_optimizer(spec_.optim, gpt_->lora() ? gpt_->lora()->param_layout() : gpt_->layout(),
                          &pool_, my_shard_);
-  if (fused_)
+  if (fused_ && off_) {
+    // --update-in-backward with the state on disk: each unit's state read, stepped and written
+    // back as its backward ends (Note [Update in backward], "With offload"); the working weights
+    // in RAM, or with --offload-params in the slots the backward read them into.
+    if (gpt_->params_offloaded()) off_->attach_backward(*zero_.weights);
+    else off_->attach_backward(gpt_->params());
+    fused_->attach(*off_);
+  } else if (fused_) {
     fused_->attach(spec_.optim, *opt_, gpt_->weights(), gpt_->weights_range().begin,
                   gpt_->has_master() ? gpt_->params() : Tensor{}, gpt_->params_range().begin);
+  }
 }
 
 // --disk-limit against every offload file of this rank, before the optimizer's are made.
