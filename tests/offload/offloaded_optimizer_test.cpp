@@ -23,44 +23,12 @@
 #include "memfit/state/shard.h"
 #include "../io/io_test_util.h"
 #include "../support/scoped_env.h"
+#include "offload_test_util.h"
 
 namespace memfit::offload {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           fmt::format("memfit_offload_{}_{}", ::getpid(), info->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-using io::testing::first_difference;
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
-void fill(Tensor& t, uint32_t seed, float scale) {
-  float* d = t.data<float>();
-  uint32_t x = seed;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    x = x * 1664525u + 1013904223u;
-    d[i] = scale * (static_cast<float>(x >> 8) / 16777216.0f - 0.5f);
-  }
-}
-
-ModelConfig llama() {
-  ModelConfig c = ModelConfig::preset("llama-tiny");
-  c.finalize();
-  return c;
-}
 
 struct Case {
   std::string optim;

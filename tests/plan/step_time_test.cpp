@@ -133,6 +133,24 @@ TEST(StepTime, TheGradientIsZeroedOnceAStepOrOnceAPassInTheBackward) {
   EXPECT_DOUBLE_EQ(estimate_step_time(in, rates).optimizer, ordinary.optimizer);
 }
 
+// --update-in-backward with the optimizer offloaded: the state streams during the backward, so
+// the disk's time (the files' and the blocks' reads together) hides behind the micro-batches'
+// compute and the update's, not behind the update alone: what exceeds both lengthens the step.
+TEST(StepTime, InTheBackwardTheDiskHidesBehindTheComputeAndTheUpdate) {
+  StepTimeInputs in = tiny_inputs(2, 32);
+  const Calibration rates = some_rates();
+  const StepTime t = estimate_step_time(in, rates);
+  const double compute = t.block_gemm + t.attention + t.head_gemm + t.elementwise;
+  ASSERT_GT(compute, t.optimizer);
+  in.offload_io_seconds = t.optimizer + compute / 2;  // the ordinary update waits for it
+  in.param_read_seconds = compute / 4;
+  EXPECT_NEAR(estimate_step_time(in, rates).offload_io, compute / 2, 1e-12);
+  in.update_in_backward = true;
+  EXPECT_EQ(estimate_step_time(in, rates).offload_io, 0.0);
+  in.offload_io_seconds = 2 * (t.optimizer + compute);
+  EXPECT_NEAR(estimate_step_time(in, rates).offload_io, t.optimizer + compute * 1.25, 1e-12);
+}
+
 // Where the matmuls widen (fp16 always), the LM head's (Vp, C) weight is widened once a chunk
 // in the forward and once in the backward (matmul_widened_blocked), its 2-byte read counted (0.5
 // elements a value: the widened block stays in the cache): the element-wise term moves by

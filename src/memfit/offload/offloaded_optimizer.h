@@ -5,7 +5,9 @@
 // an optimizer over piece k's range whose state is bound to its staging slot
 // (Optimizer::bind_state). Per element it is the in-RAM update,
 // so the results are bit-identical. Checkpoints stream the state out of the files and back in
-// a unit at a time. Note [NVMe offload] (docs/notes/offload.md).
+// a unit at a time. With --update-in-backward the same ring streams each unit as the backward
+// finishes it (UnitStateStream: offloaded_unit_pass.cpp). Note [NVMe offload]
+// (docs/notes/offload.md).
 #pragma once
 
 #include <chrono>
@@ -27,6 +29,7 @@
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/optim/unit_steps.h"
 
 namespace memfit::offload {
 
@@ -45,7 +48,7 @@ struct IoWait {
   std::chrono::steady_clock::time_point t0, t1;
 };
 
-class OffloadedOptimizer {
+class OffloadedOptimizer final : public UnitStateStream {
  public:
   // Creates the files in `dir` (named "<run>.<tensor>.offload") and the staging ring (from
   // `pool`, Category::staging). Refuses a disk too small before creating anything: IoError
@@ -107,8 +110,23 @@ class OffloadedOptimizer {
   void set_grad_widen(const Tensor& buffer) {
     for (auto& u : units_) u->set_grad_widen(buffer);
   }
-  int64_t steps_taken() const { return units_.front()->steps_taken(); }
+  int64_t steps_taken() const override { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
+
+  // --update-in-backward (UnitStateStream, optim/unit_steps.h; Note [Update in backward], "With
+  // offload"): each unit's pieces stepped as the backward finishes the unit, in the backward's
+  // order (the tail, the blocks top down, the embeddings), through the same ring as step(): a
+  // unit's pieces read, stepped with the gradients of the unit's buffer and written back, the
+  // next two pieces' reads in flight while the backward computes the next unit. The working
+  // weights: `working` (range()'s, in RAM), or with --offload-params the slots the backward
+  // read them into (WeightGather::stepped_piece), each block written back once stepped. One
+  // process (range() the whole layout). Before the first pass.
+  void attach_backward(const Tensor& working);
+  void attach_backward(WeightGather& working);
+  void begin_pass() override;
+  void step_unit(size_t u, const Tensor& grads, float lr, float scale, int64_t steps,
+                 bool step) override;
+  void end_pass(int64_t steps) override;
 
   // optimizer.safetensors as io::save_optimizer_state writes it for the same optimizer in RAM
   // (the same bytes), streamed from the files through the ring. The whole layout only (a
@@ -178,6 +196,18 @@ class OffloadedOptimizer {
   IoStats stats_;
   bool record_waits_ = false;
   std::vector<IoWait> waits_;
+  // --update-in-backward's pass: the pieces in the backward's order (pass_pieces_), unit u's
+  // first position in it and count (pass_units_), the next position, and the requests in flight
+  // per ring slot between step_unit calls. The working weights: in RAM, or the model's slots.
+  void order_pass();
+  void pass_read(size_t position);
+  std::vector<size_t> pass_pieces_;
+  std::vector<std::pair<size_t, size_t>> pass_units_;
+  size_t pass_next_ = 0;
+  bool pass_on_ = false;
+  std::vector<uint64_t> pass_reads_[kRingSlots], pass_writes_[kRingSlots];
+  Tensor pass_working_;
+  WeightGather* pass_gather_ = nullptr;
 };
 
 }  // namespace memfit::offload

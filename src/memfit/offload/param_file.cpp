@@ -44,16 +44,18 @@ uint64_t ParamFileLayout::blocks_bytes() const {
 }
 
 ParamIoBytes param_io_bytes_per_step(const ParamLayout& layout, DType dtype,
-                                     const std::vector<Phase>& phases, int grad_accum,
+                                     const std::vector<Phase>& phases, int micro_batches,
                                      int64_t persist_threshold, ParamUpdateIo update,
-                                     std::optional<ElementRange> range) {
+                                     std::optional<ElementRange> range, bool in_backward) {
   const ParamFileLayout L = make_param_file_layout(layout, dtype, persist_threshold, range);
   ParamIoBytes io;
   for (int u : gather_events(gather_units(layout, persist_threshold), phases))
     if (L.in_file(static_cast<size_t>(u))) io.read += L.request_bytes(static_cast<size_t>(u));
-  io.read *= static_cast<uint64_t>(grad_accum);
+  io.read *= static_cast<uint64_t>(micro_batches);
   switch (update) {
-    case ParamUpdateIo::read_write: io.read += L.blocks_bytes(); [[fallthrough]];
+    case ParamUpdateIo::read_write:
+      if (!in_backward) io.read += L.blocks_bytes();  // else stepped in the slot it was read into
+      [[fallthrough]];
     case ParamUpdateIo::write: io.written = L.blocks_bytes(); break;
     case ParamUpdateIo::none: break;
   }

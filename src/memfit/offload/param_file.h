@@ -51,14 +51,18 @@ enum class ParamUpdateIo { write, read_write, none };
 
 // The bytes read and written in one training step: each micro-batch's reads (gather_events of
 // the step plan's phases: a block needed by adjacent phases is read once) and the update's
-// (`update`).
+// (`update`): its write of every block, and with ParamUpdateIo::read_write its read of every
+// block too unless the update runs in the backward (`in_backward`: each block stepped in the
+// slot its backward read, Note [Update in backward]). `micro_batches`: the micro-batch passes a
+// step runs (--grad-accum, twice that with global clipping in the backward).
 struct ParamIoBytes {
   uint64_t read = 0, written = 0;
 };
 ParamIoBytes param_io_bytes_per_step(const ParamLayout& layout, DType dtype,
-                                     const std::vector<Phase>& phases, int grad_accum,
+                                     const std::vector<Phase>& phases, int micro_batches,
                                      int64_t persist_threshold, ParamUpdateIo update,
-                                     std::optional<ElementRange> range = std::nullopt);
+                                     std::optional<ElementRange> range = std::nullopt,
+                                     bool in_backward = false);
 
 class ParamFile final : public UnitFile {
  public:

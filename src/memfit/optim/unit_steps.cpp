@@ -32,6 +32,7 @@ void UnitSteps::attach(const OptimConfig& config, Optimizer& optimizer, Tensor w
                range_.begin, range_.end, optimizer.range().begin, optimizer.range().end,
                weights_begin, weights_begin + weights.numel());
   whole_ = &optimizer;
+  stream_ = nullptr;
   weights_ = std::move(weights);
   working_ = std::move(working);
   weights_begin_ = weights_begin;
@@ -69,8 +70,15 @@ void UnitSteps::attach(const OptimConfig& config, Optimizer& optimizer, Tensor w
   }
 }
 
+void UnitSteps::attach(UnitStateStream& stream) {
+  whole_ = nullptr;
+  opts_.clear();
+  stream_ = &stream;
+}
+
 void UnitSteps::begin_step(float lr, float clip, Clip mode) {
-  MEMFIT_CHECK(whole_ != nullptr, "optim", "--update-in-backward: a step before attach()");
+  MEMFIT_CHECK(whole_ != nullptr || stream_ != nullptr, "optim",
+               "--update-in-backward: a step before attach()");
   lr_ = lr;
   clip_ = clip;
   factor_ = 1;
@@ -91,9 +99,11 @@ void UnitSteps::begin_micro_batch() {
                "--update-in-backward steps the optimizer inside each backward, so a step has one "
                "micro-batch (--grad-accum 1)");
   if (micro_batches_ == 0) {
-    steps_before_ = whole_->steps_taken();
+    steps_before_ = whole_ ? whole_->steps_taken() : stream_->steps_taken();
     std::fill(checks_.begin(), checks_.end(), UnitGradCheck{});
   }
+  // A stepping pass: the stream reads the first units' state while the forward runs.
+  if (stream_ && pass_ != Pass::measure) stream_->begin_pass();
   ++micro_batches_;
   units_done_ = 0;
 }
@@ -117,10 +127,17 @@ void UnitSteps::unit_done(size_t u, const Tensor& grads) {
     const double ss = kernels::sum_squares(grads);
     checks_[u] = {std::isfinite(ss), ss};
     if (pass_ == Pass::measure) return;
-    if (!std::isfinite(ss)) return;  // the run stops (result().finite), this part unstepped
+    if (!std::isfinite(ss)) {  // the run stops (result().finite), this part unstepped
+      if (stream_) stream_->step_unit(u, grads, lr_, 0, steps_before_, false);
+      return;
+    }
     if (clip_ > 0)
       scale = static_cast<float>(std::min(1.0, clip_ / (std::sqrt(ss) / over + 1e-6))) /
               static_cast<float>(ranks_);
+  }
+  if (stream_) {
+    stream_->step_unit(u, grads, lr_, scale, steps_before_, true);
+    return;
   }
   Optimizer& o = *opts_[u];
   o.set_steps_taken(steps_before_);
@@ -168,7 +185,8 @@ void UnitSteps::end_backward() {
   }
   // One step taken, as Optimizer::step counts it (each part's optimizer started from the same
   // count).
-  whole_->set_steps_taken(steps_before_ + 1);
+  if (stream_) stream_->end_pass(steps_before_ + 1);
+  else whole_->set_steps_taken(steps_before_ + 1);
   pass_ = Pass::idle;
 }
 

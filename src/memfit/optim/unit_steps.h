@@ -9,6 +9,8 @@
 // the state are bit for bit the ordinary step's. Global clipping takes two passes (LOMO's): a
 // measuring backward that only takes each part's sum of squares, then the same micro-batch again,
 // stepping every part by the ordinary step's factor; per-unit clipping (another algorithm) one.
+// With the state offloaded the parts are stepped by a UnitStateStream instead (the offloaded
+// optimizer, streaming each unit's state from its files as the backward ends it).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,25 @@ struct BackwardUpdateResult {
   // The gradients are summed over this many ranks (the ordinary step's grad_accum x ranks):
   // the norm and the steps are the mean's, sqrt(sum_squares) / mean_over.
   int mean_over = 1;
+};
+
+// Where the parts' optimizer state (and master weights) live when they are not the run's
+// optimizer's tensors in RAM: files on disk (--offload-optimizer nvme:
+// offload/offloaded_optimizer.h), each unit's read, stepped and written back as the backward
+// finishes it, the next units' read ahead (Note [Update in backward], "With offload").
+class UnitStateStream {
+ public:
+  virtual ~UnitStateStream() = default;
+  virtual int64_t steps_taken() const = 0;
+  // A stepping pass's training forward starts: the first units' state may be read ahead.
+  virtual void begin_pass() = 0;
+  // Unit u's part (`grads`: its gradients, element 0 the part's first) stepped by `lr` and
+  // `scale` from the count `steps`, in the backward's order (the tail, the blocks top down, the
+  // embeddings); with `step` false left as it is (its gradients were not finite).
+  virtual void step_unit(size_t u, const Tensor& grads, float lr, float scale, int64_t steps,
+                         bool step) = 0;
+  // Every unit was given: its writes done, the count `steps` from here on.
+  virtual void end_pass(int64_t steps) = 0;
 };
 
 class UnitSteps {
@@ -71,6 +92,8 @@ class UnitSteps {
   void set_stepped_hook(std::function<void(ElementRange part)> hook) {
     stepped_ = std::move(hook);
   }
+  // The same with the state in `stream` (--offload-optimizer): each part stepped by it.
+  void attach(UnitStateStream& stream);
   // A new step's learning rate and clipping. Before its forward.
   void begin_step(float lr, float clip, Clip mode);
   // Global clipping: the measuring pass is done and finite, so the caller runs the same
@@ -103,6 +126,7 @@ class UnitSteps {
   int ranks_ = 1;
   std::vector<ElementRange> parts_;
   Optimizer* whole_ = nullptr;
+  UnitStateStream* stream_ = nullptr;  // instead of whole_ (and opts_)
   std::vector<std::unique_ptr<Optimizer>> opts_;  // per part (null where empty)
   Tensor weights_, working_;
   int64_t weights_begin_ = 0, working_begin_ = 0;

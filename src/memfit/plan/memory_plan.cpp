@@ -336,8 +336,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     const std::optional<ElementRange> mine = placement.params_file_range();
     const offload::ParamFileLayout file =
         offload::make_param_file_layout(layout, half, spec.persist_threshold, mine);
+    // --update-in-backward: each block stepped in the slot its backward read (no read by the
+    // update), and with global clipping every block read by both passes.
     const offload::ParamIoBytes io = offload::param_io_bytes_per_step(
-        layout, half, r.step.phases, spec.grad_accum, spec.persist_threshold, update, mine);
+        layout, half, r.step.phases, spec.micro_batch_passes(), spec.persist_threshold, update,
+        mine, spec.update_in_backward);
     r.disk_by_category[static_cast<size_t>(Category::params)] += file.file_bytes;
     r.disk_bytes += file.file_bytes;
     r.param_read_bytes = io.read;
@@ -550,8 +553,9 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
     const double files = double(r.io_bytes_per_step - r.param_read_bytes - r.param_written_bytes -
                                 backward_read - backward_written);
     // (The update's reads of the blocks: without master weights, as many as it writes; none
-    // with them, nor for LoRA's frozen base.)
-    const bool update_reads = !spec.lora.enabled() &&
+    // with them, nor for LoRA's frozen base, nor when it runs in the backward, on the blocks the
+    // backward read.)
+    const bool update_reads = !spec.lora.enabled() && !spec.update_in_backward &&
                               (spec.precision.precision == Precision::fp32 ||
                                !spec.precision.master_weights);
     const double micro_reads =

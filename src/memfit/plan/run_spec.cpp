@@ -351,10 +351,19 @@ void RunSpec::check_update_in_backward() const {
                  "--update-in-backward under {} ranks reduce-scatters each unit and steps this "
                  "rank's part of it at once, so it needs --zero 2 or 3 (got --zero {})",
                  world, zero_auto ? std::string("auto") : std::to_string(zero));
-  if (offload.optimizer || offload.params || offload.grads)
+  // With the optimizer offloaded the streamed update runs inside the backward, a unit at a
+  // time (Note [Update in backward], "With offload"): each unit's gradients are consumed as its
+  // backward ends, so there is nothing to put in a gradient file.
+  if (offload.grads)
     MEMFIT_THROW(ConfigError, "config",
-                 "--update-in-backward with --offload-optimizer/--offload-params/--offload-grads "
-                 "nvme: the streamed update is not yet moved into the backward; drop one of them");
+                 "--offload-grads nvme with --update-in-backward: each unit's gradients are "
+                 "consumed by its update as its backward ends and never kept (RAM holds one unit "
+                 "buffer), so there is no gradient file to write; drop --offload-grads");
+  if ((offload.optimizer || offload.params) && world > 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward with --offload-optimizer/--offload-params under {} ranks "
+                 "is not built (one process only); drop one of them",
+                 world);
   if (grad_dtype != DType::f32)
     MEMFIT_THROW(ConfigError, "config",
                  "--update-in-backward with --grad-dtype bf16: the unit's gradients are stepped "

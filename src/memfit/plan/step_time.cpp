@@ -172,7 +172,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
     t.comm = in.comm_copied_bytes / rates.copy_bytes_per_s +
              in.comm_summed_bytes / rates.stream_bytes_per_s;
   t.tensor_comm = tensor_comm_seconds(in.tensor_comm, c.tp, rates);  // per step already
-  t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
+  // The update's I/O runs while it computes (after the backward; with --update-in-backward
+  // during it: below).
+  if (!in.update_in_backward) t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
 
   const int passes = in.grad_accum * in.backward_passes;
   t.block_gemm *= passes;
@@ -189,6 +191,12 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
                          t.compression;
   t.offload_io += std::max({0.0, in.param_read_seconds + in.offload_backward_io_seconds - compute,
                             in.offload_backward_io_seconds - compute * 2.0 / 3.0});
+  // --update-in-backward with the optimizer offloaded: each unit's state streams while the
+  // backward computes the next units and the update computes, beside the blocks' reads; only
+  // what the disk takes beyond both lengthens the step.
+  if (in.update_in_backward)
+    t.offload_io = std::max(0.0, in.offload_io_seconds + in.param_read_seconds +
+                                     in.offload_backward_io_seconds - compute - t.optimizer);
   return t;
 }
 

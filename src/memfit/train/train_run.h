@@ -111,6 +111,7 @@ class TrainRun {
   double from_last_stage(double x);
   UpdateOutcome update(float lr, float loss, float loss_scale, int64_t& update_gathered);
   void offloaded_step(float rate, float scale, int64_t& update_gathered);
+  void offload_io_waits();
   void check_finite(int64_t step, const StepResult& r);
   float evaluate();
   bool stop_requested();

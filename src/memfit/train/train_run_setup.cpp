@@ -177,7 +177,14 @@ void TrainRun::create_optimizer() {
   else
     opt_ = make_optimizer(spec_.optim, gpt_->lora() ? gpt_->lora()->param_layout() : gpt_->layout(),
                          &pool_, my_shard_);
-  if (fused_) {
+  if (fused_ && off_) {
+    // --update-in-backward with the state on disk: each unit's state read, stepped and written
+    // back as its backward ends (Note [Update in backward], "With offload"); the working weights
+    // in RAM, or with --offload-params in the slots the backward read them into.
+    if (gpt_->params_offloaded()) off_->attach_backward(*zero_.weights);
+    else off_->attach_backward(gpt_->params());
+    fused_->attach(*off_);
+  } else if (fused_) {
     // Stored FP8 weights (Note [FP8], "Storage"): each stepped unit's working copy rounded and
     // encoded from its master weights at once, not in the optimizer's pass.
     const bool slab = gpt_->has_master() && !gpt_->fp8_weights();

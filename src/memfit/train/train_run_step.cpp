@@ -170,15 +170,16 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
   }
   const profile::Scope slice(recorder(), "optimizer", profile::SliceKind::optimizer);
   const RankShards* shards = rank_shards_ ? &*rank_shards_ : nullptr;
+  if (fused_) {
+    u = backward_update_outcome(fused_->result());  // stepped during the backward
+    u.gathered_bytes = publish_working_weights(*gpt_, my_shard_ ? shards : nullptr);
+    if (off_) offload_io_waits();  // the backward's, on the optimizer's files
+    return u;
+  }
   if (off_)
     return apply_update(
         *gpt_, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
         scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards);
-  if (fused_) {
-    u = backward_update_outcome(fused_->result());  // stepped during the backward
-    u.gathered_bytes = publish_working_weights(*gpt_, my_shard_ ? shards : nullptr);
-    return u;
-  }
   return apply_update(*gpt_, *opt_, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_,
                       shards, runner_ ? &pipe_ : nullptr);
 }
@@ -205,6 +206,11 @@ void TrainRun::offloaded_step(float rate, float scale, int64_t& update_gathered)
   if (grads_file_) grads_file_->set_step(off_->steps_taken());
   update_gathered = publish_working_weights(*gpt_, my_shard_ ? &*rank_shards_ : nullptr);
   params_io_waits();  // the update's, on the working weights' file
+  offload_io_waits();
+}
+
+// --profile: the offloaded optimizer's waits on its files, as io slices.
+void TrainRun::offload_io_waits() {
   for (const offload::IoWait& w : off_->take_waits())
     if (profile::StepRecorder* rec = recorder())
       rec->add("io wait", profile::SliceKind::io_wait, w.t0, w.t1);

@@ -243,6 +243,11 @@ void WeightGather::enter(int phase) {
   const int limit = (next ? e : current_) + s_.prefetch_depth;
   const int events = static_cast<int>(event_unit_.size());
   while (started_ < events && started_ <= limit) {  // (no events: no ring)
+    // A slot written back by the update in the backward (stepped_piece_done) is read into
+    // once that write is done.
+    if (!slot_write_.empty())
+      if (uint64_t& w = slot_write_[static_cast<size_t>(started_ % slots_)]; w)
+        file_->wait(std::exchange(w, 0));
     requests_[static_cast<size_t>(started_)] =
         gather(static_cast<size_t>(event_unit_[started_]), slot_bytes(started_ % slots_));
     ++started_;
@@ -521,6 +526,38 @@ void WeightGather::update_piece_done(ElementRange piece) {
   slot_write_[static_cast<size_t>(update_slot_)] =
       file_->write(static_cast<size_t>(update_unit_), slot);
   update_unit_ = -1;
+}
+
+Tensor WeightGather::stepped_piece(ElementRange piece) {
+  MEMFIT_CHECK(file_ && !s_.comm, "offload",
+               "stepped_piece: the file source's working weights in one process");
+  const size_t u = unit_of(piece.begin);
+  const ElementRange unit = units_.units[u];
+  MEMFIT_CHECK(unit.contains(piece), "offload", "piece [{}, {}) crosses a unit", piece.begin,
+               piece.end);
+  if (units_.persistent[u])
+    return persistent_.view(persistent_at_[u] + piece.begin - unit.begin, {piece.size()});
+  // The block's backward just ran on the current gather's slot: its weights are there.
+  MEMFIT_CHECK(current_ >= 0 && event_unit_.at(static_cast<size_t>(current_)) ==
+                                    static_cast<int>(u),
+               "offload",
+               "stepped_piece: block unit {} is stepped, but the step's current block is unit {}",
+               u, current_ >= 0 ? event_unit_[static_cast<size_t>(current_)] : -1);
+  return slot_view(current_ % slots_, piece.begin - unit.begin, piece.size());
+}
+
+void WeightGather::stepped_piece_done(ElementRange piece) {
+  const size_t u = unit_of(piece.begin);
+  const ElementRange unit = units_.units[u];
+  if (units_.persistent[u] || piece.end != unit.end) return;
+  const int slot = current_ % slots_;
+  // Past the block's last element the slot holds whatever came before: the file gets zeros.
+  char* bytes = slot_bytes(slot);
+  std::memset(bytes + unit.size() * elem_, 0,
+              static_cast<size_t>(units_.slot_elements - unit.size()) * elem_);
+  uint64_t& w = slot_write_[static_cast<size_t>(slot)];
+  if (w) file_->wait(std::exchange(w, 0));
+  w = file_->write(u, bytes);
 }
 
 void WeightGather::end_update(int64_t step) {
