@@ -46,9 +46,17 @@ CONFIGS = (("22B", 6144, 64, 48, 8), ("175B", 12288, 96, 96, 8),
 
 
 def has_sp():
-    """Whether this memfit plans sequence parallelism (`memfit plan --help` lists --sp)."""
+    """Whether this memfit plans sequence parallelism in bf16, the paper's precision (`memfit
+    plan --help` lists --sp, and a tiny bf16 --tp 2 --sp plan is not refused: --sp is built in
+    fp32 alone today, Note [Sequence parallel])."""
     r = subprocess.run([MEMFIT, "plan", "--help"], capture_output=True, text=True)
-    return re.search(r"(^|[\s,])--sp(?![\w-])", r.stdout) is not None
+    if re.search(r"(^|[\s,])--sp(?![\w-])", r.stdout) is None:
+        return False
+    with tempfile.TemporaryDirectory() as data:
+        r = subprocess.run([MEMFIT, "plan", "--model", "gpt2-tiny", "--seq-len", "32",
+                            "--batch", "1", "--precision", "bf16", "--world-size", "2", "--tp",
+                            "2", "--sp", "--data", data], capture_output=True, text=True)
+    return r.returncode == 0
 
 
 def formulas(h, a, t):
@@ -119,7 +127,7 @@ def main():
                     + (f"{plain / MIB:,.1f} ({plain / f[key]:.2f})" if plain is not None
                        else "—") + " |")
     print(f"Activation bytes per layer (MiB; memfit / formula in brackets), s = {S}, b = {B}, "
-          f"bf16, one rank's{'' if sp else '; this memfit has no --sp, so no sequence-parallel rows'}:\n")
+          f"bf16, one rank's{'' if sp else '; this memfit plans no bf16 --sp, so no sequence-parallel rows'}:\n")
     print("| model | setting | Korthikanti et al. | memfit, flash attention | "
           "memfit, plain attention |")
     print("| --- | --- | ---: | ---: | ---: |")
