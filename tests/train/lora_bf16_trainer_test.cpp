@@ -1,8 +1,8 @@
 // memfit train --lora-rank --precision bf16 (Note [LoRA], "bf16"): the frozen base in bf16 with
 // no master weights, the adapters f32 with their optimizer. The planned peak equals the
 // measured one category by category at two shapes of each family (the base's bf16 bytes, no
-// master category, the adapters' state, the widening scratch in the workspace arena), and a
-// resume continues bit for bit.
+// master category, the adapters' state, the widening scratch in the workspace arena), it
+// composes with activation compression, and a resume continues bit for bit.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -50,6 +50,40 @@ TEST_F(LoraBf16Trainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
       EXPECT_EQ(plan.by_category[static_cast<size_t>(Category::params)] - adapters,
                 MemoryPool::round_up(static_cast<size_t>(spec.model.num_params()) * 2));
     }
+}
+
+// Activation compression (Note [Activation compression]) composes with LoRA: the saved
+// activations in int8 or fp8 with their scales, planned == measured by category, fewer
+// activation bytes than without, and the loss within int8's rounding of the uncompressed run's.
+TEST_F(LoraBf16Trainer, ComposesWithActivationCompression) {
+  for (const char* model : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(model);
+    TrainConfig c = config(model);
+    c.precision = "bf16";
+    c.batch = 4;
+    c.steps = 2;
+    c.eval_every = 0;
+    c.lora.rank = 4;
+    c.lora.targets = "all-linear";
+    c.act_compress = "none";
+    const PlanReport plain = plan_training(resolve_run(c));
+    const TrainSummary ref = train(c);
+    for (const char* codes : {"int8", "fp8"}) {
+      SCOPED_TRACE(codes);
+      c.act_compress = codes;
+      const PlanReport plan = plan_training(resolve_run(c));
+      const TrainSummary s = train(c);
+      EXPECT_EQ(plan.peak_bytes, s.peak_bytes);
+      for (Category cat : kAllCategories)
+        EXPECT_EQ(plan.by_category[static_cast<size_t>(cat)],
+                  s.peak_by_category[static_cast<size_t>(cat)])
+            << category_name(cat);
+      EXPECT_LT(plan.by_category[static_cast<size_t>(Category::activations)],
+                plain.by_category[static_cast<size_t>(Category::activations)]);
+      EXPECT_NEAR(s.last_loss, ref.last_loss, 2e-2 * ref.last_loss);
+      EXPECT_NE(s.last_loss, ref.last_loss);  // the codes are what the backward read
+    }
+  }
 }
 
 TEST_F(LoraBf16Trainer, ResumeIsBitIdenticalToOneRun) {
