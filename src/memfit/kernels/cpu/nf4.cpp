@@ -179,6 +179,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include "memfit/kernels/cpu/blockwise_quant.h"
 #include "memfit/kernels/cpu/checks.h"
+#include "memfit/kernels/cpu/dequant_args.h"
 #include "memfit/kernels/cpu/parallel.h"
 #include "memfit/kernels/cpu/simd.h"
 
@@ -318,31 +319,20 @@ void nf4_quantize(const Tensor& src, Nf4Weight& w, Tensor& absmax_scratch) {
   nf4_quantize_absmax(absmax_scratch, w);
 }
 
-namespace {
-// The Out of the SIMD code (f32, bf16, f32 of bf16) for a destination type.
-int out_form(DType dst_type, bool round_bf16) {
-  MEMFIT_CHECK_DTYPE(dst_type == DType::f32 || dst_type == DType::bf16, "nf4_dequantize",
-                     "dst must be f32 or bf16, got {}", dtype_name(dst_type));
-  return dst_type == DType::bf16 ? 1 : round_bf16 ? 2 : 0;
-}
-}  // namespace
-
 void nf4_dequantize_n(const Nf4Weight& w, int64_t e0, int64_t n, DType dst_type, void* dst,
                       bool round_bf16) {
-  const int out = out_form(dst_type, round_bf16);
-  MEMFIT_CHECK_SHAPE(e0 >= 0 && n >= 0 && e0 + n <= w.numel(), "nf4_dequantize",
-                     "elements [{}, {}) lie outside a ({}, {}) weight", e0, e0 + n, w.rows,
-                     w.cols);
+  constexpr std::string_view op = "nf4_dequantize";
+  const int out = dequant_out_form(op, dst_type, round_bf16);
+  check_dequant_range(op, w.rows, w.cols, e0, n);
   // One "row" of n elements: the range may span rows of W.
   if (n > 0) MEMFIT_SIMD_DISPATCH(Nf4Dequantize)(w, 0, 1, e0, n, out, dst);
 }
 
 void nf4_dequantize_tile(const Nf4Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                          DType dst_type, void* dst, bool round_bf16) {
-  const int out = out_form(dst_type, round_bf16);
-  MEMFIT_CHECK_SHAPE(0 <= r0 && r0 <= r1 && r1 <= w.rows && 0 <= c0 && c0 <= c1 && c1 <= w.cols,
-                     "nf4_dequantize", "rows [{}, {}) x columns [{}, {}) lie outside a ({}, {}) "
-                     "weight", r0, r1, c0, c1, w.rows, w.cols);
+  constexpr std::string_view op = "nf4_dequantize";
+  const int out = dequant_out_form(op, dst_type, round_bf16);
+  check_dequant_tile(op, w.rows, w.cols, r0, r1, c0, c1);
   if (r1 > r0 && c1 > c0) MEMFIT_SIMD_DISPATCH(Nf4Dequantize)(w, r0, r1, c0, c1 - c0, out, dst);
 }
 
