@@ -519,6 +519,10 @@ TEST_F(PlannerCommands, PlanTpGivesTheWholeModelAndTheTensorCollectives) {
   ASSERT_EQ(t["block_activations"]["per_block"].size(), 4u);
   EXPECT_LT(t["block_activations"]["per_block"][0].get<int64_t>(),
             w["block_activations"]["per_block"][0].get<int64_t>());
+  // Without --world-size the plan takes the ranks --tp needs (one data rank).
+  const Output alone = memfit(fmt::format("plan {} --tp 2 --json", model()));
+  ASSERT_EQ(alone.exit_code, 0) << alone.err;
+  EXPECT_EQ(nlohmann::json::parse(alone.out)["model"]["params"], t["model"]["params"]);
   const Output text = memfit(fmt::format("plan {} --world-size 2 --tp 2", model()));
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find("tensor collectives per step (--tp 2): 36 all-reduces"),

@@ -617,8 +617,8 @@ void add_plan_command(CLI::App& app) {
   add_train_options(cmd, *cfg, *config_file);
   cmd->add_flag("--json", *json, "Print one JSON object");
   cmd->add_option("--world-size,--ranks", cfg->ranks,
-                  "Plan for this many data-parallel ranks (mpirun -n): the bytes of each")
-      ->capture_default_str();
+                  "Plan for this many ranks (mpirun -n): data x pipeline (--pp) x tensor (--tp) "
+                  "ranks, the bytes of each (default: --tp x --pp, one data rank)");
   cmd->add_flag("--auto", *auto_ckpt,
                 "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto) "
                 "and, over several ranks, the ZeRO stage (as --zero auto) unless --zero is "
@@ -630,6 +630,9 @@ void add_plan_command(CLI::App& app) {
                 "bf16, the levers of --auto too)");
   cmd->callback([cmd, cfg, config_file, json, auto_ckpt, max_model] {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
+    // `memfit plan --tp 2 --pp 2` plans the 4 ranks that layout needs, not one it cannot split.
+    if (cmd->get_option("--world-size")->count() == 0 && cfg->ranks == 1)
+      cfg->ranks = std::max(1, cfg->tp) * std::max(1, cfg->pp);
     if (*auto_ckpt) {
       if (cmd->get_option("--ckpt")->count() > 0 && cfg->ckpt != "auto")
         MEMFIT_THROW(ConfigError, "config",
