@@ -171,7 +171,9 @@ void check_vocab_parallel(int64_t R, int64_t V, int64_t align, bool masked,
                          " ranks, rank " + std::to_string(g.rank());
   EXPECT_TRUE(close(floats(losses), floats(want_losses), 1e-6)) << at;
   EXPECT_EQ(floats(losses), floats(losses_fwd)) << at;
-  if (&comm == &world()) EXPECT_TRUE(same_on_every_rank(floats(losses))) << at;
+  if (&comm == &world()) {
+    EXPECT_TRUE(same_on_every_rank(floats(losses))) << at;
+  }
   EXPECT_TRUE(close(floats(mine), floats(columns(pool, whole, shard.begin, shard.width)), 1e-6,
                     1e-12)) << at;
   if (g.size() == 1) {  // one rank holds the whole vocabulary: the plain kernel's bits

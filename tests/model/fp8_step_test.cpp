@@ -119,7 +119,9 @@ TEST_P(Fp8Step, PoolHoldsBf16sSlabsAndThePlanWithItsFp8Buffers) {
     x = x || b.tag == "ws.fp8.x";
     w = w || b.tag == "ws.fp8.w";
     dy = dy || b.tag == "ws.fp8.dy";
-    if (b.tag == "ws.fp8.w") EXPECT_GE(b.bytes(), static_cast<size_t>(e.w) * 2);
+    if (b.tag == "ws.fp8.w") {
+      EXPECT_GE(b.bytes(), static_cast<size_t>(e.w) * 2);
+    }
   }
   EXPECT_TRUE(x && w && dy);
 }

@@ -29,7 +29,8 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     v.reduce_scatter_count = reduces * passes;
     v.reduce_scatter_bytes = v.reduce_scatter_count * whole;
     v.gathered_bytes = gathers * passes * (whole / spec.model.tp);
-    for (const ParamInfo& p : ParamLayout(spec.model).params())
+    const ParamLayout layout(spec.model);  // named: a temporary's params() would dangle
+    for (const ParamInfo& p : layout.params())
       if (sequence_partial(p.role)) {
         ++v.all_reduce_count;
         v.all_reduce_bytes += p.numel * int64_t{sizeof(float)};
