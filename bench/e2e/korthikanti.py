@@ -21,7 +21,7 @@ and plain attention (the probabilities kept per head, as the paper's softmax out
 selective recomputes them from one shared block's worth, as Megatron's does). Why each differs:
 docs/notes/activation-memory.md, Note [Activation memory]. Nothing is allocated or run: these are
 plans, which equal the measured bytes wherever memfit trains the configuration (--tp in fp32,
-bf16 and fp16 with every policy; --sp in fp32 alone today).
+bf16 and fp16 with every policy; --sp in fp32 and bf16).
 
     python3 bench/e2e/korthikanti.py            # prints the Markdown table, writes the JSON
     python3 bench/e2e/korthikanti.py --json docs/bench/korthikanti.json
@@ -47,8 +47,8 @@ CONFIGS = (("22B", 6144, 64, 48, 8), ("175B", 12288, 96, 96, 8),
 
 def has_sp():
     """Whether this memfit plans sequence parallelism in bf16, the paper's precision (`memfit
-    plan --help` lists --sp, and a tiny bf16 --tp 2 --sp plan is not refused: --sp is built in
-    fp32 alone today, Note [Sequence parallel])."""
+    plan --help` lists --sp, and a tiny bf16 --tp 2 --sp plan is not refused: an older memfit
+    built --sp in fp32 alone, Note [Sequence parallel])."""
     r = subprocess.run([MEMFIT, "plan", "--help"], capture_output=True, text=True)
     if re.search(r"(^|[\s,])--sp(?![\w-])", r.stdout) is None:
         return False

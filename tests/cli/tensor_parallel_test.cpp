@@ -235,6 +235,17 @@ TEST_F(TensorParallel, SequenceParallelMatchesOneProcess) {
   const std::string lfull = a + " --ckpt full";
   expect_close(train(0, lfull, "llama-full"), train(2, lfull + " --tp 2 --sp", "llama-sp2-full"),
                "llama --tp 2 --sp --ckpt full");
+  // bf16: the norms' outputs gathered as bf16 rows, d(output) as the half copy of d(residual);
+  // the sums the same reduce-scatters. Within bf16's bound of one process, and --tp's numbers
+  // alone within 1e-9 (only the norms' gradients are added in another order).
+  const std::string bf16 = steps + " --precision bf16";
+  const auto tp_bf16 = train(2, bf16 + " --tp 2", "tp2-bf16");
+  const auto sp_bf16 = train(2, bf16 + " --tp 2 --sp", "sp2-bf16");
+  expect_close(train(0, bf16, "one-bf16"), sp_bf16, "--tp 2 --sp bf16", 1e-3);
+  expect_close(tp_bf16, sp_bf16, "--tp 2 against --tp 2 --sp, bf16", 1e-9);
+  const std::string lbf16 = lfull + " --precision bf16";
+  expect_close(train(0, lbf16, "llama-bf16"), train(2, lbf16 + " --tp 2 --sp", "llama-sp2-bf16"),
+               "llama --tp 2 --sp --ckpt full bf16", 1e-3);
 }
 
 // Under --sp too every rank's measured peak is the plan, by category, and each step's tensor
@@ -243,7 +254,9 @@ TEST_F(TensorParallel, SequenceParallelMatchesOneProcess) {
 TEST_F(TensorParallel, SequenceParallelPlanIsEveryRanksMeasuredPeak) {
   for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
            {2, "--tp 2 --sp"}, {4, "--tp 2 --sp"}, {4, "--tp 4 --sp --ckpt full"},
-           {2, "--tp 2 --sp --model llama-tiny --ckpt full"}, {4, "--tp 4 --sp --model llama-tiny"}}) {
+           {2, "--tp 2 --sp --model llama-tiny --ckpt full"}, {4, "--tp 4 --sp --model llama-tiny"},
+           {2, "--tp 2 --sp --precision bf16"},
+           {2, "--tp 2 --sp --precision bf16 --model llama-tiny --ckpt full"}}) {
     const json plan = expect_planned(ranks, more);
     const json& t = plan["tensor_comm_per_step"];
     const bool full = more.find("full") != std::string::npos;

@@ -81,8 +81,17 @@ TEST(SequenceParallel, RowsAndRefusals) {
     EXPECT_NE(std::string(e.what()).find("--seq-len 30 must divide by 4"), std::string::npos)
         << e.what();
   }
-  options.precision = Precision::bf16;
-  EXPECT_THROW(check_sequence_parallel(config, options, 32), ConfigError);
+  options.precision = Precision::bf16;  // built in bf16 too (tests/cli/tensor_parallel_test.cpp)
+  check_sequence_parallel(config, options, 32);
+  options.precision = Precision::fp16;
+  try {
+    check_sequence_parallel(config, options, 32);
+    ADD_FAILURE() << "--sp accepted fp16";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--sp with --precision fp16 is not built"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_TRUE(sequence_partial(ParamRole::norm_weight));
   EXPECT_TRUE(sequence_partial(ParamRole::norm_bias));
   EXPECT_FALSE(sequence_partial(ParamRole::linear_bias));

@@ -62,7 +62,12 @@ void BlockStep::gather(const Tensor& full) {
 }
 
 Tensor BlockStep::dout_buffer(const Tensor& dres) {
-  return sp_ ? scratch("ws.sp.whole", {B, T, config.d_model}, DType::f32) : dres;
+  if (!sp_) return dres;
+  // d(output) in the GEMM's dtype: f32, or the half copy of d(residual) in mixed precision
+  // (read from the step's options: in the planning pass `dres` holds no data to ask).
+  (void)dres;
+  return mixed() ? scratch("ws.sp.whole.half", {B, T, config.d_model}, h)
+                 : scratch("ws.sp.whole", {B, T, config.d_model}, DType::f32);
 }
 
 Tensor BlockStep::gathered_dout(const Tensor& dres, const Tensor& buffer) {

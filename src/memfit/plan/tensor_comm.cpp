@@ -4,6 +4,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/precision.h"
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/state/state_placement.h"
 
@@ -15,7 +16,10 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   const int64_t N = int64_t{spec.batch} * spec.T;
   const int64_t whole = N * spec.model.d_model * int64_t{sizeof(float)};
   int64_t reduces = 2;  // the embedding's lookup, the LM head's d(norm)
-  int64_t gathers = 2;  // --sp: the final norm's output, the embedding's d(output)
+  // --sp: the final norm's output and the blocks' gathers move the step's matmul operands (the
+  // norms' outputs, the half copy of d(residual): bf16 rows in bf16), the embedding's d(output)
+  // f32 rows.
+  int64_t gathers = 1;
   for (const Phase& p : step.phases) {
     if (p.kind == PhaseKind::forward || p.kind == PhaseKind::recompute ||
         p.kind == PhaseKind::backward)
@@ -28,7 +32,9 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   if (sequence_parallel(spec.model, spec.activation_options())) {
     v.reduce_scatter_count = reduces * passes;
     v.reduce_scatter_bytes = v.reduce_scatter_count * whole;
-    v.gathered_bytes = gathers * passes * (whole / spec.model.tp);
+    const int64_t operand = int64_t(dtype_size(half_dtype(spec.precision.precision)));
+    v.gathered_bytes = passes * (gathers * (whole / spec.model.tp / 4 * operand) +
+                                 whole / spec.model.tp);
     const ParamLayout layout(spec.model);  // named: a temporary's params() would dangle
     for (const ParamInfo& p : layout.params())
       if (sequence_partial(p.role)) {

@@ -11,10 +11,11 @@
 //
 // Under --sp (Note [Sequence parallel]) the B x T x C all-reduces become reduce-scatters (the
 // same count, their input bytes) and the sequence's gathers add to `gathered` (a rank's rows,
-// B x T / tp x C f32 each): two in every forward and recomputed block (the norms' outputs), four
-// in every backward (d(output) twice, the recomputed norms' outputs twice), the final norm's
-// output and the embedding's d(output) once; and once a step one all-reduce of each norm
-// parameter's gradient (sequence_partial).
+// B x T / tp x C each, in the matmuls' operand dtype: f32, or bf16 in bf16): two in every
+// forward and recomputed block (the norms' outputs), four in every backward (d(output) twice,
+// the recomputed norms' outputs twice), the final norm's output once; the embedding's d(output)
+// (f32) once; and once a step one all-reduce of each norm parameter's gradient
+// (sequence_partial).
 #pragma once
 
 #include <cstdint>
