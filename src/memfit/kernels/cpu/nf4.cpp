@@ -337,20 +337,10 @@ void nf4_dequantize_tile(const Nf4Weight& w, int64_t r0, int64_t r1, int64_t c0,
 }
 
 void nf4_dequantize_rows(const Nf4Weight& w, int64_t row0, Tensor& dst) {
-  KernelScope timed("nf4_dequantize");
-  constexpr const char* op = "nf4_dequantize";
-  const Shape& s = expect_float_any_shape(dst, op, "dst");
-  MEMFIT_CHECK_SHAPE(s.rank() == 2 && s[1] == w.cols && row0 >= 0 && row0 + s[0] <= w.rows, op,
-                     "dst {} from row {} does not fit a ({}, {}) weight", s, row0, w.rows,
-                     w.cols);
-  const DType t = dst.dtype();
-  const size_t esize = dtype_size(t);
-  auto* out = static_cast<char*>(dst.raw_data());
-  const int64_t e0 = row0 * w.cols;
-  simd_ensure_init();
-  parallel_ranges(dst.numel(), [&](int64_t begin, int64_t end) {
-    nf4_dequantize_n(w, e0 + begin, end - begin, t, out + static_cast<size_t>(begin) * esize);
-  });
+  dequantize_rows_into("nf4_dequantize", w.rows, w.cols, row0, dst,
+                       [&](int64_t e0, int64_t n, DType t, void* out) {
+                         nf4_dequantize_n(w, e0, n, t, out);
+                       });
 }
 
 }  // namespace memfit::kernels
