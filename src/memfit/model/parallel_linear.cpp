@@ -73,13 +73,6 @@ void row_parallel_linear_reduce(TensorGroup& group, Tensor& out, const Tensor& b
   add_bias(op, out, bias);
 }
 
-void row_parallel_linear_forward_scatter(TensorGroup& group, Tensor& out, const Tensor& inp,
-                                         const Tensor& weight, const Tensor& bias) {
-  floats_of(out, "row_parallel_linear_forward_scatter", "out");
-  kernels::matmul_forward(out, inp, weight, Tensor{});
-  row_parallel_linear_scatter(group, out, bias);
-}
-
 void row_parallel_linear_scatter(TensorGroup& group, Tensor& out, const Tensor& bias) {
   constexpr std::string_view op = "row_parallel_linear_scatter";
   floats_of(out, op, "out");

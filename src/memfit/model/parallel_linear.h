@@ -40,13 +40,9 @@ void row_parallel_linear_forward(TensorGroup& group, Tensor& out, const Tensor& 
 // The sum is in f32 in every precision (Note [Parallel linears]).
 void row_parallel_linear_reduce(TensorGroup& group, Tensor& out, const Tensor& bias);
 // Sequence parallelism (--sp; Note [Sequence parallel]): out (R, OC) f32 the partial product
-// inp @ weight^T, whose sum over the group is reduce-scattered into this rank's rows
-// (sequence_mine(group, out), R / T of them), the bias added to those once. The other rows keep
-// this rank's partial product.
-void row_parallel_linear_forward_scatter(TensorGroup& group, Tensor& out, const Tensor& inp,
-                                         const Tensor& weight, const Tensor& bias);
-// Its second half, for a caller that computed the partial product itself (as
-// row_parallel_linear_reduce's).
+// the caller computed (as for row_parallel_linear_reduce), whose sum over the group is
+// reduce-scattered into this rank's rows (sequence_mine(group, out), R / T of them), the bias
+// (f32, bf16 or f16) added to those once. The other rows keep this rank's partial product.
 void row_parallel_linear_scatter(TensorGroup& group, Tensor& out, const Tensor& bias);
 
 // dinp (=, this rank's columns; skipped if undefined) = dout (R, OC) @ weight; dweight (+=) =
