@@ -88,6 +88,7 @@ GradCheck check_tensor_slices(Transformer& gpt, const ElementRange& r,
   return all;
 }
 
+// --tp above 1 for the model's own weights (LoRA's adapters are whole on every rank).
 bool tensor_split(const Transformer& gpt) {
   return gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1 && !gpt.lora();
 }
@@ -173,10 +174,9 @@ GradCheck pipeline_check(dist::Communicator& pipe, const std::vector<GradCheck>&
 // tensor group (`mine.sum_squares`, over the data group's shards already), the replicated ones'
 // once (`mine.replicated`). The finite flags agree over the group too.
 GradCheck tensor_check(Transformer& gpt, const GradCheck& mine) {
-  TensorGroup* group = gpt.tensor_group();
-  if (group == nullptr || group->size() == 1 || gpt.lora()) return mine;
+  if (!tensor_split(gpt)) return mine;
   double v[2] = {mine.sum_squares, mine.finite > 0 ? 0.0 : 1.0};
-  group->all_reduce_sum(std::span<double>(v, 2));
+  gpt.tensor_group()->all_reduce_sum(std::span<double>(v, 2));
   return {v[1] > 0 ? 0.0 : 1.0, v[0] + mine.replicated, 0.0};
 }
 
