@@ -3,7 +3,8 @@
 // gradients all-reduced. Every step's loss, gradient norm and validation loss is stage 0's bit for
 // bit; each rank's measured peak and category bytes are `memfit plan`'s, and each step's
 // collective bytes (the adapters' all-reduce, the blocks' gathers, no persistent regather after
-// the update: the base is never written). Skips where memfit was built without MPI.
+// the update: the base is never written); with the base on disk (--offload-params) each rank's
+// shard in its file, the same bits and its plan. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -159,6 +160,97 @@ TEST_F(LoraZero3, AResumeContinuesBitForBitAndTheBaseIsUnchanged) {
   for (const char* f : {"zero-rank-00000-of-00002.safetensors",
                         "zero-rank-00001-of-00002.safetensors"})
     EXPECT_TRUE(test::slurp(whole / f) == test::slurp(none / f)) << f << ": the base changed";
+}
+
+// The frozen base on disk at stage 3 (Note [LoRA], "The frozen base on disk"): each rank's shard
+// of it in its file (rank-<r>/), each block's part read, then all-gathered, never written. Every
+// step's numbers and every file of the save (the base's shard files streamed from the files, the
+// adapters, their state) are those of the base in RAM bit for bit; each rank's peak, categories,
+// file and I/O per step (reads alone) are `memfit plan`'s; a save stopped halfway resumes, on
+// disk again, to the run in RAM.
+TEST_F(LoraZero3, TheBaseOnDiskTrainsAsInRamAndAsPlanned) {
+  const std::string disk =
+      fmt::format(" --offload-params nvme --offload-dir '{}'", (dir / "offload").string());
+  int run = 0;
+  for (const std::string more : {std::string("--lora-dropout 0.1"),
+                                 std::string("--precision bf16 --grad-accum 2 --ckpt full")}) {
+    const fs::path ram = dir / fmt::format("ram{}", run), off = dir / fmt::format("off{}", run);
+    ++run;
+    const std::string a = args("llama-tiny", 4, "--zero 3 --repeat-batch " + more);
+    auto train_into = [&](const std::string& extra, const fs::path& save) {
+      ASSERT_EQ(run_memfit("train " + a + extra +
+                               fmt::format(" --save '{}' --log '{}.jsonl'", save.string(),
+                                           save.string()),
+                           2),
+                0)
+          << test::slurp(dir / "err.txt");
+    };
+    train_into("", ram);
+    train_into(disk, off);
+    const std::vector<json> x = steps_of(ram.string() + ".jsonl"),
+                            y = steps_of(off.string() + ".jsonl");
+    ASSERT_EQ(x.size(), y.size());
+    int steps = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      for (const char* key : {"loss", "grad_norm", "val_loss"}) {
+        if (!x[i].contains(key)) continue;
+        ASSERT_TRUE(y[i].contains(key)) << key << " at line " << i;
+        steps += std::string(key) == "loss";
+        EXPECT_EQ(x[i][key].get<double>(), y[i][key].get<double>()) << more << " " << key;
+        if (std::string(key) == "loss") {
+          EXPECT_GT(y[i]["offload"]["params"]["read_bytes"].get<uint64_t>(), 0u);
+          EXPECT_EQ(y[i]["offload"]["written_bytes"].get<uint64_t>(), 0u) << "the base written";
+          EXPECT_EQ(x[i]["comm_bytes"], y[i]["comm_bytes"]);
+        }
+      }
+    EXPECT_EQ(steps, 4);
+    for (const char* f : {"adapter_model.safetensors", "adapter_optimizer.safetensors",
+                          "zero-rank-00000-of-00002.safetensors",
+                          "zero-rank-00001-of-00002.safetensors", "zero_shards.json",
+                          "trainer_state.json"}) {
+      const std::string want = test::slurp(ram / f), got = test::slurp(off / f);
+      ASSERT_FALSE(want.empty()) << f;
+      EXPECT_TRUE(want == got) << more << ": " << f << " differs";
+    }
+    ASSERT_EQ(run_memfit("plan " + a + disk +
+                         fmt::format(" --save '{}' --world-size 2 --json", off.string())),
+              0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    json measured;
+    for (const json& j : lines(off.string() + ".jsonl"))
+      if (j.contains("ranks")) measured = j["ranks"];
+    ASSERT_EQ(measured.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      const json& p = plan["per_rank"][r];
+      const json& m = measured[r];
+      EXPECT_EQ(m["peak_bytes"], p["peak_bytes"]) << more << " rank " << r;
+      EXPECT_EQ(m["mem"], p["by_category"]) << more << " rank " << r;
+      EXPECT_GT(p["offload"]["disk_by_category"].value("params", 0), 0);
+      EXPECT_EQ(m["offload"]["disk"], p["offload"]["disk_by_category"]) << more << " rank " << r;
+      EXPECT_EQ(m["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"]) << r;
+    }
+    EXPECT_FALSE(fs::exists(dir / "offload")) << "the files and the directories they were in";
+  }
+  // The bf16 run saved after 2 steps and resumed to 4, on disk both times: the run in RAM's files.
+  const std::string a = args("llama-tiny", 4,
+                             "--zero 3 --repeat-batch --precision bf16 --grad-accum 2 --ckpt full");
+  const fs::path split = dir / "split";
+  ASSERT_EQ(run_memfit("train " + a + disk +
+                           fmt::format(" --stop-after 2 --save '{}'", split.string()),
+                       2),
+            0)
+      << test::slurp(dir / "err.txt");
+  ASSERT_EQ(run_memfit("train " + a + disk +
+                           fmt::format(" --resume '{}' --save '{}'", split.string(),
+                                       split.string()),
+                       2),
+            0)
+      << test::slurp(dir / "err.txt");
+  for (const char* f : {"adapter_model.safetensors", "adapter_optimizer.safetensors",
+                        "zero-rank-00000-of-00002.safetensors",
+                        "zero-rank-00001-of-00002.safetensors", "zero_shards.json"})
+    EXPECT_TRUE(test::slurp(dir / "ram1" / f) == test::slurp(split / f)) << f << " differs";
 }
 
 }  // namespace

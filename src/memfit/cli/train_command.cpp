@@ -276,8 +276,8 @@ void add_memory_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--offload-params", c.offload_params,
                   "none | nvme: the blocks' working weights in a file in --offload-dir, each "
                   "block read before it computes; needs --offload-optimizer nvme (and --zero 3 "
-                  "under mpirun); with --lora-rank (one process) it alone keeps the frozen base "
-                  "on disk, read only. Note [NVMe offload], \"Working weights on disk\"")
+                  "under mpirun); with --lora-rank it alone keeps the frozen base on disk, read "
+                  "only. Note [NVMe offload], \"Working weights on disk\"")
       ->capture_default_str();
   cmd->add_option("--offload-grads", c.offload_grads,
                   "none | nvme: no gradient slab in RAM, each block's gradients written to a "

@@ -13,8 +13,8 @@ namespace memfit {
 namespace {
 
 // LoRA under ZeRO stages 1-2, with the optimizer or the gradients offloaded, and with the base
-// offloaded over several ranks: refused before anything is built, saying why (Note [LoRA],
-// "ZeRO and offload: what is refused, and why").
+// offloaded over several ranks at stage 0: refused before anything is built, saying why (Note
+// [LoRA], "ZeRO and offload: what is refused, and why").
 void refuse_lora_sharding(const RunSpec& spec) {
   ModelConfig model = spec.model;
   model.finalize();
@@ -35,7 +35,8 @@ void refuse_lora_sharding(const RunSpec& spec) {
                  "all-reduced) or --zero 3 (the frozen base sharded too)",
                  spec.zero, spec.zero == 2 ? " and gradients" : "", adapters);
   // Offload (Note [LoRA], "The frozen base on disk"): the frozen base's blocks in a file,
-  // read only, in one process; the adapters and their optimizer stay in RAM.
+  // read only, in one process or each rank's shard at stage 3; the adapters and their
+  // optimizer stay in RAM.
   if (spec.offload.optimizer)
     MEMFIT_THROW(ConfigError, "config",
                  "--offload-optimizer with --lora-rank is not built: LoRA's optimizer state is "
@@ -49,13 +50,12 @@ void refuse_lora_sharding(const RunSpec& spec) {
                  "offload, and the adapters' ({} f32 elements) stay in RAM; drop "
                  "--offload-grads (--offload-params nvme keeps the base on disk)",
                  adapters);
-  if (spec.offload.params && spec.world > 1)
+  if (spec.offload.params && spec.world > 1 && spec.zero != 3)
     MEMFIT_THROW(ConfigError, "config",
-                 "--offload-params with --lora-rank under {} ranks is not built: the frozen "
-                 "base's file is read by one process (at --zero 0 every rank would hold a whole "
-                 "copy of it; at --zero 3 each rank's shard file and its save are not yet "
-                 "tested); give one process, or --zero 3 with the base in RAM",
-                 spec.world);
+                 "--offload-params with --lora-rank under {} ranks at --zero {}: every rank would "
+                 "hold a whole copy of the frozen base's file; give --zero 3 (each rank's shard "
+                 "of the base in its file) or one process",
+                 spec.world, spec.zero);
 }
 
 }  // namespace
@@ -224,7 +224,7 @@ void RunSpec::check() const {
       MEMFIT_THROW(ConfigError, "config",
                    "--lora-rank with {} is not built: LoRA trains in fp32 or bf16, in one process "
                    "or over data-parallel ranks at --zero 0 or 3, the frozen base in RAM or "
-                   "(--offload-params nvme, one process) on disk (no --zero 1-2, no "
+                   "(--offload-params nvme, not at --zero 0 over ranks) on disk (no --zero 1-2, no "
                    "--offload-optimizer or --offload-grads, no --update-in-backward, no "
                    "--sync-every-micro-batch)",
                    refused);
