@@ -172,7 +172,7 @@ TEST_F(LoraZero3, TheBaseOnDiskTrainsAsInRamAndAsPlanned) {
   const std::string disk =
       fmt::format(" --offload-params nvme --offload-dir '{}'", (dir / "offload").string());
   int run = 0;
-  for (const std::string more : {std::string("--lora-dropout 0.1"),
+  for (const std::string& more : {std::string("--lora-dropout 0.1"),
                                  std::string("--precision bf16 --grad-accum 2 --ckpt full")}) {
     const fs::path ram = dir / fmt::format("ram{}", run), off = dir / fmt::format("off{}", run);
     ++run;

@@ -133,22 +133,30 @@ TEST(StepTime, TheGradientIsZeroedOnceAStepOrOnceAPassInTheBackward) {
   EXPECT_DOUBLE_EQ(estimate_step_time(in, rates).optimizer, ordinary.optimizer);
 }
 
-// --update-in-backward with the optimizer offloaded: the state streams during the backward, so
-// the disk's time (the files' and the blocks' reads together) hides behind the micro-batches'
-// compute and the update's, not behind the update alone: what exceeds both lengthens the step.
-TEST(StepTime, InTheBackwardTheDiskHidesBehindTheComputeAndTheUpdate) {
+// Offload: the update's disk time beyond its compute adds to the step whether the update runs
+// after the backward or inside it (the backward waits for each unit's update: the ring reads two
+// pieces ahead, not a unit); the blocks' reads hide half behind the forward's compute and half
+// behind the backward's, so a forward shorter than its reads lengthens the step even when the
+// backward hides its half.
+TEST(StepTime, TheUpdatesDiskTimeAddsAndTheBlockReadsHideBehindEachPhase) {
   StepTimeInputs in = tiny_inputs(2, 32);
   const Calibration rates = some_rates();
   const StepTime t = estimate_step_time(in, rates);
   const double compute = t.block_gemm + t.attention + t.head_gemm + t.elementwise;
   ASSERT_GT(compute, t.optimizer);
-  in.offload_io_seconds = t.optimizer + compute / 2;  // the ordinary update waits for it
-  in.param_read_seconds = compute / 4;
+  in.offload_io_seconds = t.optimizer + compute / 2;  // the update waits for it
   EXPECT_NEAR(estimate_step_time(in, rates).offload_io, compute / 2, 1e-12);
-  in.update_in_backward = true;
-  EXPECT_EQ(estimate_step_time(in, rates).offload_io, 0.0);
-  in.offload_io_seconds = 2 * (t.optimizer + compute);
-  EXPECT_NEAR(estimate_step_time(in, rates).offload_io, t.optimizer + compute * 1.25, 1e-12);
+  in.update_in_backward = true;  // inside the backward: the same wait
+  EXPECT_NEAR(estimate_step_time(in, rates).offload_io, compute / 2, 1e-12);
+  in.offload_io_seconds = 0;
+  // No recomputation: the forward is a third of the compute.
+  const double forward = compute / 3, backward = compute - forward;
+  in.param_read_seconds = 2 * forward;  // each half fits its phase
+  EXPECT_NEAR(estimate_step_time(in, rates).offload_io, 0.0, 1e-12);
+  in.param_read_seconds = 2 * backward;  // the forward's half exceeds it, the backward's fits
+  EXPECT_NEAR(estimate_step_time(in, rates).offload_io, backward - forward, 1e-12);
+  in.offload_backward_io_seconds = forward;  // the gradients' I/O shares the backward's disk
+  EXPECT_NEAR(estimate_step_time(in, rates).offload_io, backward, 1e-12);
 }
 
 // Where the matmuls widen (fp16 always), the LM head's (Vp, C) weight is widened once a chunk

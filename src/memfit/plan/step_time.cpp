@@ -172,9 +172,12 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
     t.comm = in.comm_copied_bytes / rates.copy_bytes_per_s +
              in.comm_summed_bytes / rates.stream_bytes_per_s;
   t.tensor_comm = tensor_comm_seconds(in.tensor_comm, c.tp, rates);  // per step already
-  // The update's I/O runs while it computes (after the backward; with --update-in-backward
-  // during it: below).
-  if (!in.update_in_backward) t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
+  // The update's I/O runs while it computes, piece by piece through a ring of three slots,
+  // and nothing else runs meanwhile: after the backward, or with --update-in-backward inside
+  // it, unit by unit, the backward waiting for each unit's update (offloaded_unit_pass.cpp
+  // reads two pieces ahead, not a unit), so in both only its excess over the update's compute
+  // lengthens the step.
+  t.offload_io = std::max(0.0, in.offload_io_seconds - t.optimizer);
 
   const int passes = in.grad_accum * in.backward_passes;
   t.block_gemm *= passes;
@@ -182,21 +185,21 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   t.head_gemm *= passes;
   t.elementwise *= passes;
   t.compression *= passes;
-  // --offload-params: the micro-batches' block reads run while the blocks before compute;
-  // --offload-grads: the backward's writes and reads back of the gradients while the next
-  // block computes, about two thirds of the micro-batches' compute being backward (twice the
-  // forward's FLOPs). Both share the disk: only the excess over the compute they hide behind
-  // lengthens the step.
+  // --offload-params: each block is read once for the forward and once for the backward (its
+  // recomputation shares that read), while the blocks before it compute: half the reads hide
+  // behind the forward's compute, half behind the backward's (a third of the FLOPs left after
+  // recomputation is forward). --offload-grads: the backward's writes and reads back of the
+  // gradients share the disk with the backward's block reads. Each phase is as long as the
+  // longer of its compute and its disk time (measured at 7B with --ckpt full: the forward reads
+  // twice as long as it computes, so the forward is the disk's; Note [Step-time model]).
   const double compute = t.block_gemm + t.attention + t.head_gemm + t.elementwise +
                          t.compression;
-  t.offload_io += std::max({0.0, in.param_read_seconds + in.offload_backward_io_seconds - compute,
-                            in.offload_backward_io_seconds - compute * 2.0 / 3.0});
-  // --update-in-backward with the optimizer offloaded: each unit's state streams while the
-  // backward computes the next units and the update computes, beside the blocks' reads; only
-  // what the disk takes beyond both lengthens the step.
-  if (in.update_in_backward)
-    t.offload_io = std::max(0.0, in.offload_io_seconds + in.param_read_seconds +
-                                     in.offload_backward_io_seconds - compute - t.optimizer);
+  const double forward_share = f.total > 0 ? (f.total - f.recompute) / 3.0 / f.total : 1.0 / 3;
+  const double forward_compute = compute * forward_share;
+  const double backward_compute = compute - forward_compute;
+  t.offload_io += std::max(0.0, in.param_read_seconds / 2 - forward_compute) +
+                  std::max(0.0, in.param_read_seconds / 2 + in.offload_backward_io_seconds -
+                                    backward_compute);
   return t;
 }
 

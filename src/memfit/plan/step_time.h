@@ -22,9 +22,10 @@ struct StepTime {
   double elementwise = 0;  // LayerNorm, residual, GELU, bias sums, conversions, softmax
   double compression = 0;  // --act-compress: quantising saved activations, restoring them
   double optimizer = 0;    // the update, zeroing and clipping the gradients
-  // --offload-optimizer nvme: the update's disk time beyond its compute (the reads and writes
-  // run while pieces are updated, so only the excess adds to the step); with --offload-grads
-  // also the backward's gradient I/O beyond the backward's compute.
+  // Offload: the update's disk time beyond its compute (the reads and writes run while pieces
+  // are updated, so only the excess adds to the step; with --update-in-backward as well, the
+  // backward waiting for each unit's update), and the forward's and the backward's disk time
+  // (--offload-params' block reads, --offload-grads' gradient I/O) beyond each phase's compute.
   double offload_io = 0;
   // Several ranks: the step's collectives, their bytes copied at the memory-copy rate (the
   // shared-memory transport's) and the sums of the reduced ones at the streaming rate; counted
@@ -86,9 +87,10 @@ struct StepTimeInputs {
   // --offload-optimizer nvme: seconds the update's reads and writes take at the disk's measured
   // rates (offload/disk_rate.h); 0 without offload.
   double offload_io_seconds = 0;
-  // --offload-params nvme: seconds the micro-batches' block reads take at the disk's read rate;
-  // they run while the blocks before compute, so only what exceeds the forward and backward
-  // compute lengthens the step (the update's write-back is in offload_io_seconds).
+  // --offload-params nvme: seconds the micro-batches' block reads take at the disk's read rate,
+  // half for the forward and half for the backward; they run while the blocks before compute,
+  // so only what exceeds each phase's compute lengthens the step (the update's write-back is in
+  // offload_io_seconds).
   double param_read_seconds = 0;
   // --offload-grads nvme: seconds the backward's gradient writes and reads back take (the
   // update's reads of them are in offload_io_seconds).
