@@ -23,6 +23,15 @@ class CreatedDirectories {
   // {dir}: ...", where it cannot, or where a file is in the way.
   void create(const std::filesystem::path& dir, std::string_view op, std::string_view what);
 
+  // The directories `dir` needs made, outermost first (none where it exists).
+  static std::vector<std::filesystem::path> missing(const std::filesystem::path& dir);
+  // Remembers `dirs` as made by this run though another of its processes may have made them:
+  // each goes again at the end if empty, as those this object made. Ranks that each take
+  // missing() of one directory before any of them makes it (a barrier between) and adopt it
+  // leave nothing behind whichever ends last; create's own record alone leaves the shared
+  // parent to the rank that made it, which may end before the others empty it.
+  void adopt(const std::vector<std::filesystem::path>& dirs);
+
  private:
   std::vector<std::filesystem::path> made_;  // in the order made: outermost first
 };

@@ -25,10 +25,13 @@ namespace fs = std::filesystem;
 
 DiskRate measure_disk_rate(const fs::path& dir, uint64_t bytes) {
   bytes = std::max<uint64_t>(align_up(bytes), kIoAlign);
-  // The test file needs `dir`; one made for it goes again with the file (planning makes none).
-  io::CreatedDirectories made;
-  made.create(dir, "offload", "--offload-dir " + dir.string());
-  ScratchFile file(dir / fmt::format("memfit-disk-test-{}.offload", ::getpid()),
+  // The test file goes in `dir`'s nearest existing ancestor, on the same filesystem, so the
+  // test makes no directory: ranks measuring at once while another rank's trainer makes its
+  // files' directories in `dir` would otherwise race to remove what each made (a directory
+  // left behind; LoraZero3.TheBaseOnDiskTrainsAsInRamAndAsPlanned caught it). The pid keeps
+  // the ranks' test files apart.
+  ScratchFile file(io::existing_ancestor(dir) /
+                       fmt::format("memfit-disk-test-{}.offload", ::getpid()),
                    kHeaderBytes + bytes, {{"memfit_offload", 1}, {"run", "disk rate test"}});
   std::unique_ptr<IoEngine> io = make_io_engine();
   // The buffer is the test's own, outside any pool: nothing is planned around a measurement.

@@ -26,7 +26,8 @@ DiskRate measure_disk_rate(const std::filesystem::path& dir, uint64_t bytes = ui
 
 // The rate of the filesystem holding `dir`: remembered in the process, else read from
 // <calibration cache>/disk-<device>.json, else measured (saying so in one line on stderr) and
-// saved there. `dir` is created if missing. `remeasure`: measure and save even if known
+// saved there; nothing is created in `dir` (the test file goes in its nearest existing
+// ancestor). `remeasure`: measure and save even if known
 // (`memfit calibrate --offload-dir`).
 const DiskRate& disk_rate(const std::filesystem::path& dir, bool remeasure = false);
 // Where disk_rate caches the rate of the filesystem holding `dir`.

@@ -97,7 +97,15 @@ void TrainRun::make_state_files() {
   // disk too small): no empty directory is left (io/created_directories.h).
   // (LoRA's frozen base may be the one file: Note [LoRA], "The frozen base on disk".)
   const bool files = offload_ || placement_.params_in_file();
-  if (files) offload_dirs_.create(offload_dir_, "offload", "--offload-dir " + spec_.offload.dir);
+  if (files) {
+    // Over several ranks every rank adopts what was missing before any rank made it, so the
+    // shared --offload-dir goes with whichever rank ends last, not only with the one that
+    // happened to make it (io/created_directories.h, adopt).
+    const std::vector<std::filesystem::path> missing = io::CreatedDirectories::missing(offload_dir_);
+    if (W_ > 1) comm_.barrier();
+    offload_dirs_.create(offload_dir_, "offload", "--offload-dir " + spec_.offload.dir);
+    offload_dirs_.adopt(missing);
+  }
   offload_run_ = fmt::format("memfit-{}-{}", ::getpid(),
                             std::chrono::system_clock::now().time_since_epoch().count());
   // --offload-params nvme: the blocks' working weights in a file beside the optimizer's (at
