@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Tensor and pipeline layouts measured (issue 42 and 43, "Measure"): for each layout, every
+rank's pool peak by category as `mpirun -n R memfit train` measures it (the run's log) against
+`memfit plan --json` (per_rank), and the median step time, against the one-process run of the
+same global batch. Speed from an oversubscribed machine says nothing: the timed suites run one
+thread a rank and no more ranks than cores.
+
+    python3 bench/e2e/parallel_layouts.py peaks_gpt2     # gpt2-medium 1 x 1024 at tp 1, 2, 4 (+ --sp)
+    python3 bench/e2e/parallel_layouts.py peaks_llama    # tinyllama-1.1b 1 x 512 at tp 1, 2, 4 (+ --sp)
+    python3 bench/e2e/parallel_layouts.py tp_speed       # tp 2 (1 thread a rank) against tp 1 (1 and 2 threads)
+    python3 bench/e2e/parallel_layouts.py bubble         # pp 2 (GPipe, 1F1B) with m = 2, 4, 8 against pp 1
+
+Prints a table per suite and writes JSON (--out, default out/parallel_layouts/SUITE.json).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from bench_common import ROOT, cpu_model, run_json
+
+MEMFIT = os.path.join(ROOT, "build", "memfit")
+
+GPT2_MEDIUM = ["--model", "gpt2-medium", "--seq-len", "1024", "--batch", "1",
+               "--data", "data/brown"]
+TINYLLAMA = ["--model", "tinyllama-1.1b", "--seq-len", "512", "--batch", "1",
+             "--data", "data/brown_llama2", "--optim", "sgd"]
+# An untied LLaMA for the pipeline bubble: 8 blocks of width 1024, whose LM head (32,000 x 1024)
+# costs about 2.5 blocks at 128 tokens; the split 5,3 balances the stages (the embeddings and 5
+# blocks, 3 blocks and the head), so the step shows the schedule's bubble, not an imbalance.
+LLAMA_SMALL = ["--model", "tinyllama-1.1b", "--n-layer", "8", "--d-model", "1024", "--n-head",
+               "16", "--n-kv-head", "8", "--ffn-dim", "2816", "--seq-len", "128", "--batch", "1",
+               "--data", "data/brown_llama2"]
+
+# suite: (steps, common args, [(name, ranks, threads a rank, layout args)])
+SUITES = {
+    "peaks_gpt2": (2, GPT2_MEDIUM, [
+        ("tp1", 1, 1, []),
+        ("tp2", 2, 1, ["--tp", "2"]),
+        ("tp2 sp", 2, 1, ["--tp", "2", "--sp"]),
+        ("tp4", 4, 1, ["--tp", "4"]),
+        ("tp4 sp", 4, 1, ["--tp", "4", "--sp"]),
+    ]),
+    "peaks_llama": (2, TINYLLAMA, [
+        ("tp1", 1, 1, []),
+        ("tp2", 2, 1, ["--tp", "2"]),
+        ("tp2 sp", 2, 1, ["--tp", "2", "--sp"]),
+        ("tp4", 4, 1, ["--tp", "4"]),
+        ("tp4 sp", 4, 1, ["--tp", "4", "--sp"]),
+    ]),
+    "tp_speed": (6, GPT2_MEDIUM, [
+        ("tp1 1 thread", 1, 1, []),
+        ("tp1 2 threads", 1, 2, []),
+        ("tp2", 2, 1, ["--tp", "2"]),
+        ("tp2 sp", 2, 1, ["--tp", "2", "--sp"]),
+    ]),
+    "bubble": (6, LLAMA_SMALL, [
+        (f"{name} m{m}", ranks, 1, layout + ["--grad-accum", str(m)])
+        for m in (2, 4, 8)
+        for name, ranks, layout in (("pp1", 1, []),
+                                    ("pp2 gpipe", 2, ["--pp", "2", "--pp-layers", "5,3",
+                                                   "--pp-schedule", "gpipe"]),
+                                    ("pp2 1f1b", 2, ["--pp", "2", "--pp-layers", "5,3",
+                                                  "--pp-schedule", "1f1b"]))
+    ]),
+}
+
+
+def train(steps, common, ranks, threads, layout, log):
+    base = [MEMFIT, "train", *common, *layout, "--steps", str(steps), "--threads", str(threads),
+            "--log", log, "--eval-batches", "1", "--repeat-batch"]
+    cmd = base if ranks == 1 else ["mpirun", "-n", str(ranks), "--allow-run-as-root",
+                                   "--oversubscribe", "--bind-to", "none"] + base
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"exit {r.returncode}: {' '.join(cmd)}\n{r.stderr[-3000:]}")
+    lines = [json.loads(l) for l in open(log)]
+    steps_ = [l for l in lines if "loss" in l]
+    ranks_line = next((l["ranks"] for l in lines if "ranks" in l), None)
+    if ranks_line is None:  # one process: its own peak
+        ranks_line = [{"rank": 0, "peak_bytes": max(l["peak_bytes"] for l in steps_),
+                       "mem": steps_[-1]["mem"]}]
+    return steps_, ranks_line
+
+
+def plan(common, ranks, threads, layout):
+    cmd = [MEMFIT, "plan", *common, *layout, "--threads", str(threads), "--json"]
+    if ranks > 1:
+        cmd += ["--world-size", str(ranks)]
+    j = run_json(cmd)
+    per_rank = j.get("per_rank") or [{"rank": 0, "peak_bytes": j["peak_bytes"],
+                                      "by_category": j.get("by_category", {})}]
+    return j, per_rank
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("suite", choices=sorted(SUITES))
+    ap.add_argument("--steps", type=int, help="override the suite's steps")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    steps, common, runs = SUITES[args.suite]
+    steps = args.steps or steps
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, ranks, threads, layout in runs:
+            log = os.path.join(tmp, name.replace(" ", "_") + ".jsonl")
+            measured_steps, measured = train(steps, common, ranks, threads, layout, log)
+            planned_json, planned = plan(common, ranks, threads, layout)
+            # The first step pays the pool's first touch: the median of the rest.
+            times = [s["step_seconds"] for s in measured_steps[1:]] or \
+                    [s["step_seconds"] for s in measured_steps]
+            for m in measured:
+                p = next((p for p in planned if p["rank"] == m["rank"]), planned[0])
+                rows.append({"layout": name, "ranks": ranks, "threads": threads,
+                             "rank": m["rank"], "measured_peak": m["peak_bytes"],
+                             "planned_peak": p["peak_bytes"], "mem": m.get("mem", {}),
+                             "median_step_s": statistics.median(times),
+                             "planned_step_s": planned_json.get("est_step_seconds"),
+                             "last_loss": measured_steps[-1]["loss"]})
+            print(f"{name}: done ({statistics.median(times):.3f} s a step)", file=sys.stderr)
+    mib = lambda b: b / 2**20
+    print(f"{args.suite} on {cpu_model()}, {steps} steps; " + " ".join(common))
+    print(f"{'layout':<16} {'rank':>4} {'peak MiB':>10} {'plan MiB':>10} {'act MiB':>9} "
+          f"{'step s':>8} {'plan s':>8} {'loss':>8}")
+    for r in rows:
+        ok = "" if r["measured_peak"] == r["planned_peak"] else "  <- differs"
+        ps = r["planned_step_s"]
+        print(f"{r['layout']:<16} {r['rank']:>4} {mib(r['measured_peak']):>10.1f} "
+              f"{mib(r['planned_peak']):>10.1f} {mib(r['mem'].get('activations', 0)):>9.1f} "
+              f"{r['median_step_s']:>8.3f} {(ps if ps else float('nan')):>8.3f} "
+              f"{r['last_loss']:>8.4f}{ok}")
+    out = args.out or os.path.join(ROOT, "out", "parallel_layouts", args.suite + ".json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"cpu": cpu_model(), "suite": args.suite, "steps": steps, "rows": rows}, f,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()
