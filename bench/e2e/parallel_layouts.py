@@ -9,6 +9,7 @@ thread a rank and no more ranks than cores.
     python3 bench/e2e/parallel_layouts.py peaks_llama    # tinyllama-1.1b 1 x 512 at tp 1, 2, 4 (+ --sp)
     python3 bench/e2e/parallel_layouts.py tp_speed       # tp 2 (1 thread a rank) against tp 1 (1 and 2 threads)
     python3 bench/e2e/parallel_layouts.py bubble         # pp 2 (GPipe, 1F1B) with m = 2, 4, 8 against pp 1
+    python3 bench/e2e/parallel_layouts.py stage_peaks    # each stage's peak at pp 2 and 4, m = 8, both schedules
 
 Prints a table per suite and writes JSON (--out, default out/parallel_layouts/SUITE.json).
 """
@@ -65,6 +66,11 @@ SUITES = {
                                                    "--pp-schedule", "gpipe"]),
                                     ("pp2 1f1b", 2, ["--pp", "2", "--pp-layers", "5,3",
                                                   "--pp-schedule", "1f1b"]))
+    ]),
+    # Each stage's peak at pp 2 and 4 under both schedules (memory: oversubscribed is fine).
+    "stage_peaks": (2, LLAMA_SMALL + ["--grad-accum", "8"], [
+        (f"pp{p} {sched}", p, 1, ["--pp", str(p), "--pp-schedule", sched])
+        for p in (2, 4) for sched in ("gpipe", "1f1b")
     ]),
 }
 
