@@ -11,7 +11,7 @@ memory, and writes everything to docs/bench/brown_<suite>.json.
   python3 bench/e2e/brown_runs.py act_compress  # 600 steps in bf16: --act-compress none, int8, fp8
   python3 bench/e2e/brown_runs.py low_state     # 600 steps in bf16: adamw4bit, apollo, ...
   python3 bench/e2e/brown_runs.py low_state_124m  # 300 steps of GPT-2 124M: adamw, apollo-mini,
-                                                  # galore (issue 44's 100M+ runs)
+                                                  # galore, galore8bit, adamw8bit (issue 44's 100M+ runs)
   python3 bench/e2e/brown_runs.py fp8           # 600 steps: --precision bf16 against fp8 (issue 44
                                                 # item 3: the final val loss within 1% of bf16's)
 
@@ -65,6 +65,8 @@ SUITES = {
         ("adamw", ["--optim", "adamw"]),
         ("apollo-mini", ["--optim", "apollo-mini"]),
         ("galore", ["--optim", "galore", "--optim-rank", "256"]),
+        ("galore8bit", ["--optim", "galore8bit", "--optim-rank", "256"]),
+        ("adamw8bit", ["--optim", "adamw8bit"]),
     ]),
     # The saved activations in 8 bits (Note [Activation compression]), from the same start.
     "act_compress": (600, [
