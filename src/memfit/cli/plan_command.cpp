@@ -88,11 +88,23 @@ int64_t whole_model_params(ModelConfig model) {
 // --tp: the tensor group's collectives per step and their share of the step's estimate.
 void print_plan_tensor_comm(const RunSpec& run, const PlanReport& r) {
   const TensorCommVolume t = tensor_comm_per_step(run, r.step);
+  // --sp: the row-parallel sums are reduce-scatters and the column-parallel inputs all-gathers
+  // (a rank's part gathered, as tensor_comm_per_step counts it), beside the loss's statistics.
+  const std::string scatters =
+      t.reduce_scatter_count ? fmt::format(", {} reduce-scatters of {:.1f} MiB ({:.1f} MiB in all)",
+                                           t.reduce_scatter_count,
+                                           t.reduce_scatter_bytes / 1048576.0 /
+                                               double(t.reduce_scatter_count),
+                                           t.reduce_scatter_bytes / 1048576.0)
+                             : "";
   fmt::print("tensor collectives per step (--tp {}): {} all-reduces of {:.1f} MiB ({:.1f} MiB in "
-             "all), {:.1f} KiB of the loss's statistics gathered; about {:.2f} s at this "
-             "host's copy rate (nothing overlapped)\n",
+             "all){}, {:.1f} MiB a rank gathered ({}the loss's statistics); about {:.2f} s at "
+             "this host's copy rate (nothing overlapped)\n",
              run.model.tp, t.all_reduce_count, t.all_reduce_each() / 1048576.0,
-             t.all_reduce_bytes / 1048576.0, t.gathered_bytes / 1024.0, r.step_time.tensor_comm);
+             t.all_reduce_bytes / 1048576.0, scatters, t.gathered_bytes / 1048576.0,
+             run.sp ? "the sequence's parts before the column-parallel linears, "
+                                   : "",
+             r.step_time.tensor_comm);
 }
 
 // The exit code of `memfit plan` when nothing fits --mem-limit (train's out-of-memory code).
