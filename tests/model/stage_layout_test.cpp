@@ -1,8 +1,8 @@
 // A pipeline stage's own parameter layout (ModelConfig::stage, ParamLayout's stage constructor;
 // Note [Pipeline parallel]): the stages' layouts tile the whole model's, each a contiguous run of
 // it at whole_offset(); a stage's model allocates its parameters alone, draws the whole model's
-// initial weights for them, and runs its part of the step on them; tied embeddings are refused
-// naming --pp.
+// initial weights for them, and runs its part of the step on them; a tied model's last stage
+// holds a copy of the token table for its LM head, drawn as the table (model/stage_offsets.h).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,6 +11,7 @@
 #include "memfit/core/error.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/pipeline_stages.h"
+#include "memfit/model/stage_offsets.h"
 #include "memfit/model/step_plan.h"
 #include "memfit/model/transformer.h"
 
@@ -112,16 +113,60 @@ TEST(StageLayout, AStagesModelHoldsAndDrawsItsPartOfTheWholeModel) {
   }
 }
 
-TEST(StageLayout, TiedEmbeddingsAndBadCutsAreRefusedNamingPp) {
-  ModelConfig tied = untied(4);
-  tied.tie_embeddings = true;
-  try {
-    tied.set_pipeline_stage(split_stages_evenly(4, 2)[0]);
-    FAIL() << "a tied head was cut";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--pp 2 with tied embeddings"), std::string::npos)
-        << e.what();
+// Tied embeddings (Note [Pipeline parallel], "Tied embeddings"): the first stage holds the
+// table, the last a copy of it after its final norm (a unit of its own, under the table's name),
+// the stages between neither; the copy's elements are the table's in the whole model (its
+// initial weights drawn alike) and the last stage's LM head reads it.
+TEST(StageLayout, ATiedModelsLastStageHoldsACopyOfTheTable) {
+  ModelConfig c = untied(4);
+  c.tie_embeddings = true;
+  const ParamLayout whole(c);
+  const ParamInfo table = whole.params().front();
+  ASSERT_EQ(table.role, ParamRole::token_embedding);
+  const std::vector<PipelineStage> stages = split_stages_evenly(c.n_layer, 3);
+  MemoryPool whole_pool;
+  Transformer model(c, whole_pool);
+  model.init_weights(5);
+  int64_t run = 0;  // the stages' runs of the whole layout, without the copy
+  for (const PipelineStage& s : stages) {
+    const ModelConfig sc = of_stage(c, s);
+    const ParamLayout layout(sc);
+    const ElementRange copy = tied_table_copy(layout);
+    EXPECT_EQ(copy.empty(), !s.has_head()) << s.index;
+    EXPECT_EQ(tied_table(sc, layout).empty(), !s.has_head() && !s.has_embeddings()) << s.index;
+    if (s.has_embeddings()) EXPECT_EQ(tied_table(sc, layout), (ElementRange{0, table.numel}));
+    EXPECT_EQ(layout.whole_offset(), run);
+    run += layout.total() - copy.size();
+    MemoryPool pool;
+    Transformer st(sc, pool);
+    st.init_weights(5);
+    const float* mine = st.params().data<float>();
+    const float* all = model.params().data<float>();
+    // The stage's run of the whole draw, and the copy drawn as the table.
+    EXPECT_EQ(std::memcmp(mine, all + layout.whole_offset(),
+                          size_t(layout.total() - copy.size()) * sizeof(float)),
+              0)
+        << s.index;
+    const ModelWeights w = layout.views(st.params());
+    EXPECT_EQ(w.head.defined(), s.has_head());
+    if (!s.has_head()) continue;
+    const ParamInfo& last = layout.params().back();
+    EXPECT_EQ(last.name, table.name);
+    EXPECT_EQ(last.shape, table.shape);
+    EXPECT_EQ(last.role, ParamRole::token_embedding);
+    EXPECT_EQ(copy, (ElementRange{last.offset, last.offset + last.numel}));
+    EXPECT_EQ(copy.end, layout.total());
+    EXPECT_EQ(unit_ranges(layout).back(), copy);
+    EXPECT_EQ(whole_index(layout, copy.begin + 7), 7);
+    EXPECT_EQ(whole_index(layout, 3), layout.whole_offset() + 3);
+    EXPECT_EQ(std::memcmp(mine + copy.begin, all, size_t(table.numel) * sizeof(float)), 0);
+    EXPECT_EQ(w.head.data<float>(), w.tok_emb.data<float>());  // the head reads the copy
+    EXPECT_EQ(w.tok_emb.data<float>(), mine + copy.begin);
   }
+  EXPECT_EQ(run, whole.total());
+}
+
+TEST(StageLayout, BadCutsAreRefusedNamingPp) {
   ModelConfig c = untied(4);
   EXPECT_THROW(c.set_pipeline_stage({1, 2, 2, 3}), ConfigError);  // the last stage ends early
   EXPECT_THROW(c.set_pipeline_stage({0, 2, 1, 2}), ConfigError);  // the first starts late

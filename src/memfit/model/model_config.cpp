@@ -45,13 +45,6 @@ void ModelConfig::set_pipeline_stage(const PipelineStage& s) {
     stage = PipelineStage{};
     return;
   }
-  if (tie_embeddings)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--pp {} with tied embeddings (the LM head is the token embedding: GPT-2, or "
-                 "--tie-embeddings true) is not built: the head's gradient would be summed on the "
-                 "last stage and the embedding's on the first, not in one process's order; "
-                 "train an untied model (a LLaMA preset, or --tie-embeddings false)",
-                 s.stages);
   if (s.index < 0 || s.index >= s.stages || s.first < 0 || s.first >= s.last ||
       s.last > n_layer || (s.index == 0) != (s.first == 0) ||
       (s.index + 1 == s.stages) != (s.last == n_layer))

@@ -50,8 +50,8 @@ struct ModelConfig {
   PipelineStage stage;
   bool pipelined() const { return stage.stages > 1; }
   // Makes this the model of stage `s` (after finalize(); stages of one: the whole model again).
-  // ConfigError naming --pp for tied embeddings (the LM head's gradient and the embedding's
-  // would be summed on two stages) and for a stage that does not cut n_layer blocks.
+  // ConfigError naming --pp for a stage that does not cut n_layer blocks (a tied model's last
+  // stage holds a copy of the token table: Note [Pipeline parallel], "Tied embeddings").
   void set_pipeline_stage(const PipelineStage& s);
 
   int head_size() const { return d_model / n_head; }

@@ -31,7 +31,14 @@ ParamLayout::ParamLayout(const ModelConfig& c)
     case Family::gpt2: add_gpt2(c); break;
     case Family::llama: add_llama(c); break;
   }
-  if (c.pipelined()) keep_stage(c.stage);
+  if (!c.pipelined()) return;
+  const ParamInfo table = params_.front();  // the token table starts every family's layout
+  keep_stage(c.stage);
+  // Tied embeddings (Note [Pipeline parallel], "Tied embeddings"): the last stage holds a copy
+  // of the token table for its LM head, under the table's name, after the final norm (its own
+  // unit: unit_ranges); the first and last stages sum their gradients after the backward.
+  if (c.tie_embeddings && c.stage.has_head())
+    add(table.name, table.shape, -1, ParamRole::token_embedding, table.decay);
 }
 
 // The layout is layer-major (embeddings, blocks 0..L-1, the final norm and the head), so a
@@ -285,12 +292,14 @@ void ParamLayout::assign(ModelWeights& w, const Tensor& base, int64_t base_offse
 
 std::vector<ElementRange> unit_ranges(const ParamLayout& layout) {
   // The layout is layer-major (param_layout.h): embeddings (layer -1), blocks 0..L-1, then the
-  // final norm and head (layer -1 again), so a unit starts wherever the layer changes.
+  // final norm and head (layer -1 again), so a unit starts wherever the layer changes, and at
+  // a token table after the first parameter: a tied model's last pipeline stage's copy of the
+  // table, after the final norm (Note [Pipeline parallel], "Tied embeddings").
   const auto& ps = layout.params();
   std::vector<ElementRange> out;
   int64_t begin = 0;
   for (size_t i = 1; i < ps.size(); ++i)
-    if (ps[i].layer != ps[i - 1].layer) {
+    if (ps[i].layer != ps[i - 1].layer || ps[i].role == ParamRole::token_embedding) {
       out.push_back({begin, ps[i].offset});
       begin = ps[i].offset;
     }

@@ -110,12 +110,12 @@ class ParamLayout {
  public:
   // The model's parameters; for a pipeline stage (config.pipelined(), Note [Pipeline parallel])
   // the stage's alone: its blocks, the embeddings on the first stage, the final norm and an
-  // untied head on the last, with the whole layout's names, shapes and order, at offsets from
-  // the stage's first parameter. The stage's parameters are a contiguous range of the whole
-  // layout, [whole_offset(), whole_offset() + total()), alignment included, so a stage reads
-  // the whole model's initial weights or files at its offsets shifted by whole_offset().
-  // ModelWeights views keep the whole model's block indices; the other stages' blocks are
-  // undefined. unit_ranges gives the stage's units (block_range indexes a whole layout).
+  // untied head (or a copy of a tied table, last: model/stage_offsets.h) on the last, with the
+  // whole layout's names, shapes and order, at offsets from the stage's first parameter. The
+  // stage's parameters but that copy are a contiguous run of the whole layout from
+  // whole_offset(), alignment included, so a stage reads the whole model's initial weights or
+  // files at its offsets shifted by whole_offset() (the copy: whole_index). Views keep the whole
+  // model's block indices (others' undefined); unit_ranges gives the stage's units.
   explicit ParamLayout(const ModelConfig& config);
   // A layout of the given parameters alone (LoRA's adapters, LoraLayout::param_layout): what
   // optimizers and checkpoints read (params(), total()); it has no typed views.
@@ -162,7 +162,7 @@ class ParamLayout {
 };
 
 // The layout's units, in order, tiling [0, total): the embeddings (every parameter before block
-// 0), block 0, ..., block L-1, then the tail (the final norm and an untied head). A unit's range
+// 0), block 0, ..., block L-1, the tail (the final norm and an untied head), a tied copy. A unit
 // runs from its first parameter's offset to the next unit's, alignment padding included.
 // unit_ranges(layout)[1 + l] is block l's.
 std::vector<ElementRange> unit_ranges(const ParamLayout& layout);

@@ -16,6 +16,7 @@
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/fill.h"
 #include "memfit/model/initial_weights.h"
+#include "memfit/model/stage_offsets.h"
 
 namespace memfit {
 
@@ -426,14 +427,20 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
   }
   if (config_.pipelined()) {
     // A pipeline stage: its run of the whole model's draw (ParamLayout::whole_offset), the
-    // one-process run's values.
+    // one-process run's values; a tied model's last stage draws its copy of the token table as
+    // the table (model/stage_offsets.h), so the first and last stages start identical.
     ModelConfig whole = config_;
     whole.set_pipeline_stage({});
     const ParamLayout whole_layout(whole);
     const int64_t at = layout_.whole_offset();
+    const ElementRange copy = tied_table_copy(layout_);
     InitialWeights draw(whole, whole_layout, seed);
     set_weights(
-        [&](int64_t from, int64_t to, float* dst) { draw.draw({at + from, at + to}, dst); },
+        [&](int64_t from, int64_t to, float* dst) {
+          const int64_t split = copy.empty() ? to : std::clamp(copy.begin, from, to);
+          draw.draw({at + from, at + split}, dst);
+          draw.draw({split - copy.begin, to - copy.begin}, dst + (split - from));
+        },
         piece_elements, offloaded_master);
     return;
   }

@@ -22,8 +22,8 @@ namespace {
 
 // The stage a step runs: the whole model for one stage; else checked against the model and
 // the checkpoint policy (a recomputed segment may not cross a stage's edge: each stage
-// recomputes from inputs it holds). Tied embeddings are refused: the head's gradient would be
-// summed on the last stage and the embedding's on the first, not in one process's order.
+// recomputes from inputs it holds). A tied model's last stage reads its LM head from its copy of
+// the token table (ParamLayout; Note [Pipeline parallel], "Tied embeddings").
 // A stage's model (ModelConfig::stage: its parameters alone) runs its stage; the options may
 // name the same stage or none. The whole model may run any stage the options name (the
 // other stages' parameters idle: tests/dist/pipeline_model_test.cpp).
@@ -39,9 +39,6 @@ PipelineStage stage_of(const ModelConfig& config, const ActivationOptions& optio
                    (s.index + 1 == s.stages) == (s.last == config.n_layer),
                "pipeline", "stage {} of {} with blocks [{}, {}) does not cut a model of {} blocks",
                s.index, s.stages, s.first, s.last, config.n_layer);
-  MEMFIT_CHECK(!config.tie_embeddings, "pipeline",
-               "a model with tied embeddings (the LM head is the token embedding) cannot be cut "
-               "into stages yet: its gradient would be summed on two stages");
   MEMFIT_CHECK(!options.grads_in_arena && !options.inference && options.lora_rank == 0,
                "pipeline", "a stage's plan without gradients in the arena, inference or LoRA");
   for (const auto& [a, b] : options.ckpt.segments(config.n_layer))

@@ -1,6 +1,7 @@
 #include "memfit/optim/adamw.h"
 
 #include "memfit/kernels/cpu/adamw.h"
+#include "memfit/model/stage_offsets.h"
 
 namespace memfit {
 
@@ -17,9 +18,13 @@ std::vector<StateSpec> AdamW::whole_state() const {
 
 void AdamW::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, float grad_scale) {
   Tensor m = state_view(0, pc.begin, pc.numel()), v = state_view(1, pc.begin, pc.numel());
-  if (w.dtype() == DType::bf16)  // pure bf16: no master copy to round from
+  // Pure bf16: no master copy to round from. The rounding's random bits are drawn by the
+  // element's index in the whole model, so a pipeline stage rounds as one process does (and
+  // the last stage's copy of a tied table as the table: Note [Pipeline parallel]).
+  if (w.dtype() == DType::bf16)
     kernels::adamw_update_stochastic(w, g, m, v, hyper(pc.param, lr), t_, grad_scale,
-                                     config_.seed, static_cast<uint64_t>(pc.begin));
+                                     config_.seed,
+                                     static_cast<uint64_t>(whole_index(layout_, pc.begin)));
   else
     kernels::adamw_update(w, g, m, v, hyper(pc.param, lr), t_, grad_scale);
 }

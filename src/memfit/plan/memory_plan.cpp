@@ -15,12 +15,14 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/pipeline_runner.h"
+#include "memfit/dist/tied_gradient.h"
 #include "memfit/io/data/data_loader.h"
 #include "memfit/io/data/loss_mask.h"
 #include "memfit/io/hf/model_weights.h"
 #include "memfit/io/checkpoint/streamed_weights.h"
 #include "memfit/memory/pool.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/stage_offsets.h"
 #include "memfit/dist/zero/unit_grads.h"
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/dist/zero/weight_gather.h"
@@ -362,6 +364,10 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     pipe_kept = pb.activations;
     at(Category::activations) += static_cast<size_t>(pb.activations);
     at(Category::comm) += static_cast<size_t>(pb.comm);
+    // Tied embeddings: the first and last stages' receive buffer for the table's gradient
+    // (dist/tied_gradient.h; the last stage's copy of the table is in its layout already).
+    at(Category::comm) += static_cast<size_t>(dist::tied_gradient_buffer_bytes(
+        r.model.stage.index, r.model.stage.stages, tied_table(r.model, layout).size()));
   }
   // The slab lies in the activations arena (Note [Gradients by lifetime]): the pool counts the
   // arena's bytes, the activations', once.

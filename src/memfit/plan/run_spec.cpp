@@ -155,17 +155,18 @@ RunSpec RunSpec::stage(int s) const {
   return r;
 }
 
-// What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, AdamW or
-// SGD, ZeRO 0 over the data group, no tensor parallelism, no checkpoints, LoRA, offload,
-// compression or fused update, no search; an untied model, and checkpoint segments inside the
-// stages. Each refusal names the option and the value.
+// What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
+// or without master weights) or fp16, AdamW or SGD, ZeRO 0 over the data group, no tensor
+// parallelism, no checkpoints, LoRA, offload, compression or fused update, no search; tied or
+// untied, and checkpoint segments inside the stages. Each refusal names the option and the value.
 void RunSpec::check_pipeline() const {
   if (pp() == 1) return;
   const int P = pp();
   const char* refused = model.tp > 1 ? "--tp above 1 (pp x tp is not wired yet)"
                         : ckpt_auto   ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
-                        : precision.precision != Precision::fp32 ? "--precision other than fp32"
+                        : precision.precision == Precision::fp8
+                            ? "--precision fp8 (its per-tensor scales are not tested over stages)"
                         : zero != 0 || zero_auto               ? "--zero other than 0"
                         : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
                         : lora.enabled()                       ? "--lora-rank"
@@ -179,10 +180,11 @@ void RunSpec::check_pipeline() const {
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
-                 "--pp {} with {} is not built yet: pipeline parallelism trains in fp32 at ZeRO "
-                 "0 with AdamW or SGD, and saves no checkpoint (Note [Pipeline parallel])",
+                 "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16 or "
+                 "fp16 at ZeRO 0 with AdamW or SGD, and saves no checkpoint (Note [Pipeline "
+                 "parallel])",
                  P, refused);
-  ModelConfig first = model;  // ConfigError naming --pp for a tied head, or a bad cut
+  ModelConfig first = model;  // ConfigError naming --pp for a bad cut
   for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);
   // Each stage recomputes from inputs it holds: a checkpoint segment may not cross a cut.
   for (const PipelineStage& s : pipeline)

@@ -24,6 +24,7 @@
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/pipeline_runner.h"
 #include "memfit/dist/process_grid.h"
+#include "memfit/dist/tied_gradient.h"
 #include "memfit/dist/zero/zero_state.h"
 #include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
@@ -203,6 +204,9 @@ class TrainRun {
   std::optional<RankShards> rank_shards_;   // how the update sees the ranks (W > 1)
   // --pp: the step's micro-batches through this stage, and the evaluation's forwards.
   std::unique_ptr<dist::PipelineRunner> runner_;
+  // --pp with tied embeddings, the first and last stages: the table's gradient summed between
+  // them after the backward (dist/tied_gradient.h).
+  std::optional<dist::TiedGradient> tied_;
   std::unique_ptr<io::DataLoader> train_data_, val_data_;
   int64_t last_step_ = 0;
 

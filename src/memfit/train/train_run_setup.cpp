@@ -10,6 +10,7 @@
 
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/data/prepare.h"
+#include "memfit/model/stage_offsets.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/offload_disk.h"
 #include "memfit/train/train_run.h"
@@ -275,6 +276,10 @@ void TrainRun::prepare_step() {
   if (spec_.pp() > 1)
     runner_ = std::make_unique<dist::PipelineRunner>(pipe_, spec_.pipe_schedule, spec_.grad_accum,
                                                      int64_t{B_} * T_ * mc_.d_model, pool_);
+  // A tied model's first and last stages: the table's receive buffer (Note [Pipeline
+  // parallel], "Tied embeddings"; the planner's tied_gradient_buffer_bytes).
+  if (const ElementRange table = tied_table(mc_, gpt_->layout()); !table.empty())
+    tied_.emplace(pipe_, table, pool_);
 }
 
 // The training and validation loaders (none when the run has no step left), the training

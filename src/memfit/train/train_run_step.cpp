@@ -45,6 +45,12 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
     if (sync_) sync_->finish();
     loss_sum = sum_ranks(static_cast<float>(loss_sum));
   }
+  if (tied_) {
+    // --pp, tied embeddings: the embedding's and the head's parts of the table's gradient
+    // (each summed over the data group already), added on the first and last stages.
+    const profile::Scope tied(recorder(), "tied gradient sum", profile::SliceKind::collective);
+    tied_->sum(gpt_->grads());
+  }
   r.loss = step_loss_mean(loss_sum, step_loss, int64_t{spec_.grad_accum} * W_);
   r.update = update(r.lr, r.loss, r.loss_scale, r.update_gathered);
   // An overflow at the scale's floor is not something a smaller scale can fix (a non-finite

@@ -10,6 +10,7 @@
 #include "memfit/kernels/cpu/bf16_check.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/residual.h"
+#include "memfit/model/stage_offsets.h"
 #include "memfit/model/tensor_slices.h"
 #include "memfit/state/shard.h"
 #include "memfit/train/grad_clip.h"
@@ -117,10 +118,16 @@ std::vector<GradCheck> unit_checks(Transformer& gpt, const ElementRange& r,
       parts.push_back({c.finite ? 1.0 : 0.0, c.sum_squares});
     return parts;
   }
+  // --pp with tied embeddings: the last stage's copy of the token table holds the table's
+  // summed gradient, which the first stage counts (the tensor counted once): unscaled and
+  // checked, its squares not added (Note [Pipeline parallel], "Tied embeddings").
+  const ElementRange copy = tied_table_copy(gpt.layout());
   for (const ElementRange& u : unit_ranges(gpt.layout())) {
     const ElementRange part = r.intersect(u);
     if (part.empty()) continue;
-    parts.push_back(check_part(gpt.grad_sums(part), scaler));
+    GradCheck c = check_part(gpt.grad_sums(part), scaler);
+    if (!copy.empty() && copy.contains(part)) c.sum_squares = 0;
+    parts.push_back(c);
   }
   return parts;
 }
