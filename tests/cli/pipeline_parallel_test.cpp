@@ -172,7 +172,6 @@ TEST_F(PipelineParallel, RefusesWhatIsNotBuiltNamingTheValues) {
   refused("--world-size 2 --pp 2 --pp-schedule interleaved", {"--pp-schedule", "interleaved"});
   refused("--world-size 2 --pp 2 --ckpt every:3", {"--ckpt every:3", "blocks 0-2", "--pp 2"});
   refused("--world-size 2 --pp-layers 2,2", {"--pp-layers 2,2", "needs --pp"});
-  refused("--world-size 4 --pp 2 --tp 2", {"--pp 2", "--tp"});
   refused("--world-size 2 --pp 2 --zero 1", {"--pp 2", "--zero"});
   refused("--world-size 2 --pp 2 --precision fp8", {"--pp 2", "--precision fp8"});
   refused("--world-size 2 --pp 2 --optim lion", {"--pp 2", "--optim"});

@@ -1,8 +1,9 @@
 // A pipeline stage's own parameter layout (ModelConfig::stage, ParamLayout's stage constructor;
 // Note [Pipeline parallel]): the stages' layouts tile the whole model's, each a contiguous run of
 // it at whole_offset(); a stage's model allocates its parameters alone, draws the whole model's
-// initial weights for them, and runs its part of the step on them; a tied model's last stage
-// holds a copy of the token table for its LM head, drawn as the table (model/stage_offsets.h).
+// initial weights for them (under --tp its tensor rank's slices of them), and runs its part of
+// the step on them; a tied model's last stage holds a copy of the token table for its LM head,
+// drawn as the table (model/stage_offsets.h).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,6 +14,8 @@
 #include "memfit/model/pipeline_stages.h"
 #include "memfit/model/stage_offsets.h"
 #include "memfit/model/step_plan.h"
+#include "memfit/model/tensor_group.h"
+#include "memfit/model/tensor_slices.h"
 #include "memfit/model/transformer.h"
 
 namespace memfit {
@@ -164,6 +167,56 @@ TEST(StageLayout, ATiedModelsLastStageHoldsACopyOfTheTable) {
     EXPECT_EQ(w.tok_emb.data<float>(), mine + copy.begin);
   }
   EXPECT_EQ(run, whole.total());
+}
+
+// Rank `rank` of a tensor group of `size`, for drawing weights alone (no collective runs).
+class DrawOnlyGroup final : public TensorGroup {
+ public:
+  DrawOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce_sum(std::span<float>) override { FAIL() << "a collective"; }
+  void all_reduce_sum(std::span<double>) override { FAIL() << "a collective"; }
+  void all_reduce_max(std::span<float>) override { FAIL() << "a collective"; }
+  void all_gather(std::span<const float>, std::span<float>) override { FAIL() << "a collective"; }
+  void reduce_scatter_sum(std::span<const float>, std::span<float>) override {
+    FAIL() << "a collective";
+  }
+
+ private:
+  int rank_, size_;
+};
+
+// --pp with --tp (Note [Pipeline parallel], "Stages of tensor groups"): the model of a stage on
+// a tensor rank holds that rank's slices of the stage's parameters, and draws the whole model's
+// bits for them (the slices map onto the stage at tp 1, which lies at its whole_offset() in the
+// whole model); padding rows 0.
+TEST(StageLayout, AStageOfATensorRankDrawsItsSliceOfTheWholeModel) {
+  const ModelConfig c = untied(4);
+  MemoryPool whole_pool;
+  Transformer whole(c, whole_pool);
+  whole.init_weights(5);
+  const float* all = whole.params().data<float>();
+  for (const PipelineStage& s : split_stages(std::string("1,3"), c.n_layer, 2))
+    for (int t = 0; t < 2; ++t) {
+      ModelConfig sc = c;
+      sc.set_tensor_parallel(2);
+      sc.set_pipeline_stage(s);
+      const int64_t at = ParamLayout(of_stage(c, s)).whole_offset();
+      MemoryPool pool;
+      Transformer st(sc, pool);
+      DrawOnlyGroup group(t, 2);
+      st.set_tensor_group(group);
+      st.init_weights(5);
+      const float* mine = st.params().data<float>();
+      int64_t compared = 0;
+      for (const SliceRun& r : tensor_slice_runs(sc, t))
+        for (int64_t i = 0; i < r.n; ++i, ++compared)
+          ASSERT_EQ(mine[r.local + i], r.whole < 0 ? 0.0f : all[at + r.whole + i])
+              << "stage " << s.index << ", tensor rank " << t << ", element " << r.local + i;
+      EXPECT_GT(compared, st.layout().total() / 2) << "stage " << s.index << ", rank " << t;
+      EXPECT_LT(st.layout().total(), ParamLayout(of_stage(c, s)).total());
+    }
 }
 
 TEST(StageLayout, BadCutsAreRefusedNamingPp) {

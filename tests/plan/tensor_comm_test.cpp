@@ -1,8 +1,8 @@
 // The tensor group's collectives per step under --tp (plan/tensor_comm.h): their count and bytes
 // from the step plan's phases (recomputation and accumulation included), their price at this
 // host's rates one all-reduce at a time, and that the step-time estimate carries that price as
-// its own term (Note [Tensor parallel]). The measured counts equal these under mpirun:
-// tests/cli/tensor_parallel_test.cpp.
+// its own term (Note [Tensor parallel]); under --pp each stage's own. The measured counts equal
+// these under mpirun: tests/cli/tensor_parallel_test.cpp, pipeline_tensor_parallel_test.cpp.
 #include "memfit/plan/tensor_comm.h"
 
 #include <gtest/gtest.h>
@@ -54,6 +54,51 @@ TEST(TensorComm, AllReducesAreCountedPerBlockPhaseAndMicroBatch) {
   const TensorCommVolume none = tensor_comm_per_step(one, plan_training(one).step);
   EXPECT_EQ(none.all_reduce_count, 0);
   EXPECT_EQ(none.all_reduce_each(), 0);
+}
+
+// --pp with --tp (Note [Pipeline parallel], "Stages of tensor groups"): each stage counts its
+// own collectives. llama-tiny at 4 blocks over 2 stages, 3 micro-batches: stage 0 has the
+// embedding and runs each forward twice (to send, then before its backward), stage 1 the LM
+// head and the loss's statistics; the update's two doubles on both.
+TEST(TensorComm, EachPipelineStageCountsItsOwnCollectives) {
+  const int64_t N = 2 * 32, each = N * 96 * 4;  // B x T x C f32
+  for (bool sp : {false, true}) {
+    TrainConfig c;
+    c.model = "llama-tiny";
+    c.n_layer = 4;
+    c.data_dir = test::empty_data_dir("tensor_comm");
+    c.batch = 2;
+    c.seq_len = 32;
+    c.grad_accum = 3;
+    c.ranks = 4;
+    c.tp = 2;
+    c.pp = 2;
+    c.sp = sp;
+    c.threads = 1;
+    const RunSpec spec = resolve_run(c);
+    const RunSpec first = spec.stage(0), last = spec.stage(1);
+    const TensorCommVolume a = tensor_comm_per_step(first, plan_training(first).step);
+    const TensorCommVolume b = tensor_comm_per_step(last, plan_training(last).step);
+    // Stage 0: 2 embeddings, 2 x 2 blocks x 2 forward, 2 blocks x 2 backward; stage 1: d(norm),
+    // 2 blocks x 2 forward and x 2 backward.
+    EXPECT_EQ(sp ? a.reduce_scatter_count : a.all_reduce_count, 3 * 14) << sp;
+    EXPECT_EQ(sp ? b.reduce_scatter_count : b.all_reduce_count, 3 * 9) << sp;
+    EXPECT_EQ(sp ? a.reduce_scatter_bytes : a.all_reduce_bytes, 3 * 14 * each) << sp;
+    const int64_t stats = 3 * N * 20;  // a float and two doubles a row, the last stage alone
+    if (!sp) {
+      EXPECT_EQ(a.gathered_bytes, 16);
+      EXPECT_EQ(b.gathered_bytes, stats + 16);
+      continue;
+    }
+    // --sp: a rank's rows (N / 2 x C f32) in 2 gathers a forward block (twice on stage 0) and 4
+    // a backward one, the final norm's output on the last stage and d(encoded) on the first.
+    const int64_t rows = each / 2;
+    EXPECT_EQ(a.gathered_bytes, 3 * (16 * rows + rows) + 16);
+    EXPECT_EQ(b.gathered_bytes, 3 * 13 * rows + stats + 16);
+    // The norms' gradients once a step: each stage's own (2 a block; the final norm on 1).
+    EXPECT_EQ(a.all_reduce_count, 4);
+    EXPECT_EQ(b.all_reduce_count, 5);
+  }
 }
 
 // Over T ranks an all-reduce of n bytes sends 2n(T-1)/T and receives as much, each byte copied

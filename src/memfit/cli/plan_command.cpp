@@ -107,6 +107,22 @@ void print_plan_tensor_comm(const RunSpec& run, const PlanReport& r) {
              r.step_time.tensor_comm);
 }
 
+// --tp: the tensor group's collectives per step (bytes and count, by kind) and their seconds;
+// under --pp the stage's own (plan/tensor_comm.h), which is what its ranks log each step.
+nlohmann::json tensor_comm_json(const RunSpec& run, const PlanReport& r) {
+  const TensorCommVolume t = tensor_comm_per_step(run, r.step);
+  nlohmann::json j = {{"all_reduce", t.all_reduce_bytes},
+                      {"all_reduce_count", t.all_reduce_count},
+                      {"all_reduce_each", t.all_reduce_each()},
+                      {"gathered", t.gathered_bytes},
+                      {"seconds", r.step_time.tensor_comm}};
+  if (t.reduce_scatter_count > 0) {  // --sp (Note [Sequence parallel])
+    j["reduce_scatter"] = t.reduce_scatter_bytes;
+    j["reduce_scatter_count"] = t.reduce_scatter_count;
+  }
+  return j;
+}
+
 // The exit code of `memfit plan` when nothing fits --mem-limit (train's out-of-memory code).
 constexpr int kDoesNotFit = 3;
 
@@ -184,18 +200,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
   j["zero"] = run.zero;
   j["tp"] = run.model.tp;  // tensor-parallel ranks: every figure above is one rank's
   j["sp"] = run.sp;        // --sp: the sequence split over them too (Note [Sequence parallel])
-  if (run.model.tp > 1) {
-    const TensorCommVolume t = tensor_comm_per_step(run, r.step);
-    j["tensor_comm_per_step"] = {{"all_reduce", t.all_reduce_bytes},
-                                 {"all_reduce_count", t.all_reduce_count},
-                                 {"all_reduce_each", t.all_reduce_each()},
-                                 {"gathered", t.gathered_bytes},
-                                 {"seconds", r.step_time.tensor_comm}};
-    if (t.reduce_scatter_count > 0) {  // --sp (Note [Sequence parallel])
-      j["tensor_comm_per_step"]["reduce_scatter"] = t.reduce_scatter_bytes;
-      j["tensor_comm_per_step"]["reduce_scatter_count"] = t.reduce_scatter_count;
-    }
-  }
+  if (run.model.tp > 1) j["tensor_comm_per_step"] = tensor_comm_json(run, r);
   j["seq_len"] = r.T;
   j["precision"] = precision_name(run.precision.precision);
   j["ckpt"] = run.ckpt.name();
@@ -497,9 +502,9 @@ bool plan_max_model(const RunSpec& spec, bool json,
   return r.found;
 }
 
-// One rank of a pipeline (--pp): its stage, its data rank and its plan.
+// One rank of a pipeline (--pp): its stage, its data rank, its tensor rank and its plan.
 struct StageRankPlan {
-  int rank = 0, stage = 0, data = 0;
+  int rank = 0, stage = 0, data = 0, tensor = 0;
   PlanReport plan;
 };
 
@@ -512,12 +517,13 @@ nlohmann::json categories_json(const CategoryBytes& bytes) {
 }
 
 // --pp (Note [Pipeline parallel]): every stage's plan, each stage's model holding its own
-// parameters (RunSpec::stage), and every world rank's (data x pipeline: world rank
-// q = data * pp + stage) with its shard and receive buffers; the JSON's top level is the
-// largest stage's plan, with "stages" and "per_rank" (one per world rank) beside it. Returns
-// whether every rank fits --mem-limit.
+// parameters (RunSpec::stage), and every world rank's (data x pipeline x tensor: world rank
+// q = (data * pp + stage) * tp + tensor; the tensor ranks of a stage hold the same shapes) with
+// its shard and receive buffers; the JSON's top level is the largest stage's plan, with
+// "stages" and "per_rank" (one per world rank) beside it. Returns whether every rank fits
+// --mem-limit.
 bool plan_pipeline(const RunSpec& spec, bool json) {
-  const int P = spec.pp();
+  const int P = spec.pp(), TP = spec.model.tp;
   std::vector<PlanReport> stages;
   std::vector<StageRankPlan> ranks;
   int largest = 0;
@@ -526,7 +532,7 @@ bool plan_pipeline(const RunSpec& spec, bool json) {
     stages.push_back(plan_training(run));
     if (stages.back().peak_bytes > stages[static_cast<size_t>(largest)].peak_bytes) largest = s;
     plan_every_rank(run, [&](int d, const PlanReport& r) {
-      ranks.push_back({d * P + s, s, d, r});
+      for (int t = 0; t < TP; ++t) ranks.push_back({(d * P + s) * TP + t, s, d, t, r});
     });
   }
   std::sort(ranks.begin(), ranks.end(),
@@ -538,6 +544,7 @@ bool plan_pipeline(const RunSpec& spec, bool json) {
   const PlanReport& r = stages[static_cast<size_t>(largest)];
   ModelConfig whole = spec.model;
   whole.finalize();
+  whole.tp = 1;  // under --tp the model's, not one tensor rank's
   const int64_t whole_params = ParamLayout(whole).total();
   if (json) {
     nlohmann::json j = plan_json(top, r);
@@ -560,12 +567,14 @@ bool plan_pipeline(const RunSpec& spec, bool json) {
                              {"by_category", categories_json(p.by_category)},
                              {"flops", p.flops},
                              {"est_step_seconds", p.est_step_seconds}});
+      if (TP > 1) j["stages"].back()["tensor_comm_per_step"] = tensor_comm_json(spec.stage(s), p);
     }
     j["per_rank"] = nlohmann::json::array();
     for (const StageRankPlan& q : ranks)
       j["per_rank"].push_back({{"rank", q.rank},
                                {"stage", q.stage},
                                {"data_rank", q.data},
+                               {"tensor_rank", q.tensor},
                                {"peak_bytes", q.plan.peak_bytes},
                                {"model_state_bytes", model_state_bytes(q.plan)},
                                {"by_category", categories_json(q.plan.by_category)}});

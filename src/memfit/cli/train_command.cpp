@@ -216,7 +216,9 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "Tensor parallelism under mpirun or srun: split each block's matrices, the "
                   "embedding and the LM head over this many neighbouring ranks (Megatron's "
                   "layout; it must divide the ranks, heads and MLP width, and divide the key/value "
-                  "heads or be a multiple of them); the data group is the ranks / tp. fp32, bf16 or fp16 (no fp8), ZeRO 0-3 on the data group, every --ckpt policy, no saves yet. "
+                  "heads or be a multiple of them); the data group is the ranks / tp (/ pp: with "
+                  "--pp each stage is a tensor group). fp32, bf16 or fp16 (no fp8), ZeRO 0-3 on "
+                  "the data group, every --ckpt policy, no saves yet. "
                   "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
       ->capture_default_str();
   cmd->add_flag("--sp", c.sp,
@@ -230,9 +232,9 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "stages of contiguous blocks, one a rank (the embeddings on the first, the "
                   "final norm and LM head on the last), each holding its own parameters, "
                   "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
-                  "The data group is the ranks / pp. fp32, bf16 or fp16, ZeRO 0, adamw or sgd; "
-                  "a tied head (GPT-2) as a copy of the table on the last stage; no saves yet. "
-                  "Note [Pipeline parallel] "
+                  "The data group is the ranks / (pp x tp): with --tp (and --sp) each stage is a "
+                  "tensor group. fp32, bf16 or fp16, ZeRO 0, adamw or sgd; a tied head (GPT-2) as "
+                  "a copy of the table on the last stage; no saves yet. Note [Pipeline parallel] "
                   "(docs/notes/pipeline-parallel.md)")
       ->capture_default_str();
   cmd->add_option("--pp-layers", c.pp_layers,

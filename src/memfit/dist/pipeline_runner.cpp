@@ -1,6 +1,7 @@
 #include "memfit/dist/pipeline_runner.h"
 
 #include "memfit/core/error.h"
+#include "memfit/model/sequence_parallel.h"
 
 namespace memfit::dist {
 
@@ -14,6 +15,11 @@ int64_t aligned(int64_t bytes) {
 }
 
 }  // namespace
+
+int64_t pipeline_boundary_floats(const ModelConfig& config, const ActivationOptions& options,
+                                 int B, int T) {
+  return sequence_rows(config, options, int64_t{B} * T) * config.d_model;
+}
 
 PipelineBuffers pipeline_buffers(PipeSchedule schedule, int stage, int stages,
                                  int micro_batches, int64_t boundary_bytes) {

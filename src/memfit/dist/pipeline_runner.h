@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "memfit/memory/pool.h"
+#include "memfit/model/activation_plan.h"
+#include "memfit/model/model_config.h"
 #include "memfit/model/pipeline_schedule.h"
 #include "memfit/dist/communicator.h"
 
@@ -34,6 +36,14 @@ struct PipelineBuffers {
 PipelineBuffers pipeline_buffers(PipeSchedule schedule, int stage, int stages,
                                  int micro_batches, int64_t boundary_bytes);
 
+// The f32 elements a stage sends the next per micro-batch (and receives back as their
+// gradient): the residual stream of B x T tokens, d_model each; under --tp every tensor rank
+// sends its own copy to the rank of the same tensor index on the next stage, and with --sp its
+// rows alone, B x T / tp (Note [Pipeline parallel], "Stages of tensor groups"). The runner and
+// the planner both size the transfers by it.
+int64_t pipeline_boundary_floats(const ModelConfig& config, const ActivationOptions& options,
+                                 int B, int T);
+
 struct PipelineStageFns {
   // Micro-batch m's forward: `in` (the previous stage's output; empty on the first stage) into
   // `out` (sent to the next stage; empty on the last). `in` stays as given until m's backward.
@@ -48,7 +58,8 @@ struct PipelineStageFns {
 class PipelineRunner {
  public:
   // `pipe`: the pipeline group (rank = stage); `boundary_floats`: the f32 elements a stage
-  // sends to the next per micro-batch (B x T x d_model). Allocates pipeline_buffers from `pool`.
+  // sends to the next per micro-batch (pipeline_boundary_floats). Allocates pipeline_buffers
+  // from `pool`.
   PipelineRunner(Communicator& pipe, PipeSchedule schedule, int micro_batches,
                  int64_t boundary_floats, MemoryPool& pool);
   // One step: every micro-batch through this stage, in the schedule's order. Returns when its

@@ -410,16 +410,21 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
                                const MasterSink& offloaded_master) {
   if (config_.tp > 1) {
     // This rank's slice of the whole model's draw: the one-process run's values (tensor_slices.h).
+    // The slices map onto the same stage at tp 1, which lies at its whole_offset() in the whole
+    // model's layout (a pipeline stage of tensor groups, Note [Pipeline parallel]; 0 otherwise).
     MEMFIT_CHECK(group_ != nullptr, "model", "init_weights under --tp {} before set_tensor_group",
                  config_.tp);
-    const ModelConfig whole = whole_model(config_);
+    const ModelConfig stage_whole = whole_model(config_);
+    const int64_t at = ParamLayout(stage_whole).whole_offset();
+    ModelConfig whole = stage_whole;
+    whole.set_pipeline_stage({});
     const ParamLayout whole_layout(whole);
     const std::vector<SliceRun> runs = tensor_slice_runs(config_, group_->rank());
     InitialWeights draw(whole, whole_layout, seed);
     set_weights(
         [&](int64_t from, int64_t to, float* dst) {
           fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
-            draw.draw({a, b}, d);
+            draw.draw({at + a, at + b}, d);
           });
         },
         piece_elements, offloaded_master);

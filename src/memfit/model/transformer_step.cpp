@@ -57,8 +57,6 @@ TransformerStep::TransformerStep(const ModelConfig& config, const ActivationOpti
       slots_(block_slots(options.ckpt, config.n_layer)), stage_(stage_of(config, options)) {
   check_activation_options(options);
   check_sequence_parallel(config, options, T);
-  MEMFIT_CHECK(!sp() || stage_.stages <= 1, "pipeline",
-               "--sp with pipeline stages is not built (Note [Sequence parallel])");
   if (family_.rotary)
     rope_inv_freq_ = rope_inv_freq(config.head_size(), config.rope_theta, config.rope_scaling);
 }

@@ -20,7 +20,8 @@
 namespace memfit {
 
 // A pipeline stage's transfers (ActivationOptions::stage; Note [Pipeline parallel]), each
-// B x T x d_model f32: the next forward copies its input from `input` (stages after the first)
+// the residual stream of the micro-batch, f32 (B x T x d_model; with --sp the tensor rank's
+// B x T / tp rows): the next forward copies its input from `input` (stages after the first)
 // and its output into `output` (stages before the last; null: not copied, as for the forward a
 // backward reruns first); the next backward copies its output's
 // gradient from `dout` (before the last) and its input's gradient into `din` (after the first).

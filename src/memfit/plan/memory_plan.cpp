@@ -360,7 +360,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   if (r.model.pipelined()) {
     const dist::PipelineBuffers pb = dist::pipeline_buffers(
         spec.pipe_schedule, r.model.stage.index, r.model.stage.stages, spec.grad_accum,
-        int64_t{r.B} * r.T * r.model.d_model * int64_t{sizeof(float)});
+        dist::pipeline_boundary_floats(r.model, act, r.B, r.T) * int64_t{sizeof(float)});
     pipe_kept = pb.activations;
     at(Category::activations) += static_cast<size_t>(pb.activations);
     at(Category::comm) += static_cast<size_t>(pb.comm);

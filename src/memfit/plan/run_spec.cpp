@@ -156,14 +156,15 @@ RunSpec RunSpec::stage(int s) const {
 }
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
-// or without master weights) or fp16, AdamW or SGD, ZeRO 0 over the data group, no tensor
-// parallelism, no checkpoints, LoRA, offload, compression or fused update, no search; tied or
-// untied, and checkpoint segments inside the stages. Each refusal names the option and the value.
+// or without master weights) or fp16, AdamW or SGD, ZeRO 0 over the data group, no checkpoints,
+// LoRA, offload, compression or fused update, no search; tied or untied, and checkpoint
+// segments inside the stages. With --tp each stage is a tensor group (Note [Pipeline parallel],
+// "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too. Each
+// refusal names the option and the value.
 void RunSpec::check_pipeline() const {
   if (pp() == 1) return;
   const int P = pp();
-  const char* refused = model.tp > 1 ? "--tp above 1 (pp x tp is not wired yet)"
-                        : ckpt_auto   ? "--ckpt auto (the search plans one model whole)"
+  const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : precision.precision == Precision::fp8
                             ? "--precision fp8 (its per-tensor scales are not tested over stages)"
@@ -232,7 +233,7 @@ void RunSpec::check() const {
                    refused);
   }
   check_base_dtype();
-  if (model.tp > 1 && pp() == 1) check_tensor_parallel();
+  if (model.tp > 1) check_tensor_parallel();
   check_pipeline();
   if (sp && model.tp <= 1)
     MEMFIT_THROW(ConfigError, "config",

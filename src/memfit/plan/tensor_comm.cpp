@@ -15,18 +15,28 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   if (spec.model.tp <= 1) return v;
   const int64_t N = int64_t{spec.batch} * spec.T;
   const int64_t whole = N * spec.model.d_model * int64_t{sizeof(float)};
-  int64_t reduces = 2;  // the embedding's lookup, the LM head's d(norm)
+  // A pipeline stage (Note [Pipeline parallel], "Stages of tensor groups"): the embedding's
+  // collectives on the first stage alone, the LM head's and the loss's on the last; a stage
+  // before the last runs each micro-batch's forward twice (to send its output, then again from
+  // the kept input before the backward), so its forward collectives count twice.
+  const PipelineStage& stage = spec.model.stage;
+  const bool pipelined = spec.model.pipelined();
+  const bool embeds = !pipelined || stage.has_embeddings(), head = !pipelined || stage.has_head();
+  const int64_t forwards = head ? 1 : 2;
+  // The embedding's lookup (each forward), the LM head's d(norm).
+  int64_t reduces = (embeds ? forwards : 0) + (head ? 1 : 0);
   // --sp: the final norm's output and the blocks' gathers move the step's matmul operands (the
   // norms' outputs, the half copy of d(residual): bf16 rows in bf16), the embedding's d(output)
   // f32 rows.
-  int64_t gathers = 1;
+  int64_t gathers = head ? 1 : 0;
   for (const Phase& p : step.phases) {
+    const int64_t times = p.kind == PhaseKind::forward ? forwards : 1;
     if (p.kind == PhaseKind::forward || p.kind == PhaseKind::recompute ||
         p.kind == PhaseKind::backward)
-      reduces += 2;
-    gathers += p.kind == PhaseKind::backward                                        ? 4
-               : p.kind == PhaseKind::forward || p.kind == PhaseKind::recompute ? 2
-                                                                                  : 0;
+      reduces += 2 * times;
+    gathers += times * (p.kind == PhaseKind::backward                                        ? 4
+                        : p.kind == PhaseKind::forward || p.kind == PhaseKind::recompute ? 2
+                                                                                           : 0);
   }
   const int64_t passes = spec.micro_batch_passes();
   if (sequence_parallel(spec.model, spec.activation_options())) {
@@ -34,7 +44,7 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     v.reduce_scatter_bytes = v.reduce_scatter_count * whole;
     const int64_t operand = int64_t(dtype_size(half_dtype(spec.precision.precision)));
     v.gathered_bytes = passes * (gathers * (whole / spec.model.tp / 4 * operand) +
-                                 whole / spec.model.tp);
+                                 (embeds ? whole / spec.model.tp : 0));
     const ParamLayout layout(spec.model);  // named: a temporary's params() would dangle
     for (const ParamInfo& p : layout.params())
       if (sequence_partial(p.role)) {
@@ -46,7 +56,7 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     v.all_reduce_bytes = v.all_reduce_count * whole;
   }
   // Every chunk's statistics: a float and two doubles a row, so the whole batch's rows once.
-  v.gathered_bytes += passes * N * int64_t{sizeof(float) + 2 * sizeof(double)} +
+  v.gathered_bytes += (head ? passes * N * int64_t{sizeof(float) + 2 * sizeof(double)} : 0) +
                       2 * int64_t{sizeof(double)};
   // Replicated key/value heads (GQA, tp above n_kv_head): their weights' gradients gathered
   // once a step, k and v of every block (Transformer::reduce_kv_replicas).

@@ -16,6 +16,10 @@
 // the recomputed norms' outputs twice), the final norm's output once; the embedding's d(output)
 // (f32) once; and once a step one all-reduce of each norm parameter's gradient
 // (sequence_partial).
+//
+// A pipeline stage (--pp with --tp; spec.model.stage) counts its own: the embedding's on the
+// first stage, the LM head's and the loss's statistics on the last, and a stage before the last
+// its forward's twice (it reruns each forward from the kept input before the backward).
 #pragma once
 
 #include <cstdint>

@@ -272,10 +272,12 @@ void TrainRun::prepare_step() {
   // How the update sees the ranks: every stage adds the shards' sums of squares in rank order.
   if (W_ > 1) rank_shards_ = RankShards{&comm_, placement_.shards(), placement_.grads_whole()};
   // --pp (Note [Pipeline parallel]): the runner's kept inputs and transfer buffers, for the run
-  // (the planner's pipeline_buffers).
+  // (the planner's pipeline_buffers); the pipeline group is the ranks of this tensor index, one
+  // a stage, so each tensor rank sends its copy (--sp: its rows) to its peer of the next stage.
   if (spec_.pp() > 1)
-    runner_ = std::make_unique<dist::PipelineRunner>(pipe_, spec_.pipe_schedule, spec_.grad_accum,
-                                                     int64_t{B_} * T_ * mc_.d_model, pool_);
+    runner_ = std::make_unique<dist::PipelineRunner>(
+        pipe_, spec_.pipe_schedule, spec_.grad_accum,
+        dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_);
   // A tied model's first and last stages: the table's receive buffer (Note [Pipeline
   // parallel], "Tied embeddings"; the planner's tied_gradient_buffer_bytes).
   if (const ElementRange table = tied_table(mc_, gpt_->layout()); !table.empty())
