@@ -230,7 +230,7 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "stages of contiguous blocks, one a rank (the embeddings on the first, the "
                   "final norm and LM head on the last), each holding its own parameters, "
                   "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
-                  "The data group is the ranks / pp. fp32, bf16 or fp16, ZeRO 0, adamw or sgd; "
+                  "The data group is the ranks / pp. fp32, bf16 or fp16, ZeRO 0-1, adamw or sgd; "
                   "a tied head (GPT-2) as a copy of the table on the last stage; no saves yet. "
                   "Note [Pipeline parallel] "
                   "(docs/notes/pipeline-parallel.md)")
