@@ -63,7 +63,10 @@ class PipelineBinaryTest : public MpiBinaryTest {
       for (const char* key : keys)
         if (ref[i].contains(key) && !ref[i][key].is_null()) {
           ASSERT_TRUE(got[i].contains(key)) << what << ": " << key << " at line " << i;
-          const double a = ref[i][key].get<double>(), b = got[i][key].get<double>();
+          auto value = [](const json& j) {
+            return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>();
+          };
+          const double a = value(ref[i][key]), b = value(got[i][key]);
           if (rel == 0)
             EXPECT_EQ(a, b) << what << ": " << key << " at line " << i;
           else

@@ -137,7 +137,9 @@ TEST(StageLayout, ATiedModelsLastStageHoldsACopyOfTheTable) {
     const ElementRange copy = tied_table_copy(layout);
     EXPECT_EQ(copy.empty(), !s.has_head()) << s.index;
     EXPECT_EQ(tied_table(sc, layout).empty(), !s.has_head() && !s.has_embeddings()) << s.index;
-    if (s.has_embeddings()) EXPECT_EQ(tied_table(sc, layout), (ElementRange{0, table.numel}));
+    if (s.has_embeddings()) {
+      EXPECT_EQ(tied_table(sc, layout), (ElementRange{0, table.numel}));
+    }
     EXPECT_EQ(layout.whole_offset(), run);
     run += layout.total() - copy.size();
     MemoryPool pool;

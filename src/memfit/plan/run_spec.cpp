@@ -156,11 +156,11 @@ RunSpec RunSpec::stage(int s) const {
 }
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
-// or without master weights) or fp16, AdamW or SGD, ZeRO 0 over the data group, no checkpoints,
-// LoRA, offload, compression or fused update, no search; tied or untied, and checkpoint
-// segments inside the stages. With --tp each stage is a tensor group (Note [Pipeline parallel],
-// "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too. Each
-// refusal names the option and the value.
+// or without master weights) or fp16, AdamW or SGD, ZeRO 0 or 1 over the data group, no
+// checkpoints, LoRA, offload, compression or fused update, no search; tied or untied, and
+// checkpoint segments inside the stages. With --tp each stage is a tensor group (Note [Pipeline
+// parallel], "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too.
+// Each refusal names the option and the value.
 void RunSpec::check_pipeline() const {
   if (pp() == 1) return;
   const int P = pp();
@@ -168,7 +168,9 @@ void RunSpec::check_pipeline() const {
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : precision.precision == Precision::fp8
                             ? "--precision fp8 (its per-tensor scales are not tested over stages)"
-                        : zero != 0 || zero_auto               ? "--zero other than 0"
+                        : zero >= 2 ? "--zero 2 or 3 (the per-unit gradient buffers index a whole "
+                                      "model's units)"
+                        : zero_auto ? "--zero auto (the search plans one model whole)"
                         : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
                         : lora.enabled()                       ? "--lora-rank"
                         : offload.optimizer || offload.params || offload.grads ? "--offload-*"
@@ -182,7 +184,7 @@ void RunSpec::check_pipeline() const {
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16 or "
-                 "fp16 at ZeRO 0 with AdamW or SGD, and saves no checkpoint (Note [Pipeline "
+                 "fp16 at ZeRO 0 or 1 with AdamW or SGD, and saves no checkpoint (Note [Pipeline "
                  "parallel])",
                  P, refused);
   ModelConfig first = model;  // ConfigError naming --pp for a bad cut
