@@ -531,5 +531,50 @@ TEST_F(PlannerCommands, PlanTpGivesTheWholeModelAndTheTensorCollectives) {
   EXPECT_NE(text.out.find("in the whole model"), std::string::npos) << text.out;
 }
 
+// --pp: the step as the schedule runs it (m + p - 1 slots, the bubble (p - 1)/m of the ideal),
+// the activations sent between the stages priced on the link the cut spans, and each priced
+// number said to be a model; a bad --link is refused naming it.
+TEST_F(PlannerCommands, PlanPpPricesTheBubbleAndTheTransfersOnTheLinks) {
+  const std::string a = fmt::format(
+      "plan --model llama-tiny --n-layer 4 --seq-len 32 --batch 2 --grad-accum 4 --pp 2 "
+      "--data '{}'",
+      (dir / "data").string());
+  const Output one_node = memfit(a + " --json");
+  ASSERT_EQ(one_node.exit_code, 0) << one_node.err;
+  const nlohmann::json p = nlohmann::json::parse(one_node.out);
+  const nlohmann::json& t = p["pipeline_time"];
+  EXPECT_DOUBLE_EQ(t["bubble_fraction"].get<double>(), 1.0 / 4);
+  EXPECT_EQ(t["slots"].get<int>(), 4 + 2 - 1);
+  EXPECT_EQ(t["p2p_bytes"].get<int64_t>(), 2 * 32 * 96 * 4);
+  EXPECT_EQ(t["cut_inter"], nlohmann::json::array({false}));
+  EXPECT_DOUBLE_EQ(p["est_step_seconds"].get<double>(), t["step_seconds"].get<double>());
+  EXPECT_NEAR(t["step_seconds"].get<double>(),
+              5 * t["slot_seconds"].get<double>() + t["once_seconds"].get<double>(),
+              1e-12 * t["step_seconds"].get<double>());
+  EXPECT_EQ(t["note"], "a model, not a measurement");
+  EXPECT_EQ(p["links"]["note"], "a model, not a measurement");
+  EXPECT_EQ(p["links"]["inter"]["source"], "estimate");
+  ASSERT_EQ(p["stages"].size(), 2u);
+  EXPECT_GT(p["stages"][0]["micro_batch_seconds"].get<double>(), 0);
+  EXPECT_NE(p["pp_layers_note"].get<std::string>().find("--pp-layers auto"), std::string::npos);
+  // One rank a node: the cut crosses nodes, each stage's send priced on --link inter.
+  const Output across = memfit(a + " --ranks-per-node 1 --link inter=1GB/s,50us --json");
+  ASSERT_EQ(across.exit_code, 0) << across.err;
+  const nlohmann::json q = nlohmann::json::parse(across.out);
+  EXPECT_EQ(q["pipeline_time"]["cut_inter"], nlohmann::json::array({true}));
+  for (int s : {0, 1})
+    EXPECT_NEAR(q["stages"][s]["p2p_seconds"].get<double>(), 2 * 32 * 96 * 4 / 1e9 + 50e-6,
+                1e-15);
+  EXPECT_EQ(q["links"]["inter"]["source"], "--link");
+  const Output text = memfit(a);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  for (const char* says : {"a model, not a measurement", "bubble:", "(p - 1)/m = 1/4",
+                           "point to point:", "links: intra"})
+    EXPECT_NE(text.out.find(says), std::string::npos) << says << "\n" << text.out;
+  const Output bad = memfit(a + " --link inter=fast,5us");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(bad.says("--link inter=fast,5us")) << bad.err;
+}
+
 }  // namespace
 }  // namespace memfit

@@ -164,8 +164,9 @@ TEST(ZeroSearch, AHigherStageIsChosenWhenNoLowerStageFitsAndItsEveryRankFits) {
   EXPECT_EQ(none.smallest.peak_bytes, least);
 }
 
-// The step-time estimate adds each stage's collectives at the memory-copy rate (and the sums of
-// the reduced ones at the streaming rate), and a ZeRO rank updates its shard alone.
+// The step-time estimate adds each stage's collectives on this host's link (the memory-copy
+// rate, and a latency a message; the sums of the reduced ones at the streaming rate), and a
+// ZeRO rank updates its shard alone.
 TEST(ZeroSearch, TheEstimatePricesEachStagesCollectives) {
   const Calibration& rates = machine_calibration();
   ASSERT_GT(rates.copy_bytes_per_s, 0);
@@ -181,8 +182,13 @@ TEST(ZeroSearch, TheEstimatePricesEachStagesCollectives) {
     const dist::CommVolume v =
         dist::step_comm_volume(n, 2, 2, StatePlacement::sharding(run.state_options(), run.world));
     comm[zero] = p.step_time.comm;
-    EXPECT_DOUBLE_EQ(p.step_time.comm, v.copied_bytes(2) / rates.copy_bytes_per_s +
-                                           v.summed_bytes(2) / rates.stream_bytes_per_s);
+    // On this host's link (one node): a rank sends half what it copies at half the copy rate,
+    // and each of the rings' messages pays the default latency.
+    EXPECT_DOUBLE_EQ(p.step_time.comm,
+                     v.copied_bytes(2) / rates.copy_bytes_per_s +
+                         ring_messages(v, 2, run.bucket_bytes) * kDefaultIntraLatency +
+                         v.summed_bytes(2) / rates.stream_bytes_per_s);
+    EXPECT_GT(ring_messages(v, 2, run.bucket_bytes), 0);
     EXPECT_NEAR(p.est_step_seconds, p.step_time.total(), 1e-15);
   }
   // bf16 working weights, f32 gradients: stage 1 all-reduces (8 bytes a parameter sent and

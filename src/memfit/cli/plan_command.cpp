@@ -25,6 +25,9 @@
 #include "memfit/offload/offloaded_grads.h"
 #include "memfit/dist/zero/weight_gather.h"
 #include "memfit/plan/block_activations.h"
+#include "memfit/plan/calibration.h"
+#include "memfit/plan/link_model.h"
+#include "memfit/plan/pipeline_time.h"
 #include "memfit/plan/tensor_comm.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/max_model.h"
@@ -98,8 +101,8 @@ void print_plan_tensor_comm(const RunSpec& run, const PlanReport& r) {
                                            t.reduce_scatter_bytes / 1048576.0)
                              : "";
   fmt::print("tensor collectives per step (--tp {}): {} all-reduces of {:.1f} MiB ({:.1f} MiB in "
-             "all){}, {:.1f} MiB a rank gathered ({}the loss's statistics); about {:.2f} s at "
-             "this host's copy rate (nothing overlapped)\n",
+             "all){}, {:.1f} MiB a rank gathered ({}the loss's statistics); about {:.2f} s on "
+             "the tensor group's link (nothing overlapped; a model, not a measurement)\n",
              run.model.tp, t.all_reduce_count, t.all_reduce_each() / 1048576.0,
              t.all_reduce_bytes / 1048576.0, scatters, t.gathered_bytes / 1048576.0,
              run.sp ? "the sequence's parts before the column-parallel linears, "
@@ -130,6 +133,21 @@ constexpr int kDoesNotFit = 3;
 // rank's (ranks differ by their shard and receive buffer).
 size_t limit_peak(const RunSpec& run, const PlanReport& r) {
   return run.world > 1 ? plan_largest_rank(run).peak_bytes : r.peak_bytes;
+}
+
+// The links the collectives and transfers were priced on (plan/link_model.h): each a model
+// (intra from this host's copy rate unless given, inter an estimate unless given).
+nlohmann::json links_json(const LinkModel& links) {
+  const Calibration& rates = machine_calibration();
+  auto one = [&](const Link& l, bool given, const char* otherwise) {
+    return nlohmann::json{{"bytes_per_s", link_bytes_per_s(l, rates)},
+                          {"latency_s", l.latency_s},
+                          {"source", given ? "--link" : otherwise}};
+  };
+  return {{"intra", one(links.intra, links.intra_given, "this host's copy rate")},
+          {"inter", one(links.inter, links.inter_given, "estimate")},
+          {"ranks_per_node", links.ranks_per_node},
+          {"note", "a model, not a measurement"}};
 }
 
 nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
@@ -181,6 +199,7 @@ nlohmann::json plan_json(const RunSpec& run, const PlanReport& r) {
                           {"all_gather", v.all_gather},
                           {"psi_multiple", v.psi_multiple(n, static_cast<int>(dtype_size(run.grad_dtype)), param_bytes)}};
   }
+  if (run.world > 1 || run.model.tp > 1 || run.pp() > 1) j["links"] = links_json(run.links);
   j["step_time"] = {{"block_gemm", r.step_time.block_gemm},
                     {"attention", r.step_time.attention},
                     {"head_gemm", r.step_time.head_gemm},
@@ -446,12 +465,16 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                  ? fmt::format("compression {:.2f} s, ", r.step_time.compression)
                  : std::string(),
              r.step_time.optimizer,
-             (run.world > 1 ? fmt::format(", collectives {:.2f} s at the memory-copy rate",
+             (run.world > 1 ? fmt::format(", collectives {:.2f} s on the data group's link",
                                           r.step_time.comm)
                             : std::string()) +
                  (run.model.tp > 1 ? fmt::format(", tensor collectives {:.2f} s",
                                                  r.step_time.tensor_comm)
                                    : std::string()));
+  if (run.world > 1 || run.model.tp > 1)
+    fmt::print("links: {}; the collectives' seconds are a model on these links, not a "
+               "measurement\n",
+               describe_links(run.links, machine_calibration()));
   if (run.offload.optimizer || run.offload.params) print_plan_offload(run, r);
   if (!r.data_included)
     fmt::print("(no training data found in {}: staging counts the train and val loaders' "
@@ -502,6 +525,44 @@ bool plan_max_model(const RunSpec& spec, bool json,
   return r.found;
 }
 
+nlohmann::json pipeline_time_json(const PipelineTime& t) {
+  return {{"step_seconds", t.step},
+          {"slot_seconds", t.slot},
+          {"slowest_stage", t.slowest},
+          {"slots", t.micro_batches + t.stages - 1},
+          {"bubble_seconds", t.bubble()},
+          {"bubble_share", t.bubble_share()},
+          {"bubble_fraction", t.bubble_fraction()},  // (p - 1)/m
+          {"once_seconds", t.once_most},
+          {"p2p_bytes", t.p2p_bytes},  // one transfer, each way, per micro-batch and cut
+          {"p2p_bytes_per_step", 2 * t.p2p_bytes * t.micro_batches},  // per cut
+          {"cut_inter", t.cut_inter},
+          {"note", "a model, not a measurement"}};
+}
+
+// --pp: the step as the schedule runs it, the bubble and the transfers, and the links priced.
+void print_pipeline_time(const RunSpec& spec, const PipelineTime& t) {
+  const size_t s = static_cast<size_t>(t.slowest);
+  fmt::print("\nstep: about {:.3g} s (a model, not a measurement): {} + {} - 1 = {} slots of "
+             "{:.3g} s, stage {}'s micro-batch ({:.3g} s of compute, {:.3g} s of sends), then "
+             "{:.3g} s once a step (the update{})\n",
+             t.step, t.micro_batches, t.stages, t.micro_batches + t.stages - 1, t.slot,
+             t.slowest, t.compute[s], t.p2p[s], t.once_most,
+             spec.world > 1 ? ", the data group's collectives" : "");
+  fmt::print("bubble: {:.3g} s, {:.1f}% of the step: the fill and the drain, (p - 1)/m = {}/{} = "
+             "{:.3g} of the ideal {} slots (gpipe and 1f1b alike; --pp-schedule {})\n",
+             t.bubble(), 100 * t.bubble_share(), t.stages - 1, t.micro_batches,
+             t.bubble_fraction(), t.micro_batches, pipe_schedule_name(spec.pipe_schedule));
+  int crossing = 0;
+  for (bool b : t.cut_inter) crossing += b;
+  fmt::print("point to point: {:.2f} MiB a micro-batch each way across each cut, a rank's (B x T "
+             "x d_model f32; under --tp each tensor rank's copy, with --sp its rows), {:.1f} MiB "
+             "a step a cut; {} of {} cuts across nodes\n",
+             t.p2p_bytes / 1048576.0, 2.0 * t.p2p_bytes * t.micro_batches / 1048576.0, crossing,
+             t.cut_inter.size());
+  fmt::print("links: {}\n", describe_links(spec.links, machine_calibration()));
+}
+
 // One rank of a pipeline (--pp): its stage, its data rank, its tensor rank and its plan.
 struct StageRankPlan {
   int rank = 0, stage = 0, data = 0, tensor = 0;
@@ -522,7 +583,15 @@ nlohmann::json categories_json(const CategoryBytes& bytes) {
 // its shard and receive buffers; the JSON's top level is the largest stage's plan, with
 // "stages" and "per_rank" (one per world rank) beside it. Returns whether every rank fits
 // --mem-limit.
-bool plan_pipeline(const RunSpec& spec, bool json) {
+bool plan_pipeline(const RunSpec& asked, bool json) {
+  RunSpec spec = asked;
+  std::string split_note;  // --pp-layers auto: how the cut was chosen
+  if (spec.pp_layers_auto) {
+    const StageSplit split = balance_stages(spec);
+    spec.pipeline = split.stages;
+    spec.check();
+    split_note = split.why;
+  }
   const int P = spec.pp(), TP = spec.model.tp;
   std::vector<PlanReport> stages;
   std::vector<StageRankPlan> ranks;
@@ -546,8 +615,13 @@ bool plan_pipeline(const RunSpec& spec, bool json) {
   whole.finalize();
   whole.tp = 1;  // under --tp the model's, not one tensor rank's
   const int64_t whole_params = ParamLayout(whole).total();
+  const PipelineTime time = plan_pipeline_time(spec, stages, machine_calibration());
   if (json) {
     nlohmann::json j = plan_json(top, r);
+    // The run's step: the pipeline's (the largest stage's own is under stages).
+    j["est_step_seconds"] = time.step;
+    j["pipeline_time"] = pipeline_time_json(time);
+    if (!split_note.empty()) j["pp_layers_note"] = split_note;
     j["pp"] = P;
     j["pp_schedule"] = std::string(pipe_schedule_name(spec.pipe_schedule));
     j["pp_layers"] = describe_stages(spec.pipeline);
@@ -566,7 +640,11 @@ bool plan_pipeline(const RunSpec& spec, bool json) {
                              {"model_state_bytes", model_state_bytes(p)},
                              {"by_category", categories_json(p.by_category)},
                              {"flops", p.flops},
-                             {"est_step_seconds", p.est_step_seconds}});
+                             {"est_step_seconds", p.est_step_seconds},
+                             {"micro_batch_seconds", time.compute[static_cast<size_t>(s)]},
+                             {"p2p_seconds", time.p2p[static_cast<size_t>(s)]},
+                             {"once_seconds", time.once[static_cast<size_t>(s)]},
+                             {"stage_step_seconds", time.stage_step(s)}});
       if (TP > 1) j["stages"].back()["tensor_comm_per_step"] = tensor_comm_json(spec.stage(s), p);
     }
     j["per_rank"] = nlohmann::json::array();
@@ -588,21 +666,26 @@ bool plan_pipeline(const RunSpec& spec, bool json) {
              "stage)\n\n",
              P, describe_stages(spec.pipeline), pipe_schedule_name(spec.pipe_schedule),
              spec.grad_accum, r.model.num_params() / 1e6, whole_params / 1e6);
+  if (!split_note.empty()) fmt::print("{}\n\n", split_note);
   fmt::print("{:<6} {:>7}", "stage", "blocks");
   for (Category c : kAllCategories) fmt::print(" {:>11}", category_name(c));
-  fmt::print(" {:>11} {:>11}\n", "total MiB", "state MiB");
+  fmt::print(" {:>11} {:>11} {:>11} {:>11}\n", "total MiB", "state MiB", "ms/micro", "p2p ms");
   for (int s = 0; s < P; ++s) {
     const PlanReport& p = stages[static_cast<size_t>(s)];
     const PipelineStage& st = spec.pipeline[static_cast<size_t>(s)];
     fmt::print("{:<6} {:>7}", s, fmt::format("{}-{}", st.first, st.last - 1));
     for (Category c : kAllCategories)
       fmt::print(" {:>11.2f}", p.by_category[static_cast<size_t>(c)] / 1048576.0);
-    fmt::print(" {:>11.2f} {:>11.2f}\n", p.peak_bytes / 1048576.0,
-               model_state_bytes(p) / 1048576.0);
+    fmt::print(" {:>11.2f} {:>11.2f} {:>11.3g} {:>11.3g}\n", p.peak_bytes / 1048576.0,
+               model_state_bytes(p) / 1048576.0, time.compute[static_cast<size_t>(s)] * 1e3,
+               time.p2p[static_cast<size_t>(s)] * 1e3);
   }
   fmt::print("(activations include the inputs a stage keeps for its backwards, comm its transfer "
-             "buffers; the step-time estimates below are one stage's compute, without the "
-             "pipeline's bubble)\n\nthe largest stage, {}:\n",
+             "buffers; ms/micro is a micro-batch's compute on the stage, its forward again "
+             "before the backward on all but the last, p2p ms its sends)\n");
+  print_pipeline_time(spec, time);
+  fmt::print("\nthe largest stage, {} (its step line is the stage's own work, without the "
+             "pipeline's bubble and transfers: the step above has them):\n",
              largest);
   print_plan(top, r);
   if (spec.mem_limit)

@@ -239,12 +239,26 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
       ->capture_default_str();
   cmd->add_option("--pp-layers", c.pp_layers,
                   "With --pp: each stage's block count, e.g. 5,7 (summing to the layers), or "
-                  "auto: an even split, the blocks left over to the middle stages first")
+                  "auto: the cut that balances the stages' estimated step times (the first "
+                  "stage carries the embeddings, the last the LM head), or their memory where "
+                  "that cut does not fit --mem-limit; cuts fall between --ckpt segments")
       ->capture_default_str();
   cmd->add_option("--pp-schedule", c.pp_schedule,
                   "With --pp: gpipe (every forward, then every backward: each stage keeps every "
                   "micro-batch's input) or 1f1b (one forward, one backward: stage s keeps at most "
                   "pp - s); both give one process's bits with the same --grad-accum")
+      ->capture_default_str();
+  cmd->add_option("--link", c.links,
+                  "A link the step-time estimate prices transfers on, repeatable: intra=BW,LAT "
+                  "(within a node) or inter=BW,LAT (between nodes), BW in GB/s (or with GB/s, "
+                  "GiB/s, Gb/s), LAT in microseconds (or with ns, us, ms), e.g. "
+                  "inter=25GB/s,5us. Defaults: intra this host's measured copy rate, 1 us; inter "
+                  "25 GB/s, 5 us, an InfiniBand HDR-like estimate. A model, not a measurement "
+                  "(Note [Step-time model], docs/notes/planner.md)");
+  cmd->add_option("--ranks-per-node", c.ranks_per_node,
+                  "Ranks on each node for the step-time estimate (rank r on node r / N): a "
+                  "collective or pipeline transfer whose ranks span two nodes is priced on "
+                  "--link inter (0: every rank on one node)")
       ->capture_default_str();
   cmd->add_option("--prefetch-depth", c.prefetch_depth,
                   "ZeRO stage 3 (or --offload-params nvme): blocks gathered (read) ahead of the "
@@ -473,9 +487,10 @@ void add_train_command(CLI::App& app) {
                    grid.data().describe(), spec.run.batch);
       if (spec.run.pp() > 1)
         fmt::print("memfit: pipeline of {} stages (blocks {}), --pp-schedule {}, {} "
-                   "micro-batches a step\n",
+                   "micro-batches a step{}\n",
                    spec.run.pp(), describe_stages(spec.run.pipeline),
-                   pipe_schedule_name(spec.run.pipe_schedule), spec.run.grad_accum);
+                   pipe_schedule_name(spec.run.pipe_schedule), spec.run.grad_accum,
+                   run.pipeline_note.empty() ? std::string() : "\nmemfit: " + run.pipeline_note);
       print_precision_route(spec.run.precision.precision, run.precision_note);
       if (run.planned) print_search(run.search, run.note);
     }

@@ -15,6 +15,7 @@
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/pipeline_runner.h"
+#include "memfit/dist/process_grid.h"
 #include "memfit/dist/tied_gradient.h"
 #include "memfit/io/data/data_loader.h"
 #include "memfit/io/data/loss_mask.h"
@@ -540,6 +541,11 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   in.tensor_comm = tensor_comm_per_step(spec, r.step, rank);  // --tp; nothing without
+  // Each group's collectives on the link its ranks span (--link, --ranks-per-node).
+  const dist::GridShape grid{spec.world, spec.pp(), spec.model.tp};
+  in.data_link = spec.links.axis_link(grid, dist::Axis::data);
+  in.comm_messages = ring_messages(r.comm_per_step, spec.world, spec.bucket_bytes);
+  in.tensor_link = spec.links.axis_link(grid, dist::Axis::tensor);
   if (spec.offload.optimizer || spec.offload.params) {
     // Half read, half written, at the rates measured in --offload-dir (once per filesystem).
     // (LoRA's frozen base on disk: its micro-batches' reads alone, no update I/O.)

@@ -19,6 +19,7 @@
 #include "memfit/model/precision.h"
 #include "memfit/optim/optim_config.h"
 #include "memfit/optim/unit_steps.h"
+#include "memfit/plan/link_model.h"
 #include "memfit/state/state_placement.h"
 
 namespace memfit {
@@ -73,8 +74,15 @@ struct RunSpec {
   // `model` stays the whole model's; stage(s) is the run of stage s, whose model holds the
   // stage's parameters alone (ModelConfig::stage): what a rank of that stage trains and plans.
   std::vector<PipelineStage> pipeline;
+  // --pp-layers auto: `pipeline` is the even split until the planner balances it
+  // (plan/pipeline_time.h: balance_stages), as `memfit plan` and the trainer's resolution do.
+  bool pp_layers_auto = false;
   PipeSchedule pipe_schedule = PipeSchedule::one_f_one_b;
   int pp() const { return pipeline.empty() ? 1 : static_cast<int>(pipeline.size()); }
+  // The links between the ranks (--link, --ranks-per-node): what the step-time estimate prices
+  // each collective and point-to-point transfer on (plan/link_model.h). Time only: no byte
+  // depends on it.
+  LinkModel links;
   RunSpec stage(int s) const;
   // ZeRO stage: what each rank shards (Note [ZeRO]); with world 1, every stage is stage 0.
   int zero = 0;

@@ -111,41 +111,59 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   // Widened matmuls (fp16's always, bf16's without oneDNN bf16) run at the f32 rate.
   const bool widened = half && kernels::matmul_widens(half_dtype(p));
   const bool half_gemm = half && !widened;
+  // A pipeline stage (Note [Pipeline parallel]): its blocks [first, last), the embeddings on
+  // the first stage, the final norm and LM head on the last; every stage but the last runs its
+  // blocks' forward once more a micro-batch, from the kept input before the backward (GPipe's
+  // re-materialisation, dist/pipeline_runner.h). One stage: the whole model.
+  const int first = c.pipelined() ? c.stage.first : 0;
+  const int last = c.pipelined() ? c.stage.last : c.n_layer;
+  const double blocks = last - first;
+  const bool has_embeddings = !c.pipelined() || c.stage.has_embeddings();
+  const bool has_head = !c.pipelined() || c.stage.has_head();
+  const double reforward = has_head ? 0 : blocks;
 
   const StepFlops f = step_flops(c, in.B, in.T, in.options);
   const double head_flops = f.head;
   int recomputed = 0;
-  for (int s : block_slots(in.options.ckpt, c.n_layer).slot) recomputed += s >= 0;
+  const BlockSlots slots = block_slots(in.options.ckpt, c.n_layer);
+  for (int l = first; l < last; ++l) recomputed += slots.slot[static_cast<size_t>(l)] >= 0;
   // Attention's share of step_flops: the causal scores, 4x per block with flash (backward
   // recomputes them), 3x plain, once more per recomputed block (or per block, selective plain).
   const bool flash = in.options.attention == AttentionKind::flash;
   const double scores = 2.0 * double(in.B) * in.T * in.T * double(c.attn_width());
-  const double attention_flops =
-      scores * (c.n_layer * (flash ? 4 : 3) + recomputed +
-                (in.options.ckpt.selective() && !flash ? c.n_layer : 0));
+  const double counted_attention =
+      scores * (blocks * (flash ? 4 : 3) + recomputed +
+                (in.options.ckpt.selective() && !flash ? blocks : 0));
+  // The re-materialised forwards: each block's matmuls and scores once more.
+  const double block_forward = 2.0 * N * double(c.block_matmul_params());
 
   StepTime t;
-  t.block_gemm = (f.total - head_flops - attention_flops) / rates.block_rate(half_gemm, c.d_model);
-  t.attention = attention_flops / (half_dtype(p) == DType::bf16 ? rates.attention_bf16
-                                                         : rates.attention_f32);
+  t.block_gemm = (f.total - head_flops - counted_attention + reforward * block_forward) /
+                 rates.block_rate(half_gemm, c.d_model);
+  t.attention = (counted_attention + reforward * scores) /
+                (half_dtype(p) == DType::bf16 ? rates.attention_bf16 : rates.attention_f32);
   t.head_gemm = head_flops / rates.head_rate(half_gemm, c.d_model);
 
   const BlockTraffic b = block_traffic(c);
   const double forward = b.forward + (half ? b.half_forward : 0);
   const double backward = b.backward + (half ? b.half_backward : 0);
-  double per_token = c.n_layer * (forward + backward) + recomputed * forward +
-                     (half_gemm ? 4.5 : 3.0) * V + 6 * C + 5 * C;
+  // The head's softmax and ln_f (6C) on the last stage, the embedding (5C) on the first; a
+  // stage without them copies its input in and its output out (2C each).
+  double per_token = blocks * (forward + backward) + (recomputed + reforward) * forward +
+                     (has_head ? (half_gemm ? 4.5 : 3.0) * V + 6 * C : 2 * C) +
+                     (has_embeddings ? 5 * C : 2 * C);
   double per_micro_batch = 0;  // elements converted once per micro-batch, not per token
   if (widened) {
-    per_token += (c.n_layer + recomputed) * b.half_forward + c.n_layer * b.half_backward;
+    per_token += (blocks + recomputed + reforward) * b.half_forward + blocks * b.half_backward;
     const double chunks = std::ceil(N / double(lm_head_rows(in.options, int64_t(N))));
-    per_micro_batch = 1.5 * double(c.block_matmul_params()) * (2 * c.n_layer + recomputed) +
-                      0.5 * 2 * chunks * V * C;
+    per_micro_batch =
+        1.5 * double(c.block_matmul_params()) * (2 * blocks + recomputed + reforward) +
+        (has_head ? 0.5 * 2 * chunks * V * C : 0);
   }
   if (p == Precision::fp8) {
-    const Fp8CastTraffic f = fp8_cast_traffic(c);
-    per_token += (c.n_layer + recomputed) * f.forward + c.n_layer * f.backward;
-    per_micro_batch += f.weight * (2 * c.n_layer + recomputed);
+    const Fp8CastTraffic f8 = fp8_cast_traffic(c);
+    per_token += (blocks + recomputed + reforward) * f8.forward + blocks * f8.backward;
+    per_micro_batch += f8.weight * (2 * blocks + recomputed + reforward);
   }
   t.elementwise = (per_token * N + per_micro_batch) * 4 / rates.elementwise_bytes_per_s;
   // --act-compress: its passes stream their bytes as the element-wise kernels do (each block of
@@ -168,10 +186,12 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
   if (half && in.master_weights) bytes += 2.0 * U;
   t.optimizer = bytes / rates.stream_bytes_per_s;
   if (in.optimizer_flops > 0) t.optimizer += in.optimizer_flops / rates.block_rate(false, c.d_model);
+  // Each rank sends half the bytes it copies (CommVolume::copied_bytes: every byte sent and
+  // received copied once), on the data group's link.
   if (in.comm_copied_bytes > 0)
-    t.comm = in.comm_copied_bytes / rates.copy_bytes_per_s +
+    t.comm = link_seconds(in.data_link, in.comm_copied_bytes / 2, in.comm_messages, rates) +
              in.comm_summed_bytes / rates.stream_bytes_per_s;
-  t.tensor_comm = tensor_comm_seconds(in.tensor_comm, c.tp, rates);  // per step already
+  t.tensor_comm = tensor_comm_seconds(in.tensor_comm, c.tp, rates, in.tensor_link);  // per step
   // The update's I/O runs while it computes, piece by piece through a ring of three slots,
   // and nothing else runs meanwhile: after the backward, or with --update-in-backward inside
   // it, unit by unit, the backward waiting for each unit's update (offloaded_unit_pass.cpp
@@ -201,6 +221,16 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
                   std::max(0.0, in.param_read_seconds / 2 + in.offload_backward_io_seconds -
                                     backward_compute);
   return t;
+}
+
+double ring_messages(const dist::CommVolume& v, int world, size_t bucket_bytes) {
+  if (world <= 1) return 0;
+  auto buckets = [&](int64_t bytes) {
+    if (bytes <= 0) return 0.0;
+    return bucket_bytes > 0 ? std::ceil(double(bytes) / double(bucket_bytes)) : 1.0;
+  };
+  return (world - 1.0) *
+         (2 * buckets(v.all_reduce) + buckets(v.reduce_scatter) + buckets(v.all_gather));
 }
 
 }  // namespace memfit

@@ -5,16 +5,21 @@
 // bench/e2e/plan_time_accuracy.py.
 #pragma once
 
+#include "memfit/dist/comm_volume.h"
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/step_plan.h"
 #include "memfit/plan/calibration.h"
+#include "memfit/plan/link_model.h"
 #include "memfit/plan/tensor_comm.h"
 
 namespace memfit {
 
 // Per optimizer step (grad_accum micro-batches, each run backward_passes times, and one
-// update), in seconds by part.
+// update), in seconds by part. A pipeline stage's (ModelConfig::stage): its blocks, the
+// embeddings on the first stage, the final norm and LM head on the last, and on every stage but
+// the last the forward run again from the kept input before each backward (Note [Pipeline
+// parallel]); how the stages make a step is plan/pipeline_time.h.
 struct StepTime {
   double block_gemm = 0;   // the blocks' matmuls, recomputation included
   double attention = 0;    // attention (scores and mixing), recomputation included
@@ -27,16 +32,24 @@ struct StepTime {
   // backward waiting for each unit's update), and the forward's and the backward's disk time
   // (--offload-params' block reads, --offload-grads' gradient I/O) beyond each phase's compute.
   double offload_io = 0;
-  // Several ranks: the step's collectives, their bytes copied at the memory-copy rate (the
-  // shared-memory transport's) and the sums of the reduced ones at the streaming rate; counted
-  // whole, as if nothing overlapped (a first-order estimate: Note [Fit a budget]).
+  // Several ranks: the data group's collectives, the bytes each rank sends on the link the
+  // group spans (plan/link_model.h; on this host the memory-copy rate, each byte copied in and
+  // out) with a latency a message, and the sums of the reduced ones at the streaming rate;
+  // counted whole, as if nothing overlapped (a first-order estimate: Note [Fit a budget]).
   double comm = 0;
   // --tp: the tensor group's collectives (plan/tensor_comm.h: tensor_comm_seconds), priced one
-  // all-reduce at a time by its bytes at the same rates; counted whole, nothing overlapped.
+  // all-reduce at a time by its bytes on the tensor group's link; counted whole, nothing
+  // overlapped.
   double tensor_comm = 0;
   double total() const {
     return block_gemm + attention + head_gemm + elementwise + compression + optimizer +
            offload_io + comm + tensor_comm;
+  }
+  // What runs once per micro-batch pass (the compute and the tensor group's collectives, which
+  // sit inside the layers): a pipeline stage's work in its slots. The rest (the update, the
+  // data group's collectives, offload I/O) runs once a step.
+  double micro_batches() const {
+    return block_gemm + attention + head_gemm + elementwise + compression + tensor_comm;
   }
 };
 
@@ -78,8 +91,14 @@ struct StepTimeInputs {
   // it receives, each copied once, through shared memory: dist::CommVolume::copied_bytes) and the
   // bytes the sums of the reduced ones read and write (CommVolume::summed_bytes).
   double comm_copied_bytes = 0, comm_summed_bytes = 0;
-  // --tp: the tensor group's collectives of one step (tensor_comm_per_step), over model.tp ranks.
+  // The messages those collectives send one after another (ring_messages), each paying the
+  // link's latency; and the link the data group spans (default: this host's, no latency).
+  double comm_messages = 0;
+  Link data_link;
+  // --tp: the tensor group's collectives of one step (tensor_comm_per_step), over model.tp ranks,
+  // on the link the tensor group spans.
   TensorCommVolume tensor_comm;
+  Link tensor_link;
   bool master_weights = false;   // bf16/fp16 with an FP32 master copy
   // --act-compress: the bytes a micro-batch's (de)quantisation passes move
   // (compression_traffic_bytes of its step plan).
@@ -105,5 +124,11 @@ struct StepTimeInputs {
 double compression_traffic_bytes(const StepPlan& plan);
 
 StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates);
+
+// The messages a rank of `world` sends one after another for the collectives of `v`, as rings
+// in buckets of `bucket_bytes` (0: one bucket): 2 (world - 1) per all-reduce bucket, world - 1
+// per reduce-scatter or all-gather bucket. What the step-time model charges the link's latency
+// for; 0 for one rank.
+double ring_messages(const dist::CommVolume& v, int world, size_t bucket_bytes);
 
 }  // namespace memfit

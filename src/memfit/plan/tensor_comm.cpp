@@ -74,12 +74,14 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   return v;
 }
 
-double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration& rates) {
+double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration& rates,
+                           const Link& link) {
   if (tp <= 1) return 0;
-  // One all-reduce of all_reduce_each() bytes, as the data group's ring prices it.
+  // One all-reduce of all_reduce_each() bytes, as the data group's ring prices it: a rank
+  // sends half what it copies.
   dist::CommVolume one;
   one.all_reduce = v.all_reduce_each();
-  const double each = one.copied_bytes(tp) / rates.copy_bytes_per_s +
+  const double each = link_seconds(link, one.copied_bytes(tp) / 2, 2.0 * (tp - 1), rates) +
                       one.summed_bytes(tp) / rates.stream_bytes_per_s;
   // The gathers: each rank's part sent to, and received from, the tp - 1 others.
   dist::CommVolume gathers;
@@ -88,8 +90,9 @@ double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration&
   dist::CommVolume scatters;
   scatters.reduce_scatter = v.reduce_scatter_bytes;
   return double(v.all_reduce_count) * each +
-         gathers.copied_bytes(tp) / rates.copy_bytes_per_s +
-         scatters.copied_bytes(tp) / rates.copy_bytes_per_s +
+         link_seconds(link, gathers.copied_bytes(tp) / 2, 0, rates) +
+         link_seconds(link, scatters.copied_bytes(tp) / 2,
+                      double(v.reduce_scatter_count) * (tp - 1), rates) +
          scatters.summed_bytes(tp) / rates.stream_bytes_per_s;
 }
 

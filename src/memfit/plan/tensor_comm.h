@@ -26,6 +26,7 @@
 
 #include "memfit/model/step_plan.h"
 #include "memfit/plan/calibration.h"
+#include "memfit/plan/link_model.h"
 #include "memfit/plan/run_spec.h"
 
 namespace memfit {
@@ -45,12 +46,15 @@ struct TensorCommVolume {
 TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
                                       int data_rank = 0);
 
-// Seconds the collectives of `v` take over `tp` ranks on this host, nothing overlapped: each
+// Seconds the collectives of `v` take over `tp` ranks on `link`, nothing overlapped: each
 // all-reduce as the communicator runs it (a reduce-scatter of rank-ordered sums, then an
-// all-gather: Note [Deterministic reduction]), every byte a rank sends and receives copied once
-// at rates.copy_bytes_per_s (the shared-memory transport) and its sums read and written at
-// rates.stream_bytes_per_s; times the count. The gathers likewise, (tp - 1) copies of each
-// rank's part. Latency per call is not counted (no rate for it is measured). 0 at tp 1.
-double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration& rates);
+// all-gather: Note [Deterministic reduction]), the bytes a rank sends at the link's rate
+// (this host's, Link{}: every byte sent and received copied once at rates.copy_bytes_per_s) with
+// its latency for each of the ring's 2 (tp - 1) messages, and its sums read and written at
+// rates.stream_bytes_per_s; times the count. The gathers likewise, (tp - 1) parts of each
+// rank's sent (their latency not counted: they are a few a micro-batch beside the all-reduces);
+// --sp's reduce-scatters (tp - 1) messages each. 0 at tp 1.
+double tensor_comm_seconds(const TensorCommVolume& v, int tp, const Calibration& rates,
+                           const Link& link = {});
 
 }  // namespace memfit

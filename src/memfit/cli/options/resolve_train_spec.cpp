@@ -13,6 +13,7 @@
 #include "memfit/io/checkpoint/sharded_safetensors.h"
 #include "memfit/memory/pool.h"
 #include "memfit/plan/fit_advice.h"
+#include "memfit/plan/pipeline_time.h"
 
 namespace memfit {
 
@@ -256,6 +257,9 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
                    "stage's parameters (Note [Pipeline parallel], \"What remains\")",
                    c.pp);
     s.pipeline = split_stages(c.pp_layers, s.model.n_layer, c.pp);
+    // auto: the even split here, balanced by the planner's estimate once the run is resolved
+    // (resolve_auto; memfit plan).
+    s.pp_layers_auto = c.pp_layers.empty() || c.pp_layers == "auto";
     s.pipe_schedule = parse_pipe_schedule(c.pp_schedule);
   } else if (!c.pp_layers.empty() && c.pp_layers != "auto") {
     MEMFIT_THROW(ConfigError, "config",
@@ -276,6 +280,12 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
                  c.grad_dtype);
   s.grad_dtype = c.grad_dtype == "bf16" ? DType::bf16 : DType::f32;
   s.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1048576.0);
+  // The links the step-time estimate prices transfers on (plan/link_model.h).
+  for (const std::string& l : c.links) parse_link(l, s.links);
+  if (c.ranks_per_node < 0)
+    MEMFIT_THROW(ConfigError, "config", "--ranks-per-node must be 1 or more (0: every rank on "
+                 "one node), got {}", c.ranks_per_node);
+  s.links.ranks_per_node = c.ranks_per_node;
   s.mem_limit = c.mem_limit.empty() ? 0 : parse_bytes(c.mem_limit, "--mem-limit");
   s.data_dir = c.data_dir;
   s.saves = !c.save_dir.empty();
@@ -393,6 +403,14 @@ AutoResolution resolve_auto(const TrainConfig& config, StartingCheckpoint& start
     }
     run = apply_candidate(r.asked, r.search.choice);
   }
+  // --pp-layers auto: the cut the planner balances (Note [Pipeline parallel], "The step's
+  // time"); checked again as every cut is.
+  if (run.pp() > 1 && run.pp_layers_auto) {
+    const StageSplit split = balance_stages(run);
+    run.pipeline = split.stages;
+    run.check();
+    r.pipeline_note = split.why;
+  }
   r.train = train_spec(c, run, start);
   return r;
 }
@@ -437,15 +455,30 @@ TrainSpec train_spec(const TrainConfig& c, const RunSpec& run, StartingCheckpoin
 }
 
 void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
-  if (comm.size() == 1 || !r.planned) return;
-  std::string text = nlohmann::json(r.search.choice).dump();
-  int64_t size = static_cast<int64_t>(text.size());
-  comm.broadcast(&size, sizeof size, 0);
-  text.resize(static_cast<size_t>(size));
-  comm.broadcast(text.data(), size, 0);
-  if (comm.rank() == 0) return;
-  r.search.choice = nlohmann::json::parse(text).get<Candidate>();
-  r.train.run = apply_candidate(r.asked, r.search.choice);
+  if (comm.size() == 1) return;
+  if (r.planned) {
+    std::string text = nlohmann::json(r.search.choice).dump();
+    int64_t size = static_cast<int64_t>(text.size());
+    comm.broadcast(&size, sizeof size, 0);
+    text.resize(static_cast<size_t>(size));
+    comm.broadcast(text.data(), size, 0);
+    if (comm.rank() != 0) {
+      const std::vector<PipelineStage> cut = r.train.run.pipeline;
+      r.search.choice = nlohmann::json::parse(text).get<Candidate>();
+      r.train.run = apply_candidate(r.asked, r.search.choice);
+      r.train.run.pipeline = cut;
+    }
+  }
+  // --pp-layers auto balances the stages by each process's calibration: rank 0's cut is every
+  // rank's (every rank has the same --pp and --pp-layers, from one command line).
+  if (RunSpec& run = r.train.run; run.pp() > 1 && run.pp_layers_auto) {
+    std::vector<int32_t> counts;
+    for (const PipelineStage& s : run.pipeline) counts.push_back(s.blocks());
+    comm.broadcast(counts.data(), static_cast<int64_t>(counts.size() * sizeof(int32_t)), 0);
+    std::string text;
+    for (int32_t n : counts) text += fmt::format("{}{}", text.empty() ? "" : ",", n);
+    run.pipeline = split_stages(text, run.model.n_layer, run.pp());
+  }
 }
 
 void check_max_model_config(const TrainConfig& c) {

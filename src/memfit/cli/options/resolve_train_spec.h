@@ -87,6 +87,8 @@ struct AutoResolution {
   bool planned = false;  // the planner chose (config asked for --ckpt/--zero auto or --auto-batch)
   SearchResult search;   // when planned
   std::string note;      // when planned: anything the search was told (resume)
+  // --pp-layers auto: how the planner cut the stages (StageSplit::why); empty otherwise.
+  std::string pipeline_note;
   const RunSpec& spec() const { return train.run; }
 };
 

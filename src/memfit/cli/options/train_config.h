@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "memfit/model/activation_plan.h"
 #include "memfit/model/lora.h"
@@ -67,6 +68,10 @@ struct TrainConfig {
   int pp = 1;
   std::string pp_layers = "auto";
   std::string pp_schedule = "1f1b";
+  // --link intra=BW,LAT / inter=BW,LAT and --ranks-per-node: the links the step-time estimate
+  // prices collectives and pipeline transfers on (plan/link_model.h); 0 ranks a node: one node.
+  std::vector<std::string> links;
+  int ranks_per_node = 0;
   // ZeRO stage (docs/notes/zero.md): 0 every rank holds everything; 1 the optimizer state and
   // FP32 master weights sharded; 2 the gradients reduce-scattered into the shard owners too.
   // 3 the working weights sharded too, each block gathered as the step needs it
