@@ -3,7 +3,8 @@
 // the same stage: the logs (loss, gradient norm, validation) and the saved weights are the same
 // bits, without clipping and with global clipping (two passes); each rank's planned peak by
 // category is its measured one, with no gradient accumulator, and the planned collectives per
-// step the measured ones, global clipping's second pass included; stages 0-1 are refused.
+// step the measured ones, global clipping's second pass included; stage 2 with --precision fp8
+// stores the codes; stages 0-1 are refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -144,6 +145,16 @@ TEST_F(ZeroUpdateInBackward, GlobalClippingsSecondPassIsInThePlannedCollectives)
     else  // the persistent units once, the blocks each pass
       EXPECT_GT(two["all_gather"].get<int64_t>(), one["all_gather"].get<int64_t>());
   }
+}
+
+// --precision fp8 at stage 2 stores the linears as E4M3 codes (Note [FP8], "Storage"): the
+// fused backward steps this rank's master shard, and the codes are encoded with the agreed
+// scales and gathered after it, as after the ordinary update: the same bits as the ordinary
+// run, with global clipping too, and each rank's plan (the codes, their gather) its measured.
+TEST_F(ZeroUpdateInBackward, Fp8StoredWeightsAtStageTwoAreTheOrdinaryStepBitForBit) {
+  expect_same(2, "--clip 0 --precision fp8");
+  expect_same(2, "--clip 0.05 --precision fp8");
+  expect_plan_is_measured(2, "--clip 0 --precision fp8");
 }
 
 TEST_F(ZeroUpdateInBackward, StagesZeroAndOneAreRefused) {
