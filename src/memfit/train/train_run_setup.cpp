@@ -203,8 +203,14 @@ void TrainRun::create_optimizer() {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights
     // in RAM, or with --offload-params in the slots the backward read them into.
-    if (gpt_->params_offloaded()) off_->attach_backward(*zero_.weights);
-    else off_->attach_backward(gpt_->params());
+    // Over ranks (stages 2-3) this rank's range: stage 2's part of the whole working copy,
+    // stage 3's shard itself.
+    if (gpt_->params_offloaded())
+      off_->attach_backward(*zero_.weights);
+    else if (my_shard_ && !gpt_->params_sharded())
+      off_->attach_backward(gpt_->params().view(my_shard_->begin, {my_shard_->size()}));
+    else
+      off_->attach_backward(gpt_->params());
     fused_->attach(*off_);
   } else if (fused_) {
     // Stored FP8 weights (Note [FP8], "Storage"): each stepped unit's working copy rounded and
