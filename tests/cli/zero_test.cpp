@@ -96,8 +96,10 @@ class Zero : public test::MpiBinaryTest {
   // `mpirun -n ranks`), and the model state shrinks from stage 0 to 1 (sharded optimizer state).
   void expect_resume_is_bit_identical(int zero);
   // `reductions`: the gradient exchanges a step (the micro-batches, where each is reduced).
+  // `fp8_codes`: stages 1-2 gather the stored FP8 weights' codes (one byte a linear weight,
+  // dist/zero/fp8_publish.h), below the bf16 working weights' one Ψ.
   void expect_plan_per_rank(int ranks, const std::string& more, size_t state[4],
-                            int reductions = 1) {
+                            int reductions = 1, bool fp8_codes = false) {
     for (int zero = 0; zero <= 3; ++zero) {
       const std::string a = args(fmt::format("--steps 2 --bucket-mb 0.25 {} --zero {}", more, zero));
       ASSERT_EQ(run(0, fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
@@ -122,7 +124,13 @@ class Zero : public test::MpiBinaryTest {
       if (zero < 3) {
         // An all-reduce sends the gradients twice, a reduce-scatter once; stages 1-2 all-gather
         // the working weights once.
-        EXPECT_EQ(psi, zero == 2 ? reductions + 1.0 : 2.0 * reductions + zero);
+        const double want = zero == 2 ? reductions + 1.0 : 2.0 * reductions + zero;
+        if (fp8_codes && zero > 0) {  // the linears at one byte: between half a Ψ and one
+          EXPECT_LT(psi, want);
+          EXPECT_GT(psi, want - 0.5);
+        } else {
+          EXPECT_EQ(psi, want);
+        }
       } else {
         // Stage 3: the gradients reduce-scattered (1), the persistent units once and the
         // blocks gathered for the forward and again for the backward but the top one: the
@@ -214,15 +222,35 @@ TEST_F(Zero, StagesAreBitIdenticalForLlama) {
                false);
 }
 
-// --precision fp8 (Note [FP8]): stage 0 stores the linears as E4M3 codes, stages 1-3 keep bf16
-// working weights and each linear's cast sees the whole (gathered) weight ("Storage": the same
-// values either way), so every stage gives the same bits, and each rank's plan, with the FP8
-// operand buffers, is its measured peak.
+// --precision fp8 (Note [FP8]): stages 0-2 store the linears as E4M3 codes (at stages 1-2 each
+// rank encodes its shard of the master weights with the scales the ranks agree on, and the
+// codes are all-gathered: dist/zero/fp8_publish.h), stage 3 keeps bf16 working weights whose
+// cast gives the codes' values ("Storage"), so every stage gives the same bits; the start-up
+// line says which storage each got and why; each rank's plan, with the codes and their
+// gather, is its measured peak and its collectives' bytes.
 TEST_F(Zero, StagesAreBitIdenticalInFp8AndPlannedPerRank) {
   stages_agree("--model llama-tiny --steps 3 --precision fp8 --clip 0.05 --eval-batches 1", true);
+  for (int zero = 0; zero <= 3; ++zero) {
+    ASSERT_EQ(run(2, "train " + args(fmt::format("--model llama-tiny --steps 1 --precision fp8 "
+                                                 "--zero {}",
+                                                 zero))),
+              0)
+        << test::slurp(dir / "err.txt");
+    const std::string err = test::slurp(dir / "err.txt");
+    if (zero < 3) {
+      EXPECT_NE(err.find("stored as E4M3 codes, one byte each"), std::string::npos) << err;
+      EXPECT_EQ(err.find("and the codes are all-gathered") != std::string::npos, zero > 0)
+          << err;
+    } else {
+      EXPECT_NE(err.find("stored as bf16 and cast to E4M3 at each use (the same values as the "
+                         "stored codes): ZeRO stage 3 shards and gathers"),
+                std::string::npos)
+          << err;
+    }
+  }
   size_t state[4] = {};
-  expect_plan_per_rank(2, "--precision fp8", state);
-  EXPECT_LT(state[3], state[2]);  // the working weights sharded
+  expect_plan_per_rank(2, "--precision fp8", state, 1, /*fp8_codes=*/true);
+  EXPECT_LT(state[1], state[0]);  // the master weights and the optimizer state sharded
 }
 
 // Four ranks (uneven shards, 8-bit blocks): stages 0-3 give the same bits.

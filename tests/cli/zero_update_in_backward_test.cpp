@@ -3,7 +3,9 @@
 // the same stage: the logs (loss, gradient norm, validation) and the saved weights are the same
 // bits, without clipping and with global clipping (two passes); each rank's planned peak by
 // category is its measured one, with no gradient accumulator, and the planned collectives per
-// step the measured ones, global clipping's second pass included; stages 0-1 are refused.
+// step the measured ones, global clipping's second pass included; with the optimizer (and at
+// stage 3 the working weights) offloaded, the run in RAM's bits and its plan per rank; stage 2
+// with --precision fp8 stores the codes; stages 0-1 are refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -143,6 +145,94 @@ TEST_F(ZeroUpdateInBackward, GlobalClippingsSecondPassIsInThePlannedCollectives)
       EXPECT_EQ(two["all_gather"], one["all_gather"]);
     else  // the persistent units once, the blocks each pass
       EXPECT_GT(two["all_gather"].get<int64_t>(), one["all_gather"].get<int64_t>());
+  }
+}
+
+// --precision fp8 at stage 2 stores the linears as E4M3 codes (Note [FP8], "Storage"): the
+// fused backward steps this rank's master shard, and the codes are encoded with the agreed
+// scales and gathered after it, as after the ordinary update: the same bits as the ordinary
+// run, with global clipping too, and each rank's plan (the codes, their gather) its measured.
+TEST_F(ZeroUpdateInBackward, Fp8StoredWeightsAtStageTwoAreTheOrdinaryStepBitForBit) {
+  expect_same(2, "--clip 0 --precision fp8");
+  expect_same(2, "--clip 0.05 --precision fp8");
+  expect_plan_is_measured(2, "--clip 0 --precision fp8");
+}
+
+// --update-in-backward with the optimizer offloaded over ranks (Note [Update in backward],
+// "With offload"): each rank streams its shard's state (and master weights) through its ring
+// as the units' parts are reduce-scattered, at stage 3 also with --offload-params (the rank's
+// part of each block stepped in the slot its backward read, written back to its file). Against
+// the ordinary run in RAM at the same stage: the same logs and checkpoint files bit for bit,
+// without clipping and with global clipping (two passes); each rank's plan its measured peak
+// by category, files and I/O per step, and its collectives.
+TEST_F(ZeroUpdateInBackward, OffloadedOverRanksEqualsTheRunInRamAndItsPlan) {
+  const std::string off =
+      fmt::format("--offload-optimizer nvme --offload-dir '{}'", (dir / "off").string());
+  struct Case {
+    int zero;
+    std::string more, offload;
+  };
+  const std::vector<Case> cases = {
+      {2, "--clip 0 --precision bf16 --optim adamw8bit", off},
+      {2, "--clip 0.05 --optim adamw", off},
+      {3, "--clip 0 --precision bf16 --optim adamw8bit", off},
+      {3, "--clip 0.05 --precision bf16", off + " --offload-params nvme"},
+      {3, "--clip 0 --precision bf16 --master-weights none", off + " --offload-params nvme"}};
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("--zero {} {} {}", c.zero, c.more, c.offload));
+    const fs::path ram = dir / fmt::format("ram{}", n), fused = dir / fmt::format("fused{}", n);
+    ++n;
+    const std::string common = args(fmt::format("{} --zero {}", c.more, c.zero));
+    ASSERT_EQ(run_memfit(fmt::format("train {} --save '{}' --log '{}.jsonl'", common,
+                                     ram.string(), ram.string()),
+                         2),
+              0)
+        << test::slurp(dir / "err.txt");
+    const std::string a = fmt::format("{} --update-in-backward {}", common, c.offload);
+    ASSERT_EQ(run_memfit(fmt::format("train {} --save '{}' --log '{}.jsonl'", a, fused.string(),
+                                     fused.string()),
+                         2),
+              0)
+        << test::slurp(dir / "err.txt");
+    std::vector<json> logs[2] = {lines(ram.string() + ".jsonl"), lines(fused.string() + ".jsonl")};
+    ASSERT_EQ(logs[0].size(), logs[1].size());
+    int compared = 0;
+    json measured;
+    for (size_t i = 0; i < logs[0].size(); ++i) {
+      for (const char* key : {"loss", "grad_norm", "val_loss"})
+        if (logs[0][i].contains(key)) {
+          EXPECT_EQ(logs[0][i][key], logs[1][i][key]) << key << " at line " << i;
+          ++compared;
+        }
+      if (logs[1][i].contains("ranks")) measured = logs[1][i]["ranks"];
+    }
+    EXPECT_GE(compared, 7);
+    EXPECT_TRUE(exported_weights(ram) == exported_weights(fused)) << "the saved weights differ";
+    for (const auto& e : fs::directory_iterator(ram)) {
+      if (e.path().extension() != ".safetensors") continue;  // the shards and optimizer state
+      EXPECT_TRUE(test::slurp(e.path()) == test::slurp(fused / e.path().filename()))
+          << e.path().filename() << " differs";
+    }
+    ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", a)), 0)
+        << test::slurp(dir / "err.txt");
+    const json plan = json::parse(test::slurp(dir / "out.txt"));
+    ASSERT_EQ(measured.size(), 2u) << "no per-rank peaks in the log";
+    for (int r = 0; r < 2; ++r) {
+      const json& p = plan["per_rank"][r];
+      const json& m = measured[r];
+      EXPECT_EQ(m["peak_bytes"], p["peak_bytes"]) << "rank " << r;
+      EXPECT_EQ(m["mem"], p["by_category"]) << "rank " << r;
+      EXPECT_EQ(p["by_category"].value("grads", size_t{0}), 0u) << "an accumulator";
+      EXPECT_EQ(m["offload"]["disk"], p["offload"]["disk_by_category"]) << "rank " << r;
+      EXPECT_EQ(m["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"])
+          << "rank " << r;
+      EXPECT_FALSE(fs::exists(dir / "off" / fmt::format("rank-{}", r)));
+    }
+    for (const json& j : logs[1])
+      if (j.contains("comm_bytes"))
+        for (const char* k : {"all_reduce", "reduce_scatter", "all_gather"})
+          EXPECT_EQ(j["comm_bytes"][k], plan["comm_per_step"][k]) << k;
   }
 }
 

@@ -193,13 +193,19 @@ TEST_P(Fp8Weights, PoolHoldsOneByteALinearWeight) {
                Error);
 }
 
-TEST(Fp8WeightsModel, NeedsFp8WithMasterWeightsWholeInRam) {
+// A shard of master weights (ZeRO stages 1-2) is built, and refreshed by the ranks' exchange
+// alone (tests/model/fp8_shard_test.cpp, tests/dist/fp8_publish_test.cpp).
+TEST(Fp8WeightsModel, NeedsFp8WithMasterWeightsInRamAndTheWorkingWeightsWhole) {
   const ModelConfig c = odd_config(Family::gpt2);
   MemoryPool pool;
   EXPECT_THROW((void)Transformer(c, pool, {Precision::bf16, true}, stored()), Error);
   ModelState shard = stored();
   shard.master_range = ElementRange{0, 64};
-  EXPECT_THROW((void)Transformer(c, pool, {Precision::fp8, true}, shard), Error);
+  {
+    Transformer s(c, pool, {Precision::fp8, true}, shard);
+    ASSERT_NE(s.fp8_weights(), nullptr);
+    EXPECT_THROW(s.refresh_working(), Error);
+  }
   ModelState offloaded = stored();
   offloaded.master_in_ram = false;
   EXPECT_THROW((void)Transformer(c, pool, {Precision::fp8, true}, offloaded), Error);

@@ -2,8 +2,9 @@
 // Note [Update in backward], "With offload"): through UnitSteps, as --update-in-backward drives
 // it, the working weights, the master weights and the saved state are the bytes of the ordinary
 // streamed step on the same gradients, for element-wise, 8-bit and low-state optimizers, with
-// and without master weights, with units cut into many pieces; a non-finite unit leaves its
-// state and weights as they were; units out of the backward's order are refused.
+// and without master weights, with units cut into many pieces, and over a ZeRO rank's shard cut
+// inside units; a non-finite unit leaves its state and weights as they were; units out of the
+// backward's order are refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "memfit/offload/offloaded_optimizer.h"
 #include "memfit/optim/unit_steps.h"
+#include "memfit/state/shard.h"
 #include "offload_test_util.h"
 
 namespace memfit::offload {
@@ -103,6 +105,62 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, OffloadedUnitPass,
                              if (ch == '-') ch = '_';
                            return s;
                          });
+
+// Over a ZeRO rank's shard (--update-in-backward with the optimizer offloaded under ZeRO 2-3):
+// the middle of three shards, cut inside units, its pieces the units' parts in it; each unit's
+// part given as the per-unit reduction gives it (a unit outside the shard: nothing). The
+// working and master weights and the bytes moved are the ordinary streamed step's over the
+// same shard.
+TEST(OffloadedUnitPassShard, OverAShardStepsAsTheStreamedUpdate) {
+  TempDir tmp;
+  const ModelConfig mc = llama();
+  const ParamLayout layout(mc);
+  OptimConfig oc;
+  oc.name = "adamw8bit";
+  const ElementRange R = shard_ranges(layout, oc, 3)[1];
+  const std::vector<ElementRange> units = unit_ranges(layout);
+  int cut = 0;
+  for (const ElementRange& u : units) cut += u.begin < R.begin && R.begin < u.end;
+  ASSERT_GT(cut, 0) << "the shard starts at a unit's edge";
+  MemoryPool pool;
+  Tensor w = Tensor::empty(pool, {R.size()}, DType::f32, Category::workspace, "w");
+  Tensor h_whole = Tensor::empty(pool, {R.size()}, DType::bf16, Category::params, "h");
+  Tensor h_units = Tensor::empty(pool, {R.size()}, DType::bf16, Category::params, "h");
+  Tensor grads = Tensor::empty(pool, {R.size()}, DType::f32, Category::grads, "g");
+  fill(w, 7, 1.0f);
+  OffloadedOptimizer whole(oc, layout, true, pool, tmp.path, "whole", 3000, R);
+  OffloadedOptimizer parts(oc, layout, true, pool, tmp.path, "parts", 3000, R);
+  whole.write_master(w);
+  parts.write_master(w);
+  std::memset(h_whole.raw_data(), 0, h_whole.nbytes());
+  std::memset(h_units.raw_data(), 0, h_units.nbytes());
+  UnitSteps steps(layout, R);
+  parts.attach_backward(h_units);
+  steps.attach(parts);
+  for (int t = 0; t < 3; ++t) {
+    fill(grads, 300 + t, 0.2f);
+    whole.step(h_whole, grads, 1e-2f, 1.0f);
+    steps.begin_step(1e-2f, 0, UnitSteps::Clip::global);
+    steps.begin_micro_batch();
+    for (size_t u = units.size(); u-- > 0;) {
+      const ElementRange part = R.intersect(units[u]);
+      steps.unit_done(u, part.empty() ? grads.view(0, {0})
+                                      : grads.view(part.begin - R.begin, {part.size()}));
+    }
+    steps.end_backward();
+    EXPECT_TRUE(steps.result().finite);
+  }
+  EXPECT_TRUE(same_bytes(h_whole, h_units));
+  Tensor a = Tensor::empty(pool, {R.size()}, DType::f32, Category::workspace, "a");
+  Tensor b = Tensor::empty(pool, {R.size()}, DType::f32, Category::workspace, "b");
+  whole.read_master(a);
+  parts.read_master(b);
+  EXPECT_TRUE(same_bytes(a, b));
+  // (The state of a shard is saved as a ZeRO shard file; the end-to-end test compares those:
+  // tests/cli/zero_update_in_backward_test.cpp.) The same bytes moved.
+  EXPECT_EQ(whole.stats().bytes_read, parts.stats().bytes_read);
+  EXPECT_EQ(whole.stats().bytes_written, parts.stats().bytes_written);
+}
 
 TEST(OffloadedUnitPassChecks, ANonFiniteUnitIsLeftAndOrderIsChecked) {
   TempDir tmp;

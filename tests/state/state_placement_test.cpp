@@ -249,9 +249,11 @@ namespace memfit {
 namespace {
 
 // --precision fp8 stores its linears' working weights as FP8 (Note [FP8], "Storage") where the
-// master weights and the working weights are both whole in RAM: one process or stage 0, no
-// offload. Elsewhere they stay bf16 (ZeRO 1-3 and offload move bf16 ranges of the layout).
-TEST(StatePlacement, Fp8WeightsAreStoredWhereMasterAndWorkingAreWholeInRam) {
+// working weights are whole in RAM and the master weights in RAM, whole or a shard: one process
+// and ZeRO stages 0-2 without offload (stages 1-2 agree on the scales and gather the codes).
+// Elsewhere they stay bf16, and fp8_fallback() says why: stage 3 gathers bf16 units, offload
+// moves bf16 ranges of the layout.
+TEST(StatePlacement, Fp8WeightsAreStoredWhereTheWorkingWeightsAreWholeAndTheMasterInRam) {
   const Fixture f;
   auto fp8 = [](int zero, bool offload_optimizer, bool offload_params) {
     StateOptions o;
@@ -264,19 +266,37 @@ TEST(StatePlacement, Fp8WeightsAreStoredWhereMasterAndWorkingAreWholeInRam) {
     o.offload_dir = "/tmp/off";
     return o;
   };
-  EXPECT_TRUE(StatePlacement(f.layout, f.oc, fp8(0, false, false), {0, 1}).params_fp8());
-  EXPECT_TRUE(StatePlacement(f.layout, f.oc, fp8(3, false, false), {0, 1}).params_fp8());
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(StatePlacement(f.layout, f.oc, fp8(0, false, false), {r, 2}).params_fp8());
-    for (int zero = 1; zero <= 3; ++zero)
-      EXPECT_FALSE(StatePlacement(f.layout, f.oc, fp8(zero, false, false), {r, 2}).params_fp8())
-          << "stage " << zero;
+  for (int zero = 0; zero <= 3; ++zero) {
+    const StatePlacement one(f.layout, f.oc, fp8(zero, false, false), {0, 1});
+    EXPECT_TRUE(one.params_fp8());
+    EXPECT_EQ(one.fp8_fallback(), "");
   }
-  EXPECT_FALSE(StatePlacement(f.layout, f.oc, fp8(0, true, false), {0, 1}).params_fp8());
-  EXPECT_FALSE(StatePlacement(f.layout, f.oc, fp8(0, true, true), {0, 1}).params_fp8());
+  for (int r = 0; r < 2; ++r) {
+    for (int zero = 0; zero <= 2; ++zero) {
+      const StatePlacement p(f.layout, f.oc, fp8(zero, false, false), {r, 2});
+      EXPECT_TRUE(p.params_fp8()) << "stage " << zero;
+      EXPECT_EQ(p.master().where, zero == 0 ? Residence::whole : Residence::shard);
+    }
+    const StatePlacement three(f.layout, f.oc, fp8(3, false, false), {r, 2});
+    EXPECT_FALSE(three.params_fp8());
+    EXPECT_NE(three.fp8_fallback().find("ZeRO stage 3"), std::string::npos);
+    for (int zero = 1; zero <= 3; ++zero) {
+      const StatePlacement off(f.layout, f.oc, fp8(zero, true, false), {r, 2});
+      EXPECT_FALSE(off.params_fp8()) << "stage " << zero;
+      EXPECT_NE(off.fp8_fallback().find(zero == 3 ? "ZeRO stage 3" : "--offload-optimizer"),
+                std::string::npos);
+    }
+  }
+  const StatePlacement opt(f.layout, f.oc, fp8(0, true, false), {0, 1});
+  EXPECT_FALSE(opt.params_fp8());
+  EXPECT_NE(opt.fp8_fallback().find("--offload-optimizer"), std::string::npos);
+  const StatePlacement params(f.layout, f.oc, fp8(0, true, true), {0, 1});
+  EXPECT_FALSE(params.params_fp8());
+  EXPECT_NE(params.fp8_fallback().find("--offload-params"), std::string::npos);
   StateOptions bf16 = fp8(0, false, false);
   bf16.fp8_weights = false;
   EXPECT_FALSE(StatePlacement(f.layout, f.oc, bf16, {0, 1}).params_fp8());
+  EXPECT_EQ(StatePlacement(f.layout, f.oc, bf16, {0, 1}).fp8_fallback(), "");
 }
 
 }  // namespace

@@ -145,8 +145,9 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_flag("--update-in-backward", c.update_in_backward,
                 "Step each unit's optimizer as soon as the backward finishes its gradients: no "
                 "gradient slab, only a unit's buffer. One process or --zero 2|3, --grad-accum 1, "
-                "not fp16, not --offload-grads (--offload-optimizer and --offload-params in one process "
-                "stream each unit's state in the backward); --clip above 0 costs a second pass "
+                "not fp16, not --offload-grads (--offload-optimizer and --offload-params stream each "
+                "unit's state in the backward, in one process or each rank's shard); --clip "
+                "above 0 costs a second pass "
                 "(--clip-mode global) or "
                 "clips per unit (--clip-mode unit). Note [Update in backward] "
                 "(docs/notes/update-in-backward.md)");

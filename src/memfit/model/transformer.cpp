@@ -15,6 +15,7 @@
 #include "memfit/kernels/cpu/checks.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/fill.h"
+#include "memfit/model/fp8_shard.h"
 #include "memfit/model/initial_weights.h"
 #include "memfit/model/stage_offsets.h"
 
@@ -69,11 +70,12 @@ Transformer::Transformer(const ModelConfig& config, MemoryPool& pool,
   } else if (state.params_fp8) {
     // Note [FP8], "Storage": the master weights and the working weights whole in RAM, the
     // linears' codes encoded from the master (refresh_working).
+    // At ZeRO stages 1-2 the master weights are this rank's shard (model/fp8_shard.h).
     MEMFIT_CHECK(p == Precision::fp8 && precision.master_weights && state.master_in_ram &&
-                     !sharded_ && !state.params_in_file && master_range_ == whole,
+                     !sharded_ && !state.params_in_file,
                  "model",
-                 "stored FP8 weights need --precision fp8 with FP32 master weights, both whole "
-                 "in RAM (one process or ZeRO stage 0, no offload)");
+                 "stored FP8 weights need --precision fp8 with FP32 master weights in RAM and "
+                 "the working weights whole in RAM (ZeRO stages 0-2, no offload)");
     int64_t compact = 0;
     compact_ = layout_.compact_offsets(&compact);
     fp8_.emplace(layout_);
@@ -220,6 +222,12 @@ void Transformer::refresh_working() {
     return;
   }
   if (fp8_) {
+    // Over a shard of master weights the ranks agree on the scales first: the exchange
+    // refreshes (dist/zero/fp8_publish.h).
+    MEMFIT_CHECK(whole_weights(), "model",
+                 "stored FP8 weights over a shard of master weights [{}, {}) are refreshed by "
+                 "the ranks' exchange (publish_fp8_weights)",
+                 master_range_.begin, master_range_.end);
     refresh_fp8(whole());
   } else if (whole_weights() || sharded_) {
     if (params_.numel() > 0) convert(params_, master_);
@@ -255,9 +263,21 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
     set_weights_quant(fill, piece_elements, true);
     return;
   }
-  if (fp8_) {  // the master weights whole in RAM: filled in place, then encoded
+  if (fp8_ && whole_weights()) {  // the master weights whole in RAM: filled in place, encoded
     fill(0, layout_.total(), master_.data<float>());
     refresh_working();
+    return;
+  }
+  if (fp8_) {
+    // A shard of master weights (ZeRO stages 1-2): the shard filled in place, the whole
+    // working copy computed here from `fill` through one staging piece (model/fp8_shard.h: no
+    // exchange; the bytes one process's refresh gives).
+    fill(master_range_.begin, master_range_.end, master_.data<float>());
+    int64_t largest = 1;
+    for (const ParamInfo& q : layout_.params()) largest = std::max(largest, q.numel);
+    Tensor piece = Tensor::empty(pool_, {std::min(piece_elements, largest)}, DType::f32,
+                                 Category::staging, "setup.piece");
+    fp8_weights_fill(layout_, compact_, params_, *fp8_, fp8_buffer_, fill, piece);
     return;
   }
   if (params_offloaded()) {

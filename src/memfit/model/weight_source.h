@@ -74,7 +74,8 @@ struct ModelState {
   // "Storage"): the blocks' linear weights live as E4M3 codes with a scale per matrix in one
   // buffer (Category::params, "params.fp8"; model/fp8_weights.h), encoded from the master
   // weights, and the working slab holds every other parameter alone (compact_offsets). The
-  // master and working weights whole in RAM (one process or ZeRO stage 0, no offload).
+  // working weights whole in RAM and the master weights in RAM, whole or this rank's shard (one
+  // process, ZeRO stages 0-2, no offload; model/fp8_shard.h).
   bool params_fp8 = false;
   // `params`: the working shard the model allocated (undefined in a file), of `dtype`.
   std::function<std::unique_ptr<WeightSource>(MemoryPool& pool, const ParamLayout& layout,

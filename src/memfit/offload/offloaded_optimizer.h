@@ -119,8 +119,9 @@ class OffloadedOptimizer final : public UnitStateStream {
   // unit's pieces read, stepped with the gradients of the unit's buffer and written back, the
   // next two pieces' reads in flight while the backward computes the next unit. The working
   // weights: `working` (range()'s, in RAM), or with --offload-params the slots the backward
-  // read them into (WeightGather::stepped_piece), each block written back once stepped. One
-  // process (range() the whole layout). Before the first pass.
+  // read them into (WeightGather::stepped_piece), each block written back once stepped. Over
+  // range(): the whole layout in one process, or a ZeRO rank's shard (stages 2-3, whose
+  // per-unit reduction gives each unit's part as it is reduce-scattered). Before the first pass.
   void attach_backward(const Tensor& working);
   void attach_backward(WeightGather& working);
   void begin_pass() override;

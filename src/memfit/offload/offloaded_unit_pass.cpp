@@ -46,11 +46,9 @@ void OffloadedOptimizer::attach_backward(WeightGather& working) {
 }
 
 void OffloadedOptimizer::order_pass() {
-  MEMFIT_CHECK(layout_.range == whole_range(params_), "offload",
-               "--update-in-backward with the optimizer offloaded steps the whole layout in one "
-               "process, not [{}, {})",
-               layout_.range.begin, layout_.range.end);
-  // The backward's order: the tail, the blocks top down, the embeddings (optim/backward_update.h).
+  // The backward's order: the tail, the blocks top down, the embeddings (optim/backward_update.h),
+  // over this optimizer's range (the whole layout, or a ZeRO rank's shard: its pieces are the
+  // units' parts in it, and a unit outside it has none, which UnitSteps never gives).
   const std::vector<std::vector<size_t>> by_unit =
       pieces_by_unit(unit_ranges(params_), layout_.pieces);
   pass_pieces_.clear();

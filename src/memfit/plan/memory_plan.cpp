@@ -13,6 +13,7 @@
 
 #include "memfit/core/scoped_threads.h"
 #include "memfit/dist/comm_volume.h"
+#include "memfit/dist/zero/fp8_publish.h"
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/pipeline_runner.h"
 #include "memfit/dist/process_grid.h"
@@ -394,6 +395,10 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
           : 0,
       placement.grads_per_unit() ? passes : 1,
       static_cast<int>(dtype_size(spec.grad_dtype)));
+  // Stored FP8 weights over shards of the master weights (stages 1-2, Note [FP8], "Storage"):
+  // the owners' ranges gathered as codes, one byte a linear weight (dist/zero/fp8_publish.h).
+  if (placement.params_fp8() && placement.owned())
+    r.comm_per_step.all_gather = fp8_publish_bytes(layout, half);
 
   if (spec.steps > 0) at(Category::staging) = loader_staging_bytes(spec, r);
   at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;

@@ -364,11 +364,6 @@ void RunSpec::check_update_in_backward() const {
                  "--offload-grads nvme with --update-in-backward: each unit's gradients are "
                  "consumed by its update as its backward ends and never kept (RAM holds one unit "
                  "buffer), so there is no gradient file to write; drop --offload-grads");
-  if ((offload.optimizer || offload.params) && world > 1)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--update-in-backward with --offload-optimizer/--offload-params under {} ranks "
-                 "is not built (one process only); drop one of them",
-                 world);
   if (grad_dtype != DType::f32)
     MEMFIT_THROW(ConfigError, "config",
                  "--update-in-backward with --grad-dtype bf16: the unit's gradients are stepped "

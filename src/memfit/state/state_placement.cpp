@@ -111,6 +111,17 @@ std::optional<ElementRange> StatePlacement::params_file_range() const {
   return std::nullopt;
 }
 
+std::string StatePlacement::fp8_fallback() const {
+  if (!options_.fp8_weights || params_fp8()) return "";
+  if (options_.offload_params)
+    return "--offload-params writes the working weights to their file as bf16 units";
+  if (params_gathered_) return "ZeRO stage 3 shards and gathers the working weights as bf16 units";
+  if (options_.offload_optimizer)
+    return "--offload-optimizer streams the master weights through a ring and writes bf16 "
+           "working ranges";
+  return "the master weights are not kept";
+}
+
 std::filesystem::path StatePlacement::offload_dir() const {
   const std::filesystem::path dir(options_.offload_dir);
   return coords_.world > 1 ? dir / fmt::format("rank-{}", coords_.rank) : dir;

@@ -144,14 +144,18 @@ class StatePlacement {
 
   // --precision fp8's working weights stored as FP8 (Note [FP8], "Storage"): the blocks' linear
   // weights one byte each (E4M3 codes, a scale per matrix), encoded from the master weights
-  // after each update. Where the master weights and the working weights are both whole in RAM
-  // (one process or stage 0, no --offload-optimizer or --offload-params); elsewhere the working
-  // weights are bf16 as in --precision bf16 and the linears cast them at each use (ZeRO 1-3
-  // exchange and offload write the working weights as bf16 ranges of the layout).
+  // after each update. Where the working weights are whole in RAM and the master weights in RAM
+  // (whole, or this rank's shard at ZeRO stages 1-2, whose owners encode their ranges with the
+  // scales agreed over the ranks and all-gather the codes: dist/zero/fp8_publish.h); elsewhere
+  // the working weights are bf16 as in --precision bf16 and the linears cast them at each use
+  // (fp8_fallback() says why).
   bool params_fp8() const {
     return options_.fp8_weights && params_.where == Residence::whole &&
-           master_.where == Residence::whole;
+           (master_.where == Residence::whole || master_.where == Residence::shard);
   }
+  // Why --precision fp8 keeps bf16 working weights here (empty where params_fp8(), or not fp8):
+  // what the start-up line says.
+  std::string fp8_fallback() const;
 
   // Master weights and optimizer state in files (--offload-optimizer), in offload_dir().
   bool optimizer_in_file() const { return options_.offload_optimizer; }

@@ -87,6 +87,7 @@ class TrainRun {
   void make_state_files();
   void make_backward_update();
   void make_model();
+  void say_fp8_storage() const;
   void create_optimizer();
   void check_disk_limit() const;
   void make_grad_widen();

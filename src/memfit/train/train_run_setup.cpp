@@ -72,6 +72,7 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
   make_state_files();
   make_backward_update();
   make_model();
+  if (lead_) say_fp8_storage();
   create_optimizer();
   make_grad_widen();
   load_or_init();
@@ -177,6 +178,27 @@ void TrainRun::make_model() {
   if (spec_.lora.enabled()) gpt_->add_lora(spec_.lora, settings_.seed);
 }
 
+// --precision fp8 (Note [FP8], "Storage"): where this run keeps the blocks' linear weights, and
+// why where it keeps bf16 (the placement is every rank's alike).
+void TrainRun::say_fp8_storage() const {
+  if (spec_.precision.precision != Precision::fp8) return;
+  if (!placement_.params_fp8()) {
+    fmt::print(stderr,
+               "memfit: --precision fp8: the blocks' linear weights are stored as bf16 and cast "
+               "to E4M3 at each use (the same values as the stored codes): {}\n",
+               placement_.fp8_fallback());
+    return;
+  }
+  fmt::print(stderr,
+             "memfit: --precision fp8: the blocks' linear weights are stored as E4M3 codes, one "
+             "byte each, with a scale per matrix{}\n",
+             placement_.owned()
+                 ? fmt::format(" (ZeRO stage {} over {} ranks: each rank encodes its shard with "
+                               "the scales the ranks agree on, and the codes are all-gathered)",
+                               placement_.stage(), W_)
+                 : "");
+}
+
 void TrainRun::create_optimizer() {
   if ((offload_ || param_file_) && spec_.offload.disk_limit) check_disk_limit();
   if (offload_)
@@ -190,16 +212,23 @@ void TrainRun::create_optimizer() {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights
     // in RAM, or with --offload-params in the slots the backward read them into.
-    if (gpt_->params_offloaded()) off_->attach_backward(*zero_.weights);
-    else off_->attach_backward(gpt_->params());
+    // Over ranks (stages 2-3) this rank's range: stage 2's part of the whole working copy,
+    // stage 3's shard itself.
+    if (gpt_->params_offloaded())
+      off_->attach_backward(*zero_.weights);
+    else if (my_shard_ && !gpt_->params_sharded())
+      off_->attach_backward(gpt_->params().view(my_shard_->begin, {my_shard_->size()}));
+    else
+      off_->attach_backward(gpt_->params());
     fused_->attach(*off_);
   } else if (fused_) {
     // Stored FP8 weights (Note [FP8], "Storage"): each stepped unit's working copy rounded and
-    // encoded from its master weights at once, not in the optimizer's pass.
+    // encoded from its master weights at once, not in the optimizer's pass; from a shard of
+    // them (stage 2) after the backward, by the publish, with the scales the ranks agree on.
     const bool slab = gpt_->has_master() && !gpt_->fp8_weights();
     fused_->attach(spec_.optim, *opt_, gpt_->weights(), gpt_->weights_range().begin,
                   slab ? gpt_->params() : Tensor{}, gpt_->params_range().begin);
-    if (gpt_->fp8_weights())
+    if (gpt_->fp8_weights() && gpt_->whole_weights())
       fused_->set_stepped_hook([this](ElementRange part) { gpt_->refresh_working(part); });
   }
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "memfit/dist/shard_collectives.h"
+#include "memfit/dist/zero/fp8_publish.h"
 #include "memfit/kernels/cpu/bf16_check.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/residual.h"
@@ -224,6 +225,9 @@ int64_t publish_working_weights(Transformer& gpt, const RankShards* shards) {
     return 0;
   }
   if (!shards) return 0;
+  // Stored FP8 weights (Note [FP8], "Storage"): each owner encodes its range with the scales
+  // the ranks agree on, and the codes are gathered (dist/zero/fp8_publish.h).
+  if (gpt.fp8_weights()) return publish_fp8_weights(gpt, *shards->comm, shards->ranges);
   // Every rank's updated working weights, from their owners, in place.
   const ElementRange& r = shards->ranges.at(static_cast<size_t>(shards->comm->rank()));
   Tensor& params = gpt.params();
@@ -252,9 +256,10 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
                                                    : gpt.weights();
     if (gpt.fp8_weights()) {
       // Stored FP8 weights (Note [FP8], "Storage"): the master weights stepped, then the
-      // working copy rounded and the linears encoded from them (the master is whole: stage 0).
+      // working copy rounded and the linears encoded from them; from a shard (stages 1-2) by
+      // the publish below, with the scales the ranks agree on.
       optimizer.step(weights, grads, rate, scale);
-      gpt.refresh_working();
+      if (gpt.whole_weights()) gpt.refresh_working();
     } else if (gpt.has_master()) {  // the working copy rounded in the same pass (step_master)
       // Stage 3's working weights are the shard itself (Note [ZeRO stage 3]).
       Tensor working = whole || gpt.params_sharded() ? gpt.params()

@@ -529,16 +529,16 @@ void WeightGather::update_piece_done(ElementRange piece) {
 }
 
 Tensor WeightGather::stepped_piece(ElementRange piece) {
-  MEMFIT_CHECK(file_ && !s_.comm, "offload",
-               "stepped_piece: the file source's working weights in one process");
+  MEMFIT_CHECK(file_, "offload", "stepped_piece without a file source");
   const size_t u = unit_of(piece.begin);
   const ElementRange unit = units_.units[u];
   MEMFIT_CHECK(unit.contains(piece), "offload", "piece [{}, {}) crosses a unit", piece.begin,
                piece.end);
   if (units_.persistent[u])
     return persistent_.view(persistent_at_[u] + piece.begin - unit.begin, {piece.size()});
-  // The block's backward just ran on the current gather's slot: its weights are there.
-  MEMFIT_CHECK(current_ >= 0 && event_unit_.at(static_cast<size_t>(current_)) ==
+  // The block's backward just ran on the current gather's slot: its weights are there (at
+  // stage 3 the whole block gathered, this rank's part among them).
+  MEMFIT_CHECK((!sharded_file() || mine_.contains(piece)) && current_ >= 0 && event_unit_.at(static_cast<size_t>(current_)) ==
                                     static_cast<int>(u),
                "offload",
                "stepped_piece: block unit {} is stepped, but the step's current block is unit {}",
@@ -549,8 +549,23 @@ Tensor WeightGather::stepped_piece(ElementRange piece) {
 void WeightGather::stepped_piece_done(ElementRange piece) {
   const size_t u = unit_of(piece.begin);
   const ElementRange unit = units_.units[u];
-  if (units_.persistent[u] || piece.end != unit.end) return;
+  if (units_.persistent[u]) return;
   const int slot = current_ % slots_;
+  if (sharded_file()) {
+    // Stage 3: this rank's part of the block, once its last piece is stepped, from the slot
+    // into the landing buffer (page-aligned, as the file asks) and written; the next gather's
+    // read of the file waits for the write (gather).
+    const ElementRange part = mine_.intersect(unit);
+    if (piece.end != part.end) return;
+    if (landing_write_) file_->wait(std::exchange(landing_write_, 0));
+    std::memcpy(landing(),
+                slot_bytes(slot) + static_cast<size_t>(part.begin - unit.begin) * elem_,
+                static_cast<size_t>(part.size()) * elem_);
+    pad_landing(part.size());
+    landing_write_ = file_->write(u, landing());
+    return;
+  }
+  if (piece.end != unit.end) return;
   // Past the block's last element the slot holds whatever came before: the file gets zeros.
   char* bytes = slot_bytes(slot);
   std::memset(bytes + unit.size() * elem_, 0,

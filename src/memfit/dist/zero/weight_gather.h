@@ -149,11 +149,13 @@ class WeightGather final : public WeightSource {
   Tensor update_piece(ElementRange piece, bool read);
   void update_piece_done(ElementRange piece);
   void end_update(int64_t step);
-  // --update-in-backward (one process): the view of `piece`'s working weights as the backward
-  // left them: a persistent unit's in RAM, a block's in the slot its backward just read (the
-  // current gather: no second read). stepped_piece_done writes the block back from that slot
-  // once its last piece is stepped; the slot's next read waits for that write (enter), and
-  // end_update for every write.
+  // --update-in-backward: the view of `piece`'s working weights as the backward left them: a
+  // persistent unit's in RAM, a block's in the slot its backward just read (the current
+  // gather: no second read). stepped_piece_done writes the block back from that slot once its
+  // last piece is stepped; the slot's next read waits for that write (enter), and end_update
+  // for every write. At stage 3 (the file holds this rank's part of each block) the pieces
+  // are the rank's part, and the part goes back through the landing buffer, whose next read
+  // waits for the write (gather).
   Tensor stepped_piece(ElementRange piece);
   void stepped_piece_done(ElementRange piece);
 
