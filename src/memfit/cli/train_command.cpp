@@ -216,8 +216,10 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "Tensor parallelism under mpirun or srun: split each block's matrices, the "
                   "embedding and the LM head over this many neighbouring ranks (Megatron's "
                   "layout; it must divide the ranks, heads and MLP width, and divide the key/value "
-                  "heads or be a multiple of them); the data group is the ranks / tp. fp32, bf16 or fp16 (no fp8), ZeRO 0-3 on the data group, every --ckpt policy, no saves yet. "
-                  "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
+                  "heads or be a multiple of them); the data group is the ranks / tp. fp32, "
+                  "bf16 or fp16 (no fp8), ZeRO 0-3 on the data group, every --ckpt policy; saves "
+                  "whole tensors that load at any layout. Note [Tensor parallel] "
+                  "(docs/notes/tensor-parallel.md)")
       ->capture_default_str();
   cmd->add_flag("--sp", c.sp,
                 "Sequence parallelism with --tp (Megatron's, Korthikanti et al. 2022): the "
@@ -231,7 +233,8 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "final norm and LM head on the last), each holding its own parameters, "
                   "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
                   "The data group is the ranks / pp. fp32, ZeRO 0, adamw or sgd, an untied model "
-                  "(LLaMA), no saves yet. Note [Pipeline parallel] "
+                  "(LLaMA); saves whole tensors that load at any layout. Note [Pipeline "
+                  "parallel] "
                   "(docs/notes/pipeline-parallel.md)")
       ->capture_default_str();
   cmd->add_option("--pp-layers", c.pp_layers,

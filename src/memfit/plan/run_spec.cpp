@@ -103,7 +103,8 @@ StateOptions RunSpec::state_options() const {
 // What --tp is built with so far (Note [Tensor parallel], "What `--tp` does today"): fp32, bf16
 // (with or without master weights) and fp16; AdamW (or SGD); ZeRO 0-3 over the data group of
 // each tensor slice; every checkpoint policy (recomputation re-issues the row-parallel
-// all-reduces). Each refusal names the option and says why it is not built.
+// all-reduces); saves, resumes and --init-from at any layout (Note [Checkpoints across
+// layouts]). Each refusal names the option and says why it is not built.
 void RunSpec::check_tensor_parallel() const {
   struct Refusal {
     const char* option;
@@ -138,9 +139,7 @@ void RunSpec::check_tensor_parallel() const {
       : ckpt_auto ? Refusal{"--ckpt auto",
                             "the search over stages and policies does not consider --tp yet; "
                             "give a policy"}
-      : saves   ? Refusal{"--save", "checkpoints of tensor slices are not built"}
-      : resumed ? Refusal{"--resume", "checkpoints of tensor slices are not built"}
-                : std::optional<Refusal>{};
+                  : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--tp {} with {} is not built yet: {} (Note [Tensor parallel])", model.tp,
@@ -156,9 +155,10 @@ RunSpec RunSpec::stage(int s) const {
 }
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, AdamW or
-// SGD, ZeRO 0 over the data group, no tensor parallelism, no checkpoints, LoRA, offload,
-// compression or fused update, no search; an untied model, and checkpoint segments inside the
-// stages. Each refusal names the option and the value.
+// SGD, ZeRO 0 over the data group, no tensor parallelism, LoRA, offload, compression or fused
+// update, no search; an untied model, and checkpoint segments inside the stages. Saves and
+// resumes at any layout (Note [Checkpoints across layouts]). Each refusal names the option and
+// the value.
 void RunSpec::check_pipeline() const {
   if (pp() == 1) return;
   const int P = pp();
@@ -174,13 +174,11 @@ void RunSpec::check_pipeline() const {
                         : update_in_backward                   ? "--update-in-backward"
                         : sync_every_micro_batch               ? "--sync-every-micro-batch"
                         : act_compress != ActCompress::none    ? "--act-compress"
-                        : saves                                ? "--save"
-                        : resumed                              ? "--resume"
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp {} with {} is not built yet: pipeline parallelism trains in fp32 at ZeRO "
-                 "0 with AdamW or SGD, and saves no checkpoint (Note [Pipeline parallel])",
+                 "0 with AdamW or SGD (Note [Pipeline parallel])",
                  P, refused);
   ModelConfig first = model;  // ConfigError naming --pp for a tied head, or a bad cut
   for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);
