@@ -358,7 +358,8 @@ TEST_F(Interrupt, UnderTpAKillMidSaveLeavesTheLastCheckpoint) {
   const int64_t step =
       nlohmann::json::parse(slurp(at.dir / "trainer_state.json"))["step"].get<int64_t>();
   EXPECT_GE(step, 2);
-  const pid_t resumed = spawn(train_args(step + 1, {"--resume", (dir / "ck").string()}));
+  const pid_t resumed = spawn(train_args(100000, {"--resume", (dir / "ck").string(),
+                                                  "--stop-after", std::to_string(step + 1)}));
   EXPECT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
   EXPECT_EQ(saved_step(), step + 1);
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -261,11 +262,17 @@ TEST(LayoutCheckpoint, AKilledSaveLeavesACompleteCheckpoint) {
   auto in_child = [&](const std::function<void()>& f) {
     const pid_t pid = fork();
     if (pid == 0) {
-      f();
+      try {  // never back into the test: the child ends here, whatever happens
+        f();
+      } catch (const std::exception& e) {
+        fprintf(stderr, "child: %s\n", e.what());
+        _exit(1);
+      }
       _exit(0);
     }
     int status = 0;
     waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 9) << "the child did not crash as asked";
   };
   // A writer killed with the files laid out and only some parts written: DIR is untouched.
   in_child([&] {
