@@ -101,6 +101,15 @@ Tensor slice_of(const Tensor& whole, const ModelConfig& local, int t, MemoryPool
   return out;
 }
 
+// A fresh subdirectory `name` of the test's scratch directory (two ScratchDirs of one test
+// would be the same directory).
+fs::path fresh(const testing::ScratchDir& root, const std::string& name) {
+  const fs::path p = root / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
 struct Layout {
   int tp = 1, pp = 1;
 };
@@ -173,19 +182,20 @@ TEST(LayoutCheckpoint, EveryLayoutWritesTheFilesOneProcessSaves) {
         const ModelConfig c = gpt ? gpt2() : llama();
         MemoryPool pool;
         const Whole w(c, dtype, pool);
-        testing::ScratchDir ref;
-        w.save(ref.path(), shard_bytes);
+        testing::ScratchDir root;
+        const fs::path ref = fresh(root, "ref");
+        w.save(ref, shard_bytes);
         const LayoutFiles files(c, dtype, w.opt.get(), shard_bytes);
         std::vector<std::string> names = files.files();
         std::sort(names.begin(), names.end());
-        ASSERT_EQ(names, testing::list_dir(ref.path()));
+        ASSERT_EQ(names, testing::list_dir(ref));
         for (const Layout lay :
              std::vector<Layout>{{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 4}}) {
           if (gpt && lay.pp > 1) continue;  // a tied head is refused under --pp
           SCOPED_TRACE(fmt::format("{} {} shards of {} bytes, tp {} pp {}", c.describe(),
                                    dtype_name(dtype), shard_bytes, lay.tp, lay.pp));
-          testing::ScratchDir dir;
-          write_by_layout(dir.path(), w, lay, files, pool);
+          const fs::path dir = fresh(root, "dir");
+          write_by_layout(dir, w, lay, files, pool);
           for (const std::string& f : names)
             EXPECT_TRUE(slurp(dir / f) == slurp(ref / f)) << f << " differs from one process's";
         }
@@ -196,8 +206,9 @@ TEST(LayoutCheckpoint, EveryRankLoadsItsPartOfTheState) {
   const ModelConfig c = llama();
   MemoryPool pool;
   const Whole w(c, DType::f32, pool);
-  testing::ScratchDir ref;
-  w.save(ref.path(), kDefaultMaxShardBytes);
+  testing::ScratchDir root;
+  const fs::path ref = fresh(root, "ref");
+  w.save(ref, kDefaultMaxShardBytes);
   const auto whole_opt = make_optimizer(adamw(c), w.layout, nullptr, ElementRange{0, 0});
   for (const Layout lay : std::vector<Layout>{{1, 1}, {2, 1}, {4, 1}, {2, 2}, {1, 4}})
     for (const auto& [local, t] : ranks(c, lay)) {
@@ -205,7 +216,7 @@ TEST(LayoutCheckpoint, EveryRankLoadsItsPartOfTheState) {
       const int64_t half = layout.total() / 2 / 16 * 16;
       for (const ElementRange mine : {ElementRange{0, half}, ElementRange{half, layout.total()}}) {
         auto o = make_optimizer(adamw(local), layout, &pool, mine);
-        load_optimizer_state_by_layout(ref.path(), *o, *whole_opt, whole_layout_runs(local, t));
+        load_optimizer_state_by_layout(ref, *o, *whole_opt, whole_layout_runs(local, t));
         EXPECT_EQ(o->steps_taken(), 7);
         const auto want = w.opt->state();
         const auto got = o->state();
@@ -254,10 +265,9 @@ TEST(LayoutCheckpoint, AKilledSaveLeavesACompleteCheckpoint) {
   const fs::path dir = root / "ck";
   save_by_layout(dir, old, old_files, pool);
   const std::string old_model = slurp(dir / kModelFile), old_opt = slurp(dir / kOptimizerFile);
-  testing::ScratchDir ref;
-  next.save(ref.path(), kDefaultMaxShardBytes);
-  const std::string new_model = slurp(ref.path() / kModelFile),
-                    new_opt = slurp(ref.path() / kOptimizerFile);
+  const fs::path ref = fresh(root, "ref");
+  next.save(ref, kDefaultMaxShardBytes);
+  const std::string new_model = slurp(ref / kModelFile), new_opt = slurp(ref / kOptimizerFile);
   ASSERT_NE(old_model, new_model);
   auto in_child = [&](const std::function<void()>& f) {
     const pid_t pid = fork();
@@ -301,7 +311,7 @@ TEST(LayoutCheckpoint, AKilledSaveLeavesACompleteCheckpoint) {
     save_by_layout(dir, old, old_files, pool);
     EXPECT_TRUE(slurp(dir / kModelFile) == old_model);
   }
-  EXPECT_EQ(testing::list_dir(root.path()), std::vector<std::string>{"ck"});
+  EXPECT_EQ(testing::list_dir(root.path()), (std::vector<std::string>{"ck", "ref"}));
 }
 
 }  // namespace
