@@ -2,7 +2,7 @@
 // stop `memfit train` after the step in progress, save it and exit 143 / 130 with a line on how
 // to resume; a second signal exits at once and leaves the last checkpoint loadable; a resume cuts
 // the JSON-lines log back to the checkpoint's step so that every step appears once, even after
-// a kill -9.
+// a kill -9; a kill -9 of one rank of a --tp run mid-save leaves a complete checkpoint.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "memfit/io/checkpoint/checkpoint_dir.h"
 #include "../support/scoped_env.h"
 
 extern char** environ;
@@ -322,6 +323,45 @@ TEST_F(Interrupt, UnderMpiASignalToOneRankStopsEveryRankAtTheSameStep) {
     EXPECT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
     EXPECT_EQ(saved_step(), steps.back() + 2);
   }
+}
+
+// kill -9 of one rank of a --tp 2 run that saves every step, caught while a save is staged (its
+// ranks writing their slices beside the checkpoint): the job ends, and the checkpoint left is a
+// complete one, from which one process (another layout) resumes (Note [Checkpoints across
+// layouts]).
+TEST_F(Interrupt, UnderTpAKillMidSaveLeavesTheLastCheckpoint) {
+  if (std::string(MEMFIT_MPIEXEC).empty()) GTEST_SKIP() << "memfit was built without MPI";
+  std::vector<std::string> args = {MEMFIT_MPIEXEC, "-n", "2", "--allow-run-as-root",
+                                   "--oversubscribe"};
+  for (const std::string& a : train_args(100000, {"--tp", "2", "--save-every", "1"}))
+    args.push_back(a);
+  const pid_t mpirun = spawn_without_leak_check(args);
+  const fs::path staging = fs::path(dir / "ck").concat(".zero-staging");
+  bool caught = false;
+  for (auto until = std::chrono::steady_clock::now() + 60s;
+       !caught && std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(1ms))
+    caught = saved_step() >= 2 && fs::exists(staging);
+  const pid_t rank = caught ? test::find_rank_pid(dir, 1) : -1;
+  if (rank > 0) kill(rank, SIGKILL);
+  const bool exited = wait_for([&] {
+    int status = 0;
+    return waitpid(mpirun, &status, WNOHANG) == mpirun;
+  });
+  if (!exited) {
+    kill(mpirun, SIGKILL);
+    wait_exit(mpirun);
+  }
+  ASSERT_TRUE(caught) << "no save seen in progress: " << slurp(dir / "err.txt");
+  ASSERT_GT(rank, 0) << "rank 1 not found";
+  EXPECT_TRUE(exited) << "the job did not end after a rank was killed";
+  const io::CheckpointLocation at = io::locate_checkpoint(dir / "ck");
+  const int64_t step =
+      nlohmann::json::parse(slurp(at.dir / "trainer_state.json"))["step"].get<int64_t>();
+  EXPECT_GE(step, 2);
+  const pid_t resumed = spawn(train_args(100000, {"--resume", (dir / "ck").string(),
+                                                  "--stop-after", std::to_string(step + 1)}));
+  EXPECT_EQ(wait_exit(resumed), 0) << slurp(dir / "err.txt");
+  EXPECT_EQ(saved_step(), step + 1);
 }
 
 }  // namespace

@@ -219,8 +219,8 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "layout; it must divide the ranks, heads and MLP width, and divide the key/value "
                   "heads or be a multiple of them); the data group is the ranks / tp (/ pp: with "
                   "--pp each stage is a tensor group). fp32, bf16 or fp16 (no fp8), ZeRO 0-3 on "
-                  "the data group, every --ckpt policy, no saves yet. "
-                  "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
+                  "the data group, every --ckpt policy; saves whole tensors that load at any "
+                  "layout. Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
       ->capture_default_str();
   cmd->add_flag("--sp", c.sp,
                 "Sequence parallelism with --tp (Megatron's, Korthikanti et al. 2022): the "
@@ -235,7 +235,8 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
                   "The data group is the ranks / (pp x tp): with --tp (and --sp) each stage is a "
                   "tensor group. fp32, bf16 or fp16, ZeRO 0-1, adamw or sgd; a tied head (GPT-2) "
-                  "as a copy of the table on the last stage; no saves yet. Note [Pipeline parallel] "
+                  "as a copy of the table on the last stage (not saved yet); saves whole tensors "
+                  "that load at any layout. Note [Pipeline parallel] "
                   "(docs/notes/pipeline-parallel.md)")
       ->capture_default_str();
   cmd->add_option("--pp-layers", c.pp_layers,

@@ -23,6 +23,7 @@
 #include "memfit/io/hf/model_weights.h"
 #include "memfit/io/checkpoint/streamed_weights.h"
 #include "memfit/memory/pool.h"
+#include "memfit/model/layout_map.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/stage_offsets.h"
 #include "memfit/dist/zero/unit_grads.h"
@@ -413,8 +414,10 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // transposed tensor's band (GPT-2's Conv1D weights; LLaMA none).
   // (LoRA at stage 3 saves the frozen base's shards, each rank its own, straight from RAM.)
   const bool base_shards = spec.lora.enabled() && placement.params_gathered();
+  // (A split layout's save writes whole tensors from every rank, through the staging above:
+  // save_staging_elements.)
   if (spec.saves && !save_streams_weights(spec) && rank == 0 && !placement.sharded_save() &&
-      !base_shards) {
+      !base_shards && !layout_split(spec.model)) {
     const DType record = precision.precision == Precision::fp32 || precision.master_weights
                              ? DType::f32
                              : half_dtype(precision.precision);
@@ -459,7 +462,7 @@ int64_t save_quant_staging_elements(const RunSpec& spec, const StepPlan& step) {
 }
 
 int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step) {
-  if (!save_streams_weights(spec)) return 0;
+  if (!save_streams_weights(spec) && !layout_split(spec.model)) return 0;
   ModelConfig model = spec.model;
   model.finalize();
   if (!io::has_transposed_weights(model, ParamLayout(model))) return 0;

@@ -121,7 +121,9 @@ bool save_streams_weights(const RunSpec& spec);
 // tensors stored transposed (GPT-2's Conv1D weights) pass through it. As the set-up's piece,
 // at most 4 MiB and at most the step's activation arena (setup_piece_elements), so a save
 // adds little to the run's peak; 0 where the save does not stream or the family stores
-// nothing transposed (LLaMA: the runs are written straight from the offload ring).
+// nothing transposed (LLaMA: the runs are written straight from the offload ring). A split
+// layout's save (--tp, --pp: every rank writes its slices into whole tensors, Note
+// [Checkpoints across layouts]) takes the same on every rank.
 int64_t save_staging_elements(const RunSpec& spec, const StepPlan& step);
 // A quantized base's save: the staging its linears are dequantized into on their way to
 // model.safetensors ("save.quant", f32-sized elements: setup_piece_elements), else 0.

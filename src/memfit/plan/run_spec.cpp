@@ -103,7 +103,8 @@ StateOptions RunSpec::state_options() const {
 // What --tp is built with so far (Note [Tensor parallel], "What `--tp` does today"): fp32, bf16
 // (with or without master weights) and fp16; AdamW (or SGD); ZeRO 0-3 over the data group of
 // each tensor slice; every checkpoint policy (recomputation re-issues the row-parallel
-// all-reduces). Each refusal names the option and says why it is not built.
+// all-reduces); saves, resumes and --init-from at any layout (Note [Checkpoints across
+// layouts]). Each refusal names the option and says why it is not built.
 void RunSpec::check_tensor_parallel() const {
   struct Refusal {
     const char* option;
@@ -138,9 +139,7 @@ void RunSpec::check_tensor_parallel() const {
       : ckpt_auto ? Refusal{"--ckpt auto",
                             "the search over stages and policies does not consider --tp yet; "
                             "give a policy"}
-      : saves   ? Refusal{"--save", "checkpoints of tensor slices are not built"}
-      : resumed ? Refusal{"--resume", "checkpoints of tensor slices are not built"}
-                : std::optional<Refusal>{};
+                  : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--tp {} with {} is not built yet: {} (Note [Tensor parallel])", model.tp,
@@ -156,9 +155,10 @@ RunSpec RunSpec::stage(int s) const {
 }
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
-// or without master weights) or fp16, AdamW or SGD, ZeRO 0 or 1 over the data group, no
-// checkpoints, LoRA, offload, compression or fused update, no search; tied or untied, and
-// checkpoint segments inside the stages. With --tp each stage is a tensor group (Note [Pipeline
+// or without master weights) or fp16, AdamW or SGD, ZeRO 0 or 1 over the data group, no LoRA,
+// offload, compression or fused update, no search; tied or untied (a tied head saves no
+// checkpoint yet), and checkpoint segments inside the stages. Saves and resumes at any layout
+// (Note [Checkpoints across layouts]). With --tp each stage is a tensor group (Note [Pipeline
 // parallel], "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too.
 // Each refusal names the option and the value.
 void RunSpec::check_pipeline() const {
@@ -178,14 +178,15 @@ void RunSpec::check_pipeline() const {
                         : update_in_backward                   ? "--update-in-backward"
                         : sync_every_micro_batch               ? "--sync-every-micro-batch"
                         : act_compress != ActCompress::none    ? "--act-compress"
-                        : saves                                ? "--save"
-                        : resumed                              ? "--resume"
+                        : model.tie_embeddings && (saves || resumed)
+                            ? "--save or --resume with a tied head (GPT-2, or --tie-embeddings "
+                              "true: the last stage's copy of the token table is not mapped "
+                              "into a checkpoint yet)"
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16 or "
-                 "fp16 at ZeRO 0 or 1 with AdamW or SGD, and saves no checkpoint (Note [Pipeline "
-                 "parallel])",
+                 "fp16 at ZeRO 0 or 1 with AdamW or SGD (Note [Pipeline parallel])",
                  P, refused);
   ModelConfig first = model;  // ConfigError naming --pp for a bad cut
   for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);

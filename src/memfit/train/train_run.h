@@ -1,8 +1,9 @@
 // One training run, as train() runs it: the objects a run holds (the pool, where its state lives,
 // the model, the optimizer, the data, the log) and what it does with them, split by concern so
 // each part reads alone: set-up (train_run_setup.cpp), checkpoint loading and saving
-// (train_run_checkpoint.cpp), the step and the evaluation (train_run_step.cpp), the log and the
-// profile (train_run_log.cpp), and the loop (trainer.cpp). Internal to train/: callers use
+// (train_run_checkpoint.cpp; over a tp x pp layout train_run_layout.cpp), the step and the
+// evaluation (train_run_step.cpp), the log and the profile (train_run_log.cpp), and the loop
+// (trainer.cpp). Internal to train/: callers use
 // train() (train/trainer.h). Members are declared in the order they are made, so they go in the
 // reverse order (the model before the files it reads, the files before their directories, the
 // pool last).
@@ -27,6 +28,7 @@
 #include "memfit/dist/tied_gradient.h"
 #include "memfit/dist/zero/zero_state.h"
 #include "memfit/io/checkpoint/checkpoint_dir.h"
+#include "memfit/io/checkpoint/layout_checkpoint.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/created_directories.h"
 #include "memfit/io/data/data_loader.h"
@@ -98,10 +100,13 @@ class TrainRun {
   // Checkpoints (train_run_checkpoint.cpp).
   void load_or_init();
   void load_weights();
+  void load_by_layout();
   void load_offloaded_state();
   void load_trainer_state();
   Tensor record_for_save();
   void stage_shards();
+  void stage_layout_files();
+  io::LayoutFiles layout_files() const;
   void save(int64_t step, const Tensor& record);
   io::StreamedWeights streamed_weights(Tensor& save_staging);
   void save_if_due(int64_t step, bool last);
@@ -225,6 +230,10 @@ class TrainRun {
   Tensor save_quant_staging_;
   DType record_dtype_ = DType::f32;
   bool sharded_state_ = false;
+  // --tp or --pp (layout_split): every rank writes its runs of the weights of record and of the
+  // optimizer state straight into whole tensors staged beside the save, which rank 0's atomic
+  // save moves in (stage_layout_files; Note [Checkpoints across layouts]).
+  bool layout_save_ = false;
   std::filesystem::path staging_;
 
   // The loop.

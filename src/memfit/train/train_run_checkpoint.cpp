@@ -11,6 +11,7 @@
 #include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/memory/rss.h"
+#include "memfit/model/layout_map.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/train_run.h"
 
@@ -45,6 +46,11 @@ void TrainRun::load_or_init() {
 // Into the weights of record, converting F32 <-> BF16 as needed, then the working copy rounded
 // from them: any precision loads any precision's checkpoint. The optimizer in RAM with them.
 void TrainRun::load_weights() {
+  // --tp or --pp: each rank's slices and stage of the whole tensors (train_run_layout.cpp).
+  if (layout_split(mc_)) {
+    load_by_layout();
+    return;
+  }
   // config.json as the run's resolution read it: checked against the model, not read again.
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
   Transformer::MasterSink to_master_file;
@@ -134,7 +140,7 @@ void TrainRun::load_trainer_state() {
 
 // The weights of record, whole, where a save takes them from RAM (else empty: open_log).
 Tensor TrainRun::record_for_save() {
-  if (sharded_state_ || streamed_save_) return Tensor{};
+  if (sharded_state_ || streamed_save_ || layout_save_) return Tensor{};
   return gpt_->weights();
 }
 
@@ -146,6 +152,10 @@ Tensor TrainRun::record_for_save() {
 // (docs/notes/checkpoints.md, "ZeRO's sharded optimizer state"). Every rank calls this
 // (collective); rank 0 saves.
 void TrainRun::stage_shards() {
+  if (layout_save_) {
+    stage_layout_files();
+    return;
+  }
   if (!sharded_state_) return;
   if (lead_) {
     fs::remove_all(staging_);  // a crashed save's leftovers
@@ -227,7 +237,7 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   io::CheckpointSaveOptions so;
   // A shard's optimizer state goes into the shard files (stage_shards); stage 0 saves the
   // whole state as optimizer.safetensors (every rank holds the same).
-  so.optimizer = sharded_state_ || gpt_->lora() ? nullptr : opt_.get();
+  so.optimizer = sharded_state_ || layout_save_ || gpt_->lora() ? nullptr : opt_.get();
   // LoRA: the adapters in PEFT's format beside the (unchanged) base weights (Note [LoRA]).
   if (gpt_->lora())
     so.write_extra = [&](const fs::path& tmp) {
@@ -251,7 +261,11 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   // bytes as from RAM).
   if (off_ && !sharded_state_)
     so.write_extra = [&](const fs::path& tmp) { off_->save_state(tmp / io::kOptimizerFile); };
-  if (sharded_state_) so.sharded_weights_dtype = record_dtype_;
+  // A split layout: every file of the weights and the optimizer state staged by the ranks
+  // (stage_layout_files), moved in; config.json is the whole model's.
+  if (layout_save_)
+    so.write_extra = [&](const fs::path& tmp) { layout_files().move(staging_, tmp); };
+  if (sharded_state_ || layout_save_) so.sharded_weights_dtype = record_dtype_;
   Tensor save_staging;
   if (streamed_save_) so.streamed_weights = streamed_weights(save_staging);
   so.max_shard_bytes = settings_.max_shard_bytes;
@@ -261,11 +275,16 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   so.extra_files["trainer_state.json"] = trainer_state_json(step).dump(2);
   // The weights of record: FP32 master weights when they exist, else the bf16 weights of a
   // pure-bf16 run (saved as BF16) or the fp32 ones.
-  io::save_checkpoint(settings_.save_dir, mc_, gpt_->layout(), record, so);
+  if (layout_save_) {
+    const ModelConfig whole = whole_run_model(mc_);
+    io::save_checkpoint(settings_.save_dir, whole, ParamLayout(whole), record, so);
+  } else {
+    io::save_checkpoint(settings_.save_dir, mc_, gpt_->layout(), record, so);
+  }
   so.streamed_weights.reset();
   save_staging = Tensor{};
   save_quant_staging_ = Tensor{};
-  if (sharded_state_) fs::remove(staging_);  // emptied by the renames
+  if (sharded_state_ || layout_save_) fs::remove(staging_);  // emptied by the renames
   // Memory once the save has let go of what it used: the soak benchmark's samples.
   // (And how long rank 0's part of the save took: the streamed save's, with offload.)
   log_line({{"step", step}, {"saved", settings_.save_dir},
@@ -287,10 +306,11 @@ void TrainRun::save_if_due(int64_t step, bool last) {
               minutes_since_save >= settings_.save_every_minutes);
   // Sharded master weights are gathered, and sharded state written, by every rank for a save
   // (collectives): the ranks' clocks must not decide apart, so rank 0's decision is everyone's.
-  if ((!gpt_->whole_weights() || sharded_state_) && !settings_.save_dir.empty() &&
+  // A split layout's save is every rank's (the world's rank 0 decides for the world).
+  if ((!gpt_->whole_weights() || sharded_state_ || layout_save_) && !settings_.save_dir.empty() &&
       settings_.save_every_minutes > 0) {
     char d = due;
-    comm_.broadcast(&d, 1, 0);
+    (layout_save_ ? grid_.world() : comm_).broadcast(&d, 1, 0);
     due = d != 0;
   }
   if (!settings_.save_dir.empty() && due && !last) {

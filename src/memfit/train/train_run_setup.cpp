@@ -10,6 +10,7 @@
 
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/data/prepare.h"
+#include "memfit/model/layout_map.h"
 #include "memfit/model/stage_offsets.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/offload_disk.h"
@@ -388,6 +389,10 @@ void TrainRun::open_log() {
     base_record_ = make_optimizer(none, gpt_->layout(), nullptr, gpt_->params_range());
     sharded_state_ = true;
   }
+  // A split layout saves whole tensors, every rank its runs (stage_layout_files), whatever the
+  // ZeRO stage on the data group: no shard files.
+  layout_save_ = layout_split(mc_);
+  if (layout_save_) sharded_state_ = false;
   staging_ = settings_.save_dir.empty() ? fs::path()
                                         : fs::path(settings_.save_dir).concat(".zero-staging");
 }

@@ -235,14 +235,7 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
                  "--tp {} must divide the ranks ({}): each tensor group is --tp neighbouring "
                  "ranks, the data group the rest",
                  c.tp, c.ranks);
-  if (c.tp > 1) {
-    if (!c.init_from.empty())
-      MEMFIT_THROW(ConfigError, "config",
-                   "--tp {} with --init-from is not built yet: loading a checkpoint into a "
-                   "rank's slices (Note [Tensor parallel], \"What remains\")",
-                   c.tp);
-    s.model.set_tensor_parallel(c.tp);
-  }
+  if (c.tp > 1) s.model.set_tensor_parallel(c.tp);
   // --pp (Note [Pipeline parallel]): the cut and the schedule; the data group is the ranks /
   // (tp x pp). Every stage's rules are RunSpec::check_pipeline's.
   if (c.pp < 1 || c.ranks % (c.tp * c.pp) != 0)
@@ -251,10 +244,11 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
                  "stage, the data group the rest",
                  c.pp, c.ranks, c.tp > 1 ? fmt::format(" / --tp {}", c.tp) : std::string());
   if (c.pp > 1) {
-    if (!c.init_from.empty())
+    if (!c.init_from.empty() && s.model.tie_embeddings)
       MEMFIT_THROW(ConfigError, "config",
-                   "--pp {} with --init-from is not built yet: loading a checkpoint into a "
-                   "stage's parameters (Note [Pipeline parallel], \"What remains\")",
+                   "--pp {} with --init-from of a tied model is not built yet: the last stage's "
+                   "copy of the token table is not mapped from a checkpoint (Note [Pipeline "
+                   "parallel], \"What remains\")",
                    c.pp);
     s.pipeline = split_stages(c.pp_layers, s.model.n_layer, c.pp);
     // auto: the even split here, balanced by the planner's estimate once the run is resolved

@@ -1,0 +1,94 @@
+// Checkpoints of a split layout (--tp, --pp, with ZeRO on the data group) as whole tensors: every
+// rank writes its runs of the weights of record and of the optimizer state (model/layout_map.h)
+// at their places in the files one process saves (model.safetensors, or its shards and index,
+// under Hugging Face's names; optimizer.safetensors over the whole layout), byte for byte, so the
+// layout is not part of the format: a save at any tp x pp x dp loads at any other, and `memfit
+// export --hf` and transformers read it as they read any save. One rank lays the files out
+// (headers, sizes; tensor bytes zero) before the others write; GPT-2's Conv1D weights are
+// transposed on the way through a bounded staging. Loading reads any saved form (these files,
+// ZeRO's shards, a Hugging Face directory) back through the same runs. Note [Checkpoints across
+// layouts] in docs/notes/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "memfit/core/dtype.h"
+#include "memfit/memory/tensor.h"
+#include "memfit/model/model_config.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/model/tensor_slices.h"
+#include "memfit/optim/optimizer.h"
+
+namespace memfit::io {
+
+class LayoutFiles {
+ public:
+  // The files of a save of `whole` (the whole run model: tp 1, every stage) with weights of
+  // record of type `record` (f32 or bf16), weights sharded above `max_shard_bytes` as
+  // save_weights shards them, and, with `optimizer` (one over the whole layout, allocated or
+  // not: its name, whole state specs and steps_taken are read), optimizer.safetensors. Every
+  // rank computes the same layout of the files. IoError for state that is not element-wise
+  // (one state element per layout element: AdamW's moments, SGD's momentum).
+  LayoutFiles(const ModelConfig& whole, DType record, const Optimizer* optimizer,
+              uint64_t max_shard_bytes);
+
+  // The files, in the order create() makes them (the weights, their index when sharded, then
+  // optimizer.safetensors).
+  std::vector<std::string> files() const;
+
+  // One rank, before any write(): every file made in the existing directory `dir`, with its
+  // header and its size, tensor bytes zero (what no rank writes: alignment gaps of the state),
+  // and the index of sharded weights. IoError if a file exists already.
+  void create(const std::filesystem::path& dir) const;
+
+  // Every rank that holds a part: the elements `runs` name (local -> whole; runs_within this
+  // rank's range), from `record` (the weights of record, its element 0 local element
+  // `record_begin`) and `state` (one pointer per whole state spec, each element 0 local element
+  // `state_begin`; none without an optimizer), written at their places; the weights' vocabulary
+  // padding rows are not stored, transposed tensors go through `staging` (its bytes, at least
+  // one element; undefined where the family stores nothing transposed). Every file written is
+  // fsynced before it returns.
+  void write(const std::filesystem::path& dir, const std::vector<SliceRun>& runs,
+             const void* record, int64_t record_begin, const std::vector<const void*>& state,
+             int64_t state_begin, const Tensor& staging) const;
+
+  // One rank, after every write(): the files renamed from `from` into `to` (the staging
+  // directory beside the save into the atomic save's temporary directory: a
+  // CheckpointSaveOptions::write_extra).
+  void move(const std::filesystem::path& from, const std::filesystem::path& to) const;
+
+ private:
+  struct File {
+    std::string name;
+    std::string header;  // padded, as SafetensorsWriter writes it
+    uint64_t size = 0;
+  };
+  struct Place {
+    int file = 0;
+    uint64_t at = 0;  // the tensor's first byte in the file
+  };
+  ModelConfig config_;
+  ParamLayout layout_;
+  DType record_;
+  std::vector<File> files_;
+  std::string index_;            // the weights' index JSON (sharded), else empty
+  std::vector<Place> params_;    // per layout parameter
+  std::vector<int64_t> stored_;  // its stored elements (padding rows dropped)
+  std::vector<Place> state_;     // per whole state spec
+  std::vector<size_t> state_bytes_;  // element size per state spec
+};
+
+// Fills `optimizer`'s state (its range of its own layout: a rank's, at any tp, stage and ZeRO
+// stage) and steps_taken from the checkpoint at `dir` (as located), whatever layout saved it:
+// element l of the rank's layout is element `whole` of `runs` (whole_layout_runs), read from
+// optimizer.safetensors or ZeRO's shard files through SavedOptimizerState over `whole_optimizer`
+// (the same optimizer over the whole layout, unallocated). Elements in no run (--tp's padding
+// rows, alignment gaps) are zero. Everything is checked before a byte is copied (IoError).
+void load_optimizer_state_by_layout(const std::filesystem::path& dir, Optimizer& optimizer,
+                                    const Optimizer& whole_optimizer,
+                                    const std::vector<SliceRun>& runs);
+
+}  // namespace memfit::io

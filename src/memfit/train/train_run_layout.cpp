@@ -1,0 +1,101 @@
+// A run's checkpoint I/O over a split layout (--tp, --pp; ZeRO on the data group): every rank
+// writes its slices and stage of the weights of record and the optimizer state into whole
+// tensors, the files one process saves, and reads its own back from any save (train/train_run.h;
+// Note [Checkpoints across layouts] in docs/notes/checkpoints.md).
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "memfit/io/checkpoint/checkpoint_export.h"
+#include "memfit/io/checkpoint/layout_checkpoint.h"
+#include "memfit/model/layout_map.h"
+#include "memfit/train/train_run.h"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The run's optimizer over the whole model's layout, unallocated (it keeps a reference to the
+// layout, held here beside it): what the save's files and a load check the state against.
+struct WholeOptimizer {
+  ParamLayout layout;
+  std::unique_ptr<Optimizer> opt;
+  WholeOptimizer(const OptimConfig& config, const ModelConfig& whole, int64_t steps_taken)
+      : layout(whole), opt(make_optimizer(config, layout, nullptr, ElementRange{0, 0})) {
+    opt->set_steps_taken(steps_taken);
+  }
+  WholeOptimizer(const WholeOptimizer&) = delete;
+  WholeOptimizer& operator=(const WholeOptimizer&) = delete;
+};
+
+}  // namespace
+
+io::LayoutFiles TrainRun::layout_files() const {
+  const ModelConfig whole = whole_run_model(mc_);
+  const WholeOptimizer w(spec_.optim, whole, opt_->steps_taken());
+  return io::LayoutFiles(whole, record_dtype_, w.opt.get(), settings_.max_shard_bytes);
+}
+
+// Every rank (collective over the world): rank 0 lays the files out in the staging directory
+// beside the save (cleared of a crashed save's leftovers), a barrier, each rank writes its
+// part, a barrier; rank 0's save() then moves them into its atomic save. A rank's part: at ZeRO
+// 0 the first data rank's (every data rank holds the same), else its shard; of the tensor
+// slices, what no lower tensor rank holds too (the replicated parameters once).
+void TrainRun::stage_layout_files() {
+  dist::Communicator& world = grid_.world();
+  const io::LayoutFiles files = layout_files();
+  if (lead_) {
+    fs::remove_all(staging_);
+    fs::create_directories(staging_);
+    files.create(staging_);
+  }
+  world.barrier();
+  // The transposes' staging (GPT-2's Conv1D weights), on every rank as the plan counts it
+  // (save_staging_elements).
+  Tensor staging;
+  if (save_staging_n_ > 0)
+    staging =
+        Tensor::empty(pool_, {save_staging_n_}, DType::f32, Category::staging, "save.staging");
+  if (my_shard_ || comm_.rank() == 0) {
+    const ElementRange mine = opt_->range();
+    const std::vector<SliceRun> runs =
+        runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
+    std::vector<const void*> state;
+    const auto held = opt_->state();
+    for (const StateSpec& s : opt_->whole_state_specs()) {
+      const void* p = nullptr;
+      for (const auto& [name, t] : held)
+        if (name == s.name) p = t.raw_data();
+      state.push_back(p);
+    }
+    files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
+                mine.begin, staging);
+  }
+  staging = Tensor{};
+  world.barrier();  // every part is on disk before rank 0 moves the files into the save
+}
+
+// This rank's slices and stage of every tensor, from any save (these files, ZeRO's shard files
+// of any world size, a Hugging Face directory): the weights of record through the set-up's
+// range fill, and when resuming the optimizer state, through the same runs.
+void TrainRun::load_by_layout() {
+  const ModelConfig whole = whole_run_model(mc_);
+  const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
+  const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, whole);
+  const std::vector<SliceRun> runs = whole_layout_runs(mc_, grid_.tensor().rank());
+  gpt_->set_weights(
+      [&](int64_t from, int64_t to, float* dst) {
+        fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
+          source->read_range({a, b}, d);
+        });
+      },
+      piece_);
+  if (resume_ && opt_) {
+    const WholeOptimizer w(spec_.optim, whole, 0);
+    io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);
+  }
+}
+
+}  // namespace memfit
