@@ -248,6 +248,28 @@ TEST_F(TensorParallel, SequenceParallelMatchesOneProcess) {
                "llama --tp 2 --sp --ckpt full bf16", 1e-3);
 }
 
+// --sp composed (issue 42 item 2): under ZeRO 2 and 3 on each data group the norms' gradients
+// are summed over the tensor group on the part of them each rank's shard holds, after the data
+// group's reduce-scatter (LLaMA with one key/value head: the replicas' sum over the shard too),
+// within 1e-5 of one process reading the same rows; fp16 (the gathers move f16 rows as bf16's
+// do, the loss scale's decision the group's) within fp16's 1e-3 of one process, for both
+// families.
+TEST_F(TensorParallel, SequenceParallelComposesWithZeroAndFp16) {
+  const std::string steps = kSteps;
+  const auto one = train(0, steps, "one", 4);
+  for (const char* zero : {"--zero 2", "--zero 3"})
+    expect_close(one, train(4, fmt::format("{} --tp 2 --sp {}", steps, zero), "dp2sp2"),
+                 fmt::format("2 data x 2 tensor --sp {}", zero));
+  const std::string a = steps + " --model llama-tiny --n-kv-head 1 --ckpt full";
+  expect_close(train(0, a, "one-llama", 4), train(4, a + " --tp 2 --sp --zero 3", "llama-dp2sp2"),
+               "llama, 2 data x 2 tensor --sp, one key/value head, --zero 3");
+  for (const char* p : {"--precision fp16", "--precision fp16 --model llama-tiny"}) {
+    const std::string f = steps + " " + p;
+    expect_close(train(0, f, "one-fp16"), train(2, f + " --tp 2 --sp", "sp2-fp16"),
+                 fmt::format("--tp 2 --sp {}", p), 1e-3);
+  }
+}
+
 // Under --sp too every rank's measured peak is the plan, by category, and each step's tensor
 // collectives (the reduce-scatters and gathers, and the norms' gradient sums) are the planned
 // ones; the activations fall against --tp alone.
@@ -256,17 +278,21 @@ TEST_F(TensorParallel, SequenceParallelPlanIsEveryRanksMeasuredPeak) {
            {2, "--tp 2 --sp"}, {4, "--tp 2 --sp"}, {4, "--tp 4 --sp --ckpt full"},
            {2, "--tp 2 --sp --model llama-tiny --ckpt full"}, {4, "--tp 4 --sp --model llama-tiny"},
            {2, "--tp 2 --sp --precision bf16"},
-           {2, "--tp 2 --sp --precision bf16 --model llama-tiny --ckpt full"}}) {
+           {2, "--tp 2 --sp --precision bf16 --model llama-tiny --ckpt full"},
+           {2, "--tp 2 --sp --precision fp16"}, {4, "--tp 2 --sp --zero 2"},
+           {4, "--tp 2 --sp --zero 3 --model llama-tiny --n-kv-head 1"}}) {
     const json plan = expect_planned(ranks, more);
     const json& t = plan["tensor_comm_per_step"];
     const bool full = more.find("full") != std::string::npos;
     // 2 blocks: 4 reduce-scatters each, the embedding's and d(norm); --ckpt full 4 more. The
     // only all-reduces: each norm parameter's gradient once (GPT-2 4 a block and 2, LLaMA 2 and
-    // 1).
+    // 1); at ZeRO 2-3 those of the parts rank 0's shard holds (the log's count, compared above).
     EXPECT_EQ(t["reduce_scatter_count"].get<int>(), full ? 14 : 10) << more;
-    EXPECT_EQ(t["all_reduce_count"].get<int>(),
-              more.find("llama") != std::string::npos ? 5 : 10)
-        << more;
+    const int norms = more.find("llama") != std::string::npos ? 5 : 10;
+    if (more.find("--zero") == std::string::npos)
+      EXPECT_EQ(t["all_reduce_count"].get<int>(), norms) << more;
+    else
+      EXPECT_LE(t["all_reduce_count"].get<int>(), norms) << more;
     EXPECT_TRUE(plan["sp"].get<bool>()) << more;
     // The same run without --sp holds more activations on every rank.
     std::string without = more;
@@ -292,7 +318,6 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 3 --tp 3", "--tp 3");                         // 4 heads
   refused("--world-size 3 --tp 2", "must divide the ranks");
   refused("--world-size 2 --tp 2 --zero auto", "--zero auto");
-  refused("--world-size 4 --tp 2 --sp --zero 2", "--sp with --zero 2 is not built");
   refused("--world-size 2 --tp 2 --precision fp8", "tensorwise scales");
   refused("--world-size 2 --tp 2 --ckpt auto", "--ckpt auto");
   refused(fmt::format("--world-size 2 --tp 2 --save '{}'", (dir / "ck").string()), "--save");

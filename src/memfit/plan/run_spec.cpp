@@ -238,14 +238,6 @@ void RunSpec::check() const {
                  "--tp {})",
                  model.tp);
   check_sequence_parallel(model, activation_options(), T);
-  // The norms' gradients are summed over the tensor group on the whole slab, after the data
-  // group's reduction (Transformer::reduce_sequence_partials): ZeRO 2-3 shard that slab first.
-  if (sp && model.tp > 1 && (zero >= 2 || zero_auto))
-    MEMFIT_THROW(ConfigError, "config",
-                 "--sp with --zero {} is not built: the norms' gradients are summed over the "
-                 "tensor group on the whole gradient slab, which ZeRO 2-3 shard; give --zero 0 "
-                 "or 1",
-                 zero_auto ? "auto" : std::to_string(zero));
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
   if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
     MEMFIT_THROW(ConfigError, "config",
