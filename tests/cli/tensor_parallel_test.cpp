@@ -9,8 +9,9 @@
 // parallelism), whose --seq-len must divide by --tp. What is not built is refused naming the
 // option. bf16 and fp16 within 1e-3 of one process (pure bf16 3e-3); 2 data x 2 tensor ranks at
 // ZeRO 1, 2 and 3 (each data group sharding its tensor slice) within 1e-5 of one process,
-// planned == measured on every rank; every checkpoint policy. Skips where memfit was built
-// without MPI.
+// planned == measured on every rank; every checkpoint policy. Composed with --sp: ZeRO 2-3 and
+// fp16; the optimizers that step slices as one process (Lion, bf16 moments, 8-bit where the
+// slices cut whole blocks), --act-compress and --grad-dtype bf16. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -307,6 +308,57 @@ TEST_F(TensorParallel, SequenceParallelPlanIsEveryRanksMeasuredPeak) {
   }
 }
 
+// The optimizers beside AdamW (Note [Tensor parallel], "Optimizers"): Lion and AdamW with bf16
+// moments are element-wise, so a rank's slice is its own tensor; 8-bit AdamW and Lion quantise
+// 256 values a block, the whole tensor's blocks wherever the slices cut whole blocks (here
+// --d-model 512: every run of a slice at --tp 2 is 256 values or a multiple). Each within 1e-5
+// of one process (the gradients differ in their last bits, as with AdamW), at 2 data x 2 tensor
+// ranks under ZeRO 2 too (the shards cut at the rank's blocks), and planned == measured. 8-bit
+// Lion within 1e-4 (measured 1.6e-5): a momentum differing in its last bits may round to the
+// neighbouring code, and the sign update turns a momentum near 0 so changed into a step of 2 lr.
+TEST_F(TensorParallel, ElementWiseAndWholeBlockOptimizersMatchOneProcess) {
+  for (const auto& [o, tolerance] : std::vector<std::pair<std::string, double>>{
+           {"--optim lion", 1e-5},
+           {"--optim adamw --optim-state-dtype bf16", 1e-5},
+           {"--optim adamw8bit --d-model 512", 1e-5},
+           {"--optim lion8bit --d-model 512", 1e-4}}) {
+    const std::string a = fmt::format("{} {}", kSteps, o);
+    expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), "--tp 2 " + o, tolerance);
+  }
+  const std::string a = std::string(kSteps) + " --optim adamw8bit --d-model 512";
+  expect_close(train(0, a, "one", 4), train(4, a + " --tp 2 --zero 2", "dp2tp2"),
+               "2 data x 2 tensor --zero 2 --optim adamw8bit");
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --optim lion --model llama-tiny"},
+           {4, "--tp 2 --zero 2 --optim adamw8bit --d-model 512"}})
+    expect_planned(ranks, more);
+}
+
+// --act-compress (each block's saved activations as int8 or fp8 codes with a scale per 64
+// values of its own buffers: a rank's slices, so the split activations' blocks group other
+// values than one process's) and --grad-dtype bf16 (the gradients summed in bf16; the replicated
+// key/value heads' and --sp's norms' sums widened, added in f32 and rounded back) under --tp:
+// against one process with the same option, within 1e-3 (measured figures in Note [Tensor
+// parallel]).
+TEST_F(TensorParallel, ActivationCompressionAndBf16GradientsMatchOneProcess) {
+  for (const char* o : {"--act-compress int8", "--act-compress fp8 --model llama-tiny",
+                        "--grad-dtype bf16", "--grad-dtype bf16 --model llama-tiny"}) {
+    const std::string a = fmt::format("{} {}", kSteps, o);
+    const auto one = train(0, a, "one");
+    expect_close(one, train(2, a + " --tp 2", "tp2"), fmt::format("--tp 2 {}", o), 1e-3);
+    expect_close(one, train(2, a + " --tp 2 --sp", "sp2"), fmt::format("--tp 2 --sp {}", o),
+                 1e-3);
+  }
+  // llama-tiny's 2 key/value heads over 4 ranks (replicated): their bf16 sums summed in f32.
+  const std::string a = std::string(kSteps) + " --grad-dtype bf16 --model llama-tiny";
+  expect_close(train(0, a, "one"), train(4, a + " --tp 4", "tp4"), "--tp 4 --grad-dtype bf16",
+               1e-3);
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --act-compress int8"}, {2, "--tp 2 --sp --act-compress fp8"},
+           {4, "--tp 2 --grad-dtype bf16 --zero 2"}, {2, "--tp 2 --sp --grad-dtype bf16"}})
+    expect_planned(ranks, more);
+}
+
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   auto refused = [&](const std::string& more, const std::string& says) {
     const int code = run_memfit("plan " + args("--steps 2 " + more));
@@ -323,6 +375,12 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused(fmt::format("--world-size 2 --tp 2 --save '{}'", (dir / "ck").string()), "--save");
   refused("--world-size 4 --tp 4 --sp --seq-len 30", "--seq-len 30 must divide by 4");
   refused("--sp", "needs --tp 2 or more");
+  // Optimizers whose state groups elements across the slices, or projects whole matrices.
+  refused("--world-size 2 --tp 2 --optim adamw8bit", "not whole 256-value quantisation blocks");
+  refused("--world-size 2 --tp 2 --optim adamw4bit", "rank-1 scales");
+  refused("--world-size 2 --tp 2 --optim adam-mini", "row-parallel projections");
+  refused("--world-size 2 --tp 2 --optim apollo-mini", "random projection");
+  refused("--world-size 2 --tp 2 --optim galore", "SVD of a rank's slice");
 }
 
 }  // namespace

@@ -216,7 +216,7 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "Tensor parallelism under mpirun or srun: split each block's matrices, the "
                   "embedding and the LM head over this many neighbouring ranks (Megatron's "
                   "layout; it must divide the ranks, heads and MLP width, and divide the key/value "
-                  "heads or be a multiple of them); the data group is the ranks / tp. fp32, bf16 or fp16 (no fp8), ZeRO 0-3 on the data group, every --ckpt policy, no saves yet. "
+                  "heads or be a multiple of them); the data group is the ranks / tp. fp32, bf16 or fp16 (no fp8), ZeRO 0-3 on the data group, every --ckpt policy; AdamW, SGD, Lion, and 8-bit AdamW or Lion where the slices cut whole blocks; no saves yet. "
                   "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
       ->capture_default_str();
   cmd->add_flag("--sp", c.sp,
