@@ -11,7 +11,8 @@
 // ZeRO 1, 2 and 3 (each data group sharding its tensor slice) within 1e-5 of one process,
 // planned == measured on every rank; every checkpoint policy. Composed with --sp: ZeRO 2-3 and
 // fp16; the optimizers that step slices as one process (Lion, bf16 moments, 8-bit where the
-// slices cut whole blocks), --act-compress and --grad-dtype bf16. Skips where memfit was built without MPI.
+// slices cut whole blocks), --act-compress and --grad-dtype bf16, and the searches (--zero auto,
+// --ckpt auto, --max-model). Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -359,6 +360,96 @@ TEST_F(TensorParallel, ActivationCompressionAndBf16GradientsMatchOneProcess) {
     expect_planned(ranks, more);
 }
 
+// --zero auto and --ckpt auto under --tp (issue 42 item 4): the search plans each candidate per
+// rank of the split model (its state in RAM). Under a per-rank budget one byte below stage 0's
+// largest peak at 2 data x 2 tensor ranks, the search takes a sharding stage, and the ranks train
+// at it, every rank's measured peak the plan's (at this small shape stages 2-3 hold more than 1:
+// their unit buffers); under one below --ckpt none's peak at --tp 2,
+// --ckpt auto takes a policy that recomputes (or compresses: it opens --act-compress too), and
+// the run stays within the budget.
+TEST_F(TensorParallel, ZeroAndCheckpointSearchesPlanTheSplitModel) {
+  auto largest = [&](const std::string& more, int ranks, int batch = 2) {
+    EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json",
+                                     args("--steps 2 " + more, batch), ranks)),
+              0)
+        << test::slurp(dir / "err.txt");
+    size_t most = 0;
+    const json plan = json::parse(test::slurp(dir / "out.txt"));  // named: a temporary's
+    for (const json& r : plan["per_rank"]) most = std::max(most, r["peak_bytes"].get<size_t>());
+    return most;
+  };
+  const size_t stage0 = largest("--tp 2 --zero 0", 4);
+  ASSERT_GT(stage0, 1000000u);
+  const size_t limit = stage0 - 1;
+  const std::string zero_auto =
+      fmt::format("plan {} --world-size 4 --json",
+                  args(fmt::format("--steps 2 --tp 2 --zero auto --mem-limit {}", limit)));
+  ASSERT_EQ(run_memfit(zero_auto), 0) << zero_auto << ": " << test::slurp(dir / "err.txt");
+  const json plan = json::parse(test::slurp(dir / "out.txt"));
+  ASSERT_TRUE(plan["search"]["fits"].get<bool>()) << plan["search"].dump();
+  const int stage = plan["search"]["choice"]["zero"];
+  EXPECT_GE(stage, 1) << plan["search"].dump();
+  int summaries = 0;
+  for (const json& j : train(4, fmt::format("--steps 2 --tp 2 --zero auto --mem-limit {}", limit),
+                             "zero-auto")) {
+    if (!j.contains("ranks") || !j.contains("zero")) continue;
+    ++summaries;
+    EXPECT_EQ(j["zero"], stage) << j.dump();
+    for (size_t q = 0; q < j["ranks"].size(); ++q)
+      EXPECT_EQ(j["ranks"][q]["peak_bytes"], plan["per_rank"][q / 2]["peak_bytes"]) << q;
+  }
+  EXPECT_GE(summaries, 1);
+  // --ckpt auto: a budget below the run without recomputation.
+  // (64 tokens x 8 rows: the activations, not the state, set the peak.)
+  const std::string rows = "--seq-len 64 --tp 2";
+  const size_t kept = largest(rows + " --ckpt none", 2, 8);
+  ASSERT_GT(kept, 1000000u);
+  const size_t none = kept - 1;
+  ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json",
+                                   args(fmt::format("--steps 2 {} --ckpt auto --mem-limit {}",
+                                                    rows, none),
+                                        8))),
+            0)
+      << test::slurp(dir / "err.txt");
+  const json ckpt = json::parse(test::slurp(dir / "out.txt"));
+  ASSERT_TRUE(ckpt["search"]["fits"].get<bool>()) << ckpt["search"].dump();
+  // (Recomputing, or keeping every block compressed: --ckpt auto opens --act-compress too.)
+  const json& choice = ckpt["search"]["choice"];
+  EXPECT_TRUE(choice["ckpt"] != "none" || choice["act_compress"] != "none") << choice.dump();
+  for (const json& j : train(2, fmt::format("--steps 2 {} --ckpt auto --mem-limit {}", rows, none),
+                             "ckpt-auto", 8))
+    if (j.contains("ranks"))
+      for (const json& r : j["ranks"]) EXPECT_LE(r["peak_bytes"].get<size_t>(), none) << r.dump();
+}
+
+// --max-model under --tp: the family's members rounded so that each splits (GPT-2's heads, and
+// so its width, a multiple of --tp; LLaMA's key/value heads a multiple of it and its MLP width of
+// lcm(256, --tp)), each planned per rank of the split model; the parameters counted are the whole
+// model's, and a per-rank budget holds a model at least as large as one process's.
+TEST_F(TensorParallel, MaxModelPlansMembersThatSplit) {
+  for (const char* model : {"gpt2-tiny", "llama-tiny"}) {
+    auto max_model = [&](const std::string& more) {
+      EXPECT_EQ(run_memfit(fmt::format("plan --max-model --model {} --seq-len 32 --batch 2 "
+                                        "--data '{}' --mem-limit 256MiB --json {}",
+                                        model, (dir / "data").string(), more)),
+                0)
+          << test::slurp(dir / "err.txt");
+      return json::parse(test::slurp(dir / "out.txt"))["max_model"];
+    };
+    const json one = max_model(""), split = max_model("--world-size 2 --tp 2");
+    ASSERT_TRUE(split["found"].get<bool>()) << split.dump();
+    for (const json& m : split["neighbours"]) {
+      EXPECT_EQ(m["n_head"].get<int>() % 2, 0) << model << ": " << m.dump();
+      if (m.contains("n_kv_head")) {
+        EXPECT_EQ(m["n_kv_head"].get<int>() % 2, 0) << m.dump();
+        EXPECT_EQ(m["ffn_dim"].get<int>() % 256, 0) << m.dump();  // lcm(256, 2)
+      }
+    }
+    EXPECT_GE(split["best"]["params"].get<int64_t>(), one["best"]["params"].get<int64_t>())
+        << model;
+  }
+}
+
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   auto refused = [&](const std::string& more, const std::string& says) {
     const int code = run_memfit("plan " + args("--steps 2 " + more));
@@ -369,9 +460,7 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 2 --tp 2 --model llama-tiny --n-head 6 --n-kv-head 3", "n_kv_head 3");
   refused("--world-size 3 --tp 3", "--tp 3");                         // 4 heads
   refused("--world-size 3 --tp 2", "must divide the ranks");
-  refused("--world-size 2 --tp 2 --zero auto", "--zero auto");
   refused("--world-size 2 --tp 2 --precision fp8", "tensorwise scales");
-  refused("--world-size 2 --tp 2 --ckpt auto", "--ckpt auto");
   refused(fmt::format("--world-size 2 --tp 2 --save '{}'", (dir / "ck").string()), "--save");
   refused("--world-size 4 --tp 4 --sp --seq-len 30", "--seq-len 30 must divide by 4");
   refused("--sp", "needs --tp 2 or more");

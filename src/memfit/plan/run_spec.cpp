@@ -107,8 +107,9 @@ StateOptions RunSpec::state_options() const {
 // (AdamW with f32 or bf16 moments, SGD, Lion; 8-bit AdamW and Lion where the slices cut whole
 // quantisation blocks); ZeRO 0-3 over the data group of each tensor slice; every checkpoint
 // policy (recomputation re-issues the row-parallel all-reduces); --act-compress; --grad-dtype
-// bf16; --sp (check_sequence_parallel). Each refusal names the option and says why it is not
-// built.
+// bf16; --sp (check_sequence_parallel); --zero auto and --ckpt auto (the search plans each
+// candidate per rank of the split model, its state in RAM). Each refusal names the option and
+// says why it is not built.
 void RunSpec::check_tensor_parallel() const {
   struct Refusal {
     const char* option;
@@ -120,9 +121,6 @@ void RunSpec::check_tensor_parallel() const {
                     "its tensorwise scales are each whole tensor's amax; a rank's slice would "
                     "take its own (another recipe than one process), and agreeing on them costs "
                     "a max over the group per cast"}
-      : zero_auto ? Refusal{"--zero auto",
-                            "the search over stages and policies does not consider --tp yet; "
-                            "give --zero 0, 1, 2 or 3"}
       : lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
       : offload.optimizer || offload.params || offload.grads
           ? Refusal{"--offload-*", "the offloaded state's units are not cut along the slices"}
@@ -131,9 +129,6 @@ void RunSpec::check_tensor_parallel() const {
                     "each unit is stepped as its backward ends, while the replicated "
                     "key/value heads' and --sp's norms' gradient sums over the tensor group, "
                     "and the norm over it, are taken once a step, after every unit's backward"}
-      : ckpt_auto ? Refusal{"--ckpt auto",
-                            "the search over stages and policies does not consider --tp yet; "
-                            "give a policy"}
       : saves   ? Refusal{"--save", "checkpoints of tensor slices are not built"}
       : resumed ? Refusal{"--resume", "checkpoints of tensor slices are not built"}
                 : std::optional<Refusal>{};
