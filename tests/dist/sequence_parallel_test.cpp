@@ -83,12 +83,14 @@ TEST(SequenceParallel, RowsAndRefusals) {
   }
   options.precision = Precision::bf16;  // built in bf16 too (tests/cli/tensor_parallel_test.cpp)
   check_sequence_parallel(config, options, 32);
-  options.precision = Precision::fp16;
+  options.precision = Precision::fp16;  // and fp16 (SequenceParallelComposesWithZeroAndFp16)
+  check_sequence_parallel(config, options, 32);
+  options.precision = Precision::fp8;
   try {
     check_sequence_parallel(config, options, 32);
-    ADD_FAILURE() << "--sp accepted fp16";
+    ADD_FAILURE() << "--sp accepted fp8";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--sp with --precision fp16 is not built"),
+    EXPECT_NE(std::string(e.what()).find("--sp with --precision fp8 is not built"),
               std::string::npos)
         << e.what();
   }

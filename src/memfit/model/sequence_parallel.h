@@ -34,7 +34,7 @@ bool sequence_parallel(const ModelConfig& config, const ActivationOptions& optio
 // else rows.
 int64_t sequence_rows(const ModelConfig& config, const ActivationOptions& options, int64_t rows);
 // Throws ConfigError naming --sp and the values unless the sequence divides by --tp (and the
-// step is f32, the only precision built with it).
+// step is fp32, bf16 or fp16: fp8 is not built with it).
 void check_sequence_parallel(const ModelConfig& config, const ActivationOptions& options,
                              int seq_len);
 // The parameters whose gradients are partial on each tensor rank under sequence parallelism:

@@ -4,8 +4,10 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <numeric>
 
 #include "memfit/core/error.h"
+#include "memfit/model/tensor_slices.h"
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
 #include "memfit/plan/memory_plan.h"
@@ -46,18 +48,30 @@ FamilyShape llama_family_shape(const ModelConfig& base, int n_layer) {
     MEMFIT_THROW(ConfigError, "config", "the LLaMA family has members of 1 layer or more, got {}",
                  n_layer);
   const int group = std::max(1, base.n_head / std::max(1, base.n_kv_head));
-  // Heads of 128, a multiple of the group so the key/value heads divide them.
+  // Heads of 128, a multiple of the group so the key/value heads divide them. Under --tp T the
+  // key/value heads (and so the query heads) a multiple of T, and the MLP width a multiple of
+  // lcm(256, T), so every member splits (ModelConfig::set_tensor_parallel).
+  const int tp = std::max(1, base.tp);
   const long units = std::lround(family_width(kLlamaShapes, n_layer) / kLlamaFamilyHeadSize / group);
-  const int heads = static_cast<int>(std::max(1L, units)) * group;
+  const int heads = static_cast<int>((std::max(1L, units) + tp - 1) / tp * tp) * group;
   const int width = heads * kLlamaFamilyHeadSize;
   const double ratio = double(base.ffn_dim) / base.d_model;
-  const int ffn = static_cast<int>(std::ceil(width * ratio / 256.0 - 1e-9)) * 256;
+  const int multiple = std::lcm(256, tp);
+  const int ffn = static_cast<int>(std::ceil(width * ratio / multiple - 1e-9)) * multiple;
   return {n_layer, width, heads, heads / group, ffn};
 }
 
 FamilyShape family_shape(const ModelConfig& base, int n_layer) {
   switch (base.family) {
-    case Family::gpt2: return gpt2_family_shape(n_layer);
+    case Family::gpt2: {
+      // Under --tp T the heads rounded up to a multiple of T (and the width with them), so
+      // every member splits; at T = 1 the family's own line.
+      FamilyShape s = gpt2_family_shape(n_layer);
+      const int tp = std::max(1, base.tp);
+      s.n_head = (s.n_head + tp - 1) / tp * tp;
+      s.d_model = s.n_head * kFamilyHeadSize;
+      return s;
+    }
     case Family::llama: return llama_family_shape(base, n_layer);
   }
   MEMFIT_THROW(ConfigError, "config", "no depth-to-width line for the {} family",
@@ -83,6 +97,7 @@ RunSpec with_family_shape(const RunSpec& base, FamilyShape shape,
   c.model.n_kv_head = shape.n_kv_head;  // GPT-2's: 0 and 0, which finalize() resolves
   c.model.ffn_dim = shape.ffn_dim;
   c.model.finalize();
+  if (base.model.tp > 1) c.model.set_tensor_parallel(base.model.tp);  // family_shape's widths
   c.optim.n_head = c.model.n_head;
   c.ckpt = policy.value_or(CheckpointPolicy{});
   c.ckpt_auto = !policy;
@@ -114,7 +129,8 @@ MaxModelResult find_max_model(const RunSpec& base, size_t limit,
     f.shape = family_shape(preset, n_layer);
     RunSpec c = with_family_shape(base, f.shape, policy);
     if (may_offload) c.offload.disk_limit = r.disk_limit;
-    f.params = c.model.num_params();
+    // The whole model's count (under --tp c.model is one rank's slice).
+    f.params = whole_model(c.model).num_params();
     // The policy (with_family_shape leaves it to the search unless one is fixed), and what the
     // run leaves open: the micro-batch, the compression, the stage, and with --offload-dir the
     // offload options (the optimizer's, the working weights', the gradients': SearchSpace::of).

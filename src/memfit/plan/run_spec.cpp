@@ -3,10 +3,12 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "memfit/core/error.h"
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
+#include "memfit/optim/sliced_optimizer.h"
 
 namespace memfit {
 
@@ -101,10 +103,14 @@ StateOptions RunSpec::state_options() const {
 }
 
 // What --tp is built with so far (Note [Tensor parallel], "What `--tp` does today"): fp32, bf16
-// (with or without master weights) and fp16; AdamW (or SGD); ZeRO 0-3 over the data group of
-// each tensor slice; every checkpoint policy (recomputation re-issues the row-parallel
-// all-reduces); saves, resumes and --init-from at any layout (Note [Checkpoints across
-// layouts]). Each refusal names the option and says why it is not built.
+// (with or without master weights) and fp16; the optimizers sliced_optimizer_refusal accepts
+// (AdamW with f32 or bf16 moments, SGD, Lion; 8-bit AdamW and Lion where the slices cut whole
+// quantisation blocks); ZeRO 0-3 over the data group of each tensor slice; every checkpoint
+// policy (recomputation re-issues the row-parallel all-reduces); --act-compress; --grad-dtype
+// bf16; --sp (check_sequence_parallel); --zero auto and --ckpt auto (the search plans each
+// candidate per rank of the split model, its state in RAM); saves, resumes and --init-from at
+// any layout (Note [Checkpoints across layouts]). Each refusal names the option and says why it
+// is not built.
 void RunSpec::check_tensor_parallel() const {
   struct Refusal {
     const char* option;
@@ -116,34 +122,25 @@ void RunSpec::check_tensor_parallel() const {
                     "its tensorwise scales are each whole tensor's amax; a rank's slice would "
                     "take its own (another recipe than one process), and agreeing on them costs "
                     "a max over the group per cast"}
-      : zero_auto ? Refusal{"--zero auto",
-                            "the search over stages and policies does not consider --tp yet; "
-                            "give --zero 0, 1, 2 or 3"}
-      : optim.name != "adamw" && optim.name != "sgd"
-          ? Refusal{"--optim other than adamw or sgd",
-                    "the other optimizers' blocks and projections are not cut along the slices"}
       : lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
       : offload.optimizer || offload.params || offload.grads
           ? Refusal{"--offload-*", "the offloaded state's units are not cut along the slices"}
-      : grad_dtype != DType::f32
-          ? Refusal{"--grad-dtype bf16",
-                    "the clipping norm over the group reads f32 gradients per parameter"}
       : update_in_backward
           ? Refusal{"--update-in-backward",
-                    "the norm over the tensor group is known only once every unit's backward "
-                    "is done"}
-      : act_compress != ActCompress::none
-          ? Refusal{"--act-compress",
-                    "not tested with tensor-parallel blocks yet (its codes are a block's own: "
-                    "likely only a test away)"}
-      : ckpt_auto ? Refusal{"--ckpt auto",
-                            "the search over stages and policies does not consider --tp yet; "
-                            "give a policy"}
+                    "each unit is stepped as its backward ends, while the replicated "
+                    "key/value heads' and --sp's norms' gradient sums over the tensor group, "
+                    "and the norm over it, are taken once a step, after every unit's backward"}
                   : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--tp {} with {} is not built yet: {} (Note [Tensor parallel])", model.tp,
                  refused->option, refused->why);
+  // The optimizers that step a rank's slices as one process steps the whole model
+  // (optim/sliced_optimizer.h; Note [Tensor parallel], "Optimizers").
+  if (const std::optional<std::string> why = sliced_optimizer_refusal(optim, model))
+    MEMFIT_THROW(ConfigError, "config", "--tp {} with --optim {} is refused: {} (Note [Tensor "
+                 "parallel], \"Optimizers\")",
+                 model.tp, optim.name, *why);
 }
 
 RunSpec RunSpec::stage(int s) const {
@@ -244,14 +241,6 @@ void RunSpec::check() const {
                  "--tp {})",
                  model.tp);
   check_sequence_parallel(model, activation_options(), T);
-  // The norms' gradients are summed over the tensor group on the whole slab, after the data
-  // group's reduction (Transformer::reduce_sequence_partials): ZeRO 2-3 shard that slab first.
-  if (sp && model.tp > 1 && (zero >= 2 || zero_auto))
-    MEMFIT_THROW(ConfigError, "config",
-                 "--sp with --zero {} is not built: the norms' gradients are summed over the "
-                 "tensor group on the whole gradient slab, which ZeRO 2-3 shard; give --zero 0 "
-                 "or 1",
-                 zero_auto ? "auto" : std::to_string(zero));
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
   if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
     MEMFIT_THROW(ConfigError, "config",

@@ -10,6 +10,18 @@
 
 namespace memfit {
 
+namespace {
+
+// The summed gradients a data rank holds once its data group has reduced them (what
+// Transformer::grad_sums_range is in the run): the whole layout, or its shard at ZeRO 2-3.
+ElementRange summed_range(const RunSpec& spec, const ParamLayout& layout, int data_rank) {
+  const StatePlacement placement(layout, spec.optim, spec.state_options(),
+                                 {data_rank, spec.world});
+  return placement.grads().range;
+}
+
+}  // namespace
+
 TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step, int data_rank) {
   TensorCommVolume v;
   if (spec.model.tp <= 1) return v;
@@ -45,12 +57,17 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     const int64_t operand = int64_t(dtype_size(half_dtype(spec.precision.precision)));
     v.gathered_bytes = passes * (gathers * (whole / spec.model.tp / 4 * operand) +
                                  (embeds ? whole / spec.model.tp : 0));
+    // The norms' gradients: the part of each the data rank's summed gradients hold (the whole
+    // slab, or its shard at ZeRO 2-3), one all-reduce of f32 where it holds any.
     const ParamLayout layout(spec.model);  // named: a temporary's params() would dangle
-    for (const ParamInfo& p : layout.params())
-      if (sequence_partial(p.role)) {
+    const ElementRange sums = summed_range(spec, layout, data_rank);
+    for (const ParamInfo& p : layout.params()) {
+      const int64_t n = sums.intersect({p.offset, p.offset + p.numel}).size();
+      if (sequence_partial(p.role) && n > 0) {
         ++v.all_reduce_count;
-        v.all_reduce_bytes += p.numel * int64_t{sizeof(float)};
+        v.all_reduce_bytes += n * int64_t{sizeof(float)};
       }
+    }
   } else {
     v.all_reduce_count = reduces * passes;
     v.all_reduce_bytes = v.all_reduce_count * whole;
@@ -63,9 +80,7 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   // At ZeRO 2-3 the data rank holds its shard's sums alone: its part of them.
   if (spec.model.kv_replicas() > 1) {
     const ParamLayout layout(spec.model);
-    const StatePlacement placement(layout, spec.optim, spec.state_options(),
-                                   {data_rank, spec.world});
-    const ElementRange sums = placement.grads().range;
+    const ElementRange sums = summed_range(spec, layout, data_rank);
     for (const ParamInfo& p : layout.params())
       if (p.role == ParamRole::attn_k_weight || p.role == ParamRole::attn_v_weight)
         v.gathered_bytes +=

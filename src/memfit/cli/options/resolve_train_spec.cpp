@@ -491,13 +491,7 @@ void check_max_model_config(const TrainConfig& c) {
   refuse(c.ffn_dim != 0, "--ffn-dim", "the MLP width (the preset's ratio)");
   refuse(!c.resume_dir.empty(), "--resume", "the model (a checkpoint fixes it)");
   refuse(!c.init_from.empty(), "--init-from", "the model (a checkpoint fixes it)");
-  // Its shapes (heads of 64 on GPT-2's depth-to-width line) are not cut for tensor parallelism:
-  // a member whose heads --tp does not divide would be planned whole (Note [Tensor parallel]).
-  if (c.tp > 1)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--max-model with --tp {} is not built: the search's shapes are not chosen for "
-                 "tensor parallelism; plan one shape with --tp (without --max-model)",
-                 c.tp);
+  // Under --tp the family's members are rounded so that each splits (plan/max_model.h).
   if (c.pp > 1)
     MEMFIT_THROW(ConfigError, "config",
                  "--max-model with --pp {} is not built: the search plans one model whole; plan "

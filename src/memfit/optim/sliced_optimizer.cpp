@@ -1,0 +1,96 @@
+// Which optimizers step a tensor-parallel rank's slices as the whole model's; see
+// sliced_optimizer.h.
+#include "memfit/optim/sliced_optimizer.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "memfit/model/param_layout.h"
+#include "memfit/model/tensor_slices.h"
+#include "memfit/optim/quantized_state.h"
+
+namespace memfit {
+
+namespace {
+
+// 8-bit state (AdamW8bit, Lion8bit): a quantised tensor's blocks are its own elements 256 at a
+// time from its start. A rank's blocks are the whole tensor's where each run of the slice
+// (model/tensor_slices.h) starts on a block in both tensors and is whole blocks long, or ends
+// both tensors; and a slice keeps f32 state exactly where the whole tensor does. Padding rows
+// (vocabulary rows beyond the whole table: zeros, whose moments stay 0) need only start on a
+// block of the rank's tensor.
+std::optional<std::string> blockwise_refusal(const ModelConfig& config) {
+  const ParamLayout mine(config), whole(whole_model(config));
+  const QuantizedStateLayout mine_q(mine), whole_q(whole);
+  const int64_t B = mine_q.format().block;
+  for (int rank = 0; rank < config.tp; ++rank) {
+    const std::vector<SliceRun> runs = tensor_slice_runs(config, rank);
+    for (size_t i = 0; i < mine.params().size(); ++i) {
+      const ParamInfo& p = mine.params()[i];
+      const ParamInfo& w = whole.params()[i];
+      if (mine_q.slot(i).quantized != whole_q.slot(i).quantized)
+        return fmt::format(
+            "rank {}'s slice of {} has {} elements, the whole tensor {}: the slice would keep "
+            "{} state where one process keeps {} (at least {} elements are quantised)",
+            rank, p.name, p.numel, w.numel, mine_q.slot(i).quantized ? "8-bit" : "f32",
+            whole_q.slot(i).quantized ? "8-bit" : "f32", kMinQuantizedNumel);
+      if (!mine_q.slot(i).quantized) continue;
+      for (const SliceRun& r : runs) {
+        const int64_t lo = std::max(r.local, p.offset);
+        const int64_t hi = std::min(r.local + r.n, p.offset + p.numel);
+        if (lo >= hi) continue;
+        const int64_t at = lo - p.offset, n = hi - lo;
+        const bool padding = r.whole < 0;
+        const int64_t from = padding ? 0 : r.whole + (lo - r.local) - w.offset;
+        const bool ends = hi == p.offset + p.numel && (padding || from + n == w.numel);
+        if (at % B == 0 && (padding || from % B == 0) && (n % B == 0 || ends)) continue;
+        return fmt::format(
+            "rank {}'s slice of {} {} holds {} elements of the whole tensor {} from its element "
+            "{} at its own element {}: not whole {}-value quantisation blocks of both, so its "
+            "blocks' absmaxes would be other values' than one process's (another algorithm); "
+            "widths whose slices are multiples of {} (e.g. --d-model {} at --tp {}) align them",
+            rank, p.name, p.shape, n, w.shape, from, at, B, B, B * config.tp, config.tp);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> sliced_optimizer_refusal(const OptimConfig& optim,
+                                                    const ModelConfig& config) {
+  const std::string& o = optim.name;
+  // Element-wise: each element's update reads that element's weight, gradient and state alone
+  // (AdamW's bf16 moments rounded to nearest even per element too).
+  if (o == "adamw" || o == "sgd" || o == "lion") return std::nullopt;
+  if (o == "adamw8bit" || o == "lion8bit") return blockwise_refusal(config);
+  if (o == "adamw4bit")
+    return std::string(
+        "its second moment's rank-1 scales are each matrix's row and column maxima: a column-"
+        "parallel slice (a rank's rows) has other column maxima, a row-parallel one other row "
+        "maxima, so each rank would step another algorithm than one process (matching it needs "
+        "the maxima taken over the tensor group inside the update)");
+  if (o == "adam-mini")
+    return std::string(
+        "its second moment is one value per output row of the row-parallel projections "
+        "(attention out, MLP down/proj), whose columns are split over the ranks: a rank's mean "
+        "of a row's squares over its columns is another algorithm than the whole row's "
+        "(matching it needs the rows' sums all-reduced over the tensor group inside the "
+        "update); the per-head blocks of q and k would cut where the slices do");
+  if (is_apollo(o))
+    return std::string(
+        "its random projection is of a whole matrix: a rank's slice projected alone gets the "
+        "slice's own channel scales, not the whole matrix's, so each rank would step another "
+        "algorithm than one process");
+  if (is_galore(o))
+    return std::string(
+        "the SVD of a rank's slice spans another subspace than the whole matrix's, so each "
+        "rank would step another algorithm than one process");
+  return fmt::format("--optim {} is not known to step tensor slices", o);
+}
+
+}  // namespace memfit
