@@ -417,9 +417,11 @@ TEST_F(TensorParallel, ZeroAndCheckpointSearchesPlanTheSplitModel) {
   const json& choice = ckpt["search"]["choice"];
   EXPECT_TRUE(choice["ckpt"] != "none" || choice["act_compress"] != "none") << choice.dump();
   for (const json& j : train(2, fmt::format("--steps 2 {} --ckpt auto --mem-limit {}", rows, none),
-                             "ckpt-auto", 8))
-    if (j.contains("ranks"))
+                             "ckpt-auto", 8)) {
+    if (j.contains("ranks")) {
       for (const json& r : j["ranks"]) EXPECT_LE(r["peak_bytes"].get<size_t>(), none) << r.dump();
+    }
+  }
 }
 
 // --max-model under --tp: the family's members rounded so that each splits (GPT-2's heads, and

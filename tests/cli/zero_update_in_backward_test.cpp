@@ -229,10 +229,12 @@ TEST_F(ZeroUpdateInBackward, OffloadedOverRanksEqualsTheRunInRamAndItsPlan) {
           << "rank " << r;
       EXPECT_FALSE(fs::exists(dir / "off" / fmt::format("rank-{}", r)));
     }
-    for (const json& j : logs[1])
-      if (j.contains("comm_bytes"))
+    for (const json& j : logs[1]) {
+      if (j.contains("comm_bytes")) {
         for (const char* k : {"all_reduce", "reduce_scatter", "all_gather"})
           EXPECT_EQ(j["comm_bytes"][k], plan["comm_per_step"][k]) << k;
+      }
+    }
   }
 }
 

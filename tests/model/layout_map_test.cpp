@@ -63,7 +63,8 @@ std::vector<int> writers(const ModelConfig& whole, int tp, int pp) {
 void expect_each_parameter_element_once(const ModelConfig& whole, int tp, int pp) {
   const std::vector<int> count = writers(whole, tp, pp);
   std::vector<int> want(count.size(), 0);
-  for (const ParamInfo& p : ParamLayout(whole).params())
+  const ParamLayout layout(whole);  // named: a temporary's params() would dangle
+  for (const ParamInfo& p : layout.params())
     for (int64_t i = 0; i < p.numel; ++i) want[static_cast<size_t>(p.offset + i)] = 1;
   int64_t wrong = 0;
   for (size_t i = 0; i < count.size(); ++i) wrong += count[i] != want[i];

@@ -250,7 +250,7 @@ namespace {
 // exactly.
 TEST(LoraMemory, PoolHoldsBaseWeightsAdaptersTheirStateAndThePlanExactly) {
   for (const Family f : {Family::gpt2, Family::llama})
-    for (const auto [B, T, p] : {std::tuple{2, 16, 0.0f}, std::tuple{3, 24, 0.0f},
+    for (const auto& [B, T, p] : {std::tuple{2, 16, 0.0f}, std::tuple{3, 24, 0.0f},
                                  std::tuple{3, 24, 0.25f}}) {
       ModelConfig c;
       c.family = f;

@@ -91,7 +91,9 @@ TEST(ApolloProjection, IsBoxMullerOnSplitMix64Counters) {
     const double u2 = double(splitmix64(key + 2 * k + 1) >> 11) * 0x1p-53;
     const double r = std::sqrt(-2 * std::log(u1)), a = 2 * std::numbers::pi * u2;
     EXPECT_FLOAT_EQ(p[2 * k], float(r * std::cos(a) / 2));
-    if (2 * k + 1 < 7) EXPECT_FLOAT_EQ(p[2 * k + 1], float(r * std::sin(a) / 2));
+    if (2 * k + 1 < 7) {
+      EXPECT_FLOAT_EQ(p[2 * k + 1], float(r * std::sin(a) / 2));
+    }
   }
   // Another window, another parameter, another run seed: another matrix.
   EXPECT_NE(key, apollo_projection_key(7, 4, 1));

@@ -21,7 +21,7 @@ class LoraBf16Trainer : public test::TrainerFixture {};
 
 TEST_F(LoraBf16Trainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
   for (const char* model : {"gpt2-tiny", "llama-tiny"})
-    for (const auto [batch, accum, rank, dropout] :
+    for (const auto& [batch, accum, rank, dropout] :
          {std::tuple{4, 1, 4, 0.0f}, std::tuple{10, 2, 8, 0.0f}, std::tuple{10, 2, 8, 0.2f}}) {
       SCOPED_TRACE(fmt::format("{} batch {} accum {} rank {} dropout {}", model, batch, accum,
                                rank, dropout));

@@ -26,7 +26,7 @@ class LoraTrainer : public test::TrainerFixture {};
 
 TEST_F(LoraTrainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
   for (const char* model : {"gpt2-tiny", "llama-tiny"})
-    for (const auto [batch, accum, rank, dropout] :
+    for (const auto& [batch, accum, rank, dropout] :
          {std::tuple{4, 1, 4, 0.0f}, std::tuple{2, 2, 8, 0.0f}, std::tuple{2, 2, 8, 0.1f}}) {
       SCOPED_TRACE(fmt::format("{} batch {} accum {} rank {} dropout {}", model, batch, accum,
                                rank, dropout));
