@@ -243,6 +243,35 @@ size_t loader_staging_bytes(const RunSpec& spec, PlanReport& r) {
   return bytes;
 }
 
+// What a run that saves stages on this rank (0 without --save).
+size_t save_staging_bytes(const RunSpec& spec, int rank, const PlanReport& r,
+                          const ParamLayout& layout, const StatePlacement& placement) {
+  size_t bytes = 0;
+  const PrecisionOptions& precision = spec.precision;
+  // A save that streams the weights of record from the offload files: its staging.
+  if (spec.saves)
+    for (const int64_t n :
+         {save_staging_elements(spec, r.step), save_quant_staging_elements(spec, r.step)})
+      if (n > 0)
+        bytes += MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float));
+  // A save from RAM on the rank that writes model.safetensors (one process, or rank 0 at stage
+  // 0; from stage 1 on the shard files hold the weights): the writer's staging, the largest
+  // transposed tensor's band (GPT-2's Conv1D weights; LLaMA none).
+  // (LoRA at stage 3 saves the frozen base's shards, each rank its own, straight from RAM.)
+  const bool base_shards = spec.lora.enabled() && placement.params_gathered();
+  // (A split layout's save writes whole tensors from every rank, through the staging above:
+  // save_staging_elements.)
+  if (spec.saves && !save_streams_weights(spec) && rank == 0 && !placement.sharded_save() &&
+      !base_shards && !layout_split(spec.model)) {
+    const DType record = precision.precision == Precision::fp32 || precision.master_weights
+                             ? DType::f32
+                             : half_dtype(precision.precision);
+    if (const size_t b = io::save_weights_staging_bytes(r.model, layout, record); b > 0)
+      bytes += MemoryPool::round_up(b);
+  }
+  return bytes;
+}
+
 PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
                      StepPlanCache* steps);
 
@@ -403,27 +432,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
 
   if (spec.steps > 0) at(Category::staging) = loader_staging_bytes(spec, r);
   at(Category::staging) += r.offload_staging_bytes + r.param_ring_bytes;
-  // A save that streams the weights of record from the offload files: its staging.
-  if (spec.saves)
-    for (const int64_t n :
-         {save_staging_elements(spec, r.step), save_quant_staging_elements(spec, r.step)})
-      if (n > 0)
-        at(Category::staging) += MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float));
-  // A save from RAM on the rank that writes model.safetensors (one process, or rank 0 at stage
-  // 0; from stage 1 on the shard files hold the weights): the writer's staging, the largest
-  // transposed tensor's band (GPT-2's Conv1D weights; LLaMA none).
-  // (LoRA at stage 3 saves the frozen base's shards, each rank its own, straight from RAM.)
-  const bool base_shards = spec.lora.enabled() && placement.params_gathered();
-  // (A split layout's save writes whole tensors from every rank, through the staging above:
-  // save_staging_elements.)
-  if (spec.saves && !save_streams_weights(spec) && rank == 0 && !placement.sharded_save() &&
-      !base_shards && !layout_split(spec.model)) {
-    const DType record = precision.precision == Precision::fp32 || precision.master_weights
-                             ? DType::f32
-                             : half_dtype(precision.precision);
-    if (const size_t b = io::save_weights_staging_bytes(r.model, layout, record); b > 0)
-      at(Category::staging) += MemoryPool::round_up(b);
-  }
+  at(Category::staging) += save_staging_bytes(spec, rank, r, layout, placement);
   // bf16 gradients: the update's widening buffer (Optimizer::set_grad_widen), every rank's.
   if (spec.grad_dtype == DType::bf16)
     at(Category::staging) += MemoryPool::round_up(
