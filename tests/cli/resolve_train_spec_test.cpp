@@ -177,7 +177,10 @@ TEST(RunSetup, MaxModelNeedsABudgetAndLeavesTheShapeToTheSearch) {
   }
   refused([](TrainConfig& x) { x.resume_dir = "somewhere"; }, "--resume");
   refused([](TrainConfig& x) { x.init_from = "somewhere"; }, "--init-from");
-  refused([](TrainConfig& x) { x.tp = 2; }, "--tp");
+  // --tp is planned per rank of the split model (Note [Tensor parallel], "The searches").
+  TrainConfig split = c;
+  split.tp = 2;
+  EXPECT_NO_THROW(check_max_model_config(split));
 }
 
 }  // namespace
