@@ -52,6 +52,8 @@ plans=(
   "405b-auto|$big --auto --mem-limit 80GiB"
   "70b-zero3-256|${seventy_256} --zero 3 --ckpt full"
   "405b-zero3-512|${big/--world-size 128/--world-size 512} --zero 3 --ckpt full"
+  "70b-torchtitan|${seventy_256/--batch 2/--batch 16} --tp 8 --sp --zero 3 --ckpt full"
+  "405b-3d|${big/--batch 1/--batch 1 --grad-accum 16} --tp 8 --sp --pp 4 --zero 1 --ckpt full"
 )
 
 render=$(mktemp)

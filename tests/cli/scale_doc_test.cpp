@@ -139,6 +139,13 @@ TEST_F(ScaleDoc, TorchtitansLayoutsAsDataRanksAlone) {
   check("405b-zero3-512");
 }
 
+// The layouts with the tensor and pipeline split: torchtitan's 70B (FSDP 32 x TP 8, 16
+// sequences a data rank) and the seed's 405B (tp 8, pp 4, dp 4, ZeRO 1), every rank's bytes.
+TEST_F(ScaleDoc, TensorAndPipelineLayouts) {
+  check("70b-torchtitan");
+  check("405b-3d");
+}
+
 // The rows are checked as the script prints them: a run of equal ranks is one row.
 TEST(ScaleDocRows, ConsecutiveEqualRanksShareARow) {
   const nlohmann::json by = {{"params", 1073741824.0}};
