@@ -146,6 +146,12 @@ TEST_F(PipelineTensorParallel, TwoStagesOfTwoTensorRanksMatchOneProcess) {
   const std::string a = std::string(kSteps) + " --n-kv-head 1 --ckpt full";
   expect_close(train(0, a, "one-kv1"), train(4, a + " --pp 2 --tp 2", "pp2tp2-kv1"),
                "--pp 2 --tp 2, one key/value head, --ckpt full");
+  // A tied head (Note [Pipeline parallel], "Tied embeddings"): each tensor rank's slice of the
+  // table on the first stage, its copy on the last (drawn as the table's slice), the pair's
+  // gradients summed, the copy's squares not counted in the norm.
+  const std::string t = std::string(kSteps) + " --tie-embeddings true";
+  expect_close(train(0, t, "one-tied"), train(4, t + " --pp 2 --tp 2", "pp2tp2-tied"),
+               "--pp 2 --tp 2, a tied head");
 }
 
 // 2 data x 2 stages x 2 tensor ranks (8 ranks on 2 cores): one process reading the same rows
@@ -165,6 +171,7 @@ TEST_F(PipelineTensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
            {4, "--pp 2 --tp 2"},
            {4, "--pp 2 --tp 2 --pp-schedule gpipe --n-kv-head 1"},
            {4, "--pp 2 --tp 2 --sp --ckpt full"},
+           {4, "--pp 2 --tp 2 --tie-embeddings true"},
            {8, "--pp 2 --tp 2"}}) {
     const json plan = expect_planned(ranks, more);
     ASSERT_EQ(plan["stages"].size(), 2u) << more;
@@ -191,8 +198,6 @@ TEST_F(PipelineTensorParallel, RefusesALayoutThatDoesNotDivideNamingTheValues) {
   refused("--world-size 6 --pp 2 --tp 2", {"--pp 2 must divide the ranks (6 / --tp 2)"});
   refused("--world-size 6 --pp 2 --tp 3", {"--tp 3", "attention heads", "(4)"});
   refused("--world-size 8 --pp 2 --tp 2 --zero 2", {"--pp 2", "--zero 2 or 3"});
-  // A tied head over stages of tensor groups is not built yet (--tie-embeddings true: LLaMA).
-  refused("--world-size 4 --pp 2 --tp 2 --tie-embeddings true", {"--pp 2", "a tied head"});
   refused("--world-size 4 --pp 2 --tp 2 --precision fp8", {"--tp 2", "--precision fp8"});
   // train refuses before the first step, every rank alike.
   EXPECT_NE(run_memfit("train " + args("--steps 2 --pp 2 --tp 2"), 6), 0);

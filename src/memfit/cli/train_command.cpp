@@ -237,7 +237,7 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "The data group is the ranks / (pp x tp): with --tp (and --sp) each stage is a "
                   "tensor group. fp32, bf16 or fp16, ZeRO 0-1, adamw or sgd; a tied head (GPT-2, or "
                   "LLaMA's --tie-embeddings true) as a copy of the table on the last stage (not "
-                  "saved yet, not with --tp); saves whole tensors "
+                  "saved yet); saves whole tensors "
                   "that load at any layout. Note [Pipeline parallel] "
                   "(docs/notes/pipeline-parallel.md)")
       ->capture_default_str();

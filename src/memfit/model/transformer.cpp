@@ -441,11 +441,16 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
     whole.set_pipeline_stage({});
     const ParamLayout whole_layout(whole);
     const std::vector<SliceRun> runs = tensor_slice_runs(config_, group_->rank());
+    // A tied model's last stage: its copy of the table lies at the end of the stage's tp 1
+    // layout and draws as the table, whose elements start the whole model (as below).
+    const ElementRange copy = tied_table_copy(ParamLayout(stage_whole));
     InitialWeights draw(whole, whole_layout, seed);
     set_weights(
         [&](int64_t from, int64_t to, float* dst) {
           fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
-            draw.draw({at + a, at + b}, d);
+            const int64_t split = copy.empty() ? b : std::clamp(copy.begin, a, b);
+            draw.draw({at + a, at + split}, d);
+            draw.draw({split - copy.begin, b - copy.begin}, d + (split - a));
           });
         },
         piece_elements, offloaded_master);

@@ -175,11 +175,6 @@ void RunSpec::check_pipeline() const {
                         : update_in_backward                   ? "--update-in-backward"
                         : sync_every_micro_batch               ? "--sync-every-micro-batch"
                         : act_compress != ActCompress::none    ? "--act-compress"
-                        : model.tie_embeddings && model.tp > 1
-                            ? "--tp with a tied head (GPT-2, or --tie-embeddings true: the last "
-                              "stage's copy of each tensor rank's slice of the table is not yet "
-                              "kept equal to its peer's; a gpt2-tiny run was 3.7% off one "
-                              "process)"
                         : model.tie_embeddings && (saves || resumed)
                             ? "--save or --resume with a tied head (GPT-2, or --tie-embeddings "
                               "true: the last stage's copy of the token table is not mapped "

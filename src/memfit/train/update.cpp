@@ -112,17 +112,27 @@ std::vector<GradCheck> unit_checks(Transformer& gpt, const ElementRange& r,
                                    DynamicLossScaler* scaler) {
   std::vector<GradCheck> parts;
   if (r.empty()) return parts;
-  if (tensor_split(gpt)) return {check_tensor_slices(gpt, r, scaler)};
+  // --pp with tied embeddings: the last stage's copy of the token table (its layout's last
+  // unit) holds the table's summed gradient, which the first stage counts (the tensor counted
+  // once): unscaled and checked, its squares not added (Note [Pipeline parallel], "Tied
+  // embeddings").
+  const ElementRange copy = tied_table_copy(gpt.layout());
+  if (tensor_split(gpt)) {
+    const ElementRange in_copy = r.intersect(copy);
+    if (in_copy.empty()) return {check_tensor_slices(gpt, r, scaler)};
+    if (const ElementRange before = r.intersect({0, copy.begin}); !before.empty())
+      parts.push_back(check_tensor_slices(gpt, before, scaler));
+    GradCheck c = check_part(gpt.grad_sums(in_copy), scaler);
+    c.sum_squares = c.replicated = 0;
+    parts.push_back(c);
+    return parts;
+  }
   if (GradStore* store = gpt.grad_store()) {
     // Taken by the last backward, unit by unit (the whole layout: one process).
     for (const UnitGradCheck& c : store->unit_checks())
       parts.push_back({c.finite ? 1.0 : 0.0, c.sum_squares});
     return parts;
   }
-  // --pp with tied embeddings: the last stage's copy of the token table holds the table's
-  // summed gradient, which the first stage counts (the tensor counted once): unscaled and
-  // checked, its squares not added (Note [Pipeline parallel], "Tied embeddings").
-  const ElementRange copy = tied_table_copy(gpt.layout());
   for (const ElementRange& u : unit_ranges(gpt.layout())) {
     const ElementRange part = r.intersect(u);
     if (part.empty()) continue;
