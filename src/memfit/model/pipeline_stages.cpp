@@ -8,9 +8,7 @@
 
 namespace memfit {
 
-namespace {
-
-std::vector<PipelineStage> from_counts(const std::vector<int>& counts) {
+std::vector<PipelineStage> stages_from_counts(const std::vector<int>& counts) {
   std::vector<PipelineStage> out;
   const int P = static_cast<int>(counts.size());
   int first = 0;
@@ -20,8 +18,6 @@ std::vector<PipelineStage> from_counts(const std::vector<int>& counts) {
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<PipelineStage> split_stages_evenly(int n_layer, int stages) {
   if (stages < 1 || stages > n_layer)
@@ -39,7 +35,7 @@ std::vector<PipelineStage> split_stages_evenly(int n_layer, int stages) {
       ++counts[static_cast<size_t>(s)];
       --extra;
     }
-  return from_counts(counts);
+  return stages_from_counts(counts);
 }
 
 std::vector<PipelineStage> split_stages(std::string_view pp_layers, int n_layer, int stages) {
@@ -67,7 +63,7 @@ std::vector<PipelineStage> split_stages(std::string_view pp_layers, int n_layer,
                  "--pp-layers {} gives {} stages of {} blocks in all; --pp {} over a model of {} "
                  "blocks needs {} counts summing to {}",
                  pp_layers, counts.size(), sum, stages, n_layer, stages, n_layer);
-  return from_counts(counts);
+  return stages_from_counts(counts);
 }
 
 std::string describe_stages(const std::vector<PipelineStage>& stages) {

@@ -20,12 +20,17 @@ struct PipelineStage {
   bool operator==(const PipelineStage&) const = default;
 };
 
-// `--pp-layers auto`: an even split by block count (every block of a model has the same shape,
-// so the same parameters, activations and time: the planner's per-block cost is one number).
+// An even split by block count (every block of a model has the same shape, so the same
+// parameters, activations and time): the cut a run starts from; `--pp-layers auto` then
+// balances the stages by the planner's priced time (plan/pipeline_time.h, balance_stages).
 // The n_layer % P blocks left over go to the middle stages first, then the first, then the
 // last: the first stage already holds the most micro-batches in flight under 1F1B and the last
 // the LM head. ConfigError naming --pp when P < 1 or P > n_layer (a stage without a block).
 std::vector<PipelineStage> split_stages_evenly(int n_layer, int stages);
+
+// Contiguous stages of counts[s] blocks each, in order (the even split's and the balanced
+// cut's stages from their block counts).
+std::vector<PipelineStage> stages_from_counts(const std::vector<int>& counts);
 
 // `--pp-layers 5,7`: each stage's block count, P of them, each at least 1, summing to n_layer;
 // ConfigError naming --pp-layers and the values otherwise. "auto" (or empty) is the even split.

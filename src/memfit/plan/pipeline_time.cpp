@@ -148,17 +148,6 @@ std::vector<int> least_largest(int P, int L, const std::vector<bool>& allowed, C
   return counts;
 }
 
-std::vector<PipelineStage> stages_of(const std::vector<int>& counts) {
-  std::vector<PipelineStage> out;
-  const int P = static_cast<int>(counts.size());
-  int first = 0;
-  for (int s = 0; s < P; ++s) {
-    out.push_back({s, P, first, first + counts[static_cast<size_t>(s)]});
-    first = out.back().last;
-  }
-  return out;
-}
-
 }  // namespace
 
 StageSplit balance_stages(const RunSpec& spec) {
@@ -220,7 +209,7 @@ StageSplit balance_stages(const RunSpec& spec) {
 
   StageSplit out;
   const std::vector<int> by_time = least_largest(P, L, allowed, stage_step);
-  out.stages = stages_of(by_time);
+  out.stages = stages_from_counts(by_time);
   const auto [slowest, slowest_at] = largest(by_time, stage_step);
   out.why = fmt::format("--pp-layers auto: blocks {}, the cut whose slowest stage's estimated "
                         "step is least (stage {}, {:.3g} s)",
@@ -230,7 +219,7 @@ StageSplit balance_stages(const RunSpec& spec) {
   if (peak <= double(spec.mem_limit)) return out;
   const std::vector<int> by_bytes = least_largest(P, L, allowed, stage_peak);
   const std::vector<PipelineStage> time_cut = out.stages;
-  out.stages = stages_of(by_bytes);
+  out.stages = stages_from_counts(by_bytes);
   out.by_memory = true;
   const double least = largest(by_bytes, stage_peak).first;
   out.why = fmt::format(
