@@ -38,7 +38,7 @@ TEST_F(QloraTrainer, PlannedPeakEqualsMeasuredAtTwoShapesOfEachFamily) {
     const LoraBase base = base_;
     const WeightQuant format = format_;
     for (const char* model : {"gpt2-tiny", "llama-tiny"}) {
-      for (const auto [precision, batch, accum, rank, saves] :
+      for (const auto& [precision, batch, accum, rank, saves] :
            {std::tuple{"bf16", 4, 1, 4, false}, std::tuple{"fp32", 10, 2, 8, true}}) {
         SCOPED_TRACE(fmt::format("{} {} {} batch {} accum {} rank {} save {}",
                                  kernels::weight_quant_name(format), model, precision, batch, accum,
