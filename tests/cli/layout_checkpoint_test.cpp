@@ -5,7 +5,7 @@
 // vocabulary padding of --tp nowhere): GPT-2 tp 2 dp 2 -> tp 1 -> tp 4 -> tp 2; LLaMA with its
 // key/value heads replicated (tp 4) -> tp 1 -> tp 2 dp 2 at ZeRO 1; a data-parallel ZeRO 2 save
 // into tp 2; pipeline stages, whose save is one process's files bit for bit, pp 2 -> pp 4 -> 1
-// and -> tp 2. A run resumed at its own layout continues exactly as the run never stopped;
+// and -> tp 2, a tied GPT-2's too (pp 2 -> pp 2 x tp 2; one process -> pp 2). A run resumed at its own layout continues exactly as the run never stopped;
 // `memfit export --hf` of a tp save is its model.safetensors; --init-from loads at tp; the plan
 // counts the save's staging on every rank. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
@@ -150,6 +150,28 @@ TEST_F(LayoutCheckpoint, PipelineStagesSaveOneProcessesFiles) {
   same_steps(whole,
              train(2, fmt::format("--steps 4 --grad-accum 2 --pp 2 --resume '{}'", path("p2"))), 2,
              "llama pp 2");
+}
+
+// A tied head under --pp: the last stage's copy of the token table is the table (Note
+// [Pipeline parallel], "Tied embeddings"), written once by the first stage and loaded into both.
+TEST_F(LayoutCheckpoint, TiedStagesSaveTheTableOnce) {
+  const std::string two = kTwo, gpt2 = "--model gpt2-tiny --vocab 520 --n-layer 4 --grad-accum 2";
+  // The tied sum adds the head's and the table's parts in another order than one process
+  // (Note [Pipeline parallel], "Tied embeddings"): a pp 2 save is not one process's bits, so
+  // each save is resumed at another layout and saved again, with no step between.
+  train(0, fmt::format("{} {} --save '{}'", gpt2, two, path("one")));
+  train(2, fmt::format("{} {} --pp 2 --save '{}'", gpt2, two, path("p2")));
+  const std::string on = two + " --grad-accum 2";
+  train(4, fmt::format("{} --pp 2 --tp 2 --resume '{}' --save '{}'", on, path("p2"), path("pt")));
+  train(0, fmt::format("{} --resume '{}' --save '{}'", on, path("p2"), path("p1")));
+  train(2, fmt::format("{} --pp 2 --resume '{}' --save '{}'", on, path("one"), path("p21")));
+  same("p2", "pt");
+  same("p2", "p1");
+  same("one", "p21");
+  const auto whole = train(2, gpt2 + " --steps 4 --pp 2");
+  same_steps(whole,
+             train(2, fmt::format("--steps 4 --grad-accum 2 --pp 2 --resume '{}'", path("p2"))), 2,
+             "gpt2 pp 2 (tied)");
 }
 
 // A tp run that saves: every rank's planned peak is its measured one, by category (the save's

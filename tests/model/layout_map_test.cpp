@@ -1,6 +1,7 @@
 // The layout map (model/layout_map.h): at every tp x pp layout, the runs each rank writes
 // (first_holder_runs) cover every element of every parameter of the whole model exactly once and
-// nothing else (replicated parameters and key/value heads once, --tp's vocabulary padding never),
+// nothing else (replicated parameters and key/value heads once, --tp's vocabulary padding never,
+// a tied last stage's copy of the token table never: the first stage writes the table),
 // each run inside the parameter of the same name; runs_within cuts runs at a range's edges.
 #include "memfit/model/layout_map.h"
 
@@ -72,9 +73,39 @@ void expect_each_parameter_element_once(const ModelConfig& whole, int tp, int pp
 }
 
 TEST(LayoutMap, EveryLayoutWritesEachParameterElementOnce) {
-  for (int tp : {1, 2, 4}) expect_each_parameter_element_once(gpt2(), tp, 1);
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 2}) expect_each_parameter_element_once(gpt2(), tp, pp);
   for (int tp : {1, 2, 4})
     for (int pp : {1, 2, 4}) expect_each_parameter_element_once(llama(4), tp, pp);
+}
+
+// A tied last stage's copy of the token table maps onto the table's elements (what a load
+// fills it from), as the first stage's table does, tensor rank by tensor rank; the copy is
+// written by the first stage alone (the test above).
+TEST(LayoutMap, TheTiedCopyMapsOntoTheTable) {
+  for (int tp : {1, 2}) {
+    const std::vector<PipelineStage> stages = split_stages("auto", gpt2().n_layer, 2);
+    for (int t = 0; t < tp; ++t) {
+      std::vector<std::vector<SliceRun>> table(2);
+      for (size_t s = 0; s < 2; ++s) {
+        ModelConfig c = gpt2();
+        if (tp > 1) c.set_tensor_parallel(tp);
+        c.set_pipeline_stage(stages[s]);
+        const ParamLayout local(c);
+        const ParamInfo& p = s == 0 ? local.params().front() : local.params().back();
+        ASSERT_EQ(p.role, ParamRole::token_embedding) << "stage " << s;
+        for (const SliceRun& r : runs_within(whole_layout_runs(c, t), {p.offset, p.offset + p.numel}))
+          table[s].push_back({r.local - p.offset, r.whole, r.n});
+      }
+      ASSERT_FALSE(table[0].empty());
+      ASSERT_EQ(table[0].size(), table[1].size()) << "tp " << tp << " rank " << t;
+      for (size_t i = 0; i < table[0].size(); ++i) {
+        EXPECT_EQ(table[0][i].local, table[1][i].local) << "tp " << tp << " rank " << t;
+        EXPECT_EQ(table[0][i].whole, table[1][i].whole) << "tp " << tp << " rank " << t;
+        EXPECT_EQ(table[0][i].n, table[1][i].n) << "tp " << tp << " rank " << t;
+      }
+    }
+  }
 }
 
 TEST(LayoutMap, TheTensorPaddingMapsNowhereAndReplicasToTheFirstHolder) {

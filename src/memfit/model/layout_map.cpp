@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "memfit/model/param_layout.h"
+#include "memfit/model/stage_offsets.h"
 
 namespace memfit {
 
@@ -13,15 +14,25 @@ ModelConfig whole_run_model(const ModelConfig& config) {
   return c;
 }
 
+namespace {
+
+bool holds(const ElementRange& range, int64_t at) { return range.begin <= at && at < range.end; }
+
+}  // namespace
+
 bool layout_split(const ModelConfig& config) { return config.tp > 1 || config.pipelined(); }
 
 std::vector<SliceRun> whole_layout_runs(const ModelConfig& config, int rank) {
   // The slices map the rank's layout into the whole stage's (tp 1, the same stage), whose
-  // element 0 is whole_offset() of the whole model's.
-  const int64_t at = ParamLayout(whole_model(config)).whole_offset();
+  // element 0 is whole_offset() of the whole model's; a tied last stage's copy of the token
+  // table (after its final norm) is the table's elements, which start the whole layout
+  // (Note [Pipeline parallel], "Tied embeddings"). tensor_slice_runs cuts runs per parameter,
+  // so no run straddles the copy's start.
+  const ParamLayout stage(whole_model(config));
+  const ElementRange copy = tied_table_copy(stage);
   std::vector<SliceRun> runs = tensor_slice_runs(config, rank);
   for (SliceRun& r : runs)
-    if (r.whole >= 0) r.whole += at;
+    if (r.whole >= 0) r.whole += holds(copy, r.whole) ? -copy.begin : stage.whole_offset();
   return runs;
 }
 
@@ -43,6 +54,8 @@ std::vector<ElementRange> whole_union(std::vector<ElementRange> parts) {
 }  // namespace
 
 std::vector<SliceRun> first_holder_runs(const ModelConfig& config, int rank) {
+  // A tied last stage's copy of the table is the first stage's table, which that stage writes.
+  const ElementRange copy = tied_table_copy(ParamLayout(config));
   std::vector<ElementRange> lower;
   for (int q = 0; q < rank; ++q)
     for (const SliceRun& r : whole_layout_runs(config, q))
@@ -50,7 +63,7 @@ std::vector<SliceRun> first_holder_runs(const ModelConfig& config, int rank) {
   const std::vector<ElementRange> held = whole_union(std::move(lower));
   std::vector<SliceRun> out;
   for (const SliceRun& r : whole_layout_runs(config, rank)) {
-    if (r.whole < 0) continue;
+    if (r.whole < 0 || holds(copy, r.local)) continue;
     // The parts of [r.whole, r.whole + n) outside every lower rank's ranges.
     int64_t a = r.whole;
     const int64_t end = r.whole + r.n;

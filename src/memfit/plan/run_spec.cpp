@@ -153,9 +153,8 @@ RunSpec RunSpec::stage(int s) const {
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
 // or without master weights) or fp16, AdamW or SGD, ZeRO 0 or 1 over the data group, no LoRA,
-// offload, compression or fused update, no search; tied or untied (a tied head saves no
-// checkpoint yet), and checkpoint segments inside the stages. Saves and resumes at any layout
-// (Note [Checkpoints across layouts]). With --tp each stage is a tensor group (Note [Pipeline
+// offload, compression or fused update, no search; tied or untied, and checkpoint segments
+// inside the stages. Saves and resumes at any layout (Note [Checkpoints across layouts]). With --tp each stage is a tensor group (Note [Pipeline
 // parallel], "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too.
 // Each refusal names the option and the value.
 void RunSpec::check_pipeline() const {
@@ -175,10 +174,6 @@ void RunSpec::check_pipeline() const {
                         : update_in_backward                   ? "--update-in-backward"
                         : sync_every_micro_batch               ? "--sync-every-micro-batch"
                         : act_compress != ActCompress::none    ? "--act-compress"
-                        : model.tie_embeddings && (saves || resumed)
-                            ? "--save or --resume with a tied head (GPT-2, or --tie-embeddings "
-                              "true: the last stage's copy of the token table is not mapped "
-                              "into a checkpoint yet)"
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
