@@ -7,7 +7,7 @@
 // into tp 2; pipeline stages, whose save is one process's files bit for bit, pp 2 -> pp 4 -> 1
 // and -> tp 2, a tied GPT-2's too (pp 2 -> pp 2 x tp 2; one process -> pp 2). A run resumed at its own layout continues exactly as the run never stopped;
 // `memfit export --hf` of a tp save is its model.safetensors; --init-from loads at tp; the plan
-// counts the save's staging on every rank. Skips where memfit was built without MPI.
+// counts the save's staging on every rank (a tied pipeline's too). Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -193,6 +193,19 @@ TEST_F(LayoutCheckpoint, ThePlanCountsTheSaveOnEveryRank) {
       EXPECT_EQ(measured[q]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
           << c << ", rank " << q;
   }
+  // A tied GPT-2's stages (the last one's copy of the table is not written): one a rank.
+  const std::string b = fmt::format("--model gpt2-tiny --vocab 520 --n-layer 4 --grad-accum 2 "
+                                    "--steps 2 --pp 2 --save '{}'",
+                                    path("ckp"));
+  ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", args(b))), 0)
+      << test::slurp(dir / "err.txt");
+  const json pplan = json::parse(test::slurp(dir / "out.txt"));
+  measured = json{};
+  for (const json& j : train(2, b))
+    if (j.contains("ranks")) measured = j["ranks"];
+  ASSERT_EQ(measured.size(), 2u);
+  for (int q = 0; q < 2; ++q)
+    EXPECT_EQ(measured[q]["peak_bytes"], pplan["per_rank"][q]["peak_bytes"]) << "stage " << q;
 }
 
 }  // namespace
