@@ -7,7 +7,8 @@
 // into tp 2; pipeline stages, whose save is one process's files bit for bit, pp 2 -> pp 4 -> 1
 // and -> tp 2, a tied GPT-2's too (pp 2 -> pp 2 x tp 2; one process -> pp 2). A run resumed at its own layout continues exactly as the run never stopped;
 // `memfit export --hf` of a tp save is its model.safetensors; --init-from loads at tp; the plan
-// counts the save's staging on every rank (a tied pipeline's too). Skips where memfit was built without MPI.
+// counts the save's staging on every rank (a tied pipeline's too). Skips where memfit was built
+// without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
