@@ -139,6 +139,52 @@ TEST(TensorGroup, SumsInRankOrderMaximaAndGathersAreTheSameOnEveryRank) {
   EXPECT_THROW(g.all_gather(in, wrong), Error);  // refused before any collective
 }
 
+// The group's collectives a few elements at a time (chunks of 8 floats: sums cut into many
+// all-reduces, gathers of 2 or 4 values a rank, a reduce-scatter's parts packed) give the bits of
+// the whole collective, in place too; lent from a pool, the buffers are Category::comm and
+// tensor_group_buffer_bytes counts them.
+TEST(TensorGroup, ChunksGiveTheWholeCollectivesBits) {
+  const int T = world().size(), me = world().rank();
+  MemoryPool pool;  // outlives the group's buffers
+  CommunicatorTensorGroup whole(world()), chunked(world(), 8);
+  chunked.lend_buffers(pool, true);
+  EXPECT_EQ(static_cast<int64_t>(pool.current_breakdown()[static_cast<size_t>(Category::comm)]),
+            T > 1 ? 2 * static_cast<int64_t>(MemoryPool::round_up(static_cast<size_t>(std::max(8 / T * T, T)) * 4)) : 0);
+  EXPECT_EQ(tensor_group_buffer_bytes(1, true), 0);
+  EXPECT_EQ(tensor_group_buffer_bytes(2, false), 4 << 20);
+  EXPECT_EQ(tensor_group_buffer_bytes(2, true), 8 << 20);
+  auto value = [](int q, int i) {
+    return static_cast<float>((q % 2 ? -1.0 : 1.0) * std::pow(10.0, (i + 3 * q) % 13) / (3 + q));
+  };
+  const int n = 37 * T;  // not a multiple of the chunk
+  std::vector<float> a(static_cast<size_t>(n)), m(static_cast<size_t>(n));
+  std::vector<double> d(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    a[size_t(i)] = value(me, i);
+    m[size_t(i)] = value(me, 2 * i);
+    d[size_t(i)] = value(me, 3 * i) / 7.0;
+  }
+  std::vector<float> a1 = a, a2 = a, m1 = m, m2 = m, rs1(size_t(n / T)), rs2 = a;
+  std::vector<double> d1 = d, d2 = d;
+  whole.all_reduce_sum(std::span<float>(a1));
+  chunked.all_reduce_sum(std::span<float>(a2));
+  whole.all_reduce_max(m1);
+  chunked.all_reduce_max(m2);
+  whole.all_reduce_sum(std::span<double>(d1));
+  chunked.all_reduce_sum(std::span<double>(d2));
+  whole.reduce_scatter_sum(a, rs1);
+  // In place: the rank's part of the input is its output.
+  const std::span<float> mine(rs2.data() + size_t(me) * rs1.size(), rs1.size());
+  chunked.reduce_scatter_sum(rs2, mine);
+  EXPECT_EQ(0, std::memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(d1.data(), d2.data(), d1.size() * sizeof(double)));
+  EXPECT_EQ(0, std::memcmp(rs1.data(), mine.data(), rs1.size() * sizeof(float)));
+  EXPECT_EQ(whole.volume().all_reduce_count, chunked.volume().all_reduce_count);
+  EXPECT_EQ(whole.volume().gathered_bytes, chunked.volume().gathered_bytes);
+  EXPECT_EQ(whole.volume().reduce_scatter_count, chunked.volume().reduce_scatter_count);
+}
+
 // Loss and gradient of this rank's vocabulary slice against the plain kernel on whole rows.
 // `comm` is the tensor group; `seed` differs between groups (the data replicas of a grid).
 void check_vocab_parallel(int64_t R, int64_t V, int64_t align, bool masked,

@@ -3,17 +3,45 @@
 // communicator's all-reduce (rank order, Note [Deterministic reduction]); double sums and maxima
 // are an all-gather of every rank's values followed by the same reduction on every rank, in rank
 // order, so every rank holds the same bits. Note [Tensor group] in docs/notes/tensor-parallel.md.
+//
+// Every collective goes through one receive buffer of a fixed size (Category::comm, "tp.receive",
+// from the run's pool; the planner counts it with tensor_group_buffer_bytes), a chunk at a time:
+// each element's sum adds the same values in the same order whatever the chunks, so the bits do
+// not depend on them. A reduce-scatter's chunks first gather each rank's part of the chunk side by
+// side into a second buffer ("tp.pack", with --sp only). A group built without a pool (tests)
+// holds the same buffers on the heap.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "memfit/dist/communicator.h"
+#include "memfit/memory/pool.h"
+#include "memfit/memory/tensor.h"
 #include "memfit/model/tensor_group.h"
 
 namespace memfit::dist {
 
+// Floats a chunk's receive buffer holds (4 MiB): a collective of more goes in chunks.
+inline constexpr int64_t kTensorChunkFloats = int64_t{1} << 20;
+
+// The group's buffers in a run of tensor group size `tp` (0 for one rank) with or without --sp
+// (which adds the reduce-scatters' packing buffer): what the pool lends it, rounded as the pool
+// rounds.
+int64_t tensor_group_buffer_bytes(int tp, bool sequence_parallel);
+
 class CommunicatorTensorGroup final : public TensorGroup {
  public:
-  // `comm` (the caller keeps it alive) is the group: its ranks are the group's.
-  explicit CommunicatorTensorGroup(Communicator& comm) : comm_(comm) {}
+  // `comm` (the caller keeps it alive) is the group: its ranks are the group's. `chunk_floats`
+  // (tests: small, to cut collectives into many chunks) is what one chunk's receive holds.
+  explicit CommunicatorTensorGroup(Communicator& comm,
+                                   int64_t chunk_floats = kTensorChunkFloats);
+
+  // The buffers from `pool` (Category::comm), as tensor_group_buffer_bytes counts them; before
+  // the first collective. Without it the first collective takes them from the heap.
+  void lend_buffers(MemoryPool& pool, bool sequence_parallel);
+  // Gives them back (before the pool ends); a later collective takes heap buffers.
+  void release_buffers() { receive_ = pack_ = Tensor{}; }
 
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
@@ -26,15 +54,26 @@ class CommunicatorTensorGroup final : public TensorGroup {
   // What the collectives covered so far (a group of one issues none): the float all-reduces'
   // bytes and count, the bytes each rank gave the gathers (the double sums' and maxima's
   // values, all_gather's input), and the reduce-scatters' (--sp) input bytes and count. The run
-  // logs each step's (plan: tensor_comm_per_step).
+  // logs each step's (plan: tensor_comm_per_step). A collective cut into chunks counts once.
+  // `seconds`: the wall time inside the collectives (waiting for the slowest rank included),
+  // what an overlap with compute could hide at most.
   struct Volume {
     int64_t all_reduce_bytes = 0, all_reduce_count = 0, gathered_bytes = 0;
     int64_t reduce_scatter_bytes = 0, reduce_scatter_count = 0;
+    double seconds = 0;
   };
   const Volume& volume() const { return volume_; }
 
  private:
+  std::span<float> receive();
+  std::span<float> pack();
+  template <class T, class Reduce>
+  void gather_reduce(std::span<T> data, Reduce reduce);
+
   Communicator& comm_;
+  const int64_t chunk_;  // a multiple of size(): a chunk's all-reduce receives it whole
+  Tensor receive_, pack_;
+  std::vector<float> heap_receive_, heap_pack_;
   Volume volume_;
 };
 

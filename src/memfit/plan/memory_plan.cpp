@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "memfit/core/scoped_threads.h"
+#include "memfit/dist/communicator_tensor_group.h"
 #include "memfit/dist/comm_volume.h"
 #include "memfit/dist/zero/fp8_publish.h"
 #include "memfit/dist/grad_sync.h"
@@ -401,6 +402,8 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     at(Category::comm) += static_cast<size_t>(dist::tied_gradient_buffer_bytes(
         r.model.stage.index, r.model.stage.stages, tied_table(r.model, layout).size()));
   }
+  // The tensor group's chunk buffers (dist/communicator_tensor_group.h), held the whole run.
+  at(Category::comm) += static_cast<size_t>(dist::tensor_group_buffer_bytes(r.model.tp, spec.sp));
   // The slab lies in the activations arena (Note [Gradients by lifetime]): the pool counts the
   // arena's bytes, the activations', once.
   if (r.step.options.grads_in_arena) at(Category::grads) = 0;

@@ -165,10 +165,15 @@ class TrainRun {
   const ScopedThreads run_threads_;  // --threads for this run only
   const std::chrono::steady_clock::time_point wall_start_;
   MemoryPool pool_;
-  // The collectives' buffers are this run's pool's (Category::comm), until it ends.
+  // The collectives' buffers are this run's pool's (Category::comm), until it ends; the tensor
+  // group's (lent in make_model) go back before the pool does.
   struct PoolRelease {
     dist::Communicator& comm;
-    ~PoolRelease() { comm.set_pool(nullptr); }
+    dist::CommunicatorTensorGroup& tensor;
+    ~PoolRelease() {
+      comm.set_pool(nullptr);
+      tensor.release_buffers();
+    }
   } pool_release_;
   std::unique_ptr<profile::Profiler> profiler_;  // --profile
   // The leak check: the pool's live bytes by tag at every step boundary (profile/leak_check.h).

@@ -170,6 +170,7 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
     line["tensor_comm_bytes"] = {{"all_reduce", r.tensor_comm.all_reduce_bytes},
                                  {"all_reduce_count", r.tensor_comm.all_reduce_count},
                                  {"gathered", r.tensor_comm.gathered_bytes}};
+    line["tensor_comm_s"] = r.tensor_comm.seconds;  // wall time in them (measured, this rank)
     if (r.tensor_comm.reduce_scatter_count > 0) {  // --sp
       line["tensor_comm_bytes"]["reduce_scatter"] = r.tensor_comm.reduce_scatter_bytes;
       line["tensor_comm_bytes"]["reduce_scatter_count"] = r.tensor_comm.reduce_scatter_count;

@@ -52,7 +52,7 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
       run_threads_(spec_.threads),
       wall_start_(std::chrono::steady_clock::now()),
       pool_(spec_.mem_limit ? spec_.mem_limit : kUnlimited),
-      pool_release_{(comm_.set_pool(&pool_), comm_)},
+      pool_release_{(comm_.set_pool(&pool_), comm_), tensor_},
       // With several ranks the layout cut into one shard per rank where every optimizer state
       // allows (state/shard.h); from stage 1 on this rank's optimizer state and master weights
       // are its shard's alone (owned()), at stage 2 its gradients' sums too, at stage 3 its
@@ -172,7 +172,10 @@ void TrainRun::make_model() {
   // as NF4 or int8, quantized at load.
   state.base_quant = spec_.lora.base_quant();  // RunSpec::check_base_dtype: only with LoRA
   gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
-  if (mc_.tp > 1) gpt_->set_tensor_group(tensor_);  // before the weights are drawn
+  if (mc_.tp > 1) {  // before the weights are drawn
+    tensor_.lend_buffers(pool_, spec_.sp);
+    gpt_->set_tensor_group(tensor_);
+  }
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.

@@ -62,7 +62,8 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
                    tensor_after.all_reduce_count - tensor_before.all_reduce_count,
                    tensor_after.gathered_bytes - tensor_before.gathered_bytes,
                    tensor_after.reduce_scatter_bytes - tensor_before.reduce_scatter_bytes,
-                   tensor_after.reduce_scatter_count - tensor_before.reduce_scatter_count};
+                   tensor_after.reduce_scatter_count - tensor_before.reduce_scatter_count,
+                   tensor_after.seconds - tensor_before.seconds};
   check_finite(step, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.rate = tokens_per_step_ / r.seconds;
