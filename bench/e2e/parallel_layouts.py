@@ -119,25 +119,31 @@ def main():
             # The first step pays the pool's first touch: the median of the rest.
             times = [s["step_seconds"] for s in measured_steps[1:]] or \
                     [s["step_seconds"] for s in measured_steps]
+            # --tp: rank 0's wall time inside the tensor group's collectives a step.
+            tcomm = [s["tensor_comm_s"] for s in measured_steps[1:] if "tensor_comm_s" in s]
             for m in measured:
                 p = next((p for p in planned if p["rank"] == m["rank"]), planned[0])
                 rows.append({"layout": name, "ranks": ranks, "threads": threads,
                              "rank": m["rank"], "measured_peak": m["peak_bytes"],
                              "planned_peak": p["peak_bytes"], "mem": m.get("mem", {}),
                              "median_step_s": statistics.median(times),
+                             "median_tensor_comm_s":
+                                 statistics.median(tcomm) if tcomm else None,
                              "planned_step_s": planned_json.get("est_step_seconds"),
                              "last_loss": measured_steps[-1]["loss"]})
             print(f"{name}: done ({statistics.median(times):.3f} s a step)", file=sys.stderr)
     mib = lambda b: b / 2**20
     print(f"{args.suite} on {cpu_model()}, {steps} steps; " + " ".join(common))
     print(f"{'layout':<16} {'rank':>4} {'peak MiB':>10} {'plan MiB':>10} {'act MiB':>9} "
-          f"{'step s':>8} {'plan s':>8} {'loss':>8}")
+          f"{'step s':>8} {'plan s':>8} {'tp comm s':>9} {'loss':>8}")
     for r in rows:
         ok = "" if r["measured_peak"] == r["planned_peak"] else "  <- differs"
         ps = r["planned_step_s"]
+        tc = r["median_tensor_comm_s"]
         print(f"{r['layout']:<16} {r['rank']:>4} {mib(r['measured_peak']):>10.1f} "
               f"{mib(r['planned_peak']):>10.1f} {mib(r['mem'].get('activations', 0)):>9.1f} "
               f"{r['median_step_s']:>8.3f} {(ps if ps else float('nan')):>8.3f} "
+              f"{(tc if tc is not None else float('nan')):>9.3f} "
               f"{r['last_loss']:>8.4f}{ok}")
     out = args.out or os.path.join(ROOT, "out", "parallel_layouts", args.suite + ".json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
