@@ -1,7 +1,8 @@
 // The profile through the memfit binary: --fail-on-leak exits with 4 and names the test hook's
 // leak by tag, a clean run exits 0 and prints the profile's summary and the leak check; a bad
 // --profile-steps is refused with exit 2; profile-diff compares --ckpt none with --ckpt full
-// (and refuses a missing profile); under mpirun each rank writes its own profile.
+// (and refuses a missing profile); under mpirun each rank writes its own profile, each tensor
+// rank and pipeline stage too.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -110,6 +111,26 @@ TEST_F(ProfileCommand, EachRankWritesItsProfileUnderMpirun) {
     }
     EXPECT_EQ(total, s["measured"]["peak_bytes"].get<size_t>()) << "rank " << r;
     EXPECT_TRUE(collective) << "rank " << r;
+  }
+}
+
+// --tp and --pp: every world rank writes its own directory (the tensor ranks and stages of one
+// data rank hold other bytes), each summary its own plan, by category, and its place in the grid.
+TEST_F(ProfileCommand, EachTensorRankAndStageWritesItsProfile) {
+  if (std::string(MEMFIT_MPIEXEC).empty()) GTEST_SKIP() << "memfit was built without MPI";
+  for (const char* layout : {"--tp 2", "--pp 2 --n-layer 2 --grad-accum 2"}) {
+    const fs::path p = dir / (std::string(layout).substr(2, 2));
+    ASSERT_EQ(run(train(2, fmt::format("{} --profile '{}' --profile-steps 2", layout, p.string())),
+                  2),
+              0)
+        << layout << ": " << err();
+    for (int r = 0; r < 2; ++r) {
+      const json s = json::parse(test::slurp(p / fmt::format("rank{}", r) / "summary.json"));
+      EXPECT_EQ(s["run"]["world_rank"], r) << layout;
+      EXPECT_EQ(s["run"][layout[2] == 't' ? "tensor_rank" : "stage"], r) << layout;
+      EXPECT_EQ(s["measured"]["by_category"], s["planned"]["by_category"])
+          << layout << ", rank " << r;
+    }
   }
 }
 

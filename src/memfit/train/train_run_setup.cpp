@@ -83,13 +83,14 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
 }
 
 // --profile: the pool's event log from here on, the step's phases and buffers over the first
-// --profile-steps steps (profile/profiler.h).
+// --profile-steps steps (profile/profiler.h). Each world rank writes its own directory
+// (DIR/rank<q>): the tensor ranks and pipeline stages of a data rank hold other bytes.
 void TrainRun::start_profiler() {
   if (!settings_.profile_dir.empty())
     profiler_ = std::make_unique<profile::Profiler>(
-        profile::ProfileOptions{settings_.profile_dir, settings_.profile_steps, comm_.rank(), W_},
-        pool_,
-        wall_start_);
+        profile::ProfileOptions{settings_.profile_dir, settings_.profile_steps,
+                                grid_.world().rank(), grid_.world().size()},
+        pool_, wall_start_);
 }
 
 // The offload directories and the files made before the model: --offload-params' working
@@ -282,7 +283,13 @@ void TrainRun::make_grad_widen() {
 void TrainRun::prepare_step() {
   gpt_->reserve(B_, T_, spec_.activation_options());
   if (profiler_) {
-    profiler_->set_run(run_json(settings_, placement_), plan_memory(spec_, comm_.rank()));
+    nlohmann::json run = run_json(settings_, placement_);
+    if (grid_.world().size() != W_) {  // --tp, --pp: where this rank sits in the grid
+      run["world_rank"] = grid_.world().rank();
+      run["tensor_rank"] = grid_.tensor().rank();
+      run["stage"] = pipe_.rank();
+    }
+    profiler_->set_run(std::move(run), plan_memory(spec_, comm_.rank()));
     profiler_->recorder()->set_plan(gpt_->step_plan());
     gpt_->set_step_observer(profiler_->recorder());
     // The disk tier and the update's waits on it (Note [Memory profile], per rank, per tier).

@@ -434,13 +434,6 @@ TrainSpec train_spec(const TrainConfig& c, const RunSpec& run, StartingCheckpoin
   t.save_every_minutes = c.save_every_minutes;
   t.max_shard_bytes = io::parse_max_shard_size(c.max_shard_size);
   t.log_file = c.log_file;
-  // --pp: each rank's profile directory is named by its data rank alone, which the stages of
-  // a pipeline share (Note [Pipeline parallel], "What remains").
-  if (run.pp() > 1 && !c.profile_dir.empty())
-    MEMFIT_THROW(ConfigError, "config",
-                 "--pp {} with --profile is not built yet: the stages of a pipeline would write "
-                 "one rank's directory",
-                 run.pp());
   t.profile_dir = c.profile_dir;
   t.profile_steps = c.profile_steps;
   t.fail_on_leak = c.fail_on_leak;
