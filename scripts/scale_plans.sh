@@ -36,6 +36,7 @@ seventy="--model llama3-70b --seq-len 4096 --batch 1 --grad-accum 8 --precision 
 seventy_256="--model llama3-70b --seq-len 8192 --batch 2 --precision bf16 --world-size 256"
 levers="--optim adamw8bit --grad-dtype bf16 --master-weights none"
 big="--model llama3.1-405b --seq-len 8192 --batch 1 --precision bf16 --world-size 128"
+big_fp8=${big/--precision bf16/--precision fp8}  # the seed's 405B precision
 # NAME|ARGS (each a `memfit plan` command line, without the common options above)
 plans=(
   "7b-given|$seven --ckpt full"
@@ -54,6 +55,7 @@ plans=(
   "405b-zero3-512|${big/--world-size 128/--world-size 512} --zero 3 --ckpt full"
   "70b-torchtitan|${seventy_256/--batch 2/--batch 16} --tp 8 --sp --zero 3 --ckpt full"
   "405b-3d|${big/--batch 1/--batch 1 --grad-accum 16} --tp 8 --sp --pp 4 --zero 1 --ckpt full"
+  "405b-3d-fp8|${big_fp8/--batch 1/--batch 1 --grad-accum 16} --tp 8 --sp --pp 4 --zero 1 --ckpt full"
 )
 
 render=$(mktemp)

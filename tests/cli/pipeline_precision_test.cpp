@@ -24,7 +24,10 @@ constexpr const char* kSteps =
     "--steps 4 --grad-accum 4 --clip 0.05 --eval-every 2 --eval-batches 2";
 
 TEST_F(PipelinePrecision, Bf16GivesOneProcesssNumbersBitForBit) {
-  for (const char* precision : {"--precision bf16", "--precision bf16 --master-weights none"}) {
+  // fp8: each cast's scale is its tensor's amax, and every tensor lies in one stage (the stages
+  // store bf16 working weights and cast them at each use, as the codes would decode).
+  for (const char* precision :
+       {"--precision bf16", "--precision bf16 --master-weights none", "--precision fp8"}) {
     const std::string a = fmt::format("{} {}", kSteps, precision);
     expect_close(train(0, a, "one"), train(2, a + " --pp 2", "pp2"),
                  {"loss", "grad_norm", "val_loss"}, 0, fmt::format("--pp 2 {}", precision));
@@ -62,6 +65,7 @@ TEST_F(PipelinePrecision, ThePlanIsEveryRanksMeasuredPeak) {
            {2, "--pp 2 --precision bf16"},
            {2, "--pp 2 --precision bf16 --master-weights none"},
            {2, "--pp 2 --precision fp16"},
+           {2, "--pp 2 --precision fp8"},
            {4, "--pp 4 --precision bf16 --pp-schedule gpipe"},
            {4, "--pp 2 --precision bf16 --master-weights none"}}) {
     const json plan = expect_plan_is_measured(ranks, "--steps 2 --grad-accum 4 " + more);

@@ -274,9 +274,17 @@ const float* BlockStep::lora_input(LinearSlot slot, int part, const float* x, in
   return xd;
 }
 
+// The cast's scale is the whole tensor's amax (fp8_cast_dynamic's): under --tp a rank holds a
+// slice of some of the tensors (the weights, a row-parallel layer's input, a column-parallel
+// layer's d(output)), so the group agrees on the largest of its ranks' amaxes, which is the
+// whole tensor's, exactly; for a tensor every rank holds whole the maximum is its own amax
+// (Note [FP8], "Under --tp").
 Tensor BlockStep::fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8Format f) {
   Tensor q = scratch.view_bytes(0, t.shape(), DType::bf16);
-  kernels::fp8_cast_dynamic(t, f, q);
+  float amax = kernels::fp8_amax(t);
+  if (TensorGroup& group = ctx.tensor_group(); group.size() > 1)
+    group.all_reduce_max({&amax, 1});
+  kernels::fp8_round_trip(t, kernels::fp8_scale_pow2(amax, f), f, q);
   return q;
 }
 
@@ -392,9 +400,15 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
   if (group.size() > 1 && row_parallel(slot)) {
     // The rank's partial product in the run's precision (the widened GEMM where bf16/fp16
     // widen), summed over the group in f32 (reduce-scattered into this rank's rows with --sp),
-    // then the bias once (Notes [Parallel linears], [Sequence parallel]). LoRA and fp8 are
-    // refused under --tp (RunSpec::check_tensor_parallel).
-    base_forward(slot, out, inp, weight, Tensor{});
+    // then the bias once (Notes [Parallel linears], [Sequence parallel]); under fp8 the
+    // partial product of the casts (fp8_cast: the group's scales). LoRA is refused under --tp
+    // (RunSpec::check_tensor_parallel).
+    if (!fp8()) {
+      base_forward(slot, out, inp, weight, Tensor{});
+    } else if (running()) {
+      const Tensor x8 = fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
+      memfit::linear_forward(ctx, out, x8, fp8_weight(slot, weight), Tensor{});
+    }
     if (sp_)
       row_parallel_linear_scatter(group, out, bias);
     else

@@ -165,8 +165,9 @@ class BlockStep {
   Tensor lora_xd_;                   // LoRA dropout: a chunk of rows of the dropped input
   Tensor fp8_x_, fp8_w_, fp8_dy_;    // --precision fp8: the cast input, weight, output gradient
   bool fp8() const { return options.precision == Precision::fp8; }
-  // A bf16 view of `scratch`'s first bytes shaped like t, holding t cast to FP8 format f.
-  static Tensor fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8Format f);
+  // A bf16 view of `scratch`'s first bytes shaped like t, holding t cast to FP8 format f with
+  // the tensor group's scale (the whole tensor's amax).
+  Tensor fp8_cast(const Tensor& scratch, const Tensor& t, kernels::Fp8Format f);
   // The slot's weight as E4M3 values in bf16 (fp8_w_): the stored codes decoded, or `weight`
   // cast (Note [FP8], "Storage").
   Tensor fp8_weight(LinearSlot slot, const Tensor& weight);

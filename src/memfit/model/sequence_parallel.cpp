@@ -55,11 +55,6 @@ void check_sequence_parallel(const ModelConfig& config, const ActivationOptions&
                  "--sp splits the sequence over the --tp {} ranks: --seq-len {} must divide by "
                  "{} ({} tokens left over)",
                  config.tp, seq_len, config.tp, seq_len % config.tp);
-  // fp8's tensorwise scales are refused under --tp itself (RunSpec::check_tensor_parallel).
-  if (options.precision == Precision::fp8)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--sp with --precision fp8 is not built: sequence parallelism is built and "
-                 "tested in fp32, bf16 and fp16 (Note [Sequence parallel])");
 }
 
 bool sequence_partial(ParamRole role) {

@@ -98,7 +98,10 @@ StateOptions RunSpec::state_options() const {
   o.bucket_bytes = bucket_bytes;
   o.update_in_backward = update_in_backward;
   o.frozen_base = lora.enabled();
-  o.fp8_weights = precision.precision == Precision::fp8;
+  // FP8 storage (Note [FP8], "Storage") encodes each matrix with its own amax's scale: a split
+  // layout (a tensor rank's slices, a stage) stores bf16 and casts at each use instead.
+  o.fp8_weights =
+      precision.precision == Precision::fp8 && model.tp == 1 && pp() == 1 && !model.pipelined();
   return o;
 }
 
@@ -117,12 +120,7 @@ void RunSpec::check_tensor_parallel() const {
     const char* why;
   };
   const std::optional<Refusal> refused =
-      precision.precision == Precision::fp8
-          ? Refusal{"--precision fp8",
-                    "its tensorwise scales are each whole tensor's amax; a rank's slice would "
-                    "take its own (another recipe than one process), and agreeing on them costs "
-                    "a max over the group per cast"}
-      : lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
+      lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
       : offload.optimizer || offload.params || offload.grads
           ? Refusal{"--offload-*", "the offloaded state's units are not cut along the slices"}
       : update_in_backward
@@ -162,8 +160,6 @@ void RunSpec::check_pipeline() const {
   const int P = pp();
   const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
-                        : precision.precision == Precision::fp8
-                            ? "--precision fp8 (its per-tensor scales are not tested over stages)"
                         : zero >= 2 ? "--zero 2 or 3 (the per-unit gradient buffers index a whole "
                                       "model's units)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
@@ -177,8 +173,8 @@ void RunSpec::check_pipeline() const {
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
-                 "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16 or "
-                 "fp16 at ZeRO 0 or 1 with AdamW or SGD (Note [Pipeline parallel])",
+                 "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16, "
+                 "fp16 or fp8 at ZeRO 0 or 1 with AdamW or SGD (Note [Pipeline parallel])",
                  P, refused);
   ModelConfig first = model;  // ConfigError naming --pp for a bad cut
   for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);

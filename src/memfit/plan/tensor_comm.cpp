@@ -72,6 +72,18 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     v.all_reduce_count = reduces * passes;
     v.all_reduce_bytes = v.all_reduce_count * whole;
   }
+  // --precision fp8: each cast's amax maxed over the group (BlockStep::fp8_cast), a float a
+  // cast: a block's forward casts each linear's input and weight (8), its backward each one's
+  // d(output), weight and input again (12).
+  if (spec.precision.precision == Precision::fp8) {
+    int64_t casts = 0;
+    for (const Phase& p : step.phases)
+      casts += p.kind == PhaseKind::backward ? 12
+               : p.kind == PhaseKind::forward ? 8 * forwards
+               : p.kind == PhaseKind::recompute ? 8
+                                                : 0;
+    v.gathered_bytes += passes * casts * int64_t{sizeof(float)};
+  }
   // Every chunk's statistics: a float and two doubles a row, so the whole batch's rows once.
   v.gathered_bytes += (head ? passes * N * int64_t{sizeof(float) + 2 * sizeof(double)} : 0) +
                       2 * int64_t{sizeof(double)};

@@ -191,7 +191,9 @@ void TrainRun::say_fp8_storage() const {
     fmt::print(stderr,
                "memfit: --precision fp8: the blocks' linear weights are stored as bf16 and cast "
                "to E4M3 at each use (the same values as the stored codes): {}\n",
-               placement_.fp8_fallback());
+               layout_split(mc_) ? "--tp and --pp store no codes yet (each matrix's scale "
+                                   "would be the group's, a slice holding part of it)"
+                                 : placement_.fp8_fallback());
     return;
   }
   fmt::print(stderr,
