@@ -218,7 +218,7 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "embedding and the LM head over this many neighbouring ranks (Megatron's "
                   "layout; it must divide the ranks, heads and MLP width, and divide the key/value "
                   "heads or be a multiple of them); the data group is the ranks / tp (/ pp: with "
-                  "--pp each stage is a tensor group). fp32, bf16 or fp16 (no fp8), ZeRO 0-3 on "
+                  "--pp each stage is a tensor group). fp32, bf16, fp16 or fp8, ZeRO 0-3 on "
                   "the data group, every --ckpt policy; AdamW, SGD, Lion, and 8-bit AdamW or Lion "
                   "where the slices cut whole blocks; saves whole tensors that load at any layout. "
                   "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
@@ -235,9 +235,9 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "final norm and LM head on the last), each holding its own parameters, "
                   "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
                   "The data group is the ranks / (pp x tp): with --tp (and --sp) each stage is a "
-                  "tensor group. fp32, bf16 or fp16, ZeRO 0-1, adamw or sgd; a tied head (GPT-2, or "
-                  "LLaMA's --tie-embeddings true) as a copy of the table on the last stage (not "
-                  "saved yet); saves whole tensors "
+                  "tensor group. fp32, bf16, fp16 or fp8, ZeRO 0-1, adamw or sgd; a tied head (GPT-2, "
+                  "or LLaMA's --tie-embeddings true) as a copy of the table on the last stage; "
+                  "saves whole tensors "
                   "that load at any layout. Note [Pipeline parallel] "
                   "(docs/notes/pipeline-parallel.md)")
       ->capture_default_str();
