@@ -219,8 +219,9 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "layout; it must divide the ranks, heads and MLP width, and divide the key/value "
                   "heads or be a multiple of them); the data group is the ranks / tp (/ pp: with "
                   "--pp each stage is a tensor group). fp32, bf16, fp16 or fp8, ZeRO 0-3 on "
-                  "the data group, every --ckpt policy; AdamW, SGD, Lion, and 8-bit AdamW or Lion "
-                  "where the slices cut whole blocks; saves whole tensors that load at any layout. "
+                  "the data group, every --ckpt policy; AdamW, SGD, Lion, Adam-mini, and 8-bit "
+                  "AdamW or Lion and 4-bit AdamW where the slices cut whole blocks; saves whole "
+                  "tensors that load at any layout. "
                   "Note [Tensor parallel] (docs/notes/tensor-parallel.md)")
       ->capture_default_str();
   cmd->add_flag("--sp", c.sp,

@@ -2,6 +2,8 @@
 #include "memfit/optim/adam_mini.h"
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include "memfit/kernels/cpu/adam_mini.h"
 
@@ -25,19 +27,28 @@ std::vector<AdamMiniSegment> AdamMini::partition(const ParamLayout& layout, int 
     const ParamInfo& p = params[i];
     switch (p.role) {
       case ParamRole::attn_qkv_weight: {
+        // (3C, C), or a tensor-parallel rank's (3 R, C): its R = C / tp rows of each of q, k
+        // and v (whole heads).
+        if (p.shape.rank() != 2 || p.shape[0] % 3 != 0 || p.shape[0] > 3 * p.shape[1])
+          MEMFIT_THROW(ShapeError, "adam-mini",
+                       "{}: qkv weight must be (3C, C) (or a rank's whole heads of each), got {}",
+                       p.name, p.shape);
         const int64_t C = p.shape[1];
-        if (p.shape.rank() != 2 || p.shape[0] != 3 * C)
-          MEMFIT_THROW(ShapeError, "adam-mini", "{}: qkv weight must be (3C, C), got {}", p.name,
-                       p.shape);
         if (C % n_head != 0)
           MEMFIT_THROW(ConfigError, "adam-mini",
                        "n_head {} does not divide the width {} of {}; set OptimConfig::n_head to "
                        "the model's head count",
                        n_head, C, p.name);
-        const int64_t head = C / n_head * C;     // hs rows of C
-        add(i, p.offset, C * C, head);           // query, per head
-        add(i, p.offset + C * C, C * C, head);   // key, per head
-        add(i, p.offset + 2 * C * C, C * C, C);  // value, per output neuron
+        const int64_t hs = C / n_head, R = p.shape[0] / 3;
+        if (R % hs != 0)
+          MEMFIT_THROW(ShapeError, "adam-mini",
+                       "{}: qkv weight must be (3C, C) (or a rank's whole heads of each), got {} "
+                       "(heads of {} rows)",
+                       p.name, p.shape, hs);
+        const int64_t head = hs * C;             // hs rows of C
+        add(i, p.offset, R * C, head);           // query, per head
+        add(i, p.offset + R * C, R * C, head);   // key, per head
+        add(i, p.offset + 2 * R * C, R * C, C);  // value, per output neuron
         break;
       }
       case ParamRole::attn_q_weight:
@@ -130,6 +141,18 @@ void AdamMini::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, flo
     Tensor pv = w.view(b - pc.begin, {e - b}), gv = g.view(b - pc.begin, {e - b});
     Tensor mv = state_view(0, b, e - b);
     Tensor vv = state_view(1, state_position(1, b), (e - b) / s.block_len);
+    if (split_.axis(pc.index) == SliceAxis::columns) {
+      // A row-parallel projection: each row's sum of squares over the whole row, summed over
+      // the tensor group in rank order (every rank the same bits), then the mean over all its
+      // columns (the rank's block_len on each of the group's ranks).
+      std::vector<double> sums(static_cast<size_t>((e - b) / s.block_len));
+      kernels::adam_mini_block_sums(gv, s.block_len, grad_scale, sums);
+      split_.group->all_reduce_sum(std::span<double>(sums));
+      kernels::adam_mini_update_from_sums(pv, gv, mv, vv, s.block_len, sums,
+                                          s.block_len * split_.group->size(), h, t_,
+                                          grad_scale);
+      continue;
+    }
     kernels::adam_mini_update(pv, gv, mv, vv, s.block_len, h, t_, grad_scale);
   }
 }

@@ -2,13 +2,16 @@
 // per block of parameters, so about 4 bytes of state per parameter against AdamW's 8. The blocks
 // follow the transformer's structure (Note [Adam-mini partition], docs/notes/adam-mini.md):
 // query and key per head, value and the other linear weights per output neuron (row),
-// embeddings per token (row), LayerNorm per tensor, linear biases per element.
+// embeddings per token (row), LayerNorm per tensor, linear biases per element. Under --tp a
+// rank's layout is its slices (its heads of q and k, its rows of the column-parallel matrices,
+// its columns of every row of the row-parallel ones: those rows' sums over the tensor group).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "memfit/optim/optimizer.h"
+#include "memfit/optim/tensor_split.h"
 
 namespace memfit {
 
@@ -39,6 +42,10 @@ class AdamMini : public Optimizer {
   // v values the partition needs (before rounding to whole 64-byte lines).
   static int64_t num_blocks(const ParamLayout& layout, int n_head);
   const std::vector<AdamMiniSegment>& segments() const { return segments_; }
+  // Under --tp: the rows of a parameter cut by columns (the row-parallel projections) take their
+  // sums of squares summed over split.group, so each row's v is the whole row's mean (Note
+  // [Tensor parallel], "Optimizers"); every other block is whole on the rank already.
+  void set_tensor_split(TensorSplit split) { split_ = std::move(split); }
 
  protected:
   std::vector<StateSpec> whole_state() const override;
@@ -52,6 +59,7 @@ class AdamMini : public Optimizer {
 
   std::vector<AdamMiniSegment> segments_;
   int64_t v_elements_ = 0;  // num_blocks rounded up to 16
+  TensorSplit split_;
 };
 
 }  // namespace memfit

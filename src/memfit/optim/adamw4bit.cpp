@@ -3,6 +3,8 @@
 // (the same arithmetic).
 #include "memfit/optim/adamw4bit.h"
 
+#include <span>
+
 #include "memfit/core/error.h"
 #include "memfit/kernels/cpu/adamw4bit.h"
 #include "memfit/kernels/cpu/adamw8bit.h"
@@ -47,7 +49,15 @@ void AdamW4bit::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, fl
                  pc.param.name, pc.begin, pc.end, pc.param.offset,
                  pc.param.offset + pc.param.numel);
     Tensor vs = part(v_.rowcol, v_layout_, Part::rowcol, rows + cols);
-    kernels::adamw4bit_update_rank1(w, g, rows, cols, mq, ma, vq, vs, h, t_, grad_scale);
+    const SliceAxis axis = split_.axis(pc.index);
+    kernels::RowColMaxima whole_maxima;  // one process's: none
+    if (axis != SliceAxis::whole)
+      whole_maxima = [&](std::span<float> row_max, std::span<float> col_max) {
+        // The rank's rows whole (cut by rows): its columns run through every rank's rows.
+        split_.group->all_reduce_max(axis == SliceAxis::rows ? col_max : row_max);
+      };
+    kernels::adamw4bit_update_rank1(w, g, rows, cols, mq, ma, vq, vs, h, t_, grad_scale,
+                                    whole_maxima);
   } else {
     Tensor va = part(v_.absmax, v_layout_, Part::absmax, blocks);
     kernels::adamw4bit_update(w, g, mq, ma, vq, va, h, t_, grad_scale);

@@ -10,6 +10,7 @@
 
 #include "memfit/optim/optimizer.h"
 #include "memfit/optim/quantized_state.h"
+#include "memfit/optim/tensor_split.h"
 
 namespace memfit {
 
@@ -28,6 +29,11 @@ class AdamW4bit : public Optimizer {
   // The two moments' layouts: m block-wise, v with rank-1 scales for matrices.
   static QuantFormat first_moment_format() { return {128, 4, false}; }
   static QuantFormat second_moment_format() { return {128, 4, true}; }
+  // Under --tp: a rank-1 matrix cut by rows takes its column maxima's maximum over split.group,
+  // one cut by columns its row maxima's, so its scales are the whole matrix's (Note [Tensor
+  // parallel], "Optimizers"); the first moment's blocks are the whole tensors' where
+  // sliced_optimizer_refusal let the run start.
+  void set_tensor_split(TensorSplit split) { split_ = std::move(split); }
 
  protected:
   std::vector<StateSpec> whole_state() const override { return specs_; }
@@ -43,6 +49,7 @@ class AdamW4bit : public Optimizer {
   std::vector<QuantizedStateLayout::Part> parts_;
   size_t v_first_ = 0;  // specs_[v_first_..] are v's
   QuantizedStateLayout::Moment m_, v_;
+  TensorSplit split_;
 };
 
 }  // namespace memfit

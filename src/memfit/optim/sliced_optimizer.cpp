@@ -10,21 +10,24 @@
 
 #include "memfit/model/param_layout.h"
 #include "memfit/model/tensor_slices.h"
+#include "memfit/optim/adamw4bit.h"
 #include "memfit/optim/quantized_state.h"
 
 namespace memfit {
 
 namespace {
 
-// 8-bit state (AdamW8bit, Lion8bit): a quantised tensor's blocks are its own elements 256 at a
-// time from its start. A rank's blocks are the whole tensor's where each run of the slice
+// Block-wise state (AdamW8bit, Lion8bit: 256 values a block; AdamW4bit's first moment and its
+// 1-D tensors' second moment: 128): a quantised tensor's blocks are its own elements `block` at
+// a time from its start. A rank's blocks are the whole tensor's where each run of the slice
 // (model/tensor_slices.h) starts on a block in both tensors and is whole blocks long, or ends
 // both tensors; and a slice keeps f32 state exactly where the whole tensor does. Padding rows
 // (vocabulary rows beyond the whole table: zeros, whose moments stay 0) need only start on a
 // block of the rank's tensor.
-std::optional<std::string> blockwise_refusal(const ModelConfig& config) {
+std::optional<std::string> blockwise_refusal(const ModelConfig& config, QuantFormat format) {
   const ParamLayout mine(config), whole(whole_model(config));
-  const QuantizedStateLayout mine_q(mine), whole_q(whole);
+  const QuantizedStateLayout mine_q(mine, format), whole_q(whole, format);
+  const std::string bits = fmt::format("{}-bit", format.bits);
   const int64_t B = mine_q.format().block;
   for (int rank = 0; rank < config.tp; ++rank) {
     const std::vector<SliceRun> runs = tensor_slice_runs(config, rank);
@@ -35,8 +38,8 @@ std::optional<std::string> blockwise_refusal(const ModelConfig& config) {
         return fmt::format(
             "rank {}'s slice of {} has {} elements, the whole tensor {}: the slice would keep "
             "{} state where one process keeps {} (at least {} elements are quantised)",
-            rank, p.name, p.numel, w.numel, mine_q.slot(i).quantized ? "8-bit" : "f32",
-            whole_q.slot(i).quantized ? "8-bit" : "f32", kMinQuantizedNumel);
+            rank, p.name, p.numel, w.numel, mine_q.slot(i).quantized ? bits : "f32",
+            whole_q.slot(i).quantized ? bits : "f32", kMinQuantizedNumel);
       if (!mine_q.slot(i).quantized) continue;
       for (const SliceRun& r : runs) {
         const int64_t lo = std::max(r.local, p.offset);
@@ -67,20 +70,15 @@ std::optional<std::string> sliced_optimizer_refusal(const OptimConfig& optim,
   // Element-wise: each element's update reads that element's weight, gradient and state alone
   // (AdamW's bf16 moments rounded to nearest even per element too).
   if (o == "adamw" || o == "sgd" || o == "lion") return std::nullopt;
-  if (o == "adamw8bit" || o == "lion8bit") return blockwise_refusal(config);
-  if (o == "adamw4bit")
-    return std::string(
-        "its second moment's rank-1 scales are each matrix's row and column maxima: a column-"
-        "parallel slice (a rank's rows) has other column maxima, a row-parallel one other row "
-        "maxima, so each rank would step another algorithm than one process (matching it needs "
-        "the maxima taken over the tensor group inside the update)");
-  if (o == "adam-mini")
-    return std::string(
-        "its second moment is one value per output row of the row-parallel projections "
-        "(attention out, MLP down/proj), whose columns are split over the ranks: a rank's mean "
-        "of a row's squares over its columns is another algorithm than the whole row's "
-        "(matching it needs the rows' sums all-reduced over the tensor group inside the "
-        "update); the per-head blocks of q and k would cut where the slices do");
+  if (o == "adamw8bit" || o == "lion8bit") return blockwise_refusal(config, QuantFormat{});
+  // 4-bit AdamW: the rank-1 scales of a matrix's second moment are taken over the tensor group
+  // in the update (AdamW4bit::set_tensor_split); its first moment (and a 1-D tensor's second)
+  // is block-wise, 128 values a block, as 8-bit state is at 256.
+  if (o == "adamw4bit") return blockwise_refusal(config, AdamW4bit::first_moment_format());
+  // Adam-mini: the row-parallel projections' rows take their sums of squares over the tensor
+  // group in the update (AdamMini::set_tensor_split); every other block (a head of q or k, a
+  // column-parallel row, a token's row, a replicated tensor) is whole on the rank.
+  if (o == "adam-mini") return std::nullopt;
   if (is_apollo(o))
     return std::string(
         "its random projection is of a whole matrix: a rank's slice projected alone gets the "

@@ -3,12 +3,12 @@
 // rank's optimizer runs over its own layout (ParamLayout of the split config), whose tensors are
 // slices of the whole ones (model/tensor_slices.h). An element-wise optimizer (AdamW with f32 or
 // bf16 moments, Lion, SGD) computes each element from that element alone, so a slice is its own
-// tensor. Block-wise state (8-bit AdamW and Lion: one absmax per 256 values) is the same only
-// where every block of a rank's tensor is a block of the whole one: checked here, slice by
-// slice. The rest group elements across the slices (4-bit AdamW's rank-1 second moment: a whole
-// matrix's row and column maxima; Adam-mini: one second moment per row of the row-parallel
-// projections, whose columns are split) or project whole matrices (APOLLO, GaLore): over a
-// slice they are another algorithm, and are refused with the reason.
+// tensor. Adam-mini (the row-parallel rows' sums of squares) and 4-bit AdamW (its rank-1
+// scales' maxima) take what their slices lack from the tensor group inside the update
+// (optim/tensor_split.h). Block-wise state (8-bit AdamW and Lion: one absmax per 256 values;
+// 4-bit AdamW's first moment: per 128) is the same only where every block of a rank's tensor is
+// a block of the whole one: checked here, slice by slice. APOLLO and GaLore project whole
+// matrices: over a slice they are another algorithm, and are refused with the reason.
 #pragma once
 
 #include <optional>
@@ -20,7 +20,7 @@
 namespace memfit {
 
 // Why `optim` cannot step the slices of `config` (finalized, split over config.tp > 1) as one
-// process steps the whole model: a sentence naming what differs (for 8-bit state the first
+// process steps the whole model: a sentence naming what differs (for block-wise state the first
 // parameter, rank and run whose blocks are not the whole tensor's), or nothing where it can.
 std::optional<std::string> sliced_optimizer_refusal(const OptimConfig& optim,
                                                     const ModelConfig& config);

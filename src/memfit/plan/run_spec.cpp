@@ -9,6 +9,7 @@
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/optim/sliced_optimizer.h"
+#include "memfit/optim/tensor_split.h"
 
 namespace memfit {
 
@@ -107,11 +108,11 @@ StateOptions RunSpec::state_options() const {
 
 // What --tp is built with so far (Note [Tensor parallel], "What `--tp` does today"): fp32, bf16
 // (with or without master weights) and fp16; the optimizers sliced_optimizer_refusal accepts
-// (AdamW with f32 or bf16 moments, SGD, Lion; 8-bit AdamW and Lion where the slices cut whole
-// quantisation blocks); ZeRO 0-3 over the data group of each tensor slice; every checkpoint
-// policy (recomputation re-issues the row-parallel all-reduces); --act-compress; --grad-dtype
-// bf16; --sp (check_sequence_parallel); --zero auto and --ckpt auto (the search plans each
-// candidate per rank of the split model, its state in RAM); saves, resumes and --init-from at
+// (AdamW with f32 or bf16 moments, SGD, Lion, Adam-mini; 8-bit AdamW and Lion, and 4-bit AdamW,
+// where the slices cut whole quantisation blocks); ZeRO 0-3 over the data group of each tensor
+// slice; every checkpoint policy (recomputation re-issues the row-parallel all-reduces);
+// --act-compress; --grad-dtype bf16; --sp (check_sequence_parallel); --zero auto and --ckpt
+// auto (the search plans each candidate per rank of the split model, its state in RAM); saves, resumes and --init-from at
 // any layout (Note [Checkpoints across layouts]). Each refusal names the option and says why it
 // is not built.
 void RunSpec::check_tensor_parallel() const {
@@ -139,6 +140,14 @@ void RunSpec::check_tensor_parallel() const {
     MEMFIT_THROW(ConfigError, "config", "--tp {} with --optim {} is refused: {} (Note [Tensor "
                  "parallel], \"Optimizers\")",
                  model.tp, optim.name, *why);
+  // Adam-mini and 4-bit AdamW take the tensor group in the update over the step's gradients
+  // (optim/tensor_split.h); --update-in-backward's per-unit optimizers are not handed it.
+  if (update_in_backward && takes_tensor_split(optim.name))
+    MEMFIT_THROW(ConfigError, "config",
+                 "--tp {} with --optim {} and --update-in-backward is not built yet: its "
+                 "per-unit steps do not take the tensor group the update's sums and maxima "
+                 "need (Note [Tensor parallel], \"Optimizers\")",
+                 model.tp, optim.name);
 }
 
 RunSpec RunSpec::stage(int s) const {

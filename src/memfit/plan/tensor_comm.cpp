@@ -6,6 +6,7 @@
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/sequence_parallel.h"
+#include "memfit/optim/tensor_split.h"
 #include "memfit/state/state_placement.h"
 
 namespace memfit {
@@ -97,6 +98,15 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
       if (p.role == ParamRole::attn_k_weight || p.role == ParamRole::attn_v_weight)
         v.gathered_bytes +=
             sums.intersect({p.offset, p.offset + p.numel}).size() * int64_t{sizeof(float)};
+  }
+  // The update's (optim/tensor_split.h): Adam-mini's row-parallel rows' sums of squares, 4-bit
+  // AdamW's rank-1 maxima, over the range the data rank steps (its shard at ZeRO 1-3).
+  if (takes_tensor_split(spec.optim.name)) {
+    const ParamLayout layout(spec.model);
+    const StatePlacement placement(layout, spec.optim, spec.state_options(),
+                                   {data_rank, spec.world});
+    v.gathered_bytes +=
+        tensor_split_gathered_bytes(spec.optim, spec.model, placement.optimizer().range);
   }
   return v;
 }

@@ -5,7 +5,9 @@
 // head's d(norm), each B x T x C f32; the loss's statistics per chunk of rows (the row max, R
 // floats, and the sums, 2R doubles, exchanged as gathers); and the update's gradient check (2
 // doubles), and with key/value heads replicated (tp above n_kv_head) their weights' gradients
-// gathered once (a ZeRO 2-3 rank: its shard's part). The run logs what its tensor group covered
+// gathered once (a ZeRO 2-3 rank: its shard's part); Adam-mini's and 4-bit AdamW's update
+// (optim/tensor_split.h: a double a row-parallel row, a float a maximum of a split dimension,
+// over the rank's optimizer range) gathered too. The run logs what its tensor group covered
 // each step (tensor_comm_bytes), which the tests compare with this; the step-time estimate
 // prices them with tensor_comm_seconds.
 //

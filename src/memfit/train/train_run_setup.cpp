@@ -12,6 +12,7 @@
 #include "memfit/io/data/prepare.h"
 #include "memfit/model/layout_map.h"
 #include "memfit/model/stage_offsets.h"
+#include "memfit/optim/tensor_split.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/offload_disk.h"
 #include "memfit/train/train_run.h"
@@ -215,6 +216,10 @@ void TrainRun::create_optimizer() {
   else
     opt_ = make_optimizer(spec_.optim, gpt_->lora() ? gpt_->lora()->param_layout() : gpt_->layout(),
                          &pool_, my_shard_);
+  // --tp: Adam-mini's row-parallel rows and 4-bit AdamW's rank-1 maxima taken over the tensor
+  // group in the update (optim/tensor_split.h); the other optimizers need nothing.
+  if (opt_ && mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name))
+    set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
   if (fused_ && off_) {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights

@@ -70,10 +70,11 @@ namespace memfit::kernels {
 HWY_EXPORT(AdamMiniSumSquares);
 HWY_EXPORT(AdamMiniUpdateBlock);
 
-void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, int64_t block_len,
-                      const AdamWHyper& h, int64_t t, float grad_scale) {
-  KernelScope timed("adam_mini_update");
-  const char* op = "adam_mini";
+namespace {
+
+// The shapes adam_mini_update and adam_mini_update_from_sums take; the number of blocks.
+int64_t check_mini(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                   int64_t block_len, int64_t t, const char* op) {
   expect_any_shape(param, op, "param", DType::f32);
   expect_tensor(grad, op, "grad", param.shape(), DType::f32);
   const int64_t n = param.numel();
@@ -84,7 +85,15 @@ void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, i
   expect_tensor(m, op, "m", param.shape(), DType::f32);
   expect_tensor(v, op, "v", {blocks}, DType::f32);
   MEMFIT_CHECK(t >= 1, op, "step count t must start at 1, got {}", t);
+  return blocks;
+}
 
+// The step of every block, given mean_sq(b) (g^2's mean over block b, in double).
+template <class MeanSq>
+void mini_blocks(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, int64_t block_len,
+                 int64_t blocks, const AdamWHyper& h, int64_t t, float grad_scale,
+                 MeanSq&& mean_of) {
+  const int64_t n = param.numel();
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(t));
   const double sqrt_bc2 = std::sqrt(bc2);
@@ -96,8 +105,7 @@ void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, i
 #pragma omp parallel for schedule(static) if (blocks > 1 && n >= kParallelGrain)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t off = b * block_len;
-    const double mean_sq = MEMFIT_SIMD_DISPATCH(AdamMiniSumSquares)(g + off, block_len, grad_scale) /
-                           static_cast<double>(block_len);
+    const double mean_sq = mean_of(b, g + off);
     const float vb = h.beta2 * vp[b] + (1.0f - h.beta2) * static_cast<float>(mean_sq);
     vp[b] = vb;
     const double denom = std::sqrt(static_cast<double>(vb)) / sqrt_bc2 + h.eps;
@@ -105,6 +113,52 @@ void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, i
     MEMFIT_SIMD_DISPATCH(AdamMiniUpdateBlock)(p + off, g + off, mp + off, block_len, h.beta1, omb1,
                                       grad_scale, decay, step);
   }
+}
+
+}  // namespace
+
+void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, int64_t block_len,
+                      const AdamWHyper& h, int64_t t, float grad_scale) {
+  KernelScope timed("adam_mini_update");
+  const int64_t blocks = check_mini(param, grad, m, v, block_len, t, "adam_mini");
+  mini_blocks(param, grad, m, v, block_len, blocks, h, t, grad_scale,
+              [&](int64_t, const float* gb) {
+                return MEMFIT_SIMD_DISPATCH(AdamMiniSumSquares)(gb, block_len, grad_scale) /
+                       static_cast<double>(block_len);
+              });
+}
+
+void adam_mini_block_sums(const Tensor& grad, int64_t block_len, float grad_scale,
+                          std::span<double> sums) {
+  KernelScope timed("adam_mini_block_sums");
+  const char* op = "adam_mini_block_sums";
+  expect_any_shape(grad, op, "grad", DType::f32);
+  const int64_t n = grad.numel();
+  MEMFIT_CHECK_SHAPE(block_len >= 1 && n % block_len == 0 &&
+                         static_cast<int64_t>(sums.size()) == n / block_len,
+                     op, "grad {} of {} values against {} sums of blocks of {}", grad.shape(), n,
+                     sums.size(), block_len);
+  const float* g = grad.data<float>();
+  const int64_t blocks = n / block_len;
+#pragma omp parallel for schedule(static) if (blocks > 1 && n >= kParallelGrain)
+  for (int64_t b = 0; b < blocks; ++b)
+    sums[static_cast<size_t>(b)] =
+        MEMFIT_SIMD_DISPATCH(AdamMiniSumSquares)(g + b * block_len, block_len, grad_scale);
+}
+
+void adam_mini_update_from_sums(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                                int64_t block_len, std::span<const double> sums, int64_t whole_len,
+                                const AdamWHyper& h, int64_t t, float grad_scale) {
+  KernelScope timed("adam_mini_update");
+  const char* op = "adam_mini_from_sums";
+  const int64_t blocks = check_mini(param, grad, m, v, block_len, t, op);
+  MEMFIT_CHECK_SHAPE(static_cast<int64_t>(sums.size()) == blocks && whole_len >= block_len, op,
+                     "{} sums for {} blocks of {} (whole blocks of {})", sums.size(), blocks,
+                     block_len, whole_len);
+  mini_blocks(param, grad, m, v, block_len, blocks, h, t, grad_scale,
+              [&](int64_t b, const float*) {
+                return sums[static_cast<size_t>(b)] / static_cast<double>(whole_len);
+              });
 }
 
 }  // namespace memfit::kernels

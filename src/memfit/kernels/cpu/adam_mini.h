@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "memfit/memory/tensor.h"
 #include "memfit/kernels/cpu/adamw.h"
@@ -18,5 +19,17 @@ namespace memfit::kernels {
 // (sqrt(v[b]) / sqrt(bc2) + eps). g is multiplied by grad_scale first. OpenMP over blocks.
 void adam_mini_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, int64_t block_len,
                       const AdamWHyper& h, int64_t t, float grad_scale = 1.0f);
+
+// The same step in two halves, for blocks whose elements are split over tensor-parallel ranks
+// (a row-parallel projection's rows: Note [Tensor parallel], "Optimizers"): first each block's
+// sum of (grad_scale g)^2 in double (sums: n / block_len values), which the caller sums over the
+// ranks; then the step with mean(g^2 over b) = sums[b] / whole_len (the whole block's elements,
+// block_len on every rank summed). With this rank's sums and whole_len = block_len, the two are
+// adam_mini_update bit for bit.
+void adam_mini_block_sums(const Tensor& grad, int64_t block_len, float grad_scale,
+                          std::span<double> sums);
+void adam_mini_update_from_sums(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                                int64_t block_len, std::span<const double> sums, int64_t whole_len,
+                                const AdamWHyper& h, int64_t t, float grad_scale = 1.0f);
 
 }  // namespace memfit::kernels

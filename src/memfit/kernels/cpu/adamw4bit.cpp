@@ -121,7 +121,8 @@ void adamw4bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor
 
 void adamw4bit_update_rank1(Tensor& param, const Tensor& grad, int64_t rows, int64_t cols,
                             Tensor& m_codes, Tensor& m_absmax, Tensor& v_codes, Tensor& v_rowcol,
-                            const AdamWHyper& h, int64_t t, float grad_scale) {
+                            const AdamWHyper& h, int64_t t, float grad_scale,
+                            const RowColMaxima& reduce_maxima) {
   KernelScope timed("adamw4bit_update_rank1");
   const char* op = "adamw4bit_rank1";
   check_common(param, grad, m_codes, m_absmax, v_codes, op);
@@ -166,6 +167,10 @@ void adamw4bit_update_rank1(Tensor& param, const Tensor& grad, int64_t rows, int
 #pragma omp critical(adamw4bit_col_max)
     for (int64_t j = 0; j < cols; ++j) new_cols[j] = std::max(new_cols[j], col_max[j]);
   }
+
+  if (reduce_maxima)
+    reduce_maxima(std::span<float>(new_rows, static_cast<size_t>(rows)),
+                  std::span<float>(new_cols, static_cast<size_t>(cols)));
 
   // Pass 2: the update, requantised with the new scales.
 #pragma omp parallel for schedule(static) if (n >= kParallelGrain)

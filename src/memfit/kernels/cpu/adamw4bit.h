@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 
 #include "memfit/kernels/cpu/adamw.h"
 #include "memfit/memory/tensor.h"
@@ -24,8 +26,14 @@ void adamw4bit_update(Tensor& param, const Tensor& grad, Tensor& m_codes, Tensor
 // (rows + cols: the row maxima, then the column maxima). Two passes: the new second moment's
 // row and column maxima first (nothing stored), then the update, each value requantised with
 // the new scales. Scratch of rows + cols floats (and cols per thread) from the heap.
+// `reduce_maxima`, where given, is called between the passes with the new row and column maxima
+// and may raise them (a tensor-parallel rank's slice of a matrix: the whole matrix's maxima of
+// the split dimension, taken over the group; Note [Tensor parallel], "Optimizers"); the second
+// pass and v_rowcol take what it leaves.
+using RowColMaxima = std::function<void(std::span<float> rows, std::span<float> cols)>;
 void adamw4bit_update_rank1(Tensor& param, const Tensor& grad, int64_t rows, int64_t cols,
                             Tensor& m_codes, Tensor& m_absmax, Tensor& v_codes, Tensor& v_rowcol,
-                            const AdamWHyper& h, int64_t t, float grad_scale = 1.0f);
+                            const AdamWHyper& h, int64_t t, float grad_scale = 1.0f,
+                            const RowColMaxima& reduce_maxima = {});
 
 }  // namespace memfit::kernels
