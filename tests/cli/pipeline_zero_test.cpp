@@ -25,9 +25,10 @@ class PipelineZero : public test::PipelineBinaryTest {
   // `more` over two data ranks (of `tp` tensor ranks each), without stages and as two stages:
   // the losses within `rel` (0: bit for bit), the norms within `rel_norm`.
   void expect_stages_match(const std::string& more, double rel, const std::string& what,
-                           double rel_norm = 1e-6, int tp = 1) {
+                           double rel_norm = 1e-6, int tp = 1, int pp = 2) {
     const std::string a = std::string(kSteps) + " " + more;
-    const auto dp = train(2 * tp, a, "dp2"), both = train(4 * tp, a + " --pp 2", "dp2pp2");
+    const auto dp = train(2 * tp, a, "dp2"),
+               both = train(2 * pp * tp, a + fmt::format(" --pp {}", pp), "dp2pp");
     expect_close(dp, both, {"loss", "val_loss"}, rel, what, 4);
     expect_close(dp, both, {"grad_norm"}, rel_norm, what, 3);
   }
@@ -63,6 +64,14 @@ TEST_F(PipelineZero, Bf16GradientsMatchTheRunWithoutStages) {
   // (Measured on the Zen 5: losses 2.7e-6, norms 2.9e-5.)
   expect_stages_match("--grad-dtype bf16 --model gpt2-tiny", 1e-5, "bf16 gradients, tied gpt2",
                       1e-4);
+}
+
+// Four stages of one block each (dp 2 x pp 4, 8 ranks): the middle stages hold blocks alone,
+// no edge unit (no edge gradient buffer, nothing persistent at stage 3).
+TEST_F(PipelineZero, MiddleStagesHoldBlocksAlone) {
+  expect_stages_match("--zero 3", 0, "pp 4, zero 3", 1e-6, 1, 4);
+  expect_stages_match("--zero 2 --model gpt2-tiny", 1e-6, "pp 4, zero 2, tied gpt2", 1e-6, 1, 4);
+  expect_plan_is_measured(8, "--steps 2 --grad-accum 2 --pp 4 --zero 3");
 }
 
 // With --tp 2 (dp 2 x pp 2 x tp 2, 8 ranks, against dp 2 x tp 2): each stage a tensor group,

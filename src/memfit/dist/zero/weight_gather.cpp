@@ -294,6 +294,8 @@ void WeightGather::enter(int phase) {
 void WeightGather::refresh() {
   drain();
   if (file_ && !s_.comm) return;  // the persistent units are the working weights themselves
+  // (A pipeline stage between the first and the last has no persistent unit: no buffer.)
+  if (!persistent_.defined()) return;
   std::vector<std::unique_ptr<dist::Request>> pending;
   char* base = static_cast<char*>(persistent_.raw_data());
   for (size_t u = 0; u < units_.units.size(); ++u)
