@@ -11,9 +11,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
+#include <fmt/format.h>
+
+#include "memfit/model/pipeline_stages.h"
 #include "memfit/model/transformer.h"
+#include "memfit/model/unit_map.h"
 #include "memfit/state/shard.h"
 #include "gpt2_test_util.h"
 
@@ -137,6 +143,62 @@ TEST(UnitGrads, TheBuffersAreTheUnitsAndTheShard) {
   EXPECT_FALSE(UnitGrads::shared_edges(layout));
   const std::vector<ElementRange> units = unit_ranges(layout);
   EXPECT_GE(UnitGrads::edge_floats(layout), units.front().size() + units.back().size());
+}
+
+// A pipeline stage's layout (Note [Pipeline parallel], "ZeRO"): its blocks take the ring and
+// its edge buffer holds the edge units it has (the embeddings on the first stage, the tail and
+// a tied copy of the table on the last, none between; never shared), as comm_bytes counts;
+// the step's parts reach its own units (the tail as n_layer, -1 at the end of every stage's
+// backward), and a block of another stage is refused.
+TEST(UnitGrads, AStagesBuffersAreItsOwnUnits) {
+  const std::unique_ptr<dist::Communicator> comm = dist::make_single_communicator();
+  auto granules = [](int64_t n) { return (n + 15) / 16 * 16; };
+  for (Family f : {Family::gpt2, Family::llama}) {
+    ModelConfig c = odd_config(f);
+    c.n_layer = 4;
+    c.finalize();
+    for (const PipelineStage& s : split_stages("1,2,1", c.n_layer, 3)) {
+      ModelConfig sc = c;
+      sc.set_pipeline_stage(s);
+      const ParamLayout layout(sc);
+      const UnitMap m = unit_map(layout);
+      const std::string what = fmt::format("{}, stage {}", family_name(f), s.index);
+      int64_t edges = 0, slot = 0;
+      for (size_t u = 0; u < m.units.size(); ++u) {
+        if (m.edge(u))
+          edges += granules(m.units[u].size());
+        else
+          slot = std::max(slot, granules(m.units[u].size()));
+      }
+      EXPECT_FALSE(UnitGrads::shared_edges(layout)) << what;
+      EXPECT_EQ(UnitGrads::edge_floats(layout), edges) << what;
+      EXPECT_EQ(edges == 0, !s.has_embeddings() && !s.has_head()) << what;
+      EXPECT_EQ(UnitGrads::slot_floats(layout), slot) << what;
+      MemoryPool pool;
+      GradSharding g{comm.get(), {ElementRange{0, layout.total()}}, 4 * 1000, true};
+      UnitGrads grads(pool, layout, g);
+      EXPECT_EQ(pool.bytes_current(Category::comm),
+                UnitGrads::comm_bytes(layout, g.bucket_bytes, g.shards, 0, true))
+          << what;
+      // The edge views are bound from the start: the tied last stage's head is its copy.
+      EXPECT_EQ(grads.views().tok_emb.defined(),
+                s.has_embeddings() || (c.tie_embeddings && s.has_head()))
+          << what;
+      EXPECT_EQ(grads.views().head.defined(), s.has_head()) << what;
+      // One micro-batch's parts, as the stage's backward reports them.
+      grads.zero();
+      grads.begin_micro_batch();
+      if (s.has_head()) grads.done(c.n_layer);
+      for (int l = s.last - 1; l >= s.first; --l) {
+        grads.enter_backward(l);
+        EXPECT_TRUE(grads.views().blocks[static_cast<size_t>(l)].norm1_w.defined()) << what;
+        grads.done(l);
+      }
+      grads.enter_embedding_backward();
+      grads.done(-1);
+      EXPECT_THROW(grads.enter_backward(s.last), Error) << what;
+    }
+  }
 }
 
 }  // namespace

@@ -646,6 +646,10 @@ bool plan_pipeline(const RunSpec& asked, bool json) {
                              {"once_seconds", time.once[static_cast<size_t>(s)]},
                              {"stage_step_seconds", time.stage_step(s)}});
       if (TP > 1) j["stages"].back()["tensor_comm_per_step"] = tensor_comm_json(spec.stage(s), p);
+      if (spec.world > 1)  // the data group's collectives of this stage's ranks
+        j["stages"].back()["comm_per_step"] = {{"all_reduce", p.comm_per_step.all_reduce},
+                                               {"reduce_scatter", p.comm_per_step.reduce_scatter},
+                                               {"all_gather", p.comm_per_step.all_gather}};
     }
     j["per_rank"] = nlohmann::json::array();
     for (const StageRankPlan& q : ranks)

@@ -5,6 +5,7 @@
 #include "memfit/core/error.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/model_family.h"
+#include "memfit/model/unit_map.h"
 
 namespace memfit {
 
@@ -308,10 +309,12 @@ std::vector<ElementRange> unit_ranges(const ParamLayout& layout) {
 }
 
 ElementRange block_range(const ParamLayout& layout, int layer) {
-  const std::vector<ElementRange> units = unit_ranges(layout);
-  MEMFIT_CHECK(layer >= 0 && layer + 2 < static_cast<int>(units.size()), "shard",
-               "block {} is not in a model of {} blocks", layer, static_cast<int>(units.size()) - 2);
-  return units[static_cast<size_t>(layer) + 1];
+  // By the block's index in the whole model: a pipeline stage's layout holds its own blocks
+  // (model/unit_map.h).
+  const UnitMap m = unit_map(layout);
+  MEMFIT_CHECK(m.has_block(layer), "shard", "block {} is not in a layout of blocks {} to {}",
+               layer, m.first_layer, m.first_layer + m.blocks - 1);
+  return m.units[m.block_unit(layer)];
 }
 
 }  // namespace memfit

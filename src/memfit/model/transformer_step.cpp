@@ -317,6 +317,7 @@ void TransformerStep::backward(StepContext& ctx, const ModelWeights& w, const Mo
                    "gradient", stage_.index);
       std::copy_n(dres.data<float>(), dres.numel(), io_.din);
     }
+    report(-1);  // the stage's backward is over (per-unit gradients finish their exchanges)
     ctx.finish();
     return;
   }

@@ -45,8 +45,9 @@ class TransformerStep {
                 const Tensor* mask = nullptr);
   // Accumulates every parameter's gradient of the last training forward into g.
   // `done`, if set, is called (running only) after the final norm's backward with n_layer, after
-  // block l's with l, and after the embedding's with -1: the gradients that part writes last
-  // are then final (data parallelism starts summing them, dist/grad_sync.h).
+  // block l's with l, and after the embedding's with -1 (a pipeline stage after the first: at
+  // the end of its backward): the gradients that part writes last are then final (data
+  // parallelism starts summing them, dist/grad_sync.h).
   void backward(StepContext& ctx, const ModelWeights& w, const ModelWeights& g,
                 const std::function<void(int)>& done = {});
   // f32 logits (B, T, vocab_size) of every position.

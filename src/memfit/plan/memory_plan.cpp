@@ -414,6 +414,15 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   // LoRA: the adapters' gradients are what the ranks sum (the frozen base has none).
   const int64_t summed =
       spec.lora.enabled() ? LoraLayout(r.model, spec.lora).total() : layout.total();
+  // --pp at stage 3: a stage before the last runs each micro-batch's forward alone too (to send
+  // its output), gathering its blocks once more (Note [Pipeline parallel], "ZeRO").
+  const int64_t forward_gathers =
+      placement.params_gathered() && r.model.pipelined() && !r.model.stage.has_head()
+          ? int64_t{spec.grad_accum} *
+                WeightGather::forward_gather_bytes(layout, half, r.step.phases,
+                                                   placement.prefetch_depth(),
+                                                   placement.persist_threshold())
+          : 0;
   r.comm_per_step = dist::step_comm_volume(
       summed, static_cast<int>(dtype_size(half)), spec.world, placement.sharding(),
       placement.params_gathered()
@@ -424,7 +433,8 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
                 (spec.lora.enabled()
                      ? WeightGather::step_gather_bytes(layout, half, r.step.phases, 0,
                                                        placement.persist_threshold())
-                     : 0)
+                     : 0) +
+                forward_gathers
           : 0,
       placement.grads_per_unit() ? passes : 1,
       static_cast<int>(dtype_size(spec.grad_dtype)));

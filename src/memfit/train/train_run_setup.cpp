@@ -14,6 +14,7 @@
 #include "memfit/model/stage_offsets.h"
 #include "memfit/optim/tensor_split.h"
 #include "memfit/plan/memory_plan.h"
+#include "memfit/state/shard.h"
 #include "memfit/train/offload_disk.h"
 #include "memfit/train/train_run.h"
 
@@ -327,8 +328,27 @@ void TrainRun::prepare_step() {
         dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_);
   // A tied model's first and last stages: the table's receive buffer (Note [Pipeline
   // parallel], "Tied embeddings"; the planner's tied_gradient_buffer_bytes).
-  if (const ElementRange table = tied_table(mc_, gpt_->layout()); !table.empty())
-    tied_.emplace(pipe_, table, pool_);
+  // At ZeRO 2-3 each data rank holds its shard of its stage's sums, and the two stages'
+  // layouts are cut differently: each rank exchanges the part of the table it owns with the
+  // other stage's data ranks that own it there (dist::tied_shard_pieces, over the world).
+  if (const ElementRange table = tied_table(mc_, gpt_->layout()); !table.empty()) {
+    if (W_ > 1 && !placement_.grads_whole()) {
+      const int P = spec_.pp();
+      const ModelConfig first_model = spec_.stage(0).model;
+      const ParamLayout first(first_model), last(spec_.stage(P - 1).model);
+      const std::vector<ElementRange> first_shards = shard_ranges(first, spec_.optim, W_),
+                                      last_shards = shard_ranges(last, spec_.optim, W_);
+      MEMFIT_CHECK(placement_.shards() == (mc_.stage.has_head() ? last_shards : first_shards),
+                   "pipeline", "the tied table's shards are not this stage's placement's");
+      tied_.emplace(grid_.world(),
+                    dist::tied_shard_pieces(first_shards, last_shards, tied_table(first_model, first),
+                                            tied_table_copy(last), grid_.shape(), grid_.coords(),
+                                            placement_.my_shard().begin),
+                    table.size(), !mc_.stage.has_head(), pool_);
+    } else {
+      tied_.emplace(pipe_, table, pool_);
+    }
+  }
 }
 
 // The training and validation loaders (none when the run has no step left), the training

@@ -49,7 +49,9 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
     // --pp, tied embeddings: the embedding's and the head's parts of the table's gradient
     // (each summed over the data group already), added on the first and last stages.
     const profile::Scope tied(recorder(), "tied gradient sum", profile::SliceKind::collective);
-    tied_->sum(gpt_->grads());
+    // (The summed gradients: the f32 slab, or the per-unit reduction's accumulator, the whole
+    // layout's in bf16 or at ZeRO 2-3 this rank's shard's: dist/tied_gradient.h.)
+    tied_->sum(gpt_->grad_sums());
   }
   r.loss = step_loss_mean(loss_sum, step_loss, int64_t{spec_.grad_accum} * W_);
   r.update = update(r.lr, r.loss, r.loss_scale, r.update_gathered);

@@ -10,6 +10,7 @@
 #include "memfit/dist/grad_sync.h"
 #include "memfit/dist/shard_collectives.h"
 #include "memfit/kernels/cpu/fill.h"
+#include "memfit/model/unit_map.h"
 #include "memfit/state/shard.h"
 
 namespace memfit {
@@ -24,25 +25,33 @@ size_t pool_floats(int64_t n) {
   return n > 0 ? MemoryPool::round_up(static_cast<size_t>(n) * sizeof(float)) : 0;
 }
 
-// The sizes every rank derives alike from the layout.
+// The sizes every rank derives alike from the layout. The edge units (the embeddings, the
+// tail, a tied last stage's copy of the table: whichever the layout holds, model/unit_map.h)
+// each at `edge_at` in the edge buffer, in unit order; with shared edges the embeddings and the
+// tail both at 0.
 struct Sizes {
-  std::vector<ElementRange> units;
-  int64_t edge_elements = 0, tail_at = 0, slot_elements = 0, largest_unit = 0;
+  UnitMap map;
+  std::vector<int64_t> edge_at;  // per unit: its place in the edge buffer (-1: a block)
+  int64_t edge_elements = 0, slot_elements = 0, largest_unit = 0;
 };
 
 Sizes sizes(const ParamLayout& layout) {
   Sizes s;
-  s.units = unit_ranges(layout);
-  if (UnitGrads::shared_edges(layout)) {
-    s.edge_elements = std::max(granules(s.units.front().size()), granules(s.units.back().size()));
-  } else {
-    s.tail_at = granules(s.units.front().size());
-    s.edge_elements = s.tail_at + granules(s.units.back().size());
-  }
-  for (size_t u = 0; u < s.units.size(); ++u) {
-    s.largest_unit = std::max(s.largest_unit, s.units[u].size());
-    if (u > 0 && u + 1 < s.units.size())
-      s.slot_elements = std::max(s.slot_elements, granules(s.units[u].size()));
+  s.map = unit_map(layout);
+  const std::vector<ElementRange>& units = s.map.units;
+  s.edge_at.assign(units.size(), -1);
+  const bool shared = UnitGrads::shared_edges(layout);
+  for (size_t u = 0; u < units.size(); ++u) {
+    s.largest_unit = std::max(s.largest_unit, units[u].size());
+    if (!s.map.edge(u)) {
+      s.slot_elements = std::max(s.slot_elements, granules(units[u].size()));
+    } else if (shared) {
+      s.edge_at[u] = 0;
+      s.edge_elements = std::max(s.edge_elements, granules(units[u].size()));
+    } else {
+      s.edge_at[u] = s.edge_elements;
+      s.edge_elements += granules(units[u].size());
+    }
   }
   return s;
 }
@@ -60,7 +69,7 @@ int64_t receive_floats(const Sizes& s, int64_t n, size_t bucket_bytes,
     // gradient_buckets cuts `per` from each shard's part of a unit: the largest is per, or the
     // largest part when every part is smaller.
     const int64_t per = std::max<int64_t>(1, full / std::max(world, 1));
-    for (const ElementRange& u : s.units)
+    for (const ElementRange& u : s.map.units)
       piece = std::max(piece, std::min(per, shards[static_cast<size_t>(rank)].intersect(u).size()));
   }
   return std::max<int64_t>(int64_t{world} * piece, world);
@@ -100,7 +109,9 @@ size_t UnitGrads::grads_bytes(const ParamLayout& layout, std::span<const Element
 }
 
 bool UnitGrads::shared_edges(const ParamLayout& layout) {
-  return std::any_of(layout.params().begin(), layout.params().end(),
+  // (A pipeline stage holds both edges only when it is the whole model.)
+  return unit_map(layout).embeddings >= 0 &&
+         std::any_of(layout.params().begin(), layout.params().end(),
                      [](const ParamInfo& p) { return p.role == ParamRole::lm_head; });
 }
 
@@ -128,8 +139,9 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
                "for {} ranks)", s_.shards.size(), s_.comm ? s_.comm->size() : 0);
   const int rank = s_.comm->rank();
   const Sizes s = sizes(layout);
-  units_ = s.units;
-  tail_at_ = s.tail_at;
+  map_ = s.map;
+  units_ = s.map.units;
+  edge_at_ = s.edge_at;
   shared_edges_ = shared_edges(layout);
   slot_elements_ = s.slot_elements;
   range_ = sums_range(layout, s_.shards, rank, s_.whole);
@@ -150,7 +162,10 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
                           Category::grads, "grads");
     if (range_.empty()) sums_ = sums_.view(0, {0});
   }
-  edges_ = Tensor::empty(pool, {s.edge_elements}, DType::f32, Category::comm, "comm.grads.edges");
+  // (A stage between the first and the last has no edge unit.)
+  if (s.edge_elements > 0)
+    edges_ = Tensor::empty(pool, {s.edge_elements}, DType::f32, Category::comm,
+                           "comm.grads.edges");
   if (slot_elements_ > 0)
     ring_ = Tensor::empty(pool, {slot_elements_ * kSlots}, DType::f32, Category::comm,
                           "comm.grads.ring");
@@ -158,8 +173,9 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
   receive_slot_bytes_ = receive_slot_bytes(receive_floats_, s_.dtype, s_.comm->size());
   receive_ = pool.allocate(MemoryPool::round_up(kInFlight * receive_slot_bytes_), Category::comm,
                            "comm.grad_ring");
-  layout_.bind(views_, edges_.view(0, {units_.front().size()}), units_.front());
-  layout_.bind(views_, edges_.view(tail_at_, {units_.back().size()}), units_.back());
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (edge_at_[u] >= 0)
+      layout_.bind(views_, edges_.view(edge_at_[u], {units_[u].size()}), units_[u]);
   slot_last_.assign(kSlots, -1);
 }
 
@@ -177,7 +193,7 @@ void UnitGrads::zero() {
 void UnitGrads::begin_micro_batch() {
   while (!in_flight_.empty()) wait_oldest();
   if (s_.steps) s_.steps->begin_micro_batch();
-  kernels::zero(edges_);
+  if (edges_.defined()) kernels::zero(edges_);
   next_slot_ = 0;
   tail_last_ = -1;
 }
@@ -190,7 +206,7 @@ void UnitGrads::enter_backward(int layer) {
   while (completed_ <= slot_last_[static_cast<size_t>(slot)]) wait_oldest();
   Tensor buffer = ring_.view(slot * slot_elements_, {slot_elements_});
   kernels::zero(buffer);
-  const ElementRange unit = units_[static_cast<size_t>(1 + layer)];
+  const ElementRange unit = units_[map_.block_unit(layer)];
   layout_.bind(views_, buffer.view(0, {unit.size()}), unit);
 }
 
@@ -199,37 +215,50 @@ void UnitGrads::enter_embedding_backward() {
   // The tail's buckets read the buffer (and the f32 exchange writes its sums into it): every
   // rank waits for them at the same point, as enter_backward does for a slot.
   while (completed_ <= tail_last_) wait_oldest();
-  Tensor embeddings = edges_.view(0, {units_.front().size()});
+  const size_t e = static_cast<size_t>(map_.embeddings);
+  Tensor embeddings = edges_.view(edge_at_[e], {units_[e].size()});
   kernels::zero(embeddings);
 }
 
 void UnitGrads::done(int part) {
-  const int n_layer = static_cast<int>(units_.size()) - 2;
-  // The unit's buffer: `held` from element `at` (the edges' or its ring slot's).
-  size_t u = 0;
-  Tensor* held = &edges_;
-  int64_t at = 0;
-  if (part == n_layer) {
-    u = units_.size() - 1;
-    at = tail_at_;
-  } else if (part >= 0) {
-    // The block's views point into its slot (enter_backward).
-    const int slot = (next_slot_ + kSlots - 1) % kSlots;
-    u = static_cast<size_t>(1 + part);
-    held = &ring_;
-    at = slot * slot_elements_;
+  // The part's units: -1 the embeddings (where the layout holds them: a pipeline stage after
+  // the first reports -1 at the end of its backward too), a block of the layout, or else the
+  // tail (the step reports it as n_layer), with a tied last stage's copy of the table, whose
+  // gradient the forward's LM head wrote.
+  std::vector<size_t> parts;
+  if (part < 0) {
+    if (map_.embeddings >= 0) parts.push_back(static_cast<size_t>(map_.embeddings));
+  } else if (map_.has_block(part)) {
+    parts.push_back(map_.block_unit(part));
+  } else {
+    MEMFIT_CHECK(map_.tail >= 0, "zero", "the backward finished part {}, which this layout "
+                 "does not hold (blocks {} to {}, no tail)", part, map_.first_layer,
+                 map_.first_layer + map_.blocks - 1);
+    parts.push_back(static_cast<size_t>(map_.tail));
+    if (map_.copy >= 0) parts.push_back(static_cast<size_t>(map_.copy));
   }
-  reduce(units_[u], held->data<float>() + at);
-  if (part == n_layer) tail_last_ = started_ - 1;
-  if (part >= 0 && part < n_layer)
-    slot_last_[static_cast<size_t>((next_slot_ + kSlots - 1) % kSlots)] = started_ - 1;
-  if (s_.steps) {
-    // --update-in-backward: this rank's part of the unit's sums, in place in its buffer once
-    // every bucket of it is reduced, stepped now (Note [Update in backward]).
-    while (!in_flight_.empty()) wait_oldest();
-    const ElementRange mine = range_.intersect(units_[u]);
-    s_.steps->unit_done(
-        u, held->view(at + (mine.empty() ? 0 : mine.begin - units_[u].begin), {mine.size()}));
+  for (const size_t u : parts) {
+    // The unit's buffer: `held` from element `at` (the edges' or its ring slot's).
+    Tensor* held = &edges_;
+    int64_t at = edge_at_[u];
+    const bool block = !map_.edge(u);
+    if (block) {
+      // The block's views point into its slot (enter_backward).
+      held = &ring_;
+      at = ((next_slot_ + kSlots - 1) % kSlots) * slot_elements_;
+    }
+    reduce(units_[u], held->data<float>() + at);
+    if (static_cast<int>(u) == map_.tail) tail_last_ = started_ - 1;
+    if (block)
+      slot_last_[static_cast<size_t>((next_slot_ + kSlots - 1) % kSlots)] = started_ - 1;
+    if (s_.steps) {
+      // --update-in-backward: this rank's part of the unit's sums, in place in its buffer once
+      // every bucket of it is reduced, stepped now (Note [Update in backward]).
+      while (!in_flight_.empty()) wait_oldest();
+      const ElementRange mine = range_.intersect(units_[u]);
+      s_.steps->unit_done(
+          u, held->view(at + (mine.empty() ? 0 : mine.begin - units_[u].begin), {mine.size()}));
+    }
   }
   if (part < 0) {
     // The micro-batch's sums are all in: later micro-batches add to them.

@@ -25,6 +25,10 @@
 // in f32 in rank order and rounds once, and later micro-batches add into the accumulator in f32,
 // rounded once each. Every buffer is allocated once: the planner reads
 // grads_bytes and comm_bytes, so the plan is exact whatever the timing.
+// A pipeline stage's layout (--pp, Note [Pipeline parallel], "ZeRO") has its own units
+// (model/unit_map.h): its blocks take the ring, and its edge units are whichever it holds (the
+// embeddings on the first stage, the tail on the last with a tied model's copy of the table,
+// reduced with the tail; none between); its backward reports -1 at its end on every stage.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,7 @@
 #include "memfit/memory/pool.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/unit_map.h"
 #include "memfit/optim/unit_steps.h"
 #include "memfit/core/element_range.h"
 
@@ -127,11 +132,13 @@ class UnitGrads final : public GradStore {
 
   const ParamLayout& layout_;
   GradSharding s_;
+  UnitMap map_;  // which unit is which (a pipeline stage's own units: model/unit_map.h)
   std::vector<ElementRange> units_;
+  std::vector<int64_t> edge_at_;  // each edge unit's place in edges_ (-1: a block)
   ElementRange range_;
   Tensor sums_, edges_, ring_;
   Allocation receive_;
-  int64_t slot_elements_ = 0, receive_floats_ = 0, tail_at_ = 0;
+  int64_t slot_elements_ = 0, receive_floats_ = 0;
   bool shared_edges_ = false;
   int64_t tail_last_ = -1;  // the tail's last bucket this micro-batch (a sequence number)
   size_t receive_slot_bytes_ = 0;  // one receive buffer (kInFlight of them)

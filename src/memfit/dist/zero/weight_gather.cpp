@@ -9,6 +9,7 @@
 #include "memfit/core/error.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/dist/shard_collectives.h"
+#include "memfit/model/unit_map.h"
 #include "memfit/state/shard.h"
 
 namespace memfit {
@@ -36,11 +37,12 @@ class FileRead final : public dist::Request {
   uint64_t ticket_;
 };
 
-int block_unit(const Phase& p) {
+// The unit of a phase's block (a pipeline stage's layout holds its own blocks: unit_map).
+int block_unit(const GatherUnits& g, const Phase& p) {
   switch (p.kind) {
     case PhaseKind::forward:
     case PhaseKind::recompute:
-    case PhaseKind::backward: return 1 + p.layer;
+    case PhaseKind::backward: return g.first_block + (p.layer - g.first_layer);
     default: return -1;  // the embeddings and the tail (persistent), or no weights
   }
 }
@@ -53,12 +55,16 @@ size_t pool_bytes(int64_t elements, size_t elem) {
 
 GatherUnits gather_units(const ParamLayout& layout, int64_t persist_threshold) {
   GatherUnits g;
-  g.units = unit_ranges(layout);
+  const UnitMap map = unit_map(layout);
+  g.units = map.units;
+  g.first_block = map.first_block;
+  g.first_layer = map.first_layer;
   const size_t n = g.units.size();
   g.persistent.assign(n, false);
   for (size_t u = 0; u < n; ++u) {
-    const bool edge = u == 0 || u + 1 == n;
-    g.persistent[u] = edge || g.units[u].size() < persist_threshold;
+    // The edge units: the embeddings, the tail and a tied last stage's copy of the table,
+    // whichever the layout holds (a pipeline stage's first and last units may be blocks).
+    g.persistent[u] = map.edge(u) || g.units[u].size() < persist_threshold;
     if (g.persistent[u])
       g.persistent_elements += g.units[u].size();
     else
@@ -74,7 +80,7 @@ std::vector<int> gather_events(const GatherUnits& units, const std::vector<Phase
   if (phase_event) phase_event->assign(phases.size(), -1);
   int last = -1;
   for (size_t i = 0; i < phases.size(); ++i) {
-    const int u = block_unit(phases[i]);
+    const int u = block_unit(units, phases[i]);
     if (u < 0 || units.persistent[static_cast<size_t>(u)]) continue;
     if (u != last) events.push_back(u);
     last = u;
@@ -132,6 +138,30 @@ int64_t WeightGather::step_gather_bytes(const ParamLayout& layout, DType dtype,
   for (int u : gather_events(g, phases)) per_micro_batch += g.units[static_cast<size_t>(u)].size();
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
   return (g.persistent_elements + per_micro_batch * grad_accum) * elem;
+}
+
+int64_t WeightGather::forward_gather_bytes(const ParamLayout& layout, DType dtype,
+                                           const std::vector<Phase>& phases, int prefetch_depth,
+                                           int64_t persist_threshold) {
+  const GatherUnits g = gather_units(layout, persist_threshold);
+  std::vector<int> phase_event;
+  const std::vector<int> events = gather_events(g, phases, &phase_event);
+  // enter()'s arithmetic over the phases a forward enters (up to the backward's first).
+  const int E = static_cast<int>(events.size());
+  int started = 0, current = -1;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const PhaseKind k = phases[i].kind;
+    if (k != PhaseKind::embedding && k != PhaseKind::forward && k != PhaseKind::final_norm &&
+        k != PhaseKind::lm_head)
+      break;
+    const int e = phase_event[i];
+    const bool next = e >= 0 && e != current;
+    started = std::max(started, std::min(E, (next ? e : current) + prefetch_depth + 1));
+    if (next) current = e;
+  }
+  int64_t elements = 0;
+  for (int e = 0; e < started; ++e) elements += g.units[static_cast<size_t>(events[e])].size();
+  return elements * static_cast<int64_t>(dtype_size(dtype));
 }
 
 WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,
@@ -264,6 +294,8 @@ void WeightGather::enter(int phase) {
 void WeightGather::refresh() {
   drain();
   if (file_ && !s_.comm) return;  // the persistent units are the working weights themselves
+  // (A pipeline stage between the first and the last has no persistent unit: no buffer.)
+  if (!persistent_.defined()) return;
   std::vector<std::unique_ptr<dist::Request>> pending;
   char* base = static_cast<char*>(persistent_.raw_data());
   for (size_t u = 0; u < units_.units.size(); ++u)

@@ -10,6 +10,10 @@
 //     in the order the step plan's phases need them (gather_events), each started
 //     prefetch_depth events ahead and waited for when its phase is entered.
 // The engine and the planner read the same arithmetic (comm_bytes, step_gather_bytes).
+// A pipeline stage's layout has its own units (model/unit_map.h): the edge units it holds are
+// persistent, its blocks gathered as its phases need them; a forward alone (a stage before the
+// last sending its output) gathers its blocks too, and the next pass waits for what it
+// prefetched (forward_gather_bytes; Note [Pipeline parallel], "ZeRO").
 // The second source (--offload-params nvme, Note [NVMe offload], "Working weights on disk"):
 // in one process the blocks' working weights live in a file (UnitFile, offload/param_file.h);
 // the same events read each block from it into the ring instead of all-gathering it, the
@@ -46,7 +50,9 @@ struct ParamSharding {
 // The units of `layout` and which are kept whole.
 struct GatherUnits {
   std::vector<ElementRange> units;  // unit_ranges(layout)
-  std::vector<bool> persistent;     // the embeddings, the tail, blocks under the threshold
+  int first_block = 1, first_layer = 0;  // the layout's first block: its unit, its index
+  std::vector<bool> persistent;     // the embeddings, the tail (and a tied last stage's copy of
+                                    // the table), blocks under the threshold
   int64_t persistent_elements = 0;  // their sum: the persistent buffer
   int64_t slot_elements = 0;        // the largest gathered block, rounded up to 32 elements
 };
@@ -106,6 +112,12 @@ class WeightGather final : public WeightSource {
   static int64_t step_gather_bytes(const ParamLayout& layout, DType dtype,
                                    const std::vector<Phase>& phases, int grad_accum,
                                    int64_t persist_threshold);
+  // The bytes a forward alone (a pipeline stage before the last sending its output: Note
+  // [Pipeline parallel], "ZeRO") gathers: its blocks' gathers and those its last phases
+  // prefetch, up to prefetch_depth past its last block (the next pass waits for them).
+  static int64_t forward_gather_bytes(const ParamLayout& layout, DType dtype,
+                                      const std::vector<Phase>& phases, int prefetch_depth,
+                                      int64_t persist_threshold);
 
   // `shard`: this rank's range of the working weights (dtype), its storage kept by the caller.
   // With `file` (--offload-params at stage 3) the shard is in the file instead (`shard` is then
