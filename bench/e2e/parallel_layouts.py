@@ -10,6 +10,12 @@ thread a rank and no more ranks than cores.
     python3 bench/e2e/parallel_layouts.py tp_speed       # tp 2 (1 thread a rank) against tp 1 (1 and 2 threads)
     python3 bench/e2e/parallel_layouts.py bubble         # pp 2 (GPipe, 1F1B) with m = 2, 4, 8 against pp 1
     python3 bench/e2e/parallel_layouts.py stage_peaks    # each stage's peak at pp 2 and 4, m = 8, both schedules
+    python3 bench/e2e/parallel_layouts.py bubble_interleaved  # pp 2 interleaved V 2 vs 1F1B and pp 1, m = 2, 4, 8
+
+`bubble_interleaved` times the runner itself (build/pipeline_bubble_tool: the model's forwards and
+backwards through the schedule, no optimizer) until `memfit train` runs the interleaved schedule:
+beside each step, the busiest rank's compute, the measured bubble (step - that) / that, and the
+model's (p - 1)/(v m).
 
 Prints a table per suite and writes JSON (--out, default out/parallel_layouts/SUITE.json).
 """
@@ -75,6 +81,42 @@ SUITES = {
 }
 
 
+# bubble_interleaved: (name, ranks, tool args) for m = 2, 4, 8; LLAMA_SMALL's shape.
+TOOL = os.path.join(ROOT, "build", "pipeline_bubble_tool")
+TOOL_SHAPE = ["--n-layer", "8", "--d-model", "1024", "--n-head", "16", "--n-kv-head", "8",
+              "--ffn-dim", "2816", "--vocab", "32000", "--seq-len", "128", "--batch", "1"]
+TOOL_RUNS = [(f"{name} m{m}", ranks, args + ["--grad-accum", str(m)])
+             for m in (2, 4, 8)
+             for name, ranks, args in (("pp1", 1, []),
+                                       ("pp2 1f1b", 2, ["--pp-schedule", "1f1b"]),
+                                       ("pp2 interleaved v2", 2, ["--pp-virtual", "2"]))]
+
+
+def bubble_interleaved(steps, out, shape=TOOL_SHAPE):
+    rows = []
+    for name, ranks, args in TOOL_RUNS:
+        cmd = [TOOL, *shape, *args, "--steps", str(steps), "--threads", "1"]
+        if ranks > 1:
+            cmd = ["mpirun", "-n", str(ranks), "--allow-run-as-root", "--oversubscribe",
+                   "--bind-to", "none"] + cmd
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0:
+            sys.exit(f"exit {r.returncode}: {' '.join(cmd)}\n{r.stderr[-3000:]}")
+        row = json.loads(r.stdout.strip().splitlines()[-1])
+        row["layout"] = name
+        rows.append(row)
+        print(f"{name}: done ({row['median_step_s']:.3f} s a step)", file=sys.stderr)
+    print(f"bubble_interleaved on {cpu_model()}, {steps} steps; " + " ".join(shape))
+    print(f"{'layout':<22} {'step s':>8} {'busiest s':>9} {'bubble':>8} {'(p-1)/(vm)':>10}")
+    for r in rows:
+        print(f"{r['layout']:<22} {r['median_step_s']:>8.3f} {r['busiest_compute_s']:>9.3f} "
+              f"{r['measured_bubble']:>8.3f} {r['model_bubble']:>10.3f}")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"suite": "bubble_interleaved", "cpu": cpu_model(), "steps": steps,
+                   "shape": shape, "rows": rows}, f, indent=1)
+
+
 def train(steps, common, ranks, threads, layout, log):
     base = [MEMFIT, "train", *common, *layout, "--steps", str(steps), "--threads", str(threads),
             "--log", log, "--eval-batches", "1", "--repeat-batch"]
@@ -104,10 +146,18 @@ def plan(common, ranks, threads, layout):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("suite", choices=sorted(SUITES))
+    ap.add_argument("suite", choices=sorted(SUITES) + ["bubble_interleaved"])
     ap.add_argument("--steps", type=int, help="override the suite's steps")
     ap.add_argument("--out")
+    ap.add_argument("--tiny", action="store_true",
+                    help="bubble_interleaved at a tiny shape (checks the script, times nothing)")
     args = ap.parse_args()
+    if args.suite == "bubble_interleaved":
+        out = args.out or os.path.join(ROOT, "out", "parallel_layouts", args.suite + ".json")
+        tiny = ["--n-layer", "4", "--d-model", "32", "--n-head", "2", "--n-kv-head", "1",
+                "--ffn-dim", "48", "--vocab", "90", "--seq-len", "16", "--batch", "1"]
+        bubble_interleaved(args.steps or 6, out, tiny if args.tiny else TOOL_SHAPE)
+        return
     steps, common, runs = SUITES[args.suite]
     steps = args.steps or steps
     rows = []

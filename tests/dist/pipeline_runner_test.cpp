@@ -5,14 +5,20 @@
 // micro-batches, and every micro-batch's loss must be the bits one process gets running the
 // stages in turn, micro-batch by micro-batch, under GPipe and 1F1B alike: the schedules run each
 // stage's backwards in micro-batch order, so every sum adds the same terms in the same order.
-// The runner's buffers are counted by pipeline_buffers exactly, by category.
+// The runner's buffers are counted by pipeline_buffers exactly, by category. Interleaved (P of 2
+// or more, V = 2 and 3 chunks a rank): the P x V toy stages one process runs in turn, rank r
+// holding stages r, r + P, ...; the same bits, the same exact count.
 #include "memfit/dist/pipeline_runner.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "memfit/core/error.h"
 #include "memfit/dist/process_grid.h"
 
 namespace memfit::dist {
@@ -130,6 +136,54 @@ TEST(PipelineRunner, EveryScheduleGivesOneProcesssBitsOnEveryGridAndCountsItsBuf
   }
 }
 
+TEST(PipelineRunner, InterleavedChunksGiveOneProcesssBitsAndCountTheirBuffers) {
+  Communicator& w = world();
+  const int W = w.size();
+  for (int P = 2; P <= W; ++P) {
+    if (W % P) continue;
+    ProcessGrid grid(w, GridShape{W / P, P, 1});
+    const int r = grid.coords().pipeline, replica = grid.coords().data;
+    for (int V : {2, 3})
+      for (int m : {P, 2 * P, 3 * P}) {
+        const std::string what = fmt::format("interleaved V {}, {}, m {}", V,
+                                             grid.shape().describe(), m);
+        const int S = P * V;
+        MemoryPool pool;
+        std::vector<ToyStage> mine;
+        for (int c = 0; c < V; ++c) mine.emplace_back(virtual_stage(r, c, P), S, replica, m);
+        {
+          PipelineRunner runner(grid.pipeline(), PipeSchedule::one_f_one_b, m, kN, pool, V);
+          runner.run_chunks(
+              {[&](int c, int mb, std::span<const float> in, std::span<float> out) {
+                 mine[static_cast<size_t>(c)].forward(mb, in, out);
+               },
+               [&](int c, int mb, std::span<const float> in, std::span<const float> dout,
+                   std::span<float> din) {
+                 mine[static_cast<size_t>(c)].backward(mb, in, dout, din);
+               }});
+          const PipelineBuffers planned =
+              pipeline_buffers(PipeSchedule::one_f_one_b, r, P, m, kN * 4, V);
+          EXPECT_EQ(static_cast<int64_t>(pool.bytes_peak(Category::activations)),
+                    planned.activations) << what;
+          EXPECT_EQ(static_cast<int64_t>(pool.bytes_peak(Category::comm)), planned.comm) << what;
+        }
+        const std::vector<ToyStage> ref = reference(S, replica, m);
+        for (int c = 0; c < V; ++c) {
+          const ToyStage& want = ref[static_cast<size_t>(virtual_stage(r, c, P))];
+          const ToyStage& got = mine[static_cast<size_t>(c)];
+          int differ = 0;
+          for (int64_t i = 0; i < kN; ++i)
+            differ += got.g[static_cast<size_t>(i)] != want.g[static_cast<size_t>(i)];
+          EXPECT_EQ(differ, 0) << what << ": gradients of rank " << r << "'s chunk " << c;
+          if (virtual_stage(r, c, P) + 1 == S)
+            for (int mb = 0; mb < m; ++mb)
+              EXPECT_EQ(got.losses[static_cast<size_t>(mb)], want.losses[static_cast<size_t>(mb)])
+                  << what << ", micro-batch " << mb;
+        }
+      }
+  }
+}
+
 int64_t up(int64_t bytes) { return static_cast<int64_t>(MemoryPool::round_up(static_cast<size_t>(bytes))); }
 
 TEST(PipelineRunner, BuffersFollowTheSchedulesInFlightMicroBatches) {
@@ -144,6 +198,16 @@ TEST(PipelineRunner, BuffersFollowTheSchedulesInFlightMicroBatches) {
   EXPECT_EQ(last.comm, up(1000));
   EXPECT_EQ(pipeline_buffers(PipeSchedule::gpipe, 1, 4, 8, 1000).activations,
             up(8 * 1000));
+  // Interleaved, 2 ranks of 2 chunks, 4 micro-batches: rank 0 keeps 2 inputs (chunk 1's) and 5
+  // sends (both chunks'), rank 1 3 inputs and 3 sends (chunk 0's); both receive and send
+  // gradients (each has a chunk on either side).
+  const PipelineBuffers r0 = pipeline_buffers(PipeSchedule::one_f_one_b, 0, 2, 4, 1000, 2);
+  EXPECT_EQ(r0.activations, up(2 * 1000));
+  EXPECT_EQ(r0.comm, up(5 * 1000) + 2 * up(1000));
+  const PipelineBuffers r1 = pipeline_buffers(PipeSchedule::one_f_one_b, 1, 2, 4, 1000, 2);
+  EXPECT_EQ(r1.activations, up(3 * 1000));
+  EXPECT_EQ(r1.comm, up(3 * 1000) + 2 * up(1000));
+  EXPECT_THROW(pipeline_buffers(PipeSchedule::one_f_one_b, 0, 2, 3, 1000, 2), ConfigError);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "memfit/cli/options/resolve_train_spec.h"
+#include "memfit/core/error.h"
 #include "memfit/plan/calibration.h"
 #include "memfit/plan/memory_plan.h"
 #include "plan_test_util.h"
@@ -62,8 +63,56 @@ TEST(PipelineTime, TheBubbleIsPMinusOneOverMOfTheIdeal) {
   EXPECT_EQ(one.p2p_bytes, 0);
 }
 
-// Each stage sends its output on (on the cut after it) and its input's gradient back (on the
-// cut before it), one message each; the slowest stage's slot sets the pace.
+// Interleaved over V chunks a rank: m V + p - 1 slots of a chunk's micro-batch (a V-th of a
+// stage's), so the bubble is (p - 1)/(V m) of the ideal; each chunk's transfers are its own
+// (V of each kind a micro-batch), the wrap from the last stage to the first on the inter link
+// where any cut is.
+TEST(PipelineTime, InterleavingDividesTheBubbleByTheChunks) {
+  const Calibration r = rates();
+  for (int P : {2, 4})
+    for (int V : {2, 3})
+      for (int m : {P, 2 * P, 4 * P}) {
+        const std::vector<StepTime> stages(static_cast<size_t>(P), stage(0.1 * m, 0.05));
+        const std::vector<Link> cuts(static_cast<size_t>(P - 1), Link{1e9, 0});
+        const std::vector<bool> inter(static_cast<size_t>(P - 1), false);
+        const PipelineTime t = pipeline_time(stages, m, 0, cuts, inter, r, V);
+        EXPECT_DOUBLE_EQ(t.slot, 0.1 / V);
+        EXPECT_EQ(t.slots(), m * V + P - 1);
+        EXPECT_DOUBLE_EQ(t.step, (m * V + P - 1) * 0.1 / V + 0.05) << P << " x " << m;
+        EXPECT_DOUBLE_EQ(t.bubble_fraction(), double(P - 1) / (V * m));
+        EXPECT_DOUBLE_EQ(t.bubble() / (m * V * t.slot), double(P - 1) / (V * m));
+        EXPECT_DOUBLE_EQ(t.stage_step(0), t.step);
+        const PipelineTime flat = pipeline_time(stages, m, 0, cuts, inter, r);
+        EXPECT_LT(t.step, flat.step);
+        EXPECT_NEAR(flat.step - t.step, (P - 1) * 0.1 * (1 - 1.0 / V), 1e-12);
+      }
+  // Transfers, 2 stages of 2 chunks: each stage receives 3 messages a micro-batch (stage 0:
+  // chunk 1's input over the wrap and both chunks' gradients; stage 1: both inputs and chunk
+  // 0's gradient over the wrap).
+  const Link intra{1e10, 1e-6}, inter{1e9, 5e-6};
+  const int64_t bytes = 1'000'000;
+  const double one = 1e6 / 1e10 + 1e-6, far = 1e6 / 1e9 + 5e-6;
+  const PipelineTime two =
+      pipeline_time({stage(0.4, 0), stage(0.4, 0)}, 4, bytes, {intra}, {false}, r, 2);
+  EXPECT_DOUBLE_EQ(two.p2p[0], 3 * one);
+  EXPECT_DOUBLE_EQ(two.p2p[1], 3 * one);
+  EXPECT_DOUBLE_EQ(two.slot, (0.1 + 3 * one) / 2);
+  EXPECT_EQ(two.cut_inter, (std::vector<bool>{false, false}));
+  // 3 stages, the second cut across nodes: the wrap too.
+  const PipelineTime three = pipeline_time({stage(0.3, 0), stage(0.3, 0), stage(0.3, 0)}, 3,
+                                           bytes, {intra, inter}, {false, true}, r, 2);
+  EXPECT_EQ(three.cut_inter, (std::vector<bool>{false, true, true}));
+  EXPECT_DOUBLE_EQ(three.p2p[0], 1 * far + 2 * one);  // chunk 1's input over the wrap
+  EXPECT_DOUBLE_EQ(three.p2p[1], 2 * one + 2 * far);
+  EXPECT_DOUBLE_EQ(three.p2p[2], 2 * far + 1 * far);  // chunk 0's gradient over the wrap
+  // The refusals of the schedule: m not a multiple of P.
+  EXPECT_THROW(pipeline_time({stage(0.3, 0), stage(0.3, 0)}, 3, 0, {intra}, {false}, r, 2),
+               ConfigError);
+}
+
+// Each stage receives its input (on the cut before it) and its output's gradient (on the cut
+// after it), one message each, and waits for them (its sends overlap its compute); the slowest
+// stage's slot sets the pace.
 TEST(PipelineTime, TransfersArePricedOnEachCutsLinkAndTheSlowestStageSetsThePace) {
   const Calibration r = rates();
   const Link intra{1e10, 1e-6}, inter{1e9, 5e-6};

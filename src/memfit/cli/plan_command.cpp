@@ -544,8 +544,8 @@ nlohmann::json pipeline_time_json(const PipelineTime& t) {
 void print_pipeline_time(const RunSpec& spec, const PipelineTime& t) {
   const size_t s = static_cast<size_t>(t.slowest);
   fmt::print("\nstep: about {:.3g} s (a model, not a measurement): {} + {} - 1 = {} slots of "
-             "{:.3g} s, stage {}'s micro-batch ({:.3g} s of compute, {:.3g} s of sends), then "
-             "{:.3g} s once a step (the update{})\n",
+             "{:.3g} s, stage {}'s micro-batch ({:.3g} s of compute, {:.3g} s of receives: its "
+             "sends overlap its compute), then {:.3g} s once a step (the update{})\n",
              t.step, t.micro_batches, t.stages, t.micro_batches + t.stages - 1, t.slot,
              t.slowest, t.compute[s], t.p2p[s], t.once_most,
              spec.world > 1 ? ", the data group's collectives" : "");
@@ -686,7 +686,8 @@ bool plan_pipeline(const RunSpec& asked, bool json) {
   }
   fmt::print("(activations include the inputs a stage keeps for its backwards, comm its transfer "
              "buffers; ms/micro is a micro-batch's compute on the stage, its forward again "
-             "before the backward on all but the last, p2p ms its sends)\n");
+             "before the backward on all but the last, p2p ms the transfers it waits for: its "
+             "receives)\n");
   print_pipeline_time(spec, time);
   fmt::print("\nthe largest stage, {} (its step line is the stage's own work, without the "
              "pipeline's bubble and transfers: the step above has them):\n",

@@ -10,6 +10,24 @@ namespace {
 constexpr int kActivationTag = 0;  // forward: a stage's output to the next
 constexpr int kGradientTag = 1;    // backward: the gradient of that output, back
 
+// The tag of a message to the receiver's chunk `chunk`: chunk 0's are the two above; 2 is the
+// tied gradient's (dist/tied_gradient.cpp), so chunk c's are kind + 4 c.
+int chunk_tag(int kind_tag, int chunk) { return kind_tag + 4 * chunk; }
+
+// The lowest free of `slots` slots (marked used in `used`).
+int take_slot(std::vector<bool>& used, int slots) {
+  for (size_t i = 0; i < used.size(); ++i)
+    if (!used[i]) {
+      used[i] = true;
+      return static_cast<int>(i);
+    }
+  if (static_cast<int>(used.size()) >= slots)
+    MEMFIT_THROW(DistError, "pipeline", "more than the {} micro-batches in flight counted",
+                 slots);
+  used.push_back(true);
+  return static_cast<int>(used.size()) - 1;
+}
+
 int64_t aligned(int64_t bytes) {
   return static_cast<int64_t>(MemoryPool::round_up(static_cast<size_t>(bytes)));
 }
@@ -22,36 +40,44 @@ int64_t pipeline_boundary_floats(const ModelConfig& config, const ActivationOpti
 }
 
 PipelineBuffers pipeline_buffers(PipeSchedule schedule, int stage, int stages,
-                                 int micro_batches, int64_t boundary_bytes) {
-  const int kept = pipe_in_flight(pipe_stage_ops(schedule, stage, stages, micro_batches));
+                                 int micro_batches, int64_t boundary_bytes,
+                                 int virtual_stages) {
+  const int V = virtual_stages, S = stages * V;
+  const std::vector<ChunkOp> ops = chunk_stage_ops(schedule, V, stage, stages, micro_batches);
+  auto previous = [&](int c) { return c * stages + stage > 0; };
+  auto next = [&](int c) { return c * stages + stage + 1 < S; };
+  const int kept_in = chunk_in_flight(ops, previous), kept_out = chunk_in_flight(ops, next);
   PipelineBuffers b;
-  if (stage > 0) {
-    b.activations += aligned(kept * boundary_bytes);  // pp.inputs
-    b.comm += aligned(boundary_bytes);                // pp.grad.send
+  if (kept_in > 0) {
+    b.activations += aligned(kept_in * boundary_bytes);  // pp.inputs
+    b.comm += aligned(boundary_bytes);                   // pp.grad.send
   }
-  if (stage + 1 < stages) {
-    b.comm += aligned(kept * boundary_bytes);  // pp.send
-    b.comm += aligned(boundary_bytes);         // pp.grad.recv
+  if (kept_out > 0) {
+    b.comm += aligned(kept_out * boundary_bytes);  // pp.send
+    b.comm += aligned(boundary_bytes);             // pp.grad.recv
   }
   return b;
 }
 
 PipelineRunner::PipelineRunner(Communicator& pipe, PipeSchedule schedule, int micro_batches,
-                               int64_t boundary_floats, MemoryPool& pool)
-    : pipe_(pipe), stage_(pipe.rank()), stages_(pipe.size()), n_(boundary_floats),
-      ops_(pipe_stage_ops(schedule, pipe.rank(), pipe.size(), micro_batches)),
-      kept_(pipe_in_flight(ops_)) {
+                               int64_t boundary_floats, MemoryPool& pool, int virtual_stages)
+    : pipe_(pipe), stage_(pipe.rank()), stages_(pipe.size()), virtual_(virtual_stages),
+      micro_batches_(micro_batches), n_(boundary_floats),
+      ops_(chunk_stage_ops(schedule, virtual_stages, pipe.rank(), pipe.size(), micro_batches)) {
   if (boundary_floats < 1)
     MEMFIT_THROW(DistError, "pipeline", "a boundary of {} floats between stages",
                  boundary_floats);
+  kept_inputs_ = chunk_in_flight(ops_, [&](int c) { return has_previous(c); });
+  kept_sends_ = chunk_in_flight(ops_, [&](int c) { return has_next(c); });
   const auto bytes = static_cast<size_t>(n_) * sizeof(float);
-  if (stage_ > 0) {
-    inputs_ =
-        pool.allocate(bytes * static_cast<size_t>(kept_), Category::activations, "pp.inputs");
+  if (kept_inputs_ > 0) {
+    inputs_ = pool.allocate(bytes * static_cast<size_t>(kept_inputs_), Category::activations,
+                            "pp.inputs");
     grad_send_ = pool.allocate(bytes, Category::comm, "pp.grad.send");
   }
-  if (stage_ + 1 < stages_) {
-    sends_ = pool.allocate(bytes * static_cast<size_t>(kept_), Category::comm, "pp.send");
+  if (kept_sends_ > 0) {
+    sends_ =
+        pool.allocate(bytes * static_cast<size_t>(kept_sends_), Category::comm, "pp.send");
     grad_recv_ = pool.allocate(bytes, Category::comm, "pp.grad.recv");
   }
 }
@@ -62,31 +88,65 @@ std::span<float> PipelineRunner::slot(Allocation& a, int i) const {
 }
 
 void PipelineRunner::run(const PipelineStageFns& fns) {
+  if (virtual_ != 1)
+    MEMFIT_THROW(DistError, "pipeline", "run() of one chunk a rank, with {} chunks (run_chunks)",
+                 virtual_);
+  run_chunks({[&](int, int m, std::span<const float> in, std::span<float> out) {
+                fns.forward(m, in, out);
+              },
+              [&](int, int m, std::span<const float> in, std::span<const float> dout,
+                  std::span<float> din) { fns.backward(m, in, dout, din); }});
+}
+
+void PipelineRunner::run_chunks(const PipelineChunkFns& fns) {
   const int64_t bytes = n_ * static_cast<int64_t>(sizeof(float));
-  const bool first = stage_ == 0, last = stage_ + 1 == stages_;
+  const int P = stages_;
+  const int previous_rank = (stage_ + P - 1) % P, next_rank = (stage_ + 1) % P;
+  // Each (chunk, micro-batch)'s slots, from its forward to its backward.
+  const auto key = [&](int chunk, int m) {
+    return static_cast<size_t>(chunk) * static_cast<size_t>(micro_batches_) +
+           static_cast<size_t>(m);
+  };
+  std::vector<int> in_slot(static_cast<size_t>(virtual_ * micro_batches_), -1);
+  std::vector<int> out_slot(in_slot.size(), -1);
+  std::vector<bool> in_used, out_used;
   // The forward sends in flight, one per slot; the last backward's gradient send.
-  std::vector<std::unique_ptr<Request>> fwd_sends(static_cast<size_t>(kept_));
+  std::vector<std::unique_ptr<Request>> fwd_sends(static_cast<size_t>(kept_sends_));
   std::unique_ptr<Request> grad_send;
-  for (const PipeOp& op : ops_) {
-    const int m = op.micro, k = m % kept_;
-    std::span<float> in = slot(inputs_, k);  // empty on the first stage
+  for (const ChunkOp& op : ops_) {
+    const int c = op.chunk, m = op.micro;
+    const size_t k = key(c, m);
+    const bool prev = has_previous(c), next = has_next(c);
     if (op.kind == PipeOp::Kind::forward) {
-      if (!first) pipe_.recv(in.data(), bytes, stage_ - 1, kActivationTag);
-      std::span<float> out = slot(sends_, k);
-      // The slot's last send held micro-batch m - kept_, whose backward has run here, so the
-      // next stage has received it: this wait returns at once.
-      if (auto& s = fwd_sends[static_cast<size_t>(k)]) s->wait();
-      fns.forward(m, in, out);
-      if (!last)
-        fwd_sends[static_cast<size_t>(k)] =
-            pipe_.send_async(out.data(), bytes, stage_ + 1, kActivationTag);
+      if (prev) in_slot[k] = take_slot(in_used, kept_inputs_);
+      if (next) out_slot[k] = take_slot(out_used, kept_sends_);
+      std::span<float> in = prev ? slot(inputs_, in_slot[k]) : std::span<float>{};
+      if (prev) pipe_.recv(in.data(), bytes, previous_rank, chunk_tag(kActivationTag, c));
+      std::span<float> out = next ? slot(sends_, out_slot[k]) : std::span<float>{};
+      // The slot's last send held a micro-batch whose backward has run here, so the next
+      // virtual stage has received it: this wait returns at once.
+      if (next) {
+        if (auto& s = fwd_sends[static_cast<size_t>(out_slot[k])]) s->wait();
+      }
+      fns.forward(c, m, in, out);
+      if (next)
+        fwd_sends[static_cast<size_t>(out_slot[k])] = pipe_.send_async(
+            out.data(), bytes, next_rank,
+            chunk_tag(kActivationTag, (virtual_stage(stage_, c, P) + 1) / P));
     } else {
-      std::span<float> dout = slot(grad_recv_, 0);
-      if (!last) pipe_.recv(dout.data(), bytes, stage_ + 1, kGradientTag);
-      std::span<float> din = slot(grad_send_, 0);
+      std::span<const float> in = prev ? slot(inputs_, in_slot[k]) : std::span<float>{};
+      std::span<float> dout = next ? slot(grad_recv_, 0) : std::span<float>{};
+      if (next) pipe_.recv(dout.data(), bytes, next_rank, chunk_tag(kGradientTag, c));
+      std::span<float> din = prev ? slot(grad_send_, 0) : std::span<float>{};
       if (grad_send) grad_send->wait();  // the previous gradient has left
-      fns.backward(m, in, dout, din);
-      if (!first) grad_send = pipe_.send_async(din.data(), bytes, stage_ - 1, kGradientTag);
+      fns.backward(c, m, in, dout, din);
+      if (prev) {
+        grad_send = pipe_.send_async(
+            din.data(), bytes, previous_rank,
+            chunk_tag(kGradientTag, (virtual_stage(stage_, c, P) - 1) / P));
+        in_used[static_cast<size_t>(in_slot[k])] = false;
+      }
+      if (next) out_used[static_cast<size_t>(out_slot[k])] = false;
     }
   }
   for (auto& s : fwd_sends)
@@ -97,6 +157,10 @@ void PipelineRunner::run(const PipelineStageFns& fns) {
 void PipelineRunner::run_forwards(
     int n,
     const std::function<void(int m, std::span<const float> in, std::span<float> out)>& forward) {
+  if (virtual_ != 1)
+    MEMFIT_THROW(DistError, "pipeline",
+                 "the forwards alone (an evaluation) over {} chunks a rank are not built",
+                 virtual_);
   const int64_t bytes = n_ * static_cast<int64_t>(sizeof(float));
   const bool first = stage_ == 0, last = stage_ + 1 == stages_;
   std::span<float> in = slot(inputs_, 0), out = slot(sends_, 0);

@@ -14,23 +14,38 @@
 #include "memfit/dist/pipeline_runner.h"
 #include "memfit/dist/process_grid.h"
 #include "memfit/memory/pool.h"
+#include "memfit/model/pipeline_interleaved.h"
 
 namespace memfit {
 
 double PipelineTime::stage_step(int s) const {
   const auto i = static_cast<size_t>(s);
-  return (micro_batches + stages - 1) * (compute[i] + p2p[i]) + once[i];
+  return slots() * (compute[i] + p2p[i]) / virtual_stages + once[i];
 }
 
 namespace {
 
-// Stage s's sends a micro-batch: its output to stage s + 1 (on cut s) and its input's gradient
-// to stage s - 1 (on cut s - 1), one message each.
-double stage_sends(int s, int P, int64_t boundary, const std::vector<Link>& cuts,
-                   const Calibration& rates) {
+// Stage s's transfers a micro-batch, priced where the runner waits for them: on the receiver
+// (dist/pipeline_runner.cpp: a send is MPI_Isend, waited only when its buffer is reused, long
+// after it has arrived; a receive is blocking, posted when the operation that reads it starts;
+// on one host OpenMPI's shared-memory transport copies a large message when the receiver
+// matches it, and across nodes nothing progresses it while the receiver computes either). It
+// receives its input from stage s - 1 (on cut s - 1) and its output's gradient from stage
+// s + 1 (on cut s), one message each; with V chunks, V of each, the first stage's input from
+// the last over the wrap `cuts[P - 1]` for chunks 1 .. V - 1 and the last stage's gradients
+// from the first over it for chunks 0 .. V - 2. The counts and links are the same as a stage's
+// sends (its output on cut s, its input's gradient on cut s - 1): which side pays changes the
+// reasoning, not the numbers.
+double stage_receives(int s, int P, int V, int64_t boundary, const std::vector<Link>& cuts,
+                      const Calibration& rates) {
+  auto on = [&](int cut, int messages) {
+    return messages * link_seconds(cuts[static_cast<size_t>(cut)], double(boundary), 1, rates);
+  };
   double t = 0;
-  if (s + 1 < P) t += link_seconds(cuts[static_cast<size_t>(s)], double(boundary), 1, rates);
-  if (s > 0) t += link_seconds(cuts[static_cast<size_t>(s - 1)], double(boundary), 1, rates);
+  if (s > 0) t += on(s - 1, V);                       // inputs: chunk c from stage s - 1
+  else if (V > 1) t += on(P - 1, V - 1);              // chunks 1 .. V - 1 from the last stage
+  if (s + 1 < P) t += on(s, V);                       // gradients from stage s + 1
+  else if (V > 1) t += on(P - 1, V - 1);              // chunks 0 .. V - 2 from the first stage
   return t;
 }
 
@@ -58,39 +73,54 @@ int64_t boundary_bytes(const RunSpec& spec) {
 }  // namespace
 
 PipelineTime pipeline_time(const std::vector<StepTime>& stages, int micro_batches,
-                           int64_t boundary_bytes, const std::vector<Link>& cuts,
-                           const std::vector<bool>& inter, const Calibration& rates) {
-  const int P = static_cast<int>(stages.size());
-  MEMFIT_CHECK(P >= 1 && micro_batches >= 1 && cuts.size() + 1 == stages.size() &&
-                   inter.size() == cuts.size(),
-               "pipeline", "{} stages, {} micro-batches and {} cuts", P, micro_batches,
-               cuts.size());
+                           int64_t boundary_bytes, const std::vector<Link>& cuts_in,
+                           const std::vector<bool>& inter_in, const Calibration& rates,
+                           int virtual_stages) {
+  const int P = static_cast<int>(stages.size()), V = virtual_stages;
+  MEMFIT_CHECK(P >= 1 && micro_batches >= 1 && V >= 1 && cuts_in.size() + 1 == stages.size() &&
+                   inter_in.size() == cuts_in.size(),
+               "pipeline", "{} stages, {} micro-batches, {} chunks a stage and {} cuts", P,
+               micro_batches, V, cuts_in.size());
+  if (V > 1) check_interleaved(P, V, micro_batches);
+  std::vector<Link> cuts = cuts_in;
+  std::vector<bool> inter = inter_in;
+  if (V > 1) {
+    // The wrap from the last stage to the first: a pipeline group's ranks increase with the
+    // stage, so its ends lie on two nodes exactly where some cut between them does.
+    const auto any = std::find(inter.begin(), inter.end(), true);
+    cuts.push_back(any != inter.end() ? cuts[static_cast<size_t>(any - inter.begin())]
+                                      : cuts.front());
+    inter.push_back(any != inter.end());
+  }
   PipelineTime t;
   t.stages = P;
   t.micro_batches = micro_batches;
+  t.virtual_stages = V;
   t.p2p_bytes = P > 1 ? boundary_bytes : 0;
   t.cut_inter = inter;
   for (int s = 0; s < P; ++s) {
     const StepTime& st = stages[static_cast<size_t>(s)];
     t.compute.push_back(st.micro_batches() / micro_batches);
-    t.p2p.push_back(stage_sends(s, P, boundary_bytes, cuts, rates));
+    t.p2p.push_back(P > 1 ? stage_receives(s, P, V, boundary_bytes, cuts, rates) : 0.0);
     t.once.push_back(st.total() - st.micro_batches());
-    if (t.compute.back() + t.p2p.back() > t.slot) {
-      t.slot = t.compute.back() + t.p2p.back();
+    const double slot = (t.compute.back() + t.p2p.back()) / V;
+    if (slot > t.slot) {
+      t.slot = slot;
       t.slowest = s;
     }
     t.once_most = std::max(t.once_most, t.once.back());
   }
-  t.step = (micro_batches + P - 1) * t.slot + t.once_most;
+  t.step = t.slots() * t.slot + t.once_most;
   return t;
 }
 
 PipelineTime plan_pipeline_time(const RunSpec& spec, const std::vector<PlanReport>& stages,
-                                const Calibration& rates) {
+                                const Calibration& rates, int virtual_stages) {
   std::vector<StepTime> times;
   for (const PlanReport& r : stages) times.push_back(r.step_time);
   const auto [cuts, inter] = cut_links(spec);
-  return pipeline_time(times, spec.grad_accum, boundary_bytes(spec), cuts, inter, rates);
+  return pipeline_time(times, spec.grad_accum, boundary_bytes(spec), cuts, inter, rates,
+                       virtual_stages);
 }
 
 namespace {
@@ -188,7 +218,8 @@ StageSplit balance_stages(const RunSpec& spec) {
   };
   auto stage_step = [&](int s, int i, int j) {
     const StepTime& t = probe(s, i, j).time;
-    return (m + P - 1) * (t.micro_batches() / m + stage_sends(s, P, boundary, cuts, rates)) +
+    return (m + P - 1) *
+               (t.micro_batches() / m + stage_receives(s, P, 1, boundary, cuts, rates)) +
            (t.total() - t.micro_batches());
   };
   auto stage_peak = [&](int s, int i, int j) {

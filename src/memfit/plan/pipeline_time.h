@@ -4,8 +4,14 @@
 // runs per micro-batch and what it runs once a step, the activations and their gradients sent
 // between stages priced on the link each cut spans (plan/link_model.h), and the schedule: GPipe
 // and 1F1B both take m + p - 1 slots of the slowest stage's micro-batch, so the bubble is
-// (p - 1)/m of the ideal m slots. Then `--pp-layers auto`: the cut that balances the stages'
-// estimated step times, or their memory where the time-balanced cut does not fit --mem-limit.
+// (p - 1)/m of the ideal m slots; the interleaved schedule over V chunks a rank takes m V + p - 1
+// slots of a chunk's micro-batch (a V-th of a stage's), so its bubble is (p - 1)/(V m). The
+// transfers are priced where the runner waits for them: its sends are nonblocking (MPI_Isend,
+// waited only when the buffer is reused, by when they have arrived), its receives blocking and
+// posted when the operation that reads them starts, so each message costs its transfer once, on
+// its receiver (Note [Pipeline parallel], "The step's time"). Then `--pp-layers auto`: the
+// cut that balances the stages' estimated step times, or their memory where the time-balanced
+// cut does not fit --mem-limit.
 #pragma once
 
 #include <cstdint>
@@ -21,43 +27,56 @@ namespace memfit {
 
 struct PipelineTime {
   int stages = 1, micro_batches = 1;
-  // Per stage, in seconds: one micro-batch's compute (StepTime::micro_batches() / m, its tensor
-  // collectives included), one micro-batch's sends (its output to the next stage, its input's
-  // gradient to the previous one), and what it runs once a step (the update, the data group's
-  // collectives).
+  int virtual_stages = 1;  // V: chunks a rank (the interleaved schedule), 1 otherwise
+  // Per stage (rank), in seconds: one micro-batch's compute over all its chunks
+  // (StepTime::micro_batches() / m, its tensor collectives included), one micro-batch's
+  // transfers it waits for (its input from the previous stage, its output's gradient from the
+  // next; V of each with V chunks, less the first virtual stage's input and the last's
+  // gradient), and what it runs once a step (the update, the data group's collectives).
   std::vector<double> compute, p2p, once;
   // One transfer between neighbouring stages: a micro-batch's boundary activations (or their
   // gradient), B x T x d_model f32, sent as one message.
   int64_t p2p_bytes = 0;
-  // Per cut (stage s to s + 1): whether it crosses nodes (priced on the inter link).
+  // Per cut (stage s to s + 1): whether it crosses nodes (priced on the inter link). With V > 1
+  // the wrap from the last stage to the first is one more cut, inter where any cut is (a
+  // pipeline group's ranks are increasing in the stage).
   std::vector<bool> cut_inter;
   int slowest = 0;    // the stage whose slot sets the pace
-  double slot = 0;    // max over stages of compute + p2p: one slot of the schedule
-  double step = 0;    // (m + p - 1) slots, then the slowest stage's once-a-step part
+  // max over stages of (compute + p2p) / V: one slot of the schedule (a chunk's micro-batch)
+  double slot = 0;
+  double step = 0;    // (m V + p - 1) slots, then the slowest stage's once-a-step part
   double once_most = 0;  // that part
-  // Each stage's step as if it ran alone at the pipeline's pace: (m + p - 1) of its own slots
+  // m V + p - 1: the schedule's slots.
+  int slots() const { return micro_batches * virtual_stages + stages - 1; }
+  // Each stage's step as if it ran alone at the pipeline's pace: (m V + p - 1) of its own slots
   // and its once-a-step part. What `--pp-layers auto` balances.
   double stage_step(int s) const;
   // The fill and the drain: p - 1 slots.
   double bubble() const { return (stages - 1) * slot; }
-  // (p - 1)/m: the bubble against the ideal m slots, GPipe and 1F1B alike.
-  double bubble_fraction() const { return double(stages - 1) / micro_batches; }
+  // (p - 1)/(V m): the bubble against the ideal m V slots; (p - 1)/m for GPipe and 1F1B.
+  double bubble_fraction() const {
+    return double(stages - 1) / (double(virtual_stages) * micro_batches);
+  }
   // The bubble's share of the step.
   double bubble_share() const { return step > 0 ? bubble() / step : 0; }
 };
 
-// From each stage's estimate (`stages[s]`: plan_training(spec.stage(s)).step_time), the
-// micro-batches m, the boundary's bytes and each cut's link (`cuts[s]` between stages s and
-// s + 1, `inter[s]` whether it crosses nodes). Nothing overlapped: a stage's sends add to its
-// slot, as its collectives add to its compute (a first-order estimate, Note [Step-time model]).
+// From each stage's estimate (`stages[s]`: plan_training(spec.stage(s)).step_time; with V > 1
+// a rank's V chunks together), the micro-batches m, the boundary's bytes and each cut's link
+// (`cuts[s]` between stages s and s + 1, `inter[s]` whether it crosses nodes), and the chunks a
+// rank V. A rank's receives add to its slot (it waits for them; its sends overlap its next
+// compute and cost it nothing), as its collectives add to its compute (a first-order
+// estimate, Note [Step-time model]); the chunks of a rank are taken as equal (each a V-th of its
+// compute and of its transfers).
 PipelineTime pipeline_time(const std::vector<StepTime>& stages, int micro_batches,
                            int64_t boundary_bytes, const std::vector<Link>& cuts,
-                           const std::vector<bool>& inter, const Calibration& rates);
+                           const std::vector<bool>& inter, const Calibration& rates,
+                           int virtual_stages = 1);
 
 // The same for a run of spec.pp() stages from their plans (plan_training(spec.stage(s))): the
 // boundary B x T x d_model f32, each cut on spec.links' link between the stages' ranks.
 PipelineTime plan_pipeline_time(const RunSpec& spec, const std::vector<PlanReport>& stages,
-                                const Calibration& rates);
+                                const Calibration& rates, int virtual_stages = 1);
 
 // `--pp-layers auto`: the cut of spec.model.n_layer blocks into spec.pp() stages (spec.pipeline
 // holds some cut of that many) whose largest estimated stage step (PipelineTime::stage_step) is
