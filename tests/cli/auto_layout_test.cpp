@@ -19,10 +19,13 @@ class AutoLayout : public test::PipelineBinaryTest {
         << more << ": " << test::slurp(dir / "err.txt");
     return json::parse(test::slurp(dir / "out.txt"));
   }
+  void expect_chosen_split_trains_as_planned(const std::string& budget_options);
 };
 
-TEST_F(AutoLayout, TheChosenSplitTrainsAtItsPlannedPeakOnEveryRank) {
-  const std::string steps = "--steps 2 --clip 0 --act-compress none";
+// The layout `--auto` chose under `budget_options` (with --ranks-per-node 1 the tensor groups are
+// one rank: the split must be a pipeline), trained, every rank's measured peak the plan's.
+void AutoLayout::expect_chosen_split_trains_as_planned(const std::string& budget_options) {
+  const std::string steps = "--steps 2 --clip 0 --act-compress none " + budget_options;
   // The data-parallel layout alone (--tp 1 given: no layout search), its least peak.
   const json dp = plan(steps + " --tp 1 --auto --mem-limit 64GiB");
   const size_t least = dp["search"]["smallest"]["peak_bytes"].get<size_t>();
@@ -33,6 +36,9 @@ TEST_F(AutoLayout, TheChosenSplitTrainsAtItsPlannedPeakOnEveryRank) {
   const json& c = search["choice"];
   const int tp = c["tp"].get<int>(), pp = c["pp"].get<int>();
   ASSERT_GT(tp * pp, 1) << search.dump(2);
+  if (budget_options.find("--ranks-per-node 1") != std::string::npos) {
+    EXPECT_EQ(tp, 1);
+  }
   EXPECT_FALSE(search["layouts"].empty());
   std::string more = fmt::format("{} --ckpt {} --grad-accum {} --zero {} --tp {}{} --pp {}",
                                  steps, c["ckpt"].get<std::string>(),
@@ -74,6 +80,14 @@ TEST_F(AutoLayout, TheChosenSplitTrainsAtItsPlannedPeakOnEveryRank) {
                 planned["by_category"].value(cat, size_t{0}))
           << cat << ", " << more << ", rank " << q;
   }
+}
+
+TEST_F(AutoLayout, TheChosenSplitTrainsAtItsPlannedPeakOnEveryRank) {
+  expect_chosen_split_trains_as_planned("");
+}
+
+TEST_F(AutoLayout, AChosenPipelineTrainsAtItsPlannedPeakOnEveryRank) {
+  expect_chosen_split_trains_as_planned("--ranks-per-node 1");
 }
 
 }  // namespace
