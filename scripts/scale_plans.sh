@@ -85,12 +85,15 @@ if s is not None:
     def options(c):
         opts = [f"--ckpt {c['ckpt']}", f"--act-compress {c['act_compress']}",
                 f"--batch {c['batch']} --grad-accum {c['grad_accum']}"]
-        if d.get("ranks", 1) > 1: opts.append(f"--zero {c['zero']}")
+        if d.get("ranks", 1) > 1 or s.get("searched_zero"): opts.append(f"--zero {c['zero']}")
         for k, opt in [("offload", "--offload-optimizer nvme"),
                        ("offload_params", "--offload-params nvme"),
                        ("offload_grads", "--offload-grads nvme")]:
             if c[k]: opts.append(opt)
-        return " ".join(opts + c["precision_levers"])
+        layout = []  # the layout search's choice (plan --auto --world-size N, no --tp/--pp)
+        if c.get("tp"):
+            layout = [f"--tp {c['tp']}" + (" --sp" if c["sp"] else "") + f" --pp {c['pp']}"]
+        return " ".join(opts + c["precision_levers"] + layout)
     if choice is None:
         sm = s["smallest"]
         out.append(f"Nothing fits ({s['candidates_planned']} configurations planned); the "
@@ -100,6 +103,11 @@ if s is not None:
         out.append(f"Chosen ({s['candidates_planned']} configurations planned): "
                    f"`{options(choice)}`. Its plan:")
     out.append("")
+    if s.get("layouts"):
+        out.append("The layouts the search tried (tp x pp x dp):")
+        out.append("")
+        out.extend(f"- {line}" for line in s["layouts"])
+        out.append("")
 out.append("| rank | " + " | ".join(cats) + " | peak |")
 out.append("| --- |" + " ---: |" * (len(cats) + 1))
 rows = d.get("per_rank") or [{"rank": 0, "by_category": d["by_category"],

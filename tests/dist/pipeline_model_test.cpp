@@ -232,10 +232,11 @@ void run_interleaved(const ProcessGrid& grid, int V, int layers, int m, const ch
     EXPECT_EQ(differ, 0) << what << ": rank " << r << " chunk " << k << "'s gradients";
     EXPECT_EQ(stray, 0) << what << ": gradients of other chunks' parameters";
   }
-  if (r == P - 1)
+  if (r == P - 1) {
     for (int i = 0; i < m; ++i)
       EXPECT_EQ(losses[static_cast<size_t>(i)], ref_losses[static_cast<size_t>(i)])
           << what << " micro-batch " << i;
+  }
 }
 
 TEST(PipelineModel, StagesGiveOneProcesssGradientsAndLossesBitForBit) {

@@ -175,10 +175,11 @@ TEST(PipelineRunner, InterleavedChunksGiveOneProcesssBitsAndCountTheirBuffers) {
           for (int64_t i = 0; i < kN; ++i)
             differ += got.g[static_cast<size_t>(i)] != want.g[static_cast<size_t>(i)];
           EXPECT_EQ(differ, 0) << what << ": gradients of rank " << r << "'s chunk " << c;
-          if (virtual_stage(r, c, P) + 1 == S)
+          if (virtual_stage(r, c, P) + 1 == S) {
             for (int mb = 0; mb < m; ++mb)
               EXPECT_EQ(got.losses[static_cast<size_t>(mb)], want.losses[static_cast<size_t>(mb)])
                   << what << ", micro-batch " << mb;
+          }
         }
       }
   }

@@ -490,6 +490,8 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
   }
 }
 
+bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra);
+
 // --auto and --auto-batch: the search's choice and runner-ups, then the plan of the choice (of
 // the smallest footprint when nothing fits, with the advice on other options).
 // Returns whether the search found a run that fits.
@@ -498,6 +500,20 @@ bool plan_with_search(const TrainConfig& cfg, const RunSpec& spec, bool json,
   std::string note;
   const SearchResult s = plan_auto(cfg, spec, &note, start);
   const RunSpec run = apply_candidate(spec, s.choice);
+  if (run.pp() > 1) {
+    // A pipelined layout (the layout search's): its stages' plans as `plan --pp` prints them.
+    nlohmann::json extra;
+    if (json) {
+      extra["search"] = search_json(s);
+      if (!note.empty()) extra["search"]["note"] = note;
+    } else {
+      print_search(s, note);
+      if (!s.fits) fmt::print("{}\n\n", advise_fit(spec, s.limit).text());
+      fmt::print("{}", s.fits ? "the chosen run:\n" : "the smallest footprint:\n");
+    }
+    plan_pipeline(run, json, extra);
+    return s.fits;
+  }
   const PlanReport r = plan_training(run);
   if (json) {
     nlohmann::json j = plan_json(run, r);
@@ -581,9 +597,9 @@ nlohmann::json categories_json(const CategoryBytes& bytes) {
 // parameters (RunSpec::stage), and every world rank's (data x pipeline x tensor: world rank
 // q = (data * pp + stage) * tp + tensor; the tensor ranks of a stage hold the same shapes) with
 // its shard and receive buffers; the JSON's top level is the largest stage's plan, with
-// "stages" and "per_rank" (one per world rank) beside it. Returns whether every rank fits
-// --mem-limit.
-bool plan_pipeline(const RunSpec& asked, bool json) {
+// "stages" and "per_rank" (one per world rank) beside it, and `extra`'s keys (the search's,
+// for a layout `plan --auto` chose). Returns whether every rank fits --mem-limit.
+bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra) {
   RunSpec spec = asked;
   std::string split_note;  // --pp-layers auto: how the cut was chosen
   if (spec.pp_layers_auto) {
@@ -661,6 +677,7 @@ bool plan_pipeline(const RunSpec& asked, bool json) {
                                {"model_state_bytes", model_state_bytes(q.plan)},
                                {"by_category", categories_json(q.plan.by_category)}});
     if (spec.mem_limit) j["fits"] = fits;
+    for (const auto& [key, value] : extra.items()) j[key] = value;
     fmt::print("{}\n", j.dump(2));
     return fits;
   }
@@ -703,7 +720,7 @@ bool plan_pipeline(const RunSpec& asked, bool json) {
 
 // Plans a run as given, nothing searched; returns whether it fits --mem-limit (true without).
 bool plan_fixed(const RunSpec& spec, bool json) {
-  if (spec.pp() > 1) return plan_pipeline(spec, json);
+  if (spec.pp() > 1) return plan_pipeline(spec, json, {});
   const PlanReport r = plan_training(spec);
   if (json)
     fmt::print("{}\n", plan_json(spec, r).dump(2));
@@ -731,8 +748,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--auto", *auto_ckpt,
                 "Choose the fastest checkpoint policy that fits --mem-limit (as --ckpt auto) "
                 "and, over several ranks, the ZeRO stage (as --zero auto) unless --zero is "
-                "given; in bf16, where nothing fits, also --grad-dtype bf16 and then "
-                "--master-weights none unless either is given");
+                "given, and the layout tp x pp x dp of --world-size unless --tp or --pp is "
+                "(tensor groups up to --ranks-per-node, else 8; the global batch kept; the "
+                "times a model, not a measurement); in bf16, where nothing fits, also "
+                "--grad-dtype bf16 and then --master-weights none unless either is given");
   cmd->add_flag("--max-model", *max_model,
                 "The largest model of the preset's family (layers x width) that trains under "
                 "--mem-limit, each with its fastest policy, or with --ckpt's where given (in "
@@ -749,8 +768,11 @@ void add_plan_command(CLI::App& app) {
                      "{})",
                      cfg->ckpt);
       cfg->ckpt = "auto";
-      // Over several ranks the stage is the search's too, unless given (Note [Fit a budget]).
+      // Over several ranks the stage is the search's too, unless given (Note [Fit a budget]);
+      // and the layout, tp x pp x dp, unless --tp or --pp is ("Layouts").
       if (cfg->ranks > 1 && cmd->get_option("--zero")->count() == 0) cfg->zero_auto = true;
+      cfg->auto_layout = cfg->ranks > 1 && cmd->get_option("--tp")->count() == 0 &&
+                         cmd->get_option("--pp")->count() == 0;
     }
     const std::string attention_line =
         fp16_attention_default(*cfg, cmd->get_option("--attention")->count() > 0);

@@ -1,5 +1,6 @@
 #include "memfit/cli/search_output.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,17 @@ std::vector<std::string> lever_options(const Candidate& c) {
 
 // With the stage searched, a --zero column; over several ranks the peak is the largest rank's.
 // The precision levers pulled, if any, after the estimate.
-void print_row(const std::string& status, const Candidate& c, bool with_stage) {
+// The layout search's layout: "2spx2x1" (--tp 2 --sp, --pp 2, its data ranks from `world`).
+std::string layout_text(const Candidate& c, int world) {
+  return fmt::format("{}{}x{}x{}", c.tp, c.sp ? "sp" : "", c.pp, world / std::max(1, c.tp * c.pp));
+}
+
+// With the layout searched, a tp x pp x dp column first ("2spx2x1": --tp 2 --sp, --pp 2, one
+// data rank).
+void print_row(const std::string& status, const Candidate& c, bool with_stage, int world = 0) {
   std::string levers;
   for (const std::string& o : lever_options(c)) levers += "  " + o;
+  if (world) fmt::print("  {:<10}", layout_text(c, world));
   fmt::print("  {:<22} {:<18} {:<14} {:>5} x {:<5} {}{:>12.1f} {:>10}{}\n", status, c.ckpt,
              act_compress_name(c.act_compress), c.batch, c.grad_accum,
              with_stage ? fmt::format("{:>5} ", c.zero) : std::string(), mib(c.peak_bytes),
@@ -46,7 +55,11 @@ nlohmann::json choice_json(const Candidate& c) {
           {"precision_levers", lever_options(c)},
           {"peak_bytes", c.peak_bytes},
           {"peak_rank", c.peak_rank},
-          {"est_step_seconds", c.est_step_seconds}};
+          {"est_step_seconds", c.est_step_seconds},
+          // The layout search's layout (0: the run's own, not searched).
+          {"tp", c.tp},
+          {"sp", c.sp},
+          {"pp", c.pp}};
 }
 
 nlohmann::json candidate_json(const Candidate& c, size_t limit) {
@@ -88,14 +101,23 @@ nlohmann::json shape_json(const ShapeFit& f) {
 void print_search(const SearchResult& s, const std::string& note) {
   fmt::print("planner: {}\n", s.message);
   if (!note.empty()) fmt::print("planner: {}\n", note);
-  fmt::print("\n  {:<22} {:<18} {:<14} {:>5}   {:<5} {}{:>12} {:>10}\n", "", "--ckpt",
-             "--act-compress", "batch", "accum", s.with_stage ? "--zero " : "",
+  // The layout search's ranks: every candidate's tp x pp x dp.
+  const int world = s.with_layout ? s.world : 0;
+  if (world) fmt::print("\n  {:<10}", "tp x pp x dp");
+  fmt::print("{}  {:<22} {:<18} {:<14} {:>5}   {:<5} {}{:>12} {:>10}\n", world ? "" : "\n", "",
+             "--ckpt", "--act-compress", "batch", "accum", s.with_stage ? "--zero " : "",
              "peak MiB", "est s/step");
-  if (s.fits) print_row("chosen", s.choice, s.with_stage);
+  if (s.fits) print_row("chosen", s.choice, s.with_stage, world);
   for (const Candidate& c : s.slower)
-    print_row(faster(s.choice, c) ? "fits, slower" : "fits, as fast, larger", c, s.with_stage);
+    print_row(faster(s.choice, c) ? "fits, slower" : "fits, as fast, larger", c, s.with_stage,
+              world);
   for (const Candidate& c : s.over)
-    print_row(c.why_over(s.limit, s.disk_limit), c, s.with_stage);
+    print_row(c.why_over(s.limit, s.disk_limit), c, s.with_stage, world);
+  if (s.with_layout) {
+    fmt::print("\nlayouts of {} ranks (tp x pp x dp; the fastest that fits is chosen, ties to the "
+               "fewer model-parallel ranks):\n", s.world);
+    for (const std::string& line : s.layouts) fmt::print("  {}\n", line);
+  }
   fmt::print("\n");
 }
 
@@ -106,6 +128,7 @@ nlohmann::json search_json(const SearchResult& s) {
                       {"candidates_planned", s.candidates.size()},
                       {"searched_micro_batch", s.with_batch},
                       {"searched_zero", s.with_stage},
+                      {"searched_layout", s.with_layout},
                       // Over several ranks the limit is each rank's, a peak the largest rank's.
                       {"per_rank", s.per_rank}};
   j["choice"] = s.fits ? candidate_json(s.choice, s.limit) : nlohmann::json(nullptr);
@@ -113,6 +136,7 @@ nlohmann::json search_json(const SearchResult& s) {
   for (const Candidate& c : s.slower) j["rejected_slower"].push_back(candidate_json(c, s.limit));
   j["rejected_over_limit"] = nlohmann::json::array();
   for (const Candidate& c : s.over) j["rejected_over_limit"].push_back(candidate_json(c, s.limit));
+  if (s.with_layout) j["layouts"] = s.layouts;
   j["smallest"] = candidate_json(s.smallest, s.limit);
   j["smallest"]["dominant_category"] = std::string(category_name(s.smallest.dominant()));
   j["smallest"]["dominant_bytes"] = s.smallest.dominant_bytes();

@@ -8,7 +8,10 @@
 
 #include "memfit/core/error.h"
 #include "memfit/memory/pool.h"
+#include "memfit/model/pipeline_stages.h"
+#include "memfit/plan/calibration.h"
 #include "memfit/plan/memory_plan.h"
+#include "memfit/plan/pipeline_time.h"
 
 namespace memfit {
 
@@ -54,38 +57,6 @@ void pull_levers(RunSpec& run, int levers) {
   if (levers & kLeverNoMaster) run.precision.master_weights = false;
 }
 
-// The choice, the runner-ups, the smallest and the message of r's candidates.
-void choose(SearchResult& r) {
-  r.fits = false;
-  r.slower.clear();
-  r.over.clear();
-  r.smallest = r.candidates.front();
-  for (const Candidate& c : r.candidates) {
-    if (by_peak(c, r.smallest)) r.smallest = c;
-    if (c.fits && (!r.fits || preferred(c, r.choice))) {
-      r.choice = c;
-      r.fits = true;
-    }
-  }
-  if (!r.fits) r.choice = r.smallest;
-  // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
-  for (const Candidate& c : r.candidates) {
-    const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
-                        c.act_compress == r.choice.act_compress &&
-                        c.offload == r.choice.offload &&
-                        c.offload_params == r.choice.offload_params &&
-                        c.offload_grads == r.choice.offload_grads && c.zero == r.choice.zero &&
-                        c.levers == r.choice.levers;
-    if (r.fits && c.fits && !chosen) r.slower.push_back(c);
-    if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
-  }
-  std::stable_sort(r.slower.begin(), r.slower.end(), by_time);
-  std::stable_sort(r.over.begin(), r.over.end(), by_peak);
-  if (r.slower.size() > kRunnerUps) r.slower.resize(kRunnerUps);
-  if (r.over.size() > kRunnerUps) r.over.resize(kRunnerUps);
-  r.message = message(r);
-}
-
 // The search as asked, then, while nothing fits, each mask of kPrecisionLevers in turn: the
 // same space again with the levers pulled, its candidates added to the table (a run the levers
 // make invalid, RunSpec::check, skips the mask).
@@ -106,9 +77,34 @@ SearchResult search_with_levers(const RunSpec& base, size_t limit, SearchSpace s
       c.levers = lever;
       r.candidates.push_back(std::move(c));
     }
-    choose(r);
+    choose_candidates(r);
   }
   return r;
+}
+
+// A pipelined candidate (run.pp() > 1): every stage planned, each on its largest data rank,
+// the candidate's peak the largest of any world rank (q = (data x pp + stage) x tp; a stage's
+// tensor ranks hold the same shapes), its time the pipeline's step (plan/pipeline_time.h: the
+// schedule's slots, the bubble and the transfers on the links).
+void plan_stages(const RunSpec& run, Candidate& c, std::vector<StepPlanCache>& caches) {
+  const int P = run.pp();
+  std::vector<PlanReport> stages;
+  c.peak_bytes = 0;
+  for (int s = 0; s < P; ++s) {
+    const RunSpec st = run.stage(s);
+    StepPlanCache* cache = &caches[static_cast<size_t>(s)];
+    stages.push_back(plan_training(st, 0, cache));
+    int data = 0;
+    const PlanReport most = st.world > 1 ? plan_largest_rank(st, &data, nullptr, cache)
+                                         : stages.back();
+    if (most.peak_bytes > c.peak_bytes || s == 0) {
+      c.peak_bytes = most.peak_bytes;
+      c.by_category = most.by_category;
+      c.peak_rank = (data * P + s) * run.model.tp;
+    }
+  }
+  c.est_step_seconds = plan_pipeline_time(run, stages, machine_calibration()).step;
+  c.disk_bytes = 0;
 }
 
 bool keeps_some_block(const CheckpointPolicy& policy, int n_layer) {
@@ -117,6 +113,38 @@ bool keeps_some_block(const CheckpointPolicy& policy, int n_layer) {
 }
 
 }  // namespace
+
+void choose_candidates(SearchResult& r) {
+  r.fits = false;
+  r.slower.clear();
+  r.over.clear();
+  r.smallest = r.candidates.front();
+  for (const Candidate& c : r.candidates) {
+    if (by_peak(c, r.smallest)) r.smallest = c;
+    if (c.fits && (!r.fits || preferred(c, r.choice))) {
+      r.choice = c;
+      r.fits = true;
+    }
+  }
+  if (!r.fits) r.choice = r.smallest;
+  // Every other fitting candidate lost to the choice: slower, or as fast with more memory.
+  for (const Candidate& c : r.candidates) {
+    const bool chosen = c.ckpt == r.choice.ckpt && c.batch == r.choice.batch &&
+                        c.act_compress == r.choice.act_compress &&
+                        c.offload == r.choice.offload &&
+                        c.offload_params == r.choice.offload_params &&
+                        c.offload_grads == r.choice.offload_grads && c.zero == r.choice.zero &&
+                        c.levers == r.choice.levers && c.tp == r.choice.tp &&
+                        c.pp == r.choice.pp && c.sp == r.choice.sp;
+    if (r.fits && c.fits && !chosen) r.slower.push_back(c);
+    if (!c.fits && (!r.fits || !faster(r.choice, c))) r.over.push_back(c);
+  }
+  std::stable_sort(r.slower.begin(), r.slower.end(), by_time);
+  std::stable_sort(r.over.begin(), r.over.end(), by_peak);
+  if (r.slower.size() > kRunnerUps) r.slower.resize(kRunnerUps);
+  if (r.over.size() > kRunnerUps) r.over.resize(kRunnerUps);
+  r.message = message(r);
+}
 
 Category Candidate::dominant() const {
   size_t best = 0;
@@ -147,6 +175,7 @@ std::string candidate_options(const Candidate& c, bool with_batch, bool with_sta
   if (with_stage) s += fmt::format(" --zero {}", c.zero);
   if (c.levers & kLeverGradBf16) s += " --grad-dtype bf16";
   if (c.levers & kLeverNoMaster) s += " --master-weights none";
+  if (c.tp > 0) s += fmt::format(" --tp {}{} --pp {}", c.tp, c.sp ? " --sp" : "", c.pp);
   return s;
 }
 
@@ -163,6 +192,9 @@ bool preferred(const Candidate& a, const Candidate& b) {
   if (a.levers != b.levers) return a.levers < b.levers;
   if (faster(a, b)) return true;
   if (faster(b, a)) return false;
+  // As fast: the simpler layout (the layout search's; 0 x 0 is the base's, the same for both).
+  if (a.tp * a.pp != b.tp * b.pp) return a.tp * a.pp < b.tp * b.pp;
+  if (a.pp != b.pp) return a.pp < b.pp;
   // As fast (the disk hidden behind the update): RAM, which depends on no disk.
   if (a.offload != b.offload) return !a.offload;
   if (a.offload_params != b.offload_params) return !a.offload_params;
@@ -196,8 +228,23 @@ std::vector<int> micro_batch_candidates(int global_batch) {
   return out;
 }
 
+RunSpec layout_run(const RunSpec& base, int tp, int pp, bool sp) {
+  MEMFIT_CHECK(base.model.tp == 1 && base.pp() == 1 && tp >= 1 && pp >= 1 &&
+                   base.world % (tp * pp) == 0,
+               "plan", "a layout of tp {} x pp {} from {} ranks of tp {} x pp {}", tp, pp,
+               base.world, base.model.tp, base.pp());
+  RunSpec r = base;
+  if (tp > 1) r.model.set_tensor_parallel(tp);
+  r.sp = sp && tp > 1;
+  if (pp > 1) r.pipeline = split_stages_evenly(r.model.n_layer, pp);
+  r.pp_layers_auto = pp > 1;
+  r.world = base.world / (tp * pp);
+  r.grad_accum = base.grad_accum * tp * pp;
+  return r;
+}
+
 RunSpec apply_candidate(const RunSpec& base, const Candidate& c) {
-  RunSpec t = base;
+  RunSpec t = c.tp > 0 ? layout_run(base, c.tp, c.pp, c.sp) : base;
   t.ckpt = CheckpointPolicy::parse(c.ckpt);
   t.ckpt_auto = false;
   t.act_compress = c.act_compress;
@@ -224,13 +271,16 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
     return search_with_levers(base, limit, space);
   if (!space.policies && base.ckpt_auto)
     MEMFIT_THROW(ConfigError, "plan", "--ckpt auto: the search must vary the policy");
-  // The run's other settings, checked once, before any candidate is planned.
+  // The run's other settings, checked once, before any candidate is planned (as a candidate
+  // is: what the search chooses is not "auto" there).
   RunSpec probe = base;
   if (space.policies) probe.ckpt = CheckpointPolicy{};
+  if (base.pp() > 1) probe.ckpt_auto = probe.auto_batch = probe.zero_auto = false;
   probe.check();
   const std::vector<std::string> policies =
-      space.policies ? checkpoint_candidates(base.model.n_layer, base.attention)
-                     : std::vector<std::string>{base.ckpt.name()};
+      !space.policies ? std::vector<std::string>{base.ckpt.name()}
+      : space.policy_list.empty() ? checkpoint_candidates(base.model.n_layer, base.attention)
+                                  : space.policy_list;
   const int global = base.batch * base.grad_accum;
   const std::vector<int> batches =
       space.micro_batches ? micro_batch_candidates(global) : std::vector<int>{base.batch};
@@ -263,6 +313,9 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
   r.with_stage = space.stages;
   r.per_rank = base.world > 1;
   StepPlanCache steps;  // the candidates of one policy, compression and micro-batch share one
+  // Under --pp, one a stage (each stage's model is its own).
+  std::vector<StepPlanCache> stage_steps(static_cast<size_t>(base.pp()));
+  std::string refusal;  // the first candidate RunSpec::check refused (none may be left)
   StateOptions at_stage = base.state_options();  // the base's, at the stage being tried
   for (const std::string& policy : policies)
     for (ActCompress compress : compressions) {
@@ -298,6 +351,21 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
             c.offload_grads = offload_grads;
             c.zero = stage;
             const RunSpec run = apply_candidate(base, c);
+            // A combination the run refuses (e.g. under --pp a ZeRO stage, a precision lever
+            // or compression not built there, or a policy whose segment crosses a cut) is not
+            // a candidate, as the fit advice skips it; what is built later joins by itself.
+            try {
+              run.check();
+            } catch (const ConfigError& e) {
+              if (refusal.empty()) refusal = e.what();
+              continue;
+            }
+            if (run.pp() > 1) {
+              plan_stages(run, c, stage_steps);
+              c.fits = c.peak_bytes <= limit;
+              r.candidates.push_back(std::move(c));
+              continue;
+            }
             const PlanReport p = plan_training(run, 0, &steps);
             c.est_step_seconds = p.est_step_seconds;
             c.peak_bytes = p.peak_bytes;
@@ -317,7 +385,10 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
           }
     }
 
-  choose(r);
+  if (r.candidates.empty())
+    MEMFIT_THROW(ConfigError, "plan", "every configuration the search would plan is refused; "
+                 "the first: {}", refusal);
+  choose_candidates(r);
   return r;
 }
 
@@ -331,6 +402,9 @@ void to_json(nlohmann::json& j, const Candidate& c) {
        {"grad_accum", c.grad_accum},
        {"zero", c.zero},
        {"levers", c.levers},
+       {"tp", c.tp},
+       {"pp", c.pp},
+       {"sp", c.sp},
        {"peak_bytes", c.peak_bytes},
        {"peak_rank", c.peak_rank},
        {"est_step_seconds", c.est_step_seconds},
@@ -348,6 +422,9 @@ void from_json(const nlohmann::json& j, Candidate& c) {
   c.grad_accum = j.at("grad_accum").get<int>();
   c.zero = j.at("zero").get<int>();
   c.levers = j.value("levers", 0);
+  c.tp = j.value("tp", 0);
+  c.pp = j.value("pp", 0);
+  c.sp = j.value("sp", false);
   c.peak_bytes = j.at("peak_bytes").get<size_t>();
   c.peak_rank = j.at("peak_rank").get<int>();
   c.est_step_seconds = j.at("est_step_seconds").get<double>();

@@ -28,6 +28,11 @@ struct Candidate {
   bool offload_grads = false;   // --offload-grads nvme too (one process)
   int batch = 0, grad_accum = 0;
   int zero = 0;  // the ZeRO stage (over several ranks)
+  // The layout the layout search gave it (plan/layout_search.h): tensor ranks (with --sp where
+  // sp), pipeline stages (the even cut, balanced by --pp-layers auto once chosen) and data ranks
+  // world / (tp x pp). 0: the base run's layout, not searched.
+  int tp = 0, pp = 0;
+  bool sp = false;
   // The precision levers the search pulled (RunSpec::precision_levers_open), a mask of
   // kLeverGradBf16 and kLeverNoMaster (0: none). They change the numerics, so a candidate with
   // the milder (the smaller mask) always wins (preferred()).
@@ -58,7 +63,8 @@ void from_json(const nlohmann::json& j, Candidate& c);
 // "--ckpt full", or "--ckpt full --batch 2 --grad-accum 4" with the micro-batch; then
 // " --act-compress int8" where the candidate compresses; then every offload option it turns on
 // (--offload-optimizer, --offload-params, --offload-grads); then " --zero 2" with the stage;
-// then the precision levers pulled (" --grad-dtype bf16", " --master-weights none").
+// then the precision levers pulled (" --grad-dtype bf16", " --master-weights none"); then, for
+// a candidate of the layout search, its layout (" --tp 2 --sp --pp 2", "--tp 1 --pp 1").
 std::string candidate_options(const Candidate& c, bool with_batch, bool with_stage = false);
 // "the disk: 12.3 GiB of files > 10.0 GiB": offload files over --disk-limit (or the free space).
 std::string disk_over(uint64_t disk_bytes, uint64_t disk_limit);
@@ -69,8 +75,9 @@ std::string format_seconds(double seconds);
 // a is faster than b by more than rounding: estimates within a relative 1e-9 are the same time
 // (the micro-batches of one policy have the same FLOPs, up to rounding).
 bool faster(const Candidate& a, const Candidate& b);
-// a is preferred to b: fewer precision levers pulled, then faster, or the same time and not
-// offloaded, or a lower ZeRO stage, or less memory.
+// a is preferred to b: fewer precision levers pulled, then faster, or the same time and the
+// simpler layout (fewer model-parallel ranks tp x pp, then fewer stages), not offloaded, a
+// lower ZeRO stage, or less memory.
 bool preferred(const Candidate& a, const Candidate& b);
 
 // What the search varies: the checkpoint policy (--ckpt auto), the micro-batch (--auto-batch),
@@ -95,6 +102,9 @@ struct SearchSpace {
   // Every candidate at each stage of kSearchStages (--zero auto over several ranks; with one
   // rank every stage is stage 0, so there is nothing to vary).
   bool stages = false;
+  // The policies to try where `policies` is set; empty: checkpoint_candidates (the layout
+  // search tries a coarse list first, then the rest on the chosen layout).
+  std::vector<std::string> policy_list{};
   static SearchSpace of(const RunSpec& spec) {
     const bool stages = spec.zero_auto && spec.world > 1;
     const bool searching = spec.ckpt_auto || spec.auto_batch || stages;
@@ -151,6 +161,11 @@ struct SearchResult {
   bool with_batch = false;  // the micro-batch was searched (options name it)
   bool with_stage = false;  // the ZeRO stage was searched (options name it)
   bool per_rank = false;    // over several ranks: the limit is each rank's, peaks the largest
+  bool with_layout = false;  // the layout was searched (plan/layout_search.h)
+  int world = 0;             // with_layout: every rank, tp x pp x dp
+  // With the layout searched: one line per layout tried (chosen, fits and slower, nothing fits,
+  // skipped by its model state, refused), then what the times of layouts are.
+  std::vector<std::string> layouts;
   std::vector<Candidate> candidates;  // every candidate planned, in enumeration order
 };
 
@@ -163,8 +178,20 @@ struct SearchResult {
 // a bad base.
 SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace space);
 
-// base with the candidate's policy, compression, micro-batch, offload and stage, nothing left
-// to choose: the run the planner chose.
+// base with the candidate's policy, compression, micro-batch, offload and stage (and, from the
+// layout search, its layout: with_layout), nothing left to choose: the run the planner chose.
 RunSpec apply_candidate(const RunSpec& base, const Candidate& c);
+
+// The run of `base` (one tensor rank, one stage: its world every rank) laid out as tp x pp x
+// world / (tp x pp): the model split over `tp` ranks, with --sp where `sp`, cut evenly into
+// `pp` stages (--pp-layers auto), and grad_accum times tp x pp micro-batches, so that the
+// global batch (data ranks x batch x grad_accum) stays the base's. ConfigError where the model
+// does not split so (set_tensor_parallel, split_stages_evenly).
+RunSpec layout_run(const RunSpec& base, int tp, int pp, bool sp);
+
+// r's choice (the preferred candidate that fits, else the smallest), runner-ups and message,
+// from r.candidates (non-empty); the search calls it, and the layout search once more over
+// every layout's candidates.
+void choose_candidates(SearchResult& r);
 
 }  // namespace memfit

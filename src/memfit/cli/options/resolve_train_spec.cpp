@@ -13,6 +13,7 @@
 #include "memfit/io/checkpoint/sharded_safetensors.h"
 #include "memfit/memory/pool.h"
 #include "memfit/plan/fit_advice.h"
+#include "memfit/plan/layout_search.h"
 #include "memfit/plan/pipeline_time.h"
 
 namespace memfit {
@@ -339,6 +340,11 @@ SearchResult search_run(const TrainConfig& config, const RunSpec& spec, std::str
     *note += std::string(note->empty() ? "" : "; ") +
              "--zero auto with one rank: stage 0 (one process has nothing to shard; under "
              "mpirun -n N, or memfit plan --world-size N, the search chooses the stage)";
+  // The layout too (plan --auto over several ranks, neither --tp nor --pp given).
+  if (config.auto_layout && spec.world > 1 && spec.model.tp == 1 && spec.pp() == 1)
+    return search_layouts(base, spec.mem_limit, space, [](const std::string& layout, int i, int n) {
+      fmt::print(stderr, "memfit plan: layout {} of {}: {}\n", i, n, layout);
+    });
   return search_training(base, spec.mem_limit, space);
 }
 

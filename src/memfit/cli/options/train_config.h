@@ -81,6 +81,9 @@ struct TrainConfig {
   // of the fastest that fit (Note [Fit a budget]); zero stays 0 until it does. With one rank:
   // stage 0.
   bool zero_auto = false;
+  // `memfit plan --auto` over several ranks with neither --tp nor --pp given: the search also
+  // chooses the layout, tp x pp x dp of --world-size (plan/layout_search.h; plan only).
+  bool auto_layout = false;
   // Stage 3: blocks gathered ahead of the one computing (0: each gathered when needed), and the
   // block size in elements under which a block is kept whole (gathered once per update).
   int prefetch_depth = 1;
