@@ -452,6 +452,39 @@ TEST_F(TensorParallel, MaxModelPlansMembersThatSplit) {
   }
 }
 
+// --update-in-backward under --tp (Note [Update in backward], "Under --tp"): each unit's
+// replicated key/value heads' and --sp's norms' gradients summed over the tensor group as its
+// backward ends, then the unit stepped; the norm's slices summed over the group at the end.
+// Against the same --tp run with the update after the backward: the same bits (global
+// clipping's two passes, --clip 0's one; a replicated head with --sp; 2 data x 2 tensor ranks
+// at ZeRO 2 and 3), and one process with --update-in-backward within 1e-5, per-unit clipping
+// (each unit's norm over the group) too. Planned == measured on every rank, tensor collectives
+// included (each backward pass sums the units' partials again).
+TEST_F(TensorParallel, UpdateInBackwardIsTheStepAfterTheBackward) {
+  const std::string unclipped = "--steps 4 --clip 0 --eval-every 2 --eval-batches 1";
+  const std::string llama = " --model llama-tiny --n-kv-head 1 --attention plain";
+  for (const auto& [ranks, a] : std::vector<std::pair<int, std::string>>{
+           {2, std::string(kSteps) + " --tp 2"},
+           {2, unclipped + llama + " --tp 2 --sp"},
+           {4, std::string(kSteps) + " --tp 2 --sp --zero 2"},
+           {4, std::string(kSteps) + llama + " --tp 2 --zero 3"}}) {
+    const auto fused = train(ranks, a + " --update-in-backward", "fused");
+    expect_close(train(ranks, a, "after"), fused, a + " --update-in-backward", 0.0);
+    // One process reading the same rows (the data ranks' batches), the same fused update.
+    std::string one = a.substr(0, a.find(" --tp"));
+    expect_close(train(0, one + " --update-in-backward", "one", ranks == 4 ? 4 : 2), fused,
+                 a + " --update-in-backward against one process");
+  }
+  const std::string unit = std::string(kSteps) + llama + " --update-in-backward --clip-mode unit";
+  expect_close(train(0, unit, "one-unit"), train(2, unit + " --tp 2 --sp", "tp-unit"),
+               "--clip-mode unit --tp 2 --sp");
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --sp --update-in-backward" + llama},
+           {2, "--tp 2 --update-in-backward --clip-mode unit" + llama},
+           {4, "--tp 2 --zero 3 --sp --update-in-backward" + llama}})
+    expect_planned(ranks, more);
+}
+
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   auto refused = [&](const std::string& more, const std::string& says) {
     const int code = run_memfit("plan " + args("--steps 2 " + more));

@@ -125,11 +125,6 @@ void RunSpec::check_tensor_parallel() const {
       : lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
       : offload.optimizer || offload.params || offload.grads
           ? Refusal{"--offload-*", "the offloaded state's units are not cut along the slices"}
-      : update_in_backward
-          ? Refusal{"--update-in-backward",
-                    "each unit is stepped as its backward ends, while the replicated "
-                    "key/value heads' and --sp's norms' gradient sums over the tensor group, "
-                    "and the norm over it, are taken once a step, after every unit's backward"}
                   : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",

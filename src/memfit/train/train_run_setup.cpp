@@ -173,6 +173,9 @@ void TrainRun::make_model() {
   state.base_quant = spec_.lora.base_quant();  // RunSpec::check_base_dtype: only with LoRA
   gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
   if (mc_.tp > 1) gpt_->set_tensor_group(tensor_);  // before the weights are drawn
+  // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
+  // step, and the norm over the group (Note [Update in backward], "Under --tp").
+  if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_);
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
