@@ -485,6 +485,47 @@ TEST_F(TensorParallel, UpdateInBackwardIsTheStepAfterTheBackward) {
     expect_planned(ranks, more);
 }
 
+// --offload-optimizer under --tp (Note [NVMe offload], "Under --tp"): each tensor rank's
+// optimizer state (and master weights) of its slices in its own files, tensor-<t> under the
+// data rank's directory. The same run in RAM's bits (one data rank, --sp with a replicated
+// key/value head; 2 data x 2 tensor ranks at ZeRO 2 in bf16 with master weights; --init-from a
+// save, the master weights written into the files), and every rank's plan: peak by category,
+// files by category and bytes read and written per step.
+TEST_F(TensorParallel, OffloadedOptimizerIsTheRunInRam) {
+  const std::string off = fmt::format(" --offload-optimizer nvme --offload-dir '{}'",
+                                      (dir / "off").string());
+  const std::string llama = " --model llama-tiny --n-kv-head 1";
+  for (const auto& [ranks, a] : std::vector<std::pair<int, std::string>>{
+           {2, std::string(kSteps) + llama + " --tp 2 --sp"},
+           {4, std::string(kSteps) + " --tp 2 --zero 2 --precision bf16"},
+           {2, std::string(kSteps) + llama + " --tp 2 --sp --update-in-backward"}})
+    expect_close(train(ranks, a, "ram"), train(ranks, a + off, "off"), a + off, 0.0);
+  const std::string save = fmt::format("--steps 2 --tp 2 --save '{}'", (dir / "ck").string());
+  train(2, save, "saved");
+  const std::string init =
+      fmt::format("{} --tp 2 --precision bf16 --init-from '{}'", kSteps, (dir / "ck").string());
+  expect_close(train(2, init, "init-ram"), train(2, init + off, "init-off"), init + off, 0.0);
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --sp" + llama + off}, {4, "--tp 2 --zero 2 --precision bf16" + off}}) {
+    const json plan = expect_planned(ranks, more);
+    const auto log = lines(dir / "plan.jsonl");
+    json measured;
+    for (const json& j : log)
+      if (j.contains("ranks")) measured = j["ranks"];
+    ASSERT_EQ(measured.size(), size_t(ranks));
+    for (int q = 0; q < ranks; ++q) {
+      const json& p = plan["per_rank"][q / 2];
+      ASSERT_TRUE(measured[q].contains("offload")) << more << ", rank " << q;
+      EXPECT_GT(p["offload"]["disk_bytes"].get<uint64_t>(), 0u) << more;
+      EXPECT_EQ(measured[q]["offload"]["disk"], p["offload"]["disk_by_category"])
+          << more << ", rank " << q;
+      EXPECT_EQ(measured[q]["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"])
+          << more << ", rank " << q;
+    }
+  }
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
+}
+
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   auto refused = [&](const std::string& more, const std::string& says) {
     const int code = run_memfit("plan " + args("--steps 2 " + more));
@@ -498,6 +539,10 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 2 --tp 2 --precision fp8", "tensorwise scales");
   refused("--world-size 4 --tp 4 --sp --seq-len 30", "--seq-len 30 must divide by 4");
   refused("--sp", "needs --tp 2 or more");
+  refused(fmt::format("--world-size 2 --tp 2 --offload-optimizer nvme --offload-params nvme "
+                      "--offload-dir '{}'",
+                      (dir / "off").string()),
+          "--offload-params or --offload-grads");
   // Optimizers whose state groups elements across the slices, or projects whole matrices.
   refused("--world-size 2 --tp 2 --optim adamw8bit", "not whole 256-value quantisation blocks");
   refused("--world-size 2 --tp 2 --optim adamw4bit", "rank-1 scales");
