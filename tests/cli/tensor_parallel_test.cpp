@@ -488,6 +488,80 @@ TEST_F(TensorParallel, MaxModelPlansMembersThatSplit) {
   }
 }
 
+// --update-in-backward under --tp (Note [Update in backward], "Under --tp"): each unit's
+// replicated key/value heads' and --sp's norms' gradients summed over the tensor group as its
+// backward ends, then the unit stepped; the norm's slices summed over the group at the end.
+// Against the same --tp run with the update after the backward: the same bits (global
+// clipping's two passes, --clip 0's one; a replicated head with --sp; 2 data x 2 tensor ranks
+// at ZeRO 2 and 3), and one process with --update-in-backward within 1e-5, per-unit clipping
+// (each unit's norm over the group) too. Planned == measured on every rank, tensor collectives
+// included (each backward pass sums the units' partials again).
+TEST_F(TensorParallel, UpdateInBackwardIsTheStepAfterTheBackward) {
+  const std::string unclipped = "--steps 4 --clip 0 --eval-every 2 --eval-batches 1";
+  const std::string llama = " --model llama-tiny --n-kv-head 1 --attention plain";
+  for (const auto& [ranks, a] : std::vector<std::pair<int, std::string>>{
+           {2, std::string(kSteps) + " --tp 2"},
+           {2, unclipped + llama + " --tp 2 --sp"},
+           {4, std::string(kSteps) + " --tp 2 --sp --zero 2"},
+           {4, std::string(kSteps) + llama + " --tp 2 --zero 3"}}) {
+    const auto fused = train(ranks, a + " --update-in-backward", "fused");
+    expect_close(train(ranks, a, "after"), fused, a + " --update-in-backward", 0.0);
+    // One process reading the same rows (the data ranks' batches), the same fused update.
+    std::string one = a.substr(0, a.find(" --tp"));
+    expect_close(train(0, one + " --update-in-backward", "one", ranks == 4 ? 4 : 2), fused,
+                 a + " --update-in-backward against one process");
+  }
+  const std::string unit = std::string(kSteps) + llama + " --update-in-backward --clip-mode unit";
+  expect_close(train(0, unit, "one-unit"), train(2, unit + " --tp 2 --sp", "tp-unit"),
+               "--clip-mode unit --tp 2 --sp");
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --sp --update-in-backward" + llama},
+           {2, "--tp 2 --update-in-backward --clip-mode unit" + llama},
+           {4, "--tp 2 --zero 3 --sp --update-in-backward" + llama}})
+    expect_planned(ranks, more);
+}
+
+// --offload-optimizer under --tp (Note [NVMe offload], "Under --tp"): each tensor rank's
+// optimizer state (and master weights) of its slices in its own files, tensor-<t> under the
+// data rank's directory. The same run in RAM's bits (one data rank, --sp with a replicated
+// key/value head; 2 data x 2 tensor ranks at ZeRO 2 in bf16 with master weights; --init-from a
+// save, the master weights written into the files), and every rank's plan: peak by category,
+// files by category and bytes read and written per step.
+TEST_F(TensorParallel, OffloadedOptimizerIsTheRunInRam) {
+  const std::string off = fmt::format(" --offload-optimizer nvme --offload-dir '{}'",
+                                      (dir / "off").string());
+  const std::string llama = " --model llama-tiny --n-kv-head 1";
+  for (const auto& [ranks, a] : std::vector<std::pair<int, std::string>>{
+           {2, std::string(kSteps) + llama + " --tp 2 --sp"},
+           {4, std::string(kSteps) + " --tp 2 --zero 2 --precision bf16"},
+           {2, std::string(kSteps) + llama + " --tp 2 --sp --update-in-backward"}})
+    expect_close(train(ranks, a, "ram"), train(ranks, a + off, "off"), a + off, 0.0);
+  const std::string save = fmt::format("--steps 2 --tp 2 --save '{}'", (dir / "ck").string());
+  train(2, save, "saved");
+  const std::string init =
+      fmt::format("{} --tp 2 --precision bf16 --init-from '{}'", kSteps, (dir / "ck").string());
+  expect_close(train(2, init, "init-ram"), train(2, init + off, "init-off"), init + off, 0.0);
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --sp" + llama + off}, {4, "--tp 2 --zero 2 --precision bf16" + off}}) {
+    const json plan = expect_planned(ranks, more);
+    const auto log = lines(dir / "plan.jsonl");
+    json measured;
+    for (const json& j : log)
+      if (j.contains("ranks")) measured = j["ranks"];
+    ASSERT_EQ(measured.size(), size_t(ranks));
+    for (int q = 0; q < ranks; ++q) {
+      const json& p = plan["per_rank"][q / 2];
+      ASSERT_TRUE(measured[q].contains("offload")) << more << ", rank " << q;
+      EXPECT_GT(p["offload"]["disk_bytes"].get<uint64_t>(), 0u) << more;
+      EXPECT_EQ(measured[q]["offload"]["disk"], p["offload"]["disk_by_category"])
+          << more << ", rank " << q;
+      EXPECT_EQ(measured[q]["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"])
+          << more << ", rank " << q;
+    }
+  }
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
+}
+
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   auto refused = [&](const std::string& more, const std::string& says) {
     const int code = run_memfit("plan " + args("--steps 2 " + more));
@@ -500,6 +574,10 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 3 --tp 2", "must divide the ranks");
   refused("--world-size 4 --tp 4 --sp --seq-len 30", "--seq-len 30 must divide by 4");
   refused("--sp", "needs --tp 2 or more");
+  refused(fmt::format("--world-size 2 --tp 2 --offload-optimizer nvme --offload-params nvme "
+                      "--offload-dir '{}'",
+                      (dir / "off").string()),
+          "--offload-params or --offload-grads");
   // Optimizers whose quantisation blocks the slices cut, or that project whole matrices.
   refused("--world-size 2 --tp 2 --optim adamw8bit", "not whole 256-value quantisation blocks");
   refused("--world-size 2 --tp 2 --optim adamw4bit", "not whole 128-value quantisation blocks");

@@ -67,7 +67,8 @@ nlohmann::json ranks_json(const RunSpec& run) {
                            {"model_state_bytes", model_state_bytes(p)},
                            {"by_category", cats}};
     if (run.offload.optimizer || run.offload.params) {
-      // Each rank's own shard in its files (rank-<q> under --offload-dir).
+      // Each rank's own shard in its files (rank-<q> under --offload-dir; under --tp each
+      // tensor rank's slices in tensor-<t> under that).
       nlohmann::json disk = nlohmann::json::object();
       for (Category c : kAllCategories)
         if (p.disk_by_category[static_cast<size_t>(c)])
@@ -336,9 +337,12 @@ void print_plan_offload(const RunSpec& run, const PlanReport& r) {
                       ? "master weights and optimizer state"
                       : "optimizer state") +
                  (run.offload.grads ? " and gradients" : ""),
-             run.world > 1 ? fmt::format("{}/rank-0 (rank 0's shard; each rank its own)",
-                                         run.offload.dir)
-                           : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
+             run.world > 1 || run.model.tp > 1
+                 ? fmt::format("{}{}{} (rank 0's {}; each rank its own)", run.offload.dir,
+                               run.world > 1 ? "/rank-0" : "",
+                               run.model.tp > 1 ? "/tensor-0" : "",
+                               run.world > 1 ? "shard" : "slices")
+                 : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
              r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
   if (run.offload.params)
     fmt::print("offload: the blocks' working weights on disk too ({:.1f} MiB; params above "

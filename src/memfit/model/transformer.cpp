@@ -1,6 +1,7 @@
 #include "memfit/model/transformer.h"
 
 #include "memfit/model/sequence_parallel.h"
+#include "memfit/model/tensor_partial_sums.h"
 #include "memfit/model/tensor_slices.h"
 
 #include <algorithm>
@@ -480,60 +481,11 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
               piece_elements, offloaded_master);
 }
 
-namespace {
-
-// A part of the summed gradients as f32 values to reduce over the tensor group, written back
-// after: the part itself where the sums are f32, else (--grad-dtype bf16) a widened copy,
-// rounded back to nearest even by put_back (the sums the data group's reduction left in bf16;
-// the tensor group adds them in f32, as a bf16 accumulator adds micro-batches).
-class SumsPart {
- public:
-  explicit SumsPart(Tensor part) : part_(std::move(part)) {
-    if (part_.dtype() == DType::f32) return;
-    copy_.resize(static_cast<size_t>(part_.numel()));
-    kernels::convert_n(part_.dtype(), DType::f32, copy_.data(), part_.raw_data(), part_.numel());
-  }
-  std::span<float> floats() {
-    if (copy_.empty()) return {part_.data<float>(), static_cast<size_t>(part_.numel())};
-    return copy_;
-  }
-  void put_back() {
-    if (!copy_.empty())
-      kernels::convert_n(DType::f32, part_.dtype(), part_.raw_data(), copy_.data(),
-                         part_.numel());
-  }
-
- private:
-  Tensor part_;
-  std::vector<float> copy_;
-};
-
-}  // namespace
-
 void Transformer::reduce_kv_replicas() {
-  const int R = config_.kv_replicas();
-  if (R == 1 || group_ == nullptr) return;
-  const int T = group_->size(), me = group_->rank();
+  if (config_.kv_replicas() == 1 || group_ == nullptr) return;
   // The summed gradients this rank holds: the whole layout, or its ZeRO shard (stages 2-3),
   // the same range on every rank of the tensor group (they share a data index and a layout).
-  const ElementRange have = grad_sums_range();
-  for (const ParamInfo& p : layout_.params()) {
-    if (p.role != ParamRole::attn_k_weight && p.role != ParamRole::attn_v_weight) continue;
-    const ElementRange part = have.intersect({p.offset, p.offset + p.numel});
-    if (part.empty()) continue;
-    SumsPart sums(grad_sums(part));
-    float* g = sums.floats().data();
-    const size_t n = static_cast<size_t>(part.size());
-    std::vector<float> all(n * static_cast<size_t>(T));
-    group_->all_gather(std::span<const float>(g, n), all);
-    const int first = me / R * R;  // the replicas of this rank's head, in rank order
-    for (size_t i = 0; i < n; ++i) {
-      float s = all[static_cast<size_t>(first) * n + i];
-      for (int q = first + 1; q < first + R; ++q) s += all[static_cast<size_t>(q) * n + i];
-      g[i] = s;
-    }
-    sums.put_back();
-  }
+  sum_kv_replicas(*group_, config_, layout_, grad_sums(), grad_sums_range());
 }
 
 void Transformer::reduce_sequence_partials() {
@@ -543,15 +495,7 @@ void Transformer::reduce_sequence_partials() {
   // Over the summed gradients this rank holds (the whole slab, or its ZeRO shard at stages
   // 2-3: the same range on every rank of the tensor group), so the data group's reduction has
   // already summed each part; a part of a norm another data rank holds is summed there.
-  const ElementRange have = grad_sums_range();
-  for (const ParamInfo& p : layout_.params()) {
-    if (!sequence_partial(p.role)) continue;
-    const ElementRange part = have.intersect({p.offset, p.offset + p.numel});
-    if (part.empty()) continue;
-    SumsPart sums(grad_sums(part));
-    group_->all_reduce_sum(sums.floats());
-    sums.put_back();
-  }
+  sum_sequence_partials(*group_, layout_, grad_sums(), grad_sums_range());
 }
 
 void Transformer::set_tensor_group(TensorGroup& group) {

@@ -76,6 +76,52 @@ void UnitSteps::attach(UnitStateStream& stream) {
   stream_ = &stream;
 }
 
+void UnitSteps::set_tensor_split(TensorSplit split) {
+  MEMFIT_CHECK(split.weights.size() == layout_.params().size() && split.sum_partials &&
+                   split.all_reduce,
+               "optim", "--update-in-backward under --tp: {} weights for {} parameters",
+               split.weights.size(), layout_.params().size());
+  tensor_ = std::make_unique<TensorSplit>(std::move(split));
+  param_checks_.assign(layout_.params().size(), UnitGradCheck{});
+}
+
+UnitGradCheck UnitSteps::tensor_unit_check(ElementRange part, const Tensor& grads, double& split,
+                                           double& replicated) {
+  // Each parameter's part on its own (update.cpp's check_tensor_slices: a slice's squares
+  // weighted for the group's sum, a whole parameter's apart).
+  UnitGradCheck all;
+  const std::vector<ParamInfo>& ps = layout_.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const ElementRange q = part.intersect({ps[i].offset, ps[i].offset + ps[i].numel});
+    if (q.empty()) continue;
+    const double ss = kernels::sum_squares(grads.view(q.begin - part.begin, {q.size()}));
+    param_checks_[i] = {std::isfinite(ss), ss};
+    all.finite = all.finite && std::isfinite(ss);
+    all.sum_squares += ss;
+    if (tensor_->weights[i] == 0.0)
+      replicated += ss;
+    else
+      split += tensor_->weights[i] * ss;
+  }
+  return all;
+}
+
+void UnitSteps::tensor_totals(UnitGradCheck& split, double& replicated) const {
+  // In layout order over range(), as check_tensor_slices adds them.
+  split = {};
+  replicated = 0;
+  const std::vector<ParamInfo>& ps = layout_.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (range_.intersect({ps[i].offset, ps[i].offset + ps[i].numel}).empty()) continue;
+    const UnitGradCheck& c = param_checks_[i];
+    split.finite = split.finite && c.finite;
+    if (tensor_->weights[i] == 0.0)
+      replicated += c.sum_squares;
+    else
+      split.sum_squares += tensor_->weights[i] * c.sum_squares;
+  }
+}
+
 void UnitSteps::begin_step(float lr, float clip, Clip mode) {
   MEMFIT_CHECK(whole_ != nullptr || stream_ != nullptr, "optim",
                "--update-in-backward: a step before attach()");
@@ -101,6 +147,7 @@ void UnitSteps::begin_micro_batch() {
   if (micro_batches_ == 0) {
     steps_before_ = whole_ ? whole_->steps_taken() : stream_->steps_taken();
     std::fill(checks_.begin(), checks_.end(), UnitGradCheck{});
+    std::fill(param_checks_.begin(), param_checks_.end(), UnitGradCheck{});
   }
   // A stepping pass: the stream reads the first units' state while the forward runs.
   if (stream_ && pass_ != Pass::measure) stream_->begin_pass();
@@ -114,6 +161,10 @@ void UnitSteps::unit_done(size_t u, const Tensor& grads) {
                "unit {}'s gradients: {} elements for a part of {}", u, grads.numel(), part.size());
   ++units_done_;
   if (part.empty()) return;
+  // --tp: the part's partial sums over the tensor group first, in every pass (global
+  // clipping's stepping pass computed the gradients again). Every tensor rank holds the same
+  // parts (one data index), so every rank calls the same collectives.
+  if (tensor_) tensor_->sum_partials(part, grads);
   // The ordinary step's arithmetic (train/update.cpp): the factor from the mean's norm, the
   // scale that factor over the ranks the gradients are summed over.
   const double over = ranks_;
@@ -124,10 +175,29 @@ void UnitSteps::unit_done(size_t u, const Tensor& grads) {
   } else {
     // The ordinary step's check of this part (train/update.cpp: kernels::sum_squares of each
     // unit's part of the summed gradients).
-    const double ss = kernels::sum_squares(grads);
-    checks_[u] = {std::isfinite(ss), ss};
+    double ss = 0;
+    bool finite = true;
+    if (tensor_) {
+      double split = 0, replicated = 0;
+      checks_[u] = tensor_unit_check(part, grads, split, replicated);
+      finite = checks_[u].finite;
+      ss = checks_[u].sum_squares;
+      if (pass_ == Pass::step_unit && clip_ > 0) {
+        // The unit's own norm is the whole unit's over the group: its slices' squares summed
+        // over the tensor group, the whole parameters' once (before any rank returns, so
+        // every rank takes the collective).
+        double v[2] = {split, finite ? 0.0 : 1.0};
+        tensor_->all_reduce(v);
+        ss = v[0] + replicated;
+        finite = v[1] == 0 && std::isfinite(ss);
+      }
+    } else {
+      ss = kernels::sum_squares(grads);
+      finite = std::isfinite(ss);
+      checks_[u] = {finite, ss};
+    }
     if (pass_ == Pass::measure) return;
-    if (!std::isfinite(ss)) {  // the run stops (result().finite), this part unstepped
+    if (!finite) {  // the run stops (result().finite), this part unstepped
       if (stream_) stream_->step_unit(u, grads, lr_, 0, steps_before_, false);
       return;
     }
@@ -155,7 +225,32 @@ void UnitSteps::end_backward() {
   MEMFIT_CHECK(units_done_ == static_cast<int>(parts_.size()), "optim",
                "--update-in-backward: {} of {} units finished in the backward", units_done_,
                parts_.size());
-  if (pass_ != Pass::step_global) {
+  if (pass_ != Pass::step_global && tensor_) {
+    // --tp (update.cpp's tensor_check): this rank's slices' squares and whole parameters'
+    // squares, each added over the data group's ranks in rank order, then the slices' summed
+    // over the tensor group and the whole parameters' added once.
+    UnitGradCheck split;
+    double replicated = 0;
+    tensor_totals(split, replicated);
+    const UnitGradCheck whole{true, replicated};
+    const std::vector<UnitGradCheck> splits =
+        rank_checks_ ? rank_checks_(split) : std::vector<UnitGradCheck>{split};
+    const std::vector<UnitGradCheck> wholes =
+        rank_checks_ ? rank_checks_(whole) : std::vector<UnitGradCheck>{whole};
+    double v[2] = {0, 0}, once = 0;
+    bool finite = true;
+    for (const UnitGradCheck& c : splits) {
+      finite = finite && c.finite;
+      v[0] += c.sum_squares;
+    }
+    for (const UnitGradCheck& c : wholes) once += c.sum_squares;
+    v[1] = finite ? 0.0 : 1.0;
+    tensor_->all_reduce(v);
+    result_ = {};
+    result_.mean_over = ranks_;
+    result_.finite = v[1] == 0;
+    result_.sum_squares = v[0] + once;
+  } else if (pass_ != Pass::step_global) {
     // This rank's parts in unit order, then the ranks in rank order (update.cpp's check_step).
     UnitGradCheck mine;
     for (const UnitGradCheck& c : checks_) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "memfit/memory/tensor.h"
@@ -94,6 +95,22 @@ class UnitSteps {
   }
   // The same with the state in `stream` (--offload-optimizer): each part stepped by it.
   void attach(UnitStateStream& stream);
+
+  // --tp (Note [Update in backward], "Under --tp"): what a unit's part needs of the tensor
+  // group before its step, and how its squares add up to the whole model's norm.
+  struct TensorSplit {
+    // Sums the part's partial gradients (layout elements `part`, in `grads`) over the tensor
+    // group in place: the replicated key/value heads', --sp's norms'. A collective.
+    std::function<void(ElementRange part, const Tensor& grads)> sum_partials;
+    // Per parameter of the layout, the share of its squares this rank adds to the group's sum:
+    // 1 for a slice, 1/R for a key/value head replicated on R ranks, 0 for a parameter every
+    // rank holds whole (its squares counted once).
+    std::vector<double> weights;
+    // `values` summed over the tensor group in rank order, on every rank. A collective.
+    std::function<void(std::span<double> values)> all_reduce;
+  };
+  // Before the first step.
+  void set_tensor_split(TensorSplit split);
   // A new step's learning rate and clipping. Before its forward.
   void begin_step(float lr, float clip, Clip mode);
   // Global clipping: the measuring pass is done and finite, so the caller runs the same
@@ -131,6 +148,15 @@ class UnitSteps {
   Tensor weights_, working_;
   int64_t weights_begin_ = 0, working_begin_ = 0;
   std::vector<UnitGradCheck> checks_;
+  // --tp: each parameter's part's check (its squares unweighted), taken as its unit finishes;
+  // end_backward adds them in layout order, as the ordinary update's tensor check does.
+  std::unique_ptr<TensorSplit> tensor_;
+  std::vector<UnitGradCheck> param_checks_;
+  // --tp: the part's squares, split (weighted) and replicated, into param_checks_.
+  UnitGradCheck tensor_unit_check(ElementRange part, const Tensor& grads, double& split,
+                                  double& replicated);
+  // --tp: this rank's {finite, split squares} and replicated squares in layout order.
+  void tensor_totals(UnitGradCheck& split, double& replicated) const;
   BackwardUpdateResult result_;
   Pass pass_ = Pass::idle;
   std::function<void(ElementRange)> stepped_;

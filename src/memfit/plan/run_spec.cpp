@@ -122,13 +122,16 @@ void RunSpec::check_tensor_parallel() const {
   };
   const std::optional<Refusal> refused =
       lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
-      : offload.optimizer || offload.params || offload.grads
-          ? Refusal{"--offload-*", "the offloaded state's units are not cut along the slices"}
-      : update_in_backward
-          ? Refusal{"--update-in-backward",
-                    "each unit is stepped as its backward ends, while the replicated "
-                    "key/value heads' and --sp's norms' gradient sums over the tensor group, "
-                    "and the norm over it, are taken once a step, after every unit's backward"}
+      : offload.params || offload.grads
+          ? Refusal{"--offload-params or --offload-grads",
+                    "not built for a rank's slices (the gradients' file is checked unit by unit "
+                    "where the tensor group's norm needs each parameter's slice apart; the "
+                    "working weights' file is untested with split blocks); --offload-optimizer "
+                    "is built, each rank's state of its slices in its own files"}
+      : offload.optimizer && (saves || resumed)
+          ? Refusal{"--offload-optimizer and --save or --resume",
+                    "a save writes each rank's slices of the optimizer state into whole tensors "
+                    "from RAM; the offloaded state's files are not mapped into them yet"}
                   : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",

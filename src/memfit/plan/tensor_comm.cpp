@@ -60,13 +60,15 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
                                  (embeds ? whole / spec.model.tp : 0));
     // The norms' gradients: the part of each the data rank's summed gradients hold (the whole
     // slab, or its shard at ZeRO 2-3), one all-reduce of f32 where it holds any.
+    // With --update-in-backward each unit's part of them as the unit's backward ends, in
+    // each backward pass (global clipping: two).
     const ParamLayout layout(spec.model);  // named: a temporary's params() would dangle
     const ElementRange sums = summed_range(spec, layout, data_rank);
     for (const ParamInfo& p : layout.params()) {
       const int64_t n = sums.intersect({p.offset, p.offset + p.numel}).size();
       if (sequence_partial(p.role) && n > 0) {
-        ++v.all_reduce_count;
-        v.all_reduce_bytes += n * int64_t{sizeof(float)};
+        v.all_reduce_count += spec.backward_passes();
+        v.all_reduce_bytes += spec.backward_passes() * n * int64_t{sizeof(float)};
       }
     }
   } else {
@@ -91,13 +93,24 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   // Replicated key/value heads (GQA, tp above n_kv_head): their weights' gradients gathered
   // once a step, k and v of every block (Transformer::reduce_kv_replicas).
   // At ZeRO 2-3 the data rank holds its shard's sums alone: its part of them.
+  // --update-in-backward: each unit's part as its backward ends, in each backward pass.
   if (spec.model.kv_replicas() > 1) {
     const ParamLayout layout(spec.model);
     const ElementRange sums = summed_range(spec, layout, data_rank);
     for (const ParamInfo& p : layout.params())
       if (p.role == ParamRole::attn_k_weight || p.role == ParamRole::attn_v_weight)
-        v.gathered_bytes +=
-            sums.intersect({p.offset, p.offset + p.numel}).size() * int64_t{sizeof(float)};
+        v.gathered_bytes += spec.backward_passes() *
+                            sums.intersect({p.offset, p.offset + p.numel}).size() *
+                            int64_t{sizeof(float)};
+  }
+  // --update-in-backward --clip-mode unit: each unit whose part the data rank holds clipped by
+  // the whole unit's norm, its slices' squares summed over the group (two doubles, gathered;
+  // UnitSteps::unit_done).
+  if (spec.update_in_backward && spec.clip > 0 && spec.clip_mode == UnitSteps::Clip::unit) {
+    const ParamLayout layout(spec.model);
+    const ElementRange sums = summed_range(spec, layout, data_rank);
+    for (const ElementRange& u : unit_ranges(layout))
+      if (!sums.intersect(u).empty()) v.gathered_bytes += 2 * int64_t{sizeof(double)};
   }
   // The update's (optim/tensor_split.h): Adam-mini's row-parallel rows' sums of squares, 4-bit
   // AdamW's rank-1 maxima, over the range the data rank steps (its shard at ZeRO 1-3).

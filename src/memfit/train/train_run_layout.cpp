@@ -85,13 +85,18 @@ void TrainRun::load_by_layout() {
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
   const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, whole);
   const std::vector<SliceRun> runs = whole_layout_runs(mc_, grid_.tensor().rank());
+  // --offload-optimizer (--init-from; a resume is refused: RunSpec::check_tensor_parallel):
+  // the master weights written into their file, rounded into the working copy on the way.
+  Transformer::MasterSink to_master_file;
+  if (off_ && master_)
+    to_master_file = [&](const Transformer::RangeFill& fill) { off_->write_master_from(fill); };
   gpt_->set_weights(
       [&](int64_t from, int64_t to, float* dst) {
         fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
           source->read_range({a, b}, d);
         });
       },
-      piece_);
+      piece_, to_master_file);
   if (resume_ && opt_) {
     const WholeOptimizer w(spec_.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);

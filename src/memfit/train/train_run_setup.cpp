@@ -69,7 +69,12 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
       // ZeRO").
       offload_(placement_.optimizer_in_file()),
       master_(placement_.master().where != Residence::none),
-      offload_dir_(placement_.offload_dir()) {
+      // --tp: the tensor ranks of one data rank hold the same ranges of different slices, so
+      // each offloads into a directory of its own under the data rank's (Note [NVMe offload],
+      // "Under --tp").
+      offload_dir_(spec_.model.tp > 1 ? placement_.offload_dir() /
+                                            fmt::format("tensor-{}", grid_in.tensor().rank())
+                                      : placement_.offload_dir()) {
   start_profiler();
   if (location_.recovered) fmt::print(stderr, "memfit: {}\n", location_.note);
   make_state_files();
@@ -108,7 +113,8 @@ void TrainRun::make_state_files() {
     // shared --offload-dir goes with whichever rank ends last, not only with the one that
     // happened to make it (io/created_directories.h, adopt).
     const std::vector<std::filesystem::path> missing = io::CreatedDirectories::missing(offload_dir_);
-    if (W_ > 1) comm_.barrier();
+    // (Every rank of the world: under --tp the tensor ranks share the data rank's directory.)
+    if (grid_.world().size() > 1) grid_.world().barrier();
     offload_dirs_.create(offload_dir_, "offload", "--offload-dir " + spec_.offload.dir);
     offload_dirs_.adopt(missing);
   }
@@ -122,7 +128,8 @@ void TrainRun::make_state_files() {
   // go first (Note [NVMe offload], "Working weights on disk").
   // Every rank's offload files against the free bytes of the filesystem it shares with the
   // other ranks there, before any file is made (train/offload_disk.h).
-  if (files) check_offload_disk(comm_, offload_dir_, plan_memory(spec_, comm_.rank()).disk_bytes);
+  if (files)
+    check_offload_disk(grid_.world(), offload_dir_, plan_memory(spec_, comm_.rank()).disk_bytes);
   if (placement_.params_in_file())
     param_file_ = std::make_unique<offload::ParamFile>(
         ParamLayout(mc_), half_dtype(spec_.precision.precision), placement_.persist_threshold(),
@@ -179,6 +186,9 @@ void TrainRun::make_model() {
     tensor_.lend_buffers(pool_, spec_.sp);
     gpt_->set_tensor_group(tensor_);
   }
+  // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
+  // step, and the norm over the group (Note [Update in backward], "Under --tp").
+  if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_);
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.

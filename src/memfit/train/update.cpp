@@ -11,7 +11,9 @@
 #include "memfit/kernels/cpu/bf16_check.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/residual.h"
+#include "memfit/model/sequence_parallel.h"
 #include "memfit/model/stage_offsets.h"
+#include "memfit/model/tensor_partial_sums.h"
 #include "memfit/model/tensor_slices.h"
 #include "memfit/state/shard.h"
 #include "memfit/train/grad_clip.h"
@@ -295,6 +297,22 @@ UpdateOutcome backward_update_outcome(const BackwardUpdateResult& result) {
   }
   out.grad_norm = std::sqrt(result.sum_squares) / result.mean_over;
   return out;
+}
+
+void split_unit_steps(Transformer& gpt, UnitSteps& steps) {
+  if (!tensor_split(gpt)) return;
+  UnitSteps::TensorSplit split;
+  split.weights = tensor_weights(gpt);
+  // The sums Transformer::reduce_kv_replicas and reduce_sequence_partials take once a step,
+  // over the unit's part alone (its f32 buffer: the fused update's gradients are f32).
+  split.sum_partials = [&gpt](ElementRange part, const Tensor& grads) {
+    TensorGroup& group = *gpt.tensor_group();
+    sum_kv_replicas(group, gpt.config(), gpt.layout(), grads, part);
+    if (sequence_parallel(gpt.config(), gpt.step_plan().options))
+      sum_sequence_partials(group, gpt.layout(), grads, part);
+  };
+  split.all_reduce = [&gpt](std::span<double> v) { gpt.tensor_group()->all_reduce_sum(v); };
+  steps.set_tensor_split(std::move(split));
 }
 
 }  // namespace memfit

@@ -74,5 +74,10 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, 
 // grad_norm is the sqrt of the sum of the units' squared norms (before any per-unit clipping),
 // the ordinary step's norm bit for bit; a non-finite unit was left unstepped and stops the run.
 UpdateOutcome backward_update_outcome(const BackwardUpdateResult& result);
+// --update-in-backward under --tp (Note [Update in backward], "Under --tp"): `steps` sums each
+// unit's partial gradients over gpt's tensor group before its step (the replicated key/value
+// heads', --sp's norms'), and adds the norm as the ordinary step's tensor check does. Nothing
+// without a tensor group of 2 or more. Once the model's tensor group is set.
+void split_unit_steps(Transformer& gpt, UnitSteps& steps);
 
 }  // namespace memfit
