@@ -147,12 +147,17 @@ TEST(TensorGroup, ChunksGiveTheWholeCollectivesBits) {
   const int T = world().size(), me = world().rank();
   MemoryPool pool;  // outlives the group's buffers
   CommunicatorTensorGroup whole(world()), chunked(world(), 8);
-  chunked.lend_buffers(pool, true);
+  chunked.lend_buffers(pool, true, 1000);
   EXPECT_EQ(static_cast<int64_t>(pool.current_breakdown()[static_cast<size_t>(Category::comm)]),
-            T > 1 ? 2 * static_cast<int64_t>(MemoryPool::round_up(static_cast<size_t>(std::max(8 / T * T, T)) * 4)) : 0);
-  EXPECT_EQ(tensor_group_buffer_bytes(1, true), 0);
-  EXPECT_EQ(tensor_group_buffer_bytes(2, false), 4 << 20);
-  EXPECT_EQ(tensor_group_buffer_bytes(2, true), 8 << 20);
+            T > 1 ? 2 * static_cast<int64_t>(MemoryPool::round_up(
+                            static_cast<size_t>(std::max(8 / T * T, T)) * 4))
+                  : 0);
+  EXPECT_EQ(tensor_group_buffer_bytes(1, true, 1 << 30), 0);
+  EXPECT_EQ(tensor_group_buffer_bytes(2, false, 1 << 30), 4 << 20);  // a chunk of 4 MiB
+  EXPECT_EQ(tensor_group_buffer_bytes(2, true, 1 << 30), 8 << 20);
+  // A smaller model's largest collective: its own size, rounded up to the ranks.
+  EXPECT_EQ(tensor_group_buffer_bytes(4, false, 1001),
+            static_cast<int64_t>(MemoryPool::round_up(1004 * 4)));
   auto value = [](int q, int i) {
     return static_cast<float>((q % 2 ? -1.0 : 1.0) * std::pow(10.0, (i + 3 * q) % 13) / (3 + q));
   };

@@ -33,18 +33,23 @@ class Timed {
 
 }  // namespace
 
-int64_t tensor_group_buffer_bytes(int tp, bool sequence_parallel) {
+int64_t tensor_group_buffer_bytes(int tp, bool sequence_parallel, int64_t largest_floats) {
   if (tp <= 1) return 0;
-  const auto one = static_cast<int64_t>(MemoryPool::round_up(
-      static_cast<size_t>(chunk_for(kTensorChunkFloats, tp)) * sizeof(float)));
+  const int64_t largest = (largest_floats + tp - 1) / tp * tp;
+  const int64_t floats = chunk_for(std::min(kTensorChunkFloats, largest), tp);
+  const auto one =
+      static_cast<int64_t>(MemoryPool::round_up(static_cast<size_t>(floats) * sizeof(float)));
   return sequence_parallel ? 2 * one : one;
 }
 
 CommunicatorTensorGroup::CommunicatorTensorGroup(Communicator& comm, int64_t chunk_floats)
     : comm_(comm), chunk_(chunk_for(chunk_floats, comm.size())) {}
 
-void CommunicatorTensorGroup::lend_buffers(MemoryPool& pool, bool sequence_parallel) {
+void CommunicatorTensorGroup::lend_buffers(MemoryPool& pool, bool sequence_parallel,
+                                           int64_t largest_floats) {
   if (comm_.size() == 1) return;
+  const int T = comm_.size();
+  chunk_ = chunk_for(std::min(chunk_, (largest_floats + T - 1) / T * T), T);
   receive_ = Tensor::empty(pool, {chunk_}, DType::f32, Category::comm, "tp.receive");
   if (sequence_parallel)
     pack_ = Tensor::empty(pool, {chunk_}, DType::f32, Category::comm, "tp.pack");

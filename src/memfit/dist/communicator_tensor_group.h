@@ -26,9 +26,10 @@ namespace memfit::dist {
 inline constexpr int64_t kTensorChunkFloats = int64_t{1} << 20;
 
 // The group's buffers in a run of tensor group size `tp` (0 for one rank) with or without --sp
-// (which adds the reduce-scatters' packing buffer): what the pool lends it, rounded as the pool
-// rounds.
-int64_t tensor_group_buffer_bytes(int tp, bool sequence_parallel);
+// (which adds the reduce-scatters' packing buffer), whose largest collective is `largest_floats`
+// (a micro-batch's residual stream, rows x d_model: a smaller model's buffer is that, not 4 MiB):
+// what the pool lends it, rounded as the pool rounds.
+int64_t tensor_group_buffer_bytes(int tp, bool sequence_parallel, int64_t largest_floats);
 
 class CommunicatorTensorGroup final : public TensorGroup {
  public:
@@ -37,9 +38,10 @@ class CommunicatorTensorGroup final : public TensorGroup {
   explicit CommunicatorTensorGroup(Communicator& comm,
                                    int64_t chunk_floats = kTensorChunkFloats);
 
-  // The buffers from `pool` (Category::comm), as tensor_group_buffer_bytes counts them; before
-  // the first collective. Without it the first collective takes them from the heap.
-  void lend_buffers(MemoryPool& pool, bool sequence_parallel);
+  // The buffers from `pool` (Category::comm), as tensor_group_buffer_bytes counts them, at most
+  // `largest_floats` (rounded up to the ranks) each; before the first collective. Without it the
+  // first collective takes them from the heap. Any size chunks every collective alike.
+  void lend_buffers(MemoryPool& pool, bool sequence_parallel, int64_t largest_floats);
   // Gives them back (before the pool ends); a later collective takes heap buffers.
   void release_buffers() { receive_ = pack_ = Tensor{}; }
 
@@ -71,7 +73,7 @@ class CommunicatorTensorGroup final : public TensorGroup {
   void gather_reduce(std::span<T> data, Reduce reduce);
 
   Communicator& comm_;
-  const int64_t chunk_;  // a multiple of size(): a chunk's all-reduce receives it whole
+  int64_t chunk_;  // a multiple of size(): a chunk's all-reduce receives it whole
   Tensor receive_, pack_;
   std::vector<float> heap_receive_, heap_pack_;
   Volume volume_;

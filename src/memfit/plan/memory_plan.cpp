@@ -403,7 +403,8 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
         r.model.stage.index, r.model.stage.stages, tied_table(r.model, layout).size()));
   }
   // The tensor group's chunk buffers (dist/communicator_tensor_group.h), held the whole run.
-  at(Category::comm) += static_cast<size_t>(dist::tensor_group_buffer_bytes(r.model.tp, spec.sp));
+  at(Category::comm) += static_cast<size_t>(dist::tensor_group_buffer_bytes(
+      r.model.tp, spec.sp, int64_t{r.B} * r.T * r.model.d_model));
   // The slab lies in the activations arena (Note [Gradients by lifetime]): the pool counts the
   // arena's bytes, the activations', once.
   if (r.step.options.grads_in_arena) at(Category::grads) = 0;

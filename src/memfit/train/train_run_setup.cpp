@@ -183,7 +183,7 @@ void TrainRun::make_model() {
   state.base_quant = spec_.lora.base_quant();  // RunSpec::check_base_dtype: only with LoRA
   gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
   if (mc_.tp > 1) {  // before the weights are drawn
-    tensor_.lend_buffers(pool_, spec_.sp);
+    tensor_.lend_buffers(pool_, spec_.sp, int64_t{B_} * T_ * mc_.d_model);
     gpt_->set_tensor_group(tensor_);
   }
   // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
