@@ -436,9 +436,10 @@ void print_plan(const RunSpec& run, const PlanReport& r) {
                "a whole slab: docs/notes/planner.md, Note [Gradients by lifetime])\n",
                grads_slab_bytes(r) / 1048576.0);
   if (run.update_in_backward)
-    fmt::print("gradients: no slab (--update-in-backward): one f32 slot each unit takes in turn, "
-               "and GPT-2's tied embedding table's buffer ({:.1f} MiB), each unit stepped by the "
-               "optimizer as its backward ends (docs/notes/update-in-backward.md, Note [Update in backward])\n",
+    fmt::print("gradients: no slab (--update-in-backward): one f32 slot each unit takes in turn"
+               "{} ({:.1f} MiB), each unit stepped by the optimizer as its backward ends "
+               "(docs/notes/update-in-backward.md, Note [Update in backward])\n",
+               run.model.tie_embeddings ? ", and the tied embedding table's buffer" : "",
                r.by_category[static_cast<size_t>(Category::grads)] / 1048576.0);
   if (run.backward_passes() == 2)
     fmt::print("clipping: global clipping (--clip-mode global) with --update-in-backward runs "
