@@ -7,6 +7,8 @@
 #
 # Usage: bash scripts/scale_plans.sh [MEMFIT_BINARY]   (default build/memfit)
 #        bash scripts/scale_plans.sh --print [MEMFIT_BINARY]   (markdown to stdout, doc untouched)
+#        bash scripts/scale_plans.sh --only NAME,NAME [MEMFIT_BINARY]   (those blocks alone: the
+#        70B layout searches take many minutes on a 2-core host)
 #
 # Every plan runs with MEMFIT_MAX_ISA=avx512 and --threads 1: the workspace and the LM head's
 # chunk depend on whether bf16 GEMMs are native (AVX512_BF16) and the attention workspaces on the
@@ -18,6 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 print=0
 if [[ "${1:-}" == "--print" ]]; then print=1; shift; fi
+only=""
+if [[ "${1:-}" == "--only" ]]; then only=$2; shift 2; fi
 memfit=${1:-build/memfit}
 if [[ ! -x "$memfit" ]]; then
   echo "scale_plans: $memfit not built (bash /work/wt-build.sh memfit)" >&2
@@ -63,6 +67,7 @@ trap 'rm -rf "$offload_dir" "$render"' EXIT
 for entry in "${plans[@]}"; do
   name=${entry%%|*}
   args=${entry#*|}
+  [[ -z "$only" || ",$only," == *",$name,"* ]] || continue
   json=$(mktemp)
   # Exit 3 (does not fit) still prints the whole JSON.
   err=$(mktemp)
