@@ -60,6 +60,7 @@ plans=(
   "70b-torchtitan|${seventy_256/--batch 2/--batch 16} --tp 8 --sp --zero 3 --ckpt full"
   "405b-3d|${big/--batch 1/--batch 1 --grad-accum 16} --tp 8 --sp --pp 4 --zero 1 --ckpt full"
   "405b-3d-fp8|${big_fp8/--batch 1/--batch 1 --grad-accum 16} --tp 8 --sp --pp 4 --zero 1 --ckpt full"
+  "405b-3d-fits|${big/--batch 1/--batch 1 --grad-accum 16} --tp 8 --sp --pp 4 --zero 2 --grad-dtype bf16 --ckpt full --mem-limit 80GiB"
 )
 
 render=$(mktemp)
