@@ -173,6 +173,10 @@ UnitGrads::UnitGrads(MemoryPool& pool, const ParamLayout& layout, GradSharding s
   receive_slot_bytes_ = receive_slot_bytes(receive_floats_, s_.dtype, s_.comm->size());
   receive_ = pool.allocate(MemoryPool::round_up(kInFlight * receive_slot_bytes_), Category::comm,
                            "comm.grad_ring");
+  // Every view undefined until a unit's buffer is bound, but every block's there to index: a
+  // pipeline stage between the first and the last binds no edge unit here, and its forwards
+  // read the views' blocks before its first backward binds one (UBSan: indexing an empty vector).
+  views_ = layout_.views(Tensor{});
   for (size_t u = 0; u < units_.size(); ++u)
     if (edge_at_[u] >= 0)
       layout_.bind(views_, edges_.view(edge_at_[u], {units_[u].size()}), units_[u]);
