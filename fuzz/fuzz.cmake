@@ -27,6 +27,7 @@ set(MEMFIT_FUZZ_SOURCES
   src/memfit/io/tokenizer/hf_tokenizer.cpp src/memfit/io/tokenizer/hf_tokenizer_json.cpp
   src/memfit/io/tokenizer/hf_bpe.cpp src/memfit/io/tokenizer/hf_pretokenize.cpp
   src/memfit/model/model_config.cpp src/memfit/model/param_layout.cpp src/memfit/model/vocab_shard.cpp
+  src/memfit/model/unit_map.cpp
   src/memfit/model/model_family.cpp src/memfit/model/gpt2/gpt2_family.cpp
   src/memfit/model/llama/llama_family.cpp
   src/memfit/cli/config_file.cpp
