@@ -164,7 +164,9 @@ class ParamLayout {
 // The layout's units, in order, tiling [0, total): the embeddings (every parameter before block
 // 0), block 0, ..., block L-1, the tail (the final norm and an untied head), a tied copy. A unit
 // runs from its first parameter's offset to the next unit's, alignment padding included.
-// unit_ranges(layout)[1 + l] is block l's.
+// Without --pp unit_ranges(layout)[1 + l] is block l's; a pipeline stage's units are its own
+// (its blocks, and the embeddings, tail or tied copy where it holds them): model/unit_map.h says
+// which is which, and block_range asks it.
 std::vector<ElementRange> unit_ranges(const ParamLayout& layout);
 ElementRange block_range(const ParamLayout& layout, int layer);
 
