@@ -18,23 +18,12 @@
 #include "memfit/model/tensor_slices.h"
 #include "memfit/model/transformer.h"
 
+#include "tiny_llama.h"
+
 namespace memfit {
 namespace {
 
-ModelConfig untied(int n_layer) {
-  ModelConfig c;
-  c.family = Family::llama;
-  c.n_layer = n_layer;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.d_model = 32;
-  c.ffn_dim = 40;
-  c.max_seq_len = 16;
-  c.vocab_size = 90;
-  c.tie_embeddings = false;
-  c.finalize();
-  return c;
-}
+ModelConfig untied(int n_layer) { return test::tiny_llama(n_layer); }
 
 ModelConfig of_stage(ModelConfig c, const PipelineStage& s) {
   c.set_pipeline_stage(s);

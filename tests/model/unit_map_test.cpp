@@ -15,23 +15,12 @@
 #include "memfit/model/stage_offsets.h"
 #include "memfit/model/unit_map.h"
 
+#include "tiny_llama.h"
+
 namespace memfit {
 namespace {
 
-ModelConfig llama(int n_layer, bool tied) {
-  ModelConfig c;
-  c.family = Family::llama;
-  c.n_layer = n_layer;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.d_model = 32;
-  c.ffn_dim = 40;
-  c.max_seq_len = 16;
-  c.vocab_size = 90;
-  c.tie_embeddings = tied;
-  c.finalize();
-  return c;
-}
+ModelConfig llama(int n_layer, bool tied) { return test::tiny_llama(n_layer, tied); }
 
 TEST(UnitMap, TheWholeModelsBlockLIsUnitOnePlusL) {
   for (const bool tied : {false, true}) {
