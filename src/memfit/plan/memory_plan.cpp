@@ -416,10 +416,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   const int64_t summed =
       spec.lora.enabled() ? LoraLayout(r.model, spec.lora).total() : layout.total();
   // --pp at stage 3: a stage before the last runs each micro-batch's forward alone too (to send
-  // its output), gathering its blocks once more (Note [Pipeline parallel], "ZeRO").
+  // its output), gathering its blocks once more, in every pass (Note [Pipeline parallel],
+  // "ZeRO").
   const int64_t forward_gathers =
       placement.params_gathered() && r.model.pipelined() && !r.model.stage.has_head()
-          ? int64_t{spec.grad_accum} *
+          ? int64_t{passes} *
                 WeightGather::forward_gather_bytes(layout, half, r.step.phases,
                                                    placement.prefetch_depth(),
                                                    placement.persist_threshold())

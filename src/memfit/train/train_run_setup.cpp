@@ -35,6 +35,21 @@ TrainSpec stage_run(const TrainSpec& spec, const dist::ProcessGrid& grid) {
   return s;
 }
 
+// --update-in-backward under --pp: every stage's parts of the norm, in stage order (update.cpp's
+// pipeline_check, for the fused steps' parts).
+std::vector<UnitGradCheck> stage_checks(dist::Communicator& pipe,
+                                        const std::vector<UnitGradCheck>& mine) {
+  const size_t P = static_cast<size_t>(pipe.size());
+  std::vector<int64_t> counts(P);
+  const int64_t n = static_cast<int64_t>(mine.size());
+  pipe.all_gather(&n, counts.data(), std::vector<int64_t>(P, 1), sizeof(int64_t));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<UnitGradCheck> all(static_cast<size_t>(total));
+  pipe.all_gather(mine.data(), all.data(), counts, sizeof(UnitGradCheck));
+  return all;
+}
+
 }  // namespace
 
 TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
@@ -189,6 +204,12 @@ void TrainRun::make_model() {
   // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
   // step, and the norm over the group (Note [Update in backward], "Under --tp").
   if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_);
+  // Under --pp: the norm over the stages, once the pass through every stage is done (Note
+  // [Update in backward], "Under --pp").
+  if (fused_ && pipe_.size() > 1)
+    fused_->set_pipeline([this](const std::vector<UnitGradCheck>& mine) {
+      return stage_checks(pipe_, mine);
+    });
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
