@@ -177,7 +177,12 @@ void RunSpec::check_pipeline() const {
                         : zero_auto ? "--zero auto (the search plans one model whole)"
                         : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
                         : lora.enabled()                       ? "--lora-rank"
-                        : offload.optimizer || offload.params || offload.grads ? "--offload-*"
+                        : offload.grads                        ? "--offload-grads"
+                        // (A save maps each stage's state into whole tensors from RAM; the
+                        // offloaded state's files are not mapped: Note [NVMe offload], "Under
+                        // --pp".)
+                        : (offload.optimizer || offload.params) && (saves || resumed)
+                            ? "--offload-optimizer or --offload-params and --save or --resume"
                         : sync_every_micro_batch               ? "--sync-every-micro-batch"
                         : act_compress != ActCompress::none    ? "--act-compress"
                                                                : nullptr;

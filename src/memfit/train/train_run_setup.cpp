@@ -50,6 +50,14 @@ std::vector<UnitGradCheck> stage_checks(dist::Communicator& pipe,
   return all;
 }
 
+// This rank's offload directory under its data rank's: `stage-<s>/` under --pp, then
+// `tensor-<t>/` under --tp.
+fs::path grid_offload_dir(fs::path dir, dist::ProcessGrid& grid) {
+  if (grid.shape().pipeline > 1) dir /= fmt::format("stage-{}", grid.coords().pipeline);
+  if (grid.shape().tensor > 1) dir /= fmt::format("tensor-{}", grid.tensor().rank());
+  return dir;
+}
+
 }  // namespace
 
 TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
@@ -84,12 +92,10 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
       // ZeRO").
       offload_(placement_.optimizer_in_file()),
       master_(placement_.master().where != Residence::none),
-      // --tp: the tensor ranks of one data rank hold the same ranges of different slices, so
-      // each offloads into a directory of its own under the data rank's (Note [NVMe offload],
-      // "Under --tp").
-      offload_dir_(spec_.model.tp > 1 ? placement_.offload_dir() /
-                                            fmt::format("tensor-{}", grid_in.tensor().rank())
-                                      : placement_.offload_dir()) {
+      // --pp and --tp: the stages and the tensor ranks of one data rank hold other parts of
+      // the state, so each offloads into a directory of its own under the data rank's (Note
+      // [NVMe offload], "Under --tp", "Under --pp").
+      offload_dir_(grid_offload_dir(placement_.offload_dir(), grid_in)) {
   start_profiler();
   if (location_.recovered) fmt::print(stderr, "memfit: {}\n", location_.note);
   make_state_files();

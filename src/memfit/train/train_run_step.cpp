@@ -208,7 +208,8 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
   if (off_)
     return apply_update(
         *gpt_, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
-        scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards);
+        scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards,
+        runner_ ? &pipe_ : nullptr);
   return apply_update(*gpt_, *opt_, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_,
                       shards, runner_ ? &pipe_ : nullptr);
 }
