@@ -183,7 +183,6 @@ void RunSpec::check_pipeline() const {
                         // --pp".)
                         : (offload.optimizer || offload.params) && (saves || resumed)
                             ? "--offload-optimizer or --offload-params and --save or --resume"
-                        : sync_every_micro_batch               ? "--sync-every-micro-batch"
                         : act_compress != ActCompress::none    ? "--act-compress"
                                                                : nullptr;
   if (refused)
