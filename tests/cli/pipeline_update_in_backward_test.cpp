@@ -56,6 +56,24 @@ TEST_F(PipelineUpdateInBackward, OverDataRanksIsTheOrdinaryStep) {
   }
 }
 
+// Stages of tensor groups (--pp 2 --tp 2, a key/value head replicated on both tensor ranks,
+// --sp): each unit's partial sums over the tensor group before its step, each stage's norm
+// the tensor group's, the stages' added in stage order. The ordinary step sums the stages'
+// split squares before the tensor group's sum, so the norm may differ by rounding (measured:
+// the same bits here); one process with the flag within --tp's fp32 bound (the losses the same
+// bits, the norms a few ulps).
+TEST_F(PipelineUpdateInBackward, StagesOfTensorGroupsMatchWithinRounding) {
+  const std::vector<const char*> keys = {"loss", "grad_norm", "val_loss"};
+  for (const char* more : {" --clip 0.05", " --clip 0"}) {
+    const std::string a = kBase + std::string(more) + " --n-kv-head 1";
+    const auto fused = train(4, a + " --pp 2 --tp 2 --sp" + kFlag, "fused");
+    expect_close(train(4, a + " --pp 2 --tp 2 --sp", "ordinary"), fused, keys, 1e-6,
+                 fmt::format("--pp 2 --tp 2{} against the ordinary step", more));
+    expect_close(train(0, a + kFlag, "one"), fused, keys, 1e-5,
+                 fmt::format("--pp 2 --tp 2{} against one process", more));
+  }
+}
+
 // No gradient slab: a stage's grads are its one unit slot (its largest unit), and global
 // clipping's second pass allocates nothing more; every world rank's peak is planned.
 TEST_F(PipelineUpdateInBackward, ThePlanIsEveryRanksMeasuredPeak) {
