@@ -42,6 +42,16 @@ TEST_F(PipelineOffload, OffloadedStateIsTheRunInRam) {
   }
 }
 
+// --init-from a save: each stage's master weights written into its file from the whole
+// tensors (load_by_layout), rounded into the working copy on the way, as in RAM.
+TEST_F(PipelineOffload, InitFromASaveIsTheRunInRam) {
+  train(0, fmt::format("--steps 2 --save '{}'", (dir / "ck").string()), "saved");
+  const std::string init = fmt::format("{} --pp 2 --precision bf16 --init-from '{}'", kSteps,
+                                       (dir / "ck").string());
+  expect_close(train(2, init, "ram"), train(2, init + off(), "off"),
+               {"loss", "grad_norm", "val_loss"}, 0, init + off());
+}
+
 TEST_F(PipelineOffload, ThePlanIsEveryRanksPeakFilesAndIo) {
   for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
            {2, "--grad-accum 4 --pp 2" + off()},
