@@ -341,11 +341,16 @@ void print_plan_offload(const RunSpec& run, const PlanReport& r) {
                       ? "master weights and optimizer state"
                       : "optimizer state") +
                  (run.offload.grads ? " and gradients" : ""),
-             run.world > 1 || run.model.tp > 1
-                 ? fmt::format("{}{}{} (rank 0's {}; each rank its own)", run.offload.dir,
+             run.world > 1 || run.model.tp > 1 || run.model.pipelined()
+                 ? fmt::format("{}{}{}{} ({}; each rank its own)", run.offload.dir,
                                run.world > 1 ? "/rank-0" : "",
+                               run.model.pipelined()
+                                   ? fmt::format("/stage-{}", run.model.stage.index)
+                                   : "",
                                run.model.tp > 1 ? "/tensor-0" : "",
-                               run.world > 1 ? "shard" : "slices")
+                               run.world > 1      ? "rank 0's shard"
+                               : run.model.tp > 1 ? "rank 0's slices"
+                                                  : "this stage's")
                  : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
              r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
   if (run.offload.params)
