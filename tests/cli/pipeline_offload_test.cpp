@@ -34,7 +34,9 @@ TEST_F(PipelineOffload, OffloadedStateIsTheRunInRam) {
            {4, std::string(kSteps) + " --pp 2 --zero 1 --precision bf16", false},
            {2, std::string(kSteps) + " --pp 2 --precision bf16 --master-weights none", true},
            {4, std::string(kSteps) + " --pp 2 --zero 3", true},
-           {2, std::string(kOneMicroBatch) + " --pp 2 --update-in-backward", false}}) {
+           {2, std::string(kOneMicroBatch) + " --pp 2 --update-in-backward", false},
+           // Stages of tensor groups: stage-<s>/tensor-<t>/.
+           {4, std::string(kSteps) + " --pp 2 --tp 2 --sp --n-kv-head 1", false}}) {
     expect_close(train(ranks, a, "ram"), train(ranks, a + off(params), "off"),
                  {"loss", "grad_norm", "val_loss"}, 0, a + off(params));
     EXPECT_TRUE(!std::filesystem::exists(dir / "off") || std::filesystem::is_empty(dir / "off"))
@@ -57,7 +59,8 @@ TEST_F(PipelineOffload, ThePlanIsEveryRanksPeakFilesAndIo) {
            {2, "--grad-accum 4 --pp 2" + off()},
            {4, "--grad-accum 2 --pp 2 --zero 3 --precision bf16" + off(true)},
            {2, "--grad-accum 2 --pp 2 --precision bf16 --master-weights none" + off(true)},
-           {2, "--grad-accum 1 --pp 2 --update-in-backward" + off()}}) {
+           {2, "--grad-accum 1 --pp 2 --update-in-backward" + off()},
+           {4, "--grad-accum 2 --pp 2 --tp 2" + off()}}) {
     const json plan = expect_plan_is_measured(ranks, "--steps 2 " + more);
     json measured;
     for (const json& j : lines(dir / "plan.jsonl"))
