@@ -53,6 +53,18 @@ size_t model_state_bytes(const PlanReport& r) {
   return b;
 }
 
+// A rank's offload files by category and its bytes read and written a step (what its log's
+// `offload` measures).
+nlohmann::json rank_offload_json(const PlanReport& p) {
+  nlohmann::json disk = nlohmann::json::object();
+  for (Category c : kAllCategories)
+    if (p.disk_by_category[static_cast<size_t>(c)])
+      disk[std::string(category_name(c))] = p.disk_by_category[static_cast<size_t>(c)];
+  return {{"disk_bytes", p.disk_bytes},
+          {"disk_by_category", disk},
+          {"io_bytes_per_step", p.io_bytes_per_step}};
+}
+
 // Every rank's peak and model state (ZeRO shards differ by a cut granule, and the receive
 // buffers by rank): what `mpirun -n N memfit train` measures on each.
 nlohmann::json ranks_json(const RunSpec& run) {
@@ -66,17 +78,9 @@ nlohmann::json ranks_json(const RunSpec& run) {
                            {"peak_bytes", p.peak_bytes},
                            {"model_state_bytes", model_state_bytes(p)},
                            {"by_category", cats}};
-    if (run.offload.optimizer || run.offload.params) {
-      // Each rank's own shard in its files (rank-<q> under --offload-dir; under --tp each
-      // tensor rank's slices in tensor-<t> under that).
-      nlohmann::json disk = nlohmann::json::object();
-      for (Category c : kAllCategories)
-        if (p.disk_by_category[static_cast<size_t>(c)])
-          disk[std::string(category_name(c))] = p.disk_by_category[static_cast<size_t>(c)];
-      rank["offload"] = {{"disk_bytes", p.disk_bytes},
-                         {"disk_by_category", disk},
-                         {"io_bytes_per_step", p.io_bytes_per_step}};
-    }
+    // Each rank's own shard in its files (rank-<q> under --offload-dir; under --tp each
+    // tensor rank's slices in tensor-<t> under that).
+    if (run.offload.optimizer || run.offload.params) rank["offload"] = rank_offload_json(p);
     a.push_back(std::move(rank));
   });
   return a;
@@ -337,11 +341,16 @@ void print_plan_offload(const RunSpec& run, const PlanReport& r) {
                       ? "master weights and optimizer state"
                       : "optimizer state") +
                  (run.offload.grads ? " and gradients" : ""),
-             run.world > 1 || run.model.tp > 1
-                 ? fmt::format("{}{}{} (rank 0's {}; each rank its own)", run.offload.dir,
+             run.world > 1 || run.model.tp > 1 || run.model.pipelined()
+                 ? fmt::format("{}{}{}{} ({}; each rank its own)", run.offload.dir,
                                run.world > 1 ? "/rank-0" : "",
+                               run.model.pipelined()
+                                   ? fmt::format("/stage-{}", run.model.stage.index)
+                                   : "",
                                run.model.tp > 1 ? "/tensor-0" : "",
-                               run.world > 1 ? "shard" : "slices")
+                               run.world > 1      ? "rank 0's shard"
+                               : run.model.tp > 1 ? "rank 0's slices"
+                                                  : "this stage's")
                  : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
              r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
   if (run.offload.params)
@@ -681,6 +690,11 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
                                {"peak_bytes", q.plan.peak_bytes},
                                {"model_state_bytes", model_state_bytes(q.plan)},
                                {"by_category", categories_json(q.plan.by_category)}});
+    // --offload-optimizer (Note [NVMe offload], "Under --pp"): each rank's files, in
+    // stage-<s>/ under its data rank's directory.
+    if (spec.offload.optimizer || spec.offload.params)
+      for (size_t q = 0; q < ranks.size(); ++q)
+        j["per_rank"][q]["offload"] = rank_offload_json(ranks[q].plan);
     if (spec.mem_limit) j["fits"] = fits;
     for (const auto& [key, value] : extra.items()) j[key] = value;
     fmt::print("{}\n", j.dump(2));

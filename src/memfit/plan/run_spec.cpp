@@ -177,9 +177,12 @@ void RunSpec::check_pipeline() const {
                         : zero_auto ? "--zero auto (the search plans one model whole)"
                         : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
                         : lora.enabled()                       ? "--lora-rank"
-                        : offload.optimizer || offload.params || offload.grads ? "--offload-*"
-                        : update_in_backward                   ? "--update-in-backward"
-                        : sync_every_micro_batch               ? "--sync-every-micro-batch"
+                        : offload.grads                        ? "--offload-grads"
+                        // (A save maps each stage's state into whole tensors from RAM; the
+                        // offloaded state's files are not mapped: Note [NVMe offload], "Under
+                        // --pp".)
+                        : (offload.optimizer || offload.params) && (saves || resumed)
+                            ? "--offload-optimizer or --offload-params and --save or --resume"
                         : act_compress != ActCompress::none    ? "--act-compress"
                                                                : nullptr;
   if (refused)
@@ -362,6 +365,16 @@ void RunSpec::check_update_in_backward() const {
                  "--update-in-backward with --grad-dtype bf16: the unit's gradients are stepped "
                  "from the one f32 slot the units take in turn and never kept (the kernels add "
                  "into f32), so there is nothing to hold in bf16; drop --grad-dtype bf16");
+  // --pp (Note [Update in backward], "Under --pp"): a tied table's gradient has a part on the
+  // first stage and a part on the last, summed between them after the backward, while each
+  // stage would step its part as its own backward ends.
+  if (pp() > 1 && model.tie_embeddings)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward with --pp {} and tied embeddings is not built: the "
+                 "table's gradient has the first stage's part and the last stage's, summed "
+                 "between them after both backwards, so neither stage can step it as its own "
+                 "backward ends; use --tie-embeddings false (LLaMA) or drop --update-in-backward",
+                 pp());
 }
 
 // --base-dtype (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the frozen base's storage,

@@ -115,6 +115,7 @@ class TrainRun {
   StepResult step(int64_t step, std::chrono::steady_clock::time_point t0);
   double micro_batches(int64_t step, const StepLoss& step_loss);
   double pipeline_micro_batches(const StepLoss& step_loss);
+  void pipeline_pass(const StepLoss& step_loss, std::vector<float>& losses);
   double from_last_stage(double x);
   UpdateOutcome update(float lr, float loss, float loss_scale, int64_t& update_gathered);
   void offloaded_step(float rate, float scale, int64_t& update_gathered);

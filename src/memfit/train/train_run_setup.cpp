@@ -35,6 +35,29 @@ TrainSpec stage_run(const TrainSpec& spec, const dist::ProcessGrid& grid) {
   return s;
 }
 
+// --update-in-backward under --pp: every stage's parts of the norm, in stage order (update.cpp's
+// pipeline_check, for the fused steps' parts).
+std::vector<UnitGradCheck> stage_checks(dist::Communicator& pipe,
+                                        const std::vector<UnitGradCheck>& mine) {
+  const size_t P = static_cast<size_t>(pipe.size());
+  std::vector<int64_t> counts(P);
+  const int64_t n = static_cast<int64_t>(mine.size());
+  pipe.all_gather(&n, counts.data(), std::vector<int64_t>(P, 1), sizeof(int64_t));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<UnitGradCheck> all(static_cast<size_t>(total));
+  pipe.all_gather(mine.data(), all.data(), counts, sizeof(UnitGradCheck));
+  return all;
+}
+
+// This rank's offload directory under its data rank's: `stage-<s>/` under --pp, then
+// `tensor-<t>/` under --tp.
+fs::path grid_offload_dir(fs::path dir, dist::ProcessGrid& grid) {
+  if (grid.shape().pipeline > 1) dir /= fmt::format("stage-{}", grid.coords().pipeline);
+  if (grid.shape().tensor > 1) dir /= fmt::format("tensor-{}", grid.tensor().rank());
+  return dir;
+}
+
 }  // namespace
 
 TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
@@ -69,12 +92,10 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
       // ZeRO").
       offload_(placement_.optimizer_in_file()),
       master_(placement_.master().where != Residence::none),
-      // --tp: the tensor ranks of one data rank hold the same ranges of different slices, so
-      // each offloads into a directory of its own under the data rank's (Note [NVMe offload],
-      // "Under --tp").
-      offload_dir_(spec_.model.tp > 1 ? placement_.offload_dir() /
-                                            fmt::format("tensor-{}", grid_in.tensor().rank())
-                                      : placement_.offload_dir()) {
+      // --pp and --tp: the stages and the tensor ranks of one data rank hold other parts of
+      // the state, so each offloads into a directory of its own under the data rank's (Note
+      // [NVMe offload], "Under --tp", "Under --pp").
+      offload_dir_(grid_offload_dir(placement_.offload_dir(), grid_in)) {
   start_profiler();
   if (location_.recovered) fmt::print(stderr, "memfit: {}\n", location_.note);
   make_state_files();
@@ -189,6 +210,12 @@ void TrainRun::make_model() {
   // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
   // step, and the norm over the group (Note [Update in backward], "Under --tp").
   if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_);
+  // Under --pp: the norm over the stages, once the pass through every stage is done (Note
+  // [Update in backward], "Under --pp").
+  if (fused_ && pipe_.size() > 1)
+    fused_->set_pipeline([this](const std::vector<UnitGradCheck>& mine) {
+      return stage_checks(pipe_, mine);
+    });
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.

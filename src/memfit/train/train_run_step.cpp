@@ -122,6 +122,31 @@ double TrainRun::micro_batches(int64_t step, const StepLoss& step_loss) {
 // Returns this stage's sum of the losses: the step's on the last stage, 0 on the others.
 double TrainRun::pipeline_micro_batches(const StepLoss& step_loss) {
   const int M = spec_.grad_accum;
+  const int64_t first = train_data_->position();
+  std::vector<float> losses(static_cast<size_t>(M), 0.0f);
+  pipeline_pass(step_loss, losses);
+  if (fused_) {
+    // --update-in-backward: the stages' norm once every stage's backward is done; with global
+    // clipping that was the measuring pass, and the same micro-batch goes through the stages
+    // again, each stepping its units by the factor (Note [Update in backward], "Under --pp").
+    fused_->end_pipeline_pass();
+    if (fused_->second_pass()) {
+      std::vector<float> again(static_cast<size_t>(M), 0.0f);
+      pipeline_pass(step_loss, again);
+      fused_->end_pipeline_pass();
+    }
+  }
+  gpt_->set_stage_io({});
+  train_data_->set_position(settings_.repeat_batch ? data_position_ : first + M);
+  double loss_sum = 0;
+  for (float l : losses) loss_sum += l;
+  return loss_sum;
+}
+
+// --pp: one pass of the step's micro-batches through this stage (pipeline_micro_batches), each
+// one's loss into `losses` on the last stage.
+void TrainRun::pipeline_pass(const StepLoss& step_loss, std::vector<float>& losses) {
+  const int M = spec_.grad_accum;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const int64_t first = train_data_->position();
   const bool last = mc_.stage.has_head();
@@ -130,7 +155,6 @@ double TrainRun::pipeline_micro_batches(const StepLoss& step_loss) {
     train_data_->set_position(first + m);
     train_data_->next_batch();
   };
-  std::vector<float> losses(static_cast<size_t>(M), 0.0f);
   runner_->run(
       {[&](int m, std::span<const float> in, std::span<float> out) {
          if (last) return;  // its forward runs with the backward
@@ -154,11 +178,7 @@ double TrainRun::pipeline_micro_batches(const StepLoss& step_loss) {
          else
            gpt_->backward();
        }});
-  gpt_->set_stage_io({});
-  train_data_->set_position(settings_.repeat_batch ? data_position_ : first + M);
-  double loss_sum = 0;
-  for (float l : losses) loss_sum += l;
-  return loss_sum;
+  train_data_->set_position(first);
 }
 
 // --pp: `x` as the last stage has it, on every stage of this rank's pipeline (the loss for the
@@ -188,7 +208,8 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
   if (off_)
     return apply_update(
         *gpt_, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
-        scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards);
+        scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards,
+        runner_ ? &pipe_ : nullptr);
   return apply_update(*gpt_, *opt_, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_,
                       shards, runner_ ? &pipe_ : nullptr);
 }
