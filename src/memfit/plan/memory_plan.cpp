@@ -399,8 +399,10 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     at(Category::comm) += static_cast<size_t>(pb.comm);
     // Tied embeddings: the first and last stages' receive buffer for the table's gradient
     // (dist/tied_gradient.h; the last stage's copy of the table is in its layout already).
-    at(Category::comm) += static_cast<size_t>(dist::tied_gradient_buffer_bytes(
-        r.model.stage.index, r.model.stage.stages, tied_table(r.model, layout).size()));
+    // (LoRA's frozen base has no table gradient to sum.)
+    if (!spec.lora.enabled())
+      at(Category::comm) += static_cast<size_t>(dist::tied_gradient_buffer_bytes(
+          r.model.stage.index, r.model.stage.stages, tied_table(r.model, layout).size()));
   }
   // The tensor group's chunk buffers (dist/communicator_tensor_group.h), held the whole run.
   at(Category::comm) += static_cast<size_t>(dist::tensor_group_buffer_bytes(
