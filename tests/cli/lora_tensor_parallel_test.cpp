@@ -64,8 +64,11 @@ class LoraTensorParallel : public test::MpiBinaryTest {
       if (j.contains("loss") || j.contains("val_loss")) out.push_back(j);
     return out;
   }
+  // Every step's loss and validation loss within `tolerance` relative, its gradient norm within
+  // `norm_tolerance` (`tolerance` when negative).
   void expect_close(const std::vector<json>& ref_log, const std::vector<json>& tp_log,
-                    const std::string& what, double tolerance = 1e-6) const {
+                    const std::string& what, double tolerance = 1e-6,
+                    double norm_tolerance = -1) const {
     const std::vector<json> ref = numbers(ref_log), tp = numbers(tp_log);
     EXPECT_EQ(ref.size(), tp.size()) << what;
     int compared = 0;
@@ -75,7 +78,9 @@ class LoraTensorParallel : public test::MpiBinaryTest {
         if (ref[i].contains(key)) {
           ASSERT_TRUE(tp[i].contains(key)) << what << ": " << key << " at line " << i;
           const double a = ref[i][key].get<double>(), b = tp[i][key].get<double>();
-          EXPECT_LE(std::abs(a - b), tolerance * std::abs(a))
+          const double tol =
+              std::string(key) == "grad_norm" && norm_tolerance >= 0 ? norm_tolerance : tolerance;
+          EXPECT_LE(std::abs(a - b), tol * std::abs(a))
               << what << ": " << key << " at line " << i << ": " << b << " against " << a;
           worst = std::max(worst, std::abs(a - b) / std::abs(a));
           ++compared;
@@ -184,13 +189,16 @@ TEST_F(LoraTensorParallel, TwoDataRanksOfTwoTensorRanksMatchOneProcess) {
                "2 data x 2 tensor");
 }
 
-// bf16 (the base bf16, the adapters f32): a partial product rounded or summed in another order
-// may move an activation across a bf16 rounding boundary, so within 1e-3 of one process.
+// bf16 (the base bf16, the adapters f32): a partial product summed in another order may move an
+// activation across a bf16 rounding boundary, and the adapters, moved by Adam from gradients
+// that differ so, move more. As over data-parallel ranks (Note [LoRA], "Over data-parallel
+// ranks"): losses within 1e-3, gradient norms within 1e-2 of one process (measured 6.9e-4 and
+// 4.5e-3).
 TEST_F(LoraTensorParallel, Bf16MatchesOneProcess) {
   for (const char* m : {"", " --model llama-tiny"}) {
     const std::string a = std::string(kSteps) + " --precision bf16" + m;
     expect_close(train(0, a, "one"), train(2, a + " --tp 2", "tp2"), std::string("bf16") + m,
-                 1e-3);
+                 1e-3, 1e-2);
   }
 }
 
@@ -201,20 +209,25 @@ TEST_F(LoraTensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
   expect_planned(4, 4, "--tp 4 --lora-targets fc,mlp_proj");
 }
 
-// --lora-from at --tp 2: each rank's slices of the saved whole adapters. With a stateless
-// optimizer and the same rows, the first step's numbers are one process's from the same files.
+// --lora-from at --tp 2: each rank's slices of the saved whole adapters, the numbers of one
+// process starting from the same files. Trained adapters (B not zero) make the group's sums'
+// last bits matter more, and Adam's steps amplify them: within 1e-5 (the first steps within
+// 1e-6; measured 2.6e-6 by the sixth).
 TEST_F(LoraTensorParallel, StartsFromWholeAdapters) {
   const fs::path saved = dir / "saved";
   train(0, "--steps 3 --save '" + saved.string() + "'", "save");
   const std::string a = fmt::format("{} --init-from '{}' --lora-from '{}'", kSteps,
                                     saved.string(), saved.string());
-  expect_close(train(0, a, "one-from"), train(2, a + " --tp 2", "tp2-from"), "--lora-from --tp 2");
+  expect_close(train(0, a, "one-from"), train(2, a + " --tp 2", "tp2-from"), "--lora-from --tp 2",
+               1e-5);
 }
 
 // Saves (Note [LoRA], "Under --tp"): a --tp 2 save holds the whole adapters and their
-// optimizer state, the tensors one process saves; a resume at --tp 2 continues its own save bit
-// for bit, and a save at either layout resumes at the other, giving the adapters and state of
-// four steps in one go within 1e-5.
+// optimizer state, the tensors one process saves (names, shapes, the base byte for byte); a
+// resume at --tp 2 continues its own save bit for bit, and a save at either layout resumes at
+// the other, giving the adapters and state of four steps in one go within 1e-4 of each
+// tensor's largest value (measured 5e-5: Adam's normalised steps move the small elements of an
+// adapter by the gradients' last bits).
 TEST_F(LoraTensorParallel, SavesWholeAdaptersThatLoadAtAnyLayout) {
   const std::string a4 = "--steps 4 --clip 1 --eval-every 100", a2 = a4 + " --stop-after 2";
   auto save = [&](int ranks, const std::string& more, const fs::path& to) {
@@ -237,7 +250,7 @@ TEST_F(LoraTensorParallel, SavesWholeAdaptersThatLoadAtAnyLayout) {
     EXPECT_TRUE(x == y) << f << " differs after a --tp 2 resume";
     EXPECT_TRUE(test::slurp(dir / "one4" / f).size() == x.size()) << f;
     for (const char* other : {"tp4", "one2tp", "tp2one"})
-      expect_same_tensors(dir / "one4" / f, dir / other / f, 1e-5);
+      expect_same_tensors(dir / "one4" / f, dir / other / f, 1e-4);
   }
   EXPECT_EQ(test::slurp(dir / "one4" / "adapter_config.json"),
             test::slurp(dir / "tp4" / "adapter_config.json"));

@@ -323,11 +323,12 @@ void LoraLayout::init(const Tensor& slab, uint64_t seed, int rank) const {
   MEMFIT_CHECK_SHAPE(slab.numel() == total_ && slab.dtype() == DType::f32, "lora",
                      "an adapter slab of {} f32 elements, got {}", total_, slab.numel());
   float* d = slab.data<float>();
-  if (config_.tp <= 1) {
+  if (config_.tp <= 1 && !config_.pipelined()) {
     draw_adapters(params_, options_.rank, total_, d, seed);
     return;
   }
-  // The whole adapters drawn (on the heap, once, at set-up), this rank's slices kept.
+  // The whole adapters drawn (on the heap, once, at set-up), this rank's slices (--tp) of its
+  // stage's blocks (--pp) kept.
   const LoraLayout w = whole();
   std::vector<float> all(static_cast<size_t>(w.total()));
   draw_adapters(w.params_, options_.rank, w.total(), all.data(), seed);

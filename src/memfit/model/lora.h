@@ -91,8 +91,8 @@ class LoraLayout {
   void bind(ModelWeights& w, const Tensor& slab) const;
   // PEFT's initialisation, drawn from `seed`: A kaiming-uniform (a = sqrt(5): uniform in
   // +-1/sqrt(in)), B zero, so the adapted model starts as the base model. `slab` is f32.
-  // Under --tp the whole model's adapters are drawn and tensor rank `rank` takes its slices
-  // (whole_runs), so every layout starts from one process's values.
+  // Under --tp or --pp the whole model's adapters are drawn and tensor rank `rank` takes its
+  // slices of its stage's (whole_runs), so every layout starts from one process's values.
   void init(const Tensor& slab, uint64_t seed, int rank = 0) const;
 
   // Under --tp (a config with tp > 1; Note [LoRA], "Under --tp"): a column-parallel layer's

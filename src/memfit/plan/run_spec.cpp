@@ -437,7 +437,7 @@ void RunSpec::check_base_dtype() const {
                  "disk, or the {0} base in RAM",
                  kernels::weight_quant_name(*quant));
   const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
-                        : world > 1                            ? "several ranks"
+                        : world > 1 || model.tp > 1 || pp() > 1 ? "several ranks"
                         : zero != 0 || zero_auto               ? "--zero"
                         : offload.optimizer || offload.grads   ? "--offload-*"
                         : grad_dtype != DType::f32 ? "--grad-dtype bf16"

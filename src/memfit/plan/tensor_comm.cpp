@@ -83,8 +83,10 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     v.reduce_scatter_count = reduces * passes;
     v.reduce_scatter_bytes = v.reduce_scatter_count * whole;
     const int64_t operand = int64_t(dtype_size(half_dtype(spec.precision.precision)));
+    // (LoRA's frozen base: no embedding backward, so no d(output) gathered for it.)
+    const bool embedding_backward = embeds && !spec.lora.enabled();
     v.gathered_bytes = passes * (gathers * (whole / spec.model.tp / 4 * operand) +
-                                 (embeds ? whole / spec.model.tp : 0));
+                                 (embedding_backward ? whole / spec.model.tp : 0));
     // The norms' gradients: the part of each the data rank's summed gradients hold (the whole
     // slab, or its shard at ZeRO 2-3), one all-reduce of f32 where it holds any.
     // With --update-in-backward each unit's part of them as the unit's backward ends, in
@@ -93,7 +95,8 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     const ElementRange sums = summed_range(spec, layout, data_rank);
     for (const ParamInfo& p : layout.params()) {
       const int64_t n = sums.intersect({p.offset, p.offset + p.numel}).size();
-      if (sequence_partial(p.role) && n > 0) {
+      // (LoRA's frozen base has no norm gradients to sum.)
+      if (sequence_partial(p.role) && n > 0 && !spec.lora.enabled()) {
         v.all_reduce_count += spec.backward_passes();
         v.all_reduce_bytes += spec.backward_passes() * n * int64_t{sizeof(float)};
       }
