@@ -268,7 +268,7 @@ TEST_F(LoraTensorParallel, RefusesWhatIsNotBuiltNamingIt) {
   refused("--world-size 4 --tp 2 --zero 3", "--zero 3");
   refused("--world-size 2 --tp 2 --optim adam-mini", "element-wise");
   refused("--world-size 2 --tp 2 --base-dtype nf4", "several ranks");
-  refused("--world-size 2 --pp 2", "--pp 2 with --lora-rank");
+  refused("--world-size 2 --pp 2 --lora-dropout 0.1", "--pp 2 and --lora-dropout");
 }
 
 }  // namespace
