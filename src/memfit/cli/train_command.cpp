@@ -156,7 +156,7 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--lora-rank", c.lora.rank,
                   "LoRA: train rank-r adapters on the blocks' linear layers, the base frozen "
                   "(0: off; fp32, or bf16 with the base in bf16 alone; one process, or "
-                  "data-parallel ranks at --zero 0 or 3)")
+                  "data-parallel ranks at --zero 0 or 3; with --tp and --pp at --zero 0)")
       ->capture_default_str()
       ->check(kNonNegative);
   cmd->add_option("--lora-alpha", c.lora.alpha, "LoRA: the adapters' output is scaled by alpha/r")

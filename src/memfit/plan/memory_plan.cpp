@@ -177,6 +177,13 @@ struct SharedPlan {
   StepPlan step;
 };
 
+// The tied table's gradient a pipeline's first and last stages sum: none for LoRA's frozen
+// table (Note [LoRA], "Under --pp").
+int64_t tied_gradient_floats(const RunSpec& spec, const ModelConfig& model,
+                             const ParamLayout& layout) {
+  return spec.lora.enabled() ? 0 : tied_table(model, layout).size();
+}
+
 // LoRA (Note [LoRA]): the base weights as rank_bytes counted them, no base gradients or optimizer
 // state; the adapters' f32 weights and gradients, and the optimizer's state over their layout.
 void add_lora_bytes(const RunSpec& spec, int rank, const ParamLayout& layout,
@@ -415,7 +422,7 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
     // Tied embeddings: the first and last stages' receive buffer for the table's gradient
     // (dist/tied_gradient.h; the last stage's copy of the table is in its layout already).
     at(Category::comm) += static_cast<size_t>(dist::tied_gradient_buffer_bytes(
-        r.model.stage.index, r.model.stage.stages, tied_table(r.model, layout).size()));
+        r.model.stage.index, r.model.stage.stages, tied_gradient_floats(spec, r.model, layout)));
   }
   // The tensor group's chunk buffers (dist/communicator_tensor_group.h), held the whole run.
   at(Category::comm) += static_cast<size_t>(dist::tensor_group_buffer_bytes(

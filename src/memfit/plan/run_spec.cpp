@@ -1,5 +1,6 @@
 #include "memfit/plan/run_spec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -59,6 +60,50 @@ void refuse_lora_sharding(const RunSpec& spec) {
                  "hold a whole copy of the frozen base's file; give --zero 3 (each rank's shard "
                  "of the base in its file) or one process",
                  spec.world, spec.zero);
+}
+
+// LoRA under --tp (Note [LoRA], "Under --tp"): the adapters split as their layers' weights.
+// Not built: dropout (its mask numbers the elements of the whole input, of which a row-parallel
+// rank holds some columns), adapters on key/value heads replicated over ranks (tp above
+// n_kv_head: their B's gradients would be summed over the replicas), ZeRO stage 3 with --tp
+// (untested), an optimizer that is not element-wise (its blocks or rows over a rank's slices
+// are not one process's), and with a save or resume state that is not f32 (the save gathers
+// the slices of f32 state into whole tensors).
+void refuse_lora_tensor_split(const RunSpec& spec) {
+  const ModelConfig& m = spec.model;
+  // --pp (Note [LoRA], "Under --pp"): each stage its own blocks' adapters. Not built: dropout
+  // (the pipeline's micro-batches draw no mask), ZeRO stage 3 (untested).
+  if (spec.pp() > 1 && (spec.lora.dropout > 0 || spec.zero == 3))
+    MEMFIT_THROW(ConfigError, "config",
+                 "--lora-rank with --pp {} and {} is not built yet (Note [LoRA], \"Under --pp\")",
+                 spec.pp(),
+                 spec.lora.dropout > 0
+                     ? "--lora-dropout: the pipeline's micro-batches draw no dropout mask"
+                     : "--zero 3: the gathered base's stages with adapters are untested");
+  if (m.tp <= 1) return;
+  const std::vector<std::string> targets = lora_chosen_targets(spec.lora, m.family);
+  const bool kv = std::find(targets.begin(), targets.end(), "k") != targets.end() ||
+                  std::find(targets.begin(), targets.end(), "v") != targets.end();
+  const char* why =
+      spec.lora.dropout > 0
+          ? "--lora-dropout: the mask numbers the elements of a layer's whole input, of which a "
+            "row-parallel rank holds some columns"
+      : kv && m.kv_replicas() > 1
+          ? "adapters on k or v with --tp above --n-kv-head: the key/value heads are replicated "
+            "over ranks, and their B's gradients would need summing over the replicas; leave k "
+            "and v out of --lora-targets or give a --tp dividing the key/value heads"
+      : spec.zero == 3 ? "--zero 3: the gathered base's blocks with split adapters are untested"
+      : spec.optim.name != "adamw" && spec.optim.name != "sgd" && spec.optim.name != "lion"
+          ? "an --optim other than adamw, sgd or lion: the adapters' optimizer steps a rank's "
+            "slices as one process only where it is element-wise"
+      : (spec.saves || spec.resumed) && spec.optim.state_dtype != DType::f32
+          ? "--optim-state-dtype bf16 with --save or --resume: the save gathers the slices of "
+            "f32 state into whole tensors"
+          : nullptr;
+  if (why)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--lora-rank with --tp {} and {} is not built yet (Note [LoRA], \"Under --tp\")",
+                 m.tp, why);
 }
 
 }  // namespace
@@ -121,8 +166,7 @@ void RunSpec::check_tensor_parallel() const {
     const char* why;
   };
   const std::optional<Refusal> refused =
-      lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
-      : offload.params || offload.grads
+      offload.params || offload.grads
           ? Refusal{"--offload-params or --offload-grads",
                     "not built for a rank's slices (the gradients' file is checked unit by unit "
                     "where the tensor group's norm needs each parameter's slice apart; the "
@@ -176,7 +220,6 @@ void RunSpec::check_pipeline() const {
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
                         : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
-                        : lora.enabled()                       ? "--lora-rank"
                         : offload.grads                        ? "--offload-grads"
                         // (A save maps each stage's state into whole tensors from RAM; the
                         // offloaded state's files are not mapped: Note [NVMe offload], "Under
@@ -216,6 +259,7 @@ void RunSpec::check() const {
   if (lora.enabled()) {
     check_lora_options(lora, model.family);
     refuse_lora_sharding(*this);
+    refuse_lora_tensor_split(*this);
     // What is built (Note [LoRA], "What remains"): fp32 or bf16 (the base bf16 alone, no
     // master weights: resolve_run), one process (the frozen base in RAM, or its blocks in a
     // file: "The frozen base on disk") or data-parallel ranks at stage 0 (the adapters'
@@ -406,7 +450,7 @@ void RunSpec::check_base_dtype() const {
                  "disk, or the {0} base in RAM",
                  kernels::weight_quant_name(*quant));
   const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
-                        : world > 1                            ? "several ranks"
+                        : world > 1 || model.tp > 1 || pp() > 1 ? "several ranks"
                         : zero != 0 || zero_auto               ? "--zero"
                         : offload.optimizer || offload.grads   ? "--offload-*"
                         : grad_dtype != DType::f32 ? "--grad-dtype bf16"

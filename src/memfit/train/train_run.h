@@ -101,6 +101,12 @@ class TrainRun {
   void load_or_init();
   void load_weights();
   void load_by_layout();
+  // LoRA's adapters and their optimizer state, whole in the files, this rank's slices under
+  // --tp (train_run_lora.cpp; Note [LoRA], "Under --tp").
+  void load_adapters(const std::filesystem::path& dir);
+  void load_adapter_state(const std::filesystem::path& dir);
+  void gather_adapters();
+  void save_adapters(const std::filesystem::path& dir);
   void load_offloaded_state();
   void load_trainer_state();
   Tensor record_for_save();
@@ -241,6 +247,12 @@ class TrainRun {
   // save moves in (stage_layout_files; Note [Checkpoints across layouts]).
   bool layout_save_ = false;
   std::filesystem::path staging_;
+  // LoRA under --tp: the whole adapters and their optimizer's state, gathered over the tensor
+  // group for a save (gather_adapters), in a pool of their own (a save's, not the step's).
+  std::unique_ptr<MemoryPool> adapter_heap_;
+  std::optional<LoraLayout> whole_lora_;
+  Tensor whole_adapters_;
+  std::unique_ptr<Optimizer> whole_adapter_opt_;
 
   // The loop.
   std::optional<Progress> progress_;

@@ -35,7 +35,9 @@ struct WholeOptimizer {
 io::LayoutFiles TrainRun::layout_files() const {
   const ModelConfig whole = whole_run_model(mc_);
   const WholeOptimizer w(spec_.optim, whole, opt_->steps_taken());
-  return io::LayoutFiles(whole, record_dtype_, w.opt.get(), settings_.max_shard_bytes);
+  // LoRA: no optimizer.safetensors (the adapters' state is adapter_optimizer.safetensors).
+  return io::LayoutFiles(whole, record_dtype_, gpt_->lora() ? nullptr : w.opt.get(),
+                         settings_.max_shard_bytes);
 }
 
 // Every rank (collective over the world): rank 0 lays the files out in the staging directory
@@ -58,13 +60,16 @@ void TrainRun::stage_layout_files() {
   if (save_staging_n_ > 0)
     staging =
         Tensor::empty(pool_, {save_staging_n_}, DType::f32, Category::staging, "save.staging");
+  // LoRA (Note [LoRA], "Under --tp"): the frozen base's runs, no state; the adapters whole.
+  if (gpt_->lora()) gather_adapters();
   if (my_shard_ || comm_.rank() == 0) {
-    const ElementRange mine = opt_->range();
+    const ElementRange mine = gpt_->lora() ? whole_range(gpt_->layout()) : opt_->range();
     const std::vector<SliceRun> runs =
         runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
     std::vector<const void*> state;
     const auto held = opt_->state();
-    for (const StateSpec& s : opt_->whole_state_specs()) {
+    for (const StateSpec& s : gpt_->lora() ? std::vector<StateSpec>{}
+                                            : opt_->whole_state_specs()) {
       const void* p = nullptr;
       for (const auto& [name, t] : held)
         if (name == s.name) p = t.raw_data();
@@ -97,7 +102,7 @@ void TrainRun::load_by_layout() {
         });
       },
       piece_, to_master_file);
-  if (resume_ && opt_) {
+  if (resume_ && opt_ && !gpt_->lora()) {  // (LoRA's state: load_adapter_state)
     const WholeOptimizer w(spec_.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);
   }

@@ -368,7 +368,9 @@ void TrainRun::prepare_step() {
   // At ZeRO 2-3 each data rank holds its shard of its stage's sums, and the two stages'
   // layouts are cut differently: each rank exchanges the part of the table it owns with the
   // other stage's data ranks that own it there (dist::tied_shard_pieces, over the world).
-  if (const ElementRange table = tied_table(mc_, gpt_->layout()); !table.empty()) {
+  // (LoRA's frozen base has no table gradient: no sum, no buffer.)
+  if (const ElementRange table = tied_table(mc_, gpt_->layout());
+      !table.empty() && !gpt_->lora()) {
     if (W_ > 1 && !placement_.grads_whole()) {
       const int P = spec_.pp();
       const ModelConfig first_model = spec_.stage(0).model;

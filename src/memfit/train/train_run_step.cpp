@@ -173,7 +173,8 @@ void TrainRun::pipeline_pass(const StepLoss& step_loss, std::vector<float>& loss
              micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
          // The last backward finishes the stage's gradients: the data group sums each bucket
          // as the backward finishes it, as micro_batches does.
-         if (sync_ && m + 1 == M)
+         // (LoRA: the adapters' buckets all start in finish(), as in micro_batches.)
+         if (sync_ && !gpt_->lora() && m + 1 == M)
            gpt_->backward([&](int64_t from) { sync_->final_from(from); });
          else
            gpt_->backward();

@@ -92,9 +92,36 @@ GradCheck check_tensor_slices(Transformer& gpt, const ElementRange& r,
   return all;
 }
 
-// --tp above 1 for the model's own weights (LoRA's adapters are whole on every rank).
+// --tp above 1: the model's own weights, or LoRA's adapters, are split over the group.
 bool tensor_split(const Transformer& gpt) {
-  return gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1 && !gpt.lora();
+  return gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1;
+}
+
+// LoRA's adapters (Note [LoRA]): their gradients are the step's, summed over the data ranks
+// whole, so every rank computes the same norm from them. One part a block, in block order, so a
+// pipeline's stages add to one process's sum bit for bit (pipeline_check). Under --tp each
+// matrix apart: the split ones' squares (column-parallel B, row-parallel A) the rank's share,
+// the ones every rank holds whole (LoraLayout::replicated_ranges, summed over the group
+// already) in `replicated`.
+std::vector<GradCheck> lora_checks(Transformer& gpt, DynamicLossScaler* scaler) {
+  const LoraLayout& lora = *gpt.lora();
+  const std::vector<ElementRange> whole = lora.replicated_ranges();
+  const int64_t r = lora.options().rank;
+  std::vector<GradCheck> parts;
+  int layer = -1;
+  for (const LoraParam& p : lora.params()) {
+    if (parts.empty() || p.layer != layer) parts.emplace_back();
+    layer = p.layer;
+    GradCheck& part = parts.back();
+    for (const ElementRange m : {ElementRange{p.a_offset, p.a_offset + r * p.in},
+                                 ElementRange{p.b_offset, p.b_offset + p.out * r}}) {
+      const GradCheck c = check_part(gpt.lora_grads().view(m.begin, {m.size()}), scaler);
+      part.finite = std::min(part.finite, c.finite);
+      const bool replicated = std::find(whole.begin(), whole.end(), m) != whole.end();
+      (replicated ? part.replicated : part.sum_squares) += c.sum_squares;
+    }
+  }
+  return parts;
 }
 
 // Parts added in order: the overflow flags' minimum, the sums of squares' sum from 0.
@@ -154,9 +181,7 @@ GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler
 // own, gathered).
 std::vector<GradCheck> step_parts(Transformer& gpt, DynamicLossScaler* scaler,
                                   const RankShards* shards) {
-  // LoRA (Note [LoRA]): the adapters' gradients are the step's, summed over the ranks whole
-  // (stage 0), so every rank computes the same norm from them.
-  if (gpt.lora()) return {check_part(gpt.lora_grads(), scaler)};
+  if (gpt.lora()) return lora_checks(gpt, scaler);
   if (!shards) return unit_checks(gpt, {0, gpt.layout().total()}, scaler);
   const size_t W = shards->ranges.size();
   std::vector<GradCheck> parts(W);
@@ -209,6 +234,7 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, flo
   // Unscale before clipping, in one pass that also finds any overflow; every rank reaches the
   // same decision from the same sums.
   gpt.reduce_kv_replicas();  // --tp above n_kv_head: each head's gradient whole on its replicas
+  gpt.reduce_lora_partials();  // --tp: the adapters' matrices every tensor rank holds whole
   gpt.reduce_sequence_partials();  // --sp: the norms' gradients whole on every tensor rank
   const std::vector<GradCheck> parts = step_parts(gpt, scaler, shards);
   const GradCheck check = tensor_check(
