@@ -187,7 +187,7 @@ TEST_F(PipelineParallel, RefusesWhatIsNotBuiltNamingTheValues) {
   refused("--world-size 2 --pp-layers 2,2", {"--pp-layers 2,2", "needs --pp"});
   refused("--world-size 4 --pp 2 --zero 2 --sync-every-micro-batch",
           {"--pp 2", "--sync-every-micro-batch"});
-  refused("--world-size 2 --pp 2 --optim lion", {"--pp 2", "--optim"});
+  refused("--world-size 2 --pp 2 --lora-rank 4", {"--pp 2", "--lora-rank"});
   refused("--world-size 2 --pp 2 --auto --mem-limit 1GiB", {"--pp 2", "--ckpt auto"});
   // train refuses before the first step, every rank alike.
   EXPECT_NE(run_memfit("train " + args("--steps 2 --pp 2 --sync-every-micro-batch"), 2), 0);

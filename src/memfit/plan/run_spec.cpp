@@ -162,9 +162,11 @@ RunSpec RunSpec::stage(int s) const {
 }
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
-// or without master weights), fp16 or fp8, AdamW or SGD, any ZeRO stage over the data group
+// or without master weights), fp16 or fp8, every optimizer (each stage steps its own whole
+// parameters: Note [Pipeline parallel], "Optimizers"), any ZeRO stage over the data group
 // (each stage's own units reduced and gathered: Note [Pipeline parallel], "ZeRO"), f32 or bf16
-// gradients, no LoRA, offload, compression or fused update, no search; tied or untied, and
+// gradients, --act-compress (each stage compresses its own blocks' saved activations), no
+// LoRA, offload or fused update, no search; tied or untied, and
 // checkpoint segments inside the stages. Saves and resumes at any layout (Note [Checkpoints
 // across layouts]). With --tp each stage is a tensor group (Note [Pipeline
 // parallel], "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too.
@@ -175,18 +177,16 @@ void RunSpec::check_pipeline() const {
   const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
-                        : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
                         : lora.enabled()                       ? "--lora-rank"
                         : offload.optimizer || offload.params || offload.grads ? "--offload-*"
                         : update_in_backward                   ? "--update-in-backward"
                         : sync_every_micro_batch               ? "--sync-every-micro-batch"
-                        : act_compress != ActCompress::none    ? "--act-compress"
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16, "
-                 "fp16 or fp8 at any ZeRO stage with AdamW or SGD, f32 or bf16 gradients (Note "
-                 "[Pipeline parallel])",
+                 "fp16 or fp8 at any ZeRO stage with every optimizer, f32 or bf16 gradients, "
+                 "compressed activations or not (Note [Pipeline parallel])",
                  P, refused);
   ModelConfig first = model;  // ConfigError naming --pp for a bad cut
   for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);
