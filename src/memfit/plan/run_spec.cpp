@@ -9,6 +9,7 @@
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/optim/sliced_optimizer.h"
+#include "memfit/optim/state_runs.h"
 #include "memfit/optim/tensor_split.h"
 
 namespace memfit {
@@ -59,6 +60,24 @@ void refuse_lora_sharding(const RunSpec& spec) {
                  "hold a whole copy of the frozen base's file; give --zero 3 (each rank's shard "
                  "of the base in its file) or one process",
                  spec.world, spec.zero);
+}
+
+// A save or resume over a split layout (--tp, --pp) writes and reads each rank's optimizer state
+// as the whole model's (optim/state_runs.h; Note [Checkpoints across layouts], "Optimizer state
+// of every kind"): refused before the first step where a rank's state does not map.
+void refuse_layout_state(const RunSpec& spec) {
+  if (!(spec.saves || spec.resumed) || spec.lora.enabled() || (spec.model.tp <= 1 && spec.pp() == 1))
+    return;
+  for (int s = 0; s < spec.pp(); ++s)
+    if (const std::optional<std::string> why =
+            layout_state_refusal(spec.optim, spec.stage(s).model))
+      MEMFIT_THROW(ConfigError, "config",
+                   "--save or --resume with --tp {} --pp {} and --optim {} is refused: a "
+                   "checkpoint holds the whole model's optimizer state, and this rank's does not "
+                   "map onto it ({}); give widths whose slices cut whole quantisation blocks, or "
+                   "an element-wise optimizer (adamw, lion, sgd), or save without --tp (Note "
+                   "[Checkpoints across layouts])",
+                   spec.model.tp, spec.pp(), spec.optim.name, *why);
 }
 
 }  // namespace
@@ -238,6 +257,7 @@ void RunSpec::check() const {
   check_base_dtype();
   if (model.tp > 1) check_tensor_parallel();
   check_pipeline();
+  refuse_layout_state(*this);
   if (sp && model.tp <= 1)
     MEMFIT_THROW(ConfigError, "config",
                  "--sp splits the sequence over the tensor group: it needs --tp 2 or more (got "

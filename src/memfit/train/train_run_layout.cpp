@@ -62,16 +62,9 @@ void TrainRun::stage_layout_files() {
     const ElementRange mine = opt_->range();
     const std::vector<SliceRun> runs =
         runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
-    std::vector<const void*> state;
-    const auto held = opt_->state();
-    for (const StateSpec& s : opt_->whole_state_specs()) {
-      const void* p = nullptr;
-      for (const auto& [name, t] : held)
-        if (name == s.name) p = t.raw_data();
-      state.push_back(p);
-    }
-    files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
-                mine.begin, staging);
+    const WholeOptimizer w(spec_.optim, whole_run_model(mc_), opt_->steps_taken());
+    files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin,
+                io::save_state_parts(*opt_, *w.opt, runs), staging);
   }
   staging = Tensor{};
   world.barrier();  // every part is on disk before rank 0 moves the files into the save
