@@ -178,8 +178,8 @@ TEST_F(LayoutCheckpoint, TiedStagesSaveTheTableOnce) {
 // 8-bit, 4-bit and Adam-mini state across layouts (Note [Checkpoints across layouts], "Optimizer
 // state of every kind"): at --d-model 512 tp 2's slices are whole 256-value (8-bit) blocks, tp
 // 4's whole 128-value (4-bit) blocks. tp 2 x dp 2 -> one process -> tp 4 (8-bit: tp 2, since tp
-// 4 is refused before the first step, naming the blocks) -> tp 2: each save and resume with no
-// step between gives the same files; one process resuming a tp save continues as the tp run
+// 4 is refused before the first step, naming the blocks) -> tp 2 -> pp 2 x tp 2: each save and
+// resume with no step between gives the same files; one process resuming a tp save continues as the tp run
 // does, within --tp's tolerance (the state it loaded is the tp run's, mapped right).
 TEST_F(LayoutCheckpoint, QuantizedAndAdamMiniStateRoundTripsAcrossLayouts) {
   for (const auto& [optim, wide_tp] :
@@ -192,9 +192,12 @@ TEST_F(LayoutCheckpoint, QuantizedAndAdamMiniStateRoundTripsAcrossLayouts) {
     train(4, fmt::format("{} --tp {} --resume '{}' --save '{}'", two, wide_tp, path("b"),
                          path("c")));
     train(2, fmt::format("{} --tp 2 --resume '{}' --save '{}'", two, path("c"), path("d")));
+    // Stages of tensor groups: each rank its stage's slices.
+    train(4, fmt::format("{} --pp 2 --tp 2 --resume '{}' --save '{}'", two, path("d"), path("f")));
     same("a", "b");
     same("b", "c");
     same("c", "d");
+    same("d", "f");
     if (optim == "adamw8bit") {
       // At tp 4 the attention output's 512 columns are runs of 128, half an 8-bit block:
       // refused before the first step, naming the run and what would align it.
