@@ -42,6 +42,15 @@ TEST_F(PipelineOptimizers, EveryOptimizerGivesOneProcesssNumbersBitForBit) {
   }
 }
 
+// Stages of tensor groups (Note [Pipeline parallel], "Stages of tensor groups"): Adam-mini's
+// row-parallel rows take their sums over each stage's tensor group, as under --tp alone; within
+// --tp's tolerance of one process (the group's sums add in another order).
+TEST_F(PipelineOptimizers, AdamMiniOverStagesOfTensorGroupsMatchesOneProcess) {
+  const std::string a = std::string(kSteps) + " --optim adam-mini";
+  expect_close(train(0, a, "one"), train(4, a + " --pp 2 --tp 2", "pp2tp2"),
+               {"loss", "grad_norm", "val_loss"}, 3e-6, "--pp 2 --tp 2 --optim adam-mini");
+}
+
 TEST_F(PipelineOptimizers, CompressedActivationsGiveOneProcesssNumbersBitForBit) {
   for (const char* compress : {"int8", "fp8"}) {
     const std::string a = fmt::format("{} --act-compress {}", kSteps, compress);
