@@ -185,7 +185,6 @@ TEST_F(PipelineParallel, RefusesWhatIsNotBuiltNamingTheValues) {
   refused("--world-size 2 --pp 2 --pp-schedule interleaved", {"--pp-schedule", "interleaved"});
   refused("--world-size 2 --pp 2 --ckpt every:3", {"--ckpt every:3", "blocks 0-2", "--pp 2"});
   refused("--world-size 2 --pp-layers 2,2", {"--pp-layers 2,2", "needs --pp"});
-  refused("--world-size 2 --pp 2 --optim lion", {"--pp 2", "--optim"});
   refused("--world-size 2 --pp 2 --auto --mem-limit 1GiB", {"--pp 2", "--ckpt auto"});
   // train refuses before the first step, every rank alike.
   EXPECT_NE(run_memfit("train " + args(fmt::format("--steps 2 --pp 2 --offload-optimizer nvme "

@@ -237,7 +237,7 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
                   "The data group is the ranks / (pp x tp): with --tp (and --sp) each stage is a "
                   "tensor group. fp32, bf16, fp16 or fp8, ZeRO 0-3 and --grad-dtype bf16 on each "
-                  "stage's data group, adamw or sgd; a tied head (GPT-2, or LLaMA's "
+                  "stage's data group, every --optim, --act-compress; a tied head (GPT-2, or LLaMA's "
                   "--tie-embeddings true) as a copy of the table on the last stage; saves whole tensors "
                   "that load at any layout. Note [Pipeline parallel] "
                   "(docs/notes/pipeline-parallel.md)")

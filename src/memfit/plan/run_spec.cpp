@@ -10,6 +10,7 @@
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/optim/sliced_optimizer.h"
+#include "memfit/optim/state_runs.h"
 #include "memfit/optim/tensor_split.h"
 
 namespace memfit {
@@ -104,6 +105,24 @@ void refuse_lora_tensor_split(const RunSpec& spec) {
     MEMFIT_THROW(ConfigError, "config",
                  "--lora-rank with --tp {} and {} is not built yet (Note [LoRA], \"Under --tp\")",
                  m.tp, why);
+}
+
+// A save or resume over a split layout (--tp, --pp) writes and reads each rank's optimizer state
+// as the whole model's (optim/state_runs.h; Note [Checkpoints across layouts], "Optimizer state
+// of every kind"): refused before the first step where a rank's state does not map.
+void refuse_layout_state(const RunSpec& spec) {
+  if (!(spec.saves || spec.resumed) || spec.lora.enabled() || (spec.model.tp <= 1 && spec.pp() == 1))
+    return;
+  for (int s = 0; s < spec.pp(); ++s)
+    if (const std::optional<std::string> why =
+            layout_state_refusal(spec.optim, spec.stage(s).model))
+      MEMFIT_THROW(ConfigError, "config",
+                   "--save or --resume with --tp {} --pp {} and --optim {} is refused: a "
+                   "checkpoint holds the whole model's optimizer state, and this rank's does not "
+                   "map onto it ({}); give widths whose slices cut whole quantisation blocks, or "
+                   "an element-wise optimizer (adamw, lion, sgd), or save without --tp (Note "
+                   "[Checkpoints across layouts])",
+                   spec.model.tp, spec.pp(), spec.optim.name, *why);
 }
 
 }  // namespace
@@ -206,9 +225,11 @@ RunSpec RunSpec::stage(int s) const {
 }
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
-// or without master weights), fp16 or fp8, AdamW or SGD, any ZeRO stage over the data group
+// or without master weights), fp16 or fp8, every optimizer (each stage steps its own whole
+// parameters: Note [Pipeline parallel], "Optimizers"), any ZeRO stage over the data group
 // (each stage's own units reduced and gathered: Note [Pipeline parallel], "ZeRO"), f32 or bf16
-// gradients, no LoRA, offload, compression or fused update, no search; tied or untied, and
+// gradients, --act-compress (each stage compresses its own blocks' saved activations), no
+// LoRA, offload or fused update, no search; tied or untied, and
 // checkpoint segments inside the stages. Saves and resumes at any layout (Note [Checkpoints
 // across layouts]). With --tp each stage is a tensor group (Note [Pipeline
 // parallel], "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too.
@@ -219,20 +240,18 @@ void RunSpec::check_pipeline() const {
   const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
-                        : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
                         : offload.grads                        ? "--offload-grads"
                         // (A save maps each stage's state into whole tensors from RAM; the
                         // offloaded state's files are not mapped: Note [NVMe offload], "Under
                         // --pp".)
                         : (offload.optimizer || offload.params) && (saves || resumed)
                             ? "--offload-optimizer or --offload-params and --save or --resume"
-                        : act_compress != ActCompress::none    ? "--act-compress"
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16, "
-                 "fp16 or fp8 at any ZeRO stage with AdamW or SGD, f32 or bf16 gradients (Note "
-                 "[Pipeline parallel])",
+                 "fp16 or fp8 at any ZeRO stage with every optimizer, f32 or bf16 gradients, "
+                 "compressed activations or not (Note [Pipeline parallel])",
                  P, refused);
   ModelConfig first = model;  // ConfigError naming --pp for a bad cut
   for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);
@@ -285,6 +304,7 @@ void RunSpec::check() const {
   check_base_dtype();
   if (model.tp > 1) check_tensor_parallel();
   check_pipeline();
+  refuse_layout_state(*this);
   if (sp && model.tp <= 1)
     MEMFIT_THROW(ConfigError, "config",
                  "--sp splits the sequence over the tensor group: it needs --tp 2 or more (got "

@@ -66,17 +66,15 @@ void TrainRun::stage_layout_files() {
     const ElementRange mine = gpt_->lora() ? whole_range(gpt_->layout()) : opt_->range();
     const std::vector<SliceRun> runs =
         runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
-    std::vector<const void*> state;
-    const auto held = opt_->state();
-    for (const StateSpec& s : gpt_->lora() ? std::vector<StateSpec>{}
-                                            : opt_->whole_state_specs()) {
-      const void* p = nullptr;
-      for (const auto& [name, t] : held)
-        if (name == s.name) p = t.raw_data();
-      state.push_back(p);
+    // LoRA: the frozen base has no optimizer state here (the adapters' is saved whole by
+    // gather_adapters' writer).
+    io::LayoutFiles::StateParts state;
+    if (!gpt_->lora()) {
+      const WholeOptimizer w(spec_.optim, whole_run_model(mc_), opt_->steps_taken());
+      state = io::save_state_parts(*opt_, *w.opt, runs);
     }
     files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
-                mine.begin, staging);
+                staging);
   }
   staging = Tensor{};
   world.barrier();  // every part is on disk before rank 0 moves the files into the save

@@ -12,6 +12,7 @@
 #include "memfit/io/data/prepare.h"
 #include "memfit/model/layout_map.h"
 #include "memfit/model/stage_offsets.h"
+#include "memfit/optim/apollo.h"
 #include "memfit/optim/tensor_split.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/state/shard.h"
@@ -258,6 +259,9 @@ void TrainRun::create_optimizer() {
   // group in the update (optim/tensor_split.h); the other optimizers need nothing.
   if (opt_ && mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name))
     set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
+  // --pp: APOLLO draws each matrix's projection by its index in the whole model.
+  if (auto* apollo = dynamic_cast<Apollo*>(opt_.get()); apollo && mc_.pipelined())
+    apollo->set_param_index_base(first_param_index(mc_));
   if (fused_ && off_) {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights

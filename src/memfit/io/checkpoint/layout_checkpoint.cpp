@@ -21,6 +21,7 @@
 #include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/io/hf/model_weights.h"
 #include "memfit/model/layout_map.h"
+#include "memfit/optim/state_runs.h"
 
 namespace memfit::io {
 
@@ -159,12 +160,6 @@ LayoutFiles::LayoutFiles(const ModelConfig& whole, DType record, const Optimizer
   state_.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     const StateSpec& s = specs[i];
-    if (s.numel != layout_.total() ||
-        optimizer->state_extents({0, layout_.total()})[i] != ElementRange{0, layout_.total()})
-      MEMFIT_THROW(IoError, "checkpoint",
-                   "'{}' state '{}' ({} elements) is not one element per layout element ({}): "
-                   "its checkpoints across layouts are not built",
-                   optimizer->name(), s.name, s.numel, layout_.total());
     state_bytes_.push_back(dtype_size(s.dtype));
     places.emplace_back(optimizer_state_key(optimizer->name(), s.name), &state_[i]);
     w.add_scattered(places.back().first, safetensors_dtype_of(s.dtype), {s.numel});
@@ -219,10 +214,12 @@ void LayoutFiles::move(const fs::path& from, const fs::path& to) const {
 }
 
 void LayoutFiles::write(const fs::path& dir, const std::vector<SliceRun>& runs, const void* record,
-                        int64_t record_begin, const std::vector<const void*>& state,
-                        int64_t state_begin, const Tensor& staging) const {
-  MEMFIT_CHECK(state.empty() || state.size() == state_.size(), "checkpoint",
-               "{} state tensors for a save of {}", state.size(), state_.size());
+                        int64_t record_begin, const StateParts& state,
+                        const Tensor& staging) const {
+  MEMFIT_CHECK((state.data.empty() || state.data.size() == state_.size()) &&
+                   state.runs.size() == state.data.size(),
+               "checkpoint", "{} state tensors for a save of {}", state.data.size(),
+               state_.size());
   std::map<int, std::unique_ptr<PlacedFile>> opened;
   auto file = [&](int k) -> PlacedFile& {
     auto& f = opened[k];
@@ -308,20 +305,40 @@ void LayoutFiles::write(const fs::path& dir, const std::vector<SliceRun>& runs, 
     }
   }
   flush();
-  // The state: flat tensors over the whole layout, each run straight to its place.
-  for (size_t s = 0; s < state.size(); ++s) {
-    if (!state[s]) continue;
-    const auto* src = static_cast<const std::byte*>(state[s]);
+  // The state: the whole state tensors, each run straight to its place.
+  for (size_t s = 0; s < state.data.size(); ++s) {
+    if (!state.data[s]) continue;
+    const auto* src = static_cast<const std::byte*>(state.data[s]);
     const size_t es = state_bytes_[s];
-    for (const SliceRun& run : runs) {
-      if (run.whole < 0 || run.n == 0) continue;
+    for (const SliceRun& run : state.runs[s])
       file(state_[s].file)
           .write_at(state_[s].at + static_cast<uint64_t>(run.whole) * es,
-                    src + static_cast<size_t>(run.local - state_begin) * es,
-                    static_cast<size_t>(run.n) * es);
-    }
+                    src + static_cast<size_t>(run.local) * es, static_cast<size_t>(run.n) * es);
   }
   for (auto& [k, f] : opened) f->finish();
+}
+
+LayoutFiles::StateParts save_state_parts(const Optimizer& mine, const Optimizer& whole,
+                                         const std::vector<SliceRun>& runs) {
+  LayoutFiles::StateParts parts;
+  parts.runs = state_layout_runs(mine, whole, runs, StateRunUse::save);
+  const std::vector<ElementRange> extents = mine.state_extents(mine.range());
+  const auto held = mine.state();
+  const std::vector<StateSpec>& specs = mine.whole_state_specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const void* p = nullptr;
+    for (const auto& [name, t] : held)
+      if (name == specs[i].name) p = t.raw_data();
+    parts.data.push_back(p);
+    for (SliceRun& r : parts.runs[i]) {
+      MEMFIT_CHECK(p && r.local >= extents[i].begin && r.local + r.n <= extents[i].end,
+                   "checkpoint", "'{}' state '{}' [{}, {}) is outside the range's [{}, {})",
+                   mine.name(), specs[i].name, r.local, r.local + r.n, extents[i].begin,
+                   extents[i].end);
+      r.local -= extents[i].begin;
+    }
+  }
+  return parts;
 }
 
 void load_optimizer_state_by_layout(const fs::path& dir, Optimizer& optimizer,
@@ -330,27 +347,25 @@ void load_optimizer_state_by_layout(const fs::path& dir, Optimizer& optimizer,
   const ElementRange whole = whole_range(whole_optimizer.layout());
   const SavedOptimizerState saved(dir, whole_optimizer, whole);  // everything checked here
   const std::vector<StateSpec>& specs = optimizer.whole_state_specs();
-  const std::vector<StateSpec>& wspecs = whole_optimizer.whole_state_specs();
   const ElementRange mine = optimizer.range();
+  const std::vector<ElementRange> extents = optimizer.state_extents(mine);
+  const std::vector<std::vector<SliceRun>> state_runs =
+      state_layout_runs(optimizer, whole_optimizer, runs_within(runs, mine), StateRunUse::load);
   std::map<std::string, Tensor> tensors;
   for (auto& [n, t] : optimizer.state()) tensors.emplace(n, t);
-  for (size_t i = 0; i < specs.size(); ++i)
-    if (i >= wspecs.size() || wspecs[i].name != specs[i].name ||
-        specs[i].numel != optimizer.layout().total() || wspecs[i].numel != whole.size() ||
-        optimizer.state_extents(mine)[i] != mine)
-      MEMFIT_THROW(IoError, "checkpoint",
-                   "{}: '{}' state '{}' is not one element per layout element: its checkpoints "
-                   "across layouts are not built",
-                   dir.string(), optimizer.name(), specs[i].name);
-  const std::vector<SliceRun> parts = runs_within(runs, mine);
   for (size_t i = 0; i < specs.size(); ++i) {
     auto t = tensors.find(specs[i].name);
     if (t == tensors.end()) continue;  // an empty slice
     auto* dst = static_cast<std::byte*>(t->second.raw_data());
     const size_t es = dtype_size(specs[i].dtype);
     std::memset(dst, 0, t->second.nbytes());
-    for (const SliceRun& r : parts)
-      saved.read(i, {r.whole, r.whole + r.n}, dst + static_cast<size_t>(r.local - mine.begin) * es);
+    for (const SliceRun& r : state_runs[i]) {
+      MEMFIT_CHECK(r.local >= extents[i].begin && r.local + r.n <= extents[i].end, "checkpoint",
+                   "'{}' state '{}' [{}, {}) is outside the range's [{}, {})", optimizer.name(),
+                   specs[i].name, r.local, r.local + r.n, extents[i].begin, extents[i].end);
+      saved.read(i, {r.whole, r.whole + r.n},
+                 dst + static_cast<size_t>(r.local - extents[i].begin) * es);
+    }
     saved.release(i);
   }
   optimizer.set_steps_taken(saved.steps_taken());
