@@ -5,7 +5,10 @@
 #include <optional>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "memfit/core/error.h"
+#include "memfit/model/pipeline_interleaved.h"
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/optim/sliced_optimizer.h"
@@ -156,7 +159,8 @@ void RunSpec::check_tensor_parallel() const {
 RunSpec RunSpec::stage(int s) const {
   RunSpec r = *this;
   if (pp() == 1) return r;
-  MEMFIT_CHECK(s >= 0 && s < pp(), "pipeline", "stage {} of {}", s, pp());
+  MEMFIT_CHECK(s >= 0 && s < static_cast<int>(pipeline.size()), "pipeline", "stage {} of {}", s,
+               pipeline.size());
   r.model.set_pipeline_stage(pipeline[static_cast<size_t>(s)]);
   return r;
 }
@@ -172,6 +176,7 @@ RunSpec RunSpec::stage(int s) const {
 void RunSpec::check_pipeline() const {
   if (pp() == 1) return;
   const int P = pp();
+  check_interleaved_run();
   const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
@@ -405,6 +410,39 @@ void RunSpec::check_base_dtype() const {
                  "process, with every weight in RAM",
                  kernels::weight_quant_name(*quant), refused,
                  *quant == kernels::WeightQuant::nf4 ? "NF4 (QLoRA)" : "int8");
+}
+
+// --pp-schedule interleaved (Note [Pipeline parallel], "Interleaved"): what a rank of V chunks
+// is built with so far: fp32 working weights with AdamW or SGD, ZeRO 0-1 over the data group,
+// no --tp, the P x V chunks each at least one block, --grad-accum a multiple of --pp. The
+// refusals name the values.
+void RunSpec::check_interleaved_run() const {
+  if (pipe_virtual < 1)
+    MEMFIT_THROW(ConfigError, "config", "--pp-virtual must be 1 or more, got {}", pipe_virtual);
+  if (!interleaved()) return;
+  const int P = pp();
+  check_interleaved(P, pipe_virtual, grad_accum);
+  const char* refused = model.tp > 1 ? "--tp above 1"
+                        : zero >= 2  ? "--zero 2 or 3"
+                        : precision.precision != Precision::fp32 ? "--precision other than fp32"
+                        : grad_dtype != DType::f32 ? "--grad-dtype bf16"
+                                                   : nullptr;
+  if (refused)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
+                 "interleaved trains in fp32 at ZeRO 0-1 without --tp (Note [Pipeline parallel], "
+                 "\"Interleaved\")",
+                 P, pipe_virtual, refused);
+  if (static_cast<int>(pipeline.size()) != P * pipe_virtual)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-schedule interleaved: {} chunks given, --pp {} x --pp-virtual {} = {} "
+                 "needed",
+                 pipeline.size(), P, pipe_virtual, P * pipe_virtual);
+}
+
+std::string pipe_schedule_label(const RunSpec& spec) {
+  return spec.interleaved() ? fmt::format("interleaved (--pp-virtual {})", spec.pipe_virtual)
+                            : std::string(pipe_schedule_name(spec.pipe_schedule));
 }
 
 }  // namespace memfit

@@ -84,6 +84,7 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
   create_optimizer();
   make_grad_widen();
   load_or_init();
+  make_chunks();  // --pp-schedule interleaved: this rank's other chunks
   prepare_step();
   open_data();
   open_log();
@@ -335,13 +336,17 @@ void TrainRun::prepare_step() {
   if (spec_.pp() > 1)
     runner_ = std::make_unique<dist::PipelineRunner>(
         pipe_, spec_.pipe_schedule, spec_.grad_accum,
-        dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_);
+        dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_,
+        spec_.pipe_virtual);
+  prepare_chunks();
   // A tied model's first and last stages: the table's receive buffer (Note [Pipeline
   // parallel], "Tied embeddings"; the planner's tied_gradient_buffer_bytes).
   // At ZeRO 2-3 each data rank holds its shard of its stage's sums, and the two stages'
   // layouts are cut differently: each rank exchanges the part of the table it owns with the
   // other stage's data ranks that own it there (dist::tied_shard_pieces, over the world).
-  if (const ElementRange table = tied_table(mc_, gpt_->layout()); !table.empty()) {
+  // (Interleaved: the first virtual stage's chunk on rank 0, the last's on rank P - 1.)
+  if (const ElementRange table = tied_table(tied_model().config(), tied_model().layout());
+      !table.empty()) {
     if (W_ > 1 && !placement_.grads_whole()) {
       const int P = spec_.pp();
       const ModelConfig first_model = spec_.stage(0).model;
