@@ -124,6 +124,7 @@ class TrainRun {
     std::optional<RankShards> shards;
   };
   void make_chunks();
+  void load_chunk_by_layout(Chunk& k);
   void prepare_chunks();
   Transformer& chunk_model(int c);
   std::optional<dist::GradientSync>& chunk_sync(int c);

@@ -24,7 +24,7 @@ std::optional<dist::GradientSync>& TrainRun::chunk_sync(int c) {
 
 // Chunks 1 .. V - 1: each virtual stage's model, placed over the data group as chunk 0 is (ZeRO
 // 0-1: RunSpec::check_interleaved_run), its optimizer, and its initial weights (the whole
-// model's draw at its offsets).
+// model's draw at its offsets) or its runs of the checkpoint's tensors (and optimizer state).
 void TrainRun::make_chunks() {
   const int V = settings_.run.pipe_virtual, P = spec_.pp();
   if (V <= 1) return;
@@ -36,7 +36,10 @@ void TrainRun::make_chunks() {
     ModelState state = zero_model_state(*k->placement, comm_, nullptr, nullptr, &k->zero, nullptr);
     k->gpt.emplace(k->run.model, pool_, k->run.precision, std::move(state));
     k->opt = make_optimizer(k->run.optim, k->gpt->layout(), &pool_, k->placement->owned());
-    k->gpt->init_weights(settings_.seed, piece_);
+    if (location_.dir.empty())
+      k->gpt->init_weights(settings_.seed, piece_);
+    else
+      load_chunk_by_layout(*k);  // train_run_layout.cpp
     chunks_.push_back(std::move(k));
   }
 }

@@ -58,20 +58,26 @@ void TrainRun::stage_layout_files() {
   if (save_staging_n_ > 0)
     staging =
         Tensor::empty(pool_, {save_staging_n_}, DType::f32, Category::staging, "save.staging");
-  if (my_shard_ || comm_.rank() == 0) {
-    const ElementRange mine = opt_->range();
+  // A model's part: the run's, and under --pp-schedule interleaved each chunk's (each a run of
+  // the whole layout at its own offset: train_run_chunks.cpp).
+  auto write = [&](Transformer& gpt, Optimizer& opt) {
+    const ElementRange mine = opt.range();
     const std::vector<SliceRun> runs =
-        runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
+        runs_within(first_holder_runs(gpt.config(), grid_.tensor().rank()), mine);
     std::vector<const void*> state;
-    const auto held = opt_->state();
-    for (const StateSpec& s : opt_->whole_state_specs()) {
+    const auto held = opt.state();
+    for (const StateSpec& s : opt.whole_state_specs()) {
       const void* p = nullptr;
       for (const auto& [name, t] : held)
         if (name == s.name) p = t.raw_data();
       state.push_back(p);
     }
-    files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
+    files.write(staging_, runs, gpt.weights().raw_data(), gpt.weights_range().begin, state,
                 mine.begin, staging);
+  };
+  if (my_shard_ || comm_.rank() == 0) {
+    write(*gpt_, *opt_);
+    for (auto& k : chunks_) write(*k->gpt, *k->opt);
   }
   staging = Tensor{};
   world.barrier();  // every part is on disk before rank 0 moves the files into the save
@@ -100,6 +106,26 @@ void TrainRun::load_by_layout() {
   if (resume_ && opt_) {
     const WholeOptimizer w(spec_.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);
+  }
+}
+
+// --pp-schedule interleaved: chunk `k`'s run of every tensor from the save, as load_by_layout
+// reads chunk 0's (train_run_chunks.cpp; ZeRO 0-1, no offload: RunSpec::check_interleaved_run).
+void TrainRun::load_chunk_by_layout(Chunk& k) {
+  const ModelConfig whole = whole_run_model(k.run.model);
+  const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
+  const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, whole);
+  const std::vector<SliceRun> runs = whole_layout_runs(k.run.model, grid_.tensor().rank());
+  k.gpt->set_weights(
+      [&](int64_t from, int64_t to, float* dst) {
+        fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
+          source->read_range({a, b}, d);
+        });
+      },
+      piece_, {});
+  if (resume_) {
+    const WholeOptimizer w(k.run.optim, whole, 0);
+    io::load_optimizer_state_by_layout(location_.dir, *k.opt, *w.opt, runs);
   }
 }
 

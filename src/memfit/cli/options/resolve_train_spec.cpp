@@ -208,16 +208,6 @@ void set_pipeline_schedule(RunSpec& s, const TrainConfig& c) {
                  "--pp {} x --pp-virtual {} = {} chunks of at least one block each, but the model "
                  "has {} blocks",
                  c.pp, c.pp_virtual, c.pp * c.pp_virtual, s.model.n_layer);
-  const std::string checkpoint = !c.save_dir.empty()      ? "--save"
-                                  : !c.resume_dir.empty() ? "--resume"
-                                  : !c.init_from.empty()  ? "--init-from"
-                                                          : std::string();
-  if (!checkpoint.empty())
-    MEMFIT_THROW(ConfigError, "config",
-                 "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
-                 "a rank's chunks are not written to or read from checkpoints (Note [Pipeline "
-                 "parallel], \"Interleaved\")",
-                 c.pp, c.pp_virtual, checkpoint);
   s.pipe_schedule = PipeSchedule::one_f_one_b;
   s.pipe_virtual = c.pp_virtual;
 }
