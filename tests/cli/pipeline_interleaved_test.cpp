@@ -91,6 +91,14 @@ TEST_F(PipelineInterleaved, LlamaGivesOneProcesssNumbersBitForBit) {
   expect_same(train(0, eight, "one8"),
               train(4, eight + " --pp-schedule interleaved --pp 4 --pp-virtual 2", "pp4v2"),
               keys, "--pp 4 V 2");
+  // bf16 (master weights, and pure) and fp16 (the loss scale, every chunk unscaled alike).
+  for (const char* p : {"--precision bf16", "--precision bf16 --master-weights none",
+                        "--precision fp16"}) {
+    const std::string a = std::string(kSteps) + " " + p;
+    expect_same(train(0, a, "one-half"),
+                train(2, a + " --pp-schedule interleaved --pp 2 --pp-virtual 2", "pp2v2-half"),
+                {"loss", "grad_norm", "val_loss", "loss_scale"}, p);
+  }
 }
 
 // Tied (GPT-2): the table's gradient is the first chunk's and the last chunk's parts added once
@@ -130,6 +138,7 @@ TEST_F(PipelineInterleaved, ThePlanIsEveryRanksMeasuredPeak) {
            {2, "--pp 2 --pp-virtual 2"},
            {4, "--pp 4 --pp-virtual 2 --n-layer 8"},
            {2, "--pp 2 --pp-virtual 2 --model gpt2-tiny --ckpt full"},
+           {2, "--pp 2 --pp-virtual 2 --precision bf16 --master-weights none"},
            {4, "--pp 2 --pp-virtual 2 --zero 1"}}) {
     const std::string a = "--steps 2 --grad-accum 4 --pp-schedule interleaved " + more;
     ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", args(a), ranks)), 0)
@@ -142,7 +151,8 @@ TEST_F(PipelineInterleaved, ThePlanIsEveryRanksMeasuredPeak) {
     const json& t = plan["pipeline_time"];
     EXPECT_EQ(t["slots"].get<int>(), 4 * 2 + P - 1) << more;
     EXPECT_DOUBLE_EQ(t["bubble_fraction"].get<double>(), (P - 1) / 8.0) << more;
-    if (more.find("gpt2") == std::string::npos && more.find("n-layer") == std::string::npos) {
+    if (more.find("gpt2") == std::string::npos && more.find("n-layer") == std::string::npos &&
+        more.find("bf16") == std::string::npos) {
       int64_t params = 0;
       for (const json& s : plan["stages"]) params += s["params"].get<int64_t>();
       EXPECT_EQ(params, whole["model"]["params"].get<int64_t>()) << more;
@@ -185,7 +195,7 @@ TEST_F(PipelineInterleaved, RefusesWhatIsNotBuiltNamingTheValues) {
           {"--pp-virtual 2", "--zero 2 or 3"});
   refused("--world-size 4 --pp 2 --pp-schedule interleaved --pp-virtual 2 --tp 2",
           {"--pp-virtual 2", "--tp"});
-  refused(i + "--pp-virtual 2 --precision bf16", {"--pp-virtual 2", "--precision"});
+  refused(i + "--pp-virtual 2 --precision fp8", {"--pp-virtual 2", "--precision fp8"});
   refused("--world-size 2 --pp 2 --pp-virtual 2", {"--pp-virtual 2", "interleaved"});
   // train refuses before the first step, every rank alike.
   EXPECT_NE(run_memfit("train " + args("--steps 1 --grad-accum 4 --pp 2 --pp-schedule "

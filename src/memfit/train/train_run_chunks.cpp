@@ -48,7 +48,7 @@ void TrainRun::make_chunks() {
 void TrainRun::prepare_chunks() {
   for (auto& k : chunks_) {
     k->gpt->reserve(B_, T_, k->run.activation_options());
-    if (W_ > 1) {
+    if (W_ > 1 && !k->zero.grads) {  // the slab's exchange, as chunk 0's (prepare_step)
       Tensor& g = k->gpt->grads();
       k->sync.emplace(comm_, pool_, std::span<float>(g.data<float>(), size_t(g.numel())),
                       spec_.bucket_bytes);
