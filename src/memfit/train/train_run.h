@@ -132,6 +132,7 @@ class TrainRun {
   UpdateOutcome chunk_update(float lr);
   double chunk_evaluate(const StepLoss& eval_loss, int64_t n);
   Transformer& tied_model();
+  const StatePlacement& tied_placement() const;
 
   // The step (train_run_step.cpp).
   StepResult step(int64_t step, std::chrono::steady_clock::time_point t0);

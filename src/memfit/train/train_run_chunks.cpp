@@ -52,8 +52,8 @@ void TrainRun::prepare_chunks() {
       Tensor& g = k->gpt->grads();
       k->sync.emplace(comm_, pool_, std::span<float>(g.data<float>(), size_t(g.numel())),
                       spec_.bucket_bytes);
-      k->shards = RankShards{&comm_, k->placement->shards(), k->placement->grads_whole()};
     }
+    if (W_ > 1) k->shards = RankShards{&comm_, k->placement->shards(), k->placement->grads_whole()};
   }
 }
 
@@ -63,6 +63,13 @@ Transformer& TrainRun::tied_model() {
   for (auto& k : chunks_)
     if (!tied_table(k->gpt->config(), k->gpt->layout()).empty()) return *k->gpt;
   return *gpt_;
+}
+
+// tied_model()'s placement over the data group.
+const StatePlacement& TrainRun::tied_placement() const {
+  for (const auto& k : chunks_)
+    if (!tied_table(k->gpt->config(), k->gpt->layout()).empty()) return *k->placement;
+  return placement_;
 }
 
 // The step's chunk forwards and backwards in Megatron's interleaved order (run_chunks). A chunk

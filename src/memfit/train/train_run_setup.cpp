@@ -347,19 +347,21 @@ void TrainRun::prepare_step() {
   // (Interleaved: the first virtual stage's chunk on rank 0, the last's on rank P - 1.)
   if (const ElementRange table = tied_table(tied_model().config(), tied_model().layout());
       !table.empty()) {
-    if (W_ > 1 && !placement_.grads_whole()) {
-      const int P = spec_.pp();
+    const StatePlacement& placed = tied_placement();
+    const bool head = tied_model().config().stage.has_head();
+    if (W_ > 1 && !placed.grads_whole()) {
+      const int S = static_cast<int>(spec_.pipeline.size());  // stages (interleaved: P x V)
       const ModelConfig first_model = spec_.stage(0).model;
-      const ParamLayout first(first_model), last(spec_.stage(P - 1).model);
+      const ParamLayout first(first_model), last(spec_.stage(S - 1).model);
       const std::vector<ElementRange> first_shards = shard_ranges(first, spec_.optim, W_),
                                       last_shards = shard_ranges(last, spec_.optim, W_);
-      MEMFIT_CHECK(placement_.shards() == (mc_.stage.has_head() ? last_shards : first_shards),
+      MEMFIT_CHECK(placed.shards() == (head ? last_shards : first_shards),
                    "pipeline", "the tied table's shards are not this stage's placement's");
       tied_.emplace(grid_.world(),
                     dist::tied_shard_pieces(first_shards, last_shards, tied_table(first_model, first),
                                             tied_table_copy(last), grid_.shape(), grid_.coords(),
-                                            placement_.my_shard().begin),
-                    table.size(), !mc_.stage.has_head(), pool_);
+                                            placed.my_shard().begin),
+                    table.size(), !head, pool_);
     } else {
       tied_.emplace(pipe_, table, pool_);
     }
