@@ -244,6 +244,12 @@ TEST_F(PipelineInterleaved, SavesAreOneProcesssFilesAndResumeAtAnyLayout) {
   train(0, fmt::format("{} --save '{}'", g, at("g1")), "g1");
   train(2, fmt::format("{}{} --resume '{}' --save '{}'", g, iv, at("g1"), at("g2")), "g2");
   same("g1", "g2");
+  // Two data ranks at ZeRO 3 (each chunk writes its shard's runs): the data-parallel run's state
+  // (its shard files, resumed and saved whole by one process).
+  train(2, fmt::format("{} --zero 3 --save '{}'", two, at("d3")), "d3");
+  train(4, fmt::format("{}{} --zero 3 --save '{}'", two, iv, at("i3")), "i3");
+  train(0, fmt::format("{} --resume '{}' --save '{}'", two, at("d3"), at("o3")), "o3");
+  same("o3", "i3");
   const std::string four = "--steps 4 --grad-accum 4 --clip 0.05";
   const auto whole = train(0, four, "whole");
   const auto resumed = train(2, fmt::format("{}{} --resume '{}'", four, iv, at("iv")), "resumed");
