@@ -636,8 +636,10 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
     const RunSpec run = spec.stage(s);
     if (spec.interleaved()) {  // the rank's chunks together (plan/interleaved_plan.h)
       stages.push_back(plan_interleaved_rank(spec, s, 0, true));
-      for (int d = 0; d < spec.world; ++d)
-        ranks.push_back({d * P + s, s, d, 0, plan_interleaved_rank(spec, s, d, false)});
+      for (int d = 0; d < spec.world; ++d) {
+        const PlanReport r = plan_interleaved_rank(spec, s, d, false);
+        for (int t = 0; t < TP; ++t) ranks.push_back({(d * P + s) * TP + t, s, d, t, r});
+      }
     } else {
       stages.push_back(plan_training(run));
       plan_every_rank(run, [&](int d, const PlanReport& r) {

@@ -1,6 +1,7 @@
 #include "memfit/plan/interleaved_plan.h"
 
 #include "memfit/core/error.h"
+#include "memfit/dist/communicator_tensor_group.h"
 #include "memfit/dist/pipeline_runner.h"
 #include "memfit/model/param_layout.h"
 
@@ -60,6 +61,10 @@ PlanReport plan_interleaved_rank(const RunSpec& spec, int stage, int data, bool 
       V);
   at(rank, Category::activations) += static_cast<size_t>(pb.activations);
   at(rank, Category::comm) += static_cast<size_t>(pb.comm);
+  // --tp: the tensor group's buffers are lent once a rank, not once a chunk.
+  at(rank, Category::comm) -= static_cast<size_t>(
+      (V - 1) * dist::tensor_group_buffer_bytes(first.model.tp, spec.sp,
+                                                int64_t{spec.batch} * spec.T * first.model.d_model));
   rank.peak_bytes = 0;
   for (size_t b : rank.by_category) rank.peak_bytes += b;
   rank.peak_live_bytes = rank.peak_bytes;  // every chunk's arena is held the whole run

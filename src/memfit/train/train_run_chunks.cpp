@@ -35,6 +35,8 @@ void TrainRun::make_chunks() {
                          RankCoords{comm_.rank(), W_});
     ModelState state = zero_model_state(*k->placement, comm_, nullptr, nullptr, &k->zero, nullptr);
     k->gpt.emplace(k->run.model, pool_, k->run.precision, std::move(state));
+    // --tp: the tensor group and its buffers, lent once (make_model), before the weights.
+    if (mc_.tp > 1) k->gpt->set_tensor_group(tensor_);
     k->opt = make_optimizer(k->run.optim, k->gpt->layout(), &pool_, k->placement->owned());
     if (location_.dir.empty())
       k->gpt->init_weights(settings_.seed, piece_);

@@ -263,13 +263,17 @@ UpdateOutcome apply_update_chunks(const std::vector<ChunkUpdate>& chunks,
                                   int grad_accum, dist::Communicator& pipeline) {
   std::vector<GradCheck> all;  // virtual stage by virtual stage: chunk 0 of every stage, ...
   for (const ChunkUpdate& c : chunks) {
+    c.gpt->reduce_kv_replicas();        // as apply_update does, per chunk
+    c.gpt->reduce_sequence_partials();
     const std::vector<GradCheck> parts =
         gather_parts(pipeline, step_parts(*c.gpt, scaler, c.shards));
     all.insert(all.end(), parts.begin(), parts.end());
   }
   UpdateOutcome out;
   float scale = 0;
-  if (!decide_step(add_checks(all), scaler, clip, grad_accum, out, scale)) return out;
+  // --tp: the split parts' squares over the tensor group, the replicated ones once.
+  const GradCheck check = tensor_check(*chunks.front().gpt, add_checks(all));
+  if (!decide_step(check, scaler, clip, grad_accum, out, scale)) return out;
   for (const ChunkUpdate& c : chunks)
     out.gathered_bytes += step_optimizer(*c.gpt, *c.optimizer, c.shards, lr, scale);
   return out;
