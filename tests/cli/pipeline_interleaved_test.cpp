@@ -125,8 +125,12 @@ TEST_F(PipelineInterleaved, TwoDataRanksMatchDataParallelism) {
                 4);
     expect_same(dp, got, {"grad_norm"}, fmt::format("grad_norm, zero {}", zero), 3, 1e-6);
   }
-  // A tied GPT-2 at ZeRO 2 (the table's shards exchanged between rank 0's first chunk and rank
-  // 1's last), within 1e-6.
+  // bf16 gradients (per-unit reductions, one widening buffer a rank), and a tied GPT-2 at ZeRO
+  // 2 (the table's shards exchanged between rank 0's first chunk and rank 1's last), within 1e-6.
+  const std::string bf = a + " --grad-dtype bf16 --zero 1";
+  expect_same(train(2, bf, "dp2-bf16"),
+              train(4, bf + " --pp 2 --pp-schedule interleaved --pp-virtual 2", "bf16g"),
+              {"loss", "val_loss", "grad_norm"}, "--grad-dtype bf16", 4, 1e-6);
   const std::string g = a + " --model gpt2-tiny";
   expect_same(train(2, g + " --zero 2", "dp2-gpt2"),
               train(4, g + " --zero 2 --pp 2 --pp-schedule interleaved --pp-virtual 2", "gz2"),
@@ -149,7 +153,8 @@ TEST_F(PipelineInterleaved, ThePlanIsEveryRanksMeasuredPeak) {
            {4, "--pp 2 --pp-virtual 2 --zero 1"},
            {4, "--pp 2 --pp-virtual 2 --zero 3"},
            {4, "--pp 2 --pp-virtual 2 --zero 2 --model gpt2-tiny"},
-           {4, "--pp 2 --pp-virtual 2 --tp 2 --sp"}}) {
+           {4, "--pp 2 --pp-virtual 2 --tp 2 --sp"},
+           {2, "--pp 2 --pp-virtual 2 --grad-dtype bf16"}}) {
     const std::string a = "--steps 2 --grad-accum 4 --pp-schedule interleaved " + more;
     ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", args(a), ranks)), 0)
         << more << ": " << test::slurp(dir / "err.txt");
@@ -203,7 +208,6 @@ TEST_F(PipelineInterleaved, RefusesWhatIsNotBuiltNamingTheValues) {
   refused(i + "--pp-virtual 3", {"--pp 2 x --pp-virtual 3 = 6", "4 blocks"});
   refused(i + "--pp-virtual 1", {"--pp-virtual"});
   refused(i + "--pp-virtual 2 --precision fp8", {"--pp-virtual 2", "--precision fp8"});
-  refused(i + "--pp-virtual 2 --grad-dtype bf16", {"--pp-virtual 2", "--grad-dtype bf16"});
   refused("--world-size 2 --pp 2 --pp-virtual 2", {"--pp-virtual 2", "interleaved"});
   // train refuses before the first step, every rank alike.
   EXPECT_NE(run_memfit("train " + args("--steps 1 --grad-accum 4 --pp 2 --pp-schedule "

@@ -254,7 +254,7 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "pp - s); both give one process's bits with the same --grad-accum; or "
                   "interleaved (Megatron's interleaved 1F1B over --pp-virtual chunks a rank: a "
                   "bubble --pp-virtual times smaller, more inputs kept; --grad-accum a multiple "
-                  "of --pp; fp32, bf16 or fp16, ZeRO 0-3, no --tp so far), also one process's "
+                  "of --pp; fp32, bf16 or fp16, ZeRO 0-3, --tp), also one process's "
                   "bits")
       ->capture_default_str();
   cmd->add_option("--pp-virtual", c.pp_virtual,

@@ -4,6 +4,7 @@
 #include "memfit/dist/communicator_tensor_group.h"
 #include "memfit/dist/pipeline_runner.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/optim/optimizer.h"
 
 namespace memfit {
 
@@ -65,6 +66,18 @@ PlanReport plan_interleaved_rank(const RunSpec& spec, int stage, int data, bool 
   at(rank, Category::comm) -= static_cast<size_t>(
       (V - 1) * dist::tensor_group_buffer_bytes(first.model.tp, spec.sp,
                                                 int64_t{spec.batch} * spec.T * first.model.d_model));
+  // bf16 gradients: one widening buffer a rank, the largest chunk's (TrainRun::make_grad_widen).
+  if (spec.grad_dtype == DType::bf16) {
+    auto widen = [&](const RunSpec& run) {
+      return MemoryPool::round_up(
+          static_cast<size_t>(std::max<int64_t>(
+              1, grad_widen_elements(run.optim, ParamLayout(run.model)))) *
+          sizeof(float));
+    };
+    size_t most = 0;
+    for (int c = 0; c < V; ++c) most = std::max(most, widen(spec.stage(c * P + stage)));
+    at(rank, Category::staging) += most - widen(first);
+  }
   rank.peak_bytes = 0;
   for (size_t b : rank.by_category) rank.peak_bytes += b;
   rank.peak_live_bytes = rank.peak_bytes;  // every chunk's arena is held the whole run

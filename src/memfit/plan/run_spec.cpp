@@ -413,7 +413,7 @@ void RunSpec::check_base_dtype() const {
 }
 
 // --pp-schedule interleaved (Note [Pipeline parallel], "Interleaved"): what a rank of V chunks
-// is built with so far: fp32, bf16 or fp16, f32 gradients, AdamW or SGD, ZeRO 0-3 over
+// is built with so far: fp32, bf16 or fp16, f32 or bf16 gradients, AdamW or SGD, ZeRO 0-3 over
 // the data group, --tp, the P x V chunks each at least one block, --grad-accum a multiple of
 // --pp. The refusals name the values.
 void RunSpec::check_interleaved_run() const {
@@ -423,13 +423,12 @@ void RunSpec::check_interleaved_run() const {
   const int P = pp();
   check_interleaved(P, pipe_virtual, grad_accum);
   const char* refused = precision.precision == Precision::fp8 ? "--precision fp8"
-                        : grad_dtype != DType::f32                ? "--grad-dtype bf16"
-                                                                  : nullptr;
+                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
-                 "interleaved trains in fp32, bf16 or fp16 with f32 gradients at any ZeRO stage, "
-                 "with or without --tp (Note [Pipeline parallel], \"Interleaved\")",
+                 "interleaved trains in fp32, bf16 or fp16, f32 or bf16 gradients, any ZeRO "
+                 "stage, with or without --tp (Note [Pipeline parallel], \"Interleaved\")",
                  P, pipe_virtual, refused);
   if (static_cast<int>(pipeline.size()) != P * pipe_virtual)
     MEMFIT_THROW(ConfigError, "config",

@@ -124,6 +124,7 @@ class TrainRun {
     std::optional<RankShards> shards;
   };
   void make_chunks();
+  int64_t chunks_widen_elements() const;
   void load_chunk_by_layout(Chunk& k);
   void prepare_chunks();
   Transformer& chunk_model(int c);
@@ -241,6 +242,8 @@ class TrainRun {
   // --pp with tied embeddings, the first and last stages: the table's gradient summed between
   // them after the backward (dist/tied_gradient.h).
   std::optional<dist::TiedGradient> tied_;
+  // bf16 gradients: the update's widening buffer, every chunk's (make_grad_widen).
+  Tensor grad_widen_;
   // --pp-schedule interleaved: chunks 1 .. V - 1 of this rank (chunk 0 is gpt_, opt_, sync_).
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<io::DataLoader> train_data_, val_data_;

@@ -38,12 +38,24 @@ void TrainRun::make_chunks() {
     // --tp: the tensor group and its buffers, lent once (make_model), before the weights.
     if (mc_.tp > 1) k->gpt->set_tensor_group(tensor_);
     k->opt = make_optimizer(k->run.optim, k->gpt->layout(), &pool_, k->placement->owned());
+    if (spec_.grad_dtype == DType::bf16) k->opt->set_grad_widen(grad_widen_);
     if (location_.dir.empty())
       k->gpt->init_weights(settings_.seed, piece_);
     else
       load_chunk_by_layout(*k);  // train_run_layout.cpp
     chunks_.push_back(std::move(k));
   }
+}
+
+// bf16 gradients: the widening buffer's elements, the most any of this rank's chunks needs (the
+// planner's, plan_interleaved_rank).
+int64_t TrainRun::chunks_widen_elements() const {
+  int64_t most = grad_widen_elements(spec_.optim, gpt_->layout());
+  const int P = spec_.pp();
+  for (int c = 1; c < spec_.pipe_virtual; ++c)
+    most = std::max(most, grad_widen_elements(spec_.optim,
+                                              ParamLayout(spec_.stage(c * P + pipe_.rank()).model)));
+  return most;
 }
 
 // Each chunk's step reservation and exchange (chunk 0's are prepare_step's).

@@ -280,12 +280,11 @@ void TrainRun::check_disk_limit() const {
 // [Gradients in bf16]; the planner counts it under staging). Then the set-up's ranges.
 void TrainRun::make_grad_widen() {
   if (spec_.grad_dtype == DType::bf16) {
-    const Tensor widen =
-        Tensor::empty(pool_,
-                      {std::max<int64_t>(1, grad_widen_elements(spec_.optim, gpt_->layout()))},
-                      DType::f32, Category::staging, "grads.widen");
-    if (off_) off_->set_grad_widen(widen);
-    else opt_->set_grad_widen(widen);
+    // (--pp-schedule interleaved: one for every chunk's optimizer, the largest chunk's.)
+    grad_widen_ = Tensor::empty(pool_, {std::max<int64_t>(1, chunks_widen_elements())},
+                                DType::f32, Category::staging, "grads.widen");
+    if (off_) off_->set_grad_widen(grad_widen_);
+    else opt_->set_grad_widen(grad_widen_);
   }
   // The set-up fills the weights of record and the working copy by range (Note [Set-up by
   // range] in docs/notes/zero.md): this rank's range of the initial weights drawn, or of each
