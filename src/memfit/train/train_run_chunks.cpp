@@ -22,8 +22,8 @@ std::optional<dist::GradientSync>& TrainRun::chunk_sync(int c) {
   return c == 0 ? sync_ : chunks_.at(static_cast<size_t>(c - 1))->sync;
 }
 
-// Chunks 1 .. V - 1: each virtual stage's model, placed over the data group as chunk 0 is (ZeRO
-// 0-1: RunSpec::check_interleaved_run), its optimizer, and its initial weights (the whole
+// Chunks 1 .. V - 1: each virtual stage's model, placed over the data group as chunk 0 is (any
+// ZeRO stage; no offload: check_pipeline), its optimizer, and its initial weights (the whole
 // model's draw at its offsets) or its runs of the checkpoint's tensors (and optimizer state).
 void TrainRun::make_chunks() {
   const int V = settings_.run.pipe_virtual, P = spec_.pp();

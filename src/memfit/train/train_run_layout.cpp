@@ -110,7 +110,7 @@ void TrainRun::load_by_layout() {
 }
 
 // --pp-schedule interleaved: chunk `k`'s run of every tensor from the save, as load_by_layout
-// reads chunk 0's (train_run_chunks.cpp; ZeRO 0-1, no offload: RunSpec::check_interleaved_run).
+// reads chunk 0's (train_run_chunks.cpp; no offload under --pp: RunSpec::check_pipeline).
 void TrainRun::load_chunk_by_layout(Chunk& k) {
   const ModelConfig whole = whole_run_model(k.run.model);
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
