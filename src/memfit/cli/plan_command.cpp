@@ -574,9 +574,10 @@ void print_pipeline_time(const RunSpec& spec, const PipelineTime& t) {
              t.step, mv, t.stages, t.slots(), t.slot, t.slowest, V > 1 ? "chunk's " : "",
              t.compute[s] / V, t.p2p[s] / V, t.once_most,
              spec.world > 1 ? ", the data group's collectives" : "");
-  fmt::print("bubble: {:.3g} s, {:.1f}% of the step: the fill and the drain, (p - 1)/({}m) = "
+  fmt::print("bubble: {:.3g} s, {:.1f}% of the step: the fill and the drain, {} = "
              "{}/{} = {:.3g} of the ideal {} slots ({}--pp-schedule {})\n",
-             t.bubble(), 100 * t.bubble_share(), V > 1 ? "v " : "", t.stages - 1, mv,
+             t.bubble(), 100 * t.bubble_share(), V > 1 ? "(p - 1)/(v m)" : "(p - 1)/m",
+             t.stages - 1, mv,
              t.bubble_fraction(), mv, V > 1 ? "" : "gpipe and 1f1b alike; ",
              pipe_schedule_label(spec));
   int crossing = 0;
@@ -718,7 +719,10 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
              "optimizer state alone ({:.1f}M of the model's {:.1f}M parameters on the largest "
              "stage)\n\n",
              P, describe_stages(spec.pipeline), pipe_schedule_label(spec),
-             spec.grad_accum, r.model.num_params() / 1e6, whole_params / 1e6);
+             spec.grad_accum,
+             (spec.interleaved() ? interleaved_rank_params(spec, largest) : r.model.num_params()) /
+                 1e6,
+             whole_params / 1e6);
   if (!split_note.empty()) fmt::print("{}\n\n", split_note);
   fmt::print("{:<6} {:>7}", "stage", "blocks");
   for (Category c : kAllCategories) fmt::print(" {:>11}", category_name(c));
@@ -738,8 +742,11 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
              "receives)\n");
   print_pipeline_time(spec, time);
   fmt::print("\nthe largest stage, {} (its step line is the stage's own work, without the "
-             "pipeline's bubble and transfers: the step above has them):\n",
-             largest);
+             "pipeline's bubble and transfers: the step above has them{}):\n",
+             largest,
+             spec.interleaved() ? "; interleaved: its first chunk's model and step, the "
+                                  "rank's bytes by category in the table above"
+                                : "");
   print_plan(top, r);
   if (spec.mem_limit)
     fmt::print("--mem-limit {} (each rank's): {}\n", format_mib(spec.mem_limit),
