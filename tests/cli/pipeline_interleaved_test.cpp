@@ -154,7 +154,8 @@ TEST_F(PipelineInterleaved, ThePlanIsEveryRanksMeasuredPeak) {
            {4, "--pp 2 --pp-virtual 2 --zero 3"},
            {4, "--pp 2 --pp-virtual 2 --zero 2 --model gpt2-tiny"},
            {4, "--pp 2 --pp-virtual 2 --tp 2 --sp"},
-           {2, "--pp 2 --pp-virtual 2 --grad-dtype bf16"}}) {
+           {2, "--pp 2 --pp-virtual 2 --grad-dtype bf16"},
+           {2, "--pp 2 --pp-virtual 2 --n-layer 6 --pp-layers 2,1,1,2"}}) {
     const std::string a = "--steps 2 --grad-accum 4 --pp-schedule interleaved " + more;
     ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", args(a), ranks)), 0)
         << more << ": " << test::slurp(dir / "err.txt");
@@ -207,6 +208,8 @@ TEST_F(PipelineInterleaved, RefusesWhatIsNotBuiltNamingTheValues) {
   refused(i + "--pp-virtual 2 --grad-accum 3", {"--grad-accum 3", "multiple of --pp 2"});
   refused(i + "--pp-virtual 3", {"--pp 2 x --pp-virtual 3 = 6", "4 blocks"});
   refused(i + "--pp-virtual 1", {"--pp-virtual"});
+  refused(i + "--pp-virtual 2 --pp-layers 2,2",
+          {"--pp-layers 2,2 gives 2 counts", "--pp 2 x --pp-virtual 2 = 4"});
   refused(i + "--pp-virtual 2 --precision fp8", {"--pp-virtual 2", "--precision fp8"});
   refused("--world-size 2 --pp 2 --pp-virtual 2", {"--pp-virtual 2", "interleaved"});
   // train refuses before the first step, every rank alike.

@@ -1,5 +1,6 @@
 #include "memfit/cli/options/resolve_train_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -208,6 +209,13 @@ void set_pipeline_schedule(RunSpec& s, const TrainConfig& c) {
                  "--pp {} x --pp-virtual {} = {} chunks of at least one block each, but the model "
                  "has {} blocks",
                  c.pp, c.pp_virtual, c.pp * c.pp_virtual, s.model.n_layer);
+  const bool counts = !c.pp_layers.empty() && c.pp_layers != "auto";
+  if (const auto n = std::count(c.pp_layers.begin(), c.pp_layers.end(), ',') + 1;
+      counts && n != c.pp * c.pp_virtual)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-layers {} gives {} counts; --pp-schedule interleaved needs one a chunk: "
+                 "--pp {} x --pp-virtual {} = {}",
+                 c.pp_layers, n, c.pp, c.pp_virtual, c.pp * c.pp_virtual);
   s.pipe_schedule = PipeSchedule::one_f_one_b;
   s.pipe_virtual = c.pp_virtual;
 }
