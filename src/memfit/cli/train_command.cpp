@@ -251,7 +251,16 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--pp-schedule", c.pp_schedule,
                   "With --pp: gpipe (every forward, then every backward: each stage keeps every "
                   "micro-batch's input) or 1f1b (one forward, one backward: stage s keeps at most "
-                  "pp - s); both give one process's bits with the same --grad-accum")
+                  "pp - s); both give one process's bits with the same --grad-accum; or "
+                  "interleaved (Megatron's interleaved 1F1B over --pp-virtual chunks a rank: a "
+                  "bubble --pp-virtual times smaller, more inputs kept; --grad-accum a multiple "
+                  "of --pp; fp32, bf16 or fp16, ZeRO 0-3, --tp), also one process's "
+                  "bits")
+      ->capture_default_str();
+  cmd->add_option("--pp-virtual", c.pp_virtual,
+                  "With --pp-schedule interleaved: chunks a rank (virtual stages), 2 or more; "
+                  "the blocks are cut into --pp x --pp-virtual chunks, rank r holding chunks r, "
+                  "r + pp, ... (--pp-layers gives each chunk's count)")
       ->capture_default_str();
   cmd->add_option("--link", c.links,
                   "A link the step-time estimate prices transfers on, repeatable: intra=BW,LAT "
@@ -494,7 +503,7 @@ void add_train_command(CLI::App& app) {
         fmt::print("memfit: pipeline of {} stages (blocks {}), --pp-schedule {}, {} "
                    "micro-batches a step{}\n",
                    spec.run.pp(), describe_stages(spec.run.pipeline),
-                   pipe_schedule_name(spec.run.pipe_schedule), spec.run.grad_accum,
+                   pipe_schedule_label(spec.run), spec.run.grad_accum,
                    run.pipeline_note.empty() ? std::string() : "\nmemfit: " + run.pipeline_note);
       print_precision_route(spec.run.precision.precision, run.precision_note);
       if (run.planned) print_search(run.search, run.note);

@@ -356,6 +356,15 @@ void add_param_file_bytes(const RunSpec& spec, const ParamLayout& layout,
                            .staging;
 }
 
+// A pipeline stage's kept inputs and transfer buffers; none in an interleaved chunk's plan.
+dist::PipelineBuffers stage_pipeline_buffers(const RunSpec& spec, const ModelConfig& model,
+                                             const ActivationOptions& act) {
+  if (spec.interleaved()) return {};
+  return dist::pipeline_buffers(
+      spec.pipe_schedule, model.stage.index, model.stage.stages, spec.grad_accum,
+      dist::pipeline_boundary_floats(model, act, spec.batch, spec.T) * int64_t{sizeof(float)});
+}
+
 PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
                      StepPlanCache* steps) {
   spec.check();
@@ -410,12 +419,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
   // A pipeline stage (Note [Pipeline parallel]): the micro-batches' inputs it keeps for their
-  // backwards, and the transfer buffers (dist/pipeline_runner.h: the runner's own count).
+  // backwards, and the transfer buffers (dist/pipeline_runner.h: the runner's own count). An
+  // interleaved chunk's are its rank's, counted once (plan/interleaved_plan.h).
   int64_t pipe_kept = 0;
   if (r.model.pipelined()) {
-    const dist::PipelineBuffers pb = dist::pipeline_buffers(
-        spec.pipe_schedule, r.model.stage.index, r.model.stage.stages, spec.grad_accum,
-        dist::pipeline_boundary_floats(r.model, act, r.B, r.T) * int64_t{sizeof(float)});
+    const dist::PipelineBuffers pb = stage_pipeline_buffers(spec, r.model, act);
     pipe_kept = pb.activations;
     at(Category::activations) += static_cast<size_t>(pb.activations);
     at(Category::comm) += static_cast<size_t>(pb.comm);

@@ -6,7 +6,10 @@
 #include <optional>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "memfit/core/error.h"
+#include "memfit/model/pipeline_interleaved.h"
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/optim/sliced_optimizer.h"
@@ -219,7 +222,8 @@ void RunSpec::check_tensor_parallel() const {
 RunSpec RunSpec::stage(int s) const {
   RunSpec r = *this;
   if (pp() == 1) return r;
-  MEMFIT_CHECK(s >= 0 && s < pp(), "pipeline", "stage {} of {}", s, pp());
+  MEMFIT_CHECK(s >= 0 && s < static_cast<int>(pipeline.size()), "pipeline", "stage {} of {}", s,
+               pipeline.size());
   r.model.set_pipeline_stage(pipeline[static_cast<size_t>(s)]);
   return r;
 }
@@ -237,6 +241,7 @@ RunSpec RunSpec::stage(int s) const {
 void RunSpec::check_pipeline() const {
   if (pp() == 1) return;
   const int P = pp();
+  check_interleaved_run();
   const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
@@ -482,6 +487,45 @@ void RunSpec::check_base_dtype() const {
                  "process, with every weight in RAM",
                  kernels::weight_quant_name(*quant), refused,
                  *quant == kernels::WeightQuant::nf4 ? "NF4 (QLoRA)" : "int8");
+}
+
+// --pp-schedule interleaved (Note [Pipeline parallel], "Interleaved"): what a rank of V chunks
+// is built with so far: fp32, bf16 or fp16, f32 or bf16 gradients, AdamW or SGD, ZeRO 0-3 over
+// the data group, --tp, the P x V chunks each at least one block, --grad-accum a multiple of
+// --pp. The refusals name the values.
+void RunSpec::check_interleaved_run() const {
+  if (pipe_virtual < 1)
+    MEMFIT_THROW(ConfigError, "config", "--pp-virtual must be 1 or more, got {}", pipe_virtual);
+  if (!interleaved()) return;
+  const int P = pp();
+  check_interleaved(P, pipe_virtual, grad_accum);
+  // (Each built for 1F1B and GPipe, untested over a rank's chunks: the chunks' optimizers,
+  // offload files and per-unit steps are made apart from the run's.)
+  const char* refused = precision.precision == Precision::fp8 ? "--precision fp8"
+                        : optim.name != "adamw" && optim.name != "sgd"
+                            ? "--optim other than adamw or sgd"
+                        : lora.enabled()                        ? "--lora-rank"
+                        : offload.optimizer || offload.params   ? "--offload-*"
+                        : update_in_backward                    ? "--update-in-backward"
+                        : sync_every_micro_batch                ? "--sync-every-micro-batch"
+                        : act_compress != ActCompress::none     ? "--act-compress"
+                                                                : nullptr;
+  if (refused)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
+                 "interleaved trains in fp32, bf16 or fp16 with AdamW or SGD, f32 or bf16 "
+                 "gradients, any ZeRO stage, with or without --tp (Note [Pipeline parallel], \"Interleaved\")",
+                 P, pipe_virtual, refused);
+  if (static_cast<int>(pipeline.size()) != P * pipe_virtual)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-schedule interleaved: {} chunks given, --pp {} x --pp-virtual {} = {} "
+                 "needed",
+                 pipeline.size(), P, pipe_virtual, P * pipe_virtual);
+}
+
+std::string pipe_schedule_label(const RunSpec& spec) {
+  return spec.interleaved() ? fmt::format("interleaved (--pp-virtual {})", spec.pipe_virtual)
+                            : std::string(pipe_schedule_name(spec.pipe_schedule));
 }
 
 }  // namespace memfit

@@ -117,6 +117,30 @@ class TrainRun {
   io::StreamedWeights streamed_weights(Tensor& save_staging);
   void save_if_due(int64_t step, bool last);
 
+  // --pp-schedule interleaved (train_run_chunks.cpp; Note [Pipeline parallel], "Interleaved"):
+  // this rank's chunks after its first, each a model of its virtual stage with its own
+  // optimizer, placement and gradient exchange, and the step, update and evaluation over all.
+  struct Chunk {
+    RunSpec run;  // RunSpec::stage(virtual stage)
+    std::optional<StatePlacement> placement;
+    ZeroServices zero;
+    std::optional<Transformer> gpt;
+    std::unique_ptr<Optimizer> opt;
+    std::optional<dist::GradientSync> sync;
+    std::optional<RankShards> shards;
+  };
+  void make_chunks();
+  int64_t chunks_widen_elements() const;
+  void load_chunk_by_layout(Chunk& k);
+  void prepare_chunks();
+  Transformer& chunk_model(int c);
+  std::optional<dist::GradientSync>& chunk_sync(int c);
+  double chunk_micro_batches(const StepLoss& step_loss);
+  UpdateOutcome chunk_update(float lr);
+  double chunk_evaluate(const StepLoss& eval_loss, int64_t n);
+  Transformer& tied_model();
+  const StatePlacement& tied_placement() const;
+
   // The step (train_run_step.cpp).
   StepResult step(int64_t step, std::chrono::steady_clock::time_point t0);
   double micro_batches(int64_t step, const StepLoss& step_loss);
@@ -225,6 +249,10 @@ class TrainRun {
   // --pp with tied embeddings, the first and last stages: the table's gradient summed between
   // them after the backward (dist/tied_gradient.h).
   std::optional<dist::TiedGradient> tied_;
+  // bf16 gradients: the update's widening buffer, every chunk's (make_grad_widen).
+  Tensor grad_widen_;
+  // --pp-schedule interleaved: chunks 1 .. V - 1 of this rank (chunk 0 is gpt_, opt_, sync_).
+  std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<io::DataLoader> train_data_, val_data_;
   int64_t last_step_ = 0;
 

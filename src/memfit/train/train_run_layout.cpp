@@ -62,19 +62,25 @@ void TrainRun::stage_layout_files() {
         Tensor::empty(pool_, {save_staging_n_}, DType::f32, Category::staging, "save.staging");
   // LoRA (Note [LoRA], "Under --tp"): the frozen base's runs, no state; the adapters whole.
   if (gpt_->lora()) gather_adapters();
-  if (my_shard_ || comm_.rank() == 0) {
-    const ElementRange mine = gpt_->lora() ? whole_range(gpt_->layout()) : opt_->range();
+  // A model's part: the run's, and under --pp-schedule interleaved each chunk's (each a run of
+  // the whole layout at its own offset: train_run_chunks.cpp).
+  auto write = [&](Transformer& gpt, Optimizer& opt) {
+    const ElementRange mine = gpt.lora() ? whole_range(gpt.layout()) : opt.range();
     const std::vector<SliceRun> runs =
-        runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
+        runs_within(first_holder_runs(gpt.config(), grid_.tensor().rank()), mine);
     // LoRA: the frozen base has no optimizer state here (the adapters' is saved whole by
     // gather_adapters' writer).
     io::LayoutFiles::StateParts state;
-    if (!gpt_->lora()) {
-      const WholeOptimizer w(spec_.optim, whole_run_model(mc_), opt_->steps_taken());
-      state = io::save_state_parts(*opt_, *w.opt, runs);
+    if (!gpt.lora()) {
+      const WholeOptimizer w(spec_.optim, whole_run_model(gpt.config()), opt.steps_taken());
+      state = io::save_state_parts(opt, *w.opt, runs);
     }
-    files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
+    files.write(staging_, runs, gpt.weights().raw_data(), gpt.weights_range().begin, state,
                 staging);
+  };
+  if (my_shard_ || comm_.rank() == 0) {
+    write(*gpt_, *opt_);
+    for (auto& k : chunks_) write(*k->gpt, *k->opt);
   }
   staging = Tensor{};
   world.barrier();  // every part is on disk before rank 0 moves the files into the save
@@ -103,6 +109,26 @@ void TrainRun::load_by_layout() {
   if (resume_ && opt_ && !gpt_->lora()) {  // (LoRA's state: load_adapter_state)
     const WholeOptimizer w(spec_.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);
+  }
+}
+
+// --pp-schedule interleaved: chunk `k`'s run of every tensor from the save, as load_by_layout
+// reads chunk 0's (train_run_chunks.cpp; no offload under --pp: RunSpec::check_pipeline).
+void TrainRun::load_chunk_by_layout(Chunk& k) {
+  const ModelConfig whole = whole_run_model(k.run.model);
+  const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
+  const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, whole);
+  const std::vector<SliceRun> runs = whole_layout_runs(k.run.model, grid_.tensor().rank());
+  k.gpt->set_weights(
+      [&](int64_t from, int64_t to, float* dst) {
+        fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
+          source->read_range({a, b}, d);
+        });
+      },
+      piece_, {});
+  if (resume_) {
+    const WholeOptimizer w(k.run.optim, whole, 0);
+    io::load_optimizer_state_by_layout(location_.dir, *k.opt, *w.opt, runs);
   }
 }
 

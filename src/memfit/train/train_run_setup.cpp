@@ -106,6 +106,7 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
   create_optimizer();
   make_grad_widen();
   load_or_init();
+  make_chunks();  // --pp-schedule interleaved: this rank's other chunks
   prepare_step();
   open_data();
   open_log();
@@ -310,12 +311,11 @@ void TrainRun::check_disk_limit() const {
 // [Gradients in bf16]; the planner counts it under staging). Then the set-up's ranges.
 void TrainRun::make_grad_widen() {
   if (spec_.grad_dtype == DType::bf16) {
-    const Tensor widen =
-        Tensor::empty(pool_,
-                      {std::max<int64_t>(1, grad_widen_elements(spec_.optim, gpt_->layout()))},
-                      DType::f32, Category::staging, "grads.widen");
-    if (off_) off_->set_grad_widen(widen);
-    else opt_->set_grad_widen(widen);
+    // (--pp-schedule interleaved: one for every chunk's optimizer, the largest chunk's.)
+    grad_widen_ = Tensor::empty(pool_, {std::max<int64_t>(1, chunks_widen_elements())},
+                                DType::f32, Category::staging, "grads.widen");
+    if (off_) off_->set_grad_widen(grad_widen_);
+    else opt_->set_grad_widen(grad_widen_);
   }
   // The set-up fills the weights of record and the working copy by range (Note [Set-up by
   // range] in docs/notes/zero.md): this rank's range of the initial weights drawn, or of each
@@ -366,28 +366,33 @@ void TrainRun::prepare_step() {
   if (spec_.pp() > 1)
     runner_ = std::make_unique<dist::PipelineRunner>(
         pipe_, spec_.pipe_schedule, spec_.grad_accum,
-        dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_);
+        dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_,
+        spec_.pipe_virtual);
+  prepare_chunks();
   // A tied model's first and last stages: the table's receive buffer (Note [Pipeline
   // parallel], "Tied embeddings"; the planner's tied_gradient_buffer_bytes).
   // At ZeRO 2-3 each data rank holds its shard of its stage's sums, and the two stages'
   // layouts are cut differently: each rank exchanges the part of the table it owns with the
   // other stage's data ranks that own it there (dist::tied_shard_pieces, over the world).
   // (LoRA's frozen base has no table gradient: no sum, no buffer.)
-  if (const ElementRange table = tied_table(mc_, gpt_->layout());
+  // (Interleaved: the first virtual stage's chunk on rank 0, the last's on rank P - 1.)
+  if (const ElementRange table = tied_table(tied_model().config(), tied_model().layout());
       !table.empty() && !gpt_->lora()) {
-    if (W_ > 1 && !placement_.grads_whole()) {
-      const int P = spec_.pp();
+    const StatePlacement& placed = tied_placement();
+    const bool head = tied_model().config().stage.has_head();
+    if (W_ > 1 && !placed.grads_whole()) {
+      const int S = static_cast<int>(spec_.pipeline.size());  // stages (interleaved: P x V)
       const ModelConfig first_model = spec_.stage(0).model;
-      const ParamLayout first(first_model), last(spec_.stage(P - 1).model);
+      const ParamLayout first(first_model), last(spec_.stage(S - 1).model);
       const std::vector<ElementRange> first_shards = shard_ranges(first, spec_.optim, W_),
                                       last_shards = shard_ranges(last, spec_.optim, W_);
-      MEMFIT_CHECK(placement_.shards() == (mc_.stage.has_head() ? last_shards : first_shards),
+      MEMFIT_CHECK(placed.shards() == (head ? last_shards : first_shards),
                    "pipeline", "the tied table's shards are not this stage's placement's");
       tied_.emplace(grid_.world(),
                     dist::tied_shard_pieces(first_shards, last_shards, tied_table(first_model, first),
                                             tied_table_copy(last), grid_.shape(), grid_.coords(),
-                                            placement_.my_shard().begin),
-                    table.size(), !mc_.stage.has_head(), pool_);
+                                            placed.my_shard().begin),
+                    table.size(), !head, pool_);
     } else {
       tied_.emplace(pipe_, table, pool_);
     }
