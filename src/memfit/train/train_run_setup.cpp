@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "memfit/dist/gather_vectors.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/data/prepare.h"
 #include "memfit/model/layout_map.h"
@@ -40,15 +41,7 @@ TrainSpec stage_run(const TrainSpec& spec, const dist::ProcessGrid& grid) {
 // pipeline_check, for the fused steps' parts).
 std::vector<UnitGradCheck> stage_checks(dist::Communicator& pipe,
                                         const std::vector<UnitGradCheck>& mine) {
-  const size_t P = static_cast<size_t>(pipe.size());
-  std::vector<int64_t> counts(P);
-  const int64_t n = static_cast<int64_t>(mine.size());
-  pipe.all_gather(&n, counts.data(), std::vector<int64_t>(P, 1), sizeof(int64_t));
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  std::vector<UnitGradCheck> all(static_cast<size_t>(total));
-  pipe.all_gather(mine.data(), all.data(), counts, sizeof(UnitGradCheck));
-  return all;
+  return dist::all_gather_vectors(pipe, mine);
 }
 
 // This rank's offload directory under its data rank's: `stage-<s>/` under --pp, then

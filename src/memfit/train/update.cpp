@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "memfit/dist/gather_vectors.h"
 #include "memfit/dist/shard_collectives.h"
 #include "memfit/dist/zero/fp8_publish.h"
 #include "memfit/kernels/cpu/bf16_check.h"
@@ -202,15 +203,7 @@ std::vector<GradCheck> step_parts(Transformer& gpt, DynamicLossScaler* scaler,
 // bit for bit; over data ranks each stage's parts are its ranks' shards (deterministic, the
 // same on every rank, not the data-parallel run's order).
 std::vector<GradCheck> gather_parts(dist::Communicator& pipe, const std::vector<GradCheck>& mine) {
-  const size_t P = static_cast<size_t>(pipe.size());
-  std::vector<int64_t> counts(P);
-  const int64_t n = static_cast<int64_t>(mine.size());
-  pipe.all_gather(&n, counts.data(), std::vector<int64_t>(P, 1), sizeof(int64_t));
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  std::vector<GradCheck> all(static_cast<size_t>(total));
-  pipe.all_gather(mine.data(), all.data(), counts, sizeof(GradCheck));
-  return all;
+  return dist::all_gather_vectors(pipe, mine);
 }
 
 GradCheck pipeline_check(dist::Communicator& pipe, const std::vector<GradCheck>& mine) {
