@@ -113,7 +113,7 @@ StateOptions RunSpec::state_options() const {
 // slice; every checkpoint policy (recomputation re-issues the row-parallel all-reduces);
 // --act-compress; --grad-dtype bf16; --sp (check_sequence_parallel); --zero auto and --ckpt
 // auto (the search plans each candidate per rank of the split model, its state in RAM); saves, resumes and --init-from at
-// any layout (Note [Checkpoints across layouts]). Each refusal names the option and says why it
+// any layout (Note [Checkpoints across layouts]), with the optimizer offloaded too. Each refusal names the option and says why it
 // is not built.
 void RunSpec::check_tensor_parallel() const {
   struct Refusal {
@@ -128,10 +128,6 @@ void RunSpec::check_tensor_parallel() const {
                     "where the tensor group's norm needs each parameter's slice apart; the "
                     "working weights' file is untested with split blocks); --offload-optimizer "
                     "is built, each rank's state of its slices in its own files"}
-      : offload.optimizer && (saves || resumed)
-          ? Refusal{"--offload-optimizer and --save or --resume",
-                    "a save writes each rank's slices of the optimizer state into whole tensors "
-                    "from RAM; the offloaded state's files are not mapped into them yet"}
                   : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",

@@ -102,6 +102,7 @@ void TrainRun::load_weights() {
 
 // The offloaded optimizer's state, streamed into this rank's files.
 void TrainRun::load_offloaded_state() {
+  if (layout_split(mc_)) return;  // through the layout map (load_by_layout)
   if (resume_ && off_ && (my_shard_ || io::has_zero_shards(location_.dir))) {
     // A shard's part of any saved state (ZeRO's shards of any world size and stage, or a
     // whole optimizer.safetensors), streamed into this rank's files.

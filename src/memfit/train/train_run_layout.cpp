@@ -34,7 +34,7 @@ struct WholeOptimizer {
 
 io::LayoutFiles TrainRun::layout_files() const {
   const ModelConfig whole = whole_run_model(mc_);
-  const WholeOptimizer w(spec_.optim, whole, opt_->steps_taken());
+  const WholeOptimizer w(spec_.optim, whole, off_ ? off_->steps_taken() : opt_->steps_taken());
   return io::LayoutFiles(whole, record_dtype_, w.opt.get(), settings_.max_shard_bytes);
 }
 
@@ -59,22 +59,49 @@ void TrainRun::stage_layout_files() {
     staging =
         Tensor::empty(pool_, {save_staging_n_}, DType::f32, Category::staging, "save.staging");
   if (my_shard_ || comm_.rank() == 0) {
-    const ElementRange mine = opt_->range();
-    const std::vector<SliceRun> runs =
-        runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
-    std::vector<const void*> state;
-    const auto held = opt_->state();
-    for (const StateSpec& s : opt_->whole_state_specs()) {
-      const void* p = nullptr;
-      for (const auto& [name, t] : held)
-        if (name == s.name) p = t.raw_data();
-      state.push_back(p);
+    if (off_) {
+      write_offloaded_part(files, staging);
+    } else {
+      const ElementRange mine = opt_->range();
+      const std::vector<SliceRun> runs =
+          runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
+      std::vector<const void*> state;
+      const auto held = opt_->state();
+      for (const StateSpec& s : opt_->whole_state_specs()) {
+        const void* p = nullptr;
+        for (const auto& [name, t] : held)
+          if (name == s.name) p = t.raw_data();
+        state.push_back(p);
+      }
+      files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
+                  mine.begin, staging);
     }
-    files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
-                mine.begin, staging);
   }
   staging = Tensor{};
   world.barrier();  // every part is on disk before rank 0 moves the files into the save
+}
+
+// --offload-optimizer: this rank's part streamed out of its files a piece at a time through the
+// optimizer's ring (no byte added: the ring and the save's staging are the plan's), the same
+// bytes as from RAM: the weights of record from the master file (without master weights the
+// working weights in RAM are they), then each state tensor's pieces.
+void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging) {
+  const ElementRange mine = off_->range();
+  const std::vector<SliceRun> runs =
+      runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
+  io::LayoutFiles::Writer out(files, staging_, staging);
+  if (master_) {
+    off_->read_master_range(mine, [&](int64_t from, int64_t to, const float* src) {
+      out.weights(runs_within(runs, {from, to}), src, from);
+    });
+  } else {
+    out.weights(runs, gpt_->weights().raw_data(), gpt_->weights_range().begin);
+  }
+  for (size_t s = 0; s < files.state_count(); ++s)
+    off_->read_state_to(s, [&](int64_t from, int64_t to, const void* src) {
+      out.state(s, runs_within(runs, {from, to}), src, from);
+    });
+  out.finish();
 }
 
 // This rank's slices and stage of every tensor, from any save (these files, ZeRO's shard files
@@ -85,8 +112,8 @@ void TrainRun::load_by_layout() {
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
   const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, whole);
   const std::vector<SliceRun> runs = whole_layout_runs(mc_, grid_.tensor().rank());
-  // --offload-optimizer (--init-from; a resume is refused: RunSpec::check_tensor_parallel):
-  // the master weights written into their file, rounded into the working copy on the way.
+  // --offload-optimizer: the master weights written into their file, rounded into the working
+  // copy on the way.
   Transformer::MasterSink to_master_file;
   if (off_ && master_)
     to_master_file = [&](const Transformer::RangeFill& fill) { off_->write_master_from(fill); };
@@ -100,6 +127,10 @@ void TrainRun::load_by_layout() {
   if (resume_ && opt_) {
     const WholeOptimizer w(spec_.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);
+  } else if (resume_ && off_) {  // each piece through the layout map into this rank's files
+    const WholeOptimizer w(spec_.optim, whole, 0);
+    off_->load_state(
+        io::LayoutStateReader(location_.dir, off_->descriptor(), *w.opt, runs, off_->range()));
   }
 }
 
