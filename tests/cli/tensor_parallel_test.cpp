@@ -562,6 +562,36 @@ TEST_F(TensorParallel, OffloadedOptimizerIsTheRunInRam) {
   EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
 }
 
+// Adam-mini and 4-bit AdamW take the tensor group in every form of the update (Note [Tensor
+// parallel], "Optimizers"): --update-in-backward's per-unit optimizers give the ordinary --tp
+// step's bits (the same rows' sums and maxima, a unit at a time; global clipping's two passes,
+// and --clip 0's one, whose units agree their finite flag over the group first), and the
+// offloaded optimizer's pieces the run in RAM's bits, with the update in the backward too.
+// Planned == measured on every rank, the update's gathers and the units' flags included.
+TEST_F(TensorParallel, GroupedOptimizersTakeTheGroupInTheBackwardAndOffloaded) {
+  const std::string off = fmt::format(" --offload-optimizer nvme --offload-dir '{}'",
+                                      (dir / "off").string());
+  const std::string unclipped = "--steps 4 --clip 0 --eval-every 2 --eval-batches 1";
+  for (const auto& [ranks, a] : std::vector<std::pair<int, std::string>>{
+           {2, std::string(kSteps) + " --optim adam-mini --tp 2"},
+           {2, unclipped + " --optim adam-mini --model llama-tiny --n-kv-head 1 --tp 2 --sp"},
+           {2, std::string(kSteps) + " --optim adamw4bit --d-model 256 --tp 2"},
+           {2, unclipped + " --optim adamw4bit --d-model 256 --model llama-tiny --tp 2"},
+           {4, std::string(kSteps) + " --optim adam-mini --tp 2 --zero 2"}}) {
+    const auto after = train(ranks, a, "after");
+    const std::string fused = a + " --update-in-backward";
+    expect_close(after, train(ranks, fused, "fused"), fused, 0.0);
+    expect_close(after, train(ranks, a + off, "off"), a + off, 0.0);
+    expect_close(after, train(ranks, fused + off, "fused-off"), fused + off, 0.0);
+  }
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --clip 0 --optim adam-mini --update-in-backward"},
+           {2, "--tp 2 --optim adamw4bit --d-model 256 --update-in-backward" + off},
+           {4, "--tp 2 --zero 2 --optim adam-mini --update-in-backward"}})
+    expect_planned(ranks, more);
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
+}
+
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   auto refused = [&](const std::string& more, const std::string& says) {
     const int code = run_memfit("plan " + args("--steps 2 " + more));

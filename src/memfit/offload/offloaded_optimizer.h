@@ -29,6 +29,7 @@
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/optim/tensor_split.h"
 #include "memfit/optim/unit_steps.h"
 
 namespace memfit::io {
@@ -113,6 +114,11 @@ class OffloadedOptimizer final : public UnitStateStream {
   // (Optimizer::set_grad_widen).
   void set_grad_widen(const Tensor& buffer) {
     for (auto& u : units_) u->set_grad_widen(buffer);
+  }
+  // --tp: the tensor group every piece's optimizer takes where its update groups elements
+  // across the slices (Adam-mini, 4-bit AdamW: optim/tensor_split.h).
+  void set_tensor_split(const TensorSplit& split) {
+    for (auto& u : units_) ::memfit::set_tensor_split(*u, split);
   }
   int64_t steps_taken() const override { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);

@@ -9,7 +9,6 @@
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/optim/sliced_optimizer.h"
-#include "memfit/optim/tensor_split.h"
 
 namespace memfit {
 
@@ -139,14 +138,8 @@ void RunSpec::check_tensor_parallel() const {
     MEMFIT_THROW(ConfigError, "config", "--tp {} with --optim {} is refused: {} (Note [Tensor "
                  "parallel], \"Optimizers\")",
                  model.tp, optim.name, *why);
-  // Adam-mini and 4-bit AdamW take the tensor group in the update over the step's gradients
-  // (optim/tensor_split.h); --update-in-backward's per-unit optimizers are not handed it.
-  if (update_in_backward && takes_tensor_split(optim.name))
-    MEMFIT_THROW(ConfigError, "config",
-                 "--tp {} with --optim {} and --update-in-backward is not built yet: its "
-                 "per-unit steps do not take the tensor group the update's sums and maxima "
-                 "need (Note [Tensor parallel], \"Optimizers\")",
-                 model.tp, optim.name);
+  // (Adam-mini and 4-bit AdamW take the tensor group in the update, --update-in-backward's
+  // per-unit optimizers and the offloaded pieces' too: optim/tensor_split.h.)
 }
 
 RunSpec RunSpec::stage(int s) const {

@@ -188,7 +188,7 @@ void TrainRun::make_model() {
   }
   // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
   // step, and the norm over the group (Note [Update in backward], "Under --tp").
-  if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_);
+  if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_, spec_.optim.name);
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
@@ -229,8 +229,12 @@ void TrainRun::create_optimizer() {
                          &pool_, my_shard_);
   // --tp: Adam-mini's row-parallel rows and 4-bit AdamW's rank-1 maxima taken over the tensor
   // group in the update (optim/tensor_split.h); the other optimizers need nothing.
-  if (opt_ && mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name))
-    set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
+  // Offloaded, each piece's optimizer takes it (its pieces are stepped in the same order on
+  // every rank of the group).
+  if (mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name)) {
+    if (opt_) set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
+    if (off_) off_->set_tensor_split({gpt_->tensor_group(), slice_axes(mc_)});
+  }
   if (fused_ && off_) {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights
