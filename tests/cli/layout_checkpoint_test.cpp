@@ -212,7 +212,8 @@ TEST_F(LayoutCheckpoint, ThePlanCountsTheSaveOnEveryRank) {
 // --offload-optimizer under --tp and dp x tp: each rank's part of the save streamed out of its
 // files (the master weights' and the state's pieces through the ring) is the in-RAM run's
 // save, byte for byte (bf16 with master weights at 2 data x 2 tensor ranks under ZeRO 2; fp32
-// under ZeRO 3, the working shard in RAM the weights of record); it resumes offloaded at any
+// under ZeRO 3, the working shard the weights of record, in RAM or with --offload-params in
+// each rank's file); it resumes offloaded at any
 // layout (tp 2 x dp 2 -> one process -> tp 4) to the same files, and at its own layout
 // continues as the run in RAM, bit for bit; every rank's planned peak by category (the ring and
 // the save's staging) is its measured one.
@@ -234,6 +235,10 @@ TEST_F(LayoutCheckpoint, OffloadedOptimizerSavesAndResumesTheRunInRam) {
   train(4, fmt::format("{} {} --save '{}'", fp32, two, path("ram32")));
   train(4, fmt::format("{} {} --save '{}'", fp32, two, path("a32")) + off);
   same("ram32", "a32");
+  // --offload-params too: the working weights of record streamed from each rank's file.
+  train(4, fmt::format("{} {} --save '{}'", fp32, two, path("p32")) + off +
+               " --offload-params nvme");
+  same("ram32", "p32");
   // Resumed offloaded at its own layout: the run in RAM that never stopped.
   const std::string on = "--steps 4 --precision bf16 --tp 2 --zero 2";
   const auto whole = train(4, std::string(kGpt2) + " " + on);

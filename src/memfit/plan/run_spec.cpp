@@ -121,12 +121,13 @@ void RunSpec::check_tensor_parallel() const {
   };
   const std::optional<Refusal> refused =
       lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
-      : offload.params || offload.grads
-          ? Refusal{"--offload-params or --offload-grads",
-                    "not built for a rank's slices (the gradients' file is checked unit by unit "
-                    "where the tensor group's norm needs each parameter's slice apart; the "
-                    "working weights' file is untested with split blocks); --offload-optimizer "
-                    "is built, each rank's state of its slices in its own files"}
+      : offload.grads
+          ? Refusal{"--offload-grads",
+                    "--offload-grads nvme is for one process (its file is checked unit by unit, "
+                    "where the tensor group's norm needs each parameter's slice apart); under "
+                    "--tp, as under several data ranks, the gradients stay in RAM: "
+                    "--offload-optimizer and --offload-params are built, each rank's slices in "
+                    "its own files"}
                   : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",

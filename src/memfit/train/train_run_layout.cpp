@@ -84,7 +84,8 @@ void TrainRun::stage_layout_files() {
 // --offload-optimizer: this rank's part streamed out of its files a piece at a time through the
 // optimizer's ring (no byte added: the ring and the save's staging are the plan's), the same
 // bytes as from RAM: the weights of record from the master file (without master weights the
-// working weights in RAM are they), then each state tensor's pieces.
+// working weights are they: in RAM, or with --offload-params from their file), then each state
+// tensor's pieces.
 void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging) {
   const ElementRange mine = off_->range();
   const std::vector<SliceRun> runs =
@@ -94,6 +95,18 @@ void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& 
     off_->read_master_range(mine, [&](int64_t from, int64_t to, const float* src) {
       out.weights(runs_within(runs, {from, to}), src, from);
     });
+  } else if (gpt_->params_offloaded()) {
+    // --offload-params without master weights: the working weights of record, this rank's
+    // part of each unit in unit order (a block's through the model's ring).
+    int64_t at = mine.begin;
+    const size_t elem = dtype_size(zero_.weights->dtype());
+    zero_.weights->read_mine([&](const char* src, size_t bytes) {
+      const int64_t n = static_cast<int64_t>(bytes / elem);
+      out.weights(runs_within(runs, {at, at + n}), src, at);
+      at += n;
+    });
+    MEMFIT_CHECK(at == mine.end, "checkpoint", "the working weights' file gave [{}, {}) of [{}, {})",
+                 mine.begin, at, mine.begin, mine.end);
   } else {
     out.weights(runs, gpt_->weights().raw_data(), gpt_->weights_range().begin);
   }
