@@ -175,6 +175,98 @@ TEST_F(LayoutCheckpoint, TiedStagesSaveTheTableOnce) {
              "gpt2 pp 2 (tied)");
 }
 
+// 8-bit, 4-bit and Adam-mini state across layouts (Note [Checkpoints across layouts], "Optimizer
+// state of every kind"): at --d-model 512 tp 2's slices are whole 256-value (8-bit) blocks, tp
+// 4's whole 128-value (4-bit) blocks. tp 2 x dp 2 -> one process -> tp 4 (8-bit: tp 2, since tp
+// 4 is refused before the first step, naming the blocks) -> tp 2 -> pp 2 x tp 2: each save and
+// resume with no step between gives the same files; one process resuming a tp save continues as the tp run
+// does, within --tp's tolerance (the state it loaded is the tp run's, mapped right).
+TEST_F(LayoutCheckpoint, QuantizedAndAdamMiniStateRoundTripsAcrossLayouts) {
+  for (const auto& [optim, wide_tp] :
+       std::vector<std::pair<std::string, int>>{{"adamw8bit", 2}, {"adamw4bit", 4}, {"adam-mini", 4}}) {
+    SCOPED_TRACE(optim);
+    const std::string two = std::string(kTwo) + " --optim " + optim;  // a resume names it again
+    const std::string model = "--model llama-tiny --d-model 512 --ffn-dim 1024";
+    train(4, fmt::format("{} {} --tp 2 --save '{}'", model, two, path("a")));  // tp 2 x dp 2
+    train(0, fmt::format("{} --resume '{}' --save '{}'", two, path("a"), path("b")));
+    train(4, fmt::format("{} --tp {} --resume '{}' --save '{}'", two, wide_tp, path("b"),
+                         path("c")));
+    train(2, fmt::format("{} --tp 2 --resume '{}' --save '{}'", two, path("c"), path("d")));
+    // Stages of tensor groups: each rank its stage's slices.
+    train(4, fmt::format("{} --pp 2 --tp 2 --resume '{}' --save '{}'", two, path("d"), path("f")));
+    same("a", "b");
+    same("b", "c");
+    same("c", "d");
+    same("d", "f");
+    if (optim == "adamw8bit") {
+      // At tp 4 the attention output's 512 columns are runs of 128, half an 8-bit block:
+      // refused before the first step, naming the run and what would align it.
+      EXPECT_NE(run_memfit("train " + args(fmt::format("{} --tp 4 --resume '{}'", two,
+                                                          path("a"))),
+                           4),
+                0);
+      const std::string err = test::slurp(dir / "err.txt");
+      EXPECT_NE(err.find("--tp 4"), std::string::npos) << err;
+      EXPECT_NE(err.find("quantisation blocks"), std::string::npos) << err;
+    }
+    // Resumed by one process, a tp 2 run's state steps on as the tp run steps it (one data
+    // rank: the same rows).
+    train(2, fmt::format("{} {} --tp 2 --save '{}'", model, two, path("e")));
+    const auto tp = steps(train(2, fmt::format("{} --steps 4 --tp 2 --optim {}", model, optim)));
+    const auto one =
+        steps(train(0, fmt::format("--steps 4 --optim {} --resume '{}'", optim, path("e"))));
+    int compared = 0;
+    for (const json& r : one)
+      for (const json& w : tp)
+        if (w["step"] == r["step"]) {
+          for (const char* k : {"loss", "grad_norm"})
+            EXPECT_LE(std::abs(w[k].get<double>() - r[k].get<double>()),
+                      1e-5 * std::abs(w[k].get<double>()))
+                << k << " " << r << " against " << w;
+          ++compared;
+        }
+    EXPECT_EQ(compared, 2);
+  }
+}
+
+// Offloaded, 4-bit AdamW's and Adam-mini's state is written and read through the same state
+// runs as from RAM (each piece's runs cut to its state elements: the 4-bit rank-1 maxima, the
+// shared row-parallel v): at tp 2 the offloaded save is the in-RAM save's bytes, and an
+// offloaded resume of it saves them again.
+TEST_F(LayoutCheckpoint, OffloadedBlockWiseStateSavesAndResumesAsInRam) {
+  const std::string off = fmt::format(" --offload-optimizer nvme --offload-dir '{}'", path("off"));
+  for (const char* optim : {"adamw4bit", "adam-mini"}) {
+    SCOPED_TRACE(optim);
+    const std::string two = fmt::format("{} --optim {} --tp 2", kTwo, optim);
+    const std::string model = "--model llama-tiny --d-model 512 --ffn-dim 1024";
+    train(2, fmt::format("{} {} --save '{}'", model, two, path("r")));
+    train(2, fmt::format("{} {} --save '{}'", model, two, path("o")) + off);
+    same("r", "o");
+    train(2, fmt::format("{} --resume '{}' --save '{}'", two, path("r"), path("o2")) + off);
+    same("r", "o2");
+    fs::remove_all(path("r"));
+    fs::remove_all(path("o"));
+    fs::remove_all(path("o2"));
+  }
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
+}
+
+// Every optimizer under --pp saves one process's files (each stage's state is its run of the
+// whole model's), and a pp 2 save resumes in one process and saves the same files again.
+TEST_F(LayoutCheckpoint, PipelineStagesSaveEveryOptimizersState) {
+  for (const char* optim : {"adamw8bit", "adamw4bit", "adam-mini", "apollo", "galore8bit"}) {
+    SCOPED_TRACE(optim);
+    const std::string two = fmt::format("{} --optim {}", kTwo, optim);
+    const std::string llama = "--model llama-tiny --n-layer 4 --grad-accum 2";
+    train(0, fmt::format("{} {} --save '{}'", llama, two, path("one")));
+    train(2, fmt::format("{} {} --pp 2 --save '{}'", llama, two, path("p2")));
+    same("one", "p2");
+    train(0, fmt::format("{} --grad-accum 2 --resume '{}' --save '{}'", two, path("p2"),
+                         path("p1")));
+    same("p2", "p1");
+  }
+}
+
 // A tp run that saves: every rank's planned peak is its measured one, by category (the save's
 // transposes stage through Category::staging on every rank).
 TEST_F(LayoutCheckpoint, ThePlanCountsTheSaveOnEveryRank) {

@@ -197,8 +197,10 @@ TEST_F(PipelineTensorParallel, RefusesALayoutThatDoesNotDivideNamingTheValues) {
   };
   refused("--world-size 6 --pp 2 --tp 2", {"--pp 2 must divide the ranks (6 / --tp 2)"});
   refused("--world-size 6 --pp 2 --tp 3", {"--tp 3", "attention heads", "(4)"});
-  refused("--world-size 8 --pp 2 --tp 2 --sync-every-micro-batch",
-          {"--pp 2", "--sync-every-micro-batch"});
+  refused(fmt::format("--world-size 8 --pp 2 --tp 2 --offload-optimizer nvme --offload-grads "
+                      "nvme --offload-dir '{}'",
+                      (dir / "off").string()),
+          {"--offload-grads", "not built"});
   // train refuses before the first step, every rank alike.
   EXPECT_NE(run_memfit("train " + args("--steps 2 --pp 2 --tp 2"), 6), 0);
   EXPECT_NE(test::slurp(dir / "err.txt").find("--pp 2 must divide the ranks"), std::string::npos)

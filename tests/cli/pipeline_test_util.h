@@ -77,13 +77,15 @@ class PipelineBinaryTest : public MpiBinaryTest {
     EXPECT_GE(compared, least) << what;
   }
   // `memfit plan` of `more` over `ranks` ranks is every world rank's measured peak, by
-  // category (world rank q = data rank x pp + stage); returns the plan's JSON.
+  // category (world rank q = (data rank x pp + stage) x tp + tensor); returns the plan's JSON.
   json expect_plan_is_measured(int ranks, const std::string& more) {
     const std::string a = args(more);
     EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size {} --json", a, ranks)), 0)
         << more << ": " << slurp(dir / "err.txt");
     const json plan = json::parse(slurp(dir / "out.txt"));
     const int P = plan["pp"].get<int>();
+    int TP = 1;  // world rank q = (data x pp + stage) x tp + tensor
+    for (const json& p : plan["per_rank"]) TP = std::max(TP, p.value("tensor_rank", 0) + 1);
     EXPECT_EQ(plan["per_rank"].size(), size_t(ranks)) << more;
     const auto log = train(ranks, more, "plan");
     json measured;
@@ -93,7 +95,7 @@ class PipelineBinaryTest : public MpiBinaryTest {
     for (int q = 0; q < ranks && q < int(measured.size()) && q < int(plan["per_rank"].size());
          ++q) {
       const json& p = plan["per_rank"][q];
-      EXPECT_EQ(p["stage"], q % P);
+      EXPECT_EQ(p["stage"], (q / TP) % P);
       EXPECT_EQ(measured[q]["peak_bytes"], p["peak_bytes"]) << more << ", rank " << q;
       for (const char* c : {"params", "master", "grads", "optimizer", "activations",
                             "workspace", "comm", "staging"})

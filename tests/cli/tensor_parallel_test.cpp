@@ -647,6 +647,12 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
                       "nvme --offload-dir '{}'",
                       (dir / "off").string()),
           "needs --zero 3");
+  // LoRA's adapters over an offloaded frozen base under --tp (each rule that meets it names
+  // --offload-params).
+  refused(fmt::format("--world-size 2 --tp 2 --lora-rank 4 --offload-params nvme --offload-dir "
+                      "'{}'",
+                      (dir / "off").string()),
+          "--offload-params");
   // Optimizers whose quantisation blocks the slices cut, or that project whole matrices.
   refused("--world-size 2 --tp 2 --optim adamw8bit", "not whole 256-value quantisation blocks");
   refused("--world-size 2 --tp 2 --optim adamw4bit", "not whole 128-value quantisation blocks");

@@ -26,6 +26,7 @@
 #include "memfit/dist/zero/weight_gather.h"
 #include "memfit/plan/block_activations.h"
 #include "memfit/plan/calibration.h"
+#include "memfit/plan/interleaved_plan.h"
 #include "memfit/plan/link_model.h"
 #include "memfit/plan/pipeline_time.h"
 #include "memfit/plan/tensor_comm.h"
@@ -53,6 +54,18 @@ size_t model_state_bytes(const PlanReport& r) {
   return b;
 }
 
+// A rank's offload files by category and its bytes read and written a step (what its log's
+// `offload` measures).
+nlohmann::json rank_offload_json(const PlanReport& p) {
+  nlohmann::json disk = nlohmann::json::object();
+  for (Category c : kAllCategories)
+    if (p.disk_by_category[static_cast<size_t>(c)])
+      disk[std::string(category_name(c))] = p.disk_by_category[static_cast<size_t>(c)];
+  return {{"disk_bytes", p.disk_bytes},
+          {"disk_by_category", disk},
+          {"io_bytes_per_step", p.io_bytes_per_step}};
+}
+
 // Every rank's peak and model state (ZeRO shards differ by a cut granule, and the receive
 // buffers by rank): what `mpirun -n N memfit train` measures on each.
 nlohmann::json ranks_json(const RunSpec& run) {
@@ -66,17 +79,9 @@ nlohmann::json ranks_json(const RunSpec& run) {
                            {"peak_bytes", p.peak_bytes},
                            {"model_state_bytes", model_state_bytes(p)},
                            {"by_category", cats}};
-    if (run.offload.optimizer || run.offload.params) {
-      // Each rank's own shard in its files (rank-<q> under --offload-dir; under --tp each
-      // tensor rank's slices in tensor-<t> under that).
-      nlohmann::json disk = nlohmann::json::object();
-      for (Category c : kAllCategories)
-        if (p.disk_by_category[static_cast<size_t>(c)])
-          disk[std::string(category_name(c))] = p.disk_by_category[static_cast<size_t>(c)];
-      rank["offload"] = {{"disk_bytes", p.disk_bytes},
-                         {"disk_by_category", disk},
-                         {"io_bytes_per_step", p.io_bytes_per_step}};
-    }
+    // Each rank's own shard in its files (rank-<q> under --offload-dir; under --tp each
+    // tensor rank's slices in tensor-<t> under that).
+    if (run.offload.optimizer || run.offload.params) rank["offload"] = rank_offload_json(p);
     a.push_back(std::move(rank));
   });
   return a;
@@ -337,11 +342,16 @@ void print_plan_offload(const RunSpec& run, const PlanReport& r) {
                       ? "master weights and optimizer state"
                       : "optimizer state") +
                  (run.offload.grads ? " and gradients" : ""),
-             run.world > 1 || run.model.tp > 1
-                 ? fmt::format("{}{}{} (rank 0's {}; each rank its own)", run.offload.dir,
+             run.world > 1 || run.model.tp > 1 || run.model.pipelined()
+                 ? fmt::format("{}{}{}{} ({}; each rank its own)", run.offload.dir,
                                run.world > 1 ? "/rank-0" : "",
+                               run.model.pipelined()
+                                   ? fmt::format("/stage-{}", run.model.stage.index)
+                                   : "",
                                run.model.tp > 1 ? "/tensor-0" : "",
-                               run.world > 1 ? "shard" : "slices")
+                               run.world > 1      ? "rank 0's shard"
+                               : run.model.tp > 1 ? "rank 0's slices"
+                                                  : "this stage's")
                  : run.offload.dir, r.disk_bytes / 1048576.0, disk, r.io_bytes_per_step / 1048576.0,
              r.offload_staging_bytes / 1048576.0, r.step_time.offload_io);
   if (run.offload.params)
@@ -550,7 +560,7 @@ nlohmann::json pipeline_time_json(const PipelineTime& t) {
   return {{"step_seconds", t.step},
           {"slot_seconds", t.slot},
           {"slowest_stage", t.slowest},
-          {"slots", t.micro_batches + t.stages - 1},
+          {"slots", t.slots()},
           {"bubble_seconds", t.bubble()},
           {"bubble_share", t.bubble_share()},
           {"bubble_fraction", t.bubble_fraction()},  // (p - 1)/m
@@ -564,16 +574,21 @@ nlohmann::json pipeline_time_json(const PipelineTime& t) {
 // --pp: the step as the schedule runs it, the bubble and the transfers, and the links priced.
 void print_pipeline_time(const RunSpec& spec, const PipelineTime& t) {
   const size_t s = static_cast<size_t>(t.slowest);
+  const int V = t.virtual_stages;
+  const std::string mv = V > 1 ? fmt::format("{} x {}", t.micro_batches, V)
+                               : fmt::format("{}", t.micro_batches);
   fmt::print("\nstep: about {:.3g} s (a model, not a measurement): {} + {} - 1 = {} slots of "
-             "{:.3g} s, stage {}'s micro-batch ({:.3g} s of compute, {:.3g} s of receives: its "
+             "{:.3g} s, stage {}'s {}micro-batch ({:.3g} s of compute, {:.3g} s of receives: its "
              "sends overlap its compute), then {:.3g} s once a step (the update{})\n",
-             t.step, t.micro_batches, t.stages, t.micro_batches + t.stages - 1, t.slot,
-             t.slowest, t.compute[s], t.p2p[s], t.once_most,
+             t.step, mv, t.stages, t.slots(), t.slot, t.slowest, V > 1 ? "chunk's " : "",
+             t.compute[s] / V, t.p2p[s] / V, t.once_most,
              spec.world > 1 ? ", the data group's collectives" : "");
-  fmt::print("bubble: {:.3g} s, {:.1f}% of the step: the fill and the drain, (p - 1)/m = {}/{} = "
-             "{:.3g} of the ideal {} slots (gpipe and 1f1b alike; --pp-schedule {})\n",
-             t.bubble(), 100 * t.bubble_share(), t.stages - 1, t.micro_batches,
-             t.bubble_fraction(), t.micro_batches, pipe_schedule_name(spec.pipe_schedule));
+  fmt::print("bubble: {:.3g} s, {:.1f}% of the step: the fill and the drain, {} = "
+             "{}/{} = {:.3g} of the ideal {} slots ({}--pp-schedule {})\n",
+             t.bubble(), 100 * t.bubble_share(), V > 1 ? "(p - 1)/(v m)" : "(p - 1)/m",
+             t.stages - 1, mv,
+             t.bubble_fraction(), mv, V > 1 ? "" : "gpipe and 1f1b alike; ",
+             pipe_schedule_label(spec));
   int crossing = 0;
   for (bool b : t.cut_inter) crossing += b;
   fmt::print("point to point: {:.2f} MiB a micro-batch each way across each cut, a rank's (B x T "
@@ -598,6 +613,16 @@ nlohmann::json categories_json(const CategoryBytes& bytes) {
   return cats;
 }
 
+// A stage's blocks as the plan prints them: "4-7", or an interleaved rank's chunks "0-1+4-5".
+std::string stage_blocks(const RunSpec& spec, int s) {
+  std::string text;
+  for (int c = 0; c < spec.pipe_virtual; ++c) {
+    const PipelineStage& st = spec.pipeline[static_cast<size_t>(c * spec.pp() + s)];
+    text += fmt::format("{}{}-{}", c ? "+" : "", st.first, st.last - 1);
+  }
+  return text;
+}
+
 // --pp (Note [Pipeline parallel]): every stage's plan, each stage's model holding its own
 // parameters (RunSpec::stage), and every world rank's (data x pipeline x tensor: world rank
 // q = (data * pp + stage) * tp + tensor; the tensor ranks of a stage hold the same shapes) with
@@ -619,11 +644,19 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
   int largest = 0;
   for (int s = 0; s < P; ++s) {
     const RunSpec run = spec.stage(s);
-    stages.push_back(plan_training(run));
+    if (spec.interleaved()) {  // the rank's chunks together (plan/interleaved_plan.h)
+      stages.push_back(plan_interleaved_rank(spec, s, 0, true));
+      for (int d = 0; d < spec.world; ++d) {
+        const PlanReport r = plan_interleaved_rank(spec, s, d, false);
+        for (int t = 0; t < TP; ++t) ranks.push_back({(d * P + s) * TP + t, s, d, t, r});
+      }
+    } else {
+      stages.push_back(plan_training(run));
+      plan_every_rank(run, [&](int d, const PlanReport& r) {
+        for (int t = 0; t < TP; ++t) ranks.push_back({(d * P + s) * TP + t, s, d, t, r});
+      });
+    }
     if (stages.back().peak_bytes > stages[static_cast<size_t>(largest)].peak_bytes) largest = s;
-    plan_every_rank(run, [&](int d, const PlanReport& r) {
-      for (int t = 0; t < TP; ++t) ranks.push_back({(d * P + s) * TP + t, s, d, t, r});
-    });
   }
   std::sort(ranks.begin(), ranks.end(),
             [](const StageRankPlan& a, const StageRankPlan& b) { return a.rank < b.rank; });
@@ -636,7 +669,8 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
   whole.finalize();
   whole.tp = 1;  // under --tp the model's, not one tensor rank's
   const int64_t whole_params = ParamLayout(whole).total();
-  const PipelineTime time = plan_pipeline_time(spec, stages, machine_calibration());
+  const PipelineTime time =
+      plan_pipeline_time(spec, stages, machine_calibration(), spec.pipe_virtual);
   if (json) {
     nlohmann::json j = plan_json(top, r);
     // The run's step: the pipeline's (the largest stage's own is under stages).
@@ -644,7 +678,9 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
     j["pipeline_time"] = pipeline_time_json(time);
     if (!split_note.empty()) j["pp_layers_note"] = split_note;
     j["pp"] = P;
-    j["pp_schedule"] = std::string(pipe_schedule_name(spec.pipe_schedule));
+    j["pp_schedule"] = spec.interleaved() ? "interleaved"
+                                          : std::string(pipe_schedule_name(spec.pipe_schedule));
+    j["pp_virtual"] = spec.pipe_virtual;
     j["pp_layers"] = describe_stages(spec.pipeline);
     j["largest_stage"] = largest;
     j["whole_model_params"] = whole_params;
@@ -653,10 +689,11 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
       const PlanReport& p = stages[static_cast<size_t>(s)];
       const PipelineStage& st = spec.pipeline[static_cast<size_t>(s)];
       j["stages"].push_back({{"stage", s},
-                             {"blocks", fmt::format("{}-{}", st.first, st.last - 1)},
+                             {"blocks", stage_blocks(spec, s)},
                              {"embeddings", st.has_embeddings()},
-                             {"head", st.has_head()},
-                             {"params", p.model.num_params()},
+                             {"head", spec.interleaved() ? s + 1 == P : st.has_head()},
+                             {"params", spec.interleaved() ? interleaved_rank_params(spec, s)
+                                                           : p.model.num_params()},
                              {"peak_bytes", p.peak_bytes},
                              {"model_state_bytes", model_state_bytes(p)},
                              {"by_category", categories_json(p.by_category)},
@@ -681,6 +718,11 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
                                {"peak_bytes", q.plan.peak_bytes},
                                {"model_state_bytes", model_state_bytes(q.plan)},
                                {"by_category", categories_json(q.plan.by_category)}});
+    // --offload-optimizer (Note [NVMe offload], "Under --pp"): each rank's files, in
+    // stage-<s>/ under its data rank's directory.
+    if (spec.offload.optimizer || spec.offload.params)
+      for (size_t q = 0; q < ranks.size(); ++q)
+        j["per_rank"][q]["offload"] = rank_offload_json(ranks[q].plan);
     if (spec.mem_limit) j["fits"] = fits;
     for (const auto& [key, value] : extra.items()) j[key] = value;
     fmt::print("{}\n", j.dump(2));
@@ -690,16 +732,18 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
              "step (--grad-accum); each stage's ranks hold its parameters, gradients and "
              "optimizer state alone ({:.1f}M of the model's {:.1f}M parameters on the largest "
              "stage)\n\n",
-             P, describe_stages(spec.pipeline), pipe_schedule_name(spec.pipe_schedule),
-             spec.grad_accum, r.model.num_params() / 1e6, whole_params / 1e6);
+             P, describe_stages(spec.pipeline), pipe_schedule_label(spec),
+             spec.grad_accum,
+             (spec.interleaved() ? interleaved_rank_params(spec, largest) : r.model.num_params()) /
+                 1e6,
+             whole_params / 1e6);
   if (!split_note.empty()) fmt::print("{}\n\n", split_note);
   fmt::print("{:<6} {:>7}", "stage", "blocks");
   for (Category c : kAllCategories) fmt::print(" {:>11}", category_name(c));
   fmt::print(" {:>11} {:>11} {:>11} {:>11}\n", "total MiB", "state MiB", "ms/micro", "p2p ms");
   for (int s = 0; s < P; ++s) {
     const PlanReport& p = stages[static_cast<size_t>(s)];
-    const PipelineStage& st = spec.pipeline[static_cast<size_t>(s)];
-    fmt::print("{:<6} {:>7}", s, fmt::format("{}-{}", st.first, st.last - 1));
+    fmt::print("{:<6} {:>7}", s, stage_blocks(spec, s));
     for (Category c : kAllCategories)
       fmt::print(" {:>11.2f}", p.by_category[static_cast<size_t>(c)] / 1048576.0);
     fmt::print(" {:>11.2f} {:>11.2f} {:>11.3g} {:>11.3g}\n", p.peak_bytes / 1048576.0,
@@ -712,8 +756,11 @@ bool plan_pipeline(const RunSpec& asked, bool json, const nlohmann::json& extra)
              "receives)\n");
   print_pipeline_time(spec, time);
   fmt::print("\nthe largest stage, {} (its step line is the stage's own work, without the "
-             "pipeline's bubble and transfers: the step above has them):\n",
-             largest);
+             "pipeline's bubble and transfers: the step above has them{}):\n",
+             largest,
+             spec.interleaved() ? "; interleaved: its first chunk's model and step, the "
+                                  "rank's bytes by category in the table above"
+                                : "");
   print_plan(top, r);
   if (spec.mem_limit)
     fmt::print("--mem-limit {} (each rank's): {}\n", format_mib(spec.mem_limit),

@@ -156,7 +156,7 @@ void add_schedule_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--lora-rank", c.lora.rank,
                   "LoRA: train rank-r adapters on the blocks' linear layers, the base frozen "
                   "(0: off; fp32, or bf16 with the base in bf16 alone; one process, or "
-                  "data-parallel ranks at --zero 0 or 3)")
+                  "data-parallel ranks at --zero 0 or 3; with --tp and --pp at --zero 0)")
       ->capture_default_str()
       ->check(kNonNegative);
   cmd->add_option("--lora-alpha", c.lora.alpha, "LoRA: the adapters' output is scaled by alpha/r")
@@ -237,7 +237,7 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "gradients and optimizer state alone; the micro-batches are --grad-accum's. "
                   "The data group is the ranks / (pp x tp): with --tp (and --sp) each stage is a "
                   "tensor group. fp32, bf16, fp16 or fp8, ZeRO 0-3 and --grad-dtype bf16 on each "
-                  "stage's data group, adamw or sgd; a tied head (GPT-2, or LLaMA's "
+                  "stage's data group, every --optim, --act-compress; a tied head (GPT-2, or LLaMA's "
                   "--tie-embeddings true) as a copy of the table on the last stage; saves whole tensors "
                   "that load at any layout. Note [Pipeline parallel] "
                   "(docs/notes/pipeline-parallel.md)")
@@ -251,7 +251,16 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--pp-schedule", c.pp_schedule,
                   "With --pp: gpipe (every forward, then every backward: each stage keeps every "
                   "micro-batch's input) or 1f1b (one forward, one backward: stage s keeps at most "
-                  "pp - s); both give one process's bits with the same --grad-accum")
+                  "pp - s); both give one process's bits with the same --grad-accum; or "
+                  "interleaved (Megatron's interleaved 1F1B over --pp-virtual chunks a rank: a "
+                  "bubble --pp-virtual times smaller, more inputs kept; --grad-accum a multiple "
+                  "of --pp; fp32, bf16 or fp16, ZeRO 0-3, --tp), also one process's "
+                  "bits")
+      ->capture_default_str();
+  cmd->add_option("--pp-virtual", c.pp_virtual,
+                  "With --pp-schedule interleaved: chunks a rank (virtual stages), 2 or more; "
+                  "the blocks are cut into --pp x --pp-virtual chunks, rank r holding chunks r, "
+                  "r + pp, ... (--pp-layers gives each chunk's count)")
       ->capture_default_str();
   cmd->add_option("--link", c.links,
                   "A link the step-time estimate prices transfers on, repeatable: intra=BW,LAT "
@@ -494,7 +503,7 @@ void add_train_command(CLI::App& app) {
         fmt::print("memfit: pipeline of {} stages (blocks {}), --pp-schedule {}, {} "
                    "micro-batches a step{}\n",
                    spec.run.pp(), describe_stages(spec.run.pipeline),
-                   pipe_schedule_name(spec.run.pipe_schedule), spec.run.grad_accum,
+                   pipe_schedule_label(spec.run), spec.run.grad_accum,
                    run.pipeline_note.empty() ? std::string() : "\nmemfit: " + run.pipeline_note);
       print_precision_route(spec.run.precision.precision, run.precision_note);
       if (run.planned) print_search(run.search, run.note);

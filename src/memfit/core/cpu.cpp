@@ -104,9 +104,7 @@ std::string cpuinfo_value(std::string_view key) {
   return {};
 }
 
-}  // namespace
-
-std::string model_name() {
+std::string read_model_name() {
   if (std::string name = cpuinfo_value("model name"); !name.empty()) return name;
   std::array<unsigned, 12> brand{};
   for (unsigned i = 0; i < 3; ++i) {
@@ -118,10 +116,25 @@ std::string model_name() {
   return s;
 }
 
-std::string identity() {
+std::string read_identity() {
   const std::string family = cpuinfo_value("cpu family"), model = cpuinfo_value("model");
   if (family.empty() || model.empty()) return model_name();
   return fmt::format("{} (family {}, model {})", model_name(), family, model);
+}
+
+}  // namespace
+
+// Read once: the CPU does not change under a process, and machine_calibration asks for the
+// identity at every call (a layout search's step-time estimates read /proc/cpuinfo three times a
+// candidate: 5% of its CPU time, perf).
+std::string model_name() {
+  static const std::string name = read_model_name();
+  return name;
+}
+
+std::string identity() {
+  static const std::string id = read_identity();
+  return id;
 }
 
 }  // namespace memfit::cpu

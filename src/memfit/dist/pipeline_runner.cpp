@@ -171,4 +171,22 @@ void PipelineRunner::run_forwards(
   }
 }
 
+void PipelineRunner::run_chunk_forwards(
+    int n, const std::function<void(int chunk, int m, std::span<const float> in,
+                                    std::span<float> out)>& forward) {
+  const int64_t bytes = n_ * static_cast<int64_t>(sizeof(float));
+  const int P = stages_;
+  const int previous_rank = (stage_ + P - 1) % P, next_rank = (stage_ + 1) % P;
+  std::span<float> in = slot(inputs_, 0), out = slot(sends_, 0);
+  for (int m = 0; m < n; ++m)
+    for (int c = 0; c < virtual_; ++c) {
+      const bool prev = has_previous(c), next = has_next(c);
+      if (prev) pipe_.recv(in.data(), bytes, previous_rank, chunk_tag(kActivationTag, c));
+      forward(c, m, prev ? in : std::span<float>{}, next ? out : std::span<float>{});
+      if (next)
+        pipe_.send(out.data(), bytes, next_rank,
+                   chunk_tag(kActivationTag, (virtual_stage(stage_, c, P) + 1) / P));
+    }
+}
+
 }  // namespace memfit::dist

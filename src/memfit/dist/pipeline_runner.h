@@ -98,6 +98,12 @@ class PipelineRunner {
   void run_forwards(
       int n, const std::function<void(int m, std::span<const float> in, std::span<float> out)>&
                  forward);
+  // The same over the rank's chunks (any V): micro-batch i through the virtual stages in order,
+  // chunk 0 first, each chunk's input received from the previous virtual stage and its output
+  // sent to the next (finished before the next forward), through the first slots.
+  void run_chunk_forwards(
+      int n, const std::function<void(int chunk, int m, std::span<const float> in,
+                                      std::span<float> out)>& forward);
   int stage() const { return stage_; }
   int stages() const { return stages_; }
   int virtual_stages() const { return virtual_; }

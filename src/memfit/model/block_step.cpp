@@ -401,8 +401,8 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
     // The rank's partial product in the run's precision (the widened GEMM where bf16/fp16
     // widen), summed over the group in f32 (reduce-scattered into this rank's rows with --sp),
     // then the bias once (Notes [Parallel linears], [Sequence parallel]); under fp8 the
-    // partial product of the casts (fp8_cast: the group's scales). LoRA is refused under --tp
-    // (RunSpec::check_tensor_parallel).
+    // partial product of the casts (fp8_cast: the group's scales). Then the adapter's term
+    // (lora_forward_row_parallel; LoRA is refused with fp8).
     if (!fp8()) {
       base_forward(slot, out, inp, weight, Tensor{});
     } else if (running()) {
@@ -413,6 +413,7 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
       row_parallel_linear_scatter(group, out, bias);
     else
       row_parallel_linear_reduce(group, out, bias);
+    lora_forward_row_parallel(slot, out, inp);
     return;
   }
   if (fp8()) {
@@ -444,6 +445,40 @@ void BlockStep::linear_forward(LinearSlot slot, Tensor out, const Tensor& inp,
            y + a.row0, width);
     }
     lora_store_rows(out, r0, k, y);
+  }
+}
+
+// Note [LoRA], "Under --tp": a row-parallel layer's adapter holds A's columns of the rank's
+// input features and B whole. u = x_r A_r^T is the rank's share of x A^T: summed over the group
+// (rows x r f32, in place in ws.lora.u), then the rank's rows of the output, the group's sum
+// with the bias already, get scale u B^T (all rows, or mine(out) under --sp). The backward needs
+// no collective: d(input) is the rank's columns of du A, d(A) its columns of du^T x, and d(B)
+// from the rank's share of u is its share of the whole, which Transformer::reduce_lora_partials
+// sums once a step.
+void BlockStep::lora_forward_row_parallel(LinearSlot slot, Tensor out, const Tensor& inp) {
+  const LoraView& a = w.lora[static_cast<size_t>(slot)][0];
+  if (!running() || !a.a.defined()) return;
+  check_lora_dtypes(inp, out);
+  const int64_t N = rows(), r = options.lora_rank, in = inp.size(-1);
+  float* u = lora_u_.data<float>();
+  const int64_t K = lora_chunk(inp);
+  for (int64_t r0 = 0; r0 < N; r0 += K) {
+    const int64_t k = std::min(K, N - r0);
+    const float* x = lora_rows(inp, r0, k, lora_x_);
+    gemm(false, true, k, r, in, 1.0f, x, in, a.a.data<float>(), in, 0.0f, u + r0 * r, r);
+  }
+  TensorGroup& group = ctx.tensor_group();
+  group.all_reduce_sum({u, static_cast<size_t>(N * r)});
+  const Tensor y_rows = mine(out);
+  const int64_t width = out.size(-1), M = y_rows.numel() / width;
+  const int64_t m0 = sp_ ? group.rank() * M : 0;
+  const int64_t KM = std::min(lora_chunk(y_rows), M);
+  for (int64_t r0 = 0; r0 < M; r0 += KM) {
+    const int64_t k = std::min(KM, M - r0);
+    float* y = lora_rows(y_rows, r0, k, lora_y_);
+    gemm(false, true, k, a.b.size(0), r, a.scale, u + (m0 + r0) * r, r, a.b.data<float>(), r,
+         1.0f, y, width);
+    lora_store_rows(y_rows, r0, k, y);
   }
 }
 

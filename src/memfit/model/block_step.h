@@ -175,6 +175,8 @@ class BlockStep {
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                   const std::function<void()>& between);
   int64_t lora_chunk(const Tensor& t) const;
+  // Under --tp, after a row-parallel layer's sum: its adapter's term (Note [LoRA], "Under --tp").
+  void lora_forward_row_parallel(LinearSlot slot, Tensor out, const Tensor& inp);
   // The base layer alone: dense, or a quantized base's tiles ("ws.quant") with GPT-2's bias
   // after.
   void base_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "memfit/core/error.h"
+#include "memfit/model/layout_map.h"
 #include "memfit/model/model_family.h"
 
 namespace memfit {
@@ -182,11 +183,13 @@ ParamLayout adapter_params(const std::vector<LoraParam>& params, int64_t r, int6
 
 }  // namespace
 
-LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options) : options_(options) {
+LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options)
+    : config_(c), options_(options) {
   check_lora_options(options, c.family);
   const std::vector<Target> targets = chosen(options, c.family);
-  const int64_t C = c.d_model, hs = c.head_size(), F = c.ffn_dim;
-  const int64_t q = int64_t{c.n_head} * hs, kv = int64_t{c.n_kv_head} * hs;
+  // This rank's widths (the whole ones at tp 1; Note [LoRA], "Under --tp").
+  const int64_t C = c.d_model, hs = c.head_size(), F = c.local_ffn();
+  const int64_t q = int64_t{c.local_heads()} * hs, kv = int64_t{c.local_kv_heads()} * hs;
   const int64_t r = options.rank;
   auto take = [&](int64_t n) {
     const int64_t at = total_;
@@ -194,7 +197,10 @@ LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options) : optio
     return at;
   };
   const std::string prefix = peft_block_prefix(c.family);
-  for (int l = 0; l < c.n_layer; ++l)
+  // A pipeline stage's own blocks (Note [LoRA], "Under --pp"), named by their whole-model index.
+  const int first = c.pipelined() ? c.stage.first : 0;
+  const int last = c.pipelined() ? c.stage.last : c.n_layer;
+  for (int l = first; l < last; ++l)
     for (const Target& t : targets) {
       LoraParam p{fmt::format("{}.{}.{}", prefix, l, t.module), l, t.slot, t.part, 0, 0, 0, 0, 0};
       switch (t.slot) {
@@ -221,6 +227,67 @@ LoraLayout::LoraLayout(const ModelConfig& c, const LoraOptions& options) : optio
   as_params_ = adapter_params(params_, r, total_);
 }
 
+namespace {
+
+// Megatron's halves (Note [Parallel linears]): the output projections split their input
+// features, the other linears their output features.
+bool row_parallel_slot(LinearSlot slot) {
+  return slot == LinearSlot::attn_out || slot == LinearSlot::mlp_out;
+}
+
+// A column-parallel adapter's B rows of tensor rank `rank` as (local row, whole row, rows)
+// pieces: its heads' (GPT-2's fused c_attn: of q, k and v each; a key/value head replicated
+// above n_kv_head: the one its queries use) or its MLP rows.
+std::vector<SliceRun> column_rows(const ModelConfig& c, const LoraParam& p, int rank) {
+  const int64_t hs = c.head_size();
+  const int64_t q = int64_t{c.local_heads()} * hs, kv = int64_t{c.local_kv_heads()} * hs;
+  const int64_t q0 = rank * q, kv0 = int64_t{rank} * c.n_kv_head / c.tp * hs;
+  const int64_t qw = int64_t{c.n_head} * hs, kvw = int64_t{c.n_kv_head} * hs;
+  if (p.slot == LinearSlot::fc) return {{0, rank * p.out, p.out}};
+  if (p.out == c.qkv_width())  // GPT-2's one adapter over q|k|v
+    return {{0, q0, q}, {q, qw + kv0, kv}, {q + kv, qw + kvw + kv0, kv}};
+  return {{0, p.part == 0 ? q0 : kv0, p.out}};
+}
+
+}  // namespace
+
+LoraLayout LoraLayout::whole() const { return LoraLayout(whole_run_model(config_), options_); }
+
+std::vector<SliceRun> LoraLayout::whole_runs(int rank) const {
+  const LoraLayout w = whole();
+  const int64_t r = options_.rank;
+  // A stage's adapters are the whole's from its first block's, in the same order.
+  const size_t first = params_.empty() ? 0
+                       : static_cast<size_t>(params_.front().layer) *
+                             lora_chosen_targets(options_, config_.family).size();
+  std::vector<SliceRun> runs;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const LoraParam &p = params_[i], &q = w.params_[first + i];
+    if (row_parallel_slot(p.slot) && p.in != q.in) {  // A's columns of the rank, row by row
+      for (int64_t k = 0; k < r; ++k)
+        runs.push_back({p.a_offset + k * p.in, q.a_offset + k * q.in + rank * p.in, p.in});
+    } else {
+      runs.push_back({p.a_offset, q.a_offset, r * p.in});
+    }
+    if (!row_parallel_slot(p.slot) && p.out != q.out) {  // B's rows of the rank
+      for (const SliceRun& rows : column_rows(config_, p, rank))
+        runs.push_back({p.b_offset + rows.local * r, q.b_offset + rows.whole * r, rows.n * r});
+    } else {
+      runs.push_back({p.b_offset, q.b_offset, p.out * r});
+    }
+  }
+  return runs;
+}
+
+std::vector<ElementRange> LoraLayout::replicated_ranges() const {
+  std::vector<ElementRange> out;
+  if (config_.tp <= 1) return out;
+  const int64_t r = options_.rank;
+  for (const LoraParam& p : params_)
+    out.push_back(row_parallel_slot(p.slot) ? ElementRange{p.b_offset, p.b_offset + p.out * r}
+                                            : ElementRange{p.a_offset, p.a_offset + r * p.in});
+  return out;
+}
 
 void LoraLayout::bind(ModelWeights& w, const Tensor& slab) const {
   const int64_t r = options_.rank;
@@ -236,17 +303,38 @@ void LoraLayout::bind(ModelWeights& w, const Tensor& slab) const {
   }
 }
 
-void LoraLayout::init(const Tensor& slab, uint64_t seed) const {
+namespace {
+
+// PEFT's draw of a layout's A matrices into its slab `d` (zeros elsewhere).
+void draw_adapters(const std::vector<LoraParam>& params, int64_t rank, int64_t total, float* d,
+                   uint64_t seed) {
+  std::fill_n(d, total, 0.0f);
+  std::mt19937_64 rng(seed ^ 0x4c6f5241ull);  // "LoRA": not the base weights' stream
+  for (const LoraParam& p : params) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(p.in));
+    std::uniform_real_distribution<float> u(-bound, bound);
+    for (int64_t i = 0; i < rank * p.in; ++i) d[p.a_offset + i] = u(rng);
+  }
+}
+
+}  // namespace
+
+void LoraLayout::init(const Tensor& slab, uint64_t seed, int rank) const {
   MEMFIT_CHECK_SHAPE(slab.numel() == total_ && slab.dtype() == DType::f32, "lora",
                      "an adapter slab of {} f32 elements, got {}", total_, slab.numel());
   float* d = slab.data<float>();
-  std::fill_n(d, total_, 0.0f);
-  std::mt19937_64 rng(seed ^ 0x4c6f5241ull);  // "LoRA": not the base weights' stream
-  for (const LoraParam& p : params_) {
-    const float bound = 1.0f / std::sqrt(static_cast<float>(p.in));
-    std::uniform_real_distribution<float> u(-bound, bound);
-    for (int64_t i = 0; i < options_.rank * p.in; ++i) d[p.a_offset + i] = u(rng);
+  if (config_.tp <= 1 && !config_.pipelined()) {
+    draw_adapters(params_, options_.rank, total_, d, seed);
+    return;
   }
+  // The whole adapters drawn (on the heap, once, at set-up), this rank's slices (--tp) of its
+  // stage's blocks (--pp) kept.
+  const LoraLayout w = whole();
+  std::vector<float> all(static_cast<size_t>(w.total()));
+  draw_adapters(w.params_, options_.rank, w.total(), all.data(), seed);
+  std::fill_n(d, total_, 0.0f);
+  for (const SliceRun& run : whole_runs(rank))
+    std::copy_n(all.data() + run.whole, run.n, d + run.local);
 }
 
 }  // namespace memfit

@@ -14,6 +14,7 @@
 
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/tensor_slices.h"
 
 namespace memfit {
 
@@ -90,9 +91,28 @@ class LoraLayout {
   void bind(ModelWeights& w, const Tensor& slab) const;
   // PEFT's initialisation, drawn from `seed`: A kaiming-uniform (a = sqrt(5): uniform in
   // +-1/sqrt(in)), B zero, so the adapted model starts as the base model. `slab` is f32.
-  void init(const Tensor& slab, uint64_t seed) const;
+  // Under --tp or --pp the whole model's adapters are drawn and tensor rank `rank` takes its
+  // slices of its stage's (whole_runs), so every layout starts from one process's values.
+  void init(const Tensor& slab, uint64_t seed, int rank = 0) const;
+
+  // Under --tp (a config with tp > 1; Note [LoRA], "Under --tp"): a column-parallel layer's
+  // (q|k|v, fc, gate|up) B is split by rows as its weight and A is whole on every rank; a
+  // row-parallel layer's (attention out, MLP proj/down) A is split by columns as its weight
+  // and B is whole. Under --pp a stage holds its own blocks' adapters (Note [LoRA], "Under
+  // --pp"). The whole adapters' layout: this config at tp 1 and every stage (whole_run_model).
+  LoraLayout whole() const;
+  // Where tensor rank `rank`'s slab elements lie in the whole adapters' slab (whole()), runs in
+  // increasing local order; the alignment gaps are in no run. A stage's whole matrices are one
+  // run each, at the whole slab's offsets of its blocks.
+  std::vector<SliceRun> whole_runs(int rank) const;
+  // The slab ranges of the matrices every tensor rank holds whole (column-parallel A,
+  // row-parallel B): their gradients are each rank's share (d(A) of a column-parallel layer
+  // sums over its rank's output rows; d(B) of a row-parallel one over its input columns), so
+  // they are summed over the tensor group once a step. Empty at tp 1.
+  std::vector<ElementRange> replicated_ranges() const;
 
  private:
+  ModelConfig config_;
   LoraOptions options_;
   std::vector<LoraParam> params_;
   int64_t total_ = 0;

@@ -14,9 +14,9 @@
 // sums its micro-batches' gradients in one process's order: bit-identical to one process, as
 // GPipe and 1F1B are.
 //
-// Kept apart from pipeline_schedule.h (which run_spec.h includes everywhere) while the trainer
-// does not run it; the runner (dist/pipeline_runner.h) and the planner's time
-// (plan/pipeline_time.h) do.
+// Kept apart from pipeline_schedule.h (which run_spec.h includes everywhere): the runner
+// (dist/pipeline_runner.h), the run's checks (plan/run_spec.cpp), the planner's time
+// (plan/pipeline_time.h) and the trainer over a rank's chunks (train/train_run_chunks.cpp) read it.
 #pragma once
 
 #include <vector>

@@ -11,10 +11,9 @@ PipeSchedule parse_pipe_schedule(std::string_view text) {
   if (text == "1f1b") return PipeSchedule::one_f_one_b;
   if (text == "interleaved")
     MEMFIT_THROW(ConfigError, "pp-schedule",
-                 "--pp-schedule interleaved is not built yet in train and plan: its order, the "
-                 "runner over chunks and its step time are (model/pipeline_interleaved.h), but a "
-                 "rank holding several block ranges (V chunks' parameters, optimizer state and "
-                 "step plans) is not; use gpipe or 1f1b");
+                 "--pp-schedule interleaved is not one stage's schedule: it runs over "
+                 "--pp-virtual chunks a rank (model/pipeline_interleaved.h; the run's "
+                 "RunSpec::pipe_virtual, set where the run is resolved)");
   MEMFIT_THROW(ConfigError, "pp-schedule", "--pp-schedule {}: want gpipe or 1f1b", text);
 }
 

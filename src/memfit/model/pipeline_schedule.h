@@ -17,8 +17,8 @@ namespace memfit {
 
 enum class PipeSchedule { gpipe, one_f_one_b };
 
-// "gpipe", "1f1b". ConfigError naming --pp-schedule otherwise; "interleaved" is refused with
-// what it would need (virtual stages), as it is not built.
+// "gpipe", "1f1b". ConfigError naming --pp-schedule otherwise; "interleaved" too, saying it is
+// the chunks' schedule (RunSpec::pipe_virtual), which the run's resolution sets instead.
 PipeSchedule parse_pipe_schedule(std::string_view text);
 std::string_view pipe_schedule_name(PipeSchedule s);
 

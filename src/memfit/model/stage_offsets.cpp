@@ -1,5 +1,10 @@
 #include "memfit/model/stage_offsets.h"
 
+#include <string>
+#include <vector>
+
+#include "memfit/core/error.h"
+
 namespace memfit {
 
 namespace {
@@ -27,6 +32,18 @@ int64_t whole_index(const ParamLayout& layout, int64_t at) {
   if (layout.whole_offset() == 0) return at;
   const ElementRange copy = tied_table_copy(layout);
   return !copy.empty() && at >= copy.begin ? at - copy.begin : at + layout.whole_offset();
+}
+
+int64_t first_param_index(const ModelConfig& config) {
+  if (!config.pipelined()) return 0;
+  ModelConfig whole = config;
+  whole.set_pipeline_stage({});
+  const std::string first = ParamLayout(config).params().front().name;
+  const ParamLayout layout(whole);
+  const std::vector<ParamInfo>& all = layout.params();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].name == first) return static_cast<int64_t>(i);
+  MEMFIT_THROW(Error, "params", "stage parameter {} is not a parameter of the whole model", first);
 }
 
 }  // namespace memfit

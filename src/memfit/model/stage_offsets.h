@@ -27,4 +27,9 @@ ElementRange tied_table(const ModelConfig& config, const ParamLayout& layout);
 // whole_offset(), or in the tied copy the table's own element (the table starts the layout).
 int64_t whole_index(const ParamLayout& layout, int64_t at);
 
+// The index among the whole model's parameters (every stage) of the first parameter of
+// `config`'s layout: 0 without --pp; what APOLLO draws a stage's projections by
+// (Apollo::set_param_index_base).
+int64_t first_param_index(const ModelConfig& config);
+
 }  // namespace memfit

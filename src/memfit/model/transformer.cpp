@@ -159,7 +159,7 @@ void Transformer::add_lora(const LoraOptions& options, uint64_t seed, bool freez
   lora_weights_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::params,
                                 "lora.params");
   lora_grads_ = Tensor::empty(pool_, {lora_->total()}, DType::f32, Category::grads, "lora.grads");
-  lora_->init(lora_weights_, seed);
+  lora_->init(lora_weights_, seed, group_ ? group_->rank() : 0);  // --tp: the rank's slices
   kernels::zero(lora_grads_);
   frozen_ = freeze_base;
   if (frozen_) grads_ = Tensor{};
@@ -482,20 +482,29 @@ void Transformer::init_weights(uint64_t seed, int64_t piece_elements,
 }
 
 void Transformer::reduce_kv_replicas() {
-  if (config_.kv_replicas() == 1 || group_ == nullptr) return;
+  if (config_.kv_replicas() == 1 || group_ == nullptr || frozen_) return;  // (LoRA: no sums)
   // The summed gradients this rank holds: the whole layout, or its ZeRO shard (stages 2-3),
   // the same range on every rank of the tensor group (they share a data index and a layout).
   sum_kv_replicas(*group_, config_, layout_, grad_sums(), grad_sums_range());
 }
 
 void Transformer::reduce_sequence_partials() {
-  if (group_ == nullptr || !ctx_.running() ||
+  if (group_ == nullptr || !ctx_.running() || frozen_ ||  // a frozen base has no gradients
       !sequence_parallel(config_, ctx_.plan().options))
     return;
   // Over the summed gradients this rank holds (the whole slab, or its ZeRO shard at stages
   // 2-3: the same range on every rank of the tensor group), so the data group's reduction has
   // already summed each part; a part of a norm another data rank holds is summed there.
   sum_sequence_partials(*group_, layout_, grad_sums(), grad_sums_range());
+}
+
+void Transformer::reduce_lora_partials() {
+  if (!lora_ || group_ == nullptr || group_->size() <= 1) return;
+  // The adapters' matrices every tensor rank holds whole (Note [LoRA], "Under --tp"): each
+  // rank's gradient is its share, summed over the group in rank order, in place.
+  float* g = lora_grads_.data<float>();
+  for (const ElementRange& r : lora_->replicated_ranges())
+    group_->all_reduce_sum({g + r.begin, static_cast<size_t>(r.size())});
 }
 
 void Transformer::set_tensor_group(TensorGroup& group) {

@@ -244,6 +244,10 @@ class Transformer {
   const LoraLayout* lora() const { return lora_ ? &*lora_ : nullptr; }
   Tensor& lora_weights() { return lora_weights_; }
   Tensor& lora_grads() { return lora_grads_; }
+  // --tp: the gradients of the adapters' matrices every tensor rank holds whole (column-parallel
+  // A, row-parallel B: LoraLayout::replicated_ranges) summed over the tensor group, once a step
+  // before the update. Nothing without LoRA or --tp.
+  void reduce_lora_partials();
   // LoRA dropout (--lora-dropout above 0): the draw of the next training micro-batch's mask,
   // lora_dropout_draw(seed, step, micro-batch, rank) (model/lora_dropout.h); 0 until set.
   void set_lora_dropout_draw(uint64_t draw) { lora_draw_ = draw; }

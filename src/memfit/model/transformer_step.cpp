@@ -39,8 +39,8 @@ PipelineStage stage_of(const ModelConfig& config, const ActivationOptions& optio
                    (s.index + 1 == s.stages) == (s.last == config.n_layer),
                "pipeline", "stage {} of {} with blocks [{}, {}) does not cut a model of {} blocks",
                s.index, s.stages, s.first, s.last, config.n_layer);
-  MEMFIT_CHECK(!options.grads_in_arena && !options.inference && options.lora_rank == 0,
-               "pipeline", "a stage's plan without gradients in the arena, inference or LoRA");
+  MEMFIT_CHECK(!options.grads_in_arena && !options.inference, "pipeline",
+               "a stage's plan without gradients in the arena or inference");
   for (const auto& [a, b] : options.ckpt.segments(config.n_layer))
     MEMFIT_CHECK((a < s.first) == (b < s.first) && (a < s.last) == (b < s.last), "pipeline",
                  "--ckpt {} recomputes blocks {}-{} together, across stage {}'s blocks [{}, {})",

@@ -4,6 +4,7 @@
 
 #include "memfit/kernels/cpu/adamw8bit.h"
 #include "memfit/kernels/cpu/blockwise_quant.h"
+#include "memfit/model/stage_offsets.h"
 
 namespace memfit {
 
@@ -30,14 +31,14 @@ void AdamW8bit::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, fl
     Tensor vq = part(v_.codes, Part::codes, n), va = part(v_.absmax, Part::absmax, blocks);
     if (w.dtype() == DType::bf16)  // pure bf16: no master copy to round from
       kernels::adamw8bit_update_stochastic(w, g, mq, ma, vq, va, h, t_, grad_scale, config_.seed,
-                                           static_cast<uint64_t>(pc.begin));
+                                           static_cast<uint64_t>(whole_index(layout_, pc.begin)));
     else
       kernels::adamw8bit_update(w, g, mq, ma, vq, va, h, t_, grad_scale);
   } else {
     Tensor m = part(m_.f32, Part::f32, n), v = part(v_.f32, Part::f32, n);
     if (w.dtype() == DType::bf16)
       kernels::adamw8bit_update_f32_stochastic(w, g, m, v, h, t_, grad_scale, config_.seed,
-                                               static_cast<uint64_t>(pc.begin));
+                                               static_cast<uint64_t>(whole_index(layout_, pc.begin)));
     else
       kernels::adamw8bit_update_f32(w, g, m, v, h, t_, grad_scale);
   }

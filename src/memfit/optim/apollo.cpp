@@ -9,6 +9,7 @@
 #include "memfit/kernels/cpu/adamw.h"
 #include "memfit/kernels/cpu/convert.h"
 #include "memfit/kernels/cpu/matmul.h"
+#include "memfit/model/stage_offsets.h"
 #include "memfit/optim/apollo_projection.h"
 
 namespace memfit {
@@ -147,7 +148,7 @@ void Apollo::update(const Piece& pc, Tensor& w, const Tensor& g, float lr, float
                               pc.param.decay ? config_.weight_decay : 0.0f};
   if (w.dtype() == DType::bf16)  // pure bf16: as AdamW rounds
     kernels::adamw_update_stochastic(w, g, m, v, h, t_, grad_scale, config_.seed,
-                                     static_cast<uint64_t>(pc.begin));
+                                     static_cast<uint64_t>(whole_index(layout_, pc.begin)));
   else
     kernels::adamw_update(w, g, m, v, h, t_, grad_scale);
 }
@@ -173,7 +174,7 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
 
   // The projection of this window, drawn again (never stored).
   const uint64_t window = static_cast<uint64_t>((t_ - 1) / config_.proj_gap);
-  apollo_projection_fill(P, d.r * d.small, apollo_projection_key(config_.seed, pc.index, window),
+  apollo_projection_fill(P, d.r * d.small, apollo_projection_key(config_.seed, index_base_ + pc.index, window),
                          static_cast<int>(d.r));
   if (d.rows())
     kernels::gemm(false, true, d.m, d.r, d.n, grad_scale, g, P, 0.0f, R);
@@ -244,7 +245,8 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
     return;
   }
   // Pure bf16: the f32 result rounded stochastically, element e of the slab drawing its bits
-  // from (seed mixed with t, e), as convert_stochastic draws them.
+  // from (seed mixed with t, e), as convert_stochastic draws them (e in the whole model: a
+  // pipeline stage rounds as one process does).
   uint16_t* w = static_cast<uint16_t*>(weights.raw_data());
   const uint64_t seed = splitmix64(config_.seed ^ splitmix64(static_cast<uint64_t>(t_)));
 #pragma omp parallel for schedule(static) if (d.m * d.n >= kTeamElements)
@@ -254,7 +256,7 @@ void Apollo::update_matrix(const Piece& pc, Tensor& weights, const float* g, flo
       const uint32_t bits = static_cast<uint32_t>(w[e]) << 16;
       float x;
       std::memcpy(&x, &bits, 4);
-      const uint64_t index = static_cast<uint64_t>(pc.begin + e);
+      const uint64_t index = static_cast<uint64_t>(whole_index(layout_, pc.begin) + e);
       const uint32_t random = kernels::sr_bits(
           kernels::sr_key(seed, static_cast<uint32_t>(index >> 32)), static_cast<uint32_t>(index));
       w[e] = kernels::bf16_from_f32_stochastic(updated(x, i, j), random);

@@ -37,6 +37,11 @@ class Apollo : public Optimizer {
   static bool projects(const ParamInfo& p);
   // The rank a projected matrix gets: min(apollo_rank(config), min(m, n)).
   static int64_t rank_for(const OptimConfig& config, const ParamInfo& p);
+  // A pipeline stage's layout (Note [Pipeline parallel], "Optimizers"): its parameter i is
+  // parameter `base` + i of the whole model's, the index a matrix's projection is drawn by, so
+  // a stage projects each matrix as one process does (0, the default, for the whole model).
+  // Only blocks' matrices are projected, and a stage's blocks come before its tied copy.
+  void set_param_index_base(int64_t base) { index_base_ = base; }
 
  protected:
   std::vector<StateSpec> whole_state() const override;
@@ -51,6 +56,7 @@ class Apollo : public Optimizer {
   std::vector<int64_t> moments_;    // per parameter: its m/v values
   std::vector<int64_t> limiter_at_;  // per parameter: projected matrices before it
   int64_t moment_total_ = 0, limiter_total_ = 0, scratch_ = 0;
+  int64_t index_base_ = 0;
 };
 
 }  // namespace memfit

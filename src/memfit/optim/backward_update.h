@@ -8,6 +8,8 @@
 // forward's LM head adds to it before any block's backward. The units are finished, and stepped, in the backward's order:
 // the tail (after the final norm's backward), blocks L-1 .. 0, the embeddings last, so the tied
 // embedding/LM-head table is stepped only once both its uses have added their gradients.
+// A pipeline stage's store holds its own units alone (model/unit_map.h): its blocks, and the
+// tail or the embeddings where the stage has them (Note [Update in backward], "Under --pp").
 // Note [Update in backward] (docs/notes/update-in-backward.md).
 #pragma once
 
@@ -19,6 +21,7 @@
 #include "memfit/memory/tensor.h"
 #include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/model/unit_map.h"
 #include "memfit/optim/unit_steps.h"
 
 namespace memfit {
@@ -45,7 +48,9 @@ class BackwardUpdate final : public GradStore {
 
  private:
   const ParamLayout layout_;  // its own copy: made before the model
-  std::vector<ElementRange> units_;
+  // Which unit is which (a pipeline stage's layout holds some of them: model/unit_map.h).
+  UnitMap map_;
+  const ElementRange& unit(int u) const { return map_.units[static_cast<size_t>(u)]; }
   // The tail's gradients, then each block's in turn, then (untied) the embeddings'.
   Tensor embeddings() const;
   Tensor tail() const;

@@ -136,6 +136,7 @@ void UnitSteps::begin_step(float lr, float clip, Clip mode) {
   if (mode == Clip::global && pass_ == Pass::step_unit) clip_ = 0;
   result_ = {};
   result_.mean_over = ranks_;
+  stages_pending_ = measured_ = false;
 }
 
 void UnitSteps::begin_micro_batch() {
@@ -254,6 +255,7 @@ void UnitSteps::end_backward() {
     result_.mean_over = ranks_;
     result_.finite = v[1] == 0;
     result_.sum_squares = v[0] + once;
+    stage_parts_.assign(1, UnitGradCheck{result_.finite, result_.sum_squares});
   } else if (pass_ != Pass::step_global) {
     // This rank's parts in unit order, then the ranks in rank order (update.cpp's check_step).
     UnitGradCheck mine;
@@ -269,17 +271,19 @@ void UnitSteps::end_backward() {
       result_.finite = result_.finite && c.finite;
       result_.sum_squares += c.sum_squares;
     }
+    // --pp: in one data rank the stage's units, as the ordinary --pp check gathers them (so
+    // the stages' units in stage order add as one process's do), else its ranks' sums.
+    stage_parts_ = rank_checks_ ? ranks : checks_;
   }
+  // --pp: the stages' norm once every stage's backward is done (end_pipeline_pass).
+  if (stages_ && pass_ != Pass::step_global) stages_pending_ = true;
   if (pass_ == Pass::measure) {
-    // The global norm, and the ordinary step's factor from it (train/grad_clip.h's
-    // clip_factor, the same arithmetic): the second pass steps every part by it. A non-finite
-    // norm steps nothing (the run stops).
     pass_ = Pass::idle;
-    if (result_.finite && std::isfinite(result_.sum_squares)) {
-      factor_ = static_cast<float>(
-          std::min(1.0, clip_ / (std::sqrt(result_.sum_squares) / double(ranks_) + 1e-6)));
-      pass_ = Pass::step_global;
+    if (stages_) {
+      measured_ = true;
+      return;
     }
+    take_factor();
     return;
   }
   // One step taken, as Optimizer::step counts it (each part's optimizer started from the same
@@ -287,6 +291,39 @@ void UnitSteps::end_backward() {
   if (stream_) stream_->end_pass(steps_before_ + 1);
   else whole_->set_steps_taken(steps_before_ + 1);
   pass_ = Pass::idle;
+}
+
+void UnitSteps::take_factor() {
+  // The global norm, and the ordinary step's factor from it (train/grad_clip.h's clip_factor,
+  // the same arithmetic): the second pass steps every part by it. A non-finite norm steps
+  // nothing (the run stops).
+  if (result_.finite && std::isfinite(result_.sum_squares)) {
+    factor_ = static_cast<float>(
+        std::min(1.0, clip_ / (std::sqrt(result_.sum_squares) / double(ranks_) + 1e-6)));
+    pass_ = Pass::step_global;
+  }
+}
+
+void UnitSteps::set_pipeline(StageChecks stages) {
+  MEMFIT_CHECK(static_cast<bool>(stages), "optim", "--update-in-backward under --pp: no gather");
+  stages_ = std::move(stages);
+}
+
+void UnitSteps::end_pipeline_pass() {
+  if (!stages_pending_) return;
+  stages_pending_ = false;
+  // Every stage's parts in stage order, added from 0 (update.cpp's pipeline_check).
+  const std::vector<UnitGradCheck> all = stages_(stage_parts_);
+  result_ = {};
+  result_.mean_over = ranks_;
+  for (const UnitGradCheck& c : all) {
+    result_.finite = result_.finite && c.finite;
+    result_.sum_squares += c.sum_squares;
+  }
+  if (measured_) {
+    measured_ = false;
+    take_factor();
+  }
 }
 
 }  // namespace memfit

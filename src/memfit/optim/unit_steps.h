@@ -119,6 +119,19 @@ class UnitSteps {
   };
   // Before the first step.
   void set_tensor_split(TensorSplit split);
+
+  // --pp (Note [Update in backward], "Under --pp"): every stage's parts of the norm, gathered
+  // over the pipeline group in stage order, from this stage's (a collective over the stages).
+  using StageChecks =
+      std::function<std::vector<UnitGradCheck>(const std::vector<UnitGradCheck>& mine)>;
+  // Before the first step. A stage's backward ends before the stages below it have run
+  // theirs, so the norm is taken after the pass through every stage (end_pipeline_pass), not
+  // in end_backward: a collective there would wait for a stage that waits for this one.
+  void set_pipeline(StageChecks stages);
+  // --pp: the pass through every stage is over (this stage's backward ended): the norm over
+  // the stages (a collective), and after a measuring pass the global factor, so that
+  // second_pass() says whether to run the stepping pass.
+  void end_pipeline_pass();
   // A new step's learning rate and clipping. Before its forward.
   void begin_step(float lr, float clip, Clip mode);
   // Global clipping: the measuring pass is done and finite, so the caller runs the same
@@ -166,6 +179,15 @@ class UnitSteps {
   // --tp: this rank's {finite, split squares} and replicated squares in layout order.
   void tensor_totals(UnitGradCheck& split, double& replicated) const;
   BackwardUpdateResult result_;
+  // --pp: this stage's parts of the norm from its last backward (its units in unit order in
+  // one data rank, else each data rank's sum, or the tensor group's), which end_pipeline_pass
+  // adds with the other stages'; whether they wait for it, and whether the pass measured.
+  StageChecks stages_;
+  std::vector<UnitGradCheck> stage_parts_;
+  bool stages_pending_ = false, measured_ = false;
+  // The global factor from the norm's sum of squares (train/grad_clip.h's arithmetic): the
+  // stepping pass is next where the norm is finite.
+  void take_factor();
   Pass pass_ = Pass::idle;
   std::function<void(ElementRange)> stepped_;
   float lr_ = 0, clip_ = 0, factor_ = 1;

@@ -1,9 +1,13 @@
 #include "memfit/plan/fit_advice.h"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "memfit/plan/layout_search.h"
 
 namespace memfit {
 
@@ -69,6 +73,40 @@ FitOption option(const RunSpec& user, const RunSpec& changed, const Candidate& c
   return o;
 }
 
+// The run `base` with the levers of `set` pulled (the policy, micro-batch and stage levers are
+// the search's space: lever_space), or nothing where the set does not apply (the precision
+// levers outside bf16).
+std::optional<RunSpec> lever_run(const RunSpec& base, unsigned set) {
+  RunSpec c = base;
+  c.auto_batch = false;
+  if (set & kBf16) {
+    c.precision.precision = Precision::bf16;
+    c.precision = run_precision(c.precision, c.lora);  // LoRA: the base without master weights
+  }
+  if (set & kOptim8bit) {
+    c.optim.name = eight_bit(c.optim.name);
+    c.optim.state_dtype = DType::f32;  // the 8-bit state replaces bf16 moments
+  }
+  if (set & kCompress) c.act_compress = kSearchCompress;
+  if ((set & (kGradBf16 | kNoMaster)) && c.precision.precision != Precision::bf16)
+    return std::nullopt;
+  if (set & kGradBf16) c.grad_dtype = DType::bf16;
+  if (set & kNoMaster) c.precision.master_weights = false;
+  c.act_compress_open = false;  // the lever decides it
+  return c;
+}
+
+// The search's space for `set`: the policies of `policies` (empty: every one) where the set
+// varies the policy.
+SearchSpace lever_space(unsigned set, std::vector<std::string> policies) {
+  SearchSpace space;
+  space.policies = (set & kPolicy) != 0;
+  space.micro_batches = (set & kMicroBatch) != 0;
+  space.stages = (set & kStage) != 0;
+  space.policy_list = std::move(policies);
+  return space;
+}
+
 }  // namespace
 
 FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
@@ -108,31 +146,21 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
   if (allowed & kNoMaster) names.push_back("no master weights");
   a.levers = fmt::format("{}", fmt::join(names, ", "));
 
+  // Two passes (perf: a 70B run's advice planned 128 sets over the whole policy list, the
+  // `layers:0..k-1` family 79 of its 97 policies, and was 99% of a `plan --auto` that found
+  // nothing): every set over coarse_policies first, which decide whether a set fits (each of
+  // the family keeps at least full's bytes: layout_search.h), then the sets that fit again over
+  // every policy, for their fastest.
   std::vector<Tried> tried;
+  const std::vector<std::string> coarse = coarse_policies(base.model.n_layer, base.attention);
   for (unsigned set = 0; set <= kAllLevers; ++set) {
     if ((set & allowed) != set || (set & mandatory) != mandatory) continue;
-    RunSpec c = base;
-    c.auto_batch = false;
-    if (set & kBf16) {
-      c.precision.precision = Precision::bf16;
-      c.precision = run_precision(c.precision, c.lora);  // LoRA: the base without master weights
-    }
-    if (set & kOptim8bit) {
-      c.optim.name = eight_bit(c.optim.name);
-      c.optim.state_dtype = DType::f32;  // the 8-bit state replaces bf16 moments
-    }
-    if (set & kCompress) c.act_compress = kSearchCompress;
-    if ((set & (kGradBf16 | kNoMaster)) && c.precision.precision != Precision::bf16) continue;
-    if (set & kGradBf16) c.grad_dtype = DType::bf16;
-    if (set & kNoMaster) c.precision.master_weights = false;
-    c.act_compress_open = false;  // the lever decides it
+    const std::optional<RunSpec> c = lever_run(base, set);
+    if (!c) continue;
     SearchResult r;
     try {
-      SearchSpace space;
-      space.policies = (set & kPolicy) != 0;
-      space.micro_batches = (set & kMicroBatch) != 0;
-      space.stages = (set & kStage) != 0;
-      r = search_training(c, limit, space);
+      r = search_training(*c, limit, lever_space(set, coarse));
+      if (r.fits && (set & kPolicy)) r = search_training(*c, limit, lever_space(set, {}));
     } catch (const ConfigError&) {
       if (set == mandatory) throw;  // the run's own error
       continue;                     // a combination the engine refuses
@@ -140,8 +168,8 @@ FitAdvice advise_fit(const RunSpec& spec, size_t limit) {
     Tried t;
     t.levers = set;
     t.fits = r.fits;
-    t.fastest = option(spec, c, r.choice);
-    t.smallest = option(spec, c, r.smallest);
+    t.fastest = option(spec, *c, r.choice);
+    t.smallest = option(spec, *c, r.smallest);
     if (set == 0) {
       a.planned = r.choice.peak_bytes;
       a.fits_as_is = r.fits;

@@ -177,6 +177,13 @@ struct SharedPlan {
   StepPlan step;
 };
 
+// The tied table's gradient a pipeline's first and last stages sum: none for LoRA's frozen
+// table (Note [LoRA], "Under --pp").
+int64_t tied_gradient_floats(const RunSpec& spec, const ModelConfig& model,
+                             const ParamLayout& layout) {
+  return spec.lora.enabled() ? 0 : tied_table(model, layout).size();
+}
+
 // LoRA (Note [LoRA]): the base weights as rank_bytes counted them, no base gradients or optimizer
 // state; the adapters' f32 weights and gradients, and the optimizer's state over their layout.
 void add_lora_bytes(const RunSpec& spec, int rank, const ParamLayout& layout,
@@ -309,6 +316,55 @@ void plan_every_rank(const RunSpec& spec,
 
 namespace {
 
+// --offload-params nvme: the working weights' file, and the bytes it reads and writes a step
+// (r.step planned already).
+void add_param_file_bytes(const RunSpec& spec, const ParamLayout& layout,
+                          const StatePlacement& placement, PlanReport& r) {
+  const DType half = half_dtype(spec.precision.precision);
+  // The update writes every block back, and without master weights reads it first; LoRA's
+  // frozen base is never written (Note [LoRA], "The frozen base on disk").
+  const offload::ParamUpdateIo update =
+      spec.lora.enabled()                                ? offload::ParamUpdateIo::none
+      : placement.master().where != Residence::none ? offload::ParamUpdateIo::write
+                                                        : offload::ParamUpdateIo::read_write;
+  // At stage 3 the rank's shard of the working weights alone.
+  const std::optional<ElementRange> mine = placement.params_file_range();
+  const offload::ParamFileLayout file =
+      offload::make_param_file_layout(layout, half, spec.persist_threshold, mine);
+  // --update-in-backward: each block stepped in the slot its backward read (no read by the
+  // update), and with global clipping every block read by both passes.
+  offload::ParamIoBytes io = offload::param_io_bytes_per_step(
+      layout, half, r.step.phases, spec.micro_batch_passes(), spec.persist_threshold, update,
+      mine, spec.update_in_backward);
+  // --pp: a stage before the last runs each micro-batch's forward alone too (to send its
+  // output), reading its blocks (and what it prefetches) once more a pass (Note [NVMe
+  // offload], "Under --pp").
+  if (r.model.pipelined() && !r.model.stage.has_head())
+    for (int u : WeightGather::forward_gather_units(layout, r.step.phases,
+                                                    placement.prefetch_depth(),
+                                                    placement.persist_threshold()))
+      if (file.in_file(static_cast<size_t>(u)))
+        io.read += static_cast<uint64_t>(spec.micro_batch_passes()) *
+                   file.request_bytes(static_cast<size_t>(u));
+  r.disk_by_category[static_cast<size_t>(Category::params)] += file.file_bytes;
+  r.disk_bytes += file.file_bytes;
+  r.param_read_bytes = io.read;
+  r.param_written_bytes = io.written;
+  r.io_bytes_per_step += io.read + io.written;
+  r.param_ring_bytes = WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),
+                                                    placement.persist_threshold(), mine)
+                           .staging;
+}
+
+// A pipeline stage's kept inputs and transfer buffers; none in an interleaved chunk's plan.
+dist::PipelineBuffers stage_pipeline_buffers(const RunSpec& spec, const ModelConfig& model,
+                                             const ActivationOptions& act) {
+  if (spec.interleaved()) return {};
+  return dist::pipeline_buffers(
+      spec.pipe_schedule, model.stage.index, model.stage.stages, spec.grad_accum,
+      dist::pipeline_boundary_floats(model, act, spec.batch, spec.T) * int64_t{sizeof(float)});
+}
+
 PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
                      StepPlanCache* steps) {
   spec.check();
@@ -359,48 +415,22 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   r.step = shared  ? shared->step
            : steps ? steps->plan(r.model, r.B, r.T, act)
                    : plan_step(r.model, r.B, r.T, act);
-  if (placement.params_in_file()) {
-    const DType half = half_dtype(precision.precision);
-    // The update writes every block back, and without master weights reads it first; LoRA's
-    // frozen base is never written (Note [LoRA], "The frozen base on disk").
-    const offload::ParamUpdateIo update =
-        spec.lora.enabled()                                ? offload::ParamUpdateIo::none
-        : placement.master().where != Residence::none ? offload::ParamUpdateIo::write
-                                                          : offload::ParamUpdateIo::read_write;
-    // At stage 3 the rank's shard of the working weights alone.
-    const std::optional<ElementRange> mine = placement.params_file_range();
-    const offload::ParamFileLayout file =
-        offload::make_param_file_layout(layout, half, spec.persist_threshold, mine);
-    // --update-in-backward: each block stepped in the slot its backward read (no read by the
-    // update), and with global clipping every block read by both passes.
-    const offload::ParamIoBytes io = offload::param_io_bytes_per_step(
-        layout, half, r.step.phases, spec.micro_batch_passes(), spec.persist_threshold, update,
-        mine, spec.update_in_backward);
-    r.disk_by_category[static_cast<size_t>(Category::params)] += file.file_bytes;
-    r.disk_bytes += file.file_bytes;
-    r.param_read_bytes = io.read;
-    r.param_written_bytes = io.written;
-    r.io_bytes_per_step += io.read + io.written;
-    r.param_ring_bytes = WeightGather::file_ram_bytes(layout, half, placement.prefetch_depth(),
-                                                      placement.persist_threshold(), mine)
-                             .staging;
-  }
+  if (placement.params_in_file()) add_param_file_bytes(spec, layout, placement, r);
   for (Category c : {Category::activations, Category::workspace})
     at(c) = r.step.arena[static_cast<size_t>(c)];
   // A pipeline stage (Note [Pipeline parallel]): the micro-batches' inputs it keeps for their
-  // backwards, and the transfer buffers (dist/pipeline_runner.h: the runner's own count).
+  // backwards, and the transfer buffers (dist/pipeline_runner.h: the runner's own count). An
+  // interleaved chunk's are its rank's, counted once (plan/interleaved_plan.h).
   int64_t pipe_kept = 0;
   if (r.model.pipelined()) {
-    const dist::PipelineBuffers pb = dist::pipeline_buffers(
-        spec.pipe_schedule, r.model.stage.index, r.model.stage.stages, spec.grad_accum,
-        dist::pipeline_boundary_floats(r.model, act, r.B, r.T) * int64_t{sizeof(float)});
+    const dist::PipelineBuffers pb = stage_pipeline_buffers(spec, r.model, act);
     pipe_kept = pb.activations;
     at(Category::activations) += static_cast<size_t>(pb.activations);
     at(Category::comm) += static_cast<size_t>(pb.comm);
     // Tied embeddings: the first and last stages' receive buffer for the table's gradient
     // (dist/tied_gradient.h; the last stage's copy of the table is in its layout already).
     at(Category::comm) += static_cast<size_t>(dist::tied_gradient_buffer_bytes(
-        r.model.stage.index, r.model.stage.stages, tied_table(r.model, layout).size()));
+        r.model.stage.index, r.model.stage.stages, tied_gradient_floats(spec, r.model, layout)));
   }
   // The tensor group's chunk buffers (dist/communicator_tensor_group.h), held the whole run.
   at(Category::comm) += static_cast<size_t>(dist::tensor_group_buffer_bytes(
@@ -416,10 +446,11 @@ PlanReport plan_rank(const RunSpec& spec, int rank, const SharedPlan* shared,
   const int64_t summed =
       spec.lora.enabled() ? LoraLayout(r.model, spec.lora).total() : layout.total();
   // --pp at stage 3: a stage before the last runs each micro-batch's forward alone too (to send
-  // its output), gathering its blocks once more (Note [Pipeline parallel], "ZeRO").
+  // its output), gathering its blocks once more, in every pass (Note [Pipeline parallel],
+  // "ZeRO").
   const int64_t forward_gathers =
       placement.params_gathered() && r.model.pipelined() && !r.model.stage.has_head()
-          ? int64_t{spec.grad_accum} *
+          ? int64_t{passes} *
                 WeightGather::forward_gather_bytes(layout, half, r.step.phases,
                                                    placement.prefetch_depth(),
                                                    placement.persist_threshold())

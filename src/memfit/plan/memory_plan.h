@@ -63,7 +63,8 @@ struct PlanReport {
 // what the step plan does not read (where the optimizer, the weights and the gradients live,
 // the ZeRO stage), one after another, and plan_step was most of each (perf: 76% of a
 // `plan --max-model` search at llama2-7b). The last kKept plans are kept: a search's innermost
-// loops ask for at most two (with and without the gradients in the arena).
+// loops ask for at most four (with and without the gradients in the arena, in f32 and in bf16
+// where the precision levers are swept).
 class StepPlanCache {
  public:
   static constexpr size_t kKept = 4;

@@ -1,14 +1,20 @@
 #include "memfit/plan/run_spec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "memfit/core/error.h"
+#include "memfit/model/pipeline_interleaved.h"
 #include "memfit/model/sequence_parallel.h"
 #include "memfit/kernels/cpu/quant_weight.h"
 #include "memfit/optim/sliced_optimizer.h"
+#include "memfit/optim/state_runs.h"
+#include "memfit/optim/tensor_split.h"
 
 namespace memfit {
 
@@ -58,6 +64,68 @@ void refuse_lora_sharding(const RunSpec& spec) {
                  "hold a whole copy of the frozen base's file; give --zero 3 (each rank's shard "
                  "of the base in its file) or one process",
                  spec.world, spec.zero);
+}
+
+// LoRA under --tp (Note [LoRA], "Under --tp"): the adapters split as their layers' weights.
+// Not built: dropout (its mask numbers the elements of the whole input, of which a row-parallel
+// rank holds some columns), adapters on key/value heads replicated over ranks (tp above
+// n_kv_head: their B's gradients would be summed over the replicas), ZeRO stage 3 with --tp
+// (untested), an optimizer that is not element-wise (its blocks or rows over a rank's slices
+// are not one process's), and with a save or resume state that is not f32 (the save gathers
+// the slices of f32 state into whole tensors).
+void refuse_lora_tensor_split(const RunSpec& spec) {
+  const ModelConfig& m = spec.model;
+  // --pp (Note [LoRA], "Under --pp"): each stage its own blocks' adapters. Not built: dropout
+  // (the pipeline's micro-batches draw no mask), ZeRO stage 3 (untested).
+  if (spec.pp() > 1 && (spec.lora.dropout > 0 || spec.zero == 3))
+    MEMFIT_THROW(ConfigError, "config",
+                 "--lora-rank with --pp {} and {} is not built yet (Note [LoRA], \"Under --pp\")",
+                 spec.pp(),
+                 spec.lora.dropout > 0
+                     ? "--lora-dropout: the pipeline's micro-batches draw no dropout mask"
+                     : "--zero 3: the gathered base's stages with adapters are untested");
+  if (m.tp <= 1) return;
+  const std::vector<std::string> targets = lora_chosen_targets(spec.lora, m.family);
+  const bool kv = std::find(targets.begin(), targets.end(), "k") != targets.end() ||
+                  std::find(targets.begin(), targets.end(), "v") != targets.end();
+  const char* why =
+      spec.lora.dropout > 0
+          ? "--lora-dropout: the mask numbers the elements of a layer's whole input, of which a "
+            "row-parallel rank holds some columns"
+      : kv && m.kv_replicas() > 1
+          ? "adapters on k or v with --tp above --n-kv-head: the key/value heads are replicated "
+            "over ranks, and their B's gradients would need summing over the replicas; leave k "
+            "and v out of --lora-targets or give a --tp dividing the key/value heads"
+      : spec.zero == 3 ? "--zero 3: the gathered base's blocks with split adapters are untested"
+      : spec.optim.name != "adamw" && spec.optim.name != "sgd" && spec.optim.name != "lion"
+          ? "an --optim other than adamw, sgd or lion: the adapters' optimizer steps a rank's "
+            "slices as one process only where it is element-wise"
+      : (spec.saves || spec.resumed) && spec.optim.state_dtype != DType::f32
+          ? "--optim-state-dtype bf16 with --save or --resume: the save gathers the slices of "
+            "f32 state into whole tensors"
+          : nullptr;
+  if (why)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--lora-rank with --tp {} and {} is not built yet (Note [LoRA], \"Under --tp\")",
+                 m.tp, why);
+}
+
+// A save or resume over a split layout (--tp, --pp) writes and reads each rank's optimizer state
+// as the whole model's (optim/state_runs.h; Note [Checkpoints across layouts], "Optimizer state
+// of every kind"): refused before the first step where a rank's state does not map.
+void refuse_layout_state(const RunSpec& spec) {
+  if (!(spec.saves || spec.resumed) || spec.lora.enabled() || (spec.model.tp <= 1 && spec.pp() == 1))
+    return;
+  for (int s = 0; s < spec.pp(); ++s)
+    if (const std::optional<std::string> why =
+            layout_state_refusal(spec.optim, spec.stage(s).model))
+      MEMFIT_THROW(ConfigError, "config",
+                   "--save or --resume with --tp {} --pp {} and --optim {} is refused: a "
+                   "checkpoint holds the whole model's optimizer state, and this rank's does not "
+                   "map onto it ({}); give widths whose slices cut whole quantisation blocks, or "
+                   "an element-wise optimizer (adamw, lion, sgd), or save without --tp (Note "
+                   "[Checkpoints across layouts])",
+                   spec.model.tp, spec.pp(), spec.optim.name, *why);
 }
 
 }  // namespace
@@ -120,14 +188,17 @@ void RunSpec::check_tensor_parallel() const {
     const char* why;
   };
   const std::optional<Refusal> refused =
-      lora.enabled() ? Refusal{"--lora-rank", "the adapters are not split over the group"}
-      : offload.grads
+      offload.grads
           ? Refusal{"--offload-grads",
                     "--offload-grads nvme is for one process (its file is checked unit by unit, "
                     "where the tensor group's norm needs each parameter's slice apart); under "
                     "--tp, as under several data ranks, the gradients stay in RAM: "
                     "--offload-optimizer and --offload-params are built, each rank's slices in "
                     "its own files"}
+      : offload.params && lora.enabled()
+          ? Refusal{"--offload-params and --lora-rank",
+                    "the frozen base's file holds a rank's slices under --tp, and the split "
+                    "adapters over an offloaded base are untested"}
                   : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
@@ -146,15 +217,18 @@ void RunSpec::check_tensor_parallel() const {
 RunSpec RunSpec::stage(int s) const {
   RunSpec r = *this;
   if (pp() == 1) return r;
-  MEMFIT_CHECK(s >= 0 && s < pp(), "pipeline", "stage {} of {}", s, pp());
+  MEMFIT_CHECK(s >= 0 && s < static_cast<int>(pipeline.size()), "pipeline", "stage {} of {}", s,
+               pipeline.size());
   r.model.set_pipeline_stage(pipeline[static_cast<size_t>(s)]);
   return r;
 }
 
 // What --pp is built with so far (Note [Pipeline parallel], "What remains"): fp32, bf16 (with
-// or without master weights), fp16 or fp8, AdamW or SGD, any ZeRO stage over the data group
+// or without master weights), fp16 or fp8, every optimizer (each stage steps its own whole
+// parameters: Note [Pipeline parallel], "Optimizers"), any ZeRO stage over the data group
 // (each stage's own units reduced and gathered: Note [Pipeline parallel], "ZeRO"), f32 or bf16
-// gradients, no LoRA, offload, compression or fused update, no search; tied or untied, and
+// gradients, --act-compress (each stage compresses its own blocks' saved activations), no
+// LoRA, offload or fused update, no search; tied or untied, and
 // checkpoint segments inside the stages. Saves and resumes at any layout (Note [Checkpoints
 // across layouts]). With --tp each stage is a tensor group (Note [Pipeline
 // parallel], "Stages of tensor groups"), and --tp's own rules (check_tensor_parallel) hold too.
@@ -162,21 +236,22 @@ RunSpec RunSpec::stage(int s) const {
 void RunSpec::check_pipeline() const {
   if (pp() == 1) return;
   const int P = pp();
+  check_interleaved_run();
   const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
-                        : optim.name != "adamw" && optim.name != "sgd" ? "--optim other than adamw or sgd"
-                        : lora.enabled()                       ? "--lora-rank"
-                        : offload.optimizer || offload.params || offload.grads ? "--offload-*"
-                        : update_in_backward                   ? "--update-in-backward"
-                        : sync_every_micro_batch               ? "--sync-every-micro-batch"
-                        : act_compress != ActCompress::none    ? "--act-compress"
+                        : offload.grads                        ? "--offload-grads"
+                        // (A save maps each stage's state into whole tensors from RAM; the
+                        // offloaded state's files are not mapped: Note [NVMe offload], "Under
+                        // --pp".)
+                        : (offload.optimizer || offload.params) && (saves || resumed)
+                            ? "--offload-optimizer or --offload-params and --save or --resume"
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp {} with {} is not built yet: pipeline parallelism trains in fp32, bf16, "
-                 "fp16 or fp8 at any ZeRO stage with AdamW or SGD, f32 or bf16 gradients (Note "
-                 "[Pipeline parallel])",
+                 "fp16 or fp8 at any ZeRO stage with every optimizer, f32 or bf16 gradients, "
+                 "compressed activations or not (Note [Pipeline parallel])",
                  P, refused);
   ModelConfig first = model;  // ConfigError naming --pp for a bad cut
   for (const PipelineStage& s : pipeline) first.set_pipeline_stage(s);
@@ -203,6 +278,7 @@ void RunSpec::check() const {
   if (lora.enabled()) {
     check_lora_options(lora, model.family);
     refuse_lora_sharding(*this);
+    refuse_lora_tensor_split(*this);
     // What is built (Note [LoRA], "What remains"): fp32 or bf16 (the base bf16 alone, no
     // master weights: resolve_run), one process (the frozen base in RAM, or its blocks in a
     // file: "The frozen base on disk") or data-parallel ranks at stage 0 (the adapters'
@@ -228,6 +304,7 @@ void RunSpec::check() const {
   check_base_dtype();
   if (model.tp > 1) check_tensor_parallel();
   check_pipeline();
+  refuse_layout_state(*this);
   if (sp && model.tp <= 1)
     MEMFIT_THROW(ConfigError, "config",
                  "--sp splits the sequence over the tensor group: it needs --tp 2 or more (got "
@@ -352,6 +429,16 @@ void RunSpec::check_update_in_backward() const {
                  "--update-in-backward with --grad-dtype bf16: the unit's gradients are stepped "
                  "from the one f32 slot the units take in turn and never kept (the kernels add "
                  "into f32), so there is nothing to hold in bf16; drop --grad-dtype bf16");
+  // --pp (Note [Update in backward], "Under --pp"): a tied table's gradient has a part on the
+  // first stage and a part on the last, summed between them after the backward, while each
+  // stage would step its part as its own backward ends.
+  if (pp() > 1 && model.tie_embeddings)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--update-in-backward with --pp {} and tied embeddings is not built: the "
+                 "table's gradient has the first stage's part and the last stage's, summed "
+                 "between them after both backwards, so neither stage can step it as its own "
+                 "backward ends; use --tie-embeddings false (LLaMA) or drop --update-in-backward",
+                 pp());
 }
 
 // --base-dtype (Note [NF4 weights], "QLoRA"; Note [Int8 weights]): the frozen base's storage,
@@ -383,7 +470,7 @@ void RunSpec::check_base_dtype() const {
                  "disk, or the {0} base in RAM",
                  kernels::weight_quant_name(*quant));
   const char* refused = precision.precision == Precision::fp16 ? "--precision fp16"
-                        : world > 1                            ? "several ranks"
+                        : world > 1 || model.tp > 1 || pp() > 1 ? "several ranks"
                         : zero != 0 || zero_auto               ? "--zero"
                         : offload.optimizer || offload.grads   ? "--offload-*"
                         : grad_dtype != DType::f32 ? "--grad-dtype bf16"
@@ -395,6 +482,45 @@ void RunSpec::check_base_dtype() const {
                  "process, with every weight in RAM",
                  kernels::weight_quant_name(*quant), refused,
                  *quant == kernels::WeightQuant::nf4 ? "NF4 (QLoRA)" : "int8");
+}
+
+// --pp-schedule interleaved (Note [Pipeline parallel], "Interleaved"): what a rank of V chunks
+// is built with so far: fp32, bf16 or fp16, f32 or bf16 gradients, AdamW or SGD, ZeRO 0-3 over
+// the data group, --tp, the P x V chunks each at least one block, --grad-accum a multiple of
+// --pp. The refusals name the values.
+void RunSpec::check_interleaved_run() const {
+  if (pipe_virtual < 1)
+    MEMFIT_THROW(ConfigError, "config", "--pp-virtual must be 1 or more, got {}", pipe_virtual);
+  if (!interleaved()) return;
+  const int P = pp();
+  check_interleaved(P, pipe_virtual, grad_accum);
+  // (Each built for 1F1B and GPipe, untested over a rank's chunks: the chunks' optimizers,
+  // offload files and per-unit steps are made apart from the run's.)
+  const char* refused = precision.precision == Precision::fp8 ? "--precision fp8"
+                        : optim.name != "adamw" && optim.name != "sgd"
+                            ? "--optim other than adamw or sgd"
+                        : lora.enabled()                        ? "--lora-rank"
+                        : offload.optimizer || offload.params   ? "--offload-*"
+                        : update_in_backward                    ? "--update-in-backward"
+                        : sync_every_micro_batch                ? "--sync-every-micro-batch"
+                        : act_compress != ActCompress::none     ? "--act-compress"
+                                                                : nullptr;
+  if (refused)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
+                 "interleaved trains in fp32, bf16 or fp16 with AdamW or SGD, f32 or bf16 "
+                 "gradients, any ZeRO stage, with or without --tp (Note [Pipeline parallel], \"Interleaved\")",
+                 P, pipe_virtual, refused);
+  if (static_cast<int>(pipeline.size()) != P * pipe_virtual)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-schedule interleaved: {} chunks given, --pp {} x --pp-virtual {} = {} "
+                 "needed",
+                 pipeline.size(), P, pipe_virtual, P * pipe_virtual);
+}
+
+std::string pipe_schedule_label(const RunSpec& spec) {
+  return spec.interleaved() ? fmt::format("interleaved (--pp-virtual {})", spec.pipe_virtual)
+                            : std::string(pipe_schedule_name(spec.pipe_schedule));
 }
 
 }  // namespace memfit

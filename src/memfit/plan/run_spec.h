@@ -78,7 +78,16 @@ struct RunSpec {
   // (plan/pipeline_time.h: balance_stages), as `memfit plan` and the trainer's resolution do.
   bool pp_layers_auto = false;
   PipeSchedule pipe_schedule = PipeSchedule::one_f_one_b;
-  int pp() const { return pipeline.empty() ? 1 : static_cast<int>(pipeline.size()); }
+  // --pp-schedule interleaved --pp-virtual V (Note [Pipeline parallel], "Interleaved"): each
+  // rank holds V chunks, Megatron's interleaved 1F1B over them (model/pipeline_interleaved.h;
+  // pipe_schedule stays one_f_one_b, which the interleaved order is at V = 1). `pipeline` is
+  // then the P x V chunks, virtual stage by virtual stage, and stage(s) the run of virtual stage
+  // s (rank s mod P's chunk s / P). 1: one stage a rank.
+  int pipe_virtual = 1;
+  bool interleaved() const { return pipe_virtual > 1; }
+  int pp() const {
+    return pipeline.empty() ? 1 : static_cast<int>(pipeline.size()) / pipe_virtual;
+  }
   // The links between the ranks (--link, --ranks-per-node): what the step-time estimate prices
   // each collective and point-to-point transfer on (plan/link_model.h). Time only: no byte
   // depends on it.
@@ -174,10 +183,16 @@ struct RunSpec {
   void check_tensor_parallel() const;
   // check()'s rules for --pp above 1 (Note [Pipeline parallel]).
   void check_pipeline() const;
+  // check_pipeline's rules for --pp-schedule interleaved (what is built so far).
+  void check_interleaved_run() const;
   // check()'s rules for --update-in-backward (Note [Update in backward]).
   void check_update_in_backward() const;
   // check()'s rules for --base-dtype (Note [NF4 weights], "QLoRA").
   void check_base_dtype() const;
 };
+
+// The run's --pp-schedule as the logs and the plan print it: "gpipe", "1f1b", or "interleaved
+// (--pp-virtual V)".
+std::string pipe_schedule_label(const RunSpec& spec);
 
 }  // namespace memfit

@@ -57,28 +57,28 @@ void pull_levers(RunSpec& run, int levers) {
   if (levers & kLeverNoMaster) run.precision.master_weights = false;
 }
 
-// The search as asked, then, while nothing fits, each mask of kPrecisionLevers in turn: the
-// same space again with the levers pulled, its candidates added to the table (a run the levers
-// make invalid, RunSpec::check, skips the mask).
+// The search as asked, then, where nothing fits, every mask of kPrecisionLevers: the same space
+// swept once more with the masks innermost (SearchSpace::levers), so the candidates of one
+// step plan share it (a mask changes no activation; a sweep a mask plans every step plan again:
+// three sweeps where one does). The choice is the one a sweep a mask in turn would make
+// (`preferred` takes the fewest levers first); the table holds every mask's candidates. A
+// candidate the mask makes invalid (RunSpec::check: pure bf16 with an optimizer that needs
+// master weights) is skipped.
 SearchResult search_with_levers(const RunSpec& base, size_t limit, SearchSpace space) {
   RunSpec asked = base;
   asked.precision_levers_open = false;
   SearchResult r = search_training(asked, limit, space);
-  for (int lever = 1; !r.fits && lever <= kPrecisionLevers; ++lever) {
-    RunSpec t = asked;
-    pull_levers(t, lever);
-    SearchResult more;
-    try {
-      more = search_training(t, limit, space);
-    } catch (const ConfigError&) {
-      continue;  // e.g. pure bf16 with an optimizer that needs master weights
-    }
-    for (Candidate& c : more.candidates) {
-      c.levers = lever;
-      r.candidates.push_back(std::move(c));
-    }
-    choose_candidates(r);
+  if (r.fits) return r;
+  space.levers.clear();
+  for (int lever = 1; lever <= kPrecisionLevers; ++lever) space.levers.push_back(lever);
+  SearchResult more;
+  try {
+    more = search_training(asked, limit, space);
+  } catch (const ConfigError&) {
+    return r;  // every mask refused
   }
+  for (Candidate& c : more.candidates) r.candidates.push_back(std::move(c));
+  choose_candidates(r);
   return r;
 }
 
@@ -325,65 +325,67 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
         continue;
       for (int b : batches)
         for (const auto& [level, offload_grads] : levels)
-          for (int stage : stages) {
-            const bool offload = level >= 1;
-            // --update-in-backward takes one micro-batch a step (RunSpec::check).
-            if (base.update_in_backward && global / b > 1) continue;
-            // Offloaded only where each rank's state is a shard (not stage 0 over ranks), the
-            // working weights only where they are a shard too (stage 3 over ranks).
-            at_stage.zero = stage;
-            if (level == 2 && !StatePlacement::allows_params_offload(at_stage, base.world))
-              continue;
-            // (LoRA's frozen base offloads no optimizer: only where the base is a shard.)
-            if (offload && !frozen &&
-                !StatePlacement::allows_optimizer_offload(at_stage, base.world))
-              continue;
-            // --tp: the search keeps the state in RAM (--offload-optimizer and --offload-params
-            // are built under --tp, --offload-grads refused: RunSpec::check_tensor_parallel; the
-            // offloaded candidates are not searched yet).
-            if (offload && base.model.tp > 1) continue;
-            Candidate c;
-            c.ckpt = policy;
-            c.act_compress = compress;
-            c.batch = b;
-            c.grad_accum = global / b;
-            c.offload = offload && !frozen;
-            c.offload_params = level == 2;
-            c.offload_grads = offload_grads;
-            c.zero = stage;
-            const RunSpec run = apply_candidate(base, c);
-            // A combination the run refuses (e.g. under --pp a ZeRO stage, a precision lever
-            // or compression not built there, or a policy whose segment crosses a cut) is not
-            // a candidate, as the fit advice skips it; what is built later joins by itself.
-            try {
-              run.check();
-            } catch (const ConfigError& e) {
-              if (refusal.empty()) refusal = e.what();
-              continue;
-            }
-            if (run.pp() > 1) {
-              plan_stages(run, c, stage_steps);
-              c.fits = c.peak_bytes <= limit;
+          for (int stage : stages)
+            for (int lever : space.levers) {
+              const bool offload = level >= 1;
+              // --update-in-backward takes one micro-batch a step (RunSpec::check).
+              if (base.update_in_backward && global / b > 1) continue;
+              // Offloaded only where each rank's state is a shard (not stage 0 over ranks), the
+              // working weights only where they are a shard too (stage 3 over ranks).
+              at_stage.zero = stage;
+              if (level == 2 && !StatePlacement::allows_params_offload(at_stage, base.world))
+                continue;
+              // (LoRA's frozen base offloads no optimizer: only where the base is a shard.)
+              if (offload && !frozen &&
+                  !StatePlacement::allows_optimizer_offload(at_stage, base.world))
+                continue;
+              // --tp: the search keeps the state in RAM (--offload-optimizer and --offload-params
+              // are built under --tp, --offload-grads refused: RunSpec::check_tensor_parallel;
+              // the offloaded candidates are not searched yet).
+              if (offload && base.model.tp > 1) continue;
+              Candidate c;
+              c.ckpt = policy;
+              c.act_compress = compress;
+              c.batch = b;
+              c.grad_accum = global / b;
+              c.offload = offload && !frozen;
+              c.offload_params = level == 2;
+              c.offload_grads = offload_grads;
+              c.zero = stage;
+              c.levers = lever;
+              const RunSpec run = apply_candidate(base, c);
+              // A combination the run refuses (e.g. under --pp a ZeRO stage, a precision lever
+              // or compression not built there, or a policy whose segment crosses a cut) is not
+              // a candidate, as the fit advice skips it; what is built later joins by itself.
+              try {
+                run.check();
+              } catch (const ConfigError& e) {
+                if (refusal.empty()) refusal = e.what();
+                continue;
+              }
+              if (run.pp() > 1) {
+                plan_stages(run, c, stage_steps);
+                c.fits = c.peak_bytes <= limit;
+                r.candidates.push_back(std::move(c));
+                continue;
+              }
+              const PlanReport p = plan_training(run, 0, &steps);
+              c.est_step_seconds = p.est_step_seconds;
+              c.peak_bytes = p.peak_bytes;
+              c.by_category = p.by_category;
+              uint64_t disk = p.disk_bytes;
+              if (run.world > 1) {
+                // The budget is every rank's: the largest peak must fit, and (offloaded) the
+                // largest files --disk-limit, which is per rank too.
+                const PlanReport most = plan_largest_rank(run, &c.peak_rank, &disk, &steps);
+                c.peak_bytes = most.peak_bytes;
+                c.by_category = most.by_category;
+              }
+              c.disk_bytes = offload ? disk : 0;
+              c.fits = c.peak_bytes <= limit &&
+                       (!offload || !base.offload.disk_limit || disk <= base.offload.disk_limit);
               r.candidates.push_back(std::move(c));
-              continue;
             }
-            const PlanReport p = plan_training(run, 0, &steps);
-            c.est_step_seconds = p.est_step_seconds;
-            c.peak_bytes = p.peak_bytes;
-            c.by_category = p.by_category;
-            uint64_t disk = p.disk_bytes;
-            if (run.world > 1) {
-              // The budget is every rank's: the largest peak must fit, and (offloaded) the
-              // largest files --disk-limit, which is per rank too.
-              const PlanReport most = plan_largest_rank(run, &c.peak_rank, &disk, &steps);
-              c.peak_bytes = most.peak_bytes;
-              c.by_category = most.by_category;
-            }
-            c.disk_bytes = offload ? disk : 0;
-            c.fits = c.peak_bytes <= limit &&
-                     (!offload || !base.offload.disk_limit || disk <= base.offload.disk_limit);
-            r.candidates.push_back(std::move(c));
-          }
     }
 
   if (r.candidates.empty())

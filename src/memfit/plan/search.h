@@ -105,6 +105,9 @@ struct SearchSpace {
   // The policies to try where `policies` is set; empty: checkpoint_candidates (the layout
   // search tries a coarse list first, then the rest on the chosen layout).
   std::vector<std::string> policy_list{};
+  // The precision levers' masks each candidate is planned with (kLeverGradBf16,
+  // kLeverNoMaster), the innermost loop: {0}, as asked, unless search_with_levers sweeps them.
+  std::vector<int> levers{0};
   static SearchSpace of(const RunSpec& spec) {
     const bool stages = spec.zero_auto && spec.world > 1;
     const bool searching = spec.ckpt_auto || spec.auto_batch || stages;

@@ -3,6 +3,7 @@
 
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/activation_plan.h"
+#include "memfit/model/lora.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
 #include "memfit/model/sequence_parallel.h"
@@ -19,6 +20,32 @@ ElementRange summed_range(const RunSpec& spec, const ParamLayout& layout, int da
   const StatePlacement placement(layout, spec.optim, spec.state_options(),
                                  {data_rank, spec.world});
   return placement.grads().range;
+}
+
+// LoRA (Note [LoRA], "Under --tp"): each adapted row-parallel layer's x A^T (rows x r f32)
+// summed over the group before B, in every forward (`forwards` a micro-batch) and recomputed
+// block; once a step each adapter matrix every tensor rank holds whole, its gradient summed
+// (Transformer::reduce_lora_partials: one all-reduce each).
+void add_lora_comm(TensorCommVolume& v, const RunSpec& spec, const StepPlan& step,
+                   int64_t forwards) {
+  const LoraLayout lora(spec.model, spec.lora);
+  if (lora.params().empty()) return;
+  int64_t per_block = 0;
+  for (const LoraParam& p : lora.params())
+    if (p.layer == lora.params().front().layer &&
+        (p.slot == LinearSlot::attn_out || p.slot == LinearSlot::mlp_out))
+      ++per_block;
+  int64_t blocks = 0;
+  for (const Phase& p : step.phases)
+    blocks += p.kind == PhaseKind::forward ? forwards : p.kind == PhaseKind::recompute ? 1 : 0;
+  const int64_t sums = spec.micro_batch_passes() * blocks * per_block;
+  v.all_reduce_count += sums;
+  v.all_reduce_bytes +=
+      sums * int64_t{spec.batch} * spec.T * spec.lora.rank * int64_t{sizeof(float)};
+  for (const ElementRange& r : lora.replicated_ranges()) {
+    ++v.all_reduce_count;  // (a collective cut into the group's chunks counts once)
+    v.all_reduce_bytes += r.size() * int64_t{sizeof(float)};
+  }
 }
 
 }  // namespace
@@ -56,8 +83,10 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     v.reduce_scatter_count = reduces * passes;
     v.reduce_scatter_bytes = v.reduce_scatter_count * whole;
     const int64_t operand = int64_t(dtype_size(half_dtype(spec.precision.precision)));
+    // (LoRA's frozen base: no embedding backward, so no d(output) gathered for it.)
+    const bool embedding_backward = embeds && !spec.lora.enabled();
     v.gathered_bytes = passes * (gathers * (whole / spec.model.tp / 4 * operand) +
-                                 (embeds ? whole / spec.model.tp : 0));
+                                 (embedding_backward ? whole / spec.model.tp : 0));
     // The norms' gradients: the part of each the data rank's summed gradients hold (the whole
     // slab, or its shard at ZeRO 2-3), one all-reduce of f32 where it holds any.
     // With --update-in-backward each unit's part of them as the unit's backward ends, in
@@ -66,7 +95,8 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
     const ElementRange sums = summed_range(spec, layout, data_rank);
     for (const ParamInfo& p : layout.params()) {
       const int64_t n = sums.intersect({p.offset, p.offset + p.numel}).size();
-      if (sequence_partial(p.role) && n > 0) {
+      // (LoRA's frozen base has no norm gradients to sum.)
+      if (sequence_partial(p.role) && n > 0 && !spec.lora.enabled()) {
         v.all_reduce_count += spec.backward_passes();
         v.all_reduce_bytes += spec.backward_passes() * n * int64_t{sizeof(float)};
       }
@@ -87,6 +117,7 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
                                                 : 0;
     v.gathered_bytes += passes * casts * int64_t{sizeof(float)};
   }
+  if (spec.lora.enabled()) add_lora_comm(v, spec, step, forwards);
   // Every chunk's statistics: a float and two doubles a row, so the whole batch's rows once.
   v.gathered_bytes += (head ? passes * N * int64_t{sizeof(float) + 2 * sizeof(double)} : 0) +
                       2 * int64_t{sizeof(double)};

@@ -56,7 +56,7 @@ std::vector<dist::AgreedField> run_agreement_fields(const TrainSpec& c) {
       {"--batch", f(s.batch)},
       {"--grad-accum", f(s.grad_accum)},
       {"--pp-layers", describe_stages(s.pipeline)},
-      {"--pp-schedule", std::string(pipe_schedule_name(s.pipe_schedule))},
+      {"--pp-schedule", pipe_schedule_label(s)},
       {"--steps", f(s.steps)},
       {"--stop-after", f(c.stop_after)},
       {"--precision", std::string(precision_name(s.precision.precision))},

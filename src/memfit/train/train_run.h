@@ -101,6 +101,12 @@ class TrainRun {
   void load_or_init();
   void load_weights();
   void load_by_layout();
+  // LoRA's adapters and their optimizer state, whole in the files, this rank's slices under
+  // --tp (train_run_lora.cpp; Note [LoRA], "Under --tp").
+  void load_adapters(const std::filesystem::path& dir);
+  void load_adapter_state(const std::filesystem::path& dir);
+  void gather_adapters();
+  void save_adapters(const std::filesystem::path& dir);
   void load_offloaded_state();
   void load_trainer_state();
   Tensor record_for_save();
@@ -112,10 +118,35 @@ class TrainRun {
   io::StreamedWeights streamed_weights(Tensor& save_staging);
   void save_if_due(int64_t step, bool last);
 
+  // --pp-schedule interleaved (train_run_chunks.cpp; Note [Pipeline parallel], "Interleaved"):
+  // this rank's chunks after its first, each a model of its virtual stage with its own
+  // optimizer, placement and gradient exchange, and the step, update and evaluation over all.
+  struct Chunk {
+    RunSpec run;  // RunSpec::stage(virtual stage)
+    std::optional<StatePlacement> placement;
+    ZeroServices zero;
+    std::optional<Transformer> gpt;
+    std::unique_ptr<Optimizer> opt;
+    std::optional<dist::GradientSync> sync;
+    std::optional<RankShards> shards;
+  };
+  void make_chunks();
+  int64_t chunks_widen_elements() const;
+  void load_chunk_by_layout(Chunk& k);
+  void prepare_chunks();
+  Transformer& chunk_model(int c);
+  std::optional<dist::GradientSync>& chunk_sync(int c);
+  double chunk_micro_batches(const StepLoss& step_loss);
+  UpdateOutcome chunk_update(float lr);
+  double chunk_evaluate(const StepLoss& eval_loss, int64_t n);
+  Transformer& tied_model();
+  const StatePlacement& tied_placement() const;
+
   // The step (train_run_step.cpp).
   StepResult step(int64_t step, std::chrono::steady_clock::time_point t0);
   double micro_batches(int64_t step, const StepLoss& step_loss);
   double pipeline_micro_batches(const StepLoss& step_loss);
+  void pipeline_pass(const StepLoss& step_loss, std::vector<float>& losses);
   double from_last_stage(double x);
   UpdateOutcome update(float lr, float loss, float loss_scale, int64_t& update_gathered);
   void offloaded_step(float rate, float scale, int64_t& update_gathered);
@@ -219,6 +250,10 @@ class TrainRun {
   // --pp with tied embeddings, the first and last stages: the table's gradient summed between
   // them after the backward (dist/tied_gradient.h).
   std::optional<dist::TiedGradient> tied_;
+  // bf16 gradients: the update's widening buffer, every chunk's (make_grad_widen).
+  Tensor grad_widen_;
+  // --pp-schedule interleaved: chunks 1 .. V - 1 of this rank (chunk 0 is gpt_, opt_, sync_).
+  std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<io::DataLoader> train_data_, val_data_;
   int64_t last_step_ = 0;
 
@@ -241,6 +276,12 @@ class TrainRun {
   // save moves in (stage_layout_files; Note [Checkpoints across layouts]).
   bool layout_save_ = false;
   std::filesystem::path staging_;
+  // LoRA under --tp: the whole adapters and their optimizer's state, gathered over the tensor
+  // group for a save (gather_adapters), in a pool of their own (a save's, not the step's).
+  std::unique_ptr<MemoryPool> adapter_heap_;
+  std::optional<LoraLayout> whole_lora_;
+  Tensor whole_adapters_;
+  std::unique_ptr<Optimizer> whole_adapter_opt_;
 
   // The loop.
   std::optional<Progress> progress_;

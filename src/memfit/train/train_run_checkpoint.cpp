@@ -36,10 +36,10 @@ void TrainRun::load_or_init() {
   load_weights();
   load_offloaded_state();
   if (resume_ && gpt_->lora()) {  // the adapters and their optimizer's state (Note [LoRA])
-    io::load_lora_adapter(location_.dir, mc_, *gpt_->lora(), gpt_->lora_weights());
-    io::load_optimizer_state(location_.dir / io::kAdapterOptimizerFile, *opt_);
+    load_adapters(location_.dir);
+    load_adapter_state(location_.dir);
   } else if (gpt_->lora() && !settings_.checkpoint.lora_from.empty()) {  // --lora-from: no state
-    io::load_lora_adapter(settings_.checkpoint.lora_from, mc_, *gpt_->lora(), gpt_->lora_weights());
+    load_adapters(settings_.checkpoint.lora_from);
   }
 }
 
@@ -242,8 +242,7 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   // LoRA: the adapters in PEFT's format beside the (unchanged) base weights (Note [LoRA]).
   if (gpt_->lora())
     so.write_extra = [&](const fs::path& tmp) {
-      io::save_lora_adapter(tmp, mc_, *gpt_->lora(), gpt_->lora_weights());
-      io::save_optimizer_state(tmp / io::kAdapterOptimizerFile, *opt_);
+      save_adapters(tmp);
       if (const QuantBaseLayout* quant = gpt_->quant_base())
         io::save_quant_base(tmp / io::quant_base_file(quant->format()), *quant,
                             gpt_->quant_buffer());
@@ -260,12 +259,19 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   }
   // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
   // bytes as from RAM).
-  if (off_ && !sharded_state_)
+  // (A split layout's offloaded state is staged with the weights: stage_layout_files.)
+  if (off_ && !sharded_state_ && !layout_save_)
     so.write_extra = [&](const fs::path& tmp) { off_->save_state(tmp / io::kOptimizerFile); };
   // A split layout: every file of the weights and the optimizer state staged by the ranks
   // (stage_layout_files), moved in; config.json is the whole model's.
-  if (layout_save_)
-    so.write_extra = [&](const fs::path& tmp) { layout_files().move(staging_, tmp); };
+  // (LoRA: the adapters' files, gathered whole, beside them.)
+  if (layout_save_) {
+    auto lora_files = std::move(so.write_extra);
+    so.write_extra = [&, lora_files](const fs::path& tmp) {
+      layout_files().move(staging_, tmp);
+      if (lora_files) lora_files(tmp);
+    };
+  }
   if (sharded_state_ || layout_save_) so.sharded_weights_dtype = record_dtype_;
   Tensor save_staging;
   if (streamed_save_) so.streamed_weights = streamed_weights(save_staging);

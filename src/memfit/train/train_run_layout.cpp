@@ -9,6 +9,7 @@
 #include "memfit/io/checkpoint/checkpoint_export.h"
 #include "memfit/io/checkpoint/layout_checkpoint.h"
 #include "memfit/model/layout_map.h"
+#include "memfit/optim/state_runs.h"
 #include "memfit/train/train_run.h"
 
 namespace memfit {
@@ -35,7 +36,9 @@ struct WholeOptimizer {
 io::LayoutFiles TrainRun::layout_files() const {
   const ModelConfig whole = whole_run_model(mc_);
   const WholeOptimizer w(spec_.optim, whole, off_ ? off_->steps_taken() : opt_->steps_taken());
-  return io::LayoutFiles(whole, record_dtype_, w.opt.get(), settings_.max_shard_bytes);
+  // LoRA: no optimizer.safetensors (the adapters' state is adapter_optimizer.safetensors).
+  return io::LayoutFiles(whole, record_dtype_, gpt_->lora() ? nullptr : w.opt.get(),
+                         settings_.max_shard_bytes);
 }
 
 // Every rank (collective over the world): rank 0 lays the files out in the staging directory
@@ -58,23 +61,31 @@ void TrainRun::stage_layout_files() {
   if (save_staging_n_ > 0)
     staging =
         Tensor::empty(pool_, {save_staging_n_}, DType::f32, Category::staging, "save.staging");
+  // LoRA (Note [LoRA], "Under --tp"): the frozen base's runs, no state; the adapters whole.
+  if (gpt_->lora()) gather_adapters();
+  // A model's part: the run's, and under --pp-schedule interleaved each chunk's (each a run of
+  // the whole layout at its own offset: train_run_chunks.cpp).
+  auto write = [&](Transformer& gpt, Optimizer& opt) {
+    const ElementRange mine = gpt.lora() ? whole_range(gpt.layout()) : opt.range();
+    const std::vector<SliceRun> runs =
+        runs_within(first_holder_runs(gpt.config(), grid_.tensor().rank()), mine);
+    // LoRA: the frozen base has no optimizer state here (the adapters' is saved whole by
+    // gather_adapters' writer).
+    io::LayoutFiles::StateParts state;
+    if (!gpt.lora()) {
+      const WholeOptimizer w(spec_.optim, whole_run_model(gpt.config()), opt.steps_taken());
+      state = io::save_state_parts(opt, *w.opt, runs);
+    }
+    files.write(staging_, runs, gpt.weights().raw_data(), gpt.weights_range().begin, state,
+                staging);
+  };
   if (my_shard_ || comm_.rank() == 0) {
+    // --offload-optimizer: streamed from the files (no chunks: interleaved refuses offload).
     if (off_) {
       write_offloaded_part(files, staging);
     } else {
-      const ElementRange mine = opt_->range();
-      const std::vector<SliceRun> runs =
-          runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
-      std::vector<const void*> state;
-      const auto held = opt_->state();
-      for (const StateSpec& s : opt_->whole_state_specs()) {
-        const void* p = nullptr;
-        for (const auto& [name, t] : held)
-          if (name == s.name) p = t.raw_data();
-        state.push_back(p);
-      }
-      files.write(staging_, runs, gpt_->weights().raw_data(), gpt_->weights_range().begin, state,
-                  mine.begin, staging);
+      write(*gpt_, *opt_);
+      for (auto& k : chunks_) write(*k->gpt, *k->opt);
     }
   }
   staging = Tensor{};
@@ -110,9 +121,14 @@ void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& 
   } else {
     out.weights(runs, gpt_->weights().raw_data(), gpt_->weights_range().begin);
   }
+  // Each state tensor's runs (optim/state_runs.h: block-wise state block for block), a piece's
+  // cut to its state elements.
+  const WholeOptimizer w(spec_.optim, whole_run_model(mc_), off_->steps_taken());
+  const std::vector<std::vector<SliceRun>> state_runs =
+      state_layout_runs(off_->descriptor(), *w.opt, runs, StateRunUse::save);
   for (size_t s = 0; s < files.state_count(); ++s)
     off_->read_state_to(s, [&](int64_t from, int64_t to, const void* src) {
-      out.state(s, runs_within(runs, {from, to}), src, from);
+      out.state(s, runs_within(state_runs[s], {from, to}), src, from);
     });
   out.finish();
 }
@@ -137,13 +153,33 @@ void TrainRun::load_by_layout() {
         });
       },
       piece_, to_master_file);
-  if (resume_ && opt_) {
+  if (resume_ && opt_ && !gpt_->lora()) {  // (LoRA's state: load_adapter_state)
     const WholeOptimizer w(spec_.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);
   } else if (resume_ && off_) {  // each piece through the layout map into this rank's files
     const WholeOptimizer w(spec_.optim, whole, 0);
     off_->load_state(
         io::LayoutStateReader(location_.dir, off_->descriptor(), *w.opt, runs, off_->range()));
+  }
+}
+
+// --pp-schedule interleaved: chunk `k`'s run of every tensor from the save, as load_by_layout
+// reads chunk 0's (train_run_chunks.cpp; no offload under --pp: RunSpec::check_pipeline).
+void TrainRun::load_chunk_by_layout(Chunk& k) {
+  const ModelConfig whole = whole_run_model(k.run.model);
+  const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
+  const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, whole);
+  const std::vector<SliceRun> runs = whole_layout_runs(k.run.model, grid_.tensor().rank());
+  k.gpt->set_weights(
+      [&](int64_t from, int64_t to, float* dst) {
+        fill_from_whole(runs, {from, to}, dst, [&](int64_t a, int64_t b, float* d) {
+          source->read_range({a, b}, d);
+        });
+      },
+      piece_, {});
+  if (resume_) {
+    const WholeOptimizer w(k.run.optim, whole, 0);
+    io::load_optimizer_state_by_layout(location_.dir, *k.opt, *w.opt, runs);
   }
 }
 

@@ -162,6 +162,12 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
     // Stage 3: the step's gathers of working weights (the micro-batches' blocks, the
     // persistent units after the update).
     v.all_gather = r.update.gathered_bytes + r.update_gathered + gpt_->take_gathered_bytes();
+    for (auto& k : chunks_) {  // --pp-schedule interleaved: the other chunks' collectives
+      const dist::CommVolume c = k->sync ? k->sync->take_volume() : k->zero.grads->take_volume();
+      v.all_reduce += c.all_reduce;
+      v.reduce_scatter += c.reduce_scatter;
+      v.all_gather += k->gpt->take_gathered_bytes();
+    }
     line["comm_bytes"] = {{"all_reduce", v.all_reduce},
                           {"reduce_scatter", v.reduce_scatter},
                           {"all_gather", v.all_gather}};

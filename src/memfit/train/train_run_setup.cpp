@@ -12,6 +12,7 @@
 #include "memfit/io/data/prepare.h"
 #include "memfit/model/layout_map.h"
 #include "memfit/model/stage_offsets.h"
+#include "memfit/optim/apollo.h"
 #include "memfit/optim/tensor_split.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/state/shard.h"
@@ -33,6 +34,29 @@ TrainSpec stage_run(const TrainSpec& spec, const dist::ProcessGrid& grid) {
   TrainSpec s = spec;
   s.run = spec.run.stage(grid.coords().pipeline);
   return s;
+}
+
+// --update-in-backward under --pp: every stage's parts of the norm, in stage order (update.cpp's
+// pipeline_check, for the fused steps' parts).
+std::vector<UnitGradCheck> stage_checks(dist::Communicator& pipe,
+                                        const std::vector<UnitGradCheck>& mine) {
+  const size_t P = static_cast<size_t>(pipe.size());
+  std::vector<int64_t> counts(P);
+  const int64_t n = static_cast<int64_t>(mine.size());
+  pipe.all_gather(&n, counts.data(), std::vector<int64_t>(P, 1), sizeof(int64_t));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<UnitGradCheck> all(static_cast<size_t>(total));
+  pipe.all_gather(mine.data(), all.data(), counts, sizeof(UnitGradCheck));
+  return all;
+}
+
+// This rank's offload directory under its data rank's: `stage-<s>/` under --pp, then
+// `tensor-<t>/` under --tp.
+fs::path grid_offload_dir(fs::path dir, dist::ProcessGrid& grid) {
+  if (grid.shape().pipeline > 1) dir /= fmt::format("stage-{}", grid.coords().pipeline);
+  if (grid.shape().tensor > 1) dir /= fmt::format("tensor-{}", grid.tensor().rank());
+  return dir;
 }
 
 }  // namespace
@@ -69,12 +93,10 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
       // ZeRO").
       offload_(placement_.optimizer_in_file()),
       master_(placement_.master().where != Residence::none),
-      // --tp: the tensor ranks of one data rank hold the same ranges of different slices, so
-      // each offloads into a directory of its own under the data rank's (Note [NVMe offload],
-      // "Under --tp").
-      offload_dir_(spec_.model.tp > 1 ? placement_.offload_dir() /
-                                            fmt::format("tensor-{}", grid_in.tensor().rank())
-                                      : placement_.offload_dir()) {
+      // --pp and --tp: the stages and the tensor ranks of one data rank hold other parts of
+      // the state, so each offloads into a directory of its own under the data rank's (Note
+      // [NVMe offload], "Under --tp", "Under --pp").
+      offload_dir_(grid_offload_dir(placement_.offload_dir(), grid_in)) {
   start_profiler();
   if (location_.recovered) fmt::print(stderr, "memfit: {}\n", location_.note);
   make_state_files();
@@ -84,6 +106,7 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
   create_optimizer();
   make_grad_widen();
   load_or_init();
+  make_chunks();  // --pp-schedule interleaved: this rank's other chunks
   prepare_step();
   open_data();
   open_log();
@@ -189,6 +212,12 @@ void TrainRun::make_model() {
   // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
   // step, and the norm over the group (Note [Update in backward], "Under --tp").
   if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_, spec_.optim.name);
+  // Under --pp: the norm over the stages, once the pass through every stage is done (Note
+  // [Update in backward], "Under --pp").
+  if (fused_ && pipe_.size() > 1)
+    fused_->set_pipeline([this](const std::vector<UnitGradCheck>& mine) {
+      return stage_checks(pipe_, mine);
+    });
   if (gpt_->precision().precision == Precision::fp16)
     scaler_ = std::make_unique<DynamicLossScaler>(settings_.loss_scaler);
   // LoRA (Note [LoRA]): the adapters, drawn from the seed; the optimizer steps them alone.
@@ -235,6 +264,9 @@ void TrainRun::create_optimizer() {
     if (opt_) set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
     if (off_) off_->set_tensor_split({gpt_->tensor_group(), slice_axes(mc_)});
   }
+  // --pp: APOLLO draws each matrix's projection by its index in the whole model.
+  if (auto* apollo = dynamic_cast<Apollo*>(opt_.get()); apollo && mc_.pipelined())
+    apollo->set_param_index_base(first_param_index(mc_));
   if (fused_ && off_) {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights
@@ -283,12 +315,11 @@ void TrainRun::check_disk_limit() const {
 // [Gradients in bf16]; the planner counts it under staging). Then the set-up's ranges.
 void TrainRun::make_grad_widen() {
   if (spec_.grad_dtype == DType::bf16) {
-    const Tensor widen =
-        Tensor::empty(pool_,
-                      {std::max<int64_t>(1, grad_widen_elements(spec_.optim, gpt_->layout()))},
-                      DType::f32, Category::staging, "grads.widen");
-    if (off_) off_->set_grad_widen(widen);
-    else opt_->set_grad_widen(widen);
+    // (--pp-schedule interleaved: one for every chunk's optimizer, the largest chunk's.)
+    grad_widen_ = Tensor::empty(pool_, {std::max<int64_t>(1, chunks_widen_elements())},
+                                DType::f32, Category::staging, "grads.widen");
+    if (off_) off_->set_grad_widen(grad_widen_);
+    else opt_->set_grad_widen(grad_widen_);
   }
   // The set-up fills the weights of record and the working copy by range (Note [Set-up by
   // range] in docs/notes/zero.md): this rank's range of the initial weights drawn, or of each
@@ -339,26 +370,33 @@ void TrainRun::prepare_step() {
   if (spec_.pp() > 1)
     runner_ = std::make_unique<dist::PipelineRunner>(
         pipe_, spec_.pipe_schedule, spec_.grad_accum,
-        dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_);
+        dist::pipeline_boundary_floats(mc_, spec_.activation_options(), B_, T_), pool_,
+        spec_.pipe_virtual);
+  prepare_chunks();
   // A tied model's first and last stages: the table's receive buffer (Note [Pipeline
   // parallel], "Tied embeddings"; the planner's tied_gradient_buffer_bytes).
   // At ZeRO 2-3 each data rank holds its shard of its stage's sums, and the two stages'
   // layouts are cut differently: each rank exchanges the part of the table it owns with the
   // other stage's data ranks that own it there (dist::tied_shard_pieces, over the world).
-  if (const ElementRange table = tied_table(mc_, gpt_->layout()); !table.empty()) {
-    if (W_ > 1 && !placement_.grads_whole()) {
-      const int P = spec_.pp();
+  // (LoRA's frozen base has no table gradient: no sum, no buffer.)
+  // (Interleaved: the first virtual stage's chunk on rank 0, the last's on rank P - 1.)
+  if (const ElementRange table = tied_table(tied_model().config(), tied_model().layout());
+      !table.empty() && !gpt_->lora()) {
+    const StatePlacement& placed = tied_placement();
+    const bool head = tied_model().config().stage.has_head();
+    if (W_ > 1 && !placed.grads_whole()) {
+      const int S = static_cast<int>(spec_.pipeline.size());  // stages (interleaved: P x V)
       const ModelConfig first_model = spec_.stage(0).model;
-      const ParamLayout first(first_model), last(spec_.stage(P - 1).model);
+      const ParamLayout first(first_model), last(spec_.stage(S - 1).model);
       const std::vector<ElementRange> first_shards = shard_ranges(first, spec_.optim, W_),
                                       last_shards = shard_ranges(last, spec_.optim, W_);
-      MEMFIT_CHECK(placement_.shards() == (mc_.stage.has_head() ? last_shards : first_shards),
+      MEMFIT_CHECK(placed.shards() == (head ? last_shards : first_shards),
                    "pipeline", "the tied table's shards are not this stage's placement's");
       tied_.emplace(grid_.world(),
                     dist::tied_shard_pieces(first_shards, last_shards, tied_table(first_model, first),
                                             tied_table_copy(last), grid_.shape(), grid_.coords(),
-                                            placement_.my_shard().begin),
-                    table.size(), !mc_.stage.has_head(), pool_);
+                                            placed.my_shard().begin),
+                    table.size(), !head, pool_);
     } else {
       tied_.emplace(pipe_, table, pool_);
     }

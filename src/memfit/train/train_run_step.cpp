@@ -22,6 +22,7 @@ float TrainRun::sum_ranks(float x) { return sync_ ? sync_->sum(x) : zero_.grads-
 TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::time_point t0) {
   StepResult r;
   gpt_->zero_grad();
+  for (auto& k : chunks_) k->gpt->zero_grad();
   // A step skipped for an fp16 overflow does not advance the schedule (loss_scaler.h): its
   // position is the number of steps that updated, which the scaler's state keeps over resumes.
   // (Only the update changes that count, so the rate is known before the micro-batches.)
@@ -37,12 +38,16 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const StepLoss step_loss =  // masks: the step's masked-in targets (masked_loss.h)
       step_loss_begin(*train_data_, spec_.grad_accum, int64_t{spec_.grad_accum} * W_, r.loss_scale);
-  double loss_sum = runner_ ? pipeline_micro_batches(step_loss) : micro_batches(step, step_loss);
+  double loss_sum = !runner_                      ? micro_batches(step, step_loss)
+                    : runner_->virtual_stages() > 1 ? chunk_micro_batches(step_loss)
+                                                    : pipeline_micro_batches(step_loss);
   loss_sum = from_last_stage(loss_sum);  // --pp: the last stage's losses, on every stage
   if (W_ > 1) {
     // The buckets the backward did not finish in time, then the loss over every rank.
     const profile::Scope all(recorder(), "gradient all-reduce", profile::SliceKind::collective);
     if (sync_) sync_->finish();
+    for (auto& k : chunks_)
+      if (k->sync) k->sync->finish();
     loss_sum = sum_ranks(static_cast<float>(loss_sum));
   }
   if (tied_) {
@@ -51,7 +56,7 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
     const profile::Scope tied(recorder(), "tied gradient sum", profile::SliceKind::collective);
     // (The summed gradients: the f32 slab, or the per-unit reduction's accumulator, the whole
     // layout's in bf16 or at ZeRO 2-3 this rank's shard's: dist/tied_gradient.h.)
-    tied_->sum(gpt_->grad_sums());
+    tied_->sum(tied_model().grad_sums());
   }
   r.loss = step_loss_mean(loss_sum, step_loss, int64_t{spec_.grad_accum} * W_);
   r.update = update(r.lr, r.loss, r.loss_scale, r.update_gathered);
@@ -122,6 +127,31 @@ double TrainRun::micro_batches(int64_t step, const StepLoss& step_loss) {
 // Returns this stage's sum of the losses: the step's on the last stage, 0 on the others.
 double TrainRun::pipeline_micro_batches(const StepLoss& step_loss) {
   const int M = spec_.grad_accum;
+  const int64_t first = train_data_->position();
+  std::vector<float> losses(static_cast<size_t>(M), 0.0f);
+  pipeline_pass(step_loss, losses);
+  if (fused_) {
+    // --update-in-backward: the stages' norm once every stage's backward is done; with global
+    // clipping that was the measuring pass, and the same micro-batch goes through the stages
+    // again, each stepping its units by the factor (Note [Update in backward], "Under --pp").
+    fused_->end_pipeline_pass();
+    if (fused_->second_pass()) {
+      std::vector<float> again(static_cast<size_t>(M), 0.0f);
+      pipeline_pass(step_loss, again);
+      fused_->end_pipeline_pass();
+    }
+  }
+  gpt_->set_stage_io({});
+  train_data_->set_position(settings_.repeat_batch ? data_position_ : first + M);
+  double loss_sum = 0;
+  for (float l : losses) loss_sum += l;
+  return loss_sum;
+}
+
+// --pp: one pass of the step's micro-batches through this stage (pipeline_micro_batches), each
+// one's loss into `losses` on the last stage.
+void TrainRun::pipeline_pass(const StepLoss& step_loss, std::vector<float>& losses) {
+  const int M = spec_.grad_accum;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const int64_t first = train_data_->position();
   const bool last = mc_.stage.has_head();
@@ -130,7 +160,6 @@ double TrainRun::pipeline_micro_batches(const StepLoss& step_loss) {
     train_data_->set_position(first + m);
     train_data_->next_batch();
   };
-  std::vector<float> losses(static_cast<size_t>(M), 0.0f);
   runner_->run(
       {[&](int m, std::span<const float> in, std::span<float> out) {
          if (last) return;  // its forward runs with the backward
@@ -149,16 +178,13 @@ double TrainRun::pipeline_micro_batches(const StepLoss& step_loss) {
              micro_batch_loss(*gpt_, *train_data_, step_loss, /*training=*/true, loss_scale);
          // The last backward finishes the stage's gradients: the data group sums each bucket
          // as the backward finishes it, as micro_batches does.
-         if (sync_ && m + 1 == M)
+         // (LoRA: the adapters' buckets all start in finish(), as in micro_batches.)
+         if (sync_ && !gpt_->lora() && m + 1 == M)
            gpt_->backward([&](int64_t from) { sync_->final_from(from); });
          else
            gpt_->backward();
        }});
-  gpt_->set_stage_io({});
-  train_data_->set_position(settings_.repeat_batch ? data_position_ : first + M);
-  double loss_sum = 0;
-  for (float l : losses) loss_sum += l;
-  return loss_sum;
+  train_data_->set_position(first);
 }
 
 // --pp: `x` as the last stage has it, on every stage of this rank's pipeline (the loss for the
@@ -185,10 +211,12 @@ UpdateOutcome TrainRun::update(float lr, float loss, float loss_scale,
     if (off_) offload_io_waits();  // the backward's, on the optimizer's files
     return u;
   }
+  if (!chunks_.empty()) return chunk_update(lr);
   if (off_)
     return apply_update(
         *gpt_, [&](float rate, float scale) { offloaded_step(rate, scale, update_gathered); },
-        scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards);
+        scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, shards,
+        runner_ ? &pipe_ : nullptr);
   return apply_update(*gpt_, *opt_, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_,
                       shards, runner_ ? &pipe_ : nullptr);
 }
@@ -255,7 +283,9 @@ float TrainRun::evaluate() {
     }
     sum += micro_batch_loss(*gpt_, *val_data_, eval_loss, /*training=*/false);
   };
-  if (runner_) {
+  if (runner_ && runner_->virtual_stages() > 1) {
+    sum = from_last_stage(chunk_evaluate(eval_loss, n));
+  } else if (runner_) {
     // --pp: the forwards through the stages in turn; the loss is the last stage's.
     runner_->run_forwards(static_cast<int>(n),
                           [&](int i, std::span<const float> in, std::span<float> out) {

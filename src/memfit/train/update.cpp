@@ -93,9 +93,36 @@ GradCheck check_tensor_slices(Transformer& gpt, const ElementRange& r,
   return all;
 }
 
-// --tp above 1 for the model's own weights (LoRA's adapters are whole on every rank).
+// --tp above 1: the model's own weights, or LoRA's adapters, are split over the group.
 bool tensor_split(const Transformer& gpt) {
-  return gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1 && !gpt.lora();
+  return gpt.tensor_group() != nullptr && gpt.tensor_group()->size() > 1;
+}
+
+// LoRA's adapters (Note [LoRA]): their gradients are the step's, summed over the data ranks
+// whole, so every rank computes the same norm from them. One part a block, in block order, so a
+// pipeline's stages add to one process's sum bit for bit (pipeline_check). Under --tp each
+// matrix apart: the split ones' squares (column-parallel B, row-parallel A) the rank's share,
+// the ones every rank holds whole (LoraLayout::replicated_ranges, summed over the group
+// already) in `replicated`.
+std::vector<GradCheck> lora_checks(Transformer& gpt, DynamicLossScaler* scaler) {
+  const LoraLayout& lora = *gpt.lora();
+  const std::vector<ElementRange> whole = lora.replicated_ranges();
+  const int64_t r = lora.options().rank;
+  std::vector<GradCheck> parts;
+  int layer = -1;
+  for (const LoraParam& p : lora.params()) {
+    if (parts.empty() || p.layer != layer) parts.emplace_back();
+    layer = p.layer;
+    GradCheck& part = parts.back();
+    for (const ElementRange m : {ElementRange{p.a_offset, p.a_offset + r * p.in},
+                                 ElementRange{p.b_offset, p.b_offset + p.out * r}}) {
+      const GradCheck c = check_part(gpt.lora_grads().view(m.begin, {m.size()}), scaler);
+      part.finite = std::min(part.finite, c.finite);
+      const bool replicated = std::find(whole.begin(), whole.end(), m) != whole.end();
+      (replicated ? part.replicated : part.sum_squares) += c.sum_squares;
+    }
+  }
+  return parts;
 }
 
 // Parts added in order: the overflow flags' minimum, the sums of squares' sum from 0.
@@ -155,9 +182,7 @@ GradCheck check_grads(Transformer& gpt, const ElementRange& r, DynamicLossScaler
 // own, gathered).
 std::vector<GradCheck> step_parts(Transformer& gpt, DynamicLossScaler* scaler,
                                   const RankShards* shards) {
-  // LoRA (Note [LoRA]): the adapters' gradients are the step's, summed over the ranks whole
-  // (stage 0), so every rank computes the same norm from them.
-  if (gpt.lora()) return {check_part(gpt.lora_grads(), scaler)};
+  if (gpt.lora()) return lora_checks(gpt, scaler);
   if (!shards) return unit_checks(gpt, {0, gpt.layout().total()}, scaler);
   const size_t W = shards->ranges.size();
   std::vector<GradCheck> parts(W);
@@ -177,7 +202,7 @@ std::vector<GradCheck> step_parts(Transformer& gpt, DynamicLossScaler* scaler,
 // units in stage order are the whole layout's units in order, so the sum is one process's sum
 // bit for bit; over data ranks each stage's parts are its ranks' shards (deterministic, the
 // same on every rank, not the data-parallel run's order).
-GradCheck pipeline_check(dist::Communicator& pipe, const std::vector<GradCheck>& mine) {
+std::vector<GradCheck> gather_parts(dist::Communicator& pipe, const std::vector<GradCheck>& mine) {
   const size_t P = static_cast<size_t>(pipe.size());
   std::vector<int64_t> counts(P);
   const int64_t n = static_cast<int64_t>(mine.size());
@@ -186,7 +211,11 @@ GradCheck pipeline_check(dist::Communicator& pipe, const std::vector<GradCheck>&
   for (int64_t c : counts) total += c;
   std::vector<GradCheck> all(static_cast<size_t>(total));
   pipe.all_gather(mine.data(), all.data(), counts, sizeof(GradCheck));
-  return add_checks(all);
+  return all;
+}
+
+GradCheck pipeline_check(dist::Communicator& pipe, const std::vector<GradCheck>& mine) {
+  return add_checks(gather_parts(pipe, mine));
 }
 
 // --tp (Note [Tensor parallel]): a rank's gradients are its slices of the split parameters
@@ -201,7 +230,80 @@ GradCheck tensor_check(Transformer& gpt, const GradCheck& mine) {
   return {v[1] > 0 ? 0.0 : 1.0, v[0] + mine.replicated, 0.0};
 }
 
+// From the step's check: skip (fp16 overflow) or stop (non-finite) into `out`, returning false;
+// else the norm into `out`, the gradients' factor (clipping, the mean) into `scale`, true.
+bool decide_step(const GradCheck& check, DynamicLossScaler* scaler, float clip, int grad_accum,
+                 UpdateOutcome& out, float& scale) {
+  if (scaler) {
+    if (scaler->update(check.finite == 0)) {
+      out.skipped = true;
+      out.grad_norm = NAN;
+      return false;
+    }
+  } else if (check.finite == 0 || !std::isfinite(check.sum_squares)) {
+    out.non_finite = true;
+    out.grad_norm = check.sum_squares;
+    return false;
+  }
+  out.grad_norm = std::sqrt(check.sum_squares) / grad_accum;
+  scale = clip_factor(out.grad_norm, clip) / static_cast<float>(grad_accum);
+  return true;
+}
+
+// The optimizer's step of `gpt`'s range, the working copy refreshed and (from a shard)
+// published; returns the bytes the publish gathered.
+int64_t step_optimizer(Transformer& gpt, Optimizer& optimizer, const RankShards* shards,
+                       float rate, float scale) {
+  if (gpt.lora()) {  // the adapters alone, f32 (Note [LoRA]): the optimizer is over them
+    optimizer.step(gpt.lora_weights(), gpt.lora_grads(), rate, scale);
+    return 0;
+  }
+  // The optimizer's range of every slab: the whole layout, or this rank's shard (the master
+  // weights are then that shard alone).
+  const ElementRange r = optimizer.range();
+  const bool whole = r == ElementRange{0, gpt.layout().total()};
+  Tensor grads = gpt.grad_sums(r);
+  Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
+                                                 : gpt.weights();
+  if (gpt.fp8_weights()) {
+    // Stored FP8 weights (Note [FP8], "Storage"): the master weights stepped, then the
+    // working copy rounded and the linears encoded from them; from a shard (stages 1-2) by
+    // the publish below, with the scales the ranks agree on.
+    optimizer.step(weights, grads, rate, scale);
+    if (gpt.whole_weights()) gpt.refresh_working();
+  } else if (gpt.has_master()) {  // the working copy rounded in the same pass (step_master)
+    // Stage 3's working weights are the shard itself (Note [ZeRO stage 3]).
+    Tensor working = whole || gpt.params_sharded() ? gpt.params()
+                                                   : gpt.params().view(r.begin, {r.size()});
+    optimizer.step_master(weights, working, grads, rate, scale);
+  } else {
+    optimizer.step(weights, grads, rate, scale);
+  }
+  return publish_working_weights(gpt, whole ? nullptr : shards);
+}
+
 }  // namespace
+
+UpdateOutcome apply_update_chunks(const std::vector<ChunkUpdate>& chunks,
+                                  DynamicLossScaler* scaler, float lr, float clip,
+                                  int grad_accum, dist::Communicator& pipeline) {
+  std::vector<GradCheck> all;  // virtual stage by virtual stage: chunk 0 of every stage, ...
+  for (const ChunkUpdate& c : chunks) {
+    c.gpt->reduce_kv_replicas();        // as apply_update does, per chunk
+    c.gpt->reduce_sequence_partials();
+    const std::vector<GradCheck> parts =
+        gather_parts(pipeline, step_parts(*c.gpt, scaler, c.shards));
+    all.insert(all.end(), parts.begin(), parts.end());
+  }
+  UpdateOutcome out;
+  float scale = 0;
+  // --tp: the split parts' squares over the tensor group, the replicated ones once.
+  const GradCheck check = tensor_check(*chunks.front().gpt, add_checks(all));
+  if (!decide_step(check, scaler, clip, grad_accum, out, scale)) return out;
+  for (const ChunkUpdate& c : chunks)
+    out.gathered_bytes += step_optimizer(*c.gpt, *c.optimizer, c.shards, lr, scale);
+  return out;
+}
 
 UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, float)>& step,
                            DynamicLossScaler* scaler, float lr, float clip, int grad_accum,
@@ -210,24 +312,13 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float, flo
   // Unscale before clipping, in one pass that also finds any overflow; every rank reaches the
   // same decision from the same sums.
   gpt.reduce_kv_replicas();  // --tp above n_kv_head: each head's gradient whole on its replicas
+  gpt.reduce_lora_partials();  // --tp: the adapters' matrices every tensor rank holds whole
   gpt.reduce_sequence_partials();  // --sp: the norms' gradients whole on every tensor rank
   const std::vector<GradCheck> parts = step_parts(gpt, scaler, shards);
   const GradCheck check = tensor_check(
       gpt, pipeline && pipeline->size() > 1 ? pipeline_check(*pipeline, parts) : add_checks(parts));
-  if (scaler) {
-    if (scaler->update(check.finite == 0)) {
-      out.skipped = true;
-      out.grad_norm = NAN;
-      return out;
-    }
-  } else if (check.finite == 0 || !std::isfinite(check.sum_squares)) {
-    out.non_finite = true;
-    out.grad_norm = check.sum_squares;
-    return out;
-  }
-  out.grad_norm = std::sqrt(check.sum_squares) / grad_accum;
-  const float scale = clip_factor(out.grad_norm, clip) / static_cast<float>(grad_accum);
-  step(lr, scale);
+  float scale = 0;
+  if (decide_step(check, scaler, clip, grad_accum, out, scale)) step(lr, scale);
   return out;
 }
 
@@ -256,32 +347,7 @@ UpdateOutcome apply_update(Transformer& gpt, Optimizer& optimizer, DynamicLossSc
                            dist::Communicator* pipeline) {
   int64_t gathered = 0;
   auto step = [&](float rate, float scale) {
-    if (gpt.lora()) {  // the adapters alone, f32 (Note [LoRA]): the optimizer is over them
-      optimizer.step(gpt.lora_weights(), gpt.lora_grads(), rate, scale);
-      return;
-    }
-    // The optimizer's range of every slab: the whole layout, or this rank's shard (the master
-    // weights are then that shard alone).
-    const ElementRange r = optimizer.range();
-    const bool whole = r == ElementRange{0, gpt.layout().total()};
-    Tensor grads = gpt.grad_sums(r);
-    Tensor weights = gpt.whole_weights() && !whole ? gpt.weights().view(r.begin, {r.size()})
-                                                   : gpt.weights();
-    if (gpt.fp8_weights()) {
-      // Stored FP8 weights (Note [FP8], "Storage"): the master weights stepped, then the
-      // working copy rounded and the linears encoded from them; from a shard (stages 1-2) by
-      // the publish below, with the scales the ranks agree on.
-      optimizer.step(weights, grads, rate, scale);
-      if (gpt.whole_weights()) gpt.refresh_working();
-    } else if (gpt.has_master()) {  // the working copy rounded in the same pass (step_master)
-      // Stage 3's working weights are the shard itself (Note [ZeRO stage 3]).
-      Tensor working = whole || gpt.params_sharded() ? gpt.params()
-                                                     : gpt.params().view(r.begin, {r.size()});
-      optimizer.step_master(weights, working, grads, rate, scale);
-    } else {
-      optimizer.step(weights, grads, rate, scale);
-    }
-    gathered = publish_working_weights(gpt, whole ? nullptr : shards);
+    gathered = step_optimizer(gpt, optimizer, shards, rate, scale);
   };
   UpdateOutcome out = apply_update(gpt, step, scaler, lr, clip, grad_accum, shards, pipeline);
   out.gathered_bytes = gathered;

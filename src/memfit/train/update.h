@@ -70,6 +70,21 @@ UpdateOutcome apply_update(Transformer& gpt, const std::function<void(float lr, 
                            const RankShards* shards = nullptr,
                            dist::Communicator* pipeline = nullptr);
 
+// --pp-schedule interleaved (Note [Pipeline parallel], "Interleaved"): a rank's V chunk models,
+// chunk c being virtual stage c x P + stage, each with its optimizer and (over data ranks) its
+// shards. The gradient norm adds every virtual stage's parts in virtual-stage order (each
+// chunk's parts gathered over `pipeline` in stage order, chunk by chunk), the whole layout's
+// units in order: one process's sum bit for bit without data ranks. Every chunk's optimizer then
+// steps by the same factor.
+struct ChunkUpdate {
+  Transformer* gpt = nullptr;
+  Optimizer* optimizer = nullptr;
+  const RankShards* shards = nullptr;
+};
+UpdateOutcome apply_update_chunks(const std::vector<ChunkUpdate>& chunks,
+                                  DynamicLossScaler* scaler, float lr, float clip,
+                                  int grad_accum, dist::Communicator& pipeline);
+
 // --update-in-backward (Note [Update in backward]): the step's updates already ran in the
 // backward (optim/backward_update.h); the outcome the log and the non-finite stop read.
 // grad_norm is the sqrt of the sum of the units' squared norms (before any per-unit clipping),

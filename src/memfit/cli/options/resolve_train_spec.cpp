@@ -1,5 +1,6 @@
 #include "memfit/cli/options/resolve_train_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/checkpoint/sharded_safetensors.h"
 #include "memfit/memory/pool.h"
+#include "memfit/model/pipeline_interleaved.h"
 #include "memfit/plan/fit_advice.h"
 #include "memfit/plan/layout_search.h"
 #include "memfit/plan/pipeline_time.h"
@@ -188,6 +190,36 @@ RunCheckpoint StartingCheckpoint::checkpoint() {
 
 namespace {
 
+// --pp-schedule (with --pp above 1): gpipe or 1f1b, or interleaved over --pp-virtual chunks a
+// rank (Note [Pipeline parallel], "Interleaved"; RunSpec::pipe_virtual), which needs P x V
+// blocks at least.
+void set_pipeline_schedule(RunSpec& s, const TrainConfig& c) {
+  if (c.pp_schedule != "interleaved") {
+    s.pipe_schedule = parse_pipe_schedule(c.pp_schedule);
+    if (c.pp_virtual != 1)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--pp-virtual {} gives each pipeline rank chunks: it needs --pp-schedule "
+                   "interleaved (got {})",
+                   c.pp_virtual, c.pp_schedule);
+    return;
+  }
+  check_interleaved(c.pp, c.pp_virtual, c.grad_accum);
+  if (c.pp * c.pp_virtual > s.model.n_layer)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp {} x --pp-virtual {} = {} chunks of at least one block each, but the model "
+                 "has {} blocks",
+                 c.pp, c.pp_virtual, c.pp * c.pp_virtual, s.model.n_layer);
+  const bool counts = !c.pp_layers.empty() && c.pp_layers != "auto";
+  if (const auto n = std::count(c.pp_layers.begin(), c.pp_layers.end(), ',') + 1;
+      counts && n != c.pp * c.pp_virtual)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-layers {} gives {} counts; --pp-schedule interleaved needs one a chunk: "
+                 "--pp {} x --pp-virtual {} = {}",
+                 c.pp_layers, n, c.pp, c.pp_virtual, c.pp * c.pp_virtual);
+  s.pipe_schedule = PipeSchedule::one_f_one_b;
+  s.pipe_virtual = c.pp_virtual;
+}
+
 // --act-compress: as given; else, resuming, the checkpoint's (none before the field existed, or
 // where it cannot be read: the trainer's resume check then names what is wrong); else none.
 ActCompress run_act_compress(const TrainConfig& c, StartingCheckpoint& start) {
@@ -251,17 +283,24 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
                    "copy of the token table is not mapped from a checkpoint (Note [Pipeline "
                    "parallel], \"What remains\")",
                    c.pp);
-    s.pipeline = split_stages(c.pp_layers, s.model.n_layer, c.pp);
+    set_pipeline_schedule(s, c);
+    s.pipeline = split_stages(c.pp_layers, s.model.n_layer, c.pp * s.pipe_virtual);
     // auto: the even split here, balanced by the planner's estimate once the run is resolved
-    // (resolve_auto; memfit plan).
-    s.pp_layers_auto = c.pp_layers.empty() || c.pp_layers == "auto";
-    s.pipe_schedule = parse_pipe_schedule(c.pp_schedule);
+    // (resolve_auto; memfit plan). Interleaved chunks stay the even split (balance_stages
+    // prices P stages, not P x V chunks).
+    s.pp_layers_auto = (c.pp_layers.empty() || c.pp_layers == "auto") && !s.interleaved();
   } else if (!c.pp_layers.empty() && c.pp_layers != "auto") {
     MEMFIT_THROW(ConfigError, "config",
                  "--pp-layers {} cuts the model into pipeline stages, so it needs --pp above 1",
                  c.pp_layers);
   } else {
-    (void)parse_pipe_schedule(c.pp_schedule);  // an unknown name is refused with or without --pp
+    if (c.pp_schedule != "interleaved")
+      (void)parse_pipe_schedule(c.pp_schedule);  // an unknown name is refused without --pp too
+    if (c.pp_virtual != 1)
+      MEMFIT_THROW(ConfigError, "config",
+                   "--pp-virtual {} gives each pipeline rank chunks, so it needs --pp above 1 "
+                   "and --pp-schedule interleaved",
+                   c.pp_virtual);
   }
   s.world = c.ranks / (c.tp * c.pp);
   s.sp = c.sp;

@@ -64,10 +64,11 @@ struct TrainConfig {
   bool sp = false;
   // --pp: pipeline stages, each a contiguous range of blocks (Note [Pipeline parallel]);
   // --pp-layers auto (an even split) or each stage's block count ("5,7"); --pp-schedule gpipe
-  // or 1f1b. The micro-batches are --grad-accum's.
+  // 1f1b or interleaved (--pp-virtual chunks a rank). The micro-batches are --grad-accum's.
   int pp = 1;
   std::string pp_layers = "auto";
   std::string pp_schedule = "1f1b";
+  int pp_virtual = 1;
   // --link intra=BW,LAT / inter=BW,LAT and --ranks-per-node: the links the step-time estimate
   // prices collectives and pipeline transfers on (plan/link_model.h); 0 ranks a node: one node.
   std::vector<std::string> links;

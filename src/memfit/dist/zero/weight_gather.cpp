@@ -144,6 +144,17 @@ int64_t WeightGather::forward_gather_bytes(const ParamLayout& layout, DType dtyp
                                            const std::vector<Phase>& phases, int prefetch_depth,
                                            int64_t persist_threshold) {
   const GatherUnits g = gather_units(layout, persist_threshold);
+  int64_t elements = 0;
+  for (int u : forward_gather_units(layout, phases, prefetch_depth, persist_threshold))
+    elements += g.units[static_cast<size_t>(u)].size();
+  return elements * static_cast<int64_t>(dtype_size(dtype));
+}
+
+std::vector<int> WeightGather::forward_gather_units(const ParamLayout& layout,
+                                                    const std::vector<Phase>& phases,
+                                                    int prefetch_depth,
+                                                    int64_t persist_threshold) {
+  const GatherUnits g = gather_units(layout, persist_threshold);
   std::vector<int> phase_event;
   const std::vector<int> events = gather_events(g, phases, &phase_event);
   // enter()'s arithmetic over the phases a forward enters (up to the backward's first).
@@ -159,9 +170,7 @@ int64_t WeightGather::forward_gather_bytes(const ParamLayout& layout, DType dtyp
     started = std::max(started, std::min(E, (next ? e : current) + prefetch_depth + 1));
     if (next) current = e;
   }
-  int64_t elements = 0;
-  for (int e = 0; e < started; ++e) elements += g.units[static_cast<size_t>(events[e])].size();
-  return elements * static_cast<int64_t>(dtype_size(dtype));
+  return {events.begin(), events.begin() + started};
 }
 
 WeightGather::WeightGather(MemoryPool& pool, const ParamLayout& layout, const Tensor& shard,

@@ -118,6 +118,11 @@ class WeightGather final : public WeightSource {
   static int64_t forward_gather_bytes(const ParamLayout& layout, DType dtype,
                                       const std::vector<Phase>& phases, int prefetch_depth,
                                       int64_t persist_threshold);
+  // The units (of gather_units) that forward gathers, in order: with --offload-params what
+  // it reads from the file (the planner's I/O).
+  static std::vector<int> forward_gather_units(const ParamLayout& layout,
+                                               const std::vector<Phase>& phases,
+                                               int prefetch_depth, int64_t persist_threshold);
 
   // `shard`: this rank's range of the working weights (dtype), its storage kept by the caller.
   // With `file` (--offload-params at stage 3) the shard is in the file instead (`shard` is then

@@ -21,6 +21,7 @@
 #include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/io/hf/model_weights.h"
 #include "memfit/model/layout_map.h"
+#include "memfit/optim/state_runs.h"
 
 namespace memfit::io {
 
@@ -163,12 +164,6 @@ LayoutFiles::LayoutFiles(const ModelConfig& whole, DType record, const Optimizer
   state_.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     const StateSpec& s = specs[i];
-    if (s.numel != layout_.total() ||
-        optimizer->state_extents({0, layout_.total()})[i] != ElementRange{0, layout_.total()})
-      MEMFIT_THROW(IoError, "checkpoint",
-                   "'{}' state '{}' ({} elements) is not one element per layout element ({}): "
-                   "its checkpoints across layouts are not built",
-                   optimizer->name(), s.name, s.numel, layout_.total());
     state_bytes_.push_back(dtype_size(s.dtype));
     places.emplace_back(optimizer_state_key(optimizer->name(), s.name), &state_[i]);
     w.add_scattered(places.back().first, safetensors_dtype_of(s.dtype), {s.numel});
@@ -223,14 +218,16 @@ void LayoutFiles::move(const fs::path& from, const fs::path& to) const {
 }
 
 void LayoutFiles::write(const fs::path& dir, const std::vector<SliceRun>& runs, const void* record,
-                        int64_t record_begin, const std::vector<const void*>& state,
-                        int64_t state_begin, const Tensor& staging) const {
-  MEMFIT_CHECK(state.empty() || state.size() == state_.size(), "checkpoint",
-               "{} state tensors for a save of {}", state.size(), state_.size());
+                        int64_t record_begin, const StateParts& state,
+                        const Tensor& staging) const {
+  MEMFIT_CHECK((state.data.empty() || state.data.size() == state_.size()) &&
+                   state.runs.size() == state.data.size(),
+               "checkpoint", "{} state tensors for a save of {}", state.data.size(),
+               state_.size());
   Writer out(*this, dir, staging);
   out.weights(runs, record, record_begin);
-  for (size_t s = 0; s < state.size(); ++s)
-    if (state[s]) out.state(s, runs, state[s], state_begin);
+  for (size_t s = 0; s < state.data.size(); ++s)
+    if (state.data[s]) out.state(s, state.runs[s], state.data[s], 0);
   out.finish();
 }
 
@@ -334,7 +331,8 @@ void LayoutFiles::Writer::weights(const std::vector<SliceRun>& runs, const void*
   flush();
 }
 
-// The state: flat tensors over the whole layout, each run straight to its place.
+// The state: the whole state tensors (state runs, optim/state_runs.h), each run straight to its
+// place.
 void LayoutFiles::Writer::state(size_t spec, const std::vector<SliceRun>& runs, const void* src,
                                 int64_t begin) {
   MEMFIT_CHECK(spec < files_.state_.size(), "checkpoint", "state {} of a save of {}", spec,
@@ -350,22 +348,42 @@ void LayoutFiles::Writer::state(size_t spec, const std::vector<SliceRun>& runs, 
   }
 }
 
+LayoutFiles::StateParts save_state_parts(const Optimizer& mine, const Optimizer& whole,
+                                         const std::vector<SliceRun>& runs) {
+  LayoutFiles::StateParts parts;
+  parts.runs = state_layout_runs(mine, whole, runs, StateRunUse::save);
+  const std::vector<ElementRange> extents = mine.state_extents(mine.range());
+  const auto held = mine.state();
+  const std::vector<StateSpec>& specs = mine.whole_state_specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const void* p = nullptr;
+    for (const auto& [name, t] : held)
+      if (name == specs[i].name) p = t.raw_data();
+    parts.data.push_back(p);
+    for (SliceRun& r : parts.runs[i]) {
+      MEMFIT_CHECK(p && r.local >= extents[i].begin && r.local + r.n <= extents[i].end,
+                   "checkpoint", "'{}' state '{}' [{}, {}) is outside the range's [{}, {})",
+                   mine.name(), specs[i].name, r.local, r.local + r.n, extents[i].begin,
+                   extents[i].end);
+      r.local -= extents[i].begin;
+    }
+  }
+  return parts;
+}
+
 LayoutStateReader::LayoutStateReader(const fs::path& dir, const Optimizer& optimizer,
                                      const Optimizer& whole_optimizer, std::vector<SliceRun> runs,
                                      ElementRange mine)
     : saved_(dir, whole_optimizer, whole_range(whole_optimizer.layout())),  // checked here
-      runs_(runs_within(runs, mine)) {
+      runs_(state_layout_runs(optimizer, whole_optimizer, runs_within(runs, mine),
+                              StateRunUse::load)) {
   const std::vector<StateSpec>& specs = optimizer.whole_state_specs();
-  const std::vector<StateSpec>& wspecs = whole_optimizer.whole_state_specs();
-  const int64_t whole = whole_optimizer.layout().total();
+  const std::vector<ElementRange> extents = optimizer.state_extents(mine);
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (i >= wspecs.size() || wspecs[i].name != specs[i].name ||
-        specs[i].numel != optimizer.layout().total() || wspecs[i].numel != whole ||
-        optimizer.state_extents(mine)[i] != mine)
-      MEMFIT_THROW(IoError, "checkpoint",
-                   "{}: '{}' state '{}' is not one element per layout element: its checkpoints "
-                   "across layouts are not built",
-                   dir.string(), optimizer.name(), specs[i].name);
+    for (const SliceRun& r : runs_[i])
+      MEMFIT_CHECK(r.local >= extents[i].begin && r.local + r.n <= extents[i].end, "checkpoint",
+                   "'{}' state '{}' [{}, {}) is outside the range's [{}, {})", optimizer.name(),
+                   specs[i].name, r.local, r.local + r.n, extents[i].begin, extents[i].end);
     elem_bytes_.push_back(dtype_size(specs[i].dtype));
   }
 }
@@ -374,7 +392,7 @@ void LayoutStateReader::read(size_t spec, ElementRange local, void* dst) const {
   auto* out = static_cast<std::byte*>(dst);
   const size_t es = elem_bytes_.at(spec);
   std::memset(out, 0, static_cast<size_t>(local.size()) * es);
-  for (const SliceRun& r : runs_within(runs_, local))
+  for (const SliceRun& r : runs_within(runs_.at(spec), local))
     saved_.read(spec, {r.whole, r.whole + r.n}, out + static_cast<size_t>(r.local - local.begin) * es);
 }
 
@@ -384,12 +402,18 @@ void load_optimizer_state_by_layout(const fs::path& dir, Optimizer& optimizer,
   const ElementRange mine = optimizer.range();
   const LayoutStateReader saved(dir, optimizer, whole_optimizer, runs, mine);  // all checked
   const std::vector<StateSpec>& specs = optimizer.whole_state_specs();
+  const std::vector<ElementRange> extents = optimizer.state_extents(mine);
   std::map<std::string, Tensor> tensors;
   for (auto& [n, t] : optimizer.state()) tensors.emplace(n, t);
   for (size_t i = 0; i < specs.size(); ++i) {
     auto t = tensors.find(specs[i].name);
     if (t == tensors.end()) continue;  // an empty slice
-    saved.read(i, mine, t->second.raw_data());
+    MEMFIT_CHECK(t->second.nbytes() >= static_cast<size_t>(extents[i].size()) *
+                                           dtype_size(specs[i].dtype),
+                 "checkpoint", "'{}' state '{}' holds {} bytes for [{}, {})", optimizer.name(),
+                 specs[i].name, t->second.nbytes(), extents[i].begin, extents[i].end);
+    std::memset(t->second.raw_data(), 0, t->second.nbytes());
+    saved.read(i, extents[i], t->second.raw_data());
     saved.release(i);
   }
   optimizer.set_steps_taken(saved.steps_taken());

@@ -34,9 +34,9 @@ class LayoutFiles {
   // The files of a save of `whole` (the whole run model: tp 1, every stage) with weights of
   // record of type `record` (f32 or bf16), weights sharded above `max_shard_bytes` as
   // save_weights shards them, and, with `optimizer` (one over the whole layout, allocated or
-  // not: its name, whole state specs and steps_taken are read), optimizer.safetensors. Every
-  // rank computes the same layout of the files. IoError for state that is not element-wise
-  // (one state element per layout element: AdamW's moments, SGD's momentum).
+  // not: its name, whole state specs and steps_taken are read), optimizer.safetensors (the
+  // whole state tensors, of any kind: optim/state_runs.h maps a rank's onto them). Every rank
+  // computes the same layout of the files.
   LayoutFiles(const ModelConfig& whole, DType record, const Optimizer* optimizer,
               uint64_t max_shard_bytes);
 
@@ -51,14 +51,18 @@ class LayoutFiles {
 
   // Every rank that holds a part: the elements `runs` name (local -> whole; runs_within this
   // rank's range), from `record` (the weights of record, its element 0 local element
-  // `record_begin`) and `state` (one pointer per whole state spec, each element 0 local element
-  // `state_begin`; none without an optimizer), written at their places; the weights' vocabulary
-  // padding rows are not stored, transposed tensors go through `staging` (its bytes, at least
-  // one element; undefined where the family stores nothing transposed). Every file written is
-  // fsynced before it returns.
+  // `record_begin`), and `state`'s runs of each whole state spec (save_state_parts; empty
+  // without an optimizer), written at their places; the weights' vocabulary padding rows are
+  // not stored, transposed tensors go through `staging` (its bytes, at least one element;
+  // undefined where the family stores nothing transposed). Every file written is fsynced before
+  // it returns.
+  struct StateParts {
+    std::vector<const void*> data;                // per whole state spec; null where empty
+    std::vector<std::vector<SliceRun>> runs;      // per spec: local = element of data[i]
+  };
   void write(const std::filesystem::path& dir, const std::vector<SliceRun>& runs,
-             const void* record, int64_t record_begin, const std::vector<const void*>& state,
-             int64_t state_begin, const Tensor& staging) const;
+             const void* record, int64_t record_begin, const StateParts& state,
+             const Tensor& staging) const;
 
   // What write() does, in parts: a rank whose weights of record or state are not in RAM at once
   // (--offload-optimizer: each piece streamed from its file through the ring) writes each
@@ -73,8 +77,9 @@ class LayoutFiles {
     // The weights of record's elements `runs` name, from `record` (element 0 local element
     // `record_begin`).
     void weights(const std::vector<SliceRun>& runs, const void* record, int64_t record_begin);
-    // Whole state spec `spec`'s elements `runs` name, from `src` (element 0 local element
-    // `begin`).
+    // Whole state spec `spec`'s elements `runs` name (state runs: optim/state_runs.h, local a
+    // position in the rank's state tensor, Optimizer::state_extents), from `src` (element 0
+    // local element `begin`).
     void state(size_t spec, const std::vector<SliceRun>& runs, const void* src, int64_t begin);
     void finish();
 
@@ -114,38 +119,48 @@ class LayoutFiles {
   std::vector<size_t> state_bytes_;  // element size per state spec
 };
 
+// What a rank writes of `mine`'s state (its range's tensors) for the layout runs `runs`
+// (first_holder_runs cut to its range): each whole state spec's data and its runs
+// (optim/state_runs.h, StateRunUse::save) relative to it. `whole`: the same optimizer over the
+// whole run model, unallocated. Error where the state does not map.
+LayoutFiles::StateParts save_state_parts(const Optimizer& mine, const Optimizer& whole,
+                                         const std::vector<SliceRun>& runs);
+
 // Fills `optimizer`'s state (its range of its own layout: a rank's, at any tp, stage and ZeRO
 // stage) and steps_taken from the checkpoint at `dir` (as located), whatever layout saved it:
-// element l of the rank's layout is element `whole` of `runs` (whole_layout_runs), read from
+// element l of the rank's layout is element `whole` of `runs` (whole_layout_runs), its state
+// mapped by optim/state_runs.h, read from
 // optimizer.safetensors or ZeRO's shard files through SavedOptimizerState over `whole_optimizer`
-// (the same optimizer over the whole layout, unallocated). Elements in no run (--tp's padding
-// rows, alignment gaps) are zero. Everything is checked before a byte is copied (IoError).
-// The saved optimizer state of a rank's layout, whatever layout saved it: `optimizer` (over the
-// rank's layout; allocated or not: its whole state specs and state_extents are read) and
+// (the same optimizer over the whole layout, unallocated). State in no run (--tp's padding
+// rows, alignment gaps) is zero. Everything is checked before a byte is copied (IoError).
+void load_optimizer_state_by_layout(const std::filesystem::path& dir, Optimizer& optimizer,
+                                    const Optimizer& whole_optimizer,
+                                    const std::vector<SliceRun>& runs);
+
+// The saved optimizer state of a rank's range `mine`, whatever layout saved it, a part at a time
+// (--offload-optimizer: each piece read into a ring slot): `optimizer` (over the rank's layout;
+// allocated or not: its name, whole state specs and state_extents are read) and
 // `whole_optimizer` (the same optimizer over the whole layout, unallocated) checked against the
-// save (SavedOptimizerState over the whole layout) and against one another (one state element
-// per layout element) before a byte is read: IoError otherwise. Element l of the rank's layout
-// is element `whole` of `runs` (whole_layout_runs).
+// save (SavedOptimizerState over the whole layout) and their state runs mapped
+// (optim/state_runs.h, StateRunUse::load) before a byte is read: IoError or Error otherwise.
+// Element l of the rank's layout is element `whole` of `runs` (whole_layout_runs).
 class LayoutStateReader {
  public:
   LayoutStateReader(const std::filesystem::path& dir, const Optimizer& optimizer,
                     const Optimizer& whole_optimizer, std::vector<SliceRun> runs,
                     ElementRange mine);
   int64_t steps_taken() const { return saved_.steps_taken(); }
-  // State spec `spec`'s local elements `local` (inside `mine`) into `dst`, in the state's
-  // dtype; zeros where no run (--tp's padding rows, alignment gaps).
+  // State spec `spec`'s state elements `local` (Optimizer::state_extents positions, inside
+  // `mine`'s) into `dst`, in the state's dtype; zeros where no run (--tp's padding rows,
+  // alignment gaps).
   void read(size_t spec, ElementRange local, void* dst) const;
   // Done with state spec `spec` (SavedOptimizerState::release).
   void release(size_t spec) const { saved_.release(spec); }
 
  private:
   SavedOptimizerState saved_;
-  std::vector<SliceRun> runs_;
+  std::vector<std::vector<SliceRun>> runs_;  // per whole state spec (state_layout_runs)
   std::vector<size_t> elem_bytes_;
 };
-
-void load_optimizer_state_by_layout(const std::filesystem::path& dir, Optimizer& optimizer,
-                                    const Optimizer& whole_optimizer,
-                                    const std::vector<SliceRun>& runs);
 
 }  // namespace memfit::io

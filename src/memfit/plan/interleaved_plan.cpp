@@ -1,0 +1,94 @@
+#include "memfit/plan/interleaved_plan.h"
+
+#include "memfit/core/error.h"
+#include "memfit/dist/communicator_tensor_group.h"
+#include "memfit/dist/pipeline_runner.h"
+#include "memfit/model/param_layout.h"
+#include "memfit/optim/optimizer.h"
+
+namespace memfit {
+
+namespace {
+
+void add_time(StepTime& a, const StepTime& b) {
+  a.block_gemm += b.block_gemm;
+  a.attention += b.attention;
+  a.head_gemm += b.head_gemm;
+  a.elementwise += b.elementwise;
+  a.compression += b.compression;
+  a.optimizer += b.optimizer;
+  a.offload_io += b.offload_io;
+  a.comm += b.comm;
+  a.tensor_comm += b.tensor_comm;
+}
+
+}  // namespace
+
+PlanReport plan_interleaved_rank(const RunSpec& spec, int stage, int data, bool timed) {
+  MEMFIT_CHECK(spec.interleaved() && stage >= 0 && stage < spec.pp(), "plan",
+               "rank {} of an interleaved run of --pp {} --pp-virtual {}", stage, spec.pp(),
+               spec.pipe_virtual);
+  const int P = spec.pp(), V = spec.pipe_virtual;
+  auto at = [](PlanReport& r, Category c) -> size_t& {
+    return r.by_category[static_cast<size_t>(c)];
+  };
+  PlanReport rank;
+  for (int c = 0; c < V; ++c) {
+    const RunSpec run = spec.stage(c * P + stage);
+    const PlanReport chunk = timed ? plan_training(run, data) : plan_memory(run, data);
+    if (c == 0) {
+      rank = chunk;
+      continue;
+    }
+    // One loader (and no save: RunSpec::check_interleaved_run) a rank: its staging once.
+    for (Category k : kAllCategories)
+      if (k != Category::staging)
+        at(rank, k) += chunk.by_category[static_cast<size_t>(k)];
+    rank.flops += chunk.flops;
+    rank.recompute_flops += chunk.recompute_flops;
+    add_time(rank.step_time, chunk.step_time);
+    rank.est_step_seconds += chunk.est_step_seconds;
+    rank.comm_per_step.all_reduce += chunk.comm_per_step.all_reduce;
+    rank.comm_per_step.reduce_scatter += chunk.comm_per_step.reduce_scatter;
+    rank.comm_per_step.all_gather += chunk.comm_per_step.all_gather;
+  }
+  // The runner's kept inputs (activations) and transfer buffers (comm) over the chunks.
+  const RunSpec first = spec.stage(stage);
+  const dist::PipelineBuffers pb = dist::pipeline_buffers(
+      spec.pipe_schedule, stage, P, spec.grad_accum,
+      dist::pipeline_boundary_floats(first.model, spec.activation_options(), spec.batch,
+                                     spec.T) *
+          int64_t{sizeof(float)},
+      V);
+  at(rank, Category::activations) += static_cast<size_t>(pb.activations);
+  at(rank, Category::comm) += static_cast<size_t>(pb.comm);
+  // --tp: the tensor group's buffers are lent once a rank, not once a chunk.
+  at(rank, Category::comm) -= static_cast<size_t>(
+      (V - 1) * dist::tensor_group_buffer_bytes(first.model.tp, spec.sp,
+                                                int64_t{spec.batch} * spec.T * first.model.d_model));
+  // bf16 gradients: one widening buffer a rank, the largest chunk's (TrainRun::make_grad_widen).
+  if (spec.grad_dtype == DType::bf16) {
+    auto widen = [&](const RunSpec& run) {
+      return MemoryPool::round_up(
+          static_cast<size_t>(std::max<int64_t>(
+              1, grad_widen_elements(run.optim, ParamLayout(run.model)))) *
+          sizeof(float));
+    };
+    size_t most = 0;
+    for (int c = 0; c < V; ++c) most = std::max(most, widen(spec.stage(c * P + stage)));
+    at(rank, Category::staging) += most - widen(first);
+  }
+  rank.peak_bytes = 0;
+  for (size_t b : rank.by_category) rank.peak_bytes += b;
+  rank.peak_live_bytes = rank.peak_bytes;  // every chunk's arena is held the whole run
+  return rank;
+}
+
+int64_t interleaved_rank_params(const RunSpec& spec, int stage) {
+  int64_t n = 0;
+  for (int c = 0; c < spec.pipe_virtual; ++c)
+    n += spec.stage(c * spec.pp() + stage).model.num_params();
+  return n;
+}
+
+}  // namespace memfit
