@@ -85,9 +85,10 @@ TEST_F(PipelineUpdateInBackward, ThePlanIsEveryRanksMeasuredPeak) {
         expect_plan_is_measured(ranks, "--steps 2 --grad-accum 1" + std::string(kFlag) + " " + more);
     // Rank 0's (stage 0's) collectives a step: both passes, each with its forward alone.
     for (const json& j : lines(dir / "plan.jsonl"))
-      if (j.contains("loss") && plan["stages"][0].contains("comm_per_step"))
+      if (j.contains("loss") && plan["stages"][0].contains("comm_per_step")) {
         for (const char* c : {"all_reduce", "reduce_scatter", "all_gather"})
           EXPECT_EQ(j["comm_bytes"][c], plan["stages"][0]["comm_per_step"][c]) << c << ", " << more;
+      }
     // The stages' gradients are their unit slots (a stage's largest unit): together less
     // than the model's parameters' f32 bytes. (At ZeRO 3 the unit buffers are comm.)
     if (more.find("--zero") != std::string::npos) continue;

@@ -114,25 +114,26 @@ TEST(LayoutSearch, WhereEverythingFitsTheDataParallelLayoutIsKept) {
   EXPECT_TRUE(split_fits);  // the split layouts were planned, and lost on time
 }
 
-// --sync-every-micro-batch is refused under --pp (RunSpec::check_pipeline; Lion was until every
-// optimizer was built there): no pipelined layout is a candidate, the
-// table says why, and every candidate is one the run accepts (as ZeRO stages and levers refused
-// under --pp are skipped, and would join once built).
+// APOLLO is refused under --tp (RunSpec::check_tensor_parallel: the projection of a slice is
+// another algorithm) and built under --pp (a stage holds whole matrices; --sync-every-micro-batch
+// and Lion were this test's refusals under --pp until they were built there): no tensor-split
+// layout is a candidate, the table says why, and every candidate is one the run accepts (as ZeRO
+// stages and levers a layout refuses are skipped, and would join once built).
 TEST(LayoutSearch, ACombinationTheRunRefusesIsNeverChosen) {
   TrainConfig c = config();
-  c.sync_every_micro_batch = true;
+  c.optim.name = "apollo";
   const RunSpec spec = resolve_run(c);
   const size_t limit = data_parallel_least_peak(spec) - 1;
   const SearchResult r = search_layouts(spec, limit, SearchSpace::of(spec));
   ASSERT_TRUE(r.fits) << r.message;
-  EXPECT_GT(r.choice.tp, 1);
-  EXPECT_EQ(r.choice.pp, 1);
+  EXPECT_GT(r.choice.pp, 1);
+  EXPECT_EQ(r.choice.tp, 1);
   for (const Candidate& k : r.candidates) {
-    EXPECT_EQ(k.pp, 1) << candidate_options(k, true, true);
+    EXPECT_EQ(k.tp, 1) << candidate_options(k, true, true);
     EXPECT_NO_THROW(apply_candidate(spec, k).check()) << candidate_options(k, true, true);
   }
   const bool said = std::any_of(r.layouts.begin(), r.layouts.end(), [](const std::string& l) {
-    return l.find("pp 2") != std::string::npos && l.find("refused") != std::string::npos;
+    return l.find("tp 2") != std::string::npos && l.find("refused") != std::string::npos;
   });
   EXPECT_TRUE(said);
   // And with AdamW every candidate the search kept is accepted too (under --pp: ZeRO 0-1 and
