@@ -229,6 +229,28 @@ TEST_F(LayoutCheckpoint, QuantizedAndAdamMiniStateRoundTripsAcrossLayouts) {
   }
 }
 
+// Offloaded, 4-bit AdamW's and Adam-mini's state is written and read through the same state
+// runs as from RAM (each piece's runs cut to its state elements: the 4-bit rank-1 maxima, the
+// shared row-parallel v): at tp 2 the offloaded save is the in-RAM save's bytes, and an
+// offloaded resume of it saves them again.
+TEST_F(LayoutCheckpoint, OffloadedBlockWiseStateSavesAndResumesAsInRam) {
+  const std::string off = fmt::format(" --offload-optimizer nvme --offload-dir '{}'", path("off"));
+  for (const char* optim : {"adamw4bit", "adam-mini"}) {
+    SCOPED_TRACE(optim);
+    const std::string two = fmt::format("{} --optim {} --tp 2", kTwo, optim);
+    const std::string model = "--model llama-tiny --d-model 512 --ffn-dim 1024";
+    train(2, fmt::format("{} {} --save '{}'", model, two, path("r")));
+    train(2, fmt::format("{} {} --save '{}'", model, two, path("o")) + off);
+    same("r", "o");
+    train(2, fmt::format("{} --resume '{}' --save '{}'", two, path("r"), path("o2")) + off);
+    same("r", "o2");
+    fs::remove_all(path("r"));
+    fs::remove_all(path("o"));
+    fs::remove_all(path("o2"));
+  }
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
+}
+
 // Every optimizer under --pp saves one process's files (each stage's state is its run of the
 // whole model's), and a pp 2 save resumes in one process and saves the same files again.
 TEST_F(LayoutCheckpoint, PipelineStagesSaveEveryOptimizersState) {
@@ -277,6 +299,65 @@ TEST_F(LayoutCheckpoint, ThePlanCountsTheSaveOnEveryRank) {
   ASSERT_EQ(measured.size(), 2u);
   for (int q = 0; q < 2; ++q)
     EXPECT_EQ(measured[q]["peak_bytes"], pplan["per_rank"][q]["peak_bytes"]) << "stage " << q;
+}
+
+// --offload-optimizer under --tp and dp x tp: each rank's part of the save streamed out of its
+// files (the master weights' and the state's pieces through the ring) is the in-RAM run's
+// save, byte for byte (bf16 with master weights at 2 data x 2 tensor ranks under ZeRO 2; fp32
+// under ZeRO 3, the working shard the weights of record, in RAM or with --offload-params in
+// each rank's file); it resumes offloaded at any
+// layout (tp 2 x dp 2 -> one process -> tp 4) to the same files, and at its own layout
+// continues as the run in RAM, bit for bit; every rank's planned peak by category (the ring and
+// the save's staging) is its measured one.
+TEST_F(LayoutCheckpoint, OffloadedOptimizerSavesAndResumesTheRunInRam) {
+  const std::string two = kTwo;
+  const std::string off = fmt::format(" --offload-optimizer nvme --offload-dir '{}'", path("off"));
+  const std::string bf16 = std::string(kGpt2) + " --precision bf16 --tp 2 --zero 2";
+  train(4, fmt::format("{} {} --save '{}'", bf16, two, path("ram")));
+  const auto saved = train(4, fmt::format("{} {} --save '{}'", bf16, two, path("a")) + off);
+  same("ram", "a");
+  train(0, fmt::format("{} --precision bf16 --resume '{}' --save '{}'", two, path("a"), path("b")) +
+               off);
+  train(4, fmt::format("{} --precision bf16 --tp 4 --resume '{}' --save '{}'", two, path("b"),
+                       path("c")) +
+               off);
+  same("a", "b");
+  same("b", "c");
+  const std::string fp32 = std::string(kGpt2) + " --tp 2 --zero 3";
+  train(4, fmt::format("{} {} --save '{}'", fp32, two, path("ram32")));
+  train(4, fmt::format("{} {} --save '{}'", fp32, two, path("a32")) + off);
+  same("ram32", "a32");
+  // --offload-params too: the working weights of record streamed from each rank's file.
+  train(4, fmt::format("{} {} --save '{}'", fp32, two, path("p32")) + off +
+               " --offload-params nvme");
+  same("ram32", "p32");
+  // Resumed offloaded at its own layout: the run in RAM that never stopped.
+  const std::string on = "--steps 4 --precision bf16 --tp 2 --zero 2";
+  const auto whole = train(4, std::string(kGpt2) + " " + on);
+  same_steps(whole, train(4, fmt::format("{} --resume '{}'", on, path("a")) + off), 2,
+             "bf16 tp 2 x dp 2, offloaded");
+  same_steps(whole, train(4, fmt::format("{} --resume '{}'", on, path("ram")) + off), 2,
+             "bf16 tp 2 x dp 2, a RAM save resumed offloaded");
+  // The plan of the saving run: every rank's peak by category.
+  ASSERT_EQ(run_memfit(fmt::format("plan {} --world-size 4 --json",
+                                   args(fmt::format("{} {} --save '{}'", bf16, two, path("a")) +
+                                        off))),
+            0)
+      << test::slurp(dir / "err.txt");
+  const json plan = json::parse(test::slurp(dir / "out.txt"));
+  json measured;
+  for (const json& j : saved)
+    if (j.contains("ranks")) measured = j["ranks"];
+  ASSERT_EQ(measured.size(), 4u);
+  for (int q = 0; q < 4; ++q) {
+    const json& p = plan["per_rank"][q / 2];
+    EXPECT_EQ(measured[q]["peak_bytes"], p["peak_bytes"]) << "rank " << q;
+    for (const char* c : {"params", "grads", "optimizer", "master", "staging"})
+      EXPECT_EQ(measured[q]["mem"].value(c, size_t{0}), p["by_category"].value(c, size_t{0}))
+          << c << ", rank " << q;
+    EXPECT_EQ(measured[q]["offload"]["disk"], p["offload"]["disk_by_category"]) << "rank " << q;
+  }
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
 }
 
 }  // namespace

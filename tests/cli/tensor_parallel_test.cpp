@@ -562,6 +562,71 @@ TEST_F(TensorParallel, OffloadedOptimizerIsTheRunInRam) {
   EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
 }
 
+// Adam-mini and 4-bit AdamW take the tensor group in every form of the update (Note [Tensor
+// parallel], "Optimizers"): --update-in-backward's per-unit optimizers give the ordinary --tp
+// step's bits (the same rows' sums and maxima, a unit at a time; global clipping's two passes,
+// and --clip 0's one, whose units agree their finite flag over the group first), and the
+// offloaded optimizer's pieces the run in RAM's bits, with the update in the backward too.
+// Planned == measured on every rank, the update's gathers and the units' flags included.
+TEST_F(TensorParallel, GroupedOptimizersTakeTheGroupInTheBackwardAndOffloaded) {
+  const std::string off = fmt::format(" --offload-optimizer nvme --offload-dir '{}'",
+                                      (dir / "off").string());
+  const std::string unclipped = "--steps 4 --clip 0 --eval-every 2 --eval-batches 1";
+  for (const auto& [ranks, a] : std::vector<std::pair<int, std::string>>{
+           {2, std::string(kSteps) + " --optim adam-mini --tp 2"},
+           {2, unclipped + " --optim adam-mini --model llama-tiny --n-kv-head 1 --tp 2 --sp"},
+           {2, std::string(kSteps) + " --optim adamw4bit --d-model 256 --tp 2"},
+           {2, unclipped + " --optim adamw4bit --d-model 256 --model llama-tiny --tp 2"},
+           {4, std::string(kSteps) + " --optim adam-mini --tp 2 --zero 2"}}) {
+    const auto after = train(ranks, a, "after");
+    const std::string fused = a + " --update-in-backward";
+    expect_close(after, train(ranks, fused, "fused"), fused, 0.0);
+    expect_close(after, train(ranks, a + off, "off"), a + off, 0.0);
+    expect_close(after, train(ranks, fused + off, "fused-off"), fused + off, 0.0);
+  }
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --clip 0 --optim adam-mini --update-in-backward"},
+           {2, "--tp 2 --optim adamw4bit --d-model 256 --update-in-backward" + off},
+           {4, "--tp 2 --zero 2 --optim adam-mini --update-in-backward"}})
+    expect_planned(ranks, more);
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
+}
+
+// --offload-params under --tp (Note [NVMe offload], "Under --tp"): each tensor rank's working
+// weights of its slices in its own file beside its optimizer files (one data rank, or its shard
+// at ZeRO 3 over 2 data x 2 tensor ranks). The same run in RAM's bits (fp32, the working weights
+// the weights of record; bf16 with master weights; LLaMA's replicated key/value head with --sp;
+// with --update-in-backward), and every rank's plan: peak by category, files by category and
+// bytes read and written per step.
+TEST_F(TensorParallel, OffloadedParamsAreTheRunInRam) {
+  const std::string off = fmt::format(
+      " --offload-optimizer nvme --offload-params nvme --offload-dir '{}'", (dir / "off").string());
+  const std::string llama = " --model llama-tiny --n-kv-head 1";
+  for (const auto& [ranks, a] : std::vector<std::pair<int, std::string>>{
+           {2, std::string(kSteps) + " --tp 2"},
+           {2, std::string(kSteps) + llama + " --tp 2 --sp --precision bf16"},
+           {4, std::string(kSteps) + " --tp 2 --zero 3 --precision bf16"},
+           {2, std::string(kSteps) + llama + " --tp 2 --update-in-backward"}})
+    expect_close(train(ranks, a, "ram"), train(ranks, a + off, "off"), a + off, 0.0);
+  for (const auto& [ranks, more] : std::vector<std::pair<int, std::string>>{
+           {2, "--tp 2 --sp" + llama + off}, {4, "--tp 2 --zero 3 --precision bf16" + off}}) {
+    const json plan = expect_planned(ranks, more);
+    json measured;
+    for (const json& j : lines(dir / "plan.jsonl"))
+      if (j.contains("ranks")) measured = j["ranks"];
+    ASSERT_EQ(measured.size(), size_t(ranks));
+    for (int q = 0; q < ranks; ++q) {
+      const json& p = plan["per_rank"][q / 2];
+      ASSERT_TRUE(measured[q].contains("offload")) << more << ", rank " << q;
+      EXPECT_EQ(measured[q]["offload"]["disk"], p["offload"]["disk_by_category"])
+          << more << ", rank " << q;
+      EXPECT_EQ(measured[q]["offload"]["io_bytes_per_step"], p["offload"]["io_bytes_per_step"])
+          << more << ", rank " << q;
+    }
+  }
+  EXPECT_TRUE(!fs::exists(dir / "off") || fs::is_empty(dir / "off")) << "files left behind";
+}
+
 TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   auto refused = [&](const std::string& more, const std::string& says) {
     const int code = run_memfit("plan " + args("--steps 2 " + more));
@@ -574,10 +639,20 @@ TEST_F(TensorParallel, RefusesWhatIsNotBuiltNamingTheOption) {
   refused("--world-size 3 --tp 2", "must divide the ranks");
   refused("--world-size 4 --tp 4 --sp --seq-len 30", "--seq-len 30 must divide by 4");
   refused("--sp", "needs --tp 2 or more");
-  refused(fmt::format("--world-size 2 --tp 2 --offload-optimizer nvme --offload-params nvme "
+  refused(fmt::format("--world-size 2 --tp 2 --offload-optimizer nvme --offload-grads nvme "
                       "--offload-dir '{}'",
                       (dir / "off").string()),
-          "--offload-params or --offload-grads");
+          "--tp 2 with --offload-grads");
+  refused(fmt::format("--world-size 4 --tp 2 --zero 2 --offload-optimizer nvme --offload-params "
+                      "nvme --offload-dir '{}'",
+                      (dir / "off").string()),
+          "needs --zero 3");
+  // LoRA's adapters over an offloaded frozen base under --tp (each rule that meets it names
+  // --offload-params).
+  refused(fmt::format("--world-size 2 --tp 2 --lora-rank 4 --offload-params nvme --offload-dir "
+                      "'{}'",
+                      (dir / "off").string()),
+          "--offload-params");
   // Optimizers whose quantisation blocks the slices cut, or that project whole matrices.
   refused("--world-size 2 --tp 2 --optim adamw8bit", "not whole 256-value quantisation blocks");
   refused("--world-size 2 --tp 2 --optim adamw4bit", "not whole 128-value quantisation blocks");

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "memfit/core/error.h"
+#include "memfit/io/checkpoint/layout_checkpoint.h"
 #include "memfit/io/checkpoint/model_checkpoint.h"
 #include "memfit/io/checkpoint/safetensors.h"
 #include "memfit/offload/offloaded_grads.h"
@@ -486,6 +487,29 @@ void OffloadedOptimizer::load_state(const io::SavedOptimizerState& saved) {
     saved.release(i - first_state);
   }
   set_steps_taken(saved.steps_taken());
+}
+
+void OffloadedOptimizer::load_state(const io::LayoutStateReader& saved) {
+  const size_t first_state = master_ ? 1 : 0;
+  for (size_t i = first_state; i < layout_.tensors.size(); ++i) {
+    const OffloadTensor& t = layout_.tensors[i];
+    stream(i, IoRequest::Op::write, [&](size_t u, char* buf, size_t) {
+      saved.read(i - first_state, t.extents[u], buf);
+    });
+    saved.release(i - first_state);
+  }
+  set_steps_taken(saved.steps_taken());
+}
+
+void OffloadedOptimizer::read_state_to(
+    size_t spec, const std::function<void(int64_t from, int64_t to, const void* src)>& take) {
+  const size_t i = spec + (master_ ? 1 : 0);
+  MEMFIT_CHECK(i < layout_.tensors.size(), "offload", "state {} of {}", spec,
+               layout_.tensors.size() - (master_ ? 1 : 0));
+  stream(i, IoRequest::Op::read, [&](size_t u, const char* buf, size_t) {
+    const ElementRange& e = layout_.tensors[i].extents[u];
+    take(e.begin, e.end, buf);
+  });
 }
 
 }  // namespace memfit::offload

@@ -29,7 +29,12 @@
 #include "memfit/offload/offload_layout.h"
 #include "memfit/offload/scratch_file.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/optim/tensor_split.h"
 #include "memfit/optim/unit_steps.h"
+
+namespace memfit::io {
+class LayoutStateReader;
+}
 
 namespace memfit::offload {
 
@@ -110,6 +115,11 @@ class OffloadedOptimizer final : public UnitStateStream {
   void set_grad_widen(const Tensor& buffer) {
     for (auto& u : units_) u->set_grad_widen(buffer);
   }
+  // --tp: the tensor group every piece's optimizer takes where its update groups elements
+  // across the slices (Adam-mini, 4-bit AdamW: optim/tensor_split.h).
+  void set_tensor_split(const TensorSplit& split) {
+    for (auto& u : units_) ::memfit::set_tensor_split(*u, split);
+  }
   int64_t steps_taken() const override { return units_.front()->steps_taken(); }
   void set_steps_taken(int64_t t);
 
@@ -151,6 +161,16 @@ class OffloadedOptimizer final : public UnitStateStream {
   // piece read from the mapped files into a ring slot and written to its file, then
   // steps_taken restored. Bounded RAM: one slot, and the mapping's pages released per tensor.
   void load_state(const io::SavedOptimizerState& saved);
+  // The same for a rank of a split layout (--tp, --pp): each piece of each state tensor read
+  // through the layout map (the save's whole tensors, any layout's) into a ring slot and
+  // written to its file, then steps_taken restored.
+  void load_state(const io::LayoutStateReader& saved);
+  // State tensor `spec` (a whole state spec's index) streamed out of its file a piece at a
+  // time through one ring slot: `take(from, to, src)` is given each piece's state elements
+  // [from, to) (Optimizer::state_extents positions). What a split layout's save writes
+  // (io::LayoutFiles::Writer).
+  void read_state_to(size_t spec,
+                     const std::function<void(int64_t from, int64_t to, const void* src)>& take);
   // An optimizer over one piece, without state: what the sharded checkpoint's index and
   // SavedOptimizerState read of it (name, whole state specs, state_extents, steps_taken).
   const Optimizer& descriptor() const { return *units_.front(); }

@@ -63,6 +63,7 @@ void UnitSteps::attach(const OptimConfig& config, Optimizer& optimizer, Tensor w
           it->second.view(extents[i].begin - range_extents[i].begin, {extents[i].size()}));
     }
     o->bind_state(std::move(bound));
+    if (tensor_) ::memfit::set_tensor_split(*o, tensor_->optimizer);
     // The update's scratch (APOLLO, GaLore) is the run's optimizer's: the parts update one at
     // a time, and the planner counts that one buffer.
     if (o->scratch_elements() > 0) o->set_scratch(optimizer.scratch_buffer());
@@ -83,6 +84,8 @@ void UnitSteps::set_tensor_split(TensorSplit split) {
                split.weights.size(), layout_.params().size());
   tensor_ = std::make_unique<TensorSplit>(std::move(split));
   param_checks_.assign(layout_.params().size(), UnitGradCheck{});
+  for (auto& o : opts_)
+    if (o) ::memfit::set_tensor_split(*o, tensor_->optimizer);
 }
 
 UnitGradCheck UnitSteps::tensor_unit_check(ElementRange part, const Tensor& grads, double& split,
@@ -183,10 +186,11 @@ void UnitSteps::unit_done(size_t u, const Tensor& grads) {
       checks_[u] = tensor_unit_check(part, grads, split, replicated);
       finite = checks_[u].finite;
       ss = checks_[u].sum_squares;
-      if (pass_ == Pass::step_unit && clip_ > 0) {
+      if (pass_ == Pass::step_unit && (clip_ > 0 || tensor_->optimizer.active())) {
         // The unit's own norm is the whole unit's over the group: its slices' squares summed
         // over the tensor group, the whole parameters' once (before any rank returns, so
-        // every rank takes the collective).
+        // every rank takes the collective). Without clipping, an optimizer that takes the
+        // group needs the finite flag alone agreed: every rank steps the unit, or none.
         double v[2] = {split, finite ? 0.0 : 1.0};
         tensor_->all_reduce(v);
         ss = v[0] + replicated;

@@ -23,6 +23,7 @@
 #include "memfit/model/grad_store.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/optim/optimizer.h"
+#include "memfit/optim/tensor_split.h"
 
 namespace memfit {
 
@@ -108,6 +109,13 @@ class UnitSteps {
     std::vector<double> weights;
     // `values` summed over the tensor group in rank order, on every rank. A collective.
     std::function<void(std::span<double> values)> all_reduce;
+    // The group the parts' optimizers take in their update where it groups elements across
+    // the slices (Adam-mini's row-parallel rows, 4-bit AdamW's rank-1 maxima:
+    // optim/tensor_split.h); handed to each part's optimizer (in RAM; the offloaded one's
+    // pieces take it from the run). With it active, --clip 0's pass agrees each unit's finite
+    // flag over the group before its step (the flag and the squares all-reduced, as per-unit
+    // clipping does), so no rank skips a unit whose update the others' collectives wait in.
+    ::memfit::TensorSplit optimizer;
   };
   // Before the first step.
   void set_tensor_split(TensorSplit split);

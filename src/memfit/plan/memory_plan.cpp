@@ -507,7 +507,9 @@ bool save_streams_weights(const RunSpec& spec) {
   const bool quant = spec.lora.enabled() && spec.lora.base_quant().has_value();
   // LoRA's frozen base on disk (Note [LoRA], "The frozen base on disk"): streamed from its file.
   const bool frozen_file = spec.lora.enabled() && spec.offload.params;
-  return spec.world == 1 &&
+  // (A split layout, --tp or --pp, saves through the layout map even in one data rank: its
+  // ranks write their slices of the whole tensors, streamed from the files where offloaded.)
+  return spec.world == 1 && !layout_split(spec.model) &&
          (quant || frozen_file || (spec.offload.optimizer && (master || spec.offload.params)));
 }
 

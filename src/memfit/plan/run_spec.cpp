@@ -180,7 +180,7 @@ StateOptions RunSpec::state_options() const {
 // slice; every checkpoint policy (recomputation re-issues the row-parallel all-reduces);
 // --act-compress; --grad-dtype bf16; --sp (check_sequence_parallel); --zero auto and --ckpt
 // auto (the search plans each candidate per rank of the split model, its state in RAM); saves, resumes and --init-from at
-// any layout (Note [Checkpoints across layouts]). Each refusal names the option and says why it
+// any layout (Note [Checkpoints across layouts]), with the optimizer offloaded too. Each refusal names the option and says why it
 // is not built.
 void RunSpec::check_tensor_parallel() const {
   struct Refusal {
@@ -188,16 +188,17 @@ void RunSpec::check_tensor_parallel() const {
     const char* why;
   };
   const std::optional<Refusal> refused =
-      offload.params || offload.grads
-          ? Refusal{"--offload-params or --offload-grads",
-                    "not built for a rank's slices (the gradients' file is checked unit by unit "
-                    "where the tensor group's norm needs each parameter's slice apart; the "
-                    "working weights' file is untested with split blocks); --offload-optimizer "
-                    "is built, each rank's state of its slices in its own files"}
-      : offload.optimizer && (saves || resumed)
-          ? Refusal{"--offload-optimizer and --save or --resume",
-                    "a save writes each rank's slices of the optimizer state into whole tensors "
-                    "from RAM; the offloaded state's files are not mapped into them yet"}
+      offload.grads
+          ? Refusal{"--offload-grads",
+                    "--offload-grads nvme is for one process (its file is checked unit by unit, "
+                    "where the tensor group's norm needs each parameter's slice apart); under "
+                    "--tp, as under several data ranks, the gradients stay in RAM: "
+                    "--offload-optimizer and --offload-params are built, each rank's slices in "
+                    "its own files"}
+      : offload.params && lora.enabled()
+          ? Refusal{"--offload-params and --lora-rank",
+                    "the frozen base's file holds a rank's slices under --tp, and the split "
+                    "adapters over an offloaded base are untested"}
                   : std::optional<Refusal>{};
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
@@ -209,14 +210,8 @@ void RunSpec::check_tensor_parallel() const {
     MEMFIT_THROW(ConfigError, "config", "--tp {} with --optim {} is refused: {} (Note [Tensor "
                  "parallel], \"Optimizers\")",
                  model.tp, optim.name, *why);
-  // Adam-mini and 4-bit AdamW take the tensor group in the update over the step's gradients
-  // (optim/tensor_split.h); --update-in-backward's per-unit optimizers are not handed it.
-  if (update_in_backward && takes_tensor_split(optim.name))
-    MEMFIT_THROW(ConfigError, "config",
-                 "--tp {} with --optim {} and --update-in-backward is not built yet: its "
-                 "per-unit steps do not take the tensor group the update's sums and maxima "
-                 "need (Note [Tensor parallel], \"Optimizers\")",
-                 model.tp, optim.name);
+  // (Adam-mini and 4-bit AdamW take the tensor group in the update, --update-in-backward's
+  // per-unit optimizers and the offloaded pieces' too: optim/tensor_split.h.)
 }
 
 RunSpec RunSpec::stage(int s) const {

@@ -339,9 +339,9 @@ SearchResult search_training(const RunSpec& base, size_t limit, SearchSpace spac
               if (offload && !frozen &&
                   !StatePlacement::allows_optimizer_offload(at_stage, base.world))
                 continue;
-              // --tp: the search keeps the state in RAM (--offload-optimizer is built under --tp,
-              // but not with a save, and the other levels' files are refused with it:
-              // RunSpec::check_tensor_parallel; not searched yet).
+              // --tp: the search keeps the state in RAM (--offload-optimizer and --offload-params
+              // are built under --tp, --offload-grads refused: RunSpec::check_tensor_parallel;
+              // the offloaded candidates are not searched yet).
               if (offload && base.model.tp > 1) continue;
               Candidate c;
               c.ckpt = policy;

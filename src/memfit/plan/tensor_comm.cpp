@@ -136,8 +136,11 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   }
   // --update-in-backward --clip-mode unit: each unit whose part the data rank holds clipped by
   // the whole unit's norm, its slices' squares summed over the group (two doubles, gathered;
-  // UnitSteps::unit_done).
-  if (spec.update_in_backward && spec.clip > 0 && spec.clip_mode == UnitSteps::Clip::unit) {
+  // UnitSteps::unit_done). Without clipping, with an optimizer that takes the group (Adam-mini,
+  // 4-bit AdamW), the same pair agrees each unit's finite flag before its step.
+  if (spec.update_in_backward &&
+      (spec.clip > 0 ? spec.clip_mode == UnitSteps::Clip::unit
+                     : takes_tensor_split(spec.optim.name))) {
     const ParamLayout layout(spec.model);
     const ElementRange sums = summed_range(spec, layout, data_rank);
     for (const ElementRange& u : unit_ranges(layout))

@@ -112,6 +112,7 @@ class TrainRun {
   Tensor record_for_save();
   void stage_shards();
   void stage_layout_files();
+  void write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging);
   io::LayoutFiles layout_files() const;
   void save(int64_t step, const Tensor& record);
   io::StreamedWeights streamed_weights(Tensor& save_staging);

@@ -102,6 +102,7 @@ void TrainRun::load_weights() {
 
 // The offloaded optimizer's state, streamed into this rank's files.
 void TrainRun::load_offloaded_state() {
+  if (layout_split(mc_)) return;  // through the layout map (load_by_layout)
   if (resume_ && off_ && (my_shard_ || io::has_zero_shards(location_.dir))) {
     // A shard's part of any saved state (ZeRO's shards of any world size and stage, or a
     // whole optimizer.safetensors), streamed into this rank's files.
@@ -258,7 +259,8 @@ void TrainRun::save(int64_t step, const Tensor& record) {
   }
   // Offloaded: optimizer.safetensors streamed out of the files a unit at a time (the same
   // bytes as from RAM).
-  if (off_ && !sharded_state_)
+  // (A split layout's offloaded state is staged with the weights: stage_layout_files.)
+  if (off_ && !sharded_state_ && !layout_save_)
     so.write_extra = [&](const fs::path& tmp) { off_->save_state(tmp / io::kOptimizerFile); };
   // A split layout: every file of the weights and the optimizer state staged by the ranks
   // (stage_layout_files), moved in; config.json is the whole model's.

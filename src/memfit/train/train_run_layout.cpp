@@ -9,6 +9,7 @@
 #include "memfit/io/checkpoint/checkpoint_export.h"
 #include "memfit/io/checkpoint/layout_checkpoint.h"
 #include "memfit/model/layout_map.h"
+#include "memfit/optim/state_runs.h"
 #include "memfit/train/train_run.h"
 
 namespace memfit {
@@ -34,7 +35,7 @@ struct WholeOptimizer {
 
 io::LayoutFiles TrainRun::layout_files() const {
   const ModelConfig whole = whole_run_model(mc_);
-  const WholeOptimizer w(spec_.optim, whole, opt_->steps_taken());
+  const WholeOptimizer w(spec_.optim, whole, off_ ? off_->steps_taken() : opt_->steps_taken());
   // LoRA: no optimizer.safetensors (the adapters' state is adapter_optimizer.safetensors).
   return io::LayoutFiles(whole, record_dtype_, gpt_->lora() ? nullptr : w.opt.get(),
                          settings_.max_shard_bytes);
@@ -79,11 +80,57 @@ void TrainRun::stage_layout_files() {
                 staging);
   };
   if (my_shard_ || comm_.rank() == 0) {
-    write(*gpt_, *opt_);
-    for (auto& k : chunks_) write(*k->gpt, *k->opt);
+    // --offload-optimizer: streamed from the files (no chunks: interleaved refuses offload).
+    if (off_) {
+      write_offloaded_part(files, staging);
+    } else {
+      write(*gpt_, *opt_);
+      for (auto& k : chunks_) write(*k->gpt, *k->opt);
+    }
   }
   staging = Tensor{};
   world.barrier();  // every part is on disk before rank 0 moves the files into the save
+}
+
+// --offload-optimizer: this rank's part streamed out of its files a piece at a time through the
+// optimizer's ring (no byte added: the ring and the save's staging are the plan's), the same
+// bytes as from RAM: the weights of record from the master file (without master weights the
+// working weights are they: in RAM, or with --offload-params from their file), then each state
+// tensor's pieces.
+void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging) {
+  const ElementRange mine = off_->range();
+  const std::vector<SliceRun> runs =
+      runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
+  io::LayoutFiles::Writer out(files, staging_, staging);
+  if (master_) {
+    off_->read_master_range(mine, [&](int64_t from, int64_t to, const float* src) {
+      out.weights(runs_within(runs, {from, to}), src, from);
+    });
+  } else if (gpt_->params_offloaded()) {
+    // --offload-params without master weights: the working weights of record, this rank's
+    // part of each unit in unit order (a block's through the model's ring).
+    int64_t at = mine.begin;
+    const size_t elem = dtype_size(zero_.weights->dtype());
+    zero_.weights->read_mine([&](const char* src, size_t bytes) {
+      const int64_t n = static_cast<int64_t>(bytes / elem);
+      out.weights(runs_within(runs, {at, at + n}), src, at);
+      at += n;
+    });
+    MEMFIT_CHECK(at == mine.end, "checkpoint", "the working weights' file gave [{}, {}) of [{}, {})",
+                 mine.begin, at, mine.begin, mine.end);
+  } else {
+    out.weights(runs, gpt_->weights().raw_data(), gpt_->weights_range().begin);
+  }
+  // Each state tensor's runs (optim/state_runs.h: block-wise state block for block), a piece's
+  // cut to its state elements.
+  const WholeOptimizer w(spec_.optim, whole_run_model(mc_), off_->steps_taken());
+  const std::vector<std::vector<SliceRun>> state_runs =
+      state_layout_runs(off_->descriptor(), *w.opt, runs, StateRunUse::save);
+  for (size_t s = 0; s < files.state_count(); ++s)
+    off_->read_state_to(s, [&](int64_t from, int64_t to, const void* src) {
+      out.state(s, runs_within(state_runs[s], {from, to}), src, from);
+    });
+  out.finish();
 }
 
 // This rank's slices and stage of every tensor, from any save (these files, ZeRO's shard files
@@ -94,8 +141,8 @@ void TrainRun::load_by_layout() {
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
   const std::unique_ptr<io::ParamSource> source = io::open_checkpoint_weights(saved, whole);
   const std::vector<SliceRun> runs = whole_layout_runs(mc_, grid_.tensor().rank());
-  // --offload-optimizer (--init-from; a resume is refused: RunSpec::check_tensor_parallel):
-  // the master weights written into their file, rounded into the working copy on the way.
+  // --offload-optimizer: the master weights written into their file, rounded into the working
+  // copy on the way.
   Transformer::MasterSink to_master_file;
   if (off_ && master_)
     to_master_file = [&](const Transformer::RangeFill& fill) { off_->write_master_from(fill); };
@@ -109,6 +156,10 @@ void TrainRun::load_by_layout() {
   if (resume_ && opt_ && !gpt_->lora()) {  // (LoRA's state: load_adapter_state)
     const WholeOptimizer w(spec_.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *opt_, *w.opt, runs);
+  } else if (resume_ && off_) {  // each piece through the layout map into this rank's files
+    const WholeOptimizer w(spec_.optim, whole, 0);
+    off_->load_state(
+        io::LayoutStateReader(location_.dir, off_->descriptor(), *w.opt, runs, off_->range()));
   }
 }
 

@@ -204,7 +204,7 @@ void TrainRun::make_model() {
   }
   // --update-in-backward under --tp: each unit's partial sums over the tensor group before its
   // step, and the norm over the group (Note [Update in backward], "Under --tp").
-  if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_);
+  if (fused_ && mc_.tp > 1) split_unit_steps(*gpt_, *fused_, spec_.optim.name);
   // Under --pp: the norm over the stages, once the pass through every stage is done (Note
   // [Update in backward], "Under --pp").
   if (fused_ && pipe_.size() > 1)
@@ -251,8 +251,12 @@ void TrainRun::create_optimizer() {
                          &pool_, my_shard_);
   // --tp: Adam-mini's row-parallel rows and 4-bit AdamW's rank-1 maxima taken over the tensor
   // group in the update (optim/tensor_split.h); the other optimizers need nothing.
-  if (opt_ && mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name))
-    set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
+  // Offloaded, each piece's optimizer takes it (its pieces are stepped in the same order on
+  // every rank of the group).
+  if (mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name)) {
+    if (opt_) set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
+    if (off_) off_->set_tensor_split({gpt_->tensor_group(), slice_axes(mc_)});
+  }
   // --pp: APOLLO draws each matrix's projection by its index in the whole model.
   if (auto* apollo = dynamic_cast<Apollo*>(opt_.get()); apollo && mc_.pipelined())
     apollo->set_param_index_base(first_param_index(mc_));

@@ -16,6 +16,7 @@
 #include "memfit/model/stage_offsets.h"
 #include "memfit/model/tensor_partial_sums.h"
 #include "memfit/model/tensor_slices.h"
+#include "memfit/optim/tensor_split.h"
 #include "memfit/state/shard.h"
 #include "memfit/train/grad_clip.h"
 
@@ -358,7 +359,7 @@ UpdateOutcome backward_update_outcome(const BackwardUpdateResult& result) {
   return out;
 }
 
-void split_unit_steps(Transformer& gpt, UnitSteps& steps) {
+void split_unit_steps(Transformer& gpt, UnitSteps& steps, const std::string& optim) {
   if (!tensor_split(gpt)) return;
   UnitSteps::TensorSplit split;
   split.weights = tensor_weights(gpt);
@@ -371,6 +372,7 @@ void split_unit_steps(Transformer& gpt, UnitSteps& steps) {
       sum_sequence_partials(group, gpt.layout(), grads, part);
   };
   split.all_reduce = [&gpt](std::span<double> v) { gpt.tensor_group()->all_reduce_sum(v); };
+  if (takes_tensor_split(optim)) split.optimizer = {gpt.tensor_group(), slice_axes(gpt.config())};
   steps.set_tensor_split(std::move(split));
 }
 

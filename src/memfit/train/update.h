@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "memfit/dist/communicator.h"
@@ -91,8 +92,10 @@ UpdateOutcome apply_update_chunks(const std::vector<ChunkUpdate>& chunks,
 UpdateOutcome backward_update_outcome(const BackwardUpdateResult& result);
 // --update-in-backward under --tp (Note [Update in backward], "Under --tp"): `steps` sums each
 // unit's partial gradients over gpt's tensor group before its step (the replicated key/value
-// heads', --sp's norms'), and adds the norm as the ordinary step's tensor check does. Nothing
-// without a tensor group of 2 or more. Once the model's tensor group is set.
-void split_unit_steps(Transformer& gpt, UnitSteps& steps);
+// heads', --sp's norms'), and adds the norm as the ordinary step's tensor check does; the
+// parts' optimizers take the group where `optim` (OptimConfig::name) groups elements across the
+// slices (Adam-mini, 4-bit AdamW: optim/tensor_split.h). Nothing without a tensor group of 2
+// or more. Once the model's tensor group is set.
+void split_unit_steps(Transformer& gpt, UnitSteps& steps, const std::string& optim);
 
 }  // namespace memfit

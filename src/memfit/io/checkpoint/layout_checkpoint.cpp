@@ -34,6 +34,8 @@ namespace {
   MEMFIT_THROW(IoError, "checkpoint", "{} {} failed: {}", what, path.string(), std::strerror(err));
 }
 
+}  // namespace
+
 // A file of the save opened for positioned writes; fsynced and closed by finish().
 class PlacedFile {
  public:
@@ -68,6 +70,8 @@ class PlacedFile {
   fs::path path_;
   int fd_ = -1;
 };
+
+namespace {
 
 // A run of a stored matrix's rows [r0, r0 + nr) and columns [c0, c0 + nc), at `src` row-major
 // with a row stride of nc: written transposed ((cols, rows) stored) tile by tile through the
@@ -220,17 +224,37 @@ void LayoutFiles::write(const fs::path& dir, const std::vector<SliceRun>& runs, 
                    state.runs.size() == state.data.size(),
                "checkpoint", "{} state tensors for a save of {}", state.data.size(),
                state_.size());
-  std::map<int, std::unique_ptr<PlacedFile>> opened;
-  auto file = [&](int k) -> PlacedFile& {
-    auto& f = opened[k];
-    if (!f) f = std::make_unique<PlacedFile>(dir / files_[static_cast<size_t>(k)].name);
-    return *f;
-  };
-  const size_t elem = dtype_size(record_);
-  const std::vector<ParamInfo>& params = layout_.params();
+  Writer out(*this, dir, staging);
+  out.weights(runs, record, record_begin);
+  for (size_t s = 0; s < state.data.size(); ++s)
+    if (state.data[s]) out.state(s, state.runs[s], state.data[s], 0);
+  out.finish();
+}
+
+LayoutFiles::Writer::Writer(const LayoutFiles& files, fs::path dir, const Tensor& staging)
+    : files_(files), dir_(std::move(dir)), staging_(staging) {}
+
+LayoutFiles::Writer::~Writer() = default;
+
+PlacedFile& LayoutFiles::Writer::file(int k) {
+  auto& f = opened_[k];
+  if (!f) f = std::make_unique<PlacedFile>(dir_ / files_.files_[static_cast<size_t>(k)].name);
+  return *f;
+}
+
+void LayoutFiles::Writer::finish() {
+  for (auto& [k, f] : opened_) f->finish();
+  opened_.clear();
+}
+
+void LayoutFiles::Writer::weights(const std::vector<SliceRun>& runs, const void* record,
+                                  int64_t record_begin) {
+  const size_t elem = dtype_size(files_.record_);
+  const std::vector<ParamInfo>& params = files_.layout_.params();
+  const std::vector<Place>& places = files_.params_;
   const auto* rec = static_cast<const std::byte*>(record);
   const int64_t staging_elems =
-      staging.defined() ? static_cast<int64_t>(staging.nbytes() / elem) : 0;
+      staging_.defined() ? static_cast<int64_t>(staging_.nbytes() / elem) : 0;
   // A transposed tensor's rectangles, merged while they continue one another (a row-parallel
   // slice is one run per row: its columns of every row, one rectangle).
   size_t rect_param = params.size();
@@ -240,13 +264,13 @@ void LayoutFiles::write(const fs::path& dir, const std::vector<SliceRun>& runs, 
     const ParamInfo& p = params[rect_param];
     MEMFIT_CHECK(staging_elems > 0, "checkpoint",
                  "a save of transposed tensors needs a staging buffer of at least one element");
-    PlacedFile& f = file(params_[rect_param].file);
+    PlacedFile& f = file(places[rect_param].file);
     if (elem == 4)
-      write_transposed(f, params_[rect_param].at, p.shape[0], rect,
-                       static_cast<uint32_t*>(staging.raw_data()), staging_elems);
+      write_transposed(f, places[rect_param].at, p.shape[0], rect,
+                       static_cast<uint32_t*>(staging_.raw_data()), staging_elems);
     else
-      write_transposed(f, params_[rect_param].at, p.shape[0], rect,
-                       static_cast<uint16_t*>(staging.raw_data()), staging_elems);
+      write_transposed(f, places[rect_param].at, p.shape[0], rect,
+                       static_cast<uint16_t*>(staging_.raw_data()), staging_elems);
     rect = Rect{};
   };
   auto add_rect = [&](size_t i, const Rect& r) {
@@ -270,13 +294,13 @@ void LayoutFiles::write(const fs::path& dir, const std::vector<SliceRun>& runs, 
     for (; i < params.size() && params[i].offset < run.whole + run.n; ++i) {
       const ParamInfo& p = params[i];
       const int64_t a = std::max(run.whole, p.offset);
-      const int64_t b = std::min(run.whole + run.n, p.offset + stored_[i]);
+      const int64_t b = std::min(run.whole + run.n, p.offset + files_.stored_[i]);
       if (a >= b) continue;  // an alignment gap, or padding rows alone
       const std::byte* src =
           rec + static_cast<size_t>(run.local + (a - run.whole) - record_begin) * elem;
-      if (!hf_param_transposed(config_, p)) {
-        file(params_[i].file)
-            .write_at(params_[i].at + static_cast<uint64_t>(a - p.offset) * elem, src,
+      if (!hf_param_transposed(files_.config_, p)) {
+        file(places[i].file)
+            .write_at(places[i].at + static_cast<uint64_t>(a - p.offset) * elem, src,
                       static_cast<size_t>(b - a) * elem);
         continue;
       }
@@ -305,17 +329,23 @@ void LayoutFiles::write(const fs::path& dir, const std::vector<SliceRun>& runs, 
     }
   }
   flush();
-  // The state: the whole state tensors, each run straight to its place.
-  for (size_t s = 0; s < state.data.size(); ++s) {
-    if (!state.data[s]) continue;
-    const auto* src = static_cast<const std::byte*>(state.data[s]);
-    const size_t es = state_bytes_[s];
-    for (const SliceRun& run : state.runs[s])
-      file(state_[s].file)
-          .write_at(state_[s].at + static_cast<uint64_t>(run.whole) * es,
-                    src + static_cast<size_t>(run.local) * es, static_cast<size_t>(run.n) * es);
+}
+
+// The state: the whole state tensors (state runs, optim/state_runs.h), each run straight to its
+// place.
+void LayoutFiles::Writer::state(size_t spec, const std::vector<SliceRun>& runs, const void* src,
+                                int64_t begin) {
+  MEMFIT_CHECK(spec < files_.state_.size(), "checkpoint", "state {} of a save of {}", spec,
+               files_.state_.size());
+  const auto* from = static_cast<const std::byte*>(src);
+  const size_t es = files_.state_bytes_[spec];
+  const Place& place = files_.state_[spec];
+  for (const SliceRun& run : runs) {
+    if (run.whole < 0 || run.n == 0) continue;
+    file(place.file).write_at(place.at + static_cast<uint64_t>(run.whole) * es,
+                              from + static_cast<size_t>(run.local - begin) * es,
+                              static_cast<size_t>(run.n) * es);
   }
-  for (auto& [k, f] : opened) f->finish();
 }
 
 LayoutFiles::StateParts save_state_parts(const Optimizer& mine, const Optimizer& whole,
@@ -341,31 +371,49 @@ LayoutFiles::StateParts save_state_parts(const Optimizer& mine, const Optimizer&
   return parts;
 }
 
+LayoutStateReader::LayoutStateReader(const fs::path& dir, const Optimizer& optimizer,
+                                     const Optimizer& whole_optimizer, std::vector<SliceRun> runs,
+                                     ElementRange mine)
+    : saved_(dir, whole_optimizer, whole_range(whole_optimizer.layout())),  // checked here
+      runs_(state_layout_runs(optimizer, whole_optimizer, runs_within(runs, mine),
+                              StateRunUse::load)) {
+  const std::vector<StateSpec>& specs = optimizer.whole_state_specs();
+  const std::vector<ElementRange> extents = optimizer.state_extents(mine);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (const SliceRun& r : runs_[i])
+      MEMFIT_CHECK(r.local >= extents[i].begin && r.local + r.n <= extents[i].end, "checkpoint",
+                   "'{}' state '{}' [{}, {}) is outside the range's [{}, {})", optimizer.name(),
+                   specs[i].name, r.local, r.local + r.n, extents[i].begin, extents[i].end);
+    elem_bytes_.push_back(dtype_size(specs[i].dtype));
+  }
+}
+
+void LayoutStateReader::read(size_t spec, ElementRange local, void* dst) const {
+  auto* out = static_cast<std::byte*>(dst);
+  const size_t es = elem_bytes_.at(spec);
+  std::memset(out, 0, static_cast<size_t>(local.size()) * es);
+  for (const SliceRun& r : runs_within(runs_.at(spec), local))
+    saved_.read(spec, {r.whole, r.whole + r.n}, out + static_cast<size_t>(r.local - local.begin) * es);
+}
+
 void load_optimizer_state_by_layout(const fs::path& dir, Optimizer& optimizer,
                                     const Optimizer& whole_optimizer,
                                     const std::vector<SliceRun>& runs) {
-  const ElementRange whole = whole_range(whole_optimizer.layout());
-  const SavedOptimizerState saved(dir, whole_optimizer, whole);  // everything checked here
-  const std::vector<StateSpec>& specs = optimizer.whole_state_specs();
   const ElementRange mine = optimizer.range();
+  const LayoutStateReader saved(dir, optimizer, whole_optimizer, runs, mine);  // all checked
+  const std::vector<StateSpec>& specs = optimizer.whole_state_specs();
   const std::vector<ElementRange> extents = optimizer.state_extents(mine);
-  const std::vector<std::vector<SliceRun>> state_runs =
-      state_layout_runs(optimizer, whole_optimizer, runs_within(runs, mine), StateRunUse::load);
   std::map<std::string, Tensor> tensors;
   for (auto& [n, t] : optimizer.state()) tensors.emplace(n, t);
   for (size_t i = 0; i < specs.size(); ++i) {
     auto t = tensors.find(specs[i].name);
     if (t == tensors.end()) continue;  // an empty slice
-    auto* dst = static_cast<std::byte*>(t->second.raw_data());
-    const size_t es = dtype_size(specs[i].dtype);
-    std::memset(dst, 0, t->second.nbytes());
-    for (const SliceRun& r : state_runs[i]) {
-      MEMFIT_CHECK(r.local >= extents[i].begin && r.local + r.n <= extents[i].end, "checkpoint",
-                   "'{}' state '{}' [{}, {}) is outside the range's [{}, {})", optimizer.name(),
-                   specs[i].name, r.local, r.local + r.n, extents[i].begin, extents[i].end);
-      saved.read(i, {r.whole, r.whole + r.n},
-                 dst + static_cast<size_t>(r.local - extents[i].begin) * es);
-    }
+    MEMFIT_CHECK(t->second.nbytes() >= static_cast<size_t>(extents[i].size()) *
+                                           dtype_size(specs[i].dtype),
+                 "checkpoint", "'{}' state '{}' holds {} bytes for [{}, {})", optimizer.name(),
+                 specs[i].name, t->second.nbytes(), extents[i].begin, extents[i].end);
+    std::memset(t->second.raw_data(), 0, t->second.nbytes());
+    saved.read(i, extents[i], t->second.raw_data());
     saved.release(i);
   }
   optimizer.set_steps_taken(saved.steps_taken());

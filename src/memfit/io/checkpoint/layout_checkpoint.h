@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,10 +21,13 @@
 #include "memfit/memory/tensor.h"
 #include "memfit/model/model_config.h"
 #include "memfit/model/param_layout.h"
+#include "memfit/io/checkpoint/zero_checkpoint.h"
 #include "memfit/model/tensor_slices.h"
 #include "memfit/optim/optimizer.h"
 
 namespace memfit::io {
+
+class PlacedFile;  // a file of the save opened for positioned writes (layout_checkpoint.cpp)
 
 class LayoutFiles {
  public:
@@ -58,6 +63,35 @@ class LayoutFiles {
   void write(const std::filesystem::path& dir, const std::vector<SliceRun>& runs,
              const void* record, int64_t record_begin, const StateParts& state,
              const Tensor& staging) const;
+
+  // What write() does, in parts: a rank whose weights of record or state are not in RAM at once
+  // (--offload-optimizer: each piece streamed from its file through the ring) writes each
+  // part's runs as it has it. `runs` as write()'s, each part's runs_within its range; the
+  // files are opened as a part first needs them and fsynced by finish().
+  class Writer {
+   public:
+    Writer(const LayoutFiles& files, std::filesystem::path dir, const Tensor& staging);
+    Writer(const Writer&) = delete;
+    Writer& operator=(const Writer&) = delete;
+    ~Writer();
+    // The weights of record's elements `runs` name, from `record` (element 0 local element
+    // `record_begin`).
+    void weights(const std::vector<SliceRun>& runs, const void* record, int64_t record_begin);
+    // Whole state spec `spec`'s elements `runs` name (state runs: optim/state_runs.h, local a
+    // position in the rank's state tensor, Optimizer::state_extents), from `src` (element 0
+    // local element `begin`).
+    void state(size_t spec, const std::vector<SliceRun>& runs, const void* src, int64_t begin);
+    void finish();
+
+   private:
+    PlacedFile& file(int k);
+    const LayoutFiles& files_;
+    std::filesystem::path dir_;
+    const Tensor& staging_;
+    std::map<int, std::unique_ptr<PlacedFile>> opened_;
+  };
+  // The number of whole state specs a save writes (0 without an optimizer).
+  size_t state_count() const { return state_.size(); }
 
   // One rank, after every write(): the files renamed from `from` into `to` (the staging
   // directory beside the save into the atomic save's temporary directory: a
@@ -102,5 +136,31 @@ LayoutFiles::StateParts save_state_parts(const Optimizer& mine, const Optimizer&
 void load_optimizer_state_by_layout(const std::filesystem::path& dir, Optimizer& optimizer,
                                     const Optimizer& whole_optimizer,
                                     const std::vector<SliceRun>& runs);
+
+// The saved optimizer state of a rank's range `mine`, whatever layout saved it, a part at a time
+// (--offload-optimizer: each piece read into a ring slot): `optimizer` (over the rank's layout;
+// allocated or not: its name, whole state specs and state_extents are read) and
+// `whole_optimizer` (the same optimizer over the whole layout, unallocated) checked against the
+// save (SavedOptimizerState over the whole layout) and their state runs mapped
+// (optim/state_runs.h, StateRunUse::load) before a byte is read: IoError or Error otherwise.
+// Element l of the rank's layout is element `whole` of `runs` (whole_layout_runs).
+class LayoutStateReader {
+ public:
+  LayoutStateReader(const std::filesystem::path& dir, const Optimizer& optimizer,
+                    const Optimizer& whole_optimizer, std::vector<SliceRun> runs,
+                    ElementRange mine);
+  int64_t steps_taken() const { return saved_.steps_taken(); }
+  // State spec `spec`'s state elements `local` (Optimizer::state_extents positions, inside
+  // `mine`'s) into `dst`, in the state's dtype; zeros where no run (--tp's padding rows,
+  // alignment gaps).
+  void read(size_t spec, ElementRange local, void* dst) const;
+  // Done with state spec `spec` (SavedOptimizerState::release).
+  void release(size_t spec) const { saved_.release(spec); }
+
+ private:
+  SavedOptimizerState saved_;
+  std::vector<std::vector<SliceRun>> runs_;  // per whole state spec (state_layout_runs)
+  std::vector<size_t> elem_bytes_;
+};
 
 }  // namespace memfit::io
