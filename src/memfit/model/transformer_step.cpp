@@ -80,7 +80,11 @@ void TransformerStep::block_forward(StepContext& ctx, PhaseKind kind, int l,
                                     const ModelWeights& w, const ModelWeights& g,
                                     bool training) {
   ctx.enter(kind, l);
-  BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], g.blocks[l]);
+  // A forward alone (a pipeline stage's forward before it sends, evaluation) may be given no
+  // gradient views: a forward reads none, and g.blocks[l] of an empty list is undefined.
+  static const BlockWeights kNoGrads{};
+  const BlockWeights& gl = static_cast<size_t>(l) < g.blocks.size() ? g.blocks[l] : kNoGrads;
+  BlockStep s(ctx, config_, options_, B_, T_, l, slots_, w.blocks[l], gl);
   if (training) s.lora_dropout = lora_dropout();  // evaluation runs without (Note [LoRA])
   compute_.block_forward(s);
   // --act-compress: what this block keeps, once its kernels have run (Note [Activation
