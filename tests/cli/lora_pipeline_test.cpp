@@ -4,7 +4,7 @@
 // adds each block's part in block order as one process does, so 1F1B and GPipe over 2 and 4
 // stages give one process's losses, gradient norms and validation losses bit for bit (GPT-2 and
 // LLaMA), and a save at --pp 2 is one process's save byte for byte (the adapters, their
-// optimizer state, the base); --pp 2 x --tp 2 within 1e-6. `memfit plan` is every stage's
+// optimizer state, the base); --pp 2 x --tp 2 within 1e-6 (the norms 3e-6). `memfit plan` is every stage's
 // measured peak by category. Skips where memfit was built without MPI.
 #include <string>
 
@@ -39,9 +39,12 @@ TEST_F(LoraPipeline, StagesGiveOneProcesssNumbersBitForBit) {
       expect_close(ref, train(4, s + " --pp 4", "pp4"), {"loss", "grad_norm", "val_loss"}, 0,
                    fmt::format("{} --pp 4 {}", model, schedule));
     }
-    // Stages of tensor groups: the tensor group's sums add in another order.
-    expect_close(ref, train(4, a + " --pp 2 --tp 2", "pp2tp2"), {"loss", "grad_norm", "val_loss"},
-                 1e-6, fmt::format("{} --pp 2 --tp 2", model));
+    // Stages of tensor groups: the tensor group's sums add in another order; the norms, sums of
+    // squares over every adapter, within 3e-6 as the base's pp x tp norms are (1.9e-6 in the
+    // sanitizer build's AVX2 kernels, gpt2-tiny, step 3).
+    const std::vector<json> tp = train(4, a + " --pp 2 --tp 2", "pp2tp2");
+    expect_close(ref, tp, {"loss", "val_loss"}, 1e-6, fmt::format("{} --pp 2 --tp 2", model), 6);
+    expect_close(ref, tp, {"grad_norm"}, 3e-6, fmt::format("{} --pp 2 --tp 2", model), 4);
   }
 }
 
