@@ -260,7 +260,10 @@ class Reader {
     if (it == root.end() || it->is_null() || !it->is_object()) return;
     // Only where the document token comes from (hf_tokenizer.h); memfit's encode adds no
     // template tokens, as transformers.js's encode(text, {add_special_tokens: false}).
-    if (it->value("type", "") != "TemplateProcessing") return;
+    // (A "type" that is not a string is not TemplateProcessing: value() would throw json's own
+    // type_error, not an Error naming the file; found by the hf_tokenizer fuzzer.)
+    const auto type = it->find("type");
+    if (type == it->end() || !type->is_string() || *type != "TemplateProcessing") return;
     auto single = it->find("single");
     if (single == it->end() || !single->is_array()) return;
     for (const json& item : *single) {
