@@ -477,7 +477,8 @@ void OffloadedOptimizer::save_shard(const fs::path& file, const Tensor& weights,
   writer.write(file);
 }
 
-void OffloadedOptimizer::load_state(const io::SavedOptimizerState& saved) {
+template <class Saved>
+void OffloadedOptimizer::load_state_pieces(const Saved& saved) {
   const size_t first_state = master_ ? 1 : 0;
   for (size_t i = first_state; i < layout_.tensors.size(); ++i) {
     const OffloadTensor& t = layout_.tensors[i];
@@ -489,16 +490,12 @@ void OffloadedOptimizer::load_state(const io::SavedOptimizerState& saved) {
   set_steps_taken(saved.steps_taken());
 }
 
+void OffloadedOptimizer::load_state(const io::SavedOptimizerState& saved) {
+  load_state_pieces(saved);
+}
+
 void OffloadedOptimizer::load_state(const io::LayoutStateReader& saved) {
-  const size_t first_state = master_ ? 1 : 0;
-  for (size_t i = first_state; i < layout_.tensors.size(); ++i) {
-    const OffloadTensor& t = layout_.tensors[i];
-    stream(i, IoRequest::Op::write, [&](size_t u, char* buf, size_t) {
-      saved.read(i - first_state, t.extents[u], buf);
-    });
-    saved.release(i - first_state);
-  }
-  set_steps_taken(saved.steps_taken());
+  load_state_pieces(saved);
 }
 
 void OffloadedOptimizer::read_state_to(

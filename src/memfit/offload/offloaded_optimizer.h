@@ -189,6 +189,9 @@ class OffloadedOptimizer final : public UnitStateStream {
   std::vector<IoWait> take_waits() { return std::exchange(waits_, {}); }
 
  private:
+  // Both load_state overloads: each state tensor streamed from `saved` into the file.
+  template <class Saved>
+  void load_state_pieces(const Saved& saved);
   // Tensor i of unit u: its part of ring slot s as a typed view, and the file request.
   Tensor slot_view(int slot, size_t tensor, size_t unit) const;
   IoRequest request(IoRequest::Op op, int slot, size_t tensor, size_t unit) const;
