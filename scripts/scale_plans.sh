@@ -136,6 +136,37 @@ if c:
                f"Peak at: {d['peak_phase']}.")
 else:
     out.append(f"Peak at: {d['peak_phase']}.")
+# The tensor group's collectives (each stage's under --pp: the stages' figures differ by their
+# blocks, the embeddings and the head) and the pipeline's transfers, when the layout has them.
+def size(b):
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"
+def tensor_line(t):
+    parts = [f"all-reduce {size(t['all_reduce'])} in {t['all_reduce_count']}"]
+    if "reduce_scatter" in t:
+        parts.append(f"reduce-scatter {size(t['reduce_scatter'])} in "
+                     f"{t['reduce_scatter_count']} (their inputs)")
+    parts.append(f"gathers {size(t['gathered'])} (the rank's parts)")
+    return ", ".join(parts)
+tensor = []  # ([stages], line)
+for st in d.get("stages", []):
+    if "tensor_comm_per_step" in st:
+        line = tensor_line(st["tensor_comm_per_step"])
+        if tensor and tensor[-1][1] == line: tensor[-1][0].append(st["stage"])
+        else: tensor.append(([st["stage"]], line))
+if not tensor and "tensor_comm_per_step" in d:
+    tensor.append(([], tensor_line(d["tensor_comm_per_step"])))
+if tensor:
+    def label(s):
+        return "" if not s else (f"stage {s[0]}: " if len(s) == 1 else f"stages {s[0]}-{s[-1]}: ")
+    out.append("")
+    out.append("The tensor group a step, a rank (calls): " +
+               "; ".join(label(s) + line for s, line in tensor) + ".")
+pt = d.get("pipeline_time")
+if pt:
+    out.append("")
+    out.append(f"Pipeline transfers a step: {size(pt['p2p_bytes_per_step'])} each way at "
+               f"each cut ({size(pt['p2p_bytes'])} a micro-batch); the bubble "
+               f"{pt['bubble_fraction']:.3f} of the micro-batches' time.")
 out.append(f"<!-- scale_plans {name} end -->")
 print("\n".join(out))
 PY

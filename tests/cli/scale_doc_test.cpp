@@ -2,7 +2,8 @@
 // 405B over 128 ranks) with tables that scripts/scale_plans.sh writes from `memfit plan --json`.
 // These tests rerun every plan that takes no search (the searches take seconds to minutes and
 // their choice depends on this CPU's calibration), each with the command line the doc prints
-// above its table, and check every figure of the table and of its collectives line, so the doc
+// above its table, and check every figure of the table and of its collectives lines (the data
+// group's, the tensor group's, the pipeline's transfers), so the doc
 // cannot drift from the planner: when one fails, rerun `bash scripts/scale_plans.sh` and reread
 // the prose beside the table.
 #include <gtest/gtest.h>
@@ -30,6 +31,25 @@ const char* const kCategories[] = {"params",      "master",    "grads", "optimiz
                                    "activations", "workspace", "comm",  "staging"};
 
 std::string gib(double bytes) { return fmt::format("{:.2f}", bytes / (1024.0 * 1024 * 1024)); }
+
+// scale_plans.sh's sizes in the tensor group's and the pipeline's lines: GiB from 1 GiB, else MiB.
+std::string size(double bytes) {
+  return bytes >= 1024.0 * 1024 * 1024 ? gib(bytes) + " GiB"
+                                       : fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024));
+}
+
+// The figures of one tensor group's line (a stage's, or the run's), as the script writes them.
+std::vector<std::string> tensor_figures(const nlohmann::json& t) {
+  std::vector<std::string> f = {
+      fmt::format("all-reduce {} in {}", size(t["all_reduce"].get<double>()),
+                  t["all_reduce_count"].get<int64_t>()),
+      fmt::format("gathers {} (the rank's parts)", size(t["gathered"].get<double>()))};
+  if (t.contains("reduce_scatter"))
+    f.push_back(fmt::format("reduce-scatter {} in {} (their inputs)",
+                            size(t["reduce_scatter"].get<double>()),
+                            t["reduce_scatter_count"].get<int64_t>()));
+  return f;
+}
 
 // The block between the doc's markers for `name`, or "" when there is none.
 std::string block_of(const std::string& doc, const std::string& name) {
@@ -113,6 +133,26 @@ class ScaleDoc : public BinaryTest {
       EXPECT_NE(block.find(line), std::string::npos)
           << "docs/scale.md's " << name << " lacks: " << line << regenerate;
     }
+    // The tensor group's collectives (each stage's under --pp) and the pipeline's transfers.
+    std::vector<std::string> lines;
+    if (plan.contains("stages")) {
+      for (const auto& st : plan["stages"])
+        if (st.contains("tensor_comm_per_step"))
+          for (const std::string& f : tensor_figures(st["tensor_comm_per_step"]))
+            lines.push_back(f);
+    } else if (plan.contains("tensor_comm_per_step")) {
+      lines = tensor_figures(plan["tensor_comm_per_step"]);
+    }
+    if (plan.contains("pipeline_time")) {
+      const auto& t = plan["pipeline_time"];
+      lines.push_back(fmt::format("{} each way at each cut ({} a micro-batch); the bubble {:.3f}",
+                                  size(t["p2p_bytes_per_step"].get<double>()),
+                                  size(t["p2p_bytes"].get<double>()),
+                                  t["bubble_fraction"].get<double>()));
+    }
+    for (const std::string& line : lines)
+      EXPECT_NE(block.find(line), std::string::npos)
+          << "docs/scale.md's " << name << " lacks: " << line << regenerate;
     const std::string phase = "Peak at: " + plan["peak_phase"].get<std::string>() + ".";
     EXPECT_NE(block.find(phase), std::string::npos) << name << ": " << phase << regenerate;
   }
