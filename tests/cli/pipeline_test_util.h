@@ -24,11 +24,14 @@ class PipelineBinaryTest : public MpiBinaryTest {
   using json = nlohmann::json;
   explicit PipelineBinaryTest(uint32_t seed) : MpiBinaryTest(seed) {}
 
-  // The run's options: LLaMA tiny unless `more` names a model; four blocks, 32 tokens, batch 2.
+  // The run's options: LLaMA tiny unless `more` names a model; four blocks unless it gives
+  // --n-layer, 32 tokens, batch 2.
   std::string args(const std::string& more) const {
     const bool model = more.find("--model") != std::string::npos;
-    return fmt::format("{}--n-layer 4 --seq-len 32 --batch 2 --threads 1 --data '{}' {}",
-                       model ? "" : "--model llama-tiny ", (dir / "data").string(), more);
+    const bool layers = more.find("--n-layer") != std::string::npos;
+    return fmt::format("{}{}--seq-len 32 --batch 2 --threads 1 --data '{}' {}",
+                       model ? "" : "--model llama-tiny ", layers ? "" : "--n-layer 4 ",
+                       (dir / "data").string(), more);
   }
   std::vector<json> lines(const std::filesystem::path& log) const {
     std::vector<json> out;

@@ -228,6 +228,32 @@ TEST(PipelineTime, TheAutoCutGivesAHeavyHeadFewerBlocksAndIsTheFastest) {
   EXPECT_LE(three.stages[2].blocks(), three.stages[0].blocks()) << three.why;
 }
 
+// Interleaved (Note [Pipeline parallel], "Interleaved"): auto balances the P x V chunks, each
+// priced as a stage of its own, so the head's chunk (the last virtual stage) gets fewer blocks
+// than the even split's; the cut is the P x V chunks' and keeps checkpoint segments whole.
+TEST(PipelineTime, TheInterleavedAutoCutBalancesTheChunks) {
+  TrainConfig c = pipe_config(8, 2, 32000);
+  c.pp_schedule = "interleaved";
+  c.pp_virtual = 2;
+  const RunSpec spec = resolve_run(c);
+  ASSERT_TRUE(spec.pp_layers_auto);
+  const StageSplit split = balance_stages(spec);
+  ASSERT_EQ(split.stages.size(), 4u) << split.why;
+  EXPECT_FALSE(split.by_memory);
+  EXPECT_NE(split.why.find("slowest chunk"), std::string::npos) << split.why;
+  int blocks = 0;
+  for (const PipelineStage& s : split.stages) {
+    EXPECT_GE(s.blocks(), 1) << split.why;
+    blocks += s.blocks();
+  }
+  EXPECT_EQ(blocks, 8);
+  for (size_t v = 0; v + 1 < split.stages.size(); ++v)
+    EXPECT_LT(split.stages[3].blocks(), split.stages[v].blocks()) << split.why;
+  c.ckpt = "every:2";
+  for (const PipelineStage& s : balance_stages(resolve_run(c)).stages)
+    EXPECT_EQ(s.first % 2, 0) << describe_stages(balance_stages(resolve_run(c)).stages);
+}
+
 // Cuts lie between checkpoint segments: every:2 over 8 blocks cuts only at even blocks.
 TEST(PipelineTime, TheAutoCutKeepsCheckpointSegmentsWhole) {
   TrainConfig c = pipe_config(8, 2, 32000);

@@ -254,13 +254,14 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                   "pp - s); both give one process's bits with the same --grad-accum; or "
                   "interleaved (Megatron's interleaved 1F1B over --pp-virtual chunks a rank: a "
                   "bubble --pp-virtual times smaller, more inputs kept; --grad-accum a multiple "
-                  "of --pp; fp32, bf16 or fp16, ZeRO 0-3, --tp), also one process's "
-                  "bits")
+                  "of --pp; fp32, bf16, fp16 or fp8, every --optim, --act-compress, "
+                  "--lora-rank, ZeRO 0-3, --tp), also one process's bits")
       ->capture_default_str();
   cmd->add_option("--pp-virtual", c.pp_virtual,
                   "With --pp-schedule interleaved: chunks a rank (virtual stages), 2 or more; "
                   "the blocks are cut into --pp x --pp-virtual chunks, rank r holding chunks r, "
-                  "r + pp, ... (--pp-layers gives each chunk's count)")
+                  "r + pp, ... (--pp-layers gives each chunk's count; auto balances the "
+                  "chunks)")
       ->capture_default_str();
   cmd->add_option("--link", c.links,
                   "A link the step-time estimate prices transfers on, repeatable: intra=BW,LAT "

@@ -62,6 +62,31 @@ std::pair<std::vector<Link>, std::vector<bool>> cut_links(const RunSpec& spec) {
   return {cuts, inter};
 }
 
+// Interleaved: the wrap from the last stage to the first appended as cut P - 1. A pipeline
+// group's ranks increase with the stage, so its ends lie on two nodes exactly where some cut
+// between them does.
+void add_wrap(std::vector<Link>& cuts, std::vector<bool>& inter) {
+  const auto any = std::find(inter.begin(), inter.end(), true);
+  cuts.push_back(any != inter.end() ? cuts[static_cast<size_t>(any - inter.begin())]
+                                    : cuts.front());
+  inter.push_back(any != inter.end());
+}
+
+// Interleaved: virtual stage v's transfers a micro-batch (of N = P x V), priced on its receiver
+// as stage_receives does: its input from v - 1 and its output's gradient from v + 1, each on
+// the cut between their ranks (rank v mod P; between rank P - 1 and rank 0 the wrap, cut P - 1
+// of `cuts` with add_wrap's).
+double chunk_receives(int v, int P, int N, int64_t boundary, const std::vector<Link>& cuts,
+                      const Calibration& rates) {
+  auto on = [&](int cut) {
+    return link_seconds(cuts[static_cast<size_t>(cut)], double(boundary), 1, rates);
+  };
+  double t = 0;
+  if (v > 0) t += on((v - 1) % P);
+  if (v + 1 < N) t += on(v % P);
+  return t;
+}
+
 // What each rank sends across a cut per micro-batch, as the runner sizes it (under --tp each
 // tensor rank its own copy; with --sp its rows alone).
 int64_t boundary_bytes(const RunSpec& spec) {
@@ -84,14 +109,7 @@ PipelineTime pipeline_time(const std::vector<StepTime>& stages, int micro_batche
   if (V > 1) check_interleaved(P, V, micro_batches);
   std::vector<Link> cuts = cuts_in;
   std::vector<bool> inter = inter_in;
-  if (V > 1) {
-    // The wrap from the last stage to the first: a pipeline group's ranks increase with the
-    // stage, so its ends lie on two nodes exactly where some cut between them does.
-    const auto any = std::find(inter.begin(), inter.end(), true);
-    cuts.push_back(any != inter.end() ? cuts[static_cast<size_t>(any - inter.begin())]
-                                      : cuts.front());
-    inter.push_back(any != inter.end());
-  }
+  if (V > 1) add_wrap(cuts, inter);
   PipelineTime t;
   t.stages = P;
   t.micro_batches = micro_batches;
@@ -181,7 +199,10 @@ std::vector<int> least_largest(int P, int L, const std::vector<bool>& allowed, C
 }  // namespace
 
 StageSplit balance_stages(const RunSpec& spec) {
-  const int P = spec.pp(), L = spec.model.n_layer, m = spec.grad_accum;
+  // Under --pp-schedule interleaved the pieces are the P x V chunks, each balanced as a stage
+  // of its own (Note [Pipeline parallel], "Interleaved": "--pp-layers auto").
+  const int P = spec.pp(), V = spec.pipe_virtual, N = P * V, L = spec.model.n_layer,
+            m = spec.grad_accum;
   MEMFIT_CHECK(P > 1, "pp-layers", "a balanced cut of one stage");
   const Calibration& rates = machine_calibration();
   // Cut only between checkpoint segments: each stage recomputes from inputs it holds.
@@ -189,38 +210,46 @@ StageSplit balance_stages(const RunSpec& spec) {
   std::vector<bool> allowed(static_cast<size_t>(L) + 1, true);
   for (const auto& [a, b] : segments)
     for (int c = a + 1; c <= b; ++c) allowed[static_cast<size_t>(c)] = false;
-  const std::vector<Link> cuts = cut_links(spec).first;  // (lambdas capture no bindings)
+  std::vector<Link> cuts;  // (lambdas capture no structured bindings)
+  std::vector<bool> inter;
+  std::tie(cuts, inter) = cut_links(spec);
+  if (V > 1) add_wrap(cuts, inter);
   const int64_t boundary = boundary_bytes(spec);
-  auto pipe_bytes = [&](int index) {
+  // A stage's kept inputs and transfer buffers (1F1B, GPipe); an interleaved chunk's plan has
+  // none (they are its rank's, over its chunks: plan/interleaved_plan.h).
+  auto pipe_bytes = [&](int index) -> int64_t {
+    if (V > 1) return 0;
     const dist::PipelineBuffers b =
         dist::pipeline_buffers(spec.pipe_schedule, index, P, m, boundary);
     return b.activations + b.comm;
   };
 
-  // Plans by kind of stage (0 first, 1 middle, 2 last), block count and the segments within
-  // (relative to the stage's first block).
+  // Plans by kind of piece (0 first, 1 middle, 2 last), block count and the segments within
+  // (relative to the piece's first block).
   using Key = std::tuple<int, int, std::vector<std::pair<int, int>>>;
   std::map<Key, Probe> probes;
   auto probe = [&](int s, int i, int j) -> const Probe& {
-    const int kind = s == 0 ? 0 : s == P - 1 ? 2 : 1;
+    const int kind = s == 0 ? 0 : s == N - 1 ? 2 : 1;
     std::vector<std::pair<int, int>> within;
     for (const auto& [a, b] : segments)
       if (a >= i && b < j) within.emplace_back(a - i, b - i);
     Key key{kind, j - i, std::move(within)};
     const auto found = probes.find(key);
     if (found != probes.end()) return found->second;
-    const int index = kind == 0 ? 0 : kind == 2 ? P - 1 : 1;
+    const int index = kind == 0 ? 0 : kind == 2 ? N - 1 : 1;
     RunSpec run = spec;
-    run.model.set_pipeline_stage({index, P, i, j});
+    run.model.set_pipeline_stage({index, N, i, j});
     const PlanReport r = plan_training(run);
     Probe p{r.step_time, static_cast<int64_t>(r.peak_bytes), pipe_bytes(index)};
     return probes.emplace(std::move(key), p).first->second;
   };
+  // A piece's step as if the whole pipeline ran at its pace: 1F1B's m + p - 1 slots of a
+  // stage's micro-batch, interleaved's m V + p - 1 of a chunk's (pipeline_time).
   auto stage_step = [&](int s, int i, int j) {
     const StepTime& t = probe(s, i, j).time;
-    return (m + P - 1) *
-               (t.micro_batches() / m + stage_receives(s, P, 1, boundary, cuts, rates)) +
-           (t.total() - t.micro_batches());
+    const double receives = V > 1 ? chunk_receives(s, P, N, boundary, cuts, rates)
+                                  : stage_receives(s, P, 1, boundary, cuts, rates);
+    return (m * V + P - 1) * (t.micro_batches() / m + receives) + (t.total() - t.micro_batches());
   };
   auto stage_peak = [&](int s, int i, int j) {
     const Probe& p = probe(s, i, j);
@@ -229,7 +258,7 @@ StageSplit balance_stages(const RunSpec& spec) {
   auto largest = [&](const std::vector<int>& counts, auto cost) {
     double most = 0;
     int at = 0, first = 0;
-    for (int s = 0; s < P; ++s) {
+    for (int s = 0; s < N; ++s) {
       const int last = first + counts[static_cast<size_t>(s)];
       const double c = cost(s, first, last);
       if (c > most) most = c, at = s;
@@ -239,13 +268,16 @@ StageSplit balance_stages(const RunSpec& spec) {
   };
 
   StageSplit out;
-  const std::vector<int> by_time = least_largest(P, L, allowed, stage_step);
+  const std::vector<int> by_time = least_largest(N, L, allowed, stage_step);
   out.stages = stages_from_counts(by_time);
   const auto [slowest, slowest_at] = largest(by_time, stage_step);
-  out.why = fmt::format("--pp-layers auto: blocks {}, the cut whose slowest stage's estimated "
-                        "step is least (stage {}, {:.3g} s)",
-                        describe_stages(out.stages), slowest_at, slowest);
-  if (spec.mem_limit == 0) return out;
+  out.why = fmt::format("--pp-layers auto: blocks {}, the cut whose slowest {}'s estimated "
+                        "step is least ({} {}, {:.3g} s)",
+                        describe_stages(out.stages), V > 1 ? "chunk" : "stage",
+                        V > 1 ? "virtual stage" : "stage", slowest_at, slowest);
+  // (Interleaved: a rank's bytes are its V chunks' together, which no contiguous cut of one
+  // piece prices; the plan says per rank whether it fits.)
+  if (spec.mem_limit == 0 || V > 1) return out;
   const auto [peak, peak_at] = largest(by_time, stage_peak);
   if (peak <= double(spec.mem_limit)) return out;
   const std::vector<int> by_bytes = least_largest(P, L, allowed, stage_peak);

@@ -85,7 +85,11 @@ PipelineTime plan_pipeline_time(const RunSpec& spec, const std::vector<PlanRepor
 // (`by_memory`). Each stage's time and bytes are planned (plan_training) once per kind of stage
 // (first, middle, last), block count and checkpoint segments within: blocks are alike, so a
 // stage's plan depends on nothing else but its index's kept inputs (dist::pipeline_buffers),
-// added exactly.
+// added exactly. Under --pp-schedule interleaved the pieces are the P x V chunks (spec.pipeline
+// holds that many), each priced as a stage of its own: the cut whose slowest chunk's step,
+// (m V + p - 1) x (its compute and receives a micro-batch) + its once-a-step part, is least (a
+// chunk is a slot of the interleaved schedule; a rank's chunks together are not a contiguous
+// piece a cut can balance); no memory fallback (a rank's bytes are its chunks' together).
 struct StageSplit {
   std::vector<PipelineStage> stages;
   bool by_memory = false;

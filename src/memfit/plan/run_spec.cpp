@@ -116,7 +116,9 @@ void refuse_lora_tensor_split(const RunSpec& spec) {
 void refuse_layout_state(const RunSpec& spec) {
   if (!(spec.saves || spec.resumed) || spec.lora.enabled() || (spec.model.tp <= 1 && spec.pp() == 1))
     return;
-  for (int s = 0; s < spec.pp(); ++s)
+  // Every stage's layout (interleaved: every chunk's, P x V of them; the head's is the last).
+  const int stages = spec.pp() > 1 ? static_cast<int>(spec.pipeline.size()) : 1;
+  for (int s = 0; s < stages; ++s)
     if (const std::optional<std::string> why =
             layout_state_refusal(spec.optim, spec.stage(s).model))
       MEMFIT_THROW(ConfigError, "config",
@@ -494,22 +496,18 @@ void RunSpec::check_interleaved_run() const {
   if (!interleaved()) return;
   const int P = pp();
   check_interleaved(P, pipe_virtual, grad_accum);
-  // (Each built for 1F1B and GPipe, untested over a rank's chunks: the chunks' optimizers,
-  // offload files and per-unit steps are made apart from the run's.)
-  const char* refused = precision.precision == Precision::fp8 ? "--precision fp8"
-                        : optim.name != "adamw" && optim.name != "sgd"
-                            ? "--optim other than adamw or sgd"
-                        : lora.enabled()                        ? "--lora-rank"
-                        : offload.optimizer || offload.params   ? "--offload-*"
+  // (Each built for 1F1B and GPipe, untested over a rank's chunks: the chunks' offload files
+  // and per-unit steps are made apart from the run's.)
+  const char* refused = offload.optimizer || offload.params   ? "--offload-*"
                         : update_in_backward                    ? "--update-in-backward"
                         : sync_every_micro_batch                ? "--sync-every-micro-batch"
-                        : act_compress != ActCompress::none     ? "--act-compress"
                                                                 : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
-                 "interleaved trains in fp32, bf16 or fp16 with AdamW or SGD, f32 or bf16 "
-                 "gradients, any ZeRO stage, with or without --tp (Note [Pipeline parallel], \"Interleaved\")",
+                 "interleaved trains in fp32, bf16, fp16 or fp8 with every optimizer, f32 or bf16 "
+                 "gradients, compressed activations or not, LoRA or not, any ZeRO stage, with or "
+                 "without --tp (Note [Pipeline parallel], \"Interleaved\")",
                  P, pipe_virtual, refused);
   if (static_cast<int>(pipeline.size()) != P * pipe_virtual)
     MEMFIT_THROW(ConfigError, "config",

@@ -104,7 +104,9 @@ class TrainRun {
   // LoRA's adapters and their optimizer state, whole in the files, this rank's slices under
   // --tp (train_run_lora.cpp; Note [LoRA], "Under --tp").
   void load_adapters(const std::filesystem::path& dir);
+  void load_adapters(const std::filesystem::path& dir, Transformer& gpt);
   void load_adapter_state(const std::filesystem::path& dir);
+  void load_adapter_state(const std::filesystem::path& dir, Transformer& gpt, Optimizer& opt);
   void gather_adapters();
   void save_adapters(const std::filesystem::path& dir);
   void load_offloaded_state();
@@ -130,6 +132,7 @@ class TrainRun {
     std::optional<dist::GradientSync> sync;
     std::optional<RankShards> shards;
   };
+  void place_optimizer(Optimizer& opt, Transformer& gpt);
   void make_chunks();
   int64_t chunks_widen_elements() const;
   void load_chunk_by_layout(Chunk& k);

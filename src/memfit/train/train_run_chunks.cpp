@@ -37,7 +37,13 @@ void TrainRun::make_chunks() {
     k->gpt.emplace(k->run.model, pool_, k->run.precision, std::move(state));
     // --tp: the tensor group and its buffers, lent once (make_model), before the weights.
     if (mc_.tp > 1) k->gpt->set_tensor_group(tensor_);
-    k->opt = make_optimizer(k->run.optim, k->gpt->layout(), &pool_, k->placement->owned());
+    // LoRA: the chunk's blocks' adapters, drawn from the whole model's (as the run's, make_model);
+    // its optimizer steps them alone.
+    if (spec_.lora.enabled()) k->gpt->add_lora(spec_.lora, settings_.seed);
+    k->opt = make_optimizer(k->run.optim,
+                            k->gpt->lora() ? k->gpt->lora()->param_layout() : k->gpt->layout(),
+                            &pool_, k->placement->owned());
+    place_optimizer(*k->opt, *k->gpt);  // its own APOLLO base (--tp: the tensor split)
     if (spec_.grad_dtype == DType::bf16) k->opt->set_grad_widen(grad_widen_);
     if (location_.dir.empty())
       k->gpt->init_weights(settings_.seed, piece_);
@@ -63,7 +69,7 @@ void TrainRun::prepare_chunks() {
   for (auto& k : chunks_) {
     k->gpt->reserve(B_, T_, k->run.activation_options());
     if (W_ > 1 && !k->zero.grads) {  // the slab's exchange, as chunk 0's (prepare_step)
-      Tensor& g = k->gpt->grads();
+      Tensor& g = k->gpt->lora() ? k->gpt->lora_grads() : k->gpt->grads();
       k->sync.emplace(comm_, pool_, std::span<float>(g.data<float>(), size_t(g.numel())),
                       spec_.bucket_bytes);
     }
@@ -125,7 +131,8 @@ double TrainRun::chunk_micro_batches(const StepLoss& step_loss) {
              micro_batch_loss(gpt, *train_data_, step_loss, /*training=*/true, loss_scale);
          if (is_last(c)) losses[static_cast<size_t>(m)] = loss;
          std::optional<dist::GradientSync>& sync = chunk_sync(c);
-         if (sync && m + 1 == M)
+         // (LoRA: the adapters' buckets all start in finish(), as in micro_batches.)
+         if (sync && !gpt.lora() && m + 1 == M)
            gpt.backward([&](int64_t from) { sync->final_from(from); });
          else
            gpt.backward();

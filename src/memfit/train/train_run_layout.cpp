@@ -177,7 +177,14 @@ void TrainRun::load_chunk_by_layout(Chunk& k) {
         });
       },
       piece_, {});
-  if (resume_) {
+  if (k.gpt->lora()) {  // the adapters and their optimizer's state, as load_or_init's
+    if (resume_) {
+      load_adapters(location_.dir, *k.gpt);
+      load_adapter_state(location_.dir, *k.gpt, *k.opt);
+    } else if (!settings_.checkpoint.lora_from.empty()) {
+      load_adapters(settings_.checkpoint.lora_from, *k.gpt);
+    }
+  } else if (resume_) {
     const WholeOptimizer w(k.run.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *k.opt, *w.opt, runs);
   }

@@ -249,17 +249,11 @@ void TrainRun::create_optimizer() {
   else
     opt_ = make_optimizer(spec_.optim, gpt_->lora() ? gpt_->lora()->param_layout() : gpt_->layout(),
                          &pool_, my_shard_);
-  // --tp: Adam-mini's row-parallel rows and 4-bit AdamW's rank-1 maxima taken over the tensor
-  // group in the update (optim/tensor_split.h); the other optimizers need nothing.
-  // Offloaded, each piece's optimizer takes it (its pieces are stepped in the same order on
-  // every rank of the group).
-  if (mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name)) {
-    if (opt_) set_tensor_split(*opt_, {gpt_->tensor_group(), slice_axes(mc_)});
-    if (off_) off_->set_tensor_split({gpt_->tensor_group(), slice_axes(mc_)});
-  }
-  // --pp: APOLLO draws each matrix's projection by its index in the whole model.
-  if (auto* apollo = dynamic_cast<Apollo*>(opt_.get()); apollo && mc_.pipelined())
-    apollo->set_param_index_base(first_param_index(mc_));
+  if (opt_) place_optimizer(*opt_, *gpt_);
+  // Offloaded, each piece's optimizer takes the tensor split (its pieces are stepped in the same
+  // order on every rank of the group).
+  if (off_ && mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name))
+    off_->set_tensor_split({gpt_->tensor_group(), slice_axes(mc_)});
   if (fused_ && off_) {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights
@@ -283,6 +277,20 @@ void TrainRun::create_optimizer() {
     if (gpt_->fp8_weights() && gpt_->whole_weights())
       fused_->set_stepped_hook([this](ElementRange part) { gpt_->refresh_working(part); });
   }
+}
+
+// What an optimizer over `gpt`'s layout needs of where that layout lies (the run's model, or
+// under --pp-schedule interleaved each chunk's, make_chunks). --tp: Adam-mini's row-parallel
+// rows and 4-bit AdamW's rank-1 maxima taken over the tensor group in the update
+// (optim/tensor_split.h); the other optimizers need nothing. --pp: APOLLO draws each matrix's
+// projection by its index in the whole model, from the stage's (or chunk's) first parameter:
+// a rank's chunks are not contiguous in the model, so each has its own base.
+void TrainRun::place_optimizer(Optimizer& opt, Transformer& gpt) {
+  const ModelConfig& c = gpt.config();
+  if (c.tp > 1 && !gpt.lora() && takes_tensor_split(spec_.optim.name))
+    set_tensor_split(opt, {gpt.tensor_group(), slice_axes(c)});
+  if (auto* apollo = dynamic_cast<Apollo*>(&opt); apollo && c.pipelined())
+    apollo->set_param_index_base(first_param_index(c));
 }
 
 // --disk-limit against every offload file of this rank, before the optimizer's are made.

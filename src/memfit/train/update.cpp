@@ -283,6 +283,7 @@ UpdateOutcome apply_update_chunks(const std::vector<ChunkUpdate>& chunks,
   std::vector<GradCheck> all;  // virtual stage by virtual stage: chunk 0 of every stage, ...
   for (const ChunkUpdate& c : chunks) {
     c.gpt->reduce_kv_replicas();        // as apply_update does, per chunk
+    c.gpt->reduce_lora_partials();
     c.gpt->reduce_sequence_partials();
     const std::vector<GradCheck> parts =
         gather_parts(pipeline, step_parts(*c.gpt, scaler, c.shards));

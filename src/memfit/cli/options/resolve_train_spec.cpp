@@ -286,9 +286,8 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
     set_pipeline_schedule(s, c);
     s.pipeline = split_stages(c.pp_layers, s.model.n_layer, c.pp * s.pipe_virtual);
     // auto: the even split here, balanced by the planner's estimate once the run is resolved
-    // (resolve_auto; memfit plan). Interleaved chunks stay the even split (balance_stages
-    // prices P stages, not P x V chunks).
-    s.pp_layers_auto = (c.pp_layers.empty() || c.pp_layers == "auto") && !s.interleaved();
+    // (resolve_auto; memfit plan): the stages, or under interleaved the P x V chunks.
+    s.pp_layers_auto = c.pp_layers.empty() || c.pp_layers == "auto";
   } else if (!c.pp_layers.empty() && c.pp_layers != "auto") {
     MEMFIT_THROW(ConfigError, "config",
                  "--pp-layers {} cuts the model into pipeline stages, so it needs --pp above 1",
@@ -509,7 +508,7 @@ void adopt_lead_choice(AutoResolution& r, dist::Communicator& comm) {
     comm.broadcast(counts.data(), static_cast<int64_t>(counts.size() * sizeof(int32_t)), 0);
     std::string text;
     for (int32_t n : counts) text += fmt::format("{}{}", text.empty() ? "" : ",", n);
-    run.pipeline = split_stages(text, run.model.n_layer, run.pp());
+    run.pipeline = split_stages(text, run.model.n_layer, static_cast<int>(counts.size()));
   }
 }
 
