@@ -242,12 +242,13 @@ void RunSpec::check_pipeline() const {
   const char* refused = ckpt_auto     ? "--ckpt auto (the search plans one model whole)"
                         : auto_batch  ? "--auto-batch (the search plans one model whole)"
                         : zero_auto ? "--zero auto (the search plans one model whole)"
-                        : offload.grads                        ? "--offload-grads"
-                        // (A save maps each stage's state into whole tensors from RAM; the
-                        // offloaded state's files are not mapped: Note [NVMe offload], "Under
-                        // --pp".)
-                        : (offload.optimizer || offload.params) && (saves || resumed)
-                            ? "--offload-optimizer or --offload-params and --save or --resume"
+                        // The gradient file's layout (offload::GradFileLayout) is one
+                        // process's units: the embeddings, the blocks, the tail; a stage's
+                        // units are a run of them (Note [NVMe offload], "Under --pp").
+                        : offload.grads
+                            ? "--offload-grads nvme (the gradient file is laid out as one "
+                              "process's units: the embeddings first, the tail last, which a "
+                              "stage does not hold both of)"
                                                                : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",

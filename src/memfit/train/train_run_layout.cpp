@@ -92,8 +92,8 @@ void TrainRun::stage_layout_files() {
   world.barrier();  // every part is on disk before rank 0 moves the files into the save
 }
 
-// --offload-optimizer: this rank's part streamed out of its files a piece at a time through the
-// optimizer's ring (no byte added: the ring and the save's staging are the plan's), the same
+// --offload-optimizer: this rank's part (under --pp its stage's: mc_ is the stage's model, its
+// files in stage-<s>/) streamed out of its files a piece at a time through the optimizer's ring (no byte added: the ring and the save's staging are the plan's), the same
 // bytes as from RAM: the weights of record from the master file (without master weights the
 // working weights are they: in RAM, or with --offload-params from their file), then each state
 // tensor's pieces.
@@ -164,7 +164,7 @@ void TrainRun::load_by_layout() {
 }
 
 // --pp-schedule interleaved: chunk `k`'s run of every tensor from the save, as load_by_layout
-// reads chunk 0's (train_run_chunks.cpp; no offload under --pp: RunSpec::check_pipeline).
+// reads chunk 0's (train_run_chunks.cpp; interleaved refuses offload: RunSpec::check_interleaved_run).
 void TrainRun::load_chunk_by_layout(Chunk& k) {
   const ModelConfig whole = whole_run_model(k.run.model);
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
