@@ -154,6 +154,33 @@ TEST_F(PipelineTensorParallel, TwoStagesOfTwoTensorRanksMatchOneProcess) {
                "--pp 2 --tp 2, a tied head");
 }
 
+// fp8 with its linears stored as E4M3 codes at pp 2 x tp 2 (Note [FP8], "Under --tp and
+// --pp"): each stage's tensor ranks agree on its matrices' scales, so the codes decode to the
+// values the bf16 working weights cast to (kept where the optimizer is offloaded), and the
+// losses, norms and validation losses are those of the cast run bit for bit.
+TEST_F(PipelineTensorParallel, Fp8StoredCodesGiveTheCastWeightsBits) {
+  const std::string a = "--steps 4 --grad-accum 4 --clip 0.05 --eval-every 2 --eval-batches 2 "
+                        "--precision fp8 --pp 2 --tp 2";
+  const auto stored = numbers(train(4, a, "stored"));
+  const std::string err = test::slurp(dir / "err.txt");
+  EXPECT_NE(err.find("stored as E4M3 codes, one byte each, with a scale per matrix, each "
+                     "pipeline stage its own matrices, each of the --tp 2 ranks its slice"),
+            std::string::npos)
+      << err;
+  const auto cast = numbers(train(
+      4, fmt::format("{} --offload-optimizer nvme --offload-dir '{}'", a, (dir / "off").string()),
+      "cast"));
+  ASSERT_EQ(stored.size(), cast.size());
+  int compared = 0;
+  for (size_t i = 0; i < stored.size(); ++i)
+    for (const char* key : {"loss", "grad_norm", "val_loss"})
+      if (cast[i].contains(key)) {
+        EXPECT_EQ(stored[i].value(key, 0.0), cast[i][key].get<double>()) << key << " " << i;
+        ++compared;
+      }
+  EXPECT_EQ(compared, 10);
+}
+
 // 2 data x 2 stages x 2 tensor ranks (8 ranks on 2 cores): one process reading the same rows
 // (batch 2 x 2).
 TEST_F(PipelineTensorParallel, TwoDataRanksOfTwoStagesOfTwoTensorRanksMatchOneProcess) {
@@ -172,6 +199,7 @@ TEST_F(PipelineTensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
            {4, "--pp 2 --tp 2 --pp-schedule gpipe --n-kv-head 1"},
            {4, "--pp 2 --tp 2 --sp --ckpt full"},
            {4, "--pp 2 --tp 2 --tie-embeddings true"},
+           {4, "--pp 2 --tp 2 --precision fp8"},
            {8, "--pp 2 --tp 2"}}) {
     const json plan = expect_planned(ranks, more);
     ASSERT_EQ(plan["stages"].size(), 2u) << more;

@@ -186,6 +186,10 @@ TEST_F(ScaleDoc, TensorAndPipelineLayouts) {
   check("405b-3d");
 }
 
+// The seed's 405B layout in its fp8: the linears stored as E4M3 codes on every stage and tensor
+// rank (Note [FP8], "Under --tp and --pp"), params about half of 405b-3d's.
+TEST_F(ScaleDoc, TheSeedsLayoutInFp8StoresTheCodes) { check("405b-3d-fp8"); }
+
 // The rows are checked as the script prints them: a run of equal ranks is one row.
 TEST(ScaleDocRows, ConsecutiveEqualRanksShareARow) {
   const nlohmann::json by = {{"params", 1073741824.0}};

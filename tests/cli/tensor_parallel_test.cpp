@@ -166,6 +166,48 @@ TEST_F(TensorParallel, HalfPrecisionsOverTwoRanksMatchOneProcess) {
   expect_close(train(0, a, "one"), train(2, a + " --tp 2 --sp", "tp2"), "llama fp8 --sp", 3e-3);
 }
 
+// fp8 with its linears stored as E4M3 codes (Note [FP8], "Under --tp and --pp"): each rank
+// encodes its slice of every matrix with the whole matrix's scale (the tensor group agrees on
+// the slices' amaxes), so its codes are the slice of one process's codes
+// (tests/dist/fp8_tensor_parallel_test.cpp) and storing them changes no bit: the losses, norms
+// and validation losses of the same layout with bf16 working weights cast at each use (the
+// optimizer offloaded keeps bf16 ones; at dp 2 x tp 2, ZeRO 3) bit for bit, at ZeRO 1 (the
+// owners' codes gathered with the agreed scales) and with --update-in-backward (each unit
+// encoded as its step ends) too; the start-up line says which storage each got; and the
+// plan's params per rank are below bf16's.
+TEST_F(TensorParallel, Fp8StoredCodesGiveTheCastWeightsBits) {
+  const std::string a = std::string(kSteps) + " --precision fp8 --model llama-tiny";
+  const auto stored = train(2, a + " --tp 2", "stored");
+  std::string err = test::slurp(dir / "err.txt");
+  EXPECT_NE(err.find("stored as E4M3 codes, one byte each, with a scale per matrix, each of the "
+                     "--tp 2 ranks its slice of every matrix with the whole matrix's scale"),
+            std::string::npos)
+      << err;
+  const auto cast = train(2,
+                          fmt::format("{} --tp 2 --offload-optimizer nvme --offload-dir '{}'", a,
+                                      (dir / "off").string()),
+                          "cast");
+  err = test::slurp(dir / "err.txt");
+  EXPECT_NE(err.find("stored as bf16 and cast to E4M3 at each use"), std::string::npos) << err;
+  expect_close(cast, stored, "fp8 --tp 2: stored codes against cast bf16 weights", 0);
+  expect_close(stored, train(2, a + " --tp 2 --update-in-backward", "uib"),
+               "fp8 --tp 2 --update-in-backward", 0);
+  expect_close(train(4, a + " --tp 2 --zero 3", "z3"), train(4, a + " --tp 2 --zero 1", "z1"),
+               "fp8 2 data x 2 tensor, ZeRO 1 (stored) against ZeRO 3 (cast)", 0);
+  auto params = [&](const char* precision) {
+    EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json",
+                                     args(fmt::format("--steps 2 --tp 2 --precision {}",
+                                                      precision)))),
+              0)
+        << test::slurp(dir / "err.txt");
+    return json::parse(test::slurp(dir / "out.txt"))["per_rank"][0]["by_category"]["params"]
+        .get<int64_t>();
+  };
+  // gpt2-tiny's 2 blocks, a rank's half of each: c_attn 3 x 96 x 96, c_proj 96 x 96, c_fc and
+  // mlp.c_proj 4 x 96 x 96 each, a byte a weight less (the scales and alignment aside).
+  EXPECT_NEAR(double(params("bf16") - params("fp8")), 2 * 12 * 96 * 96 / 2, 1024);
+}
+
 // dp 2 x tp 2 under ZeRO (Note [Tensor parallel], "ZeRO on the data group"): each tensor slice's
 // data group shards, reduces and gathers that slice's layout. The losses, gradient norms and
 // validation losses of one process reading the same rows (batch 2 x 2) within 1e-5 relative at
@@ -206,7 +248,8 @@ TEST_F(TensorParallel, ThePlanIsEveryRanksMeasuredPeak) {
            {2, "--tp 2 --precision fp16 --model llama-tiny"}, {4, "--tp 2 --zero 1"},
            {4, "--tp 2 --zero 3 --precision bf16"},
            {4, "--tp 2 --zero 3 --model llama-tiny --n-kv-head 1"},
-           {2, "--tp 2 --ckpt every:2 --attention plain"}, {2, "--tp 2 --precision fp8"}}) {
+           {2, "--tp 2 --ckpt every:2 --attention plain"}, {2, "--tp 2 --precision fp8"},
+           {4, "--tp 2 --zero 1 --precision fp8 --model llama-tiny"}}) {
     const json plan = expect_planned(ranks, more);
     // 2 blocks: 4 all-reduces each, the embedding's and d(norm); --ckpt full (every:2) 4 more.
     const bool recomputes = more.find("full") != std::string::npos ||

@@ -31,9 +31,9 @@ void print_precision_route(Precision precision, const std::string& auto_note) {
                "inputs E4M3, output gradients E5M2, current power-of-two scales per tensor), "
                "widened exactly to {} for the GEMM: the numerics are FP8's and the speed is "
                "bf16's (no x86 CPU multiplies FP8); the blocks' linear weights are stored in "
-               "E4M3, one byte each, where they and the master weights are in RAM (one process, "
-               "ZeRO stages 0-2, no offload; bf16 otherwise); the embeddings, norms and LM head are bf16 (Note [FP8], "
-               "docs/notes/fp8.md)\n",
+               "E4M3, one byte each, where they and the master weights are in RAM (ZeRO stages "
+               "0-2, no offload; under --tp and --pp too; bf16 otherwise); the embeddings, norms "
+               "and LM head are bf16 (Note [FP8], docs/notes/fp8.md)\n",
                kernels::matmul_widens(DType::bf16) ? "bf16 and on to f32" : "bf16");
   if ((precision == Precision::bf16 || precision == Precision::fp8) &&
       kernels::matmul_widens(DType::bf16))

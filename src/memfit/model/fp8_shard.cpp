@@ -44,6 +44,18 @@ float fp8_amax_combine(float a, float b) {
   return std::max(a, b);
 }
 
+void fp8_amax_agree(TensorGroup& group, std::span<float> amax) {
+  const size_t ranks = static_cast<size_t>(group.size()), n = amax.size();
+  if (ranks == 1 || n == 0) return;
+  std::vector<float> all(ranks * n);
+  group.all_gather(amax, all);
+  for (size_t i = 0; i < n; ++i) {
+    float a = all[i];
+    for (size_t q = 1; q < ranks; ++q) a = fp8_amax_combine(a, all[q * n + i]);
+    amax[i] = a;
+  }
+}
+
 void fp8_weights_set_scales(const Fp8WeightLayout& layout, std::span<const float> amax,
                             const Tensor& buffer) {
   MEMFIT_CHECK(amax.size() == layout.matrices().size(), "fp8_weights",
@@ -83,7 +95,7 @@ void fp8_round_compact(const ParamLayout& layout, const std::vector<int64_t>& co
 void fp8_weights_fill(const ParamLayout& layout, const std::vector<int64_t>& compact,
                       const Tensor& slab, const Fp8WeightLayout& fp8, const Tensor& buffer,
                       const std::function<void(int64_t, int64_t, float*)>& fill,
-                      const Tensor& piece) {
+                      const Tensor& piece, const Fp8AmaxAgree& agree) {
   const int64_t n = piece.numel();
   MEMFIT_CHECK(n > 0 && piece.dtype() == DType::f32, "fp8_weights", "a set-up piece of {} {}",
                n, dtype_name(piece.dtype()));
@@ -106,6 +118,7 @@ void fp8_weights_fill(const ParamLayout& layout, const std::vector<int64_t>& com
       amax[m.index] =
           fp8_amax_combine(amax[m.index], kernels::fp8_amax_via_bf16(piece.view(0, {b - a})));
     }
+  if (agree) agree(amax);
   fp8_weights_set_scales(fp8, amax, buffer);
   for (const Fp8Matrix& m : fp8.matrices())
     for (int64_t a = 0; a < m.rows * m.cols; a += n) {

@@ -93,7 +93,8 @@ void fp8_weight_encode(const Fp8WeightLayout& layout, const Fp8Matrix& m, const 
 }
 
 void fp8_weights_encode(const Fp8WeightLayout& layout, const Tensor& master, int64_t master_begin,
-                        ElementRange range, const Tensor& buffer) {
+                        ElementRange range, const Tensor& buffer, const Fp8AmaxAgree& agree) {
+  std::vector<const Fp8Matrix*> inside;
   for (const Fp8Matrix& m : layout.matrices()) {
     const ElementRange mine{m.layout_offset, m.layout_offset + m.rows * m.cols};
     if (range.intersect(mine).empty()) continue;
@@ -104,7 +105,27 @@ void fp8_weights_encode(const Fp8WeightLayout& layout, const Tensor& master, int
                  "weights [{}, {})",
                  m.layer, mine.begin, mine.end, range.begin, range.end, master_begin,
                  master_begin + master.numel());
-    fp8_weight_encode(layout, m, master.view(mine.begin - master_begin, {mine.size()}), buffer);
+    inside.push_back(&m);
+  }
+  auto master_of = [&](const Fp8Matrix& m) {
+    return master.view(m.layout_offset - master_begin, {m.rows * m.cols});
+  };
+  if (!agree) {  // each matrix whole here: its own amax
+    for (const Fp8Matrix* m : inside) fp8_weight_encode(layout, *m, master_of(*m), buffer);
+    return;
+  }
+  // A slice of each: the slices' amaxes (fp8_weight_scale's, the bf16 copy's), agreed on.
+  std::vector<float> amax(inside.size());
+  for (size_t i = 0; i < inside.size(); ++i)
+    amax[i] = kernels::fp8_amax_via_bf16(master_of(*inside[i]));
+  agree(amax);
+  float* scales = layout.scales(buffer).data<float>();
+  for (size_t i = 0; i < inside.size(); ++i) {
+    const Fp8Matrix& m = *inside[i];
+    scales[m.index] = kernels::fp8_scale_pow2(amax[i], kernels::Fp8Format::e4m3);
+    Tensor codes = layout.codes(buffer, m);
+    kernels::fp8_quantize_via_bf16(master_of(m), scales[m.index], kernels::Fp8Format::e4m3,
+                                   codes);
   }
 }
 

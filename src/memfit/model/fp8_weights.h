@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "memfit/memory/tensor.h"
@@ -56,9 +58,16 @@ float fp8_weight_scale(const Tensor& master);
 void fp8_weight_encode(const Fp8WeightLayout& layout, const Fp8Matrix& m, const Tensor& master,
                        const Tensor& buffer);
 
+// Under --tp each rank holds a slice of every matrix, and a matrix's scale is the whole
+// matrix's amax (Note [FP8], "Under --tp and --pp"): replaces each slice's amax in the span by
+// the whole matrix's, the same on every rank of the tensor group (fp8_amax_agree, model/
+// fp8_shard.h). Empty: one process, or a pipeline stage, where each matrix is whole.
+using Fp8AmaxAgree = std::function<void(std::span<float>)>;
+
 // Every matrix whose elements lie in [range.begin, range.end) of `master` (f32, the layout's
 // elements from `master_begin`), encoded (a matrix must lie wholly inside or outside the range).
+// `agree`: their amaxes (in layout order) made the whole matrices' before the scales are taken.
 void fp8_weights_encode(const Fp8WeightLayout& layout, const Tensor& master, int64_t master_begin,
-                        ElementRange range, const Tensor& buffer);
+                        ElementRange range, const Tensor& buffer, const Fp8AmaxAgree& agree = {});
 
 }  // namespace memfit

@@ -249,7 +249,12 @@ void Transformer::refresh_fp8(ElementRange range) {
     Tensor working = params_.view(compact_[i], {ps[i].numel});
     convert(working, master_.view(ps[i].offset - master_range_.begin, {ps[i].numel}));
   }
-  fp8_weights_encode(*fp8_, master_, master_range_.begin, range, fp8_buffer_);
+  fp8_weights_encode(*fp8_, master_, master_range_.begin, range, fp8_buffer_, fp8_agree());
+}
+
+Fp8AmaxAgree Transformer::fp8_agree() const {
+  if (group_ == nullptr || group_->size() == 1) return {};
+  return [group = group_](std::span<float> amax) { fp8_amax_agree(*group, amax); };
 }
 
 void Transformer::refresh_working(ElementRange range) {
@@ -279,7 +284,7 @@ void Transformer::set_weights(const RangeFill& fill, int64_t piece_elements,
     for (const ParamInfo& q : layout_.params()) largest = std::max(largest, q.numel);
     Tensor piece = Tensor::empty(pool_, {std::min(piece_elements, largest)}, DType::f32,
                                  Category::staging, "setup.piece");
-    fp8_weights_fill(layout_, compact_, params_, *fp8_, fp8_buffer_, fill, piece);
+    fp8_weights_fill(layout_, compact_, params_, *fp8_, fp8_buffer_, fill, piece, fp8_agree());
     return;
   }
   if (params_offloaded()) {

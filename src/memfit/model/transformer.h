@@ -127,7 +127,9 @@ class Transformer {
   // layout of the blocks' linear weights as E4M3 and its buffer (Category::params,
   // "params.fp8": the codes, then a scale per matrix), encoded from the master weights by
   // refresh_working; null / undefined otherwise. params() then holds every other parameter at
-  // ParamLayout::compact_offsets, as with a quantized base.
+  // ParamLayout::compact_offsets, as with a quantized base. Under --tp the codes are this
+  // rank's slice of each matrix, encoded with the whole matrix's scale (the group agrees on it:
+  // Note [FP8], "Under --tp and --pp").
   const Fp8WeightLayout* fp8_weights() const { return fp8_ ? &*fp8_ : nullptr; }
   const Tensor& fp8_buffer() const { return fp8_buffer_; }
   // Where parameter i of layout().params() lies in params(): its layout offset, or with a
@@ -313,7 +315,11 @@ class Transformer {
   Tensor fp8_buffer_;
   // The working copy of the master weights' elements in `range`: the compact slab's parameters
   // rounded to bf16, the stored linears encoded (refresh_working over the whole layout).
+  // Under --tp every rank of the tensor group refreshes the same matrices together.
   void refresh_fp8(ElementRange range);
+  // Under --tp (a slice of each stored matrix here) the tensor group's agreement on the whole
+  // matrices' amaxes (fp8_amax_agree); empty where each matrix is whole.
+  Fp8AmaxAgree fp8_agree() const;
   void set_weights_quant(const RangeFill& fill, int64_t piece_elements, bool quantize);
   uint64_t lora_draw_ = 0;
   StageIo stage_io_;

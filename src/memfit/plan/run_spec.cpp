@@ -168,10 +168,10 @@ StateOptions RunSpec::state_options() const {
   o.bucket_bytes = bucket_bytes;
   o.update_in_backward = update_in_backward;
   o.frozen_base = lora.enabled();
-  // FP8 storage (Note [FP8], "Storage") encodes each matrix with its own amax's scale: a split
-  // layout (a tensor rank's slices, a stage) stores bf16 and casts at each use instead.
-  o.fp8_weights =
-      precision.precision == Precision::fp8 && model.tp == 1 && pp() == 1 && !model.pipelined();
+  // FP8 storage (Note [FP8], "Storage"; StatePlacement::params_fp8 says where it is built):
+  // a pipeline stage holds whole matrices, each encoded with its own amax's scale; under --tp
+  // the tensor group agrees on each matrix's scale ("Under --tp and --pp").
+  o.fp8_weights = precision.precision == Precision::fp8;
   return o;
 }
 

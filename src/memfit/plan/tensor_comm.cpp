@@ -3,6 +3,7 @@
 
 #include "memfit/dist/comm_volume.h"
 #include "memfit/model/activation_plan.h"
+#include "memfit/model/fp8_weights.h"
 #include "memfit/model/lora.h"
 #include "memfit/model/param_layout.h"
 #include "memfit/model/precision.h"
@@ -107,15 +108,26 @@ TensorCommVolume tensor_comm_per_step(const RunSpec& spec, const StepPlan& step,
   }
   // --precision fp8: each cast's amax maxed over the group (BlockStep::fp8_cast), a float a
   // cast: a block's forward casts each linear's input and weight (8), its backward each one's
-  // d(output), weight and input again (12).
+  // d(output), weight and input again (12). Where the weights are stored as codes (Note [FP8],
+  // "Storage": StatePlacement::params_fp8) the step decodes them instead of casting (4 and 8),
+  // and the update agrees on every stored matrix's scale once (a float a matrix: Transformer::
+  // refresh_working, or the publish at ZeRO 1-2).
   if (spec.precision.precision == Precision::fp8) {
+    const ParamLayout layout(spec.model);
+    const bool stored = StatePlacement(layout, spec.optim, spec.state_options(),
+                                       {data_rank, spec.world})
+                            .params_fp8();
+    const int64_t forward = stored ? 4 : 8, backward = stored ? 8 : 12;
     int64_t casts = 0;
     for (const Phase& p : step.phases)
-      casts += p.kind == PhaseKind::backward ? 12
-               : p.kind == PhaseKind::forward ? 8 * forwards
-               : p.kind == PhaseKind::recompute ? 8
+      casts += p.kind == PhaseKind::backward ? backward
+               : p.kind == PhaseKind::forward ? forward * forwards
+               : p.kind == PhaseKind::recompute ? forward
                                                 : 0;
     v.gathered_bytes += passes * casts * int64_t{sizeof(float)};
+    if (stored)
+      v.gathered_bytes +=
+          static_cast<int64_t>(Fp8WeightLayout(layout).matrices().size() * sizeof(float));
   }
   if (spec.lora.enabled()) add_lora_comm(v, spec, step, forwards);
   // Every chunk's statistics: a float and two doubles a row, so the whole batch's rows once.

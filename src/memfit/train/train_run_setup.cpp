@@ -225,19 +225,23 @@ void TrainRun::say_fp8_storage() const {
     fmt::print(stderr,
                "memfit: --precision fp8: the blocks' linear weights are stored as bf16 and cast "
                "to E4M3 at each use (the same values as the stored codes): {}\n",
-               layout_split(mc_) ? "--tp and --pp store no codes yet (each matrix's scale "
-                                   "would be the group's, a slice holding part of it)"
-                                 : placement_.fp8_fallback());
+               placement_.fp8_fallback());
     return;
   }
+  std::string where;
+  if (mc_.pipelined()) where += ", each pipeline stage its own matrices";
+  if (mc_.tp > 1)
+    where += fmt::format(", each of the --tp {} ranks its slice of every matrix with the whole "
+                         "matrix's scale (the tensor group agrees on it)",
+                         mc_.tp);
+  if (placement_.owned())
+    where += fmt::format("; ZeRO stage {} over {} ranks: each rank encodes its shard with the "
+                         "scales the ranks agree on, and the codes are all-gathered",
+                         placement_.stage(), W_);
   fmt::print(stderr,
              "memfit: --precision fp8: the blocks' linear weights are stored as E4M3 codes, one "
              "byte each, with a scale per matrix{}\n",
-             placement_.owned()
-                 ? fmt::format(" (ZeRO stage {} over {} ranks: each rank encodes its shard with "
-                               "the scales the ranks agree on, and the codes are all-gathered)",
-                               placement_.stage(), W_)
-                 : "");
+             where);
 }
 
 void TrainRun::create_optimizer() {

@@ -56,8 +56,11 @@ int64_t publish_fp8_weights(Transformer& gpt, dist::Communicator& comm,
   const Tensor& buffer = gpt.fp8_buffer();
   const ParamLayout& layout = gpt.layout();
   const std::vector<int64_t> compact = layout.compact_offsets();
-  fp8_weights_set_scales(*fp8, agreed_amax(comm, fp8_weights_amax(*fp8, master, mine.begin, mine)),
-                         buffer);
+  std::vector<float> amax = agreed_amax(comm, fp8_weights_amax(*fp8, master, mine.begin, mine));
+  // --tp: that is the amax of this tensor rank's slice of each matrix; the tensor group's
+  // agreement makes it the whole matrix's (Note [FP8], "Under --tp and --pp").
+  if (TensorGroup* group = gpt.tensor_group()) fp8_amax_agree(*group, amax);
+  fp8_weights_set_scales(*fp8, amax, buffer);
   fp8_round_compact(layout, compact, gpt.params(), master, mine.begin, mine);
   fp8_weights_encode_part(*fp8, master, mine.begin, mine, buffer);
   int64_t bytes = 0;
