@@ -3,7 +3,8 @@
 // each of a rank's chunks offloads its own state into stage-<virtual stage>/ under its data
 // rank's directory and streams it in the update after the norm over every virtual stage, so
 // the losses, gradient norms and validation losses are the in-RAM interleaved run's bit for
-// bit (clipping that binds; the working weights on disk too; two data ranks at ZeRO 3);
+// bit (clipping that binds; the working weights on disk too; two data ranks at ZeRO 3; two
+// tensor ranks);
 // --sync-every-micro-batch at ZeRO 1 over two data ranks is ZeRO 2's bits. Every world rank's
 // plan is its measured peak by category, its files by category and its bytes read and written
 // a step, and its collectives. --update-in-backward is refused naming why. Skips where memfit
@@ -34,13 +35,25 @@ TEST_F(PipelineInterleavedState, OffloadedStateIsTheRunInRam) {
   for (const auto& [ranks, more, params] : std::vector<std::tuple<int, std::string, bool>>{
            {2, "", false},
            {2, " --precision bf16 --master-weights none", true},
-           {4, " --zero 3", true}}) {
+           {4, " --zero 3", true},
+           // Stages of tensor groups: stage-<virtual stage>/tensor-<t>/.
+           {4, " --tp 2 --n-kv-head 1", false}}) {
     const std::string a = std::string(kSteps) + kIv + more;
     expect_close(train(ranks, a, "ram"), train(ranks, a + off(params), "off"),
                  {"loss", "grad_norm", "val_loss"}, 0, a + off(params), 6);
     EXPECT_TRUE(!std::filesystem::exists(dir / "off") || std::filesystem::is_empty(dir / "off"))
         << a << ": files left behind";
   }
+}
+
+// --init-from a save: each chunk's master weights written into its file from the whole tensors
+// (load_chunk_by_layout), rounded into the working copy on the way, as in RAM.
+TEST_F(PipelineInterleavedState, InitFromASaveIsTheRunInRam) {
+  train(0, fmt::format("--steps 2 --save '{}'", (dir / "ck").string()), "saved");
+  const std::string init = fmt::format("{}{} --precision bf16 --init-from '{}'", kSteps, kIv,
+                                       (dir / "ck").string());
+  expect_close(train(2, init, "ram"), train(2, init + off(), "off"),
+               {"loss", "grad_norm", "val_loss"}, 0, init + off(), 6);
 }
 
 // Every chunk's files are its own: rank r's are stage-r/ and stage-(P + r)/ (under its data
