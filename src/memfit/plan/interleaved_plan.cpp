@@ -51,6 +51,18 @@ PlanReport plan_interleaved_rank(const RunSpec& spec, int stage, int data, bool 
     rank.comm_per_step.all_reduce += chunk.comm_per_step.all_reduce;
     rank.comm_per_step.reduce_scatter += chunk.comm_per_step.reduce_scatter;
     rank.comm_per_step.all_gather += chunk.comm_per_step.all_gather;
+    // Offload (Note [NVMe offload], "Under --pp"): each chunk's own files, I/O and rings (its
+    // optimizer's staging ring, its model's ring of block slots) beside the others'.
+    for (Category k : kAllCategories)
+      rank.disk_by_category[static_cast<size_t>(k)] +=
+          chunk.disk_by_category[static_cast<size_t>(k)];
+    rank.disk_bytes += chunk.disk_bytes;
+    rank.io_bytes_per_step += chunk.io_bytes_per_step;
+    rank.param_read_bytes += chunk.param_read_bytes;
+    rank.param_written_bytes += chunk.param_written_bytes;
+    rank.offload_staging_bytes += chunk.offload_staging_bytes;
+    rank.param_ring_bytes += chunk.param_ring_bytes;
+    at(rank, Category::staging) += chunk.offload_staging_bytes + chunk.param_ring_bytes;
   }
   // The runner's kept inputs (activations) and transfer buffers (comm) over the chunks.
   const RunSpec first = spec.stage(stage);

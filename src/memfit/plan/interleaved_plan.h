@@ -3,7 +3,8 @@
 // stage as the trainer makes them (train/train_run_chunks.cpp), added: each chunk's parameters,
 // gradients, optimizer state, step arenas and data-group exchange; the loaders' staging once;
 // and the runner's kept inputs and transfer buffers over the chunks (dist::pipeline_buffers
-// with V). What `memfit plan` prints per rank and the trainer's pool measures, by category.
+// with V); offloaded, each chunk's files, I/O a step and rings (its own directory:
+// stage-<virtual stage>/). What `memfit plan` prints per rank and the trainer's pool measures, by category.
 #pragma once
 
 #include <cstdint>

@@ -488,27 +488,39 @@ void RunSpec::check_base_dtype() const {
 }
 
 // --pp-schedule interleaved (Note [Pipeline parallel], "Interleaved"): what a rank of V chunks
-// is built with so far: fp32, bf16 or fp16, f32 or bf16 gradients, AdamW or SGD, ZeRO 0-3 over
-// the data group, --tp, the P x V chunks each at least one block, --grad-accum a multiple of
-// --pp. The refusals name the values.
+// is built with: fp32, bf16, fp16 or fp8, f32 or bf16 gradients, every optimizer, --act-compress,
+// LoRA, ZeRO 0-3 over the data group, --tp, --offload-optimizer and --offload-params (each
+// chunk's files in its virtual stage's directory; no save or resume of them yet),
+// --sync-every-micro-batch, the P x V chunks each at least one block, --grad-accum a multiple
+// of --pp. The refusals name the values.
 void RunSpec::check_interleaved_run() const {
   if (pipe_virtual < 1)
     MEMFIT_THROW(ConfigError, "config", "--pp-virtual must be 1 or more, got {}", pipe_virtual);
   if (!interleaved()) return;
   const int P = pp();
   check_interleaved(P, pipe_virtual, grad_accum);
-  // (Each built for 1F1B and GPipe, untested over a rank's chunks: the chunks' offload files
-  // and per-unit steps are made apart from the run's.)
-  const char* refused = offload.optimizer || offload.params   ? "--offload-*"
-                        : update_in_backward                    ? "--update-in-backward"
-                        : sync_every_micro_batch                ? "--sync-every-micro-batch"
-                                                                : nullptr;
+  // --update-in-backward steps each unit as the step's one backward of it ends (--grad-accum
+  // 1: check_update_in_backward), and interleaved's micro-batches go through the chunks in
+  // groups of P (2 or more): the two never meet (Note [Update in backward], "Under --pp").
+  if (update_in_backward)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--pp-schedule interleaved (--pp {} --pp-virtual {}) with --update-in-backward: "
+                 "the fused update steps each unit as the step's one backward of it ends, so it "
+                 "takes --grad-accum 1, and interleaved needs --grad-accum a multiple of --pp {} "
+                 "(got {}); use --pp-schedule 1f1b or gpipe with --update-in-backward",
+                 P, pipe_virtual, P, grad_accum);
+  // (A save of offloaded state streams chunk 0's files alone (TrainRun::stage_layout_files);
+  // the other chunks' are not mapped yet. 1F1B and GPipe save and resume offloaded state.)
+  const char* refused = (offload.optimizer || offload.params) && (saves || resumed)
+                            ? "--offload-optimizer or --offload-params and --save or --resume"
+                            : nullptr;
   if (refused)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
                  "interleaved trains in fp32, bf16, fp16 or fp8 with every optimizer, f32 or bf16 "
                  "gradients, compressed activations or not, LoRA or not, any ZeRO stage, with or "
-                 "without --tp (Note [Pipeline parallel], \"Interleaved\")",
+                 "without --tp, offloaded or not, and saves what it holds in RAM (Note [Pipeline "
+                 "parallel], \"Interleaved\")",
                  P, pipe_virtual, refused);
   if (static_cast<int>(pipeline.size()) != P * pipe_virtual)
     MEMFIT_THROW(ConfigError, "config",

@@ -123,17 +123,29 @@ class TrainRun {
   // --pp-schedule interleaved (train_run_chunks.cpp; Note [Pipeline parallel], "Interleaved"):
   // this rank's chunks after its first, each a model of its virtual stage with its own
   // optimizer, placement and gradient exchange, and the step, update and evaluation over all.
+  // Offloaded (Note [NVMe offload], "Under --pp"), its files in a directory of its own,
+  // stage-<virtual stage>/ under the data rank's, made before the model (the working weights'
+  // file) and after it (the optimizer's), so they go in the reverse order, as the run's do.
   struct Chunk {
     RunSpec run;  // RunSpec::stage(virtual stage)
     std::optional<StatePlacement> placement;
+    std::filesystem::path offload_dir;
+    io::CreatedDirectories offload_dirs;
+    std::unique_ptr<offload::ParamFile> param_file;  // --offload-params nvme
     ZeroServices zero;
     std::optional<Transformer> gpt;
-    std::unique_ptr<Optimizer> opt;
+    std::unique_ptr<Optimizer> opt;                     // in RAM, or
+    std::unique_ptr<offload::OffloadedOptimizer> off;  // --offload-optimizer nvme
     std::optional<dist::GradientSync> sync;
     std::optional<RankShards> shards;
   };
   void place_optimizer(Optimizer& opt, Transformer& gpt);
   void make_chunks();
+  void make_chunk_files(Chunk& k, int virtual_stage);
+  void make_chunk_optimizer(Chunk& k);
+  int64_t offloaded_chunk_step(Transformer& gpt, offload::OffloadedOptimizer& off,
+                               ZeroServices& zero, const StatePlacement& placement,
+                               const RankShards* shards, float rate, float scale);
   int64_t chunks_widen_elements() const;
   void load_chunk_by_layout(Chunk& k);
   void prepare_chunks();
@@ -166,6 +178,8 @@ class TrainRun {
   void log_step(int64_t step, const StepResult& r);
   nlohmann::json offload_line(const IoMark& before);
   IoMark io_mark() const;
+  offload::IoStats optimizer_io() const;  // every chunk's offloaded optimizer's (io_mark)
+  offload::ParamIoStats params_io() const;  // every chunk's working weights' file's
   CategoryBytes offload_files() const;
   std::string progress_text(const StepResult& r) const;
   void log_rank_peaks();
@@ -295,6 +309,12 @@ class TrainRun {
   int64_t saved_at_ = -1;
   uint64_t last_step_io_ = 0;  // offload: the last step's bytes read and written (this rank)
 };
+
+// This rank's offload directory under its data rank's `dir`: `stage-<s>/` under --pp (s: the
+// stage, or the chunk's virtual stage under --pp-schedule interleaved), then `tensor-<t>/`
+// under --tp (train_run_setup.cpp).
+std::filesystem::path grid_offload_dir(std::filesystem::path dir, int stage,
+                                       const dist::ProcessGrid& grid);
 
 // Helpers of the log and the profile (train_run_log.cpp).
 nlohmann::json memory_json(const CategoryBytes& bytes);

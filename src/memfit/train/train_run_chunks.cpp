@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "memfit/model/stage_offsets.h"
+#include "memfit/offload/offload_layout.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/train/train_run.h"
 
@@ -23,8 +24,9 @@ std::optional<dist::GradientSync>& TrainRun::chunk_sync(int c) {
 }
 
 // Chunks 1 .. V - 1: each virtual stage's model, placed over the data group as chunk 0 is (any
-// ZeRO stage; no offload: check_pipeline), its optimizer, and its initial weights (the whole
-// model's draw at its offsets) or its runs of the checkpoint's tensors (and optimizer state).
+// ZeRO stage), its offload files (make_chunk_files), its optimizer, and its initial weights
+// (the whole model's draw at its offsets) or its runs of the checkpoint's tensors (and
+// optimizer state).
 void TrainRun::make_chunks() {
   const int V = settings_.run.pipe_virtual, P = spec_.pp();
   if (V <= 1) return;
@@ -33,24 +35,67 @@ void TrainRun::make_chunks() {
     k->run = spec_.stage(c * P + pipe_.rank());  // spec_ keeps the whole cut of P x V chunks
     k->placement.emplace(ParamLayout(k->run.model), k->run.optim, k->run.state_options(),
                          RankCoords{comm_.rank(), W_});
-    ModelState state = zero_model_state(*k->placement, comm_, nullptr, nullptr, &k->zero, nullptr);
+    make_chunk_files(*k, c * P + pipe_.rank());
+    ModelState state =
+        zero_model_state(*k->placement, comm_, k->param_file.get(), nullptr, &k->zero, nullptr);
     k->gpt.emplace(k->run.model, pool_, k->run.precision, std::move(state));
     // --tp: the tensor group and its buffers, lent once (make_model), before the weights.
     if (mc_.tp > 1) k->gpt->set_tensor_group(tensor_);
     // LoRA: the chunk's blocks' adapters, drawn from the whole model's (as the run's, make_model);
     // its optimizer steps them alone.
     if (spec_.lora.enabled()) k->gpt->add_lora(spec_.lora, settings_.seed);
-    k->opt = make_optimizer(k->run.optim,
-                            k->gpt->lora() ? k->gpt->lora()->param_layout() : k->gpt->layout(),
-                            &pool_, k->placement->owned());
-    place_optimizer(*k->opt, *k->gpt);  // its own APOLLO base (--tp: the tensor split)
-    if (spec_.grad_dtype == DType::bf16) k->opt->set_grad_widen(grad_widen_);
-    if (location_.dir.empty())
-      k->gpt->init_weights(settings_.seed, piece_);
-    else
+    make_chunk_optimizer(*k);
+    if (location_.dir.empty()) {
+      Transformer::MasterSink to_master_file;  // offloaded master weights: into their file
+      if (k->off && master_)
+        to_master_file = [&](const Transformer::RangeFill& fill) {
+          k->off->write_master_from(fill);
+        };
+      k->gpt->init_weights(settings_.seed, piece_, to_master_file);
+    } else {
       load_chunk_by_layout(*k);  // train_run_layout.cpp
+    }
     chunks_.push_back(std::move(k));
   }
+}
+
+// Offloaded (Note [NVMe offload], "Under --pp"): the chunk's directory, stage-<virtual stage>/
+// under the data rank's (then tensor-<t>/), made as make_state_files makes chunk 0's (every
+// rank of the world adopts what was missing before any made it); its working weights' file.
+// The disk was checked for every chunk's files with chunk 0's (make_state_files).
+void TrainRun::make_chunk_files(Chunk& k, int virtual_stage) {
+  const StatePlacement& p = *k.placement;
+  if (!p.optimizer_in_file() && !p.params_in_file()) return;
+  k.offload_dir = grid_offload_dir(p.offload_dir(), virtual_stage, grid_);
+  const std::vector<std::filesystem::path> missing =
+      io::CreatedDirectories::missing(k.offload_dir);
+  if (grid_.world().size() > 1) grid_.world().barrier();
+  k.offload_dirs.create(k.offload_dir, "offload", "--offload-dir " + spec_.offload.dir);
+  k.offload_dirs.adopt(missing);
+  if (p.params_in_file())
+    k.param_file = std::make_unique<offload::ParamFile>(
+        ParamLayout(k.run.model), half_dtype(k.run.precision.precision), p.persist_threshold(),
+        k.offload_dir, offload_run_, p.params_file_range());
+}
+
+// The chunk's optimizer: in RAM, or streamed from its files (create_optimizer's, chunk 0's);
+// bf16 gradients widened through the run's one buffer.
+void TrainRun::make_chunk_optimizer(Chunk& k) {
+  if (k.placement->optimizer_in_file()) {
+    k.off = std::make_unique<offload::OffloadedOptimizer>(
+        k.run.optim, k.gpt->layout(), master_, pool_, k.offload_dir, offload_run_,
+        offload::kMaxPieceElements, k.placement->owned());
+    if (spec_.grad_dtype == DType::bf16) k.off->set_grad_widen(grad_widen_);
+    // --tp: Adam-mini's and 4-bit AdamW's pieces take the tensor group (create_optimizer's).
+    if (k.run.model.tp > 1 && takes_tensor_split(spec_.optim.name))
+      k.off->set_tensor_split({k.gpt->tensor_group(), slice_axes(k.run.model)});
+    return;
+  }
+  k.opt = make_optimizer(k.run.optim,
+                         k.gpt->lora() ? k.gpt->lora()->param_layout() : k.gpt->layout(), &pool_,
+                         k.placement->owned());
+  place_optimizer(*k.opt, *k.gpt);  // its own APOLLO base (--tp: the tensor split)
+  if (spec_.grad_dtype == DType::bf16) k.opt->set_grad_widen(grad_widen_);
 }
 
 // bf16 gradients: the widening buffer's elements, the most any of this rank's chunks needs (the
@@ -145,12 +190,45 @@ double TrainRun::chunk_micro_batches(const StepLoss& step_loss) {
 }
 
 // The update over every chunk: one gradient norm from the virtual stages' parts in order, each
-// chunk's optimizer stepped by the same factor.
+// chunk's optimizer (in RAM, or streamed from its files) stepped by the same factor.
 UpdateOutcome TrainRun::chunk_update(float lr) {
   std::vector<ChunkUpdate> parts;
-  parts.push_back({&*gpt_, opt_.get(), rank_shards_ ? &*rank_shards_ : nullptr});
-  for (auto& k : chunks_) parts.push_back({&*k->gpt, k->opt.get(), k->shards ? &*k->shards : nullptr});
-  return apply_update_chunks(parts, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, pipe_);
+  auto add = [&](Transformer& gpt, Optimizer* opt, offload::OffloadedOptimizer* off,
+                 ZeroServices& zero, const StatePlacement& placement, const RankShards* shards) {
+    ChunkUpdate u{&gpt, opt, shards, {}};
+    if (off)
+      u.step = [&gpt, off, &zero, &placement, shards, this](float rate, float scale) {
+        return offloaded_chunk_step(gpt, *off, zero, placement, shards, rate, scale);
+      };
+    parts.push_back(std::move(u));
+  };
+  add(*gpt_, opt_.get(), off_.get(), zero_, placement_, rank_shards_ ? &*rank_shards_ : nullptr);
+  for (auto& k : chunks_)
+    add(*k->gpt, k->opt.get(), k->off.get(), k->zero, *k->placement,
+        k->shards ? &*k->shards : nullptr);
+  const UpdateOutcome out =
+      apply_update_chunks(parts, scaler_.get(), lr, spec_.clip, spec_.grad_accum * W_, pipe_);
+  if (off_) offload_io_waits();  // chunk 0's, under --profile
+  params_io_waits();
+  return out;
+}
+
+// One chunk's offloaded step (offloaded_step's, without --offload-grads: RunSpec::check_pipeline)
+// over its range of the working weights and gradients, then the working weights published as
+// the in-RAM update does; returns the bytes that all-gather covered.
+int64_t TrainRun::offloaded_chunk_step(Transformer& gpt, offload::OffloadedOptimizer& off,
+                                       ZeroServices& zero, const StatePlacement& placement,
+                                       const RankShards* shards, float rate, float scale) {
+  const std::optional<ElementRange> owned = placement.owned();
+  const ElementRange range = owned.value_or(whole_range(gpt.layout()));
+  if (gpt.params_offloaded()) {
+    off.step(*zero.weights, gpt.grad_sums(range), rate, scale);
+  } else {
+    Tensor working = gpt.params_sharded() ? gpt.params()
+                                          : gpt.params().view(range.begin, {range.size()});
+    off.step(working, gpt.grad_sums(range), rate, scale);
+  }
+  return publish_working_weights(gpt, owned ? shards : nullptr);
 }
 
 // The evaluation's forwards through the virtual stages (run_chunk_forwards); the sum of the

@@ -80,7 +80,8 @@ void TrainRun::stage_layout_files() {
                 staging);
   };
   if (my_shard_ || comm_.rank() == 0) {
-    // --offload-optimizer: streamed from the files (no chunks: interleaved refuses offload).
+    // --offload-optimizer: streamed from the files (no chunks: a save with offloaded state
+    // under --pp is refused, RunSpec::check_pipeline).
     if (off_) {
       write_offloaded_part(files, staging);
     } else {
@@ -164,7 +165,8 @@ void TrainRun::load_by_layout() {
 }
 
 // --pp-schedule interleaved: chunk `k`'s run of every tensor from the save, as load_by_layout
-// reads chunk 0's (train_run_chunks.cpp; interleaved refuses offload: RunSpec::check_interleaved_run).
+// reads chunk 0's (train_run_chunks.cpp); offloaded master weights into the chunk's file (no
+// resume of offloaded state under interleaved: RunSpec::check_interleaved_run).
 void TrainRun::load_chunk_by_layout(Chunk& k) {
   const ModelConfig whole = whole_run_model(k.run.model);
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
@@ -176,7 +178,10 @@ void TrainRun::load_chunk_by_layout(Chunk& k) {
           source->read_range({a, b}, d);
         });
       },
-      piece_, {});
+      piece_, k.off && master_ ? Transformer::MasterSink([&](const Transformer::RangeFill& fill) {
+        k.off->write_master_from(fill);
+      })
+                               : Transformer::MasterSink{});
   if (k.gpt->lora()) {  // the adapters and their optimizer's state, as load_or_init's
     if (resume_) {
       load_adapters(location_.dir, *k.gpt);
@@ -184,7 +189,7 @@ void TrainRun::load_chunk_by_layout(Chunk& k) {
     } else if (!settings_.checkpoint.lora_from.empty()) {
       load_adapters(settings_.checkpoint.lora_from, *k.gpt);
     }
-  } else if (resume_) {
+  } else if (resume_ && k.opt) {
     const WholeOptimizer w(k.run.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *k.opt, *w.opt, runs);
   }

@@ -86,18 +86,51 @@ void TrainRun::log_line(const json& j) {
 }
 
 TrainRun::IoMark TrainRun::io_mark() const {
-  return {off_ ? off_->stats() : offload::IoStats{},
-          grads_file_ ? grads_file_->stats() : offload::IoStats{},
-          offload::param_io_stats(param_file_.get()),
+  return {optimizer_io(), grads_file_ ? grads_file_->stats() : offload::IoStats{}, params_io(),
           grads_file_ ? grads_file_->backward_bytes() : 0};
 }
 
+// The offloaded optimizer's counters: the run's, and under --pp-schedule interleaved every
+// chunk's added (each chunk streams its own files).
+offload::IoStats TrainRun::optimizer_io() const {
+  offload::IoStats io = off_ ? off_->stats() : offload::IoStats{};
+  for (const auto& k : chunks_)
+    if (k->off) {
+      const offload::IoStats c = k->off->stats();
+      io.bytes_read += c.bytes_read;
+      io.bytes_written += c.bytes_written;
+      io.wait_seconds += c.wait_seconds;
+      io.update_seconds += c.update_seconds;
+    }
+  return io;
+}
+
+// The working weights' files' counters, every chunk's added as optimizer_io's.
+offload::ParamIoStats TrainRun::params_io() const {
+  offload::ParamIoStats io = offload::param_io_stats(param_file_.get());
+  for (const auto& k : chunks_) {
+    const offload::ParamIoStats c = offload::param_io_stats(k->param_file.get());
+    io.read_bytes += c.read_bytes;
+    io.written_bytes += c.written_bytes;
+    io.wait_seconds += c.wait_seconds;
+  }
+  return io;
+}
+
 // The offload files' bytes by category (master, optimizer; params with --offload-params, grads
-// with --offload-grads).
+// with --offload-grads); every chunk's under --pp-schedule interleaved.
 CategoryBytes TrainRun::offload_files() const {
   CategoryBytes disk = off_ ? off_->file_bytes() : CategoryBytes{};
+  for (const auto& k : chunks_)
+    if (k->off) {
+      const CategoryBytes files = k->off->file_bytes();
+      for (size_t c = 0; c < disk.size(); ++c) disk[c] += files[c];
+    }
   if (param_file_)
     disk[static_cast<size_t>(Category::params)] += fs::file_size(param_file_->file().path());
+  for (const auto& k : chunks_)
+    if (k->param_file)
+      disk[static_cast<size_t>(Category::params)] += fs::file_size(k->param_file->file().path());
   if (grads_file_)
     disk[static_cast<size_t>(Category::grads)] += fs::file_size(grads_file_->file().path());
   return disk;
@@ -118,8 +151,8 @@ void TrainRun::params_io_waits() {
 // backward's writes and reads back, the update's reads), also apart under "grads".
 json TrainRun::offload_line(const IoMark& before) {
   // (LoRA's frozen base on disk: its file alone, no optimizer's.)
-  const offload::IoStats io = off_ ? off_->stats() : offload::IoStats{};
-  const offload::ParamIoStats p = offload::param_io_stats(param_file_.get()) - before.params;
+  const offload::IoStats io = optimizer_io();
+  const offload::ParamIoStats p = params_io() - before.params;
   const offload::IoStats g = grads_file_ ? grads_file_->stats() : offload::IoStats{};
   const uint64_t g_read = g.bytes_read - before.grads.bytes_read,
                  g_written = g.bytes_written - before.grads.bytes_written;

@@ -15,6 +15,7 @@
 #include "memfit/model/stage_offsets.h"
 #include "memfit/optim/apollo.h"
 #include "memfit/optim/tensor_split.h"
+#include "memfit/plan/interleaved_plan.h"
 #include "memfit/plan/memory_plan.h"
 #include "memfit/state/shard.h"
 #include "memfit/train/offload_disk.h"
@@ -44,15 +45,13 @@ std::vector<UnitGradCheck> stage_checks(dist::Communicator& pipe,
   return dist::all_gather_vectors(pipe, mine);
 }
 
-// This rank's offload directory under its data rank's: `stage-<s>/` under --pp, then
-// `tensor-<t>/` under --tp.
-fs::path grid_offload_dir(fs::path dir, dist::ProcessGrid& grid) {
-  if (grid.shape().pipeline > 1) dir /= fmt::format("stage-{}", grid.coords().pipeline);
-  if (grid.shape().tensor > 1) dir /= fmt::format("tensor-{}", grid.tensor().rank());
+}  // namespace
+
+fs::path grid_offload_dir(fs::path dir, int stage, const dist::ProcessGrid& grid) {
+  if (grid.shape().pipeline > 1) dir /= fmt::format("stage-{}", stage);
+  if (grid.shape().tensor > 1) dir /= fmt::format("tensor-{}", grid.coords().tensor);
   return dir;
 }
-
-}  // namespace
 
 TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
     : grid_(grid_in),
@@ -89,7 +88,9 @@ TrainRun::TrainRun(dist::ProcessGrid& grid_in, const TrainSpec& spec_in)
       // --pp and --tp: the stages and the tensor ranks of one data rank hold other parts of
       // the state, so each offloads into a directory of its own under the data rank's (Note
       // [NVMe offload], "Under --tp", "Under --pp").
-      offload_dir_(grid_offload_dir(placement_.offload_dir(), grid_in)) {
+      // (Interleaved: chunk 0 is virtual stage s, the others' in make_chunks.)
+      offload_dir_(grid_offload_dir(placement_.offload_dir(), grid_in.coords().pipeline,
+                                    grid_in)) {
   start_profiler();
   if (location_.recovered) fmt::print(stderr, "memfit: {}\n", location_.note);
   make_state_files();
@@ -144,8 +145,13 @@ void TrainRun::make_state_files() {
   // go first (Note [NVMe offload], "Working weights on disk").
   // Every rank's offload files against the free bytes of the filesystem it shares with the
   // other ranks there, before any file is made (train/offload_disk.h).
+  // (Interleaved: every chunk's files, checked together here before any is made.)
   if (files)
-    check_offload_disk(grid_.world(), offload_dir_, plan_memory(spec_, comm_.rank()).disk_bytes);
+    check_offload_disk(grid_.world(), offload_dir_,
+                       spec_.interleaved()
+                           ? plan_interleaved_rank(spec_, pipe_.rank(), comm_.rank(), false)
+                                 .disk_bytes
+                           : plan_memory(spec_, comm_.rank()).disk_bytes);
   if (placement_.params_in_file())
     param_file_ = std::make_unique<offload::ParamFile>(
         ParamLayout(mc_), half_dtype(spec_.precision.precision), placement_.persist_threshold(),
@@ -297,9 +303,12 @@ void TrainRun::place_optimizer(Optimizer& opt, Transformer& gpt) {
     apollo->set_param_index_base(first_param_index(c));
 }
 
-// --disk-limit against every offload file of this rank, before the optimizer's are made.
+// --disk-limit against every offload file of this rank, before the optimizer's are made
+// (interleaved: every chunk's, as planned, before the other chunks' are made).
 void TrainRun::check_disk_limit() const {
-  const uint64_t need = (offload_ ? offload::make_offload_layout(gpt_->layout(), spec_.optim,
+  const uint64_t need =
+      spec_.interleaved() ? plan_interleaved_rank(spec_, pipe_.rank(), comm_.rank(), false).disk_bytes
+                          : (offload_ ? offload::make_offload_layout(gpt_->layout(), spec_.optim,
                                                                  master_,
                                                                  offload::kMaxPieceElements,
                                                                  my_shard_)

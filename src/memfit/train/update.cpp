@@ -295,7 +295,8 @@ UpdateOutcome apply_update_chunks(const std::vector<ChunkUpdate>& chunks,
   const GradCheck check = tensor_check(*chunks.front().gpt, add_checks(all));
   if (!decide_step(check, scaler, clip, grad_accum, out, scale)) return out;
   for (const ChunkUpdate& c : chunks)
-    out.gathered_bytes += step_optimizer(*c.gpt, *c.optimizer, c.shards, lr, scale);
+    out.gathered_bytes +=
+        c.optimizer ? step_optimizer(*c.gpt, *c.optimizer, c.shards, lr, scale) : c.step(lr, scale);
   return out;
 }
 

@@ -80,6 +80,9 @@ struct ChunkUpdate {
   Transformer* gpt = nullptr;
   Optimizer* optimizer = nullptr;
   const RankShards* shards = nullptr;
+  // Instead of `optimizer`: the step as `step(lr, grad_scale)` (one streamed from offload
+  // files), which publishes the working weights itself and returns the bytes gathered.
+  std::function<int64_t(float lr, float scale)> step;
 };
 UpdateOutcome apply_update_chunks(const std::vector<ChunkUpdate>& chunks,
                                   DynamicLossScaler* scaler, float lr, float clip,
