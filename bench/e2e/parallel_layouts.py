@@ -241,6 +241,7 @@ def main():
                     help="bubble_interleaved at a tiny shape (checks the script, times nothing)")
     ap.add_argument("--rounds", type=int, default=3, help="tp_overlap: interleaved rounds")
     ap.add_argument("--n-layer", type=int, help="tp_overlap: the model's depth (default 24)")
+    ap.add_argument("--seq-len", type=int, help="tp_overlap: tokens a row (default 1024)")
     ap.add_argument("--synthetic", action="store_true",
                     help="tp_overlap: random tokens instead of data/brown")
     args = ap.parse_args()
@@ -249,6 +250,8 @@ def main():
         common = list(GPT2_MEDIUM)
         if args.n_layer:
             common += ["--n-layer", str(args.n_layer)]
+        if args.seq_len:
+            common[common.index("--seq-len") + 1] = str(args.seq_len)
         with tempfile.TemporaryDirectory() as tmp:
             if args.synthetic:
                 common[common.index("--data") + 1] = synthetic_data(tmp)

@@ -81,11 +81,17 @@ class TensorParallelOverlap : public test::MpiBinaryTest {
     }
     EXPECT_GE(compared, 8) << more;
     EXPECT_EQ(overlapped, 4) << more;
-    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    // Every tensor file of the save (weights and optimizer state; LoRA's adapters and theirs).
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(dir / "off")) {
+      if (e.path().extension() != ".safetensors") continue;
+      const std::string f = e.path().filename().string();
       const std::string x = test::slurp(dir / "off" / f), y = test::slurp(dir / "on" / f);
       EXPECT_FALSE(x.empty()) << more << ": " << f;
       EXPECT_TRUE(x == y) << more << ": " << f << " differs with --tp-overlap on";
+      ++files;
     }
+    EXPECT_GE(files, 2) << more;
   }
   json plan(const std::string& more) const {
     EXPECT_EQ(run_memfit(fmt::format("plan {} --world-size 2 --json", args(more))), 0)
