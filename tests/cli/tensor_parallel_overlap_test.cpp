@@ -1,7 +1,7 @@
 // --tp-overlap end to end under mpirun (Note [Tensor parallel], "Overlap"): the column-parallel
 // layers' d(input) sums run on each rank's communication thread while the weight gradients
 // compute, which must change nothing but the time. At --tp 2, GPT-2 and LLaMA, with and without
-// --sp, with recomputation (--ckpt full, selective), in bf16 and with LoRA: every loss, gradient
+// --sp, with recomputation (--ckpt full, selective), in bf16, fp8 and with LoRA: every loss, gradient
 // norm and validation loss, and the saved weights and optimizer state, are the run without it,
 // bit for bit, and the log says the sums ran on the thread. The plan is every rank's measured
 // peak with it on (it lends no buffer of its own), and its step-time estimate takes the hidden
@@ -106,6 +106,8 @@ TEST_F(TensorParallelOverlap, Gpt2IsTheRunWithoutItBitForBit) {
   expect_same(kSteps);
   expect_same(std::string(kSteps) + " --sp --ckpt full");
   expect_same(std::string(kSteps) + " --precision bf16 --ckpt selective --attention plain");
+  // fp8: the sum starts after the input's cast, whose scale is a collective of its own.
+  expect_same(std::string(kSteps) + " --precision fp8");
 }
 
 TEST_F(TensorParallelOverlap, LlamaIsTheRunWithoutItBitForBit) {
