@@ -3,7 +3,8 @@
 // compute, which must change nothing but the time. At --tp 2, GPT-2 and LLaMA, with and without
 // --sp, with recomputation (--ckpt full, selective), in bf16, fp8 and with LoRA: every loss, gradient
 // norm and validation loss, and the saved weights and optimizer state, are the run without it,
-// bit for bit, and the log says the sums ran on the thread. The plan is every rank's measured
+// bit for bit, and the log says the sums ran on the thread; so at 2 x 2 ranks with ZeRO 2 and
+// with --pp 2. The plan is every rank's measured
 // peak with it on (it lends no buffer of its own), and its step-time estimate takes the hidden
 // seconds off the tensor collectives' (and nothing else). What it needs is refused naming the
 // option. Skips where memfit was built without MPI.
@@ -33,11 +34,13 @@ class TensorParallelOverlap : public test::MpiBinaryTest {
     return fmt::format("{}--n-layer 2 --seq-len 32 --batch 2 --threads 1 --data '{}' {}",
                        model ? "" : "--model gpt2-tiny ", (dir / "data").string(), more);
   }
-  // `memfit train more` over 2 ranks; its log's lines.
-  std::vector<json> train(const std::string& more, const std::string& name) const {
+  // `memfit train more` over `ranks` ranks; its log's lines.
+  std::vector<json> train(const std::string& more, const std::string& name,
+                          int ranks = 2) const {
     const fs::path log = dir / (name + ".jsonl");
     fs::remove(log);
-    EXPECT_EQ(run_memfit("train " + args(more) + fmt::format(" --log '{}'", log.string()), 2), 0)
+    EXPECT_EQ(
+        run_memfit("train " + args(more) + fmt::format(" --log '{}'", log.string()), ranks), 0)
         << more << ": " << test::slurp(dir / "err.txt");
     std::vector<json> out;
     std::istringstream in(test::slurp(log));
@@ -46,12 +49,12 @@ class TensorParallelOverlap : public test::MpiBinaryTest {
   }
   // The run with --tp-overlap on against the run without: the same numbers, bit for bit (the
   // log prints doubles to round trip), the same checkpoint bytes, and the sums on the thread.
-  void expect_same(const std::string& more) const {
+  void expect_same(const std::string& more, int ranks = 2) const {
     const auto save = [&](const char* name) {
       return fmt::format(" --save '{}'", (dir / name).string());
     };
-    const std::vector<json> off = train(more + save("off"), "off");
-    const std::vector<json> on = train(more + " --tp-overlap on" + save("on"), "on");
+    const std::vector<json> off = train(more + save("off"), "off", ranks);
+    const std::vector<json> on = train(more + " --tp-overlap on" + save("on"), "on", ranks);
     int compared = 0, overlapped = 0;
     std::vector<json> a, b;
     for (const json& j : off)
@@ -115,6 +118,14 @@ TEST_F(TensorParallelOverlap, LlamaIsTheRunWithoutItBitForBit) {
   expect_same(llama + " --ckpt full");
   expect_same(llama + " --sp");
   expect_same(llama + " --lora-rank 4");
+}
+
+// With the data group's own requests in flight during the backward (ZeRO 2 reduces each unit's
+// gradients as the backward ends it; the communication thread's MPI calls progress them too)
+// and with a pipeline's transfers between the stages: 2 x 2 ranks.
+TEST_F(TensorParallelOverlap, ComposesWithZeroAndPipelineBitForBit) {
+  expect_same(std::string(kSteps) + " --zero 2", 4);
+  expect_same(std::string(kSteps) + " --model llama-tiny --pp 2 --grad-accum 2", 4);
 }
 
 // No buffer of its own: every rank's measured peak is still the plan's, by category; the
