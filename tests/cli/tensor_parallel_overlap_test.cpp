@@ -1,13 +1,12 @@
 // --tp-overlap end to end under mpirun (Note [Tensor parallel], "Overlap"): the column-parallel
-// layers' d(input) sums run on each rank's communication thread while the weight gradients
-// compute, which must change nothing but the time. At --tp 2, GPT-2 and LLaMA, with and without
-// --sp, with recomputation (--ckpt full, selective), in bf16, fp8 and with LoRA: every loss, gradient
-// norm and validation loss, and the saved weights and optimizer state, are the run without it,
-// bit for bit, and the log says the sums ran on the thread; so at 2 x 2 ranks with ZeRO 2 and
-// with --pp 2. The plan is every rank's measured
-// peak with it on (it lends no buffer of its own), and its step-time estimate takes the hidden
-// seconds off the tensor collectives' (and nothing else). What it needs is refused naming the
-// option. Skips where memfit was built without MPI.
+// layers' d(input) sums run on each rank's communication thread while the weight gradients compute,
+// which must change nothing but the time. At --tp 2, GPT-2 and LLaMA, with and without --sp, with
+// recomputation (--ckpt full, selective), in bf16, fp8 and with LoRA: every loss, gradient norm and
+// validation loss, and the saved weights and optimizer state, are the run without it, bit for bit,
+// and the log says the sums ran on the thread; so at 2 x 2 ranks with ZeRO 2 and with --pp 2. The
+// plan is every rank's measured peak with it on (it lends no buffer of its own), and its step-time
+// estimate takes the hidden seconds off the tensor collectives' (and nothing else). What it needs
+// is refused naming the option. Skips where memfit was built without MPI.
 #include <gtest/gtest.h>
 
 #include <cmath>
