@@ -1,7 +1,8 @@
 // The communication thread of --tp-overlap (dist/comm_thread.h): a task runs on another thread
 // while the caller goes on, wait() returns once it has finished (its writes visible) and
 // rethrows what it threw, a second task before the wait is refused, and the thread's OpenMP
-// regions run one thread. The collectives it runs in a step: tests/cli/tensor_parallel_overlap_test.
+// regions run one thread. The collectives it runs in a step:
+// tests/cli/tensor_parallel_overlap_test.cpp.
 #include <gtest/gtest.h>
 
 #include <atomic>
