@@ -11,6 +11,16 @@ thread a rank and no more ranks than cores.
     python3 bench/e2e/parallel_layouts.py bubble         # pp 2 (GPipe, 1F1B) with m = 2, 4, 8 against pp 1
     python3 bench/e2e/parallel_layouts.py stage_peaks    # each stage's peak at pp 2 and 4, m = 8, both schedules
     python3 bench/e2e/parallel_layouts.py bubble_interleaved  # pp 2 interleaved V 2 vs 1F1B and pp 1, m = 2, 4, 8
+    python3 bench/e2e/parallel_layouts.py tp_overlap     # tp 2 (+ --sp) with --tp-overlap off and on, interleaved rounds
+
+`tp_overlap` (issue 42, "Overlap"): gpt2-medium 1 x 1024 at --tp 2, one thread a rank, with and
+without --sp, --tp-overlap off and on run in alternating order for --rounds rounds (the order
+flips each round, so a machine's drift falls on both alike); per variant the median over rounds
+of each run's median step, rank 0's tensor_comm_s (the wall time inside the tensor collectives)
+and tensor_comm_exposed_s (of those, what the step waited for: with the option on the rest ran
+on the communication thread beside the weight-gradient GEMMs), and per round the ratio on / off.
+`--synthetic` trains on random tokens (no data/brown needed; the step time does not depend on
+the tokens); `--n-layer N` cuts the model's depth to time fewer blocks of the same shape.
 
 `bubble_interleaved` times the runner itself (build/pipeline_bubble_tool: the model's forwards and
 backwards through the schedule, no optimizer) until `memfit train` runs the interleaved schedule:
@@ -117,6 +127,84 @@ def bubble_interleaved(steps, out, shape=TOOL_SHAPE):
                    "shape": shape, "rows": rows}, f, indent=1)
 
 
+def synthetic_data(tmp):
+    """A train and a val shard of random GPT-2 tokens (llm.c's format: a 256-int32 header, magic
+    20240520, version 1, the token count; then uint16 tokens) in tmp/data."""
+    import random
+    import struct
+    d = os.path.join(tmp, "data")
+    os.makedirs(d, exist_ok=True)
+    rng = random.Random(42)
+    for name, n in (("train_000000.bin", 1 << 16), ("val_000000.bin", 1 << 14)):
+        header = [20240520, 1, n] + [0] * 253
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(struct.pack("<256i", *header))
+            f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
+    return d
+
+
+def tp_overlap(rounds, steps, out, common):
+    variants = [("tp2", ["--tp", "2"]), ("tp2 sp", ["--tp", "2", "--sp"])]
+    runs = {}  # (variant, on) -> list of per-run dicts
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for name, layout in variants:
+                order = (False, True) if r % 2 == 0 else (True, False)
+                for on in order:
+                    opt = ["--tp-overlap", "on" if on else "off"]
+                    log = os.path.join(tmp, f"{name.replace(' ', '_')}_{int(on)}_{r}.jsonl")
+                    st, _ = train(steps, common, 2, 1, layout + opt, log)
+                    timed = st[1:] or st
+                    med = lambda key: statistics.median(s[key] for s in timed) if key in timed[0] \
+                        else None
+                    row = {"round": r, "step_s": med("step_seconds"),
+                           "tensor_comm_s": med("tensor_comm_s"),
+                           "exposed_s": med("tensor_comm_exposed_s") if on
+                           else med("tensor_comm_s"),
+                           "overlapped_s": med("tensor_comm_overlapped_s") if on else 0.0,
+                           "last_loss": st[-1]["loss"]}
+                    runs.setdefault((name, on), []).append(row)
+                    print(f"round {r} {name} overlap {'on' if on else 'off'}: "
+                          f"{row['step_s']:.3f} s a step", file=sys.stderr)
+    rows = []
+    for name, layout in variants:
+        off, on = runs[(name, False)], runs[(name, True)]
+        ratios = [b["step_s"] / a["step_s"] for a, b in zip(off, on)]
+        for flag, rs in (("off", off), ("on", on)):
+            planned = run_json([MEMFIT, "plan", *common, *layout, "--tp-overlap", flag,
+                                "--threads", "1", "--world-size", "2", "--json"])
+            tc = planned.get("tensor_comm_per_step", {})
+            med = lambda k: statistics.median(x[k] for x in rs)
+            rows.append({"variant": name, "overlap": flag, "rounds": len(rs),
+                         "median_step_s": med("step_s"), "median_tensor_comm_s":
+                         med("tensor_comm_s"), "median_exposed_s": med("exposed_s"),
+                         "median_overlapped_s": med("overlapped_s"),
+                         "planned_step_s": planned.get("est_step_seconds"),
+                         "planned_tensor_comm_s": tc.get("seconds"),
+                         "planned_hidden_s": tc.get("hidden_seconds"),
+                         "ratio_on_off": ratios if flag == "on" else None,
+                         "losses_equal": [a["last_loss"] == b["last_loss"]
+                                          for a, b in zip(off, on)],
+                         "runs": rs})
+    print(f"tp_overlap on {cpu_model()}, {rounds} rounds of {steps} steps (median of steps 2-); "
+          + " ".join(common))
+    print(f"{'variant':<8} {'overlap':>7} {'step s':>8} {'comm s':>8} {'share':>6} "
+          f"{'exposed s':>9} {'plan s':>8} {'plan comm':>9} {'hidden':>7} {'on/off':>22}")
+    for r in rows:
+        rat = r["ratio_on_off"]
+        rs = (f"{statistics.median(rat):.3f} ({min(rat):.3f}-{max(rat):.3f})" if rat else "")
+        print(f"{r['variant']:<8} {r['overlap']:>7} {r['median_step_s']:>8.3f} "
+              f"{r['median_tensor_comm_s']:>8.3f} "
+              f"{r['median_tensor_comm_s'] / r['median_step_s']:>6.1%} "
+              f"{r['median_exposed_s']:>9.3f} {r['planned_step_s'] or float('nan'):>8.3f} "
+              f"{r['planned_tensor_comm_s'] or 0:>9.3f} {r['planned_hidden_s'] or 0:>7.3f} "
+              f"{rs:>22}")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"suite": "tp_overlap", "cpu": cpu_model(), "rounds": rounds, "steps": steps,
+                   "common": common, "rows": rows}, f, indent=1)
+
+
 def train(steps, common, ranks, threads, layout, log):
     base = [MEMFIT, "train", *common, *layout, "--steps", str(steps), "--threads", str(threads),
             "--log", log, "--eval-batches", "1", "--repeat-batch"]
@@ -146,12 +234,29 @@ def plan(common, ranks, threads, layout):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("suite", choices=sorted(SUITES) + ["bubble_interleaved"])
+    ap.add_argument("suite", choices=sorted(SUITES) + ["bubble_interleaved", "tp_overlap"])
     ap.add_argument("--steps", type=int, help="override the suite's steps")
     ap.add_argument("--out")
     ap.add_argument("--tiny", action="store_true",
                     help="bubble_interleaved at a tiny shape (checks the script, times nothing)")
+    ap.add_argument("--rounds", type=int, default=3, help="tp_overlap: interleaved rounds")
+    ap.add_argument("--n-layer", type=int, help="tp_overlap: the model's depth (default 24)")
+    ap.add_argument("--seq-len", type=int, help="tp_overlap: tokens a row (default 1024)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="tp_overlap: random tokens instead of data/brown")
     args = ap.parse_args()
+    if args.suite == "tp_overlap":
+        out = args.out or os.path.join(ROOT, "out", "parallel_layouts", args.suite + ".json")
+        common = list(GPT2_MEDIUM)
+        if args.n_layer:
+            common += ["--n-layer", str(args.n_layer)]
+        if args.seq_len:
+            common[common.index("--seq-len") + 1] = str(args.seq_len)
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.synthetic:
+                common[common.index("--data") + 1] = synthetic_data(tmp)
+            tp_overlap(args.rounds, args.steps or 6, out, common)
+        return
     if args.suite == "bubble_interleaved":
         out = args.out or os.path.join(ROOT, "out", "parallel_layouts", args.suite + ".json")
         tiny = ["--n-layer", "4", "--d-model", "32", "--n-head", "2", "--n-kv-head", "1",

@@ -108,12 +108,17 @@ void print_plan_tensor_comm(const RunSpec& run, const PlanReport& r) {
                              : "";
   fmt::print("tensor collectives per step (--tp {}): {} all-reduces of {:.1f} MiB ({:.1f} MiB in "
              "all){}, {:.1f} MiB a rank gathered ({}the loss's statistics); about {:.2f} s on "
-             "the tensor group's link (nothing overlapped; a model, not a measurement)\n",
+             "the tensor group's link ({}; a model, not a measurement)\n",
              run.model.tp, t.all_reduce_count, t.all_reduce_each() / 1048576.0,
              t.all_reduce_bytes / 1048576.0, scatters, t.gathered_bytes / 1048576.0,
              run.sp ? "the sequence's parts before the column-parallel linears, "
                                    : "",
-             r.step_time.tensor_comm);
+             r.step_time.tensor_comm,
+             run.tp_overlap
+                 ? fmt::format("{:.2f} s more hidden behind the weight-gradient GEMMs by "
+                               "--tp-overlap",
+                               r.step_time.tensor_comm_hidden)
+                 : std::string("nothing overlapped"));
 }
 
 // --tp: the tensor group's collectives per step (bytes and count, by kind) and their seconds;
@@ -124,7 +129,8 @@ nlohmann::json tensor_comm_json(const RunSpec& run, const PlanReport& r) {
                       {"all_reduce_count", t.all_reduce_count},
                       {"all_reduce_each", t.all_reduce_each()},
                       {"gathered", t.gathered_bytes},
-                      {"seconds", r.step_time.tensor_comm}};
+                      {"seconds", r.step_time.tensor_comm},
+                      {"hidden_seconds", r.step_time.tensor_comm_hidden}};
   if (t.reduce_scatter_count > 0) {  // --sp (Note [Sequence parallel])
     j["reduce_scatter"] = t.reduce_scatter_bytes;
     j["reduce_scatter_count"] = t.reduce_scatter_count;

@@ -230,6 +230,14 @@ void add_parallel_options(CLI::App* cmd, TrainConfig& c) {
                 "tensor rank; all-gathers before and reduce-scatters after the split linears "
                 "replace the all-reduces. --seq-len must divide by --tp. Note [Sequence "
                 "parallel] (docs/notes/tensor-parallel.md)");
+  cmd->add_option("--tp-overlap", c.tp_overlap,
+                  "With --tp: on runs each column-parallel layer's input-gradient all-reduce "
+                  "(reduce-scatter with --sp) on a communication thread per rank while the "
+                  "weight-gradient GEMM computes (MPI initialised SERIALIZED); the same bits as "
+                  "off. It takes a core from the GEMM while it copies: measured in Note [Tensor "
+                  "parallel], \"Overlap\" (docs/notes/tensor-parallel.md)")
+      ->type_name("on|off")
+      ->capture_default_str();
   cmd->add_option("--pp", c.pp,
                   "Pipeline parallelism under mpirun or srun: cut the model into this many "
                   "stages of contiguous blocks, one a rank (the embeddings on the first, the "
@@ -452,7 +460,9 @@ void add_train_command(CLI::App& app) {
     if (!config_file->empty()) apply_toml_config(*cmd, *config_file);
     // One process, or one of the ranks mpirun or srun started, in a grid of data parallelism
     // only (dist/process_grid.h); the world's rank 0 speaks.
-    std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
+    // --tp-overlap on: the tensor group's communication thread calls MPI too (SERIALIZED).
+    std::unique_ptr<dist::Communicator> world =
+        dist::make_world_communicator(parse_tp_overlap(cfg->tp_overlap));
     world->set_timeout(cfg->collective_timeout);
     const int world_size = world->size();
     // --tp: neighbouring ranks split each layer (tensor fastest: Note [Process grid]). Every rank
@@ -460,6 +470,7 @@ void add_train_command(CLI::App& app) {
     if (world_size > 1)
       dist::check_ranks_agree(*world, {{"--tp", std::to_string(cfg->tp)},
                                        {"--sp", cfg->sp ? "on" : "off"},
+                                       {"--tp-overlap", cfg->tp_overlap},
                                        {"--pp", std::to_string(cfg->pp)}});
     if (cfg->tp < 1 || world_size % cfg->tp != 0)
       MEMFIT_THROW(ConfigError, "config",

@@ -155,13 +155,14 @@ std::unique_ptr<Communicator> make_single_communicator() {
   return std::make_unique<SingleCommunicator>();
 }
 
-std::unique_ptr<Communicator> make_world_communicator() {
+std::unique_ptr<Communicator> make_world_communicator(bool threads) {
   if (!launched_as_ranks()) return make_single_communicator();
 #ifdef MEMFIT_HAVE_MPI
-  std::unique_ptr<Communicator> world = mpi::make_mpi_communicator();
+  std::unique_ptr<Communicator> world = mpi::make_mpi_communicator(threads);
   if (check_collectives_requested()) return make_checked_communicator(std::move(world));
   return world;
 #else
+  (void)threads;
   MEMFIT_THROW(DistError, "dist",
                "started by a launcher (mpirun or srun) but this memfit was built without MPI: "
                "install libopenmpi-dev and rebuild (scripts/setup.sh does)");

@@ -148,8 +148,10 @@ std::unique_ptr<Communicator> make_single_communicator();
 
 // The world this process runs in: MPI's when it was started by a launcher (mpirun, srun: their
 // environment says so) and memfit was built with MPI, else the single process. DistError when a
-// launcher started it but the build has no MPI.
-std::unique_ptr<Communicator> make_world_communicator();
+// launcher started it but the build has no MPI. `threads`: a second thread will call MPI too
+// (--tp-overlap's communication thread), never at the same time: MPI at thread level
+// SERIALIZED, a DistError where the library does not give it.
+std::unique_ptr<Communicator> make_world_communicator(bool threads = false);
 
 // Ends every process of the job at once after an error on this one (MPI_Abort with `code`):
 // without it, the other ranks would wait forever in their next collective and this one in

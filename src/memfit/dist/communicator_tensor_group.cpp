@@ -55,6 +55,25 @@ void CommunicatorTensorGroup::lend_buffers(MemoryPool& pool, bool sequence_paral
     pack_ = Tensor::empty(pool, {chunk_}, DType::f32, Category::comm, "tp.pack");
 }
 
+void CommunicatorTensorGroup::start_overlap() {
+  if (comm_.size() > 1 && !thread_) thread_ = std::make_unique<CommThread>();
+}
+
+void CommunicatorTensorGroup::start(const std::function<void()>& collectives) {
+  if (!thread_) {
+    collectives();
+    return;
+  }
+  thread_->run([this, collectives] {
+    const Timed timed(volume_.overlapped_seconds);
+    collectives();
+  });
+}
+
+void CommunicatorTensorGroup::finish() {
+  if (thread_) thread_->wait(&volume_.waited_seconds);
+}
+
 std::span<float> CommunicatorTensorGroup::receive() {
   if (receive_.defined()) return {receive_.data<float>(), static_cast<size_t>(chunk_)};
   heap_receive_.resize(static_cast<size_t>(chunk_));

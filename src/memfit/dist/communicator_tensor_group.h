@@ -13,8 +13,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "memfit/dist/comm_thread.h"
 #include "memfit/dist/communicator.h"
 #include "memfit/memory/pool.h"
 #include "memfit/memory/tensor.h"
@@ -53,16 +55,28 @@ class CommunicatorTensorGroup final : public TensorGroup {
   void all_gather(std::span<const float> in, std::span<float> out) override;
   void reduce_scatter_sum(std::span<const float> in, std::span<float> out) override;
 
+  // --tp-overlap: from here on start() runs its collectives on a communication thread of the
+  // group's own (dist/comm_thread.h; MPI must be initialised SERIALIZED: make_world_communicator's
+  // `threads`). Nothing for a group of one.
+  void start_overlap();
+  bool overlaps() const override { return thread_ != nullptr; }
+  void start(const std::function<void()>& collectives) override;
+  void finish() override;
+
   // What the collectives covered so far (a group of one issues none): the float all-reduces'
   // bytes and count, the bytes each rank gave the gathers (the double sums' and maxima's
   // values, all_gather's input), and the reduce-scatters' (--sp) input bytes and count. The run
   // logs each step's (plan: tensor_comm_per_step). A collective cut into chunks counts once.
   // `seconds`: the wall time inside the collectives (waiting for the slowest rank included),
-  // what an overlap with compute could hide at most.
+  // what an overlap with compute could hide at most. With --tp-overlap, `overlapped_seconds` of
+  // them ran on the communication thread while the step computed, and the step waited
+  // `waited_seconds` for them in finish(): the step spent seconds - overlapped_seconds +
+  // waited_seconds in the collectives (exposed_seconds()).
   struct Volume {
     int64_t all_reduce_bytes = 0, all_reduce_count = 0, gathered_bytes = 0;
     int64_t reduce_scatter_bytes = 0, reduce_scatter_count = 0;
-    double seconds = 0;
+    double seconds = 0, overlapped_seconds = 0, waited_seconds = 0;
+    double exposed_seconds() const { return seconds - overlapped_seconds + waited_seconds; }
   };
   const Volume& volume() const { return volume_; }
 
@@ -77,6 +91,7 @@ class CommunicatorTensorGroup final : public TensorGroup {
   Tensor receive_, pack_;
   std::vector<float> heap_receive_, heap_pack_;
   Volume volume_;
+  std::unique_ptr<CommThread> thread_;  // --tp-overlap; last, so it ends first
 };
 
 }  // namespace memfit::dist

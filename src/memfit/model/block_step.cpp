@@ -307,13 +307,15 @@ Tensor BlockStep::fp8_weight(LinearSlot slot, const Tensor& weight) {
 void BlockStep::fp8_linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight,
                                            Tensor dbias, const Tensor& dout, const Tensor& inp,
                                            const Tensor& weight,
-                                           const std::function<void()>& between) {
+                                           const std::function<void()>& between,
+                                           const std::function<void()>& dinp_done) {
   const Tensor dy8 = fp8_cast(fp8_dy_, dout, kernels::Fp8Format::e5m2);
   const Tensor w8 = fp8_weight(slot, weight);
   const Tensor x8 = fp8_x_.view_bytes(0, inp.shape(), DType::bf16);
   memfit::linear_backward_around(ctx, dinp, dweight, Tensor{}, dy8, x8, w8, [&] {
     between();
     fp8_cast(fp8_x_, inp, kernels::Fp8Format::e4m3);
+    dinp_done();
   });
   if (dbias.defined()) memfit::linear_backward(ctx, Tensor{}, Tensor{}, dbias, dout, inp, w8);
 }
@@ -492,27 +494,57 @@ void BlockStep::linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dwei
                                        const Tensor& dout, const Tensor& inp,
                                        const Tensor& weight,
                                        const std::function<void()>& between) {
-  linear_backward_local(slot, dinp, dweight, dbias, dout, inp, weight, between);
   TensorGroup& group = ctx.tensor_group();
-  if (running() && group.size() > 1 && !row_parallel(slot)) {
-    MEMFIT_CHECK_DTYPE(dinp.dtype() == DType::f32 && dinp.is_contiguous(), "tensor_parallel",
-                       "a column-parallel layer's d(input) must be contiguous f32 (it is summed "
-                       "over the tensor group), got {} {}", dtype_name(dinp.dtype()),
-                       dinp.shape());
+  if (!running() || group.size() == 1 || row_parallel(slot)) {
+    linear_backward_local(slot, dinp, dweight, dbias, dout, inp, weight, between, [] {});
+    return;
+  }
+  MEMFIT_CHECK_DTYPE(dinp.dtype() == DType::f32 && dinp.is_contiguous(), "tensor_parallel",
+                     "a column-parallel layer's d(input) must be contiguous f32 (it is summed "
+                     "over the tensor group), got {} {}", dtype_name(dinp.dtype()),
+                     dinp.shape());
+  const auto sum = [&group, &dinp, this] {
     if (sp_)  // the rank's rows of the sum (Note [Sequence parallel])
       sequence_scatter_sum(group, dinp);
     else
       group.all_reduce_sum({dinp.data<float>(), static_cast<size_t>(dinp.numel())});
+  };
+  if (!group.overlaps()) {
+    linear_backward_local(slot, dinp, dweight, dbias, dout, inp, weight, between, [] {});
+    sum();
+    return;
   }
+  // --tp-overlap (Note [Tensor parallel], "Overlap"): the sum runs on the group's communication
+  // thread from the moment d(input) is whole (after `between`, and under fp8 after the input's
+  // cast, a collective of its own) while this thread computes the weight's and bias's (and the
+  // adapters') gradients, which neither read nor write d(input) nor call MPI; the same sum of the
+  // same values, so the same bits. Joined before anything else communicates, thrown or not.
+  bool started = false;
+  try {
+    linear_backward_local(slot, dinp, dweight, dbias, dout, inp, weight, between, [&] {
+      group.start(sum);
+      started = true;
+    });
+  } catch (...) {
+    if (started) try {
+        group.finish();
+      } catch (...) {  // the first error is the one to report
+      }
+    throw;
+  }
+  MEMFIT_CHECK(started, "tensor_parallel", "layer {}'s d(input) was never summed", layer);
+  group.finish();
 }
 
 void BlockStep::linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
                                       const Tensor& dout, const Tensor& inp,
                                       const Tensor& weight,
-                                      const std::function<void()>& between) {
+                                      const std::function<void()>& between,
+                                      const std::function<void()>& dinp_done) {
   if (fp8()) {
     if (running())
-      fp8_linear_backward_around(slot, dinp, dweight, dbias, dout, inp, weight, between);
+      fp8_linear_backward_around(slot, dinp, dweight, dbias, dout, inp, weight, between,
+                                 dinp_done);
     return;
   }
   const LoraSet& wa = w.lora[static_cast<size_t>(slot)];
@@ -520,7 +552,10 @@ void BlockStep::linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweig
   bool adapted = false;
   for (const LoraView& a : wa) adapted = adapted || a.a.defined();
   if (!running() || !adapted) {
-    base_backward_around(slot, dinp, dweight, dbias, dout, inp, weight, between);
+    base_backward_around(slot, dinp, dweight, dbias, dout, inp, weight, [&] {
+      between();
+      dinp_done();
+    });
     return;
   }
   check_lora_dtypes(inp, dout);
@@ -553,6 +588,7 @@ void BlockStep::linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweig
       lora_store_rows(dinp, r0, k, dx);
     }
     between();
+    dinp_done();
   });
   if (dweight.defined() || dbias.defined()) {
     Tensor none;

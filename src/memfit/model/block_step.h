@@ -127,7 +127,8 @@ class BlockStep {
   // summed over the group after the backward's GEMMs), attn_out and mlp_out row-parallel (their
   // output, f32, is summed over the group before the bias is added, once, on every rank). Under
   // --sp both sums are reduce-scatters: the rank's rows, mine(out) or mine(dinp), hold them
-  // (and the row-parallel bias), the other rows stay partial.
+  // (and the row-parallel bias), the other rows stay partial. With --tp-overlap
+  // (TensorGroup::overlaps) the column-parallel sum runs while the weight's gradient computes.
   void linear_forward(LinearSlot slot, Tensor out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias);
   void linear_backward(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
@@ -173,7 +174,8 @@ class BlockStep {
   Tensor fp8_weight(LinearSlot slot, const Tensor& weight);
   void fp8_linear_backward_around(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                                  const std::function<void()>& between);
+                                  const std::function<void()>& between,
+                                  const std::function<void()>& dinp_done);
   int64_t lora_chunk(const Tensor& t) const;
   // Under --tp, after a row-parallel layer's sum: its adapter's term (Note [LoRA], "Under --tp").
   void lora_forward_row_parallel(LinearSlot slot, Tensor out, const Tensor& inp);
@@ -185,9 +187,13 @@ class BlockStep {
                             const Tensor& dout, const Tensor& inp, const Tensor& weight,
                             const std::function<void()>& between);
   const kernels::QuantWeight& quant_weight(LinearSlot slot) const;
+  // The layer's gradients on this rank: d(input), between(), dinp_done() once d(input) is whole
+  // (nothing after it reads or writes d(input) or communicates: --tp-overlap starts its sum
+  // there), then the weight's, bias's and adapters' gradients.
   void linear_backward_local(LinearSlot slot, Tensor dinp, Tensor dweight, Tensor dbias,
                              const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                             const std::function<void()>& between);
+                             const std::function<void()>& between,
+                             const std::function<void()>& dinp_done);
   const float* lora_input(LinearSlot slot, int part, const float* x, int64_t r0, int64_t k,
                           int64_t in) const;
 };

@@ -12,6 +12,7 @@
 // docs/notes/tensor-parallel.md.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -36,6 +37,16 @@ class TensorGroup {
   // rank()-th equal part of `in`; `out` may be that part of `in` (sequence parallelism's
   // reduce-scatters, Note [Sequence parallel]). The sums are all_reduce_sum's, bit for bit.
   virtual void reduce_scatter_sum(std::span<const float> in, std::span<float> out) = 0;
+
+  // --tp-overlap (Note [Tensor parallel], "Overlap"): start(collectives) runs `collectives`
+  // (calls of this group's collectives, nothing else) on the group's communication thread and
+  // returns at once, where overlaps(); finish() waits for them and rethrows what they threw.
+  // Between the two the caller computes and communicates nothing (no collective of any group,
+  // no MPI call), and touches none of the collectives' data. Without overlap, start() runs them
+  // at once and finish() does nothing: the same collectives, in the same order, on the same data.
+  virtual bool overlaps() const { return false; }
+  virtual void start(const std::function<void()>& collectives) { collectives(); }
+  virtual void finish() {}
 };
 
 // One process: the sums and maxima are the data itself; the gather a copy.

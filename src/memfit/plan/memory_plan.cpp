@@ -605,6 +605,7 @@ PlanReport plan_training(const RunSpec& spec, int rank, StepPlanCache* steps) {
   in.comm_copied_bytes = r.comm_per_step.copied_bytes(spec.world);
   in.comm_summed_bytes = r.comm_per_step.summed_bytes(spec.world);
   in.tensor_comm = tensor_comm_per_step(spec, r.step, rank);  // --tp; nothing without
+  in.tp_overlap = spec.tp_overlap;
   // Each group's collectives on the link its ranks span (--link, --ranks-per-node).
   const dist::GridShape grid{spec.world, spec.pp(), spec.model.tp};
   in.data_link = spec.links.axis_link(grid, dist::Axis::data);

@@ -314,6 +314,11 @@ void RunSpec::check() const {
                  "--tp {})",
                  model.tp);
   check_sequence_parallel(model, activation_options(), T);
+  if (tp_overlap && model.tp <= 1)
+    MEMFIT_THROW(ConfigError, "config",
+                 "--tp-overlap on overlaps the tensor group's sums with compute: it needs --tp 2 "
+                 "or more (got --tp {})",
+                 model.tp);
   // The kernels and the step plan count a micro-batch's rows (tokens) in 32-bit integers.
   if (int64_t{batch} * T > std::numeric_limits<int32_t>::max())
     MEMFIT_THROW(ConfigError, "config",

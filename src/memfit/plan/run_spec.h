@@ -68,6 +68,11 @@ struct RunSpec {
   // --sp: sequence parallelism within the tensor group (ActivationOptions::sequence_parallel;
   // Note [Sequence parallel]); refused without --tp above 1.
   bool sp = false;
+  // --tp-overlap on: the column-parallel layers' d(input) sums (all-reduces, reduce-scatters with
+  // --sp) run on a communication thread while the weight gradients compute (Note [Tensor
+  // parallel], "Overlap"); the step-time estimate prices each as hidden behind its layer's
+  // weight-gradient GEMM. Refused without --tp above 1.
+  bool tp_overlap = false;
   // Pipeline parallelism (--pp, --pp-layers, --pp-schedule; Note [Pipeline parallel]): the cut
   // of the model into stages (empty: one stage, the whole model) and the order in which each
   // stage runs the step's grad_accum micro-batches. The ranks are world x pp() x model.tp.

@@ -192,6 +192,22 @@ StepTime estimate_step_time(const StepTimeInputs& in, const Calibration& rates) 
     t.comm = link_seconds(in.data_link, in.comm_copied_bytes / 2, in.comm_messages, rates) +
              in.comm_summed_bytes / rates.stream_bytes_per_s;
   t.tensor_comm = tensor_comm_seconds(in.tensor_comm, c.tp, rates, in.tensor_link);  // per step
+  if (in.tp_overlap && c.tp > 1 && in.options.lora_rank == 0) {
+    // --tp-overlap: each block backward's qkv and fc d(input) sums (N x C f32 each: all-reduces,
+    // reduce-scatters under --sp) beside their weight-gradient GEMMs (2 N C out FLOPs).
+    TensorCommVolume one;
+    const int64_t whole = int64_t(N) * c.d_model * int64_t{sizeof(float)};
+    (in.options.sequence_parallel ? one.reduce_scatter_bytes : one.all_reduce_bytes) = whole;
+    (in.options.sequence_parallel ? one.reduce_scatter_count : one.all_reduce_count) = 1;
+    const double sum = tensor_comm_seconds(one, c.tp, rates, in.tensor_link);
+    const double rate = rates.block_rate(half_gemm, c.d_model);
+    double hidden = 0;
+    for (const double out : {double(c.qkv_width()), double(c.fc_width())})
+      hidden += std::min(sum, 2 * N * C * out / rate);
+    t.tensor_comm_hidden = std::min(t.tensor_comm,
+                                    hidden * blocks * in.grad_accum * in.backward_passes);
+    t.tensor_comm -= t.tensor_comm_hidden;
+  }
   // The update's I/O runs while it computes, piece by piece through a ring of three slots,
   // and nothing else runs meanwhile: after the backward, or with --update-in-backward inside
   // it, unit by unit, the backward waiting for each unit's update (offloaded_unit_pass.cpp

@@ -39,8 +39,12 @@ struct StepTime {
   double comm = 0;
   // --tp: the tensor group's collectives (plan/tensor_comm.h: tensor_comm_seconds), priced one
   // all-reduce at a time by its bytes on the tensor group's link; counted whole, nothing
-  // overlapped.
+  // overlapped, but with --tp-overlap less `tensor_comm_hidden`: each column-parallel d(input)
+  // sum runs while its layer's weight-gradient GEMM computes, so the pair costs the longer of
+  // the two, and the shorter is taken off (min(sum, GEMM) per qkv and fc of every block
+  // backward; nothing with LoRA, whose frozen base has no weight gradient to hide behind).
   double tensor_comm = 0;
+  double tensor_comm_hidden = 0;  // not in total(): already taken off tensor_comm
   double total() const {
     return block_gemm + attention + head_gemm + elementwise + compression + optimizer +
            offload_io + comm + tensor_comm;
@@ -99,6 +103,7 @@ struct StepTimeInputs {
   // on the link the tensor group spans.
   TensorCommVolume tensor_comm;
   Link tensor_link;
+  bool tp_overlap = false;  // --tp-overlap on (StepTime::tensor_comm_hidden)
   bool master_weights = false;   // bf16/fp16 with an FP32 master copy
   // --act-compress: the bytes a micro-batch's (de)quantisation passes move
   // (compression_traffic_bytes of its step plan).

@@ -210,6 +210,10 @@ void TrainRun::log_step(int64_t step, const StepResult& r) {
                                  {"all_reduce_count", r.tensor_comm.all_reduce_count},
                                  {"gathered", r.tensor_comm.gathered_bytes}};
     line["tensor_comm_s"] = r.tensor_comm.seconds;  // wall time in them (measured, this rank)
+    if (spec_.tp_overlap) {  // of which on the communication thread; what the step waited
+      line["tensor_comm_overlapped_s"] = r.tensor_comm.overlapped_seconds;
+      line["tensor_comm_exposed_s"] = r.tensor_comm.exposed_seconds();
+    }
     if (r.tensor_comm.reduce_scatter_count > 0) {  // --sp
       line["tensor_comm_bytes"]["reduce_scatter"] = r.tensor_comm.reduce_scatter_bytes;
       line["tensor_comm_bytes"]["reduce_scatter_count"] = r.tensor_comm.reduce_scatter_count;

@@ -206,6 +206,9 @@ void TrainRun::make_model() {
   gpt_.emplace(mc_, pool_, spec_.precision, std::move(state));
   if (mc_.tp > 1) {  // before the weights are drawn
     tensor_.lend_buffers(pool_, spec_.sp, int64_t{B_} * T_ * mc_.d_model);
+    // --tp-overlap: the column-parallel sums on the group's communication thread (no buffer of
+    // its own: they use the group's, which nothing else touches meanwhile).
+    if (spec_.tp_overlap) tensor_.start_overlap();
     gpt_->set_tensor_group(tensor_);
   }
   // --update-in-backward under --tp: each unit's partial sums over the tensor group before its

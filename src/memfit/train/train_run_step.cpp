@@ -70,7 +70,9 @@ TrainRun::StepResult TrainRun::step(int64_t step, std::chrono::steady_clock::tim
                    tensor_after.gathered_bytes - tensor_before.gathered_bytes,
                    tensor_after.reduce_scatter_bytes - tensor_before.reduce_scatter_bytes,
                    tensor_after.reduce_scatter_count - tensor_before.reduce_scatter_count,
-                   tensor_after.seconds - tensor_before.seconds};
+                   tensor_after.seconds - tensor_before.seconds,
+                   tensor_after.overlapped_seconds - tensor_before.overlapped_seconds,
+                   tensor_after.waited_seconds - tensor_before.waited_seconds};
   check_finite(step, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.rate = tokens_per_step_ / r.seconds;

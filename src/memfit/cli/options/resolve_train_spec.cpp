@@ -20,6 +20,12 @@
 
 namespace memfit {
 
+bool parse_tp_overlap(const std::string& value) {
+  if (value != "on" && value != "off")
+    MEMFIT_THROW(ConfigError, "config", "--tp-overlap must be on or off, got '{}'", value);
+  return value == "on";
+}
+
 namespace fs = std::filesystem;
 
 void validate_train_config(const TrainConfig& c) {
@@ -303,6 +309,7 @@ RunSpec resolve_run(const TrainConfig& c, StartingCheckpoint& start) {
   }
   s.world = c.ranks / (c.tp * c.pp);
   s.sp = c.sp;
+  s.tp_overlap = parse_tp_overlap(c.tp_overlap);
   s.zero = c.zero_auto ? 0 : c.zero;
   s.zero_auto = c.zero_auto;
   s.prefetch_depth = c.prefetch_depth;

@@ -21,6 +21,9 @@
 
 namespace memfit {
 
+// --tp-overlap: true for "on", false for "off", else ConfigError naming the value.
+bool parse_tp_overlap(const std::string& value);
+
 // Throws ConfigError naming the first setting `train` would refuse, before anything is
 // allocated or read (resolve_run calls it).
 void validate_train_config(const TrainConfig& config);

@@ -62,6 +62,9 @@ struct TrainConfig {
   int tp = 1;
   // --sp: sequence parallelism within each tensor group (Note [Sequence parallel]).
   bool sp = false;
+  // --tp-overlap on|off: the column-parallel layers' d(input) sums on a communication thread
+  // while the weight gradients compute (Note [Tensor parallel], "Overlap").
+  std::string tp_overlap = "off";
   // --pp: pipeline stages, each a contiguous range of blocks (Note [Pipeline parallel]);
   // --pp-layers auto (an even split) or each stage's block count ("5,7"); --pp-schedule gpipe
   // 1f1b or interleaved (--pp-virtual chunks a rank). The micro-batches are --grad-accum's.

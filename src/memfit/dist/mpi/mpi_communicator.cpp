@@ -68,17 +68,18 @@ void wait_request(MPI_Request& r, const std::string& what, double timeout) {
   }
 }
 
-// Initialises MPI once per process and finalises it at exit.
-void ensure_initialized() {
-  static const bool done = [] {
+// Initialises MPI once per process and finalises it at exit, at thread level FUNNELED, or
+// SERIALIZED where `serialized` (--tp-overlap's communication thread: comm_thread.h). MPI cannot
+// be initialised twice: a later call that needs more than the level MPI gave is refused.
+void ensure_initialized(bool serialized) {
+  const int need = serialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_FUNNELED;
+  const char* name = serialized ? "SERIALIZED" : "FUNNELED";
+  static const bool done = [&] {
     int initialized = 0;
     MEMFIT_MPI(MPI_Initialized(&initialized));
     if (!initialized) {
       int provided = 0;
-      MEMFIT_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
-      if (provided < MPI_THREAD_FUNNELED)
-        MEMFIT_THROW(DistError, "mpi", "MPI_Init_thread gave thread level {}, need FUNNELED",
-                     provided);
+      MEMFIT_MPI(MPI_Init_thread(nullptr, nullptr, need, &provided));
       std::atexit([] {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -88,6 +89,15 @@ void ensure_initialized() {
     return true;
   }();
   (void)done;
+  int provided = 0;
+  MEMFIT_MPI(MPI_Query_thread(&provided));
+  if (provided < need)
+    MEMFIT_THROW(DistError, "mpi",
+                 "the MPI library gave thread level {} where {} ({}) is needed{}", provided, need,
+                 name,
+                 serialized ? ": --tp-overlap on runs the tensor group's collectives on a second "
+                              "thread; use an MPI built with thread support, or --tp-overlap off"
+                            : "");
 }
 
 // A reduce-scatter's receive buffer: from the pool (Category::comm) when there is one.
@@ -391,8 +401,8 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator() {
-  ensure_initialized();
+std::unique_ptr<Communicator> make_mpi_communicator(bool serialized) {
+  ensure_initialized(serialized);
   MPI_Comm world = MPI_COMM_NULL;
   MEMFIT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world));
   return std::make_unique<MpiCommunicator>(world);

@@ -3,7 +3,8 @@
 // MPI_Comm_split), with errors returned, not fatal, and every return code turned into a
 // DistError that quotes the call and MPI's message. MPI is initialised on first use
 // (MPI_THREAD_FUNNELED: only the thread that runs the step calls MPI; OpenMP's workers never
-// do) and finalised at exit.
+// do; SERIALIZED where `serialized`: --tp-overlap's communication thread calls it too, never at
+// the same time, dist/comm_thread.h) and finalised at exit.
 #pragma once
 
 #include <memory>
@@ -12,7 +13,7 @@
 
 namespace memfit::dist::mpi {
 
-std::unique_ptr<Communicator> make_mpi_communicator();
+std::unique_ptr<Communicator> make_mpi_communicator(bool serialized = false);
 
 // MPI_Abort(MPI_COMM_WORLD, code) when MPI is initialised and not finalised; else nothing.
 void abort_world(int code);
