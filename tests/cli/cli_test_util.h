@@ -81,11 +81,20 @@ class BinaryTest : public ::testing::Test {
   // dir/err.txt; returns the exit code (-1 when it did not exit).
   int run_memfit(const std::string& args, int ranks = 0, const std::string& env = "") const {
     // OpenMPI's own allocations at exit are not memfit's: no leak report in the sanitizer build.
+    // Jobs of several ranks run one at a time (util-linux's flock on a file in the build tree):
+    // CTest runs as many tests as there are cores, and a rank waiting for a message polls
+    // (OpenMPI yields between polls when oversubscribed, but keeps its share of a core), so two
+    // jobs of four ranks on two cores took each other's cores: the suite's multi-rank tests
+    // took 5-7 times their time alone (PipelineInterleaved.TwoDataRanksMatchDataParallelism
+    // 88.6 s in CI against 12.7 alone, session 35). One process takes the lock shared: such
+    // runs go side by side, never beside a job of ranks. A test waiting here sleeps.
+    const std::string lock = fmt::format("flock {}'{}/mpi-jobs.lock' ", ranks ? "" : "--shared ",
+                                         MEMFIT_BINARY_DIR);
     const std::string launcher =
-        ranks ? fmt::format("ASAN_OPTIONS=detect_leaks=0 {} -n {} --allow-run-as-root "
+        ranks ? fmt::format("ASAN_OPTIONS=detect_leaks=0 {}{} -n {} --allow-run-as-root "
                             "--oversubscribe ",
-                            MEMFIT_MPIEXEC, ranks)
-              : std::string();
+                            lock, MEMFIT_MPIEXEC, ranks)
+              : lock;
     const std::string command =
         fmt::format("{} {}{}/memfit {} > '{}' 2> '{}'", env, launcher, MEMFIT_BINARY_DIR, args,
                     (dir / "out.txt").string(), (dir / "err.txt").string());
