@@ -181,18 +181,69 @@ TEST(Calibration, ABusyOneIsMeasuredAgainOnceTheMachineIsQuiet) {
   const int n = cpu::online_cpus();
   Calibration c = made_up(n);
   EXPECT_FALSE(c.busy());
-  EXPECT_FALSE(calibration_remeasure(c, 0.0));  // quiet when measured: kept
-  EXPECT_FALSE(calibration_remeasure(c, n));
+  const double old = kBusyCalibrationKeptSeconds;
+  EXPECT_FALSE(calibration_remeasure(c, 0.0, old));  // quiet when measured: kept
+  EXPECT_FALSE(calibration_remeasure(c, n, old));
   c.other_cpus = 0.5 * n;  // half the machine taken while it measured
   EXPECT_TRUE(c.busy());
-  EXPECT_TRUE(calibration_remeasure(c, 0.0));
-  EXPECT_TRUE(calibration_remeasure(c, 0.05 * n));
-  EXPECT_FALSE(calibration_remeasure(c, 0.5 * n));  // still busy: kept
+  EXPECT_TRUE(calibration_remeasure(c, 0.0, old));
+  EXPECT_TRUE(calibration_remeasure(c, 0.05 * n, old));
+  EXPECT_FALSE(calibration_remeasure(c, 0.5 * n, old));  // still busy: kept
+  // Measured minutes ago: kept even on a quiet machine (a machine busy in bursts would
+  // otherwise measure at each quiet moment, beside the next burst).
+  EXPECT_FALSE(calibration_remeasure(c, 0.0, old - 1));
+  EXPECT_FALSE(calibration_remeasure(c, 0.0, 0));
   // The count travels with the file.
   EXPECT_EQ(Calibration::from_json(c.to_json(), "x").other_cpus, 0.5 * n);
   nlohmann::json before = c.to_json();  // a file from before it was recorded: quiet
   before.erase("other_cpus");
   EXPECT_FALSE(Calibration::from_json(before, "x").busy());
+}
+
+// Processes that find the cache unusable at once (the ranks of an mpirun job) measure one at a
+// time: the first measures and saves, the others wait on its lock and take its file. Three
+// processes released together, each measurement taking 300 ms: one measurement in all, and
+// every process has its rates; then an unusable file is measured again by the next process.
+TEST(CalibrationCache, ProcessesFindingItMissingTogetherMeasureOnce) {
+  CacheDir dir("once");
+  const int threads = omp_get_max_threads();
+  const fs::path path = calibration_cache_path(threads), count = dir.path() / "measured";
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  std::vector<pid_t> children;
+  for (int i = 0; i < 3; ++i) {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(go[1]);
+      char c;
+      if (::read(go[0], &c, 1) < 0) ::_exit(3);  // released when the parent closes its end
+      const Calibration got = measure_once(path, threads, [&] {
+        std::ofstream(count, std::ios::app) << "measured\n";
+        ::usleep(300000);
+        return made_up(threads);
+      });
+      ::_exit(got.to_json() == made_up(threads).to_json() ? 0 : 2);
+    }
+    ASSERT_GT(child, 0) << "fork failed";
+    children.push_back(child);
+  }
+  ::close(go[0]);
+  ::close(go[1]);
+  for (pid_t child : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  std::ifstream in(count);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 1);
+  EXPECT_EQ(load_calibration(path, threads).to_json(), made_up(threads).to_json());
+  // Nobody measuring now: the next process measures (its own measurement saved).
+  Calibration other = made_up(threads);
+  other.elementwise_bytes_per_s = 7e9;
+  EXPECT_EQ(measure_once(path, threads, [&] { return other; }).elementwise_bytes_per_s, 7e9);
+  EXPECT_EQ(load_calibration(path, threads).elementwise_bytes_per_s, 7e9);
 }
 
 TEST(CalibrationCache, MissingFieldsAndNonPositiveRatesAreRefused) {

@@ -1,7 +1,10 @@
 // Measuring the planner's rates and caching them; see calibration.h.
 #include "memfit/plan/calibration.h"
 
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -387,8 +391,64 @@ void save_calibration(const fs::path& path, const Calibration& c) {
   io::write_file_atomic(path, c.to_json().dump(2) + "\n");
 }
 
-bool calibration_remeasure(const Calibration& cached, double other_cpus_now) {
-  return cached.busy() && !cpu::load_disturbs(other_cpus_now, cached.threads);
+bool calibration_remeasure(const Calibration& cached, double other_cpus_now,
+                           double age_seconds) {
+  return cached.busy() && !cpu::load_disturbs(other_cpus_now, cached.threads) &&
+         age_seconds >= kBusyCalibrationKeptSeconds;
+}
+
+namespace {
+
+// An exclusive flock(2) on `path` (created if missing), held for the object's life; none where
+// the file cannot be opened (the save then says why).
+class FileLock {
+ public:
+  explicit FileLock(const fs::path& path)
+      : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+std::optional<fs::file_time_type> written_at(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_time_type t = fs::last_write_time(path, ec);
+  return ec ? std::nullopt : std::optional(t);
+}
+
+double age_seconds(const fs::path& path) {
+  const std::optional<fs::file_time_type> t = written_at(path);
+  if (!t) return 0;
+  return std::chrono::duration<double>(fs::file_time_type::clock::now() - *t).count();
+}
+
+}  // namespace
+
+Calibration measure_once(const fs::path& path, int threads,
+                         const std::function<Calibration()>& measure) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  const std::optional<fs::file_time_type> before = written_at(path);
+  const FileLock one_at_a_time(fs::path(path) += ".lock");
+  if (const std::optional<fs::file_time_type> now = written_at(path); now && now != before) {
+    try {
+      return load_calibration(path, threads);  // another process measured while this one waited
+    } catch (const IoError&) {
+      // (unusable after all: measured here)
+    }
+  }
+  Calibration c = measure();
+  save_calibration(path, c);
+  return c;
 }
 
 const Calibration& machine_calibration(std::FILE* note) {
@@ -408,7 +468,8 @@ const Calibration& machine_calibration(std::FILE* note) {
       const cpu::OtherLoad now;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       const double others = now.cpus();
-      if (!calibration_remeasure(cached, others)) return known[path] = std::move(cached);
+      if (!calibration_remeasure(cached, others, age_seconds(path)))
+        return known[path] = std::move(cached);
       why = fmt::format(" ({} was measured while other work kept {:.1f} CPUs busy; the machine "
                         "is quiet now)", path.string(), cached.other_cpus);
     } catch (const IoError& e) {
@@ -416,14 +477,17 @@ const Calibration& machine_calibration(std::FILE* note) {
       why = fmt::format(" ({} is unusable: {})", path.string(), e.what());
     }
   }
-  if (note)
-    std::fprintf(note,
-                 "memfit: calibrating this CPU for step-time estimates, once (`memfit "
-                 "calibrate` reruns it)%s\n",
-                 why.c_str());
-  Calibration c = calibrate();
-  save_calibration(path, c);
-  if (note && c.busy())
+  bool measured = false;
+  Calibration c = measure_once(path, threads, [&] {
+    if (note)
+      std::fprintf(note,
+                   "memfit: calibrating this CPU for step-time estimates, once (`memfit "
+                   "calibrate` reruns it)%s\n",
+                   why.c_str());
+    measured = true;
+    return calibrate();
+  });
+  if (note && measured && c.busy())
     std::fprintf(note,
                  "memfit: other work kept %.1f of %d CPUs busy while calibrating, so step-time "
                  "estimates may be too slow; measured again once the machine is quiet\n",

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -89,8 +90,21 @@ Calibration load_calibration(const std::filesystem::path& path, int threads);
 void save_calibration(const std::filesystem::path& path, const Calibration& c);
 
 // Whether a cached calibration should be measured again rather than used, given the CPUs other
-// work keeps busy now: it was taken on a busy machine and the machine is quiet now.
-bool calibration_remeasure(const Calibration& cached, double other_cpus_now);
+// work keeps busy now and the file's age: it was taken on a busy machine, the machine is quiet
+// now, and it is kBusyCalibrationKeptSeconds old or more. (Without the wait, a machine busy in
+// bursts, such as a test suite's jobs, measured again at every quiet moment, and each
+// measurement, taken beside the next job, was busy again.)
+inline constexpr double kBusyCalibrationKeptSeconds = 600;
+bool calibration_remeasure(const Calibration& cached, double other_cpus_now, double age_seconds);
+
+// `measure()`'s calibration saved at `path`, unless another process of the machine saves one
+// there first: one process measures at a time (an exclusive flock on `<path>.lock`), and one
+// that waited while another measured takes that file instead of measuring beside it. (The ranks
+// of an mpirun job each plan their step time: every one of four ranks on two cores measured at
+// once, each timing its GEMMs against the others', so every result was busy and measured again
+// by the next job: minutes a test instead of seconds, session 36.)
+Calibration measure_once(const std::filesystem::path& path, int threads,
+                         const std::function<Calibration()>& measure);
 
 // The calibration for the current OpenMP thread count: remembered in the process, else read
 // from the cache, else measured and saved (saying so in one line on `note`, also when a cache
