@@ -15,6 +15,13 @@ namespace memfit::dist {
 struct CommVolume {
   int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0;
 
+  CommVolume& operator+=(const CommVolume& o) {
+    all_reduce += o.all_reduce;
+    reduce_scatter += o.reduce_scatter;
+    all_gather += o.all_gather;
+    return *this;
+  }
+
   // The elements a rank sends, as multiples of the parameter count at `grad_bytes` per
   // gradient and `param_bytes` per working weight: the paper's "2Ψ" for stages 0 and 2.
   double psi_multiple(int64_t params, int grad_bytes, int param_bytes) const {

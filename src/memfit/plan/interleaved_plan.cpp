@@ -8,22 +8,6 @@
 
 namespace memfit {
 
-namespace {
-
-void add_time(StepTime& a, const StepTime& b) {
-  a.block_gemm += b.block_gemm;
-  a.attention += b.attention;
-  a.head_gemm += b.head_gemm;
-  a.elementwise += b.elementwise;
-  a.compression += b.compression;
-  a.optimizer += b.optimizer;
-  a.offload_io += b.offload_io;
-  a.comm += b.comm;
-  a.tensor_comm += b.tensor_comm;
-}
-
-}  // namespace
-
 PlanReport plan_interleaved_rank(const RunSpec& spec, int stage, int data, bool timed) {
   MEMFIT_CHECK(spec.interleaved() && stage >= 0 && stage < spec.pp(), "plan",
                "rank {} of an interleaved run of --pp {} --pp-virtual {}", stage, spec.pp(),
@@ -40,17 +24,15 @@ PlanReport plan_interleaved_rank(const RunSpec& spec, int stage, int data, bool 
       rank = chunk;
       continue;
     }
-    // One loader (and no save: RunSpec::check_interleaved_run) a rank: its staging once.
+    // One loader a rank: its staging once.
     for (Category k : kAllCategories)
       if (k != Category::staging)
         at(rank, k) += chunk.by_category[static_cast<size_t>(k)];
     rank.flops += chunk.flops;
     rank.recompute_flops += chunk.recompute_flops;
-    add_time(rank.step_time, chunk.step_time);
+    rank.step_time += chunk.step_time;
     rank.est_step_seconds += chunk.est_step_seconds;
-    rank.comm_per_step.all_reduce += chunk.comm_per_step.all_reduce;
-    rank.comm_per_step.reduce_scatter += chunk.comm_per_step.reduce_scatter;
-    rank.comm_per_step.all_gather += chunk.comm_per_step.all_gather;
+    rank.comm_per_step += chunk.comm_per_step;
     // Offload (Note [NVMe offload], "Under --pp"): each chunk's own files, I/O and rings (its
     // optimizer's staging ring, its model's ring of block slots) beside the others'.
     for (Category k : kAllCategories)

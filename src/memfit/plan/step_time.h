@@ -55,6 +55,20 @@ struct StepTime {
   double micro_batches() const {
     return block_gemm + attention + head_gemm + elementwise + compression + tensor_comm;
   }
+  // Term by term: a rank's time over the parts it runs (an interleaved rank's chunks).
+  StepTime& operator+=(const StepTime& o) {
+    block_gemm += o.block_gemm;
+    attention += o.attention;
+    head_gemm += o.head_gemm;
+    elementwise += o.elementwise;
+    compression += o.compression;
+    optimizer += o.optimizer;
+    offload_io += o.offload_io;
+    comm += o.comm;
+    tensor_comm += o.tensor_comm;
+    tensor_comm_hidden += o.tensor_comm_hidden;
+    return *this;
+  }
 };
 
 // --precision fp8's casts (Note [FP8]) in the element-wise term, in 4-byte elements: per token
