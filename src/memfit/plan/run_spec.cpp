@@ -514,19 +514,6 @@ void RunSpec::check_interleaved_run() const {
                  "takes --grad-accum 1, and interleaved needs --grad-accum a multiple of --pp {} "
                  "(got {}); use --pp-schedule 1f1b or gpipe with --update-in-backward",
                  P, pipe_virtual, P, grad_accum);
-  // (A save of offloaded state streams chunk 0's files alone (TrainRun::stage_layout_files);
-  // the other chunks' are not mapped yet. 1F1B and GPipe save and resume offloaded state.)
-  const char* refused = (offload.optimizer || offload.params) && (saves || resumed)
-                            ? "--offload-optimizer or --offload-params and --save or --resume"
-                            : nullptr;
-  if (refused)
-    MEMFIT_THROW(ConfigError, "config",
-                 "--pp-schedule interleaved (--pp {} --pp-virtual {}) with {} is not built yet: "
-                 "interleaved trains in fp32, bf16, fp16 or fp8 with every optimizer, f32 or bf16 "
-                 "gradients, compressed activations or not, LoRA or not, any ZeRO stage, with or "
-                 "without --tp, offloaded or not, and saves what it holds in RAM (Note [Pipeline "
-                 "parallel], \"Interleaved\")",
-                 P, pipe_virtual, refused);
   if (static_cast<int>(pipeline.size()) != P * pipe_virtual)
     MEMFIT_THROW(ConfigError, "config",
                  "--pp-schedule interleaved: {} chunks given, --pp {} x --pp-virtual {} = {} "

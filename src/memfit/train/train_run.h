@@ -114,7 +114,9 @@ class TrainRun {
   Tensor record_for_save();
   void stage_shards();
   void stage_layout_files();
-  void write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging);
+  void write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging,
+                            Transformer& gpt, offload::OffloadedOptimizer& off,
+                            ZeroServices& zero);
   io::LayoutFiles layout_files() const;
   void save(int64_t step, const Tensor& record);
   io::StreamedWeights streamed_weights(Tensor& save_staging);
@@ -139,6 +141,10 @@ class TrainRun {
     std::optional<dist::GradientSync> sync;
     std::optional<RankShards> shards;
   };
+  void make_optimizer_for(Transformer& gpt, const OptimConfig& optim,
+                          const std::filesystem::path& dir, std::optional<ElementRange> shard,
+                          std::unique_ptr<Optimizer>& opt,
+                          std::unique_ptr<offload::OffloadedOptimizer>& off);
   void place_optimizer(Optimizer& opt, Transformer& gpt);
   void make_chunks();
   void make_chunk_files(Chunk& k, int virtual_stage);

@@ -78,24 +78,17 @@ void TrainRun::make_chunk_files(Chunk& k, int virtual_stage) {
         k.offload_dir, offload_run_, p.params_file_range());
 }
 
-// The chunk's optimizer: in RAM, or streamed from its files (create_optimizer's, chunk 0's);
-// bf16 gradients widened through the run's one buffer.
+// The chunk's optimizer (make_optimizer_for: in RAM, or streamed from its files); bf16
+// gradients widened through the run's one buffer.
 void TrainRun::make_chunk_optimizer(Chunk& k) {
-  if (k.placement->optimizer_in_file()) {
-    k.off = std::make_unique<offload::OffloadedOptimizer>(
-        k.run.optim, k.gpt->layout(), master_, pool_, k.offload_dir, offload_run_,
-        offload::kMaxPieceElements, k.placement->owned());
-    if (spec_.grad_dtype == DType::bf16) k.off->set_grad_widen(grad_widen_);
-    // --tp: Adam-mini's and 4-bit AdamW's pieces take the tensor group (create_optimizer's).
-    if (k.run.model.tp > 1 && takes_tensor_split(spec_.optim.name))
-      k.off->set_tensor_split({k.gpt->tensor_group(), slice_axes(k.run.model)});
-    return;
-  }
-  k.opt = make_optimizer(k.run.optim,
-                         k.gpt->lora() ? k.gpt->lora()->param_layout() : k.gpt->layout(), &pool_,
-                         k.placement->owned());
-  place_optimizer(*k.opt, *k.gpt);  // its own APOLLO base (--tp: the tensor split)
-  if (spec_.grad_dtype == DType::bf16) k.opt->set_grad_widen(grad_widen_);
+  make_optimizer_for(*k.gpt, k.run.optim,
+                     k.placement->optimizer_in_file() ? k.offload_dir : std::filesystem::path(),
+                     k.placement->owned(), k.opt, k.off);
+  if (spec_.grad_dtype != DType::bf16) return;
+  if (k.off)
+    k.off->set_grad_widen(grad_widen_);
+  else
+    k.opt->set_grad_widen(grad_widen_);
 }
 
 // bf16 gradients: the widening buffer's elements, the most any of this rank's chunks needs (the

@@ -80,39 +80,45 @@ void TrainRun::stage_layout_files() {
                 staging);
   };
   if (my_shard_ || comm_.rank() == 0) {
-    // --offload-optimizer: streamed from the files (no chunks: a save with offloaded state
-    // under --pp is refused, RunSpec::check_pipeline).
-    if (off_) {
-      write_offloaded_part(files, staging);
-    } else {
+    // --offload-optimizer: streamed from the files, each chunk's from its own.
+    if (off_)
+      write_offloaded_part(files, staging, *gpt_, *off_, zero_);
+    else
       write(*gpt_, *opt_);
-      for (auto& k : chunks_) write(*k->gpt, *k->opt);
+    for (auto& k : chunks_) {
+      if (k->off)
+        write_offloaded_part(files, staging, *k->gpt, *k->off, k->zero);
+      else
+        write(*k->gpt, *k->opt);
     }
   }
   staging = Tensor{};
   world.barrier();  // every part is on disk before rank 0 moves the files into the save
 }
 
-// --offload-optimizer: this rank's part (under --pp its stage's: mc_ is the stage's model, its
-// files in stage-<s>/) streamed out of its files a piece at a time through the optimizer's ring (no byte added: the ring and the save's staging are the plan's), the same
-// bytes as from RAM: the weights of record from the master file (without master weights the
-// working weights are they: in RAM, or with --offload-params from their file), then each state
-// tensor's pieces.
-void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging) {
-  const ElementRange mine = off_->range();
+// --offload-optimizer: this rank's part of `gpt` (under --pp its stage's, under interleaved
+// each chunk's: its model, its files in stage-<virtual stage>/) streamed out of its files a
+// piece at a time through the optimizer's ring (no byte added: the ring and the save's staging
+// are the plan's), the same bytes as from RAM: the weights of record from the master file
+// (without master weights the working weights are they: in RAM, or with --offload-params from
+// their file), then each state tensor's pieces.
+void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& staging,
+                                    Transformer& gpt, offload::OffloadedOptimizer& off,
+                                    ZeroServices& zero) {
+  const ElementRange mine = off.range();
   const std::vector<SliceRun> runs =
-      runs_within(first_holder_runs(mc_, grid_.tensor().rank()), mine);
+      runs_within(first_holder_runs(gpt.config(), grid_.tensor().rank()), mine);
   io::LayoutFiles::Writer out(files, staging_, staging);
   if (master_) {
-    off_->read_master_range(mine, [&](int64_t from, int64_t to, const float* src) {
+    off.read_master_range(mine, [&](int64_t from, int64_t to, const float* src) {
       out.weights(runs_within(runs, {from, to}), src, from);
     });
-  } else if (gpt_->params_offloaded()) {
+  } else if (gpt.params_offloaded()) {
     // --offload-params without master weights: the working weights of record, this rank's
     // part of each unit in unit order (a block's through the model's ring).
     int64_t at = mine.begin;
-    const size_t elem = dtype_size(zero_.weights->dtype());
-    zero_.weights->read_mine([&](const char* src, size_t bytes) {
+    const size_t elem = dtype_size(zero.weights->dtype());
+    zero.weights->read_mine([&](const char* src, size_t bytes) {
       const int64_t n = static_cast<int64_t>(bytes / elem);
       out.weights(runs_within(runs, {at, at + n}), src, at);
       at += n;
@@ -120,15 +126,15 @@ void TrainRun::write_offloaded_part(const io::LayoutFiles& files, const Tensor& 
     MEMFIT_CHECK(at == mine.end, "checkpoint", "the working weights' file gave [{}, {}) of [{}, {})",
                  mine.begin, at, mine.begin, mine.end);
   } else {
-    out.weights(runs, gpt_->weights().raw_data(), gpt_->weights_range().begin);
+    out.weights(runs, gpt.weights().raw_data(), gpt.weights_range().begin);
   }
   // Each state tensor's runs (optim/state_runs.h: block-wise state block for block), a piece's
   // cut to its state elements.
-  const WholeOptimizer w(spec_.optim, whole_run_model(mc_), off_->steps_taken());
+  const WholeOptimizer w(spec_.optim, whole_run_model(gpt.config()), off.steps_taken());
   const std::vector<std::vector<SliceRun>> state_runs =
-      state_layout_runs(off_->descriptor(), *w.opt, runs, StateRunUse::save);
+      state_layout_runs(off.descriptor(), *w.opt, runs, StateRunUse::save);
   for (size_t s = 0; s < files.state_count(); ++s)
-    off_->read_state_to(s, [&](int64_t from, int64_t to, const void* src) {
+    off.read_state_to(s, [&](int64_t from, int64_t to, const void* src) {
       out.state(s, runs_within(state_runs[s], {from, to}), src, from);
     });
   out.finish();
@@ -165,8 +171,8 @@ void TrainRun::load_by_layout() {
 }
 
 // --pp-schedule interleaved: chunk `k`'s run of every tensor from the save, as load_by_layout
-// reads chunk 0's (train_run_chunks.cpp); offloaded master weights into the chunk's file (no
-// resume of offloaded state under interleaved: RunSpec::check_interleaved_run).
+// reads chunk 0's (train_run_chunks.cpp); offloaded master weights and state into the chunk's
+// files.
 void TrainRun::load_chunk_by_layout(Chunk& k) {
   const ModelConfig whole = whole_run_model(k.run.model);
   const io::ReadCheckpoint saved{location_.dir, settings_.checkpoint.config};
@@ -192,6 +198,10 @@ void TrainRun::load_chunk_by_layout(Chunk& k) {
   } else if (resume_ && k.opt) {
     const WholeOptimizer w(k.run.optim, whole, 0);
     io::load_optimizer_state_by_layout(location_.dir, *k.opt, *w.opt, runs);
+  } else if (resume_ && k.off) {
+    const WholeOptimizer w(k.run.optim, whole, 0);
+    k.off->load_state(
+        io::LayoutStateReader(location_.dir, k.off->descriptor(), *w.opt, runs, k.off->range()));
   }
 }
 

@@ -255,18 +255,8 @@ void TrainRun::say_fp8_storage() const {
 
 void TrainRun::create_optimizer() {
   if ((offload_ || param_file_) && spec_.offload.disk_limit) check_disk_limit();
-  if (offload_)
-    off_ = std::make_unique<offload::OffloadedOptimizer>(
-        spec_.optim, gpt_->layout(), master_, pool_, offload_dir_, offload_run_,
-        offload::kMaxPieceElements, my_shard_);
-  else
-    opt_ = make_optimizer(spec_.optim, gpt_->lora() ? gpt_->lora()->param_layout() : gpt_->layout(),
-                         &pool_, my_shard_);
-  if (opt_) place_optimizer(*opt_, *gpt_);
-  // Offloaded, each piece's optimizer takes the tensor split (its pieces are stepped in the same
-  // order on every rank of the group).
-  if (off_ && mc_.tp > 1 && !gpt_->lora() && takes_tensor_split(spec_.optim.name))
-    off_->set_tensor_split({gpt_->tensor_group(), slice_axes(mc_)});
+  make_optimizer_for(*gpt_, spec_.optim, offload_ ? offload_dir_ : std::filesystem::path(),
+                     my_shard_, opt_, off_);
   if (fused_ && off_) {
     // --update-in-backward with the state on disk: each unit's state read, stepped and written
     // back as its backward ends (Note [Update in backward], "With offload"); the working weights
@@ -290,6 +280,29 @@ void TrainRun::create_optimizer() {
     if (gpt_->fp8_weights() && gpt_->whole_weights())
       fused_->set_stepped_hook([this](ElementRange part) { gpt_->refresh_working(part); });
   }
+}
+
+// `gpt`'s optimizer over `shard` of its state (none: the whole): in RAM (`opt`), or with a
+// `dir` streamed from its files there (`off`); the run's (create_optimizer) and each
+// interleaved chunk's (make_chunk_optimizer) alike. Offloaded, each piece's optimizer takes the
+// tensor split (its pieces are stepped in the same order on every rank of the group).
+void TrainRun::make_optimizer_for(Transformer& gpt, const OptimConfig& optim,
+                                  const std::filesystem::path& dir,
+                                  std::optional<ElementRange> shard,
+                                  std::unique_ptr<Optimizer>& opt,
+                                  std::unique_ptr<offload::OffloadedOptimizer>& off) {
+  if (dir.empty()) {
+    opt = make_optimizer(optim, gpt.lora() ? gpt.lora()->param_layout() : gpt.layout(), &pool_,
+                         shard);
+    place_optimizer(*opt, gpt);
+    return;
+  }
+  off = std::make_unique<offload::OffloadedOptimizer>(optim, gpt.layout(), master_, pool_, dir,
+                                                      offload_run_, offload::kMaxPieceElements,
+                                                      shard);
+  const ModelConfig& c = gpt.config();
+  if (c.tp > 1 && !gpt.lora() && takes_tensor_split(optim.name))
+    off->set_tensor_split({gpt.tensor_group(), slice_axes(c)});
 }
 
 // What an optimizer over `gpt`'s layout needs of where that layout lies (the run's model, or
