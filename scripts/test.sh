@@ -117,12 +117,26 @@ if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
   # only with several); everything else on one thread a test: the sanitizers do not look for
   # races, and two tests of two threads on two cores stall each other's OpenMP barriers (the 24
   # slowest took 402 s of test time at two threads, 257 at one, on the 2-core EPYC).
+  #
+  # The multi-rank training suites of the binary's tests (label cli, mpirun) run here as a
+  # sample, one test of each path of the engine they reach (1F1B and GPipe, interleaved, a
+  # middle stage at ZeRO 3, LoRA stages, the update in the backward over stages, tensor
+  # parallelism and its overlap, interleaved offloaded saves, ZeRO's resharding, checkpoints
+  # across layouts); the release suite above runs them all. All of them took about 2.5 times their release time here, and
+  # their jobs run one at a time (tests/cli/cli_test_util.h): over an hour on 2 cores, which
+  # alone would pass CI's limit (session 36). The sample is about 105 s of release time.
+  ranks_suites='^(AutoLayout|LayoutCheckpoint|Lora(DataParallel|Pipeline|TensorParallel|Zero3)|Pipeline[A-Za-z]*|ScaleDoc|TensorParallel[A-Za-z]*|Zero|ZeroOffload|ZeroUpdateInBackward)\.'
+  ranks_sample='^(PipelineParallel\.TwoAndFourStagesGiveOneProcesssNumbersBitForBit|PipelineInterleaved\.TiedGpt2IsOneProcessWithinTolerance|PipelineZero\.MiddleStagesHoldBlocksAlone|LoraPipeline\.StagesGiveOneProcesssNumbersBitForBit|PipelineUpdateInBackward\.IsTheOrdinaryStepAndOneProcesssBitForBit|TensorParallel\.LlamaOverTwoAndFourRanksMatchesOneProcess|TensorParallelOverlap\.Gpt2IsTheRunWithoutItBitForBit|PipelineOffloadCheckpoint\.InterleavedChunksSaveFromTheirFilesAndResume|Zero\.ShardedCheckpointsReshardAtAnyWorldSizeAndStage|LayoutCheckpoint\.Gpt2SlicesRoundTripThroughEveryLayout)$'
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
   export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
   gated_ctest build-asan -j"$(nproc)" --timeout 900 -L '^kernels$' -E "$asan_skip"
   OMP_NUM_THREADS=1 gated_ctest build-asan -j"$(nproc)" --timeout 900 \
-    -LE '^(kernels|kernels-(avx2|scalar)|dist-mpi)$' -E "$asan_skip"
+    -LE '^(kernels|kernels-(avx2|scalar)|dist-mpi|cli)$' -E "$asan_skip"
+  OMP_NUM_THREADS=1 gated_ctest build-asan -j"$(nproc)" --timeout 900 -L '^cli$' \
+    -E "$asan_skip|$ranks_suites"
+  OMP_NUM_THREADS=1 gated_ctest build-asan -j"$(nproc)" --timeout 900 -L '^cli$' \
+    -R "$ranks_sample"
 fi
 
 if [ "${MEMFIT_SKIP_FUZZ:-0}" != 1 ]; then
