@@ -122,9 +122,10 @@ if [ "${MEMFIT_SKIP_SANITIZE:-0}" != 1 ]; then
   # sample, one test of each path of the engine they reach (1F1B and GPipe, interleaved, a
   # middle stage at ZeRO 3, LoRA stages, the update in the backward over stages, tensor
   # parallelism and its overlap, interleaved offloaded saves, ZeRO's resharding, checkpoints
-  # across layouts); the release suite above runs them all. All of them took about 2.5 times their release time here, and
-  # their jobs run one at a time (tests/cli/cli_test_util.h): over an hour on 2 cores, which
-  # alone would pass CI's limit (session 36). The sample is about 105 s of release time.
+  # across layouts); the release suite above runs them all. All of them took about 2.5 times
+  # their release time here, and their jobs run one at a time (tests/cli/cli_test_util.h): over
+  # an hour on 2 cores, which alone would pass CI's limit (session 36). The sample is about
+  # 105 s of release time.
   ranks_suites='^(AutoLayout|LayoutCheckpoint|Lora(DataParallel|Pipeline|TensorParallel|Zero3)|Pipeline[A-Za-z]*|ScaleDoc|TensorParallel[A-Za-z]*|Zero|ZeroOffload|ZeroUpdateInBackward)\.'
   ranks_sample='^(PipelineParallel\.TwoAndFourStagesGiveOneProcesssNumbersBitForBit|PipelineInterleaved\.TiedGpt2IsOneProcessWithinTolerance|PipelineZero\.MiddleStagesHoldBlocksAlone|LoraPipeline\.StagesGiveOneProcesssNumbersBitForBit|PipelineUpdateInBackward\.IsTheOrdinaryStepAndOneProcesssBitForBit|TensorParallel\.LlamaOverTwoAndFourRanksMatchesOneProcess|TensorParallelOverlap\.Gpt2IsTheRunWithoutItBitForBit|PipelineOffloadCheckpoint\.InterleavedChunksSaveFromTheirFilesAndResume|Zero\.ShardedCheckpointsReshardAtAnyWorldSizeAndStage|LayoutCheckpoint\.Gpt2SlicesRoundTripThroughEveryLayout)$'
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"

@@ -5,9 +5,8 @@
 // layout map into them (io::LayoutStateReader). The offloaded save is the in-RAM run's save
 // byte for byte (pp 2; a tied GPT-2 at pp 2; bf16 pp 2 x tp 2; dp 2 x pp 2 at ZeRO 3 with
 // --offload-params; pure bf16 with --offload-params; interleaved, each chunk from its files); a
-// resume of it at pp 2, offloaded,
-// continues the in-RAM run that never stopped bit for bit; pp 2 offloaded -> one process
-// offloaded -> pp 4 offloaded gives the same files; the saving run's plan is every rank's
+// resume of it at pp 2, offloaded, continues the in-RAM run that never stopped bit for bit;
+// pp 2 offloaded -> one process offloaded -> pp 4 offloaded gives the same files; the saving run's plan is every rank's
 // measured peak. Skips where memfit was built without MPI.
 #include "pipeline_test_util.h"
 

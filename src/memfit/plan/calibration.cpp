@@ -462,14 +462,15 @@ const Calibration& machine_calibration(std::FILE* note) {
   if (fs::exists(path)) {
     try {
       Calibration cached = load_calibration(path, threads);
-      if (!cached.busy()) return known[path] = std::move(cached);
+      // Looking at the machine (100 ms) only where a quiet one would measure again: a busy
+      // file at least kBusyCalibrationKeptSeconds old.
+      const double age = age_seconds(path);
+      if (!calibration_remeasure(cached, 0.0, age)) return known[path] = std::move(cached);
       // Measured while other work ran: keep using it while the machine is still busy (a machine
       // that always is would otherwise calibrate on every run), measure again once it is quiet.
       const cpu::OtherLoad now;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      const double others = now.cpus();
-      if (!calibration_remeasure(cached, others, age_seconds(path)))
-        return known[path] = std::move(cached);
+      if (!calibration_remeasure(cached, now.cpus(), age)) return known[path] = std::move(cached);
       why = fmt::format(" ({} was measured while other work kept {:.1f} CPUs busy; the machine "
                         "is quiet now)", path.string(), cached.other_cpus);
     } catch (const IoError& e) {
